@@ -1,0 +1,34 @@
+# Every target bootstraps its own virtual environment (.venv) on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint bench docs check clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -U pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP) ## run every example on the embedded default backend
+	$(VENV)/bin/durable-trio examples run --all
+
+test: $(STAMP) ## the whole test suite (starts its own private redis-server when needed)
+	$(PY) -m pytest -q
+
+lint: $(STAMP) ## ruff + mypy --strict
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/mypy
+
+bench: $(STAMP) ## print our numbers (and the peers', where the harness names them)
+	$(PY) -m benchmarks
+
+docs: $(STAMP) ## regenerate the JSON Schemas and check every docs/ link
+	$(PY) -m durable_trio._docs
+
+check: lint test docs
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

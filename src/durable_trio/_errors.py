@@ -1,0 +1,73 @@
+"""The one small exception tree every public call raises from (httpcore's flat tree).
+
+Adapters translate their own failures (socket errors, sqlite3 errors, Redis error replies) into
+these at their edge, so a caller never has to know which backend it runs on.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerError",
+    "BrokerUnavailable",
+    "ConfigError",
+    "DurableTrioError",
+    "JobError",
+    "LeaseLost",
+    "PayloadError",
+    "PayloadTooLarge",
+    "TransportClosed",
+]
+
+
+class DurableTrioError(Exception):
+    """Base class of every error this package raises or reports."""
+
+
+class ConfigError(DurableTrioError, ValueError):
+    """An option or URL that cannot work (a negative timeout, an unknown backend scheme)."""
+
+
+class PayloadError(DurableTrioError, ValueError):
+    """A wire message that is not what the protocol says: not JSON, the wrong shape, a bad field.
+
+    Attributes:
+        path: where in the message it went wrong (``$.attempt``), when known.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class PayloadTooLarge(PayloadError):
+    """A payload over ``max_payload_bytes``: refused at dispatch, failed (not parsed) on a queue."""
+
+
+class BrokerError(DurableTrioError):
+    """A broker or key store call failed. Usually transient: loops report it and back off."""
+
+
+class BrokerUnavailable(BrokerError):
+    """The broker could not be reached (connection refused or reset, a timeout)."""
+
+
+class TransportClosed(DurableTrioError):
+    """The transport is closed (or closing) and takes no new work."""
+
+
+class JobError(DurableTrioError):
+    """Something went wrong with one job; reported through the error hook with its coordinates.
+
+    Attributes:
+        queue: the queue the job was taken from.
+        job_id: the job's id.
+    """
+
+    def __init__(self, message: str, *, queue: str, job_id: str) -> None:
+        super().__init__(f"{message} [queue={queue!r} job={job_id!r}]")
+        self.queue = queue
+        self.job_id = job_id
+
+
+class LeaseLost(JobError):
+    """A claim was re-delivered to someone else (the worker went silent past the threshold)."""

@@ -1,0 +1,70 @@
+"""Queue and key names (T1, T2): every user string made a safe, stable, bounded key part."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+__all__ = ["DEFAULT_NAMESPACE", "QueueNames", "sanitize_token", "tenant_group"]
+
+DEFAULT_NAMESPACE = "durable"
+
+#: Characters a plain token may keep. Anything else (":", "{", "}", spaces, "*", "+", "@" ...) is
+#: replaced, and a replaced or over-long name gets a hash suffix after "+", a character no plain
+#: token contains — so a crafted name can never collide with a sanitized one.
+_PLAIN = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+_MAX_BASE = 48
+
+
+def sanitize_token(name: str) -> str:
+    """Make ``name`` a safe queue-key part: no separators, bounded length, stable, and
+    collision-resistant (two different names never map to the same token).
+
+    >>> sanitize_token("charge-card")
+    'charge-card'
+    >>> sanitize_token("a:b")[:4]
+    'a_b+'
+    """
+    if _PLAIN.fullmatch(name):
+        return name
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    base = _UNSAFE.sub("_", name)[:_MAX_BASE]
+    return f"{base}+{digest}"
+
+
+def tenant_group(token: str, partition: str | None) -> str:
+    """The routing token of ``token`` inside ``partition`` (a tenant), if any."""
+    if not partition:
+        return token
+    return f"{token}@{sanitize_token(partition)}"
+
+
+class QueueNames:
+    """Every queue name of one namespace (T2: every key of an instance carries the prefix)."""
+
+    def __init__(self, namespace: str | None) -> None:
+        self.prefix = sanitize_token(namespace) if namespace else DEFAULT_NAMESPACE
+        p = self.prefix
+        self.results = f"{p}:results"
+        self.heartbeats = f"{p}:heartbeats"
+        self.control = f"{p}:control"
+        self.decisions = f"{p}:decisions"
+        self.step_events = f"{p}:step-events"
+        self.start_run = f"{p}:start-run"
+        self.run_request = f"{p}:run-request"
+        self.registrations = f"{p}:inbox-registrations"
+
+    def tasks(self, token: str) -> str:
+        """T1: ``{prefix}:tasks:{token}``."""
+        return f"{self.prefix}:tasks:{token}"
+
+    def run_replies(self, instance: str) -> str:
+        return f"{self.prefix}:run-replies:{sanitize_token(instance)}"
+
+    def tenant_events(self, instance: str) -> str:
+        return f"{self.prefix}:tenant-events:{sanitize_token(instance)}"
+
+    def worker_heartbeat(self, token: str, instance: str) -> str:
+        """T11: ``{prefix}-worker-heartbeat:{token}:{instance}``."""
+        return f"{self.prefix}-worker-heartbeat:{token}:{sanitize_token(instance)}"

@@ -1,0 +1,290 @@
+"""The wire protocol: every message that crosses a queue, as frozen ``attrs`` classes.
+
+Field names are snake_case here and camelCase on the wire; the JSON mapping lives in
+:mod:`durable_trio._codec` and nowhere else. Everything is plain JSON so a worker in any language
+can serve the same queues, and never pickle: whoever can write to a queue must not be able to run
+code in a worker.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from typing import Any, TypeAlias
+
+import attrs
+
+__all__ = [
+    "ControlMessage",
+    "DecisionStatus",
+    "Envelope",
+    "InboxRegistration",
+    "JSONValue",
+    "JobKind",
+    "RemoteTask",
+    "RunReply",
+    "RunRequest",
+    "StartRunMessage",
+    "StepError",
+    "StepEvent",
+    "StepEventKind",
+    "StepHeartbeat",
+    "StepResult",
+    "StepStatus",
+    "TenantEvent",
+    "WorkerStatus",
+    "WorkflowDecision",
+    "WorkflowTask",
+]
+
+#: Any JSON value (object, array, string, number, boolean, null) as ``orjson`` reads it.
+JSONValue: TypeAlias = Any
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class JobKind(enum.StrEnum):
+    """What a job envelope carries; the transport routes on it."""
+
+    TASK = "task"
+    WORKFLOW = "workflow"
+    RESULT = "result"
+    HEARTBEAT = "heartbeat"
+    CONTROL = "control"
+    DECISION = "decision"
+    STEP_EVENT = "stepEvent"
+    START_RUN = "startRun"
+    RUN_REQUEST = "runRequest"
+    RUN_REPLY = "runReply"
+    TENANT_EVENT = "tenantEvent"
+    INBOX_REGISTRATION = "inboxRegistration"
+
+
+class StepStatus(enum.StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class DecisionStatus(enum.StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CONTINUED = "continued"
+
+
+class StepEventKind(enum.StrEnum):
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@attrs.frozen
+class StepError:
+    """Why a step failed."""
+
+    message: str
+    """Human-readable reason."""
+    code: str | None = None
+    """Machine-readable reason (``no_handler``, ``bad_output``, ``stalled``, ...)."""
+    retryable: bool = True
+    """Whether the engine may retry the step (while attempts remain)."""
+    details: JSONValue = None
+    """Evidence (a poison job's stall history and its workers' last liveness snapshots, ...)."""
+
+
+@attrs.frozen
+class RemoteTask:
+    """engine -> step worker: run one attempt of one step."""
+
+    run_id: str
+    """The workflow run this step belongs to."""
+    step_id: str
+    """The step's id inside its run (stable across attempts)."""
+    attempt: int
+    """1 for the first attempt, 2 for the first retry, ..."""
+    name: str
+    """The registered step name the worker looks its handler up by."""
+    input: JSONValue = None
+    """The step's input."""
+    group: str | None = None
+    """Routing group; the step name when absent."""
+    priority: int | None = None
+    """Lower runs first; absent = the broker's default (FIFO)."""
+    deadline: float | None = None
+    """Unix time (seconds) after which the result no longer matters."""
+    task_id: str = attrs.field(factory=_new_id)
+    """Unique per dispatch."""
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across attempts and redeliveries: key your side effects on it."""
+        return f"{self.run_id}:{self.step_id}"
+
+    @property
+    def routing_group(self) -> str:
+        """The group this task routes by (its ``group``, else its ``name``)."""
+        return self.group if self.group is not None else self.name
+
+
+@attrs.frozen
+class StepResult:
+    """step worker -> engine: how one attempt of one step ended."""
+
+    run_id: str
+    step_id: str
+    attempt: int
+    status: StepStatus
+    output: JSONValue = None
+    """The handler's return value (status ``completed``)."""
+    error: StepError | None = None
+    """Why it failed (status ``failed``)."""
+    task_id: str | None = None
+    """The task this answers, when known."""
+
+
+@attrs.frozen
+class StepHeartbeat:
+    """step worker -> engine: a long step is still alive."""
+
+    run_id: str
+    step_id: str
+    attempt: int
+    at: float
+    """Unix time (seconds) of the beat."""
+    details: JSONValue = None
+
+
+@attrs.frozen
+class ControlMessage:
+    """Best-effort, point-to-point control (NOT a broadcast): one consumer takes each message."""
+
+    action: str
+    """What to do, e.g. ``cancel``."""
+    run_id: str | None = None
+    step_id: str | None = None
+    data: JSONValue = None
+
+
+@attrs.frozen
+class WorkflowTask:
+    """engine -> workflow worker: run one turn of a remote workflow over its history."""
+
+    task_id: str
+    run_id: str
+    workflow: str
+    group: str
+    input: JSONValue = None
+    history: tuple[JSONValue, ...] = ()
+    priority: int | None = None
+
+
+@attrs.frozen
+class WorkflowDecision:
+    """workflow worker -> engine: what a turn decided."""
+
+    task_id: str
+    run_id: str
+    status: DecisionStatus
+    commands: tuple[JSONValue, ...] = ()
+    output: JSONValue = None
+    error: StepError | None = None
+
+
+@attrs.frozen
+class StepEvent:
+    """workflow worker -> engine: a local step's lifecycle."""
+
+    run_id: str
+    step_id: str
+    kind: StepEventKind
+    attempt: int
+    at: float
+    output: JSONValue = None
+    error: StepError | None = None
+
+
+@attrs.frozen
+class StartRunMessage:
+    """tenant pod -> control plane: start a run."""
+
+    run_id: str
+    workflow: str
+    input: JSONValue = None
+    tenant: str | None = None
+    reply_to: str | None = None
+    """The sender's instance id, stamped by the transport."""
+
+
+@attrs.frozen
+class RunRequest:
+    """tenant pod -> control plane: ask about a run (status, result, cancel, ...)."""
+
+    request_id: str
+    action: str
+    run_id: str | None = None
+    tenant: str | None = None
+    data: JSONValue = None
+    reply_to: str | None = None
+
+
+@attrs.frozen
+class RunReply:
+    """control plane -> tenant pod: the answer to one :class:`RunRequest`."""
+
+    request_id: str
+    ok: bool
+    data: JSONValue = None
+    error: StepError | None = None
+
+
+@attrs.frozen
+class TenantEvent:
+    """control plane -> every live subscriber of ``tenant``."""
+
+    tenant: str
+    kind: str
+    run_id: str | None = None
+    at: float | None = None
+    data: JSONValue = None
+
+
+@attrs.frozen
+class InboxRegistration:
+    """instance -> control plane: "my inbox is alive and I subscribe to these tenants"."""
+
+    instance: str
+    tenants: tuple[str, ...] = ()
+    ttl: float = 60.0
+    """Seconds the registration lives unless announced again."""
+    withdrawn: bool = False
+
+
+@attrs.frozen
+class WorkerStatus:
+    """The liveness snapshot a worker publishes with every heartbeat."""
+
+    mode: str
+    """``fixed`` or ``adaptive``."""
+    limit: int
+    in_flight: int
+    rss_bytes: int | None = None
+    cpu: float | None = None
+    """Process CPU use over the last window, 0..cores."""
+    throughput: float | None = None
+    """Steps finished per second over the last window."""
+    p95_ms: float | None = None
+    last_adjustment: float | None = None
+    """Unix time of the adaptive controller's last move."""
+    duplicates: int = 0
+    """Times a job's lease was lost while its handler ran (at-least-once, made measurable)."""
+
+
+@attrs.frozen
+class Envelope:
+    """What a broker job holds: ``{id, kind, payload, priority?}``."""
+
+    id: str
+    kind: JobKind
+    payload: JSONValue
+    priority: int | None = None

@@ -1,0 +1,35 @@
+"""Queue brokers: the contract (:mod:`._contract`) and its interchangeable implementations."""
+
+from __future__ import annotations
+
+from ._contract import (
+    ClaimedJob,
+    FailedJob,
+    Job,
+    Lease,
+    QueueBroker,
+    Recovery,
+    RenewOutcome,
+    Stall,
+    SupportsFailedJobs,
+    SupportsRecovery,
+    SupportsRenewal,
+    SupportsSize,
+    SupportsWakeup,
+)
+
+__all__ = [
+    "ClaimedJob",
+    "FailedJob",
+    "Job",
+    "Lease",
+    "QueueBroker",
+    "Recovery",
+    "RenewOutcome",
+    "Stall",
+    "SupportsFailedJobs",
+    "SupportsRecovery",
+    "SupportsRenewal",
+    "SupportsSize",
+    "SupportsWakeup",
+]

@@ -1,0 +1,187 @@
+"""The queue broker contract (DESIGN §6) as ``typing.Protocol``\\ s.
+
+A broker stores opaque job bytes (the transport's JSON envelope) in named queues. Popping a job
+claims it under a *lease*: a token that every later call about that claim must present. When a
+reclaim sweep re-delivers a claim, the old token stops working and every call made with it answers
+``False`` ("lease lost, nothing changed") — so a slow worker can never finalize someone else's claim.
+
+Required: push, pop, complete, fail, retry. Optional capabilities, feature-detected by the
+transport with ``isinstance`` against the ``Supports*`` protocols: renewal, stalled recovery,
+size, failed-job inspection, and a wake-up signal.
+
+Times are seconds as floats. Delays and thresholds are *relative*: each broker measures them on
+its own clock (trio's clock in memory, the server's ``TIME`` on Redis), never on a client's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+__all__ = [
+    "ClaimedJob",
+    "FailedJob",
+    "Job",
+    "Lease",
+    "QueueBroker",
+    "Recovery",
+    "RenewOutcome",
+    "Stall",
+    "SupportsFailedJobs",
+    "SupportsRecovery",
+    "SupportsRenewal",
+    "SupportsSize",
+    "SupportsWakeup",
+]
+
+
+@attrs.frozen
+class Job:
+    """A job to push: its id (unique per push) and its bytes."""
+
+    id: str
+    data: bytes
+
+
+@attrs.frozen
+class Lease:
+    """Proof of one claim on one job. Re-delivery issues a new token; the old one is dead."""
+
+    job_id: str
+    token: str
+
+
+@attrs.frozen
+class Stall:
+    """One time a claim went silent past the threshold and the job was taken back."""
+
+    at: float
+    """Broker clock, seconds."""
+    worker: str
+    """The ``worker`` that held the claim (its instance id), ``""`` if unknown."""
+
+
+@attrs.frozen
+class ClaimedJob:
+    """A job popped under a lease."""
+
+    id: str
+    data: bytes
+    lease: Lease
+    attempts: int = 0
+    """Handler failures counted so far (``retry_job(count_attempt=True)``); 0 on first delivery."""
+    stalled_count: int = 0
+    """Times this job was reclaimed from a silent worker."""
+    stalls: tuple[Stall, ...] = ()
+    """The stall history, oldest first."""
+    priority: int = 0
+
+
+@attrs.frozen
+class FailedJob:
+    """A job failed for good, kept for inspection (bounded retention)."""
+
+    id: str
+    data: bytes
+    error: str
+    failed_at: float
+    attempts: int = 0
+    stalled_count: int = 0
+    stalls: tuple[Stall, ...] = ()
+
+
+@attrs.frozen
+class Recovery:
+    """What one stalled sweep did on one queue."""
+
+    recovered: int
+    """Claims older than the threshold put back to pending."""
+    exceeded: tuple[ClaimedJob, ...] = ()
+    """Jobs past ``max_stalled``: re-leased to the caller, who fails them (poison)."""
+
+
+@attrs.frozen
+class RenewOutcome:
+    """What one renewal round did on one queue."""
+
+    renewed: int
+    lost: tuple[Lease, ...] = ()
+    """The leases that were no longer valid (re-delivered, or finalized meanwhile)."""
+
+
+class QueueBroker(Protocol):
+    """The required half of the contract."""
+
+    async def push_on(
+        self, queue: str, job: Job, *, priority: int | None = None, delay: float = 0.0
+    ) -> None:
+        """Enqueue ``job``. Lower ``priority`` first (``None`` = 0); FIFO within one priority
+        (by a sequence, never a timestamp). ``delay`` > 0 holds it back that many seconds."""
+        ...
+
+    async def pop_from(self, queue: str, *, worker: str = "") -> ClaimedJob | None:
+        """Claim the next ready job (promoting due delayed jobs first), or ``None``."""
+        ...
+
+    async def complete_job(self, lease: Lease, queue: str) -> bool:
+        """Remove a finished job. ``False``: the lease was lost, nothing changed."""
+        ...
+
+    async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
+        """Fail a job for good, keeping it inspectable. ``False``: lease lost."""
+        ...
+
+    async def retry_job(
+        self, lease: Lease, queue: str, *, delay: float = 0.0, count_attempt: bool = True
+    ) -> bool:
+        """Hand a claim back for redelivery after ``delay`` seconds. ``count_attempt=False`` is
+        the attempt-neutral handback of a close (neither a stall nor an attempt). ``False``:
+        lease lost."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the broker's resources. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class SupportsRenewal(Protocol):
+    async def renew_jobs(self, queue: str, leases: Sequence[Lease]) -> RenewOutcome:
+        """Refresh the age of every claim in ``leases`` still held under its token."""
+        ...
+
+
+@runtime_checkable
+class SupportsRecovery(Protocol):
+    async def recover_stalled_jobs(
+        self, queue: str, threshold: float, max_stalled: int
+    ) -> Recovery:
+        """Take back claims older than ``threshold`` seconds (claims are indexed by age: the
+        cost is O(log n + k), never a scan of every active claim). A job whose stall would be
+        number ``max_stalled + 1`` is re-leased and returned in ``exceeded`` instead."""
+        ...
+
+
+@runtime_checkable
+class SupportsSize(Protocol):
+    async def size_of(self, queue: str) -> int:
+        """Jobs waiting to be claimed (ready and delayed)."""
+        ...
+
+
+@runtime_checkable
+class SupportsFailedJobs(Protocol):
+    async def failed_jobs(self, queue: str, *, limit: int = 100) -> list[FailedJob]:
+        """The most recent failed jobs of ``queue``, newest first."""
+        ...
+
+
+@runtime_checkable
+class SupportsWakeup(Protocol):
+    async def wait_for_work(self, queue: str) -> None:
+        """Return when ``queue`` may have work: at once if it has ready jobs, else when a push
+        (or a delayed job coming due) may have made some ready. May return spuriously (a slow
+        safety poll); must not miss a push that follows this broker's last empty pop."""
+        ...

@@ -1,0 +1,278 @@
+"""The in-memory broker: one process, trio's clock, every contract capability.
+
+Built for tests (everything runs under ``autojump_clock``) and as the reference implementation the
+contract suite checks the others against. Operations finish without waiting on anything; each is a
+cancellation point (``checkpoint_if_cancelled``) but, for speed, does not yield to the scheduler —
+the transport's loops yield on their own when idle or when every slot is busy.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Sequence
+
+import attrs
+import trio
+
+from ._contract import ClaimedJob, FailedJob, Job, Lease, Recovery, RenewOutcome, Stall
+
+__all__ = ["MemoryBroker"]
+
+#: Due delayed jobs promoted per pop at most, so one pop never does unbounded work.
+PROMOTE_BATCH = 256
+
+
+@attrs.define(eq=False)
+class _Record:
+    id: str
+    data: bytes
+    priority: int
+    seq: int = 0
+    attempts: int = 0
+    stalled_count: int = 0
+    stalls: list[Stall] = attrs.Factory(list)
+    token: str | None = None
+    """Current lease token while claimed."""
+    claimed_at: float = 0.0
+    worker: str = ""
+
+
+@attrs.define(eq=False)
+class _Queue:
+    ready: list[tuple[int, int, _Record]] = attrs.Factory(list)
+    delayed: list[tuple[float, int, _Record]] = attrs.Factory(list)
+    active: dict[str, _Record] = attrs.Factory(dict)
+    """By lease token."""
+    by_age: list[tuple[float, str]] = attrs.Factory(list)
+    """(claimed_at, token) heap; an entry is stale once its token is gone or was renewed."""
+    failed: deque[FailedJob] = attrs.Factory(lambda: deque(maxlen=1000))
+    wakeup: trio.Event = attrs.Factory(trio.Event)
+    armed: bool = False
+    """Someone waits on ``wakeup``: only then does a push pay for ringing it."""
+
+
+class MemoryBroker:
+    """An in-memory :class:`~durable_trio.adapters.QueueBroker` with every optional capability.
+
+    Args:
+        failed_retention: failed jobs kept per queue for inspection (oldest dropped first).
+    """
+
+    def __init__(self, *, failed_retention: int = 1000) -> None:
+        self._queues: dict[str, _Queue] = {}
+        self._seq = itertools.count()
+        self._tokens = itertools.count(1)
+        self._failed_retention = failed_retention
+        self._closed = False
+
+    def _queue(self, name: str) -> _Queue:
+        q = self._queues.get(name)
+        if q is None:
+            q = self._queues[name] = _Queue(failed=deque(maxlen=self._failed_retention))
+        return q
+
+    def _ring(self, q: _Queue) -> None:
+        if q.armed:
+            q.armed = False
+            q.wakeup.set()
+            q.wakeup = trio.Event()
+
+    def _make_ready(self, q: _Queue, rec: _Record) -> None:
+        rec.seq = next(self._seq)
+        heapq.heappush(q.ready, (rec.priority, rec.seq, rec))
+
+    def _promote(self, q: _Queue, now: float) -> None:
+        delayed = q.delayed
+        for _ in range(PROMOTE_BATCH):
+            if not delayed or delayed[0][0] > now:
+                return
+            _, _, rec = heapq.heappop(delayed)
+            self._make_ready(q, rec)
+
+    async def push_on(
+        self, queue: str, job: Job, *, priority: int | None = None, delay: float = 0.0
+    ) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._queue(queue)
+        rec = _Record(job.id, job.data, priority or 0)
+        if delay > 0:
+            heapq.heappush(q.delayed, (trio.current_time() + delay, next(self._seq), rec))
+        else:
+            self._make_ready(q, rec)
+        self._ring(q)
+
+    async def pop_from(self, queue: str, *, worker: str = "") -> ClaimedJob | None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._queue(queue)
+        now = trio.current_time()
+        if q.delayed:
+            self._promote(q, now)
+        if not q.ready:
+            return None
+        _, _, rec = heapq.heappop(q.ready)
+        token = f"{next(self._tokens)}"
+        rec.token = token
+        rec.claimed_at = now
+        rec.worker = worker
+        q.active[token] = rec
+        heapq.heappush(q.by_age, (now, token))
+        return ClaimedJob(
+            id=rec.id,
+            data=rec.data,
+            lease=Lease(rec.id, token),
+            attempts=rec.attempts,
+            stalled_count=rec.stalled_count,
+            stalls=tuple(rec.stalls),
+            priority=rec.priority,
+        )
+
+    def _release(self, lease: Lease, queue: str) -> tuple[_Queue, _Record] | None:
+        q = self._queues.get(queue)
+        if q is None:
+            return None
+        rec = q.active.pop(lease.token, None)
+        if rec is None:
+            return None
+        rec.token = None
+        return q, rec
+
+    async def complete_job(self, lease: Lease, queue: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return self._release(lease, queue) is not None
+
+    async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        released = self._release(lease, queue)
+        if released is None:
+            return False
+        q, rec = released
+        q.failed.append(
+            FailedJob(
+                id=rec.id,
+                data=rec.data,
+                error=error,
+                failed_at=trio.current_time(),
+                attempts=rec.attempts,
+                stalled_count=rec.stalled_count,
+                stalls=tuple(rec.stalls),
+            )
+        )
+        return True
+
+    async def retry_job(
+        self, lease: Lease, queue: str, *, delay: float = 0.0, count_attempt: bool = True
+    ) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        released = self._release(lease, queue)
+        if released is None:
+            return False
+        q, rec = released
+        if count_attempt:
+            rec.attempts += 1
+        if delay > 0:
+            heapq.heappush(q.delayed, (trio.current_time() + delay, next(self._seq), rec))
+        else:
+            self._make_ready(q, rec)
+        self._ring(q)
+        return True
+
+    async def renew_jobs(self, queue: str, leases: Sequence[Lease]) -> RenewOutcome:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._queues.get(queue)
+        now = trio.current_time()
+        lost: list[Lease] = []
+        renewed = 0
+        for lease in leases:
+            rec = q.active.get(lease.token) if q is not None else None
+            if rec is None:
+                lost.append(lease)
+                continue
+            rec.claimed_at = now
+            renewed += 1
+            assert q is not None
+            heapq.heappush(q.by_age, (now, lease.token))
+        if q is not None and len(q.by_age) > 2 * len(q.active) + 64:
+            # Renewals leave stale entries behind; rebuild before they outnumber the claims.
+            q.by_age = [(rec.claimed_at, token) for token, rec in q.active.items()]
+            heapq.heapify(q.by_age)
+        return RenewOutcome(renewed=renewed, lost=tuple(lost))
+
+    async def recover_stalled_jobs(
+        self, queue: str, threshold: float, max_stalled: int
+    ) -> Recovery:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._queues.get(queue)
+        if q is None:
+            return Recovery(recovered=0)
+        now = trio.current_time()
+        cutoff = now - threshold
+        recovered = 0
+        exceeded: list[ClaimedJob] = []
+        requeue: list[_Record] = []
+        by_age = q.by_age
+        while by_age and by_age[0][0] < cutoff:
+            claimed_at, token = heapq.heappop(by_age)
+            rec = q.active.get(token)
+            if rec is None or rec.claimed_at != claimed_at:
+                continue  # finalized, or renewed since (a newer entry stands for it)
+            del q.active[token]
+            rec.stalls.append(Stall(at=now, worker=rec.worker))
+            rec.stalled_count += 1
+            if rec.stalled_count > max_stalled:
+                new_token = f"{next(self._tokens)}"
+                rec.token = new_token
+                rec.claimed_at = now
+                q.active[new_token] = rec
+                requeue.append(rec)  # re-indexed below, after the scan
+                exceeded.append(
+                    ClaimedJob(
+                        id=rec.id,
+                        data=rec.data,
+                        lease=Lease(rec.id, new_token),
+                        attempts=rec.attempts,
+                        stalled_count=rec.stalled_count,
+                        stalls=tuple(rec.stalls),
+                        priority=rec.priority,
+                    )
+                )
+            else:
+                rec.token = None
+                self._make_ready(q, rec)
+                recovered += 1
+        for rec in requeue:
+            assert rec.token is not None
+            heapq.heappush(by_age, (rec.claimed_at, rec.token))
+        if recovered:
+            self._ring(q)
+        return Recovery(recovered=recovered, exceeded=tuple(exceeded))
+
+    async def size_of(self, queue: str) -> int:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._queues.get(queue)
+        return 0 if q is None else len(q.ready) + len(q.delayed)
+
+    async def failed_jobs(self, queue: str, *, limit: int = 100) -> list[FailedJob]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._queues.get(queue)
+        if q is None:
+            return []
+        return list(itertools.islice(reversed(q.failed), limit))
+
+    async def wait_for_work(self, queue: str) -> None:
+        q = self._queue(queue)
+        while True:
+            now = trio.current_time()
+            if q.ready or (q.delayed and q.delayed[0][0] <= now):
+                await trio.lowlevel.checkpoint()
+                return
+            due = q.delayed[0][0] if q.delayed else math.inf
+            q.armed = True
+            with trio.move_on_at(due):
+                await q.wakeup.wait()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        await trio.lowlevel.checkpoint()

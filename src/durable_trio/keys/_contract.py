@@ -1,0 +1,39 @@
+"""The worker-key store contract.
+
+Keys expire after a time-to-live measured on the store's own clock (trio's clock in memory, the
+server's on Redis): a ``ttl`` rather than an absolute ``expires_at``, so no two processes' clocks
+ever need to agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+
+__all__ = ["KeyEntry", "KeyStore"]
+
+
+@attrs.frozen
+class KeyEntry:
+    key: str
+    value: bytes
+
+
+class KeyStore(Protocol):
+    async def put(self, key: str, value: bytes, ttl: float) -> None:
+        """Write ``key`` so that it lives ``ttl`` seconds unless written again."""
+        ...
+
+    async def remove(self, keys: Sequence[str]) -> None:
+        """Delete ``keys`` now (missing keys are fine)."""
+        ...
+
+    async def entries(self, prefix: str) -> list[KeyEntry]:
+        """Every live key starting with ``prefix``, sorted by key."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release resources. Idempotent."""
+        ...
