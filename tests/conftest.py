@@ -1,5 +1,69 @@
+"""Shared fixtures: the broker contract's parametrization (every broker runs the same suite)."""
+
 from __future__ import annotations
 
 import faulthandler
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+import pytest
+import trio.testing
+
+from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.keys.memory import MemoryKeyStore
 
 faulthandler.enable()
+
+#: Every broker the contract suite runs against. Brokers that need a server or a file add
+#: themselves here with a factory below.
+BROKER_KINDS = ["memory"]
+
+BrokerFactory = Callable[[], AbstractAsyncContextManager[Any]]
+
+
+@pytest.fixture(params=BROKER_KINDS)
+def broker_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def contract_clock(broker_kind: str) -> trio.testing.MockClock | None:
+    """Virtual time where the broker's clock is trio's (memory); the real clock elsewhere (a
+    server's clock does not follow a MockClock)."""
+    return trio.testing.MockClock(autojump_threshold=0) if broker_kind == "memory" else None
+
+
+@pytest.fixture
+def broker_factory(broker_kind: str) -> BrokerFactory:
+    """A factory of fresh, empty brokers of ``broker_kind`` (usable from sync tests that run
+    their own ``trio.run``)."""
+
+    @asynccontextmanager
+    async def memory() -> AsyncIterator[Any]:
+        broker = MemoryBroker()
+        try:
+            yield broker
+        finally:
+            await broker.aclose()
+
+    factories = {"memory": memory}
+    return factories[broker_kind]
+
+
+@pytest.fixture
+async def broker(broker_factory: BrokerFactory, contract_clock: object) -> AsyncIterator[Any]:
+    async with broker_factory() as b:
+        yield b
+
+
+@pytest.fixture
+def key_store() -> MemoryKeyStore:
+    return MemoryKeyStore()
+
+
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("default", max_examples=30, deadline=None)
+settings.register_profile("thorough", max_examples=500, deadline=None)
+settings.load_profile("default")

@@ -248,7 +248,10 @@ class QueueTransport:
         priority: int | None = None,
         delay: float = 0.0,
     ) -> str:
-        self._check_open()
+        if self._closed.is_set():
+            # Producers work on through the close drain (a finishing handler publishes its
+            # result); only a fully closed transport refuses.
+            raise TransportClosed("the transport is closed")
         job_id = self._next_job_id()
         data = encode_envelope(
             job_id, kind, payload, priority=priority, max_bytes=self._options.max_payload_bytes
@@ -458,6 +461,10 @@ class QueueTransport:
             claim.state = _FINALIZING
             await self._finalize(claim, error)
         finally:
+            if claim.state is _RUNNING:
+                # Cancelled from outside the claim's own scope (the whole transport is being
+                # cancelled): keep the claim so close hands it back instead of losing it.
+                claim.state = _ABANDONED
             if claim.state is not _ABANDONED:
                 del self._claims[token]
             loop.slots.release()
@@ -802,9 +809,15 @@ async def open_queue_transport(
     except TypeError as exc:
         raise ConfigError(f"open_queue_transport: {exc}") from None
     transport = QueueTransport(backend, validated)
+    # The body's own exception leaves bare, not wrapped in the root nursery's ExceptionGroup.
+    body_error: BaseException | None = None
     async with trio.open_nursery() as root:
         await transport._start(root)
         try:
             yield transport
+        except BaseException as exc:
+            body_error = exc
         finally:
             await transport.aclose()
+    if body_error is not None:
+        raise body_error

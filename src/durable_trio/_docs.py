@@ -1,0 +1,38 @@
+"""``make docs``: regenerate docs/schemas/*.json and check that every relative link in docs/ and
+the README resolves. Exits non-zero on a broken link."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from ._codec import MESSAGE_TYPES, json_schema
+
+_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def main(root: Path | None = None) -> int:
+    root = root or Path.cwd()
+    schemas = root / "docs" / "schemas"
+    schemas.mkdir(parents=True, exist_ok=True)
+    for cls in MESSAGE_TYPES:
+        text = json.dumps(json_schema(cls), indent=2, sort_keys=False) + "\n"
+        (schemas / f"{cls.__name__}.json").write_text(text)
+    broken = []
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    for page in pages:
+        for target in _LINK.findall(page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(root)}: {target}")
+    for line in broken:
+        print(f"broken link: {line}", file=sys.stderr)
+    print(f"docs: {len(MESSAGE_TYPES)} schemas written, {len(pages)} pages checked")
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Test doubles that wrap a real broker to count calls or inject faults at a chosen point."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from durable_trio.adapters import ClaimedJob, Job, Lease, Recovery, RenewOutcome
+from durable_trio.adapters.memory import MemoryBroker
+
+
+class CountingBroker:
+    """A memory broker that records every pop (time, queue) and can hide its wake-up signal."""
+
+    def __init__(self, *, wakeup: bool = True) -> None:
+        self.inner = MemoryBroker()
+        self.pops: list[tuple[float, str]] = []
+        self.handbacks: list[tuple[str, bool]] = []
+        if wakeup:
+            self.wait_for_work = self.inner.wait_for_work
+
+    async def push_on(
+        self, queue: str, job: Job, *, priority: int | None = None, delay: float = 0.0
+    ) -> None:
+        await self.inner.push_on(queue, job, priority=priority, delay=delay)
+
+    async def pop_from(self, queue: str, *, worker: str = "") -> ClaimedJob | None:
+        self.pops.append((trio.current_time(), queue))
+        return await self.inner.pop_from(queue, worker=worker)
+
+    async def complete_job(self, lease: Lease, queue: str) -> bool:
+        return await self.inner.complete_job(lease, queue)
+
+    async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
+        return await self.inner.fail_job(lease, queue, error)
+
+    async def retry_job(
+        self, lease: Lease, queue: str, *, delay: float = 0.0, count_attempt: bool = True
+    ) -> bool:
+        self.handbacks.append((lease.job_id, count_attempt))
+        return await self.inner.retry_job(lease, queue, delay=delay, count_attempt=count_attempt)
+
+    async def renew_jobs(self, queue: str, leases: Sequence[Lease]) -> RenewOutcome:
+        return await self.inner.renew_jobs(queue, leases)
+
+    async def recover_stalled_jobs(
+        self, queue: str, threshold: float, max_stalled: int
+    ) -> Recovery:
+        return await self.inner.recover_stalled_jobs(queue, threshold, max_stalled)
+
+    async def size_of(self, queue: str) -> int:
+        return await self.inner.size_of(queue)
+
+    async def failed_jobs(self, queue: str, *, limit: int = 100) -> Any:
+        return await self.inner.failed_jobs(queue, limit=limit)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class HangingBroker(CountingBroker):
+    """Stops answering (every call blocks forever) once ``hang`` is set: a dead broker."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hang = False
+
+    async def _maybe_hang(self) -> None:
+        if self.hang:
+            await trio.sleep_forever()
+
+    async def pop_from(self, queue: str, *, worker: str = "") -> ClaimedJob | None:
+        await self._maybe_hang()
+        return await super().pop_from(queue, worker=worker)
+
+    async def complete_job(self, lease: Lease, queue: str) -> bool:
+        await self._maybe_hang()
+        return await super().complete_job(lease, queue)
+
+    async def retry_job(
+        self, lease: Lease, queue: str, *, delay: float = 0.0, count_attempt: bool = True
+    ) -> bool:
+        await self._maybe_hang()
+        return await super().retry_job(lease, queue, delay=delay, count_attempt=count_attempt)
+
+    async def renew_jobs(self, queue: str, leases: Sequence[Lease]) -> RenewOutcome:
+        await self._maybe_hang()
+        return await super().renew_jobs(queue, leases)
+
+    async def push_on(
+        self, queue: str, job: Job, *, priority: int | None = None, delay: float = 0.0
+    ) -> None:
+        await self._maybe_hang()
+        await super().push_on(queue, job, priority=priority, delay=delay)
+
+
+class Errors:
+    """An ``on_error`` hook that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.seen: list[BaseException] = []
+
+    def __call__(self, exc: BaseException) -> None:
+        self.seen.append(exc)
+
+    def messages(self) -> list[str]:
+        return [str(e) for e in self.seen]

@@ -1,0 +1,243 @@
+"""The broker contract (DESIGN §6), one suite for every broker (parametrized in conftest.py).
+
+Durations are short and real on brokers whose clock is a server's; on the memory broker the same
+tests run under a virtual clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from durable_trio.adapters import (
+    Job,
+    Lease,
+    SupportsFailedJobs,
+    SupportsRecovery,
+    SupportsRenewal,
+    SupportsSize,
+    SupportsWakeup,
+)
+
+Q = "t:tasks:contract"
+
+
+def job(n: int | str) -> Job:
+    return Job(f"job-{n}", f'{{"n":"{n}"}}'.encode())
+
+
+async def test_every_capability_is_present(broker: Any) -> None:
+    for capability in (
+        SupportsRenewal,
+        SupportsRecovery,
+        SupportsSize,
+        SupportsFailedJobs,
+        SupportsWakeup,
+    ):
+        assert isinstance(broker, capability), capability.__name__
+
+
+async def test_push_then_pop_claims_the_job_under_a_lease(broker: Any) -> None:
+    assert await broker.pop_from(Q) is None
+    await broker.push_on(Q, job(1))
+    claimed = await broker.pop_from(Q, worker="w1")
+    assert claimed is not None
+    assert claimed.id == "job-1"
+    assert claimed.data == b'{"n":"1"}'
+    assert claimed.lease.job_id == "job-1"
+    assert claimed.attempts == 0
+    assert claimed.stalled_count == 0
+    assert await broker.pop_from(Q) is None
+
+
+async def test_fifo_within_one_priority_even_in_the_same_millisecond(broker: Any) -> None:
+    """T3: a sequence, not a timestamp, orders equal-priority jobs."""
+    for n in range(60):
+        await broker.push_on(Q, job(n))
+    popped = [(await broker.pop_from(Q)).id for _ in range(60)]
+    assert popped == [f"job-{n}" for n in range(60)]
+
+
+async def test_lower_priority_number_first_then_fifo(broker: Any) -> None:
+    """T3."""
+    await broker.push_on(Q, job("a5"), priority=5)
+    await broker.push_on(Q, job("b-default"))
+    await broker.push_on(Q, job("c1"), priority=1)
+    await broker.push_on(Q, job("d5"), priority=5)
+    await broker.push_on(Q, job("e1"), priority=1)
+    await broker.push_on(Q, job("f-neg"), priority=-3)
+    order = [(await broker.pop_from(Q)).id for _ in range(6)]
+    assert order == ["job-f-neg", "job-b-default", "job-c1", "job-e1", "job-a5", "job-d5"]
+
+
+async def test_queues_are_isolated(broker: Any) -> None:
+    await broker.push_on(Q, job(1))
+    assert await broker.pop_from(Q + "-other") is None
+    assert await broker.size_of(Q + "-other") == 0
+    assert await broker.size_of(Q) == 1
+
+
+async def test_complete_answers_false_once_the_lease_is_gone(broker: Any) -> None:
+    await broker.push_on(Q, job(1))
+    claimed = await broker.pop_from(Q)
+    forged = Lease(claimed.lease.job_id, claimed.lease.token + "x")
+    assert await broker.complete_job(forged, Q) is False
+    assert await broker.complete_job(claimed.lease, Q) is True
+    assert await broker.complete_job(claimed.lease, Q) is False
+    assert await broker.retry_job(claimed.lease, Q) is False
+    assert await broker.fail_job(claimed.lease, Q, "late") is False
+    assert await broker.pop_from(Q) is None
+
+
+async def test_failed_jobs_are_kept_inspectable(broker: Any) -> None:
+    await broker.push_on(Q, job(1))
+    await broker.push_on(Q, job(2))
+    first = await broker.pop_from(Q)
+    second = await broker.pop_from(Q)
+    assert await broker.fail_job(first.lease, Q, "boom 1") is True
+    assert await broker.fail_job(second.lease, Q, "boom 2") is True
+    failed = await broker.failed_jobs(Q)
+    assert [(f.id, f.error, f.data) for f in failed] == [
+        ("job-2", "boom 2", b'{"n":"2"}'),
+        ("job-1", "boom 1", b'{"n":"1"}'),
+    ]
+    assert await broker.failed_jobs(Q, limit=1) == failed[:1]
+    assert await broker.pop_from(Q) is None
+    assert await broker.size_of(Q) == 0
+
+
+async def test_retry_counts_an_attempt_and_handback_does_not(broker: Any) -> None:
+    await broker.push_on(Q, job(1))
+    claimed = await broker.pop_from(Q)
+    assert await broker.retry_job(claimed.lease, Q) is True
+    again = await broker.pop_from(Q)
+    assert again.id == "job-1"
+    assert again.attempts == 1
+    assert again.lease.token != claimed.lease.token
+    assert await broker.complete_job(claimed.lease, Q) is False
+    assert await broker.retry_job(again.lease, Q, count_attempt=False) is True
+    third = await broker.pop_from(Q)
+    assert third.attempts == 1
+    assert third.stalled_count == 0
+
+
+async def test_delayed_push_and_delayed_retry_wait_their_turn(broker: Any) -> None:
+    await broker.push_on(Q, job("later"), delay=0.3)
+    assert await broker.pop_from(Q) is None
+    assert await broker.size_of(Q) == 1
+    await broker.push_on(Q, job("now"))
+    claimed = await broker.pop_from(Q)
+    assert claimed.id == "job-now"
+    assert await broker.retry_job(claimed.lease, Q, delay=0.6) is True
+    assert await broker.pop_from(Q) is None
+    await trio.sleep(0.4)
+    assert (await broker.pop_from(Q)).id == "job-later"
+    assert await broker.pop_from(Q) is None
+    await trio.sleep(0.3)
+    assert (await broker.pop_from(Q)).id == "job-now"
+
+
+async def test_wait_for_work_returns_at_once_when_work_is_ready(broker: Any) -> None:
+    await broker.push_on(Q, job(1))
+    with trio.fail_after(1):
+        await broker.wait_for_work(Q)
+
+
+async def test_wait_for_work_wakes_on_a_push(broker: Any) -> None:
+    assert await broker.pop_from(Q) is None
+    woke_at: list[float] = []
+
+    async def waiter() -> None:
+        await broker.wait_for_work(Q)
+        woke_at.append(trio.current_time())
+
+    with trio.fail_after(2):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.sleep(0.1)
+            assert woke_at == []
+            pushed_at = trio.current_time()
+            await broker.push_on(Q, job(1))
+    assert woke_at[0] - pushed_at < 0.5
+
+
+async def test_wait_for_work_wakes_when_a_delayed_job_comes_due(broker: Any) -> None:
+    await broker.push_on(Q, job(1), delay=0.2)
+    start = trio.current_time()
+    with trio.fail_after(2):
+        await broker.wait_for_work(Q)
+    assert trio.current_time() - start >= 0.15
+    assert (await broker.pop_from(Q)).id == "job-1"
+
+
+async def test_renew_keeps_claims_and_names_the_lost_ones(broker: Any) -> None:
+    await broker.push_on(Q, job(1))
+    await broker.push_on(Q, job(2))
+    one = await broker.pop_from(Q)
+    two = await broker.pop_from(Q)
+    assert await broker.complete_job(two.lease, Q)
+    outcome = await broker.renew_jobs(Q, [one.lease, two.lease])
+    assert outcome.renewed == 1
+    assert outcome.lost == (two.lease,)
+
+
+async def test_recover_takes_back_only_silent_claims(broker: Any) -> None:
+    """T9 (contract half): old claims go back to pending with stalled_count + 1; a renewed claim
+    is left alone; the stale lease is dead."""
+    await broker.push_on(Q, job("silent"))
+    await broker.push_on(Q, job("renewed"))
+    silent = await broker.pop_from(Q, worker="w-silent")
+    renewed = await broker.pop_from(Q, worker="w-alive")
+    await trio.sleep(0.3)
+    assert (await broker.renew_jobs(Q, [renewed.lease])).renewed == 1
+    recovery = await broker.recover_stalled_jobs(Q, 0.2, 3)
+    assert recovery.recovered == 1
+    assert recovery.exceeded == ()
+    assert await broker.complete_job(silent.lease, Q) is False
+    assert await broker.complete_job(renewed.lease, Q) is True
+    back = await broker.pop_from(Q, worker="w2")
+    assert back.id == "job-silent"
+    assert back.stalled_count == 1
+    assert [s.worker for s in back.stalls] == ["w-silent"]
+    assert back.attempts == 0
+
+
+async def test_recover_hands_poison_to_the_caller_past_max_stalled(broker: Any) -> None:
+    await broker.push_on(Q, job("poison"))
+    for stall in range(1, 3):
+        claimed = await broker.pop_from(Q, worker=f"w{stall}")
+        assert claimed.stalled_count == stall - 1
+        await trio.sleep(0.3)
+        recovery = await broker.recover_stalled_jobs(Q, 0.2, 1 if stall == 2 else 5)
+        if stall == 1:
+            assert recovery.recovered == 1
+    assert recovery.recovered == 0
+    (poison,) = recovery.exceeded
+    assert poison.id == "job-poison"
+    assert poison.stalled_count == 2
+    assert [s.worker for s in poison.stalls] == ["w1", "w2"]
+    assert await broker.pop_from(Q) is None  # still claimed, by the caller
+    assert await broker.fail_job(poison.lease, Q, "stalled more than 1 times") is True
+    (failed,) = await broker.failed_jobs(Q)
+    assert failed.stalled_count == 2
+    assert len(failed.stalls) == 2
+
+
+async def test_recover_leaves_fresh_claims_alone(broker: Any) -> None:
+    for n in range(20):
+        await broker.push_on(Q, job(n))
+    for _ in range(20):
+        await broker.pop_from(Q)
+    recovery = await broker.recover_stalled_jobs(Q, 30.0, 3)
+    assert recovery.recovered == 0
+    assert recovery.exceeded == ()
+
+
+async def test_size_counts_ready_and_delayed_not_claimed(broker: Any) -> None:
+    await broker.push_on(Q, job(1))
+    await broker.push_on(Q, job(2), delay=5)
+    await broker.push_on(Q, job(3))
+    assert await broker.size_of(Q) == 3
+    await broker.pop_from(Q)
+    assert await broker.size_of(Q) == 2

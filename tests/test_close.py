@@ -1,0 +1,247 @@
+"""T24: the bounded, deterministic close, phase by phase, with exact virtual times."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hypothesis.strategies as st
+import trio
+import trio.testing
+from hypothesis import given
+
+import durable_trio as dt
+from durable_trio.keys.memory import MemoryKeyStore
+from helpers import CountingBroker, Errors, HangingBroker
+
+
+def backend_with(broker: Any) -> dt.Backend:
+    return dt.Backend(url="test://", broker=broker, keys=MemoryKeyStore())
+
+
+def task(name: str, n: int, seconds: float) -> dt.RemoteTask:
+    return dt.RemoteTask(run_id="r", step_id=f"s{n}", attempt=1, name=name, input=seconds)
+
+
+async def sleeper(t: dt.RemoteTask) -> Any:
+    await trio.sleep(t.input)
+    return t.input
+
+
+async def test_t24_close_waits_for_a_handler_that_finishes_in_budget(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A handler finishing 3 s into a 5 s budget lets close end at exactly 3 s, completed."""
+    broker = CountingBroker()
+    async with dt.open_queue_transport(backend_with(broker), close_timeout=5.0) as transport:
+        transport.handle("job", sleeper)
+        await transport.dispatch(task("job", 1, 3.0))
+        await trio.sleep(0)  # the loop takes it at t=0
+        start = trio.current_time()
+        await transport.aclose()
+        assert trio.current_time() - start == 3.0
+    assert broker.handbacks == []
+    assert await broker.size_of(transport.task_queue("job")) == 0
+    assert await broker.size_of(transport.names.results) == 1
+
+
+async def test_t24_a_long_handler_is_cancelled_at_the_deadline_and_handed_back_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A 60 s handler is cancelled at exactly 5 s; its claim goes back once, attempt unchanged."""
+    broker = CountingBroker()
+    cancelled_at: list[float] = []
+
+    async def long_step(t: dt.RemoteTask) -> None:
+        try:
+            await trio.sleep(60)
+        except trio.Cancelled:
+            cancelled_at.append(trio.current_time())
+            raise
+
+    async with dt.open_queue_transport(backend_with(broker), close_timeout=5.0) as transport:
+        transport.handle("job", long_step)
+        await transport.dispatch(task("job", 1, 60))
+        await trio.sleep(0)
+        start = trio.current_time()
+    assert trio.current_time() - start == 5.0
+    assert cancelled_at == [start + 5.0]
+    assert len(broker.handbacks) == 1
+    (_, counted) = broker.handbacks[0]
+    assert counted is False  # attempt-neutral
+    again = await broker.inner.pop_from(transport.task_queue("job"))
+    assert again is not None
+    assert (again.attempts, again.stalled_count) == (0, 0)
+    assert await broker.size_of(transport.names.results) == 0
+
+
+async def test_t24_a_second_worker_finishes_what_the_first_handed_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with dt.open_backend("memory://") as backend:
+        finished_by: list[str] = []
+
+        async def step(t: dt.RemoteTask, me: str) -> None:
+            await trio.sleep(t.input)
+            finished_by.append(me)
+
+        async with dt.open_queue_transport(backend, close_timeout=1.0, concurrency=4) as first:
+            first.handle("job", lambda t: step(t, "first"))
+            for n, seconds in enumerate([0.5, 30, 30]):
+                await first.dispatch(task("job", n, seconds))
+            await trio.sleep(0.1)
+        closed_at = trio.current_time()
+        async with dt.open_queue_transport(backend, concurrency=4) as second:
+            second.handle("job", lambda t: step(t, "second"))
+            await trio.sleep(31)
+    assert finished_by == ["first", "second", "second"]
+    assert closed_at == 1.1
+
+
+async def test_t24_close_is_idempotent_and_hands_back_when_the_caller_is_cancelled(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    broker = CountingBroker()
+    with trio.CancelScope() as outer:
+        async with dt.open_queue_transport(backend_with(broker), close_timeout=2.0) as transport:
+            transport.handle("job", sleeper)
+            await transport.dispatch(task("job", 1, 60))
+            await trio.sleep(0)
+            start = trio.current_time()
+            outer.cancel()  # the caller is cancelled: everything inside stops now ...
+            await trio.sleep(1)
+    assert outer.cancelled_caught
+    assert trio.current_time() - start == 0.0
+    assert len(broker.handbacks) == 1  # ... and the claim is still handed back, not lost
+    again = await broker.inner.pop_from(transport.task_queue("job"))
+    assert again is not None
+    assert again.attempts == 0
+    await transport.aclose()  # again: nothing happens
+    assert len(broker.handbacks) == 1
+
+
+async def test_t24_consumers_stop_first_no_new_job_is_taken(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    broker = CountingBroker()
+    async with dt.open_queue_transport(
+        backend_with(broker), close_timeout=5.0, concurrency=1
+    ) as transport:
+        transport.handle("job", sleeper)
+        await transport.dispatch(task("job", 1, 2.0))
+        await transport.dispatch(task("job", 2, 2.0))
+        await trio.sleep(0)
+        start = trio.current_time()
+    # the first finished at 2 s; the second was never taken (the consumers stopped at once)
+    assert trio.current_time() - start == 2.0
+    assert broker.handbacks == []
+    assert await broker.size_of(transport.task_queue("job")) == 1
+
+
+async def test_t24_a_dead_broker_cannot_make_close_overrun_its_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Every cleanup phase is bounded: close_timeout plus the cleanup bounds, then done."""
+    broker = HangingBroker()
+    errors = Errors()
+    async with dt.open_queue_transport(
+        backend_with(broker), close_timeout=5.0, cleanup_timeout=2.0, on_error=errors
+    ) as transport:
+        transport.handle("job", sleeper)
+        await transport.dispatch(task("job", 1, 60))
+        await trio.sleep(0)
+        broker.hang = True
+        start = trio.current_time()
+    elapsed = trio.current_time() - start
+    # 5 s waiting for the handler, then the handback hangs for its 2 s bound
+    assert elapsed == 7.0
+    assert any("timed out" in m for m in errors.messages())
+
+
+async def test_t24_a_handler_finishing_during_close_on_a_dead_broker_is_bounded(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    broker = HangingBroker()
+    errors = Errors()
+    async with dt.open_queue_transport(
+        backend_with(broker), close_timeout=5.0, cleanup_timeout=2.0, on_error=errors
+    ) as transport:
+        transport.handle("job", sleeper)
+        await transport.dispatch(task("job", 1, 1.0))
+        await trio.sleep(0)
+        broker.hang = True  # the result push will hang: the handler never finishes in budget
+        start = trio.current_time()
+    assert trio.current_time() - start <= 5.0 + 2.0 + 2.0
+
+
+async def test_t24_renewal_keeps_claims_alive_through_the_close_drain(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Phase 3 runs with renewal on: a claim older than the threshold is not swept mid-drain."""
+    async with dt.open_backend("memory://") as backend:
+        errors = Errors()
+        async with dt.open_queue_transport(
+            backend,
+            close_timeout=30.0,
+            stalled_threshold=4.0,
+            stalled_check_interval=1.0,
+            on_error=errors,
+        ) as transport:
+            transport.handle("job", sleeper)
+            await transport.dispatch(task("job", 1, 20.0))
+            await trio.sleep(0)
+            start = trio.current_time()
+        assert trio.current_time() - start == 20.0
+        assert errors.seen == []
+        assert await backend.broker.size_of(transport.task_queue("job")) == 0  # type: ignore[attr-defined]
+
+
+@given(
+    durations=st.lists(st.sampled_from([0.5, 1.0, 2.0, 3.0, 7.0, 60.0]), min_size=1, max_size=12),
+    concurrency=st.integers(1, 6),
+    close_timeout=st.sampled_from([0.0, 1.0, 2.5, 5.0]),
+    close_after=st.sampled_from([0.0, 0.25, 1.25, 1.75]),
+)
+def test_t24_property_close_ends_at_min_of_done_and_deadline_and_loses_nothing(
+    durations: list[float], concurrency: int, close_timeout: float, close_after: float
+) -> None:
+    """For any job durations, concurrency and close_timeout: close ends at min(all running
+    done, deadline); no job is lost; every unfinished claim is handed back exactly once.
+    (Durations are multiples of 0.5 s and closes start at quarter seconds: no ties.)"""
+
+    async def main() -> None:
+        broker = CountingBroker()
+        started: dict[int, float] = {}
+        finished: dict[int, float] = {}
+
+        async def step(t: dt.RemoteTask) -> None:
+            n = int(t.step_id[1:])
+            started[n] = trio.current_time()
+            await trio.sleep(t.input)
+            finished[n] = trio.current_time()
+
+        async with dt.open_queue_transport(
+            backend_with(broker), close_timeout=close_timeout, concurrency=concurrency
+        ) as transport:
+            transport.handle("job", step)
+            for n, seconds in enumerate(durations):
+                await transport.dispatch(task("job", n, seconds))
+            await trio.sleep(close_after)
+            close_start = trio.current_time()
+        elapsed = trio.current_time() - close_start
+        in_flight = [
+            n for n, at in started.items() if at <= close_start and finished.get(n, 1e9) > close_start
+        ]
+        deadline = close_start + close_timeout
+        ends = [started[n] + durations[n] for n in in_flight]
+        expected_end = min(max(ends, default=close_start), deadline)
+        assert elapsed == expected_end - close_start
+        assert len(started) == len(in_flight) + sum(1 for at in finished.values() if at <= close_start)
+        # nothing lost: every job finished, or is back in the queue ready to run
+        left = await broker.size_of(transport.task_queue("job"))
+        assert len(finished) + left == len(durations)
+        handed_back = [job_id for job_id, _ in broker.handbacks]
+        assert len(handed_back) == len(set(handed_back))
+        assert len(handed_back) == len([n for n in in_flight if n not in finished])
+        assert all(counted is False for _, counted in broker.handbacks)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
