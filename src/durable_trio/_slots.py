@@ -41,6 +41,12 @@ class Slots:
             await self._lot.park()
         self.in_flight += 1
 
-    def release(self) -> None:
-        self.in_flight -= 1
-        self._lot.unpark()
+    def take_free(self, most: int) -> int:
+        """Take up to ``most`` more slots at once, without waiting; returns how many."""
+        taken = max(0, min(most, self._limit - self.in_flight))
+        self.in_flight += taken
+        return taken
+
+    def release(self, count: int = 1) -> None:
+        self.in_flight -= count
+        self._lot.unpark(count=count)

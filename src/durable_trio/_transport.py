@@ -48,6 +48,7 @@ from .adapters import (
     ClaimedJob,
     Job,
     Lease,
+    SupportsBatchPop,
     SupportsRecovery,
     SupportsRenewal,
     SupportsSize,
@@ -65,6 +66,8 @@ _OnJob = Callable[[ClaimedJob], Awaitable[None]]
 #: A loop that polls this many jobs in a row without waiting yields once, so a loop with a large
 #: limit over a broker that answers at once never starves the handlers it starts.
 _FAIRNESS_BATCH = 64
+#: Most jobs one pop claims (a loop with more free slots than this pops again at once).
+_MAX_BATCH = 64
 #: Longest sleep after consecutive broker errors in a poll loop.
 _MAX_ERROR_BACKOFF = 10.0
 
@@ -95,6 +98,7 @@ class _Loop:
     on_job: _OnJob
     slots: Slots
     backoff_max: int
+    pop_scope: trio.CancelScope | None = None
 
 
 _RUNNING, _FINALIZING, _ABANDONED = "running", "finalizing", "abandoned"
@@ -157,6 +161,7 @@ class QueueTransport:
         self._task_loops: set[str] = set()
         self._task_queues: set[str] = set()
         self._consumed: list[str] = []
+        self._loops: list[_Loop] = []
         self._claims: dict[str, _Claim] = {}
         self._running = 0
         self._jobs_idle = trio.Event()
@@ -380,6 +385,7 @@ class QueueTransport:
             self._deferred.append(loop)
             return
         self._consumed.append(loop.queue)
+        self._loops.append(loop)
         self._consumers.nursery.start_soon(self._poll_loop, loop, name=f"poll {loop.queue}")
 
     def _typed(self, kind: JobKind, handler: Callable[[Any], Awaitable[None]]) -> _OnJob:
@@ -401,42 +407,55 @@ class QueueTransport:
         queue = loop.queue
         slots = loop.slots
         poll_interval = self._options.poll_interval
-        cleanup_timeout = self._options.cleanup_timeout
         worker = self.instance_id
         empty = 0
         errors = 0
         streak = 0
         jobs = self._jobs.nursery
-        while True:
-            await slots.acquire()
-            try:
-                # Shielded (and bounded) so a close never cancels a claim half-made: a job the
-                # broker handed over is always tracked, run or handed back.
-                with trio.move_on_after(cleanup_timeout, shield=True):
-                    job = await broker.pop_from(queue, worker=worker)
-            except BrokerError as exc:
-                slots.release()
-                errors += 1
-                self._report(exc)
-                await trio.sleep(min(poll_interval * 2 ** min(errors, 16), _MAX_ERROR_BACKOFF))
-                continue
-            errors = 0
-            if job is None:
-                slots.release()
+        # Pops are shielded (one scope per loop, its shield switched on around each pop, which
+        # costs far less than a scope per pop) so a close never cancels a claim half-made: a
+        # job the broker handed over is always tracked, then run or handed back. Close bounds a
+        # pop still in flight by setting this scope's deadline.
+        pop_many = broker.pop_many if isinstance(broker, SupportsBatchPop) else None
+        with trio.CancelScope() as pop_scope:
+            loop.pop_scope = pop_scope
+            while True:
+                await slots.acquire()
+                # N free slots, one round trip: claim as many jobs as there are free slots.
+                extra = slots.take_free(_MAX_BATCH - 1) if pop_many is not None else 0
+                pop_scope.shield = True
+                try:
+                    if pop_many is not None:
+                        batch = await pop_many(queue, 1 + extra, worker=worker)
+                    else:
+                        job = await broker.pop_from(queue, worker=worker)
+                        batch = [job] if job is not None else []
+                except BrokerError as exc:
+                    errors += 1
+                    self._report(exc)
+                    batch = []
+                finally:
+                    pop_scope.shield = False
+                if len(batch) < 1 + extra:
+                    slots.release(1 + extra - len(batch))
+                if batch:
+                    errors = empty = 0
+                    for job in batch:
+                        self._begin_job(loop, job)
+                        jobs.start_soon(self._run_job, loop, job)
+                    streak += len(batch)
+                    if streak >= _FAIRNESS_BATCH:
+                        streak = 0
+                        await trio.lowlevel.checkpoint()
+                    continue
                 streak = 0
-                if wait_for_work is not None:
+                if errors:
+                    await trio.sleep(min(poll_interval * 2 ** min(errors, 16), _MAX_ERROR_BACKOFF))
+                elif wait_for_work is not None:
                     await wait_for_work(queue)
                 else:
                     empty += 1
                     await trio.sleep(poll_interval * min(2 ** (empty - 1), loop.backoff_max))
-                continue
-            empty = 0
-            self._begin_job(loop, job)
-            jobs.start_soon(self._run_job, loop, job)
-            streak += 1
-            if streak >= _FAIRNESS_BATCH:
-                streak = 0
-                await trio.lowlevel.checkpoint()
 
     def _begin_job(self, loop: _Loop, job: ClaimedJob) -> None:
         self._claims[job.lease.token] = _Claim(loop.queue, job)
@@ -449,17 +468,28 @@ class QueueTransport:
         claim = self._claims[token]
         try:
             error: Exception | None = None
-            with claim.scope:
+            with claim.scope as scope:
                 try:
                     await loop.on_job(job)
                 except Exception as exc:
                     error = exc
-            if claim.state is _ABANDONED or claim.lost:
-                # Close gave up on it (handed back in close's step 6), or the lease went to
-                # another worker (T8): its outcome must not finalize someone else's claim.
-                return
-            claim.state = _FINALIZING
-            await self._finalize(claim, error)
+                # Abandoned by close (handed back in its step 6), or the lease went to another
+                # worker (T8): then its outcome must not finalize someone else's claim.
+                if claim.state is _RUNNING and not claim.lost:
+                    # From here nobody cancels this scope: shielded and bounded, so a close
+                    # can never race a job's final write.
+                    claim.state = _FINALIZING
+                    scope.shield = True
+                    scope.deadline = trio.current_time() + self._options.cleanup_timeout
+                    await self._finalize(claim, error)
+            if claim.state is _FINALIZING and scope.cancelled_caught:
+                self._report(
+                    JobError(
+                        "finalizing timed out (broker not answering)",
+                        queue=claim.queue,
+                        job_id=job.id,
+                    )
+                )
         finally:
             if claim.state is _RUNNING:
                 # Cancelled from outside the claim's own scope (the whole transport is being
@@ -478,46 +508,41 @@ class QueueTransport:
         race a job's final write."""
         broker = self._broker
         job, queue = claim.job, claim.queue
-        with trio.move_on_after(self._options.cleanup_timeout, shield=True) as bound:
-            try:
-                if error is None:
-                    if not await broker.complete_job(job.lease, queue):
-                        self._report(
-                            LeaseLost(
-                                "completing the job answered 'lease lost': it was re-delivered "
-                                "meanwhile (not retried)",
-                                queue=queue,
-                                job_id=job.id,
-                            )
-                        )
-                    return
-                if isinstance(error, PayloadError):
-                    self._report(_job_error(f"bad input, job failed: {error}", claim, error))
-                    ok = await broker.fail_job(job.lease, queue, f"bad input: {error}")
-                elif job.attempts + 1 >= self._options.max_job_attempts:
+        try:
+            if error is None:
+                if not await broker.complete_job(job.lease, queue):
                     self._report(
-                        _job_error(
-                            f"handler failed {job.attempts + 1} times, job failed: {error!r}",
-                            claim,
-                            error,
+                        LeaseLost(
+                            "completing the job answered 'lease lost': it was re-delivered "
+                            "meanwhile (not retried)",
+                            queue=queue,
+                            job_id=job.id,
                         )
                     )
-                    ok = await broker.fail_job(
-                        job.lease, queue, f"handler failed {job.attempts + 1} times: {error!r}"
+                return
+            if isinstance(error, PayloadError):
+                self._report(_job_error(f"bad input, job failed: {error}", claim, error))
+                ok = await broker.fail_job(job.lease, queue, f"bad input: {error}")
+            elif job.attempts + 1 >= self._options.max_job_attempts:
+                self._report(
+                    _job_error(
+                        f"handler failed {job.attempts + 1} times, job failed: {error!r}",
+                        claim,
+                        error,
                     )
-                else:
-                    self._report(_job_error(f"handler failed, job handed back: {error!r}", claim, error))
-                    ok = await broker.retry_job(job.lease, queue)
-                if not ok:
-                    self._report(
-                        LeaseLost("finalizing answered 'lease lost'", queue=queue, job_id=job.id)
-                    )
-            except BrokerError as exc:
-                self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
-        if bound.cancelled_caught:
-            self._report(
-                JobError("finalizing timed out (broker not answering)", queue=queue, job_id=job.id)
-            )
+                )
+                ok = await broker.fail_job(
+                    job.lease, queue, f"handler failed {job.attempts + 1} times: {error!r}"
+                )
+            else:
+                self._report(_job_error(f"handler failed, job handed back: {error!r}", claim, error))
+                ok = await broker.retry_job(job.lease, queue)
+            if not ok:
+                self._report(
+                    LeaseLost("finalizing answered 'lease lost'", queue=queue, job_id=job.id)
+                )
+        except BrokerError as exc:
+            self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
 
     # ------------------------------------------------------------------ step tasks
 
@@ -739,6 +764,9 @@ class QueueTransport:
                 # 1. stop taking work
                 self._consumers.cancel()
                 self._deferred = None
+                for loop in self._loops:  # a pop in flight (shielded) lands, bounded
+                    if loop.pop_scope is not None:
+                        loop.pop_scope.deadline = trio.current_time() + options.cleanup_timeout
                 with trio.move_on_after(options.cleanup_timeout):
                     await self._consumers.done.wait()
                 # 2. liveness: nothing beats yet (the liveness keys come with worker health)

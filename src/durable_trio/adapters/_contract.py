@@ -29,6 +29,7 @@ __all__ = [
     "Recovery",
     "RenewOutcome",
     "Stall",
+    "SupportsBatchPop",
     "SupportsFailedJobs",
     "SupportsRecovery",
     "SupportsRenewal",
@@ -143,6 +144,14 @@ class QueueBroker(Protocol):
 
     async def aclose(self) -> None:
         """Release the broker's resources. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class SupportsBatchPop(Protocol):
+    async def pop_many(self, queue: str, count: int, *, worker: str = "") -> list[ClaimedJob]:
+        """Claim up to ``count`` ready jobs in one call, in pop order (empty: none ready). One
+        round trip instead of ``count`` is where a loop with free slots wins its throughput."""
         ...
 
 

@@ -112,6 +112,18 @@ class MemoryBroker:
             self._promote(q, now)
         if not q.ready:
             return None
+        return self._claim(q, now, worker)
+
+    async def pop_many(self, queue: str, count: int, *, worker: str = "") -> list[ClaimedJob]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._queue(queue)
+        now = trio.current_time()
+        if q.delayed:
+            self._promote(q, now)
+        claim = self._claim
+        return [claim(q, now, worker) for _ in range(min(count, len(q.ready)))]
+
+    def _claim(self, q: _Queue, now: float, worker: str) -> ClaimedJob:
         _, _, rec = heapq.heappop(q.ready)
         token = f"{next(self._tokens)}"
         rec.token = token
