@@ -22,9 +22,16 @@ def task(name: str, n: int, seconds: float) -> dt.RemoteTask:
     return dt.RemoteTask(run_id="r", step_id=f"s{n}", attempt=1, name=name, input=seconds)
 
 
-async def sleeper(t: dt.RemoteTask) -> Any:
-    await trio.sleep(t.input)
-    return t.input
+class Sleeper:
+    """A step that sleeps ``task.input`` seconds; ``started`` tells a test its job was taken."""
+
+    def __init__(self) -> None:
+        self.started = trio.Event()
+
+    async def __call__(self, t: dt.RemoteTask) -> Any:
+        self.started.set()
+        await trio.sleep(t.input)
+        return t.input
 
 
 async def test_t24_close_waits_for_a_handler_that_finishes_in_budget(
@@ -33,9 +40,10 @@ async def test_t24_close_waits_for_a_handler_that_finishes_in_budget(
     """A handler finishing 3 s into a 5 s budget lets close end at exactly 3 s, completed."""
     broker = CountingBroker()
     async with dt.open_queue_transport(backend_with(broker), close_timeout=5.0) as transport:
+        sleeper = Sleeper()
         transport.handle("job", sleeper)
         await transport.dispatch(task("job", 1, 3.0))
-        await trio.sleep(0)  # the loop takes it at t=0
+        await sleeper.started.wait()  # the loop took it at t=0
         start = trio.current_time()
         await transport.aclose()
         assert trio.current_time() - start == 3.0
@@ -51,7 +59,10 @@ async def test_t24_a_long_handler_is_cancelled_at_the_deadline_and_handed_back_o
     broker = CountingBroker()
     cancelled_at: list[float] = []
 
+    started = trio.Event()
+
     async def long_step(t: dt.RemoteTask) -> None:
+        started.set()
         try:
             await trio.sleep(60)
         except trio.Cancelled:
@@ -61,7 +72,7 @@ async def test_t24_a_long_handler_is_cancelled_at_the_deadline_and_handed_back_o
     async with dt.open_queue_transport(backend_with(broker), close_timeout=5.0) as transport:
         transport.handle("job", long_step)
         await transport.dispatch(task("job", 1, 60))
-        await trio.sleep(0)
+        await started.wait()
         start = trio.current_time()
     assert trio.current_time() - start == 5.0
     assert cancelled_at == [start + 5.0]
@@ -103,9 +114,10 @@ async def test_t24_close_is_idempotent_and_hands_back_when_the_caller_is_cancell
     broker = CountingBroker()
     with trio.CancelScope() as outer:
         async with dt.open_queue_transport(backend_with(broker), close_timeout=2.0) as transport:
+            sleeper = Sleeper()
             transport.handle("job", sleeper)
             await transport.dispatch(task("job", 1, 60))
-            await trio.sleep(0)
+            await sleeper.started.wait()
             start = trio.current_time()
             outer.cancel()  # the caller is cancelled: everything inside stops now ...
             await trio.sleep(1)
@@ -126,10 +138,11 @@ async def test_t24_consumers_stop_first_no_new_job_is_taken(
     async with dt.open_queue_transport(
         backend_with(broker), close_timeout=5.0, concurrency=1
     ) as transport:
+        sleeper = Sleeper()
         transport.handle("job", sleeper)
         await transport.dispatch(task("job", 1, 2.0))
         await transport.dispatch(task("job", 2, 2.0))
-        await trio.sleep(0)
+        await sleeper.started.wait()
         start = trio.current_time()
     # the first finished at 2 s; the second was never taken (the consumers stopped at once)
     assert trio.current_time() - start == 2.0
@@ -146,9 +159,10 @@ async def test_t24_a_dead_broker_cannot_make_close_overrun_its_bound(
     async with dt.open_queue_transport(
         backend_with(broker), close_timeout=5.0, cleanup_timeout=2.0, on_error=errors
     ) as transport:
+        sleeper = Sleeper()
         transport.handle("job", sleeper)
         await transport.dispatch(task("job", 1, 60))
-        await trio.sleep(0)
+        await sleeper.started.wait()
         broker.hang = True
         start = trio.current_time()
     elapsed = trio.current_time() - start
@@ -165,9 +179,10 @@ async def test_t24_a_handler_finishing_during_close_on_a_dead_broker_is_bounded(
     async with dt.open_queue_transport(
         backend_with(broker), close_timeout=5.0, cleanup_timeout=2.0, on_error=errors
     ) as transport:
+        sleeper = Sleeper()
         transport.handle("job", sleeper)
         await transport.dispatch(task("job", 1, 1.0))
-        await trio.sleep(0)
+        await sleeper.started.wait()
         broker.hang = True  # the result push will hang: the handler never finishes in budget
         start = trio.current_time()
     assert trio.current_time() - start <= 5.0 + 2.0 + 2.0
@@ -186,9 +201,10 @@ async def test_t24_renewal_keeps_claims_alive_through_the_close_drain(
             stalled_check_interval=1.0,
             on_error=errors,
         ) as transport:
+            sleeper = Sleeper()
             transport.handle("job", sleeper)
             await transport.dispatch(task("job", 1, 20.0))
-            await trio.sleep(0)
+            await sleeper.started.wait()
             start = trio.current_time()
         assert trio.current_time() - start == 20.0
         assert errors.seen == []

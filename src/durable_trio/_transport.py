@@ -22,6 +22,7 @@ from typing import Any
 
 import attrs
 import orjson
+import outcome
 import trio
 
 from ._backend import Backend
@@ -99,6 +100,7 @@ class _Loop:
     slots: Slots
     backoff_max: int
     pop_scope: trio.CancelScope | None = None
+    idle: list[_JobWorker] = attrs.Factory(list)
 
 
 _RUNNING, _FINALIZING, _ABANDONED = "running", "finalizing", "abandoned"
@@ -108,9 +110,28 @@ _RUNNING, _FINALIZING, _ABANDONED = "running", "finalizing", "abandoned"
 class _Claim:
     queue: str
     job: ClaimedJob
-    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    scope: trio.CancelScope | None = None
+    """The scope of the job worker running it (cancelling it cancels exactly this handler)."""
     state: str = _RUNNING
     lost: bool = False
+
+    def cancel(self) -> None:
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+@attrs.define(eq=False)
+class _JobWorker:
+    """A task that runs one loop's jobs one after another, parked while idle.
+
+    One task per running handler, each in its own cancel scope, as §2 asks — but the task and
+    its scope outlive one job: spawning a task and building a scope per job costs ~15 µs, a
+    reschedule of a parked worker ~3 µs. Cancelling the scope (a lost lease, close's deadline)
+    ends the worker with its job; the loop starts a fresh one when next needed.
+    """
+
+    task: trio.lowlevel.Task
+    scope: trio.CancelScope
 
 
 @attrs.frozen
@@ -411,7 +432,6 @@ class QueueTransport:
         empty = 0
         errors = 0
         streak = 0
-        jobs = self._jobs.nursery
         # Pops are shielded (one scope per loop, its shield switched on around each pop, which
         # costs far less than a scope per pop) so a close never cancels a claim half-made: a
         # job the broker handed over is always tracked, then run or handed back. Close bounds a
@@ -423,6 +443,13 @@ class QueueTransport:
                 await slots.acquire()
                 # N free slots, one round trip: claim as many jobs as there are free slots.
                 extra = slots.take_free(_MAX_BATCH - 1) if pop_many is not None else 0
+                try:
+                    # No pop starts once close has begun (a loop first scheduled after the
+                    # close started would otherwise shield a pop nobody bounds).
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                except trio.Cancelled:
+                    slots.release(1 + extra)
+                    raise
                 pop_scope.shield = True
                 try:
                     if pop_many is not None:
@@ -442,7 +469,6 @@ class QueueTransport:
                     errors = empty = 0
                     for job in batch:
                         self._begin_job(loop, job)
-                        jobs.start_soon(self._run_job, loop, job)
                     streak += len(batch)
                     if streak >= _FAIRNESS_BATCH:
                         streak = 0
@@ -458,45 +484,70 @@ class QueueTransport:
                     await trio.sleep(poll_interval * min(2 ** (empty - 1), loop.backoff_max))
 
     def _begin_job(self, loop: _Loop, job: ClaimedJob) -> None:
-        self._claims[job.lease.token] = _Claim(loop.queue, job)
+        """Track a popped job and hand it to an idle worker of its loop (or a new one)."""
+        claim = _Claim(loop.queue, job)
+        self._claims[job.lease.token] = claim
         if self._running == 0:
             self._jobs_idle = trio.Event()
         self._running += 1
+        if loop.idle:
+            worker = loop.idle.pop()
+            claim.scope = worker.scope
+            trio.lowlevel.reschedule(worker.task, outcome.Value(claim))
+        else:
+            self._jobs.nursery.start_soon(self._job_worker, loop, claim)
 
-    async def _run_job(self, loop: _Loop, job: ClaimedJob) -> None:
-        token = job.lease.token
-        claim = self._claims[token]
+    async def _job_worker(self, loop: _Loop, claim: _Claim) -> None:
+        with trio.CancelScope() as scope:
+            me = _JobWorker(trio.lowlevel.current_task(), scope)
+            claim.scope = scope
+
+            def abort(_: Any) -> trio.lowlevel.Abort:
+                loop.idle.remove(me)
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            while True:
+                await self._run_job(loop, claim, scope)
+                loop.idle.append(me)
+                claim = await trio.lowlevel.wait_task_rescheduled(abort)
+        if claim.state is _FINALIZING and scope.cancelled_caught:
+            self._report(
+                JobError(
+                    "finalizing timed out (broker not answering)",
+                    queue=claim.queue,
+                    job_id=claim.job.id,
+                )
+            )
+
+    async def _run_job(self, loop: _Loop, claim: _Claim, scope: trio.CancelScope) -> None:
+        job = claim.job
         try:
             error: Exception | None = None
-            with claim.scope as scope:
-                try:
-                    await loop.on_job(job)
-                except Exception as exc:
-                    error = exc
-                # Abandoned by close (handed back in its step 6), or the lease went to another
-                # worker (T8): then its outcome must not finalize someone else's claim.
-                if claim.state is _RUNNING and not claim.lost:
-                    # From here nobody cancels this scope: shielded and bounded, so a close
-                    # can never race a job's final write.
-                    claim.state = _FINALIZING
-                    scope.shield = True
+            try:
+                await loop.on_job(job)
+            except Exception as exc:
+                error = exc
+            # Abandoned by close (handed back in its step 6), or the lease went to another
+            # worker (T8): then its outcome must not finalize someone else's claim.
+            if claim.state is _RUNNING and not claim.lost:
+                # From here nobody cancels this scope: shielded, and bounded once a close
+                # starts (close sets the deadline of the finalizes in flight), so a close can
+                # never race a job's final write.
+                claim.state = _FINALIZING
+                scope.shield = True
+                if self._closing:
                     scope.deadline = trio.current_time() + self._options.cleanup_timeout
+                try:
                     await self._finalize(claim, error)
-            if claim.state is _FINALIZING and scope.cancelled_caught:
-                self._report(
-                    JobError(
-                        "finalizing timed out (broker not answering)",
-                        queue=claim.queue,
-                        job_id=job.id,
-                    )
-                )
+                finally:
+                    scope.shield = False
         finally:
             if claim.state is _RUNNING:
-                # Cancelled from outside the claim's own scope (the whole transport is being
-                # cancelled): keep the claim so close hands it back instead of losing it.
+                # Cancelled before it finished (its own scope by close or a lost lease, or the
+                # whole transport from outside): keep the claim so close hands it back.
                 claim.state = _ABANDONED
-            if claim.state is not _ABANDONED:
-                del self._claims[token]
+            if claim.state is not _ABANDONED or claim.lost:
+                del self._claims[job.lease.token]
             loop.slots.release()
             self._running -= 1
             if self._running == 0:
@@ -668,7 +719,7 @@ class QueueTransport:
                     )
                 )
                 if self._options.cancel_on_lost_lease:
-                    claim.scope.cancel()
+                    claim.cancel()
 
     # ------------------------------------------------------------------ reclaim sweep (T9)
 
@@ -764,9 +815,13 @@ class QueueTransport:
                 # 1. stop taking work
                 self._consumers.cancel()
                 self._deferred = None
+                bound = trio.current_time() + options.cleanup_timeout
                 for loop in self._loops:  # a pop in flight (shielded) lands, bounded
                     if loop.pop_scope is not None:
-                        loop.pop_scope.deadline = trio.current_time() + options.cleanup_timeout
+                        loop.pop_scope.deadline = bound
+                for claim in self._claims.values():  # so does a finalize in flight
+                    if claim.state is _FINALIZING and claim.scope is not None:
+                        claim.scope.deadline = bound
                 with trio.move_on_after(options.cleanup_timeout):
                     await self._consumers.done.wait()
                 # 2. liveness: nothing beats yet (the liveness keys come with worker health)
@@ -777,7 +832,7 @@ class QueueTransport:
                 for claim in self._claims.values():
                     if claim.state is _RUNNING:
                         claim.state = _ABANDONED
-                        claim.scope.cancel()
+                        claim.cancel()
                 with trio.move_on_after(options.cleanup_timeout):
                     await self._jobs_idle.wait()
                 self._jobs.cancel()

@@ -19,6 +19,11 @@ _CERT_REQS: dict[str, ssl.VerifyMode] = {
     "optional": ssl.CERT_OPTIONAL,
     "required": ssl.CERT_REQUIRED,
 }
+_CERT_REQS_NAMES: dict[str, CertReqs] = {
+    "none": "none",
+    "optional": "optional",
+    "required": "required",
+}
 _QUERY_KEYS = frozenset({"client_name", "ssl_cert_reqs", "ssl_ca_certs"})
 
 
@@ -135,9 +140,11 @@ def parse_redis_url(url: str) -> RedisURL:
             raise ConfigError(f"unknown Redis URL option {key!r} (known: {sorted(_QUERY_KEYS)})")
         query[key] = value
     tls = parts.scheme == "rediss"
-    cert_reqs = query.get("ssl_cert_reqs", "required").lower()
-    if cert_reqs not in _CERT_REQS:
-        raise ConfigError(f"ssl_cert_reqs must be none, optional or required, not {cert_reqs!r}")
+    cert_reqs = _CERT_REQS_NAMES.get(query.get("ssl_cert_reqs", "required").lower())
+    if cert_reqs is None:
+        raise ConfigError(
+            f"ssl_cert_reqs must be none, optional or required, not {query['ssl_cert_reqs']!r}"
+        )
     if not tls and ("ssl_cert_reqs" in query or "ssl_ca_certs" in query):
         raise ConfigError("ssl_* options need a rediss:// URL")
     return RedisURL(
@@ -147,7 +154,7 @@ def parse_redis_url(url: str) -> RedisURL:
         username=username,
         password=password,
         tls=tls,
-        ssl_cert_reqs=cert_reqs,  # type: ignore[arg-type]
+        ssl_cert_reqs=cert_reqs,
         ssl_ca_certs=query.get("ssl_ca_certs") or None,
         client_name=query.get("client_name") or None,
     )

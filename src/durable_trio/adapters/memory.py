@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from collections import deque
 from collections.abc import Sequence
 
@@ -280,9 +279,11 @@ class MemoryBroker:
             if q.ready or (q.delayed and q.delayed[0][0] <= now):
                 await trio.lowlevel.checkpoint()
                 return
-            due = q.delayed[0][0] if q.delayed else math.inf
             q.armed = True
-            with trio.move_on_at(due):
+            if not q.delayed:
+                await q.wakeup.wait()  # no scope to build: the common idle case stays cheap
+                continue
+            with trio.move_on_at(q.delayed[0][0]):
                 await q.wakeup.wait()
 
     async def aclose(self) -> None:

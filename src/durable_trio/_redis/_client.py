@@ -1,0 +1,400 @@
+"""The Redis client: a small pool of shared connections, dedicated connections, scripts, pub/sub.
+
+::
+
+    async with open_redis("redis://127.0.0.1:6379/0") as client:
+        await client.execute("SET", "k", "v")
+        value = await client.execute("GET", "k")              # b"v"
+        replies = await client.pipeline([("INCR", "n"), ("GET", "n")])
+        bump = client.script("return redis.call('INCRBY', KEYS[1], ARGV[1])")
+        await bump(keys=["n"], args=[5])
+        async with client.dedicated() as conn:                # blocking commands
+            await conn.execute("BLPOP", "q", 1, reply_timeout=3)
+        async with client.subscribe("doorbell") as sub:       # pub/sub
+            async for channel, message in sub:
+                ...
+
+Every task the client starts (each connection's reader and writer, background pool growth) runs
+in the nursery the client owns for the duration of its ``async with``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
+from ._connection import Connection, RedisArg, connect
+from ._pubsub import Subscription
+from ._script import Script
+from ._url import RedisURL, parse_redis_url
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterable, Sequence
+    from types import TracebackType
+
+__all__ = ["RedisClient", "open_redis"]
+
+
+def open_redis(
+    url: str,
+    *,
+    pool_size: int = 2,
+    connect_timeout: float = 5.0,
+    command_timeout: float = 10.0,
+    backoff_initial: float = 0.05,
+    backoff_max: float = 2.0,
+) -> RedisClient:
+    """Make a client for ``url``; use it as ``async with open_redis(url) as client:``.
+
+    Connections are opened lazily (the first command opens the first one) and replaced when they
+    die, so the server need not be up when the client starts.
+
+    Args:
+        url: ``redis://[[user]:password@]host[:port][/db][?client_name=...]`` or ``rediss://``
+            (TLS; add ``ssl_cert_reqs=none`` to skip certificate checks, ``ssl_ca_certs=PATH`` to
+            trust a private CA). See :func:`parse_redis_url`.
+        pool_size: how many shared connections at most (commands go to the least loaded one).
+        connect_timeout: seconds for connect + TLS + ``AUTH``/``SELECT``/``CLIENT SETNAME``.
+        command_timeout: default seconds a command waits for its reply before its connection is
+            discarded (override per call with ``reply_timeout=``).
+        backoff_initial: after a failed connect, seconds before the next attempt (doubled per
+            consecutive failure, jittered down to half, capped at ``backoff_max``). Calls made
+            meanwhile fail fast with ``BrokerUnavailable``.
+        backoff_max: the cap of that delay.
+
+    Returns:
+        the (not yet entered) client.
+
+    Raises:
+        ConfigError: a bad URL or option.
+    """
+    parsed = parse_redis_url(url)
+    if pool_size < 1:
+        raise ConfigError(f"pool_size must be at least 1, not {pool_size}")
+    for name, value in (
+        ("connect_timeout", connect_timeout),
+        ("command_timeout", command_timeout),
+        ("backoff_max", backoff_max),
+    ):
+        if not value > 0:
+            raise ConfigError(f"{name} must be positive, not {value}")
+    if not 0 <= backoff_initial <= backoff_max:
+        raise ConfigError("backoff_initial must be between 0 and backoff_max")
+    return RedisClient(
+        parsed,
+        pool_size=pool_size,
+        connect_timeout=connect_timeout,
+        command_timeout=command_timeout,
+        backoff_initial=backoff_initial,
+        backoff_max=backoff_max,
+    )
+
+
+class RedisClient:
+    """A Trio-native Redis client (made by :func:`open_redis`); an async context manager.
+
+    Leaving the ``async with`` closes every connection; calls still waiting then raise
+    :class:`~durable_trio._errors.TransportClosed`, as does any later call. An exception raised
+    in the body propagates unchanged (not wrapped in an exception group).
+    """
+
+    def __init__(
+        self,
+        url: RedisURL,
+        *,
+        pool_size: int,
+        connect_timeout: float,
+        command_timeout: float,
+        backoff_initial: float,
+        backoff_max: float,
+    ) -> None:
+        self._url = url
+        self._pool_size = pool_size
+        self._connect_timeout = connect_timeout
+        self._command_timeout = command_timeout
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._conns: list[Connection] = []
+        self._connect_lock = trio.Lock()
+        self._growing = False
+        self._failures = 0
+        self._retry_at = 0.0
+        self._last_error = ""
+        self._scripts: dict[str, bytes] = {}
+        self._stack: AsyncExitStack | None = None
+        self._nursery: trio.Nursery | None = None
+        self._closed = False
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> RedisClient:
+        if self._stack is not None or self._closed:
+            raise RuntimeError("a RedisClient can be entered only once")
+        self._stack = AsyncExitStack()
+        self._nursery = await self._stack.enter_async_context(trio.open_nursery())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            # Waits for the connection tasks to end. The body's exception is deliberately not
+            # passed in, so it propagates unchanged (not wrapped in an exception group).
+            await stack.aclose()
+
+    def close(self) -> None:
+        """Close the client now, from any task; idempotent.
+
+        Every connection is closed; every waiting call and every later call raises
+        ``TransportClosed``. Leaving the ``async with`` does this too, and then waits for the
+        connection tasks to end.
+        """
+        self._closed = True
+        for conn in self._conns:
+            conn.close()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    def url(self) -> RedisURL:
+        """The parsed URL (its ``repr`` hides the password)."""
+        return self._url
+
+    @property
+    def connections(self) -> tuple[Connection, ...]:
+        """The pool's connections that are currently healthy."""
+        return tuple(c for c in self._conns if c.healthy)
+
+    # -- commands ---------------------------------------------------------------------------
+
+    async def execute(self, *args: RedisArg, reply_timeout: float | None = None) -> Any:
+        """Run one command on the least loaded pooled connection and return its reply.
+
+        Concurrent callers share connections: their commands are coalesced into shared writes and
+        their replies handed back in order. Commands are never retried on another connection
+        (they may have run); a dead connection's callers get ``BrokerUnavailable`` and the next
+        call reconnects.
+
+        Args:
+            *args: the command, e.g. ``"HSET", "h", "f", b"v"``.
+            reply_timeout: seconds to wait for the reply before the connection is deemed stuck and
+                discarded (``None``: the client's ``command_timeout``; ``math.inf``: forever).
+                Blocking commands belong on :meth:`dedicated`. To just give up waiting, cancel
+                the call (``trio.move_on_after``) instead: that keeps the connection.
+
+        Returns:
+            the reply: ``bytes``, ``int``, ``None``, or a ``list`` of those.
+
+        Raises:
+            RedisReplyError: an error reply.
+            RedisCommandTimeout: no reply in time (that connection is discarded).
+            BrokerUnavailable: Redis cannot be reached (or is being reconnected to after a
+                failure: calls fail fast until the backoff delay passed).
+            TransportClosed: the client is closed.
+        """
+        conn = await self._acquire()
+        return await conn.execute(*args, reply_timeout=reply_timeout)
+
+    async def pipeline(
+        self,
+        commands: Iterable[Sequence[RedisArg]],
+        *,
+        raise_on_error: bool = True,
+        reply_timeout: float | None = None,
+    ) -> list[Any]:
+        """Run many commands in one write on one pooled connection (see ``Connection.pipeline``).
+
+        Args:
+            commands: e.g. ``[("SET", "a", "1"), ("GET", "a")]``.
+            raise_on_error: raise the first error reply once all replies are read (default), or
+                return error replies as :class:`RedisReplyError` objects in their slots.
+            reply_timeout: seconds for the whole pipeline (``None``: the client's).
+
+        Returns:
+            the replies, in order.
+
+        Raises:
+            RedisReplyError: ``raise_on_error`` and a command failed (its ``index`` is set).
+            RedisCommandTimeout: no complete answer in time.
+            BrokerUnavailable: Redis cannot be reached.
+            TransportClosed: the client is closed.
+        """
+        conn = await self._acquire()
+        return await conn.pipeline(
+            commands, raise_on_error=raise_on_error, reply_timeout=reply_timeout
+        )
+
+    def script(self, source: str | bytes) -> Script:
+        """Register a Lua script (no round trip) and return its callable handle.
+
+        Args:
+            source: the Lua source.
+
+        Returns:
+            a :class:`Script`: ``await script(keys=[...], args=[...])``, or
+            ``script.command(keys, args)`` for a pipeline.
+        """
+        script = Script(self, source)
+        self._scripts[script.sha] = script.source
+        return script
+
+    @asynccontextmanager
+    async def dedicated(
+        self, *, discard_on_cancel: bool = True, command_timeout: float | None = None
+    ) -> AsyncIterator[Connection]:
+        """A connection of its own (blocking commands, ``MULTI``/``WATCH``), closed on exit.
+
+        It is not reconnected: once it fails, its calls raise ``BrokerUnavailable``; open another.
+
+        Args:
+            discard_on_cancel: if true (the default), a caller cancelled while waiting for a
+                reply discards the connection (so a cancelled ``BLPOP`` cannot pop an item nobody
+                will read); if false, the reply is drained and dropped instead.
+            command_timeout: its default per-command timeout (``None``: the client's).
+
+        Yields:
+            the connection.
+
+        Raises:
+            BrokerUnavailable: could not connect.
+            TransportClosed: the client is closed.
+        """
+        conn = await self._connect(
+            discard_on_cancel=discard_on_cancel, command_timeout=command_timeout
+        )
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    @asynccontextmanager
+    async def subscribe(
+        self, *channels: str | bytes, patterns: Sequence[str | bytes] = (), buffer: int = 1024
+    ) -> AsyncIterator[Subscription]:
+        """Subscribe on a dedicated connection; iterate the result for ``(channel, message)``.
+
+        Args:
+            *channels: channels to subscribe to before yielding (more can be added later).
+            patterns: glob-style patterns to subscribe to (``PSUBSCRIBE``).
+            buffer: messages buffered before the connection stops reading.
+
+        Yields:
+            the :class:`Subscription`, already confirmed by Redis.
+
+        Raises:
+            BrokerUnavailable: could not connect.
+            TransportClosed: the client is closed.
+        """
+        conn = await self._connect(discard_on_cancel=False, push_buffer=buffer)
+        sub = Subscription(conn)
+        try:
+            await sub.subscribe(*channels)
+            await sub.psubscribe(*patterns)
+            yield sub
+        finally:
+            sub.close()
+
+    # -- the pool ---------------------------------------------------------------------------
+
+    async def _connect(
+        self,
+        *,
+        discard_on_cancel: bool,
+        command_timeout: float | None = None,
+        push_buffer: int | None = None,
+    ) -> Connection:
+        if self._closed or self._nursery is None:
+            raise TransportClosed("the Redis client is closed (or was never entered)")
+        return await connect(
+            self._url,
+            self._nursery,
+            connect_timeout=self._connect_timeout,
+            command_timeout=self._command_timeout if command_timeout is None else command_timeout,
+            discard_on_cancel=discard_on_cancel,
+            scripts=self._scripts,
+            push_buffer=push_buffer,
+        )
+
+    def _pick(self) -> Connection | None:
+        """The least loaded healthy pooled connection (dropping dead ones from the list)."""
+        best: Connection | None = None
+        dead = False
+        for conn in self._conns:
+            if not conn.healthy:
+                dead = True
+            elif best is None or conn.load < best.load:
+                best = conn
+        if dead:
+            self._conns = [c for c in self._conns if c.healthy]
+        return best
+
+    def _backing_off(self) -> bool:
+        return self._failures > 0 and trio.current_time() < self._retry_at
+
+    async def _acquire(self) -> Connection:
+        if self._closed or self._nursery is None:
+            raise TransportClosed("the Redis client is closed (or was never entered)")
+        best = self._pick()
+        if best is not None:
+            if (
+                best.load
+                and not self._growing
+                and len(self._conns) < self._pool_size
+                and not self._backing_off()
+            ):
+                # Everyone is busy and the pool may grow: connect in the background and use
+                # the least loaded connection meanwhile.
+                self._growing = True
+                self._nursery.start_soon(self._grow)
+            return best
+        async with self._connect_lock:  # one connect at a time; the others wait for it
+            best = self._pick()
+            if best is not None:
+                return best
+            if self._backing_off():
+                wait = self._retry_at - trio.current_time()
+                raise BrokerUnavailable(
+                    f"Redis at {self._url.address} is unavailable ({self._last_error}); "
+                    f"next connect attempt in {wait:.2f}s"
+                )
+            return await self._connect_pooled()
+
+    async def _connect_pooled(self) -> Connection:
+        try:
+            conn = await self._connect(discard_on_cancel=False)
+        except BrokerError as exc:
+            self._failures += 1
+            growth = 2.0 ** min(self._failures - 1, 32)  # capped: no overflow in long outages
+            delay = min(self._backoff_max, self._backoff_initial * growth)
+            self._retry_at = trio.current_time() + delay * random.uniform(0.5, 1.0)
+            self._last_error = str(exc)
+            raise
+        self._failures = 0
+        self._conns.append(conn)
+        return conn
+
+    async def _grow(self) -> None:
+        try:
+            # A failure is recorded (backoff) by _connect_pooled; a foreground call reports it.
+            with contextlib.suppress(Exception):
+                async with self._connect_lock:
+                    if (
+                        not self._closed
+                        and len(self.connections) < self._pool_size
+                        and not self._backing_off()
+                    ):
+                        await self._connect_pooled()
+        finally:
+            self._growing = False

@@ -1,0 +1,537 @@
+"""One Redis connection: a coalescing writer task and a FIFO reader task over one Trio stream.
+
+Callers never touch the socket. :meth:`Connection.execute` packs its command, appends the bytes to
+the *outbox* and a reply slot to the *pending* queue in one synchronous step (no checkpoint in
+between, so both queues always hold the same commands in the same order), then waits on its slot.
+
+* The **writer** sends everything queued in one ``send_all`` per batch: concurrent callers that
+  enqueue in the same scheduling round share a single write (and a round trip).
+* The **reader** feeds ``hiredis.Reader`` and hands each reply to the oldest pending slot.
+
+**Cancellation safety.** A caller that is cancelled (or times out) after enqueuing never removes its
+slot, so the reply stream and the pending queue can never get out of step:
+
+* on a shared (pooled) connection the slot stays and its reply is read and dropped (*drain*);
+* on a dedicated connection (``discard_on_cancel=True``) the connection is discarded instead, so a
+  cancelled blocking command (``BLPOP``) cannot pop an item that nobody will ever read;
+* a per-command timeout always discards the connection (the server may be stuck): every caller
+  still waiting on it gets :class:`~durable_trio._errors.BrokerUnavailable`, never a hang.
+
+A cancelled caller's command may still have run on the server (it may already have been sent).
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import ssl
+from collections import deque
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
+
+import attrs
+import hiredis
+import trio
+
+from .._errors import BrokerUnavailable, DurableTrioError, TransportClosed
+from ._errors import RedisCommandTimeout, RedisReplyError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, Sequence
+
+    from ._url import RedisURL
+
+__all__ = ["Connection", "ConnectionStats", "RedisArg", "connect"]
+
+RedisArg: TypeAlias = str | bytes | int | float
+"""One argument of a command; ``str`` is sent UTF-8 encoded, numbers as their decimal text."""
+
+_pack = cast("Callable[[tuple[RedisArg, ...]], bytes]", hiredis.pack_command)
+_NOT_ENOUGH_DATA: Final = object()
+_RECEIVE_SIZE: Final = 65536
+_PUSH_KINDS: Final = frozenset({b"message", b"pmessage", b"smessage"})
+# Commands whose replies are not one-per-command: they would desynchronise the FIFO.
+_REFUSED: Final = frozenset(
+    {"SUBSCRIBE", "PSUBSCRIBE", "SSUBSCRIBE", "UNSUBSCRIBE", "PUNSUBSCRIBE", "SUNSUBSCRIBE"}
+    | {"MONITOR", "SYNC", "PSYNC"}
+)
+_EVAL_FOR: Final = {"EVALSHA": "EVAL", "EVALSHA_RO": "EVAL_RO"}
+
+
+def _name(arg: RedisArg) -> str:
+    if isinstance(arg, bytes):
+        return arg.decode("ascii", "replace").upper()
+    return str(arg).upper()
+
+
+def _check(command: tuple[RedisArg, ...]) -> None:
+    if not command:
+        raise ValueError("an empty Redis command")
+    name = _name(command[0])
+    if name in _REFUSED or (name == "CLIENT" and len(command) > 1 and _name(command[1]) == "REPLY"):
+        raise ValueError(
+            f"{name} does not answer one reply per command; use client.subscribe() "
+            "for pub/sub and do not use CLIENT REPLY / MONITOR on this client"
+        )
+
+
+def _fresh(error: DurableTrioError) -> DurableTrioError:
+    """A copy of ``error`` (one shared instance must not collect every caller's frames)."""
+    copy = type(error)(*error.args)
+    copy.__cause__ = error.__cause__
+    return copy
+
+
+def _unavailable(message: str, cause: BaseException | None = None) -> BrokerUnavailable:
+    error = BrokerUnavailable(message)
+    error.__cause__ = cause
+    return error
+
+
+@attrs.define
+class ConnectionStats:
+    """Counters of one connection (for tests, benchmarks and debugging).
+
+    Attributes:
+        commands: commands enqueued.
+        batches: ``send_all`` calls made by the writer (``commands / batches`` is the coalescing).
+        replies: replies read.
+        dropped: replies read for callers that had been cancelled (drained, not delivered).
+    """
+
+    commands: int = 0
+    batches: int = 0
+    replies: int = 0
+    dropped: int = 0
+
+
+class _Slot:
+    """Where the reader puts the reply (or replies, for a pipeline) of one request.
+
+    ``task`` is the waiting caller, rescheduled directly by whoever completes the slot (the
+    reader, or ``_fail``); it is ``None`` once rescheduled, or once the caller was cancelled
+    (the slot is then *abandoned*: it stays queued and its reply is dropped on arrival).
+    """
+
+    __slots__ = ("deadline", "error", "expected", "replies", "task", "timeout")
+
+    def __init__(self, expected: int, timeout: float, task: trio.lowlevel.Task) -> None:
+        self.expected = expected
+        self.timeout = timeout
+        self.deadline = trio.current_time() + timeout
+        self.task: trio.lowlevel.Task | None = task
+        self.replies: list[Any] = []
+        self.error: DurableTrioError | None = None
+
+    def abort(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
+        self.task = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    def wake(self) -> None:
+        task = self.task
+        if task is not None:
+            self.task = None
+            trio.lowlevel.reschedule(task)
+
+
+class Connection:
+    """One connection to Redis, shared by any number of Trio tasks.
+
+    Get one from :meth:`RedisClient.dedicated` (or indirectly through the client's pool); its
+    reader and writer tasks run in the client's nursery. Replies are returned as hiredis gives
+    them: ``bytes`` for strings, ``int``, ``None`` for nil, ``list`` for arrays (an error nested in
+    an array is a :class:`RedisReplyError` value). A connection that fails is never reused: every
+    later call raises :class:`~durable_trio._errors.BrokerUnavailable` (or
+    :class:`~durable_trio._errors.TransportClosed` once closed on purpose).
+    """
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        url: RedisURL,
+        *,
+        command_timeout: float,
+        discard_on_cancel: bool = False,
+        scripts: Mapping[str, bytes] | None = None,
+        push_buffer: int | None = None,
+    ) -> None:
+        self._stream = stream
+        self._url = url
+        self._command_timeout = command_timeout
+        self._discard_on_cancel = discard_on_cancel
+        self._scripts: Mapping[str, bytes] = {} if scripts is None else scripts
+        self._scope = trio.CancelScope()
+        self._outbox: list[bytes] = []
+        self._pending: deque[_Slot] = deque()
+        self._outstanding = 0
+        self._writer_idle: trio.lowlevel.Task | None = None  # the writer, while it waits
+        self._watch_deadline = math.inf
+        self._watch_scope = trio.CancelScope()
+        self._error: DurableTrioError | None = None
+        self.stats = ConnectionStats()
+        self._push_send: trio.MemorySendChannel[tuple[bytes, bytes]] | None = None
+        self._push_receive: trio.MemoryReceiveChannel[tuple[bytes, bytes]] | None = None
+        if push_buffer is not None:
+            self._push_send, self._push_receive = trio.open_memory_channel[tuple[bytes, bytes]](
+                push_buffer
+            )
+
+    # -- public surface ---------------------------------------------------------------------
+
+    @property
+    def url(self) -> RedisURL:
+        """The settings this connection was made with."""
+        return self._url
+
+    @property
+    def healthy(self) -> bool:
+        """True until the connection fails or is closed (it is then never used again)."""
+        return self._error is None
+
+    @property
+    def load(self) -> int:
+        """Replies still expected (the pool sends new commands to the least loaded connection)."""
+        return self._outstanding
+
+    async def execute(self, *args: RedisArg, reply_timeout: float | None = None) -> Any:
+        """Send one command and return its reply.
+
+        ``EVALSHA`` of a script registered with :meth:`RedisClient.script` that gets ``NOSCRIPT``
+        is retried once as ``EVAL`` (which also caches the script on the server).
+
+        Args:
+            *args: the command and its arguments, e.g. ``"SET", "k", b"v", "EX", 60``.
+            reply_timeout: seconds to wait for the reply before the connection is deemed stuck
+                and discarded (raising :class:`RedisCommandTimeout`); ``None`` uses the
+                connection's command timeout, ``math.inf`` waits forever (blocking commands).
+                Cancelling the call instead (``trio.move_on_after``) follows the connection's
+                cancellation rule (drain or discard, see the module docs).
+
+        Returns:
+            the reply.
+
+        Raises:
+            RedisReplyError: the server answered with an error.
+            RedisCommandTimeout: no reply in time (the connection is discarded).
+            BrokerUnavailable: the connection is (or went) down.
+            TransportClosed: the connection or its client was closed.
+            ValueError: an empty command, or one that does not answer once (``SUBSCRIBE``).
+        """
+        _check(args)
+        (reply,) = await self._request(_pack(args), 1, reply_timeout)
+        if isinstance(reply, RedisReplyError):
+            if reply.code == "NOSCRIPT":
+                retry = self._eval_instead(args)
+                if retry is not None:
+                    return await self.execute(*retry, reply_timeout=reply_timeout)
+            raise reply
+        return reply
+
+    async def pipeline(
+        self,
+        commands: Iterable[Sequence[RedisArg]],
+        *,
+        raise_on_error: bool = True,
+        reply_timeout: float | None = None,
+    ) -> list[Any]:
+        """Send many commands in one write and return all their replies, in order.
+
+        This is not a transaction (wrap the commands in ``MULTI`` / ``EXEC`` for that). Every
+        command runs even if an earlier one fails. ``EVALSHA`` commands of registered scripts that
+        get ``NOSCRIPT`` are retried once as ``EVAL`` after the rest of the pipeline, in their
+        original relative order (the only reordering this client ever does).
+
+        Args:
+            commands: the commands, each a sequence like ``("SET", "a", "1")``.
+            raise_on_error: if true (the default), after *all* replies are read, the first error
+                reply is raised (with its ``index`` set); if false, error replies are returned as
+                :class:`RedisReplyError` objects in their slots.
+            reply_timeout: seconds for the whole pipeline (see :meth:`execute`).
+
+        Returns:
+            one reply per command (``[]`` for no commands).
+
+        Raises:
+            RedisReplyError: ``raise_on_error`` and some command failed.
+            RedisCommandTimeout: no complete answer in time (the connection is discarded).
+            BrokerUnavailable: the connection is (or went) down.
+            TransportClosed: the connection or its client was closed.
+            ValueError: an empty command, or one that does not answer once.
+        """
+        batch = [tuple(command) for command in commands]
+        if not batch:
+            await trio.lowlevel.checkpoint()
+            return []
+        for command in batch:
+            _check(command)
+        data = b"".join([_pack(command) for command in batch])
+        replies = await self._request(data, len(batch), reply_timeout)
+        retries = [
+            (index, retry)
+            for index, reply in enumerate(replies)
+            if isinstance(reply, RedisReplyError)
+            and reply.code == "NOSCRIPT"
+            and (retry := self._eval_instead(batch[index])) is not None
+        ]
+        if retries:
+            again = await self._request(
+                b"".join([_pack(retry) for _, retry in retries]), len(retries), reply_timeout
+            )
+            for (index, _), reply in zip(retries, again, strict=True):
+                replies[index] = reply
+        if raise_on_error:
+            for index, reply in enumerate(replies):
+                if isinstance(reply, RedisReplyError):
+                    reply.index = index
+                    raise reply
+        return replies
+
+    def close(self) -> None:
+        """Discard the connection now: waiting callers get ``TransportClosed``; idempotent."""
+        self._fail(TransportClosed(f"connection to {self._url.address} closed"))
+
+    # -- internals used by the pool and the pub/sub helper ----------------------------------
+
+    def _dead(self) -> DurableTrioError:
+        assert self._error is not None
+        return _fresh(self._error)
+
+    def _eval_instead(self, command: Sequence[RedisArg]) -> tuple[RedisArg, ...] | None:
+        if len(command) < 3:
+            return None
+        name = _EVAL_FOR.get(_name(command[0]))
+        sha = command[1]
+        sha = sha.decode("ascii", "replace") if isinstance(sha, bytes) else str(sha)
+        source = self._scripts.get(sha.lower())
+        if name is None or source is None:
+            return None
+        return (name, source, *command[2:])
+
+    async def _request(self, data: bytes, expected: int, reply_timeout: float | None) -> list[Any]:
+        """Enqueue ``data`` (``expected`` commands) and wait for all their replies."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._error is not None:
+            raise self._dead()
+        timeout = self._command_timeout if reply_timeout is None else reply_timeout
+        slot = _Slot(expected, timeout, trio.lowlevel.current_task())
+        # From here to the wait there is no checkpoint: outbox and pending stay in step.
+        self._outbox.append(data)
+        self._pending.append(slot)
+        self._outstanding += expected
+        self.stats.commands += expected
+        if self._writer_idle is not None:
+            self._wake_writer()
+        if slot.deadline < self._watch_deadline:
+            self._watch_deadline = self._watch_scope.deadline = slot.deadline
+        try:
+            await trio.lowlevel.wait_task_rescheduled(slot.abort)
+        except BaseException:
+            if slot.task is None and slot.error is None and self._discard_on_cancel:
+                self._fail(
+                    _unavailable(
+                        f"connection to {self._url.address} discarded: "
+                        "a command was cancelled before its reply"
+                    )
+                )
+            raise
+        if slot.error is not None:
+            raise _fresh(slot.error)
+        return slot.replies
+
+    def _fail(self, error: DurableTrioError) -> None:
+        """Mark the connection dead (first error wins), fail every waiter, stop its tasks."""
+        if self._error is not None:
+            return
+        self._error = error
+        pending, self._pending = self._pending, deque()
+        self._outbox.clear()
+        self._outstanding = 0
+        for slot in pending:
+            if slot.error is None:
+                slot.error = error
+            slot.wake()
+        if self._push_send is not None:
+            self._push_send.close()
+        self._scope.cancel()
+
+    async def _run(self) -> None:
+        """The connection's task (in the client's nursery): reader + writer, then close."""
+        try:
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._read_loop)
+                    nursery.start_soon(self._write_loop)
+                    nursery.start_soon(self._watchdog)
+        finally:
+            self.close()
+            await trio.aclose_forcefully(self._stream)
+
+    async def _watchdog(self) -> None:
+        """Discard the connection when a command waits past its deadline.
+
+        Replies are FIFO, so the connection is stuck as soon as *any* pending command is overdue.
+        One cancel-scope deadline per connection (the earliest pending one, lowered by
+        ``_request`` when needed, recomputed here when it fires) replaces a scope per command.
+        """
+        while True:
+            self._watch_scope = trio.CancelScope(deadline=self._watch_deadline)
+            with self._watch_scope:
+                await trio.sleep_forever()
+            now = trio.current_time()
+            overdue = [slot for slot in self._pending if slot.deadline <= now]
+            if overdue:
+                for slot in overdue:
+                    slot.error = RedisCommandTimeout(
+                        f"no reply from {self._url.address} within {slot.timeout:g}s"
+                    )
+                self._fail(
+                    _unavailable(
+                        f"connection to {self._url.address} discarded: a command got no reply "
+                        f"within {overdue[0].timeout:g}s"
+                    )
+                )
+                return
+            self._watch_deadline = min((slot.deadline for slot in self._pending), default=math.inf)
+
+    def _wake_writer(self) -> None:
+        task, self._writer_idle = self._writer_idle, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
+
+    def _abort_writer_wait(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
+        self._writer_idle = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    async def _write_loop(self) -> None:
+        outbox = self._outbox
+        try:
+            while True:
+                if not outbox:
+                    self._writer_idle = trio.lowlevel.current_task()
+                    await trio.lowlevel.wait_task_rescheduled(self._abort_writer_wait)
+                    continue
+                data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
+                outbox.clear()
+                self.stats.batches += 1
+                await self._stream.send_all(data)
+        except Exception as exc:
+            self._fail(_unavailable(f"lost connection to {self._url.address}: {exc!r}", exc))
+
+    async def _read_loop(self) -> None:
+        reader = hiredis.Reader(replyError=RedisReplyError, notEnoughData=_NOT_ENOUGH_DATA)
+        push = self._push_send
+        try:
+            while True:
+                data = await self._stream.receive_some(_RECEIVE_SIZE)
+                if not data:
+                    self._fail(_unavailable(f"{self._url.address} closed the connection"))
+                    return
+                reader.feed(cast("bytes", data))
+                while (reply := reader.gets()) is not _NOT_ENOUGH_DATA:
+                    if (
+                        push is not None
+                        and type(reply) is list
+                        and len(reply) > 2
+                        and reply[0] in _PUSH_KINDS
+                    ):
+                        if reply[0] == b"pmessage":
+                            await push.send((reply[2], reply[3]))
+                        else:
+                            await push.send((reply[1], reply[2]))
+                    else:
+                        self._deliver(reply)
+        except Exception as exc:
+            self._fail(_unavailable(f"lost connection to {self._url.address}: {exc!r}", exc))
+
+    def _deliver(self, reply: Any) -> None:
+        if not self._pending:
+            raise RuntimeError(f"unexpected reply with no command waiting: {reply!r:.80}")
+        slot = self._pending[0]
+        slot.replies.append(reply)
+        self._outstanding -= 1
+        self.stats.replies += 1
+        if len(slot.replies) == slot.expected:
+            self._pending.popleft()
+            if slot.task is None:
+                self.stats.dropped += 1
+            else:
+                slot.wake()
+
+
+async def _open_stream(url: RedisURL, connect_timeout: float) -> trio.abc.Stream:
+    context = url.ssl_context() if url.tls else None  # ConfigError surfaces as is
+    try:
+        with trio.fail_after(connect_timeout):
+            tcp = await trio.open_tcp_stream(url.host, url.port)
+            try:
+                tcp.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                if context is None:
+                    return tcp
+                tls = trio.SSLStream(tcp, context, server_hostname=url.host)
+                await tls.do_handshake()
+                return tls
+            except BaseException:
+                await trio.aclose_forcefully(tcp)
+                raise
+    except trio.TooSlowError as exc:
+        message = f"could not connect to {url.address} within {connect_timeout:g}s"
+        raise _unavailable(message, exc) from exc
+    except (OSError, ssl.SSLError, trio.BrokenResourceError) as exc:
+        reason = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
+        raise _unavailable(f"could not connect to {url.address}: {reason}", exc) from exc
+
+
+async def connect(
+    url: RedisURL,
+    nursery: trio.Nursery,
+    *,
+    connect_timeout: float,
+    command_timeout: float,
+    discard_on_cancel: bool = False,
+    scripts: Mapping[str, bytes] | None = None,
+    push_buffer: int | None = None,
+) -> Connection:
+    """Open a connection whose tasks run in ``nursery`` and run the URL's handshake on it.
+
+    ``AUTH`` / ``SELECT`` / ``CLIENT SETNAME`` are pipelined in one round trip within
+    ``connect_timeout``. On any failure (or cancellation) nothing is left running.
+
+    Args:
+        url: where and how to connect.
+        nursery: owns the connection's reader/writer task.
+        connect_timeout: seconds for TCP connect + TLS handshake, and again for the handshake.
+        command_timeout: default per-command timeout of the connection.
+        discard_on_cancel: discard (rather than drain) when a waiting caller is cancelled.
+        scripts: ``sha1 -> source`` of known scripts, for the ``NOSCRIPT`` fallback.
+        push_buffer: make it a pub/sub connection whose messages go to a channel this big.
+
+    Returns:
+        the connection, ready for commands.
+
+    Raises:
+        BrokerUnavailable: could not connect (refused, unreachable, timed out, TLS failure).
+        RedisReplyError: the handshake was refused (``WRONGPASS``, a bad database number).
+        TransportClosed: the nursery no longer takes new tasks (the client is closing).
+        ConfigError: the TLS settings cannot work (an unreadable CA file).
+    """
+    stream = await _open_stream(url, connect_timeout)
+    conn = Connection(
+        stream,
+        url,
+        command_timeout=command_timeout,
+        discard_on_cancel=discard_on_cancel,
+        scripts=scripts,
+        push_buffer=push_buffer,
+    )
+    try:
+        nursery.start_soon(conn._run)
+    except RuntimeError as exc:  # "Nursery is closed to new arrivals"
+        await trio.aclose_forcefully(stream)
+        raise TransportClosed("the Redis client is closed") from exc
+    handshake = url.handshake()
+    if handshake:
+        try:
+            await conn.pipeline(handshake, reply_timeout=connect_timeout)
+        except BaseException:
+            conn.close()
+            raise
+    return conn
