@@ -138,7 +138,9 @@ def _is_json_tuple(cls: Any) -> bool:
     return typing.get_origin(cls) is tuple
 
 
-def _make_tuple_hook(cls: Any) -> Callable[[Any, type], tuple[Any, ...]]:
+def _make_tuple_hook(
+    cls: Any, conv: cattrs.Converter
+) -> Callable[[Any, type], tuple[Any, ...]]:
     (item_type, _ellipsis) = typing.get_args(cls)
 
     def structure(value: Any, _: type) -> tuple[Any, ...]:
@@ -146,7 +148,7 @@ def _make_tuple_hook(cls: Any) -> Callable[[Any, type], tuple[Any, ...]]:
             raise TypeError(f"expected an array, got {type(value).__name__}")
         if item_type is Any:
             return tuple(value)
-        return tuple(converter.structure(item, item_type) for item in value)
+        return tuple(conv.structure(item, item_type) for item in value)
 
     return structure
 
@@ -160,8 +162,8 @@ def _enum_hook(value: Any, cls: type[enum.Enum]) -> enum.Enum:
         raise ValueError(f"expected one of {[m.value for m in cls]}, got {value!r:.40}") from None
 
 
-def _build_converter() -> cattrs.Converter:
-    conv = cattrs.Converter()
+def _build_converter(*, detailed: bool = True) -> cattrs.Converter:
+    conv = cattrs.Converter(detailed_validation=detailed)
     conv.register_structure_hook(int, _strict_int)
     conv.register_structure_hook(float, _strict_float)
     conv.register_structure_hook(str, _strict_str)
@@ -170,7 +172,9 @@ def _build_converter() -> cattrs.Converter:
     # Each enum by name: a StrEnum is a str subclass, so singledispatch would hand it the str hook.
     for enum_type in (JobKind, StepStatus, DecisionStatus, StepEventKind):
         conv.register_structure_hook(enum_type, _enum_hook)
-    conv.register_structure_hook_factory(_is_json_tuple, _make_tuple_hook)
+    conv.register_structure_hook_factory(
+        _is_json_tuple, lambda cls: _make_tuple_hook(cls, conv)
+    )
 
     def structure_factory(cls: type[Any]) -> Callable[[Any, type], Any]:
         overrides = {f.name: override(rename=camel(f.name)) for f in attrs.fields(cls)}
@@ -195,7 +199,16 @@ def _build_converter() -> cattrs.Converter:
     return conv
 
 
+#: The converter that owns the mapping; its errors name the field that was wrong.
 converter = _build_converter()
+#: The same mapping without detailed validation: about twice as fast on the hot path, and only
+#: ever used to accept good data — a failure is re-run through ``converter`` for its message.
+_fast = _build_converter(detailed=False)
+
+
+#: The hot path's structure hooks, looked up once per kind rather than once per job.
+_FAST_STRUCTURE = {kind: _fast.get_structure_hook(cls) for kind, cls in PAYLOAD_TYPES.items()}
+_UNSTRUCTURE = {cls: converter.get_unstructure_hook(cls) for cls in PAYLOAD_TYPES.values()}
 
 
 def _format_exception(exc: BaseException, _type: Any) -> str:
@@ -230,6 +243,10 @@ def from_wire(data: Any, cls: type[T]) -> T:
     Raises:
         PayloadError: the data does not fit ``cls``; the message names the field.
     """
+    try:
+        return _fast.structure(data, cls)
+    except Exception:
+        pass
     try:
         return converter.structure(data, cls)
     except Exception as exc:
@@ -268,7 +285,9 @@ def encode_envelope(
         PayloadTooLarge: the encoded job is over ``max_bytes``.
         PayloadError: the payload is not JSON-serialisable.
     """
-    body: dict[str, Any] = {"id": job_id, "kind": kind.value, "payload": to_wire(payload)}
+    unstructure = _UNSTRUCTURE.get(type(payload))
+    wire = unstructure(payload) if unstructure is not None else to_wire(payload)
+    body: dict[str, Any] = {"id": job_id, "kind": kind.value, "payload": wire}
     if priority is not None:
         body["priority"] = priority
     try:
@@ -308,7 +327,11 @@ def decode_envelope(data: bytes, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) 
     priority = raw.get("priority")
     if priority is not None and type(priority) is not int:
         raise PayloadError("job priority is not an integer", path="$.priority")
-    payload = from_wire(raw.get("payload"), PAYLOAD_TYPES[kind])
+    data_payload = raw.get("payload")
+    try:
+        payload = _FAST_STRUCTURE[kind](data_payload, PAYLOAD_TYPES[kind])
+    except Exception:
+        payload = from_wire(data_payload, PAYLOAD_TYPES[kind])  # raises, naming the field
     return Envelope(id=job_id, kind=kind, payload=payload, priority=priority)
 
 

@@ -348,7 +348,7 @@ class QueueTransport:
             self._start_loop(
                 _Loop(
                     self._names.results,
-                    self._typed(JobKind.RESULT, lambda r: self._call(self._result_handler, r)),
+                    self._typed(JobKind.RESULT, lambda: self._result_handler),
                     self._result_slots,
                     1,
                 )
@@ -363,7 +363,7 @@ class QueueTransport:
             self._start_loop(
                 _Loop(
                     self._names.heartbeats,
-                    self._typed(JobKind.HEARTBEAT, lambda b: self._call(self._heartbeat_handler, b)),
+                    self._typed(JobKind.HEARTBEAT, lambda: self._heartbeat_handler),
                     Slots(1),
                     self._options.idle_backoff_max,
                 )
@@ -378,16 +378,11 @@ class QueueTransport:
             self._start_loop(
                 _Loop(
                     self._names.control,
-                    self._typed(JobKind.CONTROL, lambda m: self._call(self._control_handler, m)),
+                    self._typed(JobKind.CONTROL, lambda: self._control_handler),
                     Slots(1),
                     self._options.idle_backoff_max,
                 )
             )
-
-    @staticmethod
-    async def _call(handler: Callable[[Any], Awaitable[None]] | None, payload: Any) -> None:
-        assert handler is not None
-        await handler(payload)
 
     def defer_consumers(self) -> None:
         """Park every consumer loop started from now on until :meth:`start_consumers`.
@@ -409,13 +404,19 @@ class QueueTransport:
         self._loops.append(loop)
         self._consumers.nursery.start_soon(self._poll_loop, loop, name=f"poll {loop.queue}")
 
-    def _typed(self, kind: JobKind, handler: Callable[[Any], Awaitable[None]]) -> _OnJob:
+    def _typed(
+        self, kind: JobKind, current: Callable[[], Callable[[Any], Awaitable[None]] | None]
+    ) -> _OnJob:
+        """A job callback that decodes ``kind`` jobs and hands their payload to the handler
+        registered now (``current()``), so re-registering swaps it for the next job."""
         max_bytes = self._options.max_payload_bytes
 
         async def on_job(job: ClaimedJob) -> None:
             envelope = decode_envelope(job.data, max_bytes=max_bytes)
             if envelope.kind is not kind:
                 raise PayloadError(f"a {envelope.kind.value!r} job does not belong on this queue")
+            handler = current()
+            assert handler is not None
             await handler(envelope.payload)
 
         return on_job

@@ -136,7 +136,7 @@ class MemoryBroker:
             lease=Lease(rec.id, token),
             attempts=rec.attempts,
             stalled_count=rec.stalled_count,
-            stalls=tuple(rec.stalls),
+            stalls=tuple(rec.stalls) if rec.stalls else (),
             priority=rec.priority,
         )
 
