@@ -65,7 +65,9 @@ async def latency(backend: dt.Backend, *, samples: int) -> tuple[float, float]:
         for n in range(samples):
             arrived = trio.Event()
             start = time.perf_counter()
-            await transport.dispatch(dt.RemoteTask(run_id="r", step_id=str(n), attempt=1, name="noop"))
+            await transport.dispatch(
+                dt.RemoteTask(run_id="r", step_id=str(n), attempt=1, name="noop")
+            )
             await arrived.wait()
             timings.append((time.perf_counter() - start) * 1000)
     cuts = statistics.quantiles(timings, n=100)
@@ -88,7 +90,7 @@ class _PollCounter:
 async def idle_polls(broker: Any, *, names: int, seconds: float) -> float:
     """Broker polls per second of an idle transport serving ``names`` step names (after start)."""
     counter = _PollCounter(broker)
-    backend = dt.Backend(url="bench://", broker=counter, keys=MemoryKeyStore())  # type: ignore[arg-type]
+    backend = dt.Backend(url="bench://", broker=counter, keys=MemoryKeyStore())
 
     async def noop(task: dt.RemoteTask) -> None:
         return None

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from durable_trio.adapters import ClaimedJob, Job, Lease, Recovery, RenewOutcome
 from durable_trio.adapters.memory import MemoryBroker
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from durable_trio.adapters import ClaimedJob, Job, Lease, Recovery, RenewOutcome
 
 
 class CountingBroker:

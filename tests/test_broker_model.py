@@ -4,7 +4,7 @@ plain Python model and against each broker, and every answer must agree."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import hypothesis.strategies as st
@@ -12,8 +12,10 @@ import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
 
-from conftest import BrokerFactory
 from durable_trio.adapters import Job
+
+if TYPE_CHECKING:
+    from conftest import BrokerFactory
 
 QUEUES = ("a", "b")
 
@@ -81,6 +83,7 @@ async def run_program(broker: Any, program: list[tuple[Any, ...]]) -> None:
             claimed = await broker.pop_from(queue)
             assert (claimed.id if claimed else None) == expected
             if claimed is not None:
+                assert expected is not None
                 assert claimed.data == expected.encode()
                 assert claimed.attempts == model.attempts[expected]
                 model.active[claimed.lease.token] = (queue, expected, claimed.attempts)

@@ -245,13 +245,17 @@ def test_t24_property_close_ends_at_min_of_done_and_deadline_and_loses_nothing(
             close_start = trio.current_time()
         elapsed = trio.current_time() - close_start
         in_flight = [
-            n for n, at in started.items() if at <= close_start and finished.get(n, 1e9) > close_start
+            n
+            for n, at in started.items()
+            if at <= close_start and finished.get(n, 1e9) > close_start
         ]
         deadline = close_start + close_timeout
         ends = [started[n] + durations[n] for n in in_flight]
         expected_end = min(max(ends, default=close_start), deadline)
         assert elapsed == expected_end - close_start
-        assert len(started) == len(in_flight) + sum(1 for at in finished.values() if at <= close_start)
+        assert len(started) == len(in_flight) + sum(
+            1 for at in finished.values() if at <= close_start
+        )
         # nothing lost: every job finished, or is back in the queue ready to run
         left = await broker.size_of(transport.task_queue("job"))
         assert len(finished) + left == len(durations)

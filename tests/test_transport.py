@@ -80,6 +80,7 @@ async def test_t2_every_queue_carries_the_namespace(autojump_clock: trio.testing
             names = default.names
             assert names.prefix == "durable"
         async with dt.open_queue_transport(backend, namespace="billing") as transport:
+
             async def noop(t: dt.RemoteTask) -> None:
                 return None
 
@@ -96,7 +97,9 @@ async def test_t2_every_queue_carries_the_namespace(autojump_clock: trio.testing
             assert transport.names.worker_heartbeat("a", "i-1").startswith("billing-")
 
 
-async def test_t3_priorities_lower_first_fifo_within(autojump_clock: trio.testing.MockClock) -> None:
+async def test_t3_priorities_lower_first_fifo_within(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """T3 through the transport: the worker runs lower priority numbers first, FIFO within."""
     async with dt.open_backend("memory://") as backend:
         async with dt.open_queue_transport(backend, concurrency=1) as transport:
@@ -109,7 +112,9 @@ async def test_t3_priorities_lower_first_fifo_within(autojump_clock: trio.testin
             transport.handle("job", record)
             for n, priority in enumerate([5, None, 1, 5, 1, -2]):
                 await transport.dispatch(
-                    dt.RemoteTask(run_id="r", step_id=f"s{n}", attempt=1, name="job", priority=priority)
+                    dt.RemoteTask(
+                        run_id="r", step_id=f"s{n}", attempt=1, name="job", priority=priority
+                    )
                 )
             transport.start_consumers()
             await trio.sleep(1)
@@ -139,6 +144,7 @@ async def test_t4_idle_backoff_doubles_to_the_cap_and_a_job_resets_it(
     """T4 on a broker without a wake-up signal: 200, 400, 800, 800 ms ... reset by a job."""
     broker = CountingBroker(wakeup=False)
     async with dt.open_queue_transport(backend_with(broker), namespace="t4") as transport:
+
         async def noop(t: dt.RemoteTask) -> None:
             return None
 
@@ -157,6 +163,7 @@ async def test_t4_idle_backoff_doubles_to_the_cap_and_a_job_resets_it(
 async def test_t4_results_loop_never_backs_off(autojump_clock: trio.testing.MockClock) -> None:
     broker = CountingBroker(wakeup=False)
     async with dt.open_queue_transport(backend_with(broker), namespace="t4") as transport:
+
         async def ignore(_: Any) -> None:
             return None
 
@@ -173,6 +180,7 @@ async def test_t4_an_idle_transport_with_a_wakeup_signal_makes_no_periodic_polls
     """T4 beyond polling: 10 step names, one pop each at start, then nothing for an hour."""
     broker = CountingBroker(wakeup=True)
     async with dt.open_queue_transport(backend_with(broker)) as transport:
+
         async def noop(t: dt.RemoteTask) -> None:
             return None
 
@@ -306,7 +314,7 @@ async def test_t17_control_is_point_to_point(autojump_clock: trio.testing.MockCl
             for n in range(20):
                 await a.send_control(dt.ControlMessage(action="cancel", run_id=f"r{n}"))
             await trio.sleep(5)
-    assert sorted(run for _, run in seen) == sorted(f"r{n}" for n in range(20))
+    assert sorted(str(run) for _, run in seen) == sorted(f"r{n}" for n in range(20))
 
 
 async def test_deferred_consumers_take_nothing_until_started(
@@ -314,6 +322,7 @@ async def test_deferred_consumers_take_nothing_until_started(
 ) -> None:
     broker = CountingBroker()
     async with dt.open_queue_transport(backend_with(broker)) as transport:
+
         async def noop(t: dt.RemoteTask) -> None:
             return None
 
@@ -328,7 +337,9 @@ async def test_deferred_consumers_take_nothing_until_started(
         assert await broker.size_of(transport.task_queue("job")) == 0
 
 
-async def test_dispatch_refuses_an_oversized_payload(autojump_clock: trio.testing.MockClock) -> None:
+async def test_dispatch_refuses_an_oversized_payload(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with dt.open_backend("memory://") as backend:
         async with dt.open_queue_transport(backend, max_payload_bytes=2048) as transport:
             with pytest.raises(dt.PayloadTooLarge, match="over max_payload_bytes=2048"):
@@ -410,7 +421,9 @@ def _only_error(world: BadInputWorld) -> dt.JobError:
     return job_errors[0]
 
 
-async def test_bad_input_not_json(bad_world: BadInputWorld, autojump_clock: trio.testing.MockClock) -> None:
+async def test_bad_input_not_json(
+    bad_world: BadInputWorld, autojump_clock: trio.testing.MockClock
+) -> None:
     await bad_world.push_raw(b"\x00\x01 definitely not json")
     await trio.sleep(1)
     error = _only_error(bad_world)
@@ -440,7 +453,9 @@ async def test_bad_input_wrong_shape_names_the_field_and_fails_the_step(
     await bad_world.good_job_still_runs()
 
 
-async def test_bad_input_unknown_job_kind(bad_world: BadInputWorld, autojump_clock: trio.testing.MockClock) -> None:
+async def test_bad_input_unknown_job_kind(
+    bad_world: BadInputWorld, autojump_clock: trio.testing.MockClock
+) -> None:
     await bad_world.push_raw(orjson.dumps({"id": "bad-1", "kind": "rm -rf", "payload": {}}))
     await trio.sleep(1)
     assert "unknown job kind" in str(_only_error(bad_world))
@@ -448,7 +463,9 @@ async def test_bad_input_unknown_job_kind(bad_world: BadInputWorld, autojump_clo
     await bad_world.good_job_still_runs()
 
 
-async def test_bad_input_a_kind_that_does_not_belong(bad_world: BadInputWorld, autojump_clock: trio.testing.MockClock) -> None:
+async def test_bad_input_a_kind_that_does_not_belong(
+    bad_world: BadInputWorld, autojump_clock: trio.testing.MockClock
+) -> None:
     result = dt.StepResult("r", "s", 1, dt.StepStatus.COMPLETED)
     await bad_world.push_raw(encode_envelope("bad-1", dt.JobKind.RESULT, result))
     await trio.sleep(1)
@@ -466,7 +483,9 @@ async def test_bad_input_oversized_job_on_a_queue_is_failed_unparsed(
     await bad_world.good_job_still_runs()
 
 
-async def test_a_raising_handler_gives_a_failed_retryable_result(bad_world: BadInputWorld, autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_raising_handler_gives_a_failed_retryable_result(
+    bad_world: BadInputWorld, autojump_clock: trio.testing.MockClock
+) -> None:
     await bad_world.transport.dispatch(task("job", 1, input="raise"))
     await trio.sleep(1)
     error = _only_error(bad_world)
@@ -479,7 +498,9 @@ async def test_a_raising_handler_gives_a_failed_retryable_result(bad_world: BadI
     await bad_world.good_job_still_runs()
 
 
-async def test_an_unserialisable_output_gives_a_failed_result(bad_world: BadInputWorld, autojump_clock: trio.testing.MockClock) -> None:
+async def test_an_unserialisable_output_gives_a_failed_result(
+    bad_world: BadInputWorld, autojump_clock: trio.testing.MockClock
+) -> None:
     await bad_world.transport.dispatch(task("job", 1, input="unserialisable"))
     await trio.sleep(1)
     assert "cannot be sent" in str(_only_error(bad_world))
@@ -489,7 +510,9 @@ async def test_an_unserialisable_output_gives_a_failed_result(bad_world: BadInpu
     await bad_world.good_job_still_runs()
 
 
-async def test_an_unknown_step_name_gives_a_failed_result(bad_world: BadInputWorld, autojump_clock: trio.testing.MockClock) -> None:
+async def test_an_unknown_step_name_gives_a_failed_result(
+    bad_world: BadInputWorld, autojump_clock: trio.testing.MockClock
+) -> None:
     await bad_world.transport.dispatch(task("nobody-serves-this", group="job"))
     await trio.sleep(1)
     assert "no handler" in str(_only_error(bad_world))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import attrs
@@ -14,6 +14,9 @@ from .adapters import QueueBroker
 from .adapters.memory import MemoryBroker
 from .keys import KeyStore
 from .keys.memory import MemoryKeyStore
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 __all__ = ["Backend", "open_backend"]
 

@@ -1,6 +1,7 @@
 """The ONE module that owns the JSON mapping of the wire protocol (cattrs + orjson).
 
-- camelCase on the wire, snake_case in Python (one hook factory per direction, ``override(rename)``);
+- camelCase on the wire, snake_case in Python (one hook factory per direction,
+``override(rename)``);
 - optional fields (default ``None``) are omitted when unset; unknown keys are tolerated, so a newer
   peer may add fields without breaking an older one;
 - scalars are strict: ``"5"`` is not an int, ``1.9`` is not an int, ``true`` is not an int (cattrs
@@ -12,7 +13,6 @@ from __future__ import annotations
 import enum
 import types
 import typing
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import attrs
@@ -42,6 +42,9 @@ from ._wire import (
     WorkflowDecision,
     WorkflowTask,
 )
+
+if typing.TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
@@ -138,9 +141,7 @@ def _is_json_tuple(cls: Any) -> bool:
     return typing.get_origin(cls) is tuple
 
 
-def _make_tuple_hook(
-    cls: Any, conv: cattrs.Converter
-) -> Callable[[Any, type], tuple[Any, ...]]:
+def _make_tuple_hook(cls: Any, conv: cattrs.Converter) -> Callable[[Any, type], tuple[Any, ...]]:
     (item_type, _ellipsis) = typing.get_args(cls)
 
     def structure(value: Any, _: type) -> tuple[Any, ...]:
@@ -172,12 +173,12 @@ def _build_converter(*, detailed: bool = True) -> cattrs.Converter:
     # Each enum by name: a StrEnum is a str subclass, so singledispatch would hand it the str hook.
     for enum_type in (JobKind, StepStatus, DecisionStatus, StepEventKind):
         conv.register_structure_hook(enum_type, _enum_hook)
-    conv.register_structure_hook_factory(
-        _is_json_tuple, lambda cls: _make_tuple_hook(cls, conv)
-    )
+    conv.register_structure_hook_factory(_is_json_tuple, lambda cls: _make_tuple_hook(cls, conv))
 
     def structure_factory(cls: type[Any]) -> Callable[[Any, type], Any]:
-        overrides = {f.name: override(rename=camel(f.name)) for f in attrs.fields(cls)}
+        overrides: dict[str, Any] = {
+            f.name: override(rename=camel(f.name)) for f in attrs.fields(cls)
+        }
         inner = make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=False, **overrides)
 
         def structure(value: Any, target: type) -> Any:
@@ -188,7 +189,7 @@ def _build_converter(*, detailed: bool = True) -> cattrs.Converter:
         return structure
 
     def unstructure_factory(cls: type[Any]) -> Callable[[Any], Any]:
-        overrides = {
+        overrides: dict[str, Any] = {
             f.name: override(rename=camel(f.name), omit_if_default=f.default is None)
             for f in attrs.fields(cls)
         }
@@ -318,6 +319,8 @@ def decode_envelope(data: bytes, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) 
         raise PayloadError(f"job is not an object but {type(raw).__name__}", path="$")
     kind_value = raw.get("kind")
     try:
+        if type(kind_value) is not str:
+            raise ValueError(kind_value)
         kind = JobKind(kind_value)
     except ValueError:
         raise PayloadError(f"unknown job kind {kind_value!r:.60}", path="$.kind") from None

@@ -18,14 +18,13 @@ import itertools
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
 import outcome
 import trio
 
-from ._backend import Backend
 from ._codec import decode_envelope, encode_envelope
 from ._errors import BrokerError, ConfigError, JobError, LeaseLost, PayloadError, TransportClosed
 from ._naming import QueueNames, sanitize_token, tenant_group
@@ -55,6 +54,9 @@ from .adapters import (
     SupportsSize,
     SupportsWakeup,
 )
+
+if TYPE_CHECKING:
+    from ._backend import Backend
 
 __all__ = ["QueueTransport", "TransportStatistics", "open_queue_transport"]
 
@@ -587,7 +589,9 @@ class QueueTransport:
                     job.lease, queue, f"handler failed {job.attempts + 1} times: {error!r}"
                 )
             else:
-                self._report(_job_error(f"handler failed, job handed back: {error!r}", claim, error))
+                self._report(
+                    _job_error(f"handler failed, job handed back: {error!r}", claim, error)
+                )
                 ok = await broker.retry_job(job.lease, queue)
             if not ok:
                 self._report(
@@ -629,10 +633,17 @@ class QueueTransport:
         result: StepResult
         if handler is None:
             message = f"no handler for step {task.name!r} on this worker"
-            self._report(JobError(message, queue=self.task_queue(task.routing_group), job_id=task.task_id))
+            self._report(
+                JobError(message, queue=self.task_queue(task.routing_group), job_id=task.task_id)
+            )
             error = StepError(message=message, code="no_handler", retryable=False)
             result = StepResult(
-                task.run_id, task.step_id, task.attempt, StepStatus.FAILED, error=error, task_id=task.task_id
+                task.run_id,
+                task.step_id,
+                task.attempt,
+                StepStatus.FAILED,
+                error=error,
+                task_id=task.task_id,
             )
         else:
             try:
@@ -647,11 +658,18 @@ class QueueTransport:
                 )
                 error = StepError(
                     message=f"{type(exc).__name__}: {exc}",
-                    code=getattr(exc, "code", None) if isinstance(getattr(exc, "code", None), str) else None,
+                    code=getattr(exc, "code", None)
+                    if isinstance(getattr(exc, "code", None), str)
+                    else None,
                     retryable=getattr(exc, "retryable", True) is not False,
                 )
                 result = StepResult(
-                    task.run_id, task.step_id, task.attempt, StepStatus.FAILED, error=error, task_id=task.task_id
+                    task.run_id,
+                    task.step_id,
+                    task.attempt,
+                    StepStatus.FAILED,
+                    error=error,
+                    task_id=task.task_id,
                 )
             else:
                 result = StepResult(
@@ -675,7 +693,12 @@ class QueueTransport:
             error = StepError(message=str(exc), code="bad_output", retryable=False)
             await self.publish_result(
                 StepResult(
-                    task.run_id, task.step_id, task.attempt, StepStatus.FAILED, error=error, task_id=task.task_id
+                    task.run_id,
+                    task.step_id,
+                    task.attempt,
+                    StepStatus.FAILED,
+                    error=error,
+                    task_id=task.task_id,
                 )
             )
 
@@ -704,10 +727,10 @@ class QueueTransport:
                 self._report(exc)
                 continue
             for lease in outcome.lost:
-                claim = self._claims.get(lease.token)
-                if claim is None or claim.state is not _RUNNING or claim.lost:
+                held = self._claims.get(lease.token)
+                if held is None or held.state is not _RUNNING or held.lost:
                     continue  # finished during the round trip: finalized, not lost
-                claim.lost = True
+                held.lost = True
                 self._duplicates += 1
                 what = "cancelled" if self._options.cancel_on_lost_lease else "left to finish"
                 self._report(
@@ -720,7 +743,7 @@ class QueueTransport:
                     )
                 )
                 if self._options.cancel_on_lost_lease:
-                    claim.cancel()
+                    held.cancel()
 
     # ------------------------------------------------------------------ reclaim sweep (T9)
 
@@ -772,7 +795,12 @@ class QueueTransport:
         }
         error = StepError(message=reason, code="stalled", retryable=True, details=evidence)
         result = StepResult(
-            task.run_id, task.step_id, task.attempt, StepStatus.FAILED, error=error, task_id=task.task_id
+            task.run_id,
+            task.step_id,
+            task.attempt,
+            StepStatus.FAILED,
+            error=error,
+            task_id=task.task_id,
         )
         try:
             await self.publish_result(result)
@@ -861,7 +889,9 @@ class QueueTransport:
                 except BrokerError as exc:
                     self._report(exc)
         if bound.cancelled_caught:
-            self._report(BrokerError("close: handing claims back timed out; the sweep recovers the rest"))
+            self._report(
+                BrokerError("close: handing claims back timed out; the sweep recovers the rest")
+            )
 
 
 def _job_error(message: str, claim: _Claim, cause: BaseException) -> JobError:
@@ -871,9 +901,7 @@ def _job_error(message: str, claim: _Claim, cause: BaseException) -> JobError:
 
 
 @asynccontextmanager
-async def open_queue_transport(
-    backend: Backend, **options: Any
-) -> AsyncIterator[QueueTransport]:
+async def open_queue_transport(backend: Backend, **options: Any) -> AsyncIterator[QueueTransport]:
     """Open a queue transport over ``backend``; leaving the block closes it (T24).
 
     Args:

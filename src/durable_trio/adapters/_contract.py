@@ -3,7 +3,8 @@
 A broker stores opaque job bytes (the transport's JSON envelope) in named queues. Popping a job
 claims it under a *lease*: a token that every later call about that claim must present. When a
 reclaim sweep re-delivers a claim, the old token stops working and every call made with it answers
-``False`` ("lease lost, nothing changed") — so a slow worker can never finalize someone else's claim.
+``False`` ("lease lost, nothing changed") — so a slow worker can never finalize someone else's
+claim.
 
 Required: push, pop, complete, fail, retry. Optional capabilities, feature-detected by the
 transport with ``isinstance`` against the ``Supports*`` protocols: renewal, stalled recovery,
@@ -15,10 +16,12 @@ its own clock (trio's clock in memory, the server's ``TIME`` on Redis), never on
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = [
     "ClaimedJob",

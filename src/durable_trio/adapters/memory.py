@@ -11,12 +11,15 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
 from ._contract import ClaimedJob, FailedJob, Job, Lease, Recovery, RenewOutcome, Stall
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = ["MemoryBroker"]
 

@@ -7,10 +7,12 @@ ever need to agree.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = ["KeyEntry", "KeyStore"]
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
 from ._contract import KeyEntry
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = ["MemoryKeyStore"]
 

@@ -1,0 +1,9 @@
+"""``python -m durable_trio`` is the ``durable-trio`` command."""
+
+from __future__ import annotations
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())

@@ -1,0 +1,139 @@
+"""The ``durable-trio`` command line (also ``python -m durable_trio``)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+import trio
+
+from . import __version__
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+    from types import ModuleType
+
+__all__ = ["main"]
+
+#: Where the examples live: ``$DURABLE_TRIO_EXAMPLES``, else the repository's ``examples/``.
+_REPO_EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
+
+#: The embedded default: a SQLite file under the working folder, reused on purpose (the
+#: durable-state demos show that what one run left behind, the next one finds).
+DEFAULT_BACKEND = "sqlite:///.durable/demo.db"
+
+
+def _examples_dir() -> Path:
+    configured = os.environ.get("DURABLE_TRIO_EXAMPLES")
+    return Path(configured) if configured else _REPO_EXAMPLES
+
+
+def _discover() -> dict[str, Path]:
+    folder = _examples_dir()
+    if not folder.is_dir():
+        return {}
+    # Files are named NN_name.py: the number orders them, the name is what users type.
+    return {
+        path.stem.split("_", 1)[1] if path.stem[:2].isdigit() else path.stem: path
+        for path in sorted(folder.glob("*.py"))
+        if not path.stem.startswith("_")
+    }
+
+
+def _load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"durable_trio_example_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load example {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _summary(path: Path) -> str:
+    module_doc = _load(path).__doc__ or ""
+    return module_doc.strip().splitlines()[0] if module_doc.strip() else ""
+
+
+def _backend_url(url: str | None) -> str:
+    url = url or os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return url
+
+
+def _run_example(name: str, path: Path, backend: str) -> bool:
+    module = _load(path)
+    entry = cast("Callable[[str], Awaitable[None]] | None", getattr(module, "main", None))
+    if entry is None:
+        print(f"✗ {name}: the example has no `async def main(backend_url)`")
+        return False
+    print(f"▶ {name} — {_summary(path)}")
+    start = time.perf_counter()
+    try:
+        trio.run(entry, backend)
+    except (Exception, SystemExit) as exc:
+        print(f"✗ {name} failed: {exc!r}\n")
+        return False
+    print(f"✓ {name} ({time.perf_counter() - start:.2f} s)\n")
+    return True
+
+
+def _cmd_examples(args: argparse.Namespace) -> int:
+    examples = _discover()
+    if not examples:
+        print(f"no examples found in {_examples_dir()}", file=sys.stderr)
+        return 2
+    if args.action == "list":
+        width = max(map(len, examples))
+        for name, path in examples.items():
+            print(f"{name:<{width}}  {_summary(path)}")
+        return 0
+    if args.all == bool(args.name):
+        print("say `run NAME` or `run --all`", file=sys.stderr)
+        return 2
+    backend = _backend_url(args.backend)
+    chosen = examples if args.all else {n: examples[n] for n in args.name if n in examples}
+    unknown = [n for n in (args.name or []) if n not in examples]
+    if unknown:
+        print(f"unknown example(s): {', '.join(unknown)}; see `durable-trio examples list`")
+        return 2
+    print(f"Running {len(chosen)} example(s) on {backend}\n")
+    failed = [name for name, path in chosen.items() if not _run_example(name, path, backend)]
+    if failed:
+        print(f"{len(failed)} of {len(chosen)} example(s) failed: {', '.join(failed)}")
+        return 1
+    print(f"All {len(chosen)} example(s) passed on {backend}.")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="durable-trio", description="Durable execution for Trio: workers, engines, examples."
+    )
+    parser.add_argument("--version", action="version", version=f"durable-trio {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    examples = commands.add_parser("examples", help="list or run the examples")
+    examples.add_argument("action", choices=["list", "run"])
+    examples.add_argument("name", nargs="*", help="example name(s) to run")
+    examples.add_argument("--all", action="store_true", help="run every example")
+    examples.add_argument(
+        "--backend", help=f"backend URL (default: $DURABLE_TRIO_BACKEND or {DEFAULT_BACKEND})"
+    )
+    examples.set_defaults(func=_cmd_examples)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``durable-trio``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    func = cast("Callable[[argparse.Namespace], int]", args.func)
+    return func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
