@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import uuid
+
 import trio
 
 import durable_trio as dt
 
 
 async def main(backend_url: str) -> None:
+    # A fresh namespace per run: what an interrupted earlier run left in a reused file stays out.
+    namespace = f"hello-{uuid.uuid4().hex[:8]}"
     async with dt.open_backend(backend_url) as backend:
         # The worker side: serves the step "greet".
-        async with dt.open_queue_transport(backend, namespace="hello") as worker:
+        async with dt.open_queue_transport(backend, namespace=namespace) as worker:
 
             async def greet(task: dt.RemoteTask) -> str:
                 return f"hello, {task.input['name']}!"
@@ -18,7 +22,7 @@ async def main(backend_url: str) -> None:
             worker.handle("greet", greet)
 
             # The engine side: dispatches a task and waits for its result.
-            async with dt.open_queue_transport(backend, namespace="hello") as engine:
+            async with dt.open_queue_transport(backend, namespace=namespace) as engine:
                 answer: list[dt.StepResult] = []
                 arrived = trio.Event()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 
 import trio
 import trio.lowlevel
@@ -15,12 +16,14 @@ SLOTS = 16
 
 
 async def main(backend_url: str) -> None:
+    # A fresh namespace per run: what an interrupted earlier run left in a reused file stays out.
+    namespace = f"fanout-{uuid.uuid4().hex[:8]}"
     async with dt.open_backend(backend_url) as backend:
         order: list[bool] = []  # True for an urgent task, in the order workers ran them
         finished = trio.Event()
         results = 0
 
-        async with dt.open_queue_transport(backend, namespace="fanout") as engine:
+        async with dt.open_queue_transport(backend, namespace=namespace) as engine:
 
             async def on_result(result: dt.StepResult) -> None:
                 nonlocal results
@@ -44,7 +47,7 @@ async def main(backend_url: str) -> None:
                 )
             start = time.perf_counter()
             async with dt.open_queue_transport(
-                backend, namespace="fanout", concurrency=SLOTS
+                backend, namespace=namespace, concurrency=SLOTS
             ) as worker:
 
                 async def resize(task: dt.RemoteTask) -> int:

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import uuid
+
 import trio
 
 import durable_trio as dt
 
 
 async def main(backend_url: str) -> None:
+    # A fresh namespace per run: what an interrupted earlier run left in a reused file stays out.
+    namespace = f"graceful-{uuid.uuid4().hex[:8]}"
     async with dt.open_backend(backend_url) as backend:
         finished_by: dict[str, str] = {}
         done = trio.Event()
 
-        async with dt.open_queue_transport(backend, namespace="graceful") as engine:
+        async with dt.open_queue_transport(backend, namespace=namespace) as engine:
 
             async def on_result(result: dt.StepResult) -> None:
                 finished_by[result.step_id] = result.output
@@ -33,7 +37,7 @@ async def main(backend_url: str) -> None:
 
             # Worker A takes all three, then is asked to stop with a 0.5 s close budget.
             async with dt.open_queue_transport(
-                backend, namespace="graceful", concurrency=3, close_timeout=0.5
+                backend, namespace=namespace, concurrency=3, close_timeout=0.5
             ) as worker_a:
                 started = trio.Event()
 
@@ -57,7 +61,7 @@ async def main(backend_url: str) -> None:
 
             # Worker B starts and finishes the handed-back jobs right away (no stall wait).
             async with dt.open_queue_transport(
-                backend, namespace="graceful", concurrency=3
+                backend, namespace=namespace, concurrency=3
             ) as worker_b:
 
                 async def crunch_b(task: dt.RemoteTask) -> str:

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import faulthandler
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
 
 import pytest
 import trio.testing
 
 from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.adapters.sqlite import SqliteBroker
 from durable_trio.keys.memory import MemoryKeyStore
 
 faulthandler.enable()
 
 #: Every broker the contract suite runs against. Brokers that need a server or a file add
 #: themselves here with a factory below.
-BROKER_KINDS = ["memory"]
+BROKER_KINDS = ["memory", "sqlite"]
 
 BrokerFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
@@ -35,7 +36,7 @@ def contract_clock(broker_kind: str) -> trio.testing.MockClock | None:
 
 
 @pytest.fixture
-def broker_factory(broker_kind: str) -> BrokerFactory:
+def broker_factory(broker_kind: str, tmp_path_factory: pytest.TempPathFactory) -> BrokerFactory:
     """A factory of fresh, empty brokers of ``broker_kind`` (usable from sync tests that run
     their own ``trio.run``)."""
 
@@ -47,7 +48,16 @@ def broker_factory(broker_kind: str) -> BrokerFactory:
         finally:
             await broker.aclose()
 
-    factories = {"memory": memory}
+    @asynccontextmanager
+    async def sqlite() -> AsyncIterator[Any]:
+        directory = tmp_path_factory.mktemp("sqlite-broker")
+        broker = await SqliteBroker.open(directory / "broker.db")
+        try:
+            yield broker
+        finally:
+            await broker.aclose()
+
+    factories = {"memory": memory, "sqlite": sqlite}
     return factories[broker_kind]
 
 
@@ -62,8 +72,12 @@ def key_store() -> MemoryKeyStore:
     return MemoryKeyStore()
 
 
-from hypothesis import settings  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
-settings.register_profile("default", max_examples=30, deadline=None)
-settings.register_profile("thorough", max_examples=500, deadline=None)
+# A loaded 2-core CI machine makes generation slow now and then: that is not a finding.
+_RELAXED = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile("default", max_examples=30, deadline=None, suppress_health_check=_RELAXED)
+settings.register_profile(
+    "thorough", max_examples=500, deadline=None, suppress_health_check=_RELAXED
+)
 settings.load_profile("default")

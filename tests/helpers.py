@@ -6,12 +6,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from durable_trio.adapters import RenewOutcome
 from durable_trio.adapters.memory import MemoryBroker
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from durable_trio.adapters import ClaimedJob, Job, Lease, Recovery, RenewOutcome
+    from durable_trio.adapters import ClaimedJob, Job, Lease, Recovery
 
 
 class CountingBroker:
@@ -110,3 +111,19 @@ class Errors:
 
     def messages(self) -> list[str]:
         return [str(e) for e in self.seen]
+
+
+class PausedRenewalBroker(CountingBroker):
+    """Wraps a shared memory broker; while ``paused``, renewal answers "all renewed" without
+    renewing anything — a worker whose event loop is blocked, seen from the broker."""
+
+    def __init__(self, inner: MemoryBroker) -> None:
+        super().__init__()
+        self.inner = inner
+        self.wait_for_work = inner.wait_for_work
+        self.paused = False
+
+    async def renew_jobs(self, queue: str, leases: Sequence[Lease]) -> RenewOutcome:
+        if self.paused:
+            return RenewOutcome(renewed=len(leases))
+        return await self.inner.renew_jobs(queue, leases)

@@ -1,7 +1,8 @@
 """The broker contract (DESIGN §6), one suite for every broker (parametrized in conftest.py).
 
 Durations are short and real on brokers whose clock is a server's; on the memory broker the same
-tests run under a virtual clock.
+tests run under a virtual clock (pytest-trio takes the clock from a test's own arguments, hence
+``contract_clock`` in every signature).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def job(n: int | str) -> Job:
     return Job(f"job-{n}", f'{{"n":"{n}"}}'.encode())
 
 
-async def test_every_capability_is_present(broker: Any) -> None:
+async def test_every_capability_is_present(broker: Any, contract_clock: object) -> None:
     for capability in (
         SupportsRenewal,
         SupportsRecovery,
@@ -38,7 +39,9 @@ async def test_every_capability_is_present(broker: Any) -> None:
         assert isinstance(broker, capability), capability.__name__
 
 
-async def test_push_then_pop_claims_the_job_under_a_lease(broker: Any) -> None:
+async def test_push_then_pop_claims_the_job_under_a_lease(
+    broker: Any, contract_clock: object
+) -> None:
     assert await broker.pop_from(Q) is None
     await broker.push_on(Q, job(1))
     claimed = await broker.pop_from(Q, worker="w1")
@@ -51,7 +54,9 @@ async def test_push_then_pop_claims_the_job_under_a_lease(broker: Any) -> None:
     assert await broker.pop_from(Q) is None
 
 
-async def test_fifo_within_one_priority_even_in_the_same_millisecond(broker: Any) -> None:
+async def test_fifo_within_one_priority_even_in_the_same_millisecond(
+    broker: Any, contract_clock: object
+) -> None:
     """T3: a sequence, not a timestamp, orders equal-priority jobs."""
     for n in range(60):
         await broker.push_on(Q, job(n))
@@ -59,7 +64,7 @@ async def test_fifo_within_one_priority_even_in_the_same_millisecond(broker: Any
     assert popped == [f"job-{n}" for n in range(60)]
 
 
-async def test_lower_priority_number_first_then_fifo(broker: Any) -> None:
+async def test_lower_priority_number_first_then_fifo(broker: Any, contract_clock: object) -> None:
     """T3."""
     await broker.push_on(Q, job("a5"), priority=5)
     await broker.push_on(Q, job("b-default"))
@@ -71,14 +76,16 @@ async def test_lower_priority_number_first_then_fifo(broker: Any) -> None:
     assert order == ["job-f-neg", "job-b-default", "job-c1", "job-e1", "job-a5", "job-d5"]
 
 
-async def test_queues_are_isolated(broker: Any) -> None:
+async def test_queues_are_isolated(broker: Any, contract_clock: object) -> None:
     await broker.push_on(Q, job(1))
     assert await broker.pop_from(Q + "-other") is None
     assert await broker.size_of(Q + "-other") == 0
     assert await broker.size_of(Q) == 1
 
 
-async def test_complete_answers_false_once_the_lease_is_gone(broker: Any) -> None:
+async def test_complete_answers_false_once_the_lease_is_gone(
+    broker: Any, contract_clock: object
+) -> None:
     await broker.push_on(Q, job(1))
     claimed = await broker.pop_from(Q)
     forged = Lease(claimed.lease.job_id, claimed.lease.token + "x")
@@ -90,7 +97,7 @@ async def test_complete_answers_false_once_the_lease_is_gone(broker: Any) -> Non
     assert await broker.pop_from(Q) is None
 
 
-async def test_failed_jobs_are_kept_inspectable(broker: Any) -> None:
+async def test_failed_jobs_are_kept_inspectable(broker: Any, contract_clock: object) -> None:
     await broker.push_on(Q, job(1))
     await broker.push_on(Q, job(2))
     first = await broker.pop_from(Q)
@@ -107,7 +114,9 @@ async def test_failed_jobs_are_kept_inspectable(broker: Any) -> None:
     assert await broker.size_of(Q) == 0
 
 
-async def test_retry_counts_an_attempt_and_handback_does_not(broker: Any) -> None:
+async def test_retry_counts_an_attempt_and_handback_does_not(
+    broker: Any, contract_clock: object
+) -> None:
     await broker.push_on(Q, job(1))
     claimed = await broker.pop_from(Q)
     assert await broker.retry_job(claimed.lease, Q) is True
@@ -122,7 +131,9 @@ async def test_retry_counts_an_attempt_and_handback_does_not(broker: Any) -> Non
     assert third.stalled_count == 0
 
 
-async def test_delayed_push_and_delayed_retry_wait_their_turn(broker: Any) -> None:
+async def test_delayed_push_and_delayed_retry_wait_their_turn(
+    broker: Any, contract_clock: object
+) -> None:
     await broker.push_on(Q, job("later"), delay=0.3)
     assert await broker.pop_from(Q) is None
     assert await broker.size_of(Q) == 1
@@ -138,13 +149,15 @@ async def test_delayed_push_and_delayed_retry_wait_their_turn(broker: Any) -> No
     assert (await broker.pop_from(Q)).id == "job-now"
 
 
-async def test_wait_for_work_returns_at_once_when_work_is_ready(broker: Any) -> None:
+async def test_wait_for_work_returns_at_once_when_work_is_ready(
+    broker: Any, contract_clock: object
+) -> None:
     await broker.push_on(Q, job(1))
     with trio.fail_after(1):
         await broker.wait_for_work(Q)
 
 
-async def test_wait_for_work_wakes_on_a_push(broker: Any) -> None:
+async def test_wait_for_work_wakes_on_a_push(broker: Any, contract_clock: object) -> None:
     assert await broker.pop_from(Q) is None
     woke_at: list[float] = []
 
@@ -162,7 +175,9 @@ async def test_wait_for_work_wakes_on_a_push(broker: Any) -> None:
     assert woke_at[0] - pushed_at < 0.5
 
 
-async def test_wait_for_work_wakes_when_a_delayed_job_comes_due(broker: Any) -> None:
+async def test_wait_for_work_wakes_when_a_delayed_job_comes_due(
+    broker: Any, contract_clock: object
+) -> None:
     await broker.push_on(Q, job(1), delay=0.2)
     start = trio.current_time()
     with trio.fail_after(2):
@@ -171,7 +186,9 @@ async def test_wait_for_work_wakes_when_a_delayed_job_comes_due(broker: Any) -> 
     assert (await broker.pop_from(Q)).id == "job-1"
 
 
-async def test_renew_keeps_claims_and_names_the_lost_ones(broker: Any) -> None:
+async def test_renew_keeps_claims_and_names_the_lost_ones(
+    broker: Any, contract_clock: object
+) -> None:
     await broker.push_on(Q, job(1))
     await broker.push_on(Q, job(2))
     one = await broker.pop_from(Q)
@@ -182,7 +199,7 @@ async def test_renew_keeps_claims_and_names_the_lost_ones(broker: Any) -> None:
     assert outcome.lost == (two.lease,)
 
 
-async def test_recover_takes_back_only_silent_claims(broker: Any) -> None:
+async def test_recover_takes_back_only_silent_claims(broker: Any, contract_clock: object) -> None:
     """T9 (contract half): old claims go back to pending with stalled_count + 1; a renewed claim
     is left alone; the stale lease is dead."""
     await broker.push_on(Q, job("silent"))
@@ -203,7 +220,9 @@ async def test_recover_takes_back_only_silent_claims(broker: Any) -> None:
     assert back.attempts == 0
 
 
-async def test_recover_hands_poison_to_the_caller_past_max_stalled(broker: Any) -> None:
+async def test_recover_hands_poison_to_the_caller_past_max_stalled(
+    broker: Any, contract_clock: object
+) -> None:
     await broker.push_on(Q, job("poison"))
     for stall in range(1, 3):
         claimed = await broker.pop_from(Q, worker=f"w{stall}")
@@ -224,7 +243,7 @@ async def test_recover_hands_poison_to_the_caller_past_max_stalled(broker: Any) 
     assert len(failed.stalls) == 2
 
 
-async def test_recover_leaves_fresh_claims_alone(broker: Any) -> None:
+async def test_recover_leaves_fresh_claims_alone(broker: Any, contract_clock: object) -> None:
     for n in range(20):
         await broker.push_on(Q, job(n))
     for _ in range(20):
@@ -234,7 +253,9 @@ async def test_recover_leaves_fresh_claims_alone(broker: Any) -> None:
     assert recovery.exceeded == ()
 
 
-async def test_size_counts_ready_and_delayed_not_claimed(broker: Any) -> None:
+async def test_size_counts_ready_and_delayed_not_claimed(
+    broker: Any, contract_clock: object
+) -> None:
     await broker.push_on(Q, job(1))
     await broker.push_on(Q, job(2), delay=5)
     await broker.push_on(Q, job(3))

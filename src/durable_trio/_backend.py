@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -47,6 +48,25 @@ class Backend:
             await self.broker.aclose()
 
 
+async def _open_sqlite(url: str, netloc: str, path: str) -> Backend:
+    """``sqlite:///relative/file.db`` or ``sqlite:////absolute/file.db`` (SQLAlchemy's form)."""
+    from .adapters.sqlite import SqliteBroker
+    from .keys.sqlite import SqliteKeyStore
+
+    if netloc or not path.startswith("/") or path == "/":
+        raise ConfigError(f"a SQLite URL is sqlite:///rel.db or sqlite:////abs.db, not {url!r}")
+    file = Path(path[1:])
+    file.parent.mkdir(parents=True, exist_ok=True)
+    broker = await SqliteBroker.open(file)
+    try:
+        keys = await SqliteKeyStore.attach(broker)
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await broker.aclose()
+        raise
+    return Backend(url=url, broker=broker, keys=keys)
+
+
 @asynccontextmanager
 async def open_backend(url: str = "memory://") -> AsyncIterator[Backend]:
     """Open the backend ``url`` names, and close it on leaving the block.
@@ -58,9 +78,12 @@ async def open_backend(url: str = "memory://") -> AsyncIterator[Backend]:
     Raises:
         ConfigError: an unknown scheme.
     """
-    scheme = urlsplit(url).scheme
+    parts = urlsplit(url)
+    scheme = parts.scheme
     if scheme == "memory":
         backend = Backend(url=url, broker=MemoryBroker(), keys=MemoryKeyStore())
+    elif scheme == "sqlite":
+        backend = await _open_sqlite(url, parts.netloc, parts.path)
     else:
         raise ConfigError(f"unknown backend URL scheme {scheme!r} in {url!r}")
     try:

@@ -1,0 +1,1077 @@
+"""The SQLite broker: the embedded, durable default (one machine, many processes, no server).
+
+Open one with :meth:`SqliteBroker.open` and close it with :meth:`SqliteBroker.aclose` (or use it
+as an async context manager)::
+
+    broker = await SqliteBroker.open("/var/lib/app/durable.db")
+    async with broker:
+        await broker.push_on("q", Job("1", b"{}"))
+
+Threading model:
+    The stdlib :mod:`sqlite3` module blocks, so every broker owns **one dedicated connection
+    thread** that holds its connection and runs one operation at a time, fed through a FIFO
+    queue. A Trio task submits an operation and parks (``wait_task_rescheduled``) until the
+    thread reschedules it; the event loop never blocks. Measured against a
+    ``trio.to_thread.run_sync`` call per operation behind a ``CapacityLimiter(1)``, the
+    dedicated thread is faster (an empty call ~110 µs against ~155 µs, push + pop + complete
+    ~2,900 round trips/s against ~2,000, sequential or with 32 tasks, on a small 2-core VM):
+    queued operations run back to back in the thread instead of each waiting for the limiter
+    to be handed over through the event loop and a thread-cache worker. The dedicated thread
+    also runs the wake-up tick itself (below), which a per-call thread could not.
+
+Transactions and cancellation:
+    Every operation is one transaction, ``BEGIN IMMEDIATE`` ... ``COMMIT`` for writes (so it is
+    all or nothing, and never meets ``SQLITE_BUSY_SNAPSHOT``), executed entirely in the thread. A
+    call cancelled while it still waits in the queue is dropped (it never runs). A call
+    cancelled while its SQL runs is not abandoned: the thread checks for the cancellation just
+    before ``COMMIT`` and rolls back instead, and the call raises :class:`trio.Cancelled`; if
+    the cancellation comes after the commit, the call returns its result and the cancellation
+    is delivered at the caller's next checkpoint. So a call that raised changed nothing, and a
+    call that changed something returned its result: a cancelled pop never claims a job nobody
+    tracks.
+
+Clock:
+    ``time.time()`` (the wall clock, which every process on one machine shares) read inside the
+    transaction. Delays and thresholds are relative seconds on it.
+
+Wake-up (:meth:`SqliteBroker.wait_for_work`):
+    Pushes by this broker ring the waiters of their queue at once (an in-process event). Pushes
+    by other connections (other processes) are noticed by a *tick* that the connection thread
+    itself runs every ``wakeup_interval`` seconds while at least one task waits: it reads
+    ``PRAGMA data_version`` (one cheap statement for all waiting queues, which changes only
+    when another connection committed), and only then runs the "is anything ready or due" query,
+    once per waiting queue whose answer may have changed, and hands the answers to the event
+    loop. An idle tick never wakes the event loop; a broker nobody waits on does not tick. A
+    waiter also wakes when its earliest delayed job comes due.
+
+Errors:
+    :class:`sqlite3.Error` is translated at this edge: a locked database (after
+    ``busy_timeout``), I/O errors, a full disk or a file that cannot be opened raise
+    :class:`~durable_trio.BrokerUnavailable`; anything else :class:`~durable_trio.BrokerError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import math
+import os
+import queue as _queue_mod
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+
+import attrs
+import outcome
+import trio
+
+from .._errors import BrokerError, BrokerUnavailable, ConfigError
+from ._contract import ClaimedJob, FailedJob, Job, Lease, Recovery, RenewOutcome, Stall
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from types import TracebackType
+
+__all__ = [
+    "PROMOTE_BATCH",
+    "ConnectionThread",
+    "SqliteBroker",
+    "open_connection",
+    "translate_error",
+]
+
+T = TypeVar("T")
+
+#: Due delayed jobs promoted per pop at most, so one pop never does unbounded work.
+PROMOTE_BATCH: Final = 256
+
+Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
+
+_UNAVAILABLE_CODES: Final = (
+    "SQLITE_BUSY",
+    "SQLITE_LOCKED",
+    "SQLITE_IOERR",
+    "SQLITE_CANTOPEN",
+    "SQLITE_FULL",
+    "SQLITE_PROTOCOL",
+    "SQLITE_NOLFS",
+)
+
+
+def translate_error(exc: sqlite3.Error) -> BrokerError:
+    """Map a :mod:`sqlite3` error onto the package's error tree.
+
+    Args:
+        exc: the error the driver raised.
+
+    Returns:
+        :class:`BrokerUnavailable` for a locked or busy database (past ``busy_timeout``), I/O
+        errors, a full disk or a file that cannot be opened; :class:`BrokerError` otherwise.
+        The caller raises it ``from exc``.
+    """
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    text = str(exc)
+    if name.startswith(_UNAVAILABLE_CODES) or (
+        not name and ("locked" in text or "disk I/O" in text or "unable to open" in text)
+    ):
+        return BrokerUnavailable(f"SQLite database unavailable: {text} ({name or 'no code'})")
+    return BrokerError(f"SQLite error: {text} ({name or type(exc).__name__})")
+
+
+# ---------------------------------------------------------------------------- connection thread
+
+
+class _State(enum.Enum):
+    QUEUED = enum.auto()
+    RUNNING = enum.auto()
+    DONE = enum.auto()
+    DROPPED = enum.auto()
+    """Cancelled while still queued: the thread skips it."""
+    DETACHED = enum.auto()
+    """Cancelled, but runs anyway (close): the thread does not report back."""
+
+
+class _RolledBack(Exception):
+    """The caller was cancelled while its transaction ran; the thread rolled it back."""
+
+
+@attrs.define(eq=False, slots=True)
+class _Request:
+    fn: Callable[[sqlite3.Connection], Any] | None
+    """``None``: the close request."""
+    write: bool
+    task: trio.lowlevel.Task
+    trio_token: trio.lowlevel.TrioToken
+    detach_on_cancel: bool = False
+    state: _State = _State.QUEUED
+    cancel_requested: bool = False
+
+
+class ConnectionThread:
+    """One SQLite connection owned by one thread, driven from Trio without blocking the loop.
+
+    Operations are executed one at a time, in submission order, each as one transaction.
+    Several users (a broker and a key store on the same file) may share one thread; it closes
+    when the last of them releases it.
+
+    Args:
+        path: the database file.
+        busy_timeout: seconds a statement waits for another connection's lock before failing
+            with :class:`~durable_trio.BrokerUnavailable`.
+        synchronous: SQLite's ``synchronous`` setting. ``NORMAL`` (the default) in WAL mode
+            survives any process crash; an OS crash or power loss may lose the last
+            transactions (never corrupts the file). ``FULL`` also survives power loss, at one
+            ``fsync`` per commit.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 5.0,
+        synchronous: Synchronous = "NORMAL",
+    ) -> None:
+        if busy_timeout < 0:
+            raise ConfigError(f"busy_timeout must be >= 0, not {busy_timeout!r}")
+        if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ConfigError(f"unknown synchronous setting {synchronous!r}")
+        self.path = os.fspath(path)
+        self._busy_timeout = busy_timeout
+        self._synchronous: Synchronous = synchronous
+        self._requests: _queue_mod.SimpleQueue[_Request | None] = _queue_mod.SimpleQueue()
+        """Operations in submission order; ``None`` is a poke (see :meth:`poke`)."""
+        self._lock = threading.Lock()
+        self._db: sqlite3.Connection | None = None
+        self._open_error: sqlite3.Error | None = None
+        self._closing = False
+        self._users = 1
+        self.executed = 0
+        """Operations the thread has run (statistics: the benchmark's queries per second)."""
+        self.ticks = 0
+        """Times the thread ran the tick hook."""
+        self.dropped = 0
+        """Operations cancelled while queued, so never run."""
+        self.rolled_back = 0
+        """Operations cancelled while running, rolled back instead of committed."""
+        self._tick_hook: Callable[[sqlite3.Connection], None] | None = None
+        self._tick_wanted: Callable[[], bool] = bool
+        self._tick_interval = math.inf
+        self._thread = threading.Thread(
+            target=self._serve, name=f"durable-trio-sqlite:{self.path}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is closed or closing."""
+        return self._closing
+
+    def set_tick_hook(
+        self,
+        hook: Callable[[sqlite3.Connection], None],
+        wanted: Callable[[], bool],
+        interval: float,
+    ) -> None:
+        """Have the thread call ``hook(connection)`` every ``interval`` seconds while
+        ``wanted()`` is true (between operations, in autocommit mode; the hook must not raise).
+
+        ``wanted`` is read by the thread whenever it wakes; after it turns true, call
+        :meth:`poke` so a thread asleep with nothing to do starts ticking.
+        """
+        self._tick_hook = hook
+        self._tick_wanted = wanted
+        self._tick_interval = interval
+
+    def poke(self) -> None:
+        """Wake the thread so it looks at the tick hook's ``wanted()`` again."""
+        self._requests.put(None)
+
+    def acquire(self) -> None:
+        """Register one more user; each user calls :meth:`release` once."""
+        if self._closing:
+            raise BrokerUnavailable(f"the SQLite connection to {self.path!r} is closed")
+        self._users += 1
+
+    async def release(self) -> None:
+        """Drop one user; the last one closes the connection (see :meth:`aclose`)."""
+        self._users -= 1
+        if self._users <= 0:
+            await self.aclose()
+        else:
+            await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        """Close the connection after every operation submitted before. Idempotent.
+
+        Cancelling the wait does not stop the close: the thread still closes the connection.
+        """
+        if self._closing:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closing = True
+        # Enqueued before the first checkpoint, so it happens even if the wait is cancelled.
+        await self._submit(None, write=False, detach_on_cancel=True)
+
+    async def call(self, fn: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
+        """Run ``fn(connection)`` in the connection thread as one transaction.
+
+        Args:
+            fn: the operation; it must not commit or roll back itself.
+            write: open the transaction with ``BEGIN IMMEDIATE`` (take the write lock at once)
+                and ``COMMIT`` it; otherwise ``fn`` runs in autocommit mode (read only).
+
+        Returns:
+            What ``fn`` returned, once its transaction committed.
+
+        Raises:
+            trio.Cancelled: cancelled before the transaction committed; nothing changed.
+            BrokerUnavailable: the connection is closed, or SQLite could not reach the file.
+            BrokerError: any other SQLite error (the transaction was rolled back).
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            if self._closing:
+                raise BrokerUnavailable(f"the SQLite connection to {self.path!r} is closed")
+            try:
+                result: T = await self._submit(fn, write=write, detach_on_cancel=False)
+            except _RolledBack:
+                # The cancellation that made the thread roll back is still pending: deliver it.
+                # (Should it have vanished, nothing happened yet, so run the operation again.)
+                await trio.lowlevel.checkpoint()
+                continue
+            return result
+
+    async def _submit(
+        self,
+        fn: Callable[[sqlite3.Connection], Any] | None,
+        *,
+        write: bool,
+        detach_on_cancel: bool,
+    ) -> Any:
+        request = _Request(
+            fn=fn,
+            write=write,
+            task=trio.lowlevel.current_task(),
+            trio_token=trio.lowlevel.current_trio_token(),
+            detach_on_cancel=detach_on_cancel,
+        )
+        self._requests.put(request)
+
+        def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+            with self._lock:
+                state = request.state
+                if state is _State.DONE:
+                    return trio.lowlevel.Abort.FAILED  # the reschedule is on its way
+                if request.detach_on_cancel:
+                    request.state = _State.DETACHED
+                    return trio.lowlevel.Abort.SUCCEEDED
+                if state is _State.QUEUED:
+                    request.state = _State.DROPPED
+                    return trio.lowlevel.Abort.SUCCEEDED
+                request.cancel_requested = True  # RUNNING: roll back unless already committing
+                return trio.lowlevel.Abort.FAILED
+
+        return await trio.lowlevel.wait_task_rescheduled(abort)
+
+    # -- in the connection thread
+
+    def _serve(self) -> None:
+        try:
+            self._db = sqlite3.connect(
+                self.path,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                cached_statements=256,
+                uri=self.path.startswith("file:"),
+            )
+        except sqlite3.Error as exc:
+            self._open_error = exc
+        next_tick: float | None = None
+        while True:
+            timeout: float | None = None
+            if self._tick_hook is not None and self._db is not None and self._tick_wanted():
+                now = time.monotonic()
+                if next_tick is None:
+                    next_tick = now + self._tick_interval
+                elif now >= next_tick:
+                    self.ticks += 1
+                    self._tick_hook(self._db)
+                    next_tick = time.monotonic() + self._tick_interval
+                    continue
+                timeout = next_tick - now
+            else:
+                next_tick = None
+            try:
+                request = self._requests.get(timeout=timeout)
+            except _queue_mod.Empty:
+                continue
+            if request is None:
+                continue  # a poke: look at the tick hook again
+            with self._lock:
+                if request.state is _State.DROPPED:
+                    self.dropped += 1
+                    continue
+                if request.state is _State.QUEUED:
+                    request.state = _State.RUNNING
+            if request.fn is None:
+                result: outcome.Outcome[Any] = outcome.Value(None)
+                if self._db is not None:
+                    try:
+                        self._db.close()
+                    except sqlite3.Error as exc:
+                        result = outcome.Error(translate_error(exc))
+                    self._db = None
+                self._deliver(request, result)
+                return
+            self._deliver(request, self._execute(request))
+
+    def _execute(self, request: _Request) -> outcome.Outcome[Any]:
+        db = self._db
+        fn = request.fn
+        assert fn is not None
+        self.executed += 1
+        if db is None:
+            error = self._open_error
+            assert error is not None
+            translated = translate_error(error)
+            translated.__cause__ = error
+            return outcome.Error(translated)
+        try:
+            try:
+                if request.write:
+                    db.execute("BEGIN IMMEDIATE")
+                value = fn(db)
+                if request.cancel_requested:
+                    self.rolled_back += 1
+                    raise _RolledBack
+                if request.write:
+                    db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):  # the original error says more
+                        db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            translated = translate_error(exc)
+            translated.__cause__ = exc
+            return outcome.Error(translated)
+        except BaseException as exc:
+            return outcome.Error(exc)
+        return outcome.Value(value)
+
+    def _deliver(self, request: _Request, result: outcome.Outcome[Any]) -> None:
+        with self._lock:
+            detached = request.state is _State.DETACHED
+            request.state = _State.DONE
+        if detached:
+            return
+        # RunFinishedError: the caller's trio.run is gone; nobody waits for this answer.
+        with contextlib.suppress(trio.RunFinishedError):
+            request.trio_token.run_sync_soon(trio.lowlevel.reschedule, request.task, result)
+
+
+# ------------------------------------------------------------------------------------- schema
+
+_PRAGMAS_CHECK_WAL: Final = "PRAGMA journal_mode=WAL"
+
+_SCHEMA: Final = (
+    """
+    CREATE TABLE IF NOT EXISTS dt_meta (
+        name TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    ) WITHOUT ROWID
+    """,
+    "INSERT OR IGNORE INTO dt_meta (name, value) VALUES ('seq', 0)",
+    """
+    CREATE TABLE IF NOT EXISTS dt_jobs (
+        pk INTEGER PRIMARY KEY,
+        queue TEXT NOT NULL,
+        id TEXT NOT NULL,
+        data BLOB NOT NULL,
+        priority INTEGER NOT NULL DEFAULT 0,
+        seq INTEGER NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('ready', 'delayed', 'active', 'failed')),
+        due_at REAL,
+        token TEXT,
+        claimed_at REAL,
+        worker TEXT NOT NULL DEFAULT '',
+        attempts INTEGER NOT NULL DEFAULT 0,
+        stalled_count INTEGER NOT NULL DEFAULT 0,
+        stalls TEXT NOT NULL DEFAULT '[]',
+        error TEXT,
+        failed_at REAL,
+        CHECK ((state = 'active') = (token IS NOT NULL AND claimed_at IS NOT NULL)),
+        CHECK ((state = 'delayed') = (due_at IS NOT NULL))
+    )
+    """,
+    # Partial indexes: each row sits only in the index of its state, so a state change touches
+    # two small indexes, and every lookup below is a B-tree search plus the rows it returns.
+    """
+    CREATE INDEX IF NOT EXISTS dt_jobs_ready
+        ON dt_jobs (queue, priority, seq) WHERE state = 'ready'
+    """,
+    """
+    CREATE INDEX IF NOT EXISTS dt_jobs_delayed
+        ON dt_jobs (queue, due_at, seq) WHERE state = 'delayed'
+    """,
+    """
+    CREATE INDEX IF NOT EXISTS dt_jobs_active
+        ON dt_jobs (queue, claimed_at) WHERE state = 'active'
+    """,
+    "CREATE INDEX IF NOT EXISTS dt_jobs_token ON dt_jobs (token) WHERE state = 'active'",
+    "CREATE INDEX IF NOT EXISTS dt_jobs_failed ON dt_jobs (queue, seq) WHERE state = 'failed'",
+)
+
+_NEXT_SEQ: Final = "UPDATE dt_meta SET value = value + ?1 WHERE name = 'seq' RETURNING value"
+
+_INSERT: Final = """
+    INSERT INTO dt_jobs (queue, id, data, priority, seq, state, due_at)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+"""
+
+_DUE_DELAYED: Final = """
+    SELECT pk FROM dt_jobs
+    WHERE state = 'delayed' AND queue = ?1 AND due_at <= ?2
+    ORDER BY due_at, seq LIMIT ?3
+"""
+
+_PROMOTE: Final = "UPDATE dt_jobs SET state = 'ready', due_at = NULL, seq = ?1 WHERE pk = ?2"
+
+_CLAIM_NEXT: Final = """
+    UPDATE dt_jobs SET state = 'active', token = ?1, claimed_at = ?2, worker = ?3
+    WHERE pk = (
+        SELECT pk FROM dt_jobs WHERE state = 'ready' AND queue = ?4
+        ORDER BY priority, seq LIMIT 1
+    )
+    RETURNING id, data, priority, attempts, stalled_count, stalls
+"""
+
+# Lease checks go through the token index (``INDEXED BY``: never the per-queue claim index).
+_COMPLETE: Final = """
+    DELETE FROM dt_jobs INDEXED BY dt_jobs_token
+    WHERE state = 'active' AND token = ?1 AND queue = ?2 AND id = ?3
+"""
+
+_FAIL: Final = """
+    UPDATE dt_jobs INDEXED BY dt_jobs_token
+    SET state = 'failed', token = NULL, claimed_at = NULL, error = ?4, failed_at = ?5, seq = ?6
+    WHERE state = 'active' AND token = ?1 AND queue = ?2 AND id = ?3
+"""
+
+_PRUNE_FAILED: Final = """
+    DELETE FROM dt_jobs
+    WHERE state = 'failed' AND queue = ?1 AND seq <= (
+        SELECT seq FROM dt_jobs WHERE state = 'failed' AND queue = ?1
+        ORDER BY seq DESC LIMIT 1 OFFSET ?2
+    )
+"""
+
+_RETRY: Final = """
+    UPDATE dt_jobs INDEXED BY dt_jobs_token
+    SET state = ?4, due_at = ?5, seq = ?6, attempts = attempts + ?7,
+        token = NULL, claimed_at = NULL
+    WHERE state = 'active' AND token = ?1 AND queue = ?2 AND id = ?3
+"""
+
+_RENEW: Final = """
+    UPDATE dt_jobs INDEXED BY dt_jobs_token SET claimed_at = ?4
+    WHERE state = 'active' AND token = ?1 AND queue = ?2 AND id = ?3
+"""
+
+_STALLED: Final = """
+    SELECT pk, id, data, priority, attempts, stalled_count, stalls, worker
+    FROM dt_jobs INDEXED BY dt_jobs_active
+    WHERE state = 'active' AND queue = ?1 AND claimed_at < ?2
+    ORDER BY claimed_at
+"""
+
+_REQUEUE_STALLED: Final = """
+    UPDATE dt_jobs SET state = 'ready', token = NULL, claimed_at = NULL, seq = ?1,
+        stalled_count = ?2, stalls = ?3
+    WHERE pk = ?4
+"""
+
+_RELEASE_POISON: Final = """
+    UPDATE dt_jobs SET token = ?1, claimed_at = ?2, stalled_count = ?3, stalls = ?4
+    WHERE pk = ?5
+"""
+
+_SIZE: Final = """
+    SELECT (SELECT count(*) FROM dt_jobs WHERE state = 'ready' AND queue = ?1)
+         + (SELECT count(*) FROM dt_jobs WHERE state = 'delayed' AND queue = ?1)
+"""
+
+_FAILED_JOBS: Final = """
+    SELECT id, data, error, failed_at, attempts, stalled_count, stalls
+    FROM dt_jobs WHERE state = 'failed' AND queue = ?1
+    ORDER BY seq DESC LIMIT ?2
+"""
+
+_PROBE: Final = """
+    SELECT EXISTS (SELECT 1 FROM dt_jobs WHERE state = 'ready' AND queue = ?1),
+           (SELECT due_at FROM dt_jobs WHERE state = 'delayed' AND queue = ?1
+            ORDER BY due_at LIMIT 1)
+"""
+
+
+def _configure(synchronous: Synchronous, busy_timeout: float, db: sqlite3.Connection) -> None:
+    db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+    (mode,) = db.execute(_PRAGMAS_CHECK_WAL).fetchone()
+    if str(mode).lower() not in ("wal", "memory"):
+        raise BrokerError(f"could not switch the SQLite database to WAL mode (got {mode!r})")
+    db.execute(f"PRAGMA synchronous = {synchronous}")
+
+
+async def open_connection(
+    path: str | os.PathLike[str],
+    *,
+    busy_timeout: float = 5.0,
+    synchronous: Synchronous = "NORMAL",
+) -> ConnectionThread:
+    """Start a :class:`ConnectionThread` on ``path`` in WAL mode with ``busy_timeout`` and
+    ``synchronous`` set (see :meth:`SqliteBroker.open` for the options).
+
+    Raises:
+        ConfigError: an invalid option.
+        BrokerUnavailable: the file cannot be opened or stays locked.
+        BrokerError: any other SQLite error, or WAL mode refused.
+    """
+    connection = ConnectionThread(path, busy_timeout=busy_timeout, synchronous=synchronous)
+    try:
+        await connection.call(partial(_configure, synchronous, busy_timeout), write=False)
+    except BaseException:
+        await connection.aclose()
+        raise
+    return connection
+
+
+def _create_schema(statements: Iterable[str], db: sqlite3.Connection) -> None:
+    for statement in statements:
+        db.execute(statement)
+
+
+def _next_seq(db: sqlite3.Connection, count: int = 1) -> int:
+    """Reserve ``count`` sequence numbers; returns the first. One counter for the whole file."""
+    ((last,),) = db.execute(_NEXT_SEQ, (count,)).fetchall()
+    return int(last) - count + 1
+
+
+def _stalls(text: str) -> tuple[Stall, ...]:
+    if text == "[]":
+        return ()
+    return tuple(Stall(at=float(s["at"]), worker=str(s["worker"])) for s in json.loads(text))
+
+
+def _stalls_json(stalls: Sequence[Stall]) -> str:
+    return json.dumps([{"at": s.at, "worker": s.worker} for s in stalls])
+
+
+def _probe_one(db: sqlite3.Connection, queue: str, now: float) -> tuple[bool, float | None]:
+    ((has_ready, due),) = db.execute(_PROBE, (queue,)).fetchall()
+    due_at = None if due is None else float(due)
+    return bool(has_ready) or (due_at is not None and due_at <= now), due_at
+
+
+def _data_version(db: sqlite3.Connection) -> int:
+    ((version,),) = db.execute("PRAGMA data_version").fetchall()
+    return int(version)
+
+
+# -- operations (run in the connection thread, inside the transaction ``call`` opened)
+
+
+def _op_push(queue: str, job: Job, priority: int, delay: float, db: sqlite3.Connection) -> None:
+    seq = _next_seq(db)
+    state, due_at = ("delayed", time.time() + delay) if delay > 0 else ("ready", None)
+    db.execute(_INSERT, (queue, job.id, job.data, priority, seq, state, due_at))
+
+
+def _promote_due(db: sqlite3.Connection, queue: str, now: float) -> None:
+    due = db.execute(_DUE_DELAYED, (queue, now, PROMOTE_BATCH)).fetchall()
+    if due:
+        first = _next_seq(db, len(due))
+        db.executemany(_PROMOTE, [(first + i, pk) for i, (pk,) in enumerate(due)])
+
+
+def _claim_next(db: sqlite3.Connection, queue: str, worker: str, now: float) -> ClaimedJob | None:
+    token = secrets.token_hex(8)
+    rows = db.execute(_CLAIM_NEXT, (token, now, worker, queue)).fetchall()
+    if not rows:
+        return None
+    ((job_id, data, priority, attempts, stalled_count, stalls),) = rows
+    return ClaimedJob(
+        id=job_id,
+        data=bytes(data),
+        lease=Lease(job_id, token),
+        attempts=attempts,
+        stalled_count=stalled_count,
+        stalls=_stalls(stalls),
+        priority=priority,
+    )
+
+
+def _op_pop(queue: str, worker: str, db: sqlite3.Connection) -> ClaimedJob | None:
+    now = time.time()
+    _promote_due(db, queue, now)
+    return _claim_next(db, queue, worker, now)
+
+
+def _op_pop_many(queue: str, count: int, worker: str, db: sqlite3.Connection) -> list[ClaimedJob]:
+    now = time.time()
+    _promote_due(db, queue, now)
+    claimed: list[ClaimedJob] = []
+    while len(claimed) < count:
+        job = _claim_next(db, queue, worker, now)
+        if job is None:
+            break
+        claimed.append(job)
+    return claimed
+
+
+def _op_complete(lease: Lease, queue: str, db: sqlite3.Connection) -> bool:
+    return db.execute(_COMPLETE, (lease.token, queue, lease.job_id)).rowcount == 1
+
+
+def _op_fail(lease: Lease, queue: str, error: str, retention: int, db: sqlite3.Connection) -> bool:
+    seq = _next_seq(db)
+    params = (lease.token, queue, lease.job_id, error, time.time(), seq)
+    if db.execute(_FAIL, params).rowcount != 1:
+        return False
+    db.execute(_PRUNE_FAILED, (queue, retention))
+    return True
+
+
+def _op_retry(
+    lease: Lease, queue: str, delay: float, count_attempt: bool, db: sqlite3.Connection
+) -> bool:
+    seq = _next_seq(db)
+    state, due_at = ("delayed", time.time() + delay) if delay > 0 else ("ready", None)
+    params = (lease.token, queue, lease.job_id, state, due_at, seq, int(count_attempt))
+    return db.execute(_RETRY, params).rowcount == 1
+
+
+def _op_renew(queue: str, leases: Sequence[Lease], db: sqlite3.Connection) -> RenewOutcome:
+    now = time.time()
+    lost: list[Lease] = []
+    renewed = 0
+    for lease in leases:
+        if db.execute(_RENEW, (lease.token, queue, lease.job_id, now)).rowcount == 1:
+            renewed += 1
+        else:
+            lost.append(lease)
+    return RenewOutcome(renewed=renewed, lost=tuple(lost))
+
+
+def _op_recover(queue: str, threshold: float, max_stalled: int, db: sqlite3.Connection) -> Recovery:
+    now = time.time()
+    rows = db.execute(_STALLED, (queue, now - threshold)).fetchall()
+    recovered = 0
+    exceeded: list[ClaimedJob] = []
+    for pk, job_id, data, priority, attempts, stalled_count, stalls_text, worker in rows:
+        stalls = (*_stalls(stalls_text), Stall(at=now, worker=worker))
+        stalled_count += 1
+        if stalled_count > max_stalled:
+            token = secrets.token_hex(8)
+            db.execute(_RELEASE_POISON, (token, now, stalled_count, _stalls_json(stalls), pk))
+            exceeded.append(
+                ClaimedJob(
+                    id=job_id,
+                    data=bytes(data),
+                    lease=Lease(job_id, token),
+                    attempts=attempts,
+                    stalled_count=stalled_count,
+                    stalls=stalls,
+                    priority=priority,
+                )
+            )
+        else:
+            seq = _next_seq(db)
+            db.execute(_REQUEUE_STALLED, (seq, stalled_count, _stalls_json(stalls), pk))
+            recovered += 1
+    return Recovery(recovered=recovered, exceeded=tuple(exceeded))
+
+
+def _op_size(queue: str, db: sqlite3.Connection) -> int:
+    ((size,),) = db.execute(_SIZE, (queue,)).fetchall()
+    return int(size)
+
+
+def _op_failed_jobs(queue: str, limit: int, db: sqlite3.Connection) -> list[FailedJob]:
+    return [
+        FailedJob(
+            id=job_id,
+            data=bytes(data),
+            error=error,
+            failed_at=failed_at,
+            attempts=attempts,
+            stalled_count=stalled_count,
+            stalls=_stalls(stalls),
+        )
+        for job_id, data, error, failed_at, attempts, stalled_count, stalls in db.execute(
+            _FAILED_JOBS, (queue, limit)
+        ).fetchall()
+    ]
+
+
+def _op_probe(queue: str, db: sqlite3.Connection) -> tuple[bool, float | None, int]:
+    # The version is read first: a commit the probe does not see changes it afterwards.
+    version = _data_version(db)
+    ready, due = _probe_one(db, queue, time.time())
+    return ready, due, version
+
+
+# ------------------------------------------------------------------------------------- broker
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    queue: str
+    event: trio.Event = attrs.Factory(trio.Event)
+    data_version: int = -1
+    """``PRAGMA data_version`` read just before this waiter's last look at its queue."""
+    due: float | None = None
+    """Wall-clock due time of the queue's earliest delayed job at that look."""
+
+
+class SqliteBroker:
+    """A :class:`~durable_trio.adapters.QueueBroker` on one SQLite file, with every capability.
+
+    One file may host many queues (and the key store, :class:`~durable_trio.keys.sqlite.
+    SqliteKeyStore`); many brokers in many processes may share it. Create one with
+    :meth:`open`, which creates the schema if missing.
+
+    Ready jobs pop in (priority, sequence) order, the sequence being one counter per file, so
+    FIFO within one priority holds across processes. Each pop promotes at most
+    :data:`PROMOTE_BATCH` due delayed jobs first. Failed jobs are kept (newest
+    ``failed_retention`` per queue) for :meth:`failed_jobs`.
+
+    Attributes:
+        path: the database file.
+        wakeup_interval: seconds between two looks at other connections' commits while
+            :meth:`wait_for_work` waits.
+    """
+
+    def __init__(
+        self,
+        connection: ConnectionThread,
+        *,
+        wakeup_interval: float = 0.05,
+        failed_retention: int = 1000,
+    ) -> None:
+        """Wrap an open connection thread. Use :meth:`open` instead."""
+        if not wakeup_interval > 0:
+            raise ConfigError(f"wakeup_interval must be > 0, not {wakeup_interval!r}")
+        if failed_retention < 0:
+            raise ConfigError(f"failed_retention must be >= 0, not {failed_retention!r}")
+        self._db = connection
+        self.path = connection.path
+        self.wakeup_interval = wakeup_interval
+        self._failed_retention = failed_retention
+        self._waiters: dict[str, set[_Waiter]] = {}
+        self._watched: tuple[_Waiter, ...] = ()
+        """Every waiter, copied on write: the connection thread's tick reads it unlocked."""
+        self._trio_token: trio.lowlevel.TrioToken | None = None
+        self._closed = False
+        connection.set_tick_hook(self._tick, lambda: bool(self._watched), wakeup_interval)
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 5.0,
+        synchronous: Synchronous = "NORMAL",
+        wakeup_interval: float = 0.05,
+        failed_retention: int = 1000,
+    ) -> SqliteBroker:
+        """Open (creating if missing) the database file and its schema.
+
+        Args:
+            path: the database file (its directory must exist); a ``file:`` URI is accepted.
+            busy_timeout: seconds to wait for another connection's write lock before an
+                operation fails with :class:`~durable_trio.BrokerUnavailable`.
+            synchronous: ``NORMAL`` (default: in WAL mode safe against any process crash; a
+                power loss may lose the last commits, never corrupt the file) or ``FULL``
+                (also safe against power loss, one ``fsync`` per commit).
+            wakeup_interval: seconds between two looks for other processes' pushes while
+                :meth:`wait_for_work` waits (default 0.05: a cross-process wake-up within
+                50 ms for about 20 cheap ``PRAGMA data_version`` reads per second per broker,
+                however many queues wait; pushes by this broker wake waiters at once).
+            failed_retention: failed jobs kept per queue (the newest).
+
+        Returns:
+            The open broker; close it with :meth:`aclose` (or ``async with``).
+
+        Raises:
+            ConfigError: an invalid option.
+            BrokerUnavailable: the file cannot be opened or stays locked.
+            BrokerError: any other SQLite error (say, not a database).
+        """
+        connection = await open_connection(path, busy_timeout=busy_timeout, synchronous=synchronous)
+        try:
+            broker = cls(
+                connection, wakeup_interval=wakeup_interval, failed_retention=failed_retention
+            )
+            await connection.call(partial(_create_schema, _SCHEMA), write=True)
+        except BaseException:
+            await connection.aclose()
+            raise
+        return broker
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
+        if self._closed:
+            raise BrokerUnavailable(f"the SQLite broker on {self.path!r} is closed")
+        return await self._db.call(fn, write=write)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called."""
+        return self._closed
+
+    @property
+    def connection(self) -> ConnectionThread:
+        """The connection thread (a key store may share it, see ``SqliteKeyStore.attach``)."""
+        return self._db
+
+    async def __aenter__(self) -> SqliteBroker:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- required
+
+    async def push_on(
+        self, queue: str, job: Job, *, priority: int | None = None, delay: float = 0.0
+    ) -> None:
+        """Enqueue ``job`` (see :class:`~durable_trio.adapters.QueueBroker`)."""
+        await self._call(partial(_op_push, queue, job, priority or 0, delay), write=True)
+        self._ring(queue)
+
+    async def pop_from(self, queue: str, *, worker: str = "") -> ClaimedJob | None:
+        """Promote due delayed jobs (at most :data:`PROMOTE_BATCH`), then claim the next
+        ready job under a fresh random lease token, or return ``None``."""
+        result: ClaimedJob | None = await self._call(partial(_op_pop, queue, worker), write=True)
+        return result
+
+    async def pop_many(self, queue: str, count: int, *, worker: str = "") -> list[ClaimedJob]:
+        """Like :meth:`pop_from`, claiming up to ``count`` jobs in one transaction, in pop
+        order (an empty list: none ready)."""
+        if count <= 0:
+            await trio.lowlevel.checkpoint()
+            return []
+        claimed: list[ClaimedJob] = await self._call(
+            partial(_op_pop_many, queue, count, worker), write=True
+        )
+        return claimed
+
+    async def complete_job(self, lease: Lease, queue: str) -> bool:
+        """Delete a finished job. ``False``: the lease was lost, nothing changed."""
+        done: bool = await self._call(partial(_op_complete, lease, queue), write=True)
+        return done
+
+    async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
+        """Fail a job for good, kept for :meth:`failed_jobs`. ``False``: the lease was lost."""
+        done: bool = await self._call(
+            partial(_op_fail, lease, queue, error, self._failed_retention), write=True
+        )
+        return done
+
+    async def retry_job(
+        self, lease: Lease, queue: str, *, delay: float = 0.0, count_attempt: bool = True
+    ) -> bool:
+        """Hand a claim back for redelivery after ``delay`` seconds, at the back of its
+        priority. ``count_attempt=False`` leaves ``attempts`` alone. ``False``: lease lost."""
+        done: bool = await self._call(
+            partial(_op_retry, lease, queue, delay, count_attempt), write=True
+        )
+        if done:
+            self._ring(queue)
+        return done
+
+    async def aclose(self) -> None:
+        """Close the broker (and its connection, unless a key store still shares it).
+        Idempotent. Later calls raise :class:`~durable_trio.BrokerUnavailable`."""
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        await self._db.release()
+
+    # -- capabilities
+
+    async def renew_jobs(self, queue: str, leases: Sequence[Lease]) -> RenewOutcome:
+        """Refresh ``claimed_at`` of every claim in ``leases`` still held (one transaction)."""
+        if not leases:
+            await trio.lowlevel.checkpoint()
+            return RenewOutcome(renewed=0)
+        result: RenewOutcome = await self._call(
+            partial(_op_renew, queue, tuple(leases)), write=True
+        )
+        return result
+
+    async def recover_stalled_jobs(
+        self, queue: str, threshold: float, max_stalled: int
+    ) -> Recovery:
+        """Take back claims older than ``threshold`` seconds: an index range on
+        (queue, claimed_at), so O(log n + k). Each gets a stall ``{at, worker}`` appended; past
+        ``max_stalled`` it is re-leased to the caller (still active) and returned in
+        ``exceeded``, otherwise put back to ready."""
+        result: Recovery = await self._call(
+            partial(_op_recover, queue, threshold, max_stalled), write=True
+        )
+        if result.recovered:
+            self._ring(queue)
+        return result
+
+    async def size_of(self, queue: str) -> int:
+        """Jobs waiting to be claimed (ready and delayed)."""
+        size: int = await self._call(partial(_op_size, queue), write=False)
+        return size
+
+    async def failed_jobs(self, queue: str, *, limit: int = 100) -> list[FailedJob]:
+        """The most recent failed jobs of ``queue``, newest first."""
+        limit = min(limit, self._failed_retention)
+        if limit <= 0:
+            await trio.lowlevel.checkpoint()
+            return []
+        jobs: list[FailedJob] = await self._call(
+            partial(_op_failed_jobs, queue, limit), write=False
+        )
+        return jobs
+
+    async def wait_for_work(self, queue: str) -> None:
+        """Return when ``queue`` may have work (see the module docstring).
+
+        Returns at once if a job is ready or a delayed one is due; otherwise when this broker
+        pushes or hands back a job on ``queue``, when another connection committed and the
+        queue then has work (checked every ``wakeup_interval``), or when the earliest delayed
+        job comes due. It may return spuriously; it never misses a push that follows this
+        broker's last empty pop.
+        """
+        waiter = _Waiter(queue)
+        self._watch(waiter)
+        try:
+            while True:
+                waiter.event = trio.Event()  # before the look, so no ring slips in between
+                ready, due, version = await self._call(partial(_op_probe, queue), write=False)
+                waiter.data_version = version
+                waiter.due = due
+                if ready:
+                    return
+                deadline = math.inf
+                if due is not None:
+                    deadline = trio.current_time() + max(0.0, due - time.time())
+                with trio.move_on_at(deadline):
+                    await waiter.event.wait()
+        finally:
+            self._unwatch(waiter)
+
+    # -- wake-up internals
+
+    def _ring(self, queue: str) -> None:
+        for waiter in self._waiters.get(queue, ()):
+            waiter.event.set()
+
+    def _watch(self, waiter: _Waiter) -> None:
+        self._trio_token = trio.lowlevel.current_trio_token()
+        self._waiters.setdefault(waiter.queue, set()).add(waiter)
+        was_idle = not self._watched
+        self._watched = (*self._watched, waiter)
+        if was_idle and not self._db.closed:
+            self._db.poke()  # the thread may sleep with nothing to do: start ticking
+
+    def _unwatch(self, waiter: _Waiter) -> None:
+        waiters = self._waiters.get(waiter.queue)
+        if waiters is not None:
+            waiters.discard(waiter)
+            if not waiters:
+                del self._waiters[waiter.queue]
+        self._watched = tuple(w for w in self._watched if w is not waiter)
+
+    def _tick(self, db: sqlite3.Connection) -> None:
+        """In the connection thread, every ``wakeup_interval`` while someone waits: did another
+        connection commit since each waiter looked? Only then look again at those waiters'
+        queues, and hand the answers to :meth:`_apply_tick` in the Trio thread."""
+        watched = self._watched
+        trio_token = self._trio_token
+        if not watched or trio_token is None:
+            return
+        try:
+            version = _data_version(db)
+            stale = {w.queue for w in watched if w.data_version != version}
+            if not stale:
+                return
+            now = time.time()
+            found = {queue: _probe_one(db, queue, now) for queue in stale}
+            callback = partial(self._apply_tick, version, found)
+        except Exception:
+            # Let the waiters look for themselves: their own call raises the error.
+            callback = partial(self._apply_tick, None, None)
+        with contextlib.suppress(trio.RunFinishedError):
+            trio_token.run_sync_soon(callback)
+
+    def _apply_tick(
+        self, version: int | None, found: dict[str, tuple[bool, float | None]] | None
+    ) -> None:
+        """Wake the waiters whose queue has work or whose earliest due time moved."""
+        if version is None or found is None:
+            for waiter in self._watched:
+                waiter.event.set()
+            return
+        for queue, (ready, due) in found.items():
+            for waiter in self._waiters.get(queue, ()):
+                if ready or due != waiter.due:
+                    waiter.event.set()
+                else:
+                    waiter.data_version = version

@@ -1,0 +1,281 @@
+"""Leases under failure (T7-T10) on the memory broker, with exact virtual times."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+import trio.testing
+
+import durable_trio as dt
+from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.keys.memory import MemoryKeyStore
+from helpers import Errors, PausedRenewalBroker
+
+
+def backend_with(broker: Any) -> dt.Backend:
+    return dt.Backend(url="test://", broker=broker, keys=MemoryKeyStore())
+
+
+def task(n: int = 1, seconds: float = 0.0) -> dt.RemoteTask:
+    return dt.RemoteTask(run_id="run", step_id=f"s{n}", attempt=1, name="step", input=seconds)
+
+
+async def test_t7_a_step_ten_times_the_threshold_is_never_redelivered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    broker = MemoryBroker()
+    errors = Errors()
+    runs: list[float] = []
+    results: list[dt.StepResult] = []
+    async with dt.open_queue_transport(
+        backend_with(broker), stalled_threshold=10.0, stalled_check_interval=1.0, on_error=errors
+    ) as transport:
+
+        async def long_step(t: dt.RemoteTask) -> str:
+            runs.append(trio.current_time())
+            await trio.sleep(100.0)
+            return "done"
+
+        async def on_result(r: dt.StepResult) -> None:
+            results.append(r)
+
+        transport.handle("step", long_step)
+        transport.on_result(on_result)
+        await transport.dispatch(task())
+        await trio.sleep(150)
+    assert runs == [0.0]
+    assert [r.output for r in results] == ["done"]
+    assert errors.seen == []
+
+
+async def test_t9_a_silent_workers_job_comes_back_within_threshold_plus_one_sweep(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    broker = MemoryBroker()
+    async with dt.open_queue_transport(
+        backend_with(broker), stalled_threshold=10.0, stalled_check_interval=5.0
+    ) as transport:
+        await transport.dispatch(task())
+        # a worker claims it and dies: nobody renews its claim
+        dead = await broker.pop_from(transport.task_queue("step"), worker="dead-worker")
+        assert dead is not None
+        ran_at: list[float] = []
+
+        async def step(t: dt.RemoteTask) -> None:
+            ran_at.append(trio.current_time())
+
+        transport.handle("step", step)
+        await trio.sleep(60)
+    # sweeps at 5, 10, 15: at 15 the claim is 15 s old (> 10): redelivered then
+    assert ran_at == [15.0]
+    assert ran_at[0] <= 10.0 + 5.0
+
+
+async def test_t9_the_fourth_stall_fails_the_job_and_publishes_a_retryable_failure(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    shared = MemoryBroker()
+    broker = PausedRenewalBroker(shared)
+    broker.paused = True  # this worker's renewal never reaches the broker
+    errors = Errors()
+    starts: list[float] = []
+    results: list[dt.StepResult] = []
+    async with dt.open_queue_transport(
+        backend_with(broker),
+        concurrency=10,
+        stalled_threshold=10.0,
+        stalled_check_interval=5.0,
+        on_error=errors,
+        instance_id="worker-1",
+    ) as transport:
+
+        async def hangs(t: dt.RemoteTask) -> None:
+            starts.append(trio.current_time())
+            await trio.sleep_forever()
+
+        async def on_result(r: dt.StepResult) -> None:
+            results.append(r)
+
+        transport.handle("step", hangs)
+        transport.on_result(on_result)
+        await transport.dispatch(task())
+        await trio.sleep(100)
+        queue = transport.task_queue("step")
+        (failed,) = await shared.failed_jobs(queue)
+    assert starts == [0.0, 15.0, 30.0, 45.0]
+    (result,) = results
+    assert result.status is dt.StepStatus.FAILED
+    assert result.error is not None
+    assert result.error.code == "stalled"
+    assert result.error.retryable is True
+    assert result.error.message == "stalled more than 3 times"
+    assert result.error.details["stalledCount"] == 4
+    assert [s["worker"] for s in result.error.details["stalls"]] == ["worker-1"] * 4
+    assert [s["at"] for s in result.error.details["stalls"]] == [15.0, 30.0, 45.0, 60.0]
+    assert failed.error == "stalled more than 3 times"
+    assert failed.stalled_count == 4
+    assert any("poison job failed" in m for m in errors.messages())
+
+
+async def test_t9_poison_is_not_bridged_for_results_or_bad_payloads(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    shared = MemoryBroker()
+    broker = PausedRenewalBroker(shared)
+    broker.paused = True
+    async with dt.open_queue_transport(
+        backend_with(broker),
+        result_concurrency=10,
+        stalled_threshold=10.0,
+        stalled_check_interval=5.0,
+        on_error=Errors(),
+    ) as transport:
+        calls = 0
+
+        async def hangs(r: dt.StepResult) -> None:
+            nonlocal calls
+            calls += 1
+            await trio.sleep_forever()
+
+        transport.on_result(hangs)
+        await transport.publish_result(dt.StepResult("r", "s", 1, dt.StepStatus.COMPLETED))
+        await trio.sleep(100)
+        (failed,) = await shared.failed_jobs(transport.names.results)
+        assert await shared.size_of(transport.names.results) == 0  # no result was published
+    assert failed.error == "stalled more than 3 times"
+    assert calls == 4
+
+
+async def test_t9_the_sweep_is_off_at_interval_zero(autojump_clock: trio.testing.MockClock) -> None:
+    broker = MemoryBroker()
+    async with dt.open_queue_transport(
+        backend_with(broker), stalled_threshold=10.0, stalled_check_interval=0
+    ) as transport:
+        await transport.dispatch(task())
+        await broker.pop_from(transport.task_queue("step"), worker="dead")
+
+        async def step(t: dt.RemoteTask) -> None:
+            raise AssertionError("never redelivered without a sweep")
+
+        transport.handle("step", step)
+        await trio.sleep(600)
+
+
+async def test_t8_a_lost_lease_cancels_the_handler_and_its_result_never_lands(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    shared = MemoryBroker()
+    slow_broker = PausedRenewalBroker(shared)
+    errors_a = Errors()
+    results: list[dt.StepResult] = []
+    a_cancelled_at: list[float] = []
+    async with (
+        dt.open_queue_transport(
+            backend_with(slow_broker),
+            stalled_threshold=10.0,
+            stalled_check_interval=5.0,
+            on_error=errors_a,
+            instance_id="a",
+        ) as worker_a,
+        dt.open_queue_transport(
+            backend_with(shared),
+            stalled_threshold=10.0,
+            stalled_check_interval=5.0,
+            instance_id="b",
+        ) as worker_b,
+    ):
+
+        async def step_a(t: dt.RemoteTask) -> str:
+            try:
+                await trio.sleep(1000)
+            except trio.Cancelled:
+                a_cancelled_at.append(trio.current_time())
+                raise
+            return "a"
+
+        async def step_b(t: dt.RemoteTask) -> str:
+            await trio.sleep(1)
+            return "b"
+
+        async def on_result(r: dt.StepResult) -> None:
+            results.append(r)
+
+        worker_a.handle("step", step_a)
+        worker_b.on_result(on_result)
+        await worker_a.dispatch(task())
+        await trio.sleep(1)
+        slow_broker.paused = True  # a's event loop "blocks": its claim stops being renewed
+        worker_b.handle("step", step_b)
+        await trio.sleep(15)  # t=16: the sweep at 15 gave the job to b
+        slow_broker.paused = False
+        await trio.sleep(30)
+        assert worker_a.statistics().duplicates == 1
+    # a's next renewal (t=20) finds the claim gone: exactly that handler is cancelled
+    assert a_cancelled_at == [20.0]
+    assert [r.output for r in results] == ["b"]
+    lost = [e for e in errors_a.seen if isinstance(e, dt.LeaseLost)]
+    assert len(lost) == 1
+    assert "may run twice" in str(lost[0])
+
+
+async def test_t8_a_lost_lease_may_be_left_to_finish_but_never_finalizes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    shared = MemoryBroker()
+    slow_broker = PausedRenewalBroker(shared)
+    finished_a: list[float] = []
+    async with (
+        dt.open_queue_transport(
+            backend_with(slow_broker),
+            stalled_threshold=10.0,
+            stalled_check_interval=5.0,
+            cancel_on_lost_lease=False,
+            on_error=Errors(),
+        ) as worker_a,
+        dt.open_queue_transport(
+            backend_with(shared), stalled_threshold=10.0, stalled_check_interval=5.0
+        ) as worker_b,
+    ):
+
+        async def step_a(t: dt.RemoteTask) -> str:
+            await trio.sleep(30)
+            finished_a.append(trio.current_time())
+            return "a"
+
+        async def step_b(t: dt.RemoteTask) -> str:
+            await trio.sleep(100)  # b still holds the new claim when a finishes
+            return "b"
+
+        worker_a.handle("step", step_a)
+        await worker_a.dispatch(task())
+        await trio.sleep(1)
+        slow_broker.paused = True
+        worker_b.handle("step", step_b)
+        await trio.sleep(15)
+        slow_broker.paused = False
+        await trio.sleep(20)  # t=36: a finished at 30; its outcome was discarded
+        queue = worker_a.task_queue("step")
+        assert finished_a == [30.0]
+        # b's claim is intact: a's finish did not complete it
+        assert await shared.size_of(queue) == 0
+        assert worker_b.statistics().open_claims == 1
+
+
+async def test_t10_handback_on_close_counts_neither_a_stall_nor_an_attempt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    broker = MemoryBroker()
+    async with dt.open_queue_transport(backend_with(broker), close_timeout=1.0) as transport:
+        started = trio.Event()
+
+        async def step(t: dt.RemoteTask) -> None:
+            started.set()
+            await trio.sleep_forever()
+
+        transport.handle("step", step)
+        await transport.dispatch(task())
+        await started.wait()
+    again = await broker.pop_from(transport.task_queue("step"))
+    assert again is not None
+    assert (again.attempts, again.stalled_count, again.stalls) == (0, 0, ())
