@@ -107,13 +107,13 @@ async def idle_polls(broker: Any, *, names: int, seconds: float) -> float:
 async def run(quick: bool = False) -> dict[str, float]:
     jobs = 5_000 if quick else 30_000
     figures: dict[str, float] = {}
+    # Throughput is the best of three runs (as timeit takes the best): on a shared 2-core machine
+    # the worst runs measure the neighbours, not us.
     async with dt.open_backend("memory://") as backend:
-        figures["memory round trips/s, concurrency 1"] = await round_trips(
-            backend, jobs=jobs // 3, concurrency=1
-        )
-        figures["memory round trips/s, concurrency 32"] = await round_trips(
-            backend, jobs=jobs, concurrency=32
-        )
+        for concurrency, count in ((1, jobs // 3), (32, jobs)):
+            figures[f"memory round trips/s, concurrency {concurrency}"] = max(
+                [await round_trips(backend, jobs=count, concurrency=concurrency) for _ in range(3)]
+            )
         p50, p99 = await latency(backend, samples=500 if quick else 2000)
         figures["memory latency p50 ms"] = p50
         figures["memory latency p99 ms"] = p99

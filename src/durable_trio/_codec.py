@@ -207,6 +207,7 @@ converter = _build_converter()
 _fast = _build_converter(detailed=False)
 
 
+_KINDS = {kind.value: kind for kind in JobKind}
 #: The hot path's structure hooks, looked up once per kind rather than once per job.
 _FAST_STRUCTURE = {kind: _fast.get_structure_hook(cls) for kind, cls in PAYLOAD_TYPES.items()}
 _UNSTRUCTURE = {cls: converter.get_unstructure_hook(cls) for cls in PAYLOAD_TYPES.values()}
@@ -276,7 +277,6 @@ def encode_envelope(
     job_id: str,
     kind: JobKind,
     payload: Any,
-    *,
     priority: int | None = None,
     max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> bytes:
@@ -318,12 +318,9 @@ def decode_envelope(data: bytes, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) 
     if type(raw) is not dict:
         raise PayloadError(f"job is not an object but {type(raw).__name__}", path="$")
     kind_value = raw.get("kind")
-    try:
-        if type(kind_value) is not str:
-            raise ValueError(kind_value)
-        kind = JobKind(kind_value)
-    except ValueError:
-        raise PayloadError(f"unknown job kind {kind_value!r:.60}", path="$.kind") from None
+    kind = _KINDS.get(kind_value) if type(kind_value) is str else None
+    if kind is None:
+        raise PayloadError(f"unknown job kind {kind_value!r:.60}", path="$.kind")
     job_id = raw.get("id")
     if type(job_id) is not str:
         raise PayloadError("job id is missing or not a string", path="$.id")

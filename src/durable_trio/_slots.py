@@ -49,4 +49,5 @@ class Slots:
 
     def release(self, count: int = 1) -> None:
         self.in_flight -= count
-        self._lot.unpark(count=count)
+        if self._lot:  # nobody parked is the common case: skip the unpark machinery
+            self._lot.unpark(count=count)

@@ -194,7 +194,9 @@ class QueueTransport:
         self._ids = itertools.count(1)
         self._id_prefix = f"{sanitize_token(options.instance_id)[:24]}-"
         self._closing = False
+        self._fully_closed = False
         self._closed = trio.Event()
+        self._max_payload_bytes = options.max_payload_bytes
         self._consumers = _Group()
         self._inboxes = _Group()
         self._jobs = _Group()
@@ -262,9 +264,6 @@ class QueueTransport:
 
             logging.getLogger("durable_trio").exception("the on_error hook raised")
 
-    def _next_job_id(self) -> str:
-        return f"{self._id_prefix}{next(self._ids)}"
-
     # ------------------------------------------------------------------ producers (never deferred)
 
     async def _push(
@@ -276,14 +275,12 @@ class QueueTransport:
         priority: int | None = None,
         delay: float = 0.0,
     ) -> str:
-        if self._closed.is_set():
+        if self._fully_closed:
             # Producers work on through the close drain (a finishing handler publishes its
             # result); only a fully closed transport refuses.
             raise TransportClosed("the transport is closed")
-        job_id = self._next_job_id()
-        data = encode_envelope(
-            job_id, kind, payload, priority=priority, max_bytes=self._options.max_payload_bytes
-        )
+        job_id = f"{self._id_prefix}{next(self._ids)}"
+        data = encode_envelope(job_id, kind, payload, priority, self._max_payload_bytes)
         await self._broker.push_on(queue, Job(job_id, data), priority=priority, delay=delay)
         return job_id
 
@@ -501,6 +498,15 @@ class QueueTransport:
             self._jobs.nursery.start_soon(self._job_worker, loop, claim)
 
     async def _job_worker(self, loop: _Loop, claim: _Claim) -> None:
+        """Run ``claim``, then park until the loop hands this worker its next claim.
+
+        The hot path of every job, so written flat: one coroutine per job (the handler's), the
+        successful finalize inline.
+        """
+        on_job = loop.on_job
+        slots = loop.slots
+        claims = self._claims
+        complete_job = self._broker.complete_job
         with trio.CancelScope() as scope:
             me = _JobWorker(trio.lowlevel.current_task(), scope)
             claim.scope = scope
@@ -510,7 +516,50 @@ class QueueTransport:
                 return trio.lowlevel.Abort.SUCCEEDED
 
             while True:
-                await self._run_job(loop, claim, scope)
+                job = claim.job
+                try:
+                    error: Exception | None = None
+                    try:
+                        await on_job(job)
+                    except Exception as exc:
+                        error = exc
+                    # Abandoned by close (handed back in its step 6), or the lease went to
+                    # another worker (T8): its outcome must not finalize someone else's claim.
+                    if claim.state is _RUNNING and not claim.lost:
+                        # From here nobody cancels this scope: shielded, and bounded once a
+                        # close starts (close sets the deadline of the finalizes in flight), so a
+                        # close can never race a job's final write.
+                        claim.state = _FINALIZING
+                        scope.shield = True
+                        if self._closing:
+                            scope.deadline = trio.current_time() + self._options.cleanup_timeout
+                        try:
+                            if error is not None:
+                                await self._finalize(claim, error)
+                            elif not await complete_job(job.lease, claim.queue):
+                                self._report(
+                                    LeaseLost(
+                                        "completing the job answered 'lease lost': it was "
+                                        "re-delivered meanwhile (not retried)",
+                                        queue=claim.queue,
+                                        job_id=job.id,
+                                    )
+                                )
+                        except BrokerError as exc:
+                            self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
+                        finally:
+                            scope.shield = False
+                finally:
+                    if claim.state is _RUNNING:
+                        # Cancelled before it finished (its own scope, by close or a lost lease,
+                        # or the whole transport from outside): keep it for close's handback.
+                        claim.state = _ABANDONED
+                    if claim.state is not _ABANDONED or claim.lost:
+                        del claims[job.lease.token]
+                    slots.release()
+                    self._running -= 1
+                    if self._running == 0:
+                        self._jobs_idle.set()
                 loop.idle.append(me)
                 claim = await trio.lowlevel.wait_task_rescheduled(abort)
         if claim.state is _FINALIZING and scope.cancelled_caught:
@@ -522,58 +571,13 @@ class QueueTransport:
                 )
             )
 
-    async def _run_job(self, loop: _Loop, claim: _Claim, scope: trio.CancelScope) -> None:
-        job = claim.job
-        try:
-            error: Exception | None = None
-            try:
-                await loop.on_job(job)
-            except Exception as exc:
-                error = exc
-            # Abandoned by close (handed back in its step 6), or the lease went to another
-            # worker (T8): then its outcome must not finalize someone else's claim.
-            if claim.state is _RUNNING and not claim.lost:
-                # From here nobody cancels this scope: shielded, and bounded once a close
-                # starts (close sets the deadline of the finalizes in flight), so a close can
-                # never race a job's final write.
-                claim.state = _FINALIZING
-                scope.shield = True
-                if self._closing:
-                    scope.deadline = trio.current_time() + self._options.cleanup_timeout
-                try:
-                    await self._finalize(claim, error)
-                finally:
-                    scope.shield = False
-        finally:
-            if claim.state is _RUNNING:
-                # Cancelled before it finished (its own scope by close or a lost lease, or the
-                # whole transport from outside): keep the claim so close hands it back.
-                claim.state = _ABANDONED
-            if claim.state is not _ABANDONED or claim.lost:
-                del self._claims[job.lease.token]
-            loop.slots.release()
-            self._running -= 1
-            if self._running == 0:
-                self._jobs_idle.set()
-
-    async def _finalize(self, claim: _Claim, error: Exception | None) -> None:
-        """T10: complete on success; hand back a failed handler's job (fail it for good after
-        ``max_job_attempts``); fail bad input at once. Shielded and bounded: a close can never
-        race a job's final write."""
+    async def _finalize(self, claim: _Claim, error: Exception) -> None:
+        """T10 for a job whose handler raised: hand it back (fail it for good after
+        ``max_job_attempts``); fail bad input at once. (Success is completed inline by the job
+        worker.) Runs shielded and bounded: a close can never race a job's final write."""
         broker = self._broker
         job, queue = claim.job, claim.queue
         try:
-            if error is None:
-                if not await broker.complete_job(job.lease, queue):
-                    self._report(
-                        LeaseLost(
-                            "completing the job answered 'lease lost': it was re-delivered "
-                            "meanwhile (not retried)",
-                            queue=queue,
-                            job_id=job.id,
-                        )
-                    )
-                return
             if isinstance(error, PayloadError):
                 self._report(_job_error(f"bad input, job failed: {error}", claim, error))
                 ok = await broker.fail_job(job.lease, queue, f"bad input: {error}")
@@ -876,6 +880,7 @@ class QueueTransport:
         finally:
             if self._root is not None:
                 self._root.cancel_scope.cancel()
+            self._fully_closed = True
             self._closed.set()
 
     async def _hand_back_open_claims(self) -> None:

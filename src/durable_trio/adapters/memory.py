@@ -35,7 +35,7 @@ class _Record:
     seq: int = 0
     attempts: int = 0
     stalled_count: int = 0
-    stalls: list[Stall] = attrs.Factory(list)
+    stalls: tuple[Stall, ...] = ()
     token: str | None = None
     """Current lease token while claimed."""
     claimed_at: float = 0.0
@@ -98,13 +98,15 @@ class MemoryBroker:
         self, queue: str, job: Job, *, priority: int | None = None, delay: float = 0.0
     ) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._queue(queue)
+        q = self._queues.get(queue) or self._queue(queue)
         rec = _Record(job.id, job.data, priority or 0)
         if delay > 0:
             heapq.heappush(q.delayed, (trio.current_time() + delay, next(self._seq), rec))
         else:
-            self._make_ready(q, rec)
-        self._ring(q)
+            rec.seq = seq = next(self._seq)
+            heapq.heappush(q.ready, (rec.priority, seq, rec))
+        if q.armed:
+            self._ring(q)
 
     async def pop_from(self, queue: str, *, worker: str = "") -> ClaimedJob | None:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -139,7 +141,7 @@ class MemoryBroker:
             lease=Lease(rec.id, token),
             attempts=rec.attempts,
             stalled_count=rec.stalled_count,
-            stalls=tuple(rec.stalls) if rec.stalls else (),
+            stalls=rec.stalls,
             priority=rec.priority,
         )
 
@@ -171,7 +173,7 @@ class MemoryBroker:
                 failed_at=trio.current_time(),
                 attempts=rec.attempts,
                 stalled_count=rec.stalled_count,
-                stalls=tuple(rec.stalls),
+                stalls=rec.stalls,
             )
         )
         return True
@@ -233,7 +235,7 @@ class MemoryBroker:
             if rec is None or rec.claimed_at != claimed_at:
                 continue  # finalized, or renewed since (a newer entry stands for it)
             del q.active[token]
-            rec.stalls.append(Stall(at=now, worker=rec.worker))
+            rec.stalls = (*rec.stalls, Stall(at=now, worker=rec.worker))
             rec.stalled_count += 1
             if rec.stalled_count > max_stalled:
                 new_token = f"{next(self._tokens)}"
@@ -248,7 +250,7 @@ class MemoryBroker:
                         lease=Lease(rec.id, new_token),
                         attempts=rec.attempts,
                         stalled_count=rec.stalled_count,
-                        stalls=tuple(rec.stalls),
+                        stalls=rec.stalls,
                         priority=rec.priority,
                     )
                 )
