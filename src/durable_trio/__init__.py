@@ -6,6 +6,7 @@ transport over a pluggable broker (in-memory, SQLite, Redis).
 
 from __future__ import annotations
 
+from ._adaptive import Adaptive
 from ._backend import Backend, open_backend
 from ._codec import json_schema
 from ._errors import (
@@ -19,6 +20,7 @@ from ._errors import (
     PayloadTooLarge,
     TransportClosed,
 )
+from ._liveness import GroupHealth, LiveWorker, WorkerDescriptor
 from ._options import TransportOptions
 from ._transport import QueueTransport, TransportStatistics, open_queue_transport
 from ._wire import (
@@ -46,6 +48,7 @@ from ._wire import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Adaptive",
     "Backend",
     "BrokerError",
     "BrokerUnavailable",
@@ -53,11 +56,13 @@ __all__ = [
     "ControlMessage",
     "DecisionStatus",
     "DurableTrioError",
+    "GroupHealth",
     "InboxRegistration",
     "JSONValue",
     "JobError",
     "JobKind",
     "LeaseLost",
+    "LiveWorker",
     "PayloadError",
     "PayloadTooLarge",
     "QueueTransport",
@@ -75,6 +80,7 @@ __all__ = [
     "TransportClosed",
     "TransportOptions",
     "TransportStatistics",
+    "WorkerDescriptor",
     "WorkerStatus",
     "WorkflowDecision",
     "WorkflowTask",

@@ -66,5 +66,12 @@ class QueueNames:
         return f"{self.prefix}:tenant-events:{sanitize_token(instance)}"
 
     def worker_heartbeat(self, token: str, instance: str) -> str:
-        """T11: ``{prefix}-worker-heartbeat:{token}:{instance}``."""
-        return f"{self.prefix}-worker-heartbeat:{token}:{sanitize_token(instance)}"
+        """T11: ``{prefix}-worker-heartbeat:{token}:{instance}`` (``instance=""``: the prefix
+        of every live worker of ``token``)."""
+        suffix = sanitize_token(instance) if instance else ""
+        return f"{self.prefix}-worker-heartbeat:{token}:{suffix}"
+
+    def worker_descriptor(self, instance: str) -> str:
+        """T13: ``{prefix}-worker-descriptor:{instance}`` (``""``: every descriptor)."""
+        suffix = sanitize_token(instance) if instance else ""
+        return f"{self.prefix}-worker-descriptor:{suffix}"

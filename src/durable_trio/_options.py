@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 
+from ._adaptive import Adaptive
 from ._codec import DEFAULT_MAX_PAYLOAD_BYTES
 from ._errors import ConfigError
 
@@ -69,6 +70,11 @@ def _at_least_one(_: Any, attribute: attrs.Attribute[Any], value: int) -> None:
         raise ConfigError(f"{attribute.name} must be an integer >= 1, got {value!r}")
 
 
+def _concurrency(_: Any, attribute: attrs.Attribute[Any], value: int | Adaptive) -> None:
+    if not isinstance(value, Adaptive):
+        _at_least_one(_, attribute, value)
+
+
 def _optional_positive(_: Any, attribute: attrs.Attribute[Any], value: float | None) -> None:
     if value is not None:
         _positive(_, attribute, value)
@@ -82,8 +88,9 @@ class TransportOptions:
     """Key prefix of every queue (T2); ``durable`` when absent."""
     partition: str | None = None
     """Tenant partition of the routing tokens (T1)."""
-    concurrency: int = attrs.field(default=1, validator=_at_least_one)
-    """Step handlers running at once in this process, across every step name."""
+    concurrency: int | Adaptive = attrs.field(default=1, validator=_concurrency)
+    """Step handlers running at once in this process, across every step name: a fixed ``int``,
+    or ``Adaptive(min=..., max=...)`` to let the controller move it (T6)."""
     result_concurrency: int = attrs.field(default=1, validator=_at_least_one)
     """Result handlers running at once."""
     close_timeout: float = attrs.field(default=DEFAULT_CLOSE_TIMEOUT, validator=_non_negative)
@@ -101,6 +108,8 @@ class TransportOptions:
     worker_heartbeat_interval: float = attrs.field(
         default=DEFAULT_WORKER_HEARTBEAT_INTERVAL, validator=_positive
     )
+    descriptor_cache: float = attrs.field(default=5.0, validator=_non_negative)
+    """Seconds worker descriptors are read through a cache (T13)."""
     cancel_on_lost_lease: bool = True
     """T8: cancel a handler whose lease was lost (``False``: let it finish, still unfinalized)."""
     max_payload_bytes: int = attrs.field(default=DEFAULT_MAX_PAYLOAD_BYTES, validator=_at_least_one)

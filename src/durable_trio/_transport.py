@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -25,8 +26,10 @@ import orjson
 import outcome
 import trio
 
+from ._adaptive import ConcurrencyController
 from ._codec import decode_envelope, encode_envelope
 from ._errors import BrokerError, ConfigError, JobError, LeaseLost, PayloadError, TransportClosed
+from ._liveness import GroupHealth, Liveness, WorkerDescriptor, read_group_health
 from ._naming import QueueNames, sanitize_token, tenant_group
 from ._options import (
     DEFAULT_RENEWING_STALLED_THRESHOLD,
@@ -43,6 +46,7 @@ from ._wire import (
     StepHeartbeat,
     StepResult,
     StepStatus,
+    WorkerStatus,
 )
 from .adapters import (
     ClaimedJob,
@@ -57,6 +61,7 @@ from .adapters import (
 
 if TYPE_CHECKING:
     from ._backend import Backend
+    from .keys import KeyEntry
 
 __all__ = ["QueueTransport", "TransportStatistics", "open_queue_transport"]
 
@@ -101,6 +106,8 @@ class _Loop:
     on_job: _OnJob
     slots: Slots
     backoff_max: int
+    token: str | None = None
+    """The routing token of a task loop (whose serving starts a liveness key)."""
     pop_scope: trio.CancelScope | None = None
     idle: list[_JobWorker] = attrs.Factory(list)
 
@@ -175,7 +182,8 @@ class QueueTransport:
             self.stalled_threshold = DEFAULT_RENEWING_STALLED_THRESHOLD
         else:
             self.stalled_threshold = DEFAULT_STALLED_THRESHOLD
-        self._task_slots = Slots(options.concurrency)
+        self._controller = ConcurrencyController(options.concurrency, on_limit=self._move_limit)
+        self._task_slots = Slots(self._controller.limit)
         self._result_slots = Slots(options.result_concurrency)
         self._handlers: dict[str, StepHandler] = {}
         self._result_handler: ResultHandler | None = None
@@ -189,7 +197,19 @@ class QueueTransport:
         self._running = 0
         self._jobs_idle = trio.Event()
         self._jobs_idle.set()
-        self._duplicates = 0
+        self._liveness: Liveness | None = None
+        if backend.keys is not None:
+            self._liveness = Liveness(
+                backend.keys,
+                self._names,
+                options.instance_id,
+                interval=options.worker_heartbeat_interval,
+                status=self._controller.snapshot,
+                descriptor=self._descriptor,
+                report=self._report,
+            )
+        self._descriptor_cache: tuple[float, list[KeyEntry]] | None = None
+        self._started_at = time.time()
         self._deferred: list[_Loop] | None = None
         self._ids = itertools.count(1)
         self._id_prefix = f"{sanitize_token(options.instance_id)[:24]}-"
@@ -201,6 +221,7 @@ class QueueTransport:
         self._inboxes = _Group()
         self._jobs = _Group()
         self._keeper = _Group()
+        self._vitals = _Group()
         self._root: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ identity and names
@@ -236,7 +257,7 @@ class QueueTransport:
             in_flight=self._running,
             open_claims=len(self._claims),
             task_limit=self._task_slots.limit,
-            duplicates=self._duplicates,
+            duplicates=self._controller.duplicates,
             queues=tuple(self._consumed),
             closed=self._closed.is_set(),
         )
@@ -245,8 +266,11 @@ class QueueTransport:
 
     async def _start(self, root: trio.Nursery) -> None:
         self._root = root
-        for group in (self._consumers, self._inboxes, self._jobs, self._keeper):
+        for group in (self._consumers, self._inboxes, self._jobs, self._keeper, self._vitals):
             await root.start(group.run)
+        await self._vitals.nursery.start(self._controller.run)
+        if self._liveness is not None:
+            await self._vitals.nursery.start(self._liveness.run)
         if self._can_renew:
             self._keeper.nursery.start_soon(self._renew_forever)
         if self._can_recover and self._options.stalled_check_interval > 0:
@@ -334,7 +358,13 @@ class QueueTransport:
         self._task_loops.add(queue)
         self._task_queues.add(queue)
         self._start_loop(
-            _Loop(queue, self._on_task_job, self._task_slots, self._options.idle_backoff_max)
+            _Loop(
+                queue,
+                self._on_task_job,
+                self._task_slots,
+                self._options.idle_backoff_max,
+                token=self.token_of(name),
+            )
         )
 
     def on_result(self, handler: ResultHandler) -> None:
@@ -401,6 +431,10 @@ class QueueTransport:
             return
         self._consumed.append(loop.queue)
         self._loops.append(loop)
+        if loop.token is not None and self._liveness is not None:
+            # Only a loop that really consumes makes this instance a live worker of the token:
+            # a deferred (producer-only) process never looks like one.
+            self._liveness.serve(loop.token)
         self._consumers.nursery.start_soon(self._poll_loop, loop, name=f"poll {loop.queue}")
 
     def _typed(
@@ -650,8 +684,13 @@ class QueueTransport:
                 task_id=task.task_id,
             )
         else:
+            controller = self._controller
+            controller.on_start()
+            started = trio.current_time()
+            ok = False
             try:
                 output = await handler(task)
+                ok = True
             except Exception as exc:
                 self._report(
                     JobError(
@@ -684,6 +723,10 @@ class QueueTransport:
                     output=output,
                     task_id=task.task_id,
                 )
+            finally:
+                # Only step durations feed the latency gradient (T6); a cancelled step too
+                # leaves the in-flight count.
+                controller.on_settle(trio.current_time() - started, step=ok)
         try:
             await self.publish_result(result)
         except PayloadError as exc:
@@ -735,7 +778,7 @@ class QueueTransport:
                 if held is None or held.state is not _RUNNING or held.lost:
                     continue  # finished during the round trip: finalized, not lost
                 held.lost = True
-                self._duplicates += 1
+                self._controller.duplicates += 1
                 what = "cancelled" if self._options.cancel_on_lost_lease else "left to finish"
                 self._report(
                     LeaseLost(
@@ -811,13 +854,90 @@ class QueueTransport:
         except (BrokerError, TransportClosed) as exc:
             self._report(exc)
 
-    # ------------------------------------------------------------------ group depth
+    # ------------------------------------------------------------------ health (T6, T12, T13)
+
+    def _move_limit(self, limit: int) -> None:
+        # A move of the limit wakes the loops waiting for a slot at once.
+        self._task_slots.limit = limit
+
+    def _descriptor(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance_id,
+            "steps": sorted(self._handlers),
+            "startedAt": self._started_at,
+        }
+
+    def worker_status(self) -> WorkerStatus:
+        """This instance's liveness snapshot (what its heartbeats carry)."""
+        return self._controller.snapshot()
 
     async def queue_depth(self, group: str) -> int | None:
         """Jobs waiting on ``group``'s task queue, or ``None`` if the broker cannot count."""
         if not isinstance(self._broker, SupportsSize):
             return None
         return await self._broker.size_of(self.task_queue(group))
+
+    async def group_health(self, group: str) -> GroupHealth | None:
+        """T12: the group's depth and its live workers (with their headroom and p95).
+
+        Returns:
+            ``None`` without a key store: no worker can advertise liveness then, and "a
+            backlog and zero workers" would be a false alarm.
+        """
+        keys = self._backend.keys
+        if keys is None:
+            return None
+        token = self.token_of(group)
+        depth = await self.queue_depth(group) or 0
+        return await read_group_health(keys, self._names, token, depth)
+
+    async def worker_health(self) -> list[GroupHealth] | None:
+        """Every group that has a live worker (by routing token), with its depth."""
+        keys = self._backend.keys
+        if keys is None:
+            return None
+        marker = self._names.worker_heartbeat("", "").removesuffix(":")
+        tokens = sorted(
+            {e.key[len(marker) :].rsplit(":", 1)[0] for e in await keys.entries(marker)}
+        )
+        broker = self._broker
+        health = []
+        for token in tokens:
+            queue = self._names.tasks(token)
+            depth = await broker.size_of(queue) if isinstance(broker, SupportsSize) else 0
+            health.append(await read_group_health(keys, self._names, token, depth))
+        return health
+
+    async def list_worker_descriptors(self, group: str) -> list[WorkerDescriptor]:
+        """T13: the live descriptors of the workers serving ``group``, read through a short
+        cache (``descriptor_cache`` seconds, default 5)."""
+        keys = self._backend.keys
+        if keys is None:
+            return []
+        now = trio.current_time()
+        cached = self._descriptor_cache
+        if cached is None or now - cached[0] >= self._options.descriptor_cache:
+            cached = self._descriptor_cache = (
+                now,
+                await keys.entries(self._names.worker_descriptor("")),
+            )
+        token = self.token_of(group)
+        found = []
+        for entry in cached[1]:
+            try:
+                raw = orjson.loads(entry.value)
+                if token in raw["tokens"]:
+                    found.append(
+                        WorkerDescriptor(
+                            raw["instance"],
+                            tuple(raw["tokens"]),
+                            tuple(raw["steps"]),
+                            raw["startedAt"],
+                        )
+                    )
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue
+        return found
 
     # ------------------------------------------------------------------ close (T24)
 
@@ -857,7 +977,10 @@ class QueueTransport:
                         claim.scope.deadline = bound
                 with trio.move_on_after(options.cleanup_timeout):
                     await self._consumers.done.wait()
-                # 2. liveness: nothing beats yet (the liveness keys come with worker health)
+                # 2. stop the controller and the heartbeat timer; withdraw the liveness keys
+                if self._liveness is not None:
+                    await self._liveness.withdraw(options.cleanup_timeout)
+                self._vitals.cancel()
                 # 3. let running handlers finish, up to close_timeout, renewal still running
                 with trio.move_on_after(options.close_timeout):
                     await self._jobs_idle.wait()

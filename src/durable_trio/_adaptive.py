@@ -1,0 +1,230 @@
+"""Concurrency control (T6): a fixed limit, or an adaptive one moved by a latency gradient.
+
+The adaptive controller follows the idea of Netflix concurrency-limits' Gradient2 (with Vegas's
+baseline): compare the latency of the latest tick (the short window) with the best latency seen
+over the long window (the baseline, what a step costs without queueing). While the short window
+stays within ``tolerance`` x the baseline, latency is not rising with load, so the limit grows by
+about sqrt(limit) per tick; past it, the gradient (``tolerance x baseline / short``, floored at
+0.5) shrinks the limit. Moves are smoothed. The limit never grows while the worker does not use
+it (in-flight well under the limit), nor past a memory (RSS) bound or a saturated CPU.
+
+Only step durations feed the gradient; workflow turns count as in-flight work only.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+
+from ._errors import ConfigError
+from ._wire import WorkerStatus
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["Adaptive", "ConcurrencyController", "read_rss_bytes"]
+
+
+@attrs.frozen(kw_only=True)
+class Adaptive:
+    """Adaptive concurrency: the limit moves between ``min`` and ``max``.
+
+    Attributes:
+        min: the floor of the limit.
+        max: the ceiling of the limit.
+        initial: where the limit starts (``min`` when absent).
+        tick: seconds between two moves of the controller.
+        tolerance: how far the short window's latency may rise over the baseline before the
+            limit is cut (1.3: 30 %, which keeps p95 within about 1.5x the unloaded latency).
+        smoothing: weight of a new estimate against the current limit (0..1).
+        long_window: ticks the baseline (the best tick's latency) is taken over (600: ten
+            minutes at the default tick, long enough that queueing never becomes the baseline).
+        max_rss_bytes: stop growing past this resident memory (``None``: no bound).
+        max_cpu: stop growing when the process uses this fraction of one core or more.
+    """
+
+    min: int = 1
+    max: int = 64
+    initial: int | None = None
+    tick: float = 1.0
+    tolerance: float = 1.3
+    smoothing: float = 0.2
+    long_window: int = 600
+    max_rss_bytes: int | None = None
+    max_cpu: float = 0.95
+
+    def __attrs_post_init__(self) -> None:
+        if not (1 <= self.min <= self.max):
+            raise ConfigError(f"Adaptive needs 1 <= min <= max, got min={self.min} max={self.max}")
+        if self.initial is not None and not (self.min <= self.initial <= self.max):
+            raise ConfigError(
+                f"Adaptive initial={self.initial} is outside [{self.min}, {self.max}]"
+            )
+        if self.tick <= 0 or self.tolerance < 1 or not (0 < self.smoothing <= 1):
+            raise ConfigError("Adaptive needs tick > 0, tolerance >= 1 and 0 < smoothing <= 1")
+        if self.long_window < 1:
+            raise ConfigError("Adaptive long_window must be at least 1 tick")
+
+
+def read_rss_bytes() -> int | None:
+    """This process's resident memory, from /proc where there is one."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak_kib * 1024 if peak_kib else None
+
+
+class ConcurrencyController:
+    """Owns the step concurrency limit and the figures of the worker status (T6).
+
+    Args:
+        concurrency: a fixed ``int`` or an :class:`Adaptive` policy.
+        on_limit: called with the new limit whenever it moves (the transport wakes loops
+            waiting for a slot at once).
+        read_rss: how to read RSS (injectable for tests).
+        read_cpu_time: process CPU seconds so far (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        concurrency: int | Adaptive,
+        *,
+        on_limit: Callable[[int], None] = lambda _: None,
+        read_rss: Callable[[], int | None] = read_rss_bytes,
+        read_cpu_time: Callable[[], float] = time.process_time,
+    ) -> None:
+        self.policy = concurrency if isinstance(concurrency, Adaptive) else None
+        if self.policy is not None:
+            self.limit = self.policy.initial or self.policy.min
+        else:
+            assert isinstance(concurrency, int)
+            self.limit = concurrency
+        self._on_limit = on_limit
+        self._read_rss = read_rss
+        self._read_cpu_time = read_cpu_time
+        self.in_flight = 0
+        self.duplicates = 0
+        self.last_adjustment: float | None = None
+        self._window: list[float] = []  # step durations settled this tick (seconds)
+        self._recent: deque[float] = deque(maxlen=512)  # for p95
+        self._settled: deque[float] = deque()  # settle times, for throughput
+        self._baseline: deque[float] = deque()
+        self._cpu: float | None = None
+        self._rss: int | None = None
+        self._estimate = float(self.limit)
+
+    @property
+    def is_adaptive(self) -> bool:
+        return self.policy is not None
+
+    # -- the hot path: two cheap calls per job ----------------------------------------------
+
+    def on_start(self) -> None:
+        self.in_flight += 1
+
+    def on_settle(self, duration: float, *, step: bool = True) -> None:
+        """A job finished after ``duration`` seconds. Only steps feed latency figures."""
+        self.in_flight -= 1
+        if step:
+            self._window.append(duration)
+            self._recent.append(duration)
+            self._settled.append(trio.current_time())
+
+    # -- figures -----------------------------------------------------------------------------
+
+    def throughput(self, window: float = 10.0) -> float:
+        """Steps settled per second over the last ``window`` seconds."""
+        now = trio.current_time()
+        settled = self._settled
+        while settled and settled[0] < now - window:
+            settled.popleft()
+        return len(settled) / window
+
+    def p95_ms(self) -> float | None:
+        if not self._recent:
+            return None
+        ordered = sorted(self._recent)
+        return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)] * 1000
+
+    def snapshot(self) -> WorkerStatus:
+        """The liveness snapshot (T11): mode, limit, in-flight, RSS, CPU, throughput, p95..."""
+        return WorkerStatus(
+            mode="adaptive" if self.is_adaptive else "fixed",
+            limit=self.limit,
+            in_flight=self.in_flight,
+            rss_bytes=self._rss if self._rss is not None else self._read_rss(),
+            cpu=self._cpu,
+            throughput=self.throughput(),
+            p95_ms=self.p95_ms(),
+            last_adjustment=self.last_adjustment,
+            duplicates=self.duplicates,
+        )
+
+    # -- the controller -------------------------------------------------------------------------
+
+    def adjust(self, elapsed: float) -> None:
+        """One tick: read pressure, fold this tick's latencies in, move the limit."""
+        cpu_now = self._read_cpu_time()
+        if self._cpu_mark is not None and elapsed > 0:
+            self._cpu = max(0.0, (cpu_now - self._cpu_mark) / elapsed)
+        self._cpu_mark = cpu_now
+        self._rss = self._read_rss()
+        samples, self._window = self._window, []
+        policy = self.policy
+        if policy is None or not samples:
+            return
+        short = sum(samples) / len(samples)
+        baseline_window = self._baseline
+        baseline_window.append(short)
+        while len(baseline_window) > policy.long_window:
+            baseline_window.popleft()
+        baseline = min(baseline_window)
+        gradient = max(0.5, min(1.0, policy.tolerance * baseline / short)) if short > 0 else 1.0
+        pressure = (
+            policy.max_rss_bytes is not None and (self._rss or 0) > policy.max_rss_bytes
+        ) or (self._cpu is not None and self._cpu >= policy.max_cpu)
+        # An idle-ish worker (well under its limit) learns nothing about a higher limit; a
+        # queueing one (gradient < 1) gets no allowance on top of the cut.
+        app_limited = self.in_flight < self.limit / 2
+        grow = gradient >= 1.0 and not pressure and not app_limited
+        target = self._estimate * gradient + (math.sqrt(self._estimate) if grow else 0.0)
+        if pressure:
+            target = min(target, self._estimate * 0.9)
+        self._estimate = max(
+            float(policy.min),
+            min(
+                float(policy.max),
+                self._estimate * (1 - policy.smoothing) + target * policy.smoothing,
+            ),
+        )
+        new_limit = max(policy.min, min(policy.max, round(self._estimate)))
+        if new_limit != self.limit:
+            self.limit = new_limit
+            self.last_adjustment = time.time()
+            self._on_limit(new_limit)
+
+    _cpu_mark: float | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Tick forever (adaptive), or just keep the pressure figures fresh (fixed)."""
+        tick = self.policy.tick if self.policy is not None else 5.0
+        start = trio.current_time()
+        self._cpu_mark = self._read_cpu_time()
+        task_status.started()
+        beat = 1
+        last = start
+        while True:
+            await trio.sleep_until(start + beat * tick)
+            now = trio.current_time()
+            self.adjust(now - last)
+            last = now
+            beat = max(beat + 1, math.floor((now - start) / tick) + 1)

@@ -1,0 +1,218 @@
+"""Worker liveness (T11), group health (T12) and worker descriptors (T13) in the key store."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import orjson
+import trio
+
+from ._codec import from_wire, to_wire
+from ._errors import BrokerError, DurableTrioError, PayloadError
+from ._wire import WorkerStatus
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._naming import QueueNames
+    from .keys import KeyEntry, KeyStore
+
+__all__ = ["GroupHealth", "LiveWorker", "Liveness", "WorkerDescriptor", "read_group_health"]
+
+#: The pseudo-token of the one descriptor write per beat (T13), tracked like a token's write.
+_DESCRIPTOR = "\x00descriptor"
+
+#: A liveness key lives at least this long (or three beats) unless written again.
+MIN_HEARTBEAT_TTL = 35.0
+
+
+@attrs.frozen
+class LiveWorker:
+    """One live worker of a group, from its liveness key."""
+
+    instance: str
+    last_beat_at: float
+    """Unix time of its last beat."""
+    status: WorkerStatus | None = None
+
+    @property
+    def headroom(self) -> int | None:
+        """Free slots (limit - in-flight): the capacity signal an autoscaler can use."""
+        if self.status is None:
+            return None
+        return max(0, self.status.limit - self.status.in_flight)
+
+
+@attrs.frozen
+class GroupHealth:
+    """T12: how one routing group is doing."""
+
+    group: str
+    depth: int
+    """Jobs waiting on the group's task queue (0 on a broker that cannot count)."""
+    live_workers: tuple[LiveWorker, ...] = ()
+
+    @property
+    def headroom(self) -> int:
+        """Free slots across the live workers that report a status."""
+        return sum(w.headroom or 0 for w in self.live_workers)
+
+
+@attrs.frozen
+class WorkerDescriptor:
+    """T13: what one worker instance serves."""
+
+    instance: str
+    tokens: tuple[str, ...]
+    steps: tuple[str, ...]
+    started_at: float
+
+
+def _beat_value(status: WorkerStatus) -> bytes:
+    return orjson.dumps({"ts": time.time(), "status": to_wire(status)})
+
+
+def parse_beat(value: bytes) -> tuple[float, WorkerStatus | None]:
+    """``{ts, status?}`` -> (last beat, status). A beat without a status reads as liveness only.
+
+    Raises:
+        PayloadError: not a beat.
+    """
+    try:
+        raw = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise PayloadError(f"liveness value is not JSON: {exc}") from exc
+    if type(raw) is not dict or type(raw.get("ts")) not in (int, float):
+        raise PayloadError("liveness value has no numeric ts")
+    status = raw.get("status")
+    return float(raw["ts"]), (from_wire(status, WorkerStatus) if type(status) is dict else None)
+
+
+def live_workers_of(entries: list[KeyEntry], marker: str) -> tuple[LiveWorker, ...]:
+    workers = []
+    for entry in entries:
+        if not entry.key.startswith(marker):
+            continue
+        try:
+            beat_at, status = parse_beat(entry.value)
+        except PayloadError:
+            continue  # somebody else's garbage under our prefix: not a live worker of ours
+        workers.append(LiveWorker(entry.key[len(marker) :], beat_at, status))
+    return tuple(workers)
+
+
+async def read_group_health(
+    keys: KeyStore, names: QueueNames, token: str, depth: int
+) -> GroupHealth:
+    marker = names.worker_heartbeat(token, "")
+    return GroupHealth(token, depth, live_workers_of(await keys.entries(marker), marker))
+
+
+class Liveness:
+    """Beats a liveness key per served token, one write per token at a time (T11).
+
+    A first beat the moment a token starts being served, then every ``interval``; the keys live
+    ``max(35 s, 3 x interval)``. A beat due while the last one for that token is still in
+    flight is skipped: a key store slower than the interval never piles up writes. On close, the
+    timer stops, the writes in flight land, then the keys are removed at once.
+    """
+
+    def __init__(
+        self,
+        keys: KeyStore,
+        names: QueueNames,
+        instance_id: str,
+        *,
+        interval: float,
+        status: Callable[[], WorkerStatus],
+        descriptor: Callable[[], dict[str, Any]],
+        report: Callable[[BaseException], None],
+    ) -> None:
+        self._keys = keys
+        self._names = names
+        self._instance = instance_id
+        self.interval = interval
+        self.ttl = max(MIN_HEARTBEAT_TTL, 3 * interval)
+        self._status = status
+        self._descriptor = descriptor
+        self._report = report
+        self.tokens: list[str] = []
+        self._in_flight: set[str] = set()
+        self._writes: trio.Nursery | None = None
+        self._idle = trio.Event()
+        self._idle.set()
+        self._stopped = False
+        self.skipped = 0
+        """Beats skipped because the previous write for that token had not landed."""
+
+    def _key(self, token: str) -> str:
+        return self._names.worker_heartbeat(token, self._instance)
+
+    def _descriptor_key(self) -> str:
+        return self._names.worker_descriptor(self._instance)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The timer (and the nursery of the writes)."""
+        async with trio.open_nursery() as writes:
+            self._writes = writes
+            task_status.started()
+            start = trio.current_time()
+            tick = 1
+            while True:
+                await trio.sleep_until(start + tick * self.interval)
+                for token in self.tokens:
+                    self._beat(token)
+                if self.tokens:
+                    self._beat(_DESCRIPTOR)
+                tick = max(tick + 1, math.floor((trio.current_time() - start) / self.interval) + 1)
+
+    def serve(self, token: str) -> None:
+        """Start beating for ``token`` (at once)."""
+        if self._stopped or token in self.tokens:
+            return
+        self.tokens.append(token)
+        self._beat(token)
+        self._beat(_DESCRIPTOR)
+
+    def _beat(self, token: str) -> None:
+        if token in self._in_flight:
+            self.skipped += 1
+            return
+        assert self._writes is not None
+        self._in_flight.add(token)
+        if len(self._in_flight) == 1:
+            self._idle = trio.Event()
+        self._writes.start_soon(self._write, token)
+
+    async def _write(self, token: str) -> None:
+        try:
+            if token is _DESCRIPTOR:
+                value = orjson.dumps({**self._descriptor(), "tokens": self.tokens})
+                await self._keys.put(self._descriptor_key(), value, self.ttl)
+            else:
+                await self._keys.put(self._key(token), _beat_value(self._status()), self.ttl)
+        except (BrokerError, DurableTrioError) as exc:
+            self._report(exc)  # best-effort: the key simply expires
+        finally:
+            self._in_flight.discard(token)
+            if not self._in_flight:
+                self._idle.set()
+
+    async def withdraw(self, bound: float) -> None:
+        """Close phase 2: stop beating, let writes in flight land, remove the keys (bounded)."""
+        self._stopped = True
+        with trio.move_on_after(bound, shield=True) as scope:
+            await self._idle.wait()
+            if self.tokens:
+                keys = [self._key(t) for t in self.tokens]
+                try:
+                    await self._keys.remove([*keys, self._descriptor_key()])
+                except (BrokerError, DurableTrioError) as exc:
+                    self._report(exc)
+        if scope.cancelled_caught:
+            self._report(BrokerError("close: withdrawing the liveness keys timed out"))
+        if self._writes is not None:
+            self._writes.cancel_scope.cancel()
