@@ -111,6 +111,25 @@ def _cmd_examples(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_health(args: argparse.Namespace) -> int:
+    from ._health_view import run_health
+
+    try:
+        trio.run(
+            lambda: run_health(
+                _backend_url(args.backend),
+                args.namespace,
+                watch_mode=args.watch,
+                interval=args.interval,
+                iterations=args.iterations,
+                prometheus=args.prometheus,
+            )
+        )
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="durable-trio", description="Durable execution for Trio: workers, engines, examples."
@@ -125,6 +144,16 @@ def _parser() -> argparse.ArgumentParser:
         "--backend", help=f"backend URL (default: $DURABLE_TRIO_BACKEND or {DEFAULT_BACKEND})"
     )
     examples.set_defaults(func=_cmd_examples)
+    health = commands.add_parser("health", help="every group's depth and live workers")
+    health.add_argument("--backend", help="backend URL (default as for examples)")
+    health.add_argument("--namespace", help="the namespace (default: durable)")
+    health.add_argument("--watch", action="store_true", help="refresh live (rich)")
+    health.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    health.add_argument("--iterations", type=int, help="stop after this many refreshes")
+    health.add_argument(
+        "--prometheus", type=int, metavar="PORT", help="also serve /metrics on 127.0.0.1:PORT"
+    )
+    health.set_defaults(func=_cmd_health)
     return parser
 
 

@@ -1,0 +1,231 @@
+"""``durable-trio health``: every group's depth and live workers, once or live (``--watch``),
+and an optional Prometheus exporter with the same figures."""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ._backend import open_backend
+from ._transport import open_queue_transport
+
+if TYPE_CHECKING:
+    from ._backend import Backend
+    from ._liveness import GroupHealth
+
+__all__ = ["prometheus_text", "render_text", "snapshot", "watch"]
+
+
+async def snapshot(backend: Backend, namespace: str | None) -> list[GroupHealth] | None:
+    """Every group with a live worker, read by a producer-only transport (never a worker)."""
+    async with open_queue_transport(backend, namespace=namespace, close_timeout=0) as reader:
+        reader.defer_consumers()
+        return await reader.worker_health()
+
+
+def _fmt(value: float | None, spec: str = ",.0f", unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return f"{value:{spec}}{unit}"
+
+
+def _rows(groups: list[GroupHealth]) -> list[list[str]]:
+    rows = []
+    for group in groups:
+        if not group.live_workers:
+            rows.append([group.group, str(group.depth), "0", "—", "—", "—", "—", "—", "—"])
+        for n, worker in enumerate(group.live_workers):
+            status = worker.status
+            rows.append(
+                [
+                    group.group if n == 0 else "",
+                    str(group.depth) if n == 0 else "",
+                    str(len(group.live_workers)) if n == 0 else "",
+                    worker.instance,
+                    f"{status.in_flight}/{status.limit} {status.mode}" if status else "—",
+                    _fmt(worker.headroom, "d") if status else "—",
+                    _fmt(status.p95_ms if status else None, ".1f", " ms"),
+                    _fmt(status.throughput if status else None, ".1f", "/s"),
+                    _fmt(
+                        (status.rss_bytes or 0) / 2**20 if status and status.rss_bytes else None,
+                        ".0f",
+                        " MiB",
+                    ),
+                ]
+            )
+    return rows
+
+
+HEADERS = [
+    "group",
+    "depth",
+    "workers",
+    "instance",
+    "in-flight/limit",
+    "headroom",
+    "p95",
+    "throughput",
+    "RSS",
+]
+
+
+def render_text(groups: list[GroupHealth] | None, namespace: str | None) -> str:
+    """A plain table (what ``health`` prints without ``--watch`` or without rich)."""
+    if groups is None:
+        return "no worker-key store on this backend: worker health is not available\n"
+    if not groups:
+        return f"no live workers in namespace {namespace or 'durable'!r}\n"
+    rows = [HEADERS, *_rows(groups)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADERS))]
+    out = io.StringIO()
+    for row in rows:
+        out.write(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+        out.write("\n")
+    return out.getvalue()
+
+
+def _rich_table(groups: list[GroupHealth] | None, namespace: str | None) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"durable_trio — namespace {namespace or 'durable'}", expand=False)
+    for header in HEADERS:
+        table.add_column(
+            header, justify="right" if header in ("depth", "workers", "headroom") else "left"
+        )
+    if groups is None:
+        table.caption = "no worker-key store on this backend"
+    elif not groups:
+        table.caption = "no live workers"
+    else:
+        for row in _rows(groups):
+            table.add_row(*row)
+    return table
+
+
+async def watch(
+    backend: Backend,
+    namespace: str | None,
+    *,
+    interval: float = 2.0,
+    iterations: int | None = None,
+    console: Any = None,
+) -> None:
+    """Refresh the table every ``interval`` seconds (``iterations`` times, or until cancelled)."""
+    from rich.console import Console
+    from rich.live import Live
+
+    console = console or Console()
+    count = 0
+    with Live(_rich_table([], namespace), console=console, auto_refresh=False) as live:
+        while iterations is None or count < iterations:
+            live.update(_rich_table(await snapshot(backend, namespace), namespace), refresh=True)
+            count += 1
+            if iterations is None or count < iterations:
+                await trio.sleep(interval)
+
+
+def prometheus_text(groups: list[GroupHealth] | None) -> str:
+    """The same figures in the Prometheus text exposition format."""
+    lines = [
+        "# HELP durable_trio_group_depth Jobs waiting on the group's task queue.",
+        "# TYPE durable_trio_group_depth gauge",
+        "# HELP durable_trio_group_live_workers Workers with a live liveness key.",
+        "# TYPE durable_trio_group_live_workers gauge",
+        "# HELP durable_trio_worker_limit Concurrency limit of a worker.",
+        "# TYPE durable_trio_worker_limit gauge",
+        "# HELP durable_trio_worker_in_flight Steps running on a worker.",
+        "# TYPE durable_trio_worker_in_flight gauge",
+        "# HELP durable_trio_worker_p95_ms Step latency p95 of a worker.",
+        "# TYPE durable_trio_worker_p95_ms gauge",
+        "# HELP durable_trio_worker_throughput Steps per second of a worker.",
+        "# TYPE durable_trio_worker_throughput gauge",
+        "# HELP durable_trio_worker_rss_bytes Resident memory of a worker.",
+        "# TYPE durable_trio_worker_rss_bytes gauge",
+    ]
+    for group in groups or []:
+        g = group.group.replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(f'durable_trio_group_depth{{group="{g}"}} {group.depth}')
+        lines.append(f'durable_trio_group_live_workers{{group="{g}"}} {len(group.live_workers)}')
+        for worker in group.live_workers:
+            status = worker.status
+            if status is None:
+                continue
+            labels = f'group="{g}",instance="{worker.instance}"'
+            figures = {
+                "limit": status.limit,
+                "in_flight": status.in_flight,
+                "p95_ms": status.p95_ms,
+                "throughput": status.throughput,
+                "rss_bytes": status.rss_bytes,
+            }
+            for name, value in figures.items():
+                if value is not None:
+                    lines.append(f"durable_trio_worker_{name}{{{labels}}} {value}")
+    return "\n".join(lines) + "\n"
+
+
+async def serve_prometheus(
+    backend: Backend, namespace: str | None, port: int, host: str = "127.0.0.1"
+) -> None:
+    """Serve ``GET /metrics`` on ``host:port`` until cancelled (a minimal HTTP/1.0 responder)."""
+
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            with trio.move_on_after(5):
+                request = b""
+                while b"\r\n\r\n" not in request and len(request) < 8192:
+                    chunk = await stream.receive_some(4096)
+                    if not chunk:
+                        break
+                    request += chunk
+                path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b"/"
+                if path.split(b"?")[0] == b"/metrics":
+                    body = prometheus_text(await snapshot(backend, namespace)).encode()
+                    head = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                else:
+                    body, head = (
+                        b"not found\n",
+                        b"HTTP/1.0 404 Not Found\r\nContent-Type: text/plain\r\n",
+                    )
+                await stream.send_all(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        except trio.BrokenResourceError:
+            pass
+        finally:
+            await stream.aclose()
+
+    await trio.serve_tcp(handle, port, host=host)
+
+
+async def run_health(
+    url: str,
+    namespace: str | None,
+    *,
+    watch_mode: bool,
+    interval: float,
+    iterations: int | None,
+    prometheus: int | None,
+) -> None:
+    """What the command does (see :func:`durable_trio._cli.main`)."""
+    async with open_backend(url) as backend:
+        if prometheus is not None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(serve_prometheus, backend, namespace, prometheus)
+                print(f"serving Prometheus metrics on http://127.0.0.1:{prometheus}/metrics")
+                if watch_mode:
+                    await watch(backend, namespace, interval=interval, iterations=iterations)
+                    nursery.cancel_scope.cancel()
+            return
+        if watch_mode:
+            try:
+                await watch(backend, namespace, interval=interval, iterations=iterations)
+            except ImportError:
+                while True:  # no rich: reprint the plain table
+                    print(render_text(await snapshot(backend, namespace), namespace), flush=True)
+                    await trio.sleep(interval)
+            return
+        print(render_text(await snapshot(backend, namespace), namespace), end="")
