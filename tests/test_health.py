@@ -275,11 +275,11 @@ def test_t6_a_limit_move_is_reported() -> None:
         for _ in range(5):
             controller.on_start()
             controller.on_start()
-            controller.on_settle(0.01)
+            controller.on_settle(0.0, 0.01)
         controller.adjust(1.0)
 
         for _ in range(10):
-            controller.on_settle(0.01)
+            controller.on_settle(0.0, 0.01)
             controller.on_start()
             controller.adjust(1.0)
 

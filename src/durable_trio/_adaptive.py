@@ -131,13 +131,15 @@ class ConcurrencyController:
     def on_start(self) -> None:
         self.in_flight += 1
 
-    def on_settle(self, duration: float, *, step: bool = True) -> None:
-        """A job finished after ``duration`` seconds. Only steps feed latency figures."""
+    def on_settle(self, started: float, now: float, *, step: bool = True) -> None:
+        """A job started at ``started`` finished at ``now`` (trio clock). Only steps feed the
+        latency figures."""
         self.in_flight -= 1
         if step:
+            duration = now - started
             self._window.append(duration)
             self._recent.append(duration)
-            self._settled.append(trio.current_time())
+            self._settled.append(now)
 
     # -- figures -----------------------------------------------------------------------------
 

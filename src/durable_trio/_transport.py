@@ -726,7 +726,7 @@ class QueueTransport:
             finally:
                 # Only step durations feed the latency gradient (T6); a cancelled step too
                 # leaves the in-flight count.
-                controller.on_settle(trio.current_time() - started, step=ok)
+                controller.on_settle(started, trio.current_time(), step=ok)
         try:
             await self.publish_result(result)
         except PayloadError as exc:
