@@ -116,6 +116,11 @@ async def test_t9_the_fourth_stall_fails_the_job_and_publishes_a_retryable_failu
     assert failed.error == "stalled more than 3 times"
     assert failed.stalled_count == 4
     assert any("poison job failed" in m for m in errors.messages())
+    # poison evidence: the last liveness snapshot of the worker that held it
+    last = result.error.details["workers"]["worker-1"]
+    assert last["status"]["inFlight"] == 4
+    assert last["status"]["limit"] == 10
+    assert "rssBytes" in last["status"]
 
 
 async def test_t9_poison_is_not_bridged_for_results_or_bad_payloads(

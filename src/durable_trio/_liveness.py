@@ -20,10 +20,20 @@ if TYPE_CHECKING:
     from ._naming import QueueNames
     from .keys import KeyEntry, KeyStore
 
-__all__ = ["GroupHealth", "LiveWorker", "Liveness", "WorkerDescriptor", "read_group_health"]
+__all__ = [
+    "GroupHealth",
+    "LiveWorker",
+    "Liveness",
+    "WorkerDescriptor",
+    "read_group_health",
+    "read_last_status",
+]
 
 #: The pseudo-token of the one descriptor write per beat (T13), tracked like a token's write.
 _DESCRIPTOR = "\x00descriptor"
+
+#: How long a worker's last liveness snapshot outlives it (poison evidence).
+LAST_STATUS_TTL = 24 * 3600.0
 
 #: A liveness key lives at least this long (or three beats) unless written again.
 MIN_HEARTBEAT_TTL = 35.0
@@ -102,6 +112,21 @@ def live_workers_of(entries: list[KeyEntry], marker: str) -> tuple[LiveWorker, .
             continue  # somebody else's garbage under our prefix: not a live worker of ours
         workers.append(LiveWorker(entry.key[len(marker) :], beat_at, status))
     return tuple(workers)
+
+
+async def read_last_status(
+    keys: KeyStore, names: QueueNames, instance: str
+) -> dict[str, Any] | None:
+    """A worker's last liveness snapshot as plain JSON (``{lastBeatAt, status?}``), if kept."""
+    key = names.worker_last_status(instance)
+    for entry in await keys.entries(key):
+        if entry.key == key:
+            try:
+                beat_at, status = parse_beat(entry.value)
+            except PayloadError:
+                return None
+            return {"lastBeatAt": beat_at, **({"status": to_wire(status)} if status else {})}
+    return None
 
 
 async def read_group_health(
@@ -192,6 +217,12 @@ class Liveness:
             if token is _DESCRIPTOR:
                 value = orjson.dumps({**self._descriptor(), "tokens": self.tokens})
                 await self._keys.put(self._descriptor_key(), value, self.ttl)
+                # The last words: outlive the worker, for the evidence of a poison job.
+                await self._keys.put(
+                    self._names.worker_last_status(self._instance),
+                    _beat_value(self._status()),
+                    LAST_STATUS_TTL,
+                )
             else:
                 await self._keys.put(self._key(token), _beat_value(self._status()), self.ttl)
         except (BrokerError, DurableTrioError) as exc:

@@ -71,6 +71,11 @@ class QueueNames:
         suffix = sanitize_token(instance) if instance else ""
         return f"{self.prefix}-worker-heartbeat:{token}:{suffix}"
 
+    def worker_last_status(self, instance: str) -> str:
+        """``{prefix}-worker-last-status:{instance}``: a worker's last liveness snapshot, kept a
+        day after it stops beating, so a poison job can name what its workers looked like."""
+        return f"{self.prefix}-worker-last-status:{sanitize_token(instance)}"
+
     def worker_descriptor(self, instance: str) -> str:
         """T13: ``{prefix}-worker-descriptor:{instance}`` (``""``: every descriptor)."""
         suffix = sanitize_token(instance) if instance else ""

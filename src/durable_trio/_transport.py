@@ -29,7 +29,13 @@ import trio
 from ._adaptive import ConcurrencyController
 from ._codec import decode_envelope, encode_envelope
 from ._errors import BrokerError, ConfigError, JobError, LeaseLost, PayloadError, TransportClosed
-from ._liveness import GroupHealth, Liveness, WorkerDescriptor, read_group_health
+from ._liveness import (
+    GroupHealth,
+    Liveness,
+    WorkerDescriptor,
+    read_group_health,
+    read_last_status,
+)
 from ._naming import QueueNames, sanitize_token, tenant_group
 from ._options import (
     DEFAULT_RENEWING_STALLED_THRESHOLD,
@@ -836,10 +842,21 @@ class QueueTransport:
         if envelope.kind is not JobKind.TASK:
             return
         task: RemoteTask = envelope.payload
-        evidence = {
+        evidence: dict[str, Any] = {
             "stalls": [{"at": s.at, "worker": s.worker} for s in job.stalls],
             "stalledCount": job.stalled_count,
         }
+        keys = self._backend.keys
+        if keys is not None:
+            # The last liveness snapshot of every worker that held it (RSS, CPU, in-flight):
+            # an out-of-memory loop shows as growing RSS on each of them.
+            workers: dict[str, Any] = {}
+            for worker in dict.fromkeys(s.worker for s in job.stalls if s.worker):
+                try:
+                    workers[worker] = await read_last_status(keys, self._names, worker)
+                except BrokerError as exc:
+                    self._report(exc)
+            evidence["workers"] = workers
         error = StepError(message=reason, code="stalled", retryable=True, details=evidence)
         result = StepResult(
             task.run_id,
