@@ -262,3 +262,27 @@ async def test_size_counts_ready_and_delayed_not_claimed(
     assert await broker.size_of(Q) == 3
     await broker.pop_from(Q)
     assert await broker.size_of(Q) == 2
+
+
+async def test_reclaimed_and_handed_back_jobs_keep_their_place(
+    broker: Any, contract_clock: object
+) -> None:
+    """A job taken back from a silent worker, or handed back by a closing one, runs before the
+    jobs queued after it (it waited its turn once already); a retry goes to the back."""
+    await broker.push_on(Q, job("first"))
+    await broker.push_on(Q, job("second"))
+    first = await broker.pop_from(Q)
+    await broker.push_on(Q, job("third"))
+    await trio.sleep(0.3)
+    assert (await broker.recover_stalled_jobs(Q, 0.2, 3)).recovered == 1
+    assert (await broker.pop_from(Q)).id == "job-first"
+    second = await broker.pop_from(Q)
+    assert second.id == "job-second"
+    assert await broker.retry_job(second.lease, Q, count_attempt=False) is True
+    assert (await broker.pop_from(Q)).id == "job-second"
+    third = await broker.pop_from(Q)
+    assert third.id == "job-third"
+    await broker.push_on(Q, job("fourth"))
+    assert await broker.retry_job(third.lease, Q) is True  # a counted retry: to the back
+    assert [(await broker.pop_from(Q)).id for _ in range(2)] == ["job-fourth", "job-third"]
+    assert first is not None

@@ -30,8 +30,12 @@ class Model:
     attempts: dict[str, int] = attrs.Factory(dict)
     failed: dict[str, list[str]] = attrs.Factory(dict)
 
+    priority_of: dict[str, int] = attrs.Factory(dict)
+    seq_of: dict[str, int] = attrs.Factory(dict)
+
     def push(self, queue: str, job_id: str, priority: int) -> None:
         self.seq += 1
+        self.seq_of[job_id] = self.seq
         self.ready.setdefault(queue, []).append((priority, self.seq, job_id))
         self.attempts.setdefault(job_id, 0)
 
@@ -42,11 +46,13 @@ class Model:
         jobs.sort()
         return jobs.pop(0)[2]
 
-    def requeue(self, queue: str, job_id: str) -> None:
-        self.seq += 1
-        self.ready.setdefault(queue, []).append((self.priority_of[job_id], self.seq, job_id))
-
-    priority_of: dict[str, int] = attrs.Factory(dict)
+    def requeue(self, queue: str, job_id: str, *, keep_place: bool) -> None:
+        """A retry goes to the back; an attempt-neutral handback keeps its place."""
+        if not keep_place:
+            self.seq += 1
+            self.seq_of[job_id] = self.seq
+        entry = (self.priority_of[job_id], self.seq_of[job_id], job_id)
+        self.ready.setdefault(queue, []).append(entry)
 
 
 operations = st.lists(
@@ -114,7 +120,7 @@ async def run_program(broker: Any, program: list[tuple[Any, ...]]) -> None:
             elif op in ("retry", "handback"):
                 if op == "retry":
                     model.attempts[job_id] += 1
-                model.requeue(queue, job_id)
+                model.requeue(queue, job_id, keep_place=op == "handback")
     for queue in {f"{prefix}:{q}" for q in QUEUES}:
         failed = await broker.failed_jobs(queue)
         assert [f.id for f in failed] == model.failed.get(queue, [])

@@ -190,8 +190,11 @@ class MemoryBroker:
             rec.attempts += 1
         if delay > 0:
             heapq.heappush(q.delayed, (trio.current_time() + delay, next(self._seq), rec))
+        elif count_attempt:
+            self._make_ready(q, rec)  # a retry goes to the back of its priority
         else:
-            self._make_ready(q, rec)
+            # an immediate, attempt-neutral handback keeps the job's place in its queue
+            heapq.heappush(q.ready, (rec.priority, rec.seq, rec))
         self._ring(q)
         return True
 
@@ -256,7 +259,8 @@ class MemoryBroker:
                 )
             else:
                 rec.token = None
-                self._make_ready(q, rec)
+                # a reclaimed job keeps its place: it waited its turn once already
+                heapq.heappush(q.ready, (rec.priority, rec.seq, rec))
                 recovered += 1
         for rec in requeue:
             assert rec.token is not None

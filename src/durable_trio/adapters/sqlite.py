@@ -513,7 +513,7 @@ _PRUNE_FAILED: Final = """
 
 _RETRY: Final = """
     UPDATE dt_jobs INDEXED BY dt_jobs_token
-    SET state = ?4, due_at = ?5, seq = ?6, attempts = attempts + ?7,
+    SET state = ?4, due_at = ?5, seq = COALESCE(?6, seq), attempts = attempts + ?7,
         token = NULL, claimed_at = NULL
     WHERE state = 'active' AND token = ?1 AND queue = ?2 AND id = ?3
 """
@@ -531,9 +531,9 @@ _STALLED: Final = """
 """
 
 _REQUEUE_STALLED: Final = """
-    UPDATE dt_jobs SET state = 'ready', token = NULL, claimed_at = NULL, seq = ?1,
-        stalled_count = ?2, stalls = ?3
-    WHERE pk = ?4
+    UPDATE dt_jobs SET state = 'ready', token = NULL, claimed_at = NULL,
+        stalled_count = ?1, stalls = ?2
+    WHERE pk = ?3
 """
 
 _RELEASE_POISON: Final = """
@@ -689,7 +689,10 @@ def _op_fail(lease: Lease, queue: str, error: str, retention: int, db: sqlite3.C
 def _op_retry(
     lease: Lease, queue: str, delay: float, count_attempt: bool, db: sqlite3.Connection
 ) -> bool:
-    seq = _next_seq(db)
+    # An immediate, attempt-neutral handback keeps the job's place in its queue (NULL: keep
+    # the sequence); a retry goes to the back.
+    keep_place = delay <= 0 and not count_attempt
+    seq = None if keep_place else _next_seq(db)
     state, due_at = ("delayed", time.time() + delay) if delay > 0 else ("ready", None)
     params = (lease.token, queue, lease.job_id, state, due_at, seq, int(count_attempt))
     return db.execute(_RETRY, params).rowcount == 1
@@ -730,8 +733,8 @@ def _op_recover(queue: str, threshold: float, max_stalled: int, db: sqlite3.Conn
                 )
             )
         else:
-            seq = _next_seq(db)
-            db.execute(_REQUEUE_STALLED, (seq, stalled_count, _stalls_json(stalls), pk))
+            # A reclaimed job keeps its place: it waited its turn once already.
+            db.execute(_REQUEUE_STALLED, (stalled_count, _stalls_json(stalls), pk))
             recovered += 1
     return Recovery(recovered=recovered, exceeded=tuple(exceeded))
 

@@ -1,0 +1,47 @@
+"""A worker process for the crash tests: serves step "work", logging each execution start.
+
+    python tests/_crash_worker.py URL NAMESPACE INSTANCE LOGFILE
+
+Each execution appends ``{step_id} {instance} {unix start}`` to LOGFILE (line-buffered), so the
+test can tell which steps ran where and when, even after this process is killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+
+import trio
+
+import durable_trio as dt
+
+THRESHOLD = 2.0
+CHECK_INTERVAL = 0.5
+
+
+async def main(url: str, namespace: str, instance: str, logfile: str) -> None:
+    log = open(logfile, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+    async with dt.open_backend(url) as backend:
+        async with dt.open_queue_transport(
+            backend,
+            namespace=namespace,
+            instance_id=instance,
+            concurrency=8,
+            stalled_threshold=THRESHOLD,
+            stalled_check_interval=CHECK_INTERVAL,
+            on_error=lambda exc: None,
+        ) as transport:
+
+            async def work(task: dt.RemoteTask) -> str:
+                log.write(f"{task.step_id} {instance} {time.time():.6f}\n")
+                await trio.sleep(random.uniform(0.02, 0.2))
+                return instance
+
+            transport.handle("work", work)
+            print("ready", flush=True)
+            await trio.sleep_forever()
+
+
+if __name__ == "__main__":
+    trio.run(main, *sys.argv[1:5])
