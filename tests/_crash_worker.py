@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import sys
 import time
+from typing import TextIO
 
 import trio
 
@@ -20,8 +21,7 @@ THRESHOLD = 2.0
 CHECK_INTERVAL = 0.5
 
 
-async def main(url: str, namespace: str, instance: str, logfile: str) -> None:
-    log = open(logfile, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+async def main(url: str, namespace: str, instance: str, log: TextIO) -> None:
     async with dt.open_backend(url) as backend:
         async with dt.open_queue_transport(
             backend,
@@ -44,4 +44,6 @@ async def main(url: str, namespace: str, instance: str, logfile: str) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main, *sys.argv[1:5])
+    url, namespace, instance, logfile = sys.argv[1:5]
+    with open(logfile, "a", buffering=1) as log_file:  # line-buffered: survives SIGKILL
+        trio.run(main, url, namespace, instance, log_file)
