@@ -1,0 +1,457 @@
+"""Consumers: registration, the poll loop (T4, T5), job workers, finalize (T10), step tasks."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import outcome
+import trio
+
+from ._codec import decode_envelope
+from ._errors import BrokerError, JobError, LeaseLost, PayloadError
+from ._slots import Slots
+from ._wire import (
+    JobKind,
+    RemoteTask,
+    StepError,
+    StepResult,
+    StepStatus,
+)
+from .adapters import (
+    ClaimedJob,
+    SupportsBatchPop,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+
+from ._transport_base import (
+    _ABANDONED,
+    _FAIRNESS_BATCH,
+    _FINALIZING,
+    _MAX_BATCH,
+    _MAX_ERROR_BACKOFF,
+    _RUNNING,
+    ControlHandler,
+    HeartbeatHandler,
+    ResultHandler,
+    StepHandler,
+    TransportBase,
+    _Claim,
+    _job_error,
+    _JobWorker,
+    _Loop,
+    _OnJob,
+)
+
+
+class ConsumeMixin(TransportBase):
+    # ------------------------------------------------------------------ consumers
+
+    def handle(self, name: str, handler: StepHandler) -> None:
+        """Serve step ``name``: ``async def handler(task: RemoteTask) -> JSON value``.
+
+        Starts (once per routing token) the task loop of ``name``'s queue. Re-registering a
+        name swaps its handler. A handler that raises yields a failed :class:`StepResult`
+        (retryable unless the exception has ``retryable = False``).
+        """
+        self._check_open()
+        self._handlers[name] = handler
+        queue = self.task_queue(name)
+        if queue in self._task_loops:
+            return
+        self._task_loops.add(queue)
+        self._task_queues.add(queue)
+        self._start_loop(
+            _Loop(
+                queue,
+                self._on_task_job,
+                self._task_slots,
+                self._options.idle_backoff_max,
+                token=self.token_of(name),
+            )
+        )
+
+    def on_result(self, handler: ResultHandler) -> None:
+        """engine side: consume step results. The results loop never backs off (critical path).
+        A handler that raises gets the result redelivered (up to ``max_job_attempts``)."""
+        self._check_open()
+        first = self._result_handler is None
+        self._result_handler = handler
+        if first:
+            self._start_loop(
+                _Loop(
+                    self._names.results,
+                    self._typed(JobKind.RESULT, lambda: self._result_handler),
+                    self._result_slots,
+                    1,
+                )
+            )
+
+    def on_heartbeat(self, handler: HeartbeatHandler) -> None:
+        """engine side: consume step heartbeats."""
+        self._check_open()
+        first = self._heartbeat_handler is None
+        self._heartbeat_handler = handler
+        if first:
+            self._start_loop(
+                _Loop(
+                    self._names.heartbeats,
+                    self._typed(JobKind.HEARTBEAT, lambda: self._heartbeat_handler),
+                    Slots(1),
+                    self._options.idle_backoff_max,
+                )
+            )
+
+    def on_control(self, handler: ControlHandler) -> None:
+        """Consume control messages (T17: point-to-point, best-effort)."""
+        self._check_open()
+        first = self._control_handler is None
+        self._control_handler = handler
+        if first:
+            self._start_loop(
+                _Loop(
+                    self._names.control,
+                    self._typed(JobKind.CONTROL, lambda: self._control_handler),
+                    Slots(1),
+                    self._options.idle_backoff_max,
+                )
+            )
+
+    def defer_consumers(self) -> None:
+        """Park every consumer loop started from now on until :meth:`start_consumers`.
+        Producers are never deferred; a process that only dispatches never looks like a worker."""
+        if self._deferred is None:
+            self._deferred = []
+
+    def start_consumers(self) -> None:
+        """Start every parked consumer loop (and stop deferring)."""
+        parked, self._deferred = self._deferred or [], None
+        for loop in parked:
+            self._start_loop(loop)
+
+    def _start_loop(self, loop: _Loop) -> None:
+        if self._deferred is not None:
+            self._deferred.append(loop)
+            return
+        self._consumed.append(loop.queue)
+        self._loops.append(loop)
+        if loop.token is not None and self._liveness is not None:
+            # Only a loop that really consumes makes this instance a live worker of the token:
+            # a deferred (producer-only) process never looks like one.
+            self._liveness.serve(loop.token)
+        self._consumers.nursery.start_soon(self._poll_loop, loop, name=f"poll {loop.queue}")
+
+    def _typed(
+        self, kind: JobKind, current: Callable[[], Callable[[Any], Awaitable[None]] | None]
+    ) -> _OnJob:
+        """A job callback that decodes ``kind`` jobs and hands their payload to the handler
+        registered now (``current()``), so re-registering swaps it for the next job."""
+        max_bytes = self._options.max_payload_bytes
+
+        async def on_job(job: ClaimedJob) -> None:
+            envelope = decode_envelope(job.data, max_bytes=max_bytes)
+            if envelope.kind is not kind:
+                raise PayloadError(f"a {envelope.kind.value!r} job does not belong on this queue")
+            handler = current()
+            assert handler is not None
+            await handler(envelope.payload)
+
+        return on_job
+
+    # ------------------------------------------------------------------ the poll loop (T4, T5)
+
+    async def _poll_loop(self, loop: _Loop) -> None:
+        broker = self._broker
+        wait_for_work = self._wait_for_work
+        queue = loop.queue
+        slots = loop.slots
+        poll_interval = self._options.poll_interval
+        worker = self.instance_id
+        empty = 0
+        errors = 0
+        streak = 0
+        # Pops are shielded (one scope per loop, its shield switched on around each pop, which
+        # costs far less than a scope per pop) so a close never cancels a claim half-made: a
+        # job the broker handed over is always tracked, then run or handed back. Close bounds a
+        # pop still in flight by setting this scope's deadline.
+        pop_many = broker.pop_many if isinstance(broker, SupportsBatchPop) else None
+        with trio.CancelScope() as pop_scope:
+            loop.pop_scope = pop_scope
+            while True:
+                await slots.acquire()
+                # N free slots, one round trip: claim as many jobs as there are free slots.
+                extra = slots.take_free(_MAX_BATCH - 1) if pop_many is not None else 0
+                try:
+                    # No pop starts once close has begun (a loop first scheduled after the
+                    # close started would otherwise shield a pop nobody bounds).
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                except trio.Cancelled:
+                    slots.release(1 + extra)
+                    raise
+                pop_scope.shield = True
+                try:
+                    if pop_many is not None:
+                        batch = await pop_many(queue, 1 + extra, worker=worker)
+                    else:
+                        job = await broker.pop_from(queue, worker=worker)
+                        batch = [job] if job is not None else []
+                except BrokerError as exc:
+                    errors += 1
+                    self._report(exc)
+                    batch = []
+                finally:
+                    pop_scope.shield = False
+                if len(batch) < 1 + extra:
+                    slots.release(1 + extra - len(batch))
+                if batch:
+                    errors = empty = 0
+                    for job in batch:
+                        self._begin_job(loop, job)
+                    streak += len(batch)
+                    if streak >= _FAIRNESS_BATCH:
+                        streak = 0
+                        await trio.lowlevel.checkpoint()
+                    continue
+                streak = 0
+                if errors:
+                    await trio.sleep(min(poll_interval * 2 ** min(errors, 16), _MAX_ERROR_BACKOFF))
+                elif wait_for_work is not None:
+                    await wait_for_work(queue)
+                else:
+                    empty += 1
+                    await trio.sleep(poll_interval * min(2 ** (empty - 1), loop.backoff_max))
+
+    def _begin_job(self, loop: _Loop, job: ClaimedJob) -> None:
+        """Track a popped job and hand it to an idle worker of its loop (or a new one)."""
+        claim = _Claim(loop.queue, job)
+        self._claims[job.lease.token] = claim
+        if self._running == 0:
+            self._jobs_idle = trio.Event()
+        self._running += 1
+        if loop.idle:
+            worker = loop.idle.pop()
+            claim.scope = worker.scope
+            trio.lowlevel.reschedule(worker.task, outcome.Value(claim))
+        else:
+            self._jobs.nursery.start_soon(self._job_worker, loop, claim)
+
+    async def _job_worker(self, loop: _Loop, claim: _Claim) -> None:
+        """Run ``claim``, then park until the loop hands this worker its next claim.
+
+        The hot path of every job, so written flat: one coroutine per job (the handler's), the
+        successful finalize inline.
+        """
+        on_job = loop.on_job
+        slots = loop.slots
+        claims = self._claims
+        complete_job = self._broker.complete_job
+        with trio.CancelScope() as scope:
+            me = _JobWorker(trio.lowlevel.current_task(), scope)
+            claim.scope = scope
+
+            def abort(_: Any) -> trio.lowlevel.Abort:
+                loop.idle.remove(me)
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            while True:
+                job = claim.job
+                try:
+                    error: Exception | None = None
+                    try:
+                        await on_job(job)
+                    except Exception as exc:
+                        error = exc
+                    # Abandoned by close (handed back in its step 6), or the lease went to
+                    # another worker (T8): its outcome must not finalize someone else's claim.
+                    if claim.state is _RUNNING and not claim.lost:
+                        # From here nobody cancels this scope: shielded, and bounded once a
+                        # close starts (close sets the deadline of the finalizes in flight), so a
+                        # close can never race a job's final write.
+                        claim.state = _FINALIZING
+                        scope.shield = True
+                        if self._closing:
+                            scope.deadline = trio.current_time() + self._options.cleanup_timeout
+                        try:
+                            if error is not None:
+                                await self._finalize(claim, error)
+                            elif not await complete_job(job.lease, claim.queue):
+                                self._report(
+                                    LeaseLost(
+                                        "completing the job answered 'lease lost': it was "
+                                        "re-delivered meanwhile (not retried)",
+                                        queue=claim.queue,
+                                        job_id=job.id,
+                                    )
+                                )
+                        except BrokerError as exc:
+                            self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
+                        finally:
+                            scope.shield = False
+                finally:
+                    if claim.state is _RUNNING:
+                        # Cancelled before it finished (its own scope, by close or a lost lease,
+                        # or the whole transport from outside): keep it for close's handback.
+                        claim.state = _ABANDONED
+                    if claim.state is not _ABANDONED or claim.lost:
+                        del claims[job.lease.token]
+                    slots.release()
+                    self._running -= 1
+                    if self._running == 0:
+                        self._jobs_idle.set()
+                loop.idle.append(me)
+                claim = await trio.lowlevel.wait_task_rescheduled(abort)
+        if claim.state is _FINALIZING and scope.cancelled_caught:
+            self._report(
+                JobError(
+                    "finalizing timed out (broker not answering)",
+                    queue=claim.queue,
+                    job_id=claim.job.id,
+                )
+            )
+
+    async def _finalize(self, claim: _Claim, error: Exception) -> None:
+        """T10 for a job whose handler raised: hand it back (fail it for good after
+        ``max_job_attempts``); fail bad input at once. (Success is completed inline by the job
+        worker.) Runs shielded and bounded: a close can never race a job's final write."""
+        broker = self._broker
+        job, queue = claim.job, claim.queue
+        try:
+            if isinstance(error, PayloadError):
+                self._report(_job_error(f"bad input, job failed: {error}", claim, error))
+                ok = await broker.fail_job(job.lease, queue, f"bad input: {error}")
+            elif job.attempts + 1 >= self._options.max_job_attempts:
+                self._report(
+                    _job_error(
+                        f"handler failed {job.attempts + 1} times, job failed: {error!r}",
+                        claim,
+                        error,
+                    )
+                )
+                ok = await broker.fail_job(
+                    job.lease, queue, f"handler failed {job.attempts + 1} times: {error!r}"
+                )
+            else:
+                self._report(
+                    _job_error(f"handler failed, job handed back: {error!r}", claim, error)
+                )
+                ok = await broker.retry_job(job.lease, queue)
+            if not ok:
+                self._report(
+                    LeaseLost("finalizing answered 'lease lost'", queue=queue, job_id=job.id)
+                )
+        except BrokerError as exc:
+            self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
+
+    # ------------------------------------------------------------------ step tasks
+
+    async def _on_task_job(self, job: ClaimedJob) -> None:
+        try:
+            envelope = decode_envelope(job.data, max_bytes=self._options.max_payload_bytes)
+            if envelope.kind is not JobKind.TASK:
+                raise PayloadError(f"a {envelope.kind.value!r} job does not belong on a task queue")
+        except PayloadError as exc:
+            await self._answer_bad_task(job, exc)
+            raise
+        await self._serve_task(envelope.payload)
+
+    async def _answer_bad_task(self, job: ClaimedJob, exc: PayloadError) -> None:
+        """A task that does not parse but names its run and step still gets a failed result, so
+        the run settles instead of waiting forever. Nothing is published when it cannot be told
+        which step it was."""
+        try:
+            raw = orjson.loads(job.data)
+            payload = raw["payload"]
+            run_id, step_id, attempt = payload["runId"], payload["stepId"], payload["attempt"]
+        except Exception:
+            return
+        if type(run_id) is not str or type(step_id) is not str or type(attempt) is not int:
+            return
+        error = StepError(message=f"bad task: {exc}", code="bad_input", retryable=False)
+        result = StepResult(run_id, step_id, attempt, StepStatus.FAILED, error=error)
+        await self.publish_result(result)
+
+    async def _serve_task(self, task: RemoteTask) -> None:
+        handler = self._handlers.get(task.name)
+        result: StepResult
+        if handler is None:
+            message = f"no handler for step {task.name!r} on this worker"
+            self._report(
+                JobError(message, queue=self.task_queue(task.routing_group), job_id=task.task_id)
+            )
+            error = StepError(message=message, code="no_handler", retryable=False)
+            result = StepResult(
+                task.run_id,
+                task.step_id,
+                task.attempt,
+                StepStatus.FAILED,
+                error=error,
+                task_id=task.task_id,
+            )
+        else:
+            controller = self._controller
+            controller.on_start()
+            started = trio.current_time()
+            ok = False
+            try:
+                output = await handler(task)
+                ok = True
+            except Exception as exc:
+                self._report(
+                    JobError(
+                        f"step {task.name!r} raised {exc!r}",
+                        queue=self.task_queue(task.routing_group),
+                        job_id=task.task_id,
+                    ).with_traceback(exc.__traceback__)
+                )
+                error = StepError(
+                    message=f"{type(exc).__name__}: {exc}",
+                    code=getattr(exc, "code", None)
+                    if isinstance(getattr(exc, "code", None), str)
+                    else None,
+                    retryable=getattr(exc, "retryable", True) is not False,
+                )
+                result = StepResult(
+                    task.run_id,
+                    task.step_id,
+                    task.attempt,
+                    StepStatus.FAILED,
+                    error=error,
+                    task_id=task.task_id,
+                )
+            else:
+                result = StepResult(
+                    task.run_id,
+                    task.step_id,
+                    task.attempt,
+                    StepStatus.COMPLETED,
+                    output=output,
+                    task_id=task.task_id,
+                )
+            finally:
+                # Only step durations feed the latency gradient (T6); a cancelled step too
+                # leaves the in-flight count.
+                controller.on_settle(started, trio.current_time(), step=ok)
+        try:
+            await self.publish_result(result)
+        except PayloadError as exc:
+            self._report(
+                JobError(
+                    f"step {task.name!r} returned an output that cannot be sent: {exc}",
+                    queue=self.task_queue(task.routing_group),
+                    job_id=task.task_id,
+                )
+            )
+            error = StepError(message=str(exc), code="bad_output", retryable=False)
+            await self.publish_result(
+                StepResult(
+                    task.run_id,
+                    task.step_id,
+                    task.attempt,
+                    StepStatus.FAILED,
+                    error=error,
+                    task_id=task.task_id,
+                )
+            )

@@ -1,0 +1,150 @@
+"""Leases under failure: claim renewal (T7), lost leases (T8), the reclaim sweep and the
+poison bridge with its evidence (T9)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import trio
+
+from ._codec import decode_envelope
+from ._errors import BrokerError, JobError, LeaseLost, PayloadError, TransportClosed
+from ._liveness import (
+    read_last_status,
+)
+from ._transport_base import (
+    _RUNNING,
+    TransportBase,
+)
+from ._wire import (
+    JobKind,
+    RemoteTask,
+    StepError,
+    StepResult,
+    StepStatus,
+)
+from .adapters import (
+    ClaimedJob,
+    Lease,
+    SupportsRecovery,
+    SupportsRenewal,
+)
+
+
+class LeaseMixin(TransportBase):
+    # ------------------------------------------------------------------ lease keeper (T7, T8)
+
+    async def _renew_forever(self) -> None:
+        period = self.stalled_threshold / 2
+        start = trio.current_time()
+        tick = 1
+        while True:
+            await trio.sleep_until(start + tick * period)
+            with trio.move_on_after(period, shield=True):
+                await self._renew_open_claims()
+            # A slow round skips the ticks it overran instead of stacking rounds.
+            tick = max(tick + 1, math.floor((trio.current_time() - start) / period) + 1)
+
+    async def _renew_open_claims(self) -> None:
+        by_queue: dict[str, list[Lease]] = {}
+        for claim in self._claims.values():
+            by_queue.setdefault(claim.queue, []).append(claim.job.lease)
+        assert isinstance(self._broker, SupportsRenewal)
+        for queue, leases in by_queue.items():
+            try:
+                outcome = await self._broker.renew_jobs(queue, leases)
+            except BrokerError as exc:
+                self._report(exc)
+                continue
+            for lease in outcome.lost:
+                held = self._claims.get(lease.token)
+                if held is None or held.state is not _RUNNING or held.lost:
+                    continue  # finished during the round trip: finalized, not lost
+                held.lost = True
+                self._controller.duplicates += 1
+                what = "cancelled" if self._options.cancel_on_lost_lease else "left to finish"
+                self._report(
+                    LeaseLost(
+                        f"lost the claim before renewing it: the job was re-delivered and may "
+                        f"run twice; its handler is {what} and its outcome discarded "
+                        f"(raise stalled_threshold if this worker blocks its event loop)",
+                        queue=queue,
+                        job_id=lease.job_id,
+                    )
+                )
+                if self._options.cancel_on_lost_lease:
+                    held.cancel()
+
+    # ------------------------------------------------------------------ reclaim sweep (T9)
+
+    async def _sweep_forever(self) -> None:
+        interval = self._options.stalled_check_interval
+        start = trio.current_time()
+        tick = 1
+        while True:
+            await trio.sleep_until(start + tick * interval)
+            for queue in list(self._consumed):
+                await self._sweep(queue)
+            tick = max(tick + 1, math.floor((trio.current_time() - start) / interval) + 1)
+
+    async def _sweep(self, queue: str) -> None:
+        assert isinstance(self._broker, SupportsRecovery)
+        try:
+            recovery = await self._broker.recover_stalled_jobs(
+                queue, self.stalled_threshold, self._options.max_stalled_count
+            )
+        except BrokerError as exc:
+            self._report(exc)
+            return
+        for job in recovery.exceeded:
+            await self._fail_poison(queue, job)
+
+    async def _fail_poison(self, queue: str, job: ClaimedJob) -> None:
+        """Fail a job that stalled more than ``max_stalled_count`` times and, for a step task,
+        publish a RETRYABLE failed result so the run does not wait forever. Only after the fail
+        succeeded, only on task queues, never for unparseable or workflow payloads."""
+        reason = f"stalled more than {self._options.max_stalled_count} times"
+        try:
+            failed = await self._broker.fail_job(job.lease, queue, reason)
+        except BrokerError as exc:
+            self._report(exc)
+            return
+        self._report(JobError(f"poison job failed: {reason}", queue=queue, job_id=job.id))
+        if not failed or queue not in self._task_queues:
+            return
+        try:
+            envelope = decode_envelope(job.data, max_bytes=self._options.max_payload_bytes)
+        except PayloadError:
+            return
+        if envelope.kind is not JobKind.TASK:
+            return
+        task: RemoteTask = envelope.payload
+        evidence: dict[str, Any] = {
+            "stalls": [{"at": s.at, "worker": s.worker} for s in job.stalls],
+            "stalledCount": job.stalled_count,
+        }
+        keys = self._backend.keys
+        if keys is not None:
+            # The last liveness snapshot of every worker that held it (RSS, CPU, in-flight):
+            # an out-of-memory loop shows as growing RSS on each of them.
+            workers: dict[str, Any] = {}
+            for worker in dict.fromkeys(s.worker for s in job.stalls if s.worker):
+                try:
+                    workers[worker] = await read_last_status(keys, self._names, worker)
+                except BrokerError as exc:
+                    self._report(exc)
+            evidence["workers"] = workers
+        error = StepError(message=reason, code="stalled", retryable=True, details=evidence)
+        result = StepResult(
+            task.run_id,
+            task.step_id,
+            task.attempt,
+            StepStatus.FAILED,
+            error=error,
+            task_id=task.task_id,
+        )
+        try:
+            await self.publish_result(result)
+        except (BrokerError, TransportClosed) as exc:
+            self._report(exc)

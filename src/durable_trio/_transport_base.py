@@ -1,0 +1,327 @@
+"""The state of a queue transport and what all its parts use: the task groups of its
+nursery tree, claims, producers and the error hook. The behaviours live in mixins, one
+module each: ``_consume`` (poll loops, job workers, finalize), ``_leases`` (renewal, the
+sweep, poison), ``_health`` (liveness and health), ``_remote`` (remote workflows, tenant
+pods); ``_transport`` puts them together with the close."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from ._adaptive import ConcurrencyController
+from ._codec import encode_envelope
+from ._errors import JobError, TransportClosed
+from ._liveness import (
+    Liveness,
+)
+from ._naming import QueueNames, sanitize_token, tenant_group
+from ._options import (
+    DEFAULT_RENEWING_STALLED_THRESHOLD,
+    DEFAULT_STALLED_THRESHOLD,
+    TransportOptions,
+)
+from ._slots import Slots
+from ._wire import (
+    ControlMessage,
+    JobKind,
+    JSONValue,
+    RemoteTask,
+    StepHeartbeat,
+    StepResult,
+)
+from .adapters import (
+    ClaimedJob,
+    Job,
+    SupportsRecovery,
+    SupportsRenewal,
+    SupportsWakeup,
+)
+
+if TYPE_CHECKING:
+    from ._backend import Backend
+    from .keys import KeyEntry
+
+StepHandler = Callable[[RemoteTask], Awaitable[JSONValue]]
+ResultHandler = Callable[[StepResult], Awaitable[None]]
+HeartbeatHandler = Callable[[StepHeartbeat], Awaitable[None]]
+ControlHandler = Callable[[ControlMessage], Awaitable[None]]
+_OnJob = Callable[[ClaimedJob], Awaitable[None]]
+
+
+#: A loop that polls this many jobs in a row without waiting yields once, so a loop with a large
+#: limit over a broker that answers at once never starves the handlers it starts.
+_FAIRNESS_BATCH = 64
+#: Most jobs one pop claims (a loop with more free slots than this pops again at once).
+_MAX_BATCH = 64
+#: Longest sleep after consecutive broker errors in a poll loop.
+_MAX_ERROR_BACKOFF = 10.0
+
+
+class _Group:
+    """A nursery that lives until cancelled, owned by one part of the tree (consumers, jobs...)."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.nursery: trio.Nursery
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self.done.set()
+
+    def cancel(self) -> None:
+        self.nursery.cancel_scope.cancel()
+
+
+@attrs.define(eq=False)
+class _Loop:
+    queue: str
+    on_job: _OnJob
+    slots: Slots
+    backoff_max: int
+    token: str | None = None
+    """The routing token of a task loop (whose serving starts a liveness key)."""
+    pop_scope: trio.CancelScope | None = None
+    idle: list[_JobWorker] = attrs.Factory(list)
+
+
+_RUNNING, _FINALIZING, _ABANDONED = "running", "finalizing", "abandoned"
+
+
+@attrs.define(eq=False)
+class _Claim:
+    queue: str
+    job: ClaimedJob
+    scope: trio.CancelScope | None = None
+    """The scope of the job worker running it (cancelling it cancels exactly this handler)."""
+    state: str = _RUNNING
+    lost: bool = False
+
+    def cancel(self) -> None:
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+@attrs.define(eq=False)
+class _JobWorker:
+    """A task that runs one loop's jobs one after another, parked while idle.
+
+    One task per running handler, each in its own cancel scope, as §2 asks — but the task and
+    its scope outlive one job: spawning a task and building a scope per job costs ~15 µs, a
+    reschedule of a parked worker ~3 µs. Cancelling the scope (a lost lease, close's deadline)
+    ends the worker with its job; the loop starts a fresh one when next needed.
+    """
+
+    task: trio.lowlevel.Task
+    scope: trio.CancelScope
+
+
+@attrs.frozen
+class TransportStatistics:
+    """A snapshot of one transport's state."""
+
+    in_flight: int
+    """Job handlers running now (every queue)."""
+    open_claims: int
+    """Claims this instance holds (running, finalizing or awaiting handback)."""
+    task_limit: int
+    """The step concurrency limit."""
+    duplicates: int
+    """Times a job's lease was lost while its handler ran."""
+    queues: tuple[str, ...]
+    """Every queue this instance consumes."""
+    closed: bool
+
+
+class TransportBase:
+    """The state of a queue transport, shared by its parts (see the module docstring)."""
+
+    def __init__(self, backend: Backend, options: TransportOptions) -> None:
+        self._backend = backend
+        self._broker = backend.broker
+        self._options = options
+        self._names = QueueNames(options.namespace)
+        self._report_hook = options.on_error
+        broker = self._broker
+        self._can_renew = isinstance(broker, SupportsRenewal)
+        self._can_recover = isinstance(broker, SupportsRecovery)
+        self._wait_for_work = broker.wait_for_work if isinstance(broker, SupportsWakeup) else None
+        if options.stalled_threshold is not None:
+            self.stalled_threshold = options.stalled_threshold
+        elif self._can_renew:
+            self.stalled_threshold = DEFAULT_RENEWING_STALLED_THRESHOLD
+        else:
+            self.stalled_threshold = DEFAULT_STALLED_THRESHOLD
+        self._controller = ConcurrencyController(options.concurrency, on_limit=self._move_limit)
+        self._task_slots = Slots(self._controller.limit)
+        self._result_slots = Slots(options.result_concurrency)
+        self._handlers: dict[str, StepHandler] = {}
+        self._result_handler: ResultHandler | None = None
+        self._heartbeat_handler: HeartbeatHandler | None = None
+        self._control_handler: ControlHandler | None = None
+        self._task_loops: set[str] = set()
+        self._task_queues: set[str] = set()
+        self._consumed: list[str] = []
+        self._loops: list[_Loop] = []
+        self._claims: dict[str, _Claim] = {}
+        self._running = 0
+        self._jobs_idle = trio.Event()
+        self._jobs_idle.set()
+        self._liveness: Liveness | None = None
+        if backend.keys is not None:
+            self._liveness = Liveness(
+                backend.keys,
+                self._names,
+                options.instance_id,
+                interval=options.worker_heartbeat_interval,
+                status=self._controller.snapshot,
+                descriptor=self._descriptor,
+                report=self._report,
+            )
+        self._descriptor_cache: tuple[float, list[KeyEntry]] | None = None
+        self._started_at = time.time()
+        self._deferred: list[_Loop] | None = None
+        self._ids = itertools.count(1)
+        self._id_prefix = f"{sanitize_token(options.instance_id)[:24]}-"
+        self._closing = False
+        self._fully_closed = False
+        self._closed = trio.Event()
+        self._max_payload_bytes = options.max_payload_bytes
+        self._consumers = _Group()
+        self._inboxes = _Group()
+        self._jobs = _Group()
+        self._keeper = _Group()
+        self._vitals = _Group()
+        self._root: trio.Nursery | None = None
+
+    # ------------------------------------------------------------------ identity and names
+
+    @property
+    def instance_id(self) -> str:
+        """This instance's id (reply target, liveness key suffix)."""
+        return self._options.instance_id
+
+    @property
+    def names(self) -> QueueNames:
+        """The queue names of this transport's namespace."""
+        return self._names
+
+    @property
+    def options(self) -> TransportOptions:
+        return self._options
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    def token_of(self, group: str) -> str:
+        """The routing token of a step name or group (T1)."""
+        return tenant_group(sanitize_token(group), self._options.partition)
+
+    def task_queue(self, group: str) -> str:
+        """The task queue a step name or group routes to (T1)."""
+        return self._names.tasks(self.token_of(group))
+
+    def statistics(self) -> TransportStatistics:
+        return TransportStatistics(
+            in_flight=self._running,
+            open_claims=len(self._claims),
+            task_limit=self._task_slots.limit,
+            duplicates=self._controller.duplicates,
+            queues=tuple(self._consumed),
+            closed=self._closed.is_set(),
+        )
+
+    # ------------------------------------------------------------------ shared helpers
+
+    def _move_limit(self, limit: int) -> None:
+        # A move of the limit wakes the loops waiting for a slot at once.
+        self._task_slots.limit = limit
+
+    def _descriptor(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance_id,
+            "steps": sorted(self._handlers),
+            "startedAt": self._started_at,
+        }
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise TransportClosed("the transport is closed")
+
+    def _report(self, exc: BaseException) -> None:
+        try:
+            self._report_hook(exc)
+        except Exception:  # a broken hook must not take a loop down with it
+            import logging
+
+            logging.getLogger("durable_trio").exception("the on_error hook raised")
+
+    # ------------------------------------------------------------------ producers (never deferred)
+
+    async def _push(
+        self,
+        queue: str,
+        kind: JobKind,
+        payload: Any,
+        *,
+        priority: int | None = None,
+        delay: float = 0.0,
+    ) -> str:
+        if self._fully_closed:
+            # Producers work on through the close drain (a finishing handler publishes its
+            # result); only a fully closed transport refuses.
+            raise TransportClosed("the transport is closed")
+        job_id = f"{self._id_prefix}{next(self._ids)}"
+        data = encode_envelope(job_id, kind, payload, priority, self._max_payload_bytes)
+        await self._broker.push_on(queue, Job(job_id, data), priority=priority, delay=delay)
+        return job_id
+
+    async def dispatch(self, task: RemoteTask, *, delay: float = 0.0) -> str:
+        """engine -> step worker: enqueue ``task`` on its routing token's task queue (T1, T3).
+
+        Returns:
+            The job id.
+
+        Raises:
+            PayloadTooLarge: the encoded task is over ``max_payload_bytes``.
+            PayloadError: its input is not JSON-serialisable.
+            BrokerError: the broker did not take it.
+            TransportClosed: the transport is closed.
+        """
+        return await self._push(
+            self.task_queue(task.routing_group),
+            JobKind.TASK,
+            task,
+            priority=task.priority,
+            delay=delay,
+        )
+
+    async def publish_result(self, result: StepResult) -> str:
+        """step worker -> engine: publish a step result (the transport does this for handlers)."""
+        return await self._push(self._names.results, JobKind.RESULT, result)
+
+    async def heartbeat(self, beat: StepHeartbeat) -> None:
+        """step worker -> engine: a long step is alive."""
+        await self._push(self._names.heartbeats, JobKind.HEARTBEAT, beat)
+
+    async def send_control(self, message: ControlMessage) -> None:
+        """Best-effort, POINT-TO-POINT control (T17): exactly one consumer takes each message.
+        It is not a broadcast: with several consumers, only one of them sees it."""
+        await self._push(self._names.control, JobKind.CONTROL, message)
+
+
+def _job_error(message: str, claim: _Claim, cause: BaseException) -> JobError:
+    error = JobError(message, queue=claim.queue, job_id=claim.job.id)
+    error.__cause__ = cause
+    return error
