@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 import trio.testing
 
+from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
+from durable_trio._redis import open_redis
 from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.adapters.redis import RedisBroker
 from durable_trio.adapters.sqlite import SqliteBroker
 from durable_trio.keys.memory import MemoryKeyStore
 
@@ -18,7 +21,7 @@ faulthandler.enable()
 
 #: Every broker the contract suite runs against. Brokers that need a server or a file add
 #: themselves here with a factory below.
-BROKER_KINDS = ["memory", "sqlite"]
+BROKER_KINDS = ["memory", "sqlite", "redis"]
 
 BrokerFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
@@ -36,9 +39,13 @@ def contract_clock(broker_kind: str) -> trio.testing.MockClock | None:
 
 
 @pytest.fixture
-def broker_factory(broker_kind: str, tmp_path_factory: pytest.TempPathFactory) -> BrokerFactory:
+def broker_factory(
+    broker_kind: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> BrokerFactory:
     """A factory of fresh, empty brokers of ``broker_kind`` (usable from sync tests that run
     their own ``trio.run``)."""
+    # The private redis-server, started only when the redis kind is asked for.
+    redis_server = request.getfixturevalue("redis_server") if broker_kind == "redis" else None
 
     @asynccontextmanager
     async def memory() -> AsyncIterator[Any]:
@@ -57,7 +64,17 @@ def broker_factory(broker_kind: str, tmp_path_factory: pytest.TempPathFactory) -
         finally:
             await broker.aclose()
 
-    factories = {"memory": memory, "sqlite": sqlite}
+    @asynccontextmanager
+    async def redis() -> AsyncIterator[Any]:
+        assert redis_server is not None
+        redis_server.start()  # running even if a test stopped it
+        async with open_redis(redis_server.url) as client:
+            # A fresh database for every broker (the model test opens one per example).
+            await client.execute("FLUSHDB")
+            async with RedisBroker(client) as broker:
+                yield broker
+
+    factories = {"memory": memory, "sqlite": sqlite, "redis": redis}
     return factories[broker_kind]
 
 

@@ -50,3 +50,31 @@ async def test_sqlite_backend_round_trip_survives_reopening(tmp_path: Path) -> N
             with trio.fail_after(10):
                 await arrived.wait()
     assert [r.output for r in got] == [42]
+
+
+async def test_redis_backend_round_trip(redis_url: str) -> None:
+    async with dt.open_backend(redis_url) as backend:
+        assert backend.keys is not None
+        assert "@" not in backend.url
+        async with dt.open_queue_transport(backend, namespace="backend-test") as transport:
+            got: list[dt.StepResult] = []
+            arrived = trio.Event()
+
+            async def double(task: dt.RemoteTask) -> int:
+                return int(task.input) * 2
+
+            async def on_result(result: dt.StepResult) -> None:
+                got.append(result)
+                arrived.set()
+
+            transport.handle("double", double)
+            transport.on_result(on_result)
+            await transport.dispatch(
+                dt.RemoteTask(run_id="r", step_id="s", attempt=1, name="double", input=21)
+            )
+            with trio.fail_after(10):
+                await arrived.wait()
+            health = await transport.group_health("double")
+            assert health is not None
+            assert len(health.live_workers) == 1
+    assert [r.output for r in got] == [42]

@@ -84,6 +84,13 @@ async def open_backend(url: str = "memory://") -> AsyncIterator[Backend]:
         backend = Backend(url=url, broker=MemoryBroker(), keys=MemoryKeyStore())
     elif scheme == "sqlite":
         backend = await _open_sqlite(url, parts.netloc, parts.path)
+    elif scheme in ("redis", "rediss"):
+        # imported here: the Redis backend needs hiredis (the `redis` extra) and imports Backend
+        from ._redis_backend import open_redis_backend
+
+        async with open_redis_backend(url) as redis_backend:
+            yield redis_backend
+        return
     else:
         raise ConfigError(f"unknown backend URL scheme {scheme!r} in {url!r}")
     try:

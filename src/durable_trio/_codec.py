@@ -38,6 +38,7 @@ from ._wire import (
     StepResult,
     StepStatus,
     TenantEvent,
+    WorkerAdvertisement,
     WorkerStatus,
     WorkflowDecision,
     WorkflowTask,
@@ -79,6 +80,7 @@ PAYLOAD_TYPES: dict[JobKind, type[Any]] = {
     JobKind.RUN_REPLY: RunReply,
     JobKind.TENANT_EVENT: TenantEvent,
     JobKind.INBOX_REGISTRATION: InboxRegistration,
+    JobKind.ADVERTISEMENT: WorkerAdvertisement,
 }
 
 #: Every wire message type (for schemas and round-trip tests).
@@ -96,6 +98,7 @@ MESSAGE_TYPES: tuple[type[Any], ...] = (
     RunReply,
     TenantEvent,
     InboxRegistration,
+    WorkerAdvertisement,
     WorkerStatus,
     Envelope,
 )

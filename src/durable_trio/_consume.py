@@ -59,6 +59,10 @@ class ConsumeMixin(TransportBase):
         """
         self._check_open()
         self._handlers[name] = handler
+        self._ensure_task_loop(name)
+
+    def _ensure_task_loop(self, name: str) -> None:
+        """Start (once per routing token) the task loop shared by steps and workflow turns."""
         queue = self.task_queue(name)
         if queue in self._task_loops:
             return
@@ -133,6 +137,10 @@ class ConsumeMixin(TransportBase):
             self._start_loop(loop)
 
     def _start_loop(self, loop: _Loop) -> None:
+        if loop.inbox:
+            self._loops.append(loop)
+            self._inboxes.nursery.start_soon(self._poll_loop, loop, name=f"inbox {loop.queue}")
+            return
         if self._deferred is not None:
             self._deferred.append(loop)
             return
@@ -350,12 +358,18 @@ class ConsumeMixin(TransportBase):
     async def _on_task_job(self, job: ClaimedJob) -> None:
         try:
             envelope = decode_envelope(job.data, max_bytes=self._options.max_payload_bytes)
-            if envelope.kind is not JobKind.TASK:
+            if envelope.kind is JobKind.WORKFLOW:
+                # T14: a workflow turn shares its token's task loop; told apart by shape
+                pass
+            elif envelope.kind is not JobKind.TASK:
                 raise PayloadError(f"a {envelope.kind.value!r} job does not belong on a task queue")
         except PayloadError as exc:
             await self._answer_bad_task(job, exc)
             raise
-        await self._serve_task(envelope.payload)
+        if envelope.kind is JobKind.WORKFLOW:
+            await self._serve_workflow_turn(envelope.payload)
+        else:
+            await self._serve_task(envelope.payload)
 
     async def _answer_bad_task(self, job: ClaimedJob, exc: PayloadError) -> None:
         """A task that does not parse but names its run and step still gets a failed result, so

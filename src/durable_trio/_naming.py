@@ -71,6 +71,11 @@ class QueueNames:
         suffix = sanitize_token(instance) if instance else ""
         return f"{self.prefix}-worker-heartbeat:{token}:{suffix}"
 
+    def inbox(self, instance: str) -> str:
+        """T22: ``{prefix}-inbox:{instance}``, a recorded inbox registration (``""``: all)."""
+        suffix = sanitize_token(instance) if instance else ""
+        return f"{self.prefix}-inbox:{suffix}"
+
     def worker_last_status(self, instance: str) -> str:
         """``{prefix}-worker-last-status:{instance}``: a worker's last liveness snapshot, kept a
         day after it stops beating, so a poison job can name what its workers looked like."""

@@ -108,6 +108,14 @@ class TransportOptions:
     worker_heartbeat_interval: float = attrs.field(
         default=DEFAULT_WORKER_HEARTBEAT_INTERVAL, validator=_positive
     )
+    turn_heartbeat_interval: float = attrs.field(default=10.0, validator=_positive)
+    """A remote workflow turn heartbeats this often while it runs (T14)."""
+    inbox_ttl: float = attrs.field(default=60.0, validator=_positive)
+    """An inbox registration lives this long; it is announced again every third of it."""
+    tenant_subscribers_cache: float = attrs.field(default=1.0, validator=_non_negative)
+    """Seconds the control plane reads a tenant's subscribers through a cache (T21)."""
+    inbox_sweep_interval: float = attrs.field(default=60.0, validator=_non_negative)
+    """How often the control plane's janitor drains dead instances' inboxes (0: never)."""
     descriptor_cache: float = attrs.field(default=5.0, validator=_non_negative)
     """Seconds worker descriptors are read through a cache (T13)."""
     cancel_on_lost_lease: bool = True

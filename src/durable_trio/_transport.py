@@ -29,15 +29,15 @@ if TYPE_CHECKING:
 
     from ._backend import Backend
 
-from ._consume import ConsumeMixin
 from ._health import HealthMixin
 from ._leases import LeaseMixin
+from ._remote import RemoteMixin
 from ._transport_base import _ABANDONED, _FINALIZING, _RUNNING, TransportStatistics
 
 __all__ = ["QueueTransport", "TransportStatistics", "open_queue_transport"]
 
 
-class QueueTransport(ConsumeMixin, LeaseMixin, HealthMixin):
+class QueueTransport(RemoteMixin, LeaseMixin, HealthMixin):
     """Carries step tasks, results, heartbeats and control messages over a queue broker.
 
     Open one with :func:`open_queue_transport`; do not construct it directly.
@@ -88,7 +88,7 @@ class QueueTransport(ConsumeMixin, LeaseMixin, HealthMixin):
                 self._deferred = None
                 bound = trio.current_time() + options.cleanup_timeout
                 for loop in self._loops:  # a pop in flight (shielded) lands, bounded
-                    if loop.pop_scope is not None:
+                    if loop.pop_scope is not None and not loop.inbox:
                         loop.pop_scope.deadline = bound
                 for claim in self._claims.values():  # so does a finalize in flight
                     if claim.state is _FINALIZING and claim.scope is not None:
@@ -107,6 +107,12 @@ class QueueTransport(ConsumeMixin, LeaseMixin, HealthMixin):
                     if claim.state is _RUNNING:
                         claim.state = _ABANDONED
                         claim.cancel()
+                # this instance's own inboxes stop taking jobs too (phase 7 drains them)
+                self._inboxes.cancel()
+                bound = trio.current_time() + options.cleanup_timeout
+                for loop in self._loops:
+                    if loop.pop_scope is not None and loop.inbox:
+                        loop.pop_scope.deadline = bound
                 with trio.move_on_after(options.cleanup_timeout):
                     await self._jobs_idle.wait()
                 self._jobs.cancel()
@@ -116,8 +122,14 @@ class QueueTransport(ConsumeMixin, LeaseMixin, HealthMixin):
                     await self._keeper.done.wait()
                 # 6. hand back every claim still open: immediate and attempt-neutral
                 await self._hand_back_open_claims()
-                # 7. inboxes
-                self._inboxes.cancel()
+                # 7. withdraw the inbox registration, drain this instance's own inboxes
+                with trio.move_on_after(options.cleanup_timeout) as inboxes_bound:
+                    try:
+                        await self._close_inboxes()
+                    except BrokerError as exc:
+                        self._report(exc)
+                if inboxes_bound.cancelled_caught:
+                    self._report(BrokerError("close: draining this instance's inboxes timed out"))
         finally:
             if self._root is not None:
                 self._root.cancel_scope.cancel()

@@ -91,6 +91,9 @@ class _Loop:
     backoff_max: int
     token: str | None = None
     """The routing token of a task loop (whose serving starts a liveness key)."""
+    inbox: bool = False
+    """This instance's own inbox: runs in the inboxes group and is never deferred (no other
+    process could take its jobs)."""
     pop_scope: trio.CancelScope | None = None
     idle: list[_JobWorker] = attrs.Factory(list)
 
@@ -243,6 +246,10 @@ class TransportBase:
         )
 
     # ------------------------------------------------------------------ shared helpers
+
+    async def _serve_workflow_turn(self, task: Any) -> None:
+        """Overridden by the remote mixin (workflow turns, T14)."""
+        raise NotImplementedError
 
     def _move_limit(self, limit: int) -> None:
         # A move of the limit wakes the loops waiting for a slot at once.

@@ -33,6 +33,7 @@ __all__ = [
     "StepResult",
     "StepStatus",
     "TenantEvent",
+    "WorkerAdvertisement",
     "WorkerStatus",
     "WorkflowDecision",
     "WorkflowTask",
@@ -67,6 +68,7 @@ class JobKind(enum.StrEnum):
     RUN_REPLY = "runReply"
     TENANT_EVENT = "tenantEvent"
     INBOX_REGISTRATION = "inboxRegistration"
+    ADVERTISEMENT = "advertisement"
 
 
 class StepStatus(enum.StrEnum):
@@ -265,6 +267,19 @@ class InboxRegistration:
     ttl: float = 60.0
     """Seconds the registration lives unless announced again."""
     withdrawn: bool = False
+
+
+@attrs.frozen
+class WorkerAdvertisement:
+    """store-less pod -> control plane: a key the pod would have written to its own key store
+    (liveness, descriptor), recorded by the control plane in its store instead (T22)."""
+
+    key: str
+    value: JSONValue = None
+    """The key's value (the JSON the pod's key store would hold)."""
+    ttl: float = 35.0
+    withdrawn: bool = False
+    """True: remove the key now."""
 
 
 @attrs.frozen

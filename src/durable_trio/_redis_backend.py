@@ -1,0 +1,68 @@
+"""``open_backend("redis://...")``: one client, the Redis broker and key store on it.
+
+Imported lazily by :func:`~durable_trio._backend.open_backend` (``hiredis`` is an optional
+dependency, and this module imports ``_backend`` for the :class:`Backend` class).
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+from ._backend import Backend
+from ._redis import open_redis
+from .adapters.redis import RedisBroker
+from .keys.redis import RedisKeyStore
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+__all__ = ["open_redis_backend", "public_url"]
+
+
+def public_url(url: str) -> str:
+    """``url`` without its user name and password (for logs and ``Backend.url``).
+
+    Args:
+        url: a ``redis://`` or ``rediss://`` URL.
+
+    Returns:
+        the same URL with the ``user:password@`` part removed.
+    """
+    parts = urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+@asynccontextmanager
+async def open_redis_backend(
+    url: str, *, key_tag: str = "durable-keys", pool_size: int = 2, **broker_options: Any
+) -> AsyncIterator[Backend]:
+    """Open a Redis client on ``url`` with a :class:`RedisBroker` and a :class:`RedisKeyStore`.
+
+    Everything is closed on leaving the block (the backend first, bounded, then the client).
+
+    Args:
+        url: ``redis://[[user]:password@]host[:port][/db]`` or ``rediss://...``.
+        key_tag: the key store's hash tag (see :class:`RedisKeyStore`).
+        pool_size: shared connections of the client (plus one for the doorbell subscription).
+        **broker_options: :class:`RedisBroker` options (``failed_retention`` ...).
+
+    Yields:
+        the backend.
+
+    Raises:
+        ConfigError: a bad URL or option.
+    """
+    async with (
+        open_redis(url, pool_size=pool_size) as client,
+        RedisBroker(client, **broker_options) as broker,
+    ):
+        backend = Backend(
+            url=public_url(url), broker=broker, keys=RedisKeyStore(client, tag=key_tag)
+        )
+        try:
+            yield backend
+        finally:
+            await backend.aclose()

@@ -1,0 +1,463 @@
+"""Remote workflow turns (T14), decisions (T15), step events (T16) and the store-less tenant
+protocol (T18–T23): start-run and run-request queues to the control plane, replies and tenant
+events through per-instance inboxes (see :mod:`durable_trio._inbox`)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ._codec import decode_envelope
+from ._consume import ConsumeMixin
+from ._errors import BrokerError, DurableTrioError, JobError, PayloadError
+from ._inbox import ForwardingKeyStore, InboxRegistry
+from ._liveness import Liveness
+from ._slots import Slots
+from ._transport_base import _Loop
+from ._wire import (
+    DecisionStatus,
+    InboxRegistration,
+    JobKind,
+    RunReply,
+    RunRequest,
+    StartRunMessage,
+    StepError,
+    StepEvent,
+    StepHeartbeat,
+    TenantEvent,
+    WorkerAdvertisement,
+    WorkflowDecision,
+    WorkflowTask,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from ._backend import Backend
+    from ._options import TransportOptions
+    from .adapters import ClaimedJob
+
+__all__ = ["RemoteMixin"]
+
+
+class RemoteMixin(ConsumeMixin):
+    def __init__(self, backend: Backend, options: TransportOptions) -> None:
+        super().__init__(backend, options)
+        self._workflow_turns: dict[str, Callable[[WorkflowTask], Awaitable[WorkflowDecision]]] = {}
+        self._decision_handlers: list[Callable[[WorkflowDecision], Awaitable[None]]] = []
+        self._step_event_handler: Callable[[StepEvent], Awaitable[None]] | None = None
+        self._start_run_handler: Callable[[StartRunMessage], Awaitable[None]] | None = None
+        self._run_request_handler: Callable[[RunRequest], Awaitable[None]] | None = None
+        self._run_reply_handler: Callable[[RunReply], Any] | None = None
+        self._tenant_handlers: dict[str, list[Callable[[TenantEvent], Any]]] = {}
+        self._reply_routes: dict[str, str] = {}
+        self._replies_loop = False
+        self._events_loop = False
+        self._registrations_loop = False
+        self._janitor = False
+        self._publish_lock = trio.Lock()  # tenant events leave one publisher in publish order
+        self._registry = InboxRegistry(
+            names=self._names,
+            instance=options.instance_id,
+            keys=backend.keys,
+            ttl=options.inbox_ttl,
+            cache=options.tenant_subscribers_cache,
+            announce=self._announce,
+            drain=self._drain_queue,
+            report=self._report,
+        )
+
+    async def _announce(self, kind: JobKind, payload: Any) -> None:
+        await self._push(self._names.registrations, kind, payload)
+
+    # ------------------------------------------------------------------ workflow turns (T14)
+
+    async def dispatch_workflow_task(self, task: WorkflowTask) -> str:
+        """engine -> workflow worker: a turn on the workflow's routing-token task queue."""
+        return await self._push(
+            self.task_queue(task.group), JobKind.WORKFLOW, task, priority=task.priority
+        )
+
+    def handle_workflow(
+        self, name: str, turn: Callable[[WorkflowTask], Awaitable[WorkflowDecision]]
+    ) -> None:
+        """Serve turns of workflow ``name``. Shares the step task loop of ``name``'s routing
+        token (the queue :meth:`dispatch_workflow_task` targets) and tells the two kinds apart
+        by shape. An unknown workflow or a raising turn yields a ``failed`` decision; the turn
+        heartbeats while it runs; a failed push of the decision redelivers the job."""
+        self._check_open()
+        self._workflow_turns[name] = turn
+        self._ensure_task_loop(name)
+
+    async def _serve_workflow_turn(self, task: WorkflowTask) -> None:
+        controller = self._controller
+        controller.on_start()
+        started = trio.current_time()
+        try:
+            decision = await self._run_turn(task)
+        finally:
+            # a turn counts as in-flight work, never as a step latency (T6)
+            controller.on_settle(started, trio.current_time(), step=False)
+        await self._push(self._names.decisions, JobKind.DECISION, decision)
+
+    async def _run_turn(self, task: WorkflowTask) -> WorkflowDecision:
+        turn = self._workflow_turns.get(task.workflow)
+        if turn is None:
+            error = StepError(f"no workflow registered for {task.workflow!r}", "no_workflow", False)
+            return WorkflowDecision(task.task_id, task.run_id, DecisionStatus.FAILED, error=error)
+        decision: WorkflowDecision | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._beat_turn, task)
+                decision = await turn(task)
+                nursery.cancel_scope.cancel()
+        except Exception as exc:
+            self._report(
+                JobError(
+                    f"workflow turn {task.workflow!r} raised {exc!r}",
+                    queue=self.task_queue(task.group),
+                    job_id=task.task_id,
+                )
+            )
+            error = StepError(f"{type(exc).__name__}: {exc}", "turn_failed", True)
+            return WorkflowDecision(task.task_id, task.run_id, DecisionStatus.FAILED, error=error)
+        assert decision is not None
+        return decision
+
+    async def _beat_turn(self, task: WorkflowTask) -> None:
+        """A running turn heartbeats, so the engine can tell a long turn from a dead one."""
+        interval = self._options.turn_heartbeat_interval
+        while True:
+            await trio.sleep(interval)
+            beat = StepHeartbeat(
+                task.run_id, f"turn:{task.task_id}", 1, time.time(), {"workflow": task.workflow}
+            )
+            try:
+                await self.heartbeat(beat)
+            except (BrokerError, DurableTrioError) as exc:
+                self._report(exc)
+
+    # ------------------------------------------------------------------ decisions (T15)
+
+    def on_decision(self, handler: Callable[[WorkflowDecision], Awaitable[None]]) -> None:
+        """engine <- workflow worker: ONE loop per transport; every registered handler sees
+        every decision, concurrently; all settle before a failure redelivers the decision."""
+        self._check_open()
+        self._decision_handlers.append(handler)
+        if len(self._decision_handlers) > 1:
+            return
+        self._start_loop(
+            _Loop(
+                self._names.decisions,
+                self._typed(JobKind.DECISION, lambda: self._fan_out),
+                Slots(self._options.result_concurrency),
+                1,
+            )
+        )
+
+    async def _fan_out(self, decision: WorkflowDecision) -> None:
+        failures: list[Exception] = []
+
+        async def one(handler: Callable[[WorkflowDecision], Awaitable[None]]) -> None:
+            try:
+                await handler(decision)
+            except Exception as exc:
+                failures.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for handler in list(self._decision_handlers):
+                nursery.start_soon(one, handler)
+        for failure in failures[1:]:
+            self._report(failure)
+        if failures:
+            raise failures[0]
+
+    # ------------------------------------------------------------------ step events (T16)
+
+    async def dispatch_step_event(self, event: StepEvent) -> None:
+        """workflow worker -> engine: point-to-point, so ONE engine instance checkpoints it."""
+        await self._push(self._names.step_events, JobKind.STEP_EVENT, event)
+
+    def on_step_event(self, handler: Callable[[StepEvent], Awaitable[None]]) -> None:
+        """engine: consume step events. A second call swaps the handler."""
+        self._check_open()
+        first = self._step_event_handler is None
+        self._step_event_handler = handler
+        if first:
+            self._start_loop(
+                _Loop(
+                    self._names.step_events,
+                    self._typed(JobKind.STEP_EVENT, lambda: self._step_event_handler),
+                    Slots(1),
+                    self._options.idle_backoff_max,
+                )
+            )
+
+    # ------------------------------------------------------------------ tenant pods (T18-T20)
+
+    async def dispatch_start_run(self, message: StartRunMessage) -> None:
+        """tenant pod -> control plane, stamped with this instance as the reply target (T18)."""
+        self._ensure_replies_loop()
+        stamped = StartRunMessage(
+            message.run_id, message.workflow, message.input, message.tenant, self.instance_id
+        )
+        await self._push(self._names.start_run, JobKind.START_RUN, stamped)
+
+    async def dispatch_run_request(self, request: RunRequest) -> None:
+        """tenant pod -> control plane, stamped with this instance as the reply target (T18)."""
+        self._ensure_replies_loop()
+        stamped = RunRequest(
+            request.request_id,
+            request.action,
+            request.run_id,
+            request.tenant,
+            request.data,
+            self.instance_id,
+        )
+        await self._push(self._names.run_request, JobKind.RUN_REQUEST, stamped)
+
+    def on_start_run(self, handler: Callable[[StartRunMessage], Awaitable[None]]) -> None:
+        """control plane: consume start-run messages (a reply inside ``handler`` goes to the
+        sender: the route is held while it runs, T19)."""
+        self._check_open()
+        self._ensure_registrations_loop()
+        first = self._start_run_handler is None
+        self._start_run_handler = handler
+        if first:
+            self._start_loop(
+                _Loop(
+                    self._names.start_run,
+                    self._typed(JobKind.START_RUN, lambda: self._routed_start),
+                    Slots(self._options.result_concurrency),
+                    self._options.idle_backoff_max,
+                )
+            )
+
+    def on_run_request(self, handler: Callable[[RunRequest], Awaitable[None]]) -> None:
+        """control plane: consume run requests; reply with :meth:`publish_run_reply` while
+        handling one (T19)."""
+        self._check_open()
+        self._ensure_registrations_loop()
+        first = self._run_request_handler is None
+        self._run_request_handler = handler
+        if first:
+            self._start_loop(
+                _Loop(
+                    self._names.run_request,
+                    self._typed(JobKind.RUN_REQUEST, lambda: self._routed_request),
+                    Slots(self._options.result_concurrency),
+                    self._options.idle_backoff_max,
+                )
+            )
+
+    async def _routed_start(self, message: StartRunMessage) -> None:
+        assert self._start_run_handler is not None
+        await self._with_route(message.run_id, message.reply_to, self._start_run_handler, message)
+
+    async def _routed_request(self, request: RunRequest) -> None:
+        assert self._run_request_handler is not None
+        await self._with_route(
+            request.request_id, request.reply_to, self._run_request_handler, request
+        )
+
+    async def _with_route(
+        self,
+        correlation: str,
+        reply_to: str | None,
+        handler: Callable[[Any], Awaitable[None]],
+        message: Any,
+    ) -> None:
+        if reply_to is None:
+            await handler(message)
+            return
+        self._reply_routes[correlation] = reply_to
+        try:
+            await handler(message)
+        finally:
+            if self._reply_routes.get(correlation) == reply_to:
+                del self._reply_routes[correlation]
+
+    async def publish_run_reply(self, reply: RunReply) -> None:
+        """control plane -> the pod that sent the request: onto ITS reply inbox (T19). A reply
+        with no known requester is dropped and reported."""
+        owner = self._reply_routes.get(reply.request_id)
+        if owner is None:
+            self._report(
+                DurableTrioError(
+                    f"dropped the run reply for {reply.request_id!r}: no requester is known for "
+                    "it on this instance (reply while handling the request)"
+                )
+            )
+            return
+        queue = self._names.run_replies(owner)
+        await self._push(queue, JobKind.RUN_REPLY, reply)
+        self._registry.note_push(queue, owner)
+
+    def on_run_reply(self, handler: Callable[[RunReply], Any]) -> None:
+        """tenant pod: consume this instance's reply inbox (T20). A throwing listener never
+        redelivers a reply (it is reported)."""
+        self._run_reply_handler = handler
+        self._ensure_replies_loop()
+
+    def _ensure_replies_loop(self) -> None:
+        """Started on the first request, so no reply is left behind; never deferred, never
+        backed off (the reply is on the critical path of every proxied call)."""
+        if self._replies_loop:
+            return
+        self._check_open()
+        self._replies_loop = True
+        self._registry.attach(self._inboxes.nursery)
+        self._registry.activate()
+        self._start_loop(
+            _Loop(
+                self._names.run_replies(self.instance_id),
+                self._typed(JobKind.RUN_REPLY, lambda: self._deliver_reply),
+                Slots(1),
+                1,
+                inbox=True,
+            )
+        )
+
+    async def _deliver_reply(self, reply: RunReply) -> None:
+        handler = self._run_reply_handler
+        if handler is None:
+            return
+        try:
+            outcome = handler(reply)
+            if hasattr(outcome, "__await__"):
+                await outcome
+        except Exception as exc:  # never redeliver a reply for a throwing listener
+            self._report(exc)
+
+    # ------------------------------------------------------------------ tenant events (T21-T23)
+
+    async def publish_tenant_event(self, event: TenantEvent) -> None:
+        """control plane -> the inbox of every live subscriber of ``event.tenant`` (none:
+        nothing is pushed). Publishes are serialized: each subscriber sees one publisher's
+        events in publish order (T21)."""
+        self._ensure_registrations_loop()
+        async with self._publish_lock:
+            for owner in await self._registry.subscribers_of(event.tenant):
+                queue = self._names.tenant_events(owner)
+                await self._push(queue, JobKind.TENANT_EVENT, event)
+                self._registry.note_push(queue, owner)
+
+    def on_tenant_event(
+        self, tenant: str, handler: Callable[[TenantEvent], Any]
+    ) -> Callable[[], None]:
+        """tenant pod: receive ``tenant``'s events. Announces the subscription (again every
+        ``inbox_ttl / 3``) and consumes this instance's event inbox (never deferred). Returns
+        an unsubscribe; the last one for a tenant withdraws the subscription, and the inbox
+        keeps draining what was pushed before."""
+        self._check_open()
+        self._tenant_handlers.setdefault(tenant, []).append(handler)
+        self._registry.attach(self._inboxes.nursery)
+        self._registry.subscribe(tenant)
+        if not self._events_loop:
+            self._events_loop = True
+            self._start_loop(
+                _Loop(
+                    self._names.tenant_events(self.instance_id),
+                    self._typed(JobKind.TENANT_EVENT, lambda: self._deliver_event),
+                    Slots(1),
+                    self._options.idle_backoff_max,
+                    inbox=True,
+                )
+            )
+
+        def unsubscribe() -> None:
+            handlers = self._tenant_handlers.get(tenant, [])
+            if handler in handlers:
+                handlers.remove(handler)
+                if not handlers:
+                    del self._tenant_handlers[tenant]
+                    self._registry.unsubscribe(tenant)
+
+        return unsubscribe
+
+    async def _deliver_event(self, event: TenantEvent) -> None:
+        # T23: only tenants this instance subscribed to reach a handler, whatever arrives.
+        for handler in list(self._tenant_handlers.get(event.tenant, ())):
+            try:
+                outcome = handler(event)
+                if hasattr(outcome, "__await__"):
+                    await outcome
+            except Exception as exc:  # never redeliver (and so reorder) an event
+                self._report(exc)
+
+    # ------------------------------------------------------------------ registrations (T22)
+
+    def _ensure_registrations_loop(self) -> None:
+        """control plane: record the registrations and advertisements instances announce, and
+        run the janitor. Started by the first control-plane surface used."""
+        if self._registrations_loop:
+            return
+        self._check_open()
+        self._registrations_loop = True
+        self._registry.attach(self._inboxes.nursery)
+        self._start_loop(
+            _Loop(
+                self._names.registrations,
+                self._on_registration,
+                Slots(1),
+                self._options.idle_backoff_max,
+            )
+        )
+        if self._options.inbox_sweep_interval > 0:
+            self._inboxes.nursery.start_soon(
+                self._registry.janitor_forever, self._options.inbox_sweep_interval
+            )
+
+    async def _on_registration(self, job: ClaimedJob) -> None:
+        envelope = decode_envelope(job.data, max_bytes=self._max_payload_bytes)
+        if isinstance(envelope.payload, InboxRegistration):
+            await self._registry.record(envelope.payload)
+        elif isinstance(envelope.payload, WorkerAdvertisement):
+            await self._registry.record_advertisement(envelope.payload)
+        else:
+            raise PayloadError(f"a {envelope.kind.value!r} job does not belong on this queue")
+
+    def use_tenant_role(self) -> None:
+        """Declare this transport a store-less tenant pod: with no key store of its own, its
+        worker advertisements (liveness, descriptors) are forwarded to the control plane, which
+        records them in its store (T22). Call before serving steps."""
+        if self._backend.keys is not None or self._liveness is not None:
+            return
+        options = self._options
+        self._liveness = Liveness(
+            ForwardingKeyStore(self._announce),
+            self._names,
+            options.instance_id,
+            interval=options.worker_heartbeat_interval,
+            status=self._controller.snapshot,
+            descriptor=self._descriptor,
+            report=self._report,
+        )
+        self._vitals.nursery.start_soon(self._liveness.run)
+
+    # ------------------------------------------------------------------ close, phase 7
+
+    async def _close_inboxes(self) -> None:
+        """Withdraw this instance's registration, then drop what is left in its own inboxes:
+        replies and events addressed to a process going away have no one else to go to."""
+        await self._registry.withdraw()
+        own = []
+        if self._replies_loop:
+            own.append(self._names.run_replies(self.instance_id))
+        if self._events_loop:
+            own.append(self._names.tenant_events(self.instance_id))
+        for queue in own:
+            await self._drain_queue(queue, 1000)
+
+    async def _drain_queue(self, queue: str, most: int) -> bool:
+        """Pop and complete up to ``most`` jobs of ``queue`` without running them. True once
+        the queue came back empty."""
+        broker = self._broker
+        for _ in range(most):
+            job = await broker.pop_from(queue, worker=self.instance_id)
+            if job is None:
+                return True
+            await broker.complete_job(job.lease, queue)
+        return False

@@ -1,0 +1,982 @@
+"""The Redis broker: many machines, one Redis (or one Redis Cluster slot per queue).
+
+Open one on a :class:`~durable_trio._redis.RedisClient` and enter it (it owns one background
+task, the doorbell listener)::
+
+    async with open_redis(url) as client, RedisBroker(client) as broker:
+        await broker.push_on("q", Job("1", b"{}"))
+
+or let it open its own client: ``async with RedisBroker.from_url(url) as broker:``.
+
+Key layout:
+    Every key of queue ``Q`` carries the hash tag ``{Q}``, so a queue lives in one Cluster slot
+    and every script touches one slot only:
+
+    ======================  ======  ==========================================================
+    ``{Q}:seq``             string  ``INCR`` counter: internal job ids and FIFO sequence numbers
+    ``{Q}:ready``           zset    score = priority, member = ``%016d(seq) .. n``
+    ``{Q}:delayed``         zset    score = due time (server seconds), member as in ``ready``
+    ``{Q}:active``          zset    score = claimed (or last renewed) at, member = lease token
+    ``{Q}:jobs``            hash    ``n`` -> job bytes
+    ``{Q}:meta``            hash    ``n`` -> ``"priority:attempts:stalled_count:id"``
+    ``{Q}:stalls``          hash    ``n`` -> stall history, JSON ``[[at, worker], ...]``
+    ``{Q}:claims``          hash    ``n`` -> ``%016d(seq) .. worker`` of the current claim:
+                                    the place it had in ``ready``, and who holds it
+    ``{Q}:failed``          list    failed jobs, newest first, trimmed to ``failed_retention``
+    ``{Q}:armed``           string  set by a pop that found nothing: someone may be waiting
+    ======================  ======  ==========================================================
+
+    ``n`` is the job's internal id (the ``seq`` value of its push), so two pushes never collide
+    even if they reuse a job id. A lease token is ``n:<random>``, 64 random bits per claim
+    (drawn with :mod:`secrets` by the client, one slice per claim), so a dead token cannot be
+    guessed back to life, and the ``n`` prefix keeps it unique whatever the random part.
+
+Ordering:
+    ``ready`` is scored by the priority alone; jobs of one priority are ordered by their member,
+    which starts with a zero-padded sequence number (Redis orders equal scores by member, byte
+    by byte). So FIFO within a priority needs no timestamp, and the priority range does not eat
+    into the sequence's range as a combined ``priority * 2**k + seq`` score would: priorities
+    are any integer in ``[MIN_PRIORITY, MAX_PRIORITY]`` (exact as a double score), and the
+    sequence runs to 2**53 (Lua's exact integers: three centuries of a million operations a
+    second on one queue). A push, a promotion and a counted retry take a new sequence number
+    (the back of the priority); a reclaimed job and an immediate attempt-neutral handback get
+    back the place they were popped from (kept in ``{Q}:claims``): they waited their turn once.
+
+Scripts:
+    One Lua script per multi-key step (push, claim, complete, fail, retry, renew, recover,
+    size, peek), registered once with the client and run by ``EVALSHA`` (the client falls back
+    to ``EVAL`` on ``NOSCRIPT``, after a restart or ``SCRIPT FLUSH``). Every script reads the
+    server's clock (``TIME``); delays and thresholds travel as relative seconds. The claim
+    script promotes at most ``promote_batch`` due delayed jobs per call. Claims are indexed by
+    age in ``active``, so recovery is ``ZRANGEBYSCORE ... LIMIT``: O(log n + k), never a scan of
+    every claim; renewal moves a claim's score.
+
+Wake-up (:meth:`RedisBroker.wait_for_work`):
+    A pop that finds nothing sets ``{Q}:armed`` (in the same script, atomically with finding
+    nothing). A push, retry or recovery that finds the flag deletes it and ``PUBLISH``\\ es on
+    the queue's doorbell channel; when nobody waits, nothing is published, so busy workers are
+    not flooded with messages. Each broker keeps ONE subscription connection, subscribing a
+    queue's channel the first time a task waits on it, and counts the rings per queue. A
+    waiter compares the count with the one taken just before its broker's last empty pop: if
+    the subscription was already confirmed when that pop was sent, no push after the pop can
+    go unnoticed; otherwise it first subscribes, then re-checks (``peek``, which arms too).
+    A waiter also wakes when the earliest delayed job comes due (the claim script returns that
+    time). Every ``safety_poll_interval`` seconds a waiter runs one ``EXISTS {Q}:armed``: a
+    push, retry or recovery since the flag was set would have deleted it, so while it stands
+    nothing became ready, whatever happened to the doorbell; once it is gone (or lost to a
+    flush or an eviction) the waiter returns and the caller's next pop re-arms. A silent
+    subscription is ``PING``\\ ed after ``safety_poll_interval`` seconds. A lost subscription
+    is reported (``on_error`` and the log), reopened with a jittered exponential backoff, and
+    every queue's waiters are rung once it is back (they re-check). An idle broker therefore
+    costs ``(queues + 1) / safety_poll_interval`` commands a second, none of them a script:
+    0.37/s for 10 waited queues at the default 30 s.
+
+Errors:
+    The client raises the project's own errors: :class:`~durable_trio.BrokerUnavailable` when
+    Redis cannot be reached or does not answer in time, :class:`~durable_trio.BrokerError` for
+    an error reply, :class:`~durable_trio.TransportClosed` once the client is closed.
+
+Cancellation:
+    A call cancelled after its command was sent may still have run on the server (the client
+    drains the reply). A cancelled pop may therefore leave a claim nobody tracks; the stalled
+    sweep takes it back. The transport shields its pops for this reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import secrets
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+import orjson
+import trio
+
+from .._errors import BrokerError, ConfigError, TransportClosed
+from .._redis import RedisClient, Subscription, open_redis
+from ._contract import ClaimedJob, FailedJob, Job, Lease, Recovery, RenewOutcome, Stall
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Sequence
+    from types import TracebackType
+
+    from .._redis import Script
+
+__all__ = [
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
+    "PROMOTE_BATCH",
+    "RedisBroker",
+    "RedisBrokerStatistics",
+]
+
+logger = logging.getLogger("durable_trio.redis")
+
+#: Priorities a job may have: a ``ready`` score is a double, exact for integers up to 2**53.
+MIN_PRIORITY: Final = -(2**53)
+MAX_PRIORITY: Final = 2**53
+
+#: Due delayed jobs promoted per claim at most, so one pop never does unbounded work.
+PROMOTE_BATCH: Final = 100
+
+#: Stalled claims handled per recovery script run (a sweep runs as many as it needs).
+RECOVER_BATCH: Final = 1000
+
+#: Leases refreshed per renewal script run.
+RENEW_BATCH: Final = 1000
+
+#: Independent random token parts one call draws at most.
+_SUFFIXES_MAX: Final = 256
+
+# ------------------------------------------------------------------------------------- scripts
+#
+# Shared conventions: ``now`` is the server's clock in seconds (``TIME``); a member of ``ready``
+# or ``delayed`` is ``string.format('%016d', seq) .. n``, so ``string.sub(member, 17)`` is the
+# internal id ``n``; a token is ``n .. ':' .. random``. Strings are joined with ``..`` (Lua 5.1's
+# ``string.format('%s')`` stops at a NUL byte). Numbers go back to the client as strings (a Lua
+# number in a reply is truncated to an integer).
+
+_NOW: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+"""
+
+# KEYS: seq ready delayed jobs meta armed
+# ARGV: id data priority delay channel
+_PUSH: Final = """
+local seq = redis.call('INCR', KEYS[1])
+local n = string.format('%d', seq)
+redis.call('HSET', KEYS[4], n, ARGV[2])
+redis.call('HSET', KEYS[5], n, ARGV[3] .. ':0:0:' .. ARGV[1])
+local member = string.format('%016d', seq) .. n
+local delay = tonumber(ARGV[4])
+if delay > 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  redis.call('ZADD', KEYS[3], now + delay, member)
+else
+  redis.call('ZADD', KEYS[2], ARGV[3], member)
+end
+-- Ring only if a pop found nothing since the last ring: busy consumers get no messages.
+-- A delayed push rings too: a waiter may need to wake earlier than it planned.
+if redis.call('DEL', KEYS[6]) == 1 then
+  redis.call('PUBLISH', ARGV[5], '')
+end
+return 1
+"""
+
+# KEYS: seq ready delayed active jobs meta stalls claims armed
+# ARGV: count worker token_suffixes promote_batch
+# Returns {false} or {next_due_in_seconds} when nothing is ready (and arms the doorbell), else
+# {false, meta, data, stalls, token, meta, data, stalls, token, ...}.
+_CLAIM: Final = (
+    _NOW
+    + """
+local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
+if #due > 0 then
+  -- Promote in due-time order, each with a fresh sequence number (after the ready jobs of its
+  -- priority, like a push made now). ZRANGEBYSCORE from -inf returns ranks 0..#due-1.
+  local seq = redis.call('INCRBY', KEYS[1], #due) - #due
+  for _, member in ipairs(due) do
+    local n = string.sub(member, 17)
+    local meta = redis.call('HGET', KEYS[6], n)
+    if meta then
+      seq = seq + 1
+      local priority = string.match(meta, '^(%-?%d+):')
+      redis.call('ZADD', KEYS[2], priority, string.format('%016d', seq) .. n)
+    end
+  end
+  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, #due - 1)
+end
+local popped = redis.call('ZPOPMIN', KEYS[2], tonumber(ARGV[1]))
+local out = {false}
+if #popped == 0 then
+  redis.call('SET', KEYS[9], '1')
+  local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  if #first > 0 then
+    out[1] = string.format('%.6f', tonumber(first[2]) - now)
+  end
+  return out
+end
+local worker = ARGV[2]
+local suffixes = ARGV[3]
+local claimed = 0
+for i = 1, #popped, 2 do
+  local n = string.sub(popped[i], 17)
+  local meta = redis.call('HGET', KEYS[6], n)
+  if meta then
+    local at = (claimed % (#suffixes / 16)) * 16
+    local token = n .. ':' .. string.sub(suffixes, at + 1, at + 16)
+    claimed = claimed + 1
+    redis.call('ZADD', KEYS[4], now, token)
+    redis.call('HSET', KEYS[8], n, string.sub(popped[i], 1, 16) .. worker)
+    out[#out + 1] = meta
+    out[#out + 1] = redis.call('HGET', KEYS[5], n)
+    out[#out + 1] = redis.call('HGET', KEYS[7], n)
+    out[#out + 1] = token
+  end
+end
+return out
+"""
+)
+
+# KEYS: active jobs meta stalls claims
+# ARGV: token
+_COMPLETE: Final = """
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
+  return 0
+end
+local n = string.match(ARGV[1], '^(%d+):')
+redis.call('HDEL', KEYS[2], n)
+redis.call('HDEL', KEYS[3], n)
+redis.call('HDEL', KEYS[4], n)
+redis.call('HDEL', KEYS[5], n)
+return 1
+"""
+
+# KEYS: active jobs meta stalls claims failed
+# ARGV: token error retention
+# A failed record is "failed_at attempts stalled len(id) len(error) len(stalls)\\n" followed by
+# id, error, stalls and the job's bytes (last, so it needs no length).
+_FAIL: Final = (
+    _NOW
+    + """
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
+  return 0
+end
+local n = string.match(ARGV[1], '^(%d+):')
+local meta = redis.call('HGET', KEYS[3], n)
+local data = redis.call('HGET', KEYS[2], n) or ''
+local stalls = redis.call('HGET', KEYS[4], n) or ''
+redis.call('HDEL', KEYS[2], n)
+redis.call('HDEL', KEYS[3], n)
+redis.call('HDEL', KEYS[4], n)
+redis.call('HDEL', KEYS[5], n)
+if not meta then
+  return 1
+end
+local _, attempts, stalled, id = string.match(meta, '^(%-?%d+):(%d+):(%d+):(.*)$')
+local err = ARGV[2]
+local head = string.format('%.6f', now) .. ' ' .. attempts .. ' ' .. stalled .. ' ' ..
+  #id .. ' ' .. #err .. ' ' .. #stalls .. '\\n'
+redis.call('LPUSH', KEYS[6], head .. id .. err .. stalls .. data)
+redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[3]) - 1)
+return 1
+"""
+)
+
+# KEYS: seq ready delayed active meta claims armed
+# ARGV: token delay count_attempt("1"/"0") channel
+_RETRY: Final = """
+if redis.call('ZREM', KEYS[4], ARGV[1]) == 0 then
+  return 0
+end
+local n = string.match(ARGV[1], '^(%d+):')
+local claim = redis.call('HGET', KEYS[6], n)
+redis.call('HDEL', KEYS[6], n)
+local meta = redis.call('HGET', KEYS[5], n)
+if not meta then
+  return 1
+end
+local priority, attempts, stalled, id = string.match(meta, '^(%-?%d+):(%d+):(%d+):(.*)$')
+if ARGV[3] == '1' then
+  attempts = string.format('%d', tonumber(attempts) + 1)
+  redis.call('HSET', KEYS[5], n, priority .. ':' .. attempts .. ':' .. stalled .. ':' .. id)
+end
+local delay = tonumber(ARGV[2])
+local place
+if delay <= 0 and ARGV[3] ~= '1' and claim then
+  place = string.sub(claim, 1, 16)  -- an attempt-neutral handback keeps its place
+else
+  place = string.format('%016d', redis.call('INCR', KEYS[1]))  -- a retry goes to the back
+end
+local member = place .. n
+if delay > 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  redis.call('ZADD', KEYS[3], now + delay, member)
+else
+  redis.call('ZADD', KEYS[2], priority, member)
+end
+if redis.call('DEL', KEYS[7]) == 1 then
+  redis.call('PUBLISH', ARGV[4], '')
+end
+return 1
+"""
+
+# KEYS: active
+# ARGV: token...
+# Returns {renewed, {1-based positions of the lost tokens}}.
+_RENEW: Final = (
+    _NOW
+    + """
+local renewed = 0
+local lost = {}
+for i, token in ipairs(ARGV) do
+  if redis.call('ZSCORE', KEYS[1], token) then
+    redis.call('ZADD', KEYS[1], now, token)
+    renewed = renewed + 1
+  else
+    lost[#lost + 1] = i
+  end
+end
+return {renewed, lost}
+"""
+)
+
+# KEYS: seq ready active jobs meta stalls claims armed
+# ARGV: threshold cutoff("" = now - threshold) max_stalled token_suffixes limit channel
+# Returns {recovered, cutoff, examined, meta, data, stalls, token, ...} (the exceeded jobs).
+_RECOVER: Final = (
+    _NOW
+    + """
+local cutoff = now - tonumber(ARGV[1])
+if ARGV[2] ~= '' then
+  cutoff = tonumber(ARGV[2])
+end
+-- The claims older than the cutoff, oldest first: O(log n + k) on the age index.
+local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. string.format('%.17g', cutoff),
+  'LIMIT', 0, tonumber(ARGV[5]))
+local max_stalled = tonumber(ARGV[3])
+local entry_at = '[' .. string.format('%.6f', now) .. ','
+local recovered = 0
+local out = {0, string.format('%.17g', cutoff), #stale}
+for _, token in ipairs(stale) do
+  redis.call('ZREM', KEYS[3], token)
+  local n = string.match(token, '^(%d+):')
+  local meta = redis.call('HGET', KEYS[5], n)
+  if meta then
+    local priority, attempts, stalled, id = string.match(meta, '^(%-?%d+):(%d+):(%d+):(.*)$')
+    local count = tonumber(stalled) + 1
+    local claim = redis.call('HGET', KEYS[7], n) or ''
+    local entry = entry_at .. cjson.encode(string.sub(claim, 17)) .. ']'
+    local history = redis.call('HGET', KEYS[6], n)
+    if history then
+      history = string.sub(history, 1, -2) .. ',' .. entry .. ']'
+    else
+      history = '[' .. entry .. ']'
+    end
+    redis.call('HSET', KEYS[6], n, history)
+    meta = priority .. ':' .. attempts .. ':' .. string.format('%d', count) .. ':' .. id
+    redis.call('HSET', KEYS[5], n, meta)
+    if count > max_stalled then
+      -- Poison: re-leased to the caller (who fails it), still active.
+      local at = (#out - 3) / 4 % (#ARGV[4] / 16) * 16
+      local new_token = n .. ':' .. string.sub(ARGV[4], at + 1, at + 16)
+      redis.call('ZADD', KEYS[3], now, new_token)
+      out[#out + 1] = meta
+      out[#out + 1] = redis.call('HGET', KEYS[4], n)
+      out[#out + 1] = history
+      out[#out + 1] = new_token
+    else
+      redis.call('HDEL', KEYS[7], n)
+      -- A reclaimed job keeps its place: it waited its turn once already.
+      local place = string.sub(claim, 1, 16)
+      if #place < 16 then
+        place = string.format('%016d', redis.call('INCR', KEYS[1]))
+      end
+      redis.call('ZADD', KEYS[2], priority, place .. n)
+      recovered = recovered + 1
+    end
+  end
+end
+out[1] = recovered
+if recovered > 0 and redis.call('DEL', KEYS[8]) == 1 then
+  redis.call('PUBLISH', ARGV[6], '')
+end
+return out
+"""
+)
+
+# KEYS: ready delayed
+_SIZE: Final = """
+return redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+"""
+
+# KEYS: ready delayed armed
+# Returns {1} when a job is ready (or due), else {0} or {0, next_due_in_seconds} (and arms).
+_PEEK: Final = (
+    _NOW
+    + """
+if redis.call('ZCARD', KEYS[1]) > 0 then
+  return {1}
+end
+local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if #first > 0 and tonumber(first[2]) <= now then
+  return {1}
+end
+redis.call('SET', KEYS[3], '1')
+if #first > 0 then
+  return {0, string.format('%.6f', tonumber(first[2]) - now)}
+end
+return {0}
+"""
+)
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def _suffixes(count: int) -> str:
+    """The random parts of the lease tokens one call may issue: 64 bits (16 hex digits) per
+    claim, for up to ``count`` claims (capped; a token stays unique past the cap, as it starts
+    with the job's internal id, but then shares its random part with another of the call)."""
+    return secrets.token_hex(8 * max(1, min(count, _SUFFIXES_MAX)))
+
+
+def _stalls(history: bytes | None) -> tuple[Stall, ...]:
+    if not history:
+        return ()
+    return tuple(Stall(at=float(at), worker=str(worker)) for at, worker in orjson.loads(history))
+
+
+def _claimed(fields: list[Any], start: int) -> ClaimedJob:
+    """A :class:`ClaimedJob` from four reply fields: meta, data, stall history, token."""
+    meta, data, history, token = fields[start : start + 4]
+    priority, attempts, stalled, raw_id = meta.split(b":", 3)
+    job_id = raw_id.decode()
+    return ClaimedJob(
+        id=job_id,
+        data=data if data is not None else b"",
+        lease=Lease(job_id, token.decode()),
+        attempts=int(attempts),
+        stalled_count=int(stalled),
+        stalls=_stalls(history),
+        priority=int(priority),
+    )
+
+
+def _failed(record: bytes) -> FailedJob:
+    head, _, rest = record.partition(b"\n")
+    failed_at, attempts, stalled, id_len, error_len, stalls_len = head.split(b" ")
+    a = int(id_len)
+    b = a + int(error_len)
+    c = b + int(stalls_len)
+    return FailedJob(
+        id=rest[:a].decode(),
+        data=rest[c:],
+        error=rest[a:b].decode(errors="replace"),
+        failed_at=float(failed_at),
+        attempts=int(attempts),
+        stalled_count=int(stalled),
+        stalls=_stalls(rest[b:c]),
+    )
+
+
+@attrs.define(eq=False)
+class _Queue:
+    """The key names of one queue, and this broker's doorbell state for it."""
+
+    name: str
+    channel: bytes
+    push_keys: tuple[str, ...]
+    claim_keys: tuple[str, ...]
+    complete_keys: tuple[str, ...]
+    fail_keys: tuple[str, ...]
+    retry_keys: tuple[str, ...]
+    active_key: str
+    recover_keys: tuple[str, ...]
+    size_keys: tuple[str, ...]
+    peek_keys: tuple[str, ...]
+    failed_key: str
+    armed_key: str
+    rings: int = 0
+    """Doorbell rings received (plus one per resubscription)."""
+    ring: trio.Event = attrs.Factory(trio.Event)
+    """Set (and replaced) on every ring."""
+    covered_epoch: int = 0
+    """The subscription (epoch) in which this queue's channel was confirmed; 0: none."""
+    empty_rings: int = 0
+    """``rings`` just before this broker's last empty pop was sent."""
+    empty_epoch: int | None = None
+    """The subscription that covered that pop, ``None`` if it was not covered (or the last pop
+    was not empty): the next wait must re-check instead of trusting the ring count."""
+    due_at: float = math.inf
+    """Trio time the earliest delayed job comes due, as of that pop."""
+
+    @classmethod
+    def make(cls, name: str, db: int) -> _Queue:
+        def keys(*parts: str) -> tuple[str, ...]:
+            return tuple(f"{{{name}}}:{part}" for part in parts)
+
+        return cls(
+            name=name,
+            channel=f"{{{name}}}:doorbell@{db}".encode(),
+            push_keys=keys("seq", "ready", "delayed", "jobs", "meta", "armed"),
+            claim_keys=keys(
+                "seq", "ready", "delayed", "active", "jobs", "meta", "stalls", "claims", "armed"
+            ),
+            complete_keys=keys("active", "jobs", "meta", "stalls", "claims"),
+            fail_keys=keys("active", "jobs", "meta", "stalls", "claims", "failed"),
+            retry_keys=keys("seq", "ready", "delayed", "active", "meta", "claims", "armed"),
+            active_key=keys("active")[0],
+            recover_keys=keys(
+                "seq", "ready", "active", "jobs", "meta", "stalls", "claims", "armed"
+            ),
+            size_keys=keys("ready", "delayed"),
+            peek_keys=keys("ready", "delayed", "armed"),
+            failed_key=keys("failed")[0],
+            armed_key=keys("armed")[0],
+        )
+
+    def ring_bell(self) -> None:
+        self.rings += 1
+        self.ring.set()
+        self.ring = trio.Event()
+
+    def note_empty(self, rings: int, epoch: int | None, due_in: bytes | None) -> None:
+        """Record an empty pop or peek.
+
+        Args:
+            rings: ``rings`` just before it was sent.
+            epoch: the subscription that covered it, ``None`` if none did.
+            due_in: seconds until the earliest delayed job comes due, ``None`` if none.
+        """
+        self.empty_rings = rings
+        self.empty_epoch = epoch
+        self.due_at = math.inf if due_in is None else trio.current_time() + float(due_in)
+
+
+@attrs.frozen
+class RedisBrokerStatistics:
+    """Counters of one :class:`RedisBroker` (a snapshot)."""
+
+    claims_examined: int
+    """Claims the recovery scripts looked at: the stalled ones only (never a scan)."""
+    subscriptions: int
+    """Doorbell subscriptions opened (1 + reconnections)."""
+    subscription_failures: int
+    """Doorbell subscriptions lost or refused (each reported through ``on_error``)."""
+
+
+class RedisBroker:
+    """A :class:`~durable_trio.adapters.QueueBroker` on Redis, with every optional capability.
+
+    Enter it (``async with``) before waiting on queues: it owns the task that listens to the
+    doorbell. Every other call works on an entered or unentered broker alike.
+
+    Args:
+        client: an entered :class:`~durable_trio._redis.RedisClient` (not closed by the broker).
+        failed_retention: failed jobs kept per queue for inspection (oldest dropped first).
+        promote_batch: due delayed jobs promoted per claim at most.
+        safety_poll_interval: seconds between two safety checks of a waiter (one ``EXISTS``
+            of the queue's armed flag), and seconds of silence after which the subscription is
+            ``PING``\\ ed; also how long a waiter waits for a subscription before returning.
+        ping_timeout: seconds the subscription's ``PING`` may take before the connection is
+            deemed dead and reopened.
+        resubscribe_backoff: first and largest delay (seconds) between two attempts to reopen a
+            lost subscription (doubled per failure, jittered down to half).
+        on_error: called with every error the doorbell listener meets (it also logs them to
+            ``durable_trio.redis``); it must not raise.
+
+    Raises:
+        ConfigError: an option out of range.
+    """
+
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        failed_retention: int = 1000,
+        promote_batch: int = PROMOTE_BATCH,
+        safety_poll_interval: float = 30.0,
+        ping_timeout: float = 5.0,
+        resubscribe_backoff: tuple[float, float] = (0.1, 5.0),
+        on_error: Callable[[Exception], object] | None = None,
+    ) -> None:
+        if failed_retention < 1:
+            raise ConfigError(f"failed_retention must be at least 1, not {failed_retention}")
+        if promote_batch < 1:
+            raise ConfigError(f"promote_batch must be at least 1, not {promote_batch}")
+        if not safety_poll_interval > 0:
+            raise ConfigError(f"safety_poll_interval must be > 0, not {safety_poll_interval}")
+        if not ping_timeout > 0:
+            raise ConfigError(f"ping_timeout must be > 0, not {ping_timeout}")
+        first, largest = resubscribe_backoff
+        if not 0 < first <= largest:
+            raise ConfigError("resubscribe_backoff must be (first, largest), 0 < first <= largest")
+        self._client = client
+        self._db = client.url.db
+        self._failed_retention = failed_retention
+        self._promote_batch = promote_batch
+        self._safety_poll_interval = safety_poll_interval
+        self._ping_timeout = ping_timeout
+        self._backoff = (first, largest)
+        self._on_error = on_error
+        self._push: Script = client.script(_PUSH)
+        self._claim: Script = client.script(_CLAIM)
+        self._complete: Script = client.script(_COMPLETE)
+        self._fail: Script = client.script(_FAIL)
+        self._retry: Script = client.script(_RETRY)
+        self._renew: Script = client.script(_RENEW)
+        self._recover: Script = client.script(_RECOVER)
+        self._size: Script = client.script(_SIZE)
+        self._peek: Script = client.script(_PEEK)
+        self._queues: dict[str, _Queue] = {}
+        # The doorbell: wanted channels, the live subscription and its epoch.
+        self._wanted: dict[bytes, _Queue] = {}
+        self._want = trio.Event()
+        self._sub: Subscription | None = None
+        self._epoch = 0
+        self._changed = trio.Event()
+        self._claims_examined = 0
+        self._subscriptions = 0
+        self._subscription_failures = 0
+        self._stack: AsyncExitStack | None = None
+        self._nursery: trio.Nursery | None = None
+        self._listener_scope = trio.CancelScope()
+        self._entered = False
+        self._closed = False
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    @classmethod
+    @asynccontextmanager
+    async def from_url(cls, url: str, **options: Any) -> AsyncIterator[RedisBroker]:
+        """Open a client on ``url`` and a broker on it; close both on leaving the block.
+
+        Args:
+            url: a ``redis://`` or ``rediss://`` URL (see :func:`~durable_trio._redis.open_redis`).
+            **options: :class:`RedisBroker` options.
+
+        Yields:
+            the entered broker.
+        """
+        async with open_redis(url) as client, cls(client, **options) as broker:
+            yield broker
+
+    async def __aenter__(self) -> RedisBroker:
+        if self._entered:
+            raise RuntimeError("a RedisBroker can be entered only once")
+        self._entered = True
+        stack = AsyncExitStack()
+        self._nursery = await stack.enter_async_context(trio.open_nursery())
+        self._stack = stack
+        try:
+            await self._nursery.start(self._doorbell_loop)
+        except BaseException:  # cancelled while starting: leave the nursery before raising
+            self._close_now()
+            self._stack = None
+            await stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._close_now()  # no checkpoint before the nursery is left, even when cancelled
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def aclose(self) -> None:
+        """Stop listening to the doorbell (the client stays open: it is the caller's).
+
+        Idempotent, callable from any task; it does not wait (the listener ends at once when
+        cancelled, and leaving the ``async with`` waits for it).
+        """
+        self._close_now()
+        await trio.lowlevel.checkpoint()
+
+    def _close_now(self) -> None:
+        self._closed = True
+        # Only the listener's own scope: the nursery's would cancel the ``async with`` body.
+        self._listener_scope.cancel()
+        sub = self._sub
+        if sub is not None:
+            sub.close()
+        self._signal_changed()
+
+    def statistics(self) -> RedisBrokerStatistics:
+        """A snapshot of the broker's counters."""
+        return RedisBrokerStatistics(
+            claims_examined=self._claims_examined,
+            subscriptions=self._subscriptions,
+            subscription_failures=self._subscription_failures,
+        )
+
+    # -- the contract -----------------------------------------------------------------------
+
+    def _queue(self, name: str) -> _Queue:
+        q = self._queues.get(name)
+        if q is None:
+            if not name or "{" in name or "}" in name:
+                raise ValueError(f"a Redis queue name is not empty and has no braces: {name!r}")
+            q = self._queues[name] = _Queue.make(name, self._db)
+        return q
+
+    async def push_on(
+        self, queue: str, job: Job, *, priority: int | None = None, delay: float = 0.0
+    ) -> None:
+        """Enqueue ``job`` (see :class:`~durable_trio.adapters.QueueBroker`).
+
+        Raises:
+            ValueError: ``priority`` outside ``[MIN_PRIORITY, MAX_PRIORITY]``, or a queue name
+                that is empty or has braces.
+        """
+        q = self._queue(queue)
+        priority = priority or 0
+        if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+            raise ValueError(f"priority must be in [-2**53, 2**53], not {priority}")
+        await self._push(
+            q.push_keys, (job.id, job.data, priority, delay if delay > 0 else 0, q.channel)
+        )
+
+    async def pop_from(self, queue: str, *, worker: str = "") -> ClaimedJob | None:
+        """Claim the next ready job (promoting due delayed jobs first), or ``None``."""
+        jobs = await self.pop_many(queue, 1, worker=worker)
+        return jobs[0] if jobs else None
+
+    async def pop_many(self, queue: str, count: int, *, worker: str = "") -> list[ClaimedJob]:
+        """Claim up to ``count`` ready jobs in one round trip (one script run), in pop order."""
+        q = self._queue(queue)
+        if count < 1:
+            await trio.lowlevel.checkpoint()
+            return []
+        # Snapshot the doorbell before the command is sent: a ring counted after this may be
+        # for an older push (a spurious wake-up), but no push after the pop can be missed.
+        rings = q.rings
+        epoch = self._epoch if self._covers(q) else None
+        reply = await self._claim(
+            q.claim_keys, (count, worker, _suffixes(count), self._promote_batch)
+        )
+        if len(reply) == 1:
+            q.note_empty(rings, epoch, reply[0])
+            return []
+        q.empty_epoch = None
+        return [_claimed(reply, i) for i in range(1, len(reply), 4)]
+
+    async def complete_job(self, lease: Lease, queue: str) -> bool:
+        """Remove a finished job. ``False``: the lease was lost, nothing changed."""
+        q = self._queue(queue)
+        return bool(await self._complete(q.complete_keys, (lease.token,)))
+
+    async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
+        """Fail a job for good, keeping the newest ``failed_retention``. ``False``: lease lost."""
+        q = self._queue(queue)
+        return bool(await self._fail(q.fail_keys, (lease.token, error, self._failed_retention)))
+
+    async def retry_job(
+        self, lease: Lease, queue: str, *, delay: float = 0.0, count_attempt: bool = True
+    ) -> bool:
+        """Hand a claim back for redelivery after ``delay`` seconds. ``False``: lease lost.
+
+        A counted retry (or any delayed one) goes to the back of its priority; an immediate
+        ``count_attempt=False`` handback keeps the place the job was popped from.
+        """
+        q = self._queue(queue)
+        args = (lease.token, delay if delay > 0 else 0, "1" if count_attempt else "0", q.channel)
+        return bool(await self._retry(q.retry_keys, args))
+
+    async def renew_jobs(self, queue: str, leases: Sequence[Lease]) -> RenewOutcome:
+        """Refresh the age of every claim in ``leases`` still held under its token."""
+        q = self._queue(queue)
+        renewed = 0
+        lost: list[Lease] = []
+        for start in range(0, len(leases), RENEW_BATCH):
+            chunk = leases[start : start + RENEW_BATCH]
+            count, positions = await self._renew((q.active_key,), [x.token for x in chunk])
+            renewed += count
+            lost.extend(chunk[i - 1] for i in positions)
+        if not leases:
+            await trio.lowlevel.checkpoint()
+        return RenewOutcome(renewed=renewed, lost=tuple(lost))
+
+    async def recover_stalled_jobs(
+        self, queue: str, threshold: float, max_stalled: int
+    ) -> Recovery:
+        """Take back claims older than ``threshold`` seconds (server clock), each to the place
+        it was popped from.
+
+        Each script run handles at most ``RECOVER_BATCH`` stalled claims, found in O(log n + k)
+        on the age index; a sweep runs as many as it needs, all against the cutoff of the first
+        (so a job re-leased as poison is never taken back twice in one sweep).
+        """
+        q = self._queue(queue)
+        recovered = 0
+        exceeded: list[ClaimedJob] = []
+        cutoff = ""
+        while True:
+            reply = await self._recover(
+                q.recover_keys,
+                (max(threshold, 0.0), cutoff, max_stalled, _suffixes(16), RECOVER_BATCH, q.channel),
+            )
+            recovered += reply[0]
+            cutoff = reply[1].decode()
+            examined = reply[2]
+            self._claims_examined += examined
+            exceeded.extend(_claimed(reply, i) for i in range(3, len(reply), 4))
+            if examined < RECOVER_BATCH:
+                return Recovery(recovered=recovered, exceeded=tuple(exceeded))
+
+    async def size_of(self, queue: str) -> int:
+        """Jobs waiting to be claimed (ready and delayed)."""
+        q = self._queue(queue)
+        return int(await self._size(q.size_keys))
+
+    async def failed_jobs(self, queue: str, *, limit: int = 100) -> list[FailedJob]:
+        """The most recent failed jobs of ``queue``, newest first."""
+        q = self._queue(queue)
+        if limit < 1:
+            await trio.lowlevel.checkpoint()
+            return []
+        records = await self._client.execute("LRANGE", q.failed_key, 0, limit - 1)
+        return [_failed(record) for record in records]
+
+    # -- wake-up ----------------------------------------------------------------------------
+
+    async def wait_for_work(self, queue: str) -> None:
+        """Return when ``queue`` may have work (see the module docs for how).
+
+        Returns at once if a job is ready; else on a doorbell ring after this broker's last
+        empty pop, when the earliest delayed job comes due, when a safety check finds the
+        queue's armed flag gone, or when no subscription could be made within
+        ``safety_poll_interval``.
+
+        Error handling:
+            Never raises :class:`~durable_trio.BrokerError`: a failed check is reported through
+            ``on_error`` and the call returns (the caller's next pop meets the error itself).
+
+        Raises:
+            RuntimeError: the broker was not entered (``async with``).
+        """
+        q = self._queue(queue)
+        if self._nursery is None:
+            raise RuntimeError("enter the RedisBroker (async with) before waiting on it")
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        with trio.move_on_after(self._safety_poll_interval) as covering:
+            await self._cover(q)
+        if covering.cancelled_caught or self._closed:
+            return  # no subscription for that long: let the caller look (and meet the error)
+        if q.empty_epoch is None or q.empty_epoch != self._epoch:
+            # The last pop was not covered by this subscription: look (which arms) now that
+            # the subscription is in place.
+            rings = q.rings
+            try:
+                reply = await self._peek(q.peek_keys)
+            except BrokerError as exc:
+                self._report(exc)
+                return
+            if reply[0]:
+                return
+            q.note_empty(rings, self._epoch, reply[1] if len(reply) > 1 else None)
+        with trio.move_on_at(q.due_at):
+            while q.rings == q.empty_rings:
+                with trio.move_on_after(self._safety_poll_interval):
+                    await q.ring.wait()
+                    return
+                # The slow safety poll, one EXISTS: the empty pop (or peek) set the armed flag,
+                # and every push, retry or recovery since then clears it. Still set: nothing
+                # was made ready since some consumer last found the queue empty, whatever
+                # happened to the doorbell. Gone (a push, or the flag lost to a flush or an
+                # eviction): return, and the caller's pop looks and re-arms.
+                try:
+                    armed = await self._client.execute("EXISTS", q.armed_key)
+                except BrokerError as exc:
+                    self._report(exc)
+                    return
+                if not armed:
+                    return
+
+    def _covers(self, q: _Queue) -> bool:
+        return self._sub is not None and q.covered_epoch == self._epoch
+
+    def _signal_changed(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _cover(self, q: _Queue) -> None:
+        """Return once ``q``'s channel is subscribed on the live subscription."""
+        while not self._covers(q):
+            if self._closed:
+                return
+            if q.channel not in self._wanted:
+                self._wanted[q.channel] = q
+                self._want.set()
+            sub = self._sub
+            if sub is None:
+                await self._changed.wait()  # the listener (re)connects and subscribes it
+                continue
+            epoch = self._epoch
+            changed = self._changed
+            try:
+                await sub.subscribe(q.channel)
+            except (BrokerError, TransportClosed):
+                # Dead: the listener notices, reports and reconnects (or, closed, stops).
+                await changed.wait()
+                continue
+            if self._sub is sub and self._epoch == epoch:
+                q.covered_epoch = epoch
+
+    async def _doorbell_loop(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The listener: one subscription for every waited queue, reopened when lost."""
+        with self._listener_scope:
+            task_status.started()
+            await self._listen_forever()
+
+    async def _listen_forever(self) -> None:
+        failures = 0
+        while True:
+            while not self._wanted:
+                self._want = trio.Event()
+                await self._want.wait()
+            try:
+                async with self._client.subscribe() as sub:
+                    channels = list(self._wanted)
+                    await sub.subscribe(*channels)
+                    self._epoch += 1
+                    self._subscriptions += 1
+                    self._sub = sub
+                    for channel in channels:
+                        self._wanted[channel].covered_epoch = self._epoch
+                    # Messages may have been lost while we were not subscribed: a
+                    # (re)subscription rings every queue (its waiters re-check).
+                    for q in list(self._wanted.values()):
+                        q.ring_bell()
+                    self._signal_changed()
+                    failures = 0
+                    await self._listen(sub)
+            except BrokerError as exc:
+                self._subscription_failures += 1
+                self._report(exc)
+            except TransportClosed:
+                # The client is closed: this broker cannot work any more. Waiters return.
+                self._closed = True
+                return
+            finally:
+                self._sub = None
+                self._signal_changed()
+            failures += 1
+            first, largest = self._backoff
+            delay = min(largest, first * 2.0 ** min(failures - 1, 32))
+            await trio.sleep(delay * random.uniform(0.5, 1.0))
+
+    async def _listen(self, sub: Subscription) -> None:
+        """Count rings until the subscription fails; ``PING`` it after a silence."""
+        wanted = self._wanted
+        while True:
+            with trio.move_on_after(self._safety_poll_interval):
+                channel, _ = await sub.receive()
+                q = wanted.get(channel)
+                if q is not None:
+                    q.ring_bell()
+                continue
+            await sub.ping(reply_timeout=self._ping_timeout)
+
+    def _report(self, exc: Exception) -> None:
+        logger.warning("Redis doorbell: %s", exc, exc_info=exc)
+        if self._on_error is not None:
+            try:
+                self._on_error(exc)
+            except Exception:  # a broken hook must not take the listener down
+                logger.exception("the on_error hook raised")
