@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import trio
 
 import durable_trio as dt
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 async def test_unknown_scheme_is_a_config_error() -> None:

@@ -183,6 +183,10 @@ class Liveness:
         """The timer (and the nursery of the writes)."""
         async with trio.open_nursery() as writes:
             self._writes = writes
+            for token in self.tokens:  # served before the timer ran: beat them now
+                self._beat(token)
+            if self.tokens:
+                self._beat(_DESCRIPTOR)
             task_status.started()
             start = trio.current_time()
             tick = 1
@@ -203,10 +207,11 @@ class Liveness:
         self._beat(_DESCRIPTOR)
 
     def _beat(self, token: str) -> None:
+        if self._writes is None:
+            return  # not running yet: run() beats every served token when it starts
         if token in self._in_flight:
             self.skipped += 1
             return
-        assert self._writes is not None
         self._in_flight.add(token)
         if len(self._in_flight) == 1:
             self._idle = trio.Event()

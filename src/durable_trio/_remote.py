@@ -108,20 +108,23 @@ class RemoteMixin(ConsumeMixin):
             error = StepError(f"no workflow registered for {task.workflow!r}", "no_workflow", False)
             return WorkflowDecision(task.task_id, task.run_id, DecisionStatus.FAILED, error=error)
         decision: WorkflowDecision | None = None
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._beat_turn, task)
+        failure: Exception | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._beat_turn, task)
+            try:
                 decision = await turn(task)
-                nursery.cancel_scope.cancel()
-        except Exception as exc:
+            except Exception as exc:  # caught inside: the nursery must not wrap it
+                failure = exc
+            nursery.cancel_scope.cancel()
+        if failure is not None:
             self._report(
                 JobError(
-                    f"workflow turn {task.workflow!r} raised {exc!r}",
+                    f"workflow turn {task.workflow!r} raised {failure!r}",
                     queue=self.task_queue(task.group),
                     job_id=task.task_id,
                 )
             )
-            error = StepError(f"{type(exc).__name__}: {exc}", "turn_failed", True)
+            error = StepError(f"{type(failure).__name__}: {failure}", "turn_failed", True)
             return WorkflowDecision(task.task_id, task.run_id, DecisionStatus.FAILED, error=error)
         assert decision is not None
         return decision
@@ -337,8 +340,13 @@ class RemoteMixin(ConsumeMixin):
         """control plane -> the inbox of every live subscriber of ``event.tenant`` (none:
         nothing is pushed). Publishes are serialized: each subscriber sees one publisher's
         events in publish order (T21)."""
-        self._ensure_registrations_loop()
         async with self._publish_lock:
+            if not self._registrations_loop:
+                # The first control-plane surface used: record what was announced before this
+                # instance listened (inline, before the loop exists to race it), or the first
+                # events would miss every subscriber.
+                await self._catch_up_registrations()
+                self._ensure_registrations_loop()
             for owner in await self._registry.subscribers_of(event.tenant):
                 queue = self._names.tenant_events(owner)
                 await self._push(queue, JobKind.TENANT_EVENT, event)
@@ -409,6 +417,21 @@ class RemoteMixin(ConsumeMixin):
             self._inboxes.nursery.start_soon(
                 self._registry.janitor_forever, self._options.inbox_sweep_interval
             )
+
+    async def _catch_up_registrations(self, most: int = 1000) -> None:
+        """Record the registrations waiting on the queue now, inline."""
+        broker, queue = self._broker, self._names.registrations
+        for _ in range(most):
+            job = await broker.pop_from(queue, worker=self.instance_id)
+            if job is None:
+                return
+            try:
+                await self._on_registration(job)
+            except PayloadError as exc:
+                self._report(exc)
+                await broker.fail_job(job.lease, queue, f"bad input: {exc}")
+                continue
+            await broker.complete_job(job.lease, queue)
 
     async def _on_registration(self, job: ClaimedJob) -> None:
         envelope = decode_envelope(job.data, max_bytes=self._max_payload_bytes)
