@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 
 from durable_trio.adapters import (
     Job,
+    SupportsBatchFinalize,
     Lease,
     SupportsFailedJobs,
     SupportsRecovery,
@@ -286,3 +288,16 @@ async def test_reclaimed_and_handed_back_jobs_keep_their_place(
     assert await broker.retry_job(third.lease, Q) is True  # a counted retry: to the back
     assert [(await broker.pop_from(Q)).id for _ in range(2)] == ["job-fourth", "job-third"]
     assert first is not None
+
+
+async def test_batch_finalize_matches_one_by_one(broker: Any, contract_clock: object) -> None:
+    if not isinstance(broker, SupportsBatchFinalize):
+        pytest.skip(f"{type(broker).__name__} has no batch finalize (optional)")
+    await broker.push_many(Q, [job(1), job(2), job(3)], [None, 5, -1])
+    order = [(await broker.pop_from(Q)) for _ in range(3)]
+    assert [j.id for j in order] == ["job-3", "job-1", "job-2"]
+    assert await broker.complete_job(order[0].lease, Q) is True
+    answers = await broker.complete_many(Q, [j.lease for j in order])
+    assert answers == [False, True, True]
+    assert await broker.complete_many(Q, []) == []
+    assert await broker.pop_from(Q) is None

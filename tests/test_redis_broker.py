@@ -408,14 +408,15 @@ async def test_an_idle_worker_costs_less_than_half_a_command_a_second(
                 await trio.sleep(seconds)
                 used = commands_since(redis_server, before)
                 nursery.cancel_scope.cancel()
-        assert set(used) <= {"exists", "ping"}, used  # no scripts, no pops while idle
+        assert set(used) <= {"mget", "ping"}, used  # no scripts, no pops while idle
         return sum(used.values())
 
     # Default settings: nothing at all in a short window.
     assert await measure(2.0) / 2.0 <= 0.5
-    # The steady state, compressed: one EXISTS per queue and one PING per safety interval.
+    # The steady state, compressed: ONE MGET for every idle queue, and one PING, per safety
+    # interval, whatever the number of queues.
     count = await measure(1.0, safety_poll_interval=0.25)
-    assert count <= (queues + 1) * 4
+    assert count <= 2 * 5
     assert count / 1.0 * 0.25 / 30.0 <= 0.5  # scaled to the default 30 s interval
 
 

@@ -255,7 +255,11 @@ class ConsumeMixin(TransportBase):
         on_job = loop.on_job
         slots = loop.slots
         claims = self._claims
-        complete_job = self._broker.complete_job
+        complete_job = (
+            self._completer(loop.queue).submit
+            if self._batch_finalize is not None
+            else lambda lease: self._broker.complete_job(lease, loop.queue)
+        )
         with trio.CancelScope() as scope:
             me = _JobWorker(trio.lowlevel.current_task(), scope)
             claim.scope = scope
@@ -285,7 +289,7 @@ class ConsumeMixin(TransportBase):
                         try:
                             if error is not None:
                                 await self._finalize(claim, error)
-                            elif not await complete_job(job.lease, claim.queue):
+                            elif not await complete_job(job.lease):
                                 self._report(
                                     LeaseLost(
                                         "completing the job answered 'lease lost': it was "

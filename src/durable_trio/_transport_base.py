@@ -15,6 +15,7 @@ import attrs
 import trio
 
 from ._adaptive import ConcurrencyController
+from ._coalesce import Coalescer, results_of
 from ._codec import encode_envelope
 from ._errors import JobError, TransportClosed
 from ._liveness import (
@@ -38,6 +39,8 @@ from ._wire import (
 from .adapters import (
     ClaimedJob,
     Job,
+    Lease,
+    SupportsBatchFinalize,
     SupportsRecovery,
     SupportsRenewal,
     SupportsWakeup,
@@ -159,6 +162,11 @@ class TransportBase:
         self._can_renew = isinstance(broker, SupportsRenewal)
         self._can_recover = isinstance(broker, SupportsRecovery)
         self._wait_for_work = broker.wait_for_work if isinstance(broker, SupportsWakeup) else None
+        # Finalizes and pushes made in one scheduling round share one broker call, where the
+        # broker can take them so (not the memory broker: its calls cost less than the round).
+        self._batch_finalize = broker if isinstance(broker, SupportsBatchFinalize) else None
+        self._pushers: dict[str, Coalescer[tuple[Job, int | None], None]] = {}
+        self._completers: dict[str, Coalescer[Lease, bool]] = {}
         if options.stalled_threshold is not None:
             self.stalled_threshold = options.stalled_threshold
         elif self._can_renew:
@@ -291,8 +299,36 @@ class TransportBase:
             raise TransportClosed("the transport is closed")
         job_id = f"{self._id_prefix}{next(self._ids)}"
         data = encode_envelope(job_id, kind, payload, priority, self._max_payload_bytes)
-        await self._broker.push_on(queue, Job(job_id, data), priority=priority, delay=delay)
+        if self._batch_finalize is not None and delay <= 0:
+            await self._pusher(queue).submit((Job(job_id, data), priority))
+        else:
+            await self._broker.push_on(queue, Job(job_id, data), priority=priority, delay=delay)
         return job_id
+
+    def _pusher(self, queue: str) -> Coalescer[tuple[Job, int | None], None]:
+        pusher = self._pushers.get(queue)
+        if pusher is None:
+            broker = self._batch_finalize
+            assert broker is not None
+
+            async def push_many(items: list[tuple[Job, int | None]]) -> list[None]:
+                await broker.push_many(queue, [j for j, _ in items], [p for _, p in items])
+                return results_of(len(items))
+
+            pusher = self._pushers[queue] = Coalescer(push_many)
+        return pusher
+
+    def _completer(self, queue: str) -> Coalescer[Lease, bool]:
+        completer = self._completers.get(queue)
+        if completer is None:
+            broker = self._batch_finalize
+            assert broker is not None
+
+            async def complete_many(leases: list[Lease]) -> list[bool]:
+                return await broker.complete_many(queue, leases)
+
+            completer = self._completers[queue] = Coalescer(complete_many)
+        return completer
 
     async def dispatch(self, task: RemoteTask, *, delay: float = 0.0) -> str:
         """engine -> step worker: enqueue ``task`` on its routing token's task queue (T1, T3).

@@ -32,6 +32,7 @@ __all__ = [
     "Recovery",
     "RenewOutcome",
     "Stall",
+    "SupportsBatchFinalize",
     "SupportsBatchPop",
     "SupportsFailedJobs",
     "SupportsRecovery",
@@ -155,6 +156,23 @@ class SupportsBatchPop(Protocol):
     async def pop_many(self, queue: str, count: int, *, worker: str = "") -> list[ClaimedJob]:
         """Claim up to ``count`` ready jobs in one call, in pop order (empty: none ready). One
         round trip instead of ``count`` is where a loop with free slots wins its throughput."""
+        ...
+
+
+@runtime_checkable
+class SupportsBatchFinalize(Protocol):
+    """Many finalizes in one call: the transport coalesces the completes (and pushes) made in
+    one scheduling round. On Redis that is one script run instead of N round trips' worth of
+    commands; on SQLite one transaction instead of N."""
+
+    async def complete_many(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
+        """``complete_job`` for each lease, in order; each answer as ``complete_job``'s."""
+        ...
+
+    async def push_many(
+        self, queue: str, jobs: Sequence[Job], priorities: Sequence[int | None]
+    ) -> None:
+        """``push_on`` (no delay) for each job, in order, with its priority."""
         ...
 
 

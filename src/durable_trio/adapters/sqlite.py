@@ -673,6 +673,19 @@ def _op_pop_many(queue: str, count: int, worker: str, db: sqlite3.Connection) ->
     return claimed
 
 
+def _op_complete_many(
+    leases: Sequence[Lease], queue: str, db: sqlite3.Connection
+) -> list[bool]:
+    return [_op_complete(lease, queue, db) for lease in leases]
+
+
+def _op_push_many(
+    queue: str, pairs: list[tuple[Job, int | None]], db: sqlite3.Connection
+) -> None:
+    for job, priority in pairs:
+        _op_push(queue, job, priority or 0, 0.0, db)
+
+
 def _op_complete(lease: Lease, queue: str, db: sqlite3.Connection) -> bool:
     return db.execute(_COMPLETE, (lease.token, queue, lease.job_id)).rowcount == 1
 
@@ -922,6 +935,19 @@ class SqliteBroker:
         """Delete a finished job. ``False``: the lease was lost, nothing changed."""
         done: bool = await self._call(partial(_op_complete, lease, queue), write=True)
         return done
+
+    async def complete_many(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
+        """``complete_job`` for each lease, in one transaction."""
+        done: list[bool] = await self._call(partial(_op_complete_many, leases, queue), write=True)
+        return done
+
+    async def push_many(
+        self, queue: str, jobs: Sequence[Job], priorities: Sequence[int | None]
+    ) -> None:
+        """``push_on`` (no delay) for each job, in one transaction."""
+        pairs = list(zip(jobs, priorities, strict=True))
+        await self._call(partial(_op_push_many, queue, pairs), write=True)
+        self._ring(queue)
 
     async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
         """Fail a job for good, kept for :meth:`failed_jobs`. ``False``: the lease was lost."""
