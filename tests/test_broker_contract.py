@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import trio
 
 from durable_trio.adapters import (
     Job,
-    SupportsBatchFinalize,
     Lease,
+    SupportsBatchFinalize,
+    SupportsBatchPop,
     SupportsFailedJobs,
     SupportsRecovery,
     SupportsRenewal,
@@ -32,6 +32,8 @@ def job(n: int | str) -> Job:
 
 async def test_every_capability_is_present(broker: Any, contract_clock: object) -> None:
     for capability in (
+        SupportsBatchFinalize,
+        SupportsBatchPop,
         SupportsRenewal,
         SupportsRecovery,
         SupportsSize,
@@ -291,8 +293,7 @@ async def test_reclaimed_and_handed_back_jobs_keep_their_place(
 
 
 async def test_batch_finalize_matches_one_by_one(broker: Any, contract_clock: object) -> None:
-    if not isinstance(broker, SupportsBatchFinalize):
-        pytest.skip(f"{type(broker).__name__} has no batch finalize (optional)")
+    assert isinstance(broker, SupportsBatchFinalize)
     await broker.push_many(Q, [job(1), job(2), job(3)], [None, 5, -1])
     order = [(await broker.pop_from(Q)) for _ in range(3)]
     assert [j.id for j in order] == ["job-3", "job-1", "job-2"]

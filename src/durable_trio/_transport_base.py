@@ -164,7 +164,12 @@ class TransportBase:
         self._wait_for_work = broker.wait_for_work if isinstance(broker, SupportsWakeup) else None
         # Finalizes and pushes made in one scheduling round share one broker call, where the
         # broker can take them so (not the memory broker: its calls cost less than the round).
-        self._batch_finalize = broker if isinstance(broker, SupportsBatchFinalize) else None
+        self._batch_finalize = (
+            broker
+            if isinstance(broker, SupportsBatchFinalize)
+            and getattr(broker, "coalesce_finalize", True)
+            else None
+        )
         self._pushers: dict[str, Coalescer[tuple[Job, int | None], None]] = {}
         self._completers: dict[str, Coalescer[Lease, bool]] = {}
         if options.stalled_threshold is not None:

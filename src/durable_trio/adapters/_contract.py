@@ -163,7 +163,8 @@ class SupportsBatchPop(Protocol):
 class SupportsBatchFinalize(Protocol):
     """Many finalizes in one call: the transport coalesces the completes (and pushes) made in
     one scheduling round. On Redis that is one script run instead of N round trips' worth of
-    commands; on SQLite one transaction instead of N."""
+    commands; on SQLite one transaction instead of N. A broker whose calls cost less than a
+    scheduling round sets ``coalesce_finalize = False`` and the transport calls it one by one."""
 
     async def complete_many(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
         """``complete_job`` for each lease, in order; each answer as ``complete_job``'s."""

@@ -159,6 +159,20 @@ class MemoryBroker:
         await trio.lowlevel.checkpoint_if_cancelled()
         return self._release(lease, queue) is not None
 
+    #: The transport coalesces finalizes only where a call costs more than a scheduling round:
+    #: not here (see ``SupportsBatchFinalize``).
+    coalesce_finalize = False
+
+    async def complete_many(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return [self._release(lease, queue) is not None for lease in leases]
+
+    async def push_many(
+        self, queue: str, jobs: Sequence[Job], priorities: Sequence[int | None]
+    ) -> None:
+        for job, priority in zip(jobs, priorities, strict=True):
+            await self.push_on(queue, job, priority=priority)
+
     async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
         released = self._release(lease, queue)
