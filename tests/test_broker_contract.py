@@ -293,7 +293,6 @@ async def test_reclaimed_and_handed_back_jobs_keep_their_place(
 
 
 async def test_batch_finalize_matches_one_by_one(broker: Any, contract_clock: object) -> None:
-    assert isinstance(broker, SupportsBatchFinalize)
     await broker.push_many(Q, [job(1), job(2), job(3)], [None, 5, -1])
     order = [(await broker.pop_from(Q)) for _ in range(3)]
     assert [j.id for j in order] == ["job-3", "job-1", "job-2"]
