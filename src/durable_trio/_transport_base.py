@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -275,6 +275,12 @@ class TransportBase:
             "startedAt": self._started_at,
         }
 
+    def _check_open_for_producers(self) -> None:
+        if self._fully_closed:
+            # Producers work on through the close drain (a finishing handler publishes its
+            # result); only a fully closed transport refuses.
+            raise TransportClosed("the transport is closed")
+
     def _check_open(self) -> None:
         if self._closing:
             raise TransportClosed("the transport is closed")
@@ -298,10 +304,7 @@ class TransportBase:
         priority: int | None = None,
         delay: float = 0.0,
     ) -> str:
-        if self._fully_closed:
-            # Producers work on through the close drain (a finishing handler publishes its
-            # result); only a fully closed transport refuses.
-            raise TransportClosed("the transport is closed")
+        self._check_open_for_producers()
         job_id = f"{self._id_prefix}{next(self._ids)}"
         data = encode_envelope(job_id, kind, payload, priority, self._max_payload_bytes)
         if self._batch_finalize is not None and delay <= 0:
@@ -354,6 +357,35 @@ class TransportBase:
             priority=task.priority,
             delay=delay,
         )
+
+    async def dispatch_many(self, tasks: Sequence[RemoteTask]) -> list[str]:
+        """Enqueue many tasks, in as few broker calls as the broker allows (one per routing
+        queue on Redis and SQLite). Same errors as :meth:`dispatch`; on an error some tasks may
+        have been enqueued already.
+
+        Returns:
+            The job ids, in order.
+        """
+        self._check_open_for_producers()
+        by_queue: dict[str, list[tuple[Job, int | None]]] = {}
+        ids = []
+        for task in tasks:
+            job_id = f"{self._id_prefix}{next(self._ids)}"
+            data = encode_envelope(
+                job_id, JobKind.TASK, task, task.priority, self._max_payload_bytes
+            )
+            by_queue.setdefault(self.task_queue(task.routing_group), []).append(
+                (Job(job_id, data), task.priority)
+            )
+            ids.append(job_id)
+        broker = self._broker
+        for queue, items in by_queue.items():
+            if isinstance(broker, SupportsBatchFinalize):
+                await broker.push_many(queue, [j for j, _ in items], [p for _, p in items])
+            else:
+                for job, priority in items:
+                    await broker.push_on(queue, job, priority=priority)
+        return ids
 
     async def publish_result(self, result: StepResult) -> str:
         """step worker -> engine: publish a step result (the transport does this for handlers)."""

@@ -408,10 +408,6 @@ class Connection:
                 if not outbox:
                     self._writer_idle = trio.lowlevel.current_task()
                     await trio.lowlevel.wait_task_rescheduled(self._abort_writer_wait)
-                    # One more scheduling round before sending: every task made runnable with
-                    # the first writer enqueues its command too, and they share one send (a
-                    # loopback send costs ~100 µs of CPU here; a round ~4 µs).
-                    await trio.lowlevel.cancel_shielded_checkpoint()
                     continue
                 data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
                 outbox.clear()

@@ -1,0 +1,178 @@
+"""durable_trio on Redis, the scenarios of the race (issue 3), on a private redis-server.
+
+* S1: drain N pre-enqueued no-op tasks with one worker PROCESS: our full round trip (dispatch
+  -> handler -> result consumed by this process), at concurrency 1, 10 and 32. Timed like the
+  peers': from the worker process's start to the last result (the note gives the rate from the
+  first result, start-up excluded).
+* S2: enqueue N tasks one by one, and in bulk (``dispatch_many``).
+* S3: dispatch -> result latency, one at a time, idle worker process: p50 / p99 ms.
+* S4: Redis commands/s of an idle worker process serving 1 and 10 queues (INFO commandstats),
+  everything counted: polls, the wake-up doorbell and the liveness keys (T11).
+* S5: throughput of the same drain with 1k, 100k and 1M tasks pending.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import durable_trio as dt
+
+from .redis_server import commandstats, flushall
+
+WORKER = Path(__file__).with_name("_redis_worker.py")
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+def _spawn(url: str, namespace: str, concurrency: int, queues: int = 1) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), url, namespace, str(concurrency), str(queues)],
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.kill()
+    process.wait()
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+def _task(n: int, name: str = "noop-0") -> dt.RemoteTask:
+    return dt.RemoteTask(run_id="bench", step_id=str(n), attempt=1, name=name)
+
+
+async def _fill(transport: dt.QueueTransport, count: int, start: int = 0) -> None:
+    for first in range(start, start + count, 1000):
+        await transport.dispatch_many([_task(n) for n in range(first, min(first + 1000, start + count))])
+
+
+async def drain(url: str, *, jobs: int, concurrency: int, pending: int = 0) -> tuple[float, float]:
+    """S1/S5: (jobs/s from the worker's start, jobs/s from its first result)."""
+    namespace = f"s1-{concurrency}-{time.monotonic_ns()}"
+    async with dt.open_backend(url) as backend:
+        async with dt.open_queue_transport(
+            backend, namespace=namespace, result_concurrency=64
+        ) as engine:
+            await _fill(engine, jobs + pending)
+            done = trio.Event()
+            count = 0
+            first_at = 0.0
+
+            async def on_result(result: dt.StepResult) -> None:
+                nonlocal count, first_at
+                count += 1
+                if count == 1:
+                    first_at = time.perf_counter()
+                if count == jobs:
+                    done.set()
+
+            engine.on_result(on_result)
+            start = time.perf_counter()
+            worker = await trio.to_thread.run_sync(_spawn, url, namespace, concurrency)
+            try:
+                with trio.fail_after(300):
+                    await done.wait()
+            finally:
+                _stop(worker)
+            end = time.perf_counter()
+    return jobs / (end - start), (jobs - 1) / max(end - first_at, 1e-9)
+
+
+async def enqueue(url: str, *, jobs: int) -> tuple[float, float]:
+    """S2: (one by one, bulk) tasks/s."""
+    async with dt.open_backend(url) as backend:
+        async with dt.open_queue_transport(backend, namespace=f"s2-{time.monotonic_ns()}") as t:
+            start = time.perf_counter()
+            for n in range(jobs):
+                await t.dispatch(_task(n))
+            one_by_one = jobs / (time.perf_counter() - start)
+            start = time.perf_counter()
+            await _fill(t, jobs, start=jobs)
+            bulk = jobs / (time.perf_counter() - start)
+    return one_by_one, bulk
+
+
+async def latency(url: str, *, samples: int) -> tuple[float, float]:
+    """S3: dispatch -> result consumed, one at a time, idle worker process: (p50, p99) ms."""
+    namespace = f"s3-{time.monotonic_ns()}"
+    worker = await trio.to_thread.run_sync(_spawn, url, namespace, 10)
+    try:
+        assert worker.stdout is not None
+        line = await trio.to_thread.run_sync(worker.stdout.readline)
+        assert line.strip() == b"ready", line
+        async with dt.open_backend(url) as backend:
+            async with dt.open_queue_transport(backend, namespace=namespace) as engine:
+                arrived = trio.Event()
+
+                async def on_result(result: dt.StepResult) -> None:
+                    arrived.set()
+
+                engine.on_result(on_result)
+                timings = []
+                for n in range(samples + 30):
+                    arrived = trio.Event()
+                    await trio.sleep(0.002)  # the worker is idle when each job arrives
+                    start = time.perf_counter()
+                    await engine.dispatch(_task(n))
+                    with trio.fail_after(10):
+                        await arrived.wait()
+                    if n >= 30:
+                        timings.append((time.perf_counter() - start) * 1000)
+    finally:
+        _stop(worker)
+    cuts = statistics.quantiles(timings, n=100)
+    return cuts[49], cuts[98]
+
+
+async def idle_commands(url: str, *, queues: int, window: float) -> float:
+    """S4: commands/s of an idle worker process serving ``queues`` queues."""
+    namespace = f"s4-{queues}-{time.monotonic_ns()}"
+    worker = await trio.to_thread.run_sync(_spawn, url, namespace, 10, queues)
+    try:
+        assert worker.stdout is not None
+        await trio.to_thread.run_sync(worker.stdout.readline)
+        await trio.sleep(1.0)  # its first pops and subscriptions
+        before = sum(commandstats(url).values())
+        await trio.sleep(window)
+        after = sum(commandstats(url).values())
+    finally:
+        _stop(worker)
+    return (after - before - 1) / window  # minus the INFO of the first reading
+
+
+async def run(url: str, quick: bool) -> dict[str, Any]:
+    jobs = 2_000 if quick else 10_000
+    figures: dict[str, Any] = {}
+    for concurrency in (1, 10, 32):
+        flushall(url)
+        n = jobs // 5 if concurrency == 1 else jobs
+        rate, warm = await drain(url, jobs=n, concurrency=concurrency)
+        figures[f"S1 drain, concurrency {concurrency} (round trips/s)"] = (rate, f"{warm:,.0f}/s from the first result")
+    flushall(url)
+    one, bulk = await enqueue(url, jobs=jobs)
+    figures["S2 enqueue one by one (tasks/s)"] = (one, "")
+    figures["S2 enqueue in bulk (tasks/s)"] = (bulk, "dispatch_many")
+    flushall(url)
+    p50, p99 = await latency(url, samples=100 if quick else 300)
+    figures["S3 latency p50 (ms)"] = (p50, "dispatch -> result consumed")
+    figures["S3 latency p99 (ms)"] = (p99, "")
+    for queues in (1, 10):
+        flushall(url)
+        rate = await idle_commands(url, queues=queues, window=3.0 if quick else 12.0)
+        figures[f"S4 idle worker, {queues} queue(s) (commands/s)"] = (rate, "liveness keys included")
+    for pending in (1_000, 100_000) if quick else (1_000, 100_000, 1_000_000):
+        flushall(url)
+        rate, warm = await drain(url, jobs=5_000, concurrency=32, pending=pending)
+        figures[f"S5 drain with {pending:,} pending (round trips/s)"] = (warm, "from the first result")
+    flushall(url)
+    return figures
