@@ -12,8 +12,8 @@ import pytest
 import trio
 
 import durable_trio as dt
-from durable_trio._redis import open_redis
 from _redis_server import *  # noqa: F403
+from durable_trio._redis import open_redis
 from helpers import Errors
 
 if TYPE_CHECKING:
