@@ -166,3 +166,10 @@ async def test_t7_t9_kill_9_workers_on_sqlite_loses_nothing(tmp_path: Path) -> N
     figures = await run_crash_test(url, tmp_path)
     report("sqlite", figures)
     check(figures)
+
+
+@pytest.mark.chaos
+async def test_t7_t9_kill_9_workers_on_redis_loses_nothing(tmp_path: Path, redis_url: str) -> None:
+    figures = await run_crash_test(redis_url, tmp_path)
+    report("redis", figures)
+    check(figures)
