@@ -39,6 +39,20 @@ class RecordingKeys:
         finally:
             self.concurrent[key] -= 1
 
+    async def put_many(self, items: Sequence[tuple[str, bytes, float]]) -> None:
+        # one write of the store: its keys land together
+        for key, _, _ in items:
+            self.concurrent[key] = self.concurrent.get(key, 0) + 1
+            self.peak = max(self.peak, self.concurrent[key])
+        try:
+            await trio.sleep(self.put_delay)
+            for key, value, ttl in items:
+                self.puts.append((trio.current_time(), key, ttl))
+                await self.inner.put(key, value, ttl)
+        finally:
+            for key, _, _ in items:
+                self.concurrent[key] -= 1
+
     async def remove(self, keys: Sequence[str]) -> None:
         await self.inner.remove(keys)
 

@@ -226,6 +226,10 @@ class ForwardingKeyStore:
         advertisement = WorkerAdvertisement(key=key, value=orjson.loads(value), ttl=ttl)
         await self._announce(JobKind.ADVERTISEMENT, advertisement)
 
+    async def put_many(self, items: Sequence[tuple[str, bytes, float]]) -> None:
+        for key, value, ttl in items:
+            await self.put(key, value, ttl)
+
     async def remove(self, keys: Sequence[str]) -> None:
         for key in keys:
             await self._announce(JobKind.ADVERTISEMENT, WorkerAdvertisement(key, withdrawn=True))

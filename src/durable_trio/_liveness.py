@@ -29,9 +29,6 @@ __all__ = [
     "read_last_status",
 ]
 
-#: The pseudo-token of the one descriptor write per beat (T13), tracked like a token's write.
-_DESCRIPTOR = "\x00descriptor"
-
 #: How long a worker's last liveness snapshot outlives it (poison evidence).
 LAST_STATUS_TTL = 24 * 3600.0
 
@@ -137,12 +134,14 @@ async def read_group_health(
 
 
 class Liveness:
-    """Beats a liveness key per served token, one write per token at a time (T11).
+    """Beats a liveness key per served token (T11), plus this worker's descriptor (T13) and its
+    last status (kept a day, for poison evidence), all in ONE key-store write per beat.
 
     A first beat the moment a token starts being served, then every ``interval``; the keys live
-    ``max(35 s, 3 x interval)``. A beat due while the last one for that token is still in
-    flight is skipped: a key store slower than the interval never piles up writes. On close, the
-    timer stops, the writes in flight land, then the keys are removed at once.
+    ``max(35 s, 3 x interval)``. One write at a time: a beat due while the last one is still in
+    flight is skipped (a key store slower than the interval never piles up writes), except that
+    a token served meanwhile gets its first beat as soon as that write lands. On close, the
+    timer stops, the write in flight lands, then the keys are removed at once.
     """
 
     def __init__(
@@ -165,13 +164,14 @@ class Liveness:
         self._descriptor = descriptor
         self._report = report
         self.tokens: list[str] = []
-        self._in_flight: set[str] = set()
+        self._writing = False
+        self._owed = False  # a token was served while a write was in flight
         self._writes: trio.Nursery | None = None
         self._idle = trio.Event()
         self._idle.set()
         self._stopped = False
         self.skipped = 0
-        """Beats skipped because the previous write for that token had not landed."""
+        """Beats skipped because the previous write had not landed."""
 
     def _key(self, token: str) -> str:
         return self._names.worker_heartbeat(token, self._instance)
@@ -183,62 +183,58 @@ class Liveness:
         """The timer (and the nursery of the writes)."""
         async with trio.open_nursery() as writes:
             self._writes = writes
-            for token in self.tokens:  # served before the timer ran: beat them now
-                self._beat(token)
-            if self.tokens:
-                self._beat(_DESCRIPTOR)
+            if self.tokens:  # served before the timer ran: beat them now
+                self._beat()
             task_status.started()
             start = trio.current_time()
             tick = 1
             while True:
                 await trio.sleep_until(start + tick * self.interval)
-                for token in self.tokens:
-                    self._beat(token)
                 if self.tokens:
-                    self._beat(_DESCRIPTOR)
+                    self._beat()
                 tick = max(tick + 1, math.floor((trio.current_time() - start) / self.interval) + 1)
 
     def serve(self, token: str) -> None:
-        """Start beating for ``token`` (at once)."""
+        """Start beating for ``token`` (at once, or as soon as the write in flight lands)."""
         if self._stopped or token in self.tokens:
             return
         self.tokens.append(token)
-        self._beat(token)
-        self._beat(_DESCRIPTOR)
+        if self._writing:
+            self._owed = True
+        else:
+            self._beat()
 
-    def _beat(self, token: str) -> None:
-        if self._writes is None:
+    def _beat(self) -> None:
+        if self._writes is None or self._stopped:
             return  # not running yet: run() beats every served token when it starts
-        if token in self._in_flight:
+        if self._writing:
             self.skipped += 1
             return
-        self._in_flight.add(token)
-        if len(self._in_flight) == 1:
-            self._idle = trio.Event()
-        self._writes.start_soon(self._write, token)
+        self._writing = True
+        self._idle = trio.Event()
+        self._writes.start_soon(self._write)
 
-    async def _write(self, token: str) -> None:
+    async def _write(self) -> None:
         try:
-            if token is _DESCRIPTOR:
-                value = orjson.dumps({**self._descriptor(), "tokens": self.tokens})
-                await self._keys.put(self._descriptor_key(), value, self.ttl)
-                # The last words: outlive the worker, for the evidence of a poison job.
-                await self._keys.put(
-                    self._names.worker_last_status(self._instance),
-                    _beat_value(self._status()),
-                    LAST_STATUS_TTL,
-                )
-            else:
-                await self._keys.put(self._key(token), _beat_value(self._status()), self.ttl)
+            status = _beat_value(self._status())
+            items = [(self._key(token), status, self.ttl) for token in self.tokens]
+            descriptor = orjson.dumps({**self._descriptor(), "tokens": self.tokens})
+            items.append((self._descriptor_key(), descriptor, self.ttl))
+            # The last words: outlive the worker, for the evidence of a poison job.
+            items.append((self._names.worker_last_status(self._instance), status, LAST_STATUS_TTL))
+            await self._keys.put_many(items)
         except (BrokerError, DurableTrioError) as exc:
-            self._report(exc)  # best-effort: the key simply expires
+            self._report(exc)  # best-effort: the keys simply expire
         finally:
-            self._in_flight.discard(token)
-            if not self._in_flight:
-                self._idle.set()
+            self._writing = False
+            self._idle.set()
+            if self._owed:
+                self._owed = False
+                self._beat()
 
     async def withdraw(self, bound: float) -> None:
-        """Close phase 2: stop beating, let writes in flight land, remove the keys (bounded)."""
+        """Close phase 2: stop beating, let the write in flight land, remove the keys
+        (bounded)."""
         self._stopped = True
         with trio.move_on_after(bound, shield=True) as scope:
             await self._idle.wait()

@@ -28,6 +28,11 @@ class KeyStore(Protocol):
         """Write ``key`` so that it lives ``ttl`` seconds unless written again."""
         ...
 
+    async def put_many(self, items: Sequence[tuple[str, bytes, float]]) -> None:
+        """``put`` for every ``(key, value, ttl)``, in as few calls to the store as it can (a
+        worker writes all its liveness keys at once)."""
+        ...
+
     async def remove(self, keys: Sequence[str]) -> None:
         """Delete ``keys`` now (missing keys are fine)."""
         ...

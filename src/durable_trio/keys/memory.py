@@ -24,6 +24,12 @@ class MemoryKeyStore:
         await trio.lowlevel.checkpoint()
         self._keys[key] = (value, trio.current_time() + ttl)
 
+    async def put_many(self, items: Sequence[tuple[str, bytes, float]]) -> None:
+        await trio.lowlevel.checkpoint()
+        now = trio.current_time()
+        for key, value, ttl in items:
+            self._keys[key] = (value, now + ttl)
+
     async def remove(self, keys: Sequence[str]) -> None:
         await trio.lowlevel.checkpoint()
         for key in keys:

@@ -1,23 +1,27 @@
-"""The Redis worker-key store: keys with a server-side TTL, listed by prefix without ``SCAN``.
+"""The Redis worker-key store: keys with a server-side time-to-live, listed by prefix without
+``SCAN``, written in batches cheap enough for an idle worker.
 
-Layout (every key under one hash tag, ``{durable-keys}`` by default, so one Cluster slot):
+Layout (two keys under one hash tag, ``{durable-keys}`` by default, so one Cluster slot):
 
-=============================  ======  ======================================================
-``{tag}:v:<key>``              string  the value, written with ``PX`` (Redis expires it)
-``{tag}:names``                zset    every key, score 0: ``ZRANGEBYLEX`` finds a prefix
-``{tag}:expiry``               zset    every key, score = its expiry (server milliseconds)
-=============================  ======  ======================================================
+=====================  ======  ==================================================================
+``{tag}:values``       hash    key -> value
+``{tag}:expiry``       zset    key -> its expiry (server milliseconds): the index of live keys
+=====================  ======  ==================================================================
 
-:meth:`RedisKeyStore.entries` is one script: ``ZRANGEBYLEX [prefix (prefix\\xff`` on the name
-index (O(log n + m): ``0xff`` never occurs in UTF-8, so the range is exactly the keys that start
-with ``prefix``, in code-point order like Python's ``sorted``), each checked against its expiry
-and read. No ``SCAN`` or ``KEYS``, whatever the size of the keyspace. Index members of expired
-keys are pruned a bounded batch at a time by every write and every listing. The value keys are
-named inside the scripts from the tag (not declared in ``KEYS``): they share the hash tag, so
-Redis Cluster serves them from the same slot.
+Why this shape: a worker beats its liveness keys (one per served token, a descriptor, its last
+status) every 10 s, and an idle worker must cost next to nothing (issue 3, S4: at most half a
+command a second, and Redis counts the commands a script runs). :meth:`RedisKeyStore.put_many`
+writes any number of keys with four commands — the script call, ``TIME``, one ``HSET``, one
+``ZADD`` — so a worker serving ten queues still costs 0.4 commands a second for its liveness.
 
-Expiry is on the server's clock (``TIME`` in the scripts, ``PX`` on the values); a ``ttl`` is
-relative seconds, rounded up to whole milliseconds.
+:meth:`RedisKeyStore.entries` is one script: the live members of the expiry index (score above
+now), those starting with ``prefix``, read with one ``HMGET``, sorted by key. Its cost grows with
+the store's live keys (workers x tokens: hundreds, not millions), never with the keyspace: no
+``SCAN``, no ``KEYS``. Readers prune a bounded batch of expired keys; writers never do, so an
+idle worker pays nothing for it.
+
+Expiry is on the server's clock (``TIME`` in the scripts); a ``ttl`` is relative seconds, rounded
+up to whole milliseconds. A value outliving its index entry is never returned.
 """
 
 from __future__ import annotations
@@ -37,66 +41,76 @@ if TYPE_CHECKING:
 
 __all__ = ["PRUNE_BATCH", "RedisKeyStore"]
 
-#: Expired index members removed per call at most.
-PRUNE_BATCH: Final = 64
+#: Expired keys removed per listing at most.
+PRUNE_BATCH: Final = 256
+#: Keys per script call at most (Lua's unpack() has limits).
+_CHUNK: Final = 1000
 
-_REMOVE_BATCH: Final = 1000
-
-_NOW_MS_AND_PRUNE: Final = """
+# KEYS: values expiry   ARGV: (key, value, ttl_ms)...
+_PUT_MANY: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-if #expired > 0 then
-  redis.call('ZREM', KEYS[1], unpack(expired))
-  redis.call('ZREM', KEYS[2], unpack(expired))
+local fields, scores, gone = {}, {}, {}
+for i = 1, #ARGV, 3 do
+  local ttl = tonumber(ARGV[i + 2])
+  if ttl > 0 then
+    fields[#fields + 1] = ARGV[i]
+    fields[#fields + 1] = ARGV[i + 1]
+    scores[#scores + 1] = now + ttl
+    scores[#scores + 1] = ARGV[i]
+  else
+    gone[#gone + 1] = ARGV[i]
+  end
 end
+if #fields > 0 then
+  redis.call('HSET', KEYS[1], unpack(fields))
+  redis.call('ZADD', KEYS[2], unpack(scores))
+end
+if #gone > 0 then
+  redis.call('HDEL', KEYS[1], unpack(gone))
+  redis.call('ZREM', KEYS[2], unpack(gone))
+end
+return #fields / 2
 """
 
-# KEYS: names expiry value_key   ARGV: prune_batch key value ttl_ms
-_PUT: Final = (
-    _NOW_MS_AND_PRUNE
-    + """
-local ttl = tonumber(ARGV[4])
-if ttl <= 0 then
-  redis.call('DEL', KEYS[3])
-  redis.call('ZREM', KEYS[1], ARGV[2])
-  redis.call('ZREM', KEYS[2], ARGV[2])
-  return 0
-end
-redis.call('SET', KEYS[3], ARGV[3], 'PX', ttl)
-redis.call('ZADD', KEYS[1], 0, ARGV[2])
-redis.call('ZADD', KEYS[2], now + ttl, ARGV[2])
-return 1
-"""
-)
-
-# KEYS: names expiry value_key...   ARGV: key...
+# KEYS: values expiry   ARGV: key...
 _REMOVE: Final = """
-redis.call('DEL', unpack(KEYS, 3))
-redis.call('ZREM', KEYS[1], unpack(ARGV))
+redis.call('HDEL', KEYS[1], unpack(ARGV))
 redis.call('ZREM', KEYS[2], unpack(ARGV))
 return #ARGV
 """
 
-# KEYS: names expiry   ARGV: prune_batch value_key_prefix range_min range_max
-# Returns {key, value, key, value, ...} of the live keys in the range, sorted by key.
-_ENTRIES: Final = (
-    _NOW_MS_AND_PRUNE
-    + """
+# KEYS: values expiry   ARGV: prune_batch prefix
+# Returns {key, value, key, value, ...} of the live keys starting with prefix, sorted by key.
+_ENTRIES: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+if #expired > 0 then
+  redis.call('HDEL', KEYS[1], unpack(expired))
+  redis.call('ZREM', KEYS[2], unpack(expired))
+end
+local prefix = ARGV[2]
+local names = {}
+for _, name in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf')) do
+  if string.sub(name, 1, #prefix) == prefix then
+    names[#names + 1] = name
+  end
+end
+if #names == 0 then
+  return {}
+end
+table.sort(names)
+local values = redis.call('HMGET', KEYS[1], unpack(names))
 local out = {}
-for _, name in ipairs(redis.call('ZRANGEBYLEX', KEYS[1], ARGV[3], ARGV[4])) do
-  local expires = redis.call('ZSCORE', KEYS[2], name)
-  if expires and tonumber(expires) > now then
-    local value = redis.call('GET', ARGV[2] .. name)
-    if value then
-      out[#out + 1] = name
-      out[#out + 1] = value
-    end
+for i, name in ipairs(names) do
+  if values[i] then
+    out[#out + 1] = name
+    out[#out + 1] = values[i]
   end
 end
 return out
 """
-)
 
 
 class RedisKeyStore:
@@ -114,42 +128,37 @@ class RedisKeyStore:
         if not tag or "{" in tag or "}" in tag:
             raise ConfigError(f"a key store tag is not empty and has no braces: {tag!r}")
         base = f"{{{tag}}}"
-        self._names = f"{base}:names"
-        self._expiry = f"{base}:expiry"
-        self._value_prefix = f"{base}:v:"
-        self._put: Script = client.script(_PUT)
+        self._keys = (f"{base}:values", f"{base}:expiry")
+        self._put_many: Script = client.script(_PUT_MANY)
         self._remove: Script = client.script(_REMOVE)
         self._entries: Script = client.script(_ENTRIES)
 
     async def put(self, key: str, value: bytes, ttl: float) -> None:
         """Write ``key`` so that it lives ``ttl`` seconds (server clock) unless written again."""
-        ttl_ms = math.ceil(ttl * 1000) if ttl > 0 else 0
-        await self._put(
-            (self._names, self._expiry, self._value_prefix + key),
-            (PRUNE_BATCH, key, value, ttl_ms),
-        )
+        await self.put_many([(key, value, ttl)])
+
+    async def put_many(self, items: Sequence[tuple[str, bytes, float]]) -> None:
+        """Write every ``(key, value, ttl)`` in one script call (four Redis commands)."""
+        if not items:
+            await trio.lowlevel.checkpoint()
+            return
+        for start in range(0, len(items), _CHUNK):
+            args: list[RedisArg] = []
+            for key, value, ttl in items[start : start + _CHUNK]:
+                args += (key, value, math.ceil(ttl * 1000) if ttl > 0 else 0)
+            await self._put_many(self._keys, args)
 
     async def remove(self, keys: Sequence[str]) -> None:
         """Delete ``keys`` now (missing keys are fine)."""
         if not keys:
             await trio.lowlevel.checkpoint()
             return
-        for start in range(0, len(keys), _REMOVE_BATCH):  # bounded: Lua's unpack() has limits
-            chunk = list(keys[start : start + _REMOVE_BATCH])
-            value_keys = [self._value_prefix + key for key in chunk]
-            await self._remove((self._names, self._expiry, *value_keys), chunk)
+        for start in range(0, len(keys), _CHUNK):
+            await self._remove(self._keys, list(keys[start : start + _CHUNK]))
 
     async def entries(self, prefix: str) -> list[KeyEntry]:
         """Every live key starting with ``prefix``, sorted by key."""
-        bounds: tuple[RedisArg, RedisArg]
-        if prefix:
-            raw = prefix.encode()
-            bounds = (b"[" + raw, b"(" + raw + b"\xff")
-        else:
-            bounds = ("-", "+")
-        reply = await self._entries(
-            (self._names, self._expiry), (PRUNE_BATCH, self._value_prefix, *bounds)
-        )
+        reply = await self._entries(self._keys, (PRUNE_BATCH, prefix))
         return [KeyEntry(reply[i].decode(), reply[i + 1]) for i in range(0, len(reply), 2)]
 
     async def aclose(self) -> None:

@@ -109,6 +109,12 @@ def _op_put(key: str, value: bytes, ttl: float, db: sqlite3.Connection) -> None:
     _prune(db, now)
 
 
+def _op_put_many(items: Sequence[tuple[str, bytes, float]], db: sqlite3.Connection) -> None:
+    now = time.time()
+    db.executemany(_PUT, [(key, value, now + ttl) for key, value, ttl in items])
+    _prune(db, now)
+
+
 def _op_remove(keys: Sequence[str], db: sqlite3.Connection) -> None:
     db.executemany(_REMOVE, [(key,) for key in keys])
     _prune(db, time.time())
@@ -199,6 +205,10 @@ class SqliteKeyStore:
     async def put(self, key: str, value: bytes, ttl: float) -> None:
         """Write ``key`` so that it lives ``ttl`` seconds (from now) unless written again."""
         await self._call_write(partial(_op_put, key, value, ttl))
+
+    async def put_many(self, items: Sequence[tuple[str, bytes, float]]) -> None:
+        """Write every ``(key, value, ttl)`` in one transaction."""
+        await self._call_write(partial(_op_put_many, tuple(items)))
 
     async def remove(self, keys: Sequence[str]) -> None:
         """Delete ``keys`` now (missing keys are fine)."""
