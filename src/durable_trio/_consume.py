@@ -218,6 +218,13 @@ class ConsumeMixin(TransportBase):
                     errors = empty = 0
                     for job in batch:
                         self._begin_job(loop, job)
+                    if len(batch) < 1 + extra and wait_for_work is not None:
+                        # Fewer than asked: the pop drained the queue (and, on a broker with a
+                        # wake-up signal, counts as an empty pop): wait for work instead of
+                        # spending one more round trip to learn that it is empty.
+                        streak = 0
+                        await wait_for_work(queue)
+                        continue
                     streak += len(batch)
                     if streak >= _FAIRNESS_BATCH:
                         streak = 0

@@ -155,7 +155,9 @@ class QueueBroker(Protocol):
 class SupportsBatchPop(Protocol):
     async def pop_many(self, queue: str, count: int, *, worker: str = "") -> list[ClaimedJob]:
         """Claim up to ``count`` ready jobs in one call, in pop order (empty: none ready). One
-        round trip instead of ``count`` is where a loop with free slots wins its throughput."""
+        round trip instead of ``count`` is where a loop with free slots wins its throughput.
+        Fewer jobs than asked means the queue was drained: for ``wait_for_work`` that counts as
+        an empty pop (the caller may wait at once instead of popping again)."""
         ...
 
 

@@ -174,7 +174,8 @@ return 1
 # KEYS: seq ready delayed active jobs meta stalls claims armed
 # ARGV: count worker token_suffixes promote_batch
 # Returns {false} or {next_due_in_seconds} when nothing is ready (and arms the doorbell), else
-# {false, meta, data, stalls, token, meta, data, stalls, token, ...}.
+# {drained, meta, data, stalls, token, meta, data, stalls, token, ...} where drained is false,
+# or (fewer jobs than asked: the queue is empty now, and armed) "" or next_due_in_seconds.
 _CLAIM: Final = (
     _NOW
     + """
@@ -221,6 +222,12 @@ for i = 1, #popped, 2 do
     out[#out + 1] = redis.call('HGET', KEYS[7], n)
     out[#out + 1] = token
   end
+end
+if #popped / 2 < tonumber(ARGV[1]) then
+  -- Drained: arm the doorbell like an empty pop, so the caller may wait without popping again.
+  redis.call('SET', KEYS[9], '1')
+  local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  out[1] = #first > 0 and string.format('%.6f', tonumber(first[2]) - now) or ''
 end
 return out
 """
@@ -794,7 +801,10 @@ class RedisBroker:
         if len(reply) == 1:
             q.note_empty(rings, epoch, reply[0])
             return []
-        q.empty_epoch = None
+        if reply[0] is not None:  # drained and armed: as good as an empty pop for a waiter
+            q.note_empty(rings, epoch, reply[0] or None)
+        else:
+            q.empty_epoch = None
         return [_claimed(reply, i) for i in range(1, len(reply), 4)]
 
     async def complete_job(self, lease: Lease, queue: str) -> bool:
