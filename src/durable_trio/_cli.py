@@ -154,6 +154,9 @@ def _parser() -> argparse.ArgumentParser:
         "--prometheus", type=int, metavar="PORT", help="also serve /metrics on 127.0.0.1:PORT"
     )
     health.set_defaults(func=_cmd_health)
+    from ._engine.cli import add_engine_commands
+
+    add_engine_commands(commands)
     return parser
 
 

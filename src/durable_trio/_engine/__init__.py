@@ -1,0 +1,80 @@
+"""The durable engine: workflows as code, checkpointed steps, retries, durable timers,
+deterministic replay, run stores.
+
+::
+
+    app = dt.App("shop")
+
+    @app.step("charge-card", retry=dt.Retry(max_attempts=5))
+    async def charge(order: dict) -> dict: ...
+
+    @app.workflow("order")
+    async def order(ctx: dt.WorkflowContext, order: dict) -> dict:
+        receipt = await ctx.step("charge-card", order)
+        await ctx.sleep(10)
+        return {"receipt": receipt}
+
+    async with dt.open_worker(app, backend), dt.open_engine(app, backend) as engine:
+        run_id = await engine.start("order", {"id": 1})
+        outcome = await engine.result(run_id)
+
+Layers (imports go down): ``_app`` / ``_retry`` / ``_records`` / ``_errors`` -> ``_stores`` ->
+``_replay`` / ``_context`` -> ``_runtime`` -> ``_engine`` (with ``_options``, ``_statistics``),
+``_worker`` -> ``cli``.
+"""
+
+from __future__ import annotations
+
+from ._app import App, StepDefinition, WorkflowDefinition
+from ._context import StepHandle, StepInfo, WorkflowContext, step_info
+from ._engine import Engine, open_engine
+from ._errors import (
+    EngineClosed,
+    EngineError,
+    NonDeterminismError,
+    RunCancelled,
+    RunFailed,
+    RunNotFound,
+    StepFailed,
+    UnknownWorkflow,
+)
+from ._options import EngineOptions
+from ._records import Applied, RunRecord, RunStatus, StepKind, StepRecord, StepState
+from ._retry import Retry
+from ._statistics import EngineStatistics
+from ._stores import RunStore, open_run_store
+from ._worker import Worker, WorkerStatistics, open_worker
+
+__all__ = [
+    "App",
+    "Applied",
+    "Engine",
+    "EngineClosed",
+    "EngineError",
+    "EngineOptions",
+    "EngineStatistics",
+    "NonDeterminismError",
+    "Retry",
+    "RunCancelled",
+    "RunFailed",
+    "RunNotFound",
+    "RunRecord",
+    "RunStatus",
+    "RunStore",
+    "StepDefinition",
+    "StepFailed",
+    "StepHandle",
+    "StepInfo",
+    "StepKind",
+    "StepRecord",
+    "StepState",
+    "UnknownWorkflow",
+    "Worker",
+    "WorkerStatistics",
+    "WorkflowContext",
+    "WorkflowDefinition",
+    "open_engine",
+    "open_run_store",
+    "open_worker",
+    "step_info",
+]

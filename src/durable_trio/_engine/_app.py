@@ -1,0 +1,140 @@
+"""``App``: the registry of an application's steps and workflows, by name."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import attrs
+
+from .._errors import ConfigError
+from ._retry import Retry
+
+if TYPE_CHECKING:
+    from ._context import WorkflowContext
+
+__all__ = ["App", "StepDefinition", "StepFunction", "WorkflowDefinition", "WorkflowFunction"]
+
+#: ``async def step(input) -> JSON`` (the input is the JSON value the workflow passed).
+StepFunction = Callable[[Any], Awaitable[Any]]
+#: ``async def workflow(ctx, input) -> JSON``.
+WorkflowFunction = Callable[["WorkflowContext", Any], Awaitable[Any]]
+
+S = TypeVar("S", bound=StepFunction)
+W = TypeVar("W", bound=WorkflowFunction)
+
+
+@attrs.frozen
+class StepDefinition:
+    """A registered step."""
+
+    name: str
+    fn: StepFunction
+    retry: Retry | None
+    """``None``: the engine's ``default_retry``."""
+    priority: int | None = None
+    """Task priority (lower runs first), unless ``ctx.step`` says otherwise."""
+
+
+@attrs.frozen
+class WorkflowDefinition:
+    """A registered workflow."""
+
+    name: str
+    fn: WorkflowFunction
+
+
+class App:
+    """An application: steps (run by workers) and workflows (driven by engines), by name.
+
+    The same ``App`` object is given to :func:`open_worker` (which serves its steps) and
+    :func:`open_engine` (which drives its workflows); processes meet through the broker, on the
+    transport namespace named after the app unless ``namespace=`` says otherwise.
+
+    Args:
+        name: the app's name (default transport namespace and run store namespace).
+
+    Example::
+
+        app = dt.App("shop")
+
+        @app.step("charge-card", retry=dt.Retry(max_attempts=5))
+        async def charge(order: dict) -> dict: ...
+
+        @app.workflow("order")
+        async def order(ctx: dt.WorkflowContext, order: dict) -> dict:
+            return {"receipt": await ctx.step("charge-card", order)}
+    """
+
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"an App needs a non-empty name, got {name!r}")
+        self.name = name
+        self._steps: dict[str, StepDefinition] = {}
+        self._workflows: dict[str, WorkflowDefinition] = {}
+
+    def __repr__(self) -> str:
+        return f"App({self.name!r}, steps={list(self._steps)}, workflows={list(self._workflows)})"
+
+    @property
+    def steps(self) -> Mapping[str, StepDefinition]:
+        """Registered steps by name (read-only view)."""
+        return self._steps
+
+    @property
+    def workflows(self) -> Mapping[str, WorkflowDefinition]:
+        """Registered workflows by name (read-only view)."""
+        return self._workflows
+
+    def step(
+        self, name: str | None = None, *, retry: Retry | None = None, priority: int | None = None
+    ) -> Callable[[S], S]:
+        """Register ``async def fn(input) -> JSON`` as step ``name`` (default: the function's
+        name). The function is returned unchanged, so it stays callable directly in tests.
+
+        Inside a step, :func:`step_info` tells its run, step id, attempt and idempotency key.
+
+        Args:
+            name: the step name workflows call (``ctx.step(name, input)``).
+            retry: its retry policy (default: the engine's ``default_retry``).
+            priority: its task priority (lower runs first; default: FIFO).
+
+        Raises:
+            ConfigError: not an ``async def``, or the name is taken.
+        """
+
+        def register(fn: S) -> S:
+            step_name = name or fn.__name__
+            _check_async(fn, f"step {step_name!r}")
+            if step_name in self._steps:
+                raise ConfigError(f"step {step_name!r} is already registered in {self.name!r}")
+            self._steps[step_name] = StepDefinition(step_name, fn, retry, priority)
+            return fn
+
+        return register
+
+    def workflow(self, name: str | None = None) -> Callable[[W], W]:
+        """Register ``async def fn(ctx, input) -> JSON`` as workflow ``name`` (default: the
+        function's name). The function is returned unchanged.
+
+        Raises:
+            ConfigError: not an ``async def``, or the name is taken.
+        """
+
+        def register(fn: W) -> W:
+            workflow_name = name or fn.__name__
+            _check_async(fn, f"workflow {workflow_name!r}")
+            if workflow_name in self._workflows:
+                raise ConfigError(
+                    f"workflow {workflow_name!r} is already registered in {self.name!r}"
+                )
+            self._workflows[workflow_name] = WorkflowDefinition(workflow_name, fn)
+            return fn
+
+        return register
+
+
+def _check_async(fn: Callable[..., Any], what: str) -> None:
+    if not inspect.iscoroutinefunction(fn):
+        raise ConfigError(f"{what} must be an `async def` function, got {fn!r}")

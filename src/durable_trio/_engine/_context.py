@@ -1,0 +1,299 @@
+"""What workflow code sees: :class:`WorkflowContext`, step handles, and :func:`step_info`."""
+
+from __future__ import annotations
+
+import contextvars
+import math
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
+
+import attrs
+import trio
+
+from .._errors import ConfigError
+from ._errors import NonDeterminismError
+from ._records import StepKind, normalize_json
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Coroutine, Generator
+
+    from ._records import RunRecord
+    from ._replay import History
+    from ._retry import Retry
+
+__all__ = ["StepHandle", "StepInfo", "WorkflowContext", "step_info"]
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class StepInfo:
+    """Where the running step code is: see :func:`step_info`."""
+
+    run_id: str
+    step_id: str
+    attempt: int
+    """1 for the first attempt, 2 for the first retry, ..."""
+    name: str
+    kind: str
+    """``"remote"`` (a worker runs it, ``ctx.step``) or ``"local"`` (``ctx.run``)."""
+
+    @property
+    def idempotency_key(self) -> str:
+        """``"{run_id}:{step_id}"``: the same for every attempt and every redelivery of the step,
+        different for every other step. Key your side effects on it (a payment provider's
+        idempotency key, a unique constraint, an upsert)."""
+        return f"{self.run_id}:{self.step_id}"
+
+
+_CURRENT_STEP: contextvars.ContextVar[StepInfo] = contextvars.ContextVar("durable_trio_step")
+
+
+def step_info() -> StepInfo:
+    """The step running in this task: its run id, step id, attempt and idempotency key.
+
+    Call it inside a step function (served by :func:`open_worker`) or inside the function given
+    to ``ctx.run``.
+
+    Raises:
+        RuntimeError: called outside a step.
+    """
+    try:
+        return _CURRENT_STEP.get()
+    except LookupError:
+        raise RuntimeError("step_info() is only available inside a running step") from None
+
+
+class _Driver(Protocol):
+    """What a context needs from the engine that drives its run."""
+
+    async def remote(
+        self,
+        step_id: str,
+        name: str,
+        input: Any,
+        retry: Retry | None,
+        priority: int | None,
+    ) -> Any: ...
+
+    async def local(
+        self, step_id: str, name: str, fn: Callable[[], Any], retry: Retry | None
+    ) -> Any: ...
+
+    async def timer(self, step_id: str, seconds: float) -> None: ...
+
+
+class StepHandle(Generic[T]):
+    """An awaitable step: its id was assigned when it was created (at CALL time), so handles
+    created in one order keep their ids whatever order they complete in.
+
+    ``await`` it once (directly, or through :meth:`WorkflowContext.gather`). A handle never
+    awaited runs nothing.
+    """
+
+    __slots__ = ("_awaited", "_ctx", "_start", "kind", "name", "step_id")
+
+    def __init__(
+        self,
+        ctx: WorkflowContext,
+        step_id: str,
+        kind: StepKind,
+        name: str,
+        start: Callable[[], Coroutine[Any, Any, T]],
+    ) -> None:
+        self._ctx = ctx
+        self.step_id = step_id
+        self.kind = kind
+        self.name = name
+        self._start = start
+        self._awaited = False
+
+    def __repr__(self) -> str:
+        return f"<StepHandle {self.kind.value} {self.name!r} id={self.step_id}>"
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if self._awaited:
+            raise RuntimeError(f"{self!r} was already awaited (a step handle runs once)")
+        self._awaited = True
+        # The coroutine is made only now: a handle never awaited leaves no "never awaited"
+        # coroutine behind.
+        return self._start().__await__()
+
+
+class WorkflowContext:
+    """The handle a workflow uses to run steps, durable timers and local steps.
+
+    Every call below is checkpointed in the run store and replayed after a crash: on replay a
+    completed call returns its recorded outcome at once, without running again. Workflow code
+    must therefore be deterministic: the same calls in the same order on every run (see
+    ``docs/engine.md``).
+
+    Attributes:
+        run_id: the run being driven.
+        workflow: the workflow's name.
+    """
+
+    def __init__(self, driver: _Driver, run: RunRecord, history: History) -> None:
+        self._driver = driver
+        self.run_id = run.run_id
+        self.workflow = run.workflow
+        self._history = history
+        self._next = 0
+
+    def __repr__(self) -> str:
+        return f"<WorkflowContext run={self.run_id!r} workflow={self.workflow!r}>"
+
+    @property
+    def is_replaying(self) -> bool:
+        """Whether the workflow is re-executing calls already in its history (after a crash or
+        a restart). Use it to keep side effects of the workflow body itself (log lines, prints)
+        from repeating; never to change which steps are called."""
+        return self._history.replaying
+
+    def _next_id(self) -> str:
+        self._next += 1
+        return str(self._next)
+
+    def step(
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        retry: Retry | None = None,
+        priority: int | None = None,
+    ) -> StepHandle[Any]:
+        """Run step ``name`` on a worker: ``await ctx.step("charge-card", order)``.
+
+        The task carries the idempotency key ``"{run_id}:{step_id}"``; failures are retried
+        per the step's :class:`Retry` (``retry`` here, else the app's, else the engine's
+        default), each retry held by the broker for its backoff delay.
+
+        Args:
+            name: the registered step name.
+            input: its JSON input.
+            retry: overrides the step's retry policy for this call.
+            priority: task priority (lower first); default: the step's.
+
+        Returns:
+            A handle; awaiting it returns the step's JSON output.
+
+        Raises:
+            StepFailed: (when awaited) the step failed for good; catch it to compensate.
+            PayloadError: ``input`` is not JSON-serialisable.
+        """
+        step_id = self._next_id()
+        value = normalize_json(input, f"the input of step {name!r}")
+        driver = self._driver
+        return StepHandle(
+            self,
+            step_id,
+            StepKind.REMOTE,
+            name,
+            lambda: driver.remote(step_id, name, value, retry, priority),
+        )
+
+    @overload
+    def run(
+        self, name: str, fn: Callable[[], Awaitable[T]], *, retry: Retry | None = None
+    ) -> StepHandle[T]: ...
+
+    @overload
+    def run(
+        self, name: str, fn: Callable[[], T], *, retry: Retry | None = None
+    ) -> StepHandle[T]: ...
+
+    def run(
+        self, name: str, fn: Callable[[], Any], *, retry: Retry | None = None
+    ) -> StepHandle[Any]:
+        """Run ``fn()`` (sync or async) here, in the engine, as a checkpointed local step.
+
+        Its JSON result is recorded; on replay it is returned without calling ``fn`` again. Use
+        it for anything non-deterministic the workflow needs (the time, a random id, a lookup).
+        A failure is retried per ``retry`` (default: the engine's ``default_retry``; durable
+        backoff), then raised as :class:`StepFailed`. ``step_info()`` works inside ``fn``.
+
+        A crash while ``fn`` runs re-runs it on resume (at least once, like a remote step).
+
+        Args:
+            name: a label (checked on replay).
+            fn: a callable with no arguments returning a JSON value (or an awaitable of one).
+            retry: its retry policy.
+        """
+        step_id = self._next_id()
+        driver = self._driver
+        return StepHandle(
+            self, step_id, StepKind.LOCAL, name, lambda: driver.local(step_id, name, fn, retry)
+        )
+
+    def sleep(self, seconds: float) -> StepHandle[None]:
+        """A durable timer: ``await ctx.sleep(3600)``.
+
+        The wake-up time is checkpointed when the call is first made; after a crash the run
+        wakes at that same time (at once if it has passed), not ``seconds`` after the restart.
+
+        Raises:
+            ConfigError: ``seconds`` is negative or not finite.
+        """
+        if not (isinstance(seconds, int | float) and seconds >= 0 and math.isfinite(seconds)):
+            raise ConfigError(f"ctx.sleep needs a finite number of seconds >= 0, got {seconds!r}")
+        step_id = self._next_id()
+        driver = self._driver
+        return StepHandle(
+            self,
+            step_id,
+            StepKind.TIMER,
+            "sleep",
+            lambda: driver.timer(step_id, float(seconds)),
+        )
+
+    async def gather(self, *handles: StepHandle[Any], return_exceptions: bool = False) -> list[Any]:
+        """Run several steps at once and wait for ALL of them (structured: none outlives the
+        call)::
+
+            a, b = await ctx.gather(ctx.step("fetch-a", x), ctx.step("fetch-b", x))
+
+        The handles' step ids were fixed when they were created, left to right, so replay is
+        deterministic whichever finishes first.
+
+        Args:
+            *handles: handles from :meth:`step`, :meth:`run` or :meth:`sleep` of this context,
+                not yet awaited.
+            return_exceptions: put a failed step's exception in its slot instead of raising.
+
+        Returns:
+            The outputs, in the order of ``handles``.
+
+        Raises:
+            StepFailed: (without ``return_exceptions``) once every handle settled, the failure
+                of the FIRST failed handle in argument order — deterministic on replay.
+            TypeError: something that is not a fresh handle of this context.
+        """
+        for handle in handles:
+            if not isinstance(handle, StepHandle) or handle._ctx is not self:
+                raise TypeError(f"ctx.gather takes step handles of this context, not {handle!r}")
+            if handle._awaited:
+                raise TypeError(f"{handle!r} was already awaited")
+        results: list[Any] = [None] * len(handles)
+        errors: list[Exception | None] = [None] * len(handles)
+        fatal: list[NonDeterminismError] = []
+
+        async def settle(index: int, handle: StepHandle[Any], nursery: trio.Nursery) -> None:
+            try:
+                results[index] = await handle
+            except NonDeterminismError as exc:
+                # Replay has diverged: the siblings may wait for steps that will never come.
+                fatal.append(exc)
+                nursery.cancel_scope.cancel()
+            except Exception as exc:  # settled into its slot; the nursery never sees it
+                errors[index] = exc
+
+        async with trio.open_nursery() as nursery:
+            for index, handle in enumerate(handles):
+                nursery.start_soon(settle, index, handle, nursery)
+        if fatal:
+            raise fatal[0]
+        if return_exceptions:
+            return [e if e is not None else r for r, e in zip(results, errors, strict=True)]
+        for error in errors:
+            if error is not None:
+                raise error
+        return results

@@ -1,0 +1,677 @@
+"""The engine: drives workflow runs, applies step results, reconciles after crashes.
+
+::
+
+    engine (root nursery, lives as long as the ``async with``)
+    ├── runs          one RunDriver task per run this engine drives (see ._runtime)
+    ├── lease keeper  renews this engine's run leases every run_lease / 3
+    ├── reconcile     takes over runs nobody drives (dead engine, released, detached starts)
+    └── watch         re-reads the checkpoints its runs wait on (results applied elsewhere)
+    (the transport's results loop calls Engine._on_result)
+
+Idempotent application: a result is applied by compare-and-set on its checkpoint (still
+pending, at the result's attempt, run unfinished). Anything else — a duplicate delivery, a
+result for an attempt already retried, a result for a finished run — changes nothing and is
+counted (:meth:`Engine.statistics`).
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import attrs
+import trio
+
+from .._errors import BrokerError, DurableTrioError, TransportClosed
+from .._options import log_error
+from .._transport import open_queue_transport
+from .._wire import ControlMessage, RemoteTask, StepError, StepResult, StepStatus
+from ._errors import (
+    EngineClosed,
+    EngineError,
+    RunCancelled,
+    RunFailed,
+    RunNotFound,
+    UnknownWorkflow,
+)
+from ._options import EngineOptions
+from ._records import (
+    Applied,
+    RunRecord,
+    RunStatus,
+    StepKind,
+    StepRecord,
+    StepState,
+    error_to_json,
+    normalize_json,
+)
+from ._retry import Retry, StoredRetry
+from ._runtime import RunDriver, StepWaiter, describe_error
+from ._statistics import Counters, EngineStatistics
+from ._stores import open_run_store
+from ._stores.memory import MemoryRunStore
+
+if TYPE_CHECKING:
+    import builtins
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from .._backend import Backend
+    from .._options import ErrorHook
+    from .._transport import QueueTransport
+    from ._app import App, StepDefinition
+    from ._stores import RunStore
+
+__all__ = ["Engine", "EngineOptions", "EngineStatistics", "open_engine"]
+
+T = TypeVar("T")
+
+#: Runs claimed per store call by reconcile (it loops while batches come back full).
+_CLAIM_BATCH = 100
+#: First and largest delay between two attempts at a store / broker call that failed.
+_GUARD_BACKOFF = (0.05, 5.0)
+
+
+_VERDICT_COUNTER = {
+    Applied.APPLIED: "results_applied",
+    Applied.DUPLICATE: "duplicate_results",
+    Applied.STALE: "stale_results",
+    Applied.MISSING: "orphan_results",
+    Applied.RUN_FINISHED: "orphan_results",
+}
+
+
+class Engine:
+    """Drives an app's workflows. Open one with :func:`open_engine`.
+
+    Attributes:
+        app: the app whose workflows it drives.
+        store: its run store.
+        transport: its queue transport (results in, tasks out).
+        engine_id: its owner id on the runs it drives.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        store: RunStore,
+        transport: QueueTransport,
+        options: EngineOptions,
+        on_error: ErrorHook,
+    ) -> None:
+        self.app = app
+        self.store = store
+        self.transport = transport
+        self.options = options
+        self.engine_id = options.engine_id
+        self.default_retry = options.default_retry
+        self._on_error = on_error
+        self._drivers: dict[str, RunDriver] = {}
+        self._waiters: dict[tuple[str, str], StepWaiter] = {}
+        self._counters = Counters()
+        self._trio_clock = isinstance(store, MemoryRunStore)
+        self._runs: trio.Nursery | None = None
+        self._loops: trio.Nursery | None = None
+        self._closing = False
+        self._spawned = trio.Event()
+        """Set (and replaced) whenever a driver starts: wakes ``result`` pollers."""
+
+    # ------------------------------------------------------------------ services for drivers
+
+    def _count(self, name: str, n: int = 1) -> None:
+        setattr(self._counters, name, getattr(self._counters, name) + n)
+
+    def _report(self, exc: BaseException) -> None:
+        try:
+            self._on_error(exc)
+        except Exception:  # a broken hook must not take a loop down with it
+            log_error(exc)
+
+    async def _guard(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        """``await call()``, retried with a backoff while the store or broker fails.
+
+        Transient backend errors never reach workflow code (which would fail the run for an
+        infrastructure hiccup): they are reported and the call retried until it succeeds or
+        the run's driver is cancelled.
+        """
+        delay, largest = _GUARD_BACKOFF
+        while True:
+            try:
+                return await call()
+            except (BrokerError, TransportClosed) as exc:
+                report = EngineError(f"{what} failed (retrying in {delay:.2f} s): {exc}")
+                report.__cause__ = exc
+                self._report(report)
+            await trio.sleep(delay)
+            delay = min(delay * 2, largest)
+
+    def _step_definition(self, name: str) -> StepDefinition | None:
+        return self.app.steps.get(name)
+
+    def _retry_for(self, name: str, override: Retry | None) -> Retry:
+        if override is not None:
+            return override
+        step = self.app.steps.get(name)
+        if step is not None and step.retry is not None:
+            return step.retry
+        return self.default_retry
+
+    def _rng_for(self, record: StepRecord) -> random.Random | None:
+        seed = self.options.seed
+        if seed is None:
+            return None
+        return random.Random(f"{seed}:{record.run_id}:{record.step_id}:{record.attempt}")
+
+    async def _sleep_until(self, at: float) -> None:
+        """Sleep until store-clock time ``at``."""
+        if self._trio_clock:  # the memory store's clock IS trio's: wake at exactly ``at``
+            await trio.sleep_until(at)
+        else:
+            await trio.sleep(max(0.0, at - self.store.now()))
+
+    def _watch(self, key: tuple[str, str]) -> StepWaiter:
+        waiter = self._waiters.get(key)
+        if waiter is None:
+            waiter = self._waiters[key] = StepWaiter()
+        return waiter
+
+    def _unwatch(self, key: tuple[str, str], waiter: StepWaiter) -> None:
+        if self._waiters.get(key) is waiter:
+            del self._waiters[key]
+
+    def _forget(self, driver: RunDriver) -> None:
+        if self._drivers.get(driver.run.run_id) is driver:
+            del self._drivers[driver.run.run_id]
+
+    async def _dispatch(self, record: StepRecord, delay: float) -> None:
+        """Send ``record``'s current attempt to the workers, then record that it landed.
+
+        Raises:
+            PayloadError: the task cannot be sent (no retry can help).
+        """
+        task = RemoteTask(
+            run_id=record.run_id,
+            step_id=record.step_id,
+            attempt=record.attempt,
+            name=record.name,
+            input=record.input,
+            priority=record.priority,
+        )
+        await self._guard(lambda: self.transport.dispatch(task, delay=delay), "dispatching")
+        self._count("steps_dispatched")
+        await self._guard(
+            lambda: self.store.mark_dispatched(record.run_id, record.step_id, record.attempt),
+            "checkpointing a dispatch",
+        )
+
+    # ------------------------------------------------------------------ result application
+
+    def _next_state(self, current: StepRecord, result: StepResult) -> tuple[StepRecord, float]:
+        """The checkpoint after ``result`` (and the retry delay, if it is a retry)."""
+        # A result came back, so the attempt was dispatched (whatever the local copy says).
+        if result.status is StepStatus.COMPLETED:
+            completed = attrs.evolve(
+                current, status=StepState.COMPLETED, output=result.output, dispatched=True
+            )
+            return completed, 0.0
+        error = result.error or StepError(message="the step failed without an error")
+        policy = StoredRetry.from_json(current.retry)
+        if error.retryable and policy.retries_after(current.attempt, error.code):
+            delay = policy.policy.delay(current.attempt, rng=self._rng_for(current))
+            retry = attrs.evolve(
+                current,
+                attempt=current.attempt + 1,
+                wake_at=self.store.now() + delay,
+                dispatched=False,
+                error=error_to_json(error),
+            )
+            return retry, delay
+        failed = attrs.evolve(
+            current, status=StepState.FAILED, error=error_to_json(error), dispatched=True
+        )
+        return failed, 0.0
+
+    async def _on_result(self, result: StepResult) -> None:
+        """Apply one step result, idempotently (see the module docstring).
+
+        Error handling:
+            A store error propagates: the transport hands the result back for redelivery.
+        """
+        key = (result.run_id, result.step_id)
+        waiter = self._waiters.get(key)
+        current = waiter.record if waiter is not None else None
+        if (
+            current is None
+            or current.status is not StepState.PENDING
+            or current.attempt != result.attempt
+        ):
+            # The local view may lag behind the store (another engine moved the step on): the
+            # store decides.
+            current = await self.store.get_step(result.run_id, result.step_id)
+        if current is None or current.kind is not StepKind.REMOTE:
+            self._count("orphan_results")
+            return
+        if current.status is not StepState.PENDING:
+            self._count("duplicate_results")
+            return
+        if current.attempt != result.attempt:
+            self._count("stale_results")
+            return
+        following, delay = self._next_state(current, result)
+        verdict = await self.store.update_step(following, expect_attempt=current.attempt)
+        self._count(_VERDICT_COUNTER[verdict])
+        if verdict is not Applied.APPLIED:
+            return
+        waiter = self._waiters.get(key)
+        if waiter is not None:
+            waiter.update(following)
+        if following.status is StepState.PENDING:
+            self._count("retries")
+            try:
+                await self._dispatch(following, delay)
+            except DurableTrioError as exc:  # the same task went out before: not expected
+                self._report(exc)
+
+    # ------------------------------------------------------------------ background loops
+
+    async def _renew_leases(self) -> None:
+        period = self.options.run_lease / 3
+        start = trio.current_time()
+        tick = 1
+        while True:
+            await trio.sleep_until(start + tick * period)
+            tick += 1
+            owned = list(self._drivers)
+            if not owned:
+                continue
+            try:
+                kept = await self.store.renew_runs(self.engine_id, owned, self.options.run_lease)
+            except BrokerError as exc:
+                self._report(exc)
+                continue
+            for run_id in owned:
+                driver = self._drivers.get(run_id)
+                if run_id not in kept and driver is not None and not driver.settling:
+                    # Taken over (our lease lapsed), or settled elsewhere (cancelled).
+                    self._count("lost_runs")
+                    driver.scope.cancel()
+
+    async def _reconcile_forever(self, interval: float) -> None:
+        start = trio.current_time()
+        tick = 1
+        while True:
+            await trio.sleep_until(start + tick * interval)
+            tick += 1
+            try:
+                await self.reconcile()
+            except BrokerError as exc:
+                self._report(exc)
+
+    async def _watch_forever(self, interval: float) -> None:
+        start = trio.current_time()
+        tick = 1
+        while True:
+            await trio.sleep_until(start + tick * interval)
+            tick += 1
+            # Only waiters older than a tick: a younger one read the store since.
+            older = trio.current_time() - interval
+            keys = [
+                key for key, w in self._waiters.items() if w.record is not None and w.since <= older
+            ]
+            if not keys:
+                continue
+            try:
+                records = await self.store.get_steps_many(keys)
+            except BrokerError as exc:
+                self._report(exc)
+                continue
+            for key, record in zip(keys, records, strict=True):
+                waiter = self._waiters.get(key)
+                if waiter is not None and record is not None:
+                    waiter.update(record)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def _start(self, root: trio.Nursery) -> None:
+        self._runs = await root.start(_serve_nursery)
+        self._loops = await root.start(_serve_nursery)
+        self.transport.on_result(self._on_result)
+        options = self.options
+        if options.reconcile:
+            await self.reconcile(include_own=True)
+            if options.reconcile_interval:
+                self._loops.start_soon(self._reconcile_forever, options.reconcile_interval)
+        self._loops.start_soon(self._renew_leases)
+        if options.watch_interval:
+            self._loops.start_soon(self._watch_forever, options.watch_interval)
+
+    async def aclose(self) -> None:
+        """Stop driving runs, in bounded phases: (1) stop the loops; (2) cancel every run's
+        driver where it waits (their checkpoints are already stored); (3) release the runs
+        still in flight so another engine takes them over at once (bounded by
+        ``cleanup_timeout``). The transport and store close after this, on leaving
+        :func:`open_engine`. Idempotent.
+        """
+        if self._closing:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closing = True
+        with trio.CancelScope(shield=True):
+            if self._loops is not None:
+                self._loops.cancel_scope.cancel()
+            in_flight = list(self._drivers)
+            for driver in list(self._drivers.values()):
+                driver.scope.cancel()
+            if self._runs is not None:
+                self._runs.cancel_scope.cancel()
+            with trio.move_on_after(self.options.cleanup_timeout):
+                for driver in list(self._drivers.values()):
+                    await driver.done.wait()
+            if self.options.release_on_close and in_flight:
+                with trio.move_on_after(self.options.cleanup_timeout):
+                    try:
+                        await self.store.release_runs(self.engine_id, in_flight)
+                    except BrokerError as exc:
+                        self._report(exc)
+
+    def _spawn(self, run: RunRecord, history: list[StepRecord]) -> RunDriver:
+        definition = self.app.workflows[run.workflow]
+        driver = RunDriver(self, run, history)
+        self._drivers[run.run_id] = driver
+        self._spawned.set()
+        self._spawned = trio.Event()
+        assert self._runs is not None
+        self._runs.start_soon(driver.drive, definition, name=f"run {run.run_id}")
+        return driver
+
+    # ------------------------------------------------------------------ public API
+
+    async def reconcile(self, *, include_own: bool = False) -> int:
+        """Take over runs nobody drives and resume them (replaying their history; their
+        attempts whose dispatch was never confirmed are re-dispatched). Runs at start and
+        every ``reconcile_interval``; call it to do it now.
+
+        Args:
+            include_own: also take runs still owned by this ``engine_id`` (a previous process
+                under the same id died) — done once at start.
+
+        Returns:
+            How many runs were taken over.
+        """
+        taken = 0
+        while not self._closing:
+            claimed = await self.store.claim_runs(
+                self.engine_id,
+                self.options.run_lease,
+                include_own=include_own,
+                limit=_CLAIM_BATCH,
+            )
+            for run in claimed:
+                if run.run_id in self._drivers:
+                    continue
+                if run.workflow not in self.app.workflows:
+                    error = describe_error(
+                        UnknownWorkflow(f"this engine's app does not register {run.workflow!r}")
+                    )
+                    await self.store.finish_run(run.run_id, RunStatus.FAILED, error=error)
+                    self._count("runs_failed")
+                    continue
+                history = await self.store.get_steps(run.run_id)
+                self._count("runs_resumed")
+                self._spawn(run, history)
+                taken += 1
+            if len(claimed) < _CLAIM_BATCH:
+                break
+        return taken
+
+    async def start(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        detach: bool = False,
+    ) -> str:
+        """Start a run of ``workflow`` with ``input``; returns its run id at once.
+
+        Idempotent by ``run_id``: starting an id that exists starts nothing and returns it.
+
+        Args:
+            workflow: a workflow the app registers.
+            input: its JSON input.
+            run_id: the run's id (default: a random one).
+            detach: only record the run (status pending, no owner); an engine's reconcile
+                takes it over (this one's within ``reconcile_interval``).
+
+        Raises:
+            UnknownWorkflow: the app does not register ``workflow``.
+            EngineError: ``run_id`` exists as a run of another workflow.
+            PayloadError: ``input`` is not JSON-serialisable.
+            EngineClosed: the engine is closed.
+        """
+        if self._closing:
+            raise EngineClosed("the engine is closed")
+        if workflow not in self.app.workflows:
+            raise UnknownWorkflow(
+                f"no workflow {workflow!r} in app {self.app.name!r} "
+                f"(registered: {', '.join(self.app.workflows) or 'none'})"
+            )
+        value = normalize_json(input, f"the input of workflow {workflow!r}")
+        now = self.store.now()
+        record = RunRecord(
+            run_id=run_id or uuid.uuid4().hex,
+            workflow=workflow,
+            input=value,
+            status=RunStatus.PENDING if detach else RunStatus.RUNNING,
+            created_at=now,
+            updated_at=now,
+            owner=None if detach else self.engine_id,
+            lease_until=None if detach else now + self.options.run_lease,
+        )
+        stored, created = await self.store.create_run(record)
+        if not created:
+            if stored.workflow != workflow:
+                raise EngineError(
+                    f"run {stored.run_id!r} exists as a run of {stored.workflow!r}, "
+                    f"not {workflow!r}"
+                )
+            return stored.run_id
+        self._count("runs_started")
+        if not detach:
+            self._spawn(stored, [])
+        return stored.run_id
+
+    async def result(self, run_id: str) -> Any:
+        """Wait for the run to end; return its output.
+
+        Waits on the driver when this engine drives the run, else polls the store every
+        ``watch_interval`` (1 s when that is off). Bound the wait with ``trio.fail_after``.
+
+        Raises:
+            RunFailed: the run failed (``error_type`` says why: ``StepFailed``,
+                ``NonDeterminismError``, the workflow's own exception type ...).
+            RunCancelled: the run was cancelled.
+            RunNotFound: no such run.
+            EngineClosed: the engine closed before the run ended.
+        """
+        poll = self.options.watch_interval or 1.0
+        while True:
+            driver = self._drivers.get(run_id)
+            record: RunRecord | None = None
+            if driver is not None:
+                await driver.done.wait()
+                record = driver.final
+            if record is None:
+                record = await self.get(run_id)
+            if record.status is RunStatus.COMPLETED:
+                return record.output
+            if record.status is RunStatus.CANCELLED:
+                raise RunCancelled(run_id, record.error)
+            if record.status is RunStatus.FAILED:
+                raise RunFailed(run_id, record.error)
+            if self._closing:
+                raise EngineClosed(f"the engine closed before run {run_id!r} ended")
+            if run_id not in self._drivers:
+                # Driven elsewhere (or by no one yet): poll, but wake at once should this
+                # engine take the run over meanwhile.
+                with trio.move_on_after(poll):
+                    await self._spawned.wait()
+
+    async def get(self, run_id: str) -> RunRecord:
+        """The run as the store holds it now.
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        record = await self.store.get_run(run_id)
+        if record is None:
+            raise RunNotFound(run_id)
+        return record
+
+    async def status(self, run_id: str) -> RunStatus:
+        """The run's status now (pending, running, completed, failed, cancelled).
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        return (await self.get(run_id)).status
+
+    async def history(self, run_id: str) -> builtins.list[StepRecord]:
+        """The run's checkpoints, in step id order.
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        await self.get(run_id)
+        return await self.store.get_steps(run_id)
+
+    async def cancel(self, run_id: str, *, reason: str = "cancelled") -> bool:
+        """Cancel the run: it is settled as cancelled at once, its driver stopped where it
+        waits (here, or by its owner at its next lease renewal), and the workers are asked
+        (best-effort, point-to-point control) to cancel its running steps. Late results are
+        ignored (counted as orphans).
+
+        Returns:
+            Whether this call cancelled it (``False``: it had already ended).
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        await self.get(run_id)
+        error = {"type": "RunCancelled", "message": reason}
+        cancelled = await self.store.finish_run(run_id, RunStatus.CANCELLED, error=error)
+        driver = self._drivers.get(run_id)
+        if driver is not None:
+            driver.scope.cancel()
+        if cancelled:
+            self._count("runs_cancelled")
+            try:
+                await self.transport.send_control(ControlMessage(action="cancel", run_id=run_id))
+            except (BrokerError, TransportClosed) as exc:
+                self._report(exc)
+        return cancelled
+
+    def statistics(self) -> EngineStatistics:
+        """A snapshot of the engine's counters (idempotent application made measurable)."""
+        counters = attrs.asdict(self._counters)
+        return EngineStatistics(
+            engine_id=self.engine_id,
+            active_runs=len(self._drivers),
+            waiting_steps=len(self._waiters),
+            **counters,
+        )
+
+    async def list(
+        self,
+        *,
+        status: RunStatus | str | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
+    ) -> builtins.list[RunRecord]:
+        """Runs in the store, newest first, optionally filtered by status and/or workflow."""
+        wanted = None if status is None else RunStatus(status)
+        return await self.store.list_runs(status=wanted, workflow=workflow, limit=limit)
+
+
+async def _serve_nursery(*, task_status: trio.TaskStatus[trio.Nursery]) -> None:
+    async with trio.open_nursery() as nursery:
+        task_status.started(nursery)
+        await trio.sleep_forever()
+
+
+@asynccontextmanager
+async def open_engine(
+    app: App,
+    backend: Backend,
+    *,
+    store: RunStore | None = None,
+    engine_id: str | None = None,
+    run_lease: float = 30.0,
+    reconcile_interval: float | None = 5.0,
+    watch_interval: float | None = 1.0,
+    reconcile: bool = True,
+    release_on_close: bool = True,
+    default_retry: Retry | None = None,
+    seed: int | str | None = None,
+    **transport_options: Any,
+) -> AsyncIterator[Engine]:
+    """Open an engine that drives ``app``'s workflows over ``backend``.
+
+    On entry it reconciles: runs left in flight by a dead engine (or by an earlier process
+    under the same ``engine_id``) are taken over and replayed, their unconfirmed dispatches
+    re-dispatched. Leaving the block stops driving runs (see :meth:`Engine.aclose`) and closes
+    the transport.
+
+    Args:
+        app: the workflows (and the retry policies of its steps).
+        backend: from :func:`~durable_trio.open_backend`.
+        store: a run store (default: the backend's, see ``open_run_store``).
+        engine_id, run_lease, reconcile_interval, watch_interval, reconcile,
+            release_on_close, default_retry, seed: see :class:`EngineOptions`.
+        **transport_options: :func:`~durable_trio.open_queue_transport` options; ``namespace``
+            defaults to the app's name, ``result_concurrency`` to 16.
+
+    Raises:
+        ConfigError: an option that cannot work.
+    """
+    options = EngineOptions(
+        engine_id=engine_id or uuid.uuid4().hex,
+        run_lease=run_lease,
+        reconcile_interval=reconcile_interval,
+        watch_interval=watch_interval,
+        reconcile=reconcile,
+        release_on_close=release_on_close,
+        default_retry=default_retry or Retry(),
+        seed=seed,
+    )
+    transport_options.setdefault("namespace", app.name)
+    transport_options.setdefault("result_concurrency", 16)
+    namespace = str(transport_options["namespace"])
+    on_error: ErrorHook = transport_options.get("on_error", log_error)
+    body_error: BaseException | None = None
+    async with AsyncExitStack() as stack:
+        if store is None:
+            store = await stack.enter_async_context(open_run_store(backend, namespace))
+        transport = await stack.enter_async_context(
+            open_queue_transport(backend, **transport_options)
+        )
+        engine = Engine(app, store, transport, options, on_error)
+        # The body's own exception leaves bare, not wrapped in the root nursery's group.
+        async with trio.open_nursery() as root:
+            try:
+                try:
+                    await engine._start(root)
+                except BaseException as exc:
+                    body_error = exc
+                else:
+                    try:
+                        yield engine
+                    except BaseException as exc:
+                        body_error = exc
+            finally:
+                await engine.aclose()
+                root.cancel_scope.cancel()
+    if body_error is not None:
+        raise body_error

@@ -1,0 +1,117 @@
+"""The engine's errors: a small branch of the package's one tree (:class:`DurableTrioError`).
+
+A run's failure crosses processes as JSON (``{"type", "message", ...}``), so
+:class:`RunFailed` carries the failure's *description*, not the original exception object.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._errors import ConfigError, DurableTrioError
+
+if TYPE_CHECKING:
+    from .._wire import StepError
+
+__all__ = [
+    "EngineClosed",
+    "EngineError",
+    "NonDeterminismError",
+    "RunCancelled",
+    "RunFailed",
+    "RunNotFound",
+    "StepFailed",
+    "UnknownWorkflow",
+]
+
+
+class EngineError(DurableTrioError):
+    """Base class of the engine's own errors."""
+
+
+class EngineClosed(EngineError):
+    """The engine is closed (or closing) and takes no new call."""
+
+
+class UnknownWorkflow(EngineError, ConfigError):
+    """``engine.start`` named a workflow the app does not register."""
+
+
+class RunNotFound(EngineError, LookupError):
+    """No run with this id exists in the run store.
+
+    Attributes:
+        run_id: the id asked for.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run {run_id!r} in the run store")
+        self.run_id = run_id
+
+
+class StepFailed(EngineError):
+    """A step failed for good (attempts exhausted, or a non-retryable error); raised INTO the
+    workflow, where user code may catch it (and compensate, fall back, ...).
+
+    Attributes:
+        step_name: the step's registered name (``ctx.step``) or label (``ctx.run``).
+        step_id: its id inside the run.
+        attempts: how many attempts were made.
+        error: the last attempt's error (message, code, retryable, details).
+    """
+
+    def __init__(self, step_name: str, step_id: str, attempts: int, error: StepError) -> None:
+        plural = "s" if attempts != 1 else ""
+        super().__init__(
+            f"step {step_name!r} (id {step_id}) failed after {attempts} attempt{plural}: "
+            f"{error.message}"
+        )
+        self.step_name = step_name
+        self.step_id = step_id
+        self.attempts = attempts
+        self.error = error
+
+
+class NonDeterminismError(EngineError):
+    """Replay asked for a different step than the run's history holds at that position (or the
+    workflow finished while history still held steps it never asked for).
+
+    The run is failed with this error, never silently diverged: a workflow must make the same
+    calls in the same order on every replay (see ``docs/engine.md``, "Determinism rules").
+
+    Attributes:
+        run_id: the run.
+        step_id: the step id where replay and history disagree (``None``: leftover history).
+    """
+
+    def __init__(self, message: str, *, run_id: str, step_id: str | None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.step_id = step_id
+
+
+class RunFailed(EngineError):
+    """``engine.result`` of a run that failed (or was cancelled, see :class:`RunCancelled`).
+
+    Attributes:
+        run_id: the run.
+        error: the failure as stored: ``{"type": ..., "message": ..., ...}`` (JSON).
+        error_type: the name of the exception that failed the run (``"StepFailed"``,
+            ``"NonDeterminismError"``, ``"ValueError"`` ...).
+    """
+
+    def __init__(self, run_id: str, error: Any) -> None:
+        described = error if isinstance(error, dict) else {"message": str(error)}
+        self.run_id = run_id
+        self.error: dict[str, Any] = described
+        self.error_type: str = str(described.get("type", "Error"))
+        message = str(described.get("message", ""))
+        super().__init__(f"run {run_id!r} {self._verb}: {self.error_type}: {message}")
+
+    _verb = "failed"
+
+
+class RunCancelled(RunFailed):
+    """``engine.result`` of a run that was cancelled."""
+
+    _verb = "was cancelled"

@@ -1,0 +1,56 @@
+"""The engine's options (its own knobs; the transport's are passed through to it)."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Any
+
+import attrs
+
+from .._errors import ConfigError
+from ._retry import Retry
+
+__all__ = ["EngineOptions"]
+
+
+def _positive(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
+        raise ConfigError(f"{attribute.name} must be a positive number of seconds, got {value!r}")
+
+
+def _optional_non_negative(_: Any, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None and not (
+        isinstance(value, int | float) and value >= 0 and math.isfinite(value)
+    ):
+        raise ConfigError(f"{attribute.name} must be >= 0 seconds or None, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class EngineOptions:
+    """The engine's own knobs (the transport's are passed through to it)."""
+
+    engine_id: str = attrs.field(factory=lambda: uuid.uuid4().hex)
+    """Owner id on the runs this engine drives. Give a restarted engine the SAME id (one live
+    process per id!) and it takes its runs back at once instead of after ``run_lease``."""
+    run_lease: float = attrs.field(default=30.0, validator=_positive)
+    """Seconds a run stays owned without renewal; a dead engine's runs are taken over after
+    this (renewed every third of it)."""
+    reconcile_interval: float | None = attrs.field(default=5.0, validator=_optional_non_negative)
+    """Seconds between two looks for runs nobody drives (``None`` or 0: only at start)."""
+    watch_interval: float | None = attrs.field(default=1.0, validator=_optional_non_negative)
+    """Seconds between two re-reads of the checkpoints this engine's runs wait on, for results
+    applied by another engine sharing the namespace (``None`` or 0: never; fine with one
+    engine per namespace). Also the polling period of :meth:`Engine.result` for a run driven
+    elsewhere."""
+    reconcile: bool = True
+    """Take over orphaned runs (at start and every ``reconcile_interval``). ``False``: drive
+    only the runs this engine starts (a short-lived ``durable-trio run``)."""
+    release_on_close: bool = True
+    """On close, give up the runs still in flight so another engine takes them at once."""
+    default_retry: Retry = attrs.field(factory=Retry)
+    """The retry policy of steps that name none."""
+    seed: int | str | None = None
+    """Seeds the retry jitter per (run, step, attempt): the same delays on every run."""
+    cleanup_timeout: float = attrs.field(default=2.0, validator=_positive)
+    """The bound on the close's release of runs."""

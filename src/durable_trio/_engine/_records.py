@@ -1,0 +1,183 @@
+"""The run store's value types: runs, steps (checkpoints), and the outcome of applying a change.
+
+Everything a store holds is JSON (inputs, outputs, errors, retry policies), so a run written by
+one engine process can be read, replayed and finished by another.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+import orjson
+
+from .._errors import PayloadError
+from .._wire import JSONValue, StepError
+
+__all__ = [
+    "Applied",
+    "RunRecord",
+    "RunStatus",
+    "StepKind",
+    "StepRecord",
+    "StepState",
+    "error_from_json",
+    "error_to_json",
+    "normalize_json",
+    "step_position",
+]
+
+
+class RunStatus(enum.StrEnum):
+    """Where a run stands."""
+
+    PENDING = "pending"
+    """Created, driven by no engine yet (``start(..., detach=True)``, or released on close)."""
+    RUNNING = "running"
+    """Driven by an engine (its ``owner``), under a lease."""
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the run is over (completed, failed or cancelled)."""
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+class StepKind(enum.StrEnum):
+    """What a checkpoint records."""
+
+    REMOTE = "remote"
+    """``ctx.step``: a step run by a worker through the transport."""
+    LOCAL = "local"
+    """``ctx.run``: a function run inside the engine, its result checkpointed."""
+    TIMER = "timer"
+    """``ctx.sleep``: a durable timer."""
+
+
+class StepState(enum.StrEnum):
+    """Where a checkpoint stands."""
+
+    PENDING = "pending"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class Applied(enum.StrEnum):
+    """What a compare-and-set on a checkpoint did (:meth:`RunStore.update_step`)."""
+
+    APPLIED = "applied"
+    """The change was written."""
+    DUPLICATE = "duplicate"
+    """The checkpoint had already completed or failed: nothing written."""
+    STALE = "stale"
+    """The checkpoint is at another attempt than the one the change was for: nothing written."""
+    MISSING = "missing"
+    """No such checkpoint: nothing written."""
+    RUN_FINISHED = "run_finished"
+    """The run is over (completed, failed, cancelled): nothing written."""
+
+
+@attrs.frozen
+class RunRecord:
+    """One workflow run, as the run store holds it."""
+
+    run_id: str
+    """Unique within the store's namespace; ``engine.start(..., run_id=...)`` is idempotent."""
+    workflow: str
+    """The registered workflow name."""
+    input: JSONValue
+    """The workflow's input."""
+    status: RunStatus
+    created_at: float
+    """Store clock (see :meth:`RunStore.now`)."""
+    updated_at: float
+    output: JSONValue = None
+    """The workflow's return value (status ``completed``)."""
+    error: JSONValue = None
+    """Why it failed or was cancelled: ``{"type": ..., "message": ..., ...}``."""
+    owner: str | None = None
+    """The engine driving it (``engine_id``), or ``None``."""
+    lease_until: float | None = None
+    """Store clock time until which ``owner`` holds it; past it, any engine may take it over."""
+
+
+@attrs.frozen
+class StepRecord:
+    """One checkpoint of a run's history: a remote step, a local step or a durable timer."""
+
+    run_id: str
+    step_id: str
+    """Assigned at call time, in call order: ``"1"``, ``"2"``, ... (a decimal string)."""
+    kind: StepKind
+    name: str
+    """The step's name (remote), label (local), or ``"sleep"`` (timer)."""
+    status: StepState
+    attempt: int = 1
+    """The current attempt (1-based); a result for any other attempt is stale."""
+    input: JSONValue = None
+    output: JSONValue = None
+    error: JSONValue = None
+    """The last attempt's error, as :func:`error_to_json` writes it."""
+    retry: JSONValue = None
+    """The retry policy (:meth:`Retry.to_json`), so any engine can apply a result."""
+    wake_at: float | None = None
+    """Timer: when it fires. Pending step: when its current attempt may start (backoff)."""
+    dispatched: bool = False
+    """Remote step: the current attempt's task is on the broker (reconcile re-dispatches only
+    attempts whose dispatch was never confirmed)."""
+    priority: int | None = None
+    """Remote step: the task priority (kept for re-dispatch)."""
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+    @property
+    def idempotency_key(self) -> str:
+        """``"{run_id}:{step_id}"``: stable across attempts and redeliveries."""
+        return f"{self.run_id}:{self.step_id}"
+
+
+def step_position(step_id: str) -> int:
+    """The order of ``step_id`` in a history: its number (0 for an id that is not a number)."""
+    return int(step_id) if step_id.isdigit() else 0
+
+
+def normalize_json(value: Any, what: str = "value") -> JSONValue:
+    """``value`` as it reads back from a store (tuples become lists, ...), so a live run and its
+    replay see exactly the same values.
+
+    Raises:
+        PayloadError: ``value`` is not JSON-serialisable.
+    """
+    try:
+        return orjson.loads(orjson.dumps(value))
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        raise PayloadError(f"{what} is not JSON-serialisable: {exc}") from None
+
+
+def error_to_json(error: StepError) -> dict[str, Any]:
+    """A :class:`StepError` as a checkpoint stores it."""
+    out: dict[str, Any] = {"message": error.message, "retryable": error.retryable}
+    if error.code is not None:
+        out["code"] = error.code
+    if error.details is not None:
+        out["details"] = error.details
+    return out
+
+
+def error_from_json(data: Any) -> StepError:
+    """The inverse of :func:`error_to_json` (tolerant of missing fields)."""
+    if not isinstance(data, dict):
+        return StepError(message=str(data) if data is not None else "failed", retryable=True)
+    code = data.get("code")
+    return StepError(
+        message=str(data.get("message", "failed")),
+        code=code if isinstance(code, str) else None,
+        retryable=data.get("retryable", True) is not False,
+        details=data.get("details"),
+    )

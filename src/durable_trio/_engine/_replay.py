@@ -1,0 +1,99 @@
+"""Deterministic replay: the run's history, consumed in call order, checked at every call.
+
+A workflow is plain code re-executed from the top whenever an engine (re)starts driving its
+run. Each ``ctx.step`` / ``ctx.run`` / ``ctx.sleep`` call takes the next step id (``"1"``,
+``"2"`` ...) at CALL time. If history holds a checkpoint under that id, it must be the same kind
+of call with the same name — the checkpoint's outcome is then returned without running anything.
+Anything else is non-determinism: the run fails with :class:`NonDeterminismError`, naming the
+step id, what history holds and what the code asked for; it never silently diverges.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._errors import NonDeterminismError
+from ._records import StepKind, step_position
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ._records import StepRecord
+
+__all__ = ["History"]
+
+_CALLS = {StepKind.REMOTE: "ctx.step", StepKind.LOCAL: "ctx.run", StepKind.TIMER: "ctx.sleep"}
+
+
+def _describe(kind: StepKind, name: str) -> str:
+    return f"{_CALLS[kind]}({name!r})" if kind is not StepKind.TIMER else "ctx.sleep(...)"
+
+
+class History:
+    """A run's checkpoints by step id, and which of them replay has reached so far.
+
+    Args:
+        run_id: the run.
+        records: its checkpoints (any order).
+    """
+
+    def __init__(self, run_id: str, records: Iterable[StepRecord] = ()) -> None:
+        self.run_id = run_id
+        self._by_id: dict[str, StepRecord] = {r.step_id: r for r in records}
+        self._unvisited: set[str] = set(self._by_id)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    @property
+    def replaying(self) -> bool:
+        """Whether history still holds checkpoints the workflow has not reached again."""
+        return bool(self._unvisited)
+
+    def take(self, step_id: str, kind: StepKind, name: str) -> StepRecord | None:
+        """The checkpoint the call ``kind(name)`` with ``step_id`` replays, or ``None`` (a new
+        step).
+
+        Raises:
+            NonDeterminismError: history holds a different call under ``step_id``.
+        """
+        record = self._by_id.get(step_id)
+        if record is None:
+            return None
+        self.check(record, kind, name)
+        self._unvisited.discard(step_id)
+        return record
+
+    def check(self, record: StepRecord, kind: StepKind, name: str) -> None:
+        """Raise :class:`NonDeterminismError` unless ``record`` is a ``kind(name)`` call."""
+        if record.kind is kind and record.name == name:
+            return
+        raise NonDeterminismError(
+            f"non-determinism in run {self.run_id!r} at step {record.step_id}: history holds "
+            f"{_describe(record.kind, record.name)}, the workflow now asks for "
+            f"{_describe(kind, name)}. A workflow must make the same calls in the same order "
+            f"on every replay; version changed code under a new workflow name.",
+            run_id=self.run_id,
+            step_id=record.step_id,
+        )
+
+    def check_exhausted(self) -> None:
+        """Called when the workflow returned: every checkpoint must have been reached again.
+
+        Raises:
+            NonDeterminismError: history holds steps the workflow no longer asks for.
+        """
+        if not self._unvisited:
+            return
+        left = sorted(self._unvisited, key=step_position)
+        shown = ", ".join(
+            f"{step_id}: {_describe(self._by_id[step_id].kind, self._by_id[step_id].name)}"
+            for step_id in left[:5]
+        )
+        more = f" (and {len(left) - 5} more)" if len(left) > 5 else ""
+        raise NonDeterminismError(
+            f"non-determinism in run {self.run_id!r}: the workflow finished but history holds "
+            f"steps it no longer asks for: {shown}{more}",
+            run_id=self.run_id,
+            step_id=None,
+        )

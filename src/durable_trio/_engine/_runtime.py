@@ -1,0 +1,344 @@
+"""One run, driven: the workflow coroutine, and how each checkpoint kind executes.
+
+A :class:`RunDriver` is one task in the engine's runs nursery. It re-executes the workflow
+function from the top (replay), answering every call that history already holds from its
+checkpoint and executing the first new ones:
+
+- remote step: insert the checkpoint (attempt 1), dispatch the task, record that the dispatch
+  landed, wait until the engine applies a final result (retries happen in between, driven by
+  result application, see :mod:`._engine`);
+- local step: run the function here, retrying with a durable backoff (the retry's start time is
+  checkpointed);
+- timer: checkpoint the wake-up time, sleep until then, mark it fired.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from .._errors import PayloadError
+from .._wire import StepError
+from ._context import _CURRENT_STEP, StepInfo, WorkflowContext
+from ._errors import NonDeterminismError, StepFailed
+from ._records import (
+    Applied,
+    RunRecord,
+    RunStatus,
+    StepKind,
+    StepRecord,
+    StepState,
+    error_from_json,
+    error_to_json,
+    normalize_json,
+)
+from ._replay import History
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._app import WorkflowDefinition
+    from ._engine import Engine
+    from ._retry import Retry
+
+__all__ = ["RunDriver", "StepWaiter", "describe_error"]
+
+
+def describe_error(exc: BaseException) -> dict[str, Any]:
+    """A run failure as the run store keeps it (JSON)."""
+    described: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, StepFailed):
+        described.update(
+            step=exc.step_name,
+            stepId=exc.step_id,
+            attempts=exc.attempts,
+            error=error_to_json(exc.error),
+        )
+    elif isinstance(exc, NonDeterminismError):
+        described["stepId"] = exc.step_id
+    return described
+
+
+def _settled(record: StepRecord) -> Any:
+    """A finished checkpoint's outcome: its output, or :class:`StepFailed`."""
+    if record.status is StepState.COMPLETED:
+        return record.output
+    raise StepFailed(record.name, record.step_id, record.attempt, error_from_json(record.error))
+
+
+def _newer(candidate: StepRecord, current: StepRecord | None) -> bool:
+    if current is None:
+        return True
+    if candidate.attempt != current.attempt:
+        return candidate.attempt > current.attempt
+    return current.status is StepState.PENDING and candidate.status is not StepState.PENDING
+
+
+class StepWaiter:
+    """A remote step the engine waits on: result application (or the store watch) feeds it
+    newer states of the checkpoint; it wakes its driver once the step is settled."""
+
+    __slots__ = ("_event", "record", "since")
+
+    def __init__(self) -> None:
+        self.record: StepRecord | None = None
+        self._event = trio.Event()
+        self.since = trio.current_time()
+        """When the engine started waiting (the watch skips waiters younger than a tick)."""
+
+    def update(self, record: StepRecord) -> None:
+        """Take ``record`` if it is newer than what the waiter holds."""
+        if _newer(record, self.record):
+            self.record = record
+            if record.status is not StepState.PENDING:
+                self._event.set()
+
+    async def wait(self) -> StepRecord:
+        """Until the step is settled; returns its final checkpoint."""
+        await self._event.wait()
+        assert self.record is not None
+        return self.record
+
+
+class RunDriver:
+    """Drives one run (see the module docstring). Created and started by the engine."""
+
+    def __init__(self, engine: Engine, run: RunRecord, history: list[StepRecord]) -> None:
+        self.engine = engine
+        self.run = run
+        self.history = History(run.run_id, history)
+        self.scope = trio.CancelScope()
+        self.done = trio.Event()
+        self.final: RunRecord | None = None
+        """The run as this driver settled it (``None``: it stopped without settling it)."""
+        self.settling = False
+        """The workflow returned; the driver is writing its outcome."""
+
+    # ------------------------------------------------------------------ the workflow
+
+    async def drive(self, definition: WorkflowDefinition) -> None:
+        """Run the workflow to its end and settle the run (completed or failed).
+
+        Cancellation:
+            Cancelling :attr:`scope` (a cancel, a lost lease, the engine closing) stops the run
+            where it waits, writing nothing; whoever cancelled settles it (or not).
+        """
+        engine = self.engine
+        run = self.run
+        try:
+            with self.scope:
+                ctx = WorkflowContext(self, run, self.history)
+                status = RunStatus.COMPLETED
+                output: Any = None
+                error: Any = None
+                try:
+                    value = await definition.fn(ctx, run.input)
+                    self.history.check_exhausted()
+                    output = normalize_json(value, f"the return value of workflow {run.workflow!r}")
+                except NonDeterminismError as exc:
+                    status, error = RunStatus.FAILED, describe_error(exc)
+                except Exception as exc:
+                    failure: Exception = exc
+                    try:  # code that diverged may fail before it reaches the rest of history
+                        self.history.check_exhausted()
+                    except NonDeterminismError as diverged:
+                        failure = diverged
+                    status, error = RunStatus.FAILED, describe_error(failure)
+                if isinstance(error, dict) and error.get("type") == "NonDeterminismError":
+                    engine._count("nondeterminism_failures")
+                self.settling = True  # a lease renewal must not cancel the final write
+                settled = await engine._guard(
+                    lambda: engine.store.finish_run(run.run_id, status, output=output, error=error),
+                    "settling a run",
+                )
+                if settled:
+                    now = engine.store.now()
+                    self.final = attrs.evolve(
+                        run,
+                        status=status,
+                        output=output,
+                        error=error,
+                        owner=None,
+                        lease_until=None,
+                        updated_at=now,
+                    )
+                    engine._count(
+                        "runs_completed" if status is RunStatus.COMPLETED else "runs_failed"
+                    )
+        finally:
+            engine._forget(self)
+            self.done.set()
+
+    # ------------------------------------------------------------------ remote steps
+
+    async def remote(
+        self,
+        step_id: str,
+        name: str,
+        input: Any,
+        retry: Retry | None,
+        priority: int | None,
+    ) -> Any:
+        engine = self.engine
+        store = engine.store
+        run_id = self.run.run_id
+        known = self.history.take(step_id, StepKind.REMOTE, name)
+        if known is not None and known.status is not StepState.PENDING:
+            return _settled(known)
+        key = (run_id, step_id)
+        # Watch BEFORE reading or writing the store: a result applied from now on reaches us.
+        waiter = engine._watch(key)
+        try:
+            if known is None:
+                step = engine._step_definition(name)
+                fresh = StepRecord(
+                    run_id=run_id,
+                    step_id=step_id,
+                    kind=StepKind.REMOTE,
+                    name=name,
+                    status=StepState.PENDING,
+                    input=input,
+                    retry=engine._retry_for(name, retry).to_json(),
+                    priority=priority if priority is not None else step.priority if step else None,
+                )
+                record = await engine._guard(lambda: store.begin_step(fresh), "checkpointing")
+                self.history.check(record, StepKind.REMOTE, name)
+            else:
+                found = await engine._guard(lambda: store.get_step(run_id, step_id), "reading")
+                record = found if found is not None else known
+            waiter.update(record)
+            if record.status is StepState.PENDING and not record.dispatched:
+                if known is not None:
+                    engine._count("redispatched")
+                await self._send(record, waiter)
+            return _settled(await waiter.wait())
+        finally:
+            engine._unwatch(key, waiter)
+
+    async def _send(self, record: StepRecord, waiter: StepWaiter) -> None:
+        engine = self.engine
+        delay = 0.0 if record.wake_at is None else max(0.0, record.wake_at - engine.store.now())
+        try:
+            await engine._dispatch(record, delay)
+        except PayloadError as exc:
+            # The task cannot be sent (too large, ...): no retry can help, fail the step.
+            error = StepError(message=str(exc), code="bad_input", retryable=False)
+            failed = attrs.evolve(record, status=StepState.FAILED, error=error_to_json(error))
+            verdict = await engine._guard(
+                lambda: engine.store.update_step(failed, expect_attempt=record.attempt),
+                "checkpointing",
+            )
+            if verdict is Applied.APPLIED:
+                waiter.update(failed)
+
+    # ------------------------------------------------------------------ local steps
+
+    async def local(
+        self, step_id: str, name: str, fn: Callable[[], Any], retry: Retry | None
+    ) -> Any:
+        engine = self.engine
+        store = engine.store
+        run_id = self.run.run_id
+        record = self.history.take(step_id, StepKind.LOCAL, name)
+        policy = retry if retry is not None else engine.default_retry
+        if record is None:
+            fresh = StepRecord(
+                run_id=run_id,
+                step_id=step_id,
+                kind=StepKind.LOCAL,
+                name=name,
+                status=StepState.PENDING,
+                retry=policy.to_json(),
+            )
+            record = await engine._guard(lambda: store.begin_step(fresh), "checkpointing")
+            self.history.check(record, StepKind.LOCAL, name)
+        while record.status is StepState.PENDING:
+            if record.wake_at is not None:
+                await engine._sleep_until(record.wake_at)
+            current = record
+            token = _CURRENT_STEP.set(StepInfo(run_id, step_id, current.attempt, name, "local"))
+            try:
+                engine._count("local_steps_run")
+                value = fn()
+                if inspect.isawaitable(value):
+                    value = await value
+                output = normalize_json(value, f"the result of local step {name!r}")
+            except Exception as exc:
+                retryable = getattr(exc, "retryable", True) is not False and not (
+                    isinstance(exc, PayloadError) or policy.is_non_retryable(exc)
+                )
+                error = error_to_json(
+                    StepError(
+                        message=f"{type(exc).__name__}: {exc}",
+                        code=type(exc).__name__,
+                        retryable=retryable,
+                    )
+                )
+                if retryable and current.attempt < policy.max_attempts:
+                    delay = policy.delay(current.attempt, rng=engine._rng_for(current))
+                    following = attrs.evolve(
+                        current,
+                        attempt=current.attempt + 1,
+                        wake_at=store.now() + delay,
+                        error=error,
+                    )
+                else:
+                    following = attrs.evolve(current, status=StepState.FAILED, error=error)
+            else:
+                following = attrs.evolve(current, status=StepState.COMPLETED, output=output)
+            finally:
+                _CURRENT_STEP.reset(token)
+            verdict = await engine._guard(
+                partial(store.update_step, following, expect_attempt=current.attempt),
+                "checkpointing",
+            )
+            if verdict is Applied.APPLIED:
+                record = following
+            elif verdict is Applied.RUN_FINISHED:
+                await self._stop()
+            else:  # someone else (another engine, split brain) moved it on: follow the store
+                found = await engine._guard(lambda: store.get_step(run_id, step_id), "reading")
+                if found is None:
+                    await self._stop()
+                    raise AssertionError("unreachable")  # pragma: no cover
+                record = found
+        return _settled(record)
+
+    # ------------------------------------------------------------------ timers
+
+    async def timer(self, step_id: str, seconds: float) -> None:
+        engine = self.engine
+        store = engine.store
+        record = self.history.take(step_id, StepKind.TIMER, "sleep")
+        if record is None:
+            fresh = StepRecord(
+                run_id=self.run.run_id,
+                step_id=step_id,
+                kind=StepKind.TIMER,
+                name="sleep",
+                status=StepState.PENDING,
+                input=seconds,
+                wake_at=store.now() + seconds,
+            )
+            record = await engine._guard(lambda: store.begin_step(fresh), "checkpointing")
+            self.history.check(record, StepKind.TIMER, "sleep")
+        if record.status is not StepState.PENDING:
+            return
+        assert record.wake_at is not None
+        await engine._sleep_until(record.wake_at)
+        fired = attrs.evolve(record, status=StepState.COMPLETED)
+        verdict = await engine._guard(
+            lambda: store.update_step(fired, expect_attempt=record.attempt), "checkpointing"
+        )
+        if verdict is Applied.RUN_FINISHED:
+            await self._stop()
+        engine._count("timers_fired")
+
+    async def _stop(self) -> None:
+        """The run was settled elsewhere (cancelled by another engine): stop driving it."""
+        self.scope.cancel()
+        await trio.lowlevel.checkpoint()

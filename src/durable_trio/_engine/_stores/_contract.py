@@ -1,0 +1,138 @@
+"""The run store contract: where runs and their checkpoints live, every change atomic.
+
+A store holds one namespace's runs. Its clock (:meth:`RunStore.now`) is the time base of
+every timestamp it keeps (leases, durable timers, retry backoffs): trio's clock for the memory
+store (so tests run under a virtual clock), the wall clock for stores shared by processes.
+
+Every method that changes more than one thing does it atomically (one SQLite transaction, one
+Redis script, no checkpoint in between in memory): a crash never leaves half a change behind.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .._records import Applied, RunRecord, RunStatus, StepRecord
+
+__all__ = ["RunStore"]
+
+
+@runtime_checkable
+class RunStore(Protocol):
+    """Runs and their checkpoints (see :mod:`durable_trio._engine._stores`).
+
+    Errors: a store raises :class:`~durable_trio.BrokerError` (or
+    :class:`~durable_trio.BrokerUnavailable`) when its backend fails; the engine retries.
+    """
+
+    def now(self) -> float:
+        """The store's clock, in seconds."""
+        ...
+
+    async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
+        """Insert ``run`` unless a run with its id exists.
+
+        Returns:
+            ``(stored, created)``: the run now stored (the existing one when ``created`` is
+            ``False``) and whether this call created it.
+        """
+        ...
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        """The run, or ``None``."""
+        ...
+
+    async def list_runs(
+        self,
+        *,
+        status: RunStatus | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
+    ) -> list[RunRecord]:
+        """Runs, newest first, optionally only of one status and/or workflow."""
+        ...
+
+    async def claim_runs(
+        self, owner: str, lease: float, *, include_own: bool = False, limit: int = 100
+    ) -> list[RunRecord]:
+        """Take over unfinished runs nobody drives: pending or running runs with no owner or
+        an expired lease (and, with ``include_own``, those still owned by ``owner`` itself: an
+        engine restarted under the same id). Atomically sets their owner to ``owner``, their
+        lease to ``now() + lease`` and their status to running.
+
+        Returns:
+            The claimed runs, at most ``limit``.
+        """
+        ...
+
+    async def renew_runs(self, owner: str, run_ids: Sequence[str], lease: float) -> set[str]:
+        """Extend ``owner``'s lease on ``run_ids`` to ``now() + lease``.
+
+        Returns:
+            The ids still owned by ``owner`` and unfinished (the others were taken over,
+            finished or cancelled meanwhile: their driver must stop).
+        """
+        ...
+
+    async def release_runs(self, owner: str, run_ids: Sequence[str]) -> None:
+        """Give up ``owner``'s unfinished ``run_ids`` (owner and lease cleared, status pending)
+        so another engine takes them over at once."""
+        ...
+
+    async def finish_run(
+        self,
+        run_id: str,
+        status: RunStatus,
+        *,
+        output: object = None,
+        error: object = None,
+    ) -> bool:
+        """Settle the run with a terminal ``status`` unless it is already settled.
+
+        Returns:
+            Whether this call settled it.
+        """
+        ...
+
+    async def get_steps(self, run_id: str) -> list[StepRecord]:
+        """The run's history: every checkpoint, in step id order."""
+        ...
+
+    async def get_step(self, run_id: str, step_id: str) -> StepRecord | None:
+        """One checkpoint, or ``None``."""
+        ...
+
+    async def get_steps_many(self, keys: Sequence[tuple[str, str]]) -> list[StepRecord | None]:
+        """Several checkpoints at once (``(run_id, step_id)`` each), ``None`` for a missing
+        one, in the order asked."""
+        ...
+
+    async def begin_step(self, step: StepRecord) -> StepRecord:
+        """Insert the checkpoint ``step`` unless one with its ``(run_id, step_id)`` exists.
+
+        Returns:
+            The checkpoint now stored (the existing one, if any: replay reads it).
+        """
+        ...
+
+    async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
+        """Compare-and-set: replace the mutable fields (status, attempt, output, error,
+        wake_at, dispatched) of the stored checkpoint with ``step``'s, only if it is still
+        pending, at attempt ``expect_attempt``, and its run is unfinished.
+
+        Returns:
+            :attr:`Applied.APPLIED`, or why nothing was written.
+        """
+        ...
+
+    async def mark_dispatched(self, run_id: str, step_id: str, attempt: int) -> bool:
+        """Record that ``attempt``'s task is on the broker (if the checkpoint is still pending
+        at that attempt). Returns whether it was recorded."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the store holds (idempotent)."""
+        ...

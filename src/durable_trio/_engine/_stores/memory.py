@@ -1,0 +1,321 @@
+"""The in-memory run store: one process, trio's clock (tests run under a virtual clock).
+
+Values are kept JSON-encoded, as the persistent stores keep them: what a caller reads is a
+fresh copy, so mutating a returned output never changes the history.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+import attrs
+import orjson
+import trio
+
+from .._records import (
+    Applied,
+    RunRecord,
+    RunStatus,
+    StepKind,
+    StepRecord,
+    StepState,
+    step_position,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["MemoryRunStore"]
+
+_ACTIVE = (RunStatus.PENDING, RunStatus.RUNNING)
+
+_dumps = orjson.dumps
+_loads = orjson.loads
+
+
+@attrs.define(eq=False)
+class _Run:
+    run_id: str
+    workflow: str
+    status: RunStatus
+    seq: int
+    input: bytes
+    created_at: float
+    updated_at: float
+    output: bytes = b"null"
+    error: bytes = b"null"
+    owner: str | None = None
+    lease_until: float | None = None
+    steps: dict[str, _Step] = attrs.Factory(dict)
+
+    def out(self) -> RunRecord:
+        return RunRecord(
+            run_id=self.run_id,
+            workflow=self.workflow,
+            input=_loads(self.input),
+            status=self.status,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            output=_loads(self.output),
+            error=_loads(self.error),
+            owner=self.owner,
+            lease_until=self.lease_until,
+        )
+
+
+@attrs.define(eq=False)
+class _Step:
+    run_id: str
+    step_id: str
+    kind: StepKind
+    name: str
+    status: StepState
+    attempt: int
+    input: bytes
+    output: bytes
+    error: bytes
+    retry: bytes
+    wake_at: float | None
+    dispatched: bool
+    priority: int | None
+    created_at: float
+    updated_at: float
+
+    def out(self) -> StepRecord:
+        return StepRecord(
+            run_id=self.run_id,
+            step_id=self.step_id,
+            kind=self.kind,
+            name=self.name,
+            status=self.status,
+            attempt=self.attempt,
+            input=_loads(self.input),
+            output=_loads(self.output),
+            error=_loads(self.error),
+            retry=_loads(self.retry),
+            wake_at=self.wake_at,
+            dispatched=self.dispatched,
+            priority=self.priority,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+        )
+
+
+class MemoryRunStore:
+    """A :class:`~durable_trio.RunStore` in process memory (lost with the process).
+
+    Every operation is a cancellation point and runs without yielding to other tasks, so it is
+    atomic.
+    """
+
+    def __init__(self) -> None:
+        self._runs: dict[str, _Run] = {}
+        self._seq = itertools.count(1)
+        self._closed = False
+
+    def now(self) -> float:
+        """trio's clock (virtual under ``autojump_clock``)."""
+        return trio.current_time()
+
+    # -- runs -------------------------------------------------------------------------------
+
+    async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        existing = self._runs.get(run.run_id)
+        if existing is not None:
+            return existing.out(), False
+        now = self.now()
+        stored = self._runs[run.run_id] = _Run(
+            run_id=run.run_id,
+            workflow=run.workflow,
+            status=run.status,
+            seq=next(self._seq),
+            input=_dumps(run.input),
+            created_at=now,
+            updated_at=now,
+            output=_dumps(run.output),
+            error=_dumps(run.error),
+            owner=run.owner,
+            lease_until=run.lease_until,
+        )
+        return stored.out(), True
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        run = self._runs.get(run_id)
+        return None if run is None else run.out()
+
+    async def list_runs(
+        self,
+        *,
+        status: RunStatus | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
+    ) -> list[RunRecord]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        found: list[RunRecord] = []
+        for run in reversed(self._runs.values()):  # insertion order is creation order
+            if len(found) >= limit:
+                break
+            if status is not None and run.status is not status:
+                continue
+            if workflow is not None and run.workflow != workflow:
+                continue
+            found.append(run.out())
+        return found
+
+    async def claim_runs(
+        self, owner: str, lease: float, *, include_own: bool = False, limit: int = 100
+    ) -> list[RunRecord]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = self.now()
+        claimed: list[RunRecord] = []
+        for run in self._runs.values():
+            if len(claimed) >= limit:
+                break
+            if run.status not in _ACTIVE:
+                continue
+            orphan = (
+                run.owner is None
+                or run.lease_until is None
+                or run.lease_until < now
+                or (include_own and run.owner == owner)
+            )
+            if not orphan:
+                continue
+            run.owner, run.lease_until = owner, now + lease
+            run.status, run.updated_at = RunStatus.RUNNING, now
+            claimed.append(run.out())
+        return claimed
+
+    def _owned(self, owner: str, run_id: str) -> _Run | None:
+        run = self._runs.get(run_id)
+        if run is None or run.owner != owner or run.status not in _ACTIVE:
+            return None
+        return run
+
+    async def renew_runs(self, owner: str, run_ids: Sequence[str], lease: float) -> set[str]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        until = self.now() + lease
+        kept: set[str] = set()
+        for run_id in run_ids:
+            run = self._owned(owner, run_id)
+            if run is not None:
+                run.lease_until = until
+                kept.add(run_id)
+        return kept
+
+    async def release_runs(self, owner: str, run_ids: Sequence[str]) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = self.now()
+        for run_id in run_ids:
+            run = self._owned(owner, run_id)
+            if run is not None:
+                run.owner = run.lease_until = None
+                run.status, run.updated_at = RunStatus.PENDING, now
+
+    async def finish_run(
+        self,
+        run_id: str,
+        status: RunStatus,
+        *,
+        output: object = None,
+        error: object = None,
+    ) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        run = self._runs.get(run_id)
+        if run is None or run.status.terminal:
+            return False
+        run.output, run.error = _dumps(output), _dumps(error)
+        run.status, run.updated_at = status, self.now()
+        run.owner = run.lease_until = None
+        return True
+
+    # -- steps ------------------------------------------------------------------------------
+
+    async def get_steps(self, run_id: str) -> list[StepRecord]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        run = self._runs.get(run_id)
+        if run is None:
+            return []
+        steps = sorted(run.steps.values(), key=lambda s: step_position(s.step_id))
+        return [step.out() for step in steps]
+
+    def _find(self, run_id: str, step_id: str) -> _Step | None:
+        run = self._runs.get(run_id)
+        return None if run is None else run.steps.get(step_id)
+
+    async def get_step(self, run_id: str, step_id: str) -> StepRecord | None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        step = self._find(run_id, step_id)
+        return None if step is None else step.out()
+
+    async def get_steps_many(self, keys: Sequence[tuple[str, str]]) -> list[StepRecord | None]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        found = [self._find(run_id, step_id) for run_id, step_id in keys]
+        return [None if step is None else step.out() for step in found]
+
+    async def begin_step(self, step: StepRecord) -> StepRecord:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        run = self._runs.get(step.run_id)
+        if run is None:
+            # A store keeps no checkpoint of an unknown run; the caller's run was deleted.
+            return step
+        stored = run.steps.get(step.step_id)
+        if stored is None:
+            now = self.now()
+            stored = run.steps[step.step_id] = _Step(
+                run_id=step.run_id,
+                step_id=step.step_id,
+                kind=step.kind,
+                name=step.name,
+                status=step.status,
+                attempt=step.attempt,
+                input=_dumps(step.input),
+                output=_dumps(step.output),
+                error=_dumps(step.error),
+                retry=_dumps(step.retry),
+                wake_at=step.wake_at,
+                dispatched=step.dispatched,
+                priority=step.priority,
+                created_at=now,
+                updated_at=now,
+            )
+        return stored.out()
+
+    def _check(self, run_id: str, step_id: str, attempt: int) -> tuple[Applied, _Step | None]:
+        run = self._runs.get(run_id)
+        stored = None if run is None else run.steps.get(step_id)
+        if run is None or stored is None:
+            return Applied.MISSING, None
+        if run.status.terminal:
+            return Applied.RUN_FINISHED, None
+        if stored.status is not StepState.PENDING:
+            return Applied.DUPLICATE, None
+        if stored.attempt != attempt:
+            return Applied.STALE, None
+        return Applied.APPLIED, stored
+
+    async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        verdict, stored = self._check(step.run_id, step.step_id, expect_attempt)
+        if stored is None:
+            return verdict
+        stored.output, stored.error = _dumps(step.output), _dumps(step.error)
+        stored.status, stored.attempt = step.status, step.attempt
+        stored.wake_at, stored.dispatched = step.wake_at, step.dispatched
+        stored.updated_at = self.now()
+        return Applied.APPLIED
+
+    async def mark_dispatched(self, run_id: str, step_id: str, attempt: int) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        _, stored = self._check(run_id, step_id, attempt)
+        if stored is None:
+            return False
+        stored.dispatched = True
+        return True
+
+    async def aclose(self) -> None:
+        self._closed = True
+        await trio.lowlevel.checkpoint()

@@ -1,0 +1,448 @@
+"""The Redis run store, on the project's Trio-native Redis client.
+
+Key layout (``T`` = ``{dt-runs:NAMESPACE}``: one hash tag, so a namespace's runs live in one
+Redis Cluster slot and every script touches one slot only):
+
+=========================  ======  ===============================================================
+``T:seq``                  string  ``INCR`` counter: run creation order
+``T:run:ID``               hash    workflow, status, input, output, error, owner, lease, created,
+                                   updated, seq (JSON values stored as JSON text, never decoded
+                                   in Lua: cjson would turn ``[]`` into ``{}``)
+``T:all``                  zset    every run, score = seq (``list_runs``, newest first)
+``T:status:STATUS``        zset    runs of one status, score = seq
+``T:leases``               zset    unfinished runs, score = lease expiry (0 = unowned): an
+                                   orphan claim is ``ZRANGEBYSCORE -inf (now``, never a scan
+``T:owned:OWNER``          set     unfinished runs an engine owns (an engine restarted under the
+                                   same id takes its runs back at once)
+``T:steps:N:ID``           zset    the run's step ids, score = position (N = len(ID), so no run id
+                                   can forge another run's keys)
+``T:step:N:ID:STEP``       hash    one checkpoint
+=========================  ======  ===============================================================
+
+Every change is one Lua script (atomic on the server). Times are the client's ``time.time()``
+(durable timers are computed by the engine from :meth:`RedisRunStore.now`): keep the machines'
+clocks in sync (NTP); a run lease (30 s by default) dwarfs ordinary skew.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+import orjson
+import trio
+
+from .._records import Applied, RunRecord, RunStatus, StepKind, StepRecord, StepState
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ..._redis import RedisClient, Script
+
+__all__ = ["RedisRunStore"]
+
+# Shared Lua helpers: move a run between status sets; is a status unfinished.
+_LUA_HELPERS: Final = """
+local function active(st) return st == 'pending' or st == 'running' end
+local function move(prefix, id, from, to, seq)
+  if from == to then return end
+  if from then redis.call('ZREM', prefix .. ':status:' .. from, id) end
+  redis.call('ZADD', prefix .. ':status:' .. to, seq, id)
+end
+"""
+
+# KEYS: run, seq, all. ARGV: prefix, id, workflow, status, input, output, error, owner, lease, now
+_CREATE_RUN: Final = (
+    _LUA_HELPERS
+    + """
+local prefix, id = ARGV[1], ARGV[2]
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {0, redis.call('HGETALL', KEYS[1])}
+end
+local seq = redis.call('INCR', KEYS[2])
+redis.call('HSET', KEYS[1], 'workflow', ARGV[3], 'status', ARGV[4], 'input', ARGV[5],
+  'output', ARGV[6], 'error', ARGV[7], 'owner', ARGV[8], 'lease', ARGV[9],
+  'created', ARGV[10], 'updated', ARGV[10], 'seq', seq)
+redis.call('ZADD', KEYS[3], seq, id)
+move(prefix, id, false, ARGV[4], seq)
+if active(ARGV[4]) then
+  redis.call('ZADD', prefix .. ':leases', ARGV[9] == '' and 0 or ARGV[9], id)
+  if ARGV[8] ~= '' then redis.call('SADD', prefix .. ':owned:' .. ARGV[8], id) end
+end
+return {1}
+"""
+)
+
+# ARGV: prefix, owner, lease seconds, include_own (0/1), limit, now
+_CLAIM: Final = (
+    _LUA_HELPERS
+    + """
+local prefix, owner = ARGV[1], ARGV[2]
+local lease, limit, now = tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local ids = redis.call('ZRANGEBYSCORE', prefix .. ':leases', '-inf', '(' .. ARGV[6],
+  'LIMIT', 0, limit)
+if ARGV[4] == '1' and #ids < limit then
+  local seen = {}
+  for _, id in ipairs(ids) do seen[id] = true end
+  for _, id in ipairs(redis.call('SMEMBERS', prefix .. ':owned:' .. owner)) do
+    if #ids >= limit then break end
+    if not seen[id] then ids[#ids + 1] = id end
+  end
+end
+local out = {}
+local until_ = now + lease
+for _, id in ipairs(ids) do
+  local key = prefix .. ':run:' .. id
+  local st = redis.call('HGET', key, 'status')
+  if st and active(st) then
+    local old = redis.call('HGET', key, 'owner')
+    if old and old ~= '' then redis.call('SREM', prefix .. ':owned:' .. old, id) end
+    redis.call('HSET', key, 'owner', owner, 'lease', tostring(until_), 'status', 'running',
+      'updated', ARGV[6])
+    move(prefix, id, st, 'running', redis.call('HGET', key, 'seq'))
+    redis.call('ZADD', prefix .. ':leases', until_, id)
+    redis.call('SADD', prefix .. ':owned:' .. owner, id)
+    out[#out + 1] = id
+  else
+    redis.call('ZREM', prefix .. ':leases', id)
+  end
+end
+return out
+"""
+)
+
+# ARGV: prefix, owner, lease seconds, now, id...
+_RENEW: Final = (
+    _LUA_HELPERS
+    + """
+local prefix, owner = ARGV[1], ARGV[2]
+local until_ = tonumber(ARGV[4]) + tonumber(ARGV[3])
+local kept = {}
+for i = 5, #ARGV do
+  local id = ARGV[i]
+  local key = prefix .. ':run:' .. id
+  local st = redis.call('HGET', key, 'status')
+  if st and active(st) and redis.call('HGET', key, 'owner') == owner then
+    redis.call('HSET', key, 'lease', tostring(until_))
+    redis.call('ZADD', prefix .. ':leases', until_, id)
+    kept[#kept + 1] = id
+  end
+end
+return kept
+"""
+)
+
+# ARGV: prefix, owner, now, id...
+_RELEASE: Final = (
+    _LUA_HELPERS
+    + """
+local prefix, owner = ARGV[1], ARGV[2]
+for i = 4, #ARGV do
+  local id = ARGV[i]
+  local key = prefix .. ':run:' .. id
+  local st = redis.call('HGET', key, 'status')
+  if st and active(st) and redis.call('HGET', key, 'owner') == owner then
+    redis.call('HSET', key, 'owner', '', 'lease', '', 'status', 'pending', 'updated', ARGV[3])
+    move(prefix, id, st, 'pending', redis.call('HGET', key, 'seq'))
+    redis.call('ZADD', prefix .. ':leases', 0, id)
+    redis.call('SREM', prefix .. ':owned:' .. owner, id)
+  end
+end
+return 1
+"""
+)
+
+# ARGV: prefix, id, status, output, error, now
+_FINISH: Final = (
+    _LUA_HELPERS
+    + """
+local prefix, id = ARGV[1], ARGV[2]
+local key = prefix .. ':run:' .. id
+local st = redis.call('HGET', key, 'status')
+if not st or not active(st) then return 0 end
+local old = redis.call('HGET', key, 'owner')
+if old and old ~= '' then redis.call('SREM', prefix .. ':owned:' .. old, id) end
+redis.call('HSET', key, 'status', ARGV[3], 'output', ARGV[4], 'error', ARGV[5], 'owner', '',
+  'lease', '', 'updated', ARGV[6])
+move(prefix, id, st, ARGV[3], redis.call('HGET', key, 'seq'))
+redis.call('ZREM', prefix .. ':leases', id)
+return 1
+"""
+)
+
+# KEYS: step, steps. ARGV: step_id, position, kind, name, status, attempt, input, output, error,
+# retry, wake_at, dispatched, priority, now
+_BEGIN_STEP: Final = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {0, redis.call('HGETALL', KEYS[1])}
+end
+redis.call('HSET', KEYS[1], 'kind', ARGV[3], 'name', ARGV[4], 'status', ARGV[5],
+  'attempt', ARGV[6], 'input', ARGV[7], 'output', ARGV[8], 'error', ARGV[9], 'retry', ARGV[10],
+  'wake_at', ARGV[11], 'dispatched', ARGV[12], 'priority', ARGV[13], 'created', ARGV[14],
+  'updated', ARGV[14])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+return {1}
+"""
+
+# KEYS: step, run. ARGV: expect_attempt, status, attempt, output, error, wake_at, dispatched, now
+_UPDATE_STEP: Final = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
+local run_status = redis.call('HGET', KEYS[2], 'status')
+if not run_status then return 'missing' end
+if run_status ~= 'pending' and run_status ~= 'running' then return 'run_finished' end
+if redis.call('HGET', KEYS[1], 'status') ~= 'pending' then return 'duplicate' end
+if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 'stale' end
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'attempt', ARGV[3], 'output', ARGV[4],
+  'error', ARGV[5], 'wake_at', ARGV[6], 'dispatched', ARGV[7], 'updated', ARGV[8])
+return 'applied'
+"""
+
+# KEYS: step. ARGV: attempt
+_MARK_DISPATCHED: Final = """
+if redis.call('HGET', KEYS[1], 'status') == 'pending'
+   and redis.call('HGET', KEYS[1], 'attempt') == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'dispatched', '1')
+  return 1
+end
+return 0
+"""
+
+
+def _dumps(value: Any) -> bytes:
+    return orjson.dumps(value)
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else repr(float(value))
+
+
+def _opt_float(raw: bytes | None) -> float | None:
+    return float(raw) if raw else None
+
+
+def _fields(reply: list[Any]) -> dict[bytes, bytes]:
+    return {reply[i]: reply[i + 1] for i in range(0, len(reply), 2)}
+
+
+def _run(run_id: str, f: dict[bytes, bytes]) -> RunRecord:
+    return RunRecord(
+        run_id=run_id,
+        workflow=f[b"workflow"].decode(),
+        input=orjson.loads(f[b"input"]),
+        status=RunStatus(f[b"status"].decode()),
+        created_at=float(f[b"created"]),
+        updated_at=float(f[b"updated"]),
+        output=orjson.loads(f[b"output"]),
+        error=orjson.loads(f[b"error"]),
+        owner=f[b"owner"].decode() or None,
+        lease_until=_opt_float(f[b"lease"]),
+    )
+
+
+def _step(run_id: str, step_id: str, f: dict[bytes, bytes]) -> StepRecord:
+    priority = f.get(b"priority")
+    return StepRecord(
+        run_id=run_id,
+        step_id=step_id,
+        kind=StepKind(f[b"kind"].decode()),
+        name=f[b"name"].decode(),
+        status=StepState(f[b"status"].decode()),
+        attempt=int(f[b"attempt"]),
+        input=orjson.loads(f[b"input"]),
+        output=orjson.loads(f[b"output"]),
+        error=orjson.loads(f[b"error"]),
+        retry=orjson.loads(f[b"retry"]),
+        wake_at=_opt_float(f.get(b"wake_at")),
+        dispatched=f.get(b"dispatched") == b"1",
+        priority=int(priority) if priority else None,
+        created_at=float(f[b"created"]),
+        updated_at=float(f[b"updated"]),
+    )
+
+
+class RedisRunStore:
+    """A :class:`~durable_trio.RunStore` on Redis (runs of one ``namespace``).
+
+    Args:
+        client: an entered :class:`~durable_trio._redis.RedisClient` (not closed by the store).
+        namespace: whose runs (part of the hash tag).
+    """
+
+    def __init__(self, client: RedisClient, namespace: str) -> None:
+        if "{" in namespace or "}" in namespace:
+            raise ValueError(f"a run store namespace has no braces: {namespace!r}")
+        self._client = client
+        self._prefix = f"{{dt-runs:{namespace}}}"
+        self._create: Script = client.script(_CREATE_RUN)
+        self._claim: Script = client.script(_CLAIM)
+        self._renew: Script = client.script(_RENEW)
+        self._release: Script = client.script(_RELEASE)
+        self._finish: Script = client.script(_FINISH)
+        self._begin: Script = client.script(_BEGIN_STEP)
+        self._update: Script = client.script(_UPDATE_STEP)
+        self._mark: Script = client.script(_MARK_DISPATCHED)
+
+    def now(self) -> float:
+        """The client's wall clock (``time.time()``)."""
+        return time.time()
+
+    # -- keys -------------------------------------------------------------------------------
+
+    def _run_key(self, run_id: str) -> str:
+        return f"{self._prefix}:run:{run_id}"
+
+    def _steps_key(self, run_id: str) -> str:
+        return f"{self._prefix}:steps:{len(run_id)}:{run_id}"
+
+    def _step_key(self, run_id: str, step_id: str) -> str:
+        return f"{self._prefix}:step:{len(run_id)}:{run_id}:{step_id}"
+
+    # -- runs -------------------------------------------------------------------------------
+
+    async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
+        now = time.time()
+        reply = await self._create(
+            (self._run_key(run.run_id), f"{self._prefix}:seq", f"{self._prefix}:all"),
+            (self._prefix, run.run_id, run.workflow, run.status.value, _dumps(run.input),
+             _dumps(run.output), _dumps(run.error), run.owner or "", _num(run.lease_until),
+             _num(now)),
+        )  # fmt: skip
+        if reply[0] == 1:  # created as given: no need to read it back
+            return attrs.evolve(run, created_at=now, updated_at=now), True
+        return _run(run.run_id, _fields(reply[1])), False
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        reply = await self._client.execute("HGETALL", self._run_key(run_id))
+        return _run(run_id, _fields(reply)) if reply else None
+
+    async def _get_runs(self, run_ids: Sequence[str]) -> list[RunRecord]:
+        if not run_ids:
+            await trio.lowlevel.checkpoint()
+            return []
+        replies = await self._client.pipeline(
+            [("HGETALL", self._run_key(run_id)) for run_id in run_ids]
+        )
+        return [
+            _run(run_id, _fields(reply))
+            for run_id, reply in zip(run_ids, replies, strict=True)
+            if reply
+        ]
+
+    async def list_runs(
+        self,
+        *,
+        status: RunStatus | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
+    ) -> list[RunRecord]:
+        index = f"{self._prefix}:all" if status is None else f"{self._prefix}:status:{status}"
+        found: list[RunRecord] = []
+        start = 0
+        batch = max(limit, 16)
+        while len(found) < limit:
+            ids = await self._client.execute("ZREVRANGE", index, start, start + batch - 1)
+            if not ids:
+                break
+            start += len(ids)
+            for record in await self._get_runs([i.decode() for i in ids]):
+                if workflow is None or record.workflow == workflow:
+                    found.append(record)
+        return found[:limit]
+
+    async def claim_runs(
+        self, owner: str, lease: float, *, include_own: bool = False, limit: int = 100
+    ) -> list[RunRecord]:
+        ids = await self._claim(
+            (f"{self._prefix}:leases",),
+            (self._prefix, owner, repr(float(lease)), int(include_own), limit, _num(time.time())),
+        )
+        return await self._get_runs([i.decode() for i in ids])
+
+    async def renew_runs(self, owner: str, run_ids: Sequence[str], lease: float) -> set[str]:
+        if not run_ids:
+            await trio.lowlevel.checkpoint()
+            return set()
+        kept = await self._renew(
+            (f"{self._prefix}:leases",),
+            (self._prefix, owner, repr(float(lease)), _num(time.time()), *run_ids),
+        )
+        return {i.decode() for i in kept}
+
+    async def release_runs(self, owner: str, run_ids: Sequence[str]) -> None:
+        if not run_ids:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._release(
+            (f"{self._prefix}:leases",), (self._prefix, owner, _num(time.time()), *run_ids)
+        )
+
+    async def finish_run(
+        self,
+        run_id: str,
+        status: RunStatus,
+        *,
+        output: object = None,
+        error: object = None,
+    ) -> bool:
+        done = await self._finish(
+            (self._run_key(run_id),),
+            (self._prefix, run_id, status.value, _dumps(output), _dumps(error),
+             _num(time.time())),
+        )  # fmt: skip
+        return bool(done == 1)
+
+    # -- steps ------------------------------------------------------------------------------
+
+    async def get_steps(self, run_id: str) -> list[StepRecord]:
+        reply = await self._client.execute("ZRANGE", self._steps_key(run_id), 0, -1)
+        ids = [i.decode() for i in reply]
+        found = await self.get_steps_many([(run_id, step_id) for step_id in ids])
+        return [step for step in found if step is not None]
+
+    async def get_step(self, run_id: str, step_id: str) -> StepRecord | None:
+        reply = await self._client.execute("HGETALL", self._step_key(run_id, step_id))
+        return _step(run_id, step_id, _fields(reply)) if reply else None
+
+    async def get_steps_many(self, keys: Sequence[tuple[str, str]]) -> list[StepRecord | None]:
+        if not keys:
+            await trio.lowlevel.checkpoint()
+            return []
+        replies = await self._client.pipeline(
+            [("HGETALL", self._step_key(run_id, step_id)) for run_id, step_id in keys]
+        )
+        return [
+            _step(run_id, step_id, _fields(reply)) if reply else None
+            for (run_id, step_id), reply in zip(keys, replies, strict=True)
+        ]
+
+    async def begin_step(self, step: StepRecord) -> StepRecord:
+        position = int(step.step_id) if step.step_id.isdigit() else 0
+        now = time.time()
+        reply = await self._begin(
+            (self._step_key(step.run_id, step.step_id), self._steps_key(step.run_id)),
+            (step.step_id, position, step.kind.value, step.name, step.status.value, step.attempt,
+             _dumps(step.input), _dumps(step.output), _dumps(step.error), _dumps(step.retry),
+             _num(step.wake_at), "1" if step.dispatched else "0",
+             "" if step.priority is None else str(step.priority), _num(now)),
+        )  # fmt: skip
+        if reply[0] == 1:  # inserted as given: no need to read it back
+            return attrs.evolve(step, created_at=now, updated_at=now)
+        return _step(step.run_id, step.step_id, _fields(reply[1]))
+
+    async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
+        verdict = await self._update(
+            (self._step_key(step.run_id, step.step_id), self._run_key(step.run_id)),
+            (expect_attempt, step.status.value, step.attempt, _dumps(step.output),
+             _dumps(step.error), _num(step.wake_at), "1" if step.dispatched else "0",
+             _num(time.time())),
+        )  # fmt: skip
+        return Applied(verdict.decode())
+
+    async def mark_dispatched(self, run_id: str, step_id: str, attempt: int) -> bool:
+        done = await self._mark((self._step_key(run_id, step_id),), (attempt,))
+        return bool(done == 1)
+
+    async def aclose(self) -> None:
+        """Nothing to release (the client is the caller's). Idempotent."""
+        await trio.lowlevel.checkpoint()

@@ -1,0 +1,173 @@
+"""``open_worker``: serve an app's steps through a queue transport.
+
+Each registered step ``async def charge(order: dict) -> dict`` becomes a transport handler
+that calls it with the task's input, inside:
+
+- :func:`step_info` (a context variable): run id, step id, attempt, idempotency key;
+- a cancel scope a ``cancel`` control message for the step's run cancels (best-effort: control
+  is point-to-point, so with several workers only the one that takes the message acts);
+- the step's :class:`Retry`: an exception of one of its ``non_retryable`` types is reported as
+  non-retryable (the run does not wait for attempts that cannot help).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from .._transport import open_queue_transport
+from ._context import _CURRENT_STEP, StepInfo
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from .._backend import Backend
+    from .._transport import QueueTransport
+    from .._wire import ControlMessage, RemoteTask
+    from ._app import App, StepDefinition
+
+__all__ = ["Worker", "WorkerStatistics", "open_worker"]
+
+
+class _StepCancelled(Exception):
+    """A step stopped by a ``cancel`` control message for its run (not worth retrying)."""
+
+    retryable = False
+    code = "cancelled"
+
+
+@attrs.frozen
+class WorkerStatistics:
+    """A snapshot of a worker's counters."""
+
+    running: int
+    """Steps running now."""
+    executed: int
+    """Step executions started (every attempt and redelivery counts)."""
+    succeeded: int
+    failed: int
+    cancelled: int
+    """Executions stopped by a ``cancel`` control message."""
+
+
+def _classify(exc: Exception, definition: StepDefinition) -> None:
+    """Tell the transport (which reads ``retryable`` and ``code`` off the exception) what kind
+    of failure ``exc`` is, without disturbing attributes the exception already has."""
+    retry = definition.retry
+    if retry is not None and retry.is_non_retryable(exc):
+        with contextlib.suppress(AttributeError):  # an exception type with __slots__
+            exc.retryable = False  # type: ignore[attr-defined]
+    if not hasattr(exc, "code"):
+        with contextlib.suppress(AttributeError):
+            exc.code = type(exc).__name__  # type: ignore[attr-defined]
+
+
+class Worker:
+    """Serves an app's steps. Open one with :func:`open_worker`.
+
+    Attributes:
+        app: the app whose steps it serves.
+        transport: its queue transport.
+    """
+
+    def __init__(self, app: App, transport: QueueTransport) -> None:
+        self.app = app
+        self.transport = transport
+        self._scopes: dict[str, set[trio.CancelScope]] = {}
+        self._running = 0
+        self._executed = 0
+        self._succeeded = 0
+        self._failed = 0
+        self._cancelled = 0
+
+    def statistics(self) -> WorkerStatistics:
+        """A snapshot of the worker's counters."""
+        return WorkerStatistics(
+            running=self._running,
+            executed=self._executed,
+            succeeded=self._succeeded,
+            failed=self._failed,
+            cancelled=self._cancelled,
+        )
+
+    def _serve(self, definition: StepDefinition) -> None:
+        fn = definition.fn
+
+        async def handle(task: RemoteTask) -> Any:
+            info = StepInfo(task.run_id, task.step_id, task.attempt, task.name, "remote")
+            token = _CURRENT_STEP.set(info)
+            scopes = self._scopes.setdefault(task.run_id, set())
+            scope = trio.CancelScope()
+            scopes.add(scope)
+            self._running += 1
+            self._executed += 1
+            try:
+                with scope:
+                    try:
+                        output = await fn(task.input)
+                    except Exception as exc:
+                        self._failed += 1
+                        _classify(exc, definition)
+                        raise
+                    self._succeeded += 1
+                    return output
+                self._cancelled += 1
+                raise _StepCancelled(f"run {task.run_id!r} was cancelled")
+            finally:
+                self._running -= 1
+                scopes.discard(scope)
+                if not scopes:
+                    self._scopes.pop(task.run_id, None)
+                _CURRENT_STEP.reset(token)
+
+        self.transport.handle(definition.name, handle)
+
+    async def _on_control(self, message: ControlMessage) -> None:
+        if message.action == "cancel" and message.run_id is not None:
+            for scope in self._scopes.get(message.run_id, ()):
+                scope.cancel()
+        await trio.lowlevel.checkpoint()
+
+
+@asynccontextmanager
+async def open_worker(
+    app: App,
+    backend: Backend,
+    *,
+    concurrency: int = 8,
+    steps: list[str] | None = None,
+    **transport_options: Any,
+) -> AsyncIterator[Worker]:
+    """Serve ``app``'s steps over ``backend`` until the block is left (then close gracefully:
+    running steps get ``close_timeout`` to finish, the rest are handed back at once).
+
+    Args:
+        app: whose steps.
+        backend: from :func:`~durable_trio.open_backend`.
+        concurrency: steps running at once in this worker, across every step name.
+        steps: serve only these step names (default: all of the app's).
+        **transport_options: :func:`~durable_trio.open_queue_transport` options; ``namespace``
+            defaults to the app's name.
+
+    Raises:
+        ConfigError: an option that cannot work, or an unknown step name in ``steps``.
+    """
+    from .._errors import ConfigError
+
+    names = list(app.steps) if steps is None else steps
+    unknown = [name for name in names if name not in app.steps]
+    if unknown:
+        raise ConfigError(f"app {app.name!r} has no step(s) {', '.join(map(repr, unknown))}")
+    transport_options.setdefault("namespace", app.name)
+    async with open_queue_transport(
+        backend, concurrency=concurrency, **transport_options
+    ) as transport:
+        worker = Worker(app, transport)
+        for name in names:
+            worker._serve(app.steps[name])
+        transport.on_control(worker._on_control)
+        yield worker

@@ -1,0 +1,217 @@
+"""``durable-trio worker | engine | run MODULE:app ...``: the engine's command line.
+
+Wired into ``durable-trio`` by :func:`add_engine_commands`. ``MODULE:app`` names an importable
+module (or a ``path/to/file.py``) and the :class:`App` attribute in it; the current directory is
+importable, as with ``python -m``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import sys
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._backend import open_backend
+from .._errors import ConfigError, DurableTrioError
+from ._app import App
+from ._engine import open_engine
+from ._errors import RunFailed
+from ._worker import open_worker
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Awaitable, Callable
+
+
+__all__ = ["add_engine_commands", "load_app"]
+
+#: The embedded default (as ``durable-trio examples``): a SQLite file under the working folder.
+DEFAULT_BACKEND = "sqlite:///.durable/demo.db"
+
+
+def _default_backend() -> str:
+    return os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
+
+
+def load_app(target: str) -> App:
+    """The :class:`App` that ``MODULE:attr`` (or ``path/file.py:attr``) names.
+
+    Raises:
+        ConfigError: it cannot be imported, or is not an App.
+    """
+    module_name, _, attribute = target.partition(":")
+    attribute = attribute or "app"
+    if not module_name:
+        raise ConfigError(f"say MODULE:app, not {target!r}")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            if spec is None or spec.loader is None:
+                raise ConfigError(f"cannot load {path}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules.setdefault(path.stem, module)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except (ImportError, OSError) as exc:
+        raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
+    app = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        raise ConfigError(f"{target!r} is not a durable_trio App (got {type(app).__name__})")
+    return app
+
+
+async def _until_signalled(serve: Callable[[], Awaitable[None]]) -> None:
+    """Run ``serve()`` until SIGINT or SIGTERM, then let it close gracefully."""
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    print(f"{signal.Signals(signum).name}: closing", file=sys.stderr)
+                    nursery.cancel_scope.cancel()
+                    return
+
+        nursery.start_soon(watch)
+        await serve()
+        nursery.cancel_scope.cancel()
+
+
+def _transport_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"namespace": args.namespace} if args.namespace else {}
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    app = load_app(args.target)
+
+    async def serve() -> None:
+        async with open_backend(args.backend) as backend:
+            async with open_worker(
+                app, backend, concurrency=args.concurrency, **_transport_options(args)
+            ):
+                print(f"worker: serving {len(app.steps)} step(s) of {app.name!r} on {backend.url}")
+                await trio.sleep_forever()
+
+    trio.run(_until_signalled, serve)
+    return 0
+
+
+def _cmd_engine(args: argparse.Namespace) -> int:
+    app = load_app(args.target)
+
+    async def serve() -> None:
+        async with open_backend(args.backend) as backend:
+            async with open_engine(
+                app, backend, engine_id=args.engine_id, **_transport_options(args)
+            ) as engine:
+                stats = engine.statistics()
+                print(
+                    f"engine {engine.engine_id}: driving {app.name!r} on {backend.url} "
+                    f"({stats.runs_resumed} run(s) resumed)"
+                )
+                await trio.sleep_forever()
+
+    trio.run(_until_signalled, serve)
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    app = load_app(args.target)
+    try:
+        value = json.loads(args.input)
+    except json.JSONDecodeError as exc:
+        print(f"--input is not JSON: {exc}", file=sys.stderr)
+        return 2
+    outcome: dict[str, Any] = {}
+
+    async def drive() -> None:
+        async with open_backend(args.backend) as backend, AsyncExitStack() as stack:
+            options = _transport_options(args)
+            if args.with_worker:
+                await stack.enter_async_context(open_worker(app, backend, **options))
+            engine = await stack.enter_async_context(
+                open_engine(app, backend, reconcile=False, **options)
+            )
+            run_id = await engine.start(
+                args.workflow, value, run_id=args.run_id, detach=args.detach
+            )
+            outcome["run_id"] = run_id
+            if args.detach:
+                return
+            with trio.fail_after(args.timeout):
+                outcome["output"] = await engine.result(run_id)
+
+    try:
+        trio.run(drive)
+    except RunFailed as exc:
+        print(json.dumps({"runId": exc.run_id, "status": "failed", "error": exc.error}))
+        return 1
+    except trio.TooSlowError:
+        print(f"run {outcome.get('run_id')} did not finish in {args.timeout} s", file=sys.stderr)
+        return 3
+    except DurableTrioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.detach:
+        print(json.dumps({"runId": outcome["run_id"], "status": "pending"}))
+    else:
+        print(
+            json.dumps(
+                {"runId": outcome["run_id"], "status": "completed", "output": outcome["output"]}
+            )
+        )
+    return 0
+
+
+def add_engine_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``worker``, ``engine`` and ``run`` to ``durable-trio``'s sub-commands (each handler
+    is stored as ``func`` and returns the exit status)."""
+
+    def common(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("target", metavar="MODULE:app", help="the App, e.g. shop.flows:app")
+        parser.add_argument(
+            "--backend",
+            default=_default_backend(),
+            help=f"backend URL (default: $DURABLE_TRIO_BACKEND or {DEFAULT_BACKEND})",
+        )
+        parser.add_argument("--namespace", help="transport namespace (default: the app's name)")
+
+    worker = subparsers.add_parser("worker", help="serve an app's steps")
+    common(worker)
+    worker.add_argument("--concurrency", type=int, default=8, help="steps at once (default 8)")
+    worker.set_defaults(func=_cmd_worker)
+
+    engine = subparsers.add_parser("engine", help="drive an app's workflows")
+    common(engine)
+    engine.add_argument(
+        "--engine-id",
+        help="a stable id: a restarted engine takes its runs back at once (one process per id)",
+    )
+    engine.set_defaults(func=_cmd_engine)
+
+    run = subparsers.add_parser("run", help="start a workflow run and print its result as JSON")
+    common(run)
+    run.add_argument("workflow", help="the workflow name")
+    run.add_argument("--input", default="null", help="the run's input, as JSON")
+    run.add_argument("--run-id", help="the run's id (starting an existing id is a no-op)")
+    run.add_argument(
+        "--detach", action="store_true", help="only record the run; a running engine drives it"
+    )
+    run.add_argument(
+        "--with-worker", action="store_true", help="also serve the app's steps in this process"
+    )
+    run.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait for the result (300)"
+    )
+    run.set_defaults(func=_cmd_run)

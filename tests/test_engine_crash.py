@@ -1,0 +1,155 @@
+"""Crash and resume with real processes: engine processes are SIGKILLed mid-run and replaced;
+every run completes and no checkpointed step runs again (SQLite, and Redis when available)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+import durable_trio as dt
+from durable_trio._engine import (
+    App,
+    RunStore,
+    StepKind,
+    StepState,
+    WorkflowContext,
+    open_engine,
+    open_run_store,
+    open_worker,
+    step_info,
+)
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+STEP_SECONDS = 0.1
+RUNS = 3
+NAMESPACE = "chaos"
+
+app = App("chaos")
+EXECUTIONS: Counter[str] = Counter()
+
+
+@app.step("work")
+async def work(n: int) -> int:
+    EXECUTIONS[step_info().idempotency_key] += 1
+    await trio.sleep(STEP_SECONDS)
+    return n * n
+
+
+@app.workflow("pipeline")
+async def pipeline(ctx: WorkflowContext, size: int) -> dict[str, Any]:
+    head = [await ctx.step("work", n) for n in range(size)]
+    await ctx.sleep(0.2)
+    tail = await ctx.gather(*(ctx.step("work", 100 + n) for n in range(3)))
+    local = await ctx.run("sum", lambda: sum(head) + sum(tail))
+    return {"head": head, "tail": tail, "sum": local}
+
+
+def expected(size: int) -> dict[str, Any]:
+    head = [n * n for n in range(size)]
+    tail = [(100 + n) ** 2 for n in range(3)]
+    return {"head": head, "tail": tail, "sum": sum(head) + sum(tail)}
+
+
+async def engine_process(url: str, engine_id: str, start: bool) -> None:
+    """The child: an engine with a short run lease, so a killed one's runs lapse quickly."""
+    async with dt.open_backend(url) as backend:
+        async with open_engine(
+            app,
+            backend,
+            namespace=NAMESPACE,
+            engine_id=engine_id,
+            run_lease=1.0,
+            reconcile_interval=0.2,
+            watch_interval=0.2,
+            stalled_threshold=1.0,
+            stalled_check_interval=0.25,
+        ) as engine:
+            if start:
+                for n in range(RUNS):
+                    await engine.start("pipeline", 4 + n, run_id=f"run-{n}")
+            outputs = {f"run-{n}": await engine.result(f"run-{n}") for n in range(RUNS)}
+            stats = engine.statistics()
+    print(json.dumps({"outputs": outputs, "redispatched": stats.redispatched}))
+
+
+def command(url: str, engine_id: str, start: bool) -> list[str]:
+    return [sys.executable, __file__, url, engine_id, "1" if start else "0"]
+
+
+async def completed_steps(store: RunStore) -> set[str]:
+    """The idempotency keys of every checkpointed (completed) worker step."""
+    done: set[str] = set()
+    for n in range(RUNS):
+        for record in await store.get_steps(f"run-{n}"):
+            if record.kind is StepKind.REMOTE and record.status is StepState.COMPLETED:
+                done.add(record.idempotency_key)
+    return done
+
+
+async def kill_after(process: trio.Process, store: RunStore, checkpoints: int) -> set[str]:
+    """SIGKILL ``process`` once ``checkpoints`` steps are completed in all; returns the keys of
+    the steps completed when it died."""
+    with trio.fail_after(30):
+        # Polled: the checkpoints are written by another process.
+        while len(await completed_steps(store)) < checkpoints:  # noqa: ASYNC110
+            await trio.sleep(0.01)
+    process.kill()
+    await process.wait()
+    return await completed_steps(store)
+
+
+async def crash_twice_and_finish(url: str) -> None:
+    EXECUTIONS.clear()
+    async with dt.open_backend(url) as backend, open_run_store(backend, NAMESPACE) as store:
+        async with open_worker(app, backend, namespace=NAMESPACE, concurrency=8):
+            # Engine A starts the runs and is killed; B (another id) takes them over once A's
+            # leases lapse, and is killed too; B restarted under its own id takes them back at
+            # once and finishes.
+            first = await trio.lowlevel.open_process(
+                command(url, "A", True), stdout=subprocess.DEVNULL
+            )
+            done_at_first_kill = await kill_after(first, store, 4)
+            second = await trio.lowlevel.open_process(
+                command(url, "B", False), stdout=subprocess.DEVNULL
+            )
+            done_at_second_kill = await kill_after(second, store, len(done_at_first_kill) + 5)
+            with trio.fail_after(60):
+                last = await trio.run_process(command(url, "B", False), capture_stdout=True)
+            report = json.loads(last.stdout.decode().strip().splitlines()[-1])
+            finished = await completed_steps(store)
+    assert report["outputs"] == {f"run-{n}": expected(4 + n) for n in range(RUNS)}
+    assert done_at_first_kill < done_at_second_kill < finished
+    # No checkpointed step ever ran again.
+    for key in done_at_second_kill:
+        assert EXECUTIONS[key] == 1, key
+    # Every worker step ran (4 + n + 3 per run); more than once only when a killed engine had
+    # not confirmed its dispatch, so the next one re-sent it (at-least-once, never a step that
+    # was already checkpointed).
+    assert set(EXECUTIONS) == finished
+    assert len(finished) == sum(4 + n + 3 for n in range(RUNS))
+    reruns = sum(count - 1 for count in EXECUTIONS.values())
+    assert reruns <= report["redispatched"] + 2  # the last engine's count, plus one per kill
+
+
+@pytest.mark.chaos
+async def test_crash_and_resume_on_sqlite(tmp_path: Path) -> None:
+    await crash_twice_and_finish(f"sqlite:///{tmp_path / 'chaos.db'}".replace("///", "////", 1))
+
+
+@pytest.mark.chaos
+@pytest.mark.redis
+async def test_crash_and_resume_on_redis(redis_url: str) -> None:
+    await crash_twice_and_finish(redis_url)
+
+
+if __name__ == "__main__":
+    url, engine_id, start = sys.argv[1:4]
+    trio.run(engine_process, url, engine_id, start == "1")

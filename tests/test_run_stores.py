@@ -1,0 +1,351 @@
+"""ONE run-store contract suite, run against every store: memory, SQLite, Redis."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import pytest
+import trio
+
+from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
+from durable_trio import BrokerError
+from durable_trio._engine import Applied, RunRecord, RunStatus, RunStore, StepKind, StepRecord
+from durable_trio._engine import StepState as S
+from durable_trio._engine._stores.memory import MemoryRunStore
+from durable_trio._engine._stores.sqlite import SqliteRunStore
+from durable_trio._redis import open_redis
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+STORE_KINDS = ["memory", "sqlite", "redis"]
+
+StoreFactory = Callable[[str], AbstractAsyncContextManager[RunStore]]
+
+#: JSON values that trip up stores: empty containers (Lua's cjson turns [] into {}), big
+#: integers, unicode, nesting, null.
+AWKWARD = {"empty": [], "obj": {}, "big": 2**60, "pi": 3.25, "s": "é✓\x00", "n": None, "t": True}
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def stores(
+    store_kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[StoreFactory]:
+    """A factory of stores of ``store_kind`` by namespace, all on one fresh backend."""
+    if store_kind == "memory":
+        memory: dict[str, MemoryRunStore] = {}
+
+        @asynccontextmanager
+        async def make_memory(namespace: str) -> AsyncIterator[RunStore]:
+            yield memory.setdefault(namespace, MemoryRunStore())
+
+        yield make_memory
+    elif store_kind == "sqlite":
+
+        @asynccontextmanager
+        async def make_sqlite(namespace: str) -> AsyncIterator[RunStore]:
+            store = await SqliteRunStore.open(tmp_path / "runs.db", namespace)
+            try:
+                yield store
+            finally:
+                await store.aclose()
+
+        yield make_sqlite
+    else:
+        url = request.getfixturevalue("redis_url")
+        from durable_trio._engine._stores.redis import RedisRunStore
+
+        async with open_redis(url) as client:
+
+            @asynccontextmanager
+            async def make_redis(namespace: str) -> AsyncIterator[RunStore]:
+                yield RedisRunStore(client, namespace)
+
+            yield make_redis
+
+
+@pytest.fixture
+async def store(stores: StoreFactory) -> AsyncIterator[RunStore]:
+    async with stores("shop") as s:
+        yield s
+
+
+def run(run_id: str, *, status: RunStatus = RunStatus.PENDING, **kw: Any) -> RunRecord:
+    return RunRecord(run_id, kw.pop("workflow", "order"), kw.pop("input", None), status, 0, 0, **kw)
+
+
+def step(run_id: str, step_id: str, **kw: Any) -> StepRecord:
+    kind = kw.pop("kind", StepKind.REMOTE)
+    return StepRecord(
+        run_id, step_id, kind, kw.pop("name", "charge"), kw.pop("status", S.PENDING), **kw
+    )
+
+
+# --------------------------------------------------------------------------- runs
+
+
+async def test_create_get_and_json_fidelity(store: RunStore) -> None:
+    stored, created = await store.create_run(run("r1", input=AWKWARD))
+    assert created
+    assert (stored.run_id, stored.workflow, stored.status) == ("r1", "order", RunStatus.PENDING)
+    assert stored.input == AWKWARD
+    assert stored.owner is None
+    assert stored.lease_until is None
+    assert abs(stored.created_at - store.now()) < 5
+    again, created_again = await store.create_run(run("r1", input="other", workflow="x"))
+    assert not created_again
+    assert (again.input, again.workflow) == (AWKWARD, "order")
+    fetched = await store.get_run("r1")
+    assert fetched is not None
+    assert fetched.input == AWKWARD
+    assert await store.get_run("missing") is None
+
+
+async def test_list_runs_newest_first_with_filters(store: RunStore) -> None:
+    await store.create_run(run("a", workflow="order"))
+    await store.create_run(run("b", workflow="refund"))
+    await store.create_run(run("c", workflow="order", status=RunStatus.RUNNING, owner="e"))
+    assert [r.run_id for r in await store.list_runs()] == ["c", "b", "a"]
+    assert [r.run_id for r in await store.list_runs(limit=2)] == ["c", "b"]
+    assert [r.run_id for r in await store.list_runs(workflow="order")] == ["c", "a"]
+    assert [r.run_id for r in await store.list_runs(status=RunStatus.PENDING)] == ["b", "a"]
+    pending_orders = await store.list_runs(status=RunStatus.PENDING, workflow="order")
+    assert [r.run_id for r in pending_orders] == ["a"]
+    await store.finish_run("a", RunStatus.COMPLETED, output=[])
+    assert [r.run_id for r in await store.list_runs(status=RunStatus.COMPLETED)] == ["a"]
+    assert [r.run_id for r in await store.list_runs(status=RunStatus.PENDING)] == ["b"]
+
+
+async def test_claim_takes_only_runs_nobody_drives(store: RunStore) -> None:
+    now = store.now()
+    await store.create_run(run("free"))
+    await store.create_run(run("held", status=RunStatus.RUNNING, owner="A", lease_until=now + 60))
+    await store.create_run(run("mine", status=RunStatus.RUNNING, owner="B", lease_until=now + 60))
+    await store.create_run(run("lapsed", status=RunStatus.RUNNING, owner="A", lease_until=now - 1))
+    await store.create_run(run("over", status=RunStatus.RUNNING))
+    await store.finish_run("over", RunStatus.FAILED, error={"type": "X"})
+
+    claimed = await store.claim_runs("B", 30.0)
+    assert sorted(r.run_id for r in claimed) == ["free", "lapsed"]
+    for record in claimed:
+        assert (record.owner, record.status) == ("B", RunStatus.RUNNING)
+        assert record.lease_until is not None
+        assert record.lease_until > store.now() + 20
+    assert await store.claim_runs("B", 30.0) == []
+    own = await store.claim_runs("B", 30.0, include_own=True)
+    assert sorted(r.run_id for r in own) == ["free", "lapsed", "mine"]
+    assert await store.claim_runs("C", 30.0) == []
+
+
+async def test_claim_respects_its_limit(store: RunStore) -> None:
+    for n in range(5):
+        await store.create_run(run(f"r{n}"))
+    first = await store.claim_runs("A", 30.0, limit=2)
+    rest = await store.claim_runs("A", 30.0, limit=10)
+    assert len(first) == 2
+    assert len(rest) == 3
+    assert {r.run_id for r in first} | {r.run_id for r in rest} == {f"r{n}" for n in range(5)}
+
+
+async def test_leases_renew_lapse_and_release(store: RunStore) -> None:
+    await store.create_run(run("a"))
+    await store.create_run(run("b"))
+    assert len(await store.claim_runs("A", 0.2)) == 2
+    assert await store.renew_runs("A", ["a"], 0.2) == {"a"}
+    assert await store.renew_runs("Z", ["a", "b"], 0.2) == set()
+    assert await store.renew_runs("A", [], 0.2) == set()
+    await trio.sleep(0.25)  # b's lease lapses; a's was renewed later, it lapses too by now
+    taken = await store.claim_runs("B", 30.0)
+    assert sorted(r.run_id for r in taken) == ["a", "b"]
+    assert await store.renew_runs("A", ["a", "b"], 30.0) == set()  # lost to B
+    await store.release_runs("B", ["a"])
+    released = await store.get_run("a")
+    assert released is not None
+    assert (released.owner, released.lease_until, released.status) == (
+        None,
+        None,
+        RunStatus.PENDING,
+    )
+    await store.release_runs("A", ["b"])  # not A's: nothing happens
+    kept = await store.get_run("b")
+    assert kept is not None
+    assert kept.owner == "B"
+    assert [r.run_id for r in await store.claim_runs("C", 30.0)] == ["a"]
+
+
+async def test_finish_settles_once(store: RunStore) -> None:
+    await store.create_run(run("r", status=RunStatus.RUNNING, owner="A", lease_until=1e12))
+    assert await store.finish_run("r", RunStatus.COMPLETED, output=AWKWARD)
+    assert not await store.finish_run("r", RunStatus.CANCELLED, error={"type": "RunCancelled"})
+    assert not await store.finish_run("missing", RunStatus.COMPLETED)
+    done = await store.get_run("r")
+    assert done is not None
+    assert (done.status, done.output, done.error, done.owner) == (
+        RunStatus.COMPLETED,
+        AWKWARD,
+        None,
+        None,
+    )
+    assert await store.renew_runs("A", ["r"], 30.0) == set()
+    assert await store.claim_runs("A", 30.0, include_own=True) == []
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+async def test_begin_step_inserts_once_and_history_is_in_step_order(store: RunStore) -> None:
+    await store.create_run(run("r"))
+    for step_id in ("10", "2", "1"):
+        await store.begin_step(step("r", step_id, input={"n": step_id}))
+    first = await store.begin_step(
+        step("r", "11", kind=StepKind.TIMER, name="sleep", wake_at=123.5, input=5.0)
+    )
+    again = await store.begin_step(step("r", "11", name="other", wake_at=1.0))
+    assert again == first
+    assert (first.kind, first.name, first.wake_at, first.attempt) == (
+        StepKind.TIMER,
+        "sleep",
+        123.5,
+        1,
+    )
+    assert [s.step_id for s in await store.get_steps("r")] == ["1", "2", "10", "11"]
+    assert await store.get_steps("nobody") == []
+    found = await store.get_steps_many([("r", "2"), ("r", "99"), ("x", "1")])
+    assert [None if s is None else s.input for s in found] == [{"n": "2"}, None, None]
+    assert await store.get_step("r", "99") is None
+
+
+async def test_step_fields_round_trip(store: RunStore) -> None:
+    await store.create_run(run("r"))
+    original = step(
+        "r",
+        "1",
+        attempt=3,
+        input=AWKWARD,
+        output=[],
+        error={"message": "m", "retryable": True, "details": {"stalls": []}},
+        retry={"maxAttempts": 5, "nonRetryable": ["X"]},
+        wake_at=9.5,
+        dispatched=True,
+        priority=-4,
+    )
+    stored = await store.begin_step(original)
+    assert stored.created_at > 0
+    assert stored.updated_at >= stored.created_at
+    fetched = await store.get_step("r", "1")
+    assert fetched is not None
+    for field in ("attempt", "input", "output", "error", "retry", "wake_at", "dispatched"):
+        assert getattr(fetched, field) == getattr(original, field), field
+    assert fetched.priority == -4
+
+
+async def test_update_step_is_a_compare_and_set(store: RunStore) -> None:
+    await store.create_run(run("r", status=RunStatus.RUNNING))
+    pending = await store.begin_step(step("r", "1"))
+    retried = attrs.evolve(pending, attempt=2, wake_at=5.0)
+    assert await store.update_step(retried, expect_attempt=1) is Applied.APPLIED
+    assert await store.update_step(retried, expect_attempt=1) is Applied.STALE
+    done = attrs.evolve(retried, status=S.COMPLETED, output=[])
+    assert await store.update_step(done, expect_attempt=2) is Applied.APPLIED
+    assert await store.update_step(done, expect_attempt=2) is Applied.DUPLICATE
+    assert await store.update_step(step("r", "9"), expect_attempt=1) is Applied.MISSING
+    stored = await store.get_step("r", "1")
+    assert stored is not None
+    assert (stored.status, stored.attempt, stored.output, stored.wake_at) == (
+        S.COMPLETED,
+        2,
+        [],
+        5.0,
+    )
+
+    await store.begin_step(step("r", "2"))
+    await store.finish_run("r", RunStatus.CANCELLED)
+    late = step("r", "2", status=S.COMPLETED, output=1)
+    assert await store.update_step(late, expect_attempt=1) is Applied.RUN_FINISHED
+
+
+async def test_mark_dispatched_only_for_the_current_pending_attempt(store: RunStore) -> None:
+    await store.create_run(run("r"))
+    await store.begin_step(step("r", "1", attempt=2))
+    assert not await store.mark_dispatched("r", "1", 1)
+    assert await store.mark_dispatched("r", "1", 2)
+    marked = await store.get_step("r", "1")
+    assert marked is not None
+    assert marked.dispatched
+    assert not await store.mark_dispatched("r", "missing", 1)
+
+
+async def test_namespaces_are_isolated(stores: StoreFactory) -> None:
+    async with stores("one") as one, stores("two") as two:
+        await one.create_run(run("same", input=1))
+        await two.create_run(run("same", input=2))
+        await one.begin_step(step("same", "1", input="one"))
+        first, second = await one.get_run("same"), await two.get_run("same")
+        assert first is not None
+        assert second is not None
+        assert (first.input, second.input) == (1, 2)
+        assert await two.get_steps("same") == []
+        assert [r.run_id for r in await two.claim_runs("E", 30.0)] == ["same"]
+        assert [r.run_id for r in await one.claim_runs("E", 30.0)] == ["same"]
+
+
+# --------------------------------------------------------------------------- concurrency
+
+
+async def test_concurrent_changes_apply_exactly_once(store: RunStore) -> None:
+    created: list[bool] = []
+    verdicts: list[Applied] = []
+    await store.create_run(run("r", status=RunStatus.RUNNING))
+    pending = await store.begin_step(step("r", "1"))
+
+    async def create() -> None:
+        created.append((await store.create_run(run("same")))[1])
+
+    async def complete(n: int) -> None:
+        done = attrs.evolve(pending, status=S.COMPLETED, output=n)
+        verdicts.append(await store.update_step(done, expect_attempt=1))
+
+    async with trio.open_nursery() as nursery:
+        for n in range(20):
+            nursery.start_soon(create)
+            nursery.start_soon(complete, n)
+    assert sorted(created) == [False] * 19 + [True]
+    assert sorted(verdicts) == sorted([Applied.APPLIED] + [Applied.DUPLICATE] * 19)
+
+
+async def test_sqlite_commits_concurrent_changes_together_and_isolates_a_failure(
+    tmp_path: Path,
+) -> None:
+    store = await SqliteRunStore.open(tmp_path / "runs.db", "shop")
+    failures: list[BaseException] = []
+    try:
+
+        async def good(n: int) -> None:
+            await store.create_run(run(f"r{n}", input=n))
+
+        async def bad() -> None:
+            try:
+                await store.create_run(run("bad", workflow=None))
+            except BrokerError as exc:
+                failures.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for n in range(30):
+                nursery.start_soon(good, n)
+            nursery.start_soon(bad)
+        assert len(failures) == 1
+        assert "NOT NULL" in str(failures[0])
+        assert store.writes == 31
+        assert store.batches < 10  # a few transactions, not 31
+        assert len(await store.list_runs(limit=100)) == 30
+        assert await store.get_run("bad") is None
+    finally:
+        await store.aclose()
