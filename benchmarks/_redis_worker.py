@@ -1,29 +1,36 @@
 """A durable_trio worker process for the Redis race (run by ``benchmarks/redis.py``).
 
-    python benchmarks/_redis_worker.py URL NAMESPACE CONCURRENCY QUEUES
+    python benchmarks/_redis_worker.py URL NAMESPACE CONCURRENCY QUEUES [UDP_PORT]
 
 Serves no-op steps ``noop-0`` .. ``noop-{QUEUES-1}`` (one routing queue each), prints ``ready``
-once its consumers run, and serves until killed.
+once its consumers run, and serves until killed. With ``UDP_PORT``, each step's body ends by
+sending its step id to 127.0.0.1:UDP_PORT (how S3 times "enqueue -> job done", as the peers').
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
 import trio
 
 import durable_trio as dt
 
 
-async def main(url: str, namespace: str, concurrency: int, queues: int) -> None:
+async def main(url: str, namespace: str, concurrency: int, queues: int, udp_port: int) -> None:
+    udp = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
     async with dt.open_backend(url) as backend:
         async with dt.open_queue_transport(
             backend, namespace=namespace, concurrency=concurrency
         ) as transport:
 
             async def noop(task: dt.RemoteTask) -> None:
-                return None
+                if udp_port:
+                    await udp.sendto(task.step_id.encode(), ("127.0.0.1", udp_port))
 
+            # "start": the moment the worker enters its run loop, imports and connecting done
+            # (how the peers' S1 is timed too)
+            print(f"start {time.time():.6f}", flush=True)
             for n in range(queues):
                 transport.handle(f"noop-{n}", noop)
             print("ready", flush=True)
@@ -31,4 +38,5 @@ async def main(url: str, namespace: str, concurrency: int, queues: int) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    udp_port = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+    trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), udp_port)
