@@ -26,6 +26,8 @@ from .adapters import (
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from .adapters import Job
+
 
 from ._transport_base import (
     _ABANDONED,
@@ -279,8 +281,9 @@ class ConsumeMixin(TransportBase):
                 job = claim.job
                 try:
                     error: Exception | None = None
+                    result: Job | None = None
                     try:
-                        await on_job(job)
+                        result = await on_job(job)
                     except Exception as exc:
                         error = exc
                     # Abandoned by close (handed back in its step 6), or the lease went to
@@ -296,7 +299,11 @@ class ConsumeMixin(TransportBase):
                         try:
                             if error is not None:
                                 await self._finalize(claim, error)
-                            elif not await complete_job(job.lease):
+                            elif not await (
+                                complete_job(job.lease)
+                                if result is None
+                                else self._finisher(loop.queue).submit((job.lease, result))
+                            ):
                                 self._report(
                                     LeaseLost(
                                         "completing the job answered 'lease lost': it was "
@@ -366,7 +373,7 @@ class ConsumeMixin(TransportBase):
 
     # ------------------------------------------------------------------ step tasks
 
-    async def _on_task_job(self, job: ClaimedJob) -> None:
+    async def _on_task_job(self, job: ClaimedJob) -> Job | None:
         try:
             envelope = decode_envelope(job.data, max_bytes=self._options.max_payload_bytes)
             if envelope.kind is JobKind.WORKFLOW:
@@ -379,8 +386,8 @@ class ConsumeMixin(TransportBase):
             raise
         if envelope.kind is JobKind.WORKFLOW:
             await self._serve_workflow_turn(envelope.payload)
-        else:
-            await self._serve_task(envelope.payload)
+            return None
+        return await self._serve_task(envelope.payload)
 
     async def _answer_bad_task(self, job: ClaimedJob, exc: PayloadError) -> None:
         """A task that does not parse but names its run and step still gets a failed result, so
@@ -398,7 +405,10 @@ class ConsumeMixin(TransportBase):
         result = StepResult(run_id, step_id, attempt, StepStatus.FAILED, error=error)
         await self.publish_result(result)
 
-    async def _serve_task(self, task: RemoteTask) -> None:
+    async def _serve_task(self, task: RemoteTask) -> Job | None:
+        """Run a step and make its result. Returns the result job when the job worker pushes
+        it together with the task's acknowledgement (one round trip on Redis); else pushes it
+        now and returns ``None``."""
         handler = self._handlers.get(task.name)
         result: StepResult
         if handler is None:
@@ -460,7 +470,7 @@ class ConsumeMixin(TransportBase):
                 # leaves the in-flight count.
                 controller.on_settle(started, trio.current_time(), step=ok)
         try:
-            await self.publish_result(result)
+            data = self._result_job(result)
         except PayloadError as exc:
             self._report(
                 JobError(
@@ -470,7 +480,7 @@ class ConsumeMixin(TransportBase):
                 )
             )
             error = StepError(message=str(exc), code="bad_output", retryable=False)
-            await self.publish_result(
+            data = self._result_job(
                 StepResult(
                     task.run_id,
                     task.step_id,
@@ -480,3 +490,7 @@ class ConsumeMixin(TransportBase):
                     task_id=task.task_id,
                 )
             )
+        if self._finishers_on:
+            return data  # the job worker pushes it with the task's acknowledgement
+        await self._push_job(self._names.results, data)
+        return None

@@ -54,7 +54,7 @@ StepHandler = Callable[[RemoteTask], Awaitable[JSONValue]]
 ResultHandler = Callable[[StepResult], Awaitable[None]]
 HeartbeatHandler = Callable[[StepHeartbeat], Awaitable[None]]
 ControlHandler = Callable[[ControlMessage], Awaitable[None]]
-_OnJob = Callable[[ClaimedJob], Awaitable[None]]
+_OnJob = Callable[[ClaimedJob], Awaitable["Job | None"]]
 
 
 #: A loop that polls this many jobs in a row without waiting yields once, so a loop with a large
@@ -172,6 +172,8 @@ class TransportBase:
         )
         self._pushers: dict[str, Coalescer[tuple[Job, int | None], None]] = {}
         self._completers: dict[str, Coalescer[Lease, bool]] = {}
+        self._finishers: dict[str, Coalescer[tuple[Lease, Job], bool]] = {}
+        self._finishers_on = self._batch_finalize is not None
         if options.stalled_threshold is not None:
             self.stalled_threshold = options.stalled_threshold
         elif self._can_renew:
@@ -325,6 +327,36 @@ class TransportBase:
 
             pusher = self._pushers[queue] = Coalescer(push_many)
         return pusher
+
+    def _result_job(self, result: StepResult) -> Job:
+        job_id = f"{self._id_prefix}{next(self._ids)}"
+        return Job(
+            job_id,
+            encode_envelope(job_id, JobKind.RESULT, result, None, self._max_payload_bytes),
+        )
+
+    async def _push_job(self, queue: str, job: Job) -> None:
+        self._check_open_for_producers()
+        if self._batch_finalize is not None:
+            await self._pusher(queue).submit((job, None))
+        else:
+            await self._broker.push_on(queue, job)
+
+    def _finisher(self, queue: str) -> Coalescer[tuple[Lease, Job], bool]:
+        """Results pushed with their tasks' acknowledgements: one broker call per batch."""
+        finisher = self._finishers.get(queue)
+        if finisher is None:
+            broker = self._batch_finalize
+            assert broker is not None
+            results = self._names.results
+
+            async def finish(items: list[tuple[Lease, Job]]) -> list[bool]:
+                return await broker.push_and_complete_many(
+                    results, [job for _, job in items], queue, [lease for lease, _ in items]
+                )
+
+            finisher = self._finishers[queue] = Coalescer(finish)
+        return finisher
 
     def _completer(self, queue: str) -> Coalescer[Lease, bool]:
         completer = self._completers.get(queue)

@@ -178,6 +178,17 @@ class SupportsBatchFinalize(Protocol):
         """``push_on`` (no delay) for each job, in order, with its priority."""
         ...
 
+    async def push_and_complete_many(
+        self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
+    ) -> list[bool]:
+        """Push ``jobs`` (priority 0) onto ``push_queue``, THEN complete ``leases`` on
+        ``queue``, in one round trip where the broker can: a worker's results and the
+        acknowledgements of their tasks. Not atomic across the two queues (on a Cluster they
+        live on different slots): a crash between the two leaves the task claimed, so it is
+        redelivered and its result published twice — never lost. Answers per lease, as
+        ``complete_job``'s."""
+        ...
+
 
 @runtime_checkable
 class SupportsRenewal(Protocol):

@@ -173,6 +173,12 @@ class MemoryBroker:
         for job, priority in zip(jobs, priorities, strict=True):
             await self.push_on(queue, job, priority=priority)
 
+    async def push_and_complete_many(
+        self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
+    ) -> list[bool]:
+        await self.push_many(push_queue, jobs, [None] * len(jobs))
+        return await self.complete_many(queue, leases)
+
     async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
         released = self._release(lease, queue)

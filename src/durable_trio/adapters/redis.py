@@ -837,6 +837,28 @@ class RedisBroker:
             return
         await self._push_many(q.push_keys, args)
 
+    async def push_and_complete_many(
+        self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
+    ) -> list[bool]:
+        """Push, then complete, as two scripts in ONE pipeline (one round trip; two queues may
+        live on two Cluster slots, so not one script)."""
+        if not jobs and not leases:
+            await trio.lowlevel.checkpoint()
+            return []
+        pq, q = self._queue(push_queue), self._queue(queue)
+        push_args: list[Any] = [pq.channel]
+        for job in jobs:
+            push_args += (job.id, job.data, 0)
+        commands = []
+        if jobs:
+            commands.append(self._push_many.command(pq.push_keys, push_args))
+        if leases:
+            commands.append(
+                self._complete_many.command(q.complete_keys, [lease.token for lease in leases])
+            )
+        replies = await self._client.pipeline(commands)
+        return [bool(answer) for answer in replies[-1]] if leases else []
+
     async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
         """Fail a job for good, keeping the newest ``failed_retention``. ``False``: lease lost."""
         q = self._queue(queue)

@@ -673,15 +673,11 @@ def _op_pop_many(queue: str, count: int, worker: str, db: sqlite3.Connection) ->
     return claimed
 
 
-def _op_complete_many(
-    leases: Sequence[Lease], queue: str, db: sqlite3.Connection
-) -> list[bool]:
+def _op_complete_many(leases: Sequence[Lease], queue: str, db: sqlite3.Connection) -> list[bool]:
     return [_op_complete(lease, queue, db) for lease in leases]
 
 
-def _op_push_many(
-    queue: str, pairs: list[tuple[Job, int | None]], db: sqlite3.Connection
-) -> None:
+def _op_push_many(queue: str, pairs: list[tuple[Job, int | None]], db: sqlite3.Connection) -> None:
     for job, priority in pairs:
         _op_push(queue, job, priority or 0, 0.0, db)
 
@@ -948,6 +944,20 @@ class SqliteBroker:
         pairs = list(zip(jobs, priorities, strict=True))
         await self._call(partial(_op_push_many, queue, pairs), write=True)
         self._ring(queue)
+
+    async def push_and_complete_many(
+        self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
+    ) -> list[bool]:
+        """Push then complete, in one transaction."""
+        pairs: list[tuple[Job, int | None]] = [(job, None) for job in jobs]
+
+        def both(db: sqlite3.Connection) -> list[bool]:
+            _op_push_many(push_queue, pairs, db)
+            return _op_complete_many(leases, queue, db)
+
+        done: list[bool] = await self._call(both, write=True)
+        self._ring(push_queue)
+        return done
 
     async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
         """Fail a job for good, kept for :meth:`failed_jobs`. ``False``: the lease was lost."""
