@@ -502,9 +502,8 @@ async def test_key_store_expires_and_lists_by_prefix_without_scanning(
             "durable-worker-heartbeat:tok:b",
             "durable-worker-heartbeat:tok:\u00e9",
         ]
-        # The expired key left the index and the values too (pruned by that listing).
-        assert redis_server.command("ZCARD", "{test-keys}:expiry") == 204
-        assert redis_server.command("HLEN", "{test-keys}:values") == 204
+        # The expired key is gone from the store too (pruned by that listing).
+        assert redis_server.command("HLEN", "{test-keys}:entries") == 204
         await keys.put("durable-worker-heartbeat:tok:b", b"B2", 60)  # rewrite
         await keys.remove(["durable-worker-heartbeat:tok:\u00e9", "missing"])
         await keys.put("durable-worker-heartbeat:tok2:c", b"C", 0)  # ttl 0: gone now
@@ -518,18 +517,18 @@ async def test_key_store_expires_and_lists_by_prefix_without_scanning(
     assert not {"scan", "keys"} & set(used), used
 
 
-async def test_key_store_writes_a_whole_beat_in_four_commands(
+async def test_key_store_writes_a_whole_beat_in_three_commands(
     redis_url: str, redis_server: RedisServer
 ) -> None:
     """An idle worker's liveness (a key per token, a descriptor, its last status) is one
-    script call: EVALSHA, TIME, HSET, ZADD — whatever the number of keys."""
+    script call: EVALSHA, TIME, HSET — whatever the number of keys."""
     async with open_redis(redis_url) as client:
         keys = RedisKeyStore(client, tag="beat-keys")
         await keys.put("warm", b"x", 60)  # the script is loaded
         before = command_calls(redis_server)
         await keys.put_many([(f"durable-worker-heartbeat:t{n}:w", b"{}", 35) for n in range(12)])
         used = commands_since(redis_server, before)
-    assert sum(used.values()) == 4, used
+    assert sum(used.values()) == 3, used
 
 
 async def test_key_store_values_carry_a_server_side_ttl(
@@ -538,7 +537,8 @@ async def test_key_store_values_carry_a_server_side_ttl(
     async with open_redis(redis_url) as client:
         keys = RedisKeyStore(client)
         await keys.put("k", b"v", 1.5)
-    expires_ms = float(redis_server.command("ZSCORE", "{durable-keys}:expiry", "k"))
+    stored = redis_server.command("HGET", "{durable-keys}:entries", "k")
+    expires_ms = float(stored.split(b":", 1)[0])
     seconds, micros = redis_server.command("TIME")
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     assert 1000 < expires_ms - now_ms <= 1500

@@ -1,27 +1,23 @@
 """The Redis worker-key store: keys with a server-side time-to-live, listed by prefix without
 ``SCAN``, written in batches cheap enough for an idle worker.
 
-Layout (two keys under one hash tag, ``{durable-keys}`` by default, so one Cluster slot):
-
-=====================  ======  ==================================================================
-``{tag}:values``       hash    key -> value
-``{tag}:expiry``       zset    key -> its expiry (server milliseconds): the index of live keys
-=====================  ======  ==================================================================
+Layout: ONE hash under one hash tag (``{durable-keys}:entries`` by default: one Cluster slot),
+field = the key, value = ``<expiry in server milliseconds>:<the value>``.
 
 Why this shape: a worker beats its liveness keys (one per served token, a descriptor, its last
 status) every 10 s, and an idle worker must cost next to nothing (issue 3, S4: at most half a
-command a second, and Redis counts the commands a script runs). :meth:`RedisKeyStore.put_many`
-writes any number of keys with four commands — the script call, ``TIME``, one ``HSET``, one
-``ZADD`` — so a worker serving ten queues still costs 0.4 commands a second for its liveness.
+command a second — and Redis counts the commands a script runs). :meth:`RedisKeyStore.put_many`
+writes any number of keys with three commands — the script call, ``TIME``, one ``HSET`` — so a
+worker serving ten queues costs 0.3 commands a second for its liveness.
 
-:meth:`RedisKeyStore.entries` is one script: the live members of the expiry index (score above
-now), those starting with ``prefix``, read with one ``HMGET``, sorted by key. Its cost grows with
-the store's live keys (workers x tokens: hundreds, not millions), never with the keyspace: no
-``SCAN``, no ``KEYS``. Readers prune a bounded batch of expired keys; writers never do, so an
-idle worker pays nothing for it.
+:meth:`RedisKeyStore.entries` is one script: ``TIME``, ``HGETALL``, then the live fields that
+start with ``prefix``, sorted by key; expired fields are deleted on the way (a bounded batch).
+Its cost grows with the store's keys (workers x tokens: hundreds, not millions), never with the
+keyspace: no ``SCAN``, no ``KEYS``. Readers prune; writers never do, so an idle worker pays
+nothing for it.
 
 Expiry is on the server's clock (``TIME`` in the scripts); a ``ttl`` is relative seconds, rounded
-up to whole milliseconds. A value outliving its index entry is never returned.
+up to whole milliseconds.
 """
 
 from __future__ import annotations
@@ -46,68 +42,61 @@ PRUNE_BATCH: Final = 256
 #: Keys per script call at most (Lua's unpack() has limits).
 _CHUNK: Final = 1000
 
-# KEYS: values expiry   ARGV: (key, value, ttl_ms)...
+# KEYS: entries   ARGV: (key, value, ttl_ms)...
 _PUT_MANY: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local fields, scores, gone = {}, {}, {}
+local fields, gone = {}, {}
 for i = 1, #ARGV, 3 do
   local ttl = tonumber(ARGV[i + 2])
   if ttl > 0 then
     fields[#fields + 1] = ARGV[i]
-    fields[#fields + 1] = ARGV[i + 1]
-    scores[#scores + 1] = now + ttl
-    scores[#scores + 1] = ARGV[i]
+    fields[#fields + 1] = string.format('%d', now + ttl) .. ':' .. ARGV[i + 1]
   else
     gone[#gone + 1] = ARGV[i]
   end
 end
 if #fields > 0 then
   redis.call('HSET', KEYS[1], unpack(fields))
-  redis.call('ZADD', KEYS[2], unpack(scores))
 end
 if #gone > 0 then
   redis.call('HDEL', KEYS[1], unpack(gone))
-  redis.call('ZREM', KEYS[2], unpack(gone))
 end
 return #fields / 2
 """
 
-# KEYS: values expiry   ARGV: key...
+# KEYS: entries   ARGV: key...
 _REMOVE: Final = """
-redis.call('HDEL', KEYS[1], unpack(ARGV))
-redis.call('ZREM', KEYS[2], unpack(ARGV))
-return #ARGV
+return redis.call('HDEL', KEYS[1], unpack(ARGV))
 """
 
-# KEYS: values expiry   ARGV: prune_batch prefix
+# KEYS: entries   ARGV: prune_batch prefix
 # Returns {key, value, key, value, ...} of the live keys starting with prefix, sorted by key.
 _ENTRIES: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+local prefix = ARGV[2]
+local all = redis.call('HGETALL', KEYS[1])
+local live, expired = {}, {}
+for i = 1, #all, 2 do
+  local name, stored = all[i], all[i + 1]
+  local sep = string.find(stored, ':', 1, true)
+  if tonumber(string.sub(stored, 1, sep - 1)) <= now then
+    if #expired < tonumber(ARGV[1]) then
+      expired[#expired + 1] = name
+    end
+  elseif string.sub(name, 1, #prefix) == prefix then
+    live[#live + 1] = {name, string.sub(stored, sep + 1)}
+  end
+end
 if #expired > 0 then
   redis.call('HDEL', KEYS[1], unpack(expired))
-  redis.call('ZREM', KEYS[2], unpack(expired))
 end
-local prefix = ARGV[2]
-local names = {}
-for _, name in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf')) do
-  if string.sub(name, 1, #prefix) == prefix then
-    names[#names + 1] = name
-  end
-end
-if #names == 0 then
-  return {}
-end
-table.sort(names)
-local values = redis.call('HMGET', KEYS[1], unpack(names))
+table.sort(live, function(a, b) return a[1] < b[1] end)
 local out = {}
-for i, name in ipairs(names) do
-  if values[i] then
-    out[#out + 1] = name
-    out[#out + 1] = values[i]
-  end
+for _, pair in ipairs(live) do
+  out[#out + 1] = pair[1]
+  out[#out + 1] = pair[2]
 end
 return out
 """
@@ -127,8 +116,7 @@ class RedisKeyStore:
     def __init__(self, client: RedisClient, *, tag: str = "durable-keys") -> None:
         if not tag or "{" in tag or "}" in tag:
             raise ConfigError(f"a key store tag is not empty and has no braces: {tag!r}")
-        base = f"{{{tag}}}"
-        self._keys = (f"{base}:values", f"{base}:expiry")
+        self._keys = (f"{{{tag}}}:entries",)
         self._put_many: Script = client.script(_PUT_MANY)
         self._remove: Script = client.script(_REMOVE)
         self._entries: Script = client.script(_ENTRIES)
@@ -138,7 +126,7 @@ class RedisKeyStore:
         await self.put_many([(key, value, ttl)])
 
     async def put_many(self, items: Sequence[tuple[str, bytes, float]]) -> None:
-        """Write every ``(key, value, ttl)`` in one script call (four Redis commands)."""
+        """Write every ``(key, value, ttl)`` in one script call (three Redis commands)."""
         if not items:
             await trio.lowlevel.checkpoint()
             return
