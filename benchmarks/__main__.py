@@ -1,21 +1,31 @@
-"""``make bench``: every benchmark section, one table, with the issues' targets checked."""
+"""``make bench``: every benchmark section, one report, with the issues' targets checked.
+
+Sections: ``memory`` (the transport on the memory broker), ``adaptive`` (adaptive concurrency
+against fixed limits), ``engine`` (3-step workflows against raw round trips), ``redis`` (the race:
+ours and the peers', on one private redis-server, in the same run), ``sqlite`` (the embedded
+default). ``--quick`` runs smaller versions of each (a smoke test; the peers then run once each).
+"""
 
 from __future__ import annotations
 
 import argparse
 import platform
 import sys
+import tempfile
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import adaptive, memory
+from . import adaptive, engine, memory
+from . import redis as ours_on_redis
+from .redis_server import RedisError, private_redis, redis_version
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-Figures = dict[str, float]
+Figures = dict[str, Any]
 
 
 def _memory(quick: bool) -> Figures:
@@ -26,49 +36,184 @@ def _adaptive(quick: bool) -> Figures:
     return adaptive.run()
 
 
+def _engine(quick: bool) -> Figures:
+    return trio.run(engine.run, quick)
+
+
+def _sqlite(quick: bool) -> Figures:
+    with tempfile.TemporaryDirectory() as folder:
+        url = "sqlite:///" + str(Path(folder) / "bench.db")
+        figures = trio.run(lambda: ours_on_redis.run(url, quick, redis=False))
+    return {f"sqlite {key}": value for key, value in figures.items()}
+
+
+def _redis(quick: bool) -> Figures:
+    from .peers import run_peers
+
+    try:
+        with private_redis() as server:
+            print(f"  (private redis-server {redis_version(server.url)} on {server.url})")
+            ours = trio.run(lambda: ours_on_redis.run(server.url, quick))
+            figures: Figures = {f"durable_trio {key}": value for key, value in ours.items()}
+            print("  (the peers: SAQ, arq, rq, Dramatiq, Celery, taskiq, BullMQ ...)")
+            rows = run_peers(server.url, quick=quick, scenarios=["S1", "S2", "S3", "S4"])
+    except RedisError as exc:
+        return {"redis section skipped": (float("nan"), f"no redis-server: {exc}")}
+    for row in rows:
+        key = f"{row['peer']} {row['scenario']} {row['metric']} ({row['unit']})"
+        value = float("nan") if row["value"] is None else float(row["value"])
+        figures[key] = (value, str(row["note"])[:90])
+    figures["_peer_rows"] = rows
+    return figures
+
+
 SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "memory": _memory,
     "adaptive": _adaptive,
+    "engine": _engine,
+    "redis": _redis,
+    "sqlite": _sqlite,
 }
+
+
+def _value(figure: Any) -> float:
+    return float(figure[0]) if isinstance(figure, tuple) else float(figure)
+
+
+def _best_peer(
+    rows: list[dict[str, Any]],
+    scenario: str,
+    metric: str,
+    *,
+    lowest: bool,
+    python_only: bool = False,
+) -> tuple[str, float] | None:
+    found = [
+        (row["peer"], float(row["value"]))
+        for row in rows
+        if row["scenario"] == scenario
+        and row["metric"] == metric
+        and row["value"] is not None
+        and not (python_only and row["peer"] == "bullmq")
+        and "poll" not in str(row["peer"])
+    ]
+    if not found:
+        return None
+    return (min if lowest else max)(found, key=lambda pair: pair[1])
 
 
 def _targets(f: Figures) -> list[tuple[str, bool]]:
     """The must-show figures of the issues, checked against this run."""
     checks: list[tuple[str, bool]] = []
-    rt = f.get("memory round trips/s, concurrency 32")
-    if rt is not None:
+
+    def have(*keys: str) -> bool:
+        return all(k in f for k in keys)
+
+    if have("memory round trips/s, concurrency 32"):
+        rt = _value(f["memory round trips/s, concurrency 32"])
         checks.append(
-            (f"memory, 1 worker, concurrency 32: {rt:,.0f} >= 25,000 round trips/s", rt >= 25_000)
+            (f"[2] memory, concurrency 32: {rt:,.0f} >= 25,000 round trips/s", rt >= 25_000)
         )
-    idle = f.get("memory idle polls/s, 10 names")
-    if idle is not None:
-        checks.append((f"idle transport, 10 names: {idle:g} periodic polls/s (want 0)", idle == 0))
-    a_rt = f.get("downstream C=8, adaptive 1..64: calls/s")
-    if a_rt is not None:
+        idle = _value(f["memory idle polls/s, 10 names"])
+        checks.append((f"[2] idle transport, 10 names: {idle:g} polls/s (want 0)", idle == 0))
+    if have("downstream C=8, adaptive 1..64: calls/s"):
         best = max(
-            v
+            _value(v)
             for k, v in f.items()
             if k.startswith("downstream C=8, fixed") and k.endswith("calls/s")
         )
-        a_p95 = f["downstream C=8, adaptive 1..64: p95 ms"]
-        base = f["downstream unloaded latency ms"]
-        wide = f["downstream C=8, fixed 8C=64: p95 ms"]
+        a_rt = _value(f["downstream C=8, adaptive 1..64: calls/s"])
+        a_p95 = _value(f["downstream C=8, adaptive 1..64: p95 ms"])
+        base = _value(f["downstream unloaded latency ms"])
+        wide = _value(f["downstream C=8, fixed 8C=64: p95 ms"])
         checks.append(
             (
-                f"adaptive throughput {a_rt / best:.0%} of the best fixed limit (want >= 90%)",
+                f"[5] adaptive: {a_rt / best:.0%} of the best fixed limit's throughput"
+                " (want >= 90%)",
                 a_rt >= 0.9 * best,
             )
         )
         checks.append(
             (
-                f"adaptive p95 {a_p95 / base:.2f}x the unloaded latency (want <= 1.5x)",
+                f"[5] adaptive: p95 {a_p95 / base:.2f}x the unloaded latency (want <= 1.5x)",
                 a_p95 <= 1.5 * base,
             )
         )
         checks.append(
             (
-                f"adaptive p95 {wide / a_p95:.1f}x lower than fixed 8C's (want >= 3x)",
+                f"[5] adaptive: p95 {wide / a_p95:.1f}x lower than fixed 8C's (want >= 3x)",
                 wide >= 3 * a_p95,
+            )
+        )
+    for backend in ("memory", "sqlite", "redis"):
+        for how in ("at once", "one at a time"):
+            key = f"engine {backend}: workflow / raw 3 round trips, {how} (x)"
+            if key in f:
+                ratio = _value(f[key])
+                text = f"[6] engine on {backend}, {how}: a 3-step workflow costs {ratio:.2f}x"
+                checks.append((f"{text} three raw round trips (want <= 3x)", ratio <= 3))
+    rows = f.get("_peer_rows")
+    if rows and have("durable_trio S1 drain, concurrency 10 (round trips/s)"):
+        ours10 = _value(f["durable_trio S1 drain, concurrency 10 (round trips/s)"])
+        ours32 = _value(f["durable_trio S1 drain, concurrency 32 (round trips/s)"])
+        python = _best_peer(rows, "S1", "drain", lowest=False, python_only=True)
+        bull = [
+            float(r["value"])
+            for r in rows
+            if r["peer"] == "bullmq" and r["scenario"] == "S1" and r["value"] is not None
+        ]
+        ours = max(ours10, ours32)
+        if python:
+            checks.append(
+                (
+                    f"[3] S1: ours {ours:,.0f} round trips/s = {ours / python[1]:.1f}x the"
+                    f" fastest Python peer ({python[0]}, {python[1]:,.0f} jobs/s; want >= 2x)",
+                    ours >= 2 * python[1],
+                )
+            )
+        if bull:
+            checks.append(
+                (
+                    f"[3] S1: ours {ours:,.0f} vs BullMQ {bull[0]:,.0f} jobs/s (want >= BullMQ)",
+                    ours >= bull[0],
+                )
+            )
+    if have("durable_trio S3 latency p50 (ms)"):
+        p50 = _value(f["durable_trio S3 latency p50 (ms)"])
+        p99 = _value(f["durable_trio S3 latency p99 (ms)"])
+        checks.append((f"[3] S3: p50 {p50:.2f} ms (want <= 0.8)", p50 <= 0.8))
+        checks.append((f"[3] S3: p99 {p99:.2f} ms (want <= 3)", p99 <= 3))
+        for queues in (1, 10):
+            idle = _value(f[f"durable_trio S4 idle worker, {queues} queue(s) (commands/s)"])
+            checks.append(
+                (
+                    f"[3] S4: {idle:.2f} commands/s, idle worker on {queues} queue(s)"
+                    " (want <= 0.5)",
+                    idle <= 0.5,
+                )
+            )
+        k1, k1m = (
+            "durable_trio S5 drain with 1,000 pending (round trips/s)",
+            "durable_trio S5 drain with 1,000,000 pending (round trips/s)",
+        )
+        if have(k1, k1m):
+            ratio = _value(f[k1m]) / _value(f[k1])
+            checks.append(
+                (
+                    f"[3] S5: with 1M pending {ratio:.0%} of the throughput with 1k (want >= 80%)",
+                    ratio >= 0.8,
+                )
+            )
+    if have(
+        "sqlite S1 drain, concurrency 32 (round trips/s)",
+        "durable_trio S1 drain, concurrency 32 (round trips/s)",
+    ):
+        lite = _value(f["sqlite S1 drain, concurrency 32 (round trips/s)"])
+        red = _value(f["durable_trio S1 drain, concurrency 32 (round trips/s)"])
+        checks.append(
+            (
+                f"[8] SQLite round trips/s {lite / red:.0%} of the Redis broker's (want >= 30%)",
+                lite >= 0.3 * red,
             )
         )
     return checks
@@ -84,17 +229,20 @@ def main() -> int:
     chosen = args.sections or list(SECTIONS)
     print(
         f"durable_trio benchmarks — Python {platform.python_version()}, {platform.machine()}, "
-        f"{time.strftime('%Y-%m-%d %H:%M')}"
+        f"{time.strftime('%Y-%m-%d %H:%M')}{' (quick)' if args.quick else ''}"
     )
     figures: Figures = {}
     for name in chosen:
+        print(f"\n[{name}]", flush=True)
         start = time.perf_counter()
         section = SECTIONS[name](args.quick)
         figures.update(section)
-        print(f"\n[{name}] ({time.perf_counter() - start:.1f} s)")
-        width = max(map(len, section))
-        for key, value in section.items():
-            print(f"  {key:<{width}}  {value:>14,.2f}")
+        shown = {k: v for k, v in section.items() if not k.startswith("_")}
+        width = max(map(len, shown), default=10)
+        for key, value in shown.items():
+            number, note = value if isinstance(value, tuple) else (value, "")
+            print(f"  {key:<{width}}  {float(number):>14,.2f}  {note}")
+        print(f"  ({time.perf_counter() - start:.1f} s)", flush=True)
     checks = _targets(figures)
     if checks:
         print("\n[targets]")

@@ -167,40 +167,92 @@ async def idle_commands(url: str, *, queues: int, window: float) -> float:
     return (after - before) / window
 
 
-async def run(url: str, quick: bool) -> dict[str, Any]:
+async def _median(runs: int, measure: Any) -> tuple[float, ...]:
+    """Each figure the median of ``runs`` runs (as the peers' are)."""
+    results = [await measure() for _ in range(runs)]
+    return tuple(statistics.median(r[i] for r in results) for i in range(len(results[0])))
+
+
+async def run(url: str, quick: bool, *, redis: bool = True) -> dict[str, tuple[float, str]]:
+    """Every scenario on ``url`` (Redis, or a SQLite file with ``redis=False``: S4 then measures
+    the idle worker's CPU instead of Redis commands, and S2 and S5 are left out)."""
     jobs = 2_000 if quick else 10_000
-    figures: dict[str, Any] = {}
+    runs = 1 if quick else 3
+    figures: dict[str, tuple[float, str]] = {}
+
+    def clean() -> None:
+        if redis:
+            flushall(url)
+
     for concurrency in (1, 10, 32):
-        flushall(url)
         n = jobs // 5 if concurrency == 1 else jobs
-        rate, warm = await drain(url, jobs=n, concurrency=concurrency)
+
+        async def s1(n: int = n, concurrency: int = concurrency) -> tuple[float, float]:
+            clean()
+            return await drain(url, jobs=n, concurrency=concurrency)
+
+        rate, warm = await _median(runs, s1)
         figures[f"S1 drain, concurrency {concurrency} (round trips/s)"] = (
             rate,
             f"{warm:,.0f}/s from the first result",
         )
-    flushall(url)
-    one, bulk = await enqueue(url, jobs=jobs)
-    figures["S2 enqueue one by one (tasks/s)"] = (one, "")
-    figures["S2 enqueue in bulk (tasks/s)"] = (bulk, "dispatch_many")
-    flushall(url)
-    p50, p99, rt50, rt99 = await latency(url, samples=100 if quick else 300)
-    figures["S3 latency p50 (ms)"] = (p50, "enqueue -> job done, as the peers")
+    if redis:
+        clean()
+        one, bulk = await enqueue(url, jobs=jobs)
+        figures["S2 enqueue one by one (tasks/s)"] = (one, "")
+        figures["S2 enqueue in bulk (tasks/s)"] = (bulk, "dispatch_many")
+
+    async def s3() -> tuple[float, float, float, float]:
+        clean()
+        return await latency(url, samples=100 if quick else 300)
+
+    p50, p99, rt50, rt99 = await _median(runs, s3)
+    figures["S3 latency p50 (ms)"] = (p50, "enqueue -> job done, as the peers'")
     figures["S3 latency p99 (ms)"] = (p99, "")
     figures["S3 round trip p50 (ms)"] = (rt50, "enqueue -> result consumed (ours only)")
     figures["S3 round trip p99 (ms)"] = (rt99, "")
+    window = 3.0 if quick else 30.0
     for queues in (1, 10):
-        flushall(url)
-        rate = await idle_commands(url, queues=queues, window=3.0 if quick else 12.0)
-        figures[f"S4 idle worker, {queues} queue(s) (commands/s)"] = (
-            rate,
-            "liveness keys included",
-        )
-    for pending in (1_000, 100_000) if quick else (1_000, 100_000, 1_000_000):
-        flushall(url)
-        rate, warm = await drain(url, jobs=5_000, concurrency=32, pending=pending)
-        figures[f"S5 drain with {pending:,} pending (round trips/s)"] = (
-            warm,
-            "from the first result",
-        )
-    flushall(url)
+        clean()
+        if redis:
+            rate = await idle_commands(url, queues=queues, window=window)
+            figures[f"S4 idle worker, {queues} queue(s) (commands/s)"] = (
+                rate,
+                "everything counted, liveness keys included",
+            )
+        else:
+            cpu = await idle_cpu(url, queues=queues, window=window)
+            figures[f"idle worker, {queues} queue(s) (% of a core)"] = (cpu, "wake-up checks")
+    if redis:
+        sizes = (1_000, 100_000) if quick else (1_000, 100_000, 1_000_000)
+        for pending in sizes:
+            clean()
+            _, warm = await drain(url, jobs=5_000, concurrency=32, pending=pending)
+            figures[f"S5 drain with {pending:,} pending (round trips/s)"] = (
+                warm,
+                "from the first result",
+            )
+        clean()
     return figures
+
+
+async def idle_cpu(url: str, *, queues: int, window: float) -> float:
+    """The CPU an idle worker process uses (percent of one core) over ``window`` seconds."""
+    namespace = f"idle-{queues}-{time.monotonic_ns()}"
+    worker = await trio.to_thread.run_sync(lambda: _spawn(url, namespace, 10, queues))
+    try:
+        assert worker.stdout is not None
+        while (line := await trio.to_thread.run_sync(worker.stdout.readline)).strip() != b"ready":
+            assert line, "the worker died"
+        await trio.sleep(1.0)
+        before = _cpu_seconds(worker.pid)
+        await trio.sleep(window)
+        after = _cpu_seconds(worker.pid)
+    finally:
+        _stop(worker)
+    return (after - before) / window * 100
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
