@@ -29,7 +29,12 @@ from .adapters import (
     Lease,
     SupportsRecovery,
     SupportsRenewal,
+    SupportsSweepHint,
 )
+
+#: With a sweep hint, every this-many-th sweep still looks at every queue (a lost hint then
+#: costs at most this many intervals, never a job).
+_FULL_SWEEP_EVERY = 20
 
 
 class LeaseMixin(TransportBase):
@@ -80,11 +85,20 @@ class LeaseMixin(TransportBase):
 
     async def _sweep_forever(self) -> None:
         interval = self._options.stalled_check_interval
+        hint = self._broker if isinstance(self._broker, SupportsSweepHint) else None
         start = trio.current_time()
         tick = 1
         while True:
             await trio.sleep_until(start + tick * interval)
-            for queue in list(self._consumed):
+            queues = list(self._consumed)
+            if hint is not None and tick % _FULL_SWEEP_EVERY:
+                # Skip the queues that hold no claim (one cheap call for all of them): an idle
+                # worker must cost next to nothing. Every _FULL_SWEEP_EVERY-th tick sweeps all.
+                try:
+                    queues = await hint.queues_with_claims(queues)
+                except BrokerError as exc:
+                    self._report(exc)
+            for queue in queues:
                 await self._sweep(queue)
             tick = max(tick + 1, math.floor((trio.current_time() - start) / interval) + 1)
 

@@ -17,6 +17,7 @@ from ._contract import (
     SupportsRecovery,
     SupportsRenewal,
     SupportsSize,
+    SupportsSweepHint,
     SupportsWakeup,
 )
 
@@ -35,5 +36,6 @@ __all__ = [
     "SupportsRecovery",
     "SupportsRenewal",
     "SupportsSize",
+    "SupportsSweepHint",
     "SupportsWakeup",
 ]

@@ -38,6 +38,7 @@ __all__ = [
     "SupportsRecovery",
     "SupportsRenewal",
     "SupportsSize",
+    "SupportsSweepHint",
     "SupportsWakeup",
 ]
 
@@ -205,6 +206,15 @@ class SupportsRecovery(Protocol):
         """Take back claims older than ``threshold`` seconds (claims are indexed by age: the
         cost is O(log n + k), never a scan of every active claim). A job whose stall would be
         number ``max_stalled + 1`` is re-leased and returned in ``exceeded`` instead."""
+        ...
+
+
+@runtime_checkable
+class SupportsSweepHint(Protocol):
+    async def queues_with_claims(self, queues: Sequence[str]) -> list[str]:
+        """Those of ``queues`` that may hold claims (a superset is fine; a queue left out must
+        hold none), in one cheap call: the reclaim sweep skips idle queues. The transport still
+        sweeps every queue now and then, so a lost hint costs time, never a job."""
         ...
 
 
