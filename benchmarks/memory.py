@@ -47,6 +47,44 @@ async def round_trips(backend: dt.Backend, *, jobs: int, concurrency: int) -> fl
         return jobs / (time.perf_counter() - start)
 
 
+async def latency_under_load(
+    backend: dt.Backend, *, clients: int, per_client: int
+) -> tuple[float, float]:
+    """dispatch -> result latency (ms) with ``clients`` callers each waiting for its result
+    before the next dispatch (a closed loop: ``clients`` round trips in flight): p50, p99."""
+    waiting: dict[str, trio.Event] = {}
+
+    async def noop(task: dt.RemoteTask) -> None:
+        return None
+
+    async def on_result(result: dt.StepResult) -> None:
+        waiting.pop(result.step_id).set()
+
+    timings: list[float] = []
+    async with dt.open_queue_transport(
+        backend, namespace="bench-load", concurrency=clients, result_concurrency=clients
+    ) as transport:
+        transport.handle("noop", noop)
+        transport.on_result(on_result)
+
+        async def client(c: int) -> None:
+            for n in range(per_client):
+                step_id = f"{c}-{n}"
+                arrived = waiting[step_id] = trio.Event()
+                start = time.perf_counter()
+                await transport.dispatch(
+                    dt.RemoteTask(run_id="r", step_id=step_id, attempt=1, name="noop")
+                )
+                await arrived.wait()
+                timings.append((time.perf_counter() - start) * 1000)
+
+        async with trio.open_nursery() as nursery:
+            for c in range(clients):
+                nursery.start_soon(client, c)
+    cuts = statistics.quantiles(timings, n=100)
+    return cuts[49], cuts[98]
+
+
 async def latency(backend: dt.Backend, *, samples: int) -> tuple[float, float]:
     """dispatch -> result latency (ms), one job at a time, idle worker: p50, p99."""
     arrived = trio.Event()
@@ -115,8 +153,11 @@ async def run(quick: bool = False) -> dict[str, float]:
                 [await round_trips(backend, jobs=count, concurrency=concurrency) for _ in range(3)]
             )
         p50, p99 = await latency(backend, samples=500 if quick else 2000)
-        figures["memory latency p50 ms"] = p50
-        figures["memory latency p99 ms"] = p99
+        figures["memory latency p50 ms, concurrency 1"] = p50
+        figures["memory latency p99 ms, concurrency 1"] = p99
+        p50, p99 = await latency_under_load(backend, clients=32, per_client=50 if quick else 300)
+        figures["memory latency p50 ms, concurrency 32"] = p50
+        figures["memory latency p99 ms, concurrency 32"] = p99
         figures["memory idle polls/s, 10 names"] = await idle_polls(
             backend.broker, names=10, seconds=1.0 if quick else 3.0
         )
