@@ -34,6 +34,10 @@ class CountingBroker:
         self.pops.append((trio.current_time(), queue))
         return await self.inner.pop_from(queue, worker=worker)
 
+    async def pop_many(self, queue: str, count: int, *, worker: str = "") -> list[ClaimedJob]:
+        self.pops.append((trio.current_time(), queue))
+        return await self.inner.pop_many(queue, count, worker=worker)
+
     async def complete_job(self, lease: Lease, queue: str) -> bool:
         return await self.inner.complete_job(lease, queue)
 

@@ -27,8 +27,10 @@ class Sleeper:
 
     def __init__(self) -> None:
         self.started = trio.Event()
+        self.runs = 0
 
     async def __call__(self, t: dt.RemoteTask) -> Any:
+        self.runs += 1
         self.started.set()
         await trio.sleep(t.input)
         return t.input
@@ -144,9 +146,11 @@ async def test_t24_consumers_stop_first_no_new_job_is_taken(
         await transport.dispatch(task("job", 2, 2.0))
         await sleeper.started.wait()
         start = trio.current_time()
-    # the first finished at 2 s; the second was never taken (the consumers stopped at once)
+    # the first finished at 2 s; the second never ran (the consumers stopped at once; if it
+    # was claimed ahead, it was handed back, attempt-neutral)
     assert trio.current_time() - start == 2.0
-    assert broker.handbacks == []
+    assert sleeper.runs == 1
+    assert all(counted is False for _, counted in broker.handbacks)
     assert await broker.size_of(transport.task_queue("job")) == 1
 
 
@@ -260,8 +264,12 @@ def test_t24_property_close_ends_at_min_of_done_and_deadline_and_loses_nothing(
         left = await broker.size_of(transport.task_queue("job"))
         assert len(finished) + left == len(durations)
         handed_back = [job_id for job_id, _ in broker.handbacks]
-        assert len(handed_back) == len(set(handed_back))
-        assert len(handed_back) == len([n for n in in_flight if n not in finished])
+        assert len(handed_back) == len(set(handed_back))  # each at most once
+        unfinished = [n for n in in_flight if n not in finished]
+        # every unfinished claim came back: the running ones, and any claimed ahead (prefetch)
+        # that never started; nothing is lost
+        assert len(handed_back) >= len(unfinished)
+        assert left == len(durations) - len(finished)
         assert all(counted is False for _, counted in broker.handbacks)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

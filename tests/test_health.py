@@ -158,7 +158,7 @@ async def test_t12_group_health_depth_and_live_workers_with_headroom(
 
     async with (
         dt.open_queue_transport(
-            backend(shared_keys, shared_broker), instance_id="w1", concurrency=3
+            backend(shared_keys, shared_broker), instance_id="w1", concurrency=3, prefetch=0
         ) as w1,
         dt.open_queue_transport(backend(shared_keys, shared_broker), instance_id="engine") as eng,
     ):

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 from ._transport_base import (
     _ABANDONED,
+    _BUFFERED,
     _FAIRNESS_BATCH,
     _FINALIZING,
     _MAX_BATCH,
@@ -188,23 +189,42 @@ class ConsumeMixin(TransportBase):
         # job the broker handed over is always tracked, then run or handed back. Close bounds a
         # pop still in flight by setting this scope's deadline.
         pop_many = broker.pop_many if isinstance(broker, SupportsBatchPop) else None
+        prefetch = self._options.prefetch
+        buffer = loop.buffer
         with trio.CancelScope() as pop_scope:
             loop.pop_scope = pop_scope
             while True:
                 await slots.acquire()
-                # N free slots, one round trip: claim as many jobs as there are free slots.
+                # N free slots, one round trip: claim as many jobs as there are free slots
+                # (and, with prefetch, as many again, so the next freed slots need no wait).
                 extra = slots.take_free(_MAX_BATCH - 1) if pop_many is not None else 0
+                take = 1 + extra
+                while take and buffer:
+                    claim = buffer.popleft()
+                    if claim.state is _BUFFERED:  # (a lost lease took it out meanwhile)
+                        self._start_claim(loop, claim)
+                        take -= 1
+                if take == 0:
+                    streak += 1 + extra
+                    if streak >= _FAIRNESS_BATCH:
+                        streak = 0
+                        await trio.lowlevel.checkpoint()
+                    continue
+                ahead = 0
+                if pop_many is not None:
+                    ahead = slots.limit if prefetch is None else prefetch
+                    ahead = max(0, min(ahead, _MAX_BATCH) - len(buffer))
                 try:
                     # No pop starts once close has begun (a loop first scheduled after the
                     # close started would otherwise shield a pop nobody bounds).
                     await trio.lowlevel.checkpoint_if_cancelled()
                 except trio.Cancelled:
-                    slots.release(1 + extra)
+                    slots.release(take)
                     raise
                 pop_scope.shield = True
                 try:
                     if pop_many is not None:
-                        batch = await pop_many(queue, 1 + extra, worker=worker)
+                        batch = await pop_many(queue, take + ahead, worker=worker)
                     else:
                         job = await broker.pop_from(queue, worker=worker)
                         batch = [job] if job is not None else []
@@ -214,13 +234,17 @@ class ConsumeMixin(TransportBase):
                     batch = []
                 finally:
                     pop_scope.shield = False
-                if len(batch) < 1 + extra:
-                    slots.release(1 + extra - len(batch))
+                if len(batch) < take:
+                    slots.release(take - len(batch))
                 if batch:
                     errors = empty = 0
-                    for job in batch:
+                    for job in batch[:take]:
                         self._begin_job(loop, job)
-                    if len(batch) < 1 + extra and wait_for_work is not None:
+                    for job in batch[take:]:
+                        claim = _Claim(queue, job, state=_BUFFERED)
+                        self._claims[job.lease.token] = claim
+                        buffer.append(claim)
+                    if len(batch) < take + ahead and not buffer and wait_for_work is not None:
                         # Fewer than asked: the pop drained the queue (and, on a broker with a
                         # wake-up signal, counts as an empty pop): wait for work instead of
                         # spending one more round trip to learn that it is empty.
@@ -245,6 +269,10 @@ class ConsumeMixin(TransportBase):
         """Track a popped job and hand it to an idle worker of its loop (or a new one)."""
         claim = _Claim(loop.queue, job)
         self._claims[job.lease.token] = claim
+        self._start_claim(loop, claim)
+
+    def _start_claim(self, loop: _Loop, claim: _Claim) -> None:
+        claim.state = _RUNNING
         if self._running == 0:
             self._jobs_idle = trio.Event()
         self._running += 1

@@ -14,6 +14,8 @@ from ._liveness import (
     read_last_status,
 )
 from ._transport_base import (
+    _BUFFERED,
+    _DROPPED,
     _RUNNING,
     TransportBase,
 )
@@ -64,6 +66,12 @@ class LeaseMixin(TransportBase):
                 continue
             for lease in outcome.lost:
                 held = self._claims.get(lease.token)
+                if held is not None and held.state is _BUFFERED:
+                    # Prefetched and taken back before it ever started: no double run; the loop
+                    # skips it.
+                    held.state = _DROPPED
+                    del self._claims[lease.token]
+                    continue
                 if held is None or held.state is not _RUNNING or held.lost:
                     continue  # finished during the round trip: finalized, not lost
                 held.lost = True

@@ -104,6 +104,10 @@ class TransportOptions:
     )
     """0 turns the reclaim sweep off."""
     max_stalled_count: int = attrs.field(default=DEFAULT_MAX_STALLED_COUNT, validator=_at_least_one)
+    prefetch: int | None = None
+    """Jobs a loop claims ahead of its free slots, so a freed slot never waits for a round
+    trip (``None``: as many as the loop's concurrency; ``0``: none). Prefetched claims are
+    renewed, and handed back on close, like running ones."""
     max_job_attempts: int = attrs.field(default=DEFAULT_MAX_JOB_ATTEMPTS, validator=_at_least_one)
     worker_heartbeat_interval: float = attrs.field(
         default=DEFAULT_WORKER_HEARTBEAT_INTERVAL, validator=_positive

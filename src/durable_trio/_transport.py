@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 from ._health import HealthMixin
 from ._leases import LeaseMixin
 from ._remote import RemoteMixin
-from ._transport_base import _ABANDONED, _FINALIZING, _RUNNING, TransportStatistics
+from ._transport_base import _ABANDONED, _BUFFERED, _FINALIZING, _RUNNING, TransportStatistics
 
 __all__ = ["QueueTransport", "TransportStatistics", "open_queue_transport"]
 
@@ -107,6 +107,8 @@ class QueueTransport(RemoteMixin, LeaseMixin, HealthMixin):
                     if claim.state is _RUNNING:
                         claim.state = _ABANDONED
                         claim.cancel()
+                    elif claim.state is _BUFFERED:  # prefetched, never started
+                        claim.state = _ABANDONED
                 # this instance's own inboxes stop taking jobs too (phase 7 drains them)
                 self._inboxes.cancel()
                 bound = trio.current_time() + options.cleanup_timeout

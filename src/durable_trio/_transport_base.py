@@ -6,6 +6,7 @@ pods); ``_transport`` puts them together with the close."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -99,9 +100,12 @@ class _Loop:
     process could take its jobs)."""
     pop_scope: trio.CancelScope | None = None
     idle: list[_JobWorker] = attrs.Factory(list)
+    buffer: collections.deque[_Claim] = attrs.Factory(collections.deque)
+    """Claims popped ahead of a free slot (prefetch), renewed and handed back like any."""
 
 
 _RUNNING, _FINALIZING, _ABANDONED = "running", "finalizing", "abandoned"
+_BUFFERED, _DROPPED = "buffered", "dropped"
 
 
 @attrs.define(eq=False)
