@@ -763,6 +763,11 @@ class RedisBroker:
             sub.close()
         self._signal_changed()
 
+    @property
+    def client(self) -> RedisClient:
+        """The Redis client this broker runs on (the run store shares it)."""
+        return self._client
+
     def statistics(self) -> RedisBrokerStatistics:
         """A snapshot of the broker's counters."""
         return RedisBrokerStatistics(

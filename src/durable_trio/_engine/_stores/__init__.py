@@ -48,7 +48,7 @@ def _memory_store(broker: Any, namespace: str) -> MemoryRunStore:
 
 def _redis_client(broker: Any) -> Any:
     # The broker's own client (the Redis backend opens one client for broker and key store).
-    client = getattr(broker, "client", None) or getattr(broker, "_client", None)
+    client = getattr(broker, "client", None)
     if client is None:
         raise ConfigError("a redis:// backend whose broker exposes no Redis client")
     return client
