@@ -84,46 +84,39 @@ class ConsumeMixin(TransportBase):
     def on_result(self, handler: ResultHandler) -> None:
         """engine side: consume step results. The results loop never backs off (critical path).
         A handler that raises gets the result redelivered (up to ``max_job_attempts``)."""
-        self._check_open()
-        first = self._result_handler is None
-        self._result_handler = handler
-        if first:
-            self._start_loop(
-                _Loop(
-                    self._names.results,
-                    self._typed(JobKind.RESULT, lambda: self._result_handler),
-                    self._result_slots,
-                    1,
-                )
-            )
+        self._consume_kind(
+            JobKind.RESULT, self._names.results, handler, self._result_slots, backoff_max=1
+        )
 
     def on_heartbeat(self, handler: HeartbeatHandler) -> None:
         """engine side: consume step heartbeats."""
-        self._check_open()
-        first = self._heartbeat_handler is None
-        self._heartbeat_handler = handler
-        if first:
-            self._start_loop(
-                _Loop(
-                    self._names.heartbeats,
-                    self._typed(JobKind.HEARTBEAT, lambda: self._heartbeat_handler),
-                    Slots(1),
-                    self._options.idle_backoff_max,
-                )
-            )
+        self._consume_kind(JobKind.HEARTBEAT, self._names.heartbeats, handler, Slots(1))
 
     def on_control(self, handler: ControlHandler) -> None:
         """Consume control messages (T17: point-to-point, best-effort)."""
+        self._consume_kind(JobKind.CONTROL, self._names.control, handler, Slots(1))
+
+    def _consume_kind(
+        self,
+        kind: JobKind,
+        queue: str,
+        handler: Callable[[Any], Awaitable[None]],
+        slots: Slots,
+        *,
+        backoff_max: int | None = None,
+    ) -> None:
+        """Hand every ``kind`` job of ``queue`` to ``handler``: the first call starts the loop,
+        a later one swaps the handler for the next job."""
         self._check_open()
-        first = self._control_handler is None
-        self._control_handler = handler
+        first = kind not in self._kind_handlers
+        self._kind_handlers[kind] = handler
         if first:
             self._start_loop(
                 _Loop(
-                    self._names.control,
-                    self._typed(JobKind.CONTROL, lambda: self._control_handler),
-                    Slots(1),
-                    self._options.idle_backoff_max,
+                    queue,
+                    self._typed(kind, lambda: self._kind_handlers[kind]),
+                    slots,
+                    self._options.idle_backoff_max if backoff_max is None else backoff_max,
                 )
             )
 
@@ -445,14 +438,7 @@ class ConsumeMixin(TransportBase):
                 JobError(message, queue=self.task_queue(task.routing_group), job_id=task.task_id)
             )
             error = StepError(message=message, code="no_handler", retryable=False)
-            result = StepResult(
-                task.run_id,
-                task.step_id,
-                task.attempt,
-                StepStatus.FAILED,
-                error=error,
-                task_id=task.task_id,
-            )
+            result = StepResult.failure(task, error)
         else:
             controller = self._controller
             controller.on_start()
@@ -476,14 +462,7 @@ class ConsumeMixin(TransportBase):
                     else None,
                     retryable=getattr(exc, "retryable", True) is not False,
                 )
-                result = StepResult(
-                    task.run_id,
-                    task.step_id,
-                    task.attempt,
-                    StepStatus.FAILED,
-                    error=error,
-                    task_id=task.task_id,
-                )
+                result = StepResult.failure(task, error)
             else:
                 result = StepResult(
                     task.run_id,
@@ -508,16 +487,7 @@ class ConsumeMixin(TransportBase):
                 )
             )
             error = StepError(message=str(exc), code="bad_output", retryable=False)
-            data = self._result_job(
-                StepResult(
-                    task.run_id,
-                    task.step_id,
-                    task.attempt,
-                    StepStatus.FAILED,
-                    error=error,
-                    task_id=task.task_id,
-                )
-            )
+            data = self._result_job(StepResult.failure(task, error))
         if self._finishers_on:
             return data  # the job worker pushes it with the task's acknowledgement
         await self._push_job(self._names.results, data)

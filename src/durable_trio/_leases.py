@@ -24,7 +24,6 @@ from ._wire import (
     RemoteTask,
     StepError,
     StepResult,
-    StepStatus,
 )
 from .adapters import (
     ClaimedJob,
@@ -158,14 +157,7 @@ class LeaseMixin(TransportBase):
                     self._report(exc)
             evidence["workers"] = workers
         error = StepError(message=reason, code="stalled", retryable=True, details=evidence)
-        result = StepResult(
-            task.run_id,
-            task.step_id,
-            task.attempt,
-            StepStatus.FAILED,
-            error=error,
-            task_id=task.task_id,
-        )
+        result = StepResult.failure(task, error)
         try:
             await self.publish_result(result)
         except (BrokerError, TransportClosed) as exc:

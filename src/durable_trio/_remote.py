@@ -47,7 +47,6 @@ class RemoteMixin(ConsumeMixin):
         super().__init__(backend, options)
         self._workflow_turns: dict[str, Callable[[WorkflowTask], Awaitable[WorkflowDecision]]] = {}
         self._decision_handlers: list[Callable[[WorkflowDecision], Awaitable[None]]] = []
-        self._step_event_handler: Callable[[StepEvent], Awaitable[None]] | None = None
         self._start_run_handler: Callable[[StartRunMessage], Awaitable[None]] | None = None
         self._run_request_handler: Callable[[RunRequest], Awaitable[None]] | None = None
         self._run_reply_handler: Callable[[RunReply], Any] | None = None
@@ -185,18 +184,7 @@ class RemoteMixin(ConsumeMixin):
 
     def on_step_event(self, handler: Callable[[StepEvent], Awaitable[None]]) -> None:
         """engine: consume step events. A second call swaps the handler."""
-        self._check_open()
-        first = self._step_event_handler is None
-        self._step_event_handler = handler
-        if first:
-            self._start_loop(
-                _Loop(
-                    self._names.step_events,
-                    self._typed(JobKind.STEP_EVENT, lambda: self._step_event_handler),
-                    Slots(1),
-                    self._options.idle_backoff_max,
-                )
-            )
+        self._consume_kind(JobKind.STEP_EVENT, self._names.step_events, handler, Slots(1))
 
     # ------------------------------------------------------------------ tenant pods (T18-T20)
 
@@ -226,34 +214,26 @@ class RemoteMixin(ConsumeMixin):
         sender: the route is held while it runs, T19)."""
         self._check_open()
         self._ensure_registrations_loop()
-        first = self._start_run_handler is None
         self._start_run_handler = handler
-        if first:
-            self._start_loop(
-                _Loop(
-                    self._names.start_run,
-                    self._typed(JobKind.START_RUN, lambda: self._routed_start),
-                    Slots(self._options.result_concurrency),
-                    self._options.idle_backoff_max,
-                )
-            )
+        self._consume_kind(
+            JobKind.START_RUN,
+            self._names.start_run,
+            self._routed_start,
+            Slots(self._options.result_concurrency),
+        )
 
     def on_run_request(self, handler: Callable[[RunRequest], Awaitable[None]]) -> None:
         """control plane: consume run requests; reply with :meth:`publish_run_reply` while
         handling one (T19)."""
         self._check_open()
         self._ensure_registrations_loop()
-        first = self._run_request_handler is None
         self._run_request_handler = handler
-        if first:
-            self._start_loop(
-                _Loop(
-                    self._names.run_request,
-                    self._typed(JobKind.RUN_REQUEST, lambda: self._routed_request),
-                    Slots(self._options.result_concurrency),
-                    self._options.idle_backoff_max,
-                )
-            )
+        self._consume_kind(
+            JobKind.RUN_REQUEST,
+            self._names.run_request,
+            self._routed_request,
+            Slots(self._options.result_concurrency),
+        )
 
     async def _routed_start(self, message: StartRunMessage) -> None:
         assert self._start_run_handler is not None

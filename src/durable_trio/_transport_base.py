@@ -188,9 +188,7 @@ class TransportBase:
         self._task_slots = Slots(self._controller.limit)
         self._result_slots = Slots(options.result_concurrency)
         self._handlers: dict[str, StepHandler] = {}
-        self._result_handler: ResultHandler | None = None
-        self._heartbeat_handler: HeartbeatHandler | None = None
-        self._control_handler: ControlHandler | None = None
+        self._kind_handlers: dict[JobKind, Callable[[Any], Awaitable[None]]] = {}
         self._task_loops: set[str] = set()
         self._task_queues: set[str] = set()
         self._consumed: list[str] = []

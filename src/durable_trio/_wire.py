@@ -151,6 +151,18 @@ class StepResult:
     task_id: str | None = None
     """The task this answers, when known."""
 
+    @classmethod
+    def failure(cls, task: RemoteTask, error: StepError) -> StepResult:
+        """The failed result of ``task``."""
+        return cls(
+            task.run_id,
+            task.step_id,
+            task.attempt,
+            StepStatus.FAILED,
+            error=error,
+            task_id=task.task_id,
+        )
+
 
 @attrs.frozen
 class StepHeartbeat:
