@@ -142,13 +142,14 @@ async def run_crash_test(url: str, tmp_path: Path) -> dict[str, Any]:
     }
 
 
-def report(backend: str, figures: dict[str, Any]) -> None:
-    print(
-        f"\n[crash test, {backend}] steps={figures['steps']} lost={figures['lost']} "
-        f"kills={figures['kills']} duplicates={figures['duplicates']} "
-        f"redelivered={figures['redelivered']} kill->redelivery p50={figures['p50']:.2f}s "
-        f"max={figures['max']:.2f}s (bound {THRESHOLD + CHECK_INTERVAL + 1:.1f}s)"
-    )
+def report(backend: str, figures: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    with capsys.disabled():  # shown in CI's output too, not only with -s
+        print(
+            f"\n[crash test, {backend}] steps={figures['steps']} lost={figures['lost']} "
+            f"kills={figures['kills']} duplicates={figures['duplicates']} "
+            f"redelivered={figures['redelivered']} kill->redelivery p50={figures['p50']:.2f}s "
+            f"max={figures['max']:.2f}s (bound {THRESHOLD + CHECK_INTERVAL + 1:.1f}s)"
+        )
 
 
 def check(figures: dict[str, Any]) -> None:
@@ -161,15 +162,19 @@ def check(figures: dict[str, Any]) -> None:
 
 
 @pytest.mark.chaos
-async def test_t7_t9_kill_9_workers_on_sqlite_loses_nothing(tmp_path: Path) -> None:
+async def test_t7_t9_kill_9_workers_on_sqlite_loses_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     url = "sqlite:///" + str(tmp_path / "crash.db")
     figures = await run_crash_test(url, tmp_path)
-    report("sqlite", figures)
+    report("sqlite", figures, capsys)
     check(figures)
 
 
 @pytest.mark.chaos
-async def test_t7_t9_kill_9_workers_on_redis_loses_nothing(tmp_path: Path, redis_url: str) -> None:
+async def test_t7_t9_kill_9_workers_on_redis_loses_nothing(
+    tmp_path: Path, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     figures = await run_crash_test(redis_url, tmp_path)
-    report("redis", figures)
+    report("redis", figures, capsys)
     check(figures)

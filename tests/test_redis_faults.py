@@ -24,7 +24,7 @@ TASKS = 300
 
 @pytest.mark.chaos
 async def test_redis_killed_mid_run_and_restarted_loses_nothing_acknowledged(
-    redis_url: str, redis_server: RedisServer
+    redis_url: str, redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     async with open_redis(redis_url) as admin:
         await admin.execute("CONFIG", "SET", "appendfsync", "always")
@@ -114,7 +114,8 @@ async def test_redis_killed_mid_run_and_restarted_loses_nothing_acknowledged(
     assert len(acknowledged) >= TASKS // 2
     assert refused > 0, "some dispatches met the outage"
     assert any(isinstance(e, dt.BrokerError) for e in errors.seen), "the outage was reported"
-    print(
-        f"\n[redis fault] dispatched {TASKS}, acknowledged {len(acknowledged)}, refused during "
-        f"the outage {refused}, lost 0, errors reported {len(errors.seen)}"
-    )
+    with capsys.disabled():
+        print(
+            f"\n[redis fault] dispatched {TASKS}, acknowledged {len(acknowledged)}, refused during "
+            f"the outage {refused}, lost 0, errors reported {len(errors.seen)}"
+        )
