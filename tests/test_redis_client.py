@@ -654,3 +654,15 @@ async def test_measure_smoke(redis_url: str) -> None:
         "concurrent_one_connection_get_us",
     }
     assert all(value > 0 for value in figures.values())
+
+
+def test_transient_error_replies_are_broker_unavailable() -> None:
+    from durable_trio import BrokerUnavailable
+    from durable_trio._redis._errors import RedisBusyReply, RedisReplyError, raisable
+
+    loading = raisable(RedisReplyError("LOADING Redis is loading the dataset in memory"))
+    assert isinstance(loading, RedisBusyReply)
+    assert isinstance(loading, BrokerUnavailable)
+    assert loading.code == "LOADING"
+    wrong = RedisReplyError("WRONGTYPE Operation against a key holding the wrong kind of value")
+    assert raisable(wrong) is wrong

@@ -4,14 +4,15 @@ One writer task per connection coalesces every queued command into one ``send_al
 task hands replies back in FIFO order; a small pool spreads callers over a few connections.
 Failures are translated at this edge into the project's error tree: connection problems and
 timeouts are :class:`~durable_trio._errors.BrokerUnavailable`, error replies are
-:class:`RedisReplyError` (a :class:`~durable_trio._errors.BrokerError`).
+:class:`RedisReplyError` (a :class:`~durable_trio._errors.BrokerError`), except the transient
+ones (``-LOADING``, ``-BUSY``, ``-TRYAGAIN``...): :class:`RedisBusyReply`, unavailable too.
 """
 
 from __future__ import annotations
 
 from ._client import RedisClient, open_redis
 from ._connection import Connection, ConnectionStats, RedisArg
-from ._errors import RedisCommandTimeout, RedisReplyError
+from ._errors import RedisBusyReply, RedisCommandTimeout, RedisReplyError
 from ._pubsub import Subscription
 from ._script import Script
 from ._url import RedisURL, parse_redis_url
@@ -20,6 +21,7 @@ __all__ = [
     "Connection",
     "ConnectionStats",
     "RedisArg",
+    "RedisBusyReply",
     "RedisClient",
     "RedisCommandTimeout",
     "RedisReplyError",

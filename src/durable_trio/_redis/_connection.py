@@ -33,7 +33,7 @@ import hiredis
 import trio
 
 from .._errors import BrokerUnavailable, DurableTrioError, TransportClosed
-from ._errors import RedisCommandTimeout, RedisReplyError
+from ._errors import RedisCommandTimeout, RedisReplyError, raisable
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -223,7 +223,7 @@ class Connection:
                 retry = self._eval_instead(args)
                 if retry is not None:
                     return await self.execute(*retry, reply_timeout=reply_timeout)
-            raise reply
+            raise raisable(reply)
         return reply
 
     async def pipeline(
@@ -282,7 +282,7 @@ class Connection:
             for index, reply in enumerate(replies):
                 if isinstance(reply, RedisReplyError):
                     reply.index = index
-                    raise reply
+                    raise raisable(reply)
         return replies
 
     def close(self) -> None:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from .._errors import BrokerError, BrokerUnavailable
 
-__all__ = ["RedisCommandTimeout", "RedisReplyError"]
+__all__ = ["RedisBusyReply", "RedisCommandTimeout", "RedisReplyError", "raisable"]
+
+#: Replies that mean "not now" rather than "wrong": the server is loading its data, running a
+#: busy script, failing over. Raised as :class:`RedisBusyReply` (a BrokerUnavailable too).
+TRANSIENT_CODES = frozenset({"LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN"})
 
 
 class RedisReplyError(BrokerError):
@@ -35,3 +39,17 @@ class RedisReplyError(BrokerError):
 
 class RedisCommandTimeout(BrokerUnavailable):
     """A command got no (complete) reply within its timeout; its connection was discarded."""
+
+
+class RedisBusyReply(RedisReplyError, BrokerUnavailable):
+    """An error reply that means the server cannot serve now (``-LOADING``, ``-BUSY``, ...):
+    transient, so callers treat it like an unreachable server."""
+
+
+def raisable(reply: RedisReplyError) -> RedisReplyError:
+    """The exception to raise for ``reply``: a :class:`RedisBusyReply` for a transient one."""
+    if reply.code in TRANSIENT_CODES and not isinstance(reply, RedisBusyReply):
+        busy = RedisBusyReply(reply.reply)
+        busy.index = reply.index
+        return busy
+    return reply
