@@ -400,7 +400,7 @@ async def test_an_idle_worker_costs_less_than_half_a_command_a_second(
             if not await broker.pop_many(queue, 10):
                 await broker.wait_for_work(queue)
 
-    async def measure(seconds: float, **options: Any) -> int:
+    async def measure_once(seconds: float, **options: Any) -> dict[str, int]:
         async with open_broker(redis_url, **options) as (_, broker):
             async with trio.open_nursery() as nursery:
                 for n in range(queues):
@@ -410,6 +410,16 @@ async def test_an_idle_worker_costs_less_than_half_a_command_a_second(
                 await trio.sleep(seconds)
                 used = commands_since(redis_server, before)
                 nursery.cancel_scope.cancel()
+        return used
+
+    async def measure(seconds: float, **options: Any) -> int:
+        # The server is shared by the session's tests and its command counts are global: a
+        # straggler of an earlier test can only ADD commands, so the quietest of three windows
+        # is the one that measures this broker alone.
+        used = min(
+            [await measure_once(seconds, **options) for _ in range(3)],
+            key=lambda u: sum(u.values()),
+        )
         assert set(used) <= {"mget", "ping"}, used  # no scripts, no pops while idle
         return sum(used.values())
 
