@@ -45,7 +45,7 @@ def read_logs(folder: Path) -> list[tuple[str, str, float]]:
     for log in folder.glob("*.log"):
         for line in log.read_text().splitlines():
             parts = line.split()
-            if len(parts) == 3:
+            if len(parts) == 3 and parts[0] != "LEASE-LOST":
                 rows.append((parts[0], parts[1], float(parts[2])))
     return sorted(rows, key=lambda r: r[2])
 
@@ -61,14 +61,18 @@ async def run_crash_test(url: str, tmp_path: Path) -> dict[str, Any]:
     result_count = 0
     serial = 0
 
-    def spawn() -> None:
+    async def spawn() -> None:
         nonlocal serial
         serial += 1
         name = f"w{serial}"
-        workers[name] = start_worker(url, namespace, name, logs / f"{name}.log")
+        # in a thread: a worker starting slowly must not stall this process's event loop
+        with trio.fail_after(30):
+            workers[name] = await trio.to_thread.run_sync(
+                start_worker, url, namespace, name, logs / f"{name}.log"
+            )
 
     for _ in range(WORKERS):
-        spawn()
+        await spawn()
     all_done = trio.Event()
     try:
         async with dt.open_backend(url) as backend:
@@ -99,7 +103,7 @@ async def run_crash_test(url: str, tmp_path: Path) -> dict[str, Any]:
                         kills.append((time.time(), victim))
                         retired.append(workers.pop(victim))
                         retired[-1].wait()
-                        spawn()
+                        await spawn()
                     await all_done.wait()
     finally:
         for process in workers.values():
@@ -111,6 +115,14 @@ async def run_crash_test(url: str, tmp_path: Path) -> dict[str, Any]:
                 process.stdout.close()
     executions = read_logs(logs)
     killed = {name for _, name in kills}
+    # workers that reported a lost lease (an event loop starved past the threshold on a loaded
+    # machine): their double runs are the reported at-least-once kind, not a bug
+    lost_lease = {
+        line.split()[1]
+        for log in logs.glob("*.log")
+        for line in log.read_text().splitlines()
+        if line.startswith("LEASE-LOST ")
+    }
     by_step: dict[str, list[tuple[str, float]]] = {}
     for step, instance, at in executions:
         by_step.setdefault(step, []).append((instance, at))
@@ -133,9 +145,12 @@ async def run_crash_test(url: str, tmp_path: Path) -> dict[str, Any]:
         "result_messages": result_count,
         "kills": len(kills),
         "duplicates": len(duplicates),
-        "duplicates_not_from_kills": sum(
-            1 for runs in duplicates.values() if not ({who for who, _ in runs[:-1]} & killed)
-        ),
+        "duplicates_not_from_kills": [
+            (step, runs)
+            for step, runs in duplicates.items()
+            if not ({who for who, _ in runs[:-1]} & (killed | lost_lease))
+        ],
+        "lost_leases": len(lost_lease),
         "redelivered": len(delays),
         "p50": statistics.median(delays) if delays else 0.0,
         "max": max(delays, default=0.0),
@@ -147,6 +162,7 @@ def report(backend: str, figures: dict[str, Any], capsys: pytest.CaptureFixture[
         print(
             f"\n[crash test, {backend}] steps={figures['steps']} lost={figures['lost']} "
             f"kills={figures['kills']} duplicates={figures['duplicates']} "
+            f"(workers reporting a lost lease: {figures['lost_leases']}) "
             f"redelivered={figures['redelivered']} kill->redelivery p50={figures['p50']:.2f}s "
             f"max={figures['max']:.2f}s (bound {THRESHOLD + CHECK_INTERVAL + 1:.1f}s)"
         )
@@ -156,7 +172,7 @@ def check(figures: dict[str, Any]) -> None:
     assert figures["lost"] == 0
     assert figures["results"] == STEPS
     assert figures["kills"] >= 3
-    assert figures["duplicates_not_from_kills"] == 0
+    assert figures["duplicates_not_from_kills"] == [], figures["duplicates_not_from_kills"][:5]
     assert figures["redelivered"] > 0
     assert figures["max"] <= THRESHOLD + CHECK_INTERVAL + 1.0
 
