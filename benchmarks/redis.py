@@ -224,6 +224,10 @@ async def run(url: str, quick: bool, *, redis: bool = True) -> dict[str, tuple[f
             cpu = await idle_cpu(url, queues=queues, window=window)
             figures[f"idle worker, {queues} queue(s) (% of a core)"] = (cpu, "wake-up checks")
     if redis:
+        clean()
+        p50, p99 = await pod_round_trip(url, samples=100 if quick else 300)
+        figures["pod request -> reply p50 (ms)"] = (p50, "issue 7: store-less pod -> control plane")
+        figures["pod request -> reply p99 (ms)"] = (p99, "")
         sizes = (1_000, 100_000) if quick else (1_000, 100_000, 1_000_000)
         for pending in sizes:
             clean()
@@ -234,6 +238,40 @@ async def run(url: str, quick: bool, *, redis: bool = True) -> dict[str, tuple[f
             )
         clean()
     return figures
+
+
+async def pod_round_trip(url: str, *, samples: int) -> tuple[float, float]:
+    """Issue 7: a store-less pod's run request -> the control plane's reply, one at a time (the
+    two in this process, over the broker): (p50, p99) ms."""
+    namespace = f"pods-{time.monotonic_ns()}"
+    async with dt.open_backend(url) as backend:
+        async with (
+            dt.open_queue_transport(backend, namespace=namespace, instance_id="control") as cp,
+            dt.open_queue_transport(backend, namespace=namespace, instance_id="pod") as pod,
+        ):
+
+            async def answer(request: dt.RunRequest) -> None:
+                await cp.publish_run_reply(dt.RunReply(request.request_id, True, "running"))
+
+            replied = trio.Event()
+
+            def on_reply(reply: dt.RunReply) -> None:
+                replied.set()
+
+            cp.on_run_request(answer)
+            pod.on_run_reply(on_reply)
+            timings = []
+            for n in range(samples + 30):
+                replied = trio.Event()
+                await trio.sleep(0.002)
+                start = time.perf_counter()
+                await pod.dispatch_run_request(dt.RunRequest(f"q{n}", "status", run_id="r"))
+                with trio.fail_after(10):
+                    await replied.wait()
+                if n >= 30:
+                    timings.append((time.perf_counter() - start) * 1000)
+    cuts = statistics.quantiles(timings, n=100)
+    return cuts[49], cuts[98]
 
 
 async def idle_cpu(url: str, *, queues: int, window: float) -> float:
