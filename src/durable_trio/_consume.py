@@ -477,7 +477,7 @@ class ConsumeMixin(TransportBase):
                 # leaves the in-flight count.
                 controller.on_settle(started, trio.current_time(), step=ok)
         try:
-            data = self._result_job(result)
+            data = self._new_job(JobKind.RESULT, result)
         except PayloadError as exc:
             self._report(
                 JobError(
@@ -487,7 +487,7 @@ class ConsumeMixin(TransportBase):
                 )
             )
             error = StepError(message=str(exc), code="bad_output", retryable=False)
-            data = self._result_job(StepResult.failure(task, error))
+            data = self._new_job(JobKind.RESULT, StepResult.failure(task, error))
         if self._finishers_on:
             return data  # the job worker pushes it with the task's acknowledgement
         await self._push_job(self._names.results, data)

@@ -55,7 +55,6 @@ class RemoteMixin(ConsumeMixin):
         self._replies_loop = False
         self._events_loop = False
         self._registrations_loop = False
-        self._janitor = False
         self._publish_lock = trio.Lock()  # tenant events leave one publisher in publish order
         self._registry = InboxRegistry(
             names=self._names,

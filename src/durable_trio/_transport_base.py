@@ -309,13 +309,19 @@ class TransportBase:
         delay: float = 0.0,
     ) -> str:
         self._check_open_for_producers()
-        job_id = f"{self._id_prefix}{next(self._ids)}"
-        data = encode_envelope(job_id, kind, payload, priority, self._max_payload_bytes)
-        if self._batch_finalize is not None and delay <= 0:
-            await self._pusher(queue).submit((Job(job_id, data), priority))
+        job = self._new_job(kind, payload, priority)
+        if delay > 0:
+            await self._broker.push_on(queue, job, priority=priority, delay=delay)
         else:
-            await self._broker.push_on(queue, Job(job_id, data), priority=priority, delay=delay)
-        return job_id
+            await self._push_job(queue, job, priority)
+        return job.id
+
+    def _new_job(self, kind: JobKind, payload: Any, priority: int | None = None) -> Job:
+        """A job with a fresh id and ``payload`` encoded in its envelope."""
+        job_id = f"{self._id_prefix}{next(self._ids)}"
+        return Job(
+            job_id, encode_envelope(job_id, kind, payload, priority, self._max_payload_bytes)
+        )
 
     def _pusher(self, queue: str) -> Coalescer[tuple[Job, int | None], None]:
         pusher = self._pushers.get(queue)
@@ -330,19 +336,13 @@ class TransportBase:
             pusher = self._pushers[queue] = Coalescer(push_many)
         return pusher
 
-    def _result_job(self, result: StepResult) -> Job:
-        job_id = f"{self._id_prefix}{next(self._ids)}"
-        return Job(
-            job_id,
-            encode_envelope(job_id, JobKind.RESULT, result, None, self._max_payload_bytes),
-        )
-
-    async def _push_job(self, queue: str, job: Job) -> None:
+    async def _push_job(self, queue: str, job: Job, priority: int | None = None) -> None:
+        """Push an encoded job now, coalesced where the broker takes batches."""
         self._check_open_for_producers()
         if self._batch_finalize is not None:
-            await self._pusher(queue).submit((job, None))
+            await self._pusher(queue).submit((job, priority))
         else:
-            await self._broker.push_on(queue, job)
+            await self._broker.push_on(queue, job, priority=priority)
 
     def _finisher(self, queue: str) -> Coalescer[tuple[Lease, Job], bool]:
         """Results pushed with their tasks' acknowledgements: one broker call per batch."""
@@ -404,14 +404,11 @@ class TransportBase:
         by_queue: dict[str, list[tuple[Job, int | None]]] = {}
         ids = []
         for task in tasks:
-            job_id = f"{self._id_prefix}{next(self._ids)}"
-            data = encode_envelope(
-                job_id, JobKind.TASK, task, task.priority, self._max_payload_bytes
-            )
+            job = self._new_job(JobKind.TASK, task, task.priority)
             by_queue.setdefault(self.task_queue(task.routing_group), []).append(
-                (Job(job_id, data), task.priority)
+                (job, task.priority)
             )
-            ids.append(job_id)
+            ids.append(job.id)
         broker = self._broker
         for queue, items in by_queue.items():
             if isinstance(broker, SupportsBatchFinalize):
