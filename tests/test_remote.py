@@ -338,6 +338,26 @@ async def test_t21_t23_events_reach_only_live_subscribers_of_their_tenant(
     assert got["pod-b"] == [("globex", "g0"), ("globex", "g1"), ("globex", "g2")]
 
 
+async def test_t21_a_newer_subscription_is_never_overwritten_by_an_older_announcement(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Regression: the reply inbox's activation (tenants=()) and a subscription made at once
+    were announced as snapshots by two tasks that may start in either order, so the older one
+    could land last and withdraw the subscription (found by the engine's tenant-pod tests in
+    about 1 run of 3). Each announcement now carries the state at the time it leaves."""
+    for attempt in range(12):
+        broker, keys = MemoryBroker(), MemoryKeyStore()
+        async with (
+            dt.open_queue_transport(shared_backend(broker, keys)) as control,
+            dt.open_queue_transport(shared_backend(broker, None)) as pod,
+        ):
+            control.on_run_request(ignore_request)
+            await pod.dispatch_run_request(dt.RunRequest(f"r{attempt}", "status"))
+            pod.on_tenant_event("acme", lambda event: None)
+            await trio.sleep(1)
+            assert await control._registry.subscribers_of("acme") == [pod.instance_id]
+
+
 async def test_t21_the_last_unsubscribe_withdraws_and_the_inbox_still_drains(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

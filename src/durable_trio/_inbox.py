@@ -101,12 +101,15 @@ class InboxRegistry:
 
     def _send_now(self) -> None:
         if self._nursery is not None:
-            self._nursery.start_soon(self._send, self._registration())
+            self._nursery.start_soon(self._send)
 
-    async def _send(self, registration: InboxRegistration) -> None:
+    async def _send(self) -> None:
+        """Announce this instance's registration as it stands when the announcement LEAVES
+        (not when it was asked for): announcement tasks may start in any order, so a snapshot
+        taken earlier could land last and overwrite a newer state (a subscription lost)."""
         async with self._announcements:
             try:
-                await self._announce(JobKind.INBOX_REGISTRATION, registration)
+                await self._announce(JobKind.INBOX_REGISTRATION, self._registration())
             except (BrokerError, DurableTrioError) as exc:
                 self._report(exc)
 
@@ -117,7 +120,7 @@ class InboxRegistry:
         while True:
             await trio.sleep_until(start + tick * period)
             if self.active:
-                await self._send(self._registration())
+                await self._send()
             tick = max(tick + 1, math.floor((trio.current_time() - start) / period) + 1)
 
     async def withdraw(self) -> None:
@@ -125,7 +128,7 @@ class InboxRegistry:
         if self.active:
             self.active = False
             self.tenants.clear()
-            await self._send(self._registration())
+            await self._send()
 
     # ---- the control-plane side ------------------------------------------------------------
 
