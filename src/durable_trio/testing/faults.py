@@ -1,0 +1,438 @@
+"""Fault injection: a queue broker and a key store wrapped so that one process's view of them
+can be delayed, dropped, paused, stalled or killed, from a seeded random generator.
+
+Each simulated process (a worker, the engine) gets its own :class:`FaultyBroker` and
+:class:`FaultyKeyStore` over the ONE shared broker and key store, driven by its own
+:class:`Injector`: faults are per process, as they are in production (one worker's network
+partition is not everyone's).
+
+What each fault models:
+
+- **delay**: a call waits ``[0, delay_max)`` seconds (virtual) before it reaches the broker;
+- **drop**: the request is lost: the call raises :class:`~durable_trio.BrokerUnavailable` and
+  the broker never sees it;
+- **lost reply**: the broker DID perform the call, then the reply was lost: the call raises.
+  (A push whose reply is lost is pushed again by whoever retries it: a duplicate task.)
+- **pause renewal**: every lease renewal raises for a while, so claims age past the stalled
+  threshold and are re-delivered elsewhere (the duplicate execution at-least-once allows);
+- **stall**: every call of the process waits until the stall ends (from outside, a process
+  whose event loop is frozen looks exactly like this);
+- **kill**: every call raises at once, forever (the process is gone; nothing it does reaches
+  the broker any more);
+- **key-store write failure**: a ``put``/``put_many``/``remove`` raises (before reaching the
+  store).
+
+Fault injection is the one kind of test double this project uses: everything behind it is the
+real broker and the real key store.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import attrs
+import trio
+
+from .._codec import decode_envelope
+from .._errors import BrokerUnavailable, PayloadError
+from .._wire import JobKind, RemoteTask
+from ..adapters import (
+    SupportsBatchFinalize,
+    SupportsBatchPop,
+    SupportsFailedJobs,
+    SupportsRecovery,
+    SupportsRenewal,
+    SupportsSize,
+    SupportsSweepHint,
+    SupportsWakeup,
+)
+
+if TYPE_CHECKING:
+    import random
+
+    from ..adapters import ClaimedJob, FailedJob, Job, Lease, QueueBroker, Recovery, RenewOutcome
+    from ..keys import KeyEntry, KeyStore
+
+__all__ = ["BrokerFaults", "FaultyBroker", "FaultyKeyStore", "Injector", "wrap_broker"]
+
+T = TypeVar("T")
+
+#: Calls that write: a lost reply means the write happened.
+_PUSHES = frozenset({"push_on", "push_many", "push_and_complete_many"})
+
+
+@attrs.frozen
+class BrokerFaults:
+    """Per-call fault probabilities (each call draws once from its process's generator)."""
+
+    delay_probability: float = 0.0
+    """A call is delayed ..."""
+    delay_max: float = 1.0
+    """... by up to this many seconds."""
+    drop_probability: float = 0.0
+    """A call's request is lost (the broker never sees it; the call raises)."""
+    lost_reply_probability: float = 0.0
+    """A call is performed but its reply is lost (the call raises)."""
+    key_write_failure_probability: float = 0.0
+    """A key-store write (put, put_many, remove) fails (raises, nothing written)."""
+
+    @property
+    def quiet(self) -> bool:
+        return not (
+            self.delay_probability
+            or self.drop_probability
+            or self.lost_reply_probability
+            or self.key_write_failure_probability
+        )
+
+
+#: Receives every fault injected: ``(kind, details)``.
+FaultRecorder = Callable[[str, dict[str, Any]], None]
+
+
+class Injector:
+    """One process's fault state: what its :class:`FaultyBroker` and :class:`FaultyKeyStore`
+    do to each call. Driven by a seeded generator, so a seed replays the same faults.
+
+    Args:
+        name: the process (a worker's instance id, ``"engine"``), as recorded.
+        rng: where per-call faults are drawn from.
+        faults: the per-call fault probabilities.
+        record: called with every fault injected (default: nothing).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        rng: random.Random,
+        faults: BrokerFaults | None = None,
+        record: FaultRecorder | None = None,
+    ) -> None:
+        self.name = name
+        self.rng = rng
+        self.faults = faults or BrokerFaults()
+        self._record = record or (lambda kind, details: None)
+        self.dead = False
+        """Killed: every call raises at once."""
+        self.renewal_paused_until = -float("inf")
+        self.stalled_until = -float("inf")
+        self.injected = 0
+        """Faults injected so far (every kind)."""
+
+    # ------------------------------------------------------------------ scheduled faults
+
+    def kill(self) -> None:
+        """From now on every call raises (the process is gone)."""
+        self.dead = True
+
+    def pause_renewal(self, seconds: float) -> None:
+        """Lease renewals raise for ``seconds`` (from now)."""
+        self.renewal_paused_until = trio.current_time() + seconds
+
+    def stall(self, seconds: float) -> None:
+        """Every call (and every call in flight) waits ``seconds`` from now."""
+        self.stalled_until = max(self.stalled_until, trio.current_time() + seconds)
+
+    @property
+    def stalled(self) -> bool:
+        return trio.current_time() < self.stalled_until
+
+    async def wait_out_stall(self) -> None:
+        """Return once the process is not stalled (at once if it is not)."""
+        # A loop, not an event: a stall may be extended while calls wait it out.
+        while trio.current_time() < self.stalled_until:  # noqa: ASYNC110
+            await trio.sleep_until(self.stalled_until)
+
+    def quiet_down(self) -> None:
+        """No more per-call faults (scheduled ones already over stay over)."""
+        self.faults = BrokerFaults()
+
+    # ------------------------------------------------------------------ per call
+
+    def note(self, kind: str, **details: Any) -> None:
+        self.injected += 1
+        self._record(kind, {"process": self.name, **details})
+
+    def _gone(self, op: str) -> BrokerUnavailable:
+        return BrokerUnavailable(f"injected: {self.name} is dead ({op})")
+
+    async def before(self, op: str) -> None:
+        """Apply the faults that strike before ``op`` reaches the store (may raise)."""
+        if self.dead:
+            raise self._gone(op)
+        if trio.current_time() < self.stalled_until:
+            await self.wait_out_stall()
+            if self.dead:
+                raise self._gone(op)
+        if op == "renew_jobs" and trio.current_time() < self.renewal_paused_until:
+            raise BrokerUnavailable(f"injected: {self.name}'s renewal is paused")
+        faults = self.faults
+        if faults.quiet:
+            await trio.lowlevel.checkpoint()
+            return
+        rng = self.rng
+        if faults.delay_probability and rng.random() < faults.delay_probability:
+            await trio.sleep(rng.random() * faults.delay_max)
+            if self.dead:
+                raise self._gone(op)
+        else:
+            await trio.lowlevel.checkpoint()
+        if faults.drop_probability and rng.random() < faults.drop_probability:
+            self.note("drop", op=op)
+            raise BrokerUnavailable(f"injected: {op} from {self.name} was lost")
+
+    def lose_reply(self, op: str) -> bool:
+        """Whether ``op``'s reply is lost (the call happened)."""
+        p = self.faults.lost_reply_probability
+        return bool(p) and self.rng.random() < p
+
+    def fail_key_write(self) -> bool:
+        p = self.faults.key_write_failure_probability
+        return bool(p) and self.rng.random() < p
+
+
+def _task_keys(jobs: Sequence[Job]) -> list[list[Any]]:
+    """The ``[run, step, attempt]`` of the step tasks among ``jobs`` (what a duplicate push of
+    them will run twice)."""
+    keys = []
+    for job in jobs:
+        try:
+            envelope = decode_envelope(job.data)
+        except PayloadError:
+            continue
+        if envelope.kind is JobKind.TASK:
+            task = cast("RemoteTask", envelope.payload)
+            keys.append([task.run_id, task.step_id, task.attempt])
+    return keys
+
+
+class FaultyBroker:
+    """A :class:`~durable_trio.adapters.QueueBroker` that forwards every call to ``inner``
+    through an :class:`Injector`. Build one with :func:`wrap_broker`, which gives the wrapper
+    exactly the optional capabilities (``Supports*``) of the broker it wraps — the transport
+    detects them with ``isinstance``.
+
+    Attributes:
+        inner: the wrapped broker (shared by every process of a simulation).
+        injector: this process's faults.
+    """
+
+    def __init__(self, inner: QueueBroker, injector: Injector) -> None:
+        self.inner: Any = inner
+        self.injector = injector
+        coalesce = getattr(inner, "coalesce_finalize", None)
+        if coalesce is not None:
+            self.coalesce_finalize = coalesce
+
+    async def _call(self, op: str, call: Callable[[], Awaitable[T]], jobs: Sequence[Job] = ()) -> T:
+        injector = self.injector
+        await injector.before(op)
+        result = await call()
+        if injector.lose_reply(op):
+            details: dict[str, Any] = {"op": op}
+            if op in _PUSHES:
+                tasks = _task_keys(jobs)
+                if tasks:
+                    details["tasks"] = tasks
+            injector.note("lost-reply", **details)
+            raise BrokerUnavailable(f"injected: the reply to {op} from {injector.name} was lost")
+        return result
+
+    async def push_on(
+        self, queue: str, job: Job, *, priority: int | None = None, delay: float = 0.0
+    ) -> None:
+        await self._call(
+            "push_on",
+            functools.partial(self.inner.push_on, queue, job, priority=priority, delay=delay),
+            (job,),
+        )
+
+    async def pop_from(self, queue: str, *, worker: str = "") -> ClaimedJob | None:
+        result: ClaimedJob | None = await self._call(
+            "pop_from", functools.partial(self.inner.pop_from, queue, worker=worker)
+        )
+        return result
+
+    async def complete_job(self, lease: Lease, queue: str) -> bool:
+        call = functools.partial(self.inner.complete_job, lease, queue)
+        return bool(await self._call("complete_job", call))
+
+    async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
+        return bool(
+            await self._call(
+                "fail_job", functools.partial(self.inner.fail_job, lease, queue, error)
+            )
+        )
+
+    async def retry_job(
+        self, lease: Lease, queue: str, *, delay: float = 0.0, count_attempt: bool = True
+    ) -> bool:
+        call = functools.partial(
+            self.inner.retry_job, lease, queue, delay=delay, count_attempt=count_attempt
+        )
+        return bool(await self._call("retry_job", call))
+
+    async def aclose(self) -> None:
+        # The shared broker belongs to the simulation, not to one of its processes.
+        await trio.lowlevel.checkpoint()
+
+
+class _BatchPop(FaultyBroker):
+    async def pop_many(self, queue: str, count: int, *, worker: str = "") -> list[ClaimedJob]:
+        result: list[ClaimedJob] = await self._call(
+            "pop_many", functools.partial(self.inner.pop_many, queue, count, worker=worker)
+        )
+        return result
+
+
+class _BatchFinalize(FaultyBroker):
+    async def complete_many(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
+        result: list[bool] = await self._call(
+            "complete_many", functools.partial(self.inner.complete_many, queue, leases)
+        )
+        return result
+
+    async def push_many(
+        self, queue: str, jobs: Sequence[Job], priorities: Sequence[int | None]
+    ) -> None:
+        await self._call(
+            "push_many", functools.partial(self.inner.push_many, queue, jobs, priorities), jobs
+        )
+
+    async def push_and_complete_many(
+        self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
+    ) -> list[bool]:
+        call = functools.partial(self.inner.push_and_complete_many, push_queue, jobs, queue, leases)
+        result: list[bool] = await self._call("push_and_complete_many", call, jobs)
+        return result
+
+
+class _Renewal(FaultyBroker):
+    async def renew_jobs(self, queue: str, leases: Sequence[Lease]) -> RenewOutcome:
+        result: RenewOutcome = await self._call(
+            "renew_jobs", functools.partial(self.inner.renew_jobs, queue, leases)
+        )
+        return result
+
+
+class _Recovery(FaultyBroker):
+    async def recover_stalled_jobs(
+        self, queue: str, threshold: float, max_stalled: int
+    ) -> Recovery:
+        call = functools.partial(self.inner.recover_stalled_jobs, queue, threshold, max_stalled)
+        result: Recovery = await self._call("recover_stalled_jobs", call)
+        return result
+
+
+class _SweepHint(FaultyBroker):
+    async def queues_with_claims(self, queues: Sequence[str]) -> list[str]:
+        result: list[str] = await self._call(
+            "queues_with_claims", functools.partial(self.inner.queues_with_claims, queues)
+        )
+        return result
+
+
+class _Size(FaultyBroker):
+    async def size_of(self, queue: str) -> int:
+        return int(await self._call("size_of", functools.partial(self.inner.size_of, queue)))
+
+
+class _FailedJobs(FaultyBroker):
+    async def failed_jobs(self, queue: str, *, limit: int = 100) -> list[FailedJob]:
+        result: list[FailedJob] = await self._call(
+            "failed_jobs", functools.partial(self.inner.failed_jobs, queue, limit=limit)
+        )
+        return result
+
+
+class _Wakeup(FaultyBroker):
+    async def wait_for_work(self, queue: str) -> None:
+        # A wait is not a request that can be lost: a dead or stalled process simply never
+        # wakes (a killed one is cancelled right after).
+        injector = self.injector
+        if injector.dead:
+            await trio.sleep_forever()
+        await injector.wait_out_stall()
+        await self.inner.wait_for_work(queue)
+        await injector.wait_out_stall()
+
+
+_CAPABILITIES: tuple[tuple[type, type[FaultyBroker]], ...] = (
+    (SupportsBatchPop, _BatchPop),
+    (SupportsBatchFinalize, _BatchFinalize),
+    (SupportsRenewal, _Renewal),
+    (SupportsRecovery, _Recovery),
+    (SupportsSweepHint, _SweepHint),
+    (SupportsSize, _Size),
+    (SupportsFailedJobs, _FailedJobs),
+    (SupportsWakeup, _Wakeup),
+)
+
+
+@functools.cache
+def _wrapper_class(mixins: tuple[type[FaultyBroker], ...]) -> type[FaultyBroker]:
+    if not mixins:
+        return FaultyBroker
+    return cast(
+        "type[FaultyBroker]", type("FaultyBroker", mixins, {"__doc__": FaultyBroker.__doc__})
+    )
+
+
+def wrap_broker(broker: QueueBroker, injector: Injector) -> FaultyBroker:
+    """Wrap ``broker`` so every call goes through ``injector``; the wrapper has exactly the
+    optional capabilities ``broker`` has."""
+    mixins = tuple(mixin for protocol, mixin in _CAPABILITIES if isinstance(broker, protocol))
+    return _wrapper_class(mixins)(broker, injector)
+
+
+class FaultyKeyStore:
+    """A :class:`~durable_trio.keys.KeyStore` that forwards to ``inner`` through an
+    :class:`Injector`: writes may fail, every call waits out a stall, a killed process's calls
+    raise.
+
+    Attributes:
+        failed_removals: the keys whose ``remove`` this wrapper failed (they live until their
+            time-to-live runs out).
+    """
+
+    def __init__(self, inner: KeyStore, injector: Injector) -> None:
+        self.inner = inner
+        self.injector = injector
+        self.failed_removals: list[str] = []
+
+    async def _write(self, op: str, keys: Sequence[str]) -> None:
+        injector = self.injector
+        if injector.dead:
+            raise injector._gone(op)
+        await injector.wait_out_stall()
+        if injector.dead:
+            raise injector._gone(op)
+        if injector.fail_key_write():
+            injector.note("key-write-failure", op=op)
+            if op == "remove":
+                self.failed_removals.extend(keys)
+            raise BrokerUnavailable(f"injected: key-store {op} from {injector.name} failed")
+
+    async def put(self, key: str, value: bytes, ttl: float) -> None:
+        await self._write("put", (key,))
+        await self.inner.put(key, value, ttl)
+
+    async def put_many(self, items: Sequence[tuple[str, bytes, float]]) -> None:
+        await self._write("put_many", [key for key, _, _ in items])
+        await self.inner.put_many(items)
+
+    async def remove(self, keys: Sequence[str]) -> None:
+        await self._write("remove", keys)
+        await self.inner.remove(keys)
+
+    async def entries(self, prefix: str) -> list[KeyEntry]:
+        injector = self.injector
+        if injector.dead:
+            raise injector._gone("entries")
+        await injector.wait_out_stall()
+        return await self.inner.entries(prefix)
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()

@@ -1,0 +1,832 @@
+"""The simulation harness: one engine, N workers and a memory broker in one ``trio.run`` under a
+virtual clock, with faults injected from one seed, and invariants checked after every run.
+
+::
+
+    simulation (one trio.run, MockClock(autojump_threshold=0))
+    ├── engine        open_engine over its own FaultyBroker (delays, drops, lost replies)
+    ├── worker slots  one task per slot: a worker, killed / restarted / closed over and over,
+    │                 each generation with its own FaultyBroker + FaultyKeyStore + instance id
+    ├── workload      starts the runs at seeded arrival times, awaits each one's outcome
+    ├── faults        the seeded schedule: kill, graceful restart, pause renewal, stall
+    └── key checks    after each close (and a killed worker's key TTL), its liveness keys
+
+Everything random comes from the seed: arrival times, inputs (through the workload callable),
+the fault schedule, every per-call fault draw, and — for the duration of the run — trio's own
+scheduler (it shuffles ready tasks with a module-level generator, which the harness seeds and
+restores afterwards). Ids are deterministic (``run-00042``, worker ``w1-3``, engine
+``engine``). So one seed gives one history, byte for byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import math
+import os
+import random
+import shlex
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, cast
+
+import attrs
+import orjson
+import trio
+import trio.testing
+
+from .._backend import Backend
+from .._engine import (
+    App,
+    Applied,
+    EngineStatistics,
+    RunCancelled,
+    RunFailed,
+    StepKind,
+    StepRecord,
+    StepState,
+    Worker,
+    open_engine,
+    open_worker,
+    step_info,
+)
+from .._engine._stores.memory import MemoryRunStore
+from .._liveness import MIN_HEARTBEAT_TTL
+from .._naming import QueueNames, sanitize_token
+from ..adapters.memory import MemoryBroker
+from ..keys.memory import MemoryKeyStore
+from .faults import BrokerFaults, FaultyKeyStore, Injector, wrap_broker
+
+if TYPE_CHECKING:
+    from .._engine import Engine
+    from .._engine._app import StepFunction, WorkflowFunction
+
+__all__ = [
+    "SEED_VARIABLE",
+    "Faults",
+    "InvariantViolation",
+    "Simulation",
+    "SimulationReport",
+    "Workload",
+]
+
+#: The environment variable that overrides the seed of every :class:`Simulation` (replays).
+SEED_VARIABLE = "DURABLE_TRIO_SEED"
+
+#: ``workload(rng, index) -> (workflow name, input)``: what the ``index``-th run starts.
+Workload = Callable[[random.Random, int], tuple[str, Any]]
+
+#: The transport options a simulation uses unless told otherwise: short thresholds, so a lost
+#: lease shows within a minute of virtual time.
+DEFAULT_TRANSPORT_OPTIONS: dict[str, Any] = {
+    "stalled_threshold": 30.0,
+    "stalled_check_interval": 10.0,
+    "close_timeout": 5.0,
+    "cleanup_timeout": 2.0,
+    "worker_heartbeat_interval": 10.0,
+}
+
+#: Cleanup phases of a transport close bounded by ``cleanup_timeout`` each (docs/close.md):
+#: consumers, liveness, cancelled handlers, renewal, handback, inboxes.
+_CLEANUP_PHASES = 6
+
+_HOUR = 3600.0
+
+
+@attrs.frozen(kw_only=True)
+class Faults:
+    """What goes wrong, and how often (rates per hour of virtual time; durations in seconds,
+    drawn uniformly from ``(low, high)``)."""
+
+    kills_per_hour: float = 0.5
+    """A random worker is killed abruptly (nothing it does reaches the broker any more; its
+    claims come back by lease expiry, its liveness keys expire)."""
+    restart_delay: float = 30.0
+    """A killed worker's replacement starts this long after the kill."""
+    restarts_per_hour: float = 0.5
+    """A random worker is closed gracefully and replaced at once (a rolling deploy): the close
+    bounds and the liveness-key withdrawal are checked on each."""
+    renewal_pauses_per_hour: float = 0.5
+    """A random worker's lease renewals fail for a while (its claims are re-delivered)."""
+    renewal_pause: tuple[float, float] = (40.0, 180.0)
+    stalls_per_hour: float = 0.5
+    """A random worker stalls: every broker and key-store call it makes, and the completion of
+    every step it runs, waits until the stall ends (what a frozen event loop looks like from
+    outside; its step code itself keeps running on the virtual clock)."""
+    stall: tuple[float, float] = (5.0, 90.0)
+    broker: BrokerFaults = attrs.field(
+        factory=lambda: BrokerFaults(
+            delay_probability=0.02,
+            delay_max=2.0,
+            drop_probability=0.002,
+            lost_reply_probability=0.002,
+            key_write_failure_probability=0.02,
+        )
+    )
+    """Per-call faults of every worker's broker and key store."""
+    engine_broker: BrokerFaults | None = None
+    """Per-call faults of the engine's broker (``None``: the same as ``broker``)."""
+
+    @classmethod
+    def none(cls) -> Faults:
+        """No faults at all."""
+        return cls(
+            kills_per_hour=0.0,
+            restarts_per_hour=0.0,
+            renewal_pauses_per_hour=0.0,
+            stalls_per_hour=0.0,
+            broker=BrokerFaults(),
+        )
+
+
+class InvariantViolation(AssertionError):
+    """A simulated run broke an invariant. The message names the seed and a command that
+    replays it; :attr:`report` holds the whole run.
+
+    Attributes:
+        report: the run's :class:`SimulationReport` (its ``violations`` say what broke).
+    """
+
+    def __init__(self, message: str, report: SimulationReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@attrs.frozen
+class SimulationReport:
+    """What a simulated run did: its figures, its invariant violations and its history.
+
+    The history is a list of JSON events (``{"t": virtual seconds, "ev": kind, ...}``):
+    runs started and ended, step executions, worker lifecycles, every fault injected and every
+    error reported. :meth:`history_bytes` is its canonical serialization: two runs of one seed
+    give the same bytes.
+    """
+
+    seed: int
+    workers: int
+    duration: float
+    """Virtual seconds of workload (faults are injected during this time)."""
+    virtual_seconds: float
+    """Virtual seconds simulated in all (workload, drain and close)."""
+    wall_seconds: float
+    runs_started: int
+    runs_completed: int
+    runs_failed: int
+    runs_cancelled: int
+    runs_unfinished: int
+    step_executions: int
+    duplicate_executions: int
+    """Executions of a (run, step, attempt) after its first (each one explained by a fault)."""
+    lost_leases: int
+    """Claims workers found re-delivered while they ran them (transport ``duplicates``)."""
+    faults: dict[str, int]
+    """Faults injected, by kind."""
+    errors_reported: dict[str, int]
+    """Errors the engine and workers reported through ``on_error``, by type."""
+    graceful_closes: int
+    longest_close: float
+    """Virtual seconds of the slowest graceful worker close."""
+    close_bound: float
+    engine: EngineStatistics
+    violations: tuple[str, ...]
+    history: tuple[dict[str, Any], ...] = attrs.field(repr=False)
+    replay_command: str
+
+    def history_bytes(self) -> bytes:
+        """The history, serialized (orjson): compare these to compare two runs."""
+        return orjson.dumps(list(self.history))
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of :meth:`history_bytes` (hex)."""
+        return hashlib.sha256(self.history_bytes()).hexdigest()
+
+    def summary(self) -> str:
+        """A few lines for humans."""
+        faults = ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())) or "none"
+        return (
+            f"seed {self.seed}: {self.duration / _HOUR:g} h simulated with {self.workers} workers "
+            f"in {self.wall_seconds:.1f} s wall ({self.virtual_seconds:.0f} virtual s)\n"
+            f"  runs: {self.runs_started} started, {self.runs_completed} completed, "
+            f"{self.runs_failed} failed, {self.runs_cancelled} cancelled, "
+            f"{self.runs_unfinished} unfinished\n"
+            f"  steps: {self.step_executions} executions, {self.duplicate_executions} "
+            f"duplicates, {self.lost_leases} lost leases\n"
+            f"  faults: {faults}\n"
+            f"  graceful closes: {self.graceful_closes} (longest {self.longest_close:.2f} s, "
+            f"bound {self.close_bound:.2f} s)\n"
+            f"  history: {len(self.history)} events, sha256 {self.digest[:16]}\n"
+            f"  invariants: {'all held' if not self.violations else 'VIOLATED'}"
+        )
+
+
+@attrs.define(eq=False)
+class _Execution:
+    worker: str
+    start: float
+    end: float | None = None
+    outcome: str = "running"
+    output: bytes | None = None
+
+
+@attrs.define(eq=False)
+class _Slot:
+    index: int
+    worker_id: str = ""
+    injector: Injector | None = None
+    keys: FaultyKeyStore | None = None
+    scope: trio.CancelScope | None = None
+    worker: Worker | None = None
+    stop: trio.Event = attrs.Factory(trio.Event)
+    killed: bool = False
+    up: bool = False
+    stalled_during_close: bool = False
+
+
+class _RecordingStore(MemoryRunStore):
+    """The engine's run store, counting every checkpoint that reaches a final state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settled: Counter[tuple[str, str]] = Counter()
+
+    async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
+        verdict = await super().update_step(step, expect_attempt=expect_attempt)
+        if verdict is Applied.APPLIED and step.status is not StepState.PENDING:
+            self.settled[(step.run_id, step.step_id)] += 1
+        return verdict
+
+
+@contextlib.contextmanager
+def _seeded_scheduler(seed: str) -> Iterator[None]:
+    """Make trio's scheduler deterministic for the duration of the block, then restore it.
+
+    Trio runs each batch of ready tasks in an order drawn from a module-level generator, and
+    breaks ties between equal deadlines by object address: two runs of one program can
+    interleave differently. Trio has a switch for exactly this (its Hypothesis integration
+    turns it on): sort each batch by task creation order, then shuffle it with the seeded
+    generator. Private API of trio; where it moved, scheduling stays trio's own (histories may
+    then differ from run to run, which the determinism test would show).
+    """
+    try:
+        from trio._core import _run as trio_run
+
+        generator: random.Random | None = trio_run._r
+        switch: bool = trio_run._ALLOW_DETERMINISTIC_SCHEDULING
+    except (ImportError, AttributeError):  # pragma: no cover - a future trio
+        generator = None
+    if not isinstance(generator, random.Random):  # pragma: no cover
+        yield
+        return
+    state = generator.getstate()
+    generator.seed(seed)
+    trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        trio_run._ALLOW_DETERMINISTIC_SCHEDULING = switch  # type: ignore[misc]
+        generator.setstate(state)
+
+
+def _arrivals(rng: random.Random, rate_per_hour: float, duration: float) -> list[float]:
+    """Poisson arrival times in ``[0, duration)``."""
+    if rate_per_hour <= 0:
+        return []
+    times = []
+    t = rng.expovariate(rate_per_hour / _HOUR)
+    while t < duration:
+        times.append(t)
+        t += rng.expovariate(rate_per_hour / _HOUR)
+    return times
+
+
+class Simulation:
+    """One engine, ``workers`` workers and a memory broker, a seeded workload and seeded
+    faults, in one ``trio.run`` under a virtual clock. See ``docs/testing.md``.
+
+    Args:
+        app: the app under test (its workflows are driven by the engine, its steps by the
+            workers).
+        workload: ``(rng, index) -> (workflow, input)`` for the ``index``-th run; draw inputs
+            from ``rng`` only (it is seeded).
+        seed: the seed of everything random. The environment variable ``DURABLE_TRIO_SEED``
+            overrides it (that is how the replay command replays a failing seed).
+        runs: how many runs the workload starts, at random times during ``duration``.
+        duration: virtual seconds during which runs start and faults strike.
+        workers: worker processes (slots: a killed worker is replaced in its slot).
+        concurrency: steps each worker runs at once.
+        faults: what goes wrong (default: a bit of everything, see :class:`Faults`).
+        drain_timeout: after ``duration``, faults stop and the runs still going get this long
+            (virtual) to finish; a run unfinished after that is reported lost.
+        expected_output: ``(workflow, input) -> output``: each completed run's output is
+            checked against it.
+        engine_options: :func:`~durable_trio.open_engine` keywords (defaults: one engine that
+            never reconciles after start and never watches the store).
+        transport_options: transport keywords for the engine and every worker (defaults:
+            :data:`DEFAULT_TRANSPORT_OPTIONS`).
+        replay: the command printed to replay a failing seed, with ``{seed}`` in it (default:
+            the pytest node being run, or this process's command line, with
+            ``DURABLE_TRIO_SEED`` set).
+    """
+
+    def __init__(
+        self,
+        app: App,
+        workload: Workload,
+        *,
+        seed: int,
+        runs: int = 100,
+        duration: float = _HOUR,
+        workers: int = 4,
+        concurrency: int = 8,
+        faults: Faults | None = None,
+        drain_timeout: float = 6 * _HOUR,
+        expected_output: Callable[[str, Any], Any] | None = None,
+        engine_options: dict[str, Any] | None = None,
+        transport_options: dict[str, Any] | None = None,
+        replay: str | None = None,
+    ) -> None:
+        override = os.environ.get(SEED_VARIABLE)
+        self.seed = int(override) if override else seed
+        self.app = app
+        self.workload = workload
+        self.runs = runs
+        self.duration = float(duration)
+        self.worker_count = workers
+        self.concurrency = concurrency
+        self.faults = faults if faults is not None else Faults()
+        self.drain_timeout = drain_timeout
+        self.expected_output = expected_output
+        self.engine_options = dict(engine_options or {})
+        self.transport_options = {**DEFAULT_TRANSPORT_OPTIONS, **(transport_options or {})}
+        self._replay = replay
+        self._reset()
+
+    # ------------------------------------------------------------------ public API
+
+    def run_sync(self) -> SimulationReport:
+        """Run the simulation in its own ``trio.run`` under ``MockClock(autojump_threshold=0)``
+        and check the invariants.
+
+        Raises:
+            InvariantViolation: an invariant broke (the message names the seed and the replay
+                command).
+        """
+        clock = trio.testing.MockClock(autojump_threshold=0)
+        return trio.run(self.run, clock=clock)
+
+    async def run(self) -> SimulationReport:
+        """Run the simulation inside the current ``trio.run`` (which must use a virtual clock:
+        pytest-trio's ``autojump_clock``), then check the invariants. Prefer :meth:`run_sync`
+        from plain code.
+
+        Raises:
+            InvariantViolation: as :meth:`run_sync`.
+        """
+        self._reset()
+        wall = time.perf_counter()
+        with _seeded_scheduler(f"{self.seed}:scheduler"):
+            await self._simulate()
+        report = self._report(time.perf_counter() - wall)
+        if report.violations:
+            shown = "\n".join(f"  - {v}" for v in report.violations[:20])
+            more = len(report.violations) - 20
+            raise InvariantViolation(
+                f"simulation seed {self.seed}: {len(report.violations)} invariant violation(s)\n"
+                f"{shown}{f'{chr(10)}  ... and {more} more' if more > 0 else ''}\n"
+                f"replay: {report.replay_command}\n\n{report.summary()}",
+                report,
+            )
+        return report
+
+    def replay_command(self) -> str:
+        """A one-line shell command that replays this simulation's seed."""
+        seed = self.seed
+        if self._replay is not None:
+            return self._replay.format(seed=seed)
+        node = os.environ.get("PYTEST_CURRENT_TEST")
+        if node:
+            node_id = node.rsplit(" (", 1)[0]
+            return f"{SEED_VARIABLE}={seed} {sys.executable} -m pytest -q {shlex.quote(node_id)}"
+        return f"{SEED_VARIABLE}={seed} {shlex.join([sys.executable, *sys.argv])}"
+
+    # ------------------------------------------------------------------ state
+
+    def _reset(self) -> None:
+        self._t0 = 0.0
+        self._history: list[dict[str, Any]] = []
+        self._executions: dict[tuple[str, str, int], list[_Execution]] = {}
+        self._fault_windows: dict[str, list[tuple[float, float]]] = {}
+        self._duplicate_pushes: Counter[tuple[str, str, int]] = Counter()
+        self._fault_counts: Counter[str] = Counter()
+        self._errors: Counter[str] = Counter()
+        self._violations: list[str] = []
+        self._outcomes: dict[str, tuple[str, Any]] = {}
+        self._inputs: dict[str, tuple[str, Any]] = {}
+        self._closes: list[float] = []
+        self._lost_leases = 0
+        self._slots: list[_Slot] = []
+        self._stopping = False
+        self._healed = False
+        self._store = _RecordingStore()
+        self._broker = MemoryBroker()
+        self._keys = MemoryKeyStore()
+        namespace = (
+            self.transport_options.get("namespace")
+            or self.engine_options.get("namespace")
+            or self.app.name
+        )
+        self._names = QueueNames(str(namespace))
+        self._store_steps: dict[str, list[StepRecord]] = {}
+        self._engine_stats: EngineStatistics | None = None
+        self._end = 0.0
+
+    def _now(self) -> float:
+        return trio.current_time() - self._t0
+
+    def _event(self, event: str, /, **fields: Any) -> None:
+        self._history.append({"t": self._now(), "ev": event, **fields})
+
+    def _violation(self, message: str) -> None:
+        self._violations.append(message)
+
+    @property
+    def close_bound(self) -> float:
+        """The longest a graceful worker close may take (``close_timeout`` plus a
+        ``cleanup_timeout`` per cleanup phase)."""
+        options = self.transport_options
+        return float(options["close_timeout"]) + _CLEANUP_PHASES * float(options["cleanup_timeout"])
+
+    @property
+    def _key_ttl(self) -> float:
+        interval = float(self.transport_options["worker_heartbeat_interval"])
+        return max(MIN_HEARTBEAT_TTL, 3 * interval)
+
+    def _recorder(self, process: str) -> Callable[[str, dict[str, Any]], None]:
+        def record(kind: str, details: dict[str, Any]) -> None:
+            self._fault_counts[kind] += 1
+            self._event("fault", kind=kind, **details)
+            if kind in ("drop", "lost-reply"):
+                now = self._now()
+                self._fault_windows.setdefault(process, []).append((now, now))
+            for run_id, step_id, attempt in details.get("tasks", ()):
+                self._duplicate_pushes[(run_id, step_id, attempt)] += 1
+
+        return record
+
+    def _on_error(self, process: str) -> Callable[[BaseException], None]:
+        def hook(exc: BaseException) -> None:
+            name = type(exc).__name__
+            self._errors[name] += 1
+            self._event("error", process=process, type=name)
+
+        return hook
+
+    # ------------------------------------------------------------------ the step recorder
+
+    def _instrumented(self, worker_id: str, injector: Injector) -> App:
+        """The app as one worker serves it: every step recorded (who ran which attempt, when,
+        with what outcome), and held while the worker is stalled."""
+        shadow = App(self.app.name)
+        for name, definition in self.app.steps.items():
+            shadow.step(name, retry=definition.retry, priority=definition.priority)(
+                self._recorded(definition.fn, worker_id, injector)
+            )
+        for name, workflow in self.app.workflows.items():
+            shadow.workflow(name)(cast("WorkflowFunction", workflow.fn))
+        return shadow
+
+    def _recorded(self, fn: StepFunction, worker_id: str, injector: Injector) -> StepFunction:
+        async def step(value: Any) -> Any:
+            info = step_info()
+            key = (info.run_id, info.step_id, info.attempt)
+            execution = _Execution(worker_id, self._now())
+            self._executions.setdefault(key, []).append(execution)
+            where = {"run": info.run_id, "step": info.step_id, "attempt": info.attempt}
+            self._event("exec", **where, worker=worker_id)
+            try:
+                output = await fn(value)
+                await injector.wait_out_stall()  # a frozen process finishes nothing
+            except BaseException as exc:
+                execution.end = self._now()
+                execution.outcome = (
+                    "cancelled" if isinstance(exc, trio.Cancelled) else type(exc).__name__
+                )
+                self._event("exec-end", **where, worker=worker_id, outcome=execution.outcome)
+                raise
+            execution.end = self._now()
+            execution.outcome = "ok"
+            try:
+                execution.output = orjson.dumps(output)
+            except TypeError:
+                execution.output = None
+            self._event("exec-end", **where, worker=worker_id, outcome="ok")
+            return output
+
+        return step
+
+    # ------------------------------------------------------------------ the simulation
+
+    async def _simulate(self) -> None:
+        self._t0 = trio.current_time()
+        seed = self.seed
+        broker_faults = self.faults.broker
+        engine_faults = self.faults.engine_broker or broker_faults
+        engine_injector = Injector(
+            "engine", random.Random(f"{seed}:engine"), engine_faults, self._recorder("engine")
+        )
+        self._engine_injector = engine_injector
+        backend = Backend(
+            url="memory://",
+            broker=wrap_broker(self._broker, engine_injector),
+            keys=FaultyKeyStore(self._keys, engine_injector),
+        )
+        engine_options: dict[str, Any] = {
+            "engine_id": "engine",
+            "seed": seed,  # the retry jitter too
+            "reconcile_interval": None,
+            "watch_interval": None,
+            **self.transport_options,
+            **self.engine_options,
+        }
+        engine_options.setdefault("instance_id", "engine")
+        engine_options.setdefault("on_error", self._on_error("engine"))
+        self._slots = [_Slot(i) for i in range(self.worker_count)]
+        self._event("begin", seed=seed, workers=self.worker_count, runs=self.runs)
+        async with trio.open_nursery() as nursery:
+            store = self._store
+            async with open_engine(self.app, backend, store=store, **engine_options) as engine:
+                slots_done = trio.Event()
+                nursery.start_soon(self._run_slots, nursery, slots_done)
+                async with trio.open_nursery() as runs:
+                    runs.start_soon(self._inject_faults)
+                    await self._start_runs(engine, runs)
+                    await trio.sleep_until(self._t0 + self.duration)
+                    self._heal()
+                    runs.cancel_scope.deadline = self._t0 + self.duration + self.drain_timeout
+                self._event("drained", unfinished=len(self._inputs) - len(self._outcomes))
+                self._stopping = True
+                for slot in self._slots:
+                    slot.stop.set()
+                await slots_done.wait()
+                self._engine_stats = engine.statistics()
+                for run_id in self._inputs:
+                    self._store_steps[run_id] = await self._store.get_steps(run_id)
+            # keep the key checks scheduled by the last closes (the nursery waits for them)
+        self._end = self._now()
+        self._event("end")
+
+    def _heal(self) -> None:
+        """Stop every fault: the runs still going get the drain time to finish."""
+        self._healed = True
+        self._engine_injector.quiet_down()
+        for slot in self._slots:
+            if slot.injector is not None:
+                slot.injector.quiet_down()
+        self._event("healed")
+
+    async def _start_runs(self, engine: Engine, runs: trio.Nursery) -> None:
+        rng = random.Random(f"{self.seed}:workload")
+        arrivals = sorted(rng.uniform(0, self.duration) for _ in range(self.runs))
+        for index, at in enumerate(arrivals):
+            await trio.sleep_until(self._t0 + at)
+            workflow, value = self.workload(rng, index)
+            run_id = f"run-{index:05d}"
+            self._inputs[run_id] = (workflow, value)
+            await engine.start(workflow, value, run_id=run_id)
+            self._event("start", run=run_id, workflow=workflow)
+            runs.start_soon(self._await_run, engine, run_id)
+
+    async def _await_run(self, engine: Engine, run_id: str) -> None:
+        try:
+            output = await engine.result(run_id)
+        except RunFailed as exc:
+            self._outcomes[run_id] = ("failed", exc.error)
+        except RunCancelled as exc:
+            self._outcomes[run_id] = ("cancelled", exc.error)
+        else:
+            self._outcomes[run_id] = ("completed", output)
+        self._event("end-run", run=run_id, status=self._outcomes[run_id][0])
+
+    # ------------------------------------------------------------------ workers
+
+    async def _run_slots(self, nursery: trio.Nursery, done: trio.Event) -> None:
+        async with trio.open_nursery() as slots:
+            for slot in self._slots:
+                slots.start_soon(self._run_slot, slot, nursery)
+        done.set()
+
+    async def _run_slot(self, slot: _Slot, checks: trio.Nursery) -> None:
+        generation = 0
+        while not self._stopping:
+            worker_id = f"w{slot.index}-{generation}"
+            generation += 1
+            await self._serve(slot, worker_id, checks)
+            if slot.killed:
+                slot.stop = trio.Event()  # set by the final shutdown: no restart then
+                if self._stopping:
+                    return
+                with trio.move_on_after(self.faults.restart_delay):
+                    await slot.stop.wait()
+
+    async def _serve(self, slot: _Slot, worker_id: str, checks: trio.Nursery) -> None:
+        injector = Injector(
+            worker_id,
+            random.Random(f"{self.seed}:{worker_id}"),
+            BrokerFaults() if self._healed else self.faults.broker,
+            self._recorder(worker_id),
+        )
+        keys = FaultyKeyStore(self._keys, injector)
+        backend = Backend(url="memory://", broker=wrap_broker(self._broker, injector), keys=keys)
+        options: dict[str, Any] = {**self.transport_options, "instance_id": worker_id}
+        options.setdefault("on_error", self._on_error(worker_id))
+        slot.worker_id, slot.injector, slot.keys = worker_id, injector, keys
+        slot.stop, slot.killed, slot.stalled_during_close = trio.Event(), False, False
+        closing_at = 0.0
+        with trio.CancelScope() as scope:
+            slot.scope = scope
+            async with open_worker(
+                self._instrumented(worker_id, injector),
+                backend,
+                concurrency=self.concurrency,
+                **options,
+            ) as worker:
+                slot.worker, slot.up = worker, True
+                self._event("worker-up", worker=worker_id)
+                await slot.stop.wait()
+                closing_at = trio.current_time()
+                slot.stalled_during_close = injector.stalled
+        slot.up = False
+        assert slot.worker is not None
+        self._lost_leases += slot.worker.transport.statistics().duplicates
+        if slot.killed:
+            self._event("worker-gone", worker=worker_id)
+            # Nobody removes a killed worker's keys: they must expire by their TTL.
+            checks.start_soon(self._check_keys_later, worker_id, self._now() + self._key_ttl)
+            return
+        took = trio.current_time() - closing_at
+        self._closes.append(took)
+        self._event("worker-closed", worker=worker_id, took=took)
+        if took > self.close_bound:
+            self._violation(
+                f"worker {worker_id}'s graceful close took {took:.3f} s (bound "
+                f"{self.close_bound:.3f} s)"
+            )
+        if keys.failed_removals or slot.stalled_during_close or injector.stalled:
+            # The injector kept the keys from being removed: they must still expire.
+            checks.start_soon(self._check_keys_later, worker_id, self._now() + self._key_ttl)
+        else:
+            leftover = await self._liveness_keys(worker_id)
+            if leftover:
+                self._violation(
+                    f"worker {worker_id} closed gracefully at {self._now():.3f} but its "
+                    f"liveness keys remain: {leftover}"
+                )
+
+    async def _liveness_keys(self, worker_id: str) -> list[str]:
+        suffix = f":{sanitize_token(worker_id)}"
+        last_status = self._names.worker_last_status(worker_id)
+        return [
+            entry.key
+            for entry in await self._keys.entries(f"{self._names.prefix}-")
+            if entry.key.endswith(suffix) and entry.key != last_status
+        ]
+
+    async def _check_keys_later(self, worker_id: str, at: float) -> None:
+        await trio.sleep_until(self._t0 + at + 1e-6)
+        leftover = await self._liveness_keys(worker_id)
+        if leftover:
+            self._violation(
+                f"worker {worker_id}'s liveness keys outlived their TTL ({self._key_ttl:g} s): "
+                f"{leftover}"
+            )
+
+    # ------------------------------------------------------------------ scheduled faults
+
+    def _schedule(self) -> list[tuple[float, str, int, float]]:
+        faults = self.faults
+        rng = random.Random(f"{self.seed}:faults")
+        plan: list[tuple[float, str, int, float]] = []
+        kinds: list[tuple[str, float, tuple[float, float]]] = [
+            ("kill", faults.kills_per_hour, (0.0, 0.0)),
+            ("restart", faults.restarts_per_hour, (0.0, 0.0)),
+            ("pause-renewal", faults.renewal_pauses_per_hour, faults.renewal_pause),
+            ("stall", faults.stalls_per_hour, faults.stall),
+        ]
+        for kind, rate, (low, high) in kinds:
+            for at in _arrivals(rng, rate, self.duration):
+                plan.append((at, kind, rng.randrange(self.worker_count), rng.uniform(low, high)))
+        plan.sort()
+        return plan
+
+    async def _inject_faults(self) -> None:
+        for at, kind, index, seconds in self._schedule():
+            await trio.sleep_until(self._t0 + at)
+            slot = self._slots[index]
+            injector = slot.injector
+            if not slot.up or injector is None or slot.stop.is_set():
+                continue  # down already (killed, restarting): nothing to strike
+            worker_id = slot.worker_id
+            now = self._now()
+            self._fault_counts[kind] += 1
+            self._event("fault", kind=kind, process=worker_id, seconds=seconds)
+            windows = self._fault_windows.setdefault(worker_id, [])
+            if kind == "kill":
+                windows.append((now, math.inf))
+                slot.killed = True
+                injector.kill()
+                assert slot.scope is not None
+                slot.scope.cancel()
+                slot.stop.set()
+            elif kind == "restart":
+                slot.stop.set()
+            elif kind == "pause-renewal":
+                windows.append((now, now + seconds))
+                injector.pause_renewal(seconds)
+            else:
+                windows.append((now, now + seconds))
+                injector.stall(seconds)
+
+    # ------------------------------------------------------------------ invariants
+
+    def _faulted(self, worker: str, start: float, end: float) -> bool:
+        return any(a <= end and b >= start for a, b in self._fault_windows.get(worker, ()))
+
+    def _check(self) -> None:
+        # 1. no run lost
+        for run_id, (workflow, value) in self._inputs.items():
+            outcome = self._outcomes.get(run_id)
+            if outcome is None:
+                self._violation(f"run {run_id} ({workflow}) never ended (lost)")
+            elif self.expected_output is not None:
+                status, output = outcome
+                expected = self.expected_output(workflow, value)
+                if status != "completed" or output != expected:
+                    self._violation(
+                        f"run {run_id} ({workflow}) ended {status} with {output!r}, "
+                        f"expected completed with {expected!r}"
+                    )
+        # 2. every settled step settled once, with a result a worker produced
+        for (run_id, step_id), count in self._store.settled.items():
+            if count != 1:
+                self._violation(f"step {run_id}:{step_id} was settled {count} times")
+        for run_id, steps in self._store_steps.items():
+            for record in steps:
+                if record.kind is not StepKind.REMOTE or record.status is not StepState.COMPLETED:
+                    continue
+                key = (run_id, record.step_id, record.attempt)
+                produced = {e.output for e in self._executions.get(key, ()) if e.outcome == "ok"}
+                if orjson.dumps(record.output) not in produced:
+                    self._violation(
+                        f"step {run_id}:{record.step_id} completed with an output no execution "
+                        f"of attempt {record.attempt} produced"
+                    )
+        # 3. duplicates only where a lease was lost (or a push was repeated)
+        for key, executions in self._executions.items():
+            pushes = self._duplicate_pushes.get(key, 0)
+            for before, after in itertools.pairwise(executions):
+                if before.outcome == "cancelled" or self._faulted(
+                    before.worker, before.start, after.start
+                ):
+                    continue
+                if pushes:
+                    pushes -= 1
+                    continue
+                self._violation(
+                    f"step {key[0]}:{key[1]} attempt {key[2]} ran again on {after.worker} at "
+                    f"{after.start:.3f} after running on {before.worker} from "
+                    f"{before.start:.3f} ({before.outcome}) with no fault to explain it"
+                )
+
+    def _report(self, wall: float) -> SimulationReport:
+        self._check()
+        statuses = Counter(status for status, _ in self._outcomes.values())
+        executions = sum(len(e) for e in self._executions.values())
+        assert self._engine_stats is not None
+        return SimulationReport(
+            seed=self.seed,
+            workers=self.worker_count,
+            duration=self.duration,
+            virtual_seconds=self._end,
+            wall_seconds=wall,
+            runs_started=len(self._inputs),
+            runs_completed=statuses["completed"],
+            runs_failed=statuses["failed"],
+            runs_cancelled=statuses["cancelled"],
+            runs_unfinished=len(self._inputs) - len(self._outcomes),
+            step_executions=executions,
+            duplicate_executions=executions - len(self._executions),
+            lost_leases=self._lost_leases,
+            faults=dict(sorted(self._fault_counts.items())),
+            errors_reported=dict(sorted(self._errors.items())),
+            graceful_closes=len(self._closes),
+            longest_close=max(self._closes, default=0.0),
+            close_bound=self.close_bound,
+            engine=self._engine_stats,
+            violations=tuple(self._violations),
+            history=tuple(self._history),
+            replay_command=self.replay_command(),
+        )
