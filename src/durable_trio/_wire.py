@@ -223,6 +223,8 @@ class StepEvent:
     at: float
     output: JSONValue = None
     error: StepError | None = None
+    name: str | None = None
+    """The local step's label (``ctx.run(name, ...)``), checked on replay."""
 
 
 @attrs.frozen

@@ -43,6 +43,7 @@ from ._records import Applied, RunRecord, RunStatus, StepKind, StepRecord, StepS
 from ._retry import Retry
 from ._statistics import EngineStatistics
 from ._stores import RunStore, open_run_store
+from ._tenant import RunView, TenantClient, open_tenant_client
 from ._worker import Worker, WorkerStatistics, open_worker
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "RunRecord",
     "RunStatus",
     "RunStore",
+    "RunView",
     "StepDefinition",
     "StepFailed",
     "StepHandle",
@@ -68,6 +70,7 @@ __all__ = [
     "StepKind",
     "StepRecord",
     "StepState",
+    "TenantClient",
     "UnknownWorkflow",
     "Worker",
     "WorkerStatistics",
@@ -75,6 +78,7 @@ __all__ = [
     "WorkflowDefinition",
     "open_engine",
     "open_run_store",
+    "open_tenant_client",
     "open_worker",
     "step_info",
 ]

@@ -42,7 +42,11 @@ class WorkflowDefinition:
     """A registered workflow."""
 
     name: str
-    fn: WorkflowFunction
+    fn: WorkflowFunction | None
+    """``None``: a remote workflow declared without its code (only workflow workers have it)."""
+    remote: bool = False
+    """Its code runs on workflow workers, a turn at a time (see ``docs/remote.md``); the engine
+    sends each turn the run's history and applies the turn's decision."""
 
 
 class App:
@@ -114,9 +118,15 @@ class App:
 
         return register
 
-    def workflow(self, name: str | None = None) -> Callable[[W], W]:
+    def workflow(self, name: str | None = None, *, remote: bool = False) -> Callable[[W], W]:
         """Register ``async def fn(ctx, input) -> JSON`` as workflow ``name`` (default: the
         function's name). The function is returned unchanged.
+
+        Args:
+            name: the workflow's name.
+            remote: run its code on workflow workers (:func:`open_worker` serves its turns)
+                instead of in the engine: the engine sends each turn the run's history and
+                applies the turn's decision (see ``docs/remote.md``).
 
         Raises:
             ConfigError: not an ``async def``, or the name is taken.
@@ -125,14 +135,29 @@ class App:
         def register(fn: W) -> W:
             workflow_name = name or fn.__name__
             _check_async(fn, f"workflow {workflow_name!r}")
-            if workflow_name in self._workflows:
-                raise ConfigError(
-                    f"workflow {workflow_name!r} is already registered in {self.name!r}"
-                )
-            self._workflows[workflow_name] = WorkflowDefinition(workflow_name, fn)
+            self._add_workflow(WorkflowDefinition(workflow_name, fn, remote))
             return fn
 
         return register
+
+    def remote_workflow(self, name: str) -> None:
+        """Declare remote workflow ``name`` without its code: an engine (a control plane) can
+        then drive its runs while only workflow workers hold the code (registered there with
+        ``@app.workflow(name, remote=True)``).
+
+        Raises:
+            ConfigError: the name is taken.
+        """
+        self._add_workflow(WorkflowDefinition(name, None, True))
+
+    def _add_workflow(self, definition: WorkflowDefinition) -> None:
+        if not isinstance(definition.name, str) or not definition.name:
+            raise ConfigError(f"a workflow needs a non-empty name, got {definition.name!r}")
+        if definition.name in self._workflows:
+            raise ConfigError(
+                f"workflow {definition.name!r} is already registered in {self.name!r}"
+            )
+        self._workflows[definition.name] = definition
 
 
 def _check_async(fn: Callable[..., Any], what: str) -> None:

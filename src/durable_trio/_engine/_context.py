@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ._replay import History
     from ._retry import Retry
 
-__all__ = ["StepHandle", "StepInfo", "WorkflowContext", "step_info"]
+__all__ = ["Quiescence", "StepHandle", "StepInfo", "WorkflowContext", "step_info"]
 
 T = TypeVar("T")
 
@@ -82,6 +82,44 @@ class _Driver(Protocol):
     async def timer(self, step_id: str, seconds: float) -> None: ...
 
 
+class Quiescence:
+    """Counts the workflow's running threads of control during a remote workflow turn (the
+    body, and the children of every :meth:`WorkflowContext.gather`): the turn is over once
+    every one of them waits on a step the engine has yet to settle (``running`` reaches 0),
+    or the workflow returned. Exact, with no timing involved: workflow code awaits only
+    ``ctx`` calls."""
+
+    __slots__ = ("running", "settled")
+
+    def __init__(self) -> None:
+        self.running = 1
+        self.settled = trio.Event()
+
+    def fork(self, children: int) -> None:
+        """A gather: the parent waits, ``children`` start."""
+        if children:
+            self.running += children - 1
+
+    def join(self, *, last: bool) -> None:
+        """A gather child ended; the last one hands its turn back to the parent."""
+        if not last:
+            self._less()
+
+    def finish(self) -> None:
+        """The workflow returned or raised."""
+        self.settled.set()
+
+    async def block(self) -> None:
+        """This thread waits on the engine: never returns (the turn is cancelled)."""
+        self._less()
+        await trio.sleep_forever()
+
+    def _less(self) -> None:
+        self.running -= 1
+        if self.running <= 0:
+            self.settled.set()
+
+
 class StepHandle(Generic[T]):
     """An awaitable step: its id was assigned when it was created (at CALL time), so handles
     created in one order keep their ids whatever order they complete in.
@@ -138,6 +176,7 @@ class WorkflowContext:
         self.workflow = run.workflow
         self._history = history
         self._next = 0
+        self._tracker: Quiescence | None = getattr(driver, "tracker", None)
 
     def __repr__(self) -> str:
         return f"<WorkflowContext run={self.run_id!r} workflow={self.workflow!r}>"
@@ -275,8 +314,13 @@ class WorkflowContext:
         results: list[Any] = [None] * len(handles)
         errors: list[Exception | None] = [None] * len(handles)
         fatal: list[NonDeterminismError] = []
+        tracker = self._tracker
+        remaining = len(handles)
+        if tracker is not None:
+            tracker.fork(remaining)
 
         async def settle(index: int, handle: StepHandle[Any], nursery: trio.Nursery) -> None:
+            nonlocal remaining
             try:
                 results[index] = await handle
             except NonDeterminismError as exc:
@@ -285,6 +329,9 @@ class WorkflowContext:
                 nursery.cancel_scope.cancel()
             except Exception as exc:  # settled into its slot; the nursery never sees it
                 errors[index] = exc
+            remaining -= 1
+            if tracker is not None:
+                tracker.join(last=remaining == 0)
 
         async with trio.open_nursery() as nursery:
             for index, handle in enumerate(handles):

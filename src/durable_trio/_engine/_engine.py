@@ -28,7 +28,16 @@ import trio
 from .._errors import BrokerError, DurableTrioError, TransportClosed
 from .._options import log_error
 from .._transport import open_queue_transport
-from .._wire import ControlMessage, RemoteTask, StepError, StepResult, StepStatus
+from .._wire import (
+    ControlMessage,
+    RemoteTask,
+    StepError,
+    StepEvent,
+    StepHeartbeat,
+    StepResult,
+    StepStatus,
+    WorkflowDecision,
+)
 from ._errors import (
     EngineClosed,
     EngineError,
@@ -48,6 +57,7 @@ from ._records import (
     error_to_json,
     normalize_json,
 )
+from ._remote_run import RemoteRunDriver, apply_decision, apply_step_event
 from ._retry import Retry, StoredRetry
 from ._runtime import RunDriver, StepWaiter, describe_error
 from ._statistics import Counters, EngineStatistics
@@ -108,7 +118,7 @@ class Engine:
         self.engine_id = options.engine_id
         self.default_retry = options.default_retry
         self._on_error = on_error
-        self._drivers: dict[str, RunDriver] = {}
+        self._drivers: dict[str, RunDriver | RemoteRunDriver] = {}
         self._waiters: dict[tuple[str, str], StepWaiter] = {}
         self._counters = Counters()
         self._trio_clock = isinstance(store, MemoryRunStore)
@@ -117,6 +127,8 @@ class Engine:
         self._closing = False
         self._spawned = trio.Event()
         """Set (and replaced) whenever a driver starts: wakes ``result`` pollers."""
+        self._listeners: list[Callable[[str, RunRecord], None]] = []
+        """Run lifecycle listeners (the control plane's tenant events)."""
 
     # ------------------------------------------------------------------ services for drivers
 
@@ -181,7 +193,44 @@ class Engine:
         if self._waiters.get(key) is waiter:
             del self._waiters[key]
 
-    def _forget(self, driver: RunDriver) -> None:
+    def _run_event(self, kind: str, run: RunRecord) -> None:
+        """Tell the listeners that ``run`` started or settled (``kind``: ``started``,
+        ``completed``, ``failed``, ``cancelled``). Listeners must not block."""
+        for listener in list(self._listeners):
+            try:
+                listener(kind, run)
+            except Exception as exc:  # a broken listener must not take a run down
+                self._report(exc)
+
+    async def _settle(
+        self, run: RunRecord, status: RunStatus, *, output: Any = None, error: Any = None
+    ) -> RunRecord | None:
+        """Settle ``run`` (first settle wins), count it and tell the listeners.
+
+        Returns:
+            The run as settled by this call, or ``None`` (it was already settled).
+        """
+        settled = await self._guard(
+            lambda: self.store.finish_run(run.run_id, status, output=output, error=error),
+            "settling a run",
+        )
+        if not settled:
+            return None
+        now = self.store.now()
+        final = attrs.evolve(
+            run,
+            status=status,
+            output=output,
+            error=error,
+            owner=None,
+            lease_until=None,
+            updated_at=now,
+        )
+        self._count(f"runs_{status.value}")
+        self._run_event(status.value, final)
+        return final
+
+    def _forget(self, driver: RunDriver | RemoteRunDriver) -> None:
         if self._drivers.get(driver.run.run_id) is driver:
             del self._drivers[driver.run.run_id]
 
@@ -274,6 +323,19 @@ class Engine:
             except DurableTrioError as exc:  # the same task went out before: not expected
                 self._report(exc)
 
+    async def _on_decision(self, decision: WorkflowDecision) -> None:
+        await apply_decision(self, decision)
+
+    async def _on_step_event(self, event: StepEvent) -> None:
+        await apply_step_event(self, event)
+
+    async def _on_heartbeat(self, beat: StepHeartbeat) -> None:
+        """A running remote workflow turn beats: its run's driver waits on."""
+        driver = self._drivers.get(beat.run_id)
+        if isinstance(driver, RemoteRunDriver) and beat.step_id.startswith("turn:"):
+            driver.beat()
+        await trio.lowlevel.checkpoint()
+
     # ------------------------------------------------------------------ background loops
 
     async def _renew_leases(self) -> None:
@@ -338,7 +400,15 @@ class Engine:
         self._runs = await root.start(_serve_nursery)
         self._loops = await root.start(_serve_nursery)
         self.transport.on_result(self._on_result)
+        if any(w.remote for w in self.app.workflows.values()):
+            self.transport.on_decision(self._on_decision)
+            self.transport.on_step_event(self._on_step_event)
+            self.transport.on_heartbeat(self._on_heartbeat)
         options = self.options
+        if options.serve_tenants:
+            from ._control import ControlPlane
+
+            ControlPlane(self).attach(self._loops)
         if options.reconcile:
             await self.reconcile(include_own=True)
             if options.reconcile_interval:
@@ -376,9 +446,13 @@ class Engine:
                     except BrokerError as exc:
                         self._report(exc)
 
-    def _spawn(self, run: RunRecord, history: list[StepRecord]) -> RunDriver:
+    def _spawn(self, run: RunRecord, history: list[StepRecord]) -> RunDriver | RemoteRunDriver:
         definition = self.app.workflows[run.workflow]
-        driver = RunDriver(self, run, history)
+        driver: RunDriver | RemoteRunDriver
+        if definition.remote:
+            driver = RemoteRunDriver(self, run, history)
+        else:
+            driver = RunDriver(self, run, history)
         self._drivers[run.run_id] = driver
         self._spawned.set()
         self._spawned = trio.Event()
@@ -479,6 +553,7 @@ class Engine:
                 )
             return stored.run_id
         self._count("runs_started")
+        self._run_event("started", stored)
         if not detach:
             self._spawn(stored, [])
         return stored.run_id
@@ -567,6 +642,9 @@ class Engine:
             driver.scope.cancel()
         if cancelled:
             self._count("runs_cancelled")
+            record = await self.store.get_run(run_id)
+            if record is not None:
+                self._run_event("cancelled", record)
             try:
                 await self.transport.send_control(ControlMessage(action="cancel", run_id=run_id))
             except (BrokerError, TransportClosed) as exc:
@@ -615,6 +693,8 @@ async def open_engine(
     release_on_close: bool = True,
     default_retry: Retry | None = None,
     seed: int | str | None = None,
+    turn_timeout: float = 300.0,
+    serve_tenants: bool = False,
     **transport_options: Any,
 ) -> AsyncIterator[Engine]:
     """Open an engine that drives ``app``'s workflows over ``backend``.
@@ -629,7 +709,8 @@ async def open_engine(
         backend: from :func:`~durable_trio.open_backend`.
         store: a run store (default: the backend's, see ``open_run_store``).
         engine_id, run_lease, reconcile_interval, watch_interval, reconcile,
-            release_on_close, default_retry, seed: see :class:`EngineOptions`.
+            release_on_close, default_retry, seed, turn_timeout, serve_tenants: see
+            :class:`EngineOptions`.
         **transport_options: :func:`~durable_trio.open_queue_transport` options; ``namespace``
             defaults to the app's name, ``result_concurrency`` to 16.
 
@@ -645,6 +726,8 @@ async def open_engine(
         release_on_close=release_on_close,
         default_retry=default_retry or Retry(),
         seed=seed,
+        turn_timeout=turn_timeout,
+        serve_tenants=serve_tenants,
     )
     transport_options.setdefault("namespace", app.name)
     transport_options.setdefault("result_concurrency", 16)

@@ -52,5 +52,12 @@ class EngineOptions:
     """The retry policy of steps that name none."""
     seed: int | str | None = None
     """Seeds the retry jitter per (run, step, attempt): the same delays on every run."""
+    turn_timeout: float = attrs.field(default=300.0, validator=_positive)
+    """Remote workflows: seconds to wait for a turn's decision before sending the turn again
+    (a worker that died mid-turn is covered sooner by the broker's lease recovery; this
+    covers a turn job lost for good, e.g. failed as poison)."""
+    serve_tenants: bool = False
+    """Serve as the control plane of store-less tenant pods (start-run, run requests, tenant
+    run events; see ``docs/remote.md``)."""
     cleanup_timeout: float = attrs.field(default=2.0, validator=_positive)
     """The bound on the close's release of runs."""

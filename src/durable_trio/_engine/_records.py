@@ -25,7 +25,9 @@ __all__ = [
     "error_from_json",
     "error_to_json",
     "normalize_json",
+    "step_from_json",
     "step_position",
+    "step_to_json",
 ]
 
 
@@ -181,3 +183,46 @@ def error_from_json(data: Any) -> StepError:
         retryable=data.get("retryable", True) is not False,
         details=data.get("details"),
     )
+
+
+def step_to_json(record: StepRecord) -> dict[str, Any]:
+    """A checkpoint as a remote workflow turn receives it in ``WorkflowTask.history``:
+    ``{stepId, kind, name, status, attempt}`` plus ``output`` / ``error`` / ``wakeAt`` when set.
+    """
+    out: dict[str, Any] = {
+        "stepId": record.step_id,
+        "kind": record.kind.value,
+        "name": record.name,
+        "status": record.status.value,
+        "attempt": record.attempt,
+    }
+    if record.output is not None:
+        out["output"] = record.output
+    if record.error is not None:
+        out["error"] = record.error
+    if record.wake_at is not None:
+        out["wakeAt"] = record.wake_at
+    return out
+
+
+def step_from_json(run_id: str, data: Any) -> StepRecord:
+    """The inverse of :func:`step_to_json`.
+
+    Raises:
+        PayloadError: ``data`` is not a checkpoint.
+    """
+    try:
+        wake_at = data.get("wakeAt")
+        return StepRecord(
+            run_id=run_id,
+            step_id=str(data["stepId"]),
+            kind=StepKind(data["kind"]),
+            name=str(data["name"]),
+            status=StepState(data["status"]),
+            attempt=int(data.get("attempt", 1)),
+            output=data.get("output"),
+            error=data.get("error"),
+            wake_at=float(wake_at) if wake_at is not None else None,
+        )
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise PayloadError(f"a history entry is not a checkpoint ({exc!r}): {data!r}") from None

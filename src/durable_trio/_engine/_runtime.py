@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from ._engine import Engine
     from ._retry import Retry
 
-__all__ = ["RunDriver", "StepWaiter", "describe_error"]
+__all__ = ["RunDriver", "StepWaiter", "describe_error", "send_step", "settled_outcome"]
 
 
 def describe_error(exc: BaseException) -> dict[str, Any]:
@@ -63,7 +63,7 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
     return described
 
 
-def _settled(record: StepRecord) -> Any:
+def settled_outcome(record: StepRecord) -> Any:
     """A finished checkpoint's outcome: its output, or :class:`StepFailed`."""
     if record.status is StepState.COMPLETED:
         return record.output
@@ -76,6 +76,23 @@ def _newer(candidate: StepRecord, current: StepRecord | None) -> bool:
     if candidate.attempt != current.attempt:
         return candidate.attempt > current.attempt
     return current.status is StepState.PENDING and candidate.status is not StepState.PENDING
+
+
+async def send_step(engine: Engine, record: StepRecord, waiter: StepWaiter | None) -> None:
+    """Dispatch ``record``'s current attempt (held back until its ``wake_at``); a task that
+    cannot be sent at all (too large, ...) fails the step, since no retry can help."""
+    delay = 0.0 if record.wake_at is None else max(0.0, record.wake_at - engine.store.now())
+    try:
+        await engine._dispatch(record, delay)
+    except PayloadError as exc:
+        error = StepError(message=str(exc), code="bad_input", retryable=False)
+        failed = attrs.evolve(record, status=StepState.FAILED, error=error_to_json(error))
+        verdict = await engine._guard(
+            lambda: engine.store.update_step(failed, expect_attempt=record.attempt),
+            "checkpointing",
+        )
+        if verdict is Applied.APPLIED and waiter is not None:
+            waiter.update(failed)
 
 
 class StepWaiter:
@@ -135,6 +152,7 @@ class RunDriver:
                 status = RunStatus.COMPLETED
                 output: Any = None
                 error: Any = None
+                assert definition.fn is not None  # a remote workflow has a RemoteRunDriver
                 try:
                     value = await definition.fn(ctx, run.input)
                     self.history.check_exhausted()
@@ -151,24 +169,7 @@ class RunDriver:
                 if isinstance(error, dict) and error.get("type") == "NonDeterminismError":
                     engine._count("nondeterminism_failures")
                 self.settling = True  # a lease renewal must not cancel the final write
-                settled = await engine._guard(
-                    lambda: engine.store.finish_run(run.run_id, status, output=output, error=error),
-                    "settling a run",
-                )
-                if settled:
-                    now = engine.store.now()
-                    self.final = attrs.evolve(
-                        run,
-                        status=status,
-                        output=output,
-                        error=error,
-                        owner=None,
-                        lease_until=None,
-                        updated_at=now,
-                    )
-                    engine._count(
-                        "runs_completed" if status is RunStatus.COMPLETED else "runs_failed"
-                    )
+                self.final = await engine._settle(run, status, output=output, error=error)
         finally:
             engine._forget(self)
             self.done.set()
@@ -188,7 +189,7 @@ class RunDriver:
         run_id = self.run.run_id
         known = self.history.take(step_id, StepKind.REMOTE, name)
         if known is not None and known.status is not StepState.PENDING:
-            return _settled(known)
+            return settled_outcome(known)
         key = (run_id, step_id)
         # Watch BEFORE reading or writing the store: a result applied from now on reaches us.
         waiter = engine._watch(key)
@@ -214,26 +215,10 @@ class RunDriver:
             if record.status is StepState.PENDING and not record.dispatched:
                 if known is not None:
                     engine._count("redispatched")
-                await self._send(record, waiter)
-            return _settled(await waiter.wait())
+                await send_step(engine, record, waiter)
+            return settled_outcome(await waiter.wait())
         finally:
             engine._unwatch(key, waiter)
-
-    async def _send(self, record: StepRecord, waiter: StepWaiter) -> None:
-        engine = self.engine
-        delay = 0.0 if record.wake_at is None else max(0.0, record.wake_at - engine.store.now())
-        try:
-            await engine._dispatch(record, delay)
-        except PayloadError as exc:
-            # The task cannot be sent (too large, ...): no retry can help, fail the step.
-            error = StepError(message=str(exc), code="bad_input", retryable=False)
-            failed = attrs.evolve(record, status=StepState.FAILED, error=error_to_json(error))
-            verdict = await engine._guard(
-                lambda: engine.store.update_step(failed, expect_attempt=record.attempt),
-                "checkpointing",
-            )
-            if verdict is Applied.APPLIED:
-                waiter.update(failed)
 
     # ------------------------------------------------------------------ local steps
 
@@ -306,7 +291,7 @@ class RunDriver:
                     await self._stop()
                     raise AssertionError("unreachable")  # pragma: no cover
                 record = found
-        return _settled(record)
+        return settled_outcome(record)
 
     # ------------------------------------------------------------------ timers
 

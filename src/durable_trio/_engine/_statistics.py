@@ -40,6 +40,22 @@ class EngineStatistics:
     nondeterminism_failures: int
     lost_runs: int
     """Runs this engine stopped driving because another engine took them over."""
+    turns_dispatched: int = 0
+    """Remote workflow turns sent to workflow workers."""
+    turns_resent: int = 0
+    """Turns sent again after ``turn_timeout`` without a decision."""
+    decisions_applied: int = 0
+    stale_decisions: int = 0
+    """Decisions ignored: the run was over, or the decision contradicted the stored history."""
+    orphan_decisions: int = 0
+    """Decisions for an unknown run or a run of a workflow that is not remote."""
+    step_events: int = 0
+    """Step events (T16) received and checkpointed (or counted, for ``started``)."""
+    orphan_step_events: int = 0
+    tenant_requests: int = 0
+    """Start-run messages and run requests served as a control plane."""
+    tenant_events: int = 0
+    """Run events published to tenant pods' inboxes."""
 
 
 @attrs.define
@@ -60,3 +76,12 @@ class Counters:
     timers_fired: int = 0
     nondeterminism_failures: int = 0
     lost_runs: int = 0
+    turns_dispatched: int = 0
+    turns_resent: int = 0
+    decisions_applied: int = 0
+    stale_decisions: int = 0
+    orphan_decisions: int = 0
+    step_events: int = 0
+    orphan_step_events: int = 0
+    tenant_requests: int = 0
+    tenant_events: int = 0

@@ -13,6 +13,7 @@ that calls it with the task's input, inside:
 from __future__ import annotations
 
 import contextlib
+import functools
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ import trio
 
 from .._transport import open_queue_transport
 from ._context import _CURRENT_STEP, StepInfo
+from ._turn import run_turn
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -140,16 +142,20 @@ async def open_worker(
     *,
     concurrency: int = 8,
     steps: list[str] | None = None,
+    workflows: list[str] | None = None,
     **transport_options: Any,
 ) -> AsyncIterator[Worker]:
-    """Serve ``app``'s steps over ``backend`` until the block is left (then close gracefully:
-    running steps get ``close_timeout`` to finish, the rest are handed back at once).
+    """Serve ``app``'s steps — and the turns of its remote workflows — over ``backend`` until
+    the block is left (then close gracefully: running steps get ``close_timeout`` to finish,
+    the rest are handed back at once).
 
     Args:
         app: whose steps.
         backend: from :func:`~durable_trio.open_backend`.
-        concurrency: steps running at once in this worker, across every step name.
+        concurrency: steps (and workflow turns) running at once in this worker.
         steps: serve only these step names (default: all of the app's).
+        workflows: serve the turns of only these remote workflows (default: every workflow
+            the app registers with ``remote=True`` and its code; ``[]``: none).
         **transport_options: :func:`~durable_trio.open_queue_transport` options; ``namespace``
             defaults to the app's name.
 
@@ -162,6 +168,18 @@ async def open_worker(
     unknown = [name for name in names if name not in app.steps]
     if unknown:
         raise ConfigError(f"app {app.name!r} has no step(s) {', '.join(map(repr, unknown))}")
+    served = (
+        [n for n, w in app.workflows.items() if w.remote and w.fn is not None]
+        if workflows is None
+        else workflows
+    )
+    for name in served:
+        definition = app.workflows.get(name)
+        if definition is None or not definition.remote or definition.fn is None:
+            raise ConfigError(
+                f"app {app.name!r} has no remote workflow {name!r} with its code "
+                "(register it with @app.workflow(name, remote=True))"
+            )
     transport_options.setdefault("namespace", app.name)
     async with open_queue_transport(
         backend, concurrency=concurrency, **transport_options
@@ -169,5 +187,9 @@ async def open_worker(
         worker = Worker(app, transport)
         for name in names:
             worker._serve(app.steps[name])
+        for name in served:
+            transport.handle_workflow(
+                name, functools.partial(run_turn, app.workflows[name], transport)
+            )
         transport.on_control(worker._on_control)
         yield worker

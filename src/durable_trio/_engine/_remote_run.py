@@ -1,0 +1,389 @@
+"""The engine's side of a remote workflow (T14–T16): turns out, decisions and step events in.
+
+A :class:`RemoteRunDriver` drives one run of a workflow registered ``remote=True`` (or declared
+with :meth:`App.remote_workflow`). It holds no workflow code; it loops:
+
+1. read the run's history, send it in a :class:`~durable_trio.WorkflowTask` (a *turn*) onto the
+   workflow's routing-token task queue;
+2. wait for the turn's decision to be applied (by this engine, or by any engine sharing the
+   namespace: decisions are point-to-point), re-sending the turn after ``turn_timeout``;
+3. wait until something the workflow waits on moves (a remote step settles, a timer fires),
+   then go to 1.
+
+Applying a decision (:func:`apply_decision`) is a store-level change any engine can make, and
+an idempotent one: its commands insert checkpoints under the step ids the turn assigned (an
+existing checkpoint is kept), its end settles the run (the first settle wins). Since workflow
+code is deterministic, a decision computed from an older history asks for nothing a newer one
+contradicts; one that does (a local step whose re-run gave another outcome) is stale: it stops
+being applied and the driver sends a fresh turn.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from .._errors import PayloadError
+from .._wire import DecisionStatus, StepEventKind, WorkflowTask
+from ._records import (
+    Applied,
+    RunRecord,
+    RunStatus,
+    StepKind,
+    StepRecord,
+    StepState,
+    error_to_json,
+    normalize_json,
+    step_to_json,
+)
+from ._runtime import StepWaiter, describe_error, send_step
+
+if TYPE_CHECKING:
+    from .._wire import StepEvent, WorkflowDecision
+    from ._app import WorkflowDefinition
+    from ._engine import Engine
+
+__all__ = ["RemoteRunDriver", "apply_decision", "apply_step_event"]
+
+#: What the driver hears about its turn's decision.
+_APPLIED, _STALE = "applied", "stale"
+
+
+class _BadDecision(PayloadError):
+    """A decision this engine cannot apply (malformed command)."""
+
+
+def _text(command: dict[str, Any], field: str) -> str:
+    value = command.get(field)
+    if not isinstance(value, str) or not value:
+        raise _BadDecision(f"a {command.get('type')!r} command needs a string {field!r}")
+    return value
+
+
+def _run_error(decision: WorkflowDecision) -> dict[str, Any]:
+    """A failed decision's error as the run store keeps a run failure."""
+    error = decision.error
+    if error is None:
+        return {"type": "WorkflowFailed", "message": "the workflow turn failed without an error"}
+    if isinstance(error.details, dict) and isinstance(error.details.get("type"), str):
+        return dict(error.details)
+    return {"type": error.code or "WorkflowFailed", "message": error.message}
+
+
+async def _apply_command(engine: Engine, run: RunRecord, command: Any) -> bool:
+    """Checkpoint one command. Returns ``False`` when it contradicts the stored history (the
+    decision is stale)."""
+    if not isinstance(command, dict):
+        raise _BadDecision(f"a decision command must be an object, got {command!r}")
+    store = engine.store
+    kind = command.get("type")
+    step_id = _text(command, "stepId")
+    if kind == "step":
+        name = _text(command, "name")
+        retry = command.get("retry")
+        if not isinstance(retry, dict):
+            retry = engine._retry_for(name, None).to_json()
+        priority = command.get("priority")
+        step = engine._step_definition(name)
+        fresh = StepRecord(
+            run_id=run.run_id,
+            step_id=step_id,
+            kind=StepKind.REMOTE,
+            name=name,
+            status=StepState.PENDING,
+            input=normalize_json(command.get("input"), f"the input of step {name!r}"),
+            retry=retry,
+            priority=priority if isinstance(priority, int) else step.priority if step else None,
+        )
+        stored = await engine._guard(lambda: store.begin_step(fresh), "checkpointing")
+        if (stored.kind, stored.name) != (StepKind.REMOTE, name):
+            return False
+        if stored.status is StepState.PENDING and not stored.dispatched:
+            await send_step(engine, stored, None)
+        return True
+    if kind == "sleep":
+        seconds = command.get("seconds")
+        if not isinstance(seconds, int | float) or seconds < 0:
+            raise _BadDecision(f"a sleep command needs seconds >= 0, got {seconds!r}")
+        timer = StepRecord(
+            run_id=run.run_id,
+            step_id=step_id,
+            kind=StepKind.TIMER,
+            name="sleep",
+            status=StepState.PENDING,
+            input=float(seconds),
+            wake_at=store.now() + float(seconds),
+        )
+        stored = await engine._guard(lambda: store.begin_step(timer), "checkpointing")
+        return stored.kind is StepKind.TIMER
+    if kind == "local":
+        name = _text(command, "name")
+        try:
+            status = StepState(str(command.get("status")))
+        except ValueError:
+            raise _BadDecision(f"a local command's status is {command.get('status')!r}") from None
+        attempt = command.get("attempt", 1)
+        local = StepRecord(
+            run_id=run.run_id,
+            step_id=step_id,
+            kind=StepKind.LOCAL,
+            name=name,
+            status=status,
+            attempt=attempt if isinstance(attempt, int) else 1,
+            output=command.get("output"),
+            error=command.get("error"),
+        )
+        stored = await engine._guard(lambda: store.begin_step(local), "checkpointing")
+        return (stored.kind, stored.name, stored.status, stored.output) == (
+            StepKind.LOCAL,
+            name,
+            status,
+            local.output,
+        )
+    raise _BadDecision(f"unknown decision command type {kind!r}")
+
+
+async def apply_decision(engine: Engine, decision: WorkflowDecision) -> None:
+    """Apply one decision to the store (any engine may; see the module docstring), then tell
+    the run's driver if this engine drives it.
+
+    Error handling:
+        A malformed decision fails the run (``BadDecision``, reported through the error hook).
+        A store error propagates: the transport redelivers the decision.
+    """
+    store = engine.store
+    run = await store.get_run(decision.run_id)
+    definition = None if run is None else engine.app.workflows.get(run.workflow)
+    if run is None or definition is None or not definition.remote:
+        engine._count("orphan_decisions")
+        return
+    if run.status.terminal:
+        engine._count("stale_decisions")
+        return
+    verdict = _APPLIED
+    try:
+        for command in decision.commands:
+            if not await _apply_command(engine, run, command):
+                verdict = _STALE
+                break
+    except PayloadError as exc:
+        engine._report(exc)
+        error = {"type": "BadDecision", "message": str(exc)}
+        await engine._settle(run, RunStatus.FAILED, error=error)
+        verdict = _APPLIED
+    else:
+        if verdict is _STALE:
+            engine._count("stale_decisions")
+        elif decision.status is DecisionStatus.COMPLETED:
+            await engine._settle(run, RunStatus.COMPLETED, output=decision.output)
+        elif decision.status is DecisionStatus.FAILED:
+            await engine._settle(run, RunStatus.FAILED, error=_run_error(decision))
+    if verdict is _APPLIED:
+        engine._count("decisions_applied")
+    driver = engine._drivers.get(run.run_id)
+    if isinstance(driver, RemoteRunDriver):
+        driver.decided(verdict)
+
+
+async def apply_step_event(engine: Engine, event: StepEvent) -> None:
+    """Checkpoint a workflow worker's local step once it ended (T16); ``started`` is counted.
+
+    The turn's decision carries the same outcome: whichever lands first is kept.
+    """
+    if event.kind is StepEventKind.STARTED:
+        engine._count("step_events")
+        return
+    run = await engine.store.get_run(event.run_id)
+    if run is None or run.status.terminal:
+        engine._count("orphan_step_events")
+        return
+    completed = event.kind is StepEventKind.COMPLETED
+    record = StepRecord(
+        run_id=event.run_id,
+        step_id=event.step_id,
+        kind=StepKind.LOCAL,
+        name=event.name or "local",
+        status=StepState.COMPLETED if completed else StepState.FAILED,
+        attempt=event.attempt,
+        output=event.output if completed else None,
+        error=None if event.error is None or completed else error_to_json(event.error),
+    )
+    await engine.store.begin_step(record)
+    engine._count("step_events")
+
+
+class RemoteRunDriver:
+    """Drives one remote workflow run (see the module docstring). Created by the engine."""
+
+    def __init__(self, engine: Engine, run: RunRecord, history: list[StepRecord]) -> None:
+        self.engine = engine
+        self.run = run
+        self.scope = trio.CancelScope()
+        self.done = trio.Event()
+        self.final: RunRecord | None = None
+        self.settling = False
+        self.turns = 0
+        self._verdict: str | None = None
+        self._decided = trio.Event()
+        self._deadline = 0.0
+        del history  # re-read from the store before every turn
+
+    def beat(self) -> None:
+        """The turn in flight is running (a turn heartbeat): wait ``turn_timeout`` more."""
+        self._deadline = trio.current_time() + self.engine.options.turn_timeout
+
+    def decided(self, verdict: str) -> None:
+        """A decision for this run was applied (or found stale)."""
+        self._verdict = verdict
+        self._decided.set()
+
+    async def drive(self, definition: WorkflowDefinition) -> None:
+        """Turn after turn until the run is settled (by a decision, a cancel, ...)."""
+        del definition  # the code is on the workflow workers
+        engine = self.engine
+        try:
+            with self.scope:
+                try:
+                    await self._loop()
+                except PayloadError as exc:  # the turn cannot be sent (history too large)
+                    engine._report(exc)
+                    error = describe_error(exc)
+                    await engine._settle(self.run, RunStatus.FAILED, error=error)
+                final = await engine._guard(
+                    lambda: engine.store.get_run(self.run.run_id), "reading"
+                )
+                if final is not None and final.status.terminal:
+                    self.final = final
+        finally:
+            engine._forget(self)
+            self.done.set()
+
+    async def _loop(self) -> None:
+        engine = self.engine
+        store = engine.store
+        run_id = self.run.run_id
+        while True:
+            records = await engine._guard(lambda: store.get_steps(run_id), "reading")
+            if await self._ended():
+                return
+            sent = [step_to_json(r) for r in records]
+            await self._turn(records, sent)
+            if await self._ended():
+                return
+            if self._verdict == _STALE:
+                continue
+            await self._progress(sent)
+
+    async def _ended(self) -> bool:
+        engine = self.engine
+        run = await engine._guard(lambda: engine.store.get_run(self.run.run_id), "reading")
+        return run is None or run.status.terminal
+
+    async def _send_turn(self, records: list[StepRecord]) -> None:
+        engine = self.engine
+        run = self.run
+        self.turns += 1
+        task = WorkflowTask(
+            task_id=f"{run.run_id}:{len(records)}:{uuid.uuid4().hex[:12]}",
+            run_id=run.run_id,
+            workflow=run.workflow,
+            group=run.workflow,
+            input=run.input,
+            history=tuple(step_to_json(r) for r in records),
+        )
+        await engine._guard(
+            lambda: engine.transport.dispatch_workflow_task(task), "dispatching a workflow turn"
+        )
+        engine._count("turns_dispatched")
+
+    async def _turn(self, records: list[StepRecord], sent: list[dict[str, Any]]) -> None:
+        """Send a turn; return once its decision was applied (here or by another engine)."""
+        engine = self.engine
+        options = engine.options
+        self._decided = trio.Event()
+        self._verdict = None
+        await self._send_turn(records)
+        self._deadline = trio.current_time() + options.turn_timeout
+        poll = options.watch_interval or 1.0
+        while True:
+            wait = min(poll, max(0.0, self._deadline - trio.current_time()))
+            with trio.move_on_after(wait):
+                await self._decided.wait()
+            if self._decided.is_set():
+                return
+            # Applied by another engine? It shows in the store.
+            if await self._ended():
+                return
+            now = await engine._guard(
+                lambda: engine.store.get_steps(self.run.run_id), "reading"
+            )
+            if [step_to_json(r) for r in now] != sent:
+                return
+            if trio.current_time() >= self._deadline:
+                engine._count("turns_resent")
+                await self._send_turn(records)
+                self._deadline = trio.current_time() + options.turn_timeout
+
+    async def _progress(self, sent: list[dict[str, Any]]) -> None:
+        """Wait until a step the workflow waits on settles or a timer fires."""
+        engine = self.engine
+        store = engine.store
+        run_id = self.run.run_id
+        records = await engine._guard(lambda: store.get_steps(run_id), "reading")
+        pending = [r for r in records if r.status is StepState.PENDING]
+        if not pending:
+            if [step_to_json(r) for r in records] == sent:
+                # The turn waited on nothing the engine could ever settle (workflow code that
+                # awaits something other than ctx calls): fail loudly rather than spin.
+                error = {
+                    "type": "WorkflowStuck",
+                    "message": "the workflow turn neither ended nor asked for a step or a timer "
+                    "(workflow code must await only ctx calls)",
+                }
+                await engine._settle(self.run, RunStatus.FAILED, error=error)
+            return
+        waiters: list[tuple[tuple[str, str], StepWaiter]] = []
+        try:
+            for record in pending:
+                if record.kind is StepKind.REMOTE:
+                    key = (run_id, record.step_id)
+                    waiters.append((key, engine._watch(key)))
+            async with trio.open_nursery() as nursery:
+
+                async def remote(key: tuple[str, str], waiter: StepWaiter) -> None:
+                    # Watch BEFORE reading: a result applied from now on reaches the waiter.
+                    found = await engine._guard(lambda: store.get_step(*key), "reading")
+                    if found is not None:
+                        waiter.update(found)
+                        if found.status is StepState.PENDING and not found.dispatched:
+                            engine._count("redispatched")
+                            await send_step(engine, found, waiter)
+                    await waiter.wait()
+                    nursery.cancel_scope.cancel()
+
+                async def timer(record: StepRecord) -> None:
+                    assert record.wake_at is not None
+                    await engine._sleep_until(record.wake_at)
+                    fired = attrs.evolve(record, status=StepState.COMPLETED)
+                    verdict = await engine._guard(
+                        lambda: store.update_step(fired, expect_attempt=record.attempt),
+                        "checkpointing",
+                    )
+                    if verdict is Applied.APPLIED:
+                        engine._count("timers_fired")
+                    nursery.cancel_scope.cancel()
+
+                for key, waiter in waiters:
+                    nursery.start_soon(remote, key, waiter)
+                for record in pending:
+                    if record.kind is StepKind.TIMER:
+                        nursery.start_soon(timer, record)
+                    elif record.kind is StepKind.LOCAL:  # written pending by nothing we know
+                        nursery.cancel_scope.cancel()
+        finally:
+            for key, waiter in waiters:
+                engine._unwatch(key, waiter)
+

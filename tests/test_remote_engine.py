@@ -1,0 +1,437 @@
+"""The engine drives remote workflows (T14-T16) and serves store-less tenant pods as their
+control plane (T18-T23), under a virtual clock with exact times (memory) and for real (Redis)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import AsyncExitStack
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import durable_trio as dt
+from durable_trio._engine import (
+    App,
+    Retry,
+    RunCancelled,
+    RunFailed,
+    RunNotFound,
+    RunStatus,
+    StepFailed,
+    StepKind,
+    StepState,
+    UnknownWorkflow,
+    WorkflowContext,
+    open_engine,
+    open_worker,
+)
+from helpers import Errors
+
+NO_RETRY = Retry(max_attempts=1)
+
+
+class Declined(Exception):
+    """A failure no retry can fix."""
+
+    retryable = False
+
+
+def worker_app(executions: Counter[str]) -> App:
+    """The workflow worker's app: the code of remote workflow ``order`` and its steps."""
+    app = App("shop")
+
+    @app.step("charge")
+    async def charge(order: dict[str, Any]) -> str:
+        executions[f"charge:{order['id']}"] += 1
+        if order.get("decline"):
+            raise Declined("card declined")
+        return f"receipt-{order['id']}"
+
+    @app.step("reserve")
+    async def reserve(item: str) -> str:
+        executions[f"reserve:{item}"] += 1
+        return f"reserved-{item}"
+
+    @app.workflow("order", remote=True)
+    async def order(ctx: WorkflowContext, order: dict[str, Any]) -> dict[str, Any]:
+        def stamp() -> str:
+            executions[f"stamp:{order['id']}"] += 1
+            return f"stamp-{order['id']}"
+
+        stamp_value = await ctx.run("stamp", stamp)
+        items = await ctx.gather(*(ctx.step("reserve", item) for item in order["items"]))
+        try:
+            receipt = await ctx.step("charge", order, retry=NO_RETRY)
+        except StepFailed as failed:
+            return {"declined": failed.error.message, "items": items}
+        await ctx.sleep(order.get("wait", 10))
+        return {"receipt": receipt, "items": items, "stamp": stamp_value}
+
+    @app.workflow("explodes", remote=True)
+    async def explodes(ctx: WorkflowContext, _: Any) -> None:
+        await ctx.step("reserve", "x")
+        raise ValueError("boom in the workflow")
+
+    return app
+
+
+def engine_app() -> App:
+    """The engine's app: it declares the remote workflows without their code."""
+    app = App("shop")
+    app.remote_workflow("order")
+    app.remote_workflow("explodes")
+    app.remote_workflow("nobody-serves-it")
+    return app
+
+
+ORDER = {"id": 1, "items": ["a", "b"]}
+
+
+async def test_t14_the_engine_drives_a_remote_workflow_turn_by_turn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    executions: Counter[str] = Counter()
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_worker(worker_app(executions), backend),
+        open_engine(engine_app(), backend) as engine,
+    ):
+        start = trio.current_time()
+        run_id = await engine.start("order", ORDER)
+        output = await engine.result(run_id)
+        # The only time that passes is the durable timer's.
+        assert trio.current_time() - start == 10.0
+        history = await engine.history(run_id)
+        stats = engine.statistics()
+    assert output == {
+        "receipt": "receipt-1",
+        "items": ["reserved-a", "reserved-b"],
+        "stamp": "stamp-1",
+    }
+    assert [(r.step_id, r.kind, r.name, r.status) for r in history] == [
+        ("1", StepKind.LOCAL, "stamp", StepState.COMPLETED),
+        ("2", StepKind.REMOTE, "reserve", StepState.COMPLETED),
+        ("3", StepKind.REMOTE, "reserve", StepState.COMPLETED),
+        ("4", StepKind.REMOTE, "charge", StepState.COMPLETED),
+        ("5", StepKind.TIMER, "sleep", StepState.COMPLETED),
+    ]
+    # Every step ran once; the local step ran on the workflow worker, once.
+    assert executions == Counter({"stamp:1": 1, "reserve:a": 1, "reserve:b": 1, "charge:1": 1})
+    # Turns: start; after a and b settle (one turn each); after charge; after the timer.
+    assert 4 <= stats.turns_dispatched <= 5
+    assert stats.decisions_applied == stats.turns_dispatched
+    assert stats.step_events == 2  # T16: stamp started + completed, each checkpointed once
+    assert stats.runs_completed == 1
+
+
+async def test_t14_a_failed_step_reaches_the_remote_workflow_code(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    executions: Counter[str] = Counter()
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_worker(worker_app(executions), backend),
+        open_engine(engine_app(), backend) as engine,
+    ):
+        run_id = await engine.start("order", {"id": 2, "items": [], "decline": True})
+        output = await engine.result(run_id)
+    assert output == {"declined": "Declined: card declined", "items": []}
+    assert executions["charge:2"] == 1
+
+
+async def test_t14_a_raising_workflow_and_an_unknown_workflow_settle_the_run_failed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    executions: Counter[str] = Counter()
+    errors = Errors()
+    app = worker_app(executions)
+
+    @app.step("nobody-serves-it")  # a step of that name: the turn reaches a worker without it
+    async def same_token(_: Any) -> None:
+        return None
+
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_worker(app, backend, on_error=errors),
+        open_engine(engine_app(), backend) as engine,
+    ):
+        raising = await engine.start("explodes", None)
+        unknown = await engine.start("nobody-serves-it", None)
+        with pytest.raises(RunFailed) as failed:
+            await engine.result(raising)
+        assert failed.value.error["type"] == "ValueError"
+        assert failed.value.error["message"] == "boom in the workflow"
+        with pytest.raises(RunFailed) as missing:
+            await engine.result(unknown)
+        assert missing.value.error["type"] == "no_workflow"
+
+
+async def test_t14_non_determinism_in_a_remote_workflow_fails_the_run(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    v1, v2 = App("shop"), App("shop")
+    release = trio.Event()
+
+    @v1.step("slow")
+    async def slow(_: Any) -> str:
+        await release.wait()
+        return "done"
+
+    @v1.workflow("flow", remote=True)
+    async def flow_v1(ctx: WorkflowContext, _: Any) -> str:
+        return str(await ctx.step("slow"))
+
+    @v2.step("slow")
+    async def slow2(_: Any) -> str:
+        return "done"
+
+    @v2.workflow("flow", remote=True)
+    async def flow_v2(ctx: WorkflowContext, _: Any) -> str:
+        await ctx.sleep(1)  # deployed code now starts with a timer: history says a step
+        return "v2"
+
+    declared = App("shop")
+    declared.remote_workflow("flow")
+    async with dt.open_backend("memory://") as backend, open_engine(declared, backend) as engine:
+        async with open_worker(v1, backend, workflows=["flow"]):
+            run_id = await engine.start("flow")
+            await trio.sleep(1)
+            assert [r.name for r in await engine.history(run_id)] == ["slow"]
+        release.set()
+        async with open_worker(v2, backend):
+            with pytest.raises(RunFailed) as failed:
+                await engine.result(run_id)
+    assert failed.value.error["type"] == "NonDeterminismError"
+
+
+async def test_t14_a_lost_turn_is_sent_again_after_turn_timeout_and_steps_run_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    executions: Counter[str] = Counter()
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_engine(engine_app(), backend, turn_timeout=30.0) as engine,
+    ):
+        run_id = await engine.start("order", ORDER)
+        await trio.sleep(65)  # no workflow worker yet: the turn is sent again at 30 and 60
+        assert engine.statistics().turns_resent == 2
+        async with open_worker(worker_app(executions), backend):
+            output = await engine.result(run_id)
+        stats = engine.statistics()
+    assert output["receipt"] == "receipt-1"
+    # Three copies of the first turn were decided. Each ran the local step (at least once,
+    # like any step); the first outcome was kept, and the remote steps were dispatched once.
+    assert executions == Counter({"stamp:1": 3, "reserve:a": 1, "reserve:b": 1, "charge:1": 1})
+    assert output["stamp"] == "stamp-1"
+    assert stats.runs_completed == 1
+
+
+async def test_t14_an_engine_restart_resumes_a_remote_run_from_its_history(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    executions: Counter[str] = Counter()
+    async with dt.open_backend("memory://") as backend:
+        async with open_worker(worker_app(executions), backend):
+            async with open_engine(engine_app(), backend, engine_id="e1") as first:
+                run_id = await first.start("order", ORDER)
+                await trio.sleep(5)  # in the 10 s timer
+            async with open_engine(engine_app(), backend, engine_id="e2") as second:
+                output = await second.result(run_id)
+                assert second.statistics().runs_resumed == 1
+                assert trio.current_time() == 10.0
+    assert output["stamp"] == "stamp-1"
+    assert executions == Counter({"stamp:1": 1, "reserve:a": 1, "reserve:b": 1, "charge:1": 1})
+
+
+async def test_t14_cancelling_a_remote_run(autojump_clock: trio.testing.MockClock) -> None:
+    executions: Counter[str] = Counter()
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_worker(worker_app(executions), backend),
+        open_engine(engine_app(), backend) as engine,
+    ):
+        run_id = await engine.start("order", ORDER)
+        await trio.sleep(5)
+        assert await engine.cancel(run_id)
+        with pytest.raises(RunCancelled):
+            await engine.result(run_id)
+        await trio.sleep(20)  # nothing more happens to it
+        assert (await engine.get(run_id)).status is RunStatus.CANCELLED
+
+
+async def test_t16_a_step_event_and_the_decision_checkpoint_a_local_step_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    executions: Counter[str] = Counter()
+    backend_ctx = dt.open_backend("memory://")
+    async with backend_ctx as backend:
+        async with open_engine(engine_app(), backend) as engine:
+            # Two engines share the namespace: the step event is consumed by one of them.
+            async with (
+                open_engine(engine_app(), backend, reconcile=False),
+                open_worker(worker_app(executions), backend),
+            ):
+                run_id = await engine.start("order", ORDER)
+                await engine.result(run_id)
+        history = await engine.history(run_id)
+    stamps = [r for r in history if r.kind is StepKind.LOCAL]
+    assert [(r.name, r.output) for r in stamps] == [("stamp", "stamp-1")]
+    assert executions["stamp:1"] == 1
+
+
+# --------------------------------------------------------------------------- tenant pods
+
+
+def pod_backend(backend: dt.Backend) -> dt.Backend:
+    """A store-less pod: the shared broker, no key store of its own (never closed here)."""
+    return dt.Backend(url="memory://pod", broker=backend.broker, keys=None)
+
+
+async def test_t18_t23_a_pod_starts_watches_and_reads_its_runs_through_the_control_plane(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    executions: Counter[str] = Counter()
+    seen: dict[str, list[tuple[str, str | None]]] = {"acme": [], "globex": []}
+    async with AsyncExitStack() as stack:
+        backend = await stack.enter_async_context(dt.open_backend("memory://"))
+        await stack.enter_async_context(open_worker(worker_app(executions), backend))
+        engine = await stack.enter_async_context(
+            open_engine(engine_app(), backend, serve_tenants=True)
+        )
+        acme = await stack.enter_async_context(
+            dt.open_tenant_client(pod_backend(backend), "acme", namespace="shop")
+        )
+        globex = await stack.enter_async_context(
+            dt.open_tenant_client(pod_backend(backend), "globex", namespace="shop")
+        )
+        for pod in (acme, globex):
+
+            def on_event(event: dt.TenantEvent, tenant: str = pod.tenant) -> None:
+                seen[tenant].append((event.kind, event.run_id))
+
+            pod.watch(on_event)
+        await trio.sleep(1)  # the subscriptions are announced and recorded
+        start = trio.current_time()
+        run_id = await acme.start("order", ORDER, run_id="o-1")
+        assert run_id == "o-1"
+        assert trio.current_time() == start  # a round trip takes no virtual time
+        view = await acme.status("o-1")
+        assert (view.run_id, view.workflow, view.status) == ("o-1", "order", RunStatus.RUNNING)
+        output = await acme.result("o-1")
+        assert trio.current_time() - start == 10.0
+        assert output["receipt"] == "receipt-1"
+        assert [h["name"] for h in await acme.history("o-1")] == [
+            "stamp", "reserve", "reserve", "charge", "sleep",
+        ]  # fmt: skip
+        # The control plane stores it inside the tenant's scope.
+        assert (await engine.get("acme/o-1")).status is RunStatus.COMPLETED
+        # T23: another tenant can neither read it nor cancel it, nor see its events.
+        with pytest.raises(RunNotFound):
+            await globex.status("o-1")
+        with pytest.raises(RunNotFound):
+            await globex.cancel("o-1")
+        with pytest.raises(UnknownWorkflow):
+            await globex.start("no-such-workflow")
+        await trio.sleep(1)
+    assert seen["acme"] == [("run.started", "o-1"), ("run.completed", "o-1")]
+    assert seen["globex"] == []
+
+
+async def test_t19_t21_a_pod_cancels_its_run_and_sees_the_event(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    executions: Counter[str] = Counter()
+    kinds: list[str] = []
+    async with AsyncExitStack() as stack:
+        backend = await stack.enter_async_context(dt.open_backend("memory://"))
+        await stack.enter_async_context(open_worker(worker_app(executions), backend))
+        await stack.enter_async_context(open_engine(engine_app(), backend, serve_tenants=True))
+        pod = await stack.enter_async_context(
+            dt.open_tenant_client(pod_backend(backend), "acme", namespace="shop")
+        )
+        pod.watch(lambda e: kinds.append(e.kind))
+        await trio.sleep(1)
+        await pod.start("order", ORDER, run_id="o-2")
+        await trio.sleep(5)
+        assert await pod.cancel("o-2")
+        assert not await pod.cancel("o-2")
+        with pytest.raises(RunCancelled):
+            await pod.result("o-2")
+        await trio.sleep(1)
+    assert kinds == ["run.started", "run.cancelled"]
+
+
+async def test_t18_a_pod_with_no_control_plane_times_out_at_exactly_its_request_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with (
+        dt.open_backend("memory://") as backend,
+        dt.open_tenant_client(
+            pod_backend(backend), "acme", namespace="shop", request_timeout=7.0
+        ) as pod,
+    ):
+        start = trio.current_time()
+        with pytest.raises(dt.EngineError, match=r"no reply from the control plane within 7\.0 s"):
+            await pod.status("x")
+        assert trio.current_time() - start == 7.0
+
+
+async def test_t23_bad_tenant_names_are_refused_before_anything_is_sent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with dt.open_backend("memory://") as backend:
+        with pytest.raises(dt.ConfigError):
+            async with dt.open_tenant_client(pod_backend(backend), "a/b", namespace="shop"):
+                pass
+
+
+# --------------------------------------------------------------------------- on Redis
+
+
+async def test_remote_workflow_and_tenant_pod_on_redis(redis_url: str) -> None:
+    """The same round trips against a real (private) redis-server, in real time."""
+    executions: Counter[str] = Counter()
+    events: list[str] = []
+    async with AsyncExitStack() as stack:
+        backend = await stack.enter_async_context(dt.open_backend(redis_url))
+        await stack.enter_async_context(open_worker(worker_app(executions), backend))
+        await stack.enter_async_context(open_engine(engine_app(), backend, serve_tenants=True))
+        pod_side = await stack.enter_async_context(dt.open_backend(redis_url))
+        pod = await stack.enter_async_context(
+            dt.open_tenant_client(
+                dt.Backend(url=pod_side.url, broker=pod_side.broker, keys=None),
+                "acme",
+                namespace="shop",
+                result_poll=0.2,
+            )
+        )
+        other = await stack.enter_async_context(
+            dt.open_tenant_client(
+                dt.Backend(url=pod_side.url, broker=pod_side.broker, keys=None),
+                "globex",
+                namespace="shop",
+            )
+        )
+        four = trio.Event()
+
+        def on_event(event: dt.TenantEvent) -> None:
+            events.append(f"{event.kind}:{event.run_id}")
+            if len(events) == 4:
+                four.set()
+
+        pod.watch(on_event)
+        await trio.sleep(0.2)  # the subscription's announcement is on its queue
+        with trio.fail_after(20):
+            await pod.start("order", {"id": 7, "items": ["a"], "wait": 0.1}, run_id="good")
+            output = await pod.result("good")
+            await pod.start("explodes", None, run_id="bad")
+            with pytest.raises(RunFailed):
+                await pod.result("bad")
+            with pytest.raises(RunNotFound):
+                await other.status("bad")
+            await four.wait()
+    assert output == {"receipt": "receipt-7", "items": ["reserved-a"], "stamp": "stamp-7"}
+    assert executions == Counter({"stamp:7": 1, "reserve:a": 1, "charge:7": 1, "reserve:x": 1})
+    assert events == ["run.started:good", "run.completed:good", "run.started:bad", "run.failed:bad"]
