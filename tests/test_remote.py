@@ -264,6 +264,45 @@ async def test_t18_t19_t20_run_requests_are_answered_into_the_requesters_inbox(
     assert [(r.request_id, r.data) for r in replies["pod-b"]] == [("req-2", {"for": "run-b"})]
 
 
+async def test_t19_two_requesters_sharing_a_correlation_id_each_get_their_own_reply(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two tenants' pods start run "same" at once: both requests are in the control plane's
+    hands together under one correlation id, and each reply still reaches its own requester
+    (the route is held in the handler's context, not only in a table keyed by the id)."""
+    broker, keys = MemoryBroker(), MemoryKeyStore()
+    got: dict[str, list[Any]] = {"pod-a": [], "pod-b": []}
+    async with (
+        dt.open_queue_transport(
+            shared_backend(broker, keys), instance_id="control", result_concurrency=2
+        ) as control,
+        dt.open_queue_transport(shared_backend(broker, None), instance_id="pod-a") as pod_a,
+        dt.open_queue_transport(shared_backend(broker, None), instance_id="pod-b") as pod_b,
+    ):
+        both = trio.Event()
+        held = 0
+
+        async def on_start(message: dt.StartRunMessage) -> None:
+            nonlocal held
+            held += 1
+            if held == 2:
+                both.set()
+            await both.wait()
+            await control.publish_run_reply(dt.RunReply(message.run_id, True, message.tenant))
+
+        control.on_start_run(on_start)
+        for pod in (pod_a, pod_b):
+
+            def on_reply(reply: dt.RunReply, me: str = pod.instance_id) -> None:
+                got[me].append(reply.data)
+
+            pod.on_run_reply(on_reply)
+        await pod_a.dispatch_start_run(dt.StartRunMessage("same", "wf", None, "acme"))
+        await pod_b.dispatch_start_run(dt.StartRunMessage("same", "wf", None, "globex"))
+        await trio.sleep(1)
+    assert got == {"pod-a": ["acme"], "pod-b": ["globex"]}
+
+
 async def test_t19_a_reply_with_no_known_requester_is_dropped_and_reported(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -363,6 +363,40 @@ async def test_t19_t21_a_pod_cancels_its_run_and_sees_the_event(
     assert kinds == ["run.started", "run.cancelled"]
 
 
+async def test_t19_t23_two_tenants_start_the_same_run_id_at_once_and_each_gets_its_own(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Regression: the start-run reply route was keyed by the run id alone, so two pods
+    starting "basket-0" at once shared one route and one of them never got its reply."""
+    executions: Counter[str] = Counter()
+    outputs: dict[str, Any] = {}
+    async with AsyncExitStack() as stack:
+        backend = await stack.enter_async_context(dt.open_backend("memory://"))
+        await stack.enter_async_context(open_worker(worker_app(executions), backend))
+        await stack.enter_async_context(open_engine(engine_app(), backend, serve_tenants=True))
+        pods = [
+            await stack.enter_async_context(
+                dt.open_tenant_client(
+                    pod_backend(backend), tenant, namespace="shop", request_timeout=5.0
+                )
+            )
+            for tenant in ("acme", "globex")
+        ]
+
+        async def checkout(n: int, pod: dt.TenantClient) -> None:
+            order = {"id": n, "items": [], "wait": 1}
+            await pod.start("order", order, run_id="basket-0")
+            outputs[pod.tenant] = await pod.result("basket-0")
+
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for n, pod in enumerate(pods):
+                nursery.start_soon(checkout, n, pod)
+        assert trio.current_time() - start == 1.0
+    assert outputs["acme"]["receipt"] == "receipt-0"
+    assert outputs["globex"]["receipt"] == "receipt-1"
+
+
 async def test_t18_a_pod_with_no_control_plane_times_out_at_exactly_its_request_timeout(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -4,6 +4,7 @@ events through per-instance inboxes (see :mod:`durable_trio._inbox`)."""
 
 from __future__ import annotations
 
+import contextvars
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,11 @@ if TYPE_CHECKING:
 
 __all__ = ["RemoteMixin"]
 
+#: ``(correlation id, requester)`` of the request the current task is handling.
+_CURRENT_ROUTE: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "durable_trio_reply_route", default=None
+)
+
 
 class RemoteMixin(ConsumeMixin):
     def __init__(self, backend: Backend, options: TransportOptions) -> None:
@@ -51,7 +57,8 @@ class RemoteMixin(ConsumeMixin):
         self._run_request_handler: Callable[[RunRequest], Awaitable[None]] | None = None
         self._run_reply_handler: Callable[[RunReply], Any] | None = None
         self._tenant_handlers: dict[str, list[Callable[[TenantEvent], Any]]] = {}
-        self._reply_routes: dict[str, str] = {}
+        self._reply_routes: dict[str, list[str]] = {}
+        """correlation id -> the requesters whose request with that id is being handled"""
         self._replies_loop = False
         self._events_loop = False
         self._registrations_loop = False
@@ -254,17 +261,30 @@ class RemoteMixin(ConsumeMixin):
         if reply_to is None:
             await handler(message)
             return
-        self._reply_routes[correlation] = reply_to
+        # The route is held twice: in the handler's own context (exact, even when two pods'
+        # requests share a correlation id, as two tenants' start of "order-1" do), and in a
+        # table for a reply published from another task.
+        routes = self._reply_routes.setdefault(correlation, [])
+        routes.append(reply_to)
+        token = _CURRENT_ROUTE.set((correlation, reply_to))
         try:
             await handler(message)
         finally:
-            if self._reply_routes.get(correlation) == reply_to:
+            _CURRENT_ROUTE.reset(token)
+            routes.remove(reply_to)
+            if not routes:
                 del self._reply_routes[correlation]
 
     async def publish_run_reply(self, reply: RunReply) -> None:
         """control plane -> the pod that sent the request: onto ITS reply inbox (T19). A reply
-        with no known requester is dropped and reported."""
-        owner = self._reply_routes.get(reply.request_id)
+        with no known requester (or, published outside the request's handler, with several
+        requesters of the same id in flight) is dropped and reported."""
+        current = _CURRENT_ROUTE.get()
+        if current is not None and current[0] == reply.request_id:
+            owner: str | None = current[1]
+        else:
+            owners = set(self._reply_routes.get(reply.request_id, ()))
+            owner = owners.pop() if len(owners) == 1 else None
         if owner is None:
             self._report(
                 DurableTrioError(

@@ -85,27 +85,29 @@ class TenantClient:
         self.transport = transport
         self.request_timeout = request_timeout
         self.result_poll = result_poll
-        self._waiting: dict[str, list[RunReply]] = {}
-        self._arrived: dict[str, trio.Event] = {}
+        # correlation id -> the calls waiting for its reply (two starts of one run id share it)
+        self._waiting: dict[str, list[tuple[trio.Event, list[RunReply]]]] = {}
         transport.on_run_reply(self._on_reply)
 
     def _on_reply(self, reply: RunReply) -> None:
-        box = self._waiting.get(reply.request_id)
-        if box is not None and not box:
-            box.append(reply)
-            self._arrived[reply.request_id].set()
+        for arrived, box in self._waiting.get(reply.request_id, ()):
+            if not box:
+                box.append(reply)
+                arrived.set()
 
     async def _ask(self, correlation: str, send: Callable[[], Any]) -> Any:
         box: list[RunReply] = []
-        self._waiting[correlation] = box
-        self._arrived[correlation] = arrived = trio.Event()
+        waiter = (trio.Event(), box)
+        waiting = self._waiting.setdefault(correlation, [])
+        waiting.append(waiter)
         try:
             await send()
             with trio.move_on_after(self.request_timeout):
-                await arrived.wait()
+                await waiter[0].wait()
         finally:
-            del self._waiting[correlation]
-            del self._arrived[correlation]
+            waiting.remove(waiter)
+            if not waiting:
+                del self._waiting[correlation]
         if not box:
             raise EngineError(
                 f"no reply from the control plane within {self.request_timeout} s "
