@@ -51,12 +51,12 @@ def engine_app(name: str) -> App:
 async def main(backend_url: str) -> None:
     name = f"remote-{uuid.uuid4().hex[:8]}"  # a fresh namespace in a reused demo database
     order = {"id": 42, "items": ["lamp", "desk", "chair"]}
-    # Two backends on the same URL: the engine and the worker meet through the broker only.
+    # One process here, but the engine and the worker meet through the broker only: run them
+    # as `durable-trio engine` and `durable-trio worker` on a shared backend and nothing changes.
     async with (
-        dt.open_backend(backend_url) as engine_side,
-        dt.open_backend(backend_url) as worker_side,
-        open_worker(worker_app(name), worker_side),
-        open_engine(engine_app(name), engine_side) as engine,
+        dt.open_backend(backend_url) as backend,
+        open_worker(worker_app(name), backend),
+        open_engine(engine_app(name), backend) as engine,
     ):
         run_id = await engine.start("fulfil", order)
         with trio.fail_after(30):

@@ -28,33 +28,33 @@ def shop(name: str) -> App:
 
 
 async def pod(
-    backend_url: str, namespace: str, tenant: str, baskets: int, log: list[str]
+    shared: dt.Backend, namespace: str, tenant: str, baskets: int, log: list[str]
 ) -> list[Any]:
-    """One tenant's pod: no run store, no key store; the broker is all it talks to."""
-    async with dt.open_backend(backend_url) as shared:
-        store_less = dt.Backend(url=shared.url, broker=shared.broker, keys=None)
-        async with dt.open_tenant_client(
-            store_less, tenant, namespace=namespace, result_poll=1.0
-        ) as client:
-            client.watch(lambda event: log.append(f"{event.kind}:{event.run_id}"))
-            await trio.sleep(0.2)  # the subscription is announced to the control plane
-            # Both tenants name their runs basket-0, basket-1, ...: the same id, another run.
-            run_ids = [
-                await client.start(
-                    "checkout",
-                    {"id": f"{tenant}-{n}", "items": [{"qty": n + 1}]},
-                    run_id=f"basket-{n}",
-                )
-                for n in range(baskets)
-            ]
-            outputs = [await client.result(run_id) for run_id in run_ids]
-            # Isolation: another tenant's run ids mean nothing here.
-            try:
-                await client.status("not-mine")
-            except dt.RunNotFound:
-                log.append("status of a run that is not ours: not found")
-            await trio.sleep(0.2)  # the last events reach the inbox
-            return outputs
+    """One tenant's pod: no run store, no key store; the broker is all it talks to. (In its own
+    process it would open the broker's URL itself; here it borrows the shared broker.)"""
+    store_less = dt.Backend(url=shared.url, broker=shared.broker, keys=None)
+    async with dt.open_tenant_client(
+        store_less, tenant, namespace=namespace, result_poll=1.0
+    ) as client:
+        client.watch(lambda event: log.append(f"{event.kind}:{event.run_id}"))
+        await trio.sleep(0.2)  # the subscription is announced to the control plane
+        # Both tenants name their runs basket-0, basket-1, ...: the same id, another run.
+        run_ids = [
+            await client.start(
+                "checkout",
+                {"id": f"{tenant}-{n}", "items": [{"qty": n + 1}]},
+                run_id=f"basket-{n}",
+            )
+            for n in range(baskets)
+        ]
+        outputs = [await client.result(run_id) for run_id in run_ids]
+        # Isolation: another tenant's run ids mean nothing here.
+        try:
+            await client.status("not-mine")
+        except dt.RunNotFound:
+            log.append("status of a run that is not ours: not found")
+        await trio.sleep(0.2)  # the last events reach the inbox
+        return outputs
 
 
 async def main(backend_url: str) -> None:
@@ -68,7 +68,7 @@ async def main(backend_url: str) -> None:
     ):
 
         async def run_pod(tenant: str, baskets: int) -> None:
-            outputs[tenant] = await pod(backend_url, name, tenant, baskets, logs[tenant])
+            outputs[tenant] = await pod(backend, name, tenant, baskets, logs[tenant])
 
         with trio.fail_after(60):
             async with trio.open_nursery() as nursery:
