@@ -207,6 +207,11 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
     if have("durable_trio pod request -> reply p50 (ms)"):
         pod = _value(f["durable_trio pod request -> reply p50 (ms)"])
         checks.append((f"[7] pod request -> reply p50 {pod:.2f} ms on Redis (want <= 2)", pod <= 2))
+    if have("durable_trio pod status() via the engine p50 (ms)"):
+        via = _value(f["durable_trio pod status() via the engine p50 (ms)"])
+        checks.append(
+            (f"[7] pod status() via the engine p50 {via:.2f} ms on Redis (want <= 2)", via <= 2)
+        )
     if have(
         "sqlite S1 drain, concurrency 32 (round trips/s)",
         "durable_trio S1 drain, concurrency 32 (round trips/s)",

@@ -281,6 +281,34 @@ async def test_t16_a_step_event_and_the_decision_checkpoint_a_local_step_once(
     assert executions["stamp:1"] == 1
 
 
+async def test_t15_a_malformed_decision_fails_the_run_loudly_and_a_foreign_one_is_ignored(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    errors = Errors()
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_engine(engine_app(), backend, on_error=errors) as engine,
+    ):
+        run_id = await engine.start("order", ORDER)  # no workflow worker: the turn waits
+        await trio.sleep(1)
+        transport = engine.transport
+        decisions = transport.names.decisions
+        for decision in (
+            dt.WorkflowDecision("t-x", "no-such-run", dt.DecisionStatus.COMPLETED),
+            dt.WorkflowDecision(
+                "t-1", run_id, dt.DecisionStatus.CONTINUED, ({"type": "launch", "stepId": "1"},)
+            ),
+        ):
+            await transport._push(decisions, dt.JobKind.DECISION, decision)
+        with pytest.raises(RunFailed) as failed:
+            await engine.result(run_id)
+        stats = engine.statistics()
+    assert failed.value.error["type"] == "BadDecision"
+    assert "unknown decision command type 'launch'" in failed.value.error["message"]
+    assert any("launch" in message for message in errors.messages())
+    assert stats.orphan_decisions == 1
+
+
 # --------------------------------------------------------------------------- tenant pods
 
 

@@ -100,7 +100,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             async with open_worker(
                 app, backend, concurrency=args.concurrency, **_transport_options(args)
             ):
-                print(f"worker: serving {len(app.steps)} step(s) of {app.name!r} on {backend.url}")
+                remote = [n for n, w in app.workflows.items() if w.remote and w.fn is not None]
+                print(
+                    f"worker: serving {len(app.steps)} step(s) and {len(remote)} remote "
+                    f"workflow(s) of {app.name!r} on {backend.url}"
+                )
                 await trio.sleep_forever()
 
     trio.run(_until_signalled, serve)
@@ -113,11 +117,16 @@ def _cmd_engine(args: argparse.Namespace) -> int:
     async def serve() -> None:
         async with open_backend(args.backend) as backend:
             async with open_engine(
-                app, backend, engine_id=args.engine_id, **_transport_options(args)
+                app,
+                backend,
+                engine_id=args.engine_id,
+                serve_tenants=args.serve_tenants,
+                **_transport_options(args),
             ) as engine:
                 stats = engine.statistics()
+                role = ", serving tenant pods" if args.serve_tenants else ""
                 print(
-                    f"engine {engine.engine_id}: driving {app.name!r} on {backend.url} "
+                    f"engine {engine.engine_id}: driving {app.name!r} on {backend.url}{role} "
                     f"({stats.runs_resumed} run(s) resumed)"
                 )
                 await trio.sleep_forever()
@@ -197,6 +206,11 @@ def add_engine_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     engine.add_argument(
         "--engine-id",
         help="a stable id: a restarted engine takes its runs back at once (one process per id)",
+    )
+    engine.add_argument(
+        "--serve-tenants",
+        action="store_true",
+        help="also be the control plane of store-less tenant pods (docs/remote.md)",
     )
     engine.set_defaults(func=_cmd_engine)
 
