@@ -228,6 +228,34 @@ async def test_t14_a_lost_turn_is_sent_again_after_turn_timeout_and_steps_run_on
     assert stats.runs_completed == 1
 
 
+async def test_t14_a_long_turn_heartbeats_so_the_engine_does_not_send_it_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = App("shop")
+
+    @app.workflow("slow", remote=True)
+    async def slow(ctx: WorkflowContext, _: Any) -> str:
+        async def crunch() -> str:
+            await trio.sleep(100)  # a 100 s local step, on the workflow worker
+            return "crunched"
+
+        return await ctx.run("crunch", crunch)
+
+    declared = App("shop")
+    declared.remote_workflow("slow")
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_worker(app, backend),
+        open_engine(declared, backend, turn_timeout=30.0) as engine,
+    ):
+        run_id = await engine.start("slow")
+        assert await engine.result(run_id) == "crunched"
+        assert trio.current_time() == 100.0
+        # Beats every 10 s kept the 30 s turn_timeout from ever expiring.
+        assert engine.statistics().turns_resent == 0
+        assert engine.statistics().turns_dispatched == 1
+
+
 async def test_t14_an_engine_restart_resumes_a_remote_run_from_its_history(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -452,15 +480,24 @@ async def test_t23_bad_tenant_names_are_refused_before_anything_is_sent(
 # --------------------------------------------------------------------------- on Redis
 
 
-async def test_remote_workflow_and_tenant_pod_on_redis(redis_url: str) -> None:
-    """The same round trips against a real (private) redis-server, in real time."""
+@pytest.fixture(params=["redis", "sqlite"])
+def shared_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    """A backend URL several backends in this process can open and share."""
+    if request.param == "redis":
+        return str(request.getfixturevalue("redis_url"))
+    return f"sqlite:///{tmp_path}/shared.db"
+
+
+async def test_remote_workflow_and_tenant_pods_on_redis_and_sqlite(shared_url: str) -> None:
+    """The same round trips against a real (private) redis-server and a real SQLite file, in
+    real time; engine and worker on one connection, the pods on another (store-less)."""
     executions: Counter[str] = Counter()
     events: list[str] = []
     async with AsyncExitStack() as stack:
-        backend = await stack.enter_async_context(dt.open_backend(redis_url))
+        backend = await stack.enter_async_context(dt.open_backend(shared_url))
         await stack.enter_async_context(open_worker(worker_app(executions), backend))
         await stack.enter_async_context(open_engine(engine_app(), backend, serve_tenants=True))
-        pod_side = await stack.enter_async_context(dt.open_backend(redis_url))
+        pod_side = await stack.enter_async_context(dt.open_backend(shared_url))
         pod = await stack.enter_async_context(
             dt.open_tenant_client(
                 dt.Backend(url=pod_side.url, broker=pod_side.broker, keys=None),
