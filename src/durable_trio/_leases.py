@@ -39,6 +39,9 @@ _FULL_SWEEP_EVERY = 20
 
 
 class LeaseMixin(TransportBase):
+    _renewal_round: trio.CancelScope | None = None
+    """The scope of the renewal round in flight: close bounds it by ``cleanup_timeout``."""
+
     # ------------------------------------------------------------------ lease keeper (T7, T8)
 
     async def _renew_forever(self) -> None:
@@ -47,8 +50,10 @@ class LeaseMixin(TransportBase):
         tick = 1
         while True:
             await trio.sleep_until(start + tick * period)
-            with trio.move_on_after(period, shield=True):
+            with trio.move_on_after(period, shield=True) as round_scope:
+                self._renewal_round = round_scope
                 await self._renew_open_claims()
+            self._renewal_round = None
             # A slow round skips the ticks it overran instead of stacking rounds.
             tick = max(tick + 1, math.floor((trio.current_time() - start) / period) + 1)
 

@@ -118,8 +118,14 @@ class QueueTransport(RemoteMixin, LeaseMixin, HealthMixin):
                 with trio.move_on_after(options.cleanup_timeout):
                     await self._jobs_idle.wait()
                 self._jobs.cancel()
-                # 5. stop renewal; a round in flight is shielded and lands first (bounded)
+                # 5. stop renewal; a round in flight is shielded and lands first (bounded: its
+                # own bound is half the stalled threshold, which the keeper's nursery would
+                # otherwise make close wait out on a slow broker)
                 self._keeper.cancel()
+                round_in_flight = self._renewal_round
+                if round_in_flight is not None:
+                    bound = trio.current_time() + options.cleanup_timeout
+                    round_in_flight.deadline = min(round_in_flight.deadline, bound)
                 with trio.move_on_after(options.cleanup_timeout):
                     await self._keeper.done.wait()
                 # 6. hand back every claim still open: immediate and attempt-neutral
