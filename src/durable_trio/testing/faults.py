@@ -174,7 +174,9 @@ class Injector:
             return
         rng = self.rng
         if faults.delay_probability and rng.random() < faults.delay_probability:
-            await trio.sleep(rng.random() * faults.delay_max)
+            seconds = rng.random() * faults.delay_max
+            self.note("delay", op=op, seconds=seconds)
+            await trio.sleep(seconds)
             if self.dead:
                 raise self._gone(op)
         else:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import math
 import os
 import random
@@ -461,6 +460,11 @@ class Simulation:
         return float(options["close_timeout"]) + _CLEANUP_PHASES * float(options["cleanup_timeout"])
 
     @property
+    def _threshold(self) -> float:
+        threshold = self.transport_options.get("stalled_threshold")
+        return float(threshold) if threshold is not None else 120.0
+
+    @property
     def _key_ttl(self) -> float:
         interval = float(self.transport_options["worker_heartbeat_interval"])
         return max(MIN_HEARTBEAT_TTL, 3 * interval)
@@ -469,9 +473,15 @@ class Simulation:
         def record(kind: str, details: dict[str, Any]) -> None:
             self._fault_counts[kind] += 1
             self._event("fault", kind=kind, **details)
+            now = self._now()
             if kind in ("drop", "lost-reply"):
-                now = self._now()
                 self._fault_windows.setdefault(process, []).append((now, now))
+            elif kind == "delay" and (
+                details["op"] == "renew_jobs" or details["seconds"] >= self._threshold / 2
+            ):
+                # A late renewal (or any call late by half the stalled threshold) can cost
+                # the process its claims.
+                self._fault_windows.setdefault(process, []).append((now, now + details["seconds"]))
             for run_id, step_id, attempt in details.get("tasks", ()):
                 self._duplicate_pushes[(run_id, step_id, attempt)] += 1
 
@@ -784,22 +794,36 @@ class Simulation:
                         f"step {run_id}:{record.step_id} completed with an output no execution "
                         f"of attempt {record.attempt} produced"
                     )
-        # 3. duplicates only where a lease was lost (or a push was repeated)
+        # 3. duplicates only where a lease was lost (or a push was repeated): every execution
+        # after the first needs a cause, and one earlier execution (whose claim a fault took,
+        # or which was cancelled and handed back) or one repeated push causes one redelivery.
         for key, executions in self._executions.items():
             pushes = self._duplicate_pushes.get(key, 0)
-            for before, after in itertools.pairwise(executions):
-                if before.outcome == "cancelled" or self._faulted(
-                    before.worker, before.start, after.start
-                ):
-                    continue
-                if pushes:
-                    pushes -= 1
-                    continue
-                self._violation(
-                    f"step {key[0]}:{key[1]} attempt {key[2]} ran again on {after.worker} at "
-                    f"{after.start:.3f} after running on {before.worker} from "
-                    f"{before.start:.3f} ({before.outcome}) with no fault to explain it"
+            causes = executions[:1]
+            for after in executions[1:]:
+                cause = next(
+                    (
+                        e
+                        for e in causes
+                        if e.outcome == "cancelled" or self._faulted(e.worker, e.start, after.start)
+                    ),
+                    None,
                 )
+                if cause is not None:
+                    causes.remove(cause)
+                elif pushes:
+                    pushes -= 1
+                else:
+                    self._violation(
+                        f"step {key[0]}:{key[1]} attempt {key[2]} ran again on {after.worker} "
+                        f"at {after.start:.3f} with no fault to explain it (earlier: "
+                        + ", ".join(
+                            f"{e.worker} at {e.start:.3f} ({e.outcome})"
+                            for e in executions[: executions.index(after)]
+                        )
+                        + ")"
+                    )
+                causes.append(after)
 
     def _report(self, wall: float) -> SimulationReport:
         self._check()
