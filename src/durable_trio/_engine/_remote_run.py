@@ -137,6 +137,15 @@ async def _apply_command(engine: Engine, run: RunRecord, command: Any) -> bool:
             error=command.get("error"),
         )
         stored = await engine._guard(lambda: store.begin_step(local), "checkpointing")
+        if (stored.kind, stored.name, stored.status) == (
+            StepKind.LOCAL,
+            name,
+            StepState.PENDING,
+        ):  # left pending by an engine that once ran this workflow locally: settle it
+            verdict = await engine._guard(
+                lambda: store.update_step(local, expect_attempt=stored.attempt), "checkpointing"
+            )
+            return verdict is Applied.APPLIED
         return (stored.kind, stored.name, stored.status, stored.output) == (
             StepKind.LOCAL,
             name,
