@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .testing.strategies import json_values, message_of
+from .testing.strategies import MESSAGE_TYPES, json_values, message_of, wire_messages
 
-__all__ = ["json_values", "message_of"]
+__all__ = ["MESSAGE_TYPES", "json_values", "message_of", "wire_messages"]

@@ -679,6 +679,9 @@ class Simulation:
             return
         took = trio.current_time() - closing_at
         self._closes.append(took)
+        # A close hands back what did not finish within close_timeout (a step whose result
+        # push was still in flight too): a redelivery it explains.
+        self._fault_windows.setdefault(worker_id, []).append((closing_at - self._t0, self._now()))
         self._event("worker-closed", worker=worker_id, took=took)
         if took > self.close_bound:
             self._violation(

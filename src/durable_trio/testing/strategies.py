@@ -12,7 +12,9 @@ from typing import Any
 import attrs
 import hypothesis.strategies as st
 
-__all__ = ["json_values", "message_of"]
+from .._codec import MESSAGE_TYPES
+
+__all__ = ["MESSAGE_TYPES", "json_values", "message_of", "wire_messages"]
 
 #: Any JSON value: null, booleans, integers in the 64-bit range, finite floats, strings, and
 #: arrays and objects of those.
@@ -58,3 +60,10 @@ def message_of(cls: type[Any]) -> st.SearchStrategy[Any]:
     hints = typing.get_type_hints(cls)
     fields = {f.name: _strategy_for(hints[f.name]) for f in attrs.fields(cls)}
     return st.builds(cls, **fields)
+
+
+def wire_messages() -> st.SearchStrategy[Any]:
+    """A strategy producing any wire message: an instance of any class in
+    :data:`MESSAGE_TYPES` (tasks, results, heartbeats, control, workflow turns and decisions,
+    step events, run requests and replies, tenant events, registrations, worker status)."""
+    return st.one_of(*(message_of(cls) for cls in MESSAGE_TYPES))
