@@ -59,7 +59,7 @@ from ._records import (
 )
 from ._remote_run import RemoteRunDriver, apply_decision, apply_step_event
 from ._retry import Retry, StoredRetry
-from ._runtime import RunDriver, StepWaiter, describe_error
+from ._runtime import RunDriver, StepWaiter, describe_error, send_step
 from ._statistics import Counters, EngineStatistics
 from ._stores import open_run_store
 from ._stores.memory import MemoryRunStore
@@ -307,6 +307,13 @@ class Engine:
             return
         if current.attempt != result.attempt:
             self._count("stale_results")
+            if current.attempt == result.attempt + 1 and not current.dispatched:
+                # This result's first application checkpointed the retry, then was cancelled
+                # before the retry's dispatch was confirmed (its claim's lease lost, T8): the
+                # redelivery finishes the job, or nobody would while this engine lives.
+                self._count("redispatched")
+                waiter = self._waiters.get(key)
+                await send_step(self, current, waiter)
             return
         following, delay = self._next_state(current, result)
         verdict = await self.store.update_step(following, expect_attempt=current.attempt)
