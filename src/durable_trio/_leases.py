@@ -36,6 +36,8 @@ from .adapters import (
 #: With a sweep hint, every this-many-th sweep still looks at every queue (a lost hint then
 #: costs at most this many intervals, never a job).
 _FULL_SWEEP_EVERY = 20
+#: The stall limit of queues that are never poison (engine and pod input, see ``_sweep``).
+_NEVER_POISON = 1_000_000_000
 
 
 class LeaseMixin(TransportBase):
@@ -116,9 +118,16 @@ class LeaseMixin(TransportBase):
 
     async def _sweep(self, queue: str) -> None:
         assert isinstance(self._broker, SupportsRecovery)
+        # Poison is a step that keeps killing its worker. Every other queue carries the
+        # engine's and the pods' own input, handled by our code, bad input failed at once: its
+        # jobs stall only because a consumer died or the broker failed a finalize, and failing
+        # one for good would lose a result (a run waiting forever). They are never poison.
+        max_stalled = (
+            self._options.max_stalled_count if queue in self._task_queues else _NEVER_POISON
+        )
         try:
             recovery = await self._broker.recover_stalled_jobs(
-                queue, self.stalled_threshold, self._options.max_stalled_count
+                queue, self.stalled_threshold, max_stalled
             )
         except BrokerError as exc:
             self._report(exc)
@@ -127,24 +136,38 @@ class LeaseMixin(TransportBase):
             await self._fail_poison(queue, job)
 
     async def _fail_poison(self, queue: str, job: ClaimedJob) -> None:
-        """Fail a job that stalled more than ``max_stalled_count`` times and, for a step task,
-        publish a RETRYABLE failed result so the run does not wait forever. Only after the fail
-        succeeded, only on task queues, never for unparseable or workflow payloads."""
+        """Fail a step task that stalled more than ``max_stalled_count`` times, after
+        publishing a RETRYABLE failed result for it so the run does not wait forever (never for
+        an unparseable or workflow payload). The result goes first: if it cannot be published,
+        the job stays claimed by this sweep and the next sweep (after ``stalled_threshold``)
+        tries both again; if the fail is what fails, the next sweep publishes the result again
+        (a duplicate the engine ignores). Either way no run is left without an answer."""
         reason = f"stalled more than {self._options.max_stalled_count} times"
+        result = await self._poison_result(queue, job, reason)
+        if result is not None:
+            try:
+                await self.publish_result(result)
+            except (BrokerError, TransportClosed) as exc:
+                self._report(exc)
+                return
         try:
             failed = await self._broker.fail_job(job.lease, queue, reason)
         except BrokerError as exc:
             self._report(exc)
             return
-        self._report(JobError(f"poison job failed: {reason}", queue=queue, job_id=job.id))
-        if not failed or queue not in self._task_queues:
-            return
+        if failed:
+            self._report(JobError(f"poison job failed: {reason}", queue=queue, job_id=job.id))
+
+    async def _poison_result(self, queue: str, job: ClaimedJob, reason: str) -> StepResult | None:
+        """The failed result a poison step task answers its run with (``None``: not a task)."""
+        if queue not in self._task_queues:
+            return None
         try:
             envelope = decode_envelope(job.data, max_bytes=self._options.max_payload_bytes)
         except PayloadError:
-            return
+            return None
         if envelope.kind is not JobKind.TASK:
-            return
+            return None
         task: RemoteTask = envelope.payload
         evidence: dict[str, Any] = {
             "stalls": [{"at": s.at, "worker": s.worker} for s in job.stalls],
@@ -162,8 +185,4 @@ class LeaseMixin(TransportBase):
                     self._report(exc)
             evidence["workers"] = workers
         error = StepError(message=reason, code="stalled", retryable=True, details=evidence)
-        result = StepResult.failure(task, error)
-        try:
-            await self.publish_result(result)
-        except (BrokerError, TransportClosed) as exc:
-            self._report(exc)
+        return StepResult.failure(task, error)
