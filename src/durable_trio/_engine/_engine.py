@@ -120,6 +120,8 @@ class Engine:
         self._on_error = on_error
         self._drivers: dict[str, RunDriver | RemoteRunDriver] = {}
         self._waiters: dict[tuple[str, str], StepWaiter] = {}
+        self._applying: set[tuple[str, str]] = set()
+        """Steps whose result this engine is applying now (checkpoint, then retry dispatch)."""
         self._counters = Counters()
         self._trio_clock = isinstance(store, MemoryRunStore)
         self._runs: trio.Nursery | None = None
@@ -307,28 +309,35 @@ class Engine:
             return
         if current.attempt != result.attempt:
             self._count("stale_results")
-            if current.attempt == result.attempt + 1 and not current.dispatched:
-                # This result's first application checkpointed the retry, then was cancelled
-                # before the retry's dispatch was confirmed (its claim's lease lost, T8): the
-                # redelivery finishes the job, or nobody would while this engine lives.
+            if (
+                current.attempt == result.attempt + 1
+                and not current.dispatched
+                and key not in self._applying
+            ):
+                # This result's first application checkpointed the retry, then stopped before
+                # the retry's dispatch was confirmed (cancelled: its claim's lease lost, T8);
+                # the redelivery finishes the job, or nobody would while this engine lives.
                 self._count("redispatched")
-                waiter = self._waiters.get(key)
-                await send_step(self, current, waiter)
+                await send_step(self, current, self._waiters.get(key))
             return
         following, delay = self._next_state(current, result)
-        verdict = await self.store.update_step(following, expect_attempt=current.attempt)
-        self._count(_VERDICT_COUNTER[verdict])
-        if verdict is not Applied.APPLIED:
-            return
-        waiter = self._waiters.get(key)
-        if waiter is not None:
-            waiter.update(following)
-        if following.status is StepState.PENDING:
-            self._count("retries")
-            try:
-                await self._dispatch(following, delay)
-            except DurableTrioError as exc:  # the same task went out before: not expected
-                self._report(exc)
+        self._applying.add(key)  # a copy of this result arriving meanwhile leaves it to us
+        try:
+            verdict = await self.store.update_step(following, expect_attempt=current.attempt)
+            self._count(_VERDICT_COUNTER[verdict])
+            if verdict is not Applied.APPLIED:
+                return
+            waiter = self._waiters.get(key)
+            if waiter is not None:
+                waiter.update(following)
+            if following.status is StepState.PENDING:
+                self._count("retries")
+                try:
+                    await self._dispatch(following, delay)
+                except DurableTrioError as exc:  # the same task went out before: not expected
+                    self._report(exc)
+        finally:
+            self._applying.discard(key)
 
     async def _on_decision(self, decision: WorkflowDecision) -> None:
         await apply_decision(self, decision)
