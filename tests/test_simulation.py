@@ -494,11 +494,12 @@ async def test_a_retry_whose_dispatch_is_cancelled_is_dispatched_all_the_same(
             run_id = await engine.start("once", run_id="r")
             with trio.fail_after(3600):
                 assert await engine.result(run_id) == "done"
-            # The result claim (claimed at t=0) is swept back at t=40, the renewal at t=60
-            # finds it lost and cancels the handler in the middle of the retry's dispatch; the
-            # redelivered result is stale (attempt 1 of a step now at attempt 2) but finds
-            # attempt 2 checkpointed and undispatched, and dispatches it: done at the sweep.
-            assert trio.current_time() == 40.0
+            # The result claim (claimed at t=0) is swept back at t=40; the redelivered copy is
+            # stale (attempt 1 of a step now at attempt 2) and waits for the first application,
+            # still under way; the renewal at t=60 finds that one's lease lost and cancels it
+            # in the middle of the retry's dispatch; the copy then finds attempt 2
+            # checkpointed and undispatched, and dispatches it.
+            assert trio.current_time() == 60.0
             (step,) = await engine.history(run_id)
             assert (step.attempt, step.dispatched, step.status) == (2, True, dt.StepState.COMPLETED)
             assert engine.statistics().redispatched == 1

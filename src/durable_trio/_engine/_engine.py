@@ -120,7 +120,7 @@ class Engine:
         self._on_error = on_error
         self._drivers: dict[str, RunDriver | RemoteRunDriver] = {}
         self._waiters: dict[tuple[str, str], StepWaiter] = {}
-        self._applying: set[tuple[str, str]] = set()
+        self._applying: dict[tuple[str, str], trio.Event] = {}
         """Steps whose result this engine is applying now (checkpoint, then retry dispatch)."""
         self._counters = Counters()
         self._trio_clock = isinstance(store, MemoryRunStore)
@@ -309,19 +309,24 @@ class Engine:
             return
         if current.attempt != result.attempt:
             self._count("stale_results")
-            if (
-                current.attempt == result.attempt + 1
-                and not current.dispatched
-                and key not in self._applying
-            ):
+            if current.attempt == result.attempt + 1 and not current.dispatched:
                 # This result's first application checkpointed the retry, then stopped before
                 # the retry's dispatch was confirmed (cancelled: its claim's lease lost, T8);
                 # the redelivery finishes the job, or nobody would while this engine lives.
+                # While that first application is still under way here, wait for it: it may
+                # yet dispatch (a duplicated result) or be cancelled (a lost lease).
+                applying = self._applying.get(key)
+                if applying is not None:
+                    await applying.wait()
+                    found = await self.store.get_step(result.run_id, result.step_id)
+                    if found is None or found.dispatched or found.attempt != current.attempt:
+                        return
+                    current = found
                 self._count("redispatched")
                 await send_step(self, current, self._waiters.get(key))
             return
         following, delay = self._next_state(current, result)
-        self._applying.add(key)  # a copy of this result arriving meanwhile leaves it to us
+        done = self._applying[key] = trio.Event()  # copies arriving meanwhile wait for us
         try:
             verdict = await self.store.update_step(following, expect_attempt=current.attempt)
             self._count(_VERDICT_COUNTER[verdict])
@@ -337,7 +342,9 @@ class Engine:
                 except DurableTrioError as exc:  # the same task went out before: not expected
                     self._report(exc)
         finally:
-            self._applying.discard(key)
+            if self._applying.get(key) is done:
+                del self._applying[key]
+            done.set()
 
     async def _on_decision(self, decision: WorkflowDecision) -> None:
         await apply_decision(self, decision)
