@@ -179,6 +179,39 @@ async def test_t9_a_poison_task_whose_failure_result_cannot_be_published_is_trie
     assert failed.stalled_count == 5
 
 
+async def test_t10_a_result_push_that_fails_is_retried_the_step_never_runs_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A step that ran keeps its result: a failing result push is retried with a backoff
+    (0.05, 0.1, 0.2 ... s) while the claim is held, never turned into a handback that runs the
+    step again (and, after max_job_attempts, failed it with no answer for its run; found by
+    the simulation harness under a storm of dropped calls)."""
+    shared = MemoryBroker()
+    broker = _ResultPushFails(shared)
+    broker.failures = 7  # more than max_job_attempts (5)
+    errors = Errors()
+    runs: list[float] = []
+    results: list[tuple[float, dt.StepResult]] = []
+    async with dt.open_queue_transport(backend_with(broker), on_error=errors) as transport:
+
+        async def step(t: dt.RemoteTask) -> str:
+            runs.append(trio.current_time())
+            return "done"
+
+        async def on_result(r: dt.StepResult) -> None:
+            results.append((trio.current_time(), r))
+
+        transport.handle("step", step)
+        transport.on_result(on_result)
+        await transport.dispatch(task())
+        await trio.sleep(60)
+    assert runs == [0.0]
+    ((at, result),) = results
+    assert at == 0.05 + 0.1 + 0.2 + 0.4 + 0.8 + 1.6 + 3.2
+    assert result.output == "done"
+    assert sum("publishing the result of step" in m for m in errors.messages()) == 7
+
+
 async def test_t9_engine_input_is_never_poison_a_stalled_result_comes_back_every_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -49,6 +49,9 @@ from ._transport_base import (
     _OnJob,
 )
 
+#: First and largest delay between two attempts at pushing a step's result.
+_RESULT_PUSH_BACKOFF = (0.05, 5.0)
+
 
 class ConsumeMixin(TransportBase):
     # ------------------------------------------------------------------ consumers
@@ -490,5 +493,28 @@ class ConsumeMixin(TransportBase):
             data = self._new_job(JobKind.RESULT, StepResult.failure(task, error))
         if self._finishers_on:
             return data  # the job worker pushes it with the task's acknowledgement
-        await self._push_job(self._names.results, data)
+        await self._push_result(task, data)
         return None
+
+    async def _push_result(self, task: RemoteTask, job: Job) -> None:
+        """Push a step's result, again and again with a backoff while the broker fails: the
+        step has run, and raising would hand its task back to run again — and, after
+        ``max_job_attempts`` handbacks, fail it for good with no answer for its run (found by
+        the simulation harness under a storm of dropped calls). The claim stays renewed
+        meanwhile; a lost lease (T8) or a close past its deadline cancels the wait."""
+        delay, largest = _RESULT_PUSH_BACKOFF
+        while True:
+            try:
+                await self._push_job(self._names.results, job)
+                return
+            except BrokerError as exc:
+                self._report(
+                    JobError(
+                        f"publishing the result of step {task.name!r} failed (retrying in "
+                        f"{delay:.2f} s): {exc}",
+                        queue=self.task_queue(task.routing_group),
+                        job_id=task.task_id,
+                    )
+                )
+            await trio.sleep(delay)
+            delay = min(delay * 2, largest)
