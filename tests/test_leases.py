@@ -212,6 +212,28 @@ async def test_t10_a_result_push_that_fails_is_retried_the_step_never_runs_again
     assert sum("publishing the result of step" in m for m in errors.messages()) == 7
 
 
+async def test_t10_a_handler_that_meets_a_broker_error_is_never_failed_for_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A result handler whose run store is down raises a broker error: that is the store's
+    fault, not the handler's, so it does not count toward max_job_attempts (5) — the result
+    comes back every second until it is applied, and is never failed (which lost its run)."""
+    broker = MemoryBroker()
+    calls: list[float] = []
+    async with dt.open_queue_transport(backend_with(broker), on_error=Errors()) as transport:
+
+        async def on_result(r: dt.StepResult) -> None:
+            calls.append(trio.current_time())
+            if len(calls) <= 7:
+                raise dt.BrokerUnavailable("the run store is down")
+
+        transport.on_result(on_result)
+        await transport.publish_result(dt.StepResult("r", "s", 1, dt.StepStatus.COMPLETED))
+        await trio.sleep(20)
+        assert await broker.failed_jobs(transport.names.results) == []
+    assert calls == [float(n) for n in range(8)]
+
+
 async def test_t9_engine_input_is_never_poison_a_stalled_result_comes_back_every_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

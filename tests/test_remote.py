@@ -140,15 +140,14 @@ async def test_t14_a_failed_decision_push_redelivers_the_turn(
                 raise dt.BrokerUnavailable("broker blinked")
             await super().push_on(queue, job, **kw)
 
-    turns = 0
+    turns: list[float] = []
     decisions: list[dt.WorkflowDecision] = []
     async with dt.open_queue_transport(
         shared_backend(FlakyBroker(), MemoryKeyStore()), on_error=Errors()
     ) as transport:
 
         async def turn(task: dt.WorkflowTask) -> dt.WorkflowDecision:
-            nonlocal turns
-            turns += 1
+            turns.append(trio.current_time())
             return dt.WorkflowDecision(task.task_id, task.run_id, dt.DecisionStatus.COMPLETED)
 
         async def on_decision(decision: dt.WorkflowDecision) -> None:
@@ -157,8 +156,9 @@ async def test_t14_a_failed_decision_push_redelivers_the_turn(
         transport.handle_workflow("order", turn)
         transport.on_decision(on_decision)
         await transport.dispatch_workflow_task(turn_task())
-        await trio.sleep(1)
-    assert turns == 2
+        await trio.sleep(5)
+    # A broker error is not the turn's fault: the job comes back after 1 s, attempt-neutral.
+    assert turns == [0.0, 1.0]
     assert len(decisions) == 1
 
 

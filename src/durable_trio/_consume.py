@@ -49,6 +49,8 @@ from ._transport_base import (
     _OnJob,
 )
 
+#: How long a job whose handler met a broker error waits before it is delivered again.
+_INFRASTRUCTURE_RETRY_DELAY = 1.0
 #: First and largest delay between two attempts at pushing a step's result.
 _RESULT_PUSH_BACKOFF = (0.05, 5.0)
 
@@ -372,6 +374,21 @@ class ConsumeMixin(TransportBase):
             if isinstance(error, PayloadError):
                 self._report(_job_error(f"bad input, job failed: {error}", claim, error))
                 ok = await broker.fail_job(job.lease, queue, f"bad input: {error}")
+            elif isinstance(error, BrokerError):
+                # The handler met a broker or store outage, not a bug of its own: counting it
+                # toward max_job_attempts would fail the job for good — a result, a decision —
+                # and leave its run without an answer. Back after a pause, attempt-neutral.
+                self._report(
+                    _job_error(
+                        f"handler met a broker error, job handed back for "
+                        f"{_INFRASTRUCTURE_RETRY_DELAY} s: {error!r}",
+                        claim,
+                        error,
+                    )
+                )
+                ok = await broker.retry_job(
+                    job.lease, queue, delay=_INFRASTRUCTURE_RETRY_DELAY, count_attempt=False
+                )
             elif job.attempts + 1 >= self._options.max_job_attempts:
                 self._report(
                     _job_error(
