@@ -166,6 +166,37 @@ def test_the_seeds_that_found_defects_hold_every_invariant(profile: Faults, seed
     assert report.runs_completed == 300
 
 
+#: The same workload with the workflow's code on the workers (a remote workflow, T14-T16): the
+#: engine holds only the history, the workers serve the turns and run ``ctx.run`` locally.
+remote_app = dt.App("sim-remote")
+remote_app.step("work", retry=dt.Retry(max_attempts=50, initial=1.0, max_delay=30.0))(work)
+remote_app.workflow("order", remote=True)(order)
+
+
+@pytest.mark.parametrize(
+    ("profile", "seed"), [(CHAOS, 2), (STORM, 10)], ids=["chaos-2", "storm-10"]
+)
+def test_remote_workflows_under_faults_hold_every_invariant(profile: Faults, seed: int) -> None:
+    """Remote workflows through the same storms: duplicated turns and decisions, lost replies,
+    killed workers mid-turn. Found three defects of the remote driver on its first runs (a
+    duplicate decision, the driver's own poll, and an in-flight retry each dispatched a step
+    twice; an older turn's late decision failed a run as stuck)."""
+    report = Simulation(
+        remote_app,
+        workload,
+        seed=seed,
+        runs=200,
+        duration=3600,
+        faults=profile,
+        expected_output=expected,
+        engine_options={"turn_timeout": 120.0},
+    ).run_sync()
+    assert report.violations == ()
+    assert report.runs_completed == 200
+    assert report.engine.turns_dispatched > 1000
+    assert report.engine.decisions_applied > 0
+
+
 # --------------------------------------------------------------------------- violations
 
 

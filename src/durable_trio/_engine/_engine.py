@@ -121,6 +121,8 @@ class Engine:
         self._drivers: dict[str, RunDriver | RemoteRunDriver] = {}
         self._waiters: dict[tuple[str, str], StepWaiter] = {}
         self._applying: dict[tuple[str, str], trio.Event] = {}
+        self._decision_locks: dict[str, trio.Lock] = {}
+        """Remote runs whose decisions are being applied (one at a time per run)."""
         """Steps whose result this engine is applying now (checkpoint, then retry dispatch)."""
         self._counters = Counters()
         self._trio_clock = isinstance(store, MemoryRunStore)

@@ -157,12 +157,27 @@ async def _apply_command(engine: Engine, run: RunRecord, command: Any) -> bool:
 
 async def apply_decision(engine: Engine, decision: WorkflowDecision) -> None:
     """Apply one decision to the store (any engine may; see the module docstring), then tell
-    the run's driver if this engine drives it.
+    the run's driver if this engine drives it. Decisions of one run are applied one at a time
+    here, so a duplicate (a turn redelivered) finds the first one's steps already dispatched
+    instead of dispatching them again.
 
     Error handling:
         A malformed decision fails the run (``BadDecision``, reported through the error hook).
         A store error propagates: the transport redelivers the decision.
     """
+    locks = engine._decision_locks
+    lock = locks.get(decision.run_id)
+    if lock is None:
+        lock = locks[decision.run_id] = trio.Lock()
+    try:
+        async with lock:
+            await _apply_decision(engine, decision)
+    finally:
+        if not lock.locked() and not lock.statistics().tasks_waiting:
+            locks.pop(decision.run_id, None)
+
+
+async def _apply_decision(engine: Engine, decision: WorkflowDecision) -> None:
     store = engine.store
     run = await store.get_run(decision.run_id)
     definition = None if run is None else engine.app.workflows.get(run.workflow)
@@ -194,7 +209,7 @@ async def apply_decision(engine: Engine, decision: WorkflowDecision) -> None:
         engine._count("decisions_applied")
     driver = engine._drivers.get(run.run_id)
     if isinstance(driver, RemoteRunDriver):
-        driver.decided(verdict)
+        driver.decided(decision.task_id, verdict)
 
 
 async def apply_step_event(engine: Engine, event: StepEvent) -> None:
@@ -237,6 +252,8 @@ class RemoteRunDriver:
         self.turns = 0
         self._verdict: str | None = None
         self._decided = trio.Event()
+        self._turn_ids: set[str] = set()
+        """The task ids of the turn in flight (one per copy sent)."""
         self._deadline = 0.0
         del history  # re-read from the store before every turn
 
@@ -244,10 +261,13 @@ class RemoteRunDriver:
         """The turn in flight is running (a turn heartbeat): wait ``turn_timeout`` more."""
         self._deadline = trio.current_time() + self.engine.options.turn_timeout
 
-    def decided(self, verdict: str) -> None:
-        """A decision for this run was applied (or found stale)."""
-        self._verdict = verdict
-        self._decided.set()
+    def decided(self, task_id: str, verdict: str) -> None:
+        """A decision for this run was applied (or found stale). Only a decision of the turn
+        in flight (any copy of it) moves the driver on: an older turn's, arriving late (a
+        redelivered turn), changed nothing the driver waits for."""
+        if task_id in self._turn_ids:
+            self._verdict = verdict
+            self._decided.set()
 
     async def drive(self, definition: WorkflowDefinition) -> None:
         """Turn after turn until the run is settled (by a decision, a cancel, ...)."""
@@ -286,6 +306,14 @@ class RemoteRunDriver:
                 continue
             await self._progress(sent)
 
+    async def _settled_decisions(self) -> None:
+        """Wait out a decision of this run being applied here: a step it inserted but has not
+        dispatched yet is not one to dispatch again."""
+        lock = self.engine._decision_locks.get(self.run.run_id)
+        if lock is not None:
+            async with lock:
+                pass
+
     async def _ended(self) -> bool:
         engine = self.engine
         run = await engine._guard(lambda: engine.store.get_run(self.run.run_id), "reading")
@@ -303,6 +331,7 @@ class RemoteRunDriver:
             input=run.input,
             history=tuple(step_to_json(r) for r in records),
         )
+        self._turn_ids.add(task.task_id)
         await engine._guard(
             lambda: engine.transport.dispatch_workflow_task(task), "dispatching a workflow turn"
         )
@@ -314,6 +343,7 @@ class RemoteRunDriver:
         options = engine.options
         self._decided = trio.Event()
         self._verdict = None
+        self._turn_ids = set()
         await self._send_turn(records)
         self._deadline = trio.current_time() + options.turn_timeout
         poll = options.watch_interval or 1.0
@@ -323,6 +353,7 @@ class RemoteRunDriver:
                 await self._decided.wait()
             if self._decided.is_set():
                 return
+            await self._settled_decisions()
             # Applied by another engine? It shows in the store.
             if await self._ended():
                 return
@@ -341,6 +372,7 @@ class RemoteRunDriver:
         engine = self.engine
         store = engine.store
         run_id = self.run.run_id
+        await self._settled_decisions()
         records = await engine._guard(lambda: store.get_steps(run_id), "reading")
         pending = [r for r in records if r.status is StepState.PENDING]
         if not pending:
@@ -363,6 +395,11 @@ class RemoteRunDriver:
             async with trio.open_nursery() as nursery:
 
                 async def remote(key: tuple[str, str], waiter: StepWaiter) -> None:
+                    # A result of this step being applied here (a retry checkpointed, its
+                    # dispatch under way) is left to finish: its retry is not ours to send.
+                    applying = engine._applying.get(key)
+                    if applying is not None:
+                        await applying.wait()
                     # Watch BEFORE reading: a result applied from now on reaches the waiter.
                     found = await engine._guard(lambda: store.get_step(*key), "reading")
                     if found is not None:

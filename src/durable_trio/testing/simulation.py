@@ -506,7 +506,12 @@ class Simulation:
                 self._recorded(definition.fn, worker_id, injector)
             )
         for name, workflow in self.app.workflows.items():
-            shadow.workflow(name)(cast("WorkflowFunction", workflow.fn))
+            if workflow.fn is None:
+                shadow.remote_workflow(name)
+            else:  # a remote workflow's turns are served by the workers too
+                shadow.workflow(name, remote=workflow.remote)(
+                    cast("WorkflowFunction", workflow.fn)
+                )
         return shadow
 
     def _recorded(self, fn: StepFunction, worker_id: str, injector: Injector) -> StepFunction:
