@@ -3,7 +3,8 @@
 Sections: ``memory`` (the transport on the memory broker), ``adaptive`` (adaptive concurrency
 against fixed limits), ``engine`` (3-step workflows against raw round trips), ``redis`` (the race:
 ours and the peers', on one private redis-server, in the same run), ``sqlite`` (the embedded
-default). ``--quick`` runs smaller versions of each (a smoke test; the peers then run once each).
+default), ``simulation`` (a seeded day of production with faults, issue 9). ``--quick`` runs
+smaller versions of each (a smoke test; the peers then run once each).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import adaptive, engine, memory
+from . import adaptive, engine, memory, simulation
 from . import redis as ours_on_redis
 from .redis_server import RedisError, private_redis, redis_version
 
@@ -38,6 +39,10 @@ def _adaptive(quick: bool) -> Figures:
 
 def _engine(quick: bool) -> Figures:
     return trio.run(engine.run, quick)
+
+
+def _simulation(quick: bool) -> Figures:
+    return {f"simulation {key}": value for key, value in simulation.run(quick).items()}
 
 
 def _sqlite(quick: bool) -> Figures:
@@ -73,6 +78,7 @@ SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "engine": _engine,
     "redis": _redis,
     "sqlite": _sqlite,
+    "simulation": _simulation,
 }
 
 
@@ -212,6 +218,24 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
         checks.append(
             (f"[7] pod status() via the engine p50 {via:.2f} ms on Redis (want <= 2)", via <= 2)
         )
+    day, broken = (
+        "simulation 24 h simulation wall time (s)",
+        "simulation 24 h simulation invariant violations",
+    )
+    if have(day, broken):
+        wall, violations = _value(f[day]), _value(f[broken])
+        checks.append(
+            (
+                f"[9] a simulated day with faults in {wall:.1f} s wall, {violations:g} invariant "
+                "violations (want < 60 s, 0)",
+                wall < 60 and violations == 0,
+            )
+        )
+    remote = "simulation 1 h remote-workflow simulation wall time (s)"
+    if have(remote):
+        note = f[remote][1] if isinstance(f[remote], tuple) else ""
+        checks.append((f"[7] remote workflows under faults: {note} (want 0 violations)",
+                       note.endswith(" 0 violations")))
     if have(
         "sqlite S1 drain, concurrency 32 (round trips/s)",
         "durable_trio S1 drain, concurrency 32 (round trips/s)",

@@ -1,0 +1,109 @@
+"""Simulation figures (issue 9): a seeded day of production with faults, in one ``trio.run`` on a
+virtual clock — its wall time (the bar: under 60 s), what it covered, and that every invariant
+held; the same for an hour of remote workflows (issue 7's turns through the same storms).
+
+The workload is the suite's (``tests/test_simulation.py``): 2,000 runs of a workflow of 1-4
+sequential steps, a 60 s durable timer, two steps in parallel and a local step; steps take
+0.5-20 s of virtual time and fail one attempt in twenty.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import trio
+
+import durable_trio as dt
+from durable_trio.testing import Faults, InvariantViolation, Simulation, SimulationReport
+
+DAY_SEED = 20261
+
+
+async def work(x: int) -> int:
+    info = dt.step_info()
+    rng = random.Random(f"{info.run_id}:{info.step_id}:{info.attempt}")
+    await trio.sleep(rng.uniform(0.5, 20.0))
+    if rng.random() < 0.05:
+        raise RuntimeError("flaky")
+    return x * 2
+
+
+async def order(ctx: dt.WorkflowContext, size: int) -> list[int]:
+    head = [await ctx.step("work", n) for n in range(size)]
+    await ctx.sleep(60)
+    tail = await ctx.gather(ctx.step("work", 100), ctx.step("work", 101))
+    total = await ctx.run("sum", lambda: sum(head) + sum(tail))
+    return [*head, *tail, total]
+
+
+def _app(name: str, *, remote: bool) -> dt.App:
+    app = dt.App(name)
+    app.step("work", retry=dt.Retry(max_attempts=50, initial=1.0, max_delay=30.0))(work)
+    app.workflow("order", remote=remote)(order)
+    return app
+
+
+def workload(rng: random.Random, index: int) -> tuple[str, Any]:
+    return "order", rng.randrange(1, 5)
+
+
+def expected(workflow: str, size: int) -> list[int]:
+    head = [2 * n for n in range(size)]
+    return [*head, 200, 202, sum(head) + 402]
+
+
+CHAOS = Faults(
+    kills_per_hour=2.0, restarts_per_hour=2.0, renewal_pauses_per_hour=2.0, stalls_per_hour=2.0
+)
+
+
+def _report(simulation: Simulation) -> SimulationReport:
+    """The report, violations included (they are figures here, not an exception)."""
+    try:
+        return simulation.run_sync()
+    except InvariantViolation as violation:
+        return violation.report
+
+
+def run(quick: bool) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    runs, hours = (500, 6) if quick else (2000, 24)
+    report = _report(Simulation(
+        _app("bench-sim", remote=False),
+        workload,
+        seed=DAY_SEED,
+        runs=runs,
+        duration=hours * 3600,
+        faults=CHAOS,
+        expected_output=expected,
+    ))
+    faults = sum(report.faults.values())
+    figures[f"{hours} h simulation wall time (s)"] = (
+        report.wall_seconds,
+        f"{runs} runs, {report.step_executions} step executions, {faults} faults, seed {DAY_SEED}",
+    )
+    figures[f"{hours} h simulation invariant violations"] = (
+        float(len(report.violations)),
+        f"{report.duplicate_executions} duplicates, each explained by a fault",
+    )
+    figures[f"{hours} h simulation virtual s per wall s"] = (
+        report.virtual_seconds / report.wall_seconds,
+        "",
+    )
+    remote = _report(Simulation(
+        _app("bench-sim-remote", remote=True),
+        workload,
+        seed=DAY_SEED,
+        runs=200 if quick else 500,
+        duration=3600,
+        faults=CHAOS,
+        expected_output=expected,
+        engine_options={"turn_timeout": 120.0},
+    ))
+    figures["1 h remote-workflow simulation wall time (s)"] = (
+        remote.wall_seconds,
+        f"{remote.runs_started} runs, {remote.engine.turns_dispatched} turns, "
+        f"{len(remote.violations)} violations",
+    )
+    return figures
