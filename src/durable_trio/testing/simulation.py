@@ -30,7 +30,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
@@ -61,7 +61,7 @@ from .faults import BrokerFaults, FaultyKeyStore, Injector, wrap_broker
 
 if TYPE_CHECKING:
     from .._engine import Engine
-    from .._engine._app import StepFunction, WorkflowFunction
+    from .._engine._app import StepFunction
 
 __all__ = [
     "SEED_VARIABLE",
@@ -509,9 +509,7 @@ class Simulation:
             if workflow.fn is None:
                 shadow.remote_workflow(name)
             else:  # a remote workflow's turns are served by the workers too
-                shadow.workflow(name, remote=workflow.remote)(
-                    cast("WorkflowFunction", workflow.fn)
-                )
+                shadow.workflow(name, remote=workflow.remote)(workflow.fn)
         return shadow
 
     def _recorded(self, fn: StepFunction, worker_id: str, injector: Injector) -> StepFunction:
