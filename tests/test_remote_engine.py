@@ -337,6 +337,60 @@ async def test_t15_a_malformed_decision_fails_the_run_loudly_and_a_foreign_one_i
     assert stats.orphan_decisions == 1
 
 
+class _DeafToDecisions:
+    """Fault injection: the broker as one engine sees it, with its decisions queue always
+    empty (so every decision goes to the OTHER engine of the namespace)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def pop_from(self, queue: str, *, worker: str = "") -> Any:
+        if queue.endswith(":decisions"):
+            await trio.lowlevel.checkpoint()
+            return None
+        return await self._inner.pop_from(queue, worker=worker)
+
+    async def pop_many(self, queue: str, count: int, *, worker: str = "") -> Any:
+        if queue.endswith(":decisions"):
+            await trio.lowlevel.checkpoint()
+            return []
+        return await self._inner.pop_many(queue, count, worker=worker)
+
+    async def wait_for_work(self, queue: str) -> None:
+        if queue.endswith(":decisions"):
+            await trio.sleep_forever()
+        await self._inner.wait_for_work(queue)
+
+
+async def test_t15_a_decision_applied_by_another_engine_moves_the_driving_engine_on(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Decisions are point-to-point: with two engines on a namespace, the one that takes a
+    decision may not be the one driving the run. It applies it to the store all the same, and
+    the driver sees it there (its watch), with no turn sent twice and no step run twice."""
+    executions: Counter[str] = Counter()
+    async with AsyncExitStack() as stack:
+        backend = await stack.enter_async_context(dt.open_backend("memory://"))
+        await stack.enter_async_context(open_worker(worker_app(executions), backend))
+        other = await stack.enter_async_context(
+            open_engine(engine_app(), backend, engine_id="other", reconcile=False)
+        )
+        deaf = dt.Backend("memory://", _DeafToDecisions(backend.broker), backend.keys)
+        driver = await stack.enter_async_context(
+            open_engine(engine_app(), deaf, store=other.store, engine_id="driver")
+        )
+        run_id = await driver.start("order", ORDER)
+        output = await driver.result(run_id)
+        ours, theirs = driver.statistics(), other.statistics()
+    assert output["receipt"] == "receipt-1"
+    assert (ours.decisions_applied, ours.turns_resent) == (0, 0)
+    assert theirs.decisions_applied == ours.turns_dispatched
+    assert executions == Counter({"stamp:1": 1, "reserve:a": 1, "reserve:b": 1, "charge:1": 1})
+
+
 # --------------------------------------------------------------------------- tenant pods
 
 
