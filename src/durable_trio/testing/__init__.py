@@ -18,16 +18,9 @@ See ``docs/testing.md``.
 
 from __future__ import annotations
 
+from ._report import Faults, InvariantViolation, SimulationReport
 from .faults import BrokerFaults, FaultyBroker, FaultyKeyStore, Injector, wrap_broker
-from .simulation import (
-    DEFAULT_TRANSPORT_OPTIONS,
-    SEED_VARIABLE,
-    Faults,
-    InvariantViolation,
-    Simulation,
-    SimulationReport,
-    Workload,
-)
+from .simulation import DEFAULT_TRANSPORT_OPTIONS, SEED_VARIABLE, Simulation, Workload
 
 __all__ = [
     "DEFAULT_TRANSPORT_OPTIONS",

@@ -20,8 +20,6 @@ restores afterwards). Ids are deterministic (``run-00042``, worker ``w1-3``, eng
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import math
 import os
 import random
@@ -29,7 +27,7 @@ import shlex
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -57,6 +55,8 @@ from .._liveness import MIN_HEARTBEAT_TTL
 from .._naming import QueueNames, sanitize_token
 from ..adapters.memory import MemoryBroker
 from ..keys.memory import MemoryKeyStore
+from ._determinism import seeded_scheduler
+from ._report import Faults, InvariantViolation, SimulationReport
 from .faults import BrokerFaults, FaultyKeyStore, Injector, wrap_broker
 
 if TYPE_CHECKING:
@@ -95,133 +95,6 @@ _CLEANUP_PHASES = 6
 _HOUR = 3600.0
 
 
-@attrs.frozen(kw_only=True)
-class Faults:
-    """What goes wrong, and how often (rates per hour of virtual time; durations in seconds,
-    drawn uniformly from ``(low, high)``)."""
-
-    kills_per_hour: float = 0.5
-    """A random worker is killed abruptly (nothing it does reaches the broker any more; its
-    claims come back by lease expiry, its liveness keys expire)."""
-    restart_delay: float = 30.0
-    """A killed worker's replacement starts this long after the kill."""
-    restarts_per_hour: float = 0.5
-    """A random worker is closed gracefully and replaced at once (a rolling deploy): the close
-    bounds and the liveness-key withdrawal are checked on each."""
-    renewal_pauses_per_hour: float = 0.5
-    """A random worker's lease renewals fail for a while (its claims are re-delivered)."""
-    renewal_pause: tuple[float, float] = (40.0, 180.0)
-    stalls_per_hour: float = 0.5
-    """A random worker stalls: every broker and key-store call it makes, and the completion of
-    every step it runs, waits until the stall ends (what a frozen event loop looks like from
-    outside; its step code itself keeps running on the virtual clock)."""
-    stall: tuple[float, float] = (5.0, 90.0)
-    broker: BrokerFaults = attrs.field(
-        factory=lambda: BrokerFaults(
-            delay_probability=0.02,
-            delay_max=2.0,
-            drop_probability=0.002,
-            lost_reply_probability=0.002,
-            key_write_failure_probability=0.02,
-        )
-    )
-    """Per-call faults of every worker's broker and key store."""
-    engine_broker: BrokerFaults | None = None
-    """Per-call faults of the engine's broker (``None``: the same as ``broker``)."""
-
-    @classmethod
-    def none(cls) -> Faults:
-        """No faults at all."""
-        return cls(
-            kills_per_hour=0.0,
-            restarts_per_hour=0.0,
-            renewal_pauses_per_hour=0.0,
-            stalls_per_hour=0.0,
-            broker=BrokerFaults(),
-        )
-
-
-class InvariantViolation(AssertionError):
-    """A simulated run broke an invariant. The message names the seed and a command that
-    replays it; :attr:`report` holds the whole run.
-
-    Attributes:
-        report: the run's :class:`SimulationReport` (its ``violations`` say what broke).
-    """
-
-    def __init__(self, message: str, report: SimulationReport) -> None:
-        super().__init__(message)
-        self.report = report
-
-
-@attrs.frozen
-class SimulationReport:
-    """What a simulated run did: its figures, its invariant violations and its history.
-
-    The history is a list of JSON events (``{"t": virtual seconds, "ev": kind, ...}``):
-    runs started and ended, step executions, worker lifecycles, every fault injected and every
-    error reported. :meth:`history_bytes` is its canonical serialization: two runs of one seed
-    give the same bytes.
-    """
-
-    seed: int
-    workers: int
-    duration: float
-    """Virtual seconds of workload (faults are injected during this time)."""
-    virtual_seconds: float
-    """Virtual seconds simulated in all (workload, drain and close)."""
-    wall_seconds: float
-    runs_started: int
-    runs_completed: int
-    runs_failed: int
-    runs_cancelled: int
-    runs_unfinished: int
-    step_executions: int
-    duplicate_executions: int
-    """Executions of a (run, step, attempt) after its first (each one explained by a fault)."""
-    lost_leases: int
-    """Claims workers found re-delivered while they ran them (transport ``duplicates``)."""
-    faults: dict[str, int]
-    """Faults injected, by kind."""
-    errors_reported: dict[str, int]
-    """Errors the engine and workers reported through ``on_error``, by type."""
-    graceful_closes: int
-    longest_close: float
-    """Virtual seconds of the slowest graceful worker close."""
-    close_bound: float
-    engine: EngineStatistics
-    violations: tuple[str, ...]
-    history: tuple[dict[str, Any], ...] = attrs.field(repr=False)
-    replay_command: str
-
-    def history_bytes(self) -> bytes:
-        """The history, serialized (orjson): compare these to compare two runs."""
-        return orjson.dumps(list(self.history))
-
-    @property
-    def digest(self) -> str:
-        """SHA-256 of :meth:`history_bytes` (hex)."""
-        return hashlib.sha256(self.history_bytes()).hexdigest()
-
-    def summary(self) -> str:
-        """A few lines for humans."""
-        faults = ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())) or "none"
-        return (
-            f"seed {self.seed}: {self.duration / _HOUR:g} h simulated with {self.workers} workers "
-            f"in {self.wall_seconds:.1f} s wall ({self.virtual_seconds:.0f} virtual s)\n"
-            f"  runs: {self.runs_started} started, {self.runs_completed} completed, "
-            f"{self.runs_failed} failed, {self.runs_cancelled} cancelled, "
-            f"{self.runs_unfinished} unfinished\n"
-            f"  steps: {self.step_executions} executions, {self.duplicate_executions} "
-            f"duplicates, {self.lost_leases} lost leases\n"
-            f"  faults: {faults}\n"
-            f"  graceful closes: {self.graceful_closes} (longest {self.longest_close:.2f} s, "
-            f"bound {self.close_bound:.2f} s)\n"
-            f"  history: {len(self.history)} events, sha256 {self.digest[:16]}\n"
-            f"  invariants: {'all held' if not self.violations else 'VIOLATED'}"
-        )
-
-
 @attrs.define(eq=False)
 class _Execution:
     worker: str
@@ -257,37 +130,6 @@ class _RecordingStore(MemoryRunStore):
         if verdict is Applied.APPLIED and step.status is not StepState.PENDING:
             self.settled[(step.run_id, step.step_id)] += 1
         return verdict
-
-
-@contextlib.contextmanager
-def _seeded_scheduler(seed: str) -> Iterator[None]:
-    """Make trio's scheduler deterministic for the duration of the block, then restore it.
-
-    Trio runs each batch of ready tasks in an order drawn from a module-level generator, and
-    breaks ties between equal deadlines by object address: two runs of one program can
-    interleave differently. Trio has a switch for exactly this (its Hypothesis integration
-    turns it on): sort each batch by task creation order, then shuffle it with the seeded
-    generator. Private API of trio; where it moved, scheduling stays trio's own (histories may
-    then differ from run to run, which the determinism test would show).
-    """
-    try:
-        from trio._core import _run as trio_run
-
-        generator: random.Random | None = trio_run._r
-        switch: bool = trio_run._ALLOW_DETERMINISTIC_SCHEDULING
-    except (ImportError, AttributeError):  # pragma: no cover - a future trio
-        generator = None
-    if not isinstance(generator, random.Random):  # pragma: no cover
-        yield
-        return
-    state = generator.getstate()
-    generator.seed(seed)
-    trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
-    try:
-        yield
-    finally:
-        trio_run._ALLOW_DETERMINISTIC_SCHEDULING = switch  # type: ignore[misc]
-        generator.setstate(state)
 
 
 def _arrivals(rng: random.Random, rate_per_hour: float, duration: float) -> list[float]:
@@ -387,7 +229,7 @@ class Simulation:
         """
         self._reset()
         wall = time.perf_counter()
-        with _seeded_scheduler(f"{self.seed}:scheduler"):
+        with seeded_scheduler(f"{self.seed}:scheduler"):
             await self._simulate()
         report = self._report(time.perf_counter() - wall)
         if report.violations:
