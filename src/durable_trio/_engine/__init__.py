@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from ._app import App, StepDefinition, WorkflowDefinition
 from ._context import StepHandle, StepInfo, WorkflowContext, step_info
-from ._engine import Engine, open_engine
+from ._engine import Engine
 from ._errors import (
     EngineClosed,
     EngineError,
@@ -38,6 +38,7 @@ from ._errors import (
     StepFailed,
     UnknownWorkflow,
 )
+from ._open import open_engine
 from ._options import EngineOptions
 from ._records import Applied, RunRecord, RunStatus, StepKind, StepRecord, StepState
 from ._retry import Retry

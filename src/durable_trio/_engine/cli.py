@@ -22,8 +22,8 @@ import trio
 from .._backend import open_backend
 from .._errors import ConfigError, DurableTrioError
 from ._app import App
-from ._engine import open_engine
 from ._errors import RunFailed
+from ._open import open_engine
 from ._worker import open_worker
 
 if TYPE_CHECKING:

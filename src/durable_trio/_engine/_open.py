@@ -1,0 +1,107 @@
+"""``open_engine``: an engine, its run store and its transport, opened and closed together."""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._options import log_error
+from .._transport import open_queue_transport
+from ._engine import Engine
+from ._options import EngineOptions
+from ._retry import Retry
+from ._stores import open_run_store
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from .._backend import Backend
+    from .._options import ErrorHook
+    from ._app import App
+    from ._stores import RunStore
+
+__all__ = ["open_engine"]
+
+
+@asynccontextmanager
+async def open_engine(
+    app: App,
+    backend: Backend,
+    *,
+    store: RunStore | None = None,
+    engine_id: str | None = None,
+    run_lease: float = 30.0,
+    reconcile_interval: float | None = 5.0,
+    watch_interval: float | None = 1.0,
+    reconcile: bool = True,
+    release_on_close: bool = True,
+    default_retry: Retry | None = None,
+    seed: int | str | None = None,
+    turn_timeout: float = 300.0,
+    serve_tenants: bool = False,
+    **transport_options: Any,
+) -> AsyncIterator[Engine]:
+    """Open an engine that drives ``app``'s workflows over ``backend``.
+
+    On entry it reconciles: runs left in flight by a dead engine (or by an earlier process
+    under the same ``engine_id``) are taken over and replayed, their unconfirmed dispatches
+    re-dispatched. Leaving the block stops driving runs (see :meth:`Engine.aclose`) and closes
+    the transport.
+
+    Args:
+        app: the workflows (and the retry policies of its steps).
+        backend: from :func:`~durable_trio.open_backend`.
+        store: a run store (default: the backend's, see ``open_run_store``).
+        engine_id, run_lease, reconcile_interval, watch_interval, reconcile,
+            release_on_close, default_retry, seed, turn_timeout, serve_tenants: see
+            :class:`EngineOptions`.
+        **transport_options: :func:`~durable_trio.open_queue_transport` options; ``namespace``
+            defaults to the app's name, ``result_concurrency`` to 16.
+
+    Raises:
+        ConfigError: an option that cannot work.
+    """
+    options = EngineOptions(
+        engine_id=engine_id or uuid.uuid4().hex,
+        run_lease=run_lease,
+        reconcile_interval=reconcile_interval,
+        watch_interval=watch_interval,
+        reconcile=reconcile,
+        release_on_close=release_on_close,
+        default_retry=default_retry or Retry(),
+        seed=seed,
+        turn_timeout=turn_timeout,
+        serve_tenants=serve_tenants,
+    )
+    transport_options.setdefault("namespace", app.name)
+    transport_options.setdefault("result_concurrency", 16)
+    namespace = str(transport_options["namespace"])
+    on_error: ErrorHook = transport_options.get("on_error", log_error)
+    body_error: BaseException | None = None
+    async with AsyncExitStack() as stack:
+        if store is None:
+            store = await stack.enter_async_context(open_run_store(backend, namespace))
+        transport = await stack.enter_async_context(
+            open_queue_transport(backend, **transport_options)
+        )
+        engine = Engine(app, store, transport, options, on_error)
+        # The body's own exception leaves bare, not wrapped in the root nursery's group.
+        async with trio.open_nursery() as root:
+            try:
+                try:
+                    await engine._start(root)
+                except BaseException as exc:
+                    body_error = exc
+                else:
+                    try:
+                        yield engine
+                    except BaseException as exc:
+                        body_error = exc
+            finally:
+                await engine.aclose()
+                root.cancel_scope.cancel()
+    if body_error is not None:
+        raise body_error
