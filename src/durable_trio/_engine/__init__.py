@@ -19,8 +19,10 @@ deterministic replay, run stores.
         outcome = await engine.result(run_id)
 
 Layers (imports go down): ``_app`` / ``_retry`` / ``_records`` / ``_errors`` -> ``_stores`` ->
-``_replay`` / ``_context`` -> ``_runtime`` -> ``_engine`` (with ``_options``, ``_statistics``),
-``_worker`` -> ``cli``.
+``_replay`` / ``_context`` -> ``_runtime`` (runs driven here), ``_turn`` (a remote workflow's
+turn, on a workflow worker) -> ``_remote_run`` (remote runs, driven turn by turn) -> ``_engine``
+(with ``_options``, ``_statistics``; ``_control``: the control plane of tenant pods) ->
+``_open``, ``_worker``, ``_tenant`` (a pod's client) -> ``cli``.
 """
 
 from __future__ import annotations
