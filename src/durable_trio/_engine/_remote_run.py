@@ -101,7 +101,12 @@ async def _apply_command(engine: Engine, run: RunRecord, command: Any) -> bool:
         stored = await engine._guard(lambda: store.begin_step(fresh), "checkpointing")
         if (stored.kind, stored.name) != (StepKind.REMOTE, name):
             return False
-        if stored.status is StepState.PENDING and not stored.dispatched:
+        if (
+            stored.status is StepState.PENDING
+            and not stored.dispatched
+            and stored.attempt == 1  # a later attempt is its result handler's to send
+            and (run.run_id, step_id) not in engine._applying
+        ):
             await send_step(engine, stored, None)
         return True
     if kind == "sleep":

@@ -209,6 +209,9 @@ class RunDriver:
                 record = await engine._guard(lambda: store.begin_step(fresh), "checkpointing")
                 self.history.check(record, StepKind.REMOTE, name)
             else:
+                applying = engine._applying.get(key)
+                if applying is not None:  # a result of it being applied here: let it finish
+                    await applying.wait()
                 found = await engine._guard(lambda: store.get_step(run_id, step_id), "reading")
                 record = found if found is not None else known
             waiter.update(record)
