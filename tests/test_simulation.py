@@ -174,13 +174,16 @@ remote_app.workflow("order", remote=True)(order)
 
 
 @pytest.mark.parametrize(
-    ("profile", "seed"), [(CHAOS, 2), (STORM, 10)], ids=["chaos-2", "storm-10"]
+    ("profile", "seed"),
+    [(CHAOS, 2), (STORM, 10), (STORM, 29)],
+    ids=["chaos-2", "storm-10", "storm-29"],
 )
 def test_remote_workflows_under_faults_hold_every_invariant(profile: Faults, seed: int) -> None:
     """Remote workflows through the same storms: duplicated turns and decisions, lost replies,
     killed workers mid-turn. Found three defects of the remote driver on its first runs (a
     duplicate decision, the driver's own poll, and an in-flight retry each dispatched a step
-    twice; an older turn's late decision failed a run as stuck)."""
+    twice; an older turn's late decision failed a run as stuck), and a fourth on later seeds
+(storm-29: an older turn's decision arriving mid-retry dispatched the retry again)."""
     report = Simulation(
         remote_app,
         workload,
