@@ -256,6 +256,32 @@ async def test_t14_a_long_turn_heartbeats_so_the_engine_does_not_send_it_again(
         assert engine.statistics().turns_dispatched == 1
 
 
+async def test_t14_a_turn_that_awaits_something_else_fails_its_run_at_the_turn_limit(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Workflow code must await only ctx calls; one that waits on anything else would hold its
+    turn (heartbeating) forever. The worker's turn_limit bounds it: the run fails, loudly."""
+    app = App("shop")
+
+    @app.workflow("hangs", remote=True)
+    async def hangs(ctx: WorkflowContext, _: Any) -> None:
+        await trio.Event().wait()  # not a ctx call: the engine can never settle it
+
+    declared = App("shop")
+    declared.remote_workflow("hangs")
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_worker(app, backend, turn_limit=60.0),
+        open_engine(declared, backend) as engine,
+    ):
+        run_id = await engine.start("hangs")
+        with pytest.raises(RunFailed) as failed:
+            await engine.result(run_id)
+        assert trio.current_time() == 60.0
+    assert failed.value.error["type"] == "TurnTimeout"
+    assert "must await only ctx calls" in failed.value.error["message"]
+
+
 async def test_t14_an_engine_restart_resumes_a_remote_run_from_its_history(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

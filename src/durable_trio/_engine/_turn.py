@@ -20,6 +20,7 @@ diverges from the code fails the run with ``NonDeterminismError``, as in the eng
 from __future__ import annotations
 
 import inspect
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ import trio
 from .._errors import BrokerError, DurableTrioError, PayloadError
 from .._wire import DecisionStatus, StepError, StepEvent, StepEventKind, WorkflowDecision
 from ._context import _CURRENT_STEP, Quiescence, StepInfo, WorkflowContext
-from ._errors import NonDeterminismError, StepFailed
+from ._errors import EngineError, NonDeterminismError, StepFailed
 from ._records import (
     RunRecord,
     RunStatus,
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from .._wire import WorkflowTask
     from ._app import WorkflowDefinition
 
-__all__ = ["TurnDriver", "run_turn"]
+__all__ = ["TurnDriver", "TurnTimeout", "run_turn"]
 
 
 class TurnDriver:
@@ -206,11 +207,21 @@ def _failed(
     )
 
 
+class TurnTimeout(EngineError):
+    """A turn ran past its worker's ``turn_limit``: workflow code that awaits something other
+    than ``ctx`` calls, or local steps longer than the limit. The run fails with it."""
+
+
 async def run_turn(
-    definition: WorkflowDefinition, transport: QueueTransport, task: WorkflowTask
+    definition: WorkflowDefinition,
+    transport: QueueTransport,
+    task: WorkflowTask,
+    *,
+    limit: float = math.inf,
 ) -> WorkflowDecision:
     """Replay ``definition`` over ``task.history`` until every thread waits or it ends; the
-    decision says which (see the module docstring)."""
+    decision says which (see the module docstring). A turn still going after ``limit``
+    seconds fails the run (:class:`TurnTimeout`): nothing waits forever."""
     assert definition.fn is not None
     try:
         records = [step_from_json(task.run_id, entry) for entry in task.history]
@@ -242,8 +253,16 @@ async def run_turn(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(body)
-        await driver.tracker.settled.wait()
+        with trio.move_on_after(limit) as bounded:
+            await driver.tracker.settled.wait()
         nursery.cancel_scope.cancel()
+    if bounded.cancelled_caught and not ended and driver.fatal is None:
+        stuck = TurnTimeout(
+            f"the turn of workflow {task.workflow!r} was still going after {limit:g} s "
+            "(workflow code must await only ctx calls; raise the worker's turn_limit for "
+            "longer local steps)"
+        )
+        return _failed(task, stuck, [])
     if driver.fatal is not None:
         return _failed(task, driver.fatal, [])
     if not ended:

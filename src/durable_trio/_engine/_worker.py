@@ -143,6 +143,7 @@ async def open_worker(
     concurrency: int = 8,
     steps: list[str] | None = None,
     workflows: list[str] | None = None,
+    turn_limit: float = 3600.0,
     **transport_options: Any,
 ) -> AsyncIterator[Worker]:
     """Serve ``app``'s steps — and the turns of its remote workflows — over ``backend`` until
@@ -156,6 +157,9 @@ async def open_worker(
         steps: serve only these step names (default: all of the app's).
         workflows: serve the turns of only these remote workflows (default: every workflow
             the app registers with ``remote=True`` and its code; ``[]``: none).
+        turn_limit: seconds a remote workflow's turn may run (its local steps included) before
+            its run fails with ``TurnTimeout`` — workflow code that awaits anything but ``ctx``
+            calls would otherwise hold the turn forever.
         **transport_options: :func:`~durable_trio.open_queue_transport` options; ``namespace``
             defaults to the app's name.
 
@@ -164,6 +168,8 @@ async def open_worker(
     """
     from .._errors import ConfigError
 
+    if not (isinstance(turn_limit, int | float) and turn_limit > 0):
+        raise ConfigError(f"turn_limit must be a positive number of seconds, got {turn_limit!r}")
     names = list(app.steps) if steps is None else steps
     unknown = [name for name in names if name not in app.steps]
     if unknown:
@@ -189,7 +195,8 @@ async def open_worker(
             worker._serve(app.steps[name])
         for name in served:
             transport.handle_workflow(
-                name, functools.partial(run_turn, app.workflows[name], transport)
+                name,
+                functools.partial(run_turn, app.workflows[name], transport, limit=turn_limit),
             )
         transport.on_control(worker._on_control)
         yield worker
