@@ -533,6 +533,27 @@ async def test_t19_t23_two_tenants_start_the_same_run_id_at_once_and_each_gets_i
     assert outputs["globex"]["receipt"] == "receipt-1"
 
 
+async def test_t22_a_worker_in_a_store_less_pod_is_seen_by_the_control_plane(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    executions: Counter[str] = Counter()
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_engine(engine_app(), backend, serve_tenants=True) as engine,
+    ):
+        async with open_worker(
+            worker_app(executions), pod_backend(backend), tenant_pod=True, instance_id="pod-w"
+        ):
+            await trio.sleep(1)
+            health = await engine.transport.group_health("charge")
+            assert health is not None
+            assert [w.instance for w in health.live_workers] == ["pod-w"]
+        await trio.sleep(1)
+        health = await engine.transport.group_health("charge")
+        assert health is not None
+        assert health.live_workers == ()  # withdrawn through the control plane on close
+
+
 async def test_t18_a_pod_with_no_control_plane_times_out_at_exactly_its_request_timeout(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -144,6 +144,7 @@ async def open_worker(
     steps: list[str] | None = None,
     workflows: list[str] | None = None,
     turn_limit: float = 3600.0,
+    tenant_pod: bool = False,
     **transport_options: Any,
 ) -> AsyncIterator[Worker]:
     """Serve ``app``'s steps — and the turns of its remote workflows — over ``backend`` until
@@ -160,6 +161,9 @@ async def open_worker(
         turn_limit: seconds a remote workflow's turn may run (its local steps included) before
             its run fails with ``TurnTimeout`` — workflow code that awaits anything but ``ctx``
             calls would otherwise hold the turn forever.
+        tenant_pod: this worker runs in a store-less tenant pod (a backend with no key store):
+            its liveness and descriptor are forwarded to the control plane, which records them
+            (T22), so the control plane's ``group_health`` sees it.
         **transport_options: :func:`~durable_trio.open_queue_transport` options; ``namespace``
             defaults to the app's name.
 
@@ -190,6 +194,8 @@ async def open_worker(
     async with open_queue_transport(
         backend, concurrency=concurrency, **transport_options
     ) as transport:
+        if tenant_pod:
+            transport.use_tenant_role()
         worker = Worker(app, transport)
         for name in names:
             worker._serve(app.steps[name])
