@@ -2,60 +2,20 @@
 virtual clock — its wall time (the bar: under 60 s), what it covered, and that every invariant
 held; the same for an hour of remote workflows (issue 7's turns through the same storms).
 
-The workload is the suite's (``tests/test_simulation.py``): 2,000 runs of a workflow of 1-4
-sequential steps, a 60 s durable timer, two steps in parallel and a local step; steps take
-0.5-20 s of virtual time and fail one attempt in twenty.
+The workload is the suite's (``durable_trio.testing._sample``, also run by
+``tests/test_simulation.py``): 2,000 runs of a workflow of 1-4 sequential steps, a 60 s durable
+timer, two steps in parallel and a local step; steps take 0.5-20 s of virtual time and fail one
+attempt in twenty.
 """
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
-import trio
-
-import durable_trio as dt
-from durable_trio.testing import Faults, InvariantViolation, Simulation, SimulationReport
+from durable_trio.testing import InvariantViolation, Simulation, SimulationReport
+from durable_trio.testing._sample import CHAOS, expected, sample_app, workload
 
 DAY_SEED = 20261
-
-
-async def work(x: int) -> int:
-    info = dt.step_info()
-    rng = random.Random(f"{info.run_id}:{info.step_id}:{info.attempt}")
-    await trio.sleep(rng.uniform(0.5, 20.0))
-    if rng.random() < 0.05:
-        raise RuntimeError("flaky")
-    return x * 2
-
-
-async def order(ctx: dt.WorkflowContext, size: int) -> list[int]:
-    head = [await ctx.step("work", n) for n in range(size)]
-    await ctx.sleep(60)
-    tail = await ctx.gather(ctx.step("work", 100), ctx.step("work", 101))
-    total = await ctx.run("sum", lambda: sum(head) + sum(tail))
-    return [*head, *tail, total]
-
-
-def _app(name: str, *, remote: bool) -> dt.App:
-    app = dt.App(name)
-    app.step("work", retry=dt.Retry(max_attempts=50, initial=1.0, max_delay=30.0))(work)
-    app.workflow("order", remote=remote)(order)
-    return app
-
-
-def workload(rng: random.Random, index: int) -> tuple[str, Any]:
-    return "order", rng.randrange(1, 5)
-
-
-def expected(workflow: str, size: int) -> list[int]:
-    head = [2 * n for n in range(size)]
-    return [*head, 200, 202, sum(head) + 402]
-
-
-CHAOS = Faults(
-    kills_per_hour=2.0, restarts_per_hour=2.0, renewal_pauses_per_hour=2.0, stalls_per_hour=2.0
-)
 
 
 def _report(simulation: Simulation) -> SimulationReport:
@@ -70,7 +30,7 @@ def run(quick: bool) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     runs, hours = (500, 6) if quick else (2000, 24)
     report = _report(Simulation(
-        _app("bench-sim", remote=False),
+        sample_app("bench-sim"),
         workload,
         seed=DAY_SEED,
         runs=runs,
@@ -92,7 +52,7 @@ def run(quick: bool) -> dict[str, Any]:
         "",
     )
     remote = _report(Simulation(
-        _app("bench-sim-remote", remote=True),
+        sample_app("bench-sim-remote", remote=True),
         workload,
         seed=DAY_SEED,
         runs=200 if quick else 500,

@@ -28,6 +28,14 @@ from durable_trio.testing import (
     SimulationReport,
     wrap_broker,
 )
+from durable_trio.testing._sample import (
+    CHAOS,
+    WORK_RETRY,
+    expected,
+    order,
+    sample_app,
+    workload,
+)
 from durable_trio.testing.fixtures import (  # the plugin's fixtures, for this module
     EngineFactory,  # noqa: TC001
     WorkersFactory,  # noqa: TC001
@@ -39,45 +47,7 @@ from durable_trio.testing.strategies import MESSAGE_TYPES, wire_messages
 
 # --------------------------------------------------------------------------- the workload
 
-app = dt.App("sim")
-
-
-@app.step("work", retry=dt.Retry(max_attempts=50, initial=1.0, max_delay=30.0))
-async def work(x: int) -> int:
-    """Takes 0.5-20 s (virtual) and fails one attempt in twenty: the draws are seeded by the
-    attempt, so a replay draws the same."""
-    info = dt.step_info()
-    rng = random.Random(f"{info.run_id}:{info.step_id}:{info.attempt}")
-    await trio.sleep(rng.uniform(0.5, 20.0))
-    if rng.random() < 0.05:
-        raise RuntimeError("flaky")
-    return x * 2
-
-
-@app.workflow("order")
-async def order(ctx: dt.WorkflowContext, size: int) -> list[int]:
-    head = [await ctx.step("work", n) for n in range(size)]
-    await ctx.sleep(60)
-    tail = await ctx.gather(ctx.step("work", 100), ctx.step("work", 101))
-    total = await ctx.run("sum", lambda: sum(head) + sum(tail))
-    return [*head, *tail, total]
-
-
-def workload(rng: random.Random, index: int) -> tuple[str, Any]:
-    return "order", rng.randrange(1, 5)
-
-
-def expected(workflow: str, size: int) -> list[int]:
-    head = [2 * n for n in range(size)]
-    return [*head, 200, 202, sum(head) + 402]
-
-
-CHAOS = Faults(
-    kills_per_hour=2.0,
-    restarts_per_hour=2.0,
-    renewal_pauses_per_hour=2.0,
-    stalls_per_hour=2.0,
-)
+app = sample_app("sim")
 
 
 def simulation(seed: int, **options: Any) -> Simulation:
@@ -170,9 +140,7 @@ def test_the_seeds_that_found_defects_hold_every_invariant(
 
 #: The same workload with the workflow's code on the workers (a remote workflow, T14-T16): the
 #: engine holds only the history, the workers serve the turns and run ``ctx.run`` locally.
-remote_app = dt.App("sim-remote")
-remote_app.step("work", retry=dt.Retry(max_attempts=50, initial=1.0, max_delay=30.0))(work)
-remote_app.workflow("order", remote=True)(order)
+remote_app = sample_app("sim-remote", remote=True)
 
 
 @pytest.mark.parametrize(
@@ -207,9 +175,7 @@ def test_remote_workflows_under_faults_hold_every_invariant(profile: Faults, see
 
 def test_a_broken_app_fails_with_its_seed_and_a_replay_command() -> None:
     broken = dt.App("sim")
-    broken.step("work", retry=dt.Retry(max_attempts=50, initial=1.0, max_delay=30.0))(
-        _off_by_one_on_retries
-    )
+    broken.step("work", retry=WORK_RETRY)(_off_by_one_on_retries)
     broken.workflow("order")(order)
     with pytest.raises(InvariantViolation) as caught:
         Simulation(
