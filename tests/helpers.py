@@ -6,12 +6,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from durable_trio._engine import StepKind, StepState
 from durable_trio.adapters import RenewOutcome
 from durable_trio.adapters.memory import MemoryBroker
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
 
+    from durable_trio._engine import RunStore
     from durable_trio.adapters import ClaimedJob, Job, Lease, Recovery
 
 
@@ -131,3 +133,30 @@ class PausedRenewalBroker(CountingBroker):
         if self.paused:
             return RenewOutcome(renewed=len(leases))
         return await self.inner.renew_jobs(queue, leases)
+
+
+# --------------------------------------------------------------------------- crash tests
+
+
+async def completed_steps(store: RunStore, run_ids: Iterable[str]) -> set[str]:
+    """The idempotency keys of every checkpointed (completed) worker step of ``run_ids``."""
+    done: set[str] = set()
+    for run_id in run_ids:
+        for record in await store.get_steps(run_id):
+            if record.kind is StepKind.REMOTE and record.status is StepState.COMPLETED:
+                done.add(record.idempotency_key)
+    return done
+
+
+async def kill_after(
+    process: trio.Process, store: RunStore, run_ids: Sequence[str], checkpoints: int
+) -> set[str]:
+    """SIGKILL ``process`` once ``checkpoints`` steps of ``run_ids`` are completed in all;
+    returns the keys of the steps completed when it died."""
+    with trio.fail_after(30):
+        # Polled: the checkpoints are written by another process.
+        while len(await completed_steps(store, run_ids)) < checkpoints:  # noqa: ASYNC110
+            await trio.sleep(0.01)
+    process.kill()
+    await process.wait()
+    return await completed_steps(store, run_ids)

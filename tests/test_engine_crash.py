@@ -15,21 +15,20 @@ import trio
 import durable_trio as dt
 from durable_trio._engine import (
     App,
-    RunStore,
-    StepKind,
-    StepState,
     WorkflowContext,
     open_engine,
     open_run_store,
     open_worker,
     step_info,
 )
+from helpers import completed_steps, kill_after
 
 if TYPE_CHECKING:
     from pathlib import Path
 
 STEP_SECONDS = 0.1
 RUNS = 3
+RUN_IDS = [f"run-{n}" for n in range(RUNS)]
 NAMESPACE = "chaos"
 
 app = App("chaos")
@@ -84,28 +83,6 @@ def command(url: str, engine_id: str, start: bool) -> list[str]:
     return [sys.executable, __file__, url, engine_id, "1" if start else "0"]
 
 
-async def completed_steps(store: RunStore) -> set[str]:
-    """The idempotency keys of every checkpointed (completed) worker step."""
-    done: set[str] = set()
-    for n in range(RUNS):
-        for record in await store.get_steps(f"run-{n}"):
-            if record.kind is StepKind.REMOTE and record.status is StepState.COMPLETED:
-                done.add(record.idempotency_key)
-    return done
-
-
-async def kill_after(process: trio.Process, store: RunStore, checkpoints: int) -> set[str]:
-    """SIGKILL ``process`` once ``checkpoints`` steps are completed in all; returns the keys of
-    the steps completed when it died."""
-    with trio.fail_after(30):
-        # Polled: the checkpoints are written by another process.
-        while len(await completed_steps(store)) < checkpoints:  # noqa: ASYNC110
-            await trio.sleep(0.01)
-    process.kill()
-    await process.wait()
-    return await completed_steps(store)
-
-
 async def crash_twice_and_finish(url: str) -> None:
     EXECUTIONS.clear()
     async with dt.open_backend(url) as backend, open_run_store(backend, NAMESPACE) as store:
@@ -116,15 +93,17 @@ async def crash_twice_and_finish(url: str) -> None:
             first = await trio.lowlevel.open_process(
                 command(url, "A", True), stdout=subprocess.DEVNULL
             )
-            done_at_first_kill = await kill_after(first, store, 4)
+            done_at_first_kill = await kill_after(first, store, RUN_IDS, 4)
             second = await trio.lowlevel.open_process(
                 command(url, "B", False), stdout=subprocess.DEVNULL
             )
-            done_at_second_kill = await kill_after(second, store, len(done_at_first_kill) + 5)
+            done_at_second_kill = await kill_after(
+                second, store, RUN_IDS, len(done_at_first_kill) + 5
+            )
             with trio.fail_after(60):
                 last = await trio.run_process(command(url, "B", False), capture_stdout=True)
             report = json.loads(last.stdout.decode().strip().splitlines()[-1])
-            finished = await completed_steps(store)
+            finished = await completed_steps(store, RUN_IDS)
     assert report["outputs"] == {f"run-{n}": expected(4 + n) for n in range(RUNS)}
     assert done_at_first_kill < done_at_second_kill < finished
     # No checkpointed step ever ran again.

@@ -17,20 +17,19 @@ import trio
 import durable_trio as dt
 from durable_trio._engine import (
     App,
-    RunStore,
-    StepKind,
-    StepState,
-    WorkflowContext,
     open_engine,
     open_run_store,
     open_worker,
     step_info,
 )
+from helpers import completed_steps, kill_after
+from test_engine_crash import expected, pipeline
 
 if TYPE_CHECKING:
     from pathlib import Path
 
 RUNS = 3
+RUN_IDS = [f"run-{n}" for n in range(RUNS)]
 NAMESPACE = "remote-chaos"
 #: Short thresholds, so a killed worker's claims come back within about a second.
 FAST: dict[str, Any] = {"stalled_threshold": 1.0, "stalled_check_interval": 0.25}
@@ -51,44 +50,13 @@ async def work(n: int) -> int:
     return n * n
 
 
-@app.workflow("pipeline", remote=True)
-async def pipeline(ctx: WorkflowContext, size: int) -> dict[str, Any]:
-    head = [await ctx.step("work", n) for n in range(size)]
-    await ctx.sleep(0.2)
-    tail = await ctx.gather(*(ctx.step("work", 100 + n) for n in range(3)))
-    local = await ctx.run("sum", lambda: sum(head) + sum(tail))
-    return {"head": head, "tail": tail, "sum": local}
-
-
-def expected(size: int) -> dict[str, Any]:
-    head = [n * n for n in range(size)]
-    tail = [(100 + n) ** 2 for n in range(3)]
-    return {"head": head, "tail": tail, "sum": sum(head) + sum(tail)}
+app.workflow("pipeline", remote=True)(pipeline)  # the local crash test's workflow
 
 
 async def worker_process(url: str) -> None:
     """The child: serves the steps and the turns of ``pipeline`` until killed."""
     async with dt.open_backend(url) as backend, open_worker(app, backend, **FAST):
         await trio.sleep_forever()
-
-
-async def completed_steps(store: RunStore) -> set[str]:
-    done: set[str] = set()
-    for n in range(RUNS):
-        for record in await store.get_steps(f"run-{n}"):
-            if record.kind is StepKind.REMOTE and record.status is StepState.COMPLETED:
-                done.add(record.idempotency_key)
-    return done
-
-
-async def kill_after(process: trio.Process, store: RunStore, checkpoints: int) -> set[str]:
-    with trio.fail_after(30):
-        # Polled: the checkpoints are written by the engine as the other process works.
-        while len(await completed_steps(store)) < checkpoints:  # noqa: ASYNC110
-            await trio.sleep(0.01)
-    process.kill()
-    await process.wait()
-    return await completed_steps(store)
 
 
 async def kill_workers_twice(url: str, log: Path) -> None:
@@ -109,9 +77,9 @@ async def kill_workers_twice(url: str, log: Path) -> None:
         for n in range(RUNS):
             await engine.start("pipeline", 4 + n, run_id=f"run-{n}")
         first = await spawn()
-        done_at_first_kill = await kill_after(first, store, 4)
+        done_at_first_kill = await kill_after(first, store, RUN_IDS, 4)
         second = await spawn()
-        done_at_second_kill = await kill_after(second, store, len(done_at_first_kill) + 5)
+        done_at_second_kill = await kill_after(second, store, RUN_IDS, len(done_at_first_kill) + 5)
         third = await spawn()
         try:
             with trio.fail_after(60):
@@ -119,7 +87,7 @@ async def kill_workers_twice(url: str, log: Path) -> None:
         finally:
             third.kill()
             await third.wait()
-        finished = await completed_steps(store)
+        finished = await completed_steps(store, RUN_IDS)
         stats = engine.statistics()
         lines = (await trio.Path(log).read_text()).split("\n")
     runs_of: dict[str, list[int]] = {}
