@@ -45,7 +45,14 @@ if TYPE_CHECKING:
     from ._engine import Engine
     from ._retry import Retry
 
-__all__ = ["RunDriver", "StepWaiter", "describe_error", "send_step", "settled_outcome"]
+__all__ = [
+    "RunDriver",
+    "StepWaiter",
+    "describe_error",
+    "local_failure",
+    "send_step",
+    "settled_outcome",
+]
 
 
 def describe_error(exc: BaseException) -> dict[str, Any]:
@@ -61,6 +68,17 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
     elif isinstance(exc, NonDeterminismError):
         described["stepId"] = exc.step_id
     return described
+
+
+def local_failure(exc: Exception, policy: Retry) -> StepError:
+    """How a local step's exception is recorded: retryable unless it says otherwise
+    (``retryable = False``), is bad input, or ``policy`` names it non-retryable."""
+    retryable = getattr(exc, "retryable", True) is not False and not (
+        isinstance(exc, PayloadError) or policy.is_non_retryable(exc)
+    )
+    return StepError(
+        message=f"{type(exc).__name__}: {exc}", code=type(exc).__name__, retryable=retryable
+    )
 
 
 def settled_outcome(record: StepRecord) -> Any:
@@ -256,17 +274,9 @@ class RunDriver:
                     value = await value
                 output = normalize_json(value, f"the result of local step {name!r}")
             except Exception as exc:
-                retryable = getattr(exc, "retryable", True) is not False and not (
-                    isinstance(exc, PayloadError) or policy.is_non_retryable(exc)
-                )
-                error = error_to_json(
-                    StepError(
-                        message=f"{type(exc).__name__}: {exc}",
-                        code=type(exc).__name__,
-                        retryable=retryable,
-                    )
-                )
-                if retryable and current.attempt < policy.max_attempts:
+                failure = local_failure(exc, policy)
+                error = error_to_json(failure)
+                if failure.retryable and current.attempt < policy.max_attempts:
                     delay = policy.delay(current.attempt, rng=engine._rng_for(current))
                     following = attrs.evolve(
                         current,

@@ -42,7 +42,7 @@ from ._records import (
 )
 from ._replay import History
 from ._retry import Retry
-from ._runtime import describe_error, settled_outcome
+from ._runtime import describe_error, local_failure, settled_outcome
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -127,18 +127,11 @@ class TurnDriver:
                     value = await value
                 output = normalize_json(value, f"the result of local step {name!r}")
             except Exception as exc:
-                retryable = getattr(exc, "retryable", True) is not False and not (
-                    isinstance(exc, PayloadError) or policy.is_non_retryable(exc)
-                )
-                if retryable and attempt < policy.max_attempts:
+                error = local_failure(exc, policy)
+                if error.retryable and attempt < policy.max_attempts:
                     await trio.sleep(policy.delay(attempt))
                     attempt += 1
                     continue
-                error = StepError(
-                    message=f"{type(exc).__name__}: {exc}",
-                    code=type(exc).__name__,
-                    retryable=retryable,
-                )
                 self._local(step_id, name, attempt, StepState.FAILED, error=error_to_json(error))
                 await self._event(step_id, name, StepEventKind.FAILED, attempt, error=error)
                 raise StepFailed(name, step_id, attempt, error) from exc
