@@ -29,6 +29,8 @@ from ._errors import EngineError, RunNotFound, UnknownWorkflow
 from ._records import RunRecord, step_to_json
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from .._wire import RunRequest, StartRunMessage
     from ._engine import Engine
 
@@ -102,31 +104,29 @@ class ControlPlane:
     async def _reply(self, reply: RunReply) -> None:
         await self.engine.transport.publish_run_reply(reply)
 
-    async def _on_start_run(self, message: StartRunMessage) -> None:
-        engine = self.engine
-        engine._count("tenant_requests")
+    async def _serve(self, correlation: str, answer: Callable[[], Awaitable[Any]]) -> None:
+        """Reply to one pod request with what ``answer`` computes, or with why it failed."""
+        self.engine._count("tenant_requests")
         try:
-            stored = scoped_run_id(message.tenant, message.run_id)
-            await engine.start(message.workflow, message.input, run_id=stored)
-            record = await engine.get(stored)
+            data = await answer()
+        except (BrokerError, TransportClosed):
+            raise  # infrastructure: the message is redelivered
         except (DurableTrioError, PayloadError) as exc:
-            if isinstance(exc, BrokerError | TransportClosed):
-                raise  # infrastructure: the message is redelivered
-            await self._reply(_error_reply(message.run_id, exc))
+            await self._reply(_error_reply(correlation, exc))
             return
-        await self._reply(RunReply(message.run_id, True, run_view(record, message.run_id)))
+        await self._reply(RunReply(correlation, True, data))
+
+    async def _on_start_run(self, message: StartRunMessage) -> None:
+        await self._serve(message.run_id, lambda: self._start(message))
 
     async def _on_run_request(self, request: RunRequest) -> None:
+        await self._serve(request.request_id, lambda: self._answer(request))
+
+    async def _start(self, message: StartRunMessage) -> Any:
         engine = self.engine
-        engine._count("tenant_requests")
-        try:
-            data = await self._answer(request)
-        except (DurableTrioError, PayloadError) as exc:
-            if isinstance(exc, BrokerError | TransportClosed):
-                raise
-            await self._reply(_error_reply(request.request_id, exc))
-            return
-        await self._reply(RunReply(request.request_id, True, data))
+        stored = scoped_run_id(message.tenant, message.run_id)
+        await engine.start(message.workflow, message.input, run_id=stored)
+        return run_view(await engine.get(stored), message.run_id)
 
     async def _answer(self, request: RunRequest) -> Any:
         engine = self.engine
