@@ -285,12 +285,7 @@ class RemoteRunDriver:
                 except PayloadError as exc:  # the turn cannot be sent (history too large)
                     engine._report(exc)
                     error = describe_error(exc)
-                    await engine._settle(self.run, RunStatus.FAILED, error=error)
-                final = await engine._guard(
-                    lambda: engine.store.get_run(self.run.run_id), "reading"
-                )
-                if final is not None and final.status.terminal:
-                    self.final = final
+                    self.final = await engine._settle(self.run, RunStatus.FAILED, error=error)
         finally:
             engine._forget(self)
             self.done.set()
@@ -300,9 +295,9 @@ class RemoteRunDriver:
         store = engine.store
         run_id = self.run.run_id
         while True:
-            records = await engine._guard(lambda: store.get_steps(run_id), "reading")
             if await self._ended():
                 return
+            records = await engine._guard(lambda: store.get_steps(run_id), "reading")
             sent = [step_to_json(r) for r in records]
             await self._turn(records, sent)
             if await self._ended():
@@ -320,8 +315,11 @@ class RemoteRunDriver:
                 pass
 
     async def _ended(self) -> bool:
+        """Whether the run is over (or gone); an ended run's record becomes :attr:`final`."""
         engine = self.engine
         run = await engine._guard(lambda: engine.store.get_run(self.run.run_id), "reading")
+        if run is not None and run.status.terminal:
+            self.final = run
         return run is None or run.status.terminal
 
     async def _send_turn(self, records: list[StepRecord]) -> None:
