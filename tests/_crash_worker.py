@@ -2,8 +2,10 @@
 
     python tests/_crash_worker.py URL NAMESPACE INSTANCE LOGFILE
 
-Each execution appends ``{step_id} {instance} {unix start}`` to LOGFILE (line-buffered), so the
-test can tell which steps ran where and when, even after this process is killed with SIGKILL.
+Each execution appends ``{step_id} {instance} {unix start}`` to LOGFILE (line-buffered), and each
+claim (a job popped under a lease, run at once or prefetched) ``CLAIM {step_id} {instance} {unix
+time}``, so the test can tell which steps ran where and when, and which worker held a step when it
+was killed, even after this process is killed with SIGKILL.
 """
 
 from __future__ import annotations
@@ -11,11 +13,15 @@ from __future__ import annotations
 import random
 import sys
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
+import orjson
 import trio
 
 import durable_trio as dt
+
+if TYPE_CHECKING:
+    from durable_trio.adapters import ClaimedJob
 
 THRESHOLD = 2.0
 CHECK_INTERVAL = 0.5
@@ -23,6 +29,18 @@ CHECK_INTERVAL = 0.5
 
 async def main(url: str, namespace: str, instance: str, log: TextIO) -> None:
     async with dt.open_backend(url) as backend:
+        pop_many = backend.broker.pop_many  # type: ignore[attr-defined]
+
+        async def logged_pop_many(queue: str, count: int, *, worker: str = "") -> list[ClaimedJob]:
+            # Observation only (no fault): the claims the worker holds, prefetched ones included.
+            jobs: list[ClaimedJob] = await pop_many(queue, count, worker=worker)
+            at = time.time()
+            for job in jobs:
+                step = orjson.loads(job.data)["payload"]["stepId"]
+                log.write(f"CLAIM {step} {instance} {at:.6f}\n")
+            return jobs
+
+        backend.broker.pop_many = logged_pop_many  # type: ignore[attr-defined]
         async with dt.open_queue_transport(
             backend,
             namespace=namespace,
