@@ -19,6 +19,8 @@ from durable_trio.keys.memory import MemoryKeyStore
 
 faulthandler.enable()
 
+pytest_plugins = ["pytester"]  # (test_simulation runs the fixtures plugin in an inner session)
+
 #: Every broker the contract suite runs against. Brokers that need a server or a file add
 #: themselves here with a factory below.
 BROKER_KINDS = ["memory", "sqlite", "redis"]

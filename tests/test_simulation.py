@@ -445,6 +445,49 @@ async def test_the_fixtures(
     assert sum(w.statistics().executed for w in workers) >= 4
 
 
+_PLUGIN_TESTS = """
+import pytest
+import trio
+
+from durable_trio.testing._sample import expected, sample_app
+
+app = sample_app("plugin")
+pytest_plugins = ["durable_trio.testing.fixtures"]
+
+
+async def test_virtual_without_naming_a_clock(engine_for, workers_for):
+    async with workers_for(app, 2), engine_for(app, seed=1) as engine:
+        run_id = await engine.start("order", 2, run_id="plugin-run")
+        assert await engine.result(run_id) == expected("order", 2)
+    await trio.sleep(7 * 24 * 3600)  # a week, virtually
+    assert trio.current_time() >= 7 * 24 * 3600
+
+
+async def test_a_named_clock_is_the_one_used(mock_clock, memory_backend):
+    assert trio.lowlevel.current_clock() is mock_clock
+    mock_clock.jump(5)
+    assert trio.current_time() == 5
+
+
+async def test_without_the_fixtures_the_clock_is_the_wall_clock():
+    assert trio.current_time() > 1000  # trio's real clock starts far from 0
+"""
+
+
+@pytest.mark.parametrize("trio_mode", [True, False])
+def test_the_plugin_runs_tests_that_use_its_fixtures_on_the_autojump_clock(
+    pytester: pytest.Pytester, trio_mode: bool
+) -> None:
+    body = _PLUGIN_TESTS
+    if trio_mode:
+        pytester.makeini("[pytest]\ntrio_mode = true\n")
+    else:
+        body = body.replace("\nasync def", "\n@pytest.mark.trio\nasync def")
+    pytester.makepyfile(test_plugin=body)
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", timeout=30)
+    result.assert_outcomes(passed=3)
+
+
 @given(message=wire_messages())
 def test_wire_messages_cover_every_message_type_and_round_trip(message: Any) -> None:
     assert type(message) in MESSAGE_TYPES

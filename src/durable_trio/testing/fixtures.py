@@ -4,35 +4,55 @@ Enable them in your top-level ``conftest.py``::
 
     pytest_plugins = ["durable_trio.testing.fixtures"]
 
-(or import the fixtures you use into a ``conftest.py``: ``from durable_trio.testing.fixtures
-import memory_backend, engine_for, workers_for``). Then, in a trio test that asks for pytest-trio's
-``autojump_clock`` too (pytest-trio takes the clock from the TEST's own arguments, so the test must
-name it)::
+Enabled as a plugin, it also wires the clock: a trio test that asks for one of these fixtures runs
+on ``MockClock(autojump_threshold=0)`` (virtual time, which jumps whenever every task is blocked)
+without naming a clock, unless it names a clock fixture of its own (``mock_clock``, say), which is
+used instead::
 
-    async def test_order(autojump_clock, engine_for, workers_for):
+    async def test_order(engine_for, workers_for):
         async with workers_for(app, 2), engine_for(app) as engine:
             run_id = await engine.start("order", {"id": 1})
             assert await engine.result(run_id) == {...}
             assert trio.current_time() == 42.0   # virtual: exact
+
+(Imported into a ``conftest.py`` instead, ``from durable_trio.testing.fixtures import
+memory_backend, engine_for, workers_for``, the fixtures work the same but the clock is not wired:
+pytest-trio takes the clock from the test's own arguments, so such a test names
+``autojump_clock``.)
 
 Everything runs on the memory backend, on trio's (virtual) clock.
 """
 
 from __future__ import annotations
 
+import inspect
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pytest
+import trio
+import trio.testing
 
 from .._backend import Backend, open_backend
 from .._engine import App, Engine, Worker, open_engine, open_worker
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
     from contextlib import AbstractAsyncContextManager
 
-__all__ = ["EngineFactory", "WorkersFactory", "engine_for", "memory_backend", "workers_for"]
+__all__ = [
+    "EngineFactory",
+    "WorkersFactory",
+    "engine_for",
+    "memory_backend",
+    "virtual_run",
+    "workers_for",
+]
+
+T = TypeVar("T")
+
+_FIXTURES = frozenset({"memory_backend", "engine_for", "workers_for"})
+"""The fixtures whose tests the plugin runs on the autojump clock."""
 
 
 class EngineFactory(Protocol):
@@ -87,3 +107,33 @@ def workers_for(memory_backend: Backend) -> WorkersFactory:
             yield workers
 
     return factory
+
+
+def virtual_run(
+    fn: Callable[[], Awaitable[T]],
+    *,
+    clock: trio.abc.Clock | None = None,
+    instruments: Sequence[trio.abc.Instrument] = (),
+) -> T:
+    """``trio.run`` on ``MockClock(autojump_threshold=0)`` unless a ``clock`` is given.
+
+    The runner the plugin gives pytest-trio (``pytest.mark.trio(run=virtual_run)``) for every
+    trio test that uses these fixtures.
+    """
+    if clock is None:
+        clock = trio.testing.MockClock(autojump_threshold=0)
+    return trio.run(fn, clock=clock, instruments=instruments)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the trio tests that use these fixtures on the autojump clock (see the module doc).
+
+    The marker goes first, so pytest-trio finds it before ``trio_mode``'s own.
+    """
+    for item in items:
+        if not _FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            continue
+        test = getattr(item, "obj", None)
+        inner = getattr(getattr(test, "hypothesis", None), "inner_test", test)
+        if inspect.iscoroutinefunction(inner):
+            item.add_marker(pytest.mark.trio(run=virtual_run), append=False)
