@@ -8,6 +8,7 @@ import random
 import sys
 from typing import Any, cast
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -168,6 +169,45 @@ def test_remote_workflows_under_faults_hold_every_invariant(profile: Faults, see
     assert report.runs_completed == 200
     assert report.engine.turns_dispatched > 1000
     assert report.engine.decisions_applied > 0
+
+
+#: Every fault kind twice an hour, and the engine itself killed ten times an hour.
+ENGINE_KILLS = attrs.evolve(CHAOS, engine_kills_per_hour=10.0)
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
+def test_a_killed_engine_s_replacement_takes_its_runs_over_and_every_invariant_holds(
+    remote: bool,
+) -> None:
+    """The engine killed abruptly (its broker calls and store writes stop short), a new one
+    started ``engine_restart_delay`` later under the same engine_id: it takes the runs over
+    from the store, the results and decisions the dead one had claimed come back by lease
+    expiry, and no run is lost, no step settled twice, no execution unexplained. Tried first on
+    seeds 1-20 (local) and 1-18 (remote) at 4 to 30 kills an hour: it found no defect."""
+    report = Simulation(
+        remote_app if remote else app,
+        workload,
+        seed=5,
+        runs=200,
+        duration=3600,
+        faults=ENGINE_KILLS,
+        expected_output=expected,
+        engine_options={"turn_timeout": 120.0} if remote else None,
+    ).run_sync()
+    assert report.violations == ()
+    assert report.runs_completed == 200
+    assert report.faults["engine-kill"] >= 10
+    assert report.engine.runs_resumed > 0
+    # each replacement starts exactly engine_restart_delay after its predecessor is gone, and
+    # the predecessor is gone within the close bounds of its kill
+    events = report.history
+    kills = [e["t"] for e in events if e["ev"] == "fault" and e["kind"] == "engine-kill"]
+    gone = [e["t"] for e in events if e["ev"] == "engine-gone"]
+    up = [e["t"] for e in events if e["ev"] == "engine-up"]
+    assert len(kills) == len(gone) == len(up) - 1
+    for kill, down, again in zip(kills, gone, up[1:], strict=True):
+        assert kill <= down <= kill + report.close_bound
+        assert again == pytest.approx(down + ENGINE_KILLS.engine_restart_delay)
 
 
 # --------------------------------------------------------------------------- violations

@@ -50,6 +50,13 @@ class Faults:
     """Per-call faults of every worker's broker and key store."""
     engine_broker: BrokerFaults | None = None
     """Per-call faults of the engine's broker (``None``: the same as ``broker``)."""
+    engine_kills_per_hour: float = 0.0
+    """The engine is killed abruptly (nothing it does reaches the broker or the run store any
+    more; the runs it drove are taken over by its replacement, which starts
+    ``engine_restart_delay`` later under the same ``engine_id``, and the results and
+    decisions it had claimed come back by lease expiry). Off by default: the engine is one
+    process, so while it is down no run moves."""
+    engine_restart_delay: float = 20.0
 
     @classmethod
     def none(cls) -> Faults:
@@ -112,6 +119,7 @@ class SimulationReport:
     """Virtual seconds of the slowest graceful worker close."""
     close_bound: float
     engine: EngineStatistics
+    """The engine's counters, summed over its generations (each restart after a kill)."""
     violations: tuple[str, ...]
     history: tuple[dict[str, Any], ...] = attrs.field(repr=False)
     replay_command: str

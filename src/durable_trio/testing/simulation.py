@@ -4,7 +4,8 @@ virtual clock, with faults injected from one seed, and invariants checked after 
 ::
 
     simulation (one trio.run, MockClock(autojump_threshold=0))
-    ├── engine        open_engine over its own FaultyBroker (delays, drops, lost replies)
+    ├── engine        open_engine over its own FaultyBroker (delays, drops, lost replies);
+    │                 killed and restarted under the same engine_id, if the faults say so
     ├── worker slots  one task per slot: a worker, killed / restarted / closed over and over,
     │                 each generation with its own FaultyBroker + FaultyKeyStore + instance id
     ├── workload      starts the runs at seeded arrival times, awaits each one's outcome
@@ -28,7 +29,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import orjson
@@ -39,6 +40,8 @@ from .._backend import Backend
 from .._engine import (
     App,
     Applied,
+    Engine,
+    EngineClosed,
     EngineStatistics,
     RunCancelled,
     RunFailed,
@@ -51,6 +54,7 @@ from .._engine import (
     step_info,
 )
 from .._engine._stores.memory import MemoryRunStore
+from .._errors import BrokerError, BrokerUnavailable
 from .._liveness import MIN_HEARTBEAT_TTL
 from .._naming import QueueNames, sanitize_token
 from ..adapters.memory import MemoryBroker
@@ -60,7 +64,9 @@ from ._report import Faults, InvariantViolation, SimulationReport
 from .faults import BrokerFaults, FaultyKeyStore, Injector, wrap_broker
 
 if TYPE_CHECKING:
-    from .._engine import Engine
+    from collections.abc import Awaitable, Sequence
+
+    from .._engine import RunRecord, RunStatus
     from .._engine._app import StepFunction
 
 __all__ = [
@@ -93,6 +99,8 @@ DEFAULT_TRANSPORT_OPTIONS: dict[str, Any] = {
 _CLEANUP_PHASES = 6
 
 _HOUR = 3600.0
+
+T = TypeVar("T")
 
 
 @attrs.define(eq=False)
@@ -130,6 +138,117 @@ class _RecordingStore(MemoryRunStore):
         if verdict is Applied.APPLIED and step.status is not StepState.PENDING:
             self.settled[(step.run_id, step.step_id)] += 1
         return verdict
+
+    def unconfirmed_dispatches(self) -> list[tuple[str, str, int]]:
+        """The pending remote attempts whose dispatch is not recorded (read at once, no
+        yield: an engine killed now may have sent them)."""
+        return [
+            (step.run_id, step.step_id, step.attempt)
+            for run in self._runs.values()
+            for step in run.steps.values()
+            if step.kind is StepKind.REMOTE
+            and step.status is StepState.PENDING
+            and not step.dispatched
+        ]
+
+
+class _EngineStore:
+    """One engine generation's view of the shared run store: once that engine is killed, every
+    call raises (the process is gone: nothing it would still write reaches the store)."""
+
+    def __init__(self, inner: _RecordingStore) -> None:
+        self.inner = inner
+        self.dead = False
+
+    async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
+        if self.dead:
+            await trio.lowlevel.checkpoint()
+            raise BrokerUnavailable("injected: the engine is gone")
+        return await call()
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
+        return await self._call(lambda: self.inner.create_run(run))
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        return await self._call(lambda: self.inner.get_run(run_id))
+
+    async def list_runs(
+        self, *, status: RunStatus | None = None, workflow: str | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        return await self._call(
+            lambda: self.inner.list_runs(status=status, workflow=workflow, limit=limit)
+        )
+
+    async def claim_runs(
+        self, owner: str, lease: float, *, include_own: bool = False, limit: int = 100
+    ) -> list[RunRecord]:
+        return await self._call(
+            lambda: self.inner.claim_runs(owner, lease, include_own=include_own, limit=limit)
+        )
+
+    async def renew_runs(self, owner: str, run_ids: Sequence[str], lease: float) -> set[str]:
+        return await self._call(lambda: self.inner.renew_runs(owner, run_ids, lease))
+
+    async def release_runs(self, owner: str, run_ids: Sequence[str]) -> None:
+        await self._call(lambda: self.inner.release_runs(owner, run_ids))
+
+    async def finish_run(
+        self, run_id: str, status: RunStatus, *, output: object = None, error: object = None
+    ) -> bool:
+        return await self._call(
+            lambda: self.inner.finish_run(run_id, status, output=output, error=error)
+        )
+
+    async def get_steps(self, run_id: str) -> list[StepRecord]:
+        return await self._call(lambda: self.inner.get_steps(run_id))
+
+    async def get_step(self, run_id: str, step_id: str) -> StepRecord | None:
+        return await self._call(lambda: self.inner.get_step(run_id, step_id))
+
+    async def get_steps_many(self, keys: Sequence[tuple[str, str]]) -> list[StepRecord | None]:
+        return await self._call(lambda: self.inner.get_steps_many(keys))
+
+    async def begin_step(self, step: StepRecord) -> StepRecord:
+        return await self._call(lambda: self.inner.begin_step(step))
+
+    async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
+        return await self._call(lambda: self.inner.update_step(step, expect_attempt=expect_attempt))
+
+    async def mark_dispatched(self, run_id: str, step_id: str, attempt: int) -> bool:
+        return await self._call(lambda: self.inner.mark_dispatched(run_id, step_id, attempt))
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()  # the shared store belongs to the simulation
+
+
+@attrs.define(eq=False)
+class _EngineGeneration:
+    """One engine process: killed, it is replaced by the next generation."""
+
+    injector: Injector
+    store: _EngineStore
+    engine: Engine | None = None
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    stop: trio.Event = attrs.Factory(trio.Event)
+    killed: bool = False
+
+
+def _summed(a: EngineStatistics | None, b: EngineStatistics) -> EngineStatistics:
+    """Counters summed over engine generations (gauges: the latest)."""
+    if a is None:
+        return b
+    gauges = ("engine_id", "active_runs", "waiting_steps")
+    return attrs.evolve(
+        b,
+        **{
+            field.name: getattr(a, field.name) + getattr(b, field.name)
+            for field in attrs.fields(EngineStatistics)
+            if field.name not in gauges
+        },
+    )
 
 
 def _arrivals(rng: random.Random, rate_per_hour: float, duration: float) -> list[float]:
@@ -283,6 +402,9 @@ class Simulation:
         self._names = QueueNames(str(namespace))
         self._store_steps: dict[str, list[StepRecord]] = {}
         self._engine_stats: EngineStatistics | None = None
+        self._engine: _EngineGeneration | None = None
+        self._engine_up = trio.Event()
+        self._engines_stop = trio.Event()
         self._end = 0.0
 
     def _now(self) -> float:
@@ -387,63 +509,127 @@ class Simulation:
 
     async def _simulate(self) -> None:
         self._t0 = trio.current_time()
-        seed = self.seed
-        broker_faults = self.faults.broker
-        engine_faults = self.faults.engine_broker or broker_faults
-        engine_injector = Injector(
-            "engine", random.Random(f"{seed}:engine"), engine_faults, self._recorder("engine")
-        )
-        self._engine_injector = engine_injector
-        backend = Backend(
-            url="memory://",
-            broker=wrap_broker(self._broker, engine_injector),
-            keys=FaultyKeyStore(self._keys, engine_injector),
-        )
-        engine_options: dict[str, Any] = {
-            "engine_id": "engine",
-            "seed": seed,  # the retry jitter too
-            "reconcile_interval": None,
-            "watch_interval": None,
-            **self.transport_options,
-            **self.engine_options,
-        }
-        engine_options.setdefault("instance_id", "engine")
-        engine_options.setdefault("on_error", self._on_error("engine"))
         self._slots = [_Slot(i) for i in range(self.worker_count)]
-        self._event("begin", seed=seed, workers=self.worker_count, runs=self.runs)
+        self._event("begin", seed=self.seed, workers=self.worker_count, runs=self.runs)
         async with trio.open_nursery() as nursery:
-            store = self._store
-            async with open_engine(self.app, backend, store=store, **engine_options) as engine:
-                slots_done = trio.Event()
-                nursery.start_soon(self._run_slots, nursery, slots_done)
-                async with trio.open_nursery() as runs:
-                    runs.start_soon(self._inject_faults)
-                    await self._start_runs(engine, runs)
-                    await trio.sleep_until(self._t0 + self.duration)
-                    self._heal()
-                    runs.cancel_scope.deadline = self._t0 + self.duration + self.drain_timeout
-                self._event("drained", unfinished=len(self._inputs) - len(self._outcomes))
-                self._stopping = True
-                for slot in self._slots:
-                    slot.stop.set()
-                await slots_done.wait()
-                self._engine_stats = engine.statistics()
-                for run_id in self._inputs:
-                    self._store_steps[run_id] = await self._store.get_steps(run_id)
+            engines_done = trio.Event()
+            nursery.start_soon(self._run_engines, engines_done)
+            await self._live_engine()
+            slots_done = trio.Event()
+            nursery.start_soon(self._run_slots, nursery, slots_done)
+            async with trio.open_nursery() as runs:
+                runs.start_soon(self._inject_faults)
+                await self._start_runs(runs)
+                await trio.sleep_until(self._t0 + self.duration)
+                self._heal()
+                runs.cancel_scope.deadline = self._t0 + self.duration + self.drain_timeout
+            self._event("drained", unfinished=len(self._inputs) - len(self._outcomes))
+            self._stopping = True
+            for slot in self._slots:
+                slot.stop.set()
+            await slots_done.wait()
+            self._engines_stop.set()
+            if self._engine is not None:
+                self._engine.stop.set()
+            await engines_done.wait()
+            for run_id in self._inputs:
+                self._store_steps[run_id] = await self._store.get_steps(run_id)
             # keep the key checks scheduled by the last closes (the nursery waits for them)
         self._end = self._now()
         self._event("end")
 
+    async def _run_engines(self, done: trio.Event) -> None:
+        """The engine, and after each kill its replacement (same ``engine_id``: it takes the
+        runs over at start), until the simulation stops it."""
+        seed = self.seed
+        engine_faults = self.faults.engine_broker or self.faults.broker
+        generation = 0
+        while True:
+            # The first generation is "engine" (its draws are those of a simulation without
+            # engine kills), the next ones "engine-1", "engine-2", ...
+            name = "engine" if generation == 0 else f"engine-{generation}"
+            injector = Injector(
+                name,
+                random.Random(f"{seed}:{name}"),
+                BrokerFaults() if self._healed else engine_faults,
+                self._recorder(name),
+            )
+            current = _EngineGeneration(injector, _EngineStore(self._store))
+            backend = Backend(
+                url="memory://",
+                broker=wrap_broker(self._broker, injector),
+                keys=FaultyKeyStore(self._keys, injector),
+            )
+            options: dict[str, Any] = {
+                "engine_id": "engine",
+                "seed": seed,  # the retry jitter too
+                "reconcile_interval": None,
+                "watch_interval": None,
+                **self.transport_options,
+                **self.engine_options,
+            }
+            options.setdefault("instance_id", name)
+            options.setdefault("on_error", self._on_error(name))
+            with current.scope:
+                async with open_engine(
+                    self.app, backend, store=current.store, **options
+                ) as engine:
+                    current.engine = engine
+                    self._engine = current
+                    self._engine_up.set()
+                    if self._engines_stop.is_set():  # stopped while this one was starting
+                        current.stop.set()
+                    self._event("engine-up", engine=name)
+                    await current.stop.wait()
+                    if not current.killed:
+                        self._engine_stats = _summed(self._engine_stats, engine.statistics())
+            self._engine = None
+            if not current.killed:
+                break
+            self._event("engine-gone", engine=name)
+            with trio.move_on_after(self.faults.engine_restart_delay):
+                await self._engines_stop.wait()
+            if self._engines_stop.is_set():
+                break
+            generation += 1
+        done.set()
+
+    async def _live_engine(self) -> _EngineGeneration:
+        """The engine now up (waiting for the next one while it is down)."""
+        while self._engine is None or self._engine.killed:
+            await self._engine_up.wait()
+        return self._engine
+
+    def _kill_engine(self) -> None:
+        current = self._engine
+        if current is None or current.killed or current.engine is None:
+            return
+        self._fault_counts["engine-kill"] += 1
+        self._event("fault", kind="engine-kill", process=current.injector.name)
+        current.killed = True
+        self._engine_up = trio.Event()  # set by the replacement
+        current.injector.kill()
+        current.store.dead = True
+        self._engine_stats = _summed(self._engine_stats, current.engine.statistics())
+        # An attempt the engine may have sent without recording it yet is sent again by its
+        # replacement: one redelivery such a kill explains (at least once, results applied
+        # once).
+        for key in self._store.unconfirmed_dispatches():
+            self._duplicate_pushes[key] += 1
+        current.scope.cancel()
+        current.stop.set()
+
     def _heal(self) -> None:
         """Stop every fault: the runs still going get the drain time to finish."""
         self._healed = True
-        self._engine_injector.quiet_down()
+        if self._engine is not None:
+            self._engine.injector.quiet_down()
         for slot in self._slots:
             if slot.injector is not None:
                 slot.injector.quiet_down()
         self._event("healed")
 
-    async def _start_runs(self, engine: Engine, runs: trio.Nursery) -> None:
+    async def _start_runs(self, runs: trio.Nursery) -> None:
         rng = random.Random(f"{self.seed}:workload")
         arrivals = sorted(rng.uniform(0, self.duration) for _ in range(self.runs))
         for index, at in enumerate(arrivals):
@@ -451,19 +637,36 @@ class Simulation:
             workflow, value = self.workload(rng, index)
             run_id = f"run-{index:05d}"
             self._inputs[run_id] = (workflow, value)
-            await engine.start(workflow, value, run_id=run_id)
+            while True:  # idempotent by run id: started again on the next engine if need be
+                current = await self._live_engine()
+                assert current.engine is not None
+                try:
+                    await current.engine.start(workflow, value, run_id=run_id)
+                except (BrokerError, EngineClosed):
+                    if not current.killed:
+                        raise
+                    continue
+                break
             self._event("start", run=run_id, workflow=workflow)
-            runs.start_soon(self._await_run, engine, run_id)
+            runs.start_soon(self._await_run, run_id)
 
-    async def _await_run(self, engine: Engine, run_id: str) -> None:
-        try:
-            output = await engine.result(run_id)
-        except RunFailed as exc:
-            self._outcomes[run_id] = ("failed", exc.error)
-        except RunCancelled as exc:
-            self._outcomes[run_id] = ("cancelled", exc.error)
-        else:
-            self._outcomes[run_id] = ("completed", output)
+    async def _await_run(self, run_id: str) -> None:
+        while True:
+            current = await self._live_engine()
+            assert current.engine is not None
+            try:
+                output = await current.engine.result(run_id)
+            except RunFailed as exc:
+                self._outcomes[run_id] = ("failed", exc.error)
+            except RunCancelled as exc:
+                self._outcomes[run_id] = ("cancelled", exc.error)
+            except (BrokerError, EngineClosed):
+                if not current.killed:
+                    raise
+                continue  # asked again of the replacement
+            else:
+                self._outcomes[run_id] = ("completed", output)
+            break
         self._event("end-run", run=run_id, status=self._outcomes[run_id][0])
 
     # ------------------------------------------------------------------ workers
@@ -577,12 +780,18 @@ class Simulation:
         for kind, rate, (low, high) in kinds:
             for at in _arrivals(rng, rate, self.duration):
                 plan.append((at, kind, rng.randrange(self.worker_count), rng.uniform(low, high)))
+        # (drawn last: a simulation without engine kills draws what it drew before they were)
+        for at in _arrivals(rng, faults.engine_kills_per_hour, self.duration):
+            plan.append((at, "engine-kill", -1, 0.0))
         plan.sort()
         return plan
 
     async def _inject_faults(self) -> None:
         for at, kind, index, seconds in self._schedule():
             await trio.sleep_until(self._t0 + at)
+            if kind == "engine-kill":
+                self._kill_engine()
+                continue
             slot = self._slots[index]
             injector = slot.injector
             if not slot.up or injector is None or slot.stop.is_set():
