@@ -222,6 +222,32 @@ async def test_t6_fixed_concurrency_stays_fixed(autojump_clock: trio.testing.Moc
         assert (status.mode, status.limit) == ("fixed", 8)
 
 
+async def test_t6_a_fixed_limit_reads_its_pressure_figures_at_each_snapshot(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No ticks for a fixed limit: the snapshot reads RSS, and CPU over the time since the
+    previous reading (at least 1 s ago; a closer snapshot keeps the figure it has)."""
+    cpu_seconds = [0.0]
+    rss = [1000]
+    controller = ConcurrencyController(
+        8, read_rss=lambda: rss[0], read_cpu_time=lambda: cpu_seconds[0]
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(controller.run)
+        assert not nursery.child_tasks  # returned at once: nothing ticks
+    first = controller.snapshot()
+    assert (first.mode, first.limit, first.rss_bytes, first.cpu) == ("fixed", 8, 1000, None)
+    await trio.sleep(10)
+    cpu_seconds[0], rss[0] = 2.5, 2000
+    second = controller.snapshot()
+    assert (second.rss_bytes, second.cpu) == (2000, 0.25)  # 2.5 CPU s over 10 s
+    await trio.sleep(0.5)
+    cpu_seconds[0] = 3.0
+    assert controller.snapshot().cpu == 0.25  # half a second: too short a window to measure
+    await trio.sleep(0.5)
+    assert controller.snapshot().cpu == 0.5  # 0.5 CPU s over the 1 s since the last reading
+
+
 async def test_t6_adaptive_finds_the_downstreams_capacity(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

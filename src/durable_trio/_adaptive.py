@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Adaptive", "ConcurrencyController", "read_rss_bytes"]
 
+#: The shortest window a fixed-limit worker's CPU figure is measured over (seconds).
+_MIN_CPU_WINDOW = 1.0
+
 
 @attrs.frozen(kw_only=True)
 class Adaptive:
@@ -73,14 +76,27 @@ class Adaptive:
             raise ConfigError("Adaptive long_window must be at least 1 tick")
 
 
+#: RSS is the process's: every transport of a process shares one reading this young (seconds
+#: of real time). A simulation runs many virtual workers in one process, hours a minute.
+_RSS_MAX_AGE = 0.5
+_rss_reading: tuple[float, int | None] = (-math.inf, None)
+
+
 def read_rss_bytes() -> int | None:
-    """This process's resident memory, from /proc where there is one."""
+    """This process's resident memory, from /proc where there is one (a reading is reused for
+    up to half a second of real time)."""
+    global _rss_reading
+    now = time.monotonic()
+    if now - _rss_reading[0] < _RSS_MAX_AGE:
+        return _rss_reading[1]
     try:
         with open("/proc/self/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            rss: int | None = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak_kib * 1024 if peak_kib else None
+        rss = peak_kib * 1024 if peak_kib else None
+    _rss_reading = (now, rss)
+    return rss
 
 
 class ConcurrencyController:
@@ -159,6 +175,10 @@ class ConcurrencyController:
 
     def snapshot(self) -> WorkerStatus:
         """The liveness snapshot (T11): mode, limit, in-flight, RSS, CPU, throughput, p95..."""
+        if self.policy is None:
+            # A fixed limit needs no ticks: the pressure figures are read here, CPU over the
+            # time since the last snapshot at least _MIN_CPU_WINDOW ago.
+            self._read_pressure(trio.current_time())
         return WorkerStatus(
             mode="adaptive" if self.is_adaptive else "fixed",
             limit=self.limit,
@@ -172,6 +192,17 @@ class ConcurrencyController:
         )
 
     # -- the controller -------------------------------------------------------------------------
+
+    def _read_pressure(self, now: float) -> None:
+        """RSS now, and CPU (share of one core) since the last reading, if that was at least
+        ``_MIN_CPU_WINDOW`` ago (a shorter window says little)."""
+        self._rss = self._read_rss()
+        if self._cpu_at is not None and now - self._cpu_at < _MIN_CPU_WINDOW:
+            return
+        cpu_now = self._read_cpu_time()
+        if self._cpu_mark is not None and self._cpu_at is not None and now > self._cpu_at:
+            self._cpu = max(0.0, (cpu_now - self._cpu_mark) / (now - self._cpu_at))
+        self._cpu_mark, self._cpu_at = cpu_now, now
 
     def adjust(self, elapsed: float) -> None:
         """One tick: read pressure, fold this tick's latencies in, move the limit."""
@@ -215,13 +246,18 @@ class ConcurrencyController:
             self._on_limit(new_limit)
 
     _cpu_mark: float | None = None
+    _cpu_at: float | None = None
+    """When ``_cpu_mark`` was read (fixed mode: read by :meth:`snapshot`)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Tick forever (adaptive), or just keep the pressure figures fresh (fixed)."""
-        tick = self.policy.tick if self.policy is not None else 5.0
+        """Tick forever (adaptive). A fixed limit needs no ticks (:meth:`snapshot` reads the
+        pressure figures): this returns at once, so an idle worker has one timer less."""
         start = trio.current_time()
-        self._cpu_mark = self._read_cpu_time()
+        self._cpu_mark, self._cpu_at = self._read_cpu_time(), start
         task_status.started()
+        if self.policy is None:
+            return
+        tick = self.policy.tick
         beat = 1
         last = start
         while True:

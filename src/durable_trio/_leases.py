@@ -4,7 +4,7 @@ poison bridge with its evidence (T9)."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -63,10 +63,10 @@ class LeaseMixin(TransportBase):
         by_queue: dict[str, list[Lease]] = {}
         for claim in self._claims.values():
             by_queue.setdefault(claim.queue, []).append(claim.job.lease)
-        assert isinstance(self._broker, SupportsRenewal)
+        broker = cast("SupportsRenewal", self._broker)  # (checked once: _can_renew)
         for queue, leases in by_queue.items():
             try:
-                outcome = await self._broker.renew_jobs(queue, leases)
+                outcome = await broker.renew_jobs(queue, leases)
             except BrokerError as exc:
                 self._report(exc)
                 continue
@@ -117,7 +117,7 @@ class LeaseMixin(TransportBase):
             tick = max(tick + 1, math.floor((trio.current_time() - start) / interval) + 1)
 
     async def _sweep(self, queue: str) -> None:
-        assert isinstance(self._broker, SupportsRecovery)
+        broker = cast("SupportsRecovery", self._broker)  # (checked once: _can_recover)
         # Poison is a step that keeps killing its worker. Every other queue carries the
         # engine's and the pods' own input, handled by our code, bad input failed at once: its
         # jobs stall only because a consumer died or the broker failed a finalize, and failing
@@ -126,7 +126,7 @@ class LeaseMixin(TransportBase):
             self._options.max_stalled_count if queue in self._task_queues else _NEVER_POISON
         )
         try:
-            recovery = await self._broker.recover_stalled_jobs(
+            recovery = await broker.recover_stalled_jobs(
                 queue, self.stalled_threshold, max_stalled
             )
         except BrokerError as exc:

@@ -166,6 +166,8 @@ class TransportBase:
         self._can_renew = isinstance(broker, SupportsRenewal)
         self._can_recover = isinstance(broker, SupportsRecovery)
         self._wait_for_work = broker.wait_for_work if isinstance(broker, SupportsWakeup) else None
+        # (runtime Protocol checks cost microseconds each: made once here, not per call)
+        self._many = broker if isinstance(broker, SupportsBatchFinalize) else None
         # Finalizes and pushes made in one scheduling round share one broker call, where the
         # broker can take them so (not the memory broker: its calls cost less than the round).
         self._batch_finalize = (
@@ -409,10 +411,10 @@ class TransportBase:
                 (job, task.priority)
             )
             ids.append(job.id)
-        broker = self._broker
+        broker, many = self._broker, self._many
         for queue, items in by_queue.items():
-            if isinstance(broker, SupportsBatchFinalize):
-                await broker.push_many(queue, [j for j, _ in items], [p for _, p in items])
+            if many is not None:
+                await many.push_many(queue, [j for j, _ in items], [p for _, p in items])
             else:
                 for job, priority in items:
                     await broker.push_on(queue, job, priority=priority)
