@@ -72,7 +72,8 @@ def test_the_same_seed_twice_gives_the_same_history_byte_for_byte() -> None:
 # --------------------------------------------------------------------------- a day of production
 
 #: A day of production: 2,000 runs (some 11,000 step executions) on 4 workers, with every
-#: fault kind several times an hour. Measured at ~15 s wall here; CI must stay under 60 s.
+#: fault kind several times an hour. Measured at 15-38 s wall on our machines (they differ by
+#: 2.5x); CI must stay under 60 s.
 DAY_SEED = 20261
 DAY_WALL_LIMIT = 60.0
 
@@ -88,9 +89,11 @@ def test_a_simulated_day_with_faults_runs_in_under_a_minute_and_every_invariant_
     kinds = ("kill", "restart", "pause-renewal", "stall", "delay", "drop", "lost-reply")
     assert all(report.faults.get(kind, 0) >= 10 for kind in kinds), report.faults
     assert report.faults.get("key-write-failure", 0) >= 10
-    # at-least-once made measurable: duplicates happened, and each had a cause
+    # at-least-once made measurable: duplicates happened, and each had a cause. (Whether a
+    # worker also notices a lost lease itself depends on which of two tasks waking at the same
+    # instant runs first, the end of a stall's renewal or its step's completion: a scheduling
+    # draw, so it is not asserted here; test_a_paused_renewal_loses_the_lease... covers it.)
     assert report.duplicate_executions > 0
-    assert report.lost_leases > 0
     assert report.graceful_closes > 0
     assert report.longest_close <= report.close_bound
     # every step result applied exactly once (the duplicates were ignored, and counted)
