@@ -236,6 +236,13 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
         note = f[remote][1] if isinstance(f[remote], tuple) else ""
         checks.append((f"[7] remote workflows under faults: {note} (want 0 violations)",
                        note.endswith(" 0 violations")))
+    kills = "simulation 1 h simulation with engine kills: invariant violations"
+    if have(kills):
+        violations = _value(f[kills])
+        checks.append(
+            (f"[9] the engine killed 10 times an hour: {violations:g} invariant violations "
+             "(want 0)", violations == 0)
+        )
     if have(
         "sqlite S1 drain, concurrency 32 (round trips/s)",
         "durable_trio S1 drain, concurrency 32 (round trips/s)",

@@ -1,6 +1,7 @@
 """Simulation figures (issue 9): a seeded day of production with faults, in one ``trio.run`` on a
 virtual clock — its wall time (the bar: under 60 s), what it covered, and that every invariant
-held; the same for an hour of remote workflows (issue 7's turns through the same storms).
+held; the same for an hour of remote workflows (issue 7's turns through the same storms), and
+for an hour with the engine itself killed ten times.
 
 The workload is the suite's (``durable_trio.testing._sample``, also run by
 ``tests/test_simulation.py``): 2,000 runs of a workflow of 1-4 sequential steps, a 60 s durable
@@ -11,6 +12,8 @@ attempt in twenty.
 from __future__ import annotations
 
 from typing import Any
+
+import attrs
 
 from durable_trio.testing import InvariantViolation, Simulation, SimulationReport
 from durable_trio.testing._sample import CHAOS, expected, sample_app, workload
@@ -65,5 +68,20 @@ def run(quick: bool) -> dict[str, Any]:
         remote.wall_seconds,
         f"{remote.runs_started} runs, {remote.engine.turns_dispatched} turns, "
         f"{len(remote.violations)} violations",
+    )
+    killed = _report(Simulation(
+        sample_app("bench-sim-engine-kills"),
+        workload,
+        seed=DAY_SEED,
+        runs=200 if quick else 500,
+        duration=3600,
+        faults=attrs.evolve(CHAOS, engine_kills_per_hour=10.0),
+        expected_output=expected,
+    ))
+    figures["1 h simulation with engine kills: invariant violations"] = (
+        float(len(killed.violations)),
+        f"{killed.faults.get('engine-kill', 0)} engine kills, {killed.engine.runs_resumed} runs "
+        f"taken over, {killed.runs_completed}/{killed.runs_started} runs completed, "
+        f"{killed.wall_seconds:.1f} s wall",
     )
     return figures
