@@ -2,8 +2,8 @@
 
 The whole system (engine, workers, memory broker) runs in one ``trio.run`` on a virtual clock,
 so a working day (8 hours) of traffic takes seconds; workers are killed, restarted, stalled and
-starved of lease renewals, broker calls are delayed, dropped or lose their replies, key-store
-writes fail, all drawn from one seed. After the run the harness checks its invariants (no run
+starved of lease renewals, the engine is killed and replaced, broker calls are delayed, dropped
+or lose their replies, key-store writes fail, all drawn from one seed. After the run the harness checks its invariants (no run
 lost, every step settled once with a result a worker produced, every duplicate execution
 explained by a fault, close bounds, liveness keys), and this example checks its own: no card
 charged twice. Whatever the backend given, the simulation runs on the memory one.
@@ -73,7 +73,12 @@ def simulate(seed: int) -> SimulationReport:
         runs=300,
         duration=8 * 3600,
         workers=3,
-        faults=Faults(kills_per_hour=2.0, restarts_per_hour=2.0, stalls_per_hour=2.0),
+        faults=Faults(
+            kills_per_hour=2.0,
+            restarts_per_hour=2.0,
+            stalls_per_hour=2.0,
+            engine_kills_per_hour=1.0,
+        ),
         expected_output=expected,
     )
     # Raises InvariantViolation (with the seed and a replay command) if anything broke.
