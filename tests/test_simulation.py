@@ -67,6 +67,14 @@ def test_the_same_seed_twice_gives_the_same_history_byte_for_byte() -> None:
     assert other.digest != first.digest
     assert sum(first.faults.values()) > 0
     assert first.runs_completed == first.runs_started == 60
+    # with the engine killed and replaced as well
+    killed = [
+        simulation(7, runs=60, duration=3600, faults=attrs.evolve(CHAOS, engine_kills_per_hour=6.0))
+        .run_sync()
+        .digest
+        for _ in range(2)
+    ]
+    assert killed[0] == killed[1] != first.digest
 
 
 # --------------------------------------------------------------------------- a day of production
