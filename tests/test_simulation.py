@@ -522,6 +522,11 @@ async def test_a_named_clock_is_the_one_used(mock_clock, memory_backend):
 
 async def test_without_the_fixtures_the_clock_is_the_wall_clock():
     assert trio.current_time() > 1000  # trio's real clock starts far from 0
+
+
+@pytest.mark.trio(run=trio.run)
+async def test_a_test_that_chose_its_runner_keeps_it(memory_backend):
+    assert trio.current_time() > 1000
 """
 
 
@@ -533,10 +538,10 @@ def test_the_plugin_runs_tests_that_use_its_fixtures_on_the_autojump_clock(
     if trio_mode:
         pytester.makeini("[pytest]\ntrio_mode = true\n")
     else:
-        body = body.replace("\nasync def", "\n@pytest.mark.trio\nasync def")
+        body = body.replace("\n\nasync def", "\n\n@pytest.mark.trio\nasync def")
     pytester.makepyfile(test_plugin=body)
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", timeout=30)
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
 
 
 @given(message=wire_messages())

@@ -7,7 +7,7 @@ Enable them in your top-level ``conftest.py``::
 Enabled as a plugin, it also wires the clock: a trio test that asks for one of these fixtures runs
 on ``MockClock(autojump_threshold=0)`` (virtual time, which jumps whenever every task is blocked)
 without naming a clock, unless it names a clock fixture of its own (``mock_clock``, say), which is
-used instead::
+used instead, or chose its runner itself (``@pytest.mark.trio(run=trio.run)``: the wall clock)::
 
     async def test_order(engine_for, workers_for):
         async with workers_for(app, 2), engine_for(app) as engine:
@@ -128,12 +128,17 @@ def virtual_run(
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run the trio tests that use these fixtures on the autojump clock (see the module doc).
 
-    The marker goes first, so pytest-trio finds it before ``trio_mode``'s own.
+    The marker goes first, so pytest-trio finds it before ``trio_mode``'s own. A test that
+    chose its runner itself (``@pytest.mark.trio(run=trio.run)`` on the function: the wall
+    clock) keeps it.
     """
     for item in items:
         if not _FIXTURES.intersection(getattr(item, "fixturenames", ())):
             continue
         test = getattr(item, "obj", None)
+        own = getattr(test, "pytestmark", ())
+        if any(mark.name == "trio" and "run" in mark.kwargs for mark in own):
+            continue
         inner = getattr(getattr(test, "hypothesis", None), "inner_test", test)
         if inspect.iscoroutinefunction(inner):
             item.add_marker(pytest.mark.trio(run=virtual_run), append=False)
