@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections import Counter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -58,7 +59,7 @@ from ._records import (
 from ._remote_run import RemoteRunDriver, apply_decision, apply_step_event
 from ._retry import Retry, StoredRetry
 from ._runtime import RunDriver, StepWaiter, describe_error, send_step
-from ._statistics import Counters, EngineStatistics
+from ._statistics import COUNTERS, EngineStatistics
 from ._stores.memory import MemoryRunStore
 
 if TYPE_CHECKING:
@@ -78,6 +79,8 @@ T = TypeVar("T")
 _CLAIM_BATCH = 100
 #: First and largest delay between two attempts at a store / broker call that failed.
 _GUARD_BACKOFF = (0.05, 5.0)
+#: What ``Engine._count`` may count (a misspelt name fails loudly, not as a new counter).
+_COUNTER_NAMES = frozenset(COUNTERS)
 
 
 _VERDICT_COUNTER = {
@@ -120,7 +123,7 @@ class Engine:
         self._decision_locks: dict[str, trio.Lock] = {}
         """Remote runs whose decisions are being applied (one at a time per run)."""
         """Steps whose result this engine is applying now (checkpoint, then retry dispatch)."""
-        self._counters = Counters()
+        self._counters: Counter[str] = Counter()
         self._trio_clock = isinstance(store, MemoryRunStore)
         self._runs: trio.Nursery | None = None
         self._loops: trio.Nursery | None = None
@@ -133,7 +136,8 @@ class Engine:
     # ------------------------------------------------------------------ services for drivers
 
     def _count(self, name: str, n: int = 1) -> None:
-        setattr(self._counters, name, getattr(self._counters, name) + n)
+        assert name in _COUNTER_NAMES, name
+        self._counters[name] += n
 
     def _report(self, exc: BaseException) -> None:
         try:
@@ -674,12 +678,12 @@ class Engine:
 
     def statistics(self) -> EngineStatistics:
         """A snapshot of the engine's counters (idempotent application made measurable)."""
-        counters = attrs.asdict(self._counters)
+        counters = self._counters
         return EngineStatistics(
             engine_id=self.engine_id,
             active_runs=len(self._drivers),
             waiting_steps=len(self._waiters),
-            **counters,
+            **{name: counters[name] for name in COUNTERS},
         )
 
     async def list(

@@ -1,10 +1,10 @@
-"""The engine's counters, and the frozen snapshot :meth:`Engine.statistics` returns."""
+"""The frozen snapshot :meth:`Engine.statistics` returns, and the names of its counters."""
 
 from __future__ import annotations
 
 import attrs
 
-__all__ = ["Counters", "EngineStatistics"]
+__all__ = ["COUNTERS", "GAUGES", "EngineStatistics"]
 
 
 @attrs.frozen
@@ -58,30 +58,8 @@ class EngineStatistics:
     """Run events published to tenant pods' inboxes."""
 
 
-@attrs.define
-class Counters:
-    runs_started: int = 0
-    runs_resumed: int = 0
-    runs_completed: int = 0
-    runs_failed: int = 0
-    runs_cancelled: int = 0
-    steps_dispatched: int = 0
-    retries: int = 0
-    redispatched: int = 0
-    results_applied: int = 0
-    duplicate_results: int = 0
-    stale_results: int = 0
-    orphan_results: int = 0
-    local_steps_run: int = 0
-    timers_fired: int = 0
-    nondeterminism_failures: int = 0
-    lost_runs: int = 0
-    turns_dispatched: int = 0
-    turns_resent: int = 0
-    decisions_applied: int = 0
-    stale_decisions: int = 0
-    orphan_decisions: int = 0
-    step_events: int = 0
-    orphan_step_events: int = 0
-    tenant_requests: int = 0
-    tenant_events: int = 0
+#: The fields of :class:`EngineStatistics` that are not counters but gauges (or the id).
+GAUGES = frozenset({"engine_id", "active_runs", "waiting_steps"})
+
+#: Every counter of :class:`EngineStatistics`: what ``Engine._count`` may count.
+COUNTERS = tuple(f.name for f in attrs.fields(EngineStatistics) if f.name not in GAUGES)

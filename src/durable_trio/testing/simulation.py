@@ -53,6 +53,7 @@ from .._engine import (
     open_worker,
     step_info,
 )
+from .._engine._statistics import COUNTERS
 from .._engine._stores.memory import MemoryRunStore
 from .._errors import BrokerError, BrokerUnavailable
 from .._liveness import MIN_HEARTBEAT_TTL
@@ -240,15 +241,7 @@ def _summed(a: EngineStatistics | None, b: EngineStatistics) -> EngineStatistics
     """Counters summed over engine generations (gauges: the latest)."""
     if a is None:
         return b
-    gauges = ("engine_id", "active_runs", "waiting_steps")
-    return attrs.evolve(
-        b,
-        **{
-            field.name: getattr(a, field.name) + getattr(b, field.name)
-            for field in attrs.fields(EngineStatistics)
-            if field.name not in gauges
-        },
-    )
+    return attrs.evolve(b, **{name: getattr(a, name) + getattr(b, name) for name in COUNTERS})
 
 
 def _arrivals(rng: random.Random, rate_per_hour: float, duration: float) -> list[float]:
