@@ -60,7 +60,6 @@ from ._remote_run import RemoteRunDriver, apply_decision, apply_step_event
 from ._retry import Retry, StoredRetry
 from ._runtime import RunDriver, StepWaiter, describe_error, send_step
 from ._statistics import COUNTERS, EngineStatistics
-from ._stores.memory import MemoryRunStore
 
 if TYPE_CHECKING:
     import builtins
@@ -124,7 +123,8 @@ class Engine:
         """Remote runs whose decisions are being applied (one at a time per run)."""
         """Steps whose result this engine is applying now (checkpoint, then retry dispatch)."""
         self._counters: Counter[str] = Counter()
-        self._trio_clock = isinstance(store, MemoryRunStore)
+        # A store whose clock is trio's (the memory store, or a wrapper of it that says so)
+        self._trio_clock = bool(getattr(store, "trio_clock", False))
         self._runs: trio.Nursery | None = None
         self._loops: trio.Nursery | None = None
         self._closing = False

@@ -157,6 +157,8 @@ class _EngineStore:
     """One engine generation's view of the shared run store: once that engine is killed, every
     call raises (the process is gone: nothing it would still write reaches the store)."""
 
+    trio_clock = True  # (as the memory store it wraps: timers wake at their exact time)
+
     def __init__(self, inner: _RecordingStore) -> None:
         self.inner = inner
         self.dead = False

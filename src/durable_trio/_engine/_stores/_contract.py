@@ -26,6 +26,10 @@ class RunStore(Protocol):
 
     Errors: a store raises :class:`~durable_trio.BrokerError` (or
     :class:`~durable_trio.BrokerUnavailable`) when its backend fails; the engine retries.
+
+    A store whose :meth:`now` IS ``trio.current_time()`` (the memory store) may say so with a
+    class attribute ``trio_clock = True``: the engine then sleeps until a timer's exact
+    ``wake_at`` instead of for ``wake_at - now()`` seconds.
     """
 
     def now(self) -> float:

@@ -109,6 +109,9 @@ class MemoryRunStore:
     atomic.
     """
 
+    trio_clock = True
+    """Its :meth:`now` is trio's clock: the engine sleeps until a timer's exact ``wake_at``."""
+
     def __init__(self) -> None:
         self._runs: dict[str, _Run] = {}
         self._seq = itertools.count(1)
