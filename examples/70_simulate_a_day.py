@@ -6,7 +6,8 @@ starved of lease renewals, the engine is killed and replaced, broker calls are d
 or lose their replies, key-store writes fail, all drawn from one seed. After the run the
 harness checks its invariants (no run lost, every step settled once with a result a worker
 produced, every duplicate execution explained by a fault, close bounds, liveness keys), and
-this example checks its own: no card charged twice. Whatever the backend given, the simulation runs on the memory one.
+this example checks its own: no card charged twice. Whatever the backend given, the simulation
+runs on the memory one.
 """
 
 from __future__ import annotations
