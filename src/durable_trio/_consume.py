@@ -230,6 +230,11 @@ class ConsumeMixin(TransportBase):
                     errors += 1
                     self._report(exc)
                     batch = []
+                else:
+                    # The broker answered: the outage is over, even if the queue is empty (an
+                    # empty pop must not leave the loop polling on the error backoff, up to
+                    # 10 s late for every job, instead of waiting for work).
+                    errors = 0
                 finally:
                     pop_scope.shield = False
                 if len(batch) < take:
