@@ -417,6 +417,42 @@ async def test_t15_a_decision_applied_by_another_engine_moves_the_driving_engine
     assert executions == Counter({"stamp:1": 1, "reserve:a": 1, "reserve:b": 1, "charge:1": 1})
 
 
+async def test_t15_a_run_taken_over_moves_on_when_another_engine_applies_its_no_op_decision(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Found by the simulation harness with two engines: a run taken over while its workflow
+    slept. The new driver's first turn replays up to the pending timer and decides nothing
+    new; when another engine applies that decision, the store does not change, and the
+    driver used to re-send the turn every turn_timeout, forever (the timer is the driver's to
+    fire). Now, after turn_timeout, it moves on with what the history holds."""
+    executions: Counter[str] = Counter()
+    async with AsyncExitStack() as stack:
+        backend = await stack.enter_async_context(dt.open_backend("memory://"))
+        await stack.enter_async_context(open_worker(worker_app(executions), backend))
+        async with open_engine(engine_app(), backend, engine_id="first") as first:
+            run_id = await first.start("order", ORDER)
+            await trio.sleep(5)  # in the 10 s timer; leaving releases the run
+        store = first.store
+        other = await stack.enter_async_context(
+            open_engine(engine_app(), backend, store=store, engine_id="other", reconcile=False)
+        )
+        deaf = dt.Backend("memory://", _DeafToDecisions(backend.broker), backend.keys)
+        driver = await stack.enter_async_context(
+            open_engine(engine_app(), deaf, store=store, engine_id="driver", turn_timeout=30.0)
+        )
+        with trio.fail_after(300):
+            output = await driver.result(run_id)
+        done_at = trio.current_time()
+        ours, theirs = driver.statistics(), other.statistics()
+    assert output["receipt"] == "receipt-1"
+    # taken over at 5; moved on at 5 + turn_timeout, the timer overdue: fired, the last turn
+    # sent, its decision applied by the other engine, and seen at the driver's next poll (1 s)
+    assert done_at == 36.0
+    assert (ours.runs_resumed, ours.turns_moved_on, ours.turns_resent) == (1, 1, 0)
+    assert theirs.decisions_applied == 2  # the no-op one, then the end
+    assert executions == Counter({"stamp:1": 1, "reserve:a": 1, "reserve:b": 1, "charge:1": 1})
+
+
 # --------------------------------------------------------------------------- tenant pods
 
 

@@ -366,6 +366,15 @@ class RemoteRunDriver:
             if [step_to_json(r) for r in now] != sent:
                 return
             if trio.current_time() >= self._deadline:
+                if any(r.status is StepState.PENDING for r in now):
+                    # The workflow waits on something the store holds (a step, a timer): move
+                    # on with it. Its decision may have been applied by another engine while
+                    # changing nothing this driver can see (a turn after a takeover, or after
+                    # one of several parallel steps settled); re-sending turns would only
+                    # repeat that, never running the timer. A turn lost for good costs nothing
+                    # either: the next one goes out once something moves.
+                    engine._count("turns_moved_on")
+                    return
                 engine._count("turns_resent")
                 await self._send_turn(records)
                 self._deadline = trio.current_time() + options.turn_timeout

@@ -44,6 +44,10 @@ class EngineStatistics:
     """Remote workflow turns sent to workflow workers."""
     turns_resent: int = 0
     """Turns sent again after ``turn_timeout`` without a decision."""
+    turns_moved_on: int = 0
+    """Turns given up after ``turn_timeout`` with no decision seen, the run moving on with
+    the steps and timers its history holds (a decision another engine applied may have
+    changed nothing)."""
     decisions_applied: int = 0
     stale_decisions: int = 0
     """Decisions ignored: the run was over, or the decision contradicted the stored history."""
