@@ -186,6 +186,27 @@ def test_remote_workflows_under_faults_hold_every_invariant(profile: Faults, see
 ENGINE_KILLS = attrs.evolve(CHAOS, engine_kills_per_hour=10.0)
 
 
+def an_hour_with_engine_kills(remote: bool, faults: Faults, **options: Any) -> SimulationReport:
+    """Seed 5: an hour of 200 runs of the sample workload (local or remote workflows) under
+    ``faults``, which kill the engine: every invariant holds, every run completes, and runs
+    were taken over."""
+    report = Simulation(
+        remote_app if remote else app,
+        workload,
+        seed=5,
+        runs=200,
+        duration=3600,
+        faults=faults,
+        expected_output=expected,
+        engine_options={"turn_timeout": 120.0} if remote else None,
+        **options,
+    ).run_sync()
+    assert report.violations == ()
+    assert report.runs_completed == 200
+    assert report.engine.runs_resumed > 0
+    return report
+
+
 @pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
 def test_a_killed_engine_s_replacement_takes_its_runs_over_and_every_invariant_holds(
     remote: bool,
@@ -195,20 +216,8 @@ def test_a_killed_engine_s_replacement_takes_its_runs_over_and_every_invariant_h
     from the store, the results and decisions the dead one had claimed come back by lease
     expiry, and no run is lost, no step settled twice, no execution unexplained. Tried first on
     seeds 1-20 (local) and 1-18 (remote) at 4 to 30 kills an hour: it found no defect."""
-    report = Simulation(
-        remote_app if remote else app,
-        workload,
-        seed=5,
-        runs=200,
-        duration=3600,
-        faults=ENGINE_KILLS,
-        expected_output=expected,
-        engine_options={"turn_timeout": 120.0} if remote else None,
-    ).run_sync()
-    assert report.violations == ()
-    assert report.runs_completed == 200
+    report = an_hour_with_engine_kills(remote, ENGINE_KILLS)
     assert report.faults["engine-kill"] >= 10
-    assert report.engine.runs_resumed > 0
     # each replacement starts exactly engine_restart_delay after its predecessor is gone, and
     # the predecessor is gone within the close bounds of its kill
     events = report.history
@@ -219,6 +228,27 @@ def test_a_killed_engine_s_replacement_takes_its_runs_over_and_every_invariant_h
     for kill, down, again in zip(kills, gone, up[1:], strict=True):
         assert kill <= down <= kill + report.close_bound
         assert again == pytest.approx(down + ENGINE_KILLS.engine_restart_delay)
+
+
+@pytest.mark.parametrize(
+    ("remote", "profile"),
+    [(False, ENGINE_KILLS), (True, attrs.evolve(STORM, engine_kills_per_hour=4.0))],
+    ids=["local-chaos", "remote-storm"],
+)
+def test_two_engines_share_the_runs_and_every_invariant_holds(
+    remote: bool, profile: Faults
+) -> None:
+    """Two engines on one store and namespace, killed and replaced: runs started on both,
+    results and decisions applied by whichever engine takes them, a killed engine's runs taken
+    over by the other once their lease lapses. The remote storm (seed 5) found two defects: a
+    consumer left on its error backoff after an outage (the other engine won every decision),
+    and a driver re-sending a turn forever when the other engine applied its no-op decision (a
+    run lost). Each engine's sends of one step attempt beyond the first explain one
+    redelivery: two engines applying copies of one decision at once (docs/remote.md)."""
+    report = an_hour_with_engine_kills(remote, profile, engines=2)
+    assert report.faults["engine-kill"] >= 2
+    ups = {e["engine"] for e in report.history if e["ev"] == "engine-up"}
+    assert {"engine0", "engine1"} <= ups
 
 
 # --------------------------------------------------------------------------- violations
@@ -551,6 +581,37 @@ def test_wire_messages_cover_every_message_type_and_round_trip(message: Any) -> 
 
 
 # --------------------------------------------------------------------------- defects it found
+
+
+async def test_after_an_outage_an_empty_pop_ends_the_error_backoff(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Found by the harness with two engines (a storm of dropped calls, remote workflows, seed
+    5): after a run of failed pops, a pop that succeeded but found the queue empty left the
+    loop on its error backoff (up to 10 s between polls) instead of waiting for work, so one
+    engine never won a decision again and a run it drove stalled for good. Now any answer from
+    the broker ends the backoff."""
+    shared = MemoryBroker()
+    flaky = Injector("consumer", random.Random(0), BrokerFaults(drop_probability=1.0))
+    producer = dt.Backend("memory://", wrap_broker(shared, Injector("p", random.Random(0))))
+    started: list[float] = []
+
+    async def step(task: dt.RemoteTask) -> None:
+        started.append(trio.current_time())
+
+    async with (
+        dt.open_queue_transport(producer, namespace="n") as dispatcher,
+        dt.open_queue_transport(
+            dt.Backend("memory://", wrap_broker(shared, flaky)), namespace="n", instance_id="c"
+        ) as consumer,
+    ):
+        consumer.handle("step", step)
+        await trio.sleep(60.0)  # every pop fails: the loop backs off to 10 s between polls
+        flaky.quiet_down()
+        await trio.sleep(20.0)  # the next pops answer: empty
+        await dispatcher.dispatch(dt.RemoteTask("r", "1", 1, "step"))
+        await trio.sleep(1.0)
+    assert started == [80.0]  # at once: woken by the push, not by a poll up to 10 s later
 
 
 async def test_a_renewal_round_stuck_on_a_slow_broker_does_not_hold_close_past_its_bounds(

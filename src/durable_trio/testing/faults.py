@@ -120,6 +120,9 @@ class Injector:
         self.stalled_until = -float("inf")
         self.injected = 0
         """Faults injected so far (every kind)."""
+        self.pushed: Callable[[list[list[Any]]], None] | None = None
+        """Told the ``[run, step, attempt]`` of the step tasks of every push that reached the
+        broker (its reply lost or not), if set."""
 
     # ------------------------------------------------------------------ scheduled faults
 
@@ -232,6 +235,8 @@ class FaultyBroker:
         injector = self.injector
         await injector.before(op)
         result = await call()
+        if injector.pushed is not None and op in _PUSHES:
+            injector.pushed(_task_keys(jobs))
         if injector.lose_reply(op):
             details: dict[str, Any] = {"op": op}
             if op in _PUSHES:

@@ -272,6 +272,11 @@ class Simulation:
         runs: how many runs the workload starts, at random times during ``duration``.
         duration: virtual seconds during which runs start and faults strike.
         workers: worker processes (slots: a killed worker is replaced in its slot).
+        engines: engine processes sharing the run store (default 1). With more than one, each
+            has its own ``engine_id`` (``engine0``, ``engine1``, ...), runs are started on them
+            in turn, any of them applies any result or decision, and a killed one's runs are
+            taken over by the others once their lease lapses (``reconcile_interval`` 15 s and
+            ``watch_interval`` 5 s unless ``engine_options`` says otherwise).
         concurrency: steps each worker runs at once.
         faults: what goes wrong (default: a bit of everything, see :class:`Faults`).
         drain_timeout: after ``duration``, faults stop and the runs still going get this long
@@ -296,6 +301,7 @@ class Simulation:
         runs: int = 100,
         duration: float = _HOUR,
         workers: int = 4,
+        engines: int = 1,
         concurrency: int = 8,
         faults: Faults | None = None,
         drain_timeout: float = 6 * _HOUR,
@@ -311,6 +317,9 @@ class Simulation:
         self.runs = runs
         self.duration = float(duration)
         self.worker_count = workers
+        if engines < 1:
+            raise ValueError(f"a simulation needs at least one engine, not {engines}")
+        self.engine_count = engines
         self.concurrency = concurrency
         self.faults = faults if faults is not None else Faults()
         self.drain_timeout = drain_timeout
@@ -397,9 +406,12 @@ class Simulation:
         self._names = QueueNames(str(namespace))
         self._store_steps: dict[str, list[StepRecord]] = {}
         self._engine_stats: EngineStatistics | None = None
-        self._engine: _EngineGeneration | None = None
+        self._engines: list[_EngineGeneration | None] = [None] * self.engine_count
         self._engine_up = trio.Event()
+        """Set while some engine is up (replaced when the last one goes down)."""
         self._engines_stop = trio.Event()
+        self._task_pushers: dict[tuple[str, str, int], set[str]] = {}
+        """Which engines pushed each step attempt (several engines: see ``_check``)."""
         self._end = 0.0
 
     def _now(self) -> float:
@@ -507,8 +519,9 @@ class Simulation:
         self._slots = [_Slot(i) for i in range(self.worker_count)]
         self._event("begin", seed=self.seed, workers=self.worker_count, runs=self.runs)
         async with trio.open_nursery() as nursery:
-            engines_done = trio.Event()
-            nursery.start_soon(self._run_engines, engines_done)
+            engines_done = [trio.Event() for _ in range(self.engine_count)]
+            for index, done in enumerate(engines_done):
+                nursery.start_soon(self._run_engines, index, done)
             await self._live_engine()
             slots_done = trio.Event()
             nursery.start_soon(self._run_slots, nursery, slots_done)
@@ -524,31 +537,38 @@ class Simulation:
                 slot.stop.set()
             await slots_done.wait()
             self._engines_stop.set()
-            if self._engine is not None:
-                self._engine.stop.set()
-            await engines_done.wait()
+            for current in self._engines:
+                if current is not None:
+                    current.stop.set()
+            for done in engines_done:
+                await done.wait()
             for run_id in self._inputs:
                 self._store_steps[run_id] = await self._store.get_steps(run_id)
             # keep the key checks scheduled by the last closes (the nursery waits for them)
         self._end = self._now()
         self._event("end")
 
-    async def _run_engines(self, done: trio.Event) -> None:
-        """The engine, and after each kill its replacement (same ``engine_id``: it takes the
-        runs over at start), until the simulation stops it."""
+    async def _run_engines(self, index: int, done: trio.Event) -> None:
+        """Engine ``index``, and after each kill its replacement (same ``engine_id``: it takes
+        the runs over at start), until the simulation stops it."""
         seed = self.seed
         engine_faults = self.faults.engine_broker or self.faults.broker
+        several = self.engine_count > 1
+        engine_id = f"engine{index}" if several else "engine"
         generation = 0
         while True:
             # The first generation is "engine" (its draws are those of a simulation without
-            # engine kills), the next ones "engine-1", "engine-2", ...
-            name = "engine" if generation == 0 else f"engine-{generation}"
+            # engine kills), the next ones "engine-1", "engine-2", ... ("engine0-1", ... when
+            # there are several).
+            name = engine_id if generation == 0 else f"{engine_id}-{generation}"
             injector = Injector(
                 name,
                 random.Random(f"{seed}:{name}"),
                 BrokerFaults() if self._healed else engine_faults,
                 self._recorder(name),
             )
+            if several:
+                injector.pushed = self._pushes_observer(engine_id)
             current = _EngineGeneration(injector, _EngineStore(self._store))
             backend = Backend(
                 url="memory://",
@@ -556,10 +576,12 @@ class Simulation:
                 keys=FaultyKeyStore(self._keys, injector),
             )
             options: dict[str, Any] = {
-                "engine_id": "engine",
+                "engine_id": engine_id,
                 "seed": seed,  # the retry jitter too
-                "reconcile_interval": None,
-                "watch_interval": None,
+                # One engine needs neither: it drives every run and applies every result. Several
+                # take over each other's runs, and learn of results applied by the others.
+                "reconcile_interval": 15.0 if several else None,
+                "watch_interval": 5.0 if several else None,
                 **self.transport_options,
                 **self.engine_options,
             }
@@ -570,7 +592,7 @@ class Simulation:
                     self.app, backend, store=current.store, **options
                 ) as engine:
                     current.engine = engine
-                    self._engine = current
+                    self._engines[index] = current
                     self._engine_up.set()
                     if self._engines_stop.is_set():  # stopped while this one was starting
                         current.stop.set()
@@ -578,7 +600,7 @@ class Simulation:
                     await current.stop.wait()
                     if not current.killed:
                         self._engine_stats = _summed(self._engine_stats, engine.statistics())
-            self._engine = None
+            self._engines[index] = None
             if not current.killed:
                 break
             self._event("engine-gone", engine=name)
@@ -589,20 +611,32 @@ class Simulation:
             generation += 1
         done.set()
 
-    async def _live_engine(self) -> _EngineGeneration:
-        """The engine now up (waiting for the next one while it is down)."""
-        while self._engine is None or self._engine.killed:
-            await self._engine_up.wait()
-        return self._engine
+    def _up(self) -> list[_EngineGeneration]:
+        return [e for e in self._engines if e is not None and not e.killed]
 
-    def _kill_engine(self) -> None:
-        current = self._engine
+    async def _live_engine(self, turn: int = 0) -> _EngineGeneration:
+        """An engine now up (the ``turn``-th of them, round the ones up), waiting while none
+        is."""
+        while not (up := self._up()):
+            await self._engine_up.wait()
+        return up[turn % len(up)]
+
+    def _pushes_observer(self, engine_id: str) -> Callable[[list[list[Any]]], None]:
+        def pushed(tasks: list[list[Any]]) -> None:
+            for run_id, step_id, attempt in tasks:
+                self._task_pushers.setdefault((run_id, step_id, attempt), set()).add(engine_id)
+
+        return pushed
+
+    def _kill_engine(self, index: int) -> None:
+        current = self._engines[index]
         if current is None or current.killed or current.engine is None:
             return
         self._fault_counts["engine-kill"] += 1
         self._event("fault", kind="engine-kill", process=current.injector.name)
         current.killed = True
-        self._engine_up = trio.Event()  # set by the replacement
+        if not self._up():
+            self._engine_up = trio.Event()  # set by the next engine up
         current.injector.kill()
         current.store.dead = True
         self._engine_stats = _summed(self._engine_stats, current.engine.statistics())
@@ -617,8 +651,9 @@ class Simulation:
     def _heal(self) -> None:
         """Stop every fault: the runs still going get the drain time to finish."""
         self._healed = True
-        if self._engine is not None:
-            self._engine.injector.quiet_down()
+        for current in self._engines:
+            if current is not None:
+                current.injector.quiet_down()
         for slot in self._slots:
             if slot.injector is not None:
                 slot.injector.quiet_down()
@@ -633,7 +668,7 @@ class Simulation:
             run_id = f"run-{index:05d}"
             self._inputs[run_id] = (workflow, value)
             while True:  # idempotent by run id: started again on the next engine if need be
-                current = await self._live_engine()
+                current = await self._live_engine(index)
                 assert current.engine is not None
                 try:
                     await current.engine.start(workflow, value, run_id=run_id)
@@ -777,7 +812,8 @@ class Simulation:
                 plan.append((at, kind, rng.randrange(self.worker_count), rng.uniform(low, high)))
         # (drawn last: a simulation without engine kills draws what it drew before they were)
         for at in _arrivals(rng, faults.engine_kills_per_hour, self.duration):
-            plan.append((at, "engine-kill", -1, 0.0))
+            victim = rng.randrange(self.engine_count) if self.engine_count > 1 else 0
+            plan.append((at, "engine-kill", victim, 0.0))
         plan.sort()
         return plan
 
@@ -785,7 +821,7 @@ class Simulation:
         for at, kind, index, seconds in self._schedule():
             await trio.sleep_until(self._t0 + at)
             if kind == "engine-kill":
-                self._kill_engine()
+                self._kill_engine(index)
                 continue
             slot = self._slots[index]
             injector = slot.injector
@@ -850,7 +886,10 @@ class Simulation:
         # after the first needs a cause, and one earlier execution (whose claim a fault took,
         # or which was cancelled and handed back) or one repeated push causes one redelivery.
         for key, executions in self._executions.items():
+            # (several engines: two that applied copies of one decision at once may each have
+            # sent the attempt, docs/remote.md; each engine beyond the first explains one)
             pushes = self._duplicate_pushes.get(key, 0)
+            pushes += max(0, len(self._task_pushers.get(key, ())) - 1)
             causes = executions[:1]
             for after in executions[1:]:
                 cause = next(
