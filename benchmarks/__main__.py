@@ -236,6 +236,13 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
         note = f[remote][1] if isinstance(f[remote], tuple) else ""
         checks.append((f"[7] remote workflows under faults: {note} (want 0 violations)",
                        note.endswith(" 0 violations")))
+    two = "simulation 1 h simulation with two engines: invariant violations"
+    if have(two):
+        violations = _value(f[two])
+        checks.append(
+            (f"[9] two engines, killed and replaced: {violations:g} invariant violations "
+             "(want 0)", violations == 0)
+        )
     kills = "simulation 1 h simulation with engine kills: invariant violations"
     if have(kills):
         violations = _value(f[kills])

@@ -1,7 +1,8 @@
 """Simulation figures (issue 9): a seeded day of production with faults, in one ``trio.run`` on a
 virtual clock — its wall time (the bar: under 60 s), what it covered, and that every invariant
-held; the same for an hour of remote workflows (issue 7's turns through the same storms), and
-for an hour with the engine itself killed ten times.
+held; the same for an hour of remote workflows (issue 7's turns through the same storms), for
+an hour with the engine itself killed ten times, and for an hour of remote workflows on two
+engines killed and replaced.
 
 The workload is the suite's (``durable_trio.testing._sample``, also run by
 ``tests/test_simulation.py``): 2,000 runs of a workflow of 1-4 sequential steps, a 60 s durable
@@ -78,6 +79,24 @@ def run(quick: bool) -> dict[str, Any]:
         faults=attrs.evolve(CHAOS, engine_kills_per_hour=10.0),
         expected_output=expected,
     ))
+    two = _report(Simulation(
+        sample_app("bench-sim-two-engines", remote=True),
+        workload,
+        seed=DAY_SEED,
+        runs=200 if quick else 500,
+        duration=3600,
+        engines=2,
+        faults=attrs.evolve(CHAOS, engine_kills_per_hour=4.0),
+        expected_output=expected,
+        engine_options={"turn_timeout": 120.0},
+    ))
+    figures["1 h simulation with two engines: invariant violations"] = (
+        float(len(two.violations)),
+        f"remote workflows, {two.faults.get('engine-kill', 0)} engine kills, "
+        f"{two.engine.runs_resumed} runs taken over, {two.engine.turns_moved_on} turns moved "
+        f"on, {two.runs_completed}/{two.runs_started} runs completed, "
+        f"{two.wall_seconds:.1f} s wall",
+    )
     figures["1 h simulation with engine kills: invariant violations"] = (
         float(len(killed.violations)),
         f"{killed.faults.get('engine-kill', 0)} engine kills, {killed.engine.runs_resumed} runs "

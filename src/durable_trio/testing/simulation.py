@@ -1,11 +1,13 @@
-"""The simulation harness: one engine, N workers and a memory broker in one ``trio.run`` under a
-virtual clock, with faults injected from one seed, and invariants checked after every run.
+"""The simulation harness: an engine (or several), N workers and a memory broker in one
+``trio.run`` under a virtual clock, with faults injected from one seed, and invariants checked
+after every run.
 
 ::
 
     simulation (one trio.run, MockClock(autojump_threshold=0))
-    ├── engine        open_engine over its own FaultyBroker (delays, drops, lost replies);
-    │                 killed and restarted under the same engine_id, if the faults say so
+    ├── engines       one (or ``engines``) open_engine over its own FaultyBroker (delays,
+    │                 drops, lost replies), sharing the one run store; each killed and
+    │                 restarted under its engine_id, if the faults say so
     ├── worker slots  one task per slot: a worker, killed / restarted / closed over and over,
     │                 each generation with its own FaultyBroker + FaultyKeyStore + instance id
     ├── workload      starts the runs at seeded arrival times, awaits each one's outcome
