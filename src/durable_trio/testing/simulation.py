@@ -412,8 +412,8 @@ class Simulation:
         self._engine_up = trio.Event()
         """Set while some engine is up (replaced when the last one goes down)."""
         self._engines_stop = trio.Event()
-        self._task_pushers: dict[tuple[str, str, int], set[str]] = {}
-        """Which engines pushed each step attempt (several engines: see ``_check``)."""
+        self._task_pushers: dict[tuple[str, str, int], Counter[str]] = {}
+        """How often each engine pushed each step attempt (several engines: see ``_check``)."""
         self._end = 0.0
 
     def _now(self) -> float:
@@ -626,7 +626,8 @@ class Simulation:
     def _pushes_observer(self, engine_id: str) -> Callable[[list[list[Any]]], None]:
         def pushed(tasks: list[list[Any]]) -> None:
             for run_id, step_id, attempt in tasks:
-                self._task_pushers.setdefault((run_id, step_id, attempt), set()).add(engine_id)
+                key = (run_id, step_id, attempt)
+                self._task_pushers.setdefault(key, Counter())[engine_id] += 1
 
         return pushed
 
@@ -888,10 +889,14 @@ class Simulation:
         # after the first needs a cause, and one earlier execution (whose claim a fault took,
         # or which was cancelled and handed back) or one repeated push causes one redelivery.
         for key, executions in self._executions.items():
-            # (several engines: two that applied copies of one decision at once may each have
-            # sent the attempt, docs/remote.md; each engine beyond the first explains one)
             pushes = self._duplicate_pushes.get(key, 0)
-            pushes += max(0, len(self._task_pushers.get(key, ())) - 1)
+            # Several engines: two that applied copies of one decision (or of one result) at
+            # once may each have sent the attempt, and then again on seeing it undispatched
+            # (docs/remote.md). An attempt sent by more than one engine: each send beyond the
+            # first explains one redelivery. (Sent by one engine only: no such allowance.)
+            senders = self._task_pushers.get(key)
+            if senders is not None and len(senders) > 1:
+                pushes += sum(senders.values()) - 1
             causes = executions[:1]
             for after in executions[1:]:
                 cause = next(
