@@ -453,6 +453,53 @@ async def test_t15_a_run_taken_over_moves_on_when_another_engine_applies_its_no_
     assert executions == Counter({"stamp:1": 1, "reserve:a": 1, "reserve:b": 1, "charge:1": 1})
 
 
+async def test_t15_a_driver_whose_turns_go_unanswered_keeps_turning_while_a_long_step_runs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The price of moving on (above), bounded: a driver that never sees its turns' decisions
+    (here: another engine applies them, inserting nothing, while a 1000 s step runs) sends a
+    fresh turn every 2 x turn_timeout instead of waiting for the step, so what a lost turn
+    would have added does not wait for the slowest pending step."""
+    worker = App("slow")
+
+    @worker.step("slow")
+    async def slow(n: int) -> int:
+        await trio.sleep(1000)
+        return n * 2
+
+    @worker.workflow("waits", remote=True)
+    async def waits(ctx: WorkflowContext, n: int) -> int:
+        return int(await ctx.step("slow", n))
+
+    declared = App("slow")
+    declared.remote_workflow("waits")
+    async with AsyncExitStack() as stack:
+        backend = await stack.enter_async_context(dt.open_backend("memory://"))
+        await stack.enter_async_context(open_worker(worker, backend))
+        async with open_engine(declared, backend, engine_id="first") as first:
+            run_id = await first.start("waits", 21)
+            await trio.sleep(5)  # the step runs; leaving releases the run
+        store = first.store
+        await stack.enter_async_context(  # the other engine: it takes every decision
+            open_engine(declared, backend, store=store, engine_id="other", reconcile=False)
+        )
+        deaf = dt.Backend("memory://", _DeafToDecisions(backend.broker), backend.keys)
+        driver = await stack.enter_async_context(
+            open_engine(declared, deaf, store=store, engine_id="driver", turn_timeout=30.0)
+        )
+        with trio.fail_after(2000):
+            output = await driver.result(run_id)
+        done_at = trio.current_time()
+        ours = driver.statistics()
+    assert output == 42
+    # taken over at 5: a turn every 60 s (30 s waiting for its decision, 30 s waiting for the
+    # step) from 5 to 965, 17 of them moved on; the step done at 1000, the last turn then, its
+    # decision seen at the driver's next poll (one more second when the other engine took the
+    # step's result: which engine pops it is a scheduling draw)
+    assert (ours.turns_dispatched, ours.turns_moved_on, ours.turns_resent) == (18, 17, 0)
+    assert done_at in (1001.0, 1002.0)
+
+
 # --------------------------------------------------------------------------- tenant pods
 
 

@@ -260,6 +260,9 @@ class RemoteRunDriver:
         self._turn_ids: set[str] = set()
         """The task ids of the turn in flight (one per copy sent)."""
         self._deadline = 0.0
+        self._moved_on = False
+        """The last turn's decision was never seen (see :meth:`_turn`): progress waits at most
+        ``turn_timeout`` before the next turn goes out."""
         del history  # re-read from the store before every turn
 
     def beat(self) -> None:
@@ -347,6 +350,7 @@ class RemoteRunDriver:
         self._decided = trio.Event()
         self._verdict = None
         self._turn_ids = set()
+        self._moved_on = False
         await self._send_turn(records)
         self._deadline = trio.current_time() + options.turn_timeout
         poll = options.watch_interval or 1.0
@@ -374,6 +378,7 @@ class RemoteRunDriver:
                     # repeat that, never running the timer. A turn lost for good costs nothing
                     # either: the next one goes out once something moves.
                     engine._count("turns_moved_on")
+                    self._moved_on = True
                     return
                 engine._count("turns_resent")
                 await self._send_turn(records)
@@ -405,6 +410,14 @@ class RemoteRunDriver:
                     key = (run_id, record.step_id)
                     waiters.append((key, engine._watch(key)))
             async with trio.open_nursery() as nursery:
+                if self._moved_on:
+                    # Its turn was never answered as far as this driver knows (lost for good,
+                    # or answered elsewhere with nothing new): another turn goes out after
+                    # turn_timeout even if nothing moves, so what a lost turn would have added
+                    # (a parallel step) does not wait for the slowest pending one.
+                    nursery.cancel_scope.deadline = (
+                        trio.current_time() + engine.options.turn_timeout
+                    )
 
                 async def remote(key: tuple[str, str], waiter: StepWaiter) -> None:
                     # A result of this step being applied here (a retry checkpointed, its
