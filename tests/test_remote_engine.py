@@ -14,6 +14,7 @@ import trio.testing
 import durable_trio as dt
 from durable_trio._engine import (
     App,
+    EngineStatistics,
     Retry,
     RunCancelled,
     RunFailed,
@@ -417,6 +418,32 @@ async def test_t15_a_decision_applied_by_another_engine_moves_the_driving_engine
     assert executions == Counter({"stamp:1": 1, "reserve:a": 1, "reserve:b": 1, "charge:1": 1})
 
 
+async def taken_over_by_an_engine_deaf_to_decisions(
+    worker: App, declared: App, workflow: str, value: Any, *, bound: float
+) -> tuple[Any, float, EngineStatistics, EngineStatistics]:
+    """Engine ``first`` starts a run of ``workflow`` and leaves at t=5 (releasing it); engine
+    ``driver`` (turn_timeout 30 s), deaf to decisions, takes it over, while engine ``other``
+    applies every decision. Returns the run's output, when the driver saw it end, and the
+    driver's and the other engine's statistics."""
+    async with AsyncExitStack() as stack:
+        backend = await stack.enter_async_context(dt.open_backend("memory://"))
+        await stack.enter_async_context(open_worker(worker, backend))
+        async with open_engine(declared, backend, engine_id="first") as first:
+            run_id = await first.start(workflow, value)
+            await trio.sleep(5)
+        store = first.store
+        other = await stack.enter_async_context(
+            open_engine(declared, backend, store=store, engine_id="other", reconcile=False)
+        )
+        deaf = dt.Backend("memory://", _DeafToDecisions(backend.broker), backend.keys)
+        driver = await stack.enter_async_context(
+            open_engine(declared, deaf, store=store, engine_id="driver", turn_timeout=30.0)
+        )
+        with trio.fail_after(bound):
+            output = await driver.result(run_id)
+        return output, trio.current_time(), driver.statistics(), other.statistics()
+
+
 async def test_t15_a_run_taken_over_moves_on_when_another_engine_applies_its_no_op_decision(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -426,24 +453,9 @@ async def test_t15_a_run_taken_over_moves_on_when_another_engine_applies_its_no_
     driver used to re-send the turn every turn_timeout, forever (the timer is the driver's to
     fire). Now, after turn_timeout, it moves on with what the history holds."""
     executions: Counter[str] = Counter()
-    async with AsyncExitStack() as stack:
-        backend = await stack.enter_async_context(dt.open_backend("memory://"))
-        await stack.enter_async_context(open_worker(worker_app(executions), backend))
-        async with open_engine(engine_app(), backend, engine_id="first") as first:
-            run_id = await first.start("order", ORDER)
-            await trio.sleep(5)  # in the 10 s timer; leaving releases the run
-        store = first.store
-        other = await stack.enter_async_context(
-            open_engine(engine_app(), backend, store=store, engine_id="other", reconcile=False)
-        )
-        deaf = dt.Backend("memory://", _DeafToDecisions(backend.broker), backend.keys)
-        driver = await stack.enter_async_context(
-            open_engine(engine_app(), deaf, store=store, engine_id="driver", turn_timeout=30.0)
-        )
-        with trio.fail_after(300):
-            output = await driver.result(run_id)
-        done_at = trio.current_time()
-        ours, theirs = driver.statistics(), other.statistics()
+    output, done_at, ours, theirs = await taken_over_by_an_engine_deaf_to_decisions(
+        worker_app(executions), engine_app(), "order", ORDER, bound=300
+    )
     assert output["receipt"] == "receipt-1"
     # taken over at 5; moved on at 5 + turn_timeout, the timer overdue: fired, the last turn
     # sent, its decision applied by the other engine, and seen at the driver's next poll (1 s)
@@ -473,24 +485,9 @@ async def test_t15_a_driver_whose_turns_go_unanswered_keeps_turning_while_a_long
 
     declared = App("slow")
     declared.remote_workflow("waits")
-    async with AsyncExitStack() as stack:
-        backend = await stack.enter_async_context(dt.open_backend("memory://"))
-        await stack.enter_async_context(open_worker(worker, backend))
-        async with open_engine(declared, backend, engine_id="first") as first:
-            run_id = await first.start("waits", 21)
-            await trio.sleep(5)  # the step runs; leaving releases the run
-        store = first.store
-        await stack.enter_async_context(  # the other engine: it takes every decision
-            open_engine(declared, backend, store=store, engine_id="other", reconcile=False)
-        )
-        deaf = dt.Backend("memory://", _DeafToDecisions(backend.broker), backend.keys)
-        driver = await stack.enter_async_context(
-            open_engine(declared, deaf, store=store, engine_id="driver", turn_timeout=30.0)
-        )
-        with trio.fail_after(2000):
-            output = await driver.result(run_id)
-        done_at = trio.current_time()
-        ours = driver.statistics()
+    output, done_at, ours, _ = await taken_over_by_an_engine_deaf_to_decisions(
+        worker, declared, "waits", 21, bound=2000
+    )
     assert output == 42
     # taken over at 5: a turn every 60 s (30 s waiting for its decision, 30 s waiting for the
     # step) from 5 to 965, 17 of them moved on; the step done at 1000, the last turn then, its
