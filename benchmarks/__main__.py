@@ -236,20 +236,16 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
         note = f[remote][1] if isinstance(f[remote], tuple) else ""
         checks.append((f"[7] remote workflows under faults: {note} (want 0 violations)",
                        note.endswith(" 0 violations")))
-    two = "simulation 1 h simulation with two engines: invariant violations"
-    if have(two):
-        violations = _value(f[two])
-        checks.append(
-            (f"[9] two engines, killed and replaced: {violations:g} invariant violations "
-             "(want 0)", violations == 0)
-        )
-    kills = "simulation 1 h simulation with engine kills: invariant violations"
-    if have(kills):
-        violations = _value(f[kills])
-        checks.append(
-            (f"[9] the engine killed 10 times an hour: {violations:g} invariant violations "
-             "(want 0)", violations == 0)
-        )
+    for key, what in (
+        ("two engines", "two engines, killed and replaced"),
+        ("engine kills", "the engine killed 10 times an hour"),
+    ):
+        name = f"simulation 1 h simulation with {key}: invariant violations"
+        if have(name):
+            violations = _value(f[name])
+            checks.append(
+                (f"[9] {what}: {violations:g} invariant violations (want 0)", violations == 0)
+            )
     if have(
         "sqlite S1 drain, concurrency 32 (round trips/s)",
         "durable_trio S1 drain, concurrency 32 (round trips/s)",

@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from durable_trio.testing import InvariantViolation, Simulation, SimulationReport
+from durable_trio.testing import Faults, InvariantViolation, Simulation, SimulationReport
 from durable_trio.testing._sample import CHAOS, expected, sample_app, workload
 
 DAY_SEED = 20261
@@ -28,6 +28,30 @@ def _report(simulation: Simulation) -> SimulationReport:
         return simulation.run_sync()
     except InvariantViolation as violation:
         return violation.report
+
+
+def _hour(
+    name: str, runs: int, faults: Faults, *, remote: bool = False, engines: int = 1
+) -> SimulationReport:
+    """An hour of ``runs`` runs of the sample workload (remote workflows with ``remote``)."""
+    return _report(Simulation(
+        sample_app(name, remote=remote),
+        workload,
+        seed=DAY_SEED,
+        runs=runs,
+        duration=3600,
+        engines=engines,
+        faults=faults,
+        expected_output=expected,
+        engine_options={"turn_timeout": 120.0} if remote else None,
+    ))
+
+
+def _takeovers(report: SimulationReport) -> str:
+    return (
+        f"{report.faults.get('engine-kill', 0)} engine kills, "
+        f"{report.engine.runs_resumed} runs taken over"
+    )
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -55,52 +79,31 @@ def run(quick: bool) -> dict[str, Any]:
         report.virtual_seconds / report.wall_seconds,
         "",
     )
-    remote = _report(Simulation(
-        sample_app("bench-sim-remote", remote=True),
-        workload,
-        seed=DAY_SEED,
-        runs=200 if quick else 500,
-        duration=3600,
-        faults=CHAOS,
-        expected_output=expected,
-        engine_options={"turn_timeout": 120.0},
-    ))
+    hour_runs = 200 if quick else 500
+    remote = _hour("bench-sim-remote", hour_runs, CHAOS, remote=True)
     figures["1 h remote-workflow simulation wall time (s)"] = (
         remote.wall_seconds,
         f"{remote.runs_started} runs, {remote.engine.turns_dispatched} turns, "
         f"{len(remote.violations)} violations",
     )
-    killed = _report(Simulation(
-        sample_app("bench-sim-engine-kills"),
-        workload,
-        seed=DAY_SEED,
-        runs=200 if quick else 500,
-        duration=3600,
-        faults=attrs.evolve(CHAOS, engine_kills_per_hour=10.0),
-        expected_output=expected,
-    ))
-    two = _report(Simulation(
-        sample_app("bench-sim-two-engines", remote=True),
-        workload,
-        seed=DAY_SEED,
-        runs=200 if quick else 500,
-        duration=3600,
+    two = _hour(
+        "bench-sim-two-engines",
+        hour_runs,
+        attrs.evolve(CHAOS, engine_kills_per_hour=4.0),
+        remote=True,
         engines=2,
-        faults=attrs.evolve(CHAOS, engine_kills_per_hour=4.0),
-        expected_output=expected,
-        engine_options={"turn_timeout": 120.0},
-    ))
+    )
     figures["1 h simulation with two engines: invariant violations"] = (
         float(len(two.violations)),
-        f"remote workflows, {two.faults.get('engine-kill', 0)} engine kills, "
-        f"{two.engine.runs_resumed} runs taken over, {two.engine.turns_moved_on} turns moved "
-        f"on, {two.runs_completed}/{two.runs_started} runs completed, "
-        f"{two.wall_seconds:.1f} s wall",
+        f"remote workflows, {_takeovers(two)}, {two.engine.turns_moved_on} turns moved on, "
+        f"{two.runs_completed}/{two.runs_started} runs completed, {two.wall_seconds:.1f} s wall",
+    )
+    killed = _hour(
+        "bench-sim-engine-kills", hour_runs, attrs.evolve(CHAOS, engine_kills_per_hour=10.0)
     )
     figures["1 h simulation with engine kills: invariant violations"] = (
         float(len(killed.violations)),
-        f"{killed.faults.get('engine-kill', 0)} engine kills, {killed.engine.runs_resumed} runs "
-        f"taken over, {killed.runs_completed}/{killed.runs_started} runs completed, "
+        f"{_takeovers(killed)}, {killed.runs_completed}/{killed.runs_started} runs completed, "
         f"{killed.wall_seconds:.1f} s wall",
     )
     return figures
