@@ -583,7 +583,7 @@ def test_wire_messages_cover_every_message_type_and_round_trip(message: Any) -> 
 # --------------------------------------------------------------------------- defects it found
 
 
-async def test_after_an_outage_an_empty_pop_ends_the_error_backoff(
+async def test_t4_after_an_outage_an_empty_pop_ends_the_error_backoff(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Found by the harness with two engines (a storm of dropped calls, remote workflows, seed
