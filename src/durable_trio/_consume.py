@@ -9,7 +9,7 @@ import outcome
 import trio
 
 from ._codec import decode_envelope
-from ._errors import BrokerError, JobError, LeaseLost, PayloadError
+from ._errors import BrokerError, DamagedJob, JobError, LeaseLost, PayloadError
 from ._slots import Slots
 from ._wire import (
     JobKind,
@@ -47,6 +47,7 @@ from ._transport_base import (
     _JobWorker,
     _Loop,
     _OnJob,
+    _unexpected,
 )
 
 #: How long a job whose handler met a broker error waits before it is delivered again.
@@ -230,6 +231,14 @@ class ConsumeMixin(TransportBase):
                     errors += 1
                     self._report(exc)
                     batch = []
+                except Exception as exc:
+                    # A broker's pop must turn whatever it reads into claims (damaged ones
+                    # flagged, see ClaimedJob.damage), never raise on stored data; should one
+                    # still raise, this loop must not end the whole transport (and crash again
+                    # on the same entry at every restart): reported, retried after a backoff.
+                    errors += 1
+                    self._report(_unexpected(exc, f"claiming from {queue!r}"))
+                    batch = []
                 else:
                     # The broker answered: the outage is over, even if the queue is empty (an
                     # empty pop must not leave the loop polling on the error backoff, up to
@@ -237,6 +246,8 @@ class ConsumeMixin(TransportBase):
                     errors = 0
                 finally:
                     pop_scope.shield = False
+                if batch and any(job.damage is not None and not job.lease.token for job in batch):
+                    batch = self._drop_quarantined(queue, batch)
                 if len(batch) < take:
                     slots.release(take - len(batch))
                 if batch:
@@ -267,6 +278,23 @@ class ConsumeMixin(TransportBase):
                 else:
                     empty += 1
                     await trio.sleep(poll_interval * min(2 ** (empty - 1), loop.backoff_max))
+
+    def _drop_quarantined(self, queue: str, batch: list[ClaimedJob]) -> list[ClaimedJob]:
+        """Report the entries the broker could not tie to a job (already in its quarantine,
+        no lease to finalize) and keep the real claims."""
+        kept = []
+        for job in batch:
+            if job.damage is not None and not job.lease.token:
+                self._report(
+                    DamagedJob(
+                        f"unreadable entry moved to the quarantine: {job.damage}",
+                        queue=queue,
+                        job_id=job.id,
+                    )
+                )
+            else:
+                kept.append(job)
+        return kept
 
     def _begin_job(self, loop: _Loop, job: ClaimedJob) -> None:
         """Track a popped job and hand it to an idle worker of its loop (or a new one)."""
@@ -314,7 +342,10 @@ class ConsumeMixin(TransportBase):
                     error: Exception | None = None
                     result: Job | None = None
                     try:
-                        result = await on_job(job)
+                        if job.damage is None:
+                            result = await on_job(job)
+                        else:
+                            error = await self._damaged(loop, job)
                     except Exception as exc:
                         error = exc
                     # Abandoned by close (handed back in its step 6), or the lease went to
@@ -376,7 +407,10 @@ class ConsumeMixin(TransportBase):
         broker = self._broker
         job, queue = claim.job, claim.queue
         try:
-            if isinstance(error, PayloadError):
+            if isinstance(error, DamagedJob):
+                self._report(error)
+                ok = await broker.fail_job(job.lease, queue, f"damaged: {job.damage}")
+            elif isinstance(error, PayloadError):
                 self._report(_job_error(f"bad input, job failed: {error}", claim, error))
                 ok = await broker.fail_job(job.lease, queue, f"bad input: {error}")
             elif isinstance(error, BrokerError):
@@ -417,6 +451,19 @@ class ConsumeMixin(TransportBase):
         except BrokerError as exc:
             self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
 
+    async def _damaged(self, loop: _Loop, job: ClaimedJob) -> DamagedJob:
+        """The error that sets a damaged claim aside (its finalize fails it with the reason).
+        A step task whose bytes still name its run and step first gets a RETRYABLE failed
+        result: the damage is the store's, not the step's, and a retry dispatches a fresh,
+        readable job, so the run neither waits forever nor fails for it."""
+        error = DamagedJob(
+            f"stored job unreadable, set aside: {job.damage}", queue=loop.queue, job_id=job.id
+        )
+        if loop.on_job == self._on_task_job:
+            step = StepError(message=f"damaged job: {job.damage}", code="damaged", retryable=True)
+            await self._answer_bad_task(job, step)
+        return error
+
     # ------------------------------------------------------------------ step tasks
 
     async def _on_task_job(self, job: ClaimedJob) -> Job | None:
@@ -428,26 +475,30 @@ class ConsumeMixin(TransportBase):
             elif envelope.kind is not JobKind.TASK:
                 raise PayloadError(f"a {envelope.kind.value!r} job does not belong on a task queue")
         except PayloadError as exc:
-            await self._answer_bad_task(job, exc)
+            await self._answer_bad_task(
+                job, StepError(message=f"bad task: {exc}", code="bad_input", retryable=False)
+            )
             raise
         if envelope.kind is JobKind.WORKFLOW:
             await self._serve_workflow_turn(envelope.payload)
             return None
         return await self._serve_task(envelope.payload)
 
-    async def _answer_bad_task(self, job: ClaimedJob, exc: PayloadError) -> None:
+    async def _answer_bad_task(self, job: ClaimedJob, error: StepError) -> None:
         """A task that does not parse but names its run and step still gets a failed result, so
         the run settles instead of waiting forever. Nothing is published when it cannot be told
-        which step it was."""
+        which step it was, nor for a job of another kind found on a task queue (a result or a
+        decision sent to the wrong queue is set aside; it is not a failure of the run's step)."""
         try:
             raw = orjson.loads(job.data)
+            if raw.get("kind", "task") != "task":
+                return
             payload = raw["payload"]
             run_id, step_id, attempt = payload["runId"], payload["stepId"], payload["attempt"]
         except Exception:
             return
         if type(run_id) is not str or type(step_id) is not str or type(attempt) is not int:
             return
-        error = StepError(message=f"bad task: {exc}", code="bad_input", retryable=False)
         result = StepResult(run_id, step_id, attempt, StepStatus.FAILED, error=error)
         await self.publish_result(result)
 
@@ -540,3 +591,4 @@ class ConsumeMixin(TransportBase):
                 )
             await trio.sleep(delay)
             delay = min(delay * 2, largest)
+

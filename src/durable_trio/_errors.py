@@ -10,6 +10,7 @@ __all__ = [
     "BrokerError",
     "BrokerUnavailable",
     "ConfigError",
+    "DamagedJob",
     "DurableTrioError",
     "JobError",
     "LeaseLost",
@@ -71,3 +72,10 @@ class JobError(DurableTrioError):
 
 class LeaseLost(JobError):
     """A claim was re-delivered to someone else (the worker went silent past the threshold)."""
+
+
+class DamagedJob(JobError):
+    """A job whose stored fields could not be read (damaged broker data, an evicted key, bytes
+    written by another program). The transport sets it aside unread: failed, with the raw bytes
+    and this reason kept in the broker's failed set (or its quarantine when even the job's id
+    was unreadable). Reported through the error hook; no loop stops for it."""

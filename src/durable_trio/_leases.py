@@ -9,7 +9,7 @@ from typing import Any, cast
 import trio
 
 from ._codec import decode_envelope
-from ._errors import BrokerError, JobError, LeaseLost, PayloadError, TransportClosed
+from ._errors import BrokerError, DamagedJob, JobError, LeaseLost, PayloadError, TransportClosed
 from ._liveness import (
     read_last_status,
 )
@@ -18,6 +18,7 @@ from ._transport_base import (
     _DROPPED,
     _RUNNING,
     TransportBase,
+    _unexpected,
 )
 from ._wire import (
     JobKind,
@@ -70,6 +71,9 @@ class LeaseMixin(TransportBase):
             except BrokerError as exc:
                 self._report(exc)
                 continue
+            except Exception as exc:  # never let a broker defect end the keeper
+                self._report(_unexpected(exc, f"renewing the claims on {queue!r}"))
+                continue
             for lease in outcome.lost:
                 held = self._claims.get(lease.token)
                 if held is not None and held.state is _BUFFERED:
@@ -112,6 +116,8 @@ class LeaseMixin(TransportBase):
                     queues = await hint.queues_with_claims(queues)
                 except BrokerError as exc:
                     self._report(exc)
+                except Exception as exc:
+                    self._report(_unexpected(exc, "reading the sweep hint"))
             for queue in queues:
                 await self._sweep(queue)
             tick = max(tick + 1, math.floor((trio.current_time() - start) / interval) + 1)
@@ -132,8 +138,44 @@ class LeaseMixin(TransportBase):
         except BrokerError as exc:
             self._report(exc)
             return
+        except Exception as exc:  # a stalled claim the broker could not read: never fatal
+            self._report(_unexpected(exc, f"sweeping {queue!r}"))
+            return
         for job in recovery.exceeded:
-            await self._fail_poison(queue, job)
+            if job.damage is not None:
+                await self._set_aside_damaged(queue, job)
+            else:
+                await self._fail_poison(queue, job)
+
+    async def _set_aside_damaged(self, queue: str, job: ClaimedJob) -> None:
+        """A stalled claim whose stored fields are damaged: failed with the reason (the raw
+        bytes stay in the failed set), never redelivered, never parsed; an entry the broker
+        already quarantined (no lease) is only reported."""
+        self._report(
+            DamagedJob(f"stalled claim unreadable, set aside: {job.damage}", queue=queue,
+                       job_id=job.id)
+        )
+        if not job.lease.token:
+            return
+        if queue in self._task_queues:
+            # Its bytes may still name its step: a retryable answer, so the run goes on.
+            try:
+                envelope = decode_envelope(job.data, max_bytes=self._options.max_payload_bytes)
+            except PayloadError:
+                envelope = None
+            if envelope is not None and envelope.kind is JobKind.TASK:
+                error = StepError(
+                    message=f"damaged job: {job.damage}", code="damaged", retryable=True
+                )
+                try:
+                    await self.publish_result(StepResult.failure(envelope.payload, error))
+                except (BrokerError, TransportClosed) as exc:
+                    self._report(exc)
+                    return  # still claimed by this sweep: the next one tries again
+        try:
+            await self._broker.fail_job(job.lease, queue, f"damaged: {job.damage}")
+        except BrokerError as exc:
+            self._report(exc)
 
     async def _fail_poison(self, queue: str, job: ClaimedJob) -> None:
         """Fail a step task that stalled more than ``max_stalled_count`` times, after

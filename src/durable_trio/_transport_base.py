@@ -18,7 +18,7 @@ import trio
 from ._adaptive import ConcurrencyController
 from ._coalesce import Coalescer, results_of
 from ._codec import encode_envelope
-from ._errors import JobError, TransportClosed
+from ._errors import BrokerError, JobError, TransportClosed
 from ._liveness import (
     Liveness,
 )
@@ -437,4 +437,13 @@ class TransportBase:
 def _job_error(message: str, claim: _Claim, cause: BaseException) -> JobError:
     error = JobError(message, queue=claim.queue, job_id=claim.job.id)
     error.__cause__ = cause
+    return error
+
+
+def _unexpected(exc: Exception, doing: str) -> BrokerError:
+    """A broker call that raised something other than a :class:`BrokerError` (a defect in a
+    broker, or stored data it failed to validate), as the error the loops report and back off
+    on: the loop goes on, the cause stays attached."""
+    error = BrokerError(f"{doing} raised {exc!r} (reported, retried after a backoff)")
+    error.__cause__ = exc
     return error

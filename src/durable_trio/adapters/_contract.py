@@ -28,6 +28,7 @@ __all__ = [
     "FailedJob",
     "Job",
     "Lease",
+    "QuarantinedEntry",
     "QueueBroker",
     "Recovery",
     "RenewOutcome",
@@ -35,6 +36,7 @@ __all__ = [
     "SupportsBatchFinalize",
     "SupportsBatchPop",
     "SupportsFailedJobs",
+    "SupportsQuarantine",
     "SupportsRecovery",
     "SupportsRenewal",
     "SupportsSize",
@@ -83,6 +85,33 @@ class ClaimedJob:
     stalls: tuple[Stall, ...] = ()
     """The stall history, oldest first."""
     priority: int = 0
+    damage: str | None = None
+    """Why a stored field of this claim could not be read, or ``None`` (the usual case).
+
+    Every broker reads what it stores through one validating decode. A claim whose stored
+    fields are damaged (unreadable meta or stall history, data of the wrong type, a vanished
+    job body) is still handed over, with ``data`` holding the raw bytes that could be read and
+    ``damage`` the reason: the transport then sets it aside unread (fails it with the reason,
+    so it stays inspectable in the failed set) and reports a :class:`~durable_trio.DamagedJob`.
+    A claim with an empty ``lease.token`` is a report only: the broker could not even read the
+    job's id and has already moved what it found to its quarantine (see
+    :class:`SupportsQuarantine`)."""
+
+
+@attrs.frozen
+class QuarantinedEntry:
+    """Stored data a broker found on a queue and could not tie to a readable job.
+
+    Kept, never dropped: what the broker found (``raw``, the stored fields as they were) and
+    why it was moved aside.
+    """
+
+    queue: str
+    reason: str
+    raw: bytes
+    """The stored fields, as found (for a person to read, not a format to parse)."""
+    at: float
+    """Broker clock, seconds."""
 
 
 @attrs.frozen
@@ -229,6 +258,14 @@ class SupportsSize(Protocol):
 class SupportsFailedJobs(Protocol):
     async def failed_jobs(self, queue: str, *, limit: int = 100) -> list[FailedJob]:
         """The most recent failed jobs of ``queue``, newest first."""
+        ...
+
+
+@runtime_checkable
+class SupportsQuarantine(Protocol):
+    async def quarantined(self, queue: str, *, limit: int = 100) -> list[QuarantinedEntry]:
+        """The newest entries of ``queue`` that could not be tied to a readable job (a damaged
+        ``ready`` member, a job body without its meta, an unreadable id), newest first."""
         ...
 
 
