@@ -82,6 +82,7 @@ class World:
         self.broker = broker
         self.errors: Errors
         self.ran: list[int] = []
+        self.ran_at: list[float] = []
         self.results: list[dt.StepResult] = []
 
     @property
@@ -105,6 +106,7 @@ async def world(autojump_clock: trio.testing.MockClock) -> Any:
 
         async def job(t: dt.RemoteTask) -> Any:
             w.ran.append(t.input)
+            w.ran_at.append(trio.current_time())
             return t.input
 
         async def on_result(result: dt.StepResult) -> None:
@@ -174,9 +176,7 @@ async def test_a_pop_that_raises_is_reported_and_retried_not_fatal(
     world.broker.raise_next[world.queue] = 3
     start = trio.current_time()
     await world.transport.dispatch(task("job", 1))
-    with trio.fail_after(60):
-        while not world.ran:
-            await trio.sleep(0.01)
+    await trio.sleep(5)
     assert world.ran == [1]
     raised = [e for e in world.errors.seen if isinstance(e, dt.BrokerError)]
     assert len(raised) == 3
@@ -184,7 +184,7 @@ async def test_a_pop_that_raises_is_reported_and_retried_not_fatal(
     assert "claiming from 'durable:tasks:job' raised ValueError" in str(raised[0])
     # backed off as on an outage (poll_interval * 2, * 4, * 8), then served
     poll = dt.TransportOptions().poll_interval
-    assert trio.current_time() - start == pytest.approx(poll * (2 + 4 + 8), abs=0.02)
+    assert world.ran_at[0] - start == pytest.approx(poll * (2 + 4 + 8))
 
 
 async def test_a_damaged_stalled_claim_is_set_aside_by_the_sweep(
