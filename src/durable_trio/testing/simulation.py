@@ -935,7 +935,7 @@ class Simulation:
                     )
                 causes.append(after)
 
-        # 4. a damaged claim is set aside unread: never run, kept in the failed set (unless
+        # 6. a damaged claim is set aside unread: never run, kept in the failed set (unless
         # its worker met a fault before it could fail it: then the claim came back by lease
         # expiry, undamaged, and ran as any redelivery does)
         cleanup = float(self.transport_options["cleanup_timeout"])
