@@ -279,3 +279,36 @@ async def test_ctrl_c_to_durable_trio_run_prints_the_run_id(tmp_path: Path) -> N
     assert b"Traceback" not in err, err
     assert out.decode().splitlines() == [f'{{"runId": "{run.run_id}", "status": "interrupted"}}']
     assert (run.status, run.owner) == (RunStatus.PENDING, None)  # released for an engine
+
+
+async def test_the_example_in_docs_close_md_closes_on_sigterm(tmp_path: Path) -> None:
+    page = (SCRIPT.parent.parent / "docs" / "close.md").read_text()
+    section = page.split("## Signals", 1)[1]
+    example = tmp_path / "example.py"
+    example.write_text(section.split("```python\n", 1)[1].split("```", 1)[0])
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent / "src")}
+
+    def spawn() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, str(example)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=tmp_path,
+        )
+
+    process = await trio.to_thread.run_sync(spawn)
+    try:
+        assert process.stdout is not None
+        with trio.fail_after(20):
+            banner = await trio.to_thread.run_sync(process.stdout.readline)
+        assert banner.startswith(b"serving")
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(SLACK):
+            _, err = await trio.to_thread.run_sync(process.communicate)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+    assert process.returncode == 0, err
+    assert b"SIGTERM: closing gracefully" in err
