@@ -8,10 +8,9 @@
                 await signals.wait()                  # 1st signal: returns, the worker closes
 
 Cancelling the scope *around* ``open_worker`` or ``open_engine`` on the first signal would cancel
-running handlers at once and, when the backend is inside that scope, close its connections
-before the claims are handed back; so the first signal only ends the body, the second cancels
-this block's own scope (everything inside it at once, the close's cleanup still shielded and
-bounded), and the backend, opened outside, closes last.
+running handlers at once instead of giving them ``close_timeout``; so the first signal only ends
+the body, the second cancels this block's own scope (everything inside it at once, the close's
+cleanup still shielded and bounded), and the backend, opened outside, closes last.
 """
 
 from __future__ import annotations
@@ -117,8 +116,9 @@ async def close_on_signals(
     once, while the close's cleanup (handback, release) stays shielded and bounded by
     ``cleanup_timeout``. Later signals are ignored until the block ends.
 
-    Open it *inside* ``open_backend``: the handback needs the backend open, and a cancelled
-    Redis backend has lost its connections.
+    Open it *inside* ``open_backend`` and around ``open_worker`` / ``open_engine``: the second
+    signal's cancel then stops the handlers but not the backend, which the handback needs and
+    which closes last.
 
     Args:
         signals: the signals to act on (default SIGINT and SIGTERM). While the block runs they
