@@ -17,6 +17,7 @@ counted (:meth:`Engine.statistics`).
 
 from __future__ import annotations
 
+import math
 import random
 import uuid
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -239,10 +240,15 @@ class Engine:
         if self._drivers.get(run_id) is driver:
             del self._drivers[run_id]
             # A cancel from around open_engine reaches the drivers before (or while) aclose
-            # runs: what aclose must release is kept here, not lost with the driver. A driver
-            # this engine stopped itself (a lost lease, a cancelled run, aclose) is not: its run
-            # is owned elsewhere, settled, or already in aclose's list.
-            if driver.final is None and not driver.scope.cancel_called:
+            # runs: what aclose must release is kept here, not lost with the driver. Not a
+            # driver this engine stopped itself (a lost lease, a cancelled run, aclose: its run
+            # is owned elsewhere, settled, or on aclose's list), nor one that ended without a
+            # cancel (its run settled elsewhere): only those still under a cancel from outside.
+            if (
+                driver.final is None
+                and not driver.scope.cancel_called
+                and trio.current_effective_deadline() == -math.inf
+            ):
                 self._unreleased.add(run_id)
 
     async def _dispatch(self, record: StepRecord, delay: float) -> None:
