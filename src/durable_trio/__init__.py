@@ -59,6 +59,7 @@ from ._errors import (
 )
 from ._liveness import GroupHealth, LiveWorker, WorkerDescriptor
 from ._options import TransportOptions
+from ._signals import SignalClose, close_on_signals
 from ._transport import QueueTransport, TransportStatistics, open_queue_transport
 from ._wire import (
     ControlMessage,
@@ -123,6 +124,7 @@ __all__ = [
     "RunStatus",
     "RunStore",
     "RunView",
+    "SignalClose",
     "StartRunMessage",
     "StepDefinition",
     "StepError",
@@ -151,6 +153,7 @@ __all__ = [
     "WorkflowDecision",
     "WorkflowDefinition",
     "WorkflowTask",
+    "close_on_signals",
     "json_schema",
     "open_backend",
     "open_engine",

@@ -10,6 +10,8 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+import trio
+
 from ._backend import Backend
 from ._redis import open_redis
 from .adapters.redis import RedisBroker
@@ -55,14 +57,52 @@ async def open_redis_backend(
     Raises:
         ConfigError: a bad URL or option.
     """
-    async with (
-        open_redis(url, pool_size=pool_size) as client,
-        RedisBroker(client, **broker_options) as broker,
-    ):
-        backend = Backend(
-            url=public_url(url), broker=broker, keys=RedisKeyStore(client, tag=key_tag)
-        )
+    # The client's and the broker's tasks (connection readers and writers, the doorbell) run in
+    # a task of their own under a shield that only leaving this block lifts: a cancel around the
+    # block stops the body at once, yet a transport closing inside it still hands its claims
+    # back over live connections, and the backend closes last, as the nesting says.
+    # What the opening or the body raises leaves bare, not wrapped in the nursery's group.
+    error: BaseException | None = None
+    async with trio.open_nursery() as services:
         try:
-            yield backend
-        finally:
-            await backend.aclose()
+            backend, lift = await services.start(_serve, url, key_tag, pool_size, broker_options)
+        except BaseException as exc:
+            error = exc
+        else:
+            try:
+                yield backend
+            except BaseException as exc:
+                error = exc
+            finally:
+                try:
+                    await backend.aclose()  # shielded and bounded
+                finally:
+                    lift.cancel()
+    if error is not None:
+        raise error
+
+
+async def _serve(
+    url: str,
+    key_tag: str,
+    pool_size: int,
+    broker_options: dict[str, Any],
+    *,
+    task_status: trio.TaskStatus[tuple[Backend, trio.CancelScope]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Hold the client and the broker open until the returned scope is cancelled.
+
+    Cancellation:
+        Shielded until :func:`open_redis_backend` cancels the scope on its way out, which it
+        always does (in a ``finally``): the shield is bounded by the block around it.
+    """
+    with trio.CancelScope(shield=True) as lift:
+        async with (
+            open_redis(url, pool_size=pool_size) as client,
+            RedisBroker(client, **broker_options) as broker,
+        ):
+            backend = Backend(
+                url=public_url(url), broker=broker, keys=RedisKeyStore(client, tag=key_tag)
+            )
+            task_status.started((backend, lift))
+            await trio.sleep_forever()
