@@ -299,6 +299,15 @@ def _refusal(what: str, offender: tuple[Any, str, int]) -> PayloadError:
     )
 
 
+def _explained(what: str, wire: Any, fields: _JsonFields | None) -> PayloadError | None:
+    """Which JSON field holds what orjson refused although the walk passed it (a string with a
+    lone surrogate): the slow walk, field by field; ``None`` when it is none of them."""
+    if fields is None:
+        return json_error(wire, what, "$", _MESSAGE_DEPTH)
+    found = _offender(wire, fields, lambda value, depth: json_error(value, "", "$", depth) is None)
+    return _refusal(what, found) if found is not None else None
+
+
 #: Past this size a job almost always holds more brackets than MAX_JSON_DEPTH, so counting them
 #: would only add a pass: its depth is measured straight away.
 _COUNT_BELOW = 16 * 1024
@@ -379,13 +388,11 @@ def _wire_of(message: Any, what: str) -> Any:
     return wire
 
 
-def _dumps(body: Any, wire: Any, what: str) -> bytes:
+def _dumps(body: Any, wire: Any, message: Any, what: str) -> bytes:
     try:
         return orjson.dumps(body)
     except TypeError as exc:
-        # What the field walk leaves to orjson: a string with a lone surrogate anywhere, a
-        # typed field holding something else.
-        error = json_error(wire, what, "$", _MESSAGE_DEPTH + 1)
+        error = _explained(what, wire, _JSON_FIELDS.get(type(message)))
         raise error or PayloadError(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
@@ -396,7 +403,7 @@ def dumps(message: Any) -> bytes:
         PayloadError: it holds something that is not a JSON value (see :func:`encode_envelope`).
     """
     wire = _wire_of(message, "the message")
-    return _dumps(wire, wire, "the message")
+    return _dumps(wire, wire, message, "the message")
 
 
 def loads(data: bytes | str, cls: type[T]) -> T:
@@ -437,7 +444,7 @@ def encode_envelope(
     body: dict[str, Any] = {"id": job_id, "kind": kind.value, "payload": wire}
     if priority is not None:
         body["priority"] = priority
-    data = _dumps(body, wire, what)
+    data = _dumps(body, wire, payload, what)
     if len(data) > max_bytes:
         raise PayloadTooLarge(
             f"{kind.value} payload is {len(data)} bytes, over max_payload_bytes={max_bytes}"
