@@ -350,8 +350,8 @@ def from_wire(data: Any, cls: type[T]) -> T:
     """Build a ``cls`` from plain JSON data.
 
     Raises:
-        PayloadError: the data does not fit ``cls`` (nor its JSON fields the depth limits); the
-            message names the field.
+        PayloadError: the data does not fit ``cls``, or one of its JSON fields nests too deep;
+            the message names the field.
     """
     fields = _JSON_FIELDS.get(cls)
     if fields and type(data) is dict:
@@ -368,8 +368,21 @@ def from_wire(data: Any, cls: type[T]) -> T:
         raise _payload_error(exc, cls.__name__) from exc
 
 
+def _fields_of(cls: type[Any]) -> _JsonFields | None:
+    """The JSON fields of a message class (``None``: not a message but plain data)."""
+    fields = _JSON_FIELDS.get(cls)
+    if fields is None and attrs.has(cls):
+        fields = _json_fields(cls)
+    return fields
+
+
 def _wire_of(message: Any, what: str) -> Any:
     """``message`` as plain data, its JSON fields checked (see :func:`encode_envelope`)."""
+    fields = _fields_of(type(message))
+    if fields is None:  # plain data: handed through as it is, never unstructured (recursion)
+        if not is_json(message, _MESSAGE_DEPTH):
+            raise _refusal(what, (message, "$", _MESSAGE_DEPTH))
+        return message
     unstructure = _UNSTRUCTURE.get(type(message))
     try:
         wire = unstructure(message) if unstructure is not None else to_wire(message)
@@ -377,11 +390,7 @@ def _wire_of(message: Any, what: str) -> Any:
         # A value whose own code raises when it is looked at (cattrs compares each optional
         # field with its default): refused like any other value that is not JSON.
         raise PayloadError(f"{what} is not JSON-serialisable: {exc!r}") from exc
-    fields = _JSON_FIELDS.get(type(message))
-    if fields is None:  # plain data rather than a message
-        if not is_json(wire, _MESSAGE_DEPTH):
-            raise _refusal(what, (wire, "$", _MESSAGE_DEPTH))
-    elif fields:
+    if fields:
         offender = _offender(wire, fields)
         if offender is not None:
             raise _refusal(what, offender)
@@ -392,7 +401,7 @@ def _dumps(body: Any, wire: Any, message: Any, what: str) -> bytes:
     try:
         return orjson.dumps(body)
     except TypeError as exc:
-        error = _explained(what, wire, _JSON_FIELDS.get(type(message)))
+        error = _explained(what, wire, _fields_of(type(message)))
         raise error or PayloadError(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
