@@ -32,7 +32,9 @@ from durable_trio._engine import (
 )
 from durable_trio._engine._records import normalize_json
 from durable_trio._json_values import _orjson_write_depth, read_within
+from durable_trio.adapters import Job
 from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.keys.memory import MemoryKeyStore
 from helpers import Errors
 
 NAN, INF = math.nan, math.inf
@@ -179,6 +181,10 @@ def test_a_value_at_the_limit_still_fits_in_the_records_that_carry_it() -> None:
     assert decode_envelope(encode_envelope("j", dt.JobKind.WORKFLOW, turn)).payload == turn
     reply = dt.RunReply("q", True, data=[{"runId": "r", "output": fits}])
     assert decode_envelope(encode_envelope("j", dt.JobKind.RUN_REPLY, reply)).payload == reply
+    command = {"type": "step", "stepId": "2", "name": "s", "input": fits}
+    decision = dt.WorkflowDecision("t", "r", dt.DecisionStatus.CONTINUED, commands=(command,))
+    data = encode_envelope("j", dt.JobKind.DECISION, decision)
+    assert decode_envelope(data).payload == decision
 
 
 def raw_job(kind: str, payload: bytes) -> bytes:
@@ -206,6 +212,44 @@ def test_a_job_whose_bytes_nest_too_deep_is_a_payload_error(levels: int) -> None
     with pytest.raises(dt.PayloadError) as caught:
         decode_envelope(details)
     assert caught.value.path == deep_path("$.error.details", MAX_JSON_DEPTH)
+
+
+async def test_a_task_on_a_queue_nested_too_deep_fails_its_step_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Another producer's task, 600 levels deep: failed as bad input, and its run told."""
+    errors = Errors()
+    results: list[dt.StepResult] = []
+    ran: list[str] = []
+    broker = MemoryBroker()
+    backend = dt.Backend(url="test://", broker=broker, keys=MemoryKeyStore())
+    async with dt.open_queue_transport(backend, on_error=errors) as transport:
+
+        async def job(t: dt.RemoteTask) -> Any:
+            ran.append(t.step_id)
+
+        async def on_result(r: dt.StepResult) -> None:
+            results.append(r)
+
+        transport.handle("job", job)
+        transport.on_result(on_result)
+        data = raw_job(
+            "task",
+            b'{"runId":"r","stepId":"s","attempt":1,"name":"job","taskId":"t","input":'
+            + b"[" * 600
+            + b"]" * 600
+            + b"}",
+        )
+        await broker.push_on(transport.task_queue("job"), Job("deep-1", data))
+        await trio.sleep(1)
+        (failed,) = await broker.failed_jobs(transport.task_queue("job"))
+    assert ran == []
+    assert failed.id == "deep-1"
+    assert "nested deeper than 200 levels" in failed.error
+    (answer,) = results
+    assert (answer.run_id, answer.step_id, answer.status) == ("r", "s", dt.StepStatus.FAILED)
+    assert answer.error is not None
+    assert (answer.error.code, answer.error.retryable) == ("bad_input", False)
 
 
 def test_a_job_deeper_than_orjson_reads_is_a_payload_error() -> None:
