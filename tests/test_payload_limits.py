@@ -19,7 +19,7 @@ import trio.testing
 from hypothesis import given, settings
 
 import durable_trio as dt
-from durable_trio._codec import MAX_JSON_DEPTH, decode_envelope, encode_envelope
+from durable_trio._codec import decode_envelope, encode_envelope
 from durable_trio._engine import (
     App,
     Retry,
@@ -74,7 +74,7 @@ async def test_dispatching_a_deeply_nested_input_is_a_payload_error(
         with pytest.raises(dt.PayloadError, match="nested deeper than 200 levels") as caught:
             await transport.dispatch(task(input=nested(levels)))
     # The first array past the limit: the input itself is level 1.
-    assert caught.value.path == deep_path("$.input", MAX_JSON_DEPTH)
+    assert caught.value.path == deep_path("$.input", dt.MAX_JSON_DEPTH)
 
 
 @pytest.mark.parametrize("levels", [600, 10_000])
@@ -91,7 +91,7 @@ async def test_starting_a_workflow_with_a_deeply_nested_input_is_a_payload_error
         with pytest.raises(dt.PayloadError, match="the input of workflow 'wf'") as caught:
             await engine.start("wf", {"order": nested(levels)})
         assert await engine.list() == []
-    assert caught.value.path == deep_path("$.order", MAX_JSON_DEPTH - 1)  # {} is level 1
+    assert caught.value.path == deep_path("$.order", dt.MAX_JSON_DEPTH - 1)  # {} is level 1
 
 
 @pytest.mark.parametrize("levels", [600, 10_000])
@@ -160,22 +160,22 @@ async def test_a_local_step_returning_deeply_nested_output_fails_once(
 
 
 def test_the_depth_limit_is_exact_both_ways() -> None:
-    fits, too_deep = nested(MAX_JSON_DEPTH), nested(MAX_JSON_DEPTH + 1)
+    fits, too_deep = nested(dt.MAX_JSON_DEPTH), nested(dt.MAX_JSON_DEPTH + 1)
     sent = task(input=fits)
     assert decode_envelope(encode_envelope("j", dt.JobKind.TASK, sent)).payload == sent
     with pytest.raises(dt.PayloadError) as caught:
         encode_envelope("j", dt.JobKind.RESULT, result(too_deep))
-    assert caught.value.path == deep_path("$.output", MAX_JSON_DEPTH)
+    assert caught.value.path == deep_path("$.output", dt.MAX_JSON_DEPTH)
     assert normalize_json(fits) == fits
     with pytest.raises(dt.PayloadError) as caught:
         normalize_json(too_deep)
-    assert caught.value.path == deep_path("$", MAX_JSON_DEPTH)
+    assert caught.value.path == deep_path("$", dt.MAX_JSON_DEPTH)
 
 
 def test_a_value_at_the_limit_still_fits_in_the_records_that_carry_it() -> None:
-    """An output of MAX_JSON_DEPTH levels travels on in a workflow turn's history, a decision's
+    """An output of dt.MAX_JSON_DEPTH levels travels on in a workflow turn's history, a decision's
     commands and a pod's run view, a few levels deeper."""
-    fits = nested(MAX_JSON_DEPTH)
+    fits = nested(dt.MAX_JSON_DEPTH)
     entry = {"stepId": "1", "kind": "remote", "name": "s", "status": "completed", "output": fits}
     turn = dt.WorkflowTask("t", "r", "wf", "g", history=(entry,))
     assert decode_envelope(encode_envelope("j", dt.JobKind.WORKFLOW, turn)).payload == turn
@@ -191,7 +191,7 @@ def raw_job(kind: str, payload: bytes) -> bytes:
     return b'{"id":"j","kind":"' + kind.encode() + b'","payload":' + payload + b"}"
 
 
-@pytest.mark.parametrize("levels", [MAX_JSON_DEPTH + 1, 600, 1000])
+@pytest.mark.parametrize("levels", [dt.MAX_JSON_DEPTH + 1, 600, 1000])
 def test_a_job_whose_bytes_nest_too_deep_is_a_payload_error(levels: int) -> None:
     """orjson reads 1,024 levels, more than it writes: a job from another producer that nests
     deeper than the limit is refused on arrival, before anything recurses over it."""
@@ -202,7 +202,7 @@ def test_a_job_whose_bytes_nest_too_deep_is_a_payload_error(levels: int) -> None
     )
     with pytest.raises(dt.PayloadError, match="nested deeper than 200 levels") as caught:
         decode_envelope(data)
-    assert caught.value.path == deep_path("$.output", MAX_JSON_DEPTH)
+    assert caught.value.path == deep_path("$.output", dt.MAX_JSON_DEPTH)
     # And in a nested message field: a failed result's error details.
     details = raw_job(
         "result",
@@ -211,7 +211,7 @@ def test_a_job_whose_bytes_nest_too_deep_is_a_payload_error(levels: int) -> None
     )
     with pytest.raises(dt.PayloadError) as caught:
         decode_envelope(details)
-    assert caught.value.path == deep_path("$.error.details", MAX_JSON_DEPTH)
+    assert caught.value.path == deep_path("$.error.details", dt.MAX_JSON_DEPTH)
 
 
 async def test_a_task_on_a_queue_nested_too_deep_fails_its_step_once(
@@ -264,9 +264,9 @@ def test_a_job_deeper_than_orjson_reads_is_a_payload_error() -> None:
 
 def test_the_depth_measured_by_orjson_matches_the_walk() -> None:
     assert _orjson_write_depth() == 254  # orjson >= 3.11.6; read_within falls back otherwise
-    for levels in (0, 1, MAX_JSON_DEPTH, MAX_JSON_DEPTH + 1, 254, 800):
+    for levels in (0, 1, dt.MAX_JSON_DEPTH, dt.MAX_JSON_DEPTH + 1, 254, 800):
         value = orjson.loads(b"[" * levels + b"1" + b"]" * levels)
-        assert read_within(value, MAX_JSON_DEPTH) is (levels <= MAX_JSON_DEPTH)
+        assert read_within(value, dt.MAX_JSON_DEPTH) is (levels <= dt.MAX_JSON_DEPTH)
 
 
 # --------------------------------------------------------------------------- NaN and types
