@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ._adaptive import Adaptive
 from ._backend import Backend, open_backend
-from ._codec import json_schema
+from ._codec import MAX_JSON_DEPTH, json_schema
 from ._engine import (
     App,
     Applied,
@@ -86,6 +86,7 @@ from ._wire import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "Adaptive",
     "App",
     "Applied",

@@ -561,7 +561,8 @@ class Engine:
         Raises:
             UnknownWorkflow: the app does not register ``workflow``.
             EngineError: ``run_id`` exists as a run of another workflow.
-            PayloadError: ``input`` is not JSON-serialisable.
+            PayloadError: ``input`` is not a JSON value (NaN, a set, nested deeper than
+                ``MAX_JSON_DEPTH``, ...); ``path`` names where.
             EngineClosed: the engine is closed.
         """
         if self._closing:
