@@ -512,12 +512,13 @@ _DUE_DELAYED: Final = """
 
 _PROMOTE: Final = "UPDATE dt_jobs SET state = 'ready', due_at = NULL, seq = ?1 WHERE pk = ?2"
 
-# ``error`` on a row that is not failed is the damage the broker found while moving it (its
-# next claim carries it as ``ClaimedJob.damage``): the unreadable due_at itself is about to be
-# overwritten, so its value is kept in the note.
+# ``error`` on a row that is not failed, after _DAMAGE_NOTE, is the damage the broker found
+# while moving it (its next claim carries it as ``ClaimedJob.damage``): the unreadable due_at
+# itself is about to be overwritten, so its value is kept in the note.
+_DAMAGE_NOTE: Final = "damaged: "
 _PROMOTE_DAMAGED: Final = """
     UPDATE dt_jobs SET state = 'ready', due_at = NULL, seq = ?1,
-        error = 'due_at: not a number: ' || substr(quote(due_at), 1, 200)
+        error = 'damaged: due_at: not a number: ' || substr(quote(due_at), 1, 200)
     WHERE pk = ?2
 """
 
@@ -833,11 +834,10 @@ def _read_job(
     before). ``note``: the row's ``error`` column, the damage found while moving it."""
     data, priority, attempts, stalled_count, stalls = row
     if note is not None:
-        problems.append(
-            note
-            if type(note) is str and note
-            else f"error: {_describe(note)} on a job that is not failed"
-        )
+        if type(note) is str and note.startswith(_DAMAGE_NOTE):
+            problems.append(note[len(_DAMAGE_NOTE) :])
+        else:
+            problems.append(f"error: {_describe(note)}, set on a job that is not failed")
     return ClaimedJob(
         id=job_id,
         data=_read_data(data, problems),
