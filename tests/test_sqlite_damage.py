@@ -572,7 +572,7 @@ def test_property_any_stored_value_in_any_column(
         TASKS: [pk_of(path, TASKS, f"s{n}") for n in range(tasks)],
         RESULTS: [pk_of(path, RESULTS, f"r{n}") for n in range(tasks, tasks + results)],
     }
-    touched: dict[int, bool] = {}  # row -> must be set aside
+    verdicts: dict[tuple[int, str], bool] = {}  # (row, column) -> must be set aside
     for n, (queue, column, value) in enumerate(damages):
         pk = rows[queue][n % len(rows[queue])]
         placeholder = "CAST(? AS TEXT)" if isinstance(value, BadText) else "?"
@@ -583,7 +583,10 @@ def test_property_any_stored_value_in_any_column(
         ((kind, stored),) = sql(
             path, f"SELECT typeof({column}), {column} FROM dt_jobs WHERE pk = ?", (pk,)
         )
-        touched[pk] = touched.get(pk, False) or must_be_set_aside(column, kind, stored)
+        verdicts[pk, column] = must_be_set_aside(column, kind, stored)  # (the last write wins)
+    touched: dict[int, bool] = {}  # row -> must be set aside
+    for (pk, _), verdict in verdicts.items():
+        touched[pk] = touched.get(pk, False) or verdict
 
     served = trio.run(partial(serve, path, results=True))
 
