@@ -257,7 +257,7 @@ async def test_an_integer_data_is_never_converted_to_bytes(tmp_path: Path) -> No
     served.assert_only_damage_reported()
 
 
-JUNK_STALLS: list[tuple[object, bool]] = [
+JUNK_STALLS: list[tuple[str | bytes, bool]] = [
     ("{not json", False),
     ('[{"at": "x", "worker": "w"}]', False),
     ('[{"at": 1e999, "worker": "w"}]', False),  # inf
@@ -292,7 +292,7 @@ async def test_junk_in_the_stall_history_is_set_aside_with_its_raw_text(tmp_path
         assert job.stalls == ()
     # The raw stall history stays in the failed rows, as written.
     kept = sql(path, "SELECT stalls FROM dt_jobs WHERE state = 'failed' ORDER BY pk")
-    expected = [v if isinstance(v, bytes) else v.encode() for v, _ in JUNK_STALLS]  # type: ignore[union-attr]
+    expected = [v if isinstance(v, bytes) else v.encode() for v, _ in JUNK_STALLS]
     assert [row[0] for row in kept] == expected
     assert len(served.damaged) == len(JUNK_STALLS)
     served.assert_only_damage_reported()
@@ -497,7 +497,7 @@ class BadText(bytes):
 
 STORED_VALUES = st.one_of(
     st.binary(max_size=24),
-    st.text(st.characters(exclude_categories=("Cs",)), max_size=24),
+    st.text(st.characters(exclude_categories=["Cs"]), max_size=24),
     st.binary(min_size=1, max_size=8).map(lambda b: BadText(b"\xff" + b)),
     st.integers(min_value=-(2**63), max_value=2**63 - 1),
     st.sampled_from([300_000_000, 10**13, 2**53, -1, 0]),
