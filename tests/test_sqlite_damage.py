@@ -345,9 +345,11 @@ async def test_any_other_damaged_field_is_set_aside_or_quarantined(tmp_path: Pat
         "id: BLOB b'\\xff\\xfe', not UTF-8 TEXT",
         "id: TEXT b'\\xffA', not UTF-8 TEXT",
     }
+    # Every stored field as an SQL literal, then the data as stored.
     raws = sorted(entry.raw for entry in entries)
-    assert raws[0].startswith(b"id='\xffA' data=X'")  # every stored field, as SQL literals
-    assert raws[1].startswith(b"id=X'FFFE' data=X'")
+    assert raws[0].startswith(b"id='\xffA' priority=0 attempts=0 stalled_count=0 stalls='[]'")
+    assert raws[1].startswith(b"id=X'FFFE' priority=0 attempts=0 stalled_count=0 stalls='[]'")
+    assert all(b' data={' in raw and b'"stepId":"s' in raw for raw in raws)
     assert all(entry.queue == TASKS and entry.at > 0 for entry in entries)
     assert len(served.damaged) == len(expected_reason) + 2
     served.assert_only_damage_reported()

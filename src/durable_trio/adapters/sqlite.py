@@ -44,6 +44,16 @@ Wake-up (:meth:`SqliteBroker.wait_for_work`):
     loop. An idle tick never wakes the event loop; a broker nobody waits on does not tick. A
     waiter also wakes when its earliest delayed job comes due.
 
+Damaged rows:
+    SQLite keeps any type in any column and another program may write the file, so every field
+    a pop, a sweep or :meth:`SqliteBroker.failed_jobs` reads is checked on the Python side of
+    the row first (no extra query). TEXT ``data`` is served as its UTF-8; a field of the wrong
+    type or out of range makes the claim *damaged* (``ClaimedJob.damage``: the transport fails
+    it unread, the row keeping its stored values); a row whose id cannot be read moves to the
+    ``dt_quarantine`` table (:meth:`SqliteBroker.quarantined`) in the transaction that found
+    it. Nothing stored ever makes an operation raise or roll back, so one bad row cannot wedge
+    a queue by coming first again at every pop.
+
 Errors:
     :class:`sqlite3.Error` is translated at this edge: a locked database (after
     ``busy_timeout``), I/O errors, a full disk or a file that cannot be opened raise
@@ -475,7 +485,8 @@ _SCHEMA: Final = (
     "CREATE INDEX IF NOT EXISTS dt_jobs_token ON dt_jobs (token) WHERE state = 'active'",
     "CREATE INDEX IF NOT EXISTS dt_jobs_failed ON dt_jobs (queue, seq) WHERE state = 'failed'",
     # Rows whose id could not be read (so no lease can name them), moved here whole: ``raw``
-    # is every stored field rendered as an SQL literal (``quote()``), for a person to read.
+    # is every stored field as an SQL literal (``quote()``), then ``data`` as stored, for a
+    # person to read.
     """
     CREATE TABLE IF NOT EXISTS dt_quarantine (
         pk INTEGER PRIMARY KEY,
@@ -536,14 +547,16 @@ _CLAIM_NEXT: Final = """
 _NORMALIZE_ID: Final = "UPDATE dt_jobs SET id = ?1 WHERE pk = ?2"
 
 # A row whose id cannot be read at all, moved to the quarantine whole, in the transaction that
-# found it (never dropped, never left in place to come first again at every pop).
+# found it (never dropped, never left in place to come first again at every pop). ``data`` goes
+# last as its stored bytes: quote() would double a BLOB, and past SQLite's length limit the
+# statement, and with it the pop, would fail.
 _QUARANTINE: Final = """
     INSERT INTO dt_quarantine (queue, reason, raw, at)
     SELECT queue, ?2, CAST(
-        'id=' || quote(id) || ' data=' || quote(data) || ' priority=' || quote(priority)
+        'id=' || quote(id) || ' priority=' || quote(priority)
         || ' attempts=' || quote(attempts) || ' stalled_count=' || quote(stalled_count)
         || ' stalls=' || quote(stalls) || ' worker=' || quote(worker)
-        || ' error=' || quote(error) AS BLOB), ?3
+        || ' error=' || quote(error) || ' data=' || ifnull(data, 'NULL') AS BLOB), ?3
     FROM dt_jobs WHERE pk = ?1
 """
 
@@ -851,7 +864,7 @@ def _read_job(
 
 
 def _readable_id(
-    db: sqlite3.Connection, pk: int, value: object, queue: str, now: float
+    db: sqlite3.Connection, pk: int, value: object, now: float
 ) -> tuple[str | None, list[str], ClaimedJob | None]:
     """Read the id of row ``pk``: ``(id, problems, None)``, a UTF-8 BLOB id rewritten as TEXT;
     or, unreadable, ``(None, [], report)`` with the row moved to the quarantine."""
@@ -925,7 +938,7 @@ def _claim_next(db: sqlite3.Connection, queue: str, worker: str, now: float) -> 
     if not rows:
         return None
     ((pk, raw_id, *fields, note),) = rows
-    job_id, problems, report = _readable_id(db, pk, raw_id, queue, now)
+    job_id, problems, report = _readable_id(db, pk, raw_id, now)
     if job_id is None:
         return report
     return _read_job(job_id, token, fields, note, problems)
@@ -1001,7 +1014,7 @@ def _op_recover(queue: str, threshold: float, max_stalled: int, db: sqlite3.Conn
     recovered = 0
     exceeded: list[ClaimedJob] = []
     for pk, raw_id, *fields, worker, claimed_at, note in rows:
-        job_id, problems, report = _readable_id(db, pk, raw_id, queue, now)
+        job_id, problems, report = _readable_id(db, pk, raw_id, now)
         if job_id is None:
             assert report is not None
             exceeded.append(report)
@@ -1080,7 +1093,8 @@ class SqliteBroker:
     Ready jobs pop in (priority, sequence) order, the sequence being one counter per file, so
     FIFO within one priority holds across processes. Each pop promotes at most
     :data:`PROMOTE_BATCH` due delayed jobs first. Failed jobs are kept (newest
-    ``failed_retention`` per queue) for :meth:`failed_jobs`.
+    ``failed_retention`` per queue) for :meth:`failed_jobs`; rows whose id could not be read,
+    all of them, for :meth:`quarantined`.
 
     Attributes:
         path: the database file.
