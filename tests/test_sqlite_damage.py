@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import sqlite3
 import tracemalloc
 from functools import partial
@@ -396,8 +397,8 @@ async def test_failed_jobs_lists_damaged_failed_rows(tmp_path: Path) -> None:
 async def test_the_sweep_and_renewals_read_claims_through_the_same_checks(tmp_path: Path) -> None:
     """Finding 6: the reclaim sweep (and a renewal) on damaged claims of dead workers."""
     path = tmp_path / "d.db"
-    await fill(path, range(6))
-    claims = [pk_of(path, TASKS, f"s{n}") for n in range(5)]
+    await fill(path, range(7))
+    claims = [pk_of(path, TASKS, f"s{n}") for n in range(6)]
     for pk in claims:  # claimed long ago by a worker that is gone
         sql(
             path,
@@ -405,12 +406,13 @@ async def test_the_sweep_and_renewals_read_claims_through_the_same_checks(tmp_pa
             " WHERE pk = ?",
             (f"dead-{pk}", pk),
         )
-    junk_stalls, text_claimed_at, bad_worker, bad_id, _good = claims
+    junk_stalls, text_claimed_at, bad_worker, bad_id, never_old, _good = claims
     damage(path, junk_stalls, "stalls", "[oops")
     damage(path, text_claimed_at, "claimed_at", "a while ago")  # never looked old enough
     damage(path, bad_worker, "worker", b"\x00")
     damage(path, bad_id, "id", b"\xff")
-    ids = {pk: job_id(path, pk) for pk in (junk_stalls, text_claimed_at, bad_worker)}
+    damage(path, never_old, "claimed_at", math.inf)
+    ids = {pk: job_id(path, pk) for pk in (junk_stalls, text_claimed_at, bad_worker, never_old)}
     renew_id = ids[junk_stalls]
 
     async def renew(broker: SqliteBroker) -> None:
@@ -420,19 +422,20 @@ async def test_the_sweep_and_renewals_read_claims_through_the_same_checks(tmp_pa
 
     served = await serve(path, sweep=True, results=True, before=renew)
 
-    # The good stalled claim came back and was served; s5 was never claimed.
-    assert served.tasks == {"s4": 1, "s5": 1}
+    # The good stalled claim came back and was served; s6 was never claimed.
+    assert served.tasks == {"s5": 1, "s6": 1}
     failed = failed_by_id(served)
     assert failed[ids[junk_stalls]].error.startswith("damaged: stalls: TEXT '[oops'")
     assert failed[ids[text_claimed_at]].error.startswith("damaged: claimed_at: TEXT")
     assert failed[ids[bad_worker]].error.startswith("damaged: worker: BLOB")
-    assert len(failed) == 3
+    assert failed[ids[never_old]].error.startswith("damaged: claimed_at: REAL inf")
+    assert len(failed) == 4
     (entry,) = served.quarantined[TASKS]
     assert entry.raw.startswith(b"id=X'FF'")
     # The damaged step tasks whose envelope still names their step got a retryable answer, so
     # their runs go on; and every result reached the engine side once.
-    assert served.results == {"s0": 1, "s1": 1, "s2": 1, "s4": 1, "s5": 1}
-    assert len(served.damaged) == 4
+    assert served.results == {"s0": 1, "s1": 1, "s2": 1, "s4": 1, "s5": 1, "s6": 1}
+    assert len(served.damaged) == 5
     served.assert_only_damage_reported()
 
 

@@ -598,8 +598,9 @@ _RENEW: Final = """
     WHERE state = 'active' AND token = ?1 AND queue = ?2 AND id = ?3
 """
 
-# As in _DUE_DELAYED, the second half finds claims whose claimed_at is not a number (which
-# would never look old enough): they are taken back as damaged.
+# As in _DUE_DELAYED, the second half finds claims whose claimed_at would never look old
+# enough: infinite, TEXT or BLOB (all sort from 9e999, SQLite's +Inf, up). They are taken back
+# as damaged: a claim is always stamped with a finite time.
 _STALLED: Final = """
     SELECT pk, id, data, priority, attempts, stalled_count, stalls, worker, claimed_at, error
     FROM dt_jobs INDEXED BY dt_jobs_active
@@ -607,7 +608,7 @@ _STALLED: Final = """
     UNION ALL
     SELECT pk, id, data, priority, attempts, stalled_count, stalls, worker, claimed_at, error
     FROM dt_jobs INDEXED BY dt_jobs_active
-    WHERE state = 'active' AND queue = ?1 AND claimed_at >= ''
+    WHERE state = 'active' AND queue = ?1 AND claimed_at >= 9e999
     ORDER BY claimed_at
 """
 
@@ -1019,7 +1020,7 @@ def _op_recover(queue: str, threshold: float, max_stalled: int, db: sqlite3.Conn
             assert report is not None
             exceeded.append(report)
             continue
-        if type(claimed_at) not in (int, float):
+        if not isinstance(claimed_at, (int, float)) or not math.isfinite(claimed_at):
             problems.append(f"claimed_at: {_describe(claimed_at)}, not a time")
         if type(worker) is not str:
             problems.append(f"worker: {_describe(worker)}, not TEXT")
