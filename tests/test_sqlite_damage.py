@@ -350,7 +350,7 @@ async def test_any_other_damaged_field_is_set_aside_or_quarantined(tmp_path: Pat
     raws = sorted(entry.raw for entry in entries)
     assert raws[0].startswith(b"id='\xffA' priority=0 attempts=0 stalled_count=0 stalls='[]'")
     assert raws[1].startswith(b"id=X'FFFE' priority=0 attempts=0 stalled_count=0 stalls='[]'")
-    assert all(b' data={' in raw and b'"stepId":"s' in raw for raw in raws)
+    assert all(b" data={" in raw and b'"stepId":"s' in raw for raw in raws)
     assert all(entry.queue == TASKS and entry.at > 0 for entry in entries)
     assert len(served.damaged) == len(expected_reason) + 2
     served.assert_only_damage_reported()
@@ -613,11 +613,26 @@ def test_property_any_stored_value_in_any_column(
     set_aside = sum(len(failed[q]) + len(quarantined[q]) for q in (TASKS, RESULTS))
     consumed = len(served.tasks) + sum(1 for step in served.results if step.startswith("r"))
     assert consumed + set_aside == tasks + results
-    # Every row that had to be set aside was, as damaged or quarantined, and reported.
+    # Every row that had to be set aside was, as damaged (never run) or quarantined; each
+    # damaged or quarantined row was reported once.
+    quarantined_total = sum(len(quarantined[q]) for q in quarantined)
+    gone = 0
+    for pk, must in touched.items():
+        if not must:
+            continue
+        if pk in rows[TASKS]:
+            assert served.tasks[f"s{rows[TASKS].index(pk)}"] == 0
+        found = sql(path, "SELECT state, error FROM dt_jobs WHERE pk = ?", (pk,))
+        if not found:
+            gone += 1  # quarantined (a damaged claim is never completed)
+            continue
+        ((state, error),) = found
+        assert state == b"failed"
+        assert error.startswith(b"damaged: ")
+    assert gone <= quarantined_total
     damaged_failed = sum(
         job.error.startswith("damaged:") for q in (TASKS, RESULTS) for job in failed[q]
     )
-    assert damaged_failed + sum(len(quarantined[q]) for q in quarantined) >= sum(touched.values())
-    assert len(served.damaged) >= sum(touched.values())
+    assert len(served.damaged) == damaged_failed + quarantined_total
     # Rows left: the failed ones (completed jobs are deleted) plus the quarantine.
     assert total_rows(path) == set_aside

@@ -715,8 +715,8 @@ def _data_version(db: sqlite3.Connection) -> int:
 # transport fails with the reason while the row keeps its stored values; a row whose id cannot
 # be read at all is moved to the quarantine in the same transaction.
 
-#: Counts (attempts, stalls) from 2**53 up are not ones this broker wrote (and one more stall
-#: would overflow SQLite's INTEGER near the top of the range).
+#: Counts (attempts, stalled_count) from 2**53 up are not ones this broker wrote (and one more
+#: stall would overflow SQLite's INTEGER near the top of its range).
 _MAX_COUNT: Final = 2**53
 
 
