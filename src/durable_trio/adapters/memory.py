@@ -4,6 +4,10 @@ Built for tests (everything runs under ``autojump_clock``) and as the reference 
 contract suite checks the others against. Operations finish without waiting on anything; each is a
 cancellation point (``checkpoint_if_cancelled``) but, for speed, does not yield to the scheduler —
 the transport's loops yield on their own when idle or when every slot is busy.
+
+After :meth:`MemoryBroker.aclose` every call raises :class:`~durable_trio.TransportClosed`, as the
+Redis broker's do once its client is closed: a closed ``memory://`` backend must not go on taking
+dispatches that nothing will ever serve.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
+from .._errors import TransportClosed
 from ._contract import ClaimedJob, FailedJob, Job, Lease, Recovery, RenewOutcome, Stall
 
 if TYPE_CHECKING:
@@ -76,6 +81,10 @@ class MemoryBroker:
             q = self._queues[name] = _Queue(failed=deque(maxlen=self._failed_retention))
         return q
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportClosed("the memory broker is closed")
+
     def _ring(self, q: _Queue) -> None:
         if q.armed:
             q.armed = False
@@ -98,6 +107,7 @@ class MemoryBroker:
         self, queue: str, job: Job, *, priority: int | None = None, delay: float = 0.0
     ) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
         q = self._queues.get(queue) or self._queue(queue)
         rec = _Record(job.id, job.data, priority or 0)
         if delay > 0:
@@ -110,6 +120,7 @@ class MemoryBroker:
 
     async def pop_from(self, queue: str, *, worker: str = "") -> ClaimedJob | None:
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
         q = self._queue(queue)
         now = trio.current_time()
         if q.delayed:
@@ -120,6 +131,7 @@ class MemoryBroker:
 
     async def pop_many(self, queue: str, count: int, *, worker: str = "") -> list[ClaimedJob]:
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
         q = self._queue(queue)
         now = trio.current_time()
         if q.delayed:
@@ -157,6 +169,7 @@ class MemoryBroker:
 
     async def complete_job(self, lease: Lease, queue: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
         return self._release(lease, queue) is not None
 
     #: The transport coalesces finalizes only where a call costs more than a scheduling round:
@@ -165,22 +178,26 @@ class MemoryBroker:
 
     async def complete_many(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
         return [self._release(lease, queue) is not None for lease in leases]
 
     async def push_many(
         self, queue: str, jobs: Sequence[Job], priorities: Sequence[int | None]
     ) -> None:
+        self._check_open()
         for job, priority in zip(jobs, priorities, strict=True):
             await self.push_on(queue, job, priority=priority)
 
     async def push_and_complete_many(
         self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
     ) -> list[bool]:
+        self._check_open()
         await self.push_many(push_queue, jobs, [None] * len(jobs))
         return await self.complete_many(queue, leases)
 
     async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
         released = self._release(lease, queue)
         if released is None:
             return False
@@ -202,6 +219,7 @@ class MemoryBroker:
         self, lease: Lease, queue: str, *, delay: float = 0.0, count_attempt: bool = True
     ) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
         released = self._release(lease, queue)
         if released is None:
             return False
@@ -220,6 +238,7 @@ class MemoryBroker:
 
     async def renew_jobs(self, queue: str, leases: Sequence[Lease]) -> RenewOutcome:
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
         q = self._queues.get(queue)
         now = trio.current_time()
         lost: list[Lease] = []
@@ -243,6 +262,7 @@ class MemoryBroker:
         self, queue: str, threshold: float, max_stalled: int
     ) -> Recovery:
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
         q = self._queues.get(queue)
         if q is None:
             return Recovery(recovered=0)
@@ -291,19 +311,23 @@ class MemoryBroker:
 
     async def size_of(self, queue: str) -> int:
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
         q = self._queues.get(queue)
         return 0 if q is None else len(q.ready) + len(q.delayed)
 
     async def failed_jobs(self, queue: str, *, limit: int = 100) -> list[FailedJob]:
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
         q = self._queues.get(queue)
         if q is None:
             return []
         return list(itertools.islice(reversed(q.failed), limit))
 
     async def wait_for_work(self, queue: str) -> None:
+        self._check_open()
         q = self._queue(queue)
         while True:
+            self._check_open()  # (a close rings every waiter)
             now = trio.current_time()
             if q.ready or (q.delayed and q.delayed[0][0] <= now):
                 await trio.lowlevel.checkpoint()
@@ -316,5 +340,10 @@ class MemoryBroker:
                 await q.wakeup.wait()
 
     async def aclose(self) -> None:
+        """Close the broker (idempotent): waiters wake, and every later call raises
+        :class:`~durable_trio.TransportClosed`."""
         self._closed = True
+        for q in self._queues.values():
+            q.armed = True
+            self._ring(q)
         await trio.lowlevel.checkpoint()

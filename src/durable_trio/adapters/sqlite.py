@@ -44,6 +44,16 @@ Wake-up (:meth:`SqliteBroker.wait_for_work`):
     loop. An idle tick never wakes the event loop; a broker nobody waits on does not tick. A
     waiter also wakes when its earliest delayed job comes due.
 
+Damaged rows:
+    SQLite keeps any type in any column and another program may write the file, so every field
+    a pop, a sweep or :meth:`SqliteBroker.failed_jobs` reads is checked on the Python side of
+    the row first (no extra query). TEXT ``data`` is served as its UTF-8; a field of the wrong
+    type or out of range makes the claim *damaged* (``ClaimedJob.damage``: the transport fails
+    it unread, the row keeping its stored values); a row whose id cannot be read moves to the
+    ``dt_quarantine`` table (:meth:`SqliteBroker.quarantined`) in the transaction that found
+    it. Nothing stored ever makes an operation raise or roll back, so one bad row cannot wedge
+    a queue by coming first again at every pop.
+
 Errors:
     :class:`sqlite3.Error` is translated at this edge: a locked database (after
     ``busy_timeout``), I/O errors, a full disk or a file that cannot be opened raise
@@ -71,7 +81,16 @@ import outcome
 import trio
 
 from .._errors import BrokerError, BrokerUnavailable, ConfigError
-from ._contract import ClaimedJob, FailedJob, Job, Lease, Recovery, RenewOutcome, Stall
+from ._contract import (
+    ClaimedJob,
+    FailedJob,
+    Job,
+    Lease,
+    QuarantinedEntry,
+    Recovery,
+    RenewOutcome,
+    Stall,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -465,6 +484,19 @@ _SCHEMA: Final = (
     """,
     "CREATE INDEX IF NOT EXISTS dt_jobs_token ON dt_jobs (token) WHERE state = 'active'",
     "CREATE INDEX IF NOT EXISTS dt_jobs_failed ON dt_jobs (queue, seq) WHERE state = 'failed'",
+    # Rows whose id could not be read (so no lease can name them), moved here whole: ``raw``
+    # is every stored field as an SQL literal (``quote()``), then ``data`` as stored, for a
+    # person to read.
+    """
+    CREATE TABLE IF NOT EXISTS dt_quarantine (
+        pk INTEGER PRIMARY KEY,
+        queue TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        raw BLOB NOT NULL,
+        at REAL NOT NULL
+    )
+    """,
+    "CREATE INDEX IF NOT EXISTS dt_quarantine_queue ON dt_quarantine (queue, pk)",
 )
 
 _NEXT_SEQ: Final = "UPDATE dt_meta SET value = value + ?1 WHERE name = 'seq' RETURNING value"
@@ -474,13 +506,32 @@ _INSERT: Final = """
     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
 """
 
+# The second half finds delayed rows whose due_at is not a number (TEXT or BLOB, which SQLite
+# sorts after every number, so ``>= ''`` is an index range that is empty in the normal case):
+# such a row would never come due, so it is promoted at once, marked as damaged.
 _DUE_DELAYED: Final = """
-    SELECT pk FROM dt_jobs
-    WHERE state = 'delayed' AND queue = ?1 AND due_at <= ?2
-    ORDER BY due_at, seq LIMIT ?3
+    SELECT pk, 0 FROM (
+        SELECT pk FROM dt_jobs
+        WHERE state = 'delayed' AND queue = ?1 AND due_at <= ?2
+        ORDER BY due_at, seq LIMIT ?3
+    )
+    UNION ALL
+    SELECT pk, 1 FROM (
+        SELECT pk FROM dt_jobs WHERE state = 'delayed' AND queue = ?1 AND due_at >= '' LIMIT ?3
+    )
 """
 
 _PROMOTE: Final = "UPDATE dt_jobs SET state = 'ready', due_at = NULL, seq = ?1 WHERE pk = ?2"
+
+# ``error`` on a row that is not failed, after _DAMAGE_NOTE, is the damage the broker found
+# while moving it (its next claim carries it as ``ClaimedJob.damage``): the unreadable due_at
+# itself is about to be overwritten, so its value is kept in the note.
+_DAMAGE_NOTE: Final = "damaged: "
+_PROMOTE_DAMAGED: Final = """
+    UPDATE dt_jobs SET state = 'ready', due_at = NULL, seq = ?1,
+        error = 'damaged: due_at: not a number: ' || substr(quote(due_at), 1, 200)
+    WHERE pk = ?2
+"""
 
 _CLAIM_NEXT: Final = """
     UPDATE dt_jobs SET state = 'active', token = ?1, claimed_at = ?2, worker = ?3
@@ -488,7 +539,31 @@ _CLAIM_NEXT: Final = """
         SELECT pk FROM dt_jobs WHERE state = 'ready' AND queue = ?4
         ORDER BY priority, seq LIMIT 1
     )
-    RETURNING id, data, priority, attempts, stalled_count, stalls
+    RETURNING pk, id, data, priority, attempts, stalled_count, stalls, error
+"""
+
+# A claim whose id was a UTF-8 BLOB gets it back as TEXT: a lease names its job by a string,
+# and a BLOB never equals one.
+_NORMALIZE_ID: Final = "UPDATE dt_jobs SET id = ?1 WHERE pk = ?2"
+
+# A row whose id cannot be read at all, moved to the quarantine whole, in the transaction that
+# found it (never dropped, never left in place to come first again at every pop). ``data`` goes
+# last as its stored bytes: quote() would double a BLOB, and past SQLite's length limit the
+# statement, and with it the pop, would fail.
+_QUARANTINE: Final = """
+    INSERT INTO dt_quarantine (queue, reason, raw, at)
+    SELECT queue, ?2, CAST(
+        'id=' || quote(id) || ' priority=' || quote(priority)
+        || ' attempts=' || quote(attempts) || ' stalled_count=' || quote(stalled_count)
+        || ' stalls=' || quote(stalls) || ' worker=' || quote(worker)
+        || ' error=' || quote(error) || ' data=' || ifnull(data, 'NULL') AS BLOB), ?3
+    FROM dt_jobs WHERE pk = ?1
+"""
+
+_DELETE_ROW: Final = "DELETE FROM dt_jobs WHERE pk = ?1"
+
+_QUARANTINED: Final = """
+    SELECT reason, raw, at FROM dt_quarantine WHERE queue = ?1 ORDER BY pk DESC LIMIT ?2
 """
 
 # Lease checks go through the token index (``INDEXED BY``: never the per-queue claim index).
@@ -523,10 +598,17 @@ _RENEW: Final = """
     WHERE state = 'active' AND token = ?1 AND queue = ?2 AND id = ?3
 """
 
+# As in _DUE_DELAYED, the second half finds claims whose claimed_at would never look old
+# enough: infinite, TEXT or BLOB (all sort from 9e999, SQLite's +Inf, up). They are taken back
+# as damaged: a claim is always stamped with a finite time.
 _STALLED: Final = """
-    SELECT pk, id, data, priority, attempts, stalled_count, stalls, worker
+    SELECT pk, id, data, priority, attempts, stalled_count, stalls, worker, claimed_at, error
     FROM dt_jobs INDEXED BY dt_jobs_active
     WHERE state = 'active' AND queue = ?1 AND claimed_at < ?2
+    UNION ALL
+    SELECT pk, id, data, priority, attempts, stalled_count, stalls, worker, claimed_at, error
+    FROM dt_jobs INDEXED BY dt_jobs_active
+    WHERE state = 'active' AND queue = ?1 AND claimed_at >= 9e999
     ORDER BY claimed_at
 """
 
@@ -541,6 +623,9 @@ _RELEASE_POISON: Final = """
     WHERE pk = ?5
 """
 
+# A damaged stalled claim is re-leased to the sweep with its stored fields left as found.
+_RELEASE_DAMAGED: Final = "UPDATE dt_jobs SET token = ?1, claimed_at = ?2 WHERE pk = ?3"
+
 _SIZE: Final = """
     SELECT (SELECT count(*) FROM dt_jobs WHERE state = 'ready' AND queue = ?1)
          + (SELECT count(*) FROM dt_jobs WHERE state = 'delayed' AND queue = ?1)
@@ -552,10 +637,12 @@ _FAILED_JOBS: Final = """
     ORDER BY seq DESC LIMIT ?2
 """
 
+# The third column: a delayed row whose due_at is not a number (the next pop promotes it).
 _PROBE: Final = """
     SELECT EXISTS (SELECT 1 FROM dt_jobs WHERE state = 'ready' AND queue = ?1),
            (SELECT due_at FROM dt_jobs WHERE state = 'delayed' AND queue = ?1
-            ORDER BY due_at LIMIT 1)
+            ORDER BY due_at LIMIT 1),
+           EXISTS (SELECT 1 FROM dt_jobs WHERE state = 'delayed' AND queue = ?1 AND due_at >= '')
 """
 
 
@@ -601,25 +688,229 @@ def _next_seq(db: sqlite3.Connection, count: int = 1) -> int:
     return int(last) - count + 1
 
 
-def _stalls(text: str) -> tuple[Stall, ...]:
-    if text == "[]":
-        return ()
-    return tuple(Stall(at=float(s["at"]), worker=str(s["worker"])) for s in json.loads(text))
-
-
 def _stalls_json(stalls: Sequence[Stall]) -> str:
     return json.dumps([{"at": s.at, "worker": s.worker} for s in stalls])
 
 
 def _probe_one(db: sqlite3.Connection, queue: str, now: float) -> tuple[bool, float | None]:
-    ((has_ready, due),) = db.execute(_PROBE, (queue,)).fetchall()
-    due_at = None if due is None else float(due)
-    return bool(has_ready) or (due_at is not None and due_at <= now), due_at
+    ((has_ready, due, due_unreadable),) = _fetch(db, _PROBE, (queue,))
+    due_at = float(due) if type(due) in (int, float) else None
+    # A due_at that is not a number counts as due: the next pop promotes it (as damaged).
+    ready = bool(has_ready) or bool(due_unreadable) or (due_at is not None and due_at <= now)
+    return ready, due_at
 
 
 def _data_version(db: sqlite3.Connection) -> int:
     ((version,),) = db.execute("PRAGMA data_version").fetchall()
     return int(version)
+
+
+# -- reading stored rows
+#
+# SQLite keeps any storage class in any column, and another program may write the file: a TEXT
+# or an INTEGER where this broker writes a BLOB, junk in the stall history, TEXT that is not
+# UTF-8. Every field a row hands over is checked here first, on the Python side of the one row
+# the statement returned. A field that fails never raises (that would roll the pop back, and the
+# same row would come first again at every pop): it becomes the claim's ``damage``, which the
+# transport fails with the reason while the row keeps its stored values; a row whose id cannot
+# be read at all is moved to the quarantine in the same transaction.
+
+#: Counts (attempts, stalled_count) from 2**53 up are not ones this broker wrote (and one more
+#: stall would overflow SQLite's INTEGER near the top of its range).
+_MAX_COUNT: Final = 2**53
+
+
+class _BadText(bytes):
+    """A TEXT value that is not valid UTF-8 (another program wrote it): its stored bytes."""
+
+    __slots__ = ()
+
+
+def _text_factory(raw: bytes) -> str | bytes:
+    # The driver's own decoding raises on invalid UTF-8 and fails the whole statement.
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return _BadText(raw)
+
+
+def _fetch(db: sqlite3.Connection, sql: str, params: Sequence[object]) -> list[Any]:
+    """Run ``sql`` and fetch its rows, a TEXT that is not UTF-8 read as :class:`_BadText`
+    instead of the driver raising. Only for this statement: a key store shares the connection."""
+    db.text_factory = _text_factory
+    try:
+        return db.execute(sql, params).fetchall()
+    finally:
+        db.text_factory = str
+
+
+def _describe(value: object) -> str:
+    """A stored value for a damage reason: its storage class and a short preview."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, int):
+        return f"INTEGER {value}"
+    if isinstance(value, float):
+        return f"REAL {value!r}"
+    kind = "TEXT" if isinstance(value, (str, _BadText)) else "BLOB"
+    assert isinstance(value, (str, bytes))
+    shown = value[:40]  # never the repr of the whole value: it may be megabytes
+    preview = repr(shown if isinstance(shown, str) else bytes(shown))
+    return f"{kind} {preview}{'...' if len(value) > 40 else ''}"
+
+
+def _as_bytes(value: object) -> bytes:
+    """A stored value as bytes, for a person to read: BLOB and TEXT as stored, a number in
+    decimal, NULL as ``b"NULL"``. (Never ``bytes(value)``: of an int, that allocates it.)"""
+    if isinstance(value, bytes):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    if value is None:
+        return b"NULL"
+    return repr(value).encode()
+
+
+def _read_id(value: object) -> tuple[str | None, str | None]:
+    """The job id and what is wrong with it: ``(None, reason)`` when it cannot be read."""
+    if type(value) is str:
+        return value, None
+    if type(value) is bytes:  # a BLOB (not a _BadText)
+        with contextlib.suppress(UnicodeDecodeError):
+            return value.decode(), "id: stored as BLOB, not TEXT"
+    return None, f"id: {_describe(value)}, not UTF-8 TEXT"
+
+
+def _read_data(value: object, problems: list[str]) -> bytes:
+    if type(value) is bytes:
+        return value
+    if type(value) is str:
+        # What a producer in another language naturally writes (JSON as TEXT): its UTF-8.
+        return value.encode()
+    if type(value) is _BadText:
+        return bytes(value)  # TEXT but not UTF-8: the bytes as stored, for the decoder to judge
+    problems.append(f"data: {_describe(value)}, not BLOB or TEXT")
+    return _as_bytes(value)
+
+
+def _read_int(name: str, value: object, problems: list[str], *, count: bool) -> int:
+    if type(value) is int and (not count or 0 <= value < _MAX_COUNT):
+        return value
+    problems.append(f"{name}: {_describe(value)}, not {'a count' if count else 'an INTEGER'}")
+    return 0
+
+
+def _parse_stalls(value: object) -> tuple[Stall, ...] | None:
+    if type(value) is not str:
+        return None
+    if value == "[]":
+        return ()
+    try:
+        items = json.loads(value)
+    except (ValueError, RecursionError):  # (ValueError: also an int of too many digits)
+        return None
+    if type(items) is not list:
+        return None
+    stalls = []
+    for item in items:
+        if type(item) is not dict:
+            return None
+        at, worker = item.get("at"), item.get("worker")
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or type(worker) is not str:
+            return None
+        try:
+            seconds = float(at)
+        except OverflowError:  # an int past a float's range
+            return None
+        if not math.isfinite(seconds):
+            return None
+        stalls.append(Stall(at=seconds, worker=worker))
+    return tuple(stalls)
+
+
+def _read_stalls(value: object, problems: list[str]) -> tuple[Stall, ...]:
+    stalls = _parse_stalls(value)
+    if stalls is None:
+        problems.append(f"stalls: {_describe(value)}, not a stall history")
+        return ()
+    return stalls
+
+
+def _read_job(
+    job_id: str,
+    token: str,
+    row: Sequence[object],
+    note: object,
+    problems: list[str],
+) -> ClaimedJob:
+    """A claim from ``row`` = (data, priority, attempts, stalled_count, stalls) as stored, every
+    field checked; ``damage`` lists the fields that failed (``problems`` holds those found
+    before). ``note``: the row's ``error`` column, the damage found while moving it."""
+    data, priority, attempts, stalled_count, stalls = row
+    if note is not None:
+        if type(note) is str and note.startswith(_DAMAGE_NOTE):
+            problems.append(note[len(_DAMAGE_NOTE) :])
+        else:
+            problems.append(f"error: {_describe(note)}, set on a job that is not failed")
+    return ClaimedJob(
+        id=job_id,
+        data=_read_data(data, problems),
+        lease=Lease(job_id, token),
+        priority=_read_int("priority", priority, problems, count=False),
+        attempts=_read_int("attempts", attempts, problems, count=True),
+        stalled_count=_read_int("stalled_count", stalled_count, problems, count=True),
+        stalls=_read_stalls(stalls, problems),
+        damage="; ".join(problems) if problems else None,
+    )
+
+
+def _readable_id(
+    db: sqlite3.Connection, pk: int, value: object, now: float
+) -> tuple[str | None, list[str], ClaimedJob | None]:
+    """Read the id of row ``pk``: ``(id, problems, None)``, a UTF-8 BLOB id rewritten as TEXT;
+    or, unreadable, ``(None, [], report)`` with the row moved to the quarantine."""
+    job_id, damage = _read_id(value)
+    if job_id is None:
+        assert damage is not None
+        db.execute(_QUARANTINE, (pk, damage, now))
+        db.execute(_DELETE_ROW, (pk,))
+        shown = _as_bytes(value).decode("utf-8", "replace")
+        return None, [], ClaimedJob(id=shown, data=b"", lease=Lease(shown, ""), damage=damage)
+    if damage is not None:
+        db.execute(_NORMALIZE_ID, (job_id, pk))
+        return job_id, [damage], None
+    return job_id, [], None
+
+
+def _read_failed(row: Sequence[object]) -> FailedJob:
+    """A failed row as stored, every field checked: what cannot be read is rendered (the raw
+    bytes kept) and named at the end of ``error``."""
+    raw_id, data, error, failed_at, attempts, stalled_count, stalls = row
+    problems: list[str] = []
+    job_id, id_damage = _read_id(raw_id)
+    if id_damage is not None:
+        problems.append(id_damage)
+    if type(error) is not str:
+        problems.append(f"error: {_describe(error)}, not TEXT")
+    at = 0.0
+    if isinstance(failed_at, (int, float)):
+        at = float(failed_at)
+    else:
+        problems.append(f"failed_at: {_describe(failed_at)}, not a time")
+    read = FailedJob(
+        id=job_id if job_id is not None else _as_bytes(raw_id).decode("utf-8", "replace"),
+        data=_read_data(data, problems),
+        error=error if type(error) is str else "",
+        failed_at=at,
+        attempts=_read_int("attempts", attempts, problems, count=True),
+        stalled_count=_read_int("stalled_count", stalled_count, problems, count=True),
+        stalls=_read_stalls(stalls, problems),
+    )
+    # (A job failed as damaged already names its damage in its error.)
+    unnamed = [problem for problem in problems if problem not in read.error]
+    if not unnamed:
+        return read
+    return attrs.evolve(read, error=f"{read.error} [unreadable: {'; '.join(unnamed)}]".lstrip())
 
 
 # -- operations (run in the connection thread, inside the transaction ``call`` opened)
@@ -635,24 +926,23 @@ def _promote_due(db: sqlite3.Connection, queue: str, now: float) -> None:
     due = db.execute(_DUE_DELAYED, (queue, now, PROMOTE_BATCH)).fetchall()
     if due:
         first = _next_seq(db, len(due))
-        db.executemany(_PROMOTE, [(first + i, pk) for i, (pk,) in enumerate(due)])
+        promote = [(first + i, pk) for i, (pk, unreadable) in enumerate(due) if not unreadable]
+        damaged = [(first + i, pk) for i, (pk, unreadable) in enumerate(due) if unreadable]
+        db.executemany(_PROMOTE, promote)
+        if damaged:
+            db.executemany(_PROMOTE_DAMAGED, damaged)
 
 
 def _claim_next(db: sqlite3.Connection, queue: str, worker: str, now: float) -> ClaimedJob | None:
     token = secrets.token_hex(8)
-    rows = db.execute(_CLAIM_NEXT, (token, now, worker, queue)).fetchall()
+    rows = _fetch(db, _CLAIM_NEXT, (token, now, worker, queue))
     if not rows:
         return None
-    ((job_id, data, priority, attempts, stalled_count, stalls),) = rows
-    return ClaimedJob(
-        id=job_id,
-        data=bytes(data),
-        lease=Lease(job_id, token),
-        attempts=attempts,
-        stalled_count=stalled_count,
-        stalls=_stalls(stalls),
-        priority=priority,
-    )
+    ((pk, raw_id, *fields, note),) = rows
+    job_id, problems, report = _readable_id(db, pk, raw_id, now)
+    if job_id is None:
+        return report
+    return _read_job(job_id, token, fields, note, problems)
 
 
 def _op_pop(queue: str, worker: str, db: sqlite3.Connection) -> ClaimedJob | None:
@@ -721,26 +1011,31 @@ def _op_renew(queue: str, leases: Sequence[Lease], db: sqlite3.Connection) -> Re
 
 def _op_recover(queue: str, threshold: float, max_stalled: int, db: sqlite3.Connection) -> Recovery:
     now = time.time()
-    rows = db.execute(_STALLED, (queue, now - threshold)).fetchall()
+    rows = _fetch(db, _STALLED, (queue, now - threshold))
     recovered = 0
     exceeded: list[ClaimedJob] = []
-    for pk, job_id, data, priority, attempts, stalled_count, stalls_text, worker in rows:
-        stalls = (*_stalls(stalls_text), Stall(at=now, worker=worker))
-        stalled_count += 1
+    for pk, raw_id, *fields, worker, claimed_at, note in rows:
+        job_id, problems, report = _readable_id(db, pk, raw_id, now)
+        if job_id is None:
+            assert report is not None
+            exceeded.append(report)
+            continue
+        if not isinstance(claimed_at, (int, float)) or not math.isfinite(claimed_at):
+            problems.append(f"claimed_at: {_describe(claimed_at)}, not a time")
+        if type(worker) is not str:
+            problems.append(f"worker: {_describe(worker)}, not TEXT")
+        token = secrets.token_hex(8)
+        job = _read_job(job_id, token, fields, note, problems)
+        if job.damage is not None:
+            # Re-leased to the sweep, which fails it: its stored fields stay as found.
+            db.execute(_RELEASE_DAMAGED, (token, now, pk))
+            exceeded.append(job)
+            continue
+        stalls = (*job.stalls, Stall(at=now, worker=worker))
+        stalled_count = job.stalled_count + 1
         if stalled_count > max_stalled:
-            token = secrets.token_hex(8)
             db.execute(_RELEASE_POISON, (token, now, stalled_count, _stalls_json(stalls), pk))
-            exceeded.append(
-                ClaimedJob(
-                    id=job_id,
-                    data=bytes(data),
-                    lease=Lease(job_id, token),
-                    attempts=attempts,
-                    stalled_count=stalled_count,
-                    stalls=stalls,
-                    priority=priority,
-                )
-            )
+            exceeded.append(attrs.evolve(job, stalled_count=stalled_count, stalls=stalls))
         else:
             # A reclaimed job keeps its place: it waited its turn once already.
             db.execute(_REQUEUE_STALLED, (stalled_count, _stalls_json(stalls), pk))
@@ -754,19 +1049,18 @@ def _op_size(queue: str, db: sqlite3.Connection) -> int:
 
 
 def _op_failed_jobs(queue: str, limit: int, db: sqlite3.Connection) -> list[FailedJob]:
+    return [_read_failed(row) for row in _fetch(db, _FAILED_JOBS, (queue, limit))]
+
+
+def _op_quarantined(queue: str, limit: int, db: sqlite3.Connection) -> list[QuarantinedEntry]:
     return [
-        FailedJob(
-            id=job_id,
-            data=bytes(data),
-            error=error,
-            failed_at=failed_at,
-            attempts=attempts,
-            stalled_count=stalled_count,
-            stalls=_stalls(stalls),
+        QuarantinedEntry(
+            queue=queue,
+            reason=_as_bytes(reason).decode("utf-8", "replace"),
+            raw=_as_bytes(raw),
+            at=float(at) if isinstance(at, (int, float)) else 0.0,
         )
-        for job_id, data, error, failed_at, attempts, stalled_count, stalls in db.execute(
-            _FAILED_JOBS, (queue, limit)
-        ).fetchall()
+        for reason, raw, at in _fetch(db, _QUARANTINED, (queue, limit))
     ]
 
 
@@ -800,7 +1094,8 @@ class SqliteBroker:
     Ready jobs pop in (priority, sequence) order, the sequence being one counter per file, so
     FIFO within one priority holds across processes. Each pop promotes at most
     :data:`PROMOTE_BATCH` due delayed jobs first. Failed jobs are kept (newest
-    ``failed_retention`` per queue) for :meth:`failed_jobs`.
+    ``failed_retention`` per queue) for :meth:`failed_jobs`; rows whose id could not be read,
+    all of them, for :meth:`quarantined`.
 
     Attributes:
         path: the database file.
@@ -1028,6 +1323,17 @@ class SqliteBroker:
             partial(_op_failed_jobs, queue, limit), write=False
         )
         return jobs
+
+    async def quarantined(self, queue: str, *, limit: int = 100) -> list[QuarantinedEntry]:
+        """The rows of ``queue`` whose id could not be read, moved aside by a pop or a sweep,
+        newest first (see :class:`~durable_trio.adapters.SupportsQuarantine`)."""
+        if limit <= 0:
+            await trio.lowlevel.checkpoint()
+            return []
+        entries: list[QuarantinedEntry] = await self._call(
+            partial(_op_quarantined, queue, limit), write=False
+        )
+        return entries
 
     async def wait_for_work(self, queue: str) -> None:
         """Return when ``queue`` may have work (see the module docstring).
