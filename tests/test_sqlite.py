@@ -255,7 +255,7 @@ async def test_two_processes_push_and_pop_without_losing_or_doubling_a_job(
     async with await SqliteBroker.open(db_path):
         pass  # the schema exists before the race
     count = 300
-    start_at = time.time() + 0.8
+    start_at = time.time() + 2.5  # both past their imports, even on a loaded machine
     outputs: dict[str, bytes] = {}
 
     async def run(name: str) -> None:
