@@ -46,6 +46,7 @@ from ._engine import (
     step_info,
 )
 from ._errors import (
+    AuthenticationError,
     BrokerError,
     BrokerUnavailable,
     ConfigError,
@@ -88,6 +89,7 @@ __all__ = [
     "Adaptive",
     "App",
     "Applied",
+    "AuthenticationError",
     "Backend",
     "BrokerError",
     "BrokerUnavailable",

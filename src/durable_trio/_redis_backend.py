@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 from ._backend import Backend
+from ._redact import redact_url
 from ._redis import open_redis
 from .adapters.redis import RedisBroker
 from .keys.redis import RedisKeyStore
@@ -18,21 +18,7 @@ from .keys.redis import RedisKeyStore
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-__all__ = ["open_redis_backend", "public_url"]
-
-
-def public_url(url: str) -> str:
-    """``url`` without its user name and password (for logs and ``Backend.url``).
-
-    Args:
-        url: a ``redis://`` or ``rediss://`` URL.
-
-    Returns:
-        the same URL with the ``user:password@`` part removed.
-    """
-    parts = urlsplit(url)
-    netloc = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+__all__ = ["open_redis_backend"]
 
 
 @asynccontextmanager
@@ -54,15 +40,20 @@ async def open_redis_backend(
 
     Raises:
         ConfigError: a bad URL or option.
+        AuthenticationError: the server refused the credentials, or the user's ACL denies
+            ``PING`` (raised once: a refusal is not retried).
+        BrokerUnavailable: the server cannot be reached.
     """
-    async with (
-        open_redis(url, pool_size=pool_size) as client,
-        RedisBroker(client, **broker_options) as broker,
-    ):
-        backend = Backend(
-            url=public_url(url), broker=broker, keys=RedisKeyStore(client, tag=key_tag)
-        )
-        try:
-            yield backend
-        finally:
-            await backend.aclose()
+    async with open_redis(url, pool_size=pool_size) as client:
+        # One round trip before anything uses the backend, so a wrong password or an
+        # unreachable server fails the open, once, instead of every loop of every transport
+        # reporting it and backing off (and a worker announcing it serves meanwhile).
+        await client.execute("PING")
+        async with RedisBroker(client, **broker_options) as broker:
+            backend = Backend(
+                url=redact_url(url), broker=broker, keys=RedisKeyStore(client, tag=key_tag)
+            )
+            try:
+                yield backend
+            finally:
+                await backend.aclose()

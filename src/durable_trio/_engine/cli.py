@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from contextlib import AsyncExitStack
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ import trio
 
 from .._backend import open_backend
 from .._errors import ConfigError, DurableTrioError
+from .._redact import redact_url
 from ._app import App
 from ._errors import RunFailed
 from ._open import open_engine
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
 
-__all__ = ["add_engine_commands", "load_app"]
+__all__ = ["add_engine_commands", "load_app", "run_reporting_errors"]
 
 #: The embedded default (as ``durable-trio examples``): a SQLite file under the working folder.
 DEFAULT_BACKEND = "sqlite:///.durable/demo.db"
@@ -72,6 +74,29 @@ def load_app(target: str) -> App:
     return app
 
 
+def run_reporting_errors(main: Callable[[], Awaitable[object]]) -> int:
+    """``trio.run(main)``; an error of this package (a bad URL, refused credentials, an
+    unreachable backend), alone or inside exception groups, is one line on stderr.
+
+    Returns:
+        0, or 2 after such an error (anything else propagates).
+    """
+    failure: DurableTrioError | None = None
+    try:
+        trio.run(main)
+    except* DurableTrioError as group:
+        failure = _first_leaf(group)
+    if failure is None:
+        return 0
+    print(f"error: {failure}", file=sys.stderr)
+    return 2
+
+
+def _first_leaf(group: BaseExceptionGroup[DurableTrioError]) -> DurableTrioError:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
 async def _until_signalled(serve: Callable[[], Awaitable[None]]) -> None:
     """Run ``serve()`` until SIGINT or SIGTERM, then let it close gracefully."""
     async with trio.open_nursery() as nursery:
@@ -103,12 +128,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                 remote = [n for n, w in app.workflows.items() if w.remote and w.fn is not None]
                 print(
                     f"worker: serving {len(app.steps)} step(s) and {len(remote)} remote "
-                    f"workflow(s) of {app.name!r} on {backend.url}"
+                    f"workflow(s) of {app.name!r} on {redact_url(backend.url)}"
                 )
                 await trio.sleep_forever()
 
-    trio.run(_until_signalled, serve)
-    return 0
+    return run_reporting_errors(partial(_until_signalled, serve))
 
 
 def _cmd_engine(args: argparse.Namespace) -> int:
@@ -126,13 +150,12 @@ def _cmd_engine(args: argparse.Namespace) -> int:
                 stats = engine.statistics()
                 role = ", serving tenant pods" if args.serve_tenants else ""
                 print(
-                    f"engine {engine.engine_id}: driving {app.name!r} on {backend.url}{role} "
-                    f"({stats.runs_resumed} run(s) resumed)"
+                    f"engine {engine.engine_id}: driving {app.name!r} on "
+                    f"{redact_url(backend.url)}{role} ({stats.runs_resumed} run(s) resumed)"
                 )
                 await trio.sleep_forever()
 
-    trio.run(_until_signalled, serve)
-    return 0
+    return run_reporting_errors(partial(_until_signalled, serve))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
