@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 import traceback
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -123,13 +125,29 @@ def _failure_modes(port: int) -> dict[str, tuple[str, bool]]:
     }
 
 
+@contextmanager
+def _interrupted_after(seconds: float) -> Iterator[None]:
+    """SIGINT this process after ``seconds`` (what a user's Ctrl-C does), unless done before."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 MODES = list(_failure_modes(1))
 COMMANDS = ["run", "worker", "engine", "health", "examples"]
 
 
 def _argv(command: str, target: str, url: str) -> list[str]:
     if command == "run":
-        return ["run", target, "flow", "--input", "3", "--with-worker", "--backend", url]
+        return ["run", target, "flow", "--with-worker", "--timeout", "5", "--backend", url]
     if command in ("worker", "engine"):
         return [command, target, "--backend", url]
     if command == "health":
@@ -151,7 +169,8 @@ def test_the_cli_never_shows_the_password(
     caplog.set_level(logging.DEBUG)
     url, refused = _failure_modes(acl_server.port)[mode]
     start = time.perf_counter()
-    status = main(_argv(command, app_target, url))
+    with _interrupted_after(5.0):  # a worker that (wrongly) serves is stopped, not waited for
+        status = main(_argv(command, app_target, url))
     elapsed = time.perf_counter() - start
     out, err = capsys.readouterr()
     _assert_secret_free(out, err)
@@ -286,9 +305,7 @@ async def test_credentials_refused_while_running_are_reported_without_the_passwo
         ("redis://:S3cr3t-Pa55@/0", 22, "no host"),
     ],
 )
-def test_url_errors_name_the_position_never_the_text(
-    url: str, position: int, problem: str
-) -> None:
+def test_url_errors_name_the_position_never_the_text(url: str, position: int, problem: str) -> None:
     with pytest.raises(dt.ConfigError) as bad:
         parse_redis_url(url)
     message = str(bad.value)
@@ -351,4 +368,5 @@ def test_the_cli_says_one_line_for_a_sqlite_parent_that_is_a_file(
         assert main(argv) == 2
         _, err = capsys.readouterr()
         (line,) = err.splitlines()
-        assert line.startswith("error: cannot use ") and "a parent of it is a file" in line
+        assert line.startswith("error: cannot use ")
+        assert "a parent of it is a file" in line
