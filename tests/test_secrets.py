@@ -266,7 +266,12 @@ async def test_credentials_refused_while_running_are_reported_without_the_passwo
         async with (
             dt.open_backend(url) as backend,
             dt.open_queue_transport(
-                backend, namespace="secrets-rotated", on_error=on_error, close_timeout=1.0
+                backend,
+                namespace="secrets-rotated",
+                on_error=on_error,
+                close_timeout=1.0,
+                worker_heartbeat_interval=0.2,  # a beat soon after the rotation meets it
+                stalled_check_interval=0.2,
             ) as transport,
         ):
             assert "***" in backend.url
