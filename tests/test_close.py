@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import random
+from typing import TYPE_CHECKING, Any
 
 import hypothesis.strategies as st
+import pytest
 import trio
 import trio.testing
 from hypothesis import given
@@ -12,6 +14,9 @@ from hypothesis import given
 import durable_trio as dt
 from durable_trio.keys.memory import MemoryKeyStore
 from helpers import CountingBroker, Errors, HangingBroker
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def backend_with(broker: Any) -> dt.Backend:
@@ -273,3 +278,33 @@ def test_t24_property_close_ends_at_min_of_done_and_deadline_and_loses_nothing(
         assert all(counted is False for _, counted in broker.handbacks)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_a_cancel_around_the_backend_too_still_hands_back_while_it_is_open(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # Real backends, wall clock (no sweep, so a ready job afterwards is the handback's).
+    if kind == "redis":
+        url = str(request.getfixturevalue("redis_url"))
+    else:
+        url = "sqlite:///" + str(tmp_path / "close.db")
+    namespace = f"outer{random.randrange(1 << 30)}"
+    sleeper = Sleeper()
+    errors = Errors()
+    with trio.move_on_after(10) as outer:
+        async with dt.open_backend(url) as backend:
+            async with dt.open_queue_transport(
+                backend, namespace=namespace, stalled_check_interval=0, on_error=errors
+            ) as transport:
+                transport.handle("job", sleeper)
+                await transport.dispatch(task("job", 1, 60))
+                await sleeper.started.wait()
+                outer.cancel()  # the backend's own tasks are inside this scope too
+                await trio.sleep_forever()
+    assert outer.cancelled_caught
+    assert errors.messages() == []
+    async with dt.open_backend(url) as backend:
+        again = await backend.broker.pop_from(transport.task_queue("job"))
+    assert again is not None
+    assert (again.attempts, again.stalled_count) == (0, 0)

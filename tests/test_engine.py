@@ -531,6 +531,37 @@ async def test_an_engine_restarted_under_its_id_takes_its_runs_back_at_once(
             assert await again.result("l") == 1.0
 
 
+async def test_a_cancel_around_open_engine_still_releases_its_runs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app, runs = shop()
+
+    @app.workflow("later")
+    async def later(ctx: WorkflowContext, _: Any) -> float:
+        await ctx.sleep(10)
+        await ctx.step("double", 1)
+        return trio.current_time()
+
+    async with dt.open_backend("memory://") as backend:
+        async with open_worker(app, backend):
+            # The cancel reaches the run's driver as well as the body: the run it held must
+            # still be released, not left owned by this engine until its 30 s lease lapses.
+            with trio.move_on_after(4) as outer:
+                async with open_engine(app, backend, engine_id="gone") as first:
+                    await first.start("later", run_id="l")
+                    await trio.sleep_forever()
+            assert outer.cancelled_caught
+            assert trio.current_time() == 4.0
+            record = await first.get("l")
+            assert (record.status, record.owner) == (RunStatus.PENDING, None)
+            async with open_engine(app, backend, engine_id="heir") as second:
+                # taken over on entry, at t=4 (not at t=30 when the lease would have lapsed)
+                assert (second.statistics().runs_resumed, trio.current_time()) == (1, 4.0)
+                assert (await second.get("l")).owner == "heir"
+                assert await second.result("l") == 10.0
+    assert runs == {"l:2": 1}
+
+
 async def test_reconcile_redispatches_an_attempt_whose_dispatch_was_never_confirmed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

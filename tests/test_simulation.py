@@ -150,6 +150,31 @@ def test_the_seeds_that_found_defects_hold_every_invariant(
     assert report.runs_completed == runs
 
 
+#: Damaged claims on top of the chaos: one pop in twenty hands over a claim its broker could not
+#: read (what a damaged Redis entry or SQLite row becomes).
+DAMAGED = attrs.evolve(CHAOS, broker=attrs.evolve(CHAOS.broker, damage_probability=0.05))
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
+def test_damaged_claims_are_set_aside_and_every_run_still_completes(remote: bool) -> None:
+    """A damaged claim is never run and is kept in the failed set (invariant 4); its step is
+    answered with a retryable failure and tried again, so every run completes with the right
+    output; no loop dies of it."""
+    report = Simulation(
+        remote_app if remote else app,
+        workload,
+        seed=31,
+        runs=200,
+        duration=3600,
+        faults=DAMAGED,
+        expected_output=expected,
+    ).run_sync()
+    assert report.violations == ()
+    assert report.runs_completed == 200
+    assert report.faults["damage"] >= 20, report.faults
+    assert report.errors_reported["DamagedJob"] >= report.faults["damage"] // 2
+
+
 #: The same workload with the workflow's code on the workers (a remote workflow, T14-T16): the
 #: engine holds only the history, the workers serve the turns and run ``ctx.run`` locally.
 remote_app = sample_app("sim-remote", remote=True)

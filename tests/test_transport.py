@@ -472,6 +472,8 @@ async def test_bad_input_a_kind_that_does_not_belong(
     await trio.sleep(1)
     assert "does not belong on a task queue" in str(_only_error(bad_world))
     assert [f.id for f in await bad_world.failed()] == ["bad-1"]
+    # A result sent to the wrong queue is set aside; the run it names is not failed for it.
+    assert bad_world.results == []
 
 
 async def test_bad_input_oversized_job_on_a_queue_is_failed_unparsed(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ._adaptive import Adaptive
 from ._backend import Backend, open_backend
-from ._codec import json_schema
+from ._codec import MAX_JSON_DEPTH, json_schema
 from ._engine import (
     App,
     Applied,
@@ -60,6 +60,7 @@ from ._errors import (
 )
 from ._liveness import GroupHealth, LiveWorker, WorkerDescriptor
 from ._options import TransportOptions
+from ._signals import SignalClose, close_on_signals
 from ._transport import QueueTransport, TransportStatistics, open_queue_transport
 from ._wire import (
     ControlMessage,
@@ -86,6 +87,7 @@ from ._wire import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "Adaptive",
     "App",
     "Applied",
@@ -125,6 +127,7 @@ __all__ = [
     "RunStatus",
     "RunStore",
     "RunView",
+    "SignalClose",
     "StartRunMessage",
     "StepDefinition",
     "StepError",
@@ -153,6 +156,7 @@ __all__ = [
     "WorkflowDecision",
     "WorkflowDefinition",
     "WorkflowTask",
+    "close_on_signals",
     "json_schema",
     "open_backend",
     "open_engine",

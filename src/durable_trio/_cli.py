@@ -114,8 +114,8 @@ def _cmd_health(args: argparse.Namespace) -> int:
     from ._engine.cli import run_reporting_errors
     from ._health_view import run_health
 
-    try:
-        return run_reporting_errors(
+    def run() -> int:
+        trio.run(
             lambda: run_health(
                 _backend_url(args.backend),
                 args.namespace,
@@ -125,6 +125,10 @@ def _cmd_health(args: argparse.Namespace) -> int:
                 prometheus=args.prometheus,
             )
         )
+        return 0
+
+    try:
+        return run_reporting_errors(run)
     except KeyboardInterrupt:
         return 130
 

@@ -5,7 +5,11 @@
 - optional fields (default ``None``) are omitted when unset; unknown keys are tolerated, so a newer
   peer may add fields without breaking an older one;
 - scalars are strict: ``"5"`` is not an int, ``1.9`` is not an int, ``true`` is not an int (cattrs
-  coerces silently by default) — and the error names the field (``$.attempt``).
+  coerces silently by default) — and the error names the field (``$.attempt``);
+- the JSON values a message carries (inputs, outputs, history, details, ...) are checked, not
+  converted: cattrs hands them through untouched, and one iterative walk
+  (:mod:`durable_trio._json_values`) refuses NaN, non-JSON types and anything nested deeper than
+  :data:`MAX_JSON_DEPTH`, naming the path (``$.output.a[3]``), before ``orjson`` writes them.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import orjson
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from ._errors import PayloadError, PayloadTooLarge
+from ._json_values import MAX_JSON_DEPTH, is_json, json_error, read_within
 from ._wire import (
     ControlMessage,
     DecisionStatus,
@@ -49,6 +54,7 @@ if typing.TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
+    "MAX_JSON_DEPTH",
     "MESSAGE_TYPES",
     "PAYLOAD_TYPES",
     "converter",
@@ -140,6 +146,15 @@ def _any(value: Any, _: type) -> Any:
     return value
 
 
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def _carries_json(tp: Any) -> bool:
+    """A field typed ``JSONValue`` or ``tuple[JSONValue, ...]``."""
+    return tp is Any or (typing.get_origin(tp) is tuple and typing.get_args(tp)[0] is Any)
+
+
 def _is_json_tuple(cls: Any) -> bool:
     return typing.get_origin(cls) is tuple
 
@@ -192,8 +207,15 @@ def _build_converter(*, detailed: bool = True) -> cattrs.Converter:
         return structure
 
     def unstructure_factory(cls: type[Any]) -> Callable[[Any], Any]:
+        hints = typing.get_type_hints(cls)
         overrides: dict[str, Any] = {
-            f.name: override(rename=camel(f.name), omit_if_default=f.default is None)
+            f.name: override(
+                rename=camel(f.name),
+                omit_if_default=f.default is None,
+                # A JSON value is handed through as it is: cattrs would copy it recursively
+                # (and hit the recursion limit on a deep one); the field walk checks it instead.
+                unstruct_hook=_as_is if _carries_json(hints[f.name]) else None,
+            )
             for f in attrs.fields(cls)
         }
         return make_dict_unstructure_fn(cls, conv, **overrides)
@@ -210,10 +232,92 @@ converter = _build_converter()
 _fast = _build_converter(detailed=False)
 
 
+#: The fields that carry a value of a user's own (an input, an output, an error's details): they
+#: obey :data:`MAX_JSON_DEPTH` exactly, as the engine's checkpoints do.
+_VALUE_FIELDS = frozenset({"input", "output", "details"})
+#: The protocol's other JSON fields (``history``, ``commands``, ``data``, ``value``) wrap such
+#: values in records of their own (a history entry, a reply's run view, a list of those): a few
+#: levels more, so a value that was accepted once still fits wherever it is carried later.
+_WRAPPING_DEPTH = 8
+
+#: Per message type, its JSON fields: (wire name, deepest nesting allowed, the fields of a
+#: nested message field such as ``error``, else ``None``).
+_JsonFields = tuple[tuple[str, int, "_JsonFields | None"], ...]
+
+
+def _json_fields(cls: type[Any]) -> _JsonFields:
+    hints = typing.get_type_hints(cls)
+    out: list[tuple[str, int, _JsonFields | None]] = []
+    for field in attrs.fields(cls):
+        tp = hints[field.name]
+        if _carries_json(tp):
+            depth = MAX_JSON_DEPTH
+            if field.name not in _VALUE_FIELDS:
+                depth += _WRAPPING_DEPTH
+            out.append((camel(field.name), depth, None))
+            continue
+        nested = [a for a in typing.get_args(tp) if attrs.has(a)]
+        if attrs.has(tp):
+            nested = [tp]
+        if nested and (inner := _json_fields(nested[0])):
+            out.append((camel(field.name), 0, inner))
+    return tuple(out)
+
+
+_JSON_FIELDS: dict[type[Any], _JsonFields] = {cls: _json_fields(cls) for cls in MESSAGE_TYPES}
+#: The deepest a wire message's JSON may nest below its payload: what the fields allow, plus the
+#: message objects around them (the payload, an ``error``).
+_MESSAGE_DEPTH = MAX_JSON_DEPTH + _WRAPPING_DEPTH + 2
+
+
+def _offender(
+    wire: Any,
+    fields: _JsonFields,
+    fits: Callable[[Any, int], bool] = is_json,
+    prefix: str = "$",
+) -> tuple[Any, str, int] | None:
+    """The first JSON field of ``wire`` (a message as plain data) whose value ``fits`` refuses
+    at its depth limit: (the value, its path, the limit); ``None`` when all fit."""
+    for name, max_depth, nested in fields:
+        value = wire.get(name)
+        if value is None:
+            continue
+        if nested is not None:
+            if type(value) is dict:
+                found = _offender(value, nested, fits, f"{prefix}.{name}")
+                if found is not None:
+                    return found
+        elif not fits(value, max_depth):
+            return value, f"{prefix}.{name}", max_depth
+    return None
+
+
+def _refusal(what: str, offender: tuple[Any, str, int]) -> PayloadError:
+    value, where, max_depth = offender
+    return json_error(value, what, where, max_depth) or PayloadError(
+        f"{what} is not JSON-serialisable at {where}", path=where
+    )
+
+
+def _explained(what: str, wire: Any, fields: _JsonFields | None) -> PayloadError | None:
+    """Which JSON field holds what orjson refused although the walk passed it (a string with a
+    lone surrogate): the slow walk, field by field; ``None`` when it is none of them."""
+    if fields is None:
+        return json_error(wire, what, "$", _MESSAGE_DEPTH)
+    found = _offender(wire, fields, lambda value, depth: json_error(value, "", "$", depth) is None)
+    return _refusal(what, found) if found is not None else None
+
+
+#: Past this size a job almost always holds more brackets than MAX_JSON_DEPTH, so counting them
+#: would only add a pass: its depth is measured straight away.
+_COUNT_BELOW = 16 * 1024
+
 _KINDS = {kind.value: kind for kind in JobKind}
 #: The hot path's structure hooks, looked up once per kind rather than once per job.
 _FAST_STRUCTURE = {kind: _fast.get_structure_hook(cls) for kind, cls in PAYLOAD_TYPES.items()}
 _UNSTRUCTURE = {cls: converter.get_unstructure_hook(cls) for cls in PAYLOAD_TYPES.values()}
+#: How an encoding error names what it refused (built once: the hot path formats no string).
+_WHAT = {kind: f"{kind.value} payload" for kind in JobKind}
 
 
 def _format_exception(exc: BaseException, _type: Any) -> str:
@@ -246,8 +350,14 @@ def from_wire(data: Any, cls: type[T]) -> T:
     """Build a ``cls`` from plain JSON data.
 
     Raises:
-        PayloadError: the data does not fit ``cls``; the message names the field.
+        PayloadError: the data does not fit ``cls``, or one of its JSON fields nests too deep;
+            the message names the field.
     """
+    fields = _JSON_FIELDS.get(cls)
+    if fields and type(data) is dict:
+        offender = _offender(data, fields)
+        if offender is not None:
+            raise _refusal(f"bad {cls.__name__}", offender)
     try:
         return _fast.structure(data, cls)
     except Exception:
@@ -258,16 +368,58 @@ def from_wire(data: Any, cls: type[T]) -> T:
         raise _payload_error(exc, cls.__name__) from exc
 
 
+def _fields_of(cls: type[Any]) -> _JsonFields | None:
+    """The JSON fields of a message class (``None``: not a message but plain data)."""
+    fields = _JSON_FIELDS.get(cls)
+    if fields is None and attrs.has(cls):
+        fields = _json_fields(cls)
+    return fields
+
+
+def _wire_of(message: Any, what: str) -> Any:
+    """``message`` as plain data, its JSON fields checked (see :func:`encode_envelope`)."""
+    fields = _fields_of(type(message))
+    if fields is None:  # plain data: handed through as it is, never unstructured (recursion)
+        if not is_json(message, _MESSAGE_DEPTH):
+            raise _refusal(what, (message, "$", _MESSAGE_DEPTH))
+        return message
+    unstructure = _UNSTRUCTURE.get(type(message))
+    try:
+        wire = unstructure(message) if unstructure is not None else to_wire(message)
+    except Exception as exc:
+        # A value whose own code raises when it is looked at (cattrs compares each optional
+        # field with its default): refused like any other value that is not JSON.
+        raise PayloadError(f"{what} is not JSON-serialisable: {exc!r}") from exc
+    if fields:
+        offender = _offender(wire, fields)
+        if offender is not None:
+            raise _refusal(what, offender)
+    return wire
+
+
+def _dumps(body: Any, wire: Any, message: Any, what: str) -> bytes:
+    try:
+        return orjson.dumps(body)
+    except TypeError as exc:
+        error = _explained(what, wire, _fields_of(type(message)))
+        raise error or PayloadError(f"{what} is not JSON-serialisable: {exc}") from exc
+
+
 def dumps(message: Any) -> bytes:
-    """Encode one message (or plain JSON data) to JSON bytes."""
-    return orjson.dumps(converter.unstructure(message))
+    """Encode one message (or plain JSON data) to JSON bytes.
+
+    Raises:
+        PayloadError: it holds something that is not a JSON value (see :func:`encode_envelope`).
+    """
+    wire = _wire_of(message, "the message")
+    return _dumps(wire, wire, message, "the message")
 
 
 def loads(data: bytes | str, cls: type[T]) -> T:
     """Decode JSON bytes into a ``cls``.
 
     Raises:
-        PayloadError: not JSON, or JSON of the wrong shape.
+        PayloadError: not JSON, JSON of the wrong shape, or nested too deep.
     """
     try:
         raw = orjson.loads(data)
@@ -285,19 +437,23 @@ def encode_envelope(
 ) -> bytes:
     """Encode a job envelope ``{id, kind, payload, priority?}``.
 
+    The payload's JSON fields are checked first, in one iterative walk: an ``input``, an
+    ``output`` or an error's ``details`` nests at most :data:`MAX_JSON_DEPTH` levels, the
+    protocol's wrapping fields (``history``, ``commands``, ``data``, ``value``) a few more; NaN,
+    the infinities, non-string keys and values of other types are refused, never written as
+    ``null`` or converted.
+
     Raises:
         PayloadTooLarge: the encoded job is over ``max_bytes``.
-        PayloadError: the payload is not JSON-serialisable.
+        PayloadError: the payload is not JSON-serialisable; ``path`` names where
+            (``$.output.a[3]``).
     """
-    unstructure = _UNSTRUCTURE.get(type(payload))
-    wire = unstructure(payload) if unstructure is not None else to_wire(payload)
+    what = _WHAT[kind]
+    wire = _wire_of(payload, what)
     body: dict[str, Any] = {"id": job_id, "kind": kind.value, "payload": wire}
     if priority is not None:
         body["priority"] = priority
-    try:
-        data = orjson.dumps(body)
-    except TypeError as exc:
-        raise PayloadError(f"{kind.value} payload is not JSON-serialisable: {exc}") from exc
+    data = _dumps(body, wire, payload, what)
     if len(data) > max_bytes:
         raise PayloadTooLarge(
             f"{kind.value} payload is {len(data)} bytes, over max_payload_bytes={max_bytes}"
@@ -310,7 +466,8 @@ def decode_envelope(data: bytes, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) 
 
     Raises:
         PayloadTooLarge: over ``max_bytes`` (not parsed at all).
-        PayloadError: not JSON, the wrong shape, or an unknown kind.
+        PayloadError: not JSON, the wrong shape, an unknown kind, or a JSON field nested deeper
+            than :func:`encode_envelope` writes.
     """
     if len(data) > max_bytes:
         raise PayloadTooLarge(f"job is {len(data)} bytes, over max_payload_bytes={max_bytes}")
@@ -331,6 +488,18 @@ def decode_envelope(data: bytes, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) 
     if priority is not None and type(priority) is not int:
         raise PayloadError("job priority is not an integer", path="$.priority")
     data_payload = raw.get("payload")
+    # JSON text holds no NaN, no foreign type and no non-string key, so only depth can be wrong
+    # (orjson reads 1,024 levels). A value cannot nest deeper than the job has brackets, open and
+    # closed: most jobs are too short to need even the count, and a long one is measured at once.
+    size = len(data)
+    if (
+        size > 2 * MAX_JSON_DEPTH
+        and type(data_payload) is dict
+        and (size > _COUNT_BELOW or data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH)
+    ):
+        offender = _offender(data_payload, _JSON_FIELDS[PAYLOAD_TYPES[kind]], read_within)
+        if offender is not None:
+            raise _refusal(f"{kind.value} job", offender)
     try:
         payload = _FAST_STRUCTURE[kind](data_payload, PAYLOAD_TYPES[kind])
     except Exception:

@@ -9,9 +9,11 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+import trio
+
 from ._backend import Backend
 from ._redact import redact_url
-from ._redis import open_redis
+from ._redis import RedisClient, open_redis
 from .adapters.redis import RedisBroker
 from .keys.redis import RedisKeyStore
 
@@ -44,16 +46,61 @@ async def open_redis_backend(
             ``PING`` (raised once: a refusal is not retried).
         BrokerUnavailable: the server cannot be reached.
     """
-    async with open_redis(url, pool_size=pool_size) as client:
-        # One round trip before anything uses the backend, so a wrong password or an
-        # unreachable server fails the open, once, instead of every loop of every transport
-        # reporting it and backing off (and a worker announcing it serves meanwhile).
-        await client.execute("PING")
-        async with RedisBroker(client, **broker_options) as broker:
+    # The client's and the broker's tasks (connection readers and writers, the doorbell) run in
+    # a task of their own under a shield that only leaving this block lifts: a cancel around the
+    # block stops the body at once, yet a transport closing inside it still hands its claims
+    # back over live connections, and the backend closes last, as the nesting says.
+    # What the opening or the body raises leaves bare, not wrapped in the nursery's group.
+    error: BaseException | None = None
+    async with trio.open_nursery() as services:
+        try:
+            backend, client, lift = await services.start(
+                _serve, url, key_tag, pool_size, broker_options
+            )
+        except BaseException as exc:
+            error = exc
+        else:
+            try:
+                # One round trip before anything uses the backend (outside the shield, so a
+                # cancel stops it), so a wrong password or an unreachable server fails the
+                # open, once, instead of every loop of every transport reporting it and
+                # backing off (and a worker announcing it serves meanwhile).
+                await client.execute("PING")
+                yield backend
+            except BaseException as exc:
+                error = exc
+            finally:
+                try:
+                    await backend.aclose()  # shielded and bounded
+                finally:
+                    lift.cancel()
+    if error is not None:
+        raise error
+
+
+async def _serve(
+    url: str,
+    key_tag: str,
+    pool_size: int,
+    broker_options: dict[str, Any],
+    *,
+    task_status: trio.TaskStatus[
+        tuple[Backend, RedisClient, trio.CancelScope]
+    ] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Hold the client and the broker open until the returned scope is cancelled.
+
+    Cancellation:
+        Shielded until :func:`open_redis_backend` cancels the scope on its way out, which it
+        always does (in a ``finally``): the shield is bounded by the block around it.
+    """
+    with trio.CancelScope(shield=True) as lift:
+        async with (
+            open_redis(url, pool_size=pool_size) as client,
+            RedisBroker(client, **broker_options) as broker,
+        ):
             backend = Backend(
                 url=redact_url(url), broker=broker, keys=RedisKeyStore(client, tag=key_tag)
             )
-            try:
-                yield backend
-            finally:
-                await backend.aclose()
+            task_status.started((backend, client, lift))
+            await trio.sleep_forever()

@@ -382,7 +382,8 @@ class TransportBase:
 
         Raises:
             PayloadTooLarge: the encoded task is over ``max_payload_bytes``.
-            PayloadError: its input is not JSON-serialisable.
+            PayloadError: its input is not a JSON value (NaN, a set, nested deeper than
+                ``MAX_JSON_DEPTH``, ...); ``path`` names where.
             BrokerError: the broker did not take it.
             TransportClosed: the transport is closed.
         """

@@ -217,7 +217,8 @@ class WorkflowContext:
 
         Raises:
             StepFailed: (when awaited) the step failed for good; catch it to compensate.
-            PayloadError: ``input`` is not JSON-serialisable.
+            PayloadError: ``input`` is not a JSON value (NaN, a set, nested deeper than
+                ``MAX_JSON_DEPTH``, ...); ``path`` names where.
         """
         step_id = self._next_id()
         value = normalize_json(input, f"the input of step {name!r}")

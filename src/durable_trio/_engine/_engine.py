@@ -17,6 +17,7 @@ counted (:meth:`Engine.statistics`).
 
 from __future__ import annotations
 
+import math
 import random
 import uuid
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -126,6 +127,9 @@ class Engine:
         self._runs: trio.Nursery | None = None
         self._loops: trio.Nursery | None = None
         self._closing = False
+        self._unreleased: set[str] = set()
+        """Runs whose driver stopped unsettled without this engine asking it to (a cancel from
+        outside ``open_engine``): still owned here, so ``aclose`` releases them."""
         self._spawned = trio.Event()
         """Set (and replaced) whenever a driver starts: wakes ``result`` pollers."""
         self._listeners: list[Callable[[str, RunRecord], None]] = []
@@ -232,8 +236,20 @@ class Engine:
         return final
 
     def _forget(self, driver: RunDriver | RemoteRunDriver) -> None:
-        if self._drivers.get(driver.run.run_id) is driver:
-            del self._drivers[driver.run.run_id]
+        run_id = driver.run.run_id
+        if self._drivers.get(run_id) is driver:
+            del self._drivers[run_id]
+            # A cancel from around open_engine reaches the drivers before (or while) aclose
+            # runs: what aclose must release is kept here, not lost with the driver. Not a
+            # driver this engine stopped itself (a lost lease, a cancelled run, aclose: its run
+            # is owned elsewhere, settled, or on aclose's list), nor one that ended without a
+            # cancel (its run settled elsewhere): only those still under a cancel from outside.
+            if (
+                driver.final is None
+                and not driver.scope.cancel_called
+                and trio.current_effective_deadline() == -math.inf
+            ):
+                self._unreleased.add(run_id)
 
     async def _dispatch(self, record: StepRecord, delay: float) -> None:
         """Send ``record``'s current attempt to the workers, then record that it landed.
@@ -453,7 +469,8 @@ class Engine:
         with trio.CancelScope(shield=True):
             if self._loops is not None:
                 self._loops.cancel_scope.cancel()
-            in_flight = list(self._drivers)
+            in_flight = [*self._drivers, *self._unreleased]
+            self._unreleased.clear()
             for driver in list(self._drivers.values()):
                 driver.scope.cancel()
             if self._runs is not None:
@@ -544,7 +561,8 @@ class Engine:
         Raises:
             UnknownWorkflow: the app does not register ``workflow``.
             EngineError: ``run_id`` exists as a run of another workflow.
-            PayloadError: ``input`` is not JSON-serialisable.
+            PayloadError: ``input`` is not a JSON value (NaN, a set, nested deeper than
+                ``MAX_JSON_DEPTH``, ...); ``path`` names where.
             EngineClosed: the engine is closed.
         """
         if self._closing:

@@ -13,6 +13,7 @@ import attrs
 import orjson
 
 from .._errors import PayloadError
+from .._json_values import check_json, json_error
 from .._wire import JSONValue, StepError
 
 __all__ = [
@@ -150,16 +151,19 @@ def step_position(step_id: str) -> int:
 
 
 def normalize_json(value: Any, what: str = "value") -> JSONValue:
-    """``value`` as it reads back from a store (tuples become lists, ...), so a live run and its
+    """``value`` as it reads back from a store (tuples become lists), so a live run and its
     replay see exactly the same values.
 
     Raises:
-        PayloadError: ``value`` is not JSON-serialisable.
+        PayloadError: ``value`` is not a JSON value (NaN, a set, a datetime, nested deeper than
+            ``MAX_JSON_DEPTH``, ...); ``path`` names where (``$.a[3]``).
     """
+    check_json(value, what)
     try:
         return orjson.loads(orjson.dumps(value))
-    except (TypeError, orjson.JSONEncodeError) as exc:
-        raise PayloadError(f"{what} is not JSON-serialisable: {exc}") from None
+    except TypeError as exc:  # what the walk leaves to orjson: a string with a lone surrogate
+        error = json_error(value, what) or PayloadError(f"{what} is not JSON-serialisable: {exc}")
+        raise error from None
 
 
 def error_to_json(error: StepError) -> dict[str, Any]:

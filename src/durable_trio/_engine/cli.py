@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import uuid
 from contextlib import AsyncExitStack
 from functools import partial
 from pathlib import Path
@@ -23,6 +24,7 @@ import trio
 from .._backend import open_backend
 from .._errors import ConfigError, DurableTrioError
 from .._redact import redact_url
+from .._signals import close_on_signals
 from ._app import App
 from ._errors import RunFailed
 from ._open import open_engine
@@ -74,20 +76,18 @@ def load_app(target: str) -> App:
     return app
 
 
-def run_reporting_errors(main: Callable[[], Awaitable[object]]) -> int:
-    """``trio.run(main)``; an error of this package (a bad URL, refused credentials, an
-    unreachable backend), alone or inside exception groups, is one line on stderr.
+def run_reporting_errors(run: Callable[[], int]) -> int:
+    """``run()`` (a command's ``trio.run``); an error of this package (a bad URL, refused
+    credentials, an unreachable backend), alone or inside exception groups, is one line on
+    stderr instead of a traceback.
 
     Returns:
-        0, or 2 after such an error (anything else propagates).
+        what ``run`` returns, or 2 after such an error (anything else propagates).
     """
-    failure: DurableTrioError | None = None
     try:
-        trio.run(main)
+        return run()
     except* DurableTrioError as group:
         failure = _first_leaf(group)
-    if failure is None:
-        return 0
     print(f"error: {failure}", file=sys.stderr)
     return 2
 
@@ -97,20 +97,17 @@ def _first_leaf(group: BaseExceptionGroup[DurableTrioError]) -> DurableTrioError
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
-async def _until_signalled(serve: Callable[[], Awaitable[None]]) -> None:
-    """Run ``serve()`` until SIGINT or SIGTERM, then let it close gracefully."""
-    async with trio.open_nursery() as nursery:
+def _announce(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
-        async def watch() -> None:
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for signum in signals:
-                    print(f"{signal.Signals(signum).name}: closing", file=sys.stderr)
-                    nursery.cancel_scope.cancel()
-                    return
 
-        nursery.start_soon(watch)
-        await serve()
-        nursery.cancel_scope.cancel()
+def _interrupted(serve: Callable[[], Awaitable[int]]) -> int:
+    """``trio.run(serve)``; a Ctrl-C outside :func:`close_on_signals` (opening or closing the
+    backend) is exit status 130 without a traceback."""
+    try:
+        return trio.run(serve)
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
 
 
 def _transport_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -120,8 +117,11 @@ def _transport_options(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_worker(args: argparse.Namespace) -> int:
     app = load_app(args.target)
 
-    async def serve() -> None:
-        async with open_backend(args.backend) as backend:
+    async def serve() -> int:
+        async with (
+            open_backend(args.backend) as backend,
+            close_on_signals(announce=_announce) as stop,
+        ):
             async with open_worker(
                 app, backend, concurrency=args.concurrency, **_transport_options(args)
             ):
@@ -130,16 +130,20 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                     f"worker: serving {len(app.steps)} step(s) and {len(remote)} remote "
                     f"workflow(s) of {app.name!r} on {redact_url(backend.url)}"
                 )
-                await trio.sleep_forever()
+                await stop.wait()
+        return stop.exit_status
 
-    return run_reporting_errors(partial(_until_signalled, serve))
+    return run_reporting_errors(partial(_interrupted, serve))
 
 
 def _cmd_engine(args: argparse.Namespace) -> int:
     app = load_app(args.target)
 
-    async def serve() -> None:
-        async with open_backend(args.backend) as backend:
+    async def serve() -> int:
+        async with (
+            open_backend(args.backend) as backend,
+            close_on_signals(announce=_announce) as stop,
+        ):
             async with open_engine(
                 app,
                 backend,
@@ -153,9 +157,10 @@ def _cmd_engine(args: argparse.Namespace) -> int:
                     f"engine {engine.engine_id}: driving {app.name!r} on "
                     f"{redact_url(backend.url)}{role} ({stats.runs_resumed} run(s) resumed)"
                 )
-                await trio.sleep_forever()
+                await stop.wait()
+        return stop.exit_status
 
-    return run_reporting_errors(partial(_until_signalled, serve))
+    return run_reporting_errors(partial(_interrupted, serve))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -165,27 +170,35 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as exc:
         print(f"--input is not JSON: {exc}", file=sys.stderr)
         return 2
-    outcome: dict[str, Any] = {}
+    # Known before the run starts, so an interrupted command can always name it.
+    outcome: dict[str, Any] = {"run_id": args.run_id or uuid.uuid4().hex}
 
-    async def drive() -> None:
-        async with open_backend(args.backend) as backend, AsyncExitStack() as stack:
+    async def drive() -> int:
+        async with (
+            open_backend(args.backend) as backend,
+            close_on_signals(announce=_announce) as stop,
+            AsyncExitStack() as stack,
+        ):
             options = _transport_options(args)
             if args.with_worker:
                 await stack.enter_async_context(open_worker(app, backend, **options))
             engine = await stack.enter_async_context(
                 open_engine(app, backend, reconcile=False, **options)
             )
-            run_id = await engine.start(
-                args.workflow, value, run_id=args.run_id, detach=args.detach
-            )
-            outcome["run_id"] = run_id
-            if args.detach:
-                return
-            with trio.fail_after(args.timeout):
-                outcome["output"] = await engine.result(run_id)
+            # Only the body stops on a signal: leaving the blocks then releases the run (and
+            # hands the steps back) while the backend is still open.
+            with stop.body():
+                run_id = await engine.start(
+                    args.workflow, value, run_id=outcome["run_id"], detach=args.detach
+                )
+                if args.detach:
+                    return 0
+                with trio.fail_after(args.timeout):
+                    outcome["output"] = await engine.result(run_id)
+        return 0 if stop.signum is None or "output" in outcome else 128 + stop.signum
 
     try:
-        trio.run(drive)
+        status = _interrupted(drive)
     except RunFailed as exc:
         print(json.dumps({"runId": exc.run_id, "status": "failed", "error": exc.error}))
         return 1
@@ -195,6 +208,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except DurableTrioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if status:  # interrupted: say which run, so it can be found (an engine drives it on)
+        print(json.dumps({"runId": outcome["run_id"], "status": "interrupted"}))
+        return status
     if args.detach:
         print(json.dumps({"runId": outcome["run_id"], "status": "pending"}))
     else:

@@ -20,7 +20,11 @@ What each fault models:
 - **kill**: every call raises at once, forever (the process is gone; nothing it does reaches
   the broker any more);
 - **key-store write failure**: a ``put``/``put_many``/``remove`` raises (before reaching the
-  store).
+  store);
+- **damaged claim**: a claim a pop hands over comes flagged as damaged
+  (:attr:`~durable_trio.adapters.ClaimedJob.damage`), as a broker hands over an entry whose
+  stored fields it could not read: the transport must set it aside unread, and its run must
+  still complete (the step is answered with a retryable failure and tried again).
 
 Fault injection is the one kind of test double this project uses: everything behind it is the
 real broker and the real key store.
@@ -77,6 +81,8 @@ class BrokerFaults:
     """A call is performed but its reply is lost (the call raises)."""
     key_write_failure_probability: float = 0.0
     """A key-store write (put, put_many, remove) fails (raises, nothing written)."""
+    damage_probability: float = 0.0
+    """A claim a pop hands over comes flagged as damaged (its stored fields unreadable)."""
 
     @property
     def quiet(self) -> bool:
@@ -85,6 +91,7 @@ class BrokerFaults:
             or self.drop_probability
             or self.lost_reply_probability
             or self.key_write_failure_probability
+            or self.damage_probability
         )
 
 
@@ -193,12 +200,30 @@ class Injector:
         p = self.faults.lost_reply_probability
         return bool(p) and self.rng.random() < p
 
+    def damage(self, op: str, queue: str, jobs: list[ClaimedJob]) -> list[ClaimedJob]:
+        """``jobs`` as the pop hands them over: each flagged as damaged with
+        ``damage_probability`` (drawn only when it is set, so other seeds replay unchanged)."""
+        p = self.faults.damage_probability
+        if not p:
+            return jobs
+        out = []
+        for job in jobs:
+            if self.rng.random() < p:
+                details: dict[str, Any] = {"op": op, "queue": queue, "job": job.id}
+                task = _task_keys([job])
+                if task:
+                    details["task"] = task[0]
+                self.note("damage", **details)
+                job = attrs.evolve(job, damage=f"injected: {self.name} read it damaged")
+            out.append(job)
+        return out
+
     def fail_key_write(self) -> bool:
         p = self.faults.key_write_failure_probability
         return bool(p) and self.rng.random() < p
 
 
-def _task_keys(jobs: Sequence[Job]) -> list[list[Any]]:
+def _task_keys(jobs: Sequence[Job | ClaimedJob]) -> list[list[Any]]:
     """The ``[run, step, attempt]`` of the step tasks among ``jobs`` (what a duplicate push of
     them will run twice)."""
     keys = []
@@ -260,7 +285,9 @@ class FaultyBroker:
         result: ClaimedJob | None = await self._call(
             "pop_from", functools.partial(self.inner.pop_from, queue, worker=worker)
         )
-        return result
+        if result is None:
+            return None
+        return self.injector.damage("pop_from", queue, [result])[0]
 
     async def complete_job(self, lease: Lease, queue: str) -> bool:
         call = functools.partial(self.inner.complete_job, lease, queue)
@@ -291,7 +318,7 @@ class _BatchPop(FaultyBroker):
         result: list[ClaimedJob] = await self._call(
             "pop_many", functools.partial(self.inner.pop_many, queue, count, worker=worker)
         )
-        return result
+        return self.injector.damage("pop_many", queue, result)
 
 
 class _BatchFinalize(FaultyBroker):

@@ -387,6 +387,8 @@ class Simulation:
         self._executions: dict[tuple[str, str, int], list[_Execution]] = {}
         self._fault_windows: dict[str, list[tuple[float, float]]] = {}
         self._duplicate_pushes: Counter[tuple[str, str, int]] = Counter()
+        self._damaged: list[tuple[str, float, dict[str, Any]]] = []
+        self._set_aside: set[tuple[str, str]] = set()
         self._fault_counts: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
         self._violations: list[str] = []
@@ -455,6 +457,8 @@ class Simulation:
                 # A late renewal (or any call late by half the stalled threshold) can cost
                 # the process its claims.
                 self._fault_windows.setdefault(process, []).append((now, now + details["seconds"]))
+            elif kind == "damage":
+                self._damaged.append((process, now, details))
             for run_id, step_id, attempt in details.get("tasks", ()):
                 self._duplicate_pushes[(run_id, step_id, attempt)] += 1
 
@@ -546,6 +550,10 @@ class Simulation:
                 await done.wait()
             for run_id in self._inputs:
                 self._store_steps[run_id] = await self._store.get_steps(run_id)
+            for queue in sorted({details["queue"] for _, _, details in self._damaged}):
+                for failed in await self._broker.failed_jobs(queue, limit=1_000_000):
+                    if failed.error.startswith("damaged: "):
+                        self._set_aside.add((queue, failed.id))
             # keep the key checks scheduled by the last closes (the nursery waits for them)
         self._end = self._now()
         self._event("end")
@@ -554,7 +562,11 @@ class Simulation:
         """Engine ``index``, and after each kill its replacement (same ``engine_id``: it takes
         the runs over at start), until the simulation stops it."""
         seed = self.seed
-        engine_faults = self.faults.engine_broker or self.faults.broker
+        # Damaged claims strike the workers only, unless asked for the engine explicitly: a
+        # result set aside unread leaves its run waiting for it (docs/testing.md).
+        engine_faults = self.faults.engine_broker or attrs.evolve(
+            self.faults.broker, damage_probability=0.0
+        )
         several = self.engine_count > 1
         engine_id = f"engine{index}" if several else "engine"
         generation = 0
@@ -922,6 +934,21 @@ class Simulation:
                         + ")"
                     )
                 causes.append(after)
+
+        # 6. a damaged claim is set aside unread: never run, kept in the failed set (unless
+        # its worker met a fault before it could fail it: then the claim came back by lease
+        # expiry, undamaged, and ran as any redelivery does)
+        cleanup = float(self.transport_options["cleanup_timeout"])
+        for process, at, details in self._damaged:
+            task = details.get("task")
+            if task is not None and any(
+                e.worker == process and e.start == at for e in self._executions.get(tuple(task), ())
+            ):
+                self._violation(f"a damaged claim ran: {details} on {process} at {at:.3f}")
+            if (details["queue"], details["job"]) not in self._set_aside and not self._faulted(
+                process, at, at + 2 * cleanup
+            ):
+                self._violation(f"a damaged claim was not set aside: {details} on {process}")
 
     def _report(self, wall: float) -> SimulationReport:
         self._check()
