@@ -12,9 +12,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 import traceback
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -28,7 +31,6 @@ from durable_trio._redis import RedisAuthError, parse_redis_url
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-    from pathlib import Path
 
     from _redis_server import RedisServer
 
@@ -192,6 +194,30 @@ def test_the_cli_never_shows_the_password(
     if mode.startswith("unescaped") and not refused:
         assert "character " in shown
         assert "percent-encoded" in shown
+
+
+@pytest.mark.chaos
+def test_the_installed_command_refuses_a_wrong_password_in_one_line(
+    acl_server: RedisServer, app_target: str
+) -> None:
+    """The real ``durable-trio worker`` process: one line, status 2, no traceback, at once."""
+    command = Path(sys.executable).with_name("durable-trio")
+    url = f"redis://:{PASSWORD}@127.0.0.1:{acl_server.port}/0"
+    start = time.monotonic()
+    done = subprocess.run(
+        [str(command), "worker", app_target, "--backend", url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert time.monotonic() - start < 10  # the interpreter's start included: not a retry loop
+    assert done.returncode == 2
+    _assert_secret_free(done.stdout, done.stderr)
+    assert done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("error: Redis at 127.0.0.1:")
+    assert "refused the credentials" in line
 
 
 def test_examples_run_with_a_password_shows_it_masked(
