@@ -118,7 +118,8 @@ def _host_part(url: str) -> tuple[int, int, int]:
     """Where the host part (``netloc``) starts and ends, and where its host begins (after the
     last ``@`` in it), as :func:`urllib.parse.urlsplit` would cut it."""
     start = url.index("://") + 3
-    end = min((i for i in map(url.find, "/?#", [start] * 3) if i >= 0), default=len(url))
+    ends = [i for i in (url.find(mark, start) for mark in "/?#") if i >= 0]
+    end = min(ends, default=len(url))
     at = url.rfind("@", start, end)
     return start, end, start if at < 0 else at + 1
 
