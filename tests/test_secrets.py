@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import durable_trio as dt
 from _redis_server import _free_port
@@ -401,3 +403,24 @@ def test_the_cli_says_one_line_for_a_sqlite_parent_that_is_a_file(
         (line,) = err.splitlines()
         assert line.startswith("error: cannot use ")
         assert "a parent of it is a file" in line
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    middle=st.text(alphabet="@:/?#%&=[] +xyz09", max_size=12),
+    user=st.sampled_from(["", "app"]),
+    tail=st.sampled_from(["", ":6379", ":6379/0", "/0?client_name=w", "/x"]),
+)
+def test_no_password_survives_redaction_or_parsing(middle: str, user: str, tail: str) -> None:
+    """Any password, escaped or not, in any URL: neither its shown form nor a parse error holds
+    its beginning or its end."""
+    password = f"Q7x{middle}Z9w"
+    url = f"redis://{user}:{password}@127.0.0.1{tail}"
+    shown = [redact_url(url)]
+    try:
+        shown.append(repr(parse_redis_url(url)))
+    except dt.ConfigError as exc:
+        shown.extend(_texts(exc))
+    for text in shown:
+        assert "Q7x" not in text
+        assert "Z9w" not in text
