@@ -8,6 +8,7 @@ the same engine id. The run completes, and every step ran exactly once.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -84,10 +85,14 @@ async def engine_process(
     )
 
 
-def _engine_command(
-    url: str, namespace: str, engine_id: str, run_id: str, start: bool
-) -> list[str]:
-    return [sys.executable, __file__, "engine", url, namespace, engine_id, run_id, str(int(start))]
+def _engine_command(namespace: str, engine_id: str, run_id: str, start: bool) -> list[str]:
+    # The backend URL goes through the environment, not the command line: it may hold a
+    # password, and a command line is visible to every user (ps) and quoted in errors.
+    return [sys.executable, __file__, "engine", namespace, engine_id, run_id, str(int(start))]
+
+
+def _engine_env(url: str) -> dict[str, str]:
+    return {**os.environ, "DURABLE_TRIO_BACKEND": url}
 
 
 # ---------------------------------------------------------------------------- the demo
@@ -109,7 +114,8 @@ async def main(backend_url: str) -> None:
         async with open_worker(app, backend, namespace=namespace, concurrency=4):
             # 1. An engine process starts the run.
             first = await trio.lowlevel.open_process(
-                _engine_command(backend_url, namespace, engine_id, run_id, True),
+                _engine_command(namespace, engine_id, run_id, True),
+                env=_engine_env(backend_url),
                 stdout=subprocess.DEVNULL,
             )
             with trio.fail_after(30):
@@ -131,7 +137,8 @@ async def main(backend_url: str) -> None:
             # 3. Started again under the same engine id: it takes the run back and finishes it.
             with trio.fail_after(60):
                 second = await trio.run_process(
-                    _engine_command(backend_url, namespace, engine_id, run_id, False),
+                    _engine_command(namespace, engine_id, run_id, False),
+                    env=_engine_env(backend_url),
                     capture_stdout=True,
                 )
             report = json.loads(second.stdout.decode().strip().splitlines()[-1])
@@ -149,7 +156,8 @@ async def main(backend_url: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["engine"]:
-        url, namespace, engine_id, run_id, start = sys.argv[2:7]
+        namespace, engine_id, run_id, start = sys.argv[2:6]
+        url = os.environ["DURABLE_TRIO_BACKEND"]
         trio.run(engine_process, url, namespace, engine_id, run_id, start == "1")
     else:
         trio.run(main, sys.argv[1] if len(sys.argv) > 1 else "sqlite:///.durable/demo.db")

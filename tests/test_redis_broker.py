@@ -16,8 +16,9 @@ import pytest
 import trio
 
 from durable_trio._errors import BrokerError, BrokerUnavailable
+from durable_trio._redact import redact_url
 from durable_trio._redis import open_redis
-from durable_trio._redis_backend import open_redis_backend, public_url
+from durable_trio._redis_backend import open_redis_backend
 from durable_trio.adapters import ClaimedJob, Job, SupportsBatchPop
 from durable_trio.adapters.redis import MAX_PRIORITY, MIN_PRIORITY, PROMOTE_BATCH, RedisBroker
 from durable_trio.keys.redis import RedisKeyStore
@@ -570,9 +571,9 @@ async def test_open_redis_backend_opens_broker_and_key_store_together(
         ]
         await backend.aclose()
         await backend.aclose()
-    assert public_url("redis://user:s3cret@host:1234/2") == "redis://host:1234/2"
-    assert public_url("rediss://:pw@host/0?ssl_cert_reqs=none") == (
-        "rediss://host/0?ssl_cert_reqs=none"
+    assert redact_url("redis://user:s3cret@host:1234/2") == "redis://***@host:1234/2"
+    assert redact_url("rediss://:pw@host/0?ssl_cert_reqs=none") == (
+        "rediss://***@host/0?ssl_cert_reqs=none"
     )
 
 

@@ -46,6 +46,7 @@ from ._engine import (
     step_info,
 )
 from ._errors import (
+    AuthenticationError,
     BrokerError,
     BrokerUnavailable,
     ConfigError,
@@ -90,6 +91,7 @@ __all__ = [
     "Adaptive",
     "App",
     "Applied",
+    "AuthenticationError",
     "Backend",
     "BrokerError",
     "BrokerUnavailable",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, cast
 import trio
 
 from . import __version__
+from ._redact import redact_url
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -60,10 +61,8 @@ def _summary(path: Path) -> str:
 
 
 def _backend_url(url: str | None) -> str:
-    url = url or os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
-    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    return url
+    # (open_backend makes a SQLite file's folder, or says clearly why it cannot)
+    return url or os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
 
 
 def _run_example(name: str, path: Path, backend: str) -> bool:
@@ -102,19 +101,20 @@ def _cmd_examples(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown example(s): {', '.join(unknown)}; see `durable-trio examples list`")
         return 2
-    print(f"Running {len(chosen)} example(s) on {backend}\n")
+    print(f"Running {len(chosen)} example(s) on {redact_url(backend)}\n")
     failed = [name for name, path in chosen.items() if not _run_example(name, path, backend)]
     if failed:
         print(f"{len(failed)} of {len(chosen)} example(s) failed: {', '.join(failed)}")
         return 1
-    print(f"All {len(chosen)} example(s) passed on {backend}.")
+    print(f"All {len(chosen)} example(s) passed on {redact_url(backend)}.")
     return 0
 
 
 def _cmd_health(args: argparse.Namespace) -> int:
+    from ._engine.cli import run_reporting_errors
     from ._health_view import run_health
 
-    try:
+    def run() -> int:
         trio.run(
             lambda: run_health(
                 _backend_url(args.backend),
@@ -125,9 +125,12 @@ def _cmd_health(args: argparse.Namespace) -> int:
                 prometheus=args.prometheus,
             )
         )
+        return 0
+
+    try:
+        return run_reporting_errors(run)
     except KeyboardInterrupt:
         return 130
-    return 0
 
 
 def _parser() -> argparse.ArgumentParser:

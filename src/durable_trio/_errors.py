@@ -7,6 +7,7 @@ these at their edge, so a caller never has to know which backend it runs on.
 from __future__ import annotations
 
 __all__ = [
+    "AuthenticationError",
     "BrokerError",
     "BrokerUnavailable",
     "ConfigError",
@@ -26,6 +27,15 @@ class DurableTrioError(Exception):
 
 class ConfigError(DurableTrioError, ValueError):
     """An option or URL that cannot work (a negative timeout, an unknown backend scheme)."""
+
+
+class AuthenticationError(ConfigError):
+    """The backend refused the credentials: a wrong user name or password, a disabled user, or
+    an ACL that denies the commands needed (Redis ``WRONGPASS``, ``NOAUTH``, ``NOPERM``).
+
+    Final: :func:`~durable_trio.open_backend` raises it once, without retrying (waiting would
+    not fix the URL). Its message names the server and the refusal, never the credentials.
+    """
 
 
 class PayloadError(DurableTrioError, ValueError):

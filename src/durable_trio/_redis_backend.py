@@ -8,33 +8,19 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 import trio
 
 from ._backend import Backend
-from ._redis import open_redis
+from ._redact import redact_url
+from ._redis import RedisClient, open_redis
 from .adapters.redis import RedisBroker
 from .keys.redis import RedisKeyStore
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-__all__ = ["open_redis_backend", "public_url"]
-
-
-def public_url(url: str) -> str:
-    """``url`` without its user name and password (for logs and ``Backend.url``).
-
-    Args:
-        url: a ``redis://`` or ``rediss://`` URL.
-
-    Returns:
-        the same URL with the ``user:password@`` part removed.
-    """
-    parts = urlsplit(url)
-    netloc = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+__all__ = ["open_redis_backend"]
 
 
 @asynccontextmanager
@@ -56,6 +42,9 @@ async def open_redis_backend(
 
     Raises:
         ConfigError: a bad URL or option.
+        AuthenticationError: the server refused the credentials, or the user's ACL denies
+            ``PING`` (raised once: a refusal is not retried).
+        BrokerUnavailable: the server cannot be reached.
     """
     # The client's and the broker's tasks (connection readers and writers, the doorbell) run in
     # a task of their own under a shield that only leaving this block lifts: a cancel around the
@@ -65,11 +54,18 @@ async def open_redis_backend(
     error: BaseException | None = None
     async with trio.open_nursery() as services:
         try:
-            backend, lift = await services.start(_serve, url, key_tag, pool_size, broker_options)
+            backend, client, lift = await services.start(
+                _serve, url, key_tag, pool_size, broker_options
+            )
         except BaseException as exc:
             error = exc
         else:
             try:
+                # One round trip before anything uses the backend (outside the shield, so a
+                # cancel stops it), so a wrong password or an unreachable server fails the
+                # open, once, instead of every loop of every transport reporting it and
+                # backing off (and a worker announcing it serves meanwhile).
+                await client.execute("PING")
                 yield backend
             except BaseException as exc:
                 error = exc
@@ -88,7 +84,9 @@ async def _serve(
     pool_size: int,
     broker_options: dict[str, Any],
     *,
-    task_status: trio.TaskStatus[tuple[Backend, trio.CancelScope]] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[
+        tuple[Backend, RedisClient, trio.CancelScope]
+    ] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Hold the client and the broker open until the returned scope is cancelled.
 
@@ -102,7 +100,7 @@ async def _serve(
             RedisBroker(client, **broker_options) as broker,
         ):
             backend = Backend(
-                url=public_url(url), broker=broker, keys=RedisKeyStore(client, tag=key_tag)
+                url=redact_url(url), broker=broker, keys=RedisKeyStore(client, tag=key_tag)
             )
-            task_status.started((backend, lift))
+            task_status.started((backend, client, lift))
             await trio.sleep_forever()

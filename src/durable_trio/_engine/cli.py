@@ -15,6 +15,7 @@ import signal
 import sys
 import uuid
 from contextlib import AsyncExitStack
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ import trio
 
 from .._backend import open_backend
 from .._errors import ConfigError, DurableTrioError
+from .._redact import redact_url
 from .._signals import close_on_signals
 from ._app import App
 from ._errors import RunFailed
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
 
-__all__ = ["add_engine_commands", "load_app"]
+__all__ = ["add_engine_commands", "load_app", "run_reporting_errors"]
 
 #: The embedded default (as ``durable-trio examples``): a SQLite file under the working folder.
 DEFAULT_BACKEND = "sqlite:///.durable/demo.db"
@@ -74,6 +76,27 @@ def load_app(target: str) -> App:
     return app
 
 
+def run_reporting_errors(run: Callable[[], int]) -> int:
+    """``run()`` (a command's ``trio.run``); an error of this package (a bad URL, refused
+    credentials, an unreachable backend), alone or inside exception groups, is one line on
+    stderr instead of a traceback.
+
+    Returns:
+        what ``run`` returns, or 2 after such an error (anything else propagates).
+    """
+    try:
+        return run()
+    except* DurableTrioError as group:
+        failure = _first_leaf(group)
+    print(f"error: {failure}", file=sys.stderr)
+    return 2
+
+
+def _first_leaf(group: BaseExceptionGroup[DurableTrioError]) -> DurableTrioError:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
 def _announce(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -105,12 +128,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                 remote = [n for n, w in app.workflows.items() if w.remote and w.fn is not None]
                 print(
                     f"worker: serving {len(app.steps)} step(s) and {len(remote)} remote "
-                    f"workflow(s) of {app.name!r} on {backend.url}"
+                    f"workflow(s) of {app.name!r} on {redact_url(backend.url)}"
                 )
                 await stop.wait()
         return stop.exit_status
 
-    return _interrupted(serve)
+    return run_reporting_errors(partial(_interrupted, serve))
 
 
 def _cmd_engine(args: argparse.Namespace) -> int:
@@ -131,13 +154,13 @@ def _cmd_engine(args: argparse.Namespace) -> int:
                 stats = engine.statistics()
                 role = ", serving tenant pods" if args.serve_tenants else ""
                 print(
-                    f"engine {engine.engine_id}: driving {app.name!r} on {backend.url}{role} "
-                    f"({stats.runs_resumed} run(s) resumed)"
+                    f"engine {engine.engine_id}: driving {app.name!r} on "
+                    f"{redact_url(backend.url)}{role} ({stats.runs_resumed} run(s) resumed)"
                 )
                 await stop.wait()
         return stop.exit_status
 
-    return _interrupted(serve)
+    return run_reporting_errors(partial(_interrupted, serve))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

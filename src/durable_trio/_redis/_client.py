@@ -29,6 +29,7 @@ import trio
 
 from .._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
 from ._connection import Connection, RedisArg, connect
+from ._errors import RedisAuthError
 from ._pubsub import Subscription
 from ._script import Script
 from ._url import RedisURL, parse_redis_url
@@ -125,6 +126,7 @@ class RedisClient:
         self._failures = 0
         self._retry_at = 0.0
         self._last_error = ""
+        self._refusal: RedisAuthError | None = None  # the last connect failed on credentials
         self._scripts: dict[str, bytes] = {}
         self._stack: AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
@@ -198,6 +200,8 @@ class RedisClient:
             the reply: ``bytes``, ``int``, ``None``, or a ``list`` of those.
 
         Raises:
+            RedisAuthError: the credentials or the ACL were refused (also while backing off
+                after such a refusal: never reported as unavailable).
             RedisReplyError: an error reply.
             RedisCommandTimeout: no reply in time (that connection is discarded).
             BrokerUnavailable: Redis cannot be reached (or is being reconnected to after a
@@ -364,6 +368,12 @@ class RedisClient:
             if best is not None:
                 return best
             if self._backing_off():
+                if self._refusal is not None:
+                    # Refused credentials stay an authentication error while backing off,
+                    # never "unavailable" (waiting alone would not fix them).
+                    refused = RedisAuthError(self._refusal.reply, address=self._url.address)
+                    refused.index = self._refusal.index
+                    raise refused
                 wait = self._retry_at - trio.current_time()
                 raise BrokerUnavailable(
                     f"Redis at {self._url.address} is unavailable ({self._last_error}); "
@@ -380,8 +390,10 @@ class RedisClient:
             delay = min(self._backoff_max, self._backoff_initial * growth)
             self._retry_at = trio.current_time() + delay * random.uniform(0.5, 1.0)
             self._last_error = str(exc)
+            self._refusal = exc if isinstance(exc, RedisAuthError) else None
             raise
         self._failures = 0
+        self._refusal = None
         self._conns.append(conn)
         return conn
 

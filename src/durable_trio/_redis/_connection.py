@@ -33,7 +33,7 @@ import hiredis
 import trio
 
 from .._errors import BrokerUnavailable, DurableTrioError, TransportClosed
-from ._errors import RedisCommandTimeout, RedisReplyError, raisable
+from ._errors import RedisAuthError, RedisCommandTimeout, RedisReplyError, raisable
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -223,7 +223,7 @@ class Connection:
                 retry = self._eval_instead(args)
                 if retry is not None:
                     return await self.execute(*retry, reply_timeout=reply_timeout)
-            raise raisable(reply)
+            raise raisable(reply, self._url.address)
         return reply
 
     async def pipeline(
@@ -282,7 +282,7 @@ class Connection:
             for index, reply in enumerate(replies):
                 if isinstance(reply, RedisReplyError):
                     reply.index = index
-                    raise raisable(reply)
+                    raise raisable(reply, self._url.address)
         return replies
 
     def close(self) -> None:
@@ -509,7 +509,9 @@ async def connect(
 
     Raises:
         BrokerUnavailable: could not connect (refused, unreachable, timed out, TLS failure).
-        RedisReplyError: the handshake was refused (``WRONGPASS``, a bad database number).
+        RedisAuthError: the credentials were refused (``WRONGPASS``, any error reply to
+            ``AUTH``) or the user may not run the handshake (``NOPERM``).
+        RedisReplyError: another refusal of the handshake (a bad database number).
         TransportClosed: the nursery no longer takes new tasks (the client is closing).
         ConfigError: the TLS settings cannot work (an unreadable CA file).
     """
@@ -530,8 +532,22 @@ async def connect(
     handshake = url.handshake()
     if handshake:
         try:
-            await conn.pipeline(handshake, reply_timeout=connect_timeout)
+            replies = await conn.pipeline(
+                handshake, raise_on_error=False, reply_timeout=connect_timeout
+            )
         except BaseException:
             conn.close()
             raise
+        for index, reply in enumerate(replies):
+            if isinstance(reply, RedisReplyError):
+                conn.close()
+                # Whatever the server says to AUTH, the credentials will not do (servers
+                # before 6.0 answer a wrong password with a plain -ERR).
+                error = (
+                    RedisAuthError(reply.reply, address=url.address)
+                    if handshake[index][0] == "AUTH"
+                    else raisable(reply, url.address)
+                )
+                error.index = index
+                raise error
     return conn

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
-from .._errors import BrokerError, BrokerUnavailable
+from .._errors import AuthenticationError, BrokerError, BrokerUnavailable
 
-__all__ = ["RedisBusyReply", "RedisCommandTimeout", "RedisReplyError", "raisable"]
+__all__ = [
+    "RedisAuthError",
+    "RedisBusyReply",
+    "RedisCommandTimeout",
+    "RedisReplyError",
+    "is_auth_refusal",
+    "raisable",
+]
 
 #: Replies that mean "not now" rather than "wrong": the server is loading its data, running a
 #: busy script, failing over. Raised as :class:`RedisBusyReply` (a BrokerUnavailable too).
 TRANSIENT_CODES = frozenset({"LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN"})
+
+#: Replies that mean "these credentials will not do": a wrong password or user (``WRONGPASS``),
+#: none given where one is needed (``NOAUTH``), an ACL that denies the command (``NOPERM``).
+#: Raised as :class:`RedisAuthError`. Servers before 6.0 answer a wrong password with
+#: ``-ERR invalid password``: see :func:`is_auth_refusal`.
+AUTH_CODES = frozenset({"WRONGPASS", "NOAUTH", "NOPERM"})
 
 
 class RedisReplyError(BrokerError):
@@ -46,10 +59,65 @@ class RedisBusyReply(RedisReplyError, BrokerUnavailable):
     transient, so callers treat it like an unreachable server."""
 
 
-def raisable(reply: RedisReplyError) -> RedisReplyError:
-    """The exception to raise for ``reply``: a :class:`RedisBusyReply` for a transient one."""
-    if reply.code in TRANSIENT_CODES and not isinstance(reply, RedisBusyReply):
+class RedisAuthError(RedisReplyError, AuthenticationError):
+    """Redis refused the credentials or the user's ACL denied a command (``WRONGPASS``,
+    ``NOAUTH``, ``NOPERM``, ``-ERR invalid password``, any error reply to ``AUTH``).
+
+    An :class:`~durable_trio.AuthenticationError`, so opening a backend fails with it once,
+    without retrying. It is a :class:`RedisReplyError` too: when it happens later (a password
+    rotated while the process runs), the loops that report broker failures and back off treat it
+    like any other, instead of ending the process.
+
+    Attributes:
+        address: ``host:port`` of the server that refused (never the credentials).
+    """
+
+    def __init__(self, reply: str, *, address: str = "") -> None:
+        super().__init__(reply)
+        self.address = address
+        # The message says what to fix; the reply text is the server's (Redis never echoes the
+        # password given to AUTH in it).
+        where = f"Redis at {address}" if address else "Redis"
+        self.args = (
+            f"{where} refused the credentials of the backend URL: {reply} "
+            "(check its user name and password, percent-encoded, and the user's ACL)",
+        )
+
+
+def is_auth_refusal(reply: RedisReplyError) -> bool:
+    """Whether ``reply`` says the credentials (or the ACL) will not do.
+
+    Args:
+        reply: an error reply.
+
+    Returns:
+        true for ``WRONGPASS`` / ``NOAUTH`` / ``NOPERM`` and the older servers' ``-ERR invalid
+        password``.
+    """
+    return reply.code in AUTH_CODES or (
+        reply.code == "ERR" and "invalid password" in reply.reply.lower()
+    )
+
+
+def raisable(reply: RedisReplyError, address: str = "") -> RedisReplyError:
+    """The exception to raise for ``reply``: a :class:`RedisBusyReply` for a transient one, a
+    :class:`RedisAuthError` for a refusal of the credentials (see :func:`is_auth_refusal`).
+
+    Args:
+        reply: the error reply.
+        address: ``host:port`` of the server, for the message of an authentication error.
+
+    Returns:
+        the exception (``reply`` itself when it needs no other type).
+    """
+    if isinstance(reply, RedisBusyReply | RedisAuthError):
+        return reply
+    if reply.code in TRANSIENT_CODES:
         busy = RedisBusyReply(reply.reply)
         busy.index = reply.index
         return busy
+    if is_auth_refusal(reply):
+        refused = RedisAuthError(reply.reply, address=address)
+        refused.index = reply.index
+        return refused
     return reply

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import ssl
 from typing import Literal
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 import attrs
 
 from .._errors import ConfigError
+from .._redact import url_scheme
 
 __all__ = ["RedisURL", "parse_redis_url"]
 
@@ -98,12 +99,80 @@ class RedisURL:
         return context
 
 
+#: Why a URL with a special character in its password goes wrong, and the fix.
+_ENCODE_HINT = (
+    "a user name or password holding @ : / ? # % or a space must be percent-encoded: "
+    "%40 %3A %2F %3F %23 %25 %20"
+)
+
+
+def _fault(index: int, problem: str, *, hint: bool = False) -> ConfigError:
+    """A parse error that names the position of the fault (1-based), never the text there: the
+    text near a fault in the host part is often a piece of the password, and a URL cut short by
+    a stray ``#`` in its password has no ``@`` left to tell where the password ends."""
+    message = f"invalid Redis URL: character {index + 1}: {problem}"
+    return ConfigError(f"{message} ({_ENCODE_HINT})" if hint else message)
+
+
+def _host_part(url: str) -> tuple[int, int, int]:
+    """Where the host part (``netloc``) starts and ends, and where its host begins (after the
+    last ``@`` in it), as :func:`urllib.parse.urlsplit` would cut it."""
+    start = url.index("://") + 3
+    ends = [i for i in (url.find(mark, start) for mark in "/?#") if i >= 0]
+    end = min(ends, default=len(url))
+    at = url.rfind("@", start, end)
+    return start, end, start if at < 0 else at + 1
+
+
+def _port_index(url: str, host: int, end: int) -> int:
+    """Where the port of the host part starts (what ``urlsplit(...).port`` parses)."""
+    close = url.find("]", host, end) if "[" in url[host:end] else host - 1
+    colon = url.find(":", close + 1, end)
+    return end if colon < 0 else colon + 1
+
+
+def _unparsable(url: str, host: int, end: int) -> ConfigError:
+    """The error for a host part that ``urlsplit`` refused: where, and what is wrong there."""
+    port_at = _port_index(url, host, end)
+    digits = url[port_at:end]
+    if "[" in url[host:end] or "]" in url[host:end] or port_at == end:
+        return _fault(host, "the host cannot be parsed", hint=True)
+    if digits.isascii() and digits.isdigit():
+        return _fault(port_at, "the port is out of range 0-65535")
+    return _fault(port_at, "the port is not a number", hint=True)
+
+
+def _options(url: str, end: int) -> dict[str, str]:
+    """The query options, each checked where it is (its position named if it is unknown)."""
+    query_at = url.find("?", end)
+    if query_at < 0:
+        return {}
+    stop = url.find("#", query_at)
+    stop = len(url) if stop < 0 else stop
+    options: dict[str, str] = {}
+    index = query_at + 1
+    for piece in url[query_at + 1 : stop].split("&"):
+        key, _, value = piece.partition("=")
+        if piece:
+            key = unquote_plus(key)
+            if key not in _QUERY_KEYS:
+                known = ", ".join(sorted(_QUERY_KEYS))
+                raise _fault(index, f"an unknown option (known: {known})")
+            options[key] = unquote_plus(value)
+        index += len(piece) + 1
+    return options
+
+
 def parse_redis_url(url: str) -> RedisURL:
     """Parse ``redis[s]://[[user]:password@]host[:port][/db][?option=value&...]``.
 
-    User name and password are percent-decoded. Options: ``client_name``, ``ssl_cert_reqs``
-    (``none`` / ``optional`` / ``required``) and ``ssl_ca_certs`` (a file path); the ``ssl_``
-    options need ``rediss://``. Anything else is refused, so a typo cannot pass silently.
+    User name and password are percent-decoded (they must be percent-encoded where they hold
+    ``@ : / ? # %``). Options: ``client_name``, ``ssl_cert_reqs`` (``none`` / ``optional`` /
+    ``required``) and ``ssl_ca_certs`` (a file path); the ``ssl_`` options need ``rediss://``.
+    Anything else is refused, so a typo cannot pass silently.
+
+    Error handling: a message names the position of the fault ("character 17: the port is not
+    a number"), never the text there nor the URL.
 
     Args:
         url: the URL.
@@ -114,37 +183,43 @@ def parse_redis_url(url: str) -> RedisURL:
     Raises:
         ConfigError: the URL is not one of the above.
     """
+    scheme = url_scheme(url)
+    if scheme not in ("redis", "rediss"):
+        shown = f", not {scheme}://" if scheme else ""
+        raise ConfigError(f"a Redis URL starts with redis:// or rediss://{shown}")
+    start, end, host = _host_part(url)
+    if url.rfind("@") >= end:
+        # An '@' after the host part: a '/', '?' or '#' in the password ended it early.
+        raise _fault(end, "the host part ends here, before the last '@'", hint=True)
     try:
         parts = urlsplit(url)
         port = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"invalid Redis URL: {exc}") from exc
-    if parts.scheme not in ("redis", "rediss"):
-        raise ConfigError(f"a Redis URL starts with redis:// or rediss://, not {parts.scheme!r}")
+    except ValueError:
+        # urllib's message quotes the host part (the password with it). Raised below, outside
+        # this block: ``from None`` would hide it from tracebacks but keep it as __context__.
+        unparsable = True
+    else:
+        unparsable = False
+    if unparsable:
+        raise _unparsable(url, host, end)
     if not parts.hostname:
-        raise ConfigError("a Redis URL needs a host")
+        raise _fault(host, "no host", hint=host > start)
     path = parts.path.strip("/")
     if not path:
         db = 0
-    elif path.isdigit():
+    elif path.isascii() and path.isdigit():
         db = int(path)
     else:
-        raise ConfigError(f"the Redis URL path is a database number, not {parts.path!r}")
+        raise _fault(end + 1, "the path is a database number (like /0)")
     username = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password is not None else None
     if username and password is None:
-        raise ConfigError("a Redis URL with a user name needs a password (user:password@)")
-    query: dict[str, str] = {}
-    for key, value in parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False):
-        if key not in _QUERY_KEYS:
-            raise ConfigError(f"unknown Redis URL option {key!r} (known: {sorted(_QUERY_KEYS)})")
-        query[key] = value
-    tls = parts.scheme == "rediss"
+        raise _fault(start, "a user name needs a password (user:password@)")
+    query = _options(url, end)
+    tls = scheme == "rediss"
     cert_reqs = _CERT_REQS_NAMES.get(query.get("ssl_cert_reqs", "required").lower())
     if cert_reqs is None:
-        raise ConfigError(
-            f"ssl_cert_reqs must be none, optional or required, not {query['ssl_cert_reqs']!r}"
-        )
+        raise ConfigError("ssl_cert_reqs must be none, optional or required")
     if not tls and ("ssl_cert_reqs" in query or "ssl_ca_certs" in query):
         raise ConfigError("ssl_* options need a rediss:// URL")
     return RedisURL(
