@@ -23,7 +23,14 @@ Key layout:
     ``{Q}:claims``          hash    ``n`` -> ``%016d(seq) .. worker`` of the current claim:
                                     the place it had in ``ready``, and who holds it
     ``{Q}:failed``          list    failed jobs, newest first, trimmed to ``failed_retention``
+                                    (a job with damaged meta too: kept raw, see the scripts)
+    ``{Q}:quarantine``      list    stored entries that name no readable job (a member of
+                                    ``ready``, ``delayed`` or ``active`` without a job or
+                                    meta, a replaced stall history), each with what was found,
+                                    the reason and the server time; newest first, trimmed to
+                                    ``quarantine_retention``
     ``{Q}:armed``           string  set by a pop that found nothing: someone may be waiting
+    ``{Q}:claimed``         string  set by a claim, cleared by a sweep that leaves none
     ======================  ======  ==========================================================
 
     ``n`` is the job's internal id (the ``seq`` value of its push), so two pushes never collide
@@ -72,6 +79,15 @@ Wake-up (:meth:`RedisBroker.wait_for_work`):
     every queue's waiters are rung once it is back (they re-check). An idle broker therefore
     costs about ``2 / safety_poll_interval`` commands a second (one MGET, one PING), none of
     them a script, whatever the number of queues: 0.07/s at the default 30 s.
+
+Damaged data:
+    Whatever is stored, no call raises for it and nothing is dropped (see the scripts'
+    conventions): a claim with an unreadable field is handed over flagged
+    (:attr:`~durable_trio.adapters.ClaimedJob.damage`, failed unread by the transport, kept raw
+    in ``failed``); an entry that names no readable job goes to ``quarantine``; a key of the
+    wrong type fails its script before any write (a :class:`~durable_trio.BrokerError`). Run
+    Redis with ``maxmemory-policy noeviction``: entering the broker warns otherwise
+    (:class:`EvictionPolicyWarning`).
 
 Errors:
     The client raises the project's own errors: :class:`~durable_trio.BrokerUnavailable` when
@@ -830,13 +846,13 @@ def _failed(record: bytes) -> FailedJob:
         )
     job_id, readable = _text(rest[:a])
     notes = [] if readable else [f"job id is not UTF-8: {job_id}"]
+    # (In full: the record is the only place a person can read what was stored.)
     stalls = _stalls(rest[b:c])
     if stalls is None:
-        notes.append(f"stall history unreadable: {_show(rest[b:c])}")
+        notes.append(f"stored stall history: {rest[b:c]!r}")
         stalls = ()
     if match[7] is not None:
-        meta = rest[c:d]
-        notes.append("no stored meta" if match[7] == b"-1" else f"stored meta: {_show(meta)}")
+        notes.append("no stored meta" if match[7] == b"-1" else f"stored meta: {rest[c:d]!r}")
     error = rest[a:b].decode(errors="replace")
     return FailedJob(
         id=job_id,
