@@ -870,9 +870,7 @@ def _quarantined(queue: str, record: bytes) -> QuarantinedEntry:
     head, _, rest = record.partition(b"\n")
     match = _QUARANTINE_HEAD.fullmatch(head)
     if match is None or int(match[2]) > len(rest):
-        return QuarantinedEntry(
-            queue=queue, reason="damaged quarantine record", raw=record, at=0.0
-        )
+        return QuarantinedEntry(queue=queue, reason="damaged quarantine record", raw=record, at=0.0)
     length = int(match[2])
     return QuarantinedEntry(
         queue=queue,
