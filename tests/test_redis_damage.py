@@ -200,6 +200,29 @@ async def test_a_pop_of_only_damaged_members_reports_them_once(redis_url: str) -
         assert (await q.census())["quarantine"] == 1
 
 
+async def test_a_key_of_the_wrong_type_fails_the_script_before_any_write(redis_url: str) -> None:
+    """A string where a hash is expected: the claim errors (a BrokerError), and nothing it had
+    popped or promoted is lost (Redis keeps a failed script's earlier writes)."""
+    async with open_redis(redis_url) as client, RedisBroker(client) as broker:
+        q = Queue(client, "wrong-type")
+        await broker.push_on(q.name, Job("a", b"1"))
+        await broker.push_on(q.name, Job("b", b"2"))
+        await q.r("ZADD", q.key("delayed"), 0, b"00000000000000099")  # due, no meta
+        for part in ("stalls", "active", "claims", "quarantine"):
+            saved = await q.r("DUMP", q.key(part))
+            await q.r("SET", q.key(part), b"not the right type")
+            with pytest.raises(dt.BrokerError, match="WRONGTYPE"):
+                await broker.pop_many(q.name, 10)
+            assert await q.r("ZCARD", q.key("ready")) == 2
+            assert await q.r("ZCARD", q.key("delayed")) == 1
+            await q.r("DEL", q.key(part))
+            if saved is not None:
+                await q.r("RESTORE", q.key(part), 0, saved)
+        jobs = await broker.pop_many(q.name, 10)
+        assert sorted(j.id for j in jobs) == ["", "a", "b"]  # (and the report of the delayed one)
+        assert (await q.census())["quarantine"] == 1
+
+
 # ------------------------------------------------------------------ finding 2: garbage meta
 
 
@@ -772,5 +795,6 @@ async def _damage_example(
     assert not [e for e in errors.seen if "retried after a backoff" in str(e)]
     if wrong_type is None:
         assert len(damaged_reports(errors)) == set_aside  # each set aside once: nothing loops
-    # (With a wrong-type key, a claim that failed on it after quarantining a due delayed member
-    # loses that report, never the entry; a failed finalize is redelivered and reported again.)
+    # (With a wrong-type key the counts differ, not the entries: a failed finalize is
+    # redelivered and reported again, and the first transport, closed while a reply may be in
+    # flight, may never read the reports in it.)

@@ -325,8 +325,13 @@ if #due > 0 then
     seq = redis.call('INCRBY', KEYS[1], #promote) - #promote
   end
   if #lost > 0 then
+    -- (and every key the pop below touches: its report must not be lost to a failure there)
     writable(KEYS[11], 'list')
     writable(KEYS[2], 'zset')
+    writable(KEYS[4], 'zset')
+    writable(KEYS[5], 'hash')
+    writable(KEYS[7], 'hash')
+    writable(KEYS[8], 'hash')
     for _, entry in ipairs(lost) do
       local reason = entry[2] and 'delayed job without meta' or 'delayed member names no job'
       quarantine(reason, field('delayed member', entry[1]) .. entry[3], entry[2])
