@@ -357,48 +357,47 @@ if #members == 0 then
   end
   return out
 end
--- Everything is read before the first write (see the conventions above).
-local found = {}
-local damaged = false
-for i, member in ipairs(members) do
+-- Everything is read before the first write (see the conventions above); a claim's reply
+-- fields go straight to out, its writes wait in claims (n, member, token).
+local worker = ARGV[2]
+local suffixes = ARGV[3]
+local claims = {}
+local lost = {}
+for _, member in ipairs(members) do
   local n = string.match(member, MEMBER_ID)
   local meta = n and redis.call('HGET', KEYS[6], n)
   if meta then
-    found[i] = {n, meta, redis.call('HGET', KEYS[5], n), redis.call('HGET', KEYS[7], n)}
+    local at = (#claims / 3 % (#suffixes / 16)) * 16
+    local token = n .. ':' .. string.sub(suffixes, at + 1, at + 16)
+    claims[#claims + 1] = n
+    claims[#claims + 1] = member
+    claims[#claims + 1] = token
+    out[#out + 1] = meta
+    out[#out + 1] = redis.call('HGET', KEYS[5], n)
+    out[#out + 1] = redis.call('HGET', KEYS[7], n)
+    out[#out + 1] = token
   else
-    found[i] = {n, false, remains(n)}
-    damaged = true
+    lost[#lost + 1] = {member, n, remains(n)}
   end
 end
-if damaged then
+if #lost > 0 then
   writable(KEYS[11], 'list')
   writable(KEYS[8], 'hash')
   writable(KEYS[4], 'zset')
-end
-local worker = ARGV[2]
-local suffixes = ARGV[3]
-local claimed = 0
-for i, entry in ipairs(found) do
-  local n = entry[1]
-  if entry[2] then
-    local at = (claimed % (#suffixes / 16)) * 16
-    local token = n .. ':' .. string.sub(suffixes, at + 1, at + 16)
-    claimed = claimed + 1
-    -- (the claim first: should the next write fail, a claim entry alone changes nothing)
-    redis.call('HSET', KEYS[8], n, string.sub(members[i], 1, 16) .. worker)
-    redis.call('ZADD', KEYS[4], now, token)
-    out[#out + 1] = entry[2]
-    out[#out + 1] = entry[3]
-    out[#out + 1] = entry[4]
-    out[#out + 1] = token
-  else
-    local reason = n and 'ready job without meta' or 'ready member names no job'
-    quarantine(reason, field('ready member', members[i]) .. entry[3], n)
-    forget(n)
+  for _, entry in ipairs(lost) do
+    local reason = entry[2] and 'ready job without meta' or 'ready member names no job'
+    quarantine(reason, field('ready member', entry[1]) .. entry[3], entry[2])
+    forget(entry[2])
   end
 end
+for i = 1, #claims, 3 do
+  local n = claims[i]
+  -- (the claim first: should the next write fail, a claim entry alone changes nothing)
+  redis.call('HSET', KEYS[8], n, string.sub(claims[i + 1], 1, 16) .. worker)
+  redis.call('ZADD', KEYS[4], now, claims[i + 2])
+end
 redis.call('ZREMRANGEBYRANK', KEYS[2], 0, #members - 1)
-if claimed > 0 then
+if #claims > 0 then
   redis.call('SET', KEYS[10], '1')  -- a sweep has something to look at (see queues_with_claims)
 end
 if set_aside > 0 then
