@@ -663,7 +663,19 @@ _TO_FAILED = {"meta", "meta id", "stalls", "body gone", "failed record"}
 _ON_JOBS = {"meta", "meta id", "stalls", "body gone", "meta gone"}
 #: Keys replaced by a string for a while (then restored): the broker reports, or works on.
 _WRONG_TYPE = st.none() | st.sampled_from(
-    ["stalls", "claims", "failed", "quarantine", "active", "delayed", "seq", "armed"]
+    [
+        "ready",
+        "jobs",
+        "meta",
+        "stalls",
+        "claims",
+        "failed",
+        "quarantine",
+        "active",
+        "delayed",
+        "seq",
+        "armed",
+    ]
 )
 
 
