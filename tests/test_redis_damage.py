@@ -656,11 +656,34 @@ _ENTRY_DAMAGE = st.one_of(
     st.tuples(st.just("meta gone"), st.just(b"")),
     st.tuples(st.just("failed record"), _junk),
     st.tuples(st.just("quarantine record"), _junk),
+    # a job claimed by a worker that died, then damaged: the sweep meets it
+    st.tuples(st.just("stalled meta"), _junk.filter(lambda b: not _META_LIKE.fullmatch(b))),
+    st.tuples(st.just("stalled meta gone"), st.just(b"")),
+    st.tuples(
+        st.just("stalled stalls"),
+        st.binary(min_size=1, max_size=40).filter(lambda b: not b.lstrip().startswith(b"[")),
+    ),
+    st.tuples(st.just("stalled claim entry"), _junk),
 )
-#: Where each kind must end up: the failed set (the rest: the quarantine).
-_TO_FAILED = {"meta", "meta id", "stalls", "body gone", "failed record"}
 #: The kinds that damage a pushed job (the rest write entries of their own).
 _ON_JOBS = {"meta", "meta id", "stalls", "body gone", "meta gone"}
+_QUARANTINED = {"ready member", "delayed member", "orphan member", "active member", "meta gone"}
+
+
+def _outcome(kind: str, raw: bytes) -> tuple[int, int, int]:
+    """Where one damaged entry must end up: (failed records, quarantine records, reports)."""
+    if kind == "failed record":
+        return 1, 0, 0
+    if kind == "quarantine record":
+        return 0, 1, 0
+    if kind in _QUARANTINED or kind in ("stalled meta gone", "stalled stalls"):
+        return 0, 1, 1  # (a replaced history: kept in the quarantine, the job goes on)
+    if kind == "stalled claim entry":
+        # the claim's worker name goes into the stall history: unreadable if not UTF-8
+        return (1, 0, 1) if _not_utf8(raw[16:]) else (0, 0, 0)
+    return 1, 0, 1
+
+
 #: Keys replaced by a string for a while (then restored): the broker reports, or works on.
 _WRONG_TYPE = st.none() | st.sampled_from(
     [
@@ -697,9 +720,25 @@ def test_arbitrary_damage_is_set_aside_and_nothing_is_lost(
     trio.run(_damage_example, redis_server.url, target, good, damage, wrong_type)
 
 
-async def _write_damage(q: Queue, push: Callable[[str], Awaitable[str]], i: int, kind: str,
-                        raw: bytes) -> None:  # fmt: skip
-    if kind in _ON_JOBS:
+async def _write_damage(
+    q: Queue,
+    push: Callable[[str], Awaitable[str]],
+    broker: RedisBroker,
+    i: int,
+    kind: str,
+    raw: bytes,
+) -> None:
+    if kind.startswith("stalled"):
+        n = await q.internal_id(await push(f"bad{i}"))
+        assert await broker.pop_from(q.name, worker="dead") is not None
+        [token] = await q.r("ZRANGE", q.key("active"), 0, 0)
+        await q.r("ZADD", q.key("active"), 0, token)  # claimed long ago
+        field = {"stalled meta": "meta", "stalled stalls": "stalls"}.get(kind, "claims")
+        if kind == "stalled meta gone":
+            await q.r("HDEL", q.key("meta"), n)
+        else:
+            await q.r("HSET", q.key(field), n, raw)
+    elif kind in _ON_JOBS:
         n = await q.internal_id(await push(f"bad{i}"))
         if kind == "meta":
             await q.r("HSET", q.key("meta"), n, raw)
@@ -741,13 +780,21 @@ async def _damage_example(
                 return await producer.dispatch(task(step))
             return await producer.publish_result(result(step))
 
+        broker = backend.broker
+        assert isinstance(broker, RedisBroker)
+        # (claimed by a dead worker first: each is the only ready job when it is popped)
+        stalled = [i for i, (kind, _) in enumerate(damage) if kind.startswith("stalled")]
+        for i in stalled:
+            await _write_damage(q, push, broker, i, *damage[i])
         for i in range(good):
             await push(f"g{i}")
-        for i, (kind, raw) in enumerate(damage):
-            await _write_damage(q, push, i, kind, raw)
-        to_failed = sum(kind in _TO_FAILED for kind, _ in damage)
-        to_quarantine = len(damage) - to_failed
-        set_aside = sum(not kind.endswith("record") for kind, _ in damage)
+        for i in range(len(damage)):
+            if i not in stalled:
+                await _write_damage(q, push, broker, i, *damage[i])
+        outcomes = [_outcome(kind, raw) for kind, raw in damage]
+        to_failed = sum(o[0] for o in outcomes)
+        to_quarantine = sum(o[1] for o in outcomes)
+        set_aside = sum(o[2] for o in outcomes)
 
         async def work(t: dt.RemoteTask) -> str:
             served.append(t.step_id)
@@ -764,12 +811,11 @@ async def _damage_example(
 
         async def done() -> bool:
             census = await q.census()
-            census = {"failed": census["failed"], "quarantine": census["quarantine"]}
             # (a damaged job may be served too, once recovered with its history replaced)
             got = {s for s in (served if target == "tasks" else consumed) if s.startswith("g")}
             return (
                 sorted(got) == want
-                and census == expected(census)
+                and census == {"ready": 0, "delayed": 0, "active": 0, **expected(census)}
                 and (wrong_type is not None or len(damaged_reports(errors)) >= set_aside)
             )
 
