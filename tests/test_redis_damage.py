@@ -856,3 +856,24 @@ async def _damage_example(
     # (With a wrong-type key the counts differ, not the entries: a failed finalize is
     # redelivered and reported again, and the first transport, closed while a reply may be in
     # flight, may never read the reports in it.)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    fields=st.lists(st.none() | st.binary(max_size=60), min_size=3, max_size=3),
+    token=st.sampled_from([b"", b"7:00ff00ff00ff00ff"]),  # (tokens are the script's own)
+    record=st.binary(max_size=80),
+    head=st.lists(st.integers(0, 10**20), min_size=6, max_size=7),
+)
+def test_the_decoders_never_raise(
+    fields: list[bytes | None], token: bytes, record: bytes, head: list[int]
+) -> None:
+    """Whatever a reply or a record holds, the decoders return a value (pure, no server)."""
+    from durable_trio.adapters.redis import _claimed, _failed, _quarantined
+
+    fields[0] = fields[0] or b""
+    job = _claimed([*fields, token], 0)
+    assert job.damage is not None or job.lease.token
+    for raw in (record, " ".join(map(str, head)).encode() + b"\n" + record):
+        assert _failed(raw).failed_at >= 0
+        assert _quarantined("q", raw).queue == "q"

@@ -739,13 +739,14 @@ def _suffixes(count: int) -> str:
 _META = re.compile(rb"(-?[0-9]{1,17}):([0-9]{1,15}):([0-9]{1,15}):(.*)", re.DOTALL)
 
 #: The head of a failed record (see ``_FAILED_RECORD``): six numbers, or seven when the job's
-#: meta was unreadable and is kept raw.
+#: meta was unreadable and is kept raw. (Bounded: ``int`` refuses over 4,300 digits.)
 _FAILED_HEAD = re.compile(
-    rb"([0-9]+(?:\.[0-9]+)?) ([0-9]+) ([0-9]+) ([0-9]+) ([0-9]+) ([0-9]+)(?: (-1|[0-9]+))?"
+    rb"([0-9]{1,15}(?:\.[0-9]{1,9})?) ([0-9]{1,15}) ([0-9]{1,15})"
+    rb" ([0-9]{1,15}) ([0-9]{1,15}) ([0-9]{1,15})(?: (-1|[0-9]{1,15}))?"
 )
 
 #: The head of a quarantine record: "at len(reason)".
-_QUARANTINE_HEAD = re.compile(rb"([0-9]+(?:\.[0-9]+)?) ([0-9]+)")
+_QUARANTINE_HEAD = re.compile(rb"([0-9]{1,15}(?:\.[0-9]{1,9})?) ([0-9]{1,15})")
 
 #: Bytes of a damaged value shown in a damage reason (the whole value stays in the record).
 _SHOWN: Final = 60
@@ -797,7 +798,7 @@ def _claimed(fields: list[Any], start: int) -> ClaimedJob:
     meta, data, history, token = fields[start : start + 4]
     meta = meta if meta is not None else b""
     if not token:
-        where = f" (internal id {data.decode()})" if data else ""
+        where = f" (internal id {data.decode(errors='replace')})" if data else ""
         return ClaimedJob(
             id="", data=b"", lease=Lease("", ""), damage=meta.decode(errors="replace") + where
         )
