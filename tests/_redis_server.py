@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RedisServer",
     "redis_auth_server",
+    "redis_evicting_server",
     "redis_server",
     "redis_tls_server",
     "redis_url",
@@ -71,6 +72,7 @@ class RedisServer:
         acl_user: an extra ACL user (``(name, password)``, all permissions), or ``None``.
         tls_port: its TLS port, or ``None``.
         ca_file: the self-signed certificate clients should trust (TLS servers), or ``None``.
+        extra_args: more ``redis-server`` options (``("--maxmemory", "2mb")``).
     """
 
     def __init__(
@@ -80,8 +82,10 @@ class RedisServer:
         password: str | None = None,
         acl_user: tuple[str, str] | None = None,
         tls_files: tuple[Path, Path] | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.dir = directory
+        self.extra_args = tuple(extra_args)
         self.password = password
         self.acl_user = acl_user
         self._tls_files = tls_files
@@ -119,6 +123,7 @@ class RedisServer:
             "--save", "",
             "--enable-debug-command", "local",
         ]  # fmt: skip
+        args += self.extra_args
         if self.password is not None:
             args += ["--requirepass", self.password]
         if self.acl_user is not None:
@@ -274,6 +279,21 @@ def redis_auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Redi
         "auth",
         tmp_path_factory,
         lambda d: RedisServer(d, password="s3cret pass", acl_user=("alice", "al1ce-pw")),
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_evicting_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A private server that evicts keys: ``--maxmemory 2mb --maxmemory-policy allkeys-lru``
+    (what the broker warns about; see docs/deployment.md)."""
+    server = _server(
+        "evicting",
+        tmp_path_factory,
+        lambda d: RedisServer(
+            d, extra_args=("--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")
+        ),
     )
     yield server
     server.stop()

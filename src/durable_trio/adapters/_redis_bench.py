@@ -25,6 +25,7 @@ __all__ = ["measure"]
 
 _PARTS = (
     "seq", "ready", "delayed", "active", "jobs", "meta", "stalls", "claims", "failed", "armed",
+    "claimed", "quarantine",
 )  # fmt: skip
 
 

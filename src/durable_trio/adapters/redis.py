@@ -23,7 +23,14 @@ Key layout:
     ``{Q}:claims``          hash    ``n`` -> ``%016d(seq) .. worker`` of the current claim:
                                     the place it had in ``ready``, and who holds it
     ``{Q}:failed``          list    failed jobs, newest first, trimmed to ``failed_retention``
+                                    (a job with damaged meta too: kept raw, see the scripts)
+    ``{Q}:quarantine``      list    stored entries that name no readable job (a member of
+                                    ``ready``, ``delayed`` or ``active`` without a job or
+                                    meta, a replaced stall history), each with what was found,
+                                    the reason and the server time; newest first, trimmed to
+                                    ``quarantine_retention``
     ``{Q}:armed``           string  set by a pop that found nothing: someone may be waiting
+    ``{Q}:claimed``         string  set by a claim, cleared by a sweep that leaves none
     ======================  ======  ==========================================================
 
     ``n`` is the job's internal id (the ``seq`` value of its push), so two pushes never collide
@@ -73,6 +80,15 @@ Wake-up (:meth:`RedisBroker.wait_for_work`):
     costs about ``2 / safety_poll_interval`` commands a second (one MGET, one PING), none of
     them a script, whatever the number of queues: 0.07/s at the default 30 s.
 
+Damaged data:
+    Whatever is stored, no call raises for it and nothing is dropped (see the scripts'
+    conventions): a claim with an unreadable field is handed over flagged
+    (:attr:`~durable_trio.adapters.ClaimedJob.damage`, failed unread by the transport, kept raw
+    in ``failed``); an entry that names no readable job goes to ``quarantine``; a key of the
+    wrong type fails its script before any write (a :class:`~durable_trio.BrokerError`). Run
+    Redis with ``maxmemory-policy noeviction``: entering the broker warns otherwise
+    (:class:`EvictionPolicyWarning`).
+
 Errors:
     The client raises the project's own errors: :class:`~durable_trio.BrokerUnavailable` when
     Redis cannot be reached or does not answer in time, :class:`~durable_trio.BrokerError` for
@@ -89,6 +105,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import re
 import secrets
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final
@@ -98,9 +115,18 @@ import orjson
 import trio
 
 from .._coalesce import Coalescer
-from .._errors import BrokerError, ConfigError, TransportClosed
+from .._errors import BrokerError, ConfigError, DamagedJob, TransportClosed
 from .._redis import RedisClient, Subscription, open_redis
-from ._contract import ClaimedJob, FailedJob, Job, Lease, Recovery, RenewOutcome, Stall
+from ._contract import (
+    ClaimedJob,
+    FailedJob,
+    Job,
+    Lease,
+    QuarantinedEntry,
+    Recovery,
+    RenewOutcome,
+    Stall,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -112,6 +138,7 @@ __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "PROMOTE_BATCH",
+    "EvictionPolicyWarning",
     "RedisBroker",
     "RedisBrokerStatistics",
 ]
@@ -137,14 +164,82 @@ _SUFFIXES_MAX: Final = 256
 # ------------------------------------------------------------------------------------- scripts
 #
 # Shared conventions: ``now`` is the server's clock in seconds (``TIME``); a member of ``ready``
-# or ``delayed`` is ``string.format('%016d', seq) .. n``, so ``string.sub(member, 17)`` is the
-# internal id ``n``; a token is ``n .. ':' .. random``. Strings are joined with ``..`` (Lua 5.1's
-# ``string.format('%s')`` stops at a NUL byte). Numbers go back to the client as strings (a Lua
-# number in a reply is truncated to an integer).
+# or ``delayed`` is ``string.format('%016d', seq) .. n``, so the digits after its 16th byte are
+# the internal id ``n``; a token is ``n .. ':' .. random``. Strings are joined with ``..`` (Lua
+# 5.1's ``string.format('%s')`` stops at a NUL byte). Numbers go back to the client as strings
+# (a Lua number in a reply is truncated to an integer).
+#
+# Damaged data (an eviction, a partial restore, another program writing these keys): Redis does
+# not undo a script's writes when it fails halfway, so a script that errored on a stored value
+# after its first write could leave a job in no structure at all. Every script therefore (1)
+# validates what it must parse (``parse_meta``, the member and token patterns) before writing
+# and never errors on it, and (2) reads every key it depends on before its first write, writing
+# first where a failure costs nothing: a key of the wrong type then fails the script (an error
+# reply, reported by the caller) with nothing lost. A path that meets damage also checks the type
+# of the keys it is about to write (``writable``): a few commands, on that path only.
 
 _NOW: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+"""
+
+#: The internal id of a ``ready`` or ``delayed`` member: the digits after its 16-byte place.
+_MEMBER_ID: Final = "'^" + "." * 16 + "(%d+)$'"
+
+_PARSE_META: Final = """
+-- The fields of a meta value, or nil when it is not "priority:attempts:stalled:id" (a damaged
+-- value is never parsed further: no script errors on one halfway through its writes).
+local function parse_meta(meta)
+  if not meta then
+    return nil
+  end
+  local priority, attempts, stalled, id = string.match(meta, '^(%-?%d+):(%d+):(%d+):(.*)$')
+  if priority and #priority <= 17 and #attempts <= 15 and #stalled <= 15 then
+    return priority, attempts, stalled, id
+  end
+  return nil
+end
+"""
+
+_SET_ASIDE: Final = """
+-- One stored field of a quarantine record, labelled (for a person to read; the length shows
+-- where binary bytes end).
+local function field(label, value)
+  if value then
+    return label .. ' (' .. #value .. ' bytes): ' .. value .. '\\n'
+  end
+  return label .. ': (none)\\n'
+end
+-- Fail the script (before a damage path's first write) if key holds another type than kind.
+local function writable(key, kind)
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= kind and found ~= 'none' then
+    error({err = 'WRONGTYPE ' .. key .. ' holds a ' .. found .. ', not a ' .. kind ..
+      ' (damaged store)'})
+  end
+end
+-- A quarantine record: "at len(reason)\\n" followed by the reason and the raw fields.
+local function quarantine_record(reason, raw)
+  return string.format('%.6f', now) .. ' ' .. #reason .. '\\n' .. reason .. raw
+end
+"""
+
+_FAILED_RECORD: Final = """
+-- A failed record: "failed_at attempts stalled len(id) len(error) len(stalls)\\n" followed by
+-- id, error, stalls and the job's bytes (last, so it needs no length). When the meta is
+-- unreadable the counts are 0, the id is empty, and a seventh length (-1: no meta at all) says
+-- how many bytes of raw meta follow the stalls: a damaged job is kept as it was found.
+local function failed_record(now, meta, err, stalls, data)
+  local _, attempts, stalled, id = parse_meta(meta)
+  local raw, tail = '', ''
+  if not attempts then
+    attempts, stalled, id = '0', '0', ''
+    raw = meta or ''
+    tail = ' ' .. (meta and #meta or -1)
+  end
+  return string.format('%.6f', now) .. ' ' .. attempts .. ' ' .. stalled .. ' ' .. #id ..
+    ' ' .. #err .. ' ' .. #stalls .. tail .. '\\n' .. id .. err .. stalls .. raw .. data
+end
 """
 
 # KEYS: seq ready delayed jobs meta armed
@@ -171,78 +266,160 @@ end
 return 1
 """
 
-# KEYS: seq ready delayed active jobs meta stalls claims armed
-# ARGV: count worker token_suffixes promote_batch
+# KEYS: seq ready delayed active jobs meta stalls claims armed claimed quarantine
+# ARGV: count worker token_suffixes promote_batch quarantine_retention
 # Returns {false} or {next_due_in_seconds} when nothing is ready (and arms the doorbell), else
 # {drained, meta, data, stalls, token, meta, data, stalls, token, ...} where drained is false,
 # or (fewer jobs than asked: the queue is empty now, and armed) "" or next_due_in_seconds.
+# An entry with an empty token is a report: {reason, internal id or false, false, ""} for a
+# member that names no readable job, already moved to the quarantine. A claim's meta, data and
+# stalls are returned as stored (the client validates them; a damaged claim is still claimed).
 _CLAIM: Final = (
     _NOW
+    + _SET_ASIDE
     + """
+local out = {false}
+local set_aside = 0
+local function quarantine(reason, raw, n)
+  redis.call('LPUSH', KEYS[11], quarantine_record(reason, raw))
+  set_aside = set_aside + 1
+  out[#out + 1] = reason
+  out[#out + 1] = n or false
+  out[#out + 1] = false
+  out[#out + 1] = ''
+end
+-- What is stored for the internal id of a member without meta (read before any write; moved
+-- to the quarantine with the member: without its meta it is no readable job).
+local function remains(n)
+  if not n then
+    return ''
+  end
+  return field('job', redis.call('HGET', KEYS[5], n)) ..
+    field('stall history', redis.call('HGET', KEYS[7], n)) ..
+    field('claim', redis.call('HGET', KEYS[8], n))
+end
+local function forget(n)
+  if n then
+    redis.call('HDEL', KEYS[5], n)
+    redis.call('HDEL', KEYS[7], n)
+    redis.call('HDEL', KEYS[8], n)
+  end
+end
 local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
 if #due > 0 then
   -- Promote in due-time order, each with a fresh sequence number (after the ready jobs of its
   -- priority, like a push made now). ZRANGEBYSCORE from -inf returns ranks 0..#due-1.
-  local seq = redis.call('INCRBY', KEYS[1], #due) - #due
+  local promote, lost = {}, {}
   for _, member in ipairs(due) do
-    local n = string.sub(member, 17)
-    local meta = redis.call('HGET', KEYS[6], n)
+    local n = string.match(member, MEMBER_ID)
+    local meta = n and redis.call('HGET', KEYS[6], n)
     if meta then
-      seq = seq + 1
-      local priority = string.match(meta, '^(%-?%d+):')
-      redis.call('ZADD', KEYS[2], priority, string.format('%016d', seq) .. n)
+      -- An unreadable meta has no priority: 0 (its claim is handed over flagged, and failed).
+      promote[#promote + 1] = {n, string.match(meta, '^(%-?%d+):') or '0'}
+    else
+      lost[#lost + 1] = {member, n, remains(n)}
     end
+  end
+  local seq = 0
+  if #promote > 0 then
+    seq = redis.call('INCRBY', KEYS[1], #promote) - #promote
+  end
+  if #lost > 0 then
+    -- (and every key the pop below touches: its report must not be lost to a failure there)
+    writable(KEYS[11], 'list')
+    writable(KEYS[2], 'zset')
+    writable(KEYS[4], 'zset')
+    writable(KEYS[5], 'hash')
+    writable(KEYS[7], 'hash')
+    writable(KEYS[8], 'hash')
+    for _, entry in ipairs(lost) do
+      local reason = entry[2] and 'delayed job without meta' or 'delayed member names no job'
+      quarantine(reason, field('delayed member', entry[1]) .. entry[3], entry[2])
+      forget(entry[2])
+    end
+  end
+  for _, job in ipairs(promote) do
+    seq = seq + 1
+    redis.call('ZADD', KEYS[2], job[2], string.format('%016d', seq) .. job[1])
   end
   redis.call('ZREMRANGEBYRANK', KEYS[3], 0, #due - 1)
 end
-local popped = redis.call('ZPOPMIN', KEYS[2], tonumber(ARGV[1]))
-local out = {false}
-if #popped == 0 then
+local count = tonumber(ARGV[1])
+local members = redis.call('ZRANGE', KEYS[2], 0, count - 1)
+if #members == 0 then
   redis.call('SET', KEYS[9], '1')
   local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
   if #first > 0 then
     out[1] = string.format('%.6f', tonumber(first[2]) - now)
   end
+  if set_aside > 0 then
+    redis.call('LTRIM', KEYS[11], 0, tonumber(ARGV[5]) - 1)
+  end
   return out
 end
+-- Everything is read before the first write (see the conventions above); a claim's reply
+-- fields go straight to out, its writes wait in claims (n, member, token).
 local worker = ARGV[2]
 local suffixes = ARGV[3]
-local claimed = 0
-for i = 1, #popped, 2 do
-  local n = string.sub(popped[i], 17)
-  local meta = redis.call('HGET', KEYS[6], n)
+local claims = {}
+local lost = {}
+for _, member in ipairs(members) do
+  local n = string.match(member, MEMBER_ID)
+  local meta = n and redis.call('HGET', KEYS[6], n)
   if meta then
-    local at = (claimed % (#suffixes / 16)) * 16
+    local at = (#claims / 3 % (#suffixes / 16)) * 16
     local token = n .. ':' .. string.sub(suffixes, at + 1, at + 16)
-    claimed = claimed + 1
-    redis.call('ZADD', KEYS[4], now, token)
-    redis.call('HSET', KEYS[8], n, string.sub(popped[i], 1, 16) .. worker)
+    claims[#claims + 1] = n
+    claims[#claims + 1] = member
+    claims[#claims + 1] = token
     out[#out + 1] = meta
     out[#out + 1] = redis.call('HGET', KEYS[5], n)
     out[#out + 1] = redis.call('HGET', KEYS[7], n)
     out[#out + 1] = token
+  else
+    lost[#lost + 1] = {member, n, remains(n)}
   end
 end
-if claimed > 0 then
+if #lost > 0 then
+  writable(KEYS[11], 'list')
+  writable(KEYS[8], 'hash')
+  writable(KEYS[4], 'zset')
+  for _, entry in ipairs(lost) do
+    local reason = entry[2] and 'ready job without meta' or 'ready member names no job'
+    quarantine(reason, field('ready member', entry[1]) .. entry[3], entry[2])
+    forget(entry[2])
+  end
+end
+for i = 1, #claims, 3 do
+  local n = claims[i]
+  -- (the claim first: should the next write fail, a claim entry alone changes nothing)
+  redis.call('HSET', KEYS[8], n, string.sub(claims[i + 1], 1, 16) .. worker)
+  redis.call('ZADD', KEYS[4], now, claims[i + 2])
+end
+redis.call('ZREMRANGEBYRANK', KEYS[2], 0, #members - 1)
+if #claims > 0 then
   redis.call('SET', KEYS[10], '1')  -- a sweep has something to look at (see queues_with_claims)
 end
-if #popped / 2 < tonumber(ARGV[1]) then
+if set_aside > 0 then
+  redis.call('LTRIM', KEYS[11], 0, tonumber(ARGV[5]) - 1)
+end
+if #members < count then
   -- Drained: arm the doorbell like an empty pop, so the caller may wait without popping again.
   redis.call('SET', KEYS[9], '1')
   local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
   out[1] = #first > 0 and string.format('%.6f', tonumber(first[2]) - now) or ''
 end
 return out
-"""
+""".replace("MEMBER_ID", _MEMBER_ID)
 )
 
 # KEYS: active jobs meta stalls claims
 # ARGV: token
 _COMPLETE: Final = """
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
+local n = string.match(ARGV[1], '^(%d+):')
+if not n or redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
   return 0
 end
-local n = string.match(ARGV[1], '^(%d+):')
 redis.call('HDEL', KEYS[2], n)
 redis.call('HDEL', KEYS[3], n)
 redis.call('HDEL', KEYS[4], n)
@@ -256,10 +433,10 @@ return 1
 _COMPLETE_MANY: Final = """
 local out = {}
 for i, token in ipairs(ARGV) do
-  if redis.call('ZREM', KEYS[1], token) == 0 then
+  local n = string.match(token, '^(%d+):')
+  if not n or redis.call('ZREM', KEYS[1], token) == 0 then
     out[i] = 0
   else
-    local n = string.match(token, '^(%d+):')
     redis.call('HDEL', KEYS[2], n)
     redis.call('HDEL', KEYS[3], n)
     redis.call('HDEL', KEYS[4], n)
@@ -289,62 +466,75 @@ end
 return count
 """
 
+
 # KEYS: active jobs meta stalls claims failed
 # ARGV: token error retention
-# A failed record is "failed_at attempts stalled len(id) len(error) len(stalls)\\n" followed by
-# id, error, stalls and the job's bytes (last, so it needs no length).
+# A job whose meta is unreadable or gone is failed all the same, kept as found (see
+# failed_record).
 _FAIL: Final = (
     _NOW
+    + _PARSE_META
+    + _FAILED_RECORD
     + """
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
+local token = ARGV[1]
+local n = string.match(token, '^(%d+):')
+if not n or not redis.call('ZSCORE', KEYS[1], token) then
   return 0
 end
-local n = string.match(ARGV[1], '^(%d+):')
 local meta = redis.call('HGET', KEYS[3], n)
 local data = redis.call('HGET', KEYS[2], n) or ''
 local stalls = redis.call('HGET', KEYS[4], n) or ''
+redis.call('HEXISTS', KEYS[5], n)  -- (a read: a wrong-type key fails here, before any write)
+redis.call('LPUSH', KEYS[6], failed_record(now, meta, ARGV[2], stalls, data))
+redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[3]) - 1)
+redis.call('ZREM', KEYS[1], token)
 redis.call('HDEL', KEYS[2], n)
 redis.call('HDEL', KEYS[3], n)
 redis.call('HDEL', KEYS[4], n)
 redis.call('HDEL', KEYS[5], n)
-if not meta then
-  return 1
-end
-local _, attempts, stalled, id = string.match(meta, '^(%-?%d+):(%d+):(%d+):(.*)$')
-local err = ARGV[2]
-local head = string.format('%.6f', now) .. ' ' .. attempts .. ' ' .. stalled .. ' ' ..
-  #id .. ' ' .. #err .. ' ' .. #stalls .. '\\n'
-redis.call('LPUSH', KEYS[6], head .. id .. err .. stalls .. data)
-redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[3]) - 1)
 return 1
 """
 )
 
-# KEYS: seq ready delayed active meta claims armed
-# ARGV: token delay count_attempt("1"/"0") channel
-_RETRY: Final = """
-if redis.call('ZREM', KEYS[4], ARGV[1]) == 0 then
+# KEYS: seq ready delayed active jobs meta stalls claims armed failed
+# ARGV: token delay count_attempt("1"/"0") channel failed_retention
+# Returns 0 (lease lost), 1 (handed back), or 2: the job's meta was unreadable, so it could not
+# be put back (no priority, no count): it was failed instead, kept as found.
+_RETRY: Final = (
+    _PARSE_META
+    + _FAILED_RECORD
+    + """
+local token = ARGV[1]
+local n = string.match(token, '^(%d+):')
+if not n or not redis.call('ZSCORE', KEYS[4], token) then
   return 0
 end
-local n = string.match(ARGV[1], '^(%d+):')
-local claim = redis.call('HGET', KEYS[6], n)
-redis.call('HDEL', KEYS[6], n)
-local meta = redis.call('HGET', KEYS[5], n)
-if not meta then
-  return 1
-end
-local priority, attempts, stalled, id = string.match(meta, '^(%-?%d+):(%d+):(%d+):(.*)$')
-if ARGV[3] == '1' then
-  attempts = string.format('%d', tonumber(attempts) + 1)
-  redis.call('HSET', KEYS[5], n, priority .. ':' .. attempts .. ':' .. stalled .. ':' .. id)
+local claim = redis.call('HGET', KEYS[8], n)
+local meta = redis.call('HGET', KEYS[6], n)
+local priority, attempts, stalled, id = parse_meta(meta)
+if not priority then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  local data = redis.call('HGET', KEYS[5], n) or ''
+  local stalls = redis.call('HGET', KEYS[7], n) or ''
+  local err = 'damaged: stored meta unreadable, the job could not be retried'
+  redis.call('LPUSH', KEYS[10], failed_record(now, meta, err, stalls, data))
+  redis.call('LTRIM', KEYS[10], 0, tonumber(ARGV[5]) - 1)
+  redis.call('ZREM', KEYS[4], token)
+  redis.call('HDEL', KEYS[5], n)
+  redis.call('HDEL', KEYS[6], n)
+  redis.call('HDEL', KEYS[7], n)
+  redis.call('HDEL', KEYS[8], n)
+  return 2
 end
 local delay = tonumber(ARGV[2])
 local place
-if delay <= 0 and ARGV[3] ~= '1' and claim then
+if delay <= 0 and ARGV[3] ~= '1' and claim and #claim >= 16 then
   place = string.sub(claim, 1, 16)  -- an attempt-neutral handback keeps its place
 else
   place = string.format('%016d', redis.call('INCR', KEYS[1]))  -- a retry goes to the back
 end
+-- Queued again before the claim is removed: should a write fail, the job is never in neither.
 local member = place .. n
 if delay > 0 then
   local t = redis.call('TIME')
@@ -353,11 +543,18 @@ if delay > 0 then
 else
   redis.call('ZADD', KEYS[2], priority, member)
 end
-if redis.call('DEL', KEYS[7]) == 1 then
+if ARGV[3] == '1' then
+  attempts = string.format('%d', tonumber(attempts) + 1)
+  redis.call('HSET', KEYS[6], n, priority .. ':' .. attempts .. ':' .. stalled .. ':' .. id)
+end
+redis.call('ZREM', KEYS[4], token)
+redis.call('HDEL', KEYS[8], n)
+if redis.call('DEL', KEYS[9]) == 1 then
   redis.call('PUBLISH', ARGV[4], '')
 end
 return 1
 """
+)
 
 # KEYS: active
 # ARGV: token...
@@ -379,11 +576,18 @@ return {renewed, lost}
 """
 )
 
-# KEYS: seq ready active jobs meta stalls claims armed
+# KEYS: seq ready active jobs meta stalls claims armed claimed quarantine
 # ARGV: threshold cutoff("" = now - threshold) max_stalled token_suffixes limit channel
-# Returns {recovered, cutoff, examined, meta, data, stalls, token, ...} (the exceeded jobs).
+#       quarantine_retention
+# Returns {recovered, cutoff, examined, meta, data, stalls, token, ...}: the exceeded jobs, and
+# reports as _CLAIM's (an empty token). A claim whose meta is unreadable is re-leased to the
+# caller (exceeded, whatever max_stalled), which fails it; one without meta, or an active member
+# that is no token, goes to the quarantine; an unreadable stall history is replaced by a fresh
+# one, its old text kept in the quarantine.
 _RECOVER: Final = (
     _NOW
+    + _PARSE_META
+    + _SET_ASIDE
     + """
 local cutoff = now - tonumber(ARGV[1])
 if ARGV[2] ~= '' then
@@ -395,18 +599,75 @@ local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. string.format(
 local max_stalled = tonumber(ARGV[3])
 local entry_at = '[' .. string.format('%.6f', now) .. ','
 local recovered = 0
+local set_aside = 0
 local out = {0, string.format('%.17g', cutoff), #stale}
+local function quarantine(reason, raw, n)
+  writable(KEYS[10], 'list')
+  redis.call('LPUSH', KEYS[10], quarantine_record(reason, raw))
+  set_aside = set_aside + 1
+  out[#out + 1] = reason
+  out[#out + 1] = n or false
+  out[#out + 1] = false
+  out[#out + 1] = ''
+end
+-- Poison (or unreadable): re-leased to the caller (who fails it), still active.
+local function lease(n, meta, data, history)
+  local at = (#out - 3) / 4 % (#ARGV[4] / 16) * 16
+  local new_token = n .. ':' .. string.sub(ARGV[4], at + 1, at + 16)
+  redis.call('ZADD', KEYS[3], now, new_token)
+  out[#out + 1] = meta
+  out[#out + 1] = data
+  out[#out + 1] = history
+  out[#out + 1] = new_token
+end
 for _, token in ipairs(stale) do
-  redis.call('ZREM', KEYS[3], token)
   local n = string.match(token, '^(%d+):')
-  local meta = redis.call('HGET', KEYS[5], n)
-  if meta then
-    local priority, attempts, stalled, id = string.match(meta, '^(%-?%d+):(%d+):(%d+):(.*)$')
+  local meta = n and redis.call('HGET', KEYS[5], n)
+  local priority, attempts, stalled, id = parse_meta(meta)
+  if not meta then
+    local raw = field('active member', token)
+    if n then
+      raw = raw .. field('job', redis.call('HGET', KEYS[4], n)) ..
+        field('stall history', redis.call('HGET', KEYS[6], n)) ..
+        field('claim', redis.call('HGET', KEYS[7], n))
+    end
+    quarantine(n and 'claimed job without meta' or 'active member names no claim', raw, n)
+    redis.call('ZREM', KEYS[3], token)
+    if n then
+      redis.call('HDEL', KEYS[4], n)
+      redis.call('HDEL', KEYS[6], n)
+      redis.call('HDEL', KEYS[7], n)
+    end
+  elseif not priority then
+    local data = redis.call('HGET', KEYS[4], n)
+    local history = redis.call('HGET', KEYS[6], n)
+    redis.call('ZREM', KEYS[3], token)
+    lease(n, meta, data, history)
+  else
     local count = tonumber(stalled) + 1
     local claim = redis.call('HGET', KEYS[7], n) or ''
-    local entry = entry_at .. cjson.encode(string.sub(claim, 17)) .. ']'
     local history = redis.call('HGET', KEYS[6], n)
-    if history then
+    local data = false
+    if count > max_stalled then
+      data = redis.call('HGET', KEYS[4], n)
+    end
+    -- Everything read. The writes that may fail (a wrong-type key) come first.
+    local place = string.sub(claim, 1, 16)
+    if count <= max_stalled and #place < 16 then
+      place = string.format('%016d', redis.call('INCR', KEYS[1]))
+    end
+    if history and not string.match(history, '^%[.*%]$') then
+      writable(KEYS[2], 'zset')
+      quarantine('stall history unreadable, replaced by a new one',
+        field('active member', token) .. field('stall history', history), n)
+      history = false
+    end
+    if count <= max_stalled then
+      -- A reclaimed job keeps its place: it waited its turn once already.
+      redis.call('ZADD', KEYS[2], priority, place .. n)
+    end
+    local entry = entry_at .. cjson.encode(string.sub(claim, 17)) .. ']'
+    if history and not string.match(history, '^%[%s*%]$') then
       history = string.sub(history, 1, -2) .. ',' .. entry .. ']'
     else
       history = '[' .. entry .. ']'
@@ -414,23 +675,11 @@ for _, token in ipairs(stale) do
     redis.call('HSET', KEYS[6], n, history)
     meta = priority .. ':' .. attempts .. ':' .. string.format('%d', count) .. ':' .. id
     redis.call('HSET', KEYS[5], n, meta)
+    redis.call('ZREM', KEYS[3], token)
     if count > max_stalled then
-      -- Poison: re-leased to the caller (who fails it), still active.
-      local at = (#out - 3) / 4 % (#ARGV[4] / 16) * 16
-      local new_token = n .. ':' .. string.sub(ARGV[4], at + 1, at + 16)
-      redis.call('ZADD', KEYS[3], now, new_token)
-      out[#out + 1] = meta
-      out[#out + 1] = redis.call('HGET', KEYS[4], n)
-      out[#out + 1] = history
-      out[#out + 1] = new_token
+      lease(n, meta, data, history)
     else
       redis.call('HDEL', KEYS[7], n)
-      -- A reclaimed job keeps its place: it waited its turn once already.
-      local place = string.sub(claim, 1, 16)
-      if #place < 16 then
-        place = string.format('%016d', redis.call('INCR', KEYS[1]))
-      end
-      redis.call('ZADD', KEYS[2], priority, place .. n)
       recovered = recovered + 1
     end
   end
@@ -441,6 +690,9 @@ if recovered > 0 and redis.call('DEL', KEYS[8]) == 1 then
 end
 if redis.call('ZCARD', KEYS[3]) == 0 then
   redis.call('DEL', KEYS[9])  -- nothing claimed: the next sweeps skip this queue
+end
+if set_aside > 0 then
+  redis.call('LTRIM', KEYS[10], 0, tonumber(ARGV[7]) - 1)
 end
 return out
 """
@@ -482,43 +734,166 @@ def _suffixes(count: int) -> str:
     return secrets.token_hex(8 * max(1, min(count, _SUFFIXES_MAX)))
 
 
-def _stalls(history: bytes | None) -> tuple[Stall, ...]:
+#: A meta value: "priority:attempts:stalled_count:id" (ASCII digits only: ``int`` alone would
+#: also take spaces, underscores and other scripts' digits, where the Lua scripts do not).
+_META = re.compile(rb"(-?[0-9]{1,17}):([0-9]{1,15}):([0-9]{1,15}):(.*)", re.DOTALL)
+
+#: The head of a failed record (see ``_FAILED_RECORD``): six numbers, or seven when the job's
+#: meta was unreadable and is kept raw. (Bounded: ``int`` refuses over 4,300 digits.)
+_FAILED_HEAD = re.compile(
+    rb"([0-9]{1,15}(?:\.[0-9]{1,9})?) ([0-9]{1,15}) ([0-9]{1,15})"
+    rb" ([0-9]{1,15}) ([0-9]{1,15}) ([0-9]{1,15})(?: (-1|[0-9]{1,15}))?"
+)
+
+#: The head of a quarantine record: "at len(reason)".
+_QUARANTINE_HEAD = re.compile(rb"([0-9]{1,15}(?:\.[0-9]{1,9})?) ([0-9]{1,15})")
+
+#: Bytes of a damaged value shown in a damage reason (the whole value stays in the record).
+_SHOWN: Final = 60
+
+
+def _show(value: bytes) -> str:
+    """A damaged stored value, short and printable, for a damage reason."""
+    text = repr(value[:_SHOWN])
+    return text + f"... ({len(value)} bytes)" if len(value) > _SHOWN else text
+
+
+def _text(raw: bytes) -> tuple[str, bool]:
+    """``raw`` as text, and whether it was valid UTF-8 (if not: backslash escapes, readable)."""
+    try:
+        return raw.decode(), True
+    except UnicodeDecodeError:
+        return raw.decode(errors="backslashreplace"), False
+
+
+def _stalls(history: bytes | None) -> tuple[Stall, ...] | None:
+    """A stall history (``[[at, worker], ...]``), ``()`` if none, ``None`` if unreadable."""
     if not history:
         return ()
-    return tuple(Stall(at=float(at), worker=str(worker)) for at, worker in orjson.loads(history))
+    try:
+        entries = orjson.loads(history)
+    except orjson.JSONDecodeError:
+        return None
+    if type(entries) is not list:
+        return None
+    stalls = []
+    for entry in entries:
+        if type(entry) is not list or len(entry) != 2:
+            return None
+        at, worker = entry
+        if type(at) not in (int, float) or type(worker) is not str:
+            return None
+        stalls.append(Stall(at=float(at), worker=worker))
+    return tuple(stalls)
 
 
 def _claimed(fields: list[Any], start: int) -> ClaimedJob:
-    """A :class:`ClaimedJob` from four reply fields: meta, data, stall history, token."""
+    """A :class:`ClaimedJob` from four reply fields: meta, data, stall history, token.
+
+    The one validating decode of a claim: whatever is stored, it returns (never raises). A
+    damaged field makes a claim flagged with ``damage`` (data: the raw bytes read); an empty
+    token is a report of an entry the script already moved to the quarantine (then ``meta`` is
+    the reason and ``data`` the internal id, if any).
+    """
     meta, data, history, token = fields[start : start + 4]
-    priority, attempts, stalled, raw_id = meta.split(b":", 3)
-    job_id = raw_id.decode()
+    meta = meta if meta is not None else b""
+    if not token:
+        where = f" (internal id {data.decode(errors='replace')})" if data else ""
+        return ClaimedJob(
+            id="", data=b"", lease=Lease("", ""), damage=meta.decode(errors="replace") + where
+        )
+    damage = []
+    job_id, priority, attempts, stalled = "", 0, 0, 0
+    match = _META.fullmatch(meta)
+    if match is None:
+        damage.append(f"meta unreadable: {_show(meta)}")
+    else:
+        priority, attempts, stalled = int(match[1]), int(match[2]), int(match[3])
+        job_id, readable = _text(match[4])
+        if not readable:
+            damage.append(f"job id is not UTF-8: {job_id}")
+        if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+            damage.append(f"meta priority out of range: {priority}")
+            priority = 0
+    if data is None:
+        damage.append("job body missing (deleted or evicted)")
+        data = b""
+    stalls = _stalls(history)
+    if stalls is None:
+        damage.append(f"stall history unreadable: {_show(history)}")
+        stalls = ()
     return ClaimedJob(
         id=job_id,
-        data=data if data is not None else b"",
+        data=data,
         lease=Lease(job_id, token.decode()),
-        attempts=int(attempts),
-        stalled_count=int(stalled),
-        stalls=_stalls(history),
-        priority=int(priority),
+        attempts=attempts,
+        stalled_count=stalled,
+        stalls=stalls,
+        priority=priority,
+        damage="; ".join(damage) if damage else None,
     )
 
 
 def _failed(record: bytes) -> FailedJob:
+    """A :class:`FailedJob` from a failed record; never raises. A record that cannot be read
+    is returned whole as ``data``, with an ``error`` naming the damage."""
     head, _, rest = record.partition(b"\n")
-    failed_at, attempts, stalled, id_len, error_len, stalls_len = head.split(b" ")
-    a = int(id_len)
-    b = a + int(error_len)
-    c = b + int(stalls_len)
+    match = _FAILED_HEAD.fullmatch(head)
+    a = b = c = d = 0
+    if match is not None:
+        a = int(match[4])
+        b = a + int(match[5])
+        c = b + int(match[6])
+        d = c + max(int(match[7] or 0), 0)
+    if match is None or d > len(rest):
+        return FailedJob(
+            id="", data=record, error=f"damaged failed record: {_show(head)}", failed_at=0.0
+        )
+    job_id, readable = _text(rest[:a])
+    notes = [] if readable else [f"job id is not UTF-8: {job_id}"]
+    # (In full: the record is the only place a person can read what was stored.)
+    stalls = _stalls(rest[b:c])
+    if stalls is None:
+        notes.append(f"stored stall history: {rest[b:c]!r}")
+        stalls = ()
+    if match[7] is not None:
+        notes.append("no stored meta" if match[7] == b"-1" else f"stored meta: {rest[c:d]!r}")
+    error = rest[a:b].decode(errors="replace")
     return FailedJob(
-        id=rest[:a].decode(),
-        data=rest[c:],
-        error=rest[a:b].decode(errors="replace"),
-        failed_at=float(failed_at),
-        attempts=int(attempts),
-        stalled_count=int(stalled),
-        stalls=_stalls(rest[b:c]),
+        id=job_id,
+        data=rest[d:],
+        error=f"{error} ({'; '.join(notes)})" if notes else error,
+        failed_at=float(match[1]),
+        attempts=int(match[2]),
+        stalled_count=int(match[3]),
+        stalls=stalls,
     )
+
+
+def _quarantined(queue: str, record: bytes) -> QuarantinedEntry:
+    """A :class:`QuarantinedEntry` from a quarantine record; never raises."""
+    head, _, rest = record.partition(b"\n")
+    match = _QUARANTINE_HEAD.fullmatch(head)
+    if match is None or int(match[2]) > len(rest):
+        return QuarantinedEntry(queue=queue, reason="damaged quarantine record", raw=record, at=0.0)
+    length = int(match[2])
+    return QuarantinedEntry(
+        queue=queue,
+        reason=rest[:length].decode(errors="replace"),
+        raw=rest[length:],
+        at=float(match[1]),
+    )
+
+
+def _seconds(value: bytes | None) -> float | None:
+    """A duration the claim or peek script returned, ``None`` for none (or an unreadable one)."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) else None
 
 
 @attrs.define(eq=False)
@@ -539,6 +914,7 @@ class _Queue:
     size_keys: tuple[str, ...]
     peek_keys: tuple[str, ...]
     failed_key: str
+    quarantine_key: str
     armed_key: str
     rings: int = 0
     """Doorbell rings received (plus one per resubscription)."""
@@ -574,18 +950,40 @@ class _Queue:
                 "claims",
                 "armed",
                 "claimed",
+                "quarantine",
             ),
             complete_keys=keys("active", "jobs", "meta", "stalls", "claims"),
             fail_keys=keys("active", "jobs", "meta", "stalls", "claims", "failed"),
-            retry_keys=keys("seq", "ready", "delayed", "active", "meta", "claims", "armed"),
+            retry_keys=keys(
+                "seq",
+                "ready",
+                "delayed",
+                "active",
+                "jobs",
+                "meta",
+                "stalls",
+                "claims",
+                "armed",
+                "failed",
+            ),
             active_key=keys("active")[0],
             recover_keys=keys(
-                "seq", "ready", "active", "jobs", "meta", "stalls", "claims", "armed", "claimed"
+                "seq",
+                "ready",
+                "active",
+                "jobs",
+                "meta",
+                "stalls",
+                "claims",
+                "armed",
+                "claimed",
+                "quarantine",
             ),
             claimed_key=keys("claimed")[0],
             size_keys=keys("ready", "delayed"),
             peek_keys=keys("ready", "delayed", "armed"),
             failed_key=keys("failed")[0],
+            quarantine_key=keys("quarantine")[0],
             armed_key=keys("armed")[0],
         )
 
@@ -594,7 +992,7 @@ class _Queue:
         self.ring.set()
         self.ring = trio.Event()
 
-    def note_empty(self, rings: int, epoch: int | None, due_in: bytes | None) -> None:
+    def note_empty(self, rings: int, epoch: int | None, due_in: float | None) -> None:
         """Record an empty pop or peek.
 
         Args:
@@ -604,7 +1002,7 @@ class _Queue:
         """
         self.empty_rings = rings
         self.empty_epoch = epoch
-        self.due_at = math.inf if due_in is None else trio.current_time() + float(due_in)
+        self.due_at = math.inf if due_in is None else trio.current_time() + due_in
 
 
 @attrs.frozen
@@ -617,6 +1015,15 @@ class RedisBrokerStatistics:
     """Doorbell subscriptions opened (1 + reconnections)."""
     subscription_failures: int
     """Doorbell subscriptions lost or refused (each reported through ``on_error``)."""
+    maxmemory_policy: str | None
+    """The server's ``maxmemory-policy`` as read when the broker was entered (anything but
+    ``noeviction`` may evict jobs), ``None`` if it could not be read (``CONFIG`` refused)."""
+
+
+class EvictionPolicyWarning(UserWarning):
+    """The Redis server may evict keys (its ``maxmemory-policy`` is not ``noeviction``): a
+    job whose key is evicted is lost. Reported once, through the broker's ``on_error`` hook and
+    the log, when the broker is entered; not an error (the broker works on)."""
 
 
 class RedisBroker:
@@ -636,8 +1043,12 @@ class RedisBroker:
             deemed dead and reopened.
         resubscribe_backoff: first and largest delay (seconds) between two attempts to reopen a
             lost subscription (doubled per failure, jittered down to half).
-        on_error: called with every error the doorbell listener meets (it also logs them to
-            ``durable_trio.redis``); it must not raise.
+        quarantine_retention: entries kept per queue in the quarantine (stored data that names
+            no readable job, see :meth:`quarantined`; oldest dropped first).
+        on_error: called with every error the doorbell listener meets, an
+            :class:`EvictionPolicyWarning` when entered on a server that may evict keys, and a
+            :class:`~durable_trio.DamagedJob` when a retry finds a job's stored meta unreadable
+            (each is also logged to ``durable_trio.redis``); it must not raise.
 
     Raises:
         ConfigError: an option out of range.
@@ -652,10 +1063,15 @@ class RedisBroker:
         safety_poll_interval: float = 30.0,
         ping_timeout: float = 5.0,
         resubscribe_backoff: tuple[float, float] = (0.1, 5.0),
+        quarantine_retention: int = 1000,
         on_error: Callable[[Exception], object] | None = None,
     ) -> None:
         if failed_retention < 1:
             raise ConfigError(f"failed_retention must be at least 1, not {failed_retention}")
+        if quarantine_retention < 1:
+            raise ConfigError(
+                f"quarantine_retention must be at least 1, not {quarantine_retention}"
+            )
         if promote_batch < 1:
             raise ConfigError(f"promote_batch must be at least 1, not {promote_batch}")
         if not safety_poll_interval > 0:
@@ -668,6 +1084,8 @@ class RedisBroker:
         self._client = client
         self._db = client.url.db
         self._failed_retention = failed_retention
+        self._quarantine_retention = quarantine_retention
+        self._maxmemory_policy: str | None = None
         self._promote_batch = promote_batch
         self._safety_poll_interval = safety_poll_interval
         self._safety: Coalescer[str, bool] = Coalescer(self._check_armed)
@@ -727,6 +1145,7 @@ class RedisBroker:
         self._stack = stack
         try:
             await self._nursery.start(self._doorbell_loop)
+            await self._check_eviction_policy()
         except BaseException:  # cancelled while starting: leave the nursery before raising
             self._close_now()
             self._stack = None
@@ -774,7 +1193,39 @@ class RedisBroker:
             claims_examined=self._claims_examined,
             subscriptions=self._subscriptions,
             subscription_failures=self._subscription_failures,
+            maxmemory_policy=self._maxmemory_policy,
         )
+
+    async def _check_eviction_policy(self) -> None:
+        """Warn (log and ``on_error``) if the server may evict keys: queues are not a cache.
+
+        One ``CONFIG GET``, bounded by ``ping_timeout``; a server that refuses ``CONFIG``
+        (managed Redis often does), or cannot be reached yet, is not checked (logged at debug
+        level): the broker must start all the same.
+        """
+        reply: Any = None
+        try:
+            with trio.move_on_after(self._ping_timeout):
+                reply = await self._client.execute("CONFIG", "GET", "maxmemory-policy")
+        except (BrokerError, TransportClosed) as exc:
+            logger.debug("maxmemory-policy not checked: %s", exc)
+            return
+        if isinstance(reply, dict):  # (a RESP3 map)
+            reply = [item for pair in reply.items() for item in pair]
+        if not isinstance(reply, list) or len(reply) != 2 or not isinstance(reply[1], bytes):
+            logger.debug("maxmemory-policy not checked: %r", reply)
+            return
+        policy = reply[1].decode(errors="replace")
+        self._maxmemory_policy = policy
+        if policy != "noeviction":
+            self._report(
+                EvictionPolicyWarning(
+                    f"Redis runs with maxmemory-policy {policy!r}: when it reaches maxmemory "
+                    "it may evict the keys of queued jobs (lost jobs, or entries moved to the "
+                    "quarantine). Run it with maxmemory-policy noeviction."
+                ),
+                "eviction policy",
+            )
 
     # -- the contract -----------------------------------------------------------------------
 
@@ -819,13 +1270,14 @@ class RedisBroker:
         rings = q.rings
         epoch = self._epoch if self._covers(q) else None
         reply = await self._claim(
-            q.claim_keys, (count, worker, _suffixes(count), self._promote_batch)
+            q.claim_keys,
+            (count, worker, _suffixes(count), self._promote_batch, self._quarantine_retention),
         )
         if len(reply) == 1:
-            q.note_empty(rings, epoch, reply[0])
+            q.note_empty(rings, epoch, _seconds(reply[0]))
             return []
         if reply[0] is not None:  # drained and armed: as good as an empty pop for a waiter
-            q.note_empty(rings, epoch, reply[0] or None)
+            q.note_empty(rings, epoch, _seconds(reply[0]))
         else:
             q.empty_epoch = None
         return [_claimed(reply, i) for i in range(1, len(reply), 4)]
@@ -896,8 +1348,25 @@ class RedisBroker:
         ``count_attempt=False`` handback keeps the place the job was popped from.
         """
         q = self._queue(queue)
-        args = (lease.token, delay if delay > 0 else 0, "1" if count_attempt else "0", q.channel)
-        return bool(await self._retry(q.retry_keys, args))
+        args = (
+            lease.token,
+            delay if delay > 0 else 0,
+            "1" if count_attempt else "0",
+            q.channel,
+            self._failed_retention,
+        )
+        answer = await self._retry(q.retry_keys, args)
+        if answer == 2:
+            self._report(
+                DamagedJob(
+                    "stored meta unreadable: the job could not be retried, it was failed "
+                    "(kept as found in the failed set)",
+                    queue=queue,
+                    job_id=lease.job_id,
+                ),
+                "retrying a job",
+            )
+        return bool(answer)
 
     async def renew_jobs(self, queue: str, leases: Sequence[Lease]) -> RenewOutcome:
         """Refresh the age of every claim in ``leases`` still held under its token."""
@@ -930,7 +1399,15 @@ class RedisBroker:
         while True:
             reply = await self._recover(
                 q.recover_keys,
-                (max(threshold, 0.0), cutoff, max_stalled, _suffixes(16), RECOVER_BATCH, q.channel),
+                (
+                    max(threshold, 0.0),
+                    cutoff,
+                    max_stalled,
+                    _suffixes(16),
+                    RECOVER_BATCH,
+                    q.channel,
+                    self._quarantine_retention,
+                ),
             )
             recovered += reply[0]
             cutoff = reply[1].decode()
@@ -963,6 +1440,17 @@ class RedisBroker:
             return []
         records = await self._client.execute("LRANGE", q.failed_key, 0, limit - 1)
         return [_failed(record) for record in records]
+
+    async def quarantined(self, queue: str, *, limit: int = 100) -> list[QuarantinedEntry]:
+        """The newest entries of ``queue`` that could not be tied to a readable job (a member
+        of ``ready``, ``delayed`` or ``active`` naming no job, a job without its meta, a stall
+        history replaced), newest first, kept up to ``quarantine_retention``."""
+        q = self._queue(queue)
+        if limit < 1:
+            await trio.lowlevel.checkpoint()
+            return []
+        records = await self._client.execute("LRANGE", q.quarantine_key, 0, limit - 1)
+        return [_quarantined(queue, record) for record in records]
 
     # -- wake-up ----------------------------------------------------------------------------
 
@@ -1002,7 +1490,7 @@ class RedisBroker:
                 return
             if reply[0]:
                 return
-            q.note_empty(rings, self._epoch, reply[1] if len(reply) > 1 else None)
+            q.note_empty(rings, self._epoch, _seconds(reply[1]) if len(reply) > 1 else None)
         with trio.move_on_at(q.due_at):
             while q.rings == q.empty_rings:
                 # Safety checks fall on a grid shared by every waiter of this broker, so the
@@ -1120,8 +1608,8 @@ class RedisBroker:
                 continue
             await sub.ping(reply_timeout=self._ping_timeout)
 
-    def _report(self, exc: Exception) -> None:
-        logger.warning("Redis doorbell: %s", exc, exc_info=exc)
+    def _report(self, exc: Exception, doing: str = "doorbell") -> None:
+        logger.warning("Redis %s: %s", doing, exc, exc_info=exc)
         if self._on_error is not None:
             try:
                 self._on_error(exc)
