@@ -267,10 +267,10 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
     for key, value in f.items():
         if key.startswith("soak ") and " RSS growth, " in key:
             growth = _value(value)
-            what = key.removeprefix("soak ").split(" RSS growth, ")
+            who, span = key.removeprefix("soak ").removesuffix(" (MB)").split(" RSS growth, ")
             checks.append(
                 (
-                    f"[13] {what[0]} RSS grew {growth:.2f} MB over {what[1].removesuffix(' (MB)')}"
+                    f"[13] {who} RSS grew {growth:.2f} MB over {span}"
                     f" (want < {soak.GROWTH_TARGET_MB:g} MB)",
                     growth < soak.GROWTH_TARGET_MB,
                 )
