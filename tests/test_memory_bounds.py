@@ -167,3 +167,39 @@ async def test_the_engine_keeps_no_per_run_state_once_runs_finish(
                 assert largest_container(engine.transport._controller) <= _CONTROLLER_BOUND
                 assert largest_container(worker.transport._controller) <= _CONTROLLER_BOUND
             assert worker._scopes == {}
+
+
+class CoalescingMemoryBroker(MemoryBroker):
+    """The memory broker with its pushes coalesced, as the transport does for SQLite and
+    Redis (where a pusher per destination queue exists)."""
+
+    coalesce_finalize = True
+
+
+async def test_the_control_plane_forgets_the_inbox_of_a_pod_that_went_away(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A pod's inbox gets a pusher on the control plane; once the janitor drained the inbox of
+    a pod that went away, the pusher goes too (pods come and go: one each would add up)."""
+    broker, keys = CoalescingMemoryBroker(), MemoryKeyStore()
+    async with dt.open_queue_transport(
+        dt.Backend(url="test://", broker=broker, keys=keys),
+        instance_id="control",
+        inbox_sweep_interval=30,
+        tenant_subscribers_cache=0,
+    ) as control:
+        async with dt.open_queue_transport(
+            dt.Backend(url="test://", broker=broker, keys=None), instance_id="pod", inbox_ttl=15
+        ) as pod:
+            pod.on_tenant_event("acme", lambda event: None)
+            await trio.sleep(1)
+            pod._registry.active = False  # the pod "crashes": it stops announcing
+            pod._inboxes.cancel()
+            await trio.lowlevel.checkpoint()
+            await control.publish_tenant_event(dt.TenantEvent("acme", "k", "r"))
+            inbox = control.names.tenant_events("pod")
+            assert inbox in control._pushers
+            await trio.sleep(40)  # the registration expired at 16; the sweep at 30 drained it
+            assert await broker.size_of(inbox) == 0
+            assert inbox not in control._pushers
+            assert control._registry._pushed == {}
