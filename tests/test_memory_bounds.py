@@ -11,12 +11,21 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
 import durable_trio as dt
 from durable_trio._adaptive import ConcurrencyController
-from durable_trio._engine import App, WorkflowContext, open_engine, open_worker
+from durable_trio._engine import (
+    App,
+    RunRecord,
+    RunStatus,
+    WorkflowContext,
+    open_engine,
+    open_worker,
+)
+from durable_trio._engine._remote_run import RemoteRunDriver, apply_decision
 from durable_trio.adapters import Job
 from durable_trio.adapters.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
@@ -145,15 +154,24 @@ async def one_step(ctx: WorkflowContext, value: int) -> int:
     return result
 
 
+@app.workflow("one-step-remote", remote=True)
+async def one_step_remote(ctx: WorkflowContext, value: int) -> int:
+    result: int = await ctx.step("echo", value)
+    return result
+
+
+@pytest.mark.parametrize("workflow", ["one-step", "one-step-remote"])
 async def test_the_engine_keeps_no_per_run_state_once_runs_finish(
-    autojump_clock: trio.testing.MockClock,
+    workflow: str, autojump_clock: trio.testing.MockClock
 ) -> None:
+    """A remote run's decisions take a per-run lock that its driver waits on too: the last
+    to let go of it must drop it, or every remote run leaves one behind."""
     async with dt.open_backend("memory://") as backend:
         async with open_worker(app, backend, namespace="bounds", concurrency=16) as worker:
             async with open_engine(app, backend, namespace="bounds") as engine:
 
                 async def one(n: int) -> None:
-                    assert await engine.result(await engine.start("one-step", n)) == n
+                    assert await engine.result(await engine.start(workflow, n)) == n
 
                 for batch in range(6):
                     async with trio.open_nursery() as nursery:
@@ -203,3 +221,50 @@ async def test_the_control_plane_forgets_the_inbox_of_a_pod_that_went_away(
             assert await broker.size_of(inbox) == 0
             assert inbox not in control._pushers
             assert control._registry._pushed == {}
+
+
+class GatedRunStore:
+    """A run store whose ``get_run`` waits for ``gate`` (fault injection at one point: a
+    decision being applied holds its run's lock until the test lets it go)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.gate = trio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def get_run(self, run_id: str) -> Any:
+        await self.gate.wait()
+        return await self.inner.get_run(run_id)
+
+
+async def test_a_decision_lock_handed_to_the_runs_driver_is_dropped_by_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A decision holds its run's lock; the driver waits for it; the release hands the lock
+    to the driver, so the decision finds it still locked: the driver must drop it."""
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(app, backend, namespace="locks") as engine:
+            gated = GatedRunStore(engine.store)
+            engine.store = gated
+            decision = dt.WorkflowDecision(
+                task_id="t", run_id="r", status=dt.DecisionStatus.COMPLETED
+            )
+            run = RunRecord(
+                run_id="r",
+                workflow="one-step-remote",
+                input=None,
+                status=RunStatus.RUNNING,
+                created_at=0.0,
+                updated_at=0.0,
+            )
+            driver = RemoteRunDriver(engine, run, [])
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(apply_decision, engine, decision)
+                await trio.testing.wait_all_tasks_blocked()
+                assert engine._decision_locks["r"].locked()
+                nursery.start_soon(driver._settled_decisions)
+                await trio.testing.wait_all_tasks_blocked()
+                gated.gate.set()
+            assert engine._decision_locks == {}
