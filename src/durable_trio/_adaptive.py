@@ -140,8 +140,11 @@ class ConcurrencyController:
         self._window_total = 0.0
         self._window_count = 0
         self._recent: deque[float] = deque(maxlen=512)  # for p95
-        # [bucket index, steps settled in it], oldest first: for throughput
-        self._settled: deque[list[int]] = deque(maxlen=_THROUGHPUT_BUCKETS)
+        # Throughput: steps settled in the current second, and (second, steps) of the seconds
+        # before it, oldest first.
+        self._second = 0
+        self._second_count = 0
+        self._settled: deque[tuple[int, int]] = deque(maxlen=_THROUGHPUT_BUCKETS)
         self._baseline: deque[float] = deque(
             maxlen=self.policy.long_window if self.policy is not None else 1
         )
@@ -167,20 +170,23 @@ class ConcurrencyController:
             self._window_total += duration
             self._window_count += 1
             self._recent.append(duration)
-            bucket = math.floor(now)
-            settled = self._settled
-            if settled and settled[-1][0] == bucket:
-                settled[-1][1] += 1
+            second = int(now)  # trio's clocks do not run below zero
+            if second == self._second:
+                self._second_count += 1
             else:
-                settled.append([bucket, 1])
+                if self._second_count:
+                    self._settled.append((self._second, self._second_count))
+                self._second, self._second_count = second, 1
 
     # -- figures -----------------------------------------------------------------------------
 
     def throughput(self, window: float = 10.0) -> float:
         """Steps settled per second over the last ``window`` seconds (counted in whole
         one-second buckets: the current, partial one included)."""
-        first = math.floor(trio.current_time() - window) + 1
-        return sum(count for bucket, count in self._settled if bucket >= first) / window
+        first = int(trio.current_time() - window) + 1
+        steps = self._second_count if self._second >= first else 0
+        steps += sum(count for second, count in self._settled if second >= first)
+        return steps / window
 
     def p95_ms(self) -> float | None:
         if not self._recent:
