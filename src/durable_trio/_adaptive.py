@@ -170,7 +170,7 @@ class ConcurrencyController:
             self._window_total += duration
             self._window_count += 1
             self._recent.append(duration)
-            second = int(now)  # trio's clocks do not run below zero
+            second = int(now)  # cheaper than floor (around zero, two seconds share a bucket)
             if second == self._second:
                 self._second_count += 1
             else:
