@@ -268,3 +268,16 @@ async def test_a_decision_lock_handed_to_the_runs_driver_is_dropped_by_it(
                 await trio.testing.wait_all_tasks_blocked()
                 gated.gate.set()
             assert engine._decision_locks == {}
+
+
+async def test_the_memory_key_store_drops_expired_keys_without_a_read(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Transports come and go in one process: each leaves keys that expire (its last status
+    lives a day). A store nobody reads must still let them go."""
+    keys = MemoryKeyStore()
+    for n in range(1_000):
+        await keys.put(f"instance-{n}", b"{}", ttl=10)
+        await keys.put_many([(f"beat-{n}", b"{}", 10), (f"status-{n}", b"{}", 10)])
+        await trio.sleep(1)
+    assert len(keys._keys) <= 2 * 64
