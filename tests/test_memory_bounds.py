@@ -1,6 +1,7 @@
 """What a long-running worker and engine keep in memory stays bounded, whatever the number of
 steps and runs they served: the concurrency controller's figures, the memory broker's claim
-index, the transport's claim table, the engine's per-run maps.
+index, the transport's claim table and coalescers, the engine's per-run maps (a remote run's
+decision lock among them), the memory key store.
 
 Each test counts entries in the structures (never RSS or timing): N settles or N runs later,
 the largest container an object holds is no longer than a fixed bound, or empty.
