@@ -3,8 +3,9 @@
 Sections: ``memory`` (the transport on the memory broker), ``adaptive`` (adaptive concurrency
 against fixed limits), ``engine`` (3-step workflows against raw round trips), ``redis`` (the race:
 ours and the peers', on one private redis-server, in the same run), ``sqlite`` (the embedded
-default), ``simulation`` (a seeded day of production with faults, issue 9). ``--quick`` runs
-smaller versions of each (a smoke test; the peers then run once each).
+default), ``simulation`` (a seeded day of production with faults, issue 9), ``soak`` (memory of
+one worker over a million steps and of an engine over 100,000 runs, issue 13; several minutes).
+``--quick`` runs smaller versions of each (a smoke test; the peers then run once each).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import adaptive, engine, memory, simulation
+from . import adaptive, engine, memory, simulation, soak
 from . import redis as ours_on_redis
 from .redis_server import RedisError, private_redis, redis_version
 
@@ -72,6 +73,10 @@ def _redis(quick: bool) -> Figures:
     return figures
 
 
+def _soak(quick: bool) -> Figures:
+    return {f"soak {key}": value for key, value in soak.run(quick).items()}
+
+
 SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "memory": _memory,
     "adaptive": _adaptive,
@@ -79,6 +84,7 @@ SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "redis": _redis,
     "sqlite": _sqlite,
     "simulation": _simulation,
+    "soak": _soak,
 }
 
 
@@ -258,6 +264,17 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
                 lite >= 0.3 * red,
             )
         )
+    for key, value in f.items():
+        if key.startswith("soak ") and " RSS growth, " in key:
+            growth = _value(value)
+            who, span = key.removeprefix("soak ").removesuffix(" (MB)").split(" RSS growth, ")
+            checks.append(
+                (
+                    f"[13] {who} RSS grew {growth:.2f} MB over {span}"
+                    f" (want < {soak.GROWTH_TARGET_MB:g} MB)",
+                    growth < soak.GROWTH_TARGET_MB,
+                )
+            )
     return checks
 
 

@@ -34,6 +34,11 @@ __all__ = ["Adaptive", "ConcurrencyController", "read_rss_bytes"]
 #: The shortest window a fixed-limit worker's CPU figure is measured over (seconds).
 _MIN_CPU_WINDOW = 1.0
 
+#: Throughput is counted in one-second buckets, so what it keeps does not grow with the rate
+#: (one counter a second, not one settle time a step); at most this many buckets are kept (the
+#: longest ``throughput`` window, in seconds).
+_THROUGHPUT_BUCKETS = 64
+
 
 @attrs.frozen(kw_only=True)
 class Adaptive:
@@ -130,10 +135,19 @@ class ConcurrencyController:
         self.in_flight = 0
         self.duplicates = 0
         self.last_adjustment: float | None = None
-        self._window: list[float] = []  # step durations settled this tick (seconds)
+        # This tick's step durations as a sum and a count: the mean is all a tick reads, and a
+        # list would grow for as long as nothing empties it (a fixed limit has no ticks).
+        self._window_total = 0.0
+        self._window_count = 0
         self._recent: deque[float] = deque(maxlen=512)  # for p95
-        self._settled: deque[float] = deque()  # settle times, for throughput
-        self._baseline: deque[float] = deque()
+        # Throughput: steps settled in the current second, and (second, steps) of the seconds
+        # before it, oldest first.
+        self._second = 0
+        self._second_count = 0
+        self._settled: deque[tuple[int, int]] = deque(maxlen=_THROUGHPUT_BUCKETS)
+        self._baseline: deque[float] = deque(
+            maxlen=self.policy.long_window if self.policy is not None else 1
+        )
         self._cpu: float | None = None
         self._rss: int | None = None
         self._estimate = float(self.limit)
@@ -153,19 +167,26 @@ class ConcurrencyController:
         self.in_flight -= 1
         if step:
             duration = now - started
-            self._window.append(duration)
+            self._window_total += duration
+            self._window_count += 1
             self._recent.append(duration)
-            self._settled.append(now)
+            second = int(now)  # cheaper than floor (around zero, two seconds share a bucket)
+            if second == self._second:
+                self._second_count += 1
+            else:
+                if self._second_count:
+                    self._settled.append((self._second, self._second_count))
+                self._second, self._second_count = second, 1
 
     # -- figures -----------------------------------------------------------------------------
 
     def throughput(self, window: float = 10.0) -> float:
-        """Steps settled per second over the last ``window`` seconds."""
-        now = trio.current_time()
-        settled = self._settled
-        while settled and settled[0] < now - window:
-            settled.popleft()
-        return len(settled) / window
+        """Steps settled per second over the last ``window`` seconds (counted in whole
+        one-second buckets: the current, partial one included)."""
+        first = int(trio.current_time() - window) + 1
+        steps = self._second_count if self._second >= first else 0
+        steps += sum(count for second, count in self._settled if second >= first)
+        return steps / window
 
     def p95_ms(self) -> float | None:
         if not self._recent:
@@ -211,15 +232,14 @@ class ConcurrencyController:
             self._cpu = max(0.0, (cpu_now - self._cpu_mark) / elapsed)
         self._cpu_mark = cpu_now
         self._rss = self._read_rss()
-        samples, self._window = self._window, []
+        total, count = self._window_total, self._window_count
+        self._window_total, self._window_count = 0.0, 0
         policy = self.policy
-        if policy is None or not samples:
+        if policy is None or not count:
             return
-        short = sum(samples) / len(samples)
+        short = total / count
         baseline_window = self._baseline
-        baseline_window.append(short)
-        while len(baseline_window) > policy.long_window:
-            baseline_window.popleft()
+        baseline_window.append(short)  # the oldest tick falls out (maxlen: the long window)
         baseline = min(baseline_window)
         gradient = max(0.5, min(1.0, policy.tolerance * baseline / short)) if short > 0 else 1.0
         pressure = (

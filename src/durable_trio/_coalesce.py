@@ -49,6 +49,11 @@ class Coalescer(Generic[T, R]):
         self._busy = False
         self._next: _Batch[T, R] | None = None
 
+    @property
+    def idle(self) -> bool:
+        """No call in flight and none waiting: dropping this coalescer loses nothing."""
+        return not self._busy and self._next is None
+
     async def submit(self, item: T) -> R:
         if not self._busy:
             batch: _Batch[T, R] = _Batch()

@@ -480,6 +480,7 @@ class RemoteMixin(ConsumeMixin):
         for _ in range(most):
             job = await broker.pop_from(queue, worker=self.instance_id)
             if job is None:
+                self._forget_pusher(queue)  # its owner went away: nothing more goes there
                 return True
             await broker.complete_job(job.lease, queue)
         return False

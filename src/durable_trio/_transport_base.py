@@ -338,6 +338,14 @@ class TransportBase:
             pusher = self._pushers[queue] = Coalescer(push_many)
         return pusher
 
+    def _forget_pusher(self, queue: str) -> None:
+        """Drop an idle queue's pusher: a queue addressed to one instance (a pod's inbox) is
+        pushed to for as long as that instance lives, so a long-running control plane would
+        otherwise keep one coalescer per pod it ever answered."""
+        pusher = self._pushers.get(queue)
+        if pusher is not None and pusher.idle:
+            del self._pushers[queue]
+
     async def _push_job(self, queue: str, job: Job, priority: int | None = None) -> None:
         """Push an encoded job now, coalesced where the broker takes batches."""
         self._check_open_for_producers()

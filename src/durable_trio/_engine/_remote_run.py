@@ -178,8 +178,19 @@ async def apply_decision(engine: Engine, decision: WorkflowDecision) -> None:
         async with lock:
             await _apply_decision(engine, decision)
     finally:
-        if not lock.locked() and not lock.statistics().tasks_waiting:
-            locks.pop(decision.run_id, None)
+        _forget_idle_lock(engine, decision.run_id, lock)
+
+
+def _forget_idle_lock(engine: Engine, run_id: str, lock: trio.Lock) -> None:
+    """Drop a run's decision lock once nobody holds or awaits it. Whoever releases it last
+    checks: a release hands the lock to the next waiter, so the first holder finds it still
+    locked, and a lock left behind would outlive its run."""
+    if (
+        not lock.locked()
+        and not lock.statistics().tasks_waiting
+        and engine._decision_locks.get(run_id) is lock
+    ):
+        del engine._decision_locks[run_id]
 
 
 async def _apply_decision(engine: Engine, decision: WorkflowDecision) -> None:
@@ -314,8 +325,11 @@ class RemoteRunDriver:
         dispatched yet is not one to dispatch again."""
         lock = self.engine._decision_locks.get(self.run.run_id)
         if lock is not None:
-            async with lock:
-                pass
+            try:
+                async with lock:
+                    pass
+            finally:
+                _forget_idle_lock(self.engine, self.run.run_id, lock)
 
     async def _ended(self) -> bool:
         """Whether the run is over (or gone); an ended run's record becomes :attr:`final`."""

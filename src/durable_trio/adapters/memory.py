@@ -165,7 +165,18 @@ class MemoryBroker:
         if rec is None:
             return None
         rec.token = None
+        if len(q.by_age) > 2 * len(q.active) + 64:
+            self._compact(q)
         return q, rec
+
+    @staticmethod
+    def _compact(q: _Queue) -> None:
+        """Rebuild the age heap from the open claims: a finalized or renewed claim leaves a
+        stale entry that only the stalled sweep would drop, so without this a busy worker's heap
+        holds every claim of the last stalled threshold (amortized O(1): a rebuild follows at
+        least as many finalizes as it keeps claims)."""
+        q.by_age = [(rec.claimed_at, token) for token, rec in q.active.items()]
+        heapq.heapify(q.by_age)
 
     async def complete_job(self, lease: Lease, queue: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -253,9 +264,7 @@ class MemoryBroker:
             assert q is not None
             heapq.heappush(q.by_age, (now, lease.token))
         if q is not None and len(q.by_age) > 2 * len(q.active) + 64:
-            # Renewals leave stale entries behind; rebuild before they outnumber the claims.
-            q.by_age = [(rec.claimed_at, token) for token, rec in q.active.items()]
-            heapq.heapify(q.by_age)
+            self._compact(q)  # renewals leave stale entries behind too
         return RenewOutcome(renewed=renewed, lost=tuple(lost))
 
     async def recover_stalled_jobs(
