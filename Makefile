@@ -19,14 +19,14 @@ test: $(STAMP) ## the whole test suite (starts its own private redis-server when
 	$(PY) -m pytest -q
 
 lint: $(STAMP) ## ruff + mypy --strict
-	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff check src tests benchmarks examples tools
 	$(VENV)/bin/mypy
 
 bench: $(STAMP) ## print our numbers (and the peers', where the harness names them)
 	$(PY) -m benchmarks
 
 docs: $(STAMP) ## regenerate the JSON Schemas and check every docs/ link
-	$(PY) -m durable_trio._docs
+	$(PY) -m tools.docs
 
 check: lint test docs
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from durable_trio import _cli
 from durable_trio._cli import _discover, main
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import pytest
 
 
@@ -31,3 +34,30 @@ def test_an_unknown_example_is_refused(capsys: pytest.CaptureFixture[str]) -> No
 
 def test_run_needs_a_name_or_all(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["examples", "run", "--backend", "memory://"]) == 2
+
+
+def test_without_a_checkout_examples_says_where_they_are(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As installed from the wheel (tests/test_packaging.py runs the real one): no source checkout.
+    monkeypatch.setattr(_cli, "_CHECKOUT_EXAMPLES", None)
+    monkeypatch.delenv("DURABLE_TRIO_EXAMPLES", raising=False)
+    assert main(["examples", "list"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert "examples/ folder of the durable_trio repository" in captured.err
+
+
+def test_examples_follow_the_environment_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(_cli, "_CHECKOUT_EXAMPLES", None)
+    monkeypatch.setenv("DURABLE_TRIO_EXAMPLES", str(tmp_path))
+    assert main(["examples", "list"]) == 2
+    assert capsys.readouterr().err == f"no examples found in {tmp_path}\n"
+    (tmp_path / "10_hi.py").write_text(
+        '"""Says hi."""\n\n\nasync def main(url: str) -> None:\n    pass\n'
+    )
+    assert main(["examples", "run", "hi", "--backend", "memory://"]) == 0
+    assert "✓ hi" in capsys.readouterr().out

@@ -24,7 +24,7 @@ from durable_trio._codec import (
     loads,
     to_wire,
 )
-from durable_trio.testing_strategies import message_of
+from durable_trio.testing.strategies import message_of
 
 SCHEMAS = Path(__file__).parent.parent / "docs" / "schemas"
 

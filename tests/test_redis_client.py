@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from _redis_server import *  # noqa: F403  (the fixtures; harmless once conftest imports them too)
+from benchmarks.micro.redis_client import measure
 from durable_trio._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
 from durable_trio._redis import (
     RedisClient,
@@ -23,7 +24,6 @@ from durable_trio._redis import (
     open_redis,
     parse_redis_url,
 )
-from durable_trio._redis._bench import measure
 
 if TYPE_CHECKING:
     from _redis_server import RedisServer

@@ -21,22 +21,43 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
-#: Where the examples live: ``$DURABLE_TRIO_EXAMPLES``, else the repository's ``examples/``.
-_REPO_EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
+
+def _checkout_examples() -> Path | None:
+    """The ``examples/`` folder of the source checkout this package runs from, if it does.
+
+    The wheel ships only the library: installed from it, the package sits in site-packages with
+    no repository around it, and the examples are not on this machine.
+    """
+    package = Path(__file__).resolve().parent
+    root = package.parent.parent  # <root>/src/durable_trio
+    if package.parent.name == "src" and (root / "pyproject.toml").is_file():
+        return root / "examples"
+    return None
+
+
+#: Where the examples live: ``$DURABLE_TRIO_EXAMPLES``, else the source checkout's ``examples/``.
+_CHECKOUT_EXAMPLES = _checkout_examples()
+
+#: Said (on one line) when neither names a folder: where to get the examples.
+_NOT_INSTALLED = (
+    "the examples are not installed with the package: they are in the examples/ folder of the"
+    " durable_trio repository; run `durable-trio examples` from a clone (`make demo`), or set"
+    " DURABLE_TRIO_EXAMPLES to that folder"
+)
 
 #: The embedded default: a SQLite file under the working folder, reused on purpose (the
 #: durable-state demos show that what one run left behind, the next one finds).
 DEFAULT_BACKEND = "sqlite:///.durable/demo.db"
 
 
-def _examples_dir() -> Path:
+def _examples_dir() -> Path | None:
     configured = os.environ.get("DURABLE_TRIO_EXAMPLES")
-    return Path(configured) if configured else _REPO_EXAMPLES
+    return Path(configured) if configured else _CHECKOUT_EXAMPLES
 
 
 def _discover() -> dict[str, Path]:
     folder = _examples_dir()
-    if not folder.is_dir():
+    if folder is None or not folder.is_dir():
         return {}
     # Files are named NN_name.py: the number orders them, the name is what users type.
     return {
@@ -85,7 +106,9 @@ def _run_example(name: str, path: Path, backend: str) -> bool:
 def _cmd_examples(args: argparse.Namespace) -> int:
     examples = _discover()
     if not examples:
-        print(f"no examples found in {_examples_dir()}", file=sys.stderr)
+        folder = _examples_dir()
+        where = _NOT_INSTALLED if folder is None else f"no examples found in {folder}"
+        print(where, file=sys.stderr)
         return 2
     if args.action == "list":
         width = max(map(len, examples))

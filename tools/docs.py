@@ -1,5 +1,8 @@
-"""``make docs``: regenerate docs/schemas/*.json and check that every relative link in docs/ and
-the README resolves. Exits non-zero on a broken link."""
+"""``make docs`` (``python -m tools.docs``): regenerate docs/schemas/*.json and check that every
+relative link in docs/ and the README resolves. Exits non-zero on a broken link.
+
+A repository tool, not part of the package: it writes into the repository it lives in.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +11,23 @@ import re
 import sys
 from pathlib import Path
 
-from ._codec import MESSAGE_TYPES, json_schema
+from durable_trio._codec import MESSAGE_TYPES, json_schema
+
+#: The repository this file lives in (tools/docs.py), whatever the working folder.
+REPOSITORY = Path(__file__).resolve().parent.parent
 
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 
-def main(root: Path | None = None) -> int:
-    root = root or Path.cwd()
+def main(root: Path = REPOSITORY) -> int:
+    """Write the schemas under ``root``/docs/schemas and check the links of its pages.
+
+    Args:
+        root: the repository (the one this file lives in by default).
+
+    Returns:
+        the exit status: 0, or 1 when a link is broken.
+    """
     schemas = root / "docs" / "schemas"
     schemas.mkdir(parents=True, exist_ok=True)
     for cls in MESSAGE_TYPES:

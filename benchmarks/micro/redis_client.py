@@ -1,7 +1,8 @@
-"""A micro-benchmark of the client: ``python -m durable_trio._redis._bench redis://HOST:PORT/DB``.
+"""A micro-benchmark of the Redis client: ``python -m benchmarks.micro.redis_client [URL]``.
 
-It writes a few keys under ``durable_trio:bench:`` in that database and deletes them afterwards
-(it never flushes anything).
+Without a URL it starts a private ``redis-server`` (:mod:`benchmarks.redis_server`). Given one, it
+writes a few keys under ``durable_trio:bench:`` in that database and deletes them afterwards (it
+never flushes anything).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from typing import Any
 
 import trio
 
-from ._client import open_redis
+from durable_trio._redis import open_redis
+
+from ..redis_server import private_redis
 
 __all__ = ["measure"]
 
@@ -86,9 +89,18 @@ async def _concurrent(execute: _Execute, key: str, tasks: int, per_task: int) ->
     return (trio.current_time() - start) / (tasks * per_task) * 1e6
 
 
-if __name__ == "__main__":  # pragma: no cover
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m durable_trio._redis._bench redis://HOST:PORT/DB")
-    figures = trio.run(measure, sys.argv[1])
+def main() -> None:
+    """Print :func:`measure` on the URL given as the first argument, or on a private server."""
+    if len(sys.argv) > 2:
+        sys.exit("usage: python -m benchmarks.micro.redis_client [redis://HOST:PORT/DB]")
+    if len(sys.argv) == 2:
+        figures = trio.run(measure, sys.argv[1])
+    else:
+        with private_redis() as server:
+            figures = trio.run(measure, server.url)
     for name, value in figures.items():
         print(f"{name:36} {value:8.2f} µs")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,7 @@
-"""A micro-benchmark of the Redis broker: ``python -m durable_trio.adapters._redis_bench URL``.
+"""A micro-benchmark of the Redis broker: ``python -m benchmarks.micro.redis_broker [URL]``.
 
-It uses queues named ``durable_trio-bench-<random>:...`` in that database and deletes their keys
+Without a URL it starts a private ``redis-server`` (:mod:`benchmarks.redis_server`). Given one, it
+uses queues named ``durable_trio-bench-<random>:...`` in that database and deletes their keys
 afterwards (it never flushes anything). The idle figures count every command the server runs
 (``INFO commandstats``, minus the ``INFO`` calls themselves): run it against a server nobody
 else uses.
@@ -14,12 +15,14 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .._redis import open_redis
-from ._contract import ClaimedJob, Job
-from .redis import RedisBroker
+from durable_trio._redis import open_redis
+from durable_trio.adapters import ClaimedJob, Job
+from durable_trio.adapters.redis import RedisBroker
+
+from ..redis_server import private_redis
 
 if TYPE_CHECKING:
-    from .._redis import RedisClient
+    from durable_trio._redis import RedisClient
 
 __all__ = ["measure"]
 
@@ -216,10 +219,15 @@ async def _latency(
 
 
 def main() -> None:
-    """Run :func:`measure` on the URL given as the first argument and print the results."""
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m durable_trio.adapters._redis_bench redis://HOST:PORT/DB")
-    for name, value in trio.run(measure, sys.argv[1]).items():
+    """Print :func:`measure` on the URL given as the first argument, or on a private server."""
+    if len(sys.argv) > 2:
+        sys.exit("usage: python -m benchmarks.micro.redis_broker [redis://HOST:PORT/DB]")
+    if len(sys.argv) == 2:
+        figures = trio.run(measure, sys.argv[1])
+    else:
+        with private_redis() as server:
+            figures = trio.run(measure, server.url)
+    for name, value in figures.items():
         print(f"{name:45} {value:12.2f}")
 
 

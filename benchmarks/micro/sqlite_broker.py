@@ -1,6 +1,6 @@
 """A micro-benchmark of the SQLite broker: round trips per second and the idle cost of waiting.
 
-Run it with ``python -m durable_trio.adapters._sqlite_bench [DIRECTORY]`` (a temporary directory
+Run it with ``python -m benchmarks.micro.sqlite_broker [DIRECTORY]`` (a temporary directory
 by default), or call :func:`measure` from Trio.
 """
 
@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ._contract import Job
-from .sqlite import SqliteBroker
+from durable_trio.adapters import Job
+from durable_trio.adapters.sqlite import SqliteBroker
 
 if TYPE_CHECKING:
-    from .sqlite import Synchronous
+    from durable_trio.adapters.sqlite import Synchronous
 
 __all__ = ["measure"]
 
