@@ -72,7 +72,8 @@ def test_the_body_context_is_kept_beside_the_failure_unless_it_was_suppressed() 
     hidden = ValueError("from None")
     hidden.__context__, hidden.__suppress_context__ = handled, True
     one_exception(hidden, [group(failure)], owner="it")
-    assert hidden.__context__ is failure
+    context: BaseException | None = hidden.__context__  # (set anew by one_exception)
+    assert context is failure
     assert not hidden.__suppress_context__
 
 
