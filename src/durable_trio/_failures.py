@@ -40,10 +40,11 @@ def one_exception(
     ``__context__`` (together with the context it already had, in a group) and named in a note.
     Without a body exception (or when the body only saw the cancel that the failure caused) the
     first background failure is raised, unwrapped from the nurseries' groups, the others
-    attached to it the same way. A ``KeyboardInterrupt`` or ``SystemExit`` of the background
-    wins over a body's plain ``Exception``: an interrupt must not become a footnote. Cancellations
-    are dropped once a failure is raised (they were its consequence, or an outer cancel that any
-    exception carries through); with nothing else, a ``Cancelled`` is raised so no cancel is lost.
+    attached to it the same way. A background failure that is not an ``Exception``
+    (``KeyboardInterrupt``, ``SystemExit``) wins over a body's plain ``Exception``, which is
+    attached to it: an interrupt must not become a footnote. Cancellations are dropped once a
+    failure is raised (they were its consequence, or an outer cancel that any exception carries
+    through); with nothing else, a ``Cancelled`` is raised, so no cancel is lost.
 
     Args:
         body: what the body (or the opening before it) raised, if anything.
@@ -83,15 +84,11 @@ def one_exception(
 
 def _attach(primary: BaseException, others: list[BaseException], owner: str) -> None:
     kept = list(others)
+    what = f"what {owner} raised at the same time"
     if primary.__context__ is not None and not primary.__suppress_context__:
         kept.append(primary.__context__)
-    primary.__context__ = (
-        kept[0]
-        if len(kept) == 1
-        else BaseExceptionGroup(
-            f"what {owner} raised meanwhile (and the context this exception had)", kept
-        )
-    )
+        what += ", then the context this exception had"
+    primary.__context__ = kept[0] if len(kept) == 1 else BaseExceptionGroup(what, kept)
     # (``raise ... from None`` hid the old context; the failures attached now must show)
     primary.__suppress_context__ = False
     named = ", ".join(repr(error) for error in others)
