@@ -106,6 +106,23 @@ class HangingBroker(CountingBroker):
         await super().push_on(queue, job, priority=priority, delay=delay)
 
 
+class DefectiveBroker(CountingBroker):
+    """``complete_job`` raises a programming error (not a ``BrokerError``), which ends the
+    transport's job worker and with it the transport; ``raised`` is set just before, so a test
+    body can raise its own exception at that very instant. ``on_queue``: only for that queue."""
+
+    def __init__(self, on_queue: str | None = None) -> None:
+        super().__init__()
+        self.on_queue = on_queue
+        self.raised = trio.Event()
+
+    async def complete_job(self, lease: Lease, queue: str) -> bool:
+        if self.on_queue is None or queue == self.on_queue:
+            self.raised.set()
+            raise TypeError("a broker defect")
+        return await super().complete_job(lease, queue)
+
+
 class Errors:
     """An ``on_error`` hook that keeps what it is given."""
 

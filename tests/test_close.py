@@ -12,6 +12,7 @@ import trio.testing
 from hypothesis import given
 
 import durable_trio as dt
+from durable_trio._transport_base import ClaimState
 from durable_trio.keys.memory import MemoryKeyStore
 from helpers import CountingBroker, Errors, HangingBroker
 
@@ -308,3 +309,25 @@ async def test_a_cancel_around_the_backend_too_still_hands_back_while_it_is_open
         again = await backend.broker.pop_from(transport.task_queue("job"))
     assert again is not None
     assert (again.attempts, again.stalled_count) == (0, 0)
+
+
+async def test_claim_states_are_enum_members_through_the_close(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A running claim and a prefetched one carry ClaimState members (compared by identity);
+    close abandons both at its deadline and hands each back once."""
+    broker = CountingBroker()
+    async with dt.open_queue_transport(
+        backend_with(broker), close_timeout=5.0, prefetch=1
+    ) as transport:
+        transport.handle("job", Sleeper())
+        await transport.dispatch_many([task("job", 1, 60.0), task("job", 2, 60.0)])
+        await trio.testing.wait_all_tasks_blocked()
+        states = sorted(claim.state.value for claim in transport._claims.values())
+        assert states == ["buffered", "running"]
+        assert all(type(claim.state) is ClaimState for claim in transport._claims.values())
+        claims = list(transport._claims.values())
+        await transport.aclose()
+    assert trio.current_time() == 5.0
+    assert [claim.state for claim in claims] == [ClaimState.ABANDONED] * 2
+    assert sorted(broker.handbacks) == sorted((c.job.id, False) for c in claims)

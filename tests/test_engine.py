@@ -4,7 +4,9 @@ times, idempotent application, non-determinism, cancel, durable timers, gather, 
 from __future__ import annotations
 
 import argparse
+import builtins
 import json
+import typing
 from collections import Counter
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
@@ -16,6 +18,7 @@ import trio.testing
 import durable_trio as dt
 from durable_trio._engine import (
     App,
+    Engine,
     NonDeterminismError,
     Retry,
     RunCancelled,
@@ -34,10 +37,13 @@ from durable_trio._engine import (
     open_worker,
     step_info,
 )
+from durable_trio._engine._stores.memory import MemoryRunStore
 from durable_trio._engine.cli import add_engine_commands, load_app
-from helpers import Errors
+from durable_trio.keys.memory import MemoryKeyStore
+from helpers import DefectiveBroker, Errors
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
 EXACT = Retry(max_attempts=4, initial=1.0, multiplier=2.0, max_delay=60.0, jitter=0.0)
@@ -1000,3 +1006,116 @@ def test_cli_load_app_explains_what_is_wrong(tmp_path: Path) -> None:
         load_app(f"{tmp_path / 'not_an_app.py'}:app")
     with pytest.raises(dt.ConfigError, match="cannot import"):
         load_app("no_such_module_anywhere:app")
+
+
+# --------------------------------------------------------------------------- leaving the block
+
+
+class Mine(Exception):
+    """The body's own exception."""
+
+
+class DefectiveRunStore(MemoryRunStore):
+    """``renew_runs`` raises a programming error (not a ``BrokerError``), which ends the
+    engine's lease keeper and with it the engine; ``raised`` is set just before."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raised = trio.Event()
+
+    async def renew_runs(self, owner: str, run_ids: Sequence[str], lease: float) -> set[str]:
+        self.raised.set()
+        raise TypeError("a store defect")
+
+
+def napper() -> App:
+    app = App("nap")
+
+    @app.workflow("nap")
+    async def nap(ctx: WorkflowContext, _: Any) -> None:
+        await ctx.sleep(60)
+
+    return app
+
+
+async def test_the_body_exception_leaves_open_engine_bare_when_a_loop_fails_with_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The body raises the instant the lease keeper (first round at run_lease / 3 = 1 s) meets
+    a store defect: the caller gets its own exception, the defect attached."""
+    store = DefectiveRunStore()
+
+    async def body() -> None:
+        async with dt.open_backend("memory://") as backend:
+            async with open_engine(napper(), backend, store=store, run_lease=3.0) as engine:
+                await engine.start("nap", run_id="n")
+                await store.raised.wait()
+                raise Mine("mine")
+
+    with pytest.raises(Mine, match="mine") as caught:
+        await body()
+    assert trio.current_time() == 1.0
+    assert isinstance(caught.value.__context__, TypeError)
+    assert caught.value.__notes__ == [
+        "durable_trio: the engine also raised TypeError('a store defect') at the same time "
+        "(attached as __context__)"
+    ]
+
+
+async def test_the_body_exception_leaves_open_engine_bare_when_its_transport_fails_with_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The engine's transport meets a broker defect finalizing a step's result the
+    instant the body raises: its exception leaves open_engine as it is, the defect attached."""
+    app, _ = shop()
+    broker = DefectiveBroker(on_queue="shop:results")
+    backend = dt.Backend(url="memory://", broker=broker, keys=MemoryKeyStore())
+
+    async def body() -> None:
+        async with open_worker(app, backend), open_engine(app, backend) as engine:
+            assert broker.on_queue == engine.transport.names.results
+            await engine.start("three", 1, run_id="r")
+            await broker.raised.wait()
+            raise Mine("mine")
+
+    with pytest.raises(Mine, match="mine") as caught:
+        await body()
+    assert trio.current_time() == 0.0
+    assert isinstance(caught.value.__context__, TypeError)
+    assert caught.value.__notes__ == [
+        "durable_trio: the engine also raised TypeError('a broker defect') at the same time "
+        "(attached as __context__)"
+    ]
+
+
+async def test_a_lone_engine_loop_failure_leaves_open_engine_bare(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = DefectiveRunStore()
+
+    async def body() -> None:
+        async with dt.open_backend("memory://") as backend:
+            async with open_engine(napper(), backend, store=store, run_lease=3.0) as engine:
+                await engine.start("nap", run_id="n")
+                await trio.sleep_forever()
+
+    with pytest.raises(TypeError, match="a store defect"):
+        await body()
+    assert trio.current_time() == 1.0
+
+
+# --------------------------------------------------------------------------- the Engine class
+
+
+def test_every_public_engine_method_has_resolvable_type_hints() -> None:
+    """``Engine.list`` shadows the builtin in the class body: no annotation may name it."""
+    public = {
+        name: member.fget if isinstance(member, property) else member
+        for name, member in vars(Engine).items()
+        if not name.startswith("_") and (callable(member) or isinstance(member, property))
+    }
+    assert {"list", "history", "start", "result", "cancel", "statistics"} <= set(public)
+    hints = {name: typing.get_type_hints(function) for name, function in public.items()}
+    assert hints["list"]["return"] == builtins.list[RunRecord]
+    assert hints["history"]["return"] == builtins.list[StepRecord]
+    assert hints["list"]["status"] == RunStatus | str | None

@@ -12,10 +12,25 @@ import trio.testing
 from rich.console import Console
 
 import durable_trio as dt
-from durable_trio._health_view import prometheus_text, render_text, snapshot, watch
+from durable_trio._health_view import (
+    SCRAPE_TIMEOUT,
+    HealthReader,
+    prometheus_text,
+    render_text,
+    respond,
+    serve_prometheus,
+    snapshot,
+    watch,
+)
+from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.keys.memory import MemoryKeyStore
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    import pytest
+
+    from durable_trio.keys import KeyEntry
 
 
 async def serve_forever(task: dt.RemoteTask) -> None:
@@ -91,26 +106,107 @@ def test_cli_help_lists_health() -> None:
     assert "--prometheus" in out
 
 
-async def test_prometheus_exporter_serves_metrics() -> None:
-    from durable_trio._health_view import serve_prometheus
+class FlakyKeys(MemoryKeyStore):
+    """A memory key store whose next read raises ``fail`` (once), or that hangs while ``hang``."""
 
-    async with dt.open_backend("memory://") as backend:
-        async with dt.open_queue_transport(backend, namespace="ops", instance_id="w1") as worker:
-            worker.handle("mail", serve_forever)
-            await trio.sleep(0.05)
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail: Exception | None = None
+        self.hang = False
+
+    async def entries(self, prefix: str) -> list[KeyEntry]:
+        if self.hang:
+            await trio.sleep_forever()
+        if self.fail is not None:
+            error, self.fail = self.fail, None
+            raise error
+        return await super().entries(prefix)
+
+
+async def get(reader: HealthReader, path: bytes = b"/metrics") -> bytes:
+    """One scrape, over an in-memory stream, answered by the exporter's own responder."""
+    client, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(respond, server, reader)
+        await client.send_all(b"GET %s HTTP/1.0\r\n\r\n" % path)
+        response = b""
+        while chunk := await client.receive_some():
+            response += chunk
+    return response
+
+
+async def test_prometheus_scrapes_survive_a_broker_error_a_hang_and_a_defect(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One reader for every scrape; a scrape that meets a broker error answers ``up 0`` (200),
+    one whose backend hangs answers the same at the scrape timeout, one that meets a defect
+    answers 500; the next scrape works each time."""
+    keys = FlakyKeys()
+    backend = dt.Backend(url="memory://", broker=MemoryBroker(), keys=keys)
+    async with dt.open_queue_transport(backend, namespace="ops", instance_id="w1") as worker:
+        worker.handle("mail", serve_forever)
+        await trio.testing.wait_all_tasks_blocked()
+        reader = HealthReader(backend, "ops")
+        ok = await get(reader)
+        assert ok.startswith(b"HTTP/1.0 200 OK")
+        assert b"\ndurable_trio_up 1\n" in ok
+        assert b'durable_trio_group_live_workers{group="mail"} 1' in ok
+        keys.fail = dt.BrokerError("key store down")
+        down = await get(reader)
+        assert down.startswith(b"HTTP/1.0 200 OK")
+        assert b"\ndurable_trio_up 0\n" in down
+        assert b"durable_trio_health_read_errors_total 1\n" in down
+        samples = [line for line in down.splitlines() if not line.startswith(b"#")]
+        assert not [line for line in samples if line.startswith(b"durable_trio_group")]
+        assert "key store down" in caplog.text
+        again = await get(reader)
+        assert b"\ndurable_trio_up 1\n" in again
+        assert b'durable_trio_group_live_workers{group="mail"} 1' in again
+        keys.hang = True
+        start = trio.current_time()
+        slow = await get(reader)
+        assert trio.current_time() - start == SCRAPE_TIMEOUT
+        assert b"\ndurable_trio_up 0\n" in slow
+        assert b"durable_trio_health_read_errors_total 2\n" in slow
+        keys.hang = False
+        keys.fail = TypeError("a key store defect")
+        broken = await get(reader)
+        assert broken.startswith(b"HTTP/1.0 500 Internal Server Error")
+        assert (await get(reader)).startswith(b"HTTP/1.0 200 OK")
+        assert (await get(reader, b"/nope")).startswith(b"HTTP/1.0 404 Not Found")
+        assert (reader.reads, reader.errors) == (6, 2)
+
+
+async def test_prometheus_exporter_serves_metrics_and_keeps_serving_after_an_error() -> None:
+    """The real endpoint, on a free port, opened once: a scrape that meets a broker error is
+    answered with ``up 0`` and the same server answers the next one."""
+    keys = FlakyKeys()
+    backend = dt.Backend(url="memory://", broker=MemoryBroker(), keys=keys)
+    reader = HealthReader(backend, "ops")
+
+    async def scrape(port: int) -> bytes:
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            await stream.send_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+            response = b""
+            while chunk := await stream.receive_some():
+                response += chunk
+        return response
+
+    async with dt.open_queue_transport(backend, namespace="ops", instance_id="w1") as worker:
+        worker.handle("mail", serve_forever)
+        await trio.sleep(0.05)
+        with trio.fail_after(5):
             async with trio.open_nursery() as nursery:
-                listeners = await nursery.start(trio.serve_tcp, lambda s: s.aclose(), 0)
+                listeners = await nursery.start(serve_prometheus, reader, 0)
                 port = listeners[0].socket.getsockname()[1]
+                first = await scrape(port)
+                keys.fail = dt.BrokerError("key store down")
+                second = await scrape(port)
+                third = await scrape(port)
                 nursery.cancel_scope.cancel()
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(serve_prometheus, backend, "ops", port)
-                await trio.sleep(0.1)
-                async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
-                    await stream.send_all(b"GET /metrics HTTP/1.0\r\n\r\n")
-                    response = b""
-                    with trio.fail_after(5):
-                        while chunk := await stream.receive_some():
-                            response += chunk
-                nursery.cancel_scope.cancel()
-    assert response.startswith(b"HTTP/1.0 200 OK")
-    assert b'durable_trio_group_live_workers{group="mail"} 1' in response
+    assert first.startswith(b"HTTP/1.0 200 OK")
+    assert b'durable_trio_group_live_workers{group="mail"} 1' in first
+    assert second.startswith(b"HTTP/1.0 200 OK")
+    assert b"\ndurable_trio_up 0\n" in second
+    assert b'durable_trio_group_live_workers{group="mail"} 1' in third
+    assert (reader.reads, reader.errors) == (3, 1)

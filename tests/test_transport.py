@@ -14,7 +14,7 @@ from durable_trio._codec import encode_envelope
 from durable_trio.adapters import Job
 from durable_trio.adapters.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
-from helpers import CountingBroker, Errors
+from helpers import CountingBroker, DefectiveBroker, Errors
 
 
 def task(name: str, n: int = 0, **kw: Any) -> dt.RemoteTask:
@@ -543,3 +543,85 @@ async def test_a_raising_error_hook_does_not_kill_the_loop(
         await trio.sleep(1)
     assert ran == ["step-5"]
     assert "on_error hook raised" in caplog.text
+
+
+# --------------------------------------------------------------------------- leaving the block
+
+
+class Mine(Exception):
+    """The body's own exception."""
+
+
+async def _sleeping_step(t: dt.RemoteTask) -> None:
+    await trio.sleep(1.0)
+
+
+async def test_the_body_exception_leaves_bare_when_a_loop_fails_at_the_same_instant(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The body raises the instant a job worker meets a broker defect: the caller gets its own
+    exception, bare, the defect attached as its context and named in a note."""
+    broker = DefectiveBroker()
+
+    async def body() -> None:
+        async with dt.open_queue_transport(backend_with(broker)) as transport:
+            transport.handle("job", _sleeping_step)
+            await transport.dispatch(task("job", 1))
+            await broker.raised.wait()
+            raise Mine("mine")
+
+    with pytest.raises(Mine, match="mine") as caught:
+        await body()
+    assert trio.current_time() == 1.0
+    error = caught.value
+    assert isinstance(error.__context__, TypeError)
+    assert str(error.__context__) == "a broker defect"
+    assert error.__notes__ == [
+        "durable_trio: the queue transport also raised TypeError('a broker defect') at the "
+        "same time (attached as __context__)"
+    ]
+
+
+async def test_a_loop_failing_during_the_close_of_a_raising_body_is_attached_to_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The body raises at 0.5 s; the handler ends at 1 s inside close's drain and its finalize
+    meets the defect: the body's exception leaves, its own context kept beside the defect."""
+    broker = DefectiveBroker()
+
+    async def body() -> None:
+        async with dt.open_queue_transport(backend_with(broker), close_timeout=5.0) as transport:
+            transport.handle("job", _sleeping_step)
+            await transport.dispatch(task("job", 1))
+            await trio.sleep(0.5)
+            try:
+                raise KeyError("what the body was handling")
+            except KeyError:
+                raise Mine("mine")  # noqa: B904 (its context is the point)
+
+    with pytest.raises(Mine) as caught:
+        await body()
+    assert trio.current_time() == 1.0
+    context = caught.value.__context__
+    assert isinstance(context, BaseExceptionGroup)
+    defect, handled = context.exceptions
+    assert (type(defect), str(defect)) == (TypeError, "a broker defect")
+    assert isinstance(handled, KeyError)
+
+
+async def test_a_lone_loop_failure_leaves_bare_not_in_nested_groups(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No body exception: the loop's failure itself, unwrapped from the nurseries' groups."""
+    broker = DefectiveBroker()
+
+    async def body() -> None:
+        async with dt.open_queue_transport(backend_with(broker)) as transport:
+            transport.handle("job", _sleeping_step)
+            await transport.dispatch(task("job", 1))
+            await trio.sleep_forever()
+
+    with pytest.raises(TypeError, match="a broker defect") as caught:
+        await body()
+    assert trio.current_time() == 1.0
+    assert not hasattr(caught.value, "__notes__")

@@ -17,6 +17,8 @@ from .adapters import (
 )
 
 if TYPE_CHECKING:
+    from ._backend import Backend
+    from ._naming import QueueNames
     from ._wire import (
         WorkerStatus,
     )
@@ -56,20 +58,7 @@ class HealthMixin(TransportBase):
 
     async def worker_health(self) -> list[GroupHealth] | None:
         """Every group that has a live worker (by routing token), with its depth."""
-        keys = self._backend.keys
-        if keys is None:
-            return None
-        marker = self._names.worker_heartbeat("", "").removesuffix(":")
-        tokens = sorted(
-            {e.key[len(marker) :].rsplit(":", 1)[0] for e in await keys.entries(marker)}
-        )
-        broker = self._broker
-        health = []
-        for token in tokens:
-            queue = self._names.tasks(token)
-            depth = await broker.size_of(queue) if isinstance(broker, SupportsSize) else 0
-            health.append(await read_group_health(keys, self._names, token, depth))
-        return health
+        return await read_worker_health(self._backend, self._names)
 
     async def list_worker_descriptors(self, group: str) -> list[WorkerDescriptor]:
         """T13: the live descriptors of the workers serving ``group``, read through a short
@@ -101,3 +90,28 @@ class HealthMixin(TransportBase):
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 continue
         return found
+
+
+async def read_worker_health(backend: Backend, names: QueueNames) -> list[GroupHealth] | None:
+    """Every group of ``names``' namespace that has a live worker, with its depth: read from
+    the backend's key store and broker alone (no transport, no writes), so a health view or an
+    exporter can read it as often as it likes.
+
+    Returns:
+        ``None`` without a key store (no worker can advertise liveness then).
+
+    Raises:
+        BrokerError: the key store or the broker did not answer.
+    """
+    keys = backend.keys
+    if keys is None:
+        return None
+    marker = names.worker_heartbeat("", "").removesuffix(":")
+    tokens = sorted({e.key[len(marker) :].rsplit(":", 1)[0] for e in await keys.entries(marker)})
+    broker = backend.broker
+    health = []
+    for token in tokens:
+        queue = names.tasks(token)
+        depth = await broker.size_of(queue) if isinstance(broker, SupportsSize) else 0
+        health.append(await read_group_health(keys, names, token, depth))
+    return health

@@ -4,26 +4,63 @@ and an optional Prometheus exporter with the same figures."""
 from __future__ import annotations
 
 import io
+import logging
 import math
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ._backend import open_backend
-from ._transport import open_queue_transport
+from ._errors import BrokerError
+from ._health import read_worker_health
+from ._naming import QueueNames
 
 if TYPE_CHECKING:
     from ._backend import Backend
     from ._liveness import GroupHealth
 
-__all__ = ["prometheus_text", "render_text", "snapshot", "watch"]
+__all__ = ["HealthReader", "prometheus_text", "render_text", "snapshot", "watch"]
+
+_log = logging.getLogger("durable_trio")
+
+#: Longest a scrape may take, reading its request and the backend: within Prometheus's
+#: default 10 s scrape timeout, so a slow backend yields an answer (``up 0``), not a timeout.
+SCRAPE_TIMEOUT = 5.0
+
+
+class HealthReader:
+    """Reads every group's health from an open backend, read-only: no transport, no writes,
+    nothing to close. Made once per command and read at every refresh or scrape.
+
+    Attributes:
+        reads: backend reads made (one per refresh or scrape).
+        errors: reads that failed (a broker error, or no answer within the scrape timeout).
+    """
+
+    def __init__(self, backend: Backend, namespace: str | None) -> None:
+        self.backend = backend
+        self.namespace = namespace
+        self._names = QueueNames(namespace)
+        self.reads = 0
+        self.errors = 0
+
+    async def read(self) -> list[GroupHealth] | None:
+        """Every group with a live worker (``None``: the backend has no worker-key store).
+
+        Raises:
+            BrokerError: the key store or the broker did not answer.
+        """
+        self.reads += 1
+        try:
+            return await read_worker_health(self.backend, self._names)
+        except BrokerError:
+            self.errors += 1
+            raise
 
 
 async def snapshot(backend: Backend, namespace: str | None) -> list[GroupHealth] | None:
-    """Every group with a live worker, read by a producer-only transport (never a worker)."""
-    async with open_queue_transport(backend, namespace=namespace, close_timeout=0) as reader:
-        reader.defer_consumers()
-        return await reader.worker_health()
+    """Every group with a live worker, read once (see :class:`HealthReader`)."""
+    return await HealthReader(backend, namespace).read()
 
 
 def _fmt(value: float | None, spec: str = ",.0f", unit: str = "") -> str:
@@ -120,18 +157,31 @@ async def watch(
     from rich.live import Live
 
     console = console or Console()
+    reader = HealthReader(backend, namespace)
     count = 0
     with Live(_rich_table([], namespace), console=console, auto_refresh=False) as live:
         while iterations is None or count < iterations:
-            live.update(_rich_table(await snapshot(backend, namespace), namespace), refresh=True)
+            live.update(_rich_table(await reader.read(), namespace), refresh=True)
             count += 1
             if iterations is None or count < iterations:
                 await trio.sleep(interval)
 
 
-def prometheus_text(groups: list[GroupHealth] | None) -> str:
-    """The same figures in the Prometheus text exposition format."""
+def prometheus_text(groups: list[GroupHealth] | None, *, up: bool = True, errors: int = 0) -> str:
+    """The same figures in the Prometheus text exposition format.
+
+    Args:
+        groups: what the backend answered.
+        up: whether it answered (``False``: the figures are absent, ``durable_trio_up`` is 0).
+        errors: reads that failed so far (``durable_trio_health_read_errors_total``).
+    """
     lines = [
+        "# HELP durable_trio_up Whether this scrape could read the backend (1) or not (0).",
+        "# TYPE durable_trio_up gauge",
+        f"durable_trio_up {int(up)}",
+        "# HELP durable_trio_health_read_errors_total Backend reads of this exporter that failed.",
+        "# TYPE durable_trio_health_read_errors_total counter",
+        f"durable_trio_health_read_errors_total {errors}",
         "# HELP durable_trio_group_depth Jobs waiting on the group's task queue.",
         "# TYPE durable_trio_group_depth gauge",
         "# HELP durable_trio_group_live_workers Workers with a live liveness key.",
@@ -169,36 +219,72 @@ def prometheus_text(groups: list[GroupHealth] | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+async def _scrape(reader: HealthReader) -> bytes:
+    """The metrics text of one scrape; a backend that fails or does not answer in time gives
+    ``durable_trio_up 0`` (reported on the log), never an error that would end the exporter."""
+    groups = None
+    with trio.move_on_after(SCRAPE_TIMEOUT) as bound:
+        try:
+            groups = await reader.read()
+        except BrokerError as exc:
+            _log.error("health: a scrape could not read the backend: %s", exc, exc_info=exc)
+            return prometheus_text(None, up=False, errors=reader.errors).encode()
+    if bound.cancelled_caught:
+        reader.errors += 1
+        _log.error("health: a scrape got no answer from the backend in %s s", SCRAPE_TIMEOUT)
+        return prometheus_text(None, up=False, errors=reader.errors).encode()
+    return prometheus_text(groups, errors=reader.errors).encode()
+
+
+async def respond(stream: trio.abc.Stream, reader: HealthReader) -> None:
+    """Answer one HTTP/1.0 request on ``stream``: ``GET /metrics`` or 404; then close it."""
+    try:
+        request = b""
+        with trio.move_on_after(SCRAPE_TIMEOUT):
+            while b"\r\n\r\n" not in request and len(request) < 8192:
+                chunk = await stream.receive_some(4096)
+                if not chunk:
+                    break
+                request += chunk
+        path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b"/"
+        if path.split(b"?")[0] == b"/metrics":
+            try:
+                body = await _scrape(reader)
+            except Exception as exc:
+                # A defect met by one scrape answers that scrape with a 500, logged with its
+                # traceback; the exporter goes on serving the next ones.
+                _log.error("health: a scrape failed: %s", exc, exc_info=exc)
+                body = b"internal error\n"
+                head = b"HTTP/1.0 500 Internal Server Error\r\nContent-Type: text/plain\r\n"
+            else:
+                head = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+        else:
+            body, head = (
+                b"not found\n",
+                b"HTTP/1.0 404 Not Found\r\nContent-Type: text/plain\r\n",
+            )
+        with trio.move_on_after(SCRAPE_TIMEOUT):
+            await stream.send_all(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # the scraper went away
+    finally:
+        await stream.aclose()
+
+
 async def serve_prometheus(
-    backend: Backend, namespace: str | None, port: int, host: str = "127.0.0.1"
+    reader: HealthReader,
+    port: int,
+    host: str = "127.0.0.1",
+    *,
+    task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``GET /metrics`` on ``host:port`` until cancelled (a minimal HTTP/1.0 responder)."""
+    """Serve ``GET /metrics`` on ``host:port`` until cancelled (a minimal HTTP/1.0 responder),
+    every scrape read through ``reader``; ``task_status`` gets the listeners (port 0: any)."""
 
     async def handle(stream: trio.SocketStream) -> None:
-        try:
-            with trio.move_on_after(5):
-                request = b""
-                while b"\r\n\r\n" not in request and len(request) < 8192:
-                    chunk = await stream.receive_some(4096)
-                    if not chunk:
-                        break
-                    request += chunk
-                path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b"/"
-                if path.split(b"?")[0] == b"/metrics":
-                    body = prometheus_text(await snapshot(backend, namespace)).encode()
-                    head = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                else:
-                    body, head = (
-                        b"not found\n",
-                        b"HTTP/1.0 404 Not Found\r\nContent-Type: text/plain\r\n",
-                    )
-                await stream.send_all(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        except trio.BrokenResourceError:
-            pass
-        finally:
-            await stream.aclose()
+        await respond(stream, reader)
 
-    await trio.serve_tcp(handle, port, host=host)
+    await trio.serve_tcp(handle, port, host=host, task_status=task_status)
 
 
 async def run_health(
@@ -212,9 +298,10 @@ async def run_health(
 ) -> None:
     """What the command does (see :func:`durable_trio._cli.main`)."""
     async with open_backend(url) as backend:
+        reader = HealthReader(backend, namespace)  # one for the whole command
         if prometheus is not None:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(serve_prometheus, backend, namespace, prometheus)
+                nursery.start_soon(serve_prometheus, reader, prometheus)
                 print(f"serving Prometheus metrics on http://127.0.0.1:{prometheus}/metrics")
                 if watch_mode:
                     await watch(backend, namespace, interval=interval, iterations=iterations)
@@ -225,7 +312,7 @@ async def run_health(
                 await watch(backend, namespace, interval=interval, iterations=iterations)
             except ImportError:
                 while True:  # no rich: reprint the plain table
-                    print(render_text(await snapshot(backend, namespace), namespace), flush=True)
+                    print(render_text(await reader.read(), namespace), flush=True)
                     await trio.sleep(interval)
             return
-        print(render_text(await snapshot(backend, namespace), namespace), end="")
+        print(render_text(await reader.read(), namespace), end="")

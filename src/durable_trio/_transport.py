@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._errors import BrokerError, ConfigError
+from ._failures import one_exception, raise_bare
 from ._options import (
     TransportOptions,
 )
@@ -175,21 +176,42 @@ async def open_queue_transport(backend: Backend, **options: Any) -> AsyncIterato
 
     Raises:
         ConfigError: an option that cannot work.
+
+    Error handling:
+        The block ends with one exception, never an internal exception group. The body's own
+        exception leaves as it is raised. Should one of the transport's loops fail at the same
+        time (a programming error, or a broker that raised something other than
+        :class:`~durable_trio.BrokerError` where the transport cannot go on), that failure is
+        attached to it as ``__context__`` and named in a note; without a body exception the
+        loop's failure itself is raised.
     """
     try:
         validated = TransportOptions(**options)
     except TypeError as exc:
         raise ConfigError(f"open_queue_transport: {exc}") from None
     transport = QueueTransport(backend, validated)
-    # The body's own exception leaves bare, not wrapped in the root nursery's ExceptionGroup.
+    # What the opening or the body raises leaves bare, not wrapped in the root nursery's group;
+    # a loop's failure meanwhile is attached to it, not dropped (see _failures).
     body_error: BaseException | None = None
-    async with trio.open_nursery() as root:
-        await transport._start(root)
-        try:
-            yield transport
-        except BaseException as exc:
-            body_error = exc
-        finally:
-            await transport.aclose()
-    if body_error is not None:
-        raise body_error
+    background: BaseException | None = None
+    try:
+        async with trio.open_nursery() as root:
+            try:
+                await transport._start(root)
+            except BaseException as exc:
+                body_error = exc
+                root.cancel_scope.cancel()
+            else:
+                try:
+                    yield transport
+                except BaseException as exc:
+                    body_error = exc
+                finally:
+                    await transport.aclose()
+    except BaseExceptionGroup as group:
+        background = group
+    error = one_exception(
+        body_error, [] if background is None else [background], owner="the queue transport"
+    )
+    if error is not None:
+        raise_bare(error)

@@ -7,6 +7,7 @@ pods); ``_transport`` puts them together with the close."""
 from __future__ import annotations
 
 import collections
+import enum
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -104,8 +105,29 @@ class _Loop:
     """Claims popped ahead of a free slot (prefetch), renewed and handed back like any."""
 
 
-_RUNNING, _FINALIZING, _ABANDONED = "running", "finalizing", "abandoned"
-_BUFFERED, _DROPPED = "buffered", "dropped"
+class ClaimState(enum.Enum):
+    """Where a claim this instance holds stands, from its pop to its finalize or handback."""
+
+    BUFFERED = "buffered"
+    """Popped ahead of a free slot (prefetch), not started yet."""
+    RUNNING = "running"
+    """Its handler runs (or is about to, in a job worker)."""
+    FINALIZING = "finalizing"
+    """Its handler ended; its outcome is being written (shielded, bounded by close)."""
+    ABANDONED = "abandoned"
+    """Cancelled before it finished (close, a lost lease): kept for close's handback."""
+    DROPPED = "dropped"
+    """Buffered, then taken back by the broker before it started: the loop skips it."""
+
+
+# The members as module globals, which the hot paths compare against (``claim.state is
+# _RUNNING``): on Python 3.11 reading a member off its Enum class goes through a descriptor and
+# costs ten times a global lookup, once or more per job.
+_BUFFERED = ClaimState.BUFFERED
+_RUNNING = ClaimState.RUNNING
+_FINALIZING = ClaimState.FINALIZING
+_ABANDONED = ClaimState.ABANDONED
+_DROPPED = ClaimState.DROPPED
 
 
 @attrs.define(eq=False)
@@ -114,7 +136,7 @@ class _Claim:
     job: ClaimedJob
     scope: trio.CancelScope | None = None
     """The scope of the job worker running it (cancelling it cancels exactly this handler)."""
-    state: str = _RUNNING
+    state: ClaimState = _RUNNING
     lost: bool = False
 
     def cancel(self) -> None:

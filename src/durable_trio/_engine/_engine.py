@@ -17,6 +17,10 @@ counted (:meth:`Engine.statistics`).
 
 from __future__ import annotations
 
+# A real import, not a TYPE_CHECKING one: ``Engine.list`` shadows the builtin inside the class
+# body, so its annotations spell the type ``builtins.list``, which ``typing.get_type_hints``
+# (and anything built on it) must resolve at run time.
+import builtins  # noqa: TC003
 import math
 import random
 import uuid
@@ -62,7 +66,6 @@ from ._runtime import RunDriver, StepWaiter, describe_error, send_step
 from ._statistics import COUNTERS, EngineStatistics
 
 if TYPE_CHECKING:
-    import builtins
     from collections.abc import Awaitable, Callable
 
     from .._options import ErrorHook
@@ -132,7 +135,7 @@ class Engine:
         outside ``open_engine``): still owned here, so ``aclose`` releases them."""
         self._spawned = trio.Event()
         """Set (and replaced) whenever a driver starts: wakes ``result`` pollers."""
-        self._listeners: list[Callable[[str, RunRecord], None]] = []
+        self._listeners: builtins.list[Callable[[str, RunRecord], None]] = []
         """Run lifecycle listeners (the control plane's tenant events)."""
 
     # ------------------------------------------------------------------ services for drivers
@@ -485,7 +488,9 @@ class Engine:
                     except BrokerError as exc:
                         self._report(exc)
 
-    def _spawn(self, run: RunRecord, history: list[StepRecord]) -> RunDriver | RemoteRunDriver:
+    def _spawn(
+        self, run: RunRecord, history: builtins.list[StepRecord]
+    ) -> RunDriver | RemoteRunDriver:
         definition = self.app.workflows[run.workflow]
         driver: RunDriver | RemoteRunDriver
         if definition.remote:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .._failures import one_exception, raise_bare
 from .._options import log_error
 from .._transport import open_queue_transport
 from ._engine import Engine
@@ -63,6 +64,13 @@ async def open_engine(
 
     Raises:
         ConfigError: an option that cannot work.
+
+    Error handling:
+        The block ends with one exception, never an internal exception group. The body's own
+        exception leaves as it is raised; a failure of the engine's tasks, its transport or its
+        run store at the same time (a programming error, not a broker outage, which they report
+        and retry) is attached to it as ``__context__`` and named in a note. Without a body
+        exception that failure itself is raised.
     """
     options = EngineOptions(
         engine_id=engine_id or uuid.uuid4().hex,
@@ -80,28 +88,38 @@ async def open_engine(
     transport_options.setdefault("result_concurrency", 16)
     namespace = str(transport_options["namespace"])
     on_error: ErrorHook = transport_options.get("on_error", log_error)
+    # What the engine's start or the body raises leaves bare, not wrapped in the root
+    # nursery's group; what the engine's tasks, the transport or the store raise meanwhile is
+    # attached to it, not dropped (see _failures).
     body_error: BaseException | None = None
-    async with AsyncExitStack() as stack:
-        if store is None:
-            store = await stack.enter_async_context(open_run_store(backend, namespace))
-        transport = await stack.enter_async_context(
-            open_queue_transport(backend, **transport_options)
-        )
-        engine = Engine(app, store, transport, options, on_error)
-        # The body's own exception leaves bare, not wrapped in the root nursery's group.
-        async with trio.open_nursery() as root:
+    background: list[BaseException] = []
+    try:
+        async with AsyncExitStack() as stack:
+            if store is None:
+                store = await stack.enter_async_context(open_run_store(backend, namespace))
+            transport = await stack.enter_async_context(
+                open_queue_transport(backend, **transport_options)
+            )
+            engine = Engine(app, store, transport, options, on_error)
             try:
-                try:
-                    await engine._start(root)
-                except BaseException as exc:
-                    body_error = exc
-                else:
+                async with trio.open_nursery() as root:
                     try:
-                        yield engine
-                    except BaseException as exc:
-                        body_error = exc
-            finally:
-                await engine.aclose()
-                root.cancel_scope.cancel()
-    if body_error is not None:
-        raise body_error
+                        try:
+                            await engine._start(root)
+                        except BaseException as exc:
+                            body_error = exc
+                        else:
+                            try:
+                                yield engine
+                            except BaseException as exc:
+                                body_error = exc
+                    finally:
+                        await engine.aclose()
+                        root.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                background.append(group)
+    except BaseException as exc:  # opening or closing the transport or the store
+        background.append(exc)
+    error = one_exception(body_error, background, owner="the engine")
+    if error is not None:
+        raise_bare(error)
