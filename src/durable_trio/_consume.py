@@ -1,4 +1,5 @@
-"""Consumers: registration, the poll loop (T4, T5), job workers, finalize (T10), step tasks."""
+"""Consumers: registration, the poll loop (T4, T5), job workers, finalize (T10), step tasks
+(the ids are sections of docs/spec.md)."""
 
 from __future__ import annotations
 

@@ -269,7 +269,7 @@ class TransportBase:
         return self._backend
 
     def token_of(self, group: str) -> str:
-        """The routing token of a step name or group (T1)."""
+        """The routing token of a step name or group (T1, docs/spec.md)."""
         return tenant_group(sanitize_token(group), self._options.partition)
 
     def task_queue(self, group: str) -> str:
