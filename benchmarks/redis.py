@@ -7,7 +7,7 @@
 * S2: enqueue N tasks one by one, and in bulk (``dispatch_many``).
 * S3: dispatch -> result latency, one at a time, idle worker process: p50 / p99 ms.
 * S4: Redis commands/s of an idle worker process serving 1 and 10 queues (INFO commandstats),
-  everything counted: polls, the wake-up doorbell and the liveness keys (T11).
+  everything counted: polls, the wake-up doorbell and the liveness keys (T11, docs/spec.md).
 * S5: throughput of the same drain with 1k, 100k and 1M tasks pending.
 """
 

@@ -48,8 +48,8 @@ async def main(url: str, namespace: str, instance: str, log: TextIO) -> None:
             concurrency=8,
             stalled_threshold=THRESHOLD,
             stalled_check_interval=CHECK_INTERVAL,
-            # A lost lease (T8) is the one legitimate double run besides a kill: say so in the
-            # log, so the test can tell it from a bug.
+            # A lost lease (T8, docs/spec.md) is the one legitimate double run besides a kill:
+            # say so in the log, so the test can tell it from a bug.
             on_error=lambda exc: (
                 log.write(f"LEASE-LOST {instance} {time.time():.6f}\n")
                 if isinstance(exc, dt.LeaseLost)

@@ -1,4 +1,5 @@
-"""The broker contract (DESIGN §6), one suite for every broker (parametrized in conftest.py).
+"""The broker contract (adapters/_contract.py), one suite for every broker (parametrized in
+conftest.py); T3 and T9 name sections of docs/spec.md.
 
 Durations are short and real on brokers whose clock is a server's; on the memory broker the same
 tests run under a virtual clock (pytest-trio takes the clock from a test's own arguments, hence

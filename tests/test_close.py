@@ -1,4 +1,5 @@
-"""T24: the bounded, deterministic close, phase by phase, with exact virtual times."""
+"""T24 (docs/spec.md): the bounded, deterministic close, phase by phase, with exact virtual
+times."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The wire protocol's JSON mapping (§3): round trips, camelCase, strictness, schemas."""
+"""The wire protocol's JSON mapping (docs/protocol.md): round trips, camelCase, strictness,
+schemas."""
 
 from __future__ import annotations
 

@@ -131,9 +131,10 @@ async def run_crash_test(url: str, tmp_path: Path) -> dict[str, Any]:
     for step, instance, at in executions:
         by_step.setdefault(step, []).append((instance, at))
     duplicates = {s: runs for s, runs in by_step.items() if len(runs) > 1}
-    # kill -> redelivery (T9): for each step the killed worker held at the kill (its latest claim
-    # of the step, running or prefetched), the time until another worker claimed it again. A
-    # step re-claimed by a worker that is killed in turn is measured again from that kill.
+    # kill -> redelivery (T9, docs/spec.md): for each step the killed worker held at the kill
+    # (its latest claim of the step, running or prefetched), the time until another worker
+    # claimed it again. A step re-claimed by a worker that is killed in turn is measured again
+    # from that kill.
     claims_of: dict[str, list[tuple[str, float]]] = {}
     for step, instance, at in claims:
         claims_of.setdefault(step, []).append((instance, at))

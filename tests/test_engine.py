@@ -341,8 +341,8 @@ async def test_an_exception_marked_not_retryable_fails_at_once(
 async def test_a_stalled_step_from_the_poison_bridge_is_retried(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """T9's bridge publishes a RETRYABLE failed result with code "stalled" for a task that
-    stalled too often; the engine retries it like any retryable failure."""
+    """T9's bridge (docs/spec.md) publishes a RETRYABLE failed result with code "stalled" for a
+    task that stalled too often; the engine retries it like any retryable failure."""
     app = App("shop")
     attempts: list[tuple[int, float]] = []
 

@@ -1,4 +1,5 @@
-"""Worker liveness (T11), group health (T12), descriptors (T13), adaptive concurrency (T6)."""
+"""Worker liveness (T11), group health (T12), descriptors (T13), adaptive concurrency (T6); the
+ids are sections of docs/spec.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Leases under failure (T7-T10) on the memory broker, with exact virtual times."""
+"""Leases under failure (T7-T10, docs/spec.md) on the memory broker, with exact virtual times."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Leases under failure (T7-T10) on the brokers with a real clock (SQLite, Redis): the same
-four rules as tests/test_leases.py, on short real thresholds (bounds, not exact times: a
-server's clock does not follow trio's MockClock)."""
+"""Leases under failure (T7-T10, docs/spec.md) on the brokers with a real clock (SQLite,
+Redis): the same four rules as tests/test_leases.py, on short real thresholds (bounds, not
+exact times: a server's clock does not follow trio's MockClock)."""
 
 from __future__ import annotations
 

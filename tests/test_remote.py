@@ -1,5 +1,5 @@
-"""Remote workflow turns (T14), decisions (T15), step events (T16), and the store-less tenant
-protocol (T18-T23), under a virtual clock with exact times."""
+"""Remote workflow turns (T14, docs/spec.md), decisions (T15), step events (T16), and the
+store-less tenant protocol (T18-T23), under a virtual clock with exact times."""
 
 from __future__ import annotations
 

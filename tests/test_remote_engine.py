@@ -1,5 +1,6 @@
-"""The engine drives remote workflows (T14-T16) and serves store-less tenant pods as their
-control plane (T18-T23), under a virtual clock with exact times (memory) and for real (Redis)."""
+"""The engine drives remote workflows (T14-T16, docs/spec.md) and serves store-less tenant pods
+as their control plane (T18-T23), under a virtual clock with exact times (memory) and for real
+(Redis)."""
 
 from __future__ import annotations
 

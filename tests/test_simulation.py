@@ -175,8 +175,9 @@ def test_damaged_claims_are_set_aside_and_every_run_still_completes(remote: bool
     assert report.errors_reported["DamagedJob"] >= report.faults["damage"] // 2
 
 
-#: The same workload with the workflow's code on the workers (a remote workflow, T14-T16): the
-#: engine holds only the history, the workers serve the turns and run ``ctx.run`` locally.
+#: The same workload with the workflow's code on the workers (a remote workflow, T14-T16 of
+#: docs/spec.md): the engine holds only the history, the workers serve the turns and run
+#: ``ctx.run`` locally.
 remote_app = sample_app("sim-remote", remote=True)
 
 

@@ -1,4 +1,5 @@
-"""The queue transport's core behaviours: T1-T5, T10, T17, deferred consumers, bad input."""
+"""The queue transport's core behaviours: T1-T5, T10, T17 (docs/spec.md), deferred consumers,
+bad input."""
 
 from __future__ import annotations
 

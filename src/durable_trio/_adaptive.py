@@ -1,4 +1,5 @@
-"""Concurrency control (T6): a fixed limit, or an adaptive one moved by a latency gradient.
+"""Concurrency control (T6, docs/spec.md): a fixed limit, or an adaptive one moved by a latency
+gradient.
 
 The adaptive controller follows the idea of Netflix concurrency-limits' Gradient2 (with Vegas's
 baseline): compare the latency of the latest tick (the short window) with the best latency seen

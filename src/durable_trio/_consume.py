@@ -1,4 +1,5 @@
-"""Consumers: registration, the poll loop (T4, T5), job workers, finalize (T10), step tasks."""
+"""Consumers: registration, the poll loop (T4, T5), job workers, finalize (T10), step tasks
+(the ids are sections of docs/spec.md)."""
 
 from __future__ import annotations
 
@@ -572,9 +573,9 @@ class ConsumeMixin(TransportBase):
     async def _push_result(self, task: RemoteTask, job: Job) -> None:
         """Push a step's result, again and again with a backoff while the broker fails: the
         step has run, and raising would hand its task back to run again — and, after
-        ``max_job_attempts`` handbacks, fail it for good with no answer for its run (found by
-        the simulation harness under a storm of dropped calls). The claim stays renewed
-        meanwhile; a lost lease (T8) or a close past its deadline cancels the wait."""
+        ``max_job_attempts`` handbacks, fail it for good with no answer for its run. The claim
+        stays renewed meanwhile; a lost lease (T8) or a close past its deadline cancels the
+        wait."""
         delay, largest = _RESULT_PUSH_BACKOFF
         while True:
             try:

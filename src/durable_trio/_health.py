@@ -1,4 +1,5 @@
-"""Health: the concurrency limit (T6), worker status, group health (T12), descriptors (T13)."""
+"""Health: the concurrency limit (T6), worker status, group health (T12), descriptors (T13);
+the ids are sections of docs/spec.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The inbox registry of the store-less tenant protocol (T21, T22).
+"""The inbox registry of the store-less tenant protocol (T21, T22, docs/spec.md).
 
 A queue job has one consumer, so what BullMQ broadcasts on pub/sub (run replies, tenant events)
 rides per-instance *inbox* queues here: ``{prefix}:run-replies:{instance}`` and

@@ -1,5 +1,5 @@
-"""Leases under failure: claim renewal (T7), lost leases (T8), the reclaim sweep and the
-poison bridge with its evidence (T9)."""
+"""Leases under failure: claim renewal (T7, docs/spec.md), lost leases (T8), the reclaim sweep
+and the poison bridge with its evidence (T9)."""
 
 from __future__ import annotations
 

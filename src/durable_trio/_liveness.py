@@ -1,4 +1,5 @@
-"""Worker liveness (T11), group health (T12) and worker descriptors (T13) in the key store."""
+"""Worker liveness (T11), group health (T12) and worker descriptors (T13) in the key store
+(the ids are sections of docs/spec.md)."""
 
 from __future__ import annotations
 

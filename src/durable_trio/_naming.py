@@ -1,4 +1,5 @@
-"""Queue and key names (T1, T2): every user string made a safe, stable, bounded key part."""
+"""Queue and key names (T1, T2, docs/spec.md): every user string made a safe, stable, bounded
+key part."""
 
 from __future__ import annotations
 

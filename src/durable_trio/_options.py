@@ -21,7 +21,7 @@ ErrorHook = Callable[[BaseException], None]
 
 _log = logging.getLogger("durable_trio")
 
-#: Empty polls sleep this long; the reference's 200 ms.
+#: Empty polls sleep this long (200 ms).
 DEFAULT_POLL_INTERVAL = 0.2
 #: After consecutive empty polls the sleep doubles up to this many poll intervals (800 ms): an
 #: idle worker serving many step names would otherwise hit the broker names x 5 times a second.
@@ -46,7 +46,7 @@ DEFAULT_CLEANUP_TIMEOUT = 2.0
 #: Handler failures (a raising result handler, a failed result push) before a job is failed for
 #: good instead of handed back again: nothing is redelivered forever.
 DEFAULT_MAX_JOB_ATTEMPTS = 5
-#: Liveness key cadence (T11).
+#: Liveness key cadence (T11, docs/spec.md).
 DEFAULT_WORKER_HEARTBEAT_INTERVAL = 10.0
 
 

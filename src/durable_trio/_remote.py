@@ -1,6 +1,6 @@
-"""Remote workflow turns (T14), decisions (T15), step events (T16) and the store-less tenant
-protocol (T18–T23): start-run and run-request queues to the control plane, replies and tenant
-events through per-instance inboxes (see :mod:`durable_trio._inbox`)."""
+"""Remote workflow turns (T14, docs/spec.md), decisions (T15), step events (T16) and the
+store-less tenant protocol (T18–T23): start-run and run-request queues to the control plane,
+replies and tenant events through per-instance inboxes (see :mod:`durable_trio._inbox`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Concurrency slots: N handlers at once for the price of ONE poll loop (T5)."""
+"""Concurrency slots: N handlers at once for the price of ONE poll loop (T5, docs/spec.md)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@
     ├── lease keeper   claim renewal every threshold/2
     └── reclaim sweep  recover stalled jobs every stalled_check_interval; poison-job bridge
 
-Leaving the ``async with`` (or ``await transport.aclose()``) runs the bounded close of T24.
+Leaving the ``async with`` (or ``await transport.aclose()``) runs the bounded close of T24
+(docs/spec.md; in depth: docs/close.md).
 """
 
 from __future__ import annotations

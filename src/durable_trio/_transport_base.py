@@ -121,8 +121,8 @@ class ClaimState(enum.Enum):
 
 
 # The members as module globals, which the hot paths compare against (``claim.state is
-# _RUNNING``): on Python 3.11 reading a member off its Enum class goes through a descriptor and
-# costs ten times a global lookup, once or more per job.
+# _RUNNING``) once or more per job: reading a member off its Enum class goes through a
+# descriptor on Python 3.11, a global lookup does not.
 _BUFFERED = ClaimState.BUFFERED
 _RUNNING = ClaimState.RUNNING
 _FINALIZING = ClaimState.FINALIZING
@@ -148,10 +148,11 @@ class _Claim:
 class _JobWorker:
     """A task that runs one loop's jobs one after another, parked while idle.
 
-    One task per running handler, each in its own cancel scope, as §2 asks — but the task and
-    its scope outlive one job: spawning a task and building a scope per job costs ~15 µs, a
-    reschedule of a parked worker ~3 µs. Cancelling the scope (a lost lease, close's deadline)
-    ends the worker with its job; the loop starts a fresh one when next needed.
+    One task per running handler, each in its own cancel scope (so a lost lease or close's
+    deadline cancels exactly that handler, T8 and T24) — but the task and its scope outlive one
+    job: rescheduling a parked worker is far cheaper than spawning a task and building a scope
+    per job (docs/decisions.md, "Job workers are reused"). Cancelling the scope ends the worker
+    with its job; the loop starts a fresh one when next needed.
     """
 
     task: trio.lowlevel.Task
@@ -188,7 +189,7 @@ class TransportBase:
         self._can_renew = isinstance(broker, SupportsRenewal)
         self._can_recover = isinstance(broker, SupportsRecovery)
         self._wait_for_work = broker.wait_for_work if isinstance(broker, SupportsWakeup) else None
-        # (runtime Protocol checks cost microseconds each: made once here, not per call)
+        # (a runtime Protocol check inspects every member: made once here, not per call)
         self._many = broker if isinstance(broker, SupportsBatchFinalize) else None
         # Finalizes and pushes made in one scheduling round share one broker call, where the
         # broker can take them so (not the memory broker: its calls cost less than the round).
@@ -269,7 +270,7 @@ class TransportBase:
         return self._backend
 
     def token_of(self, group: str) -> str:
-        """The routing token of a step name or group (T1)."""
+        """The routing token of a step name or group (T1, docs/spec.md)."""
         return tenant_group(sanitize_token(group), self._options.partition)
 
     def task_queue(self, group: str) -> str:

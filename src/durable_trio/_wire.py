@@ -286,7 +286,8 @@ class InboxRegistration:
 @attrs.frozen
 class WorkerAdvertisement:
     """store-less pod -> control plane: a key the pod would have written to its own key store
-    (liveness, descriptor), recorded by the control plane in its store instead (T22)."""
+    (liveness, descriptor), recorded by the control plane in its store instead (T22,
+    docs/spec.md)."""
 
     key: str
     value: JSONValue = None

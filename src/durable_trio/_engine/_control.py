@@ -1,4 +1,4 @@
-"""The engine as the control plane of store-less tenant pods (T18–T23).
+"""The engine as the control plane of store-less tenant pods (T18–T23, docs/spec.md).
 
 ``open_engine(..., serve_tenants=True)`` makes the engine consume the start-run and
 run-request queues and publish its tenants' run events:

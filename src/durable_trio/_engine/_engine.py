@@ -329,7 +329,8 @@ class Engine:
             self._count("stale_results")
             if current.attempt == result.attempt + 1 and not current.dispatched:
                 # This result's first application checkpointed the retry, then stopped before
-                # the retry's dispatch was confirmed (cancelled: its claim's lease lost, T8);
+                # the retry's dispatch was confirmed (cancelled: its claim's lease lost, T8 of
+                # docs/spec.md);
                 # the redelivery finishes the job, or nobody would while this engine lives.
                 # While that first application is still under way here, wait for it: it may
                 # yet dispatch (a duplicated result) or be cancelled (a lost lease).

@@ -1,4 +1,5 @@
-"""The engine's side of a remote workflow (T14–T16): turns out, decisions and step events in.
+"""The engine's side of a remote workflow (T14–T16, docs/spec.md): turns out, decisions and step
+events in.
 
 A :class:`RemoteRunDriver` drives one run of a workflow registered ``remote=True`` (or declared
 with :meth:`App.remote_workflow`). It holds no workflow code; it loops:

@@ -54,7 +54,7 @@ class EngineStatistics:
     orphan_decisions: int = 0
     """Decisions for an unknown run or a run of a workflow that is not remote."""
     step_events: int = 0
-    """Step events (T16) received and checkpointed (or counted, for ``started``)."""
+    """Step events (T16, docs/spec.md) received and checkpointed (or counted, for ``started``)."""
     orphan_step_events: int = 0
     tenant_requests: int = 0
     """Start-run messages and run requests served as a control plane."""

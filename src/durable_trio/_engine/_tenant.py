@@ -2,7 +2,7 @@
 
 The pod owns no run store (and needs no key store): it starts runs, asks about them and watches
 its tenant's run events through queues alone — start-run and run-request out, replies on its
-own inbox, events on its own event inbox (T18–T23). See ``docs/remote.md``.
+own inbox, events on its own event inbox (T18–T23, docs/spec.md). See ``docs/remote.md``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One turn of a remote workflow, on a workflow worker (T14).
+"""One turn of a remote workflow, on a workflow worker (T14, docs/spec.md).
 
 The engine sends a :class:`~durable_trio.WorkflowTask` carrying the run's input and history;
 the worker replays the workflow function against that history, exactly as an engine replays a

@@ -1,4 +1,4 @@
-"""The queue broker contract (DESIGN §6) as ``typing.Protocol``\\ s.
+"""The queue broker contract as ``typing.Protocol``\\ s.
 
 A broker stores opaque job bytes (the transport's JSON envelope) in named queues. Popping a job
 claims it under a *lease*: a token that every later call about that claim must present. When a
