@@ -1,13 +1,18 @@
-"""open_backend: URL schemes, and a transport round trip on each embedded backend."""
+"""open_backend: URL schemes, a transport round trip on each backend, and its run stores."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import attrs
 import pytest
 import trio
 
 import durable_trio as dt
+from durable_trio._engine import RunRecord, RunStatus, RunStore, open_run_store
+from durable_trio._engine._stores.memory import MemoryRunStore
+from durable_trio._engine._stores.redis import RedisRunStore
+from durable_trio._engine._stores.sqlite import SqliteRunStore
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -81,3 +86,69 @@ async def test_redis_backend_round_trip(redis_url: str) -> None:
             assert health is not None
             assert len(health.live_workers) == 1
     assert [r.output for r in got] == [42]
+
+
+def pending(run_id: str) -> RunRecord:
+    return RunRecord(run_id, "order", None, RunStatus.PENDING, 0, 0)
+
+
+async def assert_opens_share_runs(first: dt.Backend, second: dt.Backend) -> RunStore:
+    """A run created through ``first``'s store is read through ``second``'s."""
+    async with open_run_store(first, "shop") as writer, open_run_store(second, "shop") as reader:
+        await writer.create_run(pending("r"))
+        stored = await reader.get_run("r")
+        assert stored is not None
+        assert stored.run_id == "r"
+        async with open_run_store(second, "other") as elsewhere:
+            assert await elsewhere.get_run("r") is None  # runs are per namespace
+        return reader
+
+
+async def test_memory_run_stores_live_on_the_backend() -> None:
+    """Engines on one memory backend share its runs; another backend has its own."""
+    async with dt.open_backend("memory://") as backend, dt.open_backend("memory://") as other:
+        store = await assert_opens_share_runs(backend, backend)
+        assert isinstance(store, MemoryRunStore)
+        async with open_run_store(other, "shop") as elsewhere:
+            assert await elsewhere.get_run("r") is None
+        # leaving the block did not close it: the next engine still sees the run
+        async with open_run_store(backend, "shop") as again:
+            assert again is store
+
+
+async def test_sqlite_run_stores_are_on_the_broker_s_file(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/app.db"
+    async with dt.open_backend(url) as backend:
+        store = await assert_opens_share_runs(backend, backend)
+        assert isinstance(store, SqliteRunStore)
+    async with dt.open_backend(url) as reopened, open_run_store(reopened, "shop") as store:
+        assert await store.get_run("r") is not None  # durable
+
+
+async def test_redis_run_stores_are_on_the_backend_s_client(redis_url: str) -> None:
+    async with dt.open_backend(redis_url) as backend, dt.open_backend(redis_url) as other:
+        store = await assert_opens_share_runs(backend, other)
+        assert isinstance(store, RedisRunStore)
+
+
+async def test_a_hand_built_backend_has_memory_run_stores_of_its_own() -> None:
+    async with dt.open_backend("memory://") as real:
+        wrapped = dt.Backend(url="test://", broker=real.broker, keys=real.keys)
+        async with open_run_store(real, "shop") as store:
+            await store.create_run(pending("r"))
+        async with open_run_store(wrapped, "shop") as own:
+            assert isinstance(own, MemoryRunStore)
+            assert await own.get_run("r") is None
+
+
+async def test_a_hand_built_backend_given_the_run_stores_shares_the_runs(tmp_path: Path) -> None:
+    """A wrapped SQLite broker's backend keeps the real backend's runs (same file, same
+    connection thread) when handed its run stores; ``attrs.evolve`` keeps them too."""
+    async with dt.open_backend(f"sqlite:///{tmp_path}/app.db") as real:
+        wrapped = dt.Backend(
+            url=real.url, broker=real.broker, keys=None, run_stores=real.run_stores
+        )
+        assert isinstance(await assert_opens_share_runs(real, wrapped), SqliteRunStore)
+        store_less = attrs.evolve(real, keys=None)
+        async with open_run_store(store_less, "shop") as store:
+            assert await store.get_run("r") is not None

@@ -7,7 +7,6 @@ transport over a pluggable broker (in-memory, SQLite, Redis).
 from __future__ import annotations
 
 from ._adaptive import Adaptive
-from ._backend import Backend, open_backend
 from ._codec import MAX_JSON_DEPTH, json_schema
 from ._engine import (
     App,
@@ -83,6 +82,7 @@ from ._wire import (
     WorkflowDecision,
     WorkflowTask,
 )
+from .backends import Backend, open_backend
 
 __version__ = "0.1.0"
 

@@ -18,11 +18,11 @@ from .adapters import (
 )
 
 if TYPE_CHECKING:
-    from ._backend import Backend
     from ._naming import QueueNames
     from ._wire import (
         WorkerStatus,
     )
+    from .backends._backend import Backend
 
 
 from ._transport_base import (

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._backend import open_backend
 from ._errors import BrokerError
 from ._health import read_worker_health
 from ._naming import QueueNames
+from .backends import open_backend
 
 if TYPE_CHECKING:
-    from ._backend import Backend
     from ._liveness import GroupHealth
+    from .backends._backend import Backend
 
 __all__ = ["HealthReader", "prometheus_text", "render_text", "snapshot", "watch"]
 

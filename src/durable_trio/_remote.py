@@ -36,9 +36,9 @@ from ._wire import (
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from ._backend import Backend
     from ._options import TransportOptions
     from .adapters import ClaimedJob
+    from .backends._backend import Backend
 
 __all__ = ["RemoteMixin"]
 

@@ -29,7 +29,7 @@ from ._options import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from ._backend import Backend
+    from .backends._backend import Backend
 
 from ._health import HealthMixin
 from ._leases import LeaseMixin

@@ -49,7 +49,7 @@ from .adapters import (
 )
 
 if TYPE_CHECKING:
-    from ._backend import Backend
+    from .backends._backend import Backend
     from .keys import KeyEntry
 
 StepHandler = Callable[[RemoteTask], Awaitable[JSONValue]]

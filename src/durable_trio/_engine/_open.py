@@ -19,8 +19,8 @@ from ._stores import open_run_store
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from .._backend import Backend
     from .._options import ErrorHook
+    from ..backends._backend import Backend
     from ._app import App
     from ._stores import RunStore
 

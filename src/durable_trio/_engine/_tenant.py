@@ -24,9 +24,9 @@ from ._records import RunStatus
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
-    from .._backend import Backend
     from .._transport import QueueTransport
     from .._wire import TenantEvent
+    from ..backends._backend import Backend
 
 __all__ = ["RunView", "TenantClient", "open_tenant_client"]
 

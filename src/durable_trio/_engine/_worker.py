@@ -27,9 +27,9 @@ from ._turn import run_turn
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from .._backend import Backend
     from .._transport import QueueTransport
     from .._wire import ControlMessage, RemoteTask
+    from ..backends._backend import Backend
     from ._app import App, StepDefinition
 
 __all__ = ["Worker", "WorkerStatistics", "open_worker"]

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .._backend import open_backend
 from .._errors import ConfigError, DurableTrioError
 from .._redact import redact_url
 from .._signals import close_on_signals
+from ..backends import open_backend
 from ._app import App
 from ._errors import RunFailed
 from ._open import open_engine

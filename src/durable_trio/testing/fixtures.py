@@ -33,8 +33,8 @@ import pytest
 import trio
 import trio.testing
 
-from .._backend import Backend, open_backend
 from .._engine import App, Engine, Worker, open_engine, open_worker
+from ..backends import Backend, open_backend
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence

@@ -38,7 +38,6 @@ import orjson
 import trio
 import trio.testing
 
-from .._backend import Backend
 from .._engine import (
     App,
     Applied,
@@ -61,6 +60,7 @@ from .._errors import BrokerError, BrokerUnavailable
 from .._liveness import MIN_HEARTBEAT_TTL
 from .._naming import QueueNames, sanitize_token
 from ..adapters.memory import MemoryBroker
+from ..backends._backend import Backend
 from ..keys.memory import MemoryKeyStore
 from ._determinism import seeded_scheduler
 from ._report import Faults, InvariantViolation, SimulationReport

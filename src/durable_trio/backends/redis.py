@@ -1,7 +1,6 @@
-"""``open_backend("redis://...")``: one client, the Redis broker and key store on it.
+"""``redis://`` / ``rediss://``: one client, the Redis broker, key store and run stores on it.
 
-Imported lazily by :func:`~durable_trio._backend.open_backend` (``hiredis`` is an optional
-dependency, and this module imports ``_backend`` for the :class:`Backend` class).
+Imported lazily by :func:`~durable_trio.open_backend`: ``hiredis`` is an optional dependency.
 """
 
 from __future__ import annotations
@@ -9,25 +8,47 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
+from .._engine._stores.redis import RedisRunStore
+from .._redact import redact_url
+from .._redis import RedisClient, open_redis
+from ..adapters.redis import RedisBroker
+from ..keys.redis import RedisKeyStore
 from ._backend import Backend
-from ._redact import redact_url
-from ._redis import RedisClient, open_redis
-from .adapters.redis import RedisBroker
-from .keys.redis import RedisKeyStore
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-__all__ = ["open_redis_backend"]
+    from .._engine._stores._contract import RunStore
+
+__all__ = ["RedisRunStores", "open_redis_backend"]
+
+
+@attrs.frozen
+class RedisRunStores:
+    """Run stores on the backend's own client (the one its broker and key store use)."""
+
+    client: RedisClient
+
+    @asynccontextmanager
+    async def open(self, namespace: str) -> AsyncIterator[RunStore]:
+        """A store for ``namespace`` on the client; closed on leaving (the client is not)."""
+        store = RedisRunStore(self.client, namespace)
+        try:
+            yield store
+        finally:
+            with trio.CancelScope(shield=True):
+                await store.aclose()
 
 
 @asynccontextmanager
 async def open_redis_backend(
     url: str, *, key_tag: str = "durable-keys", pool_size: int = 2, **broker_options: Any
 ) -> AsyncIterator[Backend]:
-    """Open a Redis client on ``url`` with a :class:`RedisBroker` and a :class:`RedisKeyStore`.
+    """Open a Redis client on ``url`` with a :class:`RedisBroker`, a :class:`RedisKeyStore`
+    and :class:`RedisRunStores`, all on that client.
 
     Everything is closed on leaving the block (the backend first, bounded, then the client).
 
@@ -100,7 +121,10 @@ async def _serve(
             RedisBroker(client, **broker_options) as broker,
         ):
             backend = Backend(
-                url=redact_url(url), broker=broker, keys=RedisKeyStore(client, tag=key_tag)
+                url=redact_url(url),
+                broker=broker,
+                keys=RedisKeyStore(client, tag=key_tag),
+                run_stores=RedisRunStores(client),
             )
             task_status.started((backend, client, lift))
             await trio.sleep_forever()

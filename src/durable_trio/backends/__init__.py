@@ -1,0 +1,59 @@
+"""Backends, one module each: a broker, a worker-key store and run stores, chosen by URL.
+
+:func:`open_backend` is the one place that switches on the URL scheme; :mod:`.memory`,
+:mod:`.sqlite` and :mod:`.redis` each build their :class:`Backend` (its run-store provider
+included, so nothing re-parses the URL later to find the run store).
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from .._errors import ConfigError
+from .._redact import url_scheme
+from ._backend import Backend, MemoryRunStores, RunStores
+from .memory import open_memory_backend
+from .sqlite import open_sqlite_backend
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+__all__ = ["Backend", "MemoryRunStores", "RunStores", "open_backend"]
+
+_KNOWN = "memory://, sqlite:///, redis:// or rediss://"
+
+
+@asynccontextmanager
+async def open_backend(url: str = "memory://") -> AsyncIterator[Backend]:
+    """Open the backend ``url`` names, and close it on leaving the block.
+
+    Args:
+        url: ``memory://`` (one process, tests), ``sqlite:///path/file.db`` (embedded,
+            durable), ``redis://host:port/db`` or ``rediss://...`` (many machines).
+
+    Raises:
+        ConfigError: an unknown scheme, a malformed URL, a SQLite file that cannot be made.
+        AuthenticationError: the server refused the URL's credentials (raised once, not
+            retried).
+        BrokerUnavailable: the server cannot be reached.
+
+    Error handling: no message ever holds the URL's user name or password (see
+    :func:`~durable_trio._redact.redact_url`); ``Backend.url`` is the URL with them masked.
+    """
+    scheme = url_scheme(url)
+    if scheme == "memory":
+        opened = open_memory_backend(url)
+    elif scheme == "sqlite":
+        opened = open_sqlite_backend(url)
+    elif scheme in ("redis", "rediss"):
+        # imported here: the Redis backend needs hiredis (the `redis` extra)
+        from .redis import open_redis_backend
+
+        opened = open_redis_backend(url)
+    elif scheme is None:
+        raise ConfigError(f"a backend URL starts with {_KNOWN}")
+    else:
+        raise ConfigError(f"unknown backend URL scheme {scheme!r} (known: {_KNOWN})")
+    async with opened as backend:
+        yield backend
