@@ -20,10 +20,10 @@ the bridge with ``trio_asyncio.aio_as_trio``: the only way a Trio program can us
 redis-py is NOT a dependency of the project. Install it (and the bridge) out of the way and put
 it on ``PYTHONPATH`` for this script only; without it those columns are skipped with a note::
 
-    .venv/bin/python -m pip install --target /tmp/redispy redis trio-asyncio
+    .venv/bin/python -m pip install --target /tmp/redispy --no-deps redis trio-asyncio greenlet
     PYTHONPATH=/tmp/redispy .venv/bin/python -m benchmarks.redis_clients [--quick]
 
-(``--target`` installs trio again next to the bridge; ``--no-deps`` plus ``greenlet`` avoids it.)
+(``--no-deps``: trio-asyncio's other dependencies, trio among them, are the project's own.)
 """
 
 from __future__ import annotations
