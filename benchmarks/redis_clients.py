@@ -66,9 +66,7 @@ class _Sizes:
         self.pops = 30 if quick else 200
 
 
-def _figures(
-    who: str, sizes: _Sizes, ping: float, script: float, pipe: float, pops: list[float]
-) -> Figures:
+def _figures(who: str, ping: float, script: float, pipe: float, pops: list[float]) -> Figures:
     cut = statistics.quantiles(pops, n=100)
     return {
         f"{who}: PING round trips/s": ping,
@@ -121,13 +119,14 @@ async def ours(url: str, sizes: _Sizes) -> Figures:
                     pushed.append(time.perf_counter())
                     await client.execute("LPUSH", "bench:ours:q", "x")
     pops = [after - before for before, after in zip(pushed, popped, strict=True)]
-    return _figures("ours", sizes, ping, evalsha, pipe, pops)
+    return _figures("ours", ping, evalsha, pipe, pops)
 
 
 # --- redis-py, asyncio (natively, or bridged) ---------------------------------------------------
 
 
 def _redis_py() -> ModuleType | None:
+    # Imported by name: redis-py is no dependency, so neither installed for mypy nor typed here.
     try:
         return importlib.import_module("redis.asyncio")
     except ImportError:
@@ -181,7 +180,7 @@ async def _redis_py_figures(
         await cross(client.aclose)
         await cross(popper.aclose)
     pops = [after - before for before, after in zip(pushed, popped, strict=True)]
-    return _figures(who, sizes, ping, evalsha, pipe, pops)
+    return _figures(who, ping, evalsha, pipe, pops)
 
 
 async def _direct(call: Callable[[], Awaitable[Any]]) -> Any:
