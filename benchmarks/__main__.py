@@ -2,10 +2,12 @@
 
 Sections: ``memory`` (the transport on the memory broker), ``adaptive`` (adaptive concurrency
 against fixed limits), ``engine`` (3-step workflows against raw round trips), ``redis`` (the race:
-ours and the peers', on one private redis-server, in the same run), ``sqlite`` (the embedded
-default), ``simulation`` (a seeded day of production with faults, issue 9), ``soak`` (memory of
-one worker over a million steps and of an engine over 100,000 runs, issue 13; several minutes).
-``--quick`` runs smaller versions of each (a smoke test; the peers then run once each).
+ours and the peers', on one private redis-server, in the same run), ``redis-clients`` (our Redis
+client against redis-py, when redis-py is on ``PYTHONPATH``: see benchmarks/redis_clients.py),
+``sqlite`` (the embedded default), ``simulation`` (a seeded day of production with faults,
+issue 9), ``soak`` (memory of one worker over a million steps and of an engine over 100,000 runs,
+issue 13; several minutes). ``--quick`` runs smaller versions of each (a smoke test; the peers
+then run once each).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import adaptive, engine, memory, simulation, soak
+from . import adaptive, engine, memory, redis_clients, simulation, soak
 from . import redis as ours_on_redis
 from .redis_server import RedisError, private_redis, redis_version
 
@@ -82,6 +84,7 @@ SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "adaptive": _adaptive,
     "engine": _engine,
     "redis": _redis,
+    "redis-clients": redis_clients.section,
     "sqlite": _sqlite,
     "simulation": _simulation,
     "soak": _soak,
