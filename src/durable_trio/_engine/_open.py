@@ -11,7 +11,7 @@ import trio
 from .._failures import one_exception, raise_bare
 from .._options import log_error
 from .._transport import open_queue_transport
-from ._engine import Engine
+from ._engine import Engine, start_engine
 from ._options import EngineOptions
 from ._retry import Retry
 from ._stores import open_run_store
@@ -105,7 +105,7 @@ async def open_engine(
                 async with trio.open_nursery() as root:
                     try:
                         try:
-                            await engine._start(root)
+                            await start_engine(engine, root)
                         except BaseException as exc:
                             body_error = exc
                         else:
