@@ -17,8 +17,9 @@ services its drivers use are :class:`~._services.EngineServices`; applying resul
 
 from __future__ import annotations
 
-# A real import, not a TYPE_CHECKING one: ``Engine.list`` shadows the builtin inside the class
-# body, so its annotations spell the type ``builtins.list``, which ``typing.get_type_hints``
+# Real imports, not TYPE_CHECKING ones (the ``noqa: TC00x``): ``Engine.list`` shadows the builtin
+# inside the class body, so its annotations spell the type ``builtins.list``; that, and the
+# return types of the public properties (``App``, ``RunStore``, ...), ``typing.get_type_hints``
 # (and anything built on it) must resolve at run time.
 import builtins  # noqa: TC003
 import uuid
@@ -27,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._errors import BrokerError, TransportClosed
+from .._transport import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
+from ._app import App  # noqa: TC001
 from ._errors import (
     EngineClosed,
     EngineError,
@@ -39,18 +42,15 @@ from ._errors import (
 from ._options import EngineOptions
 from ._records import RunRecord, RunStatus, StepRecord, normalize_json
 from ._remote_run import RemoteRunDriver
-from ._results import ResultHandler
+from ._retry import Retry  # noqa: TC001
 from ._runtime import RunDriver, describe_error
-from ._services import EngineServices
 from ._statistics import EngineStatistics
-from ._timers import EngineTimers
+from ._stores import RunStore  # noqa: TC001
 
 if TYPE_CHECKING:
-    from .._options import ErrorHook
-    from .._transport import QueueTransport
-    from ._app import App
-    from ._services import Driver
-    from ._stores import RunStore
+    from ._results import ResultHandler
+    from ._services import Driver, EngineServices
+    from ._timers import EngineTimers
 
 __all__ = ["Engine", "EngineOptions", "EngineStatistics", "start_engine"]
 
@@ -69,27 +69,48 @@ class Engine:
     """
 
     def __init__(
-        self,
-        app: App,
-        store: RunStore,
-        transport: QueueTransport,
-        options: EngineOptions,
-        on_error: ErrorHook,
+        self, services: EngineServices, results: ResultHandler, timers: EngineTimers
     ) -> None:
-        self.app = app
-        self.store = store
-        self.transport = transport
-        self.options = options
-        self.engine_id = options.engine_id
-        self.default_retry = options.default_retry
-        self._services = EngineServices(app, store, transport, options, on_error)
-        self._results = ResultHandler(self._services)
-        self._timers = EngineTimers(self._services)
+        # Built by open_engine: the pieces share ``services`` (the state and the services
+        # the drivers use); the engine composes them and adds the public API.
+        self._services = services
+        self._results = results
+        self._timers = timers
         self._runs: trio.Nursery | None = None
         self._loops: trio.Nursery | None = None
         self._closing = False
         self._spawned = trio.Event()
         """Set (and replaced) whenever a driver starts: wakes ``result`` pollers."""
+
+    @property
+    def app(self) -> App:
+        """The app whose workflows it drives."""
+        return self._services.app
+
+    @property
+    def store(self) -> RunStore:
+        """Its run store."""
+        return self._services.store
+
+    @property
+    def transport(self) -> QueueTransport:
+        """Its queue transport (results in, tasks out)."""
+        return self._services.transport
+
+    @property
+    def options(self) -> EngineOptions:
+        """Its options."""
+        return self._services.options
+
+    @property
+    def engine_id(self) -> str:
+        """Its owner id on the runs it drives."""
+        return self._services.options.engine_id
+
+    @property
+    def default_retry(self) -> Retry:
+        """The retry policy of a step that names none."""
+        return self._services.default_retry
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -41,16 +41,12 @@ if TYPE_CHECKING:
     from ._retry import Retry
     from ._stores import RunStore
 
-__all__ = ["Driver", "DriverServices", "EngineServices", "RunListener", "StepWaiter"]
+__all__ = ["Driver", "DriverServices", "EngineServices", "StepWaiter"]
 
 T = TypeVar("T")
 
 #: First and largest delay between two attempts at a store / broker call that failed.
 _GUARD_BACKOFF = (0.05, 5.0)
-
-#: Called with ``(kind, run)`` when a run starts or settles (``kind``: ``started``,
-#: ``completed``, ``failed``, ``cancelled``); must not block.
-RunListener = "Callable[[str, RunRecord], None]"
 
 
 def _newer(candidate: StepRecord, current: StepRecord | None) -> bool:
