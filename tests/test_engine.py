@@ -671,7 +671,7 @@ async def test_results_applied_by_another_engine_reach_the_owner_through_the_wat
             await trio.sleep(2.25)
             # The other engine's results loop took the result: it applies it to the store.
             done = dt.StepResult("r", "1", 1, dt.StepStatus.COMPLETED, output="from x")
-            await other._on_result(done)
+            await other._results.on_result(done)
             assert other.statistics().results_applied == 1
             assert await other.result("r") == "from x"  # polled from the store
             # The owner's watch (every 1 s from its start at t=0) saw it at t=3 and settled the

@@ -16,22 +16,10 @@ import durable_trio
 ROOT = Path(durable_trio.__file__).parent
 PACKAGE = "durable_trio"
 
-#: Cycles outside the backends, left for the items of issue #14 that restructure their
-#: modules (items 1, 2 and 4: the transport's mixins, the engine's drivers). Each entry is the
-#: set of modules of one strongly connected component; the test fails on any other cycle,
-#: and on an entry here that is gone (so the list only shrinks).
-KNOWN_CYCLES: list[frozenset[str]] = [
-    # The engine's drivers and control plane name `Engine` back (under TYPE_CHECKING) for
-    # the state they reach into; issue #14's engine item gives them narrow interfaces.
-    frozenset(
-        {
-            f"{PACKAGE}._engine._control",
-            f"{PACKAGE}._engine._engine",
-            f"{PACKAGE}._engine._remote_run",
-            f"{PACKAGE}._engine._runtime",
-        }
-    ),
-]
+#: Cycles still allowed. Each entry is the set of modules of one strongly connected
+#: component; the test fails on any other cycle, and on an entry here that is gone (so the
+#: list only shrinks). Empty: the package has none.
+KNOWN_CYCLES: list[frozenset[str]] = []
 
 
 def module_name(path: Path) -> str:
@@ -150,3 +138,35 @@ def test_the_backends_are_in_no_cycle() -> None:
             module.startswith((f"{PACKAGE}.backends", f"{PACKAGE}._engine._stores"))
             for module in cycle
         ), sorted(cycle)
+
+
+#: The engine's pieces that must not depend on the facade: they get what they need through
+#: `_services.DriverServices` (or `EngineServices`), never from `Engine` itself.
+ENGINE_PIECES = ("_control", "_remote_run", "_results", "_runtime", "_services", "_timers")
+
+
+def test_the_engine_pieces_do_not_import_the_engine_facade() -> None:
+    graph = import_graph()
+    facade = f"{PACKAGE}._engine._engine"
+    for piece in ENGINE_PIECES:
+        assert facade not in graph[f"{PACKAGE}._engine.{piece}"], piece
+
+
+def test_no_module_reaches_into_the_engine_private_members() -> None:
+    """No ``engine._x`` / ``self.engine._x`` outside the module that defines ``Engine``."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        if path == ROOT / "_engine" / "_engine.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+                continue
+            if node.attr.startswith("__"):
+                continue
+            owner = node.value
+            named = (isinstance(owner, ast.Name) and owner.id == "engine") or (
+                isinstance(owner, ast.Attribute) and owner.attr in ("engine", "_engine")
+            )
+            if named:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []

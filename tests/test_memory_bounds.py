@@ -179,10 +179,10 @@ async def test_the_engine_keeps_no_per_run_state_once_runs_finish(
                         for n in range(batch * 100, batch * 100 + 100):
                             nursery.start_soon(one, n)
                 await trio.testing.wait_all_tasks_blocked()
-                assert engine._drivers == {}
-                assert engine._waiters == {}
-                assert engine._applying == {}
-                assert engine._decision_locks == {}
+                assert engine._services.drivers == {}
+                assert engine._services.waiters == {}
+                assert engine._services.applying == {}
+                assert engine._services.decision_locks == {}
                 assert largest_container(engine.transport._controller) <= _CONTROLLER_BOUND
                 assert largest_container(worker.transport._controller) <= _CONTROLLER_BOUND
             assert worker._scopes == {}
@@ -248,7 +248,7 @@ async def test_a_decision_lock_handed_to_the_runs_driver_is_dropped_by_it(
     async with dt.open_backend("memory://") as backend:
         async with open_engine(app, backend, namespace="locks") as engine:
             gated = GatedRunStore(engine.store)
-            engine.store = gated
+            engine._services.store = gated  # what the drivers and decisions read
             decision = dt.WorkflowDecision(
                 task_id="t", run_id="r", status=dt.DecisionStatus.COMPLETED
             )
@@ -260,15 +260,15 @@ async def test_a_decision_lock_handed_to_the_runs_driver_is_dropped_by_it(
                 created_at=0.0,
                 updated_at=0.0,
             )
-            driver = RemoteRunDriver(engine, run, [])
+            driver = RemoteRunDriver(engine._services, run, [])
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(apply_decision, engine, decision)
+                nursery.start_soon(apply_decision, engine._services, decision)
                 await trio.testing.wait_all_tasks_blocked()
-                assert engine._decision_locks["r"].locked()
+                assert engine._services.decision_locks["r"].locked()
                 nursery.start_soon(driver._settled_decisions)
                 await trio.testing.wait_all_tasks_blocked()
                 gated.gate.set()
-            assert engine._decision_locks == {}
+            assert engine._services.decision_locks == {}
 
 
 async def test_the_memory_key_store_drops_expired_keys_without_a_read(

@@ -19,10 +19,12 @@ deterministic replay, run stores.
         outcome = await engine.result(run_id)
 
 Layers (imports go down): ``_app`` / ``_retry`` / ``_records`` / ``_errors`` -> ``_stores`` ->
-``_replay`` / ``_context`` -> ``_runtime`` (runs driven here), ``_turn`` (a remote workflow's
-turn, on a workflow worker) -> ``_remote_run`` (remote runs, driven turn by turn) -> ``_engine``
-(with ``_options``, ``_statistics``; ``_control``: the control plane of tenant pods) ->
-``_open``, ``_worker``, ``_tenant`` (a pod's client) -> ``cli``.
+``_replay`` / ``_context`` -> ``_services`` (what drivers get from the engine) -> ``_runtime``
+(runs driven here), ``_turn`` (a remote workflow's turn, on a workflow worker) ->
+``_remote_run`` (remote runs, driven turn by turn) -> ``_results`` (result application),
+``_timers`` (the periodic loops), ``_control`` (the control plane of tenant pods) -> ``_engine``
+(the public facade, with ``_options``, ``_statistics``) -> ``_open`` (builds the pieces),
+``_worker``, ``_tenant`` (a pod's client) -> ``cli``.
 """
 
 from __future__ import annotations

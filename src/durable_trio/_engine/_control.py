@@ -19,22 +19,24 @@ and an error whose ``code`` says why; it never fails the request job.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from .._errors import BrokerError, DurableTrioError, PayloadError, TransportClosed
 from .._wire import RunReply, StepError, TenantEvent
 from ._errors import EngineError, RunNotFound, UnknownWorkflow
-from ._records import RunRecord, step_to_json
+from ._records import step_to_json
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from .._transport import QueueTransport
     from .._wire import RunRequest, StartRunMessage
-    from ._engine import Engine
+    from ._records import RunRecord, StepRecord
+    from ._services import DriverServices
 
-__all__ = ["ControlPlane", "run_view", "scoped_run_id", "split_run_id"]
+__all__ = ["ControlPlane", "RunOperations", "run_view", "scoped_run_id", "split_run_id"]
 
 #: Tenant events buffered between the engine and the publisher (overflow is reported).
 _EVENT_BUFFER = 10_000
@@ -87,26 +89,52 @@ def _error_reply(request_id: str, exc: BaseException) -> RunReply:
     return RunReply(request_id, False, error=StepError(str(exc), code, False))
 
 
-class ControlPlane:
-    """Serves tenant pods for one engine (see the module docstring)."""
+class RunOperations(Protocol):
+    """The engine's public run API, as far as the control plane serves it to pods."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    async def start(self, workflow: str, input: Any = None, *, run_id: str | None = None) -> str:
+        """Start a run (idempotent by ``run_id``); returns its id."""
+
+    async def get(self, run_id: str) -> RunRecord:
+        """The run as stored (raises ``RunNotFound``)."""
+
+    async def history(self, run_id: str) -> list[StepRecord]:
+        """The run's checkpoints (raises ``RunNotFound``)."""
+
+    async def cancel(self, run_id: str, *, reason: str = "cancelled") -> bool:
+        """Cancel the run; whether this call cancelled it."""
+
+
+class ControlPlane:
+    """Serves tenant pods for one engine (see the module docstring).
+
+    Args:
+        services: the engine's services (counters, error hook, run listeners).
+        runs: the engine's run API (the engine itself).
+        transport: the engine's transport (the pods' queues).
+    """
+
+    def __init__(
+        self, services: DriverServices, runs: RunOperations, transport: QueueTransport
+    ) -> None:
+        self.services = services
+        self.runs = runs
+        self.transport = transport
         self._send, self._receive = trio.open_memory_channel[TenantEvent](_EVENT_BUFFER)
 
     def attach(self, nursery: trio.Nursery) -> None:
-        transport = self.engine.transport
+        transport = self.transport
         transport.on_start_run(self._on_start_run)
         transport.on_run_request(self._on_run_request)
-        self.engine._listeners.append(self._on_run_event)
+        self.services.add_listener(self._on_run_event)
         nursery.start_soon(self._publish_forever)
 
     async def _reply(self, reply: RunReply) -> None:
-        await self.engine.transport.publish_run_reply(reply)
+        await self.transport.publish_run_reply(reply)
 
     async def _serve(self, correlation: str, answer: Callable[[], Awaitable[Any]]) -> None:
         """Reply to one pod request with what ``answer`` computes, or with why it failed."""
-        self.engine._count("tenant_requests")
+        self.services.count("tenant_requests")
         try:
             data = await answer()
         except (BrokerError, TransportClosed):
@@ -123,23 +151,23 @@ class ControlPlane:
         await self._serve(request.request_id, lambda: self._answer(request))
 
     async def _start(self, message: StartRunMessage) -> Any:
-        engine = self.engine
+        runs = self.runs
         stored = scoped_run_id(message.tenant, message.run_id)
-        await engine.start(message.workflow, message.input, run_id=stored)
-        return run_view(await engine.get(stored), message.run_id)
+        await runs.start(message.workflow, message.input, run_id=stored)
+        return run_view(await runs.get(stored), message.run_id)
 
     async def _answer(self, request: RunRequest) -> Any:
-        engine = self.engine
+        runs = self.runs
         stored = scoped_run_id(request.tenant, request.run_id)
         action = request.action
         if action in ("status", "result"):
-            return run_view(await engine.get(stored), str(request.run_id))
+            return run_view(await runs.get(stored), str(request.run_id))
         if action == "history":
-            return [step_to_json(r) for r in await engine.history(stored)]
+            return [step_to_json(r) for r in await runs.history(stored)]
         if action == "cancel":
             reason = request.data.get("reason") if isinstance(request.data, dict) else None
-            cancelled = await engine.cancel(stored, reason=str(reason or "cancelled by tenant"))
-            view = run_view(await engine.get(stored), str(request.run_id))
+            cancelled = await runs.cancel(stored, reason=str(reason or "cancelled by tenant"))
+            view = run_view(await runs.get(stored), str(request.run_id))
             view["cancelled"] = cancelled
             return view
         raise PayloadError(
@@ -157,24 +185,24 @@ class ControlPlane:
         try:
             self._send.send_nowait(event)
         except trio.WouldBlock:
-            self.engine._report(
+            self.services.report(
                 EngineError(f"dropped tenant event {event.kind} of {run.run_id!r}: buffer full")
             )
 
     async def _publish_forever(self) -> None:
         """One publisher, in order: each subscriber sees this engine's events in the order the
         runs moved (T21)."""
-        engine = self.engine
+        services = self.services
+        transport = self.transport
         async for event in self._receive:
 
             async def publish(event: TenantEvent = event) -> None:
-                await engine.transport.publish_tenant_event(event)
+                await transport.publish_tenant_event(event)
 
             # A payload that cannot go out is reported and skipped; the broker is retried.
             try:
-                await engine._guard(publish, "publishing a tenant event")
+                await services.guard(publish, "publishing a tenant event")
             except PayloadError as exc:
-                engine._report(exc)
+                services.report(exc)
                 continue
-            engine._count("tenant_events")
-
+            services.count("tenant_events")

@@ -11,10 +11,13 @@ import trio
 from .._failures import one_exception, raise_bare
 from .._options import log_error
 from .._transport import open_queue_transport
-from ._engine import Engine
+from ._engine import Engine, start_engine
 from ._options import EngineOptions
+from ._results import ResultHandler
 from ._retry import Retry
+from ._services import EngineServices
 from ._stores import open_run_store
+from ._timers import EngineTimers
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -100,12 +103,15 @@ async def open_engine(
             transport = await stack.enter_async_context(
                 open_queue_transport(backend, **transport_options)
             )
-            engine = Engine(app, store, transport, options, on_error)
+            # The engine's pieces: the state and services they share, result application,
+            # the periodic loops; the Engine composes them behind the public API.
+            services = EngineServices(app, store, transport, options, on_error)
+            engine = Engine(services, ResultHandler(services), EngineTimers(services))
             try:
                 async with trio.open_nursery() as root:
                     try:
                         try:
-                            await engine._start(root)
+                            await start_engine(engine, root)
                         except BaseException as exc:
                             body_error = exc
                         else:

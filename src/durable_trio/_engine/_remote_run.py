@@ -40,12 +40,12 @@ from ._records import (
     normalize_json,
     step_to_json,
 )
-from ._runtime import StepWaiter, describe_error, send_step
+from ._runtime import describe_error, send_step
 
 if TYPE_CHECKING:
     from .._wire import StepEvent, WorkflowDecision
     from ._app import WorkflowDefinition
-    from ._engine import Engine
+    from ._services import DriverServices, StepWaiter
 
 __all__ = ["RemoteRunDriver", "apply_decision", "apply_step_event"]
 
@@ -74,21 +74,21 @@ def _run_error(decision: WorkflowDecision) -> dict[str, Any]:
     return {"type": error.code or "WorkflowFailed", "message": error.message}
 
 
-async def _apply_command(engine: Engine, run: RunRecord, command: Any) -> bool:
+async def _apply_command(services: DriverServices, run: RunRecord, command: Any) -> bool:
     """Checkpoint one command. Returns ``False`` when it contradicts the stored history (the
     decision is stale)."""
     if not isinstance(command, dict):
         raise _BadDecision(f"a decision command must be an object, got {command!r}")
-    store = engine.store
+    store = services.store
     kind = command.get("type")
     step_id = _text(command, "stepId")
     if kind == "step":
         name = _text(command, "name")
         retry = command.get("retry")
         if not isinstance(retry, dict):
-            retry = engine._retry_for(name, None).to_json()
+            retry = services.retry_for(name, None).to_json()
         priority = command.get("priority")
-        step = engine._step_definition(name)
+        step = services.step_definition(name)
         fresh = StepRecord(
             run_id=run.run_id,
             step_id=step_id,
@@ -99,16 +99,16 @@ async def _apply_command(engine: Engine, run: RunRecord, command: Any) -> bool:
             retry=retry,
             priority=priority if isinstance(priority, int) else step.priority if step else None,
         )
-        stored = await engine._guard(lambda: store.begin_step(fresh), "checkpointing")
+        stored = await services.guard(lambda: store.begin_step(fresh), "checkpointing")
         if (stored.kind, stored.name) != (StepKind.REMOTE, name):
             return False
         if (
             stored.status is StepState.PENDING
             and not stored.dispatched
             and stored.attempt == 1  # a later attempt is its result handler's to send
-            and (run.run_id, step_id) not in engine._applying
+            and (run.run_id, step_id) not in services.applying
         ):
-            await send_step(engine, stored, None)
+            await send_step(services, stored, None)
         return True
     if kind == "sleep":
         seconds = command.get("seconds")
@@ -123,7 +123,7 @@ async def _apply_command(engine: Engine, run: RunRecord, command: Any) -> bool:
             input=float(seconds),
             wake_at=store.now() + float(seconds),
         )
-        stored = await engine._guard(lambda: store.begin_step(timer), "checkpointing")
+        stored = await services.guard(lambda: store.begin_step(timer), "checkpointing")
         return stored.kind is StepKind.TIMER
     if kind == "local":
         name = _text(command, "name")
@@ -142,13 +142,13 @@ async def _apply_command(engine: Engine, run: RunRecord, command: Any) -> bool:
             output=command.get("output"),
             error=command.get("error"),
         )
-        stored = await engine._guard(lambda: store.begin_step(local), "checkpointing")
+        stored = await services.guard(lambda: store.begin_step(local), "checkpointing")
         if (stored.kind, stored.name, stored.status) == (
             StepKind.LOCAL,
             name,
             StepState.PENDING,
         ):  # left pending by an engine that once ran this workflow locally: settle it
-            verdict = await engine._guard(
+            verdict = await services.guard(
                 lambda: store.update_step(local, expect_attempt=stored.attempt), "checkpointing"
             )
             return verdict is Applied.APPLIED
@@ -161,7 +161,7 @@ async def _apply_command(engine: Engine, run: RunRecord, command: Any) -> bool:
     raise _BadDecision(f"unknown decision command type {kind!r}")
 
 
-async def apply_decision(engine: Engine, decision: WorkflowDecision) -> None:
+async def apply_decision(services: DriverServices, decision: WorkflowDecision) -> None:
     """Apply one decision to the store (any engine may; see the module docstring), then tell
     the run's driver if this engine drives it. Decisions of one run are applied one at a time
     here, so a duplicate (a turn redelivered) finds the first one's steps already dispatched
@@ -171,75 +171,75 @@ async def apply_decision(engine: Engine, decision: WorkflowDecision) -> None:
         A malformed decision fails the run (``BadDecision``, reported through the error hook).
         A store error propagates: the transport redelivers the decision.
     """
-    locks = engine._decision_locks
+    locks = services.decision_locks
     lock = locks.get(decision.run_id)
     if lock is None:
         lock = locks[decision.run_id] = trio.Lock()
     try:
         async with lock:
-            await _apply_decision(engine, decision)
+            await _apply_decision(services, decision)
     finally:
-        _forget_idle_lock(engine, decision.run_id, lock)
+        _forget_idle_lock(services, decision.run_id, lock)
 
 
-def _forget_idle_lock(engine: Engine, run_id: str, lock: trio.Lock) -> None:
+def _forget_idle_lock(services: DriverServices, run_id: str, lock: trio.Lock) -> None:
     """Drop a run's decision lock once nobody holds or awaits it. Whoever releases it last
     checks: a release hands the lock to the next waiter, so the first holder finds it still
     locked, and a lock left behind would outlive its run."""
     if (
         not lock.locked()
         and not lock.statistics().tasks_waiting
-        and engine._decision_locks.get(run_id) is lock
+        and services.decision_locks.get(run_id) is lock
     ):
-        del engine._decision_locks[run_id]
+        del services.decision_locks[run_id]
 
 
-async def _apply_decision(engine: Engine, decision: WorkflowDecision) -> None:
-    store = engine.store
+async def _apply_decision(services: DriverServices, decision: WorkflowDecision) -> None:
+    store = services.store
     run = await store.get_run(decision.run_id)
-    definition = None if run is None else engine.app.workflows.get(run.workflow)
+    definition = None if run is None else services.app.workflows.get(run.workflow)
     if run is None or definition is None or not definition.remote:
-        engine._count("orphan_decisions")
+        services.count("orphan_decisions")
         return
     if run.status.terminal:
-        engine._count("stale_decisions")
+        services.count("stale_decisions")
         return
     verdict = _APPLIED
     try:
         for command in decision.commands:
-            if not await _apply_command(engine, run, command):
+            if not await _apply_command(services, run, command):
                 verdict = _STALE
                 break
     except PayloadError as exc:
-        engine._report(exc)
+        services.report(exc)
         error = {"type": "BadDecision", "message": str(exc)}
-        await engine._settle(run, RunStatus.FAILED, error=error)
+        await services.settle(run, RunStatus.FAILED, error=error)
         verdict = _APPLIED
     else:
         if verdict is _STALE:
-            engine._count("stale_decisions")
+            services.count("stale_decisions")
         elif decision.status is DecisionStatus.COMPLETED:
-            await engine._settle(run, RunStatus.COMPLETED, output=decision.output)
+            await services.settle(run, RunStatus.COMPLETED, output=decision.output)
         elif decision.status is DecisionStatus.FAILED:
-            await engine._settle(run, RunStatus.FAILED, error=_run_error(decision))
+            await services.settle(run, RunStatus.FAILED, error=_run_error(decision))
     if verdict is _APPLIED:
-        engine._count("decisions_applied")
-    driver = engine._drivers.get(run.run_id)
+        services.count("decisions_applied")
+    driver = services.drivers.get(run.run_id)
     if isinstance(driver, RemoteRunDriver):
         driver.decided(decision.task_id, verdict)
 
 
-async def apply_step_event(engine: Engine, event: StepEvent) -> None:
+async def apply_step_event(services: DriverServices, event: StepEvent) -> None:
     """Checkpoint a workflow worker's local step once it ended (T16); ``started`` is counted.
 
     The turn's decision carries the same outcome: whichever lands first is kept.
     """
     if event.kind is StepEventKind.STARTED:
-        engine._count("step_events")
+        services.count("step_events")
         return
-    run = await engine.store.get_run(event.run_id)
+    run = await services.store.get_run(event.run_id)
     if run is None or run.status.terminal:
-        engine._count("orphan_step_events")
+        services.count("orphan_step_events")
         return
     completed = event.kind is StepEventKind.COMPLETED
     record = StepRecord(
@@ -252,15 +252,15 @@ async def apply_step_event(engine: Engine, event: StepEvent) -> None:
         output=event.output if completed else None,
         error=None if event.error is None or completed else error_to_json(event.error),
     )
-    await engine.store.begin_step(record)
-    engine._count("step_events")
+    await services.store.begin_step(record)
+    services.count("step_events")
 
 
 class RemoteRunDriver:
     """Drives one remote workflow run (see the module docstring). Created by the engine."""
 
-    def __init__(self, engine: Engine, run: RunRecord, history: list[StepRecord]) -> None:
-        self.engine = engine
+    def __init__(self, services: DriverServices, run: RunRecord, history: list[StepRecord]) -> None:
+        self.services = services
         self.run = run
         self.scope = trio.CancelScope()
         self.done = trio.Event()
@@ -279,7 +279,7 @@ class RemoteRunDriver:
 
     def beat(self) -> None:
         """The turn in flight is running (a turn heartbeat): wait ``turn_timeout`` more."""
-        self._deadline = trio.current_time() + self.engine.options.turn_timeout
+        self._deadline = trio.current_time() + self.services.options.turn_timeout
 
     def decided(self, task_id: str, verdict: str) -> None:
         """A decision for this run was applied (or found stale). Only a decision of the turn
@@ -292,27 +292,27 @@ class RemoteRunDriver:
     async def drive(self, definition: WorkflowDefinition) -> None:
         """Turn after turn until the run is settled (by a decision, a cancel, ...)."""
         del definition  # the code is on the workflow workers
-        engine = self.engine
+        services = self.services
         try:
             with self.scope:
                 try:
                     await self._loop()
                 except PayloadError as exc:  # the turn cannot be sent (history too large)
-                    engine._report(exc)
+                    services.report(exc)
                     error = describe_error(exc)
-                    self.final = await engine._settle(self.run, RunStatus.FAILED, error=error)
+                    self.final = await services.settle(self.run, RunStatus.FAILED, error=error)
         finally:
-            engine._forget(self)
+            services.forget(self)
             self.done.set()
 
     async def _loop(self) -> None:
-        engine = self.engine
-        store = engine.store
+        services = self.services
+        store = services.store
         run_id = self.run.run_id
         while True:
             if await self._ended():
                 return
-            records = await engine._guard(lambda: store.get_steps(run_id), "reading")
+            records = await services.guard(lambda: store.get_steps(run_id), "reading")
             sent = [step_to_json(r) for r in records]
             await self._turn(records, sent)
             if await self._ended():
@@ -324,24 +324,24 @@ class RemoteRunDriver:
     async def _settled_decisions(self) -> None:
         """Wait out a decision of this run being applied here: a step it inserted but has not
         dispatched yet is not one to dispatch again."""
-        lock = self.engine._decision_locks.get(self.run.run_id)
+        lock = self.services.decision_locks.get(self.run.run_id)
         if lock is not None:
             try:
                 async with lock:
                     pass
             finally:
-                _forget_idle_lock(self.engine, self.run.run_id, lock)
+                _forget_idle_lock(self.services, self.run.run_id, lock)
 
     async def _ended(self) -> bool:
         """Whether the run is over (or gone); an ended run's record becomes :attr:`final`."""
-        engine = self.engine
-        run = await engine._guard(lambda: engine.store.get_run(self.run.run_id), "reading")
+        services = self.services
+        run = await services.guard(lambda: services.store.get_run(self.run.run_id), "reading")
         if run is not None and run.status.terminal:
             self.final = run
         return run is None or run.status.terminal
 
     async def _send_turn(self, records: list[StepRecord]) -> None:
-        engine = self.engine
+        services = self.services
         run = self.run
         self.turns += 1
         task = WorkflowTask(
@@ -353,15 +353,13 @@ class RemoteRunDriver:
             history=tuple(step_to_json(r) for r in records),
         )
         self._turn_ids.add(task.task_id)
-        await engine._guard(
-            lambda: engine.transport.dispatch_workflow_task(task), "dispatching a workflow turn"
-        )
-        engine._count("turns_dispatched")
+        await services.dispatch_turn(task)
+        services.count("turns_dispatched")
 
     async def _turn(self, records: list[StepRecord], sent: list[dict[str, Any]]) -> None:
         """Send a turn; return once its decision was applied (here or by another engine)."""
-        engine = self.engine
-        options = engine.options
+        services = self.services
+        options = services.options
         self._decided = trio.Event()
         self._verdict = None
         self._turn_ids = set()
@@ -379,9 +377,7 @@ class RemoteRunDriver:
             # Applied by another engine? It shows in the store.
             if await self._ended():
                 return
-            now = await engine._guard(
-                lambda: engine.store.get_steps(self.run.run_id), "reading"
-            )
+            now = await services.guard(lambda: services.store.get_steps(self.run.run_id), "reading")
             if [step_to_json(r) for r in now] != sent:
                 return
             if trio.current_time() >= self._deadline:
@@ -392,20 +388,20 @@ class RemoteRunDriver:
                     # one of several parallel steps settled); re-sending turns would only
                     # repeat that, never running the timer. A turn lost for good costs nothing
                     # either: the next one goes out once something moves.
-                    engine._count("turns_moved_on")
+                    services.count("turns_moved_on")
                     self._moved_on = True
                     return
-                engine._count("turns_resent")
+                services.count("turns_resent")
                 await self._send_turn(records)
                 self._deadline = trio.current_time() + options.turn_timeout
 
     async def _progress(self, sent: list[dict[str, Any]]) -> None:
         """Wait until a step the workflow waits on settles or a timer fires."""
-        engine = self.engine
-        store = engine.store
+        services = self.services
+        store = services.store
         run_id = self.run.run_id
         await self._settled_decisions()
-        records = await engine._guard(lambda: store.get_steps(run_id), "reading")
+        records = await services.guard(lambda: store.get_steps(run_id), "reading")
         pending = [r for r in records if r.status is StepState.PENDING]
         if not pending:
             if [step_to_json(r) for r in records] == sent:
@@ -416,14 +412,14 @@ class RemoteRunDriver:
                     "message": "the workflow turn neither ended nor asked for a step or a timer "
                     "(workflow code must await only ctx calls)",
                 }
-                await engine._settle(self.run, RunStatus.FAILED, error=error)
+                await services.settle(self.run, RunStatus.FAILED, error=error)
             return
         waiters: list[tuple[tuple[str, str], StepWaiter]] = []
         try:
             for record in pending:
                 if record.kind is StepKind.REMOTE:
                     key = (run_id, record.step_id)
-                    waiters.append((key, engine._watch(key)))
+                    waiters.append((key, services.watch(key)))
             async with trio.open_nursery() as nursery:
                 if self._moved_on:
                     # Its turn was never answered as far as this driver knows (lost for good,
@@ -431,35 +427,35 @@ class RemoteRunDriver:
                     # turn_timeout even if nothing moves, so what a lost turn would have added
                     # (a parallel step) does not wait for the slowest pending one.
                     nursery.cancel_scope.deadline = (
-                        trio.current_time() + engine.options.turn_timeout
+                        trio.current_time() + services.options.turn_timeout
                     )
 
                 async def remote(key: tuple[str, str], waiter: StepWaiter) -> None:
                     # A result of this step being applied here (a retry checkpointed, its
                     # dispatch under way) is left to finish: its retry is not ours to send.
-                    applying = engine._applying.get(key)
+                    applying = services.applying.get(key)
                     if applying is not None:
                         await applying.wait()
                     # Watch BEFORE reading: a result applied from now on reaches the waiter.
-                    found = await engine._guard(lambda: store.get_step(*key), "reading")
+                    found = await services.guard(lambda: store.get_step(*key), "reading")
                     if found is not None:
                         waiter.update(found)
                         if found.status is StepState.PENDING and not found.dispatched:
-                            engine._count("redispatched")
-                            await send_step(engine, found, waiter)
+                            services.count("redispatched")
+                            await send_step(services, found, waiter)
                     await waiter.wait()
                     nursery.cancel_scope.cancel()
 
                 async def timer(record: StepRecord) -> None:
                     assert record.wake_at is not None
-                    await engine._sleep_until(record.wake_at)
+                    await services.sleep_until(record.wake_at)
                     fired = attrs.evolve(record, status=StepState.COMPLETED)
-                    verdict = await engine._guard(
+                    verdict = await services.guard(
                         lambda: store.update_step(fired, expect_attempt=record.attempt),
                         "checkpointing",
                     )
                     if verdict is Applied.APPLIED:
-                        engine._count("timers_fired")
+                        services.count("timers_fired")
                     nursery.cancel_scope.cancel()
 
                 for key, waiter in waiters:
@@ -471,5 +467,4 @@ class RemoteRunDriver:
                         nursery.cancel_scope.cancel()
         finally:
             for key, waiter in waiters:
-                engine._unwatch(key, waiter)
-
+                services.unwatch(key, waiter)

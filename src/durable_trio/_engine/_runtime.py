@@ -42,12 +42,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ._app import WorkflowDefinition
-    from ._engine import Engine
     from ._retry import Retry
+    from ._services import DriverServices, StepWaiter
 
 __all__ = [
     "RunDriver",
-    "StepWaiter",
     "describe_error",
     "local_failure",
     "send_step",
@@ -88,62 +87,30 @@ def settled_outcome(record: StepRecord) -> Any:
     raise StepFailed(record.name, record.step_id, record.attempt, error_from_json(record.error))
 
 
-def _newer(candidate: StepRecord, current: StepRecord | None) -> bool:
-    if current is None:
-        return True
-    if candidate.attempt != current.attempt:
-        return candidate.attempt > current.attempt
-    return current.status is StepState.PENDING and candidate.status is not StepState.PENDING
-
-
-async def send_step(engine: Engine, record: StepRecord, waiter: StepWaiter | None) -> None:
+async def send_step(
+    services: DriverServices, record: StepRecord, waiter: StepWaiter | None
+) -> None:
     """Dispatch ``record``'s current attempt (held back until its ``wake_at``); a task that
     cannot be sent at all (too large, ...) fails the step, since no retry can help."""
-    delay = 0.0 if record.wake_at is None else max(0.0, record.wake_at - engine.store.now())
+    delay = 0.0 if record.wake_at is None else max(0.0, record.wake_at - services.store.now())
     try:
-        await engine._dispatch(record, delay)
+        await services.dispatch(record, delay)
     except PayloadError as exc:
         error = StepError(message=str(exc), code="bad_input", retryable=False)
         failed = attrs.evolve(record, status=StepState.FAILED, error=error_to_json(error))
-        verdict = await engine._guard(
-            lambda: engine.store.update_step(failed, expect_attempt=record.attempt),
+        verdict = await services.guard(
+            lambda: services.store.update_step(failed, expect_attempt=record.attempt),
             "checkpointing",
         )
         if verdict is Applied.APPLIED and waiter is not None:
             waiter.update(failed)
 
 
-class StepWaiter:
-    """A remote step the engine waits on: result application (or the store watch) feeds it
-    newer states of the checkpoint; it wakes its driver once the step is settled."""
-
-    __slots__ = ("_event", "record", "since")
-
-    def __init__(self) -> None:
-        self.record: StepRecord | None = None
-        self._event = trio.Event()
-        self.since = trio.current_time()
-        """When the engine started waiting (the watch skips waiters younger than a tick)."""
-
-    def update(self, record: StepRecord) -> None:
-        """Take ``record`` if it is newer than what the waiter holds."""
-        if _newer(record, self.record):
-            self.record = record
-            if record.status is not StepState.PENDING:
-                self._event.set()
-
-    async def wait(self) -> StepRecord:
-        """Until the step is settled; returns its final checkpoint."""
-        await self._event.wait()
-        assert self.record is not None
-        return self.record
-
-
 class RunDriver:
     """Drives one run (see the module docstring). Created and started by the engine."""
 
-    def __init__(self, engine: Engine, run: RunRecord, history: list[StepRecord]) -> None:
-        self.engine = engine
+    def __init__(self, services: DriverServices, run: RunRecord, history: list[StepRecord]) -> None:
+        self.services = services
         self.run = run
         self.history = History(run.run_id, history)
         self.scope = trio.CancelScope()
@@ -162,7 +129,7 @@ class RunDriver:
             Cancelling :attr:`scope` (a cancel, a lost lease, the engine closing) stops the run
             where it waits, writing nothing; whoever cancelled settles it (or not).
         """
-        engine = self.engine
+        services = self.services
         run = self.run
         try:
             with self.scope:
@@ -185,11 +152,11 @@ class RunDriver:
                         failure = diverged
                     status, error = RunStatus.FAILED, describe_error(failure)
                 if isinstance(error, dict) and error.get("type") == "NonDeterminismError":
-                    engine._count("nondeterminism_failures")
+                    services.count("nondeterminism_failures")
                 self.settling = True  # a lease renewal must not cancel the final write
-                self.final = await engine._settle(run, status, output=output, error=error)
+                self.final = await services.settle(run, status, output=output, error=error)
         finally:
-            engine._forget(self)
+            services.forget(self)
             self.done.set()
 
     # ------------------------------------------------------------------ remote steps
@@ -202,18 +169,18 @@ class RunDriver:
         retry: Retry | None,
         priority: int | None,
     ) -> Any:
-        engine = self.engine
-        store = engine.store
+        services = self.services
+        store = services.store
         run_id = self.run.run_id
         known = self.history.take(step_id, StepKind.REMOTE, name)
         if known is not None and known.status is not StepState.PENDING:
             return settled_outcome(known)
         key = (run_id, step_id)
         # Watch BEFORE reading or writing the store: a result applied from now on reaches us.
-        waiter = engine._watch(key)
+        waiter = services.watch(key)
         try:
             if known is None:
-                step = engine._step_definition(name)
+                step = services.step_definition(name)
                 fresh = StepRecord(
                     run_id=run_id,
                     step_id=step_id,
@@ -221,36 +188,36 @@ class RunDriver:
                     name=name,
                     status=StepState.PENDING,
                     input=input,
-                    retry=engine._retry_for(name, retry).to_json(),
+                    retry=services.retry_for(name, retry).to_json(),
                     priority=priority if priority is not None else step.priority if step else None,
                 )
-                record = await engine._guard(lambda: store.begin_step(fresh), "checkpointing")
+                record = await services.guard(lambda: store.begin_step(fresh), "checkpointing")
                 self.history.check(record, StepKind.REMOTE, name)
             else:
-                applying = engine._applying.get(key)
+                applying = services.applying.get(key)
                 if applying is not None:  # a result of it being applied here: let it finish
                     await applying.wait()
-                found = await engine._guard(lambda: store.get_step(run_id, step_id), "reading")
+                found = await services.guard(lambda: store.get_step(run_id, step_id), "reading")
                 record = found if found is not None else known
             waiter.update(record)
             if record.status is StepState.PENDING and not record.dispatched:
                 if known is not None:
-                    engine._count("redispatched")
-                await send_step(engine, record, waiter)
+                    services.count("redispatched")
+                await send_step(services, record, waiter)
             return settled_outcome(await waiter.wait())
         finally:
-            engine._unwatch(key, waiter)
+            services.unwatch(key, waiter)
 
     # ------------------------------------------------------------------ local steps
 
     async def local(
         self, step_id: str, name: str, fn: Callable[[], Any], retry: Retry | None
     ) -> Any:
-        engine = self.engine
-        store = engine.store
+        services = self.services
+        store = services.store
         run_id = self.run.run_id
         record = self.history.take(step_id, StepKind.LOCAL, name)
-        policy = retry if retry is not None else engine.default_retry
+        policy = retry if retry is not None else services.default_retry
         if record is None:
             fresh = StepRecord(
                 run_id=run_id,
@@ -260,15 +227,15 @@ class RunDriver:
                 status=StepState.PENDING,
                 retry=policy.to_json(),
             )
-            record = await engine._guard(lambda: store.begin_step(fresh), "checkpointing")
+            record = await services.guard(lambda: store.begin_step(fresh), "checkpointing")
             self.history.check(record, StepKind.LOCAL, name)
         while record.status is StepState.PENDING:
             if record.wake_at is not None:
-                await engine._sleep_until(record.wake_at)
+                await services.sleep_until(record.wake_at)
             current = record
             token = _CURRENT_STEP.set(StepInfo(run_id, step_id, current.attempt, name, "local"))
             try:
-                engine._count("local_steps_run")
+                services.count("local_steps_run")
                 value = fn()
                 if inspect.isawaitable(value):
                     value = await value
@@ -277,7 +244,7 @@ class RunDriver:
                 failure = local_failure(exc, policy)
                 error = error_to_json(failure)
                 if failure.retryable and current.attempt < policy.max_attempts:
-                    delay = policy.delay(current.attempt, rng=engine._rng_for(current))
+                    delay = policy.delay(current.attempt, rng=services.rng_for(current))
                     following = attrs.evolve(
                         current,
                         attempt=current.attempt + 1,
@@ -290,7 +257,7 @@ class RunDriver:
                 following = attrs.evolve(current, status=StepState.COMPLETED, output=output)
             finally:
                 _CURRENT_STEP.reset(token)
-            verdict = await engine._guard(
+            verdict = await services.guard(
                 partial(store.update_step, following, expect_attempt=current.attempt),
                 "checkpointing",
             )
@@ -299,7 +266,7 @@ class RunDriver:
             elif verdict is Applied.RUN_FINISHED:
                 await self._stop()
             else:  # someone else (another engine, split brain) moved it on: follow the store
-                found = await engine._guard(lambda: store.get_step(run_id, step_id), "reading")
+                found = await services.guard(lambda: store.get_step(run_id, step_id), "reading")
                 if found is None:
                     await self._stop()
                     raise AssertionError("unreachable")  # pragma: no cover
@@ -309,8 +276,8 @@ class RunDriver:
     # ------------------------------------------------------------------ timers
 
     async def timer(self, step_id: str, seconds: float) -> None:
-        engine = self.engine
-        store = engine.store
+        services = self.services
+        store = services.store
         record = self.history.take(step_id, StepKind.TIMER, "sleep")
         if record is None:
             fresh = StepRecord(
@@ -322,19 +289,19 @@ class RunDriver:
                 input=seconds,
                 wake_at=store.now() + seconds,
             )
-            record = await engine._guard(lambda: store.begin_step(fresh), "checkpointing")
+            record = await services.guard(lambda: store.begin_step(fresh), "checkpointing")
             self.history.check(record, StepKind.TIMER, "sleep")
         if record.status is not StepState.PENDING:
             return
         assert record.wake_at is not None
-        await engine._sleep_until(record.wake_at)
+        await services.sleep_until(record.wake_at)
         fired = attrs.evolve(record, status=StepState.COMPLETED)
-        verdict = await engine._guard(
+        verdict = await services.guard(
             lambda: store.update_step(fired, expect_attempt=record.attempt), "checkpointing"
         )
         if verdict is Applied.RUN_FINISHED:
             await self._stop()
-        engine._count("timers_fired")
+        services.count("timers_fired")
 
     async def _stop(self) -> None:
         """The run was settled elsewhere (cancelled by another engine): stop driving it."""

@@ -1,0 +1,152 @@
+"""Result application: what the transport hands the engine (step results, remote workflow
+decisions, step events, turn heartbeats), applied to the run store.
+
+Idempotent application: a result is applied by compare-and-set on its checkpoint (still
+pending, at the result's attempt, run unfinished). Anything else — a duplicate delivery, a
+result for an attempt already retried, a result for a finished run — changes nothing and is
+counted (:meth:`~._engine.Engine.statistics`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+
+from .._errors import DurableTrioError
+from .._wire import StepError, StepStatus
+from ._records import Applied, StepKind, StepRecord, StepState, error_to_json
+from ._remote_run import RemoteRunDriver, apply_decision, apply_step_event
+from ._retry import StoredRetry
+from ._runtime import send_step
+
+if TYPE_CHECKING:
+    from .._wire import StepEvent, StepHeartbeat, StepResult, WorkflowDecision
+    from ._services import EngineServices
+
+__all__ = ["ResultHandler"]
+
+_VERDICT_COUNTER = {
+    Applied.APPLIED: "results_applied",
+    Applied.DUPLICATE: "duplicate_results",
+    Applied.STALE: "stale_results",
+    Applied.MISSING: "orphan_results",
+    Applied.RUN_FINISHED: "orphan_results",
+}
+
+
+class ResultHandler:
+    """Applies what the transport's loops receive for one engine (see the module docstring).
+
+    The engine registers its methods with the transport; they hold no state of their own (the
+    steps being applied are :attr:`EngineServices.applying`, shared with the drivers).
+    """
+
+    def __init__(self, services: EngineServices) -> None:
+        self.services = services
+
+    def next_state(self, current: StepRecord, result: StepResult) -> tuple[StepRecord, float]:
+        """The checkpoint after ``result`` (and the retry delay, if it is a retry)."""
+        # A result came back, so the attempt was dispatched (whatever the local copy says).
+        if result.status is StepStatus.COMPLETED:
+            completed = attrs.evolve(
+                current, status=StepState.COMPLETED, output=result.output, dispatched=True
+            )
+            return completed, 0.0
+        error = result.error or StepError(message="the step failed without an error")
+        policy = StoredRetry.from_json(current.retry)
+        if error.retryable and policy.retries_after(current.attempt, error.code):
+            delay = policy.policy.delay(current.attempt, rng=self.services.rng_for(current))
+            retry = attrs.evolve(
+                current,
+                attempt=current.attempt + 1,
+                wake_at=self.services.store.now() + delay,
+                dispatched=False,
+                error=error_to_json(error),
+            )
+            return retry, delay
+        failed = attrs.evolve(
+            current, status=StepState.FAILED, error=error_to_json(error), dispatched=True
+        )
+        return failed, 0.0
+
+    async def on_result(self, result: StepResult) -> None:
+        """Apply one step result, idempotently (see the module docstring).
+
+        Error handling:
+            A store error propagates: the transport hands the result back for redelivery.
+        """
+        services = self.services
+        store = services.store
+        key = (result.run_id, result.step_id)
+        waiter = services.waiters.get(key)
+        current = waiter.record if waiter is not None else None
+        if (
+            current is None
+            or current.status is not StepState.PENDING
+            or current.attempt != result.attempt
+        ):
+            # The local view may lag behind the store (another engine moved the step on): the
+            # store decides.
+            current = await store.get_step(result.run_id, result.step_id)
+        if current is None or current.kind is not StepKind.REMOTE:
+            services.count("orphan_results")
+            return
+        if current.status is not StepState.PENDING:
+            services.count("duplicate_results")
+            return
+        if current.attempt != result.attempt:
+            services.count("stale_results")
+            if current.attempt == result.attempt + 1 and not current.dispatched:
+                # This result's first application checkpointed the retry, then stopped before
+                # the retry's dispatch was confirmed (cancelled: its claim's lease lost);
+                # the redelivery finishes the job, or nobody would while this engine lives.
+                # While that first application is still under way here, wait for it: it may
+                # yet dispatch (a duplicated result) or be cancelled (a lost lease).
+                applying = services.applying.get(key)
+                if applying is not None:
+                    await applying.wait()
+                    found = await store.get_step(result.run_id, result.step_id)
+                    if found is None or found.dispatched or found.attempt != current.attempt:
+                        return
+                    current = found
+                services.count("redispatched")
+                await send_step(services, current, services.waiters.get(key))
+            return
+        following, delay = self.next_state(current, result)
+        done = services.applying[key] = trio.Event()  # copies arriving meanwhile wait for us
+        try:
+            verdict = await store.update_step(following, expect_attempt=current.attempt)
+            services.count(_VERDICT_COUNTER[verdict])
+            if verdict is not Applied.APPLIED:
+                return
+            waiter = services.waiters.get(key)
+            if waiter is not None:
+                waiter.update(following)
+            if following.status is StepState.PENDING:
+                services.count("retries")
+                try:
+                    await services.dispatch(following, delay)
+                except DurableTrioError as exc:  # the same task went out before: not expected
+                    services.report(exc)
+        finally:
+            if services.applying.get(key) is done:
+                del services.applying[key]
+            done.set()
+
+    async def on_decision(self, decision: WorkflowDecision) -> None:
+        """Apply a remote workflow turn's decision (see :func:`~._remote_run.apply_decision`)."""
+        await apply_decision(self.services, decision)
+
+    async def on_step_event(self, event: StepEvent) -> None:
+        """Checkpoint a workflow worker's local step (see
+        :func:`~._remote_run.apply_step_event`)."""
+        await apply_step_event(self.services, event)
+
+    async def on_heartbeat(self, beat: StepHeartbeat) -> None:
+        """A running remote workflow turn beats: its run's driver waits on."""
+        driver = self.services.drivers.get(beat.run_id)
+        if isinstance(driver, RemoteRunDriver) and beat.step_id.startswith("turn:"):
+            driver.beat()
+        await trio.lowlevel.checkpoint()

@@ -1,0 +1,384 @@
+"""What the engine's drivers get from the engine: :class:`DriverServices`, and the object that
+provides it, :class:`EngineServices`.
+
+The drivers (:mod:`._runtime`, :mod:`._remote_run`), the result handler (:mod:`._results`) and
+the control plane (:mod:`._control`) depend on this module, never on :mod:`._engine`: the
+imports go one way (drivers -> services; the engine facade -> drivers), and the contract
+between a driver and the engine is the :class:`DriverServices` Protocol below rather than the
+engine's private attributes.
+
+:class:`EngineServices` is also where the state the pieces share lives: the drivers by run id,
+the steps waited on, the results being applied, the per-run decision locks and the counters.
+Each piece reads it through the names here; the engine facade (:class:`~._engine.Engine`) owns
+one and reports it in :meth:`~._engine.Engine.statistics`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import attrs
+import trio
+
+from .._errors import BrokerError, TransportClosed
+from .._options import log_error
+from .._wire import RemoteTask
+from ._errors import EngineError
+from ._records import StepState
+from ._statistics import COUNTERS
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping
+
+    from .._options import ErrorHook
+    from .._transport import QueueTransport
+    from .._wire import WorkflowTask
+    from ._app import App, StepDefinition, WorkflowDefinition
+    from ._options import EngineOptions
+    from ._records import RunRecord, RunStatus, StepRecord
+    from ._retry import Retry
+    from ._stores import RunStore
+
+__all__ = ["Driver", "DriverServices", "EngineServices", "StepWaiter"]
+
+T = TypeVar("T")
+
+#: First and largest delay between two attempts at a store / broker call that failed.
+_GUARD_BACKOFF = (0.05, 5.0)
+
+
+def _newer(candidate: StepRecord, current: StepRecord | None) -> bool:
+    if current is None:
+        return True
+    if candidate.attempt != current.attempt:
+        return candidate.attempt > current.attempt
+    return current.status is StepState.PENDING and candidate.status is not StepState.PENDING
+
+
+class StepWaiter:
+    """A remote step the engine waits on: result application (or the store watch) feeds it
+    newer states of the checkpoint; it wakes its driver once the step is settled."""
+
+    __slots__ = ("_event", "record", "since")
+
+    def __init__(self) -> None:
+        self.record: StepRecord | None = None
+        self._event = trio.Event()
+        self.since = trio.current_time()
+        """When the engine started waiting (the watch skips waiters younger than a tick)."""
+
+    def update(self, record: StepRecord) -> None:
+        """Take ``record`` if it is newer than what the waiter holds."""
+        if _newer(record, self.record):
+            self.record = record
+            if record.status is not StepState.PENDING:
+                self._event.set()
+
+    async def wait(self) -> StepRecord:
+        """Until the step is settled; returns its final checkpoint."""
+        await self._event.wait()
+        assert self.record is not None
+        return self.record
+
+
+class Driver(Protocol):
+    """One run's driver as the engine sees it (a local or a remote workflow's)."""
+
+    @property
+    def run(self) -> RunRecord:
+        """The run it drives (as it was when the driver started)."""
+
+    @property
+    def scope(self) -> trio.CancelScope:
+        """Cancelled to stop it where it waits (a cancel, a lost lease, the engine closing)."""
+
+    @property
+    def done(self) -> trio.Event:
+        """Set once it stopped."""
+
+    @property
+    def final(self) -> RunRecord | None:
+        """The run as it ended (``None``: it stopped without seeing it end)."""
+
+    @property
+    def settling(self) -> bool:
+        """It is writing the run's outcome: a lease renewal must not cancel it."""
+
+    async def drive(self, definition: WorkflowDefinition) -> None:
+        """Drive the run until it ends or :attr:`scope` is cancelled."""
+
+
+class DriverServices(Protocol):
+    """What a driver (and the pieces beside it) needs from the engine, and nothing else."""
+
+    @property
+    def app(self) -> App:
+        """The app whose workflows the engine drives."""
+
+    @property
+    def store(self) -> RunStore:
+        """The run store."""
+
+    @property
+    def options(self) -> EngineOptions:
+        """The engine's options."""
+
+    @property
+    def default_retry(self) -> Retry:
+        """The retry policy of a step that names none (nor does its definition)."""
+
+    @property
+    def applying(self) -> Mapping[tuple[str, str], trio.Event]:
+        """Steps whose result the engine is applying now (checkpoint, then retry dispatch);
+        each event is set once that application ended."""
+
+    @property
+    def decision_locks(self) -> dict[str, trio.Lock]:
+        """Remote runs whose decisions are being applied (one at a time per run); an idle
+        lock is removed by whoever releases it last."""
+
+    @property
+    def drivers(self) -> Mapping[str, Driver]:
+        """The drivers of the runs this engine drives, by run id."""
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to the counter ``name`` (one of :data:`~._statistics.COUNTERS`)."""
+
+    def report(self, exc: BaseException) -> None:
+        """Hand ``exc`` to the error hook (a broken hook is logged, never raised)."""
+
+    async def guard(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        """``await call()``, retried with a backoff while the store or broker fails."""
+
+    def step_definition(self, name: str) -> StepDefinition | None:
+        """The app's definition of step ``name``, if it registers one."""
+
+    def retry_for(self, name: str, override: Retry | None) -> Retry:
+        """The retry policy of step ``name``: ``override``, the step's own, or the default."""
+
+    def rng_for(self, record: StepRecord) -> random.Random | None:
+        """The random source of ``record``'s retry jitter (``None``: unseeded)."""
+
+    async def sleep_until(self, at: float) -> None:
+        """Sleep until store-clock time ``at``."""
+
+    def watch(self, key: tuple[str, str]) -> StepWaiter:
+        """The waiter of step ``key`` (``(run_id, step_id)``), made if there is none."""
+
+    def unwatch(self, key: tuple[str, str], waiter: StepWaiter) -> None:
+        """Stop waiting on ``key`` (if ``waiter`` is still its waiter)."""
+
+    def add_listener(self, listener: Callable[[str, RunRecord], None]) -> None:
+        """Call ``listener(kind, run)`` whenever a run starts or settles."""
+
+    def run_event(self, kind: str, run: RunRecord) -> None:
+        """Tell the listeners that ``run`` started or settled."""
+
+    async def settle(
+        self, run: RunRecord, status: RunStatus, *, output: Any = None, error: Any = None
+    ) -> RunRecord | None:
+        """Settle ``run`` (first settle wins); ``None`` if it was settled already."""
+
+    def forget(self, driver: Driver) -> None:
+        """``driver`` stopped: it no longer drives its run."""
+
+    async def dispatch(self, record: StepRecord, delay: float) -> None:
+        """Send ``record``'s current attempt to the workers, then checkpoint that it landed."""
+
+    async def dispatch_turn(self, task: WorkflowTask) -> None:
+        """Send a remote workflow's turn to its workflow workers."""
+
+
+class EngineServices:
+    """The engine's shared state and the services its pieces use (satisfies
+    :class:`DriverServices`). Made by the engine, one per engine.
+
+    Attributes:
+        app: the app whose workflows the engine drives.
+        store: the run store.
+        transport: the queue transport (tasks out).
+        options: the engine's options.
+        default_retry: ``options.default_retry``.
+        counters: the statistics counters, every one present from the start.
+        drivers: the drivers of the runs this engine drives, by run id.
+        waiters: the remote steps waited on, by ``(run_id, step_id)``.
+        applying: the steps whose result is being applied here, by ``(run_id, step_id)``.
+        decision_locks: remote runs whose decisions are being applied, by run id.
+        unreleased: runs whose driver stopped unsettled without this engine asking it to (a
+            cancel from outside ``open_engine``): still owned here, so ``aclose`` releases them.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        store: RunStore,
+        transport: QueueTransport,
+        options: EngineOptions,
+        on_error: ErrorHook,
+    ) -> None:
+        self.app = app
+        self.store = store
+        self.transport = transport
+        self.options = options
+        self.default_retry = options.default_retry
+        self._on_error = on_error
+        # A misspelt counter name is a KeyError, not a new counter.
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.drivers: dict[str, Driver] = {}
+        self.waiters: dict[tuple[str, str], StepWaiter] = {}
+        self.applying: dict[tuple[str, str], trio.Event] = {}
+        self.decision_locks: dict[str, trio.Lock] = {}
+        self.unreleased: set[str] = set()
+        self._listeners: list[Callable[[str, RunRecord], None]] = []
+        # A store whose clock is trio's (the memory store, or a wrapper of it that says so)
+        self._trio_clock = bool(getattr(store, "trio_clock", False))
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] += n
+
+    def report(self, exc: BaseException) -> None:
+        try:
+            self._on_error(exc)
+        except Exception:  # a broken hook must not take a loop down with it
+            log_error(exc)
+
+    async def guard(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        """``await call()``, retried with a backoff while the store or broker fails.
+
+        Transient backend errors never reach workflow code (which would fail the run for an
+        infrastructure hiccup): they are reported and the call retried until it succeeds or
+        the run's driver is cancelled.
+        """
+        delay, largest = _GUARD_BACKOFF
+        while True:
+            try:
+                return await call()
+            except (BrokerError, TransportClosed) as exc:
+                report = EngineError(f"{what} failed (retrying in {delay:.2f} s): {exc}")
+                report.__cause__ = exc
+                self.report(report)
+            await trio.sleep(delay)
+            delay = min(delay * 2, largest)
+
+    def step_definition(self, name: str) -> StepDefinition | None:
+        return self.app.steps.get(name)
+
+    def retry_for(self, name: str, override: Retry | None) -> Retry:
+        if override is not None:
+            return override
+        step = self.app.steps.get(name)
+        if step is not None and step.retry is not None:
+            return step.retry
+        return self.default_retry
+
+    def rng_for(self, record: StepRecord) -> random.Random | None:
+        seed = self.options.seed
+        if seed is None:
+            return None
+        return random.Random(f"{seed}:{record.run_id}:{record.step_id}:{record.attempt}")
+
+    async def sleep_until(self, at: float) -> None:
+        """Sleep until store-clock time ``at``."""
+        if self._trio_clock:  # the memory store's clock IS trio's: wake at exactly ``at``
+            await trio.sleep_until(at)
+        else:
+            await trio.sleep(max(0.0, at - self.store.now()))
+
+    def watch(self, key: tuple[str, str]) -> StepWaiter:
+        waiter = self.waiters.get(key)
+        if waiter is None:
+            waiter = self.waiters[key] = StepWaiter()
+        return waiter
+
+    def unwatch(self, key: tuple[str, str], waiter: StepWaiter) -> None:
+        if self.waiters.get(key) is waiter:
+            del self.waiters[key]
+
+    def add_listener(self, listener: Callable[[str, RunRecord], None]) -> None:
+        self._listeners.append(listener)
+
+    def run_event(self, kind: str, run: RunRecord) -> None:
+        """Tell the listeners that ``run`` started or settled (``kind``: ``started``,
+        ``completed``, ``failed``, ``cancelled``). Listeners must not block."""
+        for listener in list(self._listeners):
+            try:
+                listener(kind, run)
+            except Exception as exc:  # a broken listener must not take a run down
+                self.report(exc)
+
+    async def settle(
+        self, run: RunRecord, status: RunStatus, *, output: Any = None, error: Any = None
+    ) -> RunRecord | None:
+        """Settle ``run`` (first settle wins), count it and tell the listeners.
+
+        Returns:
+            The run as settled by this call, or ``None`` (it was already settled).
+        """
+        settled = await self.guard(
+            lambda: self.store.finish_run(run.run_id, status, output=output, error=error),
+            "settling a run",
+        )
+        if not settled:
+            return None
+        now = self.store.now()
+        final = attrs.evolve(
+            run,
+            status=status,
+            output=output,
+            error=error,
+            owner=None,
+            lease_until=None,
+            updated_at=now,
+        )
+        self.count(f"runs_{status.value}")
+        self.run_event(status.value, final)
+        return final
+
+    def forget(self, driver: Driver) -> None:
+        run_id = driver.run.run_id
+        if self.drivers.get(run_id) is driver:
+            del self.drivers[run_id]
+            # A cancel from around open_engine reaches the drivers before (or while) aclose
+            # runs: what aclose must release is kept here, not lost with the driver. Not a
+            # driver this engine stopped itself (a lost lease, a cancelled run, aclose: its run
+            # is owned elsewhere, settled, or on aclose's list), nor one that ended without a
+            # cancel (its run settled elsewhere): only those still under a cancel from outside.
+            if (
+                driver.final is None
+                and not driver.scope.cancel_called
+                and trio.current_effective_deadline() == -math.inf
+            ):
+                self.unreleased.add(run_id)
+
+    async def dispatch(self, record: StepRecord, delay: float) -> None:
+        """Send ``record``'s current attempt to the workers, then record that it landed.
+
+        Raises:
+            PayloadError: the task cannot be sent (no retry can help).
+        """
+        task = RemoteTask(
+            run_id=record.run_id,
+            step_id=record.step_id,
+            attempt=record.attempt,
+            name=record.name,
+            input=record.input,
+            priority=record.priority,
+        )
+        await self.guard(lambda: self.transport.dispatch(task, delay=delay), "dispatching")
+        self.count("steps_dispatched")
+        await self.guard(
+            lambda: self.store.mark_dispatched(record.run_id, record.step_id, record.attempt),
+            "checkpointing a dispatch",
+        )
+
+    async def dispatch_turn(self, task: WorkflowTask) -> None:
+        """Send a remote workflow's turn (retried while the broker fails).
+
+        Raises:
+            PayloadError: the turn cannot be sent (its history is too large).
+        """
+        await self.guard(
+            lambda: self.transport.dispatch_workflow_task(task), "dispatching a workflow turn"
+        )

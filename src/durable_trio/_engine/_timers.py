@@ -1,0 +1,105 @@
+"""The engine's periodic work: lease renewal, reconcile and the store watch.
+
+Each loop is a task in the engine's loops nursery, ticking at ``start + k * period`` (no
+drift); a store error is reported and the next tick tries again.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from .._errors import BrokerError
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from ._services import EngineServices
+
+__all__ = ["EngineTimers"]
+
+
+class EngineTimers:
+    """The loops that keep one engine's runs owned and its waiters fresh."""
+
+    def __init__(self, services: EngineServices) -> None:
+        self.services = services
+
+    def start(self, nursery: trio.Nursery, reconcile: Callable[[], Awaitable[object]]) -> None:
+        """Start the loops the options ask for in ``nursery`` (which the engine cancels to
+        stop them); ``reconcile`` takes over runs nobody drives."""
+        options = self.services.options
+        if options.reconcile and options.reconcile_interval:
+            nursery.start_soon(self.reconcile_forever, reconcile, options.reconcile_interval)
+        nursery.start_soon(self.renew_leases)
+        if options.watch_interval:
+            nursery.start_soon(self.watch_forever, options.watch_interval)
+
+    async def renew_leases(self) -> None:
+        """Every ``run_lease / 3``: renew the leases of the runs driven here; stop the driver
+        of a run whose lease was not renewed."""
+        services = self.services
+        options = services.options
+        period = options.run_lease / 3
+        start = trio.current_time()
+        tick = 1
+        while True:
+            await trio.sleep_until(start + tick * period)
+            tick += 1
+            owned = list(services.drivers)
+            if not owned:
+                continue
+            try:
+                kept = await services.store.renew_runs(options.engine_id, owned, options.run_lease)
+            except BrokerError as exc:
+                services.report(exc)
+                continue
+            for run_id in owned:
+                driver = services.drivers.get(run_id)
+                if run_id not in kept and driver is not None and not driver.settling:
+                    # Taken over (our lease lapsed), or settled elsewhere (cancelled).
+                    services.count("lost_runs")
+                    driver.scope.cancel()
+
+    async def reconcile_forever(
+        self, reconcile: Callable[[], Awaitable[object]], interval: float
+    ) -> None:
+        """Every ``interval``: ``await reconcile()``."""
+        start = trio.current_time()
+        tick = 1
+        while True:
+            await trio.sleep_until(start + tick * interval)
+            tick += 1
+            try:
+                await reconcile()
+            except BrokerError as exc:
+                self.services.report(exc)
+
+    async def watch_forever(self, interval: float) -> None:
+        """Every ``interval``: re-read the checkpoints waited on (results applied by another
+        engine reach their waiters this way)."""
+        services = self.services
+        start = trio.current_time()
+        tick = 1
+        while True:
+            await trio.sleep_until(start + tick * interval)
+            tick += 1
+            # Only waiters older than a tick: a younger one read the store since.
+            older = trio.current_time() - interval
+            keys = [
+                key
+                for key, w in services.waiters.items()
+                if w.record is not None and w.since <= older
+            ]
+            if not keys:
+                continue
+            try:
+                records = await services.store.get_steps_many(keys)
+            except BrokerError as exc:
+                services.report(exc)
+                continue
+            for key, record in zip(keys, records, strict=True):
+                waiter = services.waiters.get(key)
+                if waiter is not None and record is not None:
+                    waiter.update(record)
