@@ -13,7 +13,7 @@ import trio.testing
 from hypothesis import given
 
 import durable_trio as dt
-from durable_trio._transport_base import ClaimState
+from durable_trio._claims import ClaimState
 from durable_trio.keys.memory import MemoryKeyStore
 from helpers import CountingBroker, Errors, HangingBroker
 
@@ -324,10 +324,10 @@ async def test_claim_states_are_enum_members_through_the_close(
         transport.handle("job", Sleeper())
         await transport.dispatch_many([task("job", 1, 60.0), task("job", 2, 60.0)])
         await trio.testing.wait_all_tasks_blocked()
-        states = sorted(claim.state.value for claim in transport._claims.values())
+        states = sorted(claim.state.value for claim in transport._runner.claims.values())
         assert states == ["buffered", "running"]
-        assert all(type(claim.state) is ClaimState for claim in transport._claims.values())
-        claims = list(transport._claims.values())
+        assert all(type(claim.state) is ClaimState for claim in transport._runner.claims.values())
+        claims = list(transport._runner.claims.values())
         await transport.aclose()
     assert trio.current_time() == 5.0
     assert [claim.state for claim in claims] == [ClaimState.ABANDONED] * 2

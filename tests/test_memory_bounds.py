@@ -132,7 +132,7 @@ async def test_a_transport_keeps_no_per_job_state_after_many_round_trips(
             )
         await all_in.wait()
         await trio.testing.wait_all_tasks_blocked()
-        assert transport._claims == {}
+        assert transport._runner.claims == {}
         assert largest_container(transport._controller) <= _CONTROLLER_BOUND
         for queue in broker._queues.values():
             assert not queue.active
@@ -213,7 +213,9 @@ async def test_the_control_plane_forgets_the_inbox_of_a_pod_that_went_away(
             pod.on_tenant_event("acme", lambda event: None)
             await trio.sleep(1)
             pod._registry.active = False  # the pod "crashes": it stops announcing
-            pod._inboxes.cancel()
+            for loop in pod._loops:  # ... and its inbox loops stop consuming
+                if loop.inbox and loop.pop_scope is not None:
+                    loop.pop_scope.cancel()
             await trio.lowlevel.checkpoint()
             await control.publish_tenant_event(dt.TenantEvent("acme", "k", "r"))
             inbox = control.names.tenant_events("pod")

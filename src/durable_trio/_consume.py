@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import outcome
 import trio
 
 from ._codec import decode_envelope
-from ._errors import BrokerError, DamagedJob, JobError, LeaseLost, PayloadError
+from ._errors import BrokerError, DamagedJob, JobError, PayloadError
 from ._slots import Slots
 from ._wire import (
     JobKind,
@@ -30,29 +29,24 @@ if TYPE_CHECKING:
     from .adapters import Job
 
 
-from ._transport_base import (
-    _ABANDONED,
+from ._claims import (
     _BUFFERED,
+    _Claim,
+    _Loop,
+    _OnJob,
+    _unexpected,
+)
+from ._transport_base import (
     _FAIRNESS_BATCH,
-    _FINALIZING,
     _MAX_BATCH,
     _MAX_ERROR_BACKOFF,
-    _RUNNING,
     ControlHandler,
     HeartbeatHandler,
     ResultHandler,
     StepHandler,
     TransportBase,
-    _Claim,
-    _job_error,
-    _JobWorker,
-    _Loop,
-    _OnJob,
-    _unexpected,
 )
 
-#: How long a job whose handler met a broker error waits before it is delivered again.
-_INFRASTRUCTURE_RETRY_DELAY = 1.0
 #: First and largest delay between two attempts at pushing a step's result.
 _RESULT_PUSH_BACKOFF = (0.05, 5.0)
 
@@ -155,6 +149,16 @@ class ConsumeMixin(TransportBase):
             self._liveness.serve(loop.token)
         self._consumers.nursery.start_soon(self._poll_loop, loop, name=f"poll {loop.queue}")
 
+    def _stop_intake(self, bound: float, *, inbox: bool = False) -> None:
+        """Close: the pops in flight of the task/engine loops (or, with ``inbox``, of this
+        instance's own inboxes) land by ``bound`` (absolute time); with the task/engine loops,
+        so do the finalizes in flight (the job runner's own scopes)."""
+        for loop in self._loops:
+            if loop.pop_scope is not None and loop.inbox is inbox:
+                loop.pop_scope.deadline = bound
+        if not inbox:
+            self._runner.bound_finalizes(bound)
+
     def _typed(
         self, kind: JobKind, current: Callable[[], Callable[[Any], Awaitable[None]] | None]
     ) -> _OnJob:
@@ -191,6 +195,9 @@ class ConsumeMixin(TransportBase):
         pop_many = broker.pop_many if isinstance(broker, SupportsBatchPop) else None
         prefetch = self._options.prefetch
         buffer = loop.buffer
+        runner = self._runner
+        start_claim, begin_job = runner.start_claim, runner.begin_job
+        claims = runner.claims
         with trio.CancelScope() as pop_scope:
             loop.pop_scope = pop_scope
             while True:
@@ -202,7 +209,7 @@ class ConsumeMixin(TransportBase):
                 while take and buffer:
                     claim = buffer.popleft()
                     if claim.state is _BUFFERED:  # (a lost lease took it out meanwhile)
-                        self._start_claim(loop, claim)
+                        start_claim(loop, claim)
                         take -= 1
                 if take == 0:
                     streak += 1 + extra
@@ -254,10 +261,10 @@ class ConsumeMixin(TransportBase):
                 if batch:
                     errors = empty = 0
                     for job in batch[:take]:
-                        self._begin_job(loop, job)
+                        begin_job(loop, job)
                     for job in batch[take:]:
                         claim = _Claim(queue, job, state=_BUFFERED)
-                        self._claims[job.lease.token] = claim
+                        claims[job.lease.token] = claim
                         buffer.append(claim)
                     if len(batch) < take + ahead and not buffer and wait_for_work is not None:
                         # Fewer than asked: the pop drained the queue (and, on a broker with a
@@ -296,174 +303,6 @@ class ConsumeMixin(TransportBase):
             else:
                 kept.append(job)
         return kept
-
-    def _begin_job(self, loop: _Loop, job: ClaimedJob) -> None:
-        """Track a popped job and hand it to an idle worker of its loop (or a new one)."""
-        claim = _Claim(loop.queue, job)
-        self._claims[job.lease.token] = claim
-        self._start_claim(loop, claim)
-
-    def _start_claim(self, loop: _Loop, claim: _Claim) -> None:
-        claim.state = _RUNNING
-        if self._running == 0:
-            self._jobs_idle = trio.Event()
-        self._running += 1
-        if loop.idle:
-            worker = loop.idle.pop()
-            claim.scope = worker.scope
-            trio.lowlevel.reschedule(worker.task, outcome.Value(claim))
-        else:
-            self._jobs.nursery.start_soon(self._job_worker, loop, claim)
-
-    async def _job_worker(self, loop: _Loop, claim: _Claim) -> None:
-        """Run ``claim``, then park until the loop hands this worker its next claim.
-
-        The hot path of every job, so written flat: one coroutine per job (the handler's), the
-        successful finalize inline.
-        """
-        on_job = loop.on_job
-        slots = loop.slots
-        claims = self._claims
-        complete_job = (
-            self._completer(loop.queue).submit
-            if self._batch_finalize is not None
-            else lambda lease: self._broker.complete_job(lease, loop.queue)
-        )
-        with trio.CancelScope() as scope:
-            me = _JobWorker(trio.lowlevel.current_task(), scope)
-            claim.scope = scope
-
-            def abort(_: Any) -> trio.lowlevel.Abort:
-                loop.idle.remove(me)
-                return trio.lowlevel.Abort.SUCCEEDED
-
-            while True:
-                job = claim.job
-                try:
-                    error: Exception | None = None
-                    result: Job | None = None
-                    try:
-                        if job.damage is None:
-                            result = await on_job(job)
-                        else:
-                            error = await self._damaged(loop, job)
-                    except Exception as exc:
-                        error = exc
-                    # Abandoned by close (handed back in its step 6), or the lease went to
-                    # another worker (T8): its outcome must not finalize someone else's claim.
-                    if claim.state is _RUNNING and not claim.lost:
-                        # From here nobody cancels this scope: shielded, and bounded once a
-                        # close starts (close sets the deadline of the finalizes in flight), so a
-                        # close can never race a job's final write.
-                        claim.state = _FINALIZING
-                        scope.shield = True
-                        if self._closing:
-                            scope.deadline = trio.current_time() + self._options.cleanup_timeout
-                        try:
-                            if error is not None:
-                                await self._finalize(claim, error)
-                            elif not await (
-                                complete_job(job.lease)
-                                if result is None
-                                else self._finisher(loop.queue).submit((job.lease, result))
-                            ):
-                                self._report(
-                                    LeaseLost(
-                                        "completing the job answered 'lease lost': it was "
-                                        "re-delivered meanwhile (not retried)",
-                                        queue=claim.queue,
-                                        job_id=job.id,
-                                    )
-                                )
-                        except BrokerError as exc:
-                            self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
-                        finally:
-                            scope.shield = False
-                finally:
-                    if claim.state is _RUNNING:
-                        # Cancelled before it finished (its own scope, by close or a lost lease,
-                        # or the whole transport from outside): keep it for close's handback.
-                        claim.state = _ABANDONED
-                    if claim.state is not _ABANDONED or claim.lost:
-                        del claims[job.lease.token]
-                    slots.release()
-                    self._running -= 1
-                    if self._running == 0:
-                        self._jobs_idle.set()
-                loop.idle.append(me)
-                claim = await trio.lowlevel.wait_task_rescheduled(abort)
-        if claim.state is _FINALIZING and scope.cancelled_caught:
-            self._report(
-                JobError(
-                    "finalizing timed out (broker not answering)",
-                    queue=claim.queue,
-                    job_id=claim.job.id,
-                )
-            )
-
-    async def _finalize(self, claim: _Claim, error: Exception) -> None:
-        """T10 for a job whose handler raised: hand it back (fail it for good after
-        ``max_job_attempts``); fail bad input at once. (Success is completed inline by the job
-        worker.) Runs shielded and bounded: a close can never race a job's final write."""
-        broker = self._broker
-        job, queue = claim.job, claim.queue
-        try:
-            if isinstance(error, DamagedJob):
-                self._report(error)
-                ok = await broker.fail_job(job.lease, queue, f"damaged: {job.damage}")
-            elif isinstance(error, PayloadError):
-                self._report(_job_error(f"bad input, job failed: {error}", claim, error))
-                ok = await broker.fail_job(job.lease, queue, f"bad input: {error}")
-            elif isinstance(error, BrokerError):
-                # The handler met a broker or store outage, not a bug of its own: counting it
-                # toward max_job_attempts would fail the job for good — a result, a decision —
-                # and leave its run without an answer. Back after a pause, attempt-neutral.
-                self._report(
-                    _job_error(
-                        f"handler met a broker error, job handed back for "
-                        f"{_INFRASTRUCTURE_RETRY_DELAY} s: {error!r}",
-                        claim,
-                        error,
-                    )
-                )
-                ok = await broker.retry_job(
-                    job.lease, queue, delay=_INFRASTRUCTURE_RETRY_DELAY, count_attempt=False
-                )
-            elif job.attempts + 1 >= self._options.max_job_attempts:
-                self._report(
-                    _job_error(
-                        f"handler failed {job.attempts + 1} times, job failed: {error!r}",
-                        claim,
-                        error,
-                    )
-                )
-                ok = await broker.fail_job(
-                    job.lease, queue, f"handler failed {job.attempts + 1} times: {error!r}"
-                )
-            else:
-                self._report(
-                    _job_error(f"handler failed, job handed back: {error!r}", claim, error)
-                )
-                ok = await broker.retry_job(job.lease, queue)
-            if not ok:
-                self._report(
-                    LeaseLost("finalizing answered 'lease lost'", queue=queue, job_id=job.id)
-                )
-        except BrokerError as exc:
-            self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
-
-    async def _damaged(self, loop: _Loop, job: ClaimedJob) -> DamagedJob:
-        """The error that sets a damaged claim aside (its finalize fails it with the reason).
-        A step task whose bytes still name its run and step first gets a RETRYABLE failed
-        result: the damage is the store's, not the step's, and a retry dispatches a fresh,
-        readable job, so the run neither waits forever nor fails for it."""
-        error = DamagedJob(
-            f"stored job unreadable, set aside: {job.damage}", queue=loop.queue, job_id=job.id
-        )
-        if loop.on_job == self._on_task_job:
-            step = StepError(message=f"damaged job: {job.damage}", code="damaged", retryable=True)
-            await self._answer_bad_task(job, step)
-        return error
 
     # ------------------------------------------------------------------ step tasks
 

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ._claims import _Loop
 from ._codec import decode_envelope
 from ._consume import ConsumeMixin
 from ._errors import BrokerError, DurableTrioError, JobError, PayloadError
 from ._inbox import ForwardingKeyStore, InboxRegistry
 from ._liveness import Liveness
 from ._slots import Slots
-from ._transport_base import _Loop
 from ._wire import (
     DecisionStatus,
     InboxRegistration,

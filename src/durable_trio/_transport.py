@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._errors import BrokerError, ConfigError
+from ._errors import ConfigError
 from ._failures import one_exception, raise_bare
 from ._options import (
     TransportOptions,
@@ -32,14 +32,13 @@ if TYPE_CHECKING:
     from .backends._backend import Backend
 
 from ._health import HealthMixin
-from ._leases import LeaseMixin
 from ._remote import RemoteMixin
-from ._transport_base import _ABANDONED, _BUFFERED, _FINALIZING, _RUNNING, TransportStatistics
+from ._transport_base import TransportStatistics
 
 __all__ = ["QueueTransport", "TransportStatistics", "open_queue_transport"]
 
 
-class QueueTransport(RemoteMixin, LeaseMixin, HealthMixin):
+class QueueTransport(RemoteMixin, HealthMixin):
     """Carries step tasks, results, heartbeats and control messages over a queue broker.
 
     Open one with :func:`open_queue_transport`; do not construct it directly.
@@ -48,118 +47,51 @@ class QueueTransport(RemoteMixin, LeaseMixin, HealthMixin):
     # ------------------------------------------------------------------ lifecycle
 
     async def _start(self, root: trio.Nursery) -> None:
-        self._root = root
-        for group in (self._consumers, self._inboxes, self._jobs, self._keeper, self._vitals):
-            await root.start(group.run)
-        await self._vitals.nursery.start(self._controller.run)
-        if self._liveness is not None:
-            await self._vitals.nursery.start(self._liveness.run)
-        if self._can_renew:
-            self._keeper.nursery.start_soon(self._renew_forever)
-        if self._can_recover and self._options.stalled_check_interval > 0:
-            root.start_soon(self._sweep_forever)
+        self._tree.attach(
+            runner=self._runner,
+            keeper=self._lease_keeper,
+            sweeper=self._sweeper,
+            controller=self._controller,
+            liveness=lambda: self._liveness,
+            stop_intake=self._stop_intake,
+            begin_close=self._begin_close,
+            close_inboxes=self._close_inboxes,
+            closed=self._mark_closed,
+        )
+        await root.start(self._tree.run)
 
     # ------------------------------------------------------------------ close (T24)
 
     async def aclose(self) -> None:
-        """Close in bounded, named phases (T24). Idempotent; runs to its end even if cancelled.
+        """Close by leaving the nursery tree level by level (T24; see ``_tree``). Idempotent;
+        runs to its end even if cancelled.
 
-        1. cancel the consumers: no new job is taken;
-        2. stop liveness and withdraw this instance's keys (bounded);
-        3. wait for running handlers up to ``close_timeout`` while renewal keeps their claims;
-        4. cancel the handlers still running;
-        5. stop renewal, letting the round in flight land;
-        6. hand every still-open claim back for immediate, attempt-neutral redelivery;
-        7. withdraw inbox registrations and drain this instance's own inboxes (bounded);
+        1. the consumers (poll loops and the sweep) stop: no new job is taken;
+        2. liveness stops and withdraws this instance's keys (bounded);
+        3. running handlers finish, up to ``close_timeout``, their claims still renewed;
+        4. the handlers still running are cancelled, this instance's inboxes stop;
+        5. renewal stops, letting the round in flight land;
+        6. every still-open claim is handed back for immediate, attempt-neutral redelivery;
+        7. the inbox registration is withdrawn and this instance's own inboxes drained;
         8. the backend belongs to whoever opened it and is closed by them.
 
         Cancellation:
             Shielded; every phase is bounded (``close_timeout`` for phase 3,
             ``cleanup_timeout`` for each cleanup phase), so close never hangs on a dead broker.
         """
-        if self._closing:
-            with trio.CancelScope(shield=True):
-                await self._closed.wait()
-            return
-        self._closing = True
-        options = self._options
-        try:
-            with trio.CancelScope(shield=True):
-                # 1. stop taking work
-                self._consumers.cancel()
-                self._deferred = None
-                bound = trio.current_time() + options.cleanup_timeout
-                for loop in self._loops:  # a pop in flight (shielded) lands, bounded
-                    if loop.pop_scope is not None and not loop.inbox:
-                        loop.pop_scope.deadline = bound
-                for claim in self._claims.values():  # so does a finalize in flight
-                    if claim.state is _FINALIZING and claim.scope is not None:
-                        claim.scope.deadline = bound
-                with trio.move_on_after(options.cleanup_timeout):
-                    await self._consumers.done.wait()
-                # 2. stop the controller and the heartbeat timer; withdraw the liveness keys
-                if self._liveness is not None:
-                    await self._liveness.withdraw(options.cleanup_timeout)
-                self._vitals.cancel()
-                # 3. let running handlers finish, up to close_timeout, renewal still running
-                with trio.move_on_after(options.close_timeout):
-                    await self._jobs_idle.wait()
-                # 4. cancel what still runs; each handler keeps its claim for the handback
-                for claim in self._claims.values():
-                    if claim.state is _RUNNING:
-                        claim.state = _ABANDONED
-                        claim.cancel()
-                    elif claim.state is _BUFFERED:  # prefetched, never started
-                        claim.state = _ABANDONED
-                # this instance's own inboxes stop taking jobs too (phase 7 drains them)
-                self._inboxes.cancel()
-                bound = trio.current_time() + options.cleanup_timeout
-                for loop in self._loops:
-                    if loop.pop_scope is not None and loop.inbox:
-                        loop.pop_scope.deadline = bound
-                with trio.move_on_after(options.cleanup_timeout):
-                    await self._jobs_idle.wait()
-                self._jobs.cancel()
-                # 5. stop renewal; a round in flight is shielded and lands first (bounded: its
-                # own bound is half the stalled threshold, which the keeper's nursery would
-                # otherwise make close wait out on a slow broker)
-                self._keeper.cancel()
-                round_in_flight = self._renewal_round
-                if round_in_flight is not None:
-                    bound = trio.current_time() + options.cleanup_timeout
-                    round_in_flight.deadline = min(round_in_flight.deadline, bound)
-                with trio.move_on_after(options.cleanup_timeout):
-                    await self._keeper.done.wait()
-                # 6. hand back every claim still open: immediate and attempt-neutral
-                await self._hand_back_open_claims()
-                # 7. withdraw the inbox registration, drain this instance's own inboxes
-                with trio.move_on_after(options.cleanup_timeout) as inboxes_bound:
-                    try:
-                        await self._close_inboxes()
-                    except BrokerError as exc:
-                        self._report(exc)
-                if inboxes_bound.cancelled_caught:
-                    self._report(BrokerError("close: draining this instance's inboxes timed out"))
-        finally:
-            if self._root is not None:
-                self._root.cancel_scope.cancel()
-            self._fully_closed = True
-            self._closed.set()
+        self._begin_close()
+        self._tree.close()
+        with trio.CancelScope(shield=True):
+            await self._closed.wait()
 
-    async def _hand_back_open_claims(self) -> None:
-        claims, self._claims = list(self._claims.values()), {}
-        with trio.move_on_after(self._options.cleanup_timeout) as bound:
-            for claim in claims:
-                try:
-                    await self._broker.retry_job(
-                        claim.job.lease, claim.queue, delay=0.0, count_attempt=False
-                    )
-                except BrokerError as exc:
-                    self._report(exc)
-        if bound.cancelled_caught:
-            self._report(
-                BrokerError("close: handing claims back timed out; the sweep recovers the rest")
-            )
+    def _begin_close(self) -> None:
+        if not self._closing:
+            self._closing = True
+            self._deferred = None
+
+    def _mark_closed(self) -> None:
+        self._fully_closed = True
+        self._closed.set()
 
 
 @asynccontextmanager

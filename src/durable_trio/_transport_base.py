@@ -6,12 +6,10 @@ pods); ``_transport`` puts them together with the close."""
 
 from __future__ import annotations
 
-import collections
-import enum
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import trio
@@ -19,7 +17,9 @@ import trio
 from ._adaptive import ConcurrencyController
 from ._coalesce import Coalescer, results_of
 from ._codec import encode_envelope
-from ._errors import BrokerError, JobError, TransportClosed
+from ._errors import TransportClosed
+from ._jobs import JobRunner
+from ._leases import LeaseKeeper, Sweeper
 from ._liveness import (
     Liveness,
 )
@@ -30,11 +30,13 @@ from ._options import (
     TransportOptions,
 )
 from ._slots import Slots
+from ._tree import TransportTree
 from ._wire import (
     ControlMessage,
     JobKind,
     JSONValue,
     RemoteTask,
+    StepError,
     StepHeartbeat,
     StepResult,
 )
@@ -49,6 +51,7 @@ from .adapters import (
 )
 
 if TYPE_CHECKING:
+    from ._claims import _Loop
     from .backends._backend import Backend
     from .keys import KeyEntry
 
@@ -56,7 +59,6 @@ StepHandler = Callable[[RemoteTask], Awaitable[JSONValue]]
 ResultHandler = Callable[[StepResult], Awaitable[None]]
 HeartbeatHandler = Callable[[StepHeartbeat], Awaitable[None]]
 ControlHandler = Callable[[ControlMessage], Awaitable[None]]
-_OnJob = Callable[[ClaimedJob], Awaitable["Job | None"]]
 
 
 #: A loop that polls this many jobs in a row without waiting yields once, so a loop with a large
@@ -66,97 +68,6 @@ _FAIRNESS_BATCH = 64
 _MAX_BATCH = 64
 #: Longest sleep after consecutive broker errors in a poll loop.
 _MAX_ERROR_BACKOFF = 10.0
-
-
-class _Group:
-    """A nursery that lives until cancelled, owned by one part of the tree (consumers, jobs...)."""
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.nursery: trio.Nursery
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                self.nursery = nursery
-                task_status.started()
-                await trio.sleep_forever()
-        finally:
-            self.done.set()
-
-    def cancel(self) -> None:
-        self.nursery.cancel_scope.cancel()
-
-
-@attrs.define(eq=False)
-class _Loop:
-    queue: str
-    on_job: _OnJob
-    slots: Slots
-    backoff_max: int
-    token: str | None = None
-    """The routing token of a task loop (whose serving starts a liveness key)."""
-    inbox: bool = False
-    """This instance's own inbox: runs in the inboxes group and is never deferred (no other
-    process could take its jobs)."""
-    pop_scope: trio.CancelScope | None = None
-    idle: list[_JobWorker] = attrs.Factory(list)
-    buffer: collections.deque[_Claim] = attrs.Factory(collections.deque)
-    """Claims popped ahead of a free slot (prefetch), renewed and handed back like any."""
-
-
-class ClaimState(enum.Enum):
-    """Where a claim this instance holds stands, from its pop to its finalize or handback."""
-
-    BUFFERED = "buffered"
-    """Popped ahead of a free slot (prefetch), not started yet."""
-    RUNNING = "running"
-    """Its handler runs (or is about to, in a job worker)."""
-    FINALIZING = "finalizing"
-    """Its handler ended; its outcome is being written (shielded, bounded by close)."""
-    ABANDONED = "abandoned"
-    """Cancelled before it finished (close, a lost lease): kept for close's handback."""
-    DROPPED = "dropped"
-    """Buffered, then taken back by the broker before it started: the loop skips it."""
-
-
-# The members as module globals, which the hot paths compare against (``claim.state is
-# _RUNNING``) once or more per job: reading a member off its Enum class goes through a
-# descriptor on Python 3.11, a global lookup does not.
-_BUFFERED = ClaimState.BUFFERED
-_RUNNING = ClaimState.RUNNING
-_FINALIZING = ClaimState.FINALIZING
-_ABANDONED = ClaimState.ABANDONED
-_DROPPED = ClaimState.DROPPED
-
-
-@attrs.define(eq=False)
-class _Claim:
-    queue: str
-    job: ClaimedJob
-    scope: trio.CancelScope | None = None
-    """The scope of the job worker running it (cancelling it cancels exactly this handler)."""
-    state: ClaimState = _RUNNING
-    lost: bool = False
-
-    def cancel(self) -> None:
-        if self.scope is not None:
-            self.scope.cancel()
-
-
-@attrs.define(eq=False)
-class _JobWorker:
-    """A task that runs one loop's jobs one after another, parked while idle.
-
-    One task per running handler, each in its own cancel scope (so a lost lease or close's
-    deadline cancels exactly that handler, T8 and T24) — but the task and its scope outlive one
-    job: rescheduling a parked worker is far cheaper than spawning a task and building a scope
-    per job (docs/decisions.md, "Job workers are reused"). Cancelling the scope ends the worker
-    with its job; the loop starts a fresh one when next needed.
-    """
-
-    task: trio.lowlevel.Task
-    scope: trio.CancelScope
 
 
 @attrs.frozen
@@ -218,10 +129,6 @@ class TransportBase:
         self._task_queues: set[str] = set()
         self._consumed: list[str] = []
         self._loops: list[_Loop] = []
-        self._claims: dict[str, _Claim] = {}
-        self._running = 0
-        self._jobs_idle = trio.Event()
-        self._jobs_idle.set()
         self._liveness: Liveness | None = None
         if backend.keys is not None:
             self._liveness = Liveness(
@@ -242,12 +149,44 @@ class TransportBase:
         self._fully_closed = False
         self._closed = trio.Event()
         self._max_payload_bytes = options.max_payload_bytes
-        self._consumers = _Group()
-        self._inboxes = _Group()
-        self._jobs = _Group()
-        self._keeper = _Group()
-        self._vitals = _Group()
-        self._root: trio.Nursery | None = None
+        self._lease_keeper: LeaseKeeper | None = None
+        if self._can_renew:
+            self._lease_keeper = LeaseKeeper(
+                cast("SupportsRenewal", broker),
+                lambda: self._runner.claims,
+                self._controller,
+                period=self.stalled_threshold / 2,
+                cancel_on_lost_lease=options.cancel_on_lost_lease,
+                report=self._report,
+            )
+        self._sweeper: Sweeper | None = None
+        if self._can_recover and options.stalled_check_interval > 0:
+            self._sweeper = Sweeper(
+                backend,
+                self._names,
+                options,
+                stalled_threshold=self.stalled_threshold,
+                consumed=self._consumed,
+                task_queues=self._task_queues,
+                publish_result=self.publish_result,
+                report=self._report,
+            )
+        # The nursery tree; its levels are where each part starts its tasks (see _tree).
+        self._tree = TransportTree(options, self._report)
+        self._consumers = self._tree.consumers
+        self._inboxes = self._tree.inboxes
+        self._vitals = self._tree.vitals
+        self._runner = JobRunner(
+            broker,
+            options,
+            self._tree.jobs,
+            completer=self._completer,
+            finisher=self._finisher,
+            batched=self._batch_finalize is not None,
+            closing=lambda: self._closing,
+            answer_bad_task=self._answer_bad_task,
+            report=self._report,
+        )
 
     # ------------------------------------------------------------------ identity and names
 
@@ -279,8 +218,8 @@ class TransportBase:
 
     def statistics(self) -> TransportStatistics:
         return TransportStatistics(
-            in_flight=self._running,
-            open_claims=len(self._claims),
+            in_flight=self._runner.running,
+            open_claims=len(self._runner.claims),
             task_limit=self._task_slots.limit,
             duplicates=self._controller.duplicates,
             queues=tuple(self._consumed),
@@ -291,6 +230,10 @@ class TransportBase:
 
     async def _serve_workflow_turn(self, task: Any) -> None:
         """Overridden by the remote mixin (workflow turns, T14)."""
+        raise NotImplementedError
+
+    async def _answer_bad_task(self, job: ClaimedJob, error: StepError) -> None:
+        """Overridden by the consumers (a damaged step task still answers its run)."""
         raise NotImplementedError
 
     def _move_limit(self, limit: int) -> None:
@@ -464,18 +407,3 @@ class TransportBase:
         """Best-effort, POINT-TO-POINT control (T17): exactly one consumer takes each message.
         It is not a broadcast: with several consumers, only one of them sees it."""
         await self._push(self._names.control, JobKind.CONTROL, message)
-
-
-def _job_error(message: str, claim: _Claim, cause: BaseException) -> JobError:
-    error = JobError(message, queue=claim.queue, job_id=claim.job.id)
-    error.__cause__ = cause
-    return error
-
-
-def _unexpected(exc: Exception, doing: str) -> BrokerError:
-    """A broker call that raised something other than a :class:`BrokerError` (a defect in a
-    broker, or stored data it failed to validate), as the error the loops report and back off
-    on: the loop goes on, the cause stays attached."""
-    error = BrokerError(f"{doing} raised {exc!r} (reported, retried after a backoff)")
-    error.__cause__ = exc
-    return error
