@@ -472,7 +472,7 @@ async def test_t22_the_janitor_drains_the_inbox_of_an_instance_that_went_away(
             pod.on_tenant_event("acme", lambda event: None)
             await trio.sleep(1)
             pod._registry.active = False  # the pod "crashes": it stops announcing
-            for loop in pod._loops:  # ... and its inbox loops stop consuming
+            for loop in pod._consumers.loops:  # ... and its inbox loops stop consuming
                 if loop.inbox and loop.pop_scope is not None:
                     loop.pop_scope.cancel()
             await trio.lowlevel.checkpoint()

@@ -12,11 +12,11 @@ import trio
 
 from ._claims import _Loop
 from ._codec import decode_envelope
-from ._consume import ConsumeMixin
 from ._errors import BrokerError, DurableTrioError, JobError, PayloadError
 from ._inbox import ForwardingKeyStore, InboxRegistry
 from ._liveness import Liveness
 from ._slots import Slots
+from ._steps import ConsumeMixin
 from ._wire import (
     DecisionStatus,
     InboxRegistration,
@@ -156,10 +156,10 @@ class RemoteMixin(ConsumeMixin):
         self._decision_handlers.append(handler)
         if len(self._decision_handlers) > 1:
             return
-        self._start_loop(
+        self._consumers.start_loop(
             _Loop(
                 self._names.decisions,
-                self._typed(JobKind.DECISION, lambda: self._fan_out),
+                self._consumers.typed(JobKind.DECISION, lambda: self._fan_out),
                 Slots(self._options.result_concurrency),
                 1,
             )
@@ -190,7 +190,7 @@ class RemoteMixin(ConsumeMixin):
 
     def on_step_event(self, handler: Callable[[StepEvent], Awaitable[None]]) -> None:
         """engine: consume step events. A second call swaps the handler."""
-        self._consume_kind(JobKind.STEP_EVENT, self._names.step_events, handler, Slots(1))
+        self._consumers.consume(JobKind.STEP_EVENT, self._names.step_events, handler, Slots(1))
 
     # ------------------------------------------------------------------ tenant pods (T18-T20)
 
@@ -221,7 +221,7 @@ class RemoteMixin(ConsumeMixin):
         self._check_open()
         self._ensure_registrations_loop()
         self._start_run_handler = handler
-        self._consume_kind(
+        self._consumers.consume(
             JobKind.START_RUN,
             self._names.start_run,
             self._routed_start,
@@ -234,7 +234,7 @@ class RemoteMixin(ConsumeMixin):
         self._check_open()
         self._ensure_registrations_loop()
         self._run_request_handler = handler
-        self._consume_kind(
+        self._consumers.consume(
             JobKind.RUN_REQUEST,
             self._names.run_request,
             self._routed_request,
@@ -312,10 +312,10 @@ class RemoteMixin(ConsumeMixin):
         self._replies_loop = True
         self._registry.attach(self._inboxes.nursery)
         self._registry.activate()
-        self._start_loop(
+        self._consumers.start_loop(
             _Loop(
                 self._names.run_replies(self.instance_id),
-                self._typed(JobKind.RUN_REPLY, lambda: self._deliver_reply),
+                self._consumers.typed(JobKind.RUN_REPLY, lambda: self._deliver_reply),
                 Slots(1),
                 1,
                 inbox=True,
@@ -364,10 +364,10 @@ class RemoteMixin(ConsumeMixin):
         self._registry.subscribe(tenant)
         if not self._events_loop:
             self._events_loop = True
-            self._start_loop(
+            self._consumers.start_loop(
                 _Loop(
                     self._names.tenant_events(self.instance_id),
-                    self._typed(JobKind.TENANT_EVENT, lambda: self._deliver_event),
+                    self._consumers.typed(JobKind.TENANT_EVENT, lambda: self._deliver_event),
                     Slots(1),
                     self._options.idle_backoff_max,
                     inbox=True,
@@ -404,7 +404,7 @@ class RemoteMixin(ConsumeMixin):
         self._check_open()
         self._registrations_loop = True
         self._registry.attach(self._inboxes.nursery)
-        self._start_loop(
+        self._consumers.start_loop(
             _Loop(
                 self._names.registrations,
                 self._on_registration,

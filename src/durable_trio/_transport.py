@@ -53,7 +53,7 @@ class QueueTransport(RemoteMixin, HealthMixin):
             sweeper=self._sweeper,
             controller=self._controller,
             liveness=lambda: self._liveness,
-            stop_intake=self._stop_intake,
+            stop_intake=self._consumers.stop_intake,
             begin_close=self._begin_close,
             close_inboxes=self._close_inboxes,
             closed=self._mark_closed,
@@ -87,7 +87,7 @@ class QueueTransport(RemoteMixin, HealthMixin):
     def _begin_close(self) -> None:
         if not self._closing:
             self._closing = True
-            self._deferred = None
+            self._consumers.stop_deferring()
 
     def _mark_closed(self) -> None:
         self._fully_closed = True

@@ -17,6 +17,7 @@ import trio
 from ._adaptive import ConcurrencyController
 from ._coalesce import Coalescer, results_of
 from ._codec import encode_envelope
+from ._consume import Consumers
 from ._errors import TransportClosed
 from ._jobs import JobRunner
 from ._leases import LeaseKeeper, Sweeper
@@ -47,11 +48,9 @@ from .adapters import (
     SupportsBatchFinalize,
     SupportsRecovery,
     SupportsRenewal,
-    SupportsWakeup,
 )
 
 if TYPE_CHECKING:
-    from ._claims import _Loop
     from .backends._backend import Backend
     from .keys import KeyEntry
 
@@ -61,13 +60,6 @@ HeartbeatHandler = Callable[[StepHeartbeat], Awaitable[None]]
 ControlHandler = Callable[[ControlMessage], Awaitable[None]]
 
 
-#: A loop that polls this many jobs in a row without waiting yields once, so a loop with a large
-#: limit over a broker that answers at once never starves the handlers it starts.
-_FAIRNESS_BATCH = 64
-#: Most jobs one pop claims (a loop with more free slots than this pops again at once).
-_MAX_BATCH = 64
-#: Longest sleep after consecutive broker errors in a poll loop.
-_MAX_ERROR_BACKOFF = 10.0
 
 
 @attrs.frozen
@@ -99,7 +91,6 @@ class TransportBase:
         broker = self._broker
         self._can_renew = isinstance(broker, SupportsRenewal)
         self._can_recover = isinstance(broker, SupportsRecovery)
-        self._wait_for_work = broker.wait_for_work if isinstance(broker, SupportsWakeup) else None
         # (a runtime Protocol check inspects every member: made once here, not per call)
         self._many = broker if isinstance(broker, SupportsBatchFinalize) else None
         # Finalizes and pushes made in one scheduling round share one broker call, where the
@@ -124,11 +115,8 @@ class TransportBase:
         self._task_slots = Slots(self._controller.limit)
         self._result_slots = Slots(options.result_concurrency)
         self._handlers: dict[str, StepHandler] = {}
-        self._kind_handlers: dict[JobKind, Callable[[Any], Awaitable[None]]] = {}
         self._task_loops: set[str] = set()
         self._task_queues: set[str] = set()
-        self._consumed: list[str] = []
-        self._loops: list[_Loop] = []
         self._liveness: Liveness | None = None
         if backend.keys is not None:
             self._liveness = Liveness(
@@ -142,7 +130,6 @@ class TransportBase:
             )
         self._descriptor_cache: tuple[float, list[KeyEntry]] | None = None
         self._started_at = time.time()
-        self._deferred: list[_Loop] | None = None
         self._ids = itertools.count(1)
         self._id_prefix = f"{sanitize_token(options.instance_id)[:24]}-"
         self._closing = False
@@ -159,21 +146,8 @@ class TransportBase:
                 cancel_on_lost_lease=options.cancel_on_lost_lease,
                 report=self._report,
             )
-        self._sweeper: Sweeper | None = None
-        if self._can_recover and options.stalled_check_interval > 0:
-            self._sweeper = Sweeper(
-                backend,
-                self._names,
-                options,
-                stalled_threshold=self.stalled_threshold,
-                consumed=self._consumed,
-                task_queues=self._task_queues,
-                publish_result=self.publish_result,
-                report=self._report,
-            )
         # The nursery tree; its levels are where each part starts its tasks (see _tree).
         self._tree = TransportTree(options, self._report)
-        self._consumers = self._tree.consumers
         self._inboxes = self._tree.inboxes
         self._vitals = self._tree.vitals
         self._runner = JobRunner(
@@ -187,6 +161,28 @@ class TransportBase:
             answer_bad_task=self._answer_bad_task,
             report=self._report,
         )
+        self._consumers = Consumers(
+            broker,
+            options,
+            self._runner,
+            consumers=self._tree.consumers,
+            inboxes=self._tree.inboxes,
+            liveness=lambda: self._liveness,
+            check_open=self._check_open,
+            report=self._report,
+        )
+        self._sweeper: Sweeper | None = None
+        if self._can_recover and options.stalled_check_interval > 0:
+            self._sweeper = Sweeper(
+                backend,
+                self._names,
+                options,
+                stalled_threshold=self.stalled_threshold,
+                consumed=self._consumers.consumed,
+                task_queues=self._task_queues,
+                publish_result=self.publish_result,
+                report=self._report,
+            )
 
     # ------------------------------------------------------------------ identity and names
 
@@ -222,7 +218,7 @@ class TransportBase:
             open_claims=len(self._runner.claims),
             task_limit=self._task_slots.limit,
             duplicates=self._controller.duplicates,
-            queues=tuple(self._consumed),
+            queues=tuple(self._consumers.consumed),
             closed=self._closed.is_set(),
         )
 

@@ -1,0 +1,219 @@
+"""Serving step tasks (the task loops shared with workflow turns, T14; results T10) and the
+engine's result, heartbeat and control loops (the ids are sections of docs/spec.md)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import orjson
+import trio
+
+from ._claims import _Loop
+from ._codec import decode_envelope
+from ._errors import BrokerError, JobError, PayloadError
+from ._slots import Slots
+from ._transport_base import (
+    ControlHandler,
+    HeartbeatHandler,
+    ResultHandler,
+    StepHandler,
+    TransportBase,
+)
+from ._wire import (
+    JobKind,
+    RemoteTask,
+    StepError,
+    StepResult,
+    StepStatus,
+)
+
+if TYPE_CHECKING:
+    from .adapters import ClaimedJob, Job
+
+#: First and largest delay between two attempts at pushing a step's result.
+_RESULT_PUSH_BACKOFF = (0.05, 5.0)
+
+
+class ConsumeMixin(TransportBase):
+    # ------------------------------------------------------------------ consumers
+
+    def handle(self, name: str, handler: StepHandler) -> None:
+        """Serve step ``name``: ``async def handler(task: RemoteTask) -> JSON value``.
+
+        Starts (once per routing token) the task loop of ``name``'s queue. Re-registering a
+        name swaps its handler. A handler that raises yields a failed :class:`StepResult`
+        (retryable unless the exception has ``retryable = False``).
+        """
+        self._check_open()
+        self._handlers[name] = handler
+        self._ensure_task_loop(name)
+
+    def _ensure_task_loop(self, name: str) -> None:
+        """Start (once per routing token) the task loop shared by steps and workflow turns."""
+        queue = self.task_queue(name)
+        if queue in self._task_loops:
+            return
+        self._task_loops.add(queue)
+        self._task_queues.add(queue)
+        self._consumers.start_loop(
+            _Loop(
+                queue,
+                self._on_task_job,
+                self._task_slots,
+                self._options.idle_backoff_max,
+                token=self.token_of(name),
+            )
+        )
+
+    def on_result(self, handler: ResultHandler) -> None:
+        """engine side: consume step results. The results loop never backs off (critical path).
+        A handler that raises gets the result redelivered (up to ``max_job_attempts``)."""
+        self._consumers.consume(
+            JobKind.RESULT, self._names.results, handler, self._result_slots, backoff_max=1
+        )
+
+    def on_heartbeat(self, handler: HeartbeatHandler) -> None:
+        """engine side: consume step heartbeats."""
+        self._consumers.consume(JobKind.HEARTBEAT, self._names.heartbeats, handler, Slots(1))
+
+    def on_control(self, handler: ControlHandler) -> None:
+        """Consume control messages (T17: point-to-point, best-effort)."""
+        self._consumers.consume(JobKind.CONTROL, self._names.control, handler, Slots(1))
+
+    def defer_consumers(self) -> None:
+        """Park every consumer loop started from now on until :meth:`start_consumers`.
+        Producers are never deferred; a process that only dispatches never looks like a worker."""
+        self._consumers.defer()
+
+    def start_consumers(self) -> None:
+        """Start every parked consumer loop (and stop deferring)."""
+        self._consumers.start_deferred()
+
+    # ------------------------------------------------------------------ step tasks
+
+    async def _on_task_job(self, job: ClaimedJob) -> Job | None:
+        try:
+            envelope = decode_envelope(job.data, max_bytes=self._options.max_payload_bytes)
+            if envelope.kind is JobKind.WORKFLOW:
+                # T14: a workflow turn shares its token's task loop; told apart by shape
+                pass
+            elif envelope.kind is not JobKind.TASK:
+                raise PayloadError(f"a {envelope.kind.value!r} job does not belong on a task queue")
+        except PayloadError as exc:
+            await self._answer_bad_task(
+                job, StepError(message=f"bad task: {exc}", code="bad_input", retryable=False)
+            )
+            raise
+        if envelope.kind is JobKind.WORKFLOW:
+            await self._serve_workflow_turn(envelope.payload)
+            return None
+        return await self._serve_task(envelope.payload)
+
+    async def _answer_bad_task(self, job: ClaimedJob, error: StepError) -> None:
+        """A task that does not parse but names its run and step still gets a failed result, so
+        the run settles instead of waiting forever. Nothing is published when it cannot be told
+        which step it was, nor for a job of another kind found on a task queue (a result or a
+        decision sent to the wrong queue is set aside; it is not a failure of the run's step)."""
+        try:
+            raw = orjson.loads(job.data)
+            if raw.get("kind", "task") != "task":
+                return
+            payload = raw["payload"]
+            run_id, step_id, attempt = payload["runId"], payload["stepId"], payload["attempt"]
+        except Exception:
+            return
+        if type(run_id) is not str or type(step_id) is not str or type(attempt) is not int:
+            return
+        result = StepResult(run_id, step_id, attempt, StepStatus.FAILED, error=error)
+        await self.publish_result(result)
+
+    async def _serve_task(self, task: RemoteTask) -> Job | None:
+        """Run a step and make its result. Returns the result job when the job worker pushes
+        it together with the task's acknowledgement (one round trip on Redis); else pushes it
+        now and returns ``None``."""
+        handler = self._handlers.get(task.name)
+        result: StepResult
+        if handler is None:
+            message = f"no handler for step {task.name!r} on this worker"
+            self._report(
+                JobError(message, queue=self.task_queue(task.routing_group), job_id=task.task_id)
+            )
+            error = StepError(message=message, code="no_handler", retryable=False)
+            result = StepResult.failure(task, error)
+        else:
+            controller = self._controller
+            controller.on_start()
+            started = trio.current_time()
+            ok = False
+            try:
+                output = await handler(task)
+                ok = True
+            except Exception as exc:
+                self._report(
+                    JobError(
+                        f"step {task.name!r} raised {exc!r}",
+                        queue=self.task_queue(task.routing_group),
+                        job_id=task.task_id,
+                    ).with_traceback(exc.__traceback__)
+                )
+                error = StepError(
+                    message=f"{type(exc).__name__}: {exc}",
+                    code=getattr(exc, "code", None)
+                    if isinstance(getattr(exc, "code", None), str)
+                    else None,
+                    retryable=getattr(exc, "retryable", True) is not False,
+                )
+                result = StepResult.failure(task, error)
+            else:
+                result = StepResult(
+                    task.run_id,
+                    task.step_id,
+                    task.attempt,
+                    StepStatus.COMPLETED,
+                    output=output,
+                    task_id=task.task_id,
+                )
+            finally:
+                # Only step durations feed the latency gradient (T6); a cancelled step too
+                # leaves the in-flight count.
+                controller.on_settle(started, trio.current_time(), step=ok)
+        try:
+            data = self._new_job(JobKind.RESULT, result)
+        except PayloadError as exc:
+            self._report(
+                JobError(
+                    f"step {task.name!r} returned an output that cannot be sent: {exc}",
+                    queue=self.task_queue(task.routing_group),
+                    job_id=task.task_id,
+                )
+            )
+            error = StepError(message=str(exc), code="bad_output", retryable=False)
+            data = self._new_job(JobKind.RESULT, StepResult.failure(task, error))
+        if self._finishers_on:
+            return data  # the job worker pushes it with the task's acknowledgement
+        await self._push_result(task, data)
+        return None
+
+    async def _push_result(self, task: RemoteTask, job: Job) -> None:
+        """Push a step's result, again and again with a backoff while the broker fails: the
+        step has run, and raising would hand its task back to run again — and, after
+        ``max_job_attempts`` handbacks, fail it for good with no answer for its run. The claim
+        stays renewed meanwhile; a lost lease (T8) or a close past its deadline cancels the
+        wait."""
+        delay, largest = _RESULT_PUSH_BACKOFF
+        while True:
+            try:
+                await self._push_job(self._names.results, job)
+                return
+            except BrokerError as exc:
+                self._report(
+                    JobError(
+                        f"publishing the result of step {task.name!r} failed (retrying in "
+                        f"{delay:.2f} s): {exc}",
+                        queue=self.task_queue(task.routing_group),
+                        job_id=task.task_id,
+                    )
+                )
+            await trio.sleep(delay)
+            delay = min(delay * 2, largest)
+
