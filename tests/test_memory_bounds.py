@@ -210,20 +210,20 @@ async def test_the_control_plane_forgets_the_inbox_of_a_pod_that_went_away(
         async with dt.open_queue_transport(
             dt.Backend(url="test://", broker=broker, keys=None), instance_id="pod", inbox_ttl=15
         ) as pod:
-            pod.on_tenant_event("acme", lambda event: None)
+            pod.remote.on_tenant_event("acme", lambda event: None)
             await trio.sleep(1)
-            pod._registry.active = False  # the pod "crashes": it stops announcing
+            pod.remote._registry.active = False  # the pod "crashes": it stops announcing
             for loop in pod._consumers.loops:  # ... and its inbox loops stop consuming
                 if loop.inbox and loop.pop_scope is not None:
                     loop.pop_scope.cancel()
             await trio.lowlevel.checkpoint()
-            await control.publish_tenant_event(dt.TenantEvent("acme", "k", "r"))
+            await control.remote.publish_tenant_event(dt.TenantEvent("acme", "k", "r"))
             inbox = control.names.tenant_events("pod")
             assert inbox in control._pushers
             await trio.sleep(40)  # the registration expired at 16; the sweep at 30 drained it
             assert await broker.size_of(inbox) == 0
             assert inbox not in control._pushers
-            assert control._registry._pushed == {}
+            assert control.remote._registry._pushed == {}
 
 
 class GatedRunStore:

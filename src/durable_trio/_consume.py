@@ -88,6 +88,7 @@ class Consumers:
         slots: Slots,
         *,
         backoff_max: int | None = None,
+        inbox: bool = False,
     ) -> None:
         """Hand every ``kind`` job of ``queue`` to ``handler``: the first call starts the loop,
         a later one swaps the handler for the next job."""
@@ -101,6 +102,7 @@ class Consumers:
                     self.typed(kind, lambda: self._kind_handlers[kind]),
                     slots,
                     self._options.idle_backoff_max if backoff_max is None else backoff_max,
+                    inbox=inbox,
                 )
             )
 

@@ -3,7 +3,7 @@ engine's result, heartbeat and control loops (the ids are sections of docs/spec.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import trio
@@ -28,6 +28,8 @@ from ._wire import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from .adapters import ClaimedJob, Job
 
 #: First and largest delay between two attempts at pushing a step's result.
@@ -64,6 +66,74 @@ class ConsumeMixin(TransportBase):
                 token=self.token_of(name),
             )
         )
+
+    def _serve_turns(self, name: str, serve: Callable[[Any], Awaitable[None]]) -> None:
+        """Serve the workflow turns on the task loop of ``name``'s routing token (T14: a turn
+        shares its token's task loop, told apart from a step by its kind)."""
+        self._turns = serve
+        self._ensure_task_loop(name)
+
+    # ------------------------------------------------------------------ the generic surface
+
+    def consume(
+        self,
+        kind: JobKind,
+        queue: str,
+        handler: Callable[[Any], Awaitable[None]],
+        *,
+        concurrency: int = 1,
+        backoff_max: int | None = None,
+        inbox: bool = False,
+    ) -> None:
+        """Hand the payload of every ``kind`` job of ``queue`` to ``handler``, up to
+        ``concurrency`` at once. The first call for a kind starts its loop; a later one swaps
+        the handler for the next job. A handler that raises gets the job redelivered (up to
+        ``max_job_attempts``; bad input is failed at once).
+
+        Args:
+            kind: the one kind of job the queue carries (another is bad input).
+            queue: from :attr:`names`.
+            handler: ``async def handler(payload) -> None``.
+            concurrency: most handlers running at once.
+            backoff_max: largest idle backoff, in poll intervals (default ``idle_backoff_max``).
+            inbox: a queue only this instance reads (its own inbox): never deferred, stopped
+                after the handlers at close, then drained.
+
+        Raises:
+            TransportClosed: the transport is closing.
+        """
+        self._consumers.consume(
+            kind, queue, handler, Slots(concurrency), backoff_max=backoff_max, inbox=inbox
+        )
+
+    def consume_jobs(self, queue: str, on_job: Callable[[ClaimedJob], Awaitable[None]]) -> None:
+        """Hand every job of ``queue``, undecoded, to ``on_job`` (a queue of several kinds),
+        one at a time. Same redelivery as :meth:`consume`.
+
+        Raises:
+            TransportClosed: the transport is closing.
+        """
+        self._check_open()
+        self._consumers.start_loop(
+            _Loop(queue, on_job, Slots(1), self._options.idle_backoff_max)
+        )
+
+    async def publish(
+        self, kind: JobKind, queue: str, payload: Any, *, priority: int | None = None
+    ) -> str:
+        """Push ``payload`` as a ``kind`` job onto ``queue`` (never deferred; works on through
+        the close drain).
+
+        Returns:
+            The job id.
+
+        Raises:
+            PayloadTooLarge: the encoded job is over ``max_payload_bytes``.
+            PayloadError: ``payload`` does not encode.
+            BrokerError: the broker did not take it.
+            TransportClosed: the transport is closed.
+        """
+        return await self._push(queue, kind, payload, priority=priority)
 
     def on_result(self, handler: ResultHandler) -> None:
         """engine side: consume step results. The results loop never backs off (critical path).
@@ -105,7 +175,8 @@ class ConsumeMixin(TransportBase):
             )
             raise
         if envelope.kind is JobKind.WORKFLOW:
-            await self._serve_workflow_turn(envelope.payload)
+            assert self._turns is not None  # a workflow job reaches a loop its turns started
+            await self._turns(envelope.payload)
             return None
         return await self._serve_task(envelope.payload)
 

@@ -32,17 +32,25 @@ if TYPE_CHECKING:
     from .backends._backend import Backend
 
 from ._health import HealthMixin
-from ._remote import RemoteMixin
+from ._remote import RemoteProtocols
+from ._steps import ConsumeMixin
 from ._transport_base import TransportStatistics
 
 __all__ = ["QueueTransport", "TransportStatistics", "open_queue_transport"]
 
 
-class QueueTransport(RemoteMixin, HealthMixin):
+class QueueTransport(ConsumeMixin, HealthMixin):
     """Carries step tasks, results, heartbeats and control messages over a queue broker.
 
     Open one with :func:`open_queue_transport`; do not construct it directly.
     """
+
+    def __init__(self, backend: Backend, options: TransportOptions) -> None:
+        super().__init__(backend, options)
+        self.remote = RemoteProtocols(
+            self, controller=self._controller, inboxes=self._inboxes, report=self._report
+        )
+        """The remote protocols: workflow turns, decisions, step events, the tenant protocol."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -55,7 +63,7 @@ class QueueTransport(RemoteMixin, HealthMixin):
             liveness=lambda: self._liveness,
             stop_intake=self._consumers.stop_intake,
             begin_close=self._begin_close,
-            close_inboxes=self._close_inboxes,
+            close_inboxes=self.remote.close_inboxes,
             closed=self._mark_closed,
         )
         await root.start(self._tree.run)

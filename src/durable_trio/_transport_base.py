@@ -52,7 +52,7 @@ from .adapters import (
 
 if TYPE_CHECKING:
     from .backends._backend import Backend
-    from .keys import KeyEntry
+    from .keys import KeyEntry, KeyStore
 
 StepHandler = Callable[[RemoteTask], Awaitable[JSONValue]]
 ResultHandler = Callable[[StepResult], Awaitable[None]]
@@ -115,6 +115,8 @@ class TransportBase:
         self._task_slots = Slots(self._controller.limit)
         self._result_slots = Slots(options.result_concurrency)
         self._handlers: dict[str, StepHandler] = {}
+        self._turns: Callable[[Any], Awaitable[None]] | None = None
+        """Serves the workflow turns found on a task loop (set by the remote layer, T14)."""
         self._task_loops: set[str] = set()
         self._task_queues: set[str] = set()
         self._liveness: Liveness | None = None
@@ -224,9 +226,22 @@ class TransportBase:
 
     # ------------------------------------------------------------------ shared helpers
 
-    async def _serve_workflow_turn(self, task: Any) -> None:
-        """Overridden by the remote mixin (workflow turns, T14)."""
-        raise NotImplementedError
+    def _adopt_liveness_store(self, keys: KeyStore) -> None:
+        """A store-less tenant pod's liveness, written through ``keys`` (forwarded to the
+        control plane, T22); nothing when this transport already has a liveness."""
+        if self._backend.keys is not None or self._liveness is not None:
+            return
+        options = self._options
+        self._liveness = Liveness(
+            keys,
+            self._names,
+            options.instance_id,
+            interval=options.worker_heartbeat_interval,
+            status=self._controller.snapshot,
+            descriptor=self._descriptor,
+            report=self._report,
+        )
+        self._vitals.nursery.start_soon(self._liveness.run)
 
     async def _answer_bad_task(self, job: ClaimedJob, error: StepError) -> None:
         """Overridden by the consumers (a damaged step task still answers its run)."""

@@ -443,8 +443,8 @@ class Engine:
         self._loops = await root.start(_serve_nursery)
         self.transport.on_result(self._on_result)
         if any(w.remote for w in self.app.workflows.values()):
-            self.transport.on_decision(self._on_decision)
-            self.transport.on_step_event(self._on_step_event)
+            self.transport.remote.on_decision(self._on_decision)
+            self.transport.remote.on_step_event(self._on_step_event)
             self.transport.on_heartbeat(self._on_heartbeat)
         options = self.options
         if options.serve_tenants:

@@ -354,7 +354,8 @@ class RemoteRunDriver:
         )
         self._turn_ids.add(task.task_id)
         await engine._guard(
-            lambda: engine.transport.dispatch_workflow_task(task), "dispatching a workflow turn"
+            lambda: engine.transport.remote.dispatch_workflow_task(task),
+            "dispatching a workflow turn",
         )
         engine._count("turns_dispatched")
 
