@@ -138,7 +138,7 @@ async def test_a_transport_keeps_no_per_job_state_after_many_round_trips(
             assert not queue.active
             assert len(queue.by_age) <= 64
         # one coalescer per queue served, whatever the number of jobs
-        assert len(transport._finishers) + len(transport._completers) <= 4
+        assert len(transport._producers._finishers) + len(transport._producers._completers) <= 4
 
 
 app = App("memory-bounds")
@@ -219,10 +219,10 @@ async def test_the_control_plane_forgets_the_inbox_of_a_pod_that_went_away(
             await trio.lowlevel.checkpoint()
             await control.remote.publish_tenant_event(dt.TenantEvent("acme", "k", "r"))
             inbox = control.names.tenant_events("pod")
-            assert inbox in control._pushers
+            assert inbox in control._producers._pushers
             await trio.sleep(40)  # the registration expired at 16; the sweep at 30 drained it
             assert await broker.size_of(inbox) == 0
-            assert inbox not in control._pushers
+            assert inbox not in control._producers._pushers
             assert control.remote._registry._pushed == {}
 
 

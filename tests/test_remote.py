@@ -186,7 +186,7 @@ async def test_t15_every_handler_sees_every_decision_and_all_settle_before_a_red
             transport.remote.on_decision(slow)
             transport.remote.on_decision(flaky)
             assert len(transport.statistics().queues) == 1  # one loop for both
-            await transport._push(
+            await transport._producers.push(
                 transport.names.decisions,
                 dt.JobKind.DECISION,
                 dt.WorkflowDecision("t", "r", dt.DecisionStatus.COMPLETED),
@@ -368,7 +368,7 @@ async def test_t21_t23_events_reach_only_live_subscribers_of_their_tenant(
         await trio.sleep(1)
         # T23: pod-b cannot read acme's events, even by popping pod-a's inbox name itself?
         # It has no handler for acme: an acme event pushed into ITS inbox reaches nobody.
-        await pod_b._push(
+        await pod_b._producers.push(
             pod_b.names.tenant_events("pod-b"),
             dt.JobKind.TENANT_EVENT,
             dt.TenantEvent("acme", "forged", "x"),

@@ -133,7 +133,7 @@ class ConsumeMixin(TransportBase):
             BrokerError: the broker did not take it.
             TransportClosed: the transport is closed.
         """
-        return await self._push(queue, kind, payload, priority=priority)
+        return await self._producers.push(queue, kind, payload, priority=priority)
 
     def on_result(self, handler: ResultHandler) -> None:
         """engine side: consume step results. The results loop never backs off (critical path).
@@ -249,7 +249,7 @@ class ConsumeMixin(TransportBase):
                 # leaves the in-flight count.
                 controller.on_settle(started, trio.current_time(), step=ok)
         try:
-            data = self._new_job(JobKind.RESULT, result)
+            data = self._producers.new_job(JobKind.RESULT, result)
         except PayloadError as exc:
             self._report(
                 JobError(
@@ -259,8 +259,8 @@ class ConsumeMixin(TransportBase):
                 )
             )
             error = StepError(message=str(exc), code="bad_output", retryable=False)
-            data = self._new_job(JobKind.RESULT, StepResult.failure(task, error))
-        if self._finishers_on:
+            data = self._producers.new_job(JobKind.RESULT, StepResult.failure(task, error))
+        if self._producers.batched:
             return data  # the job worker pushes it with the task's acknowledgement
         await self._push_result(task, data)
         return None
@@ -274,7 +274,7 @@ class ConsumeMixin(TransportBase):
         delay, largest = _RESULT_PUSH_BACKOFF
         while True:
             try:
-                await self._push_job(self._names.results, job)
+                await self._producers.push_job(self._names.results, job)
                 return
             except BrokerError as exc:
                 self._report(

@@ -6,7 +6,6 @@ pods); ``_transport`` puts them together with the close."""
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -15,8 +14,6 @@ import attrs
 import trio
 
 from ._adaptive import ConcurrencyController
-from ._coalesce import Coalescer, results_of
-from ._codec import encode_envelope
 from ._consume import Consumers
 from ._errors import TransportClosed
 from ._jobs import JobRunner
@@ -30,6 +27,7 @@ from ._options import (
     DEFAULT_STALLED_THRESHOLD,
     TransportOptions,
 )
+from ._producers import Producers
 from ._slots import Slots
 from ._tree import TransportTree
 from ._wire import (
@@ -43,9 +41,6 @@ from ._wire import (
 )
 from .adapters import (
     ClaimedJob,
-    Job,
-    Lease,
-    SupportsBatchFinalize,
     SupportsRecovery,
     SupportsRenewal,
 )
@@ -91,20 +86,9 @@ class TransportBase:
         broker = self._broker
         self._can_renew = isinstance(broker, SupportsRenewal)
         self._can_recover = isinstance(broker, SupportsRecovery)
-        # (a runtime Protocol check inspects every member: made once here, not per call)
-        self._many = broker if isinstance(broker, SupportsBatchFinalize) else None
-        # Finalizes and pushes made in one scheduling round share one broker call, where the
-        # broker can take them so (not the memory broker: its calls cost less than the round).
-        self._batch_finalize = (
-            broker
-            if isinstance(broker, SupportsBatchFinalize)
-            and getattr(broker, "coalesce_finalize", True)
-            else None
+        self._producers = Producers(
+            broker, self._names, options, check_open=self._check_open_for_producers
         )
-        self._pushers: dict[str, Coalescer[tuple[Job, int | None], None]] = {}
-        self._completers: dict[str, Coalescer[Lease, bool]] = {}
-        self._finishers: dict[str, Coalescer[tuple[Lease, Job], bool]] = {}
-        self._finishers_on = self._batch_finalize is not None
         if options.stalled_threshold is not None:
             self.stalled_threshold = options.stalled_threshold
         elif self._can_renew:
@@ -132,8 +116,6 @@ class TransportBase:
             )
         self._descriptor_cache: tuple[float, list[KeyEntry]] | None = None
         self._started_at = time.time()
-        self._ids = itertools.count(1)
-        self._id_prefix = f"{sanitize_token(options.instance_id)[:24]}-"
         self._closing = False
         self._fully_closed = False
         self._closed = trio.Event()
@@ -156,9 +138,9 @@ class TransportBase:
             broker,
             options,
             self._tree.jobs,
-            completer=self._completer,
-            finisher=self._finisher,
-            batched=self._batch_finalize is not None,
+            completer=self._producers.completer,
+            finisher=self._producers.finisher,
+            batched=self._producers.batched,
             closing=lambda: self._closing,
             answer_bad_task=self._answer_bad_task,
             report=self._report,
@@ -226,6 +208,9 @@ class TransportBase:
 
     # ------------------------------------------------------------------ shared helpers
 
+    def _forget_pusher(self, queue: str) -> None:
+        self._producers.forget_pusher(queue)
+
     def _adopt_liveness_store(self, keys: KeyStore) -> None:
         """A store-less tenant pod's liveness, written through ``keys`` (forwarded to the
         control plane, T22); nothing when this transport already has a liveness."""
@@ -276,89 +261,6 @@ class TransportBase:
 
             logging.getLogger("durable_trio").exception("the on_error hook raised")
 
-    # ------------------------------------------------------------------ producers (never deferred)
-
-    async def _push(
-        self,
-        queue: str,
-        kind: JobKind,
-        payload: Any,
-        *,
-        priority: int | None = None,
-        delay: float = 0.0,
-    ) -> str:
-        self._check_open_for_producers()
-        job = self._new_job(kind, payload, priority)
-        if delay > 0:
-            await self._broker.push_on(queue, job, priority=priority, delay=delay)
-        else:
-            await self._push_job(queue, job, priority)
-        return job.id
-
-    def _new_job(self, kind: JobKind, payload: Any, priority: int | None = None) -> Job:
-        """A job with a fresh id and ``payload`` encoded in its envelope."""
-        job_id = f"{self._id_prefix}{next(self._ids)}"
-        return Job(
-            job_id, encode_envelope(job_id, kind, payload, priority, self._max_payload_bytes)
-        )
-
-    def _pusher(self, queue: str) -> Coalescer[tuple[Job, int | None], None]:
-        pusher = self._pushers.get(queue)
-        if pusher is None:
-            broker = self._batch_finalize
-            assert broker is not None
-
-            async def push_many(items: list[tuple[Job, int | None]]) -> list[None]:
-                await broker.push_many(queue, [j for j, _ in items], [p for _, p in items])
-                return results_of(len(items))
-
-            pusher = self._pushers[queue] = Coalescer(push_many)
-        return pusher
-
-    def _forget_pusher(self, queue: str) -> None:
-        """Drop an idle queue's pusher: a queue addressed to one instance (a pod's inbox) is
-        pushed to for as long as that instance lives, so a long-running control plane would
-        otherwise keep one coalescer per pod it ever answered."""
-        pusher = self._pushers.get(queue)
-        if pusher is not None and pusher.idle:
-            del self._pushers[queue]
-
-    async def _push_job(self, queue: str, job: Job, priority: int | None = None) -> None:
-        """Push an encoded job now, coalesced where the broker takes batches."""
-        self._check_open_for_producers()
-        if self._batch_finalize is not None:
-            await self._pusher(queue).submit((job, priority))
-        else:
-            await self._broker.push_on(queue, job, priority=priority)
-
-    def _finisher(self, queue: str) -> Coalescer[tuple[Lease, Job], bool]:
-        """Results pushed with their tasks' acknowledgements: one broker call per batch."""
-        finisher = self._finishers.get(queue)
-        if finisher is None:
-            broker = self._batch_finalize
-            assert broker is not None
-            results = self._names.results
-
-            async def finish(items: list[tuple[Lease, Job]]) -> list[bool]:
-                return await broker.push_and_complete_many(
-                    results, [job for _, job in items], queue, [lease for lease, _ in items]
-                )
-
-            finisher = self._finishers[queue] = Coalescer(finish)
-        return finisher
-
-    def _completer(self, queue: str) -> Coalescer[Lease, bool]:
-        completer = self._completers.get(queue)
-        if completer is None:
-            broker = self._batch_finalize
-            assert broker is not None
-
-            async def complete_many(leases: list[Lease]) -> list[bool]:
-                return await broker.complete_many(queue, leases)
-
-            completer = self._completers[queue] = Coalescer(complete_many)
-        return completer
-
     async def dispatch(self, task: RemoteTask, *, delay: float = 0.0) -> str:
         """engine -> step worker: enqueue ``task`` on its routing token's task queue (T1, T3).
 
@@ -372,7 +274,7 @@ class TransportBase:
             BrokerError: the broker did not take it.
             TransportClosed: the transport is closed.
         """
-        return await self._push(
+        return await self._producers.push(
             self.task_queue(task.routing_group),
             JobKind.TASK,
             task,
@@ -388,33 +290,19 @@ class TransportBase:
         Returns:
             The job ids, in order.
         """
-        self._check_open_for_producers()
-        by_queue: dict[str, list[tuple[Job, int | None]]] = {}
-        ids = []
-        for task in tasks:
-            job = self._new_job(JobKind.TASK, task, task.priority)
-            by_queue.setdefault(self.task_queue(task.routing_group), []).append(
-                (job, task.priority)
-            )
-            ids.append(job.id)
-        broker, many = self._broker, self._many
-        for queue, items in by_queue.items():
-            if many is not None:
-                await many.push_many(queue, [j for j, _ in items], [p for _, p in items])
-            else:
-                for job, priority in items:
-                    await broker.push_on(queue, job, priority=priority)
-        return ids
+        return await self._producers.push_tasks(
+            [(self.task_queue(task.routing_group), task) for task in tasks]
+        )
 
     async def publish_result(self, result: StepResult) -> str:
         """step worker -> engine: publish a step result (the transport does this for handlers)."""
-        return await self._push(self._names.results, JobKind.RESULT, result)
+        return await self._producers.push(self._names.results, JobKind.RESULT, result)
 
     async def heartbeat(self, beat: StepHeartbeat) -> None:
         """step worker -> engine: a long step is alive."""
-        await self._push(self._names.heartbeats, JobKind.HEARTBEAT, beat)
+        await self._producers.push(self._names.heartbeats, JobKind.HEARTBEAT, beat)
 
     async def send_control(self, message: ControlMessage) -> None:
         """Best-effort, POINT-TO-POINT control (T17): exactly one consumer takes each message.
         It is not a broadcast: with several consumers, only one of them sees it."""
-        await self._push(self._names.control, JobKind.CONTROL, message)
+        await self._producers.push(self._names.control, JobKind.CONTROL, message)
