@@ -1,16 +1,16 @@
-"""The queue transport: one nursery tree that carries tasks, results and control over a broker.
+"""The queue transport: a facade over the parts that carry tasks, results and control over a
+broker, each owning its state and its tasks:
 
-::
+- ``Producers`` (``_producers``): job ids, envelopes, pushes coalesced per queue;
+- ``Consumers`` (``_consume``): every poll loop, with its pop scope;
+- ``JobRunner`` (``_jobs``): the claim table and one job worker per running handler;
+- ``StepServer`` (``_steps``): a task loop's jobs, a step's result;
+- ``LeaseKeeper`` and ``Sweeper`` (``_leases``): renewal, lost leases, the reclaim sweep;
+- ``Liveness`` and ``ConcurrencyController``: the worker's keys and its limit;
+- ``RemoteProtocols`` (``_remote``, as :attr:`QueueTransport.remote`): the remote protocols.
 
-    transport (root nursery, lives as long as the ``async with``)
-    ├── consumers      every poll loop (task queues, results, heartbeats, control)
-    ├── inboxes        this instance's own reply / tenant-event inbox loops
-    ├── jobs           one task per running handler, each in its own cancel scope
-    ├── lease keeper   claim renewal every threshold/2
-    └── reclaim sweep  recover stalled jobs every stalled_check_interval; poison-job bridge
-
-Leaving the ``async with`` (or ``await transport.aclose()``) runs the bounded close of T24
-(docs/spec.md; in depth: docs/close.md).
+Their tasks run in one nursery tree, built by ``_tree``, whose nesting is the close order of
+T24 (docs/spec.md; in depth: docs/close.md).
 """
 
 from __future__ import annotations
