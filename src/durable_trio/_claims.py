@@ -1,5 +1,6 @@
-"""The claims a transport holds, from its pop to its finalize or handback: their states and
-the errors the parts that act on them report."""
+"""The claims a transport holds, from its pop to its finalize or handback (T8, T24 of
+docs/spec.md): their states, the loops and job workers that carry them, the levels of the
+nursery tree, and the errors the parts that act on them report."""
 
 from __future__ import annotations
 
