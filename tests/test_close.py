@@ -61,6 +61,30 @@ async def test_t24_close_waits_for_a_handler_that_finishes_in_budget(
     assert await broker.size_of(transport.names.results) == 1
 
 
+async def test_t24_a_handler_that_closes_its_own_transport_does_not_wait_for_itself(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``aclose()`` from inside a handler starts the close and returns: the close waits for the
+    handlers, so a handler waiting for the close would never end. It then finishes like any."""
+    broker = CountingBroker()
+    async with dt.open_queue_transport(backend_with(broker), close_timeout=5.0) as transport:
+        returned_at: list[float] = []
+
+        async def closes_then_works(t: dt.RemoteTask) -> None:
+            await transport.aclose()
+            returned_at.append(trio.current_time())
+            await trio.sleep(1.0)
+
+        transport.handle("job", closes_then_works)
+        await transport.dispatch(task("job", 1, 0.0))
+        with trio.fail_after(60):
+            await transport._closed.wait()
+    assert returned_at == [0.0]
+    assert trio.current_time() == 1.0  # the close waited for the handler's last second
+    assert broker.handbacks == []
+    assert await broker.size_of(transport.names.results) == 1
+
+
 async def test_t24_a_long_handler_is_cancelled_at_the_deadline_and_handed_back_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

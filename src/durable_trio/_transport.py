@@ -570,6 +570,11 @@ class QueueTransport:
         """
         self._begin_close()
         self._tree.close()
+        if self._tree.holds_current_task():
+            # Called from a handler: the close waits for the handlers, so this one returns
+            # (the close goes on, and cancels it at close_timeout like any other).
+            await trio.lowlevel.checkpoint()
+            return
         with trio.CancelScope(shield=True):
             await self._closed.wait()
 

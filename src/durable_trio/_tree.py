@@ -54,6 +54,7 @@ class TransportTree:
         self.keeper = Level("keeper")
         self.vitals = Level("vitals")
         self._close_requested = trio.Event()
+        self._task: trio.lowlevel.Task | None = None
 
     def attach(
         self,
@@ -84,6 +85,17 @@ class TransportTree:
         """Start leaving the tree (its task sets the transport's ``closed`` once it is out)."""
         self._close_requested.set()
 
+    def holds_current_task(self) -> bool:
+        """Whether the calling task runs inside the tree (a handler): such a task must not wait
+        for the close, which waits for it."""
+        task: trio.lowlevel.Task | None = trio.lowlevel.current_task()
+        while task is not None:
+            if task is self._task:
+                return True
+            nursery = task.parent_nursery
+            task = None if nursery is None else nursery.parent_task
+        return False
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The whole tree, from its start to the end of the close.
 
@@ -91,6 +103,7 @@ class TransportTree:
             A cancellation from outside (a failed loop, the root cancelled) unwinds it through
             the same phases, each shielded and bounded.
         """
+        self._task = trio.lowlevel.current_task()
         cleanup = self._options.cleanup_timeout
         try:
             async with trio.open_nursery() as keeper:
