@@ -258,21 +258,21 @@ async def pod_round_trip(url: str, *, samples: int) -> tuple[float, float]:
         ):
 
             async def answer(request: dt.RunRequest) -> None:
-                await cp.publish_run_reply(dt.RunReply(request.request_id, True, "running"))
+                await cp.remote.publish_run_reply(dt.RunReply(request.request_id, True, "running"))
 
             replied = trio.Event()
 
             def on_reply(reply: dt.RunReply) -> None:
                 replied.set()
 
-            cp.on_run_request(answer)
-            pod.on_run_reply(on_reply)
+            cp.remote.on_run_request(answer)
+            pod.remote.on_run_reply(on_reply)
             timings = []
             for n in range(samples + 30):
                 replied = trio.Event()
                 await trio.sleep(0.002)
                 start = time.perf_counter()
-                await pod.dispatch_run_request(dt.RunRequest(f"q{n}", "status", run_id="r"))
+                await pod.remote.dispatch_run_request(dt.RunRequest(f"q{n}", "status", run_id="r"))
                 with trio.fail_after(10):
                     await replied.wait()
                 if n >= 30:

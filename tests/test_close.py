@@ -13,7 +13,7 @@ import trio.testing
 from hypothesis import given
 
 import durable_trio as dt
-from durable_trio._transport_base import ClaimState
+from durable_trio._claims import ClaimState
 from durable_trio.keys.memory import MemoryKeyStore
 from helpers import CountingBroker, Errors, HangingBroker
 
@@ -58,6 +58,30 @@ async def test_t24_close_waits_for_a_handler_that_finishes_in_budget(
         assert trio.current_time() - start == 3.0
     assert broker.handbacks == []
     assert await broker.size_of(transport.task_queue("job")) == 0
+    assert await broker.size_of(transport.names.results) == 1
+
+
+async def test_t24_a_handler_that_closes_its_own_transport_does_not_wait_for_itself(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``aclose()`` from inside a handler starts the close and returns: the close waits for the
+    handlers, so a handler waiting for the close would never end. It then finishes like any."""
+    broker = CountingBroker()
+    async with dt.open_queue_transport(backend_with(broker), close_timeout=5.0) as transport:
+        returned_at: list[float] = []
+
+        async def closes_then_works(t: dt.RemoteTask) -> None:
+            await transport.aclose()
+            returned_at.append(trio.current_time())
+            await trio.sleep(1.0)
+
+        transport.handle("job", closes_then_works)
+        await transport.dispatch(task("job", 1, 0.0))
+        with trio.fail_after(60):
+            await transport._closed.wait()
+    assert returned_at == [0.0]
+    assert trio.current_time() == 1.0  # the close waited for the handler's last second
+    assert broker.handbacks == []
     assert await broker.size_of(transport.names.results) == 1
 
 
@@ -324,10 +348,10 @@ async def test_claim_states_are_enum_members_through_the_close(
         transport.handle("job", Sleeper())
         await transport.dispatch_many([task("job", 1, 60.0), task("job", 2, 60.0)])
         await trio.testing.wait_all_tasks_blocked()
-        states = sorted(claim.state.value for claim in transport._claims.values())
+        states = sorted(claim.state.value for claim in transport._runner.claims.values())
         assert states == ["buffered", "running"]
-        assert all(type(claim.state) is ClaimState for claim in transport._claims.values())
-        claims = list(transport._claims.values())
+        assert all(type(claim.state) is ClaimState for claim in transport._runner.claims.values())
+        claims = list(transport._runner.claims.values())
         await transport.aclose()
     assert trio.current_time() == 5.0
     assert [claim.state for claim in claims] == [ClaimState.ABANDONED] * 2

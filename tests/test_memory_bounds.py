@@ -132,13 +132,13 @@ async def test_a_transport_keeps_no_per_job_state_after_many_round_trips(
             )
         await all_in.wait()
         await trio.testing.wait_all_tasks_blocked()
-        assert transport._claims == {}
+        assert transport._runner.claims == {}
         assert largest_container(transport._controller) <= _CONTROLLER_BOUND
         for queue in broker._queues.values():
             assert not queue.active
             assert len(queue.by_age) <= 64
         # one coalescer per queue served, whatever the number of jobs
-        assert len(transport._finishers) + len(transport._completers) <= 4
+        assert len(transport._producers._finishers) + len(transport._producers._completers) <= 4
 
 
 app = App("memory-bounds")
@@ -210,18 +210,20 @@ async def test_the_control_plane_forgets_the_inbox_of_a_pod_that_went_away(
         async with dt.open_queue_transport(
             dt.Backend(url="test://", broker=broker, keys=None), instance_id="pod", inbox_ttl=15
         ) as pod:
-            pod.on_tenant_event("acme", lambda event: None)
+            pod.remote.on_tenant_event("acme", lambda event: None)
             await trio.sleep(1)
-            pod._registry.active = False  # the pod "crashes": it stops announcing
-            pod._inboxes.cancel()
+            pod.remote._registry.active = False  # the pod "crashes": it stops announcing
+            for loop in pod._consumers.loops:  # ... and its inbox loops stop consuming
+                if loop.inbox and loop.pop_scope is not None:
+                    loop.pop_scope.cancel()
             await trio.lowlevel.checkpoint()
-            await control.publish_tenant_event(dt.TenantEvent("acme", "k", "r"))
+            await control.remote.publish_tenant_event(dt.TenantEvent("acme", "k", "r"))
             inbox = control.names.tenant_events("pod")
-            assert inbox in control._pushers
+            assert inbox in control._producers._pushers
             await trio.sleep(40)  # the registration expired at 16; the sweep at 30 drained it
             assert await broker.size_of(inbox) == 0
-            assert inbox not in control._pushers
-            assert control._registry._pushed == {}
+            assert inbox not in control._producers._pushers
+            assert control.remote._registry._pushed == {}
 
 
 class GatedRunStore:

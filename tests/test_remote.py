@@ -59,10 +59,10 @@ async def test_t14_a_turn_shares_the_step_loop_and_yields_a_decision(
             async def on_decision(decision: dt.WorkflowDecision) -> None:
                 decisions.append(decision)
 
-            transport.handle_workflow("order", turn)
+            transport.remote.handle_workflow("order", turn)
             transport.handle("order", step)  # a step of the same name: same token, same loop
-            transport.on_decision(on_decision)
-            await transport.dispatch_workflow_task(turn_task())
+            transport.remote.on_decision(on_decision)
+            await transport.remote.dispatch_workflow_task(turn_task())
             await transport.dispatch(
                 dt.RemoteTask(run_id="r", step_id="s", attempt=1, name="order")
             )
@@ -91,11 +91,11 @@ async def test_t14_unknown_workflow_and_raising_turn_give_failed_decisions(
             async def on_decision(decision: dt.WorkflowDecision) -> None:
                 decisions.append(decision)
 
-            transport.handle_workflow("broken", broken)
-            transport.on_decision(on_decision)
-            await transport.dispatch_workflow_task(turn_task("broken", 1))
+            transport.remote.handle_workflow("broken", broken)
+            transport.remote.on_decision(on_decision)
+            await transport.remote.dispatch_workflow_task(turn_task("broken", 1))
             # "ghost" routes to the broken token's queue but names no registered workflow
-            await transport.dispatch_workflow_task(
+            await transport.remote.dispatch_workflow_task(
                 dt.WorkflowTask("t2", "run-2", "ghost", "broken")
             )
             await trio.sleep(1)
@@ -120,9 +120,9 @@ async def test_t14_a_running_turn_heartbeats(autojump_clock: trio.testing.MockCl
             async def on_beat(beat: dt.StepHeartbeat) -> None:
                 beats.append((trio.current_time(), beat.step_id))
 
-            transport.handle_workflow("order", slow_turn)
+            transport.remote.handle_workflow("order", slow_turn)
             transport.on_heartbeat(on_beat)
-            await transport.dispatch_workflow_task(turn_task())
+            await transport.remote.dispatch_workflow_task(turn_task())
             await trio.sleep(60)
     assert [at for at, _ in beats] == [10.0, 20.0, 30.0]
     assert {step for _, step in beats} == {"turn:t1"}
@@ -153,9 +153,9 @@ async def test_t14_a_failed_decision_push_redelivers_the_turn(
         async def on_decision(decision: dt.WorkflowDecision) -> None:
             decisions.append(decision)
 
-        transport.handle_workflow("order", turn)
-        transport.on_decision(on_decision)
-        await transport.dispatch_workflow_task(turn_task())
+        transport.remote.handle_workflow("order", turn)
+        transport.remote.on_decision(on_decision)
+        await transport.remote.dispatch_workflow_task(turn_task())
         await trio.sleep(5)
     # A broker error is not the turn's fault: the job comes back after 1 s, attempt-neutral.
     assert turns == [0.0, 1.0]
@@ -183,10 +183,10 @@ async def test_t15_every_handler_sees_every_decision_and_all_settle_before_a_red
                 if calls["flaky"] == 1:
                     raise RuntimeError("first time fails")
 
-            transport.on_decision(slow)
-            transport.on_decision(flaky)
+            transport.remote.on_decision(slow)
+            transport.remote.on_decision(flaky)
             assert len(transport.statistics().queues) == 1  # one loop for both
-            await transport._push(
+            await transport._producers.push(
                 transport.names.decisions,
                 dt.JobKind.DECISION,
                 dt.WorkflowDecision("t", "r", dt.DecisionStatus.COMPLETED),
@@ -208,9 +208,9 @@ async def test_t16_step_events_are_point_to_point(autojump_clock: trio.testing.M
                 async def on_event(event: dt.StepEvent, me: str = engine.instance_id) -> None:
                     got.append((me, event.step_id))
 
-                engine.on_step_event(on_event)
+                engine.remote.on_step_event(on_event)
             for n in range(10):
-                await e1.dispatch_step_event(
+                await e1.remote.dispatch_step_event(
                     dt.StepEvent("run", f"s{n}", dt.StepEventKind.COMPLETED, 1, 0.0)
                 )
             await trio.sleep(1)
@@ -233,25 +233,25 @@ async def test_t18_t19_t20_run_requests_are_answered_into_the_requesters_inbox(
 
         async def answer(request: dt.RunRequest) -> None:
             assert request.reply_to in ("pod-a", "pod-b")  # T18: stamped with the sender
-            await control.publish_run_reply(
+            await control.remote.publish_run_reply(
                 dt.RunReply(request.request_id, True, {"for": request.run_id})
             )
 
         async def start(message: dt.StartRunMessage) -> None:
-            await control.publish_run_reply(dt.RunReply(message.run_id, True, "started"))
+            await control.remote.publish_run_reply(dt.RunReply(message.run_id, True, "started"))
 
-        control.on_run_request(answer)
-        control.on_start_run(start)
+        control.remote.on_run_request(answer)
+        control.remote.on_start_run(start)
         for pod in (pod_a, pod_b):
             pod.defer_consumers()  # T20: the reply inbox is never deferred
 
             def on_reply(reply: dt.RunReply, me: str = pod.instance_id) -> None:
                 replies[me].append(reply)
 
-            pod.on_run_reply(on_reply)
-        await pod_a.dispatch_run_request(dt.RunRequest("req-1", "status", run_id="run-a"))
-        await pod_b.dispatch_run_request(dt.RunRequest("req-2", "status", run_id="run-b"))
-        await pod_a.dispatch_start_run(dt.StartRunMessage("run-a2", "order", {}))
+            pod.remote.on_run_reply(on_reply)
+        await pod_a.remote.dispatch_run_request(dt.RunRequest("req-1", "status", run_id="run-a"))
+        await pod_b.remote.dispatch_run_request(dt.RunRequest("req-2", "status", run_id="run-b"))
+        await pod_a.remote.dispatch_start_run(dt.StartRunMessage("run-a2", "order", {}))
         await trio.sleep(1)
         assert trio.current_time() == 1.0
     assert [(r.request_id, r.data) for r in replies["pod-a"]] == [
@@ -288,17 +288,18 @@ async def test_t19_two_requesters_sharing_a_correlation_id_each_get_their_own_re
             if held == 2:
                 both.set()
             await both.wait()
-            await control.publish_run_reply(dt.RunReply(message.run_id, True, message.tenant))
+            reply = dt.RunReply(message.run_id, True, message.tenant)
+            await control.remote.publish_run_reply(reply)
 
-        control.on_start_run(on_start)
+        control.remote.on_start_run(on_start)
         for pod in (pod_a, pod_b):
 
             def on_reply(reply: dt.RunReply, me: str = pod.instance_id) -> None:
                 got[me].append(reply.data)
 
-            pod.on_run_reply(on_reply)
-        await pod_a.dispatch_start_run(dt.StartRunMessage("same", "wf", None, "acme"))
-        await pod_b.dispatch_start_run(dt.StartRunMessage("same", "wf", None, "globex"))
+            pod.remote.on_run_reply(on_reply)
+        await pod_a.remote.dispatch_start_run(dt.StartRunMessage("same", "wf", None, "acme"))
+        await pod_b.remote.dispatch_start_run(dt.StartRunMessage("same", "wf", None, "globex"))
         await trio.sleep(1)
     assert got == {"pod-a": ["acme"], "pod-b": ["globex"]}
 
@@ -309,7 +310,7 @@ async def test_t19_a_reply_with_no_known_requester_is_dropped_and_reported(
     errors = Errors()
     async with dt.open_backend("memory://") as backend:
         async with dt.open_queue_transport(backend, on_error=errors) as control:
-            await control.publish_run_reply(dt.RunReply("nobody-asked", True))
+            await control.remote.publish_run_reply(dt.RunReply("nobody-asked", True))
     assert any("no requester is known" in m for m in errors.messages())
 
 
@@ -325,16 +326,16 @@ async def test_t20_a_throwing_reply_listener_never_redelivers(
         ):
 
             async def answer(request: dt.RunRequest) -> None:
-                await control.publish_run_reply(dt.RunReply(request.request_id, True))
+                await control.remote.publish_run_reply(dt.RunReply(request.request_id, True))
 
             def on_reply(reply: dt.RunReply) -> None:
                 nonlocal calls
                 calls += 1
                 raise RuntimeError("listener bug")
 
-            control.on_run_request(answer)
-            pod.on_run_reply(on_reply)
-            await pod.dispatch_run_request(dt.RunRequest("req-1", "status"))
+            control.remote.on_run_request(answer)
+            pod.remote.on_run_reply(on_reply)
+            await pod.remote.dispatch_run_request(dt.RunRequest("req-1", "status"))
             await trio.sleep(5)
     assert calls == 1
     assert any("listener bug" in m for m in errors.messages())
@@ -358,16 +359,16 @@ async def test_t21_t23_events_reach_only_live_subscribers_of_their_tenant(
             def on_event(event: dt.TenantEvent, me: str = pod.instance_id) -> None:
                 got[me].append((event.tenant, event.run_id))
 
-            pod.on_tenant_event(tenant, on_event)
+            pod.remote.on_tenant_event(tenant, on_event)
         await trio.sleep(1)  # the registrations are recorded
         for n in range(3):
-            await control.publish_tenant_event(dt.TenantEvent("acme", "progress", f"a{n}"))
-            await control.publish_tenant_event(dt.TenantEvent("globex", "progress", f"g{n}"))
-        await control.publish_tenant_event(dt.TenantEvent("initech", "progress", "nobody"))
+            await control.remote.publish_tenant_event(dt.TenantEvent("acme", "progress", f"a{n}"))
+            await control.remote.publish_tenant_event(dt.TenantEvent("globex", "progress", f"g{n}"))
+        await control.remote.publish_tenant_event(dt.TenantEvent("initech", "progress", "nobody"))
         await trio.sleep(1)
         # T23: pod-b cannot read acme's events, even by popping pod-a's inbox name itself?
         # It has no handler for acme: an acme event pushed into ITS inbox reaches nobody.
-        await pod_b._push(
+        await pod_b._producers.push(
             pod_b.names.tenant_events("pod-b"),
             dt.JobKind.TENANT_EVENT,
             dt.TenantEvent("acme", "forged", "x"),
@@ -390,11 +391,11 @@ async def test_t21_a_newer_subscription_is_never_overwritten_by_an_older_announc
             dt.open_queue_transport(shared_backend(broker, keys)) as control,
             dt.open_queue_transport(shared_backend(broker, None)) as pod,
         ):
-            control.on_run_request(ignore_request)
-            await pod.dispatch_run_request(dt.RunRequest(f"r{attempt}", "status"))
-            pod.on_tenant_event("acme", lambda event: None)
+            control.remote.on_run_request(ignore_request)
+            await pod.remote.dispatch_run_request(dt.RunRequest(f"r{attempt}", "status"))
+            pod.remote.on_tenant_event("acme", lambda event: None)
             await trio.sleep(1)
-            assert await control._registry.subscribers_of("acme") == [pod.instance_id]
+            assert await control.remote._registry.subscribers_of("acme") == [pod.instance_id]
 
 
 async def test_t21_the_last_unsubscribe_withdraws_and_the_inbox_still_drains(
@@ -415,18 +416,18 @@ async def test_t21_the_last_unsubscribe_withdraws_and_the_inbox_still_drains(
         def second(event: dt.TenantEvent) -> None:
             got.append(f"2:{event.run_id}")
 
-        off_first = pod.on_tenant_event("acme", first)
-        off_second = pod.on_tenant_event("acme", second)
+        off_first = pod.remote.on_tenant_event("acme", first)
+        off_second = pod.remote.on_tenant_event("acme", second)
         await trio.sleep(1)
-        await control.publish_tenant_event(dt.TenantEvent("acme", "k", "r1"))
+        await control.remote.publish_tenant_event(dt.TenantEvent("acme", "k", "r1"))
         await trio.sleep(1)
         off_first()
-        await control.publish_tenant_event(dt.TenantEvent("acme", "k", "r2"))
+        await control.remote.publish_tenant_event(dt.TenantEvent("acme", "k", "r2"))
         await trio.sleep(1)
         off_second()  # the last one: the subscription is withdrawn
         await trio.sleep(1)
-        assert await control._registry.subscribers_of("acme") == []
-        await control.publish_tenant_event(dt.TenantEvent("acme", "k", "r3"))
+        assert await control.remote._registry.subscribers_of("acme") == []
+        await control.remote.publish_tenant_event(dt.TenantEvent("acme", "k", "r3"))
         await trio.sleep(1)
     assert sorted(map(str, got)) == sorted(["r1", "2:r1", "2:r2"])
 
@@ -443,17 +444,17 @@ async def test_t21_subscriptions_are_reannounced_every_third_of_the_ttl(
             shared_backend(broker, None), instance_id="pod", inbox_ttl=30
         ) as pod,
     ):
-        control.on_run_request(ignore_request)
-        pod.on_tenant_event("acme", lambda event: None)
+        control.remote.on_run_request(ignore_request)
+        pod.remote.on_tenant_event("acme", lambda event: None)
         await trio.sleep(100)  # far past one ttl: still subscribed thanks to re-announcing
-        assert await control._registry.subscribers_of("acme") == ["pod"]
+        assert await control.remote._registry.subscribers_of("acme") == ["pod"]
     # the pod closed: its registration was withdrawn at once
     async with dt.open_queue_transport(
         shared_backend(broker, keys), tenant_subscribers_cache=0
     ) as later:
-        later._ensure_registrations_loop()
+        later.remote._ensure_registrations_loop()
         await trio.sleep(1)
-        assert await later._registry.subscribers_of("acme") == []
+        assert await later.remote._registry.subscribers_of("acme") == []
 
 
 async def test_t22_the_janitor_drains_the_inbox_of_an_instance_that_went_away(
@@ -469,13 +470,15 @@ async def test_t22_the_janitor_drains_the_inbox_of_an_instance_that_went_away(
         async with dt.open_queue_transport(
             shared_backend(broker, None), instance_id="pod", inbox_ttl=15
         ) as pod:
-            pod.on_tenant_event("acme", lambda event: None)
+            pod.remote.on_tenant_event("acme", lambda event: None)
             await trio.sleep(1)
-            pod._registry.active = False  # the pod "crashes": it stops announcing
-            pod._inboxes.cancel()
+            pod.remote._registry.active = False  # the pod "crashes": it stops announcing
+            for loop in pod._consumers.loops:  # ... and its inbox loops stop consuming
+                if loop.inbox and loop.pop_scope is not None:
+                    loop.pop_scope.cancel()
             await trio.lowlevel.checkpoint()
             for n in range(5):
-                await control.publish_tenant_event(dt.TenantEvent("acme", "k", f"r{n}"))
+                await control.remote.publish_tenant_event(dt.TenantEvent("acme", "k", f"r{n}"))
             assert await broker.size_of(control.names.tenant_events("pod")) == 5
             await trio.sleep(40)  # the registration expired at 16; the sweep at 30 drained it
             assert await broker.size_of(control.names.tenant_events("pod")) == 0
@@ -488,9 +491,9 @@ async def test_t22_a_store_less_pod_forwards_its_worker_advertisements(
     async with dt.open_queue_transport(
         shared_backend(broker, keys), instance_id="control"
     ) as control:
-        control.on_run_request(ignore_request)
+        control.remote.on_run_request(ignore_request)
         async with dt.open_queue_transport(shared_backend(broker, None), instance_id="pod") as pod:
-            pod.use_tenant_role()
+            pod.remote.use_tenant_role()
 
             async def step(task: dt.RemoteTask) -> None:
                 return None
@@ -512,12 +515,12 @@ async def test_t24_close_drains_the_instances_own_inboxes(
 ) -> None:
     broker = MemoryBroker()
     async with dt.open_queue_transport(shared_backend(broker, None), instance_id="pod") as pod:
-        pod.on_run_reply(lambda reply: None)
+        pod.remote.on_run_reply(lambda reply: None)
         await trio.lowlevel.checkpoint()
     for n in range(seed + 2):
         await broker.push_on(pod.names.run_replies("pod"), dt.adapters.Job(f"j{n}", b"{}"))
     async with dt.open_queue_transport(shared_backend(broker, None), instance_id="pod") as pod:
-        pod.on_run_reply(lambda reply: None)
+        pod.remote.on_run_reply(lambda reply: None)
         await trio.lowlevel.checkpoint()
     assert await broker.size_of(pod.names.run_replies("pod")) == 0
 
@@ -540,7 +543,7 @@ def test_t21_one_publishers_events_arrive_in_order_under_any_interleaving(
             ) as control,
             dt.open_queue_transport(shared_backend(broker, None), instance_id="pod") as pod,
         ):
-            pod.on_tenant_event("acme", lambda e: got.append(str(e.run_id)))
+            pod.remote.on_tenant_event("acme", lambda e: got.append(str(e.run_id)))
             await trio.sleep(1)
             counters = {"a": 0, "b": 0}
             async with trio.open_nursery() as nursery:
@@ -550,7 +553,7 @@ def test_t21_one_publishers_events_arrive_in_order_under_any_interleaving(
                         continue
                     counters[step] += 1
                     nursery.start_soon(
-                        control.publish_tenant_event,
+                        control.remote.publish_tenant_event,
                         dt.TenantEvent("acme", "k", f"{step}{counters[step]}"),
                     )
                     await trio.lowlevel.checkpoint()

@@ -355,7 +355,7 @@ async def test_t15_a_malformed_decision_fails_the_run_loudly_and_a_foreign_one_i
                 "t-1", run_id, dt.DecisionStatus.CONTINUED, ({"type": "launch", "stepId": "1"},)
             ),
         ):
-            await transport._push(decisions, dt.JobKind.DECISION, decision)
+            await transport._producers.push(decisions, dt.JobKind.DECISION, decision)
         with pytest.raises(RunFailed) as failed:
             await engine.result(run_id)
         stats = engine.statistics()

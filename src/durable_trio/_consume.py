@@ -1,109 +1,86 @@
-"""Consumers: registration, the poll loop (T4, T5), job workers, finalize (T10), step tasks
-(the ids are sections of docs/spec.md)."""
+"""Consumers: the poll loops (T4, T5; the ids are sections of docs/spec.md) and their
+registration."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import orjson
-import outcome
 import trio
 
 from ._codec import decode_envelope
-from ._errors import BrokerError, DamagedJob, JobError, LeaseLost, PayloadError
-from ._slots import Slots
-from ._wire import (
-    JobKind,
-    RemoteTask,
-    StepError,
-    StepResult,
-    StepStatus,
-)
+from ._errors import BrokerError, DamagedJob, PayloadError
 from .adapters import (
     ClaimedJob,
+    QueueBroker,
     SupportsBatchPop,
+    SupportsWakeup,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from .adapters import Job
+    from ._claims import Level
+    from ._jobs import JobRunner
+    from ._liveness import Liveness
+    from ._options import TransportOptions
+    from ._slots import Slots
+    from ._wire import (
+        JobKind,
+    )
 
 
-from ._transport_base import (
-    _ABANDONED,
+
+from ._claims import (
     _BUFFERED,
-    _FAIRNESS_BATCH,
-    _FINALIZING,
-    _MAX_BATCH,
-    _MAX_ERROR_BACKOFF,
-    _RUNNING,
-    ControlHandler,
-    HeartbeatHandler,
-    ResultHandler,
-    StepHandler,
-    TransportBase,
     _Claim,
-    _job_error,
-    _JobWorker,
     _Loop,
     _OnJob,
     _unexpected,
 )
 
-#: How long a job whose handler met a broker error waits before it is delivered again.
-_INFRASTRUCTURE_RETRY_DELAY = 1.0
-#: First and largest delay between two attempts at pushing a step's result.
-_RESULT_PUSH_BACKOFF = (0.05, 5.0)
+#: A loop that polls this many jobs in a row without waiting yields once, so a loop with a large
+#: limit over a broker that answers at once never starves the handlers it starts.
+_FAIRNESS_BATCH = 64
+#: Most jobs one pop claims (a loop with more free slots than this pops again at once).
+_MAX_BATCH = 64
+#: Longest sleep after consecutive broker errors in a poll loop.
+_MAX_ERROR_BACKOFF = 10.0
 
 
-class ConsumeMixin(TransportBase):
-    # ------------------------------------------------------------------ consumers
+class Consumers:
+    """Every poll loop of a transport (T4, T5): the task, result, heartbeat, control and engine
+    loops in the consumers level, this instance's own inboxes in the inboxes level. Owns the
+    loops and their pop scopes; a popped job goes to the job runner."""
 
-    def handle(self, name: str, handler: StepHandler) -> None:
-        """Serve step ``name``: ``async def handler(task: RemoteTask) -> JSON value``.
+    def __init__(
+        self,
+        broker: QueueBroker,
+        options: TransportOptions,
+        runner: JobRunner,
+        *,
+        consumers: Level,
+        inboxes: Level,
+        liveness: Callable[[], Liveness | None],
+        check_open: Callable[[], None],
+        report: Callable[[BaseException], None],
+    ) -> None:
+        self._broker = broker
+        self._options = options
+        self._runner = runner
+        self._consumers = consumers
+        self._inboxes = inboxes
+        self._liveness = liveness
+        self._check_open = check_open
+        self._report = report
+        self._wait_for_work = broker.wait_for_work if isinstance(broker, SupportsWakeup) else None
+        self.instance_id = options.instance_id
+        self.loops: list[_Loop] = []
+        self.consumed: list[str] = []
+        """Every queue consumed (not the inboxes), in start order."""
+        self._deferred: list[_Loop] | None = None
+        self._kind_handlers: dict[JobKind, Callable[[Any], Awaitable[None]]] = {}
 
-        Starts (once per routing token) the task loop of ``name``'s queue. Re-registering a
-        name swaps its handler. A handler that raises yields a failed :class:`StepResult`
-        (retryable unless the exception has ``retryable = False``).
-        """
-        self._check_open()
-        self._handlers[name] = handler
-        self._ensure_task_loop(name)
-
-    def _ensure_task_loop(self, name: str) -> None:
-        """Start (once per routing token) the task loop shared by steps and workflow turns."""
-        queue = self.task_queue(name)
-        if queue in self._task_loops:
-            return
-        self._task_loops.add(queue)
-        self._task_queues.add(queue)
-        self._start_loop(
-            _Loop(
-                queue,
-                self._on_task_job,
-                self._task_slots,
-                self._options.idle_backoff_max,
-                token=self.token_of(name),
-            )
-        )
-
-    def on_result(self, handler: ResultHandler) -> None:
-        """engine side: consume step results. The results loop never backs off (critical path).
-        A handler that raises gets the result redelivered (up to ``max_job_attempts``)."""
-        self._consume_kind(
-            JobKind.RESULT, self._names.results, handler, self._result_slots, backoff_max=1
-        )
-
-    def on_heartbeat(self, handler: HeartbeatHandler) -> None:
-        """engine side: consume step heartbeats."""
-        self._consume_kind(JobKind.HEARTBEAT, self._names.heartbeats, handler, Slots(1))
-
-    def on_control(self, handler: ControlHandler) -> None:
-        """Consume control messages (T17: point-to-point, best-effort)."""
-        self._consume_kind(JobKind.CONTROL, self._names.control, handler, Slots(1))
-
-    def _consume_kind(
+    def consume(
         self,
         kind: JobKind,
         queue: str,
@@ -111,6 +88,7 @@ class ConsumeMixin(TransportBase):
         slots: Slots,
         *,
         backoff_max: int | None = None,
+        inbox: bool = False,
     ) -> None:
         """Hand every ``kind`` job of ``queue`` to ``handler``: the first call starts the loop,
         a later one swaps the handler for the next job."""
@@ -118,44 +96,59 @@ class ConsumeMixin(TransportBase):
         first = kind not in self._kind_handlers
         self._kind_handlers[kind] = handler
         if first:
-            self._start_loop(
+            self.start_loop(
                 _Loop(
                     queue,
-                    self._typed(kind, lambda: self._kind_handlers[kind]),
+                    self.typed(kind, lambda: self._kind_handlers[kind]),
                     slots,
                     self._options.idle_backoff_max if backoff_max is None else backoff_max,
+                    inbox=inbox,
                 )
             )
 
-    def defer_consumers(self) -> None:
-        """Park every consumer loop started from now on until :meth:`start_consumers`.
-        Producers are never deferred; a process that only dispatches never looks like a worker."""
+    def defer(self) -> None:
+        """Park every loop started from now on (but the inboxes) until :meth:`start_deferred`."""
         if self._deferred is None:
             self._deferred = []
 
-    def start_consumers(self) -> None:
-        """Start every parked consumer loop (and stop deferring)."""
+    def start_deferred(self) -> None:
+        """Start every parked loop (and stop deferring)."""
         parked, self._deferred = self._deferred or [], None
         for loop in parked:
-            self._start_loop(loop)
+            self.start_loop(loop)
 
-    def _start_loop(self, loop: _Loop) -> None:
+    def stop_deferring(self) -> None:
+        """Close: the parked loops are never started."""
+        self._deferred = None
+
+    def start_loop(self, loop: _Loop) -> None:
         if loop.inbox:
-            self._loops.append(loop)
+            self.loops.append(loop)
             self._inboxes.nursery.start_soon(self._poll_loop, loop, name=f"inbox {loop.queue}")
             return
         if self._deferred is not None:
             self._deferred.append(loop)
             return
-        self._consumed.append(loop.queue)
-        self._loops.append(loop)
-        if loop.token is not None and self._liveness is not None:
+        self.consumed.append(loop.queue)
+        self.loops.append(loop)
+        liveness = self._liveness()
+        if loop.token is not None and liveness is not None:
             # Only a loop that really consumes makes this instance a live worker of the token:
             # a deferred (producer-only) process never looks like one.
-            self._liveness.serve(loop.token)
+            liveness.serve(loop.token)
         self._consumers.nursery.start_soon(self._poll_loop, loop, name=f"poll {loop.queue}")
 
-    def _typed(
+    def stop_intake(self, bound: float, *, inbox: bool = False) -> None:
+        """Close: the pops in flight of the task/engine loops (or, with ``inbox``, of this
+        instance's own inboxes) land by ``bound`` (absolute time); with the task/engine loops,
+        so do the finalizes in flight (the job runner's own scopes)."""
+        for loop in self.loops:
+            if loop.pop_scope is not None and loop.inbox is inbox:
+                loop.pop_scope.deadline = bound
+        if not inbox:
+            self._runner.bound_finalizes(bound)
+
+    def typed(
         self, kind: JobKind, current: Callable[[], Callable[[Any], Awaitable[None]] | None]
     ) -> _OnJob:
         """A job callback that decodes ``kind`` jobs and hands their payload to the handler
@@ -191,6 +184,9 @@ class ConsumeMixin(TransportBase):
         pop_many = broker.pop_many if isinstance(broker, SupportsBatchPop) else None
         prefetch = self._options.prefetch
         buffer = loop.buffer
+        runner = self._runner
+        start_claim, begin_job = runner.start_claim, runner.begin_job
+        claims = runner.claims
         with trio.CancelScope() as pop_scope:
             loop.pop_scope = pop_scope
             while True:
@@ -202,7 +198,7 @@ class ConsumeMixin(TransportBase):
                 while take and buffer:
                     claim = buffer.popleft()
                     if claim.state is _BUFFERED:  # (a lost lease took it out meanwhile)
-                        self._start_claim(loop, claim)
+                        start_claim(loop, claim)
                         take -= 1
                 if take == 0:
                     streak += 1 + extra
@@ -254,10 +250,10 @@ class ConsumeMixin(TransportBase):
                 if batch:
                     errors = empty = 0
                     for job in batch[:take]:
-                        self._begin_job(loop, job)
+                        begin_job(loop, job)
                     for job in batch[take:]:
                         claim = _Claim(queue, job, state=_BUFFERED)
-                        self._claims[job.lease.token] = claim
+                        claims[job.lease.token] = claim
                         buffer.append(claim)
                     if len(batch) < take + ahead and not buffer and wait_for_work is not None:
                         # Fewer than asked: the pop drained the queue (and, on a broker with a
@@ -296,300 +292,3 @@ class ConsumeMixin(TransportBase):
             else:
                 kept.append(job)
         return kept
-
-    def _begin_job(self, loop: _Loop, job: ClaimedJob) -> None:
-        """Track a popped job and hand it to an idle worker of its loop (or a new one)."""
-        claim = _Claim(loop.queue, job)
-        self._claims[job.lease.token] = claim
-        self._start_claim(loop, claim)
-
-    def _start_claim(self, loop: _Loop, claim: _Claim) -> None:
-        claim.state = _RUNNING
-        if self._running == 0:
-            self._jobs_idle = trio.Event()
-        self._running += 1
-        if loop.idle:
-            worker = loop.idle.pop()
-            claim.scope = worker.scope
-            trio.lowlevel.reschedule(worker.task, outcome.Value(claim))
-        else:
-            self._jobs.nursery.start_soon(self._job_worker, loop, claim)
-
-    async def _job_worker(self, loop: _Loop, claim: _Claim) -> None:
-        """Run ``claim``, then park until the loop hands this worker its next claim.
-
-        The hot path of every job, so written flat: one coroutine per job (the handler's), the
-        successful finalize inline.
-        """
-        on_job = loop.on_job
-        slots = loop.slots
-        claims = self._claims
-        complete_job = (
-            self._completer(loop.queue).submit
-            if self._batch_finalize is not None
-            else lambda lease: self._broker.complete_job(lease, loop.queue)
-        )
-        with trio.CancelScope() as scope:
-            me = _JobWorker(trio.lowlevel.current_task(), scope)
-            claim.scope = scope
-
-            def abort(_: Any) -> trio.lowlevel.Abort:
-                loop.idle.remove(me)
-                return trio.lowlevel.Abort.SUCCEEDED
-
-            while True:
-                job = claim.job
-                try:
-                    error: Exception | None = None
-                    result: Job | None = None
-                    try:
-                        if job.damage is None:
-                            result = await on_job(job)
-                        else:
-                            error = await self._damaged(loop, job)
-                    except Exception as exc:
-                        error = exc
-                    # Abandoned by close (handed back in its step 6), or the lease went to
-                    # another worker (T8): its outcome must not finalize someone else's claim.
-                    if claim.state is _RUNNING and not claim.lost:
-                        # From here nobody cancels this scope: shielded, and bounded once a
-                        # close starts (close sets the deadline of the finalizes in flight), so a
-                        # close can never race a job's final write.
-                        claim.state = _FINALIZING
-                        scope.shield = True
-                        if self._closing:
-                            scope.deadline = trio.current_time() + self._options.cleanup_timeout
-                        try:
-                            if error is not None:
-                                await self._finalize(claim, error)
-                            elif not await (
-                                complete_job(job.lease)
-                                if result is None
-                                else self._finisher(loop.queue).submit((job.lease, result))
-                            ):
-                                self._report(
-                                    LeaseLost(
-                                        "completing the job answered 'lease lost': it was "
-                                        "re-delivered meanwhile (not retried)",
-                                        queue=claim.queue,
-                                        job_id=job.id,
-                                    )
-                                )
-                        except BrokerError as exc:
-                            self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
-                        finally:
-                            scope.shield = False
-                finally:
-                    if claim.state is _RUNNING:
-                        # Cancelled before it finished (its own scope, by close or a lost lease,
-                        # or the whole transport from outside): keep it for close's handback.
-                        claim.state = _ABANDONED
-                    if claim.state is not _ABANDONED or claim.lost:
-                        del claims[job.lease.token]
-                    slots.release()
-                    self._running -= 1
-                    if self._running == 0:
-                        self._jobs_idle.set()
-                loop.idle.append(me)
-                claim = await trio.lowlevel.wait_task_rescheduled(abort)
-        if claim.state is _FINALIZING and scope.cancelled_caught:
-            self._report(
-                JobError(
-                    "finalizing timed out (broker not answering)",
-                    queue=claim.queue,
-                    job_id=claim.job.id,
-                )
-            )
-
-    async def _finalize(self, claim: _Claim, error: Exception) -> None:
-        """T10 for a job whose handler raised: hand it back (fail it for good after
-        ``max_job_attempts``); fail bad input at once. (Success is completed inline by the job
-        worker.) Runs shielded and bounded: a close can never race a job's final write."""
-        broker = self._broker
-        job, queue = claim.job, claim.queue
-        try:
-            if isinstance(error, DamagedJob):
-                self._report(error)
-                ok = await broker.fail_job(job.lease, queue, f"damaged: {job.damage}")
-            elif isinstance(error, PayloadError):
-                self._report(_job_error(f"bad input, job failed: {error}", claim, error))
-                ok = await broker.fail_job(job.lease, queue, f"bad input: {error}")
-            elif isinstance(error, BrokerError):
-                # The handler met a broker or store outage, not a bug of its own: counting it
-                # toward max_job_attempts would fail the job for good — a result, a decision —
-                # and leave its run without an answer. Back after a pause, attempt-neutral.
-                self._report(
-                    _job_error(
-                        f"handler met a broker error, job handed back for "
-                        f"{_INFRASTRUCTURE_RETRY_DELAY} s: {error!r}",
-                        claim,
-                        error,
-                    )
-                )
-                ok = await broker.retry_job(
-                    job.lease, queue, delay=_INFRASTRUCTURE_RETRY_DELAY, count_attempt=False
-                )
-            elif job.attempts + 1 >= self._options.max_job_attempts:
-                self._report(
-                    _job_error(
-                        f"handler failed {job.attempts + 1} times, job failed: {error!r}",
-                        claim,
-                        error,
-                    )
-                )
-                ok = await broker.fail_job(
-                    job.lease, queue, f"handler failed {job.attempts + 1} times: {error!r}"
-                )
-            else:
-                self._report(
-                    _job_error(f"handler failed, job handed back: {error!r}", claim, error)
-                )
-                ok = await broker.retry_job(job.lease, queue)
-            if not ok:
-                self._report(
-                    LeaseLost("finalizing answered 'lease lost'", queue=queue, job_id=job.id)
-                )
-        except BrokerError as exc:
-            self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
-
-    async def _damaged(self, loop: _Loop, job: ClaimedJob) -> DamagedJob:
-        """The error that sets a damaged claim aside (its finalize fails it with the reason).
-        A step task whose bytes still name its run and step first gets a RETRYABLE failed
-        result: the damage is the store's, not the step's, and a retry dispatches a fresh,
-        readable job, so the run neither waits forever nor fails for it."""
-        error = DamagedJob(
-            f"stored job unreadable, set aside: {job.damage}", queue=loop.queue, job_id=job.id
-        )
-        if loop.on_job == self._on_task_job:
-            step = StepError(message=f"damaged job: {job.damage}", code="damaged", retryable=True)
-            await self._answer_bad_task(job, step)
-        return error
-
-    # ------------------------------------------------------------------ step tasks
-
-    async def _on_task_job(self, job: ClaimedJob) -> Job | None:
-        try:
-            envelope = decode_envelope(job.data, max_bytes=self._options.max_payload_bytes)
-            if envelope.kind is JobKind.WORKFLOW:
-                # T14: a workflow turn shares its token's task loop; told apart by shape
-                pass
-            elif envelope.kind is not JobKind.TASK:
-                raise PayloadError(f"a {envelope.kind.value!r} job does not belong on a task queue")
-        except PayloadError as exc:
-            await self._answer_bad_task(
-                job, StepError(message=f"bad task: {exc}", code="bad_input", retryable=False)
-            )
-            raise
-        if envelope.kind is JobKind.WORKFLOW:
-            await self._serve_workflow_turn(envelope.payload)
-            return None
-        return await self._serve_task(envelope.payload)
-
-    async def _answer_bad_task(self, job: ClaimedJob, error: StepError) -> None:
-        """A task that does not parse but names its run and step still gets a failed result, so
-        the run settles instead of waiting forever. Nothing is published when it cannot be told
-        which step it was, nor for a job of another kind found on a task queue (a result or a
-        decision sent to the wrong queue is set aside; it is not a failure of the run's step)."""
-        try:
-            raw = orjson.loads(job.data)
-            if raw.get("kind", "task") != "task":
-                return
-            payload = raw["payload"]
-            run_id, step_id, attempt = payload["runId"], payload["stepId"], payload["attempt"]
-        except Exception:
-            return
-        if type(run_id) is not str or type(step_id) is not str or type(attempt) is not int:
-            return
-        result = StepResult(run_id, step_id, attempt, StepStatus.FAILED, error=error)
-        await self.publish_result(result)
-
-    async def _serve_task(self, task: RemoteTask) -> Job | None:
-        """Run a step and make its result. Returns the result job when the job worker pushes
-        it together with the task's acknowledgement (one round trip on Redis); else pushes it
-        now and returns ``None``."""
-        handler = self._handlers.get(task.name)
-        result: StepResult
-        if handler is None:
-            message = f"no handler for step {task.name!r} on this worker"
-            self._report(
-                JobError(message, queue=self.task_queue(task.routing_group), job_id=task.task_id)
-            )
-            error = StepError(message=message, code="no_handler", retryable=False)
-            result = StepResult.failure(task, error)
-        else:
-            controller = self._controller
-            controller.on_start()
-            started = trio.current_time()
-            ok = False
-            try:
-                output = await handler(task)
-                ok = True
-            except Exception as exc:
-                self._report(
-                    JobError(
-                        f"step {task.name!r} raised {exc!r}",
-                        queue=self.task_queue(task.routing_group),
-                        job_id=task.task_id,
-                    ).with_traceback(exc.__traceback__)
-                )
-                error = StepError(
-                    message=f"{type(exc).__name__}: {exc}",
-                    code=getattr(exc, "code", None)
-                    if isinstance(getattr(exc, "code", None), str)
-                    else None,
-                    retryable=getattr(exc, "retryable", True) is not False,
-                )
-                result = StepResult.failure(task, error)
-            else:
-                result = StepResult(
-                    task.run_id,
-                    task.step_id,
-                    task.attempt,
-                    StepStatus.COMPLETED,
-                    output=output,
-                    task_id=task.task_id,
-                )
-            finally:
-                # Only step durations feed the latency gradient (T6); a cancelled step too
-                # leaves the in-flight count.
-                controller.on_settle(started, trio.current_time(), step=ok)
-        try:
-            data = self._new_job(JobKind.RESULT, result)
-        except PayloadError as exc:
-            self._report(
-                JobError(
-                    f"step {task.name!r} returned an output that cannot be sent: {exc}",
-                    queue=self.task_queue(task.routing_group),
-                    job_id=task.task_id,
-                )
-            )
-            error = StepError(message=str(exc), code="bad_output", retryable=False)
-            data = self._new_job(JobKind.RESULT, StepResult.failure(task, error))
-        if self._finishers_on:
-            return data  # the job worker pushes it with the task's acknowledgement
-        await self._push_result(task, data)
-        return None
-
-    async def _push_result(self, task: RemoteTask, job: Job) -> None:
-        """Push a step's result, again and again with a backoff while the broker fails: the
-        step has run, and raising would hand its task back to run again — and, after
-        ``max_job_attempts`` handbacks, fail it for good with no answer for its run. The claim
-        stays renewed meanwhile; a lost lease (T8) or a close past its deadline cancels the
-        wait."""
-        delay, largest = _RESULT_PUSH_BACKOFF
-        while True:
-            try:
-                await self._push_job(self._names.results, job)
-                return
-            except BrokerError as exc:
-                self._report(
-                    JobError(
-                        f"publishing the result of step {task.name!r} failed (retrying in "
-                        f"{delay:.2f} s): {exc}",
-                        queue=self.task_queue(task.routing_group),
-                        job_id=task.task_id,
-                    )
-                )
-            await trio.sleep(delay)
-            delay = min(delay * 2, largest)
-

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import orjson
-import trio
-
 from ._liveness import (
     GroupHealth,
-    WorkerDescriptor,
     read_group_health,
 )
 from .adapters import (
@@ -19,78 +15,9 @@ from .adapters import (
 
 if TYPE_CHECKING:
     from ._naming import QueueNames
-    from ._wire import (
-        WorkerStatus,
-    )
     from .backends._backend import Backend
 
 
-from ._transport_base import (
-    TransportBase,
-)
-
-
-class HealthMixin(TransportBase):
-    # ------------------------------------------------------------------ health (T6, T12, T13)
-
-    def worker_status(self) -> WorkerStatus:
-        """This instance's liveness snapshot (what its heartbeats carry)."""
-        return self._controller.snapshot()
-
-    async def queue_depth(self, group: str) -> int | None:
-        """Jobs waiting on ``group``'s task queue, or ``None`` if the broker cannot count."""
-        if not isinstance(self._broker, SupportsSize):
-            return None
-        return await self._broker.size_of(self.task_queue(group))
-
-    async def group_health(self, group: str) -> GroupHealth | None:
-        """T12: the group's depth and its live workers (with their headroom and p95).
-
-        Returns:
-            ``None`` without a key store: no worker can advertise liveness then, and "a
-            backlog and zero workers" would be a false alarm.
-        """
-        keys = self._backend.keys
-        if keys is None:
-            return None
-        token = self.token_of(group)
-        depth = await self.queue_depth(group) or 0
-        return await read_group_health(keys, self._names, token, depth)
-
-    async def worker_health(self) -> list[GroupHealth] | None:
-        """Every group that has a live worker (by routing token), with its depth."""
-        return await read_worker_health(self._backend, self._names)
-
-    async def list_worker_descriptors(self, group: str) -> list[WorkerDescriptor]:
-        """T13: the live descriptors of the workers serving ``group``, read through a short
-        cache (``descriptor_cache`` seconds, default 5)."""
-        keys = self._backend.keys
-        if keys is None:
-            return []
-        now = trio.current_time()
-        cached = self._descriptor_cache
-        if cached is None or now - cached[0] >= self._options.descriptor_cache:
-            cached = self._descriptor_cache = (
-                now,
-                await keys.entries(self._names.worker_descriptor("")),
-            )
-        token = self.token_of(group)
-        found = []
-        for entry in cached[1]:
-            try:
-                raw = orjson.loads(entry.value)
-                if token in raw["tokens"]:
-                    found.append(
-                        WorkerDescriptor(
-                            raw["instance"],
-                            tuple(raw["tokens"]),
-                            tuple(raw["steps"]),
-                            raw["startedAt"],
-                        )
-                    )
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                continue
-        return found
 
 
 async def read_worker_health(backend: Backend, names: QueueNames) -> list[GroupHealth] | None:

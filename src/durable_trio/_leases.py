@@ -4,21 +4,21 @@ and the poison bridge with its evidence (T9)."""
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
+from ._claims import (
+    _BUFFERED,
+    _DROPPED,
+    _RUNNING,
+    _Claim,
+    _unexpected,
+)
 from ._codec import decode_envelope
 from ._errors import BrokerError, DamagedJob, JobError, LeaseLost, PayloadError, TransportClosed
 from ._liveness import (
     read_last_status,
-)
-from ._transport_base import (
-    _BUFFERED,
-    _DROPPED,
-    _RUNNING,
-    TransportBase,
-    _unexpected,
 )
 from ._wire import (
     JobKind,
@@ -34,6 +34,16 @@ from .adapters import (
     SupportsSweepHint,
 )
 
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from ._adaptive import ConcurrencyController
+    from ._naming import QueueNames
+    from ._options import TransportOptions
+    from .backends._backend import Backend
+
+__all__ = ["LeaseKeeper", "Sweeper"]
+
 #: With a sweep hint, every this-many-th sweep still looks at every queue (a lost hint then
 #: costs at most this many intervals, never a job).
 _FULL_SWEEP_EVERY = 20
@@ -41,30 +51,57 @@ _FULL_SWEEP_EVERY = 20
 _NEVER_POISON = 1_000_000_000
 
 
-class LeaseMixin(TransportBase):
-    _renewal_round: trio.CancelScope | None = None
-    """The scope of the renewal round in flight: close bounds it by ``cleanup_timeout``."""
+class LeaseKeeper:
+    """Renews every claim this instance holds, every ``stalled_threshold / 2`` (T7), and acts
+    on the leases the broker says were lost (T8). Owns its task and the scope of the round in
+    flight: :meth:`stop` bounds that round, so close never waits out a slow broker."""
 
-    # ------------------------------------------------------------------ lease keeper (T7, T8)
+    def __init__(
+        self,
+        broker: SupportsRenewal,
+        claims: Callable[[], dict[str, _Claim]],
+        controller: ConcurrencyController,
+        *,
+        period: float,
+        cancel_on_lost_lease: bool,
+        report: Callable[[BaseException], None],
+    ) -> None:
+        self._broker = broker
+        self._claims = claims
+        self._controller = controller
+        self._period = period
+        self._cancel_on_lost_lease = cancel_on_lost_lease
+        self._report = report
+        self._round: trio.CancelScope | None = None
 
-    async def _renew_forever(self) -> None:
-        period = self.stalled_threshold / 2
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Renew on ``start + k * period``; a round is shielded (a claim is never left half
+        renewed) and bounded by one period."""
+        period = self._period
         start = trio.current_time()
         tick = 1
+        task_status.started()
         while True:
             await trio.sleep_until(start + tick * period)
             with trio.move_on_after(period, shield=True) as round_scope:
-                self._renewal_round = round_scope
+                self._round = round_scope
                 await self._renew_open_claims()
-            self._renewal_round = None
+            self._round = None
             # A slow round skips the ticks it overran instead of stacking rounds.
             tick = max(tick + 1, math.floor((trio.current_time() - start) / period) + 1)
 
+    def stop(self, bound: float) -> None:
+        """Close: the round in flight lands by ``bound`` (absolute time), then the task ends."""
+        round_in_flight = self._round
+        if round_in_flight is not None:
+            round_in_flight.deadline = min(round_in_flight.deadline, bound)
+
     async def _renew_open_claims(self) -> None:
+        claims = self._claims()
         by_queue: dict[str, list[Lease]] = {}
-        for claim in self._claims.values():
+        for claim in claims.values():
             by_queue.setdefault(claim.queue, []).append(claim.job.lease)
-        broker = cast("SupportsRenewal", self._broker)  # (checked once: _can_renew)
+        broker = self._broker
         for queue, leases in by_queue.items():
             try:
                 outcome = await broker.renew_jobs(queue, leases)
@@ -74,19 +111,20 @@ class LeaseMixin(TransportBase):
             except Exception as exc:  # never let a broker defect end the keeper
                 self._report(_unexpected(exc, f"renewing the claims on {queue!r}"))
                 continue
+            claims = self._claims()
             for lease in outcome.lost:
-                held = self._claims.get(lease.token)
+                held = claims.get(lease.token)
                 if held is not None and held.state is _BUFFERED:
                     # Prefetched and taken back before it ever started: no double run; the loop
                     # skips it.
                     held.state = _DROPPED
-                    del self._claims[lease.token]
+                    del claims[lease.token]
                     continue
                 if held is None or held.state is not _RUNNING or held.lost:
                     continue  # finished during the round trip: finalized, not lost
                 held.lost = True
                 self._controller.duplicates += 1
-                what = "cancelled" if self._options.cancel_on_lost_lease else "left to finish"
+                what = "cancelled" if self._cancel_on_lost_lease else "left to finish"
                 self._report(
                     LeaseLost(
                         f"lost the claim before renewing it: the job was re-delivered and may "
@@ -96,12 +134,41 @@ class LeaseMixin(TransportBase):
                         job_id=lease.job_id,
                     )
                 )
-                if self._options.cancel_on_lost_lease:
+                if self._cancel_on_lost_lease:
                     held.cancel()
+
+
+class Sweeper:
+    """Recovers stalled jobs every ``stalled_check_interval`` (T9) and fails poison step tasks
+    with their evidence. Part of intake: close stops it with the consumers."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        names: QueueNames,
+        options: TransportOptions,
+        *,
+        stalled_threshold: float,
+        consumed: list[str],
+        task_queues: set[str],
+        publish_result: Callable[[StepResult], Awaitable[str]],
+        report: Callable[[BaseException], None],
+    ) -> None:
+        self._backend = backend
+        self._broker = backend.broker
+        self._names = names
+        self._options = options
+        self.stalled_threshold = stalled_threshold
+        self._consumed = consumed
+        self._task_queues = task_queues
+        self.publish_result = publish_result
+        self._report = report
 
     # ------------------------------------------------------------------ reclaim sweep (T9)
 
-    async def _sweep_forever(self) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Sweep on ``start + k * stalled_check_interval``."""
+        task_status.started()
         interval = self._options.stalled_check_interval
         hint = self._broker if isinstance(self._broker, SupportsSweepHint) else None
         start = trio.current_time()

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import contextvars
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from ._codec import decode_envelope
-from ._consume import ConsumeMixin
 from ._errors import BrokerError, DurableTrioError, JobError, PayloadError
 from ._inbox import ForwardingKeyStore, InboxRegistry
-from ._liveness import Liveness
-from ._slots import Slots
-from ._transport_base import _Loop
 from ._wire import (
     DecisionStatus,
     InboxRegistration,
@@ -36,11 +32,50 @@ from ._wire import (
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from ._adaptive import ConcurrencyController
+    from ._claims import Level
+    from ._naming import QueueNames
     from ._options import TransportOptions
     from .adapters import ClaimedJob
     from .backends._backend import Backend
+    from .keys import KeyStore
 
-__all__ = ["RemoteMixin"]
+__all__ = ["RemoteProtocols"]
+
+
+class Carrier(Protocol):
+    """What the remote layer uses of a transport: its generic consume/publish surface, its
+    names, and three package-internal hooks (named here, so the contract is written down)."""
+
+    @property
+    def instance_id(self) -> str: ...
+    @property
+    def names(self) -> QueueNames: ...
+    @property
+    def options(self) -> TransportOptions: ...
+    @property
+    def backend(self) -> Backend: ...
+    def task_queue(self, group: str) -> str: ...
+    def consume(
+        self,
+        kind: JobKind,
+        queue: str,
+        handler: Callable[[Any], Awaitable[None]],
+        *,
+        concurrency: int = 1,
+        backoff_max: int | None = None,
+        inbox: bool = False,
+    ) -> None: ...
+    def consume_jobs(self, queue: str, on_job: Callable[[ClaimedJob], Awaitable[None]]) -> None: ...
+    async def publish(
+        self, kind: JobKind, queue: str, payload: Any, *, priority: int | None = None
+    ) -> str: ...
+    async def heartbeat(self, beat: StepHeartbeat) -> None: ...
+    def _check_open(self) -> None: ...
+    def _serve_turns(self, name: str, serve: Callable[[Any], Awaitable[None]]) -> None: ...
+    def _adopt_liveness_store(self, keys: KeyStore) -> None: ...
+    def _forget_pusher(self, queue: str) -> None: ...
+
 
 #: ``(correlation id, requester)`` of the request the current task is handling.
 _CURRENT_ROUTE: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
@@ -48,9 +83,31 @@ _CURRENT_ROUTE: contextvars.ContextVar[tuple[str, str] | None] = contextvars.Con
 )
 
 
-class RemoteMixin(ConsumeMixin):
-    def __init__(self, backend: Backend, options: TransportOptions) -> None:
-        super().__init__(backend, options)
+class RemoteProtocols:
+    """The remote protocols, as ``transport.remote``: workflow turns and decisions, step
+    events, and the tenant protocol (start-run, run requests and replies, tenant events, the
+    inbox registry). Built on the transport's generic surface: :meth:`QueueTransport.consume`,
+    :meth:`QueueTransport.consume_jobs`, :meth:`QueueTransport.publish`, its names and its task
+    queues; its own tasks (the registry's announcements and janitor) live in the inboxes level
+    of the transport's tree."""
+
+    def __init__(
+        self,
+        transport: Carrier,
+        *,
+        controller: ConcurrencyController,
+        inboxes: Level,
+        report: Callable[[BaseException], None],
+    ) -> None:
+        self._transport = transport
+        self._controller = controller
+        self._inboxes = inboxes
+        self._report = report
+        options = self._options = transport.options
+        self._names = transport.names
+        self.instance_id = transport.instance_id
+        backend = transport.backend
+        self._broker = backend.broker
         self._workflow_turns: dict[str, Callable[[WorkflowTask], Awaitable[WorkflowDecision]]] = {}
         self._decision_handlers: list[Callable[[WorkflowDecision], Awaitable[None]]] = []
         self._start_run_handler: Callable[[StartRunMessage], Awaitable[None]] | None = None
@@ -75,14 +132,14 @@ class RemoteMixin(ConsumeMixin):
         )
 
     async def _announce(self, kind: JobKind, payload: Any) -> None:
-        await self._push(self._names.registrations, kind, payload)
+        await self._transport.publish(kind, self._names.registrations, payload)
 
     # ------------------------------------------------------------------ workflow turns (T14)
 
     async def dispatch_workflow_task(self, task: WorkflowTask) -> str:
         """engine -> workflow worker: a turn on the workflow's routing-token task queue."""
-        return await self._push(
-            self.task_queue(task.group), JobKind.WORKFLOW, task, priority=task.priority
+        return await self._transport.publish(
+            JobKind.WORKFLOW, self._transport.task_queue(task.group), task, priority=task.priority
         )
 
     def handle_workflow(
@@ -92,9 +149,9 @@ class RemoteMixin(ConsumeMixin):
         token (the queue :meth:`dispatch_workflow_task` targets) and tells the two kinds apart
         by shape. An unknown workflow or a raising turn yields a ``failed`` decision; the turn
         heartbeats while it runs; a failed push of the decision redelivers the job."""
-        self._check_open()
+        self._transport._check_open()
         self._workflow_turns[name] = turn
-        self._ensure_task_loop(name)
+        self._transport._serve_turns(name, self._serve_workflow_turn)
 
     async def _serve_workflow_turn(self, task: WorkflowTask) -> None:
         controller = self._controller
@@ -105,7 +162,7 @@ class RemoteMixin(ConsumeMixin):
         finally:
             # a turn counts as in-flight work, never as a step latency (T6)
             controller.on_settle(started, trio.current_time(), step=False)
-        await self._push(self._names.decisions, JobKind.DECISION, decision)
+        await self._transport.publish(JobKind.DECISION, self._names.decisions, decision)
 
     async def _run_turn(self, task: WorkflowTask) -> WorkflowDecision:
         turn = self._workflow_turns.get(task.workflow)
@@ -125,7 +182,7 @@ class RemoteMixin(ConsumeMixin):
             self._report(
                 JobError(
                     f"workflow turn {task.workflow!r} raised {failure!r}",
-                    queue=self.task_queue(task.group),
+                    queue=self._transport.task_queue(task.group),
                     job_id=task.task_id,
                 )
             )
@@ -143,7 +200,7 @@ class RemoteMixin(ConsumeMixin):
                 task.run_id, f"turn:{task.task_id}", 1, time.time(), {"workflow": task.workflow}
             )
             try:
-                await self.heartbeat(beat)
+                await self._transport.heartbeat(beat)
             except (BrokerError, DurableTrioError) as exc:
                 self._report(exc)
 
@@ -152,17 +209,16 @@ class RemoteMixin(ConsumeMixin):
     def on_decision(self, handler: Callable[[WorkflowDecision], Awaitable[None]]) -> None:
         """engine <- workflow worker: ONE loop per transport; every registered handler sees
         every decision, concurrently; all settle before a failure redelivers the decision."""
-        self._check_open()
+        self._transport._check_open()
         self._decision_handlers.append(handler)
         if len(self._decision_handlers) > 1:
             return
-        self._start_loop(
-            _Loop(
-                self._names.decisions,
-                self._typed(JobKind.DECISION, lambda: self._fan_out),
-                Slots(self._options.result_concurrency),
-                1,
-            )
+        self._transport.consume(
+            JobKind.DECISION,
+            self._names.decisions,
+            self._fan_out,
+            concurrency=self._options.result_concurrency,
+            backoff_max=1,
         )
 
     async def _fan_out(self, decision: WorkflowDecision) -> None:
@@ -186,11 +242,11 @@ class RemoteMixin(ConsumeMixin):
 
     async def dispatch_step_event(self, event: StepEvent) -> None:
         """workflow worker -> engine: point-to-point, so ONE engine instance checkpoints it."""
-        await self._push(self._names.step_events, JobKind.STEP_EVENT, event)
+        await self._transport.publish(JobKind.STEP_EVENT, self._names.step_events, event)
 
     def on_step_event(self, handler: Callable[[StepEvent], Awaitable[None]]) -> None:
         """engine: consume step events. A second call swaps the handler."""
-        self._consume_kind(JobKind.STEP_EVENT, self._names.step_events, handler, Slots(1))
+        self._transport.consume(JobKind.STEP_EVENT, self._names.step_events, handler)
 
     # ------------------------------------------------------------------ tenant pods (T18-T20)
 
@@ -200,7 +256,7 @@ class RemoteMixin(ConsumeMixin):
         stamped = StartRunMessage(
             message.run_id, message.workflow, message.input, message.tenant, self.instance_id
         )
-        await self._push(self._names.start_run, JobKind.START_RUN, stamped)
+        await self._transport.publish(JobKind.START_RUN, self._names.start_run, stamped)
 
     async def dispatch_run_request(self, request: RunRequest) -> None:
         """tenant pod -> control plane, stamped with this instance as the reply target (T18)."""
@@ -213,32 +269,32 @@ class RemoteMixin(ConsumeMixin):
             request.data,
             self.instance_id,
         )
-        await self._push(self._names.run_request, JobKind.RUN_REQUEST, stamped)
+        await self._transport.publish(JobKind.RUN_REQUEST, self._names.run_request, stamped)
 
     def on_start_run(self, handler: Callable[[StartRunMessage], Awaitable[None]]) -> None:
         """control plane: consume start-run messages (a reply inside ``handler`` goes to the
         sender: the route is held while it runs, T19)."""
-        self._check_open()
+        self._transport._check_open()
         self._ensure_registrations_loop()
         self._start_run_handler = handler
-        self._consume_kind(
+        self._transport.consume(
             JobKind.START_RUN,
             self._names.start_run,
             self._routed_start,
-            Slots(self._options.result_concurrency),
+            concurrency=self._options.result_concurrency,
         )
 
     def on_run_request(self, handler: Callable[[RunRequest], Awaitable[None]]) -> None:
         """control plane: consume run requests; reply with :meth:`publish_run_reply` while
         handling one (T19)."""
-        self._check_open()
+        self._transport._check_open()
         self._ensure_registrations_loop()
         self._run_request_handler = handler
-        self._consume_kind(
+        self._transport.consume(
             JobKind.RUN_REQUEST,
             self._names.run_request,
             self._routed_request,
-            Slots(self._options.result_concurrency),
+            concurrency=self._options.result_concurrency,
         )
 
     async def _routed_start(self, message: StartRunMessage) -> None:
@@ -294,7 +350,7 @@ class RemoteMixin(ConsumeMixin):
             )
             return
         queue = self._names.run_replies(owner)
-        await self._push(queue, JobKind.RUN_REPLY, reply)
+        await self._transport.publish(JobKind.RUN_REPLY, queue, reply)
         self._registry.note_push(queue, owner)
 
     def on_run_reply(self, handler: Callable[[RunReply], Any]) -> None:
@@ -308,18 +364,16 @@ class RemoteMixin(ConsumeMixin):
         backed off (the reply is on the critical path of every proxied call)."""
         if self._replies_loop:
             return
-        self._check_open()
+        self._transport._check_open()
         self._replies_loop = True
         self._registry.attach(self._inboxes.nursery)
         self._registry.activate()
-        self._start_loop(
-            _Loop(
-                self._names.run_replies(self.instance_id),
-                self._typed(JobKind.RUN_REPLY, lambda: self._deliver_reply),
-                Slots(1),
-                1,
-                inbox=True,
-            )
+        self._transport.consume(
+            JobKind.RUN_REPLY,
+            self._names.run_replies(self.instance_id),
+            self._deliver_reply,
+            backoff_max=1,
+            inbox=True,
         )
 
     async def _deliver_reply(self, reply: RunReply) -> None:
@@ -348,7 +402,7 @@ class RemoteMixin(ConsumeMixin):
                 self._ensure_registrations_loop()
             for owner in await self._registry.subscribers_of(event.tenant):
                 queue = self._names.tenant_events(owner)
-                await self._push(queue, JobKind.TENANT_EVENT, event)
+                await self._transport.publish(JobKind.TENANT_EVENT, queue, event)
                 self._registry.note_push(queue, owner)
 
     def on_tenant_event(
@@ -358,20 +412,17 @@ class RemoteMixin(ConsumeMixin):
         ``inbox_ttl / 3``) and consumes this instance's event inbox (never deferred). Returns
         an unsubscribe; the last one for a tenant withdraws the subscription, and the inbox
         keeps draining what was pushed before."""
-        self._check_open()
+        self._transport._check_open()
         self._tenant_handlers.setdefault(tenant, []).append(handler)
         self._registry.attach(self._inboxes.nursery)
         self._registry.subscribe(tenant)
         if not self._events_loop:
             self._events_loop = True
-            self._start_loop(
-                _Loop(
-                    self._names.tenant_events(self.instance_id),
-                    self._typed(JobKind.TENANT_EVENT, lambda: self._deliver_event),
-                    Slots(1),
-                    self._options.idle_backoff_max,
-                    inbox=True,
-                )
+            self._transport.consume(
+                JobKind.TENANT_EVENT,
+                self._names.tenant_events(self.instance_id),
+                self._deliver_event,
+                inbox=True,
             )
 
         def unsubscribe() -> None:
@@ -401,17 +452,10 @@ class RemoteMixin(ConsumeMixin):
         run the janitor. Started by the first control-plane surface used."""
         if self._registrations_loop:
             return
-        self._check_open()
+        self._transport._check_open()
         self._registrations_loop = True
         self._registry.attach(self._inboxes.nursery)
-        self._start_loop(
-            _Loop(
-                self._names.registrations,
-                self._on_registration,
-                Slots(1),
-                self._options.idle_backoff_max,
-            )
-        )
+        self._transport.consume_jobs(self._names.registrations, self._on_registration)
         if self._options.inbox_sweep_interval > 0:
             self._inboxes.nursery.start_soon(
                 self._registry.janitor_forever, self._options.inbox_sweep_interval
@@ -433,7 +477,7 @@ class RemoteMixin(ConsumeMixin):
             await broker.complete_job(job.lease, queue)
 
     async def _on_registration(self, job: ClaimedJob) -> None:
-        envelope = decode_envelope(job.data, max_bytes=self._max_payload_bytes)
+        envelope = decode_envelope(job.data, max_bytes=self._options.max_payload_bytes)
         if isinstance(envelope.payload, InboxRegistration):
             await self._registry.record(envelope.payload)
         elif isinstance(envelope.payload, WorkerAdvertisement):
@@ -445,23 +489,11 @@ class RemoteMixin(ConsumeMixin):
         """Declare this transport a store-less tenant pod: with no key store of its own, its
         worker advertisements (liveness, descriptors) are forwarded to the control plane, which
         records them in its store (T22). Call before serving steps."""
-        if self._backend.keys is not None or self._liveness is not None:
-            return
-        options = self._options
-        self._liveness = Liveness(
-            ForwardingKeyStore(self._announce),
-            self._names,
-            options.instance_id,
-            interval=options.worker_heartbeat_interval,
-            status=self._controller.snapshot,
-            descriptor=self._descriptor,
-            report=self._report,
-        )
-        self._vitals.nursery.start_soon(self._liveness.run)
+        self._transport._adopt_liveness_store(ForwardingKeyStore(self._announce))
 
     # ------------------------------------------------------------------ close, phase 7
 
-    async def _close_inboxes(self) -> None:
+    async def close_inboxes(self) -> None:
         """Withdraw this instance's registration, then drop what is left in its own inboxes:
         replies and events addressed to a process going away have no one else to go to."""
         await self._registry.withdraw()
@@ -480,7 +512,8 @@ class RemoteMixin(ConsumeMixin):
         for _ in range(most):
             job = await broker.pop_from(queue, worker=self.instance_id)
             if job is None:
-                self._forget_pusher(queue)  # its owner went away: nothing more goes there
+                # its owner went away: nothing more goes there
+                self._transport._forget_pusher(queue)
                 return True
             await broker.complete_job(job.lease, queue)
         return False

@@ -1,165 +1,591 @@
-"""The queue transport: one nursery tree that carries tasks, results and control over a broker.
+"""The queue transport: a facade over the parts that carry tasks, results and control over a
+broker, each owning its state and its tasks:
 
-::
+- ``Producers`` (``_producers``): job ids, envelopes, pushes coalesced per queue;
+- ``Consumers`` (``_consume``): every poll loop, with its pop scope;
+- ``JobRunner`` (``_jobs``): the claim table and one job worker per running handler;
+- ``StepServer`` (``_steps``): a task loop's jobs, a step's result;
+- ``LeaseKeeper`` and ``Sweeper`` (``_leases``): renewal, lost leases, the reclaim sweep;
+- ``Liveness`` and ``ConcurrencyController``: the worker's keys and its limit;
+- ``RemoteProtocols`` (``_remote``, as :attr:`QueueTransport.remote`): the remote protocols.
 
-    transport (root nursery, lives as long as the ``async with``)
-    ├── consumers      every poll loop (task queues, results, heartbeats, control)
-    ├── inboxes        this instance's own reply / tenant-event inbox loops
-    ├── jobs           one task per running handler, each in its own cancel scope
-    ├── lease keeper   claim renewal every threshold/2
-    └── reclaim sweep  recover stalled jobs every stalled_check_interval; poison-job bridge
-
-Leaving the ``async with`` (or ``await transport.aclose()``) runs the bounded close of T24
-(docs/spec.md; in depth: docs/close.md).
+Their tasks run in one nursery tree, built by ``_tree``, whose nesting is the close order of
+T24 (docs/spec.md; in depth: docs/close.md).
 """
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
+import attrs
 import trio
 
-from ._errors import BrokerError, ConfigError
-from ._failures import one_exception, raise_bare
+from ._adaptive import ConcurrencyController
+from ._consume import Consumers
+from ._errors import TransportClosed
+from ._jobs import JobRunner
+from ._leases import LeaseKeeper, Sweeper
+from ._liveness import (
+    Liveness,
+)
+from ._naming import QueueNames, sanitize_token, tenant_group
 from ._options import (
+    DEFAULT_RENEWING_STALLED_THRESHOLD,
+    DEFAULT_STALLED_THRESHOLD,
     TransportOptions,
 )
+from ._producers import Producers
+from ._slots import Slots
+from ._tree import TransportTree
+from ._wire import (
+    ControlMessage,
+    JobKind,
+    RemoteTask,
+    StepHeartbeat,
+    StepResult,
+    WorkerStatus,
+)
+from .adapters import (
+    ClaimedJob,
+    SupportsRecovery,
+    SupportsRenewal,
+)
+
+if TYPE_CHECKING:
+    from .backends._backend import Backend
+    from .keys import KeyEntry, KeyStore
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+import orjson
+
+from ._claims import _Loop
+from ._errors import ConfigError
+from ._failures import one_exception, raise_bare
+from ._health import read_worker_health
+from ._liveness import GroupHealth, WorkerDescriptor, read_group_health
+from ._remote import RemoteProtocols
+from ._steps import StepHandler, StepServer
+from .adapters import SupportsSize
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from .backends._backend import Backend
 
-from ._health import HealthMixin
-from ._leases import LeaseMixin
-from ._remote import RemoteMixin
-from ._transport_base import _ABANDONED, _BUFFERED, _FINALIZING, _RUNNING, TransportStatistics
 
 __all__ = ["QueueTransport", "TransportStatistics", "open_queue_transport"]
 
 
-class QueueTransport(RemoteMixin, LeaseMixin, HealthMixin):
+ResultHandler = Callable[[StepResult], Awaitable[None]]
+HeartbeatHandler = Callable[[StepHeartbeat], Awaitable[None]]
+ControlHandler = Callable[[ControlMessage], Awaitable[None]]
+
+
+@attrs.frozen
+class TransportStatistics:
+    """A snapshot of one transport's state."""
+
+    in_flight: int
+    """Job handlers running now (every queue)."""
+    open_claims: int
+    """Claims this instance holds (running, finalizing or awaiting handback)."""
+    task_limit: int
+    """The step concurrency limit."""
+    duplicates: int
+    """Times a job's lease was lost while its handler ran."""
+    queues: tuple[str, ...]
+    """Every queue this instance consumes."""
+    closed: bool
+
+
+
+
+class QueueTransport:
     """Carries step tasks, results, heartbeats and control messages over a queue broker.
 
-    Open one with :func:`open_queue_transport`; do not construct it directly.
+    A facade over its parts, each owning its state and its tasks (see the module docstring);
+    the remote protocols are :attr:`remote`. Open one with :func:`open_queue_transport`; do not
+    construct it directly.
     """
+
+
+    def __init__(self, backend: Backend, options: TransportOptions) -> None:
+        self._backend = backend
+        self._broker = backend.broker
+        self._options = options
+        self._names = QueueNames(options.namespace)
+        self._report_hook = options.on_error
+        broker = self._broker
+        self._can_renew = isinstance(broker, SupportsRenewal)
+        self._can_recover = isinstance(broker, SupportsRecovery)
+        self._producers = Producers(
+            broker, self._names, options, check_open=self._check_open_for_producers
+        )
+        if options.stalled_threshold is not None:
+            self.stalled_threshold = options.stalled_threshold
+        elif self._can_renew:
+            self.stalled_threshold = DEFAULT_RENEWING_STALLED_THRESHOLD
+        else:
+            self.stalled_threshold = DEFAULT_STALLED_THRESHOLD
+        self._controller = ConcurrencyController(options.concurrency, on_limit=self._move_limit)
+        self._task_slots = Slots(self._controller.limit)
+        self._result_slots = Slots(options.result_concurrency)
+        self._task_loops: set[str] = set()
+        self._task_queues: set[str] = set()
+        self._liveness: Liveness | None = None
+        if backend.keys is not None:
+            self._liveness = Liveness(
+                backend.keys,
+                self._names,
+                options.instance_id,
+                interval=options.worker_heartbeat_interval,
+                status=self._controller.snapshot,
+                descriptor=self._descriptor,
+                report=self._report,
+            )
+        self._descriptor_cache: tuple[float, list[KeyEntry]] | None = None
+        self._started_at = time.time()
+        self._closing = False
+        self._fully_closed = False
+        self._closed = trio.Event()
+        self._max_payload_bytes = options.max_payload_bytes
+        self._lease_keeper: LeaseKeeper | None = None
+        if self._can_renew:
+            self._lease_keeper = LeaseKeeper(
+                cast("SupportsRenewal", broker),
+                lambda: self._runner.claims,
+                self._controller,
+                period=self.stalled_threshold / 2,
+                cancel_on_lost_lease=options.cancel_on_lost_lease,
+                report=self._report,
+            )
+        # The nursery tree; its levels are where each part starts its tasks (see _tree).
+        self._tree = TransportTree(options, self._report)
+        self._inboxes = self._tree.inboxes
+        self._vitals = self._tree.vitals
+        self._steps = StepServer(
+            self._producers,
+            self._controller,
+            options,
+            results=self._names.results,
+            task_queue=self.task_queue,
+            publish_result=self.publish_result,
+            report=self._report,
+        )
+        self._runner = JobRunner(
+            broker,
+            options,
+            self._tree.jobs,
+            completer=self._producers.completer,
+            finisher=self._producers.finisher,
+            batched=self._producers.batched,
+            closing=lambda: self._closing,
+            answer_bad_task=self._steps.answer_bad_task,
+            report=self._report,
+        )
+        self._consumers = Consumers(
+            broker,
+            options,
+            self._runner,
+            consumers=self._tree.consumers,
+            inboxes=self._tree.inboxes,
+            liveness=lambda: self._liveness,
+            check_open=self._check_open,
+            report=self._report,
+        )
+        self._sweeper: Sweeper | None = None
+        if self._can_recover and options.stalled_check_interval > 0:
+            self._sweeper = Sweeper(
+                backend,
+                self._names,
+                options,
+                stalled_threshold=self.stalled_threshold,
+                consumed=self._consumers.consumed,
+                task_queues=self._task_queues,
+                publish_result=self.publish_result,
+                report=self._report,
+            )
+
+        self.remote = RemoteProtocols(
+            self, controller=self._controller, inboxes=self._inboxes, report=self._report
+        )
+        """The remote protocols: workflow turns, decisions, step events, the tenant protocol."""
+
+    # ------------------------------------------------------------------ identity and names
+
+    @property
+    def instance_id(self) -> str:
+        """This instance's id (reply target, liveness key suffix)."""
+        return self._options.instance_id
+
+    @property
+    def names(self) -> QueueNames:
+        """The queue names of this transport's namespace."""
+        return self._names
+
+    @property
+    def options(self) -> TransportOptions:
+        return self._options
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    def token_of(self, group: str) -> str:
+        """The routing token of a step name or group (T1, docs/spec.md)."""
+        return tenant_group(sanitize_token(group), self._options.partition)
+
+    def task_queue(self, group: str) -> str:
+        """The task queue a step name or group routes to (T1)."""
+        return self._names.tasks(self.token_of(group))
+
+    def statistics(self) -> TransportStatistics:
+        return TransportStatistics(
+            in_flight=self._runner.running,
+            open_claims=len(self._runner.claims),
+            task_limit=self._task_slots.limit,
+            duplicates=self._controller.duplicates,
+            queues=tuple(self._consumers.consumed),
+            closed=self._closed.is_set(),
+        )
+
+    # ------------------------------------------------------------------ shared helpers
+
+    def _forget_pusher(self, queue: str) -> None:
+        self._producers.forget_pusher(queue)
+
+    def _adopt_liveness_store(self, keys: KeyStore) -> None:
+        """A store-less tenant pod's liveness, written through ``keys`` (forwarded to the
+        control plane, T22); nothing when this transport already has a liveness."""
+        if self._backend.keys is not None or self._liveness is not None:
+            return
+        options = self._options
+        self._liveness = Liveness(
+            keys,
+            self._names,
+            options.instance_id,
+            interval=options.worker_heartbeat_interval,
+            status=self._controller.snapshot,
+            descriptor=self._descriptor,
+            report=self._report,
+        )
+        self._vitals.nursery.start_soon(self._liveness.run)
+
+    def _move_limit(self, limit: int) -> None:
+        # A move of the limit wakes the loops waiting for a slot at once.
+        self._task_slots.limit = limit
+
+    def _descriptor(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance_id,
+            "steps": sorted(self._steps.handlers),
+            "startedAt": self._started_at,
+        }
+
+    def _check_open_for_producers(self) -> None:
+        if self._fully_closed:
+            # Producers work on through the close drain (a finishing handler publishes its
+            # result); only a fully closed transport refuses.
+            raise TransportClosed("the transport is closed")
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise TransportClosed("the transport is closed")
+
+    def _report(self, exc: BaseException) -> None:
+        try:
+            self._report_hook(exc)
+        except Exception:  # a broken hook must not take a loop down with it
+            import logging
+
+            logging.getLogger("durable_trio").exception("the on_error hook raised")
+
+    async def dispatch(self, task: RemoteTask, *, delay: float = 0.0) -> str:
+        """engine -> step worker: enqueue ``task`` on its routing token's task queue (T1, T3).
+
+        Returns:
+            The job id.
+
+        Raises:
+            PayloadTooLarge: the encoded task is over ``max_payload_bytes``.
+            PayloadError: its input is not a JSON value (NaN, a set, nested deeper than
+                ``MAX_JSON_DEPTH``, ...); ``path`` names where.
+            BrokerError: the broker did not take it.
+            TransportClosed: the transport is closed.
+        """
+        return await self._producers.push(
+            self.task_queue(task.routing_group),
+            JobKind.TASK,
+            task,
+            priority=task.priority,
+            delay=delay,
+        )
+
+    async def dispatch_many(self, tasks: Sequence[RemoteTask]) -> list[str]:
+        """Enqueue many tasks, in as few broker calls as the broker allows (one per routing
+        queue on Redis and SQLite). Same errors as :meth:`dispatch`; on an error some tasks may
+        have been enqueued already.
+
+        Returns:
+            The job ids, in order.
+        """
+        return await self._producers.push_tasks(
+            [(self.task_queue(task.routing_group), task) for task in tasks]
+        )
+
+    async def publish_result(self, result: StepResult) -> str:
+        """step worker -> engine: publish a step result (the transport does this for handlers)."""
+        return await self._producers.push(self._names.results, JobKind.RESULT, result)
+
+    async def heartbeat(self, beat: StepHeartbeat) -> None:
+        """step worker -> engine: a long step is alive."""
+        await self._producers.push(self._names.heartbeats, JobKind.HEARTBEAT, beat)
+
+    async def send_control(self, message: ControlMessage) -> None:
+        """Best-effort, POINT-TO-POINT control (T17): exactly one consumer takes each message.
+        It is not a broadcast: with several consumers, only one of them sees it."""
+        await self._producers.push(self._names.control, JobKind.CONTROL, message)
+
+    # ------------------------------------------------------------------ consumers
+
+    def handle(self, name: str, handler: StepHandler) -> None:
+        """Serve step ``name``: ``async def handler(task: RemoteTask) -> JSON value``.
+
+        Starts (once per routing token) the task loop of ``name``'s queue. Re-registering a
+        name swaps its handler. A handler that raises yields a failed :class:`StepResult`
+        (retryable unless the exception has ``retryable = False``).
+        """
+        self._check_open()
+        self._steps.handlers[name] = handler
+        self._ensure_task_loop(name)
+
+    def _ensure_task_loop(self, name: str) -> None:
+        """Start (once per routing token) the task loop shared by steps and workflow turns."""
+        queue = self.task_queue(name)
+        if queue in self._task_loops:
+            return
+        self._task_loops.add(queue)
+        self._task_queues.add(queue)
+        self._consumers.start_loop(
+            _Loop(
+                queue,
+                self._steps.on_task_job,
+                self._task_slots,
+                self._options.idle_backoff_max,
+                token=self.token_of(name),
+            )
+        )
+
+    def _serve_turns(self, name: str, serve: Callable[[Any], Awaitable[None]]) -> None:
+        """Serve the workflow turns on the task loop of ``name``'s routing token (T14: a turn
+        shares its token's task loop, told apart from a step by its kind)."""
+        self._steps.turns = serve
+        self._ensure_task_loop(name)
+
+    # ------------------------------------------------------------------ the generic surface
+
+    def consume(
+        self,
+        kind: JobKind,
+        queue: str,
+        handler: Callable[[Any], Awaitable[None]],
+        *,
+        concurrency: int = 1,
+        backoff_max: int | None = None,
+        inbox: bool = False,
+    ) -> None:
+        """Hand the payload of every ``kind`` job of ``queue`` to ``handler``, up to
+        ``concurrency`` at once. The first call for a kind starts its loop; a later one swaps
+        the handler for the next job. A handler that raises gets the job redelivered (up to
+        ``max_job_attempts``; bad input is failed at once).
+
+        Args:
+            kind: the one kind of job the queue carries (another is bad input).
+            queue: from :attr:`names`.
+            handler: ``async def handler(payload) -> None``.
+            concurrency: most handlers running at once.
+            backoff_max: largest idle backoff, in poll intervals (default ``idle_backoff_max``).
+            inbox: a queue only this instance reads (its own inbox): never deferred, stopped
+                after the handlers at close, then drained.
+
+        Raises:
+            TransportClosed: the transport is closing.
+        """
+        self._consumers.consume(
+            kind, queue, handler, Slots(concurrency), backoff_max=backoff_max, inbox=inbox
+        )
+
+    def consume_jobs(self, queue: str, on_job: Callable[[ClaimedJob], Awaitable[None]]) -> None:
+        """Hand every job of ``queue``, undecoded, to ``on_job`` (a queue of several kinds),
+        one at a time. Same redelivery as :meth:`consume`.
+
+        Raises:
+            TransportClosed: the transport is closing.
+        """
+        self._check_open()
+        self._consumers.start_loop(
+            _Loop(queue, on_job, Slots(1), self._options.idle_backoff_max)
+        )
+
+    async def publish(
+        self, kind: JobKind, queue: str, payload: Any, *, priority: int | None = None
+    ) -> str:
+        """Push ``payload`` as a ``kind`` job onto ``queue`` (never deferred; works on through
+        the close drain).
+
+        Returns:
+            The job id.
+
+        Raises:
+            PayloadTooLarge: the encoded job is over ``max_payload_bytes``.
+            PayloadError: ``payload`` does not encode.
+            BrokerError: the broker did not take it.
+            TransportClosed: the transport is closed.
+        """
+        return await self._producers.push(queue, kind, payload, priority=priority)
+
+    def on_result(self, handler: ResultHandler) -> None:
+        """engine side: consume step results. The results loop never backs off (critical path).
+        A handler that raises gets the result redelivered (up to ``max_job_attempts``)."""
+        self._consumers.consume(
+            JobKind.RESULT, self._names.results, handler, self._result_slots, backoff_max=1
+        )
+
+    def on_heartbeat(self, handler: HeartbeatHandler) -> None:
+        """engine side: consume step heartbeats."""
+        self._consumers.consume(JobKind.HEARTBEAT, self._names.heartbeats, handler, Slots(1))
+
+    def on_control(self, handler: ControlHandler) -> None:
+        """Consume control messages (T17: point-to-point, best-effort)."""
+        self._consumers.consume(JobKind.CONTROL, self._names.control, handler, Slots(1))
+
+    def defer_consumers(self) -> None:
+        """Park every consumer loop started from now on until :meth:`start_consumers`.
+        Producers are never deferred; a process that only dispatches never looks like a worker."""
+        self._consumers.defer()
+
+    def start_consumers(self) -> None:
+        """Start every parked consumer loop (and stop deferring)."""
+        self._consumers.start_deferred()
+
+    # ------------------------------------------------------------------ health (T6, T12, T13)
+
+    def worker_status(self) -> WorkerStatus:
+        """This instance's liveness snapshot (what its heartbeats carry)."""
+        return self._controller.snapshot()
+
+    async def queue_depth(self, group: str) -> int | None:
+        """Jobs waiting on ``group``'s task queue, or ``None`` if the broker cannot count."""
+        if not isinstance(self._broker, SupportsSize):
+            return None
+        return await self._broker.size_of(self.task_queue(group))
+
+    async def group_health(self, group: str) -> GroupHealth | None:
+        """T12: the group's depth and its live workers (with their headroom and p95).
+
+        Returns:
+            ``None`` without a key store: no worker can advertise liveness then, and "a
+            backlog and zero workers" would be a false alarm.
+        """
+        keys = self._backend.keys
+        if keys is None:
+            return None
+        token = self.token_of(group)
+        depth = await self.queue_depth(group) or 0
+        return await read_group_health(keys, self._names, token, depth)
+
+    async def worker_health(self) -> list[GroupHealth] | None:
+        """Every group that has a live worker (by routing token), with its depth."""
+        return await read_worker_health(self._backend, self._names)
+
+    async def list_worker_descriptors(self, group: str) -> list[WorkerDescriptor]:
+        """T13: the live descriptors of the workers serving ``group``, read through a short
+        cache (``descriptor_cache`` seconds, default 5)."""
+        keys = self._backend.keys
+        if keys is None:
+            return []
+        now = trio.current_time()
+        cached = self._descriptor_cache
+        if cached is None or now - cached[0] >= self._options.descriptor_cache:
+            cached = self._descriptor_cache = (
+                now,
+                await keys.entries(self._names.worker_descriptor("")),
+            )
+        token = self.token_of(group)
+        found = []
+        for entry in cached[1]:
+            try:
+                raw = orjson.loads(entry.value)
+                if token in raw["tokens"]:
+                    found.append(
+                        WorkerDescriptor(
+                            raw["instance"],
+                            tuple(raw["tokens"]),
+                            tuple(raw["steps"]),
+                            raw["startedAt"],
+                        )
+                    )
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue
+        return found
 
     # ------------------------------------------------------------------ lifecycle
 
     async def _start(self, root: trio.Nursery) -> None:
-        self._root = root
-        for group in (self._consumers, self._inboxes, self._jobs, self._keeper, self._vitals):
-            await root.start(group.run)
-        await self._vitals.nursery.start(self._controller.run)
-        if self._liveness is not None:
-            await self._vitals.nursery.start(self._liveness.run)
-        if self._can_renew:
-            self._keeper.nursery.start_soon(self._renew_forever)
-        if self._can_recover and self._options.stalled_check_interval > 0:
-            root.start_soon(self._sweep_forever)
+        self._tree.attach(
+            runner=self._runner,
+            keeper=self._lease_keeper,
+            sweeper=self._sweeper,
+            controller=self._controller,
+            liveness=lambda: self._liveness,
+            stop_intake=self._consumers.stop_intake,
+            begin_close=self._begin_close,
+            close_inboxes=self.remote.close_inboxes,
+            closed=self._mark_closed,
+        )
+        await root.start(self._tree.run)
 
     # ------------------------------------------------------------------ close (T24)
 
     async def aclose(self) -> None:
-        """Close in bounded, named phases (T24). Idempotent; runs to its end even if cancelled.
+        """Close by leaving the nursery tree level by level (T24; see ``_tree``). Idempotent;
+        runs to its end even if cancelled.
 
-        1. cancel the consumers: no new job is taken;
-        2. stop liveness and withdraw this instance's keys (bounded);
-        3. wait for running handlers up to ``close_timeout`` while renewal keeps their claims;
-        4. cancel the handlers still running;
-        5. stop renewal, letting the round in flight land;
-        6. hand every still-open claim back for immediate, attempt-neutral redelivery;
-        7. withdraw inbox registrations and drain this instance's own inboxes (bounded);
+        1. the consumers (poll loops and the sweep) stop: no new job is taken;
+        2. liveness stops and withdraws this instance's keys (bounded);
+        3. running handlers finish, up to ``close_timeout``, their claims still renewed;
+        4. the handlers still running are cancelled, this instance's inboxes stop;
+        5. renewal stops, letting the round in flight land;
+        6. every still-open claim is handed back for immediate, attempt-neutral redelivery;
+        7. the inbox registration is withdrawn and this instance's own inboxes drained;
         8. the backend belongs to whoever opened it and is closed by them.
 
         Cancellation:
             Shielded; every phase is bounded (``close_timeout`` for phase 3,
             ``cleanup_timeout`` for each cleanup phase), so close never hangs on a dead broker.
         """
-        if self._closing:
-            with trio.CancelScope(shield=True):
-                await self._closed.wait()
+        self._begin_close()
+        self._tree.close()
+        if self._tree.holds_current_task():
+            # Called from a handler: the close waits for the handlers, so this one returns
+            # (the close goes on, and cancels it at close_timeout like any other).
+            await trio.lowlevel.checkpoint()
             return
-        self._closing = True
-        options = self._options
-        try:
-            with trio.CancelScope(shield=True):
-                # 1. stop taking work
-                self._consumers.cancel()
-                self._deferred = None
-                bound = trio.current_time() + options.cleanup_timeout
-                for loop in self._loops:  # a pop in flight (shielded) lands, bounded
-                    if loop.pop_scope is not None and not loop.inbox:
-                        loop.pop_scope.deadline = bound
-                for claim in self._claims.values():  # so does a finalize in flight
-                    if claim.state is _FINALIZING and claim.scope is not None:
-                        claim.scope.deadline = bound
-                with trio.move_on_after(options.cleanup_timeout):
-                    await self._consumers.done.wait()
-                # 2. stop the controller and the heartbeat timer; withdraw the liveness keys
-                if self._liveness is not None:
-                    await self._liveness.withdraw(options.cleanup_timeout)
-                self._vitals.cancel()
-                # 3. let running handlers finish, up to close_timeout, renewal still running
-                with trio.move_on_after(options.close_timeout):
-                    await self._jobs_idle.wait()
-                # 4. cancel what still runs; each handler keeps its claim for the handback
-                for claim in self._claims.values():
-                    if claim.state is _RUNNING:
-                        claim.state = _ABANDONED
-                        claim.cancel()
-                    elif claim.state is _BUFFERED:  # prefetched, never started
-                        claim.state = _ABANDONED
-                # this instance's own inboxes stop taking jobs too (phase 7 drains them)
-                self._inboxes.cancel()
-                bound = trio.current_time() + options.cleanup_timeout
-                for loop in self._loops:
-                    if loop.pop_scope is not None and loop.inbox:
-                        loop.pop_scope.deadline = bound
-                with trio.move_on_after(options.cleanup_timeout):
-                    await self._jobs_idle.wait()
-                self._jobs.cancel()
-                # 5. stop renewal; a round in flight is shielded and lands first (bounded: its
-                # own bound is half the stalled threshold, which the keeper's nursery would
-                # otherwise make close wait out on a slow broker)
-                self._keeper.cancel()
-                round_in_flight = self._renewal_round
-                if round_in_flight is not None:
-                    bound = trio.current_time() + options.cleanup_timeout
-                    round_in_flight.deadline = min(round_in_flight.deadline, bound)
-                with trio.move_on_after(options.cleanup_timeout):
-                    await self._keeper.done.wait()
-                # 6. hand back every claim still open: immediate and attempt-neutral
-                await self._hand_back_open_claims()
-                # 7. withdraw the inbox registration, drain this instance's own inboxes
-                with trio.move_on_after(options.cleanup_timeout) as inboxes_bound:
-                    try:
-                        await self._close_inboxes()
-                    except BrokerError as exc:
-                        self._report(exc)
-                if inboxes_bound.cancelled_caught:
-                    self._report(BrokerError("close: draining this instance's inboxes timed out"))
-        finally:
-            if self._root is not None:
-                self._root.cancel_scope.cancel()
-            self._fully_closed = True
-            self._closed.set()
+        with trio.CancelScope(shield=True):
+            await self._closed.wait()
 
-    async def _hand_back_open_claims(self) -> None:
-        claims, self._claims = list(self._claims.values()), {}
-        with trio.move_on_after(self._options.cleanup_timeout) as bound:
-            for claim in claims:
-                try:
-                    await self._broker.retry_job(
-                        claim.job.lease, claim.queue, delay=0.0, count_attempt=False
-                    )
-                except BrokerError as exc:
-                    self._report(exc)
-        if bound.cancelled_caught:
-            self._report(
-                BrokerError("close: handing claims back timed out; the sweep recovers the rest")
-            )
+    def _begin_close(self) -> None:
+        if not self._closing:
+            self._closing = True
+            self._consumers.stop_deferring()
+
+    def _mark_closed(self) -> None:
+        self._fully_closed = True
+        self._closed.set()
 
 
 @asynccontextmanager

@@ -124,13 +124,13 @@ class ControlPlane:
 
     def attach(self, nursery: trio.Nursery) -> None:
         transport = self.transport
-        transport.on_start_run(self._on_start_run)
-        transport.on_run_request(self._on_run_request)
+        transport.remote.on_start_run(self._on_start_run)
+        transport.remote.on_run_request(self._on_run_request)
         self.services.add_listener(self._on_run_event)
         nursery.start_soon(self._publish_forever)
 
     async def _reply(self, reply: RunReply) -> None:
-        await self.transport.publish_run_reply(reply)
+        await self.transport.remote.publish_run_reply(reply)
 
     async def _serve(self, correlation: str, answer: Callable[[], Awaitable[Any]]) -> None:
         """Reply to one pod request with what ``answer`` computes, or with why it failed."""
@@ -197,7 +197,7 @@ class ControlPlane:
         async for event in self._receive:
 
             async def publish(event: TenantEvent = event) -> None:
-                await transport.publish_tenant_event(event)
+                await transport.remote.publish_tenant_event(event)
 
             # A payload that cannot go out is reported and skipped; the broker is retried.
             try:

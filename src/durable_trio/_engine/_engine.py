@@ -120,8 +120,8 @@ class Engine:
         results = self._results
         self.transport.on_result(results.on_result)
         if any(w.remote for w in self.app.workflows.values()):
-            self.transport.on_decision(results.on_decision)
-            self.transport.on_step_event(results.on_step_event)
+            self.transport.remote.on_decision(results.on_decision)
+            self.transport.remote.on_step_event(results.on_step_event)
             self.transport.on_heartbeat(results.on_heartbeat)
         options = self.options
         if options.serve_tenants:

@@ -380,5 +380,6 @@ class EngineServices:
             PayloadError: the turn cannot be sent (its history is too large).
         """
         await self.guard(
-            lambda: self.transport.dispatch_workflow_task(task), "dispatching a workflow turn"
+            lambda: self.transport.remote.dispatch_workflow_task(task),
+            "dispatching a workflow turn",
         )

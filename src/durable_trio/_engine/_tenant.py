@@ -87,7 +87,7 @@ class TenantClient:
         self.result_poll = result_poll
         # correlation id -> the calls waiting for its reply (two starts of one run id share it)
         self._waiting: dict[str, list[tuple[trio.Event, list[RunReply]]]] = {}
-        transport.on_run_reply(self._on_reply)
+        transport.remote.on_run_reply(self._on_reply)
 
     def _on_reply(self, reply: RunReply) -> None:
         for arrived, box in self._waiting.get(reply.request_id, ()):
@@ -136,13 +136,13 @@ class TenantClient:
         run_id = run_id or uuid.uuid4().hex
         scoped_run_id(self.tenant, run_id)  # a bad id fails here, not on the control plane
         message = StartRunMessage(run_id, workflow, input, self.tenant)
-        await self._ask(run_id, lambda: self.transport.dispatch_start_run(message))
+        await self._ask(run_id, lambda: self.transport.remote.dispatch_start_run(message))
         return run_id
 
     async def _request(self, action: str, run_id: str, data: Any = None) -> Any:
         request = RunRequest(uuid.uuid4().hex, action, run_id, self.tenant, data)
         return await self._ask(
-            request.request_id, lambda: self.transport.dispatch_run_request(request)
+            request.request_id, lambda: self.transport.remote.dispatch_run_request(request)
         )
 
     async def status(self, run_id: str) -> RunView:
@@ -197,7 +197,7 @@ class TenantClient:
         """Receive this tenant's run events (``run.started``, ``run.completed``,
         ``run.failed``, ``run.cancelled``; ``data`` is the run's view). Returns an
         unsubscribe. Events of other tenants never reach it (T23)."""
-        return self.transport.on_tenant_event(self.tenant, handler)
+        return self.transport.remote.on_tenant_event(self.tenant, handler)
 
 
 @asynccontextmanager
@@ -232,5 +232,5 @@ async def open_tenant_client(
         if not (isinstance(value, int | float) and value > 0):
             raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
     async with open_queue_transport(backend, namespace=namespace, **transport_options) as transport:
-        transport.use_tenant_role()
+        transport.remote.use_tenant_role()
         yield TenantClient(tenant, transport, float(request_timeout), float(result_poll))

@@ -180,7 +180,7 @@ class TurnDriver:
             self.task.run_id, step_id, kind, attempt, time.time(), output, error, name
         )
         try:
-            await self.transport.dispatch_step_event(event)
+            await self.transport.remote.dispatch_step_event(event)
         except (BrokerError, DurableTrioError) as exc:
             self.transport._report(exc)
 

@@ -195,12 +195,12 @@ async def open_worker(
         backend, concurrency=concurrency, **transport_options
     ) as transport:
         if tenant_pod:
-            transport.use_tenant_role()
+            transport.remote.use_tenant_role()
         worker = Worker(app, transport)
         for name in names:
             worker._serve(app.steps[name])
         for name in served:
-            transport.handle_workflow(
+            transport.remote.handle_workflow(
                 name,
                 functools.partial(run_turn, app.workflows[name], transport, limit=turn_limit),
             )

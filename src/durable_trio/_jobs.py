@@ -1,0 +1,276 @@
+"""The job runner: the claims this instance holds and the job workers that run them, one
+handler per worker, each in its own cancel scope (T8, T24), with their finalize (T10; the ids
+are sections of docs/spec.md)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import outcome
+import trio
+
+from ._claims import (
+    _ABANDONED,
+    _BUFFERED,
+    _FINALIZING,
+    _RUNNING,
+    _Claim,
+    _job_error,
+    _JobWorker,
+)
+from ._errors import BrokerError, DamagedJob, JobError, LeaseLost, PayloadError
+from ._wire import StepError
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from ._claims import Level, _Loop
+    from ._coalesce import Coalescer
+    from ._options import TransportOptions
+    from .adapters import ClaimedJob, Job, Lease, QueueBroker
+
+__all__ = ["JobRunner"]
+
+#: How long a job whose handler met a broker error waits before it is delivered again.
+_INFRASTRUCTURE_RETRY_DELAY = 1.0
+
+
+class JobRunner:
+    """Owns the claim table (every claim from its pop to its finalize or handback), the job
+    workers of the jobs level, and what close does to them: bound the finalizes in flight,
+    abandon what still runs, hand the open claims back."""
+
+    def __init__(
+        self,
+        broker: QueueBroker,
+        options: TransportOptions,
+        level: Level,
+        *,
+        completer: Callable[[str], Coalescer[Lease, bool]],
+        finisher: Callable[[str], Coalescer[tuple[Lease, Job], bool]],
+        batched: bool,
+        closing: Callable[[], bool],
+        answer_bad_task: Callable[[ClaimedJob, StepError], Awaitable[None]],
+        report: Callable[[BaseException], None],
+    ) -> None:
+        self._broker = broker
+        self._options = options
+        self._level = level
+        self._completer = completer
+        self._finisher = finisher
+        self._batched = batched
+        self._closing = closing
+        self._answer_bad_task = answer_bad_task
+        self._report = report
+        self.claims: dict[str, _Claim] = {}
+        """Every claim this instance holds, by lease token."""
+        self.running = 0
+        """Handlers running now."""
+        self.idle = trio.Event()
+        """Set while no handler runs."""
+        self.idle.set()
+
+    # ------------------------------------------------------------------ close
+
+    def bound_finalizes(self, bound: float) -> None:
+        """Close: the finalizes in flight land by ``bound`` (absolute time)."""
+        for claim in self.claims.values():
+            if claim.state is _FINALIZING and claim.scope is not None:
+                claim.scope.deadline = bound
+
+    def abandon_running(self) -> None:
+        """Close: cancel every handler still running; each keeps its claim for the handback."""
+        for claim in self.claims.values():
+            if claim.state is _RUNNING:
+                claim.state = _ABANDONED
+                claim.cancel()
+            elif claim.state is _BUFFERED:  # prefetched, never started
+                claim.state = _ABANDONED
+
+    async def hand_back_open_claims(self) -> None:
+        """Close: every claim still open goes back for immediate, attempt-neutral redelivery,
+        bounded by ``cleanup_timeout``."""
+        claims, self.claims = list(self.claims.values()), {}
+        with trio.move_on_after(self._options.cleanup_timeout) as bound:
+            for claim in claims:
+                try:
+                    await self._broker.retry_job(
+                        claim.job.lease, claim.queue, delay=0.0, count_attempt=False
+                    )
+                except BrokerError as exc:
+                    self._report(exc)
+        if bound.cancelled_caught:
+            self._report(
+                BrokerError("close: handing claims back timed out; the sweep recovers the rest")
+            )
+
+    # ------------------------------------------------------------------ running
+
+    def begin_job(self, loop: _Loop, job: ClaimedJob) -> None:
+        """Track a popped job and hand it to an idle worker of its loop (or a new one)."""
+        claim = _Claim(loop.queue, job)
+        self.claims[job.lease.token] = claim
+        self.start_claim(loop, claim)
+
+    def start_claim(self, loop: _Loop, claim: _Claim) -> None:
+        claim.state = _RUNNING
+        if self.running == 0:
+            self.idle = trio.Event()
+        self.running += 1
+        if loop.idle:
+            worker = loop.idle.pop()
+            claim.scope = worker.scope
+            trio.lowlevel.reschedule(worker.task, outcome.Value(claim))
+        else:
+            self._level.nursery.start_soon(self._job_worker, loop, claim)
+
+    async def _job_worker(self, loop: _Loop, claim: _Claim) -> None:
+        """Run ``claim``, then park until the loop hands this worker its next claim.
+
+        The hot path of every job, so written flat: one coroutine per job (the handler's), the
+        successful finalize inline.
+        """
+        on_job = loop.on_job
+        slots = loop.slots
+        claims = self.claims
+        complete_job = (
+            self._completer(loop.queue).submit
+            if self._batched
+            else lambda lease: self._broker.complete_job(lease, loop.queue)
+        )
+        with trio.CancelScope() as scope:
+            me = _JobWorker(trio.lowlevel.current_task(), scope)
+            claim.scope = scope
+
+            def abort(_: Any) -> trio.lowlevel.Abort:
+                loop.idle.remove(me)
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            while True:
+                job = claim.job
+                try:
+                    error: Exception | None = None
+                    result: Job | None = None
+                    try:
+                        if job.damage is None:
+                            result = await on_job(job)
+                        else:
+                            error = await self._damaged(loop, job)
+                    except Exception as exc:
+                        error = exc
+                    # Abandoned by close (handed back in its step 6), or the lease went to
+                    # another worker (T8): its outcome must not finalize someone else's claim.
+                    if claim.state is _RUNNING and not claim.lost:
+                        # From here nobody cancels this scope: shielded, and bounded once a
+                        # close starts (close sets the deadline of the finalizes in flight), so a
+                        # close can never race a job's final write.
+                        claim.state = _FINALIZING
+                        scope.shield = True
+                        if self._closing():
+                            scope.deadline = trio.current_time() + self._options.cleanup_timeout
+                        try:
+                            if error is not None:
+                                await self._finalize(claim, error)
+                            elif not await (
+                                complete_job(job.lease)
+                                if result is None
+                                else self._finisher(loop.queue).submit((job.lease, result))
+                            ):
+                                self._report(
+                                    LeaseLost(
+                                        "completing the job answered 'lease lost': it was "
+                                        "re-delivered meanwhile (not retried)",
+                                        queue=claim.queue,
+                                        job_id=job.id,
+                                    )
+                                )
+                        except BrokerError as exc:
+                            self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
+                        finally:
+                            scope.shield = False
+                finally:
+                    if claim.state is _RUNNING:
+                        # Cancelled before it finished (its own scope, by close or a lost lease,
+                        # or the whole transport from outside): keep it for close's handback.
+                        claim.state = _ABANDONED
+                    if claim.state is not _ABANDONED or claim.lost:
+                        del claims[job.lease.token]
+                    slots.release()
+                    self.running -= 1
+                    if self.running == 0:
+                        self.idle.set()
+                loop.idle.append(me)
+                claim = await trio.lowlevel.wait_task_rescheduled(abort)
+        if claim.state is _FINALIZING and scope.cancelled_caught:
+            self._report(
+                JobError(
+                    "finalizing timed out (broker not answering)",
+                    queue=claim.queue,
+                    job_id=claim.job.id,
+                )
+            )
+
+    async def _finalize(self, claim: _Claim, error: Exception) -> None:
+        """T10 for a job whose handler raised: hand it back (fail it for good after
+        ``max_job_attempts``); fail bad input at once. (Success is completed inline by the job
+        worker.) Runs shielded and bounded: a close can never race a job's final write."""
+        broker = self._broker
+        job, queue = claim.job, claim.queue
+        try:
+            if isinstance(error, DamagedJob):
+                self._report(error)
+                ok = await broker.fail_job(job.lease, queue, f"damaged: {job.damage}")
+            elif isinstance(error, PayloadError):
+                self._report(_job_error(f"bad input, job failed: {error}", claim, error))
+                ok = await broker.fail_job(job.lease, queue, f"bad input: {error}")
+            elif isinstance(error, BrokerError):
+                # The handler met a broker or store outage, not a bug of its own: counting it
+                # toward max_job_attempts would fail the job for good — a result, a decision —
+                # and leave its run without an answer. Back after a pause, attempt-neutral.
+                self._report(
+                    _job_error(
+                        f"handler met a broker error, job handed back for "
+                        f"{_INFRASTRUCTURE_RETRY_DELAY} s: {error!r}",
+                        claim,
+                        error,
+                    )
+                )
+                ok = await broker.retry_job(
+                    job.lease, queue, delay=_INFRASTRUCTURE_RETRY_DELAY, count_attempt=False
+                )
+            elif job.attempts + 1 >= self._options.max_job_attempts:
+                self._report(
+                    _job_error(
+                        f"handler failed {job.attempts + 1} times, job failed: {error!r}",
+                        claim,
+                        error,
+                    )
+                )
+                ok = await broker.fail_job(
+                    job.lease, queue, f"handler failed {job.attempts + 1} times: {error!r}"
+                )
+            else:
+                self._report(
+                    _job_error(f"handler failed, job handed back: {error!r}", claim, error)
+                )
+                ok = await broker.retry_job(job.lease, queue)
+            if not ok:
+                self._report(
+                    LeaseLost("finalizing answered 'lease lost'", queue=queue, job_id=job.id)
+                )
+        except BrokerError as exc:
+            self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
+
+    async def _damaged(self, loop: _Loop, job: ClaimedJob) -> DamagedJob:
+        """The error that sets a damaged claim aside (its finalize fails it with the reason).
+        A step task whose bytes still name its run and step first gets a RETRYABLE failed
+        result: the damage is the store's, not the step's, and a retry dispatches a fresh,
+        readable job, so the run neither waits forever nor fails for it."""
+        error = DamagedJob(
+            f"stored job unreadable, set aside: {job.damage}", queue=loop.queue, job_id=job.id
+        )
+        if loop.token is not None:  # a task loop
+            step = StepError(message=f"damaged job: {job.damage}", code="damaged", retryable=True)
+            await self._answer_bad_task(job, step)
+        return error
+
