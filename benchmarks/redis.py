@@ -28,7 +28,7 @@ import durable_trio as dt
 from .redis_server import commandstats_total, flushall
 
 WORKER = Path(__file__).with_name("_redis_worker.py")
-SRC = Path(__file__).resolve().parent.parent / "src"
+SRC = Path(__file__).resolve().parent.parent
 
 
 def _spawn(

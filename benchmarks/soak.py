@@ -63,7 +63,7 @@ def rss_bytes(pid: int) -> int:
 
 
 def _spawn_module(*args: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         [sys.executable, "-m", "benchmarks.soak", *args],
         stdout=subprocess.PIPE,

@@ -30,7 +30,7 @@ WORKER_SCRIPT = Path(__file__).with_name("_crash_worker.py")
 
 
 def start_worker(url: str, namespace: str, instance: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(WORKER_SCRIPT.parent.parent / "src")}
+    env = {**os.environ, "PYTHONPATH": str(WORKER_SCRIPT.parent.parent)}
     process = subprocess.Popen(
         [sys.executable, str(WORKER_SCRIPT), url, namespace, instance, str(log)],
         stdout=subprocess.PIPE,

@@ -1,6 +1,6 @@
 """The package's import graph has no cycles (beyond the known ones, each to be removed).
 
-Every module under ``src/durable_trio`` is parsed with :mod:`ast`; every import counts, at
+Every module under ``durable_trio/`` is parsed with :mod:`ast`; every import counts, at
 any level: inside functions (a lazy import is still a dependency) and under
 ``if TYPE_CHECKING:`` (a type-only cycle is still two modules that each need the other).
 A package's ``__init__`` is a node of its own, named after the package.

@@ -19,7 +19,7 @@ import pytest
 pytestmark = pytest.mark.chaos  # pip builds a wheel in a subprocess (about 5 s)
 
 REPOSITORY = Path(__file__).resolve().parent.parent
-PACKAGE = REPOSITORY / "src" / "durable_trio"
+PACKAGE = REPOSITORY / "durable_trio"
 
 # Left behind by a checkout's own builds, installs and runs; a fresh clone has none of them.
 _NOT_IN_A_CLONE = shutil.ignore_patterns(

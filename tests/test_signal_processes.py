@@ -49,7 +49,7 @@ class Proc:
     def __init__(self, argv: list[str], log: Path, instance: str) -> None:
         env = {
             **os.environ,
-            "PYTHONPATH": str(SCRIPT.parent.parent / "src"),
+            "PYTHONPATH": str(SCRIPT.parent.parent),
             "SIGNAL_TEST_LOG": str(log),
             "SIGNAL_TEST_INSTANCE": instance,
         }
@@ -251,7 +251,7 @@ async def test_sigint_to_durable_trio_engine_releases_its_runs_at_once(
 
 async def test_ctrl_c_to_durable_trio_run_prints_the_run_id(tmp_path: Path) -> None:
     url, namespace = "sqlite:///" + str(tmp_path / "run.db"), fresh_namespace()
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent / "src")}
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent)}
     argv = cli_argv("run", TARGET, "nap", "--backend", url, "--namespace", namespace)
 
     def spawn() -> subprocess.Popen[bytes]:
@@ -286,7 +286,7 @@ async def test_the_example_in_docs_close_md_closes_on_sigterm(tmp_path: Path) ->
     section = page.split("## Signals", 1)[1]
     example = tmp_path / "example.py"
     example.write_text(section.split("```python\n", 1)[1].split("```", 1)[0])
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent / "src")}
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent)}
 
     def spawn() -> subprocess.Popen[bytes]:
         return subprocess.Popen(

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "docs" / "spec.md"
 #: Where ids are cited: the code, the tests, the benchmarks, the examples and the pages.
-SCANNED = ("src", "tests", "benchmarks", "examples", "docs")
+SCANNED = ("durable_trio", "tests", "benchmarks", "examples", "docs")
 THIS_FILE = Path(__file__).resolve()
 
 #: An id, or a range of them ("T18–T23", "T7-T10").

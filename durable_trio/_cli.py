@@ -29,8 +29,8 @@ def _checkout_examples() -> Path | None:
     no repository around it, and the examples are not on this machine.
     """
     package = Path(__file__).resolve().parent
-    root = package.parent.parent  # <root>/src/durable_trio
-    if package.parent.name == "src" and (root / "pyproject.toml").is_file():
+    root = package.parent  # <root>/durable_trio, beside the checkout's pyproject.toml
+    if (root / "pyproject.toml").is_file() and (root / "examples").is_dir():
         return root / "examples"
     return None
 
