@@ -9,3 +9,29 @@
 
 The Redis ones start a private ``redis-server`` when no URL is given.
 """
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..redis_server import private_redis
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+__all__ = ["measure_on_redis"]
+
+
+def measure_on_redis(
+    module: str, measure: Callable[[str], Awaitable[dict[str, float]]]
+) -> dict[str, float]:
+    """``measure`` on the Redis URL given as the first argument, or on a private server."""
+    if len(sys.argv) > 2:
+        sys.exit(f"usage: python -m benchmarks.micro.{module} [redis://HOST:PORT/DB]")
+    if len(sys.argv) == 2:
+        return trio.run(measure, sys.argv[1])
+    with private_redis() as server:
+        return trio.run(measure, server.url)

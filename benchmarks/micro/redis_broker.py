@@ -10,7 +10,6 @@ else uses.
 from __future__ import annotations
 
 import secrets
-import sys
 from typing import TYPE_CHECKING
 
 import trio
@@ -19,7 +18,7 @@ from durable_trio._redis import open_redis
 from durable_trio.adapters import ClaimedJob, Job
 from durable_trio.adapters.redis import RedisBroker
 
-from ..redis_server import private_redis
+from . import measure_on_redis
 
 if TYPE_CHECKING:
     from durable_trio._redis import RedisClient
@@ -220,14 +219,7 @@ async def _latency(
 
 def main() -> None:
     """Print :func:`measure` on the URL given as the first argument, or on a private server."""
-    if len(sys.argv) > 2:
-        sys.exit("usage: python -m benchmarks.micro.redis_broker [redis://HOST:PORT/DB]")
-    if len(sys.argv) == 2:
-        figures = trio.run(measure, sys.argv[1])
-    else:
-        with private_redis() as server:
-            figures = trio.run(measure, server.url)
-    for name, value in figures.items():
+    for name, value in measure_on_redis("redis_broker", measure).items():
         print(f"{name:45} {value:12.2f}")
 
 

@@ -7,7 +7,6 @@ never flushes anything).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,7 +14,7 @@ import trio
 
 from durable_trio._redis import open_redis
 
-from ..redis_server import private_redis
+from . import measure_on_redis
 
 __all__ = ["measure"]
 
@@ -91,14 +90,7 @@ async def _concurrent(execute: _Execute, key: str, tasks: int, per_task: int) ->
 
 def main() -> None:
     """Print :func:`measure` on the URL given as the first argument, or on a private server."""
-    if len(sys.argv) > 2:
-        sys.exit("usage: python -m benchmarks.micro.redis_client [redis://HOST:PORT/DB]")
-    if len(sys.argv) == 2:
-        figures = trio.run(measure, sys.argv[1])
-    else:
-        with private_redis() as server:
-            figures = trio.run(measure, server.url)
-    for name, value in figures.items():
+    for name, value in measure_on_redis("redis_client", measure).items():
         print(f"{name:36} {value:8.2f} µs")
 
 
