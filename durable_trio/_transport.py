@@ -138,15 +138,7 @@ class QueueTransport:
         self._task_queues: set[str] = set()
         self._liveness: Liveness | None = None
         if backend.keys is not None:
-            self._liveness = Liveness(
-                backend.keys,
-                self._names,
-                options.instance_id,
-                interval=options.worker_heartbeat_interval,
-                status=self._controller.snapshot,
-                descriptor=self._descriptor,
-                report=self._report,
-            )
+            self._liveness = self._new_liveness(backend.keys)
         self._descriptor_cache: tuple[float, list[KeyEntry]] | None = None
         self._started_at = time.time()
         self._closing = False
@@ -263,8 +255,13 @@ class QueueTransport:
         control plane, T22); nothing when this transport already has a liveness."""
         if self._backend.keys is not None or self._liveness is not None:
             return
+        self._liveness = self._new_liveness(keys)
+        self._vitals.nursery.start_soon(self._liveness.run)
+
+    def _new_liveness(self, keys: KeyStore) -> Liveness:
+        """This instance's liveness keys, written to ``keys``."""
         options = self._options
-        self._liveness = Liveness(
+        return Liveness(
             keys,
             self._names,
             options.instance_id,
@@ -273,7 +270,6 @@ class QueueTransport:
             descriptor=self._descriptor,
             report=self._report,
         )
-        self._vitals.nursery.start_soon(self._liveness.run)
 
     def _move_limit(self, limit: int) -> None:
         # A move of the limit wakes the loops waiting for a slot at once.
