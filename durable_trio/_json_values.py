@@ -81,19 +81,23 @@ def is_json(value: Any, max_depth: int = MAX_JSON_DEPTH) -> bool:
     return True
 
 
+def _writes_wrapped(value: Any, lists: int) -> bool:
+    """Whether ``orjson.dumps`` writes ``value`` wrapped in ``lists`` more lists."""
+    for _ in range(lists):
+        value = [value]
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return False
+    return True
+
+
 def _orjson_write_depth(most: int = 1024) -> int | None:
     """The deepest nesting ``orjson.dumps`` writes (254 since orjson 3.11.6), measured once;
     ``None`` when it writes ``most`` levels (older versions have no limit)."""
 
     def writes(depth: int) -> bool:
-        value: list[Any] = []
-        for _ in range(depth - 1):
-            value = [value]
-        try:
-            orjson.dumps(value)
-        except orjson.JSONEncodeError:
-            return False
-        return True
+        return _writes_wrapped([], depth - 1)
 
     if writes(most):
         return None
@@ -121,13 +125,7 @@ def read_within(value: Any, max_depth: int) -> bool:
     spare = _ORJSON_DEPTH - max_depth if _ORJSON_DEPTH is not None else -1
     if spare < 0:
         return is_json(value, max_depth)
-    for _ in range(spare):
-        value = [value]
-    try:
-        orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return False
-    return True
+    return _writes_wrapped(value, spare)
 
 
 def _step(path: str, key: str) -> str:
