@@ -152,6 +152,7 @@ class Sweeper:
         consumed: list[str],
         task_queues: set[str],
         publish_result: Callable[[StepResult], Awaitable[str]],
+        answer_bad_task: Callable[[ClaimedJob, StepError], Awaitable[None]],
         report: Callable[[BaseException], None],
     ) -> None:
         self._backend = backend
@@ -162,6 +163,7 @@ class Sweeper:
         self._consumed = consumed
         self._task_queues = task_queues
         self.publish_result = publish_result
+        self._answer_bad_task = answer_bad_task
         self._report = report
 
     # ------------------------------------------------------------------ reclaim sweep (T9)
@@ -225,20 +227,14 @@ class Sweeper:
         if not job.lease.token:
             return
         if queue in self._task_queues:
-            # Its bytes may still name its step: a retryable answer, so the run goes on.
+            # Its bytes may still name its step: a retryable answer, so the run goes on (the
+            # job runner's answer to a damaged claim, the same one).
+            error = StepError(message=f"damaged job: {job.damage}", code="damaged", retryable=True)
             try:
-                envelope = decode_envelope(job.data, max_bytes=self._options.max_payload_bytes)
-            except PayloadError:
-                envelope = None
-            if envelope is not None and envelope.kind is JobKind.TASK:
-                error = StepError(
-                    message=f"damaged job: {job.damage}", code="damaged", retryable=True
-                )
-                try:
-                    await self.publish_result(StepResult.failure(envelope.payload, error))
-                except (BrokerError, TransportClosed) as exc:
-                    self._report(exc)
-                    return  # still claimed by this sweep: the next one tries again
+                await self._answer_bad_task(job, error)
+            except (BrokerError, TransportClosed) as exc:
+                self._report(exc)
+                return  # still claimed by this sweep: the next one tries again
         try:
             await self._broker.fail_job(job.lease, queue, f"damaged: {job.damage}")
         except BrokerError as exc:

@@ -199,6 +199,7 @@ class QueueTransport:
                 consumed=self._consumers.consumed,
                 task_queues=self._task_queues,
                 publish_result=self.publish_result,
+                answer_bad_task=self._steps.answer_bad_task,
                 report=self._report,
             )
 
