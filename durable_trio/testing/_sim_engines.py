@@ -1,0 +1,330 @@
+"""The engines of a simulation: one (or several) engine processes over one shared run store,
+each killed and replaced under its ``engine_id`` when the fault schedule says so."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import attrs
+import trio
+
+from .._engine import (
+    Applied,
+    Engine,
+    EngineStatistics,
+    StepKind,
+    StepRecord,
+    StepState,
+    open_engine,
+)
+from .._engine._statistics import COUNTERS
+from .._engine._stores.memory import MemoryRunStore
+from .._errors import BrokerUnavailable
+from ..backends._backend import Backend
+from .faults import BrokerFaults, FaultyKeyStore, Injector, wrap_broker
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
+    from .._engine import App, RunRecord, RunStatus
+    from ..adapters.memory import MemoryBroker
+    from ..keys.memory import MemoryKeyStore
+    from ._report import Faults
+    from ._sim_ledger import Ledger
+
+__all__ = ["EngineGeneration", "Engines", "RecordingStore"]
+
+T = TypeVar("T")
+
+
+class RecordingStore(MemoryRunStore):
+    """The engine's run store, counting every checkpoint that reaches a final state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settled: Counter[tuple[str, str]] = Counter()
+
+    async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
+        verdict = await super().update_step(step, expect_attempt=expect_attempt)
+        if verdict is Applied.APPLIED and step.status is not StepState.PENDING:
+            self.settled[(step.run_id, step.step_id)] += 1
+        return verdict
+
+    def unconfirmed_dispatches(self) -> list[tuple[str, str, int]]:
+        """The pending remote attempts whose dispatch is not recorded (read at once, no
+        yield: an engine killed now may have sent them)."""
+        return [
+            (step.run_id, step.step_id, step.attempt)
+            for run in self._runs.values()
+            for step in run.steps.values()
+            if step.kind is StepKind.REMOTE
+            and step.status is StepState.PENDING
+            and not step.dispatched
+        ]
+
+
+class _EngineStore:
+    """One engine generation's view of the shared run store: once that engine is killed, every
+    call raises (the process is gone: nothing it would still write reaches the store)."""
+
+    trio_clock = True  # (as the memory store it wraps: timers wake at their exact time)
+
+    def __init__(self, inner: RecordingStore) -> None:
+        self.inner = inner
+        self.dead = False
+
+    async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
+        if self.dead:
+            await trio.lowlevel.checkpoint()
+            raise BrokerUnavailable("injected: the engine is gone")
+        return await call()
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
+        return await self._call(lambda: self.inner.create_run(run))
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        return await self._call(lambda: self.inner.get_run(run_id))
+
+    async def list_runs(
+        self, *, status: RunStatus | None = None, workflow: str | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        return await self._call(
+            lambda: self.inner.list_runs(status=status, workflow=workflow, limit=limit)
+        )
+
+    async def claim_runs(
+        self, owner: str, lease: float, *, include_own: bool = False, limit: int = 100
+    ) -> list[RunRecord]:
+        return await self._call(
+            lambda: self.inner.claim_runs(owner, lease, include_own=include_own, limit=limit)
+        )
+
+    async def renew_runs(self, owner: str, run_ids: Sequence[str], lease: float) -> set[str]:
+        return await self._call(lambda: self.inner.renew_runs(owner, run_ids, lease))
+
+    async def release_runs(self, owner: str, run_ids: Sequence[str]) -> None:
+        await self._call(lambda: self.inner.release_runs(owner, run_ids))
+
+    async def finish_run(
+        self, run_id: str, status: RunStatus, *, output: object = None, error: object = None
+    ) -> bool:
+        return await self._call(
+            lambda: self.inner.finish_run(run_id, status, output=output, error=error)
+        )
+
+    async def get_steps(self, run_id: str) -> list[StepRecord]:
+        return await self._call(lambda: self.inner.get_steps(run_id))
+
+    async def get_step(self, run_id: str, step_id: str) -> StepRecord | None:
+        return await self._call(lambda: self.inner.get_step(run_id, step_id))
+
+    async def get_steps_many(self, keys: Sequence[tuple[str, str]]) -> list[StepRecord | None]:
+        return await self._call(lambda: self.inner.get_steps_many(keys))
+
+    async def begin_step(self, step: StepRecord) -> StepRecord:
+        return await self._call(lambda: self.inner.begin_step(step))
+
+    async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
+        return await self._call(lambda: self.inner.update_step(step, expect_attempt=expect_attempt))
+
+    async def mark_dispatched(self, run_id: str, step_id: str, attempt: int) -> bool:
+        return await self._call(lambda: self.inner.mark_dispatched(run_id, step_id, attempt))
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()  # the shared store belongs to the simulation
+
+
+@attrs.define(eq=False)
+class EngineGeneration:
+    """One engine process: killed, it is replaced by the next generation."""
+
+    injector: Injector
+    store: _EngineStore
+    engine: Engine | None = None
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    stop: trio.Event = attrs.Factory(trio.Event)
+    killed: bool = False
+
+
+def _summed(a: EngineStatistics | None, b: EngineStatistics) -> EngineStatistics:
+    """Counters summed over engine generations (gauges: the latest)."""
+    if a is None:
+        return b
+    return attrs.evolve(b, **{name: getattr(a, name) + getattr(b, name) for name in COUNTERS})
+
+
+class Engines:
+    """The simulation's engine processes: ``count`` of them over the shared ``store``, each
+    over its own faulty view of the broker and key store, each replaced after a kill.
+
+    Args:
+        app: the app the engines drive.
+        store: the run store they share.
+        broker, keys: the broker and key store they share (each generation wraps them in its
+            own injector).
+        ledger: where what they do is recorded.
+        seed: the simulation's seed.
+        count: engine processes.
+        faults: the simulation's faults.
+        engine_options, transport_options: :func:`~durable_trio.open_engine` keywords.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        store: RecordingStore,
+        broker: MemoryBroker,
+        keys: MemoryKeyStore,
+        ledger: Ledger,
+        *,
+        seed: int,
+        count: int,
+        faults: Faults,
+        engine_options: dict[str, Any],
+        transport_options: dict[str, Any],
+    ) -> None:
+        self.app = app
+        self.store = store
+        self.broker = broker
+        self.keys = keys
+        self.ledger = ledger
+        self.seed = seed
+        self.count = count
+        self.faults = faults
+        self.engine_options = engine_options
+        self.transport_options = transport_options
+        self.statistics: EngineStatistics | None = None
+        """The engines' counters, summed over every generation (set once they are closed)."""
+        self._healed = False
+        self._current: list[EngineGeneration | None] = [None] * count
+        self._up_event = trio.Event()
+        """Set while some engine is up (replaced when the last one goes down)."""
+        self._stopping = trio.Event()
+        self._done = [trio.Event() for _ in range(count)]
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Start every engine (each a task of ``nursery``, replaced after each kill)."""
+        for index, done in enumerate(self._done):
+            nursery.start_soon(self._run, index, done)
+
+    async def _run(self, index: int, done: trio.Event) -> None:
+        """Engine ``index``, and after each kill its replacement (same ``engine_id``: it takes
+        the runs over at start), until the simulation stops it."""
+        seed = self.seed
+        ledger = self.ledger
+        # Damaged claims strike the workers only, unless asked for the engine explicitly: a
+        # result set aside unread leaves its run waiting for it (docs/testing.md).
+        engine_faults = self.faults.engine_broker or attrs.evolve(
+            self.faults.broker, damage_probability=0.0
+        )
+        several = self.count > 1
+        engine_id = f"engine{index}" if several else "engine"
+        generation = 0
+        while True:
+            # The first generation is "engine" (its draws are those of a simulation without
+            # engine kills), the next ones "engine-1", "engine-2", ... ("engine0-1", ... when
+            # there are several).
+            name = engine_id if generation == 0 else f"{engine_id}-{generation}"
+            injector = Injector(
+                name,
+                random.Random(f"{seed}:{name}"),
+                BrokerFaults() if self._healed else engine_faults,
+                ledger.fault_recorder(name),
+            )
+            if several:
+                injector.pushed = ledger.pushes_observer(engine_id)
+            current = EngineGeneration(injector, _EngineStore(self.store))
+            backend = Backend(
+                url="memory://",
+                broker=wrap_broker(self.broker, injector),
+                keys=FaultyKeyStore(self.keys, injector),
+            )
+            options: dict[str, Any] = {
+                "engine_id": engine_id,
+                "seed": seed,  # the retry jitter too
+                # One engine needs neither: it drives every run and applies every result. Several
+                # take over each other's runs, and learn of results applied by the others.
+                "reconcile_interval": 15.0 if several else None,
+                "watch_interval": 5.0 if several else None,
+                **self.transport_options,
+                **self.engine_options,
+            }
+            options.setdefault("instance_id", name)
+            options.setdefault("on_error", ledger.error_hook(name))
+            with current.scope:
+                async with open_engine(
+                    self.app, backend, store=current.store, **options
+                ) as engine:
+                    current.engine = engine
+                    self._current[index] = current
+                    self._up_event.set()
+                    if self._stopping.is_set():  # stopped while this one was starting
+                        current.stop.set()
+                    ledger.event("engine-up", engine=name)
+                    await current.stop.wait()
+                    if not current.killed:
+                        self.statistics = _summed(self.statistics, engine.statistics())
+            self._current[index] = None
+            if not current.killed:
+                break
+            ledger.event("engine-gone", engine=name)
+            with trio.move_on_after(self.faults.engine_restart_delay):
+                await self._stopping.wait()
+            if self._stopping.is_set():
+                break
+            generation += 1
+        done.set()
+
+    def _up(self) -> list[EngineGeneration]:
+        return [e for e in self._current if e is not None and not e.killed]
+
+    async def live(self, turn: int = 0) -> EngineGeneration:
+        """An engine now up (the ``turn``-th of them, round the ones up), waiting while none
+        is."""
+        while not (up := self._up()):
+            await self._up_event.wait()
+        return up[turn % len(up)]
+
+    def kill(self, index: int) -> None:
+        """Kill engine ``index`` abruptly (if it is up): its replacement starts
+        ``engine_restart_delay`` later."""
+        current = self._current[index]
+        if current is None or current.killed or current.engine is None:
+            return
+        ledger = self.ledger
+        ledger.fault_counts["engine-kill"] += 1
+        ledger.event("fault", kind="engine-kill", process=current.injector.name)
+        current.killed = True
+        if not self._up():
+            self._up_event = trio.Event()  # set by the next engine up
+        current.injector.kill()
+        current.store.dead = True
+        self.statistics = _summed(self.statistics, current.engine.statistics())
+        # An attempt the engine may have sent without recording it yet is sent again by its
+        # replacement: one redelivery such a kill explains (at least once, results applied
+        # once).
+        for key in self.store.unconfirmed_dispatches():
+            ledger.duplicate_pushes[key] += 1
+        current.scope.cancel()
+        current.stop.set()
+
+    def heal(self) -> None:
+        """No more per-call faults, for the engines up and every replacement."""
+        self._healed = True
+        for current in self._current:
+            if current is not None:
+                current.injector.quiet_down()
+
+    async def stop(self) -> None:
+        """Close every engine (no replacement from now on) and wait until they are closed."""
+        self._stopping.set()
+        for current in self._current:
+            if current is not None:
+                current.stop.set()
+        for done in self._done:
+            await done.wait()

@@ -1,0 +1,166 @@
+"""The invariants a simulation checks after its run: no run lost (and each one's output the
+expected one), every settled step settled once with a result a worker produced, every duplicate
+execution explained by a fault, every damaged claim set aside unread. (The close bounds and the
+liveness keys are checked as each worker closes: see ``_sim_workers``.)"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from .._engine import StepKind, StepRecord, StepState
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..adapters.memory import MemoryBroker
+    from ._sim_engines import RecordingStore
+    from ._sim_ledger import Ledger
+    from ._sim_runs import Runs
+
+__all__ = ["Invariants"]
+
+
+class Invariants:
+    """The checks of one simulated run, over what the ledger saw and what the store and the
+    broker hold at its end.
+
+    Args:
+        ledger: what the simulation saw (violations are added to it).
+        runs: the runs started and their outcomes.
+        store: the shared run store.
+        broker: the shared broker.
+        expected_output: ``(workflow, input) -> output`` of a completed run, if known.
+        transport_options: the transport keywords of the engines and workers.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        runs: Runs,
+        store: RecordingStore,
+        broker: MemoryBroker,
+        *,
+        expected_output: Callable[[str, Any], Any] | None,
+        transport_options: dict[str, Any],
+    ) -> None:
+        self.ledger = ledger
+        self.runs = runs
+        self.store = store
+        self.broker = broker
+        self.expected_output = expected_output
+        self.transport_options = transport_options
+        self.steps: dict[str, list[StepRecord]] = {}
+        """Every run's steps, as the store holds them at the end."""
+        self.set_aside: set[tuple[str, str]] = set()
+        """(queue, job id) of the claims in a failed set as damaged, at the end."""
+
+    async def collect(self) -> None:
+        """Read what the checks need of the store and the broker (once every process is
+        closed)."""
+        for run_id in self.runs.inputs:
+            self.steps[run_id] = await self.store.get_steps(run_id)
+        for queue in sorted({details["queue"] for _, _, details in self.ledger.damaged}):
+            for failed in await self.broker.failed_jobs(queue, limit=1_000_000):
+                if failed.error.startswith("damaged: "):
+                    self.set_aside.add((queue, failed.id))
+
+    def check(self) -> None:
+        """Add a violation to the ledger for every invariant broken."""
+        self._no_run_lost()
+        self._settled_once()
+        self._duplicates_explained()
+        self._damaged_set_aside()
+
+    def _no_run_lost(self) -> None:
+        violation = self.ledger.violation
+        outcomes = self.runs.outcomes
+        for run_id, (workflow, value) in self.runs.inputs.items():
+            outcome = outcomes.get(run_id)
+            if outcome is None:
+                violation(f"run {run_id} ({workflow}) never ended (lost)")
+            elif self.expected_output is not None:
+                status, output = outcome
+                expected = self.expected_output(workflow, value)
+                if status != "completed" or output != expected:
+                    violation(
+                        f"run {run_id} ({workflow}) ended {status} with {output!r}, "
+                        f"expected completed with {expected!r}"
+                    )
+
+    def _settled_once(self) -> None:
+        """Every settled step settled once, with a result a worker produced."""
+        violation = self.ledger.violation
+        executions = self.ledger.executions
+        for (run_id, step_id), count in self.store.settled.items():
+            if count != 1:
+                violation(f"step {run_id}:{step_id} was settled {count} times")
+        for run_id, steps in self.steps.items():
+            for record in steps:
+                if record.kind is not StepKind.REMOTE or record.status is not StepState.COMPLETED:
+                    continue
+                key = (run_id, record.step_id, record.attempt)
+                produced = {e.output for e in executions.get(key, ()) if e.outcome == "ok"}
+                if orjson.dumps(record.output) not in produced:
+                    violation(
+                        f"step {run_id}:{record.step_id} completed with an output no execution "
+                        f"of attempt {record.attempt} produced"
+                    )
+
+    def _duplicates_explained(self) -> None:
+        """Duplicates only where a lease was lost (or a push was repeated): every execution
+        after the first needs a cause, and one earlier execution (whose claim a fault took,
+        or which was cancelled and handed back) or one repeated push causes one redelivery."""
+        ledger = self.ledger
+        for key, executions in ledger.executions.items():
+            pushes = ledger.duplicate_pushes.get(key, 0)
+            # Several engines: two that applied copies of one decision (or of one result) at
+            # once may each have sent the attempt, and then again on seeing it undispatched
+            # (docs/remote.md). An attempt sent by more than one engine: each send beyond the
+            # first explains one redelivery. (Sent by one engine only: no such allowance.)
+            senders = ledger.task_pushers.get(key)
+            if senders is not None and len(senders) > 1:
+                pushes += sum(senders.values()) - 1
+            causes = executions[:1]
+            for after in executions[1:]:
+                cause = next(
+                    (
+                        e
+                        for e in causes
+                        if e.outcome == "cancelled"
+                        or ledger.faulted(e.worker, e.start, after.start)
+                    ),
+                    None,
+                )
+                if cause is not None:
+                    causes.remove(cause)
+                elif pushes:
+                    pushes -= 1
+                else:
+                    ledger.violation(
+                        f"step {key[0]}:{key[1]} attempt {key[2]} ran again on {after.worker} "
+                        f"at {after.start:.3f} with no fault to explain it (earlier: "
+                        + ", ".join(
+                            f"{e.worker} at {e.start:.3f} ({e.outcome})"
+                            for e in executions[: executions.index(after)]
+                        )
+                        + ")"
+                    )
+                causes.append(after)
+
+    def _damaged_set_aside(self) -> None:
+        """A damaged claim is set aside unread: never run, kept in the failed set (unless its
+        worker met a fault before it could fail it: then the claim came back by lease expiry,
+        undamaged, and ran as any redelivery does)."""
+        ledger = self.ledger
+        cleanup = float(self.transport_options["cleanup_timeout"])
+        for process, at, details in ledger.damaged:
+            task = details.get("task")
+            executions = ledger.executions.get(tuple(task), ()) if task is not None else ()
+            if any(e.worker == process and e.start == at for e in executions):
+                ledger.violation(f"a damaged claim ran: {details} on {process} at {at:.3f}")
+            if (details["queue"], details["job"]) not in self.set_aside and not ledger.faulted(
+                process, at, at + 2 * cleanup
+            ):
+                ledger.violation(f"a damaged claim was not set aside: {details} on {process}")

@@ -1,0 +1,177 @@
+"""What a simulation saw: its history of events, the violations found, every fault injected
+(and the window of time each one explains), every error reported and every step execution.
+
+The engines, the worker slots, the fault schedule and the workload each write what they do
+here; the invariant checks and the report read it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import orjson
+import trio
+
+from .._engine import App, step_info
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .._engine._app import StepFunction
+    from .faults import Injector
+
+__all__ = ["Execution", "Ledger"]
+
+
+@attrs.define(eq=False)
+class Execution:
+    """One execution of one step attempt, by one worker."""
+
+    worker: str
+    start: float
+    end: float | None = None
+    outcome: str = "running"
+    output: bytes | None = None
+
+
+class Ledger:
+    """The record of one simulated run, its times relative to its start (``t0``).
+
+    Args:
+        transport_options: the transport keywords of the engines and workers (a call late by
+            half the ``stalled_threshold`` can cost its process its claims: a fault window).
+    """
+
+    def __init__(self, *, transport_options: dict[str, Any]) -> None:
+        self.transport_options = transport_options
+        self.t0 = 0.0
+        self.history: list[dict[str, Any]] = []
+        self.violations: list[str] = []
+        self.fault_counts: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.executions: dict[tuple[str, str, int], list[Execution]] = {}
+        self.fault_windows: dict[str, list[tuple[float, float]]] = {}
+        """Per process: the times during which a fault could cost it its claims."""
+        self.duplicate_pushes: Counter[tuple[str, str, int]] = Counter()
+        """Step attempts pushed again (a lost reply, a dispatch the engine did not record)."""
+        self.damaged: list[tuple[str, float, dict[str, Any]]] = []
+        self.task_pushers: dict[tuple[str, str, int], Counter[str]] = {}
+        """How often each engine pushed each step attempt (several engines: see the checks)."""
+        self.end = 0.0
+
+    @property
+    def _threshold(self) -> float:
+        threshold = self.transport_options.get("stalled_threshold")
+        return float(threshold) if threshold is not None else 120.0
+
+    def start(self) -> None:
+        """The simulation starts now: times are counted from here."""
+        self.t0 = trio.current_time()
+
+    def now(self) -> float:
+        return trio.current_time() - self.t0
+
+    def event(self, event: str, /, **fields: Any) -> None:
+        self.history.append({"t": self.now(), "ev": event, **fields})
+
+    def violation(self, message: str) -> None:
+        self.violations.append(message)
+
+    def window(self, process: str, start: float, end: float) -> None:
+        """A fault (or a close) that explains a redelivery of ``process``'s claims."""
+        self.fault_windows.setdefault(process, []).append((start, end))
+
+    def faulted(self, worker: str, start: float, end: float) -> bool:
+        return any(a <= end and b >= start for a, b in self.fault_windows.get(worker, ()))
+
+    # ------------------------------------------------------------------ hooks
+
+    def fault_recorder(self, process: str) -> Callable[[str, dict[str, Any]], None]:
+        """The ``record`` of ``process``'s injector: every per-call fault it injects."""
+
+        def record(kind: str, details: dict[str, Any]) -> None:
+            self.fault_counts[kind] += 1
+            self.event("fault", kind=kind, **details)
+            now = self.now()
+            if kind in ("drop", "lost-reply"):
+                self.window(process, now, now)
+            elif kind == "delay" and (
+                details["op"] == "renew_jobs" or details["seconds"] >= self._threshold / 2
+            ):
+                # A late renewal (or any call late by half the stalled threshold) can cost
+                # the process its claims.
+                self.window(process, now, now + details["seconds"])
+            elif kind == "damage":
+                self.damaged.append((process, now, details))
+            for run_id, step_id, attempt in details.get("tasks", ()):
+                self.duplicate_pushes[(run_id, step_id, attempt)] += 1
+
+        return record
+
+    def error_hook(self, process: str) -> Callable[[BaseException], None]:
+        """The ``on_error`` of ``process``: every error it reports, by type."""
+
+        def hook(exc: BaseException) -> None:
+            name = type(exc).__name__
+            self.errors[name] += 1
+            self.event("error", process=process, type=name)
+
+        return hook
+
+    def pushes_observer(self, engine_id: str) -> Callable[[list[list[Any]]], None]:
+        """The ``pushed`` of an engine's injector: the step attempts each push carried."""
+
+        def pushed(tasks: list[list[Any]]) -> None:
+            for run_id, step_id, attempt in tasks:
+                key = (run_id, step_id, attempt)
+                self.task_pushers.setdefault(key, Counter())[engine_id] += 1
+
+        return pushed
+
+    # ------------------------------------------------------------------ the step recorder
+
+    def instrumented(self, app: App, worker_id: str, injector: Injector) -> App:
+        """``app`` as one worker serves it: every step recorded (who ran which attempt, when,
+        with what outcome), and held while the worker is stalled."""
+        shadow = App(app.name)
+        for name, definition in app.steps.items():
+            shadow.step(name, retry=definition.retry, priority=definition.priority)(
+                self._recorded(definition.fn, worker_id, injector)
+            )
+        for name, workflow in app.workflows.items():
+            if workflow.fn is None:
+                shadow.remote_workflow(name)
+            else:  # a remote workflow's turns are served by the workers too
+                shadow.workflow(name, remote=workflow.remote)(workflow.fn)
+        return shadow
+
+    def _recorded(self, fn: StepFunction, worker_id: str, injector: Injector) -> StepFunction:
+        async def step(value: Any) -> Any:
+            info = step_info()
+            key = (info.run_id, info.step_id, info.attempt)
+            execution = Execution(worker_id, self.now())
+            self.executions.setdefault(key, []).append(execution)
+            where = {"run": info.run_id, "step": info.step_id, "attempt": info.attempt}
+            self.event("exec", **where, worker=worker_id)
+            try:
+                output = await fn(value)
+                await injector.wait_out_stall()  # a frozen process finishes nothing
+            except BaseException as exc:
+                execution.end = self.now()
+                execution.outcome = (
+                    "cancelled" if isinstance(exc, trio.Cancelled) else type(exc).__name__
+                )
+                self.event("exec-end", **where, worker=worker_id, outcome=execution.outcome)
+                raise
+            execution.end = self.now()
+            execution.outcome = "ok"
+            try:
+                execution.output = orjson.dumps(output)
+            except TypeError:
+                execution.output = None
+            self.event("exec-end", **where, worker=worker_id, outcome="ok")
+            return output
+
+        return step

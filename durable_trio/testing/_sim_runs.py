@@ -1,0 +1,99 @@
+"""The workload of a simulation: its runs started at seeded arrival times, each on an engine up
+(again on the next one if that engine dies), and each one's outcome awaited."""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._engine import EngineClosed, RunCancelled, RunFailed
+from .._errors import BrokerError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._sim_engines import Engines
+    from ._sim_ledger import Ledger
+
+__all__ = ["Runs"]
+
+
+class Runs:
+    """The runs the workload starts: what each was started with, and how each ended.
+
+    Args:
+        workload: ``(rng, index) -> (workflow, input)`` for the ``index``-th run.
+        seed: the simulation's seed (arrivals and inputs draw from ``"{seed}:workload"``).
+        count: runs started.
+        duration: virtual seconds during which they start.
+        engines: where they are started and awaited.
+        ledger: where they are recorded.
+    """
+
+    def __init__(
+        self,
+        workload: Callable[[random.Random, int], tuple[str, Any]],
+        *,
+        seed: int,
+        count: int,
+        duration: float,
+        engines: Engines,
+        ledger: Ledger,
+    ) -> None:
+        self.workload = workload
+        self.seed = seed
+        self.count = count
+        self.duration = duration
+        self.engines = engines
+        self.ledger = ledger
+        self.inputs: dict[str, tuple[str, Any]] = {}
+        """Run id: (workflow, input), for every run started."""
+        self.outcomes: dict[str, tuple[str, Any]] = {}
+        """Run id: (status, output or error), for every run that ended."""
+
+    @property
+    def unfinished(self) -> int:
+        return len(self.inputs) - len(self.outcomes)
+
+    async def start(self, runs: trio.Nursery) -> None:
+        """Start each run at its time, and await its outcome in ``runs``."""
+        rng = random.Random(f"{self.seed}:workload")
+        arrivals = sorted(rng.uniform(0, self.duration) for _ in range(self.count))
+        for index, at in enumerate(arrivals):
+            await trio.sleep_until(self.ledger.t0 + at)
+            workflow, value = self.workload(rng, index)
+            run_id = f"run-{index:05d}"
+            self.inputs[run_id] = (workflow, value)
+            while True:  # idempotent by run id: started again on the next engine if need be
+                current = await self.engines.live(index)
+                assert current.engine is not None
+                try:
+                    await current.engine.start(workflow, value, run_id=run_id)
+                except (BrokerError, EngineClosed):
+                    if not current.killed:
+                        raise
+                    continue
+                break
+            self.ledger.event("start", run=run_id, workflow=workflow)
+            runs.start_soon(self._await, run_id)
+
+    async def _await(self, run_id: str) -> None:
+        while True:
+            current = await self.engines.live()
+            assert current.engine is not None
+            try:
+                output = await current.engine.result(run_id)
+            except RunFailed as exc:
+                self.outcomes[run_id] = ("failed", exc.error)
+            except RunCancelled as exc:
+                self.outcomes[run_id] = ("cancelled", exc.error)
+            except (BrokerError, EngineClosed):
+                if not current.killed:
+                    raise
+                continue  # asked again of the replacement
+            else:
+                self.outcomes[run_id] = ("completed", output)
+            break
+        self.ledger.event("end-run", run=run_id, status=self.outcomes[run_id][0])
