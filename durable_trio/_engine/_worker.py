@@ -204,5 +204,5 @@ async def open_worker(
                 name,
                 functools.partial(run_turn, app.workflows[name], transport, limit=turn_limit),
             )
-        transport.on_control(worker._on_control)
+        transport.remote.on_control(worker._on_control)
         yield worker
