@@ -1,7 +1,7 @@
 """The public surface of the transport (issue 14, item 2): a small facade, the rest in its
 parts (``transport.names``, ``transport.health``, ``transport.remote``). A name added to or
 removed from the facade fails here, so the surface only changes on purpose (docs/decisions.md,
-"The transport's public surface")."""
+"The transport's public surface"); T1 is a section of docs/spec.md."""
 
 from __future__ import annotations
 
