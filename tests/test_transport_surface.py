@@ -5,11 +5,13 @@ removed from the facade fails here, so the surface only changes on purpose (docs
 
 from __future__ import annotations
 
-import trio
-import trio.testing
+from typing import TYPE_CHECKING
 
 import durable_trio as dt
 from durable_trio._naming import QueueNames
+
+if TYPE_CHECKING:
+    import trio.testing
 
 #: Every public name of an open ``QueueTransport``, sorted.
 TRANSPORT_SURFACE = [
