@@ -52,7 +52,7 @@ async def _one(concurrency: int | dt.Adaptive) -> tuple[float, float]:
                 async def keep_queue_full() -> None:
                     n = 0
                     while True:
-                        if (await transport.queue_depth("call") or 0) < 500:
+                        if (await transport.health.queue_depth("call") or 0) < 500:
                             for _ in range(500):
                                 n += 1
                                 await transport.dispatch(

@@ -5,19 +5,100 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._liveness import (
-    GroupHealth,
-    read_group_health,
-)
-from .adapters import (
-    SupportsSize,
-)
+import orjson
+import trio
+
+from ._liveness import GroupHealth, WorkerDescriptor, read_group_health
+from .adapters import SupportsSize
 
 if TYPE_CHECKING:
+    from ._adaptive import ConcurrencyController
     from ._naming import QueueNames
+    from ._options import TransportOptions
+    from ._wire import WorkerStatus
     from .backends._backend import Backend
+    from .keys import KeyEntry
+
+__all__ = ["TransportHealth", "read_worker_health"]
 
 
+class TransportHealth:
+    """The health reads of one transport, as ``transport.health``: its own worker status, and
+    the depth, live workers and descriptors of a group, read from its backend's broker and key
+    store (T6, T12, T13)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        names: QueueNames,
+        options: TransportOptions,
+        controller: ConcurrencyController,
+    ) -> None:
+        self._backend = backend
+        self._names = names
+        self._options = options
+        self._controller = controller
+        self._descriptor_cache: tuple[float, list[KeyEntry]] | None = None
+
+    def worker_status(self) -> WorkerStatus:
+        """This instance's liveness snapshot (what its heartbeats carry)."""
+        return self._controller.snapshot()
+
+    async def queue_depth(self, group: str) -> int | None:
+        """Jobs waiting on ``group``'s task queue, or ``None`` if the broker cannot count."""
+        broker = self._backend.broker
+        if not isinstance(broker, SupportsSize):
+            return None
+        return await broker.size_of(self._names.task_queue(group))
+
+    async def group_health(self, group: str) -> GroupHealth | None:
+        """T12: the group's depth and its live workers (with their headroom and p95).
+
+        Returns:
+            ``None`` without a key store: no worker can advertise liveness then, and "a
+            backlog and zero workers" would be a false alarm.
+        """
+        keys = self._backend.keys
+        if keys is None:
+            return None
+        token = self._names.token_of(group)
+        depth = await self.queue_depth(group) or 0
+        return await read_group_health(keys, self._names, token, depth)
+
+    async def worker_health(self) -> list[GroupHealth] | None:
+        """Every group that has a live worker (by routing token), with its depth."""
+        return await read_worker_health(self._backend, self._names)
+
+    async def list_worker_descriptors(self, group: str) -> list[WorkerDescriptor]:
+        """T13: the live descriptors of the workers serving ``group``, read through a short
+        cache (``descriptor_cache`` seconds, default 5)."""
+        keys = self._backend.keys
+        if keys is None:
+            return []
+        now = trio.current_time()
+        cached = self._descriptor_cache
+        if cached is None or now - cached[0] >= self._options.descriptor_cache:
+            cached = self._descriptor_cache = (
+                now,
+                await keys.entries(self._names.worker_descriptor("")),
+            )
+        token = self._names.token_of(group)
+        found = []
+        for entry in cached[1]:
+            try:
+                raw = orjson.loads(entry.value)
+                if token in raw["tokens"]:
+                    found.append(
+                        WorkerDescriptor(
+                            raw["instance"],
+                            tuple(raw["tokens"]),
+                            tuple(raw["steps"]),
+                            raw["startedAt"],
+                        )
+                    )
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue
+        return found
 
 
 async def read_worker_health(backend: Backend, names: QueueNames) -> list[GroupHealth] | None:

@@ -42,10 +42,12 @@ def tenant_group(token: str, partition: str | None) -> str:
 
 
 class QueueNames:
-    """Every queue name of one namespace (T2: every key of an instance carries the prefix)."""
+    """Every queue name of one namespace (T2: every key of an instance carries the prefix),
+    and the routing tokens of one tenant ``partition`` (T1; ``None``: no partition)."""
 
-    def __init__(self, namespace: str | None) -> None:
+    def __init__(self, namespace: str | None, partition: str | None = None) -> None:
         self.prefix = sanitize_token(namespace) if namespace else DEFAULT_NAMESPACE
+        self.partition = partition
         p = self.prefix
         self.results = f"{p}:results"
         self.heartbeats = f"{p}:heartbeats"
@@ -59,6 +61,14 @@ class QueueNames:
     def tasks(self, token: str) -> str:
         """T1: ``{prefix}:tasks:{token}``."""
         return f"{self.prefix}:tasks:{token}"
+
+    def token_of(self, group: str) -> str:
+        """The routing token of a step name or group, inside :attr:`partition` (T1)."""
+        return tenant_group(sanitize_token(group), self.partition)
+
+    def task_queue(self, group: str) -> str:
+        """The task queue a step name or group routes to (T1): ``tasks(token_of(group))``."""
+        return self.tasks(self.token_of(group))
 
     def run_replies(self, instance: str) -> str:
         return f"{self.prefix}:run-replies:{sanitize_token(instance)}"

@@ -14,6 +14,7 @@ from ._codec import decode_envelope
 from ._errors import BrokerError, DurableTrioError, JobError, PayloadError
 from ._inbox import ForwardingKeyStore, InboxRegistry
 from ._wire import (
+    ControlMessage,
     DecisionStatus,
     InboxRegistration,
     JobKind,
@@ -44,18 +45,16 @@ __all__ = ["RemoteProtocols"]
 
 
 class Carrier(Protocol):
-    """What the remote layer uses of a transport: its generic consume/publish surface, its
-    names, and three package-internal hooks (named here, so the contract is written down)."""
+    """What the remote layer uses of a transport: its names, options and backend, and its
+    generic consume/publish surface. The transport's internal hooks it needs are handed to
+    :class:`RemoteProtocols` as callables (see its constructor), not read off the carrier."""
 
-    @property
-    def instance_id(self) -> str: ...
     @property
     def names(self) -> QueueNames: ...
     @property
     def options(self) -> TransportOptions: ...
     @property
     def backend(self) -> Backend: ...
-    def task_queue(self, group: str) -> str: ...
     def consume(
         self,
         kind: JobKind,
@@ -70,11 +69,6 @@ class Carrier(Protocol):
     async def publish(
         self, kind: JobKind, queue: str, payload: Any, *, priority: int | None = None
     ) -> str: ...
-    async def heartbeat(self, beat: StepHeartbeat) -> None: ...
-    def _check_open(self) -> None: ...
-    def _serve_turns(self, name: str, serve: Callable[[Any], Awaitable[None]]) -> None: ...
-    def _adopt_liveness_store(self, keys: KeyStore) -> None: ...
-    def _forget_pusher(self, queue: str) -> None: ...
 
 
 #: ``(correlation id, requester)`` of the request the current task is handling.
@@ -84,12 +78,25 @@ _CURRENT_ROUTE: contextvars.ContextVar[tuple[str, str] | None] = contextvars.Con
 
 
 class RemoteProtocols:
-    """The remote protocols, as ``transport.remote``: workflow turns and decisions, step
-    events, and the tenant protocol (start-run, run requests and replies, tenant events, the
-    inbox registry). Built on the transport's generic surface: :meth:`QueueTransport.consume`,
-    :meth:`QueueTransport.consume_jobs`, :meth:`QueueTransport.publish`, its names and its task
-    queues; its own tasks (the registry's announcements and janitor) live in the inboxes level
-    of the transport's tree."""
+    """The remote protocols, as ``transport.remote``: step heartbeats and control messages
+    (T17), workflow turns and decisions, step events, and the tenant protocol (start-run, run
+    requests and replies, tenant events, the inbox registry). Built on the transport's generic
+    surface: :meth:`QueueTransport.consume`, :meth:`QueueTransport.consume_jobs`,
+    :meth:`QueueTransport.publish` and its names; its own tasks (the registry's announcements
+    and janitor) live in the inboxes level of the transport's tree.
+
+    Args:
+        transport: the :class:`Carrier` (the transport).
+        controller: the transport's concurrency controller (a turn counts as in-flight work).
+        inboxes: the tree level the registry's tasks run in.
+        report: the transport's error report.
+        check_open: raises ``TransportClosed`` once the transport is closing.
+        serve_turns: ``serve_turns(name, serve)`` serves the workflow turns on the task loop of
+            ``name``'s routing token (T14: a turn shares its token's task loop).
+        adopt_liveness_store: ``adopt_liveness_store(keys)`` writes a store-less pod's
+            liveness through ``keys`` (T22).
+        forget_pusher: ``forget_pusher(queue)`` drops the push coalescer of a drained queue.
+    """
 
     def __init__(
         self,
@@ -98,14 +105,22 @@ class RemoteProtocols:
         controller: ConcurrencyController,
         inboxes: Level,
         report: Callable[[BaseException], None],
+        check_open: Callable[[], None],
+        serve_turns: Callable[[str, Callable[[Any], Awaitable[None]]], None],
+        adopt_liveness_store: Callable[[KeyStore], None],
+        forget_pusher: Callable[[str], None],
     ) -> None:
         self._transport = transport
         self._controller = controller
         self._inboxes = inboxes
         self._report = report
+        self._check_open = check_open
+        self._serve_turns = serve_turns
+        self._adopt_liveness_store = adopt_liveness_store
+        self._forget_pusher = forget_pusher
         options = self._options = transport.options
         self._names = transport.names
-        self.instance_id = transport.instance_id
+        self.instance_id = options.instance_id
         backend = transport.backend
         self._broker = backend.broker
         self._workflow_turns: dict[str, Callable[[WorkflowTask], Awaitable[WorkflowDecision]]] = {}
@@ -134,12 +149,31 @@ class RemoteProtocols:
     async def _announce(self, kind: JobKind, payload: Any) -> None:
         await self._transport.publish(kind, self._names.registrations, payload)
 
+    # ------------------------------------------------------------------ heartbeats, control
+
+    async def heartbeat(self, beat: StepHeartbeat) -> None:
+        """step worker -> engine: a long step is alive."""
+        await self._transport.publish(JobKind.HEARTBEAT, self._names.heartbeats, beat)
+
+    def on_heartbeat(self, handler: Callable[[StepHeartbeat], Awaitable[None]]) -> None:
+        """engine side: consume step heartbeats."""
+        self._transport.consume(JobKind.HEARTBEAT, self._names.heartbeats, handler)
+
+    async def send_control(self, message: ControlMessage) -> None:
+        """Best-effort, POINT-TO-POINT control (T17): exactly one consumer takes each message.
+        It is not a broadcast: with several consumers, only one of them sees it."""
+        await self._transport.publish(JobKind.CONTROL, self._names.control, message)
+
+    def on_control(self, handler: Callable[[ControlMessage], Awaitable[None]]) -> None:
+        """Consume control messages (T17: point-to-point, best-effort)."""
+        self._transport.consume(JobKind.CONTROL, self._names.control, handler)
+
     # ------------------------------------------------------------------ workflow turns (T14)
 
     async def dispatch_workflow_task(self, task: WorkflowTask) -> str:
         """engine -> workflow worker: a turn on the workflow's routing-token task queue."""
         return await self._transport.publish(
-            JobKind.WORKFLOW, self._transport.task_queue(task.group), task, priority=task.priority
+            JobKind.WORKFLOW, self._names.task_queue(task.group), task, priority=task.priority
         )
 
     def handle_workflow(
@@ -149,9 +183,9 @@ class RemoteProtocols:
         token (the queue :meth:`dispatch_workflow_task` targets) and tells the two kinds apart
         by shape. An unknown workflow or a raising turn yields a ``failed`` decision; the turn
         heartbeats while it runs; a failed push of the decision redelivers the job."""
-        self._transport._check_open()
+        self._check_open()
         self._workflow_turns[name] = turn
-        self._transport._serve_turns(name, self._serve_workflow_turn)
+        self._serve_turns(name, self._serve_workflow_turn)
 
     async def _serve_workflow_turn(self, task: WorkflowTask) -> None:
         controller = self._controller
@@ -182,7 +216,7 @@ class RemoteProtocols:
             self._report(
                 JobError(
                     f"workflow turn {task.workflow!r} raised {failure!r}",
-                    queue=self._transport.task_queue(task.group),
+                    queue=self._names.task_queue(task.group),
                     job_id=task.task_id,
                 )
             )
@@ -200,7 +234,7 @@ class RemoteProtocols:
                 task.run_id, f"turn:{task.task_id}", 1, time.time(), {"workflow": task.workflow}
             )
             try:
-                await self._transport.heartbeat(beat)
+                await self.heartbeat(beat)
             except (BrokerError, DurableTrioError) as exc:
                 self._report(exc)
 
@@ -209,7 +243,7 @@ class RemoteProtocols:
     def on_decision(self, handler: Callable[[WorkflowDecision], Awaitable[None]]) -> None:
         """engine <- workflow worker: ONE loop per transport; every registered handler sees
         every decision, concurrently; all settle before a failure redelivers the decision."""
-        self._transport._check_open()
+        self._check_open()
         self._decision_handlers.append(handler)
         if len(self._decision_handlers) > 1:
             return
@@ -274,7 +308,7 @@ class RemoteProtocols:
     def on_start_run(self, handler: Callable[[StartRunMessage], Awaitable[None]]) -> None:
         """control plane: consume start-run messages (a reply inside ``handler`` goes to the
         sender: the route is held while it runs, T19)."""
-        self._transport._check_open()
+        self._check_open()
         self._ensure_registrations_loop()
         self._start_run_handler = handler
         self._transport.consume(
@@ -287,7 +321,7 @@ class RemoteProtocols:
     def on_run_request(self, handler: Callable[[RunRequest], Awaitable[None]]) -> None:
         """control plane: consume run requests; reply with :meth:`publish_run_reply` while
         handling one (T19)."""
-        self._transport._check_open()
+        self._check_open()
         self._ensure_registrations_loop()
         self._run_request_handler = handler
         self._transport.consume(
@@ -364,7 +398,7 @@ class RemoteProtocols:
         backed off (the reply is on the critical path of every proxied call)."""
         if self._replies_loop:
             return
-        self._transport._check_open()
+        self._check_open()
         self._replies_loop = True
         self._registry.attach(self._inboxes.nursery)
         self._registry.activate()
@@ -412,7 +446,7 @@ class RemoteProtocols:
         ``inbox_ttl / 3``) and consumes this instance's event inbox (never deferred). Returns
         an unsubscribe; the last one for a tenant withdraws the subscription, and the inbox
         keeps draining what was pushed before."""
-        self._transport._check_open()
+        self._check_open()
         self._tenant_handlers.setdefault(tenant, []).append(handler)
         self._registry.attach(self._inboxes.nursery)
         self._registry.subscribe(tenant)
@@ -452,7 +486,7 @@ class RemoteProtocols:
         run the janitor. Started by the first control-plane surface used."""
         if self._registrations_loop:
             return
-        self._transport._check_open()
+        self._check_open()
         self._registrations_loop = True
         self._registry.attach(self._inboxes.nursery)
         self._transport.consume_jobs(self._names.registrations, self._on_registration)
@@ -489,7 +523,7 @@ class RemoteProtocols:
         """Declare this transport a store-less tenant pod: with no key store of its own, its
         worker advertisements (liveness, descriptors) are forwarded to the control plane, which
         records them in its store (T22). Call before serving steps."""
-        self._transport._adopt_liveness_store(ForwardingKeyStore(self._announce))
+        self._adopt_liveness_store(ForwardingKeyStore(self._announce))
 
     # ------------------------------------------------------------------ close, phase 7
 
@@ -513,7 +547,7 @@ class RemoteProtocols:
             job = await broker.pop_from(queue, worker=self.instance_id)
             if job is None:
                 # its owner went away: nothing more goes there
-                self._transport._forget_pusher(queue)
+                self._forget_pusher(queue)
                 return True
             await broker.complete_job(job.lease, queue)
         return False

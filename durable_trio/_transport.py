@@ -7,7 +7,9 @@ broker, each owning its state and its tasks:
 - ``StepServer`` (``_steps``): a task loop's jobs, a step's result;
 - ``LeaseKeeper`` and ``Sweeper`` (``_leases``): renewal, lost leases, the reclaim sweep;
 - ``Liveness`` and ``ConcurrencyController``: the worker's keys and its limit;
-- ``RemoteProtocols`` (``_remote``, as :attr:`QueueTransport.remote`): the remote protocols.
+- ``RemoteProtocols`` (``_remote``, as :attr:`QueueTransport.remote`): the remote protocols
+  (step heartbeats and control messages among them);
+- ``TransportHealth`` (``_health``, as :attr:`QueueTransport.health`): the health reads.
 
 Their tasks run in one nursery tree, built by ``_tree``, whose nesting is the close order of
 T24 (docs/spec.md; in depth: docs/close.md).
@@ -15,74 +17,49 @@ T24 (docs/spec.md; in depth: docs/close.md).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import trio
 
 from ._adaptive import ConcurrencyController
+from ._claims import _Loop
 from ._consume import Consumers
-from ._errors import TransportClosed
+from ._errors import ConfigError, TransportClosed
+from ._failures import one_exception, raise_bare
+from ._health import TransportHealth
 from ._jobs import JobRunner
 from ._leases import LeaseKeeper, Sweeper
-from ._liveness import (
-    Liveness,
-)
-from ._naming import QueueNames, sanitize_token, tenant_group
+from ._liveness import Liveness
+from ._naming import QueueNames
 from ._options import (
     DEFAULT_RENEWING_STALLED_THRESHOLD,
     DEFAULT_STALLED_THRESHOLD,
     TransportOptions,
 )
 from ._producers import Producers
-from ._slots import Slots
-from ._tree import TransportTree
-from ._wire import (
-    ControlMessage,
-    JobKind,
-    RemoteTask,
-    StepHeartbeat,
-    StepResult,
-    WorkerStatus,
-)
-from .adapters import (
-    ClaimedJob,
-    SupportsRecovery,
-    SupportsRenewal,
-)
-
-if TYPE_CHECKING:
-    from .backends._backend import Backend
-    from .keys import KeyEntry, KeyStore
-
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
-
-import orjson
-
-from ._claims import _Loop
-from ._errors import ConfigError
-from ._failures import one_exception, raise_bare
-from ._health import read_worker_health
-from ._liveness import GroupHealth, WorkerDescriptor, read_group_health
 from ._remote import RemoteProtocols
+from ._slots import Slots
 from ._steps import StepHandler, StepServer
-from .adapters import SupportsSize
+from ._tree import TransportTree
+from ._wire import JobKind, RemoteTask, StepResult
+from .adapters import ClaimedJob, SupportsRecovery, SupportsRenewal
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from .backends._backend import Backend
+    from .keys import KeyStore
 
 
 __all__ = ["QueueTransport", "TransportStatistics", "open_queue_transport"]
 
 
 ResultHandler = Callable[[StepResult], Awaitable[None]]
-HeartbeatHandler = Callable[[StepHeartbeat], Awaitable[None]]
-ControlHandler = Callable[[ControlMessage], Awaitable[None]]
 
 
 @attrs.frozen
@@ -102,22 +79,21 @@ class TransportStatistics:
     closed: bool
 
 
-
-
 class QueueTransport:
-    """Carries step tasks, results, heartbeats and control messages over a queue broker.
+    """Carries step tasks and results (and, through :attr:`remote`, heartbeats, control
+    messages and the remote protocols) over a queue broker.
 
     A facade over its parts, each owning its state and its tasks (see the module docstring);
-    the remote protocols are :attr:`remote`. Open one with :func:`open_queue_transport`; do not
+    the remote protocols are :attr:`remote`, the health reads :attr:`health`, the queue names
+    and routing tokens :attr:`names`. Open one with :func:`open_queue_transport`; do not
     construct it directly.
     """
-
 
     def __init__(self, backend: Backend, options: TransportOptions) -> None:
         self._backend = backend
         self._broker = backend.broker
         self._options = options
-        self._names = QueueNames(options.namespace)
+        self._names = QueueNames(options.namespace, options.partition)
         self._report_hook = options.on_error
         broker = self._broker
         self._can_renew = isinstance(broker, SupportsRenewal)
@@ -126,11 +102,11 @@ class QueueTransport:
             broker, self._names, options, check_open=self._check_open_for_producers
         )
         if options.stalled_threshold is not None:
-            self.stalled_threshold = options.stalled_threshold
+            self._stalled_threshold = options.stalled_threshold
         elif self._can_renew:
-            self.stalled_threshold = DEFAULT_RENEWING_STALLED_THRESHOLD
+            self._stalled_threshold = DEFAULT_RENEWING_STALLED_THRESHOLD
         else:
-            self.stalled_threshold = DEFAULT_STALLED_THRESHOLD
+            self._stalled_threshold = DEFAULT_STALLED_THRESHOLD
         self._controller = ConcurrencyController(options.concurrency, on_limit=self._move_limit)
         self._task_slots = Slots(self._controller.limit)
         self._result_slots = Slots(options.result_concurrency)
@@ -139,7 +115,6 @@ class QueueTransport:
         self._liveness: Liveness | None = None
         if backend.keys is not None:
             self._liveness = self._new_liveness(backend.keys)
-        self._descriptor_cache: tuple[float, list[KeyEntry]] | None = None
         self._started_at = time.time()
         self._closing = False
         self._fully_closed = False
@@ -151,7 +126,7 @@ class QueueTransport:
                 cast("SupportsRenewal", broker),
                 lambda: self._runner.claims,
                 self._controller,
-                period=self.stalled_threshold / 2,
+                period=self._stalled_threshold / 2,
                 cancel_on_lost_lease=options.cancel_on_lost_lease,
                 report=self._report,
             )
@@ -164,7 +139,7 @@ class QueueTransport:
             self._controller,
             options,
             results=self._names.results,
-            task_queue=self.task_queue,
+            task_queue=self._names.task_queue,
             publish_result=self.publish_result,
             report=self._report,
         )
@@ -195,7 +170,7 @@ class QueueTransport:
                 backend,
                 self._names,
                 options,
-                stalled_threshold=self.stalled_threshold,
+                stalled_threshold=self._stalled_threshold,
                 consumed=self._consumers.consumed,
                 task_queues=self._task_queues,
                 publish_result=self.publish_result,
@@ -204,9 +179,19 @@ class QueueTransport:
             )
 
         self.remote = RemoteProtocols(
-            self, controller=self._controller, inboxes=self._inboxes, report=self._report
+            self,
+            controller=self._controller,
+            inboxes=self._inboxes,
+            report=self._report,
+            check_open=self._check_open,
+            serve_turns=self._serve_turns,
+            adopt_liveness_store=self._adopt_liveness_store,
+            forget_pusher=self._producers.forget_pusher,
         )
-        """The remote protocols: workflow turns, decisions, step events, the tenant protocol."""
+        """The remote protocols: step heartbeats and control messages, workflow turns,
+        decisions, step events, the tenant protocol."""
+        self.health = TransportHealth(backend, self._names, options, self._controller)
+        """The health reads: worker status, queue depth, group health, worker descriptors."""
 
     # ------------------------------------------------------------------ identity and names
 
@@ -217,7 +202,8 @@ class QueueTransport:
 
     @property
     def names(self) -> QueueNames:
-        """The queue names of this transport's namespace."""
+        """The queue names of this transport's namespace, and the routing tokens of its
+        ``partition`` (T1): ``names.task_queue(group)``, ``names.token_of(group)``."""
         return self._names
 
     @property
@@ -227,14 +213,6 @@ class QueueTransport:
     @property
     def backend(self) -> Backend:
         return self._backend
-
-    def token_of(self, group: str) -> str:
-        """The routing token of a step name or group (T1, docs/spec.md)."""
-        return tenant_group(sanitize_token(group), self._options.partition)
-
-    def task_queue(self, group: str) -> str:
-        """The task queue a step name or group routes to (T1)."""
-        return self._names.tasks(self.token_of(group))
 
     def statistics(self) -> TransportStatistics:
         return TransportStatistics(
@@ -247,9 +225,6 @@ class QueueTransport:
         )
 
     # ------------------------------------------------------------------ shared helpers
-
-    def _forget_pusher(self, queue: str) -> None:
-        self._producers.forget_pusher(queue)
 
     def _adopt_liveness_store(self, keys: KeyStore) -> None:
         """A store-less tenant pod's liveness, written through ``keys`` (forwarded to the
@@ -297,8 +272,6 @@ class QueueTransport:
         try:
             self._report_hook(exc)
         except Exception:  # a broken hook must not take a loop down with it
-            import logging
-
             logging.getLogger("durable_trio").exception("the on_error hook raised")
 
     async def dispatch(self, task: RemoteTask, *, delay: float = 0.0) -> str:
@@ -315,7 +288,7 @@ class QueueTransport:
             TransportClosed: the transport is closed.
         """
         return await self._producers.push(
-            self.task_queue(task.routing_group),
+            self._names.task_queue(task.routing_group),
             JobKind.TASK,
             task,
             priority=task.priority,
@@ -331,21 +304,12 @@ class QueueTransport:
             The job ids, in order.
         """
         return await self._producers.push_tasks(
-            [(self.task_queue(task.routing_group), task) for task in tasks]
+            [(self._names.task_queue(task.routing_group), task) for task in tasks]
         )
 
     async def publish_result(self, result: StepResult) -> str:
         """step worker -> engine: publish a step result (the transport does this for handlers)."""
         return await self._producers.push(self._names.results, JobKind.RESULT, result)
-
-    async def heartbeat(self, beat: StepHeartbeat) -> None:
-        """step worker -> engine: a long step is alive."""
-        await self._producers.push(self._names.heartbeats, JobKind.HEARTBEAT, beat)
-
-    async def send_control(self, message: ControlMessage) -> None:
-        """Best-effort, POINT-TO-POINT control (T17): exactly one consumer takes each message.
-        It is not a broadcast: with several consumers, only one of them sees it."""
-        await self._producers.push(self._names.control, JobKind.CONTROL, message)
 
     # ------------------------------------------------------------------ consumers
 
@@ -362,7 +326,7 @@ class QueueTransport:
 
     def _ensure_task_loop(self, name: str) -> None:
         """Start (once per routing token) the task loop shared by steps and workflow turns."""
-        queue = self.task_queue(name)
+        queue = self._names.task_queue(name)
         if queue in self._task_loops:
             return
         self._task_loops.add(queue)
@@ -373,7 +337,7 @@ class QueueTransport:
                 self._steps.on_task_job,
                 self._task_slots,
                 self._options.idle_backoff_max,
-                token=self.token_of(name),
+                token=self._names.token_of(name),
             )
         )
 
@@ -452,14 +416,6 @@ class QueueTransport:
             JobKind.RESULT, self._names.results, handler, self._result_slots, backoff_max=1
         )
 
-    def on_heartbeat(self, handler: HeartbeatHandler) -> None:
-        """engine side: consume step heartbeats."""
-        self._consumers.consume(JobKind.HEARTBEAT, self._names.heartbeats, handler, Slots(1))
-
-    def on_control(self, handler: ControlHandler) -> None:
-        """Consume control messages (T17: point-to-point, best-effort)."""
-        self._consumers.consume(JobKind.CONTROL, self._names.control, handler, Slots(1))
-
     def defer_consumers(self) -> None:
         """Park every consumer loop started from now on until :meth:`start_consumers`.
         Producers are never deferred; a process that only dispatches never looks like a worker."""
@@ -468,67 +424,6 @@ class QueueTransport:
     def start_consumers(self) -> None:
         """Start every parked consumer loop (and stop deferring)."""
         self._consumers.start_deferred()
-
-    # ------------------------------------------------------------------ health (T6, T12, T13)
-
-    def worker_status(self) -> WorkerStatus:
-        """This instance's liveness snapshot (what its heartbeats carry)."""
-        return self._controller.snapshot()
-
-    async def queue_depth(self, group: str) -> int | None:
-        """Jobs waiting on ``group``'s task queue, or ``None`` if the broker cannot count."""
-        if not isinstance(self._broker, SupportsSize):
-            return None
-        return await self._broker.size_of(self.task_queue(group))
-
-    async def group_health(self, group: str) -> GroupHealth | None:
-        """T12: the group's depth and its live workers (with their headroom and p95).
-
-        Returns:
-            ``None`` without a key store: no worker can advertise liveness then, and "a
-            backlog and zero workers" would be a false alarm.
-        """
-        keys = self._backend.keys
-        if keys is None:
-            return None
-        token = self.token_of(group)
-        depth = await self.queue_depth(group) or 0
-        return await read_group_health(keys, self._names, token, depth)
-
-    async def worker_health(self) -> list[GroupHealth] | None:
-        """Every group that has a live worker (by routing token), with its depth."""
-        return await read_worker_health(self._backend, self._names)
-
-    async def list_worker_descriptors(self, group: str) -> list[WorkerDescriptor]:
-        """T13: the live descriptors of the workers serving ``group``, read through a short
-        cache (``descriptor_cache`` seconds, default 5)."""
-        keys = self._backend.keys
-        if keys is None:
-            return []
-        now = trio.current_time()
-        cached = self._descriptor_cache
-        if cached is None or now - cached[0] >= self._options.descriptor_cache:
-            cached = self._descriptor_cache = (
-                now,
-                await keys.entries(self._names.worker_descriptor("")),
-            )
-        token = self.token_of(group)
-        found = []
-        for entry in cached[1]:
-            try:
-                raw = orjson.loads(entry.value)
-                if token in raw["tokens"]:
-                    found.append(
-                        WorkerDescriptor(
-                            raw["instance"],
-                            tuple(raw["tokens"]),
-                            tuple(raw["steps"]),
-                            raw["startedAt"],
-                        )
-                    )
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                continue
-        return found
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -82,7 +82,7 @@ async def test_redis_backend_round_trip(redis_url: str) -> None:
             )
             with trio.fail_after(10):
                 await arrived.wait()
-            health = await transport.group_health("double")
+            health = await transport.health.group_health("double")
             assert health is not None
             assert len(health.live_workers) == 1
     assert [r.output for r in got] == [42]

@@ -57,7 +57,7 @@ async def test_t24_close_waits_for_a_handler_that_finishes_in_budget(
         await transport.aclose()
         assert trio.current_time() - start == 3.0
     assert broker.handbacks == []
-    assert await broker.size_of(transport.task_queue("job")) == 0
+    assert await broker.size_of(transport.names.task_queue("job")) == 0
     assert await broker.size_of(transport.names.results) == 1
 
 
@@ -112,7 +112,7 @@ async def test_t24_a_long_handler_is_cancelled_at_the_deadline_and_handed_back_o
     assert len(broker.handbacks) == 1
     (_, counted) = broker.handbacks[0]
     assert counted is False  # attempt-neutral
-    again = await broker.inner.pop_from(transport.task_queue("job"))
+    again = await broker.inner.pop_from(transport.names.task_queue("job"))
     assert again is not None
     assert (again.attempts, again.stalled_count) == (0, 0)
     assert await broker.size_of(transport.names.results) == 0
@@ -157,7 +157,7 @@ async def test_t24_close_is_idempotent_and_hands_back_when_the_caller_is_cancell
     assert outer.cancelled_caught
     assert trio.current_time() - start == 0.0
     assert len(broker.handbacks) == 1  # ... and the claim is still handed back, not lost
-    again = await broker.inner.pop_from(transport.task_queue("job"))
+    again = await broker.inner.pop_from(transport.names.task_queue("job"))
     assert again is not None
     assert again.attempts == 0
     await transport.aclose()  # again: nothing happens
@@ -182,7 +182,7 @@ async def test_t24_consumers_stop_first_no_new_job_is_taken(
     assert trio.current_time() - start == 2.0
     assert sleeper.runs == 1
     assert all(counted is False for _, counted in broker.handbacks)
-    assert await broker.size_of(transport.task_queue("job")) == 1
+    assert await broker.size_of(transport.names.task_queue("job")) == 1
 
 
 async def test_t24_a_dead_broker_cannot_make_close_overrun_its_bound(
@@ -243,7 +243,7 @@ async def test_t24_renewal_keeps_claims_alive_through_the_close_drain(
             start = trio.current_time()
         assert trio.current_time() - start == 20.0
         assert errors.seen == []
-        assert await backend.broker.size_of(transport.task_queue("job")) == 0  # type: ignore[attr-defined]
+        assert await backend.broker.size_of(transport.names.task_queue("job")) == 0  # type: ignore[attr-defined]
 
 
 @given(
@@ -292,7 +292,7 @@ def test_t24_property_close_ends_at_min_of_done_and_deadline_and_loses_nothing(
             1 for at in finished.values() if at <= close_start
         )
         # nothing lost: every job finished, or is back in the queue ready to run
-        left = await broker.size_of(transport.task_queue("job"))
+        left = await broker.size_of(transport.names.task_queue("job"))
         assert len(finished) + left == len(durations)
         handed_back = [job_id for job_id, _ in broker.handbacks]
         assert len(handed_back) == len(set(handed_back))  # each at most once
@@ -331,7 +331,7 @@ async def test_a_cancel_around_the_backend_too_still_hands_back_while_it_is_open
     assert outer.cancelled_caught
     assert errors.messages() == []
     async with dt.open_backend(url) as backend:
-        again = await backend.broker.pop_from(transport.task_queue("job"))
+        again = await backend.broker.pop_from(transport.names.task_queue("job"))
     assert again is not None
     assert (again.attempts, again.stalled_count) == (0, 0)
 

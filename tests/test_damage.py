@@ -87,7 +87,7 @@ class World:
 
     @property
     def queue(self) -> str:
-        return self.transport.task_queue("job")
+        return self.transport.names.task_queue("job")
 
     def damaged(self) -> list[dt.DamagedJob]:
         return [e for e in self.errors.seen if isinstance(e, dt.DamagedJob)]

@@ -167,7 +167,7 @@ async def test_t12_group_health_depth_and_live_workers_with_headroom(
         for n in range(5):
             await eng.dispatch(dt.RemoteTask(run_id="r", step_id=f"s{n}", attempt=1, name="resize"))
         await trio.sleep(10.5)  # the 10 s beat carries the busy status
-        health = await eng.group_health("resize")
+        health = await eng.health.group_health("resize")
         assert health is not None
         assert health.group == "resize"
         assert health.depth == 2
@@ -176,10 +176,10 @@ async def test_t12_group_health_depth_and_live_workers_with_headroom(
         assert worker.status is not None
         assert (worker.status.limit, worker.status.in_flight, worker.headroom) == (3, 3, 0)
         assert health.headroom == 0
-        assert await eng.group_health("nobody-serves-this") == dt.GroupHealth(
+        assert await eng.health.group_health("nobody-serves-this") == dt.GroupHealth(
             "nobody-serves-this", 0, ()
         )
-        everything = await eng.worker_health()
+        everything = await eng.health.worker_health()
         assert everything is not None
         assert [g.group for g in everything] == ["resize"]
         release.set()
@@ -190,8 +190,8 @@ async def test_t12_no_key_store_means_no_health_not_zero_workers(
 ) -> None:
     async with dt.open_queue_transport(backend(keys=None)) as t:
         t.handle("charge", noop)
-        assert await t.group_health("charge") is None
-        assert await t.worker_health() is None
+        assert await t.health.group_health("charge") is None
+        assert await t.health.worker_health() is None
 
 
 async def test_t13_descriptors_are_read_through_a_short_cache(
@@ -200,16 +200,16 @@ async def test_t13_descriptors_are_read_through_a_short_cache(
     shared_keys = MemoryKeyStore()
     shared_broker = MemoryBroker()
     async with dt.open_queue_transport(backend(shared_keys, shared_broker)) as reader:
-        assert await reader.list_worker_descriptors("charge") == []  # cached at t=0
+        assert await reader.health.list_worker_descriptors("charge") == []  # cached at t=0
         async with dt.open_queue_transport(
             backend(shared_keys, shared_broker), instance_id="w9"
         ) as worker:
             worker.handle("charge", noop)
             worker.handle("refund", noop)
             await trio.sleep(4)
-            assert await reader.list_worker_descriptors("charge") == []  # still cached
+            assert await reader.health.list_worker_descriptors("charge") == []  # still cached
             await trio.sleep(1)
-            (descriptor,) = await reader.list_worker_descriptors("charge")
+            (descriptor,) = await reader.health.list_worker_descriptors("charge")
             assert descriptor.instance == "w9"
             assert descriptor.tokens == ("charge", "refund")
             assert descriptor.steps == ("charge", "refund")
@@ -219,7 +219,7 @@ async def test_t6_fixed_concurrency_stays_fixed(autojump_clock: trio.testing.Moc
     async with dt.open_queue_transport(backend(MemoryKeyStore()), concurrency=8) as t:
         t.handle("charge", noop)
         await trio.sleep(120)
-        status = t.worker_status()
+        status = t.health.worker_status()
         assert (status.mode, status.limit) == ("fixed", 8)
 
 
@@ -279,7 +279,7 @@ async def test_t6_adaptive_finds_the_downstreams_capacity(
         async def keep_queue_full() -> None:
             n = 0
             while True:
-                if await t.queue_depth("call") or 0 < 200:
+                if await t.health.queue_depth("call") or 0 < 200:
                     for _ in range(100):
                         n += 1
                         await t.dispatch(
@@ -292,9 +292,9 @@ async def test_t6_adaptive_finds_the_downstreams_capacity(
             limits = []
             for _ in range(60):
                 await trio.sleep(1)
-                limits.append(t.worker_status().limit)
+                limits.append(t.health.worker_status().limit)
             nursery.cancel_scope.cancel()
-        status = t.worker_status()
+        status = t.health.worker_status()
     assert status.mode == "adaptive"
     assert status.last_adjustment is not None
     assert max(limits) > 8  # it probed above the capacity ...

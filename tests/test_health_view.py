@@ -63,7 +63,7 @@ async def test_watch_shows_a_running_workers_group_live(
             assert 'durable_trio_group_live_workers{group="thumbnails"} 1' in metrics
             assert 'durable_trio_worker_limit{group="thumbnails",instance="worker-7"} 4' in metrics
             # the view itself never looks like a worker
-            health = await worker.group_health("thumbnails")
+            health = await worker.health.group_health("thumbnails")
             assert health is not None
             assert [w.instance for w in health.live_workers] == ["worker-7"]
 

@@ -61,7 +61,7 @@ async def test_t9_a_silent_workers_job_comes_back_within_threshold_plus_one_swee
     ) as transport:
         await transport.dispatch(task())
         # a worker claims it and dies: nobody renews its claim
-        dead = await broker.pop_from(transport.task_queue("step"), worker="dead-worker")
+        dead = await broker.pop_from(transport.names.task_queue("step"), worker="dead-worker")
         assert dead is not None
         ran_at: list[float] = []
 
@@ -104,7 +104,7 @@ async def test_t9_the_fourth_stall_fails_the_job_and_publishes_a_retryable_failu
         transport.on_result(on_result)
         await transport.dispatch(task())
         await trio.sleep(100)
-        queue = transport.task_queue("step")
+        queue = transport.names.task_queue("step")
         (failed,) = await shared.failed_jobs(queue)
     assert starts == [0.0, 15.0, 30.0, 45.0]
     (result,) = results
@@ -170,9 +170,9 @@ async def test_t9_a_poison_task_whose_failure_result_cannot_be_published_is_trie
         await transport.dispatch(task())
         await trio.sleep(70)
         assert results == []  # the 4th stall (at 60) could not publish: nothing failed yet
-        assert await shared.failed_jobs(transport.task_queue("step")) == []
+        assert await shared.failed_jobs(transport.names.task_queue("step")) == []
         await trio.sleep(30)
-        (failed,) = await shared.failed_jobs(transport.task_queue("step"))
+        (failed,) = await shared.failed_jobs(transport.names.task_queue("step"))
     ((at, result),) = results
     assert at == 75.0  # the next sweep that found the claim 10 s old
     assert (result.status, result.error and result.error.code) == (dt.StepStatus.FAILED, "stalled")
@@ -273,7 +273,7 @@ async def test_t9_the_sweep_is_off_at_interval_zero(autojump_clock: trio.testing
         backend_with(broker), stalled_threshold=10.0, stalled_check_interval=0
     ) as transport:
         await transport.dispatch(task())
-        await broker.pop_from(transport.task_queue("step"), worker="dead")
+        await broker.pop_from(transport.names.task_queue("step"), worker="dead")
 
         async def step(t: dt.RemoteTask) -> None:
             raise AssertionError("never redelivered without a sweep")
@@ -375,7 +375,7 @@ async def test_t8_a_lost_lease_may_be_left_to_finish_but_never_finalizes(
         await trio.sleep(15)
         slow_broker.paused = False
         await trio.sleep(20)  # t=36: a finished at 30; its outcome was discarded
-        queue = worker_a.task_queue("step")
+        queue = worker_a.names.task_queue("step")
         assert finished_a == [30.0]
         # b's claim is intact: a's finish did not complete it
         assert await shared.size_of(queue) == 0
@@ -396,6 +396,6 @@ async def test_t10_handback_on_close_counts_neither_a_stall_nor_an_attempt(
         transport.handle("step", step)
         await transport.dispatch(task())
         await started.wait()
-    again = await broker.pop_from(transport.task_queue("step"))
+    again = await broker.pop_from(transport.names.task_queue("step"))
     assert again is not None
     assert (again.attempts, again.stalled_count, again.stalls) == (0, 0, ())

@@ -93,7 +93,7 @@ async def test_t9_a_silent_workers_job_comes_back_within_threshold_plus_a_sweep(
     async with dt.open_backend(url) as backend:
         async with dt.open_queue_transport(backend, **options()) as transport:
             await transport.dispatch(task())
-            dead = await backend.broker.pop_from(transport.task_queue("step"), worker="dead")
+            dead = await backend.broker.pop_from(transport.names.task_queue("step"), worker="dead")
             assert dead is not None
             claimed_at = trio.current_time()
             ran = trio.Event()
@@ -135,7 +135,7 @@ async def test_t9_the_fourth_stall_fails_the_job_and_publishes_a_retryable_failu
             await transport.dispatch(task())
             with trio.fail_after(10):
                 await got.wait()
-            (failed,) = await real.broker.failed_jobs(transport.task_queue("step"))  # type: ignore[attr-defined]
+            (failed,) = await real.broker.failed_jobs(transport.names.task_queue("step"))  # type: ignore[attr-defined]
     (result,) = results
     assert result.error is not None
     assert (result.error.code, result.error.retryable) == ("stalled", True)

@@ -119,7 +119,7 @@ async def test_a_step_returning_deeply_nested_output_runs_once_and_fails_its_run
                 stats = engine.statistics()
                 broker = backend.broker
                 assert isinstance(broker, MemoryBroker)
-                failed_tasks = await broker.failed_jobs(engine.transport.task_queue("deep"))
+                failed_tasks = await broker.failed_jobs(engine.transport.names.task_queue("deep"))
     assert trio.current_time() == 0.0
     assert runs == {"d:1": 1}  # not re-run: bad_output is not retryable
     step_error = failed.value.error["error"]
@@ -240,9 +240,9 @@ async def test_a_task_on_a_queue_nested_too_deep_fails_its_step_once(
             + b"]" * 600
             + b"}",
         )
-        await broker.push_on(transport.task_queue("job"), Job("deep-1", data))
+        await broker.push_on(transport.names.task_queue("job"), Job("deep-1", data))
         await trio.sleep(1)
-        (failed,) = await broker.failed_jobs(transport.task_queue("job"))
+        (failed,) = await broker.failed_jobs(transport.names.task_queue("job"))
     assert ran == []
     assert failed.id == "deep-1"
     assert "nested deeper than 200 levels" in failed.error
@@ -284,7 +284,7 @@ async def test_dispatching_nan_or_infinity_is_refused_not_nulled(
             await transport.dispatch(task(input={"a": [1, bad]}))
         broker = backend.broker
         assert isinstance(broker, MemoryBroker)
-        assert await broker.size_of(transport.task_queue("job")) == 0
+        assert await broker.size_of(transport.names.task_queue("job")) == 0
     assert caught.value.path == "$.input.a[1]"
 
 

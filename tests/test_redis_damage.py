@@ -153,7 +153,7 @@ async def test_members_without_meta_are_quarantined_not_fatal(redis_url: str, ns
     errors = Errors()
     served: list[str] = []
     async with world(redis_url, ns) as (backend, client, producer):
-        q = Queue(client, producer.task_queue("work"))
+        q = Queue(client, producer.names.task_queue("work"))
         await dispatch(producer, ["g1", "g2"])
         # a ready member whose id has no meta (but a job body), one too short to hold an id,
         # and a delayed member (due) whose id has no meta
@@ -230,7 +230,7 @@ async def test_garbage_meta_is_failed_kept_raw(redis_url: str, ns: str) -> None:
     errors = Errors()
     served: list[str] = []
     async with world(redis_url, ns) as (backend, client, producer):
-        q = Queue(client, producer.task_queue("work"))
+        q = Queue(client, producer.names.task_queue("work"))
         ids = await dispatch(producer, ["g1", "bad", "g2"])
         n = await q.internal_id(ids["bad"])
         body = await q.r("HGET", q.key("jobs"), n)
@@ -258,7 +258,7 @@ async def test_garbage_meta_on_a_stalled_claim_is_failed_not_dropped(
     errors = Errors()
     served: list[str] = []
     async with world(redis_url, ns) as (backend, client, producer):
-        q = Queue(client, producer.task_queue("work"))
+        q = Queue(client, producer.names.task_queue("work"))
         ids = await dispatch(producer, ["stalled", "g1"])
         broker = backend.broker
         claim = await broker.pop_from(q.name, worker="dead")  # a worker that died holding it
@@ -348,7 +348,7 @@ async def test_a_job_id_that_is_not_utf8_is_set_aside(redis_url: str, ns: str) -
     errors = Errors()
     served: list[str] = []
     async with world(redis_url, ns) as (backend, client, producer):
-        q = Queue(client, producer.task_queue("work"))
+        q = Queue(client, producer.names.task_queue("work"))
         ids = await dispatch(producer, ["g1", "bad"])
         n = await q.internal_id(ids["bad"])
         await q.r("HSET", q.key("meta"), n, b"0:0:0:id-\xff\xfe")
@@ -371,7 +371,7 @@ async def test_junk_stall_history_is_failed_kept_raw(redis_url: str, ns: str) ->
     errors = Errors()
     served: list[str] = []
     async with world(redis_url, ns) as (backend, client, producer):
-        q = Queue(client, producer.task_queue("work"))
+        q = Queue(client, producer.names.task_queue("work"))
         ids = await dispatch(producer, ["g1", "bad", "bad2"])
         await q.r("HSET", q.key("stalls"), await q.internal_id(ids["bad"]), b"{not json")
         await q.r("HSET", q.key("stalls"), await q.internal_id(ids["bad2"]), b'[["x", 1]]')
@@ -396,7 +396,7 @@ async def test_junk_stall_history_of_a_stalled_claim_is_replaced_and_kept(
     errors = Errors()
     served: list[str] = []
     async with world(redis_url, ns) as (backend, client, producer):
-        q = Queue(client, producer.task_queue("work"))
+        q = Queue(client, producer.names.task_queue("work"))
         ids = await dispatch(producer, ["stalled"])
         claim = await backend.broker.pop_from(q.name, worker="dead")
         assert claim is not None
@@ -499,7 +499,7 @@ async def test_evicted_keys_are_reported_not_fatal(
     served: list[str] = []
     body = "x" * 4000
     async with world(url, ns) as (backend, client, producer):
-        queues = [Queue(client, producer.task_queue(f"work{i}")) for i in range(8)]
+        queues = [Queue(client, producer.names.task_queue(f"work{i}")) for i in range(8)]
         # Acknowledged jobs, past maxmemory: Redis evicts whole keys of the queues (a job body
         # hash, a meta hash, a ready set ...) while it takes the pushes.
         for round_ in range(40):
@@ -559,8 +559,8 @@ async def test_damage_on_the_engine_queues_is_set_aside(redis_url: str, ns: str)
         names = producer.names
         queues = [Queue(client, name) for name in (names.results, names.heartbeats, names.control)]
         await producer.publish_result(result("g1"))
-        await producer.heartbeat(dt.StepHeartbeat("r", "g1", 1, at=1.0))
-        await producer.send_control(dt.ControlMessage("cancel", run_id="r", step_id="g1"))
+        await producer.remote.heartbeat(dt.StepHeartbeat("r", "g1", 1, at=1.0))
+        await producer.remote.send_control(dt.ControlMessage("cancel", run_id="r", step_id="g1"))
         for q in queues:
             await backend.broker.push_on(q.name, Job("bad", b"{}"))
             await q.r("HSET", q.key("meta"), await q.internal_id("bad"), b"bad meta")
@@ -577,8 +577,8 @@ async def test_damage_on_the_engine_queues_is_set_aside(redis_url: str, ns: str)
 
         def register(engine: dt.QueueTransport) -> None:
             engine.on_result(on_result)
-            engine.on_heartbeat(on_heartbeat)
-            engine.on_control(on_control)
+            engine.remote.on_heartbeat(on_heartbeat)
+            engine.remote.on_control(on_control)
 
         async def done() -> bool:
             censuses = [await q.census() for q in queues]
@@ -600,7 +600,7 @@ async def test_workers_restarted_on_damaged_data_serve_the_rest(redis_url: str, 
     errors = Errors()
     served: list[str] = []
     async with world(redis_url, ns) as (backend, client, producer):
-        q = Queue(client, producer.task_queue("work"))
+        q = Queue(client, producer.names.task_queue("work"))
         # damage that stays: unreadable records in the inspection lists
         await q.r("LPUSH", q.key("failed"), b"\xff not a record")
         await q.r("LPUSH", q.key("quarantine"), b"\xff not a record")
@@ -772,7 +772,7 @@ async def _damage_example(
     served: list[str] = []
     consumed: list[str] = []
     async with world(url, ns) as (backend, client, producer):
-        queue = producer.task_queue("work") if target == "tasks" else producer.names.results
+        queue = producer.names.task_queue("work") if target == "tasks" else producer.names.results
         q = Queue(client, queue)
 
         async def push(step: str) -> str:

@@ -121,7 +121,7 @@ async def test_t14_a_running_turn_heartbeats(autojump_clock: trio.testing.MockCl
                 beats.append((trio.current_time(), beat.step_id))
 
             transport.remote.handle_workflow("order", slow_turn)
-            transport.on_heartbeat(on_beat)
+            transport.remote.on_heartbeat(on_beat)
             await transport.remote.dispatch_workflow_task(turn_task())
             await trio.sleep(60)
     assert [at for at, _ in beats] == [10.0, 20.0, 30.0]
@@ -500,11 +500,11 @@ async def test_t22_a_store_less_pod_forwards_its_worker_advertisements(
 
             pod.handle("resize", step)
             await trio.sleep(1)
-            health = await control.group_health("resize")
+            health = await control.health.group_health("resize")
             assert health is not None
             assert [w.instance for w in health.live_workers] == ["pod"]
         await trio.sleep(1)
-        health = await control.group_health("resize")
+        health = await control.health.group_health("resize")
         assert health is not None
         assert health.live_workers == ()  # withdrawn through the control plane on close
 

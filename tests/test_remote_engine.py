@@ -626,11 +626,11 @@ async def test_t22_a_worker_in_a_store_less_pod_is_seen_by_the_control_plane(
             worker_app(executions), pod_backend(backend), tenant_pod=True, instance_id="pod-w"
         ):
             await trio.sleep(1)
-            health = await engine.transport.group_health("charge")
+            health = await engine.transport.health.group_health("charge")
             assert health is not None
             assert [w.instance for w in health.live_workers] == ["pod-w"]
         await trio.sleep(1)
-        health = await engine.transport.group_health("charge")
+        health = await engine.transport.health.group_health("charge")
         assert health is not None
         assert health.live_workers == ()  # withdrawn through the control plane on close
 

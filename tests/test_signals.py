@@ -43,7 +43,7 @@ async def dispatch_and_collect(
             await transport.dispatch(
                 dt.RemoteTask(run_id="r", step_id="s", attempt=1, name="work", input=seconds)
             )
-            queue.append(transport.task_queue("work"))
+            queue.append(transport.names.task_queue("work"))
             ready.set()
             await trio.sleep_forever()
 

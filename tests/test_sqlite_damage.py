@@ -60,7 +60,7 @@ async def fill(path: Path, tasks: range, results: range = range(0)) -> None:
     """Dispatch good tasks (steps ``s{n}``) and publish good results (steps ``r{n}``)."""
     async with dt.open_backend(url(path)) as backend:
         async with dt.open_queue_transport(backend, namespace=NS) as transport:
-            assert transport.task_queue(STEP) == TASKS
+            assert transport.names.task_queue(STEP) == TASKS
             assert transport.names.results == RESULTS
             for n in tasks:
                 await transport.dispatch(task(n))

@@ -64,7 +64,7 @@ async def test_t1_tasks_route_to_prefix_tasks_token(autojump_clock: trio.testing
         await transport.dispatch(task("evil:name}{*"))
         assert await broker.size_of("shop:tasks:charge-card") == 1
         assert await broker.size_of("shop:tasks:billing") == 1
-        evil = transport.task_queue("evil:name}{*")
+        evil = transport.names.task_queue("evil:name}{*")
         assert evil.startswith("shop:tasks:evil_name___+")
         assert await broker.size_of(evil) == 1
     async with dt.open_queue_transport(
@@ -90,8 +90,8 @@ async def test_t2_every_queue_carries_the_namespace(autojump_clock: trio.testing
 
             transport.handle("a", noop)
             transport.on_result(ignore)
-            transport.on_heartbeat(ignore)
-            transport.on_control(ignore)
+            transport.remote.on_heartbeat(ignore)
+            transport.remote.on_control(ignore)
             queues = transport.statistics().queues
             assert len(queues) == 4
             assert all(q.startswith("billing:") for q in queues)
@@ -291,7 +291,7 @@ async def test_t10_a_finalize_answering_lease_lost_is_reported_not_retried(
         await transport.dispatch(task("job"))
         await trio.sleep(1)
         # someone else's sweep takes the claim back behind our back
-        await broker.inner.recover_stalled_jobs(transport.task_queue("job"), 0.5, 3)
+        await broker.inner.recover_stalled_jobs(transport.names.task_queue("job"), 0.5, 3)
         release.set()
         await trio.sleep(1)
     assert any("lease lost" in m for m in errors.messages())
@@ -312,9 +312,9 @@ async def test_t17_control_is_point_to_point(autojump_clock: trio.testing.MockCl
                 async def on_control(m: dt.ControlMessage, me: str = transport.instance_id) -> None:
                     seen.append((me, m.run_id))
 
-                transport.on_control(on_control)
+                transport.remote.on_control(on_control)
             for n in range(20):
-                await a.send_control(dt.ControlMessage(action="cancel", run_id=f"r{n}"))
+                await a.remote.send_control(dt.ControlMessage(action="cancel", run_id=f"r{n}"))
             await trio.sleep(5)
     assert sorted(str(run) for _, run in seen) == sorted(f"r{n}" for n in range(20))
 
@@ -333,10 +333,10 @@ async def test_deferred_consumers_take_nothing_until_started(
         await transport.dispatch(task("job"))  # producers are never deferred
         await trio.sleep(10)
         assert broker.pops == []
-        assert await broker.size_of(transport.task_queue("job")) == 1
+        assert await broker.size_of(transport.names.task_queue("job")) == 1
         transport.start_consumers()
         await trio.sleep(1)
-        assert await broker.size_of(transport.task_queue("job")) == 0
+        assert await broker.size_of(transport.names.task_queue("job")) == 0
 
 
 async def test_dispatch_refuses_an_oversized_payload(
@@ -383,7 +383,7 @@ class BadInputWorld:
         self.ran: list[str] = []
 
     async def push_raw(self, data: bytes, job_id: str = "bad-1") -> None:
-        await self.broker.push_on(self.transport.task_queue("job"), Job(job_id, data))
+        await self.broker.push_on(self.transport.names.task_queue("job"), Job(job_id, data))
 
     async def good_job_still_runs(self) -> None:
         await self.transport.dispatch(task("job", 99))
@@ -391,7 +391,7 @@ class BadInputWorld:
         assert "step-99" in self.ran
 
     async def failed(self) -> list[Any]:
-        return await self.broker.failed_jobs(self.transport.task_queue("job"))
+        return await self.broker.failed_jobs(self.transport.names.task_queue("job"))
 
 
 @pytest.fixture
@@ -539,7 +539,7 @@ async def test_a_raising_error_hook_does_not_kill_the_loop(
             ran.append(t.step_id)
 
         transport.handle("job", job)
-        await broker.push_on(transport.task_queue("job"), Job("bad", b"nope"))
+        await broker.push_on(transport.names.task_queue("job"), Job("bad", b"nope"))
         await transport.dispatch(task("job", 5))
         await trio.sleep(1)
     assert ran == ["step-5"]

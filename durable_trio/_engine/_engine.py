@@ -122,7 +122,7 @@ class Engine:
         if any(w.remote for w in self.app.workflows.values()):
             self.transport.remote.on_decision(results.on_decision)
             self.transport.remote.on_step_event(results.on_step_event)
-            self.transport.on_heartbeat(results.on_heartbeat)
+            self.transport.remote.on_heartbeat(results.on_heartbeat)
         options = self.options
         if options.serve_tenants:
             from ._control import ControlPlane
@@ -363,7 +363,9 @@ class Engine:
             if record is not None:
                 self._services.run_event("cancelled", record)
             try:
-                await self.transport.send_control(ControlMessage(action="cancel", run_id=run_id))
+                await self.transport.remote.send_control(
+                    ControlMessage(action="cancel", run_id=run_id)
+                )
             except (BrokerError, TransportClosed) as exc:
                 self._services.report(exc)
         return cancelled

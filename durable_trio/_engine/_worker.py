@@ -163,7 +163,7 @@ async def open_worker(
             calls would otherwise hold the turn forever.
         tenant_pod: this worker runs in a store-less tenant pod (a backend with no key store):
             its liveness and descriptor are forwarded to the control plane, which records them
-            (T22, docs/spec.md), so the control plane's ``group_health`` sees it.
+            (T22, docs/spec.md), so the control plane's ``health.group_health`` sees it.
         **transport_options: :func:`~durable_trio.open_queue_transport` options; ``namespace``
             defaults to the app's name.
 
@@ -204,5 +204,5 @@ async def open_worker(
                 name,
                 functools.partial(run_turn, app.workflows[name], transport, limit=turn_limit),
             )
-        transport.on_control(worker._on_control)
+        transport.remote.on_control(worker._on_control)
         yield worker
