@@ -36,12 +36,14 @@ MIN_PORTABLE_PRIORITY = -(2**53)
 MAX_PORTABLE_PRIORITY = 2**53
 
 
+def _shown(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 60 else f"{shown[:57]}..."
+
+
 def given(value: Any) -> str:
     """What a caller passed, for a message: its type and a short repr."""
-    shown = repr(value)
-    if len(shown) > 60:
-        shown = f"{shown[:57]}..."
-    return f"a {type(value).__name__} ({shown})"
+    return f"a {type(value).__name__} ({_shown(value)})"
 
 
 def check_name(value: Any, call: str, argument: str, hint: str = "") -> str:
@@ -106,16 +108,18 @@ def check_seconds(value: Any, call: str, argument: str, *, positive: bool = Fals
         TypeError: it is not a real number (a ``bool`` is not one here).
         ConfigError: it is negative (or zero, when ``positive``), NaN or infinite.
     """
-    kind = type(value)
-    if (kind is float or kind is int) and 0 <= value < math.inf and (value or not positive):
-        return float(value)  # the common case, without the ABC check below
+    if type(value) is float and 0.0 <= value < math.inf and (value or not positive):
+        return value  # the common case, without the ABC check below
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{call}: {argument} must be a number of seconds, got {given(value)}")
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past the largest float
+        seconds = math.inf
     if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
         bound = "> 0" if positive else ">= 0"
         raise ConfigError(
-            f"{call}: {argument} must be a finite number of seconds {bound}, got {value!r}"
+            f"{call}: {argument} must be a finite number of seconds {bound}, got {_shown(value)}"
         )
     return seconds
 
@@ -134,7 +138,7 @@ def check_priority(value: Any, call: str, argument: str = "priority") -> int | N
     if not MIN_PORTABLE_PRIORITY <= value <= MAX_PORTABLE_PRIORITY:
         raise ConfigError(
             f"{call}: {argument} must be between -2**53 and 2**53 (what every broker keeps "
-            f"exactly), got {value!r}"
+            f"exactly), got {_shown(value)}"
         )
     return value
 

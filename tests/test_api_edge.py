@@ -283,6 +283,7 @@ async def test_ctx_run_refuses_bad_arguments_at_once(
         (-1, dt.ConfigError, "ctx.sleep: seconds must be a finite number of seconds >= 0"),
         (math.nan, dt.ConfigError, "seconds must be a finite number of seconds >= 0, got nan"),
         (math.inf, dt.ConfigError, "seconds must be a finite number of seconds >= 0, got inf"),
+        (10**400, dt.ConfigError, "seconds must be a finite number of seconds >= 0, got 1000"),
     ],
 )
 async def test_ctx_sleep_refuses_bad_arguments_at_once(
