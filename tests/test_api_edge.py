@@ -426,7 +426,7 @@ async def test_transport_dispatch_refuses_bad_arguments_at_once(
         with pytest.raises(kind) as raised:
             await transport.dispatch(*args, **kwargs)
         assert trio.current_time() == before
-        assert await transport.queue_depth("double") == 0
+        assert await transport.health.queue_depth("double") == 0
     assert match in str(raised.value), str(raised.value)
 
 
@@ -458,7 +458,7 @@ async def test_transport_dispatch_many_refuses_bad_arguments_at_once(
             await transport.dispatch_many(tasks)
         assert trio.current_time() == before
         # Checked before anything is sent: not even the good tasks ahead of a bad one.
-        assert await transport.queue_depth("double") == 0
+        assert await transport.health.queue_depth("double") == 0
     assert match in str(raised.value), str(raised.value)
 
 
@@ -471,7 +471,7 @@ async def test_transport_dispatch_many_takes_any_iterable_of_tasks(
     ):
         ids = await transport.dispatch_many(task(step_id=str(n)) for n in range(3))
         assert len(ids) == 3
-        assert await transport.queue_depth("double") == 3
+        assert await transport.health.queue_depth("double") == 3
         await transport.dispatch(task(step_id="9"), delay=0)
 
 

@@ -71,7 +71,9 @@ async def time_out(
     if driver is not None:
         driver.scope.cancel()
     try:
-        await services.transport.send_control(ControlMessage(action="cancel", run_id=run.run_id))
+        await services.transport.remote.send_control(
+            ControlMessage(action="cancel", run_id=run.run_id)
+        )
     except (BrokerError, TransportClosed) as exc:
         services.report(exc)
     return final
