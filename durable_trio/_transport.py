@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
@@ -27,6 +27,7 @@ import attrs
 import trio
 
 from ._adaptive import ConcurrencyController
+from ._arguments import check_seconds, check_task, check_tasks
 from ._claims import _Loop
 from ._consume import Consumers
 from ._errors import ConfigError, TransportClosed
@@ -286,7 +287,11 @@ class QueueTransport:
                 ``MAX_JSON_DEPTH``, ...); ``path`` names where.
             BrokerError: the broker did not take it.
             TransportClosed: the transport is closed.
+            TypeError, ConfigError: ``task`` is not a well-typed ``RemoteTask`` or ``delay``
+                not a finite number of seconds >= 0 (at once, naming the argument).
         """
+        check_task(task, "transport.dispatch")
+        delay = check_seconds(delay, "transport.dispatch", "delay")
         return await self._producers.push(
             self._names.task_queue(task.routing_group),
             JobKind.TASK,
@@ -295,7 +300,7 @@ class QueueTransport:
             delay=delay,
         )
 
-    async def dispatch_many(self, tasks: Sequence[RemoteTask]) -> list[str]:
+    async def dispatch_many(self, tasks: Iterable[RemoteTask]) -> list[str]:
         """Enqueue many tasks, in as few broker calls as the broker allows (one per routing
         queue on Redis and SQLite). Same errors as :meth:`dispatch`; on an error some tasks may
         have been enqueued already.
@@ -303,6 +308,7 @@ class QueueTransport:
         Returns:
             The job ids, in order.
         """
+        tasks = check_tasks(tasks, "transport.dispatch_many")
         return await self._producers.push_tasks(
             [(self._names.task_queue(task.routing_group), task) for task in tasks]
         )

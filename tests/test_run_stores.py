@@ -109,6 +109,31 @@ async def test_create_get_and_json_fidelity(store: RunStore) -> None:
     assert await store.get_run("missing") is None
 
 
+async def test_a_runs_timeout_is_stored_and_its_deadline_counts_from_creation(
+    store: RunStore,
+) -> None:
+    stored, _ = await store.create_run(run("t", status=RunStatus.RUNNING, timeout=12.5))
+    await store.create_run(run("none"))
+    assert stored.timeout == 12.5
+    assert stored.deadline == stored.created_at + 12.5
+    fetched = await store.get_run("t")
+    assert fetched is not None
+    assert (fetched.timeout, fetched.deadline) == (12.5, stored.deadline)
+    claimed = {r.run_id: r for r in await store.claim_runs("A", 30.0)}
+    assert (claimed["t"].timeout, claimed["t"].deadline) == (12.5, stored.deadline)
+    assert claimed["none"].timeout is None
+    listed = {r.run_id: r for r in await store.list_runs()}
+    assert (listed["t"].timeout, listed["none"].timeout, listed["none"].deadline) == (
+        12.5,
+        None,
+        None,
+    )
+    await store.finish_run("t", RunStatus.FAILED, error={"type": "RunTimedOut"})
+    finished = await store.get_run("t")
+    assert finished is not None
+    assert finished.timeout == 12.5
+
+
 async def test_list_runs_newest_first_with_filters(store: RunStore) -> None:
     await store.create_run(run("a", workflow="order"))
     await store.create_run(run("b", workflow="refund"))
@@ -349,3 +374,39 @@ async def test_sqlite_commits_concurrent_changes_together_and_isolates_a_failure
         assert await store.get_run("bad") is None
     finally:
         await store.aclose()
+
+
+async def test_sqlite_adds_the_timeout_column_to_a_file_written_before_it(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.execute(
+        """CREATE TABLE dt_runs (
+            namespace TEXT NOT NULL, run_id TEXT NOT NULL, seq INTEGER NOT NULL,
+            workflow TEXT NOT NULL, status TEXT NOT NULL, input TEXT NOT NULL,
+            output TEXT NOT NULL DEFAULT 'null', error TEXT NOT NULL DEFAULT 'null',
+            owner TEXT, lease_until REAL, created_at REAL NOT NULL, updated_at REAL NOT NULL,
+            PRIMARY KEY (namespace, run_id)
+        ) WITHOUT ROWID"""
+    )
+    db.execute(
+        "INSERT INTO dt_runs (namespace, run_id, seq, workflow, status, input, created_at, "
+        "updated_at) VALUES ('shop', 'old', 1, 'order', 'pending', '1', 5.0, 5.0)"
+    )
+    db.commit()
+    db.close()
+    for _ in range(2):  # and opening it again changes nothing
+        store = await SqliteRunStore.open(path, "shop")
+        try:
+            old = await store.get_run("old")
+            assert old is not None
+            assert (old.input, old.timeout, old.deadline) == (1, None, None)
+            await store.create_run(run(f"new{_}", timeout=3.0))
+            new = await store.get_run(f"new{_}")
+            assert new is not None
+            assert new.timeout == 3.0
+        finally:
+            await store.aclose()

@@ -39,6 +39,7 @@ from ._errors import (
     RunCancelled,
     RunFailed,
     RunNotFound,
+    RunTimedOut,
     StepFailed,
     UnknownWorkflow,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "RunRecord",
     "RunStatus",
     "RunStore",
+    "RunTimedOut",
     "RunView",
     "StepDefinition",
     "StepFailed",

@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import contextvars
-import math
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
 import attrs
 import trio
 
-from .._errors import ConfigError
+from .._arguments import check_callable, check_name, check_priority, check_seconds, check_type
 from ._errors import NonDeterminismError
 from ._records import StepKind, normalize_json
+from ._retry import Retry
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine, Generator
 
     from ._records import RunRecord
     from ._replay import History
-    from ._retry import Retry
 
 __all__ = ["Quiescence", "StepHandle", "StepInfo", "WorkflowContext", "step_info"]
 
@@ -219,9 +218,15 @@ class WorkflowContext:
             StepFailed: (when awaited) the step failed for good; catch it to compensate.
             PayloadError: ``input`` is not a JSON value (NaN, a set, nested deeper than
                 ``MAX_JSON_DEPTH``, ...); ``path`` names where.
+            TypeError: ``name`` is not a str, ``retry`` not a :class:`Retry`, ``priority``
+                not an int (at once, in the workflow).
+            ConfigError: ``name`` is empty, ``priority`` outside what every broker keeps.
         """
-        step_id = self._next_id()
+        step_id = self._next_id()  # before the checks, as histories recorded it
+        check_name(name, "ctx.step", "name")
         value = normalize_json(input, f"the input of step {name!r}")
+        check_type(retry, Retry, "ctx.step", "retry")
+        check_priority(priority, "ctx.step")
         driver = self._driver
         return StepHandle(
             self,
@@ -257,8 +262,17 @@ class WorkflowContext:
             name: a label (checked on replay).
             fn: a callable with no arguments returning a JSON value (or an awaitable of one).
             retry: its retry policy.
+
+        Raises:
+            TypeError: ``name`` is not a str, ``fn`` not callable, ``retry`` not a
+                :class:`Retry` (at once, in the workflow).
+            ConfigError: ``name`` is empty.
         """
-        step_id = self._next_id()
+        step_id = self._next_id()  # before the checks, as ctx.step
+        swapped = " (the call is ctx.run(name, fn): are they swapped?)" if callable(name) else ""
+        check_name(name, "ctx.run", "name", swapped)
+        check_callable(fn, "ctx.run", "fn")
+        check_type(retry, Retry, "ctx.run", "retry")
         driver = self._driver
         return StepHandle(
             self, step_id, StepKind.LOCAL, name, lambda: driver.local(step_id, name, fn, retry)
@@ -271,18 +285,14 @@ class WorkflowContext:
         wakes at that same time (at once if it has passed), not ``seconds`` after the restart.
 
         Raises:
+            TypeError: ``seconds`` is not a number.
             ConfigError: ``seconds`` is negative or not finite.
         """
-        if not (isinstance(seconds, int | float) and seconds >= 0 and math.isfinite(seconds)):
-            raise ConfigError(f"ctx.sleep needs a finite number of seconds >= 0, got {seconds!r}")
+        delay = check_seconds(seconds, "ctx.sleep", "seconds")
         step_id = self._next_id()
         driver = self._driver
         return StepHandle(
-            self,
-            step_id,
-            StepKind.TIMER,
-            "sleep",
-            lambda: driver.timer(step_id, float(seconds)),
+            self, step_id, StepKind.TIMER, "sleep", lambda: driver.timer(step_id, delay)
         )
 
     async def gather(self, *handles: StepHandle[Any], return_exceptions: bool = False) -> list[Any]:

@@ -27,17 +27,19 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .._arguments import check_bool, check_name, check_optional_name, check_seconds
 from .._errors import BrokerError, TransportClosed
 from .._transport import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._app import App  # noqa: TC001
+from ._deadline import drive_within_deadline, expired, time_out
 from ._errors import (
     EngineClosed,
     EngineError,
     RunCancelled,
-    RunFailed,
     RunNotFound,
     UnknownWorkflow,
+    run_failure,
 )
 from ._options import EngineOptions
 from ._records import RunRecord, RunStatus, StepRecord, normalize_json
@@ -173,7 +175,9 @@ class Engine:
         self._spawned.set()
         self._spawned = trio.Event()
         assert self._runs is not None
-        self._runs.start_soon(driver.drive, definition, name=f"run {run.run_id}")
+        self._runs.start_soon(
+            drive_within_deadline, self._services, driver, definition, name=f"run {run.run_id}"
+        )
         return driver
 
     # ------------------------------------------------------------------ public API
@@ -208,6 +212,9 @@ class Engine:
                     await self.store.finish_run(run.run_id, RunStatus.FAILED, error=error)
                     self._services.count("runs_failed")
                     continue
+                if expired(self._services, run):  # past its deadline: fails, never driven
+                    await time_out(self._services, run)
+                    continue
                 history = await self.store.get_steps(run.run_id)
                 self._services.count("runs_resumed")
                 self._spawn(run, history)
@@ -223,10 +230,12 @@ class Engine:
         *,
         run_id: str | None = None,
         detach: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 (the run's, stored; not this call's)
     ) -> str:
         """Start a run of ``workflow`` with ``input``; returns its run id at once.
 
-        Idempotent by ``run_id``: starting an id that exists starts nothing and returns it.
+        Idempotent by ``run_id``: starting an id that exists starts nothing and returns it
+        (the existing run keeps its input and its timeout).
 
         Args:
             workflow: a workflow the app registers.
@@ -234,14 +243,30 @@ class Engine:
             run_id: the run's id (default: a random one).
             detach: only record the run (status pending, no owner); an engine's reconcile
                 takes it over (this one's within ``reconcile_interval``).
+            timeout: seconds the run may take from now, on the run store's clock, whichever
+                engines drive it (the deadline is stored with the run: a resumed run keeps
+                it). At the deadline the run fails with ``RunTimedOut`` and its pending steps
+                are no longer waited on. ``None``: no timeout.
 
         Raises:
             UnknownWorkflow: the app does not register ``workflow``.
             EngineError: ``run_id`` exists as a run of another workflow.
             PayloadError: ``input`` is not a JSON value (NaN, a set, nested deeper than
                 ``MAX_JSON_DEPTH``, ...); ``path`` names where.
+            TypeError: ``workflow`` or ``run_id`` is not a str, ``detach`` not a bool,
+                ``timeout`` not a number.
+            ConfigError: ``workflow`` or ``run_id`` is empty, ``timeout`` not a finite
+                number of seconds > 0.
             EngineClosed: the engine is closed.
         """
+        check_name(workflow, "engine.start", "workflow")
+        check_optional_name(run_id, "engine.start", "run_id")
+        check_bool(detach, "engine.start", "detach")
+        seconds = (
+            None
+            if timeout is None
+            else check_seconds(timeout, "engine.start", "timeout", positive=True)
+        )
         if self._closing:
             raise EngineClosed("the engine is closed")
         if workflow not in self.app.workflows:
@@ -260,6 +285,7 @@ class Engine:
             updated_at=now,
             owner=None if detach else self.engine_id,
             lease_until=None if detach else now + self.options.run_lease,
+            timeout=seconds,
         )
         stored, created = await self.store.create_run(record)
         if not created:
@@ -284,6 +310,7 @@ class Engine:
         Raises:
             RunFailed: the run failed (``error_type`` says why: ``StepFailed``,
                 ``NonDeterminismError``, the workflow's own exception type ...).
+            RunTimedOut: (a ``RunFailed``) the run did not end within its ``timeout``.
             RunCancelled: the run was cancelled.
             RunNotFound: no such run.
             EngineClosed: the engine closed before the run ended.
@@ -302,7 +329,7 @@ class Engine:
             if record.status is RunStatus.CANCELLED:
                 raise RunCancelled(run_id, record.error)
             if record.status is RunStatus.FAILED:
-                raise RunFailed(run_id, record.error)
+                raise run_failure(run_id, record.error)
             if self._closing:
                 raise EngineClosed(f"the engine closed before run {run_id!r} ended")
             if run_id not in self._services.drivers:

@@ -20,8 +20,10 @@ __all__ = [
     "RunCancelled",
     "RunFailed",
     "RunNotFound",
+    "RunTimedOut",
     "StepFailed",
     "UnknownWorkflow",
+    "run_failure",
 ]
 
 
@@ -115,3 +117,19 @@ class RunCancelled(RunFailed):
     """``engine.result`` of a run that was cancelled."""
 
     _verb = "was cancelled"
+
+
+class RunTimedOut(RunFailed):
+    """``engine.result`` of a run that did not end within its ``timeout`` (see
+    :meth:`~durable_trio.Engine.start`): the run failed at its deadline, its stored ``error``
+    says so (``{"type": "RunTimedOut", "deadline": ..., "timeout": ..., "pending": [...]}``)."""
+
+    _verb = "timed out"
+
+
+def run_failure(run_id: str, error: Any) -> RunFailed:
+    """The exception ``engine.result`` raises for a failed run: :class:`RunTimedOut` when its
+    stored error says it timed out, else :class:`RunFailed`."""
+    if isinstance(error, dict) and error.get("type") == "RunTimedOut":
+        return RunTimedOut(run_id, error)
+    return RunFailed(run_id, error)

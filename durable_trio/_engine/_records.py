@@ -108,6 +108,15 @@ class RunRecord:
     """The engine driving it (``engine_id``), or ``None``."""
     lease_until: float | None = None
     """Store clock time until which ``owner`` holds it; past it, any engine may take it over."""
+    timeout: float | None = None
+    """Seconds the run may take from its creation (``engine.start(..., timeout=)``): see
+    :attr:`deadline`. ``None``: no timeout."""
+
+    @property
+    def deadline(self) -> float | None:
+        """Store clock time by which the run must end (``created_at + timeout``); the engine
+        driving it then fails it with ``RunTimedOut``. ``None``: no timeout."""
+        return None if self.timeout is None else self.created_at + self.timeout
 
 
 @attrs.frozen

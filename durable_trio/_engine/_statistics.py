@@ -60,6 +60,9 @@ class EngineStatistics:
     """Start-run messages and run requests served as a control plane."""
     tenant_events: int = 0
     """Run events published to tenant pods' inboxes."""
+    runs_timed_out: int = 0
+    """Runs failed at their deadline (``engine.start(..., timeout=)``); counted in
+    ``runs_failed`` too."""
 
 
 #: The fields of :class:`EngineStatistics` that are not counters but gauges (or the id).

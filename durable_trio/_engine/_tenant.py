@@ -18,7 +18,7 @@ from .._errors import ConfigError
 from .._transport import open_queue_transport
 from .._wire import RunReply, RunRequest, StartRunMessage
 from ._control import scoped_run_id
-from ._errors import EngineError, RunCancelled, RunFailed, RunNotFound, UnknownWorkflow
+from ._errors import EngineError, RunCancelled, RunNotFound, UnknownWorkflow, run_failure
 from ._records import RunStatus
 
 if TYPE_CHECKING:
@@ -169,7 +169,8 @@ class TenantClient:
         subscription was recorded is not missed). Bound it with ``trio.fail_after``.
 
         Raises:
-            RunFailed, RunCancelled: the run failed or was cancelled.
+            RunFailed, RunCancelled: the run failed (``RunTimedOut``: past its timeout) or
+                was cancelled.
             RunNotFound: this tenant has no such run.
         """
         ended = trio.Event()
@@ -187,7 +188,7 @@ class TenantClient:
                 if view.status is RunStatus.CANCELLED:
                     raise RunCancelled(run_id, view.error)
                 if view.status is RunStatus.FAILED:
-                    raise RunFailed(run_id, view.error)
+                    raise run_failure(run_id, view.error)
                 with trio.move_on_after(self.result_poll):
                     await ended.wait()
         finally:

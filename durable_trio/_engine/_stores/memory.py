@@ -47,6 +47,7 @@ class _Run:
     error: bytes = b"null"
     owner: str | None = None
     lease_until: float | None = None
+    timeout: float | None = None
     steps: dict[str, _Step] = attrs.Factory(dict)
 
     def out(self) -> RunRecord:
@@ -61,6 +62,7 @@ class _Run:
             error=_loads(self.error),
             owner=self.owner,
             lease_until=self.lease_until,
+            timeout=self.timeout,
         )
 
 
@@ -141,6 +143,7 @@ class MemoryRunStore:
             error=_dumps(run.error),
             owner=run.owner,
             lease_until=run.lease_until,
+            timeout=run.timeout,
         )
         return stored.out(), True
 

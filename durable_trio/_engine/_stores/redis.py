@@ -6,8 +6,8 @@ Redis Cluster slot and every script touches one slot only):
 =========================  ======  ===============================================================
 ``T:seq``                  string  ``INCR`` counter: run creation order
 ``T:run:ID``               hash    workflow, status, input, output, error, owner, lease, created,
-                                   updated, seq (JSON values stored as JSON text, never decoded
-                                   in Lua: cjson would turn ``[]`` into ``{}``)
+                                   updated, seq, timeout (JSON values stored as JSON text, never
+                                   decoded in Lua: cjson would turn ``[]`` into ``{}``)
 ``T:all``                  zset    every run, score = seq (``list_runs``, newest first)
 ``T:status:STATUS``        zset    runs of one status, score = seq
 ``T:leases``               zset    unfinished runs, score = lease expiry (0 = unowned): an
@@ -52,7 +52,8 @@ local function move(prefix, id, from, to, seq)
 end
 """
 
-# KEYS: run, seq, all. ARGV: prefix, id, workflow, status, input, output, error, owner, lease, now
+# KEYS: run, seq, all. ARGV: prefix, id, workflow, status, input, output, error, owner, lease, now,
+# timeout
 _CREATE_RUN: Final = (
     _LUA_HELPERS
     + """
@@ -63,7 +64,7 @@ end
 local seq = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'workflow', ARGV[3], 'status', ARGV[4], 'input', ARGV[5],
   'output', ARGV[6], 'error', ARGV[7], 'owner', ARGV[8], 'lease', ARGV[9],
-  'created', ARGV[10], 'updated', ARGV[10], 'seq', seq)
+  'created', ARGV[10], 'updated', ARGV[10], 'seq', seq, 'timeout', ARGV[11])
 redis.call('ZADD', KEYS[3], seq, id)
 move(prefix, id, false, ARGV[4], seq)
 if active(ARGV[4]) then
@@ -237,6 +238,7 @@ def _run(run_id: str, f: dict[bytes, bytes]) -> RunRecord:
         error=orjson.loads(f[b"error"]),
         owner=f[b"owner"].decode() or None,
         lease_until=_opt_float(f[b"lease"]),
+        timeout=_opt_float(f.get(b"timeout")),  # absent: a run stored before timeouts
     )
 
 
@@ -306,7 +308,7 @@ class RedisRunStore:
             (self._run_key(run.run_id), f"{self._prefix}:seq", f"{self._prefix}:all"),
             (self._prefix, run.run_id, run.workflow, run.status.value, _dumps(run.input),
              _dumps(run.output), _dumps(run.error), run.owner or "", _num(run.lease_until),
-             _num(now)),
+             _num(now), _num(run.timeout)),
         )  # fmt: skip
         if reply[0] == 1:  # created as given: no need to read it back
             return attrs.evolve(run, created_at=now, updated_at=now), True

@@ -62,6 +62,7 @@ _SCHEMA: Final = (
         lease_until REAL,
         created_at REAL NOT NULL,
         updated_at REAL NOT NULL,
+        timeout REAL,
         PRIMARY KEY (namespace, run_id)
     ) WITHOUT ROWID
     """,
@@ -95,7 +96,8 @@ _SCHEMA: Final = (
 )
 
 _RUN_COLUMNS: Final = (
-    "run_id, workflow, input, status, created_at, updated_at, output, error, owner, lease_until"
+    "run_id, workflow, input, status, created_at, updated_at, output, error, owner, lease_until, "
+    "timeout"
 )
 _STEP_COLUMNS: Final = (
     "run_id, step_id, kind, name, status, attempt, input, output, error, retry, wake_at, "
@@ -105,7 +107,7 @@ _STEP_COLUMNS: Final = (
 _INSERT_RUN: Final = f"""
     INSERT INTO dt_runs (namespace, seq, {_RUN_COLUMNS})
     VALUES (?1, (SELECT coalesce(max(seq), 0) + 1 FROM dt_runs WHERE namespace = ?1),
-            ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+            ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
     ON CONFLICT (namespace, run_id) DO NOTHING
 """
 _GET_RUN: Final = f"SELECT {_RUN_COLUMNS} FROM dt_runs WHERE namespace = ?1 AND run_id = ?2"
@@ -167,7 +169,8 @@ def _dumps(value: Any) -> str:
 
 
 def _run(row: tuple[Any, ...]) -> RunRecord:
-    run_id, workflow, input_, status, created, updated, output, error, owner, lease = row
+    (run_id, workflow, input_, status, created, updated, output, error, owner, lease,
+     timeout) = row  # fmt: skip
     return RunRecord(
         run_id=run_id,
         workflow=workflow,
@@ -179,6 +182,7 @@ def _run(row: tuple[Any, ...]) -> RunRecord:
         error=orjson.loads(error),
         owner=owner,
         lease_until=lease,
+        timeout=timeout,
     )
 
 
@@ -229,7 +233,13 @@ def _run_batch(
         except Exception as exc:
             db.execute("ROLLBACK TO dt_op")
             db.execute("RELEASE dt_op")
-            if isinstance(exc, sqlite3.Error):
+            if isinstance(exc, sqlite3.ProgrammingError | sqlite3.InterfaceError):
+                # A value SQLite cannot bind: a programming error no retry can fix, never
+                # the transient BrokerError the engine would retry forever.
+                misuse = TypeError(f"the SQLite run store cannot write this change: {exc}")
+                misuse.__cause__ = exc
+                results.append(outcome.Error(misuse))
+            elif isinstance(exc, sqlite3.Error):
                 translated = translate_error(exc)
                 translated.__cause__ = exc
                 results.append(outcome.Error(translated))
@@ -244,6 +254,10 @@ def _run_batch(
 def _create_schema(db: sqlite3.Connection) -> None:
     for statement in _SCHEMA:
         db.execute(statement)
+    # A file written before runs had a timeout: add the column (NULL, no timeout).
+    columns = {row[1] for row in db.execute("PRAGMA table_info(dt_runs)")}
+    if "timeout" not in columns:
+        db.execute("ALTER TABLE dt_runs ADD COLUMN timeout REAL")
 
 
 # -- operations (each runs in the connection thread, as one transaction) -----------------------
@@ -254,7 +268,7 @@ def _op_create_run(ns: str, run: RunRecord, db: sqlite3.Connection) -> tuple[Run
     cursor = db.execute(
         _INSERT_RUN,
         (ns, run.run_id, run.workflow, _dumps(run.input), run.status.value, now, now,
-         _dumps(run.output), _dumps(run.error), run.owner, run.lease_until),
+         _dumps(run.output), _dumps(run.error), run.owner, run.lease_until, run.timeout),
     )  # fmt: skip
     if cursor.rowcount == 1:  # inserted as given: no need to read it back
         return attrs.evolve(run, created_at=now, updated_at=now), True
