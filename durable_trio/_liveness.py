@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +12,7 @@ import trio
 
 from ._codec import from_wire, to_wire
 from ._errors import BrokerError, DurableTrioError, PayloadError
+from ._periodic import fixed_rate
 from ._wire import WorkerStatus
 
 if TYPE_CHECKING:
@@ -187,13 +187,9 @@ class Liveness:
             if self.tokens:  # served before the timer ran: beat them now
                 self._beat()
             task_status.started()
-            start = trio.current_time()
-            tick = 1
-            while True:
-                await trio.sleep_until(start + tick * self.interval)
+            async for _ in fixed_rate(self.interval):
                 if self.tokens:
                     self._beat()
-                tick = max(tick + 1, math.floor((trio.current_time() - start) / self.interval) + 1)
 
     def serve(self, token: str) -> None:
         """Start beating for ``token`` (at once, or as soon as the write in flight lands)."""
