@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import orjson
 import trio
+from trio_util import AsyncBool
 
 from ._codec import from_wire, to_wire
 from ._errors import BrokerError, DurableTrioError, PayloadError
@@ -165,11 +166,9 @@ class Liveness:
         self._descriptor = descriptor
         self._report = report
         self.tokens: list[str] = []
-        self._writing = False
+        self._writing = AsyncBool(False)
         self._owed = False  # a token was served while a write was in flight
         self._writes: trio.Nursery | None = None
-        self._idle = trio.Event()
-        self._idle.set()
         self._stopped = False
         self.skipped = 0
         """Beats skipped because the previous write had not landed."""
@@ -196,7 +195,7 @@ class Liveness:
         if self._stopped or token in self.tokens:
             return
         self.tokens.append(token)
-        if self._writing:
+        if self._writing.value:
             self._owed = True
         else:
             self._beat()
@@ -204,11 +203,10 @@ class Liveness:
     def _beat(self) -> None:
         if self._writes is None or self._stopped:
             return  # not running yet: run() beats every served token when it starts
-        if self._writing:
+        if self._writing.value:
             self.skipped += 1
             return
-        self._writing = True
-        self._idle = trio.Event()
+        self._writing.value = True
         self._writes.start_soon(self._write)
 
     async def _write(self) -> None:
@@ -223,8 +221,7 @@ class Liveness:
         except (BrokerError, DurableTrioError) as exc:
             self._report(exc)  # best-effort: the keys simply expire
         finally:
-            self._writing = False
-            self._idle.set()
+            self._writing.value = False
             if self._owed:
                 self._owed = False
                 self._beat()
@@ -234,7 +231,7 @@ class Liveness:
         (bounded)."""
         self._stopped = True
         with trio.move_on_after(bound, shield=True) as scope:
-            await self._idle.wait()
+            await self._writing.wait_value(False)
             if self.tokens:
                 keys = [self._key(t) for t in self.tokens]
                 try:

@@ -26,6 +26,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import trio
+from trio_util import RepeatedEvent
 
 from .._errors import BrokerError, TransportClosed
 from .._transport import QueueTransport  # noqa: TC001
@@ -79,8 +80,8 @@ class Engine:
         self._runs: trio.Nursery | None = None
         self._loops: trio.Nursery | None = None
         self._closing = False
-        self._spawned = trio.Event()
-        """Set (and replaced) whenever a driver starts: wakes ``result`` pollers."""
+        self._spawned = RepeatedEvent()
+        """Set whenever a driver starts: wakes ``result`` pollers."""
 
     @property
     def app(self) -> App:
@@ -171,7 +172,6 @@ class Engine:
             driver = RunDriver(self._services, run, history)
         self._services.drivers[run.run_id] = driver
         self._spawned.set()
-        self._spawned = trio.Event()
         assert self._runs is not None
         self._runs.start_soon(driver.drive, definition, name=f"run {run.run_id}")
         return driver
