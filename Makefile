@@ -19,7 +19,7 @@ test: $(STAMP) ## the whole test suite (starts its own private redis-server when
 	$(PY) -m pytest -q
 
 lint: $(STAMP) ## ruff + mypy --strict
-	$(VENV)/bin/ruff check durable_trio tests benchmarks examples tools
+	$(VENV)/bin/ruff check durable_trio tests benchmarks examples tools typings
 	$(VENV)/bin/mypy
 
 bench: $(STAMP) ## print our numbers (and the peers', where the harness names them)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 import trio
+from trio_util import periodic
 
 from ._errors import ConfigError
 from ._wire import WorkerStatus
@@ -278,12 +279,9 @@ class ConcurrencyController:
         task_status.started()
         if self.policy is None:
             return
-        tick = self.policy.tick
-        beat = 1
-        last = start
-        while True:
-            await trio.sleep_until(start + beat * tick)
-            now = trio.current_time()
-            self.adjust(now - last)
-            last = now
-            beat = max(beat + 1, math.floor((now - start) / tick) + 1)
+        # The controller moves on the time that actually passed (periodic's delta): a tick
+        # that wakes late costs nothing. The first iteration, at once, has no delta yet.
+        # adjust never awaits, so a cancel lands in periodic's own sleep and ends it whole.
+        async for _, elapsed in periodic(self.policy.tick):
+            if elapsed is not None:
+                self.adjust(elapsed)

@@ -13,13 +13,13 @@ one else to go to.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import orjson
 import trio
 
 from ._errors import BrokerError, DurableTrioError
+from ._periodic import fixed_rate
 from ._wire import InboxRegistration, JobKind, WorkerAdvertisement
 
 if TYPE_CHECKING:
@@ -114,14 +114,9 @@ class InboxRegistry:
                 self._report(exc)
 
     async def _reannounce_forever(self) -> None:
-        period = self.ttl / 3
-        start = trio.current_time()
-        tick = 1
-        while True:
-            await trio.sleep_until(start + tick * period)
+        async for _ in fixed_rate(self.ttl / 3):
             if self.active:
                 await self._send()
-            tick = max(tick + 1, math.floor((trio.current_time() - start) / period) + 1)
 
     async def withdraw(self) -> None:
         """Close: withdraw this instance's registration (the caller bounds it)."""
@@ -206,15 +201,11 @@ class InboxRegistry:
         return emptied
 
     async def janitor_forever(self, interval: float) -> None:
-        start = trio.current_time()
-        tick = 1
-        while True:
-            await trio.sleep_until(start + tick * interval)
+        async for _ in fixed_rate(interval):
             try:
                 await self.sweep()
             except (BrokerError, DurableTrioError) as exc:
                 self._report(exc)
-            tick = max(tick + 1, math.floor((trio.current_time() - start) / interval) + 1)
 
 
 class ForwardingKeyStore:

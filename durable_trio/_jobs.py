@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import outcome
 import trio
+from trio_util import AsyncBool
 
 from ._claims import (
     _ABANDONED,
@@ -66,9 +67,8 @@ class JobRunner:
         """Every claim this instance holds, by lease token."""
         self.running = 0
         """Handlers running now."""
-        self.idle = trio.Event()
-        """Set while no handler runs."""
-        self.idle.set()
+        self.idle = AsyncBool(True)
+        """True while no handler runs (close waits on it: ``wait_value(True)``)."""
 
     # ------------------------------------------------------------------ close
 
@@ -115,7 +115,7 @@ class JobRunner:
     def start_claim(self, loop: _Loop, claim: _Claim) -> None:
         claim.state = _RUNNING
         if self.running == 0:
-            self.idle = trio.Event()
+            self.idle.value = False
         self.running += 1
         if loop.idle:
             worker = loop.idle.pop()
@@ -198,7 +198,7 @@ class JobRunner:
                     slots.release()
                     self.running -= 1
                     if self.running == 0:
-                        self.idle.set()
+                        self.idle.value = True
                 loop.idle.append(me)
                 claim = await trio.lowlevel.wait_task_rescheduled(abort)
         if claim.state is _FINALIZING and scope.cancelled_caught:

@@ -3,7 +3,6 @@ and the poison bridge with its evidence (T9)."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, cast
 
 import trio
@@ -20,6 +19,7 @@ from ._errors import BrokerError, DamagedJob, JobError, LeaseLost, PayloadError,
 from ._liveness import (
     read_last_status,
 )
+from ._periodic import fixed_rate
 from ._wire import (
     JobKind,
     RemoteTask,
@@ -78,17 +78,13 @@ class LeaseKeeper:
         """Renew on ``start + k * period``; a round is shielded (a claim is never left half
         renewed) and bounded by one period."""
         period = self._period
-        start = trio.current_time()
-        tick = 1
+        ticks = fixed_rate(period)  # a slow round skips the ticks it overran (no stacking)
         task_status.started()
-        while True:
-            await trio.sleep_until(start + tick * period)
+        async for _ in ticks:
             with trio.move_on_after(period, shield=True) as round_scope:
                 self._round = round_scope
                 await self._renew_open_claims()
             self._round = None
-            # A slow round skips the ticks it overran instead of stacking rounds.
-            tick = max(tick + 1, math.floor((trio.current_time() - start) / period) + 1)
 
     def stop(self, bound: float) -> None:
         """Close: the round in flight lands by ``bound`` (absolute time), then the task ends."""
@@ -173,10 +169,7 @@ class Sweeper:
         task_status.started()
         interval = self._options.stalled_check_interval
         hint = self._broker if isinstance(self._broker, SupportsSweepHint) else None
-        start = trio.current_time()
-        tick = 1
-        while True:
-            await trio.sleep_until(start + tick * interval)
+        async for tick in fixed_rate(interval):
             queues = list(self._consumed)
             if hint is not None and tick % _FULL_SWEEP_EVERY:
                 # Skip the queues that hold no claim (one cheap call for all of them): an idle
@@ -189,7 +182,6 @@ class Sweeper:
                     self._report(_unexpected(exc, "reading the sweep hint"))
             for queue in queues:
                 await self._sweep(queue)
-            tick = max(tick + 1, math.floor((trio.current_time() - start) / interval) + 1)
 
     async def _sweep(self, queue: str) -> None:
         broker = cast("SupportsRecovery", self._broker)  # (checked once: _can_recover)

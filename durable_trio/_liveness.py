@@ -3,16 +3,17 @@
 
 from __future__ import annotations
 
-import math
 import time
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
 import trio
+from trio_util import AsyncBool
 
 from ._codec import from_wire, to_wire
 from ._errors import BrokerError, DurableTrioError, PayloadError
+from ._periodic import fixed_rate
 from ._wire import WorkerStatus
 
 if TYPE_CHECKING:
@@ -165,11 +166,9 @@ class Liveness:
         self._descriptor = descriptor
         self._report = report
         self.tokens: list[str] = []
-        self._writing = False
+        self._writing = AsyncBool(False)
         self._owed = False  # a token was served while a write was in flight
         self._writes: trio.Nursery | None = None
-        self._idle = trio.Event()
-        self._idle.set()
         self._stopped = False
         self.skipped = 0
         """Beats skipped because the previous write had not landed."""
@@ -187,20 +186,16 @@ class Liveness:
             if self.tokens:  # served before the timer ran: beat them now
                 self._beat()
             task_status.started()
-            start = trio.current_time()
-            tick = 1
-            while True:
-                await trio.sleep_until(start + tick * self.interval)
+            async for _ in fixed_rate(self.interval):
                 if self.tokens:
                     self._beat()
-                tick = max(tick + 1, math.floor((trio.current_time() - start) / self.interval) + 1)
 
     def serve(self, token: str) -> None:
         """Start beating for ``token`` (at once, or as soon as the write in flight lands)."""
         if self._stopped or token in self.tokens:
             return
         self.tokens.append(token)
-        if self._writing:
+        if self._writing.value:
             self._owed = True
         else:
             self._beat()
@@ -208,11 +203,10 @@ class Liveness:
     def _beat(self) -> None:
         if self._writes is None or self._stopped:
             return  # not running yet: run() beats every served token when it starts
-        if self._writing:
+        if self._writing.value:
             self.skipped += 1
             return
-        self._writing = True
-        self._idle = trio.Event()
+        self._writing.value = True
         self._writes.start_soon(self._write)
 
     async def _write(self) -> None:
@@ -227,8 +221,7 @@ class Liveness:
         except (BrokerError, DurableTrioError) as exc:
             self._report(exc)  # best-effort: the keys simply expire
         finally:
-            self._writing = False
-            self._idle.set()
+            self._writing.value = False
             if self._owed:
                 self._owed = False
                 self._beat()
@@ -238,7 +231,7 @@ class Liveness:
         (bounded)."""
         self._stopped = True
         with trio.move_on_after(bound, shield=True) as scope:
-            await self._idle.wait()
+            await self._writing.wait_value(False)
             if self.tokens:
                 keys = [self._key(t) for t in self.tokens]
                 try:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import contextvars
 import time
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
+from trio_util import periodic, run_and_cancelling
 
 from ._codec import decode_envelope
 from ._errors import BrokerError, DurableTrioError, JobError, PayloadError
@@ -205,13 +207,11 @@ class RemoteProtocols:
             return WorkflowDecision(task.task_id, task.run_id, DecisionStatus.FAILED, error=error)
         decision: WorkflowDecision | None = None
         failure: Exception | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._beat_turn, task)
+        async with run_and_cancelling(self._beat_turn, task):
             try:
                 decision = await turn(task)
             except Exception as exc:  # caught inside: the nursery must not wrap it
                 failure = exc
-            nursery.cancel_scope.cancel()
         if failure is not None:
             self._report(
                 JobError(
@@ -227,16 +227,18 @@ class RemoteProtocols:
 
     async def _beat_turn(self, task: WorkflowTask) -> None:
         """A running turn heartbeats, so the engine can tell a long turn from a dead one."""
-        interval = self._options.turn_heartbeat_interval
-        while True:
-            await trio.sleep(interval)
-            beat = StepHeartbeat(
-                task.run_id, f"turn:{task.task_id}", 1, time.time(), {"workflow": task.workflow}
-            )
-            try:
-                await self.heartbeat(beat)
-            except (BrokerError, DurableTrioError) as exc:
-                self._report(exc)
+        # aclosing: the turn's end cancels this in the body as well as in periodic's sleep.
+        async with aclosing(periodic(self._options.turn_heartbeat_interval)) as ticks:
+            async for _, since_last in ticks:
+                if since_last is None:
+                    continue  # periodic's first iteration is at once; the first beat is not
+                beat = StepHeartbeat(
+                    task.run_id, f"turn:{task.task_id}", 1, time.time(), {"workflow": task.workflow}
+                )
+                try:
+                    await self.heartbeat(beat)
+                except (BrokerError, DurableTrioError) as exc:
+                    self._report(exc)
 
     # ------------------------------------------------------------------ decisions (T15)
 

@@ -146,7 +146,7 @@ class TransportTree:
                         with trio.CancelScope(shield=True):
                             # 3. running handlers finish, up to close_timeout, still renewed
                             with trio.move_on_after(options.close_timeout):
-                                await self._runner.idle.wait()
+                                await self._runner.idle.wait_value(True)
                             # 4. cancel what still runs (each keeps its claim for the handback)
                             # and stop this instance's own inboxes; both bounded by one deadline
                             self._runner.abandon_running()
@@ -156,7 +156,7 @@ class TransportTree:
             finally:
                 with trio.CancelScope(shield=True):
                     with trio.move_on_at(bound):
-                        await self._runner.idle.wait()
+                        await self._runner.idle.wait_value(True)
                     jobs.cancel_scope.cancel()
 
     async def _vitals_level(self, task_status: trio.TaskStatus[None]) -> None:

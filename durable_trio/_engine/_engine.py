@@ -26,6 +26,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import trio
+from trio_util import RepeatedEvent
 
 from .._arguments import check_bool, check_name, check_optional_name, check_seconds
 from .._errors import BrokerError, TransportClosed
@@ -81,8 +82,8 @@ class Engine:
         self._runs: trio.Nursery | None = None
         self._loops: trio.Nursery | None = None
         self._closing = False
-        self._spawned = trio.Event()
-        """Set (and replaced) whenever a driver starts: wakes ``result`` pollers."""
+        self._spawned = RepeatedEvent()
+        """Set whenever a driver starts: wakes ``result`` pollers."""
 
     @property
     def app(self) -> App:
@@ -173,7 +174,6 @@ class Engine:
             driver = RunDriver(self._services, run, history)
         self._services.drivers[run.run_id] = driver
         self._spawned.set()
-        self._spawned = trio.Event()
         assert self._runs is not None
         self._runs.start_soon(
             drive_within_deadline, self._services, driver, definition, name=f"run {run.run_id}"

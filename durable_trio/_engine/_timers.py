@@ -1,7 +1,8 @@
 """The engine's periodic work: lease renewal, reconcile and the store watch.
 
 Each loop is a task in the engine's loops nursery, ticking at ``start + k * period`` (no
-drift); a store error is reported and the next tick tries again.
+drift: ``fixed_rate``; a tick that overran is followed at once by the ones it overran,
+``catch_up``); a store error is reported and the next tick tries again.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .._errors import BrokerError
+from .._periodic import fixed_rate
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -41,12 +43,7 @@ class EngineTimers:
         of a run whose lease was not renewed."""
         services = self.services
         options = services.options
-        period = options.run_lease / 3
-        start = trio.current_time()
-        tick = 1
-        while True:
-            await trio.sleep_until(start + tick * period)
-            tick += 1
+        async for _ in fixed_rate(options.run_lease / 3, catch_up=True):
             owned = list(services.drivers)
             if not owned:
                 continue
@@ -66,11 +63,7 @@ class EngineTimers:
         self, reconcile: Callable[[], Awaitable[object]], interval: float
     ) -> None:
         """Every ``interval``: ``await reconcile()``."""
-        start = trio.current_time()
-        tick = 1
-        while True:
-            await trio.sleep_until(start + tick * interval)
-            tick += 1
+        async for _ in fixed_rate(interval, catch_up=True):
             try:
                 await reconcile()
             except BrokerError as exc:
@@ -80,11 +73,7 @@ class EngineTimers:
         """Every ``interval``: re-read the checkpoints waited on (results applied by another
         engine reach their waiters this way)."""
         services = self.services
-        start = trio.current_time()
-        tick = 1
-        while True:
-            await trio.sleep_until(start + tick * interval)
-            tick += 1
+        async for _ in fixed_rate(interval, catch_up=True):
             # Only waiters older than a tick: a younger one read the store since.
             older = trio.current_time() - interval
             keys = [

@@ -25,6 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import trio
+from trio_util import run_and_cancelling
 
 from .._errors import BrokerError, DurableTrioError, PayloadError
 from .._wire import DecisionStatus, StepError, StepEvent, StepEventKind, WorkflowDecision
@@ -244,11 +245,9 @@ async def run_turn(
         finally:
             driver.tracker.finish()
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(body)
+    async with run_and_cancelling(body):
         with trio.move_on_after(limit) as bounded:
             await driver.tracker.settled.wait()
-        nursery.cancel_scope.cancel()
     if bounded.cancelled_caught and not ended and driver.fatal is None:
         stuck = TurnTimeout(
             f"the turn of workflow {task.workflow!r} was still going after {limit:g} s "

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 import trio
+from trio_util import RepeatedEvent
 
 from .._errors import TransportClosed
 from ._contract import ClaimedJob, FailedJob, Job, Lease, Recovery, RenewOutcome, Stall
@@ -56,7 +57,7 @@ class _Queue:
     by_age: list[tuple[float, str]] = attrs.Factory(list)
     """(claimed_at, token) heap; an entry is stale once its token is gone or was renewed."""
     failed: deque[FailedJob] = attrs.Factory(lambda: deque(maxlen=1000))
-    wakeup: trio.Event = attrs.Factory(trio.Event)
+    wakeup: RepeatedEvent = attrs.Factory(RepeatedEvent)
     armed: bool = False
     """Someone waits on ``wakeup``: only then does a push pay for ringing it."""
 
@@ -89,7 +90,6 @@ class MemoryBroker:
         if q.armed:
             q.armed = False
             q.wakeup.set()
-            q.wakeup = trio.Event()
 
     def _make_ready(self, q: _Queue, rec: _Record) -> None:
         rec.seq = next(self._seq)

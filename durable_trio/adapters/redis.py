@@ -113,6 +113,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 import orjson
 import trio
+from trio_util import RepeatedEvent
 
 from .._coalesce import Coalescer
 from .._errors import BrokerError, ConfigError, DamagedJob, TransportClosed
@@ -918,8 +919,8 @@ class _Queue:
     armed_key: str
     rings: int = 0
     """Doorbell rings received (plus one per resubscription)."""
-    ring: trio.Event = attrs.Factory(trio.Event)
-    """Set (and replaced) on every ring."""
+    ring: RepeatedEvent = attrs.Factory(RepeatedEvent)
+    """Set on every ring (its waiters wake on the next one; ``rings`` counts them)."""
     covered_epoch: int = 0
     """The subscription (epoch) in which this queue's channel was confirmed; 0: none."""
     empty_rings: int = 0
@@ -990,7 +991,6 @@ class _Queue:
     def ring_bell(self) -> None:
         self.rings += 1
         self.ring.set()
-        self.ring = trio.Event()
 
     def note_empty(self, rings: int, epoch: int | None, due_in: float | None) -> None:
         """Record an empty pop or peek.
@@ -1106,9 +1106,11 @@ class RedisBroker:
         self._queues: dict[str, _Queue] = {}
         # The doorbell: wanted channels, the live subscription and its epoch.
         self._wanted: dict[bytes, _Queue] = {}
-        self._want = trio.Event()
+        self._want = RepeatedEvent()  # a channel was added to _wanted
         self._sub: Subscription | None = None
         self._epoch = 0
+        # Set and replaced on every change of _sub. An Event, not a RepeatedEvent: _cover takes
+        # it before its SUBSCRIBE and waits on it after, so a change meanwhile is not missed.
         self._changed = trio.Event()
         self._claims_examined = 0
         self._subscriptions = 0
@@ -1563,7 +1565,6 @@ class RedisBroker:
         failures = 0
         while True:
             while not self._wanted:
-                self._want = trio.Event()
                 await self._want.wait()
             try:
                 async with self._client.subscribe() as sub:
