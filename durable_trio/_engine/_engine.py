@@ -34,6 +34,7 @@ from .._transport import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._app import App  # noqa: TC001
 from ._deadline import drive_within_deadline, expired, time_out
+from ._duplicates import DuplicateResult  # noqa: TC001
 from ._errors import (
     EngineClosed,
     EngineError,
@@ -365,6 +366,14 @@ class Engine:
         """
         await self.get(run_id)
         return await self.store.get_steps(run_id)
+
+    def duplicates(self, run_id: str | None = None) -> builtins.list[DuplicateResult]:
+        """The completed results this engine met for an attempt that had already completed,
+        each with its cause (which lease was lost, whose, when: see docs/concepts.md,
+        "At-least-once windows"), oldest first: of ``run_id``, or of every run. None was
+        applied (the first result stays). Kept in memory, the newest 1,000; counted in
+        :attr:`EngineStatistics.duplicate_completions`."""
+        return self._services.duplicates.of_run(run_id)
 
     async def cancel(self, run_id: str, *, reason: str = "cancelled") -> bool:
         """Cancel the run: it is settled as cancelled at once, its driver stopped where it
