@@ -47,7 +47,7 @@ def twice_app(pause: Any, first_takes: float, then_takes: float) -> tuple[App, l
     return app, ran
 
 
-WORKER = {"stalled_threshold": 10.0, "stalled_check_interval": 5.0, "concurrency": 1}
+WORKER: dict[str, Any] = {"stalled_threshold": 10.0, "stalled_check_interval": 5.0, "concurrency": 1}
 
 
 async def test_a_lost_lease_duplicate_is_recorded_with_whose_lease_and_when(
@@ -179,7 +179,7 @@ async def test_a_duplicate_is_never_applied_twice_and_one_result_delivered_twice
 
 def test_explain_names_every_window() -> None:
     one = {"worker": "a", "lease": "L1", "stalledCount": 0}
-    again = {"worker": "b", "lease": "L2", "stalledCount": 2,
+    again: dict[str, Any] = {"worker": "b", "lease": "L2", "stalledCount": 2,
              "stalls": [{"at": 5.0, "worker": "a"}, {"at": 9.0, "worker": "c"}]}
     cause, lost = explain(one, dict(one))
     assert cause.startswith("one delivery's result arrived twice (a (delivery 1, lease L1))")
@@ -225,7 +225,7 @@ async def test_a_lost_lease_duplicate_is_recorded_on_real_brokers(url: str) -> N
     async with dt.open_backend(url) as backend:
         slow = PausedRenewal(backend.broker)
         app, ran = twice_app(slow, first_takes=6 * THRESHOLD, then_takes=0.0)
-        slow_backend = dt.Backend(url=url, broker=slow, keys=backend.keys)  # type: ignore[arg-type]
+        slow_backend = dt.Backend(url=url, broker=slow, keys=backend.keys)
         async with open_engine(app, backend, namespace="dups") as engine:
             async with open_worker(app, slow_backend, instance_id="a", **options):
                 run_id = await engine.start("one", 1, run_id="r")
