@@ -47,7 +47,9 @@ def twice_app(pause: Any, first_takes: float, then_takes: float) -> tuple[App, l
     return app, ran
 
 
-WORKER: dict[str, Any] = {"stalled_threshold": 10.0, "stalled_check_interval": 5.0, "concurrency": 1}
+WORKER: dict[str, Any] = {
+    "stalled_threshold": 10.0, "stalled_check_interval": 5.0, "concurrency": 1
+}
 
 
 async def test_a_lost_lease_duplicate_is_recorded_with_whose_lease_and_when(
