@@ -107,6 +107,7 @@ class StepServer:
         token = job.lease.token
         delivery: dict[str, Any] = {
             "worker": self._instance_id,
+            "job": job.id,
             "lease": token,
             "stalledCount": job.stalled_count,
         }

@@ -147,7 +147,8 @@ async def test_a_duplicate_is_never_applied_twice_and_one_result_delivered_twice
             run_id = await engine.start("one", 1, run_id="r")
             assert await engine.result(run_id) == 2
             other = dt.StepResult("r", "1", 1, dt.StepStatus.COMPLETED, output=99,
-                                  delivery={"worker": "x", "lease": "L2", "stalledCount": 0})
+                                  delivery={"worker": "x", "job": "J2", "lease": "L2",
+                                            "stalledCount": 0})
             await engine.transport.publish_result(other)
             await trio.sleep(1)
             applied = engine.duplicates(run_id)[0].applied
@@ -173,15 +174,15 @@ async def test_a_duplicate_is_never_applied_twice_and_one_result_delivered_twice
     assert applied["stalledCount"] == 0
     assert (first.applied, second.applied) == (applied, applied)
     assert first.duplicate["lease"] == "L2"
-    assert "handed back" in first.cause  # two claims, no stall between them recorded
+    assert first.cause.startswith("the attempt was dispatched twice")  # another job id
     assert second.duplicate == applied
     assert second.cause.startswith("one delivery's result arrived twice")
     assert second.lost == ()
 
 
 def test_explain_names_every_window() -> None:
-    one = {"worker": "a", "lease": "L1", "stalledCount": 0}
-    again: dict[str, Any] = {"worker": "b", "lease": "L2", "stalledCount": 2,
+    one = {"worker": "a", "job": "J", "lease": "L1", "stalledCount": 0}
+    again: dict[str, Any] = {"worker": "b", "job": "J", "lease": "L2", "stalledCount": 2,
              "stalls": [{"at": 5.0, "worker": "a"}, {"at": 9.0, "worker": "c"}]}
     cause, lost = explain(one, dict(one))
     assert cause.startswith("one delivery's result arrived twice (a (delivery 1, lease L1))")
@@ -190,7 +191,8 @@ def test_explain_names_every_window() -> None:
     assert lost == ({"at": 5.0, "worker": "a"}, {"at": 9.0, "worker": "c"})
     assert cause.startswith("the lease of a at 5.0, c at 9.0 was lost")
     middle = {
-        "worker": "c", "lease": "L3", "stalledCount": 1, "stalls": [{"at": 5.0, "worker": "a"}]
+        "worker": "c", "job": "J", "lease": "L3", "stalledCount": 1,
+        "stalls": [{"at": 5.0, "worker": "a"}],
     }
     assert explain(middle, again)[1] == ({"at": 9.0, "worker": "c"},)
     # Not known here which result was applied: the copy's own evidence.
@@ -199,8 +201,10 @@ def test_explain_names_every_window() -> None:
     assert cause.startswith("the lease of a (delivery 1, lease L1) was lost while its handler")
     assert "noticed at 7.5" in cause
     assert "no delivery evidence" in explain(None, None)[0]
-    cause, _ = explain(one, {"worker": "a", "lease": "L9", "stalledCount": 0})
+    cause, _ = explain(one, {"worker": "a", "job": "J", "lease": "L9", "stalledCount": 0})
     assert "handed back" in cause
+    cause, _ = explain(one, {"worker": "a", "job": "K", "lease": "L9", "stalledCount": 0})
+    assert cause.startswith("the attempt was dispatched twice (jobs J and K)")
 
 
 # --------------------------------------------------------------------------- real brokers

@@ -87,14 +87,24 @@ def explain(applied: JSONValue, duplicate: JSONValue) -> tuple[str, tuple[JSONVa
     - Both from one claim (one lease token): one delivery's result arrived twice — its push
       was retried after a reply was lost, or the result job was redelivered to an engine
       after it had been applied (the engine's claim on it lost before it was acknowledged).
-    - From two claims: the job was reclaimed in between; the later delivery's stall history
-      says whose leases were lost and when (``stalls`` past the earlier one's count).
+    - From two jobs: the attempt was dispatched twice (an engine re-sent it).
+    - From two claims of one job: the job was reclaimed in between; the later delivery's
+      stall history says whose leases were lost and when (``stalls`` past the earlier one's
+      count).
     """
     if isinstance(applied, dict) and isinstance(duplicate, dict):
         if applied.get("lease") == duplicate.get("lease"):
             return (
                 f"one delivery's result arrived twice ({_who(duplicate)}): its publish was "
                 f"retried, or the result job was redelivered after it had been applied",
+                (),
+            )
+        if applied.get("job") != duplicate.get("job"):
+            return (
+                f"the attempt was dispatched twice (jobs {applied.get('job')} and "
+                f"{duplicate.get('job')}): an engine sent it again (a dispatch not "
+                f"checkpointed before that engine stopped, or two engines applying one "
+                f"decision), and both jobs ran",
                 (),
             )
         earlier, later = sorted((applied, duplicate), key=_count)
@@ -120,7 +130,8 @@ def explain(applied: JSONValue, duplicate: JSONValue) -> tuple[str, tuple[JSONVa
     if not lost_tuple:
         return (
             f"two deliveries completed ({_who(applied)} and {_who(duplicate)}) and no stall "
-            f"between them was recorded: the job was handed back and delivered again",
+            f"between them was recorded: the job was handed back (a close past its deadline) "
+            f"and delivered again",
             (),
         )
     return (
