@@ -87,7 +87,8 @@ def explain(applied: JSONValue, duplicate: JSONValue) -> tuple[str, tuple[JSONVa
     - Both from one claim (one lease token): one delivery's result arrived twice — its push
       was retried after a reply was lost, or the result job was redelivered to an engine
       after it had been applied (the engine's claim on it lost before it was acknowledged).
-    - From two jobs: the attempt was dispatched twice (an engine re-sent it).
+    - From two jobs: the attempt was dispatched twice (a task push retried, an engine re-sent
+      it).
     - From two claims of one job: the job was reclaimed in between; the later delivery's
       stall history says whose leases were lost and when (``stalls`` past the earlier one's
       count).
@@ -102,9 +103,9 @@ def explain(applied: JSONValue, duplicate: JSONValue) -> tuple[str, tuple[JSONVa
         if applied.get("job") != duplicate.get("job"):
             return (
                 f"the attempt was dispatched twice (jobs {applied.get('job')} and "
-                f"{duplicate.get('job')}): an engine sent it again (a dispatch not "
-                f"checkpointed before that engine stopped, or two engines applying one "
-                f"decision), and both jobs ran",
+                f"{duplicate.get('job')}): its task push was retried after a lost reply, or "
+                f"an engine sent it again (a dispatch not checkpointed before that engine "
+                f"stopped, two engines applying one decision), and both jobs ran",
                 (),
             )
         earlier, later = sorted((applied, duplicate), key=_count)
