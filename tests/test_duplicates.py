@@ -97,6 +97,7 @@ async def test_a_lost_lease_duplicate_is_recorded_with_whose_lease_and_when(
     assert dup.cause.startswith("the lease of a at 11.0 was lost")
     assert "b (delivery 2" in dup.cause
     assert engine.duplicates() == duplicates
+    assert history[0].duplicates == (dup.to_json(),)
     assert dup.to_json()["lost"] == [{"at": 11.0, "worker": "a"}]
 
 

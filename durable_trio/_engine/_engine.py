@@ -25,6 +25,7 @@ import builtins  # noqa: TC003
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 from trio_util import RepeatedEvent
 
@@ -359,13 +360,24 @@ class Engine:
         return (await self.get(run_id)).status
 
     async def history(self, run_id: str) -> builtins.list[StepRecord]:
-        """The run's checkpoints, in step id order.
+        """The run's checkpoints, in step id order (each remote step with the duplicate
+        completed results this engine met for it: :attr:`StepRecord.duplicates`).
 
         Raises:
             RunNotFound: no such run.
         """
         await self.get(run_id)
-        return await self.store.get_steps(run_id)
+        steps = await self.store.get_steps(run_id)
+        duplicates = self._services.duplicates.of_run(run_id)
+        if not duplicates:
+            return steps
+        return [
+            attrs.evolve(
+                step,
+                duplicates=tuple(d.to_json() for d in duplicates if d.step_id == step.step_id),
+            )
+            for step in steps
+        ]
 
     def duplicates(self, run_id: str | None = None) -> builtins.list[DuplicateResult]:
         """The completed results this engine met for an attempt that had already completed,
