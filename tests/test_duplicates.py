@@ -129,6 +129,36 @@ async def test_the_stopped_workers_result_applied_first_still_names_its_lost_lea
     assert dup.lost == ({"at": 11.0, "worker": "a"},)
 
 
+async def test_a_handler_left_to_finish_after_its_lost_lease_says_when_it_noticed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``cancel_on_lost_lease=False`` on the memory broker (the result pushed by the handler's
+    job): the copy says when its worker learnt of the loss."""
+    shared = MemoryBroker()
+    slow = PausedRenewalBroker(shared)
+    keys = MemoryKeyStore()
+    app, ran = twice_app(slow, first_takes=30.0, then_takes=1.0)
+    shared_backend = dt.Backend(url="memory://", broker=shared, keys=keys)
+    slow_backend = dt.Backend(url="memory://", broker=slow, keys=keys)
+    async with open_engine(app, shared_backend) as engine:
+        async with open_worker(
+            app, slow_backend, instance_id="a", cancel_on_lost_lease=False, **WORKER
+        ):
+            run_id = await engine.start("one", 1, run_id="r")
+            await trio.sleep(1)
+            async with open_worker(app, shared_backend, instance_id="b", **WORKER):
+                await trio.sleep(15)
+                slow.paused = False  # t=16: a's next renewal round (t=20) finds the loss
+                assert await engine.result(run_id) == "second"
+                await trio.sleep(20)
+        [dup] = engine.duplicates(run_id)
+    assert ran == ["0@0.0", "1@11.0"]
+    assert dup.at == 30.0
+    assert dup.duplicate["worker"] == "a"
+    assert dup.duplicate["leaseLostAt"] == 20.0
+    assert dup.lost == ({"at": 11.0, "worker": "a"},)
+
+
 async def test_a_duplicate_is_never_applied_twice_and_one_result_delivered_twice_is_named(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
