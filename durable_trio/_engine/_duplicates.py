@@ -150,7 +150,9 @@ class DuplicateLog:
         self.entries: collections.deque[DuplicateResult] = collections.deque(
             maxlen=MAX_DUPLICATES
         )
-        self._deliveries: dict[tuple[str, str, int], JSONValue] = {}
+        self._deliveries: collections.OrderedDict[tuple[str, str, int], JSONValue] = (
+            collections.OrderedDict()
+        )
 
     def applied(self, run_id: str, step_id: str, attempt: int, delivery: JSONValue) -> None:
         """A completed result with this evidence was applied."""
@@ -159,7 +161,7 @@ class DuplicateLog:
         deliveries = self._deliveries
         deliveries[(run_id, step_id, attempt)] = delivery
         if len(deliveries) > MAX_DELIVERIES:
-            del deliveries[next(iter(deliveries))]  # the oldest (insertion order)
+            deliveries.popitem(last=False)  # the oldest
 
     def record(
         self, run_id: str, step_id: str, attempt: int, delivery: JSONValue, at: float
