@@ -14,6 +14,7 @@ import trio.testing
 import durable_trio as dt
 from durable_trio._engine import App, StepState, WorkflowContext, open_engine, open_worker
 from durable_trio._engine._duplicates import explain
+from durable_trio._engine._stores.memory import MemoryRunStore
 from durable_trio.adapters.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
 from durable_trio.testing import Simulation
@@ -213,6 +214,38 @@ async def test_a_duplicate_is_never_applied_twice_and_one_result_delivered_twice
     assert second.lost == ()
 
 
+async def test_a_copy_met_by_another_engine_names_what_remains_possible(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The engine that applied the result is gone (restarted, or another engine consumed the
+    copy): the copy's own evidence is all there is, and the cause says so."""
+    app = App("restart")
+
+    @app.step("work")
+    async def work(x: int) -> int:
+        return x + 1
+
+    @app.workflow("one")
+    async def one(ctx: WorkflowContext, x: int) -> Any:
+        return await ctx.step("work", x)
+
+    store = MemoryRunStore()
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(app, backend, store=store) as first, open_worker(app, backend):
+            assert await first.result(await first.start("one", 1, run_id="r")) == 2
+        async with open_engine(app, backend, store=store) as second:
+            copy = dt.StepResult("r", "1", 1, dt.StepStatus.COMPLETED, output=2,
+                                 delivery={"worker": "w", "job": "J", "lease": "L",
+                                           "stalledCount": 0})
+            await second.transport.publish_result(copy)
+            await trio.sleep(1)
+            [dup] = second.duplicates("r")
+            history = await second.history("r")
+    assert dup.applied is None
+    assert dup.cause.startswith("the applied result's evidence is not known here")
+    assert [(s.output, len(s.duplicates)) for s in history] == [(2, 1)]
+
+
 def test_explain_names_every_window() -> None:
     one = {"worker": "a", "job": "J", "lease": "L1", "stalledCount": 0}
     again: dict[str, Any] = {"worker": "b", "job": "J", "lease": "L2", "stalledCount": 2,
@@ -233,6 +266,10 @@ def test_explain_names_every_window() -> None:
     cause, lost = explain(None, {**one, "leaseLostAt": 7.5})
     assert cause.startswith("the lease of a (delivery 1, lease L1) was lost while its handler")
     assert "noticed at 7.5" in cause
+    cause, lost = explain(None, one)
+    assert cause.startswith("the applied result's evidence is not known here")
+    assert "either the lease of a (delivery 1, lease L1) was lost" in cause
+    assert "this same result was delivered again" in cause
     assert "no delivery evidence" in explain(None, None)[0]
     cause, _ = explain(one, {"worker": "a", "job": "J", "lease": "L9", "stalledCount": 0})
     assert "handed back" in cause

@@ -89,6 +89,9 @@ def explain(applied: JSONValue, duplicate: JSONValue) -> tuple[str, tuple[JSONVa
       after it had been applied (the engine's claim on it lost before it was acknowledged).
     - From two jobs: the attempt was dispatched twice (a task push retried, an engine re-sent
       it).
+    - The applied one's evidence not known here: the copy's own stall history names the leases
+      lost before it; with none, the copy is either the first delivery (its lease lost) or the
+      applied result delivered again, and the cause says both.
     - From two claims of one job: the job was reclaimed in between; the later delivery's
       stall history says whose leases were lost and when (``stalls`` past the earlier one's
       count).
@@ -115,10 +118,19 @@ def explain(applied: JSONValue, duplicate: JSONValue) -> tuple[str, tuple[JSONVa
         lost = _stalls(duplicate)
         if not lost:
             noticed = duplicate.get("leaseLostAt")
-            when = "" if noticed is None else f" (it noticed at {noticed}, its clock)"
+            if noticed is not None:
+                return (
+                    f"the lease of {_who(duplicate)} was lost while its handler ran (it noticed "
+                    f"at {noticed}, its clock): the job was reclaimed and another delivery's "
+                    f"result was applied first",
+                    (),
+                )
             return (
-                f"the lease of {_who(duplicate)} was lost while its handler ran{when}: the job "
-                f"was reclaimed and another delivery's result was applied first",
+                f"the applied result's evidence is not known here (another engine, or this one "
+                f"before a restart, applied it): either the lease of {_who(duplicate)} was lost "
+                f"while its handler ran and another delivery's result was applied first, or "
+                f"this same result was delivered again (its publish retried, its result job "
+                f"redelivered)",
                 (),
             )
     else:
