@@ -11,6 +11,7 @@ from ._codec import MAX_JSON_DEPTH, json_schema
 from ._engine import (
     App,
     Applied,
+    DuplicateResult,
     Engine,
     EngineClosed,
     EngineError,
@@ -100,6 +101,7 @@ __all__ = [
     "ControlMessage",
     "DamagedJob",
     "DecisionStatus",
+    "DuplicateResult",
     "DurableTrioError",
     "Engine",
     "EngineClosed",

@@ -66,6 +66,8 @@ class _Claim:
     """The scope of the job worker running it (cancelling it cancels exactly this handler)."""
     state: ClaimState = _RUNNING
     lost: bool = False
+    lost_at: float | None = None
+    """When the lease keeper found this claim's lease lost (trio clock), or ``None``."""
 
     def cancel(self) -> None:
         if self.scope is not None:

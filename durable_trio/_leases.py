@@ -119,6 +119,7 @@ class LeaseKeeper:
                 if held is None or held.state is not _RUNNING or held.lost:
                     continue  # finished during the round trip: finalized, not lost
                 held.lost = True
+                held.lost_at = trio.current_time()  # what a result it still makes says
                 self._controller.duplicates += 1
                 what = "cancelled" if self._cancel_on_lost_lease else "left to finish"
                 self._report(

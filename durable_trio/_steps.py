@@ -47,7 +47,11 @@ class StepServer:
         task_queue: Callable[[str], str],
         publish_result: Callable[[StepResult], Awaitable[str]],
         report: Callable[[BaseException], None],
+        instance_id: str = "",
+        lost_at: Callable[[str], float | None] = lambda token: None,
     ) -> None:
+        self._instance_id = instance_id
+        self._lost_at = lost_at
         self._producers = producers
         self._controller = controller
         self._max_payload_bytes = options.max_payload_bytes
@@ -77,7 +81,7 @@ class StepServer:
             assert self.turns is not None  # a workflow job reaches a loop its turns started
             await self.turns(envelope.payload)
             return None
-        return await self._serve_task(envelope.payload)
+        return await self._serve_task(envelope.payload, job)
 
     async def answer_bad_task(self, job: ClaimedJob, error: StepError) -> None:
         """A task that does not parse but names its run and step still gets a failed result, so
@@ -97,7 +101,24 @@ class StepServer:
         result = StepResult(run_id, step_id, attempt, StepStatus.FAILED, error=error)
         await self._publish_result(result)
 
-    async def _serve_task(self, task: RemoteTask) -> Job | None:
+    def _delivery(self, job: ClaimedJob) -> dict[str, Any]:
+        """The evidence a result carries of the claim that produced it (``StepResult.delivery``):
+        read when the result is made, so a lease lost while the handler ran shows."""
+        token = job.lease.token
+        delivery: dict[str, Any] = {
+            "worker": self._instance_id,
+            "job": job.id,
+            "lease": token,
+            "stalledCount": job.stalled_count,
+        }
+        if job.stalls:
+            delivery["stalls"] = [{"at": s.at, "worker": s.worker} for s in job.stalls]
+        lost_at = self._lost_at(token)
+        if lost_at is not None:
+            delivery["leaseLostAt"] = lost_at
+        return delivery
+
+    async def _serve_task(self, task: RemoteTask, job: ClaimedJob) -> Job | None:
         """Run a step and make its result. Returns the result job when the job worker pushes
         it together with the task's acknowledgement (one round trip on Redis); else pushes it
         now and returns ``None``."""
@@ -142,6 +163,7 @@ class StepServer:
                     StepStatus.COMPLETED,
                     output=output,
                     task_id=task.task_id,
+                    delivery=self._delivery(job),
                 )
             finally:
                 # Only step durations feed the latency gradient (T6); a cancelled step too

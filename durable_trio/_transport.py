@@ -143,6 +143,8 @@ class QueueTransport:
             task_queue=self._names.task_queue,
             publish_result=self.publish_result,
             report=self._report,
+            instance_id=options.instance_id,
+            lost_at=self._lease_lost_at,
         )
         self._runner = JobRunner(
             broker,
@@ -193,6 +195,11 @@ class QueueTransport:
         decisions, step events, the tenant protocol."""
         self.health = TransportHealth(backend, self._names, options, self._controller)
         """The health reads: worker status, queue depth, group health, worker descriptors."""
+
+    def _lease_lost_at(self, token: str) -> float | None:
+        """When this instance learnt that its claim ``token`` was lost (``None``: it did not)."""
+        claim = self._runner.claims.get(token)
+        return None if claim is None else claim.lost_at
 
     # ------------------------------------------------------------------ identity and names
 

@@ -150,6 +150,15 @@ class StepResult:
     """Why it failed (status ``failed``)."""
     task_id: str | None = None
     """The task this answers, when known."""
+    delivery: JSONValue = None
+    """Evidence of the claim that produced it, so a duplicate explains itself (docs/concepts.md,
+    "At-least-once windows"): ``{"worker", "job", "lease", "stalledCount", "stalls"?,
+    "leaseLostAt"?}`` — the instance id that held the claim, the task's job id, its lease
+    token, the times the job was reclaimed before this delivery, the stall history when there
+    is one (``[{"at", "worker"}]``: whose leases were lost, when, broker clock), and when this
+    worker learnt that its own lease was lost (its clock; only if it did before the result was
+    made). Absent from a result no claim produced (the poison bridge, a bad task's answer), from
+    a failed result, and from a worker that does not send it."""
 
     @classmethod
     def failure(cls, task: RemoteTask, error: StepError) -> StepResult:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from ._app import App, StepDefinition, WorkflowDefinition
 from ._context import StepHandle, StepInfo, WorkflowContext, step_info
+from ._duplicates import DuplicateResult
 from ._engine import Engine
 from ._errors import (
     EngineClosed,
@@ -55,6 +56,7 @@ from ._worker import Worker, WorkerStatistics, open_worker
 __all__ = [
     "App",
     "Applied",
+    "DuplicateResult",
     "Engine",
     "EngineClosed",
     "EngineError",

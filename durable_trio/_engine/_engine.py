@@ -25,6 +25,7 @@ import builtins  # noqa: TC003
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 from trio_util import RepeatedEvent
 
@@ -34,6 +35,7 @@ from .._transport import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._app import App  # noqa: TC001
 from ._deadline import drive_within_deadline, expired, time_out
+from ._duplicates import DuplicateResult  # noqa: TC001
 from ._errors import (
     EngineClosed,
     EngineError,
@@ -358,13 +360,32 @@ class Engine:
         return (await self.get(run_id)).status
 
     async def history(self, run_id: str) -> builtins.list[StepRecord]:
-        """The run's checkpoints, in step id order.
+        """The run's checkpoints, in step id order (each remote step with the duplicate
+        completed results this engine met for it: :attr:`StepRecord.duplicates`).
 
         Raises:
             RunNotFound: no such run.
         """
         await self.get(run_id)
-        return await self.store.get_steps(run_id)
+        steps = await self.store.get_steps(run_id)
+        duplicates = self._services.duplicates.of_run(run_id)
+        if not duplicates:
+            return steps
+        return [
+            attrs.evolve(
+                step,
+                duplicates=tuple(d.to_json() for d in duplicates if d.step_id == step.step_id),
+            )
+            for step in steps
+        ]
+
+    def duplicates(self, run_id: str | None = None) -> builtins.list[DuplicateResult]:
+        """The completed results this engine met for an attempt that had already completed,
+        each with its cause (which lease was lost, whose, when: see docs/concepts.md,
+        "At-least-once windows"), oldest first: of ``run_id``, or of every run. None was
+        applied (the first result stays). Kept in memory, the newest 1,000; counted in
+        :attr:`EngineStatistics.duplicate_completions`."""
+        return self._services.duplicates.of_run(run_id)
 
     async def cancel(self, run_id: str, *, reason: str = "cancelled") -> bool:
         """Cancel the run: it is settled as cancelled at once, its driver stopped where it

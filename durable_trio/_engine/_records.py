@@ -147,6 +147,10 @@ class StepRecord:
     """Remote step: the task priority (kept for re-dispatch)."""
     created_at: float = 0.0
     updated_at: float = 0.0
+    duplicates: tuple[JSONValue, ...] = ()
+    """Remote step: the duplicate completed results the engine met for it, each with its cause
+    (:meth:`DuplicateResult.to_json <durable_trio.DuplicateResult.to_json>`), filled in by
+    :meth:`Engine.history` from that engine's record (kept in its memory, not in the store)."""
 
     @property
     def idempotency_key(self) -> str:

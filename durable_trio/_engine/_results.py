@@ -95,6 +95,12 @@ class ResultHandler:
             return
         if current.status is not StepState.PENDING:
             services.count("duplicate_results")
+            if (
+                result.status is StepStatus.COMPLETED
+                and current.status is StepState.COMPLETED
+                and current.attempt == result.attempt
+            ):
+                self._record_duplicate(result)
             return
         if current.attempt != result.attempt:
             services.count("stale_results")
@@ -119,8 +125,22 @@ class ResultHandler:
         try:
             verdict = await store.update_step(following, expect_attempt=current.attempt)
             services.count(_VERDICT_COUNTER[verdict])
+            if verdict is Applied.DUPLICATE and result.status is StepStatus.COMPLETED:
+                # Another copy (or engine) settled it meanwhile: a duplicate if it completed
+                # this same attempt.
+                found = await store.get_step(result.run_id, result.step_id)
+                if (
+                    found is not None
+                    and found.status is StepState.COMPLETED
+                    and found.attempt == result.attempt
+                ):
+                    self._record_duplicate(result)
             if verdict is not Applied.APPLIED:
                 return
+            if result.status is StepStatus.COMPLETED:
+                services.duplicates.applied(
+                    result.run_id, result.step_id, result.attempt, result.delivery
+                )
             waiter = services.waiters.get(key)
             if waiter is not None:
                 waiter.update(following)
@@ -134,6 +154,15 @@ class ResultHandler:
             if services.applying.get(key) is done:
                 del services.applying[key]
             done.set()
+
+    def _record_duplicate(self, result: StepResult) -> None:
+        """The step completed twice for one attempt: never applied again, but recorded with
+        its cause (a lease lost, or one result delivered twice)."""
+        services = self.services
+        services.count("duplicate_completions")
+        services.duplicates.record(
+            result.run_id, result.step_id, result.attempt, result.delivery, services.store.now()
+        )
 
     async def on_decision(self, decision: WorkflowDecision) -> None:
         """Apply a remote workflow turn's decision (see :func:`~._remote_run.apply_decision`)."""

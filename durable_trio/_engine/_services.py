@@ -25,6 +25,7 @@ import trio
 from .._errors import BrokerError, TransportClosed
 from .._options import log_error
 from .._wire import RemoteTask
+from ._duplicates import DuplicateLog
 from ._errors import EngineError
 from ._records import StepState
 from ._statistics import COUNTERS
@@ -206,6 +207,7 @@ class EngineServices:
         waiters: the remote steps waited on, by ``(run_id, step_id)``.
         applying: the steps whose result is being applied here, by ``(run_id, step_id)``.
         decision_locks: remote runs whose decisions are being applied, by run id.
+        duplicates: the duplicate completed results met, with their causes.
         unreleased: runs whose driver stopped unsettled without this engine asking it to (a
             cancel from outside ``open_engine``): still owned here, so ``aclose`` releases them.
     """
@@ -231,6 +233,7 @@ class EngineServices:
         self.applying: dict[tuple[str, str], trio.Event] = {}
         self.decision_locks: dict[str, trio.Lock] = {}
         self.unreleased: set[str] = set()
+        self.duplicates = DuplicateLog()
         self._listeners: list[Callable[[str, RunRecord], None]] = []
         # A store whose clock is trio's (the memory store, or a wrapper of it that says so)
         self._trio_clock = bool(getattr(store, "trio_clock", False))

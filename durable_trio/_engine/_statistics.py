@@ -63,6 +63,9 @@ class EngineStatistics:
     runs_timed_out: int = 0
     """Runs failed at their deadline (``engine.start(..., timeout=)``); counted in
     ``runs_failed`` too."""
+    duplicate_completions: int = 0
+    """Completed results for an attempt that had already completed (counted in
+    ``duplicate_results`` too): each recorded with its cause (:meth:`Engine.duplicates`)."""
 
 
 #: The fields of :class:`EngineStatistics` that are not counters but gauges (or the id).

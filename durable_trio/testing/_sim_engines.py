@@ -28,7 +28,7 @@ from .faults import BrokerFaults, FaultyKeyStore, Injector, wrap_broker
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    from .._engine import App, RunRecord, RunStatus
+    from .._engine import App, DuplicateResult, RunRecord, RunStatus
     from ..adapters.memory import MemoryBroker
     from ..keys.memory import MemoryKeyStore
     from ._report import Faults
@@ -200,6 +200,8 @@ class Engines:
         self.transport_options = transport_options
         self.statistics: EngineStatistics | None = None
         """The engines' counters, summed over every generation (set once they are closed)."""
+        self.duplicates: list[DuplicateResult] = []
+        """The duplicate completed results every generation recorded, with their causes."""
         self._healed = False
         self._current: list[EngineGeneration | None] = [None] * count
         self._up_event = trio.Event()
@@ -269,6 +271,7 @@ class Engines:
                     await current.stop.wait()
                     if not current.killed:
                         self.statistics = _summed(self.statistics, engine.statistics())
+                        self.duplicates.extend(engine.duplicates())
             self._current[index] = None
             if not current.killed:
                 break
@@ -305,6 +308,7 @@ class Engines:
         current.injector.kill()
         current.store.dead = True
         self.statistics = _summed(self.statistics, current.engine.statistics())
+        self.duplicates.extend(current.engine.duplicates())
         # An attempt the engine may have sent without recording it yet is sent again by its
         # replacement: one redelivery such a kill explains (at least once, results applied
         # once).

@@ -1,6 +1,7 @@
 """The invariants a simulation checks after its run: no run lost (and each one's output the
 expected one), every settled step settled once with a result a worker produced, every duplicate
-execution explained by a fault, every damaged claim set aside unread. (The close bounds and the
+execution explained by a fault, every duplicate completed result recorded with its cause, every
+damaged claim set aside unread. (The close bounds and the
 liveness keys are checked as each worker closes: see ``_sim_workers``.)"""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..adapters.memory import MemoryBroker
-    from ._sim_engines import RecordingStore
+    from ._sim_engines import Engines, RecordingStore
     from ._sim_ledger import Ledger
     from ._sim_runs import Runs
 
@@ -33,6 +34,7 @@ class Invariants:
         broker: the shared broker.
         expected_output: ``(workflow, input) -> output`` of a completed run, if known.
         transport_options: the transport keywords of the engines and workers.
+        engines: the engines (their duplicate records and counters), if checked.
     """
 
     def __init__(
@@ -44,7 +46,9 @@ class Invariants:
         *,
         expected_output: Callable[[str, Any], Any] | None,
         transport_options: dict[str, Any],
+        engines: Engines | None = None,
     ) -> None:
+        self.engines = engines
         self.ledger = ledger
         self.runs = runs
         self.store = store
@@ -71,6 +75,7 @@ class Invariants:
         self._no_run_lost()
         self._settled_once()
         self._duplicates_explained()
+        self._duplicate_results_recorded()
         self._damaged_set_aside()
 
     def _no_run_lost(self) -> None:
@@ -148,6 +153,28 @@ class Invariants:
                         + ")"
                     )
                 causes.append(after)
+
+    def _duplicate_results_recorded(self) -> None:
+        """Every duplicate completed result (a second completed result for one attempt) an
+        engine met has a recorded cause: the entry is there, it names a cause, and it carries
+        the copy's delivery evidence (every simulated worker sends it), so which lease was
+        lost and when can be read off it. None of them was applied (``_settled_once``)."""
+        engines = self.engines
+        if engines is None or engines.statistics is None:
+            return
+        violation = self.ledger.violation
+        met = engines.statistics.duplicate_completions
+        recorded = engines.duplicates
+        if met != len(recorded):
+            violation(
+                f"{met} duplicate completed results met, {len(recorded)} recorded with a cause"
+            )
+        for entry in recorded:
+            where = f"step {entry.run_id}:{entry.step_id} attempt {entry.attempt}"
+            if not entry.cause:
+                violation(f"duplicate completed result of {where} recorded with no cause")
+            if not isinstance(entry.duplicate, dict) or not entry.duplicate.get("lease"):
+                violation(f"duplicate completed result of {where} carries no delivery evidence")
 
     def _damaged_set_aside(self) -> None:
         """A damaged claim is set aside unread: never run, kept in the failed set (unless its

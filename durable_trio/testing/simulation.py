@@ -265,6 +265,7 @@ class Simulation:
             broker,
             expected_output=self.expected_output,
             transport_options=self.transport_options,
+            engines=engines,
         )
 
     @property
