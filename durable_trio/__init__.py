@@ -61,6 +61,7 @@ from ._errors import (
 from ._liveness import GroupHealth, LiveWorker, WorkerDescriptor
 from ._options import TransportOptions
 from ._signals import SignalClose, close_on_signals
+from ._step_timeout import StepTimedOut
 from ._transport import QueueTransport, TransportStatistics, open_queue_transport
 from ._wire import (
     ControlMessage,
@@ -144,6 +145,7 @@ __all__ = [
     "StepResult",
     "StepState",
     "StepStatus",
+    "StepTimedOut",
     "TenantClient",
     "TenantEvent",
     "TransportClosed",

@@ -85,6 +85,7 @@ from ._contract import (
     ClaimedJob,
     FailedJob,
     Job,
+    JobState,
     Lease,
     QuarantinedEntry,
     Recovery,
@@ -1048,6 +1049,23 @@ def _op_size(queue: str, db: sqlite3.Connection) -> int:
     return int(size)
 
 
+_JOB_STATE: Final = """
+    SELECT state, worker FROM dt_jobs
+    WHERE queue = ?1 AND id = ?2 AND state != 'failed'
+    ORDER BY seq DESC LIMIT 1
+"""
+
+
+def _op_job_state(queue: str, job_id: str, db: sqlite3.Connection) -> JobState | None:
+    rows = db.execute(_JOB_STATE, (queue, job_id)).fetchall()
+    if not rows:
+        return None
+    state, worker = rows[0]
+    if state == "active":
+        return JobState(claimed=True, worker=worker if isinstance(worker, str) else "")
+    return JobState(claimed=False)
+
+
 def _op_failed_jobs(queue: str, limit: int, db: sqlite3.Connection) -> list[FailedJob]:
     return [_read_failed(row) for row in _fetch(db, _FAILED_JOBS, (queue, limit))]
 
@@ -1312,6 +1330,14 @@ class SqliteBroker:
         """Jobs waiting to be claimed (ready and delayed)."""
         size: int = await self._call(partial(_op_size, queue), write=False)
         return size
+
+    async def job_state(self, queue: str, job_id: str) -> JobState | None:
+        """Whether job ``job_id`` waits on ``queue`` or is claimed (see
+        :class:`~durable_trio.adapters.SupportsJobState`)."""
+        state: JobState | None = await self._call(
+            partial(_op_job_state, queue, job_id), write=False
+        )
+        return state
 
     async def failed_jobs(self, queue: str, *, limit: int = 100) -> list[FailedJob]:
         """The most recent failed jobs of ``queue``, newest first."""
