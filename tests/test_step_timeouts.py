@@ -5,8 +5,9 @@ and ``Engine.waiting``. Exact virtual times (autojump_clock, memory backend)."""
 
 from __future__ import annotations
 
+import argparse
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -17,8 +18,13 @@ from durable_trio import App, StepTimedOut, WorkflowContext, open_engine, open_w
 from durable_trio._engine import RunFailed, StepState
 from durable_trio._engine._step_timeouts import StepTimeouts, UnknownStep
 from durable_trio._engine._step_watch import StepNotStarted
+from durable_trio._engine.cli import add_engine_commands
+from durable_trio._health_view import prometheus_text, render_text, snapshot
 from durable_trio.adapters import Job, JobState, SupportsJobState
 from helpers import Errors
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 NO_JITTER = dt.Retry(max_attempts=3, initial=1.0, multiplier=1.0, jitter=0.0)
 
@@ -332,3 +338,91 @@ async def test_job_state(broker: Any) -> None:
     assert await broker.job_state("other", "a") is None
     assert await broker.complete_job(claimed.lease, "q")
     assert await broker.job_state("q", "a") is None
+
+
+# --------------------------------------------------------------------------- health, metrics
+
+
+async def test_health_and_metrics_list_an_orphaned_queue(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A queue with waiting jobs and no live worker is listed (table line and metric); a
+    served queue and an empty one are not."""
+    async with dt.open_backend("memory://") as backend:
+        async with dt.open_queue_transport(backend, namespace="ops", instance_id="w1") as transport:
+            transport.handle("served", _forever)
+            await transport.dispatch(
+                dt.RemoteTask(run_id="r", step_id="1", attempt=1, name="sevred")
+            )
+            await transport.dispatch(
+                dt.RemoteTask(run_id="r", step_id="2", attempt=1, name="sevred")
+            )
+            await transport.dispatch(
+                dt.RemoteTask(run_id="r", step_id="3", attempt=1, name="served")
+            )
+            await trio.sleep(1)
+            groups = await snapshot(backend, "ops")
+    assert groups is not None
+    assert [(g.group, g.depth, len(g.live_workers)) for g in groups] == [
+        ("served", 0, 1),
+        ("sevred", 2, 0),
+    ]
+    text = render_text(groups, "ops")
+    assert (
+        "orphaned: queue 'ops:tasks:sevred' has 2 waiting job(s) and no live worker "
+        "(a misspelt step name, or no worker serving it is running)"
+    ) in text
+    metrics = prometheus_text(groups, namespace="ops")
+    assert 'durable_trio_queue_orphaned{queue="ops:tasks:sevred"} 1' in metrics
+    assert "ops:tasks:served" not in metrics
+
+
+async def test_redis_health_lists_an_orphaned_queue(redis_url: str) -> None:
+    async with dt.open_backend(redis_url) as backend:
+        await backend.broker.push_on("ops:tasks:gone", Job("j1", b"{}"))
+        await backend.broker.push_on("ops:tasks:gone", Job("j2", b"{}"), delay=60)
+        await backend.broker.push_on("other:tasks:x", Job("j3", b"{}"))
+        groups = await snapshot(backend, "ops")
+        listed = await backend.broker.waiting_queues("ops:tasks:")  # type: ignore[attr-defined]
+    assert listed == ["ops:tasks:gone"]
+    assert groups is not None
+    assert [(g.group, g.depth, g.live_workers) for g in groups] == [("gone", 2, ())]
+    assert 'durable_trio_queue_orphaned{queue="ops:tasks:gone"} 1' in prometheus_text(
+        groups, namespace="ops"
+    )
+
+
+async def _forever(_: dt.RemoteTask) -> None:
+    await trio.sleep_forever()
+
+
+# --------------------------------------------------------------------------- durable-trio run
+
+FLOWS = """
+from durable_trio import App, WorkflowContext
+
+app = App("cli_orphan")
+
+
+@app.workflow("order")
+async def order(ctx: WorkflowContext, _):
+    return await ctx.step("charge-crad", 1)
+"""
+
+
+def test_cli_run_that_does_not_finish_names_the_queue_it_waits_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "orphan_flows.py").write_text(FLOWS)
+    target = f"{tmp_path / 'orphan_flows.py'}:app"
+    backend = f"sqlite:///{tmp_path / 'cli.db'}".replace("///", "////", 1)
+    parser = argparse.ArgumentParser()
+    add_engine_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(
+        ["run", target, "order", "--backend", backend, "--run-id", "o", "--timeout", "0.5"]
+    )
+    assert args.func(args) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "run o did not finish in 0.5 s"
+    assert err[1].startswith("  step 'charge-crad' (id 1, attempt 1) has waited ")
+    assert err[1].endswith(" on queue 'cli_orphan:tasks:charge-crad'; no live worker serves it")

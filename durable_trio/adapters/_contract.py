@@ -39,6 +39,7 @@ __all__ = [
     "SupportsFailedJobs",
     "SupportsJobState",
     "SupportsQuarantine",
+    "SupportsQueueListing",
     "SupportsRecovery",
     "SupportsRenewal",
     "SupportsSize",
@@ -297,4 +298,13 @@ class SupportsJobState(Protocol):
         ``None``: it is not on the queue (finished, failed, or never pushed). Meant for a rare
         look at one job (a step's timeout expired), not the hot path: a broker may scan the
         queue to answer."""
+        ...
+
+
+@runtime_checkable
+class SupportsQueueListing(Protocol):
+    async def waiting_queues(self, prefix: str) -> list[str]:
+        """The queues whose name starts with ``prefix`` that hold waiting (ready or delayed)
+        jobs, sorted. For a health read (orphaned queues: waiting work that no live worker
+        serves), not the hot path: a broker may scan its keys to answer."""
         ...

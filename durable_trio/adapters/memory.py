@@ -372,6 +372,16 @@ class MemoryBroker:
                 return JobState(claimed=False)
         return None
 
+    async def waiting_queues(self, prefix: str) -> list[str]:
+        """The queues named ``prefix...`` holding ready or delayed jobs (see
+        :class:`~durable_trio.adapters.SupportsQueueListing`)."""
+        await trio.lowlevel.checkpoint()
+        return sorted(
+            name
+            for name, q in self._queues.items()
+            if name.startswith(prefix) and (q.ready or q.delayed)
+        )
+
     async def aclose(self) -> None:
         """Close the broker (idempotent): waiters wake, and every later call raises
         :class:`~durable_trio.TransportClosed`."""

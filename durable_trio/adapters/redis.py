@@ -738,6 +738,27 @@ async def _job_state(client: RedisClient, queue: str, job_id: str) -> JobState |
     return JobState(claimed=False)
 
 
+async def _waiting_queues(client: RedisClient, prefix: str) -> list[str]:
+    """A ``SCAN`` of the database for ``{Q}:ready`` and ``{Q}:delayed`` keys with ``Q``
+    starting with ``prefix`` (Redis deletes an empty sorted set, so a key found holds jobs):
+    O(keys in the database), for a health read (see
+    :class:`~durable_trio.adapters.SupportsQueueListing`)."""
+    pattern = "{" + re.sub(r"([\\*?\[\]])", r"\\\1", prefix) + "*}:"
+    found: set[str] = set()
+    for suffix in ("ready", "delayed"):
+        cursor = b"0"
+        while True:
+            cursor, keys = await client.execute(
+                "SCAN", cursor, "MATCH", pattern + suffix, "COUNT", 1000
+            )
+            for key in keys:
+                text = key.decode() if isinstance(key, bytes) else str(key)
+                found.add(text[1 : -len("}:" + suffix)])
+            if cursor in (b"0", "0", 0):
+                break
+    return sorted(found)
+
+
 # KEYS: ready delayed
 _SIZE: Final = """
 return redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
@@ -1472,6 +1493,11 @@ class RedisBroker:
         """Jobs waiting to be claimed (ready and delayed)."""
         q = self._queue(queue)
         return int(await self._size(q.size_keys))
+
+    async def waiting_queues(self, prefix: str) -> list[str]:
+        """The queues named ``prefix...`` holding ready or delayed jobs (see
+        :func:`_waiting_queues`)."""
+        return await _waiting_queues(self._client, prefix)
 
     async def job_state(self, queue: str, job_id: str) -> JobState | None:
         """Whether job ``job_id`` waits on ``queue`` or is claimed (see :func:`_job_state`)."""

@@ -1066,6 +1066,17 @@ def _op_job_state(queue: str, job_id: str, db: sqlite3.Connection) -> JobState |
     return JobState(claimed=False)
 
 
+_WAITING_QUEUES: Final = """
+    SELECT DISTINCT queue FROM dt_jobs
+    WHERE state IN ('ready', 'delayed') AND substr(queue, 1, length(?1)) = ?1
+    ORDER BY queue
+"""
+
+
+def _op_waiting_queues(prefix: str, db: sqlite3.Connection) -> list[str]:
+    return [str(queue) for (queue,) in db.execute(_WAITING_QUEUES, (prefix,)).fetchall()]
+
+
 def _op_failed_jobs(queue: str, limit: int, db: sqlite3.Connection) -> list[FailedJob]:
     return [_read_failed(row) for row in _fetch(db, _FAILED_JOBS, (queue, limit))]
 
@@ -1330,6 +1341,12 @@ class SqliteBroker:
         """Jobs waiting to be claimed (ready and delayed)."""
         size: int = await self._call(partial(_op_size, queue), write=False)
         return size
+
+    async def waiting_queues(self, prefix: str) -> list[str]:
+        """The queues named ``prefix...`` holding ready or delayed jobs (see
+        :class:`~durable_trio.adapters.SupportsQueueListing`)."""
+        queues: list[str] = await self._call(partial(_op_waiting_queues, prefix), write=False)
+        return queues
 
     async def job_state(self, queue: str, job_id: str) -> JobState | None:
         """Whether job ``job_id`` waits on ``queue`` or is claimed (see
