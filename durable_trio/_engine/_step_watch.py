@@ -5,7 +5,8 @@ Nothing here is on the hot path: a dispatch adds at most three entries to one he
 task sleeps until the earliest is due. Only an entry that comes due while its attempt is still
 pending costs anything: one read of the checkpoint, then at most one broker call
 (:class:`~durable_trio.adapters.SupportsJobState`: does the job still wait, or who holds it)
-and one key-store read (the queue's live workers). So a step that ends before its timeouts
+and one key-store read (the queue's live workers, shared for a second by every check of
+that queue). So a step that ends before its timeouts
 costs no call at all (docs/decisions.md, "Step timeouts").
 
 What each entry does when it comes due (trio clock of the engine, from the moment the attempt
@@ -19,9 +20,10 @@ became ready: its dispatch, plus its backoff delay):
 - ``start`` (``schedule_to_start_timeout``): the job still waits → fail the step
   (``ScheduleToStartTimeout``, not retryable: a retry would wait on the same queue), naming
   the queue and how long it waited.
-- ``report`` (``unstarted_report_after``): the job still waits and no live worker serves its
-  queue → report :class:`StepNotStarted` through the error hook (once per attempt); the
-  attempt keeps waiting, looked at again every ``unstarted_report_after`` while it waits.
+- ``report`` (``unstarted_report_after``): the step is still pending and no live worker serves
+  its queue → report :class:`StepNotStarted` through the error hook (once per attempt, with no
+  broker call: a queue no live worker serves had its job taken by no live worker); the attempt
+  keeps waiting.
 
 Failing an attempt goes through the result handler as a failed :class:`StepResult` would, so
 it is the same compare-and-set: a real result that landed first wins, and a late real result
@@ -74,6 +76,9 @@ SCHEDULE_TO_START = "ScheduleToStartTimeout"
 
 _GUARD, _START, _REPORT = "guard", "start", "report"
 
+#: Seconds a read of a queue's live workers is reused, and the step names it is kept for.
+_LIVE_CACHE, _LIVE_CACHE_NAMES = 1.0, 1024
+
 
 class StepNotStarted(EngineError):
     """Reported (not raised): a step attempt has waited on a queue that no live worker serves
@@ -111,7 +116,6 @@ class _Attempt:
     ready_at: float
     """Trio time it became ready (dispatch + backoff delay)."""
     timeouts: StepTimeouts
-    reported: bool = False
     due: int = 0
     """Checks of it still in the heap."""
 
@@ -162,6 +166,7 @@ class StepWatch:
         self._heap: list[tuple[float, int, str, _Attempt]] = []
         self._seq = itertools.count()
         self._changed = RepeatedEvent()
+        self._live: dict[str, tuple[float, set[str] | None]] = {}
         self.attempts: dict[tuple[str, str], _Attempt] = {}
         """The latest dispatched attempt of each step, while it has a check due."""
 
@@ -242,12 +247,23 @@ class StepWatch:
             return False
         return await broker.job_state(attempt.queue, attempt.job_id)
 
-    async def live_workers(self, name: str) -> set[str] | None:
-        """The instances serving step ``name``'s queue (``None``: no worker-key store)."""
-        return await live_workers(self.services, name)
+    async def live_workers(self, name: str, *, fresh: bool = False) -> set[str] | None:
+        """The instances serving step ``name``'s queue (``None``: no worker-key store), read
+        at most once a second per step name (many attempts come due together) unless
+        ``fresh``."""
+        now = trio.current_time()
+        cached = self._live.get(name)
+        if fresh or cached is None or now - cached[0] >= _LIVE_CACHE:
+            cached = self._live[name] = (now, await live_workers(self.services, name))
+            if len(self._live) > _LIVE_CACHE_NAMES:
+                self._live = {name: cached}
+        return cached[1]
 
     async def _check(self, kind: str, attempt: _Attempt) -> None:
         if not await self._current(attempt):
+            return
+        if kind == _REPORT:
+            await self._report(attempt)
             return
         job = await self._job(attempt)
         if job is None or job is False:
@@ -261,7 +277,7 @@ class StepWatch:
             if not job.claimed:
                 self._push(again, _GUARD, attempt)
                 return
-            live = await self.live_workers(attempt.name)
+            live = await self.live_workers(attempt.name, fresh=True)
             if live is None or sanitize_token(job.worker) in live:
                 self._push(again, _GUARD, attempt)  # its worker's own timer applies
                 return
@@ -278,7 +294,7 @@ class StepWatch:
                     details={"queue": attempt.queue, "worker": job.worker},
                 ),
             )
-        elif kind == _START:
+        else:  # _START
             if job.claimed:
                 return
             live = await self.live_workers(attempt.name)
@@ -296,29 +312,23 @@ class StepWatch:
                     details={"queue": attempt.queue, "waited": waited},
                 ),
             )
-        elif not job.claimed:
-            # Looked at again every period while it waits (so Engine.waiting knows its job),
-            # reported once.
-            period = self.services.options.unstarted_report_after
-            start = timeouts.schedule_to_start
-            if period and (start is None or now + period < attempt.ready_at + start):
-                self._push(now + period, _REPORT, attempt)
-            if attempt.reported:
-                return
-            live = await self.live_workers(attempt.name)
-            if live is None or live:
-                return  # no key store to tell, or a worker serves the queue (a backlog)
-            attempt.reported = True
-            self.services.count("steps_unstarted_reported")
-            self.services.report(
-                StepNotStarted(
-                    attempt.run_id,
-                    attempt.step_id,
-                    attempt.name,
-                    attempt.queue,
-                    now - attempt.ready_at,
-                )
+
+    async def _report(self, attempt: _Attempt) -> None:
+        """The default report: no broker call, one (cached) key-store read. A queue that no
+        live worker serves cannot have had the job taken by a live worker."""
+        live = await self.live_workers(attempt.name)
+        if live is None or live:
+            return  # no key store to tell, or a worker serves the queue (a backlog)
+        self.services.count("steps_unstarted_reported")
+        self.services.report(
+            StepNotStarted(
+                attempt.run_id,
+                attempt.step_id,
+                attempt.name,
+                attempt.queue,
+                trio.current_time() - attempt.ready_at,
             )
+        )
 
     async def _fail(self, attempt: _Attempt, error: StepError) -> None:
         result = StepResult(
