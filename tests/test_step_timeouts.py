@@ -20,7 +20,7 @@ from durable_trio._engine._step_timeouts import StepTimeouts, UnknownStep
 from durable_trio._engine._step_watch import StepNotStarted
 from durable_trio._engine.cli import add_engine_commands
 from durable_trio._health_view import prometheus_text, render_text, snapshot
-from durable_trio.adapters import Job, JobState, SupportsJobState
+from durable_trio.adapters import Job, JobState, SupportsJobState, SupportsQueueListing
 from helpers import Errors
 
 if TYPE_CHECKING:
@@ -426,3 +426,19 @@ def test_cli_run_that_does_not_finish_names_the_queue_it_waits_on(
     assert err[0] == "run o did not finish in 0.5 s"
     assert err[1].startswith("  step 'charge-crad' (id 1, attempt 1) has waited ")
     assert err[1].endswith(" on queue 'cli_orphan:tasks:charge-crad'; no live worker serves it")
+
+
+async def test_waiting_queues(broker: Any) -> None:
+    """Every broker answers SupportsQueueListing: the queues of a prefix with waiting jobs."""
+    assert isinstance(broker, SupportsQueueListing)
+    broker = typing.cast("Any", broker)
+    await broker.push_on("ops:tasks:a", Job("1", b"{}"))
+    await broker.push_on("ops:tasks:b", Job("2", b"{}"), delay=60)
+    await broker.push_on("ops:tasks:c", Job("3", b"{}"))
+    await broker.push_on("ops:tasksX", Job("4", b"{}"))
+    await broker.push_on("zz", Job("5", b"{}"))
+    claimed = await broker.pop_from("ops:tasks:c")
+    assert claimed is not None  # claimed: no longer waiting
+    assert await broker.waiting_queues("ops:tasks:") == ["ops:tasks:a", "ops:tasks:b"]
+    assert await broker.waiting_queues("ops:tasks:a") == ["ops:tasks:a"]
+    assert await broker.waiting_queues("nothing:") == []

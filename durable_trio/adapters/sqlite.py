@@ -1050,9 +1050,12 @@ def _op_size(queue: str, db: sqlite3.Connection) -> int:
 
 
 _JOB_STATE: Final = """
-    SELECT state, worker FROM dt_jobs
-    WHERE queue = ?1 AND id = ?2 AND state != 'failed'
-    ORDER BY seq DESC LIMIT 1
+    SELECT 1, worker FROM dt_jobs WHERE state = 'active' AND queue = ?1 AND id = ?2
+    UNION ALL
+    SELECT 0, '' FROM dt_jobs WHERE state = 'ready' AND queue = ?1 AND id = ?2
+    UNION ALL
+    SELECT 0, '' FROM dt_jobs WHERE state = 'delayed' AND queue = ?1 AND id = ?2
+    LIMIT 1
 """
 
 
@@ -1060,21 +1063,28 @@ def _op_job_state(queue: str, job_id: str, db: sqlite3.Connection) -> JobState |
     rows = db.execute(_JOB_STATE, (queue, job_id)).fetchall()
     if not rows:
         return None
-    state, worker = rows[0]
-    if state == "active":
+    claimed, worker = rows[0]
+    if claimed:
         return JobState(claimed=True, worker=worker if isinstance(worker, str) else "")
     return JobState(claimed=False)
 
 
-_WAITING_QUEUES: Final = """
+# The queues in [?1, ?2) of one state, read off that state's index in queue order.
+_READY_QUEUES: Final = """
     SELECT DISTINCT queue FROM dt_jobs
-    WHERE state IN ('ready', 'delayed') AND substr(queue, 1, length(?1)) = ?1
-    ORDER BY queue
+    WHERE state = 'ready' AND queue >= ?1 AND queue < ?2 ORDER BY queue
+"""
+_DELAYED_QUEUES: Final = """
+    SELECT DISTINCT queue FROM dt_jobs
+    WHERE state = 'delayed' AND queue >= ?1 AND queue < ?2 ORDER BY queue
 """
 
 
 def _op_waiting_queues(prefix: str, db: sqlite3.Connection) -> list[str]:
-    return [str(queue) for (queue,) in db.execute(_WAITING_QUEUES, (prefix,)).fetchall()]
+    bounds = (prefix, prefix + "\U0010ffff")  # every name that starts with the prefix
+    return sorted(
+        {str(q) for sql in (_READY_QUEUES, _DELAYED_QUEUES) for (q,) in db.execute(sql, bounds)}
+    )
 
 
 def _op_failed_jobs(queue: str, limit: int, db: sqlite3.Connection) -> list[FailedJob]:
