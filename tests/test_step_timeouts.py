@@ -442,3 +442,32 @@ async def test_waiting_queues(broker: Any) -> None:
     assert await broker.waiting_queues("ops:tasks:") == ["ops:tasks:a", "ops:tasks:b"]
     assert await broker.waiting_queues("ops:tasks:a") == ["ops:tasks:a"]
     assert await broker.waiting_queues("nothing:") == []
+
+
+async def test_a_remote_workflows_step_timeout_reaches_the_checkpoint_and_the_worker(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A remote workflow's ``ctx.step(..., timeout=)`` travels in its turn's command: the
+    engine (which declares the workflow without its code) stores it and the worker applies
+    it."""
+    log: list[tuple[str, float]] = []
+    code = timeout_app(log)
+
+    @code.workflow("flow", remote=True)
+    async def flow(ctx: WorkflowContext, _: Any) -> Any:
+        return await ctx.step("slow", 100, timeout=2, retry=dt.Retry(max_attempts=1))
+
+    declared = App("shop")
+    declared.remote_workflow("flow")
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            open_engine(declared, backend) as engine,
+            open_worker(code, backend, on_error=Errors()),
+        ):
+            await engine.start("flow", run_id="f")
+            with pytest.raises(RunFailed):
+                await engine.result("f")
+            history = await engine.history("f")
+    assert log == [("start 1", 0.0), ("cancelled 1", 2.0)]
+    assert history[0].retry["timeouts"] == {"startToClose": 2.0}
+    assert history[0].error["code"] == "StepTimedOut"

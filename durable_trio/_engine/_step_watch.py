@@ -227,11 +227,16 @@ class StepWatch:
                 del self.attempts[attempt.key]
 
     async def _current(self, attempt: _Attempt) -> bool:
-        """Whether ``attempt`` is still its step's pending attempt (the store decides)."""
+        """Whether ``attempt`` is still its step's pending attempt, waited on here. A step no
+        driver of this engine waits on any more (settled, or its run no longer driven here)
+        costs nothing: the common case, a step that ended before its checks came due, reads
+        no store. The result handler's compare-and-set has the last word anyway."""
         services = self.services
         waiter = services.waiters.get(attempt.key)
-        record = waiter.record if waiter is not None else None
-        if record is None or record.status is not StepState.PENDING:
+        if waiter is None:
+            return False
+        record = waiter.record
+        if record is None:
             record = await services.store.get_step(attempt.run_id, attempt.step_id)
         return (
             record is not None
