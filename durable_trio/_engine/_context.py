@@ -239,14 +239,6 @@ class WorkflowContext:
         check_priority(priority, "ctx.step")
         timeouts = StepTimeouts.given("ctx.step", timeout, schedule_to_start_timeout)
         driver = self._driver
-        if timeouts == StepTimeouts():
-            return StepHandle(
-                self,
-                step_id,
-                StepKind.REMOTE,
-                name,
-                lambda: driver.remote(step_id, name, value, retry, priority),
-            )
         return StepHandle(
             self,
             step_id,
