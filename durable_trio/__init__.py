@@ -32,9 +32,13 @@ from ._engine import (
     StepHandle,
     StepInfo,
     StepKind,
+    StepNotStarted,
     StepRecord,
     StepState,
+    StepTimeouts,
+    StepWait,
     TenantClient,
+    UnknownStep,
     UnknownWorkflow,
     Worker,
     WorkerStatistics,
@@ -62,6 +66,7 @@ from ._errors import (
 from ._liveness import GroupHealth, LiveWorker, WorkerDescriptor
 from ._options import TransportOptions
 from ._signals import SignalClose, close_on_signals
+from ._step_timeout import StepTimedOut
 from ._transport import QueueTransport, TransportStatistics, open_queue_transport
 from ._wire import (
     ControlMessage,
@@ -142,15 +147,20 @@ __all__ = [
     "StepHeartbeat",
     "StepInfo",
     "StepKind",
+    "StepNotStarted",
     "StepRecord",
     "StepResult",
     "StepState",
     "StepStatus",
+    "StepTimedOut",
+    "StepTimeouts",
+    "StepWait",
     "TenantClient",
     "TenantEvent",
     "TransportClosed",
     "TransportOptions",
     "TransportStatistics",
+    "UnknownStep",
     "UnknownWorkflow",
     "Worker",
     "WorkerDescriptor",

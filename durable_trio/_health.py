@@ -9,7 +9,7 @@ import orjson
 import trio
 
 from ._liveness import GroupHealth, WorkerDescriptor, read_group_health
-from .adapters import SupportsSize
+from .adapters import SupportsQueueListing, SupportsSize
 
 if TYPE_CHECKING:
     from ._adaptive import ConcurrencyController
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .backends._backend import Backend
     from .keys import KeyEntry
 
-__all__ = ["TransportHealth", "read_worker_health"]
+__all__ = ["TransportHealth", "read_orphaned_queues", "read_worker_health"]
 
 
 class TransportHealth:
@@ -124,3 +124,34 @@ async def read_worker_health(backend: Backend, names: QueueNames) -> list[GroupH
         depth = await broker.size_of(queue) if isinstance(broker, SupportsSize) else 0
         health.append(await read_group_health(keys, names, token, depth))
     return health
+
+
+async def read_orphaned_queues(
+    backend: Backend, names: QueueNames, served: list[GroupHealth]
+) -> list[GroupHealth]:
+    """The task queues of ``names``' namespace that hold waiting jobs but are served by none
+    of ``served`` (the groups with a live worker): a misspelt step name, a worker never
+    deployed, or every worker of a queue gone. Each as a group with its depth and no live
+    worker, by token.
+
+    Returns:
+        ``[]`` when the broker cannot list its queues
+        (:class:`~durable_trio.adapters.SupportsQueueListing`).
+
+    Raises:
+        BrokerError: the broker did not answer.
+    """
+    broker = backend.broker
+    if not isinstance(broker, SupportsQueueListing):
+        return []
+    prefix = names.tasks("")
+    live = {g.group for g in served if g.live_workers}
+    orphans = []
+    for queue in await broker.waiting_queues(prefix):
+        token = queue[len(prefix) :]
+        if token in live:
+            continue
+        depth = await broker.size_of(queue) if isinstance(broker, SupportsSize) else 0
+        if depth:
+            orphans.append(GroupHealth(token, depth, ()))
+    return orphans

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._errors import BrokerError
-from ._health import read_worker_health
+from ._health import read_orphaned_queues, read_worker_health
 from ._naming import QueueNames
 from .backends import open_backend
 
@@ -19,7 +19,15 @@ if TYPE_CHECKING:
     from ._liveness import GroupHealth
     from .backends._backend import Backend
 
-__all__ = ["HealthReader", "prometheus_text", "render_text", "snapshot", "watch"]
+__all__ = [
+    "HealthReader",
+    "orphan_lines",
+    "orphaned",
+    "prometheus_text",
+    "render_text",
+    "snapshot",
+    "watch",
+]
 
 _log = logging.getLogger("durable_trio")
 
@@ -45,14 +53,18 @@ class HealthReader:
         self.errors = 0
 
     async def read(self) -> list[GroupHealth] | None:
-        """Every group with a live worker (``None``: the backend has no worker-key store).
+        """Every group with a live worker, then every orphaned queue (waiting jobs, no live
+        worker) as a group with no worker (``None``: the backend has no worker-key store).
 
         Raises:
             BrokerError: the key store or the broker did not answer.
         """
         self.reads += 1
         try:
-            return await read_worker_health(self.backend, self._names)
+            groups = await read_worker_health(self.backend, self._names)
+            if groups is None:
+                return None
+            return groups + await read_orphaned_queues(self.backend, self._names, groups)
         except BrokerError:
             self.errors += 1
             raise
@@ -123,7 +135,24 @@ def render_text(groups: list[GroupHealth] | None, namespace: str | None) -> str:
             "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         )
         out.write("\n")
+    for line in orphan_lines(groups, namespace):
+        out.write(line + "\n")
     return out.getvalue()
+
+
+def orphaned(groups: list[GroupHealth] | None) -> list[GroupHealth]:
+    """The groups with waiting jobs and no live worker (orphaned queues)."""
+    return [g for g in groups or [] if g.depth and not g.live_workers]
+
+
+def orphan_lines(groups: list[GroupHealth] | None, namespace: str | None) -> list[str]:
+    """One line per orphaned queue, naming it (``{prefix}:tasks:{token}``)."""
+    names = QueueNames(namespace)
+    return [
+        f"orphaned: queue {names.tasks(g.group)!r} has {g.depth} waiting job(s) and no live "
+        "worker (a misspelt step name, or no worker serving it is running)"
+        for g in orphaned(groups)
+    ]
 
 
 def _rich_table(groups: list[GroupHealth] | None, namespace: str | None) -> Any:
@@ -141,6 +170,9 @@ def _rich_table(groups: list[GroupHealth] | None, namespace: str | None) -> Any:
     else:
         for row in _rows(groups):
             table.add_row(*row)
+        lines = orphan_lines(groups, namespace)
+        if lines:
+            table.caption = "\n".join(lines)
     return table
 
 
@@ -167,13 +199,20 @@ async def watch(
                 await trio.sleep(interval)
 
 
-def prometheus_text(groups: list[GroupHealth] | None, *, up: bool = True, errors: int = 0) -> str:
+def prometheus_text(
+    groups: list[GroupHealth] | None,
+    *,
+    up: bool = True,
+    errors: int = 0,
+    namespace: str | None = None,
+) -> str:
     """The same figures in the Prometheus text exposition format.
 
     Args:
         groups: what the backend answered.
         up: whether it answered (``False``: the figures are absent, ``durable_trio_up`` is 0).
         errors: reads that failed so far (``durable_trio_health_read_errors_total``).
+        namespace: the namespace read (names the orphaned queues).
     """
     lines = [
         "# HELP durable_trio_up Whether this scrape could read the backend (1) or not (0).",
@@ -196,7 +235,13 @@ def prometheus_text(groups: list[GroupHealth] | None, *, up: bool = True, errors
         "# TYPE durable_trio_worker_throughput gauge",
         "# HELP durable_trio_worker_rss_bytes Resident memory of a worker.",
         "# TYPE durable_trio_worker_rss_bytes gauge",
+        "# HELP durable_trio_queue_orphaned A task queue with waiting jobs and no live worker.",
+        "# TYPE durable_trio_queue_orphaned gauge",
     ]
+    names = QueueNames(namespace)
+    for group in orphaned(groups):
+        queue = names.tasks(group.group).replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(f'durable_trio_queue_orphaned{{queue="{queue}"}} 1')
     for group in groups or []:
         g = group.group.replace("\\", "\\\\").replace('"', '\\"')
         lines.append(f'durable_trio_group_depth{{group="{g}"}} {group.depth}')
@@ -228,12 +273,14 @@ async def _scrape(reader: HealthReader) -> bytes:
             groups = await reader.read()
         except BrokerError as exc:
             _log.error("health: a scrape could not read the backend: %s", exc, exc_info=exc)
-            return prometheus_text(None, up=False, errors=reader.errors).encode()
+            return prometheus_text(
+                None, up=False, errors=reader.errors, namespace=reader.namespace
+            ).encode()
     if bound.cancelled_caught:
         reader.errors += 1
         _log.error("health: a scrape got no answer from the backend in %s s", SCRAPE_TIMEOUT)
         return prometheus_text(None, up=False, errors=reader.errors).encode()
-    return prometheus_text(groups, errors=reader.errors).encode()
+    return prometheus_text(groups, errors=reader.errors, namespace=reader.namespace).encode()
 
 
 async def respond(stream: trio.abc.Stream, reader: HealthReader) -> None:

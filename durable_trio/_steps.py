@@ -11,6 +11,7 @@ import trio
 
 from ._codec import decode_envelope
 from ._errors import BrokerError, JobError, PayloadError
+from ._step_timeout import run_within_timeout
 from ._wire import (
     JobKind,
     JSONValue,
@@ -137,7 +138,7 @@ class StepServer:
             started = trio.current_time()
             ok = False
             try:
-                output = await handler(task)
+                output = await run_within_timeout(handler, task)
                 ok = True
             except Exception as exc:
                 self._report(

@@ -124,6 +124,9 @@ class RemoteTask:
     """Unix time (seconds) after which the result no longer matters."""
     task_id: str = attrs.field(factory=_new_id)
     """Unique per dispatch."""
+    timeout: float | None = None
+    """Start-to-close timeout: seconds the handler may run; the worker cancels it then and
+    answers a retryable ``StepTimedOut`` failure. Absent: no limit."""
 
     @property
     def idempotency_key(self) -> str:

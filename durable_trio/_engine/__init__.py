@@ -49,6 +49,8 @@ from ._options import EngineOptions
 from ._records import Applied, RunRecord, RunStatus, StepKind, StepRecord, StepState
 from ._retry import Retry
 from ._statistics import EngineStatistics
+from ._step_timeouts import StepTimeouts, UnknownStep
+from ._step_watch import StepNotStarted, StepWait
 from ._stores import RunStore, open_run_store
 from ._tenant import RunView, TenantClient, open_tenant_client
 from ._worker import Worker, WorkerStatistics, open_worker
@@ -77,9 +79,13 @@ __all__ = [
     "StepHandle",
     "StepInfo",
     "StepKind",
+    "StepNotStarted",
     "StepRecord",
     "StepState",
+    "StepTimeouts",
+    "StepWait",
     "TenantClient",
+    "UnknownStep",
     "UnknownWorkflow",
     "Worker",
     "WorkerStatistics",

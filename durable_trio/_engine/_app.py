@@ -10,6 +10,7 @@ import attrs
 
 from .._errors import ConfigError
 from ._retry import Retry
+from ._step_timeouts import StepTimeouts
 
 if TYPE_CHECKING:
     from ._context import WorkflowContext
@@ -35,6 +36,9 @@ class StepDefinition:
     """``None``: the engine's ``default_retry``."""
     priority: int | None = None
     """Task priority (lower runs first), unless ``ctx.step`` says otherwise."""
+    timeouts: StepTimeouts = attrs.field(factory=StepTimeouts)
+    """Its start-to-close ``timeout`` and ``schedule_to_start_timeout`` (``ctx.step`` may
+    override either)."""
 
 
 @attrs.frozen
@@ -92,7 +96,13 @@ class App:
         return self._workflows
 
     def step(
-        self, name: str | None = None, *, retry: Retry | None = None, priority: int | None = None
+        self,
+        name: str | None = None,
+        *,
+        retry: Retry | None = None,
+        priority: int | None = None,
+        timeout: float | None = None,
+        schedule_to_start_timeout: float | None = None,
     ) -> Callable[[S], S]:
         """Register ``async def fn(input) -> JSON`` as step ``name`` (default: the function's
         name). The function is returned unchanged, so it stays callable directly in tests.
@@ -103,17 +113,26 @@ class App:
             name: the step name workflows call (``ctx.step(name, input)``).
             retry: its retry policy (default: the engine's ``default_retry``).
             priority: its task priority (lower runs first; default: FIFO).
+            timeout: start-to-close seconds: the worker cancels an attempt's handler after
+                this and the attempt fails retryable (``StepTimedOut``), retried per
+                ``retry`` (default: no limit; see ``docs/engine.md``, "Step timeouts").
+            schedule_to_start_timeout: seconds an attempt may wait on its queue for a worker
+                to take it; past it the step fails, naming the queue (default: no limit, but
+                a wait on a queue no live worker serves is reported after the engine's
+                ``unstarted_report_after``).
 
         Raises:
-            ConfigError: not an ``async def``, or the name is taken.
+            ConfigError: not an ``async def``, the name is taken, or a timeout is not a
+                positive number of seconds.
         """
+        timeouts = StepTimeouts.given("app.step", timeout, schedule_to_start_timeout)
 
         def register(fn: S) -> S:
             step_name = name or fn.__name__
             _check_async(fn, f"step {step_name!r}")
             if step_name in self._steps:
                 raise ConfigError(f"step {step_name!r} is already registered in {self.name!r}")
-            self._steps[step_name] = StepDefinition(step_name, fn, retry, priority)
+            self._steps[step_name] = StepDefinition(step_name, fn, retry, priority, timeouts)
             return fn
 
         return register

@@ -12,6 +12,7 @@ from .._arguments import check_callable, check_name, check_priority, check_secon
 from ._errors import NonDeterminismError
 from ._records import StepKind, normalize_json
 from ._retry import Retry
+from ._step_timeouts import StepTimeouts
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine, Generator
@@ -72,6 +73,7 @@ class _Driver(Protocol):
         input: Any,
         retry: Retry | None,
         priority: int | None,
+        timeouts: StepTimeouts | None = None,
     ) -> Any: ...
 
     async def local(
@@ -198,6 +200,8 @@ class WorkflowContext:
         *,
         retry: Retry | None = None,
         priority: int | None = None,
+        timeout: float | None = None,
+        schedule_to_start_timeout: float | None = None,
     ) -> StepHandle[Any]:
         """Run step ``name`` on a worker: ``await ctx.step("charge-card", order)``.
 
@@ -210,6 +214,9 @@ class WorkflowContext:
             input: its JSON input.
             retry: overrides the step's retry policy for this call.
             priority: task priority (lower first); default: the step's.
+            timeout: start-to-close seconds for each attempt; default: the step's.
+            schedule_to_start_timeout: seconds an attempt may wait for a worker to take it;
+                default: the step's.
 
         Returns:
             A handle; awaiting it returns the step's JSON output.
@@ -220,20 +227,24 @@ class WorkflowContext:
                 ``MAX_JSON_DEPTH``, ...); ``path`` names where.
             TypeError: ``name`` is not a str, ``retry`` not a :class:`Retry`, ``priority``
                 not an int (at once, in the workflow).
-            ConfigError: ``name`` is empty, ``priority`` outside what every broker keeps.
+            ConfigError: ``name`` is empty, ``priority`` outside what every broker keeps, a
+                timeout not a positive number of seconds.
+            UnknownStep: (a ``ConfigError``, when awaited) the engine's app registers steps
+                and ``name`` is not one of them.
         """
         step_id = self._next_id()  # before the checks, as histories recorded it
         check_name(name, "ctx.step", "name")
         value = normalize_json(input, f"the input of step {name!r}")
         check_type(retry, Retry, "ctx.step", "retry")
         check_priority(priority, "ctx.step")
+        timeouts = StepTimeouts.given("ctx.step", timeout, schedule_to_start_timeout)
         driver = self._driver
         return StepHandle(
             self,
             step_id,
             StepKind.REMOTE,
             name,
-            lambda: driver.remote(step_id, name, value, retry, priority),
+            lambda: driver.remote(step_id, name, value, retry, priority, timeouts),
         )
 
     @overload

@@ -50,6 +50,8 @@ from ._remote_run import RemoteRunDriver
 from ._retry import Retry  # noqa: TC001
 from ._runtime import RunDriver, describe_error
 from ._statistics import EngineStatistics
+from ._step_watch import StepWait, StepWatch
+from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
 
 if TYPE_CHECKING:
@@ -81,6 +83,7 @@ class Engine:
         self._services = services
         self._results = results
         self._timers = timers
+        self._watch: StepWatch | None = None
         self._runs: trio.Nursery | None = None
         self._loops: trio.Nursery | None = None
         self._closing = False
@@ -133,6 +136,9 @@ class Engine:
             from ._control import ControlPlane
 
             ControlPlane(self._services, self, self.transport).attach(self._loops)
+        watch = self._watch = StepWatch(self._services, results.on_result)
+        self._services.step_watch = watch
+        self._loops.start_soon(watch.run)
         if options.reconcile:
             await self.reconcile(include_own=True)
         self._timers.start(self._loops, self.reconcile)
@@ -358,6 +364,18 @@ class Engine:
             RunNotFound: no such run.
         """
         return (await self.get(run_id)).status
+
+    async def waiting(self, run_id: str) -> builtins.list[StepWait]:
+        """The remote steps the run waits on now: each one's task queue
+        (``{prefix}:tasks:{token}``), how long its attempt has waited, whether a worker took
+        it and how many live workers serve that queue. ``StepWait.describe()`` says it in a
+        line (what ``durable-trio run`` prints for a run that did not finish in time).
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        await self.get(run_id)
+        return await step_waits(self._services, self._watch, run_id)
 
     async def history(self, run_id: str) -> builtins.list[StepRecord]:
         """The run's checkpoints, in step id order (each remote step with the duplicate

@@ -16,6 +16,7 @@ from ._options import EngineOptions
 from ._results import ResultHandler
 from ._retry import Retry
 from ._services import EngineServices
+from ._step_watch import step_watch_options
 from ._stores import open_run_store
 from ._timers import EngineTimers
 
@@ -62,6 +63,8 @@ async def open_engine(
         engine_id, run_lease, reconcile_interval, watch_interval, reconcile,
             release_on_close, default_retry, seed, turn_timeout, serve_tenants: see
             :class:`EngineOptions`.
+        step_timeout_grace, unstarted_report_after: (keywords) the step watch's, see
+            :class:`EngineOptions` (``docs/engine.md``, "Step timeouts").
         **transport_options: :func:`~durable_trio.open_queue_transport` options; ``namespace``
             defaults to the app's name, ``result_concurrency`` to 16.
 
@@ -86,6 +89,7 @@ async def open_engine(
         seed=seed,
         turn_timeout=turn_timeout,
         serve_tenants=serve_tenants,
+        **step_watch_options(transport_options),
     )
     transport_options.setdefault("namespace", app.name)
     transport_options.setdefault("result_concurrency", 16)

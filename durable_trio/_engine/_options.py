@@ -61,3 +61,14 @@ class EngineOptions:
     run events; see ``docs/remote.md``)."""
     cleanup_timeout: float = attrs.field(default=2.0, validator=_positive)
     """The bound on the close's release of runs."""
+    step_timeout_grace: float = attrs.field(default=5.0, validator=_positive)
+    """A step with a ``timeout``: seconds past it after which the engine checks the attempt
+    itself, and fails it (``StepTimedOut``, retryable) when no live worker holds it (a worker
+    killed mid-step), without waiting for the broker's stalled threshold."""
+    unstarted_report_after: float | None = attrs.field(
+        default=10.0, validator=_optional_non_negative
+    )
+    """Seconds after which a step attempt still waiting on a queue that no live worker
+    serves is reported (``StepNotStarted`` through the error hook, once per attempt) and shown
+    by :meth:`Engine.waiting`; it keeps waiting (a worker may yet come). ``None`` or 0:
+    never. Failing it takes an explicit ``schedule_to_start_timeout``."""

@@ -41,6 +41,13 @@ from ._records import (
     step_to_json,
 )
 from ._runtime import describe_error, send_step
+from ._step_timeouts import (
+    StepTimeouts,
+    UnknownStep,
+    check_step_known,
+    command_timeouts,
+    with_timeouts,
+)
 
 if TYPE_CHECKING:
     from .._wire import StepEvent, WorkflowDecision
@@ -89,6 +96,11 @@ async def _apply_command(services: DriverServices, run: RunRecord, command: Any)
             retry = services.retry_for(name, None).to_json()
         priority = command.get("priority")
         step = services.step_definition(name)
+        retry = with_timeouts(retry, command_timeouts(command).over(StepTimeouts.of(step)))
+        try:
+            check_step_known(name, services.app.name, services.app.steps)
+        except UnknownStep as exc:
+            raise _BadDecision(str(exc)) from None
         fresh = StepRecord(
             run_id=run.run_id,
             step_id=step_id,

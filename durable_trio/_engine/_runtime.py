@@ -37,6 +37,7 @@ from ._records import (
     normalize_json,
 )
 from ._replay import History
+from ._step_timeouts import StepTimeouts, check_step_known, with_timeouts
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -168,11 +169,14 @@ class RunDriver:
         input: Any,
         retry: Retry | None,
         priority: int | None,
+        timeouts: StepTimeouts | None = None,
     ) -> Any:
         services = self.services
         store = services.store
         run_id = self.run.run_id
         known = self.history.take(step_id, StepKind.REMOTE, name)
+        if known is None:
+            check_step_known(name, services.app.name, services.app.steps)
         if known is not None and known.status is not StepState.PENDING:
             return settled_outcome(known)
         key = (run_id, step_id)
@@ -188,7 +192,10 @@ class RunDriver:
                     name=name,
                     status=StepState.PENDING,
                     input=input,
-                    retry=services.retry_for(name, retry).to_json(),
+                    retry=with_timeouts(
+                        services.retry_for(name, retry).to_json(),
+                        (timeouts or StepTimeouts()).over(StepTimeouts.of(step)),
+                    ),
                     priority=priority if priority is not None else step.priority if step else None,
                 )
                 record = await services.guard(lambda: store.begin_step(fresh), "checkpointing")

@@ -29,6 +29,7 @@ from ._duplicates import DuplicateLog
 from ._errors import EngineError
 from ._records import StepState
 from ._statistics import COUNTERS
+from ._step_timeouts import StepTimeouts
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
@@ -40,9 +41,10 @@ if TYPE_CHECKING:
     from ._options import EngineOptions
     from ._records import RunRecord, RunStatus, StepRecord
     from ._retry import Retry
+    from ._step_timeouts import StepTimeouts as _Timeouts
     from ._stores import RunStore
 
-__all__ = ["Driver", "DriverServices", "EngineServices", "StepWaiter"]
+__all__ = ["DispatchWatch", "Driver", "DriverServices", "EngineServices", "StepWaiter"]
 
 T = TypeVar("T")
 
@@ -192,6 +194,15 @@ class DriverServices(Protocol):
         """Send a remote workflow's turn to its workflow workers."""
 
 
+class DispatchWatch(Protocol):
+    """What the engine's step watch (:mod:`._step_watch`) hears of every dispatch."""
+
+    def dispatched(
+        self, record: StepRecord, timeouts: _Timeouts, job_id: str, delay: float
+    ) -> None:
+        """``record``'s current attempt went out as job ``job_id``, ready after ``delay``."""
+
+
 class EngineServices:
     """The engine's shared state and the services its pieces use (satisfies
     :class:`DriverServices`). Made by the engine, one per engine.
@@ -235,6 +246,8 @@ class EngineServices:
         self.unreleased: set[str] = set()
         self.duplicates = DuplicateLog()
         self._listeners: list[Callable[[str, RunRecord], None]] = []
+        self.step_watch: DispatchWatch | None = None
+        """Watches the timeouts of the attempts dispatched here (set by the engine)."""
         # A store whose clock is trio's (the memory store, or a wrapper of it that says so)
         self._trio_clock = bool(getattr(store, "trio_clock", False))
 
@@ -361,6 +374,7 @@ class EngineServices:
         Raises:
             PayloadError: the task cannot be sent (no retry can help).
         """
+        timeouts = StepTimeouts.of_record(record)
         task = RemoteTask(
             run_id=record.run_id,
             step_id=record.step_id,
@@ -368,9 +382,12 @@ class EngineServices:
             name=record.name,
             input=record.input,
             priority=record.priority,
+            timeout=timeouts.timeout,
         )
-        await self.guard(lambda: self.transport.dispatch(task, delay=delay), "dispatching")
+        job_id = await self.guard(lambda: self.transport.dispatch(task, delay=delay), "dispatching")
         self.count("steps_dispatched")
+        if self.step_watch is not None:
+            self.step_watch.dispatched(record, timeouts, job_id, delay)
         await self.guard(
             lambda: self.store.mark_dispatched(record.run_id, record.step_id, record.attempt),
             "checkpointing a dispatch",

@@ -66,6 +66,14 @@ class EngineStatistics:
     duplicate_completions: int = 0
     """Completed results for an attempt that had already completed (counted in
     ``duplicate_results`` too): each recorded with its cause (:meth:`Engine.duplicates`)."""
+    steps_timed_out: int = 0
+    """Step attempts the engine failed as ``StepTimedOut`` itself: past their ``timeout`` plus
+    ``step_timeout_grace`` with no live worker holding them (a worker killed mid-step)."""
+    steps_not_started: int = 0
+    """Step attempts failed by their ``schedule_to_start_timeout`` (no worker took them)."""
+    steps_unstarted_reported: int = 0
+    """Step attempts reported (``StepNotStarted`` through the error hook) as still waiting
+    ``unstarted_report_after`` seconds on a queue that no live worker serves."""
 
 
 #: The fields of :class:`EngineStatistics` that are not counters but gauges (or the id).

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from .._transport import QueueTransport
     from .._wire import WorkflowTask
     from ._app import WorkflowDefinition
+    from ._step_timeouts import StepTimeouts
 
 __all__ = ["TurnDriver", "TurnTimeout", "run_turn"]
 
@@ -81,6 +82,7 @@ class TurnDriver:
         input: Any,
         retry: Retry | None,
         priority: int | None,
+        timeouts: StepTimeouts | None = None,
     ) -> Any:
         known = self._take(step_id, StepKind.REMOTE, name)
         if known is not None:
@@ -97,6 +99,8 @@ class TurnDriver:
                 command["retry"] = retry.to_json()
             if priority is not None:
                 command["priority"] = priority
+            if timeouts is not None and timeouts.to_json():
+                command["timeouts"] = timeouts.to_json()
             self.commands.append(command)
         await self.tracker.block()
         raise AssertionError("unreachable")  # pragma: no cover

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Awaitable, Callable
 
+    from ._engine import Engine
+
 
 __all__ = ["add_engine_commands", "load_app", "run_reporting_errors"]
 
@@ -163,6 +165,17 @@ def _cmd_engine(args: argparse.Namespace) -> int:
     return run_reporting_errors(partial(_interrupted, serve))
 
 
+async def _waiting_lines(engine: Engine, run_id: str) -> list[str]:
+    """What a run that did not finish waits on, a line per step (bounded: a slow or failing
+    backend leaves the lines out, never hides the timeout)."""
+    with trio.move_on_after(5.0):
+        try:
+            return [wait.describe() for wait in await engine.waiting(run_id)]
+        except DurableTrioError as exc:
+            return [f"(what it waits on could not be read: {exc})"]
+    return []
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     app = load_app(args.target)
     try:
@@ -193,8 +206,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 )
                 if args.detach:
                     return 0
-                with trio.fail_after(args.timeout):
+                with trio.move_on_after(args.timeout) as bound:
                     outcome["output"] = await engine.result(run_id)
+                if bound.cancelled_caught:
+                    outcome["waiting"] = await _waiting_lines(engine, run_id)
+                    raise trio.TooSlowError
         return 0 if stop.signum is None or "output" in outcome else 128 + stop.signum
 
     try:
@@ -204,6 +220,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 1
     except trio.TooSlowError:
         print(f"run {outcome.get('run_id')} did not finish in {args.timeout} s", file=sys.stderr)
+        for line in outcome.get("waiting", ()):
+            print(f"  {line}", file=sys.stderr)
         return 3
     except DurableTrioError as exc:
         print(f"error: {exc}", file=sys.stderr)

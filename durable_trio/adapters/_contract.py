@@ -27,6 +27,7 @@ __all__ = [
     "ClaimedJob",
     "FailedJob",
     "Job",
+    "JobState",
     "Lease",
     "QuarantinedEntry",
     "QueueBroker",
@@ -36,7 +37,9 @@ __all__ = [
     "SupportsBatchFinalize",
     "SupportsBatchPop",
     "SupportsFailedJobs",
+    "SupportsJobState",
     "SupportsQuarantine",
+    "SupportsQueueListing",
     "SupportsRecovery",
     "SupportsRenewal",
     "SupportsSize",
@@ -275,4 +278,33 @@ class SupportsWakeup(Protocol):
         """Return when ``queue`` may have work: at once if it has ready jobs, else when a push
         (or a delayed job coming due) may have made some ready. May return spuriously (a slow
         safety poll); must not miss a push that follows this broker's last empty pop."""
+        ...
+
+
+@attrs.frozen
+class JobState:
+    """Where one job stands on its queue (:class:`SupportsJobState`)."""
+
+    claimed: bool
+    """``True``: a worker holds it under a lease; ``False``: it waits (ready or delayed)."""
+    worker: str = ""
+    """The claim's holder (its ``worker`` id), ``""`` when waiting or unknown."""
+
+
+@runtime_checkable
+class SupportsJobState(Protocol):
+    async def job_state(self, queue: str, job_id: str) -> JobState | None:
+        """Whether the job pushed with id ``job_id`` still waits on ``queue`` or is claimed;
+        ``None``: it is not on the queue (finished, failed, or never pushed). Meant for a rare
+        look at one job (a step's timeout expired), not the hot path: a broker may scan the
+        queue to answer."""
+        ...
+
+
+@runtime_checkable
+class SupportsQueueListing(Protocol):
+    async def waiting_queues(self, prefix: str) -> list[str]:
+        """The queues whose name starts with ``prefix`` that hold waiting (ready or delayed)
+        jobs, sorted. For a health read (orphaned queues: waiting work that no live worker
+        serves), not the hot path: a broker may scan its keys to answer."""
         ...

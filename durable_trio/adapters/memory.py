@@ -22,7 +22,16 @@ import trio
 from trio_util import RepeatedEvent
 
 from .._errors import TransportClosed
-from ._contract import ClaimedJob, FailedJob, Job, Lease, Recovery, RenewOutcome, Stall
+from ._contract import (
+    ClaimedJob,
+    FailedJob,
+    Job,
+    JobState,
+    Lease,
+    Recovery,
+    RenewOutcome,
+    Stall,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -347,6 +356,31 @@ class MemoryBroker:
                 continue
             with trio.move_on_at(q.delayed[0][0]):
                 await q.wakeup.wait()
+
+    async def job_state(self, queue: str, job_id: str) -> JobState | None:
+        """Whether job ``job_id`` waits on ``queue`` or is claimed (a scan of the queue: for a
+        rare look at one job, see :class:`~durable_trio.adapters.SupportsJobState`)."""
+        await trio.lowlevel.checkpoint()
+        q = self._queues.get(queue)
+        if q is None:
+            return None
+        for rec in q.active.values():
+            if rec.id == job_id:
+                return JobState(claimed=True, worker=rec.worker)
+        for _, _, rec in itertools.chain(q.ready, q.delayed):
+            if rec.id == job_id:
+                return JobState(claimed=False)
+        return None
+
+    async def waiting_queues(self, prefix: str) -> list[str]:
+        """The queues named ``prefix...`` holding ready or delayed jobs (see
+        :class:`~durable_trio.adapters.SupportsQueueListing`)."""
+        await trio.lowlevel.checkpoint()
+        return sorted(
+            name
+            for name, q in self._queues.items()
+            if name.startswith(prefix) and (q.ready or q.delayed)
+        )
 
     async def aclose(self) -> None:
         """Close the broker (idempotent): waiters wake, and every later call raises

@@ -122,6 +122,7 @@ from ._contract import (
     ClaimedJob,
     FailedJob,
     Job,
+    JobState,
     Lease,
     QuarantinedEntry,
     Recovery,
@@ -698,6 +699,65 @@ end
 return out
 """
 )
+
+# KEYS: meta claims; ARGV: job id
+# Returns {1, worker} (claimed), {0} (waiting) or nil (not on the queue). A scan of the meta
+# hash: the job id is stored only there, at the end of each entry (for a rare look, see
+# SupportsJobState).
+_JOB_STATE: Final = """
+local cursor = '0'
+repeat
+  local page = redis.call('HSCAN', KEYS[1], cursor, 'COUNT', 512)
+  cursor = page[1]
+  local items = page[2]
+  for i = 1, #items, 2 do
+    if string.match(items[i + 1], '^[^:]*:[^:]*:[^:]*:(.*)$') == ARGV[1] then
+      local claim = redis.call('HGET', KEYS[2], items[i])
+      if claim then
+        return {1, string.sub(claim, 17)}
+      end
+      return {0}
+    end
+  end
+until cursor == '0'
+return nil
+"""
+
+async def _job_state(client: RedisClient, queue: str, job_id: str) -> JobState | None:
+    """One run of :data:`_JOB_STATE`, a scan of the queue's meta hash (for a rare look at one
+    job: see :class:`~durable_trio.adapters.SupportsJobState`)."""
+    found = await client.script(_JOB_STATE)(
+        keys=[f"{{{queue}}}:meta", f"{{{queue}}}:claims"], args=[job_id]
+    )
+    if not found:
+        return None
+    if int(found[0]) == 1:
+        worker = found[1]
+        text = worker.decode() if isinstance(worker, bytes) else str(worker)
+        return JobState(claimed=True, worker=text)
+    return JobState(claimed=False)
+
+
+async def _waiting_queues(client: RedisClient, prefix: str) -> list[str]:
+    """A ``SCAN`` of the database for ``{Q}:ready`` and ``{Q}:delayed`` keys with ``Q``
+    starting with ``prefix`` (Redis deletes an empty sorted set, so a key found holds jobs):
+    O(keys in the database), for a health read (see
+    :class:`~durable_trio.adapters.SupportsQueueListing`)."""
+    pattern = "{" + re.sub(r"([\\*?\[\]])", r"\\\1", prefix) + "*}:"
+    found: set[str] = set()
+    for suffix in ("ready", "delayed"):
+        cursor = b"0"
+        while True:
+            cursor, keys = await client.execute(
+                "SCAN", cursor, "MATCH", pattern + suffix, "COUNT", 1000
+            )
+            for key in keys:
+                text = key.decode() if isinstance(key, bytes) else str(key)
+                found.add(text[1 : -len("}:" + suffix)])
+            if cursor in (b"0", "0", 0):
+                break
+    return sorted(found)
+
 
 # KEYS: ready delayed
 _SIZE: Final = """
@@ -1433,6 +1493,15 @@ class RedisBroker:
         """Jobs waiting to be claimed (ready and delayed)."""
         q = self._queue(queue)
         return int(await self._size(q.size_keys))
+
+    async def waiting_queues(self, prefix: str) -> list[str]:
+        """The queues named ``prefix...`` holding ready or delayed jobs (see
+        :func:`_waiting_queues`)."""
+        return await _waiting_queues(self._client, prefix)
+
+    async def job_state(self, queue: str, job_id: str) -> JobState | None:
+        """Whether job ``job_id`` waits on ``queue`` or is claimed (see :func:`_job_state`)."""
+        return await _job_state(self._client, queue, job_id)
 
     async def failed_jobs(self, queue: str, *, limit: int = 100) -> list[FailedJob]:
         """The most recent failed jobs of ``queue``, newest first."""

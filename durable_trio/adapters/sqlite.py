@@ -85,6 +85,7 @@ from ._contract import (
     ClaimedJob,
     FailedJob,
     Job,
+    JobState,
     Lease,
     QuarantinedEntry,
     Recovery,
@@ -1048,6 +1049,44 @@ def _op_size(queue: str, db: sqlite3.Connection) -> int:
     return int(size)
 
 
+_JOB_STATE: Final = """
+    SELECT 1, worker FROM dt_jobs WHERE state = 'active' AND queue = ?1 AND id = ?2
+    UNION ALL
+    SELECT 0, '' FROM dt_jobs WHERE state = 'ready' AND queue = ?1 AND id = ?2
+    UNION ALL
+    SELECT 0, '' FROM dt_jobs WHERE state = 'delayed' AND queue = ?1 AND id = ?2
+    LIMIT 1
+"""
+
+
+def _op_job_state(queue: str, job_id: str, db: sqlite3.Connection) -> JobState | None:
+    rows = db.execute(_JOB_STATE, (queue, job_id)).fetchall()
+    if not rows:
+        return None
+    claimed, worker = rows[0]
+    if claimed:
+        return JobState(claimed=True, worker=worker if isinstance(worker, str) else "")
+    return JobState(claimed=False)
+
+
+# The queues in [?1, ?2) of one state, read off that state's index in queue order.
+_READY_QUEUES: Final = """
+    SELECT DISTINCT queue FROM dt_jobs
+    WHERE state = 'ready' AND queue >= ?1 AND queue < ?2 ORDER BY queue
+"""
+_DELAYED_QUEUES: Final = """
+    SELECT DISTINCT queue FROM dt_jobs
+    WHERE state = 'delayed' AND queue >= ?1 AND queue < ?2 ORDER BY queue
+"""
+
+
+def _op_waiting_queues(prefix: str, db: sqlite3.Connection) -> list[str]:
+    bounds = (prefix, prefix + "\U0010ffff")  # every name that starts with the prefix
+    return sorted(
+        {str(q) for sql in (_READY_QUEUES, _DELAYED_QUEUES) for (q,) in db.execute(sql, bounds)}
+    )
+
+
 def _op_failed_jobs(queue: str, limit: int, db: sqlite3.Connection) -> list[FailedJob]:
     return [_read_failed(row) for row in _fetch(db, _FAILED_JOBS, (queue, limit))]
 
@@ -1312,6 +1351,20 @@ class SqliteBroker:
         """Jobs waiting to be claimed (ready and delayed)."""
         size: int = await self._call(partial(_op_size, queue), write=False)
         return size
+
+    async def waiting_queues(self, prefix: str) -> list[str]:
+        """The queues named ``prefix...`` holding ready or delayed jobs (see
+        :class:`~durable_trio.adapters.SupportsQueueListing`)."""
+        queues: list[str] = await self._call(partial(_op_waiting_queues, prefix), write=False)
+        return queues
+
+    async def job_state(self, queue: str, job_id: str) -> JobState | None:
+        """Whether job ``job_id`` waits on ``queue`` or is claimed (see
+        :class:`~durable_trio.adapters.SupportsJobState`)."""
+        state: JobState | None = await self._call(
+            partial(_op_job_state, queue, job_id), write=False
+        )
+        return state
 
     async def failed_jobs(self, queue: str, *, limit: int = 100) -> list[FailedJob]:
         """The most recent failed jobs of ``queue``, newest first."""

@@ -1,0 +1,473 @@
+"""Step timeouts (issue #15 item 4): start-to-close ``timeout=`` (the worker cancels the
+handler; the engine's guard when the worker is gone), ``schedule_to_start_timeout=``, the
+default report of a step waiting on a queue no live worker serves, unknown step names refused,
+and ``Engine.waiting``. Exact virtual times (autojump_clock, memory backend)."""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+import trio.testing
+
+import durable_trio as dt
+from durable_trio import App, StepTimedOut, WorkflowContext, open_engine, open_worker
+from durable_trio._engine import RunFailed, StepState
+from durable_trio._engine._step_timeouts import StepTimeouts, UnknownStep
+from durable_trio._engine._step_watch import StepNotStarted
+from durable_trio._engine.cli import add_engine_commands
+from durable_trio._health_view import prometheus_text, render_text, snapshot
+from durable_trio.adapters import Job, JobState, SupportsJobState, SupportsQueueListing
+from helpers import Errors
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+NO_JITTER = dt.Retry(max_attempts=3, initial=1.0, multiplier=1.0, jitter=0.0)
+
+
+def timeout_app(log: list[tuple[str, float]]) -> App:
+    app = App("shop")
+
+    @app.step("slow", timeout=5, retry=NO_JITTER)
+    async def slow(seconds: float) -> float:
+        info = dt.step_info()
+        log.append((f"start {info.attempt}", trio.current_time()))
+        try:
+            await trio.sleep(seconds)
+        except trio.Cancelled:
+            log.append((f"cancelled {info.attempt}", trio.current_time()))
+            raise
+        return trio.current_time()
+
+    @app.workflow("one")
+    async def one(ctx: WorkflowContext, args: dict[str, Any]) -> Any:
+        return await ctx.step(
+            args["step"],
+            args.get("input"),
+            timeout=args.get("timeout"),
+            schedule_to_start_timeout=args.get("sts"),
+        )
+
+    return app
+
+
+# --------------------------------------------------------------------------- start-to-close
+
+
+async def test_a_step_past_its_timeout_is_cancelled_and_retried_per_its_policy(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, float]] = []
+    app = timeout_app(log)
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            open_worker(app, backend, on_error=Errors()),
+            open_engine(app, backend) as engine,
+        ):
+            await engine.start("one", {"step": "slow", "input": 100}, run_id="r")
+            with pytest.raises(RunFailed) as failed:
+                await engine.result("r")
+            history = await engine.history("r")
+            stats = engine.statistics()
+    # attempt n starts at (n-1) * (5 + 1): 5 s of handler, 1 s of backoff
+    assert log == [
+        ("start 1", 0.0),
+        ("cancelled 1", 5.0),
+        ("start 2", 6.0),
+        ("cancelled 2", 11.0),
+        ("start 3", 12.0),
+        ("cancelled 3", 17.0),
+    ]
+    assert trio.current_time() == 17.0
+    assert failed.value.error["error"]["code"] == "StepTimedOut"
+    assert "did not finish within its timeout of 5 s" in failed.value.error["error"]["message"]
+    assert (history[0].attempt, history[0].status) == (3, StepState.FAILED)
+    assert history[0].retry["timeouts"] == {"startToClose": 5.0}
+    assert (stats.retries, stats.steps_timed_out) == (2, 0)  # the worker's timer did it
+
+
+async def test_ctx_step_timeout_overrides_the_steps_and_a_quick_step_is_unaffected(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, float]] = []
+    app = timeout_app(log)
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            open_worker(app, backend, on_error=Errors()),
+            open_engine(app, backend) as engine,
+        ):
+            await engine.start("one", {"step": "slow", "input": 7, "timeout": 10}, run_id="r")
+            assert await engine.result("r") == 7.0
+            stats = engine.statistics()
+            await trio.sleep(60)  # the engine's guard finds the step settled: nothing happens
+            after = engine.statistics()
+    assert log == [("start 1", 0.0)]
+    assert (stats.retries, after.retries, after.steps_timed_out) == (0, 0, 0)
+
+
+async def test_the_engine_fails_an_attempt_whose_worker_is_gone_at_timeout_plus_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A worker killed mid-step (here: a claim by a worker that never beats, as a SIGKILLed
+    one looks once its liveness key is gone): the engine fails the attempt at exactly
+    ``ready + timeout + step_timeout_grace`` and the retry runs on a live worker, long before
+    the broker's stalled threshold."""
+    log: list[tuple[str, float]] = []
+    app = timeout_app(log)
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(app, backend, step_timeout_grace=2) as engine:
+            queue = engine.transport.names.task_queue("slow")
+            await engine.start("one", {"step": "slow", "input": 1}, run_id="r")
+            await trio.sleep(0.5)
+            ghost = await backend.broker.pop_from(queue, worker="ghost")  # claimed, then killed
+            assert ghost is not None
+            async with open_worker(app, backend, on_error=Errors()):
+                assert await engine.result("r") == 9.0
+            stats = engine.statistics()
+            history = await engine.history("r")
+    # failed at 0 + 5 + 2 = 7, retried after 1 s of backoff, ran 1 s
+    assert log == [("start 2", 8.0)]
+    assert (stats.steps_timed_out, stats.retries) == (1, 1)
+    assert history[0].attempt == 2
+    assert "its worker 'ghost' is gone" in history[0].error["message"]
+
+
+async def test_the_guard_leaves_a_live_worker_to_its_own_timer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The job waited 20 s in a backlog before a live worker took it: the engine's first guard
+    (at 7 s) finds it waiting and looks again; the worker's own timeout ends it, not the
+    engine."""
+    log: list[tuple[str, float]] = []
+    app = timeout_app(log)
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(app, backend, step_timeout_grace=2, on_error=Errors()) as engine:
+            await engine.start("one", {"step": "slow", "input": 100}, run_id="r")
+            await trio.sleep(20)
+            async with open_worker(app, backend, on_error=Errors()):
+                with pytest.raises(RunFailed):
+                    await engine.result("r")
+            stats = engine.statistics()
+    assert log[:2] == [("start 1", 20.0), ("cancelled 1", 25.0)]
+    assert stats.steps_timed_out == 0
+
+
+# --------------------------------------------------------------------------- schedule-to-start
+
+
+async def test_a_step_no_worker_takes_fails_at_its_schedule_to_start_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = timeout_app([])
+    errors = Errors()
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(app, backend, on_error=errors) as engine:
+            await trio.sleep(1)
+            await engine.start("one", {"step": "slow", "input": 1, "sts": 4}, run_id="r")
+            with pytest.raises(RunFailed) as failed:
+                await engine.result("r")
+            stats = engine.statistics()
+    assert trio.current_time() == 5.0
+    error = failed.value.error["error"]
+    assert error["code"] == "ScheduleToStartTimeout"
+    assert error["retryable"] is False
+    assert error["message"] == (
+        "ScheduleToStartTimeout: no worker took step 'slow' within its "
+        "schedule_to_start_timeout of 4 s: it waited 4.0 s on queue 'shop:tasks:slow'; "
+        "no live worker serves it"
+    )
+    assert (stats.steps_not_started, stats.retries) == (1, 0)
+    assert errors.seen == []  # failed before the default report (10 s) was due
+
+
+async def test_a_step_taken_in_time_is_not_failed_by_schedule_to_start(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[str, float]] = []
+    app = timeout_app(log)
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(app, backend) as engine:
+            await engine.start("one", {"step": "slow", "input": 10, "sts": 4}, run_id="r")
+            await trio.sleep(3)
+            async with open_worker(app, backend, on_error=Errors()):
+                with pytest.raises(RunFailed) as failed:  # its 5 s timeout, three times
+                    await engine.result("r")
+            stats = engine.statistics()
+    assert log[0] == ("start 1", 3.0)
+    assert failed.value.error["error"]["code"] == "StepTimedOut"
+    assert stats.steps_not_started == 0
+
+
+# --------------------------------------------------------------------------- defaults
+
+
+async def test_a_misspelt_step_name_is_reported_within_the_default_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The engine's app registers no steps (its workers are elsewhere): the misspelt name
+    cannot be refused, so the default report names the queue at 10 s, once, and the run waits
+    on; ``Engine.waiting`` says where."""
+    app = App("shop")
+
+    @app.workflow("order")
+    async def order(ctx: WorkflowContext, _: Any) -> Any:
+        return await ctx.step("charge-crad", 1)
+
+    errors = Errors()
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(app, backend, on_error=errors) as engine:
+            await engine.start("order", run_id="r")
+            await trio.sleep(9.9)
+            assert errors.seen == []
+            await trio.sleep(0.1)
+            await trio.testing.wait_all_tasks_blocked()
+            assert [type(e) for e in errors.seen] == [StepNotStarted]
+            reported_at = trio.current_time()
+            await trio.sleep(50)
+            waits = await engine.waiting("r")
+            status = await engine.status("r")
+            stats = engine.statistics()
+    assert reported_at == 10.0
+    assert str(errors.seen[0]) == (
+        "step 'charge-crad' (run r, step 1) has waited 10.0 s on queue "
+        "'shop:tasks:charge-crad', which no live worker serves: is the step name right, "
+        "and is a worker serving it running?"
+    )
+    assert status is dt.RunStatus.RUNNING
+    assert stats.steps_unstarted_reported == 1
+    [wait] = waits
+    assert (wait.queue, wait.waited, wait.live_workers, wait.taken) == (
+        "shop:tasks:charge-crad",
+        60.0,
+        0,
+        None,  # its job is looked at only by the checks due (the report makes none)
+    )
+    assert wait.describe() == (
+        "step 'charge-crad' (id 1, attempt 1) has waited 60.0 s on queue "
+        "'shop:tasks:charge-crad'; no live worker serves it"
+    )
+
+
+async def test_a_backlog_with_a_live_worker_is_not_reported(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = App("shop")
+
+    @app.step("busy")
+    async def busy(_: Any) -> None:
+        await trio.sleep(30)
+
+    @app.workflow("many")
+    async def many(ctx: WorkflowContext, n: int) -> None:
+        await ctx.gather(*(ctx.step("busy") for _ in range(n)))
+
+    errors = Errors()
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            open_worker(app, backend, concurrency=1, on_error=Errors()),
+            open_engine(app, backend, on_error=errors) as engine,
+        ):
+            await engine.start("many", 3, run_id="r")
+            await engine.result("r")
+            stats = engine.statistics()
+    assert trio.current_time() == 90.0
+    assert errors.seen == []
+    assert stats.steps_unstarted_reported == 0
+
+
+async def test_unknown_step_names_are_refused_at_once_when_the_app_registers_steps(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = timeout_app([])
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(app, backend) as engine:
+            await engine.start("one", {"step": "slwo"}, run_id="r")
+            with pytest.raises(RunFailed) as failed:
+                await engine.result("r")
+            history = await engine.history("r")
+    assert trio.current_time() == 0.0
+    assert failed.value.error_type == "UnknownStep"
+    assert str(failed.value.error["message"]) == (
+        "ctx.step: app 'shop' registers no step named 'slwo' (its steps: 'slow'); "
+        "did you mean 'slow'?"
+    )
+    assert history == []  # nothing checkpointed, nothing dispatched
+    assert issubclass(UnknownStep, dt.ConfigError)
+
+
+# --------------------------------------------------------------------------- argument checks
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan")])
+def test_timeouts_must_be_positive_seconds(bad: float) -> None:
+    with pytest.raises(dt.ConfigError, match="timeout"):
+        App("a").step("s", timeout=bad)
+    with pytest.raises(dt.ConfigError, match="schedule_to_start_timeout"):
+        StepTimeouts.given("ctx.step", None, bad)
+    with pytest.raises(TypeError, match="timeout"):
+        App("a").step("s", timeout="5")  # type: ignore[arg-type]
+
+
+def test_a_worker_timeout_error_is_retryable() -> None:
+    assert StepTimedOut("x").retryable is True
+    assert StepTimedOut.code == "StepTimedOut"
+
+
+# --------------------------------------------------------------------------- job state
+
+
+async def test_job_state(broker: Any) -> None:
+    """Every broker answers SupportsJobState: waiting, claimed (and by whom), or gone."""
+    assert isinstance(broker, SupportsJobState)
+    broker = typing.cast("Any", broker)
+    await broker.push_on("q", Job("a", b"{}"))
+    await broker.push_on("q", Job("b", b"{}"))
+    await broker.push_on("q", Job("c", b"{}"), delay=60)
+    assert await broker.job_state("q", "a") == JobState(claimed=False)
+    assert await broker.job_state("q", "c") == JobState(claimed=False)
+    claimed = await broker.pop_from("q", worker="w1")
+    assert claimed is not None
+    assert claimed.id == "a"
+    assert await broker.job_state("q", "a") == JobState(claimed=True, worker="w1")
+    assert await broker.job_state("q", "b") == JobState(claimed=False)
+    assert await broker.job_state("q", "zz") is None
+    assert await broker.job_state("other", "a") is None
+    assert await broker.complete_job(claimed.lease, "q")
+    assert await broker.job_state("q", "a") is None
+
+
+# --------------------------------------------------------------------------- health, metrics
+
+
+async def test_health_and_metrics_list_an_orphaned_queue(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A queue with waiting jobs and no live worker is listed (table line and metric); a
+    served queue and an empty one are not."""
+    async with dt.open_backend("memory://") as backend:
+        async with dt.open_queue_transport(backend, namespace="ops", instance_id="w1") as transport:
+            transport.handle("served", _forever)
+            await transport.dispatch(
+                dt.RemoteTask(run_id="r", step_id="1", attempt=1, name="sevred")
+            )
+            await transport.dispatch(
+                dt.RemoteTask(run_id="r", step_id="2", attempt=1, name="sevred")
+            )
+            await transport.dispatch(
+                dt.RemoteTask(run_id="r", step_id="3", attempt=1, name="served")
+            )
+            await trio.sleep(1)
+            groups = await snapshot(backend, "ops")
+    assert groups is not None
+    assert [(g.group, g.depth, len(g.live_workers)) for g in groups] == [
+        ("served", 0, 1),
+        ("sevred", 2, 0),
+    ]
+    text = render_text(groups, "ops")
+    assert (
+        "orphaned: queue 'ops:tasks:sevred' has 2 waiting job(s) and no live worker "
+        "(a misspelt step name, or no worker serving it is running)"
+    ) in text
+    metrics = prometheus_text(groups, namespace="ops")
+    assert 'durable_trio_queue_orphaned{queue="ops:tasks:sevred"} 1' in metrics
+    assert "ops:tasks:served" not in metrics
+
+
+async def test_redis_health_lists_an_orphaned_queue(redis_url: str) -> None:
+    async with dt.open_backend(redis_url) as backend:
+        await backend.broker.push_on("ops:tasks:gone", Job("j1", b"{}"))
+        await backend.broker.push_on("ops:tasks:gone", Job("j2", b"{}"), delay=60)
+        await backend.broker.push_on("other:tasks:x", Job("j3", b"{}"))
+        groups = await snapshot(backend, "ops")
+        listed = await backend.broker.waiting_queues("ops:tasks:")  # type: ignore[attr-defined]
+    assert listed == ["ops:tasks:gone"]
+    assert groups is not None
+    assert [(g.group, g.depth, g.live_workers) for g in groups] == [("gone", 2, ())]
+    assert 'durable_trio_queue_orphaned{queue="ops:tasks:gone"} 1' in prometheus_text(
+        groups, namespace="ops"
+    )
+
+
+async def _forever(_: dt.RemoteTask) -> None:
+    await trio.sleep_forever()
+
+
+# --------------------------------------------------------------------------- durable-trio run
+
+FLOWS = """
+from durable_trio import App, WorkflowContext
+
+app = App("cli_orphan")
+
+
+@app.workflow("order")
+async def order(ctx: WorkflowContext, _):
+    return await ctx.step("charge-crad", 1)
+"""
+
+
+def test_cli_run_that_does_not_finish_names_the_queue_it_waits_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "orphan_flows.py").write_text(FLOWS)
+    target = f"{tmp_path / 'orphan_flows.py'}:app"
+    backend = f"sqlite:///{tmp_path / 'cli.db'}".replace("///", "////", 1)
+    parser = argparse.ArgumentParser()
+    add_engine_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(
+        ["run", target, "order", "--backend", backend, "--run-id", "o", "--timeout", "0.5"]
+    )
+    assert args.func(args) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "run o did not finish in 0.5 s"
+    assert err[1].startswith("  step 'charge-crad' (id 1, attempt 1) has waited ")
+    assert err[1].endswith(" on queue 'cli_orphan:tasks:charge-crad'; no live worker serves it")
+
+
+async def test_waiting_queues(broker: Any) -> None:
+    """Every broker answers SupportsQueueListing: the queues of a prefix with waiting jobs."""
+    assert isinstance(broker, SupportsQueueListing)
+    broker = typing.cast("Any", broker)
+    await broker.push_on("ops:tasks:a", Job("1", b"{}"))
+    await broker.push_on("ops:tasks:b", Job("2", b"{}"), delay=60)
+    await broker.push_on("ops:tasks:c", Job("3", b"{}"))
+    await broker.push_on("ops:tasksX", Job("4", b"{}"))
+    await broker.push_on("zz", Job("5", b"{}"))
+    claimed = await broker.pop_from("ops:tasks:c")
+    assert claimed is not None  # claimed: no longer waiting
+    assert await broker.waiting_queues("ops:tasks:") == ["ops:tasks:a", "ops:tasks:b"]
+    assert await broker.waiting_queues("ops:tasks:a") == ["ops:tasks:a"]
+    assert await broker.waiting_queues("nothing:") == []
+
+
+async def test_a_remote_workflows_step_timeout_reaches_the_checkpoint_and_the_worker(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A remote workflow's ``ctx.step(..., timeout=)`` travels in its turn's command: the
+    engine (which declares the workflow without its code) stores it and the worker applies
+    it."""
+    log: list[tuple[str, float]] = []
+    code = timeout_app(log)
+
+    @code.workflow("flow", remote=True)
+    async def flow(ctx: WorkflowContext, _: Any) -> Any:
+        return await ctx.step("slow", 100, timeout=2, retry=dt.Retry(max_attempts=1))
+
+    declared = App("shop")
+    declared.remote_workflow("flow")
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            open_engine(declared, backend) as engine,
+            open_worker(code, backend, on_error=Errors()),
+        ):
+            await engine.start("flow", run_id="f")
+            with pytest.raises(RunFailed):
+                await engine.result("f")
+            history = await engine.history("f")
+    assert log == [("start 1", 0.0), ("cancelled 1", 2.0)]
+    assert history[0].retry["timeouts"] == {"startToClose": 2.0}
+    assert history[0].error["code"] == "StepTimedOut"
