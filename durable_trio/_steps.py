@@ -11,11 +11,13 @@ import trio
 
 from ._codec import decode_envelope
 from ._errors import BrokerError, JobError, PayloadError
+from ._step_beats import StepBeats, beat_interval
 from ._wire import (
     JobKind,
     JSONValue,
     RemoteTask,
     StepError,
+    StepHeartbeat,
     StepResult,
     StepStatus,
 )
@@ -47,6 +49,8 @@ class StepServer:
         task_queue: Callable[[str], str],
         publish_result: Callable[[StepResult], Awaitable[str]],
         report: Callable[[BaseException], None],
+        publish_beat: Callable[[StepHeartbeat], Awaitable[None]] | None = None,
+        spawn: Callable[[Callable[[], Awaitable[None]]], None] | None = None,
     ) -> None:
         self._producers = producers
         self._controller = controller
@@ -55,10 +59,12 @@ class StepServer:
         self._task_queue = task_queue
         self._publish_result = publish_result
         self._report = report
+        self._publish_beat = publish_beat
+        self._spawn = spawn
+        self._beat_interval = options.step_heartbeat_interval
         self.handlers: dict[str, StepHandler] = {}
         self.turns: Callable[[Any], Awaitable[None]] | None = None
         """Serves the workflow turns found on a task loop (set by the remote layer, T14)."""
-
 
     async def on_task_job(self, job: ClaimedJob) -> Job | None:
         try:
@@ -115,6 +121,8 @@ class StepServer:
             controller.on_start()
             started = trio.current_time()
             ok = False
+            beats = self._beats(task)
+            token = beats.enter()
             try:
                 output = await handler(task)
                 ok = True
@@ -144,6 +152,8 @@ class StepServer:
                     task_id=task.task_id,
                 )
             finally:
+                beats.close()
+                StepBeats.leave(token)
                 # Only step durations feed the latency gradient (T6); a cancelled step too
                 # leaves the in-flight count.
                 controller.on_settle(started, trio.current_time(), step=ok)
@@ -163,6 +173,16 @@ class StepServer:
             return data  # the job worker pushes it with the task's acknowledgement
         await self._push_result(task, data)
         return None
+
+    def _beats(self, task: RemoteTask) -> StepBeats:
+        """The beats of a claim of ``task``: its handler's ``step_info().heartbeat()``."""
+        return StepBeats(
+            task,
+            send=self._publish_beat or _no_beats,
+            spawn=self._spawn or _no_spawn,
+            interval=beat_interval(task, self._beat_interval),
+            report=self._report,
+        )
 
     async def _push_result(self, task: RemoteTask, job: Job) -> None:
         """Push a step's result, again and again with a backoff while the broker fails: the
@@ -187,3 +207,10 @@ class StepServer:
             await trio.sleep(delay)
             delay = min(delay * 2, largest)
 
+
+async def _no_beats(beat: StepHeartbeat) -> None:
+    await trio.lowlevel.checkpoint()
+
+
+def _no_spawn(sender: Callable[[], Awaitable[None]]) -> None:
+    """A step server with nowhere to run senders drops its beats."""

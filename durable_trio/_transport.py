@@ -143,6 +143,8 @@ class QueueTransport:
             task_queue=self._names.task_queue,
             publish_result=self.publish_result,
             report=self._report,
+            publish_beat=lambda beat: self.remote.heartbeat(beat),
+            spawn=lambda sender: self._tree.jobs.nursery.start_soon(sender),
         )
         self._runner = JobRunner(
             broker,

@@ -124,6 +124,11 @@ class RemoteTask:
     """Unix time (seconds) after which the result no longer matters."""
     task_id: str = attrs.field(factory=_new_id)
     """Unique per dispatch."""
+    heartbeat_timeout: float | None = None
+    """Seconds the engine waits for the next beat once the step beat (``heartbeat_timeout=``
+    on its declaration); the worker pushes beats at least three times as often."""
+    last_heartbeat: JSONValue = None
+    """The details of the previous attempt's last beat, if it beat."""
 
     @property
     def idempotency_key(self) -> str:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 
 from .._errors import ConfigError
+from ._heartbeats import check_heartbeat_timeout
 from ._retry import Retry
 
 if TYPE_CHECKING:
@@ -35,6 +36,9 @@ class StepDefinition:
     """``None``: the engine's ``default_retry``."""
     priority: int | None = None
     """Task priority (lower runs first), unless ``ctx.step`` says otherwise."""
+    heartbeat_timeout: float | None = None
+    """Seconds without a beat, once the step beat, after which the engine fails the attempt
+    over (``None``: beats are only recorded)."""
 
 
 @attrs.frozen
@@ -92,7 +96,12 @@ class App:
         return self._workflows
 
     def step(
-        self, name: str | None = None, *, retry: Retry | None = None, priority: int | None = None
+        self,
+        name: str | None = None,
+        *,
+        retry: Retry | None = None,
+        priority: int | None = None,
+        heartbeat_timeout: float | None = None,
     ) -> Callable[[S], S]:
         """Register ``async def fn(input) -> JSON`` as step ``name`` (default: the function's
         name). The function is returned unchanged, so it stays callable directly in tests.
@@ -103,17 +112,27 @@ class App:
             name: the step name workflows call (``ctx.step(name, input)``).
             retry: its retry policy (default: the engine's ``default_retry``).
             priority: its task priority (lower runs first; default: FIFO).
+            heartbeat_timeout: seconds the engine waits for the step's next beat
+                (``step_info().heartbeat()``) once it beat: past it, the attempt is failed
+                (retryable, code ``heartbeat_timeout``) and retried at once, without waiting
+                for the broker's stalled threshold. The timer starts at the attempt's first
+                beat. Default ``None``: beats are only recorded.
 
         Raises:
-            ConfigError: not an ``async def``, or the name is taken.
+            ConfigError: not an ``async def``, the name is taken, or ``heartbeat_timeout`` is
+                not a positive number of seconds.
         """
+
+        check_heartbeat_timeout(heartbeat_timeout)
 
         def register(fn: S) -> S:
             step_name = name or fn.__name__
             _check_async(fn, f"step {step_name!r}")
             if step_name in self._steps:
                 raise ConfigError(f"step {step_name!r} is already registered in {self.name!r}")
-            self._steps[step_name] = StepDefinition(step_name, fn, retry, priority)
+            self._steps[step_name] = StepDefinition(
+                step_name, fn, retry, priority, heartbeat_timeout
+            )
             return fn
 
         return register

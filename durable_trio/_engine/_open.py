@@ -46,6 +46,7 @@ async def open_engine(
     seed: int | str | None = None,
     turn_timeout: float = 300.0,
     serve_tenants: bool = False,
+    heartbeat_check_interval: float = 1.0,
     **transport_options: Any,
 ) -> AsyncIterator[Engine]:
     """Open an engine that drives ``app``'s workflows over ``backend``.
@@ -60,8 +61,8 @@ async def open_engine(
         backend: from :func:`~durable_trio.open_backend`.
         store: a run store (default: the backend's, see ``open_run_store``).
         engine_id, run_lease, reconcile_interval, watch_interval, reconcile,
-            release_on_close, default_retry, seed, turn_timeout, serve_tenants: see
-            :class:`EngineOptions`.
+            release_on_close, default_retry, seed, turn_timeout, serve_tenants,
+            heartbeat_check_interval: see :class:`EngineOptions`.
         **transport_options: :func:`~durable_trio.open_queue_transport` options; ``namespace``
             defaults to the app's name, ``result_concurrency`` to 16.
 
@@ -86,6 +87,7 @@ async def open_engine(
         seed=seed,
         turn_timeout=turn_timeout,
         serve_tenants=serve_tenants,
+        heartbeat_check_interval=heartbeat_check_interval,
     )
     transport_options.setdefault("namespace", app.name)
     transport_options.setdefault("result_concurrency", 16)

@@ -147,6 +147,13 @@ class StepRecord:
     """Remote step: the task priority (kept for re-dispatch)."""
     created_at: float = 0.0
     updated_at: float = 0.0
+    heartbeat_timeout: float | None = None
+    """Remote step: seconds its attempt may go without a beat once it beat (``None``: no
+    failover on beats)."""
+    heartbeat: JSONValue = None
+    """Remote step: its last beat, ``{"attempt", "at", "sentAt", "details"?}`` (``at`` on the
+    store clock when the engine received it, ``sentAt`` the worker's Unix time), kept across
+    retries (``None``: it never beat)."""
 
     @property
     def idempotency_key(self) -> str:

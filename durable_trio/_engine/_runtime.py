@@ -190,6 +190,7 @@ class RunDriver:
                     input=input,
                     retry=services.retry_for(name, retry).to_json(),
                     priority=priority if priority is not None else step.priority if step else None,
+                    heartbeat_timeout=step.heartbeat_timeout if step else None,
                 )
                 record = await services.guard(lambda: store.begin_step(fresh), "checkpointing")
                 self.history.check(record, StepKind.REMOTE, name)

@@ -26,6 +26,7 @@ from .._errors import BrokerError, TransportClosed
 from .._options import log_error
 from .._wire import RemoteTask
 from ._errors import EngineError
+from ._heartbeats import previous_details
 from ._records import StepState
 from ._statistics import COUNTERS
 
@@ -365,6 +366,8 @@ class EngineServices:
             name=record.name,
             input=record.input,
             priority=record.priority,
+            heartbeat_timeout=record.heartbeat_timeout,
+            last_heartbeat=previous_details(record),
         )
         await self.guard(lambda: self.transport.dispatch(task, delay=delay), "dispatching")
         self.count("steps_dispatched")

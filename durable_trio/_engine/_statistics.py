@@ -63,6 +63,12 @@ class EngineStatistics:
     runs_timed_out: int = 0
     """Runs failed at their deadline (``engine.start(..., timeout=)``); counted in
     ``runs_failed`` too."""
+    heartbeats_recorded: int = 0
+    """Step beats recorded on their checkpoint."""
+    stale_heartbeats: int = 0
+    """Step beats ignored: for another attempt, a settled step, or one being applied."""
+    heartbeat_timeouts: int = 0
+    """Attempts failed over because their beats stopped for longer than ``heartbeat_timeout``."""
 
 
 #: The fields of :class:`EngineStatistics` that are not counters but gauges (or the id).
