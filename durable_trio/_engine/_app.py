@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
+from .._arguments import check_seconds
 from .._errors import ConfigError
-from ._heartbeats import check_heartbeat_timeout
 from ._retry import Retry
 
 if TYPE_CHECKING:
@@ -182,3 +182,15 @@ class App:
 def _check_async(fn: Callable[..., Any], what: str) -> None:
     if not inspect.iscoroutinefunction(fn):
         raise ConfigError(f"{what} must be an `async def` function, got {fn!r}")
+
+
+def check_heartbeat_timeout(value: Any) -> float | None:
+    """``value`` (``None`` or a positive number of seconds) as a step's ``heartbeat_timeout``.
+
+    Raises:
+        TypeError: not a number.
+        ConfigError: not positive and finite.
+    """
+    if value is None:
+        return None
+    return check_seconds(value, "app.step", "heartbeat_timeout", positive=True)

@@ -17,12 +17,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
-from .._arguments import check_seconds
 from .._errors import BrokerError
 from .._periodic import fixed_rate
 from .._wire import ControlMessage, StepError, StepResult, StepStatus
@@ -37,27 +36,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HEARTBEAT_TIMEOUT",
-    "check_heartbeat_timeout",
     "last_beat_at",
-    "previous_details",
     "record_beat",
     "watch_heartbeats",
 ]
 
 #: The error code of an attempt failed over for want of beats.
 HEARTBEAT_TIMEOUT = "heartbeat_timeout"
-
-
-def check_heartbeat_timeout(value: Any) -> float | None:
-    """``value`` (``None`` or a positive number of seconds) as a step's ``heartbeat_timeout``.
-
-    Raises:
-        TypeError: not a number.
-        ConfigError: not positive and finite.
-    """
-    if value is None:
-        return None
-    return check_seconds(value, "app.step", "heartbeat_timeout", positive=True)
 
 
 def last_beat_at(record: StepRecord) -> float | None:
@@ -67,15 +52,6 @@ def last_beat_at(record: StepRecord) -> float | None:
         at = beat.get("at")
         if isinstance(at, int | float):
             return float(at)
-    return None
-
-
-def previous_details(record: StepRecord) -> Any:
-    """The details of an earlier attempt's last beat, for the task of the current attempt."""
-    beat = record.heartbeat
-    attempt = beat.get("attempt") if isinstance(beat, dict) else None
-    if isinstance(attempt, int) and attempt < record.attempt:
-        return beat.get("details")
     return None
 
 
@@ -185,8 +161,9 @@ async def watch_heartbeats(
 
 
 async def _stop_attempt(services: EngineServices, record: StepRecord) -> None:
-    """Best effort: ask the worker (whichever takes the control message, T17) to stop the old
-    attempt; a worker that lives and takes it cancels the handler, whose result is stale."""
+    """Best effort: ask the worker (whichever takes the control message: T17, docs/spec.md)
+    to stop the old attempt; a worker that lives and takes it cancels the handler, whose
+    result is stale."""
     message = ControlMessage(
         "cancel-step", record.run_id, record.step_id, data={"attempt": record.attempt}
     )

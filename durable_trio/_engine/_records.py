@@ -26,6 +26,7 @@ __all__ = [
     "error_from_json",
     "error_to_json",
     "normalize_json",
+    "previous_details",
     "step_from_json",
     "step_position",
     "step_to_json",
@@ -159,6 +160,16 @@ class StepRecord:
     def idempotency_key(self) -> str:
         """``"{run_id}:{step_id}"``: stable across attempts and redeliveries."""
         return f"{self.run_id}:{self.step_id}"
+
+
+def previous_details(record: StepRecord) -> JSONValue:
+    """The details of an earlier attempt's last beat (``record.heartbeat``), for the task of
+    the current attempt (``None``: the current attempt's own beat, or none)."""
+    beat = record.heartbeat
+    attempt = beat.get("attempt") if isinstance(beat, dict) else None
+    if isinstance(attempt, int) and attempt < record.attempt:
+        return beat.get("details")
+    return None
 
 
 def step_position(step_id: str) -> int:

@@ -26,8 +26,7 @@ from .._errors import BrokerError, TransportClosed
 from .._options import log_error
 from .._wire import RemoteTask
 from ._errors import EngineError
-from ._heartbeats import previous_details
-from ._records import StepState
+from ._records import StepState, previous_details
 from ._statistics import COUNTERS
 
 if TYPE_CHECKING:
