@@ -265,6 +265,8 @@ class Simulation:
             broker,
             expected_output=self.expected_output,
             transport_options=self.transport_options,
+            engine_options=self.engine_options,
+            engine_restart_delay=self.faults.engine_restart_delay,
         )
 
     @property
