@@ -392,3 +392,41 @@ async def test_a_worker_whose_broker_stalls_sigstop_like_is_failed_over(
     assert done_at == 9.0
     assert served == (1, 1)
     assert (stats.heartbeat_timeouts, stats.retries) == (1, 1)
+
+
+async def test_a_remote_workflow_s_step_is_failed_over_too(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The steps a remote workflow's turns ask for (their checkpoints written from decisions)
+    carry the declaration's heartbeat_timeout, and are watched alike."""
+    app = App("shop")
+
+    @app.step("long", heartbeat_timeout=3.0, retry=ONCE_MORE)
+    async def long(_: Any) -> Any:
+        info = step_info()
+        info.heartbeat({"page": info.attempt})
+        if info.attempt == 1:
+            await trio.sleep_forever()  # silent; stopped by the engine's cancel-step
+        await trio.sleep(0.5)
+        return {"resumed": info.previous_heartbeat}
+
+    @app.workflow("one", remote=True)
+    async def one(ctx: WorkflowContext, _: Any) -> Any:
+        return await ctx.step("long")
+
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            open_worker(app, backend, concurrency=2),
+            open_engine(app, backend, heartbeat_check_interval=1.0) as engine,
+        ):
+            outcome = await engine.result(await engine.start("one", run_id="r"))
+            done_at = trio.current_time()
+            steps = [s for s in await engine.history("r") if s.name == "long"]
+            stats = engine.statistics()
+    assert outcome == {"resumed": {"page": 1}}
+    assert stats.heartbeat_timeouts == 1
+    (step,) = steps
+    assert (step.attempt, step.heartbeat_timeout) == (2, 3.0)
+    # The step beat at 0 (the first turn ran at once); checks at 1, 2, 3 (3 s silent: not
+    # more than the timeout), 4: failed over; attempt 2 runs 4.0 to 4.5.
+    assert done_at == 4.5
