@@ -463,3 +463,27 @@ async def test_sqlite_adds_the_heartbeat_columns_to_a_file_written_before_them(
             assert new.heartbeat_timeout == 1.0
         finally:
             await store.aclose()
+
+
+async def test_a_damaged_stored_beat_reads_as_none(tmp_path: Path) -> None:
+    """A last beat is advisory: one that does not read as JSON is no beat, not an error."""
+    import sqlite3
+
+    path = tmp_path / "runs.db"
+    store = await SqliteRunStore.open(path, "shop")
+    try:
+        await store.create_run(run("r"))
+        await store.begin_step(step("r", "1", heartbeat={"attempt": 1, "at": 1.0}))
+    finally:
+        await store.aclose()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE dt_steps SET heartbeat = '{not json'")
+    db.commit()
+    db.close()
+    store = await SqliteRunStore.open(path, "shop")
+    try:
+        found = await store.get_step("r", "1")
+        assert found is not None
+        assert (found.name, found.heartbeat) == ("charge", None)
+    finally:
+        await store.aclose()
