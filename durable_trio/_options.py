@@ -114,6 +114,9 @@ class TransportOptions:
     )
     turn_heartbeat_interval: float = attrs.field(default=10.0, validator=_positive)
     """A remote workflow turn heartbeats this often while it runs (T14)."""
+    step_heartbeat_interval: float = attrs.field(default=1.0, validator=_positive)
+    """A step handler's beats (``step_info().heartbeat()``) are pushed at most this often
+    (at most a third of the step's ``heartbeat_timeout``); beats in between are coalesced."""
     inbox_ttl: float = attrs.field(default=60.0, validator=_positive)
     """An inbox registration lives this long; it is announced again every third of it."""
     tenant_subscribers_cache: float = attrs.field(default=1.0, validator=_non_negative)

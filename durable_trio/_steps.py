@@ -11,12 +11,14 @@ import trio
 
 from ._codec import decode_envelope
 from ._errors import BrokerError, JobError, PayloadError
+from ._step_beats import StepBeats, beat_interval
 from ._step_timeout import run_within_timeout
 from ._wire import (
     JobKind,
     JSONValue,
     RemoteTask,
     StepError,
+    StepHeartbeat,
     StepResult,
     StepStatus,
 )
@@ -50,6 +52,8 @@ class StepServer:
         report: Callable[[BaseException], None],
         instance_id: str = "",
         lost_at: Callable[[str], float | None] = lambda token: None,
+        publish_beat: Callable[[StepHeartbeat], Awaitable[None]] | None = None,
+        spawn: Callable[[Callable[[], Awaitable[None]]], None] | None = None,
     ) -> None:
         self._instance_id = instance_id
         self._lost_at = lost_at
@@ -60,10 +64,12 @@ class StepServer:
         self._task_queue = task_queue
         self._publish_result = publish_result
         self._report = report
+        self._publish_beat = publish_beat
+        self._spawn = spawn
+        self._beat_interval = options.step_heartbeat_interval
         self.handlers: dict[str, StepHandler] = {}
         self.turns: Callable[[Any], Awaitable[None]] | None = None
         """Serves the workflow turns found on a task loop (set by the remote layer, T14)."""
-
 
     async def on_task_job(self, job: ClaimedJob) -> Job | None:
         try:
@@ -137,6 +143,8 @@ class StepServer:
             controller.on_start()
             started = trio.current_time()
             ok = False
+            beats = self._beats(task)
+            token = beats.enter()
             try:
                 output = await run_within_timeout(handler, task)
                 ok = True
@@ -167,6 +175,8 @@ class StepServer:
                     delivery=self._delivery(job),
                 )
             finally:
+                beats.close()
+                StepBeats.leave(token)
                 # Only step durations feed the latency gradient (T6); a cancelled step too
                 # leaves the in-flight count.
                 controller.on_settle(started, trio.current_time(), step=ok)
@@ -186,6 +196,16 @@ class StepServer:
             return data  # the job worker pushes it with the task's acknowledgement
         await self._push_result(task, data)
         return None
+
+    def _beats(self, task: RemoteTask) -> StepBeats:
+        """The beats of a claim of ``task``: its handler's ``step_info().heartbeat()``."""
+        return StepBeats(
+            task,
+            send=self._publish_beat or _no_beats,
+            spawn=self._spawn or _no_spawn,
+            interval=beat_interval(task, self._beat_interval),
+            report=self._report,
+        )
 
     async def _push_result(self, task: RemoteTask, job: Job) -> None:
         """Push a step's result, again and again with a backoff while the broker fails: the
@@ -210,3 +230,10 @@ class StepServer:
             await trio.sleep(delay)
             delay = min(delay * 2, largest)
 
+
+async def _no_beats(beat: StepHeartbeat) -> None:
+    await trio.lowlevel.checkpoint()
+
+
+def _no_spawn(sender: Callable[[], Awaitable[None]]) -> None:
+    """A step server with nowhere to run senders drops its beats."""

@@ -145,6 +145,8 @@ class QueueTransport:
             report=self._report,
             instance_id=options.instance_id,
             lost_at=self._lease_lost_at,
+            publish_beat=lambda beat: self.remote.heartbeat(beat),
+            spawn=lambda sender: self._tree.jobs.nursery.start_soon(sender),
         )
         self._runner = JobRunner(
             broker,

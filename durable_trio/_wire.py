@@ -127,6 +127,11 @@ class RemoteTask:
     timeout: float | None = None
     """Start-to-close timeout: seconds the handler may run; the worker cancels it then and
     answers a retryable ``StepTimedOut`` failure. Absent: no limit."""
+    heartbeat_timeout: float | None = None
+    """Seconds the engine waits for the next beat once the step beat (``heartbeat_timeout=``
+    on its declaration); the worker pushes beats at least three times as often."""
+    last_heartbeat: JSONValue = None
+    """The details of the previous attempt's last beat, if it beat."""
 
     @property
     def idempotency_key(self) -> str:

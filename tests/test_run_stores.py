@@ -410,3 +410,80 @@ async def test_sqlite_adds_the_timeout_column_to_a_file_written_before_it(
             assert new.timeout == 3.0
         finally:
             await store.aclose()
+
+
+async def test_a_steps_heartbeat_timeout_and_last_beat_are_stored(store: RunStore) -> None:
+    """Step heartbeats (issue #15, item 3): the timeout is written with the step; the last
+    beat by ``update_step``, and a change made without one keeps the stored beat."""
+    await store.create_run(run("r"))
+    await store.begin_step(step("r", "1", heartbeat_timeout=2.5))
+    fetched = await store.get_step("r", "1")
+    assert fetched is not None
+    assert (fetched.heartbeat_timeout, fetched.heartbeat) == (2.5, None)
+    beat = {"attempt": 1, "at": 4.0, "sentAt": 1.7e9, "details": AWKWARD}
+    assert await store.update_step(
+        attrs.evolve(fetched, heartbeat=beat, dispatched=True), expect_attempt=1
+    ) is Applied.APPLIED
+    beaten = await store.get_step("r", "1")
+    assert beaten is not None
+    assert (beaten.heartbeat, beaten.dispatched) == (beat, True)
+    retry = attrs.evolve(fetched, attempt=2, heartbeat=None)  # a change made without it
+    assert await store.update_step(retry, expect_attempt=1) is Applied.APPLIED
+    (kept,) = await store.get_steps_many([("r", "1")])
+    assert kept is not None
+    assert (kept.attempt, kept.heartbeat, kept.heartbeat_timeout) == (2, beat, 2.5)
+
+
+async def test_sqlite_adds_the_heartbeat_columns_to_a_file_written_before_them(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    store = await SqliteRunStore.open(path, "shop")
+    try:
+        await store.create_run(run("old"))
+        await store.begin_step(step("old", "1"))
+    finally:
+        await store.aclose()
+    db = sqlite3.connect(path)  # back to the table as it was before heartbeats
+    db.execute("ALTER TABLE dt_steps DROP COLUMN heartbeat")
+    db.execute("ALTER TABLE dt_steps DROP COLUMN heartbeat_timeout")
+    db.commit()
+    db.close()
+    for n in range(2):  # and opening it again changes nothing
+        store = await SqliteRunStore.open(path, "shop")
+        try:
+            old = await store.get_step("old", "1")
+            assert old is not None
+            assert (old.heartbeat_timeout, old.heartbeat) == (None, None)
+            await store.begin_step(step("old", f"new{n}", heartbeat_timeout=1.0))
+            new = await store.get_step("old", f"new{n}")
+            assert new is not None
+            assert new.heartbeat_timeout == 1.0
+        finally:
+            await store.aclose()
+
+
+async def test_a_damaged_stored_beat_reads_as_none(tmp_path: Path) -> None:
+    """A last beat is advisory: one that does not read as JSON is no beat, not an error."""
+    import sqlite3
+
+    path = tmp_path / "runs.db"
+    store = await SqliteRunStore.open(path, "shop")
+    try:
+        await store.create_run(run("r"))
+        await store.begin_step(step("r", "1", heartbeat={"attempt": 1, "at": 1.0}))
+    finally:
+        await store.aclose()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE dt_steps SET heartbeat = '{not json'")
+    db.commit()
+    db.close()
+    store = await SqliteRunStore.open(path, "shop")
+    try:
+        found = await store.get_step("r", "1")
+        assert found is not None
+        assert (found.name, found.heartbeat) == ("charge", None)
+    finally:
+        await store.aclose()

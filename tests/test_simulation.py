@@ -730,3 +730,29 @@ async def test_a_retry_whose_dispatch_is_cancelled_is_dispatched_all_the_same(
             (step,) = await engine.history(run_id)
             assert (step.attempt, step.dispatched, step.status) == (2, True, dt.StepState.COMPLETED)
             assert engine.statistics().redispatched == 1
+
+
+# --------------------------------------------------------------------------- step heartbeats
+
+HEARTBEAT_SEED = 1
+
+
+def test_heartbeat_failovers_happen_only_when_a_fault_stopped_the_beats() -> None:
+    """``work`` beats every second, declared with ``heartbeat_timeout=8``: under every fault
+    kind (engine kills too), attempts are failed over and retried, each one explained by a
+    fault that stopped its beats (the invariant ``_failovers_explained``); every run still
+    completes with the right output."""
+    beating = sample_app("sim-beats", heartbeat_timeout=8.0)
+    report = Simulation(
+        beating,
+        workload,
+        seed=HEARTBEAT_SEED,
+        runs=150,
+        duration=3 * 3600,
+        faults=attrs.evolve(CHAOS, engine_kills_per_hour=2.0),
+        expected_output=expected,
+    ).run_sync()
+    assert report.violations == ()
+    assert report.runs_completed == report.runs_started == 150
+    assert report.engine.heartbeat_timeouts > 0
+    assert report.engine.heartbeats_recorded > 0

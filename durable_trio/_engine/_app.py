@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
+from .._arguments import check_seconds
 from .._errors import ConfigError
 from ._retry import Retry
 from ._step_timeouts import StepTimeouts
@@ -39,6 +40,9 @@ class StepDefinition:
     timeouts: StepTimeouts = attrs.field(factory=StepTimeouts)
     """Its start-to-close ``timeout`` and ``schedule_to_start_timeout`` (``ctx.step`` may
     override either)."""
+    heartbeat_timeout: float | None = None
+    """Seconds without a beat, once the step beat, after which the engine fails the attempt
+    over (``None``: beats are only recorded)."""
 
 
 @attrs.frozen
@@ -103,6 +107,7 @@ class App:
         priority: int | None = None,
         timeout: float | None = None,
         schedule_to_start_timeout: float | None = None,
+        heartbeat_timeout: float | None = None,
     ) -> Callable[[S], S]:
         """Register ``async def fn(input) -> JSON`` as step ``name`` (default: the function's
         name). The function is returned unchanged, so it stays callable directly in tests.
@@ -120,19 +125,28 @@ class App:
                 to take it; past it the step fails, naming the queue (default: no limit, but
                 a wait on a queue no live worker serves is reported after the engine's
                 ``unstarted_report_after``).
+            heartbeat_timeout: seconds the engine waits for the step's next beat
+                (``step_info().heartbeat()``) once it beat: past it, the attempt is failed
+                (retryable, code ``heartbeat_timeout``) and retried at once, without waiting
+                for the broker's stalled threshold. The timer starts at the attempt's first
+                beat. Default ``None``: beats are only recorded.
 
         Raises:
-            ConfigError: not an ``async def``, the name is taken, or a timeout is not a
-                positive number of seconds.
+            ConfigError: not an ``async def``, the name is taken, or a timeout (``timeout``,
+                ``schedule_to_start_timeout``, ``heartbeat_timeout``) is not a positive number
+                of seconds.
         """
         timeouts = StepTimeouts.given("app.step", timeout, schedule_to_start_timeout)
+        check_heartbeat_timeout(heartbeat_timeout)
 
         def register(fn: S) -> S:
             step_name = name or fn.__name__
             _check_async(fn, f"step {step_name!r}")
             if step_name in self._steps:
                 raise ConfigError(f"step {step_name!r} is already registered in {self.name!r}")
-            self._steps[step_name] = StepDefinition(step_name, fn, retry, priority, timeouts)
+            self._steps[step_name] = StepDefinition(
+                step_name, fn, retry, priority, timeouts, heartbeat_timeout
+            )
             return fn
 
         return register
@@ -182,3 +196,15 @@ class App:
 def _check_async(fn: Callable[..., Any], what: str) -> None:
     if not inspect.iscoroutinefunction(fn):
         raise ConfigError(f"{what} must be an `async def` function, got {fn!r}")
+
+
+def check_heartbeat_timeout(value: Any) -> float | None:
+    """``value`` (``None`` or a positive number of seconds) as a step's ``heartbeat_timeout``.
+
+    Raises:
+        TypeError: not a number.
+        ConfigError: not positive and finite.
+    """
+    if value is None:
+        return None
+    return check_seconds(value, "app.step", "heartbeat_timeout", positive=True)

@@ -9,6 +9,8 @@ import attrs
 import trio
 
 from .._arguments import check_callable, check_name, check_priority, check_seconds, check_type
+from .._json_values import check_json
+from .._step_beats import StepBeats, current_beats
 from ._errors import NonDeterminismError
 from ._records import StepKind, normalize_json
 from ._retry import Retry
@@ -36,6 +38,27 @@ class StepInfo:
     name: str
     kind: str
     """``"remote"`` (a worker runs it, ``ctx.step``) or ``"local"`` (``ctx.run``)."""
+    previous_heartbeat: Any = None
+    """The details of the previous attempt's last beat, if it beat (a remote step's retry
+    can resume from there)."""
+    beats: StepBeats | None = attrs.field(default=None, repr=False, eq=False)
+    """Where :meth:`heartbeat` goes (``None``: a local step, whose beats go nowhere)."""
+
+    def heartbeat(self, details: Any = None) -> None:
+        """Say the step is alive, with optional JSON ``details``. Synchronous and cheap: the
+        worker pushes at most one beat per ``step_heartbeat_interval``, with the latest
+        details; the engine records the last one on the step (``engine.history``) and, for a
+        step declared with ``heartbeat_timeout=``, fails the attempt over (retryable, retried
+        at once) once its beats stop for longer. A local step (``ctx.run``) runs in the
+        engine: its beats are accepted and dropped.
+
+        Raises:
+            PayloadError: ``details`` is not a JSON value.
+        """
+        if self.beats is not None:
+            self.beats.heartbeat(details)
+        else:
+            check_json(details, "heartbeat details")
 
     @property
     def idempotency_key(self) -> str:
@@ -51,8 +74,9 @@ _CURRENT_STEP: contextvars.ContextVar[StepInfo] = contextvars.ContextVar("durabl
 def step_info() -> StepInfo:
     """The step running in this task: its run id, step id, attempt and idempotency key.
 
-    Call it inside a step function (served by :func:`open_worker`) or inside the function given
-    to ``ctx.run``.
+    Call it inside a step function (served by :func:`open_worker`), inside a handler given to
+    ``transport.handle``, or inside the function given to ``ctx.run``. Its
+    :meth:`StepInfo.heartbeat` beats.
 
     Raises:
         RuntimeError: called outside a step.
@@ -60,7 +84,17 @@ def step_info() -> StepInfo:
     try:
         return _CURRENT_STEP.get()
     except LookupError:
-        raise RuntimeError("step_info() is only available inside a running step") from None
+        pass
+    beats = current_beats()  # a handler given to transport.handle
+    if beats is None:
+        raise RuntimeError(
+            "step_info() is only available inside a running step (a step function served by "
+            "open_worker, a transport.handle handler, or the function given to ctx.run)"
+        )
+    task = beats.task
+    return StepInfo(
+        task.run_id, task.step_id, task.attempt, task.name, "remote", task.last_heartbeat, beats
+    )
 
 
 class _Driver(Protocol):

@@ -44,6 +44,7 @@ from ._errors import (
     UnknownWorkflow,
     run_failure,
 )
+from ._heartbeats import watch_heartbeats
 from ._options import EngineOptions
 from ._records import RunRecord, RunStatus, StepRecord, normalize_json
 from ._remote_run import RemoteRunDriver
@@ -130,7 +131,8 @@ class Engine:
         if any(w.remote for w in self.app.workflows.values()):
             self.transport.remote.on_decision(results.on_decision)
             self.transport.remote.on_step_event(results.on_step_event)
-            self.transport.remote.on_heartbeat(results.on_heartbeat)
+        # Step beats (recorded on their checkpoints) and remote turns' beats.
+        self.transport.remote.on_heartbeat(results.on_heartbeat)
         options = self.options
         if options.serve_tenants:
             from ._control import ControlPlane
@@ -142,6 +144,13 @@ class Engine:
         if options.reconcile:
             await self.reconcile(include_own=True)
         self._timers.start(self._loops, self.reconcile)
+        if any(step.heartbeat_timeout is not None for step in self.app.steps.values()):
+            self._loops.start_soon(
+                watch_heartbeats,
+                self._services,
+                results.fail_over,
+                options.heartbeat_check_interval,
+            )
 
     async def aclose(self) -> None:
         """Stop driving runs, in bounded phases: (1) stop the loops; (2) cancel every run's

@@ -59,6 +59,9 @@ class EngineOptions:
     serve_tenants: bool = False
     """Serve as the control plane of store-less tenant pods (start-run, run requests, tenant
     run events; see ``docs/remote.md``)."""
+    heartbeat_check_interval: float = attrs.field(default=1.0, validator=_positive)
+    """Seconds between two looks for steps whose beats stopped for longer than their
+    ``heartbeat_timeout`` (the failover comes at most this long after the timeout)."""
     cleanup_timeout: float = attrs.field(default=2.0, validator=_positive)
     """The bound on the close's release of runs."""
     step_timeout_grace: float = attrs.field(default=5.0, validator=_positive)

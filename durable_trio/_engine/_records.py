@@ -26,6 +26,7 @@ __all__ = [
     "error_from_json",
     "error_to_json",
     "normalize_json",
+    "previous_details",
     "step_from_json",
     "step_position",
     "step_to_json",
@@ -151,11 +152,28 @@ class StepRecord:
     """Remote step: the duplicate completed results the engine met for it, each with its cause
     (:meth:`DuplicateResult.to_json <durable_trio.DuplicateResult.to_json>`), filled in by
     :meth:`Engine.history` from that engine's record (kept in its memory, not in the store)."""
+    heartbeat_timeout: float | None = None
+    """Remote step: seconds its attempt may go without a beat once it beat (``None``: no
+    failover on beats)."""
+    heartbeat: JSONValue = None
+    """Remote step: its last beat, ``{"attempt", "at", "sentAt", "details"?}`` (``at`` on the
+    store clock when the engine received it, ``sentAt`` the worker's Unix time), kept across
+    retries (``None``: it never beat)."""
 
     @property
     def idempotency_key(self) -> str:
         """``"{run_id}:{step_id}"``: stable across attempts and redeliveries."""
         return f"{self.run_id}:{self.step_id}"
+
+
+def previous_details(record: StepRecord) -> JSONValue:
+    """The details of an earlier attempt's last beat (``record.heartbeat``), for the task of
+    the current attempt (``None``: the current attempt's own beat, or none)."""
+    beat = record.heartbeat
+    attempt = beat.get("attempt") if isinstance(beat, dict) else None
+    if isinstance(attempt, int) and attempt < record.attempt:
+        return beat.get("details")
+    return None
 
 
 def step_position(step_id: str) -> int:

@@ -110,6 +110,7 @@ async def _apply_command(services: DriverServices, run: RunRecord, command: Any)
             input=normalize_json(command.get("input"), f"the input of step {name!r}"),
             retry=retry,
             priority=priority if isinstance(priority, int) else step.priority if step else None,
+            heartbeat_timeout=step.heartbeat_timeout if step else None,
         )
         stored = await services.guard(lambda: store.begin_step(fresh), "checkpointing")
         if (stored.kind, stored.name) != (StepKind.REMOTE, name):

@@ -16,6 +16,7 @@ import trio
 
 from .._errors import DurableTrioError
 from .._wire import StepError, StepStatus
+from ._heartbeats import record_beat
 from ._records import Applied, StepKind, StepRecord, StepState, error_to_json
 from ._remote_run import RemoteRunDriver, apply_decision, apply_step_event
 from ._retry import StoredRetry
@@ -46,8 +47,11 @@ class ResultHandler:
     def __init__(self, services: EngineServices) -> None:
         self.services = services
 
-    def next_state(self, current: StepRecord, result: StepResult) -> tuple[StepRecord, float]:
-        """The checkpoint after ``result`` (and the retry delay, if it is a retry)."""
+    def next_state(
+        self, current: StepRecord, result: StepResult, *, retry_now: bool = False
+    ) -> tuple[StepRecord, float]:
+        """The checkpoint after ``result`` (and the retry delay, if it is a retry; none when
+        ``retry_now``)."""
         # A result came back, so the attempt was dispatched (whatever the local copy says).
         if result.status is StepStatus.COMPLETED:
             completed = attrs.evolve(
@@ -57,7 +61,11 @@ class ResultHandler:
         error = result.error or StepError(message="the step failed without an error")
         policy = StoredRetry.from_json(current.retry)
         if error.retryable and policy.retries_after(current.attempt, error.code):
-            delay = policy.policy.delay(current.attempt, rng=self.services.rng_for(current))
+            delay = (
+                0.0
+                if retry_now
+                else policy.policy.delay(current.attempt, rng=self.services.rng_for(current))
+            )
             retry = attrs.evolve(
                 current,
                 attempt=current.attempt + 1,
@@ -71,8 +79,9 @@ class ResultHandler:
         )
         return failed, 0.0
 
-    async def on_result(self, result: StepResult) -> None:
-        """Apply one step result, idempotently (see the module docstring).
+    async def on_result(self, result: StepResult, *, retry_now: bool = False) -> None:
+        """Apply one step result, idempotently (see the module docstring). ``retry_now``: a
+        retry is dispatched at once, with no backoff (a heartbeat-timeout failover).
 
         Error handling:
             A store error propagates: the transport hands the result back for redelivery.
@@ -120,7 +129,7 @@ class ResultHandler:
                 services.count("redispatched")
                 await send_step(services, current, services.waiters.get(key))
             return
-        following, delay = self.next_state(current, result)
+        following, delay = self.next_state(current, result, retry_now=retry_now)
         done = services.applying[key] = trio.Event()  # copies arriving meanwhile wait for us
         try:
             verdict = await store.update_step(following, expect_attempt=current.attempt)
@@ -174,8 +183,16 @@ class ResultHandler:
         await apply_step_event(self.services, event)
 
     async def on_heartbeat(self, beat: StepHeartbeat) -> None:
-        """A running remote workflow turn beats: its run's driver waits on."""
-        driver = self.services.drivers.get(beat.run_id)
-        if isinstance(driver, RemoteRunDriver) and beat.step_id.startswith("turn:"):
-            driver.beat()
-        await trio.lowlevel.checkpoint()
+        """A running remote workflow turn beats: its run's driver waits on. A running step
+        beats: the beat is recorded on its checkpoint (:func:`~._heartbeats.record_beat`)."""
+        if beat.step_id.startswith("turn:"):
+            driver = self.services.drivers.get(beat.run_id)
+            if isinstance(driver, RemoteRunDriver):
+                driver.beat()
+            await trio.lowlevel.checkpoint()
+            return
+        await record_beat(self.services, beat)
+
+    async def fail_over(self, result: StepResult) -> None:
+        """Apply a heartbeat-timeout failure: retried at once while attempts remain."""
+        await self.on_result(result, retry_now=True)

@@ -197,6 +197,7 @@ class RunDriver:
                         (timeouts or StepTimeouts()).over(StepTimeouts.of(step)),
                     ),
                     priority=priority if priority is not None else step.priority if step else None,
+                    heartbeat_timeout=step.heartbeat_timeout if step else None,
                 )
                 record = await services.guard(lambda: store.begin_step(fresh), "checkpointing")
                 self.history.check(record, StepKind.REMOTE, name)

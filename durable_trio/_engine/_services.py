@@ -27,7 +27,7 @@ from .._options import log_error
 from .._wire import RemoteTask
 from ._duplicates import DuplicateLog
 from ._errors import EngineError
-from ._records import StepState
+from ._records import StepState, previous_details
 from ._statistics import COUNTERS
 from ._step_timeouts import StepTimeouts
 
@@ -383,6 +383,8 @@ class EngineServices:
             input=record.input,
             priority=record.priority,
             timeout=timeouts.timeout,
+            heartbeat_timeout=record.heartbeat_timeout,
+            last_heartbeat=previous_details(record),
         )
         job_id = await self.guard(lambda: self.transport.dispatch(task, delay=delay), "dispatching")
         self.count("steps_dispatched")

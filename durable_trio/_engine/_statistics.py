@@ -74,6 +74,12 @@ class EngineStatistics:
     steps_unstarted_reported: int = 0
     """Step attempts reported (``StepNotStarted`` through the error hook) as still waiting
     ``unstarted_report_after`` seconds on a queue that no live worker serves."""
+    heartbeats_recorded: int = 0
+    """Step beats recorded on their checkpoint."""
+    stale_heartbeats: int = 0
+    """Step beats ignored: for another attempt, a settled step, or one being applied."""
+    heartbeat_timeouts: int = 0
+    """Attempts failed over because their beats stopped for longer than ``heartbeat_timeout``."""
 
 
 #: The fields of :class:`EngineStatistics` that are not counters but gauges (or the id).

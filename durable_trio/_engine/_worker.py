@@ -3,7 +3,8 @@
 Each registered step ``async def charge(order: dict) -> dict`` becomes a transport handler
 that calls it with the task's input, inside:
 
-- :func:`step_info` (a context variable): run id, step id, attempt, idempotency key;
+- :func:`step_info` (a context variable): run id, step id, attempt, idempotency key, and
+  ``heartbeat()`` (the step's beats, see ``durable_trio._step_beats``);
 - a cancel scope a ``cancel`` control message for the step's run cancels (best-effort: control
   is point-to-point, so with several workers only the one that takes the message acts);
 - the step's :class:`Retry`: an exception of one of its ``non_retryable`` types is reported as
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from .._step_beats import current_beats
 from .._transport import open_queue_transport
 from ._context import _CURRENT_STEP, StepInfo
 from ._turn import run_turn
@@ -80,6 +82,8 @@ class Worker:
         self.app = app
         self.transport = transport
         self._scopes: dict[str, set[trio.CancelScope]] = {}
+        self._attempts: dict[tuple[str, str, int], trio.CancelScope] = {}
+        """The scope of each running attempt (a heartbeat-timeout failover stops it)."""
         self._running = 0
         self._executed = 0
         self._succeeded = 0
@@ -100,11 +104,21 @@ class Worker:
         fn = definition.fn
 
         async def handle(task: RemoteTask) -> Any:
-            info = StepInfo(task.run_id, task.step_id, task.attempt, task.name, "remote")
+            info = StepInfo(
+                task.run_id,
+                task.step_id,
+                task.attempt,
+                task.name,
+                "remote",
+                task.last_heartbeat,
+                current_beats(),
+            )
             token = _CURRENT_STEP.set(info)
             scopes = self._scopes.setdefault(task.run_id, set())
             scope = trio.CancelScope()
             scopes.add(scope)
+            attempt = (task.run_id, task.step_id, task.attempt)
+            self._attempts[attempt] = scope
             self._running += 1
             self._executed += 1
             try:
@@ -118,10 +132,17 @@ class Worker:
                     self._succeeded += 1
                     return output
                 self._cancelled += 1
+                if self._attempts.get(attempt) is not scope:  # taken out by cancel-step
+                    raise _StepCancelled(
+                        f"attempt {task.attempt} of step {task.step_id!r} of run "
+                        f"{task.run_id!r} was failed over by the engine (heartbeat timeout)"
+                    )
                 raise _StepCancelled(f"run {task.run_id!r} was cancelled")
             finally:
                 self._running -= 1
                 scopes.discard(scope)
+                if self._attempts.get(attempt) is scope:
+                    del self._attempts[attempt]
                 if not scopes:
                     self._scopes.pop(task.run_id, None)
                 _CURRENT_STEP.reset(token)
@@ -132,6 +153,12 @@ class Worker:
         if message.action == "cancel" and message.run_id is not None:
             for scope in self._scopes.get(message.run_id, ()):
                 scope.cancel()
+        elif message.action == "cancel-step" and isinstance(message.data, dict):
+            # An attempt the engine failed over (heartbeat timeout): its result would be stale.
+            attempt = (message.run_id, message.step_id, message.data.get("attempt"))
+            found = self._attempts.pop(attempt, None)  # type: ignore[arg-type]
+            if found is not None:
+                found.cancel()
         await trio.lowlevel.checkpoint()
 
 

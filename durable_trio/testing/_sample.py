@@ -46,11 +46,29 @@ async def order(ctx: WorkflowContext, size: int) -> list[int]:
     return [*head, *tail, total]
 
 
-def sample_app(name: str, *, remote: bool = False) -> App:
+async def beating_work(x: int) -> int:
+    """``work`` that beats every second while it runs (the same draws, the same outcome)."""
+    info = step_info()
+    rng = random.Random(f"{info.run_id}:{info.step_id}:{info.attempt}")
+    left = rng.uniform(0.5, 20.0)
+    while left > 0:
+        info.heartbeat({"left": left})
+        await trio.sleep(min(1.0, left))
+        left -= 1.0
+    if rng.random() < 0.05:
+        raise RuntimeError("flaky")
+    return x * 2
+
+
+def sample_app(name: str, *, remote: bool = False, heartbeat_timeout: float | None = None) -> App:
     """An app serving ``work`` and the workflow ``order`` (its code on the workers with
-    ``remote``)."""
+    ``remote``). With ``heartbeat_timeout``, ``work`` beats every second and is declared
+    with that timeout."""
     app = App(name)
-    app.step("work", retry=WORK_RETRY)(work)
+    if heartbeat_timeout is None:
+        app.step("work", retry=WORK_RETRY)(work)
+    else:
+        app.step("work", retry=WORK_RETRY, heartbeat_timeout=heartbeat_timeout)(beating_work)
     app.workflow("order", remote=remote)(order)
     return app
 

@@ -19,6 +19,7 @@ from .._engine import (
     StepState,
     open_engine,
 )
+from .._engine._heartbeats import HEARTBEAT_TIMEOUT
 from .._engine._statistics import COUNTERS
 from .._engine._stores.memory import MemoryRunStore
 from .._errors import BrokerUnavailable
@@ -45,11 +46,21 @@ class RecordingStore(MemoryRunStore):
     def __init__(self) -> None:
         super().__init__()
         self.settled: Counter[tuple[str, str]] = Counter()
+        self.failovers: list[tuple[str, str, int, float]] = []
+        """``(run, step, attempt, when)`` of every attempt failed over for want of beats
+        (``when`` on the trio clock)."""
 
     async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
         verdict = await super().update_step(step, expect_attempt=expect_attempt)
         if verdict is Applied.APPLIED and step.status is not StepState.PENDING:
             self.settled[(step.run_id, step.step_id)] += 1
+        if (
+            verdict is Applied.APPLIED
+            and isinstance(step.error, dict)
+            and step.error.get("code") == HEARTBEAT_TIMEOUT
+            and (step.attempt != expect_attempt or step.status is StepState.FAILED)
+        ):
+            self.failovers.append((step.run_id, step.step_id, expect_attempt, self.now()))
         return verdict
 
     def unconfirmed_dispatches(self) -> list[tuple[str, str, int]]:
@@ -302,6 +313,7 @@ class Engines:
         ledger = self.ledger
         ledger.fault_counts["engine-kill"] += 1
         ledger.event("fault", kind="engine-kill", process=current.injector.name)
+        ledger.engine_kills.append(ledger.now())
         current.killed = True
         if not self._up():
             self._up_event = trio.Event()  # set by the next engine up

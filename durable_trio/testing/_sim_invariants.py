@@ -35,6 +35,8 @@ class Invariants:
         expected_output: ``(workflow, input) -> output`` of a completed run, if known.
         transport_options: the transport keywords of the engines and workers.
         engines: the engines (their duplicate records and counters), if checked.
+        engine_options: the engines' keywords (their check interval and run lease).
+        engine_restart_delay: how long a killed engine stays down.
     """
 
     def __init__(
@@ -47,6 +49,8 @@ class Invariants:
         expected_output: Callable[[str, Any], Any] | None,
         transport_options: dict[str, Any],
         engines: Engines | None = None,
+        engine_options: dict[str, Any] | None = None,
+        engine_restart_delay: float = 0.0,
     ) -> None:
         self.engines = engines
         self.ledger = ledger
@@ -55,6 +59,8 @@ class Invariants:
         self.broker = broker
         self.expected_output = expected_output
         self.transport_options = transport_options
+        self.engine_options = engine_options or {}
+        self.engine_restart_delay = engine_restart_delay
         self.steps: dict[str, list[StepRecord]] = {}
         """Every run's steps, as the store holds them at the end."""
         self.set_aside: set[tuple[str, str]] = set()
@@ -77,6 +83,7 @@ class Invariants:
         self._duplicates_explained()
         self._duplicate_results_recorded()
         self._damaged_set_aside()
+        self._failovers_explained()
 
     def _no_run_lost(self) -> None:
         violation = self.ledger.violation
@@ -191,3 +198,41 @@ class Invariants:
                 process, at, at + 2 * cleanup
             ):
                 ledger.violation(f"a damaged claim was not set aside: {details} on {process}")
+
+    def _failovers_explained(self) -> None:
+        """No step failed over by its heartbeat timeout while its worker was beating: each
+        attempt failed over had its beats stopped by a cause within the timeout (plus a check
+        and the beats' own intervals) before the failover: a fault of the worker running it
+        (killed, stalled, closing, a call dropped or late), that execution having ended (its
+        result late), or an engine killed or faulted meanwhile (beats not applied)."""
+        ledger = self.ledger
+        engines = [p for p in ledger.fault_windows if p.startswith("engine")]
+        check = float(self.engine_options.get("heartbeat_check_interval", 1.0))
+        lease = float(self.engine_options.get("run_lease", 30.0))
+        for run_id, step_id, attempt, when in self.store.failovers:
+            at = when - ledger.t0
+            record = next((s for s in self.steps.get(run_id, ()) if s.step_id == step_id), None)
+            timeout = record.heartbeat_timeout if record is not None else None
+            if timeout is None:
+                ledger.violation(f"step {run_id}:{step_id} was failed over with no timeout")
+                continue
+            # The last beat that mattered: within the timeout, a check, a push interval and
+            # the step's own beat period (1 s in the sample) before the failover.
+            since = at - timeout - check - timeout / 3 - 1.0
+            executions = ledger.executions.get((run_id, step_id, attempt), ())
+            explained = (
+                any(
+                    (e.end is not None and e.end <= at) or ledger.faulted(e.worker, since, at)
+                    for e in executions
+                )
+                or any(
+                    since - lease - self.engine_restart_delay <= k <= at
+                    for k in ledger.engine_kills
+                )
+                or any(ledger.faulted(p, since, at) for p in engines)
+            )
+            if not explained:
+                ledger.violation(
+                    f"step {run_id}:{step_id} attempt {attempt} was failed over by its "
+                    f"heartbeat timeout at {at:.3f} while its worker was beating"
+                )

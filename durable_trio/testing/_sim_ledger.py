@@ -59,6 +59,8 @@ class Ledger:
         self.damaged: list[tuple[str, float, dict[str, Any]]] = []
         self.task_pushers: dict[tuple[str, str, int], Counter[str]] = {}
         """How often each engine pushed each step attempt (several engines: see the checks)."""
+        self.engine_kills: list[float] = []
+        """When an engine was killed (its beats and checks stop until its replacement)."""
         self.end = 0.0
 
     @property
@@ -137,7 +139,12 @@ class Ledger:
         with what outcome), and held while the worker is stalled."""
         shadow = App(app.name)
         for name, definition in app.steps.items():
-            shadow.step(name, retry=definition.retry, priority=definition.priority)(
+            shadow.step(
+                name,
+                retry=definition.retry,
+                priority=definition.priority,
+                heartbeat_timeout=definition.heartbeat_timeout,
+            )(
                 self._recorded(definition.fn, worker_id, injector)
             )
         for name, workflow in app.workflows.items():

@@ -266,6 +266,8 @@ class Simulation:
             expected_output=self.expected_output,
             transport_options=self.transport_options,
             engines=engines,
+            engine_options=self.engine_options,
+            engine_restart_delay=self.faults.engine_restart_delay,
         )
 
     @property

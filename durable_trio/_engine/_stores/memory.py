@@ -83,6 +83,8 @@ class _Step:
     priority: int | None
     created_at: float
     updated_at: float
+    heartbeat_timeout: float | None = None
+    heartbeat: bytes = b"null"
 
     def out(self) -> StepRecord:
         return StepRecord(
@@ -101,6 +103,8 @@ class _Step:
             priority=self.priority,
             created_at=self.created_at,
             updated_at=self.updated_at,
+            heartbeat_timeout=self.heartbeat_timeout,
+            heartbeat=_loads(self.heartbeat),
         )
 
 
@@ -287,6 +291,8 @@ class MemoryRunStore:
                 priority=step.priority,
                 created_at=now,
                 updated_at=now,
+                heartbeat_timeout=step.heartbeat_timeout,
+                heartbeat=_dumps(step.heartbeat),
             )
         return stored.out()
 
@@ -311,6 +317,8 @@ class MemoryRunStore:
         stored.output, stored.error = _dumps(step.output), _dumps(step.error)
         stored.status, stored.attempt = step.status, step.attempt
         stored.wake_at, stored.dispatched = step.wake_at, step.dispatched
+        if step.heartbeat is not None:  # a change made without it keeps the last beat
+            stored.heartbeat = _dumps(step.heartbeat)
         stored.updated_at = self.now()
         return Applied.APPLIED
 

@@ -173,7 +173,7 @@ return 1
 )
 
 # KEYS: step, steps. ARGV: step_id, position, kind, name, status, attempt, input, output, error,
-# retry, wake_at, dispatched, priority, now
+# retry, wake_at, dispatched, priority, now, heartbeat_timeout, heartbeat ('' = none)
 _BEGIN_STEP: Final = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, redis.call('HGETALL', KEYS[1])}
@@ -181,12 +181,13 @@ end
 redis.call('HSET', KEYS[1], 'kind', ARGV[3], 'name', ARGV[4], 'status', ARGV[5],
   'attempt', ARGV[6], 'input', ARGV[7], 'output', ARGV[8], 'error', ARGV[9], 'retry', ARGV[10],
   'wake_at', ARGV[11], 'dispatched', ARGV[12], 'priority', ARGV[13], 'created', ARGV[14],
-  'updated', ARGV[14])
+  'updated', ARGV[14], 'hb_timeout', ARGV[15], 'heartbeat', ARGV[16])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 return {1}
 """
 
-# KEYS: step, run. ARGV: expect_attempt, status, attempt, output, error, wake_at, dispatched, now
+# KEYS: step, run. ARGV: expect_attempt, status, attempt, output, error, wake_at, dispatched, now,
+# heartbeat ('' = keep the stored one)
 _UPDATE_STEP: Final = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
 local run_status = redis.call('HGET', KEYS[2], 'status')
@@ -196,6 +197,7 @@ if redis.call('HGET', KEYS[1], 'status') ~= 'pending' then return 'duplicate' en
 if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 'stale' end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'attempt', ARGV[3], 'output', ARGV[4],
   'error', ARGV[5], 'wake_at', ARGV[6], 'dispatched', ARGV[7], 'updated', ARGV[8])
+if ARGV[9] ~= '' then redis.call('HSET', KEYS[1], 'heartbeat', ARGV[9]) end
 return 'applied'
 """
 
@@ -212,6 +214,10 @@ return 0
 
 def _dumps(value: Any) -> bytes:
     return orjson.dumps(value)
+
+
+def _optional_dumps(value: Any) -> bytes:
+    return b"" if value is None else orjson.dumps(value)
 
 
 def _num(value: float | None) -> str:
@@ -260,7 +266,20 @@ def _step(run_id: str, step_id: str, f: dict[bytes, bytes]) -> StepRecord:
         priority=int(priority) if priority else None,
         created_at=float(f[b"created"]),
         updated_at=float(f[b"updated"]),
+        # absent: a step stored before heartbeats
+        heartbeat_timeout=_opt_float(f.get(b"hb_timeout")),
+        heartbeat=_beat(f.get(b"heartbeat")),
     )
+
+
+def _beat(raw: bytes | None) -> Any:
+    """A stored last beat; advisory, so a damaged one reads as none."""
+    if not raw:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
 
 
 class RedisRunStore:
@@ -426,7 +445,8 @@ class RedisRunStore:
             (step.step_id, position, step.kind.value, step.name, step.status.value, step.attempt,
              _dumps(step.input), _dumps(step.output), _dumps(step.error), _dumps(step.retry),
              _num(step.wake_at), "1" if step.dispatched else "0",
-             "" if step.priority is None else str(step.priority), _num(now)),
+             "" if step.priority is None else str(step.priority), _num(now),
+             _num(step.heartbeat_timeout), _optional_dumps(step.heartbeat)),
         )  # fmt: skip
         if reply[0] == 1:  # inserted as given: no need to read it back
             return attrs.evolve(step, created_at=now, updated_at=now)
@@ -437,7 +457,7 @@ class RedisRunStore:
             (self._step_key(step.run_id, step.step_id), self._run_key(step.run_id)),
             (expect_attempt, step.status.value, step.attempt, _dumps(step.output),
              _dumps(step.error), _num(step.wake_at), "1" if step.dispatched else "0",
-             _num(time.time())),
+             _num(time.time()), _optional_dumps(step.heartbeat)),
         )  # fmt: skip
         return Applied(verdict.decode())
 

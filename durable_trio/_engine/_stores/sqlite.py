@@ -90,6 +90,8 @@ _SCHEMA: Final = (
         priority INTEGER,
         created_at REAL NOT NULL,
         updated_at REAL NOT NULL,
+        heartbeat_timeout REAL,
+        heartbeat TEXT,
         PRIMARY KEY (namespace, run_id, step_id)
     ) WITHOUT ROWID
     """,
@@ -101,7 +103,7 @@ _RUN_COLUMNS: Final = (
 )
 _STEP_COLUMNS: Final = (
     "run_id, step_id, kind, name, status, attempt, input, output, error, retry, wake_at, "
-    "dispatched, priority, created_at, updated_at"
+    "dispatched, priority, created_at, updated_at, heartbeat_timeout, heartbeat"
 )
 
 _INSERT_RUN: Final = f"""
@@ -136,7 +138,8 @@ _FINISH: Final = """
 """
 _INSERT_STEP: Final = f"""
     INSERT INTO dt_steps (namespace, position, {_STEP_COLUMNS})
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
+            ?19)
     ON CONFLICT (namespace, run_id, step_id) DO NOTHING
 """
 _GET_STEPS: Final = f"""
@@ -153,7 +156,7 @@ _STEP_STATE: Final = """
 """
 _UPDATE_STEP: Final = """
     UPDATE dt_steps SET status = ?4, attempt = ?5, output = ?6, error = ?7, wake_at = ?8,
-        dispatched = ?9, updated_at = ?10
+        dispatched = ?9, updated_at = ?10, heartbeat = coalesce(?11, heartbeat)
     WHERE namespace = ?1 AND run_id = ?2 AND step_id = ?3
 """
 _MARK_DISPATCHED: Final = """
@@ -166,6 +169,11 @@ _TERMINAL_NAMES: Final = frozenset(s.value for s in RunStatus if s.terminal)
 
 def _dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
+
+
+def _optional_dumps(value: Any) -> str | None:
+    """``None`` as SQL NULL (an update then keeps the column: ``coalesce``)."""
+    return None if value is None else _dumps(value)
 
 
 def _run(row: tuple[Any, ...]) -> RunRecord:
@@ -188,7 +196,7 @@ def _run(row: tuple[Any, ...]) -> RunRecord:
 
 def _step(row: tuple[Any, ...]) -> StepRecord:
     (run_id, step_id, kind, name, status, attempt, input_, output, error, retry, wake_at,
-     dispatched, priority, created, updated) = row  # fmt: skip
+     dispatched, priority, created, updated, heartbeat_timeout, heartbeat) = row  # fmt: skip
     return StepRecord(
         run_id=run_id,
         step_id=step_id,
@@ -205,7 +213,19 @@ def _step(row: tuple[Any, ...]) -> StepRecord:
         priority=priority,
         created_at=created,
         updated_at=updated,
+        heartbeat_timeout=heartbeat_timeout,
+        heartbeat=_beat(heartbeat),
     )
+
+
+def _beat(text: Any) -> Any:
+    """A stored last beat; advisory, so a damaged one reads as none."""
+    if text is None:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
 
 
 #: Seconds a batch may take beyond ``busy_timeout`` before its writers give up on it.
@@ -258,6 +278,12 @@ def _create_schema(db: sqlite3.Connection) -> None:
     columns = {row[1] for row in db.execute("PRAGMA table_info(dt_runs)")}
     if "timeout" not in columns:
         db.execute("ALTER TABLE dt_runs ADD COLUMN timeout REAL")
+    # A file written before step heartbeats: add their columns (NULL: none).
+    columns = {row[1] for row in db.execute("PRAGMA table_info(dt_steps)")}
+    if "heartbeat_timeout" not in columns:
+        db.execute("ALTER TABLE dt_steps ADD COLUMN heartbeat_timeout REAL")
+    if "heartbeat" not in columns:
+        db.execute("ALTER TABLE dt_steps ADD COLUMN heartbeat TEXT")
 
 
 # -- operations (each runs in the connection thread, as one transaction) -----------------------
@@ -349,7 +375,8 @@ def _op_begin_step(ns: str, step: StepRecord, db: sqlite3.Connection) -> StepRec
         _INSERT_STEP,
         (ns, position, step.run_id, step.step_id, step.kind.value, step.name, step.status.value,
          step.attempt, _dumps(step.input), _dumps(step.output), _dumps(step.error),
-         _dumps(step.retry), step.wake_at, int(step.dispatched), step.priority, now, now),
+         _dumps(step.retry), step.wake_at, int(step.dispatched), step.priority, now, now,
+         step.heartbeat_timeout, _optional_dumps(step.heartbeat)),
     )  # fmt: skip
     if cursor.rowcount == 1:  # inserted as given: no need to read it back
         return attrs.evolve(step, created_at=now, updated_at=now)
@@ -379,7 +406,7 @@ def _op_update_step(
             _UPDATE_STEP,
             (ns, step.run_id, step.step_id, step.status.value, step.attempt,
              _dumps(step.output), _dumps(step.error), step.wake_at, int(step.dispatched),
-             time.time()),
+             time.time(), _optional_dumps(step.heartbeat)),
         )  # fmt: skip
     return verdict
 
