@@ -8,14 +8,24 @@ with an ``ExceptionGroup`` holding both (or, caught naively, with only one of th
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, NoReturn
 
 import trio
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
 
-__all__ = ["one_exception", "raise_bare"]
+__all__ = ["one_exception", "raise_bare", "report_through"]
+
+
+def report_through(hook: Callable[[BaseException], object], exc: BaseException) -> None:
+    """Hand ``exc`` to an ``on_error`` hook; a hook that raises is logged, never propagated (a
+    broken hook must not take a loop down with it)."""
+    try:
+        hook(exc)
+    except Exception:
+        logging.getLogger("durable_trio").exception("the on_error hook raised")
 
 
 def _leaves(error: BaseException) -> Iterator[BaseException]:

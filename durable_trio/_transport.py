@@ -17,7 +17,6 @@ T24 (docs/spec.md; in depth: docs/close.md).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -31,7 +30,7 @@ from ._arguments import check_seconds, check_task, check_tasks
 from ._claims import _Loop
 from ._consume import Consumers
 from ._errors import ConfigError, TransportClosed
-from ._failures import one_exception, raise_bare
+from ._failures import one_exception, raise_bare, report_through
 from ._health import TransportHealth
 from ._jobs import JobRunner
 from ._leases import LeaseKeeper, Sweeper
@@ -279,10 +278,7 @@ class QueueTransport:
             raise TransportClosed("the transport is closed")
 
     def _report(self, exc: BaseException) -> None:
-        try:
-            self._report_hook(exc)
-        except Exception:  # a broken hook must not take a loop down with it
-            logging.getLogger("durable_trio").exception("the on_error hook raised")
+        report_through(self._report_hook, exc)
 
     async def dispatch(self, task: RemoteTask, *, delay: float = 0.0) -> str:
         """engine -> step worker: enqueue ``task`` on its routing token's task queue (T1, T3).

@@ -28,6 +28,7 @@ import trio
 from trio_util import run_and_cancelling
 
 from .._errors import BrokerError, DurableTrioError, PayloadError
+from .._failures import report_through
 from .._wire import DecisionStatus, StepError, StepEvent, StepEventKind, WorkflowDecision
 from ._context import _CURRENT_STEP, Quiescence, StepInfo, WorkflowContext
 from ._errors import EngineError, NonDeterminismError, StepFailed
@@ -187,7 +188,7 @@ class TurnDriver:
         try:
             await self.transport.remote.dispatch_step_event(event)
         except (BrokerError, DurableTrioError) as exc:
-            self.transport._report(exc)
+            report_through(self.transport.options.on_error, exc)
 
 
 def _failed(
