@@ -66,6 +66,9 @@ class _Claim:
     """The scope of the job worker running it (cancelling it cancels exactly this handler)."""
     state: ClaimState = _RUNNING
     lost: bool = False
+    ahead: bool = False
+    """Popped ahead of a free slot: stored as not started until its job worker marks it
+    started, just before its handler runs (see ``SupportsClaimAhead``)."""
 
     def cancel(self) -> None:
         if self.scope is not None:
