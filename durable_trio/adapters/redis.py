@@ -821,7 +821,9 @@ def _stalls(history: bytes | None) -> tuple[Stall, ...] | None:
         if type(entry) is not list or len(entry) not in (2, 3):
             return None
         at, worker, *flag = entry
-        if type(at) not in (int, float) or type(worker) is not str or flag not in ([], [0]):
+        if type(at) not in (int, float) or type(worker) is not str:
+            return None
+        if flag and (type(flag[0]) is not int or flag[0] != 0):  # (only 0: not counted)
             return None
         stalls.append(Stall(at=float(at), worker=worker, counted=not flag))
     return tuple(stalls)
