@@ -25,6 +25,7 @@ from ._wire import (
     RemoteTask,
     StepError,
     StepResult,
+    StepStatus,
 )
 from .adapters import (
     ClaimedJob,
@@ -286,22 +287,42 @@ class Sweeper:
             self._unanswered.append(result)
 
     async def _poison_result(self, queue: str, job: ClaimedJob, reason: str) -> StepResult | None:
-        """The failed result a poison step task answers its run with (``None``: not a task)."""
-        if queue not in self._task_queues:
+        """The failed result a poison job answers its run with: for a step task, and for a
+        step result whose handling by the engines stalled past the limit (set aside, it would
+        otherwise leave its step waiting forever: the retryable failure makes the engine try
+        the step again, or ends it as failed, inspectable, when its retries are spent).
+        ``None``: neither (or unreadable)."""
+        is_results = queue == self._names.results
+        if queue not in self._task_queues and not is_results:
             return None
         try:
             envelope = decode_envelope(job.data, max_bytes=self._options.max_payload_bytes)
         except PayloadError:
             return None
+        if is_results:
+            if envelope.kind is not JobKind.RESULT:
+                return None
+            held: StepResult = envelope.payload
+            message = (
+                f"its result was set aside: the engines' handling of it {reason} "
+                "(the step is tried again)"
+            )
+            error = StepError(
+                message=message,
+                code="result_set_aside",
+                retryable=True,
+                details={"stalls": _stalls(job), "stalledCount": job.stalled_count},
+            )
+            return StepResult(
+                held.run_id, held.step_id, held.attempt, StepStatus.FAILED, error=error
+            )
         if envelope.kind is not JobKind.TASK:
             return None
         task: RemoteTask = envelope.payload
         evidence: dict[str, Any] = {
             # Every stall, and whether it counted (its handler had started) or not (a claim
             # popped ahead and never started, taken back uncounted).
-            "stalls": [
-                {"at": s.at, "worker": s.worker, "counted": s.counted} for s in job.stalls
-            ],
+            "stalls": _stalls(job),
             "stalledCount": job.stalled_count,
         }
         keys = self._backend.keys
@@ -317,6 +338,10 @@ class Sweeper:
             evidence["workers"] = workers
         error = StepError(message=reason, code="stalled", retryable=True, details=evidence)
         return StepResult.failure(task, error)
+
+
+def _stalls(job: ClaimedJob) -> list[dict[str, Any]]:
+    return [{"at": s.at, "worker": s.worker, "counted": s.counted} for s in job.stalls]
 
 
 def _publish_error(message: str, cause: BaseException) -> BrokerError:

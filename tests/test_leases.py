@@ -286,18 +286,20 @@ async def test_t10_a_handler_that_meets_a_broker_error_is_never_failed_for_it(
     assert calls == [float(n) for n in range(8)]
 
 
-async def test_t9_a_stalled_result_is_set_aside_past_the_limit_not_redelivered_forever(
+async def test_t9_a_stalled_result_is_set_aside_past_the_limit_and_its_step_answered(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """A result (like every engine or pod input) whose handler keeps stalling is redelivered
     after each of its first max_stalled_count (3) stalls and set aside at the next: failed,
     inspectable in the broker's failed set, never redelivered again (it used to loop
-    forever)."""
+    forever). Its step is not left waiting: the sweep answers it with a retryable failed
+    result for the same attempt (code ``result_set_aside``), so the engine tries it again."""
     shared = MemoryBroker()
     broker = PausedRenewalBroker(shared)
     broker.paused = True
     errors = Errors()
     starts: list[float] = []
+    answers: list[tuple[float, dt.StepResult]] = []
     async with dt.open_queue_transport(
         backend_with(broker),
         result_concurrency=10,
@@ -307,6 +309,9 @@ async def test_t9_a_stalled_result_is_set_aside_past_the_limit_not_redelivered_f
     ) as transport:
 
         async def hangs(r: dt.StepResult) -> None:
+            if r.status is dt.StepStatus.FAILED:
+                answers.append((trio.current_time(), r))
+                return
             starts.append(trio.current_time())
             await trio.sleep_forever()
 
@@ -314,13 +319,19 @@ async def test_t9_a_stalled_result_is_set_aside_past_the_limit_not_redelivered_f
         await transport.publish_result(dt.StepResult("r", "s", 1, dt.StepStatus.COMPLETED))
         await trio.sleep(100)
         (failed,) = await shared.failed_jobs(transport.names.results)
-        assert await shared.size_of(transport.names.results) == 0  # no result was published
+        assert await shared.size_of(transport.names.results) == 0
     # claimed at 0, stale after 10, swept on the 5 s grid: back at 15, 30, 45; set aside at 60
     assert starts == [0.0, 15.0, 30.0, 45.0]
     assert failed.error == "stalled more than 3 times"
     assert (failed.stalled_count, failed.failed_at) == (4, 60.0)
     assert [s.counted for s in failed.stalls] == [True] * 4
-    assert any("poison job set aside (failed)" in m for m in errors.messages())
+    assert any("poison job failed" in m for m in errors.messages())
+    ((at, answer),) = answers
+    assert at == 60.0
+    assert (answer.run_id, answer.step_id, answer.attempt) == ("r", "s", 1)
+    assert answer.error is not None
+    assert (answer.error.code, answer.error.retryable) == ("result_set_aside", True)
+    assert answer.error.details["stalledCount"] == 4
 
 
 async def test_t9_the_sweep_is_off_at_interval_zero(autojump_clock: trio.testing.MockClock) -> None:

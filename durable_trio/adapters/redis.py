@@ -1106,6 +1106,27 @@ class _Queue:
         self.due_at = math.inf if due_in is None else trio.current_time() + due_in
 
 
+async def _read_eviction_policy(client: RedisClient, bound: float) -> str | None:
+    """The server's ``maxmemory-policy`` (one ``CONFIG GET``, bounded by ``bound``), or
+    ``None`` when it cannot be read: a server that refuses ``CONFIG`` (managed Redis often
+    does), or cannot be reached yet, is not checked (logged at debug level), and the broker
+    starts all the same. A policy other than ``noeviction`` is warned of (log and
+    ``on_error``) by the broker: queues are not a cache."""
+    reply: Any = None
+    try:
+        with trio.move_on_after(bound):
+            reply = await client.execute("CONFIG", "GET", "maxmemory-policy")
+    except (BrokerError, TransportClosed) as exc:
+        logger.debug("maxmemory-policy not checked: %s", exc)
+        return None
+    if isinstance(reply, dict):  # (a RESP3 map)
+        reply = [item for pair in reply.items() for item in pair]
+    if not isinstance(reply, list) or len(reply) != 2 or not isinstance(reply[1], bytes):
+        logger.debug("maxmemory-policy not checked: %r", reply)
+        return None
+    return reply[1].decode(errors="replace")
+
+
 @attrs.frozen
 class RedisBrokerStatistics:
     """Counters of one :class:`RedisBroker` (a snapshot)."""
@@ -1301,25 +1322,9 @@ class RedisBroker:
         )
 
     async def _check_eviction_policy(self) -> None:
-        """Warn (log and ``on_error``) if the server may evict keys: queues are not a cache.
-
-        One ``CONFIG GET``, bounded by ``ping_timeout``; a server that refuses ``CONFIG``
-        (managed Redis often does), or cannot be reached yet, is not checked (logged at debug
-        level): the broker must start all the same.
-        """
-        reply: Any = None
-        try:
-            with trio.move_on_after(self._ping_timeout):
-                reply = await self._client.execute("CONFIG", "GET", "maxmemory-policy")
-        except (BrokerError, TransportClosed) as exc:
-            logger.debug("maxmemory-policy not checked: %s", exc)
+        policy = await _read_eviction_policy(self._client, self._ping_timeout)
+        if policy is None:
             return
-        if isinstance(reply, dict):  # (a RESP3 map)
-            reply = [item for pair in reply.items() for item in pair]
-        if not isinstance(reply, list) or len(reply) != 2 or not isinstance(reply[1], bytes):
-            logger.debug("maxmemory-policy not checked: %r", reply)
-            return
-        policy = reply[1].decode(errors="replace")
         self._maxmemory_policy = policy
         if policy != "noeviction":
             self._report(
