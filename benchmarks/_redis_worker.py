@@ -5,10 +5,13 @@
 Serves no-op steps ``noop-0`` .. ``noop-{QUEUES-1}`` (one routing queue each), prints ``ready``
 once its consumers run, and serves until killed. With ``UDP_PORT``, each step's body ends by
 sending its step id to 127.0.0.1:UDP_PORT (how S3 times "enqueue -> job done", as the peers').
+The environment variable ``BENCH_PREFETCH`` sets the worker's ``prefetch`` (an integer, or
+``limit`` for the loop's concurrency; default: the transport's default, 0).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -20,8 +23,12 @@ import durable_trio as dt
 async def main(url: str, namespace: str, concurrency: int, queues: int, udp_port: int) -> None:
     udp = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
     async with dt.open_backend(url) as backend:
+        prefetch = os.environ.get("BENCH_PREFETCH")
+        extra: dict[str, int | None] = {}
+        if prefetch is not None:
+            extra["prefetch"] = None if prefetch == "limit" else int(prefetch)
         async with dt.open_queue_transport(
-            backend, namespace=namespace, concurrency=concurrency
+            backend, namespace=namespace, concurrency=concurrency, **extra
         ) as transport:
 
             async def noop(task: dt.RemoteTask) -> None:

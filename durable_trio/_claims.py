@@ -68,6 +68,9 @@ class _Claim:
     lost: bool = False
     lost_at: float | None = None
     """When the lease keeper found this claim's lease lost (trio clock), or ``None``."""
+    ahead: bool = False
+    """Popped ahead of a free slot: stored as not started until its job worker marks it
+    started, just before its handler runs (see ``SupportsClaimAhead``)."""
 
     def cancel(self) -> None:
         if self.scope is not None:

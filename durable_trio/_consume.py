@@ -13,6 +13,7 @@ from .adapters import (
     ClaimedJob,
     QueueBroker,
     SupportsBatchPop,
+    SupportsClaimAhead,
     SupportsWakeup,
 )
 
@@ -77,6 +78,8 @@ class Consumers:
         self.loops: list[_Loop] = []
         self.consumed: list[str] = []
         """Every queue consumed (not the inboxes), in start order."""
+        self.inbox_queues: list[str] = []
+        """This instance's own inboxes consumed, in start order."""
         self._deferred: list[_Loop] | None = None
         self._kind_handlers: dict[JobKind, Callable[[Any], Awaitable[None]]] = {}
 
@@ -124,6 +127,7 @@ class Consumers:
     def start_loop(self, loop: _Loop) -> None:
         if loop.inbox:
             self.loops.append(loop)
+            self.inbox_queues.append(loop.queue)
             self._inboxes.nursery.start_soon(self._poll_loop, loop, name=f"inbox {loop.queue}")
             return
         if self._deferred is not None:
@@ -182,7 +186,12 @@ class Consumers:
         # job the broker handed over is always tracked, then run or handed back. Close bounds a
         # pop still in flight by setting this scope's deadline.
         pop_many = broker.pop_many if isinstance(broker, SupportsBatchPop) else None
-        prefetch = self._options.prefetch
+        # Claims only for free slots unless prefetch is asked for, and then only on a broker
+        # that stores them as not started (so a claim that never ran is never a suspect).
+        pop_ahead = broker.pop_ahead if isinstance(broker, SupportsClaimAhead) else None
+        prefetch = self._options.prefetch  # (None: the loop's concurrency, as it moves)
+        if pop_ahead is None or pop_many is None:
+            prefetch = 0
         buffer = loop.buffer
         runner = self._runner
         start_claim, begin_job = runner.start_claim, runner.begin_job
@@ -192,7 +201,7 @@ class Consumers:
             while True:
                 await slots.acquire()
                 # N free slots, one round trip: claim as many jobs as there are free slots
-                # (and, with prefetch, as many again, so the next freed slots need no wait).
+                # (and, with prefetch, that many more, so the next freed slots need no wait).
                 extra = slots.take_free(_MAX_BATCH - 1) if pop_many is not None else 0
                 take = 1 + extra
                 while take and buffer:
@@ -207,9 +216,9 @@ class Consumers:
                         await trio.lowlevel.checkpoint()
                     continue
                 ahead = 0
-                if pop_many is not None:
-                    ahead = slots.limit if prefetch is None else prefetch
-                    ahead = max(0, min(ahead, _MAX_BATCH) - len(buffer))
+                if prefetch != 0:
+                    wanted = slots.limit if prefetch is None else prefetch
+                    ahead = max(0, min(wanted, _MAX_BATCH) - len(buffer))
                 try:
                     # No pop starts once close has begun (a loop first scheduled after the
                     # close started would otherwise shield a pop nobody bounds).
@@ -219,8 +228,11 @@ class Consumers:
                     raise
                 pop_scope.shield = True
                 try:
-                    if pop_many is not None:
-                        batch = await pop_many(queue, take + ahead, worker=worker)
+                    if ahead:
+                        assert pop_ahead is not None
+                        batch = await pop_ahead(queue, take, ahead, worker=worker)
+                    elif pop_many is not None:
+                        batch = await pop_many(queue, take, worker=worker)
                     else:
                         job = await broker.pop_from(queue, worker=worker)
                         batch = [job] if job is not None else []
@@ -252,7 +264,7 @@ class Consumers:
                     for job in batch[:take]:
                         begin_job(loop, job)
                     for job in batch[take:]:
-                        claim = _Claim(queue, job, state=_BUFFERED)
+                        claim = _Claim(queue, job, state=_BUFFERED, ahead=True)
                         claims[job.lease.token] = claim
                         buffer.append(claim)
                     if len(batch) < take + ahead and not buffer and wait_for_work is not None:

@@ -13,20 +13,22 @@ from trio_util import AsyncBool
 from ._claims import (
     _ABANDONED,
     _BUFFERED,
+    _DROPPED,
     _FINALIZING,
     _RUNNING,
     _Claim,
     _job_error,
     _JobWorker,
 )
+from ._coalesce import Coalescer
 from ._errors import BrokerError, DamagedJob, JobError, LeaseLost, PayloadError
 from ._wire import StepError
+from .adapters import SupportsClaimAhead
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ._claims import Level, _Loop
-    from ._coalesce import Coalescer
     from ._options import TransportOptions
     from .adapters import ClaimedJob, Job, Lease, QueueBroker
 
@@ -65,6 +67,8 @@ class JobRunner:
         self._report = report
         self.claims: dict[str, _Claim] = {}
         """Every claim this instance holds, by lease token."""
+        self._claim_ahead = broker if isinstance(broker, SupportsClaimAhead) else None
+        self._markers: dict[str, Coalescer[Lease, bool]] = {}
         self.running = 0
         """Handlers running now."""
         self.idle = AsyncBool(True)
@@ -152,10 +156,15 @@ class JobRunner:
                     error: Exception | None = None
                     result: Job | None = None
                     try:
-                        if job.damage is None:
+                        if job.damage is not None:
+                            error = await self._damaged(loop, job)
+                        elif not claim.ahead or await self._mark_started(claim):
                             result = await on_job(job)
                         else:
-                            error = await self._damaged(loop, job)
+                            # Popped ahead and taken back before it started: never ran here,
+                            # nothing to finalize (no double run).
+                            claim.lost = True
+                            claim.state = _DROPPED
                     except Exception as exc:
                         error = exc
                     # Abandoned by close (handed back in its step 6), or the lease went to
@@ -209,6 +218,23 @@ class JobRunner:
                     job_id=claim.job.id,
                 )
             )
+
+    async def _mark_started(self, claim: _Claim) -> bool:
+        """Tell the broker a claim popped ahead is starting (coalesced: the claims that start
+        in one scheduling round share one call). ``False``: its lease was lost meanwhile. A
+        broker error reaches the job's finalize (handed back, attempt-neutral): a handler
+        never runs on a claim the broker still holds as not started."""
+        marker = self._markers.get(claim.queue)
+        if marker is None:
+            broker, queue = self._claim_ahead, claim.queue
+            assert broker is not None
+
+            async def mark_many(leases: list[Lease]) -> list[bool]:
+                return await broker.mark_started(queue, leases)
+
+            marker = self._markers[claim.queue] = Coalescer(mark_many)
+        claim.ahead = False
+        return await marker.submit(claim.job.lease)
 
     async def _finalize(self, claim: _Claim, error: Exception) -> None:
         """T10 for a job whose handler raised: hand it back (fail it for good after

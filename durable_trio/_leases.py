@@ -47,8 +47,6 @@ __all__ = ["LeaseKeeper", "Sweeper"]
 #: With a sweep hint, every this-many-th sweep still looks at every queue (a lost hint then
 #: costs at most this many intervals, never a job).
 _FULL_SWEEP_EVERY = 20
-#: The stall limit of queues that are never poison (engine and pod input, see ``_sweep``).
-_NEVER_POISON = 1_000_000_000
 
 
 class LeaseKeeper:
@@ -147,6 +145,7 @@ class Sweeper:
         *,
         stalled_threshold: float,
         consumed: list[str],
+        inboxes: list[str],
         task_queues: set[str],
         publish_result: Callable[[StepResult], Awaitable[str]],
         answer_bad_task: Callable[[ClaimedJob, StepError], Awaitable[None]],
@@ -158,10 +157,14 @@ class Sweeper:
         self._options = options
         self.stalled_threshold = stalled_threshold
         self._consumed = consumed
+        self._inboxes = inboxes
         self._task_queues = task_queues
         self.publish_result = publish_result
         self._answer_bad_task = answer_bad_task
         self._report = report
+        self._unanswered: list[StepResult] = []
+        """Failed results of poison tasks already failed whose publish failed: published
+        again at every later sweep until one lands."""
 
     # ------------------------------------------------------------------ reclaim sweep (T9)
 
@@ -171,7 +174,9 @@ class Sweeper:
         interval = self._options.stalled_check_interval
         hint = self._broker if isinstance(self._broker, SupportsSweepHint) else None
         async for tick in fixed_rate(interval):
-            queues = list(self._consumed)
+            # Every queue this instance consumes, its own inboxes too: a job on any of them
+            # can stall, and past the limit is set aside, never redelivered forever.
+            queues = [*self._consumed, *self._inboxes]
             if hint is not None and tick % _FULL_SWEEP_EVERY:
                 # Skip the queues that hold no claim (one cheap call for all of them): an idle
                 # worker must cost next to nothing. Every _FULL_SWEEP_EVERY-th tick sweeps all.
@@ -181,21 +186,41 @@ class Sweeper:
                     self._report(exc)
                 except Exception as exc:
                     self._report(_unexpected(exc, "reading the sweep hint"))
+            if self._unanswered:
+                await self._publish_unanswered()
             for queue in queues:
                 await self._sweep(queue)
 
+    async def _publish_unanswered(self) -> None:
+        pending, self._unanswered = self._unanswered, []
+        for result in pending:
+            if not await self._publish_failed(result):
+                self._unanswered.append(result)
+
+    async def _publish_failed(self, result: StepResult) -> bool:
+        try:
+            await self.publish_result(result)
+        except (BrokerError, TransportClosed) as exc:
+            self._report(
+                _publish_error(
+                    f"the failed result of poison step {result.step_id!r} (run "
+                    f"{result.run_id!r}) was not published, tried again at the next sweep: "
+                    f"{exc}",
+                    exc,
+                )
+            )
+            return False
+        return True
+
     async def _sweep(self, queue: str) -> None:
         broker = cast("SupportsRecovery", self._broker)  # (checked once: _can_recover)
-        # Poison is a step that keeps killing its worker. Every other queue carries the
-        # engine's and the pods' own input, handled by our code, bad input failed at once: its
-        # jobs stall only because a consumer died or the broker failed a finalize, and failing
-        # one for good would lose a result (a run waiting forever). They are never poison.
-        max_stalled = (
-            self._options.max_stalled_count if queue in self._task_queues else _NEVER_POISON
-        )
+        # One limit on every queue: a job that stalled max_stalled_count times while its
+        # handler ran (a claim popped ahead and never started does not count, see
+        # SupportsClaimAhead) is set aside — failed, kept in the broker's failed set — never
+        # redelivered forever, whether a step task, a result, a decision or a control message.
         try:
             recovery = await broker.recover_stalled_jobs(
-                queue, self.stalled_threshold, max_stalled
+                queue, self.stalled_threshold, self._options.max_stalled_count
             )
         except BrokerError as exc:
             self._report(exc)
@@ -234,27 +259,31 @@ class Sweeper:
             self._report(exc)
 
     async def _fail_poison(self, queue: str, job: ClaimedJob) -> None:
-        """Fail a step task that stalled more than ``max_stalled_count`` times, after
-        publishing a RETRYABLE failed result for it so the run does not wait forever (never for
-        an unparseable or workflow payload). The result goes first: if it cannot be published,
-        the job stays claimed by this sweep and the next sweep (after ``stalled_threshold``)
-        tries both again; if the fail is what fails, the next sweep publishes the result again
-        (a duplicate the engine ignores). Either way no run is left without an answer."""
+        """Set aside a job that stalled more than ``max_stalled_count`` times while its
+        handler ran: fail it (kept in the broker's failed set with its stall history), then,
+        for a step task only, publish a RETRYABLE failed result so its run does not wait
+        forever (never for an unparseable or workflow payload).
+
+        The fail goes first and the result only if it succeeded (so a job is answered as
+        failed only once it is failed, never while another worker may still run it): if the
+        fail fails (a broker error), the job stays claimed by this sweep and the next sweep
+        (after ``stalled_threshold``) tries again; if it answers "lease lost", the job went
+        elsewhere and nothing is published. A result that cannot be published after the fail
+        is reported and published again at every later sweep of this instance until it lands
+        (should this instance die first, the step waits for the engine's own timeouts)."""
         reason = f"stalled more than {self._options.max_stalled_count} times"
         result = await self._poison_result(queue, job, reason)
-        if result is not None:
-            try:
-                await self.publish_result(result)
-            except (BrokerError, TransportClosed) as exc:
-                self._report(exc)
-                return
         try:
             failed = await self._broker.fail_job(job.lease, queue, reason)
         except BrokerError as exc:
             self._report(exc)
             return
-        if failed:
-            self._report(JobError(f"poison job failed: {reason}", queue=queue, job_id=job.id))
+        if not failed:
+            return
+        kind = "poison job failed" if result is not None else "poison job set aside (failed)"
+        self._report(JobError(f"{kind}: {reason}", queue=queue, job_id=job.id))
+        if result is not None and not await self._publish_failed(result):
+            self._unanswered.append(result)
 
     async def _poison_result(self, queue: str, job: ClaimedJob, reason: str) -> StepResult | None:
         """The failed result a poison step task answers its run with (``None``: not a task)."""
@@ -268,7 +297,11 @@ class Sweeper:
             return None
         task: RemoteTask = envelope.payload
         evidence: dict[str, Any] = {
-            "stalls": [{"at": s.at, "worker": s.worker} for s in job.stalls],
+            # Every stall, and whether it counted (its handler had started) or not (a claim
+            # popped ahead and never started, taken back uncounted).
+            "stalls": [
+                {"at": s.at, "worker": s.worker, "counted": s.counted} for s in job.stalls
+            ],
             "stalledCount": job.stalled_count,
         }
         keys = self._backend.keys
@@ -284,3 +317,9 @@ class Sweeper:
             evidence["workers"] = workers
         error = StepError(message=reason, code="stalled", retryable=True, details=evidence)
         return StepResult.failure(task, error)
+
+
+def _publish_error(message: str, cause: BaseException) -> BrokerError:
+    error = BrokerError(message)
+    error.__cause__ = cause
+    return error

@@ -75,6 +75,11 @@ def _concurrency(_: Any, attribute: attrs.Attribute[Any], value: int | Adaptive)
         _at_least_one(_, attribute, value)
 
 
+def _optional_count(_: Any, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise ConfigError(f"{attribute.name} must be None or an integer >= 0, got {value!r}")
+
+
 def _optional_positive(_: Any, attribute: attrs.Attribute[Any], value: float | None) -> None:
     if value is not None:
         _positive(_, attribute, value)
@@ -104,10 +109,14 @@ class TransportOptions:
     )
     """0 turns the reclaim sweep off."""
     max_stalled_count: int = attrs.field(default=DEFAULT_MAX_STALLED_COUNT, validator=_at_least_one)
-    prefetch: int | None = None
+    prefetch: int | None = attrs.field(default=0, validator=_optional_count)
     """Jobs a loop claims ahead of its free slots, so a freed slot never waits for a round
-    trip (``None``: as many as the loop's concurrency; ``0``: none). Prefetched claims are
-    renewed, and handed back on close, like running ones."""
+    trip (``0``, the default: none, a loop claims only what it can start; ``None``: as many
+    as the loop's concurrency). Prefetched claims are renewed, and handed back on close, like
+    running ones; the broker stores them as not started until their handler starts, so a
+    worker that dies holding them never makes them suspects (their stall is not counted
+    toward ``max_stalled_count``). Only on a broker that can (``SupportsClaimAhead``: memory,
+    SQLite, Redis); elsewhere it is 0."""
     max_job_attempts: int = attrs.field(default=DEFAULT_MAX_JOB_ATTEMPTS, validator=_at_least_one)
     worker_heartbeat_interval: float = attrs.field(
         default=DEFAULT_WORKER_HEARTBEAT_INTERVAL, validator=_positive

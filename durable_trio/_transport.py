@@ -177,6 +177,7 @@ class QueueTransport:
                 options,
                 stalled_threshold=self._stalled_threshold,
                 consumed=self._consumers.consumed,
+                inboxes=self._consumers.inbox_queues,
                 task_queues=self._task_queues,
                 publish_result=self.publish_result,
                 answer_bad_task=self._steps.answer_bad_task,

@@ -40,6 +40,15 @@ class CountingBroker:
         self.pops.append((trio.current_time(), queue))
         return await self.inner.pop_many(queue, count, worker=worker)
 
+    async def pop_ahead(
+        self, queue: str, count: int, ahead: int, *, worker: str = ""
+    ) -> list[ClaimedJob]:
+        self.pops.append((trio.current_time(), queue))
+        return await self.inner.pop_ahead(queue, count, ahead, worker=worker)
+
+    async def mark_started(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
+        return await self.inner.mark_started(queue, leases)
+
     async def complete_job(self, lease: Lease, queue: str) -> bool:
         return await self.inner.complete_job(lease, queue)
 

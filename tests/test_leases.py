@@ -143,12 +143,62 @@ class _ResultPushFails(PausedRenewalBroker):
 async def test_t9_a_poison_task_whose_failure_result_cannot_be_published_is_tried_again(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """The failure result goes out BEFORE the job is failed: when it cannot, the job stays
-    claimed by the sweep and the next sweep tries again, so the run always gets its answer
-    (it used to be failed first, and a lost push lost the run; found by the simulation
-    harness)."""
+    """The job is failed FIRST and its failure result published only then (the reference's
+    order): when the publish fails, the job stays failed and the result is published again at
+    the next sweep, so the run still gets its answer."""
     shared = MemoryBroker()
     broker = _ResultPushFails(shared)
+    broker.paused = True
+    errors = Errors()
+    results: list[tuple[float, dt.StepResult]] = []
+    async with dt.open_queue_transport(
+        backend_with(broker),
+        concurrency=10,
+        stalled_threshold=10.0,
+        stalled_check_interval=5.0,
+        on_error=errors,
+    ) as transport:
+
+        async def hangs(t: dt.RemoteTask) -> None:
+            await trio.sleep_forever()
+
+        async def on_result(r: dt.StepResult) -> None:
+            results.append((trio.current_time(), r))
+
+        transport.handle("step", hangs)
+        transport.on_result(on_result)
+        await transport.dispatch(task())
+        await trio.sleep(62)
+        assert results == []  # the 4th stall (at 60) failed the job; its result did not go out
+        (failed,) = await shared.failed_jobs(transport.names.task_queue("step"))
+        await trio.sleep(30)
+    ((at, result),) = results
+    assert at == 65.0  # the next sweep published it
+    assert (result.status, result.error and result.error.code) == (dt.StepStatus.FAILED, "stalled")
+    assert failed.stalled_count == 4
+    assert any("was not published, tried again at the next sweep" in m for m in errors.messages())
+
+
+class _FailJobFails(PausedRenewalBroker):
+    """Fault injection: the next ``failures`` fail_job calls raise."""
+
+    failures = 1
+
+    async def fail_job(self, lease: Any, queue: str, error: str) -> bool:
+        if self.failures:
+            self.failures -= 1
+            raise dt.BrokerError("injected: fail_job failed")
+        return await super().fail_job(lease, queue, error)
+
+
+async def test_t9_the_poison_bridge_publishes_nothing_until_the_job_is_failed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Failing the poison job fails at 60: no StepResult goes out. The job stays claimed by the
+    sweep (re-leased at 60), so the sweep at 75 finds it again, fails it, and only then
+    publishes the failed result."""
+    shared = MemoryBroker()
+    broker = _FailJobFails(shared)
     broker.paused = True
     results: list[tuple[float, dt.StepResult]] = []
     async with dt.open_queue_transport(
@@ -169,14 +219,16 @@ async def test_t9_a_poison_task_whose_failure_result_cannot_be_published_is_trie
         transport.on_result(on_result)
         await transport.dispatch(task())
         await trio.sleep(70)
-        assert results == []  # the 4th stall (at 60) could not publish: nothing failed yet
+        assert results == []
         assert await shared.failed_jobs(transport.names.task_queue("step")) == []
         await trio.sleep(30)
         (failed,) = await shared.failed_jobs(transport.names.task_queue("step"))
     ((at, result),) = results
-    assert at == 75.0  # the next sweep that found the claim 10 s old
-    assert (result.status, result.error and result.error.code) == (dt.StepStatus.FAILED, "stalled")
+    assert at == 75.0
+    assert result.error is not None
+    assert result.error.code == "stalled"
     assert failed.stalled_count == 5
+    assert failed.failed_at == 75.0
 
 
 async def test_t10_a_result_push_that_fails_is_retried_the_step_never_runs_again(
@@ -234,23 +286,24 @@ async def test_t10_a_handler_that_meets_a_broker_error_is_never_failed_for_it(
     assert calls == [float(n) for n in range(8)]
 
 
-async def test_t9_engine_input_is_never_poison_a_stalled_result_comes_back_every_time(
+async def test_t9_a_stalled_result_is_set_aside_past_the_limit_not_redelivered_forever(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Poison is a step that keeps killing its worker. A result (like every engine or pod input)
-    stalls only because its consumer died or a finalize failed: failing it for good would
-    leave its run waiting forever (found by the simulation harness under a storm of dropped
-    broker calls). It is redelivered after every stall instead, and never failed."""
+    """A result (like every engine or pod input) whose handler keeps stalling is redelivered
+    after each of its first max_stalled_count (3) stalls and set aside at the next: failed,
+    inspectable in the broker's failed set, never redelivered again (it used to loop
+    forever)."""
     shared = MemoryBroker()
     broker = PausedRenewalBroker(shared)
     broker.paused = True
+    errors = Errors()
     starts: list[float] = []
     async with dt.open_queue_transport(
         backend_with(broker),
         result_concurrency=10,
         stalled_threshold=10.0,
         stalled_check_interval=5.0,
-        on_error=Errors(),
+        on_error=errors,
     ) as transport:
 
         async def hangs(r: dt.StepResult) -> None:
@@ -260,11 +313,14 @@ async def test_t9_engine_input_is_never_poison_a_stalled_result_comes_back_every
         transport.on_result(hangs)
         await transport.publish_result(dt.StepResult("r", "s", 1, dt.StepStatus.COMPLETED))
         await trio.sleep(100)
-        assert await shared.failed_jobs(transport.names.results) == []
+        (failed,) = await shared.failed_jobs(transport.names.results)
         assert await shared.size_of(transport.names.results) == 0  # no result was published
-    # claimed at 0, stale after 10, swept on the 5 s grid: back at 15, 30, 45, ... (past the
-    # 3 stalls that make a step task poison)
-    assert starts == [0.0, 15.0, 30.0, 45.0, 60.0, 75.0, 90.0]
+    # claimed at 0, stale after 10, swept on the 5 s grid: back at 15, 30, 45; set aside at 60
+    assert starts == [0.0, 15.0, 30.0, 45.0]
+    assert failed.error == "stalled more than 3 times"
+    assert (failed.stalled_count, failed.failed_at) == (4, 60.0)
+    assert [s.counted for s in failed.stalls] == [True] * 4
+    assert any("poison job set aside (failed)" in m for m in errors.messages())
 
 
 async def test_t9_the_sweep_is_off_at_interval_zero(autojump_clock: trio.testing.MockClock) -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "Stall",
     "SupportsBatchFinalize",
     "SupportsBatchPop",
+    "SupportsClaimAhead",
     "SupportsFailedJobs",
     "SupportsJobState",
     "SupportsQuarantine",
@@ -72,6 +73,10 @@ class Stall:
     """Broker clock, seconds."""
     worker: str
     """The ``worker`` that held the claim (its instance id), ``""`` if unknown."""
+    counted: bool = True
+    """Whether this stall counted toward ``max_stalled``: only a claim whose handler had
+    started counts (a claim popped ahead and never started is taken back uncounted, see
+    :class:`SupportsClaimAhead`)."""
 
 
 @attrs.frozen
@@ -195,6 +200,30 @@ class SupportsBatchPop(Protocol):
 
 
 @runtime_checkable
+class SupportsClaimAhead(Protocol):
+    """Claims popped ahead of a free slot (prefetch) that the broker knows are not started.
+
+    A claim from ``pop_from``/``pop_many`` is started by definition (popped for a free slot):
+    that path costs nothing extra. Only the ``ahead`` claims of :meth:`pop_ahead` are stored
+    as not started; :meth:`mark_started` flips them (one call for many) just before their
+    handlers run. A stalled claim still not started is taken back at once by
+    ``recover_stalled_jobs`` but its stall is recorded with ``counted=False`` and the job's
+    ``stalled_count`` is left unchanged: a job a worker only held in its buffer is no suspect.
+    """
+
+    async def pop_ahead(
+        self, queue: str, count: int, ahead: int, *, worker: str = ""
+    ) -> list[ClaimedJob]:
+        """``pop_many(queue, count + ahead)``: the first ``count`` claims (pop order) started,
+        the rest (at most ``ahead``) stored as not started."""
+        ...
+
+    async def mark_started(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
+        """Mark each claim started (and renew it), in order. ``False``: the lease was lost."""
+        ...
+
+
+@runtime_checkable
 class SupportsBatchFinalize(Protocol):
     """Many finalizes in one call: the transport coalesces the completes (and pushes) made in
     one scheduling round. On Redis that is one script run instead of N round trips' worth of
@@ -237,7 +266,9 @@ class SupportsRecovery(Protocol):
     ) -> Recovery:
         """Take back claims older than ``threshold`` seconds (claims are indexed by age: the
         cost is O(log n + k), never a scan of every active claim). A job whose stall would be
-        number ``max_stalled + 1`` is re-leased and returned in ``exceeded`` instead."""
+        number ``max_stalled + 1`` is re-leased and returned in ``exceeded`` instead. A claim
+        still not started (see :class:`SupportsClaimAhead`) is taken back uncounted: its stall
+        is recorded with ``counted=False`` and never makes it exceed."""
         ...
 
 

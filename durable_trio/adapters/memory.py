@@ -55,6 +55,8 @@ class _Record:
     """Current lease token while claimed."""
     claimed_at: float = 0.0
     worker: str = ""
+    started: bool = True
+    """False while the current claim was popped ahead and its handler has not started."""
 
 
 @attrs.define(eq=False)
@@ -148,12 +150,44 @@ class MemoryBroker:
         claim = self._claim
         return [claim(q, now, worker) for _ in range(min(count, len(q.ready)))]
 
-    def _claim(self, q: _Queue, now: float, worker: str) -> ClaimedJob:
+    async def pop_ahead(
+        self, queue: str, count: int, ahead: int, *, worker: str = ""
+    ) -> list[ClaimedJob]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        q = self._queue(queue)
+        now = trio.current_time()
+        if q.delayed:
+            self._promote(q, now)
+        claim = self._claim
+        total = min(count + ahead, len(q.ready))
+        return [claim(q, now, worker, started=i < count) for i in range(total)]
+
+    async def mark_started(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        q = self._queues.get(queue)
+        now = trio.current_time()
+        marked = []
+        for lease in leases:
+            rec = q.active.get(lease.token) if q is not None else None
+            if rec is None:
+                marked.append(False)
+                continue
+            assert q is not None
+            rec.started = True
+            rec.claimed_at = now
+            heapq.heappush(q.by_age, (now, lease.token))
+            marked.append(True)
+        return marked
+
+    def _claim(self, q: _Queue, now: float, worker: str, *, started: bool = True) -> ClaimedJob:
         _, _, rec = heapq.heappop(q.ready)
         token = f"{next(self._tokens)}"
         rec.token = token
         rec.claimed_at = now
         rec.worker = worker
+        rec.started = started
         q.active[token] = rec
         heapq.heappush(q.by_age, (now, token))
         return ClaimedJob(
@@ -296,12 +330,17 @@ class MemoryBroker:
             if rec is None or rec.claimed_at != claimed_at:
                 continue  # finalized, or renewed since (a newer entry stands for it)
             del q.active[token]
-            rec.stalls = (*rec.stalls, Stall(at=now, worker=rec.worker))
-            rec.stalled_count += 1
-            if rec.stalled_count > max_stalled:
+            # Only a claim whose handler started counts: one popped ahead and never started
+            # comes back at once, uncounted (recorded as such in its history).
+            counted = rec.started
+            rec.stalls = (*rec.stalls, Stall(at=now, worker=rec.worker, counted=counted))
+            if counted:
+                rec.stalled_count += 1
+            if counted and rec.stalled_count > max_stalled:
                 new_token = f"{next(self._tokens)}"
                 rec.token = new_token
                 rec.claimed_at = now
+                rec.started = True
                 q.active[new_token] = rec
                 requeue.append(rec)  # re-indexed below, after the scan
                 exceeded.append(
@@ -332,6 +371,10 @@ class MemoryBroker:
         self._check_open()
         q = self._queues.get(queue)
         return 0 if q is None else len(q.ready) + len(q.delayed)
+
+    def queue_names(self) -> list[str]:
+        """Every queue this broker has seen, sorted (for inspection, e.g. a test's checks)."""
+        return sorted(self._queues)
 
     async def failed_jobs(self, queue: str, *, limit: int = 100) -> list[FailedJob]:
         await trio.lowlevel.checkpoint_if_cancelled()

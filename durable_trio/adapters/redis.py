@@ -20,8 +20,10 @@ Key layout:
     ``{Q}:jobs``            hash    ``n`` -> job bytes
     ``{Q}:meta``            hash    ``n`` -> ``"priority:attempts:stalled_count:id"``
     ``{Q}:stalls``          hash    ``n`` -> stall history, JSON ``[[at, worker], ...]``
+                                    (``[at, worker, 0]``: a stall that did not count)
     ``{Q}:claims``          hash    ``n`` -> ``%016d(seq) .. worker`` of the current claim:
-                                    the place it had in ``ready``, and who holds it
+                                    the place it had in ``ready``, and who holds it (a byte
+                                    ``\x01`` before the worker: popped ahead, not started)
     ``{Q}:failed``          list    failed jobs, newest first, trimmed to ``failed_retention``
                                     (a job with damaged meta too: kept raw, see the scripts)
     ``{Q}:quarantine``      list    stored entries that name no readable job (a member of
@@ -269,7 +271,9 @@ return 1
 """
 
 # KEYS: seq ready delayed active jobs meta stalls claims armed claimed quarantine
-# ARGV: count worker token_suffixes promote_batch quarantine_retention
+# ARGV: count worker token_suffixes promote_batch quarantine_retention [started]
+# The claims past the first ``started`` are popped ahead: stored not started (a byte 1 before
+# the worker in their claim entry). Without ``started`` every claim is started.
 # Returns {false} or {next_due_in_seconds} when nothing is ready (and arms the doorbell), else
 # {drained, meta, data, stalls, token, meta, data, stalls, token, ...} where drained is false,
 # or (fewer jobs than asked: the queue is empty now, and armed) "" or next_due_in_seconds.
@@ -392,10 +396,15 @@ if #lost > 0 then
     forget(entry[2])
   end
 end
+local started = tonumber(ARGV[6] or '')
 for i = 1, #claims, 3 do
   local n = claims[i]
+  local holder = worker
+  if started and (i - 1) / 3 >= started then
+    holder = '\\1' .. worker
+  end
   -- (the claim first: should the next write fail, a claim entry alone changes nothing)
-  redis.call('HSET', KEYS[8], n, string.sub(claims[i + 1], 1, 16) .. worker)
+  redis.call('HSET', KEYS[8], n, string.sub(claims[i + 1], 1, 16) .. holder)
   redis.call('ZADD', KEYS[4], now, claims[i + 2])
 end
 redis.call('ZREMRANGEBYRANK', KEYS[2], 0, #members - 1)
@@ -558,6 +567,30 @@ return 1
 """
 )
 
+# KEYS: active claims
+# ARGV: token...
+# Returns 1 or 0 per token: the claim is held (now started and renewed), or was lost.
+_MARK_STARTED: Final = (
+    _NOW
+    + """
+local out = {}
+for i, token in ipairs(ARGV) do
+  local n = string.match(token, '^(%d+):')
+  if n and redis.call('ZSCORE', KEYS[1], token) then
+    redis.call('ZADD', KEYS[1], now, token)
+    local claim = redis.call('HGET', KEYS[2], n)
+    if claim and string.byte(claim, 17) == 1 then
+      redis.call('HSET', KEYS[2], n, string.sub(claim, 1, 16) .. string.sub(claim, 18))
+    end
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+)
+
 # KEYS: active
 # ARGV: token...
 # Returns {renewed, {1-based positions of the lost tokens}}.
@@ -646,16 +679,21 @@ for _, token in ipairs(stale) do
     redis.call('ZREM', KEYS[3], token)
     lease(n, meta, data, history)
   else
-    local count = tonumber(stalled) + 1
     local claim = redis.call('HGET', KEYS[7], n) or ''
+    -- Only a claim whose handler started counts: one popped ahead and never started comes
+    -- back at once, uncounted (recorded as such in its history).
+    local ahead = string.byte(claim, 17) == 1
+    local holder = string.sub(claim, ahead and 18 or 17)
+    local count = tonumber(stalled) + (ahead and 0 or 1)
+    local poison = not ahead and count > max_stalled
     local history = redis.call('HGET', KEYS[6], n)
     local data = false
-    if count > max_stalled then
+    if poison then
       data = redis.call('HGET', KEYS[4], n)
     end
     -- Everything read. The writes that may fail (a wrong-type key) come first.
     local place = string.sub(claim, 1, 16)
-    if count <= max_stalled and #place < 16 then
+    if not poison and #place < 16 then
       place = string.format('%016d', redis.call('INCR', KEYS[1]))
     end
     if history and not string.match(history, '^%[.*%]$') then
@@ -664,11 +702,11 @@ for _, token in ipairs(stale) do
         field('active member', token) .. field('stall history', history), n)
       history = false
     end
-    if count <= max_stalled then
+    if not poison then
       -- A reclaimed job keeps its place: it waited its turn once already.
       redis.call('ZADD', KEYS[2], priority, place .. n)
     end
-    local entry = entry_at .. cjson.encode(string.sub(claim, 17)) .. ']'
+    local entry = entry_at .. cjson.encode(holder) .. (ahead and ',0]' or ']')
     if history and not string.match(history, '^%[%s*%]$') then
       history = string.sub(history, 1, -2) .. ',' .. entry .. ']'
     else
@@ -678,7 +716,7 @@ for _, token in ipairs(stale) do
     meta = priority .. ':' .. attempts .. ':' .. string.format('%d', count) .. ':' .. id
     redis.call('HSET', KEYS[5], n, meta)
     redis.call('ZREM', KEYS[3], token)
-    if count > max_stalled then
+    if poison then
       lease(n, meta, data, history)
     else
       redis.call('HDEL', KEYS[7], n)
@@ -828,7 +866,8 @@ def _text(raw: bytes) -> tuple[str, bool]:
 
 
 def _stalls(history: bytes | None) -> tuple[Stall, ...] | None:
-    """A stall history (``[[at, worker], ...]``), ``()`` if none, ``None`` if unreadable."""
+    """A stall history (``[[at, worker], ...]``, ``[at, worker, 0]`` for a stall that did not
+    count), ``()`` if none, ``None`` if unreadable."""
     if not history:
         return ()
     try:
@@ -839,12 +878,14 @@ def _stalls(history: bytes | None) -> tuple[Stall, ...] | None:
         return None
     stalls = []
     for entry in entries:
-        if type(entry) is not list or len(entry) != 2:
+        if type(entry) is not list or len(entry) not in (2, 3):
             return None
-        at, worker = entry
+        at, worker, *flag = entry
         if type(at) not in (int, float) or type(worker) is not str:
             return None
-        stalls.append(Stall(at=float(at), worker=worker))
+        if flag and (type(flag[0]) is not int or flag[0] != 0):  # (only 0: not counted)
+            return None
+        stalls.append(Stall(at=float(at), worker=worker, counted=not flag))
     return tuple(stalls)
 
 
@@ -1160,6 +1201,7 @@ class RedisBroker:
         self._fail: Script = client.script(_FAIL)
         self._retry: Script = client.script(_RETRY)
         self._renew: Script = client.script(_RENEW)
+        self._mark_started: Script = client.script(_MARK_STARTED)
         self._recover: Script = client.script(_RECOVER)
         self._size: Script = client.script(_SIZE)
         self._peek: Script = client.script(_PEEK)
@@ -1323,26 +1365,35 @@ class RedisBroker:
 
     async def pop_many(self, queue: str, count: int, *, worker: str = "") -> list[ClaimedJob]:
         """Claim up to ``count`` ready jobs in one round trip (one script run), in pop order."""
+        return await self.pop_ahead(queue, count, 0, worker=worker)
+
+    async def pop_ahead(
+        self, queue: str, count: int, ahead: int, *, worker: str = ""
+    ) -> list[ClaimedJob]:
+        """:meth:`pop_many` of ``count + ahead`` jobs in one script run, the last ``ahead``
+        stored as not started (see :class:`~durable_trio.adapters.SupportsClaimAhead`)."""
         q = self._queue(queue)
-        if count < 1:
+        total = count + ahead
+        if total < 1:
             await trio.lowlevel.checkpoint()
             return []
         # Snapshot the doorbell before the command is sent: a ring counted after this may be
         # for an older push (a spurious wake-up), but no push after the pop can be missed.
-        rings = q.rings
-        epoch = self._epoch if self._covers(q) else None
-        reply = await self._claim(
-            q.claim_keys,
-            (count, worker, _suffixes(count), self._promote_batch, self._quarantine_retention),
-        )
-        if len(reply) == 1:
-            q.note_empty(rings, epoch, _seconds(reply[0]))
-            return []
-        if reply[0] is not None:  # drained and armed: as good as an empty pop for a waiter
-            q.note_empty(rings, epoch, _seconds(reply[0]))
+        rings, epoch = q.rings, (self._epoch if self._covers(q) else None)
+        argv = (total, worker, _suffixes(total), self._promote_batch, self._quarantine_retention)
+        reply = await self._claim(q.claim_keys, (*argv, count))
+        if len(reply) == 1 or reply[0] is not None:  # (empty; or drained, armed: as good as
+            q.note_empty(rings, epoch, _seconds(reply[0]))  # an empty pop for a waiter)
         else:
             q.empty_epoch = None
         return [_claimed(reply, i) for i in range(1, len(reply), 4)]
+
+    async def mark_started(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
+        """Mark claims popped ahead started, and renew them, in one script run."""
+        q = self._queue(queue)
+        tokens = [lease.token for lease in leases]
+        reply = await self._mark_started((q.active_key, q.claim_keys[7]), tokens) if tokens else []
+        return [bool(answer) for answer in reply]
 
     async def complete_job(self, lease: Lease, queue: str) -> bool:
         """Remove a finished job. ``False``: the lease was lost, nothing changed."""

@@ -594,6 +594,17 @@ _RETRY: Final = """
     WHERE state = 'active' AND token = ?1 AND queue = ?2 AND id = ?3
 """
 
+#: The first character of the ``worker`` of a claim popped ahead and not started yet (see
+#: ``SupportsClaimAhead``): a claim popped for a free slot is started and stores its worker
+#: as is, so the default path writes nothing more.
+_AHEAD: Final = "\x01"
+
+_MARK_STARTED: Final = """
+    UPDATE dt_jobs INDEXED BY dt_jobs_token SET claimed_at = ?4,
+        worker = CASE WHEN substr(worker, 1, 1) = char(1) THEN substr(worker, 2) ELSE worker END
+    WHERE state = 'active' AND token = ?1 AND queue = ?2 AND id = ?3
+"""
+
 _RENEW: Final = """
     UPDATE dt_jobs INDEXED BY dt_jobs_token SET claimed_at = ?4
     WHERE state = 'active' AND token = ?1 AND queue = ?2 AND id = ?3
@@ -690,7 +701,13 @@ def _next_seq(db: sqlite3.Connection, count: int = 1) -> int:
 
 
 def _stalls_json(stalls: Sequence[Stall]) -> str:
-    return json.dumps([{"at": s.at, "worker": s.worker} for s in stalls])
+    return json.dumps(
+        [
+            {"at": s.at, "worker": s.worker} if s.counted
+            else {"at": s.at, "worker": s.worker, "counted": False}
+            for s in stalls
+        ]
+    )
 
 
 def _probe_one(db: sqlite3.Connection, queue: str, now: float) -> tuple[bool, float | None]:
@@ -825,7 +842,10 @@ def _parse_stalls(value: object) -> tuple[Stall, ...] | None:
             return None
         if not math.isfinite(seconds):
             return None
-        stalls.append(Stall(at=seconds, worker=worker))
+        counted = item.get("counted", True)
+        if type(counted) is not bool:
+            return None
+        stalls.append(Stall(at=seconds, worker=worker, counted=counted))
     return tuple(stalls)
 
 
@@ -952,16 +972,27 @@ def _op_pop(queue: str, worker: str, db: sqlite3.Connection) -> ClaimedJob | Non
     return _claim_next(db, queue, worker, now)
 
 
-def _op_pop_many(queue: str, count: int, worker: str, db: sqlite3.Connection) -> list[ClaimedJob]:
+def _op_pop_many(
+    queue: str, count: int, worker: str, db: sqlite3.Connection, ahead: int = 0
+) -> list[ClaimedJob]:
     now = time.time()
     _promote_due(db, queue, now)
     claimed: list[ClaimedJob] = []
-    while len(claimed) < count:
-        job = _claim_next(db, queue, worker, now)
+    while len(claimed) < count + ahead:
+        # The claims past ``count`` are popped ahead: not started (the marked worker).
+        job = _claim_next(db, queue, worker if len(claimed) < count else _AHEAD + worker, now)
         if job is None:
             break
         claimed.append(job)
     return claimed
+
+
+def _op_mark_started(queue: str, leases: Sequence[Lease], db: sqlite3.Connection) -> list[bool]:
+    now = time.time()
+    return [
+        db.execute(_MARK_STARTED, (lease.token, queue, lease.job_id, now)).rowcount == 1
+        for lease in leases
+    ]
 
 
 def _op_complete_many(leases: Sequence[Lease], queue: str, db: sqlite3.Connection) -> list[bool]:
@@ -1032,9 +1063,12 @@ def _op_recover(queue: str, threshold: float, max_stalled: int, db: sqlite3.Conn
             db.execute(_RELEASE_DAMAGED, (token, now, pk))
             exceeded.append(job)
             continue
-        stalls = (*job.stalls, Stall(at=now, worker=worker))
-        stalled_count = job.stalled_count + 1
-        if stalled_count > max_stalled:
+        # Only a claim whose handler started counts: one popped ahead and never started
+        # comes back at once, uncounted (recorded as such in its history).
+        counted = not worker.startswith(_AHEAD)
+        stalls = (*job.stalls, Stall(at=now, worker=worker.removeprefix(_AHEAD), counted=counted))
+        stalled_count = job.stalled_count + counted
+        if counted and stalled_count > max_stalled:
             db.execute(_RELEASE_POISON, (token, now, stalled_count, _stalls_json(stalls), pk))
             exceeded.append(attrs.evolve(job, stalled_count=stalled_count, stalls=stalls))
         else:
@@ -1261,6 +1295,29 @@ class SqliteBroker:
         )
         return claimed
 
+    async def pop_ahead(
+        self, queue: str, count: int, ahead: int, *, worker: str = ""
+    ) -> list[ClaimedJob]:
+        """:meth:`pop_many` of ``count + ahead`` jobs, the last ``ahead`` stored as not started
+        (see :class:`~durable_trio.adapters.SupportsClaimAhead`)."""
+        if count + ahead <= 0:
+            await trio.lowlevel.checkpoint()
+            return []
+        claimed: list[ClaimedJob] = await self._call(
+            partial(_op_pop_many, queue, count, worker, ahead=ahead), write=True
+        )
+        return claimed
+
+    async def mark_started(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
+        """Mark claims popped ahead started, and renew them (one transaction)."""
+        if not leases:
+            await trio.lowlevel.checkpoint()
+            return []
+        marked: list[bool] = await self._call(
+            partial(_op_mark_started, queue, tuple(leases)), write=True
+        )
+        return marked
+
     async def complete_job(self, lease: Lease, queue: str) -> bool:
         """Delete a finished job. ``False``: the lease was lost, nothing changed."""
         done: bool = await self._call(partial(_op_complete, lease, queue), write=True)
@@ -1337,8 +1394,9 @@ class SqliteBroker:
         self, queue: str, threshold: float, max_stalled: int
     ) -> Recovery:
         """Take back claims older than ``threshold`` seconds: an index range on
-        (queue, claimed_at), so O(log n + k). Each gets a stall ``{at, worker}`` appended; past
-        ``max_stalled`` it is re-leased to the caller (still active) and returned in
+        (queue, claimed_at), so O(log n + k). Each gets a stall ``{at, worker}`` appended
+        (``"counted": false`` for a claim popped ahead and never started, whose count stays as
+        it was); past ``max_stalled`` it is re-leased to the caller (still active) and returned in
         ``exceeded``, otherwise put back to ready."""
         result: Recovery = await self._call(
             partial(_op_recover, queue, threshold, max_stalled), write=True

@@ -1,7 +1,8 @@
 """The invariants a simulation checks after its run: no run lost (and each one's output the
 expected one), every settled step settled once with a result a worker produced, every duplicate
 execution explained by a fault, every duplicate completed result recorded with its cause, every
-damaged claim set aside unread. (The close bounds and the
+damaged claim set aside unread, no job failed as stalled without more than
+``max_stalled_count`` stalls while its handler ran. (The close bounds and the
 liveness keys are checked as each worker closes: see ``_sim_workers``.)"""
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from .._engine import StepKind, StepRecord, StepState
+from .._options import DEFAULT_MAX_STALLED_COUNT
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..adapters import FailedJob
     from ..adapters.memory import MemoryBroker
     from ._sim_engines import Engines, RecordingStore
     from ._sim_ledger import Ledger
@@ -65,6 +68,8 @@ class Invariants:
         """Every run's steps, as the store holds them at the end."""
         self.set_aside: set[tuple[str, str]] = set()
         """(queue, job id) of the claims in a failed set as damaged, at the end."""
+        self.stalled_out: list[tuple[str, FailedJob]] = []
+        """(queue, job) of every job in a failed set as stalled, at the end."""
 
     async def collect(self) -> None:
         """Read what the checks need of the store and the broker (once every process is
@@ -75,6 +80,10 @@ class Invariants:
             for failed in await self.broker.failed_jobs(queue, limit=1_000_000):
                 if failed.error.startswith("damaged: "):
                     self.set_aside.add((queue, failed.id))
+        for queue in self.broker.queue_names():
+            for failed in await self.broker.failed_jobs(queue, limit=1_000_000):
+                if failed.error.startswith("stalled more than "):
+                    self.stalled_out.append((queue, failed))
 
     def check(self) -> None:
         """Add a violation to the ledger for every invariant broken."""
@@ -84,6 +93,7 @@ class Invariants:
         self._duplicate_results_recorded()
         self._damaged_set_aside()
         self._failovers_explained()
+        self._stalled_out_counted()
 
     def _no_run_lost(self) -> None:
         violation = self.ledger.violation
@@ -182,6 +192,20 @@ class Invariants:
                 violation(f"duplicate completed result of {where} recorded with no cause")
             if not isinstance(entry.duplicate, dict) or not entry.duplicate.get("lease"):
                 violation(f"duplicate completed result of {where} carries no delivery evidence")
+
+    def _stalled_out_counted(self) -> None:
+        """No job failed as stalled without more than ``max_stalled_count`` counted stalls
+        (stalls while its handler ran); a stall of a claim popped ahead and never started
+        never counts, and the job's count is exactly its counted stalls."""
+        limit = int(self.transport_options.get("max_stalled_count", DEFAULT_MAX_STALLED_COUNT))
+        for queue, failed in self.stalled_out:
+            counted = sum(s.counted for s in failed.stalls)
+            if counted <= limit or failed.stalled_count != counted:
+                self.ledger.violation(
+                    f"job {failed.id} on {queue} failed as stalled with {counted} counted "
+                    f"stall(s) of {len(failed.stalls)} (stalled_count {failed.stalled_count}, "
+                    f"limit {limit})"
+                )
 
     def _damaged_set_aside(self) -> None:
         """A damaged claim is set aside unread: never run, kept in the failed set (unless its

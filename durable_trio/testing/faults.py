@@ -45,6 +45,7 @@ from .._wire import JobKind, RemoteTask
 from ..adapters import (
     SupportsBatchFinalize,
     SupportsBatchPop,
+    SupportsClaimAhead,
     SupportsFailedJobs,
     SupportsRecovery,
     SupportsRenewal,
@@ -321,6 +322,21 @@ class _BatchPop(FaultyBroker):
         return self.injector.damage("pop_many", queue, result)
 
 
+class _ClaimAhead(FaultyBroker):
+    async def pop_ahead(
+        self, queue: str, count: int, ahead: int, *, worker: str = ""
+    ) -> list[ClaimedJob]:
+        call = functools.partial(self.inner.pop_ahead, queue, count, ahead, worker=worker)
+        result: list[ClaimedJob] = await self._call("pop_ahead", call)
+        return self.injector.damage("pop_ahead", queue, result)
+
+    async def mark_started(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
+        result: list[bool] = await self._call(
+            "mark_started", functools.partial(self.inner.mark_started, queue, leases)
+        )
+        return result
+
+
 class _BatchFinalize(FaultyBroker):
     async def complete_many(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
         result: list[bool] = await self._call(
@@ -395,6 +411,7 @@ class _Wakeup(FaultyBroker):
 
 _CAPABILITIES: tuple[tuple[type, type[FaultyBroker]], ...] = (
     (SupportsBatchPop, _BatchPop),
+    (SupportsClaimAhead, _ClaimAhead),
     (SupportsBatchFinalize, _BatchFinalize),
     (SupportsRenewal, _Renewal),
     (SupportsRecovery, _Recovery),
