@@ -9,7 +9,7 @@ with an ``ExceptionGroup`` holding both (or, caught naively, with only one of th
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import trio
 
@@ -19,13 +19,21 @@ if TYPE_CHECKING:
 __all__ = ["one_exception", "raise_bare", "report_through"]
 
 
-def report_through(hook: Callable[[BaseException], object], exc: BaseException) -> None:
-    """Hand ``exc`` to an ``on_error`` hook; a hook that raises is logged, never propagated (a
-    broken hook must not take a loop down with it)."""
+_E = TypeVar("_E", bound=BaseException)
+
+
+def report_through(
+    hook: Callable[[_E], object],
+    exc: _E,
+    log: logging.Logger | None = None,
+) -> None:
+    """Hand ``exc`` to an ``on_error`` hook; a hook that raises is logged (on ``log``, default
+    the ``durable_trio`` logger), never propagated: a broken hook must not take a loop down
+    with it."""
     try:
         hook(exc)
     except Exception:
-        logging.getLogger("durable_trio").exception("the on_error hook raised")
+        (log or logging.getLogger("durable_trio")).exception("the on_error hook raised")
 
 
 def _leaves(error: BaseException) -> Iterator[BaseException]:

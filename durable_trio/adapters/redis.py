@@ -119,6 +119,7 @@ from trio_util import RepeatedEvent
 
 from .._coalesce import Coalescer
 from .._errors import BrokerError, ConfigError, DamagedJob, TransportClosed
+from .._failures import report_through
 from .._redis import RedisClient, Subscription, open_redis
 from ._contract import (
     ClaimedJob,
@@ -1737,7 +1738,4 @@ class RedisBroker:
     def _report(self, exc: Exception, doing: str = "doorbell") -> None:
         logger.warning("Redis %s: %s", doing, exc, exc_info=exc)
         if self._on_error is not None:
-            try:
-                self._on_error(exc)
-            except Exception:  # a broken hook must not take the listener down
-                logger.exception("the on_error hook raised")
+            report_through(self._on_error, exc, logger)
