@@ -40,6 +40,9 @@ class ClaimState(enum.Enum):
     """Popped ahead of a free slot (prefetch), not started yet."""
     RUNNING = "running"
     """Its handler runs (or is about to, in a job worker)."""
+    WAITING = "waiting"
+    """A suspect (it stalled before) waiting to run alone in its job worker; not started
+    (stored so, on a broker that claims ahead). Close hands it back, a lost lease drops it."""
     FINALIZING = "finalizing"
     """Its handler ended; its outcome is being written (shielded, bounded by close)."""
     ABANDONED = "abandoned"
@@ -53,6 +56,7 @@ class ClaimState(enum.Enum):
 # descriptor on Python 3.11, a global lookup does not.
 _BUFFERED = ClaimState.BUFFERED
 _RUNNING = ClaimState.RUNNING
+_WAITING = ClaimState.WAITING
 _FINALIZING = ClaimState.FINALIZING
 _ABANDONED = ClaimState.ABANDONED
 _DROPPED = ClaimState.DROPPED
@@ -69,8 +73,8 @@ class _Claim:
     lost_at: float | None = None
     """When the lease keeper found this claim's lease lost (trio clock), or ``None``."""
     ahead: bool = False
-    """Popped ahead of a free slot: stored as not started until its job worker marks it
-    started, just before its handler runs (see ``SupportsClaimAhead``)."""
+    """Stored as not started (popped ahead of a free slot, or a suspect) until its job worker
+    marks it started, just before its handler runs (see ``SupportsClaimAhead``)."""
 
     def cancel(self) -> None:
         if self.scope is not None:

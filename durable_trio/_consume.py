@@ -151,6 +151,7 @@ class Consumers:
                 loop.pop_scope.deadline = bound
         if not inbox:
             self._runner.bound_finalizes(bound)
+            self._runner.abandon_waiting()
 
     def typed(
         self, kind: JobKind, current: Callable[[], Callable[[Any], Awaitable[None]] | None]

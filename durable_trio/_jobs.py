@@ -16,6 +16,7 @@ from ._claims import (
     _DROPPED,
     _FINALIZING,
     _RUNNING,
+    _WAITING,
     _Claim,
     _job_error,
     _JobWorker,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
     from ._claims import Level, _Loop
     from ._options import TransportOptions
+    from ._slots import Slots
     from .adapters import ClaimedJob, Job, Lease, QueueBroker
 
 __all__ = ["JobRunner"]
@@ -82,10 +84,18 @@ class JobRunner:
             if claim.state is _FINALIZING and claim.scope is not None:
                 claim.scope.deadline = bound
 
+    def abandon_waiting(self) -> None:
+        """Close: the suspects waiting to run alone never start; each keeps its claim for the
+        handback (attempt-neutral, uncounted: their handlers never ran here)."""
+        for claim in self.claims.values():
+            if claim.state is _WAITING:
+                claim.state = _ABANDONED
+                claim.cancel()
+
     def abandon_running(self) -> None:
         """Close: cancel every handler still running; each keeps its claim for the handback."""
         for claim in self.claims.values():
-            if claim.state is _RUNNING:
+            if claim.state is _RUNNING or claim.state is _WAITING:
                 claim.state = _ABANDONED
                 claim.cancel()
             elif claim.state is _BUFFERED:  # prefetched, never started
@@ -112,7 +122,7 @@ class JobRunner:
 
     def begin_job(self, loop: _Loop, job: ClaimedJob) -> None:
         """Track a popped job and hand it to an idle worker of its loop (or a new one)."""
-        claim = _Claim(loop.queue, job)
+        claim = _Claim(loop.queue, job, ahead=not job.started)
         self.claims[job.lease.token] = claim
         self.start_claim(loop, claim)
 
@@ -152,12 +162,17 @@ class JobRunner:
 
             while True:
                 job = claim.job
+                alone = False
                 try:
                     error: Exception | None = None
                     result: Job | None = None
                     try:
                         if job.damage is not None:
                             error = await self._damaged(loop, job)
+                        elif job.stalled_count and slots.isolate and not (
+                            alone := await self._wait_alone(claim, slots)
+                        ):
+                            pass  # handed back (or dropped, or closing): it never ran here
                         elif not claim.ahead or await self._mark_started(claim):
                             result = await on_job(job)
                         else:
@@ -198,7 +213,9 @@ class JobRunner:
                         finally:
                             scope.shield = False
                 finally:
-                    if claim.state is _RUNNING:
+                    if alone:
+                        slots.end_alone()
+                    if claim.state is _RUNNING or claim.state is _WAITING:
                         # Cancelled before it finished (its own scope, by close or a lost lease,
                         # or the whole transport from outside): keep it for close's handback.
                         claim.state = _ABANDONED
@@ -218,6 +235,44 @@ class JobRunner:
                     job_id=claim.job.id,
                 )
             )
+
+    async def _wait_alone(self, claim: _Claim, slots: Slots) -> bool:
+        """A suspect (it stalled before, while its handler ran) waits for every other handler
+        of ``slots`` to finish, taking none meanwhile, then runs alone (``True``). Waited
+        ``suspect_wait`` in vain: handed back for as long (attempt-neutral; its stall uncounted
+        had its worker died meanwhile: stored as not started), so an idle worker may take it
+        (``False``). Close abandons it for the handback; a lost lease drops it (the
+        cancellation of its scope ends the wait)."""
+        if self._closing():
+            claim.state = _ABANDONED
+            return False
+        claim.state = _WAITING
+        wait = self._options.suspect_wait
+        with trio.move_on_after(wait):
+            await slots.run_alone()
+            claim.state = _RUNNING
+            return True
+        claim.state = _FINALIZING
+        scope = claim.scope
+        assert scope is not None
+        scope.shield = True
+        try:
+            ok = await self._broker.retry_job(
+                claim.job.lease, claim.queue, delay=wait, count_attempt=False
+            )
+            if not ok:
+                self._report(
+                    LeaseLost(
+                        "handing a suspect back answered 'lease lost'",
+                        queue=claim.queue,
+                        job_id=claim.job.id,
+                    )
+                )
+        except BrokerError as exc:
+            self._report(_job_error(f"handing a suspect back failed: {exc}", claim, exc))
+        finally:
+            scope.shield = False
+        return False
 
     async def _mark_started(self, claim: _Claim) -> bool:
         """Tell the broker a claim popped ahead is starting (coalesced: the claims that start

@@ -11,6 +11,7 @@ from ._claims import (
     _BUFFERED,
     _DROPPED,
     _RUNNING,
+    _WAITING,
     _Claim,
     _unexpected,
 )
@@ -114,6 +115,13 @@ class LeaseKeeper:
                     # skips it.
                     held.state = _DROPPED
                     del claims[lease.token]
+                    continue
+                if held is not None and held.state is _WAITING:
+                    # A suspect taken back while it waited to run alone: it never started here;
+                    # its job worker drops it (the cancellation ends the wait).
+                    held.state = _DROPPED
+                    held.lost = True
+                    held.cancel()
                     continue
                 if held is None or held.state is not _RUNNING or held.lost:
                     continue  # finished during the round trip: finalized, not lost

@@ -117,6 +117,16 @@ class TransportOptions:
     worker that dies holding them never makes them suspects (their stall is not counted
     toward ``max_stalled_count``). Only on a broker that can (``SupportsClaimAhead``: memory,
     SQLite, Redis); elsewhere it is 0."""
+    isolate_suspects: bool = True
+    """Run a *suspect* — a step task that stalled before while its handler ran — alone in this
+    process: it waits for the other step handlers to finish, no new one starts while it waits
+    or runs. A poison step that kills whichever process runs it then kills no innocent step
+    beside it after its first run (docs/concepts.md, "A suspect runs alone")."""
+    suspect_wait: float = attrs.field(default=10.0, validator=_positive)
+    """Longest time a suspect waits for the handlers beside it to finish (this process takes
+    no new step meanwhile). Past it the suspect is handed back, attempt-neutral and uncounted,
+    for this long, so an idle worker may take it; set it above the longest step to make
+    a busy worker wait instead."""
     max_job_attempts: int = attrs.field(default=DEFAULT_MAX_JOB_ATTEMPTS, validator=_at_least_one)
     worker_heartbeat_interval: float = attrs.field(
         default=DEFAULT_WORKER_HEARTBEAT_INTERVAL, validator=_positive

@@ -119,7 +119,9 @@ class StepServer:
             "stalledCount": job.stalled_count,
         }
         if job.stalls:
-            delivery["stalls"] = [{"at": s.at, "worker": s.worker} for s in job.stalls]
+            delivery["stalls"] = [
+                {"at": s.at, "worker": s.worker, "counted": s.counted} for s in job.stalls
+            ]
         lost_at = self._lost_at(token)
         if lost_at is not None:
             delivery["leaseLostAt"] = lost_at

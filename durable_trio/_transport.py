@@ -108,7 +108,7 @@ class QueueTransport:
         else:
             self._stalled_threshold = DEFAULT_STALLED_THRESHOLD
         self._controller = ConcurrencyController(options.concurrency, on_limit=self._move_limit)
-        self._task_slots = Slots(self._controller.limit)
+        self._task_slots = Slots(self._controller.limit, isolate=options.isolate_suspects)
         self._result_slots = Slots(options.result_concurrency)
         self._task_loops: set[str] = set()
         self._task_queues: set[str] = set()

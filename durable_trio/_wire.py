@@ -163,7 +163,8 @@ class StepResult:
     "At-least-once windows"): ``{"worker", "job", "lease", "stalledCount", "stalls"?,
     "leaseLostAt"?}`` — the instance id that held the claim, the task's job id, its lease
     token, the times the job was reclaimed before this delivery, the stall history when there
-    is one (``[{"at", "worker"}]``: whose leases were lost, when, broker clock), and when this
+    is one (``[{"at", "worker", "counted"}]``: whose leases were lost, when, broker clock, and
+    whether that stall counted: ``false`` for a claim that never started), and when this
     worker learnt that its own lease was lost (its clock; only if it did before the result was
     made). Absent from a result no claim produced (the poison bridge, a bad task's answer), from
     a failed result, and from a worker that does not send it."""

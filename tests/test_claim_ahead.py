@@ -107,6 +107,45 @@ async def test_plain_pops_are_started_by_definition(broker: Any, contract_clock:
     assert all(b.stalled_count == 1 for b in back.values())
 
 
+async def test_a_suspect_is_handed_over_not_started_by_every_pop(
+    broker: Any, contract_clock: object
+) -> None:
+    """A job that stalled before while its handler ran (a suspect) comes back from a plain pop
+    with ``started=False``: should its worker die before it marks it started (it waits to run
+    alone), the stall is not counted; once marked, it is."""
+    await broker.push_on(Q, job("suspect"))
+    first = await broker.pop_from(Q, worker="w-ran")
+    assert first is not None and first.started
+    await trio.sleep(0.3)
+    assert (await broker.recover_stalled_jobs(Q, 0.2, 5)).recovered == 1
+    for pop in ("pop_from", "pop_many", "pop_ahead"):
+        if pop == "pop_from":
+            claim = await broker.pop_from(Q, worker="w-waited")
+        elif pop == "pop_many":
+            (claim,) = await broker.pop_many(Q, 1, worker="w-waited")
+        else:
+            (claim,) = await broker.pop_ahead(Q, 1, 0, worker="w-waited")
+        assert claim is not None
+        assert (claim.stalled_count, claim.started) == (1, False), pop
+        await trio.sleep(0.3)
+        assert (await broker.recover_stalled_jobs(Q, 0.2, 5)).recovered == 1
+    claim = await broker.pop_from(Q, worker="w-alone")
+    assert claim is not None
+    assert (claim.stalled_count, claim.started) == (1, False)
+    assert await broker.mark_started(Q, [claim.lease]) == [True]
+    await trio.sleep(0.3)
+    assert (await broker.recover_stalled_jobs(Q, 0.2, 5)).recovered == 1
+    (back,) = await broker.pop_many(Q, 1)
+    assert back.stalled_count == 2
+    assert [(s.worker, s.counted) for s in back.stalls] == [
+        ("w-ran", True),
+        ("w-waited", False),
+        ("w-waited", False),
+        ("w-waited", False),
+        ("w-alone", True),
+    ]
+
+
 async def test_an_uncounted_stall_never_makes_a_job_exceed(
     broker: Any, contract_clock: object
 ) -> None:

@@ -87,10 +87,10 @@ async def test_a_lost_lease_duplicate_is_recorded_with_whose_lease_and_when(
     assert stats.duplicate_completions == 1
     [dup] = duplicates
     assert (dup.run_id, dup.step_id, dup.attempt, dup.at) == ("r", "1", 1, 30.0)
-    assert dup.lost == ({"at": 11.0, "worker": "a"},)
+    assert dup.lost == ({"at": 11.0, "worker": "a", "counted": True},)
     assert dup.applied["worker"] == "b"
     assert dup.applied["stalledCount"] == 1
-    assert dup.applied["stalls"] == [{"at": 11.0, "worker": "a"}]
+    assert dup.applied["stalls"] == [{"at": 11.0, "worker": "a", "counted": True}]
     assert dup.duplicate["worker"] == "a"
     assert dup.duplicate["stalledCount"] == 0
     assert "stalls" not in dup.duplicate
@@ -99,7 +99,7 @@ async def test_a_lost_lease_duplicate_is_recorded_with_whose_lease_and_when(
     assert "b (delivery 2" in dup.cause
     assert engine.duplicates() == duplicates
     assert history[0].duplicates == (dup.to_json(),)
-    assert dup.to_json()["lost"] == [{"at": 11.0, "worker": "a"}]
+    assert dup.to_json()["lost"] == [{"at": 11.0, "worker": "a", "counted": True}]
 
 
 async def test_the_stopped_workers_result_applied_first_still_names_its_lost_lease(
@@ -127,7 +127,7 @@ async def test_the_stopped_workers_result_applied_first_still_names_its_lost_lea
     assert dup.at == 21.0
     assert dup.applied["worker"] == "a"
     assert dup.duplicate["worker"] == "b"
-    assert dup.lost == ({"at": 11.0, "worker": "a"},)
+    assert dup.lost == ({"at": 11.0, "worker": "a", "counted": True},)
 
 
 async def test_a_handler_left_to_finish_after_its_lost_lease_says_when_it_noticed(
@@ -157,7 +157,7 @@ async def test_a_handler_left_to_finish_after_its_lost_lease_says_when_it_notice
     assert dup.at == 30.0
     assert dup.duplicate["worker"] == "a"
     assert dup.duplicate["leaseLostAt"] == 20.0
-    assert dup.lost == ({"at": 11.0, "worker": "a"},)
+    assert dup.lost == ({"at": 11.0, "worker": "a", "counted": True},)
 
 
 async def test_a_duplicate_is_never_applied_twice_and_one_result_delivered_twice_is_named(

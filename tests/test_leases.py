@@ -89,6 +89,9 @@ async def test_t9_the_fourth_stall_fails_the_job_and_publishes_a_retryable_failu
         concurrency=10,
         stalled_threshold=10.0,
         stalled_check_interval=5.0,
+        # One process plays every worker the job stalls on, its hung handlers still running:
+        # a suspect would wait for them to run alone (tests/test_suspects.py), not beside them.
+        isolate_suspects=False,
         on_error=errors,
         instance_id="worker-1",
     ) as transport:
@@ -156,6 +159,9 @@ async def test_t9_a_poison_task_whose_failure_result_cannot_be_published_is_trie
         concurrency=10,
         stalled_threshold=10.0,
         stalled_check_interval=5.0,
+        # One process plays every worker the job stalls on, its hung handlers still running:
+        # a suspect would wait for them to run alone (tests/test_suspects.py), not beside them.
+        isolate_suspects=False,
         on_error=errors,
     ) as transport:
 
@@ -206,6 +212,9 @@ async def test_t9_the_poison_bridge_publishes_nothing_until_the_job_is_failed(
         concurrency=10,
         stalled_threshold=10.0,
         stalled_check_interval=5.0,
+        # One process plays every worker the job stalls on, its hung handlers still running:
+        # a suspect would wait for them to run alone (tests/test_suspects.py), not beside them.
+        isolate_suspects=False,
         on_error=Errors(),
     ) as transport:
 

@@ -93,6 +93,12 @@ class ClaimedJob:
     stalls: tuple[Stall, ...] = ()
     """The stall history, oldest first."""
     priority: int = 0
+    started: bool = True
+    """``False``: the broker stores this claim as *not started* (see
+    :class:`SupportsClaimAhead`): it was popped ahead of a free slot, or its job is a
+    *suspect* (``stalled_count > 0``: it stalled before, while its handler ran), which a broker
+    that claims ahead always hands over not started. The transport calls ``mark_started`` just
+    before its handler runs; until then a stall of this claim is not counted."""
     damage: str | None = None
     """Why a stored field of this claim could not be read, or ``None`` (the usual case).
 
@@ -203,12 +209,16 @@ class SupportsBatchPop(Protocol):
 class SupportsClaimAhead(Protocol):
     """Claims popped ahead of a free slot (prefetch) that the broker knows are not started.
 
-    A claim from ``pop_from``/``pop_many`` is started by definition (popped for a free slot):
-    that path costs nothing extra. Only the ``ahead`` claims of :meth:`pop_ahead` are stored
-    as not started; :meth:`mark_started` flips them (one call for many) just before their
-    handlers run. A stalled claim still not started is taken back at once by
-    ``recover_stalled_jobs`` but its stall is recorded with ``counted=False`` and the job's
-    ``stalled_count`` is left unchanged: a job a worker only held in its buffer is no suspect.
+    A claim from ``pop_from``/``pop_many`` is started (popped for a free slot), which costs
+    nothing extra, with one exception: a *suspect*, a job with ``stalled_count > 0``, is
+    stored as not started by every pop, so it may wait for the handlers beside it to finish
+    (the transport runs a suspect alone in its worker) without its stall counting should that
+    worker die meanwhile. The ``ahead`` claims of :meth:`pop_ahead` are stored as not started
+    too. Each such claim is handed over with ``started=False``; :meth:`mark_started` flips
+    them (one call for many) just before their handlers run. A stalled claim still not started
+    is taken back at once by ``recover_stalled_jobs`` but its stall is recorded with
+    ``counted=False`` and the job's ``stalled_count`` is left unchanged: a job a worker only
+    held (in its buffer, or waiting to run alone) is no more a suspect than it was.
     """
 
     async def pop_ahead(

@@ -187,7 +187,8 @@ class MemoryBroker:
         rec.token = token
         rec.claimed_at = now
         rec.worker = worker
-        rec.started = started
+        # A suspect (it stalled before) is handed over not started, like a claim popped ahead.
+        rec.started = started = started and rec.stalled_count == 0
         q.active[token] = rec
         heapq.heappush(q.by_age, (now, token))
         return ClaimedJob(
@@ -198,6 +199,7 @@ class MemoryBroker:
             stalled_count=rec.stalled_count,
             stalls=rec.stalls,
             priority=rec.priority,
+            started=started,
         )
 
     def _release(self, lease: Lease, queue: str) -> tuple[_Queue, _Record] | None:

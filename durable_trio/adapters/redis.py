@@ -274,7 +274,8 @@ return 1
 # KEYS: seq ready delayed active jobs meta stalls claims armed claimed quarantine
 # ARGV: count worker token_suffixes promote_batch quarantine_retention [started]
 # The claims past the first ``started`` are popped ahead: stored not started (a byte 1 before
-# the worker in their claim entry). Without ``started`` every claim is started.
+# the worker in their claim entry). Without ``started`` every claim is started, but for a
+# suspect (a job whose meta counts stalls): it is always stored not started.
 # Returns {false} or {next_due_in_seconds} when nothing is ready (and arms the doorbell), else
 # {drained, meta, data, stalls, token, meta, data, stalls, token, ...} where drained is false,
 # or (fewer jobs than asked: the queue is empty now, and armed) "" or next_due_in_seconds.
@@ -283,6 +284,7 @@ return 1
 # stalls are returned as stored (the client validates them; a damaged claim is still claimed).
 _CLAIM: Final = (
     _NOW
+    + _PARSE_META
     + _SET_ASIDE
     + """
 local out = {false}
@@ -374,11 +376,15 @@ for _, member in ipairs(members) do
   local n = string.match(member, MEMBER_ID)
   local meta = n and redis.call('HGET', KEYS[6], n)
   if meta then
-    local at = (#claims / 3 % (#suffixes / 16)) * 16
+    local at = (#claims / 4 % (#suffixes / 16)) * 16
     local token = n .. ':' .. string.sub(suffixes, at + 1, at + 16)
+    local _, _, stalled = parse_meta(meta)
     claims[#claims + 1] = n
     claims[#claims + 1] = member
     claims[#claims + 1] = token
+    -- A suspect (stalled before, while its handler ran) is stored not started, like a claim
+    -- popped ahead: it may wait to run alone in its worker, and that wait is not counted.
+    claims[#claims + 1] = stalled ~= nil and tonumber(stalled) > 0
     out[#out + 1] = meta
     out[#out + 1] = redis.call('HGET', KEYS[5], n)
     out[#out + 1] = redis.call('HGET', KEYS[7], n)
@@ -398,10 +404,10 @@ if #lost > 0 then
   end
 end
 local started = tonumber(ARGV[6] or '')
-for i = 1, #claims, 3 do
+for i = 1, #claims, 4 do
   local n = claims[i]
   local holder = worker
-  if started and (i - 1) / 3 >= started then
+  if claims[i + 3] or (started and (i - 1) / 4 >= started) then
     holder = '\\1' .. worker
   end
   -- (the claim first: should the next write fail, a claim entry alone changes nothing)
@@ -890,8 +896,10 @@ def _stalls(history: bytes | None) -> tuple[Stall, ...] | None:
     return tuple(stalls)
 
 
-def _claimed(fields: list[Any], start: int) -> ClaimedJob:
-    """A :class:`ClaimedJob` from four reply fields: meta, data, stall history, token.
+def _claimed(fields: list[Any], start: int, *, ahead: bool = False) -> ClaimedJob:
+    """A :class:`ClaimedJob` from four reply fields: meta, data, stall history, token; popped
+    ahead of a free slot with ``ahead``. Not started (as the script stored it) if ``ahead`` or
+    a suspect (its readable meta counts stalls).
 
     The one validating decode of a claim: whatever is stored, it returns (never raises). A
     damaged field makes a claim flagged with ``damage`` (data: the raw bytes read); an empty
@@ -933,6 +941,7 @@ def _claimed(fields: list[Any], start: int) -> ClaimedJob:
         stalled_count=stalled,
         stalls=stalls,
         priority=priority,
+        started=not ahead and stalled == 0,
         damage="; ".join(damage) if damage else None,
     )
 
@@ -1392,7 +1401,10 @@ class RedisBroker:
             q.note_empty(rings, epoch, _seconds(reply[0]))  # an empty pop for a waiter)
         else:
             q.empty_epoch = None
-        return [_claimed(reply, i) for i in range(1, len(reply), 4)]
+        return [
+            _claimed(reply, i, ahead=k >= count)
+            for k, i in enumerate(range(1, len(reply), 4))
+        ]
 
     async def mark_started(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
         """Mark claims popped ahead started, and renew them, in one script run."""

@@ -535,12 +535,17 @@ _PROMOTE_DAMAGED: Final = """
 """
 
 _CLAIM_NEXT: Final = """
-    UPDATE dt_jobs SET state = 'active', token = ?1, claimed_at = ?2, worker = ?3
+    UPDATE dt_jobs SET state = 'active', token = ?1, claimed_at = ?2,
+        worker = CASE
+            WHEN typeof(stalled_count) = 'integer' AND stalled_count > 0
+                AND substr(?3, 1, 1) != char(1)
+            THEN char(1) || ?3 ELSE ?3 END
     WHERE pk = (
         SELECT pk FROM dt_jobs WHERE state = 'ready' AND queue = ?4
         ORDER BY priority, seq LIMIT 1
     )
-    RETURNING pk, id, data, priority, attempts, stalled_count, stalls, error
+    RETURNING pk, id, data, priority, attempts, stalled_count, stalls, error,
+        substr(worker, 1, 1) != char(1)
 """
 
 # A claim whose id was a UTF-8 BLOB gets it back as TEXT: a lease names its job by a string,
@@ -863,6 +868,8 @@ def _read_job(
     row: Sequence[object],
     note: object,
     problems: list[str],
+    *,
+    started: bool = True,
 ) -> ClaimedJob:
     """A claim from ``row`` = (data, priority, attempts, stalled_count, stalls) as stored, every
     field checked; ``damage`` lists the fields that failed (``problems`` holds those found
@@ -881,6 +888,7 @@ def _read_job(
         attempts=_read_int("attempts", attempts, problems, count=True),
         stalled_count=_read_int("stalled_count", stalled_count, problems, count=True),
         stalls=_read_stalls(stalls, problems),
+        started=started,
         damage="; ".join(problems) if problems else None,
     )
 
@@ -959,11 +967,12 @@ def _claim_next(db: sqlite3.Connection, queue: str, worker: str, now: float) -> 
     rows = _fetch(db, _CLAIM_NEXT, (token, now, worker, queue))
     if not rows:
         return None
-    ((pk, raw_id, *fields, note),) = rows
+    ((pk, raw_id, *fields, note, started),) = rows
     job_id, problems, report = _readable_id(db, pk, raw_id, now)
     if job_id is None:
         return report
-    return _read_job(job_id, token, fields, note, problems)
+    # (a suspect, stalled before, is stored not started, like a claim popped ahead)
+    return _read_job(job_id, token, fields, note, problems, started=bool(started))
 
 
 def _op_pop(queue: str, worker: str, db: sqlite3.Connection) -> ClaimedJob | None:
