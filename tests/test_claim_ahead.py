@@ -115,7 +115,8 @@ async def test_a_suspect_is_handed_over_not_started_by_every_pop(
     alone), the stall is not counted; once marked, it is."""
     await broker.push_on(Q, job("suspect"))
     first = await broker.pop_from(Q, worker="w-ran")
-    assert first is not None and first.started
+    assert first is not None
+    assert first.started
     await trio.sleep(0.3)
     assert (await broker.recover_stalled_jobs(Q, 0.2, 5)).recovered == 1
     for pop in ("pop_from", "pop_many", "pop_ahead"):

@@ -12,7 +12,6 @@ import trio.testing
 
 import durable_trio as dt
 from durable_trio._codec import decode_envelope
-from durable_trio.adapters import RenewOutcome
 from durable_trio.adapters.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
 from helpers import CountingBroker, Errors
@@ -20,7 +19,7 @@ from helpers import CountingBroker, Errors
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from durable_trio.adapters import Lease
+    from durable_trio.adapters import Lease, RenewOutcome
 
 THRESHOLD = 10.0
 
@@ -39,10 +38,11 @@ async def make_suspect(broker: Any, transport: dt.QueueTransport, name: str) -> 
     queue = transport.names.task_queue("step")
     await transport.dispatch(task(name, 1.0))
     dead = await broker.pop_from(queue, worker="dead-worker")
-    assert dead is not None and dead.started
+    assert dead is not None
+    assert dead.started
     await trio.sleep(THRESHOLD + 1)
     assert (await broker.recover_stalled_jobs(queue, THRESHOLD, 3)).recovered == 1
-    return dead.id
+    return str(dead.id)
 
 
 class Timeline:
