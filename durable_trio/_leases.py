@@ -31,6 +31,7 @@ from ._wire import (
 from .adapters import (
     ClaimedJob,
     Lease,
+    SupportsFailAndPush,
     SupportsRecovery,
     SupportsRenewal,
     SupportsSweepHint,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from ._adaptive import ConcurrencyController
     from ._naming import QueueNames
     from ._options import TransportOptions
+    from .adapters import Job
     from .backends._backend import Backend
 
 __all__ = ["LeaseKeeper", "Sweeper"]
@@ -157,6 +159,7 @@ class Sweeper:
         inboxes: list[str],
         task_queues: set[str],
         publish_result: Callable[[StepResult], Awaitable[str]],
+        result_job: Callable[[StepResult], Job],
         answer_bad_task: Callable[[ClaimedJob, StepError], Awaitable[None]],
         report: Callable[[BaseException], None],
     ) -> None:
@@ -169,6 +172,10 @@ class Sweeper:
         self._inboxes = inboxes
         self._task_queues = task_queues
         self.publish_result = publish_result
+        self._result_job = result_job
+        self._fail_and_push = (
+            self._broker if isinstance(self._broker, SupportsFailAndPush) else None
+        )
         self._answer_bad_task = answer_bad_task
         self._report = report
         self._unanswered: list[StepResult] = []
@@ -279,11 +286,21 @@ class Sweeper:
         (after ``stalled_threshold``) tries again; if it answers "lease lost", the job went
         elsewhere and nothing is published. A result that cannot be published after the fail
         is reported and published again at every later sweep of this instance until it lands
-        (should this instance die first, the step waits for the engine's own timeouts)."""
+        (should this instance die first, the step waits for the engine's own timeouts). On a
+        broker that can (``SupportsFailAndPush``: memory, SQLite, Redis) the fail and the
+        publish are one atomic call, and that window is closed: both or neither."""
         reason = f"stalled more than {self._options.max_stalled_count} times"
         result = await self._poison_result(queue, job, reason)
+        together = self._fail_and_push is not None and result is not None
         try:
-            failed = await self._broker.fail_job(job.lease, queue, reason)
+            if together:
+                assert self._fail_and_push is not None
+                assert result is not None
+                failed = await self._fail_and_push.fail_and_push(
+                    job.lease, queue, reason, self._names.results, self._result_job(result)
+                )
+            else:
+                failed = await self._broker.fail_job(job.lease, queue, reason)
         except BrokerError as exc:
             self._report(exc)
             return
@@ -291,7 +308,7 @@ class Sweeper:
             return
         kind = "poison job failed" if result is not None else "poison job set aside (failed)"
         self._report(JobError(f"{kind}: {reason}", queue=queue, job_id=job.id))
-        if result is not None and not await self._publish_failed(result):
+        if result is not None and not together and not await self._publish_failed(result):
             self._unanswered.append(result)
 
     async def _poison_result(self, queue: str, job: ClaimedJob, reason: str) -> StepResult | None:

@@ -179,6 +179,7 @@ class QueueTransport:
                 inboxes=self._consumers.inbox_queues,
                 task_queues=self._task_queues,
                 publish_result=self.publish_result,
+                result_job=lambda result: self._producers.new_job(JobKind.RESULT, result),
                 answer_bad_task=self._steps.answer_bad_task,
                 report=self._report,
             )

@@ -768,3 +768,39 @@ def test_heartbeat_failovers_happen_only_when_a_fault_stopped_the_beats() -> Non
     assert report.runs_completed == report.runs_started == 150
     assert report.engine.heartbeat_timeouts > 0
     assert report.engine.heartbeats_recorded > 0
+
+
+#: A crash loop on top of the chaos: one step in forty kills whichever worker runs it, every time.
+POISONED = attrs.evolve(CHAOS, poison_probability=0.025)
+
+
+@pytest.mark.parametrize("isolate", [True, False], ids=["isolated", "beside"])
+def test_a_poison_step_kills_no_step_beside_it_once_it_is_a_suspect(isolate: bool) -> None:
+    """Invariant 10 of docs/testing.md: once a poison step's job has stalled (it killed its
+    worker), it is a suspect and runs alone, so it kills nothing beside it again; its run fails
+    once its attempts are exhausted, every other run completes with the right output. With
+    ``isolate_suspects=False`` the invariant catches the suspects that ran beside others."""
+    sim = Simulation(
+        sample_app("sim-poison", retry=dt.Retry(max_attempts=3, initial=1.0)),
+        workload,
+        seed=POISON_SEED,
+        expected_output=expected,
+        runs=120,
+        duration=3600,
+        workers=3,
+        concurrency=4,
+        faults=POISONED,
+        transport_options={"isolate_suspects": isolate},
+    )
+    if not isolate:
+        with pytest.raises(InvariantViolation, match="beside"):
+            sim.run_sync()
+        return
+    report = sim.run_sync()
+    assert report.violations == ()
+    assert report.faults["poison-kill"] >= 8, report.faults
+    assert report.runs_failed >= 1
+    assert report.runs_completed + report.runs_failed == report.runs_started == 120
+
+
+POISON_SEED = 5

@@ -263,6 +263,21 @@ class SupportsBatchFinalize(Protocol):
 
 
 @runtime_checkable
+class SupportsFailAndPush(Protocol):
+    """Fail a job and push another in one atomic step: the poison bridge fails a step task
+    that stalled past the limit and publishes its failed result together, so no process can
+    die between the two (the run would otherwise wait on a step whose answer was lost)."""
+
+    async def fail_and_push(
+        self, lease: Lease, queue: str, error: str, push_queue: str, job: Job
+    ) -> bool:
+        """``fail_job(lease, queue, error)`` and, only if the lease held, ``push_on(push_queue,
+        job)`` (priority 0, no delay): both or neither. ``False``: the lease was lost, nothing
+        changed."""
+        ...
+
+
+@runtime_checkable
 class SupportsRenewal(Protocol):
     async def renew_jobs(self, queue: str, leases: Sequence[Lease]) -> RenewOutcome:
         """Refresh the age of every claim in ``leases`` still held under its token."""

@@ -119,6 +119,9 @@ class MemoryBroker:
     ) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
+        self._push(queue, job, priority, delay)
+
+    def _push(self, queue: str, job: Job, priority: int | None, delay: float) -> None:
         q = self._queues.get(queue) or self._queue(queue)
         rec = _Record(job.id, job.data, priority or 0)
         if delay > 0:
@@ -251,9 +254,22 @@ class MemoryBroker:
         await self.push_many(push_queue, jobs, [None] * len(jobs))
         return await self.complete_many(queue, leases)
 
+    async def fail_and_push(
+        self, lease: Lease, queue: str, error: str, push_queue: str, job: Job
+    ) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        if not self._fail(lease, queue, error):
+            return False
+        self._push(push_queue, job, None, 0.0)
+        return True
+
     async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
+        return self._fail(lease, queue, error)
+
+    def _fail(self, lease: Lease, queue: str, error: str) -> bool:
         released = self._release(lease, queue)
         if released is None:
             return False

@@ -514,6 +514,29 @@ return 1
 """
 )
 
+
+def _shifted(script: str, keys: int, argv: int) -> str:
+    """``script`` reading its KEYS and ARGV from ``keys`` and ``argv`` places further on."""
+    script = re.sub(r"KEYS\[(\d+)\]", lambda m: f"KEYS[{int(m[1]) + keys}]", script)
+    return re.sub(r"ARGV\[(\d+)\]", lambda m: f"ARGV[{int(m[1]) + argv}]", script)
+
+
+# KEYS: the fail's (active jobs meta stalls claims failed), then the push's (seq ready delayed
+# jobs meta armed) of another queue. ARGV: the fail's (token error retention), then the
+# push's (id data priority delay channel). Fail, then push, in one script: both or neither
+# (the poison bridge's fail and failed result). The push's keys are read before any write.
+_FAIL_AND_PUSH: Final = (
+    _FAIL.removesuffix("return 1\n").replace(
+        "local meta = redis.call('HGET', KEYS[3], n)",
+        "redis.call('GET', KEYS[7])\nredis.call('ZCARD', KEYS[8])\nredis.call('ZCARD', KEYS[9])\n"
+        "redis.call('HEXISTS', KEYS[10], '0')\nredis.call('HEXISTS', KEYS[11], '0')\n"
+        "local meta = redis.call('HGET', KEYS[3], n)",
+    )
+    + "do\n"
+    + _shifted(_PUSH, 6, 3)
+    + "end\n"
+)
+
 # KEYS: seq ready delayed active jobs meta stalls claims armed failed
 # ARGV: token delay count_attempt("1"/"0") channel failed_retention
 # Returns 0 (lease lost), 1 (handed back), or 2: the job's meta was unreadable, so it could not
@@ -1230,6 +1253,7 @@ class RedisBroker:
         self._complete_many: Script = client.script(_COMPLETE_MANY)
         self._push_many: Script = client.script(_PUSH_MANY)
         self._fail: Script = client.script(_FAIL)
+        self._fail_and_push: Script = client.script(_FAIL_AND_PUSH)
         self._retry: Script = client.script(_RETRY)
         self._renew: Script = client.script(_RENEW)
         self._mark_started: Script = client.script(_MARK_STARTED)
@@ -1469,6 +1493,15 @@ class RedisBroker:
         """Fail a job for good, keeping the newest ``failed_retention``. ``False``: lease lost."""
         q = self._queue(queue)
         return bool(await self._fail(q.fail_keys, (lease.token, error, self._failed_retention)))
+
+    async def fail_and_push(
+        self, lease: Lease, queue: str, error: str, push_queue: str, job: Job
+    ) -> bool:
+        """:meth:`fail_job`, then (if the lease held) push ``job`` onto ``push_queue``, in one
+        script. ``False``: the lease was lost, nothing changed."""
+        q, pq = self._queue(queue), self._queue(push_queue)
+        args = (lease.token, error, self._failed_retention, job.id, job.data, 0, 0, pq.channel)
+        return bool(await self._fail_and_push((*q.fail_keys, *pq.push_keys), args))
 
     async def retry_job(
         self, lease: Lease, queue: str, *, delay: float = 0.0, count_attempt: bool = True

@@ -1017,6 +1017,21 @@ def _op_complete(lease: Lease, queue: str, db: sqlite3.Connection) -> bool:
     return db.execute(_COMPLETE, (lease.token, queue, lease.job_id)).rowcount == 1
 
 
+def _op_fail_and_push(
+    lease: Lease,
+    queue: str,
+    error: str,
+    retention: int,
+    push_queue: str,
+    job: Job,
+    db: sqlite3.Connection,
+) -> bool:
+    if not _op_fail(lease, queue, error, retention, db):
+        return False
+    _op_push(push_queue, job, 0, 0.0, db)
+    return True
+
+
 def _op_fail(lease: Lease, queue: str, error: str, retention: int, db: sqlite3.Connection) -> bool:
     seq = _next_seq(db)
     params = (lease.token, queue, lease.job_id, error, time.time(), seq)
@@ -1364,6 +1379,20 @@ class SqliteBroker:
         done: bool = await self._call(
             partial(_op_fail, lease, queue, error, self._failed_retention), write=True
         )
+        return done
+
+    async def fail_and_push(
+        self, lease: Lease, queue: str, error: str, push_queue: str, job: Job
+    ) -> bool:
+        """:meth:`fail_job`, then (if the lease held) push ``job`` onto ``push_queue``, in one
+        transaction. ``False``: the lease was lost, nothing changed."""
+        done: bool = await self._call(
+            partial(_op_fail_and_push, lease, queue, error, self._failed_retention, push_queue,
+                    job),
+            write=True,
+        )
+        if done:
+            self._ring(push_queue)
         return done
 
     async def retry_job(

@@ -57,6 +57,10 @@ class Faults:
     decisions it had claimed come back by lease expiry). Off by default: the engine is one
     process, so while it is down no run moves."""
     engine_restart_delay: float = 20.0
+    poison_probability: float = 0.0
+    """Each step of each run is poison with this probability (drawn from the seed): every
+    execution of it kills the worker that runs it, at once, as a ``kill`` does (a crash loop;
+    its run fails once its attempts are exhausted). Checks that a suspect runs alone."""
 
     @classmethod
     def none(cls) -> Faults:

@@ -60,15 +60,21 @@ async def beating_work(x: int) -> int:
     return x * 2
 
 
-def sample_app(name: str, *, remote: bool = False, heartbeat_timeout: float | None = None) -> App:
-    """An app serving ``work`` and the workflow ``order`` (its code on the workers with
-    ``remote``). With ``heartbeat_timeout``, ``work`` beats every second and is declared
-    with that timeout."""
+def sample_app(
+    name: str,
+    *,
+    remote: bool = False,
+    heartbeat_timeout: float | None = None,
+    retry: Retry = WORK_RETRY,
+) -> App:
+    """An app serving ``work`` (retried by ``retry``) and the workflow ``order`` (its code on
+    the workers with ``remote``). With ``heartbeat_timeout``, ``work`` beats every second and
+    is declared with that timeout."""
     app = App(name)
     if heartbeat_timeout is None:
-        app.step("work", retry=WORK_RETRY)(work)
+        app.step("work", retry=retry)(work)
     else:
-        app.step("work", retry=WORK_RETRY, heartbeat_timeout=heartbeat_timeout)(beating_work)
+        app.step("work", retry=retry, heartbeat_timeout=heartbeat_timeout)(beating_work)
     app.workflow("order", remote=remote)(order)
     return app
 

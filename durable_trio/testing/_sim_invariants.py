@@ -102,6 +102,14 @@ class Invariants:
             outcome = outcomes.get(run_id)
             if outcome is None:
                 violation(f"run {run_id} ({workflow}) never ended (lost)")
+            elif run_id in self.ledger.poisoned_runs:
+                # A crash loop fails its run once the poison step's attempts are exhausted.
+                status, output = outcome
+                if status != "failed" or "stalled more than" not in str(output):
+                    violation(
+                        f"run {run_id} ({workflow}) with a poison step ended {status} with "
+                        f"{output!r}, expected failed as stalled"
+                    )
             elif self.expected_output is not None:
                 status, output = outcome
                 expected = self.expected_output(workflow, value)

@@ -59,6 +59,8 @@ class Ledger:
         self.damaged: list[tuple[str, float, dict[str, Any]]] = []
         self.task_pushers: dict[tuple[str, str, int], Counter[str]] = {}
         """How often each engine pushed each step attempt (several engines: see the checks)."""
+        self.poisoned_runs: set[str] = set()
+        """Runs one of whose steps is poison (``Faults.poison_probability``): failed, rightly."""
         self.engine_kills: list[float] = []
         """When an engine was killed (its beats and checks stop until its replacement)."""
         self.end = 0.0
@@ -134,9 +136,17 @@ class Ledger:
 
     # ------------------------------------------------------------------ the step recorder
 
-    def instrumented(self, app: App, worker_id: str, injector: Injector) -> App:
+    def instrumented(
+        self,
+        app: App,
+        worker_id: str,
+        injector: Injector,
+        *,
+        poison: Callable[[str, str], bool] | None = None,
+    ) -> App:
         """``app`` as one worker serves it: every step recorded (who ran which attempt, when,
-        with what outcome), and held while the worker is stalled."""
+        with what outcome), and held while the worker is stalled. ``poison(run_id, step_id)``
+        says whether a step is poison, and if so has killed this worker."""
         shadow = App(app.name)
         for name, definition in app.steps.items():
             shadow.step(
@@ -145,7 +155,7 @@ class Ledger:
                 priority=definition.priority,
                 heartbeat_timeout=definition.heartbeat_timeout,
             )(
-                self._recorded(definition.fn, worker_id, injector)
+                self._recorded(definition.fn, worker_id, injector, poison)
             )
         for name, workflow in app.workflows.items():
             if workflow.fn is None:
@@ -154,7 +164,13 @@ class Ledger:
                 shadow.workflow(name, remote=workflow.remote)(workflow.fn)
         return shadow
 
-    def _recorded(self, fn: StepFunction, worker_id: str, injector: Injector) -> StepFunction:
+    def _recorded(
+        self,
+        fn: StepFunction,
+        worker_id: str,
+        injector: Injector,
+        poison: Callable[[str, str], bool] | None,
+    ) -> StepFunction:
         async def step(value: Any) -> Any:
             info = step_info()
             key = (info.run_id, info.step_id, info.attempt)
@@ -163,6 +179,11 @@ class Ledger:
             where = {"run": info.run_id, "step": info.step_id, "attempt": info.attempt}
             self.event("exec", **where, worker=worker_id)
             try:
+                if poison is not None and poison(info.run_id, info.step_id):
+                    self.poisoned_runs.add(info.run_id)
+                    self._check_alone(key, execution)
+                    self.event("poison", **where, worker=worker_id)
+                    await trio.sleep_forever()  # (its worker is killed: cancelled at once)
                 output = await fn(value)
                 await injector.wait_out_stall()  # a frozen process finishes nothing
             except BaseException as exc:
@@ -182,3 +203,23 @@ class Ledger:
             return output
 
         return step
+
+    def _check_alone(self, key: tuple[str, str, int], execution: Execution) -> None:
+        """Invariant 10: a poison step that ran before (its job stalled, counted, when it
+        killed that worker) is a suspect, and runs alone: no other step runs in its worker.
+        Not checked for an attempt pushed twice (the second job is no suspect)."""
+        earlier = self.executions[key][:-1]
+        pushes = sum(self.task_pushers.get(key, {}).values())
+        if not earlier or self.duplicate_pushes[key] or pushes > 1:
+            return
+        beside = [
+            (other, e.start)
+            for other, runs in self.executions.items()
+            for e in runs
+            if e.worker == execution.worker and e.end is None and e is not execution
+        ]
+        if beside:
+            self.violation(
+                f"suspect {key} (run {len(earlier) + 1}) started at {execution.start:.3f} in "
+                f"{execution.worker} beside {len(beside)} running step(s): {beside[:5]}"
+            )

@@ -18,6 +18,8 @@ from ..backends._backend import Backend
 from .faults import BrokerFaults, FaultyKeyStore, Injector, wrap_broker
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .._engine import App
     from .._naming import QueueNames
     from ..adapters.memory import MemoryBroker
@@ -151,7 +153,9 @@ class WorkerSlots:
         with trio.CancelScope() as scope:
             slot.scope = scope
             async with open_worker(
-                ledger.instrumented(self.app, worker_id, injector),
+                ledger.instrumented(
+                    self.app, worker_id, injector, poison=self._poison(slot.index)
+                ),
                 backend,
                 concurrency=self.concurrency,
                 **options,
@@ -223,7 +227,7 @@ class WorkerSlots:
         now = ledger.now()
         ledger.fault_counts[kind] += 1
         ledger.event("fault", kind=kind, process=worker_id, seconds=seconds)
-        if kind == "kill":
+        if kind in ("kill", "poison-kill"):
             ledger.window(worker_id, now, math.inf)
             slot.killed = True
             injector.kill()
@@ -238,6 +242,21 @@ class WorkerSlots:
         else:
             ledger.window(worker_id, now, now + seconds)
             injector.stall(seconds)
+
+    def _poison(self, index: int) -> Callable[[str, str], bool] | None:
+        """For slot ``index``'s worker: whether a step is poison, and if so it kills the worker
+        running it (``None``: no step is)."""
+        chance = self.faults.poison_probability
+        if chance <= 0:
+            return None
+
+        def poison(run_id: str, step_id: str) -> bool:
+            if random.Random(f"{self.seed}:poison:{run_id}:{step_id}").random() >= chance:
+                return False
+            self.strike(index, "poison-kill", 0.0)
+            return True
+
+        return poison
 
     def heal(self) -> None:
         """No more per-call faults, for the workers up and every replacement."""

@@ -46,6 +46,7 @@ from ..adapters import (
     SupportsBatchFinalize,
     SupportsBatchPop,
     SupportsClaimAhead,
+    SupportsFailAndPush,
     SupportsFailedJobs,
     SupportsRecovery,
     SupportsRenewal,
@@ -65,7 +66,7 @@ __all__ = ["BrokerFaults", "FaultyBroker", "FaultyKeyStore", "Injector", "wrap_b
 T = TypeVar("T")
 
 #: Calls that write: a lost reply means the write happened.
-_PUSHES = frozenset({"push_on", "push_many", "push_and_complete_many"})
+_PUSHES = frozenset({"push_on", "push_many", "push_and_complete_many", "fail_and_push"})
 
 
 @attrs.frozen
@@ -337,6 +338,14 @@ class _ClaimAhead(FaultyBroker):
         return result
 
 
+class _FailAndPush(FaultyBroker):
+    async def fail_and_push(
+        self, lease: Lease, queue: str, error: str, push_queue: str, job: Job
+    ) -> bool:
+        call = functools.partial(self.inner.fail_and_push, lease, queue, error, push_queue, job)
+        return bool(await self._call("fail_and_push", call, (job,)))
+
+
 class _BatchFinalize(FaultyBroker):
     async def complete_many(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
         result: list[bool] = await self._call(
@@ -413,6 +422,7 @@ _CAPABILITIES: tuple[tuple[type, type[FaultyBroker]], ...] = (
     (SupportsBatchPop, _BatchPop),
     (SupportsClaimAhead, _ClaimAhead),
     (SupportsBatchFinalize, _BatchFinalize),
+    (SupportsFailAndPush, _FailAndPush),
     (SupportsRenewal, _Renewal),
     (SupportsRecovery, _Recovery),
     (SupportsSweepHint, _SweepHint),
