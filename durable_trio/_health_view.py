@@ -358,8 +358,11 @@ async def run_health(
             try:
                 await watch(backend, namespace, interval=interval, iterations=iterations)
             except ImportError:
-                while True:  # no rich: reprint the plain table
+                count = 0
+                while iterations is None or count < iterations:  # no rich: reprint the table
                     print(render_text(await reader.read(), namespace), flush=True)
-                    await trio.sleep(interval)
+                    count += 1
+                    if iterations is None or count < iterations:
+                        await trio.sleep(interval)
             return
         print(render_text(await reader.read(), namespace), end="")

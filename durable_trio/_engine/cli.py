@@ -113,7 +113,8 @@ def _interrupted(serve: Callable[[], Awaitable[int]]) -> int:
 
 
 def _transport_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"namespace": args.namespace} if args.namespace else {}
+    namespace = args.namespace or os.environ.get("DURABLE_TRIO_NAMESPACE")
+    return {"namespace": namespace} if namespace else {}
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
@@ -251,7 +252,10 @@ def add_engine_commands(subparsers: argparse._SubParsersAction[argparse.Argument
             default=_default_backend(),
             help=f"backend URL (default: $DURABLE_TRIO_BACKEND or {DEFAULT_BACKEND})",
         )
-        parser.add_argument("--namespace", help="transport namespace (default: the app's name)")
+        parser.add_argument(
+            "--namespace",
+            help="transport namespace (default: $DURABLE_TRIO_NAMESPACE, else the app's name)",
+        )
 
     worker = subparsers.add_parser("worker", help="serve an app's steps")
     common(worker)
