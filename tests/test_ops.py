@@ -121,6 +121,7 @@ def _app(counts: dict[str, int], failing: dict[str, bool]) -> dt.App:
     @app.workflow("order")
     async def order(ctx: dt.WorkflowContext, x: int) -> int:
         y = await ctx.step("reserve", x)
+
         def note() -> int:
             counts["note"] += 1
             return counts["note"]
@@ -256,36 +257,54 @@ async def _set_aside(broker: Any, queue: str, job_id: str) -> None:
     assert await broker.fail_job(claimed.lease, queue, "poison")
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
-async def test_failed_jobs_requeue_and_delete(kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+async def test_failed_jobs_requeue_and_delete(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    async with _broker(kind, tmp_path, request) as broker:
+        await _check_repair(broker)
+
+
+@asynccontextmanager
+async def _broker(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    if kind == "redis":
+        from durable_trio.adapters.redis import RedisBroker
+
+        async with RedisBroker.from_url(request.getfixturevalue("redis_url")) as redis:
+            yield redis
+        return
     broker: Any = MemoryBroker() if kind == "memory" else await SqliteBroker.open(tmp_path / "b.db")
-    backend = dt.Backend("test://", broker)
     try:
-        await _set_aside(broker, "shop:tasks:charge", "j1")
-        await _set_aside(broker, "shop:tasks:mail", "j2")
-        await broker.push_on("shop:tasks:mail", Job("j3", b"{}"))
-        async with dt.open_operations(backend, namespace="shop") as ops:
-            failed = await ops.failed_jobs()
-            assert {(f.queue, f.job.id) for f in failed} == {
-                ("shop:tasks:charge", "j1"),
-                ("shop:tasks:mail", "j2"),
-            }
-            assert failed[0].job.attempts == 1
-            assert failed[0].to_json()["kind"] == "task"
-            queues = {q.queue: q for q in await ops.queues()}
-            assert (queues["shop:tasks:mail"].ready, queues["shop:tasks:mail"].failed) == (1, 1)
-            assert await ops.requeue_job("shop:tasks:charge", "j1")
-            assert not await ops.requeue_job("shop:tasks:charge", "j1")
-            again = await broker.pop_from("shop:tasks:charge")
-            assert again is not None
-            assert again.id == "j1"
-            assert again.attempts == 0
-            assert await ops.delete_job("shop:tasks:mail", "j2")
-            assert not await ops.delete_job("shop:tasks:mail", "j2")
-            assert await ops.failed_jobs("shop:tasks:mail") == []
-            assert await ops.workers() == []
+        yield broker
     finally:
         await broker.aclose()
+
+
+async def _check_repair(broker: Any) -> None:
+    backend = dt.Backend("test://", broker)
+    await _set_aside(broker, "shop:tasks:charge", "j1")
+    await _set_aside(broker, "shop:tasks:mail", "j2")
+    await broker.push_on("shop:tasks:mail", Job("j3", b"{}"))
+    async with dt.open_operations(backend, namespace="shop") as ops:
+        failed = await ops.failed_jobs()
+        assert {(f.queue, f.job.id) for f in failed} == {
+            ("shop:tasks:charge", "j1"),
+            ("shop:tasks:mail", "j2"),
+        }
+        assert failed[0].job.attempts == 1
+        assert failed[0].to_json()["kind"] == "task"
+        queues = {q.queue: q for q in await ops.queues()}
+        assert (queues["shop:tasks:mail"].ready, queues["shop:tasks:mail"].failed) == (1, 1)
+        assert await ops.requeue_job("shop:tasks:charge", "j1")
+        assert not await ops.requeue_job("shop:tasks:charge", "j1")
+        again = await broker.pop_from("shop:tasks:charge")
+        assert again is not None
+        assert again.id == "j1"
+        assert again.attempts == 0
+        assert await ops.delete_job("shop:tasks:mail", "j2")
+        assert not await ops.delete_job("shop:tasks:mail", "j2")
+        assert await ops.failed_jobs("shop:tasks:mail") == []
+        assert await ops.workers() == []
 
 
 async def test_workers_are_listed_once_whatever_their_groups(autojump_clock: object) -> None:
