@@ -481,3 +481,26 @@ def test_health_takes_the_namespace_of_the_app(
     status, out, _ = _cli(capsys, "health", "--backend", "memory://")
     assert status == 0
     assert "'billing'" in out
+
+
+async def test_prometheus_has_queues_set_aside_jobs_and_runs(autojump_clock: object) -> None:
+    from durable_trio._health_view import HealthReader, _scrape
+
+    counts = {"reserve": 0, "charge": 0, "note": 0}
+    app = _app(counts, {"charge": True})
+    async with (
+        dt.open_backend("memory://") as backend,
+        dt.open_worker(app, backend),
+        dt.open_engine(app, backend) as engine,
+    ):
+        run_id = await engine.start("order", 1)
+        with pytest.raises(dt.RunFailed):
+            await engine.result(run_id)
+        await _set_aside(backend.broker, "shop:tasks:charge", "j1")
+        async with dt.open_operations(backend, namespace="shop") as ops:
+            text = (await _scrape(HealthReader(backend, "shop", ops))).decode()
+    assert 'durable_trio_runs{status="failed"} 1' in text
+    assert 'durable_trio_runs{status="completed"} 0' in text
+    assert 'durable_trio_queue_jobs{queue="shop:tasks:charge",state="failed"} 1' in text
+    assert 'durable_trio_queue_jobs{queue="shop:tasks:reserve",state="ready"} 0' in text
+    assert text.count('durable_trio_worker_limit{instance="') == 1  # once, for two groups

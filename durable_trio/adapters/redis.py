@@ -128,11 +128,11 @@ from ._contract import (
     JobState,
     Lease,
     QuarantinedEntry,
-    QueueStats,
     Recovery,
     RenewOutcome,
     Stall,
 )
+from ._redis_repair import REQUEUE_FAILED, FailedJobRepair
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -799,44 +799,6 @@ async def _waiting_queues(client: RedisClient, prefix: str) -> list[str]:
     return sorted(found)
 
 
-# KEYS: seq ready delayed jobs meta armed failed
-# ARGV: record id data priority channel
-# Requeue one failed record (the exact bytes read by the client): gone meanwhile -> 0.
-_REQUEUE_FAILED: Final = """
-if redis.call('LREM', KEYS[7], 1, ARGV[1]) == 0 then
-  return 0
-end
-local seq = redis.call('INCR', KEYS[1])
-local n = string.format('%d', seq)
-redis.call('HSET', KEYS[4], n, ARGV[3])
-redis.call('HSET', KEYS[5], n, ARGV[4] .. ':0:0:' .. ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[4], string.format('%016d', seq) .. n)
-if redis.call('DEL', KEYS[6]) == 1 then
-  redis.call('PUBLISH', ARGV[5], '')
-end
-return 1
-"""
-
-
-async def _known_queues(client: RedisClient, prefix: str) -> list[str]:
-    """A ``SCAN`` for the queues ``prefix...`` holding any job (ready, delayed, claimed or
-    failed keys): O(keys in the database), for an operator's view."""
-    pattern = "{" + re.sub(r"([\\*?\[\]])", r"\\\1", prefix) + "*}:"
-    found: set[str] = set()
-    for suffix in ("ready", "delayed", "active", "failed"):
-        cursor = b"0"
-        while True:
-            cursor, keys = await client.execute(
-                "SCAN", cursor, "MATCH", pattern + suffix, "COUNT", 1000
-            )
-            for key in keys:
-                text = key.decode() if isinstance(key, bytes) else str(key)
-                found.add(text[1 : -len("}:" + suffix)])
-            if cursor in (b"0", "0", 0):
-                break
-    return sorted(found)
-
-
 # KEYS: ready delayed
 _SIZE: Final = """
 return redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
@@ -1188,7 +1150,7 @@ class EvictionPolicyWarning(UserWarning):
     the log, when the broker is entered; not an error (the broker works on)."""
 
 
-class RedisBroker:
+class RedisBroker(FailedJobRepair):
     """A :class:`~durable_trio.adapters.QueueBroker` on Redis, with every optional capability.
 
     Enter it (``async with``) before waiting on queues: it owns the task that listens to the
@@ -1255,7 +1217,7 @@ class RedisBroker:
         self._backoff = (first, largest)
         self._on_error = on_error
         self._push: Script = client.script(_PUSH)
-        self._requeue_failed: Script = client.script(_REQUEUE_FAILED)
+        self._requeue_failed: Script = client.script(REQUEUE_FAILED)
         self._claim: Script = client.script(_CLAIM)
         self._complete: Script = client.script(_COMPLETE)
         self._complete_many: Script = client.script(_COMPLETE_MANY)
@@ -1609,48 +1571,11 @@ class RedisBroker:
         records = await self._client.execute("LRANGE", q.failed_key, 0, limit - 1)
         return [_failed(record) for record in records]
 
-    async def _find_failed(self, q: _Queue, job_id: str) -> tuple[bytes, FailedJob] | None:
-        for record in await self._client.execute("LRANGE", q.failed_key, 0, -1):
-            job = _failed(record)
-            if job.id == job_id:
-                return record, job
-        return None
+    def _channel(self, queue: str) -> bytes:
+        return self._queue(queue).channel
 
-    async def requeue_failed(self, queue: str, job_id: str, *, priority: int | None = None) -> bool:
-        """Put the newest failed job ``job_id`` back as ready, its counters reset (see
-        :class:`~durable_trio.adapters.SupportsFailedJobRepair`). A failed record keeps no
-        priority: ``None`` requeues at priority 0."""
-        q = self._queue(queue)
-        found = await self._find_failed(q, job_id)
-        if found is None:
-            return False
-        record, job = found
-        keys = (*q.push_keys, q.failed_key)
-        args = (record, job.id, job.data, priority or 0, q.channel)
-        done = await self._requeue_failed(keys, args)
-        return bool(done == 1)
-
-    async def delete_failed(self, queue: str, job_id: str) -> bool:
-        """Remove the newest failed job ``job_id`` of ``queue`` from its failed set."""
-        q = self._queue(queue)
-        found = await self._find_failed(q, job_id)
-        if found is None:
-            return False
-        return bool(await self._client.execute("LREM", q.failed_key, 1, found[0]) == 1)
-
-    async def queue_stats(self, queue: str) -> QueueStats:
-        """``queue``'s counts (no push times are kept: no oldest age)."""
-        q = self._queue(queue)
-        ready, delayed = (f"{{{queue}}}:ready", f"{{{queue}}}:delayed")
-        replies = await self._client.pipeline(
-            [("ZCARD", ready), ("ZCARD", delayed), ("ZCARD", q.active_key),
-             ("LLEN", q.failed_key)]
-        )  # fmt: skip
-        return QueueStats(*(int(r) for r in replies))
-
-    async def known_queues(self, prefix: str) -> list[str]:
-        """The queues named ``prefix...`` holding any job (see :func:`_known_queues`)."""
-        return await _known_queues(self._client, prefix)
+    def _read_failed(self, record: bytes) -> FailedJob:
+        return _failed(record)
 
     async def quarantined(self, queue: str, *, limit: int = 100) -> list[QuarantinedEntry]:
         """The newest entries of ``queue`` that could not be tied to a readable job (a member

@@ -111,6 +111,9 @@ class _EngineStore:
     async def page_runs(self, **filters: Any) -> RunPage:
         return await self._call(lambda: self.inner.page_runs(**filters))
 
+    async def count_runs(self) -> dict[RunStatus, int]:
+        return await self._call(self.inner.count_runs)
+
     async def reopen_run(
         self, run_id: str, steps: Sequence[StepRecord], *, run_timeout: float | None
     ) -> bool:

@@ -92,6 +92,10 @@ class RunStore(Protocol):
         """
         ...
 
+    async def count_runs(self) -> dict[RunStatus, int]:
+        """How many runs of each status the store holds (a status with none: absent)."""
+        ...
+
     async def reopen_run(
         self, run_id: str, steps: Sequence[StepRecord], *, run_timeout: float | None
     ) -> bool:

@@ -211,6 +211,13 @@ class MemoryRunStore:
             found.append(run)
         return RunPage([r.out() for r in found], None)
 
+    async def count_runs(self) -> dict[RunStatus, int]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        counts: dict[RunStatus, int] = {}
+        for run in self._runs.values():
+            counts[run.status] = counts.get(run.status, 0) + 1
+        return counts
+
     async def reopen_run(
         self, run_id: str, steps: Sequence[StepRecord], *, run_timeout: float | None
     ) -> bool:

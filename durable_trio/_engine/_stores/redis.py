@@ -471,6 +471,13 @@ class RedisRunStore:
         runs = [_run(reply[i].decode(), _fields(reply[i + 1])) for i in range(1, len(reply), 2)]
         return RunPage(runs, encode_cursor(int(float(following))) if following else None)
 
+    async def count_runs(self) -> dict[RunStatus, int]:
+        statuses = list(RunStatus)
+        replies = await self._client.pipeline(
+            [("ZCARD", f"{self._prefix}:status:{status}") for status in statuses]
+        )
+        return {s: int(n) for s, n in zip(statuses, replies, strict=True) if int(n)}
+
     async def reopen_run(
         self, run_id: str, steps: Sequence[StepRecord], *, run_timeout: float | None
     ) -> bool:

@@ -357,6 +357,11 @@ def _op_page_runs(
     return RunPage(runs, encode_cursor(rows[limit - 1][0]) if more else None)
 
 
+def _op_count_runs(ns: str, db: sqlite3.Connection) -> dict[RunStatus, int]:
+    query = "SELECT status, count(*) FROM dt_runs WHERE namespace = ?1 GROUP BY status"
+    return {RunStatus(status): int(n) for status, n in db.execute(query, (ns,))}
+
+
 _REOPEN_RUN: Final = """
     UPDATE dt_runs SET status = 'pending', owner = NULL, lease_until = NULL, output = 'null',
         error = 'null', timeout = ?3, updated_at = ?4
@@ -638,6 +643,10 @@ class SqliteRunStore:
         below = decode_cursor(cursor)
         filters = (None if status is None else status.value, workflow, tenant, since, until)
         result: RunPage = await self._read(partial(_op_page_runs, self._ns, filters, limit, below))
+        return result
+
+    async def count_runs(self) -> dict[RunStatus, int]:
+        result: dict[RunStatus, int] = await self._read(partial(_op_count_runs, self._ns))
         return result
 
     async def reopen_run(
