@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import builtins
 import json
+import re
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -21,7 +23,6 @@ from durable_trio.adapters.sqlite import SqliteBroker
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
-    from pathlib import Path
 
 
 # -- paging on every store --------------------------------------------------------------------
@@ -504,3 +505,9 @@ async def test_prometheus_has_queues_set_aside_jobs_and_runs(autojump_clock: obj
     assert 'durable_trio_queue_jobs{queue="shop:tasks:charge",state="failed"} 1' in text
     assert 'durable_trio_queue_jobs{queue="shop:tasks:reserve",state="ready"} 0' in text
     assert text.count('durable_trio_worker_limit{instance="') == 1  # once, for two groups
+
+
+def test_the_python_block_of_docs_operations_runs() -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", page, re.DOTALL)
+    exec(compile(block, "docs/operations.md", "exec"), {"__name__": "__main__"})
