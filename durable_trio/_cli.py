@@ -198,9 +198,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``durable-trio``; returns the exit status."""
+    from ._errors import DurableTrioError
+
     args = _parser().parse_args(argv)
     func = cast("Callable[[argparse.Namespace], int]", args.func)
-    return func(args)
+    try:
+        return func(args)
+    except DurableTrioError as exc:  # a user error met before the command ran (MODULE:app)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

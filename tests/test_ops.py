@@ -429,7 +429,7 @@ def test_ops_commands_on_memory(capsys: pytest.CaptureFixture[str]) -> None:
         (["runs", "list", "--backend", "memory://", "--cursor", "x"], "not a run list cursor"),
         (["runs", "list", "--backend", "memory://", "--since", "yesterday"], "not a time"),
         (["queues", "--backend", "memory://", "--app", "no_such_module_x:app"], "cannot import"),
-        (["health", "--backend", "memory://", "--app", "json:nothing"], "not a durable_trio App"),
+        (["health", "--backend", "memory://", "--app", "json:dumps"], "not a durable_trio App"),
     ],
 )
 def test_user_errors_are_one_line(
@@ -511,3 +511,41 @@ def test_the_python_block_of_docs_operations_runs() -> None:
     page = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
     (block,) = re.findall(r"```python\n(.*?)```", page, re.DOTALL)
     exec(compile(block, "docs/operations.md", "exec"), {"__name__": "__main__"})
+
+
+def test_engine_commands_name_a_missing_attribute_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "ops_app_two.py").write_text("import durable_trio as dt\napp = dt.App('shop')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for command in ("worker", "engine"):
+        status, _, err = _cli(capsys, command, "ops_app_two:missing", "--backend", "memory://")
+        assert status == 2
+        assert err == "error: module 'ops_app_two' has no attribute 'missing' (say MODULE:app)\n"
+    status, _, err = _cli(capsys, "worker", "no_such_module_y:app", "--backend", "memory://")
+    assert status == 2
+    assert err.startswith("error: cannot import 'no_such_module_y'")
+
+
+def test_redis_without_hiredis_says_which_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    for name in list(sys.modules):
+        if name == "hiredis" or name.startswith(
+            ("durable_trio.backends.redis", "durable_trio._redis", "durable_trio.adapters.redis")
+        ):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "hiredis", None)  # an import of it fails
+    status, _, err = _cli(capsys, "queues", "--backend", "redis://127.0.0.1:1/0")
+    assert status == 2
+    assert "pip install 'durable_trio[redis]'" in err
+
+
+def test_an_unreachable_server_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = _cli(capsys, "runs", "list", "--backend", "redis://127.0.0.1:1/0")
+    assert status == 2
+    assert err.startswith("error: ")
+    assert len(err.strip().splitlines()) == 1

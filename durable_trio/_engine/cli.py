@@ -72,7 +72,9 @@ def load_app(target: str) -> App:
             module = importlib.import_module(module_name)
     except (ImportError, OSError) as exc:
         raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
-    app = getattr(module, attribute, None)
+    if not hasattr(module, attribute):
+        raise ConfigError(f"module {module_name!r} has no attribute {attribute!r} (say MODULE:app)")
+    app = getattr(module, attribute)
     if not isinstance(app, App):
         raise ConfigError(f"{target!r} is not a durable_trio App (got {type(app).__name__})")
     return app
