@@ -1134,12 +1134,23 @@ _REQUEUE_FAILED: Final = """
     WHERE pk = ?1
 """
 
+# Each count on its state's partial index.
 _STATS: Final = """
-    SELECT state, count(*) FROM dt_jobs WHERE queue = ?1 GROUP BY state
+    SELECT (SELECT count(*) FROM dt_jobs WHERE state = 'ready' AND queue = ?1),
+           (SELECT count(*) FROM dt_jobs WHERE state = 'delayed' AND queue = ?1),
+           (SELECT count(*) FROM dt_jobs WHERE state = 'active' AND queue = ?1),
+           (SELECT count(*) FROM dt_jobs WHERE state = 'failed' AND queue = ?1)
 """
 
-_KNOWN_QUEUES: Final = """
-    SELECT DISTINCT queue FROM dt_jobs WHERE queue >= ?1 AND queue < ?2 ORDER BY queue
+# The queues in [?1, ?2) holding claimed or failed jobs (ready and delayed: _READY_QUEUES,
+# _DELAYED_QUEUES), each read off its state's index in queue order.
+_ACTIVE_QUEUES: Final = """
+    SELECT DISTINCT queue FROM dt_jobs
+    WHERE state = 'active' AND queue >= ?1 AND queue < ?2 ORDER BY queue
+"""
+_FAILED_QUEUES: Final = """
+    SELECT DISTINCT queue FROM dt_jobs
+    WHERE state = 'failed' AND queue >= ?1 AND queue < ?2 ORDER BY queue
 """
 
 
@@ -1162,17 +1173,14 @@ def _op_delete_failed(queue: str, job_id: str, db: sqlite3.Connection) -> bool:
 
 
 def _op_queue_stats(queue: str, db: sqlite3.Connection) -> QueueStats:
-    counts = {str(state): int(n) for state, n in db.execute(_STATS, (queue,))}
-    return QueueStats(
-        counts.get("ready", 0),
-        counts.get("delayed", 0),
-        counts.get("active", 0),
-        counts.get("failed", 0),
-    )
+    ((ready, delayed, active, failed),) = db.execute(_STATS, (queue,)).fetchall()
+    return QueueStats(int(ready), int(delayed), int(active), int(failed))
 
 
 def _op_known_queues(prefix: str, db: sqlite3.Connection) -> list[str]:
-    return [str(q) for (q,) in db.execute(_KNOWN_QUEUES, (prefix, prefix + "\U0010ffff"))]
+    bounds = (prefix, prefix + "\U0010ffff")  # every name that starts with the prefix
+    statements = (_READY_QUEUES, _DELAYED_QUEUES, _ACTIVE_QUEUES, _FAILED_QUEUES)
+    return sorted({str(q) for sql in statements for (q,) in db.execute(sql, bounds)})
 
 
 def _op_failed_jobs(queue: str, limit: int, db: sqlite3.Connection) -> list[FailedJob]:
