@@ -549,3 +549,34 @@ def test_an_unreachable_server_is_one_line(capsys: pytest.CaptureFixture[str]) -
     assert status == 2
     assert err.startswith("error: ")
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+async def test_reopen_and_count_on_every_store(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    async with _store(kind, tmp_path, request) as store:
+        await store.create_run(_record("a", "order"))
+        await store.create_run(_record("b", "order"))
+        step = dt.StepRecord("a", "1", dt.StepKind.REMOTE, "charge", dt.StepState.PENDING)
+        await store.begin_step(step)
+        failed = dt.StepRecord(
+            "a", "1", dt.StepKind.REMOTE, "charge", dt.StepState.FAILED, error={"m": "x"}
+        )
+        assert await store.update_step(failed, expect_attempt=1) is dt.Applied.APPLIED
+        await store.finish_run("a", dt.RunStatus.FAILED, error={"type": "StepFailed"})
+        assert await store.count_runs() == {dt.RunStatus.FAILED: 1, dt.RunStatus.PENDING: 1}
+        assert not await store.reopen_run("b", [], run_timeout=None)  # not failed
+        again = dt.StepRecord(
+            "a", "1", dt.StepKind.REMOTE, "charge", dt.StepState.PENDING, attempt=2
+        )
+        assert await store.reopen_run("a", [again], run_timeout=30.0)
+        run = await store.get_run("a")
+        assert run is not None
+        assert (run.status, run.error, run.owner, run.timeout) == (
+            dt.RunStatus.PENDING, None, None, 30.0
+        )  # fmt: skip
+        (stored,) = await store.get_steps("a")
+        assert (stored.status, stored.attempt) == (dt.StepState.PENDING, 2)
+        assert {r.run_id for r in await store.claim_runs("e1", 30.0)} == {"a", "b"}
+        assert await store.count_runs() == {dt.RunStatus.RUNNING: 2}
