@@ -132,6 +132,7 @@ from ._contract import (
     RenewOutcome,
     Stall,
 )
+from ._redis_repair import REQUEUE_FAILED, FailedJobRepair
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -1181,7 +1182,27 @@ class EvictionPolicyWarning(UserWarning):
     the log, when the broker is entered; not an error (the broker works on)."""
 
 
-class RedisBroker:
+class _FailAndPush:
+    """:class:`~durable_trio.adapters.SupportsFailAndPush` of :class:`RedisBroker` (a base
+    class of its own, so the broker's class stays under the size limit)."""
+
+    _fail_and_push: Script
+    _failed_retention: int
+
+    def _queue(self, name: str) -> _Queue:
+        raise NotImplementedError
+
+    async def fail_and_push(
+        self, lease: Lease, queue: str, error: str, push_queue: str, job: Job
+    ) -> bool:
+        """:meth:`fail_job`, then (if the lease held) push ``job`` onto ``push_queue``, in one
+        script. ``False``: the lease was lost, nothing changed."""
+        q, pq = self._queue(queue), self._queue(push_queue)
+        args = (lease.token, error, self._failed_retention, job.id, job.data, 0, 0, pq.channel)
+        return bool(await self._fail_and_push((*q.fail_keys, *pq.push_keys), args))
+
+
+class RedisBroker(FailedJobRepair, _FailAndPush):
     """A :class:`~durable_trio.adapters.QueueBroker` on Redis, with every optional capability.
 
     Enter it (``async with``) before waiting on queues: it owns the task that listens to the
@@ -1248,6 +1269,7 @@ class RedisBroker:
         self._backoff = (first, largest)
         self._on_error = on_error
         self._push: Script = client.script(_PUSH)
+        self._requeue_failed: Script = client.script(REQUEUE_FAILED)
         self._claim: Script = client.script(_CLAIM)
         self._complete: Script = client.script(_COMPLETE)
         self._complete_many: Script = client.script(_COMPLETE_MANY)
@@ -1425,10 +1447,8 @@ class RedisBroker:
             q.note_empty(rings, epoch, _seconds(reply[0]))  # an empty pop for a waiter)
         else:
             q.empty_epoch = None
-        return [
-            _claimed(reply, i, ahead=k >= count)
-            for k, i in enumerate(range(1, len(reply), 4))
-        ]
+        starts = range(1, len(reply), 4)
+        return [_claimed(reply, i, ahead=k >= count) for k, i in enumerate(starts)]
 
     async def mark_started(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
         """Mark claims popped ahead started, and renew them, in one script run."""
@@ -1493,15 +1513,6 @@ class RedisBroker:
         """Fail a job for good, keeping the newest ``failed_retention``. ``False``: lease lost."""
         q = self._queue(queue)
         return bool(await self._fail(q.fail_keys, (lease.token, error, self._failed_retention)))
-
-    async def fail_and_push(
-        self, lease: Lease, queue: str, error: str, push_queue: str, job: Job
-    ) -> bool:
-        """:meth:`fail_job`, then (if the lease held) push ``job`` onto ``push_queue``, in one
-        script. ``False``: the lease was lost, nothing changed."""
-        q, pq = self._queue(queue), self._queue(push_queue)
-        args = (lease.token, error, self._failed_retention, job.id, job.data, 0, 0, pq.channel)
-        return bool(await self._fail_and_push((*q.fail_keys, *pq.push_keys), args))
 
     async def retry_job(
         self, lease: Lease, queue: str, *, delay: float = 0.0, count_attempt: bool = True
@@ -1613,6 +1624,12 @@ class RedisBroker:
             return []
         records = await self._client.execute("LRANGE", q.failed_key, 0, limit - 1)
         return [_failed(record) for record in records]
+
+    def _channel(self, queue: str) -> bytes:
+        return self._queue(queue).channel
+
+    def _read_failed(self, record: bytes) -> FailedJob:
+        return _failed(record)
 
     async def quarantined(self, queue: str, *, limit: int = 100) -> list[QuarantinedEntry]:
         """The newest entries of ``queue`` that could not be tied to a readable job (a member
