@@ -67,6 +67,7 @@ from ._liveness import GroupHealth, LiveWorker, WorkerDescriptor
 from ._options import TransportOptions
 from ._signals import SignalClose, close_on_signals
 from ._step_timeout import StepTimedOut
+from ._telemetry import EVENTS_LOGGER, instrument, is_instrumented, uninstrument
 from ._transport import QueueTransport, TransportStatistics, open_queue_transport
 from ._wire import (
     ControlMessage,
@@ -94,6 +95,7 @@ from .backends import Backend, open_backend
 __version__ = "0.1.0"
 
 __all__ = [
+    "EVENTS_LOGGER",
     "MAX_JSON_DEPTH",
     "Adaptive",
     "App",
@@ -157,6 +159,7 @@ __all__ = [
     "StepWait",
     "TenantClient",
     "TenantEvent",
+    "TraceContext",
     "TransportClosed",
     "TransportOptions",
     "TransportStatistics",
@@ -171,6 +174,8 @@ __all__ = [
     "WorkflowDefinition",
     "WorkflowTask",
     "close_on_signals",
+    "instrument",
+    "is_instrumented",
     "json_schema",
     "open_backend",
     "open_engine",
@@ -179,4 +184,5 @@ __all__ = [
     "open_tenant_client",
     "open_worker",
     "step_info",
+    "uninstrument",
 ]
