@@ -80,6 +80,7 @@ from ._ops import (
 from ._options import TransportOptions
 from ._signals import SignalClose, close_on_signals
 from ._step_timeout import StepTimedOut
+from ._telemetry import EVENTS_LOGGER, instrument, is_instrumented, uninstrument
 from ._transport import QueueTransport, TransportStatistics, open_queue_transport
 from ._wire import (
     ControlMessage,
@@ -98,6 +99,7 @@ from ._wire import (
     StepResult,
     StepStatus,
     TenantEvent,
+    TraceContext,
     WorkerStatus,
     WorkflowDecision,
     WorkflowTask,
@@ -107,6 +109,7 @@ from .backends import Backend, open_backend
 __version__ = "0.1.0"
 
 __all__ = [
+    "EVENTS_LOGGER",
     "MAX_JSON_DEPTH",
     "Adaptive",
     "App",
@@ -179,6 +182,7 @@ __all__ = [
     "TenantClient",
     "TenantEvent",
     "TimerView",
+    "TraceContext",
     "TransportClosed",
     "TransportOptions",
     "TransportStatistics",
@@ -194,6 +198,8 @@ __all__ = [
     "WorkflowDefinition",
     "WorkflowTask",
     "close_on_signals",
+    "instrument",
+    "is_instrumented",
     "json_schema",
     "open_backend",
     "open_engine",
@@ -203,4 +209,5 @@ __all__ = [
     "open_tenant_client",
     "open_worker",
     "step_info",
+    "uninstrument",
 ]

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import types
 import typing
 from typing import Any, TypeVar
@@ -43,6 +44,7 @@ from ._wire import (
     StepResult,
     StepStatus,
     TenantEvent,
+    TraceContext,
     WorkerAdvertisement,
     WorkerStatus,
     WorkflowDecision,
@@ -435,8 +437,10 @@ def encode_envelope(
     payload: Any,
     priority: int | None = None,
     max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    trace: TraceContext | None = None,
 ) -> bytes:
-    """Encode a job envelope ``{id, kind, payload, priority?}``.
+    """Encode a job envelope ``{id, kind, payload, priority?, trace?}`` (``trace``: the
+    sender's trace context, written only when given).
 
     The payload's JSON fields are checked first, in one iterative walk: an ``input``, an
     ``output`` or an error's ``details`` nests at most :data:`MAX_JSON_DEPTH` levels, the
@@ -454,6 +458,8 @@ def encode_envelope(
     body: dict[str, Any] = {"id": job_id, "kind": kind.value, "payload": wire}
     if priority is not None:
         body["priority"] = priority
+    if trace is not None:
+        body["trace"] = _trace_to_wire(trace)
     data = _dumps(body, wire, payload, what)
     if len(data) > max_bytes:
         raise PayloadTooLarge(
@@ -505,7 +511,40 @@ def decode_envelope(data: bytes, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) 
         payload = _FAST_STRUCTURE[kind](data_payload, PAYLOAD_TYPES[kind])
     except Exception:
         payload = from_wire(data_payload, PAYLOAD_TYPES[kind])  # raises, naming the field
-    return Envelope(id=job_id, kind=kind, payload=payload, priority=priority)
+    trace = raw.get("trace")
+    return Envelope(
+        id=job_id,
+        kind=kind,
+        payload=payload,
+        priority=priority,
+        trace=None if trace is None else _trace_from_wire(trace),
+    )
+
+
+def _trace_to_wire(trace: TraceContext) -> dict[str, Any]:
+    wire: dict[str, Any] = {"traceparent": trace.traceparent}
+    if trace.tracestate is not None:
+        wire["tracestate"] = trace.tracestate
+    if trace.sent_at is not None:
+        wire["sentAt"] = trace.sent_at
+    return wire
+
+
+def _trace_from_wire(raw: Any) -> TraceContext | None:
+    """An envelope's ``trace``, or ``None`` when it is not of the documented shape: tracing is
+    best-effort, so a foreign producer's odd trace context is dropped, never a reason to refuse
+    the job."""
+    if type(raw) is not dict:
+        return None
+    traceparent = raw.get("traceparent")
+    if type(traceparent) is not str or len(traceparent) > 256:
+        return None
+    tracestate = raw.get("tracestate")
+    if type(tracestate) is not str or len(tracestate) > 1024:
+        tracestate = None
+    sent: Any = raw.get("sentAt")
+    sent_at = float(sent) if type(sent) in (int, float) and math.isfinite(sent) else None
+    return TraceContext(traceparent, tracestate, sent_at)
 
 
 # --- JSON Schema ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import trio
 
 from ._codec import decode_envelope
 from ._errors import BrokerError, DamagedJob, PayloadError
+from ._telemetry import hop
 from .adapters import (
     ClaimedJob,
     QueueBroker,
@@ -162,6 +163,7 @@ class Consumers:
 
         async def on_job(job: ClaimedJob) -> None:
             envelope = decode_envelope(job.data, max_bytes=max_bytes)
+            hop(envelope, None)  # its trace span, when traced (docs/observability.md)
             if envelope.kind is not kind:
                 raise PayloadError(f"a {envelope.kind.value!r} job does not belong on this queue")
             handler = current()

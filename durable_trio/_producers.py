@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ._coalesce import Coalescer, results_of
 from ._codec import encode_envelope
 from ._naming import sanitize_token
+from ._telemetry import carrier
 from ._wire import JobKind
 from .adapters import Job, SupportsBatchFinalize
 
@@ -75,10 +76,14 @@ class Producers:
         return job.id
 
     def new_job(self, kind: JobKind, payload: Any, priority: int | None = None) -> Job:
-        """A job with a fresh id and ``payload`` encoded in its envelope."""
+        """A job with a fresh id and ``payload`` encoded in its envelope (with the current
+        trace context, when this process traces: docs/observability.md)."""
         job_id = f"{self._id_prefix}{next(self._ids)}"
         return Job(
-            job_id, encode_envelope(job_id, kind, payload, priority, self._max_payload_bytes)
+            job_id,
+            encode_envelope(
+                job_id, kind, payload, priority, self._max_payload_bytes, trace=carrier()
+            ),
         )
 
     def _pusher(self, queue: str) -> Coalescer[tuple[Job, int | None], None]:

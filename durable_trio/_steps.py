@@ -13,6 +13,7 @@ from ._codec import decode_envelope
 from ._errors import BrokerError, JobError, PayloadError
 from ._step_beats import StepBeats, beat_interval
 from ._step_timeout import run_within_timeout
+from ._telemetry import hop, step_attempt
 from ._wire import (
     JobKind,
     JSONValue,
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from ._adaptive import ConcurrencyController
     from ._options import TransportOptions
     from ._producers import Producers
+    from ._telemetry import StepAttempt
     from .adapters import ClaimedJob, Job
 
 #: First and largest delay between two attempts at pushing a step's result.
@@ -86,9 +88,14 @@ class StepServer:
             raise
         if envelope.kind is JobKind.WORKFLOW:
             assert self.turns is not None  # a workflow job reaches a loop its turns started
+            hop(envelope, None)
             await self.turns(envelope.payload)
             return None
-        return await self._serve_task(envelope.payload, job)
+        task: RemoteTask = envelope.payload
+        queue = self._task_queue(task.routing_group)
+        hop(envelope, queue)
+        with step_attempt(task, envelope.trace, queue, self._instance_id) as attempt:
+            return await self._serve_task(task, job, attempt)
 
     async def answer_bad_task(self, job: ClaimedJob, error: StepError) -> None:
         """A task that does not parse but names its run and step still gets a failed result, so
@@ -127,10 +134,12 @@ class StepServer:
             delivery["leaseLostAt"] = lost_at
         return delivery
 
-    async def _serve_task(self, task: RemoteTask, job: ClaimedJob) -> Job | None:
-        """Run a step and make its result. Returns the result job when the job worker pushes
-        it together with the task's acknowledgement (one round trip on Redis); else pushes it
-        now and returns ``None``."""
+    async def _serve_task(
+        self, task: RemoteTask, job: ClaimedJob, attempt: StepAttempt
+    ) -> Job | None:
+        """Run a step and make its result (``attempt`` told how it ended). Returns the result
+        job when the job worker pushes it together with the task's acknowledgement (one round
+        trip on Redis); else pushes it now and returns ``None``."""
         handler = self.handlers.get(task.name)
         result: StepResult
         if handler is None:
@@ -140,6 +149,7 @@ class StepServer:
             )
             error = StepError(message=message, code="no_handler", retryable=False)
             result = StepResult.failure(task, error)
+            attempt.end("failed", message)
         else:
             controller = self._controller
             controller.on_start()
@@ -166,7 +176,9 @@ class StepServer:
                     retryable=getattr(exc, "retryable", True) is not False,
                 )
                 result = StepResult.failure(task, error)
+                attempt.end("failed", error.message)
             else:
+                attempt.end("completed")
                 result = StepResult(
                     task.run_id,
                     task.step_id,

@@ -33,6 +33,7 @@ __all__ = [
     "StepResult",
     "StepStatus",
     "TenantEvent",
+    "TraceContext",
     "WorkerAdvertisement",
     "WorkerStatus",
     "WorkflowDecision",
@@ -336,10 +337,28 @@ class WorkerStatus:
 
 
 @attrs.frozen
+class TraceContext:
+    """The sender's trace context (W3C Trace Context) an envelope carries.
+
+    The span of whoever takes the job is a child of the sender's (docs/observability.md).
+    Optional and ignored by a worker that does not trace; one not of this shape is dropped,
+    never a reason to refuse the job."""
+
+    traceparent: str
+    """The W3C ``traceparent`` (``00-{trace id}-{parent span id}-{flags}``)."""
+    tracestate: str | None = None
+    """The W3C ``tracestate``, when the sender has one."""
+    sent_at: float | None = None
+    """Unix time (seconds) the job was made: the start of its hop's span."""
+
+
+@attrs.frozen
 class Envelope:
-    """What a broker job holds: ``{id, kind, payload, priority?}``."""
+    """What a broker job holds: ``{id, kind, payload, priority?, trace?}``."""
 
     id: str
     kind: JobKind
     payload: JSONValue
     priority: int | None = None
+    trace: TraceContext | None = None
+    """The sender's trace context (only from a process that traces)."""

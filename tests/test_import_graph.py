@@ -170,3 +170,32 @@ def test_no_module_reaches_into_the_engine_private_members() -> None:
             if named:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert found == []
+
+
+def test_only_the_otel_module_imports_opentelemetry_and_importing_the_package_loads_none() -> None:
+    """The ``otel`` extra is optional: only ``durable_trio._otel`` (loaded by
+    ``dt.instrument()``) imports OpenTelemetry, and ``import durable_trio`` loads none of it."""
+    import subprocess
+    import sys
+
+    importers = set()
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            if any(name.split(".")[0] == "opentelemetry" for name in names):
+                importers.add(module_name(path))
+    assert importers == {"durable_trio._otel"}
+    probe = (
+        "import sys, durable_trio, durable_trio.testing\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert loaded.stdout.strip() == "[]"

@@ -104,3 +104,53 @@ def test_examples_from_the_wheel_say_where_the_examples_are(wheel: Path, tmp_pat
         assert "not installed with the package" in line
         assert "examples/ folder of the durable_trio repository" in line
         assert "DURABLE_TRIO_EXAMPLES" in line
+
+
+@pytest.mark.redis
+def test_the_wheel_installs_with_the_redis_extra_and_serves_a_step_over_redis(
+    wheel: Path, tmp_path: Path, redis_url: str
+) -> None:
+    """``pip install "durable_trio[redis]"`` from the built wheel, into a fresh venv: hiredis
+    comes with it and one step round-trips over a private redis-server (README, deployment)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", f"durable_trio[redis] @ {wheel.as_uri()}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert installed.returncode == 0, installed.stderr
+    probe = (
+        "import sys, trio, hiredis, durable_trio as dt\n"
+        "async def main():\n"
+        "    async with dt.open_backend(sys.argv[1]) as backend:\n"
+        "        async with dt.open_queue_transport(backend, namespace='wheel') as t:\n"
+        "            done = trio.Event()\n"
+        "            got = []\n"
+        "            async def double(task): return task.input * 2\n"
+        "            async def on_result(result):\n"
+        "                got.append(result.output); done.set()\n"
+        "            t.handle('double', double)\n"
+        "            t.on_result(on_result)\n"
+        "            await t.dispatch(dt.RemoteTask(run_id='r', step_id='s', attempt=1,\n"
+        "                                           name='double', input=21))\n"
+        "            with trio.fail_after(30):\n"
+        "                await done.wait()\n"
+        "    print(got[0], dt.__file__)\n"
+        "trio.run(main)\n"
+    )
+    used = subprocess.run(
+        [str(python), "-c", probe, redis_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert used.returncode == 0, used.stderr
+    output, location = used.stdout.split()
+    assert output == "42"
+    assert location.startswith(str(venv))

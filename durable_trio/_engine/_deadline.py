@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._errors import BrokerError, TransportClosed
+from .._telemetry import run_span
 from .._wire import ControlMessage
 from ._records import RunStatus, StepState
 
@@ -83,7 +84,13 @@ async def drive_within_deadline(
     services: EngineServices, driver: Driver, definition: WorkflowDefinition
 ) -> None:
     """``driver.drive(definition)``, and beside it, for a run with a deadline, a timer that
-    times the run out when the deadline comes (store clock)."""
+    times the run out when the deadline comes (store clock); all of it inside the run's span
+    when this process traces (docs/observability.md)."""
+    with run_span(driver.run):
+        await _drive(services, driver, definition)
+
+
+async def _drive(services: EngineServices, driver: Driver, definition: WorkflowDefinition) -> None:
     deadline = driver.run.deadline
     if deadline is None:
         await driver.drive(definition)

@@ -15,6 +15,7 @@ import attrs
 import trio
 
 from .._errors import DurableTrioError
+from .._telemetry import step_applied
 from .._wire import StepError, StepStatus
 from ._heartbeats import record_beat
 from ._records import Applied, StepKind, StepRecord, StepState, error_to_json
@@ -146,6 +147,7 @@ class ResultHandler:
                     self._record_duplicate(result)
             if verdict is not Applied.APPLIED:
                 return
+            step_applied(current, following, result, services.workflow_of(result.run_id), delay)
             if result.status is StepStatus.COMPLETED:
                 services.duplicates.applied(
                     result.run_id, result.step_id, result.attempt, result.delivery

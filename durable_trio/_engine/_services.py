@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import attrs
 import trio
 
+from .. import _telemetry as telemetry
 from .._errors import BrokerError, TransportClosed
 from .._options import log_error
 from .._wire import RemoteTask
@@ -281,6 +282,11 @@ class EngineServices:
     def step_definition(self, name: str) -> StepDefinition | None:
         return self.app.steps.get(name)
 
+    def workflow_of(self, run_id: str) -> str | None:
+        """The workflow of a run this engine drives (``None``: driven elsewhere)."""
+        driver = self.drivers.get(run_id)
+        return None if driver is None else driver.run.workflow
+
     def retry_for(self, name: str, override: Retry | None) -> Retry:
         if override is not None:
             return override
@@ -317,7 +323,9 @@ class EngineServices:
 
     def run_event(self, kind: str, run: RunRecord) -> None:
         """Tell the listeners that ``run`` started or settled (``kind``: ``started``,
-        ``completed``, ``failed``, ``cancelled``). Listeners must not block."""
+        ``completed``, ``failed``, ``cancelled``), and the logs and telemetry
+        (docs/observability.md). Listeners must not block."""
+        telemetry.run_event(kind, run)
         for listener in list(self._listeners):
             try:
                 listener(kind, run)
@@ -386,8 +394,12 @@ class EngineServices:
             heartbeat_timeout=record.heartbeat_timeout,
             last_heartbeat=previous_details(record),
         )
-        job_id = await self.guard(lambda: self.transport.dispatch(task, delay=delay), "dispatching")
+        with telemetry.dispatching(record.run_id):  # the job carries the run's trace context
+            job_id = await self.guard(
+                lambda: self.transport.dispatch(task, delay=delay), "dispatching"
+            )
         self.count("steps_dispatched")
+        telemetry.step_dispatched(record, self.workflow_of(record.run_id), job_id)
         if self.step_watch is not None:
             self.step_watch.dispatched(record, timeouts, job_id, delay)
         await self.guard(
