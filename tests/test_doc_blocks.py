@@ -30,7 +30,7 @@ NOT_YET = {
     "engine.md:124",
     "engine.md:162",
     "engine.md:189",
-    "engine.md:301",
+    "engine.md:302",
     "getting-started.md:14",
     "getting-started.md:58",
     "remote.md:16",
