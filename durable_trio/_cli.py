@@ -183,6 +183,9 @@ def _parser() -> argparse.ArgumentParser:
     from ._engine.cli import add_engine_commands
 
     add_engine_commands(commands)
+    from ._console_command import add_console_command
+
+    add_console_command(commands)
     return parser
 
 

@@ -32,6 +32,10 @@ __all__ = [
 ]
 
 
+#: Below this a store time is not Unix time but a monotonic clock's (``memory://``): 1973.
+_UNIX_FLOOR = 1e8
+
+
 class Html(str):
     """Markup already escaped: :func:`esc` leaves it as it is."""
 
@@ -65,6 +69,8 @@ def stamp(seconds: float | None) -> Html:
     """A wall-clock time (UTC) in a ``<time>`` element, or an em dash."""
     if seconds is None:
         return Html("—")
+    if seconds < _UNIX_FLOOR:  # a monotonic store clock (memory://, trio's): no wall time
+        return Html(f'<time class="mono">t={seconds:.3f}</time>')
     text = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds))
     return Html(f'<time datetime="{attr(seconds)}">{text}</time>')
 
