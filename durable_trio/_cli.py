@@ -136,12 +136,14 @@ def _cmd_examples(args: argparse.Namespace) -> int:
 def _cmd_health(args: argparse.Namespace) -> int:
     from ._engine.cli import run_reporting_errors
     from ._health_view import run_health
+    from ._ops_cli import resolve_namespace
 
     def run() -> int:
+        namespace = resolve_namespace(args.namespace, args.app)
         trio.run(
             lambda: run_health(
                 _backend_url(args.backend),
-                args.namespace,
+                namespace,
                 watch_mode=args.watch,
                 interval=args.interval,
                 iterations=args.iterations,
@@ -172,7 +174,13 @@ def _parser() -> argparse.ArgumentParser:
     examples.set_defaults(func=_cmd_examples)
     health = commands.add_parser("health", help="every group's depth and live workers")
     health.add_argument("--backend", help="backend URL (default as for examples)")
-    health.add_argument("--namespace", help="the namespace (default: durable)")
+    health.add_argument(
+        "--namespace",
+        help="the namespace (default: $DURABLE_TRIO_NAMESPACE, else --app's name, else durable)",
+    )
+    health.add_argument(
+        "--app", metavar="MODULE:app", help="take the namespace from this App (as worker/engine)"
+    )
     health.add_argument("--watch", action="store_true", help="refresh live (rich)")
     health.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     health.add_argument("--iterations", type=int, help="stop after this many refreshes")
@@ -181,8 +189,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     health.set_defaults(func=_cmd_health)
     from ._engine.cli import add_engine_commands
+    from ._ops_cli import add_ops_commands
 
     add_engine_commands(commands)
+    add_ops_commands(commands)
     from ._console_command import add_console_command
 
     add_console_command(commands)
@@ -191,9 +201,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``durable-trio``; returns the exit status."""
+    from ._errors import DurableTrioError
+
     args = _parser().parse_args(argv)
     func = cast("Callable[[argparse.Namespace], int]", args.func)
-    return func(args)
+    try:
+        return func(args)
+    except DurableTrioError as exc:  # a user error met before the command ran (MODULE:app)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ from ._naming import QueueNames
 from .backends import open_backend
 
 if TYPE_CHECKING:
+    from ._engine._records import RunStatus
     from ._liveness import GroupHealth
+    from ._ops import Operations, QueueView
     from .backends._backend import Backend
 
 __all__ = [
@@ -45,9 +47,13 @@ class HealthReader:
         errors: reads that failed (a broker error, or no answer within the scrape timeout).
     """
 
-    def __init__(self, backend: Backend, namespace: str | None) -> None:
+    def __init__(
+        self, backend: Backend, namespace: str | None, ops: Operations | None = None
+    ) -> None:
         self.backend = backend
         self.namespace = namespace
+        self.ops = ops
+        """When given, a scrape also reads every queue's counts and the runs by status."""
         self._names = QueueNames(namespace)
         self.reads = 0
         self.errors = 0
@@ -82,43 +88,67 @@ def _fmt(value: float | None, spec: str = ",.0f", unit: str = "") -> str:
 
 
 def _rows(groups: list[GroupHealth]) -> list[list[str]]:
+    """One row per group: its depth and its live workers (named; their figures are in the
+    workers table, once each, whatever the number of groups a worker serves)."""
+    return [
+        [
+            group.group,
+            str(group.depth),
+            str(len(group.live_workers)),
+            ", ".join(sorted(w.instance for w in group.live_workers)) or "—",
+        ]
+        for group in groups
+    ]
+
+
+def _worker_rows(groups: list[GroupHealth]) -> list[list[str]]:
+    """One row per live worker instance (a worker beats once per group it serves, with the
+    same status: shown once, not repeated under every group)."""
+    from ._ops import workers_of
+
     rows = []
-    for group in groups:
-        if not group.live_workers:
-            rows.append([group.group, str(group.depth), "0", "—", "—", "—", "—", "—", "—"])
-        for n, worker in enumerate(group.live_workers):
-            status = worker.status
-            rows.append(
-                [
-                    group.group if n == 0 else "",
-                    str(group.depth) if n == 0 else "",
-                    str(len(group.live_workers)) if n == 0 else "",
-                    worker.instance,
-                    f"{status.in_flight}/{status.limit} {status.mode}" if status else "—",
-                    _fmt(worker.headroom, "d") if status else "—",
-                    _fmt(status.p95_ms if status else None, ".1f", " ms"),
-                    _fmt(status.throughput if status else None, ".1f", "/s"),
-                    _fmt(
-                        (status.rss_bytes or 0) / 2**20 if status and status.rss_bytes else None,
-                        ".0f",
-                        " MiB",
-                    ),
-                ]
-            )
+    for worker in workers_of(groups):
+        status = worker.status
+        rows.append(
+            [
+                worker.instance,
+                ", ".join(worker.groups),
+                f"{status.in_flight}/{status.limit} {status.mode}" if status else "—",
+                _fmt(worker.headroom, "d") if status else "—",
+                _fmt(status.p95_ms if status else None, ".1f", " ms"),
+                _fmt(status.throughput if status else None, ".1f", "/s"),
+                _fmt(
+                    (status.rss_bytes or 0) / 2**20 if status and status.rss_bytes else None,
+                    ".0f",
+                    " MiB",
+                ),
+                _fmt(status.cpu if status else None, ".2f"),
+            ]
+        )
     return rows
 
 
-HEADERS = [
-    "group",
-    "depth",
-    "workers",
+HEADERS = ["group", "depth", "workers", "instances"]
+
+WORKER_HEADERS = [
     "instance",
+    "groups",
     "in-flight/limit",
     "headroom",
     "p95",
     "throughput",
     "RSS",
+    "CPU",
 ]
+
+
+def _plain(headers: list[str], rows: list[list[str]]) -> str:
+    every = [headers, *rows]
+    widths = [max(len(row[i]) for row in every) for i in range(len(headers))]
+    return "".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n"
+        for row in every
+    )
 
 
 def render_text(groups: list[GroupHealth] | None, namespace: str | None) -> str:
@@ -127,14 +157,12 @@ def render_text(groups: list[GroupHealth] | None, namespace: str | None) -> str:
         return "no worker-key store on this backend: worker health is not available\n"
     if not groups:
         return f"no live workers in namespace {namespace or 'durable'!r}\n"
-    rows = [HEADERS, *_rows(groups)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADERS))]
     out = io.StringIO()
-    for row in rows:
-        out.write(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
+    out.write(_plain(HEADERS, _rows(groups)))
+    workers = _worker_rows(groups)
+    if workers:
         out.write("\n")
+        out.write(_plain(WORKER_HEADERS, workers))
     for line in orphan_lines(groups, namespace):
         out.write(line + "\n")
     return out.getvalue()
@@ -156,13 +184,15 @@ def orphan_lines(groups: list[GroupHealth] | None, namespace: str | None) -> lis
 
 
 def _rich_table(groups: list[GroupHealth] | None, namespace: str | None) -> Any:
+    from rich.console import Group
     from rich.table import Table
 
     table = Table(title=f"durable_trio — namespace {namespace or 'durable'}", expand=False)
     for header in HEADERS:
-        table.add_column(
-            header, justify="right" if header in ("depth", "workers", "headroom") else "left"
-        )
+        table.add_column(header, justify="right" if header in ("depth", "workers") else "left")
+    workers = Table(title="live workers", expand=False)
+    for header in WORKER_HEADERS:
+        workers.add_column(header, justify="right" if header == "headroom" else "left")
     if groups is None:
         table.caption = "no worker-key store on this backend"
     elif not groups:
@@ -170,9 +200,12 @@ def _rich_table(groups: list[GroupHealth] | None, namespace: str | None) -> Any:
     else:
         for row in _rows(groups):
             table.add_row(*row)
+        for row in _worker_rows(groups):
+            workers.add_row(*row)
         lines = orphan_lines(groups, namespace)
         if lines:
             table.caption = "\n".join(lines)
+        return Group(table, workers)
     return table
 
 
@@ -199,12 +232,18 @@ async def watch(
                 await trio.sleep(interval)
 
 
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def prometheus_text(
     groups: list[GroupHealth] | None,
     *,
     up: bool = True,
     errors: int = 0,
     namespace: str | None = None,
+    queues: list[QueueView] | None = None,
+    runs: dict[RunStatus, int] | None = None,
 ) -> str:
     """The same figures in the Prometheus text exposition format.
 
@@ -213,6 +252,8 @@ def prometheus_text(
         up: whether it answered (``False``: the figures are absent, ``durable_trio_up`` is 0).
         errors: reads that failed so far (``durable_trio_health_read_errors_total``).
         namespace: the namespace read (names the orphaned queues).
+        queues: every queue's counts (:meth:`Operations.queues`), if read.
+        runs: the runs by status (:meth:`RunStore.count_runs`), if read.
     """
     lines = [
         "# HELP durable_trio_up Whether this scrape could read the backend (1) or not (0).",
@@ -235,32 +276,63 @@ def prometheus_text(
         "# TYPE durable_trio_worker_throughput gauge",
         "# HELP durable_trio_worker_rss_bytes Resident memory of a worker.",
         "# TYPE durable_trio_worker_rss_bytes gauge",
+        "# HELP durable_trio_worker_serves The groups a worker serves (1 per instance, group).",
+        "# TYPE durable_trio_worker_serves gauge",
         "# HELP durable_trio_queue_orphaned A task queue with waiting jobs and no live worker.",
         "# TYPE durable_trio_queue_orphaned gauge",
+        "# HELP durable_trio_queue_jobs Jobs of a queue by state (ready, delayed, claimed, "
+        "failed: set aside).",
+        "# TYPE durable_trio_queue_jobs gauge",
+        "# HELP durable_trio_runs Runs in the run store by status.",
+        "# TYPE durable_trio_runs gauge",
     ]
+    from ._engine._records import RunStatus as _Status
+    from ._ops import workers_of
+
+    for view in queues or []:
+        q = _label(view.queue)
+        counts = {
+            "ready": view.ready,
+            "delayed": view.delayed,
+            "claimed": view.claimed,
+            "failed": view.failed,
+        }
+        for state, value in counts.items():
+            if value is not None:
+                lines.append(f'durable_trio_queue_jobs{{queue="{q}",state="{state}"}} {value}')
+    if runs is not None:
+        for run_status in _Status:
+            count = runs.get(run_status, 0)
+            lines.append(f'durable_trio_runs{{status="{run_status.value}"}} {count}')
     names = QueueNames(namespace)
     for group in orphaned(groups):
         queue = names.tasks(group.group).replace("\\", "\\\\").replace('"', '\\"')
         lines.append(f'durable_trio_queue_orphaned{{queue="{queue}"}} 1')
     for group in groups or []:
-        g = group.group.replace("\\", "\\\\").replace('"', '\\"')
+        g = _label(group.group)
         lines.append(f'durable_trio_group_depth{{group="{g}"}} {group.depth}')
         lines.append(f'durable_trio_group_live_workers{{group="{g}"}} {len(group.live_workers)}')
-        for worker in group.live_workers:
-            status = worker.status
-            if status is None:
-                continue
-            labels = f'group="{g}",instance="{worker.instance}"'
-            figures = {
-                "limit": status.limit,
-                "in_flight": status.in_flight,
-                "p95_ms": status.p95_ms,
-                "throughput": status.throughput,
-                "rss_bytes": status.rss_bytes,
-            }
-            for name, value in figures.items():
-                if value is not None:
-                    lines.append(f"durable_trio_worker_{name}{{{labels}}} {value}")
+    # Each worker once (it beats once per group it serves, with the same status): summing a
+    # figure over the workers never counts one twice.
+    for worker in workers_of(groups or []):
+        instance = _label(worker.instance)
+        for served in worker.groups:
+            lines.append(
+                f'durable_trio_worker_serves{{instance="{instance}",group="{_label(served)}"}} 1'
+            )
+        status = worker.status
+        if status is None:
+            continue
+        figures: dict[str, float | None] = {
+            "limit": status.limit,
+            "in_flight": status.in_flight,
+            "p95_ms": status.p95_ms,
+            "throughput": status.throughput,
+            "rss_bytes": status.rss_bytes,
+        }
+        for name, figure in figures.items():
+            if figure is not None:
+                lines.append(f'durable_trio_worker_{name}{{instance="{instance}"}} {figure}')
     return "\n".join(lines) + "\n"
 
 
@@ -268,9 +340,14 @@ async def _scrape(reader: HealthReader) -> bytes:
     """The metrics text of one scrape; a backend that fails or does not answer in time gives
     ``durable_trio_up 0`` (reported on the log), never an error that would end the exporter."""
     groups = None
+    queues: list[QueueView] | None = None
+    runs: dict[RunStatus, int] | None = None
     with trio.move_on_after(SCRAPE_TIMEOUT) as bound:
         try:
             groups = await reader.read()
+            if reader.ops is not None:
+                queues = await reader.ops.queues()
+                runs = await reader.ops.store.count_runs()
         except BrokerError as exc:
             _log.error("health: a scrape could not read the backend: %s", exc, exc_info=exc)
             return prometheus_text(
@@ -280,7 +357,9 @@ async def _scrape(reader: HealthReader) -> bytes:
         reader.errors += 1
         _log.error("health: a scrape got no answer from the backend in %s s", SCRAPE_TIMEOUT)
         return prometheus_text(None, up=False, errors=reader.errors).encode()
-    return prometheus_text(groups, errors=reader.errors, namespace=reader.namespace).encode()
+    return prometheus_text(
+        groups, errors=reader.errors, namespace=reader.namespace, queues=queues, runs=runs
+    ).encode()
 
 
 async def respond(stream: trio.abc.Stream, reader: HealthReader) -> None:
@@ -334,6 +413,17 @@ async def serve_prometheus(
     await trio.serve_tcp(handle, port, host=host, task_status=task_status)
 
 
+async def _serve_and_watch(
+    reader: HealthReader, port: int, watch_mode: bool, interval: float, iterations: int | None
+) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_prometheus, reader, port)
+        print(f"serving Prometheus metrics on http://127.0.0.1:{port}/metrics")
+        if watch_mode:
+            await watch(reader.backend, reader.namespace, interval=interval, iterations=iterations)
+            nursery.cancel_scope.cancel()
+
+
 async def run_health(
     url: str,
     namespace: str | None,
@@ -347,19 +437,21 @@ async def run_health(
     async with open_backend(url) as backend:
         reader = HealthReader(backend, namespace)  # one for the whole command
         if prometheus is not None:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(serve_prometheus, reader, prometheus)
-                print(f"serving Prometheus metrics on http://127.0.0.1:{prometheus}/metrics")
-                if watch_mode:
-                    await watch(backend, namespace, interval=interval, iterations=iterations)
-                    nursery.cancel_scope.cancel()
+            from ._ops import open_operations
+
+            async with open_operations(backend, namespace=namespace) as ops:
+                reader.ops = ops
+                await _serve_and_watch(reader, prometheus, watch_mode, interval, iterations)
             return
         if watch_mode:
             try:
                 await watch(backend, namespace, interval=interval, iterations=iterations)
             except ImportError:
-                while True:  # no rich: reprint the plain table
+                count = 0
+                while iterations is None or count < iterations:  # no rich: reprint the table
                     print(render_text(await reader.read(), namespace), flush=True)
-                    await trio.sleep(interval)
+                    count += 1
+                    if iterations is None or count < iterations:
+                        await trio.sleep(interval)
             return
         print(render_text(await reader.read(), namespace), end="")

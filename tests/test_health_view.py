@@ -61,7 +61,8 @@ async def test_watch_shows_a_running_workers_group_live(
             assert "thumbnails" in render_text(groups, "ops")
             metrics = prometheus_text(groups)
             assert 'durable_trio_group_live_workers{group="thumbnails"} 1' in metrics
-            assert 'durable_trio_worker_limit{group="thumbnails",instance="worker-7"} 4' in metrics
+            assert 'durable_trio_worker_limit{instance="worker-7"} 4' in metrics
+            assert 'durable_trio_worker_serves{instance="worker-7",group="thumbnails"} 1' in metrics
             # the view itself never looks like a worker
             health = await worker.health.group_health("thumbnails")
             assert health is not None

@@ -40,13 +40,14 @@ from ._errors import (
     RunCancelled,
     RunFailed,
     RunNotFound,
+    RunNotRetryable,
     RunTimedOut,
     StepFailed,
     UnknownWorkflow,
 )
 from ._open import open_engine
 from ._options import EngineOptions
-from ._records import Applied, RunRecord, RunStatus, StepKind, StepRecord, StepState
+from ._records import Applied, RunPage, RunRecord, RunStatus, StepKind, StepRecord, StepState
 from ._retry import Retry
 from ._statistics import EngineStatistics
 from ._step_timeouts import StepTimeouts, UnknownStep
@@ -69,6 +70,8 @@ __all__ = [
     "RunCancelled",
     "RunFailed",
     "RunNotFound",
+    "RunNotRetryable",
+    "RunPage",
     "RunRecord",
     "RunStatus",
     "RunStore",

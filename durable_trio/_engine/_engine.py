@@ -48,6 +48,7 @@ from ._heartbeats import watch_heartbeats
 from ._options import EngineOptions
 from ._records import RunRecord, RunStatus, StepRecord, normalize_json
 from ._remote_run import RemoteRunDriver
+from ._reopen import retry_run
 from ._retry import Retry  # noqa: TC001
 from ._runtime import RunDriver, describe_error
 from ._statistics import EngineStatistics
@@ -444,6 +445,28 @@ class Engine:
             except (BrokerError, TransportClosed) as exc:
                 self._services.report(exc)
         return cancelled
+
+    async def retry(self, run_id: str) -> RunRecord:
+        """Retry a failed run: it resumes from the step that failed it, its completed steps
+        replayed from the store (never re-run). The run is reopened in the store (pending, no
+        owner) and this engine's reconcile takes it over at once; an engine in another process
+        would take it at its next reconcile. What changes (a fresh budget of attempts for a
+        remote step, one more for a local one, a run timeout started afresh): see
+        :mod:`durable_trio._engine._reopen` and docs/operations.md.
+
+        Returns:
+            The run as reopened.
+
+        Raises:
+            RunNotFound: no such run.
+            RunNotRetryable: the run is not failed.
+            EngineClosed: the engine is closed.
+        """
+        if self._closing:
+            raise EngineClosed("the engine is closed")
+        record = await retry_run(self.store, run_id)
+        await self.reconcile()
+        return record
 
     def statistics(self) -> EngineStatistics:
         """A snapshot of the engine's counters (idempotent application made measurable)."""

@@ -20,6 +20,7 @@ __all__ = [
     "RunCancelled",
     "RunFailed",
     "RunNotFound",
+    "RunNotRetryable",
     "RunTimedOut",
     "StepFailed",
     "UnknownWorkflow",
@@ -49,6 +50,20 @@ class RunNotFound(EngineError, LookupError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"no run {run_id!r} in the run store")
         self.run_id = run_id
+
+
+class RunNotRetryable(EngineError):
+    """``retry`` asked for a run that is not failed (only a failed run can be retried).
+
+    Attributes:
+        run_id: the id asked for.
+        status: the run's status (``"pending"``, ``"completed"``, ...).
+    """
+
+    def __init__(self, run_id: str, status: str) -> None:
+        super().__init__(f"run {run_id!r} is {status}, not failed: only a failed run is retried")
+        self.run_id = run_id
+        self.status = status
 
 
 class StepFailed(EngineError):

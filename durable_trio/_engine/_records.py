@@ -18,6 +18,7 @@ from .._wire import JSONValue, StepError
 
 __all__ = [
     "Applied",
+    "RunPage",
     "RunRecord",
     "RunStatus",
     "StepKind",
@@ -118,6 +119,17 @@ class RunRecord:
         """Store clock time by which the run must end (``created_at + timeout``); the engine
         driving it then fails it with ``RunTimedOut``. ``None``: no timeout."""
         return None if self.timeout is None else self.created_at + self.timeout
+
+
+@attrs.frozen
+class RunPage:
+    """One page of runs (:meth:`RunStore.page_runs`), newest first."""
+
+    runs: list[RunRecord]
+    next_cursor: str | None = None
+    """Pass it as ``cursor`` for the next (older) page; ``None``: this is the last page. Opaque
+    (see :mod:`durable_trio._engine._stores._paging`): a run created meanwhile never shifts
+    the pages that follow."""
 
 
 @attrs.frozen

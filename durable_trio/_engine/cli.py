@@ -72,7 +72,9 @@ def load_app(target: str) -> App:
             module = importlib.import_module(module_name)
     except (ImportError, OSError) as exc:
         raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
-    app = getattr(module, attribute, None)
+    if not hasattr(module, attribute):
+        raise ConfigError(f"module {module_name!r} has no attribute {attribute!r} (say MODULE:app)")
+    app = getattr(module, attribute)
     if not isinstance(app, App):
         raise ConfigError(f"{target!r} is not a durable_trio App (got {type(app).__name__})")
     return app
@@ -113,7 +115,8 @@ def _interrupted(serve: Callable[[], Awaitable[int]]) -> int:
 
 
 def _transport_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"namespace": args.namespace} if args.namespace else {}
+    namespace = args.namespace or os.environ.get("DURABLE_TRIO_NAMESPACE")
+    return {"namespace": namespace} if namespace else {}
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
@@ -251,7 +254,10 @@ def add_engine_commands(subparsers: argparse._SubParsersAction[argparse.Argument
             default=_default_backend(),
             help=f"backend URL (default: $DURABLE_TRIO_BACKEND or {DEFAULT_BACKEND})",
         )
-        parser.add_argument("--namespace", help="transport namespace (default: the app's name)")
+        parser.add_argument(
+            "--namespace",
+            help="transport namespace (default: $DURABLE_TRIO_NAMESPACE, else the app's name)",
+        )
 
     worker = subparsers.add_parser("worker", help="serve an app's steps")
     common(worker)

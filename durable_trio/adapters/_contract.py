@@ -31,16 +31,19 @@ __all__ = [
     "Lease",
     "QuarantinedEntry",
     "QueueBroker",
+    "QueueStats",
     "Recovery",
     "RenewOutcome",
     "Stall",
     "SupportsBatchFinalize",
     "SupportsBatchPop",
     "SupportsClaimAhead",
+    "SupportsFailedJobRepair",
     "SupportsFailedJobs",
     "SupportsJobState",
     "SupportsQuarantine",
     "SupportsQueueListing",
+    "SupportsQueueStats",
     "SupportsRecovery",
     "SupportsRenewal",
     "SupportsSize",
@@ -338,4 +341,56 @@ class SupportsQueueListing(Protocol):
         """The queues whose name starts with ``prefix`` that hold waiting (ready or delayed)
         jobs, sorted. For a health read (orphaned queues: waiting work that no live worker
         serves), not the hot path: a broker may scan its keys to answer."""
+        ...
+
+
+@runtime_checkable
+class SupportsFailedJobRepair(Protocol):
+    """An operator's repair of the failed set (``durable-trio jobs requeue | delete``)."""
+
+    async def requeue_failed(self, queue: str, job_id: str, *, priority: int | None = None) -> bool:
+        """Move the newest failed job ``job_id`` of ``queue`` back to pending (ready now), as
+        a fresh push: its attempts, stalled count and stall history reset to none, its bytes
+        unchanged, at ``priority`` (``None``: the priority it had, where the broker keeps it,
+        else 0), at the back of its priority.
+
+        Returns:
+            Whether such a failed job was found (and requeued).
+        """
+        ...
+
+    async def delete_failed(self, queue: str, job_id: str) -> bool:
+        """Remove the newest failed job ``job_id`` of ``queue`` from its failed set.
+
+        Returns:
+            Whether such a failed job was found (and removed).
+        """
+        ...
+
+
+@attrs.frozen
+class QueueStats:
+    """Where one queue's jobs stand (:class:`SupportsQueueStats`)."""
+
+    ready: int
+    delayed: int
+    claimed: int
+    failed: int
+    """Set aside (kept for inspection, bounded by the broker's retention)."""
+    oldest_ready_age: float | None = None
+    """Seconds since the oldest ready job was pushed (broker clock); ``None``: no job is
+    ready, or the broker keeps no push times."""
+
+
+@runtime_checkable
+class SupportsQueueStats(Protocol):
+    """Counts for an operator's view (``durable-trio queues``); not the hot path."""
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        """``queue``'s ready, delayed, claimed and failed jobs, and its oldest ready job's age."""
+        ...
+
+    async def known_queues(self, prefix: str) -> list[str]:
+        """The queues named ``prefix...`` holding any job (ready, delayed, claimed or failed),
+        sorted. A broker may scan its keys to answer."""
         ...

@@ -28,6 +28,7 @@ from ._contract import (
     Job,
     JobState,
     Lease,
+    QueueStats,
     Recovery,
     RenewOutcome,
     Stall,
@@ -57,6 +58,8 @@ class _Record:
     worker: str = ""
     started: bool = True
     """False while the current claim was popped ahead and its handler has not started."""
+    pushed_at: float = 0.0
+    """trio time of its push (``queue_stats``: the oldest ready job's age)."""
 
 
 @attrs.define(eq=False)
@@ -120,7 +123,7 @@ class MemoryBroker:
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         q = self._queues.get(queue) or self._queue(queue)
-        rec = _Record(job.id, job.data, priority or 0)
+        rec = _Record(job.id, job.data, priority or 0, pushed_at=trio.current_time())
         if delay > 0:
             heapq.heappush(q.delayed, (trio.current_time() + delay, next(self._seq), rec))
         else:
@@ -383,6 +386,56 @@ class MemoryBroker:
         if q is None:
             return []
         return list(itertools.islice(reversed(q.failed), limit))
+
+    async def requeue_failed(self, queue: str, job_id: str, *, priority: int | None = None) -> bool:
+        """Put the newest failed job ``job_id`` back as ready, its counters reset (see
+        :class:`~durable_trio.adapters.SupportsFailedJobRepair`; priority 0 unless given)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        q = self._queues.get(queue)
+        found = self._take_failed(q, job_id)
+        if q is None or found is None:
+            return False
+        rec = _Record(found.id, found.data, priority or 0, pushed_at=trio.current_time())
+        self._make_ready(q, rec)
+        self._ring(q)
+        return True
+
+    async def delete_failed(self, queue: str, job_id: str) -> bool:
+        """Remove the newest failed job ``job_id`` of ``queue`` from its failed set."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        return self._take_failed(self._queues.get(queue), job_id) is not None
+
+    @staticmethod
+    def _take_failed(q: _Queue | None, job_id: str) -> FailedJob | None:
+        if q is None:
+            return None
+        for job in reversed(q.failed):
+            if job.id == job_id:
+                q.failed.remove(job)
+                return job
+        return None
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        """``queue``'s counts (see :class:`~durable_trio.adapters.SupportsQueueStats`)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        q = self._queues.get(queue)
+        if q is None:
+            return QueueStats(0, 0, 0, 0)
+        oldest = min((rec.pushed_at for _, _, rec in q.ready), default=None)
+        age = None if oldest is None else max(0.0, trio.current_time() - oldest)
+        return QueueStats(len(q.ready), len(q.delayed), len(q.active), len(q.failed), age)
+
+    async def known_queues(self, prefix: str) -> list[str]:
+        """The queues named ``prefix...`` holding any job (ready, delayed, claimed, failed)."""
+        await trio.lowlevel.checkpoint()
+        return sorted(
+            name
+            for name, q in self._queues.items()
+            if name.startswith(prefix) and (q.ready or q.delayed or q.active or q.failed)
+        )
 
     async def wait_for_work(self, queue: str) -> None:
         self._check_open()

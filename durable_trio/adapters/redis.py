@@ -132,6 +132,7 @@ from ._contract import (
     RenewOutcome,
     Stall,
 )
+from ._redis_repair import REQUEUE_FAILED, FailedJobRepair
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -1149,7 +1150,7 @@ class EvictionPolicyWarning(UserWarning):
     the log, when the broker is entered; not an error (the broker works on)."""
 
 
-class RedisBroker:
+class RedisBroker(FailedJobRepair):
     """A :class:`~durable_trio.adapters.QueueBroker` on Redis, with every optional capability.
 
     Enter it (``async with``) before waiting on queues: it owns the task that listens to the
@@ -1216,6 +1217,7 @@ class RedisBroker:
         self._backoff = (first, largest)
         self._on_error = on_error
         self._push: Script = client.script(_PUSH)
+        self._requeue_failed: Script = client.script(REQUEUE_FAILED)
         self._claim: Script = client.script(_CLAIM)
         self._complete: Script = client.script(_COMPLETE)
         self._complete_many: Script = client.script(_COMPLETE_MANY)
@@ -1568,6 +1570,12 @@ class RedisBroker:
             return []
         records = await self._client.execute("LRANGE", q.failed_key, 0, limit - 1)
         return [_failed(record) for record in records]
+
+    def _channel(self, queue: str) -> bytes:
+        return self._queue(queue).channel
+
+    def _read_failed(self, record: bytes) -> FailedJob:
+        return _failed(record)
 
     async def quarantined(self, queue: str, *, limit: int = 100) -> list[QuarantinedEntry]:
         """The newest entries of ``queue`` that could not be tied to a readable job (a member

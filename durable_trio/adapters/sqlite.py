@@ -88,6 +88,7 @@ from ._contract import (
     JobState,
     Lease,
     QuarantinedEntry,
+    QueueStats,
     Recovery,
     RenewOutcome,
     Stall,
@@ -1121,6 +1122,67 @@ def _op_waiting_queues(prefix: str, db: sqlite3.Connection) -> list[str]:
     )
 
 
+_NEWEST_FAILED: Final = """
+    SELECT pk FROM dt_jobs WHERE state = 'failed' AND queue = ?1 AND id = ?2
+    ORDER BY seq DESC LIMIT 1
+"""
+
+_REQUEUE_FAILED: Final = """
+    UPDATE dt_jobs SET state = 'ready', seq = ?2, priority = coalesce(?3, priority),
+        attempts = 0, stalled_count = 0, stalls = '[]', error = NULL, failed_at = NULL,
+        worker = ''
+    WHERE pk = ?1
+"""
+
+# Each count on its state's partial index.
+_STATS: Final = """
+    SELECT (SELECT count(*) FROM dt_jobs WHERE state = 'ready' AND queue = ?1),
+           (SELECT count(*) FROM dt_jobs WHERE state = 'delayed' AND queue = ?1),
+           (SELECT count(*) FROM dt_jobs WHERE state = 'active' AND queue = ?1),
+           (SELECT count(*) FROM dt_jobs WHERE state = 'failed' AND queue = ?1)
+"""
+
+# The queues in [?1, ?2) holding claimed or failed jobs (ready and delayed: _READY_QUEUES,
+# _DELAYED_QUEUES), each read off its state's index in queue order.
+_ACTIVE_QUEUES: Final = """
+    SELECT DISTINCT queue FROM dt_jobs
+    WHERE state = 'active' AND queue >= ?1 AND queue < ?2 ORDER BY queue
+"""
+_FAILED_QUEUES: Final = """
+    SELECT DISTINCT queue FROM dt_jobs
+    WHERE state = 'failed' AND queue >= ?1 AND queue < ?2 ORDER BY queue
+"""
+
+
+def _op_requeue_failed(
+    queue: str, job_id: str, priority: int | None, db: sqlite3.Connection
+) -> bool:
+    row = db.execute(_NEWEST_FAILED, (queue, job_id)).fetchone()
+    if row is None:
+        return False
+    db.execute(_REQUEUE_FAILED, (row[0], _next_seq(db), priority))
+    return True
+
+
+def _op_delete_failed(queue: str, job_id: str, db: sqlite3.Connection) -> bool:
+    row = db.execute(_NEWEST_FAILED, (queue, job_id)).fetchone()
+    if row is None:
+        return False
+    db.execute(_DELETE_ROW, (row[0],))
+    return True
+
+
+def _op_queue_stats(queue: str, db: sqlite3.Connection) -> QueueStats:
+    ((ready, delayed, active, failed),) = db.execute(_STATS, (queue,)).fetchall()
+    return QueueStats(int(ready), int(delayed), int(active), int(failed))
+
+
+def _op_known_queues(prefix: str, db: sqlite3.Connection) -> list[str]:
+    bounds = (prefix, prefix + "\U0010ffff")  # every name that starts with the prefix
+    statements = (_READY_QUEUES, _DELAYED_QUEUES, _ACTIVE_QUEUES, _FAILED_QUEUES)
+    return sorted({str(q) for sql in statements for (q,) in db.execute(sql, bounds)})
+
+
 def _op_failed_jobs(queue: str, limit: int, db: sqlite3.Connection) -> list[FailedJob]:
     return [_read_failed(row) for row in _fetch(db, _FAILED_JOBS, (queue, limit))]
 
@@ -1434,6 +1496,32 @@ class SqliteBroker:
             partial(_op_failed_jobs, queue, limit), write=False
         )
         return jobs
+
+    async def requeue_failed(self, queue: str, job_id: str, *, priority: int | None = None) -> bool:
+        """Put the newest failed job ``job_id`` back as ready, its counters reset (see
+        :class:`~durable_trio.adapters.SupportsFailedJobRepair`; its stored priority unless
+        ``priority`` is given)."""
+        done: bool = await self._call(
+            partial(_op_requeue_failed, queue, job_id, priority), write=True
+        )
+        if done:
+            self._ring(queue)
+        return done
+
+    async def delete_failed(self, queue: str, job_id: str) -> bool:
+        """Remove the newest failed job ``job_id`` of ``queue`` from its failed set."""
+        done: bool = await self._call(partial(_op_delete_failed, queue, job_id), write=True)
+        return done
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        """``queue``'s counts (one grouped count; no push times are kept: no oldest age)."""
+        stats: QueueStats = await self._call(partial(_op_queue_stats, queue), write=False)
+        return stats
+
+    async def known_queues(self, prefix: str) -> list[str]:
+        """The queues named ``prefix...`` holding any job (ready, delayed, claimed, failed)."""
+        names: list[str] = await self._call(partial(_op_known_queues, prefix), write=False)
+        return names
 
     async def quarantined(self, queue: str, *, limit: int = 100) -> list[QuarantinedEntry]:
         """The rows of ``queue`` whose id could not be read, moved aside by a pop or a sweep,

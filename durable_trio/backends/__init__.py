@@ -48,7 +48,14 @@ async def open_backend(url: str = "memory://") -> AsyncIterator[Backend]:
         opened = open_sqlite_backend(url)
     elif scheme in ("redis", "rediss"):
         # imported here: the Redis backend needs hiredis (the `redis` extra)
-        from .redis import open_redis_backend
+        try:
+            from .redis import open_redis_backend
+        except ModuleNotFoundError as exc:
+            if exc.name != "hiredis":
+                raise
+            raise ConfigError(
+                "a redis:// backend needs hiredis: pip install 'durable_trio[redis]'"
+            ) from exc
 
         opened = open_redis_backend(url)
     elif scheme is None:

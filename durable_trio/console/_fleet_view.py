@@ -44,7 +44,7 @@ def render_workers(workers: list[WorkerView], queues: list[QueueView], now: floa
         limit = sum(w.limit or 0 for w in members)
         busy = sum(w.in_flight or 0 for w in members)
         head = "".join(
-            f"<th{' class=\"num\"' if n else ''}>{h}</th>"
+            (f'<th class="num">{h}</th>' if n else f"<th>{h}</th>")
             for h, n in (("worker", 0), ("mode", 0), ("limit", 1), ("in-flight", 1),
                          ("headroom", 1), ("RSS", 1), ("CPU", 1), ("last beat", 0),
                          ("other groups", 0))
@@ -82,7 +82,7 @@ def _queue_table(queues: list[QueueView]) -> Html:
         return Html('<p class="empty">no queue holds a job or has a live worker</p>')
     cols = (("queue", 0), ("ready", 1), ("delayed", 1), ("claimed", 1), ("set aside", 1),
             ("live workers", 1), ("oldest ready", 1))
-    head = "".join(f"<th{' class=\"num\"' if n else ''}>{h}</th>" for h, n in cols)
+    head = "".join((f'<th class="num">{h}</th>' if n else f"<th>{h}</th>") for h, n in cols)
     rows = "".join(
         "<tr>"
         f'<td class="mono">{esc(q.queue)}</td>'

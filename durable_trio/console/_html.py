@@ -126,6 +126,7 @@ def table(
     )
 
 
+_CURRENT = ' aria-current="page"'
 _NAV = (("runs", "/runs", "Runs"), ("workers", "/workers", "Workers"), ("queues", "/queues", "Queues"))
 
 
@@ -143,7 +144,7 @@ def page(
     ``live`` pages are refreshed by the script (see ``console.js``) while they are shown.
     """
     nav = "".join(
-        f'<a href="{href}"{" aria-current=\"page\"" if key == section else ""}>{label}</a>'
+        f'<a href="{href}"{_CURRENT if key == section else ""}>{label}</a>'
         for key, href, label in _NAV
     )
     mode = "actions allowed" if allow_actions else "read-only"

@@ -29,7 +29,7 @@ from .faults import BrokerFaults, FaultyKeyStore, Injector, wrap_broker
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    from .._engine import App, DuplicateResult, RunRecord, RunStatus
+    from .._engine import App, DuplicateResult, RunPage, RunRecord, RunStatus
     from ..adapters.memory import MemoryBroker
     from ..keys.memory import MemoryKeyStore
     from ._report import Faults
@@ -106,6 +106,19 @@ class _EngineStore:
     ) -> list[RunRecord]:
         return await self._call(
             lambda: self.inner.list_runs(status=status, workflow=workflow, limit=limit)
+        )
+
+    async def page_runs(self, **filters: Any) -> RunPage:
+        return await self._call(lambda: self.inner.page_runs(**filters))
+
+    async def count_runs(self) -> dict[RunStatus, int]:
+        return await self._call(self.inner.count_runs)
+
+    async def reopen_run(
+        self, run_id: str, steps: Sequence[StepRecord], *, run_timeout: float | None
+    ) -> bool:
+        return await self._call(
+            lambda: self.inner.reopen_run(run_id, steps, run_timeout=run_timeout)
         )
 
     async def claim_runs(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .._records import Applied, RunRecord, RunStatus, StepRecord
+    from .._records import Applied, RunPage, RunRecord, RunStatus, StepRecord
 
 __all__ = ["RunStore"]
 
@@ -57,6 +57,57 @@ class RunStore(Protocol):
         limit: int = 100,
     ) -> list[RunRecord]:
         """Runs, newest first, optionally only of one status and/or workflow."""
+        ...
+
+    async def page_runs(
+        self,
+        *,
+        status: RunStatus | None = None,
+        workflow: str | None = None,
+        tenant: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """One page of runs, newest first (creation order), filtered.
+
+        Args:
+            status: only runs of this status.
+            workflow: only runs of this workflow.
+            tenant: only the runs a tenant pod started (stored id ``"{tenant}/..."``).
+            since: only runs created at or after this store-clock time.
+            until: only runs created before this store-clock time.
+            limit: at most this many runs (1 to 1,000).
+            cursor: a page's ``next_cursor``: the runs older than that page's last
+                (``None``: the newest).
+
+        Returns:
+            The page. A store may return fewer than ``limit`` runs with a ``next_cursor``
+            (it bounds the work one call does behind selective filters): follow
+            ``next_cursor`` until it is ``None``.
+
+        Raises:
+            ConfigError: a bad ``limit``, time, tenant or cursor.
+        """
+        ...
+
+    async def count_runs(self) -> dict[RunStatus, int]:
+        """How many runs of each status the store holds (a status with none: absent)."""
+        ...
+
+    async def reopen_run(
+        self, run_id: str, steps: Sequence[StepRecord], *, run_timeout: float | None
+    ) -> bool:
+        """Reopen a failed run for an operator's retry, atomically: if it is still failed, set
+        it pending with no owner (any engine's reconcile takes it over), clear its output and
+        error, set its timeout to ``run_timeout``, and overwrite the status, attempt, error,
+        retry, wake_at and dispatched of each checkpoint in ``steps`` (which must be the
+        run's).
+
+        Returns:
+            Whether it was reopened (``False``: no such run, or it is not failed).
+        """
         ...
 
     async def claim_runs(

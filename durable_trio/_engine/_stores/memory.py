@@ -15,6 +15,7 @@ import trio
 
 from .._records import (
     Applied,
+    RunPage,
     RunRecord,
     RunStatus,
     StepKind,
@@ -22,6 +23,7 @@ from .._records import (
     StepState,
     step_position,
 )
+from ._paging import check_page, decode_cursor, encode_cursor
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -174,6 +176,69 @@ class MemoryRunStore:
                 continue
             found.append(run.out())
         return found
+
+    async def page_runs(
+        self,
+        *,
+        status: RunStatus | None = None,
+        workflow: str | None = None,
+        tenant: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        check_page(limit, since, until, tenant)
+        below = decode_cursor(cursor)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        prefix = None if tenant is None else tenant + "/"
+        found: list[_Run] = []
+        for run in reversed(self._runs.values()):  # insertion order is creation order
+            if below is not None and run.seq >= below:
+                continue
+            if status is not None and run.status is not status:
+                continue
+            if workflow is not None and run.workflow != workflow:
+                continue
+            if prefix is not None and not run.run_id.startswith(prefix):
+                continue
+            if since is not None and run.created_at < since:
+                continue
+            if until is not None and run.created_at >= until:
+                continue
+            if len(found) == limit:  # one more exists: this page is not the last
+                return RunPage([r.out() for r in found], encode_cursor(found[-1].seq))
+            found.append(run)
+        return RunPage([r.out() for r in found], None)
+
+    async def count_runs(self) -> dict[RunStatus, int]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        counts: dict[RunStatus, int] = {}
+        for run in self._runs.values():
+            counts[run.status] = counts.get(run.status, 0) + 1
+        return counts
+
+    async def reopen_run(
+        self, run_id: str, steps: Sequence[StepRecord], *, run_timeout: float | None
+    ) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        run = self._runs.get(run_id)
+        if run is None or run.status is not RunStatus.FAILED:
+            return False
+        now = self.now()
+        run.status, run.updated_at = RunStatus.PENDING, now
+        run.output = run.error = b"null"
+        run.owner = run.lease_until = None
+        run.timeout = run_timeout
+        for step in steps:
+            stored = run.steps.get(step.step_id)
+            if stored is None:
+                continue
+            stored.status, stored.attempt = step.status, step.attempt
+            stored.error, stored.retry = _dumps(step.error), _dumps(step.retry)
+            stored.wake_at, stored.dispatched = step.wake_at, step.dispatched
+            stored.updated_at = now
+        return True
 
     async def claim_runs(
         self, owner: str, lease: float, *, include_own: bool = False, limit: int = 100

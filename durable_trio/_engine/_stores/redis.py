@@ -33,7 +33,8 @@ import attrs
 import orjson
 import trio
 
-from .._records import Applied, RunRecord, RunStatus, StepKind, StepRecord, StepState
+from .._records import Applied, RunPage, RunRecord, RunStatus, StepKind, StepRecord, StepState
+from ._paging import check_page, decode_cursor, encode_cursor
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -212,6 +213,79 @@ return 0
 """
 
 
+#: Runs one page call examines at most (behind selective filters a page may come back short,
+#: with a cursor to go on from).
+PAGE_BUDGET: Final = 2000
+
+# KEYS: index. ARGV: prefix, max (exclusive score bound, '+inf' for none), limit, budget,
+# workflow, tenant prefix, since, until ('' = no filter).
+# Returns {next ('' = last page), id, fields, id, fields, ...}.
+_PAGE: Final = """
+local prefix, bound = ARGV[1], ARGV[2]
+local limit, budget = tonumber(ARGV[3]), tonumber(ARGV[4])
+local wf, tp = ARGV[5], ARGV[6]
+local since, until_ = tonumber(ARGV[7]), tonumber(ARGV[8])
+local out = {''}
+local found, examined, last = 0, 0, nil
+while examined < budget do
+  local chunk = redis.call('ZREVRANGEBYSCORE', KEYS[1], bound, '-inf', 'WITHSCORES',
+    'LIMIT', 0, math.min(200, budget - examined))
+  if #chunk == 0 then return out end
+  for i = 1, #chunk, 2 do
+    local id, seq = chunk[i], chunk[i + 1]
+    examined = examined + 1
+    bound = '(' .. seq
+    local ok = tp == '' or string.sub(id, 1, #tp) == tp
+    local key = prefix .. ':run:' .. id
+    if ok and (wf ~= '' or since or until_) then
+      local f = redis.call('HMGET', key, 'workflow', 'created')
+      if wf ~= '' and f[1] ~= wf then ok = false end
+      local created = tonumber(f[2] or '')
+      if ok and since and (not created or created < since) then ok = false end
+      if ok and until_ and (not created or created >= until_) then ok = false end
+    end
+    if ok then
+      local fields = redis.call('HGETALL', key)
+      if #fields > 0 then
+        if found == limit then
+          out[1] = last
+          return out
+        end
+        found = found + 1
+        last = seq
+        out[#out + 1] = id
+        out[#out + 1] = fields
+      end
+    end
+  end
+end
+out[1] = string.sub(bound, 2)
+return out
+"""
+
+# KEYS: run, step... ARGV: prefix, id, timeout, now, then per step: status, attempt, error,
+# retry, wake_at, dispatched
+_REOPEN: Final = (
+    _LUA_HELPERS
+    + """
+local prefix, id = ARGV[1], ARGV[2]
+if redis.call('HGET', KEYS[1], 'status') ~= 'failed' then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'pending', 'owner', '', 'lease', '', 'output', 'null',
+  'error', 'null', 'timeout', ARGV[3], 'updated', ARGV[4])
+move(prefix, id, 'failed', 'pending', redis.call('HGET', KEYS[1], 'seq'))
+redis.call('ZADD', prefix .. ':leases', 0, id)
+for i = 2, #KEYS do
+  local a = 5 + (i - 2) * 6
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    redis.call('HSET', KEYS[i], 'status', ARGV[a], 'attempt', ARGV[a + 1], 'error', ARGV[a + 2],
+      'retry', ARGV[a + 3], 'wake_at', ARGV[a + 4], 'dispatched', ARGV[a + 5], 'updated', ARGV[4])
+  end
+end
+return 1
+"""
+)
+
+
 def _dumps(value: Any) -> bytes:
     return orjson.dumps(value)
 
@@ -303,6 +377,8 @@ class RedisRunStore:
         self._begin: Script = client.script(_BEGIN_STEP)
         self._update: Script = client.script(_UPDATE_STEP)
         self._mark: Script = client.script(_MARK_DISPATCHED)
+        self._page: Script = client.script(_PAGE)
+        self._reopen: Script = client.script(_REOPEN)
 
     def now(self) -> float:
         """The client's wall clock (``time.time()``)."""
@@ -370,6 +446,50 @@ class RedisRunStore:
                 if workflow is None or record.workflow == workflow:
                     found.append(record)
         return found[:limit]
+
+    async def page_runs(
+        self,
+        *,
+        status: RunStatus | None = None,
+        workflow: str | None = None,
+        tenant: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        check_page(limit, since, until, tenant)
+        below = decode_cursor(cursor)
+        index = f"{self._prefix}:all" if status is None else f"{self._prefix}:status:{status}"
+        reply = await self._page(
+            (index,),
+            (self._prefix, "+inf" if below is None else f"({below}", limit,
+             max(PAGE_BUDGET, limit + 1), workflow or "", "" if tenant is None else tenant + "/",
+             _num(since), _num(until)),
+        )  # fmt: skip
+        following = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0] or "")
+        runs = [_run(reply[i].decode(), _fields(reply[i + 1])) for i in range(1, len(reply), 2)]
+        return RunPage(runs, encode_cursor(int(float(following))) if following else None)
+
+    async def count_runs(self) -> dict[RunStatus, int]:
+        statuses = list(RunStatus)
+        replies = await self._client.pipeline(
+            [("ZCARD", f"{self._prefix}:status:{status}") for status in statuses]
+        )
+        return {s: int(n) for s, n in zip(statuses, replies, strict=True) if int(n)}
+
+    async def reopen_run(
+        self, run_id: str, steps: Sequence[StepRecord], *, run_timeout: float | None
+    ) -> bool:
+        args: list[Any] = [self._prefix, run_id, _num(run_timeout), _num(time.time())]
+        for step in steps:
+            args += [step.status.value, step.attempt, _dumps(step.error), _dumps(step.retry),
+                     _num(step.wake_at), "1" if step.dispatched else "0"]  # fmt: skip
+        done = await self._reopen(
+            (self._run_key(run_id), *(self._step_key(run_id, s.step_id) for s in steps)),
+            tuple(args),
+        )
+        return bool(done == 1)
 
     async def claim_runs(
         self, owner: str, lease: float, *, include_own: bool = False, limit: int = 100

@@ -39,7 +39,8 @@ from ...adapters.sqlite import (
     open_connection,
     translate_error,
 )
-from .._records import Applied, RunRecord, RunStatus, StepKind, StepRecord, StepState
+from .._records import Applied, RunPage, RunRecord, RunStatus, StepKind, StepRecord, StepState
+from ._paging import check_page, decode_cursor, encode_cursor
 
 if TYPE_CHECKING:
     import os
@@ -71,6 +72,9 @@ _SCHEMA: Final = (
     CREATE INDEX IF NOT EXISTS dt_runs_active ON dt_runs (namespace, seq)
         WHERE status IN ('pending', 'running')
     """,
+    # (page_runs: a status or workflow filter walks its own index, newest first)
+    "CREATE INDEX IF NOT EXISTS dt_runs_status ON dt_runs (namespace, status, seq)",
+    "CREATE INDEX IF NOT EXISTS dt_runs_workflow ON dt_runs (namespace, workflow, seq)",
     """
     CREATE TABLE IF NOT EXISTS dt_steps (
         namespace TEXT NOT NULL,
@@ -322,6 +326,75 @@ def _op_list_runs(
     return [_run(row) for row in db.execute(query, params)]
 
 
+def _op_page_runs(
+    ns: str,
+    filters: tuple[str | None, str | None, str | None, float | None, float | None],
+    limit: int,
+    below: int | None,
+    db: sqlite3.Connection,
+) -> RunPage:
+    status, workflow, tenant, since, until = filters
+    query = f"SELECT seq, {_RUN_COLUMNS} FROM dt_runs WHERE namespace = ?"
+    params: list[Any] = [ns]
+    for clause, value in (
+        (" AND seq < ?", below),
+        (" AND status = ?", status),
+        (" AND workflow = ?", workflow),
+        (" AND created_at >= ?", since),
+        (" AND created_at < ?", until),
+    ):
+        if value is not None:
+            query += clause
+            params.append(value)
+    if tenant is not None:  # the stored ids "{tenant}/...": a range of the key
+        query += " AND run_id >= ? AND run_id < ?"
+        params += [tenant + "/", tenant + "0"]  # ('0' follows '/')
+    query += " ORDER BY seq DESC LIMIT ?"
+    params.append(limit + 1)
+    rows = db.execute(query, params).fetchall()
+    runs = [_run(row[1:]) for row in rows[:limit]]
+    more = len(rows) > limit
+    return RunPage(runs, encode_cursor(rows[limit - 1][0]) if more else None)
+
+
+def _op_count_runs(ns: str, db: sqlite3.Connection) -> dict[RunStatus, int]:
+    query = "SELECT status, count(*) FROM dt_runs WHERE namespace = ?1 GROUP BY status"
+    return {RunStatus(status): int(n) for status, n in db.execute(query, (ns,))}
+
+
+_REOPEN_RUN: Final = """
+    UPDATE dt_runs SET status = 'pending', owner = NULL, lease_until = NULL, output = 'null',
+        error = 'null', timeout = ?3, updated_at = ?4
+    WHERE namespace = ?1 AND run_id = ?2 AND status = 'failed'
+"""
+_REOPEN_STEP: Final = """
+    UPDATE dt_steps SET status = ?4, attempt = ?5, error = ?6, retry = ?7, wake_at = ?8,
+        dispatched = ?9, updated_at = ?10
+    WHERE namespace = ?1 AND run_id = ?2 AND step_id = ?3
+"""
+
+
+def _op_reopen(
+    ns: str,
+    run_id: str,
+    steps: Sequence[StepRecord],
+    timeout: float | None,
+    db: sqlite3.Connection,
+) -> bool:
+    now = time.time()
+    if db.execute(_REOPEN_RUN, (ns, run_id, timeout, now)).rowcount != 1:
+        return False
+    db.executemany(
+        _REOPEN_STEP,
+        [
+            (ns, run_id, s.step_id, s.status.value, s.attempt, _dumps(s.error),
+             _dumps(s.retry), s.wake_at, int(s.dispatched), now)
+            for s in steps
+        ],
+    )  # fmt: skip
+    return True
+
+
 def _op_claim(
     ns: str, owner: str, lease: float, include_own: bool, limit: int, db: sqlite3.Connection
 ) -> list[RunRecord]:
@@ -552,6 +625,35 @@ class SqliteRunStore:
         status_name = None if status is None else status.value
         result: list[RunRecord] = await self._read(
             partial(_op_list_runs, self._ns, status_name, workflow, limit)
+        )
+        return result
+
+    async def page_runs(
+        self,
+        *,
+        status: RunStatus | None = None,
+        workflow: str | None = None,
+        tenant: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        check_page(limit, since, until, tenant)
+        below = decode_cursor(cursor)
+        filters = (None if status is None else status.value, workflow, tenant, since, until)
+        result: RunPage = await self._read(partial(_op_page_runs, self._ns, filters, limit, below))
+        return result
+
+    async def count_runs(self) -> dict[RunStatus, int]:
+        result: dict[RunStatus, int] = await self._read(partial(_op_count_runs, self._ns))
+        return result
+
+    async def reopen_run(
+        self, run_id: str, steps: Sequence[StepRecord], *, run_timeout: float | None
+    ) -> bool:
+        result: bool = await self._write(
+            partial(_op_reopen, self._ns, run_id, tuple(steps), run_timeout)
         )
         return result
 

@@ -1,0 +1,638 @@
+"""Operations: what an operator does to a running system, from Python (``dt.Operations``) and
+from ``durable-trio runs | jobs | queues`` (the same calls).
+
+``async with dt.open_operations(url, namespace=...) as ops:`` opens the backend (or uses one
+already open) and the namespace's run store, and nothing else: no worker, no engine, no
+consumer. Everything it reads is read from the store, the broker and the worker-key store, so
+it works from any process, beside live engines and workers; what it changes (a cancel, a
+retry, a requeue) is one atomic change in the store or the broker, which the live engines and
+workers then follow. See docs/operations.md.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import orjson
+
+from ._engine._errors import RunNotFound
+from ._engine._records import RunPage, RunRecord, RunStatus, StepKind, StepRecord, StepState
+from ._engine._reopen import retry_run
+from ._engine._stores import open_run_store
+from ._engine._stores._paging import check_page
+from ._errors import ConfigError
+from ._health import read_worker_health
+from ._naming import QueueNames
+from ._wire import JSONValue, WorkerStatus
+from .adapters import (
+    FailedJob,
+    SupportsFailedJobRepair,
+    SupportsFailedJobs,
+    SupportsQueueListing,
+    SupportsQueueStats,
+    SupportsSize,
+)
+from .backends import Backend, open_backend
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from ._engine._stores import RunStore
+
+__all__ = [
+    "AttemptView",
+    "FailedJobView",
+    "Operations",
+    "QueueView",
+    "RunDetails",
+    "RunPage",
+    "StepView",
+    "TimerView",
+    "WorkerView",
+    "open_operations",
+]
+
+
+@attrs.frozen
+class AttemptView:
+    """One attempt of a step, as far as the store knows it.
+
+    The store keeps a step's CURRENT attempt (its start, its end, its last error, its last
+    beat); an earlier attempt is listed with its number only (``started_at`` / ``ended_at`` /
+    ``error`` ``None``).
+    """
+
+    attempt: int
+    status: str
+    """``running`` (the current attempt of a pending step), ``waiting`` (held back by its
+    retry backoff until ``started_at``), ``completed`` or ``failed``."""
+    started_at: float | None = None
+    """Store clock."""
+    ended_at: float | None = None
+    error: JSONValue = None
+    heartbeat: JSONValue = None
+    """The attempt's last beat (``{"attempt", "at", "sentAt", "details"?}``), if it beat."""
+    worker: str | None = None
+    """The worker instance that ran it, when the store knows it (``None`` otherwise)."""
+
+    @property
+    def duration(self) -> float | None:
+        """``ended_at - started_at`` in seconds, when both are known."""
+        if self.started_at is None or self.ended_at is None:
+            return None
+        return max(0.0, self.ended_at - self.started_at)
+
+    def to_json(self) -> dict[str, Any]:
+        """As ``durable-trio runs show --json`` prints it."""
+        return {
+            "attempt": self.attempt,
+            "status": self.status,
+            "startedAt": self.started_at,
+            "endedAt": self.ended_at,
+            "duration": self.duration,
+            "error": self.error,
+            "heartbeat": self.heartbeat,
+            "worker": self.worker,
+        }
+
+
+@attrs.frozen
+class StepView:
+    """One step (remote ``ctx.step`` or local ``ctx.run``) of a run's history."""
+
+    step_id: str
+    kind: StepKind
+    name: str
+    status: StepState
+    attempts: tuple[AttemptView, ...]
+    """Every attempt, oldest first (see :class:`AttemptView` for what is known of each)."""
+    input: JSONValue = None
+    output: JSONValue = None
+    error: JSONValue = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    last_heartbeat: JSONValue = None
+
+    @property
+    def duration(self) -> float | None:
+        """From the step's creation to its end (``None`` while it is pending)."""
+        if self.status is StepState.PENDING:
+            return None
+        return max(0.0, self.updated_at - self.created_at)
+
+    def to_json(self) -> dict[str, Any]:
+        """As ``durable-trio runs show --json`` prints it."""
+        return {
+            "stepId": self.step_id,
+            "kind": self.kind.value,
+            "name": self.name,
+            "status": self.status.value,
+            "createdAt": self.created_at,
+            "updatedAt": self.updated_at,
+            "duration": self.duration,
+            "input": self.input,
+            "output": self.output,
+            "error": self.error,
+            "lastHeartbeat": self.last_heartbeat,
+            "attempts": [a.to_json() for a in self.attempts],
+        }
+
+
+@attrs.frozen
+class TimerView:
+    """One durable timer (``ctx.sleep``) of a run."""
+
+    step_id: str
+    wake_at: float | None
+    """Store clock time it fires (fired: it did)."""
+    fired: bool
+    created_at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """As ``durable-trio runs show --json`` prints it."""
+        return {
+            "stepId": self.step_id,
+            "wakeAt": self.wake_at,
+            "fired": self.fired,
+            "createdAt": self.created_at,
+        }
+
+
+@attrs.frozen
+class RunDetails:
+    """A run and its history timeline (:meth:`Operations.show_run`)."""
+
+    run: RunRecord
+    steps: tuple[StepView, ...]
+    """Remote and local steps, in step id order."""
+    timers: tuple[TimerView, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """As ``durable-trio runs show --json`` prints it."""
+        return {**run_to_json(self.run), **{
+            "steps": [s.to_json() for s in self.steps],
+            "timers": [t.to_json() for t in self.timers],
+        }}  # fmt: skip
+
+
+@attrs.frozen
+class FailedJobView:
+    """A job its queue set aside (failed for good), with its evidence."""
+
+    queue: str
+    job: FailedJob
+    """What the broker keeps: id, bytes, error, when, attempts, stalls."""
+
+    @property
+    def envelope(self) -> Any:
+        """The job's bytes decoded as JSON (the transport's envelope), ``None`` if not JSON."""
+        try:
+            return orjson.loads(self.job.data)
+        except orjson.JSONDecodeError:
+            return None
+
+    def to_json(self) -> dict[str, Any]:
+        """As ``durable-trio jobs failed --json`` prints it."""
+        job = self.job
+        envelope = self.envelope
+        return {
+            "queue": self.queue,
+            "id": job.id,
+            "error": job.error,
+            "failedAt": job.failed_at,
+            "attempts": job.attempts,
+            "stalledCount": job.stalled_count,
+            "stalls": [{"at": s.at, "worker": s.worker, "counted": s.counted} for s in job.stalls],
+            "kind": envelope.get("kind") if isinstance(envelope, dict) else None,
+            "data": envelope if envelope is not None else job.data.decode(errors="replace"),
+        }
+
+
+@attrs.frozen
+class QueueView:
+    """How one queue of the namespace is doing (:meth:`Operations.queues`)."""
+
+    queue: str
+    """The full name (``{namespace}:tasks:{group}``, ``{namespace}:results``, ...)."""
+    ready: int
+    """Jobs waiting, ready to be claimed (its depth)."""
+    delayed: int | None
+    """Jobs held back (a delay or a retry backoff); ``None``: the broker cannot tell apart."""
+    claimed: int | None
+    """Jobs a worker holds under a lease; ``None``: the broker cannot count them."""
+    failed: int | None
+    """Jobs set aside (failed for good, kept for inspection)."""
+    live_workers: int
+    """Workers with a live liveness key serving it (task queues only; 0 otherwise)."""
+    oldest_ready_age: float | None = None
+    """Seconds the oldest ready job has waited since it was pushed (broker clock); ``None``:
+    none waits, or the broker does not keep push times (Redis)."""
+
+    @property
+    def group(self) -> str | None:
+        """The routing group (token) of a task queue, ``None`` for another queue."""
+        _, sep, token = self.queue.partition(":tasks:")
+        return token if sep else None
+
+    def to_json(self) -> dict[str, Any]:
+        """As ``durable-trio queues --json`` prints it."""
+        return {
+            "queue": self.queue,
+            "group": self.group,
+            "ready": self.ready,
+            "delayed": self.delayed,
+            "claimed": self.claimed,
+            "failed": self.failed,
+            "liveWorkers": self.live_workers,
+            "oldestReadyAge": self.oldest_ready_age,
+        }
+
+
+@attrs.frozen
+class WorkerView:
+    """One live worker instance (once, whatever the number of groups it serves)."""
+
+    instance: str
+    groups: tuple[str, ...]
+    """The groups (routing tokens) it serves."""
+    last_beat_at: float
+    """Unix time of its newest beat."""
+    status: WorkerStatus | None
+    """Its liveness snapshot (limit, in-flight, RSS, CPU, ...), ``None`` if it sent none."""
+
+    @property
+    def limit(self) -> int | None:
+        """Its concurrency limit (for all its groups together)."""
+        return None if self.status is None else self.status.limit
+
+    @property
+    def in_flight(self) -> int | None:
+        """Steps running on it now (all its groups together)."""
+        return None if self.status is None else self.status.in_flight
+
+    @property
+    def headroom(self) -> int | None:
+        """Free slots (limit - in-flight)."""
+        if self.status is None:
+            return None
+        return max(0, self.status.limit - self.status.in_flight)
+
+    def to_json(self) -> dict[str, Any]:
+        """As ``durable-trio health --json`` prints it."""
+        status = self.status
+        return {
+            "instance": self.instance,
+            "groups": list(self.groups),
+            "lastBeatAt": self.last_beat_at,
+            "mode": status.mode if status else None,
+            "limit": self.limit,
+            "inFlight": self.in_flight,
+            "headroom": self.headroom,
+            "rssBytes": status.rss_bytes if status else None,
+            "cpu": status.cpu if status else None,
+            "p95Ms": status.p95_ms if status else None,
+            "throughput": status.throughput if status else None,
+        }
+
+
+def run_to_json(run: RunRecord) -> dict[str, Any]:
+    """A run record as the CLI prints it (``--json``)."""
+    return {
+        "runId": run.run_id,
+        "workflow": run.workflow,
+        "status": run.status.value,
+        "createdAt": run.created_at,
+        "updatedAt": run.updated_at,
+        "owner": run.owner,
+        "leaseUntil": run.lease_until,
+        "timeout": run.timeout,
+        "input": run.input,
+        "output": run.output,
+        "error": run.error,
+    }
+
+
+def _attempts(step: StepRecord) -> tuple[AttemptView, ...]:
+    earlier = [AttemptView(n, "failed") for n in range(1, step.attempt)]
+    beat = step.heartbeat
+    beat_attempt = beat.get("attempt") if isinstance(beat, dict) else None
+    current_beat = beat if beat_attempt == step.attempt else None
+    if step.status is StepState.PENDING:
+        waiting = step.wake_at is not None and step.attempt > 1
+        current = AttemptView(
+            step.attempt,
+            "waiting" if waiting else "running",
+            started_at=step.wake_at if waiting else step.updated_at,
+            heartbeat=current_beat,
+        )
+        if step.attempt > 1 and step.error is not None:  # the previous attempt's error
+            earlier[-1] = AttemptView(step.attempt - 1, "failed", error=step.error)
+    else:
+        current = AttemptView(
+            step.attempt,
+            step.status.value,
+            started_at=step.created_at if step.attempt == 1 else None,
+            ended_at=step.updated_at,
+            error=step.error if step.status is StepState.FAILED else None,
+            heartbeat=current_beat,
+        )
+    return (*earlier, current)
+
+
+def details_of(run: RunRecord, steps: list[StepRecord]) -> RunDetails:
+    """A run and its checkpoints as a :class:`RunDetails`."""
+    views = []
+    timers = []
+    for step in steps:
+        if step.kind is StepKind.TIMER:
+            timers.append(
+                TimerView(
+                    step.step_id,
+                    step.wake_at,
+                    step.status is StepState.COMPLETED,
+                    created_at=step.created_at,
+                )
+            )
+            continue
+        views.append(
+            StepView(
+                step_id=step.step_id,
+                kind=step.kind,
+                name=step.name,
+                status=step.status,
+                attempts=_attempts(step),
+                input=step.input,
+                output=step.output,
+                error=step.error,
+                created_at=step.created_at,
+                updated_at=step.updated_at,
+                last_heartbeat=step.heartbeat,
+            )
+        )
+    return RunDetails(run, tuple(views), tuple(timers))
+
+
+def _envelope_priority(data: bytes) -> int | None:
+    try:
+        envelope = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    priority = envelope.get("priority") if isinstance(envelope, dict) else None
+    return priority if type(priority) is int else None
+
+
+class Operations:
+    """The operator's calls on one namespace of one backend (see the module docstring).
+
+    Made by :func:`open_operations`; valid inside its block.
+    """
+
+    def __init__(self, backend: Backend, store: RunStore, namespace: str | None) -> None:
+        self.backend = backend
+        self.store = store
+        self.namespace = namespace
+        self.names = QueueNames(namespace)
+
+    # -- runs -------------------------------------------------------------------------------
+
+    async def list_runs(
+        self,
+        *,
+        status: RunStatus | str | None = None,
+        workflow: str | None = None,
+        tenant: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """One page of runs, newest first (see :meth:`RunStore.page_runs`).
+
+        Args:
+            status: only runs of this status (a :class:`RunStatus` or its name).
+            workflow: only runs of this workflow.
+            tenant: only the runs a tenant pod started.
+            since: only runs created at or after this time (store clock: Unix time on
+                SQLite and Redis, trio's clock on ``memory://``).
+            until: only runs created before this time.
+            limit: at most this many (1 to 1,000).
+            cursor: the ``next_cursor`` of the previous page.
+
+        Raises:
+            ConfigError: an unknown status, a bad limit, time, tenant or cursor.
+        """
+        try:
+            wanted = None if status is None else RunStatus(status)
+        except ValueError:
+            known = ", ".join(s.value for s in RunStatus)
+            raise ConfigError(f"unknown run status {status!r} (known: {known})") from None
+        check_page(limit, since, until, tenant)
+        return await self.store.page_runs(
+            status=wanted,
+            workflow=workflow,
+            tenant=tenant,
+            since=since,
+            until=until,
+            limit=limit,
+            cursor=cursor,
+        )
+
+    async def show_run(self, run_id: str) -> RunDetails:
+        """The run (status, input, output, error) and its history timeline.
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        run = await self.store.get_run(run_id)
+        if run is None:
+            raise RunNotFound(run_id)
+        return details_of(run, await self.store.get_steps(run_id))
+
+    async def cancel_run(self, run_id: str, *, reason: str = "cancelled by an operator") -> bool:
+        """Cancel the run: it is settled as cancelled in the store at once; the engine driving
+        it stops it at its next lease renewal, and results of its running steps are ignored.
+        (Unlike :meth:`Engine.cancel`, no cancel is sent to the workers: their running steps
+        finish, unused.)
+
+        Returns:
+            Whether this call cancelled it (``False``: it had already ended).
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        if await self.store.get_run(run_id) is None:
+            raise RunNotFound(run_id)
+        error = {"type": "RunCancelled", "message": reason}
+        return await self.store.finish_run(run_id, RunStatus.CANCELLED, error=error)
+
+    async def retry_run(self, run_id: str) -> RunRecord:
+        """Retry a failed run: reopened in the store, a live engine takes it over at its next
+        reconcile and resumes it from the step that failed it, its completed steps replayed,
+        never re-run (see :meth:`Engine.retry` and docs/operations.md).
+
+        Returns:
+            The run as reopened (pending, no owner).
+
+        Raises:
+            RunNotFound: no such run.
+            RunNotRetryable: it is not failed.
+        """
+        return await retry_run(self.store, run_id)
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    async def _queue_names(self) -> list[str]:
+        broker = self.backend.broker
+        prefix = self.names.prefix + ":"
+        if isinstance(broker, SupportsQueueStats):
+            return await broker.known_queues(prefix)
+        if isinstance(broker, SupportsQueueListing):
+            return await broker.waiting_queues(prefix)
+        return []
+
+    async def failed_jobs(
+        self, queue: str | None = None, *, limit: int = 100
+    ) -> list[FailedJobView]:
+        """The jobs set aside (failed for good), newest first, with their evidence: of
+        ``queue``, or of every queue of the namespace (``None``).
+
+        Raises:
+            ConfigError: the broker keeps no failed jobs, or ``limit`` < 1.
+        """
+        if type(limit) is not int or limit < 1:
+            raise ConfigError(f"limit is an integer >= 1, got {limit!r}")
+        broker = self.backend.broker
+        if not isinstance(broker, SupportsFailedJobs):
+            raise ConfigError(f"the broker of {self.backend.url} keeps no failed jobs")
+        queues = [queue] if queue is not None else await self._queue_names()
+        found: list[FailedJobView] = []
+        for name in queues:
+            found.extend(
+                FailedJobView(name, job) for job in await broker.failed_jobs(name, limit=limit)
+            )
+        found.sort(key=lambda view: view.job.failed_at, reverse=True)
+        return found[:limit]
+
+    def _repair(self) -> SupportsFailedJobRepair:
+        broker = self.backend.broker
+        if not isinstance(broker, SupportsFailedJobRepair):
+            raise ConfigError(f"the broker of {self.backend.url} cannot requeue or delete jobs")
+        return broker
+
+    async def requeue_job(self, queue: str, job_id: str) -> bool:
+        """Put a set-aside job back on ``queue`` as pending, its attempt count, stall count
+        and stall history reset (its bytes, so its task and attempt, unchanged; its priority
+        kept).
+
+        Returns:
+            Whether a failed job ``job_id`` was found on ``queue`` (and requeued).
+
+        Raises:
+            ConfigError: the broker cannot repair failed jobs.
+        """
+        broker = self._repair()
+        priority = None
+        if isinstance(broker, SupportsFailedJobs):
+            for job in await broker.failed_jobs(queue, limit=1000):
+                if job.id == job_id:
+                    priority = _envelope_priority(job.data)
+                    break
+        return await broker.requeue_failed(queue, job_id, priority=priority)
+
+    async def delete_job(self, queue: str, job_id: str) -> bool:
+        """Remove a set-aside job from ``queue``'s failed set, for good.
+
+        Returns:
+            Whether a failed job ``job_id`` was found on ``queue`` (and deleted).
+
+        Raises:
+            ConfigError: the broker cannot repair failed jobs.
+        """
+        return await self._repair().delete_failed(queue, job_id)
+
+    # -- queues and workers -----------------------------------------------------------------
+
+    async def queues(self) -> list[QueueView]:
+        """Every queue of the namespace that holds jobs (ready, delayed, claimed or set
+        aside) or has a live worker, sorted by name."""
+        broker = self.backend.broker
+        groups = await read_worker_health(self.backend, self.names) or []
+        live = {self.names.tasks(g.group): len(g.live_workers) for g in groups}
+        names = sorted(set(await self._queue_names()) | set(live))
+        views = []
+        for name in names:
+            if isinstance(broker, SupportsQueueStats):
+                stats = await broker.queue_stats(name)
+                views.append(
+                    QueueView(
+                        name,
+                        stats.ready,
+                        stats.delayed,
+                        stats.claimed,
+                        stats.failed,
+                        live.get(name, 0),
+                        stats.oldest_ready_age,
+                    )
+                )
+                continue
+            size = await broker.size_of(name) if isinstance(broker, SupportsSize) else 0
+            views.append(QueueView(name, size, None, None, None, live.get(name, 0)))
+        return views
+
+    async def workers(self) -> list[WorkerView]:
+        """Every live worker instance of the namespace, once, with the groups it serves, its
+        limit, in-flight steps, headroom, RSS and CPU and its last beat (what
+        ``durable-trio health`` reads). Empty without a worker-key store."""
+        groups = await read_worker_health(self.backend, self.names) or []
+        return workers_of(groups)
+
+
+def workers_of(groups: Any) -> list[WorkerView]:
+    """The live workers of ``groups`` (:class:`~durable_trio.GroupHealth` list), each once:
+    a worker serving several groups beats once per group, with the same status."""
+    by_instance: dict[str, tuple[list[str], float, WorkerStatus | None]] = {}
+    for group in groups:
+        for worker in group.live_workers:
+            served, beat, status = by_instance.get(worker.instance, ([], 0.0, None))
+            served.append(group.group)
+            if worker.last_beat_at >= beat:
+                beat, status = worker.last_beat_at, worker.status or status
+            by_instance[worker.instance] = (served, beat, status)
+    return [
+        WorkerView(instance, tuple(served), beat, status)
+        for instance, (served, beat, status) in sorted(by_instance.items())
+    ]
+
+
+@asynccontextmanager
+async def open_operations(
+    backend: str | Backend, *, namespace: str | None = None
+) -> AsyncIterator[Operations]:
+    """Open the operator's calls on ``namespace`` of ``backend``; close what was opened on
+    leaving.
+
+    Args:
+        backend: a backend URL (``memory://``, ``sqlite:///...``, ``redis://...``: as
+            :func:`~durable_trio.open_backend`) or an open :class:`~durable_trio.Backend`
+            (left open). ``memory://`` opens an empty backend of its own: pass the Backend
+            your engines use to see their runs.
+        namespace: the namespace of the engines and workers to operate (their transport
+            namespace: by default their app's name; ``None``: ``"durable"``).
+
+    Raises:
+        ConfigError: a bad URL (see :func:`~durable_trio.open_backend`).
+        BrokerUnavailable: the backend cannot be reached.
+    """
+    async with AsyncExitStack() as stack:
+        if isinstance(backend, str):
+            opened = await stack.enter_async_context(open_backend(backend))
+        elif isinstance(backend, Backend):
+            opened = backend
+        else:
+            raise TypeError(f"open_operations takes a URL or a Backend, not {backend!r}")
+        store = await stack.enter_async_context(
+            open_run_store(opened, namespace or QueueNames(None).prefix)
+        )
+        yield Operations(opened, store, namespace)
