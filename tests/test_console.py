@@ -3,15 +3,18 @@ backend holding real runs: completed, failed (a step out of attempts) and retrie
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-import trio
 
 import durable_trio as dt
 from durable_trio.console import check_exposure, create_app
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    import trio
 
 pytest.importorskip("starlette")
 
@@ -59,19 +62,23 @@ def client(app: Any) -> httpx.AsyncClient:
 async def test_the_runs_page_lists_filters_and_finds_runs(world: dict[str, Any]) -> None:
     async with client(create_app(world["ops"])) as http:
         home = await http.get("/")
-        assert home.status_code == 303 and home.headers["location"] == "/runs"
+        assert home.status_code == 303
+        assert home.headers["location"] == "/runs"
         page = await http.get("/runs")
         assert page.status_code == 200
         assert all(f'href="/runs/{r}"' in page.text for r in ("ok0", "ok1", "ok2", "bad"))
         assert "content-security-policy" in page.headers
         failed = await http.get("/runs", params={"status": "failed"})
-        assert 'href="/runs/bad"' in failed.text and 'href="/runs/ok0"' not in failed.text
+        assert 'href="/runs/bad"' in failed.text
+        assert 'href="/runs/ok0"' not in failed.text
         found = await http.get("/runs", params={"q": "ok1"})
-        assert 'href="/runs/ok1"' in found.text and 'href="/runs/ok0"' not in found.text
+        assert 'href="/runs/ok1"' in found.text
+        assert 'href="/runs/ok0"' not in found.text
         missing = await http.get("/runs", params={"q": "nope"})
         assert "no run with id" in missing.text
         bad = await http.get("/runs", params={"status": "bogus"})
-        assert bad.status_code == 400 and "unknown status" in bad.text
+        assert bad.status_code == 400
+        assert "unknown status" in bad.text
         assert (await http.get("/runs", params={"limit": "x"})).status_code == 400
         assert (await http.get("/runs", params={"cursor": "junk"})).status_code == 400
 
@@ -85,9 +92,11 @@ async def test_paging_follows_the_cursor(world: dict[str, Any]) -> None:
             assert page.status_code == 200
             seen += [r for r in ("ok0", "ok1", "ok2", "bad") if f'href="/runs/{r}"' in page.text]
             marker = 'rel="next" href="'
-            url = page.text.split(marker, 1)[1].split('"', 1)[0].replace("&amp;", "&") if (
-                marker in page.text
-            ) else None
+            url = (
+                page.text.split(marker, 1)[1].split('"', 1)[0].replace("&amp;", "&")
+                if (marker in page.text)
+                else None
+            )
         assert sorted(seen) == ["bad", "ok0", "ok1", "ok2"]
 
 
@@ -96,20 +105,24 @@ async def test_the_run_page_shows_the_history_and_the_error(world: dict[str, Any
         page = await http.get("/runs/bad")
         assert page.status_code == 200
         assert "card declined for order bad" in page.text
-        assert "attempt 2" in page.text and "charge" in page.text
-        assert 'data-action="retry"' in page.text and " disabled" in page.text  # read-only
+        assert "attempt 2" in page.text
+        assert "charge" in page.text
+        assert 'data-action="retry"' in page.text
+        assert " disabled" in page.text
         assert (await http.get("/runs/nope")).status_code == 404
 
 
 async def test_actions_are_refused_unless_allowed(world: dict[str, Any]) -> None:
     async with client(create_app(world["ops"])) as http:
         refused = await http.post("/api/runs/retry", json={"run_id": "bad"}, headers=ACTION)
-        assert refused.status_code == 403 and "--allow-actions" in refused.json()["message"]
+        assert refused.status_code == 403
+        assert "--allow-actions" in refused.json()["message"]
     async with client(create_app(world["ops"], allow_actions=True)) as http:
         no_header = await http.post("/api/runs/retry", json={"run_id": "bad"})
         assert no_header.status_code == 403
         cross = await http.post(
-            "/api/runs/retry", json={"run_id": "bad"},
+            "/api/runs/retry",
+            json={"run_id": "bad"},
             headers={**ACTION, "Origin": "http://evil.example"},
         )
         assert cross.status_code == 403
@@ -126,7 +139,8 @@ async def test_retry_from_the_console_completes_the_failed_run(world: dict[str, 
     world["declined"].clear()
     async with client(create_app(world["ops"], allow_actions=True)) as http:
         reply = await http.post("/api/runs/retry", json={"run_id": "bad"}, headers=ACTION)
-        assert reply.status_code == 200 and reply.json()["ok"] is True
+        assert reply.status_code == 200
+        assert reply.json()["ok"] is True
         assert await world["engine"].result("bad") == {"receipt": {"charged": 9}}
         page = await http.get("/runs/bad")
         assert "badge-completed" in page.text
@@ -136,7 +150,8 @@ async def test_cancel_from_the_console(world: dict[str, Any]) -> None:
     engine = world["engine"]
     async with client(create_app(world["ops"], allow_actions=True)) as http:
         ended = await http.post("/api/runs/cancel", json={"run_id": "ok1"}, headers=ACTION)
-        assert ended.status_code == 200 and "already ended" in ended.json()["message"]
+        assert ended.status_code == 200
+        assert "already ended" in ended.json()["message"]
         await engine.start("order", {"id": "later", "amount": 1}, run_id="p", detach=True)
         reply = await http.post("/api/runs/cancel", json={"run_id": "p"}, headers=ACTION)
         assert reply.status_code == 200
@@ -145,9 +160,11 @@ async def test_cancel_from_the_console(world: dict[str, Any]) -> None:
 async def test_workers_and_queues_pages(world: dict[str, Any]) -> None:
     async with client(create_app(world["ops"], allow_actions=True)) as http:
         workers = await http.get("/workers")
-        assert workers.status_code == 200 and "Workers" in workers.text
+        assert workers.status_code == 200
+        assert "Workers" in workers.text
         queues = await http.get("/queues")
-        assert queues.status_code == 200 and "Set-aside jobs" in queues.text
+        assert queues.status_code == 200
+        assert "Set-aside jobs" in queues.text
         missing = await http.post(
             "/api/jobs/requeue", json={"queue": "shop:tasks:x", "job_id": "j"}, headers=ACTION
         )

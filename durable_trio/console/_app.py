@@ -82,7 +82,9 @@ def create_app(
     """
     view = _pages.Pages(ops, allow_actions=allow_actions)
 
-    def page(render: Callable[[Request], Awaitable[str]]) -> Callable[[Request], Awaitable[Response]]:
+    def page(
+        render: Callable[[Request], Awaitable[str]],
+    ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             try:
                 return _html(await render(request))

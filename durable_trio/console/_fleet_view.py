@@ -45,9 +45,17 @@ def render_workers(workers: list[WorkerView], queues: list[QueueView], now: floa
         busy = sum(w.in_flight or 0 for w in members)
         head = "".join(
             (f'<th class="num">{h}</th>' if n else f"<th>{h}</th>")
-            for h, n in (("worker", 0), ("mode", 0), ("limit", 1), ("in-flight", 1),
-                         ("headroom", 1), ("RSS", 1), ("CPU", 1), ("last beat", 0),
-                         ("other groups", 0))
+            for h, n in (
+                ("worker", 0),
+                ("mode", 0),
+                ("limit", 1),
+                ("in-flight", 1),
+                ("headroom", 1),
+                ("RSS", 1),
+                ("CPU", 1),
+                ("last beat", 0),
+                ("other groups", 0),
+            )
         )
         rows = "".join(
             "<tr>"
@@ -80,8 +88,15 @@ def render_workers(workers: list[WorkerView], queues: list[QueueView], now: floa
 def _queue_table(queues: list[QueueView]) -> Html:
     if not queues:
         return Html('<p class="empty">no queue holds a job or has a live worker</p>')
-    cols = (("queue", 0), ("ready", 1), ("delayed", 1), ("claimed", 1), ("set aside", 1),
-            ("live workers", 1), ("oldest ready", 1))
+    cols = (
+        ("queue", 0),
+        ("ready", 1),
+        ("delayed", 1),
+        ("claimed", 1),
+        ("set aside", 1),
+        ("live workers", 1),
+        ("oldest ready", 1),
+    )
     head = "".join((f'<th class="num">{h}</th>' if n else f"<th>{h}</th>") for h, n in cols)
     rows = "".join(
         "<tr>"
@@ -95,13 +110,15 @@ def _queue_table(queues: list[QueueView]) -> Html:
         "</tr>"
         for q in queues
     )
-    return Html(f'<table class="queues"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>')
+    return Html(
+        f'<table class="queues"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+    )
 
 
 def _evidence(view: FailedJobView) -> Html:
     job = view.job
     stalls = "".join(
-        f"<li>{stamp(s.at)} · worker <span class=\"mono\">{esc(s.worker or '?')}</span>"
+        f'<li>{stamp(s.at)} · worker <span class="mono">{esc(s.worker or "?")}</span>'
         f"{'' if s.counted else ' · not counted'}</li>"
         for s in job.stalls
     )
@@ -128,7 +145,12 @@ def _failed_table(failed: list[FailedJobView] | None, *, allow_actions: bool) ->
         buttons = action_button(
             "requeue", "/api/jobs/requeue", body, "Requeue", enabled=allow_actions
         ) + action_button(
-            "delete", "/api/jobs/delete", body, "Delete", enabled=allow_actions, css="danger",
+            "delete",
+            "/api/jobs/delete",
+            body,
+            "Delete",
+            enabled=allow_actions,
+            css="danger",
             confirm=f"Delete job {job.id} for good?",
         )
         rows.append(
@@ -142,7 +164,10 @@ def _failed_table(failed: list[FailedJobView] | None, *, allow_actions: bool) ->
     head = "".join(
         f"<th>{h}</th>" for h in ("queue", "job", "kind", "set aside", "error", "evidence", "")
     )
-    return Html(f'<table class="failed"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>')
+    return Html(
+        f'<table class="failed"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def render_queues(
@@ -155,6 +180,5 @@ def render_queues(
         + "<h2>Set-aside jobs</h2>"
         + '<p class="muted">Failed for good (poison, damaged, out of attempts), kept with their'
         " evidence. Requeue puts one back as pending with its counters reset; delete drops it."
-        "</p>"
-        + _failed_table(failed, allow_actions=allow_actions)
+        "</p>" + _failed_table(failed, allow_actions=allow_actions)
     )

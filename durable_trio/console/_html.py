@@ -127,7 +127,11 @@ def table(
 
 
 _CURRENT = ' aria-current="page"'
-_NAV = (("runs", "/runs", "Runs"), ("workers", "/workers", "Workers"), ("queues", "/queues", "Queues"))
+_NAV = (
+    ("runs", "/runs", "Runs"),
+    ("workers", "/workers", "Workers"),
+    ("queues", "/queues", "Queues"),
+)
 
 
 def page(

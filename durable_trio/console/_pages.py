@@ -53,8 +53,10 @@ class Pages:
 
     def error_page(self, title: str, message: str) -> str:
         """A page that says what went wrong (not refreshed)."""
-        body = Html(f'<h1>{esc(title)}</h1><p class="error-text">{esc(message)}</p>'
-                    '<p><a href="/runs">« runs</a></p>')
+        body = Html(
+            f'<h1>{esc(title)}</h1><p class="error-text">{esc(message)}</p>'
+            '<p><a href="/runs">« runs</a></p>'
+        )
         return self._page(title, "", body, live=False)
 
     # -- pages ------------------------------------------------------------------------------

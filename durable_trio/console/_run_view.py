@@ -27,7 +27,13 @@ def error_text(error: Any) -> str:
 
 
 def action_button(
-    action: str, url: str, body: dict[str, str], label: str, *, enabled: bool, css: str = "",
+    action: str,
+    url: str,
+    body: dict[str, str],
+    label: str,
+    *,
+    enabled: bool,
+    css: str = "",
     confirm: str | None = None,
 ) -> Html:
     """A button the script turns into a ``POST`` of ``body`` to ``url``."""
@@ -36,7 +42,7 @@ def action_button(
     return Html(
         f'<button type="button" class="{attr(css)}" data-action="{attr(action)}"'
         f' data-url="{attr(url)}" data-body="{attr(orjson.dumps(body).decode())}"'
-        f'{question}{title}{"" if enabled else " disabled"}>{esc(label)}</button>'
+        f"{question}{title}{'' if enabled else ' disabled'}>{esc(label)}</button>"
     )
 
 
@@ -87,12 +93,12 @@ def _step_rows(step: StepView, start: float, span: float) -> str:
     first = (
         '<tr class="step">'
         f'<td class="mono">{esc(step.step_id)}</td>'
-        f"<td><b>{esc(step.name)}</b> <span class=\"muted\">{esc(step.kind.value)}</span></td>"
+        f'<td><b>{esc(step.name)}</b> <span class="muted">{esc(step.kind.value)}</span></td>'
         f"<td>{status_badge(step.status)}</td>"
         f"<td>{stamp(step.created_at)}</td>"
         f"<td>{stamp(step.updated_at if step.status is not StepState.PENDING else None)}</td>"
         f'<td class="num">{esc(duration(step.duration))}</td>'
-        f'<td>{len(step.attempts)} attempt{"s" if len(step.attempts) != 1 else ""}</td>'
+        f"<td>{len(step.attempts)} attempt{'s' if len(step.attempts) != 1 else ''}</td>"
         f"<td>{_bar(step, start, span)}</td>"
         f'<td class="error-text">{esc(error_text(step.error))}</td>'
         "</tr>"
@@ -106,11 +112,22 @@ def _timeline(details: RunDetails) -> Html:
     start, span = _span(details)
     head = "".join(
         f"<th>{h}</th>"
-        for h in ("step", "name", "status", "started", "ended", "duration", "attempts / worker",
-                  "timeline / last beat", "error")
+        for h in (
+            "step",
+            "name",
+            "status",
+            "started",
+            "ended",
+            "duration",
+            "attempts / worker",
+            "timeline / last beat",
+            "error",
+        )
     )
     rows = "".join(_step_rows(step, start, span) for step in details.steps)
-    return Html(f'<table class="timeline"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>')
+    return Html(
+        f'<table class="timeline"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+    )
 
 
 def _timers(details: RunDetails) -> Html:
@@ -134,13 +151,26 @@ def render_run(details: RunDetails, *, allow_actions: bool) -> Html:
     buttons = []
     if run.status is RunStatus.FAILED:
         buttons.append(
-            action_button("retry", "/api/runs/retry", body, "Retry from the failed step",
-                          enabled=allow_actions, css="primary")
+            action_button(
+                "retry",
+                "/api/runs/retry",
+                body,
+                "Retry from the failed step",
+                enabled=allow_actions,
+                css="primary",
+            )
         )
     if not run.status.terminal:
         buttons.append(
-            action_button("cancel", "/api/runs/cancel", body, "Cancel", enabled=allow_actions,
-                          css="danger", confirm=f"Cancel run {run.run_id}?")
+            action_button(
+                "cancel",
+                "/api/runs/cancel",
+                body,
+                "Cancel",
+                enabled=allow_actions,
+                css="danger",
+                confirm=f"Cancel run {run.run_id}?",
+            )
         )
     took = duration(run.updated_at - run.created_at) if run.status.terminal else "—"
     facts = [

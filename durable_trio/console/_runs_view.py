@@ -130,6 +130,5 @@ def render_runs(
     if next_cursor and not searched:
         pager.append(f'<a rel="next" href="{attr(filters.link(cursor=next_cursor))}">older »</a>')
     return Html(
-        f"<h1>{esc(heading)}</h1>{_form(filters)}{listing}"
-        f'<div class="pager">{"".join(pager)}</div>'
+        f'<h1>{esc(heading)}</h1>{_form(filters)}{listing}<div class="pager">{"".join(pager)}</div>'
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import trio
 from hypercorn.config import Config
@@ -18,6 +18,8 @@ from ._security import check_exposure
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
+
+    from hypercorn.typing import Framework
 
     from .._ops import Operations
 
@@ -69,7 +71,16 @@ async def serve_console(
     app = create_app(ops, allow_actions=allow_actions, token=token)
 
     async def started_with(*, task_status: trio.TaskStatus[list[str]]) -> None:
-        await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+        async def trigger() -> None:
+            if shutdown_trigger is None:
+                await trio.sleep_forever()
+            else:
+                await shutdown_trigger()
+
+        # hypercorn's own ASGI types are narrower than Starlette's: the same protocol.
+        await serve(
+            cast("Framework", app), config, shutdown_trigger=trigger, task_status=task_status
+        )
 
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(started_with)
