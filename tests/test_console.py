@@ -209,3 +209,14 @@ def test_beyond_loopback_a_token_is_required() -> None:
     with pytest.raises(dt.ConfigError, match="at least 16"):
         check_exposure("0.0.0.0", "short")
     check_exposure("0.0.0.0", "a-long-enough-token-123")
+
+
+def test_the_cli_refuses_beyond_loopback_without_a_token(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from durable_trio._cli import main
+
+    assert main(["console", "--backend", "memory://", "--host", "0.0.0.0"]) == 2
+    assert "--token" in capsys.readouterr().err
+    assert main(["console", "--backend", "memory://", "--token", "short"]) == 2
+    assert "at least 16" in capsys.readouterr().err
