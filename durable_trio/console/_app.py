@@ -20,6 +20,7 @@ from starlette.staticfiles import StaticFiles
 from .._engine import RunNotFound
 from .._errors import DurableTrioError
 from . import _pages
+from ._pages import BadRequest
 from ._security import ACTION_HEADER, ACTION_HEADER_VALUE, TokenGuard, same_origin
 
 if TYPE_CHECKING:
@@ -49,10 +50,6 @@ _PAGE_HEADERS = {
         " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     ),
 }
-
-
-class BadRequest(DurableTrioError, ValueError):
-    """A request the console cannot act on (a bad filter, a bad action body): a 400."""
 
 
 def _html(markup: str, status: int = 200) -> HTMLResponse:

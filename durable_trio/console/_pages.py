@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .._engine import RunNotFound
-from .._errors import ConfigError
+from .._errors import ConfigError, DurableTrioError
 from ._fleet_view import render_queues, render_workers
 from ._html import Html, esc, page
 from ._run_view import render_run
@@ -17,14 +17,16 @@ if TYPE_CHECKING:
 
     from .._ops import FailedJobView, Operations
 
-__all__ = ["Pages"]
+__all__ = ["BadRequest", "Pages"]
+
+
+class BadRequest(DurableTrioError, ValueError):
+    """A request the console cannot act on (a bad filter, a bad action body): a 400."""
 
 
 def _field(body: dict[str, str], name: str) -> str:
     value = body.get(name, "")
     if not value:
-        from ._app import BadRequest
-
         raise BadRequest(f"the body needs a non-empty {name!r}")
     return value
 
