@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import adaptive, engine, memory, ops, redis_clients, simulation, soak
+from . import adaptive, console, engine, memory, ops, redis_clients, simulation, soak
 from . import redis as ours_on_redis
 from .redis_server import RedisError, private_redis, redis_version
 
@@ -87,6 +87,7 @@ SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "redis-clients": redis_clients.section,
     "sqlite": _sqlite,
     "ops": ops.section,
+    "console": console.section,
     "simulation": _simulation,
     "soak": _soak,
 }

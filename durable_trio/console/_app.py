@@ -1,0 +1,152 @@
+"""The console's ASGI app: :func:`create_app` over an :class:`~durable_trio.Operations`.
+
+Pages are rendered on the server (``_pages``); the only script (``static/console.js``) refreshes
+the page shown by polling its own address and posts the actions. Actions are ``POST`` with a
+JSON body to ``/api/...`` and answer JSON ``{"ok": ..., "message": ...}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from .._engine import RunNotFound
+from .._errors import DurableTrioError
+from . import _pages
+from ._pages import BadRequest
+from ._security import ACTION_HEADER, ACTION_HEADER_VALUE, TokenGuard, same_origin
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from starlette.requests import Request
+    from starlette.types import ASGIApp
+
+    from .._ops import Operations
+
+__all__ = ["STATIC", "create_app"]
+
+logger = logging.getLogger("durable_trio.console")
+
+#: The console's static files, shipped in the package.
+STATIC = Path(__file__).resolve().parent / "static"
+
+#: Headers on every page: no caching of live data, no framing, no sniffing, only our own
+#: scripts and styles.
+_PAGE_HEADERS = {
+    "cache-control": "no-store",
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "content-security-policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self';"
+        " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+}
+
+
+def _html(markup: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(markup, status_code=status, headers=_PAGE_HEADERS)
+
+
+def _reply(ok: bool, message: str, status: int) -> JSONResponse:
+    return JSONResponse({"ok": ok, "message": message}, status_code=status, headers=_PAGE_HEADERS)
+
+
+def create_app(
+    ops: Operations, *, allow_actions: bool = False, token: str | None = None
+) -> ASGIApp:
+    """The console as an ASGI app, reading and acting through ``ops``.
+
+    Args:
+        ops: an open :class:`~durable_trio.Operations` (``dt.open_operations(url)``); the app
+            does not close it.
+        allow_actions: whether retry, cancel, requeue and delete are allowed; without it every
+            action answers 403 (the console is read-only).
+        token: when given, every request must carry it (``Authorization: Bearer``, or the cookie
+            set by opening a page once as ``?token=``); see :mod:`durable_trio.console`.
+
+    Returns:
+        an ASGI app (serve it with :func:`~durable_trio.console.serve_console`, or any ASGI
+        server that runs on Trio).
+    """
+    view = _pages.Pages(ops, allow_actions=allow_actions)
+
+    def page(
+        render: Callable[[Request], Awaitable[str]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return _html(await render(request))
+            except RunNotFound as exc:
+                return _html(view.error_page("Not found", str(exc)), 404)
+            except (BadRequest, ValueError) as exc:
+                return _html(view.error_page("Bad request", str(exc)), 400)
+            except DurableTrioError as exc:
+                logger.warning("console page %s failed: %r", request.url.path, exc)
+                return _html(view.error_page("The backend did not answer", str(exc)), 503)
+
+        return endpoint
+
+    def action(
+        name: str, run: Callable[[dict[str, str]], Awaitable[str]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            if not allow_actions:
+                return _reply(False, "actions are off: start the console with --allow-actions", 403)
+            if request.headers.get(ACTION_HEADER) != ACTION_HEADER_VALUE:
+                return _reply(False, f"an action needs the {ACTION_HEADER} header", 403)
+            origin = request.headers.get("origin")
+            if origin is not None and not same_origin(origin, request.headers.get("host", "")):
+                return _reply(False, "an action from another origin is refused", 403)
+            try:
+                body = _body(await request.body())
+                message = await run(body)
+            except BadRequest as exc:
+                return _reply(False, str(exc), 400)
+            except RunNotFound as exc:
+                return _reply(False, str(exc), 404)
+            except (DurableTrioError, ValueError) as exc:
+                return _reply(False, str(exc), 409)
+            logger.info("console action %s %s: %s", name, body, message)
+            return _reply(True, message, 200)
+
+        return endpoint
+
+    async def home(request: Request) -> Response:
+        return RedirectResponse("/runs", status_code=303)
+
+    routes = [
+        Route("/", home),
+        Route("/runs", page(view.runs_page)),
+        Route("/runs/{run_id:path}", page(view.run_page)),
+        Route("/workers", page(view.workers_page)),
+        Route("/queues", page(view.queues_page)),
+        Route("/api/runs/retry", action("retry", view.retry), methods=["POST"]),
+        Route("/api/runs/cancel", action("cancel", view.cancel), methods=["POST"]),
+        Route("/api/jobs/requeue", action("requeue", view.requeue), methods=["POST"]),
+        Route("/api/jobs/delete", action("delete", view.delete), methods=["POST"]),
+        Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
+    ]
+    app = Starlette(routes=routes)
+    return TokenGuard(app, token=token)
+
+
+def _body(raw: bytes) -> dict[str, str]:
+    """An action's JSON body: an object of string fields."""
+    try:
+        data: Any = orjson.loads(raw or b"{}")
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the body is not JSON: {exc}") from None
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+    ):
+        raise BadRequest("the body must be a JSON object of strings")
+    return data

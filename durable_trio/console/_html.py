@@ -1,0 +1,170 @@
+"""Small HTML helpers for the console's pages: escaping, the page layout, times and durations.
+
+Every value that comes from the store or the broker goes through :func:`esc` (or :func:`attr`
+inside an attribute): a run input or an error message is shown, never interpreted.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
+
+import orjson
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+__all__ = [
+    "Html",
+    "ago",
+    "attr",
+    "duration",
+    "esc",
+    "json_block",
+    "page",
+    "path_part",
+    "query",
+    "stamp",
+    "status_badge",
+    "table",
+]
+
+
+#: Below this a store time is not Unix time but a monotonic clock's (``memory://``): 1973.
+_UNIX_FLOOR = 1e8
+
+
+class Html(str):
+    """Markup already escaped: :func:`esc` leaves it as it is."""
+
+    __slots__ = ()
+
+
+def esc(value: object) -> Html:
+    """``value`` as text in HTML (markup passes through as it is)."""
+    if isinstance(value, Html):
+        return value
+    return Html(html.escape("" if value is None else str(value), quote=False))
+
+
+def attr(value: object) -> str:
+    """``value`` escaped for a double-quoted attribute."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def path_part(value: str) -> str:
+    """``value`` as one segment of a path (``/`` escaped too)."""
+    return quote(value, safe="")
+
+
+def query(params: Mapping[str, str | None]) -> str:
+    """``?a=1&b=2`` of the non-empty ``params`` (or ``""``)."""
+    kept = [(key, value) for key, value in params.items() if value]
+    return f"?{urlencode(kept)}" if kept else ""
+
+
+def stamp(seconds: float | None) -> Html:
+    """A wall-clock time (UTC) in a ``<time>`` element, or an em dash."""
+    if seconds is None:
+        return Html("—")
+    if seconds < _UNIX_FLOOR:  # a monotonic store clock (memory://, trio's): no wall time
+        return Html(f'<time class="mono">t={seconds:.3f}</time>')
+    text = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds))
+    return Html(f'<time datetime="{attr(seconds)}">{text}</time>')
+
+
+def duration(seconds: float | None) -> str:
+    """``0.42 s``, ``3.1 s``, ``4 min 05 s``, ``2 h 03 min`` (or an em dash)."""
+    if seconds is None:
+        return "—"
+    if seconds < 0:
+        seconds = 0.0
+    if seconds < 10:
+        return f"{seconds:.2f} s"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+
+
+def ago(seconds: float | None, now: float) -> str:
+    """How long before ``now`` (same clock) ``seconds`` was: ``3.0 s ago``."""
+    return "—" if seconds is None else f"{duration(now - seconds)} ago"
+
+
+def status_badge(status: object) -> Html:
+    """A status as a coloured badge (the class is the status's own name)."""
+    text = str(getattr(status, "value", status))
+    css = "".join(c for c in text.lower() if c.isalnum() or c == "_")
+    return Html(f'<span class="badge badge-{css}">{esc(text)}</span>')
+
+
+def json_block(value: Any) -> Html:
+    """A JSON value, indented, in a ``<pre>``."""
+    try:
+        text = orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+    except TypeError:
+        text = repr(value)
+    return Html(f'<pre class="json">{esc(text)}</pre>')
+
+
+def table(
+    headers: Iterable[str], rows: Iterable[Iterable[object]], *, empty: str, css: str = ""
+) -> Html:
+    """A table; ``empty`` is said instead when there is no row."""
+    body = "".join(
+        "<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in rows
+    )
+    if not body:
+        return Html(f'<p class="empty">{esc(empty)}</p>')
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    return Html(
+        f'<table class="{attr(css)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    )
+
+
+_CURRENT = ' aria-current="page"'
+_NAV = (
+    ("runs", "/runs", "Runs"),
+    ("workers", "/workers", "Workers"),
+    ("queues", "/queues", "Queues"),
+)
+
+
+def page(
+    *,
+    title: str,
+    section: str,
+    body: Html,
+    namespace: str,
+    allow_actions: bool,
+    live: bool = True,
+) -> Html:
+    """A whole page: the header, the navigation and ``body`` in ``<main>``.
+
+    ``live`` pages are refreshed by the script (see ``console.js``) while they are shown.
+    """
+    nav = "".join(
+        f'<a href="{href}"{_CURRENT if key == section else ""}>{label}</a>'
+        for key, href, label in _NAV
+    )
+    mode = "actions allowed" if allow_actions else "read-only"
+    return Html(
+        "<!doctype html>"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)} · durable_trio console</title>"
+        '<link rel="stylesheet" href="/static/console.css">'
+        '<script src="/static/console.js" defer></script>'
+        "</head>"
+        f'<body data-live="{"1" if live else "0"}" data-actions="{"1" if allow_actions else "0"}">'
+        '<header><span class="brand">durable_trio</span>'
+        f"<nav>{nav}</nav>"
+        f'<span class="meta">namespace <b>{esc(namespace)}</b> · {mode}'
+        ' · <span id="live-state">live</span></span></header>'
+        f'<main id="main">{body}</main>'
+        "</body></html>"
+    )

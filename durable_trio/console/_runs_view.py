@@ -1,0 +1,134 @@
+"""The runs page: filters (status, workflow), search by id, paging by the store's cursor."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._engine import RunStatus
+from ._html import Html, attr, esc, path_part, query, stamp, status_badge
+
+if TYPE_CHECKING:
+    from .._engine import RunRecord
+
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "RunFilters", "render_runs"]
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+
+
+class RunFilters:
+    """The runs page's query: checked, with a clear error for a bad value."""
+
+    def __init__(self, params: dict[str, str]) -> None:
+        status = params.get("status", "").strip()
+        if status and status not in {s.value for s in RunStatus}:
+            choices = ", ".join(s.value for s in RunStatus)
+            raise ValueError(f"unknown status {status!r}: one of {choices}")
+        self.status: str | None = status or None
+        self.workflow: str | None = params.get("workflow", "").strip() or None
+        self.search: str | None = params.get("q", "").strip() or None
+        self.cursor: str | None = params.get("cursor") or None
+        raw_limit = params.get("limit", "").strip()
+        try:
+            limit = int(raw_limit) if raw_limit else DEFAULT_LIMIT
+        except ValueError:
+            raise ValueError(f"limit must be a whole number, not {raw_limit!r}") from None
+        if not 1 <= limit <= MAX_LIMIT:
+            raise ValueError(f"limit must be 1..{MAX_LIMIT}, not {limit}")
+        self.limit = limit
+
+    def link(self, **changes: str | None) -> str:
+        """The runs page's address with these filters, ``changes`` applied."""
+        params: dict[str, str | None] = {
+            "status": self.status,
+            "workflow": self.workflow,
+            "limit": str(self.limit) if self.limit != DEFAULT_LIMIT else None,
+        }
+        params.update(changes)
+        return "/runs" + query(params)
+
+
+def _form(filters: RunFilters) -> Html:
+    options = "".join(
+        f'<option value="{s.value}"{" selected" if filters.status == s.value else ""}>'
+        f"{s.value}</option>"
+        for s in RunStatus
+    )
+    return Html(
+        '<form class="filters" method="get" action="/runs">'
+        '<label>status<select name="status"><option value="">any</option>'
+        f"{options}</select></label>"
+        '<label>workflow<input name="workflow" placeholder="any" '
+        f'value="{attr(filters.workflow)}"></label>'
+        '<button type="submit">Filter</button>'
+        "</form>"
+        '<form class="filters" method="get" action="/runs">'
+        '<label>run id<input name="q" placeholder="find a run by id" '
+        f'value="{attr(filters.search)}"></label>'
+        '<button type="submit">Find</button></form>'
+    )
+
+
+def _row(run: RunRecord) -> str:
+    error = ""
+    if isinstance(run.error, dict):
+        error = str(run.error.get("message") or run.error.get("type") or "")
+    elif run.error is not None:
+        error = str(run.error)
+    return (
+        "<tr>"
+        f'<td class="mono"><a href="/runs/{attr(path_part(run.run_id))}">{esc(run.run_id)}</a></td>'
+        f"<td>{esc(run.workflow)}</td>"
+        f"<td>{status_badge(run.status)}</td>"
+        f"<td>{stamp(run.created_at)}</td>"
+        f"<td>{stamp(run.updated_at)}</td>"
+        f'<td class="error-text">{esc(error[:200])}</td>'
+        "</tr>"
+    )
+
+
+def render_runs(
+    filters: RunFilters,
+    runs: list[RunRecord],
+    next_cursor: str | None,
+    *,
+    searched: bool = False,
+) -> Html:
+    """The runs page's body.
+
+    Args:
+        runs: this page's runs (newest first), or the one found by id.
+        next_cursor: the store's cursor of the next page (``None``: the last page).
+        searched: ``runs`` is the result of a search by id (no paging).
+    """
+    heading = "Runs"
+    if searched:
+        heading = f"Run id {filters.search!r}"
+    elif filters.status or filters.workflow:
+        shown = ", ".join(
+            f"{key} {value}"
+            for key, value in (("status", filters.status), ("workflow", filters.workflow))
+            if value
+        )
+        heading = f"Runs ({shown})"
+    if runs:
+        head = "".join(
+            f"<th>{h}</th>" for h in ("run id", "workflow", "status", "created", "updated", "error")
+        )
+        listing = (
+            f'<table class="runs"><thead><tr>{head}</tr></thead><tbody>'
+            + "".join(_row(run) for run in runs)
+            + "</tbody></table>"
+        )
+    elif searched:
+        listing = f'<p class="empty">no run with id {esc(repr(filters.search))}</p>'
+    else:
+        listing = '<p class="empty">no run matches</p>'
+    pager = []
+    if filters.cursor and not searched:
+        pager.append(f'<a href="{attr(filters.link())}">« newest</a>')
+    if next_cursor and not searched:
+        pager.append(f'<a rel="next" href="{attr(filters.link(cursor=next_cursor))}">older »</a>')
+    return Html(
+        f'<h1>{esc(heading)}</h1>{_form(filters)}{listing}<div class="pager">{"".join(pager)}</div>'
+    )

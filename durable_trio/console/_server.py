@@ -1,0 +1,127 @@
+"""Serving the console from Trio: hypercorn's Trio worker, bounded graceful close."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import TYPE_CHECKING, cast
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from .._errors import ConfigError
+from .._ops import open_operations
+from .._signals import close_on_signals
+from ._app import create_app
+from ._security import check_exposure
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from hypercorn.typing import Framework
+
+    from .._ops import Operations
+
+__all__ = ["GRACEFUL_TIMEOUT", "run_console", "serve_console"]
+
+#: Seconds requests still running get to finish once the close starts; the rest are cancelled.
+GRACEFUL_TIMEOUT = 2.0
+
+
+def _bind(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+async def serve_console(
+    ops: Operations,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    allow_actions: bool = False,
+    token: str | None = None,
+    shutdown_trigger: Callable[[], Awaitable[object]] | None = None,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the console over ``ops`` until ``shutdown_trigger`` returns or this is cancelled.
+
+    Args:
+        ops: an open :class:`~durable_trio.Operations` (not closed here).
+        host: the address to listen on; beyond loopback a ``token`` is required.
+        port: the TCP port (0: a free one, told through ``task_status``).
+        allow_actions: allow retry, cancel, requeue and delete (403 otherwise).
+        token: the token every request must carry (see :mod:`durable_trio.console`).
+        shutdown_trigger: when it returns, the close starts: no new connection, requests
+            still running get :data:`GRACEFUL_TIMEOUT` seconds.
+        task_status: for ``nursery.start``: started with the console's base URL
+            (``http://127.0.0.1:8080``).
+
+    Raises:
+        ConfigError: beyond loopback without a token, a malformed token, or a bad port.
+        OSError: the address cannot be listened on (e.g. the port is taken).
+    """
+    check_exposure(host, token)
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"port must be 0..65535, not {port}")
+    config = Config()
+    config.bind = [_bind(host, port)]
+    config.graceful_timeout = GRACEFUL_TIMEOUT
+    config.accesslog = None
+    config.errorlog = logging.getLogger("durable_trio.console.server")
+    app = create_app(ops, allow_actions=allow_actions, token=token)
+
+    async def started_with(*, task_status: trio.TaskStatus[list[str]]) -> None:
+        async def trigger() -> None:
+            if shutdown_trigger is None:
+                await trio.sleep_forever()
+            else:
+                await shutdown_trigger()
+
+        # hypercorn's own ASGI types are narrower than Starlette's: the same protocol.
+        await serve(
+            cast("Framework", app), config, shutdown_trigger=trigger, task_status=task_status
+        )
+
+    async with trio.open_nursery() as nursery:
+        binds: list[str] = await nursery.start(started_with)
+        task_status.started(binds[0])
+
+
+async def run_console(
+    url: str,
+    *,
+    namespace: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    allow_actions: bool = False,
+    token: str | None = None,
+    announce: Callable[[str], object] = print,
+) -> None:
+    """``durable-trio console``: open ``url``'s operations and serve the console until SIGINT
+    or SIGTERM (the first starts the graceful close, a second ends it at once).
+
+    Args:
+        url: the backend URL (``memory://``, ``sqlite:///...``, ``redis://...``).
+        namespace: the namespace to show (the operations' default when ``None``).
+        announce: called once with the console's base URL when it listens.
+
+    Raises:
+        ConfigError: as :func:`serve_console`, checked before the backend is opened.
+    """
+    check_exposure(host, token)
+    options = {} if namespace is None else {"namespace": namespace}
+    async with open_operations(url, **options) as ops:
+        async with close_on_signals() as signals:
+            async with trio.open_nursery() as nursery:
+                base = await nursery.start(
+                    partial(
+                        serve_console,
+                        ops,
+                        host=host,
+                        port=port,
+                        allow_actions=allow_actions,
+                        token=token,
+                        shutdown_trigger=signals.wait,
+                    )
+                )
+                announce(base)

@@ -1,0 +1,109 @@
+"""End to end in a real headless browser (Debian's chromium through its chromedriver, driven
+by Selenium): the console on a free port over a SQLite backend holding a failed run, beside an
+engine that can resume it; the runs page, the failed run, a click on retry, the run completed.
+
+Real time (a browser does not follow a virtual clock), bounded: every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import durable_trio as dt
+from durable_trio.console import serve_console
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(90)]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+def _shop(declined: set[str]) -> dt.App:
+    app = dt.App("shop")
+
+    @app.step("charge", retry=dt.Retry(max_attempts=1))
+    async def charge(order: dict[str, Any]) -> dict[str, Any]:
+        if order["id"] in declined:
+            raise ValueError(f"card declined for order {order['id']}")
+        return {"charged": order["amount"]}
+
+    @app.workflow("order")
+    async def order(ctx: dt.WorkflowContext, order: dict[str, Any]) -> dict[str, Any]:
+        return {"receipt": await ctx.step("charge", order)}
+
+    return app
+
+
+def test_retry_a_failed_run_in_a_real_browser(tmp_path: Path) -> None:
+    if not (Path(CHROMIUM).exists() and shutil.which(CHROMEDRIVER)):
+        pytest.skip("chromium and chromium-driver are not installed (.ci/run installs them)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    url = "sqlite:///" + str(tmp_path / "console.db")
+    declined = {"bad"}
+    app = _shop(declined)
+    ready = threading.Event()
+    state: dict[str, Any] = {}
+
+    async def serve() -> None:
+        async with dt.open_backend(url) as backend:
+            async with dt.open_worker(app, backend, concurrency=2):
+                async with dt.open_engine(app, backend, reconcile_interval=0.5) as engine:
+                    await engine.start("order", {"id": "ok", "amount": 1}, run_id="ok")
+                    await engine.result("ok")
+                    await engine.start("order", {"id": "bad", "amount": 9}, run_id="bad")
+                    with pytest.raises(dt.RunFailed):
+                        await engine.result("bad")
+                    declined.clear()  # the card works now: a retry can complete
+                    async with dt.open_operations(backend, namespace="shop") as ops:
+                        async with trio.open_nursery() as nursery:
+                            base = await nursery.start(
+                                partial(serve_console, ops, port=0, allow_actions=True)
+                            )
+                            state["base"] = base
+                            state["cancel"] = nursery.cancel_scope
+                            state["token"] = trio.lowlevel.current_trio_token()
+                            ready.set()
+
+    def run() -> None:
+        try:
+            trio.run(serve)
+        except BaseException as exc:  # reported by the test below
+            state["error"] = exc
+            ready.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(30), "the console did not start"
+    assert "error" not in state, state.get("error")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        wait = WebDriverWait(driver, 20)
+        driver.get(state["base"] + "/runs")
+        assert "Runs" in driver.title
+        driver.find_element(By.CSS_SELECTOR, 'a[href="/runs/bad"]').click()
+        wait.until(lambda d: "card declined" in d.page_source)
+        driver.find_element(By.CSS_SELECTOR, 'button[data-action="retry"]').click()
+        wait.until(lambda d: "reopened" in d.find_element(By.ID, "flash").text)
+        # the page polls itself: the engine resumes the run and the page shows it completed
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "h1 .badge-completed"))
+    finally:
+        driver.quit()
+        trio.from_thread.run_sync(state["cancel"].cancel, trio_token=state["token"])
+        thread.join(15)
+    assert not thread.is_alive()
+    assert "error" not in state, state.get("error")
