@@ -6,18 +6,14 @@ query and the HTML render, without a network hop."""
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import httpx
-import trio
 
 import durable_trio as dt
 from durable_trio.console import create_app
 
-from .ops import REPEAT, _fill, _median_ms
-from .redis_server import RedisError, private_redis
+from .ops import REPEAT, _deepest_cursor, _fill, _median_ms, over_backends
 
 Figures = dict[str, Any]
 
@@ -28,11 +24,7 @@ async def _measure(url: str, count: int, label: str) -> Figures:
         dt.open_operations(backend, namespace="bench") as ops,
     ):
         await _fill(ops.store, count)
-        cursor = (await ops.list_runs(limit=50)).next_cursor
-        deep = cursor
-        while cursor is not None:
-            deep = cursor
-            cursor = (await ops.list_runs(limit=50, cursor=cursor)).next_cursor
+        deep = await _deepest_cursor(ops, (await ops.list_runs(limit=50)).next_cursor)
         transport = httpx.ASGITransport(app=create_app(ops))
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
 
@@ -53,14 +45,4 @@ async def _measure(url: str, count: int, label: str) -> Figures:
 
 def section(quick: bool) -> Figures:
     """The section's figures (``quick``: 2,000 runs instead of 10,000)."""
-    count = 2_000 if quick else 10_000
-    figures: Figures = {}
-    with tempfile.TemporaryDirectory() as folder:
-        url = "sqlite:///" + str(Path(folder) / "console.db")
-        figures |= trio.run(_measure, url, count, "sqlite")
-    try:
-        with private_redis() as server:
-            figures |= trio.run(_measure, server.url, count, "redis")
-    except RedisError as exc:
-        figures["console: runs page redis skipped"] = (float("nan"), f"no redis-server: {exc}")
-    return figures
+    return over_backends("console: runs page", _measure, quick)

@@ -44,6 +44,31 @@ async def _median_ms(call: Any) -> float:
     return statistics.median(times)
 
 
+async def _deepest_cursor(ops: dt.Operations, cursor: str | None) -> str | None:
+    """Walk from ``cursor`` to the last page of 50: its cursor is the deepest one."""
+    deep = cursor
+    while cursor is not None:
+        deep = cursor
+        cursor = (await ops.list_runs(limit=50, cursor=cursor)).next_cursor
+    return deep
+
+
+def over_backends(name: str, measure: Any, quick: bool) -> Figures:
+    """``measure(url, count, label)`` on a SQLite file and on a private Redis (``quick``: 2,000
+    runs instead of 10,000); ``name`` labels the figure of a Redis that could not start."""
+    count = 2_000 if quick else 10_000
+    figures: Figures = {}
+    with tempfile.TemporaryDirectory() as folder:
+        url = "sqlite:///" + str(Path(folder) / "bench.db")
+        figures |= trio.run(measure, url, count, "sqlite")
+    try:
+        with private_redis() as server:
+            figures |= trio.run(measure, server.url, count, "redis")
+    except RedisError as exc:
+        figures[f"{name} redis skipped"] = (float("nan"), f"no redis-server: {exc}")
+    return figures
+
+
 async def _measure(url: str, count: int, label: str) -> Figures:
     async with (
         dt.open_backend(url) as backend,
@@ -52,11 +77,7 @@ async def _measure(url: str, count: int, label: str) -> Figures:
         await _fill(ops.store, count)
         first = await ops.list_runs(limit=50)
         assert len(first.runs) == 50
-        cursor = first.next_cursor
-        deep = cursor
-        while cursor is not None:  # walk to the last page: its cursor is the deepest one
-            deep = cursor
-            cursor = (await ops.list_runs(limit=50, cursor=cursor)).next_cursor
+        deep = await _deepest_cursor(ops, first.next_cursor)
         first_ms = await _median_ms(lambda: ops.list_runs(limit=50))
         deep_ms = await _median_ms(lambda: ops.list_runs(limit=50, cursor=deep))
     note = f"median of {REPEAT}, {count:,} runs"
@@ -68,14 +89,4 @@ async def _measure(url: str, count: int, label: str) -> Figures:
 
 def section(quick: bool) -> Figures:
     """The section's figures (``quick``: 2,000 runs instead of 10,000)."""
-    count = 2_000 if quick else 10_000
-    figures: Figures = {}
-    with tempfile.TemporaryDirectory() as folder:
-        url = "sqlite:///" + str(Path(folder) / "ops.db")
-        figures |= trio.run(_measure, url, count, "sqlite")
-    try:
-        with private_redis() as server:
-            figures |= trio.run(_measure, server.url, count, "redis")
-    except RedisError as exc:
-        figures["ops: list runs redis skipped"] = (float("nan"), f"no redis-server: {exc}")
-    return figures
+    return over_backends("ops: list runs", _measure, quick)
