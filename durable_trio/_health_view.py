@@ -434,7 +434,7 @@ async def run_health(
     prometheus: int | None,
 ) -> None:
     """What the command does (see :func:`durable_trio._cli.main`)."""
-    async with open_backend(url) as backend:
+    async with open_backend(url, existing=True) as backend:
         reader = HealthReader(backend, namespace)  # one for the whole command
         if prometheus is not None:
             from ._ops import open_operations

@@ -608,7 +608,7 @@ def workers_of(groups: Any) -> list[WorkerView]:
 
 @asynccontextmanager
 async def open_operations(
-    backend: str | Backend, *, namespace: str | None = None
+    backend: str | Backend, *, namespace: str | None = None, existing: bool = False
 ) -> AsyncIterator[Operations]:
     """Open the operator's calls on ``namespace`` of ``backend``; close what was opened on
     leaving.
@@ -620,6 +620,8 @@ async def open_operations(
             your engines use to see their runs.
         namespace: the namespace of the engines and workers to operate (their transport
             namespace: by default their app's name; ``None``: ``"durable"``).
+        existing: with a URL, a SQLite file must exist already (as
+            :func:`~durable_trio.open_backend`; what the ``durable-trio`` commands pass).
 
     Raises:
         ConfigError: a bad URL (see :func:`~durable_trio.open_backend`).
@@ -627,7 +629,7 @@ async def open_operations(
     """
     async with AsyncExitStack() as stack:
         if isinstance(backend, str):
-            opened = await stack.enter_async_context(open_backend(backend))
+            opened = await stack.enter_async_context(open_backend(backend, existing=existing))
         elif isinstance(backend, Backend):
             opened = backend
         else:

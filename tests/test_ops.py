@@ -452,6 +452,45 @@ def test_a_missing_sqlite_folder_is_one_line(
     assert err.startswith("error: ")
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [("runs", "list"), ("runs", "show", "r-1"), ("jobs", "failed"), ("queues",), ("health",)],
+    ids=" ".join,
+)
+def test_a_command_that_reads_makes_no_database_at_a_mistyped_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...]
+) -> None:
+    # A typo in the path is said: no new empty database (nor its folder) that then reads as
+    # "no runs" or "no live workers".
+    typo = tmp_path / "var" / "lib" / "shop" / "durabel.db"
+    status, out, err = _cli(capsys, *argv, "--backend", f"sqlite:///{typo}")
+    assert (status, out) == (2, "")
+    assert err == (
+        f"error: no SQLite database at '{typo}': check the path (the workers and engines given"
+        " this URL make the file)\n"
+    )
+    assert not (tmp_path / "var").exists()
+
+
+async def test_existing_opens_a_database_that_is_there_and_refuses_a_folder(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'shop.db'}"
+    with pytest.raises(dt.ConfigError, match="no SQLite database at"):
+        async with dt.open_backend(url, existing=True):
+            pass
+    async with dt.open_backend(url):  # what a worker or an engine does: makes it
+        pass
+    async with dt.open_operations(url, existing=True) as ops:
+        assert list((await ops.list_runs()).runs) == []
+    (tmp_path / "folder.db").mkdir()
+    with pytest.raises(dt.ConfigError, match=r"folder\.db' \(a folder is there\)"):
+        async with dt.open_backend(f"sqlite:///{tmp_path / 'folder.db'}", existing=True):
+            pass
+    async with dt.open_backend("memory://", existing=True):  # no file: nothing to check
+        pass
+
+
 def test_health_watch_without_rich_honours_iterations(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -25,15 +25,20 @@ _KNOWN = "memory://, sqlite:///, redis:// or rediss://"
 
 
 @asynccontextmanager
-async def open_backend(url: str = "memory://") -> AsyncIterator[Backend]:
+async def open_backend(url: str = "memory://", *, existing: bool = False) -> AsyncIterator[Backend]:
     """Open the backend ``url`` names, and close it on leaving the block.
 
     Args:
         url: ``memory://`` (one process, tests), ``sqlite:///path/file.db`` (embedded,
             durable), ``redis://host:port/db`` or ``rediss://...`` (many machines).
+        existing: a SQLite file must exist already: nothing is created, and a mistyped path
+            is a :class:`~durable_trio.ConfigError`, not a new empty database. What the
+            commands that only read or repair (``health``, ``runs``, ``jobs``, ``queues``,
+            ``console``) pass; no effect on the other schemes.
 
     Raises:
-        ConfigError: an unknown scheme, a malformed URL, a SQLite file that cannot be made.
+        ConfigError: an unknown scheme, a malformed URL, a SQLite file that cannot be made
+            (or, with ``existing``, does not exist).
         AuthenticationError: the server refused the URL's credentials (raised once, not
             retried).
         BrokerUnavailable: the server cannot be reached.
@@ -45,7 +50,7 @@ async def open_backend(url: str = "memory://") -> AsyncIterator[Backend]:
     if scheme == "memory":
         opened = open_memory_backend(url)
     elif scheme == "sqlite":
-        opened = open_sqlite_backend(url)
+        opened = open_sqlite_backend(url, existing=existing)
     elif scheme in ("redis", "rediss"):
         # imported here: the Redis backend needs hiredis (the `redis` extra)
         try:

@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 __all__ = ["SqliteRunStores", "open_sqlite_backend"]
 
 
-def _sqlite_file(url: str) -> Path:
-    """The database file a ``sqlite:///`` URL names, its folder created if missing.
+def _sqlite_file(url: str, *, existing: bool = False) -> Path:
+    """The database file a ``sqlite:///`` URL names, its folder created if missing (with
+    ``existing``: the file must already exist, and nothing is created).
 
     Raises:
         ConfigError: the URL is not of that form, or the file cannot be made there (a parent
@@ -46,6 +47,12 @@ def _sqlite_file(url: str) -> Path:
             f"a SQLite URL is sqlite:///rel.db or sqlite:////abs.db, not {redact_url(url)!r}"
         )
     file = Path(parts.path[1:])
+    if existing and not file.is_file():
+        raise ConfigError(
+            f"no SQLite database at {str(file)!r}"
+            + (" (a folder is there)" if file.is_dir() else "")
+            + ": check the path (the workers and engines given this URL make the file)"
+        )
     problem: str | None
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
@@ -88,14 +95,19 @@ class SqliteRunStores:
 
 
 @asynccontextmanager
-async def open_sqlite_backend(url: str) -> AsyncIterator[Backend]:
+async def open_sqlite_backend(url: str, *, existing: bool = False) -> AsyncIterator[Backend]:
     """``sqlite:///relative/file.db`` or ``sqlite:////absolute/file.db`` (SQLAlchemy's form).
 
+    Args:
+        existing: open only a database file that exists (see
+            :func:`~durable_trio.open_backend`).
+
     Raises:
-        ConfigError: a malformed URL, a file that cannot be made there.
+        ConfigError: a malformed URL, a file that cannot be made there (or, with
+            ``existing``, a file that does not exist).
         BrokerUnavailable: the file cannot be opened or stays locked.
     """
-    broker = await SqliteBroker.open(_sqlite_file(url))
+    broker = await SqliteBroker.open(_sqlite_file(url, existing=existing))
     try:
         keys = await SqliteKeyStore.attach(broker)
     except BaseException:

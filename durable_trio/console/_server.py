@@ -101,7 +101,8 @@ async def run_console(
     or SIGTERM (the first starts the graceful close, a second ends it at once).
 
     Args:
-        url: the backend URL (``memory://``, ``sqlite:///...``, ``redis://...``).
+        url: the backend URL (``memory://``, ``sqlite:///...``, ``redis://...``); a SQLite
+            file must exist already (the console makes none).
         namespace: the namespace to show (the operations' default when ``None``).
         announce: called once with the console's base URL when it listens.
 
@@ -110,7 +111,7 @@ async def run_console(
     """
     check_exposure(host, token)
     options = {} if namespace is None else {"namespace": namespace}
-    async with open_operations(url, **options) as ops:
+    async with open_operations(url, existing=True, **options) as ops:
         async with close_on_signals() as signals:
             async with trio.open_nursery() as nursery:
                 base = await nursery.start(
