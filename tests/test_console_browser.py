@@ -1,6 +1,7 @@
 """End to end in a real headless browser (Debian's chromium through its chromedriver, driven
-by Selenium): the console on a free port over a SQLite backend and over the suite's private Redis (about 6 s more), each holding a failed run, beside an
-engine that can resume it; the runs page, the failed run, a click on retry, the run completed.
+by Selenium): the console on a free port over a SQLite backend, and over the suite's private
+Redis (about 6 s more), each holding a failed run, beside an engine that can resume it; the
+runs page, the failed run, a click on retry, the run completed.
 
 Real time (a browser does not follow a virtual clock), bounded: every wait has a deadline.
 """
