@@ -103,7 +103,7 @@ class Consumers:
             self.start_loop(
                 _Loop(
                     queue,
-                    self.typed(kind, lambda: self._kind_handlers[kind]),
+                    self.typed(kind, queue, lambda: self._kind_handlers[kind]),
                     slots,
                     self._options.idle_backoff_max if backoff_max is None else backoff_max,
                     inbox=inbox,
@@ -155,15 +155,19 @@ class Consumers:
             self._runner.abandon_waiting()
 
     def typed(
-        self, kind: JobKind, current: Callable[[], Callable[[Any], Awaitable[None]] | None]
+        self,
+        kind: JobKind,
+        queue: str,
+        current: Callable[[], Callable[[Any], Awaitable[None]] | None],
     ) -> _OnJob:
-        """A job callback that decodes ``kind`` jobs and hands their payload to the handler
-        registered now (``current()``), so re-registering swaps it for the next job."""
+        """A job callback that decodes ``kind`` jobs of ``queue`` and hands their payload to
+        the handler registered now (``current()``), so re-registering swaps it for the next
+        job."""
         max_bytes = self._options.max_payload_bytes
 
         async def on_job(job: ClaimedJob) -> None:
             envelope = decode_envelope(job.data, max_bytes=max_bytes)
-            hop(envelope, None)  # its trace span, when traced (docs/observability.md)
+            hop(envelope, queue)  # its trace span, when traced (docs/observability.md)
             if envelope.kind is not kind:
                 raise PayloadError(f"a {envelope.kind.value!r} job does not belong on this queue")
             handler = current()

@@ -11,23 +11,28 @@ workers then follow. See docs/operations.md.
 
 from __future__ import annotations
 
+import logging
+import uuid
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
+import trio
 
+from ._codec import encode_envelope
 from ._engine._errors import RunNotFound
 from ._engine._records import RunPage, RunRecord, RunStatus, StepKind, StepRecord, StepState
 from ._engine._reopen import retry_run
 from ._engine._stores import open_run_store
 from ._engine._stores._paging import check_page
-from ._errors import ConfigError
+from ._errors import BrokerError, ConfigError, TransportClosed
 from ._health import read_worker_health
 from ._naming import QueueNames
-from ._wire import JSONValue, WorkerStatus
+from ._wire import ControlMessage, JobKind, JSONValue, WorkerStatus
 from .adapters import (
     FailedJob,
+    Job,
     SupportsFailedJobRepair,
     SupportsFailedJobs,
     SupportsQueueListing,
@@ -41,7 +46,13 @@ if TYPE_CHECKING:
 
     from ._engine._stores import RunStore
 
+#: Seconds :meth:`Operations.cancel_run` waits for the broker to take the workers' cancel.
+CONTROL_PUSH_TIMEOUT = 5.0
+
+_log = logging.getLogger("durable_trio")
+
 __all__ = [
+    "CONTROL_PUSH_TIMEOUT",
     "AttemptView",
     "FailedJobView",
     "Operations",
@@ -453,11 +464,14 @@ class Operations:
     async def cancel_run(self, run_id: str, *, reason: str = "cancelled by an operator") -> bool:
         """Cancel the run: it is settled as cancelled in the store at once; the engine driving
         it stops it at its next lease renewal, and results of its running steps are ignored.
-        (Unlike :meth:`Engine.cancel`, no cancel is sent to the workers: their running steps
-        finish, unused.)
+        Like :meth:`Engine.cancel`, the workers are then asked to cancel its running steps:
+        one ``cancel`` control message is pushed on the namespace's control queue (best-effort,
+        point-to-point, as the engine sends it), straight through the broker (no transport,
+        no consumer is opened), bounded by :data:`CONTROL_PUSH_TIMEOUT` and shielded.
 
         Returns:
-            Whether this call cancelled it (``False``: it had already ended).
+            Whether this call cancelled it (``False``: it had already ended; then no control
+            message is sent).
 
         Raises:
             RunNotFound: no such run.
@@ -465,7 +479,27 @@ class Operations:
         if await self.store.get_run(run_id) is None:
             raise RunNotFound(run_id)
         error = {"type": "RunCancelled", "message": reason}
-        return await self.store.finish_run(run_id, RunStatus.CANCELLED, error=error)
+        cancelled = await self.store.finish_run(run_id, RunStatus.CANCELLED, error=error)
+        if cancelled:
+            await self._send_cancel(run_id)
+        return cancelled
+
+    async def _send_cancel(self, run_id: str) -> None:
+        """Push the workers' ``cancel`` control message of ``run_id`` (best-effort: a broker
+        that does not take it in time is logged, the cancel in the store stands)."""
+        job_id = f"ops-{uuid.uuid4().hex}"
+        job = Job(
+            job_id,
+            encode_envelope(job_id, JobKind.CONTROL, ControlMessage("cancel", run_id=run_id)),
+        )
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + CONTROL_PUSH_TIMEOUT
+            try:
+                await self.backend.broker.push_on(self.names.control, job)
+            except (BrokerError, TransportClosed) as exc:
+                _log.warning("cancel of run %r not sent to the workers: %s", run_id, exc)
+        if scope.cancelled_caught:
+            _log.warning("cancel of run %r not sent to the workers: broker timed out", run_id)
 
     async def retry_run(self, run_id: str) -> RunRecord:
         """Retry a failed run: reopened in the store, a live engine takes it over at its next

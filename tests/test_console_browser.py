@@ -1,6 +1,7 @@
 """End to end in a real headless browser (Debian's chromium through its chromedriver, driven
-by Selenium): the console on a free port over a SQLite backend holding a failed run, beside an
-engine that can resume it; the runs page, the failed run, a click on retry, the run completed.
+by Selenium): the console on a free port over a SQLite backend, and over the suite's private
+Redis (about 6 s more), each holding a failed run, beside an engine that can resume it; the
+runs page, the failed run, a click on retry, the run completed.
 
 Real time (a browser does not follow a virtual clock), bounded: every wait has a deadline.
 """
@@ -41,7 +42,10 @@ def _shop(declined: set[str]) -> dt.App:
     return app
 
 
-def test_retry_a_failed_run_in_a_real_browser(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def test_retry_a_failed_run_in_a_real_browser(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     if not (Path(CHROMIUM).exists() and shutil.which(CHROMEDRIVER)):
         pytest.skip("chromium and chromium-driver are not installed (.ci/run installs them)")
     from selenium import webdriver
@@ -49,7 +53,10 @@ def test_retry_a_failed_run_in_a_real_browser(tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    url = "sqlite:///" + str(tmp_path / "console.db")
+    if kind == "redis":  # the suite's private server, emptied for this test
+        url = str(request.getfixturevalue("redis_url"))
+    else:
+        url = "sqlite:///" + str(tmp_path / "console.db")
     declined = {"bad"}
     app = _shop(declined)
     ready = threading.Event()

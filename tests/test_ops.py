@@ -454,7 +454,14 @@ def test_a_missing_sqlite_folder_is_one_line(
 
 @pytest.mark.parametrize(
     "argv",
-    [("runs", "list"), ("runs", "show", "r-1"), ("jobs", "failed"), ("queues",), ("health",)],
+    [
+        ("runs", "list"),
+        ("runs", "show", "r-1"),
+        ("jobs", "failed"),
+        ("queues",),
+        ("health",),
+        ("console",),
+    ],
     ids=" ".join,
 )
 def test_a_command_that_reads_makes_no_database_at_a_mistyped_path(

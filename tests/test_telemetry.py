@@ -164,6 +164,14 @@ async def test_a_run_traces_one_run_span_and_a_step_span_per_attempt_under_it(
     assert {h.parent.span_id for h in results} == {  # type: ignore[union-attr]
         s.context.span_id for s in steps
     }
+    # every hop names the queue it was taken off, the results' hops too
+    assert {h.attributes["messaging.destination.name"] for h in results} == {  # type: ignore[index]
+        "shop:results"
+    }
+    assert all(
+        str(h.attributes["messaging.destination.name"]).startswith("shop:tasks:")  # type: ignore[index]
+        for h in tasks
+    )
 
 
 async def test_metrics_count_outcomes_and_measure_step_durations_in_virtual_time(
@@ -213,8 +221,10 @@ async def test_the_lifecycle_is_logged_with_structured_fields(
     caplog.set_level(logging.INFO, logger=dt.EVENTS_LOGGER)
     await run_order({"amount": 5, "failures": 1})
     records = [r for r in caplog.records if r.name == dt.EVENTS_LOGGER]
-    events = [(r.event, getattr(r, "step", None), r.attempt if hasattr(r, "attempt") else None)  # type: ignore[attr-defined]
-              for r in records]
+    events = [
+        (r.event, getattr(r, "step", None), r.attempt if hasattr(r, "attempt") else None)  # type: ignore[attr-defined]
+        for r in records
+    ]
     assert events == [
         ("run.started", None, None),
         ("step.dispatched", "reserve", 1),
