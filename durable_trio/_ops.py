@@ -492,8 +492,7 @@ class Operations:
             job_id,
             encode_envelope(job_id, JobKind.CONTROL, ControlMessage("cancel", run_id=run_id)),
         )
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + CONTROL_PUSH_TIMEOUT
+        with trio.move_on_after(CONTROL_PUSH_TIMEOUT, shield=True) as scope:
             try:
                 await self.backend.broker.push_on(self.names.control, job)
             except (BrokerError, TransportClosed) as exc:

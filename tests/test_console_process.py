@@ -5,7 +5,6 @@ without a token it is refused with a one-line error."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 import trio
 
 import durable_trio as dt
+from _redis_server import _free_port
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -25,13 +25,6 @@ pytestmark = pytest.mark.chaos
 #: Seconds the process may take to listen, and to exit after its signal.
 START_BOUND = 20.0
 EXIT_BOUND = 5.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _console(*args: str) -> subprocess.Popen[bytes]:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 from sybil import Document, Example
+from sybil.evaluators.python import pad
 from sybil.parsers.markdown import CodeBlockParser
 
 import durable_trio as dt
@@ -63,6 +64,12 @@ COVERED_ELSEWHERE = {
 }
 
 
+def _lines_to_run(code: str) -> list[str]:
+    """The command lines of a ``sh`` block (comments dropped) that are not covered elsewhere."""
+    lines = (raw.split("  #")[0].strip() for raw in code.splitlines())
+    return [ln for ln in lines if ln and not ln.startswith("#") and ln not in COVERED_ELSEWHERE]
+
+
 class _Page:
     """What one page's blocks share: the working folder, the private Redis URL."""
 
@@ -77,7 +84,7 @@ class _Page:
         return _SQLITE_ABSOLUTE.sub(f"sqlite:///{self.folder}/var/lib/", code)
 
     def python(self, example: Example) -> None:
-        source = "\n" * (example.line + example.parsed.line_offset) + self.source(example.parsed)
+        source = pad(self.source(example.parsed), example.line + example.parsed.line_offset)
         flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
         code = compile(source, example.path, "exec", flags=flags, dont_inherit=True)
         namespace = example.namespace
@@ -93,12 +100,7 @@ class _Page:
         namespace.pop("__builtins__", None)
 
     def shell(self, example: Example) -> None:
-        for raw in str(example.parsed).splitlines():
-            line = raw.split("  #")[0].strip()
-            if not line or line.startswith("#"):
-                continue
-            if line in COVERED_ELSEWHERE:
-                continue
+        for line in _lines_to_run(example.parsed):
             argv = shlex.split(line)
             assert argv[0] == "durable-trio", f"a shell line neither run nor covered: {line}"
             if "--watch" in argv and "--iterations" not in argv:
@@ -166,7 +168,5 @@ def test_every_shell_line_runs_or_is_covered_elsewhere() -> None:
         for block_id, language, code in blocks(page):
             if language != "sh":
                 continue
-            for raw in code.splitlines():
-                line = raw.split("  #")[0].strip()
-                if line and not line.startswith("#") and line not in COVERED_ELSEWHERE:
-                    assert line.startswith("durable-trio "), f"{block_id}: {line}"
+            for line in _lines_to_run(code):
+                assert line.startswith("durable-trio "), f"{block_id}: {line}"
