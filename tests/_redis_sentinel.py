@@ -44,9 +44,7 @@ def _private_port() -> int:
 
 def _fields(flat: list[Any]) -> dict[str, str]:
     """A sentinel's ``[name, value, name, value...]`` reply as a dict of strings."""
-    return {
-        flat[i].decode(): flat[i + 1].decode() for i in range(0, len(flat) - 1, 2)
-    }
+    return {flat[i].decode(): flat[i + 1].decode() for i in range(0, len(flat) - 1, 2)}
 
 
 class DataNode(RedisServer):

@@ -57,7 +57,10 @@ class RedisURL:
 
     @property
     def address(self) -> str:
-        """``host:port``, for messages (never includes credentials)."""
+        """``host:port``, for messages (never includes credentials); just ``host`` for port 0
+        (the stand-in of a Sentinel client before it found its master)."""
+        if self.port == 0:
+            return self.host
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
 
@@ -142,7 +145,7 @@ def _unparsable(url: str, host: int, end: int) -> ConfigError:
     return _fault(port_at, "the port is not a number", hint=True)
 
 
-def _options(url: str, end: int) -> dict[str, str]:
+def _options(url: str, end: int, known: frozenset[str] = _QUERY_KEYS) -> dict[str, str]:
     """The query options, each checked where it is (its position named if it is unknown)."""
     query_at = url.find("?", end)
     if query_at < 0:
@@ -155,9 +158,9 @@ def _options(url: str, end: int) -> dict[str, str]:
         key, _, value = piece.partition("=")
         if piece:
             key = unquote_plus(key)
-            if key not in _QUERY_KEYS:
-                known = ", ".join(sorted(_QUERY_KEYS))
-                raise _fault(index, f"an unknown option (known: {known})")
+            if key not in known:
+                names = ", ".join(sorted(known))
+                raise _fault(index, f"an unknown option (known: {names})")
             options[key] = unquote_plus(value)
         index += len(piece) + 1
     return options
@@ -186,7 +189,9 @@ def parse_redis_url(url: str) -> RedisURL:
     scheme = url_scheme(url)
     if scheme not in ("redis", "rediss"):
         shown = f", not {scheme}://" if scheme else ""
-        raise ConfigError(f"a Redis URL starts with redis:// or rediss://{shown}")
+        raise ConfigError(
+            f"a Redis URL starts with redis://, rediss:// or redis+sentinel://{shown}"
+        )
     start, end, host = _host_part(url)
     if url.rfind("@") >= end:
         # An '@' after the host part: a '/', '?' or '#' in the password ended it early.
@@ -215,16 +220,37 @@ def parse_redis_url(url: str) -> RedisURL:
     password = unquote(parts.password) if parts.password is not None else None
     if username and password is None:
         raise _fault(start, "a user name needs a password (user:password@)")
-    query = _options(url, end)
-    tls = scheme == "rediss"
+    return _settings(
+        _options(url, end),
+        tls=scheme == "rediss",
+        host=parts.hostname,
+        port=6379 if port is None else port,
+        db=db,
+        username=username,
+        password=password,
+    )
+
+
+def _settings(
+    query: dict[str, str],
+    *,
+    tls: bool,
+    host: str,
+    port: int,
+    db: int,
+    username: str | None,
+    password: str | None,
+) -> RedisURL:
+    """The settings of a data node from its address, credentials and query options (the TLS
+    ones checked: they need TLS); shared with the Sentinel URL parser."""
     cert_reqs = _CERT_REQS_NAMES.get(query.get("ssl_cert_reqs", "required").lower())
     if cert_reqs is None:
         raise ConfigError("ssl_cert_reqs must be none, optional or required")
     if not tls and ("ssl_cert_reqs" in query or "ssl_ca_certs" in query):
-        raise ConfigError("ssl_* options need a rediss:// URL")
+        raise ConfigError("ssl_* options need a rediss:// (or rediss+sentinel://) URL")
     return RedisURL(
-        host=parts.hostname,
-        port=6379 if port is None else port,
+        host=host,
+        port=port,
         db=db,
         username=username,
         password=password,
