@@ -24,7 +24,7 @@ pytest_plugins = ["pytester"]  # (test_simulation runs the fixtures plugin in an
 
 #: Every broker the contract suite runs against. Brokers that need a server or a file add
 #: themselves here with a factory below.
-BROKER_KINDS = ["memory", "sqlite", "redis"]
+BROKER_KINDS = ["memory", "sqlite", "redis", "redis-sentinel"]
 
 BrokerFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
@@ -49,6 +49,8 @@ def broker_factory(
     their own ``trio.run``)."""
     # The private redis-server, started only when the redis kind is asked for.
     redis_server = request.getfixturevalue("redis_server") if broker_kind == "redis" else None
+    # The private sentinel group (1 master, 1 replica, 3 sentinels), likewise.
+    group = request.getfixturevalue("redis_sentinel") if broker_kind == "redis-sentinel" else None
 
     @asynccontextmanager
     async def memory() -> AsyncIterator[Any]:
@@ -77,7 +79,21 @@ def broker_factory(
             async with RedisBroker(client) as broker:
                 yield broker
 
-    factories = {"memory": memory, "sqlite": sqlite, "redis": redis}
+    @asynccontextmanager
+    async def redis_sentinel() -> AsyncIterator[Any]:
+        assert group is not None
+        await trio.to_thread.run_sync(group.wait_stable)  # whole again if a test killed a node
+        async with open_redis(group.url()) as client:
+            await client.execute("FLUSHDB")
+            async with RedisBroker(client) as broker:
+                yield broker
+
+    factories = {
+        "memory": memory,
+        "sqlite": sqlite,
+        "redis": redis,
+        "redis-sentinel": redis_sentinel,
+    }
     return factories[broker_kind]
 
 

@@ -1,0 +1,275 @@
+"""``redis+sentinel://``: discovery, ROLE admission, failover following, on a private group.
+
+The group (tests/_redis_sentinel.py) is real: one master, one replica, three sentinels, and
+the failovers are the sentinels' own, timed by the wall clock (a few seconds each, bounded).
+A *lying sentinel* (a tiny RESP server in this file) is the one fault injection: it names the
+node the test chooses, so the client's own checks are what is tested.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import hiredis
+import pytest
+import trio
+
+import durable_trio as dt
+from _redis_server import RedisServer, _free_port
+from durable_trio._errors import BrokerUnavailable
+from durable_trio._redact import redact_url
+from durable_trio._redis import RedisBusyReply, open_redis
+from durable_trio._redis._sentinel import parse_switch_master
+from durable_trio._redis._sentinel_url import parse_sentinel_url
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+    from pathlib import Path
+
+    from _redis_sentinel import SentinelGroup
+
+pytestmark = pytest.mark.redis
+
+#: Bound of one failover as the client sees it (the sentinels need ~1-3 s on a quiet machine).
+FAILOVER_BOUND = 30.0
+
+
+# -- the URL ------------------------------------------------------------------------------
+
+
+def test_the_url_names_sentinels_master_database_and_options() -> None:
+    parsed = parse_sentinel_url(
+        "rediss+sentinel://app:p%40ss@s1:26380,s2,[::1]:7/orders/3"
+        "?client_name=api&sentinel_password=s%26p&ssl_cert_reqs=none"
+    )
+    assert parsed.sentinels == (("s1", 26380), ("s2", 26379), ("::1", 7))
+    assert parsed.master_name == "orders"
+    assert parsed.sentinel_password == "s&p"
+    data = parsed.master_url("10.0.0.5", 6380)
+    assert (data.host, data.port, data.db, data.tls) == ("10.0.0.5", 6380, 3, True)
+    assert (data.username, data.password, data.client_name) == ("app", "p@ss", "api")
+    assert data.ssl_cert_reqs == "none"
+    sentinel = parsed.sentinel_url(1)
+    assert (sentinel.address, sentinel.password, sentinel.tls) == ("s2:26379", "s&p", False)
+    assert "p@ss" not in repr(parsed)
+    assert "s&p" not in repr(parsed)
+
+
+@pytest.mark.parametrize(
+    ("url", "position", "problem"),
+    [
+        ("redis+sentinel://s1:1,,s2/m", 23, "an empty sentinel address"),
+        ("redis+sentinel://s1:x/m", 21, "the port is not a number"),
+        ("redis+sentinel://s1:99999/m", 21, "the port is out of range"),
+        ("redis+sentinel://s1:1/", 22, "the path names the master"),
+        ("redis+sentinel://s1:1", 22, "the path names the master"),
+        ("redis+sentinel://s1/m/x", 23, "after the master name, the path is a database number"),
+        ("redis+sentinel://s1/m?nope=1", 23, "an unknown option"),
+        ("redis+sentinel://::1/m", 18, "an IPv6 address goes in brackets"),
+        ("redis+sentinel://S3cr3t@s1/m", 18, "a user name needs a password"),
+    ],
+)
+def test_a_bad_url_names_the_position_never_the_text(url: str, position: int, problem: str) -> None:
+    with pytest.raises(dt.ConfigError) as bad:
+        parse_sentinel_url(url)
+    assert f"character {position}: {problem}" in str(bad.value)
+    assert "S3cr3t" not in str(bad.value)
+
+
+def test_tls_options_need_the_tls_scheme() -> None:
+    with pytest.raises(dt.ConfigError, match="ssl_\\* options need"):
+        parse_sentinel_url("redis+sentinel://s1/m?ssl_cert_reqs=none")
+
+
+def test_the_shown_url_masks_both_passwords() -> None:
+    url = "redis+sentinel://u:S3cr3t@h:1,h:2/m/0?sentinel_password=An0ther@pw#x&client_name=c"
+    shown = redact_url(url)
+    assert shown == "redis+sentinel://***@h:1,h:2/m/0?sentinel_password=***&client_name=c"
+
+
+def test_a_malformed_switch_master_message_is_ignored() -> None:
+    assert parse_switch_master(b"durable 127.0.0.1 1 127.0.0.1 2") == ("durable", "127.0.0.1", 2)
+    for junk in (b"", b"durable", b"durable a 1 b x", b"\xff\xfe 1 2 3 4 5", b"a b c d e f"):
+        assert parse_switch_master(junk) is None
+
+
+# -- a lying sentinel (fault injection) ---------------------------------------------------
+
+
+def _resp(value: Any) -> bytes:
+    if value is None:
+        return b"*-1\r\n"
+    if isinstance(value, list):
+        return b"*%d\r\n" % len(value) + b"".join(_resp(item) for item in value)
+    data = value if isinstance(value, bytes) else str(value).encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+@asynccontextmanager
+async def lying_sentinel(answer: Callable[[], Any]) -> AsyncIterator[int]:
+    """A server answering every command with ``answer()`` (a ``SENTINEL get-master-addr...``
+    reply); yields its port."""
+
+    async def serve(stream: trio.SocketStream) -> None:
+        reader = hiredis.Reader()
+        async with stream:
+            while data := await stream.receive_some(65536):
+                reader.feed(data)
+                while reader.gets() is not False:
+                    await stream.send_all(_resp(answer()))
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, host="127.0.0.1"), serve, 0)
+        yield int(listeners[0].socket.getsockname()[1])
+        nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+def two_servers(tmp_path: Path) -> Any:
+    """Two private plain servers, both masters at first (not part of the sentinel group)."""
+    servers = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        server = RedisServer(tmp_path / name)
+        server.start()
+        servers.append(server)
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+async def test_a_node_named_master_that_says_it_is_a_replica_is_never_used(
+    redis_sentinel: SentinelGroup,
+) -> None:
+    redis_sentinel.reset()
+    replica = redis_sentinel.replica()
+    async with lying_sentinel(lambda: ["127.0.0.1", str(replica.port)]) as port:
+        url = f"redis+sentinel://127.0.0.1:{port}/durable?client_name=liar-test"
+        async with open_redis(url, watch_sentinels=False) as client:
+            with pytest.raises(BrokerUnavailable, match="says it is a slave") as refused:
+                await client.execute("SET", "k", "v")
+            assert client.sentinel is not None
+            assert client.sentinel.refusals == 1
+            assert client.connections == ()
+    assert "\n" not in str(refused.value)
+    assert redis_sentinel.master().command("EXISTS", "k") == 0
+
+
+async def test_a_readonly_reply_drops_the_connections_and_rediscovers(
+    two_servers: list[RedisServer],
+) -> None:
+    first, second = two_servers
+    named = [first]
+    async with lying_sentinel(lambda: ["127.0.0.1", str(named[0].port)]) as port:
+        url = f"redis+sentinel://127.0.0.1:{port}/durable"
+        async with open_redis(url, watch_sentinels=False) as client:
+            assert client.sentinel is not None
+            await client.execute("SET", "k", "on-first")
+            # The master is demoted under the open connection (what a sentinel does to a
+            # partitioned master that comes back), and the sentinel now names the other.
+            first.command("REPLICAOF", "127.0.0.1", str(second.port))
+            named[0] = second
+            with pytest.raises(RedisBusyReply, match="READONLY") as readonly:
+                await client.execute("SET", "k", "refused")
+            assert isinstance(readonly.value, BrokerUnavailable)  # transient: callers retry
+            assert client.sentinel.switches == 1
+            await client.execute("SET", "k", "on-second")  # re-discovered, at once
+            assert client.sentinel.master == ("127.0.0.1", second.port)
+            assert client.sentinel.discoveries == 2
+    assert second.command("GET", "k") == b"on-second"
+
+
+async def test_rediss_sentinel_speaks_tls_to_the_data_node(redis_tls_server: RedisServer) -> None:
+    redis_tls_server.reset()
+    assert redis_tls_server.tls_port is not None
+    tls_port = redis_tls_server.tls_port
+    async with lying_sentinel(lambda: ["127.0.0.1", str(tls_port)]) as port:
+        url = f"rediss+sentinel://127.0.0.1:{port}/durable?ssl_ca_certs={redis_tls_server.ca_file}"
+        async with open_redis(url, watch_sentinels=False) as client:
+            await client.execute("SET", "k", "over-tls")
+            [conn] = client.connections
+            assert conn.url.tls
+            assert conn.url.port == tls_port
+    assert redis_tls_server.command("GET", "k") == b"over-tls"
+
+
+async def test_a_sentinel_with_a_malformed_answer_is_passed_over(
+    redis_sentinel: SentinelGroup,
+) -> None:
+    redis_sentinel.reset()
+    good = redis_sentinel.sentinels[0].port
+    async with lying_sentinel(lambda: [b"127.0.0.1", b"not-a-port"]) as liar:
+        url = f"redis+sentinel://127.0.0.1:{liar},127.0.0.1:{good}/durable"
+        async with open_redis(url, watch_sentinels=False) as client:
+            await client.execute("SET", "k", "v")
+    assert redis_sentinel.master().command("GET", "k") == b"v"
+
+
+# -- discovery on the real group -----------------------------------------------------------
+
+
+async def test_discovery_asks_the_sentinels_and_writes_to_the_master(
+    redis_sentinel_url: str, redis_sentinel: SentinelGroup
+) -> None:
+    # A dead sentinel first: the next one in turn answers.
+    dead = f"127.0.0.1:{_free_port()}"
+    url = redis_sentinel_url.replace("redis+sentinel://", f"redis+sentinel://{dead},")
+    async with open_redis(url) as client:
+        assert await client.execute("SET", "k", "v") == b"OK"
+        assert client.sentinel is not None
+        assert client.sentinel.master == ("127.0.0.1", redis_sentinel.master().port)
+        assert client.sentinel.refusals == 0
+    assert redis_sentinel.master().command("GET", "k") == b"v"
+
+
+async def test_an_unknown_master_name_is_one_clear_line(redis_sentinel: SentinelGroup) -> None:
+    url = redis_sentinel.url().replace("/durable/", "/no-such-master/")
+    with trio.fail_after(10), pytest.raises(BrokerUnavailable) as bad:
+        async with dt.open_backend(url):
+            pytest.fail("opened")
+    message = str(bad.value)
+    assert "no sentinel knows a master named 'no-such-master'" in message
+    assert "\n" not in message
+
+
+async def test_all_sentinels_down_is_one_clear_line_and_fails_fast() -> None:
+    ports = [_free_port() for _ in range(3)]
+    url = "redis+sentinel://" + ",".join(f"127.0.0.1:{p}" for p in ports) + "/durable"
+    async with open_redis(url, sentinel_timeout=1.0) as client:
+        began = trio.current_time()
+        with pytest.raises(BrokerUnavailable) as bad:
+            await client.execute("PING")
+        with pytest.raises(BrokerUnavailable, match="next connect attempt"):
+            await client.execute("PING")  # no master known: fails fast, backing off
+        assert trio.current_time() - began < 3 * 1.0 + 1
+    message = str(bad.value)
+    assert message.startswith("could not find the Redis master 'durable' through 3 sentinel(s)")
+    assert all(str(p) in message for p in ports)
+    assert "\n" not in message
+
+
+async def test_the_backend_opens_on_the_master(redis_sentinel_url: str) -> None:
+    async with dt.open_backend(redis_sentinel_url) as backend:
+        assert backend.keys is not None
+        assert backend.url.startswith("redis+sentinel://127.0.0.1:")
+        async with dt.open_queue_transport(backend, namespace="sentinel-test") as transport:
+            done = trio.Event()
+            got: list[dt.StepResult] = []
+
+            async def double(task: dt.RemoteTask) -> int:
+                return int(task.input) * 2
+
+            async def on_result(result: dt.StepResult) -> None:
+                got.append(result)
+                done.set()
+
+            transport.handle("double", double)
+            transport.on_result(on_result)
+            await transport.dispatch(
+                dt.RemoteTask(run_id="r", step_id="s", attempt=1, name="double", input=21)
+            )
+            with trio.fail_after(10):
+                await done.wait()
+    assert [r.output for r in got] == [42]
