@@ -8,6 +8,7 @@ node the test chooses, so the client's own checks are what is tested.
 
 from __future__ import annotations
 
+import time
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -107,10 +108,18 @@ def _resp(value: Any) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
+def naming(port: int, epoch: int = 0) -> list[str]:
+    """A ``SENTINEL MASTER`` reply naming ``127.0.0.1:port`` (the fields the client reads)."""
+    return ["name", "durable", "ip", "127.0.0.1", "port", str(port), "flags", "master"] + [
+        "config-epoch",
+        str(epoch),
+    ]
+
+
 @asynccontextmanager
 async def lying_sentinel(answer: Callable[[], Any]) -> AsyncIterator[int]:
-    """A server answering every command with ``answer()`` (a ``SENTINEL get-master-addr...``
-    reply); yields its port."""
+    """A server answering every command with ``answer()`` (a ``SENTINEL MASTER`` reply);
+    yields its port."""
 
     async def serve(stream: trio.SocketStream) -> None:
         reader = hiredis.Reader()
@@ -145,7 +154,7 @@ async def test_a_node_named_master_that_says_it_is_a_replica_is_never_used(
 ) -> None:
     redis_sentinel.reset()
     replica = redis_sentinel.replica()
-    async with lying_sentinel(lambda: ["127.0.0.1", str(replica.port)]) as port:
+    async with lying_sentinel(lambda: naming(replica.port)) as port:
         url = f"redis+sentinel://127.0.0.1:{port}/durable?client_name=liar-test"
         async with open_redis(url, watch_sentinels=False) as client:
             with pytest.raises(BrokerUnavailable, match="says it is a slave") as refused:
@@ -162,7 +171,7 @@ async def test_a_readonly_reply_drops_the_connections_and_rediscovers(
 ) -> None:
     first, second = two_servers
     named = [first]
-    async with lying_sentinel(lambda: ["127.0.0.1", str(named[0].port)]) as port:
+    async with lying_sentinel(lambda: naming(named[0].port)) as port:
         url = f"redis+sentinel://127.0.0.1:{port}/durable"
         async with open_redis(url, watch_sentinels=False) as client:
             assert client.sentinel is not None
@@ -181,11 +190,30 @@ async def test_a_readonly_reply_drops_the_connections_and_rediscovers(
     assert second.command("GET", "k") == b"on-second"
 
 
+async def test_the_newest_epoch_wins_over_a_sentinel_that_missed_the_failover(
+    two_servers: list[RedisServer],
+) -> None:
+    # Both say they are masters (a restarted old master does, until it is reconfigured): only
+    # the epochs tell which the failover chose. The stale sentinel is listed (and answers) first.
+    stale_node, promoted = two_servers
+    async with (
+        lying_sentinel(lambda: naming(stale_node.port, epoch=4)) as stale,
+        lying_sentinel(lambda: naming(promoted.port, epoch=5)) as fresh,
+    ):
+        url = f"redis+sentinel://127.0.0.1:{stale},127.0.0.1:{fresh}/durable"
+        async with open_redis(url, watch_sentinels=False) as client:
+            await client.execute("SET", "k", "v")
+            assert client.sentinel is not None
+            assert client.sentinel.master == ("127.0.0.1", promoted.port)
+    assert promoted.command("GET", "k") == b"v"
+    assert stale_node.command("EXISTS", "k") == 0
+
+
 async def test_rediss_sentinel_speaks_tls_to_the_data_node(redis_tls_server: RedisServer) -> None:
     redis_tls_server.reset()
     assert redis_tls_server.tls_port is not None
     tls_port = redis_tls_server.tls_port
-    async with lying_sentinel(lambda: ["127.0.0.1", str(tls_port)]) as port:
+    async with lying_sentinel(lambda: naming(tls_port)) as port:
         url = f"rediss+sentinel://127.0.0.1:{port}/durable?ssl_ca_certs={redis_tls_server.ca_file}"
         async with open_redis(url, watch_sentinels=False) as client:
             await client.execute("SET", "k", "over-tls")
@@ -200,7 +228,7 @@ async def test_a_sentinel_with_a_malformed_answer_is_passed_over(
 ) -> None:
     redis_sentinel.reset()
     good = redis_sentinel.sentinels[0].port
-    async with lying_sentinel(lambda: [b"127.0.0.1", b"not-a-port"]) as liar:
+    async with lying_sentinel(lambda: ["ip", "127.0.0.1", "port", "not-a-port"]) as liar:
         url = f"redis+sentinel://127.0.0.1:{liar},127.0.0.1:{good}/durable"
         async with open_redis(url, watch_sentinels=False) as client:
             await client.execute("SET", "k", "v")
@@ -273,3 +301,121 @@ async def test_the_backend_opens_on_the_master(redis_sentinel_url: str) -> None:
             with trio.fail_after(10):
                 await done.wait()
     assert [r.output for r in got] == [42]
+
+
+# -- failovers (the sentinels' own, on the wall clock) ----------------------------------
+
+
+async def _kill(group: SentinelGroup, node: RedisServer) -> float:
+    """SIGKILL ``node`` (in a thread: the event loop keeps serving the traffic); returns the
+    wall-clock time it was dead by."""
+    await trio.to_thread.run_sync(group.kill, node)
+    return time.monotonic()
+
+
+@pytest.mark.chaos
+async def test_writes_resume_on_the_promoted_replica_after_the_master_is_killed(
+    redis_sentinel_url: str, redis_sentinel: SentinelGroup
+) -> None:
+    old = redis_sentinel.master()
+    acked: list[int] = []  # every INCR the client got an answer for, in order
+    refused = 0
+
+    async def traffic() -> None:
+        nonlocal refused
+        while True:
+            try:
+                acked.append(await client.execute("INCR", "counter"))
+            except BrokerUnavailable:
+                refused += 1  # fails fast while no master is known; never hangs
+            await trio.sleep(0.005)
+
+    async with open_redis(redis_sentinel_url) as client, trio.open_nursery() as nursery:
+        nursery.start_soon(traffic)
+        with trio.fail_after(10):
+            while len(acked) < 20:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        killed_at = await _kill(redis_sentinel, old)
+        before = len(acked)
+        with trio.fail_after(FAILOVER_BOUND):
+            while len(acked) == before:  # noqa: ASYNC110
+                await trio.sleep(0.005)
+        recovered = time.monotonic() - killed_at
+        with trio.fail_after(10):
+            while len(acked) < before + 20:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        assert client.sentinel is not None
+        with trio.fail_after(10):  # the watcher hears the announcement too
+            while client.sentinel.switches == 0:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    new = redis_sentinel.master()
+    last_before, first_after = acked[before - 1], acked[before]
+    lost = max(0, last_before - (first_after - 1))  # acknowledged, then not on the replica
+    print(
+        f"\nkill -> first write on the promoted replica: {recovered:.2f}s "
+        f"({refused} calls refused meanwhile); acknowledged increments lost: {lost} "
+        f"(replication is asynchronous)"
+    )
+    assert new is not old
+    assert client.sentinel.master == ("127.0.0.1", new.port)
+    assert acked[before:] == list(range(first_after, first_after + len(acked) - before))
+    assert int(new.command("GET", "counter")) == acked[-1]
+
+
+@pytest.mark.chaos
+async def test_a_restarted_old_master_comes_back_a_replica_and_gets_no_write(
+    redis_sentinel: SentinelGroup,
+) -> None:
+    redis_sentinel.reset()
+    url = redis_sentinel.url(query="client_name=never-on-the-old-master")
+    old = redis_sentinel.master()
+    writes = 0
+    seen_on_old: list[bytes] = []
+
+    async def traffic() -> None:
+        nonlocal writes
+        while True:
+            try:
+                await client.execute("SET", "k", writes)
+                writes += 1
+            except BrokerUnavailable:
+                pass
+            await trio.sleep(0.01)
+
+    def our_connections_on_old() -> list[bytes]:
+        try:
+            listing = old.command("CLIENT", "LIST")
+        except (OSError, RuntimeError):
+            return []  # down, or not yet accepting
+        return [line for line in listing.split(b"\n") if b"never-on-the-old-master" in line]
+
+    async with open_redis(url) as client, trio.open_nursery() as nursery:
+        nursery.start_soon(traffic)
+        with trio.fail_after(10):
+            while writes < 10:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        await _kill(redis_sentinel, old)
+        with trio.fail_after(FAILOVER_BOUND):
+            while redis_sentinel.master() is old:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        # Back on its port with the config it had: it says it is a master until a sentinel
+        # turns it into a replica (~10-20 s: the sentinels' own timers).
+        await trio.to_thread.run_sync(redis_sentinel.restart, old)
+        roles: set[str] = set()
+        with trio.fail_after(60):
+            while (role := old.role()) != "slave":
+                roles.add(role)
+                seen_on_old += our_connections_on_old()
+                await trio.sleep(0.05)
+        settled = writes
+        with trio.fail_after(10):
+            while writes < settled + 10:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        seen_on_old += our_connections_on_old()
+        nursery.cancel_scope.cancel()
+    print(f"\nthe restarted old master said {sorted(roles)} before it was made a replica")
+    assert seen_on_old == []
+    assert old.role() == "slave"
+    assert client.sentinel is not None
+    assert client.sentinel.master == ("127.0.0.1", redis_sentinel.master().port)

@@ -4,10 +4,11 @@ A :class:`~durable_trio._redis.RedisClient` opened on a ``redis+sentinel://`` UR
 single-node client with a locator plugged in: its pool, connections, scripts and pub/sub are
 the same; only *where* a new connection goes, and whether it is kept, is the locator's:
 
-* **discovery**: every new data connection first asks the sentinels
-  (``SENTINEL get-master-addr-by-name``), each in turn from the last one that answered, each
-  within ``sentinel_timeout``; so a connection made after a failover goes to the promoted
-  replica, and a client never trusts an address it learnt before;
+* **discovery**: every new data connection first asks all the sentinels at once
+  (``SENTINEL MASTER``, within ``sentinel_timeout``) and goes to the master named with the
+  highest configuration epoch (the newest failover any of them knows); so a connection made
+  after a failover goes to the promoted replica, and a client never trusts an address it
+  learnt before;
 * **admission**: the new connection must answer ``ROLE`` with ``master``, or it is closed (a
   sentinel can name a master that was just demoted, or not yet promoted): a replica, or a
   demoted master, never gets a write from this client;
@@ -17,9 +18,10 @@ the same; only *where* a new connection goes, and whether it is kept, is the loc
   ``BrokerUnavailable``, so the pool reconnects (and re-discovers), within its backoff.
 
 A connection to a master that dies is dropped by the pool as any other; the next one asks the
-sentinels again. Nothing here waits unbounded: a discovery takes at most
-``sentinel_timeout`` per sentinel, and while no master can be found calls fail fast with
-:class:`~durable_trio._errors.BrokerUnavailable` (the pool's backoff).
+sentinels again. Nothing here waits unbounded: a discovery takes at most ``sentinel_timeout``
+(a sentinel that does not answer at all makes every discovery take that long), and while no
+master can be found calls fail fast with :class:`~durable_trio._errors.BrokerUnavailable`
+(the pool's backoff).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import random
 import weakref
 from typing import TYPE_CHECKING, Final
 
+import attrs
 import trio
 
 from .._errors import BrokerError, BrokerUnavailable, TransportClosed
@@ -63,14 +66,38 @@ def parse_switch_master(message: bytes) -> tuple[str, str, int] | None:
     return parts[0], parts[3], int(parts[4])
 
 
-def _master_address(reply: object) -> tuple[str, int] | None:
-    """``(host, port)`` of a ``get-master-addr-by-name`` reply, or ``None`` if malformed."""
-    if not (isinstance(reply, list) and len(reply) == 2):
+def _master_fields(reply: object) -> tuple[str, int, int] | None:
+    """``(host, port, config epoch)`` of a ``SENTINEL MASTER`` reply (a flat list of field
+    names and values), or ``None`` if it is malformed."""
+    if not (isinstance(reply, list) and len(reply) % 2 == 0):
         return None
-    host, port = reply
-    if not (isinstance(host, bytes) and isinstance(port, bytes) and host and port.isdigit()):
+    fields = dict(zip(reply[::2], reply[1::2], strict=True))
+    host, port = fields.get(b"ip"), fields.get(b"port")
+    epoch = fields.get(b"config-epoch", b"0")
+    if not (isinstance(host, bytes) and host and isinstance(port, bytes) and port.isdigit()):
         return None
-    return host.decode("utf-8", "replace"), int(port)
+    if not (isinstance(epoch, bytes) and epoch.isdigit()):
+        return None
+    return host.decode("utf-8", "replace"), int(port), int(epoch)
+
+
+@attrs.frozen
+class _Outcome:
+    """What one sentinel said when asked for the master.
+
+    Attributes:
+        address: the master's ``(host, port)`` it named, or ``None``.
+        epoch: the configuration epoch of that answer (the newest failover it knows of).
+        problem: why it named none, for the error message.
+        unknown: it knows no master of that name.
+        refusal: it refused ``sentinel_password``.
+    """
+
+    address: tuple[str, int] | None = None
+    epoch: int = 0
+    problem: str = ""
+    unknown: bool = False
+    refusal: RedisAuthError | None = None
 
 
 class MasterLocator:
@@ -90,8 +117,7 @@ class MasterLocator:
         self._timeout = sentinel_timeout
         self._command_timeout = command_timeout
         self._watch_enabled = watch
-        self._next = 0  # the sentinel to ask first: the last one that answered
-        self._sentinel: Connection | None = None  # a connection to sentinel self._next
+        self._links: dict[int, Connection] = {}  # a connection to each sentinel, kept
         self._lock = trio.Lock()
         self._admitted: weakref.WeakSet[Connection] = weakref.WeakSet()
         self._nursery: trio.Nursery | None = None
@@ -118,7 +144,7 @@ class MasterLocator:
     # -- discovery and admission ------------------------------------------------------------
 
     async def locate(self) -> RedisURL:
-        """Ask the sentinels, in turn, for the master's address.
+        """Ask the sentinels for the master's address (see :meth:`_ask`).
 
         Returns:
             the settings of a connection to the master they name.
@@ -136,72 +162,88 @@ class MasterLocator:
         return self._url.master_url(host, port)
 
     async def _ask(self) -> tuple[str, int]:
+        """Ask every sentinel at once; take the answer of the highest configuration epoch.
+
+        Not the first answer: a sentinel that has not heard of a failover yet still names the
+        old master, and a restarted old master says it is a master (``ROLE`` cannot tell)
+        until the sentinels make it a replica; the sentinel that ran the failover names the
+        promoted replica with a newer epoch (tests/test_redis_sentinel.py found this).
+        """
         name = self._url.master_name
         count = len(self._url.sentinels)
-        problems: list[str] = []
-        refusals: list[RedisAuthError] = []
-        unknown = 0
-        for step in range(count):
-            index = (self._next + step) % count
-            where = self._url.sentinel_url(index).address
-            reply: object = None
-            with trio.move_on_after(self._timeout) as scope:
-                try:
-                    sentinel = await self._sentinel_connection(index)
-                    reply = await sentinel.execute("SENTINEL", "get-master-addr-by-name", name)
-                except RedisAuthError as exc:
-                    refusals.append(exc)
-                    problems.append(f"{where} refused sentinel_password")
-                    continue
-                except BrokerError as exc:  # down, reset, or an error reply
-                    self._drop_sentinel()
-                    problems.append(str(exc) if where in str(exc) else f"{where}: {exc}")
-                    continue
-            if scope.cancelled_caught:
-                self._drop_sentinel()
-                problems.append(f"{where}: no answer within {self._timeout:g}s")
-                continue
-            if reply is None:
-                unknown += 1
-                problems.append(f"{where} knows no master named {name!r}")
-                continue
-            address = _master_address(reply)
-            if address is None:
-                problems.append(f"{where}: a malformed answer {reply!r:.60}")
-                continue
-            self._next = index
-            return address
-        if refusals and len(refusals) == count:
+        outcomes: dict[int, _Outcome] = {}
+        with trio.move_on_after(self._timeout):
+            async with trio.open_nursery() as nursery:
+                for index in range(count):
+                    nursery.start_soon(self._ask_one, index, outcomes)
+        for index in range(count):
+            if index not in outcomes:
+                self._drop_link(index)  # it may be stuck; a fresh connection next time
+                where = self._url.sentinel_url(index).address
+                outcomes[index] = _Outcome(problem=f"{where}: no answer within {self._timeout:g}s")
+        answers = [o for o in outcomes.values() if o.address is not None]
+        if answers:
+            best = max(answers, key=lambda o: o.epoch)
+            assert best.address is not None
+            return best.address
+        refusals = [o.refusal for o in outcomes.values() if o.refusal is not None]
+        if len(refusals) == count:
             raise refusals[0]
-        if unknown == count:
+        if all(o.unknown for o in outcomes.values()):
             raise BrokerUnavailable(
                 f"no sentinel knows a master named {name!r} (asked {count}; "
                 "check the master name in the URL's path)"
             )
         raise BrokerUnavailable(
             f"could not find the Redis master {name!r} through {count} sentinel(s): "
-            + "; ".join(problems)
+            + "; ".join(outcomes[index].problem for index in range(count))
         )
 
-    async def _sentinel_connection(self, index: int) -> Connection:
-        if self._sentinel is not None and self._sentinel.healthy and index == self._next:
-            return self._sentinel
-        self._drop_sentinel()
+    async def _ask_one(self, index: int, outcomes: dict[int, _Outcome]) -> None:
+        name = self._url.master_name
+        where = self._url.sentinel_url(index).address
+        try:
+            link = await self._link(index)
+            reply = await link.execute("SENTINEL", "MASTER", name)
+        except RedisAuthError as exc:
+            outcomes[index] = _Outcome(problem=f"{where} refused sentinel_password", refusal=exc)
+            return
+        except RedisReplyError as exc:
+            unknown = "no such master" in exc.reply.lower()
+            problem = f"{where} knows no master named {name!r}" if unknown else f"{where}: {exc}"
+            outcomes[index] = _Outcome(problem=problem, unknown=unknown)
+            return
+        except BrokerError as exc:  # down, reset
+            self._drop_link(index)
+            problem = str(exc) if where in str(exc) else f"{where}: {exc}"
+            outcomes[index] = _Outcome(problem=problem)
+            return
+        found = _master_fields(reply)
+        if found is None:
+            outcomes[index] = _Outcome(problem=f"{where}: a malformed answer {reply!r:.60}")
+        else:
+            host, port, epoch = found
+            outcomes[index] = _Outcome(address=(host, port), epoch=epoch)
+
+    async def _link(self, index: int) -> Connection:
+        """The connection to sentinel ``index``, opened (within the timeout) if need be."""
+        link = self._links.get(index)
+        if link is not None and link.healthy:
+            return link
         if self._nursery is None:
             raise TransportClosed("the Redis client is closed (or was never entered)")
-        self._sentinel = await connect(
+        link = self._links[index] = await connect(
             self._url.sentinel_url(index),
             self._nursery,
             connect_timeout=self._timeout,
             command_timeout=self._timeout,
         )
-        self._next = index
-        return self._sentinel
+        return link
 
-    def _drop_sentinel(self) -> None:
-        sentinel, self._sentinel = self._sentinel, None
-        if sentinel is not None:
-            sentinel.close()
+    def _drop_link(self, index: int) -> None:
+        link = self._links.pop(index, None)
+        if link is not None:
+            link.close()
 
     async def admit(self, conn: Connection) -> None:
         """Keep ``conn`` only if its node says it is a master (``ROLE``); else close it.
@@ -266,7 +308,7 @@ class MasterLocator:
     async def _watch(self) -> None:
         """Follow ``+switch-master`` on one sentinel at a time, moving on when it fails."""
         failures = 0
-        index = self._next
+        index = 0
         while True:
             try:
                 await self._watch_one(index)
