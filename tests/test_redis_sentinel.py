@@ -8,6 +8,11 @@ node the test chooses, so the client's own checks are what is tested.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from contextlib import asynccontextmanager
 from functools import partial
@@ -489,3 +494,55 @@ async def test_a_three_step_workflow_completes_through_a_failover(
     assert result == 23
     assert [s.output for s in history] == [2, 20, 23]
     assert redis_sentinel.master() is not old
+
+
+APP_MODULE = """
+import durable_trio as dt
+
+app = dt.App("sentinel-cli")
+
+
+@app.step("double")
+async def double(x: int) -> int:
+    return x * 2
+
+
+@app.workflow("twice")
+async def twice(ctx: dt.WorkflowContext, x: int) -> int:
+    return int(await ctx.step("double", x))
+"""
+
+
+async def test_the_commands_take_a_sentinel_url(redis_sentinel_url: str, tmp_path: Path) -> None:
+    (tmp_path / "sentinel_cli_app.py").write_text(APP_MODULE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    command = [sys.executable, "-m", "durable_trio"]
+    target = "sentinel_cli_app:app"
+    backend = ["--backend", redis_sentinel_url]
+    ran = await trio.run_process(
+        [*command, "run", target, "twice", "--input", "21", "--with-worker", *backend],
+        env=env,
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr.decode()
+    outcome = json.loads(ran.stdout)
+    assert (outcome["status"], outcome["output"]) == ("completed", 42)
+    worker = await trio.lowlevel.open_process(
+        [*command, "worker", target, *backend],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert worker.stdout is not None
+        with trio.fail_after(20):
+            banner = await worker.stdout.receive_some(4096)
+        assert banner.startswith(b"worker: serving"), banner
+        assert b"redis+sentinel://127.0.0.1:" in banner
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        with trio.fail_after(20):
+            status = await worker.wait()
+    assert status == 0
