@@ -281,31 +281,6 @@ async def test_all_sentinels_down_is_one_clear_line_and_fails_fast() -> None:
     assert "\n" not in message
 
 
-async def test_the_backend_opens_on_the_master(redis_sentinel_url: str) -> None:
-    async with dt.open_backend(redis_sentinel_url) as backend:
-        assert backend.keys is not None
-        assert backend.url.startswith("redis+sentinel://127.0.0.1:")
-        async with dt.open_queue_transport(backend, namespace="sentinel-test") as transport:
-            done = trio.Event()
-            got: list[dt.StepResult] = []
-
-            async def double(task: dt.RemoteTask) -> int:
-                return int(task.input) * 2
-
-            async def on_result(result: dt.StepResult) -> None:
-                got.append(result)
-                done.set()
-
-            transport.handle("double", double)
-            transport.on_result(on_result)
-            await transport.dispatch(
-                dt.RemoteTask(run_id="r", step_id="s", attempt=1, name="double", input=21)
-            )
-            with trio.fail_after(10):
-                await done.wait()
-    assert [r.output for r in got] == [42]
-
-
 # -- failovers (the sentinels' own, on the wall clock) ----------------------------------
 
 
