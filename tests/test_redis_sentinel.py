@@ -104,9 +104,15 @@ def test_a_malformed_switch_master_message_is_ignored() -> None:
 # -- a lying sentinel (fault injection) ---------------------------------------------------
 
 
+class Refusal(str):
+    """An error reply, for :func:`_resp`."""
+
+
 def _resp(value: Any) -> bytes:
     if value is None:
         return b"*-1\r\n"
+    if isinstance(value, Refusal):
+        return b"-%s\r\n" % value.encode()
     if isinstance(value, list):
         return b"*%d\r\n" % len(value) + b"".join(_resp(item) for item in value)
     data = value if isinstance(value, bytes) else str(value).encode()
@@ -120,17 +126,34 @@ def naming(port: int, epoch: int = 0) -> list[str]:
 
 
 @asynccontextmanager
-async def lying_sentinel(answer: Callable[[], Any]) -> AsyncIterator[int]:
-    """A server answering every command with ``answer()`` (a ``SENTINEL MASTER`` reply);
-    yields its port."""
+async def lying_sentinel(
+    answer: Callable[[], Any],
+    *,
+    announce: trio.Event | None = None,
+    messages: tuple[bytes, ...] = (),
+    refuse_auth: bool = False,
+) -> AsyncIterator[int]:
+    """A server answering every command with ``answer()`` (a ``SENTINEL MASTER`` reply), or
+    ``-WRONGPASS`` to ``AUTH`` if ``refuse_auth``; a ``SUBSCRIBE`` is confirmed, and once
+    ``announce`` is set ``messages`` are published on it. Yields its port."""
 
     async def serve(stream: trio.SocketStream) -> None:
         reader = hiredis.Reader()
         async with stream:
             while data := await stream.receive_some(65536):
                 reader.feed(data)
-                while reader.gets() is not False:
-                    await stream.send_all(_resp(answer()))
+                while (command := reader.gets()) is not False:
+                    name = command[0].upper()
+                    if name == b"SUBSCRIBE":
+                        await stream.send_all(_resp([b"subscribe", command[1], 1]))
+                        assert announce is not None
+                        await announce.wait()
+                        for message in messages:
+                            await stream.send_all(_resp([b"message", command[1], message]))
+                    elif name == b"AUTH" and refuse_auth:
+                        await stream.send_all(_resp(Refusal("WRONGPASS invalid password")))
+                    else:
+                        await stream.send_all(_resp(answer()))
 
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, host="127.0.0.1"), serve, 0)
@@ -191,6 +214,47 @@ async def test_a_readonly_reply_drops_the_connections_and_rediscovers(
             assert client.sentinel.master == ("127.0.0.1", second.port)
             assert client.sentinel.discoveries == 2
     assert second.command("GET", "k") == b"on-second"
+
+
+async def test_a_switch_master_announcement_drops_the_connections_junk_is_ignored(
+    two_servers: list[RedisServer],
+) -> None:
+    first, second = two_servers
+    named = [first]
+    announce = trio.Event()
+    messages = (
+        b"",
+        b"\xff not five words",
+        b"another-master 127.0.0.1 1 127.0.0.1 2",
+        f"durable 127.0.0.1 {first.port} 127.0.0.1 {second.port}".encode(),
+    )
+    async with lying_sentinel(
+        lambda: naming(named[0].port), announce=announce, messages=messages
+    ) as port:
+        async with open_redis(f"redis+sentinel://127.0.0.1:{port}/durable") as client:
+            assert client.sentinel is not None
+            await client.execute("SET", "k", "on-first")
+            [before] = client.connections
+            named[0] = second
+            announce.set()
+            with trio.fail_after(5):
+                while client.sentinel.switches == 0:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            assert client.sentinel.switches == 1  # the junk and the other master's: ignored
+            assert not before.healthy
+            await client.execute("SET", "k", "on-second")
+            assert client.sentinel.master == ("127.0.0.1", second.port)
+    assert first.command("GET", "k") == b"on-first"
+    assert second.command("GET", "k") == b"on-second"
+
+
+async def test_a_refused_sentinel_password_is_an_authentication_error() -> None:
+    async with lying_sentinel(lambda: None, refuse_auth=True) as port:
+        url = f"redis+sentinel://127.0.0.1:{port}/durable?sentinel_password=Wr0ng-pw"
+        with pytest.raises(dt.AuthenticationError) as refused:
+            async with dt.open_backend(url):
+                pytest.fail("opened")
+    assert "Wr0ng-pw" not in str(refused.value)
 
 
 async def test_the_newest_epoch_wins_over_a_sentinel_that_missed_the_failover(
