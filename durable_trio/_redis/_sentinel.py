@@ -8,14 +8,19 @@ the same; only *where* a new connection goes, and whether it is kept, is the loc
   (``SENTINEL MASTER``, within ``sentinel_timeout``) and goes to the master named with the
   highest configuration epoch (the newest failover any of them knows); so a connection made
   after a failover goes to the promoted replica, and a client never trusts an address it
-  learnt before;
+  learnt before. While a sentinel says it is failing the master over
+  (``failover_in_progress``), no master is named: calls fail fast until the failover ends;
 * **admission**: the new connection must answer ``ROLE`` with ``master``, or it is closed (a
   sentinel can name a master that was just demoted, or not yet promoted): a replica, or a
   demoted master, never gets a write from this client;
 * **following**: a ``-READONLY`` reply (the node was demoted under an open connection), or a
-  ``+switch-master`` message of the master's name on a sentinel's pub/sub (watched by a task
-  in the client's nursery), drops every connection this client holds to the data nodes with
-  ``BrokerUnavailable``, so the pool reconnects (and re-discovers), within its backoff.
+  ``+try-failover`` (a failover starts) or ``+switch-master`` (it ended) message of the
+  master's name on a sentinel's pub/sub (a task per sentinel in the client's nursery) drops
+  every connection this client holds to the data nodes with ``BrokerUnavailable``, so the pool
+  reconnects (and re-discovers), within its backoff. Without the start announcement, a
+  manual failover's old master stays a master, taking this client's writes, until the
+  sentinels demote it: every one of those writes is lost (tests/test_redis_sentinel.py
+  measured about a hundred in a second).
 
 A connection to a master that dies is dropped by the pool as any other; the next one asks the
 sentinels again. Nothing here waits unbounded: a discovery takes at most ``sentinel_timeout``
@@ -42,10 +47,13 @@ if TYPE_CHECKING:
     from ._sentinel_url import SentinelURL
     from ._url import RedisURL
 
-__all__ = ["MasterLocator", "parse_switch_master"]
+__all__ = ["MasterLocator", "parse_failover_start", "parse_switch_master"]
 
 #: The sentinels' channel announcing a failover: ``<name> <old-ip> <old-port> <new-ip> <new-port>``.
 SWITCH_CHANNEL: Final = b"+switch-master"
+#: The channel of a failover's start (``master <name> <ip> <port>``): published by the sentinel
+#: that starts it, before any replica is promoted.
+FAILOVER_CHANNEL: Final = b"+try-failover"
 #: Seconds of silence after which the watcher pings its sentinel (a dead one says nothing).
 _WATCH_PING: Final = 5.0
 
@@ -66,9 +74,25 @@ def parse_switch_master(message: bytes) -> tuple[str, str, int] | None:
     return parts[0], parts[3], int(parts[4])
 
 
-def _master_fields(reply: object) -> tuple[str, int, int] | None:
-    """``(host, port, config epoch)`` of a ``SENTINEL MASTER`` reply (a flat list of field
-    names and values), or ``None`` if it is malformed."""
+def parse_failover_start(message: bytes) -> str | None:
+    """The master name of a ``+try-failover`` message (``master <name> <ip> <port>``), or
+    ``None`` if it is not one.
+
+    Args:
+        message: the message as published.
+
+    Returns:
+        the name, or ``None``.
+    """
+    parts = message.decode("utf-8", "replace").split()
+    if len(parts) != 4 or parts[0] != "master":
+        return None
+    return parts[1]
+
+
+def _master_fields(reply: object) -> tuple[str, int, int, bool] | None:
+    """``(host, port, config epoch, failover in progress)`` of a ``SENTINEL MASTER`` reply (a
+    flat list of field names and values), or ``None`` if it is malformed."""
     if not (isinstance(reply, list) and len(reply) % 2 == 0):
         return None
     fields = dict(zip(reply[::2], reply[1::2], strict=True))
@@ -78,7 +102,9 @@ def _master_fields(reply: object) -> tuple[str, int, int] | None:
         return None
     if not (isinstance(epoch, bytes) and epoch.isdigit()):
         return None
-    return host.decode("utf-8", "replace"), int(port), int(epoch)
+    flags = fields.get(b"flags", b"")
+    failing_over = isinstance(flags, bytes) and b"failover_in_progress" in flags.split(b",")
+    return host.decode("utf-8", "replace"), int(port), int(epoch), failing_over
 
 
 @attrs.frozen
@@ -91,9 +117,11 @@ class _Outcome:
         problem: why it named none, for the error message.
         unknown: it knows no master of that name.
         refusal: it refused ``sentinel_password``.
+        failing_over: it is running a failover of the master (flag ``failover_in_progress``).
     """
 
     address: tuple[str, int] | None = None
+    failing_over: bool = False
     epoch: int = 0
     problem: str = ""
     unknown: bool = False
@@ -139,7 +167,9 @@ class MasterLocator:
         """
         self._nursery = nursery
         if self._watch_enabled:
-            nursery.start_soon(self._watch)
+            # Every sentinel: only the one that runs a failover announces its start.
+            for index in range(len(self._url.sentinels)):
+                nursery.start_soon(self._watch, index)
 
     # -- discovery and admission ------------------------------------------------------------
 
@@ -182,6 +212,13 @@ class MasterLocator:
                 where = self._url.sentinel_url(index).address
                 outcomes[index] = _Outcome(problem=f"{where}: no answer within {self._timeout:g}s")
         answers = [o for o in outcomes.values() if o.address is not None]
+        failing_over = [o.problem for o in answers if o.failing_over]
+        if failing_over:
+            # The master it names is being replaced: what it takes now may be lost.
+            raise BrokerUnavailable(
+                f"a failover of the Redis master {name!r} is under way (sentinel "
+                f"{failing_over[0]}); calls fail until it ends"
+            )
         if answers:
             best = max(answers, key=lambda o: o.epoch)
             assert best.address is not None
@@ -222,8 +259,10 @@ class MasterLocator:
         if found is None:
             outcomes[index] = _Outcome(problem=f"{where}: a malformed answer {reply!r:.60}")
         else:
-            host, port, epoch = found
-            outcomes[index] = _Outcome(address=(host, port), epoch=epoch)
+            host, port, epoch, failing_over = found
+            outcomes[index] = _Outcome(
+                address=(host, port), epoch=epoch, failing_over=failing_over, problem=where
+            )
 
     async def _link(self, index: int) -> Connection:
         """The connection to sentinel ``index``, opened (within the timeout) if need be."""
@@ -305,10 +344,9 @@ class MasterLocator:
                 self._admitted.discard(conn)
                 conn._fail(_unavailable(f"connection to {conn.url.address} dropped: {reason}"))
 
-    async def _watch(self) -> None:
-        """Follow ``+switch-master`` on one sentinel at a time, moving on when it fails."""
+    async def _watch(self, index: int) -> None:
+        """Follow sentinel ``index``'s announcements, reconnecting (backing off) when lost."""
         failures = 0
-        index = 0
         while True:
             try:
                 await self._watch_one(index)
@@ -317,7 +355,6 @@ class MasterLocator:
                 failures += 1
             except TransportClosed:
                 return  # the client is closing
-            index = (index + 1) % len(self._url.sentinels)
             delay = min(2.0, 0.05 * 2.0 ** min(failures, 8))
             await trio.sleep(delay * random.uniform(0.5, 1.0))
 
@@ -331,14 +368,21 @@ class MasterLocator:
             push_buffer=64,
         )
         sub = Subscription(conn)
+        name = self._url.master_name
         try:
-            await sub.subscribe(SWITCH_CHANNEL)
+            await sub.subscribe(SWITCH_CHANNEL, FAILOVER_CHANNEL)
             while True:
                 with trio.move_on_after(_WATCH_PING):
-                    _channel, message = await sub.receive()
+                    channel, message = await sub.receive()
+                    if channel == FAILOVER_CHANNEL:
+                        if parse_failover_start(message) == self._url.master_name:
+                            # Writes from now on may go to a master about to be replaced:
+                            # drop the connections; discovery refuses until it ends.
+                            self.switch(f"a sentinel started a failover of {name!r}")
+                        continue
                     switched = parse_switch_master(message)
                     if switched is not None and switched[0] == self._url.master_name:
-                        name, host, port = switched
+                        _, host, port = switched
                         self.switch(
                             f"a sentinel announced +switch-master of {name!r} to {host}:{port}",
                             keep=(host, port),
