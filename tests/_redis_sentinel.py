@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["SentinelGroup", "redis_sentinel", "redis_sentinel_url"]
 
 MASTER_NAME = "durable"
-DOWN_AFTER_MS = 800
+DOWN_AFTER_MS = 1000
 FAILOVER_TIMEOUT_MS = 2000
 #: Ports the machine's shared services use: never one of ours.
 _SHARED_PORTS = frozenset({6379, 26379})
