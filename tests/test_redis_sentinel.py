@@ -295,7 +295,10 @@ async def test_the_newest_epoch_wins_over_a_sentinel_that_missed_the_failover(
     # the epochs tell which the failover chose. The stale sentinel is listed (and answers) first.
     stale_node, promoted = two_servers
     async with (
-        lying_sentinel(lambda: naming(stale_node.port, epoch=4)) as stale,
+        # ...still flagged as failing it over: a failover that lost to the newer one.
+        lying_sentinel(
+            lambda: naming(stale_node.port, epoch=4, flags="master,failover_in_progress")
+        ) as stale,
         lying_sentinel(lambda: naming(promoted.port, epoch=5)) as fresh,
     ):
         url = f"redis+sentinel://127.0.0.1:{stale},127.0.0.1:{fresh}/durable"

@@ -112,20 +112,24 @@ class _Outcome:
     """What one sentinel said when asked for the master.
 
     Attributes:
+        where: the sentinel's ``host:port``.
         address: the master's ``(host, port)`` it named, or ``None``.
         epoch: the configuration epoch of that answer (the newest failover it knows of).
         problem: why it named none, for the error message.
         unknown: it knows no master of that name.
         refusal: it refused ``sentinel_password``.
         failing_over: it is running a failover of the master (flag ``failover_in_progress``).
+        closed: the client was closed while asking.
     """
 
+    where: str
     address: tuple[str, int] | None = None
     failing_over: bool = False
     epoch: int = 0
     problem: str = ""
     unknown: bool = False
     refusal: RedisAuthError | None = None
+    closed: bool = False
 
 
 class MasterLocator:
@@ -210,17 +214,23 @@ class MasterLocator:
             if index not in outcomes:
                 self._drop_link(index)  # it may be stuck; a fresh connection next time
                 where = self._url.sentinel_url(index).address
-                outcomes[index] = _Outcome(problem=f"{where}: no answer within {self._timeout:g}s")
+                outcomes[index] = _Outcome(
+                    where, problem=f"{where}: no answer within {self._timeout:g}s"
+                )
+        if any(o.closed for o in outcomes.values()):
+            raise TransportClosed("the Redis client is closed")
         answers = [o for o in outcomes.values() if o.address is not None]
-        failing_over = [o.problem for o in answers if o.failing_over]
-        if failing_over:
-            # The master it names is being replaced: what it takes now may be lost.
-            raise BrokerUnavailable(
-                f"a failover of the Redis master {name!r} is under way (sentinel "
-                f"{failing_over[0]}); calls fail until it ends"
-            )
         if answers:
-            best = max(answers, key=lambda o: o.epoch)
+            newest = max(o.epoch for o in answers)
+            # A failover of the newest configuration's master: what it takes now may be lost.
+            # (An older configuration's flag is a failover that lost to the newest one.)
+            failing_over = [o.where for o in answers if o.failing_over and o.epoch == newest]
+            if failing_over:
+                raise BrokerUnavailable(
+                    f"a failover of the Redis master {name!r} is under way (sentinel "
+                    f"{failing_over[0]}); calls fail until it ends"
+                )
+            best = next(o for o in answers if o.epoch == newest)
             assert best.address is not None
             return best.address
         refusals = [o.refusal for o in outcomes.values() if o.refusal is not None]
@@ -243,25 +253,29 @@ class MasterLocator:
             link = await self._link(index)
             reply = await link.execute("SENTINEL", "MASTER", name)
         except RedisAuthError as exc:
-            outcomes[index] = _Outcome(problem=f"{where} refused sentinel_password", refusal=exc)
+            problem = f"{where} refused sentinel_password"
+            outcomes[index] = _Outcome(where, problem=problem, refusal=exc)
             return
         except RedisReplyError as exc:
             unknown = "no such master" in exc.reply.lower()
             problem = f"{where} knows no master named {name!r}" if unknown else f"{where}: {exc}"
-            outcomes[index] = _Outcome(problem=problem, unknown=unknown)
+            outcomes[index] = _Outcome(where, problem=problem, unknown=unknown)
             return
         except BrokerError as exc:  # down, reset
             self._drop_link(index)
             problem = str(exc) if where in str(exc) else f"{where}: {exc}"
-            outcomes[index] = _Outcome(problem=problem)
+            outcomes[index] = _Outcome(where, problem=problem)
+            return
+        except TransportClosed:
+            outcomes[index] = _Outcome(where, problem="closed", closed=True)
             return
         found = _master_fields(reply)
         if found is None:
-            outcomes[index] = _Outcome(problem=f"{where}: a malformed answer {reply!r:.60}")
+            outcomes[index] = _Outcome(where, problem=f"{where}: a malformed answer {reply!r:.60}")
         else:
             host, port, epoch, failing_over = found
             outcomes[index] = _Outcome(
-                address=(host, port), epoch=epoch, failing_over=failing_over, problem=where
+                where, address=(host, port), epoch=epoch, failing_over=failing_over
             )
 
     async def _link(self, index: int) -> Connection:
