@@ -566,6 +566,7 @@ async def _kill_and_restart_the_master(group: SentinelGroup) -> Comeback:
 
 
 @pytest.mark.chaos
+@pytest.mark.timeout(300)  # up to 3 rounds of the sentinels' own 10-20 s reconfiguration
 async def test_a_restarted_old_master_comes_back_a_replica_and_gets_no_write(
     redis_sentinel: SentinelGroup,
 ) -> None:
