@@ -98,6 +98,17 @@ def test_the_shown_url_masks_both_passwords() -> None:
     assert shown == "redis+sentinel://***@h:1,h:2/m/0?sentinel_password=***&client_name=c"
 
 
+def test_open_redis_checks_the_sentinel_options() -> None:
+    with pytest.raises(dt.ConfigError, match="sentinel_timeout must be positive"):
+        open_redis("redis+sentinel://127.0.0.1/durable", sentinel_timeout=0)
+    with pytest.raises(dt.ConfigError, match="character 18: an empty sentinel address"):
+        open_redis("redis+sentinel://,h/durable")
+    client = open_redis("rediss+sentinel://127.0.0.1/durable/4")
+    assert client.sentinel is not None
+    assert (client.url.db, client.url.tls) == (4, True)
+    assert client.url.address == "master 'durable' (via sentinels)"  # until one is found
+
+
 def test_a_malformed_announcement_is_ignored() -> None:
     assert parse_switch_master(b"durable 127.0.0.1 1 127.0.0.1 2") == ("durable", "127.0.0.1", 2)
     for junk in (b"", b"durable", b"durable a 1 b x", b"\xff\xfe 1 2 3 4 5", b"a b c d e f"):
