@@ -104,7 +104,8 @@ def _step_rows(step: StepView, start: float, span: float) -> str:
         "</tr>"
     )
     notes = "".join(
-        f'<tr class="attempt note"><td></td><td colspan="8" class="error-text">{esc(note)}</td></tr>'
+        '<tr class="attempt note"><td></td>'
+        f'<td colspan="8" class="error-text">{esc(note)}</td></tr>'
         for note in step.notes
     )
     return first + "".join(_attempt_row(a) for a in step.attempts) + notes
