@@ -94,13 +94,16 @@ def _short(value: Any, width: int = 60) -> str:
 
 
 def _error_line(error: Any) -> str:
-    """An attempt's error as a short line: its message, then its code."""
+    """An attempt's error as a short line: its message, then its code (unless the message
+    starts with it, as a raised exception's does)."""
     if error is None:
         return ""
     if isinstance(error, dict) and isinstance(error.get("message"), str):
-        code = error.get("code")
-        return _short(error["message"] + (f" [{code}]" if isinstance(code, str) else ""), 50)
-    return _short(error, 50)
+        message, code = error["message"], error.get("code")
+        if isinstance(code, str) and not message.startswith(code):
+            message += f" [{code}]"
+        return _short(message, 60)
+    return _short(error, 60)
 
 
 def _print_json(value: Any) -> None:
