@@ -434,9 +434,9 @@ async def test_a_steps_heartbeat_timeout_and_last_beat_are_stored(store: RunStor
     assert (kept.attempt, kept.heartbeat, kept.heartbeat_timeout) == (2, beat, 2.5)
 
 
-async def test_sqlite_adds_the_heartbeat_columns_to_a_file_written_before_them(
-    tmp_path: Path,
-) -> None:
+async def _file_without(tmp_path: Path, *columns: str) -> Path:
+    """A file holding run ``old`` and its step ``"1"``, whose ``dt_steps`` table is back as
+    it was before ``columns`` existed."""
     import sqlite3
 
     path = tmp_path / "old.db"
@@ -446,11 +446,20 @@ async def test_sqlite_adds_the_heartbeat_columns_to_a_file_written_before_them(
         await store.begin_step(step("old", "1"))
     finally:
         await store.aclose()
-    db = sqlite3.connect(path)  # back to the table as it was before heartbeats
-    db.execute("ALTER TABLE dt_steps DROP COLUMN heartbeat")
-    db.execute("ALTER TABLE dt_steps DROP COLUMN heartbeat_timeout")
+    db = sqlite3.connect(path)
+    for column in columns:
+        db.execute(f"ALTER TABLE dt_steps DROP COLUMN {column}")
     db.commit()
+    left = {row[1] for row in db.execute("PRAGMA table_info(dt_steps)")}
     db.close()
+    assert left.isdisjoint(columns)
+    return path
+
+
+async def test_sqlite_adds_the_heartbeat_columns_to_a_file_written_before_them(
+    tmp_path: Path,
+) -> None:
+    path = await _file_without(tmp_path, "heartbeat", "heartbeat_timeout")
     for n in range(2):  # and opening it again changes nothing
         store = await SqliteRunStore.open(path, "shop")
         try:
@@ -520,20 +529,7 @@ async def test_the_attempt_log_is_written_with_the_change_that_ends_an_attempt(
 async def test_sqlite_adds_the_attempts_column_to_a_file_written_before_it(
     tmp_path: Path,
 ) -> None:
-    import sqlite3
-
-    path = tmp_path / "old.db"
-    store = await SqliteRunStore.open(path, "shop")
-    try:
-        await store.create_run(run("old"))
-        await store.begin_step(step("old", "1"))
-    finally:
-        await store.aclose()
-    db = sqlite3.connect(path)  # back to the table as it was before attempt logs
-    db.execute("ALTER TABLE dt_steps DROP COLUMN attempts")
-    db.commit()
-    assert "attempts" not in {row[1] for row in db.execute("PRAGMA table_info(dt_steps)")}
-    db.close()
+    path = await _file_without(tmp_path, "attempts")
     entry = {"attempt": 1, "outcome": "failed", "startedAt": 1.0, "endedAt": 2.0}
     for n in range(2):  # and opening it again changes nothing
         store = await SqliteRunStore.open(path, "shop")
