@@ -322,3 +322,21 @@ def test_a_checkpoint_from_before_logs_lists_its_attempts_by_number() -> None:
         (3, "completed", 5.0, 9.0),
     ]
     assert notes == ()
+
+
+def test_a_retry_in_its_backoff_is_waiting_then_running_with_the_worker_that_beat() -> None:
+    logged = {"attempt": 1, "outcome": "timed_out", "startedAt": 1.0, "endedAt": 4.0,
+              "error": {"message": "no heartbeat", "code": "heartbeat_timeout"}}  # fmt: skip
+    step = dt.StepRecord(
+        "r", "1", dt.StepKind.REMOTE, "flaky", dt.StepState.PENDING, attempt=2, wake_at=10.0,
+        created_at=1.0, attempts=(logged,),
+    )  # fmt: skip
+    views, _ = attempt_views(step, now=5.0)
+    assert [(v.attempt, v.status, v.started_at) for v in views] == [
+        (1, "timed_out", 1.0),
+        (2, "waiting", 10.0),
+    ]
+    beat = {"attempt": 2, "at": 11.0, "sentAt": 1.7e9, "worker": "w-2"}
+    views, _ = attempt_views(attrs.evolve(step, heartbeat=beat), now=12.0)
+    assert (views[1].status, views[1].worker, views[1].heartbeat) == ("running", "w-2", beat)
+    assert views[0].duration == 3.0
