@@ -16,7 +16,8 @@ import trio
 
 import durable_trio as dt
 from durable_trio._cli import main
-from durable_trio._engine._records import ATTEMPT_LOG_LIMIT, ended_attempt
+from durable_trio._engine._records import ATTEMPT_LOG_LIMIT, ended_attempt, error_to_json
+from durable_trio._engine._results import result_worker
 from durable_trio._ops_attempts import attempt_views
 from durable_trio._redis import open_redis
 
@@ -340,3 +341,21 @@ def test_a_retry_in_its_backoff_is_waiting_then_running_with_the_worker_that_bea
     views, _ = attempt_views(attrs.evolve(step, heartbeat=beat), now=12.0)
     assert (views[1].status, views[1].worker, views[1].heartbeat) == ("running", "w-2", beat)
     assert views[0].duration == 3.0
+
+
+def test_a_stalled_attempt_is_logged_as_stalled_with_the_worker_whose_lease_was_lost() -> None:
+    error = dt.StepError(
+        "stalled more than 1 time(s)", code="stalled",
+        details={"stalls": [{"at": 1.0, "worker": "w-1"}, {"at": 2.0, "worker": "w-9"}]},
+    )  # fmt: skip
+    result = dt.StepResult("r", "1", 1, dt.StepStatus.FAILED, error=error)
+    assert result_worker(result) == "w-9"
+    delivered = attrs.evolve(result, delivery={"worker": "w-3", "job": "j"})
+    assert result_worker(delivered) == "w-3"
+    step = dt.StepRecord("r", "1", dt.StepKind.REMOTE, "flaky", dt.StepState.PENDING)
+    (entry,) = ended_attempt(
+        step, ended_at=3.0, error=error_to_json(error), worker=result_worker(result)
+    )
+    assert (entry["outcome"], entry["worker"]) == ("stalled", "w-9")
+    assert entry["error"] == {"message": "stalled more than 1 time(s)", "code": "stalled",
+                              "retryable": True}  # fmt: skip
