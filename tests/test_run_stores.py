@@ -434,9 +434,9 @@ async def test_a_steps_heartbeat_timeout_and_last_beat_are_stored(store: RunStor
     assert (kept.attempt, kept.heartbeat, kept.heartbeat_timeout) == (2, beat, 2.5)
 
 
-async def test_sqlite_adds_the_heartbeat_columns_to_a_file_written_before_them(
-    tmp_path: Path,
-) -> None:
+async def _file_without(tmp_path: Path, *columns: str) -> Path:
+    """A file holding run ``old`` and its step ``"1"``, whose ``dt_steps`` table is back as
+    it was before ``columns`` existed."""
     import sqlite3
 
     path = tmp_path / "old.db"
@@ -446,11 +446,20 @@ async def test_sqlite_adds_the_heartbeat_columns_to_a_file_written_before_them(
         await store.begin_step(step("old", "1"))
     finally:
         await store.aclose()
-    db = sqlite3.connect(path)  # back to the table as it was before heartbeats
-    db.execute("ALTER TABLE dt_steps DROP COLUMN heartbeat")
-    db.execute("ALTER TABLE dt_steps DROP COLUMN heartbeat_timeout")
+    db = sqlite3.connect(path)
+    for column in columns:
+        db.execute(f"ALTER TABLE dt_steps DROP COLUMN {column}")
     db.commit()
+    left = {row[1] for row in db.execute("PRAGMA table_info(dt_steps)")}
     db.close()
+    assert left.isdisjoint(columns)
+    return path
+
+
+async def test_sqlite_adds_the_heartbeat_columns_to_a_file_written_before_them(
+    tmp_path: Path,
+) -> None:
+    path = await _file_without(tmp_path, "heartbeat", "heartbeat_timeout")
     for n in range(2):  # and opening it again changes nothing
         store = await SqliteRunStore.open(path, "shop")
         try:
@@ -487,3 +496,49 @@ async def test_a_damaged_stored_beat_reads_as_none(tmp_path: Path) -> None:
         assert (found.name, found.heartbeat) == ("charge", None)
     finally:
         await store.aclose()
+
+
+async def test_the_attempt_log_is_written_with_the_change_that_ends_an_attempt(
+    store: RunStore,
+) -> None:
+    """Issue 16, item 1: the log rides on the checkpoint's compare-and-set (a stale change
+    writes none of it) and on an operator's reopen; JSON inside it keeps its shape."""
+    await store.create_run(run("r"))
+    begun = await store.begin_step(step("r", "1"))
+    assert begun.attempts == ()
+    first = {"attempt": 1, "outcome": "failed", "startedAt": 1.0, "endedAt": 2.5,
+             "worker": "w-1", "error": {"message": "boom", "details": AWKWARD}}  # fmt: skip
+    retry = attrs.evolve(begun, attempt=2, wake_at=3.0, attempts=(first,))
+    assert await store.update_step(retry, expect_attempt=1) is Applied.APPLIED
+    stale = attrs.evolve(begun, status=S.COMPLETED, attempts=({"attempt": 9},))
+    assert await store.update_step(stale, expect_attempt=1) is Applied.STALE
+    fetched = await store.get_step("r", "1")
+    assert fetched is not None
+    assert fetched.attempts == (first,)
+    second = {"attempt": 2, "outcome": "failed", "startedAt": 3.0, "endedAt": 4.0}
+    failed = attrs.evolve(fetched, status=S.FAILED, attempts=(first, second))
+    assert await store.update_step(failed, expect_attempt=2) is Applied.APPLIED
+    await store.finish_run("r", RunStatus.FAILED, error={"stepId": "1"})
+    reopened = attrs.evolve(failed, status=S.PENDING, attempt=3, wake_at=5.0)
+    assert await store.reopen_run("r", [reopened], run_timeout=None)
+    (kept,) = await store.get_steps_many([("r", "1")])
+    assert kept is not None
+    assert (kept.attempt, kept.attempts) == (3, (first, second))
+
+
+async def test_sqlite_adds_the_attempts_column_to_a_file_written_before_it(
+    tmp_path: Path,
+) -> None:
+    path = await _file_without(tmp_path, "attempts")
+    entry = {"attempt": 1, "outcome": "failed", "startedAt": 1.0, "endedAt": 2.0}
+    for n in range(2):  # and opening it again changes nothing
+        store = await SqliteRunStore.open(path, "shop")
+        try:
+            old = await store.get_step("old", "1")
+            assert old is not None
+            assert old.attempts == (() if n == 0 else (entry,))
+            if n == 0:
+                moved = attrs.evolve(old, attempt=2, attempts=(entry,))
+                assert await store.update_step(moved, expect_attempt=1) is Applied.APPLIED
+        finally:
+            await store.aclose()

@@ -87,6 +87,7 @@ class _Step:
     updated_at: float
     heartbeat_timeout: float | None = None
     heartbeat: bytes = b"null"
+    attempts: bytes = b"[]"
 
     def out(self) -> StepRecord:
         return StepRecord(
@@ -107,6 +108,7 @@ class _Step:
             updated_at=self.updated_at,
             heartbeat_timeout=self.heartbeat_timeout,
             heartbeat=_loads(self.heartbeat),
+            attempts=tuple(_loads(self.attempts)),
         )
 
 
@@ -237,6 +239,7 @@ class MemoryRunStore:
             stored.status, stored.attempt = step.status, step.attempt
             stored.error, stored.retry = _dumps(step.error), _dumps(step.retry)
             stored.wake_at, stored.dispatched = step.wake_at, step.dispatched
+            stored.attempts = _dumps(step.attempts)
             stored.updated_at = now
         return True
 
@@ -358,6 +361,7 @@ class MemoryRunStore:
                 updated_at=now,
                 heartbeat_timeout=step.heartbeat_timeout,
                 heartbeat=_dumps(step.heartbeat),
+                attempts=_dumps(step.attempts),
             )
         return stored.out()
 
@@ -382,6 +386,7 @@ class MemoryRunStore:
         stored.output, stored.error = _dumps(step.output), _dumps(step.error)
         stored.status, stored.attempt = step.status, step.attempt
         stored.wake_at, stored.dispatched = step.wake_at, step.dispatched
+        stored.attempts = _dumps(step.attempts)
         if step.heartbeat is not None:  # a change made without it keeps the last beat
             stored.heartbeat = _dumps(step.heartbeat)
         stored.updated_at = self.now()

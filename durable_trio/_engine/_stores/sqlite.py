@@ -39,7 +39,16 @@ from ...adapters.sqlite import (
     open_connection,
     translate_error,
 )
-from .._records import Applied, RunPage, RunRecord, RunStatus, StepKind, StepRecord, StepState
+from .._records import (
+    Applied,
+    RunPage,
+    RunRecord,
+    RunStatus,
+    StepKind,
+    StepRecord,
+    StepState,
+    read_attempt_log,
+)
 from ._paging import check_page, decode_cursor, encode_cursor
 
 if TYPE_CHECKING:
@@ -96,6 +105,7 @@ _SCHEMA: Final = (
         updated_at REAL NOT NULL,
         heartbeat_timeout REAL,
         heartbeat TEXT,
+        attempts TEXT,
         PRIMARY KEY (namespace, run_id, step_id)
     ) WITHOUT ROWID
     """,
@@ -107,7 +117,7 @@ _RUN_COLUMNS: Final = (
 )
 _STEP_COLUMNS: Final = (
     "run_id, step_id, kind, name, status, attempt, input, output, error, retry, wake_at, "
-    "dispatched, priority, created_at, updated_at, heartbeat_timeout, heartbeat"
+    "dispatched, priority, created_at, updated_at, heartbeat_timeout, heartbeat, attempts"
 )
 
 _INSERT_RUN: Final = f"""
@@ -143,7 +153,7 @@ _FINISH: Final = """
 _INSERT_STEP: Final = f"""
     INSERT INTO dt_steps (namespace, position, {_STEP_COLUMNS})
     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
-            ?19)
+            ?19, ?20)
     ON CONFLICT (namespace, run_id, step_id) DO NOTHING
 """
 _GET_STEPS: Final = f"""
@@ -160,7 +170,7 @@ _STEP_STATE: Final = """
 """
 _UPDATE_STEP: Final = """
     UPDATE dt_steps SET status = ?4, attempt = ?5, output = ?6, error = ?7, wake_at = ?8,
-        dispatched = ?9, updated_at = ?10, heartbeat = coalesce(?11, heartbeat)
+        dispatched = ?9, updated_at = ?10, heartbeat = coalesce(?11, heartbeat), attempts = ?12
     WHERE namespace = ?1 AND run_id = ?2 AND step_id = ?3
 """
 _MARK_DISPATCHED: Final = """
@@ -200,7 +210,8 @@ def _run(row: tuple[Any, ...]) -> RunRecord:
 
 def _step(row: tuple[Any, ...]) -> StepRecord:
     (run_id, step_id, kind, name, status, attempt, input_, output, error, retry, wake_at,
-     dispatched, priority, created, updated, heartbeat_timeout, heartbeat) = row  # fmt: skip
+     dispatched, priority, created, updated, heartbeat_timeout, heartbeat,
+     attempts) = row  # fmt: skip
     return StepRecord(
         run_id=run_id,
         step_id=step_id,
@@ -219,6 +230,7 @@ def _step(row: tuple[Any, ...]) -> StepRecord:
         updated_at=updated,
         heartbeat_timeout=heartbeat_timeout,
         heartbeat=_beat(heartbeat),
+        attempts=read_attempt_log(attempts),
     )
 
 
@@ -288,6 +300,9 @@ def _create_schema(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE dt_steps ADD COLUMN heartbeat_timeout REAL")
     if "heartbeat" not in columns:
         db.execute("ALTER TABLE dt_steps ADD COLUMN heartbeat TEXT")
+    # A file written before attempt logs: add the column (NULL: no attempt logged).
+    if "attempts" not in columns:
+        db.execute("ALTER TABLE dt_steps ADD COLUMN attempts TEXT")
 
 
 # -- operations (each runs in the connection thread, as one transaction) -----------------------
@@ -369,7 +384,7 @@ _REOPEN_RUN: Final = """
 """
 _REOPEN_STEP: Final = """
     UPDATE dt_steps SET status = ?4, attempt = ?5, error = ?6, retry = ?7, wake_at = ?8,
-        dispatched = ?9, updated_at = ?10
+        dispatched = ?9, updated_at = ?10, attempts = ?11
     WHERE namespace = ?1 AND run_id = ?2 AND step_id = ?3
 """
 
@@ -388,7 +403,7 @@ def _op_reopen(
         _REOPEN_STEP,
         [
             (ns, run_id, s.step_id, s.status.value, s.attempt, _dumps(s.error),
-             _dumps(s.retry), s.wake_at, int(s.dispatched), now)
+             _dumps(s.retry), s.wake_at, int(s.dispatched), now, _dumps(s.attempts))
             for s in steps
         ],
     )  # fmt: skip
@@ -449,7 +464,7 @@ def _op_begin_step(ns: str, step: StepRecord, db: sqlite3.Connection) -> StepRec
         (ns, position, step.run_id, step.step_id, step.kind.value, step.name, step.status.value,
          step.attempt, _dumps(step.input), _dumps(step.output), _dumps(step.error),
          _dumps(step.retry), step.wake_at, int(step.dispatched), step.priority, now, now,
-         step.heartbeat_timeout, _optional_dumps(step.heartbeat)),
+         step.heartbeat_timeout, _optional_dumps(step.heartbeat), _dumps(step.attempts)),
     )  # fmt: skip
     if cursor.rowcount == 1:  # inserted as given: no need to read it back
         return attrs.evolve(step, created_at=now, updated_at=now)
@@ -479,7 +494,7 @@ def _op_update_step(
             _UPDATE_STEP,
             (ns, step.run_id, step.step_id, step.status.value, step.attempt,
              _dumps(step.output), _dumps(step.error), step.wake_at, int(step.dispatched),
-             time.time(), _optional_dumps(step.heartbeat)),
+             time.time(), _optional_dumps(step.heartbeat), _dumps(step.attempts)),
         )  # fmt: skip
     return verdict
 
