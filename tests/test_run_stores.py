@@ -376,7 +376,7 @@ async def test_sqlite_commits_concurrent_changes_together_and_isolates_a_failure
         await store.aclose()
 
 
-async def test_sqlite_adds_the_timeout_column_to_a_file_written_before_it(
+async def test_sqlite_adds_the_timeout_and_trace_columns_to_a_file_written_before_them(
     tmp_path: Path,
 ) -> None:
     import sqlite3
@@ -403,13 +403,62 @@ async def test_sqlite_adds_the_timeout_column_to_a_file_written_before_it(
         try:
             old = await store.get_run("old")
             assert old is not None
-            assert (old.input, old.timeout, old.deadline) == (1, None, None)
-            await store.create_run(run(f"new{_}", timeout=3.0))
+            assert (old.input, old.timeout, old.deadline, old.trace) == (1, None, None, None)
+            await store.create_run(run(f"new{_}", timeout=3.0, trace=TRACE))
             new = await store.get_run(f"new{_}")
             assert new is not None
-            assert new.timeout == 3.0
+            assert (new.timeout, new.trace) == (3.0, TRACE)
         finally:
             await store.aclose()
+
+
+TRACE = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+
+
+async def test_a_runs_trace_context_is_stored_with_it(store: RunStore) -> None:
+    """The trace a run belongs to (docs/observability.md) is written by ``create_run`` and
+    read back by every read; a run without one reads ``None``."""
+    traced = {**TRACE, "tracestate": "vendor=1"}
+    stored, created = await store.create_run(run("t", trace=traced))
+    assert created
+    assert stored.trace == traced
+    again, created = await store.create_run(run("t"))  # the existing run, its trace kept
+    assert not created
+    assert again.trace == traced
+    await store.create_run(run("u"))
+    found = await store.get_run("t"), await store.get_run("u")
+    assert [r.trace if r else "missing" for r in found] == [traced, None]
+    (claimed,) = await store.claim_runs("e1", 30.0, limit=1)
+    assert claimed.trace in (traced, None)  # whichever it took first, whole
+    page = await store.page_runs(limit=10)
+    assert {r.run_id: r.trace for r in page.runs} == {"t": traced, "u": None}
+
+
+@pytest.mark.parametrize("damage", ["{not json", '"a string"', '{"traceparent": 5}', "[]"])
+async def test_a_damaged_stored_trace_reads_as_none(
+    store_kind: str, stores: StoreFactory, tmp_path: Path, request: pytest.FixtureRequest,
+    damage: str,
+) -> None:
+    """A stored trace is advisory: one that does not read as a trace context is none (the
+    run is then traced afresh), never an error; the rest of the run reads as stored."""
+    async with stores("shop") as store:
+        await store.create_run(run("r", input=7, trace=TRACE))
+        if store_kind == "memory":
+            store._runs["r"].trace = damage.encode()  # type: ignore[attr-defined]
+        elif store_kind == "sqlite":
+            import sqlite3
+
+            db = sqlite3.connect(tmp_path / "runs.db")
+            db.execute("UPDATE dt_runs SET trace = ?", (damage,))
+            db.commit()
+            db.close()
+        else:
+            async with open_redis(request.getfixturevalue("redis_url")) as client:
+                key = store._run_key("r")  # type: ignore[attr-defined]
+                await client.execute("HSET", key, "trace", damage)
+        found = await store.get_run("r")
+        assert found is not None
+        assert (found.input, found.trace) == (7, None)
 
 
 async def test_a_steps_heartbeat_timeout_and_last_beat_are_stored(store: RunStore) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "normalize_json",
     "previous_details",
     "read_attempt_log",
+    "read_trace",
     "step_from_json",
     "step_position",
     "step_to_json",
@@ -117,6 +118,12 @@ class RunRecord:
     timeout: float | None = None
     """Seconds the run may take from its creation (``engine.start(..., timeout=)``): see
     :attr:`deadline`. ``None``: no timeout."""
+    trace: JSONValue = None
+    """The trace the run belongs to, ``{"traceparent", "tracestate"?}`` (W3C Trace Context),
+    stored when it was started by a traced process: every engine that drives it (the first,
+    and any that takes it over after a crash) opens its run span as a child of this context,
+    so one run is one trace (docs/observability.md). ``None``: untraced (a damaged stored value
+    reads as ``None`` too: it is advisory, see :func:`read_trace`)."""
 
     @property
     def deadline(self) -> float | None:
@@ -279,6 +286,26 @@ def read_attempt_log(raw: str | bytes | None) -> tuple[JSONValue, ...]:
     if not isinstance(log, list):
         return ({"damaged": f"the stored attempt log is a {type(log).__name__}, not a list"},)
     return tuple(log)
+
+
+def read_trace(raw: str | bytes | None) -> JSONValue:
+    """A stored run trace context (JSON text, see :attr:`RunRecord.trace`). ``None`` when
+    absent (a run stored before traces, or untraced) or damaged (not JSON, not of the shape
+    ``{"traceparent": str, "tracestate"?: str}``): a trace is advisory, and a run whose trace
+    cannot be read is driven as usual, in a new trace."""
+    if not raw:
+        return None
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("traceparent"), str):
+        return None
+    state = value.get("tracestate")
+    out: dict[str, Any] = {"traceparent": value["traceparent"]}
+    if isinstance(state, str):
+        out["tracestate"] = state
+    return out
 
 
 def previous_details(record: StepRecord) -> JSONValue:

@@ -21,6 +21,7 @@ from .._records import (
     StepKind,
     StepRecord,
     StepState,
+    read_trace,
     step_position,
 )
 from ._paging import check_page, decode_cursor, encode_cursor
@@ -50,6 +51,7 @@ class _Run:
     owner: str | None = None
     lease_until: float | None = None
     timeout: float | None = None
+    trace: bytes = b""
     steps: dict[str, _Step] = attrs.Factory(dict)
 
     def out(self) -> RunRecord:
@@ -65,6 +67,7 @@ class _Run:
             owner=self.owner,
             lease_until=self.lease_until,
             timeout=self.timeout,
+            trace=read_trace(self.trace),
         )
 
 
@@ -152,6 +155,7 @@ class MemoryRunStore:
             owner=run.owner,
             lease_until=run.lease_until,
             timeout=run.timeout,
+            trace=b"" if run.trace is None else _dumps(run.trace),
         )
         return stored.out(), True
 

@@ -42,6 +42,7 @@ from .._records import (
     StepRecord,
     StepState,
     read_attempt_log,
+    read_trace,
 )
 from ._paging import check_page, decode_cursor, encode_cursor
 
@@ -63,7 +64,7 @@ end
 """
 
 # KEYS: run, seq, all. ARGV: prefix, id, workflow, status, input, output, error, owner, lease, now,
-# timeout
+# timeout, trace ('' = none)
 _CREATE_RUN: Final = (
     _LUA_HELPERS
     + """
@@ -74,7 +75,7 @@ end
 local seq = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'workflow', ARGV[3], 'status', ARGV[4], 'input', ARGV[5],
   'output', ARGV[6], 'error', ARGV[7], 'owner', ARGV[8], 'lease', ARGV[9],
-  'created', ARGV[10], 'updated', ARGV[10], 'seq', seq, 'timeout', ARGV[11])
+  'created', ARGV[10], 'updated', ARGV[10], 'seq', seq, 'timeout', ARGV[11], 'trace', ARGV[12])
 redis.call('ZADD', KEYS[3], seq, id)
 move(prefix, id, false, ARGV[4], seq)
 if active(ARGV[4]) then
@@ -330,6 +331,7 @@ def _run(run_id: str, f: dict[bytes, bytes]) -> RunRecord:
         owner=f[b"owner"].decode() or None,
         lease_until=_opt_float(f[b"lease"]),
         timeout=_opt_float(f.get(b"timeout")),  # absent: a run stored before timeouts
+        trace=read_trace(f.get(b"trace")),  # absent: a run stored before traces
     )
 
 
@@ -415,7 +417,7 @@ class RedisRunStore:
             (self._run_key(run.run_id), f"{self._prefix}:seq", f"{self._prefix}:all"),
             (self._prefix, run.run_id, run.workflow, run.status.value, _dumps(run.input),
              _dumps(run.output), _dumps(run.error), run.owner or "", _num(run.lease_until),
-             _num(now), _num(run.timeout)),
+             _num(now), _num(run.timeout), _optional_dumps(run.trace)),
         )  # fmt: skip
         if reply[0] == 1:  # created as given: no need to read it back
             return attrs.evolve(run, created_at=now, updated_at=now), True

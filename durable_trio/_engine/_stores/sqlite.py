@@ -48,6 +48,7 @@ from .._records import (
     StepRecord,
     StepState,
     read_attempt_log,
+    read_trace,
 )
 from ._paging import check_page, decode_cursor, encode_cursor
 
@@ -73,6 +74,7 @@ _SCHEMA: Final = (
         created_at REAL NOT NULL,
         updated_at REAL NOT NULL,
         timeout REAL,
+        trace TEXT,
         PRIMARY KEY (namespace, run_id)
     ) WITHOUT ROWID
     """,
@@ -113,7 +115,7 @@ _SCHEMA: Final = (
 
 _RUN_COLUMNS: Final = (
     "run_id, workflow, input, status, created_at, updated_at, output, error, owner, lease_until, "
-    "timeout"
+    "timeout, trace"
 )
 _STEP_COLUMNS: Final = (
     "run_id, step_id, kind, name, status, attempt, input, output, error, retry, wake_at, "
@@ -123,7 +125,7 @@ _STEP_COLUMNS: Final = (
 _INSERT_RUN: Final = f"""
     INSERT INTO dt_runs (namespace, seq, {_RUN_COLUMNS})
     VALUES (?1, (SELECT coalesce(max(seq), 0) + 1 FROM dt_runs WHERE namespace = ?1),
-            ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+            ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
     ON CONFLICT (namespace, run_id) DO NOTHING
 """
 _GET_RUN: Final = f"SELECT {_RUN_COLUMNS} FROM dt_runs WHERE namespace = ?1 AND run_id = ?2"
@@ -192,7 +194,7 @@ def _optional_dumps(value: Any) -> str | None:
 
 def _run(row: tuple[Any, ...]) -> RunRecord:
     (run_id, workflow, input_, status, created, updated, output, error, owner, lease,
-     timeout) = row  # fmt: skip
+     timeout, trace) = row  # fmt: skip
     return RunRecord(
         run_id=run_id,
         workflow=workflow,
@@ -205,6 +207,7 @@ def _run(row: tuple[Any, ...]) -> RunRecord:
         owner=owner,
         lease_until=lease,
         timeout=timeout,
+        trace=read_trace(trace),
     )
 
 
@@ -294,6 +297,9 @@ def _create_schema(db: sqlite3.Connection) -> None:
     columns = {row[1] for row in db.execute("PRAGMA table_info(dt_runs)")}
     if "timeout" not in columns:
         db.execute("ALTER TABLE dt_runs ADD COLUMN timeout REAL")
+    # A file written before runs kept their trace: add the column (NULL: untraced).
+    if "trace" not in columns:
+        db.execute("ALTER TABLE dt_runs ADD COLUMN trace TEXT")
     # A file written before step heartbeats: add their columns (NULL: none).
     columns = {row[1] for row in db.execute("PRAGMA table_info(dt_steps)")}
     if "heartbeat_timeout" not in columns:
@@ -313,7 +319,8 @@ def _op_create_run(ns: str, run: RunRecord, db: sqlite3.Connection) -> tuple[Run
     cursor = db.execute(
         _INSERT_RUN,
         (ns, run.run_id, run.workflow, _dumps(run.input), run.status.value, now, now,
-         _dumps(run.output), _dumps(run.error), run.owner, run.lease_until, run.timeout),
+         _dumps(run.output), _dumps(run.error), run.owner, run.lease_until, run.timeout,
+         _optional_dumps(run.trace)),
     )  # fmt: skip
     if cursor.rowcount == 1:  # inserted as given: no need to read it back
         return attrs.evolve(run, created_at=now, updated_at=now), True
