@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
+from .._redact import url_scheme
 from ._connection import Connection, RedisArg, connect
 from ._errors import RedisAuthError
 from ._pubsub import Subscription
@@ -74,7 +75,39 @@ def open_redis(
     Raises:
         ConfigError: a bad URL or option.
     """
+    if (url_scheme(url) or "").endswith("+cluster"):
+        # The one switch between the two clients: each call site says which it wants, so a
+        # caller typed for one node (the broker, the run stores) never gets a cluster client.
+        raise ConfigError("a redis+cluster:// URL is opened with open_redis_cluster()")
     parsed = parse_redis_url(url)
+    return RedisClient(
+        parsed,
+        **pool_options(
+            pool_size=pool_size,
+            connect_timeout=connect_timeout,
+            command_timeout=command_timeout,
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+        ),
+    )
+
+
+def pool_options(
+    *,
+    pool_size: int,
+    connect_timeout: float,
+    command_timeout: float,
+    backoff_initial: float,
+    backoff_max: float,
+) -> dict[str, Any]:
+    """The options of a pool (see :func:`open_redis`), checked.
+
+    Returns:
+        them, as keyword arguments of :class:`RedisClient`.
+
+    Raises:
+        ConfigError: one of them cannot work.
+    """
     if pool_size < 1:
         raise ConfigError(f"pool_size must be at least 1, not {pool_size}")
     for name, value in (
@@ -86,14 +119,13 @@ def open_redis(
             raise ConfigError(f"{name} must be positive, not {value}")
     if not 0 <= backoff_initial <= backoff_max:
         raise ConfigError("backoff_initial must be between 0 and backoff_max")
-    return RedisClient(
-        parsed,
-        pool_size=pool_size,
-        connect_timeout=connect_timeout,
-        command_timeout=command_timeout,
-        backoff_initial=backoff_initial,
-        backoff_max=backoff_max,
-    )
+    return {
+        "pool_size": pool_size,
+        "connect_timeout": connect_timeout,
+        "command_timeout": command_timeout,
+        "backoff_initial": backoff_initial,
+        "backoff_max": backoff_max,
+    }
 
 
 class RedisClient:

@@ -83,6 +83,18 @@ class Subscription:
         await self._command("UNSUBSCRIBE", names)
         self._channels.difference_update(names)
 
+    async def ssubscribe(self, *channels: str | bytes) -> None:
+        """Subscribe to sharded channels (``SSUBSCRIBE``, Redis 7; on a Cluster they must share
+        one slot and this connection must be to its master: see
+        :meth:`RedisClusterClient.ssubscribe`, which sees to both).
+
+        Args:
+            *channels: channel names.
+        """
+        names = tuple(_as_bytes(c) for c in channels)
+        await self._command("SSUBSCRIBE", names)
+        self._channels.update(names)
+
     async def psubscribe(self, *patterns: str | bytes) -> None:
         """Subscribe to glob-style patterns (``jobs:*``).
 

@@ -1,0 +1,123 @@
+"""A sharded pub/sub subscription (``SSUBSCRIBE``) that follows its slot across the Cluster.
+
+A sharded channel lives on the master of its slot. When the slot moves away (the node then
+unsubscribes its subscribers) or the master fails, the subscription's connection ends; its task
+(in the cluster client's nursery) reads the slot map again and subscribes on the new master,
+backing off between attempts, until the subscription is closed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from .._errors import BrokerError, TransportClosed
+from ._pubsub import Subscription
+
+if TYPE_CHECKING:
+    from ._client import RedisClient
+    from ._cluster import RedisClusterClient
+
+__all__ = ["ShardedSubscription"]
+
+
+class ShardedSubscription:
+    """Messages of sharded channels of one slot, as ``(channel, message)`` pairs.
+
+    Made by :meth:`RedisClusterClient.ssubscribe`; ``async for channel, message in sub:``.
+    Iteration ends once the subscription is closed.
+
+    Attributes:
+        channels: the channels (bytes).
+        resubscribed: how many times it subscribed again after losing its node (messages
+            published in between were not received).
+    """
+
+    def __init__(
+        self, client: RedisClusterClient, channels: tuple[bytes, ...], slot: int | None, buffer: int
+    ) -> None:
+        self._client = client
+        self._slot = slot
+        self.channels = channels
+        self.resubscribed = 0
+        self._send, self._receive = trio.open_memory_channel[tuple[bytes, bytes]](buffer)
+        self._buffer = buffer
+        self._current: Subscription | None = None
+        self._closing = False
+
+    async def _subscribe(self) -> Subscription:
+        async def open_on(pool: RedisClient) -> Subscription:
+            conn = await pool._connect(discard_on_cancel=False, push_buffer=self._buffer)
+            subscription = Subscription(conn)
+            try:
+                await subscription.ssubscribe(*self.channels)
+            except BaseException:
+                subscription.close()
+                raise
+            return subscription
+
+        return await self._client.open_on(self._slot, None, open_on)
+
+    async def run(self, *, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+        """Subscribe (errors of the first attempt go to the opener), then forward messages and
+        subscribe again whenever the connection ends, until cancelled or closed."""
+        with trio.CancelScope() as scope:
+            self._current = await self._subscribe()
+            task_status.started(scope)
+            try:
+                await self._forward(self._current)
+            except TransportClosed:
+                return  # the client is closing (its nursery's cancellation is on its way)
+
+    async def _forward(self, current: Subscription) -> None:
+        failures = 0
+        while True:
+            try:
+                async for message in current:
+                    failures = 0
+                    await self._send.send(message)
+            except BrokerError:
+                pass  # the node failed or gave the slot away: subscribe again
+            if self._closing:
+                return
+            # Also a connection closed without an error: its node's pool was dropped (the node
+            # left the cluster).
+            current.close()
+            while True:
+                failures += 1
+                await trio.sleep(self._client._delay(failures))
+                try:
+                    current = self._current = await self._subscribe()
+                    break
+                except BrokerError:
+                    continue  # a long outage: keep trying, at the backoff's cap
+            self.resubscribed += 1
+
+    async def receive(self) -> tuple[bytes, bytes]:
+        """Wait for the next message.
+
+        Raises:
+            TransportClosed: the subscription was closed.
+        """
+        try:
+            return await self._receive.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise TransportClosed("the sharded subscription is closed") from None
+
+    def __aiter__(self) -> ShardedSubscription:
+        return self
+
+    async def __anext__(self) -> tuple[bytes, bytes]:
+        try:
+            return await self.receive()
+        except TransportClosed:
+            raise StopAsyncIteration from None
+
+    def close(self) -> None:
+        """Close the subscription and its connection (idempotent)."""
+        self._closing = True
+        if self._current is not None:
+            self._current.close()
+        self._send.close()
+        self._receive.close()
