@@ -42,7 +42,7 @@ from ._client import pool_options
 from ._cluster_nodes import ClusterNodes, ClusterStats, NodeUnreachable
 from ._connection import _check
 from ._errors import TRANSIENT_CODES, RedisCrossSlotError, RedisReplyError, raisable
-from ._keyslot import command_keys, key_slot, to_bytes
+from ._keyslot import SLOTS, command_keys, key_slot, to_bytes
 from ._script import Script
 from ._sharded import ShardedSubscription
 from ._topology import Node, SlotMap
@@ -188,16 +188,16 @@ class RedisClusterClient:
     @property
     def slot_map(self) -> SlotMap:
         """The slot map last read (empty before the first command)."""
-        return self._cluster().slot_map
+        return SlotMap(owners=(None,) * SLOTS) if self._nodes is None else self._nodes.slot_map
 
     @property
     def stats(self) -> ClusterStats:
-        """Counters: map refreshes, redirects followed, retries."""
-        return self._cluster().stats
+        """Counters: map refreshes, redirects followed, retries (readable after close too)."""
+        return ClusterStats() if self._nodes is None else self._nodes.stats
 
     def node_for(self, key: RedisArg) -> str | None:
         """``host:port`` of the master serving ``key``'s slot as far as the client knows."""
-        node = self._cluster().owner(key_slot(key))
+        node = None if self._nodes is None else self._nodes.owner(key_slot(key))
         return None if node is None else node.address
 
     async def pool(self, node: str) -> RedisClient:

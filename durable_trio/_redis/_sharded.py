@@ -45,8 +45,11 @@ class ShardedSubscription:
         self._buffer = buffer
         self._current: Subscription | None = None
         self._closing = False
+        self._generation = 0  # of the slot map the current subscription went by
 
     async def _subscribe(self) -> Subscription:
+        self._generation = self._client._cluster().generation
+
         async def open_on(pool: RedisClient) -> Subscription:
             conn = await pool._connect(discard_on_cancel=False, push_buffer=self._buffer)
             subscription = Subscription(conn)
@@ -87,6 +90,8 @@ class ShardedSubscription:
             while True:
                 failures += 1
                 await trio.sleep(self._client._delay(failures))
+                # The slot map this subscription went by is out of date: read it again.
+                await self._client._refresh_after_failure(self._generation)
                 try:
                     current = self._current = await self._subscribe()
                     break
