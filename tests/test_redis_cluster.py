@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import hiredis
 import pytest
 import trio
+import trio.lowlevel
 
 from _redis_cluster import *  # noqa: F403  (the fixture; harmless once conftest imports it too)
 from durable_trio._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
@@ -26,10 +27,13 @@ from durable_trio._redis import (
     open_redis_cluster,
     parse_redis_cluster_url,
 )
+from durable_trio._redis._cluster import _redirect
 from durable_trio._redis._keyslot import command_keys
 from durable_trio._redis._topology import Node, parse_shards, parse_slots
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from _redis_cluster import ClusterNode, RedisCluster
 
 pytestmark = pytest.mark.redis
@@ -45,6 +49,23 @@ def _key_on(cluster: RedisCluster, master: ClusterNode, prefix: str = "k") -> st
         if cluster.owner(key_slot(key)) is master:
             return key
     raise AssertionError("no key found")
+
+
+async def _until(predicate: Callable[[], bool], *, within: float) -> None:
+    with trio.fail_after(within):
+        while True:
+            if predicate():
+                return
+            await trio.sleep(0.01)
+
+
+async def _until_async(check: Callable[[], Awaitable[object]], *, within: float) -> None:
+    """Until ``check()`` gives something true (``SPUBLISH``: until a subscriber got it)."""
+    with trio.fail_after(within):
+        while True:
+            if await check():
+                return
+            await trio.sleep(0.02)
 
 
 def _asking(node: ClusterNode, *command: Any) -> Any:
@@ -146,7 +167,7 @@ def test_command_keys(command: tuple[Any, ...], keys: list[str] | None) -> None:
 def test_parse_shards_and_slots_read_the_same_map() -> None:
     node = [b"id", b"x", b"port", 7001, b"ip", b"10.0.0.1", b"endpoint", b"10.0.0.1"]
     shards = [
-        [b"slots", [0, 99, 200, 16383], b"nodes", [[*node, b"role", b"master", b"health", b"online"]]],
+        [b"slots", [0, 99, 200, 16383], b"nodes", [[*node, b"role", b"master", b"health", b"ok"]]],
         [b"slots", [100, 199], b"nodes", [[b"port", 7002, b"endpoint", b"", b"role", b"master"]]],
     ]  # fmt: skip
     slots = [[0, 99, [b"10.0.0.1", 7001, b"x"]], [200, 16383, [b"10.0.0.1", 7001]],
@@ -173,6 +194,26 @@ def test_damaged_slot_maps_are_a_clear_broker_error(reply: Any) -> None:
         parse_shards(reply, asked="seed")
     with pytest.raises(BrokerError, match="not a CLUSTER SLOTS reply from seed"):
         parse_slots([[0, 5, [b"h"]]] if reply is None else reply, asked="seed")
+
+
+def test_a_redirect_reply_the_client_cannot_read_is_raised_as_the_error_it_is() -> None:
+    here = Node("10.0.0.1", 7000)
+    assert _redirect(RedisReplyError("MOVED 3999 10.0.0.2:7001"), here) == (
+        False, 3999, Node("10.0.0.2", 7001),
+    )  # fmt: skip
+    assert _redirect(RedisReplyError("ASK 1 :7002"), here) == (True, 1, Node("10.0.0.1", 7002))
+    assert _redirect(RedisReplyError("MOVED x y"), here) is None
+    assert _redirect(RedisReplyError("MOVED 12"), here) is None
+    assert _redirect(RedisReplyError("ERR MOVED 1 h:1"), here) is None
+
+
+async def test_a_seed_that_is_not_a_cluster_node_is_a_clear_broker_unavailable(
+    redis_url: str,
+) -> None:
+    seed = redis_url.removeprefix("redis://").removesuffix("/0")
+    async with open_redis_cluster(f"redis+cluster://{seed}", retries=1) as client:
+        with pytest.raises(BrokerUnavailable, match="cluster support disabled"):
+            await client.execute("GET", "a")
 
 
 # -- URLs --------------------------------------------------------------------------------------
@@ -271,6 +312,9 @@ async def test_keyless_commands_go_to_any_master_or_the_node_named(
             assert myid.decode() == master.node_id
         with pytest.raises(ConfigError, match="host:port"):
             await client.execute("PING", node="nowhere")
+        master = redis_cluster.masters()[1]
+        async with client.dedicated(node=master.address) as conn:
+            assert (await conn.execute("CLUSTER", "MYID")).decode() == master.node_id
 
 
 async def test_pipeline_across_three_masters_returns_replies_in_caller_order(
@@ -373,9 +417,9 @@ async def test_ask_during_a_half_done_migration_is_followed(
             _end_migration(redis_cluster, slot, target)
         assert await client.execute("GET", key) == b"old"  # now MOVED
         assert client.stats.moved == 1
-        with trio.fail_after(5):
-            while client.node_for(key) != target.address or client.stats.refreshes < 2:
-                await trio.sleep(0.01)
+        assert client.node_for(key) == target.address  # at once, from the MOVED reply
+        await _until(lambda: client.stats.refreshes >= 2, within=5)  # then the whole map
+        assert client.slot_map.owners[slot] == Node("127.0.0.1", target.port)
 
 
 async def test_commands_keep_working_while_a_slot_moves_under_load(
@@ -392,7 +436,7 @@ async def test_commands_keep_working_while_a_slot_moves_under_load(
             while True:
                 await client.execute("INCR", key)
                 done += 1
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(increment)
@@ -423,9 +467,9 @@ async def test_sharded_subscription_follows_its_slot_when_it_moves(
         async with client.ssubscribe(channel) as sub:
             await trio.to_thread.run_sync(_begin_migration, slot, source, target)
             await trio.to_thread.run_sync(_end_migration, redis_cluster, slot, target)
-            with trio.fail_after(10):
-                while sub.resubscribed == 0 or await client.spublish(channel, "hi") == 0:
-                    await trio.sleep(0.02)
+            await _until(lambda: sub.resubscribed > 0, within=10)
+            await _until_async(lambda: client.spublish(channel, "hi"), within=10)
+            with trio.fail_after(5):
                 assert await sub.receive() == (channel.encode(), b"hi")
             assert client.node_for(channel) == target.address
 
@@ -460,9 +504,8 @@ async def test_after_a_master_is_killed_its_slots_are_served_again_by_themselves
             print(f"\nkill -9 -> served again: {recovered:.2f}s ({failures} failed calls)")
             assert value == b"before"
             assert client.node_for(key) != victim.address
-            with trio.fail_after(15):
-                while await client.spublish(channel, "after") == 0:
-                    await trio.sleep(0.05)
+            await _until_async(lambda: client.spublish(channel, "after"), within=15)
+            with trio.fail_after(5):
                 assert await sub.receive() == (channel.encode(), b"after")
             assert sub.resubscribed >= 1
     await trio.to_thread.run_sync(redis_cluster.start)  # the victim comes back as a replica
@@ -509,7 +552,10 @@ async def test_close_is_idempotent_and_later_calls_raise_transport_closed(
 
 
 async def test_body_exception_propagates_unwrapped(redis_cluster_url: str) -> None:
-    with pytest.raises(KeyError):
+    async def body() -> None:
         async with open_redis_cluster(redis_cluster_url) as client:
             await client.execute("PING")
             raise KeyError("mine")
+
+    with pytest.raises(KeyError):
+        await body()

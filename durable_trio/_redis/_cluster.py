@@ -43,6 +43,7 @@ from ._cluster_nodes import ClusterNodes, ClusterStats, NodeUnreachable
 from ._connection import _check
 from ._errors import TRANSIENT_CODES, RedisCrossSlotError, RedisReplyError, raisable
 from ._keyslot import SLOTS, command_keys, key_slot, to_bytes
+from ._pubsub import Subscription
 from ._script import Script
 from ._sharded import ShardedSubscription
 from ._topology import Node, SlotMap
@@ -327,8 +328,32 @@ class RedisClusterClient:
             raise ValueError("ssubscribe needs at least one channel")
         slot = self._one_slot("SSUBSCRIBE", list(channels))
         names = tuple(to_bytes(channel) for channel in channels)
-        subscription = ShardedSubscription(self, names, slot, buffer)
-        scope = await self._nursery_or_closed().start(subscription.run)
+
+        async def open_on(pool: RedisClient) -> Subscription:
+            conn = await pool._connect(discard_on_cancel=False, push_buffer=buffer)
+            subscription = Subscription(conn)
+            try:
+                await subscription.ssubscribe(*names)
+            except BaseException:
+                subscription.close()
+                raise
+            return subscription
+
+        async def open_subscription() -> Subscription:
+            return await self._open_on(slot, None, open_on)
+
+        subscription = ShardedSubscription(
+            names,
+            nodes=self._cluster(),
+            open_subscription=open_subscription,
+            retry_delay=self._delay,
+            buffer=buffer,
+        )
+        try:
+            scope = await self._nursery_or_closed().start(subscription.run)
+        except BaseException:
+            subscription.close()
+            raise
         try:
             yield subscription
         finally:
@@ -371,7 +396,7 @@ class RedisClusterClient:
                 discard_on_cancel=discard_on_cancel, command_timeout=command_timeout
             )
 
-        conn = await self.open_on(slot, target, open_on)
+        conn = await self._open_on(slot, target, open_on)
         try:
             yield conn
         finally:
@@ -437,7 +462,7 @@ class RedisClusterClient:
             raise NodeUnreachable(f"slot {slot} is served by no node of the Redis Cluster")
         return here
 
-    async def open_on(
+    async def _open_on(
         self,
         slot: int | None,
         node: Node | None,

@@ -120,8 +120,9 @@ class ClusterNodes:
             self._nursery.start_soon(self._refresh_quietly, seen)
 
     async def _refresh_quietly(self, seen: int) -> None:
-        # A failure is met again by the next command, which refreshes and reports it.
-        with contextlib.suppress(BrokerError):
+        # A failure is met again by the next command, which refreshes and reports it; the
+        # client closing under it (TransportClosed) ends it quietly too.
+        with contextlib.suppress(BrokerError, TransportClosed):
             await self.refresh(seen)
 
     async def refresh(self, seen: int) -> None:
@@ -269,8 +270,15 @@ class ClusterNodes:
                 outcomes[node] = await self._pipeline(
                     node, commands, [ask for _, ask in entries], reply_timeout
                 )
-            except (BrokerError, TransportClosed) as exc:
+            except BrokerError as exc:
                 outcomes[node] = exc
+            except TransportClosed as exc:
+                if self._closed:
+                    outcomes[node] = exc
+                else:  # its pool was dropped (the node left the cluster) while it waited
+                    lost = BrokerUnavailable(f"{node.address} left the cluster: {exc}")
+                    lost.__cause__ = exc
+                    outcomes[node] = lost
 
         if len(groups) == 1:
             await one(*next(iter(groups.items())))

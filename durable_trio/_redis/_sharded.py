@@ -8,16 +8,19 @@ backing off between attempts, until the subscription is closed.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import trio
 
 from .._errors import BrokerError, TransportClosed
-from ._pubsub import Subscription
+from ._cluster_nodes import NodeUnreachable
 
 if TYPE_CHECKING:
-    from ._client import RedisClient
-    from ._cluster import RedisClusterClient
+    from collections.abc import Awaitable, Callable
+
+    from ._cluster_nodes import ClusterNodes
+    from ._pubsub import Subscription
 
 __all__ = ["ShardedSubscription"]
 
@@ -35,32 +38,27 @@ class ShardedSubscription:
     """
 
     def __init__(
-        self, client: RedisClusterClient, channels: tuple[bytes, ...], slot: int | None, buffer: int
+        self,
+        channels: tuple[bytes, ...],
+        *,
+        nodes: ClusterNodes,
+        open_subscription: Callable[[], Awaitable[Subscription]],
+        retry_delay: Callable[[int], float],
+        buffer: int,
     ) -> None:
-        self._client = client
-        self._slot = slot
         self.channels = channels
         self.resubscribed = 0
+        self._nodes = nodes
+        self._open = open_subscription
+        self._retry_delay = retry_delay
         self._send, self._receive = trio.open_memory_channel[tuple[bytes, bytes]](buffer)
-        self._buffer = buffer
         self._current: Subscription | None = None
         self._closing = False
         self._generation = 0  # of the slot map the current subscription went by
 
     async def _subscribe(self) -> Subscription:
-        self._generation = self._client._cluster().generation
-
-        async def open_on(pool: RedisClient) -> Subscription:
-            conn = await pool._connect(discard_on_cancel=False, push_buffer=self._buffer)
-            subscription = Subscription(conn)
-            try:
-                await subscription.ssubscribe(*self.channels)
-            except BaseException:
-                subscription.close()
-                raise
-            return subscription
-
-        return await self._client.open_on(self._slot, None, open_on)
+        self._generation = self._nodes.generation
+        return await self._open()
 
     async def run(self, *, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
         """Subscribe (errors of the first attempt go to the opener), then forward messages and
@@ -89,9 +87,11 @@ class ShardedSubscription:
             current.close()
             while True:
                 failures += 1
-                await trio.sleep(self._client._delay(failures))
-                # The slot map this subscription went by is out of date: read it again.
-                await self._client._refresh_after_failure(self._generation)
+                await trio.sleep(self._retry_delay(failures))
+                # The slot map this subscription went by is out of date: read it again (a
+                # failure here is met again by the subscription that follows).
+                with contextlib.suppress(NodeUnreachable):
+                    await self._nodes.refresh(self._generation)
                 try:
                     current = self._current = await self._subscribe()
                     break

@@ -110,7 +110,8 @@ def parse_shards(reply: Any, *, asked: str, tls: bool = False) -> SlotMap:
                 port = info["tls-port"] if tls and "tls-port" in info else info["port"]
                 endpoint = _text(info.get("endpoint", info.get("ip", "")))
                 node = Node(host=_host(endpoint, asked), port=int(port))
-                if _text(info["role"]) == "master" and _text(info.get("health", b"online")) != "fail":
+                healthy = _text(info.get("health", b"online")) != "fail"
+                if _text(info["role"]) == "master" and healthy:
                     master = node
                 else:
                     followers.append(node)
