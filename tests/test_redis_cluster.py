@@ -20,6 +20,7 @@ import trio.lowlevel
 from _redis_cluster import *  # noqa: F403  (the fixture; harmless once conftest imports it too)
 from durable_trio._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
 from durable_trio._redis import (
+    Connection,
     RedisCrossSlotError,
     RedisReplyError,
     key_slot,
@@ -406,11 +407,21 @@ async def test_ask_during_a_half_done_migration_is_followed(
         _begin_migration(slot, source, target)
         try:
             _move_keys(slot, source, target)  # the key is on the target now; the slot is not
+            source_only = f"{{{key}}}:absent"
             assert await client.execute("GET", key) == b"old"  # ASK: to the target
             new = f"{{{key}}}:new"
             await client.execute("SET", new, "made-on-target")  # absent on the source: ASK
             assert _asking(target, "GET", new) == b"made-on-target"
             assert client.stats.asked >= 2
+            # In a pipeline, only the redirected commands go again (to the target, ASKING).
+            elsewhere = _key_on(redis_cluster, redis_cluster.masters()[2], prefix="else-")
+            await client.execute("SET", elsewhere, "there")
+            asked = client.stats.asked
+            replies = await client.pipeline(
+                [("GET", key), ("GET", elsewhere), ("GET", new), ("GET", source_only)]
+            )
+            assert replies == [b"old", b"there", b"made-on-target", None]
+            assert client.stats.asked == asked + 3  # the three keys of the migrating slot
             assert client.stats.moved == 0
             assert client.node_for(key) == source.address  # ASK does not change the map
         finally:
@@ -420,6 +431,55 @@ async def test_ask_during_a_half_done_migration_is_followed(
         assert client.node_for(key) == target.address  # at once, from the MOVED reply
         await _until(lambda: client.stats.refreshes >= 2, within=5)  # then the whole map
         assert client.slot_map.owners[slot] == Node("127.0.0.1", target.port)
+
+
+async def test_map_refreshes_are_coalesced_when_many_calls_meet_moved(
+    redis_cluster: RedisCluster, redis_cluster_url: str
+) -> None:
+    source, target = redis_cluster.masters()[:2]
+    key = _key_on(redis_cluster, source, prefix="many-")
+    slot = key_slot(key)
+    keys = [f"{{{key}}}:{i}" for i in range(40)]
+    async with open_redis_cluster(redis_cluster_url) as client:
+        for name in keys:
+            await client.execute("SET", name, name)
+        _begin_migration(slot, source, target)
+        _move_keys(slot, source, target)
+        _end_migration(redis_cluster, slot, target)
+        results: dict[str, bytes] = {}
+
+        async def get(name: str) -> None:
+            results[name] = await client.execute("GET", name)
+
+        async with trio.open_nursery() as nursery:
+            for name in keys:
+                nursery.start_soon(get, name)
+        assert results == {name: name.encode() for name in keys}
+        await _until(lambda: client.stats.refreshes >= 2, within=5)
+        await trio.sleep(0.2)  # room for any extra refresh to show up
+        assert client.stats.refreshes == 2  # the first read, and one for all those MOVED
+
+
+async def test_servers_without_cluster_shards_are_read_with_cluster_slots(
+    redis_cluster: RedisCluster, redis_cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    execute = Connection.execute
+
+    async def before_redis_7(self: Connection, *args: Any, **kwargs: Any) -> Any:
+        # Fault injection: answer CLUSTER SHARDS as Redis 6 does.
+        if args[:2] == ("CLUSTER", "SHARDS"):
+            raise RedisReplyError(
+                "ERR Unknown subcommand or wrong number of arguments for 'SHARDS'"
+            )
+        return await execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(Connection, "execute", before_redis_7)
+    async with open_redis_cluster(redis_cluster_url) as client:
+        await client.execute("SET", "a", "1")
+        assert client.node_for("a") == redis_cluster.owner(key_slot("a")).address
+        assert set(client.slot_map.masters) == {
+            Node("127.0.0.1", m.port) for m in redis_cluster.masters()
+        }
 
 
 async def test_commands_keep_working_while_a_slot_moves_under_load(
