@@ -52,6 +52,12 @@ def _key_on(cluster: RedisCluster, master: ClusterNode, prefix: str = "k") -> st
     raise AssertionError("no key found")
 
 
+def _key_per_master(cluster: RedisCluster, prefix: str) -> tuple[list[ClusterNode], list[str]]:
+    """The masters, and one key served by each (in the same order)."""
+    masters = cluster.masters()
+    return masters, [_key_on(cluster, m, prefix=f"{prefix}{i}-") for i, m in enumerate(masters)]
+
+
 async def _until(predicate: Callable[[], bool], *, within: float) -> None:
     with trio.fail_after(within):
         while True:
@@ -321,8 +327,7 @@ async def test_keyless_commands_go_to_any_master_or_the_node_named(
 async def test_pipeline_across_three_masters_returns_replies_in_caller_order(
     redis_cluster: RedisCluster, redis_cluster_url: str
 ) -> None:
-    masters = redis_cluster.masters()
-    keys = [_key_on(redis_cluster, master, prefix=f"p{i}-") for i, master in enumerate(masters)]
+    masters, keys = _key_per_master(redis_cluster, "p")
     async with open_redis_cluster(redis_cluster_url) as client:
         commands: list[tuple[Any, ...]] = []
         for round_ in range(5):
@@ -350,8 +355,7 @@ async def test_pipeline_across_three_masters_returns_replies_in_caller_order(
 async def test_scripts_run_on_every_node_and_recover_from_a_script_flush(
     redis_cluster: RedisCluster, redis_cluster_url: str
 ) -> None:
-    masters = redis_cluster.masters()
-    keys = [_key_on(redis_cluster, master, prefix=f"s{i}-") for i, master in enumerate(masters)]
+    masters, keys = _key_per_master(redis_cluster, "s")
     async with open_redis_cluster(redis_cluster_url) as client:
         bump = client.script("return redis.call('INCRBY', KEYS[1], ARGV[1])")
         for key in keys:

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Sequence
     from types import TracebackType
 
-__all__ = ["RedisClient", "open_redis"]
+__all__ = ["OwnedNursery", "RedisClient", "open_redis", "pool_options"]
 
 
 def open_redis(
@@ -128,6 +128,50 @@ def pool_options(
     }
 
 
+class OwnedNursery:
+    """The nursery a client owns for the duration of its ``async with``: opened on entry,
+    cancelled and waited for on exit. The body's exception is deliberately not passed in, so it
+    propagates unchanged (not wrapped in an exception group).
+
+    Args:
+        owner: the owner's class name, for the message of a second entry.
+    """
+
+    def __init__(self, owner: str) -> None:
+        self._owner = owner
+        self._stack: AsyncExitStack | None = None
+        self._nursery: trio.Nursery | None = None
+        self._entered = False
+
+    async def open(self, *, refuse: bool = False) -> trio.Nursery:
+        """Open the nursery (once).
+
+        Args:
+            refuse: refuse anyway (the owner was closed before it was entered).
+
+        Raises:
+            RuntimeError: it was opened before, or ``refuse``.
+        """
+        if self._entered or refuse:
+            raise RuntimeError(f"a {self._owner} can be entered only once")
+        self._entered = True
+        self._stack = AsyncExitStack()
+        self._nursery = await self._stack.enter_async_context(trio.open_nursery())
+        return self._nursery
+
+    def cancel(self) -> None:
+        """Cancel every task in the nursery (from any task; idempotent)."""
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def close(self) -> None:
+        """Cancel the nursery and wait for its tasks to end (idempotent)."""
+        self.cancel()
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+
+
 class RedisClient:
     """A Trio-native Redis client (made by :func:`open_redis`); an async context manager.
 
@@ -160,17 +204,14 @@ class RedisClient:
         self._last_error = ""
         self._refusal: RedisAuthError | None = None  # the last connect failed on credentials
         self._scripts: dict[str, bytes] = {}
-        self._stack: AsyncExitStack | None = None
+        self._lifetime = OwnedNursery("RedisClient")
         self._nursery: trio.Nursery | None = None
         self._closed = False
 
     # -- lifetime ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> RedisClient:
-        if self._stack is not None or self._closed:
-            raise RuntimeError("a RedisClient can be entered only once")
-        self._stack = AsyncExitStack()
-        self._nursery = await self._stack.enter_async_context(trio.open_nursery())
+        self._nursery = await self._lifetime.open(refuse=self._closed)
         return self
 
     async def __aexit__(
@@ -180,11 +221,7 @@ class RedisClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-        stack, self._stack = self._stack, None
-        if stack is not None:
-            # Waits for the connection tasks to end. The body's exception is deliberately not
-            # passed in, so it propagates unchanged (not wrapped in an exception group).
-            await stack.aclose()
+        await self._lifetime.close()  # waits for the connection tasks to end
 
     def close(self) -> None:
         """Close the client now, from any task; idempotent.
@@ -196,8 +233,7 @@ class RedisClient:
         self._closed = True
         for conn in self._conns:
             conn.close()
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        self._lifetime.cancel()
 
     # -- properties -------------------------------------------------------------------------
 

@@ -32,13 +32,13 @@ in the background so the next call goes to the right node.
 from __future__ import annotations
 
 import random
-from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
 from .._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
-from ._client import pool_options
+from ._client import OwnedNursery, pool_options
 from ._cluster_nodes import ClusterNodes, ClusterStats, NodeUnreachable
 from ._connection import _check
 from ._errors import TRANSIENT_CODES, RedisCrossSlotError, RedisReplyError, raisable
@@ -145,16 +145,13 @@ class RedisClusterClient:
         self._scripts: dict[str, bytes] = {}
         self._nodes: ClusterNodes | None = None
         self._nursery: trio.Nursery | None = None
-        self._stack: AsyncExitStack | None = None
+        self._lifetime = OwnedNursery("RedisClusterClient")
         self._closed = False
 
     # -- lifetime ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> RedisClusterClient:
-        if self._stack is not None or self._closed:
-            raise RuntimeError("a RedisClusterClient can be entered only once")
-        self._stack = AsyncExitStack()
-        self._nursery = await self._stack.enter_async_context(trio.open_nursery())
+        self._nursery = await self._lifetime.open(refuse=self._closed)
         self._nodes = ClusterNodes(self._url, self._nursery, self._scripts, self._options)
         return self
 
@@ -165,10 +162,7 @@ class RedisClusterClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-        stack, self._stack = self._stack, None
-        if stack is not None:
-            # As RedisClient: the body's exception propagates unchanged (not in a group).
-            await stack.aclose()
+        await self._lifetime.close()  # waits for every node pool's tasks to end
 
     def close(self) -> None:
         """Close the client now, from any task; idempotent: every node pool and subscription is
@@ -176,8 +170,7 @@ class RedisClusterClient:
         self._closed = True
         if self._nodes is not None:
             self._nodes.close()
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        self._lifetime.cancel()
 
     # -- properties -------------------------------------------------------------------------
 

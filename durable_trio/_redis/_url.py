@@ -114,6 +114,20 @@ def _fault(index: int, problem: str, *, hint: bool = False) -> ConfigError:
     return ConfigError(f"{message} ({_ENCODE_HINT})" if hint else message)
 
 
+def _scheme(url: str, plain: str, what: str) -> str:
+    """The scheme of ``url``: ``plain`` or its TLS form (``redis`` / ``rediss``, ...).
+
+    Raises:
+        ConfigError: any other scheme, or none.
+    """
+    tls = plain.replace("redis", "rediss", 1)
+    scheme = url_scheme(url)
+    if scheme not in (plain, tls):
+        shown = f", not {scheme}://" if scheme else ""
+        raise ConfigError(f"{what} starts with {plain}:// or {tls}://{shown}")
+    return scheme
+
+
 def _host_part(url: str) -> tuple[int, int, int]:
     """Where the host part (``netloc``) starts and ends, and where its host begins (after the
     last ``@`` in it), as :func:`urllib.parse.urlsplit` would cut it."""
@@ -183,10 +197,7 @@ def parse_redis_url(url: str) -> RedisURL:
     Raises:
         ConfigError: the URL is not one of the above.
     """
-    scheme = url_scheme(url)
-    if scheme not in ("redis", "rediss"):
-        shown = f", not {scheme}://" if scheme else ""
-        raise ConfigError(f"a Redis URL starts with redis:// or rediss://{shown}")
+    scheme = _scheme(url, "redis", "a Redis URL")
     start, end, host = _host_part(url)
     if url.rfind("@") >= end:
         # An '@' after the host part: a '/', '?' or '#' in the password ended it early.
@@ -289,12 +300,7 @@ def parse_redis_cluster_url(url: str) -> RedisClusterURL:
     Raises:
         ConfigError: the URL is not one of the above.
     """
-    scheme = url_scheme(url)
-    if scheme not in ("redis+cluster", "rediss+cluster"):
-        shown = f", not {scheme}://" if scheme else ""
-        raise ConfigError(
-            f"a Redis Cluster URL starts with redis+cluster:// or rediss+cluster://{shown}"
-        )
+    scheme = _scheme(url, "redis+cluster", "a Redis Cluster URL")
     start, end, host_at = _host_part(url)
     if url.rfind("@") >= end:
         raise _fault(end, "the host part ends here, before the last '@'", hint=True)
