@@ -88,6 +88,13 @@ def _asking(node: ClusterNode, *command: Any) -> Any:
     return replies[1]
 
 
+def _slot_to_move(cluster: RedisCluster, prefix: str) -> tuple[ClusterNode, ClusterNode, str, int]:
+    """Two masters, a key the first serves, and its slot (to move to the second)."""
+    source, target = cluster.masters()[:2]
+    key = _key_on(cluster, source, prefix=prefix)
+    return source, target, key, key_slot(key)
+
+
 def _begin_migration(slot: int, source: ClusterNode, target: ClusterNode) -> None:
     target.command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id)
     source.command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id)
@@ -403,9 +410,7 @@ async def test_sharded_pub_sub_delivers(redis_cluster_url: str) -> None:
 async def test_ask_during_a_half_done_migration_is_followed(
     redis_cluster: RedisCluster, redis_cluster_url: str
 ) -> None:
-    source, target = redis_cluster.masters()[:2]
-    key = _key_on(redis_cluster, source, prefix="ask-")
-    slot = key_slot(key)
+    source, target, key, slot = _slot_to_move(redis_cluster, "ask-")
     async with open_redis_cluster(redis_cluster_url) as client:
         await client.execute("SET", key, "old")
         _begin_migration(slot, source, target)
@@ -440,9 +445,7 @@ async def test_ask_during_a_half_done_migration_is_followed(
 async def test_map_refreshes_are_coalesced_when_many_calls_meet_moved(
     redis_cluster: RedisCluster, redis_cluster_url: str
 ) -> None:
-    source, target = redis_cluster.masters()[:2]
-    key = _key_on(redis_cluster, source, prefix="many-")
-    slot = key_slot(key)
+    source, target, key, slot = _slot_to_move(redis_cluster, "many-")
     keys = [f"{{{key}}}:{i}" for i in range(40)]
     async with open_redis_cluster(redis_cluster_url) as client:
         for name in keys:
@@ -489,9 +492,7 @@ async def test_servers_without_cluster_shards_are_read_with_cluster_slots(
 async def test_commands_keep_working_while_a_slot_moves_under_load(
     redis_cluster: RedisCluster, redis_cluster_url: str
 ) -> None:
-    source, target = redis_cluster.masters()[:2]
-    key = _key_on(redis_cluster, source, prefix="load-")
-    slot = key_slot(key)
+    source, target, key, slot = _slot_to_move(redis_cluster, "load-")
     done = 0
     async with open_redis_cluster(redis_cluster_url) as client:
 

@@ -114,18 +114,23 @@ def _fault(index: int, problem: str, *, hint: bool = False) -> ConfigError:
     return ConfigError(f"{message} ({_ENCODE_HINT})" if hint else message)
 
 
-def _scheme(url: str, plain: str, what: str) -> str:
-    """The scheme of ``url``: ``plain`` or its TLS form (``redis`` / ``rediss``, ...).
+def _split(url: str, plain: str, what: str) -> tuple[str, int, int, int]:
+    """The scheme of ``url`` (``plain`` or its TLS form: ``redis`` / ``rediss``, ...) and where
+    its host part starts, ends, and has its host (see :func:`_host_part`).
 
     Raises:
-        ConfigError: any other scheme, or none.
+        ConfigError: another scheme or none, or an ``@`` after the host part.
     """
     tls = plain.replace("redis", "rediss", 1)
     scheme = url_scheme(url)
     if scheme not in (plain, tls):
         shown = f", not {scheme}://" if scheme else ""
         raise ConfigError(f"{what} starts with {plain}:// or {tls}://{shown}")
-    return scheme
+    start, end, host = _host_part(url)
+    if url.rfind("@") >= end:
+        # An '@' after the host part: a '/', '?' or '#' in the password ended it early.
+        raise _fault(end, "the host part ends here, before the last '@'", hint=True)
+    return scheme, start, end, host
 
 
 def _host_part(url: str) -> tuple[int, int, int]:
@@ -197,11 +202,7 @@ def parse_redis_url(url: str) -> RedisURL:
     Raises:
         ConfigError: the URL is not one of the above.
     """
-    scheme = _scheme(url, "redis", "a Redis URL")
-    start, end, host = _host_part(url)
-    if url.rfind("@") >= end:
-        # An '@' after the host part: a '/', '?' or '#' in the password ended it early.
-        raise _fault(end, "the host part ends here, before the last '@'", hint=True)
+    scheme, start, end, host = _split(url, "redis", "a Redis URL")
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -300,10 +301,7 @@ def parse_redis_cluster_url(url: str) -> RedisClusterURL:
     Raises:
         ConfigError: the URL is not one of the above.
     """
-    scheme = _scheme(url, "redis+cluster", "a Redis Cluster URL")
-    start, end, host_at = _host_part(url)
-    if url.rfind("@") >= end:
-        raise _fault(end, "the host part ends here, before the last '@'", hint=True)
+    scheme, start, end, host_at = _split(url, "redis+cluster", "a Redis Cluster URL")
     try:
         # The credentials alone, behind a placeholder host (the seeds are parsed one by one).
         credentials = urlsplit(f"redis://{url[start:host_at]}seed")
