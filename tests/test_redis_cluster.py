@@ -21,6 +21,7 @@ from _redis_cluster import *  # noqa: F403  (the fixture; harmless once conftest
 from durable_trio._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
 from durable_trio._redis import (
     Connection,
+    RedisAuthError,
     RedisCrossSlotError,
     RedisReplyError,
     key_slot,
@@ -228,6 +229,31 @@ async def test_a_seed_that_is_not_a_cluster_node_is_a_clear_broker_unavailable(
     async with open_redis_cluster(f"redis+cluster://{seed}", retries=1) as client:
         with pytest.raises(BrokerUnavailable, match="cluster support disabled"):
             await client.execute("GET", "a")
+
+
+async def test_credentials_of_the_url_apply_to_every_node_and_a_refusal_is_final(
+    redis_cluster: RedisCluster, redis_cluster_url: str
+) -> None:
+    for node in redis_cluster.nodes:
+        node.command("ACL", "SETUSER", "alice", "on", ">al1ce-pw", "~*", "&*", "+@all")
+    try:
+        seeds = redis_cluster_url.removeprefix("redis+cluster://")
+        url = f"redis+cluster://alice:al1ce-pw@{seeds}?client_name=cluster-test"
+        async with open_redis_cluster(url) as client:
+            for master in redis_cluster.masters():
+                key = _key_on(redis_cluster, master, prefix="acl-")
+                await client.execute("SET", key, "v")
+                assert await client.execute("ACL", "WHOAMI", node=master.address) == b"alice"
+        refused = f"redis+cluster://alice:wrong@{seeds}"
+        async with open_redis_cluster(refused, retries=3) as client:
+            started = trio.current_time()
+            with pytest.raises(RedisAuthError, match="refused the credentials") as caught:
+                await client.execute("GET", "a")
+            assert "wrong" not in str(caught.value)
+            assert trio.current_time() - started < 1  # not retried: waiting would not fix it
+    finally:
+        for node in redis_cluster.nodes:
+            node.command("ACL", "DELUSER", "alice")
 
 
 # -- URLs --------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import trio
 
 from .._errors import BrokerError, BrokerUnavailable, TransportClosed
 from ._client import RedisClient
-from ._errors import RedisReplyError
+from ._errors import RedisAuthError, RedisReplyError
 from ._keyslot import SLOTS
 from ._topology import Node, SlotMap, parse_shards, parse_slots
 
@@ -134,6 +134,7 @@ class ClusterNodes:
 
         Raises:
             NodeUnreachable: no node answered (a BrokerUnavailable).
+            RedisAuthError: a node refused the credentials (final: not retried).
             TransportClosed: the client is closed.
         """
         if self.generation != seen:
@@ -159,6 +160,8 @@ class ClusterNodes:
         for node in dict.fromkeys(known):
             try:
                 return await self._ask_map(node)
+            except RedisAuthError:
+                raise  # every node has the same credentials: asking the next will not help
             except BrokerError as exc:
                 if self._closed:
                     raise
