@@ -414,11 +414,19 @@ class RedisClusterClient:
             raise ConfigError("a node is named host:port")
         return Node(host.strip("[]"), int(port))
 
-    def _one_slot(self, name: str, keys: Sequence[RedisArg]) -> int | None:
-        slots = sorted({key_slot(key) for key in keys})
-        if len(slots) > 1:
-            raise RedisCrossSlotError(name, slots)
-        return slots[0] if slots else None
+    def _one_slot(self, name: RedisArg, keys: Sequence[RedisArg]) -> int | None:
+        """The one slot of ``keys`` (``None`` for none).
+
+        Raises:
+            RedisCrossSlotError: they are in more than one.
+        """
+        if not keys:
+            return None
+        first = key_slot(keys[0])
+        if all(key_slot(key) == first for key in keys[1:]):
+            return first
+        shown = to_bytes(name).decode("ascii", "replace").upper()
+        raise RedisCrossSlotError(shown, sorted({key_slot(key) for key in keys}))
 
     async def _slot(self, command: _Command) -> int | None:
         """The slot of ``command``'s keys (``None``: keyless), asking the server
@@ -428,7 +436,7 @@ class RedisClusterClient:
             (reply,) = await self._run([("COMMAND", "GETKEYS", *command)], [None], None, None)
             # An error: no keys, or arguments the server refuses (it says so when it runs).
             keys = [] if isinstance(reply, RedisReplyError) else list(reply)
-        return self._one_slot(to_bytes(command[0]).decode("ascii", "replace").upper(), keys)
+        return self._one_slot(command[0], keys)
 
     def _delay(self, failures: int) -> float:
         growth = 2.0 ** min(failures - 1, 32)
