@@ -565,6 +565,22 @@ async def test_sharded_subscription_follows_its_slot_when_it_moves(
             assert client.node_for(channel) == target.address
 
 
+async def test_ssubscribe_after_a_move_the_client_missed_follows_moved(
+    redis_cluster: RedisCluster, redis_cluster_url: str
+) -> None:
+    source, target, key, slot = _slot_to_move(redis_cluster, "sub-")
+    channel = f"{{{key}}}:bell"
+    async with open_redis_cluster(redis_cluster_url) as client:
+        await client.execute("PING")  # the map is read; then the slot moves behind its back
+        _begin_migration(slot, source, target)
+        _end_migration(redis_cluster, slot, target)
+        async with client.ssubscribe(channel) as sub:
+            assert client.stats.moved == 1
+            assert await client.spublish(channel, "hi") == 1
+            with trio.fail_after(5):
+                assert await sub.receive() == (channel.encode(), b"hi")
+
+
 # -- failover --------------------------------------------------------------------------------
 
 

@@ -481,13 +481,22 @@ class RedisClusterClient:
         failures = 0
         while True:
             seen = nodes.generation
+            here: Node | None = None
             try:
-                pool = await nodes.pool(await self._target(slot, node))
-                return await opener(pool)
+                here = await self._target(slot, node)
+                return await opener(await nodes.pool(here))
             except BrokerUnavailable as exc:
-                failures += 1
-                await self._failed(failures, exc)
-                await self._refresh_after_failure(seen)
+                error: BrokerError = exc
+            except RedisReplyError as exc:
+                # SSUBSCRIBE on a node that gave the slot away: MOVED (the map was stale).
+                redirect = None if here is None else _redirect(exc, here)
+                if redirect is None or slot is None:
+                    raise
+                nodes.moved(slot, redirect[2])
+                error = exc
+            failures += 1
+            await self._failed(failures, error)
+            await self._refresh_after_failure(seen)
 
     async def _refresh_after_failure(self, seen: int) -> None:
         # A failure here is met (and counted) by the next attempt, through _target/refresh.
