@@ -428,6 +428,17 @@ async def test_sharded_pub_sub_delivers(redis_cluster_url: str) -> None:
         with pytest.raises(RedisCrossSlotError):
             async with client.ssubscribe("a", "b"):
                 pass
+        # Closed by its owner while messages keep coming: the client is not disturbed.
+        async with client.ssubscribe("{news}:a", buffer=1) as sub:
+            for index in range(5):
+                await client.spublish("{news}:a", f"m{index}")
+            await trio.sleep(0.1)  # the forwarder waits on the full buffer
+            sub.close()
+            assert [message async for message in sub] == []
+            for index in range(5):
+                await client.spublish("{news}:a", f"n{index}")
+            await trio.sleep(0.1)
+        assert await client.execute("PING") == b"PONG"
 
 
 # -- slots moving: MOVED and ASK -------------------------------------------------------------

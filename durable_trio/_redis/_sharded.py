@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 import trio
 
 from .._errors import BrokerError, TransportClosed
-from ._cluster_nodes import NodeUnreachable
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -80,6 +79,8 @@ class ShardedSubscription:
                     await self._send.send(message)
             except BrokerError:
                 pass  # the node failed or gave the slot away: subscribe again
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return  # closed by its owner while a message was on its way
             if self._closing:
                 return
             # Also a connection closed without an error: its node's pool was dropped (the node
@@ -89,8 +90,8 @@ class ShardedSubscription:
                 failures += 1
                 await trio.sleep(self._retry_delay(failures))
                 # The slot map this subscription went by is out of date: read it again (a
-                # failure here is met again by the subscription that follows).
-                with contextlib.suppress(NodeUnreachable):
+                # failure here is met again, and retried, by the subscription that follows).
+                with contextlib.suppress(BrokerError):
                     await self._nodes.refresh(self._generation)
                 try:
                     current = self._current = await self._subscribe()
