@@ -218,6 +218,7 @@ class ClusterNodes:
             try:
                 self._nursery.start_soon(self._serve, entry)
             except RuntimeError as exc:  # "Nursery is closed to new arrivals"
+                self._drop(node)
                 raise TransportClosed("the Redis Cluster client is closed") from exc
         await entry.ready.wait()
         return entry.client
