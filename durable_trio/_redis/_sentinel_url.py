@@ -15,9 +15,16 @@ from urllib.parse import unquote
 
 import attrs
 
-from .._errors import ConfigError
-from .._redact import url_scheme
-from ._url import _QUERY_KEYS, RedisURL, _fault, _host_part, _options, _settings
+from ._url import (
+    _QUERY_KEYS,
+    RedisURL,
+    _credentials,
+    _fault,
+    _options,
+    _seeds,
+    _settings,
+    _split,
+)
 
 __all__ = ["SENTINEL_SCHEMES", "SentinelURL", "parse_sentinel_url"]
 
@@ -33,7 +40,7 @@ class SentinelURL:
     """A master found through sentinels, as parsed by :func:`parse_sentinel_url`.
 
     Attributes:
-        sentinels: the sentinels' ``(host, port)``, in the URL's order (asked in turn).
+        sentinels: the sentinels' ``(host, port)``, in the URL's order.
         master_name: the name the sentinels monitor the master under.
         data: the data nodes' settings (database, credentials, TLS, client name); its host is
             a stand-in naming the master (its port 0) until the sentinels name the address.
@@ -75,55 +82,6 @@ class SentinelURL:
         )
 
 
-def _credentials(url: str, start: int, host: int) -> tuple[str | None, str | None]:
-    """User name and password of ``url[start:host]`` (``user:password@``), percent-decoded."""
-    if host == start:
-        return None, None
-    user, colon, secret = url[start : host - 1].partition(":")
-    if not colon:
-        if user:
-            raise _fault(start, "a user name needs a password (user:password@)")
-        return None, None
-    return (unquote(user) or None), unquote(secret)
-
-
-def _address(url: str, index: int, piece: str) -> tuple[str, int]:
-    """One ``host[:port]`` (``[v6]:port`` too) of the sentinel list, starting at ``index``."""
-    if piece.startswith("["):
-        close = piece.find("]")
-        if close < 0 or (close + 1 < len(piece) and piece[close + 1] != ":"):
-            raise _fault(index, "the host cannot be parsed", hint=True)
-        host, digits = piece[1:close], piece[close + 2 :]
-        port_at = index + close + 2
-    else:
-        host, colon, digits = piece.partition(":")
-        port_at = index + len(host) + 1
-        if ":" in digits:
-            raise _fault(index, "an IPv6 address goes in brackets ([::1]:26379)", hint=True)
-        if not colon:
-            digits = ""
-    if not host:
-        raise _fault(index, "no host", hint=True)
-    if not digits:
-        return host, DEFAULT_SENTINEL_PORT
-    if not (digits.isascii() and digits.isdigit()):
-        raise _fault(port_at, "the port is not a number", hint=True)
-    if not 0 < int(digits) < 65536:
-        raise _fault(port_at, "the port is out of range 1-65535")
-    return host, int(digits)
-
-
-def _sentinels(url: str, host: int, end: int) -> tuple[tuple[str, int], ...]:
-    addresses: list[tuple[str, int]] = []
-    index = host
-    for piece in url[host:end].split(","):
-        if not piece:
-            raise _fault(index, "an empty sentinel address (two commas, or one at an end)")
-        addresses.append(_address(url, index, piece))
-        index += len(piece) + 1
-    return tuple(addresses)
-
-
 def _path(url: str, end: int) -> tuple[str, int]:
     """The master name and the database number of the path (``/NAME`` or ``/NAME/DB``)."""
     stops = [i for i in (url.find(mark, end) for mark in "?#") if i >= 0]
@@ -162,29 +120,16 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     Raises:
         ConfigError: the URL is not of that form.
     """
-    scheme = url_scheme(url)
-    if scheme not in SENTINEL_SCHEMES:
-        raise ConfigError("a Sentinel URL starts with redis+sentinel:// or rediss+sentinel://")
-    start, end, host = _host_part(url)
-    if url.rfind("@") >= end:
-        # An '@' after the host part: a '/', '?' or '#' in the password ended it early.
-        raise _fault(end, "the host part ends here, before the last '@'", hint=True)
-    username, password = _credentials(url, start, host)
-    sentinels = _sentinels(url, host, end)
+    scheme, start, end, host_at = _split(url, "redis+sentinel", "a Sentinel URL")
+    username, password = _credentials(url, start, host_at)
+    sentinels = _seeds(url, host_at, end, DEFAULT_SENTINEL_PORT, "sentinel")
     name, db = _path(url, end)
-    query = _options(url, end, _SENTINEL_KEYS)
-    sentinel_password = query.pop("sentinel_password", None)
+    settings = _settings(
+        url, start, end, scheme == "rediss+sentinel", username, password, _SENTINEL_KEYS
+    )
     return SentinelURL(
-        sentinels=sentinels,
+        sentinels=tuple(sentinels),
         master_name=name,
-        data=_settings(
-            query,
-            tls=scheme == "rediss+sentinel",
-            host=f"master {name!r} (via sentinels)",
-            port=0,
-            db=db,
-            username=username,
-            password=password,
-        ),
-        sentinel_password=sentinel_password or None,
+        data=RedisURL(host=f"master {name!r} (via sentinels)", port=0, db=db, **settings),
+        sentinel_password=_options(url, end, _SENTINEL_KEYS).get("sentinel_password") or None,
     )
