@@ -29,7 +29,7 @@ import durable_trio as dt
 from _redis_server import RedisServer, _free_port
 from durable_trio._errors import BrokerUnavailable
 from durable_trio._redact import redact_url
-from durable_trio._redis import RedisBusyReply, open_redis
+from durable_trio._redis import RedisBusyReply, RedisClient, open_redis
 from durable_trio._redis._sentinel import parse_failover_start, parse_switch_master
 from durable_trio._redis._sentinel_url import parse_sentinel_url
 
@@ -400,52 +400,74 @@ async def _kill(group: SentinelGroup, node: RedisServer) -> float:
     return time.monotonic()
 
 
+class Increments:
+    """``INCR counter`` every 5 ms through a client, in the background.
+
+    Attributes:
+        acked: every value the client got an answer with, in order.
+        refused: calls that failed with ``BrokerUnavailable`` (fast: no master known).
+    """
+
+    def __init__(self) -> None:
+        self.acked: list[int] = []
+        self.refused = 0
+
+    async def run(self, client: RedisClient) -> None:
+        while True:
+            try:
+                self.acked.append(await client.execute("INCR", "counter"))
+            except BrokerUnavailable:
+                self.refused += 1  # fails fast while no master is known; never hangs
+            await trio.sleep(0.005)
+
+    async def reach(self, count: int, within: float = 10) -> None:
+        """Wait until ``count`` increments were acknowledged."""
+        with trio.fail_after(within):
+            while len(self.acked) < count:  # noqa: ASYNC110
+                await trio.sleep(0.005)
+
+    def lost(self) -> int:
+        """Acknowledged increments whose value came again: they were not on the node that
+        took over (the replica had not received them)."""
+        return sum(a - b + 1 for a, b in itertools.pairwise(self.acked) if b <= a)
+
+
+@asynccontextmanager
+async def incrementing(url: str) -> AsyncIterator[tuple[RedisClient, Increments]]:
+    """A client on ``url`` and its :class:`Increments`, 20 of them acknowledged already."""
+    traffic = Increments()
+    async with open_redis(url) as client, trio.open_nursery() as nursery:
+        nursery.start_soon(traffic.run, client)
+        await traffic.reach(20)
+        yield client, traffic
+        nursery.cancel_scope.cancel()
+
+
 @pytest.mark.chaos
 async def test_writes_resume_on_the_promoted_replica_after_the_master_is_killed(
     redis_sentinel_url: str, redis_sentinel: SentinelGroup
 ) -> None:
     old = redis_sentinel.master()
-    acked: list[int] = []  # every INCR the client got an answer for, in order
-    refused = 0
-
-    async def traffic() -> None:
-        nonlocal refused
-        while True:
-            try:
-                acked.append(await client.execute("INCR", "counter"))
-            except BrokerUnavailable:
-                refused += 1  # fails fast while no master is known; never hangs
-            await trio.sleep(0.005)
-
-    async with open_redis(redis_sentinel_url) as client, trio.open_nursery() as nursery:
-        nursery.start_soon(traffic)
-        with trio.fail_after(10):
-            while len(acked) < 20:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+    async with incrementing(redis_sentinel_url) as (client, traffic):
         killed_at = await _kill(redis_sentinel, old)
-        before = len(acked)
-        with trio.fail_after(FAILOVER_BOUND):
-            while len(acked) == before:  # noqa: ASYNC110
-                await trio.sleep(0.005)
+        before = len(traffic.acked)
+        await traffic.reach(before + 1, within=FAILOVER_BOUND)
         recovered = time.monotonic() - killed_at
-        with trio.fail_after(10):
-            while len(acked) < before + 20:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+        await traffic.reach(before + 20)
         assert client.sentinel is not None
         with trio.fail_after(10):  # the watcher hears the announcement too
             while client.sentinel.switches == 0:  # noqa: ASYNC110
                 await trio.sleep(0.05)
-        nursery.cancel_scope.cancel()
     new = redis_sentinel.master()
-    last_before, first_after = acked[before - 1], acked[before]
-    lost = max(0, last_before - (first_after - 1))  # acknowledged, then not on the replica
+    acked = traffic.acked
     print(
         f"\nkill -> first write on the promoted replica: {recovered:.2f}s "
-        f"({refused} calls refused meanwhile); acknowledged increments lost: {lost} "
-        f"(replication is asynchronous)"
+        f"({traffic.refused} calls refused meanwhile); acknowledged increments lost: "
+        f"{traffic.lost()} (replication is asynchronous)"
     )
     assert new is not old
     assert client.sentinel.master == ("127.0.0.1", new.port)
+    first_after = acked[before]
     assert acked[before:] == list(range(first_after, first_after + len(acked) - before))
     assert int(new.command("GET", "counter")) == acked[-1]
 
@@ -457,45 +479,29 @@ async def test_a_manual_failover_moves_the_writes_to_the_new_master(
     # SENTINEL FAILOVER: both nodes stay up; the sentinels demote the old master (REPLICAOF,
     # CLIENT KILL) and promote the replica. The client must follow without any process dying.
     old = redis_sentinel.master()
-    acked: list[int] = []
-
-    async def traffic() -> None:
-        while True:
-            with contextlib.suppress(BrokerUnavailable):
-                acked.append(await client.execute("INCR", "counter"))
-            await trio.sleep(0.005)
-
-    async with open_redis(redis_sentinel_url) as client, trio.open_nursery() as nursery:
-        nursery.start_soon(traffic)
-        with trio.fail_after(10):
-            while len(acked) < 20:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+    async with incrementing(redis_sentinel_url) as (client, traffic):
         began = time.monotonic()
         redis_sentinel.sentinels[0].command("SENTINEL", "FAILOVER", redis_sentinel.master_name)
         assert client.sentinel is not None
         with trio.fail_after(FAILOVER_BOUND):
             while client.sentinel.master == ("127.0.0.1", old.port):  # noqa: ASYNC110
                 await trio.sleep(0.005)
-        moved = len(acked)
-        with trio.fail_after(10):
-            while len(acked) < moved + 20:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+        await traffic.reach(len(traffic.acked) + 20)
         took = time.monotonic() - began
-        nursery.cancel_scope.cancel()
     new = redis_sentinel.master()
     with trio.fail_after(30):
         while old.role() != "slave":  # noqa: ASYNC110
             await trio.sleep(0.05)
-    # An acknowledged INCR whose value comes again was lost: the old master took it after the
-    # replica was promoted and before the sentinels demoted it (the failover is not coordinated).
-    lost = sum(a - b + 1 for a, b in itertools.pairwise(acked) if b <= a)
+    # An acknowledged INCR lost here: the old master took it after the replica was promoted
+    # and before the sentinels demoted it (the failover is not coordinated).
+    lost = traffic.lost()
     print(
         f"\nmanual failover -> writes on the new master after {took:.2f}s; acknowledged "
         f"increments lost: {lost}; drops of every connection (a +try-failover, then each "
         f"sentinel's +switch-master, or a READONLY): {client.sentinel.switches}"
     )
     assert new is not old
-    assert int(new.command("GET", "counter")) == acked[-1]
+    assert int(new.command("GET", "counter")) == traffic.acked[-1]
     # The connections were dropped at +try-failover, before the replica was promoted (a few
     # of the sentinel's 100 ms ticks later); an acknowledged write lost means the replica was
     # that far behind.
