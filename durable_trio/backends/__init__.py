@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Backend", "MemoryRunStores", "RunStores", "open_backend"]
 
-_KNOWN = "memory://, sqlite:///, redis:// or rediss://"
+_KNOWN = "memory://, sqlite:///, redis://, rediss:// or redis+sentinel://"
+#: Schemes served by the Redis backend (one master: found through Sentinel for the last two).
+_REDIS_SCHEMES = ("redis", "rediss", "redis+sentinel", "rediss+sentinel")
 
 
 @asynccontextmanager
@@ -30,7 +32,9 @@ async def open_backend(url: str = "memory://", *, existing: bool = False) -> Asy
 
     Args:
         url: ``memory://`` (one process, tests), ``sqlite:///path/file.db`` (embedded,
-            durable), ``redis://host:port/db`` or ``rediss://...`` (many machines).
+            durable), ``redis://host:port/db`` or ``rediss://...`` (many machines), or
+            ``redis+sentinel://s1:26379,s2:26379/MASTER/db`` (the master that Redis
+            Sentinel names, followed through failovers; docs/deployment.md).
         existing: a SQLite file must exist already: nothing is created, and a mistyped path
             is a :class:`~durable_trio.ConfigError`, not a new empty database. What the
             commands that only read or repair (``health``, ``runs``, ``jobs``, ``queues``,
@@ -51,7 +55,7 @@ async def open_backend(url: str = "memory://", *, existing: bool = False) -> Asy
         opened = open_memory_backend(url)
     elif scheme == "sqlite":
         opened = open_sqlite_backend(url, existing=existing)
-    elif scheme in ("redis", "rediss"):
+    elif scheme in _REDIS_SCHEMES:
         # imported here: the Redis backend needs hiredis (the `redis` extra)
         try:
             from .redis import open_redis_backend

@@ -1,4 +1,5 @@
-"""``redis://`` / ``rediss://``: one client, the Redis broker, key store and run stores on it.
+"""``redis://`` / ``rediss://`` / ``redis+sentinel://``: one client, the Redis broker, key store
+and run stores on it (on the master, for a Sentinel URL).
 
 Imported lazily by :func:`~durable_trio.open_backend`: ``hiredis`` is an optional dependency.
 """
@@ -53,7 +54,9 @@ async def open_redis_backend(
     Everything is closed on leaving the block (the backend first, bounded, then the client).
 
     Args:
-        url: ``redis://[[user]:password@]host[:port][/db]`` or ``rediss://...``.
+        url: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://...`` or
+            ``redis+sentinel://[[user]:password@]s1:port,s2:port/MASTER[/db]`` (see
+            :func:`~durable_trio._redis.open_redis`).
         key_tag: the key store's hash tag (see :class:`RedisKeyStore`).
         pool_size: shared connections of the client (plus one for the doorbell subscription).
         **broker_options: :class:`RedisBroker` options (``failed_retention`` ...).
