@@ -35,14 +35,23 @@ Clock:
     transaction. Delays and thresholds are relative seconds on it.
 
 Wake-up (:meth:`SqliteBroker.wait_for_work`):
-    Pushes by this broker ring the waiters of their queue at once (an in-process event). Pushes
-    by other connections (other processes) are noticed by a *tick* that the connection thread
-    itself runs every ``wakeup_interval`` seconds while at least one task waits: it reads
-    ``PRAGMA data_version`` (one cheap statement for all waiting queues, which changes only
-    when another connection committed), and only then runs the "is anything ready or due" query,
-    once per waiting queue whose answer may have changed, and hands the answers to the event
-    loop. An idle tick never wakes the event loop; a broker nobody waits on does not tick. A
-    waiter also wakes when its earliest delayed job comes due.
+    Pushes by this broker ring the waiters of their queue at once (an in-process event). Other
+    connections' commits are noticed by a *tick* that the connection thread itself runs: it
+    reads ``PRAGMA data_version`` (one cheap statement for all waiting queues, which changes
+    only when another connection committed), and only then runs the "is anything ready or due"
+    query, once per waiting queue whose answer may have changed, and hands the answers to the
+    event loop. An idle tick never wakes the event loop; a broker nobody waits on does not tick.
+    A waiter also wakes when its earliest delayed job comes due.
+
+    The tick runs at once when the *doorbell* rings (``_doorbell.py``): a broker with waiters
+    binds a Unix datagram socket in ``<db file>.bells/``, and every broker, after committing
+    something that can make work ready (a push, a retry, a requeue, recovered stalls...), sends
+    one non-blocking datagram to every other socket there. So a push in one process wakes a
+    waiter in another within about a millisecond. The doorbell is a hint only: the tick also
+    runs every ``wakeup_interval`` seconds (0.5 by default) while someone waits, and catches
+    whatever the doorbell misses (no folder or a path too long for a socket, a socket file
+    removed, a container that shares the file but not the folder, another program writing the
+    file). A dead process's socket is unlinked by the next sender that finds it refusing.
 
 Damaged rows:
     SQLite keeps any type in any column and another program may write the file, so every field
@@ -93,6 +102,7 @@ from ._contract import (
     RenewOutcome,
     Stall,
 )
+from ._doorbell import Doorbell
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -100,6 +110,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PROMOTE_BATCH",
+    "WAKEUP_INTERVAL",
     "ConnectionThread",
     "SqliteBroker",
     "open_connection",
@@ -110,6 +121,10 @@ T = TypeVar("T")
 
 #: Due delayed jobs promoted per pop at most, so one pop never does unbounded work.
 PROMOTE_BATCH: Final = 256
+
+#: The default safety-net tick (seconds): the doorbell wakes waiters across processes, the
+#: tick only catches what it misses.
+WAKEUP_INTERVAL: Final = 0.5
 
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
 
@@ -222,6 +237,8 @@ class ConnectionThread:
         self._tick_hook: Callable[[sqlite3.Connection], None] | None = None
         self._tick_wanted: Callable[[], bool] = bool
         self._tick_interval = math.inf
+        self._tick_soon = False
+        """Set by :meth:`tick_now`: run the tick at the thread's next wake-up."""
         self._thread = threading.Thread(
             target=self._serve, name=f"durable-trio-sqlite:{self.path}", daemon=True
         )
@@ -250,6 +267,12 @@ class ConnectionThread:
 
     def poke(self) -> None:
         """Wake the thread so it looks at the tick hook's ``wanted()`` again."""
+        self._requests.put(None)
+
+    def tick_now(self) -> None:
+        """Have the thread run the tick hook as soon as it is free (if ``wanted()``), without
+        waiting for the interval: the doorbell's ring. Thread-safe, never blocks."""
+        self._tick_soon = True
         self._requests.put(None)
 
     def acquire(self) -> None:
@@ -357,16 +380,18 @@ class ConnectionThread:
             timeout: float | None = None
             if self._tick_hook is not None and self._db is not None and self._tick_wanted():
                 now = time.monotonic()
-                if next_tick is None:
-                    next_tick = now + self._tick_interval
-                elif now >= next_tick:
+                if self._tick_soon or (next_tick is not None and now >= next_tick):
+                    self._tick_soon = False  # cleared first: a ring during the tick is kept
                     self.ticks += 1
                     self._tick_hook(self._db)
                     next_tick = time.monotonic() + self._tick_interval
                     continue
+                if next_tick is None:
+                    next_tick = now + self._tick_interval
                 timeout = next_tick - now
             else:
                 next_tick = None
+                self._tick_soon = False
             try:
                 request = self._requests.get(timeout=timeout)
             except _queue_mod.Empty:
@@ -1266,8 +1291,9 @@ class SqliteBroker:
         self,
         connection: ConnectionThread,
         *,
-        wakeup_interval: float = 0.05,
+        wakeup_interval: float = WAKEUP_INTERVAL,
         failed_retention: int = 1000,
+        doorbell: bool = True,
     ) -> None:
         """Wrap an open connection thread. Use :meth:`open` instead."""
         if not wakeup_interval > 0:
@@ -1283,6 +1309,9 @@ class SqliteBroker:
         """Every waiter, copied on write: the connection thread's tick reads it unlocked."""
         self._trio_token: trio.lowlevel.TrioToken | None = None
         self._closed = False
+        self.doorbell: Doorbell | None = (
+            Doorbell(self.path, connection.tick_now) if doorbell else None
+        )
         connection.set_tick_hook(self._tick, lambda: bool(self._watched), wakeup_interval)
 
     @classmethod
@@ -1292,8 +1321,9 @@ class SqliteBroker:
         *,
         busy_timeout: float = 5.0,
         synchronous: Synchronous = "NORMAL",
-        wakeup_interval: float = 0.05,
+        wakeup_interval: float = WAKEUP_INTERVAL,
         failed_retention: int = 1000,
+        doorbell: bool = True,
     ) -> SqliteBroker:
         """Open (creating if missing) the database file and its schema.
 
@@ -1304,11 +1334,16 @@ class SqliteBroker:
             synchronous: ``NORMAL`` (default: in WAL mode safe against any process crash; a
                 power loss may lose the last commits, never corrupt the file) or ``FULL``
                 (also safe against power loss, one ``fsync`` per commit).
-            wakeup_interval: seconds between two looks for other processes' pushes while
-                :meth:`wait_for_work` waits (default 0.05: a cross-process wake-up within
-                50 ms for about 20 cheap ``PRAGMA data_version`` reads per second per broker,
-                however many queues wait; pushes by this broker wake waiters at once).
+            wakeup_interval: the safety-net tick: seconds between two looks for other
+                connections' commits while :meth:`wait_for_work` waits (default 0.5: two cheap
+                ``PRAGMA data_version`` reads per second per broker, however many queues wait).
+                Pushes by other brokers on this machine ring the doorbell and wake waiters
+                within about a millisecond; the tick catches what the doorbell cannot (no
+                doorbell folder, a lost datagram, another program writing the file). Pushes by
+                this broker wake its waiters at once.
             failed_retention: failed jobs kept per queue (the newest).
+            doorbell: ring and listen to the cross-process doorbell (``<file>.bells/``, see
+                the module docstring); ``False``: the tick alone notices other processes.
 
         Returns:
             The open broker; close it with :meth:`aclose` (or ``async with``).
@@ -1321,7 +1356,10 @@ class SqliteBroker:
         connection = await open_connection(path, busy_timeout=busy_timeout, synchronous=synchronous)
         try:
             broker = cls(
-                connection, wakeup_interval=wakeup_interval, failed_retention=failed_retention
+                connection,
+                wakeup_interval=wakeup_interval,
+                failed_retention=failed_retention,
+                doorbell=doorbell,
             )
             await connection.call(partial(_create_schema, _SCHEMA), write=True)
         except BaseException:
@@ -1476,6 +1514,8 @@ class SqliteBroker:
             await trio.lowlevel.checkpoint()
             return
         self._closed = True
+        if self.doorbell is not None:
+            self.doorbell.close()
         await self._db.release()
 
     # -- capabilities
@@ -1602,8 +1642,12 @@ class SqliteBroker:
     # -- wake-up internals
 
     def _ring(self, queue: str) -> None:
+        """After a commit that can make work ready on ``queue``: wake this broker's waiters,
+        and ring the other brokers' doorbells (other processes, other brokers on the file)."""
         for waiter in self._waiters.get(queue, ()):
             waiter.event.set()
+        if self.doorbell is not None:
+            self.doorbell.ring()
 
     def _watch(self, waiter: _Waiter) -> None:
         self._trio_token = trio.lowlevel.current_trio_token()
@@ -1611,6 +1655,8 @@ class SqliteBroker:
         was_idle = not self._watched
         self._watched = (*self._watched, waiter)
         if was_idle and not self._db.closed:
+            if self.doorbell is not None and not self._closed:
+                self.doorbell.listen()  # before the waiter's first look: no ring slips by
             self._db.poke()  # the thread may sleep with nothing to do: start ticking
 
     def _unwatch(self, waiter: _Waiter) -> None:
@@ -1629,6 +1675,8 @@ class SqliteBroker:
         trio_token = self._trio_token
         if not watched or trio_token is None:
             return
+        if self.doorbell is not None:
+            self.doorbell.check()  # our socket removed by someone: bind a new one
         try:
             version = _data_version(db)
             stale = {w.queue for w in watched if w.data_version != version}
