@@ -1266,6 +1266,8 @@ class _Waiter:
     """``PRAGMA data_version`` read just before this waiter's last look at its queue."""
     due: float | None = None
     """Wall-clock due time of the queue's earliest delayed job at that look."""
+    found_ready: bool = False
+    """Set by a tick that saw work on the queue: the waiter returns without looking again."""
 
 
 class SqliteBroker:
@@ -1636,6 +1638,8 @@ class SqliteBroker:
                     deadline = trio.current_time() + max(0.0, due - time.time())
                 with trio.move_on_at(deadline):
                     await waiter.event.wait()
+                if waiter.found_ready:
+                    return  # the tick just looked: spare the round trip of a second look
         finally:
             self._unwatch(waiter)
 
@@ -1702,6 +1706,7 @@ class SqliteBroker:
         for queue, (ready, due) in found.items():
             for waiter in self._waiters.get(queue, ()):
                 if ready or due != waiter.due:
+                    waiter.found_ready = ready
                     waiter.event.set()
                 else:
                     waiter.data_version = version
