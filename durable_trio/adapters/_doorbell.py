@@ -177,8 +177,10 @@ class Doorbell:
     # -- ringing
 
     def ring(self) -> None:
-        """Send one datagram to every other broker's socket. Never blocks, never raises."""
-        if self.folder is None:
+        """Send one datagram to every other broker's socket. Never blocks, never raises.
+
+        Called by one thread at a time (the broker's connection thread)."""
+        if self.folder is None or self._closed:
             return
         try:
             names = self._names()

@@ -184,6 +184,7 @@ class _Request:
     task: trio.lowlevel.Task
     trio_token: trio.lowlevel.TrioToken
     detach_on_cancel: bool = False
+    after_commit: Callable[[Any], None] | None = None
     state: _State = _State.QUEUED
     cancel_requested: bool = False
 
@@ -301,13 +302,22 @@ class ConnectionThread:
         # Enqueued before the first checkpoint, so it happens even if the wait is cancelled.
         await self._submit(None, write=False, detach_on_cancel=True)
 
-    async def call(self, fn: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
+    async def call(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        write: bool,
+        after_commit: Callable[[T], None] | None = None,
+    ) -> T:
         """Run ``fn(connection)`` in the connection thread as one transaction.
 
         Args:
             fn: the operation; it must not commit or roll back itself.
             write: open the transaction with ``BEGIN IMMEDIATE`` (take the write lock at once)
                 and ``COMMIT`` it; otherwise ``fn`` runs in autocommit mode (read only).
+            after_commit: called with ``fn``'s result in the connection thread right after the
+                transaction committed (the doorbell's ring: it then reaches other processes
+                without waiting for this event loop's turn); what it raises is ignored.
 
         Returns:
             What ``fn`` returned, once its transaction committed.
@@ -322,7 +332,9 @@ class ConnectionThread:
             if self._closing:
                 raise BrokerUnavailable(f"the SQLite connection to {self.path!r} is closed")
             try:
-                result: T = await self._submit(fn, write=write, detach_on_cancel=False)
+                result: T = await self._submit(
+                    fn, write=write, detach_on_cancel=False, after_commit=after_commit
+                )
             except _RolledBack:
                 # The cancellation that made the thread roll back is still pending: deliver it.
                 # (Should it have vanished, nothing happened yet, so run the operation again.)
@@ -336,6 +348,7 @@ class ConnectionThread:
         *,
         write: bool,
         detach_on_cancel: bool,
+        after_commit: Callable[[Any], None] | None = None,
     ) -> Any:
         request = _Request(
             fn=fn,
@@ -343,6 +356,7 @@ class ConnectionThread:
             task=trio.lowlevel.current_task(),
             trio_token=trio.lowlevel.current_trio_token(),
             detach_on_cancel=detach_on_cancel,
+            after_commit=after_commit,
         )
         self._requests.put(request)
 
@@ -448,6 +462,9 @@ class ConnectionThread:
             return outcome.Error(translated)
         except BaseException as exc:
             return outcome.Error(exc)
+        if request.after_commit is not None:
+            with contextlib.suppress(Exception):  # committed: the caller gets its result
+                request.after_commit(value)
         return outcome.Value(value)
 
     def _deliver(self, request: _Request, result: outcome.Outcome[Any]) -> None:
@@ -1258,6 +1275,11 @@ def _op_probe(queue: str, db: sqlite3.Connection) -> tuple[bool, float | None, i
 # ------------------------------------------------------------------------------------- broker
 
 
+def _always(result: object) -> bool:
+    """Ring after every commit of the operation (any push can make work ready)."""
+    return True
+
+
 @attrs.define(eq=False)
 class _Waiter:
     queue: str
@@ -1369,10 +1391,26 @@ class SqliteBroker:
             raise
         return broker
 
-    async def _call(self, fn: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
+    async def _call(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        write: bool,
+        ring: Callable[[T], object] | None = None,
+    ) -> T:
+        """Run ``fn`` on the connection; with ``ring``, ring the other brokers' doorbells
+        right after the commit (in the connection thread) if ``ring(result)`` is true."""
         if self._closed:
             raise BrokerUnavailable(f"the SQLite broker on {self.path!r} is closed")
-        return await self._db.call(fn, write=write)
+        doorbell = self.doorbell
+        if ring is None or doorbell is None:
+            return await self._db.call(fn, write=write)
+
+        def after_commit(result: T) -> None:
+            if ring(result):
+                doorbell.ring()
+
+        return await self._db.call(fn, write=write, after_commit=after_commit)
 
     @property
     def closed(self) -> bool:
@@ -1401,7 +1439,9 @@ class SqliteBroker:
         self, queue: str, job: Job, *, priority: int | None = None, delay: float = 0.0
     ) -> None:
         """Enqueue ``job`` (see :class:`~durable_trio.adapters.QueueBroker`)."""
-        await self._call(partial(_op_push, queue, job, priority or 0, delay), write=True)
+        await self._call(
+            partial(_op_push, queue, job, priority or 0, delay), write=True, ring=_always
+        )
         self._ring(queue)
 
     async def pop_from(self, queue: str, *, worker: str = "") -> ClaimedJob | None:
@@ -1459,7 +1499,7 @@ class SqliteBroker:
     ) -> None:
         """``push_on`` (no delay) for each job, in one transaction."""
         pairs = list(zip(jobs, priorities, strict=True))
-        await self._call(partial(_op_push_many, queue, pairs), write=True)
+        await self._call(partial(_op_push_many, queue, pairs), write=True, ring=_always)
         self._ring(queue)
 
     async def push_and_complete_many(
@@ -1472,7 +1512,7 @@ class SqliteBroker:
             _op_push_many(push_queue, pairs, db)
             return _op_complete_many(leases, queue, db)
 
-        done: list[bool] = await self._call(both, write=True)
+        done: list[bool] = await self._call(both, write=True, ring=_always)
         self._ring(push_queue)
         return done
 
@@ -1492,6 +1532,7 @@ class SqliteBroker:
             partial(_op_fail_and_push, lease, queue, error, self._failed_retention, push_queue,
                     job),
             write=True,
+            ring=bool,
         )
         if done:
             self._ring(push_queue)
@@ -1503,7 +1544,7 @@ class SqliteBroker:
         """Hand a claim back for redelivery after ``delay`` seconds, at the back of its
         priority. ``count_attempt=False`` leaves ``attempts`` alone. ``False``: lease lost."""
         done: bool = await self._call(
-            partial(_op_retry, lease, queue, delay, count_attempt), write=True
+            partial(_op_retry, lease, queue, delay, count_attempt), write=True, ring=bool
         )
         if done:
             self._ring(queue)
@@ -1541,7 +1582,9 @@ class SqliteBroker:
         it was); past ``max_stalled`` it is re-leased to the caller (still active) and returned in
         ``exceeded``, otherwise put back to ready."""
         result: Recovery = await self._call(
-            partial(_op_recover, queue, threshold, max_stalled), write=True
+            partial(_op_recover, queue, threshold, max_stalled),
+            write=True,
+            ring=lambda recovery: recovery.recovered,
         )
         if result.recovered:
             self._ring(queue)
@@ -1582,7 +1625,7 @@ class SqliteBroker:
         :class:`~durable_trio.adapters.SupportsFailedJobRepair`; its stored priority unless
         ``priority`` is given)."""
         done: bool = await self._call(
-            partial(_op_requeue_failed, queue, job_id, priority), write=True
+            partial(_op_requeue_failed, queue, job_id, priority), write=True, ring=bool
         )
         if done:
             self._ring(queue)
@@ -1646,12 +1689,10 @@ class SqliteBroker:
     # -- wake-up internals
 
     def _ring(self, queue: str) -> None:
-        """After a commit that can make work ready on ``queue``: wake this broker's waiters,
-        and ring the other brokers' doorbells (other processes, other brokers on the file)."""
+        """After a commit that can make work ready on ``queue``: wake this broker's waiters
+        (the other brokers' doorbells were rung by the connection thread, see :meth:`_call`)."""
         for waiter in self._waiters.get(queue, ()):
             waiter.event.set()
-        if self.doorbell is not None:
-            self.doorbell.ring()
 
     def _watch(self, waiter: _Waiter) -> None:
         self._trio_token = trio.lowlevel.current_trio_token()
