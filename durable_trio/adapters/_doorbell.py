@@ -40,6 +40,14 @@ _MAX_SOCKET_PATH: Final = 107
 #: granularity is coarse on some file systems): its listing is not trusted and read again.
 _RACY: Final = 1.0
 
+#: A ring names its queue: ``q`` + the name in UTF-8 (the receiver wakes that queue's waiters
+#: only); ``?`` when the name cannot be sent (too long, not encodable): every waiting queue of
+#: the receiver looks again (its tick). An empty datagram is never sent: ``recv`` returns
+#: empty when the receiver is shut down.
+_QUEUE: Final = b"q"
+_ANY: Final = b"?"
+_MAX_DATAGRAM: Final = 1024
+
 #: How long a close waits for the receiving thread (it is woken by ``shutdown`` at once).
 CLOSE_TIMEOUT: Final = 1.0
 
@@ -62,11 +70,12 @@ class Doorbell:
 
     Args:
         path: the database file (or ``file:`` URI).
-        on_ring: called in the receiving thread when datagrams arrive (coalesced: once per
-            wake-up of the thread, however many arrived); it must not block or raise.
+        on_ring: called in the receiving thread when datagrams arrive, with the queues they
+            name, or ``None`` if one could not name its queue (coalesced: once per wake-up of
+            the thread, however many arrived); it must not block or raise.
     """
 
-    def __init__(self, path: str, on_ring: Callable[[], None]) -> None:
+    def __init__(self, path: str, on_ring: Callable[[frozenset[str] | None], None]) -> None:
         self.folder = bells_folder(path)
         self._on_ring = on_ring
         self._lock = threading.Lock()
@@ -163,21 +172,30 @@ class Doorbell:
     def _receive(self, receiver: socket.socket) -> None:
         while True:
             try:
-                if not receiver.recv(16):
+                datagram = receiver.recv(_MAX_DATAGRAM)
+                if not datagram:
                     return  # shut down: the broker closes
-                # Drain what else arrived: one tick answers every ring so far.
+                datagrams = [datagram]
+                # Drain what else arrived: one wake-up answers every ring so far.
                 with contextlib.suppress(OSError):
-                    while receiver.recv(16, socket.MSG_DONTWAIT):
-                        pass
+                    while datagram := receiver.recv(_MAX_DATAGRAM, socket.MSG_DONTWAIT):
+                        datagrams.append(datagram)
             except OSError:
                 return
             self.received += 1
-            self._on_ring()
+            queues: set[str] | None = set()
+            for datagram in datagrams:
+                if queues is not None and datagram.startswith(_QUEUE):
+                    queues.add(datagram[1:].decode(errors="replace"))
+                else:
+                    queues = None  # no (readable) name: every waiting queue looks again
+            self._on_ring(None if queues is None else frozenset(queues))
 
     # -- ringing
 
-    def ring(self) -> None:
-        """Send one datagram to every other broker's socket. Never blocks, never raises.
+    def ring(self, queue: str) -> None:
+        """Send one datagram naming ``queue`` to every other broker's socket. Never blocks,
+        never raises.
 
         Called by one thread at a time (the broker's connection thread)."""
         if self.folder is None or self._closed:
@@ -191,10 +209,16 @@ class Doorbell:
                 sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
                 sender.setblocking(False)
                 self._sender = sender
+            try:
+                payload = _QUEUE + queue.encode()
+            except UnicodeEncodeError:
+                payload = _ANY
+            if len(payload) > _MAX_DATAGRAM:
+                payload = _ANY
             own = self._own
             for name in names:
                 if name != own:
-                    self._send(sender, name)
+                    self._send(sender, name, payload)
         except OSError as exc:
             self._warn(f"cannot ring the doorbells in {self.folder!r}: {exc}")
 
@@ -213,11 +237,11 @@ class Doorbell:
         self._listing = (mtime, listed_at, names)
         return names
 
-    def _send(self, sender: socket.socket, name: str) -> None:
+    def _send(self, sender: socket.socket, name: str, payload: bytes) -> None:
         assert self.folder is not None
         address = os.path.join(self.folder, name)
         try:
-            sender.sendto(b"!", address)
+            sender.sendto(payload, address)
             self.sent += 1
         except ConnectionRefusedError:
             # Nobody reads it: a process that died without closing (kill -9).

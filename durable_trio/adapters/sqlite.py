@@ -1334,7 +1334,7 @@ class SqliteBroker:
         self._trio_token: trio.lowlevel.TrioToken | None = None
         self._closed = False
         self.doorbell: Doorbell | None = (
-            Doorbell(self.path, connection.tick_now) if doorbell else None
+            Doorbell(self.path, self._on_doorbell) if doorbell else None
         )
         connection.set_tick_hook(self._tick, lambda: bool(self._watched), wakeup_interval)
 
@@ -1396,19 +1396,21 @@ class SqliteBroker:
         fn: Callable[[sqlite3.Connection], T],
         *,
         write: bool,
-        ring: Callable[[T], object] | None = None,
+        ring: str | None = None,
+        ring_if: Callable[[T], object] = _always,
     ) -> T:
-        """Run ``fn`` on the connection; with ``ring``, ring the other brokers' doorbells
-        right after the commit (in the connection thread) if ``ring(result)`` is true."""
+        """Run ``fn`` on the connection; with ``ring``, ring the other brokers' doorbells for
+        that queue right after the commit (in the connection thread) if ``ring_if(result)``."""
         if self._closed:
             raise BrokerUnavailable(f"the SQLite broker on {self.path!r} is closed")
         doorbell = self.doorbell
         if ring is None or doorbell is None:
             return await self._db.call(fn, write=write)
+        queue = ring
 
         def after_commit(result: T) -> None:
-            if ring(result):
-                doorbell.ring()
+            if ring_if(result):
+                doorbell.ring(queue)
 
         return await self._db.call(fn, write=write, after_commit=after_commit)
 
@@ -1440,7 +1442,7 @@ class SqliteBroker:
     ) -> None:
         """Enqueue ``job`` (see :class:`~durable_trio.adapters.QueueBroker`)."""
         await self._call(
-            partial(_op_push, queue, job, priority or 0, delay), write=True, ring=_always
+            partial(_op_push, queue, job, priority or 0, delay), write=True, ring=queue
         )
         self._ring(queue)
 
@@ -1499,7 +1501,7 @@ class SqliteBroker:
     ) -> None:
         """``push_on`` (no delay) for each job, in one transaction."""
         pairs = list(zip(jobs, priorities, strict=True))
-        await self._call(partial(_op_push_many, queue, pairs), write=True, ring=_always)
+        await self._call(partial(_op_push_many, queue, pairs), write=True, ring=queue)
         self._ring(queue)
 
     async def push_and_complete_many(
@@ -1512,7 +1514,7 @@ class SqliteBroker:
             _op_push_many(push_queue, pairs, db)
             return _op_complete_many(leases, queue, db)
 
-        done: list[bool] = await self._call(both, write=True, ring=_always)
+        done: list[bool] = await self._call(both, write=True, ring=push_queue)
         self._ring(push_queue)
         return done
 
@@ -1532,7 +1534,8 @@ class SqliteBroker:
             partial(_op_fail_and_push, lease, queue, error, self._failed_retention, push_queue,
                     job),
             write=True,
-            ring=bool,
+            ring=push_queue,
+            ring_if=bool,
         )
         if done:
             self._ring(push_queue)
@@ -1544,7 +1547,10 @@ class SqliteBroker:
         """Hand a claim back for redelivery after ``delay`` seconds, at the back of its
         priority. ``count_attempt=False`` leaves ``attempts`` alone. ``False``: lease lost."""
         done: bool = await self._call(
-            partial(_op_retry, lease, queue, delay, count_attempt), write=True, ring=bool
+            partial(_op_retry, lease, queue, delay, count_attempt),
+            write=True,
+            ring=queue,
+            ring_if=bool,
         )
         if done:
             self._ring(queue)
@@ -1584,7 +1590,8 @@ class SqliteBroker:
         result: Recovery = await self._call(
             partial(_op_recover, queue, threshold, max_stalled),
             write=True,
-            ring=lambda recovery: recovery.recovered,
+            ring=queue,
+            ring_if=lambda recovery: recovery.recovered,
         )
         if result.recovered:
             self._ring(queue)
@@ -1625,7 +1632,10 @@ class SqliteBroker:
         :class:`~durable_trio.adapters.SupportsFailedJobRepair`; its stored priority unless
         ``priority`` is given)."""
         done: bool = await self._call(
-            partial(_op_requeue_failed, queue, job_id, priority), write=True, ring=bool
+            partial(_op_requeue_failed, queue, job_id, priority),
+            write=True,
+            ring=queue,
+            ring_if=bool,
         )
         if done:
             self._ring(queue)
@@ -1711,6 +1721,24 @@ class SqliteBroker:
             if not waiters:
                 del self._waiters[waiter.queue]
         self._watched = tuple(w for w in self._watched if w is not waiter)
+
+    def _on_doorbell(self, queues: frozenset[str] | None) -> None:
+        """In the doorbell's receiving thread: other brokers pushed onto ``queues`` (``None``:
+        onto queues they could not name). Waiters of those queues return at once, without a
+        look (their consumer's pop is the look; a spurious return is allowed); unnamed queues
+        make the connection thread tick now."""
+        trio_token = self._trio_token
+        if queues is None or trio_token is None:
+            self._db.tick_now()
+            return
+        with contextlib.suppress(trio.RunFinishedError):
+            trio_token.run_sync_soon(self._wake, queues)
+
+    def _wake(self, queues: frozenset[str]) -> None:
+        for queue in queues:
+            for waiter in self._waiters.get(queue, ()):
+                waiter.found_ready = True
+                waiter.event.set()
 
     def _tick(self, db: sqlite3.Connection) -> None:
         """In the connection thread, every ``wakeup_interval`` while someone waits: did another
