@@ -1,11 +1,12 @@
 """The SQLite broker's cross-process doorbell: Unix datagram sockets beside the database file.
 
 A broker that waits for work binds a socket ``<db file>.bells/<pid>-<random>``, and a small
-thread blocks on it; each datagram makes the broker's connection thread run its wake-up tick at
-once (``PRAGMA data_version``, then the probe of the waiting queues). A broker that committed
-something that can make work ready sends one non-blocking datagram to every other socket in that
-folder. The listing is cached and read again only when the folder's modification time changes
-(one ``stat`` per ring).
+thread blocks on it. A broker that committed something that can make work ready on a queue
+sends one non-blocking datagram naming that queue to every other socket in that folder; the
+receiving thread hands the names to its broker, which wakes those queues' waiters (a datagram
+that names no queue makes the broker's connection thread run its wake-up tick at once instead).
+The listing is cached and read again only when the folder's modification time changes (one
+``stat`` per ring). docs/decisions.md says why this mechanism.
 
 The doorbell is only a hint, never the source of truth: the broker's safety-net tick still runs
 every ``wakeup_interval`` and catches whatever a lost datagram missed. So every failure here is

@@ -43,15 +43,17 @@ Wake-up (:meth:`SqliteBroker.wait_for_work`):
     event loop. An idle tick never wakes the event loop; a broker nobody waits on does not tick.
     A waiter also wakes when its earliest delayed job comes due.
 
-    The tick runs at once when the *doorbell* rings (``_doorbell.py``): a broker with waiters
-    binds a Unix datagram socket in ``<db file>.bells/``, and every broker, after committing
-    something that can make work ready (a push, a retry, a requeue, recovered stalls...), sends
-    one non-blocking datagram to every other socket there. So a push in one process wakes a
-    waiter in another within about a millisecond. The doorbell is a hint only: the tick also
-    runs every ``wakeup_interval`` seconds (0.5 by default) while someone waits, and catches
-    whatever the doorbell misses (no folder or a path too long for a socket, a socket file
-    removed, a container that shares the file but not the folder, another program writing the
-    file). A dead process's socket is unlinked by the next sender that finds it refusing.
+    Across processes, the *doorbell* (``_doorbell.py``) comes first: a broker with waiters
+    binds a Unix datagram socket in ``<db file>.bells/``, and every broker, right after
+    committing something that can make work ready on a queue (a push, a held retry, a requeue,
+    recovered stalls...), sends from its connection thread one non-blocking datagram naming
+    that queue to every other socket there. The receiver wakes that queue's waiters, which
+    return without a look of their own (their consumer's pop is the look). So a push in one
+    process wakes a waiter in another within about a millisecond. The doorbell is a hint only:
+    the tick runs every ``wakeup_interval`` seconds (0.5 by default) while someone waits, and
+    catches whatever the doorbell misses (no folder or a path too long for a socket, a socket
+    file removed, a container that shares the file but not the folder, another program writing
+    the file). A dead process's socket is unlinked by the next sender that finds it refusing.
 
 Damaged rows:
     SQLite keeps any type in any column and another program may write the file, so every field
@@ -1307,8 +1309,9 @@ class SqliteBroker:
 
     Attributes:
         path: the database file.
-        wakeup_interval: seconds between two looks at other connections' commits while
-            :meth:`wait_for_work` waits.
+        wakeup_interval: the safety-net tick: seconds between two looks at other connections'
+            commits while :meth:`wait_for_work` waits (the doorbell wakes waiters sooner).
+        doorbell: the cross-process doorbell (``None``: opened with ``doorbell=False``).
     """
 
     def __init__(
@@ -1671,9 +1674,9 @@ class SqliteBroker:
         """Return when ``queue`` may have work (see the module docstring).
 
         Returns at once if a job is ready or a delayed one is due; otherwise when this broker
-        pushes or hands back a job on ``queue``, when another connection committed and the
-        queue then has work (checked every ``wakeup_interval``), or when the earliest delayed
-        job comes due. It may return spuriously; it never misses a push that follows this
+        pushes or hands back a job on ``queue``, when another broker's doorbell ring names
+        ``queue``, when another connection committed and the queue then has work (checked
+        every ``wakeup_interval``), or when the earliest delayed job comes due. It may return spuriously; it never misses a push that follows this
         broker's last empty pop.
         """
         waiter = _Waiter(queue)
