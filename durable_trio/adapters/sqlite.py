@@ -1676,8 +1676,8 @@ class SqliteBroker:
         Returns at once if a job is ready or a delayed one is due; otherwise when this broker
         pushes or hands back a job on ``queue``, when another broker's doorbell ring names
         ``queue``, when another connection committed and the queue then has work (checked
-        every ``wakeup_interval``), or when the earliest delayed job comes due. It may return spuriously; it never misses a push that follows this
-        broker's last empty pop.
+        every ``wakeup_interval``), or when the earliest delayed job comes due. It may return
+        spuriously; it never misses a push that follows this broker's last empty pop.
         """
         waiter = _Waiter(queue)
         self._watch(waiter)
