@@ -267,6 +267,60 @@ async def test_a_dead_processes_socket_is_unlinked_by_the_next_ring(
     assert "1-dead" not in sockets(a.path)
 
 
+async def test_a_socket_whose_buffer_is_full_is_skipped_without_an_error(
+    pair: tuple[SqliteBroker, SqliteBroker],
+) -> None:
+    a, b = pair
+    folder = f"{a.path}.bells"
+    os.mkdir(folder)
+    deaf = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    deaf.bind(f"{folder}/1-deaf")  # alive, never reads: its queue fills up
+    try:
+        for n in range(200):
+            await b.push_on(Q, job(n))  # none blocks, none raises
+        assert b.doorbell is not None
+        assert b.doorbell.unlinked == 0
+        assert "1-deaf" in sockets(a.path)
+        assert await a.size_of(Q) == 200
+    finally:
+        deaf.close()
+
+
+async def test_a_ring_that_cannot_name_its_queue_makes_the_waiter_tick(
+    pair: tuple[SqliteBroker, SqliteBroker],
+) -> None:
+    a, b = pair
+    long_name = "q" * 2000  # over a datagram's name limit: the ring names no queue
+    woke = trio.Event()
+
+    async def waiter() -> None:
+        await a.wait_for_work(long_name)
+        woke.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.sleep(0.05)
+        ticks = a.connection.ticks
+        await b.push_on(long_name, job(1))
+        with trio.fail_after(0.5):
+            await woke.wait()
+    assert a.connection.ticks > ticks  # the tick (period 3600 s) ran at the ring
+
+
+async def test_a_broker_opened_without_a_doorbell_makes_no_folder_and_wakes_by_the_tick(
+    db_path: Path,
+) -> None:
+    a = await SqliteBroker.open(db_path, wakeup_interval=0.1, doorbell=False)
+    b = await SqliteBroker.open(db_path, wakeup_interval=0.1, doorbell=False)
+    try:
+        assert a.doorbell is None
+        assert await wake_time(a, b, bound=2.0) < 2.0
+        assert not await trio.Path(f"{db_path}.bells").exists()
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
 # ----------------------------------------------------------------------- real processes
 
 PUSHER = """
