@@ -66,12 +66,14 @@ async def pair(db_path: Path) -> AsyncIterator[tuple[SqliteBroker, SqliteBroker]
         await b.aclose()
 
 
-async def wake_time(waiting: SqliteBroker, push: SqliteBroker, *, bound: float) -> float:
+async def wake_time(
+    waiting: SqliteBroker, push: SqliteBroker, *, bound: float, queue: str = Q
+) -> float:
     """Seconds from ``push``'s push to ``waiting``'s waiter waking (fails past ``bound``)."""
     woke = trio.Event()
 
     async def waiter() -> None:
-        await waiting.wait_for_work(Q)
+        await waiting.wait_for_work(queue)
         woke.set()
 
     async with trio.open_nursery() as nursery:
@@ -79,7 +81,7 @@ async def wake_time(waiting: SqliteBroker, push: SqliteBroker, *, bound: float) 
         await trio.sleep(0.05)  # the waiter looked, found nothing, and sleeps
         assert not woke.is_set()
         start = trio.current_time()
-        await push.push_on(Q, job(1))
+        await push.push_on(queue, job(1))
         with trio.fail_after(bound):
             await woke.wait()
     return trio.current_time() - start
@@ -291,19 +293,8 @@ async def test_a_ring_that_cannot_name_its_queue_makes_the_waiter_tick(
 ) -> None:
     a, b = pair
     long_name = "q" * 2000  # over a datagram's name limit: the ring names no queue
-    woke = trio.Event()
-
-    async def waiter() -> None:
-        await a.wait_for_work(long_name)
-        woke.set()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(waiter)
-        await trio.sleep(0.05)
-        ticks = a.connection.ticks
-        await b.push_on(long_name, job(1))
-        with trio.fail_after(0.5):
-            await woke.wait()
+    ticks = a.connection.ticks
+    await wake_time(a, b, bound=0.5, queue=long_name)
     assert a.connection.ticks > ticks  # the tick (period 3600 s) ran at the ring
 
 
