@@ -44,6 +44,15 @@ def sockets(db_path: str | os.PathLike[str]) -> list[str]:
     return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
 
+def foreign_socket(db_path: str, name: str) -> socket.socket:
+    """A socket bound in the doorbell folder by someone who is not a broker."""
+    folder = f"{db_path}.bells"
+    os.makedirs(folder, exist_ok=True)
+    bound = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    bound.bind(f"{folder}/{name}")
+    return bound
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "durable.db"
@@ -258,11 +267,7 @@ async def test_a_dead_processes_socket_is_unlinked_by_the_next_ring(
     pair: tuple[SqliteBroker, SqliteBroker],
 ) -> None:
     a, b = pair
-    folder = f"{a.path}.bells"
-    os.mkdir(folder)
-    stale = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    stale.bind(f"{folder}/1-dead")
-    stale.close()  # the file stays, nobody reads it: as after kill -9
+    foreign_socket(a.path, "1-dead").close()  # the file stays, nobody reads it: as after kill -9
     assert await wake_time(a, b, bound=0.5) < 0.5
     assert b.doorbell is not None
     assert b.doorbell.unlinked == 1
@@ -273,10 +278,7 @@ async def test_a_socket_whose_buffer_is_full_is_skipped_without_an_error(
     pair: tuple[SqliteBroker, SqliteBroker],
 ) -> None:
     a, b = pair
-    folder = f"{a.path}.bells"
-    os.mkdir(folder)
-    deaf = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    deaf.bind(f"{folder}/1-deaf")  # alive, never reads: its queue fills up
+    deaf = foreign_socket(a.path, "1-deaf")  # alive, never reads: its queue fills up
     try:
         for n in range(200):
             await b.push_on(Q, job(n))  # none blocks, none raises
