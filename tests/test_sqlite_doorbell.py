@@ -142,6 +142,26 @@ async def test_writes_that_make_no_work_ready_ring_no_one(
         nursery.cancel_scope.cancel()
 
 
+async def test_a_delayed_push_by_another_broker_wakes_the_waiter_when_due_not_before(
+    pair: tuple[SqliteBroker, SqliteBroker],
+) -> None:
+    """A delayed push rings without naming its queue: the waiter's broker looks (a tick) and
+    learns the due time, instead of popping at once for nothing."""
+    a, b = pair
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(a.wait_for_work, Q)
+        await trio.sleep(0.05)
+        ticks = a.connection.ticks
+        start = trio.current_time()
+        await b.push_on(Q, job(1), delay=0.3)
+        with trio.fail_after(2):
+            await a.wait_for_work(Q)
+        elapsed = trio.current_time() - start
+        assert a.connection.ticks > ticks  # the ring's tick (the period is an hour)
+        nursery.cancel_scope.cancel()
+    assert 0.25 <= elapsed < 0.3 + 0.25
+
+
 async def test_an_idle_waiting_broker_does_nothing_but_its_safety_tick(db_path: Path) -> None:
     a, b = await open_pair(db_path, 0.1)
     try:

@@ -194,9 +194,9 @@ class Doorbell:
 
     # -- ringing
 
-    def ring(self, queue: str) -> None:
-        """Send one datagram naming ``queue`` to every other broker's socket. Never blocks,
-        never raises.
+    def ring(self, queue: str | None) -> None:
+        """Send one datagram naming ``queue`` to every other broker's socket (``None``: naming
+        none, the receivers look at every waiting queue). Never blocks, never raises.
 
         Called by one thread at a time (the broker's connection thread)."""
         if self.folder is None or self._closed:
@@ -211,7 +211,7 @@ class Doorbell:
                 sender.setblocking(False)
                 self._sender = sender
             try:
-                payload = _QUEUE + queue.encode()
+                payload = _ANY if queue is None else _QUEUE + queue.encode()
             except UnicodeEncodeError:
                 payload = _ANY
             if len(payload) > _MAX_DATAGRAM:

@@ -48,7 +48,8 @@ Wake-up (:meth:`SqliteBroker.wait_for_work`):
     committing something that can make work ready on a queue (a push, a held retry, a requeue,
     recovered stalls...), sends from its connection thread one non-blocking datagram naming
     that queue to every other socket there. The receiver wakes that queue's waiters, which
-    return without a look of their own (their consumer's pop is the look). So a push in one
+    return without a look of their own (their consumer's pop is the look); a ring that names
+    no queue (a delayed push: nothing to pop yet) makes the receiver's thread tick instead. So a push in one
     process wakes a waiter in another within about a millisecond. The doorbell is a hint only:
     the tick runs every ``wakeup_interval`` seconds (0.5 by default) while someone waits, and
     catches whatever the doorbell misses (no folder or a path too long for a socket, a socket
@@ -1401,15 +1402,18 @@ class SqliteBroker:
         write: bool,
         ring: str | None = None,
         ring_if: Callable[[T], object] = _always,
+        ready: bool = True,
     ) -> T:
         """Run ``fn`` on the connection; with ``ring``, ring the other brokers' doorbells for
-        that queue right after the commit (in the connection thread) if ``ring_if(result)``."""
+        that queue right after the commit (in the connection thread) if ``ring_if(result)``.
+        ``ready=False`` (a delayed job): the ring names no queue, so the receivers look (their
+        tick learns the new due time) instead of popping at once for nothing."""
         if self._closed:
             raise BrokerUnavailable(f"the SQLite broker on {self.path!r} is closed")
         doorbell = self.doorbell
         if ring is None or doorbell is None:
             return await self._db.call(fn, write=write)
-        queue = ring
+        queue = ring if ready else None
 
         def after_commit(result: T) -> None:
             if ring_if(result):
@@ -1445,7 +1449,10 @@ class SqliteBroker:
     ) -> None:
         """Enqueue ``job`` (see :class:`~durable_trio.adapters.QueueBroker`)."""
         await self._call(
-            partial(_op_push, queue, job, priority or 0, delay), write=True, ring=queue
+            partial(_op_push, queue, job, priority or 0, delay),
+            write=True,
+            ring=queue,
+            ready=delay <= 0,
         )
         self._ring(queue)
 
@@ -1554,6 +1561,7 @@ class SqliteBroker:
             write=True,
             ring=queue,
             ring_if=bool,
+            ready=delay <= 0,
         )
         if done:
             self._ring(queue)
