@@ -23,7 +23,8 @@ import pytest
 import trio
 
 from durable_trio.adapters import Job
-from durable_trio.adapters._doorbell import bells_folder
+from durable_trio.adapters import _doorbell as doorbell_module
+from durable_trio.adapters._doorbell import Doorbell, bells_folder
 from durable_trio.adapters.sqlite import SqliteBroker
 
 if TYPE_CHECKING:
@@ -193,6 +194,32 @@ async def test_closing_a_broker_stops_its_thread_and_removes_its_socket(db_path:
     assert time.monotonic() - start < 1.0
     assert sockets(db_path) == []
     assert not [t for t in threading.enumerate() if t.name.startswith("durable-trio-doorbell:")]
+
+
+def test_rings_within_the_minimum_gap_are_gathered_into_one_wake_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(doorbell_module, "MIN_GAP", 0.2)
+    calls: list[tuple[float, frozenset[str] | None]] = []
+    listener = Doorbell(str(tmp_path / "x.db"), lambda q: calls.append((time.monotonic(), q)))
+    ringer = Doorbell(str(tmp_path / "x.db"), lambda q: None)
+    try:
+        listener.listen()
+        ringer.ring("first")
+        deadline = time.monotonic() + 5
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.001)
+        for name in ("a", "b", "c", "d"):
+            ringer.ring(name)
+        while len(calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # nothing more comes
+        assert [q for _, q in calls] == [frozenset({"first"}), frozenset("abcd")]
+        assert calls[1][0] - calls[0][0] >= 0.19
+        assert listener.received == 2
+    finally:
+        listener.close()
+        ringer.close()
 
 
 def test_the_doorbell_folder_sits_beside_the_file_and_memory_databases_have_none(

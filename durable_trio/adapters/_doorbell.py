@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import secrets
 import socket
@@ -48,6 +49,11 @@ _RACY: Final = 1.0
 _QUEUE: Final = b"q"
 _ANY: Final = b"?"
 _MAX_DATAGRAM: Final = 1024
+
+#: The shortest time between two wake-ups of one broker by its doorbell (seconds; see
+#: ``_receive``). 5 ms keeps S3's latency (jobs a few ms apart wake at once) and wins back a
+#: part of a dense stream's throughput (docs/benchmarks.md, the doorbell's before and after).
+MIN_GAP: float = 0.005
 
 #: How long a close waits for the receiving thread (it is woken by ``shutdown`` at once).
 CLOSE_TIMEOUT: Final = 1.0
@@ -92,7 +98,7 @@ class Doorbell:
         self.sent = 0
         """Datagrams sent (one per other socket per ring)."""
         self.received = 0
-        """Wake-ups of the receiving thread (each one tick of the connection thread)."""
+        """Wake-ups the receiving thread handed to the broker (each for one ring or more)."""
         self.unlinked = 0
         """Dead processes' sockets removed."""
 
@@ -171,11 +177,20 @@ class Doorbell:
                 os.unlink(os.path.join(self.folder, own))
 
     def _receive(self, receiver: socket.socket) -> None:
+        last = -math.inf
         while True:
             try:
                 datagram = receiver.recv(_MAX_DATAGRAM)
                 if not datagram:
                     return  # shut down: the broker closes
+                # Rings closer than MIN_GAP to the last wake-up wait out the gap, gathering
+                # the rings that follow: under a stream of pushes a waiter wakes once for
+                # several jobs (each wake-up costs its process a pop, a write transaction
+                # that contends with the pusher's), while a ring after a quiet spell wakes at
+                # once.
+                wait = last + MIN_GAP - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
                 datagrams = [datagram]
                 # Drain what else arrived: one wake-up answers every ring so far.
                 with contextlib.suppress(OSError):
@@ -184,6 +199,7 @@ class Doorbell:
             except OSError:
                 return
             self.received += 1
+            last = time.monotonic()
             queues: set[str] | None = set()
             for datagram in datagrams:
                 if queues is not None and datagram.startswith(_QUEUE):

@@ -49,8 +49,10 @@ Wake-up (:meth:`SqliteBroker.wait_for_work`):
     recovered stalls...), sends from its connection thread one non-blocking datagram naming
     that queue to every other socket there. The receiver wakes that queue's waiters, which
     return without a look of their own (their consumer's pop is the look); a ring that names
-    no queue (a delayed push: nothing to pop yet) makes the receiver's thread tick instead. So a push in one
-    process wakes a waiter in another within about a millisecond. The doorbell is a hint only:
+    no queue (a delayed push: nothing to pop yet) makes the receiver's thread tick instead.
+    Rings within 5 ms of a broker's last such wake-up are gathered into the next one (a dense
+    stream then wakes a consumer once for several jobs). So a push in one process wakes an
+    idle waiter in another within about a millisecond. The doorbell is a hint only:
     the tick runs every ``wakeup_interval`` seconds (0.5 by default) while someone waits, and
     catches whatever the doorbell misses (no folder or a path too long for a socket, a socket
     file removed, a container that shares the file but not the folder, another program writing
