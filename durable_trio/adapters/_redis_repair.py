@@ -14,7 +14,15 @@ from ._contract import FailedJob, QueueStats
 if TYPE_CHECKING:
     from .._redis import RedisClient, Script
 
-__all__ = ["REQUEUE_FAILED", "FailedJobRepair", "queue_keys"]
+__all__ = ["MEMBER_ID", "READY_AGE", "REQUEUE_FAILED", "FailedJobRepair", "queue_keys"]
+
+#: The internal id of a ``ready`` or ``delayed`` member (a Lua pattern): the digits after its
+#: 16-byte place.
+MEMBER_ID: Final = "'^" + "." * 16 + "(%d+)$'"
+
+#: Ready members whose push times one run of :data:`READY_AGE` reads, about (a ``ZSCAN`` page):
+#: a few milliseconds of the server's time per run, however long the queue.
+READY_AGE_PAGE: Final = 1000
 
 
 def queue_keys(queue: str) -> _Keys:
@@ -33,6 +41,7 @@ class _Keys:
         self.active_key = key("active")
         self.ready_key = key("ready")
         self.delayed_key = key("delayed")
+        self.jobs_key = key("jobs")
         self.push_keys = tuple(key(p) for p in ("seq", "ready", "delayed", "jobs", "meta", "armed"))
 
 
@@ -43,9 +52,12 @@ REQUEUE_FAILED: Final = """
 if redis.call('LREM', KEYS[7], 1, ARGV[1]) == 0 then
   return 0
 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local seq = redis.call('INCR', KEYS[1])
 local n = string.format('%d', seq)
-redis.call('HSET', KEYS[4], n, ARGV[3])
+-- (pushed now, as a fresh push: its age on the queue starts again)
+redis.call('HSET', KEYS[4], n, ARGV[3], 't' .. n, string.format('%.6f', now))
 redis.call('HSET', KEYS[5], n, ARGV[4] .. ':0:0:' .. ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[4], string.format('%016d', seq) .. n)
 if redis.call('DEL', KEYS[6]) == 1 then
@@ -53,6 +65,36 @@ if redis.call('DEL', KEYS[6]) == 1 then
 end
 return 1
 """
+
+
+# KEYS: ready jobs
+# ARGV: cursor page
+# One page of a ZSCAN of ``ready``: {next cursor, now, the oldest push time found or false, how
+# many members had none that can be read}. A push time is the ``t`` .. n field of the job hash;
+# none (pushed before push times were kept, or a member naming no job) or one that is not a
+# plain decimal number (damaged) counts as unknown. Read only.
+READY_AGE: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local page = redis.call('ZSCAN', KEYS[1], ARGV[1], 'COUNT', tonumber(ARGV[2]))
+local items = page[2]
+local oldest = false
+local unknown = 0
+for i = 1, #items, 2 do
+  local n = string.match(items[i], MEMBER_ID)
+  local at = n and redis.call('HGET', KEYS[2], 't' .. n)
+  if at and #at <= 24 and string.match(at, '^%d+%.?%d*$') then
+    at = tonumber(at)
+    if not oldest or at < oldest then
+      oldest = at
+    end
+  else
+    unknown = unknown + 1
+  end
+end
+return {page[1], string.format('%.6f', now), oldest and string.format('%.6f', oldest) or false,
+  unknown}
+""".replace("MEMBER_ID", MEMBER_ID)
 
 
 async def _known_queues(client: RedisClient, prefix: str) -> list[str]:
@@ -118,13 +160,38 @@ class FailedJobRepair:
         return bool(await self._client.execute("LREM", q.failed_key, 1, found[0]) == 1)
 
     async def queue_stats(self, queue: str) -> QueueStats:
-        """``queue``'s counts (no push times are kept: no oldest age)."""
+        """``queue``'s counts (one pipeline) and its oldest ready job's age: the push times of
+        every ready job, read a page (:data:`READY_AGE`) at a time, so a long queue never
+        blocks the server for long. Not one snapshot: a job claimed meanwhile may be left out
+        (it no longer waits); one ready through the whole read is always seen. ``None``: a
+        ready job's push time cannot be read (pushed by a version that kept none, or
+        damaged)."""
         q = queue_keys(queue)
         replies = await self._client.pipeline(
             [("ZCARD", q.ready_key), ("ZCARD", q.delayed_key), ("ZCARD", q.active_key),
              ("LLEN", q.failed_key)]
         )  # fmt: skip
-        return QueueStats(*(int(r) for r in replies))
+        ready, delayed, claimed, failed = (int(r) for r in replies)
+        age = await self._oldest_ready_age(q) if ready else None
+        return QueueStats(ready, delayed, claimed, failed, age)
+
+    async def _oldest_ready_age(self, q: _Keys) -> float | None:
+        script = self._client.script(READY_AGE)
+        cursor: bytes = b"0"
+        oldest: float | None = None
+        now = 0.0
+        while True:
+            cursor, at_now, found, unknown = await script(
+                (q.ready_key, q.jobs_key), (cursor, READY_AGE_PAGE)
+            )
+            if int(unknown):
+                return None  # (older than every known one, or damaged: no honest figure)
+            now = float(at_now)
+            if found is not None:
+                oldest = float(found) if oldest is None else min(oldest, float(found))
+            if cursor in (b"0", "0", 0):
+                break
+        return None if oldest is None else max(0.0, now - oldest)
 
     async def known_queues(self, prefix: str) -> list[str]:
         """The queues named ``prefix...`` holding any job (see :func:`_known_queues`)."""

@@ -17,7 +17,10 @@ Key layout:
     ``{Q}:ready``           zset    score = priority, member = ``%016d(seq) .. n``
     ``{Q}:delayed``         zset    score = due time (server seconds), member as in ``ready``
     ``{Q}:active``          zset    score = claimed (or last renewed) at, member = lease token
-    ``{Q}:jobs``            hash    ``n`` -> job bytes
+    ``{Q}:jobs``            hash    ``n`` -> job bytes; ``t`` .. ``n`` -> its push time
+                                    (server seconds, ``%.6f``), kept through retries,
+                                    reclaims and delays (``queue_stats``' oldest ready age),
+                                    written and deleted with the bytes in the same command
     ``{Q}:meta``            hash    ``n`` -> ``"priority:attempts:stalled_count:id"``
     ``{Q}:stalls``          hash    ``n`` -> stall history, JSON ``[[at, worker], ...]``
                                     (``[at, worker, 0]``: a stall that did not count)
@@ -132,6 +135,7 @@ from ._contract import (
     RenewOutcome,
     Stall,
 )
+from ._redis_repair import MEMBER_ID as _MEMBER_ID
 from ._redis_repair import REQUEUE_FAILED, FailedJobRepair
 
 if TYPE_CHECKING:
@@ -189,8 +193,6 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 """
 
-#: The internal id of a ``ready`` or ``delayed`` member: the digits after its 16-byte place.
-_MEMBER_ID: Final = "'^" + "." * 16 + "(%d+)$'"
 
 _PARSE_META: Final = """
 -- The fields of a meta value, or nil when it is not "priority:attempts:stalled:id" (a damaged
@@ -251,15 +253,15 @@ end
 # KEYS: seq ready delayed jobs meta armed
 # ARGV: id data priority delay channel
 _PUSH: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local seq = redis.call('INCR', KEYS[1])
 local n = string.format('%d', seq)
-redis.call('HSET', KEYS[4], n, ARGV[2])
+redis.call('HSET', KEYS[4], n, ARGV[2], 't' .. n, string.format('%.6f', now))
 redis.call('HSET', KEYS[5], n, ARGV[3] .. ':0:0:' .. ARGV[1])
 local member = string.format('%016d', seq) .. n
 local delay = tonumber(ARGV[4])
 if delay > 0 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
   redis.call('ZADD', KEYS[3], now + delay, member)
 else
   redis.call('ZADD', KEYS[2], ARGV[3], member)
@@ -310,7 +312,7 @@ local function remains(n)
 end
 local function forget(n)
   if n then
-    redis.call('HDEL', KEYS[5], n)
+    redis.call('HDEL', KEYS[5], n, 't' .. n)
     redis.call('HDEL', KEYS[7], n)
     redis.call('HDEL', KEYS[8], n)
   end
@@ -439,7 +441,7 @@ local n = string.match(ARGV[1], '^(%d+):')
 if not n or redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
   return 0
 end
-redis.call('HDEL', KEYS[2], n)
+redis.call('HDEL', KEYS[2], n, 't' .. n)
 redis.call('HDEL', KEYS[3], n)
 redis.call('HDEL', KEYS[4], n)
 redis.call('HDEL', KEYS[5], n)
@@ -456,7 +458,7 @@ for i, token in ipairs(ARGV) do
   if not n or redis.call('ZREM', KEYS[1], token) == 0 then
     out[i] = 0
   else
-    redis.call('HDEL', KEYS[2], n)
+    redis.call('HDEL', KEYS[2], n, 't' .. n)
     redis.call('HDEL', KEYS[3], n)
     redis.call('HDEL', KEYS[4], n)
     redis.call('HDEL', KEYS[5], n)
@@ -469,13 +471,15 @@ return out
 # KEYS: seq ready delayed jobs meta armed (as _PUSH's)
 # ARGV: channel, then (id, data, priority) per job
 _PUSH_MANY: Final = """
+local t = redis.call('TIME')
+local pushed_at = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
 local count = (#ARGV - 1) / 3
 local seq = redis.call('INCRBY', KEYS[1], count) - count
 for i = 0, count - 1 do
   seq = seq + 1
   local n = string.format('%d', seq)
   local priority = ARGV[4 + 3 * i]
-  redis.call('HSET', KEYS[4], n, ARGV[3 + 3 * i])
+  redis.call('HSET', KEYS[4], n, ARGV[3 + 3 * i], 't' .. n, pushed_at)
   redis.call('HSET', KEYS[5], n, priority .. ':0:0:' .. ARGV[2 + 3 * i])
   redis.call('ZADD', KEYS[2], priority, string.format('%016d', seq) .. n)
 end
@@ -507,7 +511,7 @@ redis.call('HEXISTS', KEYS[5], n)  -- (a read: a wrong-type key fails here, befo
 redis.call('LPUSH', KEYS[6], failed_record(now, meta, ARGV[2], stalls, data))
 redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[3]) - 1)
 redis.call('ZREM', KEYS[1], token)
-redis.call('HDEL', KEYS[2], n)
+redis.call('HDEL', KEYS[2], n, 't' .. n)
 redis.call('HDEL', KEYS[3], n)
 redis.call('HDEL', KEYS[4], n)
 redis.call('HDEL', KEYS[5], n)
@@ -563,7 +567,7 @@ if not priority then
   redis.call('LPUSH', KEYS[10], failed_record(now, meta, err, stalls, data))
   redis.call('LTRIM', KEYS[10], 0, tonumber(ARGV[5]) - 1)
   redis.call('ZREM', KEYS[4], token)
-  redis.call('HDEL', KEYS[5], n)
+  redis.call('HDEL', KEYS[5], n, 't' .. n)
   redis.call('HDEL', KEYS[6], n)
   redis.call('HDEL', KEYS[7], n)
   redis.call('HDEL', KEYS[8], n)
@@ -700,7 +704,7 @@ for _, token in ipairs(stale) do
     quarantine(n and 'claimed job without meta' or 'active member names no claim', raw, n)
     redis.call('ZREM', KEYS[3], token)
     if n then
-      redis.call('HDEL', KEYS[4], n)
+      redis.call('HDEL', KEYS[4], n, 't' .. n)
       redis.call('HDEL', KEYS[6], n)
       redis.call('HDEL', KEYS[7], n)
     end
