@@ -646,3 +646,84 @@ def test_prefix_upper_bound() -> None:
     assert prefix_upper_bound(chr(0x10FFFF)) is None
     assert prefix_upper_bound("a" + chr(0x10FFFF)) == "b"
     assert prefix_upper_bound("\ud7ff") == "\ue000"
+
+
+# ----------------------------------------------------------------------- schema migration
+
+#: ``dt_jobs`` as the broker made it before push times were kept (no ``pushed_at``), with a job
+#: of that time in it: a file an upgraded broker must open as it is.
+_OLD_FILE: tuple[str, ...] = (
+    "CREATE TABLE dt_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",
+    "INSERT INTO dt_meta (name, value) VALUES ('seq', 1)",
+    """
+    CREATE TABLE dt_jobs (
+        pk INTEGER PRIMARY KEY,
+        queue TEXT NOT NULL,
+        id TEXT NOT NULL,
+        data BLOB NOT NULL,
+        priority INTEGER NOT NULL DEFAULT 0,
+        seq INTEGER NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('ready', 'delayed', 'active', 'failed')),
+        due_at REAL,
+        token TEXT,
+        claimed_at REAL,
+        worker TEXT NOT NULL DEFAULT '',
+        attempts INTEGER NOT NULL DEFAULT 0,
+        stalled_count INTEGER NOT NULL DEFAULT 0,
+        stalls TEXT NOT NULL DEFAULT '[]',
+        error TEXT,
+        failed_at REAL,
+        CHECK ((state = 'active') = (token IS NOT NULL AND claimed_at IS NOT NULL)),
+        CHECK ((state = 'delayed') = (due_at IS NOT NULL))
+    )
+    """,
+    "CREATE INDEX dt_jobs_ready ON dt_jobs (queue, priority, seq) WHERE state = 'ready'",
+    "CREATE INDEX dt_jobs_delayed ON dt_jobs (queue, due_at, seq) WHERE state = 'delayed'",
+    "CREATE INDEX dt_jobs_active ON dt_jobs (queue, claimed_at) WHERE state = 'active'",
+    "CREATE INDEX dt_jobs_token ON dt_jobs (token) WHERE state = 'active'",
+    "CREATE INDEX dt_jobs_failed ON dt_jobs (queue, seq) WHERE state = 'failed'",
+    f"""
+    INSERT INTO dt_jobs (queue, id, data, seq, state)
+    VALUES ('{Q}', 'job-old', CAST('{{"n":"old"}}' AS BLOB), 1, 'ready')
+    """,
+)
+
+
+def _make_old_file(path: Path) -> None:
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        for statement in _OLD_FILE:
+            db.execute(statement)
+    finally:
+        db.close()
+
+
+async def test_a_file_of_the_old_schema_gets_push_times_and_its_old_jobs_count_as_unknown(
+    db_path: Path,
+) -> None:
+    """A file made before ``pushed_at`` existed opens (the column is added, once, however many
+    brokers open it); its old jobs are served as before and their age is unknown (``None``,
+    never the 56 years since the epoch) until they are claimed; new pushes carry push times."""
+    await trio.to_thread.run_sync(_make_old_file, db_path)
+    async with await SqliteBroker.open(db_path) as broker, await SqliteBroker.open(db_path):
+        columns = [str(row[1]) for row in await rows(db_path, "PRAGMA table_info(dt_jobs)")]
+        assert columns.count("pushed_at") == 1
+        assert await rows(db_path, "SELECT id, pushed_at FROM dt_jobs") == [("job-old", None)]
+        stats = await broker.queue_stats(Q)
+        assert (stats.ready, stats.oldest_ready_age) == (1, None)
+        await broker.push_on(Q, job("new"))
+        await trio.sleep(0.2)
+        assert (await broker.queue_stats(Q)).oldest_ready_age is None  # the old job may be older
+        old = await broker.pop_from(Q)
+        assert old is not None
+        assert (old.id, old.data) == ("job-old", b'{"n":"old"}')
+        age = (await broker.queue_stats(Q)).oldest_ready_age
+        assert age is not None
+        assert 0.2 <= age < 1.0
+        assert await broker.complete_job(old.lease, Q)
+        assert [c.id for c in await broker.pop_many(Q, 5)] == ["job-new"]
+    await assert_consistent(db_path)
+    async with await SqliteBroker.open(db_path) as broker:  # and opens again, unchanged
+        columns = [str(row[1]) for row in await rows(db_path, "PRAGMA table_info(dt_jobs)")]
+        assert columns.count("pushed_at") == 1
