@@ -522,7 +522,8 @@ async def test_cli_requeue_and_delete_of_real_set_aside_jobs_on_sqlite(
         async with dt.open_queue_transport(backend, namespace="shop") as worker:
             worker.handle("charge", charge)
             with trio.fail_after(10):
-                while not ran or (await backend.broker.size_of(CHARGE)):  # noqa: ASYNC110
+                broker: Any = backend.broker
+                while not ran or (await broker.size_of(CHARGE)):  # noqa: ASYNC110
                     await trio.sleep(0.02)
         assert ran == ["kept"]
         status, out, _ = await run("jobs", "failed", "--queue", CHARGE, "--json")

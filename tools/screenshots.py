@@ -58,7 +58,7 @@ async def _set_aside(backend: dt.Backend, producer: dt.QueueTransport) -> None:
     queue = producer.names.task_queue("invoice")
     order = {"id": 13, "amount": 120}
     await producer.dispatch(dt.RemoteTask("order-13", "1", 1, "invoice", order))
-    exceeded = ()
+    exceeded: tuple[Any, ...] = ()
     for _ in range(2):
         claimed = await broker.pop_from(queue, worker="worker-7f3a:1")
         await broker.mark_started(queue, [claimed.lease])

@@ -52,7 +52,8 @@ Damaged rows:
     it unread, the row keeping its stored values); a row whose id cannot be read moves to the
     ``dt_quarantine`` table (:meth:`SqliteBroker.quarantined`) in the transaction that found
     it. Nothing stored ever makes an operation raise or roll back, so one bad row cannot wedge
-    a queue by coming first again at every pop.
+    a queue by coming first again at every pop. (``pushed_at``, read only by
+    :meth:`SqliteBroker.queue_stats`, makes an unreadable value an unknown age, ``None``.)
 
 Errors:
     :class:`sqlite3.Error` is translated at this edge: a locked database (after
@@ -1581,8 +1582,10 @@ class SqliteBroker:
         return done
 
     async def queue_stats(self, queue: str) -> QueueStats:
-        """``queue``'s counts and its oldest ready job's age (one statement; the age is
-        ``None`` while a ready row has no readable ``pushed_at``, see :data:`_STATS`)."""
+        """``queue``'s counts and its oldest ready job's age, in one statement (one pass over
+        the queue's ready rows for their ``pushed_at``). The age is ``None`` while a ready row
+        has none that can be read: NULL (pushed before the column was added to an older
+        file), TEXT, BLOB or infinite (damaged)."""
         stats: QueueStats = await self._call(partial(_op_queue_stats, queue), write=False)
         return stats
 
