@@ -53,11 +53,10 @@ if redis.call('LREM', KEYS[7], 1, ARGV[1]) == 0 then
   return 0
 end
 local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local seq = redis.call('INCR', KEYS[1])
 local n = string.format('%d', seq)
 -- (pushed now, as a fresh push: its age on the queue starts again)
-redis.call('HSET', KEYS[4], n, ARGV[3], 't' .. n, string.format('%.6f', now))
+redis.call('HSET', KEYS[4], n, ARGV[3], 't' .. n, t[1] .. ' ' .. t[2])
 redis.call('HSET', KEYS[5], n, ARGV[4] .. ':0:0:' .. ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[4], string.format('%016d', seq) .. n)
 if redis.call('DEL', KEYS[6]) == 1 then
@@ -70,9 +69,9 @@ return 1
 # KEYS: ready jobs
 # ARGV: cursor page
 # One page of a ZSCAN of ``ready``: {next cursor, now, the oldest push time found or false, how
-# many members had none that can be read}. A push time is the ``t`` .. n field of the job hash;
-# none (pushed before push times were kept, or a member naming no job) or one that is not a
-# plain decimal number (damaged) counts as unknown. Read only.
+# many members had none that can be read}. A push time is the ``t`` .. n field of the job hash,
+# "<seconds> <microseconds>" (TIME's two parts); none (pushed before push times were kept, or a
+# member naming no job) or another value (damaged) counts as unknown. Read only.
 READY_AGE: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -83,8 +82,12 @@ local unknown = 0
 for i = 1, #items, 2 do
   local n = string.match(items[i], MEMBER_ID)
   local at = n and redis.call('HGET', KEYS[2], 't' .. n)
-  if at and #at <= 24 and string.match(at, '^%d+%.?%d*$') then
-    at = tonumber(at)
+  local s, us = false, false
+  if at and #at <= 24 then
+    s, us = string.match(at, '^(%d+) (%d+)$')
+  end
+  if s and #s <= 15 and #us <= 6 then
+    at = tonumber(s) + tonumber(us) / 1000000
     if not oldest or at < oldest then
       oldest = at
     end

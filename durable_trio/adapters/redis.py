@@ -17,10 +17,11 @@ Key layout:
     ``{Q}:ready``           zset    score = priority, member = ``%016d(seq) .. n``
     ``{Q}:delayed``         zset    score = due time (server seconds), member as in ``ready``
     ``{Q}:active``          zset    score = claimed (or last renewed) at, member = lease token
-    ``{Q}:jobs``            hash    ``n`` -> job bytes; ``t`` .. ``n`` -> its push time
-                                    (server seconds, ``%.6f``), kept through retries,
-                                    reclaims and delays (``queue_stats``' oldest ready age),
-                                    written and deleted with the bytes in the same command
+    ``{Q}:jobs``            hash    ``n`` -> job bytes; ``t`` .. ``n`` -> its push time,
+                                    ``"<seconds> <microseconds>"`` as the server's ``TIME``
+                                    gives them, kept through retries, reclaims and delays
+                                    (``queue_stats``' oldest ready age), written and deleted
+                                    with the bytes in the same command
     ``{Q}:meta``            hash    ``n`` -> ``"priority:attempts:stalled_count:id"``
     ``{Q}:stalls``          hash    ``n`` -> stall history, JSON ``[[at, worker], ...]``
                                     (``[at, worker, 0]``: a stall that did not count)
@@ -254,14 +255,15 @@ end
 # ARGV: id data priority delay channel
 _PUSH: Final = """
 local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local seq = redis.call('INCR', KEYS[1])
 local n = string.format('%d', seq)
-redis.call('HSET', KEYS[4], n, ARGV[2], 't' .. n, string.format('%.6f', now))
+-- (the push time as TIME's two parts, joined: a number format would cost more than the HSET)
+redis.call('HSET', KEYS[4], n, ARGV[2], 't' .. n, t[1] .. ' ' .. t[2])
 redis.call('HSET', KEYS[5], n, ARGV[3] .. ':0:0:' .. ARGV[1])
 local member = string.format('%016d', seq) .. n
 local delay = tonumber(ARGV[4])
 if delay > 0 then
+  local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
   redis.call('ZADD', KEYS[3], now + delay, member)
 else
   redis.call('ZADD', KEYS[2], ARGV[3], member)
@@ -472,7 +474,7 @@ return out
 # ARGV: channel, then (id, data, priority) per job
 _PUSH_MANY: Final = """
 local t = redis.call('TIME')
-local pushed_at = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
+local pushed_at = t[1] .. ' ' .. t[2]
 local count = (#ARGV - 1) / 3
 local seq = redis.call('INCRBY', KEYS[1], count) - count
 for i = 0, count - 1 do
