@@ -212,3 +212,28 @@ async def set_aside_by_stalls(
     (poison,) = recovery.exceeded
     assert await broker.fail_job(poison.lease, queue, "stalled 2 times (max 1)")
     return job_id
+
+
+async def serve_until_done(backend: dt.Backend, name: str, output: str) -> list[str]:
+    """Run a worker transport (namespace ``shop``) whose handler of tasks ``name`` answers
+    ``output``, until it has run a task and the queue holds nothing waiting or claimed (the
+    close waits for the result's publication). Returns the step ids it ran, in order."""
+    broker: Any = backend.broker
+    ran: list[str] = []
+
+    async def handle(task: dt.RemoteTask) -> str:
+        ran.append(task.step_id)
+        return output
+
+    async with dt.open_queue_transport(backend, namespace="shop") as worker:
+        worker.handle(name, handle)
+        queue = worker.names.task_queue(name)
+        with trio.fail_after(10):
+            while not ran or await _pending(broker, queue):  # noqa: ASYNC110  (broker state)
+                await trio.sleep(0.02)
+    return ran
+
+
+async def _pending(broker: Any, queue: str) -> int:
+    stats = await broker.queue_stats(queue)
+    return int(stats.ready + stats.delayed + stats.claimed)

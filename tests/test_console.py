@@ -12,7 +12,7 @@ import trio
 
 import durable_trio as dt
 from durable_trio.console import check_exposure, create_app
-from helpers import set_aside_by_stalls
+from helpers import serve_until_done, set_aside_by_stalls
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -220,18 +220,7 @@ async def test_set_aside_jobs_are_requeued_and_deleted_from_the_queues_page(
         cells = re.findall(r'<td class="num">([^<]*)</td>', row[1])
         assert cells == ["1", "0", "0", "0", "0", "2.00 s"]
 
-    ran: list[str] = []
-
-    async def refund(task: dt.RemoteTask) -> str:
-        ran.append(task.step_id)
-        return "refunded"
-
-    async with dt.open_queue_transport(backend, namespace="shop") as worker:
-        worker.handle("refund", refund)
-        with trio.fail_after(10):
-            while not ran:  # noqa: ASYNC110
-                await trio.sleep(0.01)
-    assert ran == ["kept"]
+    assert await serve_until_done(backend, "refund", "refunded") == ["kept"]
     stats = await backend.broker.queue_stats(REFUND)
     assert (stats.ready, stats.claimed, stats.failed) == (0, 0, 0)
 

@@ -20,7 +20,7 @@ from durable_trio._engine._stores.sqlite import SqliteRunStore
 from durable_trio.adapters import Job
 from durable_trio.adapters.memory import MemoryBroker
 from durable_trio.adapters.sqlite import SqliteBroker
-from helpers import set_aside_by_stalls
+from helpers import serve_until_done, set_aside_by_stalls
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -351,18 +351,7 @@ async def test_a_set_aside_job_requeued_runs_to_completion_and_a_deleted_one_is_
             assert not await ops.delete_job(CHARGE, dropped)
             assert not await ops.requeue_job(CHARGE, dropped)
 
-            ran: list[str] = []
-
-            async def charge(task: dt.RemoteTask) -> str:
-                ran.append(task.step_id)
-                return "charged"
-
-            async with dt.open_queue_transport(backend, namespace="shop") as worker:
-                worker.handle("charge", charge)
-                with trio.fail_after(10):
-                    while (await broker.queue_stats(CHARGE)).claimed or not ran:  # noqa: ASYNC110
-                        await trio.sleep(0.02)
-            assert ran == ["kept"]
+            assert await serve_until_done(backend, "charge", "charged") == ["kept"]
             assert await ops.failed_jobs(CHARGE) == []
             stats = await broker.queue_stats(CHARGE)
             assert (stats.ready, stats.delayed, stats.claimed, stats.failed) == (0, 0, 0, 0)
@@ -513,19 +502,7 @@ async def test_cli_requeue_and_delete_of_real_set_aside_jobs_on_sqlite(
         (line,) = [x for x in out.splitlines() if x.startswith(CHARGE)]
         assert re.search(r" \d+\.\d{3} s$", line), line  # the age, in seconds
 
-        ran: list[str] = []
-
-        async def charge(task: dt.RemoteTask) -> str:
-            ran.append(task.step_id)
-            return "charged"
-
-        async with dt.open_queue_transport(backend, namespace="shop") as worker:
-            worker.handle("charge", charge)
-            with trio.fail_after(10):
-                broker: Any = backend.broker
-                while not ran or (await broker.size_of(CHARGE)):  # noqa: ASYNC110
-                    await trio.sleep(0.02)
-        assert ran == ["kept"]
+        assert await serve_until_done(backend, "charge", "charged") == ["kept"]
         status, out, _ = await run("jobs", "failed", "--queue", CHARGE, "--json")
         assert json.loads(out) == []
 

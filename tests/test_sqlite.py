@@ -650,53 +650,22 @@ def test_prefix_upper_bound() -> None:
 
 # ----------------------------------------------------------------------- schema migration
 
-#: ``dt_jobs`` as the broker made it before push times were kept (no ``pushed_at``), with a job
-#: of that time in it: a file an upgraded broker must open as it is.
-_OLD_FILE: tuple[str, ...] = (
-    "CREATE TABLE dt_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",
-    "INSERT INTO dt_meta (name, value) VALUES ('seq', 1)",
-    """
-    CREATE TABLE dt_jobs (
-        pk INTEGER PRIMARY KEY,
-        queue TEXT NOT NULL,
-        id TEXT NOT NULL,
-        data BLOB NOT NULL,
-        priority INTEGER NOT NULL DEFAULT 0,
-        seq INTEGER NOT NULL,
-        state TEXT NOT NULL CHECK (state IN ('ready', 'delayed', 'active', 'failed')),
-        due_at REAL,
-        token TEXT,
-        claimed_at REAL,
-        worker TEXT NOT NULL DEFAULT '',
-        attempts INTEGER NOT NULL DEFAULT 0,
-        stalled_count INTEGER NOT NULL DEFAULT 0,
-        stalls TEXT NOT NULL DEFAULT '[]',
-        error TEXT,
-        failed_at REAL,
-        CHECK ((state = 'active') = (token IS NOT NULL AND claimed_at IS NOT NULL)),
-        CHECK ((state = 'delayed') = (due_at IS NOT NULL))
-    )
-    """,
-    "CREATE INDEX dt_jobs_ready ON dt_jobs (queue, priority, seq) WHERE state = 'ready'",
-    "CREATE INDEX dt_jobs_delayed ON dt_jobs (queue, due_at, seq) WHERE state = 'delayed'",
-    "CREATE INDEX dt_jobs_active ON dt_jobs (queue, claimed_at) WHERE state = 'active'",
-    "CREATE INDEX dt_jobs_token ON dt_jobs (token) WHERE state = 'active'",
-    "CREATE INDEX dt_jobs_failed ON dt_jobs (queue, seq) WHERE state = 'failed'",
-    f"""
-    INSERT INTO dt_jobs (queue, id, data, seq, state)
-    VALUES ('{Q}', 'job-old', CAST('{{"n":"old"}}' AS BLOB), 1, 'ready')
-    """,
-)
+async def _file_without_push_times(path: Path) -> None:
+    """A file holding job ``job-old``, whose ``dt_jobs`` is back as the broker made it before
+    push times were kept (no ``pushed_at`` column)."""
+    async with await SqliteBroker.open(path) as broker:
+        await broker.push_on(Q, job("old"))
 
+    def drop() -> None:
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            db.execute("ALTER TABLE dt_jobs DROP COLUMN pushed_at")
+            columns = {row[1] for row in db.execute("PRAGMA table_info(dt_jobs)")}
+        finally:
+            db.close()
+        assert "pushed_at" not in columns
 
-def _make_old_file(path: Path) -> None:
-    db = sqlite3.connect(path, isolation_level=None)
-    try:
-        db.execute("PRAGMA journal_mode=WAL")
-        for statement in _OLD_FILE:
-            db.execute(statement)
-    finally:
-        db.close()
+    await trio.to_thread.run_sync(drop)
 
 
 async def test_a_file_of_the_old_schema_gets_push_times_and_its_old_jobs_count_as_unknown(
@@ -705,7 +674,7 @@ async def test_a_file_of_the_old_schema_gets_push_times_and_its_old_jobs_count_a
     """A file made before ``pushed_at`` existed opens (the column is added, once, however many
     brokers open it); its old jobs are served as before and their age is unknown (``None``,
     never the 56 years since the epoch) until they are claimed; new pushes carry push times."""
-    await trio.to_thread.run_sync(_make_old_file, db_path)
+    await _file_without_push_times(db_path)
     async with await SqliteBroker.open(db_path) as broker, await SqliteBroker.open(db_path):
         columns = [str(row[1]) for row in await rows(db_path, "PRAGMA table_info(dt_jobs)")]
         assert columns.count("pushed_at") == 1
