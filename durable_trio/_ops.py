@@ -29,6 +29,7 @@ from ._engine._stores._paging import check_page
 from ._errors import BrokerError, ConfigError, TransportClosed
 from ._health import read_worker_health
 from ._naming import QueueNames
+from ._ops_attempts import AttemptView, attempt_views
 from ._wire import ControlMessage, JobKind, JSONValue, WorkerStatus
 from .adapters import (
     FailedJob,
@@ -67,49 +68,6 @@ __all__ = [
 
 
 @attrs.frozen
-class AttemptView:
-    """One attempt of a step, as far as the store knows it.
-
-    The store keeps a step's CURRENT attempt (its start, its end, its last error, its last
-    beat); an earlier attempt is listed with its number only (``started_at`` / ``ended_at`` /
-    ``error`` ``None``).
-    """
-
-    attempt: int
-    status: str
-    """``running`` (the current attempt of a pending step), ``waiting`` (held back by its
-    retry backoff until ``started_at``), ``completed`` or ``failed``."""
-    started_at: float | None = None
-    """Store clock."""
-    ended_at: float | None = None
-    error: JSONValue = None
-    heartbeat: JSONValue = None
-    """The attempt's last beat (``{"attempt", "at", "sentAt", "details"?}``), if it beat."""
-    worker: str | None = None
-    """The worker instance that ran it, when the store knows it (``None`` otherwise)."""
-
-    @property
-    def duration(self) -> float | None:
-        """``ended_at - started_at`` in seconds, when both are known."""
-        if self.started_at is None or self.ended_at is None:
-            return None
-        return max(0.0, self.ended_at - self.started_at)
-
-    def to_json(self) -> dict[str, Any]:
-        """As ``durable-trio runs show --json`` prints it."""
-        return {
-            "attempt": self.attempt,
-            "status": self.status,
-            "startedAt": self.started_at,
-            "endedAt": self.ended_at,
-            "duration": self.duration,
-            "error": self.error,
-            "heartbeat": self.heartbeat,
-            "worker": self.worker,
-        }
-
-
-@attrs.frozen
 class StepView:
     """One step (remote ``ctx.step`` or local ``ctx.run``) of a run's history."""
 
@@ -119,6 +77,9 @@ class StepView:
     status: StepState
     attempts: tuple[AttemptView, ...]
     """Every attempt, oldest first (see :class:`AttemptView` for what is known of each)."""
+    notes: tuple[str, ...] = ()
+    """What its attempts cannot show: a damaged attempt log, attempts older than the log
+    keeps."""
     input: JSONValue = None
     output: JSONValue = None
     error: JSONValue = None
@@ -148,6 +109,7 @@ class StepView:
             "error": self.error,
             "lastHeartbeat": self.last_heartbeat,
             "attempts": [a.to_json() for a in self.attempts],
+            "notes": list(self.notes),
         }
 
 
@@ -326,35 +288,8 @@ def run_to_json(run: RunRecord) -> dict[str, Any]:
     }
 
 
-def _attempts(step: StepRecord) -> tuple[AttemptView, ...]:
-    earlier = [AttemptView(n, "failed") for n in range(1, step.attempt)]
-    beat = step.heartbeat
-    beat_attempt = beat.get("attempt") if isinstance(beat, dict) else None
-    current_beat = beat if beat_attempt == step.attempt else None
-    if step.status is StepState.PENDING:
-        waiting = step.wake_at is not None and step.attempt > 1
-        current = AttemptView(
-            step.attempt,
-            "waiting" if waiting else "running",
-            started_at=step.wake_at if waiting else step.updated_at,
-            heartbeat=current_beat,
-        )
-        if step.attempt > 1 and step.error is not None:  # the previous attempt's error
-            earlier[-1] = AttemptView(step.attempt - 1, "failed", error=step.error)
-    else:
-        current = AttemptView(
-            step.attempt,
-            step.status.value,
-            started_at=step.created_at if step.attempt == 1 else None,
-            ended_at=step.updated_at,
-            error=step.error if step.status is StepState.FAILED else None,
-            heartbeat=current_beat,
-        )
-    return (*earlier, current)
-
-
-def details_of(run: RunRecord, steps: list[StepRecord]) -> RunDetails:
-    """A run and its checkpoints as a :class:`RunDetails`."""
+def details_of(run: RunRecord, steps: list[StepRecord], now: float | None = None) -> RunDetails:
+    """A run and its checkpoints as a :class:`RunDetails` (``now``: the store's clock)."""
     views = []
     timers = []
     for step in steps:
@@ -368,13 +303,15 @@ def details_of(run: RunRecord, steps: list[StepRecord]) -> RunDetails:
                 )
             )
             continue
+        attempts, notes = attempt_views(step, now)
         views.append(
             StepView(
                 step_id=step.step_id,
                 kind=step.kind,
                 name=step.name,
                 status=step.status,
-                attempts=_attempts(step),
+                attempts=attempts,
+                notes=notes,
                 input=step.input,
                 output=step.output,
                 error=step.error,
@@ -460,7 +397,7 @@ class Operations:
         run = await self.store.get_run(run_id)
         if run is None:
             raise RunNotFound(run_id)
-        return details_of(run, await self.store.get_steps(run_id))
+        return details_of(run, await self.store.get_steps(run_id), self.store.now())
 
     async def cancel_run(self, run_id: str, *, reason: str = "cancelled by an operator") -> bool:
         """Cancel the run: it is settled as cancelled in the store at once; the engine driving

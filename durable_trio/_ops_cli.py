@@ -93,6 +93,19 @@ def _short(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _error_line(error: Any) -> str:
+    """An attempt's error as a short line: its message, then its code (unless the message
+    starts with it, as a raised exception's does)."""
+    if error is None:
+        return ""
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        message, code = error["message"], error.get("code")
+        if isinstance(code, str) and not message.startswith(code):
+            message += f" [{code}]"
+        return _short(message, 60)
+    return _short(error, 60)
+
+
 def _print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, default=str))
 
@@ -144,20 +157,24 @@ async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
     if run.error is not None:
         print(f"error  {_short(run.error, 200)}")
     rows = []
+    notes = []
     for step in details.steps:
         for attempt in step.attempts:
             rows.append(
                 [step.step_id, step.kind.value, step.name, str(attempt.attempt), attempt.status,
                  _time(attempt.started_at), _time(attempt.ended_at), _seconds(attempt.duration),
-                 _short(attempt.error, 40) if attempt.error is not None else "",
+                 attempt.worker or "—", _error_line(attempt.error),
                  _time(attempt.heartbeat.get("at")) if isinstance(attempt.heartbeat, dict)
                  else ""]
             )  # fmt: skip
+        notes += [f"note: step {step.step_id} ({step.name}): {note}" for note in step.notes]
     if rows:
         print()
         headers = ["step", "kind", "name", "attempt", "status", "started", "ended", "took",
-                   "error", "last beat"]  # fmt: skip
+                   "worker", "error", "last beat"]  # fmt: skip
         print(table(headers, rows), end="")
+    for note in notes:
+        print(note)
     if details.timers:
         print()
         timer_rows = [

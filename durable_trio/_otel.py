@@ -4,8 +4,11 @@
 Spans (attributes ``durable_trio.run_id``, ``durable_trio.step_id``, ``durable_trio.attempt``
 ...):
 
-- ``run {workflow}``: a run, while this process drives it (an engine that resumes a run after
-  another's crash opens a new one);
+- ``start {workflow}``: made (and ended) where a run is created with no span current, so the
+  run has a trace to belong to;
+- ``run {workflow}``: a run, while this process drives it, a child of the trace context
+  stored with the run (the span current at ``engine.start``, else its ``start`` span): an
+  engine that resumes the run after another's crash opens another one in the same trace;
 - ``step {name}``: one attempt of a step, on the worker that runs it, a child of its run's span
   across processes (the task's envelope carries the run's trace context);
 - ``hop {kind}``: a job's way through the broker, from the push (the envelope's ``sentAt``,
@@ -119,10 +122,33 @@ class OtelInstruments:
 
     # ------------------------------------------------------------------ runs
 
+    def run_trace(self, workflow: str) -> dict[str, str]:
+        if not trace.get_current_span().get_span_context().is_valid:
+            with self._tracer.start_as_current_span(
+                f"start {workflow}", attributes={"durable_trio.workflow": workflow}
+            ):
+                return self._trace_headers()
+        return self._trace_headers()
+
+    def _trace_headers(self) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        _PROPAGATOR.inject(headers)
+        return {k: headers[k] for k in ("traceparent", "tracestate") if k in headers}
+
     @contextlib.contextmanager
     def run_span(self, run: RunRecord) -> Iterator[None]:
+        stored = run.trace
+        parent = None
+        if isinstance(stored, dict) and isinstance(stored.get("traceparent"), str):
+            state = stored.get("tracestate")
+            context = _parent(
+                TraceContext(stored["traceparent"], state if isinstance(state, str) else None)
+            )
+            if trace.get_current_span(context).get_span_context().is_valid:
+                parent = context  # else (a damaged traceparent): the current span, as before
         span = self._tracer.start_span(
             f"run {run.workflow}",
+            context=parent,
             attributes={
                 "durable_trio.run_id": run.run_id,
                 "durable_trio.workflow": run.workflow,

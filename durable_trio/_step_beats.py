@@ -57,6 +57,7 @@ class StepBeats:
         "beats",
         "sent",
         "task",
+        "worker",
     )
 
     def __init__(
@@ -67,8 +68,11 @@ class StepBeats:
         spawn: Callable[[Callable[[], Awaitable[None]]], None],
         interval: float,
         report: Callable[[BaseException], None],
+        worker: str | None = None,
     ) -> None:
         self.task = task
+        self.worker = worker
+        """The instance id of the worker running the task, sent with each beat."""
         self._send = send
         self._spawn = spawn
         self._interval = interval
@@ -129,7 +133,8 @@ class StepBeats:
                 self._wake = trio.Event()  # what is set from here on is a beat not sent yet
                 self._pending = False
                 beat = StepHeartbeat(
-                    task.run_id, task.step_id, task.attempt, time.time(), self._details
+                    task.run_id, task.step_id, task.attempt, time.time(), self._details,
+                    self.worker,
                 )
                 try:
                     await self._send(beat)

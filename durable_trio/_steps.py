@@ -148,7 +148,7 @@ class StepServer:
                 JobError(message, queue=self._task_queue(task.routing_group), job_id=task.task_id)
             )
             error = StepError(message=message, code="no_handler", retryable=False)
-            result = StepResult.failure(task, error)
+            result = StepResult.failure(task, error, self._delivery(job))
             attempt.end("failed", message)
         else:
             controller = self._controller
@@ -175,7 +175,7 @@ class StepServer:
                     else None,
                     retryable=getattr(exc, "retryable", True) is not False,
                 )
-                result = StepResult.failure(task, error)
+                result = StepResult.failure(task, error, self._delivery(job))
                 attempt.end("failed", error.message)
             else:
                 attempt.end("completed")
@@ -205,7 +205,8 @@ class StepServer:
                 )
             )
             error = StepError(message=str(exc), code="bad_output", retryable=False)
-            data = self._producers.new_job(JobKind.RESULT, StepResult.failure(task, error))
+            failure = StepResult.failure(task, error, self._delivery(job))
+            data = self._producers.new_job(JobKind.RESULT, failure)
         if self._producers.batched:
             return data  # the job worker pushes it with the task's acknowledgement
         await self._push_result(task, data)
@@ -219,6 +220,7 @@ class StepServer:
             spawn=self._spawn or _no_spawn,
             interval=beat_interval(task, self._beat_interval),
             report=self._report,
+            worker=self._instance_id,
         )
 
     async def _push_result(self, task: RemoteTask, job: Job) -> None:

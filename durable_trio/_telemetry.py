@@ -8,7 +8,8 @@ logger level check). :func:`instrument` loads :mod:`durable_trio._otel`, which d
 
 The hooks, where the package calls them:
 
-- the engine: :func:`run_span` around driving a run, :func:`run_event` when a run starts or
+- the engine: :func:`run_trace` when it creates a run (the trace stored with it),
+  :func:`run_span` around driving a run, :func:`run_event` when a run starts or
   settles, :func:`dispatching` around a step's dispatch (its retries included, which are sent
   from result application, outside the run's task), :func:`step_applied` for each result applied;
 - the transport: :func:`carrier` in every job it makes (the envelope's ``trace``),
@@ -40,6 +41,7 @@ __all__ = [
     "is_instrumented",
     "run_event",
     "run_span",
+    "run_trace",
     "step_applied",
     "step_attempt",
     "step_dispatched",
@@ -59,8 +61,13 @@ class Instruments(Protocol):
     def carrier(self) -> TraceContext | None:
         """The current trace context, for a job being made (``None``: no span is current)."""
 
+    def run_trace(self, workflow: str) -> dict[str, str]:
+        """The trace context a run being created is stored with: the current span's, else
+        that of a ``start {workflow}`` span made (and ended) for it."""
+
     def run_span(self, run: RunRecord) -> contextlib.AbstractContextManager[None]:
-        """A run's span while this process drives it, current inside."""
+        """A run's span while this process drives it, current inside: a child of the run's
+        stored trace context (:attr:`RunRecord.trace`), else of the current span."""
 
     def run_settled(self, kind: str, run: RunRecord) -> None:
         """A run started or settled (``kind``: started, completed, failed, cancelled)."""
@@ -221,6 +228,14 @@ def _step_fields(
 
 
 # ---------------------------------------------------------------------- engine hooks
+
+
+def run_trace(workflow: str) -> dict[str, str] | None:
+    """The trace context to store with a run of ``workflow`` created now (``None`` when not
+    instrumented): every engine that drives the run opens its run span as a child of it, the
+    first and any that takes the run over after a crash, so a run is one trace."""
+    active = _active
+    return None if active is None else active.run_trace(workflow)
 
 
 @contextlib.contextmanager

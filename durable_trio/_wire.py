@@ -167,12 +167,17 @@ class StepResult:
     is one (``[{"at", "worker", "counted"}]``: whose leases were lost, when, broker clock, and
     whether that stall counted: ``false`` for a claim that never started), and when this
     worker learnt that its own lease was lost (its clock; only if it did before the result was
-    made). Absent from a result no claim produced (the poison bridge, a bad task's answer), from
-    a failed result, and from a worker that does not send it."""
+    made). A failed result carries it too when a claim produced it (the handler raised, had no
+    handler, or returned what cannot be sent): the engine logs which worker ran each attempt
+    (``durable-trio runs show``). Absent from a result no claim produced (the poison bridge,
+    the engine's own failovers) and from a worker that does not send it (then the worker is
+    unknown)."""
 
     @classmethod
-    def failure(cls, task: RemoteTask, error: StepError) -> StepResult:
-        """The failed result of ``task``."""
+    def failure(
+        cls, task: RemoteTask, error: StepError, delivery: JSONValue = None
+    ) -> StepResult:
+        """The failed result of ``task`` (``delivery``: the claim that produced it)."""
         return cls(
             task.run_id,
             task.step_id,
@@ -180,6 +185,7 @@ class StepResult:
             StepStatus.FAILED,
             error=error,
             task_id=task.task_id,
+            delivery=delivery,
         )
 
 
@@ -193,6 +199,9 @@ class StepHeartbeat:
     at: float
     """Unix time (seconds) of the beat."""
     details: JSONValue = None
+    worker: str | None = None
+    """The worker instance running the attempt (the engine records it with the beat, so
+    ``runs show`` names the worker of a running attempt). Absent: unknown (an older worker)."""
 
 
 @attrs.frozen

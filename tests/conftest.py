@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import trio.testing
 
+from _redis_cluster import *  # noqa: F403  (the private Redis Cluster fixture)
 from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
 from durable_trio._redis import open_redis
 from durable_trio.adapters.memory import MemoryBroker

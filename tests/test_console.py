@@ -44,7 +44,7 @@ async def world(autojump_clock: trio.testing.MockClock) -> AsyncIterator[dict[st
     declined = {"bad"}
     app = shop(declined)
     async with dt.open_backend("memory://") as backend:
-        async with dt.open_worker(app, backend, concurrency=4):
+        async with dt.open_worker(app, backend, concurrency=4, instance_id="worker-a"):
             async with dt.open_engine(app, backend, reconcile_interval=1.0) as engine:
                 for i in range(3):
                     await engine.start("order", {"id": f"ok{i}", "amount": i}, run_id=f"ok{i}")
@@ -111,6 +111,26 @@ async def test_the_run_page_shows_the_history_and_the_error(world: dict[str, Any
         assert 'data-action="retry"' in page.text
         assert " disabled" in page.text
         assert (await http.get("/runs/nope")).status_code == 404
+
+
+async def test_the_run_page_shows_each_attempts_worker_error_and_duration(
+    world: dict[str, Any],
+) -> None:
+    details = await world["ops"].show_run("bad")
+    (step,) = details.steps
+    assert [(a.attempt, a.status, a.worker) for a in step.attempts] == [
+        (1, "failed", "worker-a"),
+        (2, "failed", "worker-a"),
+    ]
+    async with client(create_app(world["ops"])) as http:
+        page = await http.get("/runs/bad")
+    rows = page.text.split('<tr class="attempt">')[1:]
+    assert len(rows) == 2
+    for n, row in enumerate(rows, 1):
+        assert f"attempt {n}" in row
+        assert "worker-a" in row
+        assert "ValueError: card declined for order bad" in row
+        assert "badge-failed" in row
 
 
 async def test_actions_are_refused_unless_allowed(world: dict[str, Any]) -> None:

@@ -14,6 +14,11 @@ them:
   script (``--watch`` given ``--iterations 1``); a line that installs or recurses (``make
   test``, ``pip install``) cannot run inside the suite and must be in ``COVERED_ELSEWHERE``,
   with the test that covers it.
+- ``console`` blocks are transcripts: each ``$ durable-trio ...`` line runs as a real process
+  (as ``sh`` lines do, in the page's working folder) and what it prints (stdout, then stderr)
+  must be the lines that follow it, up to the next ``$`` line. Times and durations are compared
+  by their shape (``2026-12-02 08:39:03``, ``0.003 s``), not their value; a transcript may end a
+  line with ``…`` where the command itself cuts it.
 - Other blocks (``text``, ``sql``, benchmark output) are output, not code: they must say their
   language.
 """
@@ -48,6 +53,14 @@ _REDIS = re.compile(r"redis://127\.0\.0\.1:6379/0|redis://localhost:6379/0")
 _SQLITE_ABSOLUTE = re.compile(r"sqlite:////var/lib/")
 DURABLE_TRIO = Path(sys.executable).with_name("durable-trio")
 SHELL_BOUND = 120.0
+#: ``DT_UPDATE_TRANSCRIPTS=1``: write what each transcript's commands print now into its page
+#: (after a deliberate change of the output; review the diff).
+UPDATE_TRANSCRIPTS = os.environ.get("DT_UPDATE_TRANSCRIPTS") == "1"
+#: What a transcript compares by shape, not value: a wall-clock time, a duration in seconds.
+_VARYING = (
+    (re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"), "YYYY-MM-DD hh:mm:ss"),
+    (re.compile(r"\b\d+\.\d{3} s\b"), "n.nnn s"),
+)
 
 #: Shell lines that cannot run inside the suite, and what runs them instead.
 COVERED_ELSEWHERE = {
@@ -76,6 +89,8 @@ class _Page:
     def __init__(self, folder: Path, redis_url: str) -> None:
         self.folder = folder
         self.redis_url = redis_url
+        self.transcripts: list[tuple[str, str]] = []
+        """``(as written, as printed now)`` of each transcript run."""
 
     def source(self, code: str) -> str:
         if _REDIS.search(code):
@@ -99,27 +114,69 @@ class _Page:
             exec(code, namespace)
         namespace.pop("__builtins__", None)
 
+    def run(self, line: str) -> subprocess.CompletedProcess[str]:
+        """One ``durable-trio`` command line, as a real process in the page's folder."""
+        argv = shlex.split(line)
+        assert argv[0] == "durable-trio", f"a shell line neither run nor covered: {line}"
+        if "--watch" in argv and "--iterations" not in argv:
+            argv += ["--iterations", "1"]
+        argv = [self.source(a) for a in argv]
+        return subprocess.run(
+            [str(DURABLE_TRIO), *argv[1:]],
+            cwd=self.folder,
+            capture_output=True,
+            text=True,
+            timeout=SHELL_BOUND,
+            env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{self.folder}"},
+            check=False,
+        )
+
     def shell(self, example: Example) -> None:
         for line in _lines_to_run(example.parsed):
-            argv = shlex.split(line)
-            assert argv[0] == "durable-trio", f"a shell line neither run nor covered: {line}"
-            if "--watch" in argv and "--iterations" not in argv:
-                argv += ["--iterations", "1"]
-            argv = [self.source(a) for a in argv]
-            done = subprocess.run(
-                [str(DURABLE_TRIO), *argv[1:]],
-                cwd=self.folder,
-                capture_output=True,
-                text=True,
-                timeout=SHELL_BOUND,
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
-                check=False,
-            )
+            done = self.run(line)
             assert done.returncode == 0, f"{line}: exit {done.returncode}\n{done.stderr}"
+
+    def console(self, example: Example) -> None:
+        written = []
+        for line, expected in _transcript(example.parsed):
+            done = self.run(line)
+            printed = (done.stdout + done.stderr).splitlines()
+            written += [f"$ {line}", *(p.rstrip() for p in printed)]
+            if not UPDATE_TRANSCRIPTS:
+                assert _shape(printed) == _shape(expected), (
+                    f"{line} (exit {done.returncode}) printed:\n" + "\n".join(printed)
+                )
+        self.transcripts.append((example.parsed, "\n".join(written) + "\n"))
+
+
+def _transcript(code: str) -> list[tuple[str, list[str]]]:
+    """A ``console`` block's ``(command line, the lines it prints)`` pairs."""
+    pairs: list[tuple[str, list[str]]] = []
+    for raw in code.splitlines():
+        if raw.startswith("$ "):
+            pairs.append((raw[2:].strip(), []))
+        else:
+            assert pairs, f"a transcript starts with its command: {raw!r}"
+            pairs[-1][1].append(raw)
+    return pairs
+
+
+def _shape(lines: list[str]) -> list[str]:
+    """Lines as a transcript compares them: varying values by their shape, no trailing space."""
+    shaped = []
+    for line in lines:
+        for pattern, shape in _VARYING:
+            line = pattern.sub(shape, line)
+        shaped.append(line.rstrip())
+    return shaped
 
 
 def _parsers(page: _Page) -> list[Callable[[Document], Any]]:
-    return [CodeBlockParser("python", page.python), CodeBlockParser("sh", page.shell)]
+    return [
+        CodeBlockParser("python", page.python),
+        CodeBlockParser("sh", page.shell),
+        CodeBlockParser("console", page.console),
+    ]
 
 
 def blocks(page: Path) -> list[tuple[str, str, str]]:
@@ -132,7 +189,7 @@ def blocks(page: Path) -> list[tuple[str, str, str]]:
 
 
 def _has_code(page: Path) -> bool:
-    return any(language in ("python", "sh") for _, language, _ in blocks(page))
+    return any(language in ("python", "sh", "console") for _, language, _ in blocks(page))
 
 
 @pytest.mark.chaos
@@ -154,6 +211,11 @@ def test_the_code_blocks_of_a_page_run(
             example.evaluate()
     finally:
         dt.uninstrument()
+    if UPDATE_TRANSCRIPTS and shared.transcripts:
+        text = page.read_text()
+        for written, printed in shared.transcripts:
+            text = text.replace(f"```console\n{written}```", f"```console\n{printed}```", 1)
+        page.write_text(text)
 
 
 def test_every_block_that_is_not_code_says_its_language() -> None:
@@ -166,7 +228,11 @@ def test_every_shell_line_runs_or_is_covered_elsewhere() -> None:
     # runs (it would fail only when its page's test reaches it).
     for page in PAGES:
         for block_id, language, code in blocks(page):
-            if language != "sh":
+            if language == "sh":
+                lines = _lines_to_run(code)
+            elif language == "console":
+                lines = [line for line, _ in _transcript(code)]
+            else:
                 continue
-            for line in _lines_to_run(code):
+            for line in lines:
                 assert line.startswith("durable-trio "), f"{block_id}: {line}"

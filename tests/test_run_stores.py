@@ -376,7 +376,7 @@ async def test_sqlite_commits_concurrent_changes_together_and_isolates_a_failure
         await store.aclose()
 
 
-async def test_sqlite_adds_the_timeout_column_to_a_file_written_before_it(
+async def test_sqlite_adds_the_timeout_and_trace_columns_to_a_file_written_before_them(
     tmp_path: Path,
 ) -> None:
     import sqlite3
@@ -403,13 +403,62 @@ async def test_sqlite_adds_the_timeout_column_to_a_file_written_before_it(
         try:
             old = await store.get_run("old")
             assert old is not None
-            assert (old.input, old.timeout, old.deadline) == (1, None, None)
-            await store.create_run(run(f"new{_}", timeout=3.0))
+            assert (old.input, old.timeout, old.deadline, old.trace) == (1, None, None, None)
+            await store.create_run(run(f"new{_}", timeout=3.0, trace=TRACE))
             new = await store.get_run(f"new{_}")
             assert new is not None
-            assert new.timeout == 3.0
+            assert (new.timeout, new.trace) == (3.0, TRACE)
         finally:
             await store.aclose()
+
+
+TRACE = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+
+
+async def test_a_runs_trace_context_is_stored_with_it(store: RunStore) -> None:
+    """The trace a run belongs to (docs/observability.md) is written by ``create_run`` and
+    read back by every read; a run without one reads ``None``."""
+    traced = {**TRACE, "tracestate": "vendor=1"}
+    stored, created = await store.create_run(run("t", trace=traced))
+    assert created
+    assert stored.trace == traced
+    again, created = await store.create_run(run("t"))  # the existing run, its trace kept
+    assert not created
+    assert again.trace == traced
+    await store.create_run(run("u"))
+    found = await store.get_run("t"), await store.get_run("u")
+    assert [r.trace if r else "missing" for r in found] == [traced, None]
+    (claimed,) = await store.claim_runs("e1", 30.0, limit=1)
+    assert claimed.trace in (traced, None)  # whichever it took first, whole
+    page = await store.page_runs(limit=10)
+    assert {r.run_id: r.trace for r in page.runs} == {"t": traced, "u": None}
+
+
+@pytest.mark.parametrize("damage", ["{not json", '"a string"', '{"traceparent": 5}', "[]"])
+async def test_a_damaged_stored_trace_reads_as_none(
+    store_kind: str, stores: StoreFactory, tmp_path: Path, request: pytest.FixtureRequest,
+    damage: str,
+) -> None:
+    """A stored trace is advisory: one that does not read as a trace context is none (the
+    run is then traced afresh), never an error; the rest of the run reads as stored."""
+    async with stores("shop") as store:
+        await store.create_run(run("r", input=7, trace=TRACE))
+        if store_kind == "memory":
+            store._runs["r"].trace = damage.encode()  # type: ignore[attr-defined]
+        elif store_kind == "sqlite":
+            import sqlite3
+
+            db = sqlite3.connect(tmp_path / "runs.db")
+            db.execute("UPDATE dt_runs SET trace = ?", (damage,))
+            db.commit()
+            db.close()
+        else:
+            async with open_redis(request.getfixturevalue("redis_url")) as client:
+                key = store._run_key("r")  # type: ignore[attr-defined]
+                await client.execute("HSET", key, "trace", damage)
+        found = await store.get_run("r")
+        assert found is not None
+        assert (found.input, found.trace) == (7, None)
 
 
 async def test_a_steps_heartbeat_timeout_and_last_beat_are_stored(store: RunStore) -> None:
@@ -434,9 +483,9 @@ async def test_a_steps_heartbeat_timeout_and_last_beat_are_stored(store: RunStor
     assert (kept.attempt, kept.heartbeat, kept.heartbeat_timeout) == (2, beat, 2.5)
 
 
-async def test_sqlite_adds_the_heartbeat_columns_to_a_file_written_before_them(
-    tmp_path: Path,
-) -> None:
+async def _file_without(tmp_path: Path, *columns: str) -> Path:
+    """A file holding run ``old`` and its step ``"1"``, whose ``dt_steps`` table is back as
+    it was before ``columns`` existed."""
     import sqlite3
 
     path = tmp_path / "old.db"
@@ -446,11 +495,20 @@ async def test_sqlite_adds_the_heartbeat_columns_to_a_file_written_before_them(
         await store.begin_step(step("old", "1"))
     finally:
         await store.aclose()
-    db = sqlite3.connect(path)  # back to the table as it was before heartbeats
-    db.execute("ALTER TABLE dt_steps DROP COLUMN heartbeat")
-    db.execute("ALTER TABLE dt_steps DROP COLUMN heartbeat_timeout")
+    db = sqlite3.connect(path)
+    for column in columns:
+        db.execute(f"ALTER TABLE dt_steps DROP COLUMN {column}")
     db.commit()
+    left = {row[1] for row in db.execute("PRAGMA table_info(dt_steps)")}
     db.close()
+    assert left.isdisjoint(columns)
+    return path
+
+
+async def test_sqlite_adds_the_heartbeat_columns_to_a_file_written_before_them(
+    tmp_path: Path,
+) -> None:
+    path = await _file_without(tmp_path, "heartbeat", "heartbeat_timeout")
     for n in range(2):  # and opening it again changes nothing
         store = await SqliteRunStore.open(path, "shop")
         try:
@@ -487,3 +545,49 @@ async def test_a_damaged_stored_beat_reads_as_none(tmp_path: Path) -> None:
         assert (found.name, found.heartbeat) == ("charge", None)
     finally:
         await store.aclose()
+
+
+async def test_the_attempt_log_is_written_with_the_change_that_ends_an_attempt(
+    store: RunStore,
+) -> None:
+    """Issue 16, item 1: the log rides on the checkpoint's compare-and-set (a stale change
+    writes none of it) and on an operator's reopen; JSON inside it keeps its shape."""
+    await store.create_run(run("r"))
+    begun = await store.begin_step(step("r", "1"))
+    assert begun.attempts == ()
+    first = {"attempt": 1, "outcome": "failed", "startedAt": 1.0, "endedAt": 2.5,
+             "worker": "w-1", "error": {"message": "boom", "details": AWKWARD}}  # fmt: skip
+    retry = attrs.evolve(begun, attempt=2, wake_at=3.0, attempts=(first,))
+    assert await store.update_step(retry, expect_attempt=1) is Applied.APPLIED
+    stale = attrs.evolve(begun, status=S.COMPLETED, attempts=({"attempt": 9},))
+    assert await store.update_step(stale, expect_attempt=1) is Applied.STALE
+    fetched = await store.get_step("r", "1")
+    assert fetched is not None
+    assert fetched.attempts == (first,)
+    second = {"attempt": 2, "outcome": "failed", "startedAt": 3.0, "endedAt": 4.0}
+    failed = attrs.evolve(fetched, status=S.FAILED, attempts=(first, second))
+    assert await store.update_step(failed, expect_attempt=2) is Applied.APPLIED
+    await store.finish_run("r", RunStatus.FAILED, error={"stepId": "1"})
+    reopened = attrs.evolve(failed, status=S.PENDING, attempt=3, wake_at=5.0)
+    assert await store.reopen_run("r", [reopened], run_timeout=None)
+    (kept,) = await store.get_steps_many([("r", "1")])
+    assert kept is not None
+    assert (kept.attempt, kept.attempts) == (3, (first, second))
+
+
+async def test_sqlite_adds_the_attempts_column_to_a_file_written_before_it(
+    tmp_path: Path,
+) -> None:
+    path = await _file_without(tmp_path, "attempts")
+    entry = {"attempt": 1, "outcome": "failed", "startedAt": 1.0, "endedAt": 2.0}
+    for n in range(2):  # and opening it again changes nothing
+        store = await SqliteRunStore.open(path, "shop")
+        try:
+            old = await store.get_step("old", "1")
+            assert old is not None
+            assert old.attempts == (() if n == 0 else (entry,))
+            if n == 0:
+                moved = attrs.evolve(old, attempt=2, attempts=(entry,))
+                assert await store.update_step(moved, expect_attempt=1) is Applied.APPLIED
+        finally:
+            await store.aclose()

@@ -127,7 +127,12 @@ async def test_a_run_traces_one_run_span_and_a_step_span_per_attempt_under_it(
     spans = exporter.get_finished_spans()
     (run,) = by_name(spans, "run ")
     assert run.name == "run order"
-    assert run.parent is None
+    # started with no span current: the run's trace is its start span's, stored with it
+    (start,) = by_name(spans, "start ")
+    assert start.name == "start order"
+    assert start.parent is None
+    assert run.parent is not None
+    assert run.parent.span_id == start.context.span_id
     assert run.attributes is not None
     assert dict(run.attributes) == {
         "durable_trio.run_id": "r1",
@@ -309,6 +314,64 @@ async def test_a_run_started_inside_a_callers_span_is_its_child(
     (run,) = by_name(exporter.get_finished_spans(), "run ")
     assert run.parent is not None
     assert run.parent.span_id == request.get_span_context().span_id
+
+
+async def test_a_run_taken_over_by_another_engine_stays_in_its_trace(
+    autojump_clock: trio.testing.MockClock,
+    otel: tuple[InMemorySpanExporter, InMemoryMetricReader],
+) -> None:
+    """Engine A starts the run and closes before it ends (no worker yet: the run is released
+    unsettled); engine B takes it over and completes it. Both run spans are children of the
+    run's start span, stored with the run, so the run is one trace."""
+    exporter, _ = otel
+    app = shop()
+    async with dt.open_backend("memory://") as backend:
+        async with dt.open_engine(app, backend) as first:
+            run_id = await first.start("order", {"amount": 3, "failures": 0}, run_id="r9")
+            await trio.sleep(1)
+        async with dt.open_worker(app, backend, on_error=Errors()):
+            async with dt.open_engine(app, backend) as second:
+                await second.reconcile()
+                assert (await second.result(run_id))["charged"] == 3
+    spans = exporter.get_finished_spans()
+    (start,) = by_name(spans, "start ")
+    first_run, second_run = by_name(spans, "run ")
+    assert start.parent is None
+    for span in (first_run, second_run):
+        assert span.context.trace_id == start.context.trace_id
+        assert span.parent is not None
+        assert span.parent.span_id == start.context.span_id
+    assert first_run.attributes is not None
+    assert second_run.attributes is not None
+    assert first_run.attributes["durable_trio.outcome"] == "stopped"
+    assert second_run.attributes["durable_trio.outcome"] == "completed"
+    steps = by_name(spans, "step ")
+    assert [s.name for s in steps] == ["step reserve", "step charge", "step ship"]
+    assert {s.context.trace_id for s in steps} == {start.context.trace_id}
+
+
+async def test_a_run_whose_stored_trace_is_damaged_is_driven_in_a_new_trace(
+    autojump_clock: trio.testing.MockClock,
+    otel: tuple[InMemorySpanExporter, InMemoryMetricReader],
+) -> None:
+    """A stored trace context is advisory: one that does not parse (written by hand, a bad
+    copy) gives the run a span of its own, and the run completes."""
+    exporter, _ = otel
+    app = shop()
+    async with dt.open_backend("memory://") as backend:
+        async with dt.open_engine(app, backend) as first:
+            await first.start("order", {"amount": 4, "failures": 0}, run_id="r8", detach=True)
+        store = first.store
+        stored = store._runs["r8"]  # type: ignore[attr-defined]
+        stored.trace = b'{"traceparent": "00-not-a-trace-01"}'
+        async with dt.open_worker(app, backend, on_error=Errors()):
+            async with dt.open_engine(app, backend) as second:
+                await second.reconcile()
+                assert (await second.result("r8"))["charged"] == 4
+    (run,) = by_name(exporter.get_finished_spans(), "run ")
+    assert run.parent is None
+    assert run.attributes is not None
+    assert run.attributes["durable_trio.outcome"] == "completed"
 
 
 def test_old_envelopes_decode_and_odd_trace_contexts_are_dropped_not_refused() -> None:

@@ -57,7 +57,10 @@ def test_one_run_across_an_engine_and_a_worker_process_is_one_trace(tmp_path: Pa
     assert len(runs) == 1
     (run,) = runs
     assert run in from_engine
-    assert run["parent"] is None
+    (start,) = [s for s in spans if s["name"].startswith("start ")]
+    assert start in from_engine
+    assert start["parent"] is None
+    assert run["parent"] == start["span"]
     assert run["attributes"]["durable_trio.run_id"] == "traced-1"
     assert run["attributes"]["durable_trio.outcome"] == "completed"
     assert [s["name"] for s in steps] == ["step reserve", "step charge", "step ship"]

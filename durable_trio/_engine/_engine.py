@@ -31,6 +31,7 @@ from trio_util import RepeatedEvent
 
 from .._arguments import check_bool, check_name, check_optional_name, check_seconds
 from .._errors import BrokerError, TransportClosed
+from .._telemetry import run_trace
 from .._transport import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._app import App  # noqa: TC001
@@ -304,6 +305,7 @@ class Engine:
             owner=None if detach else self.engine_id,
             lease_until=None if detach else now + self.options.run_lease,
             timeout=seconds,
+            trace=run_trace(workflow),
         )
         stored, created = await self.store.create_run(record)
         if not created:

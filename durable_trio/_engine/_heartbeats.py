@@ -3,8 +3,9 @@
 
 - A beat (``StepHeartbeat``, pushed by the worker running the step, see
   ``durable_trio._step_beats``) is recorded on its checkpoint while the step is pending at the
-  beat's attempt: ``StepRecord.heartbeat`` = ``{"attempt", "at", "sentAt", "details"}``, ``at``
-  on the store clock when the engine received it, ``sentAt`` the worker's Unix time. A beat
+  beat's attempt: ``StepRecord.heartbeat`` = ``{"attempt", "at", "sentAt", "details"?,
+  "worker"?}``, ``at`` on the store clock when the engine received it, ``sentAt`` the
+  worker's Unix time, ``worker`` the instance that sent it (when it says). A beat
   for another attempt, a settled step or an unknown one changes nothing (counted).
 - A step declared with ``heartbeat_timeout=`` whose current attempt beat is watched: every
   ``heartbeat_check_interval`` the engine re-reads the checkpoints of the steps it waits on
@@ -17,7 +18,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -82,9 +83,11 @@ async def record_beat(services: EngineServices, beat: StepHeartbeat) -> None:
     ):
         services.count("stale_heartbeats")
         return
-    recorded = {"attempt": beat.attempt, "at": store.now(), "sentAt": beat.at}
+    recorded: dict[str, Any] = {"attempt": beat.attempt, "at": store.now(), "sentAt": beat.at}
     if beat.details is not None:
         recorded["details"] = beat.details
+    if beat.worker is not None:
+        recorded["worker"] = beat.worker
     # A beat of this attempt proves its task went out, whatever the local copy says.
     following = attrs.evolve(current, heartbeat=recorded, dispatched=True)
     verdict = await store.update_step(following, expect_attempt=beat.attempt)

@@ -17,6 +17,7 @@ from .._json_values import check_json, json_error
 from .._wire import JSONValue, StepError
 
 __all__ = [
+    "ATTEMPT_LOG_LIMIT",
     "Applied",
     "RunPage",
     "RunRecord",
@@ -24,10 +25,14 @@ __all__ = [
     "StepKind",
     "StepRecord",
     "StepState",
+    "attempt_started",
+    "ended_attempt",
     "error_from_json",
     "error_to_json",
     "normalize_json",
     "previous_details",
+    "read_attempt_log",
+    "read_trace",
     "step_from_json",
     "step_position",
     "step_to_json",
@@ -113,6 +118,12 @@ class RunRecord:
     timeout: float | None = None
     """Seconds the run may take from its creation (``engine.start(..., timeout=)``): see
     :attr:`deadline`. ``None``: no timeout."""
+    trace: JSONValue = None
+    """The trace the run belongs to, ``{"traceparent", "tracestate"?}`` (W3C Trace Context),
+    stored when it was started by a traced process: every engine that drives it (the first,
+    and any that takes it over after a crash) opens its run span as a child of this context,
+    so one run is one trace (docs/observability.md). ``None``: untraced (a damaged stored value
+    reads as ``None`` too: it is advisory, see :func:`read_trace`)."""
 
     @property
     def deadline(self) -> float | None:
@@ -170,12 +181,131 @@ class StepRecord:
     heartbeat: JSONValue = None
     """Remote step: its last beat, ``{"attempt", "at", "sentAt", "details"?}`` (``at`` on the
     store clock when the engine received it, ``sentAt`` the worker's Unix time), kept across
-    retries (``None``: it never beat)."""
+    retries (``None``: it never beat). ``"worker"``: the worker instance that sent it, when
+    the worker says (see :class:`~durable_trio._wire.StepHeartbeat`)."""
+    attempts: tuple[JSONValue, ...] = ()
+    """The log of its ENDED attempts, oldest first, written in the same compare-and-set as the
+    change that ended each one: ``{"attempt", "outcome", "startedAt", "endedAt", "worker"?,
+    "error"?, "heartbeat"?}`` (see :func:`ended_attempt`). Bounded: the newest
+    :data:`ATTEMPT_LOG_LIMIT` entries are kept (a step with ``max_attempts=10_000`` never
+    grows a row without bound). A store that finds its stored log damaged returns one entry
+    ``{"damaged": why}`` in its place (:func:`read_attempt_log`): the run still loads."""
 
     @property
     def idempotency_key(self) -> str:
         """``"{run_id}:{step_id}"``: stable across attempts and redeliveries."""
         return f"{self.run_id}:{self.step_id}"
+
+
+#: The most ended attempts a checkpoint's log keeps (:attr:`StepRecord.attempts`).
+ATTEMPT_LOG_LIMIT = 100
+
+#: The longest error message an attempt log entry keeps (characters; the checkpoint's own
+#: ``error`` keeps the last one whole).
+_LOGGED_MESSAGE = 1000
+
+#: Error codes whose attempt ended for want of time, and for want of a live claim.
+_TIMED_OUT = frozenset({"StepTimedOut", "ScheduleToStartTimeout", "heartbeat_timeout"})
+_STALLED = frozenset({"stalled"})
+
+
+def attempt_started(record: StepRecord) -> float:
+    """Store-clock time ``record``'s current attempt started, or is due to: a retry's
+    ``wake_at`` (when its backoff ends, or an operator reopened it), else the checkpoint's
+    creation (the first attempt is dispatched as it is created)."""
+    if record.attempt > 1 and record.wake_at is not None:
+        return record.wake_at
+    return record.created_at
+
+
+def _outcome(error: JSONValue) -> str:
+    code = error.get("code") if isinstance(error, dict) else None
+    if code in _TIMED_OUT:
+        return "timed_out"
+    if code in _STALLED:
+        return "stalled"
+    return "failed"
+
+
+def ended_attempt(
+    record: StepRecord,
+    *,
+    ended_at: float,
+    error: JSONValue = None,
+    worker: str | None = None,
+    outcome: str | None = None,
+) -> tuple[JSONValue, ...]:
+    """``record.attempts`` with its current attempt appended as ended at ``ended_at``.
+
+    Args:
+        record: the checkpoint as it stood while the attempt ran.
+        ended_at: store clock.
+        error: the attempt's error (:func:`error_to_json`), ``None`` if it completed. The
+            entry keeps its message (cut to 1,000 characters), code and retryable flag, not its
+            details: the checkpoint's own ``error`` keeps the last one whole.
+        worker: the worker instance that ran it (``None``: the one its last beat names, if
+            any).
+        outcome: ``completed``, ``failed``, ``timed_out``, ``stalled`` or ``abandoned``
+            (``None``: ``completed`` without an error, else read from the error's code).
+
+    Returns:
+        The new log, its newest :data:`ATTEMPT_LOG_LIMIT` entries.
+    """
+    beat = record.heartbeat
+    beat = beat if isinstance(beat, dict) and beat.get("attempt") == record.attempt else None
+    if worker is None and beat is not None and isinstance(beat.get("worker"), str):
+        worker = beat["worker"]
+    entry: dict[str, Any] = {
+        "attempt": record.attempt,
+        "outcome": outcome or ("completed" if error is None else _outcome(error)),
+        "startedAt": attempt_started(record),
+        "endedAt": ended_at,
+    }
+    if worker is not None:
+        entry["worker"] = worker
+    if isinstance(error, dict):
+        kept = {k: error[k] for k in ("code", "retryable") if k in error}
+        entry["error"] = {"message": str(error.get("message", ""))[:_LOGGED_MESSAGE], **kept}
+    elif error is not None:
+        entry["error"] = {"message": str(error)[:_LOGGED_MESSAGE]}
+    if beat is not None:
+        entry["heartbeat"] = {k: beat[k] for k in ("at", "sentAt") if k in beat}
+    return (*record.attempts, entry)[-ATTEMPT_LOG_LIMIT:]
+
+
+def read_attempt_log(raw: str | bytes | None) -> tuple[JSONValue, ...]:
+    """A stored attempt log (JSON text; ``None`` or empty: a checkpoint written before the
+    log existed). Damaged (not JSON, not a list): one ``{"damaged": why}`` entry, so the run
+    still loads and runs, and ``runs show`` says what was lost."""
+    if not raw:
+        return ()
+    try:
+        log = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return ({"damaged": f"the stored attempt log is not JSON ({exc})"},)
+    if not isinstance(log, list):
+        return ({"damaged": f"the stored attempt log is a {type(log).__name__}, not a list"},)
+    return tuple(log)
+
+
+def read_trace(raw: str | bytes | None) -> JSONValue:
+    """A stored run trace context (JSON text, see :attr:`RunRecord.trace`). ``None`` when
+    absent (a run stored before traces, or untraced) or damaged (not JSON, not of the shape
+    ``{"traceparent": str, "tracestate"?: str}``): a trace is advisory, and a run whose trace
+    cannot be read is driven as usual, in a new trace."""
+    if not raw:
+        return None
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("traceparent"), str):
+        return None
+    state = value.get("tracestate")
+    out: dict[str, Any] = {"traceparent": value["traceparent"]}
+    if isinstance(state, str):
+        out["tracestate"] = state
+    return out
 
 
 def previous_details(record: StepRecord) -> JSONValue:

@@ -14,6 +14,10 @@ re-run. What it resumes from:
   moved to its next attempt and re-dispatched (its old task's result, if any still comes, is
   stale); a pending timer keeps its wake-up time.
 - a run that had a timeout gets it afresh: its deadline becomes now plus its timeout.
+
+Each step's attempt log is kept: a retried step's new attempt starts at the reopening (its
+``wake_at``), and the attempt a still-pending step was running is logged as ``abandoned``
+(its worker may still finish it; that result is stale).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._errors import RunNotFound, RunNotRetryable
-from ._records import RunRecord, RunStatus, StepKind, StepRecord, StepState
+from ._records import RunRecord, RunStatus, StepKind, StepRecord, StepState, ended_attempt
 
 if TYPE_CHECKING:
     from ._stores import RunStore
@@ -62,12 +66,16 @@ def plan_retry(
         running = step.status is StepState.PENDING and step.kind is not StepKind.TIMER
         if not (failed_cause or running):
             continue
+        if running:
+            step = attrs.evolve(
+                step, attempts=ended_attempt(step, ended_at=now, outcome="abandoned")
+            )
         changed.append(
             attrs.evolve(
                 step,
                 status=StepState.PENDING,
                 attempt=step.attempt + 1,
-                wake_at=None,
+                wake_at=now,  # due at once: also when the new attempt started (its log)
                 dispatched=False,
                 retry=_fresh_budget(step) if failed_cause else step.retry,
             )

@@ -18,7 +18,14 @@ from .._errors import DurableTrioError
 from .._telemetry import step_applied
 from .._wire import StepError, StepStatus
 from ._heartbeats import record_beat
-from ._records import Applied, StepKind, StepRecord, StepState, error_to_json
+from ._records import (
+    Applied,
+    StepKind,
+    StepRecord,
+    StepState,
+    ended_attempt,
+    error_to_json,
+)
 from ._remote_run import RemoteRunDriver, apply_decision, apply_step_event
 from ._retry import StoredRetry
 from ._runtime import send_step
@@ -27,7 +34,7 @@ if TYPE_CHECKING:
     from .._wire import StepEvent, StepHeartbeat, StepResult, WorkflowDecision
     from ._services import EngineServices
 
-__all__ = ["ResultHandler"]
+__all__ = ["ResultHandler", "result_worker"]
 
 _VERDICT_COUNTER = {
     Applied.APPLIED: "results_applied",
@@ -36,6 +43,23 @@ _VERDICT_COUNTER = {
     Applied.MISSING: "orphan_results",
     Applied.RUN_FINISHED: "orphan_results",
 }
+
+
+def result_worker(result: StepResult) -> str | None:
+    """The worker instance that ran ``result``'s attempt, as far as the result tells: its
+    delivery evidence, else (a stalled attempt, failed by the poison bridge) the worker whose
+    lease was lost last. ``None``: unknown (then the attempt's last beat may name it)."""
+    delivery = result.delivery
+    worker = delivery.get("worker") if isinstance(delivery, dict) else None
+    if isinstance(worker, str):
+        return worker
+    details = result.error.details if result.error is not None else None
+    stalls = details.get("stalls") if isinstance(details, dict) else None
+    if isinstance(stalls, list) and stalls and isinstance(stalls[-1], dict):
+        last = stalls[-1].get("worker")
+        if isinstance(last, str) and last:
+            return last
+    return None
 
 
 class ResultHandler:
@@ -54,12 +78,24 @@ class ResultHandler:
         """The checkpoint after ``result`` (and the retry delay, if it is a retry; none when
         ``retry_now``)."""
         # A result came back, so the attempt was dispatched (whatever the local copy says).
+        now = self.services.store.now()
+        worker = result_worker(result)
         if result.status is StepStatus.COMPLETED:
             completed = attrs.evolve(
-                current, status=StepState.COMPLETED, output=result.output, dispatched=True
+                current,
+                status=StepState.COMPLETED,
+                output=result.output,
+                dispatched=True,
+                attempts=ended_attempt(current, ended_at=now, worker=worker),
             )
             return completed, 0.0
         error = result.error or StepError(message="the step failed without an error")
+        current = attrs.evolve(
+            current,
+            attempts=ended_attempt(
+                current, ended_at=now, error=error_to_json(error), worker=worker
+            ),
+        )
         policy = StoredRetry.from_json(current.retry)
         if error.retryable and policy.retries_after(current.attempt, error.code):
             delay = (
@@ -70,7 +106,7 @@ class ResultHandler:
             retry = attrs.evolve(
                 current,
                 attempt=current.attempt + 1,
-                wake_at=self.services.store.now() + delay,
+                wake_at=now + delay,
                 dispatched=False,
                 error=error_to_json(error),
             )

@@ -32,6 +32,7 @@ from ._records import (
     StepKind,
     StepRecord,
     StepState,
+    ended_attempt,
     error_from_json,
     error_to_json,
     normalize_json,
@@ -98,7 +99,13 @@ async def send_step(
         await services.dispatch(record, delay)
     except PayloadError as exc:
         error = StepError(message=str(exc), code="bad_input", retryable=False)
-        failed = attrs.evolve(record, status=StepState.FAILED, error=error_to_json(error))
+        stored = error_to_json(error)
+        failed = attrs.evolve(
+            record,
+            status=StepState.FAILED,
+            error=stored,
+            attempts=ended_attempt(record, ended_at=services.store.now(), error=stored),
+        )
         verdict = await services.guard(
             lambda: services.store.update_step(failed, expect_attempt=record.attempt),
             "checkpointing",
@@ -251,6 +258,10 @@ class RunDriver:
             except Exception as exc:
                 failure = local_failure(exc, policy)
                 error = error_to_json(failure)
+                # The engine runs a local step: no worker to name in its log.
+                current = attrs.evolve(
+                    current, attempts=ended_attempt(current, ended_at=store.now(), error=error)
+                )
                 if failure.retryable and current.attempt < policy.max_attempts:
                     delay = policy.delay(current.attempt, rng=services.rng_for(current))
                     following = attrs.evolve(
@@ -262,7 +273,12 @@ class RunDriver:
                 else:
                     following = attrs.evolve(current, status=StepState.FAILED, error=error)
             else:
-                following = attrs.evolve(current, status=StepState.COMPLETED, output=output)
+                following = attrs.evolve(
+                    current,
+                    status=StepState.COMPLETED,
+                    output=output,
+                    attempts=ended_attempt(current, ended_at=store.now()),
+                )
             finally:
                 _CURRENT_STEP.reset(token)
             verdict = await services.guard(

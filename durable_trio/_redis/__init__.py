@@ -8,29 +8,50 @@ timeouts are :class:`~durable_trio._errors.BrokerUnavailable`, error replies are
 ones (``-LOADING``, ``-BUSY``, ``-TRYAGAIN``...): :class:`RedisBusyReply`, unavailable too,
 and refused credentials (``-WRONGPASS``, ``-NOAUTH``, ``-NOPERM``): :class:`RedisAuthError`, an
 :class:`~durable_trio._errors.AuthenticationError`.
+
+:func:`open_redis_cluster` opens a Redis Cluster client with the same surface, routing each
+command to the master of its keys' slot (``redis+cluster://`` URLs).
 """
 
 from __future__ import annotations
 
 from ._client import RedisClient, open_redis
+from ._cluster import RedisClusterClient, open_redis_cluster
+from ._cluster_nodes import ClusterStats
 from ._connection import Connection, ConnectionStats, RedisArg
-from ._errors import RedisAuthError, RedisBusyReply, RedisCommandTimeout, RedisReplyError
+from ._errors import (
+    RedisAuthError,
+    RedisBusyReply,
+    RedisCommandTimeout,
+    RedisCrossSlotError,
+    RedisReplyError,
+)
+from ._keyslot import key_slot
 from ._pubsub import Subscription
 from ._script import Script
-from ._url import RedisURL, parse_redis_url
+from ._sharded import ShardedSubscription
+from ._url import RedisClusterURL, RedisURL, parse_redis_cluster_url, parse_redis_url
 
 __all__ = [
+    "ClusterStats",
     "Connection",
     "ConnectionStats",
     "RedisArg",
     "RedisAuthError",
     "RedisBusyReply",
     "RedisClient",
+    "RedisClusterClient",
+    "RedisClusterURL",
     "RedisCommandTimeout",
+    "RedisCrossSlotError",
     "RedisReplyError",
     "RedisURL",
     "Script",
+    "ShardedSubscription",
     "Subscription",
+    "key_slot",
     "open_redis",
+    "open_redis_cluster",
+    "parse_redis_cluster_url",
     "parse_redis_url",
 ]

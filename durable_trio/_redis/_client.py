@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
+from .._redact import url_scheme
 from ._connection import Connection, RedisArg, connect
 from ._errors import RedisAuthError
 from ._pubsub import Subscription
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Sequence
     from types import TracebackType
 
-__all__ = ["RedisClient", "open_redis"]
+__all__ = ["OwnedNursery", "RedisClient", "open_redis", "pool_options"]
 
 
 def open_redis(
@@ -74,7 +75,39 @@ def open_redis(
     Raises:
         ConfigError: a bad URL or option.
     """
+    if (url_scheme(url) or "").endswith("+cluster"):
+        # The one switch between the two clients: each call site says which it wants, so a
+        # caller typed for one node (the broker, the run stores) never gets a cluster client.
+        raise ConfigError("a redis+cluster:// URL is opened with open_redis_cluster()")
     parsed = parse_redis_url(url)
+    return RedisClient(
+        parsed,
+        **pool_options(
+            pool_size=pool_size,
+            connect_timeout=connect_timeout,
+            command_timeout=command_timeout,
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+        ),
+    )
+
+
+def pool_options(
+    *,
+    pool_size: int,
+    connect_timeout: float,
+    command_timeout: float,
+    backoff_initial: float,
+    backoff_max: float,
+) -> dict[str, Any]:
+    """The options of a pool (see :func:`open_redis`), checked.
+
+    Returns:
+        them, as keyword arguments of :class:`RedisClient`.
+
+    Raises:
+        ConfigError: one of them cannot work.
+    """
     if pool_size < 1:
         raise ConfigError(f"pool_size must be at least 1, not {pool_size}")
     for name, value in (
@@ -86,14 +119,57 @@ def open_redis(
             raise ConfigError(f"{name} must be positive, not {value}")
     if not 0 <= backoff_initial <= backoff_max:
         raise ConfigError("backoff_initial must be between 0 and backoff_max")
-    return RedisClient(
-        parsed,
-        pool_size=pool_size,
-        connect_timeout=connect_timeout,
-        command_timeout=command_timeout,
-        backoff_initial=backoff_initial,
-        backoff_max=backoff_max,
-    )
+    return {
+        "pool_size": pool_size,
+        "connect_timeout": connect_timeout,
+        "command_timeout": command_timeout,
+        "backoff_initial": backoff_initial,
+        "backoff_max": backoff_max,
+    }
+
+
+class OwnedNursery:
+    """The nursery a client owns for the duration of its ``async with``: opened on entry,
+    cancelled and waited for on exit. The body's exception is deliberately not passed in, so it
+    propagates unchanged (not wrapped in an exception group).
+
+    Args:
+        owner: the owner's class name, for the message of a second entry.
+    """
+
+    def __init__(self, owner: str) -> None:
+        self._owner = owner
+        self._stack: AsyncExitStack | None = None
+        self._nursery: trio.Nursery | None = None
+        self._entered = False
+
+    async def open(self, *, refuse: bool = False) -> trio.Nursery:
+        """Open the nursery (once).
+
+        Args:
+            refuse: refuse anyway (the owner was closed before it was entered).
+
+        Raises:
+            RuntimeError: it was opened before, or ``refuse``.
+        """
+        if self._entered or refuse:
+            raise RuntimeError(f"a {self._owner} can be entered only once")
+        self._entered = True
+        self._stack = AsyncExitStack()
+        self._nursery = await self._stack.enter_async_context(trio.open_nursery())
+        return self._nursery
+
+    def cancel(self) -> None:
+        """Cancel every task in the nursery (from any task; idempotent)."""
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def close(self) -> None:
+        """Cancel the nursery and wait for its tasks to end (idempotent)."""
+        self.cancel()
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
 
 
 class RedisClient:
@@ -128,17 +204,14 @@ class RedisClient:
         self._last_error = ""
         self._refusal: RedisAuthError | None = None  # the last connect failed on credentials
         self._scripts: dict[str, bytes] = {}
-        self._stack: AsyncExitStack | None = None
+        self._lifetime = OwnedNursery("RedisClient")
         self._nursery: trio.Nursery | None = None
         self._closed = False
 
     # -- lifetime ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> RedisClient:
-        if self._stack is not None or self._closed:
-            raise RuntimeError("a RedisClient can be entered only once")
-        self._stack = AsyncExitStack()
-        self._nursery = await self._stack.enter_async_context(trio.open_nursery())
+        self._nursery = await self._lifetime.open(refuse=self._closed)
         return self
 
     async def __aexit__(
@@ -148,11 +221,7 @@ class RedisClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-        stack, self._stack = self._stack, None
-        if stack is not None:
-            # Waits for the connection tasks to end. The body's exception is deliberately not
-            # passed in, so it propagates unchanged (not wrapped in an exception group).
-            await stack.aclose()
+        await self._lifetime.close()  # waits for the connection tasks to end
 
     def close(self) -> None:
         """Close the client now, from any task; idempotent.
@@ -164,8 +233,7 @@ class RedisClient:
         self._closed = True
         for conn in self._conns:
             conn.close()
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        self._lifetime.cancel()
 
     # -- properties -------------------------------------------------------------------------
 

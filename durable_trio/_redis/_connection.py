@@ -74,6 +74,11 @@ def _check(command: tuple[RedisArg, ...]) -> None:
         )
 
 
+def _unsolicited(reply: Any) -> bool:
+    """Whether ``reply`` is a server-initiated ``sunsubscribe`` (no command asked for it)."""
+    return type(reply) is list and len(reply) > 1 and reply[0] == b"sunsubscribe"
+
+
 def _fresh(error: DurableTrioError) -> DurableTrioError:
     """A copy of ``error`` (one shared instance must not collect every caller's frames)."""
     copy = type(error)(*error.args)
@@ -427,6 +432,13 @@ class Connection:
                     return
                 reader.feed(cast("bytes", data))
                 while (reply := reader.gets()) is not _NOT_ENOUGH_DATA:
+                    if push is not None and not self._pending and _unsolicited(reply):
+                        # A Cluster node gave a sharded channel's slot away (or the channel's
+                        # master became a replica): the subscriber must go where it went.
+                        self._fail(
+                            _unavailable(f"{self._url.address} ended a sharded subscription")
+                        )
+                        return
                     if (
                         push is not None
                         and type(reply) is list

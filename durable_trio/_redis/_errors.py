@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from .._errors import AuthenticationError, BrokerError, BrokerUnavailable
+from .._errors import AuthenticationError, BrokerError, BrokerUnavailable, ConfigError
 
 __all__ = [
     "RedisAuthError",
     "RedisBusyReply",
     "RedisCommandTimeout",
+    "RedisCrossSlotError",
     "RedisReplyError",
     "is_auth_refusal",
     "raisable",
@@ -121,3 +122,22 @@ def raisable(reply: RedisReplyError, address: str = "") -> RedisReplyError:
         refused.index = reply.index
         return refused
     return reply
+
+
+class RedisCrossSlotError(ConfigError):
+    """A command for a Redis Cluster whose keys are in more than one slot (what the server
+    answers with ``-CROSSSLOT``), refused by the client before anything is sent.
+
+    A :class:`~durable_trio.ConfigError`: retrying cannot help; give the keys one ``{hash tag}``.
+
+    Attributes:
+        slots: the slots the keys fall in, sorted.
+    """
+
+    def __init__(self, command: str, slots: list[int]) -> None:
+        shown = ", ".join(str(slot) for slot in slots[:5]) + (", ..." if len(slots) > 5 else "")
+        super().__init__(
+            f"CROSSSLOT: the keys of {command} are in {len(slots)} Cluster slots ({shown}); "
+            "one command's keys must share one slot: give them one {hash tag}"
+        )
+        self.slots = slots

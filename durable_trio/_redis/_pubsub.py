@@ -8,6 +8,7 @@ import trio
 
 from .._errors import TransportClosed
 from ._connection import _pack
+from ._errors import RedisReplyError, raisable
 
 if TYPE_CHECKING:
     from ._connection import Connection
@@ -82,6 +83,25 @@ class Subscription:
         names = tuple(_as_bytes(c) for c in channels) or tuple(self._channels)
         await self._command("UNSUBSCRIBE", names)
         self._channels.difference_update(names)
+
+    async def ssubscribe(self, *channels: str | bytes) -> None:
+        """Subscribe to sharded channels (``SSUBSCRIBE``, Redis 7; on a Cluster they must share
+        one slot and this connection must be to its master: see
+        :meth:`RedisClusterClient.ssubscribe`, which sees to both).
+
+        Args:
+            *channels: channel names.
+        """
+        names = tuple(_as_bytes(c) for c in channels)
+        # One command per channel: a refusal (MOVED, CROSSSLOT) is one reply for the whole
+        # command, which would leave the other channels' confirmations awaited forever.
+        replies = await self._conn._request(
+            b"".join(_pack(("SSUBSCRIBE", name)) for name in names), len(names), None
+        )
+        for reply in replies:
+            if isinstance(reply, RedisReplyError):
+                raise raisable(reply, self._conn.url.address)
+        self._channels.update(names)
 
     async def psubscribe(self, *patterns: str | bytes) -> None:
         """Subscribe to glob-style patterns (``jobs:*``).

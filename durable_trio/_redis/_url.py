@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ssl
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import unquote, unquote_plus, urlsplit
 
 import attrs
@@ -11,7 +11,7 @@ import attrs
 from .._errors import ConfigError
 from .._redact import url_scheme
 
-__all__ = ["RedisURL", "parse_redis_url"]
+__all__ = ["RedisClusterURL", "RedisURL", "parse_redis_cluster_url", "parse_redis_url"]
 
 CertReqs = Literal["none", "optional", "required"]
 
@@ -114,6 +114,25 @@ def _fault(index: int, problem: str, *, hint: bool = False) -> ConfigError:
     return ConfigError(f"{message} ({_ENCODE_HINT})" if hint else message)
 
 
+def _split(url: str, plain: str, what: str) -> tuple[str, int, int, int]:
+    """The scheme of ``url`` (``plain`` or its TLS form: ``redis`` / ``rediss``, ...) and where
+    its host part starts, ends, and has its host (see :func:`_host_part`).
+
+    Raises:
+        ConfigError: another scheme or none, or an ``@`` after the host part.
+    """
+    tls = plain.replace("redis", "rediss", 1)
+    scheme = url_scheme(url)
+    if scheme not in (plain, tls):
+        shown = f", not {scheme}://" if scheme else ""
+        raise ConfigError(f"{what} starts with {plain}:// or {tls}://{shown}")
+    start, end, host = _host_part(url)
+    if url.rfind("@") >= end:
+        # An '@' after the host part: a '/', '?' or '#' in the password ended it early.
+        raise _fault(end, "the host part ends here, before the last '@'", hint=True)
+    return scheme, start, end, host
+
+
 def _host_part(url: str) -> tuple[int, int, int]:
     """Where the host part (``netloc``) starts and ends, and where its host begins (after the
     last ``@`` in it), as :func:`urllib.parse.urlsplit` would cut it."""
@@ -183,14 +202,7 @@ def parse_redis_url(url: str) -> RedisURL:
     Raises:
         ConfigError: the URL is not one of the above.
     """
-    scheme = url_scheme(url)
-    if scheme not in ("redis", "rediss"):
-        shown = f", not {scheme}://" if scheme else ""
-        raise ConfigError(f"a Redis URL starts with redis:// or rediss://{shown}")
-    start, end, host = _host_part(url)
-    if url.rfind("@") >= end:
-        # An '@' after the host part: a '/', '?' or '#' in the password ended it early.
-        raise _fault(end, "the host part ends here, before the last '@'", hint=True)
+    scheme, start, end, host = _split(url, "redis", "a Redis URL")
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -204,32 +216,129 @@ def parse_redis_url(url: str) -> RedisURL:
         raise _unparsable(url, host, end)
     if not parts.hostname:
         raise _fault(host, "no host", hint=host > start)
-    path = parts.path.strip("/")
-    if not path:
-        db = 0
-    elif path.isascii() and path.isdigit():
-        db = int(path)
-    else:
-        raise _fault(end + 1, "the path is a database number (like /0)")
+    db = _database(url, end, parts.path)
     username = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password is not None else None
-    if username and password is None:
-        raise _fault(start, "a user name needs a password (user:password@)")
-    query = _options(url, end)
-    tls = scheme == "rediss"
-    cert_reqs = _CERT_REQS_NAMES.get(query.get("ssl_cert_reqs", "required").lower())
-    if cert_reqs is None:
-        raise ConfigError("ssl_cert_reqs must be none, optional or required")
-    if not tls and ("ssl_cert_reqs" in query or "ssl_ca_certs" in query):
-        raise ConfigError("ssl_* options need a rediss:// URL")
     return RedisURL(
         host=parts.hostname,
         port=6379 if port is None else port,
         db=db,
-        username=username,
-        password=password,
-        tls=tls,
-        ssl_cert_reqs=cert_reqs,
-        ssl_ca_certs=query.get("ssl_ca_certs") or None,
-        client_name=query.get("client_name") or None,
+        **_settings(url, start, end, scheme == "rediss", username, password),
     )
+
+
+def _database(url: str, end: int, path: str) -> int:
+    """The database number of the URL's path (``/3``), or 0 without one."""
+    path = path.strip("/")
+    if not path:
+        return 0
+    if path.isascii() and path.isdigit():
+        return int(path)
+    raise _fault(end + 1, "the path is a database number (like /0)")
+
+
+def _settings(
+    url: str, start: int, end: int, tls: bool, username: str | None, password: str | None
+) -> dict[str, Any]:
+    """The settings every node URL shares: credentials, TLS and the query options, checked."""
+    if username and password is None:
+        raise _fault(start, "a user name needs a password (user:password@)")
+    query = _options(url, end)
+    cert_reqs = _CERT_REQS_NAMES.get(query.get("ssl_cert_reqs", "required").lower())
+    if cert_reqs is None:
+        raise ConfigError("ssl_cert_reqs must be none, optional or required")
+    if not tls and ("ssl_cert_reqs" in query or "ssl_ca_certs" in query):
+        raise ConfigError("ssl_* options need a rediss:// (or rediss+cluster://) URL")
+    return {
+        "username": username,
+        "password": password,
+        "tls": tls,
+        "ssl_cert_reqs": cert_reqs,
+        "ssl_ca_certs": query.get("ssl_ca_certs") or None,
+        "client_name": query.get("client_name") or None,
+    }
+
+
+@attrs.frozen
+class RedisClusterURL:
+    """A Redis Cluster's seed nodes and the settings of every node, from
+    :func:`parse_redis_cluster_url`.
+
+    Attributes:
+        seeds: one :class:`RedisURL` per seed node, in the URL's order, each with the shared
+            settings (credentials, TLS, client name; database 0: a Cluster has no other).
+    """
+
+    seeds: tuple[RedisURL, ...]
+
+    @property
+    def address(self) -> str:
+        """The seeds' ``host:port``, comma separated (never includes credentials)."""
+        return ",".join(seed.address for seed in self.seeds)
+
+    def node(self, host: str, port: int) -> RedisURL:
+        """The settings for a node the cluster named (the seeds' credentials and TLS)."""
+        return attrs.evolve(self.seeds[0], host=host, port=port)
+
+
+def parse_redis_cluster_url(url: str) -> RedisClusterURL:
+    """Parse ``redis+cluster://[[user]:password@]host1[:port1],host2[:port2]/[?option=value]``.
+
+    ``rediss+cluster://`` speaks TLS. The seeds are only where to read the slot map first; the
+    cluster names the other nodes. User name, password and options are those of
+    :func:`parse_redis_url` and apply to every node; the path may only be empty or ``/0``
+    (a Cluster has one database).
+
+    Error handling: as :func:`parse_redis_url`, a message names the position of the fault, never
+    the text there nor the URL.
+
+    Args:
+        url: the URL.
+
+    Returns:
+        the parsed seeds.
+
+    Raises:
+        ConfigError: the URL is not one of the above.
+    """
+    scheme, start, end, host_at = _split(url, "redis+cluster", "a Redis Cluster URL")
+    try:
+        # The credentials alone, behind a placeholder host (the seeds are parsed one by one).
+        credentials = urlsplit(f"redis://{url[start:host_at]}seed")
+        username = unquote(credentials.username) if credentials.username else None
+        password = unquote(credentials.password) if credentials.password is not None else None
+    except ValueError:
+        unparsable = True  # (raised outside the block: urllib's message quotes the password)
+    else:
+        unparsable = False
+    if unparsable:
+        raise _fault(start, "the user name or password cannot be parsed", hint=True)
+    seeds: list[tuple[str, int]] = []
+    index = host_at
+    for piece in url[host_at:end].split(","):
+        seeds.append(_seed(url, index, index + len(piece)))
+        index += len(piece) + 1
+    if _database(url, end, urlsplit(f"redis://seed{url[end:]}").path) != 0:
+        raise _fault(end + 1, "a Redis Cluster has only database 0 (no path, or /0)")
+    settings = _settings(url, start, end, scheme == "rediss+cluster", username, password)
+    return RedisClusterURL(
+        seeds=tuple(RedisURL(host=host, port=port, **settings) for host, port in seeds)
+    )
+
+
+def _seed(url: str, begin: int, end: int) -> tuple[str, int]:
+    """The ``host[:port]`` of one seed, between ``begin`` and ``end`` of ``url``."""
+    if begin == end:
+        raise _fault(begin, "an empty seed (seeds are host:port,host:port)")
+    try:
+        parts = urlsplit(f"redis://{url[begin:end]}")
+        port = parts.port
+    except ValueError:
+        unparsable = True
+    else:
+        unparsable = False
+    if unparsable or "@" in url[begin:end]:
+        raise _unparsable(url, begin, end)
+    if not parts.hostname:
+        raise _fault(begin, "no host")
+    return parts.hostname, 6379 if port is None else port

@@ -103,7 +103,12 @@ def _step_rows(step: StepView, start: float, span: float) -> str:
         f'<td class="error-text">{esc(error_text(step.error))}</td>'
         "</tr>"
     )
-    return first + "".join(_attempt_row(a) for a in step.attempts)
+    notes = "".join(
+        '<tr class="attempt note"><td></td>'
+        f'<td colspan="8" class="error-text">{esc(note)}</td></tr>'
+        for note in step.notes
+    )
+    return first + "".join(_attempt_row(a) for a in step.attempts) + notes
 
 
 def _timeline(details: RunDetails) -> Html:

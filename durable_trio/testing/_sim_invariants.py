@@ -2,7 +2,8 @@
 expected one), every settled step settled once with a result a worker produced, every duplicate
 execution explained by a fault, every duplicate completed result recorded with its cause, every
 damaged claim set aside unread, no job failed as stalled without more than ``max_stalled_count``
-stalls while its handler ran, every heartbeat failover explained by a fault. (The close bounds
+stalls while its handler ran, every heartbeat failover explained by a fault, every settled
+step's attempt log ending with the attempt that settled it. (The close bounds
 and the liveness keys are checked as each worker closes: see ``_sim_workers``.)"""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from .._engine import StepKind, StepRecord, StepState
+from .._engine._records import ATTEMPT_LOG_LIMIT
 from .._options import DEFAULT_MAX_STALLED_COUNT
 
 if TYPE_CHECKING:
@@ -94,6 +96,7 @@ class Invariants:
         self._damaged_set_aside()
         self._failovers_explained()
         self._stalled_out_counted()
+        self._attempts_logged()
 
     def _no_run_lost(self) -> None:
         violation = self.ledger.violation
@@ -117,6 +120,34 @@ class Invariants:
                     violation(
                         f"run {run_id} ({workflow}) ended {status} with {output!r}, "
                         f"expected completed with {expected!r}"
+                    )
+
+    def _attempts_logged(self) -> None:
+        """Every settled remote step's attempt log is bounded, in attempt order, each entry
+        ending after it started, and its last entry is the attempt that settled it, with the
+        same outcome (written in the same compare-and-set)."""
+        violation = self.ledger.violation
+        for run_id, steps in self.steps.items():
+            for record in steps:
+                if record.kind is not StepKind.REMOTE or record.status is StepState.PENDING:
+                    continue
+                where = f"step {run_id}:{record.step_id}"
+                log = record.attempts
+                numbers = [e.get("attempt", 0) for e in log if isinstance(e, dict)]
+                if len(log) > ATTEMPT_LOG_LIMIT or numbers != sorted(set(numbers)):
+                    violation(f"{where}'s attempt log is unbounded or out of order: {numbers}")
+                if any(e["endedAt"] < e["startedAt"] for e in log if isinstance(e, dict)):
+                    violation(f"{where}'s attempt log has an attempt that ended before it began")
+                last = log[-1] if log else None
+                completed = record.status is StepState.COMPLETED
+                if (
+                    not isinstance(last, dict)
+                    or last.get("attempt") != record.attempt
+                    or (last.get("outcome") == "completed") != completed
+                ):
+                    violation(
+                        f"{where} settled {record.status.value} at attempt {record.attempt}, "
+                        f"its attempt log ends with {last!r}"
                     )
 
     def _settled_once(self) -> None:

@@ -102,8 +102,8 @@ class RunStore(Protocol):
         """Reopen a failed run for an operator's retry, atomically: if it is still failed, set
         it pending with no owner (any engine's reconcile takes it over), clear its output and
         error, set its timeout to ``run_timeout``, and overwrite the status, attempt, error,
-        retry, wake_at and dispatched of each checkpoint in ``steps`` (which must be the
-        run's).
+        retry, wake_at, dispatched and attempt log (``attempts``) of each checkpoint in
+        ``steps`` (which must be the run's).
 
         Returns:
             Whether it was reopened (``False``: no such run, or it is not failed).
@@ -175,8 +175,10 @@ class RunStore(Protocol):
 
     async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
         """Compare-and-set: replace the mutable fields (status, attempt, output, error,
-        wake_at, dispatched) of the stored checkpoint with ``step``'s, only if it is still
-        pending, at attempt ``expect_attempt``, and its run is unfinished.
+        wake_at, dispatched, the attempt log ``attempts``, and ``heartbeat`` unless ``step``'s
+        is ``None``) of the stored checkpoint with ``step``'s, only if it is still pending, at
+        attempt ``expect_attempt``, and its run is unfinished: an attempt's log entry is
+        written with the change that ended it, or not at all.
 
         Returns:
             :attr:`Applied.APPLIED`, or why nothing was written.

@@ -21,6 +21,7 @@ from .._records import (
     StepKind,
     StepRecord,
     StepState,
+    read_trace,
     step_position,
 )
 from ._paging import check_page, decode_cursor, encode_cursor
@@ -50,6 +51,7 @@ class _Run:
     owner: str | None = None
     lease_until: float | None = None
     timeout: float | None = None
+    trace: bytes = b""
     steps: dict[str, _Step] = attrs.Factory(dict)
 
     def out(self) -> RunRecord:
@@ -65,6 +67,7 @@ class _Run:
             owner=self.owner,
             lease_until=self.lease_until,
             timeout=self.timeout,
+            trace=read_trace(self.trace),
         )
 
 
@@ -87,6 +90,7 @@ class _Step:
     updated_at: float
     heartbeat_timeout: float | None = None
     heartbeat: bytes = b"null"
+    attempts: bytes = b"[]"
 
     def out(self) -> StepRecord:
         return StepRecord(
@@ -107,6 +111,7 @@ class _Step:
             updated_at=self.updated_at,
             heartbeat_timeout=self.heartbeat_timeout,
             heartbeat=_loads(self.heartbeat),
+            attempts=tuple(_loads(self.attempts)),
         )
 
 
@@ -150,6 +155,7 @@ class MemoryRunStore:
             owner=run.owner,
             lease_until=run.lease_until,
             timeout=run.timeout,
+            trace=b"" if run.trace is None else _dumps(run.trace),
         )
         return stored.out(), True
 
@@ -237,6 +243,7 @@ class MemoryRunStore:
             stored.status, stored.attempt = step.status, step.attempt
             stored.error, stored.retry = _dumps(step.error), _dumps(step.retry)
             stored.wake_at, stored.dispatched = step.wake_at, step.dispatched
+            stored.attempts = _dumps(step.attempts)
             stored.updated_at = now
         return True
 
@@ -358,6 +365,7 @@ class MemoryRunStore:
                 updated_at=now,
                 heartbeat_timeout=step.heartbeat_timeout,
                 heartbeat=_dumps(step.heartbeat),
+                attempts=_dumps(step.attempts),
             )
         return stored.out()
 
@@ -382,6 +390,7 @@ class MemoryRunStore:
         stored.output, stored.error = _dumps(step.output), _dumps(step.error)
         stored.status, stored.attempt = step.status, step.attempt
         stored.wake_at, stored.dispatched = step.wake_at, step.dispatched
+        stored.attempts = _dumps(step.attempts)
         if step.heartbeat is not None:  # a change made without it keeps the last beat
             stored.heartbeat = _dumps(step.heartbeat)
         stored.updated_at = self.now()

@@ -16,7 +16,7 @@ Redis Cluster slot and every script touches one slot only):
                                    same id takes its runs back at once)
 ``T:steps:N:ID``           zset    the run's step ids, score = position (N = len(ID), so no run id
                                    can forge another run's keys)
-``T:step:N:ID:STEP``       hash    one checkpoint
+``T:step:N:ID:STEP``       hash    one checkpoint (its attempt log in field ``attempts``, JSON)
 =========================  ======  ===============================================================
 
 Every change is one Lua script (atomic on the server). Times are the client's ``time.time()``
@@ -33,7 +33,17 @@ import attrs
 import orjson
 import trio
 
-from .._records import Applied, RunPage, RunRecord, RunStatus, StepKind, StepRecord, StepState
+from .._records import (
+    Applied,
+    RunPage,
+    RunRecord,
+    RunStatus,
+    StepKind,
+    StepRecord,
+    StepState,
+    read_attempt_log,
+    read_trace,
+)
 from ._paging import check_page, decode_cursor, encode_cursor
 
 if TYPE_CHECKING:
@@ -54,7 +64,7 @@ end
 """
 
 # KEYS: run, seq, all. ARGV: prefix, id, workflow, status, input, output, error, owner, lease, now,
-# timeout
+# timeout, trace ('' = none)
 _CREATE_RUN: Final = (
     _LUA_HELPERS
     + """
@@ -65,7 +75,7 @@ end
 local seq = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'workflow', ARGV[3], 'status', ARGV[4], 'input', ARGV[5],
   'output', ARGV[6], 'error', ARGV[7], 'owner', ARGV[8], 'lease', ARGV[9],
-  'created', ARGV[10], 'updated', ARGV[10], 'seq', seq, 'timeout', ARGV[11])
+  'created', ARGV[10], 'updated', ARGV[10], 'seq', seq, 'timeout', ARGV[11], 'trace', ARGV[12])
 redis.call('ZADD', KEYS[3], seq, id)
 move(prefix, id, false, ARGV[4], seq)
 if active(ARGV[4]) then
@@ -174,7 +184,7 @@ return 1
 )
 
 # KEYS: step, steps. ARGV: step_id, position, kind, name, status, attempt, input, output, error,
-# retry, wake_at, dispatched, priority, now, heartbeat_timeout, heartbeat ('' = none)
+# retry, wake_at, dispatched, priority, now, heartbeat_timeout, heartbeat ('' = none), attempts
 _BEGIN_STEP: Final = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, redis.call('HGETALL', KEYS[1])}
@@ -182,13 +192,13 @@ end
 redis.call('HSET', KEYS[1], 'kind', ARGV[3], 'name', ARGV[4], 'status', ARGV[5],
   'attempt', ARGV[6], 'input', ARGV[7], 'output', ARGV[8], 'error', ARGV[9], 'retry', ARGV[10],
   'wake_at', ARGV[11], 'dispatched', ARGV[12], 'priority', ARGV[13], 'created', ARGV[14],
-  'updated', ARGV[14], 'hb_timeout', ARGV[15], 'heartbeat', ARGV[16])
+  'updated', ARGV[14], 'hb_timeout', ARGV[15], 'heartbeat', ARGV[16], 'attempts', ARGV[17])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 return {1}
 """
 
 # KEYS: step, run. ARGV: expect_attempt, status, attempt, output, error, wake_at, dispatched, now,
-# heartbeat ('' = keep the stored one)
+# heartbeat ('' = keep the stored one), attempts
 _UPDATE_STEP: Final = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
 local run_status = redis.call('HGET', KEYS[2], 'status')
@@ -197,7 +207,8 @@ if run_status ~= 'pending' and run_status ~= 'running' then return 'run_finished
 if redis.call('HGET', KEYS[1], 'status') ~= 'pending' then return 'duplicate' end
 if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 'stale' end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'attempt', ARGV[3], 'output', ARGV[4],
-  'error', ARGV[5], 'wake_at', ARGV[6], 'dispatched', ARGV[7], 'updated', ARGV[8])
+  'error', ARGV[5], 'wake_at', ARGV[6], 'dispatched', ARGV[7], 'updated', ARGV[8],
+  'attempts', ARGV[10])
 if ARGV[9] ~= '' then redis.call('HSET', KEYS[1], 'heartbeat', ARGV[9]) end
 return 'applied'
 """
@@ -264,7 +275,7 @@ return out
 """
 
 # KEYS: run, step... ARGV: prefix, id, timeout, now, then per step: status, attempt, error,
-# retry, wake_at, dispatched
+# retry, wake_at, dispatched, attempts
 _REOPEN: Final = (
     _LUA_HELPERS
     + """
@@ -275,10 +286,11 @@ redis.call('HSET', KEYS[1], 'status', 'pending', 'owner', '', 'lease', '', 'outp
 move(prefix, id, 'failed', 'pending', redis.call('HGET', KEYS[1], 'seq'))
 redis.call('ZADD', prefix .. ':leases', 0, id)
 for i = 2, #KEYS do
-  local a = 5 + (i - 2) * 6
+  local a = 5 + (i - 2) * 7
   if redis.call('EXISTS', KEYS[i]) == 1 then
     redis.call('HSET', KEYS[i], 'status', ARGV[a], 'attempt', ARGV[a + 1], 'error', ARGV[a + 2],
-      'retry', ARGV[a + 3], 'wake_at', ARGV[a + 4], 'dispatched', ARGV[a + 5], 'updated', ARGV[4])
+      'retry', ARGV[a + 3], 'wake_at', ARGV[a + 4], 'dispatched', ARGV[a + 5],
+      'attempts', ARGV[a + 6], 'updated', ARGV[4])
   end
 end
 return 1
@@ -319,6 +331,7 @@ def _run(run_id: str, f: dict[bytes, bytes]) -> RunRecord:
         owner=f[b"owner"].decode() or None,
         lease_until=_opt_float(f[b"lease"]),
         timeout=_opt_float(f.get(b"timeout")),  # absent: a run stored before timeouts
+        trace=read_trace(f.get(b"trace")),  # absent: a run stored before traces
     )
 
 
@@ -343,6 +356,7 @@ def _step(run_id: str, step_id: str, f: dict[bytes, bytes]) -> StepRecord:
         # absent: a step stored before heartbeats
         heartbeat_timeout=_opt_float(f.get(b"hb_timeout")),
         heartbeat=_beat(f.get(b"heartbeat")),
+        attempts=read_attempt_log(f.get(b"attempts")),  # absent: a step stored before them
     )
 
 
@@ -403,7 +417,7 @@ class RedisRunStore:
             (self._run_key(run.run_id), f"{self._prefix}:seq", f"{self._prefix}:all"),
             (self._prefix, run.run_id, run.workflow, run.status.value, _dumps(run.input),
              _dumps(run.output), _dumps(run.error), run.owner or "", _num(run.lease_until),
-             _num(now), _num(run.timeout)),
+             _num(now), _num(run.timeout), _optional_dumps(run.trace)),
         )  # fmt: skip
         if reply[0] == 1:  # created as given: no need to read it back
             return attrs.evolve(run, created_at=now, updated_at=now), True
@@ -484,7 +498,8 @@ class RedisRunStore:
         args: list[Any] = [self._prefix, run_id, _num(run_timeout), _num(time.time())]
         for step in steps:
             args += [step.status.value, step.attempt, _dumps(step.error), _dumps(step.retry),
-                     _num(step.wake_at), "1" if step.dispatched else "0"]  # fmt: skip
+                     _num(step.wake_at), "1" if step.dispatched else "0",
+                     _dumps(step.attempts)]  # fmt: skip
         done = await self._reopen(
             (self._run_key(run_id), *(self._step_key(run_id, s.step_id) for s in steps)),
             tuple(args),
@@ -566,7 +581,8 @@ class RedisRunStore:
              _dumps(step.input), _dumps(step.output), _dumps(step.error), _dumps(step.retry),
              _num(step.wake_at), "1" if step.dispatched else "0",
              "" if step.priority is None else str(step.priority), _num(now),
-             _num(step.heartbeat_timeout), _optional_dumps(step.heartbeat)),
+             _num(step.heartbeat_timeout), _optional_dumps(step.heartbeat),
+             _dumps(step.attempts)),
         )  # fmt: skip
         if reply[0] == 1:  # inserted as given: no need to read it back
             return attrs.evolve(step, created_at=now, updated_at=now)
@@ -577,7 +593,7 @@ class RedisRunStore:
             (self._step_key(step.run_id, step.step_id), self._run_key(step.run_id)),
             (expect_attempt, step.status.value, step.attempt, _dumps(step.output),
              _dumps(step.error), _num(step.wake_at), "1" if step.dispatched else "0",
-             _num(time.time()), _optional_dumps(step.heartbeat)),
+             _num(time.time()), _optional_dumps(step.heartbeat), _dumps(step.attempts)),
         )  # fmt: skip
         return Applied(verdict.decode())
 

@@ -39,7 +39,17 @@ from ...adapters.sqlite import (
     open_connection,
     translate_error,
 )
-from .._records import Applied, RunPage, RunRecord, RunStatus, StepKind, StepRecord, StepState
+from .._records import (
+    Applied,
+    RunPage,
+    RunRecord,
+    RunStatus,
+    StepKind,
+    StepRecord,
+    StepState,
+    read_attempt_log,
+    read_trace,
+)
 from ._paging import check_page, decode_cursor, encode_cursor
 
 if TYPE_CHECKING:
@@ -64,6 +74,7 @@ _SCHEMA: Final = (
         created_at REAL NOT NULL,
         updated_at REAL NOT NULL,
         timeout REAL,
+        trace TEXT,
         PRIMARY KEY (namespace, run_id)
     ) WITHOUT ROWID
     """,
@@ -96,6 +107,7 @@ _SCHEMA: Final = (
         updated_at REAL NOT NULL,
         heartbeat_timeout REAL,
         heartbeat TEXT,
+        attempts TEXT,
         PRIMARY KEY (namespace, run_id, step_id)
     ) WITHOUT ROWID
     """,
@@ -103,17 +115,17 @@ _SCHEMA: Final = (
 
 _RUN_COLUMNS: Final = (
     "run_id, workflow, input, status, created_at, updated_at, output, error, owner, lease_until, "
-    "timeout"
+    "timeout, trace"
 )
 _STEP_COLUMNS: Final = (
     "run_id, step_id, kind, name, status, attempt, input, output, error, retry, wake_at, "
-    "dispatched, priority, created_at, updated_at, heartbeat_timeout, heartbeat"
+    "dispatched, priority, created_at, updated_at, heartbeat_timeout, heartbeat, attempts"
 )
 
 _INSERT_RUN: Final = f"""
     INSERT INTO dt_runs (namespace, seq, {_RUN_COLUMNS})
     VALUES (?1, (SELECT coalesce(max(seq), 0) + 1 FROM dt_runs WHERE namespace = ?1),
-            ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+            ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
     ON CONFLICT (namespace, run_id) DO NOTHING
 """
 _GET_RUN: Final = f"SELECT {_RUN_COLUMNS} FROM dt_runs WHERE namespace = ?1 AND run_id = ?2"
@@ -143,7 +155,7 @@ _FINISH: Final = """
 _INSERT_STEP: Final = f"""
     INSERT INTO dt_steps (namespace, position, {_STEP_COLUMNS})
     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
-            ?19)
+            ?19, ?20)
     ON CONFLICT (namespace, run_id, step_id) DO NOTHING
 """
 _GET_STEPS: Final = f"""
@@ -160,7 +172,7 @@ _STEP_STATE: Final = """
 """
 _UPDATE_STEP: Final = """
     UPDATE dt_steps SET status = ?4, attempt = ?5, output = ?6, error = ?7, wake_at = ?8,
-        dispatched = ?9, updated_at = ?10, heartbeat = coalesce(?11, heartbeat)
+        dispatched = ?9, updated_at = ?10, heartbeat = coalesce(?11, heartbeat), attempts = ?12
     WHERE namespace = ?1 AND run_id = ?2 AND step_id = ?3
 """
 _MARK_DISPATCHED: Final = """
@@ -182,7 +194,7 @@ def _optional_dumps(value: Any) -> str | None:
 
 def _run(row: tuple[Any, ...]) -> RunRecord:
     (run_id, workflow, input_, status, created, updated, output, error, owner, lease,
-     timeout) = row  # fmt: skip
+     timeout, trace) = row  # fmt: skip
     return RunRecord(
         run_id=run_id,
         workflow=workflow,
@@ -195,12 +207,14 @@ def _run(row: tuple[Any, ...]) -> RunRecord:
         owner=owner,
         lease_until=lease,
         timeout=timeout,
+        trace=read_trace(trace),
     )
 
 
 def _step(row: tuple[Any, ...]) -> StepRecord:
     (run_id, step_id, kind, name, status, attempt, input_, output, error, retry, wake_at,
-     dispatched, priority, created, updated, heartbeat_timeout, heartbeat) = row  # fmt: skip
+     dispatched, priority, created, updated, heartbeat_timeout, heartbeat,
+     attempts) = row  # fmt: skip
     return StepRecord(
         run_id=run_id,
         step_id=step_id,
@@ -219,6 +233,7 @@ def _step(row: tuple[Any, ...]) -> StepRecord:
         updated_at=updated,
         heartbeat_timeout=heartbeat_timeout,
         heartbeat=_beat(heartbeat),
+        attempts=read_attempt_log(attempts),
     )
 
 
@@ -282,12 +297,18 @@ def _create_schema(db: sqlite3.Connection) -> None:
     columns = {row[1] for row in db.execute("PRAGMA table_info(dt_runs)")}
     if "timeout" not in columns:
         db.execute("ALTER TABLE dt_runs ADD COLUMN timeout REAL")
+    # A file written before runs kept their trace: add the column (NULL: untraced).
+    if "trace" not in columns:
+        db.execute("ALTER TABLE dt_runs ADD COLUMN trace TEXT")
     # A file written before step heartbeats: add their columns (NULL: none).
     columns = {row[1] for row in db.execute("PRAGMA table_info(dt_steps)")}
     if "heartbeat_timeout" not in columns:
         db.execute("ALTER TABLE dt_steps ADD COLUMN heartbeat_timeout REAL")
     if "heartbeat" not in columns:
         db.execute("ALTER TABLE dt_steps ADD COLUMN heartbeat TEXT")
+    # A file written before attempt logs: add the column (NULL: no attempt logged).
+    if "attempts" not in columns:
+        db.execute("ALTER TABLE dt_steps ADD COLUMN attempts TEXT")
 
 
 # -- operations (each runs in the connection thread, as one transaction) -----------------------
@@ -298,7 +319,8 @@ def _op_create_run(ns: str, run: RunRecord, db: sqlite3.Connection) -> tuple[Run
     cursor = db.execute(
         _INSERT_RUN,
         (ns, run.run_id, run.workflow, _dumps(run.input), run.status.value, now, now,
-         _dumps(run.output), _dumps(run.error), run.owner, run.lease_until, run.timeout),
+         _dumps(run.output), _dumps(run.error), run.owner, run.lease_until, run.timeout,
+         _optional_dumps(run.trace)),
     )  # fmt: skip
     if cursor.rowcount == 1:  # inserted as given: no need to read it back
         return attrs.evolve(run, created_at=now, updated_at=now), True
@@ -369,7 +391,7 @@ _REOPEN_RUN: Final = """
 """
 _REOPEN_STEP: Final = """
     UPDATE dt_steps SET status = ?4, attempt = ?5, error = ?6, retry = ?7, wake_at = ?8,
-        dispatched = ?9, updated_at = ?10
+        dispatched = ?9, updated_at = ?10, attempts = ?11
     WHERE namespace = ?1 AND run_id = ?2 AND step_id = ?3
 """
 
@@ -388,7 +410,7 @@ def _op_reopen(
         _REOPEN_STEP,
         [
             (ns, run_id, s.step_id, s.status.value, s.attempt, _dumps(s.error),
-             _dumps(s.retry), s.wake_at, int(s.dispatched), now)
+             _dumps(s.retry), s.wake_at, int(s.dispatched), now, _dumps(s.attempts))
             for s in steps
         ],
     )  # fmt: skip
@@ -449,7 +471,7 @@ def _op_begin_step(ns: str, step: StepRecord, db: sqlite3.Connection) -> StepRec
         (ns, position, step.run_id, step.step_id, step.kind.value, step.name, step.status.value,
          step.attempt, _dumps(step.input), _dumps(step.output), _dumps(step.error),
          _dumps(step.retry), step.wake_at, int(step.dispatched), step.priority, now, now,
-         step.heartbeat_timeout, _optional_dumps(step.heartbeat)),
+         step.heartbeat_timeout, _optional_dumps(step.heartbeat), _dumps(step.attempts)),
     )  # fmt: skip
     if cursor.rowcount == 1:  # inserted as given: no need to read it back
         return attrs.evolve(step, created_at=now, updated_at=now)
@@ -479,7 +501,7 @@ def _op_update_step(
             _UPDATE_STEP,
             (ns, step.run_id, step.step_id, step.status.value, step.attempt,
              _dumps(step.output), _dumps(step.error), step.wake_at, int(step.dispatched),
-             time.time(), _optional_dumps(step.heartbeat)),
+             time.time(), _optional_dumps(step.heartbeat), _dumps(step.attempts)),
         )  # fmt: skip
     return verdict
 
