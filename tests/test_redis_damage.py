@@ -236,14 +236,15 @@ async def test_a_key_of_the_wrong_type_fails_the_script_before_any_write(redis_u
 async def test_an_unreadable_push_time_makes_the_age_unknown(
     redis_url: str, ns: str, stored: bytes | None
 ) -> None:
-    """A ready job's push time (the ``t<n>`` field of the job hash) that is not a plain
-    number, or none at all (a job pushed before push times were kept): the queue's oldest age
-    is ``None``, its counts are right, nothing raises, and the job is served as any other."""
+    """The oldest ready job's push time (the ``t<n>`` field of the job hash) not in the
+    scripts' format, or none at all (a job pushed before push times were kept): the queue's
+    oldest age is ``None``, its counts are right, nothing raises, and the job is served as any
+    other."""
     errors = Errors()
     served: list[str] = []
     async with world(redis_url, ns) as (backend, client, producer):
         q = Queue(client, producer.names.task_queue("work"))
-        ids = await dispatch(producer, ["g1", "bad", "g2"])
+        ids = await dispatch(producer, ["bad", "g1", "g2"])
         n = await q.internal_id(ids["bad"])
         if stored is None:
             await q.r("HDEL", q.key("jobs"), b"t" + n)
@@ -267,10 +268,12 @@ async def test_an_unreadable_push_time_makes_the_age_unknown(
 
 
 async def test_a_ready_member_naming_no_job_makes_the_age_unknown(redis_url: str) -> None:
+    """First in its priority, a member whose id cannot be read hides the jobs behind it (one of
+    them may be the oldest): the age is ``None`` until a pop moves it to the quarantine."""
     async with open_redis(redis_url) as client, RedisBroker(client) as broker:
         q = Queue(client, "age-of-nothing")
         await broker.push_on(q.name, Job("good", b"{}"))
-        await q.r("ZADD", q.key("ready"), 0, b"short")
+        await q.r("ZADD", q.key("ready"), -1, b"short")
         stats = await broker.queue_stats(q.name)
         assert (stats.ready, stats.oldest_ready_age) == (2, None)
         claimed = await broker.pop_many(q.name, 4)  # the member goes to the quarantine

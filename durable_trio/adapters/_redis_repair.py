@@ -14,15 +14,14 @@ from ._contract import FailedJob, QueueStats
 if TYPE_CHECKING:
     from .._redis import RedisClient, Script
 
-__all__ = ["MEMBER_ID", "READY_AGE", "REQUEUE_FAILED", "FailedJobRepair", "queue_keys"]
+__all__ = ["MEMBER_ID", "OLDEST_READY", "REQUEUE_FAILED", "FailedJobRepair", "queue_keys"]
 
 #: The internal id of a ``ready`` or ``delayed`` member (a Lua pattern): the digits after its
 #: 16-byte place.
 MEMBER_ID: Final = "'^" + "." * 16 + "(%d+)$'"
 
-#: Ready members whose push times one run of :data:`READY_AGE` reads, about (a ``ZSCAN`` page):
-#: a few milliseconds of the server's time per run, however long the queue.
-READY_AGE_PAGE: Final = 1000
+#: Priorities whose first ready job one run of :data:`OLDEST_READY` looks at.
+OLDEST_READY_HEADS: Final = 1000
 
 
 def queue_keys(queue: str) -> _Keys:
@@ -42,6 +41,7 @@ class _Keys:
         self.ready_key = key("ready")
         self.delayed_key = key("delayed")
         self.jobs_key = key("jobs")
+        self.moved_key = key("moved")
         self.push_keys = tuple(key(p) for p in ("seq", "ready", "delayed", "jobs", "meta", "armed"))
 
 
@@ -66,38 +66,70 @@ return 1
 """
 
 
-# KEYS: ready jobs
-# ARGV: cursor page
-# One page of a ZSCAN of ``ready``: {next cursor, now, the oldest push time found or false, how
-# many members had none that can be read}. A push time is the ``t`` .. n field of the job hash,
-# "<seconds> <microseconds>" (TIME's two parts); none (pushed before push times were kept, or a
-# member naming no job) or another value (damaged) counts as unknown. Read only.
-READY_AGE: Final = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local page = redis.call('ZSCAN', KEYS[1], ARGV[1], 'COUNT', tonumber(ARGV[2]))
-local items = page[2]
-local oldest = false
-local unknown = 0
-for i = 1, #items, 2 do
-  local n = string.match(items[i], MEMBER_ID)
-  local at = n and redis.call('HGET', KEYS[2], 't' .. n)
-  local s, us = false, false
-  if at and #at <= 24 then
-    s, us = string.match(at, '^(%d+) (%d+)$')
-  end
-  if s and #s <= 15 and #us <= 6 then
-    at = tonumber(s) + tonumber(us) / 1000000
-    if not oldest or at < oldest then
-      oldest = at
-    end
-  else
-    unknown = unknown + 1
+# KEYS: ready moved
+# ARGV: priority cursor ("": from the lowest) heads
+# The lowest internal id n among the ready jobs: {n or false, next cursor or false, unreadable}.
+# Ids are handed out in push order (INCR), and a job keeps its id and its push time through
+# delays, retries and reclaims, so the lowest id is the oldest push (on a server whose clock
+# does not step back). A job at its push's place in ``ready`` has its id as its place, so in
+# each priority it is behind any job pushed before it: only the head of each priority, and the
+# lowest of ``moved`` (the ready jobs at another place), can be the lowest. So a run costs
+# O(priorities * log n), never a walk of the queue. ``unreadable``: a head that names no id.
+OLDEST_READY: Final = """
+local lowest = false
+local function consider(n)
+  n = tonumber(n)
+  if n and (not lowest or n < lowest) then
+    lowest = n
   end
 end
-return {page[1], string.format('%.6f', now), oldest and string.format('%.6f', oldest) or false,
-  unknown}
+local first
+if ARGV[1] == '' then
+  -- (an entry whose member left ready meanwhile is stale: skipped, a bounded number of them)
+  for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, 99)) do
+    if redis.call('ZSCORE', KEYS[1], member) then
+      consider(string.match(member, MEMBER_ID))
+      break
+    end
+  end
+  first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+else
+  first = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+end
+local unreadable = 0
+local visited = 0
+local cursor = false
+while #first > 0 do
+  if visited == tonumber(ARGV[2]) then
+    break
+  end
+  local n = string.match(first[1], MEMBER_ID)
+  if n then
+    consider(n)
+  else
+    unreadable = unreadable + 1
+  end
+  visited = visited + 1
+  cursor = first[2]
+  first = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. cursor, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+end
+if #first == 0 then
+  cursor = false
+end
+return {lowest and string.format('%d', lowest) or false, cursor, unreadable}
 """.replace("MEMBER_ID", MEMBER_ID)
+
+
+#: A push time as the scripts store it: TIME's two parts, "<seconds> <microseconds>".
+_PUSH_TIME = re.compile(rb"([0-9]{1,15}) ([0-9]{1,6})")
+
+
+def _push_time(value: bytes | None) -> float | None:
+    """A stored push time in seconds, ``None`` when missing or not in the scripts' format."""
+    match = _PUSH_TIME.fullmatch(value) if value is not None else None
+    if match is None:
+        return None
+    return int(match[1]) + int(match[2]) / 1e6
 
 
 async def _known_queues(client: RedisClient, prefix: str) -> list[str]:
@@ -163,12 +195,11 @@ class FailedJobRepair:
         return bool(await self._client.execute("LREM", q.failed_key, 1, found[0]) == 1)
 
     async def queue_stats(self, queue: str) -> QueueStats:
-        """``queue``'s counts (one pipeline) and its oldest ready job's age: the push times of
-        every ready job, read a page (:data:`READY_AGE`) at a time, so a long queue never
-        blocks the server for long. Not one snapshot: a job claimed meanwhile may be left out
-        (it no longer waits); one ready through the whole read is always seen. ``None``: a
-        ready job's push time cannot be read (pushed by a version that kept none, or
-        damaged)."""
+        """``queue``'s counts (one pipeline) and its oldest ready job's age: the push time of
+        the ready job with the lowest internal id (see :data:`OLDEST_READY`), read with the
+        server's ``TIME``. ``None``: none is ready, or that job's push time cannot be read
+        (pushed by a version that kept none, or damaged). Not one snapshot: a job claimed
+        meanwhile may be left out (it no longer waits)."""
         q = queue_keys(queue)
         replies = await self._client.pipeline(
             [("ZCARD", q.ready_key), ("ZCARD", q.delayed_key), ("ZCARD", q.active_key),
@@ -179,22 +210,28 @@ class FailedJobRepair:
         return QueueStats(ready, delayed, claimed, failed, age)
 
     async def _oldest_ready_age(self, q: _Keys) -> float | None:
-        script = self._client.script(READY_AGE)
-        cursor: bytes = b"0"
-        oldest: float | None = None
-        now = 0.0
+        script = self._client.script(OLDEST_READY)
+        cursor: bytes = b""
+        lowest: int | None = None
         while True:
-            cursor, at_now, found, unknown = await script(
-                (q.ready_key, q.jobs_key), (cursor, READY_AGE_PAGE)
+            found, cursor, unreadable = await script(
+                (q.ready_key, q.moved_key), (cursor, OLDEST_READY_HEADS)
             )
-            if int(unknown):
-                return None  # (older than every known one, or damaged: no honest figure)
-            now = float(at_now)
+            if int(unreadable):
+                return None  # (a head naming no job: the one behind it may be the oldest)
             if found is not None:
-                oldest = float(found) if oldest is None else min(oldest, float(found))
-            if cursor in (b"0", "0", 0):
+                lowest = int(found) if lowest is None else min(lowest, int(found))
+            if cursor is None:
                 break
-        return None if oldest is None else max(0.0, now - oldest)
+        if lowest is None:
+            return None
+        pushed, now = await self._client.pipeline(
+            [("HGET", q.jobs_key, f"t{lowest}"), ("TIME",)]
+        )
+        at = _push_time(pushed)
+        if at is None:
+            return None
+        return max(0.0, int(now[0]) + int(now[1]) / 1e6 - at)
 
     async def known_queues(self, prefix: str) -> list[str]:
         """The queues named ``prefix...`` holding any job (see :func:`_known_queues`)."""
