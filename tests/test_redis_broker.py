@@ -161,6 +161,7 @@ async def test_push_times_live_in_the_job_hash_and_leave_with_the_job(
         assert answer is not None
         assert await broker.complete_job(answer.lease, other)
         assert await client.execute("EXISTS", f"{{{Q}}}:jobs", f"{{{other}}}:jobs") == 0
+        assert await client.execute("EXISTS", f"{{{Q}}}:moved") == 0  # ("later" left it)
 
 
 async def test_the_oldest_age_costs_a_few_commands_however_long_the_queue(
