@@ -238,7 +238,9 @@ async def test_set_aside_jobs_are_requeued_and_deleted_from_the_queues_page(
         row = re.search(rf'<td class="mono">{REFUND}</td>(.*?)</tr>', page)
         assert row is not None
         cells = re.findall(r'<td class="num">([^<]*)</td>', row[1])
-        assert cells == ["1", "0", "0", "0", "0", "2.00 s"]
+        assert cells[:5] == ["1", "0", "0", "0", "0"]
+        # (2 s of the virtual clock, and what the world's engine and worker loops let pass)
+        assert re.fullmatch(r"2\.\d\d s", cells[5]), cells[5]
 
     assert await serve_until_done(backend, "refund", "refunded") == ["kept"]
     stats = await backend.broker.queue_stats(REFUND)
