@@ -17,7 +17,11 @@ Key layout:
     ``{Q}:ready``           zset    score = priority, member = ``%016d(seq) .. n``
     ``{Q}:delayed``         zset    score = due time (server seconds), member as in ``ready``
     ``{Q}:active``          zset    score = claimed (or last renewed) at, member = lease token
-    ``{Q}:jobs``            hash    ``n`` -> job bytes
+    ``{Q}:jobs``            hash    ``n`` -> job bytes; ``t`` .. ``n`` -> its push time,
+                                    ``"<seconds> <microseconds>"`` as the server's ``TIME``
+                                    gives them, kept through retries, reclaims and delays
+                                    (``queue_stats``' oldest ready age), written and deleted
+                                    with the bytes in the same command
     ``{Q}:meta``            hash    ``n`` -> ``"priority:attempts:stalled_count:id"``
     ``{Q}:stalls``          hash    ``n`` -> stall history, JSON ``[[at, worker], ...]``
                                     (``[at, worker, 0]``: a stall that did not count)
@@ -31,6 +35,9 @@ Key layout:
                                     meta, a replaced stall history), each with what was found,
                                     the reason and the server time; newest first, trimmed to
                                     ``quarantine_retention``
+    ``{Q}:moved``           zset    score = ``n``, member as in ``ready``: the ready jobs at
+                                    another place than their push's (promoted, retried, or
+                                    reclaimed after one of those), for ``queue_stats``
     ``{Q}:armed``           string  set by a pop that found nothing: someone may be waiting
     ``{Q}:claimed``         string  set by a claim, cleared by a sweep that leaves none
     ======================  ======  ==========================================================
@@ -132,6 +139,7 @@ from ._contract import (
     RenewOutcome,
     Stall,
 )
+from ._redis_repair import MEMBER_ID as _MEMBER_ID
 from ._redis_repair import REQUEUE_FAILED, FailedJobRepair
 
 if TYPE_CHECKING:
@@ -189,8 +197,6 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 """
 
-#: The internal id of a ``ready`` or ``delayed`` member: the digits after its 16-byte place.
-_MEMBER_ID: Final = "'^" + "." * 16 + "(%d+)$'"
 
 _PARSE_META: Final = """
 -- The fields of a meta value, or nil when it is not "priority:attempts:stalled:id" (a damaged
@@ -251,14 +257,15 @@ end
 # KEYS: seq ready delayed jobs meta armed
 # ARGV: id data priority delay channel
 _PUSH: Final = """
+local t = redis.call('TIME')
 local seq = redis.call('INCR', KEYS[1])
 local n = string.format('%d', seq)
-redis.call('HSET', KEYS[4], n, ARGV[2])
+-- (the push time as TIME's two parts, joined: a number format would cost more than the HSET)
+redis.call('HSET', KEYS[4], n, ARGV[2], 't' .. n, t[1] .. ' ' .. t[2])
 redis.call('HSET', KEYS[5], n, ARGV[3] .. ':0:0:' .. ARGV[1])
 local member = string.format('%016d', seq) .. n
 local delay = tonumber(ARGV[4])
 if delay > 0 then
-  local t = redis.call('TIME')
   local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
   redis.call('ZADD', KEYS[3], now + delay, member)
 else
@@ -272,7 +279,7 @@ end
 return 1
 """
 
-# KEYS: seq ready delayed active jobs meta stalls claims armed claimed quarantine
+# KEYS: seq ready delayed active jobs meta stalls claims armed claimed quarantine moved
 # ARGV: count worker token_suffixes promote_batch quarantine_retention [started]
 # The claims past the first ``started`` are popped ahead: stored not started (a byte 1 before
 # the worker in their claim entry). Without ``started`` every claim is started, but for a
@@ -310,7 +317,7 @@ local function remains(n)
 end
 local function forget(n)
   if n then
-    redis.call('HDEL', KEYS[5], n)
+    redis.call('HDEL', KEYS[5], n, 't' .. n)
     redis.call('HDEL', KEYS[7], n)
     redis.call('HDEL', KEYS[8], n)
   end
@@ -319,6 +326,7 @@ local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, tonumb
 if #due > 0 then
   -- Promote in due-time order, each with a fresh sequence number (after the ready jobs of its
   -- priority, like a push made now). ZRANGEBYSCORE from -inf returns ranks 0..#due-1.
+  redis.call('ZCARD', KEYS[12])  -- (a read: a wrong-type key fails here, before any write)
   local promote, lost = {}, {}
   for _, member in ipairs(due) do
     local n = string.match(member, MEMBER_ID)
@@ -350,7 +358,9 @@ if #due > 0 then
   end
   for _, job in ipairs(promote) do
     seq = seq + 1
-    redis.call('ZADD', KEYS[2], job[2], string.format('%016d', seq) .. job[1])
+    local member = string.format('%016d', seq) .. job[1]
+    redis.call('ZADD', KEYS[12], job[1], member)  -- ready at another place than its push's
+    redis.call('ZADD', KEYS[2], job[2], member)
   end
   redis.call('ZREMRANGEBYRANK', KEYS[3], 0, #due - 1)
 end
@@ -373,9 +383,13 @@ local worker = ARGV[2]
 local suffixes = ARGV[3]
 local claims = {}
 local lost = {}
+local unmove = {}  -- the claimed members of ``moved``
 for _, member in ipairs(members) do
   local n = string.match(member, MEMBER_ID)
   local meta = n and redis.call('HGET', KEYS[6], n)
+  if not n or tonumber(string.sub(member, 1, 16)) ~= tonumber(n) then
+    unmove[#unmove + 1] = member
+  end
   if meta then
     local at = (#claims / 4 % (#suffixes / 16)) * 16
     local token = n .. ':' .. string.sub(suffixes, at + 1, at + 16)
@@ -393,6 +407,9 @@ for _, member in ipairs(members) do
   else
     lost[#lost + 1] = {member, n, remains(n)}
   end
+end
+if #unmove > 0 then
+  redis.call('ZCARD', KEYS[12])  -- (a read before the first write, as above)
 end
 if #lost > 0 then
   writable(KEYS[11], 'list')
@@ -416,6 +433,9 @@ for i = 1, #claims, 4 do
   redis.call('ZADD', KEYS[4], now, claims[i + 2])
 end
 redis.call('ZREMRANGEBYRANK', KEYS[2], 0, #members - 1)
+for _, member in ipairs(unmove) do
+  redis.call('ZREM', KEYS[12], member)
+end
 if #claims > 0 then
   redis.call('SET', KEYS[10], '1')  -- a sweep has something to look at (see queues_with_claims)
 end
@@ -439,7 +459,7 @@ local n = string.match(ARGV[1], '^(%d+):')
 if not n or redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
   return 0
 end
-redis.call('HDEL', KEYS[2], n)
+redis.call('HDEL', KEYS[2], n, 't' .. n)
 redis.call('HDEL', KEYS[3], n)
 redis.call('HDEL', KEYS[4], n)
 redis.call('HDEL', KEYS[5], n)
@@ -456,7 +476,7 @@ for i, token in ipairs(ARGV) do
   if not n or redis.call('ZREM', KEYS[1], token) == 0 then
     out[i] = 0
   else
-    redis.call('HDEL', KEYS[2], n)
+    redis.call('HDEL', KEYS[2], n, 't' .. n)
     redis.call('HDEL', KEYS[3], n)
     redis.call('HDEL', KEYS[4], n)
     redis.call('HDEL', KEYS[5], n)
@@ -469,13 +489,15 @@ return out
 # KEYS: seq ready delayed jobs meta armed (as _PUSH's)
 # ARGV: channel, then (id, data, priority) per job
 _PUSH_MANY: Final = """
+local t = redis.call('TIME')
+local pushed_at = t[1] .. ' ' .. t[2]
 local count = (#ARGV - 1) / 3
 local seq = redis.call('INCRBY', KEYS[1], count) - count
 for i = 0, count - 1 do
   seq = seq + 1
   local n = string.format('%d', seq)
   local priority = ARGV[4 + 3 * i]
-  redis.call('HSET', KEYS[4], n, ARGV[3 + 3 * i])
+  redis.call('HSET', KEYS[4], n, ARGV[3 + 3 * i], 't' .. n, pushed_at)
   redis.call('HSET', KEYS[5], n, priority .. ':0:0:' .. ARGV[2 + 3 * i])
   redis.call('ZADD', KEYS[2], priority, string.format('%016d', seq) .. n)
 end
@@ -507,7 +529,7 @@ redis.call('HEXISTS', KEYS[5], n)  -- (a read: a wrong-type key fails here, befo
 redis.call('LPUSH', KEYS[6], failed_record(now, meta, ARGV[2], stalls, data))
 redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[3]) - 1)
 redis.call('ZREM', KEYS[1], token)
-redis.call('HDEL', KEYS[2], n)
+redis.call('HDEL', KEYS[2], n, 't' .. n)
 redis.call('HDEL', KEYS[3], n)
 redis.call('HDEL', KEYS[4], n)
 redis.call('HDEL', KEYS[5], n)
@@ -538,7 +560,7 @@ _FAIL_AND_PUSH: Final = (
     + "end\n"
 )
 
-# KEYS: seq ready delayed active jobs meta stalls claims armed failed
+# KEYS: seq ready delayed active jobs meta stalls claims armed failed moved
 # ARGV: token delay count_attempt("1"/"0") channel failed_retention
 # Returns 0 (lease lost), 1 (handed back), or 2: the job's meta was unreadable, so it could not
 # be put back (no priority, no count): it was failed instead, kept as found.
@@ -563,7 +585,7 @@ if not priority then
   redis.call('LPUSH', KEYS[10], failed_record(now, meta, err, stalls, data))
   redis.call('LTRIM', KEYS[10], 0, tonumber(ARGV[5]) - 1)
   redis.call('ZREM', KEYS[4], token)
-  redis.call('HDEL', KEYS[5], n)
+  redis.call('HDEL', KEYS[5], n, 't' .. n)
   redis.call('HDEL', KEYS[6], n)
   redis.call('HDEL', KEYS[7], n)
   redis.call('HDEL', KEYS[8], n)
@@ -583,6 +605,9 @@ if delay > 0 then
   local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
   redis.call('ZADD', KEYS[3], now + delay, member)
 else
+  if tonumber(place) ~= tonumber(n) then
+    redis.call('ZADD', KEYS[11], n, member)  -- ready at another place than its push's
+  end
   redis.call('ZADD', KEYS[2], priority, member)
 end
 if ARGV[3] == '1' then
@@ -642,7 +667,7 @@ return {renewed, lost}
 """
 )
 
-# KEYS: seq ready active jobs meta stalls claims armed claimed quarantine
+# KEYS: seq ready active jobs meta stalls claims armed claimed quarantine moved
 # ARGV: threshold cutoff("" = now - threshold) max_stalled token_suffixes limit channel
 #       quarantine_retention
 # Returns {recovered, cutoff, examined, meta, data, stalls, token, ...}: the exceeded jobs, and
@@ -663,6 +688,7 @@ end
 local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. string.format('%.17g', cutoff),
   'LIMIT', 0, tonumber(ARGV[5]))
 local max_stalled = tonumber(ARGV[3])
+redis.call('ZSCORE', KEYS[11], '')  -- (a read: a wrong-type key fails here, before writes)
 local entry_at = '[' .. string.format('%.6f', now) .. ','
 local recovered = 0
 local set_aside = 0
@@ -700,7 +726,7 @@ for _, token in ipairs(stale) do
     quarantine(n and 'claimed job without meta' or 'active member names no claim', raw, n)
     redis.call('ZREM', KEYS[3], token)
     if n then
-      redis.call('HDEL', KEYS[4], n)
+      redis.call('HDEL', KEYS[4], n, 't' .. n)
       redis.call('HDEL', KEYS[6], n)
       redis.call('HDEL', KEYS[7], n)
     end
@@ -735,6 +761,9 @@ for _, token in ipairs(stale) do
     end
     if not poison then
       -- A reclaimed job keeps its place: it waited its turn once already.
+      if tonumber(place) ~= tonumber(n) then
+        redis.call('ZADD', KEYS[11], n, place .. n)  -- ready at another place than its push's
+      end
       redis.call('ZADD', KEYS[2], priority, place .. n)
     end
     local entry = entry_at .. cjson.encode(holder) .. (ahead and ',0]' or ']')
@@ -1087,6 +1116,7 @@ class _Queue:
                 "armed",
                 "claimed",
                 "quarantine",
+                "moved",
             ),
             complete_keys=keys("active", "jobs", "meta", "stalls", "claims"),
             fail_keys=keys("active", "jobs", "meta", "stalls", "claims", "failed"),
@@ -1101,6 +1131,7 @@ class _Queue:
                 "claims",
                 "armed",
                 "failed",
+                "moved",
             ),
             active_key=keys("active")[0],
             recover_keys=keys(
@@ -1114,6 +1145,7 @@ class _Queue:
                 "armed",
                 "claimed",
                 "quarantine",
+                "moved",
             ),
             claimed_key=keys("claimed")[0],
             size_keys=keys("ready", "delayed"),
