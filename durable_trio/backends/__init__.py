@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Backend", "MemoryRunStores", "RunStores", "open_backend"]
 
-_KNOWN = "memory://, sqlite:///, redis:// or rediss://"
+_KNOWN = "memory://, sqlite:///, redis://, rediss:// or redis+cluster://"
 
 
 @asynccontextmanager
@@ -30,7 +30,9 @@ async def open_backend(url: str = "memory://", *, existing: bool = False) -> Asy
 
     Args:
         url: ``memory://`` (one process, tests), ``sqlite:///path/file.db`` (embedded,
-            durable), ``redis://host:port/db`` or ``rediss://...`` (many machines).
+            durable), ``redis://host:port/db`` or ``rediss://...`` (many machines),
+            ``redis+cluster://host1:port1,host2:port2`` or ``rediss+cluster://...`` (a Redis
+            Cluster: see docs/deployment.md for what runs on one).
         existing: a SQLite file must exist already: nothing is created, and a mistyped path
             is a :class:`~durable_trio.ConfigError`, not a new empty database. What the
             commands that only read or repair (``health``, ``runs``, ``jobs``, ``queues``,
@@ -51,7 +53,7 @@ async def open_backend(url: str = "memory://", *, existing: bool = False) -> Asy
         opened = open_memory_backend(url)
     elif scheme == "sqlite":
         opened = open_sqlite_backend(url, existing=existing)
-    elif scheme in ("redis", "rediss"):
+    elif scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
         # imported here: the Redis backend needs hiredis (the `redis` extra)
         try:
             from .redis import open_redis_backend

@@ -1,20 +1,22 @@
-"""``redis://`` / ``rediss://``: one client, the Redis broker, key store and run stores on it.
+"""``redis://`` / ``rediss://`` (and ``redis+cluster://`` / ``rediss+cluster://``, a Redis
+Cluster): one client, the Redis broker, key store and run stores on it.
 
 Imported lazily by :func:`~durable_trio.open_backend`: ``hiredis`` is an optional dependency.
 """
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from .._engine._stores.redis import RedisRunStore
-from .._redact import redact_url
-from .._redis import RedisClient, open_redis
+from .._redact import redact_url, url_scheme
+from .._redis import RedisClient, RedisClusterClient, open_redis, open_redis_cluster
 from ..adapters.redis import RedisBroker
+from ..adapters.redis_cluster import RedisClusterBroker
 from ..keys.redis import RedisKeyStore
 from ._backend import Backend
 
@@ -23,14 +25,17 @@ if TYPE_CHECKING:
 
     from .._engine._stores._contract import RunStore
 
-__all__ = ["RedisRunStores", "open_redis_backend"]
+__all__ = ["CLUSTER_SCHEMES", "RedisRunStores", "open_redis_backend"]
+
+#: The schemes of a Redis Cluster URL.
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 
 
 @attrs.frozen
 class RedisRunStores:
     """Run stores on the backend's own client (the one its broker and key store use)."""
 
-    client: RedisClient
+    client: RedisClient | RedisClusterClient
 
     @asynccontextmanager
     async def open(self, namespace: str) -> AsyncIterator[RunStore]:
@@ -53,7 +58,8 @@ async def open_redis_backend(
     Everything is closed on leaving the block (the backend first, bounded, then the client).
 
     Args:
-        url: ``redis://[[user]:password@]host[:port][/db]`` or ``rediss://...``.
+        url: ``redis://[[user]:password@]host[:port][/db]`` or ``rediss://...``; a Cluster:
+            ``redis+cluster://host1:port1,host2:port2`` (a :class:`RedisClusterBroker`).
         key_tag: the key store's hash tag (see :class:`RedisKeyStore`).
         pool_size: shared connections of the client (plus one for the doorbell subscription).
         **broker_options: :class:`RedisBroker` options (``failed_retention`` ...).
@@ -106,7 +112,7 @@ async def _serve(
     broker_options: dict[str, Any],
     *,
     task_status: trio.TaskStatus[
-        tuple[Backend, RedisClient, trio.CancelScope]
+        tuple[Backend, RedisClient | RedisClusterClient, trio.CancelScope]
     ] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Hold the client and the broker open until the returned scope is cancelled.
@@ -116,10 +122,19 @@ async def _serve(
         always does (in a ``finally``): the shield is bounded by the block around it.
     """
     with trio.CancelScope(shield=True) as lift:
-        async with (
-            open_redis(url, pool_size=pool_size) as client,
-            RedisBroker(client, **broker_options) as broker,
-        ):
+        client: RedisClient | RedisClusterClient
+        broker: RedisBroker | RedisClusterBroker
+        async with AsyncExitStack() as stack:
+            if url_scheme(url) in CLUSTER_SCHEMES:
+                client = await stack.enter_async_context(
+                    open_redis_cluster(url, pool_size=pool_size)
+                )
+                broker = await stack.enter_async_context(
+                    RedisClusterBroker(client, **broker_options)
+                )
+            else:
+                client = await stack.enter_async_context(open_redis(url, pool_size=pool_size))
+                broker = await stack.enter_async_context(RedisBroker(client, **broker_options))
             backend = Backend(
                 url=redact_url(url),
                 broker=broker,

@@ -49,7 +49,7 @@ from ._paging import check_page, decode_cursor, encode_cursor
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ..._redis import RedisClient, Script
+    from ..._redis import RedisClient, RedisClusterClient, Script
 
 __all__ = ["RedisRunStore"]
 
@@ -378,7 +378,7 @@ class RedisRunStore:
         namespace: whose runs (part of the hash tag).
     """
 
-    def __init__(self, client: RedisClient, namespace: str) -> None:
+    def __init__(self, client: RedisClient | RedisClusterClient, namespace: str) -> None:
         if "{" in namespace or "}" in namespace:
             raise ValueError(f"a run store namespace has no braces: {namespace!r}")
         self._client = client
