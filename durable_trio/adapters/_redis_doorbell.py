@@ -15,7 +15,7 @@ covered by an older epoch may have missed a ring), and wait until it is (:meth:`
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -26,9 +26,19 @@ if TYPE_CHECKING:
     from trio_util import RepeatedEvent
 
     from .._redis import ShardedSubscription, Subscription
-    from .redis import _Queue
 
 __all__ = ["PubSubDoorbell", "ShardedDoorbell"]
+
+
+class _Queue(Protocol):
+    """What a listener needs of a queue (the broker's ``_Queue``)."""
+
+    channel: bytes
+    covered_epoch: int
+    """The epoch in which its channel was confirmed subscribed; 0: none."""
+
+    def ring_bell(self) -> None:
+        """Count a ring and wake its waiters."""
 
 
 class _DoorbellState:

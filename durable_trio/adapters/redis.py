@@ -1276,7 +1276,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
         self._peek: Script = self._script(_PEEK)
         self._queues: dict[str, _Queue] = {}
         # The doorbell: wanted channels, the live subscription and its epoch.
-        self._wanted: dict[bytes, _Queue] = {}
+        self._wanted = {}
         self._want = RepeatedEvent()  # a channel was added to _wanted
         self._epoch = 0
         # Set and replaced on every change of a subscription. An Event, not a RepeatedEvent:
