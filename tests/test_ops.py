@@ -38,6 +38,13 @@ async def _store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> A
             yield store
         finally:
             await store.aclose()
+    elif kind == "redis-cluster":  # runs spread over the cluster's run shards
+        from durable_trio._engine._stores.redis import RedisRunStore
+        from durable_trio._redis import open_redis_cluster
+        from durable_trio.backends.redis import CLUSTER_RUN_SHARDS
+
+        async with open_redis_cluster(request.getfixturevalue("redis_cluster_url")) as cluster:
+            yield RedisRunStore(cluster, "shop", shards=CLUSTER_RUN_SHARDS)
     else:
         from durable_trio._engine._stores.redis import RedisRunStore
         from durable_trio._redis import open_redis
@@ -50,7 +57,7 @@ def _record(run_id: str, workflow: str, status: dt.RunStatus = dt.RunStatus.PEND
     return dt.RunRecord(run_id, workflow, None, status, 0.0, 0.0)
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis", "redis-cluster"])
 async def test_pages_are_stable_newest_first_and_filtered(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -83,7 +90,7 @@ async def test_pages_are_stable_newest_first_and_filtered(
             await store.page_runs(limit=0)
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+@pytest.mark.parametrize("kind", ["sqlite", "redis", "redis-cluster"])
 async def test_a_deep_page_over_many_runs(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

@@ -25,10 +25,15 @@ if TYPE_CHECKING:
 
     from .._engine._stores._contract import RunStore
 
-__all__ = ["CLUSTER_SCHEMES", "RedisRunStores", "open_redis_backend"]
+__all__ = ["CLUSTER_RUN_SHARDS", "CLUSTER_SCHEMES", "RedisRunStores", "open_redis_backend"]
 
 #: The schemes of a Redis Cluster URL.
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+#: Run shards per namespace on a Cluster: a run and its steps share one shard's hash tag, the
+#: shards' tags spread over the masters. Fixed: a store opened with another count would look for
+#: runs in the wrong shards (docs/decisions.md, "Run shards on a Redis Cluster").
+CLUSTER_RUN_SHARDS = 16
 
 
 @attrs.frozen
@@ -36,11 +41,14 @@ class RedisRunStores:
     """Run stores on the backend's own client (the one its broker and key store use)."""
 
     client: RedisClient | RedisClusterClient
+    shards: int = 1
+    """Run shards per namespace (1: one hash tag, today's layout; a Cluster's: many, spread
+    over its masters by run id)."""
 
     @asynccontextmanager
     async def open(self, namespace: str) -> AsyncIterator[RunStore]:
         """A store for ``namespace`` on the client; closed on leaving (the client is not)."""
-        store = RedisRunStore(self.client, namespace)
+        store = RedisRunStore(self.client, namespace, shards=self.shards)
         try:
             yield store
         finally:
@@ -125,7 +133,8 @@ async def _serve(
         client: RedisClient | RedisClusterClient
         broker: RedisBroker | RedisClusterBroker
         async with AsyncExitStack() as stack:
-            if url_scheme(url) in CLUSTER_SCHEMES:
+            cluster = url_scheme(url) in CLUSTER_SCHEMES
+            if cluster:
                 client = await stack.enter_async_context(
                     open_redis_cluster(url, pool_size=pool_size)
                 )
@@ -139,7 +148,7 @@ async def _serve(
                 url=redact_url(url),
                 broker=broker,
                 keys=RedisKeyStore(client, tag=key_tag),
-                run_stores=RedisRunStores(client),
+                run_stores=RedisRunStores(client, shards=CLUSTER_RUN_SHARDS if cluster else 1),
             )
             task_status.started((backend, client, lift))
             await trio.sleep_forever()
