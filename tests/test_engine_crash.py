@@ -1,5 +1,6 @@
 """Crash and resume with real processes: engine processes are SIGKILLed mid-run and replaced;
-every run completes and no checkpointed step runs again (SQLite, and Redis when available)."""
+every run completes and no checkpointed step runs again (SQLite, and Redis, one server and a
+Cluster, when available)."""
 
 from __future__ import annotations
 
@@ -127,6 +128,14 @@ async def test_crash_and_resume_on_sqlite(tmp_path: Path) -> None:
 @pytest.mark.redis
 async def test_crash_and_resume_on_redis(redis_url: str) -> None:
     await crash_twice_and_finish(redis_url)
+
+
+@pytest.mark.chaos
+@pytest.mark.redis
+async def test_crash_and_resume_on_a_redis_cluster(redis_cluster_url: str) -> None:
+    """The same on the private 3-master cluster: the queues, the worker keys and the runs (in
+    their run shards) spread over the masters."""
+    await crash_twice_and_finish(redis_cluster_url)
 
 
 if __name__ == "__main__":
