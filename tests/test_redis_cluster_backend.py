@@ -8,6 +8,7 @@ look the topology up (a failover swaps a master and its replica) and never assum
 from __future__ import annotations
 
 import time
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import pytest
@@ -23,6 +24,8 @@ from durable_trio.adapters.redis_cluster import RedisClusterBroker
 from durable_trio.keys.redis import RedisKeyStore
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from _redis_cluster import ClusterNode, RedisCluster
 
 pytestmark = pytest.mark.redis
@@ -43,6 +46,17 @@ def queue_on(cluster: RedisCluster, master: ClusterNode, prefix: str) -> str:
 
 def queue_per_master(cluster: RedisCluster, prefix: str) -> list[str]:
     return [queue_on(cluster, m, f"{prefix}{i}") for i, m in enumerate(cluster.masters())]
+
+
+@asynccontextmanager
+async def a_job_on_each(url: str, queues: list[str]) -> AsyncIterator[RedisClusterBroker]:
+    """The broker of ``open_backend(url)``, one job pushed on each of ``queues``."""
+    async with dt.open_backend(url) as backend:
+        broker = backend.broker
+        assert isinstance(broker, RedisClusterBroker)
+        for n, queue in enumerate(queues):
+            await broker.push_on(queue, job(n))
+        yield broker
 
 
 async def subscribed_on_its_master(cluster: RedisCluster, queue: str) -> None:
@@ -127,11 +141,7 @@ async def test_sweep_hint_reads_the_claim_flags_of_queues_on_every_master(
     redis_cluster: RedisCluster, redis_cluster_url: str
 ) -> None:
     queues = queue_per_master(redis_cluster, "hint")
-    async with dt.open_backend(redis_cluster_url) as backend:
-        broker = backend.broker
-        assert isinstance(broker, RedisClusterBroker)
-        for n, queue in enumerate(queues):
-            await broker.push_on(queue, job(n))
+    async with a_job_on_each(redis_cluster_url, queues) as broker:
         assert await broker.queues_with_claims(queues) == []
         for queue in queues[1:]:
             await broker.pop_from(queue)
@@ -173,11 +183,7 @@ async def test_listings_scan_every_master(
     redis_cluster: RedisCluster, redis_cluster_url: str
 ) -> None:
     queues = queue_per_master(redis_cluster, "list")
-    async with dt.open_backend(redis_cluster_url) as backend:
-        broker = backend.broker
-        assert isinstance(broker, RedisClusterBroker)
-        for n, queue in enumerate(queues):
-            await broker.push_on(queue, job(n))
+    async with a_job_on_each(redis_cluster_url, queues) as broker:
         claimed = await broker.pop_from(queues[0])
         assert claimed is not None
         assert await broker.waiting_queues("list") == sorted(queues[1:])
