@@ -273,3 +273,37 @@ async def test_a_waiter_wakes_on_a_push_after_its_queues_master_is_killed(
                 served = time.monotonic() - killed
         print(f"\nkill -9 -> push accepted {served:.2f}s, waiter done {wakes[-1] - killed:.2f}s")
     await trio.to_thread.run_sync(redis_cluster.start)
+
+
+async def test_worker_liveness_and_group_health_read_the_key_store_on_a_cluster(
+    redis_cluster_url: str,
+) -> None:
+    """The worker-key store on a Cluster (one hash tag, one slot): a worker's liveness key and
+    descriptor are seen by another process's health read, and withdrawn when it closes."""
+    release = trio.Event()
+
+    async def slow(task: dt.RemoteTask) -> None:
+        await release.wait()
+
+    async with (
+        dt.open_backend(redis_cluster_url) as backend,
+        dt.open_queue_transport(backend, instance_id="engine") as engine,
+    ):
+        async with dt.open_queue_transport(
+            backend, instance_id="w1", concurrency=2, prefetch=0
+        ) as worker:
+            worker.handle("resize", slow)
+            for n in range(3):
+                task = dt.RemoteTask(run_id="r", step_id=f"s{n}", attempt=1, name="resize")
+                await engine.dispatch(task)
+            with trio.fail_after(10):
+                while True:
+                    health = await engine.health.group_health("resize")
+                    if health is not None and health.live_workers and health.depth == 1:
+                        break
+                    await trio.sleep(0.05)
+            assert [w.instance for w in health.live_workers] == ["w1"]
+            release.set()
+        health = await engine.health.group_health("resize")
+        assert health is not None
+        assert health.live_workers == ()  # withdrawn at once on close
