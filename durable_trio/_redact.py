@@ -16,6 +16,9 @@ __all__ = ["MASK", "redact_url", "url_scheme"]
 MASK: Final = "***"
 
 _SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+#: A password given as a query option (``?sentinel_password=...``): its value, up to the next
+#: ``&`` (not ``#``: an unencoded ``#`` in it must not end the mask early).
+_QUERY_PASSWORD: Final = re.compile(r"([?&][^=&?]*password=)[^&]*", re.IGNORECASE)
 
 
 def url_scheme(url: str) -> str | None:
@@ -43,19 +46,25 @@ def redact_url(url: str) -> str:
     ``/``, ``?``, ``#`` or ``@`` (which ends the host part early for a URL parser) is still
     masked whole; at worst an ``@`` in a path or query masks more than the credentials. A URL
     whose part after ``://`` starts with ``/`` has no host part (``sqlite:///file.db``) and is
-    returned unchanged. Text that does not start with a scheme and ``://`` is not shown at all.
-    Never raises.
+    returned unchanged. The value of a query option named ``password`` or ``..._password``
+    (``sentinel_password``) is masked too, first (an ``@`` in it does not move the other
+    mask). Text that does not start with a scheme and ``://`` is not shown at all. Never
+    raises.
 
     Args:
         url: a backend URL, well formed or not.
 
     Returns:
         the URL to show: ``redis://***@host:6379/0``, or ``***`` for text without a scheme.
+        A query password shows as ``?sentinel_password=***``.
     """
     scheme = url_scheme(url)
     if scheme is None:
         return MASK
-    rest = url.partition("://")[2]
-    if rest.startswith("/") or "@" not in rest:
+    shown, _, rest = url.partition("://")
+    if rest.startswith("/"):
         return url
-    return f"{url.partition('://')[0]}://{MASK}@{rest.rpartition('@')[2]}"
+    rest = _QUERY_PASSWORD.sub(lambda found: found.group(1) + MASK, rest)
+    if "@" not in rest:
+        return f"{shown}://{rest}"
+    return f"{shown}://{MASK}@{rest.rpartition('@')[2]}"

@@ -11,6 +11,7 @@ import pytest
 import trio.testing
 
 from _redis_cluster import *  # noqa: F403  (the private Redis Cluster fixture)
+from _redis_sentinel import *  # noqa: F403  (the private sentinel group)
 from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
 from durable_trio._redis import open_redis, open_redis_cluster
 from durable_trio.adapters.memory import MemoryBroker
@@ -25,7 +26,7 @@ pytest_plugins = ["pytester"]  # (test_simulation runs the fixtures plugin in an
 
 #: Every broker the contract suite runs against. Brokers that need a server or a file add
 #: themselves here with a factory below.
-BROKER_KINDS = ["memory", "sqlite", "redis", "redis-cluster"]
+BROKER_KINDS = ["memory", "sqlite", "redis", "redis-sentinel", "redis-cluster"]
 
 BrokerFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
@@ -50,6 +51,8 @@ def broker_factory(
     their own ``trio.run``)."""
     # The private redis-server, started only when the redis kind is asked for.
     redis_server = request.getfixturevalue("redis_server") if broker_kind == "redis" else None
+    # The private sentinel group (1 master, 1 replica, 3 sentinels), likewise.
+    group = request.getfixturevalue("redis_sentinel") if broker_kind == "redis-sentinel" else None
     # The private 6-node cluster (3 masters), likewise.
     cluster = request.getfixturevalue("redis_cluster") if broker_kind == "redis-cluster" else None
 
@@ -81,6 +84,15 @@ def broker_factory(
                 yield broker
 
     @asynccontextmanager
+    async def redis_sentinel() -> AsyncIterator[Any]:
+        assert group is not None
+        await trio.to_thread.run_sync(group.wait_stable)  # whole again if a test killed a node
+        async with open_redis(group.url()) as client:
+            await client.execute("FLUSHDB")
+            async with RedisBroker(client) as broker:
+                yield broker
+
+    @asynccontextmanager
     async def redis_cluster() -> AsyncIterator[Any]:
         assert cluster is not None
         cluster.reset()  # every node running, every master flushed
@@ -94,6 +106,7 @@ def broker_factory(
         "memory": memory,
         "sqlite": sqlite,
         "redis": redis,
+        "redis-sentinel": redis_sentinel,
         "redis-cluster": redis_cluster,
     }
     return factories[broker_kind]

@@ -60,8 +60,15 @@ async def test_sqlite_backend_round_trip_survives_reopening(tmp_path: Path) -> N
     assert [r.output for r in got] == [42]
 
 
-async def test_redis_backend_round_trip(redis_url: str) -> None:
-    async with dt.open_backend(redis_url) as backend:
+@pytest.fixture(params=["redis", "redis-sentinel"])
+def any_redis_url(request: pytest.FixtureRequest) -> str:
+    """A fresh database on the private server, or on the private Sentinel group's master."""
+    fixture = "redis_url" if request.param == "redis" else "redis_sentinel_url"
+    return str(request.getfixturevalue(fixture))
+
+
+async def test_redis_backend_round_trip(any_redis_url: str) -> None:
+    async with dt.open_backend(any_redis_url) as backend:
         assert backend.keys is not None
         assert "@" not in backend.url
         async with dt.open_queue_transport(backend, namespace="backend-test") as transport:

@@ -10,7 +10,9 @@ and refused credentials (``-WRONGPASS``, ``-NOAUTH``, ``-NOPERM``): :class:`Redi
 :class:`~durable_trio._errors.AuthenticationError`.
 
 :func:`open_redis_cluster` opens a Redis Cluster client with the same surface, routing each
-command to the master of its keys' slot (``redis+cluster://`` URLs).
+command to the master of its keys' slot (``redis+cluster://`` URLs). :func:`open_redis` on a
+``redis+sentinel://`` URL is the single-node client following the master that Redis Sentinel
+names (:class:`MasterLocator`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from ._errors import (
 from ._keyslot import key_slot
 from ._pubsub import Subscription
 from ._script import Script
+from ._sentinel import MasterLocator
+from ._sentinel_url import SentinelURL, parse_sentinel_url
 from ._sharded import ShardedSubscription
 from ._url import RedisClusterURL, RedisURL, parse_redis_cluster_url, parse_redis_url
 
@@ -36,6 +40,7 @@ __all__ = [
     "ClusterStats",
     "Connection",
     "ConnectionStats",
+    "MasterLocator",
     "RedisArg",
     "RedisAuthError",
     "RedisBusyReply",
@@ -47,6 +52,7 @@ __all__ = [
     "RedisReplyError",
     "RedisURL",
     "Script",
+    "SentinelURL",
     "ShardedSubscription",
     "Subscription",
     "key_slot",
@@ -54,4 +60,5 @@ __all__ = [
     "open_redis_cluster",
     "parse_redis_cluster_url",
     "parse_redis_url",
+    "parse_sentinel_url",
 ]

@@ -30,9 +30,11 @@ import trio
 from .._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
 from .._redact import url_scheme
 from ._connection import Connection, RedisArg, connect
-from ._errors import RedisAuthError
+from ._errors import RedisAuthError, RedisReplyError
 from ._pubsub import Subscription
 from ._script import Script
+from ._sentinel import MasterLocator
+from ._sentinel_url import SENTINEL_SCHEMES, parse_sentinel_url
 from ._url import RedisURL, parse_redis_url
 
 if TYPE_CHECKING:
@@ -50,6 +52,8 @@ def open_redis(
     command_timeout: float = 10.0,
     backoff_initial: float = 0.05,
     backoff_max: float = 2.0,
+    sentinel_timeout: float = 2.0,
+    watch_sentinels: bool = True,
 ) -> RedisClient:
     """Make a client for ``url``; use it as ``async with open_redis(url) as client:``.
 
@@ -59,7 +63,11 @@ def open_redis(
     Args:
         url: ``redis://[[user]:password@]host[:port][/db][?client_name=...]`` or ``rediss://``
             (TLS; add ``ssl_cert_reqs=none`` to skip certificate checks, ``ssl_ca_certs=PATH`` to
-            trust a private CA). See :func:`parse_redis_url`.
+            trust a private CA). See :func:`parse_redis_url`. Or a master found through Redis
+            Sentinel: ``redis+sentinel://[[user]:password@]s1:26379,s2:26379/MASTER[/db]``
+            (``rediss+sentinel://``: TLS to the data nodes), see
+            :func:`~durable_trio._redis._sentinel_url.parse_sentinel_url` and
+            :class:`~durable_trio._redis._sentinel.MasterLocator`.
         pool_size: how many shared connections at most (commands go to the least loaded one).
         connect_timeout: seconds for connect + TLS + ``AUTH``/``SELECT``/``CLIENT SETNAME``.
         command_timeout: default seconds a command waits for its reply before its connection is
@@ -68,6 +76,10 @@ def open_redis(
             consecutive failure, jittered down to half, capped at ``backoff_max``). Calls made
             meanwhile fail fast with ``BrokerUnavailable``.
         backoff_max: the cap of that delay.
+        sentinel_timeout: ``redis+sentinel://`` only: seconds for the sentinels to answer
+            (connect included), and for a new data connection's ``ROLE``.
+        watch_sentinels: ``redis+sentinel://`` only: follow the sentinels' ``+try-failover``
+            and ``+switch-master`` announcements (a task and a connection per sentinel).
 
     Returns:
         the (not yet entered) client.
@@ -79,9 +91,23 @@ def open_redis(
         # The one switch between the two clients: each call site says which it wants, so a
         # caller typed for one node (the broker, the run stores) never gets a cluster client.
         raise ConfigError("a redis+cluster:// URL is opened with open_redis_cluster()")
-    parsed = parse_redis_url(url)
+    locator: MasterLocator | None = None
+    if url_scheme(url) in SENTINEL_SCHEMES:
+        located = parse_sentinel_url(url)
+        if not sentinel_timeout > 0:
+            raise ConfigError(f"sentinel_timeout must be positive, not {sentinel_timeout}")
+        parsed = located.data
+        locator = MasterLocator(
+            located,
+            sentinel_timeout=sentinel_timeout,
+            command_timeout=command_timeout,
+            watch=watch_sentinels,
+        )
+    else:
+        parsed = parse_redis_url(url)
     return RedisClient(
         parsed,
+        locator=locator,
         **pool_options(
             pool_size=pool_size,
             connect_timeout=connect_timeout,
@@ -189,8 +215,10 @@ class RedisClient:
         command_timeout: float,
         backoff_initial: float,
         backoff_max: float,
+        locator: MasterLocator | None = None,
     ) -> None:
         self._url = url
+        self._locator = locator
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout
@@ -212,6 +240,8 @@ class RedisClient:
 
     async def __aenter__(self) -> RedisClient:
         self._nursery = await self._lifetime.open(refuse=self._closed)
+        if self._locator is not None:
+            self._locator.start(self._nursery)
         return self
 
     async def __aexit__(
@@ -239,8 +269,15 @@ class RedisClient:
 
     @property
     def url(self) -> RedisURL:
-        """The parsed URL (its ``repr`` hides the password)."""
+        """The parsed URL (its ``repr`` hides the password); for a ``redis+sentinel://`` URL
+        the data nodes' settings, with a stand-in address (see :attr:`sentinel`)."""
         return self._url
+
+    @property
+    def sentinel(self) -> MasterLocator | None:
+        """How a ``redis+sentinel://`` client finds its master (its counters, the last
+        master it found); ``None`` for a single server."""
+        return self._locator
 
     @property
     def connections(self) -> tuple[Connection, ...]:
@@ -277,7 +314,12 @@ class RedisClient:
             TransportClosed: the client is closed.
         """
         conn = await self._acquire()
-        return await conn.execute(*args, reply_timeout=reply_timeout)
+        try:
+            return await conn.execute(*args, reply_timeout=reply_timeout)
+        except RedisReplyError as exc:
+            if self._locator is not None and exc.code == "READONLY":
+                raise self._locator.demoted(conn, exc) from exc
+            raise
 
     async def pipeline(
         self,
@@ -304,9 +346,19 @@ class RedisClient:
             TransportClosed: the client is closed.
         """
         conn = await self._acquire()
-        return await conn.pipeline(
-            commands, raise_on_error=raise_on_error, reply_timeout=reply_timeout
-        )
+        try:
+            replies = await conn.pipeline(
+                commands, raise_on_error=raise_on_error, reply_timeout=reply_timeout
+            )
+        except RedisReplyError as exc:
+            if self._locator is not None and exc.code == "READONLY":
+                raise self._locator.demoted(conn, exc) from exc
+            raise
+        if self._locator is not None and not raise_on_error:
+            for reply in replies:
+                if isinstance(reply, RedisReplyError) and reply.code == "READONLY":
+                    raise self._locator.demoted(conn, reply)
+        return replies
 
     def script(self, source: str | bytes) -> Script:
         """Register a Lua script (no round trip) and return its callable handle.
@@ -389,8 +441,11 @@ class RedisClient:
     ) -> Connection:
         if self._closed or self._nursery is None:
             raise TransportClosed("the Redis client is closed (or was never entered)")
-        return await connect(
-            self._url,
+        # A Sentinel client asks where the master is for every new connection, and keeps the
+        # connection only if the node says it is the master.
+        url = self._url if self._locator is None else await self._locator.locate()
+        conn = await connect(
+            url,
             self._nursery,
             connect_timeout=self._connect_timeout,
             command_timeout=self._command_timeout if command_timeout is None else command_timeout,
@@ -398,6 +453,9 @@ class RedisClient:
             scripts=self._scripts,
             push_buffer=push_buffer,
         )
+        if self._locator is not None:
+            await self._locator.admit(conn)
+        return conn
 
     def _pick(self) -> Connection | None:
         """The least loaded healthy pooled connection (dropping dead ones from the list)."""

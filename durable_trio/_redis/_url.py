@@ -57,7 +57,10 @@ class RedisURL:
 
     @property
     def address(self) -> str:
-        """``host:port``, for messages (never includes credentials)."""
+        """``host:port``, for messages (never includes credentials); just ``host`` for port 0
+        (the stand-in of a Sentinel client before it found its master)."""
+        if self.port == 0:
+            return self.host
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
 
@@ -161,7 +164,7 @@ def _unparsable(url: str, host: int, end: int) -> ConfigError:
     return _fault(port_at, "the port is not a number", hint=True)
 
 
-def _options(url: str, end: int) -> dict[str, str]:
+def _options(url: str, end: int, known: frozenset[str] = _QUERY_KEYS) -> dict[str, str]:
     """The query options, each checked where it is (its position named if it is unknown)."""
     query_at = url.find("?", end)
     if query_at < 0:
@@ -174,9 +177,9 @@ def _options(url: str, end: int) -> dict[str, str]:
         key, _, value = piece.partition("=")
         if piece:
             key = unquote_plus(key)
-            if key not in _QUERY_KEYS:
-                known = ", ".join(sorted(_QUERY_KEYS))
-                raise _fault(index, f"an unknown option (known: {known})")
+            if key not in known:
+                names = ", ".join(sorted(known))
+                raise _fault(index, f"an unknown option (known: {names})")
             options[key] = unquote_plus(value)
         index += len(piece) + 1
     return options
@@ -238,17 +241,26 @@ def _database(url: str, end: int, path: str) -> int:
 
 
 def _settings(
-    url: str, start: int, end: int, tls: bool, username: str | None, password: str | None
+    url: str,
+    start: int,
+    end: int,
+    tls: bool,
+    username: str | None,
+    password: str | None,
+    known: frozenset[str] = _QUERY_KEYS,
 ) -> dict[str, Any]:
-    """The settings every node URL shares: credentials, TLS and the query options, checked."""
+    """The settings every node URL shares: credentials, TLS and the query options, checked
+    (``known``: the options the URL may have, those of a Sentinel URL being more)."""
     if username and password is None:
         raise _fault(start, "a user name needs a password (user:password@)")
-    query = _options(url, end)
+    query = _options(url, end, known)
     cert_reqs = _CERT_REQS_NAMES.get(query.get("ssl_cert_reqs", "required").lower())
     if cert_reqs is None:
         raise ConfigError("ssl_cert_reqs must be none, optional or required")
     if not tls and ("ssl_cert_reqs" in query or "ssl_ca_certs" in query):
-        raise ConfigError("ssl_* options need a rediss:// (or rediss+cluster://) URL")
+        raise ConfigError(
+            "ssl_* options need a rediss:// (or rediss+cluster://, rediss+sentinel://) URL"
+        )
     return {
         "username": username,
         "password": password,
@@ -302,8 +314,20 @@ def parse_redis_cluster_url(url: str) -> RedisClusterURL:
         ConfigError: the URL is not one of the above.
     """
     scheme, start, end, host_at = _split(url, "redis+cluster", "a Redis Cluster URL")
+    username, password = _credentials(url, start, host_at)
+    seeds = _seeds(url, host_at, end)
+    if _database(url, end, urlsplit(f"redis://seed{url[end:]}").path) != 0:
+        raise _fault(end + 1, "a Redis Cluster has only database 0 (no path, or /0)")
+    settings = _settings(url, start, end, scheme == "rediss+cluster", username, password)
+    return RedisClusterURL(
+        seeds=tuple(RedisURL(host=host, port=port, **settings) for host, port in seeds)
+    )
+
+
+def _credentials(url: str, start: int, host_at: int) -> tuple[str | None, str | None]:
+    """The user name and password before the hosts (``user:password@``), percent-decoded."""
     try:
-        # The credentials alone, behind a placeholder host (the seeds are parsed one by one).
+        # The credentials alone, behind a placeholder host (the hosts are parsed one by one).
         credentials = urlsplit(f"redis://{url[start:host_at]}seed")
         username = unquote(credentials.username) if credentials.username else None
         password = unquote(credentials.password) if credentials.password is not None else None
@@ -313,23 +337,29 @@ def parse_redis_cluster_url(url: str) -> RedisClusterURL:
         unparsable = False
     if unparsable:
         raise _fault(start, "the user name or password cannot be parsed", hint=True)
+    return username, password
+
+
+def _seeds(
+    url: str, host_at: int, end: int, default_port: int = 6379, noun: str = "seed"
+) -> list[tuple[str, int]]:
+    """The comma-separated ``host[:port]`` list between ``host_at`` and ``end`` of ``url``
+    (cluster seeds, or sentinels: ``noun`` names them in messages)."""
     seeds: list[tuple[str, int]] = []
     index = host_at
     for piece in url[host_at:end].split(","):
-        seeds.append(_seed(url, index, index + len(piece)))
+        seeds.append(_seed(url, index, index + len(piece), default_port, noun))
         index += len(piece) + 1
-    if _database(url, end, urlsplit(f"redis://seed{url[end:]}").path) != 0:
-        raise _fault(end + 1, "a Redis Cluster has only database 0 (no path, or /0)")
-    settings = _settings(url, start, end, scheme == "rediss+cluster", username, password)
-    return RedisClusterURL(
-        seeds=tuple(RedisURL(host=host, port=port, **settings) for host, port in seeds)
-    )
+    return seeds
 
 
-def _seed(url: str, begin: int, end: int) -> tuple[str, int]:
-    """The ``host[:port]`` of one seed, between ``begin`` and ``end`` of ``url``."""
+def _seed(
+    url: str, begin: int, end: int, default_port: int = 6379, noun: str = "seed"
+) -> tuple[str, int]:
+    """The ``host[:port]`` of one seed (or sentinel), between ``begin`` and ``end`` of
+    ``url``."""
     if begin == end:
-        raise _fault(begin, "an empty seed (seeds are host:port,host:port)")
+        raise _fault(begin, f"an empty {noun} ({noun}s are host:port,host:port)")
     try:
         parts = urlsplit(f"redis://{url[begin:end]}")
         port = parts.port
@@ -341,4 +371,4 @@ def _seed(url: str, begin: int, end: int) -> tuple[str, int]:
         raise _unparsable(url, begin, end)
     if not parts.hostname:
         raise _fault(begin, "no host")
-    return parts.hostname, 6379 if port is None else port
+    return parts.hostname, default_port if port is None else port

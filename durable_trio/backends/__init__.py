@@ -21,7 +21,12 @@ if TYPE_CHECKING:
 
 __all__ = ["Backend", "MemoryRunStores", "RunStores", "open_backend"]
 
-_KNOWN = "memory://, sqlite:///, redis://, rediss:// or redis+cluster://"
+_KNOWN = "memory://, sqlite:///, redis://, rediss://, redis+sentinel:// or redis+cluster://"
+#: Schemes served by the Redis backend (one master, found through Sentinel for the sentinel
+#: ones; a Redis Cluster for the cluster ones).
+_REDIS_SCHEMES = (
+    "redis", "rediss", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"
+)  # fmt: skip
 
 
 @asynccontextmanager
@@ -31,6 +36,8 @@ async def open_backend(url: str = "memory://", *, existing: bool = False) -> Asy
     Args:
         url: ``memory://`` (one process, tests), ``sqlite:///path/file.db`` (embedded,
             durable), ``redis://host:port/db`` or ``rediss://...`` (many machines),
+            ``redis+sentinel://s1:26379,s2:26379/MASTER/db`` (the master that Redis
+            Sentinel names, followed through failovers; docs/deployment.md), or
             ``redis+cluster://host1:port1,host2:port2`` or ``rediss+cluster://...`` (a Redis
             Cluster: see docs/deployment.md for what runs on one).
         existing: a SQLite file must exist already: nothing is created, and a mistyped path
@@ -53,7 +60,7 @@ async def open_backend(url: str = "memory://", *, existing: bool = False) -> Asy
         opened = open_memory_backend(url)
     elif scheme == "sqlite":
         opened = open_sqlite_backend(url, existing=existing)
-    elif scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
+    elif scheme in _REDIS_SCHEMES:
         # imported here: the Redis backend needs hiredis (the `redis` extra)
         try:
             from .redis import open_redis_backend

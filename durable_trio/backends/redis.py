@@ -1,5 +1,6 @@
-"""``redis://`` / ``rediss://`` (and ``redis+cluster://`` / ``rediss+cluster://``, a Redis
-Cluster): one client, the Redis broker, key store and run stores on it.
+"""``redis://`` / ``rediss://`` / ``redis+sentinel://`` (and ``redis+cluster://`` /
+``rediss+cluster://``, a Redis Cluster): one client, the Redis broker, key store and run stores
+on it (on the master, for a Sentinel URL).
 
 Imported lazily by :func:`~durable_trio.open_backend`: ``hiredis`` is an optional dependency.
 """
@@ -66,7 +67,9 @@ async def open_redis_backend(
     Everything is closed on leaving the block (the backend first, bounded, then the client).
 
     Args:
-        url: ``redis://[[user]:password@]host[:port][/db]`` or ``rediss://...``; a Cluster:
+        url: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://...`` or
+            ``redis+sentinel://[[user]:password@]s1:port,s2:port/MASTER[/db]`` (see
+            :func:`~durable_trio._redis.open_redis`); a Cluster:
             ``redis+cluster://host1:port1,host2:port2`` (a :class:`RedisClusterBroker`).
         key_tag: the key store's hash tag (see :class:`RedisKeyStore`).
         pool_size: shared connections of the client (plus one for the doorbell subscription).
