@@ -10,7 +10,13 @@ import pytest
 
 import durable_trio as dt
 from _redis_cluster import *  # noqa: F403  (the fixture; harmless once conftest imports it too)
-from durable_trio._engine._stores._shard_paging import DONE, ShardPage, merge_shards
+from durable_trio._engine._stores._shard_paging import (
+    DONE,
+    ShardPage,
+    decode_bounds,
+    encode_bounds,
+    merge_shards,
+)
 from durable_trio._engine._stores.redis import RedisRunStore
 from durable_trio._redis import open_redis_cluster
 from durable_trio.backends.redis import CLUSTER_RUN_SHARDS
@@ -124,3 +130,14 @@ def test_merging_takes_a_prefix_of_each_shard_newest_created_first() -> None:
     assert [r.run_id for r in taken] == ["r5", "r4", "r3"]
     # shard 0: one of two taken; 1: all taken, goes on from its scan; 2: pinned above its run
     assert bounds == [3, 7, 5, DONE]
+
+
+def test_shard_cursors_round_trip_and_all_done_is_the_last_page() -> None:
+    bounds = [12, DONE, 7, 1]
+    cursor = encode_bounds(bounds)
+    assert cursor is not None
+    assert decode_bounds(cursor, 4) == bounds
+    assert decode_bounds(None, 3) == [None, None, None]
+    assert encode_bounds([DONE, DONE]) is None
+    with pytest.raises(dt.ConfigError, match="cursor"):
+        decode_bounds(cursor, 5)  # a store of another shard count
