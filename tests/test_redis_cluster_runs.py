@@ -133,7 +133,7 @@ def test_merging_takes_a_prefix_of_each_shard_newest_created_first() -> None:
 
 
 def test_shard_cursors_round_trip_and_all_done_is_the_last_page() -> None:
-    bounds = [12, DONE, 7, 1]
+    bounds: list[int | None] = [12, DONE, 7, 1]
     cursor = encode_bounds(bounds)
     assert cursor is not None
     assert decode_bounds(cursor, 4) == bounds
