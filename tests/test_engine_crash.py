@@ -153,7 +153,12 @@ async def test_a_cluster_master_killed_mid_run_leaves_an_engine_process_to_finis
     await trio.to_thread.run_sync(redis_cluster.wait_replicas_synced)
     url = redis_cluster_url
     async with dt.open_backend(url) as backend, open_run_store(backend, NAMESPACE) as store:
-        async with open_worker(app, backend, namespace=NAMESPACE, concurrency=8):
+        # A worker finalize (result + acknowledgement) that fails while the slot has no master
+        # leaves its claim to the stalled sweep: a short threshold, as the engine's, bounds it.
+        async with open_worker(
+            app, backend, namespace=NAMESPACE, concurrency=8, stalled_threshold=1.0,
+            stalled_check_interval=0.25,
+        ):  # fmt: skip
             async with trio.open_nursery() as nursery:
                 done: list[subprocess.CompletedProcess[bytes]] = []
 

@@ -133,7 +133,17 @@ async def test_a_master_killed_mid_run_leaves_every_run_to_complete_by_itself(
     errors: list[Exception] = []
     async with (
         dt.open_backend(redis_cluster_url) as backend,
-        open_worker(app, backend, namespace=NAMESPACE, concurrency=8, on_error=errors.append),
+        # (a finalize that fails while the slot has no master leaves its claim to the stalled
+        # sweep: the worker's threshold, as short as the engine's, bounds what that costs)
+        open_worker(
+            app,
+            backend,
+            namespace=NAMESPACE,
+            concurrency=8,
+            on_error=errors.append,
+            stalled_threshold=1.0,
+            stalled_check_interval=0.25,
+        ),
         open_engine(
             app, backend, namespace=NAMESPACE, on_error=errors.append, **ENGINE_OPTIONS
         ) as engine,
