@@ -39,6 +39,13 @@ async def _store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> A
             yield store
         finally:
             await store.aclose()
+    elif kind == "redis-cluster":  # runs spread over the cluster's run shards
+        from durable_trio._engine._stores.redis import RedisRunStore
+        from durable_trio._redis import open_redis_cluster
+        from durable_trio.backends.redis import CLUSTER_RUN_SHARDS
+
+        async with open_redis_cluster(request.getfixturevalue("redis_cluster_url")) as cluster:
+            yield RedisRunStore(cluster, "shop", shards=CLUSTER_RUN_SHARDS)
     else:
         from durable_trio._engine._stores.redis import RedisRunStore
         from durable_trio._redis import open_redis
@@ -51,7 +58,7 @@ def _record(run_id: str, workflow: str, status: dt.RunStatus = dt.RunStatus.PEND
     return dt.RunRecord(run_id, workflow, None, status, 0.0, 0.0)
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis", "redis-cluster"])
 async def test_pages_are_stable_newest_first_and_filtered(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -84,7 +91,7 @@ async def test_pages_are_stable_newest_first_and_filtered(
             await store.page_runs(limit=0)
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+@pytest.mark.parametrize("kind", ["sqlite", "redis", "redis-cluster"])
 async def test_a_deep_page_over_many_runs(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -259,7 +266,7 @@ async def _set_aside(broker: Any, queue: str, job_id: str) -> None:
     assert await broker.fail_job(claimed.lease, queue, "poison")
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis", "redis-cluster"])
 async def test_failed_jobs_requeue_and_delete(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -274,6 +281,13 @@ async def _broker(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> 
 
         async with RedisBroker.from_url(request.getfixturevalue("redis_url")) as redis:
             yield redis
+        return
+    if kind == "redis-cluster":
+        from durable_trio.adapters.redis_cluster import RedisClusterBroker
+
+        url = request.getfixturevalue("redis_cluster_url")
+        async with RedisClusterBroker.from_url(url) as cluster:
+            yield cluster
         return
     broker: Any = MemoryBroker() if kind == "memory" else await SqliteBroker.open(tmp_path / "b.db")
     try:
@@ -402,7 +416,19 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 async def test_every_ops_command_on_sqlite(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    await _every_ops_command(f"sqlite:///{tmp_path / 'cli.db'}", capsys)
+
+
+@pytest.mark.redis
+async def test_every_ops_command_on_a_redis_cluster(
+    redis_cluster_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI on a Cluster: runs paged across the run shards, failed jobs and queues listed
+    from every master."""
+    await _every_ops_command(redis_cluster_url, capsys)
+
+
+async def _every_ops_command(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     await _populate(url)
     common = ["--backend", url, "--namespace", "shop"]
 

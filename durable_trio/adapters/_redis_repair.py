@@ -7,14 +7,25 @@ class stays under the size limit). Same key layout as the broker (see its module
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import trio
 
 from ._contract import FailedJob, QueueStats
 
 if TYPE_CHECKING:
-    from .._redis import RedisClient, Script
+    from collections.abc import Sequence
 
-__all__ = ["MEMBER_ID", "OLDEST_READY", "REQUEUE_FAILED", "FailedJobRepair", "queue_keys"]
+    from .._redis import RedisArg, RedisClient, RedisClusterClient, Script
+
+__all__ = [
+    "MEMBER_ID",
+    "OLDEST_READY",
+    "REQUEUE_FAILED",
+    "FailedJobRepair",
+    "queue_keys",
+    "scan_queues",
+]
 
 #: The internal id of a ``ready`` or ``delayed`` member (a Lua pattern): the digits after its
 #: 16-byte place.
@@ -132,30 +143,43 @@ def _push_time(value: bytes | None) -> float | None:
     return int(match[1]) + int(match[2]) / 1e6
 
 
-async def _known_queues(client: RedisClient, prefix: str) -> list[str]:
-    """A ``SCAN`` for the queues ``prefix...`` holding any job (ready, delayed, claimed or
-    failed keys): O(keys in the database), for an operator's view."""
+class _Scanner(Protocol):
+    async def execute(self, *args: RedisArg, reply_timeout: float | None = None) -> Any: ...
+
+
+async def scan_queues(
+    targets: Sequence[_Scanner], prefix: str, suffixes: Sequence[str]
+) -> list[str]:
+    """The queues ``Q`` named ``prefix...`` with a ``{Q}:<suffix>`` key for any of ``suffixes``,
+    by a ``SCAN`` of each of ``targets`` (one server, or every master of a Cluster): O(keys in
+    the database), for an operator's view or a health read, never the hot path."""
     pattern = "{" + re.sub(r"([\\*?\[\]])", r"\\\1", prefix) + "*}:"
     found: set[str] = set()
-    for suffix in ("ready", "delayed", "active", "failed"):
-        cursor = b"0"
-        while True:
-            cursor, keys = await client.execute(
-                "SCAN", cursor, "MATCH", pattern + suffix, "COUNT", 1000
-            )
-            for key in keys:
-                text = key.decode() if isinstance(key, bytes) else str(key)
-                found.add(text[1 : -len("}:" + suffix)])
-            if cursor in (b"0", "0", 0):
-                break
+    for target in targets:
+        for suffix in suffixes:
+            cursor = b"0"
+            while True:
+                cursor, keys = await target.execute(
+                    "SCAN", cursor, "MATCH", pattern + suffix, "COUNT", 1000
+                )
+                for key in keys:
+                    text = key.decode() if isinstance(key, bytes) else str(key)
+                    found.add(text[1 : -len("}:" + suffix)])
+                if cursor in (b"0", "0", 0):
+                    break
     return sorted(found)
 
 
 class FailedJobRepair:
     """Requeue and delete of failed jobs, queue counts and the queue listing."""
 
-    _client: RedisClient
+    _client: RedisClient | RedisClusterClient
     _requeue_failed: Script
+
+    async def _scan_targets(self) -> list[_Scanner]:
+        """What a ``SCAN`` of every key runs on: the one server (a Cluster: every master)."""
+        await trio.lowlevel.checkpoint()
+        return [self._client]
 
     def _channel(self, queue: str) -> bytes:
         """The queue's doorbell channel (the broker's)."""
@@ -234,5 +258,7 @@ class FailedJobRepair:
         return max(0.0, int(now[0]) + int(now[1]) / 1e6 - at)
 
     async def known_queues(self, prefix: str) -> list[str]:
-        """The queues named ``prefix...`` holding any job (see :func:`_known_queues`)."""
-        return await _known_queues(self._client, prefix)
+        """The queues named ``prefix...`` holding any job (ready, delayed, claimed or failed
+        keys; see :func:`scan_queues`)."""
+        suffixes = ("ready", "delayed", "active", "failed")
+        return await scan_queues(await self._scan_targets(), prefix, suffixes)

@@ -113,11 +113,10 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import re
 import secrets
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Self
 
 import attrs
 import orjson
@@ -127,7 +126,7 @@ from trio_util import RepeatedEvent
 from .._coalesce import Coalescer
 from .._errors import BrokerError, ConfigError, DamagedJob, TransportClosed
 from .._failures import report_through
-from .._redis import RedisClient, Subscription, open_redis
+from .._redis import RedisClient, RedisClusterClient, open_redis
 from ._contract import (
     ClaimedJob,
     FailedJob,
@@ -139,8 +138,9 @@ from ._contract import (
     RenewOutcome,
     Stall,
 )
+from ._redis_doorbell import PubSubDoorbell
 from ._redis_repair import MEMBER_ID as _MEMBER_ID
-from ._redis_repair import REQUEUE_FAILED, FailedJobRepair
+from ._redis_repair import REQUEUE_FAILED, FailedJobRepair, scan_queues
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -154,6 +154,7 @@ __all__ = [
     "PROMOTE_BATCH",
     "EvictionPolicyWarning",
     "RedisBroker",
+    "RedisBrokerBase",
     "RedisBrokerStatistics",
 ]
 
@@ -821,7 +822,10 @@ until cursor == '0'
 return nil
 """
 
-async def _job_state(client: RedisClient, queue: str, job_id: str) -> JobState | None:
+
+async def _job_state(
+    client: RedisClient | RedisClusterClient, queue: str, job_id: str
+) -> JobState | None:
     """One run of :data:`_JOB_STATE`, a scan of the queue's meta hash (for a rare look at one
     job: see :class:`~durable_trio.adapters.SupportsJobState`)."""
     found = await client.script(_JOB_STATE)(
@@ -834,27 +838,6 @@ async def _job_state(client: RedisClient, queue: str, job_id: str) -> JobState |
         text = worker.decode() if isinstance(worker, bytes) else str(worker)
         return JobState(claimed=True, worker=text)
     return JobState(claimed=False)
-
-
-async def _waiting_queues(client: RedisClient, prefix: str) -> list[str]:
-    """A ``SCAN`` of the database for ``{Q}:ready`` and ``{Q}:delayed`` keys with ``Q``
-    starting with ``prefix`` (Redis deletes an empty sorted set, so a key found holds jobs):
-    O(keys in the database), for a health read (see
-    :class:`~durable_trio.adapters.SupportsQueueListing`)."""
-    pattern = "{" + re.sub(r"([\\*?\[\]])", r"\\\1", prefix) + "*}:"
-    found: set[str] = set()
-    for suffix in ("ready", "delayed"):
-        cursor = b"0"
-        while True:
-            cursor, keys = await client.execute(
-                "SCAN", cursor, "MATCH", pattern + suffix, "COUNT", 1000
-            )
-            for key in keys:
-                text = key.decode() if isinstance(key, bytes) else str(key)
-                found.add(text[1 : -len("}:" + suffix)])
-            if cursor in (b"0", "0", 0):
-                break
-    return sorted(found)
 
 
 # KEYS: ready delayed
@@ -1172,7 +1155,9 @@ class _Queue:
         self.due_at = math.inf if due_in is None else trio.current_time() + due_in
 
 
-async def _read_eviction_policy(client: RedisClient, bound: float) -> str | None:
+async def _read_eviction_policy(
+    client: RedisClient | RedisClusterClient, bound: float
+) -> str | None:
     """The server's ``maxmemory-policy`` (one ``CONFIG GET``, bounded by ``bound``), or
     ``None`` when it cannot be read: a server that refuses ``CONFIG`` (managed Redis often
     does), or cannot be reached yet, is not checked (logged at debug level), and the broker
@@ -1234,8 +1219,10 @@ class _FailAndPush:
         return bool(await self._fail_and_push((*q.fail_keys, *pq.push_keys), args))
 
 
-class RedisBroker(FailedJobRepair, _FailAndPush):
-    """A :class:`~durable_trio.adapters.QueueBroker` on Redis, with every optional capability.
+class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
+    """A :class:`~durable_trio.adapters.QueueBroker` on Redis: what :class:`RedisBroker` (one
+    server, every optional capability) and
+    :class:`~durable_trio.adapters.redis_cluster.RedisClusterBroker` share.
 
     Enter it (``async with``) before waiting on queues: it owns the task that listens to the
     doorbell. Every other call works on an entered or unentered broker alike.
@@ -1262,9 +1249,12 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
         ConfigError: an option out of range.
     """
 
+    #: The command the scripts ring a doorbell with (a Cluster's broker: ``SPUBLISH``).
+    _PUBLISH: ClassVar[str] = "PUBLISH"
+
     def __init__(
         self,
-        client: RedisClient,
+        client: RedisClient | RedisClusterClient,
         *,
         failed_retention: int = 1000,
         promote_batch: int = PROMOTE_BATCH,
@@ -1289,8 +1279,10 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
         first, largest = resubscribe_backoff
         if not 0 < first <= largest:
             raise ConfigError("resubscribe_backoff must be (first, largest), 0 < first <= largest")
+        if isinstance(client, RedisClusterClient) and self._PUBLISH == "PUBLISH":
+            raise ConfigError("a Redis Cluster client needs a RedisClusterBroker")
         self._client = client
-        self._db = client.url.db
+        self._db = client.url.db if isinstance(client, RedisClient) else 0
         self._failed_retention = failed_retention
         self._quarantine_retention = quarantine_retention
         self._maxmemory_policy: str | None = None
@@ -1300,28 +1292,28 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
         self._ping_timeout = ping_timeout
         self._backoff = (first, largest)
         self._on_error = on_error
-        self._push: Script = client.script(_PUSH)
-        self._requeue_failed: Script = client.script(REQUEUE_FAILED)
-        self._claim: Script = client.script(_CLAIM)
-        self._complete: Script = client.script(_COMPLETE)
-        self._complete_many: Script = client.script(_COMPLETE_MANY)
-        self._push_many: Script = client.script(_PUSH_MANY)
-        self._fail: Script = client.script(_FAIL)
-        self._fail_and_push: Script = client.script(_FAIL_AND_PUSH)
-        self._retry: Script = client.script(_RETRY)
-        self._renew: Script = client.script(_RENEW)
-        self._mark_started: Script = client.script(_MARK_STARTED)
-        self._recover: Script = client.script(_RECOVER)
-        self._size: Script = client.script(_SIZE)
-        self._peek: Script = client.script(_PEEK)
+        self._push: Script = self._script(_PUSH)
+        self._requeue_failed: Script = self._script(REQUEUE_FAILED)
+        self._claim: Script = self._script(_CLAIM)
+        self._complete: Script = self._script(_COMPLETE)
+        self._complete_many: Script = self._script(_COMPLETE_MANY)
+        self._push_many: Script = self._script(_PUSH_MANY)
+        self._fail: Script = self._script(_FAIL)
+        self._fail_and_push: Script = self._script(_FAIL_AND_PUSH)
+        self._retry: Script = self._script(_RETRY)
+        self._renew: Script = self._script(_RENEW)
+        self._mark_started: Script = self._script(_MARK_STARTED)
+        self._recover: Script = self._script(_RECOVER)
+        self._size: Script = self._script(_SIZE)
+        self._peek: Script = self._script(_PEEK)
         self._queues: dict[str, _Queue] = {}
         # The doorbell: wanted channels, the live subscription and its epoch.
-        self._wanted: dict[bytes, _Queue] = {}
+        self._wanted = {}
         self._want = RepeatedEvent()  # a channel was added to _wanted
-        self._sub: Subscription | None = None
         self._epoch = 0
-        # Set and replaced on every change of _sub. An Event, not a RepeatedEvent: _cover takes
-        # it before its SUBSCRIBE and waits on it after, so a change meanwhile is not missed.
+        # Set and replaced on every change of a subscription. An Event, not a RepeatedEvent:
+        # _cover takes it before its SUBSCRIBE and waits on it after, so a change meanwhile is
+        # not missed.
         self._changed = trio.Event()
         self._claims_examined = 0
         self._subscriptions = 0
@@ -1336,7 +1328,7 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
 
     @classmethod
     @asynccontextmanager
-    async def from_url(cls, url: str, **options: Any) -> AsyncIterator[RedisBroker]:
+    async def from_url(cls, url: str, **options: Any) -> AsyncIterator[Self]:
         """Open a client on ``url`` and a broker on it; close both on leaving the block.
 
         Args:
@@ -1349,7 +1341,7 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
         async with open_redis(url) as client, cls(client, **options) as broker:
             yield broker
 
-    async def __aenter__(self) -> RedisBroker:
+    async def __aenter__(self) -> Self:
         if self._entered:
             raise RuntimeError("a RedisBroker can be entered only once")
         self._entered = True
@@ -1390,13 +1382,15 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
         self._closed = True
         # Only the listener's own scope: the nursery's would cancel the ``async with`` body.
         self._listener_scope.cancel()
-        sub = self._sub
-        if sub is not None:
-            sub.close()
+        self._drop_subscriptions()
         self._signal_changed()
 
+    def _script(self, source: str) -> Script:
+        """Register ``source``, ringing doorbells with :attr:`_PUBLISH`."""
+        return self._client.script(source.replace("'PUBLISH'", f"'{self._PUBLISH}'"))
+
     @property
-    def client(self) -> RedisClient:
+    def client(self) -> RedisClient | RedisClusterClient:
         """The Redis client this broker runs on (the run store shares it)."""
         return self._client
 
@@ -1472,7 +1466,7 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
             return []
         # Snapshot the doorbell before the command is sent: a ring counted after this may be
         # for an older push (a spurious wake-up), but no push after the pop can be missed.
-        rings, epoch = q.rings, (self._epoch if self._covers(q) else None)
+        rings, epoch = q.rings, (self._live_epoch(q) if self._covers(q) else None)
         argv = (total, worker, _suffixes(total), self._promote_batch, self._quarantine_retention)
         reply = await self._claim(q.claim_keys, (*argv, count))
         if len(reply) == 1 or reply[0] is not None:  # (empty; or drained, armed: as good as
@@ -1627,12 +1621,17 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
     async def queues_with_claims(self, queues: Sequence[str]) -> list[str]:
         """The queues that may hold claims, in ONE command (an ``MGET`` of the flags the claim
         script sets and a sweep that leaves no claim clears): a worker sweeping ten idle queues
-        costs one command, not ten scripts. (One node: on a Cluster the flags span slots.)"""
+        costs one command, not ten scripts (on a Cluster, one pipeline per master)."""
         if not queues:
             await trio.lowlevel.checkpoint()
             return []
-        flags = await self._client.execute("MGET", *(self._queue(q).claimed_key for q in queues))
-        return [queue for queue, flag in zip(queues, flags, strict=True) if flag is not None]
+        flags = await self._read_flags([self._queue(q).claimed_key for q in queues])
+        return [queue for queue, flag in zip(queues, flags, strict=True) if flag]
+
+    async def _read_flags(self, keys: list[str]) -> list[bool]:
+        """Which of ``keys`` exist, in ONE ``MGET`` (one node: the keys' slots do not matter)."""
+        values = await self._client.execute("MGET", *keys)
+        return [value is not None for value in values]
 
     async def size_of(self, queue: str) -> int:
         """Jobs waiting to be claimed (ready and delayed)."""
@@ -1640,9 +1639,11 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
         return int(await self._size(q.size_keys))
 
     async def waiting_queues(self, prefix: str) -> list[str]:
-        """The queues named ``prefix...`` holding ready or delayed jobs (see
-        :func:`_waiting_queues`)."""
-        return await _waiting_queues(self._client, prefix)
+        """The queues named ``prefix...`` holding ready or delayed jobs: a ``SCAN`` for their
+        ``{Q}:ready`` and ``{Q}:delayed`` keys (Redis deletes an empty sorted set, so a key
+        found holds jobs), O(keys in the database), for a health read (see
+        :class:`~durable_trio.adapters.SupportsQueueListing`)."""
+        return await scan_queues(await self._scan_targets(), prefix, ("ready", "delayed"))
 
     async def job_state(self, queue: str, job_id: str) -> JobState | None:
         """Whether job ``job_id`` waits on ``queue`` or is claimed (see :func:`_job_state`)."""
@@ -1701,7 +1702,7 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
             await self._cover(q)
         if covering.cancelled_caught or self._closed:
             return  # no subscription for that long: let the caller look (and meet the error)
-        if q.empty_epoch is None or q.empty_epoch != self._epoch:
+        if q.empty_epoch is None or q.empty_epoch != self._live_epoch(q):
             # The last pop was not covered by this subscription: look (which arms) now that
             # the subscription is in place.
             rings = q.rings
@@ -1712,7 +1713,8 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
                 return
             if reply[0]:
                 return
-            q.note_empty(rings, self._epoch, _seconds(reply[1]) if len(reply) > 1 else None)
+            epoch = self._live_epoch(q)
+            q.note_empty(rings, epoch, _seconds(reply[1]) if len(reply) > 1 else None)
         with trio.move_on_at(q.due_at):
             while q.rings == q.empty_rings:
                 # Safety checks fall on a grid shared by every waiter of this broker, so the
@@ -1738,98 +1740,18 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
         return (math.floor(trio.current_time() / interval) + 1) * interval
 
     async def _check_armed(self, keys: list[str]) -> list[bool]:
-        """One MGET for every queue whose safety check fell on this tick. (One node: on a
-        Cluster the keys would span slots; checks would go per slot.)"""
-        values = await self._client.execute("MGET", *keys)
-        return [value is not None for value in values]
-
-    def _covers(self, q: _Queue) -> bool:
-        return self._sub is not None and q.covered_epoch == self._epoch
-
-    def _signal_changed(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def _cover(self, q: _Queue) -> None:
-        """Return once ``q``'s channel is subscribed on the live subscription."""
-        while not self._covers(q):
-            if self._closed:
-                return
-            if q.channel not in self._wanted:
-                self._wanted[q.channel] = q
-                self._want.set()
-            sub = self._sub
-            if sub is None:
-                await self._changed.wait()  # the listener (re)connects and subscribes it
-                continue
-            epoch = self._epoch
-            changed = self._changed
-            try:
-                await sub.subscribe(q.channel)
-            except (BrokerError, TransportClosed):
-                # Dead: the listener notices, reports and reconnects (or, closed, stops).
-                await changed.wait()
-                continue
-            if self._sub is sub and self._epoch == epoch:
-                q.covered_epoch = epoch
-
-    async def _doorbell_loop(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """The listener: one subscription for every waited queue, reopened when lost."""
-        with self._listener_scope:
-            task_status.started()
-            await self._listen_forever()
-
-    async def _listen_forever(self) -> None:
-        failures = 0
-        while True:
-            while not self._wanted:
-                await self._want.wait()
-            try:
-                async with self._client.subscribe() as sub:
-                    channels = list(self._wanted)
-                    await sub.subscribe(*channels)
-                    self._epoch += 1
-                    self._subscriptions += 1
-                    self._sub = sub
-                    for channel in channels:
-                        self._wanted[channel].covered_epoch = self._epoch
-                    # Messages may have been lost while we were not subscribed: a
-                    # (re)subscription rings every queue (its waiters re-check).
-                    for q in list(self._wanted.values()):
-                        q.ring_bell()
-                    self._signal_changed()
-                    failures = 0
-                    await self._listen(sub)
-            except BrokerError as exc:
-                self._subscription_failures += 1
-                self._report(exc)
-            except TransportClosed:
-                # The client is closed: this broker cannot work any more. Waiters return.
-                self._closed = True
-                return
-            finally:
-                self._sub = None
-                self._signal_changed()
-            failures += 1
-            first, largest = self._backoff
-            delay = min(largest, first * 2.0 ** min(failures - 1, 32))
-            await trio.sleep(delay * random.uniform(0.5, 1.0))
-
-    async def _listen(self, sub: Subscription) -> None:
-        """Count rings until the subscription fails; ``PING`` it after a silence."""
-        wanted = self._wanted
-        while True:
-            with trio.move_on_after(self._safety_poll_interval):
-                channel, _ = await sub.receive()
-                q = wanted.get(channel)
-                if q is not None:
-                    q.ring_bell()
-                continue
-            await sub.ping(reply_timeout=self._ping_timeout)
+        """One read of the armed flags of every queue whose safety check fell on this tick
+        (see :meth:`_read_flags`)."""
+        return await self._read_flags(keys)
 
     def _report(self, exc: Exception, doing: str = "doorbell") -> None:
         logger.warning("Redis %s: %s", doing, exc, exc_info=exc)
         if self._on_error is not None:
             report_through(self._on_error, exc, logger)
+
+
+class RedisBroker(RedisBrokerBase, _FailAndPush):
+    """A :class:`~durable_trio.adapters.QueueBroker` on one Redis server, with every optional
+    capability, the atomic :meth:`fail_and_push` included (a Cluster's queues live on two
+    slots: :class:`~durable_trio.adapters.redis_cluster.RedisClusterBroker` has no such call).
+    Options as :class:`RedisBrokerBase`'s."""
