@@ -4,10 +4,11 @@ Sections: ``memory`` (the transport on the memory broker), ``adaptive`` (adaptiv
 against fixed limits), ``engine`` (3-step workflows against raw round trips), ``redis`` (the race:
 ours and the peers', on one private redis-server, in the same run), ``redis-clients`` (our Redis
 client against redis-py, when redis-py is on ``PYTHONPATH``: see benchmarks/redis_clients.py),
-``sqlite`` (the embedded default), ``simulation`` (a seeded day of production with faults,
-issue 9), ``soak`` (memory of one worker over a million steps and of an engine over 100,000 runs,
-issue 13; several minutes). ``--quick`` runs smaller versions of each (a smoke test; the peers
-then run once each).
+``redis-cluster`` (S1 drain and 3-step workflows on a private 3-master Redis Cluster beside one
+node, issue 17), ``sqlite`` (the embedded default), ``simulation`` (a seeded day of production
+with faults, issue 9), ``soak`` (memory of one worker over a million steps and of an engine over
+100,000 runs, issue 13; several minutes). ``--quick`` runs smaller versions of each (a smoke
+test; the peers then run once each).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import adaptive, console, engine, memory, ops, redis_clients, simulation, soak
+from . import adaptive, console, engine, memory, ops, redis_clients, redis_cluster, simulation, soak
 from . import redis as ours_on_redis
 from .redis_server import RedisError, private_redis, redis_version
 
@@ -85,6 +86,7 @@ SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "engine": _engine,
     "redis": _redis,
     "redis-clients": redis_clients.section,
+    "redis-cluster": redis_cluster.section,
     "sqlite": _sqlite,
     "ops": ops.section,
     "console": console.section,
@@ -245,8 +247,12 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
     remote = "simulation 1 h remote-workflow simulation wall time (s)"
     if have(remote):
         note = f[remote][1] if isinstance(f[remote], tuple) else ""
-        checks.append((f"[7] remote workflows under faults: {note} (want 0 violations)",
-                       note.endswith(" 0 violations")))
+        checks.append(
+            (
+                f"[7] remote workflows under faults: {note} (want 0 violations)",
+                note.endswith(" 0 violations"),
+            )
+        )
     for key, what in (
         ("two engines", "two engines, killed and replaced"),
         ("engine kills", "the engine killed 10 times an hour"),
@@ -286,6 +292,13 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
                     )
                 )
     for key, value in f.items():
+        if key.startswith("cluster / one node, "):
+            ratio = _value(value)
+            what = key.removeprefix("cluster / one node, ").removesuffix(" (x)")
+            checks.append(
+                (f"[17] {what} on a 3-master cluster: {ratio:.2f}x one node (want >= 0.85x)",
+                 ratio >= 0.85)
+            )  # fmt: skip
         if key.startswith("soak ") and " RSS growth, " in key:
             growth = _value(value)
             who, span = key.removeprefix("soak ").removesuffix(" (MB)").split(" RSS growth, ")

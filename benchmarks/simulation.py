@@ -34,17 +34,19 @@ def _hour(
     name: str, runs: int, faults: Faults, *, remote: bool = False, engines: int = 1
 ) -> SimulationReport:
     """An hour of ``runs`` runs of the sample workload (remote workflows with ``remote``)."""
-    return _report(Simulation(
-        sample_app(name, remote=remote),
-        workload,
-        seed=DAY_SEED,
-        runs=runs,
-        duration=3600,
-        engines=engines,
-        faults=faults,
-        expected_output=expected,
-        engine_options={"turn_timeout": 120.0} if remote else None,
-    ))
+    return _report(
+        Simulation(
+            sample_app(name, remote=remote),
+            workload,
+            seed=DAY_SEED,
+            runs=runs,
+            duration=3600,
+            engines=engines,
+            faults=faults,
+            expected_output=expected,
+            engine_options={"turn_timeout": 120.0} if remote else None,
+        )
+    )
 
 
 def _takeovers(report: SimulationReport) -> str:
@@ -57,15 +59,17 @@ def _takeovers(report: SimulationReport) -> str:
 def run(quick: bool) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     runs, hours = (500, 6) if quick else (2000, 24)
-    report = _report(Simulation(
-        sample_app("bench-sim"),
-        workload,
-        seed=DAY_SEED,
-        runs=runs,
-        duration=hours * 3600,
-        faults=CHAOS,
-        expected_output=expected,
-    ))
+    report = _report(
+        Simulation(
+            sample_app("bench-sim"),
+            workload,
+            seed=DAY_SEED,
+            runs=runs,
+            duration=hours * 3600,
+            faults=CHAOS,
+            expected_output=expected,
+        )
+    )
     faults = sum(report.faults.values())
     figures[f"{hours} h simulation wall time (s)"] = (
         report.wall_seconds,

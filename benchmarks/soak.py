@@ -220,9 +220,7 @@ def run(quick: bool = False) -> dict[str, tuple[float, str]]:
         figures |= engine_soak(url, "engine on SQLite:", runs=runs, first=first_run)
     try:
         with private_redis() as server:
-            figures |= trio.run(
-                lambda: transport_soak(server.url, steps=steps, first=first_step)
-            )
+            figures |= trio.run(lambda: transport_soak(server.url, steps=steps, first=first_step))
             figures |= engine_soak(server.url, "engine on Redis:", runs=runs, first=first_run)
     except RedisError as exc:
         figures["soak on redis skipped"] = (float("nan"), f"no redis-server: {exc}")
@@ -232,9 +230,7 @@ def run(quick: bool = False) -> dict[str, tuple[float, str]]:
 if __name__ == "__main__":
     role = sys.argv[1]
     if role == "engine":
-        trio.run(
-            _engine_process, sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-        )
+        trio.run(_engine_process, sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     elif role == "worker":
         trio.run(_worker_process, sys.argv[2])
     else:

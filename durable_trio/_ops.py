@@ -200,8 +200,9 @@ class QueueView:
     live_workers: int
     """Workers with a live liveness key serving it (task queues only; 0 otherwise)."""
     oldest_ready_age: float | None = None
-    """Seconds the oldest ready job has waited since it was pushed (broker clock); ``None``:
-    none waits, or the broker does not keep push times (Redis)."""
+    """Seconds since the oldest ready job was pushed (broker clock; see
+    :attr:`~durable_trio.adapters.QueueStats.oldest_ready_age`); ``None``: none is ready, or a
+    ready job's push time is unknown."""
 
     @property
     def group(self) -> str | None:

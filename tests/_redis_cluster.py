@@ -186,6 +186,23 @@ class RedisCluster:
         """``CLUSTER KEYSLOT key``, as the server computes it."""
         return int(self.nodes[0].command("CLUSTER", "KEYSLOT", key))
 
+    def wait_replicas_synced(self, timeout: float = 20.0) -> None:
+        """Wait until every running replica's link to its master is up (a replica still
+        syncing after a restart would not be elected in a failover).
+
+        Raises:
+            RuntimeError: not synced within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            replicas = [node for node in self.nodes if node.running and not node.is_master]
+            if all(
+                b"master_link_status:up" in node.command("INFO", "replication") for node in replicas
+            ):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("the replicas did not sync")
+
     def reset(self) -> None:
         """Make it fresh for the next test: every node running, the cluster settled, every
         master's data and scripts flushed."""

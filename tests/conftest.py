@@ -13,9 +13,10 @@ import trio.testing
 from _redis_cluster import *  # noqa: F403  (the private Redis Cluster fixture)
 from _redis_sentinel import *  # noqa: F403  (the private sentinel group)
 from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
-from durable_trio._redis import open_redis
+from durable_trio._redis import open_redis, open_redis_cluster
 from durable_trio.adapters.memory import MemoryBroker
 from durable_trio.adapters.redis import RedisBroker
+from durable_trio.adapters.redis_cluster import RedisClusterBroker
 from durable_trio.adapters.sqlite import SqliteBroker
 from durable_trio.keys.memory import MemoryKeyStore
 
@@ -25,7 +26,7 @@ pytest_plugins = ["pytester"]  # (test_simulation runs the fixtures plugin in an
 
 #: Every broker the contract suite runs against. Brokers that need a server or a file add
 #: themselves here with a factory below.
-BROKER_KINDS = ["memory", "sqlite", "redis", "redis-sentinel"]
+BROKER_KINDS = ["memory", "sqlite", "redis", "redis-sentinel", "redis-cluster"]
 
 BrokerFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
@@ -52,6 +53,8 @@ def broker_factory(
     redis_server = request.getfixturevalue("redis_server") if broker_kind == "redis" else None
     # The private sentinel group (1 master, 1 replica, 3 sentinels), likewise.
     group = request.getfixturevalue("redis_sentinel") if broker_kind == "redis-sentinel" else None
+    # The private 6-node cluster (3 masters), likewise.
+    cluster = request.getfixturevalue("redis_cluster") if broker_kind == "redis-cluster" else None
 
     @asynccontextmanager
     async def memory() -> AsyncIterator[Any]:
@@ -89,11 +92,22 @@ def broker_factory(
             async with RedisBroker(client) as broker:
                 yield broker
 
+    @asynccontextmanager
+    async def redis_cluster() -> AsyncIterator[Any]:
+        assert cluster is not None
+        cluster.reset()  # every node running, every master flushed
+        async with (
+            open_redis_cluster(cluster.url) as client,
+            RedisClusterBroker(client) as broker,
+        ):
+            yield broker
+
     factories = {
         "memory": memory,
         "sqlite": sqlite,
         "redis": redis,
         "redis-sentinel": redis_sentinel,
+        "redis-cluster": redis_cluster,
     }
     return factories[broker_kind]
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+import durable_trio as dt
 from durable_trio._engine import StepKind, StepState
 from durable_trio.adapters import RenewOutcome
 from durable_trio.adapters.memory import MemoryBroker
@@ -186,3 +187,53 @@ async def kill_after(
     process.kill()
     await process.wait()
     return await completed_steps(store, run_ids)
+
+
+async def set_aside_by_stalls(
+    broker: Any, producer: dt.QueueTransport, name: str, step: str, *, priority: int = 7
+) -> str:
+    """Dispatch a task ``name`` (step ``step``, ``priority``) and drive it out of stalls as the
+    transport's sweep would with ``max_stalled=1``: one counted attempt, then two claims by a
+    worker ``w-dead`` that went silent, the second past the limit, so the sweep hands it over
+    and it is failed for good (the poison path). Returns its job id."""
+    queue = producer.names.task_queue(name)
+    task = dt.RemoteTask(run_id="r", step_id=step, attempt=1, name=name, priority=priority)
+    job_id = await producer.dispatch(task)
+    claimed = await broker.pop_from(queue, worker="w-dead")
+    assert claimed.id == job_id
+    assert await broker.retry_job(claimed.lease, queue)  # a handler failure: one attempt
+    for _ in range(2):
+        claimed = await broker.pop_from(queue, worker="w-dead")
+        assert claimed.id == job_id
+        # (a suspect, stalled before, is handed over not started: its handler starts now)
+        assert await broker.mark_started(queue, [claimed.lease]) == [True]
+        await trio.sleep(0.05)  # ... and the worker dies: the claim goes silent
+        recovery = await broker.recover_stalled_jobs(queue, 0.02, 1)
+    (poison,) = recovery.exceeded
+    assert await broker.fail_job(poison.lease, queue, "stalled 2 times (max 1)")
+    return job_id
+
+
+async def serve_until_done(backend: dt.Backend, name: str, output: str) -> list[str]:
+    """Run a worker transport (namespace ``shop``) whose handler of tasks ``name`` answers
+    ``output``, until it has run a task and the queue holds nothing waiting or claimed (the
+    close waits for the result's publication). Returns the step ids it ran, in order."""
+    broker: Any = backend.broker
+    ran: list[str] = []
+
+    async def handle(task: dt.RemoteTask) -> str:
+        ran.append(task.step_id)
+        return output
+
+    async with dt.open_queue_transport(backend, namespace="shop") as worker:
+        worker.handle(name, handle)
+        queue = worker.names.task_queue(name)
+        with trio.fail_after(10):
+            while not ran or await _pending(broker, queue):  # noqa: ASYNC110  (broker state)
+                await trio.sleep(0.02)
+    return ran
+
+
+async def _pending(broker: Any, queue: str) -> int:
+    stats = await broker.queue_stats(queue)
+    return int(stats.ready + stats.delayed + stats.claimed)

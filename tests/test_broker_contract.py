@@ -304,3 +304,59 @@ async def test_batch_finalize_matches_one_by_one(broker: Any, contract_clock: ob
     assert answers == [False, True, True]
     assert await broker.complete_many(Q, []) == []
     assert await broker.pop_from(Q) is None
+
+
+#: Slack on an age measured on a real clock (the memory broker's virtual clock is exact): the
+#: time the calls themselves take, on a loaded machine.
+AGE_SLACK = 0.2
+
+
+async def _age(broker: Any) -> float | None:
+    age: float | None = (await broker.queue_stats(Q)).oldest_ready_age
+    return age
+
+
+def _about(age: float | None, expected: float) -> bool:
+    return age is not None and expected - 1e-9 <= age < expected + AGE_SLACK
+
+
+async def test_oldest_ready_age_counts_from_the_push_through_delays_retries_and_stalls(
+    broker: Any, contract_clock: object
+) -> None:
+    """``QueueStats.oldest_ready_age``: seconds since the oldest READY job's push, which a
+    delay, a retry or a reclaim does not reset (the memory broker's semantics, on every
+    broker); a requeued failed job counts as pushed again."""
+    assert await _age(broker) is None
+    await broker.push_on(Q, job("a"), delay=0.6)  # t = 0
+    assert await _age(broker) is None  # delayed, not ready
+    await trio.sleep(0.3)
+    await broker.push_on(Q, job("b"))  # t = 0.3
+    await trio.sleep(0.1)
+    assert _about(await _age(broker), 0.1)
+    await trio.sleep(0.3)  # t = 0.7: a is due
+    b = await broker.pop_from(Q)  # promotes a, claims b (pushed ready before a came due)
+    assert b.id == "job-b"
+    # a: since its push 0.7 s ago, not since it came due (0.1 s ago)
+    assert _about(await _age(broker), 0.7)
+    assert await broker.retry_job(b.lease, Q) is True
+    a = await broker.pop_from(Q)
+    assert a.id == "job-a"
+    # b, retried: its first push (0.4 s ago) still counts
+    assert _about(await _age(broker), 0.4)
+    await trio.sleep(0.3)  # t = 1.0: a's claim goes silent, and is taken back
+    assert (await broker.recover_stalled_jobs(Q, 0.2, 3)).recovered == 1
+    assert _about(await _age(broker), 1.0)  # a again, reclaimed: as old as its push
+    b = await broker.pop_from(Q)
+    a = await broker.pop_from(Q)
+    assert {b.id, a.id} == {"job-a", "job-b"}
+    assert await broker.fail_job(a.lease, Q, "poison") is True
+    assert await broker.complete_job(b.lease, Q) is True
+    assert await _age(broker) is None
+    await trio.sleep(0.3)
+    assert await broker.requeue_failed(Q, a.id) is True
+    assert _about(await _age(broker), 0.0)  # requeued: pushed again, now
+    await broker.push_many(Q, [job("c")], [None])
+    await trio.sleep(0.2)
+    stats = await broker.queue_stats(Q)
+    assert (stats.ready, stats.delayed, stats.claimed, stats.failed) == (2, 0, 0, 0)
+    assert _about(stats.oldest_ready_age, 0.2)

@@ -3,18 +3,19 @@ backend holding real runs: completed, failed (a step out of attempts) and retrie
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+import trio
 
 import durable_trio as dt
 from durable_trio.console import check_exposure, create_app
+from helpers import serve_until_done, set_aside_by_stalls
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
-
-    import trio
 
 pytest.importorskip("starlette")
 
@@ -193,6 +194,57 @@ async def test_workers_and_queues_pages(world: dict[str, Any]) -> None:
             "/api/jobs/delete", json={"queue": "shop:tasks:x", "job_id": "j"}, headers=ACTION
         )
         assert gone.status_code == 404
+
+
+REFUND = "shop:tasks:refund"
+
+
+async def test_set_aside_jobs_are_requeued_and_deleted_from_the_queues_page(
+    world: dict[str, Any],
+) -> None:
+    """Real set-aside jobs (a worker stalled on them past the limit): the queues page shows
+    them with their evidence; its Requeue puts one back (ready, with an age) and a worker runs
+    it to completion; its Delete drops the other for good."""
+    ops = world["ops"]
+    backend = ops.backend
+    async with dt.open_queue_transport(backend, namespace="shop") as producer:
+        kept = await set_aside_by_stalls(backend.broker, producer, "refund", "kept")
+        dropped = await set_aside_by_stalls(backend.broker, producer, "refund", "dropped")
+    async with client(create_app(ops, allow_actions=True)) as http:
+        page = (await http.get("/queues")).text
+        assert f'data-job="{kept}"' in page
+        assert f'data-job="{dropped}"' in page
+        assert "stalled 2 times (max 1)" in page
+        assert "attempts 1 · stalls 2" in page
+        assert "w-dead" in page
+        reply = await http.post(
+            "/api/jobs/requeue", json={"queue": REFUND, "job_id": kept}, headers=ACTION
+        )
+        assert reply.status_code == 200
+        assert reply.json()["ok"] is True
+        again = await http.post(
+            "/api/jobs/requeue", json={"queue": REFUND, "job_id": kept}, headers=ACTION
+        )
+        assert again.status_code == 404  # pending now, no longer set aside
+        reply = await http.post(
+            "/api/jobs/delete", json={"queue": REFUND, "job_id": dropped}, headers=ACTION
+        )
+        assert reply.status_code == 200
+        await trio.sleep(2.0)
+        page = (await http.get("/queues")).text
+        assert "data-job=" not in page
+        assert "no job is set aside" in page
+        # ready 1, delayed 0, claimed 0, failed 0, no worker, waiting 2 s
+        row = re.search(rf'<td class="mono">{REFUND}</td>(.*?)</tr>', page)
+        assert row is not None
+        cells = re.findall(r'<td class="num">([^<]*)</td>', row[1])
+        assert cells[:5] == ["1", "0", "0", "0", "0"]
+        # (2 s of the virtual clock, and what the world's engine and worker loops let pass)
+        assert re.fullmatch(r"2\.\d\d s", cells[5]), cells[5]
+
+    assert await serve_until_done(backend, "refund", "refunded") == ["kept"]
+    stats = await backend.broker.queue_stats(REFUND)
+    assert (stats.ready, stats.claimed, stats.failed) == (0, 0, 0)
 
 
 async def test_the_token_is_checked_on_every_request(world: dict[str, Any]) -> None:

@@ -1,11 +1,13 @@
 """Crash and resume with real processes: engine processes are SIGKILLed mid-run and replaced;
-every run completes and no checkpointed step runs again (SQLite, and Redis when available)."""
+every run completes and no checkpointed step runs again (SQLite, and Redis, one server and a
+Cluster, when available)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,8 @@ from helpers import completed_steps, kill_after
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from _redis_cluster import RedisCluster
 
 STEP_SECONDS = 0.1
 RUNS = 3
@@ -127,6 +131,62 @@ async def test_crash_and_resume_on_sqlite(tmp_path: Path) -> None:
 @pytest.mark.redis
 async def test_crash_and_resume_on_redis(redis_url: str) -> None:
     await crash_twice_and_finish(redis_url)
+
+
+@pytest.mark.chaos
+@pytest.mark.redis
+async def test_crash_and_resume_on_a_redis_cluster(redis_cluster_url: str) -> None:
+    """The same on the private 3-master cluster: the queues, the worker keys and the runs (in
+    their run shards) spread over the masters."""
+    await crash_twice_and_finish(redis_cluster_url)
+
+
+@pytest.mark.chaos
+@pytest.mark.redis
+async def test_a_cluster_master_killed_mid_run_leaves_an_engine_process_to_finish(
+    redis_cluster: RedisCluster, redis_cluster_url: str
+) -> None:
+    """An engine PROCESS drives the runs; a master of the cluster is SIGKILLed mid-run (its
+    replica takes over): the engine finishes every run by itself, no checkpointed step runs
+    again. Prints kill -> done, the steps that ran twice, and the runs lost (want none)."""
+    EXECUTIONS.clear()
+    await trio.to_thread.run_sync(redis_cluster.wait_replicas_synced)
+    url = redis_cluster_url
+    async with dt.open_backend(url) as backend, open_run_store(backend, NAMESPACE) as store:
+        # A worker finalize (result + acknowledgement) that fails while the slot has no master
+        # leaves its claim to the stalled sweep: a short threshold, as the engine's, bounds it.
+        async with open_worker(
+            app, backend, namespace=NAMESPACE, concurrency=8, stalled_threshold=1.0,
+            stalled_check_interval=0.25,
+        ):  # fmt: skip
+            async with trio.open_nursery() as nursery:
+                done: list[subprocess.CompletedProcess[bytes]] = []
+
+                async def engine() -> None:
+                    with trio.fail_after(90):
+                        done.append(
+                            await trio.run_process(command(url, "A", True), capture_stdout=True)
+                        )
+
+                nursery.start_soon(engine)
+                with trio.fail_after(30):
+                    while len(await completed_steps(store, RUN_IDS)) < 4:  # noqa: ASYNC110
+                        await trio.sleep(0.01)
+                checkpointed = await completed_steps(store, RUN_IDS)
+                redis_cluster.masters()[0].stop(kill=True)
+                killed = time.monotonic()
+            recovered = time.monotonic() - killed
+    report = json.loads(done[0].stdout.decode().strip().splitlines()[-1])
+    twice = sorted(key for key, count in EXECUTIONS.items() if count > 1)
+    lost = sorted(set(RUN_IDS) - set(report["outputs"]))
+    print(
+        f"\nmaster kill -9 -> engine process done in {recovered:.2f}s; steps run twice: "
+        f"{len(twice)} (redispatched: {report['redispatched']}); runs lost: {lost}"
+    )
+    assert report["outputs"] == {f"run-{n}": expected(4 + n) for n in range(RUNS)}
+    for key in checkpointed:  # a step checkpointed before the kill and kept by the replica
+        assert EXECUTIONS[key] == 1, key
+    await trio.to_thread.run_sync(redis_cluster.start)  # the victim back, as a replica
 
 
 if __name__ == "__main__":

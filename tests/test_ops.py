@@ -20,6 +20,7 @@ from durable_trio._engine._stores.sqlite import SqliteRunStore
 from durable_trio.adapters import Job
 from durable_trio.adapters.memory import MemoryBroker
 from durable_trio.adapters.sqlite import SqliteBroker
+from helpers import serve_until_done, set_aside_by_stalls
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -38,6 +39,13 @@ async def _store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> A
             yield store
         finally:
             await store.aclose()
+    elif kind == "redis-cluster":  # runs spread over the cluster's run shards
+        from durable_trio._engine._stores.redis import RedisRunStore
+        from durable_trio._redis import open_redis_cluster
+        from durable_trio.backends.redis import CLUSTER_RUN_SHARDS
+
+        async with open_redis_cluster(request.getfixturevalue("redis_cluster_url")) as cluster:
+            yield RedisRunStore(cluster, "shop", shards=CLUSTER_RUN_SHARDS)
     else:
         from durable_trio._engine._stores.redis import RedisRunStore
         from durable_trio._redis import open_redis
@@ -50,7 +58,7 @@ def _record(run_id: str, workflow: str, status: dt.RunStatus = dt.RunStatus.PEND
     return dt.RunRecord(run_id, workflow, None, status, 0.0, 0.0)
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis", "redis-cluster"])
 async def test_pages_are_stable_newest_first_and_filtered(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -83,7 +91,7 @@ async def test_pages_are_stable_newest_first_and_filtered(
             await store.page_runs(limit=0)
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+@pytest.mark.parametrize("kind", ["sqlite", "redis", "redis-cluster"])
 async def test_a_deep_page_over_many_runs(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -258,7 +266,7 @@ async def _set_aside(broker: Any, queue: str, job_id: str) -> None:
     assert await broker.fail_job(claimed.lease, queue, "poison")
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis", "redis-cluster"])
 async def test_failed_jobs_requeue_and_delete(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -273,6 +281,13 @@ async def _broker(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> 
 
         async with RedisBroker.from_url(request.getfixturevalue("redis_url")) as redis:
             yield redis
+        return
+    if kind == "redis-cluster":
+        from durable_trio.adapters.redis_cluster import RedisClusterBroker
+
+        url = request.getfixturevalue("redis_cluster_url")
+        async with RedisClusterBroker.from_url(url) as cluster:
+            yield cluster
         return
     broker: Any = MemoryBroker() if kind == "memory" else await SqliteBroker.open(tmp_path / "b.db")
     try:
@@ -306,6 +321,57 @@ async def _check_repair(broker: Any) -> None:
         assert not await ops.delete_job("shop:tasks:mail", "j2")
         assert await ops.failed_jobs("shop:tasks:mail") == []
         assert await ops.workers() == []
+
+
+CHARGE = "shop:tasks:charge"
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+async def test_a_set_aside_job_requeued_runs_to_completion_and_a_deleted_one_is_gone(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Requeue of a REAL set-aside job: pending again with its attempts, stalls and stall
+    history reset and its priority kept, and a worker runs it to completion; delete removes
+    the other for good."""
+    async with _broker(kind, tmp_path, request) as broker:
+        backend = dt.Backend("test://", broker)
+        async with (
+            dt.open_queue_transport(backend, namespace="shop") as producer,
+            dt.open_operations(backend, namespace="shop") as ops,
+        ):
+            kept = await set_aside_by_stalls(broker, producer, "charge", "kept")
+            dropped = await set_aside_by_stalls(broker, producer, "charge", "dropped")
+            failed = {f.job.id: f.job for f in await ops.failed_jobs(CHARGE)}
+            assert set(failed) == {kept, dropped}
+            evidence = failed[kept]
+            assert (evidence.attempts, evidence.stalled_count) == (1, 2)
+            assert [s.worker for s in evidence.stalls] == ["w-dead", "w-dead"]
+            assert evidence.error == "stalled 2 times (max 1)"
+            (view,) = [q for q in await ops.queues() if q.queue == CHARGE]
+            assert (view.ready, view.claimed, view.failed, view.oldest_ready_age) == (0, 0, 2, None)
+
+            assert await ops.requeue_job(CHARGE, kept)
+            assert not await ops.requeue_job(CHARGE, kept)  # it is pending now, not failed
+            (view,) = [q for q in await ops.queues() if q.queue == CHARGE]
+            assert (view.ready, view.failed) == (1, 1)
+            assert view.oldest_ready_age is not None
+            assert 0 <= view.oldest_ready_age < 1  # pushed again, now
+            again = await broker.pop_from(CHARGE, worker="look")
+            assert (again.id, again.priority) == (kept, 7)
+            assert (again.attempts, again.stalled_count, again.stalls) == (0, 0, ())
+            assert await broker.retry_job(again.lease, CHARGE, count_attempt=False)
+
+            assert await ops.delete_job(CHARGE, dropped)
+            assert not await ops.delete_job(CHARGE, dropped)
+            assert not await ops.requeue_job(CHARGE, dropped)
+
+            assert await serve_until_done(backend, "charge", "charged") == ["kept"]
+            assert await ops.failed_jobs(CHARGE) == []
+            stats = await broker.queue_stats(CHARGE)
+            assert (stats.ready, stats.delayed, stats.claimed, stats.failed) == (0, 0, 0, 0)
+            result = await broker.pop_from("shop:results")  # its result, published
+            assert result is not None
+            assert b'"charged"' in result.data
 
 
 async def test_workers_are_listed_once_whatever_their_groups(autojump_clock: object) -> None:
@@ -350,7 +416,19 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 async def test_every_ops_command_on_sqlite(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    await _every_ops_command(f"sqlite:///{tmp_path / 'cli.db'}", capsys)
+
+
+@pytest.mark.redis
+async def test_every_ops_command_on_a_redis_cluster(
+    redis_cluster_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI on a Cluster: runs paged across the run shards, failed jobs and queues listed
+    from every master."""
+    await _every_ops_command(redis_cluster_url, capsys)
+
+
+async def _every_ops_command(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     await _populate(url)
     common = ["--backend", url, "--namespace", "shop"]
 
@@ -409,6 +487,50 @@ async def test_every_ops_command_on_sqlite(
     status, out, _ = await run("jobs", "delete", "shop:tasks:charge", "j1", *common)
     assert status == 1
     assert "is not failed" in out
+
+
+async def test_cli_requeue_and_delete_of_real_set_aside_jobs_on_sqlite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``durable-trio jobs requeue | delete`` on jobs a stalled worker left set aside: the
+    requeued one shows as ready with an age in ``queues`` and a worker runs it; the deleted
+    one is gone from ``jobs failed``."""
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    common = ["--backend", url, "--namespace", "shop"]
+
+    async def run(*argv: str) -> tuple[int, str, str]:
+        return await trio.to_thread.run_sync(lambda: _cli(capsys, *argv, *common))
+
+    async with dt.open_backend(url) as backend:
+        async with dt.open_queue_transport(backend, namespace="shop") as producer:
+            kept = await set_aside_by_stalls(backend.broker, producer, "charge", "kept")
+            dropped = await set_aside_by_stalls(backend.broker, producer, "charge", "dropped")
+        status, out, _ = await run("jobs", "failed", "--queue", CHARGE, "--json")
+        assert status == 0
+        listed = {j["id"]: j for j in json.loads(out)}
+        assert set(listed) == {kept, dropped}
+        assert [s["worker"] for s in listed[kept]["stalls"]] == ["w-dead", "w-dead"]
+        status, out, _ = await run("queues", "--json")
+        (row,) = [q for q in json.loads(out) if q["queue"] == CHARGE]
+        assert (row["ready"], row["failed"], row["oldestReadyAge"]) == (0, 2, None)
+
+        status, out, _ = await run("jobs", "requeue", CHARGE, kept)
+        assert (status, out) == (0, f"job {kept} requeued\n")
+        status, out, _ = await run("jobs", "delete", CHARGE, dropped)
+        assert (status, out) == (0, f"job {dropped} deleted\n")
+        status, out, _ = await run("jobs", "delete", CHARGE, dropped)
+        assert (status, out) == (1, f"job {dropped} is not failed on {CHARGE}\n")
+        status, out, _ = await run("queues", "--json")
+        (row,) = [q for q in json.loads(out) if q["queue"] == CHARGE]
+        assert (row["ready"], row["failed"]) == (1, 0)
+        assert 0 <= row["oldestReadyAge"] < 5
+        status, out, _ = await run("queues")
+        (line,) = [x for x in out.splitlines() if x.startswith(CHARGE)]
+        assert re.search(r" \d+\.\d{3} s$", line), line  # the age, in seconds
+
+        assert await serve_until_done(backend, "charge", "charged") == ["kept"]
+        status, out, _ = await run("jobs", "failed", "--queue", CHARGE, "--json")
+        assert json.loads(out) == []
 
 
 def test_ops_commands_on_memory(capsys: pytest.CaptureFixture[str]) -> None:

@@ -127,6 +127,73 @@ async def test_every_key_of_a_queue_lives_under_its_hash_tag(
     assert len(keys) == 20  # nothing outside the two tags
 
 
+async def test_push_times_live_in_the_job_hash_and_leave_with_the_job(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    """Every push (one, many, delayed, a requeue, the poison bridge's) stores its push time
+    as the ``t<n>`` field of the job hash, and every way out (complete, complete_many, fail,
+    fail_and_push, a retry that fails a damaged job) takes it along: nothing is left behind."""
+    other = Q + "-results"
+    async with open_broker(redis_url) as (client, broker):
+        await broker.push_on(Q, job(1))
+        await broker.push_on(Q, job("later"), delay=0.05)
+        await broker.push_many(Q, [job(2), job(3), job(4), job(5)], [None, None, None, None])
+        fields = await client.execute("HKEYS", f"{{{Q}}}:jobs")
+        assert sorted(fields) == sorted([b"1", b"2", b"3", b"4", b"5", b"6"] + [
+            b"t" + n for n in (b"1", b"2", b"3", b"4", b"5", b"6")
+        ])  # fmt: skip
+        await trio.sleep(0.1)
+        claims = await broker.pop_many(Q, 6)
+        assert len(claims) == 6
+        one, two, three, four, five, later = claims  # ("later" promoted: a fresh place)
+        assert later.id == "job-later"
+        assert await broker.complete_job(one.lease, Q)
+        assert await broker.complete_many(Q, [later.lease, two.lease]) == [True, True]
+        assert await broker.fail_job(three.lease, Q, "boom")
+        assert await broker.fail_and_push(four.lease, Q, "poison", other, job("answer"))
+        await client.execute("HSET", f"{{{Q}}}:meta", five.lease.token.split(":")[0], b"junk")
+        assert await broker.retry_job(five.lease, Q)  # damaged meta: failed instead
+        assert await broker.requeue_failed(Q, "job-3")
+        again = await broker.pop_from(Q)
+        assert again is not None
+        assert await broker.complete_job(again.lease, Q)
+        answer = await broker.pop_from(other)
+        assert answer is not None
+        assert await broker.complete_job(answer.lease, other)
+        assert await client.execute("EXISTS", f"{{{Q}}}:jobs", f"{{{other}}}:jobs") == 0
+        assert await client.execute("EXISTS", f"{{{Q}}}:moved") == 0  # ("later" left it)
+
+
+async def test_the_oldest_age_costs_a_few_commands_however_long_the_queue(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    """The oldest ready job is found wherever it sits in ``ready`` (a retried job keeps its
+    first push time but goes to the back; newer jobs at a more urgent priority come first),
+    by looking at the head of each priority and the lowest id of ``moved``: a few commands,
+    never a walk of the queue."""
+    async with open_broker(redis_url) as (client, broker):
+        await broker.push_on(Q, job("first"))
+        first = await broker.pop_from(Q)
+        assert first is not None
+        await trio.sleep(0.3)
+        for start in range(0, 2500, 500):
+            await broker.push_many(Q, [job(n) for n in range(start, start + 500)], [None] * 500)
+        await broker.push_on(Q, job("urgent"), priority=-5)
+        assert await broker.retry_job(first.lease, Q)  # to the back, its push time kept
+        assert await client.execute("ZCARD", f"{{{Q}}}:moved") == 1
+        before = command_calls(redis_server)
+        stats = await broker.queue_stats(Q)
+        used = commands_since(redis_server, before)
+        assert stats.ready == 2502
+        assert stats.oldest_ready_age is not None
+        assert 0.3 <= stats.oldest_ready_age < 2.0
+        assert sum(used.values()) < 16, used
+        claimed = await broker.pop_many(Q, 3000)
+        assert claimed[-1].id == "job-first"
+        assert await client.execute("EXISTS", f"{{{Q}}}:moved") == 0  # claimed: not moved now
+        assert (await broker.queue_stats(Q)).oldest_ready_age is None
+
+
 async def test_delays_are_measured_on_the_server_clock(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

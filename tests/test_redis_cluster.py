@@ -117,18 +117,6 @@ def _end_migration(cluster: RedisCluster, slot: int, target: ClusterNode) -> Non
     cluster.wait_ok()
 
 
-def _wait_replicas_synced(cluster: RedisCluster) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        replicas = [node for node in cluster.nodes if node.running and not node.is_master]
-        if all(
-            b"master_link_status:up" in node.command("INFO", "replication") for node in replicas
-        ):
-            return
-        time.sleep(0.05)
-    raise AssertionError("the replicas did not sync")
-
-
 # -- key slots and command keys (no server needed for most) -----------------------------------
 
 
@@ -599,7 +587,7 @@ async def test_ssubscribe_after_a_move_the_client_missed_follows_moved(
 async def test_after_a_master_is_killed_its_slots_are_served_again_by_themselves(
     redis_cluster: RedisCluster, redis_cluster_url: str
 ) -> None:
-    await trio.to_thread.run_sync(_wait_replicas_synced, redis_cluster)
+    await trio.to_thread.run_sync(redis_cluster.wait_replicas_synced)
     victim = redis_cluster.masters()[0]
     key = _key_on(redis_cluster, victim, prefix="fo-")
     channel = f"{{{key}}}:bell"

@@ -223,6 +223,67 @@ async def test_a_key_of_the_wrong_type_fails_the_script_before_any_write(redis_u
         assert (await q.census())["quarantine"] == 1
 
 
+# ------------------------------------------------------------------ push times
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [b"junk", b"1764695335.5", b"1e400 0", b"-5 0", b"1 1234567", b"9" * 40 + b" 0",
+     b"\xff\x00", None],
+    ids=["text", "decimal", "exponent", "negative", "micros-too-long", "too-long", "binary",
+         "missing"],
+)
+async def test_an_unreadable_push_time_makes_the_age_unknown(
+    redis_url: str, ns: str, stored: bytes | None
+) -> None:
+    """The oldest ready job's push time (the ``t<n>`` field of the job hash) not in the
+    scripts' format, or none at all (a job pushed before push times were kept): the queue's
+    oldest age is ``None``, its counts are right, nothing raises, and the job is served as any
+    other."""
+    errors = Errors()
+    served: list[str] = []
+    async with world(redis_url, ns) as (backend, client, producer):
+        q = Queue(client, producer.names.task_queue("work"))
+        ids = await dispatch(producer, ["bad", "g1", "g2"])
+        n = await q.internal_id(ids["bad"])
+        if stored is None:
+            await q.r("HDEL", q.key("jobs"), b"t" + n)
+        else:
+            await q.r("HSET", q.key("jobs"), b"t" + n, stored)
+        broker: Any = backend.broker
+        stats = await broker.queue_stats(q.name)
+        assert (stats.ready, stats.delayed, stats.claimed, stats.failed) == (3, 0, 0, 0)
+        assert stats.oldest_ready_age is None
+
+        async def done() -> bool:
+            return sorted(served) == ["bad", "g1", "g2"]
+
+        await serve_until(backend, ns, done, errors=errors, served=served)
+        assert await q.r("EXISTS", q.key("jobs")) == 0  # the damaged field left with its job
+        await dispatch(producer, ["g3"])
+        age = (await broker.queue_stats(q.name)).oldest_ready_age
+        assert age is not None
+        assert 0 <= age < 1
+    assert errors.seen == []
+
+
+async def test_a_ready_member_naming_no_job_makes_the_age_unknown(redis_url: str) -> None:
+    """First in its priority, a member whose id cannot be read hides the jobs behind it (one of
+    them may be the oldest): the age is ``None`` until a pop moves it to the quarantine."""
+    async with open_redis(redis_url) as client, RedisBroker(client) as broker:
+        q = Queue(client, "age-of-nothing")
+        await broker.push_on(q.name, Job("good", b"{}"))
+        await q.r("ZADD", q.key("ready"), -1, b"short")
+        stats = await broker.queue_stats(q.name)
+        assert (stats.ready, stats.oldest_ready_age) == (2, None)
+        claimed = await broker.pop_many(q.name, 4)  # the member goes to the quarantine
+        assert [j.id for j in claimed if j.lease.token] == ["good"]
+        await broker.push_on(q.name, Job("next", b"{}"))
+        age = (await broker.queue_stats(q.name)).oldest_ready_age
+        assert age is not None
+        assert 0 <= age < 1
+
+
 # ------------------------------------------------------------------ finding 2: garbage meta
 
 

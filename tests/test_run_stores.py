@@ -16,12 +16,12 @@ from durable_trio._engine import Applied, RunRecord, RunStatus, RunStore, StepKi
 from durable_trio._engine import StepState as S
 from durable_trio._engine._stores.memory import MemoryRunStore
 from durable_trio._engine._stores.sqlite import SqliteRunStore
-from durable_trio._redis import open_redis
+from durable_trio._redis import open_redis, open_redis_cluster
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-STORE_KINDS = ["memory", "sqlite", "redis"]
+STORE_KINDS = ["memory", "sqlite", "redis", "redis-cluster"]
 
 StoreFactory = Callable[[str], AbstractAsyncContextManager[RunStore]]
 
@@ -59,6 +59,17 @@ async def stores(
                 await store.aclose()
 
         yield make_sqlite
+    elif store_kind == "redis-cluster":
+        from durable_trio._engine._stores.redis import RedisRunStore
+        from durable_trio.backends.redis import CLUSTER_RUN_SHARDS
+
+        async with open_redis_cluster(request.getfixturevalue("redis_cluster_url")) as cluster:
+
+            @asynccontextmanager
+            async def make_sharded(namespace: str) -> AsyncIterator[RunStore]:
+                yield RedisRunStore(cluster, namespace, shards=CLUSTER_RUN_SHARDS)
+
+            yield make_sharded
     else:
         url = request.getfixturevalue("redis_url")
         from durable_trio._engine._stores.redis import RedisRunStore
@@ -436,7 +447,10 @@ async def test_a_runs_trace_context_is_stored_with_it(store: RunStore) -> None:
 
 @pytest.mark.parametrize("damage", ["{not json", '"a string"', '{"traceparent": 5}', "[]"])
 async def test_a_damaged_stored_trace_reads_as_none(
-    store_kind: str, stores: StoreFactory, tmp_path: Path, request: pytest.FixtureRequest,
+    store_kind: str,
+    stores: StoreFactory,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
     damage: str,
 ) -> None:
     """A stored trace is advisory: one that does not read as a trace context is none (the
@@ -452,6 +466,10 @@ async def test_a_damaged_stored_trace_reads_as_none(
             db.execute("UPDATE dt_runs SET trace = ?", (damage,))
             db.commit()
             db.close()
+        elif store_kind == "redis-cluster":
+            async with open_redis_cluster(request.getfixturevalue("redis_cluster_url")) as cluster:
+                key = store._run_key("r")  # type: ignore[attr-defined]
+                await cluster.execute("HSET", key, "trace", damage)
         else:
             async with open_redis(request.getfixturevalue("redis_url")) as client:
                 key = store._run_key("r")  # type: ignore[attr-defined]
@@ -470,9 +488,12 @@ async def test_a_steps_heartbeat_timeout_and_last_beat_are_stored(store: RunStor
     assert fetched is not None
     assert (fetched.heartbeat_timeout, fetched.heartbeat) == (2.5, None)
     beat = {"attempt": 1, "at": 4.0, "sentAt": 1.7e9, "details": AWKWARD}
-    assert await store.update_step(
-        attrs.evolve(fetched, heartbeat=beat, dispatched=True), expect_attempt=1
-    ) is Applied.APPLIED
+    assert (
+        await store.update_step(
+            attrs.evolve(fetched, heartbeat=beat, dispatched=True), expect_attempt=1
+        )
+        is Applied.APPLIED
+    )
     beaten = await store.get_step("r", "1")
     assert beaten is not None
     assert (beaten.heartbeat, beaten.dispatched) == (beat, True)

@@ -646,3 +646,53 @@ def test_prefix_upper_bound() -> None:
     assert prefix_upper_bound(chr(0x10FFFF)) is None
     assert prefix_upper_bound("a" + chr(0x10FFFF)) == "b"
     assert prefix_upper_bound("\ud7ff") == "\ue000"
+
+
+# ----------------------------------------------------------------------- schema migration
+
+async def _file_without_push_times(path: Path) -> None:
+    """A file holding job ``job-old``, whose ``dt_jobs`` is back as the broker made it before
+    push times were kept (no ``pushed_at`` column)."""
+    async with await SqliteBroker.open(path) as broker:
+        await broker.push_on(Q, job("old"))
+
+    def drop() -> None:
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            db.execute("ALTER TABLE dt_jobs DROP COLUMN pushed_at")
+            columns = {row[1] for row in db.execute("PRAGMA table_info(dt_jobs)")}
+        finally:
+            db.close()
+        assert "pushed_at" not in columns
+
+    await trio.to_thread.run_sync(drop)
+
+
+async def test_a_file_of_the_old_schema_gets_push_times_and_its_old_jobs_count_as_unknown(
+    db_path: Path,
+) -> None:
+    """A file made before ``pushed_at`` existed opens (the column is added, once, however many
+    brokers open it); its old jobs are served as before and their age is unknown (``None``,
+    never the 56 years since the epoch) until they are claimed; new pushes carry push times."""
+    await _file_without_push_times(db_path)
+    async with await SqliteBroker.open(db_path) as broker, await SqliteBroker.open(db_path):
+        columns = [str(row[1]) for row in await rows(db_path, "PRAGMA table_info(dt_jobs)")]
+        assert columns.count("pushed_at") == 1
+        assert await rows(db_path, "SELECT id, pushed_at FROM dt_jobs") == [("job-old", None)]
+        stats = await broker.queue_stats(Q)
+        assert (stats.ready, stats.oldest_ready_age) == (1, None)
+        await broker.push_on(Q, job("new"))
+        await trio.sleep(0.2)
+        assert (await broker.queue_stats(Q)).oldest_ready_age is None  # the old job may be older
+        old = await broker.pop_from(Q)
+        assert old is not None
+        assert (old.id, old.data) == ("job-old", b'{"n":"old"}')
+        age = (await broker.queue_stats(Q)).oldest_ready_age
+        assert age is not None
+        assert 0.2 <= age < 1.0
+        assert await broker.complete_job(old.lease, Q)
+        assert [c.id for c in await broker.pop_many(Q, 5)] == ["job-new"]
+    await assert_consistent(db_path)
+    async with await SqliteBroker.open(db_path) as broker:  # and opens again, unchanged
+        columns = [str(row[1]) for row in await rows(db_path, "PRAGMA table_info(dt_jobs)")]
+        assert columns.count("pushed_at") == 1

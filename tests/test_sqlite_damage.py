@@ -205,6 +205,34 @@ def job_id(path: Path, pk: int) -> str:
 # ------------------------------------------------------------------------------ finding by finding
 
 
+@pytest.mark.parametrize(
+    "stored",
+    ["12:00 today", b"\x00\xff", math.inf, -math.inf, None],
+    ids=["text", "blob", "inf", "minus-inf", "null"],
+)
+async def test_a_push_time_that_is_not_a_number_makes_the_age_unknown(
+    tmp_path: Path, stored: object
+) -> None:
+    """``pushed_at`` damaged (TEXT, BLOB, infinite, NULL) on a ready row: the queue's oldest
+    age is ``None`` (unknown: that job may be the oldest), its counts are right, nothing
+    raises; the job is served as any other, and once it is gone the age is known again."""
+    path = tmp_path / "d.db"
+    await fill(path, range(3))
+    damage(path, pk_of(path, TASKS, "s1"), "pushed_at", stored)
+    async with await SqliteBroker.open(path) as broker:
+        stats = await broker.queue_stats(TASKS)
+        assert (stats.ready, stats.delayed, stats.claimed, stats.failed) == (3, 0, 0, 0)
+        assert stats.oldest_ready_age is None
+    served = await serve(path)
+    assert served.tasks == {"s0": 1, "s1": 1, "s2": 1}
+    served.assert_only_damage_reported()
+    await fill(path, range(3, 4))
+    async with await SqliteBroker.open(path) as broker:
+        age = (await broker.queue_stats(TASKS)).oldest_ready_age
+        assert age is not None
+        assert 0 <= age < 1
+
+
 async def test_text_data_is_served_and_other_storage_classes_are_set_aside(tmp_path: Path) -> None:
     """Finding 1: ``bytes(data)`` raised on TEXT, the pop rolled back, every restart crashed."""
     path = tmp_path / "d.db"
@@ -522,6 +550,7 @@ COLUMNS = [
     "claimed_at",
     "failed_at",
     "error",
+    "pushed_at",
 ]
 DAMAGES = st.lists(
     st.tuples(st.sampled_from([TASKS, RESULTS]), st.sampled_from(COLUMNS), STORED_VALUES),

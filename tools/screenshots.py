@@ -1,8 +1,10 @@
 """``python -m tools.screenshots``: the PNGs of docs/console.md (docs/images/console-*.png).
 
 Starts the console on a free port over a fresh SQLite backend holding real runs (completed,
-failed, one waiting on a durable timer) with a live worker, and has Debian's headless
-chromium (/usr/bin/chromium) take a screenshot of each page.
+failed, one waiting on a durable timer) with a live worker, plus a queue nobody serves with
+jobs waiting (so the oldest-age column has a figure) and one job set aside after a worker died
+on it twice; then Debian's headless chromium (/usr/bin/chromium) takes a screenshot of each
+page (the queues page through chromedriver and selenium, with the evidence unfolded).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from durable_trio.console import serve_console
 
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
 CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
 def _app() -> dt.App:
@@ -46,6 +49,52 @@ def _app() -> dt.App:
     return app
 
 
+async def _set_aside(backend: dt.Backend, producer: dt.QueueTransport) -> None:
+    """An ``invoice`` task (a group no worker serves) whose worker died on it twice: popped by
+    hand as the dead worker did, its silent claims taken back by the same sweep a transport
+    runs (``max_stalled=1``: the second is past the limit), then failed for good as the sweep
+    fails poison. Then two more ``invoice`` tasks that just wait."""
+    broker: Any = backend.broker
+    queue = producer.names.task_queue("invoice")
+    order = {"id": 13, "amount": 120}
+    await producer.dispatch(dt.RemoteTask("order-13", "1", 1, "invoice", order))
+    exceeded: tuple[Any, ...] = ()
+    for _ in range(2):
+        claimed = await broker.pop_from(queue, worker="worker-7f3a:1")
+        await broker.mark_started(queue, [claimed.lease])
+        await trio.sleep(0.2)  # the worker is gone: its claim goes silent
+        exceeded = (await broker.recover_stalled_jobs(queue, 0.1, 1)).exceeded
+    (poison,) = exceeded
+    await broker.fail_job(
+        poison.lease, queue, "poison: stalled 2 times (max_stalled_count 1), its worker died"
+    )
+    for i in (14, 15):
+        order = {"id": i, "amount": 10 * i}
+        await producer.dispatch(dt.RemoteTask(f"order-{i}", "1", 1, "invoice", order))
+
+
+def _shoot_unfolded(url: str, target: Path) -> None:
+    """A screenshot of ``url`` with every ``<details>`` open (in a thread: selenium blocks)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        # The page itself 1280 x 800, as the other shots (a window's size includes its frame).
+        metrics = {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False}
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+        driver.get(url)
+        # (the page swaps its <main> every 3 s, folding them again: shot at once)
+        driver.execute_script("document.querySelectorAll('details').forEach(d => d.open = true)")
+        driver.save_screenshot(str(target))
+    finally:
+        driver.quit()
+
+
 async def _shoot(base: str, pages: dict[str, str]) -> None:
     IMAGES.mkdir(parents=True, exist_ok=True)
     for name, path in pages.items():
@@ -60,7 +109,10 @@ async def _shoot(base: str, pages: dict[str, str]) -> None:
             "--window-size=1280,800",
             base + path,
         ]
-        await trio.run_process(command, capture_stdout=True, capture_stderr=True)
+        if name == "queues":
+            await trio.to_thread.run_sync(_shoot_unfolded, base + path, target)
+        else:
+            await trio.run_process(command, capture_stdout=True, capture_stderr=True)
         print(f"wrote {target}")
 
 
@@ -81,6 +133,9 @@ async def main() -> None:
                         if i != 7:
                             with contextlib.suppress(dt.RunFailed):
                                 await engine.result(f"order-{i}")
+                    async with dt.open_queue_transport(backend, namespace="shop") as producer:
+                        await _set_aside(backend, producer)
+                    await trio.sleep(2.5)  # the invoices wait: an age to show
                     async with dt.open_operations(backend, namespace="shop") as ops:
                         async with trio.open_nursery() as nursery:
                             base = await nursery.start(partial(serve_console, ops, port=0))
@@ -97,6 +152,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    if not Path(CHROMIUM).exists():
-        sys.exit("needs Debian's chromium: apt-get install -y chromium")
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        sys.exit("needs Debian's chromium: apt-get install -y chromium chromium-driver")
     trio.run(main)

@@ -27,7 +27,7 @@ __all__ = ["measure"]
 
 _PARTS = (
     "seq", "ready", "delayed", "active", "jobs", "meta", "stalls", "claims", "failed", "armed",
-    "claimed", "quarantine",
+    "claimed", "quarantine", "moved",
 )  # fmt: skip
 
 

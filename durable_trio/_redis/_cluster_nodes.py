@@ -223,6 +223,12 @@ class ClusterNodes:
         await entry.ready.wait()
         return entry.client
 
+    def ready_pool(self, node: Node) -> RedisClient | None:
+        """The pool of ``node`` if it is open already (found without a checkpoint), else
+        ``None``."""
+        entry = self._pools.get(node)
+        return entry.client if entry is not None and entry.ready.is_set() else None
+
     async def _serve(self, entry: _Pool) -> None:
         if entry.scope.cancel_called:  # dropped before it started: its client is closed
             return

@@ -34,6 +34,8 @@ class ShardedSubscription:
         channels: the channels (bytes).
         resubscribed: how many times it subscribed again after losing its node (messages
             published in between were not received).
+        on_resubscribed: called (from the subscription's task) each time it has subscribed
+            again, so its owner re-checks what it waits on at once; it must not raise.
     """
 
     def __init__(
@@ -47,6 +49,7 @@ class ShardedSubscription:
     ) -> None:
         self.channels = channels
         self.resubscribed = 0
+        self.on_resubscribed: Callable[[], object] | None = None
         self._nodes = nodes
         self._open = open_subscription
         self._retry_delay = retry_delay
@@ -99,6 +102,8 @@ class ShardedSubscription:
                 except BrokerError:
                     continue  # a long outage: keep trying, at the backoff's cap
             self.resubscribed += 1
+            if self.on_resubscribed is not None:
+                self.on_resubscribed()
 
     async def receive(self) -> tuple[bytes, bytes]:
         """Wait for the next message.

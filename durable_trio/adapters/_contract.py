@@ -403,8 +403,16 @@ class QueueStats:
     failed: int
     """Set aside (kept for inspection, bounded by the broker's retention)."""
     oldest_ready_age: float | None = None
-    """Seconds since the oldest ready job was pushed (broker clock); ``None``: no job is
-    ready, or the broker keeps no push times."""
+    """Seconds since the oldest ready job was pushed (broker clock, never below 0).
+
+    Of the jobs ready now (not delayed, not claimed), the earliest *push time*: the time of
+    its ``push_on`` (or ``push_many``), kept as it was while the job is retried, reclaimed
+    from a stalled worker or held back by a delay. So a job pushed with a 60 s delay that came
+    due 5 s ago is 65 s old, and a job retried three times is as old as its first push. A
+    failed job requeued (:meth:`SupportsFailedJobRepair.requeue_failed`) counts as pushed
+    again when requeued. ``None``: no job is ready, the broker keeps no push times, or a ready
+    job's push time is unknown (stored before the broker kept one, or damaged: a value that is
+    not a number), since that job may well be the oldest."""
 
 
 @runtime_checkable

@@ -17,7 +17,11 @@ Key layout:
     ``{Q}:ready``           zset    score = priority, member = ``%016d(seq) .. n``
     ``{Q}:delayed``         zset    score = due time (server seconds), member as in ``ready``
     ``{Q}:active``          zset    score = claimed (or last renewed) at, member = lease token
-    ``{Q}:jobs``            hash    ``n`` -> job bytes
+    ``{Q}:jobs``            hash    ``n`` -> job bytes; ``t`` .. ``n`` -> its push time,
+                                    ``"<seconds> <microseconds>"`` as the server's ``TIME``
+                                    gives them, kept through retries, reclaims and delays
+                                    (``queue_stats``' oldest ready age), written and deleted
+                                    with the bytes in the same command
     ``{Q}:meta``            hash    ``n`` -> ``"priority:attempts:stalled_count:id"``
     ``{Q}:stalls``          hash    ``n`` -> stall history, JSON ``[[at, worker], ...]``
                                     (``[at, worker, 0]``: a stall that did not count)
@@ -31,6 +35,9 @@ Key layout:
                                     meta, a replaced stall history), each with what was found,
                                     the reason and the server time; newest first, trimmed to
                                     ``quarantine_retention``
+    ``{Q}:moved``           zset    score = ``n``, member as in ``ready``: the ready jobs at
+                                    another place than their push's (promoted, retried, or
+                                    reclaimed after one of those), for ``queue_stats``
     ``{Q}:armed``           string  set by a pop that found nothing: someone may be waiting
     ``{Q}:claimed``         string  set by a claim, cleared by a sweep that leaves none
     ======================  ======  ==========================================================
@@ -106,11 +113,10 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import re
 import secrets
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Self
 
 import attrs
 import orjson
@@ -120,7 +126,7 @@ from trio_util import RepeatedEvent
 from .._coalesce import Coalescer
 from .._errors import BrokerError, ConfigError, DamagedJob, TransportClosed
 from .._failures import report_through
-from .._redis import RedisClient, Subscription, open_redis
+from .._redis import RedisClient, RedisClusterClient, open_redis
 from ._contract import (
     ClaimedJob,
     FailedJob,
@@ -132,7 +138,9 @@ from ._contract import (
     RenewOutcome,
     Stall,
 )
-from ._redis_repair import REQUEUE_FAILED, FailedJobRepair
+from ._redis_doorbell import PubSubDoorbell
+from ._redis_repair import MEMBER_ID as _MEMBER_ID
+from ._redis_repair import REQUEUE_FAILED, FailedJobRepair, scan_queues
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -146,6 +154,7 @@ __all__ = [
     "PROMOTE_BATCH",
     "EvictionPolicyWarning",
     "RedisBroker",
+    "RedisBrokerBase",
     "RedisBrokerStatistics",
 ]
 
@@ -189,8 +198,6 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 """
 
-#: The internal id of a ``ready`` or ``delayed`` member: the digits after its 16-byte place.
-_MEMBER_ID: Final = "'^" + "." * 16 + "(%d+)$'"
 
 _PARSE_META: Final = """
 -- The fields of a meta value, or nil when it is not "priority:attempts:stalled:id" (a damaged
@@ -251,14 +258,15 @@ end
 # KEYS: seq ready delayed jobs meta armed
 # ARGV: id data priority delay channel
 _PUSH: Final = """
+local t = redis.call('TIME')
 local seq = redis.call('INCR', KEYS[1])
 local n = string.format('%d', seq)
-redis.call('HSET', KEYS[4], n, ARGV[2])
+-- (the push time as TIME's two parts, joined: a number format would cost more than the HSET)
+redis.call('HSET', KEYS[4], n, ARGV[2], 't' .. n, t[1] .. ' ' .. t[2])
 redis.call('HSET', KEYS[5], n, ARGV[3] .. ':0:0:' .. ARGV[1])
 local member = string.format('%016d', seq) .. n
 local delay = tonumber(ARGV[4])
 if delay > 0 then
-  local t = redis.call('TIME')
   local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
   redis.call('ZADD', KEYS[3], now + delay, member)
 else
@@ -272,7 +280,7 @@ end
 return 1
 """
 
-# KEYS: seq ready delayed active jobs meta stalls claims armed claimed quarantine
+# KEYS: seq ready delayed active jobs meta stalls claims armed claimed quarantine moved
 # ARGV: count worker token_suffixes promote_batch quarantine_retention [started]
 # The claims past the first ``started`` are popped ahead: stored not started (a byte 1 before
 # the worker in their claim entry). Without ``started`` every claim is started, but for a
@@ -310,7 +318,7 @@ local function remains(n)
 end
 local function forget(n)
   if n then
-    redis.call('HDEL', KEYS[5], n)
+    redis.call('HDEL', KEYS[5], n, 't' .. n)
     redis.call('HDEL', KEYS[7], n)
     redis.call('HDEL', KEYS[8], n)
   end
@@ -319,6 +327,7 @@ local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, tonumb
 if #due > 0 then
   -- Promote in due-time order, each with a fresh sequence number (after the ready jobs of its
   -- priority, like a push made now). ZRANGEBYSCORE from -inf returns ranks 0..#due-1.
+  redis.call('ZCARD', KEYS[12])  -- (a read: a wrong-type key fails here, before any write)
   local promote, lost = {}, {}
   for _, member in ipairs(due) do
     local n = string.match(member, MEMBER_ID)
@@ -350,7 +359,9 @@ if #due > 0 then
   end
   for _, job in ipairs(promote) do
     seq = seq + 1
-    redis.call('ZADD', KEYS[2], job[2], string.format('%016d', seq) .. job[1])
+    local member = string.format('%016d', seq) .. job[1]
+    redis.call('ZADD', KEYS[12], job[1], member)  -- ready at another place than its push's
+    redis.call('ZADD', KEYS[2], job[2], member)
   end
   redis.call('ZREMRANGEBYRANK', KEYS[3], 0, #due - 1)
 end
@@ -373,9 +384,13 @@ local worker = ARGV[2]
 local suffixes = ARGV[3]
 local claims = {}
 local lost = {}
+local unmove = {}  -- the claimed members of ``moved``
 for _, member in ipairs(members) do
   local n = string.match(member, MEMBER_ID)
   local meta = n and redis.call('HGET', KEYS[6], n)
+  if not n or tonumber(string.sub(member, 1, 16)) ~= tonumber(n) then
+    unmove[#unmove + 1] = member
+  end
   if meta then
     local at = (#claims / 4 % (#suffixes / 16)) * 16
     local token = n .. ':' .. string.sub(suffixes, at + 1, at + 16)
@@ -393,6 +408,9 @@ for _, member in ipairs(members) do
   else
     lost[#lost + 1] = {member, n, remains(n)}
   end
+end
+if #unmove > 0 then
+  redis.call('ZCARD', KEYS[12])  -- (a read before the first write, as above)
 end
 if #lost > 0 then
   writable(KEYS[11], 'list')
@@ -416,6 +434,9 @@ for i = 1, #claims, 4 do
   redis.call('ZADD', KEYS[4], now, claims[i + 2])
 end
 redis.call('ZREMRANGEBYRANK', KEYS[2], 0, #members - 1)
+for _, member in ipairs(unmove) do
+  redis.call('ZREM', KEYS[12], member)
+end
 if #claims > 0 then
   redis.call('SET', KEYS[10], '1')  -- a sweep has something to look at (see queues_with_claims)
 end
@@ -439,7 +460,7 @@ local n = string.match(ARGV[1], '^(%d+):')
 if not n or redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
   return 0
 end
-redis.call('HDEL', KEYS[2], n)
+redis.call('HDEL', KEYS[2], n, 't' .. n)
 redis.call('HDEL', KEYS[3], n)
 redis.call('HDEL', KEYS[4], n)
 redis.call('HDEL', KEYS[5], n)
@@ -456,7 +477,7 @@ for i, token in ipairs(ARGV) do
   if not n or redis.call('ZREM', KEYS[1], token) == 0 then
     out[i] = 0
   else
-    redis.call('HDEL', KEYS[2], n)
+    redis.call('HDEL', KEYS[2], n, 't' .. n)
     redis.call('HDEL', KEYS[3], n)
     redis.call('HDEL', KEYS[4], n)
     redis.call('HDEL', KEYS[5], n)
@@ -469,13 +490,15 @@ return out
 # KEYS: seq ready delayed jobs meta armed (as _PUSH's)
 # ARGV: channel, then (id, data, priority) per job
 _PUSH_MANY: Final = """
+local t = redis.call('TIME')
+local pushed_at = t[1] .. ' ' .. t[2]
 local count = (#ARGV - 1) / 3
 local seq = redis.call('INCRBY', KEYS[1], count) - count
 for i = 0, count - 1 do
   seq = seq + 1
   local n = string.format('%d', seq)
   local priority = ARGV[4 + 3 * i]
-  redis.call('HSET', KEYS[4], n, ARGV[3 + 3 * i])
+  redis.call('HSET', KEYS[4], n, ARGV[3 + 3 * i], 't' .. n, pushed_at)
   redis.call('HSET', KEYS[5], n, priority .. ':0:0:' .. ARGV[2 + 3 * i])
   redis.call('ZADD', KEYS[2], priority, string.format('%016d', seq) .. n)
 end
@@ -507,7 +530,7 @@ redis.call('HEXISTS', KEYS[5], n)  -- (a read: a wrong-type key fails here, befo
 redis.call('LPUSH', KEYS[6], failed_record(now, meta, ARGV[2], stalls, data))
 redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[3]) - 1)
 redis.call('ZREM', KEYS[1], token)
-redis.call('HDEL', KEYS[2], n)
+redis.call('HDEL', KEYS[2], n, 't' .. n)
 redis.call('HDEL', KEYS[3], n)
 redis.call('HDEL', KEYS[4], n)
 redis.call('HDEL', KEYS[5], n)
@@ -538,7 +561,7 @@ _FAIL_AND_PUSH: Final = (
     + "end\n"
 )
 
-# KEYS: seq ready delayed active jobs meta stalls claims armed failed
+# KEYS: seq ready delayed active jobs meta stalls claims armed failed moved
 # ARGV: token delay count_attempt("1"/"0") channel failed_retention
 # Returns 0 (lease lost), 1 (handed back), or 2: the job's meta was unreadable, so it could not
 # be put back (no priority, no count): it was failed instead, kept as found.
@@ -563,7 +586,7 @@ if not priority then
   redis.call('LPUSH', KEYS[10], failed_record(now, meta, err, stalls, data))
   redis.call('LTRIM', KEYS[10], 0, tonumber(ARGV[5]) - 1)
   redis.call('ZREM', KEYS[4], token)
-  redis.call('HDEL', KEYS[5], n)
+  redis.call('HDEL', KEYS[5], n, 't' .. n)
   redis.call('HDEL', KEYS[6], n)
   redis.call('HDEL', KEYS[7], n)
   redis.call('HDEL', KEYS[8], n)
@@ -583,6 +606,9 @@ if delay > 0 then
   local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
   redis.call('ZADD', KEYS[3], now + delay, member)
 else
+  if tonumber(place) ~= tonumber(n) then
+    redis.call('ZADD', KEYS[11], n, member)  -- ready at another place than its push's
+  end
   redis.call('ZADD', KEYS[2], priority, member)
 end
 if ARGV[3] == '1' then
@@ -642,7 +668,7 @@ return {renewed, lost}
 """
 )
 
-# KEYS: seq ready active jobs meta stalls claims armed claimed quarantine
+# KEYS: seq ready active jobs meta stalls claims armed claimed quarantine moved
 # ARGV: threshold cutoff("" = now - threshold) max_stalled token_suffixes limit channel
 #       quarantine_retention
 # Returns {recovered, cutoff, examined, meta, data, stalls, token, ...}: the exceeded jobs, and
@@ -663,6 +689,7 @@ end
 local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. string.format('%.17g', cutoff),
   'LIMIT', 0, tonumber(ARGV[5]))
 local max_stalled = tonumber(ARGV[3])
+redis.call('ZSCORE', KEYS[11], '')  -- (a read: a wrong-type key fails here, before writes)
 local entry_at = '[' .. string.format('%.6f', now) .. ','
 local recovered = 0
 local set_aside = 0
@@ -700,7 +727,7 @@ for _, token in ipairs(stale) do
     quarantine(n and 'claimed job without meta' or 'active member names no claim', raw, n)
     redis.call('ZREM', KEYS[3], token)
     if n then
-      redis.call('HDEL', KEYS[4], n)
+      redis.call('HDEL', KEYS[4], n, 't' .. n)
       redis.call('HDEL', KEYS[6], n)
       redis.call('HDEL', KEYS[7], n)
     end
@@ -735,6 +762,9 @@ for _, token in ipairs(stale) do
     end
     if not poison then
       -- A reclaimed job keeps its place: it waited its turn once already.
+      if tonumber(place) ~= tonumber(n) then
+        redis.call('ZADD', KEYS[11], n, place .. n)  -- ready at another place than its push's
+      end
       redis.call('ZADD', KEYS[2], priority, place .. n)
     end
     local entry = entry_at .. cjson.encode(holder) .. (ahead and ',0]' or ']')
@@ -792,7 +822,10 @@ until cursor == '0'
 return nil
 """
 
-async def _job_state(client: RedisClient, queue: str, job_id: str) -> JobState | None:
+
+async def _job_state(
+    client: RedisClient | RedisClusterClient, queue: str, job_id: str
+) -> JobState | None:
     """One run of :data:`_JOB_STATE`, a scan of the queue's meta hash (for a rare look at one
     job: see :class:`~durable_trio.adapters.SupportsJobState`)."""
     found = await client.script(_JOB_STATE)(
@@ -805,27 +838,6 @@ async def _job_state(client: RedisClient, queue: str, job_id: str) -> JobState |
         text = worker.decode() if isinstance(worker, bytes) else str(worker)
         return JobState(claimed=True, worker=text)
     return JobState(claimed=False)
-
-
-async def _waiting_queues(client: RedisClient, prefix: str) -> list[str]:
-    """A ``SCAN`` of the database for ``{Q}:ready`` and ``{Q}:delayed`` keys with ``Q``
-    starting with ``prefix`` (Redis deletes an empty sorted set, so a key found holds jobs):
-    O(keys in the database), for a health read (see
-    :class:`~durable_trio.adapters.SupportsQueueListing`)."""
-    pattern = "{" + re.sub(r"([\\*?\[\]])", r"\\\1", prefix) + "*}:"
-    found: set[str] = set()
-    for suffix in ("ready", "delayed"):
-        cursor = b"0"
-        while True:
-            cursor, keys = await client.execute(
-                "SCAN", cursor, "MATCH", pattern + suffix, "COUNT", 1000
-            )
-            for key in keys:
-                text = key.decode() if isinstance(key, bytes) else str(key)
-                found.add(text[1 : -len("}:" + suffix)])
-            if cursor in (b"0", "0", 0):
-                break
-    return sorted(found)
 
 
 # KEYS: ready delayed
@@ -1087,6 +1099,7 @@ class _Queue:
                 "armed",
                 "claimed",
                 "quarantine",
+                "moved",
             ),
             complete_keys=keys("active", "jobs", "meta", "stalls", "claims"),
             fail_keys=keys("active", "jobs", "meta", "stalls", "claims", "failed"),
@@ -1101,6 +1114,7 @@ class _Queue:
                 "claims",
                 "armed",
                 "failed",
+                "moved",
             ),
             active_key=keys("active")[0],
             recover_keys=keys(
@@ -1114,6 +1128,7 @@ class _Queue:
                 "armed",
                 "claimed",
                 "quarantine",
+                "moved",
             ),
             claimed_key=keys("claimed")[0],
             size_keys=keys("ready", "delayed"),
@@ -1140,7 +1155,9 @@ class _Queue:
         self.due_at = math.inf if due_in is None else trio.current_time() + due_in
 
 
-async def _read_eviction_policy(client: RedisClient, bound: float) -> str | None:
+async def _read_eviction_policy(
+    client: RedisClient | RedisClusterClient, bound: float
+) -> str | None:
     """The server's ``maxmemory-policy`` (one ``CONFIG GET``, bounded by ``bound``), or
     ``None`` when it cannot be read: a server that refuses ``CONFIG`` (managed Redis often
     does), or cannot be reached yet, is not checked (logged at debug level), and the broker
@@ -1202,8 +1219,10 @@ class _FailAndPush:
         return bool(await self._fail_and_push((*q.fail_keys, *pq.push_keys), args))
 
 
-class RedisBroker(FailedJobRepair, _FailAndPush):
-    """A :class:`~durable_trio.adapters.QueueBroker` on Redis, with every optional capability.
+class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
+    """A :class:`~durable_trio.adapters.QueueBroker` on Redis: what :class:`RedisBroker` (one
+    server, every optional capability) and
+    :class:`~durable_trio.adapters.redis_cluster.RedisClusterBroker` share.
 
     Enter it (``async with``) before waiting on queues: it owns the task that listens to the
     doorbell. Every other call works on an entered or unentered broker alike.
@@ -1230,9 +1249,12 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
         ConfigError: an option out of range.
     """
 
+    #: The command the scripts ring a doorbell with (a Cluster's broker: ``SPUBLISH``).
+    _PUBLISH: ClassVar[str] = "PUBLISH"
+
     def __init__(
         self,
-        client: RedisClient,
+        client: RedisClient | RedisClusterClient,
         *,
         failed_retention: int = 1000,
         promote_batch: int = PROMOTE_BATCH,
@@ -1257,8 +1279,10 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
         first, largest = resubscribe_backoff
         if not 0 < first <= largest:
             raise ConfigError("resubscribe_backoff must be (first, largest), 0 < first <= largest")
+        if isinstance(client, RedisClusterClient) and self._PUBLISH == "PUBLISH":
+            raise ConfigError("a Redis Cluster client needs a RedisClusterBroker")
         self._client = client
-        self._db = client.url.db
+        self._db = client.url.db if isinstance(client, RedisClient) else 0
         self._failed_retention = failed_retention
         self._quarantine_retention = quarantine_retention
         self._maxmemory_policy: str | None = None
@@ -1268,28 +1292,28 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
         self._ping_timeout = ping_timeout
         self._backoff = (first, largest)
         self._on_error = on_error
-        self._push: Script = client.script(_PUSH)
-        self._requeue_failed: Script = client.script(REQUEUE_FAILED)
-        self._claim: Script = client.script(_CLAIM)
-        self._complete: Script = client.script(_COMPLETE)
-        self._complete_many: Script = client.script(_COMPLETE_MANY)
-        self._push_many: Script = client.script(_PUSH_MANY)
-        self._fail: Script = client.script(_FAIL)
-        self._fail_and_push: Script = client.script(_FAIL_AND_PUSH)
-        self._retry: Script = client.script(_RETRY)
-        self._renew: Script = client.script(_RENEW)
-        self._mark_started: Script = client.script(_MARK_STARTED)
-        self._recover: Script = client.script(_RECOVER)
-        self._size: Script = client.script(_SIZE)
-        self._peek: Script = client.script(_PEEK)
+        self._push: Script = self._script(_PUSH)
+        self._requeue_failed: Script = self._script(REQUEUE_FAILED)
+        self._claim: Script = self._script(_CLAIM)
+        self._complete: Script = self._script(_COMPLETE)
+        self._complete_many: Script = self._script(_COMPLETE_MANY)
+        self._push_many: Script = self._script(_PUSH_MANY)
+        self._fail: Script = self._script(_FAIL)
+        self._fail_and_push: Script = self._script(_FAIL_AND_PUSH)
+        self._retry: Script = self._script(_RETRY)
+        self._renew: Script = self._script(_RENEW)
+        self._mark_started: Script = self._script(_MARK_STARTED)
+        self._recover: Script = self._script(_RECOVER)
+        self._size: Script = self._script(_SIZE)
+        self._peek: Script = self._script(_PEEK)
         self._queues: dict[str, _Queue] = {}
         # The doorbell: wanted channels, the live subscription and its epoch.
-        self._wanted: dict[bytes, _Queue] = {}
+        self._wanted = {}
         self._want = RepeatedEvent()  # a channel was added to _wanted
-        self._sub: Subscription | None = None
         self._epoch = 0
-        # Set and replaced on every change of _sub. An Event, not a RepeatedEvent: _cover takes
-        # it before its SUBSCRIBE and waits on it after, so a change meanwhile is not missed.
+        # Set and replaced on every change of a subscription. An Event, not a RepeatedEvent:
+        # _cover takes it before its SUBSCRIBE and waits on it after, so a change meanwhile is
+        # not missed.
         self._changed = trio.Event()
         self._claims_examined = 0
         self._subscriptions = 0
@@ -1304,7 +1328,7 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
 
     @classmethod
     @asynccontextmanager
-    async def from_url(cls, url: str, **options: Any) -> AsyncIterator[RedisBroker]:
+    async def from_url(cls, url: str, **options: Any) -> AsyncIterator[Self]:
         """Open a client on ``url`` and a broker on it; close both on leaving the block.
 
         Args:
@@ -1317,7 +1341,7 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
         async with open_redis(url) as client, cls(client, **options) as broker:
             yield broker
 
-    async def __aenter__(self) -> RedisBroker:
+    async def __aenter__(self) -> Self:
         if self._entered:
             raise RuntimeError("a RedisBroker can be entered only once")
         self._entered = True
@@ -1358,13 +1382,15 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
         self._closed = True
         # Only the listener's own scope: the nursery's would cancel the ``async with`` body.
         self._listener_scope.cancel()
-        sub = self._sub
-        if sub is not None:
-            sub.close()
+        self._drop_subscriptions()
         self._signal_changed()
 
+    def _script(self, source: str) -> Script:
+        """Register ``source``, ringing doorbells with :attr:`_PUBLISH`."""
+        return self._client.script(source.replace("'PUBLISH'", f"'{self._PUBLISH}'"))
+
     @property
-    def client(self) -> RedisClient:
+    def client(self) -> RedisClient | RedisClusterClient:
         """The Redis client this broker runs on (the run store shares it)."""
         return self._client
 
@@ -1440,7 +1466,7 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
             return []
         # Snapshot the doorbell before the command is sent: a ring counted after this may be
         # for an older push (a spurious wake-up), but no push after the pop can be missed.
-        rings, epoch = q.rings, (self._epoch if self._covers(q) else None)
+        rings, epoch = q.rings, (self._live_epoch(q) if self._covers(q) else None)
         argv = (total, worker, _suffixes(total), self._promote_batch, self._quarantine_retention)
         reply = await self._claim(q.claim_keys, (*argv, count))
         if len(reply) == 1 or reply[0] is not None:  # (empty; or drained, armed: as good as
@@ -1595,12 +1621,17 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
     async def queues_with_claims(self, queues: Sequence[str]) -> list[str]:
         """The queues that may hold claims, in ONE command (an ``MGET`` of the flags the claim
         script sets and a sweep that leaves no claim clears): a worker sweeping ten idle queues
-        costs one command, not ten scripts. (One node: on a Cluster the flags span slots.)"""
+        costs one command, not ten scripts (on a Cluster, one pipeline per master)."""
         if not queues:
             await trio.lowlevel.checkpoint()
             return []
-        flags = await self._client.execute("MGET", *(self._queue(q).claimed_key for q in queues))
-        return [queue for queue, flag in zip(queues, flags, strict=True) if flag is not None]
+        flags = await self._read_flags([self._queue(q).claimed_key for q in queues])
+        return [queue for queue, flag in zip(queues, flags, strict=True) if flag]
+
+    async def _read_flags(self, keys: list[str]) -> list[bool]:
+        """Which of ``keys`` exist, in ONE ``MGET`` (one node: the keys' slots do not matter)."""
+        values = await self._client.execute("MGET", *keys)
+        return [value is not None for value in values]
 
     async def size_of(self, queue: str) -> int:
         """Jobs waiting to be claimed (ready and delayed)."""
@@ -1608,9 +1639,11 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
         return int(await self._size(q.size_keys))
 
     async def waiting_queues(self, prefix: str) -> list[str]:
-        """The queues named ``prefix...`` holding ready or delayed jobs (see
-        :func:`_waiting_queues`)."""
-        return await _waiting_queues(self._client, prefix)
+        """The queues named ``prefix...`` holding ready or delayed jobs: a ``SCAN`` for their
+        ``{Q}:ready`` and ``{Q}:delayed`` keys (Redis deletes an empty sorted set, so a key
+        found holds jobs), O(keys in the database), for a health read (see
+        :class:`~durable_trio.adapters.SupportsQueueListing`)."""
+        return await scan_queues(await self._scan_targets(), prefix, ("ready", "delayed"))
 
     async def job_state(self, queue: str, job_id: str) -> JobState | None:
         """Whether job ``job_id`` waits on ``queue`` or is claimed (see :func:`_job_state`)."""
@@ -1669,7 +1702,7 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
             await self._cover(q)
         if covering.cancelled_caught or self._closed:
             return  # no subscription for that long: let the caller look (and meet the error)
-        if q.empty_epoch is None or q.empty_epoch != self._epoch:
+        if q.empty_epoch is None or q.empty_epoch != self._live_epoch(q):
             # The last pop was not covered by this subscription: look (which arms) now that
             # the subscription is in place.
             rings = q.rings
@@ -1680,7 +1713,8 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
                 return
             if reply[0]:
                 return
-            q.note_empty(rings, self._epoch, _seconds(reply[1]) if len(reply) > 1 else None)
+            epoch = self._live_epoch(q)
+            q.note_empty(rings, epoch, _seconds(reply[1]) if len(reply) > 1 else None)
         with trio.move_on_at(q.due_at):
             while q.rings == q.empty_rings:
                 # Safety checks fall on a grid shared by every waiter of this broker, so the
@@ -1706,98 +1740,18 @@ class RedisBroker(FailedJobRepair, _FailAndPush):
         return (math.floor(trio.current_time() / interval) + 1) * interval
 
     async def _check_armed(self, keys: list[str]) -> list[bool]:
-        """One MGET for every queue whose safety check fell on this tick. (One node: on a
-        Cluster the keys would span slots; checks would go per slot.)"""
-        values = await self._client.execute("MGET", *keys)
-        return [value is not None for value in values]
-
-    def _covers(self, q: _Queue) -> bool:
-        return self._sub is not None and q.covered_epoch == self._epoch
-
-    def _signal_changed(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def _cover(self, q: _Queue) -> None:
-        """Return once ``q``'s channel is subscribed on the live subscription."""
-        while not self._covers(q):
-            if self._closed:
-                return
-            if q.channel not in self._wanted:
-                self._wanted[q.channel] = q
-                self._want.set()
-            sub = self._sub
-            if sub is None:
-                await self._changed.wait()  # the listener (re)connects and subscribes it
-                continue
-            epoch = self._epoch
-            changed = self._changed
-            try:
-                await sub.subscribe(q.channel)
-            except (BrokerError, TransportClosed):
-                # Dead: the listener notices, reports and reconnects (or, closed, stops).
-                await changed.wait()
-                continue
-            if self._sub is sub and self._epoch == epoch:
-                q.covered_epoch = epoch
-
-    async def _doorbell_loop(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """The listener: one subscription for every waited queue, reopened when lost."""
-        with self._listener_scope:
-            task_status.started()
-            await self._listen_forever()
-
-    async def _listen_forever(self) -> None:
-        failures = 0
-        while True:
-            while not self._wanted:
-                await self._want.wait()
-            try:
-                async with self._client.subscribe() as sub:
-                    channels = list(self._wanted)
-                    await sub.subscribe(*channels)
-                    self._epoch += 1
-                    self._subscriptions += 1
-                    self._sub = sub
-                    for channel in channels:
-                        self._wanted[channel].covered_epoch = self._epoch
-                    # Messages may have been lost while we were not subscribed: a
-                    # (re)subscription rings every queue (its waiters re-check).
-                    for q in list(self._wanted.values()):
-                        q.ring_bell()
-                    self._signal_changed()
-                    failures = 0
-                    await self._listen(sub)
-            except BrokerError as exc:
-                self._subscription_failures += 1
-                self._report(exc)
-            except TransportClosed:
-                # The client is closed: this broker cannot work any more. Waiters return.
-                self._closed = True
-                return
-            finally:
-                self._sub = None
-                self._signal_changed()
-            failures += 1
-            first, largest = self._backoff
-            delay = min(largest, first * 2.0 ** min(failures - 1, 32))
-            await trio.sleep(delay * random.uniform(0.5, 1.0))
-
-    async def _listen(self, sub: Subscription) -> None:
-        """Count rings until the subscription fails; ``PING`` it after a silence."""
-        wanted = self._wanted
-        while True:
-            with trio.move_on_after(self._safety_poll_interval):
-                channel, _ = await sub.receive()
-                q = wanted.get(channel)
-                if q is not None:
-                    q.ring_bell()
-                continue
-            await sub.ping(reply_timeout=self._ping_timeout)
+        """One read of the armed flags of every queue whose safety check fell on this tick
+        (see :meth:`_read_flags`)."""
+        return await self._read_flags(keys)
 
     def _report(self, exc: Exception, doing: str = "doorbell") -> None:
         logger.warning("Redis %s: %s", doing, exc, exc_info=exc)
         if self._on_error is not None:
             report_through(self._on_error, exc, logger)
+
+
+class RedisBroker(RedisBrokerBase, _FailAndPush):
+    """A :class:`~durable_trio.adapters.QueueBroker` on one Redis server, with every optional
+    capability, the atomic :meth:`fail_and_push` included (a Cluster's queues live on two
+    slots: :class:`~durable_trio.adapters.redis_cluster.RedisClusterBroker` has no such call).
+    Options as :class:`RedisBrokerBase`'s."""

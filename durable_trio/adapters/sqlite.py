@@ -66,7 +66,8 @@ Damaged rows:
     it unread, the row keeping its stored values); a row whose id cannot be read moves to the
     ``dt_quarantine`` table (:meth:`SqliteBroker.quarantined`) in the transaction that found
     it. Nothing stored ever makes an operation raise or roll back, so one bad row cannot wedge
-    a queue by coming first again at every pop.
+    a queue by coming first again at every pop. (``pushed_at``, read only by
+    :meth:`SqliteBroker.queue_stats`, makes an unreadable value an unknown age, ``None``.)
 
 Errors:
     :class:`sqlite3.Error` is translated at this edge: a locked database (after
@@ -513,6 +514,7 @@ _SCHEMA: Final = (
         stalls TEXT NOT NULL DEFAULT '[]',
         error TEXT,
         failed_at REAL,
+        pushed_at REAL,
         CHECK ((state = 'active') = (token IS NOT NULL AND claimed_at IS NOT NULL)),
         CHECK ((state = 'delayed') = (due_at IS NOT NULL))
     )
@@ -551,8 +553,8 @@ _SCHEMA: Final = (
 _NEXT_SEQ: Final = "UPDATE dt_meta SET value = value + ?1 WHERE name = 'seq' RETURNING value"
 
 _INSERT: Final = """
-    INSERT INTO dt_jobs (queue, id, data, priority, seq, state, due_at)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+    INSERT INTO dt_jobs (queue, id, data, priority, seq, state, due_at, pushed_at)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
 """
 
 # The second half finds delayed rows whose due_at is not a number (TEXT or BLOB, which SQLite
@@ -745,6 +747,20 @@ async def open_connection(
 def _create_schema(statements: Iterable[str], db: sqlite3.Connection) -> None:
     for statement in statements:
         db.execute(statement)
+    _migrate(db)
+
+
+#: Columns added to ``dt_jobs`` after its first release, each with its definition: a file made
+#: before gets them on open (``ALTER TABLE ... ADD COLUMN``, in the schema's transaction, so two
+#: processes opening one old file add it once). Rows from before have NULL there.
+_ADDED_COLUMNS: Final = (("pushed_at", "REAL"),)
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    columns = {str(row[1]) for row in db.execute("PRAGMA table_info(dt_jobs)")}
+    for name, definition in _ADDED_COLUMNS:
+        if name not in columns:
+            db.execute(f"ALTER TABLE dt_jobs ADD COLUMN {name} {definition}")
 
 
 def _next_seq(db: sqlite3.Connection, count: int = 1) -> int:
@@ -995,8 +1011,9 @@ def _read_failed(row: Sequence[object]) -> FailedJob:
 
 def _op_push(queue: str, job: Job, priority: int, delay: float, db: sqlite3.Connection) -> None:
     seq = _next_seq(db)
-    state, due_at = ("delayed", time.time() + delay) if delay > 0 else ("ready", None)
-    db.execute(_INSERT, (queue, job.id, job.data, priority, seq, state, due_at))
+    now = time.time()
+    state, due_at = ("delayed", now + delay) if delay > 0 else ("ready", None)
+    db.execute(_INSERT, (queue, job.id, job.data, priority, seq, state, due_at, now))
 
 
 def _promote_due(db: sqlite3.Connection, queue: str, now: float) -> None:
@@ -1201,16 +1218,25 @@ _NEWEST_FAILED: Final = """
 _REQUEUE_FAILED: Final = """
     UPDATE dt_jobs SET state = 'ready', seq = ?2, priority = coalesce(?3, priority),
         attempts = 0, stalled_count = 0, stalls = '[]', error = NULL, failed_at = NULL,
-        worker = ''
+        worker = '', pushed_at = ?4
     WHERE pk = ?1
 """
 
-# Each count on its state's partial index.
+# Each count on its state's partial index, in one statement (one snapshot). The ready rows are
+# read whole for their push times (an operator's look, not the hot path: O(ready rows)): the
+# oldest, and how many have none that can be read (NULL: pushed before the column existed;
+# TEXT, BLOB or infinite: damaged), which make the oldest age unknown.
 _STATS: Final = """
-    SELECT (SELECT count(*) FROM dt_jobs WHERE state = 'ready' AND queue = ?1),
+    SELECT ready.n, ready.oldest, ready.unknown,
            (SELECT count(*) FROM dt_jobs WHERE state = 'delayed' AND queue = ?1),
            (SELECT count(*) FROM dt_jobs WHERE state = 'active' AND queue = ?1),
            (SELECT count(*) FROM dt_jobs WHERE state = 'failed' AND queue = ?1)
+    FROM (
+        SELECT count(*) AS n, min(pushed_at) AS oldest,
+            count(*) - count(CASE WHEN typeof(pushed_at) IN ('integer', 'real')
+                AND abs(pushed_at) < 9e999 THEN 1 END) AS unknown
+        FROM dt_jobs WHERE state = 'ready' AND queue = ?1
+    ) AS ready
 """
 
 # The queues in [?1, ?2) holding claimed or failed jobs (ready and delayed: _READY_QUEUES,
@@ -1231,7 +1257,7 @@ def _op_requeue_failed(
     row = db.execute(_NEWEST_FAILED, (queue, job_id)).fetchone()
     if row is None:
         return False
-    db.execute(_REQUEUE_FAILED, (row[0], _next_seq(db), priority))
+    db.execute(_REQUEUE_FAILED, (row[0], _next_seq(db), priority, time.time()))
     return True
 
 
@@ -1244,8 +1270,12 @@ def _op_delete_failed(queue: str, job_id: str, db: sqlite3.Connection) -> bool:
 
 
 def _op_queue_stats(queue: str, db: sqlite3.Connection) -> QueueStats:
-    ((ready, delayed, active, failed),) = db.execute(_STATS, (queue,)).fetchall()
-    return QueueStats(int(ready), int(delayed), int(active), int(failed))
+    now = time.time()
+    ((ready, oldest, unknown, delayed, active, failed),) = _fetch(db, _STATS, (queue,))
+    age = None
+    if ready and not unknown and isinstance(oldest, (int, float)):
+        age = max(0.0, now - oldest)
+    return QueueStats(int(ready), int(delayed), int(active), int(failed), age)
 
 
 def _op_known_queues(prefix: str, db: sqlite3.Connection) -> list[str]:
@@ -1660,7 +1690,10 @@ class SqliteBroker:
         return done
 
     async def queue_stats(self, queue: str) -> QueueStats:
-        """``queue``'s counts (one grouped count; no push times are kept: no oldest age)."""
+        """``queue``'s counts and its oldest ready job's age, in one statement (one pass over
+        the queue's ready rows for their ``pushed_at``). The age is ``None`` while a ready row
+        has none that can be read: NULL (pushed before the column was added to an older
+        file), TEXT, BLOB or infinite (damaged)."""
         stats: QueueStats = await self._call(partial(_op_queue_stats, queue), write=False)
         return stats
 

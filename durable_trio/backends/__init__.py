@@ -21,9 +21,12 @@ if TYPE_CHECKING:
 
 __all__ = ["Backend", "MemoryRunStores", "RunStores", "open_backend"]
 
-_KNOWN = "memory://, sqlite:///, redis://, rediss:// or redis+sentinel://"
-#: Schemes served by the Redis backend (one master: found through Sentinel for the last two).
-_REDIS_SCHEMES = ("redis", "rediss", "redis+sentinel", "rediss+sentinel")
+_KNOWN = "memory://, sqlite:///, redis://, rediss://, redis+sentinel:// or redis+cluster://"
+#: Schemes served by the Redis backend (one master, found through Sentinel for the sentinel
+#: ones; a Redis Cluster for the cluster ones).
+_REDIS_SCHEMES = (
+    "redis", "rediss", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"
+)  # fmt: skip
 
 
 @asynccontextmanager
@@ -32,9 +35,11 @@ async def open_backend(url: str = "memory://", *, existing: bool = False) -> Asy
 
     Args:
         url: ``memory://`` (one process, tests), ``sqlite:///path/file.db`` (embedded,
-            durable), ``redis://host:port/db`` or ``rediss://...`` (many machines), or
+            durable), ``redis://host:port/db`` or ``rediss://...`` (many machines),
             ``redis+sentinel://s1:26379,s2:26379/MASTER/db`` (the master that Redis
-            Sentinel names, followed through failovers; docs/deployment.md).
+            Sentinel names, followed through failovers; docs/deployment.md), or
+            ``redis+cluster://host1:port1,host2:port2`` or ``rediss+cluster://...`` (a Redis
+            Cluster: see docs/deployment.md for what runs on one).
         existing: a SQLite file must exist already: nothing is created, and a mistyped path
             is a :class:`~durable_trio.ConfigError`, not a new empty database. What the
             commands that only read or repair (``health``, ``runs``, ``jobs``, ``queues``,

@@ -1,21 +1,23 @@
-"""``redis://`` / ``rediss://`` / ``redis+sentinel://``: one client, the Redis broker, key store
-and run stores on it (on the master, for a Sentinel URL).
+"""``redis://`` / ``rediss://`` / ``redis+sentinel://`` (and ``redis+cluster://`` /
+``rediss+cluster://``, a Redis Cluster): one client, the Redis broker, key store and run stores
+on it (on the master, for a Sentinel URL).
 
 Imported lazily by :func:`~durable_trio.open_backend`: ``hiredis`` is an optional dependency.
 """
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from .._engine._stores.redis import RedisRunStore
-from .._redact import redact_url
-from .._redis import RedisClient, open_redis
+from .._redact import redact_url, url_scheme
+from .._redis import RedisClient, RedisClusterClient, open_redis, open_redis_cluster
 from ..adapters.redis import RedisBroker
+from ..adapters.redis_cluster import RedisClusterBroker
 from ..keys.redis import RedisKeyStore
 from ._backend import Backend
 
@@ -24,19 +26,30 @@ if TYPE_CHECKING:
 
     from .._engine._stores._contract import RunStore
 
-__all__ = ["RedisRunStores", "open_redis_backend"]
+__all__ = ["CLUSTER_RUN_SHARDS", "CLUSTER_SCHEMES", "RedisRunStores", "open_redis_backend"]
+
+#: The schemes of a Redis Cluster URL.
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+#: Run shards per namespace on a Cluster: a run and its steps share one shard's hash tag, the
+#: shards' tags spread over the masters. Fixed: a store opened with another count would look for
+#: runs in the wrong shards (docs/decisions.md, "Run shards on a Redis Cluster").
+CLUSTER_RUN_SHARDS = 16
 
 
 @attrs.frozen
 class RedisRunStores:
     """Run stores on the backend's own client (the one its broker and key store use)."""
 
-    client: RedisClient
+    client: RedisClient | RedisClusterClient
+    shards: int = 1
+    """Run shards per namespace (1: one hash tag, today's layout; a Cluster's: many, spread
+    over its masters by run id)."""
 
     @asynccontextmanager
     async def open(self, namespace: str) -> AsyncIterator[RunStore]:
         """A store for ``namespace`` on the client; closed on leaving (the client is not)."""
-        store = RedisRunStore(self.client, namespace)
+        store = RedisRunStore(self.client, namespace, shards=self.shards)
         try:
             yield store
         finally:
@@ -56,7 +69,8 @@ async def open_redis_backend(
     Args:
         url: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://...`` or
             ``redis+sentinel://[[user]:password@]s1:port,s2:port/MASTER[/db]`` (see
-            :func:`~durable_trio._redis.open_redis`).
+            :func:`~durable_trio._redis.open_redis`); a Cluster:
+            ``redis+cluster://host1:port1,host2:port2`` (a :class:`RedisClusterBroker`).
         key_tag: the key store's hash tag (see :class:`RedisKeyStore`).
         pool_size: shared connections of the client (plus one for the doorbell subscription).
         **broker_options: :class:`RedisBroker` options (``failed_retention`` ...).
@@ -109,7 +123,7 @@ async def _serve(
     broker_options: dict[str, Any],
     *,
     task_status: trio.TaskStatus[
-        tuple[Backend, RedisClient, trio.CancelScope]
+        tuple[Backend, RedisClient | RedisClusterClient, trio.CancelScope]
     ] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Hold the client and the broker open until the returned scope is cancelled.
@@ -119,15 +133,25 @@ async def _serve(
         always does (in a ``finally``): the shield is bounded by the block around it.
     """
     with trio.CancelScope(shield=True) as lift:
-        async with (
-            open_redis(url, pool_size=pool_size) as client,
-            RedisBroker(client, **broker_options) as broker,
-        ):
+        client: RedisClient | RedisClusterClient
+        broker: RedisBroker | RedisClusterBroker
+        async with AsyncExitStack() as stack:
+            cluster = url_scheme(url) in CLUSTER_SCHEMES
+            if cluster:
+                client = await stack.enter_async_context(
+                    open_redis_cluster(url, pool_size=pool_size)
+                )
+                broker = await stack.enter_async_context(
+                    RedisClusterBroker(client, **broker_options)
+                )
+            else:
+                client = await stack.enter_async_context(open_redis(url, pool_size=pool_size))
+                broker = await stack.enter_async_context(RedisBroker(client, **broker_options))
             backend = Backend(
                 url=redact_url(url),
                 broker=broker,
                 keys=RedisKeyStore(client, tag=key_tag),
-                run_stores=RedisRunStores(client),
+                run_stores=RedisRunStores(client, shards=CLUSTER_RUN_SHARDS if cluster else 1),
             )
             task_status.started((backend, client, lift))
             await trio.sleep_forever()

@@ -33,7 +33,7 @@ from ._contract import KeyEntry
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .._redis import RedisArg, RedisClient, Script
+    from .._redis import RedisArg, RedisClient, RedisClusterClient, Script
 
 __all__ = ["PRUNE_BATCH", "RedisKeyStore"]
 
@@ -106,14 +106,18 @@ class RedisKeyStore:
     """A :class:`~durable_trio.keys.KeyStore` on Redis (server clock, no ``SCAN``).
 
     Args:
-        client: an entered :class:`~durable_trio._redis.RedisClient` (not closed by the store).
+        client: an entered :class:`~durable_trio._redis.RedisClient` or
+            ``RedisClusterClient`` (the one hash tag keeps every entry in one slot; not closed
+            by the store).
         tag: the hash tag of every key of the store (stores with different tags are disjoint).
 
     Raises:
         ConfigError: an empty tag, or one with braces.
     """
 
-    def __init__(self, client: RedisClient, *, tag: str = "durable-keys") -> None:
+    def __init__(
+        self, client: RedisClient | RedisClusterClient, *, tag: str = "durable-keys"
+    ) -> None:
         if not tag or "{" in tag or "}" in tag:
             raise ConfigError(f"a key store tag is not empty and has no braces: {tag!r}")
         self._keys = (f"{{{tag}}}:entries",)

@@ -27,12 +27,14 @@ clocks in sync (NTP); a run lease (30 s by default) dwarfs ordinary skew.
 from __future__ import annotations
 
 import time
+import zlib
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import orjson
 import trio
 
+from ..._errors import ConfigError
 from .._records import (
     Applied,
     RunPage,
@@ -44,14 +46,18 @@ from .._records import (
     read_attempt_log,
     read_trace,
 )
-from ._paging import check_page, decode_cursor, encode_cursor
+from ._paging import MAX_PAGE, check_page, decode_cursor, encode_cursor
+from ._shard_paging import DONE, ShardPage, decode_bounds, encode_bounds, merge_shards
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ..._redis import RedisClient, Script
+    from ..._redis import RedisClient, RedisClusterClient, Script
 
-__all__ = ["RedisRunStore"]
+__all__ = ["MAX_SHARDS", "RedisRunStore"]
+
+#: Run shards a store may have at most (a page asks each one).
+MAX_SHARDS: Final = 256
 
 # Shared Lua helpers: move a run between status sets; is a status unfinished.
 _LUA_HELPERS: Final = """
@@ -318,6 +324,17 @@ def _fields(reply: list[Any]) -> dict[bytes, bytes]:
     return {reply[i]: reply[i + 1] for i in range(0, len(reply), 2)}
 
 
+def _index(prefix: str, status: RunStatus | None) -> str:
+    """A shard's index of every run, or of the runs of one status."""
+    return f"{prefix}:all" if status is None else f"{prefix}:status:{status}"
+
+
+def _following(reply: list[Any]) -> int | None:
+    """Where a page script's scan stopped (``None``: at the end of its index)."""
+    raw = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0] or "")
+    return int(float(raw)) if raw else None
+
+
 def _run(run_id: str, f: dict[bytes, bytes]) -> RunRecord:
     return RunRecord(
         run_id=run_id,
@@ -378,11 +395,22 @@ class RedisRunStore:
         namespace: whose runs (part of the hash tag).
     """
 
-    def __init__(self, client: RedisClient, namespace: str) -> None:
+    def __init__(
+        self, client: RedisClient | RedisClusterClient, namespace: str, *, shards: int = 1
+    ) -> None:
         if "{" in namespace or "}" in namespace:
             raise ValueError(f"a run store namespace has no braces: {namespace!r}")
+        if not 1 <= shards <= MAX_SHARDS:
+            raise ConfigError(f"shards is 1 to {MAX_SHARDS}, not {shards!r}")
         self._client = client
-        self._prefix = f"{{dt-runs:{namespace}}}"
+        # One shard: today's layout, ``{dt-runs:NS}`` (what a single server has always held).
+        # More: ``{dt-runs:NS:K}``, a run in shard crc32(run id) % shards (see the module docs).
+        self._prefixes = (
+            (f"{{dt-runs:{namespace}}}",)
+            if shards == 1
+            else tuple(f"{{dt-runs:{namespace}:{k}}}" for k in range(shards))
+        )
+        self._next_claim = 0  # the shard the next claim starts from (each gets its turn)
         self._create: Script = client.script(_CREATE_RUN)
         self._claim: Script = client.script(_CLAIM)
         self._renew: Script = client.script(_RENEW)
@@ -400,22 +428,36 @@ class RedisRunStore:
 
     # -- keys -------------------------------------------------------------------------------
 
+    def _shard_of(self, run_id: str) -> int:
+        count = len(self._prefixes)
+        return 0 if count == 1 else zlib.crc32(run_id.encode()) % count
+
+    def _prefix_of(self, run_id: str) -> str:
+        return self._prefixes[self._shard_of(run_id)]
+
     def _run_key(self, run_id: str) -> str:
-        return f"{self._prefix}:run:{run_id}"
+        return f"{self._prefix_of(run_id)}:run:{run_id}"
 
     def _steps_key(self, run_id: str) -> str:
-        return f"{self._prefix}:steps:{len(run_id)}:{run_id}"
+        return f"{self._prefix_of(run_id)}:steps:{len(run_id)}:{run_id}"
 
     def _step_key(self, run_id: str, step_id: str) -> str:
-        return f"{self._prefix}:step:{len(run_id)}:{run_id}:{step_id}"
+        return f"{self._prefix_of(run_id)}:step:{len(run_id)}:{run_id}:{step_id}"
+
+    def _by_shard(self, run_ids: Sequence[str]) -> dict[int, list[str]]:
+        grouped: dict[int, list[str]] = {}
+        for run_id in run_ids:
+            grouped.setdefault(self._shard_of(run_id), []).append(run_id)
+        return grouped
 
     # -- runs -------------------------------------------------------------------------------
 
     async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
         now = time.time()
+        prefix = self._prefix_of(run.run_id)
         reply = await self._create(
-            (self._run_key(run.run_id), f"{self._prefix}:seq", f"{self._prefix}:all"),
-            (self._prefix, run.run_id, run.workflow, run.status.value, _dumps(run.input),
+            (self._run_key(run.run_id), f"{prefix}:seq", f"{prefix}:all"),
+            (prefix, run.run_id, run.workflow, run.status.value, _dumps(run.input),
              _dumps(run.output), _dumps(run.error), run.owner or "", _num(run.lease_until),
              _num(now), _num(run.timeout), _optional_dumps(run.trace)),
         )  # fmt: skip
@@ -447,7 +489,9 @@ class RedisRunStore:
         workflow: str | None = None,
         limit: int = 100,
     ) -> list[RunRecord]:
-        index = f"{self._prefix}:all" if status is None else f"{self._prefix}:status:{status}"
+        if len(self._prefixes) > 1:
+            return await self._list_sharded(status, workflow, limit)
+        index = _index(self._prefixes[0], status)
         found: list[RunRecord] = []
         start = 0
         batch = max(limit, 16)
@@ -473,29 +517,83 @@ class RedisRunStore:
         cursor: str | None = None,
     ) -> RunPage:
         check_page(limit, since, until, tenant)
+        filters = (workflow or "", "" if tenant is None else tenant + "/", _num(since), _num(until))
+        if len(self._prefixes) > 1:
+            return await self._page_sharded(status, filters, limit, cursor)
         below = decode_cursor(cursor)
-        index = f"{self._prefix}:all" if status is None else f"{self._prefix}:status:{status}"
+        prefix = self._prefixes[0]
         reply = await self._page(
-            (index,),
-            (self._prefix, "+inf" if below is None else f"({below}", limit,
-             max(PAGE_BUDGET, limit + 1), workflow or "", "" if tenant is None else tenant + "/",
-             _num(since), _num(until)),
+            (_index(prefix, status),),
+            (prefix, "+inf" if below is None else f"({below}", limit, max(PAGE_BUDGET, limit + 1),
+             *filters),
         )  # fmt: skip
-        following = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0] or "")
+        following = _following(reply)
         runs = [_run(reply[i].decode(), _fields(reply[i + 1])) for i in range(1, len(reply), 2)]
-        return RunPage(runs, encode_cursor(int(float(following))) if following else None)
+        return RunPage(runs, None if following is None else encode_cursor(following))
+
+    async def _page_sharded(
+        self, status: RunStatus | None, filters: tuple[str, ...], limit: int, cursor: str | None
+    ) -> RunPage:
+        """One page over every shard: one page script per shard not done, in one pipeline
+        (per node, the nodes concurrently), merged by creation time (see
+        :func:`~._shard_paging.merge_shards`)."""
+        bounds = decode_bounds(cursor, len(self._prefixes))
+        asked = [shard for shard, bound in enumerate(bounds) if bound != DONE]
+        commands = [
+            self._page.command(
+                (_index(self._prefixes[shard], status),),
+                (
+                    self._prefixes[shard],
+                    "+inf" if bounds[shard] is None else f"({bounds[shard]}",
+                    limit,
+                    max(PAGE_BUDGET, limit + 1),
+                    *filters,
+                ),
+            )
+            for shard in asked
+        ]
+        replies = await self._client.pipeline(commands) if commands else []
+        pages = {}
+        for shard, reply in zip(asked, replies, strict=True):
+            runs = []
+            for i in range(1, len(reply), 2):
+                fields = _fields(reply[i + 1])
+                record = _run(reply[i].decode(), fields)
+                runs.append((record.created_at, int(fields[b"seq"]), record))
+            pages[shard] = ShardPage(runs, _following(reply))
+        taken, following = merge_shards(pages, bounds, limit)
+        return RunPage(taken, encode_bounds(following))
+
+    async def _list_sharded(
+        self, status: RunStatus | None, workflow: str | None, limit: int
+    ) -> list[RunRecord]:
+        found: list[RunRecord] = []
+        cursor = None
+        while len(found) < limit:
+            page = await self.page_runs(
+                status=status, workflow=workflow, limit=min(limit - len(found), MAX_PAGE),
+                cursor=cursor,
+            )  # fmt: skip
+            found += page.runs
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        return found
 
     async def count_runs(self) -> dict[RunStatus, int]:
         statuses = list(RunStatus)
         replies = await self._client.pipeline(
-            [("ZCARD", f"{self._prefix}:status:{status}") for status in statuses]
+            [("ZCARD", _index(prefix, status)) for prefix in self._prefixes for status in statuses]
         )
-        return {s: int(n) for s, n in zip(statuses, replies, strict=True) if int(n)}
+        counts = dict.fromkeys(statuses, 0)
+        for at, n in enumerate(replies):
+            counts[statuses[at % len(statuses)]] += int(n)
+        return {s: n for s, n in counts.items() if n}
 
     async def reopen_run(
         self, run_id: str, steps: Sequence[StepRecord], *, run_timeout: float | None
     ) -> bool:
-        args: list[Any] = [self._prefix, run_id, _num(run_timeout), _num(time.time())]
+        args: list[Any] = [self._prefix_of(run_id), run_id, _num(run_timeout), _num(time.time())]
         for step in steps:
             args += [step.status.value, step.attempt, _dumps(step.error), _dumps(step.retry),
                      _num(step.wake_at), "1" if step.dispatched else "0",
@@ -509,28 +607,51 @@ class RedisRunStore:
     async def claim_runs(
         self, owner: str, lease: float, *, include_own: bool = False, limit: int = 100
     ) -> list[RunRecord]:
-        ids = await self._claim(
-            (f"{self._prefix}:leases",),
-            (self._prefix, owner, repr(float(lease)), int(include_own), limit, _num(time.time())),
-        )
-        return await self._get_runs([i.decode() for i in ids])
+        # Shard after shard (each shard's claim is one script), the first shard taking turns so
+        # no shard's orphans wait behind another's, until ``limit`` runs are claimed.
+        count = len(self._prefixes)
+        start, self._next_claim = self._next_claim, (self._next_claim + 1) % count
+        ids: list[str] = []
+        for k in range(count):
+            prefix = self._prefixes[(start + k) % count]
+            claimed = await self._claim(
+                (f"{prefix}:leases",),
+                (prefix, owner, repr(float(lease)), int(include_own), limit - len(ids),
+                 _num(time.time())),
+            )  # fmt: skip
+            ids += [i.decode() for i in claimed]
+            if len(ids) >= limit:
+                break
+        return await self._get_runs(ids)
 
     async def renew_runs(self, owner: str, run_ids: Sequence[str], lease: float) -> set[str]:
         if not run_ids:
             await trio.lowlevel.checkpoint()
             return set()
-        kept = await self._renew(
-            (f"{self._prefix}:leases",),
-            (self._prefix, owner, repr(float(lease)), _num(time.time()), *run_ids),
+        now = _num(time.time())
+        replies = await self._client.pipeline(
+            [
+                self._renew.command(
+                    (f"{self._prefixes[shard]}:leases",),
+                    (self._prefixes[shard], owner, repr(float(lease)), now, *ids),
+                )
+                for shard, ids in self._by_shard(run_ids).items()
+            ]
         )
-        return {i.decode() for i in kept}
+        return {i.decode() for kept in replies for i in kept}
 
     async def release_runs(self, owner: str, run_ids: Sequence[str]) -> None:
         if not run_ids:
             await trio.lowlevel.checkpoint()
             return
-        await self._release(
-            (f"{self._prefix}:leases",), (self._prefix, owner, _num(time.time()), *run_ids)
+        now = _num(time.time())
+        await self._client.pipeline(
+            [
+                self._release.command(
+                    (f"{self._prefixes[shard]}:leases",), (self._prefixes[shard], owner, now, *ids)
+                )
+                for shard, ids in self._by_shard(run_ids).items()
+            ]
         )
 
     async def finish_run(
@@ -543,7 +664,7 @@ class RedisRunStore:
     ) -> bool:
         done = await self._finish(
             (self._run_key(run_id),),
-            (self._prefix, run_id, status.value, _dumps(output), _dumps(error),
+            (self._prefix_of(run_id), run_id, status.value, _dumps(output), _dumps(error),
              _num(time.time())),
         )  # fmt: skip
         return bool(done == 1)
