@@ -52,7 +52,7 @@ Wake-up (:meth:`SqliteBroker.wait_for_work`):
     no queue (a delayed push: nothing to pop yet) makes the receiver's thread tick instead.
     Rings within 5 ms of a broker's last such wake-up are gathered into the next one (a dense
     stream then wakes a consumer once for several jobs). So a push in one process wakes an
-    idle waiter in another within about a millisecond. The doorbell is a hint only:
+    idle waiter in another within a millisecond or two. The doorbell is a hint only:
     the tick runs every ``wakeup_interval`` seconds (0.5 by default) while someone waits, and
     catches whatever the doorbell misses (no folder or a path too long for a socket, a socket
     file removed, a container that shares the file but not the folder, another program writing
@@ -1398,7 +1398,7 @@ class SqliteBroker:
                 connections' commits while :meth:`wait_for_work` waits (default 0.5: two cheap
                 ``PRAGMA data_version`` reads per second per broker, however many queues wait).
                 Pushes by other brokers on this machine ring the doorbell and wake waiters
-                within about a millisecond; the tick catches what the doorbell cannot (no
+                within a millisecond or two; the tick catches what the doorbell cannot (no
                 doorbell folder, a lost datagram, another program writing the file). Pushes by
                 this broker wake its waiters at once.
             failed_retention: failed jobs kept per queue (the newest).
