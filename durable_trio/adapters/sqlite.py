@@ -278,7 +278,8 @@ class ConnectionThread:
 
     def tick_now(self) -> None:
         """Have the thread run the tick hook as soon as it is free (if ``wanted()``), without
-        waiting for the interval: the doorbell's ring. Thread-safe, never blocks."""
+        waiting for the interval: a doorbell ring that names no queue. Thread-safe, never
+        blocks."""
         self._tick_soon = True
         self._requests.put(None)
 
@@ -1324,7 +1325,8 @@ class _Waiter:
     due: float | None = None
     """Wall-clock due time of the queue's earliest delayed job at that look."""
     found_ready: bool = False
-    """Set by a tick that saw work on the queue: the waiter returns without looking again."""
+    """Set by a tick that saw work on the queue, or by a doorbell ring naming it: the waiter
+    returns without looking again (its consumer's pop looks)."""
 
 
 class SqliteBroker:
