@@ -275,6 +275,22 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
                 lite >= 0.3 * red,
             )
         )
+    if have("sqlite S3 latency p50 (ms)", "sqlite S3 round trip p50 (ms)"):
+        p50 = _value(f["sqlite S3 latency p50 (ms)"])
+        rt50 = _value(f["sqlite S3 round trip p50 (ms)"])
+        checks.append((f"[19] SQLite S3: p50 {p50:.2f} ms (want <= 2)", p50 <= 2))
+        checks.append((f"[19] SQLite S3: round trip p50 {rt50:.2f} ms (want <= 4)", rt50 <= 4))
+        for queues in (1, 10):
+            key = f"sqlite idle worker, {queues} queue(s) (% of a core)"
+            if have(key):
+                idle = _value(f[key])
+                checks.append(
+                    (
+                        f"[19] SQLite idle worker on {queues} queue(s): {idle:.2f}% of a core"
+                        " (want <= 1%)",
+                        idle <= 1,
+                    )
+                )
     for key, value in f.items():
         if key.startswith("cluster / one node, "):
             ratio = _value(value)

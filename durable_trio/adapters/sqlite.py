@@ -35,14 +35,28 @@ Clock:
     transaction. Delays and thresholds are relative seconds on it.
 
 Wake-up (:meth:`SqliteBroker.wait_for_work`):
-    Pushes by this broker ring the waiters of their queue at once (an in-process event). Pushes
-    by other connections (other processes) are noticed by a *tick* that the connection thread
-    itself runs every ``wakeup_interval`` seconds while at least one task waits: it reads
-    ``PRAGMA data_version`` (one cheap statement for all waiting queues, which changes only
-    when another connection committed), and only then runs the "is anything ready or due" query,
-    once per waiting queue whose answer may have changed, and hands the answers to the event
-    loop. An idle tick never wakes the event loop; a broker nobody waits on does not tick. A
-    waiter also wakes when its earliest delayed job comes due.
+    Pushes by this broker ring the waiters of their queue at once (an in-process event). Other
+    connections' commits are noticed by a *tick* that the connection thread itself runs: it
+    reads ``PRAGMA data_version`` (one cheap statement for all waiting queues, which changes
+    only when another connection committed), and only then runs the "is anything ready or due"
+    query, once per waiting queue whose answer may have changed, and hands the answers to the
+    event loop. An idle tick never wakes the event loop; a broker nobody waits on does not tick.
+    A waiter also wakes when its earliest delayed job comes due.
+
+    Across processes, the *doorbell* (``_doorbell.py``) comes first: a broker with waiters
+    binds a Unix datagram socket in ``<db file>.bells/``, and every broker, right after
+    committing something that can make work ready on a queue (a push, a held retry, a requeue,
+    recovered stalls...), sends from its connection thread one non-blocking datagram naming
+    that queue to every other socket there. The receiver wakes that queue's waiters, which
+    return without a look of their own (their consumer's pop is the look); a ring that names
+    no queue (a delayed push: nothing to pop yet) makes the receiver's thread tick instead.
+    Rings within 5 ms of a broker's last such wake-up are gathered into the next one (a dense
+    stream then wakes a consumer once for several jobs). So a push in one process wakes an
+    idle waiter in another within a millisecond or two. The doorbell is a hint only:
+    the tick runs every ``wakeup_interval`` seconds (0.5 by default) while someone waits, and
+    catches whatever the doorbell misses (no folder or a path too long for a socket, a socket
+    file removed, a container that shares the file but not the folder, another program writing
+    the file). A dead process's socket is unlinked by the next sender that finds it refusing.
 
 Damaged rows:
     SQLite keeps any type in any column and another program may write the file, so every field
@@ -94,6 +108,7 @@ from ._contract import (
     RenewOutcome,
     Stall,
 )
+from ._doorbell import Doorbell
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -101,6 +116,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PROMOTE_BATCH",
+    "WAKEUP_INTERVAL",
     "ConnectionThread",
     "SqliteBroker",
     "open_connection",
@@ -111,6 +127,10 @@ T = TypeVar("T")
 
 #: Due delayed jobs promoted per pop at most, so one pop never does unbounded work.
 PROMOTE_BATCH: Final = 256
+
+#: The default safety-net tick (seconds): the doorbell wakes waiters across processes, the
+#: tick only catches what it misses.
+WAKEUP_INTERVAL: Final = 0.5
 
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
 
@@ -170,6 +190,7 @@ class _Request:
     task: trio.lowlevel.Task
     trio_token: trio.lowlevel.TrioToken
     detach_on_cancel: bool = False
+    after_commit: Callable[[Any], None] | None = None
     state: _State = _State.QUEUED
     cancel_requested: bool = False
 
@@ -223,6 +244,8 @@ class ConnectionThread:
         self._tick_hook: Callable[[sqlite3.Connection], None] | None = None
         self._tick_wanted: Callable[[], bool] = bool
         self._tick_interval = math.inf
+        self._tick_soon = False
+        """Set by :meth:`tick_now`: run the tick at the thread's next wake-up."""
         self._thread = threading.Thread(
             target=self._serve, name=f"durable-trio-sqlite:{self.path}", daemon=True
         )
@@ -253,6 +276,13 @@ class ConnectionThread:
         """Wake the thread so it looks at the tick hook's ``wanted()`` again."""
         self._requests.put(None)
 
+    def tick_now(self) -> None:
+        """Have the thread run the tick hook as soon as it is free (if ``wanted()``), without
+        waiting for the interval: a doorbell ring that names no queue. Thread-safe, never
+        blocks."""
+        self._tick_soon = True
+        self._requests.put(None)
+
     def acquire(self) -> None:
         """Register one more user; each user calls :meth:`release` once."""
         if self._closing:
@@ -279,13 +309,22 @@ class ConnectionThread:
         # Enqueued before the first checkpoint, so it happens even if the wait is cancelled.
         await self._submit(None, write=False, detach_on_cancel=True)
 
-    async def call(self, fn: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
+    async def call(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        write: bool,
+        after_commit: Callable[[T], None] | None = None,
+    ) -> T:
         """Run ``fn(connection)`` in the connection thread as one transaction.
 
         Args:
             fn: the operation; it must not commit or roll back itself.
             write: open the transaction with ``BEGIN IMMEDIATE`` (take the write lock at once)
                 and ``COMMIT`` it; otherwise ``fn`` runs in autocommit mode (read only).
+            after_commit: called with ``fn``'s result in the connection thread right after the
+                transaction committed (the doorbell's ring: it then reaches other processes
+                without waiting for this event loop's turn); what it raises is ignored.
 
         Returns:
             What ``fn`` returned, once its transaction committed.
@@ -300,7 +339,9 @@ class ConnectionThread:
             if self._closing:
                 raise BrokerUnavailable(f"the SQLite connection to {self.path!r} is closed")
             try:
-                result: T = await self._submit(fn, write=write, detach_on_cancel=False)
+                result: T = await self._submit(
+                    fn, write=write, detach_on_cancel=False, after_commit=after_commit
+                )
             except _RolledBack:
                 # The cancellation that made the thread roll back is still pending: deliver it.
                 # (Should it have vanished, nothing happened yet, so run the operation again.)
@@ -314,6 +355,7 @@ class ConnectionThread:
         *,
         write: bool,
         detach_on_cancel: bool,
+        after_commit: Callable[[Any], None] | None = None,
     ) -> Any:
         request = _Request(
             fn=fn,
@@ -321,6 +363,7 @@ class ConnectionThread:
             task=trio.lowlevel.current_task(),
             trio_token=trio.lowlevel.current_trio_token(),
             detach_on_cancel=detach_on_cancel,
+            after_commit=after_commit,
         )
         self._requests.put(request)
 
@@ -358,16 +401,18 @@ class ConnectionThread:
             timeout: float | None = None
             if self._tick_hook is not None and self._db is not None and self._tick_wanted():
                 now = time.monotonic()
-                if next_tick is None:
-                    next_tick = now + self._tick_interval
-                elif now >= next_tick:
+                if self._tick_soon or (next_tick is not None and now >= next_tick):
+                    self._tick_soon = False  # cleared first: a ring during the tick is kept
                     self.ticks += 1
                     self._tick_hook(self._db)
                     next_tick = time.monotonic() + self._tick_interval
                     continue
+                if next_tick is None:
+                    next_tick = now + self._tick_interval
                 timeout = next_tick - now
             else:
                 next_tick = None
+                self._tick_soon = False
             try:
                 request = self._requests.get(timeout=timeout)
             except _queue_mod.Empty:
@@ -424,6 +469,9 @@ class ConnectionThread:
             return outcome.Error(translated)
         except BaseException as exc:
             return outcome.Error(exc)
+        if request.after_commit is not None:
+            with contextlib.suppress(Exception):  # committed: the caller gets its result
+                request.after_commit(value)
         return outcome.Value(value)
 
     def _deliver(self, request: _Request, result: outcome.Outcome[Any]) -> None:
@@ -1263,6 +1311,11 @@ def _op_probe(queue: str, db: sqlite3.Connection) -> tuple[bool, float | None, i
 # ------------------------------------------------------------------------------------- broker
 
 
+def _always(result: object) -> bool:
+    """Ring after every commit of the operation (any push can make work ready)."""
+    return True
+
+
 @attrs.define(eq=False)
 class _Waiter:
     queue: str
@@ -1271,6 +1324,9 @@ class _Waiter:
     """``PRAGMA data_version`` read just before this waiter's last look at its queue."""
     due: float | None = None
     """Wall-clock due time of the queue's earliest delayed job at that look."""
+    found_ready: bool = False
+    """Set by a tick that saw work on the queue, or by a doorbell ring naming it: the waiter
+    returns without looking again (its consumer's pop looks)."""
 
 
 class SqliteBroker:
@@ -1288,16 +1344,18 @@ class SqliteBroker:
 
     Attributes:
         path: the database file.
-        wakeup_interval: seconds between two looks at other connections' commits while
-            :meth:`wait_for_work` waits.
+        wakeup_interval: the safety-net tick: seconds between two looks at other connections'
+            commits while :meth:`wait_for_work` waits (the doorbell wakes waiters sooner).
+        doorbell: the cross-process doorbell (``None``: opened with ``doorbell=False``).
     """
 
     def __init__(
         self,
         connection: ConnectionThread,
         *,
-        wakeup_interval: float = 0.05,
+        wakeup_interval: float = WAKEUP_INTERVAL,
         failed_retention: int = 1000,
+        doorbell: bool = True,
     ) -> None:
         """Wrap an open connection thread. Use :meth:`open` instead."""
         if not wakeup_interval > 0:
@@ -1313,6 +1371,9 @@ class SqliteBroker:
         """Every waiter, copied on write: the connection thread's tick reads it unlocked."""
         self._trio_token: trio.lowlevel.TrioToken | None = None
         self._closed = False
+        self.doorbell: Doorbell | None = (
+            Doorbell(self.path, self._on_doorbell) if doorbell else None
+        )
         connection.set_tick_hook(self._tick, lambda: bool(self._watched), wakeup_interval)
 
     @classmethod
@@ -1322,8 +1383,9 @@ class SqliteBroker:
         *,
         busy_timeout: float = 5.0,
         synchronous: Synchronous = "NORMAL",
-        wakeup_interval: float = 0.05,
+        wakeup_interval: float = WAKEUP_INTERVAL,
         failed_retention: int = 1000,
+        doorbell: bool = True,
     ) -> SqliteBroker:
         """Open (creating if missing) the database file and its schema.
 
@@ -1334,11 +1396,16 @@ class SqliteBroker:
             synchronous: ``NORMAL`` (default: in WAL mode safe against any process crash; a
                 power loss may lose the last commits, never corrupt the file) or ``FULL``
                 (also safe against power loss, one ``fsync`` per commit).
-            wakeup_interval: seconds between two looks for other processes' pushes while
-                :meth:`wait_for_work` waits (default 0.05: a cross-process wake-up within
-                50 ms for about 20 cheap ``PRAGMA data_version`` reads per second per broker,
-                however many queues wait; pushes by this broker wake waiters at once).
+            wakeup_interval: the safety-net tick: seconds between two looks for other
+                connections' commits while :meth:`wait_for_work` waits (default 0.5: two cheap
+                ``PRAGMA data_version`` reads per second per broker, however many queues wait).
+                Pushes by other brokers on this machine ring the doorbell and wake waiters
+                within a millisecond or two; the tick catches what the doorbell cannot (no
+                doorbell folder, a lost datagram, another program writing the file). Pushes by
+                this broker wake its waiters at once.
             failed_retention: failed jobs kept per queue (the newest).
+            doorbell: ring and listen to the cross-process doorbell (``<file>.bells/``, see
+                the module docstring); ``False``: the tick alone notices other processes.
 
         Returns:
             The open broker; close it with :meth:`aclose` (or ``async with``).
@@ -1351,7 +1418,10 @@ class SqliteBroker:
         connection = await open_connection(path, busy_timeout=busy_timeout, synchronous=synchronous)
         try:
             broker = cls(
-                connection, wakeup_interval=wakeup_interval, failed_retention=failed_retention
+                connection,
+                wakeup_interval=wakeup_interval,
+                failed_retention=failed_retention,
+                doorbell=doorbell,
             )
             await connection.call(partial(_create_schema, _SCHEMA), write=True)
         except BaseException:
@@ -1359,10 +1429,31 @@ class SqliteBroker:
             raise
         return broker
 
-    async def _call(self, fn: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
+    async def _call(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        write: bool,
+        ring: str | None = None,
+        ring_if: Callable[[T], object] = _always,
+        ready: bool = True,
+    ) -> T:
+        """Run ``fn`` on the connection; with ``ring``, ring the other brokers' doorbells for
+        that queue right after the commit (in the connection thread) if ``ring_if(result)``.
+        ``ready=False`` (a delayed job): the ring names no queue, so the receivers look (their
+        tick learns the new due time) instead of popping at once for nothing."""
         if self._closed:
             raise BrokerUnavailable(f"the SQLite broker on {self.path!r} is closed")
-        return await self._db.call(fn, write=write)
+        doorbell = self.doorbell
+        if ring is None or doorbell is None:
+            return await self._db.call(fn, write=write)
+        queue = ring if ready else None
+
+        def after_commit(result: T) -> None:
+            if ring_if(result):
+                doorbell.ring(queue)
+
+        return await self._db.call(fn, write=write, after_commit=after_commit)
 
     @property
     def closed(self) -> bool:
@@ -1391,7 +1482,12 @@ class SqliteBroker:
         self, queue: str, job: Job, *, priority: int | None = None, delay: float = 0.0
     ) -> None:
         """Enqueue ``job`` (see :class:`~durable_trio.adapters.QueueBroker`)."""
-        await self._call(partial(_op_push, queue, job, priority or 0, delay), write=True)
+        await self._call(
+            partial(_op_push, queue, job, priority or 0, delay),
+            write=True,
+            ring=queue,
+            ready=delay <= 0,
+        )
         self._ring(queue)
 
     async def pop_from(self, queue: str, *, worker: str = "") -> ClaimedJob | None:
@@ -1449,7 +1545,7 @@ class SqliteBroker:
     ) -> None:
         """``push_on`` (no delay) for each job, in one transaction."""
         pairs = list(zip(jobs, priorities, strict=True))
-        await self._call(partial(_op_push_many, queue, pairs), write=True)
+        await self._call(partial(_op_push_many, queue, pairs), write=True, ring=queue)
         self._ring(queue)
 
     async def push_and_complete_many(
@@ -1462,7 +1558,7 @@ class SqliteBroker:
             _op_push_many(push_queue, pairs, db)
             return _op_complete_many(leases, queue, db)
 
-        done: list[bool] = await self._call(both, write=True)
+        done: list[bool] = await self._call(both, write=True, ring=push_queue)
         self._ring(push_queue)
         return done
 
@@ -1482,6 +1578,8 @@ class SqliteBroker:
             partial(_op_fail_and_push, lease, queue, error, self._failed_retention, push_queue,
                     job),
             write=True,
+            ring=push_queue,
+            ring_if=bool,
         )
         if done:
             self._ring(push_queue)
@@ -1493,7 +1591,11 @@ class SqliteBroker:
         """Hand a claim back for redelivery after ``delay`` seconds, at the back of its
         priority. ``count_attempt=False`` leaves ``attempts`` alone. ``False``: lease lost."""
         done: bool = await self._call(
-            partial(_op_retry, lease, queue, delay, count_attempt), write=True
+            partial(_op_retry, lease, queue, delay, count_attempt),
+            write=True,
+            ring=queue,
+            ring_if=bool,
+            ready=delay <= 0,
         )
         if done:
             self._ring(queue)
@@ -1506,6 +1608,8 @@ class SqliteBroker:
             await trio.lowlevel.checkpoint()
             return
         self._closed = True
+        if self.doorbell is not None:
+            self.doorbell.close()
         await self._db.release()
 
     # -- capabilities
@@ -1529,7 +1633,10 @@ class SqliteBroker:
         it was); past ``max_stalled`` it is re-leased to the caller (still active) and returned in
         ``exceeded``, otherwise put back to ready."""
         result: Recovery = await self._call(
-            partial(_op_recover, queue, threshold, max_stalled), write=True
+            partial(_op_recover, queue, threshold, max_stalled),
+            write=True,
+            ring=queue,
+            ring_if=lambda recovery: recovery.recovered,
         )
         if result.recovered:
             self._ring(queue)
@@ -1570,7 +1677,10 @@ class SqliteBroker:
         :class:`~durable_trio.adapters.SupportsFailedJobRepair`; its stored priority unless
         ``priority`` is given)."""
         done: bool = await self._call(
-            partial(_op_requeue_failed, queue, job_id, priority), write=True
+            partial(_op_requeue_failed, queue, job_id, priority),
+            write=True,
+            ring=queue,
+            ring_if=bool,
         )
         if done:
             self._ring(queue)
@@ -1609,10 +1719,10 @@ class SqliteBroker:
         """Return when ``queue`` may have work (see the module docstring).
 
         Returns at once if a job is ready or a delayed one is due; otherwise when this broker
-        pushes or hands back a job on ``queue``, when another connection committed and the
-        queue then has work (checked every ``wakeup_interval``), or when the earliest delayed
-        job comes due. It may return spuriously; it never misses a push that follows this
-        broker's last empty pop.
+        pushes or hands back a job on ``queue``, when another broker's doorbell ring names
+        ``queue``, when another connection committed and the queue then has work (checked
+        every ``wakeup_interval``), or when the earliest delayed job comes due. It may return
+        spuriously; it never misses a push that follows this broker's last empty pop.
         """
         waiter = _Waiter(queue)
         self._watch(waiter)
@@ -1629,12 +1739,16 @@ class SqliteBroker:
                     deadline = trio.current_time() + max(0.0, due - time.time())
                 with trio.move_on_at(deadline):
                     await waiter.event.wait()
+                if waiter.found_ready:
+                    return  # the tick just looked: spare the round trip of a second look
         finally:
             self._unwatch(waiter)
 
     # -- wake-up internals
 
     def _ring(self, queue: str) -> None:
+        """After a commit that can make work ready on ``queue``: wake this broker's waiters
+        (the other brokers' doorbells were rung by the connection thread, see :meth:`_call`)."""
         for waiter in self._waiters.get(queue, ()):
             waiter.event.set()
 
@@ -1644,6 +1758,8 @@ class SqliteBroker:
         was_idle = not self._watched
         self._watched = (*self._watched, waiter)
         if was_idle and not self._db.closed:
+            if self.doorbell is not None and not self._closed:
+                self.doorbell.listen()  # before the waiter's first look: no ring slips by
             self._db.poke()  # the thread may sleep with nothing to do: start ticking
 
     def _unwatch(self, waiter: _Waiter) -> None:
@@ -1654,6 +1770,24 @@ class SqliteBroker:
                 del self._waiters[waiter.queue]
         self._watched = tuple(w for w in self._watched if w is not waiter)
 
+    def _on_doorbell(self, queues: frozenset[str] | None) -> None:
+        """In the doorbell's receiving thread: other brokers pushed onto ``queues`` (``None``:
+        onto queues they could not name). Waiters of those queues return at once, without a
+        look (their consumer's pop is the look; a spurious return is allowed); unnamed queues
+        make the connection thread tick now."""
+        trio_token = self._trio_token
+        if queues is None or trio_token is None:
+            self._db.tick_now()
+            return
+        with contextlib.suppress(trio.RunFinishedError):
+            trio_token.run_sync_soon(self._wake, queues)
+
+    def _wake(self, queues: frozenset[str]) -> None:
+        for queue in queues:
+            for waiter in self._waiters.get(queue, ()):
+                waiter.found_ready = True
+                waiter.event.set()
+
     def _tick(self, db: sqlite3.Connection) -> None:
         """In the connection thread, every ``wakeup_interval`` while someone waits: did another
         connection commit since each waiter looked? Only then look again at those waiters'
@@ -1662,6 +1796,8 @@ class SqliteBroker:
         trio_token = self._trio_token
         if not watched or trio_token is None:
             return
+        if self.doorbell is not None:
+            self.doorbell.check()  # our socket removed by someone: bind a new one
         try:
             version = _data_version(db)
             stale = {w.queue for w in watched if w.data_version != version}
@@ -1687,6 +1823,7 @@ class SqliteBroker:
         for queue, (ready, due) in found.items():
             for waiter in self._waiters.get(queue, ()):
                 if ready or due != waiter.due:
+                    waiter.found_ready = ready
                     waiter.event.set()
                 else:
                     waiter.data_version = version

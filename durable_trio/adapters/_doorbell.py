@@ -1,0 +1,282 @@
+"""The SQLite broker's cross-process doorbell: Unix datagram sockets beside the database file.
+
+A broker that waits for work binds a socket ``<db file>.bells/<pid>-<random>``, and a small
+thread blocks on it. A broker that committed something that can make work ready on a queue
+sends one non-blocking datagram naming that queue to every other socket in that folder; the
+receiving thread hands the names to its broker, which wakes those queues' waiters (a datagram
+that names no queue makes the broker's connection thread run its wake-up tick at once instead).
+The listing is cached and read again only when the folder's modification time changes (one
+``stat`` per ring). docs/decisions.md says why this mechanism.
+
+The doorbell is only a hint, never the source of truth: the broker's safety-net tick still runs
+every ``wakeup_interval`` and catches whatever a lost datagram missed. So every failure here is
+silent after one log line: a folder that cannot be made or written, a path too long for
+``AF_UNIX`` (108 bytes), a socket file removed, a full receive buffer (its owner will wake
+anyway), a dead process's socket (``ECONNREFUSED``: unlinked by the sender that found it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import secrets
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Final
+from urllib.parse import unquote, urlsplit
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["Doorbell", "bells_folder"]
+
+_log = logging.getLogger("durable_trio")
+
+#: ``sun_path`` holds 108 bytes, the terminating NUL included.
+_MAX_SOCKET_PATH: Final = 107
+
+#: A folder modified this recently (seconds) may change again within the same timestamp (its
+#: granularity is coarse on some file systems): its listing is not trusted and read again.
+_RACY: Final = 1.0
+
+#: A ring names its queue: ``q`` + the name in UTF-8 (the receiver wakes that queue's waiters
+#: only); ``?`` when the name cannot be sent (too long, not encodable): every waiting queue of
+#: the receiver looks again (its tick). An empty datagram is never sent: ``recv`` returns
+#: empty when the receiver is shut down.
+_QUEUE: Final = b"q"
+_ANY: Final = b"?"
+_MAX_DATAGRAM: Final = 1024
+
+#: The shortest time between two wake-ups of one broker by its doorbell (seconds; see
+#: ``_receive``). 5 ms keeps S3's latency (jobs a few ms apart wake at once) and wins back a
+#: part of a dense stream's throughput (docs/benchmarks.md, the doorbell's before and after).
+MIN_GAP: float = 0.005
+
+#: How long a close waits for the receiving thread (it is woken by ``shutdown`` at once).
+CLOSE_TIMEOUT: Final = 1.0
+
+
+def bells_folder(path: str) -> str | None:
+    """The doorbell folder of the database at ``path`` (a file name or a ``file:`` URI), or
+    ``None`` for an in-memory database (nobody else can open it)."""
+    if path.startswith("file:"):
+        parts = urlsplit(path)
+        if "mode=memory" in parts.query:
+            return None
+        path = unquote(parts.path)
+    if path in ("", ":memory:"):
+        return None
+    return os.path.abspath(path) + ".bells"
+
+
+class Doorbell:
+    """One broker's doorbell on one database file (see the module docstring).
+
+    Args:
+        path: the database file (or ``file:`` URI).
+        on_ring: called in the receiving thread when datagrams arrive, with the queues they
+            name, or ``None`` if one could not name its queue (coalesced: once per wake-up of
+            the thread, however many arrived); it must not block or raise.
+    """
+
+    def __init__(self, path: str, on_ring: Callable[[frozenset[str] | None], None]) -> None:
+        self.folder = bells_folder(path)
+        self._on_ring = on_ring
+        self._lock = threading.Lock()
+        self._sender: socket.socket | None = None
+        self._listing: tuple[int, float, tuple[str, ...]] | None = None
+        """(the folder's ``st_mtime_ns``, when it was listed (wall clock), the socket names)."""
+        self._own: str | None = None
+        """Our socket's file name (in the folder), while bound."""
+        self._receiver: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._warned = False
+        self._closed = False
+        self.sent = 0
+        """Datagrams sent (one per other socket per ring)."""
+        self.received = 0
+        """Wake-ups the receiving thread handed to the broker (each for one ring or more)."""
+        self.unlinked = 0
+        """Dead processes' sockets removed."""
+
+    @property
+    def bound(self) -> bool:
+        """Whether this broker listens (its socket is bound)."""
+        return self._own is not None
+
+    # -- listening
+
+    def listen(self) -> None:
+        """Bind our socket and start the receiving thread, unless already done. Never raises:
+        without a doorbell the broker's tick alone wakes the waiters (one log line says so)."""
+        with self._lock:
+            if self._own is not None or self.folder is None or self._closed:
+                return
+            name = f"{os.getpid()}-{secrets.token_hex(6)}"
+            address = os.path.join(self.folder, name)
+            if len(os.fsencode(address)) > _MAX_SOCKET_PATH:
+                self._warn(f"the path {address!r} is too long for a Unix socket")
+                return
+            receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(self.folder)
+                receiver.bind(address)
+            except OSError as exc:
+                receiver.close()
+                self._warn(f"cannot bind {address!r}: {exc}")
+                return
+            self._own, self._receiver = name, receiver
+            self._thread = threading.Thread(
+                target=self._receive, args=(receiver,), name=f"durable-trio-doorbell:{name}",
+                daemon=True,
+            )
+            self._thread.start()
+
+    def check(self) -> None:
+        """Bind a fresh socket if ours was removed (by a person, or with its folder). Cheap
+        (one ``stat``): the safety-net tick calls it."""
+        own = self._own
+        if own is None or self.folder is None:
+            return
+        try:
+            os.stat(os.path.join(self.folder, own))
+        except FileNotFoundError:
+            self._stop_listening()
+            self.listen()
+        except OSError:
+            pass  # not ours to judge: the tick still runs
+
+    def close(self) -> None:
+        """Stop the receiving thread (bounded by :data:`CLOSE_TIMEOUT`) and remove our socket.
+        Idempotent."""
+        with self._lock:
+            self._closed = True
+        self._stop_listening()
+        with self._lock:
+            sender, self._sender = self._sender, None
+        if sender is not None:
+            sender.close()
+
+    def _stop_listening(self) -> None:
+        with self._lock:
+            own, receiver, thread = self._own, self._receiver, self._thread
+            self._own = self._receiver = self._thread = None
+        if receiver is None:
+            return
+        with contextlib.suppress(OSError):
+            receiver.shutdown(socket.SHUT_RDWR)  # wakes the blocked recv at once
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(CLOSE_TIMEOUT)
+        receiver.close()
+        if own is not None and self.folder is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.folder, own))
+
+    def _receive(self, receiver: socket.socket) -> None:
+        last = -math.inf
+        while True:
+            try:
+                datagram = receiver.recv(_MAX_DATAGRAM)
+                if not datagram:
+                    return  # shut down: the broker closes
+                # Rings closer than MIN_GAP to the last wake-up wait out the gap, gathering
+                # the rings that follow: under a stream of pushes a waiter wakes once for
+                # several jobs (each wake-up costs its process a pop, a write transaction
+                # that contends with the pusher's), while a ring after a quiet spell wakes at
+                # once.
+                wait = last + MIN_GAP - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                datagrams = [datagram]
+                # Drain what else arrived: one wake-up answers every ring so far.
+                with contextlib.suppress(OSError):
+                    while datagram := receiver.recv(_MAX_DATAGRAM, socket.MSG_DONTWAIT):
+                        datagrams.append(datagram)
+            except OSError:
+                return
+            self.received += 1
+            last = time.monotonic()
+            queues: set[str] | None = set()
+            for datagram in datagrams:
+                if queues is not None and datagram.startswith(_QUEUE):
+                    queues.add(datagram[1:].decode(errors="replace"))
+                else:
+                    queues = None  # no (readable) name: every waiting queue looks again
+            self._on_ring(None if queues is None else frozenset(queues))
+
+    # -- ringing
+
+    def ring(self, queue: str | None) -> None:
+        """Send one datagram naming ``queue`` to every other broker's socket (``None``: naming
+        none, the receivers look at every waiting queue). Never blocks, never raises.
+
+        Called by one thread at a time (the broker's connection thread)."""
+        if self.folder is None or self._closed:
+            return
+        try:
+            names = self._names()
+            if not names:
+                return
+            sender = self._sender
+            if sender is None:
+                sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                sender.setblocking(False)
+                self._sender = sender
+            try:
+                payload = _ANY if queue is None else _QUEUE + queue.encode()
+            except UnicodeEncodeError:
+                payload = _ANY
+            if len(payload) > _MAX_DATAGRAM:
+                payload = _ANY
+            own = self._own
+            for name in names:
+                if name != own:
+                    self._send(sender, name, payload)
+        except OSError as exc:
+            self._warn(f"cannot ring the doorbells in {self.folder!r}: {exc}")
+
+    def _names(self) -> tuple[str, ...]:
+        assert self.folder is not None
+        try:
+            mtime = os.stat(self.folder).st_mtime_ns
+        except FileNotFoundError:
+            self._listing = None
+            return ()
+        listing = self._listing
+        if listing is not None and listing[0] == mtime and listing[1] - mtime / 1e9 > _RACY:
+            return listing[2]
+        listed_at = time.time()
+        names = tuple(os.listdir(self.folder))
+        self._listing = (mtime, listed_at, names)
+        return names
+
+    def _send(self, sender: socket.socket, name: str, payload: bytes) -> None:
+        assert self.folder is not None
+        address = os.path.join(self.folder, name)
+        try:
+            sender.sendto(payload, address)
+            self.sent += 1
+        except ConnectionRefusedError:
+            # Nobody reads it: a process that died without closing (kill -9).
+            with contextlib.suppress(OSError):
+                os.unlink(address)
+                self.unlinked += 1
+            self._listing = None
+        except FileNotFoundError:
+            self._listing = None
+        except (BlockingIOError, BrokenPipeError):
+            pass  # its buffer is full (it will wake anyway), or it is closing
+        except OSError as exc:
+            self._warn(f"cannot ring {address!r}: {exc}")
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            _log.warning(
+                "SQLite doorbell: %s; other processes' pushes are noticed by the wake-up tick"
+                " alone", message,
+            )
