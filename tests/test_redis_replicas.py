@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
+import attrs
 import pytest
 import trio
 
@@ -19,7 +20,7 @@ from durable_trio._redis import open_redis, open_redis_cluster
 from durable_trio._redis._replicas import replica_wait
 from durable_trio._redis._sentinel_url import parse_sentinel_url
 from durable_trio._redis._url import parse_redis_cluster_url, parse_redis_url
-from durable_trio.adapters import Job
+from durable_trio.adapters import Job, QueueBroker
 
 if TYPE_CHECKING:
     from _redis_sentinel import SentinelGroup
@@ -151,50 +152,69 @@ async def test_with_the_replica_stopped_a_write_fails_within_the_timeout(
     assert "min_replicas=1 within replica_timeout=0.3s" in str(refused.value)
 
 
-async def _push_through_a_master_kill(
-    group: SentinelGroup, url: str
-) -> tuple[float, list[str], Counter[str]]:
-    """Push numbered jobs on ``url`` every 2 ms, SIGKILL the master after 200 acknowledged
-    (restarted once replaced), go on until 200 more landed on the promoted replica; the
-    kill -> recovered seconds, the acknowledged ids, and how often each id is on the new
-    master's queue."""
-    acked: list[str] = []
-    stopped = False
+@attrs.define
+class _Traffic:
+    """What the pushers and the completer were told succeeded."""
 
-    async def push(broker: dt.adapters.QueueBroker) -> None:
+    pushed: list[str] = attrs.Factory(list)
+    completed: set[str] = attrs.Factory(set)
+    stopped: bool = False
+
+    async def push(self, broker: QueueBroker) -> None:
         n = 0
-        while not stopped:
+        while not self.stopped:
             n += 1
             try:
                 await broker.push_on("q", Job(f"j{n}", b"{}"))
-                acked.append(f"j{n}")
+                self.pushed.append(f"j{n}")
             except BrokerUnavailable:
                 pass  # not acknowledged: not counted (it may or may not have landed)
             await trio.sleep(0.002)
 
-    async def reach(count: int, within: float) -> None:
+    async def complete(self, broker: QueueBroker) -> None:
+        """Claim and complete every other pushed job (half stay queued)."""
+        while not self.stopped:
+            try:
+                claim = await broker.pop_from("q")
+                if claim is not None and await broker.complete_job(claim.lease, "q"):
+                    self.completed.add(claim.id)
+            except BrokerUnavailable:
+                pass  # the claim goes back through the stalled sweep: not acknowledged
+            await trio.sleep(0.004)
+
+    async def reach(self, count: int, within: float) -> None:
         with trio.fail_after(within):
-            while len(acked) < count:  # noqa: ASYNC110
+            while len(self.pushed) < count:  # noqa: ASYNC110
                 await trio.sleep(0.005)
 
+
+async def _traffic_through_a_master_kill(
+    group: SentinelGroup, url: str
+) -> tuple[float, _Traffic, Counter[str]]:
+    """Push numbered jobs on ``url`` every 2 ms and complete claims every 4 ms, SIGKILL the
+    master after 200 acknowledged pushes (restarted once replaced), go on until 200 more landed
+    on the promoted replica; the kill -> recovered seconds, what was acknowledged, and how
+    often each id is queued (ready or claimed) on the new master."""
+    traffic = _Traffic()
     old = group.master()
     async with dt.open_backend(url) as backend, trio.open_nursery() as nursery:
-        nursery.start_soon(push, backend.broker)
-        await reach(200, 20)
+        nursery.start_soon(traffic.push, backend.broker)
+        nursery.start_soon(traffic.complete, backend.broker)
+        await traffic.reach(200, 20)
         await trio.to_thread.run_sync(group.kill, old)
         killed_at = time.monotonic()
         # With min_replicas=1 the promoted replica takes no write until it has a replica of
         # its own: the old master, restarted once the sentinels named the new one (restarted
         # sooner, it would come back an empty master and its replica would copy that).
         nursery.start_soon(trio.to_thread.run_sync, _restart_once_replaced, group, old)
-        before = len(acked)
-        await reach(before + 1, FAILOVER_BOUND)
+        before = len(traffic.pushed)
+        await traffic.reach(before + 1, FAILOVER_BOUND)
         recovered = time.monotonic() - killed_at
-        await reach(before + 200, 20)
-        stopped = True
+        await traffic.reach(before + 200, 20)
+        traffic.stopped = True
     new = group.master()
     assert new is not old
-    return recovered, acked, _queued(new)
+    return recovered, traffic, _queued(new)
 
 
 def _restart_once_replaced(group: SentinelGroup, old: RedisServer) -> None:
@@ -211,18 +231,24 @@ def _restart_once_replaced(group: SentinelGroup, old: RedisServer) -> None:
 
 @pytest.mark.chaos
 @pytest.mark.parametrize("min_replicas", [1, 0])
-async def test_a_master_kill_loses_no_acknowledged_push_with_min_replicas(
+async def test_a_master_kill_loses_no_acknowledged_push_or_completion_with_min_replicas(
     redis_sentinel_url: str, redis_sentinel: SentinelGroup, min_replicas: int
 ) -> None:
     url = f"{redis_sentinel_url}?min_replicas={min_replicas}&replica_timeout=1"
-    recovered, acked, landed = await _push_through_a_master_kill(redis_sentinel, url)
-    lost = [job for job in acked if job not in landed]
-    duplicates = sum(count - 1 for count in landed.values() if count > 1)
+    recovered, traffic, queued = await _traffic_through_a_master_kill(redis_sentinel, url)
+    # A push is lost if its job is neither queued nor completed; a completion is lost if its
+    # job is queued again (the promoted replica never heard it was done).
+    lost_pushes = [j for j in traffic.pushed if j not in queued and j not in traffic.completed]
+    lost_completions = [job for job in traffic.completed if job in queued]
+    duplicates = sum(count - 1 for count in queued.values() if count > 1)
     print(
         f"\nmin_replicas={min_replicas}: kill -> first acknowledged push on the promoted "
-        f"replica {recovered:.2f}s; acknowledged {len(acked)}, acknowledged-and-lost "
-        f"{len(lost)}, duplicates {duplicates}"
+        f"replica {recovered:.2f}s; acknowledged {len(traffic.pushed)} pushes and "
+        f"{len(traffic.completed)} completions; acknowledged-and-lost: {len(lost_pushes)} "
+        f"pushes, {len(lost_completions)} completions; duplicates {duplicates}"
     )
     assert duplicates == 0  # (nothing is pushed twice here: an unacknowledged push is not retried)
+    assert len(traffic.completed) > 100
     if min_replicas:
-        assert lost == []
+        assert lost_pushes == []
+        assert lost_completions == []
