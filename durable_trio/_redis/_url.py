@@ -326,8 +326,9 @@ def parse_redis_cluster_url(url: str) -> RedisClusterURL:
     """Parse ``redis+cluster://[[user]:password@]host1[:port1],host2[:port2]/[?option=value]``.
 
     ``rediss+cluster://`` speaks TLS. The seeds are only where to read the slot map first; the
-    cluster names the other nodes. User name, password and options are those of
-    :func:`parse_redis_url` and apply to every node; the path may only be empty or ``/0``
+    cluster names the other nodes. User name, password and options (``min_replicas`` too: each
+    master waits for its own replicas) are those of :func:`parse_redis_url` and apply to every
+    node; the path may only be empty or ``/0``
     (a Cluster has one database).
 
     Error handling: as :func:`parse_redis_url`, a message names the position of the fault, never
