@@ -23,7 +23,18 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import adaptive, console, engine, memory, ops, redis_clients, redis_cluster, simulation, soak
+from . import (
+    adaptive,
+    console,
+    engine,
+    memory,
+    ops,
+    redis_clients,
+    redis_cluster,
+    replicas,
+    simulation,
+    soak,
+)
 from . import redis as ours_on_redis
 from .redis_server import RedisError, private_redis, redis_version
 
@@ -87,6 +98,7 @@ SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "redis": _redis,
     "redis-clients": redis_clients.section,
     "redis-cluster": redis_cluster.section,
+    "replicas": replicas.section,
     "sqlite": _sqlite,
     "ops": ops.section,
     "console": console.section,

@@ -34,6 +34,7 @@ import trio
 
 from .._errors import BrokerUnavailable, DurableTrioError, TransportClosed
 from ._errors import RedisAuthError, RedisCommandTimeout, RedisReplyError, raisable
+from ._replicas import check_acknowledged, replica_wait, waited_timeout
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -222,6 +223,14 @@ class Connection:
             ValueError: an empty command, or one that does not answer once (``SUBSCRIBE``).
         """
         _check(args)
+        if self._url.min_replicas and replica_wait(self._url, [args]) is not None:
+            # A write of a min_replicas connection: the pipeline appends (and checks) its WAIT.
+            try:
+                (reply,) = await self.pipeline([args], reply_timeout=reply_timeout)
+            except RedisReplyError as exc:
+                exc.index = None  # one command, as the unwaited path raises it
+                raise
+            return reply
         (reply,) = await self._request(_pack(args), 1, reply_timeout)
         if isinstance(reply, RedisReplyError):
             if reply.code == "NOSCRIPT":
@@ -269,7 +278,43 @@ class Connection:
         for command in batch:
             _check(command)
         data = b"".join([_pack(command) for command in batch])
+        wait = replica_wait(self._url, batch)
+        if wait is not None:
+            return await self._pipeline_waited(batch, data, wait, raise_on_error, reply_timeout)
         replies = await self._request(data, len(batch), reply_timeout)
+        return await self._finish(batch, replies, raise_on_error, reply_timeout)
+
+    async def _pipeline_waited(
+        self,
+        batch: list[tuple[RedisArg, ...]],
+        data: bytes,
+        wait: tuple[RedisArg, ...],
+        raise_on_error: bool,
+        reply_timeout: float | None,
+    ) -> list[Any]:
+        """:meth:`pipeline` with ``WAIT`` after it (``min_replicas``, see ``_replicas.py``): in
+        the same request, and again after any ``NOSCRIPT`` retry (run after the first
+        ``WAIT``). Error replies are raised first (the caller's own fault), then too few
+        replicas."""
+        timeout = waited_timeout(self._url, reply_timeout, self._command_timeout)
+        *replies, acked = await self._request(data + _pack(wait), len(batch) + 1, timeout)
+        retried = any(
+            isinstance(reply, RedisReplyError) and reply.code == "NOSCRIPT" for reply in replies
+        )
+        replies = await self._finish(batch, replies, raise_on_error, timeout)
+        if retried:
+            (acked,) = await self._request(_pack(wait), 1, timeout)
+        check_acknowledged(self._url, acked)
+        return replies
+
+    async def _finish(
+        self,
+        batch: list[tuple[RedisArg, ...]],
+        replies: list[Any],
+        raise_on_error: bool,
+        reply_timeout: float | None,
+    ) -> list[Any]:
+        """The ``NOSCRIPT`` retries and the error check of :meth:`pipeline`."""
         retries = [
             (index, retry)
             for index, reply in enumerate(replies)

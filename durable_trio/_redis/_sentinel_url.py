@@ -107,7 +107,8 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     they hold ``@ : / ? # %``) authenticate on the data nodes. Options: ``client_name``;
     ``sentinel_password`` (the sentinels' ``requirepass``, percent-encoded); with
     ``rediss+sentinel://`` (TLS to the data nodes; the sentinels are spoken to in plain TCP)
-    ``ssl_cert_reqs`` and ``ssl_ca_certs`` as for ``rediss://``. Anything else is refused.
+    ``ssl_cert_reqs`` and ``ssl_ca_certs`` as for ``rediss://``; ``min_replicas`` and
+    ``replica_timeout`` as for ``redis://`` (on the data nodes). Anything else is refused.
 
     Error handling: a message names the position of the fault, never the text there.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import ssl
 from typing import Any, Literal
 from urllib.parse import unquote, unquote_plus, urlsplit
@@ -25,7 +26,11 @@ _CERT_REQS_NAMES: dict[str, CertReqs] = {
     "optional": "optional",
     "required": "required",
 }
-_QUERY_KEYS = frozenset({"client_name", "ssl_cert_reqs", "ssl_ca_certs"})
+_QUERY_KEYS = frozenset(
+    {"client_name", "ssl_cert_reqs", "ssl_ca_certs", "min_replicas", "replica_timeout"}
+)
+#: ``replica_timeout`` without one in the URL: seconds a write waits for its replicas.
+DEFAULT_REPLICA_TIMEOUT = 1.0
 
 
 @attrs.frozen
@@ -43,6 +48,10 @@ class RedisURL:
             check), ``"optional"`` or ``"none"`` (no verification at all).
         ssl_ca_certs: a CA bundle file to trust instead of the system's, or ``None``.
         client_name: a name applied with ``CLIENT SETNAME`` on every connection, or ``None``.
+        min_replicas: how many replicas must hold a write before the call returns (``WAIT``
+            after each request holding a write, see ``_replicas.py``); 0 (default): no wait.
+        replica_timeout: seconds ``WAIT`` waits for them before the call fails with
+            ``BrokerUnavailable``.
     """
 
     host: str
@@ -54,6 +63,8 @@ class RedisURL:
     ssl_cert_reqs: CertReqs = "required"
     ssl_ca_certs: str | None = None
     client_name: str | None = None
+    min_replicas: int = 0
+    replica_timeout: float = DEFAULT_REPLICA_TIMEOUT
 
     @property
     def address(self) -> str:
@@ -191,6 +202,8 @@ def parse_redis_url(url: str) -> RedisURL:
     User name and password are percent-decoded (they must be percent-encoded where they hold
     ``@ : / ? # %``). Options: ``client_name``, ``ssl_cert_reqs`` (``none`` / ``optional`` /
     ``required``) and ``ssl_ca_certs`` (a file path); the ``ssl_`` options need ``rediss://``.
+    ``min_replicas`` (a whole number) and ``replica_timeout`` (seconds, default 1): each write
+    returns only once that many replicas hold it (see ``_replicas.py``).
     Anything else is refused, so a typo cannot pass silently.
 
     Error handling: a message names the position of the fault ("character 17: the port is not
@@ -268,7 +281,23 @@ def _settings(
         "ssl_cert_reqs": cert_reqs,
         "ssl_ca_certs": query.get("ssl_ca_certs") or None,
         "client_name": query.get("client_name") or None,
+        **_replica_settings(query),
     }
+
+
+def _replica_settings(query: dict[str, str]) -> dict[str, Any]:
+    """``min_replicas`` (a whole number, 0 or more) and ``replica_timeout`` (positive seconds),
+    checked (the values are not echoed: a message never quotes the URL)."""
+    replicas = query.get("min_replicas", "0")
+    if not (replicas.isascii() and replicas.isdigit()):
+        raise ConfigError("min_replicas must be a whole number, 0 or more (min_replicas=1)")
+    try:
+        timeout = float(query.get("replica_timeout", DEFAULT_REPLICA_TIMEOUT))
+    except ValueError:
+        timeout = math.nan
+    if not 0 < timeout < math.inf:
+        raise ConfigError("replica_timeout must be a positive number of seconds")
+    return {"min_replicas": int(replicas), "replica_timeout": timeout}
 
 
 @attrs.frozen
@@ -297,8 +326,9 @@ def parse_redis_cluster_url(url: str) -> RedisClusterURL:
     """Parse ``redis+cluster://[[user]:password@]host1[:port1],host2[:port2]/[?option=value]``.
 
     ``rediss+cluster://`` speaks TLS. The seeds are only where to read the slot map first; the
-    cluster names the other nodes. User name, password and options are those of
-    :func:`parse_redis_url` and apply to every node; the path may only be empty or ``/0``
+    cluster names the other nodes. User name, password and options (``min_replicas`` too: each
+    master waits for its own replicas) are those of :func:`parse_redis_url` and apply to every
+    node; the path may only be empty or ``/0``
     (a Cluster has one database).
 
     Error handling: as :func:`parse_redis_url`, a message names the position of the fault, never
