@@ -126,13 +126,18 @@ async def test_a_workflow_with_a_retried_step_and_a_durable_timer_completes_on_a
 async def test_a_master_killed_mid_run_leaves_every_run_to_complete_by_itself(
     redis_cluster: RedisCluster, redis_cluster_url: str
 ) -> None:
+    """With ``min_replicas=1`` (docs/deployment.md): every write the engine and the worker were
+    told succeeded is on a replica, so the promoted replica has it, and every run completes.
+    (Without it an acknowledged dispatch or result may die with the master, and a run waiting
+    on it would wait for good: what the option is for.) The victim is started again once its
+    replica took over, so the new master has a replica for its writes to wait on."""
     EXECUTIONS.clear()
     FAIL_FIRST.clear()
     runs = [f"k{n}" for n in range(12)]
     await trio.to_thread.run_sync(redis_cluster.wait_replicas_synced)
     errors: list[Exception] = []
     async with (
-        dt.open_backend(redis_cluster_url) as backend,
+        dt.open_backend(f"{redis_cluster_url}?min_replicas=1&replica_timeout=2") as backend,
         # (a finalize that fails while the slot has no master leaves its claim to the stalled
         # sweep: the worker's threshold, as short as the engine's, bounds what that costs)
         open_worker(
@@ -157,6 +162,9 @@ async def test_a_master_killed_mid_run_leaves_every_run_to_complete_by_itself(
         victim = redis_cluster.masters()[0]
         victim.stop(kill=True)
         killed = time.monotonic()
+        # the replica takes over (node timeout 1 s), then the victim comes back as its replica
+        await trio.to_thread.run_sync(redis_cluster.wait_ok)
+        await trio.to_thread.run_sync(redis_cluster.start)
         outputs: dict[str, Any] = {}
         with trio.fail_after(60):
             for run_id in runs:
