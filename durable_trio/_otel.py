@@ -69,6 +69,13 @@ def _parent(context: TraceContext) -> Context:
     return _PROPAGATOR.extract(headers)
 
 
+def _trace_headers() -> dict[str, str]:
+    """The current span's W3C ``traceparent`` (and ``tracestate``, if any)."""
+    headers: dict[str, str] = {}
+    _PROPAGATOR.inject(headers)
+    return {k: headers[k] for k in ("traceparent", "tracestate") if k in headers}
+
+
 class _RunSpan:
     __slots__ = ("settled", "span")
 
@@ -113,8 +120,7 @@ class OtelInstruments:
     def carrier(self) -> TraceContext | None:
         if not trace.get_current_span().get_span_context().is_valid:
             return None
-        headers: dict[str, str] = {}
-        _PROPAGATOR.inject(headers)
+        headers = _trace_headers()
         traceparent = headers.get("traceparent")
         if traceparent is None:  # pragma: no cover - a valid context always injects one
             return None
@@ -127,13 +133,8 @@ class OtelInstruments:
             with self._tracer.start_as_current_span(
                 f"start {workflow}", attributes={"durable_trio.workflow": workflow}
             ):
-                return self._trace_headers()
-        return self._trace_headers()
-
-    def _trace_headers(self) -> dict[str, str]:
-        headers: dict[str, str] = {}
-        _PROPAGATOR.inject(headers)
-        return {k: headers[k] for k in ("traceparent", "tracestate") if k in headers}
+                return _trace_headers()
+        return _trace_headers()
 
     @contextlib.contextmanager
     def run_span(self, run: RunRecord) -> Iterator[None]:
