@@ -190,11 +190,13 @@ class _Traffic:
 
 async def _traffic_through_a_master_kill(
     group: SentinelGroup, url: str
-) -> tuple[float, _Traffic, Counter[str]]:
+) -> tuple[float, _Traffic, Counter[str]] | None:
     """Push numbered jobs on ``url`` every 2 ms and complete claims every 4 ms, SIGKILL the
     master after 200 acknowledged pushes (restarted once replaced), go on until 200 more landed
     on the promoted replica; the kill -> recovered seconds, what was acknowledged, and how
-    often each id is queued (ready or claimed) on the new master."""
+    often each id is queued (ready or claimed) on the new master. ``None``: the sentinels
+    failed back to the restarted old master meanwhile (a loaded machine can make them take the
+    new one for down), so this round did not show what the test is after."""
     traffic = _Traffic()
     old = group.master()
     async with dt.open_backend(url) as backend, trio.open_nursery() as nursery:
@@ -213,7 +215,8 @@ async def _traffic_through_a_master_kill(
         await traffic.reach(before + 200, 20)
         traffic.stopped = True
     new = group.master()
-    assert new is not old
+    if new is old:
+        return None
     return recovered, traffic, _queued(new)
 
 
@@ -230,12 +233,21 @@ def _restart_once_replaced(group: SentinelGroup, old: RedisServer) -> None:
 
 
 @pytest.mark.chaos
+@pytest.mark.timeout(300)  # up to 3 rounds, when the sentinels fail back
 @pytest.mark.parametrize("min_replicas", [1, 0])
 async def test_a_master_kill_loses_no_acknowledged_push_or_completion_with_min_replicas(
     redis_sentinel_url: str, redis_sentinel: SentinelGroup, min_replicas: int
 ) -> None:
     url = f"{redis_sentinel_url}?min_replicas={min_replicas}&replica_timeout=1"
-    recovered, traffic, queued = await _traffic_through_a_master_kill(redis_sentinel, url)
+    for _round in range(3):
+        if _round:
+            redis_sentinel.reset()  # stable again, every database empty
+        outcome = await _traffic_through_a_master_kill(redis_sentinel, url)
+        if outcome is not None:
+            break
+    else:
+        pytest.fail("the sentinels failed back to the restarted old master 3 times out of 3")
+    recovered, traffic, queued = outcome
     # A push is lost if its job is neither queued nor completed; a completion is lost if its
     # job is queued again (the promoted replica never heard it was done).
     lost_pushes = [j for j in traffic.pushed if j not in queued and j not in traffic.completed]
