@@ -37,7 +37,8 @@ async def main(url: str, namespace: str, concurrency: int, queues: int, udp_port
 
             # "start": the moment the worker enters its run loop, imports and connecting done
             # (how the peers' S1 is timed too)
-            print(f"start {time.time():.6f}", flush=True)
+            # (and its CPU seconds so far, so the bench can count the drain's CPU alone)
+            print(f"start {time.time():.6f} {time.process_time():.6f}", flush=True)
             for n in range(queues):
                 transport.handle(f"noop-{n}", noop)
             print("ready", flush=True)

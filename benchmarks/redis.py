@@ -60,8 +60,19 @@ async def _fill(transport: dt.QueueTransport, count: int, start: int = 0) -> Non
         )
 
 
-async def drain(url: str, *, jobs: int, concurrency: int, pending: int = 0) -> tuple[float, float]:
-    """S1/S5: (jobs/s from the worker's start, jobs/s from its first result)."""
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def drain(
+    url: str, *, jobs: int, concurrency: int, pending: int = 0
+) -> tuple[float, float, float, float]:
+    """S1/S5: (jobs/s from the worker's start, jobs/s from its first result, the worker
+    process's CPU microseconds per job, this process's CPU microseconds per job: the engine
+    side's dispatch-free share, consuming the results), the CPU counted from the worker's
+    start to the last result."""
     namespace = f"s1-{concurrency}-{time.monotonic_ns()}"
     async with dt.open_backend(url) as backend:
         async with dt.open_queue_transport(
@@ -85,13 +96,22 @@ async def drain(url: str, *, jobs: int, concurrency: int, pending: int = 0) -> t
             try:
                 assert worker.stdout is not None
                 line = await trio.to_thread.run_sync(worker.stdout.readline)
+                engine_cpu = time.process_time()
                 started = float(line.split()[1])  # wall clock, in the worker
+                worker_cpu = float(line.split()[2])  # its CPU seconds at that moment
                 with trio.fail_after(300):
                     await done.wait()
                 end_wall, end = time.time(), time.perf_counter()
+                engine_cpu = time.process_time() - engine_cpu
+                worker_cpu = process_cpu(worker.pid) - worker_cpu
             finally:
                 _stop(worker)
-    return jobs / (end_wall - started), (jobs - 1) / max(end - first_at, 1e-9)
+    return (
+        jobs / (end_wall - started),
+        (jobs - 1) / max(end - first_at, 1e-9),
+        worker_cpu / jobs * 1e6,
+        engine_cpu / jobs * 1e6,
+    )
 
 
 async def enqueue(url: str, *, jobs: int) -> tuple[float, float]:
@@ -187,14 +207,20 @@ async def run(url: str, quick: bool, *, redis: bool = True) -> dict[str, tuple[f
     for concurrency in (1, 10, 32):
         n = jobs // 5 if concurrency == 1 else jobs
 
-        async def s1(n: int = n, concurrency: int = concurrency) -> tuple[float, float]:
+        async def s1(
+            n: int = n, concurrency: int = concurrency
+        ) -> tuple[float, float, float, float]:
             clean()
             return await drain(url, jobs=n, concurrency=concurrency)
 
-        rate, warm = await _median(runs, s1)
+        rate, warm, worker_us, engine_us = await _median(runs, s1)
         figures[f"S1 drain, concurrency {concurrency} (round trips/s)"] = (
             rate,
             f"{warm:,.0f}/s from the first result",
+        )
+        figures[f"S1 CPU per job, concurrency {concurrency} (us)"] = (
+            worker_us + engine_us,
+            f"worker process {worker_us:,.0f} + result consumer {engine_us:,.0f}",
         )
     if redis:
         clean()
@@ -238,7 +264,7 @@ async def run(url: str, quick: bool, *, redis: bool = True) -> dict[str, tuple[f
         sizes = (1_000, 100_000) if quick else (1_000, 100_000, 1_000_000)
         for pending in sizes:
             clean()
-            _, warm = await drain(url, jobs=5_000, concurrency=32, pending=pending)
+            _, warm, _, _ = await drain(url, jobs=5_000, concurrency=32, pending=pending)
             figures[f"S5 drain with {pending:,} pending (round trips/s)"] = (
                 warm,
                 "from the first result",
