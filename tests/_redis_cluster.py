@@ -47,15 +47,23 @@ class ClusterNode(RedisServer):
 
     def __init__(self, directory: Path) -> None:
         self.bus_port = _free_port()
-        super().__init__(
-            directory,
-            extra_args=(
-                "--cluster-enabled", "yes",
-                "--cluster-config-file", str(directory / "nodes.conf"),
-                "--cluster-node-timeout", str(_NODE_TIMEOUT_MS),
-                "--cluster-port", str(self.bus_port),
-            ),
+        super().__init__(directory, extra_args=self._cluster_args(directory))
+
+    def _cluster_args(self, directory: Path) -> tuple[str, ...]:
+        return (
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", str(directory / "nodes.conf"),
+            "--cluster-node-timeout", str(_NODE_TIMEOUT_MS),
+            "--cluster-port", str(self.bus_port),
         )  # fmt: skip
+
+    def _take_other_ports(self) -> None:
+        """The bus port too (the collision seen was on it), and the node forgets the ports its
+        failed start wrote to ``nodes.conf``."""
+        super()._take_other_ports()
+        self.bus_port = _free_port()
+        self.extra_args = self._cluster_args(self.dir)
+        (self.dir / "nodes.conf").unlink(missing_ok=True)
 
     @property
     def address(self) -> str:

@@ -158,11 +158,16 @@ class RedisServer:
                 self._started = True
                 return
             self.stop(kill=True)
-            if not self._started:  # the port was taken meanwhile: take others
-                self.port = _free_port()
-                self.tls_port = _free_port() if self._tls_files else None
+            if not self._started:  # a port was taken meanwhile: take others
+                self._take_other_ports()
             time.sleep(0.05)  # a just-freed port may need a moment
         raise RuntimeError(f"redis-server did not start; log ends: {self._log_tail()}")
+
+    def _take_other_ports(self) -> None:
+        """Before a first start is tried again: another process (another pytest-xdist worker's
+        servers, say) took a port between ``_free_port`` and the bind."""
+        self.port = _free_port()
+        self.tls_port = _free_port() if self._tls_files else None
 
     def _wait_ready(self) -> bool:
         deadline = time.monotonic() + _READY_TIMEOUT
