@@ -209,6 +209,17 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
                     ours >= bull[0],
                 )
             )
+        peers10 = "durable_trio S1 as the peers, concurrency 10 (jobs/s)"
+        if bull and have(peers10):
+            mine = _value(f[peers10])
+            checks.append(
+                (
+                    f"[19] S1 as the peers at concurrency 10 (the peers' own setting): ours "
+                    f"{mine:,.0f} vs BullMQ {bull[0]:,.0f} jobs/s = {mine / bull[0]:.2f}x "
+                    "(want >= 1.3x)",
+                    mine >= 1.3 * bull[0],
+                )
+            )
     if have("durable_trio S3 latency p50 (ms)"):
         p50 = _value(f["durable_trio S3 latency p50 (ms)"])
         p99 = _value(f["durable_trio S3 latency p99 (ms)"])

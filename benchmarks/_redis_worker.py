@@ -5,19 +5,25 @@
 Serves no-op steps ``noop-0`` .. ``noop-{QUEUES-1}`` (one routing queue each), prints ``ready``
 once its consumers run, and serves until killed. With ``UDP_PORT``, each step's body ends by
 sending its step id to 127.0.0.1:UDP_PORT (how S3 times "enqueue -> job done", as the peers').
-The environment variable ``BENCH_PREFETCH`` sets the worker's ``prefetch`` (an integer, or
-``limit`` for the loop's concurrency; default: the transport's default, 0).
+With ``BENCH_DONE_FILE``, each step's body appends ``(step number, time.time())`` to that file,
+as the peers' S1 jobs do. The environment variable ``BENCH_PREFETCH`` sets the worker's
+``prefetch`` (an integer, or ``limit`` for the loop's concurrency; default: the transport's
+default, 0).
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import sys
 import time
 
 import trio
 
 import durable_trio as dt
+
+#: One S1 done signal, as the peers' runners write it (benchmarks/peers/_common.py).
+DONE = struct.Struct("<qd")
 
 
 async def main(url: str, namespace: str, concurrency: int, queues: int, udp_port: int) -> None:
@@ -31,9 +37,18 @@ async def main(url: str, namespace: str, concurrency: int, queues: int, udp_port
             backend, namespace=namespace, concurrency=concurrency, **extra
         ) as transport:
 
+            done_file = os.environ.get("BENCH_DONE_FILE")
+            done_fd = (
+                os.open(done_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                if done_file
+                else None
+            )
+
             async def noop(task: dt.RemoteTask) -> None:
                 if udp_port:
                     await udp.sendto(task.step_id.encode(), ("127.0.0.1", udp_port))
+                if done_fd is not None:  # the peers' S1 done signal: (n, when), 16 bytes
+                    os.write(done_fd, DONE.pack(int(task.step_id), time.time()))
 
             # "start": the moment the worker enters its run loop, imports and connecting done
             # (how the peers' S1 is timed too)

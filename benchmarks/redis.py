@@ -17,6 +17,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import trio
 
 import durable_trio as dt
 
+from ._redis_worker import DONE
 from .redis_server import commandstats_total, flushall
 
 WORKER = Path(__file__).with_name("_redis_worker.py")
@@ -32,9 +34,14 @@ SRC = Path(__file__).resolve().parent.parent
 
 
 def _spawn(
-    url: str, namespace: str, concurrency: int, queues: int = 1, udp_port: int = 0
+    url: str,
+    namespace: str,
+    concurrency: int,
+    queues: int = 1,
+    udp_port: int = 0,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env = {**os.environ, "PYTHONPATH": str(SRC), **(env or {})}
     return subprocess.Popen(
         [sys.executable, str(WORKER), url, namespace, str(concurrency), str(queues), str(udp_port)],
         stdout=subprocess.PIPE,
@@ -112,6 +119,38 @@ async def drain(
         worker_cpu / jobs * 1e6,
         engine_cpu / jobs * 1e6,
     )
+
+
+async def drain_as_the_peers(url: str, *, jobs: int, concurrency: int) -> tuple[float, float]:
+    """S1 timed exactly as the peers' (benchmarks/peers/_common.py): ``jobs`` tasks queued
+    first, one worker process spawned, each step's body appends its done signal to a file, and
+    the rate is the jobs over the time from the worker's start to the last done signal. No
+    process consumes the results meanwhile (they wait in the result queue, as a peer's results
+    wait in its result store). (jobs/s, the worker's CPU microseconds per job)."""
+    namespace = f"s1p-{concurrency}-{time.monotonic_ns()}"
+    with tempfile.TemporaryDirectory() as folder:
+        done_file = Path(folder) / "done"
+        done_file.touch()
+        async with dt.open_backend(url) as backend:
+            async with dt.open_queue_transport(backend, namespace=namespace) as engine:
+                await _fill(engine, jobs)
+        worker = await trio.to_thread.run_sync(
+            lambda: _spawn(url, namespace, concurrency, env={"BENCH_DONE_FILE": str(done_file)})
+        )
+        try:
+            assert worker.stdout is not None
+            line = await trio.to_thread.run_sync(worker.stdout.readline)
+            started, cpu_at_start = float(line.split()[1]), float(line.split()[2])
+            with trio.fail_after(300):
+                # polled as the peers' harness polls it (a file has no waiter to wake)
+                while done_file.stat().st_size < DONE.size * jobs:  # noqa: ASYNC110
+                    await trio.sleep(0.005)
+            cpu = process_cpu(worker.pid) - cpu_at_start
+            data = done_file.read_bytes()
+        finally:
+            _stop(worker)
+    last = max(when for _, when in DONE.iter_unpack(data))
+    return jobs / (last - started), cpu / jobs * 1e6
 
 
 async def enqueue(url: str, *, jobs: int) -> tuple[float, float]:
@@ -221,6 +260,17 @@ async def run(url: str, quick: bool, *, redis: bool = True) -> dict[str, tuple[f
         figures[f"S1 CPU per job, concurrency {concurrency} (us)"] = (
             worker_us + engine_us,
             f"worker process {worker_us:,.0f} + result consumer {engine_us:,.0f}",
+        )
+    for concurrency in (10, 32):
+
+        async def s1p(concurrency: int = concurrency) -> tuple[float, float]:
+            clean()
+            return await drain_as_the_peers(url, jobs=jobs, concurrency=concurrency)
+
+        rate, worker_us = await _median(runs, s1p)
+        figures[f"S1 as the peers, concurrency {concurrency} (jobs/s)"] = (
+            rate,
+            f"worker start -> last done signal; worker CPU {worker_us:,.0f} us/job",
         )
     if redis:
         clean()
