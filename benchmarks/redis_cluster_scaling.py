@@ -109,11 +109,27 @@ def _master_cpu(url: str) -> list[float]:
     return seconds
 
 
+async def _fill(producer: dt.QueueTransport, steps: list[str], jobs_per_queue: int) -> None:
+    for step in steps:
+        for first in range(0, jobs_per_queue, 1000):
+            await producer.dispatch_many(
+                [
+                    dt.RemoteTask(run_id="s", step_id=f"{step}.{n}", attempt=1, name=step)
+                    for n in range(first, min(first + 1000, jobs_per_queue))
+                ]
+            )
+
+
 async def _drain(
-    url: str, groups: list[list[str]], jobs_per_queue: int
+    url: str, groups: list[list[str]], jobs_per_queue: int, *, warm: bool
 ) -> tuple[float, dict[str, float]]:
     """Aggregate jobs/s, one worker process per group of master indexes, and where the CPU
-    went meanwhile: each part's CPU seconds over the timed wall seconds (1.0 = one core)."""
+    went meanwhile: each part's CPU seconds over the timed wall seconds (1.0 = one core).
+
+    ``warm=False``: the queues filled first, timed from the first worker's ``start`` line to the
+    last result (as the peers are). ``warm=True``: every worker started and waiting first, then
+    the queues filled, timed from the fill's start to the last result (no process start-up in
+    the window: the steady rate)."""
     namespace = f"scale-{time.monotonic_ns()}"
     per_master = _steps_per_master(url, namespace)
     groups = [[step for index in group for step in per_master[int(index)]] for group in groups]
@@ -123,14 +139,8 @@ async def _drain(
         async with dt.open_queue_transport(
             backend, namespace=namespace, result_concurrency=64
         ) as producer:
-            for step in steps:
-                for first in range(0, jobs_per_queue, 1000):
-                    await producer.dispatch_many(
-                        [
-                            dt.RemoteTask(run_id="s", step_id=f"{step}.{n}", attempt=1, name=step)
-                            for n in range(first, min(first + 1000, jobs_per_queue))
-                        ]
-                    )
+            if not warm:
+                await _fill(producer, steps, jobs_per_queue)
             done = trio.Event()
             count = 0
 
@@ -146,31 +156,39 @@ async def _drain(
                 for group in groups
             ]
             try:
-                starts: dict[int, tuple[float, float]] = {}
-                at_first_start: list[Any] = []
+                opened = 0.0
+                worker_base: dict[int, float] = {}
+                base: list[Any] = []
 
                 async def started(index: int) -> None:
+                    nonlocal opened
                     line = await _start_line(workers[index])
-                    starts[index] = float(line[1]), float(line[2])
-                    if not at_first_start:  # the window opens: what the others used so far
-                        at_first_start.extend((_master_cpu(url), time.process_time()))
+                    worker_base[index] = float(line[2])
+                    if not warm and not base:  # the window opens: what the others used so far
+                        opened = float(line[1])
+                        base.extend((_master_cpu(url), time.process_time()))
+                    if warm:
+                        await _ready(workers[index])
 
                 async with trio.open_nursery() as nursery:
                     for index in range(len(workers)):
                         nursery.start_soon(started, index)
+                if warm:
+                    worker_base = {i: _cpu_seconds(w.pid) for i, w in enumerate(workers)}
+                    base.extend((_master_cpu(url), time.process_time()))
+                    opened = time.time()
+                    await _fill(producer, steps, jobs_per_queue)
                 with trio.fail_after(300):
                     await done.wait()
                 end = time.time()
-                own = time.process_time() - at_first_start[1]
+                own = time.process_time() - base[1]
                 masters_after = _master_cpu(url)
-                workers_used = [
-                    _cpu_seconds(w.pid) - starts[index][1] for index, w in enumerate(workers)
-                ]
+                workers_used = [_cpu_seconds(w.pid) - worker_base[i] for i, w in enumerate(workers)]
             finally:
                 for worker in workers:
                     _stop(worker)
-    wall = end - min(wall_clock for wall_clock, _ in starts.values())
-    masters_used = [a - b for a, b in zip(masters_after, at_first_start[0], strict=True)]
+    wall = end - opened
+    masters_used = [a - b for a, b in zip(masters_after, base[0], strict=True)]
     shares = {
         "producer": own,
         "workers": sum(workers_used),
@@ -180,6 +198,13 @@ async def _drain(
     }
     shares = {key: value / wall for key, value in shares.items()}
     return jobs / wall, shares
+
+
+async def _ready(process: subprocess.Popen[bytes]) -> None:
+    assert process.stdout is not None
+    line = await trio.to_thread.run_sync(process.stdout.readline)
+    if line.strip() != b"ready":
+        raise RuntimeError(f"a worker died before it was ready: {line!r}")
 
 
 async def _engines(url: str, processes: int, workflows: int) -> float:
@@ -219,28 +244,29 @@ async def measure(url: str, quick: bool) -> dict[str, Any]:
     jobs_per_queue = 500 if quick else 2_500
     repeats = 1 if quick else 3
     figures: dict[str, Any] = {}
-    rates: dict[str, float] = {}
-    for label, groups in _CASES:
-        measured = sorted(
-            [await _drain(url, groups, jobs_per_queue) for _ in range(repeats)],
-            key=lambda pair: pair[0],
-        )
-        rate, shares = measured[len(measured) // 2]  # the median run, and its CPU shares
-        rates[label] = rate
-        figures[f"scaling: {label} (jobs/s)"] = (
-            rate,
-            f"median of {repeats}, {jobs_per_queue * _QUEUES_PER_MASTER} jobs per master",
-        )
-        figures[f"scaling: {label}: CPU cores used"] = (
-            sum(shares[k] for k in ("producer", "workers", "masters")),
-            "; ".join(f"{k} {v:.2f}" for k, v in shares.items()),
-        )
-    base = rates["1 process, all 3 masters' queues"]
-    for label in ("2 processes, 1 master each", "3 processes, 1 master each"):
-        figures[f"scaling: {label.split(',')[0]} / 1 process, 3 masters (x)"] = (
-            rates[label] / base,
-            "aggregate jobs/s ratio",
-        )
+    for warm, how in ((False, "from the first start"), (True, "workers ready, then filled")):
+        rates: dict[str, float] = {}
+        for label, groups in _CASES:
+            measured = sorted(
+                [await _drain(url, groups, jobs_per_queue, warm=warm) for _ in range(repeats)],
+                key=lambda pair: pair[0],
+            )
+            rate, shares = measured[len(measured) // 2]  # the median run, and its CPU shares
+            rates[label] = rate
+            figures[f"scaling ({how}): {label} (jobs/s)"] = (
+                rate,
+                f"median of {repeats}, {jobs_per_queue * _QUEUES_PER_MASTER} jobs per master",
+            )
+            figures[f"scaling ({how}): {label}: CPU cores used"] = (
+                sum(shares[k] for k in ("producer", "workers", "masters")),
+                "; ".join(f"{k} {v:.2f}" for k, v in shares.items()),
+            )
+        base = rates["1 process, all 3 masters' queues"]
+        for label in ("2 processes, 1 master each", "3 processes, 1 master each"):
+            figures[f"scaling ({how}): {label.split(',')[0]} / 1 process, 3 masters (x)"] = (
+                rates[label] / base,
+                "aggregate jobs/s ratio",
+            )
     workflows = 200 if quick else 1000
     engine_rates = {}
     for processes in (1, 2):
