@@ -6,10 +6,17 @@ task queue's hash tag (``{NAMESPACE:tasks:STEP}``, see :mod:`durable_trio._redis
 falls in a slot that master serves, so "the queues of master m" is a real placement, not a hope.
 
 Worker side (no-op steps, concurrency 32 per process, as S1): the producer (this process)
-fills the queues of the masters used with the same number of jobs each, then starts the worker
-processes (benchmarks/_redis_worker.py, real subprocesses) and counts the results. Timed as the
-Redis race times the peers: from the first worker's ``start`` line (imports and connecting
-done) to the last result consumed here. Cases:
+fills the queues of the masters used with the same number of jobs each and counts the results;
+the workers are real subprocesses (benchmarks/_redis_worker.py). Two timings:
+
+* *from start*: the queues filled first, then the workers started; timed as the Redis race
+  times the peers, from the first worker's ``start`` line (imports and connecting done) to the
+  last result consumed here (so a process that starts late costs what it costs);
+* *steady*: every worker started and waiting, then the queues filled (the producer pushing
+  while the workers drain), from the fill's start to the last result.
+
+Each case also says where the CPU went over the timed window (cores: CPU seconds over wall
+seconds): the producer, the workers (and the busiest), the masters (and the busiest). Cases:
 
 * 1 process serving the queues of 1 master;
 * 1 process serving the queues of all 3 masters (the baseline of the ratios);
@@ -244,7 +251,7 @@ async def measure(url: str, quick: bool) -> dict[str, Any]:
     jobs_per_queue = 500 if quick else 2_500
     repeats = 1 if quick else 3
     figures: dict[str, Any] = {}
-    for warm, how in ((False, "from the first start"), (True, "workers ready, then filled")):
+    for warm, how in ((False, "from start"), (True, "steady")):
         rates: dict[str, float] = {}
         for label, groups in _CASES:
             measured = sorted(
