@@ -23,7 +23,7 @@ from _redis_cluster import SECURE_ACL_USER, SECURE_PASSWORD
 from _redis_sentinel import *  # noqa: F403
 from _redis_sentinel import AUTH_PASSWORD, AUTH_SENTINEL_PASSWORD
 from durable_trio._engine import App, WorkflowContext, open_engine, open_worker
-from durable_trio._redis import open_redis_cluster
+from durable_trio._redis import open_redis, open_redis_cluster
 from durable_trio._redis._keyslot import key_slot
 from durable_trio.adapters import Job
 from durable_trio.adapters.redis_cluster import RedisClusterBroker
@@ -222,3 +222,33 @@ async def test_a_wrong_sentinel_or_data_password_is_a_clear_error(
     print(f"\n{text} ({time.monotonic() - started:.2f}s)")
     assert says in text
     assert secret not in text
+
+
+@pytest.mark.chaos
+async def test_a_failover_with_passwords_everywhere_moves_the_writes(
+    auth_sentinel: SentinelGroup,
+) -> None:
+    """SIGKILL the master: the sentinels (``auth-pass``, ``sentinel-pass``) still elect the
+    replica, the client (credentials and ``sentinel_password`` from the URL) writes there, and
+    the old master, restarted, rejoins as a replica (its ``masterauth``)."""
+    url = _sentinel_url(auth_sentinel, AUTH_PASSWORD, AUTH_SENTINEL_PASSWORD)
+    old = auth_sentinel.master()
+    async with open_redis(url) as client:
+        await client.execute("SET", "before", "1")
+        await trio.to_thread.run_sync(auth_sentinel.kill, old)
+        killed = time.monotonic()
+        with trio.fail_after(30):
+            while True:
+                try:
+                    await client.execute("SET", "after", "1")
+                    break
+                except dt.BrokerUnavailable:
+                    await trio.sleep(0.05)
+        recovered = time.monotonic() - killed
+        new = auth_sentinel.master()
+        assert new is not old
+        assert await client.execute("GET", "after") == b"1"
+    print(f"\nkill -> first write on the promoted replica: {recovered:.2f}s")
+    assert new.command("GET", "after") == b"1"
+    await trio.to_thread.run_sync(auth_sentinel.wait_stable)  # the old one back, a replica
+    assert old.role() == "slave"
