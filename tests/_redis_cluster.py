@@ -12,6 +12,9 @@ The cluster is shared by the whole session; tests may kill and restart nodes (a 
 a master and its replica: tests look the topology up, never assume it). Missing
 ``redis-server`` / ``redis-cli``: the tests using it are skipped with one line (failed under
 ``CI=true``), as for the single-server fixtures.
+
+``redis_secure_cluster`` is a second such cluster set up as production ones are: TLS on the
+clients' side, the bus and replication, ``requirepass`` and an ACL user (see its docstring).
 """
 
 from __future__ import annotations

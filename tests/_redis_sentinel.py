@@ -11,6 +11,8 @@ Sentinels judge a master down after ``DOWN_AFTER_MS`` and may fail over again af
 
 If ``redis-server`` cannot be started the tests using the group are skipped with one line,
 except under ``CI=true``, where they fail (as the fixtures of ``_redis_server.py``).
+
+``redis_sentinel_auth`` is a second group with passwords on the data nodes and on the sentinels.
 """
 
 from __future__ import annotations
