@@ -24,7 +24,9 @@ from _redis_sentinel import *  # noqa: F403
 from _redis_sentinel import AUTH_PASSWORD, AUTH_SENTINEL_PASSWORD
 from durable_trio._engine import App, WorkflowContext, open_engine, open_worker
 from durable_trio._redis import open_redis, open_redis_cluster
+from durable_trio._redis._errors import RedisClusterTLSMismatch
 from durable_trio._redis._keyslot import key_slot
+from durable_trio._redis._topology import Node, parse_shards
 from durable_trio.adapters import Job
 from durable_trio.adapters.redis_cluster import RedisClusterBroker
 
@@ -167,6 +169,43 @@ async def test_an_engine_run_over_rediss_cluster(secure_cluster: RedisCluster) -
             for n in range(3):
                 await engine.start("three", n + 1, run_id=f"r{n}")
             assert [await engine.result(f"r{n}") for n in range(3)] == [8, 16, 24]
+
+
+def _shards(*nodes: tuple[str, int, int | None]) -> list[list[object]]:
+    """A ``CLUSTER SHARDS`` reply (Redis 7.0's shape) of one master per ``(host, port,
+    tls_port)``, the slots split between them."""
+    reply: list[list[object]] = []
+    for index, (host, port, tls_port) in enumerate(nodes):
+        fields: list[object] = [b"id", f"n{index}".encode(), b"port", port]
+        if tls_port is not None:
+            fields += [b"tls-port", tls_port]
+        fields += [b"ip", host.encode(), b"endpoint", host.encode(), b"role", b"master"]
+        fields += [b"replication-offset", 0, b"health", b"online"]
+        first = index * 16384 // len(nodes)
+        last = (index + 1) * 16384 // len(nodes) - 1
+        reply.append([b"slots", [first, last], b"nodes", [fields]])
+    return reply
+
+
+def test_a_tls_client_sent_to_plain_ports_is_one_clear_line() -> None:
+    """Nodes without ``tls-cluster yes`` answer ``CLUSTER SHARDS`` on their TLS port with their
+    plain ports only (seen on Redis 7.0): refused at once, naming the setting (without the
+    check, each plain port's TLS handshake timed out: 76 s to a "could not connect")."""
+    plain = _shards(("127.0.0.1", 7001, None), ("127.0.0.1", 7002, None))
+    with pytest.raises(RedisClusterTLSMismatch, match="needs tls-cluster yes") as refused:
+        parse_shards(plain, asked="127.0.0.1", tls=True, asked_port=7101)
+    assert "127.0.0.1:7101" in str(refused.value)
+    assert isinstance(refused.value, dt.ConfigError)
+    # with tls-cluster yes: the TLS ports
+    announced = _shards(("127.0.0.1", 7001, 7101), ("127.0.0.1", 7002, 7102))
+    parsed = parse_shards(announced, asked="127.0.0.1", tls=True, asked_port=7101)
+    assert parsed.masters == (Node("127.0.0.1", 7101), Node("127.0.0.1", 7102))
+    # TLS on the main port (hosted services), or announced addresses on other hosts: kept
+    for asked, port in (("127.0.0.1", 7001), ("seed.example", 6379)):
+        parsed = parse_shards(plain, asked=asked, tls=True, asked_port=port)
+        assert parsed.masters == (Node("127.0.0.1", 7001), Node("127.0.0.1", 7002))
+    # a plain client is never checked
+    parse_shards(plain, asked="127.0.0.1", asked_port=7101)
 
 
 # -- Sentinel with passwords on the data nodes and on the sentinels ------------------------------

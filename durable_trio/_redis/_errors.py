@@ -60,6 +60,17 @@ class RedisBusyReply(RedisReplyError, BrokerUnavailable):
     transient, so callers treat it like an unreachable server."""
 
 
+class RedisClusterTLSMismatch(BrokerError, ConfigError):
+    """A ``rediss+cluster://`` client read a slot map that names no TLS port: the nodes run
+    without ``tls-cluster yes``, so they do not know each other's TLS ports and would send the
+    client to plain ones (where a TLS handshake only times out).
+
+    A :class:`~durable_trio.ConfigError`, final: the first command (and ``open_backend``) fails
+    with it at once, naming the setting. A :class:`~durable_trio.BrokerError` too, so a
+    background refresh that meets it is quiet, like any other failed refresh.
+    """
+
+
 class RedisAuthError(RedisReplyError, AuthenticationError):
     """Redis refused the credentials or the user's ACL denied a command (``WRONGPASS``,
     ``NOAUTH``, ``NOPERM``, ``-ERR invalid password``, any error reply to ``AUTH``).
