@@ -5,10 +5,10 @@ against fixed limits), ``engine`` (3-step workflows against raw round trips), ``
 ours and the peers', on one private redis-server, in the same run), ``redis-clients`` (our Redis
 client against redis-py, when redis-py is on ``PYTHONPATH``: see benchmarks/redis_clients.py),
 ``redis-cluster`` (S1 drain and 3-step workflows on a private 3-master Redis Cluster beside one
-node, issue 17), ``sqlite`` (the embedded default), ``simulation`` (a seeded day of production
-with faults, issue 9), ``soak`` (memory of one worker over a million steps and of an engine over
-100,000 runs, issue 13; several minutes). ``--quick`` runs smaller versions of each (a smoke
-test; the peers then run once each).
+node, and the scaling with one worker process per master, issue 17), ``sqlite`` (the embedded
+default), ``simulation`` (a seeded day of production with faults, issue 9), ``soak`` (memory of
+one worker over a million steps and of an engine over 100,000 runs, issue 13; several minutes).
+``--quick`` runs smaller versions of each (a smoke test; the peers then run once each).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
     python benchmarks/_redis_worker.py URL NAMESPACE CONCURRENCY QUEUES [UDP_PORT]
 
-Serves no-op steps ``noop-0`` .. ``noop-{QUEUES-1}`` (one routing queue each), prints ``ready``
+Serves no-op steps ``noop-0`` .. ``noop-{QUEUES-1}`` (one routing queue each; or, when QUEUES is
+a comma-separated list of step names, those steps), prints ``ready``
 once its consumers run, and serves until killed. With ``UDP_PORT``, each step's body ends by
 sending its step id to 127.0.0.1:UDP_PORT (how S3 times "enqueue -> job done", as the peers').
 With ``BENCH_DONE_FILE``, each step's body appends ``(step number, time.time())`` to that file,
@@ -26,7 +27,9 @@ import durable_trio as dt
 DONE = struct.Struct("<qd")
 
 
-async def main(url: str, namespace: str, concurrency: int, queues: int, udp_port: int) -> None:
+async def main(
+    url: str, namespace: str, concurrency: int, queues: list[str], udp_port: int
+) -> None:
     udp = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
     async with dt.open_backend(url) as backend:
         prefetch = os.environ.get("BENCH_PREFETCH")
@@ -52,14 +55,17 @@ async def main(url: str, namespace: str, concurrency: int, queues: int, udp_port
 
             # "start": the moment the worker enters its run loop, imports and connecting done
             # (how the peers' S1 is timed too)
-            # (and its CPU seconds so far, so the bench can count the drain's CPU alone)
+            # (and the CPU seconds this process has used so far, for benchmarks that say where
+            # the CPU went)
             print(f"start {time.time():.6f} {time.process_time():.6f}", flush=True)
-            for n in range(queues):
-                transport.handle(f"noop-{n}", noop)
+            for step in queues:
+                transport.handle(step, noop)
             print("ready", flush=True)
             await trio.sleep_forever()
 
 
 if __name__ == "__main__":
     udp_port = int(sys.argv[5]) if len(sys.argv) > 5 else 0
-    trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), udp_port)
+    queues = sys.argv[4]
+    steps = [f"noop-{n}" for n in range(int(queues))] if queues.isdigit() else queues.split(",")
+    trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), steps, udp_port)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import engine
+from . import engine, redis_cluster_scaling
 from .redis import drain
 from .redis_server import RedisError, _free_port, command, private_redis
 
@@ -142,6 +142,7 @@ def section(quick: bool) -> dict[str, Any]:
             figures = trio.run(_measure, server.url, "one node", quick)
         with private_cluster() as url:
             figures |= trio.run(_measure, url, "3-master cluster", quick)
+            figures |= trio.run(redis_cluster_scaling.measure, url, quick)
     except RedisError as exc:
         return {"redis-cluster section skipped": (float("nan"), str(exc)[:90])}
     for what in ("S1 drain, concurrency 32 (round trips/s)", "3-step workflows/s, many at once"):

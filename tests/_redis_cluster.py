@@ -12,6 +12,9 @@ The cluster is shared by the whole session; tests may kill and restart nodes (a 
 a master and its replica: tests look the topology up, never assume it). Missing
 ``redis-server`` / ``redis-cli``: the tests using it are skipped with one line (failed under
 ``CI=true``), as for the single-server fixtures.
+
+``redis_secure_cluster`` is a second such cluster set up as production ones are: TLS on the
+clients' side, the bus and replication, ``requirepass`` and an ACL user (see its docstring).
 """
 
 from __future__ import annotations
@@ -24,18 +27,28 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from _redis_server import _BINARY, RedisServer, _free_port, _unavailable
+from _redis_server import _BINARY, RedisServer, _free_port, _openssl, _unavailable
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-__all__ = ["ClusterNode", "RedisCluster", "redis_cluster", "redis_cluster_url"]
+__all__ = [
+    "ClusterNode",
+    "RedisCluster",
+    "redis_cluster",
+    "redis_cluster_url",
+    "redis_secure_cluster",
+]
 
 _CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 _NODES = 6
 _NODE_TIMEOUT_MS = 1000
 _SETTLE_TIMEOUT = 30.0
+#: The secure cluster's ``requirepass`` (a space and an ``@``: URLs must percent-encode it).
+SECURE_PASSWORD = "cl@ster pw"
+#: The secure cluster's ACL user (all permissions) and its password.
+SECURE_ACL_USER = ("bob", "b0b-pw")
 
 
 class ClusterNode(RedisServer):
@@ -45,17 +58,41 @@ class ClusterNode(RedisServer):
         bus_port: its cluster bus port (``--cluster-port``).
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        password: str | None = None,
+        acl_user: tuple[str, str] | None = None,
+        tls_files: tuple[Path, Path] | None = None,
+    ) -> None:
         self.bus_port = _free_port()
-        super().__init__(directory, extra_args=self._cluster_args(directory))
+        self._secure = (password, acl_user, tls_files)
+        super().__init__(
+            directory,
+            password=password,
+            acl_user=acl_user,
+            tls_files=tls_files,
+            extra_args=self._cluster_args(directory),
+        )
 
     def _cluster_args(self, directory: Path) -> tuple[str, ...]:
-        return (
+        password, acl_user, tls_files = self._secure
+        extra = [
             "--cluster-enabled", "yes",
             "--cluster-config-file", str(directory / "nodes.conf"),
             "--cluster-node-timeout", str(_NODE_TIMEOUT_MS),
             "--cluster-port", str(self.bus_port),
-        )  # fmt: skip
+        ]  # fmt: skip
+        if tls_files is not None:
+            # The bus and the replication links speak TLS too; the slot map then announces
+            # each node's TLS port to TLS clients (its plain port to plain ones).
+            extra += ["--tls-cluster", "yes", "--tls-replication", "yes"]
+        if acl_user is not None:  # replicas authenticate to their master as the ACL user
+            extra += ["--masteruser", acl_user[0], "--masterauth", acl_user[1]]
+        elif password is not None:
+            extra += ["--masterauth", password]
+        return tuple(extra)
 
     def _take_other_ports(self) -> None:
         """The bus port too (the collision seen was on it), and the node forgets the ports its
@@ -94,14 +131,38 @@ class RedisCluster:
         nodes: the nodes, in the order they were created (not their roles: see :meth:`masters`).
     """
 
-    def __init__(self, directories: list[Path]) -> None:
-        self.nodes = [ClusterNode(directory) for directory in directories]
+    def __init__(
+        self,
+        directories: list[Path],
+        *,
+        password: str | None = None,
+        acl_user: tuple[str, str] | None = None,
+        tls_files: tuple[Path, Path] | None = None,
+    ) -> None:
+        self.nodes = [
+            ClusterNode(directory, password=password, acl_user=acl_user, tls_files=tls_files)
+            for directory in directories
+        ]
+        self.password = password
+        self.acl_user = acl_user
+        self.ca_file = tls_files[0] if tls_files else None
 
     @property
     def url(self) -> str:
-        """``redis+cluster://`` with two of the nodes as seeds."""
+        """``redis+cluster://`` with two of the nodes as seeds (plain ports, no credentials)."""
         seeds = ",".join(node.address for node in self.nodes[:2])
         return f"redis+cluster://{seeds}"
+
+    def tls_url(self, credentials: str = "") -> str:
+        """``rediss+cluster://[CREDENTIALS@]`` two TLS ports as seeds, trusting :attr:`ca_file`.
+
+        Args:
+            credentials: ``user:password`` or ``:password`` as the URL carries them (encoded).
+        """
+        assert self.ca_file is not None, "not a TLS cluster"
+        seeds = ",".join(f"127.0.0.1:{node.tls_port}" for node in self.nodes[:2])
+        auth = f"{credentials}@" if credentials else ""
+        return f"rediss+cluster://{auth}{seeds}/?ssl_ca_certs={self.ca_file}"
 
     def start(self) -> None:
         """Start every node and create the cluster (once; later calls restart stopped nodes).
@@ -112,8 +173,9 @@ class RedisCluster:
         for node in self.nodes:
             node.start()
         if self.nodes[0].info().get("cluster_known_nodes") != str(_NODES):
+            auth = [] if self.password is None else ["-a", self.password, "--no-auth-warning"]
             created = subprocess.run(
-                [_CLI, "--cluster", "create", *(n.address for n in self.nodes),
+                [_CLI, *auth, "--cluster", "create", *(n.address for n in self.nodes),
                  "--cluster-replicas", "1", "--cluster-yes"],
                 capture_output=True, timeout=60, check=False,
             )  # fmt: skip
@@ -243,6 +305,48 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
             cluster.stop()
             _unavailable(f"cannot start a private Redis Cluster: {str(exc).splitlines()[0]}")
         _clusters["cluster"] = cluster
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A second private 6-node cluster with TLS and AUTH/ACL, as a production one is set up.
+
+    Every node has ``requirepass`` (:attr:`RedisCluster.password`), the ACL user
+    :attr:`RedisCluster.acl_user` (its replicas authenticate as that user: ``masteruser``),
+    a TLS port beside its plain one (``tls_port``; the certificate of ``redis_tls_server``, self
+    signed for ``127.0.0.1``, is :attr:`RedisCluster.ca_file`) and ``tls-cluster`` /
+    ``tls-replication`` on. :meth:`RedisCluster.tls_url` is its ``rediss+cluster://`` URL. Tests
+    call :meth:`RedisCluster.reset` themselves (flushed, settled). Without ``openssl`` the tests
+    using it are skipped.
+    """
+    cluster = _clusters.get("secure")
+    if cluster is None:
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            pytest.skip("no openssl command to make a test certificate")
+        for binary in (_BINARY, _CLI):
+            if not os.access(binary, os.X_OK):
+                _unavailable(f"{binary} not found")
+        folder = tmp_path_factory.mktemp("cluster-secure")
+        cert, key = folder / "cert.pem", folder / "key.pem"
+        try:
+            _openssl(openssl, cert, key)
+        except (OSError, subprocess.SubprocessError) as exc:
+            pytest.skip(f"could not make a test certificate with openssl: {exc}")
+        cluster = RedisCluster(
+            [tmp_path_factory.mktemp(f"cluster-secure-{i}") for i in range(_NODES)],
+            password=SECURE_PASSWORD,
+            acl_user=SECURE_ACL_USER,
+            tls_files=(cert, key),
+        )
+        try:
+            cluster.start()
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            cluster.stop()
+            _unavailable(f"cannot start a private TLS Redis Cluster: {str(exc).splitlines()[0]}")
+        _clusters["secure"] = cluster
     yield cluster
     cluster.stop()
 

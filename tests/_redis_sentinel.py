@@ -11,6 +11,8 @@ Sentinels judge a master down after ``DOWN_AFTER_MS`` and may fail over again af
 
 If ``redis-server`` cannot be started the tests using the group are skipped with one line,
 except under ``CI=true``, where they fail (as the fixtures of ``_redis_server.py``).
+
+``redis_sentinel_auth`` is a second group with passwords on the data nodes and on the sentinels.
 """
 
 from __future__ import annotations
@@ -27,11 +29,15 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-__all__ = ["SentinelGroup", "redis_sentinel", "redis_sentinel_url"]
+__all__ = ["SentinelGroup", "redis_sentinel", "redis_sentinel_auth", "redis_sentinel_url"]
 
 MASTER_NAME = "durable"
 DOWN_AFTER_MS = 1000
 FAILOVER_TIMEOUT_MS = 2000
+#: The data nodes' password in :func:`redis_sentinel_auth` (a space: URLs must encode it).
+AUTH_PASSWORD = "data pw"
+#: The sentinels' own password in :func:`redis_sentinel_auth`.
+AUTH_SENTINEL_PASSWORD = "sentinel-pw"
 #: Ports the machine's shared services use: never one of ours.
 _SHARED_PORTS = frozenset({6379, 26379})
 
@@ -54,8 +60,17 @@ class DataNode(RedisServer):
         name: ``"a"`` or ``"b"``, for messages.
     """
 
-    def __init__(self, directory: Path, name: str, *, replica_of: int | None = None) -> None:
-        super().__init__(directory)
+    def __init__(
+        self,
+        directory: Path,
+        name: str,
+        *,
+        replica_of: int | None = None,
+        password: str | None = None,
+    ) -> None:
+        # a replica (and a demoted master) authenticates to its master with the same password
+        extra = () if password is None else ("--masterauth", password)
+        super().__init__(directory, password=password, extra_args=extra)
         self.name = name
         self.port = _private_port()
         conf = directory / "node.conf"
@@ -80,16 +95,28 @@ class DataNode(RedisServer):
 class SentinelProcess(RedisServer):
     """One ``redis-server --sentinel`` process watching the group's master."""
 
-    def __init__(self, directory: Path, master_port: int) -> None:
-        super().__init__(directory)
+    def __init__(
+        self,
+        directory: Path,
+        master_port: int,
+        *,
+        data_password: str | None = None,
+        password: str | None = None,
+    ) -> None:
+        super().__init__(directory, password=password)
         self.port = _private_port()
         conf = directory / "sentinel.conf"
-        conf.write_text(
-            f"sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n"
-            f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n"
-            f"sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n"
-            f"sentinel parallel-syncs {MASTER_NAME} 1\n"
-        )
+        lines = [
+            f"sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2",
+            f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}",
+            f"sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}",
+            f"sentinel parallel-syncs {MASTER_NAME} 1",
+        ]
+        if data_password is not None:  # how it logs in to the master and the replicas
+            lines.append(f'sentinel auth-pass {MASTER_NAME} "{data_password}"')
+        if password is not None:  # its own password, and how it logs in to the other sentinels
+            lines += [f'requirepass "{password}"', f'sentinel sentinel-pass "{password}"']
+        conf.write_text("\n".join(lines) + "\n")
         self._conf = conf
 
     def _args(self) -> list[str]:
@@ -119,16 +146,31 @@ class SentinelGroup:
         sentinels: the sentinel processes.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        password: str | None = None,
+        sentinel_password: str | None = None,
+    ) -> None:
         (directory / "a").mkdir()
         (directory / "b").mkdir()
-        first = DataNode(directory / "a", "a")
-        second = DataNode(directory / "b", "b", replica_of=first.port)
+        first = DataNode(directory / "a", "a", password=password)
+        second = DataNode(directory / "b", "b", replica_of=first.port, password=password)
         self.nodes = (first, second)
+        self.password = password
+        self.sentinel_password = sentinel_password
         self.sentinels: list[SentinelProcess] = []
         for i in range(3):
             (directory / f"s{i}").mkdir()
-            self.sentinels.append(SentinelProcess(directory / f"s{i}", first.port))
+            self.sentinels.append(
+                SentinelProcess(
+                    directory / f"s{i}",
+                    first.port,
+                    data_password=password,
+                    password=sentinel_password,
+                )
+            )
 
     def start(self) -> None:
         """Start every process that is not running (data nodes first)."""
@@ -254,6 +296,32 @@ def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sentine
             group.stop()
             _unavailable(str(exc).splitlines()[0] if str(exc) else repr(exc))
         _groups["group"] = group
+        group.wait_stable()
+    yield group
+    group.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelGroup]:
+    """A second private group with passwords everywhere: ``requirepass`` (and ``masterauth``)
+    :data:`AUTH_PASSWORD` on the data nodes, ``requirepass`` :data:`AUTH_SENTINEL_PASSWORD` on
+    the sentinels (which log in to the data nodes with ``sentinel auth-pass`` and to each other
+    with ``sentinel sentinel-pass``). Tests call :meth:`SentinelGroup.reset` themselves."""
+    group = _groups.get("auth")
+    if group is None:
+        if not os.access(_BINARY, os.X_OK):
+            _unavailable(f"{_BINARY} not found")
+        group = SentinelGroup(
+            tmp_path_factory.mktemp("redis-sentinel-auth"),
+            password=AUTH_PASSWORD,
+            sentinel_password=AUTH_SENTINEL_PASSWORD,
+        )
+        try:
+            group.start()
+        except (OSError, RuntimeError) as exc:
+            group.stop()
+            _unavailable(str(exc).splitlines()[0] if str(exc) else repr(exc))
+        _groups["auth"] = group
         group.wait_stable()
     yield group
     group.stop()

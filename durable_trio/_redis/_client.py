@@ -497,7 +497,11 @@ class RedisClient:
                 if self._refusal is not None:
                     # Refused credentials stay an authentication error while backing off,
                     # never "unavailable" (waiting alone would not fix them).
-                    refused = RedisAuthError(self._refusal.reply, address=self._url.address)
+                    refused = RedisAuthError(
+                        self._refusal.reply,
+                        address=self._url.address,
+                        sentinel=self._refusal.sentinel,
+                    )
                     refused.index = self._refusal.index
                     raise refused
                 wait = self._retry_at - trio.current_time()

@@ -17,7 +17,7 @@ import trio
 
 from .._errors import BrokerError, BrokerUnavailable, TransportClosed
 from ._client import RedisClient
-from ._errors import RedisAuthError, RedisReplyError
+from ._errors import RedisAuthError, RedisClusterTLSMismatch, RedisReplyError
 from ._keyslot import SLOTS
 from ._topology import Node, SlotMap, parse_shards, parse_slots
 
@@ -160,8 +160,8 @@ class ClusterNodes:
         for node in dict.fromkeys(known):
             try:
                 return await self._ask_map(node)
-            except RedisAuthError:
-                raise  # every node has the same credentials: asking the next will not help
+            except (RedisAuthError, RedisClusterTLSMismatch):
+                raise  # every node has the same credentials and settings: the next would not help
             except BrokerError as exc:
                 if self._closed:
                     raise
@@ -183,7 +183,8 @@ class ClusterNodes:
             # Before Redis 7 there is no CLUSTER SHARDS.
             reply = await conn.execute("CLUSTER", "SLOTS", reply_timeout=timeout)
             return parse_slots(reply, asked=node.host)
-        return parse_shards(reply, asked=node.host, tls=self._url.seeds[0].tls)
+        tls = self._url.seeds[0].tls
+        return parse_shards(reply, asked=node.host, tls=tls, asked_port=node.port if tls else None)
 
     def _install(self, slot_map: SlotMap) -> None:
         if not slot_map.masters:

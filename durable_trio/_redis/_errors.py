@@ -60,6 +60,17 @@ class RedisBusyReply(RedisReplyError, BrokerUnavailable):
     transient, so callers treat it like an unreachable server."""
 
 
+class RedisClusterTLSMismatch(BrokerError, ConfigError):
+    """A ``rediss+cluster://`` client read a slot map that names no TLS port: the nodes run
+    without ``tls-cluster yes``, so they do not know each other's TLS ports and would send the
+    client to plain ones (where a TLS handshake only times out).
+
+    A :class:`~durable_trio.ConfigError`, final: the first command (and ``open_backend``) fails
+    with it at once, naming the setting. A :class:`~durable_trio.BrokerError` too, so a
+    background refresh that meets it is quiet, like any other failed refresh.
+    """
+
+
 class RedisAuthError(RedisReplyError, AuthenticationError):
     """Redis refused the credentials or the user's ACL denied a command (``WRONGPASS``,
     ``NOAUTH``, ``NOPERM``, ``-ERR invalid password``, any error reply to ``AUTH``).
@@ -71,18 +82,29 @@ class RedisAuthError(RedisReplyError, AuthenticationError):
 
     Attributes:
         address: ``host:port`` of the server that refused (never the credentials).
+        sentinel: the sentinels refused the URL's ``sentinel_password`` (not the data nodes'
+            credentials): the message says so, since the two are fixed in different places.
     """
 
-    def __init__(self, reply: str, *, address: str = "") -> None:
+    def __init__(self, reply: str, *, address: str = "", sentinel: bool = False) -> None:
         super().__init__(reply)
         self.address = address
+        self.sentinel = sentinel
         # The message says what to fix; the reply text is the server's (Redis never echoes the
         # password given to AUTH in it).
         where = f"Redis at {address}" if address else "Redis"
-        self.args = (
-            f"{where} refused the credentials of the backend URL: {reply} "
-            "(check its user name and password, percent-encoded, and the user's ACL)",
-        )
+        if sentinel:
+            text = (
+                f"{where} refused the sentinel_password of the backend URL: {reply} "
+                "(check the sentinel_password option, percent-encoded: the sentinels' "
+                "requirepass, not the data nodes' password)"
+            )
+        else:
+            text = (
+                f"{where} refused the credentials of the backend URL: {reply} "
+                "(check its user name and password, percent-encoded, and the user's ACL)"
+            )
+        self.args = (text,)
 
 
 def is_auth_refusal(reply: RedisReplyError) -> bool:

@@ -235,7 +235,13 @@ class MasterLocator:
             return best.address
         refusals = [o.refusal for o in outcomes.values() if o.refusal is not None]
         if len(refusals) == count:
-            raise refusals[0]
+            refused = RedisAuthError(
+                refusals[0].reply,
+                address="sentinels " + ", ".join(outcomes[i].where for i in range(count)),
+                sentinel=True,
+            )
+            refused.index = refusals[0].index
+            raise refused
         if all(o.unknown for o in outcomes.values()):
             raise BrokerUnavailable(
                 f"no sentinel knows a master named {name!r} (asked {count}; "

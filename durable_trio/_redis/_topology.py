@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from .._errors import BrokerError
+from ._errors import RedisClusterTLSMismatch
 from ._keyslot import SLOTS
 
 __all__ = ["Node", "SlotMap", "parse_shards", "parse_slots"]
@@ -84,20 +85,31 @@ def _host(endpoint: str, asked: str) -> str:
     return asked if endpoint in ("", "?") else endpoint
 
 
-def parse_shards(reply: Any, *, asked: str, tls: bool = False) -> SlotMap:
+def parse_shards(
+    reply: Any, *, asked: str, tls: bool = False, asked_port: int | None = None
+) -> SlotMap:
     """Parse a ``CLUSTER SHARDS`` reply (RESP2: each shard and node a flat key/value list).
 
     Args:
         reply: the reply.
         asked: the host the command was sent to (for nodes that announce no endpoint).
         tls: take each node's ``tls-port`` (when it has one) instead of its ``port``.
+        asked_port: the port the command was sent to over TLS, to tell a cluster without
+            ``tls-cluster yes`` (below); ``None``: not checked.
 
     Returns:
         the map; a shard whose master is marked failed is left uncovered.
 
     Raises:
         BrokerError: the reply is not a ``CLUSTER SHARDS`` reply.
+        RedisClusterTLSMismatch: read over TLS on ``asked:asked_port``, the reply names no
+            ``tls-port`` and lists ``asked``'s host only on other ports: the node answered on
+            its TLS port but announces its plain one (``tls-cluster no``). A cluster that
+            announces the port it was reached on (TLS on the main port, as hosted services
+            run it) or nodes on other hosts (announced addresses) are not refused.
     """
+    announced_tls = False
+    nodes: set[Node] = set()
     try:
         ranges = []
         for shard in reply:
@@ -107,9 +119,11 @@ def parse_shards(reply: Any, *, asked: str, tls: bool = False) -> SlotMap:
             followers = []
             for entry in fields[b"nodes"]:
                 info = {_text(k): v for k, v in zip(entry[::2], entry[1::2], strict=True)}
+                announced_tls = announced_tls or "tls-port" in info
                 port = info["tls-port"] if tls and "tls-port" in info else info["port"]
                 endpoint = _text(info.get("endpoint", info.get("ip", "")))
                 node = Node(host=_host(endpoint, asked), port=int(port))
+                nodes.add(node)
                 healthy = _text(info.get("health", b"online")) != "fail"
                 if _text(info["role"]) == "master" and healthy:
                     master = node
@@ -121,6 +135,16 @@ def parse_shards(reply: Any, *, asked: str, tls: bool = False) -> SlotMap:
                 ranges.append((_range(bounds[index], bounds[index + 1]), master, tuple(followers)))
     except (TypeError, ValueError, KeyError, IndexError) as exc:
         raise BrokerError(f"not a CLUSTER SHARDS reply from {asked}: {exc}") from exc
+    if tls and asked_port is not None and not announced_tls:
+        here = Node(asked, asked_port)
+        same_host = sorted(node.port for node in nodes if node.host == asked)
+        if here not in nodes and same_host:
+            raise RedisClusterTLSMismatch(
+                f"the Redis Cluster node at {here.address} answered over TLS, but its slot map "
+                f"names no TLS port (only {asked} ports {', '.join(map(str, same_host))}): a "
+                "rediss+cluster:// client needs tls-cluster yes on every node, so that they "
+                "announce their TLS ports"
+            )
     return _fill(ranges)
 
 
