@@ -225,6 +225,12 @@ class QueueTransport:
     def backend(self) -> Backend:
         return self._backend
 
+    @property
+    def stalled_threshold(self) -> float:
+        """Seconds after which a claim nobody renews or finalizes is taken back (its job
+        delivered again) by the reclaim sweep: ``stalled_threshold`` or its default."""
+        return self._stalled_threshold
+
     def statistics(self) -> TransportStatistics:
         return TransportStatistics(
             in_flight=self._runner.running,

@@ -190,12 +190,21 @@ class LossAudit:
                     sent.gone_since = None
                 elif sent.gone_since is None:
                     sent.gone_since = now
-                elif self._sent.get(key) is sent:
+                elif now - sent.gone_since >= self._patience() and self._sent.get(key) is sent:
                     lost.append((key, sent))
         found = 0
         for key, sent in lost:
             found += await self._confirm(key, sent)
         return found
+
+    def _patience(self) -> float:
+        """How long a job must stay gone, unanswered, before it counts as lost: one round,
+        and long enough for a result claimed but never finalized (the engine's result
+        consumer lost the reply to its pop, or died) to be taken back by the reclaim sweep
+        and applied."""
+        transport = self.services.transport
+        reclaim = transport.stalled_threshold + transport.options.stalled_check_interval
+        return max(self.interval, reclaim)
 
     async def _states(self, queue: str, job_ids: list[str]) -> list[JobState | None] | None:
         broker = self.services.transport.backend.broker
