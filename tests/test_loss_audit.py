@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 #: audit every 5 s; a job counts as lost once gone for 10 + 5 = 15 s (the reclaim bound).
-AUDIT = {"audit_interval": 5, "stalled_threshold": 10, "stalled_check_interval": 5}
+AUDIT: dict[str, Any] = {"audit_interval": 5, "stalled_threshold": 10, "stalled_check_interval": 5}
 
 
 def audit_app(log: list[tuple[str, int, float]], seconds: float = 1.0) -> App:
