@@ -157,6 +157,7 @@ class QueueTransport:
             closing=lambda: self._closing,
             answer_bad_task=self._steps.answer_bad_task,
             report=self._report,
+            finalize_retry_for=self._stalled_threshold,
         )
         self._consumers = Consumers(
             broker,
