@@ -145,7 +145,7 @@ async def test_an_outage_longer_than_the_stalled_threshold_is_left_to_the_sweep(
     broker = OutageBroker()
     broker.down_until = 30.0
     errors = Errors()
-    options = {"stalled_threshold": 5.0, "stalled_check_interval": 1.0}
+    options: dict[str, Any] = {"stalled_threshold": 5.0, "stalled_check_interval": 1.0}
     if True:
         backend = Backend(url="memory://", broker=broker, keys=MemoryKeyStore())
         async with open_engine(app_with(log, False), backend, on_error=Errors()) as engine:
