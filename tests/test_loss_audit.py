@@ -26,8 +26,9 @@ from helpers import Errors
 if TYPE_CHECKING:
     from pathlib import Path
 
-#: audit every 5 s; a job counts as lost once gone for 10 + 5 = 15 s (the reclaim bound).
-AUDIT: dict[str, Any] = {"audit_interval": 5, "stalled_threshold": 10, "stalled_check_interval": 5}
+#: audit every 5 s; a job counts as lost once gone for 4 + 2 * 3 + 5 = 15 s (the reclaim bound
+#: of a result claimed and never finalized, plus one round).
+AUDIT: dict[str, Any] = {"audit_interval": 5, "stalled_threshold": 4, "stalled_check_interval": 3}
 
 
 def audit_app(log: list[tuple[str, int, float]], seconds: float = 1.0) -> App:
@@ -85,7 +86,7 @@ async def test_a_lost_task_is_detected_reported_and_dispatched_again(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Dispatched at 0 and lost at once: round 5 finds its job gone, round 20 (gone for the
-    reclaim bound, 15 s) finds it still gone and unanswered: reported, dispatched again."""
+    reclaim bound plus a round, 15 s) finds it still gone and unanswered: reported, dispatched again."""
     log: list[tuple[str, int, float]] = []
     app = audit_app(log)
     errors = Errors()
@@ -210,7 +211,7 @@ async def test_a_lost_task_on_a_real_broker(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """The same fault on a real SQLite file and a private redis-server (real clock: audit
-    every 0.2 s, lost once gone for 0.5 + 0.1 s): the run completes, counted once."""
+    every 0.2 s, lost once gone for 0.5 + 2 * 0.1 + 0.2 s): the run completes, counted once."""
     if kind == "sqlite":
         url = f"sqlite:///{tmp_path / 'audit.db'}".replace("///", "////", 1)
     else:

@@ -154,6 +154,10 @@ class LossAudit:
             try:
                 await self.audit()
             except (BrokerError, TransportClosed) as exc:
+                # A broker in trouble may hold results back (a failover under way): the
+                # suspicions start over once it answers again.
+                for sent in self._sent.values():
+                    sent.gone_since = None
                 self.services.report(exc)
 
     def _pending(self, key: tuple[str, str], sent: _Sent) -> bool:
@@ -198,13 +202,14 @@ class LossAudit:
         return found
 
     def _patience(self) -> float:
-        """How long a job must stay gone, unanswered, before it counts as lost: one round,
-        and long enough for a result claimed but never finalized (the engine's result
-        consumer lost the reply to its pop, or died) to be taken back by the reclaim sweep
-        and applied."""
+        """How long a job must stay gone, unanswered, before it counts as lost: long enough
+        for a result claimed but never finalized (the engine's result consumer lost the reply
+        to its pop, or died) to be taken back by the reclaim sweep and applied
+        (``stalled_threshold`` plus two sweep periods), plus one round."""
         transport = self.services.transport
-        reclaim = transport.stalled_threshold + transport.options.stalled_check_interval
-        return max(self.interval, reclaim)
+        return transport.stalled_threshold + 2 * transport.options.stalled_check_interval + (
+            self.interval
+        )
 
     async def _states(self, queue: str, job_ids: list[str]) -> list[JobState | None] | None:
         broker = self.services.transport.backend.broker
