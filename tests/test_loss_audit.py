@@ -86,7 +86,8 @@ async def test_a_lost_task_is_detected_reported_and_dispatched_again(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Dispatched at 0 and lost at once: round 5 finds its job gone, round 20 (gone for the
-    reclaim bound plus a round, 15 s) finds it still gone and unanswered: reported, dispatched again."""
+    reclaim bound plus a round, 15 s) finds it still gone and unanswered: reported, dispatched
+    again."""
     log: list[tuple[str, int, float]] = []
     app = audit_app(log)
     errors = Errors()
