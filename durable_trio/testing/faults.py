@@ -45,7 +45,7 @@ import trio
 
 from .._codec import decode_envelope
 from .._errors import BrokerUnavailable, PayloadError
-from .._wire import JobKind, RemoteTask
+from .._wire import JobKind, RemoteTask, StepResult
 from ..adapters import (
     SupportsBatchFinalize,
     SupportsBatchPop,
@@ -245,7 +245,13 @@ class Injector:
         p = self.faults.lost_write_probability
         if not p or not jobs or not _lossy(jobs) or self.rng.random() >= p:
             return False
-        self.note("lost-write", op=op, jobs=[job.id for job in jobs], tasks=_task_keys(jobs))
+        self.note(
+            "lost-write",
+            op=op,
+            jobs=[job.id for job in jobs],
+            lost_tasks=_task_keys(jobs),
+            lost_results=_result_keys(jobs),
+        )
         return True
 
     def fail_key_write(self) -> bool:
@@ -265,6 +271,20 @@ def _task_keys(jobs: Sequence[Job | ClaimedJob]) -> list[list[Any]]:
         if envelope.kind is JobKind.TASK:
             task = cast("RemoteTask", envelope.payload)
             keys.append([task.run_id, task.step_id, task.attempt])
+    return keys
+
+
+def _result_keys(jobs: Sequence[Job]) -> list[list[Any]]:
+    """The ``[run, step, attempt]`` of the step results among ``jobs``."""
+    keys = []
+    for job in jobs:
+        try:
+            envelope = decode_envelope(job.data)
+        except PayloadError:
+            continue
+        if envelope.kind is JobKind.RESULT:
+            result = cast("StepResult", envelope.payload)
+            keys.append([result.run_id, result.step_id, result.attempt])
     return keys
 
 
