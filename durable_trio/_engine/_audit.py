@@ -56,6 +56,7 @@ import trio
 from .._errors import BrokerError, TransportClosed
 from .._periodic import fixed_rate
 from .._telemetry import EVENTS_LOGGER
+from .._transport import stalled_threshold_of
 from ..adapters import SupportsJobState, SupportsJobStates
 from ._errors import EngineError
 from ._records import StepKind, StepState
@@ -207,9 +208,8 @@ class LossAudit:
         to its pop, or died) to be taken back by the reclaim sweep and applied
         (``stalled_threshold`` plus two sweep periods), plus one round."""
         transport = self.services.transport
-        return transport.stalled_threshold + 2 * transport.options.stalled_check_interval + (
-            self.interval
-        )
+        sweep = transport.options.stalled_check_interval
+        return stalled_threshold_of(transport) + 2 * sweep + self.interval
 
     async def _states(self, queue: str, job_ids: list[str]) -> list[JobState | None] | None:
         broker = self.services.transport.backend.broker
