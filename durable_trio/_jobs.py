@@ -203,14 +203,7 @@ class JobRunner:
                         try:
                             if error is not None:
                                 await self._finalize(claim, error)
-                            elif not await self._persist(
-                                claim,
-                                partial(complete_job, job.lease)
-                                if result is None
-                                else partial(
-                                    self._finisher(loop.queue).submit, (job.lease, result)
-                                ),
-                            ):
+                            elif not await self._complete(claim, complete_job, result):
                                 self._report(
                                     LeaseLost(
                                         "completing the job answered 'lease lost': it was "
@@ -360,7 +353,30 @@ class JobRunner:
         except BrokerError as exc:
             self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
 
-    async def _persist(self, claim: _Claim, call: Callable[[], Awaitable[T]]) -> T:
+    async def _complete(
+        self, claim: _Claim, complete_job: Callable[[Lease], Awaitable[bool]], result: Job | None
+    ) -> bool:
+        """Complete ``claim``'s job (pushing ``result`` with it, if any); tried again while
+        the broker is unreachable (:meth:`_persist`, entered only after a first failure)."""
+        lease = claim.job.lease
+        try:
+            if result is None:
+                return await complete_job(lease)
+            return await self._finisher(claim.queue).submit((lease, result))
+        except BrokerUnavailable as exc:
+            call: Callable[[], Awaitable[bool]]
+            if result is None:
+                call = partial(complete_job, lease)
+            else:
+                call = partial(self._finisher(claim.queue).submit, (lease, result))
+            return await self._persist(claim, call, exc)
+
+    async def _persist(
+        self,
+        claim: _Claim,
+        call: Callable[[], Awaitable[T]],
+        failed: BrokerUnavailable | None = None,
+    ) -> T:
         """``await call()`` (a finalize: complete, fail, hand back), tried again with a
         bounded backoff while the broker is unreachable (``BrokerUnavailable``: a connection
         lost, a Redis failover under way), for as long as the claim is still ours: not lost
@@ -370,19 +386,22 @@ class JobRunner:
         work is done would wait for the reclaim sweep and run again."""
         delay, largest = _FINALIZE_BACKOFF
         give_up = trio.current_time() + self._finalize_retry_for
+        error = failed
         while True:
+            if error is not None:
+                if claim.lost or trio.current_time() + delay > give_up or self._closing():
+                    raise error
+                self._report(
+                    _job_error(
+                        f"finalizing failed (trying again in {delay:.2f} s): {error}", claim, error
+                    )
+                )
+                await trio.sleep(delay)
+                delay = min(delay * 2, largest)
             try:
                 return await call()
             except BrokerUnavailable as exc:
-                if claim.lost or trio.current_time() + delay > give_up or self._closing():
-                    raise
-                self._report(
-                    _job_error(
-                        f"finalizing failed (trying again in {delay:.2f} s): {exc}", claim, exc
-                    )
-                )
-            await trio.sleep(delay)
-            delay = min(delay * 2, largest)
+                error = exc
 
     async def _damaged(self, loop: _Loop, job: ClaimedJob) -> DamagedJob:
         """The error that sets a damaged claim aside (its finalize fails it with the reason).

@@ -71,6 +71,9 @@ __all__ = ["LossAudit", "StepLost"]
 
 _log = logging.getLogger(EVENTS_LOGGER)
 
+#: Step names whose task queue the audit keeps (past that it starts over).
+_QUEUE_CACHE_NAMES = 1024
+
 
 class StepLost(EngineError):
     """Reported (not raised): the broker lost a step attempt's task or its result (a write it
@@ -130,6 +133,7 @@ class LossAudit:
         self.services = services
         self.interval = interval
         self._sent: dict[tuple[str, str], _Sent] = {}
+        self._queues: dict[str, str] = {}  # task queue by step name
         self.rounds = 0
         """Rounds run so far."""
         self.broker_calls = 0
@@ -140,12 +144,14 @@ class LossAudit:
     ) -> None:
         """``record``'s current attempt went out as job ``job_id``, ready after ``delay``."""
         del timeouts
+        name = record.name
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._queues[name] = self.services.transport.names.task_queue(name)
+            if len(self._queues) > _QUEUE_CACHE_NAMES:
+                self._queues = {name: queue}
         self._sent[(record.run_id, record.step_id)] = _Sent(
-            record.attempt,
-            record.name,
-            self.services.transport.names.task_queue(record.name),
-            job_id,
-            trio.current_time() + delay,
+            record.attempt, name, queue, job_id, trio.current_time() + delay
         )
 
     async def run(self) -> None:
