@@ -17,11 +17,13 @@ ready (dispatch plus backoff) at least one ``audit_interval`` ago:
 2. a job the broker still knows (waiting, delayed, claimed, running) is fine, whatever its
    age: a backlog is not a loss;
 3. a job the broker no longer knows has finished (its result may be on its way) or was lost.
-   Seen gone in one round, it is suspect; still gone and still unanswered in the NEXT round
-   (a whole ``audit_interval`` later: a result in flight has had that long to be applied), it
-   is LOST. Before acting the audit re-reads the checkpoint from the store (and waits for a
-   result being applied to it here): only a step still pending at the same attempt, with no
-   result applied, is re-dispatched.
+   Seen gone, it is suspect; still gone and still unanswered once it has been gone for
+   ``stalled_threshold + 2 * stalled_check_interval + audit_interval`` (a result claimed but
+   never finalized, say by a result consumer that lost its pop's reply, comes back through
+   the stalled sweep within that), it is LOST. A round that fails (the broker failing over)
+   starts every suspicion over. Before acting the audit re-reads the checkpoint from the
+   store (and waits for a result being applied to it here): only a step still pending at the
+   same attempt, with no result applied, is dispatched again.
 
 A lost attempt is reported: a warning on the ``durable_trio.events`` logger (event
 ``step.lost``, naming run, step, attempt and queue), the counter ``lost_dispatches`` of
@@ -31,17 +33,15 @@ if the original result was only late after all, the step runs twice and the seco
 absorbed by the result handler's compare-and-set, counted in ``duplicate_results`` and
 ``duplicate_completions`` (:meth:`Engine.duplicates` gives the cause).
 
-So a loss is re-dispatched at most ``3 * audit_interval`` after the attempt became ready
-(one interval of age, one round to suspect, one to confirm), in the worst case after its
-lost result would have come.
+So a loss is dispatched again at most ``3 * audit_interval + stalled_threshold + 2 *
+stalled_check_interval`` after the attempt became ready.
 
 Cost per round: nothing when no attempt is old enough; else one broker call per task queue
 holding audited attempts (on Redis a script that scans that queue's meta hash once, O(jobs
 on the queue); on SQLite one indexed read; on memory a scan), and one store read per step
-seen gone twice. The audit covers the attempts THIS engine dispatched (it knows their job
-ids); an attempt dispatched by an engine that died is covered again once it is re-dispatched
-by the engine that takes its run over only if its dispatch was never confirmed (the broker's
-stalled recovery covers the worker side).
+found lost. The audit covers the attempts THIS engine dispatched (it knows their job ids):
+the engine that takes over a dead engine's run audits an attempt only once it dispatches it
+itself (a retry, or a dispatch that was never confirmed).
 """
 
 from __future__ import annotations

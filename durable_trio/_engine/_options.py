@@ -78,8 +78,8 @@ class EngineOptions:
     audit_interval: float | None = attrs.field(default=10.0, validator=_optional_non_negative)
     """Seconds between two rounds of the loss audit (docs/engine.md, "Crash recovery and
     reconcile"): a remote step attempt dispatched here whose job the broker no longer knows,
-    with no result applied for a whole round since, was lost (a task or result write the
-    broker acknowledged and then lost in a failover); it is reported (``lost_dispatches``, a
+    with no result applied while it stayed gone for ``stalled_threshold + 2 *
+    stalled_check_interval + audit_interval``, was lost (a task or result write the broker
+    acknowledged and then lost in a failover); it is reported (``lost_dispatches``, a
     ``step.lost`` warning, :class:`~durable_trio.StepLost` through the error hook) and
-    dispatched again, within ``3 * audit_interval`` of becoming ready. One broker call per
-    task queue per round. ``None`` or 0: off."""
+    dispatched again. One broker call per task queue per round. ``None`` or 0: off."""
