@@ -4,7 +4,8 @@ are sections of docs/spec.md)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import outcome
 import trio
@@ -22,7 +23,7 @@ from ._claims import (
     _JobWorker,
 )
 from ._coalesce import Coalescer
-from ._errors import BrokerError, DamagedJob, JobError, LeaseLost, PayloadError
+from ._errors import BrokerError, BrokerUnavailable, DamagedJob, JobError, LeaseLost, PayloadError
 from ._wire import StepError
 from .adapters import SupportsClaimAhead
 
@@ -38,6 +39,11 @@ __all__ = ["JobRunner"]
 
 #: How long a job whose handler met a broker error waits before it is delivered again.
 _INFRASTRUCTURE_RETRY_DELAY = 1.0
+
+#: First and largest pause between two tries of a finalize the broker did not answer.
+_FINALIZE_BACKOFF = (0.05, 2.0)
+
+T = TypeVar("T")
 
 
 class JobRunner:
@@ -57,8 +63,10 @@ class JobRunner:
         closing: Callable[[], bool],
         answer_bad_task: Callable[[ClaimedJob, StepError], Awaitable[None]],
         report: Callable[[BaseException], None],
+        finalize_retry_for: float = 0.0,
     ) -> None:
         self._broker = broker
+        self._finalize_retry_for = finalize_retry_for
         self._options = options
         self._level = level
         self._completer = completer
@@ -195,11 +203,7 @@ class JobRunner:
                         try:
                             if error is not None:
                                 await self._finalize(claim, error)
-                            elif not await (
-                                complete_job(job.lease)
-                                if result is None
-                                else self._finisher(loop.queue).submit((job.lease, result))
-                            ):
+                            elif not await self._complete(claim, complete_job, result):
                                 self._report(
                                     LeaseLost(
                                         "completing the job answered 'lease lost': it was "
@@ -294,16 +298,21 @@ class JobRunner:
     async def _finalize(self, claim: _Claim, error: Exception) -> None:
         """T10 for a job whose handler raised: hand it back (fail it for good after
         ``max_job_attempts``); fail bad input at once. (Success is completed inline by the job
-        worker.) Runs shielded and bounded: a close can never race a job's final write."""
+        worker.) Runs shielded and bounded: a close can never race a job's final write. Each
+        broker call is retried while the broker is unreachable (:meth:`_persist`)."""
         broker = self._broker
         job, queue = claim.job, claim.queue
         try:
             if isinstance(error, DamagedJob):
                 self._report(error)
-                ok = await broker.fail_job(job.lease, queue, f"damaged: {job.damage}")
+                ok = await self._persist(
+                    claim, lambda: broker.fail_job(job.lease, queue, f"damaged: {job.damage}")
+                )
             elif isinstance(error, PayloadError):
                 self._report(_job_error(f"bad input, job failed: {error}", claim, error))
-                ok = await broker.fail_job(job.lease, queue, f"bad input: {error}")
+                ok = await self._persist(
+                    claim, lambda: broker.fail_job(job.lease, queue, f"bad input: {error}")
+                )
             elif isinstance(error, BrokerError):
                 # The handler met a broker or store outage, not a bug of its own: counting it
                 # toward max_job_attempts would fail the job for good — a result, a decision —
@@ -316,8 +325,11 @@ class JobRunner:
                         error,
                     )
                 )
-                ok = await broker.retry_job(
-                    job.lease, queue, delay=_INFRASTRUCTURE_RETRY_DELAY, count_attempt=False
+                ok = await self._persist(
+                    claim,
+                    lambda: broker.retry_job(
+                        job.lease, queue, delay=_INFRASTRUCTURE_RETRY_DELAY, count_attempt=False
+                    ),
                 )
             elif job.attempts + 1 >= self._options.max_job_attempts:
                 self._report(
@@ -327,20 +339,69 @@ class JobRunner:
                         error,
                     )
                 )
-                ok = await broker.fail_job(
-                    job.lease, queue, f"handler failed {job.attempts + 1} times: {error!r}"
-                )
+                reason = f"handler failed {job.attempts + 1} times: {error!r}"
+                ok = await self._persist(claim, lambda: broker.fail_job(job.lease, queue, reason))
             else:
                 self._report(
                     _job_error(f"handler failed, job handed back: {error!r}", claim, error)
                 )
-                ok = await broker.retry_job(job.lease, queue)
+                ok = await self._persist(claim, lambda: broker.retry_job(job.lease, queue))
             if not ok:
                 self._report(
                     LeaseLost("finalizing answered 'lease lost'", queue=queue, job_id=job.id)
                 )
         except BrokerError as exc:
             self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
+
+    async def _complete(
+        self, claim: _Claim, complete_job: Callable[[Lease], Awaitable[bool]], result: Job | None
+    ) -> bool:
+        """Complete ``claim``'s job (pushing ``result`` with it, if any); tried again while
+        the broker is unreachable (:meth:`_persist`, entered only after a first failure)."""
+        lease = claim.job.lease
+        try:
+            if result is None:
+                return await complete_job(lease)
+            return await self._finisher(claim.queue).submit((lease, result))
+        except BrokerUnavailable as exc:
+            call: Callable[[], Awaitable[bool]]
+            if result is None:
+                call = partial(complete_job, lease)
+            else:
+                call = partial(self._finisher(claim.queue).submit, (lease, result))
+            return await self._persist(claim, call, exc)
+
+    async def _persist(
+        self,
+        claim: _Claim,
+        call: Callable[[], Awaitable[T]],
+        failed: BrokerUnavailable | None = None,
+    ) -> T:
+        """``await call()`` (a finalize: complete, fail, hand back), tried again with a
+        bounded backoff while the broker is unreachable (``BrokerUnavailable``: a connection
+        lost, a Redis failover under way), for as long as the claim is still ours: not lost
+        (the lease keeper saw it re-delivered) and for at most ``stalled_threshold`` after
+        the first failure (by then the broker's reclaim sweep may hand it to another worker).
+        A close bounds it too (its deadline on the finalize's scope). Without this, a job whose
+        work is done would wait for the reclaim sweep and run again."""
+        delay, largest = _FINALIZE_BACKOFF
+        give_up = trio.current_time() + self._finalize_retry_for
+        error = failed
+        while True:
+            if error is not None:
+                if claim.lost or trio.current_time() + delay > give_up or self._closing():
+                    raise error
+                self._report(
+                    _job_error(
+                        f"finalizing failed (trying again in {delay:.2f} s): {error}", claim, error
+                    )
+                )
+                await trio.sleep(delay)
+                delay = min(delay * 2, largest)
+            try:
+                return await call()
+            except BrokerUnavailable as exc:
+                error = exc
 
     async def _damaged(self, loop: _Loop, job: ClaimedJob) -> DamagedJob:
         """The error that sets a damaged claim aside (its finalize fails it with the reason).
@@ -354,4 +415,3 @@ class JobRunner:
             step = StepError(message=f"damaged job: {job.damage}", code="damaged", retryable=True)
             await self._answer_bad_task(job, step)
         return error
-

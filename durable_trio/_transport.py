@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from .keys import KeyStore
 
 
-__all__ = ["QueueTransport", "TransportStatistics", "open_queue_transport"]
+__all__ = ["QueueTransport", "TransportStatistics", "open_queue_transport", "stalled_threshold_of"]
 
 
 ResultHandler = Callable[[StepResult], Awaitable[None]]
@@ -157,6 +157,7 @@ class QueueTransport:
             closing=lambda: self._closing,
             answer_bad_task=self._steps.answer_bad_task,
             report=self._report,
+            finalize_retry_for=self._stalled_threshold,
         )
         self._consumers = Consumers(
             broker,
@@ -547,3 +548,11 @@ async def open_queue_transport(backend: Backend, **options: Any) -> AsyncIterato
     )
     if error is not None:
         raise_bare(error)
+
+
+def stalled_threshold_of(transport: QueueTransport) -> float:
+    """Seconds after which a claim of ``transport``'s that nobody renews or finalizes is taken
+    back (its job delivered again) by the reclaim sweep: its ``stalled_threshold`` option or
+    the default for its broker. (A function, not a property: the facade's surface is pinned,
+    see docs/decisions.md, "The transport's public surface".)"""
+    return transport._stalled_threshold

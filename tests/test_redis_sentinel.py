@@ -639,11 +639,12 @@ async def test_a_three_step_workflow_completes_through_a_failover(
         return int(await ctx.step("three", b))
 
     old = redis_sentinel.master()
+    errors: list[Exception] = []
     async with (
         dt.open_backend(redis_sentinel_url) as backend,
-        # A step whose completion fails while no master is known is not retried by the worker
-        # (it cannot know whether the write landed): the stalled sweep re-delivers it, after
-        # stalled_threshold (120 s by default; short here).
+        # A step whose completion fails while no master is known is tried again by the worker
+        # for as long as its claim is ours (stalled_threshold: 120 s by default; short here):
+        # past that, the stalled sweep re-delivers it (a duplicate).
         dt.open_worker(
             app,
             backend,
@@ -652,7 +653,16 @@ async def test_a_three_step_workflow_completes_through_a_failover(
             stalled_threshold=3.0,
             stalled_check_interval=0.5,
         ),
-        dt.open_engine(app, backend) as engine,
+        # (the loss audit: a step whose task or result the failover lost is dispatched again
+        # once its job has been gone, unanswered, for 3 + 2 * 0.5 + 0.5 s)
+        dt.open_engine(
+            app,
+            backend,
+            on_error=errors.append,
+            stalled_threshold=3.0,
+            stalled_check_interval=0.5,
+            audit_interval=0.5,
+        ) as engine,
     ):
         run_id = await engine.start("chain", 1)
         with trio.fail_after(20):
@@ -669,10 +679,14 @@ async def test_a_three_step_workflow_completes_through_a_failover(
         took = time.monotonic() - killed_at
         history = await engine.history(run_id)
         duplicates = engine.duplicates(run_id)
+        lost = engine.statistics().lost_dispatches
+    detected = sum(isinstance(e, dt.StepLost) for e in errors)
     print(
-        f"\nkill -> run completed: {took:.2f}s; step calls {calls} "
-        f"(a call past 1 is a duplicate); duplicates recorded: {len(duplicates)}; lost: 0 runs"
+        f"\nkill -> recovered {took:.2f}s, acknowledged-and-lost {lost} (detected {detected}), "
+        f"duplicates {sum(calls.values()) - 3} (step calls {calls}; recorded "
+        f"{len(duplicates)})"
     )
+    assert lost == detected
     assert result == 23
     assert [s.output for s in history] == [2, 20, 23]
     assert redis_sentinel.master() is not old

@@ -30,6 +30,7 @@ Layers (imports go down): ``_app`` / ``_retry`` / ``_records`` / ``_errors`` -> 
 from __future__ import annotations
 
 from ._app import App, StepDefinition, WorkflowDefinition
+from ._audit import StepLost
 from ._context import StepHandle, StepInfo, WorkflowContext, step_info
 from ._duplicates import DuplicateResult
 from ._engine import Engine
@@ -82,6 +83,7 @@ __all__ = [
     "StepHandle",
     "StepInfo",
     "StepKind",
+    "StepLost",
     "StepNotStarted",
     "StepRecord",
     "StepState",

@@ -35,6 +35,7 @@ from .._telemetry import run_trace
 from .._transport import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._app import App  # noqa: TC001
+from ._audit import LossAudit
 from ._deadline import drive_within_deadline, expired, time_out
 from ._duplicates import DuplicateResult  # noqa: TC001
 from ._errors import (
@@ -87,6 +88,7 @@ class Engine:
         self._results = results
         self._timers = timers
         self._watch: StepWatch | None = None
+        self._audit: LossAudit | None = None
         self._runs: trio.Nursery | None = None
         self._loops: trio.Nursery | None = None
         self._closing = False
@@ -143,6 +145,10 @@ class Engine:
         watch = self._watch = StepWatch(self._services, results.on_result)
         self._services.step_watch = watch
         self._loops.start_soon(watch.run)
+        if options.audit_interval:
+            audit = self._audit = LossAudit(self._services, options.audit_interval)
+            self._services.loss_audit = audit
+            self._loops.start_soon(audit.run)
         if options.reconcile:
             await self.reconcile(include_own=True)
         self._timers.start(self._loops, self.reconcile)

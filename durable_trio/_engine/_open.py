@@ -66,6 +66,7 @@ async def open_engine(
             :class:`EngineOptions`.
         step_timeout_grace, unstarted_report_after: (keywords) the step watch's, see
             :class:`EngineOptions` (``docs/engine.md``, "Step timeouts").
+        audit_interval: (keyword) the loss audit's period, see :class:`EngineOptions`.
             release_on_close, default_retry, seed, turn_timeout, serve_tenants,
             heartbeat_check_interval: see :class:`EngineOptions`.
         **transport_options: :func:`~durable_trio.open_queue_transport` options; ``namespace``

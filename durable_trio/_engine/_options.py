@@ -75,3 +75,11 @@ class EngineOptions:
     serves is reported (``StepNotStarted`` through the error hook, once per attempt) and shown
     by :meth:`Engine.waiting`; it keeps waiting (a worker may yet come). ``None`` or 0:
     never. Failing it takes an explicit ``schedule_to_start_timeout``."""
+    audit_interval: float | None = attrs.field(default=10.0, validator=_optional_non_negative)
+    """Seconds between two rounds of the loss audit (docs/engine.md, "Crash recovery and
+    reconcile"): a remote step attempt dispatched here whose job the broker no longer knows,
+    with no result applied while it stayed gone for ``stalled_threshold + 2 *
+    stalled_check_interval + audit_interval``, was lost (a task or result write the broker
+    acknowledged and then lost in a failover); it is reported (``lost_dispatches``, a
+    ``step.lost`` warning, :class:`~durable_trio.StepLost` through the error hook) and
+    dispatched again. One broker call per task queue per round. ``None`` or 0: off."""

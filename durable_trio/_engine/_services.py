@@ -249,6 +249,9 @@ class EngineServices:
         self._listeners: list[Callable[[str, RunRecord], None]] = []
         self.step_watch: DispatchWatch | None = None
         """Watches the timeouts of the attempts dispatched here (set by the engine)."""
+        self.loss_audit: DispatchWatch | None = None
+        """Audits the attempts dispatched here for a task or result the broker lost (set by
+        the engine, :mod:`._audit`)."""
         # A store whose clock is trio's (the memory store, or a wrapper of it that says so)
         self._trio_clock = bool(getattr(store, "trio_clock", False))
 
@@ -402,6 +405,8 @@ class EngineServices:
         telemetry.step_dispatched(record, self.workflow_of(record.run_id), job_id)
         if self.step_watch is not None:
             self.step_watch.dispatched(record, timeouts, job_id, delay)
+        if self.loss_audit is not None:
+            self.loss_audit.dispatched(record, timeouts, job_id, delay)
         await self.guard(
             lambda: self.store.mark_dispatched(record.run_id, record.step_id, record.attempt),
             "checkpointing a dispatch",

@@ -80,6 +80,9 @@ class EngineStatistics:
     """Step beats ignored: for another attempt, a settled step, or one being applied."""
     heartbeat_timeouts: int = 0
     """Attempts failed over because their beats stopped for longer than ``heartbeat_timeout``."""
+    lost_dispatches: int = 0
+    """Step attempts found lost by the loss audit (their task or result lost by the broker,
+    e.g. in a failover without ``min_replicas``) and dispatched again."""
 
 
 #: The fields of :class:`EngineStatistics` that are not counters but gauges (or the id).

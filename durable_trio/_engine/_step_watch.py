@@ -388,7 +388,7 @@ async def waiting(
 
 
 #: The engine options of the step watch, taken from ``open_engine``'s keywords.
-WATCH_OPTIONS = ("step_timeout_grace", "unstarted_report_after")
+WATCH_OPTIONS = ("step_timeout_grace", "unstarted_report_after", "audit_interval")
 
 
 def step_watch_options(keywords: dict[str, Any]) -> dict[str, Any]:

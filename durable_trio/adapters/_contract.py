@@ -41,6 +41,7 @@ __all__ = [
     "SupportsFailedJobRepair",
     "SupportsFailedJobs",
     "SupportsJobState",
+    "SupportsJobStates",
     "SupportsQuarantine",
     "SupportsQueueListing",
     "SupportsQueueStats",
@@ -357,6 +358,15 @@ class SupportsJobState(Protocol):
         ``None``: it is not on the queue (finished, failed, or never pushed). Meant for a rare
         look at one job (a step's timeout expired), not the hot path: a broker may scan the
         queue to answer."""
+        ...
+
+
+@runtime_checkable
+class SupportsJobStates(Protocol):
+    async def job_states(self, queue: str, job_ids: Sequence[str]) -> list[JobState | None]:
+        """:meth:`SupportsJobState.job_state` of many jobs of one queue in one broker call
+        (the engine's loss audit, docs/engine.md): the states in ``job_ids``' order. A broker
+        may scan the queue once to answer."""
         ...
 
 

@@ -486,6 +486,22 @@ class MemoryBroker:
                 return JobState(claimed=False)
         return None
 
+    async def job_states(self, queue: str, job_ids: Sequence[str]) -> list[JobState | None]:
+        """:meth:`job_state` of each of ``job_ids``, in one scan of the queue (see
+        :class:`~durable_trio.adapters.SupportsJobStates`)."""
+        await trio.lowlevel.checkpoint()
+        q = self._queues.get(queue)
+        found: dict[str, JobState] = {}
+        if q is not None:
+            wanted = set(job_ids)
+            for _, _, rec in itertools.chain(q.ready, q.delayed):
+                if rec.id in wanted:
+                    found[rec.id] = JobState(claimed=False)
+            for rec in q.active.values():
+                if rec.id in wanted:
+                    found[rec.id] = JobState(claimed=True, worker=rec.worker)
+        return [found.get(job_id) for job_id in job_ids]
+
     async def waiting_queues(self, prefix: str) -> list[str]:
         """The queues named ``prefix...`` holding ready or delayed jobs (see
         :class:`~durable_trio.adapters.SupportsQueueListing`)."""

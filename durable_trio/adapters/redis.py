@@ -840,6 +840,62 @@ async def _job_state(
     return JobState(claimed=False)
 
 
+# KEYS: meta claims; ARGV: job ids
+# Returns one entry per job id, in order: 1 then the worker (claimed), 0 then '' (waiting) or
+# -1 then '' (not on the queue). One scan of the meta hash for every id (the loss audit).
+_JOB_STATES: Final = """
+local wanted = {}
+for i = 1, #ARGV do
+  wanted[ARGV[i]] = i
+end
+local out = {}
+for i = 1, #ARGV do
+  out[2 * i - 1] = -1
+  out[2 * i] = ''
+end
+local cursor = '0'
+repeat
+  local page = redis.call('HSCAN', KEYS[1], cursor, 'COUNT', 512)
+  cursor = page[1]
+  local items = page[2]
+  for i = 1, #items, 2 do
+    local at = wanted[string.match(items[i + 1], '^[^:]*:[^:]*:[^:]*:(.*)$') or '']
+    if at then
+      local claim = redis.call('HGET', KEYS[2], items[i])
+      if claim then
+        out[2 * at - 1] = 1
+        out[2 * at] = string.sub(claim, 17)
+      else
+        out[2 * at - 1] = 0
+      end
+    end
+  end
+until cursor == '0'
+return out
+"""
+
+
+async def _job_states(
+    client: RedisClient | RedisClusterClient, queue: str, job_ids: Sequence[str]
+) -> list[JobState | None]:
+    """One run of :data:`_JOB_STATES` (a scan of the queue's meta hash) for ``job_ids``."""
+    if not job_ids:
+        return []
+    found = await client.script(_JOB_STATES)(
+        keys=[f"{{{queue}}}:meta", f"{{{queue}}}:claims"], args=list(job_ids)
+    )
+    out: list[JobState | None] = []
+    for i in range(len(job_ids)):
+        flag = int(found[2 * i])
+        if flag == 1:
+            worker = found[2 * i + 1]
+            text = worker.decode() if isinstance(worker, bytes) else str(worker)
+            out.append(JobState(claimed=True, worker=text))
+        else:
+            out.append(JobState(claimed=False) if flag == 0 else None)
+    return out
+
+
 # KEYS: ready delayed
 _SIZE: Final = """
 return redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
@@ -1648,6 +1704,11 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
     async def job_state(self, queue: str, job_id: str) -> JobState | None:
         """Whether job ``job_id`` waits on ``queue`` or is claimed (see :func:`_job_state`)."""
         return await _job_state(self._client, queue, job_id)
+
+    async def job_states(self, queue: str, job_ids: Sequence[str]) -> list[JobState | None]:
+        """:meth:`job_state` of each of ``job_ids``: one script call, one scan of the queue's
+        meta hash (see :class:`~durable_trio.adapters.SupportsJobStates`)."""
+        return await _job_states(self._client, queue, job_ids)
 
     async def failed_jobs(self, queue: str, *, limit: int = 100) -> list[FailedJob]:
         """The most recent failed jobs of ``queue``, newest first."""

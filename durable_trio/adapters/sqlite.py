@@ -1193,6 +1193,27 @@ def _op_job_state(queue: str, job_id: str, db: sqlite3.Connection) -> JobState |
     return JobState(claimed=False)
 
 
+def _op_job_states(
+    queue: str, job_ids: Sequence[str], db: sqlite3.Connection
+) -> list[JobState | None]:
+    found: dict[str, JobState] = {}
+    for start in range(0, len(job_ids), 500):  # (SQLite's bound on host parameters)
+        chunk = list(job_ids[start : start + 500])
+        marks = ",".join("?" * len(chunk))
+        rows = db.execute(
+            f"SELECT id, state, worker FROM dt_jobs WHERE queue = ? AND id IN ({marks}) "
+            "AND state IN ('active', 'ready', 'delayed')",
+            (queue, *chunk),
+        ).fetchall()
+        for job_id, state, worker in rows:
+            if state == "active":
+                holder = worker if isinstance(worker, str) else ""
+                found[job_id] = JobState(claimed=True, worker=holder)
+            else:
+                found.setdefault(job_id, JobState(claimed=False))
+    return [found.get(job_id) for job_id in job_ids]
+
+
 # The queues in [?1, ?2) of one state, read off that state's index in queue order.
 _READY_QUEUES: Final = """
     SELECT DISTINCT queue FROM dt_jobs
@@ -1660,6 +1681,14 @@ class SqliteBroker:
             partial(_op_job_state, queue, job_id), write=False
         )
         return state
+
+    async def job_states(self, queue: str, job_ids: Sequence[str]) -> list[JobState | None]:
+        """:meth:`job_state` of each of ``job_ids``, in one read (see
+        :class:`~durable_trio.adapters.SupportsJobStates`)."""
+        states: list[JobState | None] = await self._call(
+            partial(_op_job_states, queue, list(job_ids)), write=False
+        )
+        return states
 
     async def failed_jobs(self, queue: str, *, limit: int = 100) -> list[FailedJob]:
         """The most recent failed jobs of ``queue``, newest first."""

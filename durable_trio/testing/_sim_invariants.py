@@ -3,7 +3,8 @@ expected one), every settled step settled once with a result a worker produced, 
 execution explained by a fault, every duplicate completed result recorded with its cause, every
 damaged claim set aside unread, no job failed as stalled without more than ``max_stalled_count``
 stalls while its handler ran, every heartbeat failover explained by a fault, every settled
-step's attempt log ending with the attempt that settled it. (The close bounds
+step's attempt log ending with the attempt that settled it, every step task or result the
+broker acknowledged and lost found by the engine's loss audit. (The close bounds
 and the liveness keys are checked as each worker closes: see ``_sim_workers``.)"""
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class Invariants:
         self._failovers_explained()
         self._stalled_out_counted()
         self._attempts_logged()
+        self._losses_detected()
 
     def _no_run_lost(self) -> None:
         violation = self.ledger.violation
@@ -121,6 +123,31 @@ class Invariants:
                         f"run {run_id} ({workflow}) ended {status} with {output!r}, "
                         f"expected completed with {expected!r}"
                     )
+
+    def _losses_detected(self) -> None:
+        """Every step task or result the broker acknowledged and lost was found by an
+        engine's loss audit (reported as ``StepLost`` and dispatched again), unless the attempt
+        was answered anyway: another execution of it finished with its result delivered (a
+        redelivery the loss did not touch). (That its run completed is ``_no_run_lost``.)"""
+        ledger = self.ledger
+        lost_results: dict[tuple[str, str, int], int] = {}
+        for kind, key, _ in ledger.lost_writes:
+            if kind == "result":
+                lost_results[key] = lost_results.get(key, 0) + 1
+        for kind, key, at in ledger.lost_writes:
+            if key in ledger.detected_losses or key[0] in ledger.poisoned_runs:
+                continue
+            finished = [
+                e
+                for e in ledger.executions.get(key, ())
+                if e.outcome not in ("cancelled", "running")
+            ]
+            if len(finished) > lost_results.get(key, 0):
+                continue  # an execution's result got through
+            ledger.violation(
+                f"step {key[0]}:{key[1]} attempt {key[2]}: its {kind}, lost by the broker at "
+                f"{at:.3f}, was never found by the engine's loss audit"
+            )
 
     def _attempts_logged(self) -> None:
         """Every settled remote step's attempt log is bounded, in attempt order, each entry

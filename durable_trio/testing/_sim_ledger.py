@@ -14,7 +14,7 @@ import attrs
 import orjson
 import trio
 
-from .._engine import App, step_info
+from .._engine import App, StepLost, step_info
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -61,6 +61,11 @@ class Ledger:
         """How often each engine pushed each step attempt (several engines: see the checks)."""
         self.poisoned_runs: set[str] = set()
         """Runs one of whose steps is poison (``Faults.poison_probability``): failed, rightly."""
+        self.lost_writes: list[tuple[str, tuple[str, str, int], float]] = []
+        """Step tasks and results a broker acknowledged and lost: (``"task"`` or
+        ``"result"``, the step attempt, when)."""
+        self.detected_losses: set[tuple[str, str, int]] = set()
+        """The step attempts an engine reported lost (``StepLost``) and dispatched again."""
         self.engine_kills: list[float] = []
         """When an engine was killed (its beats and checks stop until its replacement)."""
         self.end = 0.0
@@ -111,6 +116,12 @@ class Ledger:
                 self.damaged.append((process, now, details))
             for run_id, step_id, attempt in details.get("tasks", ()):
                 self.duplicate_pushes[(run_id, step_id, attempt)] += 1
+            for run_id, step_id, attempt in details.get("lost_tasks", ()):
+                self.lost_writes.append(("task", (run_id, step_id, attempt), now))
+            for run_id, step_id, attempt in details.get("lost_results", ()):
+                # The attempt runs again once the loss is found: one redelivery explained.
+                self.duplicate_pushes[(run_id, step_id, attempt)] += 1
+                self.lost_writes.append(("result", (run_id, step_id, attempt), now))
 
         return record
 
@@ -121,6 +132,8 @@ class Ledger:
             name = type(exc).__name__
             self.errors[name] += 1
             self.event("error", process=process, type=name)
+            if isinstance(exc, StepLost):
+                self.detected_losses.add((exc.run_id, exc.step_id, exc.attempt))
 
         return hook
 

@@ -19,6 +19,10 @@ What each fault models:
   whose event loop is frozen looks exactly like this);
 - **kill**: every call raises at once, forever (the process is gone; nothing it does reaches
   the broker any more);
+- **lost write**: a push of step tasks or step results is acknowledged, then lost (it never
+  reaches the broker; a completion pushed with it still happens), as a Redis master killed
+  before it replicated an acknowledged write loses it (no ``min_replicas``): the engine's loss
+  audit must find every such loss and dispatch its step again;
 - **key-store write failure**: a ``put``/``put_many``/``remove`` raises (before reaching the
   store);
 - **damaged claim**: a claim a pop hands over comes flagged as damaged
@@ -41,13 +45,15 @@ import trio
 
 from .._codec import decode_envelope
 from .._errors import BrokerUnavailable, PayloadError
-from .._wire import JobKind, RemoteTask
+from .._wire import JobKind, RemoteTask, StepResult
 from ..adapters import (
     SupportsBatchFinalize,
     SupportsBatchPop,
     SupportsClaimAhead,
     SupportsFailAndPush,
     SupportsFailedJobs,
+    SupportsJobState,
+    SupportsJobStates,
     SupportsRecovery,
     SupportsRenewal,
     SupportsSize,
@@ -58,7 +64,16 @@ from ..adapters import (
 if TYPE_CHECKING:
     import random
 
-    from ..adapters import ClaimedJob, FailedJob, Job, Lease, QueueBroker, Recovery, RenewOutcome
+    from ..adapters import (
+        ClaimedJob,
+        FailedJob,
+        Job,
+        JobState,
+        Lease,
+        QueueBroker,
+        Recovery,
+        RenewOutcome,
+    )
     from ..keys import KeyEntry, KeyStore
 
 __all__ = ["BrokerFaults", "FaultyBroker", "FaultyKeyStore", "Injector", "wrap_broker"]
@@ -85,6 +100,8 @@ class BrokerFaults:
     """A key-store write (put, put_many, remove) fails (raises, nothing written)."""
     damage_probability: float = 0.0
     """A claim a pop hands over comes flagged as damaged (its stored fields unreadable)."""
+    lost_write_probability: float = 0.0
+    """A push of step tasks or results is acknowledged but lost (never reaches the broker)."""
 
     @property
     def quiet(self) -> bool:
@@ -94,6 +111,7 @@ class BrokerFaults:
             or self.lost_reply_probability
             or self.key_write_failure_probability
             or self.damage_probability
+            or self.lost_write_probability
         )
 
 
@@ -220,6 +238,22 @@ class Injector:
             out.append(job)
         return out
 
+    def lose_write(self, op: str, jobs: Sequence[Job]) -> bool:
+        """Whether ``op``'s push of ``jobs`` (step tasks or results only) is acknowledged and
+        lost; drawn only when ``lost_write_probability`` is set (other seeds replay
+        unchanged)."""
+        p = self.faults.lost_write_probability
+        if not p or not jobs or not _lossy(jobs) or self.rng.random() >= p:
+            return False
+        self.note(
+            "lost-write",
+            op=op,
+            jobs=[job.id for job in jobs],
+            lost_tasks=_task_keys(jobs),
+            lost_results=_result_keys(jobs),
+        )
+        return True
+
     def fail_key_write(self) -> bool:
         p = self.faults.key_write_failure_probability
         return bool(p) and self.rng.random() < p
@@ -238,6 +272,33 @@ def _task_keys(jobs: Sequence[Job | ClaimedJob]) -> list[list[Any]]:
             task = cast("RemoteTask", envelope.payload)
             keys.append([task.run_id, task.step_id, task.attempt])
     return keys
+
+
+def _result_keys(jobs: Sequence[Job]) -> list[list[Any]]:
+    """The ``[run, step, attempt]`` of the step results among ``jobs``."""
+    keys = []
+    for job in jobs:
+        try:
+            envelope = decode_envelope(job.data)
+        except PayloadError:
+            continue
+        if envelope.kind is JobKind.RESULT:
+            result = cast("StepResult", envelope.payload)
+            keys.append([result.run_id, result.step_id, result.attempt])
+    return keys
+
+
+def _lossy(jobs: Sequence[Job]) -> bool:
+    """Whether every one of ``jobs`` is a step task or a step result (what a lost write may
+    lose here: the engine's audit covers exactly those)."""
+    for job in jobs:
+        try:
+            envelope = decode_envelope(job.data)
+        except PayloadError:
+            return False
+        if envelope.kind not in (JobKind.TASK, JobKind.RESULT):
+            return False
+    return True
 
 
 class FaultyBroker:
@@ -277,6 +338,9 @@ class FaultyBroker:
     async def push_on(
         self, queue: str, job: Job, *, priority: int | None = None, delay: float = 0.0
     ) -> None:
+        if self.injector.lose_write("push_on", (job,)):
+            await self.injector.before("push_on")
+            return
         await self._call(
             "push_on",
             functools.partial(self.inner.push_on, queue, job, priority=priority, delay=delay),
@@ -356,6 +420,9 @@ class _BatchFinalize(FaultyBroker):
     async def push_many(
         self, queue: str, jobs: Sequence[Job], priorities: Sequence[int | None]
     ) -> None:
+        if self.injector.lose_write("push_many", jobs):
+            await self.injector.before("push_many")
+            return
         await self._call(
             "push_many", functools.partial(self.inner.push_many, queue, jobs, priorities), jobs
         )
@@ -363,6 +430,12 @@ class _BatchFinalize(FaultyBroker):
     async def push_and_complete_many(
         self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
     ) -> list[bool]:
+        if self.injector.lose_write("push_and_complete_many", jobs):
+            # The completion happens; the pushed results are lost.
+            lost: list[bool] = await self._call(
+                "complete_many", functools.partial(self.inner.complete_many, queue, leases)
+            )
+            return lost
         call = functools.partial(self.inner.push_and_complete_many, push_queue, jobs, queue, leases)
         result: list[bool] = await self._call("push_and_complete_many", call, jobs)
         return result
@@ -390,6 +463,30 @@ class _SweepHint(FaultyBroker):
         result: list[str] = await self._call(
             "queues_with_claims", functools.partial(self.inner.queues_with_claims, queues)
         )
+        return result
+
+
+async def _read_job(injector: Injector, op: str) -> None:
+    """A job-state read: it waits out a stall and fails in a dead process, but draws no
+    per-call fault (seeds that predate the engine's loss audit replay unchanged)."""
+    if injector.dead:
+        raise injector._gone(op)
+    await injector.wait_out_stall()
+    if injector.dead:
+        raise injector._gone(op)
+
+
+class _JobState(FaultyBroker):
+    async def job_state(self, queue: str, job_id: str) -> JobState | None:
+        await _read_job(self.injector, "job_state")
+        result: JobState | None = await self.inner.job_state(queue, job_id)
+        return result
+
+
+class _JobStates(FaultyBroker):
+    async def job_states(self, queue: str, job_ids: Sequence[str]) -> list[JobState | None]:
+        await _read_job(self.injector, "job_states")
+        result: list[JobState | None] = await self.inner.job_states(queue, job_ids)
         return result
 
 
@@ -427,6 +524,8 @@ _CAPABILITIES: tuple[tuple[type, type[FaultyBroker]], ...] = (
     (SupportsRecovery, _Recovery),
     (SupportsSweepHint, _SweepHint),
     (SupportsSize, _Size),
+    (SupportsJobState, _JobState),
+    (SupportsJobStates, _JobStates),
     (SupportsFailedJobs, _FailedJobs),
     (SupportsWakeup, _Wakeup),
 )

@@ -1,0 +1,157 @@
+"""A worker's finalize (complete, fail, hand back) that meets an unreachable broker (a
+connection lost, a Redis failover under way) is tried again with a bounded backoff while the
+claim is still ours, instead of leaving the job to the reclaim sweep and a second run (issue
+17). Fault injection at the broker call, exact virtual times (memory)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+import trio.testing
+
+import durable_trio as dt
+from durable_trio import App, WorkflowContext, open_engine, open_worker
+from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.backends import Backend
+from durable_trio.keys.memory import MemoryKeyStore
+from helpers import Errors
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from durable_trio.adapters import Job, Lease
+
+NO_JITTER = dt.Retry(max_attempts=3, initial=1.0, multiplier=1.0, jitter=0.0)
+
+
+class OutageBroker(MemoryBroker):
+    """A memory broker whose finalizes of step tasks fail (``BrokerUnavailable``, nothing
+    done) until ``down_until``: a master failing over, seen from the worker."""
+
+    down_until = 0.0
+    failures = 0
+    finalized_at: float | None = None
+    """When a step task's finalize last got through."""
+
+    def _check(self, queue: str) -> None:
+        if ":tasks:" not in queue:
+            return
+        if trio.current_time() < self.down_until:
+            self.failures += 1
+            raise dt.BrokerUnavailable("injected: the master is failing over")
+        self.finalized_at = trio.current_time()
+
+    async def complete_job(self, lease: Lease, queue: str) -> bool:
+        self._check(queue)
+        return await super().complete_job(lease, queue)
+
+    async def complete_many(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
+        self._check(queue)
+        return await super().complete_many(queue, leases)
+
+    async def push_and_complete_many(
+        self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
+    ) -> list[bool]:
+        self._check(queue)
+        return await super().push_and_complete_many(push_queue, jobs, queue, leases)
+
+    async def retry_job(
+        self, lease: Lease, queue: str, *, delay: float = 0.0, count_attempt: bool = True
+    ) -> bool:
+        self._check(queue)
+        return await super().retry_job(lease, queue, delay=delay, count_attempt=count_attempt)
+
+
+def app_with(log: list[tuple[int, float]], fail_first: bool) -> App:
+    app = App("shop")
+
+    @app.step("work", retry=NO_JITTER)
+    async def work(x: int) -> int:
+        info = dt.step_info()
+        log.append((info.attempt, trio.current_time()))
+        await trio.sleep(1)
+        if fail_first and info.attempt == 1:
+            raise RuntimeError("first attempt fails")
+        return x * 2
+
+    @app.workflow("one")
+    async def one(ctx: WorkflowContext, x: int) -> Any:
+        return await ctx.step("work", x)
+
+    return app
+
+
+def backoff_end(start: float, until: float) -> float:
+    """When a finalize first tried at ``start`` succeeds with the broker down until ``until``
+    (pauses 0.05, 0.1, 0.2, ... up to 2 s)."""
+    at, delay = start, 0.05
+    while at < until:
+        at += delay
+        delay = min(delay * 2, 2.0)
+    return at
+
+
+async def test_a_completion_that_meets_a_failover_is_retried_and_the_step_runs_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[tuple[int, float]] = []
+    broker = OutageBroker()
+    broker.down_until = 3.0
+    errors = Errors()
+    if True:
+        backend = Backend(url="memory://", broker=broker, keys=MemoryKeyStore())
+        async with open_engine(app_with(log, False), backend, on_error=Errors()) as engine:
+            await engine.start("one", 21, run_id="r")
+            async with open_worker(app_with(log, False), backend, on_error=errors):
+                assert await engine.result("r") == 42  # its result went out at 1
+                assert trio.current_time() == 1.0
+                await trio.sleep(300)  # past the stalled threshold: nothing runs again
+            stats = engine.statistics()
+    assert log == [(1, 0.0)]  # ran once: no reclaim, no second run
+    assert broker.finalized_at == backoff_end(1.0, 3.0)
+    assert broker.failures == 6
+    assert sum("trying again" in m for m in errors.messages()) == 6
+    assert (stats.duplicate_results, stats.lost_dispatches) == (0, 0)
+
+
+async def test_a_failed_attempt_s_handback_is_retried_too(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The handler raised: its failed result goes out, the job's completion meets the outage
+    and is tried again; the step's retry runs after its 1 s backoff, and nothing else."""
+    log: list[tuple[int, float]] = []
+    broker = OutageBroker()
+    broker.down_until = 3.0
+    if True:
+        backend = Backend(url="memory://", broker=broker, keys=MemoryKeyStore())
+        async with open_engine(app_with(log, True), backend, on_error=Errors()) as engine:
+            await engine.start("one", 21, run_id="r")
+            async with open_worker(app_with(log, True), backend, on_error=Errors()):
+                assert await engine.result("r") == 42
+                await trio.sleep(300)
+            stats = engine.statistics()
+    assert log == [(1, 0.0), (2, 2.0)]
+    assert (stats.retries, stats.duplicate_results, stats.stale_results) == (1, 0, 0)
+    assert broker.failures == 6
+
+
+async def test_an_outage_longer_than_the_stalled_threshold_is_left_to_the_sweep(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Down for longer than ``stalled_threshold``: the finalize gives up (reported once as
+    failed), the claim is reclaimed and the step runs again, as before."""
+    log: list[tuple[int, float]] = []
+    broker = OutageBroker()
+    broker.down_until = 30.0
+    errors = Errors()
+    options: dict[str, Any] = {"stalled_threshold": 5.0, "stalled_check_interval": 1.0}
+    if True:
+        backend = Backend(url="memory://", broker=broker, keys=MemoryKeyStore())
+        async with open_engine(app_with(log, False), backend, on_error=Errors()) as engine:
+            await engine.start("one", 21, run_id="r")
+            async with open_worker(app_with(log, False), backend, on_error=errors, **options):
+                assert await engine.result("r") == 42
+                await trio.sleep(60)
+    assert len(log) >= 2  # run again once reclaimed
+    assert any("finalizing failed:" in m for m in errors.messages())
