@@ -6,10 +6,10 @@ between, so both queues always hold the same commands in the same order), then w
 
 * The **writer** sends everything queued in one ``send_all`` per batch: concurrent callers that
   enqueue while a write is under way share the next one (and a round trip). A caller that finds
-  the connection quiet (no reply awaited, so nothing queued and no ``send_all`` under way) on a plain TCP or Unix socket writes
-  its bytes itself, in one non-blocking system call with no checkpoint, and leaves only what the
-  socket did not take (or an error) to the writer: one task hop less per request, and no command
-  is ever cut in half by a cancellation.
+  the connection quiet (no reply awaited, so nothing queued and no ``send_all`` under way) on a
+  plain TCP or Unix socket writes its bytes itself, in one non-blocking system call with no
+  checkpoint, and leaves only what the socket did not take (or an error) to the writer: one task
+  hop less per lone request, and no command is ever cut in half by a cancellation.
 * The **reader** feeds ``hiredis.Reader`` and hands each reply to the oldest pending slot.
 
 **Cancellation safety.** A caller that is cancelled (or times out) after enqueuing never removes its
