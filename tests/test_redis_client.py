@@ -666,3 +666,48 @@ def test_transient_error_replies_are_broker_unavailable() -> None:
     assert loading.code == "LOADING"
     wrong = RedisReplyError("WRONGTYPE Operation against a key holding the wrong kind of value")
     assert raisable(wrong) is wrong
+
+
+# -- the direct write of a lone request (issue 19, item 2) -------------------------------------
+
+
+async def test_lone_requests_are_written_by_their_callers(redis_url: str) -> None:
+    # One caller at a time: each request finds the connection quiet and writes itself, one
+    # write per command, and every reply is its own.
+    async with open_redis(redis_url, pool_size=1) as client:
+        for j in range(50):
+            assert await client.execute("ECHO", f"lone:{j}") == f"lone:{j}".encode()
+        stats = _only_connection(client).stats
+    assert stats.commands == stats.replies == stats.batches == 50
+    assert stats.dropped == 0
+
+
+async def test_a_direct_write_the_socket_cuts_short_is_finished_by_the_writer(
+    redis_url: str,
+) -> None:
+    # A send buffer far smaller than the command: the caller's write takes what the socket
+    # takes, the writer sends the rest, and the command arrives whole.
+    value = random.randbytes(4 * 1024 * 1024)
+    async with open_redis(redis_url, pool_size=1) as client:
+        await client.execute("PING")
+        conn = _only_connection(client)
+        conn._stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        assert await client.execute("SET", "h19:big", value) == b"OK"
+        assert await client.execute("GET", "h19:big") == value
+        assert conn.stats.batches > conn.stats.commands  # the first write was cut short
+        await client.execute("DEL", "h19:big")
+
+
+async def test_a_lone_request_cancelled_after_its_direct_write_leaves_the_stream_in_step(
+    redis_url: str,
+) -> None:
+    # Cancelled while its reply is awaited (the command was written whole, in one call): the
+    # reply is drained, and the next caller gets its own.
+    async with open_redis(redis_url, pool_size=1) as client:
+        await client.execute("PING")
+        with trio.move_on_after(0.05) as scope:
+            await client.execute("BLPOP", "h19:nothing", 0.2, reply_timeout=math.inf)
+        assert scope.cancelled_caught
+        assert await client.execute("ECHO", "after") == b"after"
+        stats = _only_connection(client).stats
+        assert stats.dropped == 1
