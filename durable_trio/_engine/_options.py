@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -75,3 +77,13 @@ class EngineOptions:
     serves is reported (``StepNotStarted`` through the error hook, once per attempt) and shown
     by :meth:`Engine.waiting`; it keeps waiting (a worker may yet come). ``None`` or 0:
     never. Failing it takes an explicit ``schedule_to_start_timeout``."""
+    wall_clock: Callable[[], float] = time.time
+    """Schedules: the calendar time source, in Unix seconds. Tests under trio's virtual clock
+    give ``durable_trio.testing.virtual_wall_clock()`` (a fixed epoch plus trio's time)."""
+    schedule_grace: float = attrs.field(default=60.0, validator=_positive)
+    """Schedules: a tick at most this many seconds old when the scheduler sees it is on time
+    and starts; an older one was missed (while no engine ran) and follows the schedule's
+    ``catch_up`` policy."""
+    schedule_recheck: float = attrs.field(default=5.0, validator=_positive)
+    """Schedules: the scheduler sleeps until the next tick, but re-reads the stored schedules
+    at least this often (for schedules added or changed by another engine or the CLI)."""
