@@ -38,10 +38,10 @@ async def _list(schedules: Schedules, args: argparse.Namespace) -> int:
             entry: dict[str, Any] = {"name": info.name, "last_tick": info.last_tick,
                                      "next_tick": info.next_tick, "error": info.error}  # fmt: skip
             if info.schedule is not None:
-                s = info.schedule
-                entry.update(workflow=s.workflow, cron=s.cron, every=s.every, input=s.input,
-                             timezone=s.timezone, catch_up=s.catch_up,
-                             max_catch_up=s.max_catch_up, paused=s.paused)  # fmt: skip
+                d = info.schedule
+                entry.update(workflow=d.workflow, cron=d.cron, every=d.every, input=d.input,
+                             timezone=d.timezone, catch_up=d.catch_up,
+                             max_catch_up=d.max_catch_up, paused=d.paused)  # fmt: skip
             rows.append(entry)
         print(json.dumps(rows, indent=2))
         return 0

@@ -162,6 +162,7 @@ class Engine:
         self._timers.start(self._loops, self.reconcile)
         if options.reconcile:  # a short-lived engine (reconcile=False) fires no schedules
             scheduler = Scheduler(self, self._schedules, self._schedules_changed)
+            await scheduler.start()
             self._loops.start_soon(scheduler.run)
         if any(step.heartbeat_timeout is not None for step in self.app.steps.values()):
             self._loops.start_soon(

@@ -15,8 +15,8 @@ from ._engine import Engine, start_engine
 from ._options import EngineOptions
 from ._results import ResultHandler
 from ._retry import Retry
-from ._services import EngineServices
 from ._schedules import schedule_options
+from ._services import EngineServices
 from ._step_watch import step_watch_options
 from ._stores import open_run_store
 from ._timers import EngineTimers

@@ -20,7 +20,6 @@ from __future__ import annotations
 import datetime
 import math
 import re
-from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -28,12 +27,15 @@ import attrs
 import orjson
 import trio
 from cronsim import CronSim, CronSimError
-from trio_util import RepeatedEvent
 
 from .._errors import BrokerError, ConfigError
 from ._records import normalize_json
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from trio_util import RepeatedEvent
+
     from ._app import App
     from ._engine import Engine
     from ._stores import RunStore
@@ -219,8 +221,8 @@ class Schedule:
 
     def same_definition(self, other: Schedule) -> bool:
         """Whether ``other`` defines the same ticks and run (state aside)."""
-        state = {"paused": False, "created_at": None}
-        return attrs.evolve(self, **state) == attrs.evolve(other, **state)
+        mine = attrs.evolve(self, paused=False, created_at=None)
+        return mine == attrs.evolve(other, paused=False, created_at=None)
 
     # -- the calendar -----------------------------------------------------------------------
 
@@ -271,8 +273,8 @@ class Schedule:
             on_time = now - tick <= grace
             if on_time or self.catch_up == "all" or (self.catch_up == "once" and not chosen):
                 chosen.append(tick)
-            elif self.catch_up != "all":
-                break  # older ticks are missed too: none of them starts
+            else:
+                break  # (skip, once) older ticks are missed too: none of them starts
         chosen.reverse()
         return chosen, newest
 
@@ -417,6 +419,16 @@ class Scheduler:
         self._schedules = schedules
         self._changed = changed
         self._reported: set[tuple[str, str]] = set()
+        self._registered = False
+
+    async def start(self) -> None:
+        """Store the app's declared schedules before the engine is handed out (a store
+        outage: reported, and the loop tries again)."""
+        try:
+            await self.register_app_schedules()
+            self._registered = True
+        except BrokerError as exc:
+            self._engine._services.report(exc)
 
     async def register_app_schedules(self) -> None:
         """Store the app's declared schedules: a new one is added; a stored one whose
@@ -448,10 +460,10 @@ class Scheduler:
     async def run(self) -> None:
         """Register the app's schedules, then start due ticks until cancelled."""
         options = self._engine.options
-        while True:
+        while not self._registered:
             try:
                 await self.register_app_schedules()
-                break
+                self._registered = True
             except BrokerError as exc:
                 self._engine._services.report(exc)
                 await trio.sleep(options.schedule_recheck)
@@ -507,7 +519,8 @@ class Scheduler:
         now = options.wall_clock()
         ticks, newest = schedule.due(last, now, options.schedule_grace)
         for tick in ticks:
-            await engine.start(schedule.workflow, schedule.input, run_id=schedule_run_id(name, tick))
+            run_id = schedule_run_id(name, tick)
+            await engine.start(schedule.workflow, schedule.input, run_id=run_id)
             await engine.store.mark_schedule_tick(name, tick)
         if newest is not None and (not ticks or newest > ticks[-1]):
             await engine.store.mark_schedule_tick(name, newest)
