@@ -6,6 +6,7 @@ afterwards each tick from the first to the last has exactly one run, and every r
 from __future__ import annotations
 
 import datetime
+import itertools
 import random
 import subprocess
 import sys
@@ -89,7 +90,7 @@ async def kill_and_restart(url: str, rounds: int) -> None:
                     await trio.sleep(0.1)
     ticks = sorted(tick_of(r.run_id) for r in runs)
     assert len(ticks) >= 10
-    steps = [round((b - a) / EVERY) for a, b in zip(ticks, ticks[1:], strict=False)]
+    steps = [round((b - a) / EVERY) for a, b in itertools.pairwise(ticks)]
     assert steps == [1] * len(steps), "a tick was missed or started twice"
     assert len(set(ticks)) == len(ticks)
 
