@@ -341,3 +341,50 @@ def test_schedules_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     # (60 s: 07:59:00, 07:59:30, 08:00:00) are on time and start; then 30, 60, 90.
     assert times(started) == [0, 0, 0, 30, 60, 90]
     assert started[0][0] == "sched:often:2027-01-15T07:59:00Z"
+
+
+# --------------------------------------------------------------------------- simulation
+
+#: Seeds run with two engines killed and replaced while a schedule ticks (kept: they hold).
+SCHEDULE_SEEDS = (3, 11, 18)
+
+
+@pytest.mark.parametrize("seed", SCHEDULE_SEEDS)
+def test_simulated_schedule_ticks_once_with_two_engines_and_kills(seed: int) -> None:
+    from durable_trio.testing import Faults, Simulation
+
+    app = App("sim-sched")
+
+    @app.step("work")
+    async def work(n: int) -> int:
+        return n + 1
+
+    @app.workflow("order")
+    async def order(ctx: WorkflowContext, n: int) -> int:
+        return int(await ctx.step("work", n))
+
+    @app.workflow("tick")
+    async def tick(ctx: WorkflowContext, _: Any) -> str:
+        await ctx.sleep(5)
+        return ctx.run_id
+
+    app.schedule("every-minute", "tick", every=60, catch_up="skip")
+
+    def workload(rng: Any, index: int) -> tuple[str, Any]:
+        return "order", rng.randrange(100)
+
+    faults = Faults(engine_kills_per_hour=12.0, engine_restart_delay=120.0)
+    report = Simulation(
+        app,
+        workload,
+        seed=seed,
+        runs=30,
+        duration=3600,
+        engines=2,
+        faults=faults,
+        engine_options={"wall_clock": virtual_wall_clock(EPOCH), "run_lease": 30.0},
+    ).run_sync()
+    assert report.violations == ()
+    assert report.faults.get("engine-kill", 0) >= 3
+    (ticks,) = [e for e in report.history if e["ev"] == "schedule-ticks"]
+    assert ticks["started"] >= 55  # 60 ticks in the hour; a few while both engines were down
