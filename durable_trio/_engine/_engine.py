@@ -126,6 +126,10 @@ class Engine:
         """Its owner id on the runs it drives."""
         return self._services.options.engine_id
 
+    def report(self, exc: BaseException) -> None:
+        """Hand ``exc`` to the engine's error hook (``on_error``)."""
+        self._services.report(exc)
+
     @property
     def schedules(self) -> Schedules:
         """The namespace's schedules: add, list, pause, resume, delete (see

@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import attrs
@@ -32,13 +32,43 @@ from .._errors import BrokerError, ConfigError
 from ._records import normalize_json
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Mapping
 
     from trio_util import RepeatedEvent
 
-    from ._app import App
-    from ._engine import Engine
+    from ._options import EngineOptions
     from ._stores import RunStore
+
+
+class _App(Protocol):
+    """What the scheduler reads of an :class:`App` (not imported: ``_app`` imports this)."""
+
+    name: str
+
+    @property
+    def workflows(self) -> Mapping[str, object]: ...
+
+    @property
+    def schedules(self) -> Mapping[str, Schedule]: ...
+
+
+class _Engine(Protocol):
+    """What the scheduler uses of an :class:`Engine` (not imported: it imports this)."""
+
+    @property
+    def app(self) -> _App: ...
+
+    @property
+    def store(self) -> RunStore: ...
+
+    @property
+    def options(self) -> EngineOptions: ...
+
+    def report(self, exc: BaseException) -> None: ...
+
+    async def start(
+        self, workflow: str, input: Any = None, *, run_id: str | None = None
+    ) -> str: ...
 
 __all__ = [
     "CATCH_UP_POLICIES",
@@ -308,7 +338,7 @@ class Schedules:
         store: RunStore,
         wall_clock: Callable[[], float],
         *,
-        app: App | None = None,
+        app: _App | None = None,
         on_change: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
@@ -414,7 +444,7 @@ class Schedules:
 class Scheduler:
     """The scheduler loop of one engine (see the module docstring)."""
 
-    def __init__(self, engine: Engine, schedules: Schedules, changed: RepeatedEvent) -> None:
+    def __init__(self, engine: _Engine, schedules: Schedules, changed: RepeatedEvent) -> None:
         self._engine = engine
         self._schedules = schedules
         self._changed = changed
@@ -428,7 +458,7 @@ class Scheduler:
             await self.register_app_schedules()
             self._registered = True
         except BrokerError as exc:
-            self._engine._services.report(exc)
+            self._engine.report(exc)
 
     async def register_app_schedules(self) -> None:
         """Store the app's declared schedules: a new one is added; a stored one whose
@@ -465,7 +495,7 @@ class Scheduler:
                 await self.register_app_schedules()
                 self._registered = True
             except BrokerError as exc:
-                self._engine._services.report(exc)
+                self._engine.report(exc)
                 await trio.sleep(options.schedule_recheck)
         while True:
             soonest = await self.tick()
@@ -480,7 +510,7 @@ class Scheduler:
         key = (name, str(exc))
         if key not in self._reported:
             self._reported.add(key)
-            self._engine._services.report(exc)
+            self._engine.report(exc)
 
     async def tick(self) -> float | None:
         """Start every due tick once; return the soonest next tick (wall clock)."""
@@ -489,7 +519,7 @@ class Scheduler:
         try:
             rows = await engine.store.get_schedules()
         except BrokerError as exc:
-            engine._services.report(exc)
+            engine.report(exc)
             return None
         soonest: float | None = None
         for name, text, last in rows:
@@ -499,7 +529,7 @@ class Scheduler:
                 self._report_once(name, exc)
                 continue
             except BrokerError as exc:
-                engine._services.report(exc)
+                engine.report(exc)
                 upcoming = options.wall_clock() + options.schedule_recheck
             if upcoming is not None and (soonest is None or upcoming < soonest):
                 soonest = upcoming
