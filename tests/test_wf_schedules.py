@@ -388,3 +388,26 @@ def test_simulated_schedule_ticks_once_with_two_engines_and_kills(seed: int) -> 
     assert report.faults.get("engine-kill", 0) >= 3
     (ticks,) = [e for e in report.history if e["ev"] == "schedule-ticks"]
     assert ticks["started"] >= 55  # 60 ticks in the hour; a few while both engines were down
+
+
+async def test_a_schedule_starts_remote_workflow_runs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A remote workflow (its code on a workflow worker, a turn at a time) is scheduled the
+    same way: the engine starts the tick's run, the worker runs its turns."""
+    from durable_trio._engine import open_worker
+
+    app = App("remote-reports")
+
+    @app.workflow("remote-report", remote=True)
+    async def remote_report(ctx: WorkflowContext, input: Any) -> Any:
+        await ctx.sleep(1)
+        return input
+
+    app.schedule("remote", "remote-report", every=60, input="r")
+    async with dt.open_backend("memory://") as backend, open_worker(app, backend):
+        async with engines(app, backend) as (engine,):
+            await trio.sleep_until(130)
+            runs = await engine.store.list_runs()
+            outputs = {r.run_id: await engine.result(r.run_id) for r in runs}
+    assert outputs == {schedule_run_id("remote", EPOCH + t): "r" for t in (60, 120)}
