@@ -411,3 +411,34 @@ async def test_a_schedule_starts_remote_workflow_runs(
             runs = await engine.store.list_runs()
             outputs = {r.run_id: await engine.result(r.run_id) for r in runs}
     assert outputs == {schedule_run_id("remote", EPOCH + t): "r" for t in (60, 120)}
+
+
+async def test_a_store_outage_is_reported_and_the_scheduler_goes_on(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Fault injection at one point: the store's schedule reads fail for the first 3 calls (the
+    registration at start included); each failure is reported, the loop retries, and the ticks
+    still start at their exact times."""
+    from durable_trio._engine._stores.memory import MemoryRunStore
+
+    class Flaky(MemoryRunStore):
+        failures = 3
+
+        async def get_schedules(self) -> list[tuple[str, str, float | None]]:
+            if self.failures:
+                self.failures -= 1
+                await trio.lowlevel.checkpoint()
+                raise dt.BrokerUnavailable("injected: the store is down")
+            return await super().get_schedules()
+
+    started: list[tuple[str, float]] = []
+    errors: list[BaseException] = []
+    app = reporting_app(started)
+    app.schedule("s", "report", every=60)
+    store = Flaky()
+    async with dt.open_backend("memory://") as backend:
+        settings = {**QUIET, "schedule_recheck": 1.0, "wall_clock": virtual_wall_clock(EPOCH)}
+        async with open_engine(app, backend, store=store, on_error=errors.append, **settings):
+            await trio.sleep_until(130)
+    assert times(started) == [60, 120]
+    assert sum(isinstance(e, dt.BrokerUnavailable) for e in errors) == 3
