@@ -99,8 +99,8 @@ def schedule_options(keywords: dict[str, Any]) -> dict[str, Any]:
 def virtual_wall_clock(epoch: float = 1_800_000_000.0) -> Callable[[], float]:
     """A wall clock for tests: ``epoch + trio.current_time()``, so a scheduler under trio's
     virtual clock (``autojump_clock``) sees calendar time move with it. The default epoch,
-    2027-01-15 08:00:00 UTC, is a multiple of every whole minute, hour and day count, so
-    ``every=60`` ticks fall at virtual t = 60, 120, ..."""
+    2027-01-15 08:00:00 UTC, is a whole hour, so ``every=60`` ticks fall at virtual
+    t = 60, 120, ..."""
     return lambda: epoch + trio.current_time()
 
 
