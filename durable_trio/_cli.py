@@ -193,6 +193,9 @@ def _parser() -> argparse.ArgumentParser:
 
     add_engine_commands(commands)
     add_ops_commands(commands)
+    from ._schedules_cli import add_schedule_commands
+
+    add_schedule_commands(commands)
     from ._console_command import add_console_command
 
     add_console_command(commands)

@@ -15,6 +15,7 @@ from ._step_timeouts import StepTimeouts
 
 if TYPE_CHECKING:
     from ._context import WorkflowContext
+    from ._schedules import CatchUp, Schedule
 
 __all__ = ["App", "StepDefinition", "StepFunction", "WorkflowDefinition", "WorkflowFunction"]
 
@@ -85,6 +86,7 @@ class App:
         self.name = name
         self._steps: dict[str, StepDefinition] = {}
         self._workflows: dict[str, WorkflowDefinition] = {}
+        self._schedules: dict[str, Schedule] = {}
 
     def __repr__(self) -> str:
         return f"App({self.name!r}, steps={list(self._steps)}, workflows={list(self._workflows)})"
@@ -182,6 +184,55 @@ class App:
             ConfigError: the name is taken.
         """
         self._add_workflow(WorkflowDefinition(name, None, True))
+
+    @property
+    def schedules(self) -> Mapping[str, Schedule]:
+        """Declared schedules by name (read-only view; see :meth:`schedule`)."""
+        return self._schedules
+
+    def schedule(
+        self,
+        name: str,
+        workflow: str,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        input: Any = None,
+        timezone: str = "UTC",
+        catch_up: CatchUp = "skip",
+        max_catch_up: int = 10,
+    ) -> None:
+        """Declare schedule ``name``: each tick starts one run of ``workflow`` with ``input``,
+        its id ``sched:{name}:{tick, UTC ISO 8601}`` (see ``docs/engine.md``, "Schedules").
+        Every engine of the app stores it at start (a changed definition replaces the stored
+        one, keeping its paused state and last tick) and fires its ticks.
+
+        Args:
+            name: the schedule's name (letters, digits, ``_ . -``).
+            workflow: a workflow this app registers (register it first).
+            cron: a cron expression (``"0 3 * * *"``), read in ``timezone``.
+            every: or seconds between ticks (aligned on the Unix epoch).
+            input: the JSON input of each run.
+            timezone: the IANA time zone of ``cron`` (default UTC).
+            catch_up: ticks missed while no engine ran: ``"skip"`` (default), ``"once"``
+                (start the latest) or ``"all"`` (start the latest ``max_catch_up``).
+            max_catch_up: the bound on ticks started at once.
+
+        Raises:
+            ConfigError: a bad cron expression, unknown time zone, ``every`` <= 0, both or
+                neither of ``cron`` and ``every``, an unknown workflow, or a taken name.
+        """
+        from ._schedules import Schedule
+
+        schedule = Schedule.make(
+            name, workflow, cron=cron, every=every, input=input, timezone=timezone,
+            catch_up=catch_up, max_catch_up=max_catch_up,
+        )  # fmt: skip
+        if workflow not in self._workflows:
+            raise ConfigError(f"schedule {name!r}: no workflow {workflow!r} in app {self.name!r}")
+        if name in self._schedules:
+            raise ConfigError(f"schedule {name!r} is already declared in {self.name!r}")
+        self._schedules[name] = schedule
 
     def _add_workflow(self, definition: WorkflowDefinition) -> None:
         if not isinstance(definition.name, str) or not definition.name:

@@ -53,6 +53,7 @@ from ._remote_run import RemoteRunDriver
 from ._reopen import retry_run
 from ._retry import Retry  # noqa: TC001
 from ._runtime import RunDriver, describe_error
+from ._schedules import Scheduler, Schedules
 from ._statistics import EngineStatistics
 from ._step_watch import StepWait, StepWatch
 from ._step_watch import waiting as step_waits
@@ -94,6 +95,13 @@ class Engine:
         self._closing = False
         self._spawned = RepeatedEvent()
         """Set whenever a driver starts: wakes ``result`` pollers."""
+        self._schedules_changed = RepeatedEvent()
+        self._schedules = Schedules(
+            services.store,
+            services.options.wall_clock,
+            app=services.app,
+            on_change=self._schedules_changed.set,
+        )
 
     @property
     def app(self) -> App:
@@ -119,6 +127,16 @@ class Engine:
     def engine_id(self) -> str:
         """Its owner id on the runs it drives."""
         return self._services.options.engine_id
+
+    def report(self, exc: BaseException) -> None:
+        """Hand ``exc`` to the engine's error hook (``on_error``)."""
+        self._services.report(exc)
+
+    @property
+    def schedules(self) -> Schedules:
+        """The namespace's schedules: add, list, pause, resume, delete (see
+        ``docs/engine.md``, "Schedules")."""
+        return self._schedules
 
     @property
     def default_retry(self) -> Retry:
@@ -152,6 +170,10 @@ class Engine:
         if options.reconcile:
             await self.reconcile(include_own=True)
         self._timers.start(self._loops, self.reconcile)
+        if options.reconcile:  # a short-lived engine (reconcile=False) fires no schedules
+            scheduler = Scheduler(self, self._schedules, self._schedules_changed)
+            await scheduler.start()
+            self._loops.start_soon(scheduler.run)
         if any(step.heartbeat_timeout is not None for step in self.app.steps.values()):
             self._loops.start_soon(
                 watch_heartbeats,

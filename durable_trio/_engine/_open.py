@@ -15,6 +15,7 @@ from ._engine import Engine, start_engine
 from ._options import EngineOptions
 from ._results import ResultHandler
 from ._retry import Retry
+from ._schedules import schedule_options
 from ._services import EngineServices
 from ._step_watch import step_watch_options
 from ._stores import open_run_store
@@ -64,6 +65,8 @@ async def open_engine(
         engine_id, run_lease, reconcile_interval, watch_interval, reconcile,
             release_on_close, default_retry, seed, turn_timeout, serve_tenants: see
             :class:`EngineOptions`.
+        wall_clock, schedule_grace, schedule_recheck: (keywords) the scheduler's, see
+            :class:`EngineOptions` (``docs/engine.md``, "Schedules").
         step_timeout_grace, unstarted_report_after: (keywords) the step watch's, see
             :class:`EngineOptions` (``docs/engine.md``, "Step timeouts").
         audit_interval: (keyword) the loss audit's period, see :class:`EngineOptions`.
@@ -94,6 +97,7 @@ async def open_engine(
         turn_timeout=turn_timeout,
         serve_tenants=serve_tenants,
         **step_watch_options(transport_options),
+        **schedule_options(transport_options),
         heartbeat_check_interval=heartbeat_check_interval,
     )
     transport_options.setdefault("namespace", app.name)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -83,3 +85,14 @@ class EngineOptions:
     acknowledged and then lost in a failover); it is reported (``lost_dispatches``, a
     ``step.lost`` warning, :class:`~durable_trio.StepLost` through the error hook) and
     dispatched again. One broker call per task queue per round. ``None`` or 0: off."""
+
+    wall_clock: Callable[[], float] = time.time
+    """Schedules: the calendar time source, in Unix seconds. Tests under trio's virtual clock
+    give ``durable_trio.testing.virtual_wall_clock()`` (a fixed epoch plus trio's time)."""
+    schedule_grace: float = attrs.field(default=60.0, validator=_positive)
+    """Schedules: a tick at most this many seconds old when the scheduler sees it is on time
+    and starts; an older one was missed (while no engine ran) and follows the schedule's
+    ``catch_up`` policy."""
+    schedule_recheck: float = attrs.field(default=5.0, validator=_positive)
+    """Schedules: the scheduler sleeps until the next tick, but re-reads the stored schedules
+    at least this often (for schedules added or changed by another engine or the CLI)."""

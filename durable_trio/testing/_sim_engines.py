@@ -98,6 +98,18 @@ class _EngineStore:
     async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
         return await self._call(lambda: self.inner.create_run(run))
 
+    async def put_schedule(self, name: str, spec: str, *, replace: bool) -> bool:
+        return await self._call(lambda: self.inner.put_schedule(name, spec, replace=replace))
+
+    async def get_schedules(self) -> list[tuple[str, str, float | None]]:
+        return await self._call(self.inner.get_schedules)
+
+    async def delete_schedule(self, name: str) -> bool:
+        return await self._call(lambda: self.inner.delete_schedule(name))
+
+    async def mark_schedule_tick(self, name: str, tick: float) -> None:
+        await self._call(lambda: self.inner.mark_schedule_tick(name, tick))
+
     async def get_run(self, run_id: str) -> RunRecord | None:
         return await self._call(lambda: self.inner.get_run(run_id))
 

@@ -52,6 +52,7 @@ from ._sim_faults import FaultSchedule
 from ._sim_invariants import Invariants
 from ._sim_ledger import Ledger
 from ._sim_runs import Runs
+from ._sim_schedules import check_schedule_ticks
 from ._sim_workers import WorkerSlots, close_bound
 
 if TYPE_CHECKING:
@@ -298,6 +299,9 @@ class Simulation:
             await slots_done.wait()
             await engines.stop()
             await self._invariants.collect()
+            await check_schedule_ticks(
+                self.app, self._engines.store, ledger, self.engine_options, self.duration
+            )
             # keep the key checks scheduled by the last closes (the nursery waits for them)
         ledger.end = ledger.now()
         ledger.event("end")

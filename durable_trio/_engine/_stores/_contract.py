@@ -190,6 +190,28 @@ class RunStore(Protocol):
         at that attempt). Returns whether it was recorded."""
         ...
 
+    async def put_schedule(self, name: str, spec: str, *, replace: bool) -> bool:
+        """Store schedule ``name``'s definition (``spec``: JSON text) unless it exists and
+        ``replace`` is false. Its last tick is kept.
+
+        Returns:
+            Whether it was written.
+        """
+        ...
+
+    async def get_schedules(self) -> list[tuple[str, str, float | None]]:
+        """Every schedule: ``(name, spec, last_tick)`` (``None``: no tick handled yet)."""
+        ...
+
+    async def delete_schedule(self, name: str) -> bool:
+        """Delete schedule ``name`` and its last tick. Returns whether it existed."""
+        ...
+
+    async def mark_schedule_tick(self, name: str, tick: float) -> None:
+        """Record that ``tick`` of schedule ``name`` was handled: its last tick becomes
+        ``max(last tick, tick)`` (atomically; nothing if the schedule does not exist)."""
+        ...
+
     async def aclose(self) -> None:
         """Release what the store holds (idempotent)."""
         ...

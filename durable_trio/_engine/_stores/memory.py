@@ -129,6 +129,7 @@ class MemoryRunStore:
         self._runs: dict[str, _Run] = {}
         self._seq = itertools.count(1)
         self._closed = False
+        self._schedules: dict[str, tuple[str, float | None]] = {}
 
     def now(self) -> float:
         """trio's clock (virtual under ``autojump_clock``)."""
@@ -403,6 +404,30 @@ class MemoryRunStore:
             return False
         stored.dispatched = True
         return True
+
+    # -- schedules --------------------------------------------------------------------------
+
+    async def put_schedule(self, name: str, spec: str, *, replace: bool) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        current = self._schedules.get(name)
+        if current is not None and not replace:
+            return False
+        self._schedules[name] = (spec, None if current is None else current[1])
+        return True
+
+    async def get_schedules(self) -> list[tuple[str, str, float | None]]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return [(name, spec, last) for name, (spec, last) in self._schedules.items()]
+
+    async def delete_schedule(self, name: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return self._schedules.pop(name, None) is not None
+
+    async def mark_schedule_tick(self, name: str, tick: float) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        current = self._schedules.get(name)
+        if current is not None and (current[1] is None or tick > current[1]):
+            self._schedules[name] = (current[0], tick)
 
     async def aclose(self) -> None:
         self._closed = True

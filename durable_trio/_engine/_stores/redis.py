@@ -17,6 +17,8 @@ Redis Cluster slot and every script touches one slot only):
 ``T:steps:N:ID``           zset    the run's step ids, score = position (N = len(ID), so no run id
                                    can forge another run's keys)
 ``T:step:N:ID:STEP``       hash    one checkpoint (its attempt log in field ``attempts``, JSON)
+``T:schedules``            hash    schedule name -> its definition (JSON text); shard 0's ``T``
+``T:schedule-ticks``       hash    schedule name -> its last tick handled (same slot)
 =========================  ======  ===============================================================
 
 Every change is one Lua script (atomic on the server). Times are the client's ``time.time()``
@@ -67,6 +69,21 @@ local function move(prefix, id, from, to, seq)
   if from then redis.call('ZREM', prefix .. ':status:' .. from, id) end
   redis.call('ZADD', prefix .. ':status:' .. to, seq, id)
 end
+"""
+
+# KEYS: schedules, ticks. ARGV: name, tick. The last tick becomes max(last, tick) if it exists.
+_MARK_TICK: Final = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+local last = tonumber(redis.call('HGET', KEYS[2], ARGV[1]))
+if last == nil or last < tonumber(ARGV[2]) then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
+return 1
+"""
+
+# KEYS: schedules, ticks. ARGV: name. Deletes the schedule and its last tick.
+_DELETE_SCHEDULE: Final = """
+local gone = redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return gone
 """
 
 # KEYS: run, seq, all. ARGV: prefix, id, workflow, status, input, output, error, owner, lease, now,
@@ -421,6 +438,8 @@ class RedisRunStore:
         self._mark: Script = client.script(_MARK_DISPATCHED)
         self._page: Script = client.script(_PAGE)
         self._reopen: Script = client.script(_REOPEN)
+        self._mark_tick: Script = client.script(_MARK_TICK)
+        self._delete_schedule: Script = client.script(_DELETE_SCHEDULE)
 
     def now(self) -> float:
         """The client's wall clock (``time.time()``)."""
@@ -721,6 +740,39 @@ class RedisRunStore:
     async def mark_dispatched(self, run_id: str, step_id: str, attempt: int) -> bool:
         done = await self._mark((self._step_key(run_id, step_id),), (attempt,))
         return bool(done == 1)
+
+    # -- schedules (shard 0's hash tag: both keys in one slot) --------------------------------
+
+    def _schedule_keys(self) -> tuple[str, str]:
+        prefix = self._prefixes[0]
+        return f"{prefix}:schedules", f"{prefix}:schedule-ticks"
+
+    async def put_schedule(self, name: str, spec: str, *, replace: bool) -> bool:
+        schedules, _ = self._schedule_keys()
+        command = "HSET" if replace else "HSETNX"
+        reply = await self._client.execute(command, schedules, name, spec)
+        return replace or reply == 1
+
+    async def get_schedules(self) -> list[tuple[str, str, float | None]]:
+        schedules, ticks = self._schedule_keys()
+        specs = _fields(await self._client.execute("HGETALL", schedules))
+        lasts = _fields(await self._client.execute("HGETALL", ticks))
+        found: list[tuple[str, str, float | None]] = []
+        for name, spec in sorted(specs.items()):
+            raw = lasts.get(name)
+            try:
+                last = None if raw is None else float(raw)
+            except ValueError:
+                last = None  # a damaged tick: the schedule counts from its creation
+            found.append((name.decode(), spec.decode("utf-8", "replace"), last))
+        return found
+
+    async def delete_schedule(self, name: str) -> bool:
+        reply = await self._delete_schedule(self._schedule_keys(), (name,))
+        return bool(reply == 1)
+
+    async def mark_schedule_tick(self, name: str, tick: float) -> None:
+        await self._mark_tick(self._schedule_keys(), (name, repr(float(tick))))
 
     async def aclose(self) -> None:
         """Nothing to release (the client is the caller's). Idempotent."""

@@ -111,6 +111,16 @@ _SCHEMA: Final = (
         PRIMARY KEY (namespace, run_id, step_id)
     ) WITHOUT ROWID
     """,
+    # Schedules (issue 18): created in a file written before them when it is opened.
+    """
+    CREATE TABLE IF NOT EXISTS dt_schedules (
+        namespace TEXT NOT NULL,
+        name TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        last_tick REAL,
+        PRIMARY KEY (namespace, name)
+    ) WITHOUT ROWID
+    """,
 )
 
 _RUN_COLUMNS: Final = (
@@ -312,6 +322,31 @@ def _create_schema(db: sqlite3.Connection) -> None:
 
 
 # -- operations (each runs in the connection thread, as one transaction) -----------------------
+
+
+def _op_put_schedule(
+    ns: str, name: str, spec: str, replace: bool, db: sqlite3.Connection
+) -> bool:
+    if replace:
+        db.execute(
+            "INSERT INTO dt_schedules (namespace, name, spec) VALUES (?, ?, ?) "
+            "ON CONFLICT (namespace, name) DO UPDATE SET spec = excluded.spec",
+            (ns, name, spec),
+        )
+        return True
+    cursor = db.execute(
+        "INSERT OR IGNORE INTO dt_schedules (namespace, name, spec) VALUES (?, ?, ?)",
+        (ns, name, spec),
+    )
+    return cursor.rowcount == 1
+
+
+def _op_mark_schedule_tick(ns: str, name: str, tick: float, db: sqlite3.Connection) -> None:
+    db.execute(
+        "UPDATE dt_schedules SET last_tick = ? WHERE namespace = ? AND name = ? "
+        "AND (last_tick IS NULL OR last_tick < ?)",
+        (tick, ns, name, tick),
+    )
 
 
 def _op_create_run(ns: str, run: RunRecord, db: sqlite3.Connection) -> tuple[RunRecord, bool]:
@@ -743,6 +778,41 @@ class SqliteRunStore:
             partial(_op_mark_dispatched, self._ns, run_id, step_id, attempt)
         )
         return result
+
+    # -- schedules --------------------------------------------------------------------------
+
+    async def put_schedule(self, name: str, spec: str, *, replace: bool) -> bool:
+        written: bool = await self._write(partial(_op_put_schedule, self._ns, name, spec, replace))
+        return written
+
+    async def get_schedules(self) -> list[tuple[str, str, float | None]]:
+        ns = self._ns
+
+        def read(db: sqlite3.Connection) -> list[tuple[str, str, float | None]]:
+            rows = db.execute(
+                "SELECT name, spec, last_tick FROM dt_schedules WHERE namespace = ? "
+                "ORDER BY name",
+                (ns,),
+            )
+            return [(str(n), str(sp), None if t is None else float(t)) for n, sp, t in rows]
+
+        rows: list[tuple[str, str, float | None]] = await self._read(read)
+        return rows
+
+    async def delete_schedule(self, name: str) -> bool:
+        ns = self._ns
+
+        def delete(db: sqlite3.Connection) -> bool:
+            cursor = db.execute(
+                "DELETE FROM dt_schedules WHERE namespace = ? AND name = ?", (ns, name)
+            )
+            return cursor.rowcount == 1
+
+        deleted: bool = await self._write(delete)
+        return deleted
+
+    async def mark_schedule_tick(self, name: str, tick: float) -> None:
+        await self._write(partial(_op_mark_schedule_tick, self._ns, name, tick))
 
     async def aclose(self) -> None:
         """Release the store's use of the connection (idempotent)."""

@@ -1,0 +1,558 @@
+"""Schedules (issue 18, item 4): workflow runs started on a cron calendar or every N seconds.
+
+A schedule is stored in the run store (:meth:`RunStore.put_schedule` and friends) with its
+state: paused, and the last tick handled. Every engine that reconciles runs the scheduler
+loop (:class:`Scheduler`): it sleeps until the soonest next tick of the stored schedules
+(re-reading them at least every ``schedule_recheck`` seconds, for schedules another engine or
+the CLI added), then starts each due tick's run through the store's idempotent ``create_run``
+under a run id fixed by the schedule and the tick (``sched:{name}:{tick, UTC ISO 8601}``):
+several engines firing the same tick, or an engine killed mid-tick and another taking over,
+make one run.
+
+Times are the engine's wall clock (``EngineOptions.wall_clock``: ``time.time`` unless a test
+maps trio's virtual clock to a fixed epoch with :func:`virtual_wall_clock`). Cron expressions
+are evaluated by ``cronsim`` in the schedule's time zone (``zoneinfo``); see
+``docs/engine.md``, "Schedules", for the DST and catch-up semantics.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import re
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import attrs
+import orjson
+import trio
+from cronsim import CronSim, CronSimError
+
+from .._errors import BrokerError, ConfigError
+from ._records import normalize_json
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping
+
+    from trio_util import RepeatedEvent
+
+    from ._options import EngineOptions
+    from ._stores import RunStore
+
+
+class _App(Protocol):
+    """What the scheduler reads of an :class:`App` (not imported: ``_app`` imports this)."""
+
+    name: str
+
+    @property
+    def workflows(self) -> Mapping[str, object]: ...
+
+    @property
+    def schedules(self) -> Mapping[str, Schedule]: ...
+
+
+class _Engine(Protocol):
+    """What the scheduler uses of an :class:`Engine` (not imported: it imports this)."""
+
+    @property
+    def app(self) -> _App: ...
+
+    @property
+    def store(self) -> RunStore: ...
+
+    @property
+    def options(self) -> EngineOptions: ...
+
+    def report(self, exc: BaseException) -> None: ...
+
+    async def start(
+        self, workflow: str, input: Any = None, *, run_id: str | None = None
+    ) -> str: ...
+
+__all__ = [
+    "CATCH_UP_POLICIES",
+    "Schedule",
+    "ScheduleInfo",
+    "Scheduler",
+    "Schedules",
+    "schedule_options",
+    "schedule_run_id",
+    "virtual_wall_clock",
+]
+
+CatchUp = Literal["skip", "once", "all"]
+#: What a schedule does with ticks missed while no engine ran (see :class:`Schedule`).
+CATCH_UP_POLICIES: Final = ("skip", "once", "all")
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+
+
+#: ``open_engine`` keywords that are the scheduler's :class:`EngineOptions`.
+SCHEDULE_OPTIONS: Final = ("wall_clock", "schedule_grace", "schedule_recheck")
+
+
+def schedule_options(keywords: dict[str, Any]) -> dict[str, Any]:
+    """Take the scheduler's options out of ``keywords`` (``open_engine``'s)."""
+    return {name: keywords.pop(name) for name in SCHEDULE_OPTIONS if name in keywords}
+
+
+def virtual_wall_clock(epoch: float = 1_800_000_000.0) -> Callable[[], float]:
+    """A wall clock for tests: ``epoch + trio.current_time()``, so a scheduler under trio's
+    virtual clock (``autojump_clock``) sees calendar time move with it. The default epoch,
+    2027-01-15 08:00:00 UTC, is a whole hour, so ``every=60`` ticks fall at virtual
+    t = 60, 120, ..."""
+    return lambda: epoch + trio.current_time()
+
+
+def schedule_run_id(name: str, tick: float) -> str:
+    """The id of the run a schedule's tick starts: ``sched:{name}:{tick as UTC ISO 8601}``
+    (microseconds only when the tick has them)."""
+    moment = datetime.datetime.fromtimestamp(tick, datetime.UTC)
+    spec = "seconds" if moment.microsecond == 0 else "microseconds"
+    return f"sched:{name}:{moment.isoformat(timespec=spec).replace('+00:00', 'Z')}"
+
+
+@attrs.frozen(kw_only=True)
+class Schedule:
+    """A schedule's definition (validated: build one with :meth:`make`)."""
+
+    name: str
+    workflow: str
+    cron: str | None = None
+    """A 5-field cron expression (``cronsim``: also ``L``, ``W``, ``#``, ``@daily``...)."""
+    every: float | None = None
+    """Or: seconds between ticks, aligned on the Unix epoch (tick = k * every)."""
+    input: Any = None
+    timezone: str = "UTC"
+    """The IANA zone the cron expression reads its calendar in."""
+    catch_up: CatchUp = "skip"
+    """Ticks missed while no engine ran (older than ``schedule_grace``): ``skip`` them,
+    run ``once`` (the latest), or run ``all`` (the latest ``max_catch_up`` of them)."""
+    max_catch_up: int = 10
+    paused: bool = False
+    created_at: float | None = None
+    """Wall-clock time it was first stored: its first tick is the first after this."""
+
+    @classmethod
+    def make(
+        cls,
+        name: Any,
+        workflow: Any,
+        *,
+        cron: Any = None,
+        every: Any = None,
+        input: Any = None,
+        timezone: Any = "UTC",
+        catch_up: Any = "skip",
+        max_catch_up: Any = 10,
+        paused: bool = False,
+        created_at: float | None = None,
+    ) -> Schedule:
+        """Validate and build a schedule.
+
+        Raises:
+            ConfigError: a bad name, cron expression, time zone, ``every`` (not a number of
+                seconds > 0), both or neither of ``cron``/``every``, catch-up policy or
+                ``max_catch_up``, or an input that is not JSON.
+        """
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ConfigError(
+                f"a schedule name is 1-200 letters, digits, '_', '.', '-', got {name!r}"
+            )
+        if not isinstance(workflow, str) or not workflow:
+            raise ConfigError(f"schedule {name!r}: workflow must be a workflow name")
+        if (cron is None) == (every is None):
+            raise ConfigError(f"schedule {name!r}: give cron= or every= (one of them)")
+        if every is not None and (
+            isinstance(every, bool)
+            or not isinstance(every, int | float)
+            or not math.isfinite(every)
+            or every <= 0
+        ):
+            raise ConfigError(f"schedule {name!r}: every must be seconds > 0, got {every!r}")
+        if not isinstance(timezone, str) or not timezone:
+            raise ConfigError(f"schedule {name!r}: timezone must be an IANA name")
+        try:
+            zone = ZoneInfo(timezone)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ConfigError(f"schedule {name!r}: unknown timezone {timezone!r}") from exc
+        if cron is not None:
+            if not isinstance(cron, str):
+                raise ConfigError(f"schedule {name!r}: cron must be a str, got {cron!r}")
+            try:
+                CronSim(cron, datetime.datetime.now(zone))
+            except CronSimError as exc:
+                raise ConfigError(f"schedule {name!r}: bad cron {cron!r}: {exc}") from exc
+        if catch_up not in CATCH_UP_POLICIES:
+            raise ConfigError(
+                f"schedule {name!r}: catch_up is one of {CATCH_UP_POLICIES}, got {catch_up!r}"
+            )
+        if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or max_catch_up < 1:
+            raise ConfigError(f"schedule {name!r}: max_catch_up must be an int >= 1")
+        return cls(
+            name=name,
+            workflow=workflow,
+            cron=cron,
+            every=None if every is None else float(every),
+            input=normalize_json(input, f"the input of schedule {name!r}"),
+            timezone=timezone,
+            catch_up=catch_up,
+            max_catch_up=max_catch_up,
+            paused=bool(paused),
+            created_at=created_at,
+        )
+
+    # -- stored form ---------------------------------------------------------------------------
+
+    def dumps(self) -> str:
+        """Its stored JSON text."""
+        return orjson.dumps(
+            {
+                "workflow": self.workflow,
+                "cron": self.cron,
+                "every": self.every,
+                "input": self.input,
+                "timezone": self.timezone,
+                "catch_up": self.catch_up,
+                "max_catch_up": self.max_catch_up,
+                "paused": self.paused,
+                "created_at": self.created_at,
+            }
+        ).decode()
+
+    @classmethod
+    def loads(cls, name: str, text: str) -> Schedule:
+        """Read a stored schedule.
+
+        Raises:
+            ConfigError: damaged (not JSON, or not a valid schedule).
+        """
+        try:
+            data = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(f"stored schedule {name!r} is not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"stored schedule {name!r} is not an object")
+        created = data.get("created_at")
+        if created is not None and not isinstance(created, int | float):
+            raise ConfigError(f"stored schedule {name!r} has a bad created_at {created!r}")
+        return cls.make(
+            name,
+            data.get("workflow"),
+            cron=data.get("cron"),
+            every=data.get("every"),
+            input=data.get("input"),
+            timezone=data.get("timezone", "UTC"),
+            catch_up=data.get("catch_up", "skip"),
+            max_catch_up=data.get("max_catch_up", 10),
+            paused=bool(data.get("paused", False)),
+            created_at=created,
+        )
+
+    def same_definition(self, other: Schedule) -> bool:
+        """Whether ``other`` defines the same ticks and run (state aside)."""
+        mine = attrs.evolve(self, paused=False, created_at=None)
+        return mine == attrs.evolve(other, paused=False, created_at=None)
+
+    # -- the calendar -----------------------------------------------------------------------
+
+    def ticks_back(self, at: float) -> Iterator[float]:
+        """Its ticks at or before ``at``, newest first (unbounded: the caller stops)."""
+        if self.every is not None:
+            k = math.floor(at / self.every)
+            while True:
+                yield k * self.every
+                k -= 1
+        assert self.cron is not None
+        zone = ZoneInfo(self.timezone)
+        # cronsim gives the ticks strictly before a time; ticks are whole seconds.
+        start = datetime.datetime.fromtimestamp(math.floor(at) + 1, zone)
+        for moment in CronSim(self.cron, start, reverse=True):
+            yield moment.timestamp()
+
+    def next_after(self, at: float) -> float | None:
+        """Its first tick strictly after ``at`` (``None``: the expression has no more)."""
+        if self.every is not None:
+            return (math.floor(at / self.every) + 1) * self.every
+        assert self.cron is not None
+        zone = ZoneInfo(self.timezone)
+        start = datetime.datetime.fromtimestamp(math.floor(at), zone)
+        for moment in CronSim(self.cron, start):
+            return moment.timestamp()
+        return None  # pragma: no cover (cronsim raises StopIteration only past year 2099)
+
+    def due(self, last: float | None, now: float, grace: float) -> tuple[list[float], float | None]:
+        """The ticks to start now, oldest first, and the newest due tick (to record).
+
+        Due ticks are those after ``last`` (the last tick handled; ``None``: after
+        ``created_at``) and at or before ``now``. Those at most ``grace`` seconds old are on
+        time and start (at most ``max_catch_up`` of them); older ones were missed: ``skip``
+        drops them, ``once`` starts the newest due tick, ``all`` starts the newest
+        ``max_catch_up`` due ticks.
+        """
+        anchor = last if last is not None else self.created_at
+        if anchor is None:
+            return [], None
+        chosen: list[float] = []
+        newest: float | None = None
+        for tick in self.ticks_back(now):
+            if tick <= anchor or len(chosen) >= self.max_catch_up:
+                break
+            if newest is None:
+                newest = tick
+            on_time = now - tick <= grace
+            if on_time or self.catch_up == "all" or (self.catch_up == "once" and not chosen):
+                chosen.append(tick)
+            else:
+                break  # (skip, once) older ticks are missed too: none of them starts
+        chosen.reverse()
+        return chosen, newest
+
+
+@attrs.frozen(kw_only=True)
+class ScheduleInfo:
+    """A stored schedule as :meth:`Schedules.list` shows it."""
+
+    name: str
+    schedule: Schedule | None
+    """``None``: the stored schedule is damaged (``error`` says how)."""
+    last_tick: float | None
+    next_tick: float | None
+    error: str | None = None
+
+
+class Schedules:
+    """The schedules of a namespace, in its run store: ``engine.schedules`` (and the
+    ``durable-trio schedules`` command). Changes are seen by every engine of the namespace
+    (within ``schedule_recheck`` seconds; at once by the engine whose API made them).
+
+    Args:
+        store: the namespace's run store.
+        wall_clock: the calendar time source (``time.time``).
+        app: when given, ``add`` refuses a workflow the app does not register.
+        on_change: called after each change (wakes the local scheduler).
+    """
+
+    def __init__(
+        self,
+        store: RunStore,
+        wall_clock: Callable[[], float],
+        *,
+        app: _App | None = None,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._wall = wall_clock
+        self._app = app
+        self._on_change = on_change or (lambda: None)
+
+    async def add(
+        self,
+        name: str,
+        workflow: str,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        input: Any = None,
+        timezone: str = "UTC",
+        catch_up: CatchUp = "skip",
+        max_catch_up: int = 10,
+        replace: bool = False,
+    ) -> bool:
+        """Store schedule ``name``: each tick starts a run of ``workflow`` with ``input``.
+
+        Its first tick is the first after now. ``replace``: overwrite an existing schedule
+        of that name (its last tick is kept: no tick runs twice).
+
+        Returns:
+            Whether it was stored (``False``: the name exists and ``replace`` is false).
+
+        Raises:
+            ConfigError: bad input (see :meth:`Schedule.make`) or an unknown workflow.
+        """
+        schedule = Schedule.make(
+            name, workflow, cron=cron, every=every, input=input, timezone=timezone,
+            catch_up=catch_up, max_catch_up=max_catch_up, created_at=self._wall(),
+        )  # fmt: skip
+        self._check_workflow(schedule)
+        stored: bool = await self._store.put_schedule(name, schedule.dumps(), replace=replace)
+        self._on_change()
+        return stored
+
+    def _check_workflow(self, schedule: Schedule) -> None:
+        if self._app is not None and schedule.workflow not in self._app.workflows:
+            raise ConfigError(
+                f"schedule {schedule.name!r}: no workflow {schedule.workflow!r} in app "
+                f"{self._app.name!r}"
+            )
+
+    async def list(self) -> list[ScheduleInfo]:
+        """Every stored schedule, by name (a damaged one with its ``error``)."""
+        now = self._wall()
+        infos = []
+        for name, text, last in sorted(await self._store.get_schedules()):
+            try:
+                schedule = Schedule.loads(name, text)
+            except ConfigError as exc:
+                infos.append(ScheduleInfo(name=name, schedule=None, last_tick=last,
+                                          next_tick=None, error=str(exc)))  # fmt: skip
+                continue
+            upcoming = None if schedule.paused else schedule.next_after(max(now, last or now))
+            infos.append(
+                ScheduleInfo(name=name, schedule=schedule, last_tick=last, next_tick=upcoming)
+            )
+        return infos
+
+    async def get(self, name: str) -> ScheduleInfo | None:
+        """One stored schedule, or ``None``."""
+        for info in await self.list():
+            if info.name == name:
+                return info
+        return None
+
+    async def pause(self, name: str) -> bool:
+        """Pause it: no tick starts until :meth:`resume` (ticks meanwhile are skipped).
+        Returns whether it exists."""
+        return await self._set_paused(name, True)
+
+    async def resume(self, name: str) -> bool:
+        """Resume it: its next tick after now starts (ticks while paused never do).
+        Returns whether it exists."""
+        return await self._set_paused(name, False)
+
+    async def _set_paused(self, name: str, paused: bool) -> bool:
+        info = await self.get(name)
+        if info is None or info.schedule is None:
+            return False
+        if not paused and info.schedule.paused:
+            # Ticks that fell while it was paused are not "missed": mark them handled.
+            newest = next(info.schedule.ticks_back(self._wall()), None)
+            if newest is not None:
+                await self._store.mark_schedule_tick(name, newest)
+        changed = attrs.evolve(info.schedule, paused=paused)
+        stored: bool = await self._store.put_schedule(name, changed.dumps(), replace=True)
+        self._on_change()
+        return stored
+
+    async def delete(self, name: str) -> bool:
+        """Delete it (runs it started stay). Returns whether it existed."""
+        deleted: bool = await self._store.delete_schedule(name)
+        self._on_change()
+        return deleted
+
+
+class Scheduler:
+    """The scheduler loop of one engine (see the module docstring)."""
+
+    def __init__(self, engine: _Engine, schedules: Schedules, changed: RepeatedEvent) -> None:
+        self._engine = engine
+        self._schedules = schedules
+        self._changed = changed
+        self._reported: set[tuple[str, str]] = set()
+        self._registered = False
+
+    async def start(self) -> None:
+        """Store the app's declared schedules before the engine is handed out (a store
+        outage: reported, and the loop tries again)."""
+        try:
+            await self.register_app_schedules()
+            self._registered = True
+        except BrokerError as exc:
+            self._engine.report(exc)
+
+    async def register_app_schedules(self) -> None:
+        """Store the app's declared schedules: a new one is added; a stored one whose
+        definition changed is replaced (keeping its paused state and last tick)."""
+        store = self._engine.store
+        wall = self._engine.options.wall_clock
+        declared = self._engine.app.schedules
+        if not declared:
+            return
+        stored = {name: text for name, text, _ in await store.get_schedules()}
+        for name, schedule in declared.items():
+            text = stored.get(name)
+            if text is None:
+                fresh = attrs.evolve(schedule, created_at=wall())
+                await store.put_schedule(name, fresh.dumps(), replace=False)
+                continue
+            try:
+                current = Schedule.loads(name, text)
+            except ConfigError:
+                current = None
+            if current is None or not schedule.same_definition(current):
+                kept = attrs.evolve(
+                    schedule,
+                    paused=current.paused if current else False,
+                    created_at=current.created_at if current else wall(),
+                )
+                await store.put_schedule(name, kept.dumps(), replace=True)
+
+    async def run(self) -> None:
+        """Register the app's schedules, then start due ticks until cancelled."""
+        options = self._engine.options
+        while not self._registered:
+            try:
+                await self.register_app_schedules()
+                self._registered = True
+            except BrokerError as exc:
+                self._engine.report(exc)
+                await trio.sleep(options.schedule_recheck)
+        while True:
+            soonest = await self.tick()
+            now = options.wall_clock()
+            delay = options.schedule_recheck
+            if soonest is not None:
+                delay = min(delay, max(0.0, soonest - now))
+            with trio.move_on_after(delay):
+                await self._changed.wait()
+
+    def _report_once(self, name: str, exc: BaseException) -> None:
+        key = (name, str(exc))
+        if key not in self._reported:
+            self._reported.add(key)
+            self._engine.report(exc)
+
+    async def tick(self) -> float | None:
+        """Start every due tick once; return the soonest next tick (wall clock)."""
+        engine = self._engine
+        options = engine.options
+        try:
+            rows = await engine.store.get_schedules()
+        except BrokerError as exc:
+            engine.report(exc)
+            return None
+        soonest: float | None = None
+        for name, text, last in rows:
+            try:
+                upcoming = await self._fire(name, text, last)
+            except ConfigError as exc:  # damaged or unknown workflow: reported, skipped
+                self._report_once(name, exc)
+                continue
+            except BrokerError as exc:
+                engine.report(exc)
+                upcoming = options.wall_clock() + options.schedule_recheck
+            if upcoming is not None and (soonest is None or upcoming < soonest):
+                soonest = upcoming
+        return soonest
+
+    async def _fire(self, name: str, text: str, last: float | None) -> float | None:
+        engine = self._engine
+        options = engine.options
+        schedule = Schedule.loads(name, text)
+        if schedule.paused:
+            return None
+        if schedule.workflow not in engine.app.workflows:
+            raise ConfigError(
+                f"schedule {name!r}: no workflow {schedule.workflow!r} in app "
+                f"{engine.app.name!r}; skipped"
+            )
+        now = options.wall_clock()
+        ticks, newest = schedule.due(last, now, options.schedule_grace)
+        for tick in ticks:
+            run_id = schedule_run_id(name, tick)
+            await engine.start(schedule.workflow, schedule.input, run_id=run_id)
+            await engine.store.mark_schedule_tick(name, tick)
+        if newest is not None and (not ticks or newest > ticks[-1]):
+            await engine.store.mark_schedule_tick(name, newest)
+        base = max(now, newest if newest is not None else now)
+        return schedule.next_after(base)

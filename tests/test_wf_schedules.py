@@ -1,0 +1,444 @@
+"""Schedules (issue 18, item 4) under trio's virtual clock, on memory, a real SQLite file and a
+private Redis: exact tick times, cron in a time zone (across a DST change), pause / resume /
+delete, two engines on one store (one run per tick), each catch-up policy after every engine
+was down, run-time schedules through the API and the CLI, bad input, damaged stored data.
+
+SQLite and Redis answer from a thread or a socket: their clock jumps only after 0.2 s of real
+idleness (``autojump_threshold``), far more than a store call takes, so the asserted virtual
+times stay exact while the store works.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+import trio.testing
+
+import durable_trio as dt
+from durable_trio._engine import App, RunStatus, WorkflowContext, open_engine, open_run_store
+from durable_trio._engine._schedules import Schedule, schedule_run_id
+from durable_trio.testing import virtual_wall_clock
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from pathlib import Path
+
+    from durable_trio._engine import Engine
+
+EPOCH = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC; a multiple of 60, 3600 s
+#: Options that leave the scheduler's ticks as the only frequent timers.
+QUIET: dict[str, Any] = {
+    "run_lease": 3600.0,
+    "reconcile_interval": None,
+    "watch_interval": None,
+    "schedule_recheck": 3600.0,
+}
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def url(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if store_kind == "memory":
+        return "memory://"
+    if store_kind == "sqlite":
+        return "sqlite:///" + str(tmp_path / "sched.db")
+    return str(request.getfixturevalue("redis_url"))
+
+
+@pytest.fixture
+def sched_clock(store_kind: str) -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0 if store_kind == "memory" else 0.2)
+
+
+def reporting_app(started: list[tuple[str, float]]) -> App:
+    app = App("reports")
+
+    @app.workflow("report")
+    async def report(ctx: WorkflowContext, input: Any) -> Any:
+        started.append((ctx.run_id, trio.current_time()))
+        return input
+
+    return app
+
+
+@asynccontextmanager
+async def engines(
+    app: App, url: str | dt.Backend, count: int = 1, **options: Any
+) -> AsyncIterator[list[Engine]]:
+    """``count`` engines of ``app`` on one backend (``url``, or one already open)."""
+    settings = {**QUIET, "wall_clock": virtual_wall_clock(EPOCH), **options}
+    async with AsyncExitStack() as stack:
+        if isinstance(url, str):
+            backend = await stack.enter_async_context(dt.open_backend(url))
+        else:
+            backend = url
+        # The run store is the backend's (SQLite file, Redis); the queues a memory broker's, so
+        # no broker polling wakes the virtual clock.
+        queues = backend
+        if not backend.url.startswith("memory"):
+            queues = await stack.enter_async_context(dt.open_backend("memory://"))
+        store = await stack.enter_async_context(open_run_store(backend, app.name))
+        opened = [
+            await stack.enter_async_context(
+                open_engine(app, queues, store=store, engine_id=f"e{i}", **settings)
+            )
+            for i in range(count)
+        ]
+        yield opened
+
+
+def times(started: list[tuple[str, float]]) -> list[float]:
+    return [t for _, t in started]
+
+
+async def test_every_60_starts_runs_at_exactly_60_120_180(
+    url: str, sched_clock: trio.testing.MockClock
+) -> None:
+    started: list[tuple[str, float]] = []
+    app = reporting_app(started)
+    app.schedule("minutely", "report", every=60, input={"k": 1})
+    async with engines(app, url) as (engine,):
+        await trio.sleep_until(200)
+        assert times(started) == [60, 120, 180]
+        ids = [run_id for run_id, _ in started]
+        assert ids[0] == "sched:minutely:2027-01-15T08:01:00Z"
+        assert ids == [schedule_run_id("minutely", EPOCH + t) for t in (60, 120, 180)]
+        for run_id in ids:
+            assert await engine.result(run_id) == {"k": 1}
+        (info,) = await engine.schedules.list()
+        assert info.last_tick == EPOCH + 180
+        assert info.next_tick == EPOCH + 240
+
+
+async def test_cron_in_a_time_zone(url: str, sched_clock: trio.testing.MockClock) -> None:
+    # Kathmandu is UTC+05:45: "15 * * * *" there fires at :30 UTC. The wall clock starts at
+    # 08:29 UTC (14:14 local): the first tick is 08:30 UTC, at virtual t = 60.
+    started: list[tuple[str, float]] = []
+    app = reporting_app(started)
+    app.schedule("quarter", "report", cron="15 * * * *", timezone="Asia/Kathmandu")
+    async with engines(app, url, wall_clock=virtual_wall_clock(EPOCH + 29 * 60)) as (engine,):
+        await trio.sleep_until(120)
+        (info,) = await engine.schedules.list()
+    assert started == [("sched:quarter:2027-01-15T08:30:00Z", 60)]
+    assert info.next_tick == EPOCH + 90 * 60  # 09:30 UTC
+
+
+async def test_cron_in_a_time_zone_across_a_dst_change(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    url = "memory://"  # three virtual days: the other stores run the short test above
+    # 2027-03-28 is the spring-forward day in Paris: 02:00 CET jumps to 03:00 CEST.
+    # "30 2 * * *" has no 02:30 that day: cronsim fires at 03:00 CEST, the first valid time.
+    paris = datetime.timezone(datetime.timedelta(hours=1))
+    epoch = datetime.datetime(2027, 3, 27, 0, 0, tzinfo=paris).timestamp()
+    started: list[tuple[str, float]] = []
+    app = reporting_app(started)
+    app.schedule("nightly", "report", cron="30 2 * * *", timezone="Europe/Paris")
+    async with engines(app, url, wall_clock=virtual_wall_clock(epoch)):
+        await trio.sleep_until(3 * 86400)
+    hour = 3600
+    assert times(started) == [
+        2.5 * hour,  # 27 March 02:30 CET
+        24 * hour + 2 * hour,  # 28 March 03:00 CEST = 01:00 UTC (02:30 does not exist)
+        48 * hour + 1.5 * hour,  # 29 March 02:30 CEST = 00:30 UTC
+    ]
+    assert started[1][0] == "sched:nightly:2027-03-28T01:00:00Z"
+
+
+async def test_pause_resume_delete(url: str, sched_clock: trio.testing.MockClock) -> None:
+    started: list[tuple[str, float]] = []
+    app = reporting_app(started)
+    async with engines(app, url) as (engine,):
+        assert await engine.schedules.add("s", "report", every=10)
+        assert not await engine.schedules.add("s", "report", every=10)  # taken
+        await trio.sleep_until(25)
+        assert await engine.schedules.pause("s")
+        await trio.sleep_until(55)
+        info = await engine.schedules.get("s")
+        assert info is not None
+        assert info.schedule is not None
+        assert info.schedule.paused
+        assert info.next_tick is None
+        assert await engine.schedules.resume("s")
+        await trio.sleep_until(75)
+        assert await engine.schedules.delete("s")
+        assert not await engine.schedules.delete("s")
+        assert not await engine.schedules.pause("s")
+        await trio.sleep_until(100)
+    # 10, 20 before the pause; 30-50 fell while paused (never started); 60, 70 after resume.
+    assert times(started) == [10, 20, 60, 70]
+
+
+async def test_two_engines_on_one_store_start_each_tick_once(
+    url: str, sched_clock: trio.testing.MockClock
+) -> None:
+    started: list[tuple[str, float]] = []
+    app = reporting_app(started)
+    app.schedule("both", "report", every=30)
+    async with engines(app, url, count=2) as (first, _):
+        await trio.sleep_until(100)
+        runs = await first.store.list_runs()
+    assert times(started) == [30, 60, 90]
+    assert sorted(r.run_id for r in runs) == sorted(run_id for run_id, _ in started)
+
+
+@pytest.mark.parametrize(
+    ("catch_up", "expected"),
+    [
+        ("skip", [1000]),  # the 6 missed ticks (400-900) never start; the next on-time does
+        ("once", [980, 1000]),  # the latest missed tick (900) starts when an engine is back
+        ("all", [980, 980, 980, 1000]),  # the newest max_catch_up=3 missed ticks: 700-900
+    ],
+)
+async def test_catch_up_after_every_engine_was_down(
+    url: str, sched_clock: trio.testing.MockClock, catch_up: str, expected: list[float]
+) -> None:
+    started: list[tuple[str, float]] = []
+    app = reporting_app(started)
+    app.schedule("hourly", "report", every=100, catch_up=catch_up, max_catch_up=3)  # type: ignore[arg-type]
+    async with dt.open_backend(url) as backend:
+        async with engines(app, backend):
+            await trio.sleep_until(350)
+        assert times(started) == [100, 200, 300]
+        started.clear()
+        # Every engine down for ticks 400..900; back at 980, when 900 is 80 s old: past
+        # schedule_grace (60 s), so missed.
+        await trio.sleep_until(980)
+        async with engines(app, backend) as (engine,):
+            await trio.sleep_until(1050)
+            ids = sorted(run_id for run_id, _ in started)
+            count = len(await engine.store.list_runs())
+    assert times(started) == expected
+    if catch_up == "all":
+        assert ids[:3] == [schedule_run_id("hourly", EPOCH + t) for t in (700, 800, 900)]
+    if catch_up == "once":
+        assert ids[0] == schedule_run_id("hourly", EPOCH + 900)
+    assert count == 3 + len(expected)
+
+
+async def test_bad_input_is_a_config_error_at_once() -> None:
+    app = App("bad")
+
+    @app.workflow("wf")
+    async def wf(ctx: WorkflowContext, _: Any) -> None:
+        return None
+
+    cases: list[dict[str, Any]] = [
+        {"cron": "not a cron"},
+        {"cron": "0 3 * * *", "timezone": "Mars/Olympus"},
+        {"every": 0},
+        {"every": -5},
+        {},
+        {"cron": "0 3 * * *", "every": 5},
+        {"every": 5, "catch_up": "sometimes"},
+        {"every": 5, "max_catch_up": 0},
+    ]
+    for kwargs in cases:
+        with pytest.raises(dt.ConfigError):
+            app.schedule("s", "wf", **kwargs)
+    with pytest.raises(dt.ConfigError, match="no workflow"):
+        app.schedule("s", "missing", every=5)
+    with pytest.raises(dt.ConfigError, match="schedule name"):
+        app.schedule("bad name!", "wf", every=5)
+    app.schedule("s", "wf", every=5)
+    with pytest.raises(dt.ConfigError, match="already declared"):
+        app.schedule("s", "wf", every=5)
+
+
+async def test_runtime_add_refuses_bad_input(autojump_clock: trio.testing.MockClock) -> None:
+    started: list[tuple[str, float]] = []
+    app = reporting_app(started)
+    async with engines(app, "memory://") as (engine,):
+        with pytest.raises(dt.ConfigError, match="no workflow"):
+            await engine.schedules.add("s", "nope", every=5)
+        with pytest.raises(dt.ConfigError, match="every"):
+            await engine.schedules.add("s", "report", every=0)
+        assert await engine.schedules.list() == []
+
+
+async def test_a_damaged_stored_schedule_is_reported_and_skipped(
+    url: str, sched_clock: trio.testing.MockClock
+) -> None:
+    started: list[tuple[str, float]] = []
+    errors: list[BaseException] = []
+    app = reporting_app(started)
+    app.schedule("good", "report", every=50)
+    async with engines(app, url, on_error=errors.append) as (engine,):
+        await engine.store.put_schedule("broken", "{not json", replace=False)
+        wrong = Schedule.make("ghost", "report", every=10).dumps().replace("report", "gone")
+        await engine.store.put_schedule("ghost", wrong, replace=False)
+        await trio.sleep_until(120)
+        infos = {i.name: i for i in await engine.schedules.list()}
+    assert times(started) == [50, 100]
+    assert infos["broken"].schedule is None
+    assert "not JSON" in str(infos["broken"].error)
+    messages = [str(e) for e in errors]
+    assert sum("not JSON" in m for m in messages) == 1  # reported once, not every pass
+    assert sum("'gone'" in m for m in messages) == 1
+
+
+async def test_a_changed_declaration_replaces_the_stored_one_keeping_its_state(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    started: list[tuple[str, float]] = []
+    app = reporting_app(started)
+    app.schedule("s", "report", every=10)
+    redeployed = reporting_app(started)
+    redeployed.schedule("s", "report", every=20, input="v2")
+    async with dt.open_backend("memory://") as backend:
+        async with engines(app, backend) as (engine,):
+            await engine.schedules.pause("s")
+        async with engines(redeployed, backend) as (engine,):
+            (info,) = await engine.schedules.list()
+    assert info.schedule is not None
+    assert (info.schedule.every, info.schedule.input, info.schedule.paused) == (20.0, "v2", True)
+
+
+def test_schedules_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from durable_trio._cli import main
+
+    db = tmp_path / "cli.db"
+    backend = ["--backend", f"sqlite:///{db}", "--namespace", "reports"]
+    nightly = ["nightly", "report", "--cron", "0 3 * * *", "--timezone", "Europe/Paris"]
+    assert main(["schedules", "add", *nightly, "--input", '{"to": "ops"}', *backend]) == 0
+    assert main(["schedules", "add", "often", "report", "--every", "30", *backend]) == 0
+    assert main(["schedules", "add", "bad", "report", "--every", "0", *backend]) == 2
+    assert main(["schedules", "pause", "often", *backend]) == 0
+    capsys.readouterr()
+    assert main(["schedules", "list", "--json", *backend]) == 0
+    listed = {s["name"]: s for s in json.loads(capsys.readouterr().out)}
+    assert listed["nightly"]["cron"] == "0 3 * * *"
+    assert listed["nightly"]["input"] == {"to": "ops"}
+    assert listed["often"]["paused"] is True
+    assert main(["schedules", "resume", "often", *backend]) == 0
+    assert main(["schedules", "delete", "nightly", *backend]) == 0
+    assert main(["schedules", "delete", "nightly", *backend]) == 1
+    capsys.readouterr()
+    assert main(["schedules", "list", *backend]) == 0
+    out = capsys.readouterr().out
+    assert "often" in out
+    assert "nightly" not in out
+
+    # An engine of the namespace fires the schedule the CLI added.
+    started: list[tuple[str, float]] = []
+
+    async def serve() -> None:
+        async with engines(reporting_app(started), f"sqlite:///{db}") as (engine,):
+            await trio.sleep(95)
+            assert RunStatus.COMPLETED in (await engine.store.count_runs())
+
+    trio.run(serve, clock=trio.testing.MockClock(autojump_threshold=0.2))
+    # Added (real time) before the virtual epoch: at t=0 the ticks of the last schedule_grace
+    # (60 s: 07:59:00, 07:59:30, 08:00:00) are on time and start; then 30, 60, 90.
+    assert times(started) == [0, 0, 0, 30, 60, 90]
+    assert started[0][0] == "sched:often:2027-01-15T07:59:00Z"
+
+
+# --------------------------------------------------------------------------- simulation
+
+#: Seeds run with two engines killed and replaced while a schedule ticks (kept: they hold).
+SCHEDULE_SEEDS = (3, 11, 18)
+
+
+@pytest.mark.parametrize("seed", SCHEDULE_SEEDS)
+def test_simulated_schedule_ticks_once_with_two_engines_and_kills(seed: int) -> None:
+    from durable_trio.testing import Faults, Simulation
+
+    app = App("sim-sched")
+
+    @app.step("work")
+    async def work(n: int) -> int:
+        return n + 1
+
+    @app.workflow("order")
+    async def order(ctx: WorkflowContext, n: int) -> int:
+        return int(await ctx.step("work", n))
+
+    @app.workflow("tick")
+    async def tick(ctx: WorkflowContext, _: Any) -> str:
+        await ctx.sleep(5)
+        return ctx.run_id
+
+    app.schedule("every-minute", "tick", every=60, catch_up="skip")
+
+    def workload(rng: Any, index: int) -> tuple[str, Any]:
+        return "order", rng.randrange(100)
+
+    faults = Faults(engine_kills_per_hour=12.0, engine_restart_delay=120.0)
+    report = Simulation(
+        app,
+        workload,
+        seed=seed,
+        runs=30,
+        duration=3600,
+        engines=2,
+        faults=faults,
+        engine_options={"wall_clock": virtual_wall_clock(EPOCH), "run_lease": 30.0},
+    ).run_sync()
+    assert report.violations == ()
+    assert report.faults.get("engine-kill", 0) >= 3
+    (ticks,) = [e for e in report.history if e["ev"] == "schedule-ticks"]
+    assert ticks["started"] >= 55  # 60 ticks in the hour; a few while both engines were down
+
+
+async def test_a_schedule_starts_remote_workflow_runs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A remote workflow (its code on a workflow worker, a turn at a time) is scheduled the
+    same way: the engine starts the tick's run, the worker runs its turns."""
+    from durable_trio._engine import open_worker
+
+    app = App("remote-reports")
+
+    @app.workflow("remote-report", remote=True)
+    async def remote_report(ctx: WorkflowContext, input: Any) -> Any:
+        await ctx.sleep(1)
+        return input
+
+    app.schedule("remote", "remote-report", every=60, input="r")
+    async with dt.open_backend("memory://") as backend, open_worker(app, backend):
+        async with engines(app, backend) as (engine,):
+            await trio.sleep_until(130)
+            runs = await engine.store.list_runs()
+            outputs = {r.run_id: await engine.result(r.run_id) for r in runs}
+    assert outputs == {schedule_run_id("remote", EPOCH + t): "r" for t in (60, 120)}
+
+
+async def test_a_store_outage_is_reported_and_the_scheduler_goes_on(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Fault injection at one point: the store's schedule reads fail for the first 3 calls (the
+    registration at start included); each failure is reported, the loop retries, and the ticks
+    still start at their exact times."""
+    from durable_trio._engine._stores.memory import MemoryRunStore
+
+    class Flaky(MemoryRunStore):
+        failures = 3
+
+        async def get_schedules(self) -> list[tuple[str, str, float | None]]:
+            if self.failures:
+                self.failures -= 1
+                await trio.lowlevel.checkpoint()
+                raise dt.BrokerUnavailable("injected: the store is down")
+            return await super().get_schedules()
+
+    started: list[tuple[str, float]] = []
+    errors: list[BaseException] = []
+    app = reporting_app(started)
+    app.schedule("s", "report", every=60)
+    store = Flaky()
+    async with dt.open_backend("memory://") as backend:
+        settings = {**QUIET, "schedule_recheck": 1.0, "wall_clock": virtual_wall_clock(EPOCH)}
+        async with open_engine(app, backend, store=store, on_error=errors.append, **settings):
+            await trio.sleep_until(130)
+    assert times(started) == [60, 120]
+    assert sum(isinstance(e, dt.BrokerUnavailable) for e in errors) == 3
