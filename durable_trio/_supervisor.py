@@ -370,8 +370,10 @@ def run_worker_processes(
                             received.append(signum)
                             name = signal.Signals(signum).name
                             if len(received) == 1:
-                                say(f"{name}: closing {supervisor.processes} worker "
-                                    "process(es) gracefully (send it again to close now)")
+                                say(
+                                    f"{name}: closing {supervisor.processes} worker "
+                                    "process(es) gracefully (send it again to close now)"
+                                )
                             else:
                                 say(f"{name} again: the worker processes close now")
                             supervisor.forward(signum)

@@ -139,12 +139,26 @@ def _child_worker_args(args: argparse.Namespace) -> list[str]:
     return forwarded
 
 
+def _log_to_stderr() -> None:
+    """The supervisor's lines (starts, restarts, crash loops) on stderr, unless the
+    ``durable_trio`` logger already has a handler."""
+    import logging
+
+    logger = logging.getLogger("durable_trio")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("supervisor: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     from .._supervisor import PARENT_ENV, resolve_processes, run_worker_processes, watch_parent
 
     processes = resolve_processes(args.processes)
     if processes > 1:
         load_app(args.target)  # a bad target is one error here, not N crash loops
+        _log_to_stderr()
         return run_worker_processes(
             args.target,
             args.backend,
