@@ -9,6 +9,7 @@ hit the crash-loop limit, which is reported (log line, exit status 3).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -114,10 +115,8 @@ class Supervisor:
         if self.process.stdout is not None:
             self.process.stdout.close()
         for _, pid in self.banners:  # no child outlives a test
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def alive(pid: int) -> bool:
@@ -154,8 +153,6 @@ def supervisor_argv(url: str, namespace: str, *extra: str) -> list[str]:
         sys.executable, "-m", "durable_trio", "worker", TARGET, "--backend", url,
         "--namespace", namespace, "--processes", "2", *extra,
     ]  # fmt: skip
-
-
 
 
 @pytest.mark.chaos
@@ -197,7 +194,8 @@ async def test_a_child_killed_with_9_is_replaced_and_its_jobs_come_back(
             supervisor.kill()
     pids = {pid for _, pid in first}
     assert victim in pids
-    assert replacement[1] not in pids and replacement[0] not in {i for i, _ in first}
+    assert replacement[1] not in pids
+    assert replacement[0] not in {i for i, _ in first}
     assert held  # the victim held claims; each came back and ran again elsewhere
     assert set(results) == {f"s{n}" for n in range(6)}
     assert all(results[step] != victim for step in results)
@@ -286,5 +284,6 @@ async def test_children_that_die_at_start_hit_the_crash_loop_limit(tmp_path: Pat
     for slot in (0, 1):
         assert f"worker process {slot}: crash loop (3 deaths within 60 s" in done.stderr
         assert done.stderr.count(f"worker process {slot} started") == 3
-    assert "restarting in 0.1 s" in done.stderr and "restarting in 0.2 s" in done.stderr
+    assert "restarting in 0.1 s" in done.stderr
+    assert "restarting in 0.2 s" in done.stderr
     assert elapsed < 60
