@@ -45,7 +45,8 @@ async def until(predicate: Callable[[], object]) -> None:
 
 
 def sync_app(gate: threading.Event | None = None) -> tuple[App, dict[str, Any]]:
-    app, seen = App("sync"), {"running": 0, "most": 0, "threads": set(), "ended": 0}
+    app = App("sync")
+    seen: dict[str, Any] = {"running": 0, "most": 0, "threads": set(), "ended": 0}
     lock = threading.Lock()
 
     @app.step("blocking")
