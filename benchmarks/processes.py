@@ -1,0 +1,116 @@
+"""S1 drain with ``durable-trio worker --processes N`` (issue 19): N worker processes under
+the supervisor against one, back to back on the same private redis-server.
+
+Timed as the peers' S1: from the worker's spawn (here the supervisor's, so the N children's
+start is counted) to the last of ``jobs`` results consumed by this process; the note gives the
+rate from the first child's banner (imports and connecting done). Each child serves the no-op
+step of ``benchmarks/_bench_app.py`` at concurrency 10, through ``open_worker``.
+
+    python -m benchmarks.processes [--quick]
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+import durable_trio as dt
+
+from .redis_server import flushall, private_redis, redis_version
+
+APP = f"{Path(__file__).with_name('_bench_app.py')}:app"
+SRC = Path(__file__).resolve().parent.parent
+
+
+def _spawn(url: str, namespace: str, processes: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    argv = [
+        sys.executable, "-m", "durable_trio", "worker", APP, "--backend", url,
+        "--namespace", namespace, "--concurrency", "10", "--processes", str(processes),
+    ]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+
+
+async def drain_processes(url: str, *, jobs: int, processes: int) -> tuple[float, float]:
+    """(jobs/s from the spawn, jobs/s from the first child's banner)."""
+    namespace = f"s1p{processes}-{time.monotonic_ns()}"
+    async with (
+        dt.open_backend(url) as backend,
+        dt.open_queue_transport(backend, namespace=namespace, result_concurrency=64) as engine,
+    ):
+        for first in range(0, jobs, 1000):
+            await engine.dispatch_many(
+                [
+                    dt.RemoteTask(run_id="bench", step_id=str(n), attempt=1, name="noop-0")
+                    for n in range(first, min(first + 1000, jobs))
+                ]
+            )
+        done, count = trio.Event(), 0
+
+        async def on_result(result: dt.StepResult) -> None:
+            nonlocal count
+            count += 1
+            if count == jobs:
+                done.set()
+
+        engine.on_result(on_result)
+        spawned = time.time()
+        worker = await trio.to_thread.run_sync(_spawn, url, namespace, processes)
+        try:
+            assert worker.stdout is not None
+            await trio.to_thread.run_sync(worker.stdout.readline)
+            banner = time.time()
+            with trio.fail_after(300):
+                await done.wait()
+            end = time.time()
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                await trio.to_thread.run_sync(worker.wait, 20)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+            if worker.stdout is not None:
+                worker.stdout.close()
+    return jobs / (end - spawned), jobs / (end - banner)
+
+
+async def run(url: str, quick: bool) -> dict[str, tuple[float, str]]:
+    """1 then 2 processes, alternated ``runs`` times on ``url`` (flushed between): medians."""
+    jobs, runs = (2_000, 1) if quick else (10_000, 3)
+    measured: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
+    for _ in range(runs):
+        for processes in (1, 2):
+            flushall(url)
+            measured[processes].append(await drain_processes(url, jobs=jobs, processes=processes))
+    figures: dict[str, tuple[float, str]] = {}
+    for processes, rates in measured.items():
+        spawn = statistics.median(r[0] for r in rates)
+        ready = statistics.median(r[1] for r in rates)
+        figures[f"S1 drain, --processes {processes} (round trips/s)"] = (
+            spawn,
+            f"{ready:,.0f}/s from the first child's banner",
+        )
+    one = figures["S1 drain, --processes 1 (round trips/s)"][0]
+    two = figures["S1 drain, --processes 2 (round trips/s)"][0]
+    figures["S1 drain, --processes 2 / 1 (ratio)"] = (two / one, f"{os.cpu_count()} core(s)")
+    return figures
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    with private_redis() as server:
+        print(f"  (private redis-server {redis_version(server.url)} on {server.url})")
+        for name, (value, note) in trio.run(run, server.url, quick).items():
+            print(f"  {name:<45} {value:>12,.2f}  {note}")
+
+
+if __name__ == "__main__":
+    main()
