@@ -12,6 +12,7 @@ step of ``benchmarks/_bench_app.py`` at concurrency 10, through ``open_worker``.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -23,7 +24,7 @@ import trio
 
 import durable_trio as dt
 
-from .redis_server import flushall, private_redis, redis_version
+from .redis_server import _info_fields, flushall, private_redis, redis_version
 
 APP = f"{Path(__file__).with_name('_bench_app.py')}:app"
 SRC = Path(__file__).resolve().parent.parent
@@ -38,8 +39,21 @@ def _spawn(url: str, namespace: str, processes: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
 
 
-async def drain_processes(url: str, *, jobs: int, processes: int) -> tuple[float, float]:
-    """(jobs/s from the spawn, jobs/s from the first child's banner)."""
+def _redis_cpu(url: str) -> float:
+    fields = _info_fields(url, "cpu")
+    return float(fields["used_cpu_user"]) + float(fields["used_cpu_sys"])
+
+
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def drain_processes(
+    url: str, *, jobs: int, processes: int
+) -> tuple[float, float, float, float, float]:
+    """(jobs/s from the spawn, jobs/s from the first child's banner, and the CPU seconds of the
+    workers (supervisor included), of this process (dispatch and results) and of Redis)."""
     namespace = f"s1p{processes}-{time.monotonic_ns()}"
     async with (
         dt.open_backend(url) as backend,
@@ -61,6 +75,8 @@ async def drain_processes(url: str, *, jobs: int, processes: int) -> tuple[float
                 done.set()
 
         engine.on_result(on_result)
+        mine, children, server = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN), 0.0
+        server = _redis_cpu(url)
         spawned = time.time()
         worker = await trio.to_thread.run_sync(_spawn, url, namespace, processes)
         try:
@@ -70,6 +86,7 @@ async def drain_processes(url: str, *, jobs: int, processes: int) -> tuple[float
             with trio.fail_after(300):
                 await done.wait()
             end = time.time()
+            mine, server = _cpu(resource.RUSAGE_SELF) - mine, _redis_cpu(url) - server
         finally:
             worker.send_signal(signal.SIGTERM)
             try:
@@ -79,13 +96,15 @@ async def drain_processes(url: str, *, jobs: int, processes: int) -> tuple[float
                 worker.wait()
             if worker.stdout is not None:
                 worker.stdout.close()
-    return jobs / (end - spawned), jobs / (end - banner)
+    # the supervisor waited for its children, this process for the supervisor: all counted
+    workers = _cpu(resource.RUSAGE_CHILDREN) - children
+    return jobs / (end - spawned), jobs / (end - banner), workers, mine, server
 
 
 async def run(url: str, quick: bool) -> dict[str, tuple[float, str]]:
     """1 then 2 processes, alternated ``runs`` times on ``url`` (flushed between): medians."""
     jobs, runs = (2_000, 1) if quick else (10_000, 3)
-    measured: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
+    measured: dict[int, list[tuple[float, ...]]] = {1: [], 2: []}
     for _ in range(runs):
         for processes in (1, 2):
             flushall(url)
@@ -94,9 +113,11 @@ async def run(url: str, quick: bool) -> dict[str, tuple[float, str]]:
     for processes, rates in measured.items():
         spawn = statistics.median(r[0] for r in rates)
         ready = statistics.median(r[1] for r in rates)
+        workers, mine, server = (statistics.median(r[i] for r in rates) for i in (2, 3, 4))
         figures[f"S1 drain, --processes {processes} (round trips/s)"] = (
             spawn,
-            f"{ready:,.0f}/s from the first child's banner",
+            f"{ready:,.0f}/s from the first child's banner; CPU s: workers {workers:.1f}, "
+            f"dispatcher {mine:.1f}, redis {server:.1f}",
         )
     one = figures["S1 drain, --processes 1 (round trips/s)"][0]
     two = figures["S1 drain, --processes 2 (round trips/s)"][0]
