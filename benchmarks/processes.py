@@ -2,9 +2,11 @@
 the supervisor against one, back to back on the same private redis-server.
 
 Timed as the peers' S1: from the worker's spawn (here the supervisor's, so the N children's
-start is counted) to the last of ``jobs`` results consumed by this process; the note gives the
-rate from the first child's banner (imports and connecting done). Each child serves the no-op
-step of ``benchmarks/_bench_app.py`` at concurrency 10, through ``open_worker``.
+start is counted) to the last of ``jobs`` done signals (a datagram each step body sends, as
+the peers' jobs do; results are left in their queue, no one consumes them); the note gives the
+rate from the first child's banner (imports and connecting done) and the CPU seconds of the
+workers, this process and Redis. Each child serves the no-op step of
+``benchmarks/_bench_app.py`` at concurrency 10, through ``open_worker``.
 
     python -m benchmarks.processes [--quick]
 """
@@ -30,8 +32,8 @@ APP = f"{Path(__file__).with_name('_bench_app.py')}:app"
 SRC = Path(__file__).resolve().parent.parent
 
 
-def _spawn(url: str, namespace: str, processes: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+def _spawn(url: str, namespace: str, processes: int, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(SRC), "BENCH_DONE_PORT": str(port)}
     argv = [
         sys.executable, "-m", "durable_trio", "worker", APP, "--backend", url,
         "--namespace", namespace, "--concurrency", "10", "--processes", str(processes),
@@ -53,8 +55,12 @@ async def drain_processes(
     url: str, *, jobs: int, processes: int
 ) -> tuple[float, float, float, float, float]:
     """(jobs/s from the spawn, jobs/s from the first child's banner, and the CPU seconds of the
-    workers (supervisor included), of this process (dispatch and results) and of Redis)."""
+    workers (supervisor included), of this process (dispatch, done signals) and of Redis)."""
     namespace = f"s1p{processes}-{time.monotonic_ns()}"
+    udp = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
+    udp.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 1 << 22)  # drop none
+    await udp.bind(("127.0.0.1", 0))
+    port = udp.getsockname()[1]
     async with (
         dt.open_backend(url) as backend,
         dt.open_queue_transport(backend, namespace=namespace, result_concurrency=64) as engine,
@@ -66,26 +72,27 @@ async def drain_processes(
                     for n in range(first, min(first + 1000, jobs))
                 ]
             )
-        done, count = trio.Event(), 0
+        done = trio.Event()
 
-        async def on_result(result: dt.StepResult) -> None:
-            nonlocal count
-            count += 1
-            if count == jobs:
-                done.set()
+        async def count_done_signals() -> None:
+            seen: set[bytes] = set()
+            while len(seen) < jobs:
+                seen.add((await udp.recvfrom(64))[0])
+            done.set()
 
-        engine.on_result(on_result)
         mine, children, server = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN), 0.0
         server = _redis_cpu(url)
         spawned = time.time()
-        worker = await trio.to_thread.run_sync(_spawn, url, namespace, processes)
+        worker = await trio.to_thread.run_sync(_spawn, url, namespace, processes, port)
         try:
-            assert worker.stdout is not None
-            await trio.to_thread.run_sync(worker.stdout.readline)
-            banner = time.time()
-            with trio.fail_after(300):
-                await done.wait()
-            end = time.time()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(count_done_signals)
+                assert worker.stdout is not None
+                await trio.to_thread.run_sync(worker.stdout.readline)
+                banner = time.time()
+                with trio.fail_after(300):
+                    await done.wait()
+                end = time.time()
             mine, server = _cpu(resource.RUSAGE_SELF) - mine, _redis_cpu(url) - server
         finally:
             worker.send_signal(signal.SIGTERM)
@@ -96,6 +103,7 @@ async def drain_processes(
                 worker.wait()
             if worker.stdout is not None:
                 worker.stdout.close()
+            udp.close()
     # the supervisor waited for its children, this process for the supervisor: all counted
     workers = _cpu(resource.RUSAGE_CHILDREN) - children
     return jobs / (end - spawned), jobs / (end - banner), workers, mine, server
