@@ -187,7 +187,7 @@ async def test_a_child_killed_with_9_is_replaced_and_its_jobs_come_back(
             os.kill(victim, signal.SIGKILL)
             replacement = await supervisor.read_banner(0.5 + 20)  # backoff 0.5 s, then start
             # a job back from a stall is a suspect: each worker runs one at a time
-            await until(lambda: len(results) == 6, 2.0 + 0.5 + 6 * 1.0 + SLACK)
+            await until(lambda: len(results) == 6, 2.0 + 0.5 + 6 * 1.0 + 2 * SLACK)
         finally:
             supervisor.process.send_signal(signal.SIGTERM)
             status = await supervisor.exit_status(5.0 + 2.0 + CLOSE_MARGIN + SLACK)
