@@ -287,3 +287,37 @@ async def test_children_that_die_at_start_hit_the_crash_loop_limit(tmp_path: Pat
     assert "restarting in 0.1 s" in done.stderr
     assert "restarting in 0.2 s" in done.stderr
     assert elapsed < 60
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--processes", "0"], "error: processes must be a positive integer or 'auto', got 0"),
+        (["--processes", "many"], "error: processes must be a positive integer or 'auto'"),
+    ],
+)
+def test_a_bad_processes_option_is_one_line_and_status_2(args: list[str], error: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "durable_trio", "worker", TARGET, "--backend", "memory://", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(TESTS.parent)},
+        timeout=30,
+        check=False,
+    )
+    assert (done.returncode, done.stderr.startswith(error)) == (2, True), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_bad_target_is_refused_once_before_any_child_starts() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "durable_trio", "worker", "no_such_module:app", "--processes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "error: cannot import 'no_such_module': No module named 'no_such_module'"
+    ]
