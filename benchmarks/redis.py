@@ -9,6 +9,8 @@
 * S4: Redis commands/s of an idle worker process serving 1 and 10 queues (INFO commandstats),
   everything counted: polls, the wake-up doorbell and the liveness keys (T11, docs/spec.md).
 * S5: throughput of the same drain with 1k, 100k and 1M tasks pending.
+* S1 with ``durable-trio worker --processes 2`` against ``--processes 1`` (issue 19), back to
+  back: see ``benchmarks/processes.py``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import trio
 
 import durable_trio as dt
 
+from . import processes
 from ._redis_worker import DONE
 from .redis_server import commandstats_total, flushall
 
@@ -272,7 +275,8 @@ async def run(url: str, quick: bool, *, redis: bool = True) -> dict[str, tuple[f
             rate,
             f"worker start -> last done signal; worker CPU {worker_us:,.0f} us/job",
         )
-    if redis:
+    if redis:  # issue 19: the same drain by `durable-trio worker --processes 2` against 1
+        figures.update(await processes.run(url, quick))
         clean()
         one, bulk = await enqueue(url, jobs=jobs)
         figures["S2 enqueue one by one (tasks/s)"] = (one, "")

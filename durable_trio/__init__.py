@@ -81,6 +81,13 @@ from ._ops import (
 from ._options import TransportOptions
 from ._signals import SignalClose, close_on_signals
 from ._step_timeout import StepTimedOut
+from ._supervisor import (
+    RestartPolicy,
+    WorkerProcess,
+    WorkerProcesses,
+    open_worker_processes,
+    run_worker_processes,
+)
 from ._telemetry import EVENTS_LOGGER, instrument, is_instrumented, uninstrument
 from ._transport import QueueTransport, TransportStatistics, open_queue_transport
 from ._wire import (
@@ -146,6 +153,7 @@ __all__ = [
     "QueueTransport",
     "QueueView",
     "RemoteTask",
+    "RestartPolicy",
     "Retry",
     "RunCancelled",
     "RunDetails",
@@ -192,6 +200,8 @@ __all__ = [
     "UnknownWorkflow",
     "Worker",
     "WorkerDescriptor",
+    "WorkerProcess",
+    "WorkerProcesses",
     "WorkerStatistics",
     "WorkerStatus",
     "WorkerView",
@@ -210,6 +220,8 @@ __all__ = [
     "open_run_store",
     "open_tenant_client",
     "open_worker",
+    "open_worker_processes",
+    "run_worker_processes",
     "step_info",
     "uninstrument",
 ]

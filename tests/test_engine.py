@@ -927,10 +927,16 @@ async def test_engine_seed_makes_jitter_reproducible(
     assert 0 < ends[0] < 30.0
 
 
+async def once_async(x: Any) -> Any:
+    return x
+
+
 def test_the_app_refuses_what_cannot_work() -> None:
     app = App("shop")
-    with pytest.raises(dt.ConfigError, match="async def"):
-        app.step("sync")(lambda x: x)
+    with pytest.raises(dt.ConfigError, match="must be a function"):
+        app.step("not-code")(42)  # type: ignore[type-var]
+    with pytest.raises(dt.ConfigError, match="cpu=True runs a plain"):  # a def: in a thread
+        app.step("async-only", cpu=True)(once_async)
 
     @app.step("once")
     async def once(x: Any) -> Any:

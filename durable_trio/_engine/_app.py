@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 
 __all__ = ["App", "StepDefinition", "StepFunction", "WorkflowDefinition", "WorkflowFunction"]
 
-#: ``async def step(input) -> JSON`` (the input is the JSON value the workflow passed).
-StepFunction = Callable[[Any], Awaitable[Any]]
+#: ``async def step(input) -> JSON`` (the input is the JSON value the workflow passed), or a
+#: plain ``def`` (run in a thread, or with ``cpu=True`` in a worker process).
+StepFunction = Callable[[Any], Awaitable[Any]] | Callable[[Any], Any]
 #: ``async def workflow(ctx, input) -> JSON``.
 WorkflowFunction = Callable[["WorkflowContext", Any], Awaitable[Any]]
 
@@ -44,6 +45,10 @@ class StepDefinition:
     heartbeat_timeout: float | None = None
     """Seconds without a beat, once the step beat, after which the engine fails the attempt
     over (``None``: beats are only recorded)."""
+    runs_in: str = "trio"
+    """``"trio"`` (an ``async def``), ``"thread"`` (a ``def``: ``trio.to_thread``) or
+    ``"process"`` (a ``def`` registered with ``cpu=True``: a ``trio-parallel`` worker
+    process); see ``docs/concurrency.md``."""
 
 
 @attrs.frozen
@@ -110,9 +115,15 @@ class App:
         timeout: float | None = None,
         schedule_to_start_timeout: float | None = None,
         heartbeat_timeout: float | None = None,
+        cpu: bool = False,
     ) -> Callable[[S], S]:
         """Register ``async def fn(input) -> JSON`` as step ``name`` (default: the function's
         name). The function is returned unchanged, so it stays callable directly in tests.
+
+        A plain ``def fn(input) -> JSON`` (blocking code) runs in a thread
+        (``trio.to_thread``, at most ``open_worker(threads=...)`` at once); with ``cpu=True``
+        it runs in a worker process of ``trio-parallel`` instead (CPU-bound code: no GIL
+        shared with the worker's event loop). See ``docs/concurrency.md``.
 
         Inside a step, :func:`step_info` tells its run, step id, attempt and idempotency key.
 
@@ -132,22 +143,24 @@ class App:
                 (retryable, code ``heartbeat_timeout``) and retried at once, without waiting
                 for the broker's stalled threshold. The timer starts at the attempt's first
                 beat. Default ``None``: beats are only recorded.
+            cpu: run this ``def`` step in a worker process (``trio-parallel``, the ``cpu``
+                extra); it must be a module-level function (it is pickled by name).
 
         Raises:
-            ConfigError: not an ``async def``, the name is taken, or a timeout (``timeout``,
-                ``schedule_to_start_timeout``, ``heartbeat_timeout``) is not a positive number
-                of seconds.
+            ConfigError: not a function, ``cpu=True`` on an ``async def``, the name is taken,
+                or a timeout (``timeout``, ``schedule_to_start_timeout``,
+                ``heartbeat_timeout``) is not a positive number of seconds.
         """
         timeouts = StepTimeouts.given("app.step", timeout, schedule_to_start_timeout)
         check_heartbeat_timeout(heartbeat_timeout)
 
         def register(fn: S) -> S:
             step_name = name or fn.__name__
-            _check_async(fn, f"step {step_name!r}")
+            runs_in = _step_runs_in(fn, f"step {step_name!r}", cpu)
             if step_name in self._steps:
                 raise ConfigError(f"step {step_name!r} is already registered in {self.name!r}")
             self._steps[step_name] = StepDefinition(
-                step_name, fn, retry, priority, timeouts, heartbeat_timeout
+                step_name, fn, retry, priority, timeouts, heartbeat_timeout, runs_in
             )
             return fn
 
@@ -247,6 +260,18 @@ class App:
 def _check_async(fn: Callable[..., Any], what: str) -> None:
     if not inspect.iscoroutinefunction(fn):
         raise ConfigError(f"{what} must be an `async def` function, got {fn!r}")
+
+
+def _step_runs_in(fn: Callable[..., Any], what: str, cpu: bool) -> str:
+    if not callable(fn):
+        raise ConfigError(f"{what} must be a function, got {fn!r}")
+    if inspect.iscoroutinefunction(fn):
+        if cpu:
+            raise ConfigError(f"{what}: cpu=True runs a plain `def` in a process, not {fn!r}")
+        return "trio"
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        raise ConfigError(f"{what} must be an `async def` or a plain `def`, got {fn!r}")
+    return "process" if cpu else "thread"
 
 
 def check_heartbeat_timeout(value: Any) -> float | None:

@@ -9,12 +9,22 @@ that calls it with the task's input, inside:
   is point-to-point, so with several workers only the one that takes the message acts);
 - the step's :class:`Retry`: an exception of one of its ``non_retryable`` types is reported as
   non-retryable (the run does not wait for attempts that cannot help).
+
+A plain ``def`` step runs in a thread (``trio.to_thread.run_sync``) under the worker's
+``threads`` limiter; one registered with ``cpu=True`` in a ``trio-parallel`` worker process
+under a limiter of one per core. A thread cannot be cancelled: a cancel (a ``cancel`` message,
+a timeout, the close after ``close_timeout``) abandons it — the handler ends at once as any
+cancelled step does (handed back, or failed ``cancelled``) while the thread runs to its end in
+the background and its result is dropped. A process-pool call is really stopped: its worker
+process is killed (``kill_on_cancel``). See ``docs/concurrency.md``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
+import os
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +37,7 @@ from ._context import _CURRENT_STEP, StepInfo
 from ._turn import run_turn
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
     from .._transport import QueueTransport
     from .._wire import ControlMessage, RemoteTask
@@ -78,9 +88,13 @@ class Worker:
         transport: its queue transport.
     """
 
-    def __init__(self, app: App, transport: QueueTransport) -> None:
+    def __init__(self, app: App, transport: QueueTransport, threads: int = 8) -> None:
         self.app = app
         self.transport = transport
+        self.threads = trio.CapacityLimiter(threads)
+        """Bounds the ``def`` steps running in threads at once."""
+        self.cpu_processes = trio.CapacityLimiter(os.cpu_count() or 1)
+        """Bounds the ``cpu=True`` steps running in worker processes at once."""
         self._scopes: dict[str, set[trio.CancelScope]] = {}
         self._attempts: dict[tuple[str, str, int], trio.CancelScope] = {}
         """The scope of each running attempt (a heartbeat-timeout failover stops it)."""
@@ -100,8 +114,32 @@ class Worker:
             cancelled=self._cancelled,
         )
 
+    def _call(self, definition: StepDefinition) -> Callable[[Any], Awaitable[Any]]:
+        """``definition.fn`` as an ``async`` call, in a thread or process for a ``def``."""
+        fn: Any = definition.fn
+        if definition.runs_in == "thread":
+
+            async def in_thread(value: Any) -> Any:
+                # the thread sees step_info() (the context is copied), as an async step does
+                call = functools.partial(contextvars.copy_context().run, fn, value)
+                return await trio.to_thread.run_sync(
+                    call, limiter=self.threads, abandon_on_cancel=True
+                )
+
+            return in_thread
+        if definition.runs_in == "process":
+            import trio_parallel
+
+            async def in_process(value: Any) -> Any:
+                return await trio_parallel.run_sync(
+                    fn, value, kill_on_cancel=True, limiter=self.cpu_processes
+                )
+
+            return in_process
+        return fn  # type: ignore[no-any-return]
+
     def _serve(self, definition: StepDefinition) -> None:
-        fn = definition.fn
+        fn = self._call(definition)
 
         async def handle(task: RemoteTask) -> Any:
             info = StepInfo(
@@ -168,6 +206,7 @@ async def open_worker(
     backend: Backend,
     *,
     concurrency: int = 8,
+    threads: int = 8,
     steps: list[str] | None = None,
     workflows: list[str] | None = None,
     turn_limit: float = 3600.0,
@@ -182,6 +221,8 @@ async def open_worker(
         app: whose steps.
         backend: from :func:`~durable_trio.open_backend`.
         concurrency: steps (and workflow turns) running at once in this worker.
+        threads: plain ``def`` steps running in threads at once (each also holds one of
+            ``concurrency``); ``cpu=True`` steps use a pool of one process per core.
         steps: serve only these step names (default: all of the app's).
         workflows: serve the turns of only these remote workflows (default: every workflow
             the app registers with ``remote=True`` and its code; ``[]``: none).
@@ -199,6 +240,15 @@ async def open_worker(
     """
     from .._errors import ConfigError
 
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigError(f"threads must be a positive integer, got {threads!r}")
+    if any(app.steps[n].runs_in == "process" for n in (steps or app.steps) if n in app.steps):
+        try:
+            import trio_parallel  # noqa: F401
+        except ImportError as exc:
+            raise ConfigError(
+                "cpu=True steps need trio-parallel (pip install 'durable_trio[cpu]')"
+            ) from exc
     if not (isinstance(turn_limit, int | float) and turn_limit > 0):
         raise ConfigError(f"turn_limit must be a positive number of seconds, got {turn_limit!r}")
     names = list(app.steps) if steps is None else steps
@@ -223,7 +273,7 @@ async def open_worker(
     ) as transport:
         if tenant_pod:
             transport.remote.use_tenant_role()
-        worker = Worker(app, transport)
+        worker = Worker(app, transport, threads)
         for name in names:
             worker._serve(app.steps[name])
         for name in served:

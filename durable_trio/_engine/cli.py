@@ -119,23 +119,86 @@ def _transport_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"namespace": namespace} if namespace else {}
 
 
+def _worker_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``worker`` command's transport options (``--processes`` children get the same)."""
+    options = _transport_options(args)
+    for name in ("instance_id", "close_timeout", "stalled_threshold", "stalled_check_interval"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    return options
+
+
+def _child_worker_args(args: argparse.Namespace) -> list[str]:
+    """The options a ``--processes N`` supervisor passes on to each child."""
+    forwarded = ["--concurrency", str(args.concurrency), "--threads", str(args.threads)]
+    if args.namespace:
+        forwarded += ["--namespace", args.namespace]
+    for name in ("stalled_threshold", "stalled_check_interval"):
+        if getattr(args, name) is not None:
+            forwarded += ["--" + name.replace("_", "-"), repr(getattr(args, name))]
+    return forwarded
+
+
+def _log_to_stderr() -> None:
+    """The supervisor's lines (starts, restarts, crash loops) on stderr, unless the
+    ``durable_trio`` logger already has a handler."""
+    import logging
+
+    logger = logging.getLogger("durable_trio")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("supervisor: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
+    from .._supervisor import PARENT_ENV, resolve_processes, run_worker_processes, watch_parent
+
+    processes = resolve_processes(args.processes)
+    if processes > 1:
+        load_app(args.target)  # a bad target is one error here, not N crash loops
+        _log_to_stderr()
+        return run_worker_processes(
+            args.target,
+            args.backend,
+            processes=processes,
+            worker_args=_child_worker_args(args),
+            close_timeout=5.0 if args.close_timeout is None else args.close_timeout,
+            announce=_announce,
+        )
     app = load_app(args.target)
+    parent = os.environ.get(PARENT_ENV)
 
     async def serve() -> int:
         async with (
             open_backend(args.backend) as backend,
             close_on_signals(announce=_announce) as stop,
         ):
-            async with open_worker(
-                app, backend, concurrency=args.concurrency, **_transport_options(args)
+            async with (
+                open_worker(
+                    app,
+                    backend,
+                    concurrency=args.concurrency,
+                    threads=args.threads,
+                    **_worker_options(args),
+                ) as worker,
+                trio.open_nursery() as nursery,
             ):
+                if parent is not None and parent.isdigit():
+                    # a supervisor's child: its supervisor gone (kill -9), close as on SIGTERM
+                    nursery.start_soon(
+                        watch_parent, int(parent), partial(os.kill, os.getpid(), signal.SIGTERM)
+                    )
                 remote = [n for n, w in app.workflows.items() if w.remote and w.fn is not None]
                 print(
                     f"worker: serving {len(app.steps)} step(s) and {len(remote)} remote "
-                    f"workflow(s) of {app.name!r} on {redact_url(backend.url)}"
+                    f"workflow(s) of {app.name!r} on {redact_url(backend.url)} "
+                    f"(instance {worker.transport.instance_id}, pid {os.getpid()})",
+                    flush=True,
                 )
                 await stop.wait()
+                nursery.cancel_scope.cancel()
         return stop.exit_status
 
     return run_reporting_errors(partial(_interrupted, serve))
@@ -262,6 +325,30 @@ def add_engine_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     worker = subparsers.add_parser("worker", help="serve an app's steps")
     common(worker)
     worker.add_argument("--concurrency", type=int, default=8, help="steps at once (default 8)")
+    worker.add_argument(
+        "--processes",
+        default="1",
+        help="worker processes under a supervisor that restarts a dead one ('auto': one per "
+        "core; default 1: this process serves, no supervisor)",
+    )
+    worker.add_argument(
+        "--threads",
+        type=int,
+        default=8,
+        help="threads for sync (def) steps, per process (default 8)",
+    )
+    worker.add_argument(
+        "--close-timeout",
+        type=float,
+        help="seconds running steps get to finish on SIGTERM (default 5)",
+    )
+    worker.add_argument("--instance-id", help="this worker's instance id (default: random)")
+    worker.add_argument(
+        "--stalled-threshold", type=float, help="seconds before a silent claim is taken back"
+    )
+    worker.add_argument(
+        "--stalled-check-interval", type=float, help="seconds between stalled sweeps (30)"
+    )
     worker.set_defaults(func=_cmd_worker)
 
     engine = subparsers.add_parser("engine", help="drive an app's workflows")

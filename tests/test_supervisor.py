@@ -1,0 +1,323 @@
+"""``durable-trio worker --processes N`` (durable_trio._supervisor).
+
+The restart policy at exact times; then real processes on a private Redis (wall clock,
+bounded, marked chaos): a child killed with -9 is replaced (new pid, new instance id) and the
+jobs it held come back through the stalled sweep and complete; SIGTERM or SIGINT to the
+supervisor closes every child within its bound and loses no job; children that die at start
+hit the crash-loop limit, which is reported (log line, exit status 3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import trio
+
+import durable_trio as dt
+from durable_trio._supervisor import (
+    CLOSE_MARGIN,
+    CRASH_LOOP_EXIT,
+    RestartPolicy,
+    _Deaths,
+    resolve_processes,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+TESTS = Path(__file__).parent
+TARGET = f"{TESTS / '_supervised_app.py'}:app"
+SLACK = 4.0
+BANNER = re.compile(r"\(instance (\S+), pid (\d+)\)")
+
+
+# --- the policy, at exact times -------------------------------------------------------------
+
+
+def test_backoff_doubles_up_to_its_bound_and_the_limit_gives_the_slot_up() -> None:
+    deaths = _Deaths(RestartPolicy(backoff_initial=0.5, backoff_max=3.0, crash_limit=5))
+    assert [deaths.record(t) for t in (10.0, 10.5, 11.5, 13.5)] == [0.5, 1.0, 2.0, 3.0]
+    assert deaths.record(16.5) is None  # the 5th death within 60 s
+
+
+def test_a_death_older_than_the_window_no_longer_counts() -> None:
+    deaths = _Deaths(RestartPolicy(backoff_initial=1.0, crash_limit=3, crash_window=10.0))
+    assert deaths.record(0.0) == 1.0
+    assert deaths.record(5.0) == 2.0
+    assert deaths.record(10.0) == 2.0  # the death at 0.0 is exactly one window old: gone
+    assert deaths.record(14.9) is None  # 5.0, 10.0, 14.9: three within 10 s
+
+
+async def test_the_restart_delays_elapse_at_exact_virtual_times(autojump_clock: object) -> None:
+    deaths = _Deaths(RestartPolicy(backoff_initial=0.25, backoff_max=1.0, crash_limit=4))
+    start = trio.current_time()
+    waits = []
+    while (delay := deaths.record(trio.current_time())) is not None:
+        waits.append(delay)
+        await trio.sleep(delay)
+    assert waits == [0.25, 0.5, 1.0]
+    assert trio.current_time() - start == 1.75
+
+
+def test_processes_and_policy_are_checked() -> None:
+    assert resolve_processes("auto") == (os.cpu_count() or 1)
+    assert (resolve_processes("3"), resolve_processes(2)) == (3, 2)
+    for bad in (0, -1, "two", 1.5, True):
+        with pytest.raises(dt.ConfigError):
+            resolve_processes(bad)  # type: ignore[arg-type]
+    with pytest.raises(dt.ConfigError, match="crash_limit"):
+        RestartPolicy(crash_limit=0)
+    with pytest.raises(dt.ConfigError, match="backoff_initial"):
+        RestartPolicy(backoff_initial=0)
+
+
+# --- real processes -------------------------------------------------------------------------
+
+
+class Supervisor:
+    """``durable-trio worker --processes N`` as a child of the test; its children's banners
+    (stdout) are read as they come."""
+
+    def __init__(self, argv: list[str], log: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": str(TESTS.parent), "SUPERVISOR_TEST_LOG": str(log)}
+        self.stderr = log.with_suffix(".err")
+        with self.stderr.open("wb") as err:
+            self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=env)
+        self.banners: list[tuple[str, int]] = []  # (instance id, pid), in start order
+
+    async def read_banner(self, within: float) -> tuple[str, int]:
+        assert self.process.stdout is not None
+        with trio.fail_after(within):
+            line = (await trio.to_thread.run_sync(self.process.stdout.readline)).decode()
+        found = BANNER.search(line)
+        assert found, (line, self.stderr.read_text())
+        self.banners.append((found[1], int(found[2])))
+        return self.banners[-1]
+
+    async def exit_status(self, within: float) -> int:
+        with trio.fail_after(within):
+            return await trio.to_thread.run_sync(self.process.wait)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        for _, pid in self.banners:  # no child outlives a test
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its supervisor) is not alive
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def events(log: Path, kind: str) -> list[list[str]]:
+    if not log.exists():
+        return []
+    return [line.split()[1:] for line in log.read_text().splitlines() if line.startswith(kind)]
+
+
+async def until(predicate: Callable[[], object], within: float) -> None:
+    with trio.fail_after(within):
+        # other processes write what we wait for: nothing to wait on but polling
+        while not predicate():  # noqa: ASYNC110
+            await trio.sleep(0.05)
+
+
+def task(step_id: str, seconds: float) -> dt.RemoteTask:
+    return dt.RemoteTask(run_id="sup", step_id=step_id, attempt=1, name="work", input=seconds)
+
+
+def supervisor_argv(url: str, namespace: str, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "durable_trio", "worker", TARGET, "--backend", url,
+        "--namespace", namespace, "--processes", "2", *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.chaos
+async def test_a_child_killed_with_9_is_replaced_and_its_jobs_come_back(
+    redis_url: str, tmp_path: Path
+) -> None:
+    namespace, log = f"sup{random.randrange(1 << 30)}", tmp_path / "log"
+    results: dict[str, object] = {}
+    async with (
+        dt.open_backend(redis_url) as backend,
+        dt.open_queue_transport(backend, namespace=namespace, stalled_check_interval=0) as t,
+    ):
+
+        async def on_result(result: dt.StepResult) -> None:
+            results[result.step_id] = result.output
+
+        t.on_result(on_result)
+        supervisor = Supervisor(
+            supervisor_argv(
+                redis_url, namespace, "--stalled-threshold", "2", "--stalled-check-interval",
+                "0.5",
+            ),
+            log,
+        )  # fmt: skip
+        try:
+            first = {await supervisor.read_banner(20), await supervisor.read_banner(20)}
+            for n in range(6):
+                await t.dispatch(task(f"s{n}", 1.0))
+            await until(lambda: len(events(log, "START")) == 6, 10)
+            victim = int(events(log, "START")[0][1])
+            held = {step for step, pid, _ in events(log, "START") if int(pid) == victim}
+            os.kill(victim, signal.SIGKILL)
+            replacement = await supervisor.read_banner(0.5 + 20)  # backoff 0.5 s, then start
+            # a job back from a stall is a suspect: each worker runs one at a time
+            await until(lambda: len(results) == 6, 2.0 + 0.5 + 6 * 1.0 + 2 * SLACK)
+        finally:
+            supervisor.process.send_signal(signal.SIGTERM)
+            status = await supervisor.exit_status(5.0 + 2.0 + CLOSE_MARGIN + SLACK)
+            supervisor.kill()
+    pids = {pid for _, pid in first}
+    assert victim in pids
+    assert replacement[1] not in pids
+    assert replacement[0] not in {i for i, _ in first}
+    assert held  # the victim held claims; each came back and ran again elsewhere
+    assert set(results) == {f"s{n}" for n in range(6)}
+    assert all(results[step] != victim for step in results)
+    for step in held:
+        assert len([s for s, _, _ in events(log, "START") if s == step]) == 2
+    err = supervisor.stderr.read_text()
+    assert f"(pid {victim}) exited with status -9: restarting in 0.5 s" in err, err
+    assert status == 0, err
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_a_signal_to_the_supervisor_closes_every_child_and_loses_no_job(
+    redis_url: str, tmp_path: Path, signum: int
+) -> None:
+    namespace, log = f"sup{random.randrange(1 << 30)}", tmp_path / "log"
+    results: dict[str, object] = {}
+    close_timeout = 1.5
+    async with (
+        dt.open_backend(redis_url) as backend,
+        dt.open_queue_transport(backend, namespace=namespace, stalled_check_interval=0) as t,
+    ):
+
+        async def on_result(result: dt.StepResult) -> None:
+            results[result.step_id] = result.output
+
+        t.on_result(on_result)
+        supervisor = Supervisor(
+            supervisor_argv(redis_url, namespace, "--close-timeout", str(close_timeout)), log
+        )
+        try:
+            children = [await supervisor.read_banner(20), await supervisor.read_banner(20)]
+            for n in range(4):  # finish within close_timeout
+                await t.dispatch(task(f"short{n}", 0.5))
+            await t.dispatch(task("long", 8.0))  # does not: handed back
+            await until(lambda: len(events(log, "START")) == 5, 10)
+            sent = time.monotonic()
+            supervisor.process.send_signal(signum)
+            status = await supervisor.exit_status(close_timeout + 2.0 + CLOSE_MARGIN + SLACK)
+            closed = time.monotonic() - sent
+        finally:
+            supervisor.kill()
+        assert not any(alive(pid) for _, pid in children)
+        assert closed < close_timeout + 2.0 + CLOSE_MARGIN
+        await until(lambda: len(results) == 4, SLACK)
+        assert set(results) == {f"short{n}" for n in range(4)}
+        # the long step was handed back: a new worker takes it at once and finishes it
+        heir = Supervisor(
+            [*supervisor_argv(redis_url, namespace)[:-2], "--processes", "1"], tmp_path / "heir"
+        )
+        try:
+            await heir.read_banner(20)
+            await until(lambda: "long" in results, 8.0 + SLACK)
+        finally:
+            heir.process.send_signal(signal.SIGTERM)
+            await heir.exit_status(5.0 + SLACK)
+            heir.kill()
+    err = supervisor.stderr.read_text()
+    name = signal.Signals(signum).name
+    assert f"{name}: closing 2 worker process(es) gracefully" in err, err
+    assert err.count(f"{name}: closing gracefully") == 2, err  # each child, once
+    assert "Traceback" not in err, err
+    assert status == 0, err
+
+
+@pytest.mark.chaos
+async def test_children_that_die_at_start_hit_the_crash_loop_limit(tmp_path: Path) -> None:
+    script = (
+        "import logging, sys\n"
+        "import durable_trio as dt\n"
+        "logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
+        f"sys.exit(dt.run_worker_processes({TARGET!r}, 'nope://nowhere', processes=2,\n"
+        "    restart=dt.RestartPolicy(backoff_initial=0.1, crash_limit=3, crash_window=60)))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60
+        )
+
+    started = time.monotonic()
+    done = await trio.to_thread.run_sync(run)
+    elapsed = time.monotonic() - started
+    assert done.returncode == CRASH_LOOP_EXIT, done.stderr
+    for slot in (0, 1):
+        assert f"worker process {slot}: crash loop (3 deaths within 60 s" in done.stderr
+        assert done.stderr.count(f"worker process {slot} started") == 3
+    assert "restarting in 0.1 s" in done.stderr
+    assert "restarting in 0.2 s" in done.stderr
+    assert elapsed < 60
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--processes", "0"], "error: processes must be a positive integer or 'auto', got 0"),
+        (["--processes", "many"], "error: processes must be a positive integer or 'auto'"),
+    ],
+)
+def test_a_bad_processes_option_is_one_line_and_status_2(args: list[str], error: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "durable_trio", "worker", TARGET, "--backend", "memory://", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(TESTS.parent)},
+        timeout=30,
+        check=False,
+    )
+    assert (done.returncode, done.stderr.startswith(error)) == (2, True), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_bad_target_is_refused_once_before_any_child_starts() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "durable_trio", "worker", "no_such_module:app", "--processes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "error: cannot import 'no_such_module': No module named 'no_such_module'"
+    ]
