@@ -1,0 +1,124 @@
+"""Signals and events (issue 18 items 1 and 2) on memory, SQLite and a private Redis."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+import trio.testing
+
+import durable_trio as dt
+from durable_trio._engine import App, WorkflowContext, open_engine
+from durable_trio._engine._signals import (
+    EventTimeout,
+    RunNotSignalable,
+    SignalDataError,
+    SignalTimeout,
+)
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+KINDS = ["memory", "sqlite", "redis"]
+
+
+@pytest.fixture(params=KINDS)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    kind = request.param
+    if kind == "memory":
+        return "memory://"
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'runs.db'}".replace("///", "////", 1)
+    return str(request.getfixturevalue("redis_url"))
+
+
+def approvals() -> App:
+    app = App("approvals")
+
+    @app.workflow("approve")
+    async def approve(ctx: WorkflowContext, _: Any) -> list[Any]:
+        got = [await ctx.wait_signal("ok")]
+        await ctx.set_event("progress", 1)
+        got.append(await ctx.wait_signal("ok"))
+        got.append(await ctx.wait_signal("other"))
+        await ctx.set_event("progress", 2)
+        return got
+
+    @app.workflow("impatient")
+    async def impatient(ctx: WorkflowContext, _: Any) -> list[Any]:
+        try:
+            await ctx.wait_signal("ok", timeout=5)
+        except SignalTimeout:
+            timed_out = trio.current_time()
+        return [timed_out, await ctx.wait_signal("ok")]
+
+    return app
+
+
+async def test_wait_then_signal_buffered_order_and_two_names(
+    url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    app = approvals()
+    async with dt.open_backend(url) as backend, open_engine(app, backend) as engine:
+        run_id = await engine.start("approve", None)
+        await engine.signal(run_id, "other", {"o": 1})  # buffered: before its wait
+        await trio.sleep(3)
+        t0 = trio.current_time()
+        assert await engine.signal(run_id, "ok", "first") == 1
+        assert await engine.get_event(run_id, "progress", timeout=5) == 1
+        await engine.signal(run_id, "ok", "second")
+        assert await engine.result(run_id) == ["first", "second", {"o": 1}]
+        if url == "memory://":
+            assert t0 == 3
+        assert await engine.events(run_id) == {"progress": 2}
+        with pytest.raises(RunNotSignalable):
+            await engine.signal(run_id, "ok", 3)
+        with pytest.raises(dt.RunNotFound):
+            await engine.signal("nope", "ok", 3)
+
+
+async def test_timeout_is_caught_and_consumes_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = approvals()
+    async with dt.open_backend("memory://") as backend, open_engine(app, backend) as engine:
+        run_id = await engine.start("impatient", None)
+        await trio.sleep(8)
+        await engine.signal(run_id, "ok", "late")
+        assert await engine.result(run_id) == [5, "late"]
+
+
+async def test_replay_after_restart_returns_the_same_payloads(
+    url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    app = approvals()
+    async with dt.open_backend(url) as backend:
+        async with open_engine(app, backend) as engine:
+            run_id = await engine.start("approve", None)
+            await engine.signal(run_id, "ok", "a")
+            await engine.signal(run_id, "ok", "b")
+            await engine.get_event(run_id, "progress", timeout=5)
+            await trio.testing.wait_all_tasks_blocked()
+        async with open_engine(app, backend) as engine:
+            await engine.signal(run_id, "other", "c")
+            assert await engine.result(run_id) == ["a", "b", "c"]
+            kinds = [s.kind.value for s in await engine.history(run_id)]
+            assert kinds == ["signal", "event", "signal", "signal", "event"]
+
+
+async def test_bad_payload_and_damaged_signal(autojump_clock: trio.testing.MockClock) -> None:
+    app = approvals()
+    async with dt.open_backend("memory://") as backend, open_engine(app, backend) as engine:
+        run_id = await engine.start("approve", None)
+        with pytest.raises(dt.PayloadError):
+            await engine.signal(run_id, "ok", {1, 2})
+        await engine.store.append_signal(run_id, "ok", "{not json")
+        with pytest.raises(dt.RunFailed) as failed:
+            await engine.result(run_id)
+        assert "damaged" in str(failed.value)
+        run = await engine.get(run_id)
+        assert run.status is dt.RunStatus.FAILED
+        assert run.error["type"] == SignalDataError.__name__
+        with pytest.raises(EventTimeout):
+            await engine.get_event(run_id, "missing", timeout=2)
