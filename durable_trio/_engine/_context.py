@@ -117,7 +117,11 @@ class _Driver(Protocol):
     async def timer(self, step_id: str, seconds: float) -> None: ...
 
     async def wait_signal(
-        self, step_id: str, name: str, seq: int, timeout: float | None
+        self,
+        step_id: str,
+        name: str,
+        seq: int,
+        timeout: float | None,  # noqa: ASYNC109 (a durable deadline, not a trio one)
     ) -> Any: ...
 
     async def set_event(self, step_id: str, key: str, value: Any) -> None: ...

@@ -457,7 +457,7 @@ class Engine:
         stored = await self.store.get_events(run_id)
         return {k: decode_stored(v, f"event {k!r} of run {run_id!r}") for k, v in stored.items()}
 
-    async def get_event(self, run_id: str, key: str, *, timeout: float | None = None) -> Any:
+    async def get_event(self, run_id: str, key: str, *, timeout: float | None = None) -> Any:  # noqa: ASYNC109 (a durable deadline, not a trio one)
         """The run's latest value of event ``key`` (``ctx.set_event``); if it is not set yet,
         wait up to ``timeout`` seconds for it (``None``: do not wait).
 

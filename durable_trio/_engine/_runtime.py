@@ -23,6 +23,7 @@ import trio
 
 from .._errors import PayloadError
 from .._wire import StepError
+from . import _signals
 from ._context import _CURRENT_STEP, StepInfo, WorkflowContext
 from ._errors import NonDeterminismError, StepFailed
 from ._records import (
@@ -37,7 +38,6 @@ from ._records import (
     error_to_json,
     normalize_json,
 )
-from . import _signals
 from ._replay import History
 from ._step_timeouts import StepTimeouts, check_step_known, with_timeouts
 
@@ -332,7 +332,7 @@ class RunDriver:
 
     # ------------------------------------------------------------------ signals, events
 
-    async def wait_signal(self, step_id: str, name: str, seq: int, timeout: float | None) -> Any:
+    async def wait_signal(self, step_id: str, name: str, seq: int, timeout: float | None) -> Any:  # noqa: ASYNC109 (a durable deadline, not a trio one)
         return await _signals.wait_signal(self, step_id, name, seq, timeout)
 
     async def set_event(self, step_id: str, key: str, value: Any) -> None:

@@ -19,6 +19,7 @@ then checkpoints an :attr:`StepKind.EVENT` step, so replay does not write again.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -33,9 +34,9 @@ if TYPE_CHECKING:
     from ._runtime import RunDriver
 
 __all__ = [
+    "SIGNAL_POLL",
     "EventTimeout",
     "RunNotSignalable",
-    "SIGNAL_POLL",
     "SignalDataError",
     "SignalTimeout",
     "decode_stored",
@@ -98,7 +99,11 @@ def _error(exc: Exception) -> dict[str, Any]:
 
 
 async def wait_signal(
-    driver: RunDriver, step_id: str, name: str, seq: int, timeout: float | None
+    driver: RunDriver,
+    step_id: str,
+    name: str,
+    seq: int,
+    timeout: float | None,  # noqa: ASYNC109 (a durable deadline, not a trio one)
 ) -> Any:
     """The driver's side of ``ctx.wait_signal``: return the ``seq``-th signal ``name``."""
     services = driver.services
@@ -120,9 +125,7 @@ async def wait_signal(
         driver.history.check(record, StepKind.SIGNAL, name)
     while record.status is StepState.PENDING:
         stored_seq = int(record.input["seq"]) if isinstance(record.input, dict) else seq
-        text = await services.guard(
-            lambda: store.read_signal(run_id, name, stored_seq), "reading"
-        )
+        text = await services.guard(partial(store.read_signal, run_id, name, stored_seq), "reading")
         following: StepRecord | None = None
         if text is not None:
             try:
@@ -152,7 +155,7 @@ async def wait_signal(
             driver.signal_bell = trio.Event()
             continue
         verdict = await services.guard(
-            lambda: store.update_step(following, expect_attempt=record.attempt), "checkpointing"
+            partial(store.update_step, following, expect_attempt=record.attempt), "checkpointing"
         )
         if verdict is Applied.RUN_FINISHED:
             driver.scope.cancel()
@@ -200,4 +203,3 @@ async def set_event(driver: RunDriver, step_id: str, key: str, value: Any) -> No
     )
     stored = await services.guard(lambda: store.begin_step(fresh), "checkpointing")
     driver.history.check(stored, StepKind.EVENT, key)
-

@@ -115,6 +115,18 @@ class TurnDriver:
             self.commands.append({"type": "sleep", "stepId": step_id, "seconds": seconds})
         await self.tracker.block()
 
+    async def wait_signal(self, step_id: str, name: str, seq: int, timeout: float | None) -> Any:  # noqa: ASYNC109 (a durable deadline, not a trio one)
+        raise EngineError(
+            "ctx.wait_signal is not supported in remote workflows yet (issue 18): "
+            "use a local workflow"
+        )
+
+    async def set_event(self, step_id: str, key: str, value: Any) -> None:
+        raise EngineError(
+            "ctx.set_event is not supported in remote workflows yet (issue 18): "
+            "use a local workflow"
+        )
+
     async def local(
         self, step_id: str, name: str, fn: Callable[[], Any], retry: Retry | None
     ) -> Any:

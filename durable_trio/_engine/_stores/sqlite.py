@@ -833,9 +833,7 @@ class SqliteRunStore:
         return result
 
     async def read_signal(self, run_id: str, name: str, seq: int) -> str | None:
-        result: str | None = await self._read(
-            partial(_op_read_signal, self._ns, run_id, name, seq)
-        )
+        result: str | None = await self._read(partial(_op_read_signal, self._ns, run_id, name, seq))
         return result
 
     async def put_event(self, run_id: str, key: str, value: str) -> None:
