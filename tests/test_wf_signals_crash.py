@@ -16,7 +16,10 @@ import durable_trio as dt
 from durable_trio._engine import App, StepKind, WorkflowContext, open_engine, open_run_store
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
+
+    from durable_trio._engine import RunStore
 
 NAMESPACE = "signals-crash"
 RUN_ID = "approval-1"
@@ -62,15 +65,21 @@ async def cli_signal(url: str, payload: Any) -> str:
     return done.stdout.decode()
 
 
+async def until(enough: Callable[[int], bool], store: RunStore) -> None:
+    """Poll the other process's checkpoints until their count is ``enough``."""
+    while True:
+        if enough(len(await store.get_steps(RUN_ID))):
+            return
+        await trio.sleep(0.05)
+
+
 async def crash_while_waiting(url: str) -> None:
     async with dt.open_backend(url) as backend, open_run_store(backend, NAMESPACE) as store:
         first = await trio.lowlevel.open_process(command(url, "A", True), stdout=subprocess.DEVNULL)
         with trio.fail_after(30):
-            while not await store.get_steps(RUN_ID):  # the run waits on its first signal
-                await trio.sleep(0.05)  # noqa: ASYNC110 (polling another process's store)
+            await until(lambda n: n >= 1, store)  # the run waits on its first signal
             assert "#1" in await cli_signal(url, "yes")
-            while len(await store.get_steps(RUN_ID)) < 3:  # consumed, event set, waits again
-                await trio.sleep(0.05)  # noqa: ASYNC110 (polling another process's store)
+            await until(lambda n: n >= 3, store)  # consumed, event set, waits again
         first.kill()  # SIGKILL while the run waits on its second signal
         await first.wait()
         second = await trio.lowlevel.open_process(command(url, "B", False), stdout=subprocess.PIPE)
