@@ -23,6 +23,7 @@ ENGINE_SIGNALS = 50
 STORE_SIGNALS = 6
 
 WOKE: list[float] = []
+WAKES: list[trio.Event] = []
 
 app = dt.App("bench-signals")
 
@@ -32,18 +33,20 @@ async def waiter(ctx: dt.WorkflowContext, count: int) -> int:
     for _ in range(count):
         await ctx.wait_signal("go")
         WOKE.append(time.perf_counter())  # (a benchmark: not replay-safe on purpose)
+        if WAKES:
+            WAKES[-1].set()
     return count
 
 
 async def _latencies(signal: Any, run_id: str, count: int) -> list[float]:
     out = []
     for _ in range(count):
-        before = len(WOKE)
+        woken = trio.Event()
+        WAKES.append(woken)
         await trio.sleep(0.01)  # the run waits again
         sent = time.perf_counter()
         await signal(run_id, "go", None)
-        while len(WOKE) == before:
-            await trio.sleep(0.0005)
+        await woken.wait()
         out.append((WOKE[-1] - sent) * 1000)
     return out
 
