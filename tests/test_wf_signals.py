@@ -128,3 +128,25 @@ async def test_bad_payload_and_damaged_signal(autojump_clock: trio.testing.MockC
         assert run.error["type"] == SignalDataError.__name__
         with pytest.raises(EventTimeout):
             await engine.get_event(run_id, "missing", timeout=2)
+
+
+async def test_a_tenant_pod_signals_its_runs(autojump_clock: trio.testing.MockClock) -> None:
+    app = approvals()
+    async with dt.open_backend("memory://") as backend:
+        pod_backend = dt.Backend(url="memory://pod", broker=backend.broker, keys=None)
+        async with (
+            open_engine(app, backend, serve_tenants=True) as engine,
+            dt.open_tenant_client(pod_backend, "acme", namespace=app.name) as pod,
+        ):
+            await trio.sleep(1)
+            await pod.start("approve", None, run_id="a-1")
+            assert await pod.signal("a-1", "ok", "x") == 1
+            assert await pod.signal("a-1", "ok", "y") == 2
+            await pod.signal("a-1", "other", "z")
+            assert await pod.result("a-1") == ["x", "y", "z"]
+            assert await pod.events("a-1") == {"progress": 2}
+            with pytest.raises(dt.RunNotFound):
+                await pod.signal("nope", "ok")
+            with pytest.raises(dt.EngineError, match="RunNotSignalable"):
+                await pod.signal("a-1", "ok")
+            assert await engine.events("acme/a-1") == {"progress": 2}
