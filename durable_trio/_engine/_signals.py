@@ -32,6 +32,7 @@ from ._records import Applied, StepKind, StepRecord, StepState
 
 if TYPE_CHECKING:
     from ._runtime import RunDriver
+    from ._services import DriverServices
 
 __all__ = [
     "SIGNAL_POLL",
@@ -123,13 +124,31 @@ async def wait_signal(
         )
         record = await services.guard(lambda: store.begin_step(fresh), "checkpointing")
         driver.history.check(record, StepKind.SIGNAL, name)
+    settled = await settle_signal(services, driver, record)
+    if settled is None:  # the run was settled elsewhere (cancelled): stop driving it
+        driver.scope.cancel()
+        await trio.lowlevel.checkpoint()
+        raise AssertionError("unreachable")  # pragma: no cover
+    return _outcome(settled, name)
+
+
+async def settle_signal(
+    services: DriverServices, owner: object, record: StepRecord
+) -> StepRecord | None:
+    """Wait until the pending signal checkpoint ``record`` settles (its signal stored, or its
+    deadline passed), checkpoint that, and return it settled; ``None``: the run has finished.
+    ``owner`` is the run's driver, whose bell ``engine.signal`` rings."""
+    store = services.store
+    run_id, name = record.run_id, record.name
     while record.status is StepState.PENDING:
-        stored_seq = int(record.input["seq"]) if isinstance(record.input, dict) else seq
-        text = await services.guard(partial(store.read_signal, run_id, name, stored_seq), "reading")
+        if driver_bell(owner).is_set():  # rung: a fresh bell BEFORE reading the store
+            owner.signal_bell = trio.Event()  # type: ignore[attr-defined]
+        seq = int(record.input["seq"]) if isinstance(record.input, dict) else 0
+        text = await services.guard(partial(store.read_signal, run_id, name, seq), "reading")
         following: StepRecord | None = None
         if text is not None:
             try:
-                payload = decode_stored(text, f"signal {name!r} #{stored_seq} of run {run_id!r}")
+                payload = decode_stored(text, f"signal {name!r} #{seq} of run {run_id!r}")
             except SignalDataError as exc:
                 following = attrs.evolve(record, status=StepState.FAILED, error=_error(exc))
             else:
@@ -145,23 +164,38 @@ async def wait_signal(
                 error={"type": "SignalTimeout", "message": message, "retryable": False},
             )
         if following is None:
-            bell = driver_bell(driver)
-            with trio.move_on_after(SIGNAL_POLL):
-                if record.wake_at is not None:
-                    with trio.move_on_after(max(0.0, record.wake_at - store.now())):
-                        await bell.wait()
-                else:
+            bell = driver_bell(owner)
+            with trio.move_on_after(SIGNAL_POLL):  # the poll: signals stored elsewhere
+                if record.wake_at is None:
                     await bell.wait()
-            driver.signal_bell = trio.Event()
+                else:  # the bell or the deadline, whichever comes first
+                    async with trio.open_nursery() as nursery:
+
+                        async def ring(scope: trio.CancelScope = nursery.cancel_scope) -> None:
+                            await bell.wait()
+                            scope.cancel()
+
+                        nursery.start_soon(ring)
+                        await services.sleep_until(record.wake_at)
+                        nursery.cancel_scope.cancel()
             continue
         verdict = await services.guard(
             partial(store.update_step, following, expect_attempt=record.attempt), "checkpointing"
         )
         if verdict is Applied.RUN_FINISHED:
-            driver.scope.cancel()
-            await trio.lowlevel.checkpoint()
-        record = following
-    return _outcome(record, name)
+            return None
+        if verdict is Applied.APPLIED:
+            return following
+        found = await services.guard(partial(store.get_step, run_id, record.step_id), "reading")
+        if found is None:
+            return None
+        record = found  # moved on elsewhere (another engine): follow the store
+    return record
+
+
+def outcome(record: StepRecord) -> Any:
+    """A settled signal checkpoint's payload (or its error raised)."""
+    return _outcome(record, record.name)
 
 
 def _outcome(record: StepRecord, name: str) -> Any:
