@@ -171,8 +171,10 @@ async def settle_signal(
                 else:  # the bell or the deadline, whichever comes first
                     async with trio.open_nursery() as nursery:
 
-                        async def ring(scope: trio.CancelScope = nursery.cancel_scope) -> None:
-                            await bell.wait()
+                        async def ring(
+                            scope: trio.CancelScope = nursery.cancel_scope, rung: trio.Event = bell
+                        ) -> None:
+                            await rung.wait()
                             scope.cancel()
 
                         nursery.start_soon(ring)
