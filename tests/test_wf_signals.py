@@ -150,3 +150,61 @@ async def test_a_tenant_pod_signals_its_runs(autojump_clock: trio.testing.MockCl
             with pytest.raises(dt.EngineError, match="RunNotSignalable"):
                 await pod.signal("a-1", "ok")
             assert await engine.events("acme/a-1") == {"progress": 2}
+
+
+def remote_apps() -> tuple[App, App]:
+    """The workflow worker's app (the code, ``remote=True``) and the engine's (declares it)."""
+    worker = App("approvals")
+
+    @worker.workflow("approve", remote=True)
+    async def approve(ctx: WorkflowContext, _: Any) -> list[Any]:
+        got = [await ctx.wait_signal("ok")]
+        await ctx.set_event("progress", 1)
+        try:
+            await ctx.wait_signal("ok", timeout=2)
+            got.append("not timed out")
+        except SignalTimeout:
+            got.append("timed out")
+        got.append(await ctx.wait_signal("ok"))
+        await ctx.set_event("progress", 2)
+        return got
+
+    engine_app = App("approvals")
+    engine_app.remote_workflow("approve")
+    return worker, engine_app
+
+
+async def remote_round(url: str) -> None:
+    worker, engine_app = remote_apps()
+    async with (
+        dt.open_backend(url) as backend,
+        dt.open_worker(worker, backend),
+        open_engine(engine_app, backend) as engine,
+    ):
+        run_id = await engine.start("approve", None)
+        await engine.signal(run_id, "ok", "first")  # buffered, or wakes the wait
+        assert await engine.get_event(run_id, "progress", timeout=30) == 1
+        await trio.sleep(3)  # the second wait times out
+        await engine.signal(run_id, "ok", "second")
+        with trio.fail_after(30):
+            assert await engine.result(run_id) == ["first", "timed out", "second"]
+        assert await engine.events(run_id) == {"progress": 2}
+        kinds = [(s.kind.value, s.status.value) for s in await engine.history(run_id)]
+        assert kinds == [
+            ("signal", "completed"),
+            ("event", "completed"),
+            ("signal", "failed"),
+            ("signal", "completed"),
+            ("event", "completed"),
+        ]
+
+
+async def test_remote_workflow_exact_times_on_memory(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    await remote_round("memory://")
+
+
+async def test_remote_workflow(url: str) -> None:
+    if url != "memory://":
+        await remote_round(url)

@@ -26,11 +26,13 @@ import attrs
 import orjson
 import trio
 
+from .._errors import PayloadError
 from .._json_values import check_json
 from ._errors import EngineError
 from ._records import Applied, StepKind, StepRecord, StepState
 
 if TYPE_CHECKING:
+    from ._records import RunRecord
     from ._runtime import RunDriver
     from ._services import DriverServices
 
@@ -239,3 +241,46 @@ async def set_event(driver: RunDriver, step_id: str, key: str, value: Any) -> No
     )
     stored = await services.guard(lambda: store.begin_step(fresh), "checkpointing")
     driver.history.check(stored, StepKind.EVENT, key)
+
+
+async def apply_command(
+    services: DriverServices, run: RunRecord, command: dict[str, Any], step_id: str
+) -> bool:
+    """Checkpoint a remote workflow's ``signal`` or ``event`` command (its turn asked for a
+    wait or wrote an event). Returns ``False`` when the stored history holds another call."""
+    store = services.store
+    if command.get("type") == "event":
+        key = command.get("key")
+        if not isinstance(key, str) or not key:
+            raise PayloadError(f"an event command needs a key, got {key!r}")
+        value = command.get("value")
+        text = encode_payload(value, f"the value of event {key!r}")
+        fresh = StepRecord(
+            run_id=run.run_id,
+            step_id=step_id,
+            kind=StepKind.EVENT,
+            name=key,
+            status=StepState.COMPLETED,
+            input=value,
+        )
+        existing = await services.guard(partial(store.get_step, run.run_id, step_id), "reading")
+        if existing is None:
+            await services.guard(partial(store.put_event, run.run_id, key, text), "writing")
+        stored = await services.guard(partial(store.begin_step, fresh), "checkpointing")
+        return (stored.kind, stored.name) == (StepKind.EVENT, key)
+    name, seq, timeout = command.get("name"), command.get("seq"), command.get("timeout")
+    if not isinstance(name, str) or not name or not isinstance(seq, int) or seq < 1:
+        raise PayloadError(f"a signal command needs a name and a seq >= 1, got {command!r}")
+    if timeout is not None and (not isinstance(timeout, int | float) or timeout < 0):
+        raise PayloadError(f"a signal command's timeout is {timeout!r}")
+    fresh = StepRecord(
+        run_id=run.run_id,
+        step_id=step_id,
+        kind=StepKind.SIGNAL,
+        name=name,
+        status=StepState.PENDING,
+        input={"seq": seq, "timeout": timeout},
+        wake_at=None if timeout is None else store.now() + float(timeout),
+    )
+    stored = await services.guard(partial(store.begin_step, fresh), "checkpointing")
+    return (stored.kind, stored.name) == (StepKind.SIGNAL, name)

@@ -115,17 +115,32 @@ class TurnDriver:
             self.commands.append({"type": "sleep", "stepId": step_id, "seconds": seconds})
         await self.tracker.block()
 
-    async def wait_signal(self, step_id: str, name: str, seq: int, timeout: float | None) -> Any:  # noqa: ASYNC109 (a durable deadline, not a trio one)
-        raise EngineError(
-            "ctx.wait_signal is not supported in remote workflows yet (issue 18): "
-            "use a local workflow"
-        )
+    async def wait_signal(
+        self,
+        step_id: str,
+        name: str,
+        seq: int,
+        timeout: float | None,  # noqa: ASYNC109 (a durable deadline, not a trio one)
+    ) -> Any:
+        from ._signals import outcome
+
+        known = self._take(step_id, StepKind.SIGNAL, name)
+        if known is not None:
+            if known.status is not StepState.PENDING:
+                return outcome(known)
+        else:
+            self.commands.append(
+                {"type": "signal", "stepId": step_id, "name": name, "seq": seq,
+                 "timeout": timeout}
+            )  # fmt: skip
+        await self.tracker.block()
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def set_event(self, step_id: str, key: str, value: Any) -> None:
-        raise EngineError(
-            "ctx.set_event is not supported in remote workflows yet (issue 18): "
-            "use a local workflow"
-        )
+        known = self._take(step_id, StepKind.EVENT, key)
+        if known is None:
+            self.commands.append({"type": "event", "stepId": step_id, "key": key, "value": value})
+            await self.tracker.block()
 
     async def local(
         self, step_id: str, name: str, fn: Callable[[], Any], retry: Retry | None
