@@ -1,0 +1,71 @@
+"""Signals in the simulation harness (issue 18): signals sent at random times (some before
+the wait), two engines killed and replaced; each signal is consumed exactly once, in order per
+name. Kept seeds."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import attrs
+import pytest
+
+import durable_trio as dt
+from durable_trio.testing import Simulation
+from durable_trio.testing._sample import CHAOS
+
+app = dt.App("sim-signals")
+
+
+@app.workflow("approvals")
+async def approvals(ctx: dt.WorkflowContext, plan: dict[str, Any]) -> dict[str, list[Any]]:
+    await ctx.sleep(plan["nap"])  # signals sent meanwhile are buffered
+    got: dict[str, list[Any]] = {"a": [], "b": []}
+    for name in plan["order"]:
+        got[name].append(await ctx.wait_signal(name))
+    return got
+
+
+def workload(rng: random.Random, index: int) -> tuple[str, Any]:
+    order = [rng.choice("ab") for _ in range(rng.randint(1, 5))]
+    return "approvals", {"nap": rng.uniform(0, 300), "order": order, "index": index}
+
+
+def signals(rng: random.Random, workflow: str, plan: dict[str, Any]) -> list[tuple[float, str, Any]]:
+    del workflow
+    counts = {"a": plan["order"].count("a"), "b": plan["order"].count("b")}
+    out = []
+    for name, count in counts.items():
+        times = sorted(rng.uniform(0, 600) for _ in range(count))
+        out += [(t, name, f"{name}-{plan['index']}-{k}") for k, t in enumerate(times)]
+    return out
+
+
+def expected(workflow: str, plan: dict[str, Any]) -> dict[str, list[Any]]:
+    del workflow
+    return {
+        name: [f"{name}-{plan['index']}-{k}" for k in range(plan["order"].count(name))]
+        for name in "ab"
+    }
+
+
+KEPT_SEEDS = [3, 8]
+
+
+@pytest.mark.parametrize("seed", KEPT_SEEDS)
+def test_each_signal_is_consumed_once_in_order_with_two_engines_killed(seed: int) -> None:
+    report = Simulation(
+        app,
+        workload,
+        seed=seed,
+        runs=60,
+        duration=3600,
+        engines=2,
+        faults=attrs.evolve(CHAOS, engine_kills_per_hour=6.0),
+        expected_output=expected,
+        signals=signals,
+    ).run_sync()
+    assert report.violations == ()
+    assert report.runs_completed == 60
+    assert report.faults["engine-kill"] >= 2
+    assert sum(1 for e in report.history if e["ev"] == "signal") > 60
