@@ -4,8 +4,7 @@ name. Kept seeds."""
 
 from __future__ import annotations
 
-import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import pytest
@@ -13,6 +12,9 @@ import pytest
 import durable_trio as dt
 from durable_trio.testing import Simulation
 from durable_trio.testing._sample import CHAOS
+
+if TYPE_CHECKING:
+    import random
 
 app = dt.App("sim-signals")
 
@@ -31,7 +33,9 @@ def workload(rng: random.Random, index: int) -> tuple[str, Any]:
     return "approvals", {"nap": rng.uniform(0, 300), "order": order, "index": index}
 
 
-def signals(rng: random.Random, workflow: str, plan: dict[str, Any]) -> list[tuple[float, str, Any]]:
+def signals(
+    rng: random.Random, workflow: str, plan: dict[str, Any]
+) -> list[tuple[float, str, Any]]:
     del workflow
     counts = {"a": plan["order"].count("a"), "b": plan["order"].count("b")}
     out = []
