@@ -208,3 +208,41 @@ async def test_remote_workflow_exact_times_on_memory(
 async def test_remote_workflow(url: str) -> None:
     if url != "memory://":
         await remote_round(url)
+
+
+async def test_timeout_damaged_data_and_bad_payload_on_every_store(url: str) -> None:
+    """Wall-clock stores too (SQLite file, private Redis): a short timeout is caught and
+    consumes nothing; damaged stored data fails the run, inspectable; a bad payload is refused."""
+    app = App("approvals")
+
+    @app.workflow("short")
+    async def short(ctx: WorkflowContext, _: Any) -> list[Any]:
+        try:
+            await ctx.wait_signal("ok", timeout=0.2)
+            first = "signalled"
+        except SignalTimeout:
+            first = "timed out"
+        return [first, await ctx.wait_signal("ok")]
+
+    @app.workflow("fragile")
+    async def fragile(ctx: WorkflowContext, _: Any) -> Any:
+        return await ctx.wait_signal("ok")
+
+    async with dt.open_backend(url) as backend, open_engine(app, backend) as engine:
+        run_id = await engine.start("short", None)
+        with trio.fail_after(10):
+            while True:  # the first wait's deadline passed, checkpointed
+                if [s for s in await engine.history(run_id) if s.status.value == "failed"]:
+                    break
+                await trio.sleep(0.05)
+        assert await engine.signal(run_id, "ok", "after") == 1
+        with trio.fail_after(10):
+            assert await engine.result(run_id) == ["timed out", "after"]
+        broken = await engine.start("fragile", None)
+        with pytest.raises(dt.PayloadError):
+            await engine.signal(broken, "ok", float("nan"))
+        await engine.store.append_signal(broken, "ok", "{damaged")
+        with trio.fail_after(10), pytest.raises(dt.RunFailed, match="damaged"):
+            await engine.result(broken)
+        steps = await engine.history(broken)
+        assert [(s.kind.value, s.status.value) for s in steps] == [("signal", "failed")]
