@@ -246,3 +246,36 @@ async def test_timeout_damaged_data_and_bad_payload_on_every_store(url: str) -> 
             await engine.result(broken)
         steps = await engine.history(broken)
         assert [(s.kind.value, s.status.value) for s in steps] == [("signal", "failed")]
+
+
+async def test_the_cli_signals_and_shows_events(tmp_path: Path) -> None:
+    from durable_trio._cli import main
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}".replace("///", "////", 1)
+    app = approvals()
+
+    def cli(*args: str) -> tuple[int, str]:
+        import contextlib
+        import io
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code = main(["runs", *args, "--backend", url, "--namespace", app.name])
+        return code, out.getvalue()
+
+    async with dt.open_backend(url) as backend, open_engine(app, backend) as engine:
+        run_id = await engine.start("approve", None)
+        code, said = await trio.to_thread.run_sync(cli, "signal", run_id, "ok", "{bad")
+        assert (code, "PAYLOAD-JSON is not JSON" in said) == (2, True)
+        code, said = await trio.to_thread.run_sync(cli, "signal", run_id, "ok", '{"by": "cli"}')
+        assert (code, said) == (0, f"signal 'ok' #1 sent to run {run_id}\n")
+        assert await engine.get_event(run_id, "progress", timeout=10) == 1
+        code, said = await trio.to_thread.run_sync(cli, "show", run_id)
+        assert code == 0
+        assert "progress" in said
+        code, said = await trio.to_thread.run_sync(cli, "signal", "nope", "ok")
+        assert code != 0
+        await engine.cancel(run_id)
+        code, said = await trio.to_thread.run_sync(cli, "signal", run_id, "ok", "1")
+        assert code != 0
+        assert "takes no more signals" in said
