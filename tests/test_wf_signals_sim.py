@@ -73,3 +73,29 @@ def test_each_signal_is_consumed_once_in_order_with_two_engines_killed(seed: int
     assert report.runs_completed == 60
     assert report.faults["engine-kill"] >= 2
     assert sum(1 for e in report.history if e["ev"] == "signal") > 60
+
+
+async def test_the_invariant_catches_a_signal_consumed_out_of_order() -> None:
+    from durable_trio.testing._sim_engines import RecordingStore
+    from durable_trio.testing._sim_ledger import Ledger
+    from durable_trio.testing._sim_signals import check_signals
+
+    store = RecordingStore()
+    ledger = Ledger(transport_options={})
+    await store.create_run(dt.RunRecord("r", "approvals", None, dt.RunStatus.RUNNING, 0, 0))
+    await store.append_signal("r", "a", '"one"')
+    await store.append_signal("r", "a", '"two"')
+    for step_id, seq, output in (("1", 2, "two"), ("2", 1, "one"), ("3", 2, "oops")):
+        await store.begin_step(
+            dt.StepRecord(
+                "r", step_id, dt.StepKind.SIGNAL, "a", dt.StepState.COMPLETED,
+                input={"seq": seq}, output=output,
+            )
+        )  # fmt: skip
+    await check_signals(store, ["r"], ledger)
+    assert ledger.violations == [
+        "r: wait_signal('a') at step 1 consumed #2, expected #1 (each once, in order)",
+        "r: wait_signal('a') at step 2 consumed #1, expected #2 (each once, in order)",
+        "r: wait_signal('a') at step 3 consumed #2, expected #3 (each once, in order)",
+        "r: step 3 holds 'oops', signal 'a' #2 is '\"two\"'",
+    ]

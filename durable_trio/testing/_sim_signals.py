@@ -75,11 +75,11 @@ async def check_signals(store: RecordingStore, run_ids: list[str], ledger: Ledge
                     f"#{seq}, expected #{expected} (each once, in order)"
                 )
             consumed[step.name] = expected
-            text = await store.read_signal(run_id, step.name, expected)
+            text = await store.read_signal(run_id, step.name, seq if isinstance(seq, int) else 0)
             if text is None or store_value(text) != step.output:
                 ledger.violation(
                     f"{run_id}: step {step.step_id} holds {step.output!r}, signal "
-                    f"{step.name!r} #{expected} is {text!r}"
+                    f"{step.name!r} #{seq} is {text!r}"
                 )
 
 
