@@ -16,16 +16,18 @@ from durable_trio.testing._sample import CHAOS
 if TYPE_CHECKING:
     import random
 
-app = dt.App("sim-signals")
-
-
-@app.workflow("approvals")
 async def approvals(ctx: dt.WorkflowContext, plan: dict[str, Any]) -> dict[str, list[Any]]:
     await ctx.sleep(plan["nap"])  # signals sent meanwhile are buffered
     got: dict[str, list[Any]] = {"a": [], "b": []}
     for name in plan["order"]:
         got[name].append(await ctx.wait_signal(name))
     return got
+
+
+app = dt.App("sim-signals")
+app.workflow("approvals")(approvals)
+remote_app = dt.App("sim-signals-remote")
+remote_app.workflow("approvals", remote=True)(approvals)
 
 
 def workload(rng: random.Random, index: int) -> tuple[str, Any]:
@@ -53,13 +55,15 @@ def expected(workflow: str, plan: dict[str, Any]) -> dict[str, list[Any]]:
     }
 
 
-KEPT_SEEDS = [3, 8]
+KEPT_SEEDS = [(False, 3), (False, 8), (True, 5)]
 
 
-@pytest.mark.parametrize("seed", KEPT_SEEDS)
-def test_each_signal_is_consumed_once_in_order_with_two_engines_killed(seed: int) -> None:
+@pytest.mark.parametrize(("remote", "seed"), KEPT_SEEDS)
+def test_each_signal_is_consumed_once_in_order_with_two_engines_killed(
+    remote: bool, seed: int
+) -> None:
     report = Simulation(
-        app,
+        remote_app if remote else app,
         workload,
         seed=seed,
         runs=60,
@@ -68,6 +72,7 @@ def test_each_signal_is_consumed_once_in_order_with_two_engines_killed(seed: int
         faults=attrs.evolve(CHAOS, engine_kills_per_hour=6.0),
         expected_output=expected,
         signals=signals,
+        engine_options={"turn_timeout": 120.0} if remote else None,
     ).run_sync()
     assert report.violations == ()
     assert report.runs_completed == 60
