@@ -16,6 +16,7 @@ from durable_trio.testing._sample import CHAOS
 if TYPE_CHECKING:
     import random
 
+
 async def approvals(ctx: dt.WorkflowContext, plan: dict[str, Any]) -> dict[str, list[Any]]:
     await ctx.sleep(plan["nap"])  # signals sent meanwhile are buffered
     got: dict[str, list[Any]] = {"a": [], "b": []}
