@@ -145,7 +145,11 @@ async def _runs_list(ops: Operations, args: argparse.Namespace) -> int:
 async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
     details = await ops.show_run(args.run_id)
     if args.json:
-        _print_json(details.to_json())
+        data = details.to_json()
+        events = await ops.run_events(args.run_id)
+        if events:  # issue 18: the run's latest ctx.set_event values
+            data["events"] = events
+        _print_json(data)
         return 0
     run = details.run
     print(f"run {run.run_id}  workflow {run.workflow}  status {run.status.value}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -273,6 +274,8 @@ async def test_the_cli_signals_and_shows_events(tmp_path: Path) -> None:
         code, said = await trio.to_thread.run_sync(cli, "show", run_id)
         assert code == 0
         assert "progress" in said
+        code, said = await trio.to_thread.run_sync(cli, "show", run_id, "--json")
+        assert (code, json.loads(said)["events"]) == (0, {"progress": 1})
         code, said = await trio.to_thread.run_sync(cli, "signal", "nope", "ok")
         assert code != 0
         await engine.cancel(run_id)
