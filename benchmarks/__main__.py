@@ -32,6 +32,7 @@ from . import (
     redis_clients,
     redis_cluster,
     replicas,
+    signals,
     simulation,
     soak,
 )
@@ -101,6 +102,7 @@ SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "replicas": replicas.section,
     "sqlite": _sqlite,
     "ops": ops.section,
+    "signals": signals.section,
     "console": console.section,
     "simulation": _simulation,
     "soak": _soak,

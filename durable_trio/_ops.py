@@ -399,6 +399,49 @@ class Operations:
             raise RunNotFound(run_id)
         return details_of(run, await self.store.get_steps(run_id), self.store.now())
 
+    async def signal_run(self, run_id: str, name: str, payload: Any = None) -> int:
+        """Send signal ``name`` with JSON ``payload`` to the run, as :meth:`Engine.signal`
+        does (stored at once; the engine driving the run finds it at its next store poll).
+
+        Returns:
+            The signal's sequence number among the run's signals of that name.
+
+        Raises:
+            RunNotFound: no such run.
+            RunNotSignalable: the run has finished.
+            PayloadError: ``payload`` is not a JSON value.
+        """
+        from ._engine._signals import RunNotSignalable, encode_payload
+
+        text = encode_payload(payload, f"the payload of signal {name!r}")
+        seq = await self.store.append_signal(run_id, name, text)
+        if seq is None:
+            run = await self.store.get_run(run_id)
+            if run is None:
+                raise RunNotFound(run_id)
+            raise RunNotSignalable(
+                f"run {run_id!r} is {run.status.value}: it takes no more signals"
+            )
+        return seq
+
+    async def run_events(self, run_id: str) -> dict[str, Any]:
+        """The run's latest events (``ctx.set_event``), by key (a damaged one: its raw text).
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        from ._engine._signals import SignalDataError, decode_stored
+
+        if await self.store.get_run(run_id) is None:
+            raise RunNotFound(run_id)
+        events: dict[str, Any] = {}
+        for key, text in (await self.store.get_events(run_id)).items():
+            try:
+                events[key] = decode_stored(text, f"event {key!r}")
+            except SignalDataError:
+                events[key] = {"damaged": text}
+        return events
+
     async def cancel_run(self, run_id: str, *, reason: str = "cancelled by an operator") -> bool:
         """Cancel the run: it is settled as cancelled in the store at once; the engine driving
         it stops it at its next lease renewal, and results of its running steps are ignored.

@@ -145,7 +145,11 @@ async def _runs_list(ops: Operations, args: argparse.Namespace) -> int:
 async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
     details = await ops.show_run(args.run_id)
     if args.json:
-        _print_json(details.to_json())
+        data = details.to_json()
+        events = await ops.run_events(args.run_id)
+        if events:  # issue 18: the run's latest ctx.set_event values
+            data["events"] = events
+        _print_json(data)
         return 0
     run = details.run
     print(f"run {run.run_id}  workflow {run.workflow}  status {run.status.value}")
@@ -181,6 +185,24 @@ async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
             [t.step_id, _time(t.wake_at), "fired" if t.fired else "waiting"] for t in details.timers
         ]
         print(table(["timer", "wakes at", "state"], timer_rows), end="")
+    events = await ops.run_events(args.run_id)
+    if events:
+        print()
+        print(table(["event", "value"], [[k, _short(v)] for k, v in events.items()]), end="")
+    return 0
+
+
+async def _runs_signal(ops: Operations, args: argparse.Namespace) -> int:
+    try:
+        payload = json.loads(args.payload) if args.payload is not None else None
+    except ValueError as exc:
+        print(f"error: PAYLOAD-JSON is not JSON: {exc}", file=sys.stderr)
+        return 2
+    seq = await ops.signal_run(args.run_id, args.name, payload)
+    if args.json:
+        _print_json({"runId": args.run_id, "name": args.name, "seq": seq})
+    else:
+        print(f"signal {args.name!r} #{seq} sent to run {args.run_id}")
     return 0
 
 
@@ -320,6 +342,13 @@ def add_ops_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         if name == "cancel":
             sub.add_argument("--reason", default="cancelled by an operator")
         sub.set_defaults(func=_runner(handler))
+
+    signal = runs_commands.add_parser("signal", help="send a signal to a run (ctx.wait_signal)")
+    _common(signal)
+    signal.add_argument("run_id", metavar="RUN_ID")
+    signal.add_argument("name", metavar="NAME")
+    signal.add_argument("payload", metavar="PAYLOAD-JSON", nargs="?", default=None)
+    signal.set_defaults(func=_runner(_runs_signal))
 
     jobs = subparsers.add_parser("jobs", help="inspect, requeue or delete set-aside jobs")
     jobs_commands = jobs.add_subparsers(dest="jobs_command", required=True)

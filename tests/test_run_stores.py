@@ -612,3 +612,32 @@ async def test_sqlite_adds_the_attempts_column_to_a_file_written_before_it(
                 assert await store.update_step(moved, expect_attempt=1) is Applied.APPLIED
         finally:
             await store.aclose()
+
+
+# --------------------------------------------------------------------------- signals, events
+
+
+async def test_signals_and_events(store: RunStore) -> None:
+    """Issue 18: a per-run, per-name signal log (only while the run is unfinished), and events
+    (latest wins)."""
+    await store.create_run(run("r1"))
+    assert await store.append_signal("missing", "go", "1") is None
+    assert await store.read_signal("r1", "go", 1) is None
+    assert await store.append_signal("r1", "go", '"a"') == 1
+    assert await store.append_signal("r1", "other", "{}") == 1
+    assert await store.append_signal("r1", "go", '{"b": 2}') == 2
+    assert [await store.read_signal("r1", "go", n) for n in (0, 1, 2, 3)] == [
+        None,
+        '"a"',
+        '{"b": 2}',
+        None,
+    ]
+    assert await store.read_signal("r1", "other", 1) == "{}"
+    assert await store.get_events("r1") == {}
+    await store.put_event("r1", "stage", '"one"')
+    await store.put_event("r1", "stage", '"two"')
+    await store.put_event("r1", "n", "3")
+    assert await store.get_events("r1") == {"stage": '"two"', "n": "3"}
+    assert await store.finish_run("r1", RunStatus.COMPLETED)
+    assert await store.append_signal("r1", "go", "1") is None
+    assert await store.read_signal("r1", "go", 2) == '{"b": 2}'

@@ -50,6 +50,7 @@ from ._open import open_engine
 from ._options import EngineOptions
 from ._records import Applied, RunPage, RunRecord, RunStatus, StepKind, StepRecord, StepState
 from ._retry import Retry
+from ._signals import EventTimeout, RunNotSignalable, SignalDataError, SignalTimeout
 from ._statistics import EngineStatistics
 from ._step_timeouts import StepTimeouts, UnknownStep
 from ._step_watch import StepNotStarted, StepWait
@@ -66,18 +67,22 @@ __all__ = [
     "EngineError",
     "EngineOptions",
     "EngineStatistics",
+    "EventTimeout",
     "NonDeterminismError",
     "Retry",
     "RunCancelled",
     "RunFailed",
     "RunNotFound",
     "RunNotRetryable",
+    "RunNotSignalable",
     "RunPage",
     "RunRecord",
     "RunStatus",
     "RunStore",
     "RunTimedOut",
     "RunView",
+    "SignalDataError",
+    "SignalTimeout",
     "StepDefinition",
     "StepFailed",
     "StepHandle",

@@ -116,6 +116,16 @@ class _Driver(Protocol):
 
     async def timer(self, step_id: str, seconds: float) -> None: ...
 
+    async def wait_signal(
+        self,
+        step_id: str,
+        name: str,
+        seq: int,
+        timeout: float | None,  # noqa: ASYNC109 (a durable deadline, not a trio one)
+    ) -> Any: ...
+
+    async def set_event(self, step_id: str, key: str, value: Any) -> None: ...
+
 
 class Quiescence:
     """Counts the workflow's running threads of control during a remote workflow turn (the
@@ -400,3 +410,61 @@ class WorkflowContext:
             if error is not None:
                 raise error
         return results
+
+    def wait_signal(self, name: str, timeout: float | None = None) -> StepHandle[Any]:
+        """Wait for signal ``name`` (``engine.signal(run_id, name, payload)``) and return its
+        payload: ``approved = await ctx.wait_signal("approve", timeout=3600)``.
+
+        A signal sent before the wait is buffered. The k-th wait on ``name`` that completes
+        consumes the k-th signal of that name: each exactly once, in order. The payload is
+        checkpointed; replay returns it without reading the signal log. Wait on one name from
+        one thread of control at a time (concurrent waits on the same name take their place in
+        the log when they start).
+
+        Args:
+            name: the signal's name.
+            timeout: seconds to wait (a durable deadline, like :meth:`sleep`); ``None``: forever.
+
+        Raises:
+            SignalTimeout: (when awaited) no signal within ``timeout``; none consumed. Catch it.
+            SignalDataError: (when awaited) the stored signal is damaged (not JSON).
+            TypeError: ``name`` is not a str, ``timeout`` not a number.
+            ConfigError: ``name`` is empty, ``timeout`` negative or not finite.
+        """
+        from ._signals import SignalTimeout
+
+        step_id = self._next_id()
+        check_name(name, "ctx.wait_signal", "name")
+        delay = None if timeout is None else check_seconds(timeout, "ctx.wait_signal", "timeout")
+        counts: dict[str, int] = self.__dict__.setdefault("_signal_counts", {})
+        driver = self._driver
+
+        async def start() -> Any:
+            seq = counts.get(name, 0) + 1
+            counts[name] = seq
+            try:
+                return await driver.wait_signal(step_id, name, seq, delay)
+            except SignalTimeout:
+                if counts.get(name) == seq:  # consumed nothing: the next wait takes this one
+                    counts[name] = seq - 1
+                raise
+
+        return StepHandle(self, step_id, StepKind.SIGNAL, name, start)
+
+    def set_event(self, key: str, value: Any) -> StepHandle[None]:
+        """Publish ``key -> value`` (latest wins) for ``engine.get_event(run_id, key)`` and
+        ``engine.status``: ``await ctx.set_event("progress", {"done": 3})``. Checkpointed:
+        replay does not write it again.
+
+        Raises:
+            PayloadError: ``value`` is not a JSON value (at once, in the workflow).
+            TypeError: ``key`` is not a str.
+            ConfigError: ``key`` is empty.
+        """
+        step_id = self._next_id()
+        check_name(key, "ctx.set_event", "key")
+        normalized = normalize_json(value, f"the value of event {key!r}")
+        driver = self._driver
+        return StepHandle(
+            self, step_id, StepKind.EVENT, key, lambda: driver.set_event(step_id, key, normalized)
+        )

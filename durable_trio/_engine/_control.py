@@ -104,6 +104,12 @@ class RunOperations(Protocol):
     async def cancel(self, run_id: str, *, reason: str = "cancelled") -> bool:
         """Cancel the run; whether this call cancelled it."""
 
+    async def signal(self, run_id: str, name: str, payload: Any = None) -> int:
+        """Send a signal to the run; its sequence number (issue 18)."""
+
+    async def events(self, run_id: str) -> dict[str, Any]:
+        """The run's latest events (issue 18)."""
+
 
 class ControlPlane:
     """Serves tenant pods for one engine (see the module docstring).
@@ -170,8 +176,17 @@ class ControlPlane:
             view = run_view(await runs.get(stored), str(request.run_id))
             view["cancelled"] = cancelled
             return view
+        if action == "signal":  # issue 18: {"name": ..., "payload": ...}
+            data = request.data if isinstance(request.data, dict) else {}
+            name = data.get("name")
+            if not isinstance(name, str):
+                raise PayloadError("a signal request names its signal: data.name (a str)")
+            return {"seq": await runs.signal(stored, name, data.get("payload"))}
+        if action == "events":
+            return await runs.events(stored)
         raise PayloadError(
-            f"unknown run request action {action!r} (status, result, history, cancel)"
+            f"unknown run request action {action!r} "
+            "(status, result, history, cancel, signal, events)"
         )
 
     # ------------------------------------------------------------------ tenant run events

@@ -445,6 +445,70 @@ class Engine:
         :attr:`EngineStatistics.duplicate_completions`."""
         return self._services.duplicates.of_run(run_id)
 
+    async def signal(self, run_id: str, name: str, payload: Any = None) -> int:
+        """Send signal ``name`` with JSON ``payload`` to the run (``ctx.wait_signal(name)``
+        returns it). Returns once the signal is stored (buffered if the run does not wait yet).
+
+        Returns:
+            The signal's sequence number among the run's signals of that name (1, 2, ...).
+
+        Raises:
+            RunNotFound: no such run.
+            RunNotSignalable: the run has finished.
+            PayloadError: ``payload`` is not a JSON value.
+        """
+        from ._signals import RunNotSignalable, driver_bell, encode_payload
+
+        check_name(name, "engine.signal", "name")
+        text = encode_payload(payload, f"the payload of signal {name!r}")
+        seq = await self.store.append_signal(run_id, name, text)
+        if seq is None:
+            run = await self.get(run_id)  # RunNotFound
+            raise RunNotSignalable(
+                f"run {run_id!r} is {run.status.value}: it takes no more signals"
+            )
+        driver = self._services.drivers.get(run_id)
+        if driver is not None:
+            driver_bell(driver).set()
+        return seq
+
+    async def events(self, run_id: str) -> dict[str, Any]:
+        """The run's latest events (``ctx.set_event``), by key.
+
+        Raises:
+            RunNotFound: no such run.
+            SignalDataError: a stored event is damaged (not JSON).
+        """
+        from ._signals import decode_stored
+
+        await self.get(run_id)
+        stored = await self.store.get_events(run_id)
+        return {k: decode_stored(v, f"event {k!r} of run {run_id!r}") for k, v in stored.items()}
+
+    async def get_event(self, run_id: str, key: str, *, timeout: float | None = None) -> Any:  # noqa: ASYNC109 (a durable deadline, not a trio one)
+        """The run's latest value of event ``key`` (``ctx.set_event``); if it is not set yet,
+        wait up to ``timeout`` seconds for it (``None``: do not wait).
+
+        Raises:
+            RunNotFound: no such run.
+            EventTimeout: ``key`` was not set within ``timeout`` (or at once, without one).
+        """
+        from ._signals import SIGNAL_POLL, EventTimeout, decode_stored
+
+        await self.get(run_id)
+        deadline = None if timeout is None else trio.current_time() + timeout
+        while True:
+            stored = await self.store.get_events(run_id)
+            if key in stored:
+                return decode_stored(stored[key], f"event {key!r} of run {run_id!r}")
+            now = trio.current_time()
+            if deadline is None or now >= deadline:
+                raise EventTimeout(
+                    f"run {run_id!r} has not set event {key!r}"
+                    + ("" if timeout is None else f" within {timeout:g} s")
+                )
+            await trio.sleep(min(SIGNAL_POLL / 10, deadline - now))
+
     async def cancel(self, run_id: str, *, reason: str = "cancelled") -> bool:
         """Cancel the run: it is settled as cancelled at once, its driver stopped where it
         waits (here, or by its owner at its next lease renewal), and the workers are asked

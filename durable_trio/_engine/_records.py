@@ -68,6 +68,10 @@ class StepKind(enum.StrEnum):
     """``ctx.run``: a function run inside the engine, its result checkpointed."""
     TIMER = "timer"
     """``ctx.sleep``: a durable timer."""
+    SIGNAL = "signal"
+    """``ctx.wait_signal``: a signal consumed (its payload is the output)."""
+    EVENT = "event"
+    """``ctx.set_event``: an event written (its value is the input)."""
 
 
 class StepState(enum.StrEnum):

@@ -171,6 +171,10 @@ async def _apply_command(services: DriverServices, run: RunRecord, command: Any)
             status,
             local.output,
         )
+    if kind in ("signal", "event"):  # issue 18
+        from ._signals import apply_command
+
+        return await apply_command(services, run, command, step_id)
     raise _BadDecision(f"unknown decision command type {kind!r}")
 
 
@@ -473,8 +477,17 @@ class RemoteRunDriver:
 
                 for key, waiter in waiters:
                     nursery.start_soon(remote, key, waiter)
+
+                async def signal(record: StepRecord) -> None:
+                    from ._signals import settle_signal
+
+                    await settle_signal(services, self, record)
+                    nursery.cancel_scope.cancel()
+
                 for record in pending:
-                    if record.kind is StepKind.TIMER:
+                    if record.kind is StepKind.SIGNAL:
+                        nursery.start_soon(signal, record)
+                    elif record.kind is StepKind.TIMER:
                         nursery.start_soon(timer, record)
                     elif record.kind is StepKind.LOCAL:  # written pending by nothing we know
                         nursery.cancel_scope.cancel()

@@ -22,7 +22,13 @@ if TYPE_CHECKING:
 
 __all__ = ["History"]
 
-_CALLS = {StepKind.REMOTE: "ctx.step", StepKind.LOCAL: "ctx.run", StepKind.TIMER: "ctx.sleep"}
+_CALLS = {
+    StepKind.REMOTE: "ctx.step",
+    StepKind.LOCAL: "ctx.run",
+    StepKind.TIMER: "ctx.sleep",
+    StepKind.SIGNAL: "ctx.wait_signal",
+    StepKind.EVENT: "ctx.set_event",
+}
 
 
 def _describe(kind: StepKind, name: str) -> str:

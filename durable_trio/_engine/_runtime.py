@@ -23,6 +23,7 @@ import trio
 
 from .._errors import PayloadError
 from .._wire import StepError
+from . import _signals
 from ._context import _CURRENT_STEP, StepInfo, WorkflowContext
 from ._errors import NonDeterminismError, StepFailed
 from ._records import (
@@ -126,6 +127,8 @@ class RunDriver:
         self.final: RunRecord | None = None
         """The run as this driver settled it (``None``: it stopped without settling it)."""
         self.settling = False
+        self.signal_bell: trio.Event | None = None
+        """Set by ``engine.signal`` to wake a ``wait_signal`` of this run."""
         """The workflow returned; the driver is writing its outcome."""
 
     # ------------------------------------------------------------------ the workflow
@@ -326,6 +329,14 @@ class RunDriver:
         if verdict is Applied.RUN_FINISHED:
             await self._stop()
         services.count("timers_fired")
+
+    # ------------------------------------------------------------------ signals, events
+
+    async def wait_signal(self, step_id: str, name: str, seq: int, timeout: float | None) -> Any:  # noqa: ASYNC109 (a durable deadline, not a trio one)
+        return await _signals.wait_signal(self, step_id, name, seq, timeout)
+
+    async def set_event(self, step_id: str, key: str, value: Any) -> None:
+        await _signals.set_event(self, step_id, key, value)
 
     async def _stop(self) -> None:
         """The run was settled elsewhere (cancelled by another engine): stop driving it."""

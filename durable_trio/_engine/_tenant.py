@@ -163,6 +163,22 @@ class TenantClient:
         data = await self._request("cancel", run_id, {"reason": reason})
         return bool(isinstance(data, dict) and data.get("cancelled"))
 
+    async def signal(self, run_id: str, name: str, payload: Any = None) -> int:
+        """Send signal ``name`` with JSON ``payload`` to this tenant's run (issue 18); returns
+        its sequence number once the control plane stored it.
+
+        Raises:
+            RunNotFound: this tenant has no such run.
+            EngineError: the run has finished (``RunNotSignalable``), or a bad payload.
+        """
+        data = await self._request("signal", run_id, {"name": name, "payload": payload})
+        return int(data["seq"]) if isinstance(data, dict) else 0
+
+    async def events(self, run_id: str) -> dict[str, Any]:
+        """The run's latest events (``ctx.set_event``), by key (issue 18)."""
+        data = await self._request("events", run_id)
+        return dict(data) if isinstance(data, dict) else {}
+
     async def result(self, run_id: str) -> Any:
         """Wait for the run to end; return its output. Woken by the tenant's run events, and
         re-asks every ``result_poll`` seconds (an event published before this pod's

@@ -115,6 +115,33 @@ class TurnDriver:
             self.commands.append({"type": "sleep", "stepId": step_id, "seconds": seconds})
         await self.tracker.block()
 
+    async def wait_signal(
+        self,
+        step_id: str,
+        name: str,
+        seq: int,
+        timeout: float | None,  # noqa: ASYNC109 (a durable deadline, not a trio one)
+    ) -> Any:
+        from ._signals import outcome
+
+        known = self._take(step_id, StepKind.SIGNAL, name)
+        if known is not None:
+            if known.status is not StepState.PENDING:
+                return outcome(known)
+        else:
+            self.commands.append(
+                {"type": "signal", "stepId": step_id, "name": name, "seq": seq,
+                 "timeout": timeout}
+            )  # fmt: skip
+        await self.tracker.block()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def set_event(self, step_id: str, key: str, value: Any) -> None:
+        known = self._take(step_id, StepKind.EVENT, key)
+        if known is None:
+            self.commands.append({"type": "event", "stepId": step_id, "key": key, "value": value})
+            await self.tracker.block()
+
     async def local(
         self, step_id: str, name: str, fn: Callable[[], Any], retry: Retry | None
     ) -> Any:

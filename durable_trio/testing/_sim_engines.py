@@ -171,6 +171,18 @@ class _EngineStore:
     async def mark_dispatched(self, run_id: str, step_id: str, attempt: int) -> bool:
         return await self._call(lambda: self.inner.mark_dispatched(run_id, step_id, attempt))
 
+    async def append_signal(self, run_id: str, name: str, payload: str) -> int | None:
+        return await self._call(lambda: self.inner.append_signal(run_id, name, payload))
+
+    async def read_signal(self, run_id: str, name: str, seq: int) -> str | None:
+        return await self._call(lambda: self.inner.read_signal(run_id, name, seq))
+
+    async def put_event(self, run_id: str, key: str, value: str) -> None:
+        await self._call(lambda: self.inner.put_event(run_id, key, value))
+
+    async def get_events(self, run_id: str) -> dict[str, str]:
+        return await self._call(lambda: self.inner.get_events(run_id))
+
     async def aclose(self) -> None:
         await trio.lowlevel.checkpoint()  # the shared store belongs to the simulation
 

@@ -52,6 +52,9 @@ class Runs:
         """Run id: (workflow, input), for every run started."""
         self.outcomes: dict[str, tuple[str, Any]] = {}
         """Run id: (status, output or error), for every run that ended."""
+        self.signals: Any = None
+        """Issue 18: ``(rng, workflow, input) -> [(delay, name, payload)]``, each run's
+        signals (see :mod:`._sim_signals`), or ``None``."""
 
     @property
     def unfinished(self) -> int:
@@ -78,6 +81,13 @@ class Runs:
                 break
             self.ledger.event("start", run=run_id, workflow=workflow)
             runs.start_soon(self._await, run_id)
+            if self.signals is not None:
+                from ._sim_signals import send_signals
+
+                runs.start_soon(
+                    send_signals,
+                    self.signals, self.seed, run_id, workflow, value, self.engines, self.ledger,
+                )  # fmt: skip
 
     async def _await(self, run_id: str) -> None:
         while True:

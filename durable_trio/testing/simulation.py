@@ -118,6 +118,9 @@ class Simulation:
         replay: the command printed to replay a failing seed, with ``{seed}`` in it (default:
             the pytest node being run, or this process's command line, with
             ``DURABLE_TRIO_SEED`` set).
+        signals: (issue 18) ``(rng, workflow, input) -> [(delay, name, payload), ...]``: the
+            signals sent to each run, ``delay`` virtual seconds after its start; the invariant
+            "each signal consumed once, in order per name" is then checked.
     """
 
     def __init__(
@@ -137,6 +140,7 @@ class Simulation:
         engine_options: dict[str, Any] | None = None,
         transport_options: dict[str, Any] | None = None,
         replay: str | None = None,
+        signals: Any = None,
     ) -> None:
         override = os.environ.get(SEED_VARIABLE)
         self.seed = int(override) if override else seed
@@ -155,6 +159,7 @@ class Simulation:
         self.engine_options = dict(engine_options or {})
         self.transport_options = {**DEFAULT_TRANSPORT_OPTIONS, **(transport_options or {})}
         self._replay = replay
+        self.signals = signals
         self._reset()
 
     # ------------------------------------------------------------------ public API
@@ -252,6 +257,8 @@ class Simulation:
             ledger=ledger,
         )
         self._ledger, self._engines, self._workers, self._runs = ledger, engines, workers, runs
+        runs.signals = getattr(self, "signals", None)
+        self._store = store
         self._schedule = FaultSchedule(
             seed=self.seed,
             faults=self.faults,
@@ -302,6 +309,10 @@ class Simulation:
             await check_schedule_ticks(
                 self.app, self._engines.store, ledger, self.engine_options, self.duration
             )
+            if self.signals is not None:
+                from ._sim_signals import check_signals
+
+                await check_signals(self._store, sorted(runs.inputs), ledger)
             # keep the key checks scheduled by the last closes (the nursery waits for them)
         ledger.end = ledger.now()
         ledger.event("end")

@@ -212,6 +212,28 @@ class RunStore(Protocol):
         ``max(last tick, tick)`` (atomically; nothing if the schedule does not exist)."""
         ...
 
+    async def append_signal(self, run_id: str, name: str, payload: str) -> int | None:
+        """Append signal ``name`` (JSON text ``payload``) to the run's log of that name,
+        atomically with the check that the run exists and is unfinished.
+
+        Returns:
+            Its sequence number (1, 2, ... per run and name), or ``None`` (no such run, or
+            it has finished: nothing stored).
+        """
+        ...
+
+    async def read_signal(self, run_id: str, name: str, seq: int) -> str | None:
+        """The JSON text of the run's ``seq``-th signal ``name``, or ``None`` (not yet)."""
+        ...
+
+    async def put_event(self, run_id: str, key: str, value: str) -> None:
+        """Set the run's event ``key`` to JSON text ``value`` (latest wins)."""
+        ...
+
+    async def get_events(self, run_id: str) -> dict[str, str]:
+        """The run's events: key -> JSON text."""
+        ...
+
     async def aclose(self) -> None:
         """Release what the store holds (idempotent)."""
         ...

@@ -53,6 +53,8 @@ class _Run:
     timeout: float | None = None
     trace: bytes = b""
     steps: dict[str, _Step] = attrs.Factory(dict)
+    signals: dict[str, list[str]] = attrs.Factory(dict)
+    events: dict[str, str] = attrs.Factory(dict)
 
     def out(self) -> RunRecord:
         return RunRecord(
@@ -432,3 +434,31 @@ class MemoryRunStore:
     async def aclose(self) -> None:
         self._closed = True
         await trio.lowlevel.checkpoint()
+
+    # -- signals and events (issue 18) ----------------------------------------------------
+
+    async def append_signal(self, run_id: str, name: str, payload: str) -> int | None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        run = self._runs.get(run_id)
+        if run is None or run.status.terminal:
+            return None
+        log = run.signals.setdefault(name, [])
+        log.append(payload)
+        return len(log)
+
+    async def read_signal(self, run_id: str, name: str, seq: int) -> str | None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        run = self._runs.get(run_id)
+        log = run.signals.get(name, []) if run is not None else []
+        return log[seq - 1] if 0 < seq <= len(log) else None
+
+    async def put_event(self, run_id: str, key: str, value: str) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        run = self._runs.get(run_id)
+        if run is not None:
+            run.events[key] = value
+
+    async def get_events(self, run_id: str) -> dict[str, str]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        run = self._runs.get(run_id)
+        return dict(run.events) if run is not None else {}

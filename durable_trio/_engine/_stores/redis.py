@@ -206,6 +206,17 @@ return 1
 """
 )
 
+# Issue 18. KEYS: run, signal list. ARGV: payload. The run's signals of one name are a list
+# beside the run (same hash tag, so the same slot); an unknown or finished run: 0.
+_APPEND_SIGNAL: Final = (
+    _LUA_HELPERS
+    + """
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st or not active(st) then return 0 end
+return redis.call('RPUSH', KEYS[2], ARGV[1])
+"""
+)
+
 # KEYS: step, steps. ARGV: step_id, position, kind, name, status, attempt, input, output, error,
 # retry, wake_at, dispatched, priority, now, heartbeat_timeout, heartbeat ('' = none), attempts
 _BEGIN_STEP: Final = """
@@ -434,6 +445,7 @@ class RedisRunStore:
         self._release: Script = client.script(_RELEASE)
         self._finish: Script = client.script(_FINISH)
         self._begin: Script = client.script(_BEGIN_STEP)
+        self._append_signal: Script = client.script(_APPEND_SIGNAL)
         self._update: Script = client.script(_UPDATE_STEP)
         self._mark: Script = client.script(_MARK_DISPATCHED)
         self._page: Script = client.script(_PAGE)
@@ -773,6 +785,34 @@ class RedisRunStore:
 
     async def mark_schedule_tick(self, name: str, tick: float) -> None:
         await self._mark_tick(self._schedule_keys(), (name, repr(float(tick))))
+
+    # -- signals and events (issue 18) ----------------------------------------------------
+
+    def _signal_key(self, run_id: str, name: str) -> str:
+        return f"{self._prefix_of(run_id)}:signal:{len(run_id)}:{run_id}:{name}"
+
+    def _events_key(self, run_id: str) -> str:
+        return f"{self._prefix_of(run_id)}:events:{len(run_id)}:{run_id}"
+
+    async def append_signal(self, run_id: str, name: str, payload: str) -> int | None:
+        seq = await self._append_signal(
+            (self._run_key(run_id), self._signal_key(run_id, name)), (payload,)
+        )
+        return int(seq) or None
+
+    async def read_signal(self, run_id: str, name: str, seq: int) -> str | None:
+        if seq < 1:
+            await trio.lowlevel.checkpoint()
+            return None
+        reply = await self._client.execute("LINDEX", self._signal_key(run_id, name), seq - 1)
+        return None if reply is None else bytes(reply).decode("utf-8", "replace")
+
+    async def put_event(self, run_id: str, key: str, value: str) -> None:
+        await self._client.execute("HSET", self._events_key(run_id), key, value)
+
+    async def get_events(self, run_id: str) -> dict[str, str]:
+        reply = await self._client.execute("HGETALL", self._events_key(run_id))
+        return {k.decode(): v.decode("utf-8", "replace") for k, v in _fields(reply).items()}
 
     async def aclose(self) -> None:
         """Nothing to release (the client is the caller's). Idempotent."""

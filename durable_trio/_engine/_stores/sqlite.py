@@ -303,6 +303,8 @@ def _run_batch(
 def _create_schema(db: sqlite3.Connection) -> None:
     for statement in _SCHEMA:
         db.execute(statement)
+    for statement in _SIGNAL_SCHEMA:  # issue 18: added to older files when opened
+        db.execute(statement)
     # A file written before runs had a timeout: add the column (NULL, no timeout).
     columns = {row[1] for row in db.execute("PRAGMA table_info(dt_runs)")}
     if "timeout" not in columns:
@@ -482,6 +484,76 @@ def _op_finish(
 ) -> bool:
     cursor = db.execute(_FINISH, (ns, run_id, status, output, error, time.time()))
     return cursor.rowcount == 1
+
+
+_SIGNAL_SCHEMA: Final = (
+    """
+    CREATE TABLE IF NOT EXISTS dt_signals (
+        namespace TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        payload TEXT NOT NULL,
+        PRIMARY KEY (namespace, run_id, name, seq)
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS dt_events (
+        namespace TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        PRIMARY KEY (namespace, run_id, key)
+    )
+    """,
+)
+
+
+def _op_append_signal(
+    ns: str, run_id: str, name: str, payload: str, db: sqlite3.Connection
+) -> int | None:
+    row = db.execute(
+        "SELECT status FROM dt_runs WHERE namespace = ? AND run_id = ?", (ns, run_id)
+    ).fetchone()
+    if row is None or RunStatus(row[0]).terminal:
+        return None
+    (last,) = db.execute(
+        "SELECT COALESCE(MAX(seq), 0) FROM dt_signals WHERE namespace = ? AND run_id = ? "
+        "AND name = ?",
+        (ns, run_id, name),
+    ).fetchone()
+    seq = int(last) + 1
+    db.execute(
+        "INSERT INTO dt_signals (namespace, run_id, name, seq, payload) VALUES (?, ?, ?, ?, ?)",
+        (ns, run_id, name, seq, payload),
+    )
+    return seq
+
+
+def _op_read_signal(
+    ns: str, run_id: str, name: str, seq: int, db: sqlite3.Connection
+) -> str | None:
+    row = db.execute(
+        "SELECT payload FROM dt_signals WHERE namespace = ? AND run_id = ? AND name = ? "
+        "AND seq = ?",
+        (ns, run_id, name, seq),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _op_put_event(ns: str, run_id: str, key: str, value: str, db: sqlite3.Connection) -> None:
+    db.execute(
+        "INSERT INTO dt_events (namespace, run_id, key, value) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (namespace, run_id, key) DO UPDATE SET value = excluded.value",
+        (ns, run_id, key, value),
+    )
+
+
+def _op_get_events(ns: str, run_id: str, db: sqlite3.Connection) -> dict[str, str]:
+    rows = db.execute(
+        "SELECT key, value FROM dt_events WHERE namespace = ? AND run_id = ?", (ns, run_id)
+    ).fetchall()
+    return {str(k): str(v) for k, v in rows}
 
 
 def _op_get_steps(ns: str, run_id: str, db: sqlite3.Connection) -> list[StepRecord]:
@@ -821,3 +893,22 @@ class SqliteRunStore:
             return
         self._closed = True
         await self._db.release()
+
+    # -- signals and events (issue 18) ----------------------------------------------------
+
+    async def append_signal(self, run_id: str, name: str, payload: str) -> int | None:
+        result: int | None = await self._write(
+            partial(_op_append_signal, self._ns, run_id, name, payload)
+        )
+        return result
+
+    async def read_signal(self, run_id: str, name: str, seq: int) -> str | None:
+        result: str | None = await self._read(partial(_op_read_signal, self._ns, run_id, name, seq))
+        return result
+
+    async def put_event(self, run_id: str, key: str, value: str) -> None:
+        await self._write(partial(_op_put_event, self._ns, run_id, key, value))
+
+    async def get_events(self, run_id: str) -> dict[str, str]:
+        result: dict[str, str] = await self._read(partial(_op_get_events, self._ns, run_id))
+        return result

@@ -1,0 +1,286 @@
+"""Signals and events (issue 18, items 1 and 2): what ``ctx.wait_signal`` / ``ctx.set_event``
+do in the engine, and what ``engine.signal`` / ``engine.get_event`` do.
+
+Signals are appended durably to a per-run, per-name log in the run store (``append_signal``
+returns their sequence number, 1, 2, ...). The k-th ``wait_signal(name)`` of a run that
+completes consumes the k-th signal of that name: the wait is a checkpoint of kind
+:attr:`StepKind.SIGNAL` whose input holds ``{"seq": k, "deadline": ...}`` and whose output
+holds the payload, so replay returns it without reading the log again. A timeout is a durable
+deadline (checkpointed like ``ctx.sleep``'s wake time) and fails the checkpoint with
+:class:`SignalTimeout`, which consumes nothing.
+
+Waking: a signal sent through the engine that drives the run rings that driver's bell at once;
+a signal sent elsewhere (another engine, the CLI) is found by the waiting driver's store poll
+(every ``SIGNAL_POLL`` seconds, bounded).
+
+Events: ``ctx.set_event(key, value)`` writes ``key -> value`` (latest wins) to the run store,
+then checkpoints an :attr:`StepKind.EVENT` step, so replay does not write again.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import orjson
+import trio
+
+from .._errors import PayloadError
+from .._json_values import check_json
+from ._errors import EngineError
+from ._records import Applied, StepKind, StepRecord, StepState
+
+if TYPE_CHECKING:
+    from ._records import RunRecord
+    from ._runtime import RunDriver
+    from ._services import DriverServices
+
+__all__ = [
+    "SIGNAL_POLL",
+    "EventTimeout",
+    "RunNotSignalable",
+    "SignalDataError",
+    "SignalTimeout",
+    "decode_stored",
+    "encode_payload",
+    "set_event",
+    "wait_signal",
+]
+
+SIGNAL_POLL = 1.0
+"""Seconds between two store reads of a driver waiting on a signal sent elsewhere."""
+
+
+class SignalTimeout(EngineError, TimeoutError):
+    """``ctx.wait_signal(name, timeout=...)`` waited ``timeout`` seconds for no signal (no
+    signal consumed). Catch it in the workflow."""
+
+    def __init__(self, message: str, *, name: str = "", timeout: float | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.timeout = timeout
+
+
+class RunNotSignalable(EngineError):
+    """``engine.signal`` to a run that has finished."""
+
+
+class EventTimeout(EngineError, TimeoutError):
+    """``engine.get_event``: the key was not set within the timeout."""
+
+
+class SignalDataError(EngineError):
+    """A signal or event stored in the run store is not valid JSON (damaged data): the run
+    waiting on it fails with this error, inspectable with ``runs show``."""
+
+
+def encode_payload(value: Any, what: str) -> str:
+    """``value`` as the JSON text stored.
+
+    Raises:
+        PayloadError: ``value`` is not a JSON value.
+    """
+    check_json(value, what)
+    return orjson.dumps(value).decode()
+
+
+def decode_stored(text: str, what: str) -> Any:
+    """Stored JSON text back to its value.
+
+    Raises:
+        SignalDataError: the stored text is not JSON.
+    """
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise SignalDataError(f"{what} is damaged in the run store (not JSON: {exc})") from None
+
+
+def _error(exc: Exception) -> dict[str, Any]:
+    return {"type": type(exc).__name__, "message": str(exc)}
+
+
+async def wait_signal(
+    driver: RunDriver,
+    step_id: str,
+    name: str,
+    seq: int,
+    timeout: float | None,  # noqa: ASYNC109 (a durable deadline, not a trio one)
+) -> Any:
+    """The driver's side of ``ctx.wait_signal``: return the ``seq``-th signal ``name``."""
+    services = driver.services
+    store = services.store
+    run_id = driver.run.run_id
+    record = driver.history.take(step_id, StepKind.SIGNAL, name)
+    if record is None:
+        deadline = None if timeout is None else store.now() + timeout
+        fresh = StepRecord(
+            run_id=run_id,
+            step_id=step_id,
+            kind=StepKind.SIGNAL,
+            name=name,
+            status=StepState.PENDING,
+            input={"seq": seq, "timeout": timeout},
+            wake_at=deadline,
+        )
+        record = await services.guard(lambda: store.begin_step(fresh), "checkpointing")
+        driver.history.check(record, StepKind.SIGNAL, name)
+    settled = await settle_signal(services, driver, record)
+    if settled is None:  # the run was settled elsewhere (cancelled): stop driving it
+        driver.scope.cancel()
+        await trio.lowlevel.checkpoint()
+        raise AssertionError("unreachable")  # pragma: no cover
+    return _outcome(settled, name)
+
+
+async def settle_signal(
+    services: DriverServices, owner: object, record: StepRecord
+) -> StepRecord | None:
+    """Wait until the pending signal checkpoint ``record`` settles (its signal stored, or its
+    deadline passed), checkpoint that, and return it settled; ``None``: the run has finished.
+    ``owner`` is the run's driver, whose bell ``engine.signal`` rings."""
+    store = services.store
+    run_id, name = record.run_id, record.name
+    while record.status is StepState.PENDING:
+        if driver_bell(owner).is_set():  # rung: a fresh bell BEFORE reading the store
+            owner.signal_bell = trio.Event()  # type: ignore[attr-defined]
+        seq = int(record.input["seq"]) if isinstance(record.input, dict) else 0
+        text = await services.guard(partial(store.read_signal, run_id, name, seq), "reading")
+        following: StepRecord | None = None
+        if text is not None:
+            try:
+                payload = decode_stored(text, f"signal {name!r} #{seq} of run {run_id!r}")
+            except SignalDataError as exc:
+                following = attrs.evolve(record, status=StepState.FAILED, error=_error(exc))
+            else:
+                following = attrs.evolve(record, status=StepState.COMPLETED, output=payload)
+        elif record.wake_at is not None and store.now() >= record.wake_at:
+            message = (
+                f"no signal {name!r} reached run {run_id!r} within "
+                f"{record.input.get('timeout') if isinstance(record.input, dict) else '?'} s"
+            )
+            following = attrs.evolve(
+                record,
+                status=StepState.FAILED,
+                error={"type": "SignalTimeout", "message": message, "retryable": False},
+            )
+        if following is None:
+            bell = driver_bell(owner)
+            with trio.move_on_after(SIGNAL_POLL):  # the poll: signals stored elsewhere
+                if record.wake_at is None:
+                    await bell.wait()
+                else:  # the bell or the deadline, whichever comes first
+                    async with trio.open_nursery() as nursery:
+
+                        async def ring(
+                            scope: trio.CancelScope = nursery.cancel_scope, rung: trio.Event = bell
+                        ) -> None:
+                            await rung.wait()
+                            scope.cancel()
+
+                        nursery.start_soon(ring)
+                        await services.sleep_until(record.wake_at)
+                        nursery.cancel_scope.cancel()
+            continue
+        verdict = await services.guard(
+            partial(store.update_step, following, expect_attempt=record.attempt), "checkpointing"
+        )
+        if verdict is Applied.RUN_FINISHED:
+            return None
+        if verdict is Applied.APPLIED:
+            return following
+        found = await services.guard(partial(store.get_step, run_id, record.step_id), "reading")
+        if found is None:
+            return None
+        record = found  # moved on elsewhere (another engine): follow the store
+    return record
+
+
+def outcome(record: StepRecord) -> Any:
+    """A settled signal checkpoint's payload (or its error raised)."""
+    return _outcome(record, record.name)
+
+
+def _outcome(record: StepRecord, name: str) -> Any:
+    if record.status is StepState.COMPLETED:
+        return record.output
+    error = record.error if isinstance(record.error, dict) else {}
+    message = str(error.get("message", f"wait_signal({name!r}) failed"))
+    if error.get("type") == "SignalTimeout":
+        timeout = record.input.get("timeout") if isinstance(record.input, dict) else None
+        raise SignalTimeout(message, name=name, timeout=timeout)
+    raise SignalDataError(message)
+
+
+def driver_bell(driver: Any) -> trio.Event:
+    """The event ``engine.signal`` sets to wake ``driver`` (made on first use)."""
+    bell: trio.Event | None = getattr(driver, "signal_bell", None)
+    if bell is None:
+        bell = driver.signal_bell = trio.Event()
+    return bell
+
+
+async def set_event(driver: RunDriver, step_id: str, key: str, value: Any) -> None:
+    """The driver's side of ``ctx.set_event``."""
+    services = driver.services
+    store = services.store
+    run_id = driver.run.run_id
+    record = driver.history.take(step_id, StepKind.EVENT, key)
+    if record is not None and record.status is StepState.COMPLETED:
+        return
+    text = encode_payload(value, f"the value of event {key!r}")
+    await services.guard(lambda: store.put_event(run_id, key, text), "writing an event")
+    fresh = StepRecord(
+        run_id=run_id,
+        step_id=step_id,
+        kind=StepKind.EVENT,
+        name=key,
+        status=StepState.COMPLETED,
+        input=value,
+    )
+    stored = await services.guard(lambda: store.begin_step(fresh), "checkpointing")
+    driver.history.check(stored, StepKind.EVENT, key)
+
+
+async def apply_command(
+    services: DriverServices, run: RunRecord, command: dict[str, Any], step_id: str
+) -> bool:
+    """Checkpoint a remote workflow's ``signal`` or ``event`` command (its turn asked for a
+    wait or wrote an event). Returns ``False`` when the stored history holds another call."""
+    store = services.store
+    if command.get("type") == "event":
+        key = command.get("key")
+        if not isinstance(key, str) or not key:
+            raise PayloadError(f"an event command needs a key, got {key!r}")
+        value = command.get("value")
+        text = encode_payload(value, f"the value of event {key!r}")
+        fresh = StepRecord(
+            run_id=run.run_id,
+            step_id=step_id,
+            kind=StepKind.EVENT,
+            name=key,
+            status=StepState.COMPLETED,
+            input=value,
+        )
+        existing = await services.guard(partial(store.get_step, run.run_id, step_id), "reading")
+        if existing is None:
+            await services.guard(partial(store.put_event, run.run_id, key, text), "writing")
+        stored = await services.guard(partial(store.begin_step, fresh), "checkpointing")
+        return (stored.kind, stored.name) == (StepKind.EVENT, key)
+    name, seq, timeout = command.get("name"), command.get("seq"), command.get("timeout")
+    if not isinstance(name, str) or not name or not isinstance(seq, int) or seq < 1:
+        raise PayloadError(f"a signal command needs a name and a seq >= 1, got {command!r}")
+    if timeout is not None and (not isinstance(timeout, int | float) or timeout < 0):
+        raise PayloadError(f"a signal command's timeout is {timeout!r}")
+    fresh = StepRecord(
+        run_id=run.run_id,
+        step_id=step_id,
+        kind=StepKind.SIGNAL,
+        name=name,
+        status=StepState.PENDING,
+        input={"seq": seq, "timeout": timeout},
+        wake_at=None if timeout is None else store.now() + float(timeout),
+    )
+    stored = await services.guard(partial(store.begin_step, fresh), "checkpointing")
+    return (stored.kind, stored.name) == (StepKind.SIGNAL, name)
