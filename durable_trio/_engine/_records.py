@@ -30,6 +30,7 @@ __all__ = [
     "error_from_json",
     "error_to_json",
     "normalize_json",
+    "patch_marker",
     "previous_details",
     "read_attempt_log",
     "read_trace",
@@ -68,6 +69,9 @@ class StepKind(enum.StrEnum):
     """``ctx.run``: a function run inside the engine, its result checkpointed."""
     TIMER = "timer"
     """``ctx.sleep``: a durable timer."""
+    PATCH = "patch"
+    """``ctx.patched``: a version marker, stored as ``patch:<change id>`` outside the step
+    numbering (issue 18, versioning)."""
 
 
 class StepState(enum.StrEnum):
@@ -316,6 +320,18 @@ def previous_details(record: StepRecord) -> JSONValue:
     if isinstance(attempt, int) and attempt < record.attempt:
         return beat.get("details")
     return None
+
+
+def patch_marker(run_id: str, change_id: str) -> StepRecord:
+    """The checkpoint ``ctx.patched(change_id)`` records: ``patch:<change id>``, completed,
+    outside the step numbering."""
+    return StepRecord(
+        run_id=run_id,
+        step_id=f"patch:{change_id}",
+        kind=StepKind.PATCH,
+        name=change_id,
+        status=StepState.COMPLETED,
+    )
 
 
 def step_position(step_id: str) -> int:

@@ -38,6 +38,7 @@ from ._records import (
     StepState,
     error_to_json,
     normalize_json,
+    patch_marker,
     step_to_json,
 )
 from ._runtime import describe_error, send_step
@@ -171,6 +172,12 @@ async def _apply_command(services: DriverServices, run: RunRecord, command: Any)
             status,
             local.output,
         )
+    if kind == "patch":
+        name = _text(command, "name")
+        stored = await services.guard(
+            lambda: store.begin_step(patch_marker(run.run_id, name)), "checkpointing"
+        )
+        return stored.kind is StepKind.PATCH
     raise _BadDecision(f"unknown decision command type {kind!r}")
 
 

@@ -22,7 +22,16 @@ if TYPE_CHECKING:
 
 __all__ = ["History"]
 
-_CALLS = {StepKind.REMOTE: "ctx.step", StepKind.LOCAL: "ctx.run", StepKind.TIMER: "ctx.sleep"}
+_CALLS = {
+    StepKind.REMOTE: "ctx.step",
+    StepKind.LOCAL: "ctx.run",
+    StepKind.TIMER: "ctx.sleep",
+    StepKind.PATCH: "ctx.patched",
+}
+
+PATCH_PREFIX = "patch:"
+"""Version markers are stored under ``patch:<change id>``, outside the step numbering: an old
+history (recorded without them) keeps the ids of every later step."""
 
 
 def _describe(kind: StepKind, name: str) -> str:
@@ -39,16 +48,30 @@ class History:
 
     def __init__(self, run_id: str, records: Iterable[StepRecord] = ()) -> None:
         self.run_id = run_id
-        self._by_id: dict[str, StepRecord] = {r.step_id: r for r in records}
+        self._by_id: dict[str, StepRecord] = {}
+        self._patches: set[str] = set()
+        for record in records:
+            if record.kind is StepKind.PATCH:
+                self._patches.add(record.name)
+            else:
+                self._by_id[record.step_id] = record
         self._unvisited: set[str] = set(self._by_id)
 
     def __len__(self) -> int:
-        return len(self._by_id)
+        return len(self._by_id) + len(self._patches)
 
     @property
     def replaying(self) -> bool:
         """Whether history still holds checkpoints the workflow has not reached again."""
         return bool(self._unvisited)
+
+    def has_patch(self, change_id: str) -> bool:
+        """Whether history holds the version marker of ``change_id`` (``ctx.patched``)."""
+        return change_id in self._patches
+
+    def add_patch(self, change_id: str) -> None:
+        """The marker of ``change_id`` is being recorded now: later calls see it."""
+        self._patches.add(change_id)
 
     def take(self, step_id: str, kind: StepKind, name: str) -> StepRecord | None:
         """The checkpoint the call ``kind(name)`` with ``step_id`` replays, or ``None`` (a new

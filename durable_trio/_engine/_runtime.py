@@ -36,6 +36,7 @@ from ._records import (
     error_from_json,
     error_to_json,
     normalize_json,
+    patch_marker,
 )
 from ._replay import History
 from ._step_timeouts import StepTimeouts, check_step_known, with_timeouts
@@ -127,6 +128,8 @@ class RunDriver:
         """The run as this driver settled it (``None``: it stopped without settling it)."""
         self.settling = False
         """The workflow returned; the driver is writing its outcome."""
+        self.markers: list[str] = []
+        """Version markers (``ctx.patched``) to write before the next checkpoint."""
 
     # ------------------------------------------------------------------ the workflow
 
@@ -181,6 +184,7 @@ class RunDriver:
         services = self.services
         store = services.store
         run_id = self.run.run_id
+        await self._flush_markers()
         known = self.history.take(step_id, StepKind.REMOTE, name)
         if known is None:
             check_step_known(name, services.app.name, services.app.steps)
@@ -231,6 +235,7 @@ class RunDriver:
         services = self.services
         store = services.store
         run_id = self.run.run_id
+        await self._flush_markers()
         record = self.history.take(step_id, StepKind.LOCAL, name)
         policy = retry if retry is not None else services.default_retry
         if record is None:
@@ -302,6 +307,7 @@ class RunDriver:
     async def timer(self, step_id: str, seconds: float) -> None:
         services = self.services
         store = services.store
+        await self._flush_markers()
         record = self.history.take(step_id, StepKind.TIMER, "sleep")
         if record is None:
             fresh = StepRecord(
@@ -326,6 +332,18 @@ class RunDriver:
         if verdict is Applied.RUN_FINISHED:
             await self._stop()
         services.count("timers_fired")
+
+    def mark_patch(self, change_id: str) -> None:
+        self.markers.append(change_id)
+
+    async def _flush_markers(self) -> None:
+        """Write the pending version markers: a later checkpoint never lands before them."""
+        while self.markers:
+            change_id = self.markers[0]
+            store, marker = self.services.store, patch_marker(self.run.run_id, change_id)
+            await self.services.guard(partial(store.begin_step, marker), "checkpointing")
+            if self.markers and self.markers[0] == change_id:
+                self.markers.pop(0)
 
     async def _stop(self) -> None:
         """The run was settled elsewhere (cancelled by another engine): stop driving it."""

@@ -42,7 +42,7 @@ from ._records import (
     normalize_json,
     step_from_json,
 )
-from ._replay import History
+from ._replay import PATCH_PREFIX, History
 from ._retry import Retry
 from ._runtime import describe_error, local_failure, settled_outcome
 
@@ -105,6 +105,11 @@ class TurnDriver:
             self.commands.append(command)
         await self.tracker.block()
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def mark_patch(self, change_id: str) -> None:
+        self.commands.append(
+            {"type": "patch", "stepId": PATCH_PREFIX + change_id, "name": change_id}
+        )
 
     async def timer(self, step_id: str, seconds: float) -> None:
         known = self._take(step_id, StepKind.TIMER, "sleep")
