@@ -237,3 +237,11 @@ async def serve_until_done(backend: dt.Backend, name: str, output: str) -> list[
 async def _pending(broker: Any, queue: str) -> int:
     stats = await broker.queue_stats(queue)
     return int(stats.ready + stats.delayed + stats.claimed)
+
+
+async def wait_status(engine: Any, run_id: str, status: Any, poll: float = 0.05) -> Any:
+    """Poll ``engine`` until ``run_id`` has ``status`` (a run parked ``blocked`` settles in no
+    driver's ``done``); returns its record."""
+    while (record := await engine.get(run_id)).status is not status:  # noqa: ASYNC110
+        await trio.sleep(poll)
+    return record

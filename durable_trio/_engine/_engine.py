@@ -56,6 +56,7 @@ from ._statistics import EngineStatistics
 from ._step_watch import StepWait, StepWatch
 from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
+from ._versioning import resume_blocked
 
 if TYPE_CHECKING:
     from ._results import ResultHandler
@@ -214,6 +215,9 @@ class Engine:
             How many runs were taken over.
         """
         taken = 0
+        if not self._closing:  # blocked runs this code may replay are reopened, then claimed
+            reopened = await resume_blocked(self.store, self.app, self.store.now())
+            self._services.count("runs_unblocked", len(reopened))
         while not self._closing:
             claimed = await self.store.claim_runs(
                 self.engine_id,
@@ -449,7 +453,8 @@ class Engine:
         return cancelled
 
     async def retry(self, run_id: str) -> RunRecord:
-        """Retry a failed run: it resumes from the step that failed it, its completed steps
+        """Retry a failed run, or a blocked one (docs/engine.md, Versioning): it resumes from
+        the step that failed it, its completed steps
         replayed from the store (never re-run). The run is reopened in the store (pending, no
         owner) and this engine's reconcile takes it over at once; an engine in another process
         would take it at its next reconcile. What changes (a fresh budget of attempts for a
@@ -461,7 +466,7 @@ class Engine:
 
         Raises:
             RunNotFound: no such run.
-            RunNotRetryable: the run is not failed.
+            RunNotRetryable: the run is neither failed nor blocked.
             EngineClosed: the engine is closed.
         """
         if self._closing:

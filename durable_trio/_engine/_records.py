@@ -50,6 +50,9 @@ class RunStatus(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    BLOCKED = "blocked"
+    """Parked: its replay hit non-determinism (the code changed shape). Not over: it resumes
+    when code that replays it is deployed, or on ``runs retry`` (docs/engine.md, Versioning)."""
 
     @property
     def terminal(self) -> bool:

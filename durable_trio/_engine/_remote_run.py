@@ -49,6 +49,7 @@ from ._step_timeouts import (
     command_timeouts,
     with_timeouts,
 )
+from ._versioning import is_blocking
 
 if TYPE_CHECKING:
     from .._wire import StepEvent, WorkflowDecision
@@ -221,7 +222,7 @@ async def _apply_decision(services: DriverServices, decision: WorkflowDecision) 
     if run is None or definition is None or not definition.remote:
         services.count("orphan_decisions")
         return
-    if run.status.terminal:
+    if run.status.terminal or run.status is RunStatus.BLOCKED:
         services.count("stale_decisions")
         return
     verdict = _APPLIED
@@ -241,7 +242,12 @@ async def _apply_decision(services: DriverServices, decision: WorkflowDecision) 
         elif decision.status is DecisionStatus.COMPLETED:
             await services.settle(run, RunStatus.COMPLETED, output=decision.output)
         elif decision.status is DecisionStatus.FAILED:
-            await services.settle(run, RunStatus.FAILED, error=_run_error(decision))
+            error = _run_error(decision)
+            if is_blocking(error):  # non-determinism: parked, not failed for good
+                services.count("nondeterminism_failures")
+                await services.settle(run, RunStatus.BLOCKED, error=error)
+            else:
+                await services.settle(run, RunStatus.FAILED, error=error)
     if verdict is _APPLIED:
         services.count("decisions_applied")
     driver = services.drivers.get(run.run_id)
@@ -258,7 +264,7 @@ async def apply_step_event(services: DriverServices, event: StepEvent) -> None:
         services.count("step_events")
         return
     run = await services.store.get_run(event.run_id)
-    if run is None or run.status.terminal:
+    if run is None or run.status.terminal or run.status is RunStatus.BLOCKED:
         services.count("orphan_step_events")
         return
     completed = event.kind is StepEventKind.COMPLETED
@@ -356,9 +362,10 @@ class RemoteRunDriver:
         """Whether the run is over (or gone); an ended run's record becomes :attr:`final`."""
         services = self.services
         run = await services.guard(lambda: services.store.get_run(self.run.run_id), "reading")
-        if run is not None and run.status.terminal:
+        over = run is None or run.status.terminal or run.status is RunStatus.BLOCKED
+        if run is not None and over:
             self.final = run
-        return run is None or run.status.terminal
+        return over
 
     async def _send_turn(self, records: list[StepRecord]) -> None:
         services = self.services

@@ -95,9 +95,11 @@ class History:
             f"non-determinism in run {self.run_id!r} at step {record.step_id}: history holds "
             f"{_describe(record.kind, record.name)}, the workflow now asks for "
             f"{_describe(kind, name)}. A workflow must make the same calls in the same order "
-            f"on every replay; version changed code under a new workflow name.",
+            f"on every replay; branch changed code with ctx.patched (docs/engine.md, Versioning).",
             run_id=self.run_id,
             step_id=record.step_id,
+            expected=_describe(record.kind, record.name),
+            found=_describe(kind, name),
         )
 
     def check_exhausted(self) -> None:
@@ -119,4 +121,6 @@ class History:
             f"steps it no longer asks for: {shown}{more}",
             run_id=self.run_id,
             step_id=None,
+            expected=shown + more,
+            found=None,
         )

@@ -40,6 +40,8 @@ from ._records import (
 )
 from ._replay import History
 from ._step_timeouts import StepTimeouts, check_step_known, with_timeouts
+from ._versioning import blocked_error
+from ._versioning import code_fingerprint as fingerprint_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -57,6 +59,11 @@ __all__ = [
 ]
 
 
+def fingerprint(definition: WorkflowDefinition) -> str | None:
+    """The fingerprint of ``definition``'s code (``None``: remote)."""
+    return fingerprint_of(definition.fn)
+
+
 def describe_error(exc: BaseException) -> dict[str, Any]:
     """A run failure as the run store keeps it (JSON)."""
     described: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
@@ -68,7 +75,7 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
             error=error_to_json(exc.error),
         )
     elif isinstance(exc, NonDeterminismError):
-        described["stepId"] = exc.step_id
+        described.update(stepId=exc.step_id, expected=exc.expected, found=exc.found)
     return described
 
 
@@ -154,7 +161,7 @@ class RunDriver:
                     self.history.check_exhausted()
                     output = normalize_json(value, f"the return value of workflow {run.workflow!r}")
                 except NonDeterminismError as exc:
-                    status, error = RunStatus.FAILED, describe_error(exc)
+                    status, error = RunStatus.BLOCKED, blocked_error(exc, fingerprint(definition))
                 except Exception as exc:
                     failure: Exception = exc
                     try:  # code that diverged may fail before it reaches the rest of history
@@ -162,6 +169,9 @@ class RunDriver:
                     except NonDeterminismError as diverged:
                         failure = diverged
                     status, error = RunStatus.FAILED, describe_error(failure)
+                    if isinstance(failure, NonDeterminismError):
+                        status = RunStatus.BLOCKED
+                        error = blocked_error(failure, fingerprint(definition))
                 if isinstance(error, dict) and error.get("type") == "NonDeterminismError":
                     services.count("nondeterminism_failures")
                 self.settling = True  # a lease renewal must not cancel the final write

@@ -80,6 +80,11 @@ class EngineStatistics:
     """Step beats ignored: for another attempt, a settled step, or one being applied."""
     heartbeat_timeouts: int = 0
     """Attempts failed over because their beats stopped for longer than ``heartbeat_timeout``."""
+    runs_blocked: int = 0
+    """Runs parked ``blocked`` here: their replay hit non-determinism (counted in
+    ``nondeterminism_failures`` too)."""
+    runs_unblocked: int = 0
+    """Blocked runs this engine reopened on its own (code that may replay them)."""
 
 
 #: The fields of :class:`EngineStatistics` that are not counters but gauges (or the id).

@@ -45,6 +45,7 @@ from ._records import (
 from ._replay import PATCH_PREFIX, History
 from ._retry import Retry
 from ._runtime import describe_error, local_failure, settled_outcome
+from ._versioning import code_fingerprint
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -197,9 +198,14 @@ class TurnDriver:
 
 
 def _failed(
-    task: WorkflowTask, exc: BaseException, commands: list[dict[str, Any]]
+    task: WorkflowTask,
+    exc: BaseException,
+    commands: list[dict[str, Any]],
+    fingerprint: str | None = None,
 ) -> WorkflowDecision:
     described = describe_error(exc)
+    if isinstance(exc, NonDeterminismError):  # the run is parked: say on which code
+        described["fingerprint"] = fingerprint
     error = StepError(
         message=str(exc) or type(exc).__name__,
         code=type(exc).__name__,
@@ -266,14 +272,14 @@ async def run_turn(
         )
         return _failed(task, stuck, [])
     if driver.fatal is not None:
-        return _failed(task, driver.fatal, [])
+        return _failed(task, driver.fatal, [], code_fingerprint(definition.fn))
     if not ended:
         return WorkflowDecision(
             task.task_id, task.run_id, DecisionStatus.CONTINUED, tuple(driver.commands)
         )
     status, value = ended[0]
     if status is DecisionStatus.FAILED:
-        return _failed(task, value, driver.commands)
+        return _failed(task, value, driver.commands, code_fingerprint(definition.fn))
     return WorkflowDecision(
         task.task_id, task.run_id, DecisionStatus.COMPLETED, tuple(driver.commands), output=value
     )
