@@ -35,6 +35,7 @@ from .._telemetry import run_trace
 from .._transport import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._app import App  # noqa: TC001
+from ._cancel import cancel_inside
 from ._deadline import drive_within_deadline, expired, time_out
 from ._duplicates import DuplicateResult  # noqa: TC001
 from ._errors import (
@@ -422,8 +423,11 @@ class Engine:
         return self._services.duplicates.of_run(run_id)
 
     async def cancel(self, run_id: str, *, reason: str = "cancelled") -> bool:
-        """Cancel the run: it is settled as cancelled at once, its driver stopped where it
-        waits (here, or by its owner at its next lease renewal), and the workers are asked
+        """Cancel the run. A local workflow driven by this engine gets :class:`RunCancelled`
+        at its await and may compensate (bounded by ``cancel_grace``; docs/engine.md,
+        "Cancellation inside a workflow"): this call returns once it ended, cancelled.
+        Otherwise it is settled as cancelled at once, its driver stopped where it
+        waits (by its owner at its next lease renewal), and the workers are asked
         (best-effort, point-to-point control) to cancel its running steps. Late results are
         ignored (counted as orphans).
 
@@ -434,9 +438,18 @@ class Engine:
             RunNotFound: no such run.
         """
         await self.get(run_id)
+        driver = self._services.drivers.get(run_id)
+        if isinstance(driver, RunDriver) and not driver.settling:
+            # A local workflow driven here: RunCancelled inside it, its compensation bounded
+            # by cancel_grace; then the workers are asked to cancel what it left running.
+            cancelled = await cancel_inside(
+                self._services, driver, reason, self.options.cancel_grace
+            )
+            if cancelled:
+                await self._cancel_steps(run_id)
+            return cancelled
         error = {"type": "RunCancelled", "message": reason}
         cancelled = await self.store.finish_run(run_id, RunStatus.CANCELLED, error=error)
-        driver = self._services.drivers.get(run_id)
         if driver is not None:
             driver.scope.cancel()
         if cancelled:
@@ -444,13 +457,15 @@ class Engine:
             record = await self.store.get_run(run_id)
             if record is not None:
                 self._services.run_event("cancelled", record)
-            try:
-                await self.transport.remote.send_control(
-                    ControlMessage(action="cancel", run_id=run_id)
-                )
-            except (BrokerError, TransportClosed) as exc:
-                self._services.report(exc)
+            await self._cancel_steps(run_id)
         return cancelled
+
+    async def _cancel_steps(self, run_id: str) -> None:
+        """Ask the workers (best-effort) to cancel the running steps of ``run_id``."""
+        try:
+            await self.transport.remote.send_control(ControlMessage(action="cancel", run_id=run_id))
+        except (BrokerError, TransportClosed) as exc:
+            self._services.report(exc)
 
     async def retry(self, run_id: str) -> RunRecord:
         """Retry a failed run, or a blocked one (docs/engine.md, Versioning): it resumes from

@@ -75,3 +75,7 @@ class EngineOptions:
     serves is reported (``StepNotStarted`` through the error hook, once per attempt) and shown
     by :meth:`Engine.waiting`; it keeps waiting (a worker may yet come). ``None`` or 0:
     never. Failing it takes an explicit ``schedule_to_start_timeout``."""
+    cancel_grace: float = attrs.field(default=30.0, validator=_positive)
+    """Seconds a cancelled run driven here may spend in its compensation (the code that
+    catches :class:`RunCancelled`) before it is cut; the run ends cancelled either way
+    (docs/engine.md, "Cancellation inside a workflow")."""

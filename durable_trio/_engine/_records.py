@@ -72,6 +72,9 @@ class StepKind(enum.StrEnum):
     """``ctx.run``: a function run inside the engine, its result checkpointed."""
     TIMER = "timer"
     """``ctx.sleep``: a durable timer."""
+    CANCEL = "cancel"
+    """The mark of a cancel delivered inside the workflow (``cancel:run``, outside the step
+    numbering): an engine resuming a run that holds it settles it cancelled."""
     PATCH = "patch"
     """``ctx.patched``: a version marker, stored as ``patch:<change id>`` outside the step
     numbering (issue 18, versioning)."""

@@ -27,6 +27,7 @@ _CALLS = {
     StepKind.LOCAL: "ctx.run",
     StepKind.TIMER: "ctx.sleep",
     StepKind.PATCH: "ctx.patched",
+    StepKind.CANCEL: "cancel",
 }
 
 PATCH_PREFIX = "patch:"
@@ -50,9 +51,13 @@ class History:
         self.run_id = run_id
         self._by_id: dict[str, StepRecord] = {}
         self._patches: set[str] = set()
+        self.cancel_mark: StepRecord | None = None
+        """A cancel delivered inside the workflow before (the run is to end cancelled)."""
         for record in records:
             if record.kind is StepKind.PATCH:
                 self._patches.add(record.name)
+            elif record.kind is StepKind.CANCEL:
+                self.cancel_mark = record
             else:
                 self._by_id[record.step_id] = record
         self._unvisited: set[str] = set(self._by_id)

@@ -23,6 +23,7 @@ import trio
 
 from .._errors import PayloadError
 from .._wire import StepError
+from ._cancel import CancelState
 from ._context import _CURRENT_STEP, StepInfo, WorkflowContext
 from ._errors import NonDeterminismError, StepFailed
 from ._records import (
@@ -135,6 +136,10 @@ class RunDriver:
         """The run as this driver settled it (``None``: it stopped without settling it)."""
         self.settling = False
         """The workflow returned; the driver is writing its outcome."""
+        self.cancel = CancelState()
+        """A cancel delivered inside the workflow (:mod:`._cancel`)."""
+        self.grace = trio.CancelScope()
+        """Around the workflow: its deadline cuts a cancelled run's compensation."""
         self.markers: list[str] = []
         """Version markers (``ctx.patched``) to write before the next checkpoint."""
 
@@ -151,13 +156,22 @@ class RunDriver:
         run = self.run
         try:
             with self.scope:
+                mark = self.history.cancel_mark
+                if mark is not None:  # cancelled mid-compensation by a dead engine: ended
+                    self.settling = True
+                    cut = {"type": "RunCancelled", "message": str(mark.input), "cut": True}
+                    self.final = await services.settle(run, RunStatus.CANCELLED, error=cut)
+                    return
                 ctx = WorkflowContext(self, run, self.history)
                 status = RunStatus.COMPLETED
                 output: Any = None
-                error: Any = None
+                error = None
                 assert definition.fn is not None  # a remote workflow has a RemoteRunDriver
                 try:
-                    value = await definition.fn(ctx, run.input)
+                    with self.grace:
+                        value = await definition.fn(ctx, run.input)
+                    if self.grace.cancelled_caught:
+                        raise self.cancel.error(run.run_id)
                     self.history.check_exhausted()
                     output = normalize_json(value, f"the return value of workflow {run.workflow!r}")
                 except NonDeterminismError as exc:
@@ -172,6 +186,13 @@ class RunDriver:
                     if isinstance(failure, NonDeterminismError):
                         status = RunStatus.BLOCKED
                         error = blocked_error(failure, fingerprint(definition))
+                if self.cancel.requested:  # ends cancelled, whatever the workflow did
+                    status, output = RunStatus.CANCELLED, None
+                    error = {
+                        "type": "RunCancelled",
+                        "message": self.cancel.reason,
+                        "cut": self.grace.cancelled_caught,
+                    }
                 if isinstance(error, dict) and error.get("type") == "NonDeterminismError":
                     services.count("nondeterminism_failures")
                 self.settling = True  # a lease renewal must not cancel the final write
@@ -183,6 +204,30 @@ class RunDriver:
     # ------------------------------------------------------------------ remote steps
 
     async def remote(
+        self,
+        step_id: str,
+        name: str,
+        input: Any,
+        retry: Retry | None,
+        priority: int | None,
+        timeouts: StepTimeouts | None = None,
+    ) -> Any:
+        return await self.cancel.around(
+            self.run.run_id,
+            lambda: self._remote(step_id, name, input, retry, priority, timeouts),
+        )
+
+    async def local(
+        self, step_id: str, name: str, fn: Callable[[], Any], retry: Retry | None
+    ) -> Any:
+        return await self.cancel.around(
+            self.run.run_id, lambda: self._local(step_id, name, fn, retry)
+        )
+
+    async def timer(self, step_id: str, seconds: float) -> None:
+        await self.cancel.around(self.run.run_id, lambda: self._timer(step_id, seconds))
+
+    async def _remote(
         self,
         step_id: str,
         name: str,
@@ -239,7 +284,7 @@ class RunDriver:
 
     # ------------------------------------------------------------------ local steps
 
-    async def local(
+    async def _local(
         self, step_id: str, name: str, fn: Callable[[], Any], retry: Retry | None
     ) -> Any:
         services = self.services
@@ -314,7 +359,7 @@ class RunDriver:
 
     # ------------------------------------------------------------------ timers
 
-    async def timer(self, step_id: str, seconds: float) -> None:
+    async def _timer(self, step_id: str, seconds: float) -> None:
         services = self.services
         store = services.store
         await self._flush_markers()

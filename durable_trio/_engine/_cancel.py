@@ -1,0 +1,111 @@
+"""Cancellation inside a workflow (issue 18, item 6): :class:`RunCancelled` raised at the
+workflow's await, its compensation shielded from the cancel and bounded.
+
+``engine.cancel`` of a run a :class:`~._runtime.RunDriver` of this engine drives (a local
+workflow): the engine writes the mark ``cancel:run`` into the run's history, then every ``ctx``
+call the workflow waits on raises :class:`RunCancelled` (one not yet made raises it when
+made: "at its next await"). The cancel is delivered once: from then on ``ctx`` calls run as
+usual (compensation steps), until the workflow ends or ``cancel_grace`` seconds have passed
+(then it is cut where it waits). The run ends ``cancelled`` whatever the workflow does: it
+re-raises, swallows the error and returns, or fails. An engine resuming a run whose history
+holds the mark (its engine died mid-compensation) settles it cancelled without running the
+workflow: compensation runs at most once, and never again after a crash.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ._errors import RunCancelled
+from ._records import StepKind, StepRecord, StepState
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from ._runtime import RunDriver
+    from ._services import EngineServices
+
+__all__ = ["CANCEL_MARK", "CancelState", "cancel_inside", "cancel_mark"]
+
+CANCEL_MARK = "cancel:run"
+
+
+def cancel_mark(run_id: str, reason: str) -> StepRecord:
+    """The checkpoint a cancel delivered inside the workflow leaves in its history."""
+    return StepRecord(
+        run_id=run_id,
+        step_id=CANCEL_MARK,
+        kind=StepKind.CANCEL,
+        name="cancel",
+        status=StepState.COMPLETED,
+        input=reason,
+    )
+
+
+class CancelState:
+    """One run's cancel: requested, delivered, and the waits it interrupts."""
+
+    __slots__ = ("delivered", "reason", "requested", "waits")
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.delivered = False
+        self.reason = "cancelled"
+        self.waits: set[trio.CancelScope] = set()
+
+    def request(self, reason: str) -> None:
+        """Deliver the cancel: every wait now in progress raises :class:`RunCancelled`."""
+        self.requested, self.reason = True, reason
+        for scope in list(self.waits):
+            scope.cancel()
+
+    def error(self, run_id: str) -> RunCancelled:
+        self.delivered = True
+        return RunCancelled(run_id, {"type": "RunCancelled", "message": self.reason})
+
+    async def around(self, run_id: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Run one ``ctx`` call; raise :class:`RunCancelled` instead if the cancel comes
+        before or while it waits (and has not been delivered yet)."""
+        if self.delivered:
+            return await call()
+        if self.requested:
+            raise self.error(run_id)
+        with trio.CancelScope() as scope:
+            self.waits.add(scope)
+            try:
+                return await call()
+            finally:
+                self.waits.discard(scope)
+        if self.requested:  # cut by the cancel (and only by it: the scope is our own)
+            raise self.error(run_id)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def cancel_inside(
+    services: EngineServices, driver: RunDriver, reason: str, grace: float
+) -> bool:
+    """``engine.cancel`` of a run ``driver`` drives here: mark it, deliver
+    :class:`RunCancelled` inside the workflow, give its compensation ``grace`` seconds, and
+    return once the run settled (see the module docstring).
+
+    Returns:
+        Whether the run ended cancelled by this call (``False``: already being cancelled, or
+        it settled otherwise first).
+    """
+    state = driver.cancel
+    if state.requested:
+        await driver.done.wait()
+        return False
+    store = services.store
+    mark = cancel_mark(driver.run.run_id, reason)
+    await services.guard(lambda: store.begin_step(mark), "checkpointing")
+    if driver.settling or driver.done.is_set():
+        await driver.done.wait()
+        return False
+    driver.grace.deadline = trio.current_time() + grace
+    state.request(reason)
+    await driver.done.wait()
+    final = driver.final
+    return final is not None and final.status.value == "cancelled"
