@@ -113,8 +113,10 @@ async def test_a_swallowed_cancel_still_ends_cancelled(
 ) -> None:
     ran: Counter[str] = Counter()
     (record, _), _, ended = await run_saga("memory://", ran, swallow=True)
-    assert record.status is RunStatus.CANCELLED and record.output is None
-    assert ran["undo:flight"] == 1 and ended == 7.0
+    assert record.status is RunStatus.CANCELLED
+    assert record.output is None
+    assert ran["undo:flight"] == 1
+    assert ended == 7.0
 
 
 async def test_compensation_is_cut_at_the_grace_bound(
@@ -145,7 +147,8 @@ async def test_a_run_resumed_with_the_cancel_mark_settles_cancelled(
                 with pytest.raises(RunCancelled):
                     await second.result("t")
                 record = await second.get("t")
-    assert record.error["cut"] is True and record.updated_at == 7.0
+    assert record.error["cut"] is True
+    assert record.updated_at == 7.0
     assert ran["book:flight"] == 1
 
 
