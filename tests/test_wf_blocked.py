@@ -160,3 +160,39 @@ async def test_blocked_then_fixed_code_resumes_it_on_sqlite_and_redis(real_url: 
     """Real time here (real I/O): local workflows, whose fix is seen by fingerprint."""
     with trio.fail_after(30):
         check(await scenario(real_url, pause=0.4, remote=False))
+
+
+def test_runs_show_and_list_show_a_blocked_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI: ``runs list --status blocked`` lists it, ``runs show`` prints the diff,
+    ``runs retry`` reopens it."""
+    from durable_trio._cli import main
+
+    url = "sqlite:///" + str(tmp_path / "cli.db")
+
+    async def park() -> None:
+        async with dt.open_backend(url) as backend:
+            async with AsyncExitStack() as stack:
+                engine = await open_side(stack, backend, make_app("old", 60.0), remote=False)
+                await engine.start("flow", 1, run_id="r")
+                await trio.sleep(0.3)
+            async with AsyncExitStack() as stack:
+                broken = make_app("broken", 60.0)
+                engine = await open_side(stack, backend, broken, remote=False)
+                with trio.fail_after(20):
+                    await wait_status(engine, "r", RunStatus.BLOCKED)
+
+    trio.run(park)
+    common = ["--backend", url, "--namespace", "blk"]
+    assert main(["runs", "list", "--status", "blocked", *common]) == 0
+    assert "blocked" in capsys.readouterr().out
+    assert main(["runs", "show", "r", *common]) == 0
+    out = capsys.readouterr().out
+    assert "status blocked" in out
+    assert (
+        "blocked at step 1: history holds ctx.step('double'), the code called ctx.step('triple')"
+        in out
+    )
+    assert main(["runs", "retry", "r", *common]) == 0
+    assert "reopened (pending)" in capsys.readouterr().out
