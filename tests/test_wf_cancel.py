@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
-def saga_app(ran: Counter[str], *, undo_takes: float = 1.0, swallow: bool = False) -> App:
+def saga_app(
+    ran: Counter[str], *, undo_takes: float = 1.0, swallow: bool = False, remote: bool = False
+) -> App:
     """Book a flight, wait for a long hotel step; cancelled meanwhile, undo the flight."""
     app = App("saga")
 
@@ -48,7 +50,7 @@ def saga_app(ran: Counter[str], *, undo_takes: float = 1.0, swallow: bool = Fals
         ran[f"undo:{what}"] += 1
         return f"undone-{what}"
 
-    @app.workflow("trip")
+    @app.workflow("trip", remote=remote)
     async def trip(ctx: WorkflowContext, _: Any) -> Any:
         flight = await ctx.step("book", "flight")
         try:
@@ -64,14 +66,22 @@ def saga_app(ran: Counter[str], *, undo_takes: float = 1.0, swallow: bool = Fals
     return app
 
 
+def declared() -> App:
+    app = App("saga")
+    app.remote_workflow("trip")
+    return app
+
+
 async def run_saga(
-    url: str, ran: Counter[str], *, grace: float = 30.0, **kw: Any
+    url: str, ran: Counter[str], *, grace: float = 30.0, remote: bool = False, **kw: Any
 ) -> tuple[Any, float, float]:
     async with AsyncExitStack() as stack:
         backend = await stack.enter_async_context(dt.open_backend(url))
-        app = saga_app(ran, **kw)
+        app = saga_app(ran, remote=remote, **kw)
         await stack.enter_async_context(open_worker(app, backend))
-        engine = await stack.enter_async_context(open_engine(app, backend, cancel_grace=grace))
+        engine = await stack.enter_async_context(
+            open_engine(declared() if remote else app, backend, cancel_grace=grace)
+        )
         await engine.start("trip", run_id="t")
         await trio.sleep(5)
         start = trio.current_time()
@@ -167,3 +177,38 @@ async def test_cancel_inside_on_sqlite_and_redis(real_url: str) -> None:
     assert record.error["cut"] is False
     assert ran == Counter({"book:flight": 1, "hotel": 1, "undo:flight": 1})
     assert ("cancel:run", StepKind.CANCEL, "cancel") in history
+
+
+async def test_remote_workflow_cancel_raises_in_its_turn_and_compensates(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A remote workflow: the mark names the steps pending at the cancel; the next turn raises
+    RunCancelled where the workflow waits on one, and its compensation runs in later turns."""
+    ran: Counter[str] = Counter()
+    (record, history), returned, ended = await run_saga("memory://", ran, remote=True)
+    assert record.error == {
+        "type": "RunCancelled",
+        "message": "customer changed plans",
+        "cut": False,
+    }
+    assert ran == Counter({"book:flight": 1, "hotel": 1, "undo:flight": 1})
+    assert sorted(history) == [
+        ("1", StepKind.REMOTE, "book"),
+        ("2", StepKind.REMOTE, "hotel"),
+        ("3", StepKind.REMOTE, "undo"),
+        ("4", StepKind.TIMER, "sleep"),
+        ("cancel:run", StepKind.CANCEL, "cancel"),
+    ]
+    assert (returned, ended) == (2.0, 7.0)
+
+
+async def test_remote_compensation_is_cut_at_the_grace_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    ran: Counter[str] = Counter()
+    (record, _), returned, ended = await run_saga(
+        "memory://", ran, remote=True, grace=3.0, undo_takes=50
+    )
+    assert record.error["cut"] is True
+    assert ran["undo:flight"] == 0
+    assert (returned, ended) == (3.0, 8.0)

@@ -19,29 +19,59 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._errors import RunCancelled
-from ._records import StepKind, StepRecord, StepState
+from ._records import RunStatus, StepKind, StepRecord, StepState
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Sequence
 
+    from ._remote_run import RemoteRunDriver
     from ._runtime import RunDriver
     from ._services import EngineServices
 
-__all__ = ["CANCEL_MARK", "CancelState", "cancel_inside", "cancel_mark"]
+__all__ = [
+    "CANCEL_MARK",
+    "CancelState",
+    "cancel_inside",
+    "cancel_mark",
+    "cancel_remote",
+    "lands_on",
+    "mark_reason",
+]
 
 CANCEL_MARK = "cancel:run"
 
 
-def cancel_mark(run_id: str, reason: str) -> StepRecord:
-    """The checkpoint a cancel delivered inside the workflow leaves in its history."""
+def cancel_mark(
+    run_id: str, reason: str, *, at: int = 0, interrupted: Sequence[str] = ()
+) -> StepRecord:
+    """The checkpoint a cancel delivered inside the workflow leaves in its history. For a
+    remote workflow it also says where the cancel lands on every replay: the steps pending
+    when it came (``interrupted``: awaiting one raises), or, if none was, the first call after
+    step ``at`` (in ``output``: a turn's history carries outputs)."""
     return StepRecord(
         run_id=run_id,
         step_id=CANCEL_MARK,
         kind=StepKind.CANCEL,
         name="cancel",
         status=StepState.COMPLETED,
-        input=reason,
+        output={"reason": reason, "at": at, "interrupted": list(interrupted)},
     )
+
+
+def mark_reason(mark: StepRecord) -> str:
+    """The reason a cancel mark carries."""
+    value = mark.output.get("reason") if isinstance(mark.output, dict) else mark.output
+    return str(value)
+
+
+def lands_on(mark: StepRecord, step_id: str) -> bool:
+    """Whether the cancel of ``mark`` is raised by the call ``step_id`` (remote turns)."""
+    data = mark.output if isinstance(mark.output, dict) else {}
+    interrupted = data.get("interrupted") or []
+    if interrupted:
+        return step_id in interrupted
+    at = data.get("at")
+    return isinstance(at, int) and step_id == str(at + 1)
 
 
 class CancelState:
@@ -109,3 +139,41 @@ async def cancel_inside(
     await driver.done.wait()
     final = driver.final
     return final is not None and final.status.value == "cancelled"
+
+
+async def cancel_remote(
+    services: EngineServices, driver: RemoteRunDriver, reason: str, grace: float
+) -> bool:
+    """``engine.cancel`` of a remote workflow run ``driver`` drives here: the mark (with the
+    steps pending now) goes into its history, a turn is sent at once (the workflow raises
+    :class:`RunCancelled` where it waits and compensates in the next turns); after ``grace``
+    seconds it is settled cancelled (cut) if it has not ended.
+
+    Returns:
+        Whether the run ended cancelled by this call.
+    """
+    store = services.store
+    run_id = driver.run.run_id
+    existing = await services.guard(lambda: store.get_step(run_id, CANCEL_MARK), "reading")
+    if existing is not None:
+        await driver.done.wait()
+        return False
+    steps = await services.guard(lambda: store.get_steps(run_id), "reading")
+    numbered = [s for s in steps if s.step_id.isdigit()]
+    at = max((int(s.step_id) for s in numbered), default=0)
+    pending = [s.step_id for s in numbered if s.status is StepState.PENDING]
+    mark = cancel_mark(run_id, reason, at=at, interrupted=pending)
+    await services.guard(lambda: store.begin_step(mark), "checkpointing")
+    driver.wake()
+    with trio.move_on_after(grace):
+        await driver.done.wait()
+    if not driver.done.is_set():
+        error = {"type": "RunCancelled", "message": reason, "cut": True}
+        settled = await services.settle(driver.run, RunStatus.CANCELLED, error=error)
+        driver.final = settled
+        driver.scope.cancel()
+        return settled is not None
+    final = driver.final
+    if final is None:
+        final = await store.get_run(run_id)
+    return final is not None and final.status is RunStatus.CANCELLED

@@ -35,7 +35,7 @@ from .._telemetry import run_trace
 from .._transport import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._app import App  # noqa: TC001
-from ._cancel import cancel_inside
+from ._cancel import cancel_inside, cancel_remote
 from ._deadline import drive_within_deadline, expired, time_out
 from ._duplicates import DuplicateResult  # noqa: TC001
 from ._errors import (
@@ -443,6 +443,13 @@ class Engine:
             # A local workflow driven here: RunCancelled inside it, its compensation bounded
             # by cancel_grace; then the workers are asked to cancel what it left running.
             cancelled = await cancel_inside(
+                self._services, driver, reason, self.options.cancel_grace
+            )
+            if cancelled:
+                await self._cancel_steps(run_id)
+            return cancelled
+        if isinstance(driver, RemoteRunDriver) and not driver.settling:
+            cancelled = await cancel_remote(
                 self._services, driver, reason, self.options.cancel_grace
             )
             if cancelled:

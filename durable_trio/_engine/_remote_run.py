@@ -29,6 +29,7 @@ import trio
 
 from .._errors import PayloadError
 from .._wire import DecisionStatus, StepEventKind, WorkflowTask
+from ._cancel import CANCEL_MARK, mark_reason
 from ._records import (
     Applied,
     RunRecord,
@@ -239,6 +240,14 @@ async def _apply_decision(services: DriverServices, decision: WorkflowDecision) 
     else:
         if verdict is _STALE:
             services.count("stale_decisions")
+        elif decision.status in (DecisionStatus.COMPLETED, DecisionStatus.FAILED) and (
+            mark := await services.guard(
+                lambda: services.store.get_step(run.run_id, CANCEL_MARK), "reading"
+            )
+        ):  # cancelled: it ends cancelled, whatever the workflow did after the cancel
+            cancelled: dict[str, Any] = {"type": "RunCancelled", "message": mark_reason(mark)}
+            cancelled["cut"] = False
+            await services.settle(run, RunStatus.CANCELLED, error=cancelled)
         elif decision.status is DecisionStatus.COMPLETED:
             await services.settle(run, RunStatus.COMPLETED, output=decision.output)
         elif decision.status is DecisionStatus.FAILED:
@@ -301,7 +310,13 @@ class RemoteRunDriver:
         self._moved_on = False
         """The last turn's decision was never seen (see :meth:`_turn`): progress waits at most
         ``turn_timeout`` before the next turn goes out."""
+        self._waking: trio.CancelScope | None = None
         del history  # re-read from the store before every turn
+
+    def wake(self) -> None:
+        """The run's history changed under it (a cancel mark): send a turn now."""
+        if self._waking is not None:
+            self._waking.cancel()
 
     def beat(self) -> None:
         """The turn in flight is running (a turn heartbeat): wait ``turn_timeout`` more."""
@@ -345,7 +360,9 @@ class RemoteRunDriver:
                 return
             if self._verdict == _STALE:
                 continue
-            await self._progress(sent)
+            with trio.CancelScope() as self._waking:
+                await self._progress(sent)
+            self._waking = None
 
     async def _settled_decisions(self) -> None:
         """Wait out a decision of this run being applied here: a step it inserted but has not

@@ -23,7 +23,7 @@ import trio
 
 from .._errors import PayloadError
 from .._wire import StepError
-from ._cancel import CancelState
+from ._cancel import CancelState, mark_reason
 from ._context import _CURRENT_STEP, StepInfo, WorkflowContext
 from ._errors import NonDeterminismError, StepFailed
 from ._records import (
@@ -159,7 +159,7 @@ class RunDriver:
                 mark = self.history.cancel_mark
                 if mark is not None:  # cancelled mid-compensation by a dead engine: ended
                     self.settling = True
-                    cut = {"type": "RunCancelled", "message": str(mark.input), "cut": True}
+                    cut = {"type": "RunCancelled", "message": mark_reason(mark), "cut": True}
                     self.final = await services.settle(run, RunStatus.CANCELLED, error=cut)
                     return
                 ctx = WorkflowContext(self, run, self.history)

@@ -30,8 +30,9 @@ from trio_util import run_and_cancelling
 from .._errors import BrokerError, DurableTrioError, PayloadError
 from .._failures import report_through
 from .._wire import DecisionStatus, StepError, StepEvent, StepEventKind, WorkflowDecision
+from ._cancel import lands_on, mark_reason
 from ._context import _CURRENT_STEP, Quiescence, StepInfo, WorkflowContext
-from ._errors import EngineError, NonDeterminismError, StepFailed
+from ._errors import EngineError, NonDeterminismError, RunCancelled, StepFailed
 from ._records import (
     RunRecord,
     RunStatus,
@@ -71,11 +72,16 @@ class TurnDriver:
 
     def _take(self, step_id: str, kind: StepKind, name: str) -> StepRecord | None:
         try:
-            return self.history.take(step_id, kind, name)
+            record = self.history.take(step_id, kind, name)
         except NonDeterminismError as exc:
             if self.fatal is None:
                 self.fatal = exc
             raise
+        mark = self.history.cancel_mark
+        if mark is not None and lands_on(mark, step_id):  # where the cancel landed
+            error = {"type": "RunCancelled", "message": mark_reason(mark)}
+            raise RunCancelled(self.task.run_id, error)
+        return record
 
     async def remote(
         self,
