@@ -134,11 +134,84 @@ async def cancel_inside(
     if driver.settling or driver.done.is_set():
         await driver.done.wait()
         return False
-    driver.grace.deadline = trio.current_time() + grace
-    state.request(reason)
+    deliver_local(driver, reason, grace)
     await driver.done.wait()
     final = driver.final
     return final is not None and final.status.value == "cancelled"
+
+
+def deliver_local(driver: RunDriver, reason: str, grace: float) -> None:
+    """Raise :class:`RunCancelled` inside ``driver``'s workflow, its compensation bounded."""
+    if driver.cancel.requested:
+        return
+    driver.grace.deadline = trio.current_time() + grace
+    driver.cancel.request(reason)
+
+
+async def bound_remote(
+    services: EngineServices, driver: RemoteRunDriver, reason: str, grace: float
+) -> bool:
+    """Wake ``driver`` (its history holds the cancel mark) and cut it after ``grace``."""
+    driver.wake()
+    with trio.move_on_after(grace):
+        await driver.done.wait()
+    if not driver.done.is_set():
+        error = {"type": "RunCancelled", "message": reason, "cut": True}
+        settled = await services.settle(driver.run, RunStatus.CANCELLED, error=error)
+        driver.final = settled
+        driver.scope.cancel()
+        return settled is not None
+    final = driver.final
+    if final is None:
+        final = await services.store.get_run(driver.run.run_id)
+    return final is not None and final.status is RunStatus.CANCELLED
+
+
+async def write_mark(services: EngineServices, run_id: str, reason: str) -> bool:
+    """Write the cancel mark of ``run_id`` (with the steps pending now). Returns whether this
+    call wrote it (``False``: a cancel is already under way)."""
+    store = services.store
+    existing = await services.guard(lambda: store.get_step(run_id, CANCEL_MARK), "reading")
+    if existing is not None:
+        return False
+    steps = await services.guard(lambda: store.get_steps(run_id), "reading")
+    numbered = [s for s in steps if s.step_id.isdigit()]
+    at = max((int(s.step_id) for s in numbered), default=0)
+    pending = [s.step_id for s in numbered if s.status is StepState.PENDING]
+    mark = cancel_mark(run_id, reason, at=at, interrupted=pending)
+    stored = await services.guard(lambda: store.begin_step(mark), "checkpointing")
+    return bool(stored.output == mark.output)
+
+
+async def deliver_marked(
+    services: EngineServices, grace: float
+) -> list[tuple[RemoteRunDriver, str]]:
+    """The owner's side of a cancel written by another engine: the local runs driven here
+    whose history holds the mark get it delivered (called every ``run_lease / 3``).
+
+    Returns:
+        The remote runs driven here newly found marked, with the reason: for the caller to
+        run :func:`bound_remote` on each.
+    """
+    from ._remote_run import RemoteRunDriver
+    from ._runtime import RunDriver
+
+    found: list[tuple[RemoteRunDriver, str]] = []
+    drivers = dict(services.drivers)
+    keys = [(run_id, CANCEL_MARK) for run_id in drivers]
+    if not keys:
+        return found
+    marks = await services.store.get_steps_many(keys)
+    for (run_id, _), mark in zip(keys, marks, strict=True):
+        driver = drivers[run_id]
+        if mark is None or driver.settling or driver.done.is_set():
+            continue
+        if isinstance(driver, RunDriver):
+            deliver_local(driver, mark_reason(mark), grace)
+        elif isinstance(driver, RemoteRunDriver) and not driver.cancel_seen:
+            driver.cancel_seen = True
+            found.append((driver, mark_reason(mark)))
+    return found
 
 
 async def cancel_remote(
@@ -152,28 +225,8 @@ async def cancel_remote(
     Returns:
         Whether the run ended cancelled by this call.
     """
-    store = services.store
-    run_id = driver.run.run_id
-    existing = await services.guard(lambda: store.get_step(run_id, CANCEL_MARK), "reading")
-    if existing is not None:
+    if driver.cancel_seen or not await write_mark(services, driver.run.run_id, reason):
         await driver.done.wait()
         return False
-    steps = await services.guard(lambda: store.get_steps(run_id), "reading")
-    numbered = [s for s in steps if s.step_id.isdigit()]
-    at = max((int(s.step_id) for s in numbered), default=0)
-    pending = [s.step_id for s in numbered if s.status is StepState.PENDING]
-    mark = cancel_mark(run_id, reason, at=at, interrupted=pending)
-    await services.guard(lambda: store.begin_step(mark), "checkpointing")
-    driver.wake()
-    with trio.move_on_after(grace):
-        await driver.done.wait()
-    if not driver.done.is_set():
-        error = {"type": "RunCancelled", "message": reason, "cut": True}
-        settled = await services.settle(driver.run, RunStatus.CANCELLED, error=error)
-        driver.final = settled
-        driver.scope.cancel()
-        return settled is not None
-    final = driver.final
-    if final is None:
-        final = await store.get_run(run_id)
-    return final is not None and final.status is RunStatus.CANCELLED
+    driver.cancel_seen = True
+    return await bound_remote(services, driver, reason, grace)

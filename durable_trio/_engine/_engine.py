@@ -35,7 +35,7 @@ from .._telemetry import run_trace
 from .._transport import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._app import App  # noqa: TC001
-from ._cancel import cancel_inside, cancel_remote
+from ._cancel import bound_remote, cancel_inside, cancel_remote, deliver_marked, write_mark
 from ._deadline import drive_within_deadline, expired, time_out
 from ._duplicates import DuplicateResult  # noqa: TC001
 from ._errors import (
@@ -148,6 +148,7 @@ class Engine:
         if options.reconcile:
             await self.reconcile(include_own=True)
         self._timers.start(self._loops, self.reconcile)
+        self._loops.start_soon(self._deliver_cancels)
         if any(step.heartbeat_timeout is not None for step in self.app.steps.values()):
             self._loops.start_soon(
                 watch_heartbeats,
@@ -455,6 +456,22 @@ class Engine:
             if cancelled:
                 await self._cancel_steps(run_id)
             return cancelled
+        current = await self.get(run_id)
+        elsewhere = driver is None and current.status is RunStatus.RUNNING and current.owner
+        # Driven by another engine: the mark tells its owner, which delivers it (its
+        # compensation bounded by its own cancel_grace); settled here if it has not ended
+        # within this engine's grace plus a lease (an owner that died or ignores marks).
+        if elsewhere and await write_mark(self._services, run_id, reason):
+            bound = self.options.cancel_grace + self.options.run_lease
+            with trio.move_on_after(bound):
+                while not (await self.get(run_id)).status.terminal:  # noqa: ASYNC110
+                    await trio.sleep(min(1.0, self.options.run_lease / 3))
+            ended = await self.get(run_id)
+            if ended.status is RunStatus.CANCELLED:
+                await self._cancel_steps(run_id)
+                return True
+            if ended.status.terminal:
+                return False
         error = {"type": "RunCancelled", "message": reason}
         cancelled = await self.store.finish_run(run_id, RunStatus.CANCELLED, error=error)
         if driver is not None:
@@ -466,6 +483,22 @@ class Engine:
                 self._services.run_event("cancelled", record)
             await self._cancel_steps(run_id)
         return cancelled
+
+    async def _deliver_cancels(self) -> None:
+        """Every ``run_lease / 3``: deliver the cancels other engines marked on runs driven
+        here (docs/engine.md, "Cancellation inside a workflow")."""
+        grace = self.options.cancel_grace
+        while True:
+            await trio.sleep(self.options.run_lease / 3)
+            try:
+                found = await deliver_marked(self._services, grace)
+            except BrokerError as exc:
+                self._services.report(exc)
+                continue
+            loops = self._loops
+            for driver, reason in found:
+                if loops is not None:
+                    loops.start_soon(bound_remote, self._services, driver, reason, grace)
 
     async def _cancel_steps(self, run_id: str) -> None:
         """Ask the workers (best-effort) to cancel the running steps of ``run_id``."""

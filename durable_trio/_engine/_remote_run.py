@@ -311,6 +311,8 @@ class RemoteRunDriver:
         """The last turn's decision was never seen (see :meth:`_turn`): progress waits at most
         ``turn_timeout`` before the next turn goes out."""
         self._waking: trio.CancelScope | None = None
+        self.cancel_seen = False
+        """A cancel mark in its history is being handled here (``_cancel``)."""
         del history  # re-read from the store before every turn
 
     def wake(self) -> None:
