@@ -160,6 +160,11 @@ async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
         print(f"output {_short(run.output)}")
     if run.error is not None:
         print(f"error  {_short(run.error, 200)}")
+    if run.status.value == "blocked" and isinstance(run.error, dict):
+        # The diff a deploy must fix (docs/engine.md, Versioning).
+        at = run.error.get("stepId") or "end"
+        print(f"blocked at step {at}: history holds {run.error.get('expected')}, "
+              f"the code called {run.error.get('found') or 'nothing more'}")
     rows = []
     notes = []
     for step in details.steps:
@@ -323,7 +328,9 @@ def add_ops_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     runs_commands = runs.add_subparsers(dest="runs_command", required=True)
     listing = runs_commands.add_parser("list", help="runs, newest first, a page at a time")
     _common(listing)
-    listing.add_argument("--status", help="pending, running, completed, failed or cancelled")
+    listing.add_argument(
+        "--status", help="pending, running, completed, failed, cancelled or blocked"
+    )
     listing.add_argument("--workflow", help="only runs of this workflow")
     listing.add_argument("--tenant", help="only runs a tenant pod started")
     listing.add_argument("--since", help="created at or after (Unix seconds or ISO 8601)")

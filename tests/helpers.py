@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 import durable_trio as dt
-from durable_trio._engine import StepKind, StepState
+from durable_trio._engine import RunRecord, RunStatus, StepKind, StepState
 from durable_trio.adapters import RenewOutcome
 from durable_trio.adapters.memory import MemoryBroker
 
@@ -237,3 +237,13 @@ async def serve_until_done(backend: dt.Backend, name: str, output: str) -> list[
 async def _pending(broker: Any, queue: str) -> int:
     stats = await broker.queue_stats(queue)
     return int(stats.ready + stats.delayed + stats.claimed)
+
+
+async def wait_status(
+    engine: dt.Engine, run_id: str, status: RunStatus, poll: float = 0.05
+) -> RunRecord:
+    """Poll ``engine`` until ``run_id`` has ``status`` (a run parked ``blocked`` settles in no
+    driver's ``done``); returns its record."""
+    while (record := await engine.get(run_id)).status is not status:  # noqa: ASYNC110
+        await trio.sleep(poll)
+    return record

@@ -29,7 +29,7 @@ from durable_trio._engine import (
     open_engine,
     open_worker,
 )
-from helpers import Errors
+from helpers import Errors, wait_status
 
 NO_RETRY = Retry(max_attempts=1)
 
@@ -170,7 +170,7 @@ async def test_t14_a_raising_workflow_and_an_unknown_workflow_settle_the_run_fai
         assert missing.value.error["type"] == "no_workflow"
 
 
-async def test_t14_non_determinism_in_a_remote_workflow_fails_the_run(
+async def test_t14_non_determinism_in_a_remote_workflow_blocks_the_run(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     v1, v2 = App("shop"), App("shop")
@@ -203,9 +203,11 @@ async def test_t14_non_determinism_in_a_remote_workflow_fails_the_run(
             assert [r.name for r in await engine.history(run_id)] == ["slow"]
         release.set()
         async with open_worker(v2, backend):
-            with pytest.raises(RunFailed) as failed:
-                await engine.result(run_id)
-    assert failed.value.error["type"] == "NonDeterminismError"
+            record = await wait_status(engine, run_id, RunStatus.BLOCKED)
+    assert record.error["type"] == "NonDeterminismError"
+    expected, found = record.error["expected"], record.error["found"]
+    assert (expected, found) == ("ctx.step('slow')", "ctx.sleep(...)")
+    assert isinstance(record.error["fingerprint"], str)
 
 
 async def test_t14_a_lost_turn_is_sent_again_after_turn_timeout_and_steps_run_once(

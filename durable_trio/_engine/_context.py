@@ -126,6 +126,9 @@ class _Driver(Protocol):
 
     async def set_event(self, step_id: str, key: str, value: Any) -> None: ...
 
+    def mark_patch(self, change_id: str) -> None:
+        """Record the version marker of ``change_id`` before any later checkpoint."""
+
 
 class Quiescence:
     """Counts the workflow's running threads of control during a remote workflow turn (the
@@ -468,3 +471,45 @@ class WorkflowContext:
         return StepHandle(
             self, step_id, StepKind.EVENT, key, lambda: driver.set_event(step_id, key, normalized)
         )
+
+    def patched(self, change_id: str) -> bool:
+        """Whether this run takes the new branch of the code change ``change_id``::
+
+            if ctx.patched("send-receipt"):
+                await ctx.step("send-receipt", order)   # new code
+            else:
+                await ctx.step("email", order)          # what old runs did
+
+        A run reaching this call at the frontier of its history (new work, not replaying)
+        records a marker for ``change_id`` and gets ``True``; a replay gets ``True`` when its
+        history holds the marker and ``False`` when it was recorded without it (a run started
+        on the old code), so old and new runs both complete. Markers sit outside the step
+        numbering (stored as ``patch:<change id>``): adding a ``patched`` call shifts no step
+        id of an old history. Once no run without the marker is left, replace the call by
+        :meth:`deprecate_patch` and keep only the new branch.
+
+        Raises:
+            TypeError: ``change_id`` is not a str.
+            ConfigError: ``change_id`` is empty.
+        """
+        check_name(change_id, "ctx.patched", "change_id")
+        history = self._history
+        if history.has_patch(change_id):
+            return True
+        if history.replaying:
+            return False
+        history.add_patch(change_id)
+        self._driver.mark_patch(change_id)
+        return True
+
+    def deprecate_patch(self, change_id: str) -> None:
+        """Say the code change ``change_id`` no longer branches: every run takes the new code.
+        Histories with or without its marker both replay; nothing is recorded. Remove the call
+        once no run recorded with :meth:`patched` is left (a marker in history that no call
+        reaches is ignored).
+
+        Raises:
+            TypeError: ``change_id`` is not a str.
+            ConfigError: ``change_id`` is empty.
+        """
+        check_name(change_id, "ctx.deprecate_patch", "change_id")

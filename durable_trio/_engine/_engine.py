@@ -36,6 +36,7 @@ from .._transport import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._app import App  # noqa: TC001
 from ._audit import LossAudit
+from ._cancel import bound_remote, cancel_inside, cancel_remote, deliver_marked, write_mark
 from ._deadline import drive_within_deadline, expired, time_out
 from ._duplicates import DuplicateResult  # noqa: TC001
 from ._errors import (
@@ -58,6 +59,7 @@ from ._statistics import EngineStatistics
 from ._step_watch import StepWait, StepWatch
 from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
+from ._versioning import resume_blocked
 
 if TYPE_CHECKING:
     from ._results import ResultHandler
@@ -174,6 +176,8 @@ class Engine:
             scheduler = Scheduler(self, self._schedules, self._schedules_changed)
             await scheduler.start()
             self._loops.start_soon(scheduler.run)
+
+        self._loops.start_soon(self._deliver_cancels)
         if any(step.heartbeat_timeout is not None for step in self.app.steps.values()):
             self._loops.start_soon(
                 watch_heartbeats,
@@ -242,6 +246,9 @@ class Engine:
             How many runs were taken over.
         """
         taken = 0
+        if not self._closing:  # blocked runs this code may replay are reopened, then claimed
+            reopened = await resume_blocked(self.store, self.app, self.store.now())
+            self._services.count("runs_unblocked", len(reopened))
         while not self._closing:
             claimed = await self.store.claim_runs(
                 self.engine_id,
@@ -510,8 +517,11 @@ class Engine:
             await trio.sleep(min(SIGNAL_POLL / 10, deadline - now))
 
     async def cancel(self, run_id: str, *, reason: str = "cancelled") -> bool:
-        """Cancel the run: it is settled as cancelled at once, its driver stopped where it
-        waits (here, or by its owner at its next lease renewal), and the workers are asked
+        """Cancel the run. A local workflow driven by this engine gets :class:`RunCancelled`
+        at its await and may compensate (bounded by ``cancel_grace``; docs/engine.md,
+        "Cancellation inside a workflow"): this call returns once it ended, cancelled.
+        Otherwise it is settled as cancelled at once, its driver stopped where it
+        waits (by its owner at its next lease renewal), and the workers are asked
         (best-effort, point-to-point control) to cancel its running steps. Late results are
         ignored (counted as orphans).
 
@@ -522,9 +532,41 @@ class Engine:
             RunNotFound: no such run.
         """
         await self.get(run_id)
+        driver = self._services.drivers.get(run_id)
+        if isinstance(driver, RunDriver) and not driver.settling:
+            # A local workflow driven here: RunCancelled inside it, its compensation bounded
+            # by cancel_grace; then the workers are asked to cancel what it left running.
+            cancelled = await cancel_inside(
+                self._services, driver, reason, self.options.cancel_grace
+            )
+            if cancelled:
+                await self._cancel_steps(run_id)
+            return cancelled
+        if isinstance(driver, RemoteRunDriver) and not driver.settling:
+            cancelled = await cancel_remote(
+                self._services, driver, reason, self.options.cancel_grace
+            )
+            if cancelled:
+                await self._cancel_steps(run_id)
+            return cancelled
+        current = await self.get(run_id)
+        elsewhere = driver is None and current.status is RunStatus.RUNNING and current.owner
+        # Driven by another engine: the mark tells its owner, which delivers it (its
+        # compensation bounded by its own cancel_grace); settled here if it has not ended
+        # within this engine's grace plus a lease (an owner that died or ignores marks).
+        if elsewhere and await write_mark(self._services, run_id, reason):
+            bound = self.options.cancel_grace + self.options.run_lease
+            with trio.move_on_after(bound):
+                while not (await self.get(run_id)).status.terminal:  # noqa: ASYNC110
+                    await trio.sleep(min(1.0, self.options.run_lease / 3))
+            ended = await self.get(run_id)
+            if ended.status is RunStatus.CANCELLED:
+                await self._cancel_steps(run_id)
+                return True
+            if ended.status.terminal:
+                return False
         error = {"type": "RunCancelled", "message": reason}
         cancelled = await self.store.finish_run(run_id, RunStatus.CANCELLED, error=error)
-        driver = self._services.drivers.get(run_id)
         if driver is not None:
             driver.scope.cancel()
         if cancelled:
@@ -532,16 +574,35 @@ class Engine:
             record = await self.store.get_run(run_id)
             if record is not None:
                 self._services.run_event("cancelled", record)
-            try:
-                await self.transport.remote.send_control(
-                    ControlMessage(action="cancel", run_id=run_id)
-                )
-            except (BrokerError, TransportClosed) as exc:
-                self._services.report(exc)
+            await self._cancel_steps(run_id)
         return cancelled
 
+    async def _deliver_cancels(self) -> None:
+        """Every ``run_lease / 3``: deliver the cancels other engines marked on runs driven
+        here (docs/engine.md, "Cancellation inside a workflow")."""
+        grace = self.options.cancel_grace
+        while True:
+            await trio.sleep(self.options.run_lease / 3)
+            try:
+                found = await deliver_marked(self._services, grace)
+            except BrokerError as exc:
+                self._services.report(exc)
+                continue
+            loops = self._loops
+            for driver, reason in found:
+                if loops is not None:
+                    loops.start_soon(bound_remote, self._services, driver, reason, grace)
+
+    async def _cancel_steps(self, run_id: str) -> None:
+        """Ask the workers (best-effort) to cancel the running steps of ``run_id``."""
+        try:
+            await self.transport.remote.send_control(ControlMessage(action="cancel", run_id=run_id))
+        except (BrokerError, TransportClosed) as exc:
+            self._services.report(exc)
+
     async def retry(self, run_id: str) -> RunRecord:
-        """Retry a failed run: it resumes from the step that failed it, its completed steps
+        """Retry a failed run, or a blocked one (docs/engine.md, Versioning): it resumes from
+        the step that failed it, its completed steps
         replayed from the store (never re-run). The run is reopened in the store (pending, no
         owner) and this engine's reconcile takes it over at once; an engine in another process
         would take it at its next reconcile. What changes (a fresh budget of attempts for a
@@ -553,7 +614,7 @@ class Engine:
 
         Raises:
             RunNotFound: no such run.
-            RunNotRetryable: the run is not failed.
+            RunNotRetryable: the run is neither failed nor blocked.
             EngineClosed: the engine is closed.
         """
         if self._closing:

@@ -99,12 +99,25 @@ class NonDeterminismError(EngineError):
     Attributes:
         run_id: the run.
         step_id: the step id where replay and history disagree (``None``: leftover history).
+        expected: what history holds there (``"ctx.step('charge')"``; leftover history: the
+            calls left), or ``None``.
+        found: what the code called there (``None``: it called nothing more).
     """
 
-    def __init__(self, message: str, *, run_id: str, step_id: str | None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str,
+        step_id: str | None,
+        expected: str | None = None,
+        found: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.run_id = run_id
         self.step_id = step_id
+        self.expected = expected
+        self.found = found
 
 
 class RunFailed(EngineError):

@@ -49,6 +49,7 @@ async def open_engine(
     turn_timeout: float = 300.0,
     serve_tenants: bool = False,
     heartbeat_check_interval: float = 1.0,
+    cancel_grace: float = 30.0,
     **transport_options: Any,
 ) -> AsyncIterator[Engine]:
     """Open an engine that drives ``app``'s workflows over ``backend``.
@@ -71,7 +72,7 @@ async def open_engine(
             :class:`EngineOptions` (``docs/engine.md``, "Step timeouts").
         audit_interval: (keyword) the loss audit's period, see :class:`EngineOptions`.
             release_on_close, default_retry, seed, turn_timeout, serve_tenants,
-            heartbeat_check_interval: see :class:`EngineOptions`.
+            heartbeat_check_interval, cancel_grace: see :class:`EngineOptions`.
         **transport_options: :func:`~durable_trio.open_queue_transport` options; ``namespace``
             defaults to the app's name, ``result_concurrency`` to 16.
 
@@ -99,6 +100,7 @@ async def open_engine(
         **step_watch_options(transport_options),
         **schedule_options(transport_options),
         heartbeat_check_interval=heartbeat_check_interval,
+        cancel_grace=cancel_grace,
     )
     transport_options.setdefault("namespace", app.name)
     transport_options.setdefault("result_concurrency", 16)

@@ -96,3 +96,8 @@ class EngineOptions:
     schedule_recheck: float = attrs.field(default=5.0, validator=_positive)
     """Schedules: the scheduler sleeps until the next tick, but re-reads the stored schedules
     at least this often (for schedules added or changed by another engine or the CLI)."""
+
+    cancel_grace: float = attrs.field(default=30.0, validator=_positive)
+    """Seconds a cancelled run driven here may spend in its compensation (the code that
+    catches :class:`RunCancelled`) before it is cut; the run ends cancelled either way
+    (docs/engine.md, "Cancellation inside a workflow")."""

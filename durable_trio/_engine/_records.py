@@ -30,6 +30,7 @@ __all__ = [
     "error_from_json",
     "error_to_json",
     "normalize_json",
+    "patch_marker",
     "previous_details",
     "read_attempt_log",
     "read_trace",
@@ -49,6 +50,9 @@ class RunStatus(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    BLOCKED = "blocked"
+    """Parked: its replay hit non-determinism (the code changed shape). Not over: it resumes
+    when code that replays it is deployed, or on ``runs retry`` (docs/engine.md, Versioning)."""
 
     @property
     def terminal(self) -> bool:
@@ -72,6 +76,13 @@ class StepKind(enum.StrEnum):
     """``ctx.wait_signal``: a signal consumed (its payload is the output)."""
     EVENT = "event"
     """``ctx.set_event``: an event written (its value is the input)."""
+
+    CANCEL = "cancel"
+    """The mark of a cancel delivered inside the workflow (``cancel:run``, outside the step
+    numbering): an engine resuming a run that holds it settles it cancelled."""
+    PATCH = "patch"
+    """``ctx.patched``: a version marker, stored as ``patch:<change id>`` outside the step
+    numbering (issue 18, versioning)."""
 
 
 class StepState(enum.StrEnum):
@@ -320,6 +331,18 @@ def previous_details(record: StepRecord) -> JSONValue:
     if isinstance(attempt, int) and attempt < record.attempt:
         return beat.get("details")
     return None
+
+
+def patch_marker(run_id: str, change_id: str) -> StepRecord:
+    """The checkpoint ``ctx.patched(change_id)`` records: ``patch:<change id>``, completed,
+    outside the step numbering."""
+    return StepRecord(
+        run_id=run_id,
+        step_id=f"patch:{change_id}",
+        kind=StepKind.PATCH,
+        name=change_id,
+        status=StepState.COMPLETED,
+    )
 
 
 def step_position(step_id: str) -> int:

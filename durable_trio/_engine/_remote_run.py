@@ -29,6 +29,7 @@ import trio
 
 from .._errors import PayloadError
 from .._wire import DecisionStatus, StepEventKind, WorkflowTask
+from ._cancel import CANCEL_MARK, mark_reason
 from ._records import (
     Applied,
     RunRecord,
@@ -38,6 +39,7 @@ from ._records import (
     StepState,
     error_to_json,
     normalize_json,
+    patch_marker,
     step_to_json,
 )
 from ._runtime import describe_error, send_step
@@ -48,6 +50,7 @@ from ._step_timeouts import (
     command_timeouts,
     with_timeouts,
 )
+from ._versioning import is_blocking
 
 if TYPE_CHECKING:
     from .._wire import StepEvent, WorkflowDecision
@@ -175,6 +178,13 @@ async def _apply_command(services: DriverServices, run: RunRecord, command: Any)
         from ._signals import apply_command
 
         return await apply_command(services, run, command, step_id)
+
+    if kind == "patch":
+        name = _text(command, "name")
+        stored = await services.guard(
+            lambda: store.begin_step(patch_marker(run.run_id, name)), "checkpointing"
+        )
+        return stored.kind is StepKind.PATCH
     raise _BadDecision(f"unknown decision command type {kind!r}")
 
 
@@ -218,7 +228,7 @@ async def _apply_decision(services: DriverServices, decision: WorkflowDecision) 
     if run is None or definition is None or not definition.remote:
         services.count("orphan_decisions")
         return
-    if run.status.terminal:
+    if run.status.terminal or run.status is RunStatus.BLOCKED:
         services.count("stale_decisions")
         return
     verdict = _APPLIED
@@ -235,10 +245,23 @@ async def _apply_decision(services: DriverServices, decision: WorkflowDecision) 
     else:
         if verdict is _STALE:
             services.count("stale_decisions")
+        elif decision.status in (DecisionStatus.COMPLETED, DecisionStatus.FAILED) and (
+            mark := await services.guard(
+                lambda: services.store.get_step(run.run_id, CANCEL_MARK), "reading"
+            )
+        ):  # cancelled: it ends cancelled, whatever the workflow did after the cancel
+            cancelled: dict[str, Any] = {"type": "RunCancelled", "message": mark_reason(mark)}
+            cancelled["cut"] = False
+            await services.settle(run, RunStatus.CANCELLED, error=cancelled)
         elif decision.status is DecisionStatus.COMPLETED:
             await services.settle(run, RunStatus.COMPLETED, output=decision.output)
         elif decision.status is DecisionStatus.FAILED:
-            await services.settle(run, RunStatus.FAILED, error=_run_error(decision))
+            error = _run_error(decision)
+            if is_blocking(error):  # non-determinism: parked, not failed for good
+                services.count("nondeterminism_failures")
+                await services.settle(run, RunStatus.BLOCKED, error=error)
+            else:
+                await services.settle(run, RunStatus.FAILED, error=error)
     if verdict is _APPLIED:
         services.count("decisions_applied")
     driver = services.drivers.get(run.run_id)
@@ -255,7 +278,7 @@ async def apply_step_event(services: DriverServices, event: StepEvent) -> None:
         services.count("step_events")
         return
     run = await services.store.get_run(event.run_id)
-    if run is None or run.status.terminal:
+    if run is None or run.status.terminal or run.status is RunStatus.BLOCKED:
         services.count("orphan_step_events")
         return
     completed = event.kind is StepEventKind.COMPLETED
@@ -292,7 +315,15 @@ class RemoteRunDriver:
         self._moved_on = False
         """The last turn's decision was never seen (see :meth:`_turn`): progress waits at most
         ``turn_timeout`` before the next turn goes out."""
+        self._waking: trio.CancelScope | None = None
+        self.cancel_seen = False
+        """A cancel mark in its history is being handled here (``_cancel``)."""
         del history  # re-read from the store before every turn
+
+    def wake(self) -> None:
+        """The run's history changed under it (a cancel mark): send a turn now."""
+        if self._waking is not None:
+            self._waking.cancel()
 
     def beat(self) -> None:
         """The turn in flight is running (a turn heartbeat): wait ``turn_timeout`` more."""
@@ -336,7 +367,9 @@ class RemoteRunDriver:
                 return
             if self._verdict == _STALE:
                 continue
-            await self._progress(sent)
+            with trio.CancelScope() as self._waking:
+                await self._progress(sent)
+            self._waking = None
 
     async def _settled_decisions(self) -> None:
         """Wait out a decision of this run being applied here: a step it inserted but has not
@@ -353,9 +386,10 @@ class RemoteRunDriver:
         """Whether the run is over (or gone); an ended run's record becomes :attr:`final`."""
         services = self.services
         run = await services.guard(lambda: services.store.get_run(self.run.run_id), "reading")
-        if run is not None and run.status.terminal:
+        over = run is None or run.status.terminal or run.status is RunStatus.BLOCKED
+        if run is not None and over:
             self.final = run
-        return run is None or run.status.terminal
+        return over
 
     async def _send_turn(self, records: list[StepRecord]) -> None:
         services = self.services

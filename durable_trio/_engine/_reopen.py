@@ -56,7 +56,7 @@ def plan_retry(
     Raises:
         RunNotRetryable: the run is not failed.
     """
-    if run.status is not RunStatus.FAILED:
+    if run.status not in (RunStatus.FAILED, RunStatus.BLOCKED):
         raise RunNotRetryable(run.run_id, run.status.value)
     error = run.error
     cause = error.get("stepId") if isinstance(error, dict) else None

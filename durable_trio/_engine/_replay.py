@@ -28,7 +28,13 @@ _CALLS = {
     StepKind.TIMER: "ctx.sleep",
     StepKind.SIGNAL: "ctx.wait_signal",
     StepKind.EVENT: "ctx.set_event",
+    StepKind.PATCH: "ctx.patched",
+    StepKind.CANCEL: "cancel",
 }
+
+PATCH_PREFIX = "patch:"
+"""Version markers are stored under ``patch:<change id>``, outside the step numbering: an old
+history (recorded without them) keeps the ids of every later step."""
 
 
 def _describe(kind: StepKind, name: str) -> str:
@@ -45,16 +51,34 @@ class History:
 
     def __init__(self, run_id: str, records: Iterable[StepRecord] = ()) -> None:
         self.run_id = run_id
-        self._by_id: dict[str, StepRecord] = {r.step_id: r for r in records}
+        self._by_id: dict[str, StepRecord] = {}
+        self._patches: set[str] = set()
+        self.cancel_mark: StepRecord | None = None
+        """A cancel delivered inside the workflow before (the run is to end cancelled)."""
+        for record in records:
+            if record.kind is StepKind.PATCH:
+                self._patches.add(record.name)
+            elif record.kind is StepKind.CANCEL:
+                self.cancel_mark = record
+            else:
+                self._by_id[record.step_id] = record
         self._unvisited: set[str] = set(self._by_id)
 
     def __len__(self) -> int:
-        return len(self._by_id)
+        return len(self._by_id) + len(self._patches)
 
     @property
     def replaying(self) -> bool:
         """Whether history still holds checkpoints the workflow has not reached again."""
         return bool(self._unvisited)
+
+    def has_patch(self, change_id: str) -> bool:
+        """Whether history holds the version marker of ``change_id`` (``ctx.patched``)."""
+        return change_id in self._patches
+
+    def add_patch(self, change_id: str) -> None:
+        """The marker of ``change_id`` is being recorded now: later calls see it."""
+        self._patches.add(change_id)
 
     def take(self, step_id: str, kind: StepKind, name: str) -> StepRecord | None:
         """The checkpoint the call ``kind(name)`` with ``step_id`` replays, or ``None`` (a new
@@ -78,9 +102,11 @@ class History:
             f"non-determinism in run {self.run_id!r} at step {record.step_id}: history holds "
             f"{_describe(record.kind, record.name)}, the workflow now asks for "
             f"{_describe(kind, name)}. A workflow must make the same calls in the same order "
-            f"on every replay; version changed code under a new workflow name.",
+            f"on every replay; branch changed code with ctx.patched (docs/engine.md, Versioning).",
             run_id=self.run_id,
             step_id=record.step_id,
+            expected=_describe(record.kind, record.name),
+            found=_describe(kind, name),
         )
 
     def check_exhausted(self) -> None:
@@ -102,4 +128,6 @@ class History:
             f"steps it no longer asks for: {shown}{more}",
             run_id=self.run_id,
             step_id=None,
+            expected=shown + more,
+            found=None,
         )

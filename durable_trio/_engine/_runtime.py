@@ -24,6 +24,7 @@ import trio
 from .._errors import PayloadError
 from .._wire import StepError
 from . import _signals
+from ._cancel import CancelState, mark_reason
 from ._context import _CURRENT_STEP, StepInfo, WorkflowContext
 from ._errors import NonDeterminismError, StepFailed
 from ._records import (
@@ -37,9 +38,12 @@ from ._records import (
     error_from_json,
     error_to_json,
     normalize_json,
+    patch_marker,
 )
 from ._replay import History
 from ._step_timeouts import StepTimeouts, check_step_known, with_timeouts
+from ._versioning import blocked_error
+from ._versioning import code_fingerprint as fingerprint_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -57,6 +61,11 @@ __all__ = [
 ]
 
 
+def fingerprint(definition: WorkflowDefinition) -> str | None:
+    """The fingerprint of ``definition``'s code (``None``: remote)."""
+    return fingerprint_of(definition.fn)
+
+
 def describe_error(exc: BaseException) -> dict[str, Any]:
     """A run failure as the run store keeps it (JSON)."""
     described: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
@@ -68,7 +77,7 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
             error=error_to_json(exc.error),
         )
     elif isinstance(exc, NonDeterminismError):
-        described["stepId"] = exc.step_id
+        described.update(stepId=exc.step_id, expected=exc.expected, found=exc.found)
     return described
 
 
@@ -130,6 +139,12 @@ class RunDriver:
         self.signal_bell: trio.Event | None = None
         """Set by ``engine.signal`` to wake a ``wait_signal`` of this run."""
         """The workflow returned; the driver is writing its outcome."""
+        self.cancel = CancelState()
+        """A cancel delivered inside the workflow (:mod:`._cancel`)."""
+        self.grace = trio.CancelScope()
+        """Around the workflow: its deadline cuts a cancelled run's compensation."""
+        self.markers: list[str] = []
+        """Version markers (``ctx.patched``) to write before the next checkpoint."""
 
     # ------------------------------------------------------------------ the workflow
 
@@ -144,17 +159,26 @@ class RunDriver:
         run = self.run
         try:
             with self.scope:
+                mark = self.history.cancel_mark
+                if mark is not None:  # cancelled mid-compensation by a dead engine: ended
+                    self.settling = True
+                    cut = {"type": "RunCancelled", "message": mark_reason(mark), "cut": True}
+                    self.final = await services.settle(run, RunStatus.CANCELLED, error=cut)
+                    return
                 ctx = WorkflowContext(self, run, self.history)
                 status = RunStatus.COMPLETED
                 output: Any = None
-                error: Any = None
+                error = None
                 assert definition.fn is not None  # a remote workflow has a RemoteRunDriver
                 try:
-                    value = await definition.fn(ctx, run.input)
+                    with self.grace:
+                        value = await definition.fn(ctx, run.input)
+                    if self.grace.cancelled_caught:
+                        raise self.cancel.error(run.run_id)
                     self.history.check_exhausted()
                     output = normalize_json(value, f"the return value of workflow {run.workflow!r}")
                 except NonDeterminismError as exc:
-                    status, error = RunStatus.FAILED, describe_error(exc)
+                    status, error = RunStatus.BLOCKED, blocked_error(exc, fingerprint(definition))
                 except Exception as exc:
                     failure: Exception = exc
                     try:  # code that diverged may fail before it reaches the rest of history
@@ -162,6 +186,16 @@ class RunDriver:
                     except NonDeterminismError as diverged:
                         failure = diverged
                     status, error = RunStatus.FAILED, describe_error(failure)
+                    if isinstance(failure, NonDeterminismError):
+                        status = RunStatus.BLOCKED
+                        error = blocked_error(failure, fingerprint(definition))
+                if self.cancel.requested:  # ends cancelled, whatever the workflow did
+                    status, output = RunStatus.CANCELLED, None
+                    error = {
+                        "type": "RunCancelled",
+                        "message": self.cancel.reason,
+                        "cut": self.grace.cancelled_caught,
+                    }
                 if isinstance(error, dict) and error.get("type") == "NonDeterminismError":
                     services.count("nondeterminism_failures")
                 self.settling = True  # a lease renewal must not cancel the final write
@@ -181,9 +215,34 @@ class RunDriver:
         priority: int | None,
         timeouts: StepTimeouts | None = None,
     ) -> Any:
+        return await self.cancel.around(
+            self.run.run_id,
+            lambda: self._remote(step_id, name, input, retry, priority, timeouts),
+        )
+
+    async def local(
+        self, step_id: str, name: str, fn: Callable[[], Any], retry: Retry | None
+    ) -> Any:
+        return await self.cancel.around(
+            self.run.run_id, lambda: self._local(step_id, name, fn, retry)
+        )
+
+    async def timer(self, step_id: str, seconds: float) -> None:
+        await self.cancel.around(self.run.run_id, lambda: self._timer(step_id, seconds))
+
+    async def _remote(
+        self,
+        step_id: str,
+        name: str,
+        input: Any,
+        retry: Retry | None,
+        priority: int | None,
+        timeouts: StepTimeouts | None = None,
+    ) -> Any:
         services = self.services
         store = services.store
         run_id = self.run.run_id
+        await self._flush_markers()
         known = self.history.take(step_id, StepKind.REMOTE, name)
         if known is None:
             check_step_known(name, services.app.name, services.app.steps)
@@ -228,12 +287,13 @@ class RunDriver:
 
     # ------------------------------------------------------------------ local steps
 
-    async def local(
+    async def _local(
         self, step_id: str, name: str, fn: Callable[[], Any], retry: Retry | None
     ) -> Any:
         services = self.services
         store = services.store
         run_id = self.run.run_id
+        await self._flush_markers()
         record = self.history.take(step_id, StepKind.LOCAL, name)
         policy = retry if retry is not None else services.default_retry
         if record is None:
@@ -302,9 +362,10 @@ class RunDriver:
 
     # ------------------------------------------------------------------ timers
 
-    async def timer(self, step_id: str, seconds: float) -> None:
+    async def _timer(self, step_id: str, seconds: float) -> None:
         services = self.services
         store = services.store
+        await self._flush_markers()
         record = self.history.take(step_id, StepKind.TIMER, "sleep")
         if record is None:
             fresh = StepRecord(
@@ -337,6 +398,18 @@ class RunDriver:
 
     async def set_event(self, step_id: str, key: str, value: Any) -> None:
         await _signals.set_event(self, step_id, key, value)
+
+    def mark_patch(self, change_id: str) -> None:
+        self.markers.append(change_id)
+
+    async def _flush_markers(self) -> None:
+        """Write the pending version markers: a later checkpoint never lands before them."""
+        while self.markers:
+            change_id = self.markers[0]
+            store, marker = self.services.store, patch_marker(self.run.run_id, change_id)
+            await self.services.guard(partial(store.begin_step, marker), "checkpointing")
+            if self.markers and self.markers[0] == change_id:
+                self.markers.pop(0)
 
     async def _stop(self) -> None:
         """The run was settled elsewhere (cancelled by another engine): stop driving it."""

@@ -84,6 +84,12 @@ class EngineStatistics:
     """Step attempts found lost by the loss audit (their task or result lost by the broker,
     e.g. in a failover without ``min_replicas``) and dispatched again."""
 
+    runs_blocked: int = 0
+    """Runs parked ``blocked`` here: their replay hit non-determinism (counted in
+    ``nondeterminism_failures`` too)."""
+    runs_unblocked: int = 0
+    """Blocked runs this engine reopened on its own (code that may replay them)."""
+
 
 #: The fields of :class:`EngineStatistics` that are not counters but gauges (or the id).
 GAUGES = frozenset({"engine_id", "active_runs", "waiting_steps"})

@@ -30,8 +30,9 @@ from trio_util import run_and_cancelling
 from .._errors import BrokerError, DurableTrioError, PayloadError
 from .._failures import report_through
 from .._wire import DecisionStatus, StepError, StepEvent, StepEventKind, WorkflowDecision
+from ._cancel import lands_on, mark_reason
 from ._context import _CURRENT_STEP, Quiescence, StepInfo, WorkflowContext
-from ._errors import EngineError, NonDeterminismError, StepFailed
+from ._errors import EngineError, NonDeterminismError, RunCancelled, StepFailed
 from ._records import (
     RunRecord,
     RunStatus,
@@ -42,9 +43,10 @@ from ._records import (
     normalize_json,
     step_from_json,
 )
-from ._replay import History
+from ._replay import PATCH_PREFIX, History
 from ._retry import Retry
 from ._runtime import describe_error, local_failure, settled_outcome
+from ._versioning import code_fingerprint
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -70,11 +72,16 @@ class TurnDriver:
 
     def _take(self, step_id: str, kind: StepKind, name: str) -> StepRecord | None:
         try:
-            return self.history.take(step_id, kind, name)
+            record = self.history.take(step_id, kind, name)
         except NonDeterminismError as exc:
             if self.fatal is None:
                 self.fatal = exc
             raise
+        mark = self.history.cancel_mark
+        if mark is not None and lands_on(mark, step_id):  # where the cancel landed
+            error = {"type": "RunCancelled", "message": mark_reason(mark)}
+            raise RunCancelled(self.task.run_id, error)
+        return record
 
     async def remote(
         self,
@@ -105,6 +112,11 @@ class TurnDriver:
             self.commands.append(command)
         await self.tracker.block()
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def mark_patch(self, change_id: str) -> None:
+        self.commands.append(
+            {"type": "patch", "stepId": PATCH_PREFIX + change_id, "name": change_id}
+        )
 
     async def timer(self, step_id: str, seconds: float) -> None:
         known = self._take(step_id, StepKind.TIMER, "sleep")
@@ -219,9 +231,14 @@ class TurnDriver:
 
 
 def _failed(
-    task: WorkflowTask, exc: BaseException, commands: list[dict[str, Any]]
+    task: WorkflowTask,
+    exc: BaseException,
+    commands: list[dict[str, Any]],
+    fingerprint: str | None = None,
 ) -> WorkflowDecision:
     described = describe_error(exc)
+    if isinstance(exc, NonDeterminismError):  # the run is parked: say on which code
+        described["fingerprint"] = fingerprint
     error = StepError(
         message=str(exc) or type(exc).__name__,
         code=type(exc).__name__,
@@ -288,14 +305,14 @@ async def run_turn(
         )
         return _failed(task, stuck, [])
     if driver.fatal is not None:
-        return _failed(task, driver.fatal, [])
+        return _failed(task, driver.fatal, [], code_fingerprint(definition.fn))
     if not ended:
         return WorkflowDecision(
             task.task_id, task.run_id, DecisionStatus.CONTINUED, tuple(driver.commands)
         )
     status, value = ended[0]
     if status is DecisionStatus.FAILED:
-        return _failed(task, value, driver.commands)
+        return _failed(task, value, driver.commands, code_fingerprint(definition.fn))
     return WorkflowDecision(
         task.task_id, task.run_id, DecisionStatus.COMPLETED, tuple(driver.commands), output=value
     )

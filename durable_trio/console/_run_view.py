@@ -154,7 +154,7 @@ def render_run(details: RunDetails, *, allow_actions: bool) -> Html:
     run = details.run
     body = {"run_id": run.run_id}
     buttons = []
-    if run.status is RunStatus.FAILED:
+    if run.status in (RunStatus.FAILED, RunStatus.BLOCKED):
         buttons.append(
             action_button(
                 "retry",

@@ -99,14 +99,15 @@ class RunStore(Protocol):
     async def reopen_run(
         self, run_id: str, steps: Sequence[StepRecord], *, run_timeout: float | None
     ) -> bool:
-        """Reopen a failed run for an operator's retry, atomically: if it is still failed, set
+        """Reopen a failed or blocked run for a retry, atomically: if it is still so, set
         it pending with no owner (any engine's reconcile takes it over), clear its output and
         error, set its timeout to ``run_timeout``, and overwrite the status, attempt, error,
         retry, wake_at, dispatched and attempt log (``attempts``) of each checkpoint in
         ``steps`` (which must be the run's).
 
         Returns:
-            Whether it was reopened (``False``: no such run, or it is not failed).
+            Whether it was reopened (``False``: no such run, or it is neither failed nor
+            blocked).
         """
         ...
 
@@ -145,7 +146,9 @@ class RunStore(Protocol):
         output: object = None,
         error: object = None,
     ) -> bool:
-        """Settle the run with a terminal ``status`` unless it is already settled.
+        """Settle the run with a terminal ``status`` unless it is already settled; or park it
+        ``blocked`` (a replay hit non-determinism): no owner, no lease, claimed by no engine
+        until :meth:`reopen_run`. A blocked run can still be settled (cancelled).
 
         Returns:
             Whether this call settled it.

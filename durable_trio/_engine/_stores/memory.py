@@ -232,7 +232,7 @@ class MemoryRunStore:
     ) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
         run = self._runs.get(run_id)
-        if run is None or run.status is not RunStatus.FAILED:
+        if run is None or run.status not in (RunStatus.FAILED, RunStatus.BLOCKED):
             return False
         now = self.now()
         run.status, run.updated_at = RunStatus.PENDING, now

@@ -195,7 +195,7 @@ _FINISH: Final = (
 local prefix, id = ARGV[1], ARGV[2]
 local key = prefix .. ':run:' .. id
 local st = redis.call('HGET', key, 'status')
-if not st or not active(st) then return 0 end
+if not st or not (active(st) or st == 'blocked') then return 0 end
 local old = redis.call('HGET', key, 'owner')
 if old and old ~= '' then redis.call('SREM', prefix .. ':owned:' .. old, id) end
 redis.call('HSET', key, 'status', ARGV[3], 'output', ARGV[4], 'error', ARGV[5], 'owner', '',
@@ -314,10 +314,11 @@ _REOPEN: Final = (
     _LUA_HELPERS
     + """
 local prefix, id = ARGV[1], ARGV[2]
-if redis.call('HGET', KEYS[1], 'status') ~= 'failed' then return 0 end
+local st = redis.call('HGET', KEYS[1], 'status')
+if st ~= 'failed' and st ~= 'blocked' then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'pending', 'owner', '', 'lease', '', 'output', 'null',
   'error', 'null', 'timeout', ARGV[3], 'updated', ARGV[4])
-move(prefix, id, 'failed', 'pending', redis.call('HGET', KEYS[1], 'seq'))
+move(prefix, id, st, 'pending', redis.call('HGET', KEYS[1], 'seq'))
 redis.call('ZADD', prefix .. ':leases', 0, id)
 for i = 2, #KEYS do
   local a = 5 + (i - 2) * 7

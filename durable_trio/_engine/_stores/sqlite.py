@@ -160,7 +160,7 @@ _RELEASE: Final = """
 _FINISH: Final = """
     UPDATE dt_runs SET status = ?3, output = ?4, error = ?5, owner = NULL, lease_until = NULL,
         updated_at = ?6
-    WHERE namespace = ?1 AND run_id = ?2 AND status IN ('pending', 'running')
+    WHERE namespace = ?1 AND run_id = ?2 AND status IN ('pending', 'running', 'blocked')
 """
 _INSERT_STEP: Final = f"""
     INSERT INTO dt_steps (namespace, position, {_STEP_COLUMNS})
@@ -424,7 +424,7 @@ def _op_count_runs(ns: str, db: sqlite3.Connection) -> dict[RunStatus, int]:
 _REOPEN_RUN: Final = """
     UPDATE dt_runs SET status = 'pending', owner = NULL, lease_until = NULL, output = 'null',
         error = 'null', timeout = ?3, updated_at = ?4
-    WHERE namespace = ?1 AND run_id = ?2 AND status = 'failed'
+    WHERE namespace = ?1 AND run_id = ?2 AND status IN ('failed', 'blocked')
 """
 _REOPEN_STEP: Final = """
     UPDATE dt_steps SET status = ?4, attempt = ?5, error = ?6, retry = ?7, wake_at = ?8,
