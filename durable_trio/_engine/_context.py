@@ -11,7 +11,7 @@ import trio
 from .._arguments import check_callable, check_name, check_priority, check_seconds, check_type
 from .._json_values import check_json
 from .._step_beats import StepBeats, current_beats
-from ._errors import NonDeterminismError
+from ._errors import NonDeterminismError, SignalTimeout
 from ._records import StepKind, normalize_json
 from ._retry import Retry
 from ._step_timeouts import StepTimeouts
@@ -434,8 +434,6 @@ class WorkflowContext:
             TypeError: ``name`` is not a str, ``timeout`` not a number.
             ConfigError: ``name`` is empty, ``timeout`` negative or not finite.
         """
-        from ._signals import SignalTimeout
-
         step_id = self._next_id()
         check_name(name, "ctx.wait_signal", "name")
         delay = None if timeout is None else check_seconds(timeout, "ctx.wait_signal", "timeout")

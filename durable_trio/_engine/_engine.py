@@ -176,7 +176,6 @@ class Engine:
             scheduler = Scheduler(self, self._schedules, self._schedules_changed)
             await scheduler.start()
             self._loops.start_soon(scheduler.run)
-
         self._loops.start_soon(self._deliver_cancels)
         if any(step.heartbeat_timeout is not None for step in self.app.steps.values()):
             self._loops.start_soon(

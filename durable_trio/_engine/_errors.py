@@ -16,12 +16,16 @@ if TYPE_CHECKING:
 __all__ = [
     "EngineClosed",
     "EngineError",
+    "EventTimeout",
     "NonDeterminismError",
     "RunCancelled",
     "RunFailed",
     "RunNotFound",
     "RunNotRetryable",
+    "RunNotSignalable",
     "RunTimedOut",
+    "SignalDataError",
+    "SignalTimeout",
     "StepFailed",
     "UnknownWorkflow",
     "run_failure",
@@ -161,3 +165,26 @@ def run_failure(run_id: str, error: Any) -> RunFailed:
     if isinstance(error, dict) and error.get("type") == "RunTimedOut":
         return RunTimedOut(run_id, error)
     return RunFailed(run_id, error)
+
+
+class SignalTimeout(EngineError, TimeoutError):
+    """``ctx.wait_signal(name, timeout=...)`` waited ``timeout`` seconds for no signal (no
+    signal consumed). Catch it in the workflow."""
+
+    def __init__(self, message: str, *, name: str = "", timeout: float | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.timeout = timeout
+
+
+class RunNotSignalable(EngineError):
+    """``engine.signal`` to a run that has finished."""
+
+
+class EventTimeout(EngineError, TimeoutError):
+    """``engine.get_event``: the key was not set within the timeout."""
+
+
+class SignalDataError(EngineError):
+    """A signal or event stored in the run store is not valid JSON (damaged data): the run
+    waiting on it fails with this error, inspectable with ``runs show``."""

@@ -28,7 +28,12 @@ import trio
 
 from .._errors import PayloadError
 from .._json_values import check_json
-from ._errors import EngineError
+from ._errors import (
+    EventTimeout,
+    RunNotSignalable,
+    SignalDataError,
+    SignalTimeout,
+)
 from ._records import Applied, StepKind, StepRecord, StepState
 
 if TYPE_CHECKING:
@@ -50,29 +55,6 @@ __all__ = [
 
 SIGNAL_POLL = 1.0
 """Seconds between two store reads of a driver waiting on a signal sent elsewhere."""
-
-
-class SignalTimeout(EngineError, TimeoutError):
-    """``ctx.wait_signal(name, timeout=...)`` waited ``timeout`` seconds for no signal (no
-    signal consumed). Catch it in the workflow."""
-
-    def __init__(self, message: str, *, name: str = "", timeout: float | None = None) -> None:
-        super().__init__(message)
-        self.name = name
-        self.timeout = timeout
-
-
-class RunNotSignalable(EngineError):
-    """``engine.signal`` to a run that has finished."""
-
-
-class EventTimeout(EngineError, TimeoutError):
-    """``engine.get_event``: the key was not set within the timeout."""
-
-
-class SignalDataError(EngineError):
-    """A signal or event stored in the run store is not valid JSON (damaged data): the run
-    waiting on it fails with this error, inspectable with ``runs show``."""
 
 
 def encode_payload(value: Any, what: str) -> str:
