@@ -21,6 +21,7 @@ import orjson
 import trio
 
 from ._codec import encode_envelope
+from ._engine._children import cancel_children
 from ._engine._errors import RunNotFound
 from ._engine._records import RunPage, RunRecord, RunStatus, StepKind, StepRecord, StepState
 from ._engine._reopen import retry_run
@@ -420,6 +421,10 @@ class Operations:
         cancelled = await self.store.finish_run(run_id, RunStatus.CANCELLED, error=error)
         if cancelled:
             await self._send_cancel(run_id)
+        # Its children go too, unless started with on_parent_cancel="abandon" (issue 18).
+        await cancel_children(
+            self.store, run_id, lambda child, why: self.cancel_run(child, reason=why)
+        )
         return cancelled
 
     async def _send_cancel(self, run_id: str) -> None:

@@ -30,6 +30,7 @@ Layers (imports go down): ``_app`` / ``_retry`` / ``_records`` / ``_errors`` -> 
 from __future__ import annotations
 
 from ._app import App, StepDefinition, WorkflowDefinition
+from ._children import ChildFailed
 from ._context import StepHandle, StepInfo, WorkflowContext, step_info
 from ._duplicates import DuplicateResult
 from ._engine import Engine
@@ -59,6 +60,7 @@ from ._worker import Worker, WorkerStatistics, open_worker
 __all__ = [
     "App",
     "Applied",
+    "ChildFailed",
     "DuplicateResult",
     "Engine",
     "EngineClosed",

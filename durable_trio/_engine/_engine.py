@@ -35,6 +35,7 @@ from .._telemetry import run_trace
 from .._transport import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._app import App  # noqa: TC001
+from ._children import cancel_children
 from ._deadline import drive_within_deadline, expired, time_out
 from ._duplicates import DuplicateResult  # noqa: TC001
 from ._errors import (
@@ -84,6 +85,9 @@ class Engine:
         # Built by open_engine: the pieces share ``services`` (the state and the services
         # the drivers use); the engine composes them and adds the public API.
         self._services = services
+        services.start_run = lambda workflow, input, run_id: self.start(
+            workflow, input, run_id=run_id
+        )
         self._results = results
         self._timers = timers
         self._watch: StepWatch | None = None
@@ -435,6 +439,8 @@ class Engine:
         driver = self._services.drivers.get(run_id)
         if driver is not None:
             driver.scope.cancel()
+        # Its children go too, unless started with on_parent_cancel="abandon" (issue 18).
+        await cancel_children(self.store, run_id, lambda child, why: self.cancel(child, reason=why))
         if cancelled:
             self._services.count("runs_cancelled")
             record = await self.store.get_run(run_id)

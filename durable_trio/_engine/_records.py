@@ -68,6 +68,9 @@ class StepKind(enum.StrEnum):
     """``ctx.run``: a function run inside the engine, its result checkpointed."""
     TIMER = "timer"
     """``ctx.sleep``: a durable timer."""
+    CHILD = "child"
+    """``ctx.child`` / ``ctx.start_child``: a child workflow run started (input: its run id,
+    its input, ``onParentCancel``), settled with the child's output or error."""
 
 
 class StepState(enum.StrEnum):

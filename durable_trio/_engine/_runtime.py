@@ -23,8 +23,9 @@ import trio
 
 from .._errors import PayloadError
 from .._wire import StepError
+from ._children import OnParentCancel, start_child, wait_child
 from ._context import _CURRENT_STEP, StepInfo, WorkflowContext
-from ._errors import NonDeterminismError, StepFailed
+from ._errors import EngineError, NonDeterminismError, StepFailed
 from ._records import (
     Applied,
     RunRecord,
@@ -326,6 +327,35 @@ class RunDriver:
         if verdict is Applied.RUN_FINISHED:
             await self._stop()
         services.count("timers_fired")
+
+    # ------------------------------------------------------------------ child workflows
+
+    async def child_start(
+        self,
+        step_id: str,
+        workflow: str,
+        input: Any,
+        run_id: str | None,
+        on_parent_cancel: OnParentCancel,
+    ) -> StepRecord:
+        services = self.services
+        start_run = getattr(services, "start_run", None)
+        if start_run is None:  # pragma: no cover - every engine sets it
+            raise EngineError("this engine cannot start child workflows")
+        return await start_child(
+            services,
+            self.history,
+            self.run.run_id,
+            step_id,
+            workflow,
+            input,
+            run_id,
+            on_parent_cancel,
+            start_run,
+        )
+
+    async def child_wait(self, record: StepRecord) -> Any:
+        return await wait_child(self.services, record, self._stop)
 
     async def _stop(self) -> None:
         """The run was settled elsewhere (cancelled by another engine): stop driving it."""
