@@ -1,0 +1,288 @@
+"""Child workflows (issue 18, item 3): ``ctx.child`` / ``ctx.start_child``.
+
+Memory: exact virtual time. SQLite (a real file) and Redis (a private server): the same
+scenarios on the wall clock, bounded (real I/O does not run under the mock clock).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+import trio.testing
+from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
+
+import durable_trio as dt
+from durable_trio import App, ChildFailed, WorkflowContext, open_engine, open_worker, step_info
+from durable_trio._engine import RunStatus, StepKind, StepState
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from pathlib import Path
+
+
+def shop() -> tuple[App, Counter[str]]:
+    """An order that ships parcels as child workflows; steps count their executions."""
+    app = App("children")
+    runs: Counter[str] = Counter()
+
+    @app.step("ship")
+    async def ship(parcel: dict[str, Any]) -> str:
+        runs[step_info().idempotency_key] += 1
+        await trio.sleep(parcel.get("seconds", 1))
+        if parcel.get("lost"):
+            raise RuntimeError(f"parcel {parcel['id']} lost")
+        return f"shipped {parcel['id']}"
+
+    @app.step("refund")
+    async def refund(parcel: dict[str, Any]) -> str:
+        runs[step_info().idempotency_key] += 1
+        return f"refunded {parcel['id']}"
+
+    @app.workflow("shipment")
+    async def shipment(ctx: WorkflowContext, parcel: dict[str, Any]) -> str:
+        return str(await ctx.step("ship", parcel))
+
+    @app.workflow("order")
+    async def order(ctx: WorkflowContext, parcel: dict[str, Any]) -> str:
+        return str(await ctx.child("shipment", parcel))
+
+    @app.workflow("order-compensating")
+    async def order_compensating(ctx: WorkflowContext, parcel: dict[str, Any]) -> str:
+        try:
+            return str(await ctx.child("shipment", parcel))
+        except ChildFailed as exc:
+            assert exc.child_run_id == f"{ctx.run_id}/1"
+            assert not exc.cancelled
+            return str(await ctx.step("refund", parcel))
+
+    @app.workflow("fan-out")
+    async def fan_out(ctx: WorkflowContext, parcels: list[dict[str, Any]]) -> list[str]:
+        handles = [await ctx.start_child("shipment", p) for p in parcels]
+        return list(await ctx.gather(*handles))
+
+    @app.workflow("nested")
+    async def nested(ctx: WorkflowContext, parcel: dict[str, Any]) -> str:
+        return str(await ctx.child("order", parcel, on_parent_cancel=parcel.get("mode", "cancel")))
+
+    return app, runs
+
+
+@asynccontextmanager
+async def running(app: App, url: str, **options: Any) -> AsyncIterator[dt.Engine]:
+    async with dt.open_backend(url) as backend:
+        async with open_worker(app, backend), open_engine(app, backend, **options) as engine:
+            yield engine
+
+
+# --------------------------------------------------------------------------- memory, exact time
+
+
+async def test_a_child_completes_and_the_parent_gets_its_result(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app, runs = shop()
+    async with running(app, "memory://") as engine:
+        await engine.start("order", {"id": "p1", "seconds": 3}, run_id="o1")
+        assert await engine.result("o1") == "shipped p1"
+        child = await engine.get("o1/1")
+        history = await engine.history("o1")
+    assert trio.current_time() == 3.0
+    assert child.workflow == "shipment" and child.status is RunStatus.COMPLETED
+    assert [(s.kind, s.name, s.status, s.output) for s in history] == [
+        (StepKind.CHILD, "shipment", StepState.COMPLETED, "shipped p1")
+    ]
+    assert history[0].input == {
+        "runId": "o1/1",
+        "input": {"id": "p1", "seconds": 3},
+        "onParentCancel": "cancel",
+    }
+    assert runs == {"o1/1:1": 1}
+
+
+async def test_a_failed_child_raises_child_failed_which_the_parent_compensates(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app, runs = shop()
+    async with running(app, "memory://", default_retry=dt.Retry(max_attempts=1)) as engine:
+        await engine.start("order-compensating", {"id": "p2", "lost": True}, run_id="o2")
+        assert await engine.result("o2") == "refunded p2"
+        child = await engine.get("o2/1")
+        history = await engine.history("o2")
+    assert trio.current_time() == 1.0
+    assert child.status is RunStatus.FAILED
+    assert [(s.kind, s.status) for s in history] == [
+        (StepKind.CHILD, StepState.FAILED),
+        (StepKind.REMOTE, StepState.COMPLETED),
+    ]
+    assert runs == {"o2/1:1": 1, "o2:2": 1}
+
+
+async def test_an_uncaught_child_failure_fails_the_parent_with_child_failed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app, _ = shop()
+    async with running(app, "memory://", default_retry=dt.Retry(max_attempts=1)) as engine:
+        await engine.start("order", {"id": "p", "lost": True}, run_id="o")
+        with pytest.raises(dt.RunFailed) as failed:
+            await engine.result("o")
+    assert failed.value.error_type == "ChildFailed"
+    assert "child run 'o/1' of workflow 'shipment' failed" in str(failed.value)
+
+
+async def test_start_child_and_gather_of_three(autojump_clock: trio.testing.MockClock) -> None:
+    app, runs = shop()
+    parcels = [{"id": f"p{n}", "seconds": n} for n in (3, 1, 2)]
+    async with running(app, "memory://") as engine:
+        await engine.start("fan-out", parcels, run_id="f")
+        assert await engine.result("f") == ["shipped p3", "shipped p1", "shipped p2"]
+        children = [await engine.get(f"f/{n}") for n in (1, 2, 3)]
+    assert trio.current_time() == 3.0  # in parallel
+    assert [c.status for c in children] == [RunStatus.COMPLETED] * 3
+    assert runs == {"f/1:1": 1, "f/2:1": 1, "f/3:1": 1}
+
+
+async def test_cancelling_the_parent_cancels_its_children_recursively(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app, _ = shop()
+    async with running(app, "memory://") as engine:
+        await engine.start("nested", {"id": "p", "seconds": 100}, run_id="n")
+        await trio.sleep(5)
+        assert await engine.cancel("n")
+        statuses = [(await engine.get(r)).status for r in ("n", "n/1", "n/1/1")]
+        with pytest.raises(dt.RunCancelled):
+            await engine.result("n/1/1")
+    assert statuses == [RunStatus.CANCELLED] * 3
+
+
+async def test_an_abandoned_child_goes_on_and_completes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app, _ = shop()
+    async with running(app, "memory://") as engine:
+        await engine.start("nested", {"id": "p", "seconds": 100, "mode": "abandon"}, run_id="a")
+        await trio.sleep(5)
+        assert await engine.cancel("a")
+        assert await engine.result("a/1") == "shipped p"
+        assert (await engine.get("a/1/1")).status is RunStatus.COMPLETED
+    assert trio.current_time() == 100.0
+
+
+async def test_a_cancelled_child_raises_child_failed_saying_so(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app, _ = shop()
+    async with running(app, "memory://") as engine:
+        await engine.start("order", {"id": "p", "seconds": 100}, run_id="c")
+        await trio.sleep(5)
+        await engine.cancel("c/1")
+        with pytest.raises(dt.RunFailed) as failed:
+            await engine.result("c")
+    assert failed.value.error_type == "ChildFailed"
+    assert "child run 'c/1' of workflow 'shipment' was cancelled" in str(failed.value)
+
+
+async def test_child_ids_are_deterministic_across_a_restart(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The engine stops while the parent waits; the next engine replays the CHILD step (same
+    child id, ``create_run`` idempotent) and both end, one child only."""
+    app, runs = shop()
+    async with dt.open_backend("memory://") as backend:
+        async with open_worker(app, backend):
+            async with open_engine(app, backend, engine_id="first", release_on_close=False) as e1:
+                await e1.start("fan-out", [{"id": "x", "seconds": 10}] * 2, run_id="r")
+                await trio.sleep(2)
+            async with open_engine(app, backend, engine_id="second", run_lease=30.0) as e2:
+                assert await e2.result("r") == ["shipped x", "shipped x"]
+                listed = sorted(r.run_id for r in await e2.list())
+    assert listed == ["r", "r/1", "r/2"]
+    assert runs == {"r/1:1": 1, "r/2:1": 1}
+
+
+async def test_a_child_may_run_on_another_engine(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two engines share one store: the parent's engine learns of the end of a child the other
+    engine drives (a store read every ``watch_interval``)."""
+    app, _ = shop()
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            open_worker(app, backend),
+            open_engine(app, backend, engine_id="one") as one,
+            open_engine(app, backend, engine_id="two") as two,
+        ):
+            await two.start("shipment", {"id": "pre", "seconds": 4}, run_id="p/1")
+            await one.start("order", {"id": "pre"}, run_id="p")
+            assert await one.result("p") == "shipped pre"
+            child, parent = await one.get("p/1"), await one.get("p")
+            child_steps = await one.history("p/1")
+    assert child_steps[0].attempts[0]["worker"] is not None
+    # The child's step ends 4 s after it was dispatched (its run settled by engine two, at
+    # once or at its next result read); the parent's engine, reading the child's run every
+    # second (watch_interval) on virtual time, sees the end at its next whole second.
+    assert child_steps[0].attempts[0]["endedAt"] == 4.0
+    assert child.updated_at in (4.0, 5.0)
+    assert parent.updated_at == child.updated_at + 1.0
+
+
+async def test_bad_arguments_fail_at_once(autojump_clock: trio.testing.MockClock) -> None:
+    app, _ = shop()
+
+    @app.workflow("bad")
+    async def bad(ctx: WorkflowContext, how: str) -> None:
+        if how == "mode":
+            ctx.child("shipment", {}, on_parent_cancel="maybe")  # type: ignore[arg-type]
+        elif how == "unknown":
+            await ctx.child("nope", {})
+
+    async with running(app, "memory://") as engine:
+        for how, expected in (("mode", "on_parent_cancel"), ("unknown", "no workflow 'nope'")):
+            await engine.start("bad", how, run_id=how)
+            with pytest.raises(dt.RunFailed) as failed:
+                await engine.result(how)
+            assert expected in str(failed.value)
+
+
+# --------------------------------------------------------------------------- SQLite and Redis
+
+
+async def _scenarios(url: str) -> None:
+    app, runs = shop()
+    async with running(app, url, default_retry=dt.Retry(max_attempts=1)) as engine:
+        with trio.fail_after(30):
+            await engine.start("order", {"id": "p1", "seconds": 0.05}, run_id="o1")
+            assert await engine.result("o1") == "shipped p1"
+            await engine.start(
+                "order-compensating", {"id": "p2", "lost": True, "seconds": 0}, run_id="o2"
+            )
+            assert await engine.result("o2") == "refunded p2"
+            parcels = [{"id": f"p{n}", "seconds": 0.01 * n} for n in (3, 1, 2)]
+            await engine.start("fan-out", parcels, run_id="f")
+            assert await engine.result("f") == ["shipped p3", "shipped p1", "shipped p2"]
+            await engine.start("nested", {"id": "p", "seconds": 60}, run_id="n")
+            await engine.start("nested", {"id": "q", "seconds": 0.2, "mode": "abandon"}, run_id="a")
+            while (await engine.store.get_run("n/1/1")) is None or (
+                await engine.store.get_run("a/1/1")
+            ) is None:
+                await trio.sleep(0.01)
+            await engine.cancel("n")
+            await engine.cancel("a")
+            assert [(await engine.get(r)).status for r in ("n", "n/1", "n/1/1")] == [
+                RunStatus.CANCELLED
+            ] * 3
+            assert await engine.result("a/1") == "shipped q"
+    assert runs["o1/1:1"] == 1 and runs["o2:2"] == 1
+    assert [runs[f"f/{n}:1"] for n in (1, 2, 3)] == [1, 1, 1]
+
+
+async def test_children_on_sqlite(tmp_path: Path) -> None:
+    await _scenarios(f"sqlite:///{tmp_path / 'runs.db'}")
+
+
+async def test_children_on_redis(redis_url: str) -> None:
+    await _scenarios(redis_url)
