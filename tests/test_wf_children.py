@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 import trio.testing
-from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
 
 import durable_trio as dt
+from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
 from durable_trio import App, ChildFailed, WorkflowContext, open_engine, open_worker, step_info
 from durable_trio._engine import RunStatus, StepKind, StepState
 
@@ -55,9 +55,8 @@ def shop() -> tuple[App, Counter[str]]:
         try:
             return str(await ctx.child("shipment", parcel))
         except ChildFailed as exc:
-            assert exc.child_run_id == f"{ctx.run_id}/1"
-            assert not exc.cancelled
-            return str(await ctx.step("refund", parcel))
+            refunded = await ctx.step("refund", parcel)
+            return f"{refunded} ({exc.child_run_id}, cancelled={exc.cancelled})"
 
     @app.workflow("fan-out")
     async def fan_out(ctx: WorkflowContext, parcels: list[dict[str, Any]]) -> list[str]:
@@ -91,7 +90,8 @@ async def test_a_child_completes_and_the_parent_gets_its_result(
         child = await engine.get("o1/1")
         history = await engine.history("o1")
     assert trio.current_time() == 3.0
-    assert child.workflow == "shipment" and child.status is RunStatus.COMPLETED
+    assert child.workflow == "shipment"
+    assert child.status is RunStatus.COMPLETED
     assert [(s.kind, s.name, s.status, s.output) for s in history] == [
         (StepKind.CHILD, "shipment", StepState.COMPLETED, "shipped p1")
     ]
@@ -109,7 +109,7 @@ async def test_a_failed_child_raises_child_failed_which_the_parent_compensates(
     app, runs = shop()
     async with running(app, "memory://", default_retry=dt.Retry(max_attempts=1)) as engine:
         await engine.start("order-compensating", {"id": "p2", "lost": True}, run_id="o2")
-        assert await engine.result("o2") == "refunded p2"
+        assert await engine.result("o2") == "refunded p2 (o2/1, cancelled=False)"
         child = await engine.get("o2/1")
         history = await engine.history("o2")
     assert trio.current_time() == 1.0
@@ -260,13 +260,13 @@ async def _scenarios(url: str) -> None:
             await engine.start(
                 "order-compensating", {"id": "p2", "lost": True, "seconds": 0}, run_id="o2"
             )
-            assert await engine.result("o2") == "refunded p2"
+            assert await engine.result("o2") == "refunded p2 (o2/1, cancelled=False)"
             parcels = [{"id": f"p{n}", "seconds": 0.01 * n} for n in (3, 1, 2)]
             await engine.start("fan-out", parcels, run_id="f")
             assert await engine.result("f") == ["shipped p3", "shipped p1", "shipped p2"]
             await engine.start("nested", {"id": "p", "seconds": 60}, run_id="n")
             await engine.start("nested", {"id": "q", "seconds": 0.2, "mode": "abandon"}, run_id="a")
-            while (await engine.store.get_run("n/1/1")) is None or (
+            while (await engine.store.get_run("n/1/1")) is None or (  # noqa: ASYNC110
                 await engine.store.get_run("a/1/1")
             ) is None:
                 await trio.sleep(0.01)
@@ -276,7 +276,8 @@ async def _scenarios(url: str) -> None:
                 RunStatus.CANCELLED
             ] * 3
             assert await engine.result("a/1") == "shipped q"
-    assert runs["o1/1:1"] == 1 and runs["o2:2"] == 1
+    assert runs["o1/1:1"] == 1
+    assert runs["o2:2"] == 1
     assert [runs[f"f/{n}:1"] for n in (1, 2, 3)] == [1, 1, 1]
 
 
