@@ -38,13 +38,14 @@ async def deliver(tracking: str) -> str:
 @app.step("refund")
 async def refund(parcel: dict[str, Any]) -> str:
     REFUNDED.append(parcel["id"])
-    return parcel["id"]
+    return str(parcel["id"])
 
 
 @app.workflow("shipment")
 async def shipment(ctx: WorkflowContext, parcel: dict[str, Any]) -> str:
     tracking = await ctx.step("book-carrier", parcel, retry=Retry(max_attempts=1))
-    return str(await ctx.step("deliver", tracking))
+    delivered = await ctx.step("deliver", tracking)
+    return str(delivered)
 
 
 @app.workflow("order")
