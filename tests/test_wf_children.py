@@ -287,3 +287,88 @@ async def test_children_on_sqlite(tmp_path: Path) -> None:
 
 async def test_children_on_redis(redis_url: str) -> None:
     await _scenarios(redis_url)
+
+
+# --------------------------------------------------------------------------- ending with the parent
+
+
+async def test_a_child_never_awaited_ends_with_its_parent_unless_abandoned(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No orphan: a parent that returns without awaiting a started child cancels it; an
+    abandoned one goes on."""
+    app, _ = shop()
+
+    @app.workflow("forgetful")
+    async def forgetful(ctx: WorkflowContext, _: Any) -> str:
+        await ctx.start_child("shipment", {"id": "kept", "seconds": 50})
+        await ctx.start_child("shipment", {"id": "left", "seconds": 50}, on_parent_cancel="abandon")
+        return "done"
+
+    async with running(app, "memory://") as engine:
+        await engine.start("forgetful", None, run_id="g")
+        assert await engine.result("g") == "done"
+        cancelled = await engine.get("g/1")
+        assert await engine.result("g/2") == "shipped left"
+    assert cancelled.status is RunStatus.CANCELLED
+    assert cancelled.error == {
+        "type": "RunCancelled",
+        "message": "parent run 'g' ended (completed)",
+    }
+    assert trio.current_time() == 50.0
+
+
+# --------------------------------------------------------------------------- remote workflows
+
+
+async def test_a_remote_workflow_as_a_child(autojump_clock: trio.testing.MockClock) -> None:
+    """The child is a remote workflow (its code on a workflow worker, run in turns)."""
+    from test_remote_engine import ORDER, engine_app, worker_app
+
+    executions: Counter[str] = Counter()
+    app = engine_app()
+
+    @app.workflow("parent")
+    async def parent(ctx: WorkflowContext, order: dict[str, Any]) -> Any:
+        return await ctx.child("order", order)
+
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_worker(worker_app(executions), backend),
+        open_engine(app, backend) as engine,
+    ):
+        await engine.start("parent", ORDER, run_id="rp")
+        output = await engine.result("rp")
+        child = await engine.get("rp/1")
+    assert output == {
+        "receipt": "receipt-1",
+        "items": ["reserved-a", "reserved-b"],
+        "stamp": "stamp-1",
+    }
+    assert child.status is RunStatus.COMPLETED
+    assert trio.current_time() == 10.0  # the remote child's durable timer
+    assert executions["charge:1"] == 1
+
+
+async def test_a_remote_workflow_starting_a_child_fails_clearly(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from test_remote_engine import engine_app
+
+    worker = App("shop")
+
+    @worker.workflow("spawner", remote=True)
+    async def spawner(ctx: WorkflowContext, _: Any) -> Any:
+        return await ctx.child("order", {})
+
+    app = engine_app()
+    app.remote_workflow("spawner")
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_worker(worker, backend),
+        open_engine(app, backend) as engine,
+    ):
+        await engine.start("spawner", None, run_id="s")
+        with pytest.raises(dt.RunFailed) as failed:
+            await engine.result("s")
+    assert "child workflows are not supported in remote workflows yet" in str(failed.value)

@@ -180,18 +180,22 @@ async def _settle(
 
 
 async def cancel_children(
-    store: RunStore, run_id: str, cancel: Callable[[str, str], Awaitable[Any]]
+    store: RunStore,
+    run_id: str,
+    cancel: Callable[[str, str], Awaitable[Any]],
+    *,
+    ended: str = "was cancelled",
 ) -> int:
-    """Cancel the children of cancelled run ``run_id`` that did not choose ``abandon``, through
-    ``cancel(child_run_id, reason)`` (which cancels their own children in turn). Returns how
-    many children were asked."""
+    """Cancel the running children of run ``run_id`` (cancelled, or ended: ``ended`` says how,
+    in the children's reason) that did not choose ``abandon``, through ``cancel(child_run_id,
+    reason)`` (which cancels their own children in turn). Returns how many were asked."""
     steps = await store.get_steps(run_id)
     asked = 0
     for child in child_ids(steps, abandoned=False):
         record = await store.get_run(child)
         if record is None or record.status in _FINAL:
             continue
-        await cancel(child, f"parent run {run_id!r} was cancelled")
+        await cancel(child, f"parent run {run_id!r} {ended}")
         asked += 1
     return asked
 

@@ -88,6 +88,7 @@ class Engine:
         services.start_run = lambda workflow, input, run_id: self.start(
             workflow, input, run_id=run_id
         )
+        services.cancel_run = lambda run_id, reason: self.cancel(run_id, reason=reason)
         self._results = results
         self._timers = timers
         self._watch: StepWatch | None = None

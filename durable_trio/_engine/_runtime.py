@@ -23,7 +23,7 @@ import trio
 
 from .._errors import PayloadError
 from .._wire import StepError
-from ._children import OnParentCancel, start_child, wait_child
+from ._children import OnParentCancel, cancel_children, start_child, wait_child
 from ._context import _CURRENT_STEP, StepInfo, WorkflowContext
 from ._errors import EngineError, NonDeterminismError, StepFailed
 from ._records import (
@@ -128,6 +128,8 @@ class RunDriver:
         """The run as this driver settled it (``None``: it stopped without settling it)."""
         self.settling = False
         """The workflow returned; the driver is writing its outcome."""
+        self.children = False
+        """The workflow started child workflows (ended with it unless abandoned)."""
 
     # ------------------------------------------------------------------ the workflow
 
@@ -164,6 +166,9 @@ class RunDriver:
                     services.count("nondeterminism_failures")
                 self.settling = True  # a lease renewal must not cancel the final write
                 self.final = await services.settle(run, status, output=output, error=error)
+                if self.children and self.final is not None:
+                    # No orphan: children it started and never awaited end with it (issue 18).
+                    await self._end_children()
         finally:
             services.forget(self)
             self.done.set()
@@ -342,6 +347,7 @@ class RunDriver:
         start_run = getattr(services, "start_run", None)
         if start_run is None:  # pragma: no cover - every engine sets it
             raise EngineError("this engine cannot start child workflows")
+        self.children = True
         return await start_child(
             services,
             self.history,
@@ -352,6 +358,21 @@ class RunDriver:
             run_id,
             on_parent_cancel,
             start_run,
+        )
+
+    async def _end_children(self) -> None:
+        services = self.services
+        cancel = getattr(services, "cancel_run", None)
+        if cancel is None:  # pragma: no cover - every engine sets it
+            return
+        await services.guard(
+            lambda: cancel_children(
+                services.store,
+                self.run.run_id,
+                cancel,
+                ended=f"ended ({self.final.status.value if self.final else 'settled'})",
+            ),
+            "cancelling children",
         )
 
     async def child_wait(self, record: StepRecord) -> Any:

@@ -250,6 +250,8 @@ class EngineServices:
         self.step_watch: DispatchWatch | None = None
         self.start_run: Callable[[str, Any, str], Awaitable[str]] | None = None
         """Starts a child workflow run (``engine.start``; set by the engine, issue 18)."""
+        self.cancel_run: Callable[[str, str], Awaitable[bool]] | None = None
+        """Cancels a run and its children (``engine.cancel``; set by the engine, issue 18)."""
         """Watches the timeouts of the attempts dispatched here (set by the engine)."""
         # A store whose clock is trio's (the memory store, or a wrapper of it that says so)
         self._trio_clock = bool(getattr(store, "trio_clock", False))
