@@ -91,6 +91,7 @@ async def test_a_child_completes_and_the_parent_gets_its_result(
         history = await engine.history("o1")
     assert trio.current_time() == 3.0
     assert child.workflow == "shipment"
+    assert child.parent == "o1"
     assert child.status is RunStatus.COMPLETED
     assert [(s.kind, s.name, s.status, s.output) for s in history] == [
         (StepKind.CHILD, "shipment", StepState.COMPLETED, "shipped p1")
@@ -272,6 +273,7 @@ async def _scenarios(url: str) -> None:
                 await trio.sleep(0.01)
             await engine.cancel("n")
             await engine.cancel("a")
+            assert (await engine.get("n/1/1")).parent == "n/1"
             assert [(await engine.get(r)).status for r in ("n", "n/1", "n/1/1")] == [
                 RunStatus.CANCELLED
             ] * 3
@@ -372,3 +374,60 @@ async def test_a_remote_workflow_starting_a_child_fails_clearly(
         with pytest.raises(dt.RunFailed) as failed:
             await engine.result("s")
     assert "child workflows are not supported in remote workflows yet" in str(failed.value)
+
+
+# --------------------------------------------------------------------------- stored parent link
+
+
+async def test_sqlite_adds_the_parent_column_to_a_file_written_before_it(tmp_path: Path) -> None:
+    import sqlite3
+
+    from durable_trio._engine import RunRecord
+    from durable_trio._engine._stores.sqlite import SqliteRunStore
+
+    def record(run_id: str, parent: str | None) -> RunRecord:
+        return RunRecord(run_id=run_id, workflow="w", input=None, status=RunStatus.PENDING,
+                         created_at=0.0, updated_at=0.0, parent=parent)  # fmt: skip
+
+    path = tmp_path / "old.db"
+    store = await SqliteRunStore.open(path, "shop")
+    await store.create_run(record("old", None))
+    await store.aclose()
+    db = sqlite3.connect(path)
+    db.execute("ALTER TABLE dt_runs DROP COLUMN parent")
+    db.commit()
+    db.close()
+    for n in range(2):  # and opening it again changes nothing
+        store = await SqliteRunStore.open(path, "shop")
+        try:
+            old = await store.get_run("old")
+            assert old is not None
+            assert old.parent is None
+            await store.create_run(record(f"old/{n}", "old"))
+            child = await store.get_run(f"old/{n}")
+            assert child is not None
+            assert child.parent == "old"
+        finally:
+            await store.aclose()
+
+
+async def test_the_parent_link_on_redis(redis_url: str) -> None:
+    async with dt.open_backend(redis_url) as backend, dt.open_run_store(backend, "links") as store:
+        from durable_trio._engine import RunRecord
+
+        for run_id, parent in (("top", None), ("top/1", "top")):
+            await store.create_run(
+                RunRecord(
+                    run_id=run_id,
+                    workflow="w",
+                    input=None,
+                    status=RunStatus.PENDING,
+                    created_at=0.0,
+                    updated_at=0.0,
+                    parent=parent,
+                )
+            )
+        top, child = await store.get_run("top"), await store.get_run("top/1")
+    assert top is not None
+    assert child is not None
+    assert (top.parent, child.parent) == (None, "top")

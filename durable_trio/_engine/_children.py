@@ -98,7 +98,7 @@ async def start_child(
     input: Any,
     run_id: str | None,
     on_parent_cancel: OnParentCancel,
-    start_run: Callable[[str, Any, str], Awaitable[str]],
+    start_run: Callable[[str, Any, str, str], Awaitable[str]],
 ) -> StepRecord:
     """Checkpoint the CHILD step (or replay it), then start the child run (idempotent: on replay
     after a crash between the two, the existing run is returned, never a second one)."""
@@ -121,7 +121,8 @@ async def start_child(
         history.check(record, StepKind.CHILD, workflow)
     if record.status is StepState.PENDING:
         assert isinstance(record.input, dict)
-        await start_run(workflow, record.input.get("input"), str(record.input["runId"]))
+        child_id = str(record.input["runId"])
+        await start_run(workflow, record.input.get("input"), child_id, parent_run_id)
     return record
 
 

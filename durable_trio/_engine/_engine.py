@@ -85,8 +85,8 @@ class Engine:
         # Built by open_engine: the pieces share ``services`` (the state and the services
         # the drivers use); the engine composes them and adds the public API.
         self._services = services
-        services.start_run = lambda workflow, input, run_id: self.start(
-            workflow, input, run_id=run_id
+        services.start_run = lambda workflow, input, run_id, parent: self.start(
+            workflow, input, run_id=run_id, parent=parent
         )
         services.cancel_run = lambda run_id, reason: self.cancel(run_id, reason=reason)
         self._results = results
@@ -255,6 +255,7 @@ class Engine:
         run_id: str | None = None,
         detach: bool = False,
         timeout: float | None = None,  # noqa: ASYNC109 (the run's, stored; not this call's)
+        parent: str | None = None,
     ) -> str:
         """Start a run of ``workflow`` with ``input``; returns its run id at once.
 
@@ -271,6 +272,8 @@ class Engine:
                 engines drive it (the deadline is stored with the run: a resumed run keeps
                 it). At the deadline the run fails with ``RunTimedOut`` and its pending steps
                 are no longer waited on. ``None``: no timeout.
+            parent: the run starting this one as a child workflow (stored as
+                :attr:`RunRecord.parent`; ``ctx.child`` sets it).
 
         Raises:
             UnknownWorkflow: the app does not register ``workflow``.
@@ -285,6 +288,7 @@ class Engine:
         """
         check_name(workflow, "engine.start", "workflow")
         check_optional_name(run_id, "engine.start", "run_id")
+        check_optional_name(parent, "engine.start", "parent")
         check_bool(detach, "engine.start", "detach")
         seconds = (
             None
@@ -311,6 +315,7 @@ class Engine:
             lease_until=None if detach else now + self.options.run_lease,
             timeout=seconds,
             trace=run_trace(workflow),
+            parent=parent,
         )
         stored, created = await self.store.create_run(record)
         if not created:

@@ -127,6 +127,9 @@ class RunRecord:
     and any that takes it over after a crash) opens its run span as a child of this context,
     so one run is one trace (docs/observability.md). ``None``: untraced (a damaged stored value
     reads as ``None`` too: it is advisory, see :func:`read_trace`)."""
+    parent: str | None = None
+    """The run that started this one as a child workflow (``ctx.child``, issue 18), or
+    ``None``."""
 
     @property
     def deadline(self) -> float | None:
