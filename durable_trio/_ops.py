@@ -143,12 +143,23 @@ class RunDetails:
     """Remote and local steps, in step id order."""
     timers: tuple[TimerView, ...]
 
+    @property
+    def children(self) -> tuple[str, ...]:
+        """The run ids of the child workflows it started (its CHILD steps, in step order)."""
+        return tuple(
+            str(step.input["runId"])
+            for step in self.steps
+            if step.kind is StepKind.CHILD and isinstance(step.input, dict)
+        )
+
     def to_json(self) -> dict[str, Any]:
-        """As ``durable-trio runs show --json`` prints it."""
+        """As ``durable-trio runs show --json`` prints it (``children`` only when it started
+        some)."""
+        children = {"children": list(self.children)} if self.children else {}
         return {**run_to_json(self.run), **{
             "steps": [s.to_json() for s in self.steps],
             "timers": [t.to_json() for t in self.timers],
-        }}  # fmt: skip
+        }, **children}  # fmt: skip
 
 
 @attrs.frozen
@@ -286,6 +297,8 @@ def run_to_json(run: RunRecord) -> dict[str, Any]:
         "input": run.input,
         "output": run.output,
         "error": run.error,
+        # A child workflow's parent (issue 18): only on children, older output unchanged.
+        **({"parent": run.parent} if run.parent is not None else {}),
     }
 
 

@@ -6,6 +6,7 @@ scenarios on the wall clock, bounded (real I/O does not run under the mock clock
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -431,3 +432,39 @@ async def test_the_parent_link_on_redis(redis_url: str) -> None:
     assert top is not None
     assert child is not None
     assert (top.parent, child.parent) == (None, "top")
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+async def test_runs_show_names_parent_and_children_and_runs_cancel_cancels_the_children(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``runs show`` prints a child's parent and a parent's children; ``runs cancel`` (the
+    operator's cancel, straight on the store) cancels the children too, recursively."""
+    from durable_trio._cli import main
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    app, _ = shop()
+    async with running(app, url) as engine:  # namespace: the app's name
+        with trio.fail_after(30):
+            await engine.start("order", {"id": "p1", "seconds": 0}, run_id="o1")
+            await engine.result("o1")
+            await engine.start("nested", {"id": "p", "seconds": 60}, run_id="n")
+            while (await engine.store.get_run("n/1/1")) is None:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+
+    def cli(*argv: str) -> tuple[int, str]:
+        status = main([*argv, "--backend", url, "--namespace", "children"])
+        return status, capsys.readouterr().out
+
+    status, out = await trio.to_thread.run_sync(lambda: cli("runs", "show", "o1"))
+    assert status == 0
+    assert "children o1/1" in out
+    status, out = await trio.to_thread.run_sync(lambda: cli("runs", "show", "o1/1", "--json"))
+    assert json.loads(out)["parent"] == "o1"
+    status, out = await trio.to_thread.run_sync(lambda: cli("runs", "cancel", "n"))
+    assert status == 0
+    async with dt.open_backend(url) as backend, dt.open_run_store(backend, "children") as store:
+        runs = [await store.get_run(r) for r in ("n", "n/1", "n/1/1")]
+    assert [r.status for r in runs if r is not None] == [RunStatus.CANCELLED] * 3
