@@ -353,18 +353,24 @@ async def test_a_remote_workflow_as_a_child(autojump_clock: trio.testing.MockClo
     assert executions["charge:1"] == 1
 
 
-async def test_a_remote_workflow_starting_a_child_fails_clearly(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    from test_remote_engine import engine_app
+async def test_a_remote_workflow_starts_children(autojump_clock: trio.testing.MockClock) -> None:
+    """A remote workflow (its code on a workflow worker, in turns) starts a local child and a
+    remote one: each a ``child`` command the engine checkpoints and starts."""
+    from test_remote_engine import ORDER, engine_app, worker_app
 
-    worker = App("shop")
+    executions: Counter[str] = Counter()
+    worker = worker_app(executions)
+    app = engine_app()
 
     @worker.workflow("spawner", remote=True)
     async def spawner(ctx: WorkflowContext, _: Any) -> Any:
-        return await ctx.child("order", {})
+        first = await ctx.start_child("order", ORDER)
+        try:
+            await ctx.child("explodes", None)
+        except ChildFailed as failed:
+            exploded = failed.error["message"]
+        return [await first, exploded]
 
-    app = engine_app()
     app.remote_workflow("spawner")
     async with (
         dt.open_backend("memory://") as backend,
@@ -372,9 +378,22 @@ async def test_a_remote_workflow_starting_a_child_fails_clearly(
         open_engine(app, backend) as engine,
     ):
         await engine.start("spawner", None, run_id="s")
-        with pytest.raises(dt.RunFailed) as failed:
-            await engine.result("s")
-    assert "child workflows are not supported in remote workflows yet" in str(failed.value)
+        output = await engine.result("s")
+        children = [await engine.get(r) for r in ("s/1", "s/2")]
+        history = await engine.history("s")
+    assert output == [
+        {"receipt": "receipt-1", "items": ["reserved-a", "reserved-b"], "stamp": "stamp-1"},
+        "boom in the workflow",
+    ]
+    assert [(c.workflow, c.status, c.parent) for c in children] == [
+        ("order", RunStatus.COMPLETED, "s"),
+        ("explodes", RunStatus.FAILED, "s"),
+    ]
+    assert [(s.kind, s.status) for s in history] == [
+        (StepKind.CHILD, StepState.COMPLETED),
+        (StepKind.CHILD, StepState.FAILED),
+    ]
+    assert executions["charge:1"] == 1
 
 
 # --------------------------------------------------------------------------- stored parent link

@@ -21,6 +21,7 @@ being applied and the driver sends a fresh turn.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ import trio
 
 from .._errors import PayloadError
 from .._wire import DecisionStatus, StepEventKind, WorkflowTask
+from ._children import ChildFailed, wait_child
 from ._records import (
     Applied,
     RunRecord,
@@ -171,7 +173,38 @@ async def _apply_command(services: DriverServices, run: RunRecord, command: Any)
             status,
             local.output,
         )
+    if kind == "child":  # ctx.child / ctx.start_child (issue 18): checkpoint, then start it
+        name = _text(command, "name")
+        child_id = _text(command, "runId")
+        mode = command.get("onParentCancel", "cancel")
+        if mode not in ("cancel", "abandon"):
+            raise _BadDecision(f"a child command's onParentCancel is {mode!r}")
+        value = normalize_json(command.get("input"), f"the input of child workflow {name!r}")
+        child = StepRecord(
+            run_id=run.run_id,
+            step_id=step_id,
+            kind=StepKind.CHILD,
+            name=name,
+            status=StepState.PENDING,
+            input={"runId": child_id, "input": value, "onParentCancel": mode},
+        )
+        stored = await services.guard(lambda: store.begin_step(child), "checkpointing")
+        if (stored.kind, stored.name) != (StepKind.CHILD, name):
+            return False
+        if stored.status is StepState.PENDING:
+            await _start_child_run(services, stored)
+        return True
     raise _BadDecision(f"unknown decision command type {kind!r}")
+
+
+async def _start_child_run(services: DriverServices, record: StepRecord) -> None:
+    """Start the child of CHILD checkpoint ``record`` (idempotent: again after a crash)."""
+    start_run = getattr(services, "start_run", None)
+    assert start_run is not None
+    assert isinstance(record.input, dict)
+    await start_run(
+        record.name, record.input.get("input"), str(record.input["runId"]), record.run_id
+    )
 
 
 async def apply_decision(services: DriverServices, decision: WorkflowDecision) -> None:
@@ -353,6 +386,10 @@ class RemoteRunDriver:
             self.final = run
         return run is None or run.status.terminal
 
+    async def _stop_child_wait(self) -> None:
+        """The run ended elsewhere while it waited for a child: its loop sees that next."""
+        await trio.lowlevel.checkpoint()
+
     async def _send_turn(self, records: list[StepRecord]) -> None:
         services = self.services
         run = self.run
@@ -471,8 +508,17 @@ class RemoteRunDriver:
                         services.count("timers_fired")
                     nursery.cancel_scope.cancel()
 
+                async def child(record: StepRecord) -> None:
+                    await _start_child_run(services, record)
+                    with contextlib.suppress(ChildFailed):  # its end is checkpointed either way
+                        await wait_child(services, record, self._stop_child_wait)
+                    nursery.cancel_scope.cancel()
+
                 for key, waiter in waiters:
                     nursery.start_soon(remote, key, waiter)
+                for record in pending:
+                    if record.kind is StepKind.CHILD:
+                        nursery.start_soon(child, record)
                 for record in pending:
                     if record.kind is StepKind.TIMER:
                         nursery.start_soon(timer, record)
