@@ -12,6 +12,7 @@ from durable_trio.testing._sample import CHAOS, sample_app
 from durable_trio.testing._sim_children import add_family, family_expected, family_workload
 
 app = add_family(sample_app("sim-children"))
+remote_app = add_family(sample_app("sim-children-remote", remote=True), remote=True)
 ENGINE_KILLS = attrs.evolve(CHAOS, engine_kills_per_hour=10.0)
 
 #: Seeds kept in the suite (tried first: 1-8, 35-46 children each; none found a defect).
@@ -29,6 +30,25 @@ def test_families_on_two_engines_with_kills_hold_every_invariant(seed: int) -> N
         faults=ENGINE_KILLS,
         engines=2,
         expected_output=family_expected,
+    ).run_sync()
+    assert report.violations == ()
+    assert report.runs_completed == 60
+    assert report.faults["engine-kill"] >= 2
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_remote_families_on_two_engines_with_kills_hold_every_invariant(seed: int) -> None:
+    """The same with remote workflows, parents and children (tried first: 1-3)."""
+    report = Simulation(
+        remote_app,
+        family_workload,
+        seed=seed,
+        runs=60,
+        duration=3600,
+        faults=ENGINE_KILLS,
+        engines=2,
+        expected_output=family_expected,
+        engine_options={"turn_timeout": 120.0},
     ).run_sync()
     assert report.violations == ()
     assert report.runs_completed == 60

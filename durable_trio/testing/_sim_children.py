@@ -32,9 +32,10 @@ async def family(ctx: WorkflowContext, sizes: list[int]) -> list[Any]:
     return list(await ctx.gather(*handles))
 
 
-def add_family(app: App) -> App:
-    """Register ``family`` on a sample app (which serves ``order``)."""
-    app.workflow("family")(family)
+def add_family(app: App, *, remote: bool = False) -> App:
+    """Register ``family`` on a sample app (which serves ``order``); its code on the workers
+    with ``remote``."""
+    app.workflow("family", remote=remote)(family)
     return app
 
 
