@@ -11,13 +11,21 @@ checkpointed on the CHILD step, so a replay never reads the child again.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from ._errors import EngineError
-from ._records import Applied, RunStatus, StepKind, StepRecord, StepState, ended_attempt
+from ._records import (
+    Applied,
+    OnParentCancel,
+    RunStatus,
+    StepKind,
+    StepRecord,
+    StepState,
+    ended_attempt,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -39,7 +47,6 @@ __all__ = [
     "wait_child",
 ]
 
-OnParentCancel = Literal["cancel", "abandon"]
 CANCEL: OnParentCancel = "cancel"
 ABANDON: OnParentCancel = "abandon"
 _FINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)

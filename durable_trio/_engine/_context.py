@@ -20,8 +20,7 @@ from ._step_timeouts import StepTimeouts
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine, Generator
 
-    from ._children import OnParentCancel
-    from ._records import RunRecord, StepRecord
+    from ._records import OnParentCancel, RunRecord, StepRecord
     from ._replay import History
 
 __all__ = ["Quiescence", "StepHandle", "StepInfo", "WorkflowContext", "step_info"]

@@ -7,7 +7,7 @@ one engine process can be read, replayed and finished by another.
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import orjson
@@ -57,6 +57,11 @@ class RunStatus(enum.StrEnum):
 
 
 _TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+OnParentCancel = Literal["cancel", "abandon"]
+"""What a parent's cancellation does to a child workflow (``ctx.child(...,
+on_parent_cancel=)``): cancel it (and its own children), or let it go on."""
 
 
 class StepKind(enum.StrEnum):
