@@ -292,6 +292,12 @@ async def test_children_on_redis(redis_url: str) -> None:
     await _scenarios(redis_url)
 
 
+@pytest.mark.redis
+async def test_children_on_a_redis_cluster(redis_cluster_url: str) -> None:
+    """Parent and children in different run shards of the private 3-master cluster."""
+    await _scenarios(redis_cluster_url)
+
+
 # --------------------------------------------------------------------------- ending with the parent
 
 
