@@ -493,3 +493,34 @@ async def test_runs_show_names_parent_and_children_and_runs_cancel_cancels_the_c
     async with dt.open_backend(url) as backend, dt.open_run_store(backend, "children") as store:
         runs = [await store.get_run(r) for r in ("n", "n/1", "n/1/1")]
     assert [r.status for r in runs if r is not None] == [RunStatus.CANCELLED] * 3
+
+
+async def test_a_remote_parent_ending_cancels_a_child_it_never_awaited(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from test_remote_engine import engine_app, worker_app
+
+    worker = worker_app(Counter())
+    app = engine_app()
+
+    @worker.workflow("forgetful", remote=True)
+    async def forgetful(ctx: WorkflowContext, _: Any) -> str:
+        await ctx.start_child("order", {"id": 9, "items": [], "wait": 100})
+        await ctx.start_child(
+            "order", {"id": 8, "items": [], "wait": 100}, on_parent_cancel="abandon"
+        )
+        return "done"
+
+    app.remote_workflow("forgetful")
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_worker(worker, backend),
+        open_engine(app, backend) as engine,
+    ):
+        await engine.start("forgetful", None, run_id="rf")
+        assert await engine.result("rf") == "done"
+        cancelled = await engine.get("rf/1")
+        left = await engine.result("rf/2")
+    assert cancelled.status is RunStatus.CANCELLED
+    assert cancelled.error == {"type": "RunCancelled", "message": "parent run 'rf' ended"}
+    assert left["receipt"] == "receipt-8"

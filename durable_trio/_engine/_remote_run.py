@@ -30,7 +30,7 @@ import trio
 
 from .._errors import PayloadError
 from .._wire import DecisionStatus, StepEventKind, WorkflowTask
-from ._children import ChildFailed, wait_child
+from ._children import ChildFailed, cancel_children, wait_child
 from ._records import (
     Applied,
     RunRecord,
@@ -322,6 +322,8 @@ class RemoteRunDriver:
         """The last turn's decision was never seen (see :meth:`_turn`): progress waits at most
         ``turn_timeout`` before the next turn goes out."""
         del history  # re-read from the store before every turn
+        self._children = False
+        """The run started child workflows (ended with it unless abandoned, issue 18)."""
 
     def beat(self) -> None:
         """The turn in flight is running (a turn heartbeat): wait ``turn_timeout`` more."""
@@ -343,6 +345,9 @@ class RemoteRunDriver:
             with self.scope:
                 try:
                     await self._loop()
+                    if self._children:
+                        # No orphan: children it started and never awaited end with it.
+                        await self._end_children()
                 except PayloadError as exc:  # the turn cannot be sent (history too large)
                     services.report(exc)
                     error = describe_error(exc)
@@ -350,6 +355,16 @@ class RemoteRunDriver:
         finally:
             services.forget(self)
             self.done.set()
+
+    async def _end_children(self) -> None:
+        services = self.services
+        cancel = getattr(services, "cancel_run", None)
+        if cancel is None:  # pragma: no cover - every engine sets it
+            return
+        await services.guard(
+            lambda: cancel_children(services.store, self.run.run_id, cancel, ended="ended"),
+            "cancelling children",
+        )
 
     async def _loop(self) -> None:
         services = self.services
@@ -359,6 +374,7 @@ class RemoteRunDriver:
             if await self._ended():
                 return
             records = await services.guard(lambda: store.get_steps(run_id), "reading")
+            self._children = self._children or any(r.kind is StepKind.CHILD for r in records)
             sent = [step_to_json(r) for r in records]
             await self._turn(records, sent)
             if await self._ended():
@@ -453,6 +469,11 @@ class RemoteRunDriver:
         await self._settled_decisions()
         records = await services.guard(lambda: store.get_steps(run_id), "reading")
         pending = [r for r in records if r.status is StepState.PENDING]
+        known = {step["stepId"] for step in sent}
+        if any(r.kind is StepKind.CHILD and r.step_id not in known for r in pending):
+            # A child started by the last turn: the workflow goes on at once (start_child
+            # returns once the child exists; ctx.child then waits in the next turn).
+            return
         if not pending:
             if [step_to_json(r) for r in records] == sent:
                 # The turn waited on nothing the engine could ever settle (workflow code that
