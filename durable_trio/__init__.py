@@ -11,6 +11,7 @@ from ._codec import MAX_JSON_DEPTH, json_schema
 from ._engine import (
     App,
     Applied,
+    ChildFailed,
     DuplicateResult,
     Engine,
     EngineClosed,
@@ -131,6 +132,7 @@ __all__ = [
     "Backend",
     "BrokerError",
     "BrokerUnavailable",
+    "ChildFailed",
     "ConfigError",
     "ControlMessage",
     "DamagedJob",

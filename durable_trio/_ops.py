@@ -21,6 +21,7 @@ import orjson
 import trio
 
 from ._codec import encode_envelope
+from ._engine._children import cancel_children
 from ._engine._errors import RunNotFound
 from ._engine._records import RunPage, RunRecord, RunStatus, StepKind, StepRecord, StepState
 from ._engine._reopen import retry_run
@@ -142,12 +143,23 @@ class RunDetails:
     """Remote and local steps, in step id order."""
     timers: tuple[TimerView, ...]
 
+    @property
+    def children(self) -> tuple[str, ...]:
+        """The run ids of the child workflows it started (its CHILD steps, in step order)."""
+        return tuple(
+            str(step.input["runId"])
+            for step in self.steps
+            if step.kind is StepKind.CHILD and isinstance(step.input, dict)
+        )
+
     def to_json(self) -> dict[str, Any]:
-        """As ``durable-trio runs show --json`` prints it."""
+        """As ``durable-trio runs show --json`` prints it (``children`` only when it started
+        some)."""
+        children = {"children": list(self.children)} if self.children else {}
         return {**run_to_json(self.run), **{
             "steps": [s.to_json() for s in self.steps],
             "timers": [t.to_json() for t in self.timers],
-        }}  # fmt: skip
+        }, **children}  # fmt: skip
 
 
 @attrs.frozen
@@ -285,6 +297,8 @@ def run_to_json(run: RunRecord) -> dict[str, Any]:
         "input": run.input,
         "output": run.output,
         "error": run.error,
+        # A child workflow's parent (issue 18): only on children, older output unchanged.
+        **({"parent": run.parent} if run.parent is not None else {}),
     }
 
 
@@ -463,6 +477,10 @@ class Operations:
         cancelled = await self.store.finish_run(run_id, RunStatus.CANCELLED, error=error)
         if cancelled:
             await self._send_cancel(run_id)
+        # Its children go too, unless started with on_parent_cancel="abandon" (issue 18).
+        await cancel_children(
+            self.store, run_id, lambda child, why: self.cancel_run(child, reason=why)
+        )
         return cancelled
 
     async def _send_cancel(self, run_id: str) -> None:

@@ -156,6 +156,10 @@ async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
     owner = run.owner or "—"
     print(f"created {_time(run.created_at)}  updated {_time(run.updated_at)}  owner {owner}")
     print(f"input  {_short(run.input)}")
+    if run.parent is not None:
+        print(f"parent {run.parent}")
+    if details.children:
+        print(f"children {' '.join(details.children)}")
     if run.output is not None:
         print(f"output {_short(run.output)}")
     if run.error is not None:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import contextvars
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overload
 
 import attrs
 import trio
 
 from .._arguments import check_callable, check_name, check_priority, check_seconds, check_type
+from .._errors import ConfigError
 from .._json_values import check_json
 from .._step_beats import StepBeats, current_beats
-from ._errors import NonDeterminismError, SignalTimeout
+from ._errors import EngineError, NonDeterminismError, SignalTimeout
 from ._records import StepKind, normalize_json
 from ._retry import Retry
 from ._step_timeouts import StepTimeouts
@@ -19,7 +20,7 @@ from ._step_timeouts import StepTimeouts
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine, Generator
 
-    from ._records import RunRecord
+    from ._records import OnParentCancel, RunRecord, StepRecord
     from ._replay import History
 
 __all__ = ["Quiescence", "StepHandle", "StepInfo", "WorkflowContext", "step_info"]
@@ -511,3 +512,107 @@ class WorkflowContext:
             ConfigError: ``change_id`` is empty.
         """
         check_name(change_id, "ctx.deprecate_patch", "change_id")
+
+    # ------------------------------------------------------------------ child workflows
+
+    def child(
+        self,
+        workflow: str,
+        input: Any = None,
+        run_id: str | None = None,
+        *,
+        on_parent_cancel: OnParentCancel = "cancel",
+    ) -> StepHandle[Any]:
+        """Run workflow ``workflow`` as a child run and wait for its end:
+        ``total = await ctx.child("ship-parcel", parcel)``.
+
+        The child is an ordinary run in the run store (any engine of the namespace may drive
+        it; ``engine.get`` and ``runs show`` show it); its id is ``f"{ctx.run_id}/{step_id}"``
+        (deterministic from this run's id and the call's position) unless ``run_id`` is given.
+        Starting it is a checkpointed step: on replay the same child is found, never a second.
+
+        Args:
+            workflow: a workflow the engine's app registers.
+            input: its JSON input.
+            run_id: the child's run id (default: derived from this run's id and position).
+            on_parent_cancel: ``"cancel"`` (default): cancelling this run cancels the child
+                (and its own children); ``"abandon"``: the child goes on.
+
+        Returns:
+            A handle; awaiting it returns the child's output (it works in :meth:`gather`).
+
+        Raises:
+            ChildFailed: (when awaited) the child failed or was cancelled; catch it to
+                compensate.
+            UnknownWorkflow: (when awaited) the app does not register ``workflow``.
+            PayloadError: ``input`` is not a JSON value.
+            TypeError, ConfigError: a bad argument (at once, in the workflow).
+        """
+        step_id, value = self._child_call("ctx.child", workflow, input, run_id, on_parent_cancel)
+        driver = self._child_driver()
+
+        async def start_and_wait() -> Any:
+            record = await driver.child_start(step_id, workflow, value, run_id, on_parent_cancel)
+            return await driver.child_wait(record)
+
+        return StepHandle(self, step_id, StepKind.CHILD, workflow, start_and_wait)
+
+    async def start_child(
+        self,
+        workflow: str,
+        input: Any = None,
+        run_id: str | None = None,
+        *,
+        on_parent_cancel: OnParentCancel = "cancel",
+    ) -> StepHandle[Any]:
+        """Start workflow ``workflow`` as a child run now and return a handle to await its end
+        later (alone or in :meth:`gather`)::
+
+            handles = [await ctx.start_child("ship-parcel", p) for p in parcels]
+            totals = await ctx.gather(*handles)
+
+        Same arguments, ids and errors as :meth:`child`; the start is checkpointed when this
+        call returns.
+        """
+        step_id, value = self._child_call(
+            "ctx.start_child", workflow, input, run_id, on_parent_cancel
+        )
+        driver = self._child_driver()
+        record = await driver.child_start(step_id, workflow, value, run_id, on_parent_cancel)
+        return StepHandle(
+            self, step_id, StepKind.CHILD, workflow, lambda: driver.child_wait(record)
+        )
+
+    def _child_call(
+        self, call: str, workflow: str, input: Any, run_id: str | None, on_parent_cancel: str
+    ) -> tuple[str, Any]:
+        step_id = self._next_id()  # before the checks, as ctx.step
+        check_name(workflow, call, "workflow")
+        if run_id is not None:
+            check_name(run_id, call, "run_id")
+        if on_parent_cancel not in ("cancel", "abandon"):
+            raise ConfigError(
+                f"{call}: on_parent_cancel must be 'cancel' or 'abandon', got {on_parent_cancel!r}"
+            )
+        return step_id, normalize_json(input, f"the input of child workflow {workflow!r}")
+
+    def _child_driver(self) -> _ChildDriver:
+        driver = self._driver
+        if not hasattr(driver, "child_start"):
+            raise EngineError(
+                "child workflows are not supported in remote workflows yet (issue 18)"
+            )
+        return cast("_ChildDriver", driver)
+
+
+class _ChildDriver(Protocol):
+    async def child_start(
+        self,
+        step_id: str,
+        workflow: str,
+        input: Any,
+        run_id: str | None,
+        on_parent_cancel: OnParentCancel,
+    ) -> StepRecord: ...
+
+    async def child_wait(self, record: StepRecord) -> Any: ...

@@ -37,6 +37,7 @@ from .._wire import ControlMessage
 from ._app import App  # noqa: TC001
 from ._audit import LossAudit
 from ._cancel import bound_remote, cancel_inside, cancel_remote, deliver_marked, write_mark
+from ._children import cancel_children
 from ._deadline import drive_within_deadline, expired, time_out
 from ._duplicates import DuplicateResult  # noqa: TC001
 from ._errors import (
@@ -88,6 +89,10 @@ class Engine:
         # Built by open_engine: the pieces share ``services`` (the state and the services
         # the drivers use); the engine composes them and adds the public API.
         self._services = services
+        services.start_run = lambda workflow, input, run_id, parent: self.start(
+            workflow, input, run_id=run_id, parent=parent
+        )
+        services.cancel_run = lambda run_id, reason: self.cancel(run_id, reason=reason)
         self._results = results
         self._timers = timers
         self._watch: StepWatch | None = None
@@ -284,6 +289,7 @@ class Engine:
         run_id: str | None = None,
         detach: bool = False,
         timeout: float | None = None,  # noqa: ASYNC109 (the run's, stored; not this call's)
+        parent: str | None = None,
     ) -> str:
         """Start a run of ``workflow`` with ``input``; returns its run id at once.
 
@@ -300,6 +306,8 @@ class Engine:
                 engines drive it (the deadline is stored with the run: a resumed run keeps
                 it). At the deadline the run fails with ``RunTimedOut`` and its pending steps
                 are no longer waited on. ``None``: no timeout.
+            parent: the run starting this one as a child workflow (stored as
+                :attr:`RunRecord.parent`; ``ctx.child`` sets it).
 
         Raises:
             UnknownWorkflow: the app does not register ``workflow``.
@@ -314,6 +322,7 @@ class Engine:
         """
         check_name(workflow, "engine.start", "workflow")
         check_optional_name(run_id, "engine.start", "run_id")
+        check_optional_name(parent, "engine.start", "parent")
         check_bool(detach, "engine.start", "detach")
         seconds = (
             None
@@ -340,6 +349,7 @@ class Engine:
             lease_until=None if detach else now + self.options.run_lease,
             timeout=seconds,
             trace=run_trace(workflow),
+            parent=parent,
         )
         stored, created = await self.store.create_run(record)
         if not created:
@@ -568,6 +578,8 @@ class Engine:
         cancelled = await self.store.finish_run(run_id, RunStatus.CANCELLED, error=error)
         if driver is not None:
             driver.scope.cancel()
+        # Its children go too, unless started with on_parent_cancel="abandon" (issue 18).
+        await cancel_children(self.store, run_id, lambda child, why: self.cancel(child, reason=why))
         if cancelled:
             self._services.count("runs_cancelled")
             record = await self.store.get_run(run_id)

@@ -7,7 +7,7 @@ one engine process can be read, replayed and finished by another.
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import orjson
@@ -63,6 +63,11 @@ class RunStatus(enum.StrEnum):
 _TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 
 
+OnParentCancel = Literal["cancel", "abandon"]
+"""What a parent's cancellation does to a child workflow (``ctx.child(...,
+on_parent_cancel=)``): cancel it (and its own children), or let it go on."""
+
+
 class StepKind(enum.StrEnum):
     """What a checkpoint records."""
 
@@ -83,6 +88,10 @@ class StepKind(enum.StrEnum):
     PATCH = "patch"
     """``ctx.patched``: a version marker, stored as ``patch:<change id>`` outside the step
     numbering (issue 18, versioning)."""
+
+    CHILD = "child"
+    """``ctx.child`` / ``ctx.start_child``: a child workflow run started (input: its run id,
+    its input, ``onParentCancel``), settled with the child's output or error."""
 
 
 class StepState(enum.StrEnum):
@@ -139,6 +148,9 @@ class RunRecord:
     and any that takes it over after a crash) opens its run span as a child of this context,
     so one run is one trace (docs/observability.md). ``None``: untraced (a damaged stored value
     reads as ``None`` too: it is advisory, see :func:`read_trace`)."""
+    parent: str | None = None
+    """The run that started this one as a child workflow (``ctx.child``, issue 18), or
+    ``None``."""
 
     @property
     def deadline(self) -> float | None:

@@ -21,6 +21,7 @@ being applied and the driver sends a fresh turn.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ import trio
 from .._errors import PayloadError
 from .._wire import DecisionStatus, StepEventKind, WorkflowTask
 from ._cancel import CANCEL_MARK, mark_reason
+from ._children import ChildFailed, cancel_children, wait_child
 from ._records import (
     Applied,
     RunRecord,
@@ -185,7 +187,39 @@ async def _apply_command(services: DriverServices, run: RunRecord, command: Any)
             lambda: store.begin_step(patch_marker(run.run_id, name)), "checkpointing"
         )
         return stored.kind is StepKind.PATCH
+
+    if kind == "child":  # ctx.child / ctx.start_child (issue 18): checkpoint, then start it
+        name = _text(command, "name")
+        child_id = _text(command, "runId")
+        mode = command.get("onParentCancel", "cancel")
+        if mode not in ("cancel", "abandon"):
+            raise _BadDecision(f"a child command's onParentCancel is {mode!r}")
+        value = normalize_json(command.get("input"), f"the input of child workflow {name!r}")
+        child = StepRecord(
+            run_id=run.run_id,
+            step_id=step_id,
+            kind=StepKind.CHILD,
+            name=name,
+            status=StepState.PENDING,
+            input={"runId": child_id, "input": value, "onParentCancel": mode},
+        )
+        stored = await services.guard(lambda: store.begin_step(child), "checkpointing")
+        if (stored.kind, stored.name) != (StepKind.CHILD, name):
+            return False
+        if stored.status is StepState.PENDING:
+            await _start_child_run(services, stored)
+        return True
     raise _BadDecision(f"unknown decision command type {kind!r}")
+
+
+async def _start_child_run(services: DriverServices, record: StepRecord) -> None:
+    """Start the child of CHILD checkpoint ``record`` (idempotent: again after a crash)."""
+    start_run = getattr(services, "start_run", None)
+    assert start_run is not None
+    assert isinstance(record.input, dict)
+    await start_run(
+        record.name, record.input.get("input"), str(record.input["runId"]), record.run_id
+    )
 
 
 async def apply_decision(services: DriverServices, decision: WorkflowDecision) -> None:
@@ -319,6 +353,8 @@ class RemoteRunDriver:
         self.cancel_seen = False
         """A cancel mark in its history is being handled here (``_cancel``)."""
         del history  # re-read from the store before every turn
+        self._children = False
+        """The run started child workflows (ended with it unless abandoned, issue 18)."""
 
     def wake(self) -> None:
         """The run's history changed under it (a cancel mark): send a turn now."""
@@ -345,6 +381,9 @@ class RemoteRunDriver:
             with self.scope:
                 try:
                     await self._loop()
+                    if self._children:
+                        # No orphan: children it started and never awaited end with it.
+                        await self._end_children()
                 except PayloadError as exc:  # the turn cannot be sent (history too large)
                     services.report(exc)
                     error = describe_error(exc)
@@ -352,6 +391,16 @@ class RemoteRunDriver:
         finally:
             services.forget(self)
             self.done.set()
+
+    async def _end_children(self) -> None:
+        services = self.services
+        cancel = getattr(services, "cancel_run", None)
+        if cancel is None:  # pragma: no cover - every engine sets it
+            return
+        await services.guard(
+            lambda: cancel_children(services.store, self.run.run_id, cancel, ended="ended"),
+            "cancelling children",
+        )
 
     async def _loop(self) -> None:
         services = self.services
@@ -361,6 +410,7 @@ class RemoteRunDriver:
             if await self._ended():
                 return
             records = await services.guard(lambda: store.get_steps(run_id), "reading")
+            self._children = self._children or any(r.kind is StepKind.CHILD for r in records)
             sent = [step_to_json(r) for r in records]
             await self._turn(records, sent)
             if await self._ended():
@@ -390,6 +440,10 @@ class RemoteRunDriver:
         if run is not None and over:
             self.final = run
         return over
+
+    async def _stop_child_wait(self) -> None:
+        """The run ended elsewhere while it waited for a child: its loop sees that next."""
+        await trio.lowlevel.checkpoint()
 
     async def _send_turn(self, records: list[StepRecord]) -> None:
         services = self.services
@@ -454,6 +508,11 @@ class RemoteRunDriver:
         await self._settled_decisions()
         records = await services.guard(lambda: store.get_steps(run_id), "reading")
         pending = [r for r in records if r.status is StepState.PENDING]
+        known = {step["stepId"] for step in sent}
+        if any(r.kind is StepKind.CHILD and r.step_id not in known for r in pending):
+            # A child started by the last turn: the workflow goes on at once (start_child
+            # returns once the child exists; ctx.child then waits in the next turn).
+            return
         if not pending:
             if [step_to_json(r) for r in records] == sent:
                 # The turn waited on nothing the engine could ever settle (workflow code that
@@ -509,6 +568,12 @@ class RemoteRunDriver:
                         services.count("timers_fired")
                     nursery.cancel_scope.cancel()
 
+                async def child(record: StepRecord) -> None:
+                    await _start_child_run(services, record)
+                    with contextlib.suppress(ChildFailed):  # its end is checkpointed either way
+                        await wait_child(services, record, self._stop_child_wait)
+                    nursery.cancel_scope.cancel()
+
                 for key, waiter in waiters:
                     nursery.start_soon(remote, key, waiter)
 
@@ -521,6 +586,8 @@ class RemoteRunDriver:
                 for record in pending:
                     if record.kind is StepKind.SIGNAL:
                         nursery.start_soon(signal, record)
+                    elif record.kind is StepKind.CHILD:
+                        nursery.start_soon(child, record)
                     elif record.kind is StepKind.TIMER:
                         nursery.start_soon(timer, record)
                     elif record.kind is StepKind.LOCAL:  # written pending by nothing we know

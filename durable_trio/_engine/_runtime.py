@@ -25,8 +25,9 @@ from .._errors import PayloadError
 from .._wire import StepError
 from . import _signals
 from ._cancel import CancelState, mark_reason
+from ._children import OnParentCancel, cancel_children, start_child, wait_child
 from ._context import _CURRENT_STEP, StepInfo, WorkflowContext
-from ._errors import NonDeterminismError, StepFailed
+from ._errors import EngineError, NonDeterminismError, StepFailed
 from ._records import (
     Applied,
     RunRecord,
@@ -146,6 +147,9 @@ class RunDriver:
         self.markers: list[str] = []
         """Version markers (``ctx.patched``) to write before the next checkpoint."""
 
+        self.children = False
+        """The workflow started child workflows (ended with it unless abandoned)."""
+
     # ------------------------------------------------------------------ the workflow
 
     async def drive(self, definition: WorkflowDefinition) -> None:
@@ -200,6 +204,9 @@ class RunDriver:
                     services.count("nondeterminism_failures")
                 self.settling = True  # a lease renewal must not cancel the final write
                 self.final = await services.settle(run, status, output=output, error=error)
+                if self.children and self.final is not None:
+                    # No orphan: children it started and never awaited end with it (issue 18).
+                    await self._end_children()
         finally:
             services.forget(self)
             self.done.set()
@@ -410,6 +417,51 @@ class RunDriver:
             await self.services.guard(partial(store.begin_step, marker), "checkpointing")
             if self.markers and self.markers[0] == change_id:
                 self.markers.pop(0)
+
+    # ------------------------------------------------------------------ child workflows
+
+    async def child_start(
+        self,
+        step_id: str,
+        workflow: str,
+        input: Any,
+        run_id: str | None,
+        on_parent_cancel: OnParentCancel,
+    ) -> StepRecord:
+        services = self.services
+        start_run = getattr(services, "start_run", None)
+        if start_run is None:  # pragma: no cover - every engine sets it
+            raise EngineError("this engine cannot start child workflows")
+        self.children = True
+        return await start_child(
+            services,
+            self.history,
+            self.run.run_id,
+            step_id,
+            workflow,
+            input,
+            run_id,
+            on_parent_cancel,
+            start_run,
+        )
+
+    async def _end_children(self) -> None:
+        services = self.services
+        cancel = getattr(services, "cancel_run", None)
+        if cancel is None:  # pragma: no cover - every engine sets it
+            return
+        await services.guard(
+            lambda: cancel_children(
+                services.store,
+                self.run.run_id,
+                cancel,
+                ended=f"ended ({self.final.status.value if self.final else 'settled'})",
+            ),
+            "cancelling children",
+        )
+
+    async def child_wait(self, record: StepRecord) -> Any:
+        return await wait_child(self.services, record, self._stop)
 
     async def _stop(self) -> None:
         """The run was settled elsewhere (cancelled by another engine): stop driving it."""

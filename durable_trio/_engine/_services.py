@@ -248,6 +248,10 @@ class EngineServices:
         self.duplicates = DuplicateLog()
         self._listeners: list[Callable[[str, RunRecord], None]] = []
         self.step_watch: DispatchWatch | None = None
+        self.start_run: Callable[[str, Any, str, str], Awaitable[str]] | None = None
+        """Starts a child workflow run (``engine.start``; set by the engine, issue 18)."""
+        self.cancel_run: Callable[[str, str], Awaitable[bool]] | None = None
+        """Cancels a run and its children (``engine.cancel``; set by the engine, issue 18)."""
         """Watches the timeouts of the attempts dispatched here (set by the engine)."""
         self.loss_audit: DispatchWatch | None = None
         """Audits the attempts dispatched here for a task or result the broker lost (set by

@@ -31,6 +31,7 @@ from .._errors import BrokerError, DurableTrioError, PayloadError
 from .._failures import report_through
 from .._wire import DecisionStatus, StepError, StepEvent, StepEventKind, WorkflowDecision
 from ._cancel import lands_on, mark_reason
+from ._children import ChildFailed, child_run_id
 from ._context import _CURRENT_STEP, Quiescence, StepInfo, WorkflowContext
 from ._errors import EngineError, NonDeterminismError, RunCancelled, StepFailed
 from ._records import (
@@ -69,6 +70,8 @@ class TurnDriver:
         self.tracker = Quiescence()
         self.commands: list[dict[str, Any]] = []
         self.fatal: NonDeterminismError | None = None
+        self.child_ids: dict[str, str] = {}
+        """Step id: the child run id of each ``ctx.child`` call this turn made."""
 
     def _take(self, step_id: str, kind: StepKind, name: str) -> StepRecord | None:
         try:
@@ -117,6 +120,41 @@ class TurnDriver:
         self.commands.append(
             {"type": "patch", "stepId": PATCH_PREFIX + change_id, "name": change_id}
         )
+
+    async def child_start(
+        self,
+        step_id: str,
+        workflow: str,
+        input: Any,
+        run_id: str | None,
+        on_parent_cancel: str,
+    ) -> StepRecord:
+        """``ctx.child`` / ``ctx.start_child``: a ``{"type": "child", ...}`` command the
+        engine checkpoints and starts (issue 18); this thread waits for it."""
+        child_id = run_id if run_id is not None else child_run_id(self.task.run_id, step_id)
+        self.child_ids[step_id] = child_id  # the history a turn gets holds no step inputs
+        known = self._take(step_id, StepKind.CHILD, workflow)
+        if known is not None:
+            return known
+        self.commands.append(
+            {
+                "type": "child",
+                "stepId": step_id,
+                "name": workflow,
+                "input": input,
+                "runId": child_id,
+                "onParentCancel": on_parent_cancel,
+            }
+        )
+        await self.tracker.block()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def child_wait(self, record: StepRecord) -> Any:
+        if record.status is StepState.PENDING:  # the engine settles it once the child ends
+            await self.tracker.block()
+        if record.status is StepState.COMPLETED:
+            return record.output
+        raise ChildFailed(self.child_ids[record.step_id], record.name, record.error)
 
     async def timer(self, step_id: str, seconds: float) -> None:
         known = self._take(step_id, StepKind.TIMER, "sleep")

@@ -16,6 +16,7 @@ import orjson
 from .._engine import StepKind, StepRecord, StepState
 from .._engine._records import ATTEMPT_LOG_LIMIT
 from .._options import DEFAULT_MAX_STALLED_COUNT
+from ._sim_children import check_children
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -73,12 +74,16 @@ class Invariants:
         """(queue, job id) of the claims in a failed set as damaged, at the end."""
         self.stalled_out: list[tuple[str, FailedJob]] = []
         """(queue, job) of every job in a failed set as stalled, at the end."""
+        self.children = 0
+        """Child runs checked (``check_children``)."""
 
     async def collect(self) -> None:
         """Read what the checks need of the store and the broker (once every process is
         closed)."""
         for run_id in self.runs.inputs:
             self.steps[run_id] = await self.store.get_steps(run_id)
+        # Child workflows (issue 18): no child orphaned, each started once.
+        self.children = await check_children(self.store, self.ledger.violation)
         for queue in sorted({details["queue"] for _, _, details in self.ledger.damaged}):
             for failed in await self.broker.failed_jobs(queue, limit=1_000_000):
                 if failed.error.startswith("damaged: "):

@@ -52,6 +52,7 @@ class _Run:
     lease_until: float | None = None
     timeout: float | None = None
     trace: bytes = b""
+    parent: str | None = None
     steps: dict[str, _Step] = attrs.Factory(dict)
     signals: dict[str, list[str]] = attrs.Factory(dict)
     events: dict[str, str] = attrs.Factory(dict)
@@ -70,6 +71,7 @@ class _Run:
             lease_until=self.lease_until,
             timeout=self.timeout,
             trace=read_trace(self.trace),
+            parent=self.parent,
         )
 
 
@@ -159,6 +161,7 @@ class MemoryRunStore:
             lease_until=run.lease_until,
             timeout=run.timeout,
             trace=b"" if run.trace is None else _dumps(run.trace),
+            parent=run.parent,
         )
         return stored.out(), True
 

@@ -87,7 +87,7 @@ return gone
 """
 
 # KEYS: run, seq, all. ARGV: prefix, id, workflow, status, input, output, error, owner, lease, now,
-# timeout, trace ('' = none)
+# timeout, trace ('' = none), parent ('' = none)
 _CREATE_RUN: Final = (
     _LUA_HELPERS
     + """
@@ -98,7 +98,8 @@ end
 local seq = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'workflow', ARGV[3], 'status', ARGV[4], 'input', ARGV[5],
   'output', ARGV[6], 'error', ARGV[7], 'owner', ARGV[8], 'lease', ARGV[9],
-  'created', ARGV[10], 'updated', ARGV[10], 'seq', seq, 'timeout', ARGV[11], 'trace', ARGV[12])
+  'created', ARGV[10], 'updated', ARGV[10], 'seq', seq, 'timeout', ARGV[11], 'trace', ARGV[12],
+  'parent', ARGV[13])
 redis.call('ZADD', KEYS[3], seq, id)
 move(prefix, id, false, ARGV[4], seq)
 if active(ARGV[4]) then
@@ -378,6 +379,7 @@ def _run(run_id: str, f: dict[bytes, bytes]) -> RunRecord:
         lease_until=_opt_float(f[b"lease"]),
         timeout=_opt_float(f.get(b"timeout")),  # absent: a run stored before timeouts
         trace=read_trace(f.get(b"trace")),  # absent: a run stored before traces
+        parent=f.get(b"parent", b"").decode() or None,  # absent: stored before children
     )
 
 
@@ -491,7 +493,7 @@ class RedisRunStore:
             (self._run_key(run.run_id), f"{prefix}:seq", f"{prefix}:all"),
             (prefix, run.run_id, run.workflow, run.status.value, _dumps(run.input),
              _dumps(run.output), _dumps(run.error), run.owner or "", _num(run.lease_until),
-             _num(now), _num(run.timeout), _optional_dumps(run.trace)),
+             _num(now), _num(run.timeout), _optional_dumps(run.trace), run.parent or ""),
         )  # fmt: skip
         if reply[0] == 1:  # created as given: no need to read it back
             return attrs.evolve(run, created_at=now, updated_at=now), True

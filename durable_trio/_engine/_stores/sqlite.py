@@ -75,6 +75,7 @@ _SCHEMA: Final = (
         updated_at REAL NOT NULL,
         timeout REAL,
         trace TEXT,
+        parent TEXT,
         PRIMARY KEY (namespace, run_id)
     ) WITHOUT ROWID
     """,
@@ -125,7 +126,7 @@ _SCHEMA: Final = (
 
 _RUN_COLUMNS: Final = (
     "run_id, workflow, input, status, created_at, updated_at, output, error, owner, lease_until, "
-    "timeout, trace"
+    "timeout, trace, parent"
 )
 _STEP_COLUMNS: Final = (
     "run_id, step_id, kind, name, status, attempt, input, output, error, retry, wake_at, "
@@ -135,7 +136,7 @@ _STEP_COLUMNS: Final = (
 _INSERT_RUN: Final = f"""
     INSERT INTO dt_runs (namespace, seq, {_RUN_COLUMNS})
     VALUES (?1, (SELECT coalesce(max(seq), 0) + 1 FROM dt_runs WHERE namespace = ?1),
-            ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
+            ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
     ON CONFLICT (namespace, run_id) DO NOTHING
 """
 _GET_RUN: Final = f"SELECT {_RUN_COLUMNS} FROM dt_runs WHERE namespace = ?1 AND run_id = ?2"
@@ -204,7 +205,7 @@ def _optional_dumps(value: Any) -> str | None:
 
 def _run(row: tuple[Any, ...]) -> RunRecord:
     (run_id, workflow, input_, status, created, updated, output, error, owner, lease,
-     timeout, trace) = row  # fmt: skip
+     timeout, trace, parent) = row  # fmt: skip
     return RunRecord(
         run_id=run_id,
         workflow=workflow,
@@ -218,6 +219,7 @@ def _run(row: tuple[Any, ...]) -> RunRecord:
         lease_until=lease,
         timeout=timeout,
         trace=read_trace(trace),
+        parent=parent,
     )
 
 
@@ -312,6 +314,9 @@ def _create_schema(db: sqlite3.Connection) -> None:
     # A file written before runs kept their trace: add the column (NULL: untraced).
     if "trace" not in columns:
         db.execute("ALTER TABLE dt_runs ADD COLUMN trace TEXT")
+    # A file written before child workflows: add the column (NULL: no parent).
+    if "parent" not in columns:
+        db.execute("ALTER TABLE dt_runs ADD COLUMN parent TEXT")
     # A file written before step heartbeats: add their columns (NULL: none).
     columns = {row[1] for row in db.execute("PRAGMA table_info(dt_steps)")}
     if "heartbeat_timeout" not in columns:
@@ -357,7 +362,7 @@ def _op_create_run(ns: str, run: RunRecord, db: sqlite3.Connection) -> tuple[Run
         _INSERT_RUN,
         (ns, run.run_id, run.workflow, _dumps(run.input), run.status.value, now, now,
          _dumps(run.output), _dumps(run.error), run.owner, run.lease_until, run.timeout,
-         _optional_dumps(run.trace)),
+         _optional_dumps(run.trace), run.parent),
     )  # fmt: skip
     if cursor.rowcount == 1:  # inserted as given: no need to read it back
         return attrs.evolve(run, created_at=now, updated_at=now), True
