@@ -401,7 +401,10 @@ class RunDriver:
     # ------------------------------------------------------------------ signals, events
 
     async def wait_signal(self, step_id: str, name: str, seq: int, timeout: float | None) -> Any:  # noqa: ASYNC109 (a durable deadline, not a trio one)
-        return await _signals.wait_signal(self, step_id, name, seq, timeout)
+        # A cancel delivered inside the workflow interrupts the wait as it does a step's.
+        return await self.cancel.around(
+            self.run.run_id, lambda: _signals.wait_signal(self, step_id, name, seq, timeout)
+        )
 
     async def set_event(self, step_id: str, key: str, value: Any) -> None:
         await _signals.set_event(self, step_id, key, value)
@@ -461,7 +464,10 @@ class RunDriver:
         )
 
     async def child_wait(self, record: StepRecord) -> Any:
-        return await wait_child(self.services, record, self._stop)
+        # A cancelled parent stops waiting (RunCancelled); its end cancels the child.
+        return await self.cancel.around(
+            self.run.run_id, lambda: wait_child(self.services, record, self._stop)
+        )
 
     async def _stop(self) -> None:
         """The run was settled elsewhere (cancelled by another engine): stop driving it."""
