@@ -393,16 +393,14 @@ async def test_workers_are_listed_once_whatever_their_groups(autojump_clock: obj
 async def _populate(url: str) -> str:
     counts = {"reserve": 0, "charge": 0, "note": 0}
     app = _app(counts, {"charge": True})
-    async with (
-        dt.open_backend(url) as backend,
-        dt.open_worker(app, backend),
-        dt.open_engine(app, backend) as engine,
-    ):
-        for n in range(3):
-            await engine.start("order", n, run_id=f"done{n}", detach=True)
-        run_id = await engine.start("order", 1, run_id="bad")
-        with pytest.raises(dt.RunFailed):
-            await engine.result(run_id)
+    async with dt.open_backend(url) as backend:
+        async with dt.open_worker(app, backend), dt.open_engine(app, backend) as engine:
+            for n in range(3):
+                await engine.start("order", n, run_id=f"done{n}", detach=True)
+            run_id = await engine.start("order", 1, run_id="bad")
+            with pytest.raises(dt.RunFailed):
+                await engine.result(run_id)
+        # once the worker has closed: a worker serving "charge" would take the job it pops
         await _set_aside(backend.broker, "shop:tasks:charge", "j1")
     return run_id
 
