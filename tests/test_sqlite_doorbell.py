@@ -14,9 +14,11 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -28,8 +30,7 @@ from durable_trio.adapters._doorbell import Doorbell, bells_folder
 from durable_trio.adapters.sqlite import SqliteBroker
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-    from pathlib import Path
+    from collections.abc import AsyncIterator, Iterator
 
 Q = "bell"
 NEVER = 3600.0
@@ -52,6 +53,19 @@ def foreign_socket(db_path: str, name: str) -> socket.socket:
     bound = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     bound.bind(f"{folder}/{name}")
     return bound
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A short folder of its own, in place of pytest's: a Unix socket's path holds at most 107
+    bytes, and pytest's folders under xdist (``/tmp/pytest-of-USER/pytest-N/popen-gwK/
+    test_name0/``) leave too little of them for ``durable.db.bells/<pid>-<random>`` (the
+    broker then says so and falls back to its tick, which is not what these tests check)."""
+    folder = tempfile.mkdtemp(prefix="dt-bell-")
+    try:
+        yield Path(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
