@@ -78,8 +78,15 @@ def command(url: str, engine_id: str, start: bool) -> list[str]:
 
 
 async def children_started(store: RunStore) -> int:
+    """Children checkpointed by the parent AND running (a child's checkpoint is written before
+    its run is created and claimed: killing in between would test another moment)."""
     steps = await store.get_steps("order-1")
-    return sum(1 for s in steps if s.kind is StepKind.CHILD)
+    started = 0
+    for step in steps:
+        if step.kind is StepKind.CHILD:
+            child = await store.get_run(step.input["runId"])
+            started += child is not None and child.status is RunStatus.RUNNING
+    return started
 
 
 async def kill_mid_wait(url: str) -> None:
