@@ -23,7 +23,15 @@ from ._claims import (
     _JobWorker,
 )
 from ._coalesce import Coalescer
-from ._errors import BrokerError, BrokerUnavailable, DamagedJob, JobError, LeaseLost, PayloadError
+from ._errors import (
+    BrokerError,
+    BrokerUnavailable,
+    DamagedJob,
+    JobError,
+    LeaseLost,
+    PayloadError,
+    TransportClosed,
+)
 from ._wire import StepError
 from .adapters import SupportsClaimAhead
 
@@ -313,10 +321,11 @@ class JobRunner:
                 ok = await self._persist(
                     claim, lambda: broker.fail_job(job.lease, queue, f"bad input: {error}")
                 )
-            elif isinstance(error, BrokerError):
-                # The handler met a broker or store outage, not a bug of its own: counting it
-                # toward max_job_attempts would fail the job for good — a result, a decision —
-                # and leave its run without an answer. Back after a pause, attempt-neutral.
+            elif isinstance(error, (BrokerError, TransportClosed)):
+                # The handler met a broker or store outage, or a transport or engine closing
+                # under it, not a bug of its own: counting it toward max_job_attempts would
+                # fail the job for good — a result, a decision — and leave its run without an
+                # answer. Back after a pause, attempt-neutral.
                 self._report(
                     _job_error(
                         f"handler met a broker error, job handed back for "

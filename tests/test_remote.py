@@ -563,3 +563,30 @@ def test_t21_one_publishers_events_arrive_in_order_under_any_interleaving(
             assert mine == [f"{publisher}{n}" for n in range(1, counters[publisher] + 1)]
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def test_a_handler_meeting_a_closing_transport_hands_its_job_back_attempt_neutral(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A handler that meets ``TransportClosed`` (an engine answering a pod's request while it
+    closes raises it) is not at fault: its job comes back after 1 s with no attempt counted,
+    even where one failed attempt would fail it for good."""
+    seen: list[float] = []
+    async with dt.open_backend("memory://") as backend:
+        async with dt.open_queue_transport(
+            backend, on_error=Errors(), max_job_attempts=1
+        ) as transport:
+
+            async def turn(task: dt.WorkflowTask) -> dt.WorkflowDecision:
+                return dt.WorkflowDecision(task.task_id, task.run_id, dt.DecisionStatus.COMPLETED)
+
+            async def on_decision(decision: dt.WorkflowDecision) -> None:
+                seen.append(trio.current_time())
+                if len(seen) == 1:
+                    raise dt.TransportClosed("closing under the handler")
+
+            transport.remote.handle_workflow("order", turn)
+            transport.remote.on_decision(on_decision)
+            await transport.remote.dispatch_workflow_task(turn_task())
+            await trio.sleep(5)
+    assert seen == [0.0, 1.0]

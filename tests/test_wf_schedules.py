@@ -442,3 +442,45 @@ async def test_a_store_outage_is_reported_and_the_scheduler_goes_on(
             await trio.sleep_until(130)
     assert times(started) == [60, 120]
     assert sum(isinstance(e, dt.BrokerUnavailable) for e in errors) == 3
+
+
+async def test_a_tick_due_while_the_engine_closes_is_left_for_the_next_engine(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Found in CI: the scheduler resumed from a store read whose answer was in before the
+    engine began closing, then started the tick's run without a checkpoint between and met
+    ``EngineClosed``, which ended the engine's block with that error. Reproduced at that point:
+    the read's answer is released in the same step as the close begins. The close is clean,
+    the tick stays unmarked, and the next engine starts it once, at its start."""
+    from durable_trio._engine._stores.memory import MemoryRunStore
+
+    class Gated(MemoryRunStore):
+        armed = False
+        gate = trio.Event()
+        waiting = trio.Event()
+
+        async def get_schedules(self) -> list[tuple[str, str, float | None]]:
+            rows = await super().get_schedules()
+            if self.armed:
+                self.waiting.set()
+                await self.gate.wait()
+            return rows
+
+    started: list[tuple[str, float]] = []
+    app = reporting_app(started)
+    app.schedule("s", "report", every=60)
+    store = Gated()
+    settings = {**QUIET, "wall_clock": virtual_wall_clock(EPOCH)}
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(app, backend, store=store, engine_id="first", **settings) as engine:
+            await trio.sleep_until(30)
+            store.armed = True
+            await store.waiting.wait()
+            assert trio.current_time() == 60
+            store.gate.set()  # the read's answer is in ...
+            await engine.aclose()  # ... and closing begins before the scheduler resumes
+        assert started == []
+        store.armed = False
+        async with open_engine(app, backend, store=store, engine_id="second", **settings):
+            await trio.sleep_until(70)
+    assert started == [(schedule_run_id("s", EPOCH + 60), 60)]

@@ -25,7 +25,7 @@ import trio
 
 from .._errors import BrokerError, DurableTrioError, PayloadError, TransportClosed
 from .._wire import RunReply, StepError, TenantEvent
-from ._errors import EngineError, RunNotFound, UnknownWorkflow
+from ._errors import EngineClosed, EngineError, RunNotFound, UnknownWorkflow
 from ._records import step_to_json
 
 if TYPE_CHECKING:
@@ -145,6 +145,8 @@ class ControlPlane:
             data = await answer()
         except (BrokerError, TransportClosed):
             raise  # infrastructure: the message is redelivered
+        except EngineClosed as exc:  # closing: handed back, for this engine or another
+            raise TransportClosed("the engine is closing") from exc
         except (DurableTrioError, PayloadError) as exc:
             await self._reply(_error_reply(correlation, exc))
             return

@@ -330,6 +330,11 @@ class Engine:
             else check_seconds(timeout, "engine.start", "timeout", positive=True)
         )
         if self._closing:
+            # The engine's own tasks that call this (the scheduler, a parent starting a child,
+            # a pod's start) were cancelled when closing began, but one that resumed from an
+            # await whose result was already in leaves here by that cancel, not with an error
+            # it would have to tell from a real one (seen in CI: a schedule's tick).
+            await trio.lowlevel.checkpoint()
             raise EngineClosed("the engine is closed")
         if workflow not in self.app.workflows:
             raise UnknownWorkflow(

@@ -29,6 +29,7 @@ import trio
 from cronsim import CronSim, CronSimError
 
 from .._errors import BrokerError, ConfigError
+from ._errors import EngineClosed
 from ._records import normalize_json
 
 if TYPE_CHECKING:
@@ -498,7 +499,10 @@ class Scheduler:
                 self._engine.report(exc)
                 await trio.sleep(options.schedule_recheck)
         while True:
-            soonest = await self.tick()
+            try:
+                soonest = await self.tick()
+            except EngineClosed:  # closing: the tick stays unmarked for the next engine
+                return
             now = options.wall_clock()
             delay = options.schedule_recheck
             if soonest is not None:
