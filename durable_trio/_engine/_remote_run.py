@@ -350,6 +350,9 @@ class RemoteRunDriver:
         """The last turn's decision was never seen (see :meth:`_turn`): progress waits at most
         ``turn_timeout`` before the next turn goes out."""
         self._waking: trio.CancelScope | None = None
+        self._woken = False
+        """:meth:`wake` was called while no progress wait was open (a turn in flight): the
+        next turn goes out at once instead of waiting for progress."""
         self.cancel_seen = False
         """A cancel mark in its history is being handled here (``_cancel``)."""
         del history  # re-read from the store before every turn
@@ -357,7 +360,9 @@ class RemoteRunDriver:
         """The run started child workflows (ended with it unless abandoned, issue 18)."""
 
     def wake(self) -> None:
-        """The run's history changed under it (a cancel mark): send a turn now."""
+        """The run's history changed under it (a cancel mark): send a turn now (or, with a
+        turn in flight, as soon as its decision is applied: the wake is not lost)."""
+        self._woken = True
         if self._waking is not None:
             self._waking.cancel()
 
@@ -382,7 +387,10 @@ class RemoteRunDriver:
                 try:
                     await self._loop()
                     if self._children:
-                        # No orphan: children it started and never awaited end with it.
+                        # No orphan: children it started and never awaited end with it. The
+                        # run is over: a cancel or a lease renewal meeting it now must not
+                        # treat it as a run still driven here.
+                        self.settling = True
                         await self._end_children()
                 except PayloadError as exc:  # the turn cannot be sent (history too large)
                     services.report(exc)
@@ -417,9 +425,13 @@ class RemoteRunDriver:
                 return
             if self._verdict == _STALE:
                 continue
+            if self._woken:  # woken during the turn: its history changed, send the next one
+                self._woken = False
+                continue
             with trio.CancelScope() as self._waking:
                 await self._progress(sent)
             self._waking = None
+            self._woken = False
 
     async def _settled_decisions(self) -> None:
         """Wait out a decision of this run being applied here: a step it inserted but has not
