@@ -21,6 +21,7 @@ import orjson
 import trio
 
 from ._codec import encode_envelope
+from ._engine._cancel import mark_in_store
 from ._engine._children import cancel_children
 from ._engine._errors import RunNotFound
 from ._engine._records import RunPage, RunRecord, RunStatus, StepKind, StepRecord, StepState
@@ -50,10 +51,16 @@ if TYPE_CHECKING:
 
 #: Seconds :meth:`Operations.cancel_run` waits for the broker to take the workers' cancel.
 CONTROL_PUSH_TIMEOUT = 5.0
+#: Seconds :meth:`Operations.cancel_run` gives the compensation of a run an engine drives
+#: (the engine's own ``cancel_grace`` default), beyond what is left of the run's lease.
+CANCEL_GRACE = 30.0
+#: Seconds between the store reads of :meth:`Operations.cancel_run` waiting for the run's end.
+CANCEL_POLL = 0.5
 
 _log = logging.getLogger("durable_trio")
 
 __all__ = [
+    "CANCEL_GRACE",
     "CONTROL_PUSH_TIMEOUT",
     "AttemptView",
     "FailedJobView",
@@ -456,32 +463,93 @@ class Operations:
                 events[key] = {"damaged": text}
         return events
 
-    async def cancel_run(self, run_id: str, *, reason: str = "cancelled by an operator") -> bool:
-        """Cancel the run: it is settled as cancelled in the store at once; the engine driving
-        it stops it at its next lease renewal, and results of its running steps are ignored.
-        Like :meth:`Engine.cancel`, the workers are then asked to cancel its running steps:
+    async def cancel_run(
+        self,
+        run_id: str,
+        *,
+        reason: str = "cancelled by an operator",
+        grace: float = CANCEL_GRACE,
+        wait: bool = True,
+    ) -> bool:
+        """Cancel the run, as :meth:`Engine.cancel` does from another engine:
+
+        - a run an engine drives now (running, its lease held): the mark ``cancel:run`` goes
+          into its history; the engine driving it finds it (every ``run_lease / 3``) and
+          raises :class:`RunCancelled` inside the workflow, which may compensate (bounded by
+          that engine's ``cancel_grace``). With ``wait`` this call waits for the run to end,
+          at most ``grace`` seconds plus what is left of its lease; a run still not ended then
+          (its engine died, or ignores marks) is settled cancelled here (``"cut": true``).
+          Without ``wait`` it returns once the mark is written (the console's button): the
+          driving engine, or the one that takes the run over, settles it.
+        - a run nobody drives (pending, or its owner's lease expired), or ``grace=0``: settled
+          cancelled in the store at once; an engine still driving it stops at its next lease
+          renewal, without compensation.
+
+        Then, like :meth:`Engine.cancel`, the workers are asked to cancel its running steps:
         one ``cancel`` control message is pushed on the namespace's control queue (best-effort,
         point-to-point, as the engine sends it), straight through the broker (no transport,
-        no consumer is opened), bounded by :data:`CONTROL_PUSH_TIMEOUT` and shielded.
+        no consumer is opened), bounded by :data:`CONTROL_PUSH_TIMEOUT` and shielded. Its
+        children go too, unless started with ``on_parent_cancel="abandon"``.
 
         Returns:
-            Whether this call cancelled it (``False``: it had already ended; then no control
-            message is sent).
+            Whether the run ended cancelled by this call (without ``wait``: whether the cancel
+            was requested); ``False``: it had already ended, or was being cancelled already.
 
         Raises:
             RunNotFound: no such run.
         """
-        if await self.store.get_run(run_id) is None:
+        run = await self.store.get_run(run_id)
+        if run is None:
             raise RunNotFound(run_id)
-        error = {"type": "RunCancelled", "message": reason}
+        if run.status.terminal:
+            return False
+        driven = (
+            run.status is RunStatus.RUNNING
+            and run.owner is not None
+            and run.lease_until is not None
+            and run.lease_until > self.store.now()
+        )
+        if driven and grace > 0:
+            if not await mark_in_store(self.store, run_id, reason):
+                return False  # a cancel is already under way
+            if not wait:
+                return True
+            assert run.lease_until is not None
+            bound = grace + max(0.0, run.lease_until - self.store.now())
+            with trio.move_on_after(bound):
+                # Another process settles it: the store is all there is to watch.
+                while not (await self._get(run_id)).status.terminal:  # noqa: ASYNC110
+                    await trio.sleep(CANCEL_POLL)
+            ended = await self._get(run_id)
+            if ended.status.terminal:
+                if ended.status is RunStatus.CANCELLED:
+                    await self._after_cancel(run_id, grace)
+                    return True
+                return False
+            error: dict[str, Any] = {"type": "RunCancelled", "message": reason, "cut": True}
+        else:
+            error = {"type": "RunCancelled", "message": reason}
         cancelled = await self.store.finish_run(run_id, RunStatus.CANCELLED, error=error)
         if cancelled:
-            await self._send_cancel(run_id)
-        # Its children go too, unless started with on_parent_cancel="abandon" (issue 18).
-        await cancel_children(
-            self.store, run_id, lambda child, why: self.cancel_run(child, reason=why)
-        )
+            await self._after_cancel(run_id, grace)
         return cancelled
+
+    async def _get(self, run_id: str) -> RunRecord:
+        run = await self.store.get_run(run_id)
+        if run is None:
+            raise RunNotFound(run_id)
+        return run
+
+    async def _after_cancel(self, run_id: str, grace: float) -> None:
+        await self._send_cancel(run_id)
+        # Its children go too, unless started with on_parent_cancel="abandon" (issue 18): one
+        # an engine drives gets the mark (its engine compensates and settles it), the others
+        # are settled at once.
+        await cancel_children(
+            self.store,
+            run_id,
+            lambda child, why: self.cancel_run(child, reason=why, grace=grace, wait=False),
+        )
 
     async def _send_cancel(self, run_id: str) -> None:
         """Push the workers' ``cancel`` control message of ``run_id`` (best-effort: a broker

@@ -216,11 +216,22 @@ async def _runs_signal(ops: Operations, args: argparse.Namespace) -> int:
 
 
 async def _runs_cancel(ops: Operations, args: argparse.Namespace) -> int:
-    cancelled = await ops.cancel_run(args.run_id, reason=args.reason)
+    from ._ops import CANCEL_GRACE
+
+    grace = CANCEL_GRACE if args.grace is None else args.grace
+    cancelled = await ops.cancel_run(
+        args.run_id, reason=args.reason, grace=grace, wait=not args.no_wait
+    )
+    run = await ops.store.get_run(args.run_id)
+    ended = run is not None and run.status.terminal
     if args.json:
-        _print_json({"runId": args.run_id, "cancelled": cancelled})
+        _print_json({"runId": args.run_id, "cancelled": cancelled, "ended": ended})
+    elif not cancelled:
+        print(f"run {args.run_id} had already ended or is being cancelled")
+    elif ended:
+        print(f"run {args.run_id} cancelled")
     else:
-        print(f"run {args.run_id} " + ("cancelled" if cancelled else "had already ended"))
+        print(f"run {args.run_id}: cancel sent to the engine driving it")
     return 0 if cancelled else 1
 
 
@@ -352,6 +363,20 @@ def add_ops_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         sub.add_argument("run_id", metavar="RUN_ID")
         if name == "cancel":
             sub.add_argument("--reason", default="cancelled by an operator")
+            sub.add_argument(
+                "--grace",
+                type=float,
+                default=None,
+                metavar="SECONDS",
+                help="wait this long (plus what is left of the run's lease) for the engine "
+                "driving it to deliver RunCancelled and compensate, then settle it (default "
+                "30, the engine's cancel_grace; 0: settle it at once, without compensation)",
+            )
+            sub.add_argument(
+                "--no-wait",
+                action="store_true",
+                help="return once the cancel is sent to the engine driving the run",
+            )
         sub.set_defaults(func=_runner(handler))
 
     signal = runs_commands.add_parser("signal", help="send a signal to a run (ctx.wait_signal)")

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ._remote_run import RemoteRunDriver
     from ._runtime import RunDriver
     from ._services import EngineServices
+    from ._stores import RunStore
 
 __all__ = [
     "CANCEL_MARK",
@@ -35,6 +36,7 @@ __all__ = [
     "cancel_mark",
     "cancel_remote",
     "lands_on",
+    "mark_in_store",
     "mark_reason",
 ]
 
@@ -170,33 +172,49 @@ async def bound_remote(
 async def write_mark(services: EngineServices, run_id: str, reason: str) -> bool:
     """Write the cancel mark of ``run_id`` (with the steps pending now). Returns whether this
     call wrote it (``False``: a cancel is already under way)."""
-    store = services.store
-    existing = await services.guard(lambda: store.get_step(run_id, CANCEL_MARK), "reading")
+    return await mark_in_store(services.store, run_id, reason, guard=services.guard)
+
+
+async def mark_in_store(
+    store: RunStore,
+    run_id: str,
+    reason: str,
+    *,
+    guard: Callable[[Callable[[], Awaitable[Any]], str], Awaitable[Any]] | None = None,
+) -> bool:
+    """:func:`write_mark` on ``store`` alone (the operator's cancel, which has no engine):
+    ``guard`` wraps each store call (the engine's retries through a broker outage)."""
+
+    async def call(fn: Callable[[], Awaitable[Any]], what: str) -> Any:
+        return await (guard(fn, what) if guard is not None else fn())
+
+    existing = await call(lambda: store.get_step(run_id, CANCEL_MARK), "reading")
     if existing is not None:
         return False
-    steps = await services.guard(lambda: store.get_steps(run_id), "reading")
+    steps = await call(lambda: store.get_steps(run_id), "reading")
     numbered = [s for s in steps if s.step_id.isdigit()]
     at = max((int(s.step_id) for s in numbered), default=0)
     pending = [s.step_id for s in numbered if s.status is StepState.PENDING]
     mark = cancel_mark(run_id, reason, at=at, interrupted=pending)
-    stored = await services.guard(lambda: store.begin_step(mark), "checkpointing")
+    stored = await call(lambda: store.begin_step(mark), "checkpointing")
     return bool(stored.output == mark.output)
 
 
 async def deliver_marked(
     services: EngineServices, grace: float
-) -> list[tuple[RemoteRunDriver, str]]:
-    """The owner's side of a cancel written by another engine: the local runs driven here
-    whose history holds the mark get it delivered (called every ``run_lease / 3``).
+) -> list[tuple[RunDriver | RemoteRunDriver, str]]:
+    """The owner's side of a cancel written by another engine or an operator: the local runs
+    driven here whose history holds the mark get it delivered (called every ``run_lease / 3``).
 
     Returns:
-        The remote runs driven here newly found marked, with the reason: for the caller to
-        run :func:`bound_remote` on each.
+        The runs driven here newly found marked, with the reason: a local one already has the
+        cancel delivered; for a remote one the caller runs :func:`bound_remote`. For each, the
+        caller asks the workers to cancel its steps once it ended (after its compensation).
     """
     from ._remote_run import RemoteRunDriver
     from ._runtime import RunDriver
 
-    found: list[tuple[RemoteRunDriver, str]] = []
+    found: list[tuple[RunDriver | RemoteRunDriver, str]] = []
     drivers = dict(services.drivers)
     keys = [(run_id, CANCEL_MARK) for run_id in drivers]
     if not keys:
@@ -206,8 +224,9 @@ async def deliver_marked(
         driver = drivers[run_id]
         if mark is None or driver.settling or driver.done.is_set():
             continue
-        if isinstance(driver, RunDriver):
+        if isinstance(driver, RunDriver) and not driver.cancel.requested:
             deliver_local(driver, mark_reason(mark), grace)
+            found.append((driver, mark_reason(mark)))
         elif isinstance(driver, RemoteRunDriver) and not driver.cancel_seen:
             driver.cancel_seen = True
             found.append((driver, mark_reason(mark)))

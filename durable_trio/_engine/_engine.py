@@ -607,7 +607,21 @@ class Engine:
             loops = self._loops
             for driver, reason in found:
                 if loops is not None:
-                    loops.start_soon(bound_remote, self._services, driver, reason, grace)
+                    loops.start_soon(self._settle_marked, driver, reason, grace)
+
+    async def _settle_marked(
+        self, driver: RunDriver | RemoteRunDriver, reason: str, grace: float
+    ) -> None:
+        """A cancel marked by another process, delivered here: once the run ended (its
+        compensation done or cut), the workers are asked to cancel the steps it left running,
+        as :meth:`cancel` does (the process that marked it may not wait for the end)."""
+        if isinstance(driver, RemoteRunDriver):
+            cancelled = await bound_remote(self._services, driver, reason, grace)
+        else:
+            await driver.done.wait()
+            cancelled = driver.final is not None and driver.final.status is RunStatus.CANCELLED
+        if cancelled:
+            await self._cancel_steps(driver.run.run_id)
 
     async def _cancel_steps(self, run_id: str) -> None:
         """Ask the workers (best-effort) to cancel the running steps of ``run_id``."""

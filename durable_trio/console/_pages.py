@@ -117,11 +117,19 @@ class Pages:
         return f"run {run_id} reopened: a live engine resumes it from its failed step"
 
     async def cancel(self, body: dict[str, str]) -> str:
-        """Cancel a run that has not ended."""
+        """Cancel a run that has not ended. A run an engine drives gets the cancel mark and
+        the request returns at once (no wait of up to ``cancel_grace`` in a browser): that
+        engine raises ``RunCancelled`` inside the workflow, which compensates and ends."""
         run_id = _field(body, "run_id")
-        if await self._ops.cancel_run(run_id, reason="cancelled from the console"):
+        if await self._ops.cancel_run(run_id, reason="cancelled from the console", wait=False):
+            run = await self._ops.store.get_run(run_id)
+            if run is not None and not run.status.terminal:
+                return (
+                    f"run {run_id}: cancel sent to the engine driving it (RunCancelled is "
+                    "raised inside the workflow, which may compensate, then it ends cancelled)"
+                )
             return f"run {run_id} cancelled"
-        return f"run {run_id} had already ended: nothing to cancel"
+        return f"run {run_id} had already ended or is being cancelled: nothing to do"
 
     async def requeue(self, body: dict[str, str]) -> str:
         """Put a set-aside job back on its queue."""
