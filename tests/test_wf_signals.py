@@ -64,9 +64,13 @@ async def test_wait_then_signal_buffered_order_and_two_names(url: str) -> None:
         await engine.signal(run_id, "other", {"o": 1})  # buffered: before its wait
         assert await engine.signal(run_id, "ok", "first") == 1
         assert await engine.get_event(run_id, "progress", timeout=5) == 1
+        state = await engine.status(run_id, events=True)
+        assert state == dt.RunState(run_id, dt.RunStatus.RUNNING, {"progress": 1})
         await engine.signal(run_id, "ok", "second")
         assert await engine.result(run_id) == ["first", "second", {"o": 1}]
         assert await engine.events(run_id) == {"progress": 2}
+        assert await engine.status(run_id) is dt.RunStatus.COMPLETED
+        assert (await engine.status(run_id, events=True)).events == {"progress": 2}
         with pytest.raises(RunNotSignalable):
             await engine.signal(run_id, "ok", 3)
         with pytest.raises(dt.RunNotFound):

@@ -49,7 +49,16 @@ from ._errors import (
 )
 from ._open import open_engine
 from ._options import EngineOptions
-from ._records import Applied, RunPage, RunRecord, RunStatus, StepKind, StepRecord, StepState
+from ._records import (
+    Applied,
+    RunPage,
+    RunRecord,
+    RunState,
+    RunStatus,
+    StepKind,
+    StepRecord,
+    StepState,
+)
 from ._retry import Retry
 from ._signals import EventTimeout, RunNotSignalable, SignalDataError, SignalTimeout
 from ._statistics import EngineStatistics
@@ -79,6 +88,7 @@ __all__ = [
     "RunNotSignalable",
     "RunPage",
     "RunRecord",
+    "RunState",
     "RunStatus",
     "RunStore",
     "RunTimedOut",

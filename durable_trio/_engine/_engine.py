@@ -23,7 +23,7 @@ from __future__ import annotations
 # (and anything built on it) must resolve at run time.
 import builtins  # noqa: TC003
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import attrs
 import trio
@@ -50,7 +50,7 @@ from ._errors import (
 )
 from ._heartbeats import watch_heartbeats
 from ._options import EngineOptions
-from ._records import RunRecord, RunStatus, StepRecord, normalize_json
+from ._records import RunRecord, RunState, RunStatus, StepRecord, normalize_json
 from ._remote_run import RemoteRunDriver
 from ._reopen import retry_run
 from ._retry import Retry  # noqa: TC001
@@ -418,13 +418,26 @@ class Engine:
             raise RunNotFound(run_id)
         return record
 
-    async def status(self, run_id: str) -> RunStatus:
-        """The run's status now (pending, running, completed, failed, cancelled).
+    @overload
+    async def status(self, run_id: str, *, events: Literal[False] = False) -> RunStatus: ...
+
+    @overload
+    async def status(self, run_id: str, *, events: Literal[True]) -> RunState: ...
+
+    async def status(self, run_id: str, *, events: bool = False) -> RunStatus | RunState:
+        """The run's status now (pending, running, completed, failed, cancelled, blocked);
+        with ``events=True`` a :class:`RunState`: the status and the run's latest events
+        (``ctx.set_event``), read together, so a caller sees progress without waiting for the
+        result.
 
         Raises:
             RunNotFound: no such run.
+            SignalDataError: (with ``events``) a stored event is damaged (not JSON).
         """
-        return (await self.get(run_id)).status
+        status = (await self.get(run_id)).status
+        if not events:
+            return status
+        return RunState(run_id, status, await self.events(run_id))
 
     async def waiting(self, run_id: str) -> builtins.list[StepWait]:
         """The remote steps the run waits on now: each one's task queue

@@ -21,6 +21,7 @@ __all__ = [
     "Applied",
     "RunPage",
     "RunRecord",
+    "RunState",
     "RunStatus",
     "StepKind",
     "StepRecord",
@@ -442,3 +443,13 @@ def step_from_json(run_id: str, data: Any) -> StepRecord:
         )
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise PayloadError(f"a history entry is not a checkpoint ({exc!r}): {data!r}") from None
+
+
+@attrs.frozen
+class RunState:
+    """A run's status with its latest events: ``engine.status(run_id, events=True)``."""
+
+    run_id: str
+    status: RunStatus
+    events: dict[str, Any] = attrs.field(factory=dict)
+    """Every latest ``ctx.set_event`` value, by key (decoded)."""
