@@ -537,3 +537,92 @@ async def test_a_remote_parent_ending_cancels_a_child_it_never_awaited(
         "cut": False,
     }
     assert left["receipt"] == "receipt-8"
+
+
+# --------------------------------------------------------------------------- retry of a parent
+
+
+def flaky_shop(broken: dict[str, bool]) -> App:
+    """A parent whose child's step fails while ``broken["now"]`` (no retries)."""
+    app = App("children")
+
+    @app.step("ship")
+    async def ship(parcel: str) -> str:
+        await trio.sleep(1)
+        if broken["now"]:
+            raise RuntimeError("the depot is closed")
+        return f"shipped {parcel}"
+
+    @app.workflow("shipment")
+    async def shipment(ctx: WorkflowContext, parcel: str) -> str:
+        return str(await ctx.step("ship", parcel, retry=dt.Retry(max_attempts=1)))
+
+    @app.workflow("order")
+    async def order(ctx: WorkflowContext, parcel: str) -> str:
+        return str(await ctx.child("shipment", parcel))
+
+    return app
+
+
+async def test_retrying_a_parent_failed_by_its_child_retries_the_child_first(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    broken = {"now": True}
+    async with running(flaky_shop(broken), "memory://") as engine:
+        await engine.start("order", "p", run_id="o")
+        with pytest.raises(dt.RunFailed):
+            await engine.result("o")
+        failed = await engine.get("o")
+        assert failed.error["type"] == "ChildFailed"
+        assert (failed.error["stepId"], failed.error["childRunId"]) == ("1", "o/1")
+        assert trio.current_time() == 1.0
+        broken["now"] = False
+        await trio.sleep(9)
+        reopened = await engine.retry("o")
+        assert reopened.status is RunStatus.PENDING
+        assert await engine.result("o") == "shipped p"
+        assert trio.current_time() == 11.0  # the child's step once more, at once
+        child = await engine.get("o/1")
+        child_history = await engine.history("o/1")
+        history = await engine.history("o")
+    assert child.status is RunStatus.COMPLETED
+    assert [(s.name, s.attempt, s.status) for s in child_history] == [
+        ("ship", 2, StepState.COMPLETED)
+    ]
+    assert [(s.kind, s.attempt, s.status, s.output) for s in history] == [
+        (StepKind.CHILD, 2, StepState.COMPLETED, "shipped p")
+    ]
+
+
+async def test_runs_retry_of_a_remote_parent_retries_its_failed_child(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The parent is a remote workflow (its code on a workflow worker); the child a local one
+    of the engine, retried through ``Operations.retry_run`` (the CLI's ``runs retry``)."""
+    broken = {"now": True}
+    app = flaky_shop(broken)
+    worker = App("children")  # the workflow worker's app: the parent's code
+
+    @worker.workflow("remote-order", remote=True)
+    async def remote_order(ctx: WorkflowContext, parcel: str) -> str:
+        return str(await ctx.child("shipment", parcel))
+
+    app.remote_workflow("remote-order")
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_worker(worker, backend),
+        open_worker(app, backend),
+        open_engine(app, backend, reconcile_interval=1) as engine,
+        dt.open_operations(backend, namespace="children") as ops,
+    ):
+        await engine.start("remote-order", "q", run_id="r")
+        with pytest.raises(dt.RunFailed), trio.fail_after(30):
+            await engine.result("r")
+        failed = await engine.get("r")
+        assert (failed.error["stepId"], failed.error["childRunId"]) == ("1", "r/1")
+        broken["now"] = False
+        await ops.retry_run("r")
+        assert (await engine.get("r/1")).status is RunStatus.PENDING
+        with trio.fail_after(30):
+            assert await engine.result("r") == "shipped q"
+        assert (await engine.get("r/1")).status is RunStatus.COMPLETED

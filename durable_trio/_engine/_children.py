@@ -61,11 +61,16 @@ class ChildFailed(EngineError):
         workflow: the child's workflow name.
         error: the child's stored error (``{"type": ..., "message": ..., ...}``).
         cancelled: the child was cancelled rather than failed.
+        step_id: the parent's CHILD step that started it (a parent failed by it names it in
+            its error, so that ``runs retry`` of the parent retries the child first).
     """
 
-    def __init__(self, child_run_id: str, workflow: str, error: Any) -> None:
+    def __init__(
+        self, child_run_id: str, workflow: str, error: Any, step_id: str | None = None
+    ) -> None:
         described = error if isinstance(error, dict) else {"message": str(error)}
         self.child_run_id = child_run_id
+        self.step_id = step_id
         self.workflow = workflow
         self.error: dict[str, Any] = described
         self.cancelled = described.get("type") == "RunCancelled"
@@ -144,7 +149,7 @@ async def wait_child(
         record = await _settle(services, record, child_id, stop)
     if record.status is StepState.COMPLETED:
         return record.output
-    raise ChildFailed(child_id, record.name, record.error)
+    raise ChildFailed(child_id, record.name, record.error, record.step_id)
 
 
 async def _settle(

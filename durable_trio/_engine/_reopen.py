@@ -14,6 +14,11 @@ re-run. What it resumes from:
   moved to its next attempt and re-dispatched (its old task's result, if any still comes, is
   stale); a pending timer keeps its wake-up time.
 - a run that had a timeout gets it afresh: its deadline becomes now plus its timeout.
+- a parent failed by a child (``ChildFailed`` not caught: its error names the CHILD step and
+  ``childRunId``): that child, failed or blocked, is retried first (the same way, recursively:
+  its own failed child too), then the CHILD step is set pending, so the parent waits on the
+  child's new end instead of meeting its old failure again. A child that was cancelled stays
+  as it is (its parent fails again on replay, as it did).
 
 Each step's attempt log is kept: a retried step's new attempt starts at the reopening (its
 ``wake_at``), and the attempt a still-pending step was running is logged as ``abandoned``
@@ -98,6 +103,11 @@ async def retry_run(store: RunStore, run_id: str) -> RunRecord:
     if run is None:
         raise RunNotFound(run_id)
     steps, timeout = plan_retry(run, await store.get_steps(run_id), store.now())
+    child_id = run.error.get("childRunId") if isinstance(run.error, dict) else None
+    if isinstance(child_id, str) and any(s.kind is StepKind.CHILD for s in steps):
+        child = await store.get_run(child_id)
+        if child is not None and child.status in (RunStatus.FAILED, RunStatus.BLOCKED):
+            await retry_run(store, child_id)  # first: the parent then waits on its new end
     if not await store.reopen_run(run_id, steps, run_timeout=timeout):
         current = await store.get_run(run_id)
         if current is None:

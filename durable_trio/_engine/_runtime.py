@@ -25,7 +25,7 @@ from .._errors import PayloadError
 from .._wire import StepError
 from . import _signals
 from ._cancel import CancelState, mark_reason
-from ._children import OnParentCancel, cancel_children, start_child, wait_child
+from ._children import ChildFailed, OnParentCancel, cancel_children, start_child, wait_child
 from ._context import _CURRENT_STEP, StepInfo, WorkflowContext
 from ._errors import EngineError, NonDeterminismError, StepFailed
 from ._records import (
@@ -79,6 +79,8 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
         )
     elif isinstance(exc, NonDeterminismError):
         described.update(stepId=exc.step_id, expected=exc.expected, found=exc.found)
+    elif isinstance(exc, ChildFailed) and exc.step_id is not None:
+        described.update(stepId=exc.step_id, childRunId=exc.child_run_id)
     return described
 
 

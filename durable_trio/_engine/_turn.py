@@ -154,7 +154,9 @@ class TurnDriver:
             await self.tracker.block()
         if record.status is StepState.COMPLETED:
             return record.output
-        raise ChildFailed(self.child_ids[record.step_id], record.name, record.error)
+        raise ChildFailed(
+            self.child_ids[record.step_id], record.name, record.error, record.step_id
+        )
 
     async def timer(self, step_id: str, seconds: float) -> None:
         known = self._take(step_id, StepKind.TIMER, "sleep")
