@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from ._producers import Producers
     from ._telemetry import StepAttempt
     from .adapters import ClaimedJob, Job
+
+_log = logging.getLogger("durable_trio")
 
 #: First and largest delay between two attempts at pushing a step's result.
 _RESULT_PUSH_BACKOFF = (0.05, 5.0)
@@ -161,13 +164,16 @@ class StepServer:
                 output = await run_within_timeout(handler, task)
                 ok = True
             except Exception as exc:
-                self._report(
-                    JobError(
-                        f"step {task.name!r} raised {exc!r}",
-                        queue=self._task_queue(task.routing_group),
-                        job_id=task.task_id,
-                    ).with_traceback(exc.__traceback__)
-                )
+                if getattr(exc, "quiet", False) is True:  # stopped as asked (its run cancelled)
+                    _log.info("step %r (job %s) stopped: %s", task.name, task.task_id, exc)
+                else:
+                    self._report(
+                        JobError(
+                            f"step {task.name!r} raised {exc!r}",
+                            queue=self._task_queue(task.routing_group),
+                            job_id=task.task_id,
+                        ).with_traceback(exc.__traceback__)
+                    )
                 error = StepError(
                     message=f"{type(exc).__name__}: {exc}",
                     code=getattr(exc, "code", None)

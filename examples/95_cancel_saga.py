@@ -1,10 +1,19 @@
 """A saga that compensates on cancel: the trip is cancelled while the hotel is being booked;
-the workflow catches ``RunCancelled``, releases the flight it had booked, and ends cancelled."""
+the workflow catches ``RunCancelled``, releases the flight it had booked, and ends cancelled.
+
+A second trip is cancelled by an operator from another process (``durable-trio runs cancel``):
+the command writes the cancel into the run's history, the engine driving it delivers
+``RunCancelled`` inside the workflow (it looks for such cancels every ``run_lease / 3``), the
+same compensation runs, and the command returns once the run ended.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 import trio
 
@@ -51,11 +60,12 @@ def travel(name: str) -> App:
 
 
 async def main(backend_url: str) -> None:
-    app = travel(f"saga-cancel-{uuid.uuid4().hex[:8]}")
+    namespace = f"saga-cancel-{uuid.uuid4().hex[:8]}"
+    app = travel(namespace)
     async with (
         dt.open_backend(backend_url) as backend,
         open_worker(app, backend),
-        open_engine(app, backend, cancel_grace=10.0) as engine,
+        open_engine(app, backend, cancel_grace=10.0, run_lease=3.0) as engine,
     ):
         run_id = await engine.start("trip", "lisbon")
         with trio.fail_after(30):
@@ -64,6 +74,26 @@ async def main(backend_url: str) -> None:
             await engine.cancel(run_id, reason="the customer changed plans")
             run = await engine.get(run_id)
         steps = [step.name for step in await engine.history(run_id) if step.step_id.isdigit()]
+        print(f"  run {run.status} ({run.error['message']}); steps: {steps}")
+        if run.status is not dt.RunStatus.CANCELLED or "lisbon" in SEATS:
+            raise SystemExit(f"the saga did not compensate: {run}, seats {SEATS}")
+
+        other = await engine.start("trip", "porto")
+        with trio.fail_after(30):
+            await BOOKED.setdefault("porto", trio.Event()).wait()
+            if urlsplit(backend_url).scheme != "memory":
+                command = [sys.executable, "-m", "durable_trio", "runs", "cancel", other,
+                           "--reason", "the operator cancelled it",
+                           "--namespace", namespace]  # fmt: skip
+                env = {**os.environ, "DURABLE_TRIO_BACKEND": backend_url}
+                done = await trio.run_process(command, env=env, capture_stdout=True)
+                print(f"  another process: {done.stdout.decode().strip()}")
+            else:
+                print("  (memory:// lives in this process only: the operator cancels in-process)")
+                async with dt.open_operations(backend, namespace=namespace) as ops:
+                    await ops.cancel_run(other, reason="the operator cancelled it")
+            run = await engine.get(other)
+        steps = [step.name for step in await engine.history(other) if step.step_id.isdigit()]
     print(f"  run {run.status} ({run.error['message']}); steps: {steps}")
-    if run.status is not dt.RunStatus.CANCELLED or "lisbon" in SEATS:
-        raise SystemExit(f"the saga did not compensate: {run}, seats {SEATS}")
+    if run.status is not dt.RunStatus.CANCELLED or "porto" in SEATS:
+        raise SystemExit(f"the operator's cancel did not compensate: {run}, seats {SEATS}")

@@ -6,6 +6,7 @@ virtual time; on SQLite (whose broker runs on the wall clock) through the CLI.""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import attrs
@@ -60,13 +61,15 @@ def _app(seen: _Seen) -> dt.App:
 
 
 async def test_ops_cancel_run_delivers_run_cancelled_then_cancels_the_running_step(
-    autojump_clock: object,
+    autojump_clock: object, caplog: pytest.LogCaptureFixture
 ) -> None:
     seen = _Seen()
     app = _app(seen)
+    errors: list[Exception] = []
+    caplog.set_level(logging.INFO, logger="durable_trio")
     async with (
         dt.open_backend("memory://") as backend,
-        dt.open_worker(app, backend),
+        dt.open_worker(app, backend, on_error=errors.append),
         dt.open_engine(app, backend) as engine,
         dt.open_operations(backend, namespace="shop") as ops,
     ):
@@ -91,6 +94,10 @@ async def test_ops_cancel_run_delivers_run_cancelled_then_cancels_the_running_st
             "cut": False,
         }
         assert (await ops.show_run(run_id)).run.status is dt.RunStatus.CANCELLED
+    # The step stopped because its run was cancelled: asked for, so not an error.
+    assert errors == []
+    stopped = [r for r in caplog.records if "stopped: run" in r.getMessage()]
+    assert [(r.levelno, "'pack'" in r.getMessage()) for r in stopped] == [(logging.INFO, True)]
 
 
 async def test_ops_cancel_run_with_no_grace_settles_at_once_without_compensation(

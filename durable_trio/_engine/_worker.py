@@ -54,6 +54,13 @@ class _StepCancelled(Exception):
     code = "cancelled"
 
 
+class _RunCancelledStep(_StepCancelled):
+    """A step stopped because its run was cancelled: what was asked for, not an error (the
+    transport logs it at INFO instead of reporting it through the error hook)."""
+
+    quiet = True
+
+
 @attrs.frozen
 class WorkerStatistics:
     """A snapshot of a worker's counters."""
@@ -175,7 +182,7 @@ class Worker:
                         f"attempt {task.attempt} of step {task.step_id!r} of run "
                         f"{task.run_id!r} was failed over by the engine (heartbeat timeout)"
                     )
-                raise _StepCancelled(f"run {task.run_id!r} was cancelled")
+                raise _RunCancelledStep(f"run {task.run_id!r} was cancelled")
             finally:
                 self._running -= 1
                 scopes.discard(scope)
