@@ -19,20 +19,7 @@ PACKAGE = "durable_trio"
 #: Cycles still allowed. Each entry is the set of modules of one strongly connected
 #: component; the test fails on any other cycle, and on an entry here that is gone (so the
 #: list only shrinks). Empty: the package has none.
-KNOWN_CYCLES: list[frozenset[str]] = [
-    # The run drivers call the signal and cancel helpers, and the helpers name the drivers'
-    # types (under TYPE_CHECKING) and tell a local driver from a remote one (a lazy import).
-    # To untangle: the helpers take Protocols of what they use, and the drivers say which kind
-    # they are.
-    frozenset(
-        {
-            f"{PACKAGE}._engine._cancel",
-            f"{PACKAGE}._engine._remote_run",
-            f"{PACKAGE}._engine._runtime",
-            f"{PACKAGE}._engine._signals",
-        }
-    ),
-]
+KNOWN_CYCLES: list[frozenset[str]] = []
 
 
 def module_name(path: Path) -> str:

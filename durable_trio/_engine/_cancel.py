@@ -10,6 +10,9 @@ usual (compensation steps), until the workflow ends or ``cancel_grace`` seconds 
 re-raises, swallows the error and returns, or fails. An engine resuming a run whose history
 holds the mark (its engine died mid-compensation) settles it cancelled without running the
 workflow: compensation runs at most once, and never again after a crash.
+
+Here: the mark, its reading, and one run's cancel state (what the drivers use). Delivering a
+cancel to a driver, local or remote, is :mod:`._cancel_delivery` (which knows the drivers).
 """
 
 from __future__ import annotations
@@ -19,25 +22,22 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._errors import RunCancelled
-from ._records import RunStatus, StepKind, StepRecord, StepState
+from ._records import StepKind, StepRecord, StepState
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    from ._remote_run import RemoteRunDriver
-    from ._runtime import RunDriver
     from ._services import EngineServices
     from ._stores import RunStore
 
 __all__ = [
     "CANCEL_MARK",
     "CancelState",
-    "cancel_inside",
     "cancel_mark",
-    "cancel_remote",
     "lands_on",
     "mark_in_store",
     "mark_reason",
+    "write_mark",
 ]
 
 CANCEL_MARK = "cancel:run"
@@ -115,60 +115,6 @@ class CancelState:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def cancel_inside(
-    services: EngineServices, driver: RunDriver, reason: str, grace: float
-) -> bool:
-    """``engine.cancel`` of a run ``driver`` drives here: mark it, deliver
-    :class:`RunCancelled` inside the workflow, give its compensation ``grace`` seconds, and
-    return once the run settled (see the module docstring).
-
-    Returns:
-        Whether the run ended cancelled by this call (``False``: already being cancelled, or
-        it settled otherwise first).
-    """
-    state = driver.cancel
-    if state.requested:
-        await driver.done.wait()
-        return False
-    store = services.store
-    mark = cancel_mark(driver.run.run_id, reason)
-    await services.guard(lambda: store.begin_step(mark), "checkpointing")
-    if driver.settling or driver.done.is_set():
-        await driver.done.wait()
-        return False
-    deliver_local(driver, reason, grace)
-    await driver.done.wait()
-    final = driver.final
-    return final is not None and final.status.value == "cancelled"
-
-
-def deliver_local(driver: RunDriver, reason: str, grace: float) -> None:
-    """Raise :class:`RunCancelled` inside ``driver``'s workflow, its compensation bounded."""
-    if driver.cancel.requested:
-        return
-    driver.grace.deadline = trio.current_time() + grace
-    driver.cancel.request(reason)
-
-
-async def bound_remote(
-    services: EngineServices, driver: RemoteRunDriver, reason: str, grace: float
-) -> bool:
-    """Wake ``driver`` (its history holds the cancel mark) and cut it after ``grace``."""
-    driver.wake()
-    with trio.move_on_after(grace):
-        await driver.done.wait()
-    if not driver.done.is_set():
-        error = {"type": "RunCancelled", "message": reason, "cut": True}
-        settled = await services.settle(driver.run, RunStatus.CANCELLED, error=error)
-        driver.final = settled
-        driver.scope.cancel()
-        return settled is not None
-    final = driver.final
-    if final is None:
-        final = await services.store.get_run(driver.run.run_id)
-    return final is not None and final.status is RunStatus.CANCELLED
-
-
 async def write_mark(services: EngineServices, run_id: str, reason: str) -> bool:
     """Write the cancel mark of ``run_id`` (with the steps pending now). Returns whether this
     call wrote it (``False``: a cancel is already under way)."""
@@ -198,54 +144,3 @@ async def mark_in_store(
     mark = cancel_mark(run_id, reason, at=at, interrupted=pending)
     stored = await call(lambda: store.begin_step(mark), "checkpointing")
     return bool(stored.output == mark.output)
-
-
-async def deliver_marked(
-    services: EngineServices, grace: float
-) -> list[tuple[RunDriver | RemoteRunDriver, str]]:
-    """The owner's side of a cancel written by another engine or an operator: the local runs
-    driven here whose history holds the mark get it delivered (called every ``run_lease / 3``).
-
-    Returns:
-        The runs driven here newly found marked, with the reason: a local one already has the
-        cancel delivered; for a remote one the caller runs :func:`bound_remote`. For each, the
-        caller asks the workers to cancel its steps once it ended (after its compensation).
-    """
-    from ._remote_run import RemoteRunDriver
-    from ._runtime import RunDriver
-
-    found: list[tuple[RunDriver | RemoteRunDriver, str]] = []
-    drivers = dict(services.drivers)
-    keys = [(run_id, CANCEL_MARK) for run_id in drivers]
-    if not keys:
-        return found
-    marks = await services.store.get_steps_many(keys)
-    for (run_id, _), mark in zip(keys, marks, strict=True):
-        driver = drivers[run_id]
-        if mark is None or driver.settling or driver.done.is_set():
-            continue
-        if isinstance(driver, RunDriver) and not driver.cancel.requested:
-            deliver_local(driver, mark_reason(mark), grace)
-            found.append((driver, mark_reason(mark)))
-        elif isinstance(driver, RemoteRunDriver) and not driver.cancel_seen:
-            driver.cancel_seen = True
-            found.append((driver, mark_reason(mark)))
-    return found
-
-
-async def cancel_remote(
-    services: EngineServices, driver: RemoteRunDriver, reason: str, grace: float
-) -> bool:
-    """``engine.cancel`` of a remote workflow run ``driver`` drives here: the mark (with the
-    steps pending now) goes into its history, a turn is sent at once (the workflow raises
-    :class:`RunCancelled` where it waits and compensates in the next turns); after ``grace``
-    seconds it is settled cancelled (cut) if it has not ended.
-
-    Returns:
-        Whether the run ended cancelled by this call.
-    """
-    if driver.cancel_seen or not await write_mark(services, driver.run.run_id, reason):
-        await driver.done.wait()
-        return False
-    driver.cancel_seen = True
-    return await bound_remote(services, driver, reason, grace)

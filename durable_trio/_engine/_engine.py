@@ -36,7 +36,8 @@ from .._transport import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._app import App  # noqa: TC001
 from ._audit import LossAudit
-from ._cancel import bound_remote, cancel_inside, cancel_remote, deliver_marked, write_mark
+from ._cancel import write_mark
+from ._cancel_delivery import bound_remote, cancel_inside, cancel_remote, deliver_marked
 from ._children import cancel_children
 from ._deadline import drive_within_deadline, expired, time_out
 from ._duplicates import DuplicateResult  # noqa: TC001

@@ -20,7 +20,7 @@ then checkpoints an :attr:`StepKind.EVENT` step, so replay does not write again.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import orjson
@@ -38,14 +38,25 @@ from ._records import Applied, StepKind, StepRecord, StepState
 
 if TYPE_CHECKING:
     from ._records import RunRecord
-    from ._runtime import RunDriver
+    from ._replay import History
     from ._services import DriverServices
+
+
+class SignalDriver(Protocol):
+    """What the signal helpers use of a local run's driver (``_runtime.RunDriver``): named
+    here, so the helpers need not import the driver that calls them."""
+
+    services: DriverServices
+    run: RunRecord
+    history: History
+    scope: trio.CancelScope
 
 __all__ = [
     "SIGNAL_POLL",
     "EventTimeout",
     "RunNotSignalable",
     "SignalDataError",
+    "SignalDriver",
     "SignalTimeout",
     "decode_stored",
     "encode_payload",
@@ -84,7 +95,7 @@ def _error(exc: Exception) -> dict[str, Any]:
 
 
 async def wait_signal(
-    driver: RunDriver,
+    driver: SignalDriver,
     step_id: str,
     name: str,
     seq: int,
@@ -203,7 +214,7 @@ def driver_bell(driver: Any) -> trio.Event:
     return bell
 
 
-async def set_event(driver: RunDriver, step_id: str, key: str, value: Any) -> None:
+async def set_event(driver: SignalDriver, step_id: str, key: str, value: Any) -> None:
     """The driver's side of ``ctx.set_event``."""
     services = driver.services
     store = services.store

@@ -1,0 +1,123 @@
+"""Delivering a cancel to the driver of a run (issue 18, item 6; the marks and the cancel's
+state are in :mod:`._cancel`): :func:`cancel_inside` for a local workflow driven here,
+:func:`cancel_remote` for a remote one, :func:`deliver_marked` for a mark another process wrote
+on a run driven here. It knows both kinds of driver; the drivers only know :mod:`._cancel`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from ._cancel import CANCEL_MARK, cancel_mark, mark_reason, write_mark
+from ._records import RunStatus
+from ._remote_run import RemoteRunDriver
+from ._runtime import RunDriver
+
+if TYPE_CHECKING:
+    from ._services import EngineServices
+
+__all__ = ["bound_remote", "cancel_inside", "cancel_remote", "deliver_local", "deliver_marked"]
+
+
+async def cancel_inside(
+    services: EngineServices, driver: RunDriver, reason: str, grace: float
+) -> bool:
+    """``engine.cancel`` of a run ``driver`` drives here: mark it, deliver
+    :class:`RunCancelled` inside the workflow, give its compensation ``grace`` seconds, and
+    return once the run settled (see the module docstring).
+
+    Returns:
+        Whether the run ended cancelled by this call (``False``: already being cancelled, or
+        it settled otherwise first).
+    """
+    state = driver.cancel
+    if state.requested:
+        await driver.done.wait()
+        return False
+    store = services.store
+    mark = cancel_mark(driver.run.run_id, reason)
+    await services.guard(lambda: store.begin_step(mark), "checkpointing")
+    if driver.settling or driver.done.is_set():
+        await driver.done.wait()
+        return False
+    deliver_local(driver, reason, grace)
+    await driver.done.wait()
+    final = driver.final
+    return final is not None and final.status.value == "cancelled"
+
+
+def deliver_local(driver: RunDriver, reason: str, grace: float) -> None:
+    """Raise :class:`RunCancelled` inside ``driver``'s workflow, its compensation bounded."""
+    if driver.cancel.requested:
+        return
+    driver.grace.deadline = trio.current_time() + grace
+    driver.cancel.request(reason)
+
+
+async def bound_remote(
+    services: EngineServices, driver: RemoteRunDriver, reason: str, grace: float
+) -> bool:
+    """Wake ``driver`` (its history holds the cancel mark) and cut it after ``grace``."""
+    driver.wake()
+    with trio.move_on_after(grace):
+        await driver.done.wait()
+    if not driver.done.is_set():
+        error = {"type": "RunCancelled", "message": reason, "cut": True}
+        settled = await services.settle(driver.run, RunStatus.CANCELLED, error=error)
+        driver.final = settled
+        driver.scope.cancel()
+        return settled is not None
+    final = driver.final
+    if final is None:
+        final = await services.store.get_run(driver.run.run_id)
+    return final is not None and final.status is RunStatus.CANCELLED
+
+
+async def deliver_marked(
+    services: EngineServices, grace: float
+) -> list[tuple[RunDriver | RemoteRunDriver, str]]:
+    """The owner's side of a cancel written by another engine or an operator: the local runs
+    driven here whose history holds the mark get it delivered (called every ``run_lease / 3``).
+
+    Returns:
+        The runs driven here newly found marked, with the reason: a local one already has the
+        cancel delivered; for a remote one the caller runs :func:`bound_remote`. For each, the
+        caller asks the workers to cancel its steps once it ended (after its compensation).
+    """
+    found: list[tuple[RunDriver | RemoteRunDriver, str]] = []
+    drivers = dict(services.drivers)
+    keys = [(run_id, CANCEL_MARK) for run_id in drivers]
+    if not keys:
+        return found
+    marks = await services.store.get_steps_many(keys)
+    for (run_id, _), mark in zip(keys, marks, strict=True):
+        driver = drivers[run_id]
+        if mark is None or driver.settling or driver.done.is_set():
+            continue
+        if isinstance(driver, RunDriver) and not driver.cancel.requested:
+            deliver_local(driver, mark_reason(mark), grace)
+            found.append((driver, mark_reason(mark)))
+        elif isinstance(driver, RemoteRunDriver) and not driver.cancel_seen:
+            driver.cancel_seen = True
+            found.append((driver, mark_reason(mark)))
+    return found
+
+
+async def cancel_remote(
+    services: EngineServices, driver: RemoteRunDriver, reason: str, grace: float
+) -> bool:
+    """``engine.cancel`` of a remote workflow run ``driver`` drives here: the mark (with the
+    steps pending now) goes into its history, a turn is sent at once (the workflow raises
+    :class:`RunCancelled` where it waits and compensates in the next turns); after ``grace``
+    seconds it is settled cancelled (cut) if it has not ended.
+
+    Returns:
+        Whether the run ended cancelled by this call.
+    """
+    if driver.cancel_seen or not await write_mark(services, driver.run.run_id, reason):
+        await driver.done.wait()
+        return False
+    driver.cancel_seen = True
+    return await bound_remote(services, driver, reason, grace)
