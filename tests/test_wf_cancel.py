@@ -244,3 +244,30 @@ async def test_a_cancel_from_another_engine_reaches_the_owner_which_compensates(
     # (the local path ends at 13.0, the remote one at 12.0: the local one's extra second is
     # not explained yet).
     assert 12.0 <= record.updated_at <= 13.0
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
+async def test_the_operators_cancel_reaches_the_owner_which_compensates(
+    autojump_clock: trio.testing.MockClock, remote: bool
+) -> None:
+    """``Operations.cancel_run`` (the CLI's ``runs cancel``, the console's button) of a run an
+    engine drives writes the mark like another engine's cancel: the owner delivers it at its
+    next lease tick (10 s), compensates, and the call returns once the run ended."""
+    ran: Counter[str] = Counter()
+    async with AsyncExitStack() as stack:
+        backend = await stack.enter_async_context(dt.open_backend("memory://"))
+        app = saga_app(ran, remote=remote)
+        await stack.enter_async_context(open_worker(app, backend))
+        code = declared() if remote else app
+        owner = await stack.enter_async_context(open_engine(code, backend, engine_id="a"))
+        ops = await stack.enter_async_context(dt.open_operations(backend, namespace="saga"))
+        await owner.start("trip", run_id="t")
+        await trio.sleep(5)
+        assert await ops.cancel_run("t", reason="from the operator") is True
+        returned = trio.current_time()
+        record = await owner.get("t")
+    assert record.status is RunStatus.CANCELLED
+    assert record.error == {"type": "RunCancelled", "message": "from the operator", "cut": False}
+    assert ran == Counter({"book:flight": 1, "hotel": 1, "undo:flight": 1})
+    assert 12.0 <= record.updated_at <= 13.0  # as from another engine (see above)
+    assert record.updated_at <= returned <= record.updated_at + 0.5  # its poll of the store
