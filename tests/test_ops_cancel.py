@@ -81,11 +81,11 @@ async def test_ops_cancel_run_delivers_run_cancelled_then_cancels_the_running_st
         assert not await ops.cancel_run(run_id)  # already ended: no second cancel
         with trio.fail_after(60):
             await seen.cancelled.wait()
-        # The engine looks for marks every run_lease / 3 (10 s): at t=20 it raises RunCancelled
-        # inside the workflow, whose compensation runs at once; then it asks the workers to
-        # cancel the step the run left running.
-        assert seen.compensated_at == [20.0]
-        assert seen.cancelled_at == 20.0
+        # The mark rings the store's wakes: the engine raises RunCancelled inside the workflow
+        # at once, whose compensation runs at once; then it asks the workers to cancel the step
+        # the run left running.
+        assert seen.compensated_at == [15.0]
+        assert seen.cancelled_at == 15.0
         record = await engine.get(run_id)
         assert record.status is dt.RunStatus.CANCELLED
         assert record.error == {
@@ -145,8 +145,8 @@ async def test_ops_cancel_run_without_wait_returns_once_marked(
         assert not await ops.cancel_run(run_id, wait=False)  # already under way
         with trio.fail_after(60):
             await seen.cancelled.wait()
-        assert seen.compensated_at == [20.0]
-        assert seen.cancelled_at == 20.0
+        assert seen.compensated_at == [15.0]
+        assert seen.cancelled_at == 15.0
         assert (await engine.get(run_id)).status is dt.RunStatus.CANCELLED
 
 
@@ -240,6 +240,6 @@ async def test_console_cancel_returns_at_once_and_the_engine_compensates(
         assert trio.current_time() == 0.0
         with pytest.raises(dt.RunCancelled):
             await engine.result(run_id)
-        assert seen.compensated_at == [10.0]  # the engine's first look for marks
+        assert seen.compensated_at == [0.0]  # at once: the mark rang the store's wakes
         page = await http.get(f"/runs/{run_id}")
         assert "badge-cancelled" in page.text

@@ -23,6 +23,7 @@ import trio
 
 from ._errors import RunCancelled
 from ._records import StepKind, StepRecord, StepState
+from ._stores._wakes import CANCELS, SupportsRunWakes
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -143,4 +144,7 @@ async def mark_in_store(
     pending = [s.step_id for s in numbered if s.status is StepState.PENDING]
     mark = cancel_mark(run_id, reason, at=at, interrupted=pending)
     stored = await call(lambda: store.begin_step(mark), "checkpointing")
-    return bool(stored.output == mark.output)
+    written = bool(stored.output == mark.output)
+    if written and isinstance(store, SupportsRunWakes):
+        await store.ring(CANCELS)  # the owner delivers it now, not at its next look
+    return written

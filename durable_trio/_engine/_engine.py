@@ -22,6 +22,7 @@ from __future__ import annotations
 # return types of the public properties (``App``, ``RunStore``, ...), ``typing.get_type_hints``
 # (and anything built on it) must resolve at run time.
 import builtins  # noqa: TC003
+import contextlib
 import uuid
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -61,6 +62,7 @@ from ._statistics import EngineStatistics
 from ._step_watch import StepWait, StepWatch
 from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
+from ._stores._wakes import CANCELS, SupportsRunWakes
 from ._versioning import resume_blocked
 
 if TYPE_CHECKING:
@@ -532,17 +534,28 @@ class Engine:
 
         await self.get(run_id)
         deadline = None if timeout is None else trio.current_time() + timeout
+        store = self.store
+        wakes = store.wakes if isinstance(store, SupportsRunWakes) else None
         while True:
-            stored = await self.store.get_events(run_id)
-            if key in stored:
-                return decode_stored(stored[key], f"event {key!r} of run {run_id!r}")
-            now = trio.current_time()
-            if deadline is None or now >= deadline:
-                raise EventTimeout(
-                    f"run {run_id!r} has not set event {key!r}"
-                    + ("" if timeout is None else f" within {timeout:g} s")
-                )
-            await trio.sleep(min(SIGNAL_POLL / 10, deadline - now))
+            with contextlib.ExitStack() as watch:
+                # Taken before the read: the store's ring of an event set by any process.
+                rung = watch.enter_context(wakes.watching(run_id)) if wakes else None
+                stored = await store.get_events(run_id)
+                if key in stored:
+                    return decode_stored(stored[key], f"event {key!r} of run {run_id!r}")
+                now = trio.current_time()
+                if deadline is None or now >= deadline:
+                    raise EventTimeout(
+                        f"run {run_id!r} has not set event {key!r}"
+                        + ("" if timeout is None else f" within {timeout:g} s")
+                    )
+                # The ring, else the poll (a store without wakes, or a lost ring).
+                poll = SIGNAL_POLL if rung is not None else SIGNAL_POLL / 10
+                with trio.move_on_after(min(poll, deadline - now)):
+                    if rung is not None:
+                        await rung.wait()
+                    else:
+                        await trio.sleep_forever()
 
     async def cancel(self, run_id: str, *, reason: str = "cancelled") -> bool:
         """Cancel the run. A local workflow driven by this engine gets :class:`RunCancelled`
@@ -608,20 +621,32 @@ class Engine:
         return cancelled
 
     async def _deliver_cancels(self) -> None:
-        """Every ``run_lease / 3``: deliver the cancels other engines marked on runs driven
-        here (docs/engine.md, "Cancellation inside a workflow")."""
+        """Deliver the cancels other engines or operators marked on runs driven here
+        (docs/engine.md, "Cancellation inside a workflow"): at once when the store rings
+        :data:`CANCELS` (a store with wakes), else, and as the safety net, every
+        ``run_lease / 3``."""
         grace = self.options.cancel_grace
+        store = self.store
+        wakes = store.wakes if isinstance(store, SupportsRunWakes) else None
+        period = self.options.run_lease / 3
         while True:
-            await trio.sleep(self.options.run_lease / 3)
-            try:
-                found = await deliver_marked(self._services, grace)
-            except BrokerError as exc:
-                self._services.report(exc)
-                continue
-            loops = self._loops
-            for driver, reason in found:
-                if loops is not None:
-                    loops.start_soon(self._settle_marked, driver, reason, grace)
+            with contextlib.ExitStack() as watch:
+                # Taken before the read: a mark written while it reads rings it again.
+                marked = watch.enter_context(wakes.watching(CANCELS)) if wakes else None
+                try:
+                    found = await deliver_marked(self._services, grace)
+                except BrokerError as exc:
+                    self._services.report(exc)
+                    found = []
+                loops = self._loops
+                for driver, reason in found:
+                    if loops is not None:
+                        loops.start_soon(self._settle_marked, driver, reason, grace)
+                with trio.move_on_after(period):
+                    if marked is not None:
+                        await marked.wait()
+                    else:
+                        await trio.sleep_forever()
 
     async def _settle_marked(
         self, driver: RunDriver | RemoteRunDriver, reason: str, grace: float

@@ -10,8 +10,10 @@ deadline (checkpointed like ``ctx.sleep``'s wake time) and fails the checkpoint 
 :class:`SignalTimeout`, which consumes nothing.
 
 Waking: a signal sent through the engine that drives the run rings that driver's bell at once;
-a signal sent elsewhere (another engine, the CLI) is found by the waiting driver's store poll
-(every ``SIGNAL_POLL`` seconds, bounded).
+a signal stored by any process rings the store's wakes (``_stores/_wakes.py``: in-process on
+memory, a datagram on SQLite, a publish on Redis), which wake the waiting driver within about a
+millisecond; the driver's store poll (every ``SIGNAL_POLL`` seconds) stays as the safety net
+for a lost ring, and is all a store without wakes has.
 
 Events: ``ctx.set_event(key, value)`` writes ``key -> value`` (latest wins) to the run store,
 then checkpoints an :attr:`StepKind.EVENT` step, so replay does not write again.
@@ -19,6 +21,7 @@ then checkpoints an :attr:`StepKind.EVENT` step, so replay does not write again.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,8 +38,11 @@ from ._errors import (
     SignalTimeout,
 )
 from ._records import Applied, StepKind, StepRecord, StepState
+from ._stores._wakes import RunWakes, SupportsRunWakes, first_of
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from ._records import RunRecord
     from ._replay import History
     from ._services import DriverServices
@@ -134,48 +140,31 @@ async def settle_signal(
     deadline passed), checkpoint that, and return it settled; ``None``: the run has finished.
     ``owner`` is the run's driver, whose bell ``engine.signal`` rings."""
     store = services.store
-    run_id, name = record.run_id, record.name
+    run_id = record.run_id
+    wakes = store.wakes if isinstance(store, SupportsRunWakes) else None
     while record.status is StepState.PENDING:
         if driver_bell(owner).is_set():  # rung: a fresh bell BEFORE reading the store
             owner.signal_bell = trio.Event()  # type: ignore[attr-defined]
-        seq = int(record.input["seq"]) if isinstance(record.input, dict) else 0
-        text = await services.guard(partial(store.read_signal, run_id, name, seq), "reading")
-        following: StepRecord | None = None
-        if text is not None:
-            try:
-                payload = decode_stored(text, f"signal {name!r} #{seq} of run {run_id!r}")
-            except SignalDataError as exc:
-                following = attrs.evolve(record, status=StepState.FAILED, error=_error(exc))
-            else:
-                following = attrs.evolve(record, status=StepState.COMPLETED, output=payload)
-        elif record.wake_at is not None and store.now() >= record.wake_at:
-            message = (
-                f"no signal {name!r} reached run {run_id!r} within "
-                f"{record.input.get('timeout') if isinstance(record.input, dict) else '?'} s"
-            )
-            following = attrs.evolve(
-                record,
-                status=StepState.FAILED,
-                error={"type": "SignalTimeout", "message": message, "retryable": False},
-            )
-        if following is None:
-            bell = driver_bell(owner)
-            with trio.move_on_after(SIGNAL_POLL):  # the poll: signals stored elsewhere
-                if record.wake_at is None:
-                    await bell.wait()
-                else:  # the bell or the deadline, whichever comes first
+        with _watching(wakes, run_id) as stored:  # taken before the read, as the bell
+            following = await _settled(services, record)
+            if following is None:
+                # The store's ring (a signal stored by any process), the engine's bell, the
+                # deadline, or the poll (the safety net: a lost ring), whichever comes first.
+                with trio.move_on_after(SIGNAL_POLL):
                     async with trio.open_nursery() as nursery:
+                        if record.wake_at is not None:
 
-                        async def ring(
-                            scope: trio.CancelScope = nursery.cancel_scope, rung: trio.Event = bell
-                        ) -> None:
-                            await rung.wait()
-                            scope.cancel()
+                            async def deadline(
+                                at: float = record.wake_at,
+                                scope: trio.CancelScope = nursery.cancel_scope,
+                            ) -> None:
+                                await services.sleep_until(at)
+                                scope.cancel()
 
-                        nursery.start_soon(ring)
-                        await services.sleep_until(record.wake_at)
+                            nursery.start_soon(deadline)
+                        await first_of(driver_bell(owner), stored)
                         nursery.cancel_scope.cancel()
-            continue
+                continue
         verdict = await services.guard(
             partial(store.update_step, following, expect_attempt=record.attempt), "checkpointing"
         )
@@ -189,6 +178,42 @@ async def settle_signal(
         record = found  # moved on elsewhere (another engine): follow the store
     return record
 
+
+
+async def _settled(services: DriverServices, record: StepRecord) -> StepRecord | None:
+    """The pending signal checkpoint ``record`` settled by what the store holds now (its
+    signal, or its deadline passed), or ``None`` (still waiting)."""
+    store = services.store
+    run_id, name = record.run_id, record.name
+    seq = int(record.input["seq"]) if isinstance(record.input, dict) else 0
+    text = await services.guard(partial(store.read_signal, run_id, name, seq), "reading")
+    if text is not None:
+        try:
+            payload = decode_stored(text, f"signal {name!r} #{seq} of run {run_id!r}")
+        except SignalDataError as exc:
+            return attrs.evolve(record, status=StepState.FAILED, error=_error(exc))
+        return attrs.evolve(record, status=StepState.COMPLETED, output=payload)
+    if record.wake_at is not None and store.now() >= record.wake_at:
+        message = (
+            f"no signal {name!r} reached run {run_id!r} within "
+            f"{record.input.get('timeout') if isinstance(record.input, dict) else '?'} s"
+        )
+        return attrs.evolve(
+            record,
+            status=StepState.FAILED,
+            error={"type": "SignalTimeout", "message": message, "retryable": False},
+        )
+    return None
+
+
+@contextmanager
+def _watching(wakes: RunWakes | None, key: str) -> Iterator[trio.Event]:
+    """``wakes.watching(key)``, or an event never set (a store without wakes: the poll)."""
+    if wakes is None:
+        yield trio.Event()
+        return
+    with wakes.watching(key) as event:
+        yield event
 
 def outcome(record: StepRecord) -> Any:
     """A settled signal checkpoint's payload (or its error raised)."""

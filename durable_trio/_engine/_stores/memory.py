@@ -25,6 +25,7 @@ from .._records import (
     step_position,
 )
 from ._paging import check_page, decode_cursor, encode_cursor
+from ._wakes import RunWakes
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -134,6 +135,13 @@ class MemoryRunStore:
         self._seq = itertools.count(1)
         self._closed = False
         self._schedules: dict[str, tuple[str, float | None]] = {}
+        self.wakes = RunWakes()
+        """Its waiters (every engine of a ``memory://`` backend shares the store)."""
+
+    async def ring(self, key: str) -> None:
+        """Wake the waiters of ``key`` (in this process: the only one the store is in)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self.wakes.wake((key,))
 
     def now(self) -> float:
         """trio's clock (virtual under ``autojump_clock``)."""
@@ -447,6 +455,7 @@ class MemoryRunStore:
             return None
         log = run.signals.setdefault(name, [])
         log.append(payload)
+        self.wakes.wake((run_id,))
         return len(log)
 
     async def read_signal(self, run_id: str, name: str, seq: int) -> str | None:
@@ -460,6 +469,7 @@ class MemoryRunStore:
         run = self._runs.get(run_id)
         if run is not None:
             run.events[key] = value
+            self.wakes.wake((run_id,))
 
     async def get_events(self, run_id: str) -> dict[str, str]:
         await trio.lowlevel.checkpoint_if_cancelled()

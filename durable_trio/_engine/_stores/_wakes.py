@@ -1,0 +1,120 @@
+"""Wakes: a run store's word that something a waiter waits on changed (issue 18).
+
+A workflow blocked in ``ctx.wait_signal``, a caller in ``engine.get_event`` and an engine
+looking for the cancels other processes marked on its runs all wait on the run store. Without
+a word from the store they poll it (every second; every ``run_lease / 3`` for cancels), which
+is what a signal sent from another process cost before. A store that supports wakes
+(:class:`SupportsRunWakes`) rings after it stored a signal or an event, or when a cancel mark
+is written (:data:`CANCELS`), and every process with a waiter on that key wakes within about a
+millisecond:
+
+- memory: in-process only (every engine of a ``memory://`` backend shares the store);
+- SQLite: a datagram to every process's socket in ``<file>.wakes/`` (the broker's doorbell
+  mechanism, a folder of its own);
+- Redis: ``PUBLISH`` (``SPUBLISH`` on a Cluster) on the namespace's channel
+  ``{dt-runs:NS}:wakes``.
+
+A wake is a hint, never the source of truth: the waiters keep their poll as a safety net, and
+a lost wake (a killed process, a removed socket, a dropped subscription) costs at most one
+poll period. A waiter takes its event (:meth:`RunWakes.watching`) BEFORE it reads the store,
+so a ring between its read and its wait is not lost.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import trio
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+
+__all__ = ["CANCELS", "RunWakes", "SupportsRunWakes", "first_of"]
+
+#: The key rung when a cancel mark is written on any run of the namespace (its owner looks).
+CANCELS = "\x00cancels"
+
+
+class _Entry:
+    __slots__ = ("event", "waiters")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.waiters = 0
+
+
+class RunWakes:
+    """One store's waiters in this process, by key (a run id, or :data:`CANCELS`).
+
+    Args:
+        listen: called (in Trio) when a waiter starts watching: the store starts, or checks,
+            what carries other processes' rings here (a store without one passes ``None``).
+    """
+
+    def __init__(self, listen: Callable[[], None] | None = None) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self._listen = listen
+        self.woken = 0
+        """Rings that found a waiter (statistics)."""
+
+    @contextmanager
+    def watching(self, key: str) -> Iterator[trio.Event]:
+        """The event the next ring of ``key`` sets, while the block runs (take it before
+        reading the store). Entries go with their last waiter: nothing grows with old runs."""
+        if self._listen is not None:
+            self._listen()
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry()
+        entry.waiters += 1
+        try:
+            yield entry.event
+        finally:
+            entry.waiters -= 1
+            if entry.waiters == 0 and self._entries.get(key) is entry:
+                del self._entries[key]
+
+    def wake(self, keys: Iterable[str] | None) -> None:
+        """Wake the waiters of ``keys`` (``None``: every waiter: rings may have been lost)."""
+        if keys is None:
+            entries = list(self._entries.values())
+            self._entries.clear()
+        else:
+            entries = [e for key in keys if (e := self._entries.pop(key, None)) is not None]
+        for entry in entries:
+            self.woken += 1
+            entry.event.set()
+
+    @property
+    def waiting(self) -> int:
+        """Keys watched now."""
+        return len(self._entries)
+
+
+@runtime_checkable
+class SupportsRunWakes(Protocol):
+    """A run store that rings its waiters, in every process (see the module docstring)."""
+
+    wakes: RunWakes
+
+    async def ring(self, key: str) -> None:
+        """Wake the waiters of ``key`` here and in every other process (best-effort: never
+        raises for a ring that could not be carried)."""
+        ...
+
+
+async def first_of(*events: trio.Event) -> None:
+    """Return once any of ``events`` is set (bound the wait with a cancel scope)."""
+    for event in events:
+        if event.is_set():
+            await trio.lowlevel.checkpoint()
+            return
+    async with trio.open_nursery() as nursery:
+
+        async def wait(event: trio.Event) -> None:
+            await event.wait()
+            nursery.cancel_scope.cancel()
+
+        for event in events:
+            nursery.start_soon(wait, event)
