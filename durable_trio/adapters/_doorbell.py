@@ -59,9 +59,10 @@ MIN_GAP: float = 0.005
 CLOSE_TIMEOUT: Final = 1.0
 
 
-def bells_folder(path: str) -> str | None:
+def bells_folder(path: str, suffix: str = ".bells") -> str | None:
     """The doorbell folder of the database at ``path`` (a file name or a ``file:`` URI), or
-    ``None`` for an in-memory database (nobody else can open it)."""
+    ``None`` for an in-memory database (nobody else can open it). ``suffix`` names the folder
+    beside the file (the run stores' wakes have a folder of their own)."""
     if path.startswith("file:"):
         parts = urlsplit(path)
         if "mode=memory" in parts.query:
@@ -69,7 +70,7 @@ def bells_folder(path: str) -> str | None:
         path = unquote(parts.path)
     if path in ("", ":memory:"):
         return None
-    return os.path.abspath(path) + ".bells"
+    return os.path.abspath(path) + suffix
 
 
 class Doorbell:
@@ -80,10 +81,20 @@ class Doorbell:
         on_ring: called in the receiving thread when datagrams arrive, with the queues they
             name, or ``None`` if one could not name its queue (coalesced: once per wake-up of
             the thread, however many arrived); it must not block or raise.
+        suffix: the folder's suffix (see :func:`bells_folder`).
+        purpose: what other processes' rings tell, for the one warning when it cannot work.
     """
 
-    def __init__(self, path: str, on_ring: Callable[[frozenset[str] | None], None]) -> None:
-        self.folder = bells_folder(path)
+    def __init__(
+        self,
+        path: str,
+        on_ring: Callable[[frozenset[str] | None], None],
+        *,
+        suffix: str = ".bells",
+        purpose: str = "pushes are noticed by the wake-up tick",
+    ) -> None:
+        self.folder = bells_folder(path, suffix)
+        self._purpose = purpose
         self._on_ring = on_ring
         self._lock = threading.Lock()
         self._sender: socket.socket | None = None
@@ -277,6 +288,5 @@ class Doorbell:
         if not self._warned:
             self._warned = True
             _log.warning(
-                "SQLite doorbell: %s; other processes' pushes are noticed by the wake-up tick"
-                " alone", message,
+                "SQLite doorbell: %s; other processes' %s alone", message, self._purpose,
             )

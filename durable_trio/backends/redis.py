@@ -51,7 +51,10 @@ class RedisRunStores:
         """A store for ``namespace`` on the client; closed on leaving (the client is not)."""
         store = RedisRunStore(self.client, namespace, shards=self.shards)
         try:
-            yield store
+            async with trio.open_nursery() as nursery:
+                store.serve_wakes(nursery)  # (its listener starts once a waiter watches)
+                yield store
+                nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await store.aclose()

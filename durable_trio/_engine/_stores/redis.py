@@ -36,7 +36,8 @@ import attrs
 import orjson
 import trio
 
-from ..._errors import ConfigError
+from ..._errors import BrokerError, ConfigError, TransportClosed
+from ..._redis import RedisClusterClient
 from .._records import (
     Applied,
     RunPage,
@@ -50,11 +51,12 @@ from .._records import (
 )
 from ._paging import MAX_PAGE, check_page, decode_cursor, encode_cursor
 from ._shard_paging import DONE, ShardPage, decode_bounds, encode_bounds, merge_shards
+from ._wakes import RunWakes
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ..._redis import RedisClient, RedisClusterClient, Script
+    from ..._redis import RedisClient, Script
 
 __all__ = ["MAX_SHARDS", "RedisRunStore"]
 
@@ -418,6 +420,12 @@ def _beat(raw: bytes | None) -> Any:
         return None
 
 
+#: Seconds of silence on the wakes subscription before a ``PING`` checks it is alive.
+_WAKES_PING_AFTER: Final = 30.0
+#: Seconds that ``PING`` may take before the subscription counts as dead (subscribe again).
+_WAKES_PING_TIMEOUT: Final = 5.0
+
+
 class RedisRunStore:
     """A :class:`~durable_trio.RunStore` on Redis (runs of one ``namespace``).
 
@@ -455,6 +463,75 @@ class RedisRunStore:
         self._reopen: Script = client.script(_REOPEN)
         self._mark_tick: Script = client.script(_MARK_TICK)
         self._delete_schedule: Script = client.script(_DELETE_SCHEDULE)
+        self._channel = f"{{dt-runs:{namespace}}}:wakes"
+        self._nursery: trio.Nursery | None = None
+        self._listening = False
+        self.wakes = RunWakes(listen=self._listen)
+        """Its waiters in this process; other processes' rings reach them by ``PUBLISH``
+        (``SPUBLISH`` on a Cluster) on ``{dt-runs:NS}:wakes``, subscribed once a waiter
+        watches (see ``_wakes.py``)."""
+        self.subscriptions = 0
+        """Times the wakes channel was (re)subscribed (statistics)."""
+
+    # -- wakes (issue 18) -------------------------------------------------------------------
+
+    def serve_wakes(self, nursery: trio.Nursery) -> None:
+        """Where the wakes listener runs once a waiter watches (the opener's nursery: without
+        one, waiters only poll)."""
+        self._nursery = nursery
+
+    def _listen(self) -> None:
+        if not self._listening and self._nursery is not None:
+            self._listening = True
+            self._nursery.start_soon(self._listen_forever)
+
+    async def _listen_forever(self) -> None:
+        """Subscribe to the wakes channel and wake the waiters of every key a message names;
+        a (re)subscription wakes every waiter (rings may have been lost meanwhile)."""
+        client = self._client
+        failures = 0
+        while True:
+            try:
+                if isinstance(client, RedisClusterClient):
+                    async with client.ssubscribe(self._channel) as sharded:
+                        sharded.on_resubscribed = self._subscribed
+                        self._subscribed()
+                        failures = 0
+                        async for _, message in sharded:
+                            self.wakes.wake((bytes(message).decode("utf-8", "replace"),))
+                    return  # the subscription was closed under us: the client is closing
+                async with client.subscribe(self._channel) as sub:
+                    self._subscribed()
+                    failures = 0
+                    while True:
+                        with trio.move_on_after(_WAKES_PING_AFTER):
+                            _, message = await sub.receive()
+                            self.wakes.wake((bytes(message).decode("utf-8", "replace"),))
+                            continue
+                        await sub.ping(reply_timeout=_WAKES_PING_TIMEOUT)
+            except BrokerError:
+                pass  # the waiters poll meanwhile; subscribe again after a backoff
+            except TransportClosed:
+                return
+            failures += 1
+            await trio.sleep(min(0.05 * 2**failures, 2.0))
+
+    def _subscribed(self) -> None:
+        self.subscriptions += 1
+        self.wakes.wake(None)
+
+    async def ring(self, key: str) -> None:
+        """Wake the waiters of ``key`` here, and publish it to every other process
+        (best-effort: a ring the server did not take is covered by the waiters' poll)."""
+        self.wakes.wake((key,))
+        client = self._client
+        try:
+            if isinstance(client, RedisClusterClient):
+                await client.spublish(self._channel, key)
+            else:
+                await client.execute("PUBLISH", self._channel, key)
+        except BrokerError:
+            pass
 
     def now(self) -> float:
         """The client's wall clock (``time.time()``)."""
@@ -801,6 +878,8 @@ class RedisRunStore:
         seq = await self._append_signal(
             (self._run_key(run_id), self._signal_key(run_id, name)), (payload,)
         )
+        if int(seq):
+            await self.ring(run_id)
         return int(seq) or None
 
     async def read_signal(self, run_id: str, name: str, seq: int) -> str | None:
@@ -812,6 +891,7 @@ class RedisRunStore:
 
     async def put_event(self, run_id: str, key: str, value: str) -> None:
         await self._client.execute("HSET", self._events_key(run_id), key, value)
+        await self.ring(run_id)
 
     async def get_events(self, run_id: str) -> dict[str, str]:
         reply = await self._client.execute("HGETALL", self._events_key(run_id))

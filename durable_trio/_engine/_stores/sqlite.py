@@ -20,6 +20,7 @@ Cancellation:
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ import outcome
 import trio
 
 from ..._errors import BrokerError, BrokerUnavailable
+from ...adapters._doorbell import Doorbell
 from ...adapters.sqlite import (
     ConnectionThread,
     SqliteBroker,
@@ -51,6 +53,7 @@ from .._records import (
     read_trace,
 )
 from ._paging import check_page, decode_cursor, encode_cursor
+from ._wakes import RunWakes
 
 if TYPE_CHECKING:
     import os
@@ -624,6 +627,10 @@ def _op_mark_dispatched(
     return db.execute(_MARK_DISPATCHED, (ns, run_id, step_id, attempt)).rowcount == 1
 
 
+#: How often (seconds) a watching waiter checks that the wakes socket is still there.
+_WAKES_CHECK: Final = 1.0
+
+
 class SqliteRunStore:
     """A :class:`~durable_trio.RunStore` in a SQLite file (runs of one ``namespace``).
 
@@ -647,6 +654,49 @@ class SqliteRunStore:
         """Write transactions committed (statistics: compare with the writes made)."""
         self.writes = 0
         """Changes made."""
+        self._token = trio.lowlevel.current_trio_token()
+        self._doorbell = Doorbell(
+            self.path,
+            self._on_doorbell,
+            suffix=".wakes",
+            purpose="signals, events and cancels are noticed by the waiters' poll",
+        )
+        self._checked_at = -_WAKES_CHECK
+        self.wakes = RunWakes(listen=self._listen)
+        """Its waiters in this process; other processes' rings reach them through datagram
+        sockets in ``<file>.wakes/`` (see ``_wakes.py``), bound once a waiter watches."""
+
+    # -- wakes (issue 18) -------------------------------------------------------------------
+
+    def _listen(self) -> None:
+        """A waiter watches: bind our socket (once), and now and then check it is still there
+        (a removed socket is bound again; meanwhile the waiters' poll covers)."""
+        now = trio.current_time()
+        if now - self._checked_at >= _WAKES_CHECK:
+            self._checked_at = now
+            self._doorbell.listen()
+            self._doorbell.check()
+
+    def _on_doorbell(self, names: frozenset[str] | None) -> None:
+        """(The doorbell's thread.) Hand the keys rung for this namespace to Trio."""
+        keys: list[str] | None = None
+        if names is not None:
+            prefix = self._ns + "\x00"
+            keys = [name[len(prefix) :] for name in names if name.startswith(prefix)]
+            if not keys:
+                return
+        with contextlib.suppress(trio.RunFinishedError):  # the process is leaving
+            self._token.run_sync_soon(self.wakes.wake, keys)
+
+    async def ring(self, key: str) -> None:
+        """Wake the waiters of ``key`` in this process and, by datagram, in every other
+        process on this file (best-effort: the waiters' poll covers a lost one)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._ring(key)
+
+    def _ring(self, key: str) -> None:
+        self.wakes.wake((key,))
+        self._doorbell.ring(f"{self._ns}\x00{key}")
 
     @classmethod
     async def attach(cls, broker: SqliteBroker, namespace: str) -> SqliteRunStore:
@@ -897,6 +947,7 @@ class SqliteRunStore:
             await trio.lowlevel.checkpoint()
             return
         self._closed = True
+        self._doorbell.close()
         await self._db.release()
 
     # -- signals and events (issue 18) ----------------------------------------------------
@@ -905,6 +956,8 @@ class SqliteRunStore:
         result: int | None = await self._write(
             partial(_op_append_signal, self._ns, run_id, name, payload)
         )
+        if result is not None:
+            self._ring(run_id)
         return result
 
     async def read_signal(self, run_id: str, name: str, seq: int) -> str | None:
@@ -913,6 +966,7 @@ class SqliteRunStore:
 
     async def put_event(self, run_id: str, key: str, value: str) -> None:
         await self._write(partial(_op_put_event, self._ns, run_id, key, value))
+        self._ring(run_id)
 
     async def get_events(self, run_id: str) -> dict[str, str]:
         result: dict[str, str] = await self._read(partial(_op_get_events, self._ns, run_id))

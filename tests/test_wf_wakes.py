@@ -1,0 +1,191 @@
+"""Run-store wakes (issue 18): a signal, an event or a cancel stored by any process wakes its
+waiter at once, on memory (exact virtual time), SQLite (datagrams in ``<file>.wakes/``) and
+Redis (``PUBLISH`` on ``{dt-runs:NS}:wakes``); with the wake lost, the poll still delivers.
+
+On SQLite and Redis the other process is ``durable-trio runs signal`` / ``runs cancel`` run in
+a thread (its own ``trio.run``, backend and run store, as a shell's would be), and the waiter's
+poll is set to a minute: a run that ends within the bound was woken by the ring.
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+import trio.testing
+
+import durable_trio as dt
+from durable_trio._cli import main
+from durable_trio._engine import App, RunStatus, WorkflowContext, _signals, open_engine
+from durable_trio._engine._stores._wakes import CANCELS, RunWakes, SupportsRunWakes
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def approvals() -> App:
+    app = App("wakes")
+
+    @app.workflow("approve")
+    async def approve(ctx: WorkflowContext, _: Any) -> Any:
+        await ctx.set_event("stage", "waiting")
+        return await ctx.wait_signal("ok")
+
+    return app
+
+
+async def test_a_signal_through_another_engine_wakes_the_run_at_once_on_memory(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = approvals()
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            open_engine(app, backend, engine_id="a") as owner,
+            open_engine(app, backend, engine_id="b", reconcile=False) as other,
+        ):
+            run_id = await owner.start("approve", None)
+            assert await other.get_event(run_id, "stage", timeout=5) == "waiting"
+            await trio.sleep(3.25)
+            assert (await other.get(run_id)).owner == "a"
+            await other.signal(run_id, "ok", "yes")  # not through the engine driving it
+            assert await owner.result(run_id) == "yes"
+            assert trio.current_time() == 3.25  # before: at the driver's next poll, 4.0
+
+
+async def test_get_event_wakes_when_the_event_is_set(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = App("wakes")
+
+    @app.workflow("slow")
+    async def slow(ctx: WorkflowContext, _: Any) -> None:
+        await ctx.sleep(2.5)
+        await ctx.set_event("stage", "late")
+
+    async with dt.open_backend("memory://") as backend, open_engine(app, backend) as engine:
+        run_id = await engine.start("slow", None)
+        assert await engine.get_event(run_id, "stage", timeout=10) == "late"
+        assert trio.current_time() == 2.5  # before: at its next look (every 0.1 s)
+
+
+async def test_wakes_entries_go_with_their_last_waiter() -> None:
+    wakes = RunWakes()
+    with wakes.watching("r1") as first, wakes.watching("r1") as second:
+        assert first is second
+        assert wakes.waiting == 1
+    assert wakes.waiting == 0
+    with wakes.watching("r1") as event, wakes.watching(CANCELS) as cancels:
+        wakes.wake(["r1"])
+        assert event.is_set()
+        assert not cancels.is_set()
+        wakes.wake(None)
+        assert cancels.is_set()
+    assert wakes.waiting == 0
+
+
+def _sqlite(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'w.db'}".replace("///", "////", 1)
+
+
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
+def shared_url(request: pytest.FixtureRequest, short_tmp: Path) -> str:
+    if request.param == "sqlite":
+        return _sqlite(short_tmp)
+    if request.param == "redis":
+        return str(request.getfixturevalue("redis_url"))
+    return str(request.getfixturevalue("redis_cluster_url"))  # SPUBLISH / SSUBSCRIBE
+
+
+@pytest.fixture
+def short_tmp() -> Any:
+    """A short folder: a Unix socket's path holds 107 bytes (pytest's tmp_path may not leave
+    enough under xdist)."""
+    import tempfile
+    from pathlib import Path
+
+    folder = tempfile.mkdtemp(prefix="dtw-", dir="/tmp")
+    yield Path(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _cli(url: str, *argv: str) -> int:
+    return main([*argv, "--backend", url, "--namespace", "wakes"])
+
+
+async def test_a_signal_from_another_process_wakes_the_run(
+    shared_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_signals, "SIGNAL_POLL", 60.0)  # only a ring ends it in time
+    app = approvals()
+    async with dt.open_backend(shared_url) as backend, open_engine(app, backend) as engine:
+        assert isinstance(engine.store, SupportsRunWakes)
+        run_id = await engine.start("approve", None)
+        with trio.fail_after(10):
+            assert await engine.get_event(run_id, "stage", timeout=10) == "waiting"
+        await trio.sleep(0.2)  # the run waits on its signal now
+        sent = trio.current_time()
+        with trio.fail_after(20):
+            code = await trio.to_thread.run_sync(
+                _cli, shared_url, "runs", "signal", run_id, "ok", '"yes"'
+            )
+            assert code == 0
+            assert await engine.result(run_id) == "yes"
+        assert trio.current_time() - sent < 20
+        assert engine.store.wakes.woken >= 1
+
+
+async def test_an_operators_cancel_from_another_process_is_delivered_at_once(
+    shared_url: str,
+) -> None:
+    app = App("wakes")
+    undone: list[str] = []
+
+    @app.workflow("wait")
+    async def wait(ctx: WorkflowContext, _: Any) -> None:
+        try:
+            await ctx.wait_signal("never")
+        except dt.RunCancelled:
+            undone.append("undo")
+            raise
+
+    # The engine's own look for marks is every run_lease / 3 = 100 s: only a ring is in time.
+    async with (
+        dt.open_backend(shared_url) as backend,
+        open_engine(app, backend, run_lease=300) as engine,
+    ):
+        run_id = await engine.start("wait", None)
+        await trio.sleep(0.3)
+        with trio.fail_after(30):
+            code = await trio.to_thread.run_sync(_cli, shared_url, "runs", "cancel", run_id)
+        assert code == 0
+        record = await engine.get(run_id)
+    assert record.status is RunStatus.CANCELLED
+    assert record.error == {
+        "type": "RunCancelled",
+        "message": "cancelled by an operator",
+        "cut": False,
+    }
+    assert undone == ["undo"]
+
+
+async def test_with_the_wakes_folder_gone_the_poll_still_delivers(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_signals, "SIGNAL_POLL", 0.2)
+    url = _sqlite(short_tmp)
+    app = approvals()
+    async with dt.open_backend(url) as backend, open_engine(app, backend) as engine:
+        run_id = await engine.start("approve", None)
+        with trio.fail_after(10):
+            await engine.get_event(run_id, "stage", timeout=10)
+        await trio.sleep(0.2)
+        folder = short_tmp / "w.db.wakes"
+        assert folder.is_dir()
+        shutil.rmtree(folder)  # the socket and its folder removed by a person
+        with trio.fail_after(20):
+            assert (
+                await trio.to_thread.run_sync(_cli, url, "runs", "signal", run_id, "ok", "1") == 0
+            )
+            assert await engine.result(run_id) == 1
