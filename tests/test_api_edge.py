@@ -676,7 +676,8 @@ async def test_a_run_times_out_at_exactly_its_deadline(
     assert (stats.runs_timed_out, stats.runs_failed, stats.orphan_results) == (1, 1, 2)
     assert stats.active_runs == stats.waiting_steps == 0
     assert errors.seen == []
-    assert ["run 'w' was cancelled" in m for m in worker_errors.messages()] == [True]
+    # The step cancelled because its run ended is logged at INFO, not reported as an error.
+    assert worker_errors.messages() == []
 
 
 async def test_a_run_that_ends_before_its_deadline_is_unaffected(

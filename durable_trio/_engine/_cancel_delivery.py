@@ -6,19 +6,31 @@ on a run driven here. It knows both kinds of driver; the drivers only know :mod:
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import trio
 
+from .._errors import BrokerError
 from ._cancel import CANCEL_MARK, cancel_mark, mark_reason, write_mark
 from ._records import RunStatus
 from ._remote_run import RemoteRunDriver
 from ._runtime import RunDriver
+from ._stores._wakes import CANCELS, SupportsRunWakes
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from ._services import EngineServices
 
-__all__ = ["bound_remote", "cancel_inside", "cancel_remote", "deliver_local", "deliver_marked"]
+__all__ = [
+    "bound_remote",
+    "cancel_inside",
+    "cancel_remote",
+    "deliver_local",
+    "deliver_marked",
+    "deliver_marked_forever",
+]
 
 
 async def cancel_inside(
@@ -121,3 +133,54 @@ async def cancel_remote(
         return False
     driver.cancel_seen = True
     return await bound_remote(services, driver, reason, grace)
+
+
+async def deliver_marked_forever(
+    services: EngineServices,
+    grace: float,
+    period: float,
+    nursery: trio.Nursery,
+    cancel_steps: Callable[[str], Awaitable[None]],
+) -> None:
+    """The engine's loop for the cancels other engines or operators marked on runs driven here
+    (docs/engine.md, "Cancellation inside a workflow"): it looks at once when the store rings
+    :data:`CANCELS` (a store with wakes), else, and as the safety net, every ``period``
+    (``run_lease / 3``). Each run found gets its cancel delivered, and once it ended its steps
+    still running are cancelled on the workers (``cancel_steps``)."""
+    store = services.store
+    wakes = store.wakes if isinstance(store, SupportsRunWakes) else None
+    while True:
+        with contextlib.ExitStack() as watch:
+            # Taken before the read: a mark written while it reads rings it again.
+            marked = watch.enter_context(wakes.watching(CANCELS)) if wakes else None
+            try:
+                found = await deliver_marked(services, grace)
+            except BrokerError as exc:
+                services.report(exc)
+                found = []
+            for driver, reason in found:
+                nursery.start_soon(_settle_marked, services, driver, reason, grace, cancel_steps)
+            with trio.move_on_after(period):
+                if marked is not None:
+                    await marked.wait()
+                else:
+                    await trio.sleep_forever()
+
+
+async def _settle_marked(
+    services: EngineServices,
+    driver: RunDriver | RemoteRunDriver,
+    reason: str,
+    grace: float,
+    cancel_steps: Callable[[str], Awaitable[None]],
+) -> None:
+    """A cancel marked by another process, delivered here: once the run ended (its
+    compensation done or cut), the workers are asked to cancel the steps it left running, as
+    ``engine.cancel`` does (the process that marked it may not wait for the end)."""
+    if isinstance(driver, RemoteRunDriver):
+        cancelled = await bound_remote(services, driver, reason, grace)
+    else:
+        await driver.done.wait()
+        cancelled = driver.final is not None and driver.final.status is RunStatus.CANCELLED
+    if cancelled:
+        await cancel_steps(driver.run.run_id)

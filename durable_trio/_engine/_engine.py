@@ -38,7 +38,7 @@ from .._wire import ControlMessage
 from ._app import App  # noqa: TC001
 from ._audit import LossAudit
 from ._cancel import write_mark
-from ._cancel_delivery import bound_remote, cancel_inside, cancel_remote, deliver_marked
+from ._cancel_delivery import cancel_inside, cancel_remote, deliver_marked_forever
 from ._children import cancel_children
 from ._deadline import drive_within_deadline, expired, time_out
 from ._duplicates import DuplicateResult  # noqa: TC001
@@ -62,7 +62,7 @@ from ._statistics import EngineStatistics
 from ._step_watch import StepWait, StepWatch
 from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
-from ._stores._wakes import CANCELS, SupportsRunWakes
+from ._stores._wakes import SupportsRunWakes
 from ._versioning import resume_blocked
 
 if TYPE_CHECKING:
@@ -184,7 +184,14 @@ class Engine:
             scheduler = Scheduler(self, self._schedules, self._schedules_changed)
             await scheduler.start()
             self._loops.start_soon(scheduler.run)
-        self._loops.start_soon(self._deliver_cancels)
+        self._loops.start_soon(
+            deliver_marked_forever,
+            self._services,
+            self.options.cancel_grace,
+            self.options.run_lease / 3,
+            self._loops,
+            self._cancel_steps,
+        )
         if any(step.heartbeat_timeout is not None for step in self.app.steps.values()):
             self._loops.start_soon(
                 watch_heartbeats,
@@ -619,48 +626,6 @@ class Engine:
                 self._services.run_event("cancelled", record)
             await self._cancel_steps(run_id)
         return cancelled
-
-    async def _deliver_cancels(self) -> None:
-        """Deliver the cancels other engines or operators marked on runs driven here
-        (docs/engine.md, "Cancellation inside a workflow"): at once when the store rings
-        :data:`CANCELS` (a store with wakes), else, and as the safety net, every
-        ``run_lease / 3``."""
-        grace = self.options.cancel_grace
-        store = self.store
-        wakes = store.wakes if isinstance(store, SupportsRunWakes) else None
-        period = self.options.run_lease / 3
-        while True:
-            with contextlib.ExitStack() as watch:
-                # Taken before the read: a mark written while it reads rings it again.
-                marked = watch.enter_context(wakes.watching(CANCELS)) if wakes else None
-                try:
-                    found = await deliver_marked(self._services, grace)
-                except BrokerError as exc:
-                    self._services.report(exc)
-                    found = []
-                loops = self._loops
-                for driver, reason in found:
-                    if loops is not None:
-                        loops.start_soon(self._settle_marked, driver, reason, grace)
-                with trio.move_on_after(period):
-                    if marked is not None:
-                        await marked.wait()
-                    else:
-                        await trio.sleep_forever()
-
-    async def _settle_marked(
-        self, driver: RunDriver | RemoteRunDriver, reason: str, grace: float
-    ) -> None:
-        """A cancel marked by another process, delivered here: once the run ended (its
-        compensation done or cut), the workers are asked to cancel the steps it left running,
-        as :meth:`cancel` does (the process that marked it may not wait for the end)."""
-        if isinstance(driver, RemoteRunDriver):
-            cancelled = await bound_remote(self._services, driver, reason, grace)
-        else:
-            await driver.done.wait()
-            cancelled = driver.final is not None and driver.final.status is RunStatus.CANCELLED
-        if cancelled:
-            await self._cancel_steps(driver.run.run_id)
 
     async def _cancel_steps(self, run_id: str) -> None:
         """Ask the workers (best-effort) to cancel the running steps of ``run_id``."""
