@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "bound_remote",
+    "cancel_elsewhere",
     "cancel_inside",
     "cancel_remote",
     "deliver_local",
@@ -184,3 +185,30 @@ async def _settle_marked(
         cancelled = driver.final is not None and driver.final.status is RunStatus.CANCELLED
     if cancelled:
         await cancel_steps(driver.run.run_id)
+
+
+async def cancel_elsewhere(
+    services: EngineServices, run_id: str, reason: str, bound: float, period: float
+) -> bool | None:
+    """``engine.cancel`` of a run another engine drives: write the mark (its owner delivers it,
+    its compensation bounded by its own ``cancel_grace``), or find one already there (a cancel
+    under way: waited for the same way, never settled under its compensation), and wait up to
+    ``bound`` for the run to end.
+
+    Returns:
+        ``True``: it ended cancelled by this call's mark; ``False``: it ended otherwise, or by
+        an earlier cancel; ``None``: not ended within ``bound`` (its owner died, or ignores
+        marks): the caller settles it.
+    """
+    wrote = await write_mark(services, run_id, reason)
+    store = services.store
+    with trio.move_on_after(bound):
+        while True:
+            run = await services.guard(lambda: store.get_run(run_id), "reading")
+            if run is None or run.status.terminal:
+                break
+            await trio.sleep(min(1.0, period))
+    run = await store.get_run(run_id)
+    if run is None or not run.status.terminal:
+        return None
+    return wrote and run.status is RunStatus.CANCELLED

@@ -37,8 +37,12 @@ from .._transport import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._app import App  # noqa: TC001
 from ._audit import LossAudit
-from ._cancel import write_mark
-from ._cancel_delivery import cancel_inside, cancel_remote, deliver_marked_forever
+from ._cancel_delivery import (
+    cancel_elsewhere,
+    cancel_inside,
+    cancel_remote,
+    deliver_marked_forever,
+)
 from ._children import cancel_children
 from ._deadline import drive_within_deadline, expired, time_out
 from ._duplicates import DuplicateResult  # noqa: TC001
@@ -602,17 +606,15 @@ class Engine:
         # Driven by another engine: the mark tells its owner, which delivers it (its
         # compensation bounded by its own cancel_grace); settled here if it has not ended
         # within this engine's grace plus a lease (an owner that died or ignores marks).
-        if elsewhere and await write_mark(self._services, run_id, reason):
-            bound = self.options.cancel_grace + self.options.run_lease
-            with trio.move_on_after(bound):
-                while not (await self.get(run_id)).status.terminal:  # noqa: ASYNC110
-                    await trio.sleep(min(1.0, self.options.run_lease / 3))
-            ended = await self.get(run_id)
-            if ended.status is RunStatus.CANCELLED:
-                await self._cancel_steps(run_id)
-                return True
-            if ended.status.terminal:
-                return False
+        if elsewhere:
+            lease = self.options.run_lease
+            ended = await cancel_elsewhere(
+                self._services, run_id, reason, self.options.cancel_grace + lease, lease / 3
+            )
+            if ended is not None:
+                if ended:
+                    await self._cancel_steps(run_id)
+                return ended
         error = {"type": "RunCancelled", "message": reason}
         cancelled = await self.store.finish_run(run_id, RunStatus.CANCELLED, error=error)
         if driver is not None:

@@ -95,10 +95,10 @@ class Runs:
             assert current.engine is not None
             try:
                 output = await current.engine.result(run_id)
+            except RunCancelled as exc:  # (a RunFailed: caught first)
+                self.outcomes[run_id] = ("cancelled", exc.error)
             except RunFailed as exc:
                 self.outcomes[run_id] = ("failed", exc.error)
-            except RunCancelled as exc:
-                self.outcomes[run_id] = ("cancelled", exc.error)
             except (BrokerError, EngineClosed):
                 if not current.killed:
                     raise
