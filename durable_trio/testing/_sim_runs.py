@@ -55,6 +55,11 @@ class Runs:
         self.signals: Any = None
         """Issue 18: ``(rng, workflow, input) -> [(delay, name, payload)]``, each run's
         signals (see :mod:`._sim_signals`), or ``None``."""
+        self.cancels: Any = None
+        """Issue 18: ``(rng, workflow, input) -> delay or None``, each run's cancel (see
+        :mod:`._sim_cancels`), or ``None``."""
+        self.asked: dict[str, bool] = {}
+        """Run id: whether its cancel said it cancelled it, for every run cancelled."""
 
     @property
     def unfinished(self) -> int:
@@ -87,6 +92,14 @@ class Runs:
                 runs.start_soon(
                     send_signals,
                     self.signals, self.seed, run_id, workflow, value, self.engines, self.ledger,
+                )  # fmt: skip
+            if self.cancels is not None:
+                from ._sim_cancels import cancel_later
+
+                runs.start_soon(
+                    cancel_later,
+                    self.cancels, self.seed, run_id, workflow, value, self.engines, self.ledger,
+                    self.asked,
                 )  # fmt: skip
 
     async def _await(self, run_id: str) -> None:

@@ -121,6 +121,9 @@ class Simulation:
         signals: (issue 18) ``(rng, workflow, input) -> [(delay, name, payload), ...]``: the
             signals sent to each run, ``delay`` virtual seconds after its start; the invariant
             "each signal consumed once, in order per name" is then checked.
+        cancels: (issue 18) ``(rng, workflow, input) -> delay or None``: each run cancelled
+            (``engine.cancel``) ``delay`` virtual seconds after its start, or not; the
+            invariants of a cancel (``_sim_cancels.py``) are then checked.
     """
 
     def __init__(
@@ -141,6 +144,7 @@ class Simulation:
         transport_options: dict[str, Any] | None = None,
         replay: str | None = None,
         signals: Any = None,
+        cancels: Any = None,
     ) -> None:
         override = os.environ.get(SEED_VARIABLE)
         self.seed = int(override) if override else seed
@@ -160,6 +164,7 @@ class Simulation:
         self.transport_options = {**DEFAULT_TRANSPORT_OPTIONS, **(transport_options or {})}
         self._replay = replay
         self.signals = signals
+        self.cancels = cancels
         self._reset()
 
     # ------------------------------------------------------------------ public API
@@ -258,6 +263,7 @@ class Simulation:
         )
         self._ledger, self._engines, self._workers, self._runs = ledger, engines, workers, runs
         runs.signals = getattr(self, "signals", None)
+        runs.cancels = getattr(self, "cancels", None)
         self._store = store
         self._schedule = FaultSchedule(
             seed=self.seed,
@@ -313,6 +319,10 @@ class Simulation:
                 from ._sim_signals import check_signals
 
                 await check_signals(self._store, sorted(runs.inputs), ledger)
+            if self.cancels is not None:
+                from ._sim_cancels import check_cancels
+
+                await check_cancels(self._store, runs.outcomes, runs.asked, ledger)
             # keep the key checks scheduled by the last closes (the nursery waits for them)
         ledger.end = ledger.now()
         ledger.event("end")

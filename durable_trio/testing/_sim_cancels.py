@@ -1,0 +1,97 @@
+"""Cancellation in a simulation (issue 18): some runs cancelled at seeded times through a live
+engine (again through the next one if that engine dies), and the invariants of a cancel:
+
+- a cancel that said it cancelled the run (``engine.cancel`` returned ``True``) left the run
+  ``cancelled``;
+- a run that ended ``cancelled`` was cancelled by the workload (nothing cancels a run by
+  itself), and its stored error is a ``RunCancelled``;
+- a cancelled run's history holds the cancel mark when an engine delivered it inside the
+  workflow (``"cut"`` present in the error), so a replay of it ends cancelled too.
+
+What the workflow's compensation did is the app's to check (its ``expected`` callables see
+completed runs only): ``tests/test_wf_cancel_sim.py`` checks its own saga's.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._engine import EngineClosed, RunNotFound
+from .._engine._cancel import CANCEL_MARK
+from .._errors import BrokerError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._sim_engines import Engines, RecordingStore
+    from ._sim_ledger import Ledger
+
+__all__ = ["CancelPlan", "cancel_later", "check_cancels"]
+
+if TYPE_CHECKING:
+    CancelPlan = Callable[[random.Random, str, Any], float | None]
+    """``(rng, workflow, input) -> delay after the start`` of the run's cancel (``None``: the
+    run is not cancelled)."""
+
+#: The reason the simulation's cancels give.
+REASON = "cancelled by the simulation"
+
+
+async def cancel_later(
+    plan: CancelPlan,
+    seed: int,
+    run_id: str,
+    workflow: str,
+    value: Any,
+    engines: Engines,
+    ledger: Ledger,
+    asked: dict[str, bool],
+) -> None:
+    """Cancel ``run_id`` at its planned time; ``asked[run_id]`` is what the (last) call said.
+    A call whose engine died is made again through the next one (it then finds the mark under
+    way, and waits for it)."""
+    delay = plan(random.Random(f"{seed}:cancels:{run_id}"), workflow, value)
+    if delay is None:
+        return
+    await trio.sleep(delay)
+    ledger.event("cancel", run=run_id)
+    asked[run_id] = False
+    while True:
+        current = await engines.live()
+        assert current.engine is not None
+        try:
+            cancelled = await current.engine.cancel(run_id, reason=REASON)
+        except (BrokerError, EngineClosed):
+            if not current.killed:
+                raise
+            continue
+        except RunNotFound:  # pragma: no cover - every run is started before its cancel
+            ledger.violation(f"{run_id}: not found by its cancel")
+            return
+        break
+    asked[run_id] = asked[run_id] or cancelled
+    ledger.event("cancelled", run=run_id, cancelled=cancelled)
+
+
+async def check_cancels(
+    store: RecordingStore,
+    outcomes: dict[str, tuple[str, Any]],
+    asked: dict[str, bool],
+    ledger: Ledger,
+) -> None:
+    """The invariants of the module docstring, over every run the workload started."""
+    for run_id, (status, error) in sorted(outcomes.items()):
+        if asked.get(run_id) and status != "cancelled":
+            ledger.violation(f"{run_id}: its cancel returned True but it ended {status}")
+        if status != "cancelled":
+            continue
+        if run_id not in asked:
+            ledger.violation(f"{run_id}: ended cancelled, but nothing cancelled it")
+        if not isinstance(error, dict) or error.get("type") != "RunCancelled":
+            ledger.violation(f"{run_id}: cancelled with the error {error!r}")
+            continue
+        if "cut" in error and await store.get_step(run_id, CANCEL_MARK) is None:
+            ledger.violation(f"{run_id}: cancelled inside the workflow without its cancel mark")
