@@ -601,7 +601,9 @@ async def test_a_restarted_old_master_comes_back_a_replica_and_gets_no_write(
             break
     else:
         pytest.fail("the sentinels failed back to the restarted node 3 times out of 3")
-    assert sorted(comeback.roles) == ["master"]  # it did claim to be one, meanwhile
+    # It did claim to be one, meanwhile ("down": read before the restarted process accepted
+    # connections, as CI saw once).
+    assert sorted(comeback.roles - {"down"}) == ["master"]
     assert old.role() == "slave"
     assert redis_sentinel.master() is not old
 

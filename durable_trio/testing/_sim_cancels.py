@@ -65,7 +65,7 @@ async def cancel_later(
         try:
             cancelled = await current.engine.cancel(run_id, reason=REASON)
         except (BrokerError, EngineClosed):
-            if not current.killed:
+            if not current.gone:
                 raise
             continue
         except RunNotFound:  # pragma: no cover - every run is started before its cancel

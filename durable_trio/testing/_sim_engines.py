@@ -197,6 +197,13 @@ class EngineGeneration:
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
     stop: trio.Event = attrs.Factory(trio.Event)
     killed: bool = False
+    redeployed: bool = False
+    """Stopped gracefully to be replaced by the deployed code (issue 18: versioning)."""
+
+    @property
+    def gone(self) -> bool:
+        """Killed, or closing for a deploy: a call it failed is made again on the next one."""
+        return self.killed or self.redeployed
 
 
 def _summed(a: EngineStatistics | None, b: EngineStatistics) -> EngineStatistics:
@@ -256,6 +263,9 @@ class Engines:
         """Set while some engine is up (replaced when the last one goes down)."""
         self._stopping = trio.Event()
         self._done = [trio.Event() for _ in range(count)]
+        self.deployed_app: App | None = None
+        """The new code a rolling deploy brings (see :meth:`deploy`)."""
+        self._deployed = [False] * count
 
     def start(self, nursery: trio.Nursery) -> None:
         """Start every engine (each a task of ``nursery``, replaced after each kill)."""
@@ -306,10 +316,10 @@ class Engines:
             }
             options.setdefault("instance_id", name)
             options.setdefault("on_error", ledger.error_hook(name))
+            app = self.deployed_app if self._deployed[index] else self.app
+            assert app is not None
             with current.scope:
-                async with open_engine(
-                    self.app, backend, store=current.store, **options
-                ) as engine:
+                async with open_engine(app, backend, store=current.store, **options) as engine:
                     current.engine = engine
                     self._current[index] = current
                     self._up_event.set()
@@ -321,6 +331,9 @@ class Engines:
                         self.statistics = _summed(self.statistics, engine.statistics())
                         self.duplicates.extend(engine.duplicates())
             self._current[index] = None
+            if current.redeployed and not self._stopping.is_set():
+                generation += 1  # closed gracefully (its runs handed back): the new code next
+                continue
             if not current.killed:
                 break
             ledger.event("engine-gone", engine=name)
@@ -332,7 +345,7 @@ class Engines:
         done.set()
 
     def _up(self) -> list[EngineGeneration]:
-        return [e for e in self._current if e is not None and not e.killed]
+        return [e for e in self._current if e is not None and not e.gone]
 
     async def live(self, turn: int = 0) -> EngineGeneration:
         """An engine now up (the ``turn``-th of them, round the ones up), waiting while none
@@ -365,6 +378,19 @@ class Engines:
             ledger.duplicate_pushes[key] += 1
         current.scope.cancel()
         current.stop.set()
+
+    def deploy(self, index: int) -> None:
+        """Replace engine ``index`` by one running :attr:`deployed_app`: the one up is closed
+        gracefully (its runs handed back, taken over by its successor at start), a killed one's
+        replacement starts on the new code."""
+        self._deployed[index] = True
+        self.ledger.event("deploy", engine=index)
+        current = self._current[index]
+        if current is not None and not current.killed:
+            current.redeployed = True
+            if not self._up():
+                self._up_event = trio.Event()  # set by the next engine up
+            current.stop.set()
 
     def heal(self) -> None:
         """No more per-call faults, for the engines up and every replacement."""

@@ -80,7 +80,7 @@ class Runs:
                 try:
                     await current.engine.start(workflow, value, run_id=run_id)
                 except (BrokerError, EngineClosed):
-                    if not current.killed:
+                    if not current.gone:
                         raise
                     continue
                 break
@@ -113,7 +113,7 @@ class Runs:
             except RunFailed as exc:
                 self.outcomes[run_id] = ("failed", exc.error)
             except (BrokerError, EngineClosed):
-                if not current.killed:
+                if not current.gone:
                     raise
                 continue  # asked again of the replacement
             else:

@@ -49,7 +49,7 @@ async def send_signals(
                 if await current.engine.store.read_signal(run_id, name, target) is None:
                     await current.engine.signal(run_id, name, payload)
             except (BrokerError, EngineClosed):
-                if not current.killed:
+                if not current.gone:
                     raise
                 continue
             except RunNotSignalable:

@@ -124,6 +124,12 @@ class Simulation:
         cancels: (issue 18) ``(rng, workflow, input) -> delay or None``: each run cancelled
             (``engine.cancel``) ``delay`` virtual seconds after its start, or not; the
             invariants of a cancel (``_sim_cancels.py``) are then checked.
+        deploy: (issue 18) ``(new_app, at, stagger)``: a rolling deploy of new workflow code
+            (``ctx.patched``): ``at`` virtual seconds in, each engine in turn is closed
+            gracefully and replaced by one running ``new_app``, ``stagger`` seconds apart,
+            after each worker the same way (step code first; a remote workflow's code is the
+            workers'). A process killed later restarts on the code of its turn. No run may then
+            fail with ``NonDeterminismError``.
     """
 
     def __init__(
@@ -145,6 +151,7 @@ class Simulation:
         replay: str | None = None,
         signals: Any = None,
         cancels: Any = None,
+        deploy: tuple[App, float, float] | None = None,
     ) -> None:
         override = os.environ.get(SEED_VARIABLE)
         self.seed = int(override) if override else seed
@@ -165,6 +172,7 @@ class Simulation:
         self._replay = replay
         self.signals = signals
         self.cancels = cancels
+        self.deploy = deploy
         self._reset()
 
     # ------------------------------------------------------------------ public API
@@ -241,6 +249,8 @@ class Simulation:
             engine_options=self.engine_options,
             transport_options=self.transport_options,
         )
+        deploy = getattr(self, "deploy", None)
+        engines.deployed_app = deploy[0] if deploy is not None else None
         workers = WorkerSlots(
             self.app,
             broker,
@@ -303,6 +313,8 @@ class Simulation:
             nursery.start_soon(workers.run, nursery, slots_done)
             async with trio.open_nursery() as started:
                 started.start_soon(self._schedule.run, ledger.t0)
+                if self.deploy is not None:
+                    started.start_soon(self._roll_out, self.deploy[1], self.deploy[2])
                 await runs.start(started)
                 await trio.sleep_until(ledger.t0 + self.duration)
                 self._heal()
@@ -319,6 +331,10 @@ class Simulation:
                 from ._sim_signals import check_signals
 
                 await check_signals(self._store, sorted(runs.inputs), ledger)
+            if self.deploy is not None:
+                for run_id, (status, error) in sorted(runs.outcomes.items()):
+                    if isinstance(error, dict) and error.get("type") == "NonDeterminismError":
+                        ledger.violation(f"{run_id}: {status} by the deploy: {error!r}")
             if self.cancels is not None:
                 from ._sim_cancels import check_cancels
 
@@ -326,6 +342,21 @@ class Simulation:
             # keep the key checks scheduled by the last closes (the nursery waits for them)
         ledger.end = ledger.now()
         ledger.event("end")
+
+    async def _roll_out(self, at: float, stagger: float) -> None:
+        """The rolling deploy: each worker, then each engine, replaced by the new code in
+        turn, ``stagger`` seconds apart (step code reaches the workers before workflow code
+        reaches the engines; a remote workflow's code is the workers')."""
+        assert self.deploy is not None
+        await trio.sleep_until(self._ledger.t0 + at)
+        self._ledger.event("deploy", workers=self.worker_count, engines=self.engine_count)
+        self._workers.app = self.deploy[0]  # each worker's next generation runs it
+        for index in range(self.worker_count):
+            self._workers.strike(index, "restart", 0.0)  # a graceful close, then the new code
+            await trio.sleep(stagger)
+        for index in range(self.engine_count):
+            self._engines.deploy(index)
+            await trio.sleep(stagger)
 
     def _heal(self) -> None:
         """Stop every fault: the runs still going get the drain time to finish."""
