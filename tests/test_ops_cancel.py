@@ -7,7 +7,8 @@ virtual time; on SQLite (whose broker runs on the wall clock) through the CLI.""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import pytest
@@ -18,6 +19,7 @@ from durable_trio._cli import main
 from durable_trio._engine._records import RunRecord, RunStatus
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
     from pathlib import Path
 
 
@@ -60,16 +62,16 @@ def _app(seen: _Seen) -> dt.App:
     return app
 
 
-async def test_ops_cancel_run_delivers_run_cancelled_then_cancels_the_running_step(
-    autojump_clock: object, caplog: pytest.LogCaptureFixture
-) -> None:
-    seen = _Seen()
+@asynccontextmanager
+async def _packing(
+    seen: _Seen, **worker: Any
+) -> AsyncIterator[tuple[dt.Engine, dt.Operations, str]]:
+    """An engine, a worker and the operations on memory, and a run whose long step has been
+    running for 15 s: the moment every memory test here cancels it."""
     app = _app(seen)
-    errors: list[Exception] = []
-    caplog.set_level(logging.INFO, logger="durable_trio")
     async with (
         dt.open_backend("memory://") as backend,
-        dt.open_worker(app, backend, on_error=errors.append),
+        dt.open_worker(app, backend, **worker),
         dt.open_engine(app, backend) as engine,
         dt.open_operations(backend, namespace="shop") as ops,
     ):
@@ -77,6 +79,16 @@ async def test_ops_cancel_run_delivers_run_cancelled_then_cancels_the_running_st
         await seen.started.wait()
         await trio.sleep(15)
         assert trio.current_time() == seen.started_at + 15 == 15
+        yield engine, ops, run_id
+
+
+async def test_ops_cancel_run_delivers_run_cancelled_then_cancels_the_running_step(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen = _Seen()
+    errors: list[Exception] = []
+    caplog.set_level(logging.INFO, logger="durable_trio")
+    async with _packing(seen, on_error=errors.append) as (engine, ops, run_id):
         assert await ops.cancel_run(run_id, reason="operator says stop")
         assert not await ops.cancel_run(run_id)  # already ended: no second cancel
         with trio.fail_after(60):
@@ -104,16 +116,7 @@ async def test_ops_cancel_run_with_no_grace_settles_at_once_without_compensation
     autojump_clock: object,
 ) -> None:
     seen = _Seen()
-    app = _app(seen)
-    async with (
-        dt.open_backend("memory://") as backend,
-        dt.open_worker(app, backend),
-        dt.open_engine(app, backend) as engine,
-        dt.open_operations(backend, namespace="shop") as ops,
-    ):
-        run_id = await engine.start("order", 1)
-        await seen.started.wait()
-        await trio.sleep(15)
+    async with _packing(seen) as (engine, ops, run_id):
         assert await ops.cancel_run(run_id, reason="now", grace=0)
         with trio.fail_after(60):
             await seen.cancelled.wait()
@@ -130,16 +133,7 @@ async def test_ops_cancel_run_without_wait_returns_once_marked(
     autojump_clock: object,
 ) -> None:
     seen = _Seen()
-    app = _app(seen)
-    async with (
-        dt.open_backend("memory://") as backend,
-        dt.open_worker(app, backend),
-        dt.open_engine(app, backend) as engine,
-        dt.open_operations(backend, namespace="shop") as ops,
-    ):
-        run_id = await engine.start("order", 1)
-        await seen.started.wait()
-        await trio.sleep(15)
+    async with _packing(seen) as (engine, ops, run_id):
         assert await ops.cancel_run(run_id, wait=False)
         assert trio.current_time() == 15.0
         assert not await ops.cancel_run(run_id, wait=False)  # already under way
