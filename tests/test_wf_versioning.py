@@ -6,6 +6,7 @@ private Redis; the same for remote workflows."""
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -13,6 +14,7 @@ import trio
 import trio.testing
 
 import durable_trio as dt
+from _every_store import open_store
 from durable_trio._engine import App, StepKind, WorkflowContext, open_engine, open_worker
 
 if TYPE_CHECKING:
@@ -79,15 +81,15 @@ def engine_side(remote: bool) -> App:
     return app
 
 
-async def phase(
-    backend: dt.Backend, app: App, *, remote: bool, action: Any
+async def _phase(
+    backend: dt.Backend, app: App, *, remote: bool, action: Any, store: Any = None
 ) -> Any:
     """Open a worker serving ``app`` and an engine (for a remote workflow: the engine declares
     it, the worker runs it), run ``action(engine)``, close both."""
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(open_worker(app, backend))
         engine = await stack.enter_async_context(
-            open_engine(engine_side(remote) if remote else app, backend)
+            open_engine(engine_side(remote) if remote else app, backend, store=store)
         )
         return await action(engine)
 
@@ -96,11 +98,18 @@ async def scenario(
     url: str, *, remote: bool = False, virtual: bool = True, pause: float = PAUSE
 ) -> dict[str, Any]:
     """Old run recorded by old code up to its sleep; then new code finishes it and runs a new
-    one; then deprecated code replays both kinds of history."""
+    one; then deprecated code replays both kinds of history (``virtual``: the run store on
+    trio's clock, tests/_every_store.py)."""
     found: dict[str, Any] = {}
     global _pause
     _pause = pause
-    async with dt.open_backend(url) as backend:
+    async with AsyncExitStack() as opened:
+        if virtual:
+            backend, store = await opened.enter_async_context(open_store(url, "ver"))
+        else:
+            backend = await opened.enter_async_context(dt.open_backend(url))
+            store = None
+        phase = partial(_phase, store=store)
 
         async def begin_old(engine: dt.Engine) -> None:
             await engine.start("calc", 1, run_id="old")
@@ -161,6 +170,16 @@ def real_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return "sqlite:///" + str(tmp_path / "ver.db")
     return str(request.getfixturevalue("redis_url"))
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
+async def test_patched_at_exact_times_on_sqlite_and_redis(
+    real_url: str, remote: bool, store_clock: trio.testing.MockClock
+) -> None:
+    """The store on trio's clock (tests/_every_store.py): the same exact times as memory."""
+    found = await scenario(real_url, remote=remote)
+    check(found)
+    assert found["old_at"] == PAUSE / 2
 
 
 @pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])

@@ -54,7 +54,7 @@ from ._shard_paging import DONE, ShardPage, decode_bounds, encode_bounds, merge_
 from ._wakes import RunWakes
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from ..._redis import RedisClient, Script
 
@@ -442,6 +442,9 @@ class RedisRunStore:
         if not 1 <= shards <= MAX_SHARDS:
             raise ConfigError(f"shards is 1 to {MAX_SHARDS}, not {shards!r}")
         self._client = client
+        self._clock: Callable[[], float] = time.time
+        self.trio_clock = False
+        """Whether :meth:`now` is trio's clock (see :meth:`follow_trio_clock`)."""
         # One shard: today's layout, ``{dt-runs:NS}`` (what a single server has always held).
         # More: ``{dt-runs:NS:K}``, a run in shard crc32(run id) % shards (see the module docs).
         self._prefixes = (
@@ -534,8 +537,16 @@ class RedisRunStore:
             pass
 
     def now(self) -> float:
-        """The client's wall clock (``time.time()``)."""
-        return time.time()
+        """The client's wall clock (``time.time()``); after :meth:`follow_trio_clock`,
+        trio's."""
+        return self._clock()
+
+    def follow_trio_clock(self) -> None:
+        """Read trio's clock instead of the wall clock, for tests under a virtual clock that
+        run every engine in one process (as the memory store does): timers then wake at
+        their exact virtual time. Call it before an engine opens on the store."""
+        self._clock = trio.current_time
+        self.trio_clock = True
 
     # -- keys -------------------------------------------------------------------------------
 
@@ -564,7 +575,7 @@ class RedisRunStore:
     # -- runs -------------------------------------------------------------------------------
 
     async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
-        now = time.time()
+        now = self.now()
         prefix = self._prefix_of(run.run_id)
         reply = await self._create(
             (self._run_key(run.run_id), f"{prefix}:seq", f"{prefix}:all"),
@@ -704,7 +715,7 @@ class RedisRunStore:
     async def reopen_run(
         self, run_id: str, steps: Sequence[StepRecord], *, run_timeout: float | None
     ) -> bool:
-        args: list[Any] = [self._prefix_of(run_id), run_id, _num(run_timeout), _num(time.time())]
+        args: list[Any] = [self._prefix_of(run_id), run_id, _num(run_timeout), _num(self.now())]
         for step in steps:
             args += [step.status.value, step.attempt, _dumps(step.error), _dumps(step.retry),
                      _num(step.wake_at), "1" if step.dispatched else "0",
@@ -728,7 +739,7 @@ class RedisRunStore:
             claimed = await self._claim(
                 (f"{prefix}:leases",),
                 (prefix, owner, repr(float(lease)), int(include_own), limit - len(ids),
-                 _num(time.time())),
+                 _num(self.now())),
             )  # fmt: skip
             ids += [i.decode() for i in claimed]
             if len(ids) >= limit:
@@ -739,7 +750,7 @@ class RedisRunStore:
         if not run_ids:
             await trio.lowlevel.checkpoint()
             return set()
-        now = _num(time.time())
+        now = _num(self.now())
         replies = await self._client.pipeline(
             [
                 self._renew.command(
@@ -755,7 +766,7 @@ class RedisRunStore:
         if not run_ids:
             await trio.lowlevel.checkpoint()
             return
-        now = _num(time.time())
+        now = _num(self.now())
         await self._client.pipeline(
             [
                 self._release.command(
@@ -776,7 +787,7 @@ class RedisRunStore:
         done = await self._finish(
             (self._run_key(run_id),),
             (self._prefix_of(run_id), run_id, status.value, _dumps(output), _dumps(error),
-             _num(time.time())),
+             _num(self.now())),
         )  # fmt: skip
         return bool(done == 1)
 
@@ -806,7 +817,7 @@ class RedisRunStore:
 
     async def begin_step(self, step: StepRecord) -> StepRecord:
         position = int(step.step_id) if step.step_id.isdigit() else 0
-        now = time.time()
+        now = self.now()
         reply = await self._begin(
             (self._step_key(step.run_id, step.step_id), self._steps_key(step.run_id)),
             (step.step_id, position, step.kind.value, step.name, step.status.value, step.attempt,
@@ -825,7 +836,7 @@ class RedisRunStore:
             (self._step_key(step.run_id, step.step_id), self._run_key(step.run_id)),
             (expect_attempt, step.status.value, step.attempt, _dumps(step.output),
              _dumps(step.error), _num(step.wake_at), "1" if step.dispatched else "0",
-             _num(time.time()), _optional_dumps(step.heartbeat), _dumps(step.attempts)),
+             _num(self.now()), _optional_dumps(step.heartbeat), _dumps(step.attempts)),
         )  # fmt: skip
         return Applied(verdict.decode())
 

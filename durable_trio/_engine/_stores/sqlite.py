@@ -359,8 +359,9 @@ def _op_mark_schedule_tick(ns: str, name: str, tick: float, db: sqlite3.Connecti
     )
 
 
-def _op_create_run(ns: str, run: RunRecord, db: sqlite3.Connection) -> tuple[RunRecord, bool]:
-    now = time.time()
+def _op_create_run(
+    ns: str, run: RunRecord, now: float, db: sqlite3.Connection
+) -> tuple[RunRecord, bool]:
     cursor = db.execute(
         _INSERT_RUN,
         (ns, run.run_id, run.workflow, _dumps(run.input), run.status.value, now, now,
@@ -446,9 +447,9 @@ def _op_reopen(
     run_id: str,
     steps: Sequence[StepRecord],
     timeout: float | None,
+    now: float,
     db: sqlite3.Connection,
 ) -> bool:
-    now = time.time()
     if db.execute(_REOPEN_RUN, (ns, run_id, timeout, now)).rowcount != 1:
         return False
     db.executemany(
@@ -463,18 +464,23 @@ def _op_reopen(
 
 
 def _op_claim(
-    ns: str, owner: str, lease: float, include_own: bool, limit: int, db: sqlite3.Connection
+    ns: str,
+    owner: str,
+    lease: float,
+    include_own: bool,
+    limit: int,
+    now: float,
+    db: sqlite3.Connection,
 ) -> list[RunRecord]:
-    now = time.time()
     ids = [row[0] for row in db.execute(_ORPHANS, (ns, now, include_own, owner, limit))]
     db.executemany(_CLAIM, [(ns, run_id, owner, now + lease, now) for run_id in ids])
     return [_run(db.execute(_GET_RUN, (ns, run_id)).fetchone()) for run_id in ids]
 
 
 def _op_renew(
-    ns: str, owner: str, run_ids: Sequence[str], lease: float, db: sqlite3.Connection
+    ns: str, owner: str, run_ids: Sequence[str], lease: float, now: float, db: sqlite3.Connection
 ) -> set[str]:
-    until = time.time() + lease
+    until = now + lease
     kept: set[str] = set()
     for run_id in run_ids:
         if db.execute(_RENEW, (ns, run_id, owner, until)).rowcount == 1:
@@ -482,15 +488,16 @@ def _op_renew(
     return kept
 
 
-def _op_release(ns: str, owner: str, run_ids: Sequence[str], db: sqlite3.Connection) -> None:
-    now = time.time()
+def _op_release(
+    ns: str, owner: str, run_ids: Sequence[str], now: float, db: sqlite3.Connection
+) -> None:
     db.executemany(_RELEASE, [(ns, run_id, owner, now) for run_id in run_ids])
 
 
 def _op_finish(
-    ns: str, run_id: str, status: str, output: str, error: str, db: sqlite3.Connection
+    ns: str, run_id: str, status: str, output: str, error: str, now: float, db: sqlite3.Connection
 ) -> bool:
-    cursor = db.execute(_FINISH, (ns, run_id, status, output, error, time.time()))
+    cursor = db.execute(_FINISH, (ns, run_id, status, output, error, now))
     return cursor.rowcount == 1
 
 
@@ -578,8 +585,7 @@ def _op_get_steps_many(
     return out
 
 
-def _op_begin_step(ns: str, step: StepRecord, db: sqlite3.Connection) -> StepRecord:
-    now = time.time()
+def _op_begin_step(ns: str, step: StepRecord, now: float, db: sqlite3.Connection) -> StepRecord:
     position = int(step.step_id) if step.step_id.isdigit() else 0
     cursor = db.execute(
         _INSERT_STEP,
@@ -608,7 +614,7 @@ def _verdict(ns: str, run_id: str, step_id: str, attempt: int, db: sqlite3.Conne
 
 
 def _op_update_step(
-    ns: str, step: StepRecord, expect_attempt: int, db: sqlite3.Connection
+    ns: str, step: StepRecord, expect_attempt: int, now: float, db: sqlite3.Connection
 ) -> Applied:
     verdict = _verdict(ns, step.run_id, step.step_id, expect_attempt, db)
     if verdict is Applied.APPLIED:
@@ -616,7 +622,7 @@ def _op_update_step(
             _UPDATE_STEP,
             (ns, step.run_id, step.step_id, step.status.value, step.attempt,
              _dumps(step.output), _dumps(step.error), step.wake_at, int(step.dispatched),
-             time.time(), _optional_dumps(step.heartbeat), _dumps(step.attempts)),
+             now, _optional_dumps(step.heartbeat), _dumps(step.attempts)),
         )  # fmt: skip
     return verdict
 
@@ -645,6 +651,9 @@ class SqliteRunStore:
         """Wrap a connection this store holds one use of. Use :meth:`attach` or :meth:`open`."""
         self._db = connection
         self._ns = namespace
+        self._clock: Callable[[], float] = time.time
+        self.trio_clock = False
+        """Whether :meth:`now` is trio's clock (see :meth:`follow_trio_clock`)."""
         self.path = connection.path
         self._closed = False
         self._batch: _Batch | None = None
@@ -743,8 +752,16 @@ class SqliteRunStore:
         return store
 
     def now(self) -> float:
-        """The wall clock (``time.time()``), shared by every process on the machine."""
-        return time.time()
+        """The wall clock (``time.time()``), shared by every process on the machine; after
+        :meth:`follow_trio_clock`, trio's."""
+        return self._clock()
+
+    def follow_trio_clock(self) -> None:
+        """Read trio's clock instead of the wall clock, for tests under a virtual clock that
+        run every engine in one process (as the memory store does): timers then wake at
+        their exact virtual time. Call it before an engine opens on the store."""
+        self._clock = trio.current_time
+        self.trio_clock = True
 
     async def _read(self, fn: Any) -> Any:
         if self._closed:
@@ -792,7 +809,9 @@ class SqliteRunStore:
         return batch.results[index].unwrap()
 
     async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
-        result: tuple[RunRecord, bool] = await self._write(partial(_op_create_run, self._ns, run))
+        result: tuple[RunRecord, bool] = await self._write(
+            partial(_op_create_run, self._ns, run, self.now())
+        )
         return result
 
     async def get_run(self, run_id: str) -> RunRecord | None:
@@ -837,7 +856,7 @@ class SqliteRunStore:
         self, run_id: str, steps: Sequence[StepRecord], *, run_timeout: float | None
     ) -> bool:
         result: bool = await self._write(
-            partial(_op_reopen, self._ns, run_id, tuple(steps), run_timeout)
+            partial(_op_reopen, self._ns, run_id, tuple(steps), run_timeout, self.now())
         )
         return result
 
@@ -845,7 +864,7 @@ class SqliteRunStore:
         self, owner: str, lease: float, *, include_own: bool = False, limit: int = 100
     ) -> list[RunRecord]:
         result: list[RunRecord] = await self._write(
-            partial(_op_claim, self._ns, owner, lease, include_own, limit)
+            partial(_op_claim, self._ns, owner, lease, include_own, limit, self.now())
         )
         return result
 
@@ -854,7 +873,7 @@ class SqliteRunStore:
             await trio.lowlevel.checkpoint()
             return set()
         result: set[str] = await self._write(
-            partial(_op_renew, self._ns, owner, tuple(run_ids), lease)
+            partial(_op_renew, self._ns, owner, tuple(run_ids), lease, self.now())
         )
         return result
 
@@ -862,7 +881,7 @@ class SqliteRunStore:
         if not run_ids:
             await trio.lowlevel.checkpoint()
             return
-        await self._write(partial(_op_release, self._ns, owner, tuple(run_ids)))
+        await self._write(partial(_op_release, self._ns, owner, tuple(run_ids), self.now()))
 
     async def finish_run(
         self,
@@ -872,7 +891,9 @@ class SqliteRunStore:
         output: object = None,
         error: object = None,
     ) -> bool:
-        op = partial(_op_finish, self._ns, run_id, status.value, _dumps(output), _dumps(error))
+        op = partial(
+            _op_finish, self._ns, run_id, status.value, _dumps(output), _dumps(error), self.now()
+        )
         result: bool = await self._write(op)
         return result
 
@@ -891,12 +912,12 @@ class SqliteRunStore:
         return result
 
     async def begin_step(self, step: StepRecord) -> StepRecord:
-        result: StepRecord = await self._write(partial(_op_begin_step, self._ns, step))
+        result: StepRecord = await self._write(partial(_op_begin_step, self._ns, step, self.now()))
         return result
 
     async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
         result: Applied = await self._write(
-            partial(_op_update_step, self._ns, step, expect_attempt)
+            partial(_op_update_step, self._ns, step, expect_attempt, self.now())
         )
         return result
 

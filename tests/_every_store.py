@@ -1,0 +1,53 @@
+"""Exact virtual-time tests on every run store (issue 18): memory, SQLite (a real file) and
+Redis (the suite's private server), each store following trio's clock.
+
+A test takes the ``every_store`` fixture (the store's kind) and the ``store_clock`` fixture (a
+``MockClock`` that jumps only after 50 ms of real idleness: a SQLite commit in its thread or a
+Redis reply on its socket is real I/O, which a clock jumping at once would jump over), and
+opens its backend and run store with :func:`open_store`. SQLite's and Redis's stores then read
+trio's clock (``follow_trio_clock``), so durable timers wake at their exact virtual time, as on
+memory; the brokers keep their own wall clock (nothing here waits on their delays).
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio.testing
+
+import durable_trio as dt
+from durable_trio._engine import open_run_store
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from pathlib import Path
+
+__all__ = ["every_store", "open_store", "store_clock"]
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def every_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The backend URL of each kind of run store."""
+    if request.param == "memory":
+        return "memory://"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'runs.db'}".replace("///", "////", 1)
+    return str(request.getfixturevalue("redis_url"))
+
+
+@pytest.fixture
+def store_clock() -> trio.testing.MockClock:
+    """A virtual clock that jumps after 50 ms of real idleness (see the module docstring)."""
+    return trio.testing.MockClock(autojump_threshold=0.05)
+
+
+@asynccontextmanager
+async def open_store(url: str, namespace: str) -> AsyncIterator[tuple[dt.Backend, Any]]:
+    """The backend of ``url`` and its run store of ``namespace``, on trio's clock."""
+    async with dt.open_backend(url) as backend, open_run_store(backend, namespace) as store:
+        follow = getattr(store, "follow_trio_clock", None)
+        if follow is not None:
+            follow()
+        yield backend, store
