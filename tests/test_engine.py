@@ -652,7 +652,7 @@ async def test_a_detached_run_is_picked_up_by_reconcile(
     assert trio.current_time() == 5.0  # the first reconcile tick
 
 
-async def test_results_applied_by_another_engine_reach_the_owner_through_the_watch(
+async def test_results_applied_by_another_engine_reach_the_owner_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     app = App("shop")
@@ -673,11 +673,13 @@ async def test_results_applied_by_another_engine_reach_the_owner_through_the_wat
             done = dt.StepResult("r", "1", 1, dt.StepStatus.COMPLETED, output="from x")
             await other._results.on_result(done)
             assert other.statistics().results_applied == 1
-            assert await other.result("r") == "from x"  # polled from the store
-            # The owner's watch (every 1 s from its start at t=0) saw it at t=3 and settled the
-            # run; the other engine polls the store every 1 s from t=2.25.
-            assert (await owner.get("r")).updated_at == 3.0
-            assert trio.current_time() == 3.25
+            # The other engine rang the store's wakes: the owner's watch re-read the run's
+            # waited checkpoint at once (without the ring: at its next tick, every 1 s from
+            # its start, t=3) and settled the run.
+            assert await owner.result("r") == "from x"
+            assert (await owner.get("r")).updated_at == 2.25
+            assert trio.current_time() == 2.25
+            assert await other.result("r") == "from x"  # read from the store
             assert owner.statistics().runs_completed == 1
 
 

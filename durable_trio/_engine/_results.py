@@ -29,6 +29,7 @@ from ._records import (
 from ._remote_run import RemoteRunDriver, apply_decision, apply_step_event
 from ._retry import StoredRetry
 from ._runtime import send_step
+from ._stores._wakes import SupportsRunWakes, step_key
 
 if TYPE_CHECKING:
     from .._wire import StepEvent, StepHeartbeat, StepResult, WorkflowDecision
@@ -191,6 +192,10 @@ class ResultHandler:
             waiter = services.waiters.get(key)
             if waiter is not None:
                 waiter.update(following)
+            elif isinstance(store, SupportsRunWakes):
+                # Applied for a run driven elsewhere (several engines): its engine re-reads
+                # the run's waited checkpoints at once, not at its next watch tick.
+                await store.ring(step_key(result.run_id))
             if following.status is StepState.PENDING:
                 services.count("retries")
                 try:

@@ -13,6 +13,7 @@ import trio
 
 from .._errors import BrokerError
 from .._periodic import fixed_rate
+from ._stores._wakes import STEPS, SupportsRunWakes
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -71,24 +72,62 @@ class EngineTimers:
 
     async def watch_forever(self, interval: float) -> None:
         """Every ``interval``: re-read the checkpoints waited on (results applied by another
-        engine reach their waiters this way)."""
+        engine reach their waiters this way); at once for a run whose result another engine
+        applied and rang the store's wakes about (``step_key``)."""
         services = self.services
-        async for _ in fixed_rate(interval, catch_up=True):
-            # Only waiters older than a tick: a younger one read the store since.
-            older = trio.current_time() - interval
-            keys = [
-                key
-                for key, w in services.waiters.items()
-                if w.record is not None and w.since <= older
-            ]
-            if not keys:
-                continue
-            try:
-                records = await services.store.get_steps_many(keys)
-            except BrokerError as exc:
-                services.report(exc)
-                continue
-            for key, record in zip(keys, records, strict=True):
-                waiter = services.waiters.get(key)
-                if waiter is not None and record is not None:
-                    waiter.update(record)
+        store = services.store
+        wakes = store.wakes if isinstance(store, SupportsRunWakes) else None
+        rung: set[str] = set()
+        all_rung = False
+        bell = trio.Event()
+
+        def follower(key: str | None) -> None:
+            nonlocal all_rung
+            if key is None:
+                all_rung = True
+            elif key.startswith(STEPS):
+                rung.add(key[len(STEPS) :])
+            else:
+                return
+            bell.set()
+
+        stop = wakes.follow(follower) if wakes is not None else (lambda: None)
+        try:
+            next_tick = trio.current_time() + interval
+            while True:
+                with trio.move_on_at(next_tick):
+                    await bell.wait()
+                bell = trio.Event()
+                now = trio.current_time()
+                if now >= next_tick:
+                    next_tick += interval * max(1, int((now - next_tick) // interval) + 1)
+                    # Only waiters older than a tick: a younger one read the store since.
+                    older = now - interval
+                    keys = [
+                        key
+                        for key, w in services.waiters.items()
+                        if w.record is not None and (w.since <= older or key[0] in rung)
+                    ]
+                elif all_rung:
+                    keys = [key for key, w in services.waiters.items() if w.record is not None]
+                else:
+                    keys = [
+                        key
+                        for key, w in services.waiters.items()
+                        if w.record is not None and key[0] in rung
+                    ]
+                rung.clear()
+                all_rung = False
+                if not keys:
+                    continue
+                try:
+                    records = await store.get_steps_many(keys)
+                except BrokerError as exc:
+                    services.report(exc)
+                    continue
+                for key, record in zip(keys, records, strict=True):
+                    waiter = services.waiters.get(key)
+                    if waiter is not None and record is not None:
+                        waiter.update(record)
+        finally:
+            stop()

@@ -30,10 +30,20 @@ import trio
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
-__all__ = ["CANCELS", "RunWakes", "SupportsRunWakes", "first_of"]
+__all__ = ["CANCELS", "STEPS", "RunWakes", "SupportsRunWakes", "first_of", "step_key"]
 
 #: The key rung when a cancel mark is written on any run of the namespace (its owner looks).
 CANCELS = "\x00cancels"
+
+#: The prefix of the key rung when an engine applied a step result of a run it does not drive
+#: (the engine that drives it re-reads that run's waited checkpoints: see :func:`step_key`).
+STEPS = "\x00step:"
+
+
+def step_key(run_id: str) -> str:
+    """The key rung when a step result of ``run_id`` was applied by an engine that does not
+    drive the run (several engines: any of them applies any result)."""
+    return STEPS + run_id
 
 
 class _Entry:
@@ -55,6 +65,7 @@ class RunWakes:
     def __init__(self, listen: Callable[[], None] | None = None) -> None:
         self._entries: dict[str, _Entry] = {}
         self._listen = listen
+        self._followers: list[Callable[[str | None], None]] = []
         self.woken = 0
         """Rings that found a waiter (statistics)."""
 
@@ -75,8 +86,22 @@ class RunWakes:
             if entry.waiters == 0 and self._entries.get(key) is entry:
                 del self._entries[key]
 
+    def follow(self, follower: Callable[[str | None], None]) -> Callable[[], None]:
+        """Call ``follower(key)`` for every key rung from now on (``None``: rings may have been
+        lost), whether or not someone watches it; returns the call that stops it. For a loop
+        that cares about many keys at once (the engine's step watch)."""
+        if self._listen is not None:
+            self._listen()
+        self._followers.append(follower)
+        return lambda: self._followers.remove(follower)
+
     def wake(self, keys: Iterable[str] | None) -> None:
         """Wake the waiters of ``keys`` (``None``: every waiter: rings may have been lost)."""
+        if self._followers:
+            keys = None if keys is None else list(keys)
+            for follower in list(self._followers):
+                for key in keys if keys is not None else [None]:
+                    follower(key)
         if keys is None:
             entries = list(self._entries.values())
             self._entries.clear()
