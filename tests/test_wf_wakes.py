@@ -189,3 +189,29 @@ async def test_with_the_wakes_folder_gone_the_poll_still_delivers(
                 await trio.to_thread.run_sync(_cli, url, "runs", "signal", run_id, "ok", "1") == 0
             )
             assert await engine.result(run_id) == 1
+
+
+async def test_a_result_applied_by_another_engine_reaches_the_owner_at_once(
+    shared_url: str,
+) -> None:
+    """Two engines, each with its own backend (as two processes): the other one applies the
+    step's result and rings; the owner, whose watch ticks only every minute here, settles the
+    run at once."""
+    app = App("wakes")
+
+    @app.workflow("wf")
+    async def wf(ctx: WorkflowContext, _: Any) -> Any:
+        return await ctx.step("served-elsewhere", 1)
+
+    async with (
+        dt.open_backend(shared_url) as mine,
+        dt.open_backend(shared_url) as theirs,
+        open_engine(app, mine, engine_id="o", watch_interval=60) as owner,
+        open_engine(app, theirs, engine_id="x", reconcile=False, watch_interval=60) as other,
+    ):
+        await owner.start("wf", None, run_id="r")
+        await trio.sleep(0.3)
+        done = dt.StepResult("r", "1", 1, dt.StepStatus.COMPLETED, output="from x")
+        await other._results.on_result(done)
+        with trio.fail_after(10):
+            assert await owner.result("r") == "from x"
