@@ -378,6 +378,15 @@ async def test_cancellation_at_every_point_keeps_replies_in_step(redis_url: str)
                     completed += 1
                 # Whatever happened, the next caller gets its own reply.
                 assert await client.execute("ECHO", f"next {tag}") == f"next {tag}".encode()
+        # A call cancelled while its reply is awaited, for sure: a blocking pop the server
+        # answers (nil) only later. Its reply is drained, so the next caller gets its own (the
+        # loop above may see no call cancelled in flight on a loaded machine, where every reply
+        # can come before the canceller's checkpoints: seen once in CI).
+        with trio.move_on_after(0.05) as scope:
+            await client.execute("BLPOP", "never-pushed", 0.3)
+        assert scope.cancelled_caught
+        cancelled += 1
+        assert await client.execute("ECHO", "after") == b"after"
         assert cancelled
         assert completed
         assert _only_connection(client) is conn  # drained, never discarded
