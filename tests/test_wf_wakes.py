@@ -215,3 +215,27 @@ async def test_a_result_applied_by_another_engine_reaches_the_owner_at_once(
         await other._results.on_result(done)
         with trio.fail_after(10):
             assert await owner.result("r") == "from x"
+
+
+async def test_remote_runs_with_two_engines_end_at_their_exact_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Remote workflows (turns), two engines taking results and decisions alike: a decision or
+    a result applied by the engine that does not drive the run rings the one that does, so
+    every run ends at its timer's exact time (before: 10 to 13 s, a watch tick per hop)."""
+    from collections import Counter
+
+    from test_remote_engine import ORDER, engine_app, worker_app
+
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            dt.open_worker(worker_app(Counter()), backend),
+            open_engine(engine_app(), backend, engine_id="a") as owner,
+            open_engine(engine_app(), backend, engine_id="b", reconcile=False) as other,
+        ):
+            run_ids = [await owner.start("order", {**ORDER, "id": n}) for n in range(8)]
+            for run_id in run_ids:
+                await owner.result(run_id)
+            assert trio.current_time() == 10.0  # the workflow's durable timer, and nothing else
+            applied = owner.statistics().results_applied + other.statistics().results_applied
+            assert applied == 24

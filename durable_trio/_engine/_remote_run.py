@@ -52,6 +52,7 @@ from ._step_timeouts import (
     command_timeouts,
     with_timeouts,
 )
+from ._stores._wakes import SupportsRunWakes, first_of, step_key
 from ._versioning import is_blocking
 
 if TYPE_CHECKING:
@@ -484,33 +485,55 @@ class RemoteRunDriver:
         await self._send_turn(records)
         self._deadline = trio.current_time() + options.turn_timeout
         poll = options.watch_interval or 1.0
-        while True:
-            wait = min(poll, max(0.0, self._deadline - trio.current_time()))
-            with trio.move_on_after(wait):
-                await self._decided.wait()
-            if self._decided.is_set():
-                return
-            await self._settled_decisions()
-            # Applied by another engine? It shows in the store.
-            if await self._ended():
-                return
-            now = await services.guard(lambda: services.store.get_steps(self.run.run_id), "reading")
-            if [step_to_json(r) for r in now] != sent:
-                return
-            if trio.current_time() >= self._deadline:
-                if any(r.status is StepState.PENDING for r in now):
-                    # The workflow waits on something the store holds (a step, a timer): move
-                    # on with it. Its decision may have been applied by another engine while
-                    # changing nothing this driver can see (a turn after a takeover, or after
-                    # one of several parallel steps settled); re-sending turns would only
-                    # repeat that, never running the timer. A turn lost for good costs nothing
-                    # either: the next one goes out once something moves.
-                    services.count("turns_moved_on")
-                    self._moved_on = True
+        store = services.store
+        wakes = store.wakes if isinstance(store, SupportsRunWakes) else None
+        with contextlib.ExitStack() as watch:
+            # A decision applied by another engine rings (the store's wakes): taken before the
+            # store is read, and again before each read, so no ring is lost in between.
+            key = step_key(self.run.run_id)
+            rung = watch.enter_context(wakes.watching(key)) if wakes else None
+            while True:
+                wait = min(poll, max(0.0, self._deadline - trio.current_time()))
+                with trio.move_on_after(wait):
+                    if rung is None:
+                        await self._decided.wait()
+                    else:
+                        await first_of(self._decided, rung)
+                if self._decided.is_set():
                     return
-                services.count("turns_resent")
-                await self._send_turn(records)
-                self._deadline = trio.current_time() + options.turn_timeout
+                if wakes is not None and rung is not None and rung.is_set():
+                    watch.close()
+                    rung = watch.enter_context(wakes.watching(key))
+                if await self._look(records, sent):
+                    return
+
+    async def _look(self, records: list[StepRecord], sent: list[dict[str, Any]]) -> bool:
+        """The turn's decision not seen here: whether the driver moves on (the store shows it
+        applied by another engine, the run ended, or the turn is moved on); a turn past its
+        deadline with nothing pending is sent again."""
+        services = self.services
+        await self._settled_decisions()
+        # Applied by another engine? It shows in the store.
+        if await self._ended():
+            return True
+        now = await services.guard(lambda: services.store.get_steps(self.run.run_id), "reading")
+        if [step_to_json(r) for r in now] != sent:
+            return True
+        if trio.current_time() >= self._deadline:
+            if any(r.status is StepState.PENDING for r in now):
+                # The workflow waits on something the store holds (a step, a timer): move
+                # on with it. Its decision may have been applied by another engine while
+                # changing nothing this driver can see (a turn after a takeover, or after
+                # one of several parallel steps settled); re-sending turns would only
+                # repeat that, never running the timer. A turn lost for good costs nothing
+                # either: the next one goes out once something moves.
+                services.count("turns_moved_on")
+                self._moved_on = True
+                return True
+            services.count("turns_resent")
+            await self._send_turn(records)
+            self._deadline = trio.current_time() + services.options.turn_timeout
+        return False
 
     async def _progress(self, sent: list[dict[str, Any]]) -> None:
         """Wait until a step the workflow waits on settles or a timer fires."""

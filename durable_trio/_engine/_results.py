@@ -217,8 +217,13 @@ class ResultHandler:
         )
 
     async def on_decision(self, decision: WorkflowDecision) -> None:
-        """Apply a remote workflow turn's decision (see :func:`~._remote_run.apply_decision`)."""
+        """Apply a remote workflow turn's decision (see :func:`~._remote_run.apply_decision`).
+        Applied for a run driven elsewhere (several engines), it rings the store's wakes: the
+        driving engine sends the next turn at once, not at its next look."""
         await apply_decision(self.services, decision)
+        store = self.services.store
+        if decision.run_id not in self.services.drivers and isinstance(store, SupportsRunWakes):
+            await store.ring(step_key(decision.run_id))
 
     async def on_step_event(self, event: StepEvent) -> None:
         """Checkpoint a workflow worker's local step (see
