@@ -2,7 +2,7 @@
 Redis (the suite's private server), each store following trio's clock.
 
 A test takes the ``every_store`` fixture (the store's kind) and the ``store_clock`` fixture (a
-``MockClock`` that jumps only after 50 ms of real idleness: a SQLite commit in its thread or a
+``MockClock`` that jumps only after 250 ms of real idleness: a SQLite commit in its thread or a
 Redis reply on its socket is real I/O, which a clock jumping at once would jump over), and
 opens its backend and run store with :func:`open_store`. SQLite's and Redis's stores then read
 trio's clock (``follow_trio_clock``), so durable timers wake at their exact virtual time, as on
@@ -39,8 +39,8 @@ def every_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def store_clock() -> trio.testing.MockClock:
-    """A virtual clock that jumps after 50 ms of real idleness (see the module docstring)."""
-    return trio.testing.MockClock(autojump_threshold=0.05)
+    """A virtual clock that jumps after 250 ms of real idleness (see the module docstring)."""
+    return trio.testing.MockClock(autojump_threshold=0.25)
 
 
 @asynccontextmanager
