@@ -7,6 +7,7 @@ drift: ``fixed_rate``; a tick that overran is followed at once by the ones it ov
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import trio
@@ -99,23 +100,16 @@ class EngineTimers:
                     await bell.wait()
                 bell = trio.Event()
                 now = trio.current_time()
+                older = -math.inf  # between ticks: only the runs rung
                 if now >= next_tick:
-                    next_tick += interval * max(1, int((now - next_tick) // interval) + 1)
+                    next_tick += interval * (int((now - next_tick) // interval) + 1)
                     # Only waiters older than a tick: a younger one read the store since.
                     older = now - interval
-                    keys = [
-                        key
-                        for key, w in services.waiters.items()
-                        if w.record is not None and (w.since <= older or key[0] in rung)
-                    ]
-                elif all_rung:
-                    keys = [key for key, w in services.waiters.items() if w.record is not None]
-                else:
-                    keys = [
-                        key
-                        for key, w in services.waiters.items()
-                        if w.record is not None and key[0] in rung
-                    ]
+                keys = [
+                    key
+                    for key, w in services.waiters.items()
+                    if w.record is not None and (all_rung or key[0] in rung or w.since <= older)
+                ]
                 rung.clear()
                 all_rung = False
                 if not keys:

@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .._engine import EngineClosed, RunNotFound
+from .._engine import RunNotFound
 from .._engine._cancel import CANCEL_MARK
-from .._errors import BrokerError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -59,19 +58,11 @@ async def cancel_later(
     await trio.sleep(delay)
     ledger.event("cancel", run=run_id)
     asked[run_id] = False
-    while True:
-        current = await engines.live()
-        assert current.engine is not None
-        try:
-            cancelled = await current.engine.cancel(run_id, reason=REASON)
-        except (BrokerError, EngineClosed):
-            if not current.gone:
-                raise
-            continue
-        except RunNotFound:  # pragma: no cover - every run is started before its cancel
-            ledger.violation(f"{run_id}: not found by its cancel")
-            return
-        break
+    try:
+        cancelled = await engines.call(lambda engine: engine.cancel(run_id, reason=REASON))
+    except RunNotFound:  # pragma: no cover - every run is started before its cancel
+        ledger.violation(f"{run_id}: not found by its cancel")
+        return
     asked[run_id] = asked[run_id] or cancelled
     ledger.event("cancelled", run=run_id, cancelled=cancelled)
 

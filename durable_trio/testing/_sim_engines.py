@@ -13,6 +13,7 @@ import trio
 from .._engine import (
     Applied,
     Engine,
+    EngineClosed,
     EngineStatistics,
     StepKind,
     StepRecord,
@@ -22,7 +23,7 @@ from .._engine import (
 from .._engine._heartbeats import HEARTBEAT_TIMEOUT
 from .._engine._statistics import COUNTERS
 from .._engine._stores.memory import MemoryRunStore
-from .._errors import BrokerUnavailable
+from .._errors import BrokerError, BrokerUnavailable
 from ..backends._backend import Backend
 from .faults import BrokerFaults, FaultyKeyStore, Injector, wrap_broker
 
@@ -353,6 +354,19 @@ class Engines:
         while not (up := self._up()):
             await self._up_event.wait()
         return up[turn % len(up)]
+
+    async def call(self, fn: Callable[[Engine], Awaitable[T]], turn: int = 0) -> T:
+        """``await fn(engine)`` on an engine up (the ``turn``-th, as :meth:`live`); made again
+        on the next one if that engine died or closed for a deploy meanwhile (its broker or
+        engine error then says nothing about ``fn``). Any other exception is ``fn``'s."""
+        while True:
+            current = await self.live(turn)
+            assert current.engine is not None
+            try:
+                return await fn(current.engine)
+            except (BrokerError, EngineClosed):
+                if not current.gone:
+                    raise
 
     def kill(self, index: int) -> None:
         """Kill engine ``index`` abruptly (if it is up): its replacement starts

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .._engine import EngineClosed, RunCancelled, RunFailed
-from .._errors import BrokerError
+from .._engine import RunCancelled, RunFailed
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -74,16 +73,12 @@ class Runs:
             workflow, value = self.workload(rng, index)
             run_id = f"run-{index:05d}"
             self.inputs[run_id] = (workflow, value)
-            while True:  # idempotent by run id: started again on the next engine if need be
-                current = await self.engines.live(index)
-                assert current.engine is not None
-                try:
-                    await current.engine.start(workflow, value, run_id=run_id)
-                except (BrokerError, EngineClosed):
-                    if not current.gone:
-                        raise
-                    continue
-                break
+            # Idempotent by run id: started again on the next engine if need be. (Awaited here:
+            # the loop's variables cannot move under the call.)
+            await self.engines.call(
+                lambda engine: engine.start(workflow, value, run_id=run_id),  # noqa: B023
+                index,
+            )
             self.ledger.event("start", run=run_id, workflow=workflow)
             runs.start_soon(self._await, run_id)
             if self.signals is not None:
@@ -103,20 +98,12 @@ class Runs:
                 )  # fmt: skip
 
     async def _await(self, run_id: str) -> None:
-        while True:
-            current = await self.engines.live()
-            assert current.engine is not None
-            try:
-                output = await current.engine.result(run_id)
-            except RunCancelled as exc:  # (a RunFailed: caught first)
-                self.outcomes[run_id] = ("cancelled", exc.error)
-            except RunFailed as exc:
-                self.outcomes[run_id] = ("failed", exc.error)
-            except (BrokerError, EngineClosed):
-                if not current.gone:
-                    raise
-                continue  # asked again of the replacement
-            else:
-                self.outcomes[run_id] = ("completed", output)
-            break
+        try:
+            output = await self.engines.call(lambda engine: engine.result(run_id))
+        except RunCancelled as exc:  # (a RunFailed: caught first)
+            self.outcomes[run_id] = ("cancelled", exc.error)
+        except RunFailed as exc:
+            self.outcomes[run_id] = ("failed", exc.error)
+        else:
+            self.outcomes[run_id] = ("completed", output)
         self.ledger.event("end-run", run=run_id, status=self.outcomes[run_id][0])

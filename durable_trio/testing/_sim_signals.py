@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .._engine import EngineClosed, RunNotSignalable, StepKind, StepState
-from .._errors import BrokerError
+from .._engine import RunNotSignalable, StepKind, StepState
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from .._engine import Engine
     from ._sim_engines import Engines, RecordingStore
     from ._sim_ledger import Ledger
 
@@ -42,19 +42,17 @@ async def send_signals(
     for delay, name, payload in sorted(plan(rng, workflow, value), key=lambda s: s[0]):
         await trio.sleep_until(start + delay)
         target = sent.get(name, 0) + 1
-        while True:
-            current = await engines.live()
-            assert current.engine is not None
-            try:
-                if await current.engine.store.read_signal(run_id, name, target) is None:
-                    await current.engine.signal(run_id, name, payload)
-            except (BrokerError, EngineClosed):
-                if not current.gone:
-                    raise
-                continue
-            except RunNotSignalable:
-                ledger.violation(f"{run_id}: ended before its signal {name!r} #{target}")
-            break
+
+        async def send(
+            engine: Engine, name: str = name, target: int = target, payload: Any = payload
+        ) -> None:
+            if await engine.store.read_signal(run_id, name, target) is None:
+                await engine.signal(run_id, name, payload)
+
+        try:
+            await engines.call(send)
+        except RunNotSignalable:
+            ledger.violation(f"{run_id}: ended before its signal {name!r} #{target}")
         sent[name] = target
         ledger.event("signal", run=run_id, name=name, seq=target)
 
