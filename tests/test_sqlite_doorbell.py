@@ -311,7 +311,38 @@ async def test_a_folder_that_cannot_hold_sockets_leaves_the_tick_with_one_log_li
         await b.aclose()
 
 
-async def test_a_path_too_long_for_a_unix_socket_leaves_the_tick(tmp_path: Path) -> None:
+async def test_a_path_too_long_for_a_unix_socket_is_reached_through_the_folders_descriptor(
+    tmp_path: Path,
+) -> None:
+    # sun_path holds 107 bytes: the socket is bound and rung as /proc/self/fd/<fd>/<name>.
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    assert len(os.fsencode(f"{deep}/durable.db.bells/{os.getpid()}-{'0' * 12}")) > 107
+    a, b = await open_pair(deep / "durable.db", NEVER)
+    try:
+        assert await wake_time(a, b, bound=0.5) < 0.5  # the doorbell, not the tick
+        assert a.doorbell is not None
+        assert a.doorbell.bound
+        assert b.doorbell is not None
+        assert b.doorbell.sent == 1
+        assert len(sockets(deep / "durable.db")) == 1  # the file lands in the real folder
+        assert await a.pop_from(Q) is not None
+        # The folder removed and made again: the ringer's old descriptor names a deleted
+        # folder; it takes a fresh one and rings again.
+        shutil.rmtree(f"{deep}/durable.db.bells")
+        a.doorbell.check()  # what the waiter's tick does: bind again, in a new folder
+        assert len(sockets(deep / "durable.db")) == 1
+        assert await wake_time(a, b, bound=0.5) < 0.5
+    finally:
+        await a.aclose()
+        await b.aclose()
+    assert sockets(deep / "durable.db") == []
+
+
+async def test_without_proc_self_fd_a_path_too_long_leaves_the_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(doorbell_module, "_PROC_FDS", str(tmp_path / "no-proc"))  # not Linux
     deep = tmp_path / ("d" * 100)
     deep.mkdir()
     a, b = await open_pair(deep / "durable.db", 0.2)

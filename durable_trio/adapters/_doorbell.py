@@ -11,8 +11,9 @@ The listing is cached and read again only when the folder's modification time ch
 The doorbell is only a hint, never the source of truth: the broker's safety-net tick still runs
 every ``wakeup_interval`` and catches whatever a lost datagram missed. So every failure here is
 silent after one log line: a folder that cannot be made or written, a path too long for
-``AF_UNIX`` (108 bytes), a socket file removed, a full receive buffer (its owner will wake
-anyway), a dead process's socket (``ECONNREFUSED``: unlinked by the sender that found it).
+``AF_UNIX`` (108 bytes) where ``/proc/self/fd`` cannot shorten it, a socket file removed, a
+full receive buffer (its owner will wake anyway), a dead process's socket (``ECONNREFUSED``:
+unlinked by the sender that found it).
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ __all__ = ["Doorbell", "bells_folder"]
 
 _log = logging.getLogger("durable_trio")
 
-#: ``sun_path`` holds 108 bytes, the terminating NUL included.
+#: ``sun_path`` holds 108 bytes, the terminating NUL included. A longer path is reached
+#: through a descriptor of its folder, ``/proc/self/fd/<fd>/<name>`` (Linux): the kernel
+#: resolves it as any path, so the socket file still lands in the folder (see ``_short``).
 _MAX_SOCKET_PATH: Final = 107
+_PROC_FDS: Final = "/proc/self/fd"
 
 #: A folder modified this recently (seconds) may change again within the same timestamp (its
 #: granularity is coarse on some file systems): its listing is not trusted and read again.
@@ -104,6 +108,8 @@ class Doorbell:
         """Our socket's file name (in the folder), while bound."""
         self._receiver: socket.socket | None = None
         self._thread: threading.Thread | None = None
+        self._folder_fd: int | None = None
+        """The ringing thread's descriptor of the folder, when its paths are too long."""
         self._warned = False
         self._closed = False
         self.sent = 0
@@ -128,18 +134,27 @@ class Doorbell:
                 return
             name = f"{os.getpid()}-{secrets.token_hex(6)}"
             address = os.path.join(self.folder, name)
-            if len(os.fsencode(address)) > _MAX_SOCKET_PATH:
-                self._warn(f"the path {address!r} is too long for a Unix socket")
-                return
             receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            folder_fd: int | None = None
             try:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(self.folder)
-                receiver.bind(address)
+                if _fits(address):
+                    receiver.bind(address)
+                else:
+                    folder_fd = _open_folder(self.folder)
+                    if folder_fd is None:
+                        receiver.close()
+                        self._warn(f"the path {address!r} is too long for a Unix socket")
+                        return
+                    receiver.bind(_short(folder_fd, name))
             except OSError as exc:
                 receiver.close()
                 self._warn(f"cannot bind {address!r}: {exc}")
                 return
+            finally:
+                if folder_fd is not None:
+                    os.close(folder_fd)  # the bound socket stays in the folder without it
             self._own, self._receiver = name, receiver
             self._thread = threading.Thread(
                 target=self._receive, args=(receiver,), name=f"durable-trio-doorbell:{name}",
@@ -169,8 +184,11 @@ class Doorbell:
         self._stop_listening()
         with self._lock:
             sender, self._sender = self._sender, None
+            folder_fd, self._folder_fd = self._folder_fd, None
         if sender is not None:
             sender.close()
+        if folder_fd is not None:
+            os.close(folder_fd)
 
     def _stop_listening(self) -> None:
         with self._lock:
@@ -253,13 +271,18 @@ class Doorbell:
     def _names(self) -> tuple[str, ...]:
         assert self.folder is not None
         try:
-            mtime = os.stat(self.folder).st_mtime_ns
+            folder = os.stat(self.folder)
         except FileNotFoundError:
-            self._listing = None
+            self._forget_folder()
             return ()
+        mtime = folder.st_mtime_ns
         listing = self._listing
         if listing is not None and listing[0] == mtime and listing[1] - mtime / 1e9 > _RACY:
             return listing[2]
+        if self._folder_fd is not None:
+            held = os.fstat(self._folder_fd)
+            if (held.st_dev, held.st_ino) != (folder.st_dev, folder.st_ino):
+                self._forget_folder()  # removed and made again: our descriptor names the old
         listed_at = time.time()
         names = tuple(os.listdir(self.folder))
         self._listing = (mtime, listed_at, names)
@@ -269,7 +292,7 @@ class Doorbell:
         assert self.folder is not None
         address = os.path.join(self.folder, name)
         try:
-            sender.sendto(payload, address)
+            sender.sendto(payload, self._reachable(address, name))
             self.sent += 1
         except ConnectionRefusedError:
             # Nobody reads it: a process that died without closing (kill -9).
@@ -278,11 +301,29 @@ class Doorbell:
                 self.unlinked += 1
             self._listing = None
         except FileNotFoundError:
-            self._listing = None
+            self._forget_folder()  # gone, or made again: a fresh descriptor next time
         except (BlockingIOError, BrokenPipeError):
             pass  # its buffer is full (it will wake anyway), or it is closing
         except OSError as exc:
             self._warn(f"cannot ring {address!r}: {exc}")
+
+    def _reachable(self, address: str, name: str) -> str:
+        """``address``, or the same socket reached through our descriptor of the folder."""
+        if _fits(address):
+            return address
+        assert self.folder is not None
+        if self._folder_fd is None:
+            self._folder_fd = _open_folder(self.folder)
+            if self._folder_fd is None:
+                raise OSError(f"the path {address!r} is too long for a Unix socket")
+        return _short(self._folder_fd, name)
+
+    def _forget_folder(self) -> None:
+        self._listing = None
+        folder_fd, self._folder_fd = self._folder_fd, None
+        if folder_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(folder_fd)
 
     def _warn(self, message: str) -> None:
         if not self._warned:
@@ -290,3 +331,22 @@ class Doorbell:
             _log.warning(
                 "SQLite doorbell: %s; other processes' %s alone", message, self._purpose,
             )
+
+
+def _fits(address: str) -> bool:
+    return len(os.fsencode(address)) <= _MAX_SOCKET_PATH
+
+
+def _open_folder(folder: str) -> int | None:
+    """A descriptor of ``folder`` to reach its sockets by a short path, or ``None`` where
+    ``/proc/self/fd`` does not resolve (not Linux)."""
+    if not os.path.isdir(_PROC_FDS):
+        return None
+    return os.open(folder, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY)
+
+
+def _short(folder_fd: int, name: str) -> str:
+    """The socket ``name`` in the folder open as ``folder_fd``, by a path that fits
+    ``sun_path``: ``/proc/self/fd/<fd>`` is a link to the folder, which the kernel follows when
+    it resolves the path of ``bind`` or ``sendto``."""
+    return f"{_PROC_FDS}/{folder_fd}/{name}"
