@@ -96,6 +96,23 @@ class _Loop:
     idle: list[_JobWorker] = attrs.Factory(list)
     buffer: collections.deque[_Claim] = attrs.Factory(collections.deque)
     """Claims popped ahead of a free slot (prefetch), renewed and handed back like any."""
+    backlog: bool = False
+    """The last claim of this loop (a pop, or a finalize that claimed) got all it asked for:
+    the queue likely holds more, so a finishing job worker claims its next job in its
+    finalize's round trip (``SupportsFinishAndClaim``)."""
+
+
+class _Next:
+    """A finishing job worker's ask for its next claim, answered by the finalize that claims
+    (``JobRunner._hand_over``): ``claim`` is set when the reply lands; ``gone`` once the worker
+    no longer waits for it (a claim landing after that is handed back, never left unrun)."""
+
+    __slots__ = ("claim", "gone", "loop")
+
+    def __init__(self, loop: _Loop) -> None:
+        self.loop = loop
+        self.claim: _Claim | None = None
+        self.gone = False
 
 
 @attrs.define(eq=False)

@@ -264,6 +264,7 @@ class Consumers:
                     pop_scope.shield = False
                 if batch and any(job.damage is not None and not job.lease.token for job in batch):
                     batch = self._drop_quarantined(queue, batch)
+                loop.backlog = len(batch) >= take + ahead
                 if len(batch) < take:
                     slots.release(take - len(batch))
                 if batch:

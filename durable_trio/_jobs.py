@@ -21,6 +21,7 @@ from ._claims import (
     _Claim,
     _job_error,
     _JobWorker,
+    _Next,
 )
 from ._coalesce import Coalescer
 from ._errors import (
@@ -33,7 +34,7 @@ from ._errors import (
     TransportClosed,
 )
 from ._wire import StepError
-from .adapters import SupportsClaimAhead
+from .adapters import SupportsClaimAhead, SupportsFinishAndClaim
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -72,8 +73,18 @@ class JobRunner:
         answer_bad_task: Callable[[ClaimedJob, StepError], Awaitable[None]],
         report: Callable[[BaseException], None],
         finalize_retry_for: float = 0.0,
+        results_queue: str | None = None,
     ) -> None:
         self._broker = broker
+        # Finishing workers claim their next jobs in their finalize's round trip (where the
+        # broker can, and finalizes are batched: a job's result travels with its complete).
+        self._finish_and_claim = (
+            broker
+            if batched and results_queue is not None and isinstance(broker, SupportsFinishAndClaim)
+            else None
+        )
+        self._results_queue = results_queue or ""
+        self._claimers: dict[str, Coalescer[tuple[Lease, Job, _Next | None], bool]] = {}
         self._finalize_retry_for = finalize_retry_for
         self._options = options
         self._level = level
@@ -179,6 +190,9 @@ class JobRunner:
             while True:
                 job = claim.job
                 alone = False
+                nxt: _Claim | None = None
+                """The next claim, handed over by this job's finalize (it keeps the slot)."""
+                ended = False
                 try:
                     error: Exception | None = None
                     result: Job | None = None
@@ -211,19 +225,25 @@ class JobRunner:
                         try:
                             if error is not None:
                                 await self._finalize(claim, error)
-                            elif not await self._complete(claim, complete_job, result):
-                                self._report(
-                                    LeaseLost(
-                                        "completing the job answered 'lease lost': it was "
-                                        "re-delivered meanwhile (not retried)",
-                                        queue=claim.queue,
-                                        job_id=job.id,
+                            else:
+                                ask = self._ask_next(loop) if result is not None else None
+                                ok = await self._complete(claim, complete_job, result, ask)
+                                if ask is not None:
+                                    nxt = ask.claim
+                                if not ok:
+                                    self._report(
+                                        LeaseLost(
+                                            "completing the job answered 'lease lost': it was "
+                                            "re-delivered meanwhile (not retried)",
+                                            queue=claim.queue,
+                                            job_id=job.id,
+                                        )
                                     )
-                                )
                         except BrokerError as exc:
                             self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
                         finally:
                             scope.shield = False
+                    ended = True
                 finally:
                     if alone:
                         slots.end_alone()
@@ -233,10 +253,22 @@ class JobRunner:
                         claim.state = _ABANDONED
                     if claim.state is not _ABANDONED or claim.lost:
                         del claims[job.lease.token]
-                    slots.release()
-                    self.running -= 1
-                    if self.running == 0:
-                        self.idle.value = True
+                    if nxt is not None and (
+                        not ended or nxt.state is not _BUFFERED or self._closing()
+                    ):
+                        self._set_aside(nxt)
+                        nxt = None
+                    if nxt is None:
+                        slots.release()
+                        self.running -= 1
+                        if self.running == 0:
+                            self.idle.value = True
+                if nxt is not None:
+                    # Claimed by this job's finalize: run it at once, on the slot it holds.
+                    nxt.state = _RUNNING
+                    nxt.scope = scope
+                    claim = nxt
+                    continue
                 loop.idle.append(me)
                 claim = await trio.lowlevel.wait_task_rescheduled(abort)
         if claim.state is _FINALIZING and scope.cancelled_caught:
@@ -363,14 +395,25 @@ class JobRunner:
             self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
 
     async def _complete(
-        self, claim: _Claim, complete_job: Callable[[Lease], Awaitable[bool]], result: Job | None
+        self,
+        claim: _Claim,
+        complete_job: Callable[[Lease], Awaitable[bool]],
+        result: Job | None,
+        ask: _Next | None = None,
     ) -> bool:
-        """Complete ``claim``'s job (pushing ``result`` with it, if any); tried again while
-        the broker is unreachable (:meth:`_persist`, entered only after a first failure)."""
+        """Complete ``claim``'s job (pushing ``result`` with it, if any); with ``ask``, claim
+        this worker's next job in the same round trip (in ``ask.claim``, or none). Tried again
+        while the broker is unreachable (:meth:`_persist`, entered only after a first failure;
+        without a claim)."""
         lease = claim.job.lease
         try:
             if result is None:
                 return await complete_job(lease)
+            if ask is not None:
+                try:
+                    return await self._claimer(ask.loop).submit((lease, result, ask))
+                finally:
+                    ask.gone = True  # a claim landing after this is handed back
             return await self._finisher(claim.queue).submit((lease, result))
         except BrokerUnavailable as exc:
             call: Callable[[], Awaitable[bool]]
@@ -379,6 +422,96 @@ class JobRunner:
             else:
                 call = partial(self._finisher(claim.queue).submit, (lease, result))
             return await self._persist(claim, call, exc)
+
+    # ------------------------------------------------------------------ finish and claim
+
+    def _ask_next(self, loop: _Loop) -> _Next | None:
+        """An ask for the next claim of a finishing job worker, or ``None`` when it should
+        not claim: the broker cannot, the queue showed no backlog, close has begun, prefetched
+        claims wait, or its slot is not to be kept (a suspect waits to run alone, or the
+        limit was cut below the slots in use)."""
+        if (
+            self._finish_and_claim is None
+            or not loop.backlog
+            or loop.buffer
+            or self._closing()
+            or loop.slots.gated
+            or loop.slots.in_flight > loop.slots.limit
+        ):
+            return None
+        return _Next(loop)
+
+    def _claimer(self, loop: _Loop) -> Coalescer[tuple[Lease, Job, _Next | None], bool]:
+        """The finisher of ``loop``'s queue that also claims: the results and completes of
+        one batch, and one claim per ask in it, in one broker call."""
+        queue = loop.queue
+        claimer = self._claimers.get(queue)
+        if claimer is None:
+            broker = self._finish_and_claim
+            assert broker is not None
+            results, worker = self._results_queue, self._options.instance_id
+
+            async def finish_and_claim(items: list[tuple[Lease, Job, _Next | None]]) -> list[bool]:
+                asks = [ask for _, _, ask in items if ask is not None]
+                answers, claimed = await broker.finish_and_claim(
+                    results,
+                    [job for _, job, _ in items],
+                    queue,
+                    [lease for lease, _, _ in items],
+                    len(asks),
+                    worker=worker,
+                )
+                self._hand_over(loop, claimed, asks)
+                return answers
+
+            claimer = self._claimers[queue] = Coalescer(finish_and_claim)
+        return claimer
+
+    def _hand_over(self, loop: _Loop, claimed: list[ClaimedJob], asks: list[_Next]) -> None:
+        """Track the claims a finalize made at once (before any other task runs: renewed, and
+        handed back by close, like any) and give one to each ask still waiting."""
+        loop.backlog = len(claimed) >= len(asks)
+        waiting = iter(asks)
+        for job in claimed:
+            if job.damage is not None and not job.lease.token:
+                self._report(
+                    DamagedJob(
+                        f"unreadable entry moved to the quarantine: {job.damage}",
+                        queue=loop.queue,
+                        job_id=job.id,
+                    )
+                )
+                continue
+            claim = _Claim(loop.queue, job, state=_BUFFERED, ahead=not job.started)
+            self.claims[job.lease.token] = claim
+            ask = next(waiting, None)
+            if ask is None or ask.gone:
+                self._set_aside(claim)
+            else:
+                ask.claim = claim
+
+    def _set_aside(self, claim: _Claim) -> None:
+        """A claim its finalize made for a worker that no longer takes it (cancelled, or
+        closing): never started here, so handed back at once, attempt-neutral (or by close's
+        handback, once close has begun)."""
+        if claim.state is not _BUFFERED:
+            return  # taken back by the broker meanwhile (the lease keeper dropped it)
+        claim.state = _ABANDONED
+        if self._closing():
+            return  # close's step 6 hands it back with the rest
+
+        async def hand_back() -> None:
+            with trio.CancelScope(shield=True), trio.move_on_after(self._options.cleanup_timeout):
+                try:
+                    await self._broker.retry_job(
+                        claim.job.lease, claim.queue, delay=0.0, count_attempt=False
+                    )
+                except BrokerError as exc:
+                    self._report(exc)
+                    return  # kept: close's handback or the stalled sweep takes it back
+                self.claims.pop(claim.job.lease.token, None)
+
+        self._level.nursery.start_soon(hand_back)
 
     async def _persist(
         self,

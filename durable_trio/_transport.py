@@ -158,6 +158,7 @@ class QueueTransport:
             answer_bad_task=self._steps.answer_bad_task,
             report=self._report,
             finalize_retry_for=self._stalled_threshold,
+            results_queue=self._names.results,
         )
         self._consumers = Consumers(
             broker,

@@ -184,6 +184,27 @@ def test_with_prefetch_on_every_invariant_holds(seed: int) -> None:
     assert report.runs_completed == 300
 
 
+@pytest.mark.parametrize(
+    ("profile", "seed"),
+    [(CHAOS, 7), (STORM, 8), (STORM, 93), (SLOW, 4), (LOSSY, 3)],
+    ids=["chaos-7", "storm-8", "storm-93", "slow-4", "lossy-3"],
+)
+def test_finalizes_that_claim_the_next_jobs_hold_every_invariant(
+    profile: Faults, seed: int
+) -> None:
+    """A broker that batches its finalizes (as Redis and SQLite do), so a finishing worker
+    claims its next job in its finalize's call (``SupportsFinishAndClaim``), under the fault
+    profiles: claims whose reply is lost, whose workers are killed or stalled meanwhile, and
+    results lost with them, all come back; every run completes with its output. Two workers
+    of two slots each keep a backlog on the task queue, so most jobs are claimed that way."""
+    report = simulation(
+        seed, runs=300, duration=3600, faults=profile, batched=True, workers=2, concurrency=2
+    ).run_sync()
+    assert report.violations == ()
+    assert report.runs_completed == 300
+    assert b"finish_and_claim" in report.history_bytes()  # faults struck that call
+
+
 #: Damaged claims on top of the chaos: one pop in twenty hands over a claim its broker could not
 #: read (what a damaged Redis entry or SQLite row becomes).
 DAMAGED = attrs.evolve(CHAOS, broker=attrs.evolve(CHAOS.broker, damage_probability=0.05))

@@ -267,6 +267,32 @@ class SupportsBatchFinalize(Protocol):
 
 
 @runtime_checkable
+class SupportsFinishAndClaim(Protocol):
+    """A worker's finalize that claims the next jobs in the same round trip (as BullMQ's
+    worker fetches its next job in the call that finishes the last). A worker whose queue has
+    a backlog asks for as many claims as the finishing handlers will free slots: they run on
+    without a pop of their own."""
+
+    async def finish_and_claim(
+        self,
+        push_queue: str,
+        jobs: Sequence[Job],
+        queue: str,
+        leases: Sequence[Lease],
+        count: int,
+        *,
+        worker: str = "",
+    ) -> tuple[list[bool], list[ClaimedJob]]:
+        """``push_and_complete_many(push_queue, jobs, queue, leases)``, THEN ``pop_many(queue,
+        count)``, in one round trip: (the answer per lease, the claims, started). The claims
+        are as ``pop_many``'s, fewer than ``count`` meaning the queue was drained; with
+        ``count`` 0 nothing is popped. A failure raises before any claim is handed over, and
+        a pop that may have landed unanswered is a claim nobody runs, which the stalled sweep
+        takes back (as for a lost ``pop_many`` reply)."""
+        ...
+
+
+@runtime_checkable
 class SupportsFailAndPush(Protocol):
     """Fail a job and push another in one atomic step: the poison bridge fails a step task
     that stalled past the limit and publishes its failed result together, so no process can

@@ -257,6 +257,19 @@ class MemoryBroker:
         await self.push_many(push_queue, jobs, [None] * len(jobs))
         return await self.complete_many(queue, leases)
 
+    async def finish_and_claim(
+        self,
+        push_queue: str,
+        jobs: Sequence[Job],
+        queue: str,
+        leases: Sequence[Lease],
+        count: int,
+        *,
+        worker: str = "",
+    ) -> tuple[list[bool], list[ClaimedJob]]:
+        done = await self.push_and_complete_many(push_queue, jobs, queue, leases)
+        return done, await self.pop_many(queue, count, worker=worker) if count > 0 else []
+
     async def fail_and_push(
         self, lease: Lease, queue: str, error: str, push_queue: str, job: Job
     ) -> bool:

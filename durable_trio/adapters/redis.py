@@ -1523,8 +1523,20 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
         # Snapshot the doorbell before the command is sent: a ring counted after this may be
         # for an older push (a spurious wake-up), but no push after the pop can be missed.
         rings, epoch = q.rings, (self._live_epoch(q) if self._covers(q) else None)
-        argv = (total, worker, _suffixes(total), self._promote_batch, self._quarantine_retention)
-        reply = await self._claim(q.claim_keys, (*argv, count))
+        reply = await self._claim(q.claim_keys, self._claim_argv(total, count, worker))
+        return self._claims_of(q, reply, count, rings, epoch)
+
+    def _claim_argv(self, total: int, count: int, worker: str) -> tuple[Any, ...]:
+        return (
+            total, worker, _suffixes(total), self._promote_batch, self._quarantine_retention,
+            count,
+        )
+
+    def _claims_of(
+        self, q: _Queue, reply: list[Any], count: int, rings: int, epoch: int | None
+    ) -> list[ClaimedJob]:
+        """The claims of a claim script's ``reply`` (the first ``count`` started), noting a
+        drained queue for the waiters (``rings``, ``epoch``: as of before it was sent)."""
         if len(reply) == 1 or reply[0] is not None:  # (empty; or drained, armed: as good as
             q.note_empty(rings, epoch, _seconds(reply[0]))  # an empty pop for a waiter)
         else:
@@ -1590,6 +1602,38 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
             )
         replies = await self._client.pipeline(commands)
         return [bool(answer) for answer in replies[-1]] if leases else []
+
+    async def finish_and_claim(
+        self,
+        push_queue: str,
+        jobs: Sequence[Job],
+        queue: str,
+        leases: Sequence[Lease],
+        count: int,
+        *,
+        worker: str = "",
+    ) -> tuple[list[bool], list[ClaimedJob]]:
+        """:meth:`push_and_complete_many`, then the claim script for ``count`` jobs, as three
+        scripts in ONE pipeline (one round trip; see
+        :class:`~durable_trio.adapters.SupportsFinishAndClaim`)."""
+        if count < 1:
+            return await self.push_and_complete_many(push_queue, jobs, queue, leases), []
+        pq, q = self._queue(push_queue), self._queue(queue)
+        commands = []
+        if jobs:
+            push_args: list[Any] = [pq.channel]
+            for job in jobs:
+                push_args += (job.id, job.data, 0)
+            commands.append(self._push_many.command(pq.push_keys, push_args))
+        if leases:
+            commands.append(
+                self._complete_many.command(q.complete_keys, [lease.token for lease in leases])
+            )
+        commands.append(self._claim.command(q.claim_keys, self._claim_argv(count, count, worker)))
+        rings, epoch = q.rings, (self._live_epoch(q) if self._covers(q) else None)
+        replies = await self._client.pipeline(commands)
+        answers = [bool(answer) for answer in replies[-2]] if leases else []
+        return answers, self._claims_of(q, replies[-1], count, rings, epoch)
 
     async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
         """Fail a job for good, keeping the newest ``failed_retention``. ``False``: lease lost."""

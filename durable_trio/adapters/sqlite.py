@@ -1583,6 +1583,31 @@ class SqliteBroker:
         self._ring(push_queue)
         return done
 
+    async def finish_and_claim(
+        self,
+        push_queue: str,
+        jobs: Sequence[Job],
+        queue: str,
+        leases: Sequence[Lease],
+        count: int,
+        *,
+        worker: str = "",
+    ) -> tuple[list[bool], list[ClaimedJob]]:
+        """Push, complete, then claim up to ``count`` jobs of ``queue``, in one transaction
+        (see :class:`~durable_trio.adapters.SupportsFinishAndClaim`)."""
+        pairs: list[tuple[Job, int | None]] = [(job, None) for job in jobs]
+
+        def all_three(db: sqlite3.Connection) -> tuple[list[bool], list[ClaimedJob]]:
+            _op_push_many(push_queue, pairs, db)
+            done = _op_complete_many(leases, queue, db)
+            return done, _op_pop_many(queue, count, worker, db) if count > 0 else []
+
+        answer: tuple[list[bool], list[ClaimedJob]] = await self._call(
+            all_three, write=True, ring=push_queue
+        )
+        self._ring(push_queue)
+        return answer
+
     async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
         """Fail a job for good, kept for :meth:`failed_jobs`. ``False``: the lease was lost."""
         done: bool = await self._call(

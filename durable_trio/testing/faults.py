@@ -52,6 +52,7 @@ from ..adapters import (
     SupportsClaimAhead,
     SupportsFailAndPush,
     SupportsFailedJobs,
+    SupportsFinishAndClaim,
     SupportsJobState,
     SupportsJobStates,
     SupportsRecovery,
@@ -81,7 +82,9 @@ __all__ = ["BrokerFaults", "FaultyBroker", "FaultyKeyStore", "Injector", "wrap_b
 T = TypeVar("T")
 
 #: Calls that write: a lost reply means the write happened.
-_PUSHES = frozenset({"push_on", "push_many", "push_and_complete_many", "fail_and_push"})
+_PUSHES = frozenset(
+    {"push_on", "push_many", "push_and_complete_many", "fail_and_push", "finish_and_claim"}
+)
 
 
 @attrs.frozen
@@ -441,6 +444,27 @@ class _BatchFinalize(FaultyBroker):
         return result
 
 
+class _FinishAndClaim(FaultyBroker):
+    async def finish_and_claim(
+        self,
+        push_queue: str,
+        jobs: Sequence[Job],
+        queue: str,
+        leases: Sequence[Lease],
+        count: int,
+        *,
+        worker: str = "",
+    ) -> tuple[list[bool], list[ClaimedJob]]:
+        pushed: Sequence[Job] = jobs
+        if self.injector.lose_write("finish_and_claim", jobs):
+            pushed = ()  # the completion and the claims happen; the pushed results are lost
+        call = functools.partial(
+            self.inner.finish_and_claim, push_queue, pushed, queue, leases, count, worker=worker
+        )
+        answers, claimed = await self._call("finish_and_claim", call, pushed)
+        return answers, self.injector.damage("finish_and_claim", queue, claimed)
+
+
 class _Renewal(FaultyBroker):
     async def renew_jobs(self, queue: str, leases: Sequence[Lease]) -> RenewOutcome:
         result: RenewOutcome = await self._call(
@@ -519,6 +543,7 @@ _CAPABILITIES: tuple[tuple[type, type[FaultyBroker]], ...] = (
     (SupportsBatchPop, _BatchPop),
     (SupportsClaimAhead, _ClaimAhead),
     (SupportsBatchFinalize, _BatchFinalize),
+    (SupportsFinishAndClaim, _FinishAndClaim),
     (SupportsFailAndPush, _FailAndPush),
     (SupportsRenewal, _Renewal),
     (SupportsRecovery, _Recovery),

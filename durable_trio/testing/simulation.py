@@ -130,6 +130,9 @@ class Simulation:
             after each worker the same way (step code first; a remote workflow's code is the
             workers'). A process killed later restarts on the code of its turn. No run may then
             fail with ``NonDeterminismError``.
+        batched: the shared memory broker batches its finalizes as Redis and SQLite do
+            (``coalesce_finalize``), so the workers' finalizes claim their next jobs in the
+            same call (``SupportsFinishAndClaim``), under the faults given.
     """
 
     def __init__(
@@ -152,6 +155,7 @@ class Simulation:
         signals: Any = None,
         cancels: Any = None,
         deploy: tuple[App, float, float] | None = None,
+        batched: bool = False,
     ) -> None:
         override = os.environ.get(SEED_VARIABLE)
         self.seed = int(override) if override else seed
@@ -173,6 +177,7 @@ class Simulation:
         self.signals = signals
         self.cancels = cancels
         self.deploy = deploy
+        self.batched = batched
         self._reset()
 
     # ------------------------------------------------------------------ public API
@@ -229,6 +234,8 @@ class Simulation:
         """A fresh world: the shared run store, broker and key store, and the parts over them."""
         store = RecordingStore()
         broker = MemoryBroker()
+        if self.batched:
+            broker.coalesce_finalize = True  # (one instance: the class stays unbatched)
         keys = MemoryKeyStore()
         namespace = (
             self.transport_options.get("namespace")
