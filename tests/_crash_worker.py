@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import sys
 import time
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 import trio
@@ -41,6 +41,19 @@ async def main(url: str, namespace: str, instance: str, log: TextIO) -> None:
             return jobs
 
         backend.broker.pop_many = logged_pop_many  # type: ignore[attr-defined]
+        finish_and_claim = backend.broker.finish_and_claim  # type: ignore[attr-defined]
+
+        async def logged_finish_and_claim(*args: Any, **kwargs: Any) -> Any:
+            # The claims a finalize makes for the next jobs (SupportsFinishAndClaim), logged
+            # as the pops' are.
+            answers, jobs = await finish_and_claim(*args, **kwargs)
+            at = time.time()
+            for job in jobs:
+                step = orjson.loads(job.data)["payload"]["stepId"]
+                log.write(f"CLAIM {step} {instance} {at:.6f}\n")
+            return answers, jobs
+
+        backend.broker.finish_and_claim = logged_finish_and_claim  # type: ignore[attr-defined]
         async with dt.open_queue_transport(
             backend,
             namespace=namespace,

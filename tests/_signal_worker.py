@@ -70,6 +70,18 @@ async def main(url: str, namespace: str, close_timeout: float) -> int:
             return jobs
 
         backend.broker.pop_many = logged_pop_many  # type: ignore[attr-defined]
+        finish_and_claim = backend.broker.finish_and_claim  # type: ignore[attr-defined]
+
+        async def logged_finish_and_claim(*args: Any, **kwargs: Any) -> Any:
+            # The claims a finalize makes for the next jobs (SupportsFinishAndClaim), logged
+            # as the pops' are.
+            answers, jobs = await finish_and_claim(*args, **kwargs)
+            for job in jobs:
+                step = orjson.loads(job.data)["payload"]["stepId"]
+                _log(f"CLAIM {step} {_instance} {job.attempts} {job.stalled_count}")
+            return answers, jobs
+
+        backend.broker.finish_and_claim = logged_finish_and_claim  # type: ignore[attr-defined]
         async with dt.close_on_signals() as stop:
             async with dt.open_worker(
                 app,
