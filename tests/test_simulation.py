@@ -86,6 +86,7 @@ DAY_SEED = 20261
 DAY_WALL_LIMIT = 60.0
 
 
+@pytest.mark.chaos  # bounded by the wall clock: run alone, in the suite's second half
 def test_a_simulated_day_with_faults_runs_in_under_a_minute_and_every_invariant_holds() -> None:
     report = simulation(DAY_SEED, runs=2000, duration=24 * 3600, faults=CHAOS).run_sync()
     print(report.summary())
