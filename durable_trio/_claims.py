@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from ._errors import BrokerError, JobError
+from ._errors import BrokerError, DamagedJob, JobError
 from ._slots import Slots
 from .adapters import ClaimedJob
 
@@ -129,6 +129,14 @@ class _JobWorker:
     task: trio.lowlevel.Task
     scope: trio.CancelScope
 
+
+
+def _quarantined(queue: str, job: ClaimedJob) -> DamagedJob:
+    """The report of an entry a pop could not tie to a job (``job.damage`` set, no lease): the
+    broker already moved it to its quarantine, and there is nothing to finalize."""
+    return DamagedJob(
+        f"unreadable entry moved to the quarantine: {job.damage}", queue=queue, job_id=job.id
+    )
 
 
 def _job_error(message: str, claim: _Claim, cause: BaseException) -> JobError:

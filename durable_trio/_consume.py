@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._codec import decode_envelope
-from ._errors import BrokerError, DamagedJob, PayloadError
+from ._errors import BrokerError, PayloadError
 from ._telemetry import hop
 from .adapters import (
     ClaimedJob,
@@ -37,6 +37,7 @@ from ._claims import (
     _Claim,
     _Loop,
     _OnJob,
+    _quarantined,
     _unexpected,
 )
 
@@ -302,13 +303,7 @@ class Consumers:
         kept = []
         for job in batch:
             if job.damage is not None and not job.lease.token:
-                self._report(
-                    DamagedJob(
-                        f"unreadable entry moved to the quarantine: {job.damage}",
-                        queue=queue,
-                        job_id=job.id,
-                    )
-                )
+                self._report(_quarantined(queue, job))
             else:
                 kept.append(job)
         return kept

@@ -22,6 +22,7 @@ from ._claims import (
     _job_error,
     _JobWorker,
     _Next,
+    _quarantined,
 )
 from ._coalesce import Coalescer
 from ._errors import (
@@ -474,13 +475,7 @@ class JobRunner:
         waiting = iter(asks)
         for job in claimed:
             if job.damage is not None and not job.lease.token:
-                self._report(
-                    DamagedJob(
-                        f"unreadable entry moved to the quarantine: {job.damage}",
-                        queue=loop.queue,
-                        job_id=job.id,
-                    )
-                )
+                self._report(_quarantined(loop.queue, job))
                 continue
             claim = _Claim(loop.queue, job, state=_BUFFERED, ahead=not job.started)
             self.claims[job.lease.token] = claim

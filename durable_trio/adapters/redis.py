@@ -146,7 +146,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
     from types import TracebackType
 
-    from .._redis import Script
+    from .._redis import RedisArg, Script
 
 __all__ = [
     "MAX_PRIORITY",
@@ -1589,19 +1589,29 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
         if not jobs and not leases:
             await trio.lowlevel.checkpoint()
             return []
-        pq, q = self._queue(push_queue), self._queue(queue)
-        push_args: list[Any] = [pq.channel]
-        for job in jobs:
-            push_args += (job.id, job.data, 0)
+        commands = self._finish_commands(push_queue, jobs, queue, leases)
+        replies = await self._client.pipeline(commands)
+        return [bool(answer) for answer in replies[-1]] if leases else []
+
+    def _finish_commands(
+        self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
+    ) -> list[tuple[RedisArg, ...]]:
+        """The push script for ``jobs`` (priority 0), then the complete script for
+        ``leases``, each left out when it has nothing to do."""
         commands = []
         if jobs:
+            pq = self._queue(push_queue)
+            push_args: list[Any] = [pq.channel]
+            for job in jobs:
+                push_args += (job.id, job.data, 0)
             commands.append(self._push_many.command(pq.push_keys, push_args))
         if leases:
             commands.append(
-                self._complete_many.command(q.complete_keys, [lease.token for lease in leases])
+                self._complete_many.command(
+                    self._queue(queue).complete_keys, [lease.token for lease in leases]
+                )
             )
-        replies = await self._client.pipeline(commands)
-        return [bool(answer) for answer in replies[-1]] if leases else []
+        return commands
 
     async def finish_and_claim(
         self,
@@ -1618,17 +1628,8 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
         :class:`~durable_trio.adapters.SupportsFinishAndClaim`)."""
         if count < 1:
             return await self.push_and_complete_many(push_queue, jobs, queue, leases), []
-        pq, q = self._queue(push_queue), self._queue(queue)
-        commands = []
-        if jobs:
-            push_args: list[Any] = [pq.channel]
-            for job in jobs:
-                push_args += (job.id, job.data, 0)
-            commands.append(self._push_many.command(pq.push_keys, push_args))
-        if leases:
-            commands.append(
-                self._complete_many.command(q.complete_keys, [lease.token for lease in leases])
-            )
+        q = self._queue(queue)
+        commands = self._finish_commands(push_queue, jobs, queue, leases)
         commands.append(self._claim.command(q.claim_keys, self._claim_argv(count, count, worker)))
         rings, epoch = q.rings, (self._live_epoch(q) if self._covers(q) else None)
         replies = await self._client.pipeline(commands)

@@ -1572,15 +1572,8 @@ class SqliteBroker:
     async def push_and_complete_many(
         self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
     ) -> list[bool]:
-        """Push then complete, in one transaction."""
-        pairs: list[tuple[Job, int | None]] = [(job, None) for job in jobs]
-
-        def both(db: sqlite3.Connection) -> list[bool]:
-            _op_push_many(push_queue, pairs, db)
-            return _op_complete_many(leases, queue, db)
-
-        done: list[bool] = await self._call(both, write=True, ring=push_queue)
-        self._ring(push_queue)
+        """Push then complete, in one transaction (:meth:`finish_and_claim` claiming none)."""
+        done, _ = await self.finish_and_claim(push_queue, jobs, queue, leases, 0)
         return done
 
     async def finish_and_claim(
