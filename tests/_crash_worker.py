@@ -13,12 +13,13 @@ from __future__ import annotations
 import random
 import sys
 import time
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import orjson
 import trio
 
 import durable_trio as dt
+from _claim_log import observe_claims
 
 if TYPE_CHECKING:
     from durable_trio.adapters import ClaimedJob
@@ -29,31 +30,14 @@ CHECK_INTERVAL = 0.5
 
 async def main(url: str, namespace: str, instance: str, log: TextIO) -> None:
     async with dt.open_backend(url) as backend:
-        pop_many = backend.broker.pop_many  # type: ignore[attr-defined]
-
-        async def logged_pop_many(queue: str, count: int, *, worker: str = "") -> list[ClaimedJob]:
-            # Observation only (no fault): the claims the worker holds, prefetched ones included.
-            jobs: list[ClaimedJob] = await pop_many(queue, count, worker=worker)
+        def log_claims(queue: str, jobs: list[ClaimedJob], by_finalize: bool) -> None:
+            # the claims the worker holds, prefetched ones included
             at = time.time()
             for job in jobs:
                 step = orjson.loads(job.data)["payload"]["stepId"]
                 log.write(f"CLAIM {step} {instance} {at:.6f}\n")
-            return jobs
 
-        backend.broker.pop_many = logged_pop_many  # type: ignore[attr-defined]
-        finish_and_claim = backend.broker.finish_and_claim  # type: ignore[attr-defined]
-
-        async def logged_finish_and_claim(*args: Any, **kwargs: Any) -> Any:
-            # The claims a finalize makes for the next jobs (SupportsFinishAndClaim), logged
-            # as the pops' are.
-            answers, jobs = await finish_and_claim(*args, **kwargs)
-            at = time.time()
-            for job in jobs:
-                step = orjson.loads(job.data)["payload"]["stepId"]
-                log.write(f"CLAIM {step} {instance} {at:.6f}\n")
-            return answers, jobs
-
-        backend.broker.finish_and_claim = logged_finish_and_claim  # type: ignore[attr-defined]
+        observe_claims(backend.broker, log_claims)
         async with dt.open_queue_transport(
             backend,
             namespace=namespace,

@@ -17,6 +17,7 @@ import trio
 import trio.testing
 
 import durable_trio as dt
+from _claim_log import observe_claims
 from durable_trio.adapters import ClaimedJob, Job, SupportsFinishAndClaim
 from durable_trio.adapters.memory import MemoryBroker
 from durable_trio.backends import Backend
@@ -211,22 +212,17 @@ async def drain_counting(url: str) -> tuple[collections.Counter[str], int, int]:
     ended = trio.Event()
     fused = popped = 0
     async with dt.open_backend(url) as backend:
-        broker: Any = backend.broker
-        finish_and_claim, pop_many = broker.finish_and_claim, broker.pop_many
 
-        async def counting_finish(*args: Any, **kwargs: Any) -> Any:
-            nonlocal fused
-            answers, claimed = await finish_and_claim(*args, **kwargs)
-            fused += len(claimed)
-            return answers, claimed
+        def count(queue: str, jobs: list[ClaimedJob], by_finalize: bool) -> None:
+            nonlocal fused, popped
+            if ":tasks:" not in queue:
+                return
+            if by_finalize:
+                fused += len(jobs)
+            else:
+                popped += len(jobs)
 
-        async def counting_pop(queue: str, count: int, **kwargs: Any) -> Any:
-            nonlocal popped
-            jobs = await pop_many(queue, count, **kwargs)
-            popped += len(jobs) if ":tasks:" in queue else 0
-            return jobs
-
-        broker.finish_and_claim, broker.pop_many = counting_finish, counting_pop
+        observe_claims(backend.broker, count)
 
         async def work(t: dt.RemoteTask) -> None:
             ran[t.step_id] += 1
