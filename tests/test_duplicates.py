@@ -261,6 +261,18 @@ def test_explain_names_every_window() -> None:
         "stalls": [{"at": 5.0, "worker": "a"}],
     }
     assert explain(middle, again)[1] == ({"at": 9.0, "worker": "c"},)
+    # A stall not counted (a claim that never started) is in the history: the place of the
+    # earlier delivery is the length of its history, not its count (a kill storm's case).
+    stalls: list[Any] = [{"at": 1.0, "worker": "w4", "counted": True},
+                         {"at": 2.0, "worker": "w8", "counted": False}]
+    ran = {"worker": "w11", "job": "J", "lease": "L4", "stalledCount": 1, "stalls": stalls}
+    rerun = {"worker": "w11", "job": "J", "lease": "L5", "stalledCount": 2,
+             "stalls": [*stalls, {"at": 3.0, "worker": "w11", "counted": True},
+                        {"at": 4.0, "worker": "w12", "counted": False}]}
+    for pair in ((ran, rerun), (rerun, ran)):
+        cause, lost = explain(*pair)
+        assert [s["worker"] for s in lost] == ["w11", "w12"]
+        assert cause.startswith("the lease of w11 at 3.0, w12 at 4.0 was lost")
     # Not known here which result was applied: the copy's own evidence.
     assert explain(None, again)[1] == tuple(again["stalls"])
     cause, lost = explain(None, {**one, "leaseLostAt": 7.5})

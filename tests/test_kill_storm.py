@@ -334,7 +334,10 @@ def every_copy_explained(figures: dict[str, Any]) -> dict[str, Any]:
         first, *copies = completed
         for copy in copies:
             cause, lost = explain(first.delivery, copy.delivery)
-            earlier = min((first.delivery, copy.delivery), key=lambda d: d["stalledCount"])
+            earlier = min(
+                (first.delivery, copy.delivery),
+                key=lambda d: (len(d.get("stalls", [])), d["stalledCount"]),
+            )
             lost_from = {s["worker"] for s in lost}
             same_claim = first.delivery["lease"] == copy.delivery["lease"]
             if same_claim or (

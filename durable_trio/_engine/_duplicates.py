@@ -94,7 +94,7 @@ def explain(applied: JSONValue, duplicate: JSONValue) -> tuple[str, tuple[JSONVa
       applied result delivered again, and the cause says both.
     - From two claims of one job: the job was reclaimed in between; the later delivery's
       stall history says whose leases were lost and when (``stalls`` past the earlier one's
-      count).
+      history, the stalls not counted included).
     """
     if isinstance(applied, dict) and isinstance(duplicate, dict):
         if applied.get("lease") == duplicate.get("lease"):
@@ -111,8 +111,10 @@ def explain(applied: JSONValue, duplicate: JSONValue) -> tuple[str, tuple[JSONVa
                 f"stopped, two engines applying one decision), and both jobs ran",
                 (),
             )
-        earlier, later = sorted((applied, duplicate), key=_count)
-        lost = _stalls(later)[_count(earlier) : _count(later)]
+        # Past the earlier delivery's history: a stall not counted (a claim that never
+        # started) is in the history too, so its length, not the count, marks the place.
+        earlier, later = sorted((applied, duplicate), key=lambda d: (len(_stalls(d)), _count(d)))
+        lost = _stalls(later)[len(_stalls(earlier)) :]
     elif isinstance(duplicate, dict):
         later = duplicate
         lost = _stalls(duplicate)
