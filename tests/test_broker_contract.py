@@ -250,6 +250,32 @@ async def test_recover_hands_poison_to_the_caller_past_max_stalled(
     assert len(failed.stalls) == 2
 
 
+async def test_a_poison_job_whose_sweep_died_before_failing_it_counts_no_further_stall(
+    broker: Any, contract_clock: object
+) -> None:
+    """A job past the limit is re-leased to the sweep that found it; should that sweep's
+    instance die before it fails the job (a kill storm), the next sweep hands it over exceeded
+    again with its count and history as they were: the sweep's lease is no delivery, and its
+    handler never ran under it."""
+    await broker.push_on(Q, job("poison"))
+    claimed = await broker.pop_from(Q, worker="w1")
+    await trio.sleep(0.3)
+    (first,) = (await broker.recover_stalled_jobs(Q, 0.2, 0)).exceeded
+    assert (first.stalled_count, [s.worker for s in first.stalls]) == (1, ["w1"])
+    await trio.sleep(0.3)  # the sweep died holding it: its lease goes silent
+    recovery = await broker.recover_stalled_jobs(Q, 0.2, 0)
+    assert recovery.recovered == 0
+    (again,) = recovery.exceeded
+    assert again.id == "job-poison"
+    assert again.stalled_count == 1
+    assert [(s.worker, s.counted) for s in again.stalls] == [("w1", True)]
+    assert await broker.complete_job(first.lease, Q) is False  # the dead sweep's lease
+    assert await broker.complete_job(claimed.lease, Q) is False
+    assert await broker.fail_job(again.lease, Q, "stalled more than 0 times") is True
+    (failed,) = await broker.failed_jobs(Q)
+    assert (failed.stalled_count, len(failed.stalls)) == (1, 1)
+
+
 async def test_recover_leaves_fresh_claims_alone(broker: Any, contract_clock: object) -> None:
     for n in range(20):
         await broker.push_on(Q, job(n))

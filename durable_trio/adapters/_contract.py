@@ -323,7 +323,9 @@ class SupportsRecovery(Protocol):
         cost is O(log n + k), never a scan of every active claim). A job whose stall would be
         number ``max_stalled + 1`` is re-leased and returned in ``exceeded`` instead. A claim
         still not started (see :class:`SupportsClaimAhead`) is taken back uncounted: its stall
-        is recorded with ``counted=False`` and never makes it exceed."""
+        is recorded with ``counted=False`` and never makes it exceed. A job already past
+        ``max_stalled`` (re-leased to a sweep that died before failing it) is returned in
+        ``exceeded`` again, its count and history unchanged: that lease was no delivery."""
         ...
 
 

@@ -364,13 +364,17 @@ class MemoryBroker:
             if rec is None or rec.claimed_at != claimed_at:
                 continue  # finalized, or renewed since (a newer entry stands for it)
             del q.active[token]
+            # Past the limit already: the lease of a sweep that found it exceeded and died
+            # before failing it. No delivery, so no stall: exceeded again, as it was.
+            again = rec.stalled_count > max_stalled
             # Only a claim whose handler started counts: one popped ahead and never started
             # comes back at once, uncounted (recorded as such in its history).
-            counted = rec.started
-            rec.stalls = (*rec.stalls, Stall(at=now, worker=rec.worker, counted=counted))
+            counted = rec.started and not again
+            if not again:
+                rec.stalls = (*rec.stalls, Stall(at=now, worker=rec.worker, counted=counted))
             if counted:
                 rec.stalled_count += 1
-            if counted and rec.stalled_count > max_stalled:
+            if again or (counted and rec.stalled_count > max_stalled):
                 new_token = f"{next(self._tokens)}"
                 rec.token = new_token
                 rec.claimed_at = now

@@ -731,7 +731,9 @@ for _, token in ipairs(stale) do
       redis.call('HDEL', KEYS[6], n)
       redis.call('HDEL', KEYS[7], n)
     end
-  elseif not priority then
+  elseif not priority or tonumber(stalled) > max_stalled then
+    -- Unreadable meta, or past the limit already: the lease of a sweep that found it exceeded
+    -- and died before failing it (no delivery, so no stall: exceeded again, as it was).
     local data = redis.call('HGET', KEYS[4], n)
     local history = redis.call('HGET', KEYS[6], n)
     redis.call('ZREM', KEYS[3], token)

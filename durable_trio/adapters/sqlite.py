@@ -1153,12 +1153,17 @@ def _op_recover(queue: str, threshold: float, max_stalled: int, db: sqlite3.Conn
             db.execute(_RELEASE_DAMAGED, (token, now, pk))
             exceeded.append(job)
             continue
+        # Past the limit already: the lease of a sweep that found it exceeded and died before
+        # failing it. No delivery, so no stall: exceeded again, as it was.
+        again = job.stalled_count > max_stalled
         # Only a claim whose handler started counts: one popped ahead and never started
         # comes back at once, uncounted (recorded as such in its history).
-        counted = not worker.startswith(_AHEAD)
-        stalls = (*job.stalls, Stall(at=now, worker=worker.removeprefix(_AHEAD), counted=counted))
+        counted = not again and not worker.startswith(_AHEAD)
+        stalls = job.stalls
+        if not again:
+            stalls = (*stalls, Stall(at=now, worker=worker.removeprefix(_AHEAD), counted=counted))
         stalled_count = job.stalled_count + counted
-        if counted and stalled_count > max_stalled:
+        if again or (counted and stalled_count > max_stalled):
             db.execute(_RELEASE_POISON, (token, now, stalled_count, _stalls_json(stalls), pk))
             exceeded.append(attrs.evolve(job, stalled_count=stalled_count, stalls=stalls))
         else:
