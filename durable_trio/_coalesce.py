@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import trio
@@ -30,12 +31,20 @@ class _Batch(Generic[T, R]):
 
 class Coalescer(Generic[T, R]):
     """Submit items one by one; they reach the broker through ``call(items) -> results`` (one
-    result per item, in order), one call at a time per coalescer.
+    result per item, in order), one call at a time per coalescer (two with ``most``).
 
     Nagle's rule without the delay: an item submitted while no call is in flight goes out at
     once, alone (an idle system pays no latency for batching); items submitted while a call is
     in flight wait for it and then leave together, in ONE call, led by the first of them. Under
     load that turns N finalizes into one script run on Redis, one transaction on SQLite.
+
+    Two halves (``most``, a callable read at each submit): a batch holds at most ``most()``
+    items, and a full one goes out at once even while a call is in flight (two in flight at
+    most; a batch not full still waits for the broker to be idle). Under load the work then
+    splits into two batches that alternate: one at the broker while the other's jobs run.
+    Without it, one batch at the broker while the next fills leaves the process idle for the
+    whole broker call and the broker idle while the jobs run; and the batches settle unequal
+    (one job, then all the others), so neither side's wait shrinks.
 
     Cancellation:
         A member cancelled while it waits leaves its item in its batch (it is sent anyway, like
@@ -44,24 +53,41 @@ class Coalescer(Generic[T, R]):
         fail; an idle leader cancelled during its own call fails only itself.
     """
 
-    def __init__(self, call: Callable[[list[T]], Awaitable[list[R]]]) -> None:
+    def __init__(
+        self,
+        call: Callable[[list[T]], Awaitable[list[R]]],
+        *,
+        most: Callable[[], int] | None = None,
+    ) -> None:
         self._call = call
-        self._busy = False
-        self._next: _Batch[T, R] | None = None
+        self._most = most
+        self._in_flight = 0
+        #: Batches waiting, oldest first (more than one only with ``most``).
+        self._queued: collections.deque[_Batch[T, R]] = collections.deque()
 
     @property
     def idle(self) -> bool:
         """No call in flight and none waiting: dropping this coalescer loses nothing."""
-        return not self._busy and self._next is None
+        return not self._in_flight and not self._queued
+
+    def _full(self, batch: _Batch[T, R]) -> bool:
+        return self._most is not None and len(batch.items) >= max(1, self._most())
 
     async def submit(self, item: T) -> R:
-        if not self._busy:
+        if not self._in_flight and not self._queued:
             batch: _Batch[T, R] = _Batch()
             batch.items.append(item)
             return await self._lead(batch, 0)
-        batch = self._next if self._next is not None else self._open_next()
+        queued = self._queued
+        if queued and not self._full(queued[-1]):  # (still waiting: its leader pops it)
+            batch = queued[-1]
+        else:
+            batch = _Batch()
+            queued.append(batch)
         index = len(batch.items)
         batch.items.append(item)
+        if self._in_flight < 2 and queued[0] is batch and self._full(batch):
+            batch.go.set()  # full: it need not wait for the call in flight
         if index == 0:
             # Others depend on this leader: it leads to the end even if cancelled meanwhile
             # (the call is bounded by the broker's own timeouts).
@@ -73,14 +99,10 @@ class Coalescer(Generic[T, R]):
             raise BrokerError(f"a coalesced broker call failed: {batch.error}") from batch.error
         return batch.results[index]
 
-    def _open_next(self) -> _Batch[T, R]:
-        self._next = _Batch()
-        return self._next
-
     async def _lead(self, batch: _Batch[T, R], index: int) -> R:
-        self._busy = True
-        if self._next is batch:
-            self._next = None  # closed: later items form the batch after this one
+        self._in_flight += 1
+        if self._queued and self._queued[0] is batch:
+            self._queued.popleft()  # closed: later items form the batches after this one
         try:
             batch.results = await self._call(batch.items)
         except BaseException as exc:
@@ -91,12 +113,11 @@ class Coalescer(Generic[T, R]):
             )
             raise
         finally:
+            self._in_flight -= 1
             batch.done.set()
-            following = self._next
-            if following is not None:
+            following = next((b for b in self._queued if not b.go.is_set()), None)
+            if following is not None and (not self._in_flight or self._full(following)):
                 following.go.set()  # its leader takes the broker now
-            else:
-                self._busy = False
         return batch.results[index]
 
 

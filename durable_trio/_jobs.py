@@ -85,7 +85,7 @@ class JobRunner:
             else None
         )
         self._results_queue = results_queue or ""
-        self._claimers: dict[str, Coalescer[tuple[Lease, Job, _Next | None], bool]] = {}
+        self._claimers: dict[str, Coalescer[tuple[Lease, Job | None, _Next | None], bool]] = {}
         self._finalize_retry_for = finalize_retry_for
         self._options = options
         self._level = level
@@ -227,7 +227,7 @@ class JobRunner:
                             if error is not None:
                                 await self._finalize(claim, error)
                             else:
-                                ask = self._ask_next(loop) if result is not None else None
+                                ask = self._ask_next(loop)
                                 ok = await self._complete(claim, complete_job, result, ask)
                                 if ask is not None:
                                     nxt = ask.claim
@@ -408,13 +408,13 @@ class JobRunner:
         without a claim)."""
         lease = claim.job.lease
         try:
-            if result is None:
-                return await complete_job(lease)
             if ask is not None:
                 try:
                     return await self._claimer(ask.loop).submit((lease, result, ask))
                 finally:
                     ask.gone = True  # a claim landing after this is handed back
+            if result is None:
+                return await complete_job(lease)
             return await self._finisher(claim.queue).submit((lease, result))
         except BrokerUnavailable as exc:
             call: Callable[[], Awaitable[bool]]
@@ -442,9 +442,10 @@ class JobRunner:
             return None
         return _Next(loop)
 
-    def _claimer(self, loop: _Loop) -> Coalescer[tuple[Lease, Job, _Next | None], bool]:
-        """The finisher of ``loop``'s queue that also claims: the results and completes of
-        one batch, and one claim per ask in it, in one broker call."""
+    def _claimer(self, loop: _Loop) -> Coalescer[tuple[Lease, Job | None, _Next | None], bool]:
+        """The finisher of ``loop``'s queue that also claims: the results (of the jobs that
+        answer one) and completes of one batch, and one claim per ask in it, in one broker
+        call."""
         queue = loop.queue
         claimer = self._claimers.get(queue)
         if claimer is None:
@@ -452,11 +453,13 @@ class JobRunner:
             assert broker is not None
             results, worker = self._results_queue, self._options.instance_id
 
-            async def finish_and_claim(items: list[tuple[Lease, Job, _Next | None]]) -> list[bool]:
+            async def finish_and_claim(
+                items: list[tuple[Lease, Job | None, _Next | None]],
+            ) -> list[bool]:
                 asks = [ask for _, _, ask in items if ask is not None]
                 answers, claimed = await broker.finish_and_claim(
                     results,
-                    [job for _, job, _ in items],
+                    [job for _, job, _ in items if job is not None],
                     queue,
                     [lease for lease, _, _ in items],
                     len(asks),
@@ -465,7 +468,10 @@ class JobRunner:
                 self._hand_over(loop, claimed, asks)
                 return answers
 
-            claimer = self._claimers[queue] = Coalescer(finish_and_claim)
+            # In two halves: one batch at the broker while the other's jobs run.
+            claimer = self._claimers[queue] = Coalescer(
+                finish_and_claim, most=lambda: (loop.slots.limit + 1) // 2
+            )
         return claimer
 
     def _hand_over(self, loop: _Loop, claimed: list[ClaimedJob], asks: list[_Next]) -> None:

@@ -104,3 +104,79 @@ async def test_a_cancelled_leader_fails_its_batch_but_not_the_next(
         with trio.fail_after(0.1):
             await coalescer.submit(3)
     assert await coalescer.submit(4) == 4
+
+
+async def test_with_most_a_full_batch_goes_while_a_call_is_in_flight(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two halves: a batch holds at most ``most()`` items; a full one leaves at once while
+    one call is in flight (two at most); one not full waits until the broker is idle."""
+    calls: list[tuple[float, list[int]]] = []
+
+    async def call(items: list[int]) -> list[int]:
+        calls.append((trio.current_time(), sorted(items)))
+        await trio.sleep(1)
+        return items
+
+    coalescer: Coalescer[int, int] = Coalescer(call, most=lambda: 3)
+    done: dict[int, float] = {}
+
+    async def submit(n: int) -> None:
+        assert await coalescer.submit(n) == n
+        done[n] = trio.current_time()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(submit, 0)  # alone, at 0
+        await trio.sleep(0.25)
+        for n in range(1, 9):  # 1-3 full: out at once; 4-6 full, but two are in flight
+            nursery.start_soon(submit, n)
+        await trio.sleep(0.25)
+    # (which items share a batch follows the order the tasks were scheduled in)
+    assert [(at, len(items)) for at, items in calls] == [
+        (0.0, 1),
+        (0.25, 3),  # full, beside the call in flight
+        (1.0, 3),  # full: out as soon as one call of the two landed
+        (2.0, 2),  # not full: out once the broker was idle (at 1.25 one call still flew)
+    ]
+    assert sorted(n for _, items in calls for n in items) == list(range(9))
+    assert sorted(done.values()) == [1.0] + [1.25] * 3 + [2.0] * 3 + [3.0] * 2
+    assert coalescer.idle
+
+
+async def test_with_most_the_work_settles_into_two_alternating_halves(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Ten workers, each a 0.3 s job then a 1 s finalize: from the first batches (one alone,
+    then the rest) the work settles into two batches of five, one at the broker while the
+    other's jobs run, and the last call leaves by about 28 s; without ``most`` it stays one
+    job, then the other nine, and the last call leaves at 39.3 s."""
+
+    async def settle(most: int | None) -> list[tuple[float, int]]:
+        sizes: list[tuple[float, int]] = []
+        began = trio.current_time()
+
+        async def call(items: list[int]) -> list[int]:
+            sizes.append((round(trio.current_time() - began, 1), len(items)))
+            await trio.sleep(1)
+            return items
+
+        coalescer: Coalescer[int, int] = Coalescer(
+            call, most=None if most is None else (lambda: most)
+        )
+
+        async def worker(n: int) -> None:
+            for _ in range(20):
+                await trio.sleep(0.3)
+                await coalescer.submit(n)
+
+        async with trio.open_nursery() as nursery:
+            for n in range(10):
+                nursery.start_soon(worker, n)
+        return sizes
+
+    halves = await settle(5)
+    # (Trio runs the tasks woken together in a random order: now and then one batch splits)
+    assert sum(1 for _, size in halves if size == 5) >= 35, halves
+    assert halves[-1][0] <= 29.3  # the last call out (26 to 28.3 s in 200 runs)
+    assert await settle(None) == [(0.3, 1), (1.3, 9)] + [(n + 0.3, 1 if n % 2 == 0 else 9)
+                                                        for n in range(2, 40)]

@@ -143,6 +143,51 @@ async def test_a_backlog_is_claimed_by_the_finalizes_at_exact_times(
     assert len(broker.claimed_by_finalize) == 27
 
 
+async def test_a_result_consumer_claims_its_next_result_in_each_finalize(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A finalize with no result to push (an engine consuming step results) claims too: 30
+    results waiting, a one-second handler, result_concurrency 3: ONE pop, then 27 claims made by
+    the finalizes, and the queue drains in exactly 10 s, every result once."""
+    broker = FusingBroker()
+    backend = Backend(url="memory://", broker=broker, keys=MemoryKeyStore())
+    seen: collections.Counter[str] = collections.Counter()
+    ended = trio.Event()
+    pops: list[int] = []
+    pop_many = broker.pop_many
+
+    async def counted(queue: str, count: int, *, worker: str = "") -> list[ClaimedJob]:
+        jobs = await pop_many(queue, count, worker=worker)
+        if queue.endswith(":results"):
+            pops.append(len(jobs))
+        return jobs
+
+    broker.pop_many = counted  # type: ignore[method-assign]
+    async with dt.open_queue_transport(backend, namespace="fz") as worker_side:
+        for n in range(30):
+            await worker_side.publish_result(
+                dt.StepResult(
+                    run_id="fused", step_id=str(n), attempt=1,
+                    status=dt.StepStatus.COMPLETED, output=n,
+                )
+            )
+
+    async def on_result(result: dt.StepResult) -> None:
+        await trio.sleep(1)
+        seen[result.step_id] += 1
+        if len(seen) == 30:
+            ended.set()
+
+    start = trio.current_time()
+    async with dt.open_queue_transport(backend, namespace="fz", result_concurrency=3) as engine:
+        engine.on_result(on_result)
+        await ended.wait()
+        assert trio.current_time() - start == 10.0
+    assert seen == {str(n): 1 for n in range(30)}
+    assert pops[0] == 3 and sum(pops) == 3
+    assert len(broker.claimed_by_finalize) == 27
+
+
 async def test_a_queue_without_a_backlog_is_not_claimed_from_by_finalizes(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
