@@ -62,7 +62,8 @@ class Coalescer(Generic[T, R]):
         self._call = call
         self._most = most
         self._in_flight = 0
-        #: Batches waiting, oldest first (more than one only with ``most``).
+        #: Batches waiting, oldest first (more than one only with ``most``); a batch leaves
+        #: this queue when it is released, so no item joins a batch already on its way.
         self._queued: collections.deque[_Batch[T, R]] = collections.deque()
 
     @property
@@ -77,9 +78,10 @@ class Coalescer(Generic[T, R]):
         if not self._in_flight and not self._queued:
             batch: _Batch[T, R] = _Batch()
             batch.items.append(item)
+            self._in_flight += 1
             return await self._lead(batch, 0)
         queued = self._queued
-        if queued and not self._full(queued[-1]):  # (still waiting: its leader pops it)
+        if queued and not self._full(queued[-1]):
             batch = queued[-1]
         else:
             batch = _Batch()
@@ -87,7 +89,7 @@ class Coalescer(Generic[T, R]):
         index = len(batch.items)
         batch.items.append(item)
         if self._in_flight < 2 and queued[0] is batch and self._full(batch):
-            batch.go.set()  # full: it need not wait for the call in flight
+            self._release()  # full: it need not wait for the call in flight
         if index == 0:
             # Others depend on this leader: it leads to the end even if cancelled meanwhile
             # (the call is bounded by the broker's own timeouts).
@@ -99,10 +101,13 @@ class Coalescer(Generic[T, R]):
             raise BrokerError(f"a coalesced broker call failed: {batch.error}") from batch.error
         return batch.results[index]
 
-    async def _lead(self, batch: _Batch[T, R], index: int) -> R:
+    def _release(self) -> None:
+        """The oldest waiting batch goes: closed (later items form the batches after it) and
+        counted in flight from now, before its leader runs."""
         self._in_flight += 1
-        if self._queued and self._queued[0] is batch:
-            self._queued.popleft()  # closed: later items form the batches after this one
+        self._queued.popleft().go.set()  # its leader takes the broker now
+
+    async def _lead(self, batch: _Batch[T, R], index: int) -> R:
         try:
             batch.results = await self._call(batch.items)
         except BaseException as exc:
@@ -115,9 +120,8 @@ class Coalescer(Generic[T, R]):
         finally:
             self._in_flight -= 1
             batch.done.set()
-            following = next((b for b in self._queued if not b.go.is_set()), None)
-            if following is not None and (not self._in_flight or self._full(following)):
-                following.go.set()  # its leader takes the broker now
+            if self._queued and (not self._in_flight or self._full(self._queued[0])):
+                self._release()
         return batch.results[index]
 
 

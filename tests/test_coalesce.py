@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import trio
 import trio.testing
@@ -180,3 +182,42 @@ async def test_with_most_the_work_settles_into_two_alternating_halves(
     assert halves[-1][0] <= 29.3  # the last call out (26 to 28.3 s in 200 runs)
     assert await settle(None) == [(0.3, 1), (1.3, 9)] + [(n + 0.3, 1 if n % 2 == 0 else 9)
                                                         for n in range(2, 40)]
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_with_most_every_item_gets_its_own_answer_under_a_random_load(
+    autojump_clock: trio.testing.MockClock, seed: int
+) -> None:
+    """Calls of random lengths, items at random moments: every item gets its own answer, no
+    batch holds more than ``most()`` items, never more than two calls fly, and no item joins a
+    batch already on its way (a batch released while the one before it still waited for its
+    leader once took items after it was sent: an IndexError in the S1 bench)."""
+    rng = random.Random(seed)
+    flying = most_flying = 0
+    sizes: list[int] = []
+
+    async def call(items: list[int]) -> list[int]:
+        nonlocal flying, most_flying
+        sent = list(items)
+        flying += 1
+        most_flying = max(most_flying, flying)
+        sizes.append(len(items))
+        await trio.sleep(rng.choice([0.0, 0.1, 0.5, 1.0]))
+        flying -= 1
+        assert items == sent  # nothing joined it on its way
+        return [i * 10 for i in items]
+
+    coalescer: Coalescer[int, int] = Coalescer(call, most=lambda: 3)
+
+    async def worker(first: int) -> None:
+        for n in range(first, first + 30):
+            await trio.sleep(rng.choice([0.0, 0.0, 0.05, 0.3]))
+            assert await coalescer.submit(n) == n * 10
+
+    async with trio.open_nursery() as nursery:
+        for w in range(10):
+            nursery.start_soon(worker, w * 100)
+    assert sum(sizes) == 300
+    assert max(sizes) <= 3
+    assert most_flying == 2
+    assert coalescer.idle

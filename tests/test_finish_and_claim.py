@@ -184,7 +184,7 @@ async def test_a_result_consumer_claims_its_next_result_in_each_finalize(
         await ended.wait()
         assert trio.current_time() - start == 10.0
     assert seen == {str(n): 1 for n in range(30)}
-    assert pops[0] == 3 and sum(pops) == 3
+    assert [p for p in pops if p] == [3]  # one pop claimed (the others found none)
     assert len(broker.claimed_by_finalize) == 27
 
 
