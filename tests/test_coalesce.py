@@ -178,8 +178,9 @@ async def test_with_most_the_work_settles_into_two_alternating_halves(
 
     halves = await settle(5)
     # (Trio runs the tasks woken together in a random order: now and then one batch splits)
-    assert sum(1 for _, size in halves if size == 5) >= 35, halves
-    assert halves[-1][0] <= 29.3  # the last call out (26 to 28.3 s in 200 runs)
+    # (over 1,000 runs: 33 to 39 batches of five, the last call out at 26 to 30 s)
+    assert sum(1 for _, size in halves if size == 5) >= 30, halves
+    assert halves[-1][0] <= 31.0, halves
     assert await settle(None) == [(0.3, 1), (1.3, 9)] + [(n + 0.3, 1 if n % 2 == 0 else 9)
                                                         for n in range(2, 40)]
 
