@@ -84,6 +84,7 @@ class JobRunner:
             if batched and results_queue is not None and isinstance(broker, SupportsFinishAndClaim)
             else None
         )
+        self._in_halves = getattr(broker, "finalize_in_halves", True)
         self._results_queue = results_queue or ""
         self._claimers: dict[str, Coalescer[tuple[Lease, Job | None, _Next | None], bool]] = {}
         self._finalize_retry_for = finalize_retry_for
@@ -468,9 +469,11 @@ class JobRunner:
                 self._hand_over(loop, claimed, asks)
                 return answers
 
-            # In two halves: one batch at the broker while the other's jobs run.
+            # In two halves: one batch at the broker while the other's jobs run (where the
+            # broker's calls overlap: not SQLite's, one transaction after another).
             claimer = self._claimers[queue] = Coalescer(
-                finish_and_claim, most=lambda: (loop.slots.limit + 1) // 2
+                finish_and_claim,
+                most=(lambda: (loop.slots.limit + 1) // 2) if self._in_halves else None,
             )
         return claimer
 

@@ -250,6 +250,10 @@ async def test_claims_landing_as_the_worker_closes_go_back_unstarted_and_uncount
     assert any("finalizing timed out" in m for m in errors.messages())
 
 
+FLYING: list[int] = []
+"""The most ``finish_and_claim`` calls in flight at once in the last :func:`drain_counting`."""
+
+
 async def drain_counting(url: str) -> tuple[collections.Counter[str], int, int]:
     """200 no-op steps drained at concurrency 8 by a worker on ``url``: (runs per step, jobs
     claimed by finalizes, jobs claimed by pops)."""
@@ -257,6 +261,21 @@ async def drain_counting(url: str) -> tuple[collections.Counter[str], int, int]:
     ended = trio.Event()
     fused = popped = 0
     async with dt.open_backend(url) as backend:
+        flying = 0
+        FLYING[:] = [0]
+        broker: Any = backend.broker
+        finish_and_claim = broker.finish_and_claim
+
+        async def watched(*args: Any, **kwargs: Any) -> Any:
+            nonlocal flying
+            flying += 1
+            FLYING[0] = max(FLYING[0], flying)
+            try:
+                return await finish_and_claim(*args, **kwargs)
+            finally:
+                flying -= 1
+
+        broker.finish_and_claim = watched
 
         def count(queue: str, jobs: list[ClaimedJob], by_finalize: bool) -> None:
             nonlocal fused, popped
@@ -289,11 +308,14 @@ async def test_a_worker_on_a_sqlite_file_claims_in_its_finalizes(tmp_path: Path)
     assert ran == {str(n): 1 for n in range(200)}
     assert fused + popped == 200
     assert fused > popped
+    # One transaction after another: its finalizes are not sent in two halves.
+    assert FLYING == [1]
 
 
 async def test_a_worker_on_redis_claims_in_its_finalizes(redis_url: str) -> None:
     ran, fused, popped = await drain_counting(redis_url)
-    print(f"claimed by finalizes {fused}, by pops {popped}")
+    print(f"claimed by finalizes {fused}, by pops {popped}, at most {FLYING[0]} calls flying")
     assert ran == {str(n): 1 for n in range(200)}
     assert fused + popped == 200
     assert fused > popped
+    assert FLYING[0] <= 2  # two halves (two calls in flight when the batches are full)

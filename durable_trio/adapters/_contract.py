@@ -271,7 +271,13 @@ class SupportsFinishAndClaim(Protocol):
     """A worker's finalize that claims the next jobs in the same round trip (as BullMQ's
     worker fetches its next job in the call that finishes the last). A worker whose queue has
     a backlog asks for as many claims as the finishing handlers will free slots: they run on
-    without a pop of their own."""
+    without a pop of their own.
+
+    The transport sends these finalizes in two halves (at most half of the loop's slots per
+    call, a full one beside the call in flight), so one half is at the broker while the
+    other's jobs run. A broker on which a second call in flight overlaps nothing (SQLite: one
+    connection thread, one transaction after another) sets ``finalize_in_halves = False``:
+    its finalizes then go one call at a time, in batches as large as the moment gives."""
 
     async def finish_and_claim(
         self,

@@ -1375,6 +1375,11 @@ class SqliteBroker:
         doorbell: the cross-process doorbell (``None``: opened with ``doorbell=False``).
     """
 
+    #: Its finalizes go one call at a time (``SupportsFinishAndClaim``): one connection thread
+    #: runs one transaction after another, so a second call in flight overlaps nothing and
+    #: smaller batches only pay a transaction's fixed cost more often.
+    finalize_in_halves = False
+
     def __init__(
         self,
         connection: ConnectionThread,

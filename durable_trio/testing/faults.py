@@ -321,6 +321,9 @@ class FaultyBroker:
         coalesce = getattr(inner, "coalesce_finalize", None)
         if coalesce is not None:
             self.coalesce_finalize = coalesce
+        halves = getattr(inner, "finalize_in_halves", None)
+        if halves is not None:
+            self.finalize_in_halves = halves
 
     async def _call(self, op: str, call: Callable[[], Awaitable[T]], jobs: Sequence[Job] = ()) -> T:
         injector = self.injector
