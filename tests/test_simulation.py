@@ -15,6 +15,7 @@ import trio.testing
 from hypothesis import given
 
 import durable_trio as dt
+from durable_trio._coalesce import Coalescer
 from durable_trio._codec import dumps, loads
 from durable_trio.adapters import Job
 from durable_trio.adapters.memory import MemoryBroker
@@ -204,6 +205,43 @@ def test_finalizes_that_claim_the_next_jobs_hold_every_invariant(
     assert report.violations == ()
     assert report.runs_completed == 300
     assert b"finish_and_claim" in report.history_bytes()  # faults struck that call
+
+
+#: The chaos with more delayed calls: finalizes pile up behind a delayed one, so full halves go
+#: out beside it.
+DELAYED = attrs.evolve(
+    CHAOS, broker=attrs.evolve(CHAOS.broker, delay_probability=0.3, delay_max=5.0)
+)
+
+
+@pytest.mark.parametrize(
+    ("profile", "seed"),
+    [(SLOW, 4), (SLOW, 5), (DELAYED, 11)],
+    ids=["slow-4", "slow-5", "delayed-11"],
+)
+def test_finalizes_in_two_halves_hold_every_invariant(
+    profile: Faults, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same, with six slots per worker: the claiming finalizes go in two halves of three
+    (a full half sent beside the call in flight, two calls at most), and the engines' result
+    consumers claim in their finalizes too. The delays make finalizes pile up behind a slow
+    call, so two calls fly at once, and the faults strike both."""
+    beside = 0
+    release = Coalescer._release
+
+    def counted(self: Coalescer[Any, Any]) -> None:
+        nonlocal beside
+        release(self)
+        beside += self._in_flight == 2
+
+    monkeypatch.setattr(Coalescer, "_release", counted)  # (observed, not changed)
+    report = simulation(
+        seed, runs=300, duration=3600, faults=profile, batched=True, workers=2, concurrency=6
+    ).run_sync()
+    assert report.violations == ()
+    assert report.runs_completed == 300
+    assert b"finish_and_claim" in report.history_bytes()
+    assert beside > 0  # two calls were in flight at once
 
 
 #: Damaged claims on top of the chaos: one pop in twenty hands over a claim its broker could not
