@@ -154,15 +154,12 @@ async def test_a_result_consumer_claims_its_next_result_in_each_finalize(
     seen: collections.Counter[str] = collections.Counter()
     ended = trio.Event()
     pops: list[int] = []
-    pop_many = broker.pop_many
 
-    async def counted(queue: str, count: int, *, worker: str = "") -> list[ClaimedJob]:
-        jobs = await pop_many(queue, count, worker=worker)
-        if queue.endswith(":results"):
+    def popped(queue: str, jobs: list[ClaimedJob], by_finalize: bool) -> None:
+        if queue.endswith(":results") and not by_finalize:
             pops.append(len(jobs))
-        return jobs
 
-    broker.pop_many = counted  # type: ignore[method-assign]
+    observe_claims(broker, popped)
     async with dt.open_queue_transport(backend, namespace="fz") as worker_side:
         for n in range(30):
             await worker_side.publish_result(
@@ -250,26 +247,21 @@ async def test_claims_landing_as_the_worker_closes_go_back_unstarted_and_uncount
     assert any("finalizing timed out" in m for m in errors.messages())
 
 
-FLYING: list[int] = []
-"""The most ``finish_and_claim`` calls in flight at once in the last :func:`drain_counting`."""
-
-
-async def drain_counting(url: str) -> tuple[collections.Counter[str], int, int]:
+async def drain_counting(url: str) -> tuple[collections.Counter[str], int, int, int]:
     """200 no-op steps drained at concurrency 8 by a worker on ``url``: (runs per step, jobs
-    claimed by finalizes, jobs claimed by pops)."""
+    claimed by finalizes, jobs claimed by pops, the most ``finish_and_claim`` calls in flight
+    at once)."""
     ran: collections.Counter[str] = collections.Counter()
     ended = trio.Event()
-    fused = popped = 0
+    fused = popped = flying = most_flying = 0
     async with dt.open_backend(url) as backend:
-        flying = 0
-        FLYING[:] = [0]
         broker: Any = backend.broker
         finish_and_claim = broker.finish_and_claim
 
         async def watched(*args: Any, **kwargs: Any) -> Any:
-            nonlocal flying
+            nonlocal flying, most_flying
             flying += 1
-            FLYING[0] = max(FLYING[0], flying)
+            most_flying = max(most_flying, flying)
             try:
                 return await finish_and_claim(*args, **kwargs)
             finally:
@@ -299,23 +291,23 @@ async def drain_counting(url: str) -> tuple[collections.Counter[str], int, int]:
             worker.handle("work", work)
             with trio.fail_after(30):
                 await ended.wait()
-    return ran, fused, popped
+    return ran, fused, popped, most_flying
 
 
 async def test_a_worker_on_a_sqlite_file_claims_in_its_finalizes(tmp_path: Path) -> None:
-    ran, fused, popped = await drain_counting(f"sqlite:///{tmp_path}/fused.db")
+    ran, fused, popped, flying = await drain_counting(f"sqlite:///{tmp_path}/fused.db")
     print(f"claimed by finalizes {fused}, by pops {popped}")
     assert ran == {str(n): 1 for n in range(200)}
     assert fused + popped == 200
     assert fused > popped
     # One transaction after another: its finalizes are not sent in two halves.
-    assert FLYING == [1]
+    assert flying == 1
 
 
 async def test_a_worker_on_redis_claims_in_its_finalizes(redis_url: str) -> None:
-    ran, fused, popped = await drain_counting(redis_url)
-    print(f"claimed by finalizes {fused}, by pops {popped}, at most {FLYING[0]} calls flying")
+    ran, fused, popped, flying = await drain_counting(redis_url)
+    print(f"claimed by finalizes {fused}, by pops {popped}, at most {flying} calls flying")
     assert ran == {str(n): 1 for n in range(200)}
     assert fused + popped == 200
     assert fused > popped
-    assert FLYING[0] <= 2  # two halves (two calls in flight when the batches are full)
+    assert flying <= 2  # two halves (two calls in flight when the batches are full)

@@ -315,15 +315,19 @@ class FaultyBroker:
         injector: this process's faults.
     """
 
+    #: The inner broker's finalize hints, set only where it has them (the transport reads
+    #: them with a default).
+    coalesce_finalize: bool
+    finalize_in_halves: bool
+
     def __init__(self, inner: QueueBroker, injector: Injector) -> None:
         self.inner: Any = inner
         self.injector = injector
-        coalesce = getattr(inner, "coalesce_finalize", None)
-        if coalesce is not None:
-            self.coalesce_finalize = coalesce
-        halves = getattr(inner, "finalize_in_halves", None)
-        if halves is not None:
-            self.finalize_in_halves = halves
+        # The inner broker's hints on how the transport should batch its finalizes.
+        for hint in ("coalesce_finalize", "finalize_in_halves"):
+            value = getattr(inner, hint, None)
+            if value is not None:
+                setattr(self, hint, value)
 
     async def _call(self, op: str, call: Callable[[], Awaitable[T]], jobs: Sequence[Job] = ()) -> T:
         injector = self.injector
