@@ -14,6 +14,7 @@ one worker over a million steps and of an engine over 100,000 runs, issue 13; se
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import tempfile
@@ -220,6 +221,19 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
                     f"{mine:,.0f} vs BullMQ {bull[0]:,.0f} jobs/s = {mine / bull[0]:.2f}x "
                     "(want >= 1.3x)",
                     mine >= 1.3 * bull[0],
+                )
+            )
+    for label in ("S1 drain", "S1 drain of 1 ms CPU steps"):
+        ratio_key = f"durable_trio {label}, --processes 2 / 1 (ratio)"
+        ceiling_key = f"durable_trio {label}, the machine's ceiling for 2 / 1 (ratio)"
+        if have(ratio_key, ceiling_key):
+            ratio, ceiling = _value(f[ratio_key]), _value(f[ceiling_key])
+            what = "no-op steps" if label == "S1 drain" else "1 ms CPU steps"
+            checks.append(
+                (
+                    f"[19] --processes 2 / 1, {what}: {ratio:.2f}x (want >= 1.5x; this "
+                    f"machine's ceiling {ceiling:.2f}x, {os.cpu_count()} core(s))",
+                    ratio >= 1.5,
                 )
             )
     if have("durable_trio S3 latency p50 (ms)"):

@@ -52,7 +52,7 @@ def _cpu(who: int) -> float:
 
 
 async def drain_processes(
-    url: str, *, jobs: int, processes: int
+    url: str, *, jobs: int, processes: int, step: str = "noop-0"
 ) -> tuple[float, float, float, float, float]:
     """(jobs/s from the spawn, jobs/s from the first child's banner, and the CPU seconds of the
     workers (supervisor included), of this process (dispatch, done signals) and of Redis)."""
@@ -68,7 +68,7 @@ async def drain_processes(
         for first in range(0, jobs, 1000):
             await engine.dispatch_many(
                 [
-                    dt.RemoteTask(run_id="bench", step_id=str(n), attempt=1, name="noop-0")
+                    dt.RemoteTask(run_id="bench", step_id=str(n), attempt=1, name=step)
                     for n in range(first, min(first + 1000, jobs))
                 ]
             )
@@ -109,27 +109,52 @@ async def drain_processes(
     return jobs / (end - spawned), jobs / (end - banner), workers, mine, server
 
 
-async def run(url: str, quick: bool) -> dict[str, tuple[float, str]]:
+async def _pair(
+    url: str, *, jobs: int, runs: int, step: str, label: str
+) -> dict[str, tuple[float, str]]:
     """1 then 2 processes, alternated ``runs`` times on ``url`` (flushed between): medians."""
-    jobs, runs = (2_000, 1) if quick else (10_000, 3)
     measured: dict[int, list[tuple[float, ...]]] = {1: [], 2: []}
     for _ in range(runs):
         for processes in (1, 2):
             flushall(url)
-            measured[processes].append(await drain_processes(url, jobs=jobs, processes=processes))
+            measured[processes].append(
+                await drain_processes(url, jobs=jobs, processes=processes, step=step)
+            )
     figures: dict[str, tuple[float, str]] = {}
+    cpu_per_job = 0.0
     for processes, rates in measured.items():
         spawn = statistics.median(r[0] for r in rates)
         ready = statistics.median(r[1] for r in rates)
         workers, mine, server = (statistics.median(r[i] for r in rates) for i in (2, 3, 4))
-        figures[f"S1 drain, --processes {processes} (round trips/s)"] = (
+        if processes == 1:
+            cpu_per_job = (workers + mine + server) / jobs
+        figures[f"{label}, --processes {processes} (round trips/s)"] = (
             spawn,
             f"{ready:,.0f}/s from the first child's banner; CPU s: workers {workers:.1f}, "
             f"dispatcher {mine:.1f}, redis {server:.1f}",
         )
-    one = figures["S1 drain, --processes 1 (round trips/s)"][0]
-    two = figures["S1 drain, --processes 2 (round trips/s)"][0]
-    figures["S1 drain, --processes 2 / 1 (ratio)"] = (two / one, f"{os.cpu_count()} core(s)")
+    one = figures[f"{label}, --processes 1 (round trips/s)"][0]
+    two = figures[f"{label}, --processes 2 (round trips/s)"][0]
+    cores = os.cpu_count() or 1
+    ceiling = cores / cpu_per_job / one
+    figures[f"{label}, --processes 2 / 1 (ratio)"] = (two / one, f"{cores} core(s)")
+    figures[f"{label}, the machine's ceiling for 2 / 1 (ratio)"] = (
+        ceiling,
+        f"{cores} core(s) / {cpu_per_job * 1e6:,.0f} us of CPU per job in all (workers, "
+        "collector, redis; one process) as a multiple of the one-process rate",
+    )
+    return figures
+
+
+async def run(url: str, quick: bool) -> dict[str, tuple[float, str]]:
+    """The no-op drain, then the ``cpu-1ms`` one, each as :func:`_pair`."""
+    runs = 1 if quick else 3
+    figures = await _pair(
+        url, jobs=2_000 if quick else 10_000, runs=runs, step="noop-0", label="S1 drain"
+    )
+    cpu_jobs = 500 if quick else 6_000
+    label = "S1 drain of 1 ms CPU steps"
+    figures.update(await _pair(url, jobs=cpu_jobs, runs=runs, step="cpu-1ms", label=label))
     return figures
 
 
