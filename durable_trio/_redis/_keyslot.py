@@ -188,7 +188,8 @@ def command_keys(command: Sequence[RedisArg]) -> list[RedisArg] | None:
     if counted is not None:
         at, before = counted
         try:
-            count = int(to_bytes(command[at]))
+            raw = command[at]
+            count = raw if type(raw) is int else int(to_bytes(raw))  # a script's: an int
         except (IndexError, ValueError):
             return None
         if count < 0 or at + 1 + count > len(command):

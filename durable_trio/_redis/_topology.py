@@ -19,7 +19,7 @@ from ._keyslot import SLOTS
 __all__ = ["Node", "SlotMap", "parse_shards", "parse_slots"]
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # a key of the client's pool and map lookups on every command
 class Node:
     """One node of the cluster, as the slot map names it.
 
