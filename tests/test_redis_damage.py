@@ -571,14 +571,22 @@ async def test_evicted_keys_are_reported_not_fatal(
                         input=body,
                     )
                 )  # fmt: skip
+        # Then a small job on each queue: the LRU may have taken every queue's keys whole
+        # (seen once in CI: nothing left to serve and nothing damaged to report), and the
+        # newest writes are the last it takes.
+        for i in range(8):
+            await producer.dispatch(
+                dt.RemoteTask(run_id="r", step_id=f"{i}-last", attempt=1, name=f"work{i}")
+            )
         info = (await client.execute("INFO", "stats")).decode()
         assert int(info.split("evicted_keys:")[1].split()[0]) > 0
-        vanished = 0
+        vanished = visible = 0
         for q in queues:
             ready = int(await q.r("ZCARD", q.key("ready")))
             bodies = int(await q.r("HLEN", q.key("jobs")))
             metas = int(await q.r("HLEN", q.key("meta")))
             vanished += ready > 0 and (bodies < ready or metas < ready)
+            visible += ready
 
         async def work(t: dt.RemoteTask) -> str:
             served.append(t.step_id)
@@ -602,7 +610,8 @@ async def test_evicted_keys_are_reported_not_fatal(
             assert not worker.statistics().closed
     # (What was left is served, failed or quarantined: eviction goes on while the worker
     # writes, so exact counts are not stable here; the damage tests above count exactly.)
-    assert served or damaged_reports(errors)
+    if visible:  # what a worker can still see is served, or reported as damaged
+        assert served or damaged_reports(errors)
     if vanished:
         assert damaged_reports(errors), "vanished data is reported"
     assert not [e for e in errors.seen if "retried after a backoff" in str(e)]
