@@ -27,7 +27,14 @@ def _files() -> list[Path]:
     found = [ROOT / "README.md"]
     for top in SCANNED:
         for path in sorted((ROOT / top).rglob("*")):
-            if path.suffix in (".py", ".md") and path.is_file() and path != THIS_FILE:
+            # Not the peers' environments `make bench` installs (benchmarks/peers/.envs: other
+            # projects' files, ignored by git) or any other hidden or npm folder.
+            hidden = any(
+                part.startswith(".") or part == "node_modules"
+                for part in path.relative_to(ROOT).parts
+            )
+            wanted = path.suffix in (".py", ".md") and path != THIS_FILE and not hidden
+            if wanted and path.is_file():
                 found.append(path)
     return found
 
