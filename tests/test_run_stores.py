@@ -14,6 +14,7 @@ from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
 from durable_trio import BrokerError
 from durable_trio._engine import Applied, RunRecord, RunStatus, RunStore, StepKind, StepRecord
 from durable_trio._engine import StepState as S
+from durable_trio._engine._cancel import CANCEL_MARK, mark_in_store, mark_reason
 from durable_trio._engine._stores.memory import MemoryRunStore
 from durable_trio._engine._stores.sqlite import SqliteRunStore
 from durable_trio._redis import open_redis, open_redis_cluster
@@ -257,6 +258,51 @@ async def test_begin_step_inserts_once_and_history_is_in_step_order(store: RunSt
     found = await store.get_steps_many([("r", "2"), ("r", "99"), ("x", "1")])
     assert [None if s is None else s.input for s in found] == [{"n": "2"}, None, None]
     assert await store.get_step("r", "99") is None
+
+
+async def test_a_guarded_begin_writes_nothing_into_a_finished_or_unknown_run(
+    store: RunStore,
+) -> None:
+    await store.create_run(run("r", status=RunStatus.RUNNING, owner="A", lease_until=1e12))
+    first = await store.begin_step_unless_finished(step("r", "1", input={"n": 1}))
+    assert first is not None
+    assert first.input == {"n": 1}
+    again = await store.begin_step_unless_finished(step("r", "1", input={"n": 2}))
+    assert again is not None
+    assert again.input == {"n": 1}  # the existing one, as begin_step
+    assert await store.begin_step_unless_finished(step("nobody", "1")) is None
+    assert await store.get_steps("nobody") == []
+    for status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED):
+        run_id = f"r-{status.value}"
+        await store.create_run(run(run_id, status=RunStatus.RUNNING, owner="A", lease_until=1e12))
+        assert await store.finish_run(run_id, status)
+        assert await store.begin_step_unless_finished(step(run_id, "cancel:run")) is None
+        assert await store.get_step(run_id, "cancel:run") is None
+    # An existing checkpoint of a finished run is not returned either: nothing may be begun.
+    assert await store.finish_run("r", RunStatus.COMPLETED)
+    assert await store.begin_step_unless_finished(step("r", "1")) is None
+    assert [s.step_id for s in await store.get_steps("r")] == ["1"]
+
+
+async def test_a_cancel_mark_never_lands_on_a_run_that_ended_since_the_caller_looked(
+    store: RunStore,
+) -> None:
+    """The operator's and the engine's cancel look at the run, then write the mark: a run
+    that completes (or fails) in between keeps its history as it ended. (A failed run with a
+    mark would be cancelled by its own retry.)"""
+    for status in (RunStatus.COMPLETED, RunStatus.FAILED):
+        run_id = f"r-{status.value}"
+        await store.create_run(run(run_id, status=RunStatus.RUNNING, owner="A", lease_until=1e12))
+        await store.begin_step(step(run_id, "1"))
+        assert await store.finish_run(run_id, status)  # it ends here, after the look
+        assert not await mark_in_store(store, run_id, "operator")
+        assert await store.get_step(run_id, CANCEL_MARK) is None
+    await store.create_run(run("live", status=RunStatus.RUNNING, owner="A", lease_until=1e12))
+    assert await mark_in_store(store, "live", "operator")
+    assert not await mark_in_store(store, "live", "again")  # one cancel at a time
+    mark = await store.get_step("live", CANCEL_MARK)
+    assert mark is not None
+    assert mark_reason(mark) == "operator"
 
 
 async def test_step_fields_round_trip(store: RunStore) -> None:

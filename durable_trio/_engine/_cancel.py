@@ -143,8 +143,11 @@ async def mark_in_store(
     at = max((int(s.step_id) for s in numbered), default=0)
     pending = [s.step_id for s in numbered if s.status is StepState.PENDING]
     mark = cancel_mark(run_id, reason, at=at, interrupted=pending)
-    stored = await call(lambda: store.begin_step(mark), "checkpointing")
-    written = bool(stored.output == mark.output)
+    # Only while the run is unfinished, in one atomic check: a run that ended since the
+    # caller looked (completed, failed) keeps its history as it ended, with no mark a later
+    # retry would deliver.
+    stored = await call(lambda: store.begin_step_unless_finished(mark), "checkpointing")
+    written = stored is not None and stored.output == mark.output
     if written and isinstance(store, SupportsRunWakes):
         await store.ring(CANCELS)  # the owner delivers it now, not at its next look
     return written

@@ -6,7 +6,9 @@ engine (again through the next one if that engine dies), and the invariants of a
 - a run that ended ``cancelled`` was cancelled by the workload (nothing cancels a run by
   itself), and its stored error is a ``RunCancelled``;
 - a cancelled run's history holds the cancel mark when an engine delivered it inside the
-  workflow (``"cut"`` present in the error), so a replay of it ends cancelled too.
+  workflow (``"cut"`` present in the error), so a replay of it ends cancelled too;
+- no cancel mark is written into the history of a run that had already ended (a cancel racing
+  the run's end: a failed run with a mark would be cancelled by its own retry).
 
 What the workflow's compensation did is the app's to check (its ``expected`` callables see
 completed runs only): ``tests/test_wf_cancel_sim.py`` checks its own saga's.
@@ -74,6 +76,8 @@ async def check_cancels(
     ledger: Ledger,
 ) -> None:
     """The invariants of the module docstring, over every run the workload started."""
+    for run_id in store.late_marks:
+        ledger.violation(f"{run_id}: a cancel mark was written after the run had ended")
     for run_id, (status, error) in sorted(outcomes.items()):
         if asked.get(run_id) and status != "cancelled":
             ledger.violation(f"{run_id}: its cancel returned True but it ended {status}")

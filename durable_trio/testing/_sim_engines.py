@@ -20,6 +20,7 @@ from .._engine import (
     StepState,
     open_engine,
 )
+from .._engine._cancel import CANCEL_MARK
 from .._engine._heartbeats import HEARTBEAT_TIMEOUT
 from .._engine._statistics import COUNTERS
 from .._engine._stores.memory import MemoryRunStore
@@ -50,6 +51,21 @@ class RecordingStore(MemoryRunStore):
         self.failovers: list[tuple[str, str, int, float]] = []
         """``(run, step, attempt, when)`` of every attempt failed over for want of beats
         (``when`` on the trio clock)."""
+        self.late_marks: list[str] = []
+        """Runs whose cancel mark was written after they had ended (an invariant's breach)."""
+
+    async def begin_step(self, step: StepRecord) -> StepRecord:
+        run = self._runs.get(step.run_id)
+        late = (
+            step.step_id == CANCEL_MARK
+            and run is not None
+            and run.status.terminal
+            and step.step_id not in run.steps
+        )
+        stored = await super().begin_step(step)
+        if late:
+            self.late_marks.append(step.run_id)
+        return stored
 
     async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
         verdict = await super().update_step(step, expect_attempt=expect_attempt)
@@ -165,6 +181,9 @@ class _EngineStore:
 
     async def begin_step(self, step: StepRecord) -> StepRecord:
         return await self._call(lambda: self.inner.begin_step(step))
+
+    async def begin_step_unless_finished(self, step: StepRecord) -> StepRecord | None:
+        return await self._call(lambda: self.inner.begin_step_unless_finished(step))
 
     async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
         return await self._call(lambda: self.inner.update_step(step, expect_attempt=expect_attempt))

@@ -176,6 +176,18 @@ class RunStore(Protocol):
         """
         ...
 
+    async def begin_step_unless_finished(self, step: StepRecord) -> StepRecord | None:
+        """:meth:`begin_step`, in one atomic check, only while ``step``'s run exists and is not
+        finished (completed, failed or cancelled): a write that must not land in a finished
+        run's history (the cancel mark, which a check and then a write would let in as the run
+        ends).
+
+        Returns:
+            The checkpoint now stored (the existing one, if any), or ``None``: the run is
+            unknown or finished, and nothing was written.
+        """
+        ...
+
     async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
         """Compare-and-set: replace the mutable fields (status, attempt, output, error,
         wake_at, dispatched, the attempt log ``attempts``, and ``heartbeat`` unless ``step``'s

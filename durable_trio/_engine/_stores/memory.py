@@ -383,6 +383,13 @@ class MemoryRunStore:
             )
         return stored.out()
 
+    async def begin_step_unless_finished(self, step: StepRecord) -> StepRecord | None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        run = self._runs.get(step.run_id)
+        if run is None or run.status.terminal:
+            return None
+        return await self.begin_step(step)  # no checkpoint before it writes: one atomic step
+
     def _check(self, run_id: str, step_id: str, attempt: int) -> tuple[Applied, _Step | None]:
         run = self._runs.get(run_id)
         stored = None if run is None else run.steps.get(step_id)

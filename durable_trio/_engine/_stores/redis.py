@@ -234,6 +234,16 @@ redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 return {1}
 """
 
+# KEYS: step, steps, run. ARGV: as _BEGIN_STEP. Nothing written into the history of an unknown
+# or finished run: {2}.
+_BEGIN_STEP_UNLESS_FINISHED: Final = (
+    """
+local st = redis.call('HGET', KEYS[3], 'status')
+if not st or st == 'completed' or st == 'failed' or st == 'cancelled' then return {2} end
+"""
+    + _BEGIN_STEP
+)
+
 # KEYS: step, run. ARGV: expect_attempt, status, attempt, output, error, wake_at, dispatched, now,
 # heartbeat ('' = keep the stored one), attempts
 _UPDATE_STEP: Final = """
@@ -459,6 +469,7 @@ class RedisRunStore:
         self._release: Script = client.script(_RELEASE)
         self._finish: Script = client.script(_FINISH)
         self._begin: Script = client.script(_BEGIN_STEP)
+        self._begin_unless_finished: Script = client.script(_BEGIN_STEP_UNLESS_FINISHED)
         self._append_signal: Script = client.script(_APPEND_SIGNAL)
         self._update: Script = client.script(_UPDATE_STEP)
         self._mark: Script = client.script(_MARK_DISPATCHED)
@@ -816,10 +827,25 @@ class RedisRunStore:
         ]
 
     async def begin_step(self, step: StepRecord) -> StepRecord:
+        stored = await self._begin_step(step, guarded=False)
+        assert stored is not None  # unguarded: always an answer
+        return stored
+
+    async def begin_step_unless_finished(self, step: StepRecord) -> StepRecord | None:
+        return await self._begin_step(step, guarded=True)
+
+    async def _begin_step(self, step: StepRecord, *, guarded: bool) -> StepRecord | None:
         position = int(step.step_id) if step.step_id.isdigit() else 0
         now = self.now()
-        reply = await self._begin(
-            (self._step_key(step.run_id, step.step_id), self._steps_key(step.run_id)),
+        keys: tuple[str, ...] = (
+            self._step_key(step.run_id, step.step_id),
+            self._steps_key(step.run_id),
+        )
+        script = self._begin
+        if guarded:
+            keys, script = (*keys, self._run_key(step.run_id)), self._begin_unless_finished
+        reply = await script(
+            keys,
             (step.step_id, position, step.kind.value, step.name, step.status.value, step.attempt,
              _dumps(step.input), _dumps(step.output), _dumps(step.error), _dumps(step.retry),
              _num(step.wake_at), "1" if step.dispatched else "0",
@@ -827,6 +853,8 @@ class RedisRunStore:
              _num(step.heartbeat_timeout), _optional_dumps(step.heartbeat),
              _dumps(step.attempts)),
         )  # fmt: skip
+        if reply[0] == 2:  # guarded, and the run is unknown or finished: nothing written
+            return None
         if reply[0] == 1:  # inserted as given: no need to read it back
             return attrs.evolve(step, created_at=now, updated_at=now)
         return _step(step.run_id, step.step_id, _fields(reply[1]))

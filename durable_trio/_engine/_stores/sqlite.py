@@ -599,6 +599,17 @@ def _op_begin_step(ns: str, step: StepRecord, now: float, db: sqlite3.Connection
     return _step(db.execute(_GET_STEP, (ns, step.run_id, step.step_id)).fetchone())
 
 
+def _op_begin_step_unless_finished(
+    ns: str, step: StepRecord, now: float, db: sqlite3.Connection
+) -> StepRecord | None:
+    row = db.execute(
+        "SELECT status FROM dt_runs WHERE namespace = ? AND run_id = ?", (ns, step.run_id)
+    ).fetchone()
+    if row is None or RunStatus(row[0]).terminal:
+        return None
+    return _op_begin_step(ns, step, now, db)  # in the same transaction as the check
+
+
 def _verdict(ns: str, run_id: str, step_id: str, attempt: int, db: sqlite3.Connection) -> Applied:
     row = db.execute(_STEP_STATE, (ns, run_id, step_id)).fetchone()
     if row is None:
@@ -913,6 +924,12 @@ class SqliteRunStore:
 
     async def begin_step(self, step: StepRecord) -> StepRecord:
         result: StepRecord = await self._write(partial(_op_begin_step, self._ns, step, self.now()))
+        return result
+
+    async def begin_step_unless_finished(self, step: StepRecord) -> StepRecord | None:
+        result: StepRecord | None = await self._write(
+            partial(_op_begin_step_unless_finished, self._ns, step, self.now())
+        )
         return result
 
     async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
