@@ -223,12 +223,12 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
                     mine >= 1.3 * bull[0],
                 )
             )
-    for label in ("S1 drain", "S1 drain of 1 ms CPU steps"):
+    pairs = (("S1 drain", "no-op steps"), ("S1 drain of 1 ms CPU steps", "1 ms CPU steps"))
+    for label, what in pairs:
         ratio_key = f"durable_trio {label}, --processes 2 / 1 (ratio)"
         ceiling_key = f"durable_trio {label}, the machine's ceiling for 2 / 1 (ratio)"
         if have(ratio_key, ceiling_key):
             ratio, ceiling = _value(f[ratio_key]), _value(f[ceiling_key])
-            what = "no-op steps" if label == "S1 drain" else "1 ms CPU steps"
             checks.append(
                 (
                     f"[19] --processes 2 / 1, {what}: {ratio:.2f}x (want >= 1.5x; this "

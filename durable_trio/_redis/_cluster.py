@@ -227,8 +227,7 @@ class RedisClusterClient:
             TransportClosed: the client is closed.
         """
         _check(args)
-        keys = command_keys(args)  # known to the table (nearly always): no await to route it
-        slot = await self._slot(args) if keys is None else self._one_slot(args[0], keys)
+        slot = await self._slot(args)
         if node is None and slot is not None:
             reply = await self._fast(args, slot, reply_timeout)
             if reply is not _SLOW:
@@ -303,12 +302,7 @@ class RedisClusterClient:
         batch = [tuple(command) for command in commands]
         for command in batch:
             _check(command)
-        slots: list[int | None] = []
-        for command in batch:
-            keys = command_keys(command)
-            slots.append(
-                await self._slot(command) if keys is None else self._one_slot(command[0], keys)
-            )
+        slots = [await self._slot(command) for command in batch]
         replies = await self._run(batch, slots, None, reply_timeout)
         if raise_on_error:
             for index, reply in enumerate(replies):
@@ -469,10 +463,7 @@ class RedisClusterClient:
         if not keys:
             return None
         first = key_slot(keys[0])
-        for index in range(1, len(keys)):
-            if key_slot(keys[index]) != first:
-                break
-        else:
+        if all(key_slot(key) == first for key in keys[1:]):
             return first
         shown = to_bytes(name).decode("ascii", "replace").upper()
         raise RedisCrossSlotError(shown, sorted({key_slot(key) for key in keys}))

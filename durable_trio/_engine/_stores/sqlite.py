@@ -524,13 +524,18 @@ _SIGNAL_SCHEMA: Final = (
 )
 
 
-def _op_append_signal(
-    ns: str, run_id: str, name: str, payload: str, db: sqlite3.Connection
-) -> int | None:
+def _unknown_or_ended(ns: str, run_id: str, db: sqlite3.Connection) -> bool:
+    """Whether the run is missing or ended (read in the caller's transaction)."""
     row = db.execute(
         "SELECT status FROM dt_runs WHERE namespace = ? AND run_id = ?", (ns, run_id)
     ).fetchone()
-    if row is None or RunStatus(row[0]).terminal:
+    return row is None or RunStatus(row[0]).terminal
+
+
+def _op_append_signal(
+    ns: str, run_id: str, name: str, payload: str, db: sqlite3.Connection
+) -> int | None:
+    if _unknown_or_ended(ns, run_id, db):
         return None
     (last,) = db.execute(
         "SELECT COALESCE(MAX(seq), 0) FROM dt_signals WHERE namespace = ? AND run_id = ? "
@@ -602,10 +607,7 @@ def _op_begin_step(ns: str, step: StepRecord, now: float, db: sqlite3.Connection
 def _op_begin_step_unless_finished(
     ns: str, step: StepRecord, now: float, db: sqlite3.Connection
 ) -> StepRecord | None:
-    row = db.execute(
-        "SELECT status FROM dt_runs WHERE namespace = ? AND run_id = ?", (ns, step.run_id)
-    ).fetchone()
-    if row is None or RunStatus(row[0]).terminal:
+    if _unknown_or_ended(ns, step.run_id, db):
         return None
     return _op_begin_step(ns, step, now, db)  # in the same transaction as the check
 
