@@ -13,6 +13,7 @@ import trio
 from ._errors import BrokerError
 from ._health import read_orphaned_queues, read_worker_health
 from ._naming import QueueNames
+from ._terminal import visible
 from .backends import open_backend
 
 if TYPE_CHECKING:
@@ -143,7 +144,8 @@ WORKER_HEADERS = [
 
 
 def _plain(headers: list[str], rows: list[list[str]]) -> str:
-    every = [headers, *rows]
+    # group names and worker ids are stored strings: shown, never interpreted by the terminal
+    every = [[visible(cell) for cell in row] for row in (headers, *rows)]
     widths = [max(len(row[i]) for row in every) for i in range(len(headers))]
     return "".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n"
@@ -185,7 +187,11 @@ def orphan_lines(groups: list[GroupHealth] | None, namespace: str | None) -> lis
 
 def _rich_table(groups: list[GroupHealth] | None, namespace: str | None) -> Any:
     from rich.console import Group
+    from rich.markup import escape
     from rich.table import Table
+
+    def shown(text: str) -> str:  # a stored string: no control character, no rich markup
+        return escape(visible(text))
 
     table = Table(title=f"durable_trio — namespace {namespace or 'durable'}", expand=False)
     for header in HEADERS:
@@ -199,12 +205,12 @@ def _rich_table(groups: list[GroupHealth] | None, namespace: str | None) -> Any:
         table.caption = "no live workers"
     else:
         for row in _rows(groups):
-            table.add_row(*row)
+            table.add_row(*map(shown, row))
         for row in _worker_rows(groups):
-            workers.add_row(*row)
+            workers.add_row(*map(shown, row))
         lines = orphan_lines(groups, namespace)
         if lines:
-            table.caption = "\n".join(lines)
+            table.caption = "\n".join(map(shown, lines))
         return Group(table, workers)
     return table
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._errors import ConfigError
+from ._terminal import visible
 
 if TYPE_CHECKING:
     import argparse
@@ -50,8 +51,9 @@ def resolve_namespace(namespace: str | None, app: str | None = None) -> str | No
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
-    """A plain left-aligned table."""
-    every = [headers, *rows]
+    """A plain left-aligned table, every cell made :func:`~durable_trio._terminal.visible`
+    (a cell holds stored strings: a control character in one must not reach the terminal)."""
+    every = [[visible(cell) for cell in row] for row in (headers, *rows)]
     widths = [max(len(row[i]) for row in every) for i in range(len(headers))]
     return "".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n"
@@ -89,7 +91,7 @@ def _when(text: str | None) -> float | None:
 
 
 def _short(value: Any, width: int = 60) -> str:
-    text = json.dumps(value, default=str) if not isinstance(value, str) else value
+    text = visible(json.dumps(value, default=str) if not isinstance(value, str) else value)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -138,7 +140,7 @@ async def _runs_list(ops: Operations, args: argparse.Namespace) -> int:
         ]  # fmt: skip
         print(table(["run", "workflow", "status", "created", "updated", "owner"], rows), end="")
     if page.next_cursor:
-        print(f"more: --cursor {page.next_cursor}")
+        print(f"more: --cursor {visible(page.next_cursor)}")
     return 0
 
 
@@ -152,14 +154,14 @@ async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
         _print_json(data)
         return 0
     run = details.run
-    print(f"run {run.run_id}  workflow {run.workflow}  status {run.status.value}")
-    owner = run.owner or "—"
+    print(f"run {visible(run.run_id)}  workflow {visible(run.workflow)}  status {run.status.value}")
+    owner = visible(run.owner or "—")
     print(f"created {_time(run.created_at)}  updated {_time(run.updated_at)}  owner {owner}")
     print(f"input  {_short(run.input)}")
     if run.parent is not None:
-        print(f"parent {run.parent}")
+        print(f"parent {visible(run.parent)}")
     if details.children:
-        print(f"children {' '.join(details.children)}")
+        print(f"children {visible(' '.join(details.children))}")
     if run.output is not None:
         print(f"output {_short(run.output)}")
     if run.error is not None:
@@ -167,8 +169,12 @@ async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
     if run.status.value == "blocked" and isinstance(run.error, dict):
         # The diff a deploy must fix (docs/engine.md, Versioning).
         at = run.error.get("stepId") or "end"
-        print(f"blocked at step {at}: history holds {run.error.get('expected')}, "
-              f"the code called {run.error.get('found') or 'nothing more'}")
+        print(
+            visible(
+                f"blocked at step {at}: history holds {run.error.get('expected')}, "
+                f"the code called {run.error.get('found') or 'nothing more'}"
+            )
+        )
     rows = []
     notes = []
     for step in details.steps:
@@ -187,7 +193,7 @@ async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
                    "worker", "error", "last beat"]  # fmt: skip
         print(table(headers, rows), end="")
     for note in notes:
-        print(note)
+        print(visible(note))
     if details.timers:
         print()
         timer_rows = [
@@ -211,7 +217,7 @@ async def _runs_signal(ops: Operations, args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"runId": args.run_id, "name": args.name, "seq": seq})
     else:
-        print(f"signal {args.name!r} #{seq} sent to run {args.run_id}")
+        print(f"signal {args.name!r} #{seq} sent to run {visible(args.run_id)}")
     return 0
 
 
@@ -227,11 +233,11 @@ async def _runs_cancel(ops: Operations, args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"runId": args.run_id, "cancelled": cancelled, "ended": ended})
     elif not cancelled:
-        print(f"run {args.run_id} had already ended or is being cancelled")
+        print(f"run {visible(args.run_id)} had already ended or is being cancelled")
     elif ended:
-        print(f"run {args.run_id} cancelled")
+        print(f"run {visible(args.run_id)} cancelled")
     else:
-        print(f"run {args.run_id}: cancel sent to the engine driving it")
+        print(f"run {visible(args.run_id)}: cancel sent to the engine driving it")
     return 0 if cancelled else 1
 
 
@@ -240,7 +246,7 @@ async def _runs_retry(ops: Operations, args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"runId": run.run_id, "status": run.status.value})
     else:
-        print(f"run {run.run_id} reopened ({run.status.value}): a live engine resumes it")
+        print(f"run {visible(run.run_id)} reopened ({run.status.value}): a live engine resumes it")
     return 0
 
 
@@ -266,7 +272,8 @@ async def _jobs_requeue(ops: Operations, args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"queue": args.queue, "jobId": args.job_id, "requeued": done})
     else:
-        print(f"job {args.job_id} " + ("requeued" if done else f"is not failed on {args.queue}"))
+        outcome = "requeued" if done else f"is not failed on {visible(args.queue)}"
+        print(f"job {visible(args.job_id)} {outcome}")
     return 0 if done else 1
 
 
@@ -275,7 +282,8 @@ async def _jobs_delete(ops: Operations, args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"queue": args.queue, "jobId": args.job_id, "deleted": done})
     else:
-        print(f"job {args.job_id} " + ("deleted" if done else f"is not failed on {args.queue}"))
+        outcome = "deleted" if done else f"is not failed on {visible(args.queue)}"
+        print(f"job {visible(args.job_id)} {outcome}")
     return 0 if done else 1
 
 
