@@ -1,8 +1,10 @@
 """The console's ASGI app: :func:`create_app` over an :class:`~durable_trio.Operations`.
 
-Pages are rendered on the server (``_pages``); the only script (``static/console.js``) refreshes
-the page shown by polling its own address and posts the actions. Actions are ``POST`` with a
-JSON body to ``/api/...`` and answer JSON ``{"ok": ..., "message": ...}``.
+Pages are rendered on the server (``_pages``), in worker threads; the only script
+(``static/console.js``) refreshes the page shown by polling its own address while the page says
+it is live, and posts the actions. Actions are ``POST`` with a JSON body to ``/api/...`` and
+answer JSON ``{"ok": ..., "message": ...}``. ``/raw/run`` and ``/raw/job`` answer the whole of a
+value a page cuts, as JSON.
 """
 
 from __future__ import annotations
@@ -95,6 +97,23 @@ def create_app(
 
         return endpoint
 
+    def raw(
+        read: Callable[[Request], Awaitable[bytes]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                content = await read(request)
+            except BadRequest as exc:
+                return _reply(False, str(exc), 400)
+            except RunNotFound as exc:
+                return _reply(False, str(exc), 404)
+            except DurableTrioError as exc:
+                logger.warning("console raw value %s failed: %r", request.url.path, exc)
+                return _reply(False, str(exc), 503)
+            return Response(content, media_type="application/json", headers=_PAGE_HEADERS)
+
+        return endpoint
+
     def action(
         name: str, run: Callable[[dict[str, str]], Awaitable[str]]
     ) -> Callable[[Request], Awaitable[Response]]:
@@ -129,6 +148,8 @@ def create_app(
         Route("/runs/{run_id:path}", page(view.run_page)),
         Route("/workers", page(view.workers_page)),
         Route("/queues", page(view.queues_page)),
+        Route("/raw/run", raw(view.raw_run)),
+        Route("/raw/job", raw(view.raw_job)),
         Route("/api/runs/retry", action("retry", view.retry), methods=["POST"]),
         Route("/api/runs/cancel", action("cancel", view.cancel), methods=["POST"]),
         Route("/api/jobs/requeue", action("requeue", view.requeue), methods=["POST"]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from urllib.parse import urlencode
 
 from ._html import Html, ago, attr, duration, esc, json_block, stamp
 from ._run_view import action_button
@@ -10,7 +11,11 @@ from ._run_view import action_button
 if TYPE_CHECKING:
     from .._ops import FailedJobView, QueueView, WorkerView
 
-__all__ = ["render_queues", "render_workers"]
+__all__ = ["OTHER_GROUPS_SHOWN", "render_queues", "render_workers"]
+
+#: How many of a worker's other groups its row in one group names (then "+N more"): each row
+#: stays the same size, so the page grows with workers x groups, not with groups squared.
+OTHER_GROUPS_SHOWN = 3
 
 
 def _count(value: int | None) -> str:
@@ -23,6 +28,16 @@ def _rss(value: int | None) -> str:
 
 def _cpu(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.0f} %"
+
+
+def _others(worker: WorkerView, group: str) -> str:
+    """The groups ``worker`` serves besides ``group``: a few names, then how many more."""
+    others = [g for g in worker.groups if g != group]
+    if not others:
+        return "—"
+    shown = ", ".join(others[:OTHER_GROUPS_SHOWN])
+    more = len(others) - OTHER_GROUPS_SHOWN
+    return shown + (f" +{more:,} more" if more > 0 else "")
 
 
 def render_workers(workers: list[WorkerView], queues: list[QueueView], now: float) -> Html:
@@ -67,7 +82,7 @@ def render_workers(workers: list[WorkerView], queues: list[QueueView], now: floa
             f'<td class="num">{_rss(w.status.rss_bytes if w.status else None)}</td>'
             f'<td class="num">{_cpu(w.status.cpu if w.status else None)}</td>'
             f"<td>{esc(ago(w.last_beat_at, now))}</td>"
-            f"<td>{esc(', '.join(g for g in w.groups if g != group) or '—')}</td>"
+            f"<td>{esc(_others(w, group))}</td>"
             "</tr>"
             for w in members
         )
@@ -124,10 +139,11 @@ def _evidence(view: FailedJobView) -> Html:
     )
     envelope = view.envelope
     shown = envelope if envelope is not None else job.data.decode(errors="replace")
+    whole = "/raw/job?" + urlencode({"queue": view.queue, "id": job.id})
     return Html(
         f"<details><summary>evidence</summary>"
         f"<p>attempts {job.attempts} · stalls {job.stalled_count}</p>"
-        f"{'<ul>' + stalls + '</ul>' if stalls else ''}{json_block(shown)}</details>"
+        f"{'<ul>' + stalls + '</ul>' if stalls else ''}{json_block(shown, whole)}</details>"
     )
 
 

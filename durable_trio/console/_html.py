@@ -1,7 +1,9 @@
 """Small HTML helpers for the console's pages: escaping, the page layout, times and durations.
 
 Every value that comes from the store or the broker goes through :func:`esc` (or :func:`attr`
-inside an attribute): a run input or an error message is shown, never interpreted.
+inside an attribute): a run input or an error message is shown, never interpreted. A value is
+shown up to :data:`VALUE_LIMIT` characters (:func:`json_block` then links to the whole), so a
+page stays small whatever the size of a run's input, output or error.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
 __all__ = [
+    "VALUE_LIMIT",
     "Html",
     "ago",
     "attr",
@@ -35,6 +38,10 @@ __all__ = [
 #: Below this a store time is not Unix time but a monotonic clock's (``memory://``): 1973.
 _UNIX_FLOOR = 1e8
 
+#: The most characters of one value a page shows (64 KiB): a longer input, output, error or
+#: name is cut there, with a link to the whole where there is one (the raw JSON endpoints).
+VALUE_LIMIT = 64 * 1024
+
 
 class Html(str):
     """Markup already escaped: :func:`esc` leaves it as it is."""
@@ -42,11 +49,21 @@ class Html(str):
     __slots__ = ()
 
 
+def _clipped(text: str) -> tuple[str, int]:
+    """``text`` cut at :data:`VALUE_LIMIT` characters, and how many were left out."""
+    if len(text) <= VALUE_LIMIT:
+        return text, 0
+    return text[:VALUE_LIMIT], len(text) - VALUE_LIMIT
+
+
 def esc(value: object) -> Html:
-    """``value`` as text in HTML (markup passes through as it is)."""
+    """``value`` as text in HTML (markup passes through as it is), cut after
+    :data:`VALUE_LIMIT` characters (saying how many more there are)."""
     if isinstance(value, Html):
         return value
-    return Html(html.escape("" if value is None else str(value), quote=False))
+    text, left_out = _clipped("" if value is None else str(value))
+    shown = html.escape(text, quote=False)
+    return Html(shown + (f" … ({left_out:,} more characters)" if left_out else ""))
 
 
 def attr(value: object) -> str:
@@ -102,13 +119,22 @@ def status_badge(status: object) -> Html:
     return Html(f'<span class="badge badge-{css}">{esc(text)}</span>')
 
 
-def json_block(value: Any) -> Html:
-    """A JSON value, indented, in a ``<pre>``."""
+def json_block(value: Any, whole: str | None = None) -> Html:
+    """A JSON value, indented, in a ``<pre>``: its first :data:`VALUE_LIMIT` characters, and
+    then a line saying how much more there is, linking to ``whole`` (the raw JSON) if given."""
     try:
         text = orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
     except TypeError:
         text = repr(value)
-    return Html(f'<pre class="json">{esc(text)}</pre>')
+    shown, left_out = _clipped(text)
+    block = f'<pre class="json">{html.escape(shown, quote=False)}</pre>'
+    if left_out:
+        link = f' <a href="{attr(whole)}">the whole value (JSON)</a>' if whole else ""
+        block += (
+            f'<p class="clipped">shown: the first {len(shown):,} of {len(text):,} characters'
+            f"{link}</p>"
+        )
+    return Html(block)
 
 
 def table(

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import orjson
+import trio
 
 from .._engine import RunNotFound
 from .._errors import ConfigError, DurableTrioError
@@ -13,11 +17,23 @@ from ._run_view import render_run
 from ._runs_view import RunFilters, render_runs
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from starlette.requests import Request
 
     from .._ops import FailedJobView, Operations
 
-__all__ = ["BadRequest", "Pages"]
+__all__ = ["RENDER_THREADS", "BadRequest", "Pages"]
+
+_T = TypeVar("_T")
+
+#: Pages rendered at once, each in a worker thread: building a page (escaping, JSON of the
+#: values shown) never holds the event loop, so a heavy page does not stall other requests,
+#: and a burst of heavy pages takes at most this many threads.
+RENDER_THREADS = 2
+
+#: The values of a run the raw endpoint serves alone (``/raw/run?id=...&value=...``).
+_RUN_VALUES = ("input", "output", "error")
 
 
 class BadRequest(DurableTrioError, ValueError):
@@ -37,6 +53,13 @@ class Pages:
     def __init__(self, ops: Operations, *, allow_actions: bool) -> None:
         self._ops = ops
         self._allow_actions = allow_actions
+        self._limiter: trio.CapacityLimiter | None = None
+
+    async def _off_loop(self, build: Callable[[], _T]) -> _T:
+        """``build()`` in a worker thread (at most :data:`RENDER_THREADS` at once)."""
+        if self._limiter is None:  # made inside the server's trio.run, on first use
+            self._limiter = trio.CapacityLimiter(RENDER_THREADS)
+        return await trio.to_thread.run_sync(build, limiter=self._limiter)
 
     @property
     def namespace(self) -> str:
@@ -71,7 +94,9 @@ class Pages:
                 found = [(await self._ops.show_run(filters.search)).run]
             except RunNotFound:
                 found = []
-            return self._page("Runs", "runs", render_runs(filters, found, None, searched=True))
+            return await self._off_loop(
+                lambda: self._page("Runs", "runs", render_runs(filters, found, None, searched=True))
+            )
         try:
             listing = await self._ops.list_runs(
                 status=filters.status,
@@ -81,21 +106,35 @@ class Pages:
             )
         except ConfigError as exc:  # a bad cursor, most likely
             raise ValueError(str(exc)) from None
-        body = render_runs(filters, listing.runs, listing.next_cursor)
-        return self._page("Runs", "runs", body)
+        return await self._off_loop(
+            lambda: self._page(
+                "Runs", "runs", render_runs(filters, listing.runs, listing.next_cursor)
+            )
+        )
 
     async def run_page(self, request: Request) -> str:
-        """``/runs/{run_id}``: the run and its history."""
+        """``/runs/{run_id}``: the run and its history. Refreshed while the run has not ended
+        (an ended run's page does not change until an action, which refreshes it)."""
         run_id = request.path_params["run_id"]
         details = await self._ops.show_run(run_id)
-        body = render_run(details, allow_actions=self._allow_actions)
-        return self._page(f"Run {run_id}", "runs", body)
+        live = not details.run.status.terminal
+        return await self._off_loop(
+            lambda: self._page(
+                f"Run {run_id}",
+                "runs",
+                render_run(details, allow_actions=self._allow_actions),
+                live=live,
+            )
+        )
 
     async def workers_page(self, request: Request) -> str:
         """``/workers``: the live workers of every group."""
         workers = await self._ops.workers()
         queues = await self._ops.queues()
-        return self._page("Workers", "workers", render_workers(workers, queues, time.time()))
+        now = time.time()
+        return await self._off_loop(
+            lambda: self._page("Workers", "workers", render_workers(workers, queues, now))
+        )
 
     async def queues_page(self, request: Request) -> str:
         """``/queues``: every queue's depths and the set-aside jobs."""
@@ -105,8 +144,50 @@ class Pages:
             failed = await self._ops.failed_jobs()
         except ConfigError:  # the broker keeps no failed jobs
             failed = None
-        body = render_queues(queues, failed, allow_actions=self._allow_actions)
-        return self._page("Queues", "queues", body)
+        return await self._off_loop(
+            lambda: self._page(
+                "Queues", "queues", render_queues(queues, failed, allow_actions=self._allow_actions)
+            )
+        )
+
+    # -- raw values (JSON) ------------------------------------------------------------------
+
+    async def raw_run(self, request: Request) -> bytes:
+        """``/raw/run?id=RUN``: the run and its history as JSON (as ``runs show --json``);
+        with ``&value=input|output|error``, that value alone. What a page that cuts a long
+        value links to.
+
+        Raises:
+            BadRequest: no ``id``, or another ``value``.
+            RunNotFound: no such run.
+        """
+        run_id = request.query_params.get("id", "")
+        value = request.query_params.get("value")
+        if not run_id:
+            raise BadRequest("say which run: /raw/run?id=RUN")
+        if value is not None and value not in _RUN_VALUES:
+            raise BadRequest(f"value is one of {', '.join(_RUN_VALUES)}, not {value!r}")
+        details = await self._ops.show_run(run_id)
+        if value is None:
+            return await self._off_loop(lambda: _json(details.to_json()))
+        return await self._off_loop(partial(_json, getattr(details.run, value)))
+
+    async def raw_job(self, request: Request) -> bytes:
+        """``/raw/job?queue=QUEUE&id=JOB``: a set-aside job and its evidence as JSON (as
+        ``jobs failed --json`` prints it).
+
+        Raises:
+            BadRequest: no ``queue`` or no ``id``.
+            RunNotFound: no such set-aside job (among the queue's 1,000 newest).
+        """
+        queue = request.query_params.get("queue", "")
+        job_id = request.query_params.get("id", "")
+        if not (queue and job_id):
+            raise BadRequest("say which job: /raw/job?queue=QUEUE&id=JOB")
+        for view in await self._ops.failed_jobs(queue, limit=1000):
+            if view.job.id == job_id:
+                return await self._off_loop(partial(_json, view.to_json()))
+        raise RunNotFound(f"no set-aside job {job_id!r} on {queue!r}")
 
     # -- actions ----------------------------------------------------------------------------
 
@@ -144,3 +225,7 @@ class Pages:
         if await self._ops.delete_job(queue, job_id):
             return f"job {job_id} deleted from {queue}"
         raise RunNotFound(f"no set-aside job {job_id!r} on {queue!r}")
+
+
+def _json(value: Any) -> bytes:
+    return orjson.dumps(value, default=str)

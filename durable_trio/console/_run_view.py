@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 import orjson
 
@@ -12,7 +13,14 @@ from ._html import Html, attr, duration, esc, json_block, stamp, status_badge
 if TYPE_CHECKING:
     from .._ops import AttemptView, RunDetails, StepView
 
-__all__ = ["error_text", "render_run"]
+__all__ = ["error_text", "raw_run_link", "render_run"]
+
+
+def raw_run_link(run_id: str, value: str | None = None) -> str:
+    """The address of a run's whole record and history as JSON, or of one of its values
+    (``input``, ``output``, ``error``): what a page that cuts a long value links to."""
+    params = {"id": run_id, **({"value": value} if value else {})}
+    return "/raw/run?" + urlencode(params)
 
 
 def error_text(error: Any) -> str:
@@ -72,7 +80,14 @@ def _beat(beat: Any) -> str:
     details = beat.get("details")
     at = beat.get("at")
     shown = f"at {stamp(at) if isinstance(at, int | float) else '?'}"
-    return shown + (f" · {esc(orjson.dumps(details).decode())}" if details is not None else "")
+    return shown + (f" · {esc(_compact(details))}" if details is not None else "")
+
+
+def _compact(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return repr(value)
 
 
 def _attempt_row(attempt: AttemptView) -> str:
@@ -191,16 +206,21 @@ def render_run(details: RunDetails, *, allow_actions: bool) -> Html:
     dl = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in facts)
     error = (
         f'<h2>Error</h2><p class="error-text">{esc(error_text(run.error))}</p>'
-        f"{json_block(run.error)}"
+        f"{json_block(run.error, raw_run_link(run.run_id, 'error'))}"
         if run.error is not None
         else ""
     )
-    output = f"<h2>Output</h2>{json_block(run.output)}" if run.status is RunStatus.COMPLETED else ""
+    output = (
+        f"<h2>Output</h2>{json_block(run.output, raw_run_link(run.run_id, 'output'))}"
+        if run.status is RunStatus.COMPLETED
+        else ""
+    )
     return Html(
-        '<p><a href="/runs">« runs</a></p>'
+        f'<p><a href="/runs">« runs</a> · <a href="{attr(raw_run_link(run.run_id))}">'
+        "this run as JSON</a></p>"
         f'<h1>Run <span class="mono">{esc(run.run_id)}</span> {status_badge(run.status)}</h1>'
         f'<div class="actions">{"".join(buttons)}</div>'
         f'<div class="card"><dl class="facts">{dl}</dl></div>'
         f"{error}<h2>History</h2>{_timeline(details)}{_timers(details)}"
-        f"<h2>Input</h2>{json_block(run.input)}{output}"
+        f"<h2>Input</h2>{json_block(run.input, raw_run_link(run.run_id, 'input'))}{output}"
     )

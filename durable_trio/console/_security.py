@@ -5,7 +5,11 @@
 - **The token** is checked on every request, static files included, with a constant-time
   compare: an ``Authorization: Bearer TOKEN`` header, or the cookie set when a page is opened
   once as ``?token=TOKEN`` (the page is then redirected to the same address without it, so the
-  token does not stay in the address bar or the history).
+  token does not stay in the address bar or the history). That redirect goes only to a
+  path of the console itself: an address a browser would read as another host
+  (``//evil.example``, ``/\\evil.example``) is sent to ``/`` instead (no open redirect).
+- **Malformed paths.** A path holding a control character (a CR or LF, percent-encoded) is
+  answered 400 before anything else: it names no page, and could split a header.
 - **DNS rebinding.** Without a token (loopback), a request whose ``Host`` is not a loopback
   name is refused: a page of another site that got its name pointed at 127.0.0.1 cannot read
   the console.
@@ -20,8 +24,9 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import re
+import unicodedata
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 from .._errors import ConfigError
 
@@ -34,7 +39,9 @@ __all__ = [
     "TOKEN_COOKIE",
     "TokenGuard",
     "check_exposure",
+    "has_control",
     "is_loopback",
+    "local_path",
     "same_origin",
 ]
 
@@ -98,6 +105,21 @@ def same_origin(origin: str, host: str) -> bool:
     return scheme in ("http", "https") and rest.lower() == host.lower()
 
 
+def has_control(path: str) -> bool:
+    """Whether a (decoded) request path holds a control character (CR, LF, NUL, ESC, DEL, a
+    C1 control): no console page has one, and one must never reach a header."""
+    return not path.isprintable() and any(unicodedata.category(c) == "Cc" for c in path)
+
+
+def local_path(path: str) -> str:
+    """``path`` (decoded) as a ``Location`` on this console: percent-encoded, and ``/``
+    unless it is a path of this host (``//x`` and ``/\\x`` name other hosts to a browser,
+    a path not starting with ``/`` is not ours)."""
+    if not path.startswith("/") or path.startswith("//") or "\\" in path or has_control(path):
+        return "/"
+    return quote(path, safe="/-._~!$&'()*+,;=:@")
+
+
 def _headers(scope: Scope) -> dict[str, str]:
     return {
         key.decode("latin-1").lower(): value.decode("latin-1")
@@ -129,6 +151,9 @@ class TokenGuard:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
+        if has_control(scope.get("path", "")):
+            await _plain(send, 400, "bad request: a control character in the path")
+            return
         headers = _headers(scope)
         if self._token is None:
             if not is_loopback(_host_of(headers.get("host", "localhost"))):
@@ -144,7 +169,8 @@ class TokenGuard:
                 await _plain(send, 401, "wrong token")
                 return
             rest = urlencode([(key, value) for key, value in pairs if key != "token"])
-            location = scope.get("root_path", "") + scope["path"] + (f"?{rest}" if rest else "")
+            path = local_path(scope.get("root_path", "") + scope["path"])
+            location = path + (f"?{rest}" if rest else "")
             await _redirect_setting_cookie(send, location, given[-1])
             return
         auth = headers.get("authorization", "")

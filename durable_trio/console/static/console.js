@@ -1,6 +1,8 @@
 // durable_trio console: bounded polling of the page shown, and the action buttons.
 // No framework, no build step: the server renders every page; this script only refreshes
-// <main> from the same address and posts actions.
+// <main> from the same address and posts actions. Only a live page (data-live="1") is polled:
+// a page that is not (an ended run's) is fetched again only after an action, and polling
+// starts or stops as the fetched page says (a retried run is live again until it ends).
 "use strict";
 
 (function () {
@@ -49,6 +51,7 @@
       const fresh = doc.getElementById("main");
       const main = document.getElementById("main");
       if (fresh && main && !editing()) main.innerHTML = fresh.innerHTML;
+      if (doc.body && doc.body.dataset.live) document.body.dataset.live = doc.body.dataset.live;
       interval = BASE_INTERVAL;
       setState("live", true);
     } catch (err) {
@@ -59,11 +62,17 @@
     }
   }
 
+  function live() {
+    return document.body.dataset.live === "1";
+  }
+
   function schedule() {
     if (timer !== null) clearTimeout(timer);
+    timer = null;
+    if (!live()) return; // not polled: an action's refresh may make it live again
     timer = setTimeout(async function () {
       timer = null;
-      if (document.visibilityState === "visible") await refresh();
+      if (document.visibilityState === "visible" && live()) await refresh();
       schedule();
     }, interval);
   }
@@ -95,6 +104,7 @@
     } finally {
       button.disabled = false;
       await refresh();
+      if (timer === null) schedule();
     }
   }
 
@@ -107,10 +117,10 @@
   });
 
   document.addEventListener("visibilitychange", function () {
-    if (document.visibilityState === "visible" && document.body.dataset.live === "1") {
+    if (document.visibilityState === "visible" && live()) {
       refresh();
     }
   });
 
-  if (document.body.dataset.live === "1") schedule();
+  schedule();
 })();
