@@ -134,7 +134,7 @@ def create_app(
                 return _reply(False, str(exc), 404)
             except (DurableTrioError, ValueError) as exc:
                 return _reply(False, str(exc), 409)
-            logger.info("console action %s %s: %s", name, body, message)
+            logger.info("console action %s %s: %r", name, body, message)
             return _reply(True, message, 200)
 
         return endpoint
