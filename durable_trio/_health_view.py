@@ -435,6 +435,10 @@ async def run_health(
 ) -> None:
     """What the command does (see :func:`durable_trio._cli.main`)."""
     async with open_backend(url, existing=True) as backend:
+        if namespace is None:
+            from ._ops import discover_namespace
+
+            namespace = await discover_namespace(backend)
         reader = HealthReader(backend, namespace)  # one for the whole command
         if prometheus is not None:
             from ._ops import open_operations

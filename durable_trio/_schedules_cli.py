@@ -100,7 +100,9 @@ def _runner(
             app = load_app(args.app) if args.app else None
             namespace = resolve_namespace(args.namespace, args.app)
             url = args.backend or os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
-            async with open_operations(url, namespace=namespace, existing=existing) as ops:
+            async with open_operations(
+                url, namespace=namespace, existing=existing, discover=True
+            ) as ops:
                 return await command(Schedules(ops.store, time.time, app=app), args)
 
         try:

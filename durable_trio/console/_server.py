@@ -103,15 +103,15 @@ async def run_console(
     Args:
         url: the backend URL (``memory://``, ``sqlite:///...``, ``redis://...``); a SQLite
             file must exist already (the console makes none).
-        namespace: the namespace to show (the operations' default when ``None``).
+        namespace: the namespace to show; ``None``: the only one the backend holds (several:
+            a :class:`ConfigError` naming them), or ``"durable"`` when it holds none.
         announce: called once with the console's base URL when it listens.
 
     Raises:
         ConfigError: as :func:`serve_console`, checked before the backend is opened.
     """
     check_exposure(host, token)
-    options = {} if namespace is None else {"namespace": namespace}
-    async with open_operations(url, existing=True, **options) as ops:
+    async with open_operations(url, existing=True, namespace=namespace, discover=True) as ops:
         async with close_on_signals() as signals:
             async with trio.open_nursery() as nursery:
                 base = await nursery.start(
