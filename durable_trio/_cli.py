@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import signal
 import sys
 import time
@@ -78,8 +79,11 @@ def _load(path: Path) -> ModuleType:
 
 
 def _summary(path: Path) -> str:
-    module_doc = _load(path).__doc__ or ""
-    return module_doc.strip().splitlines()[0] if module_doc.strip() else ""
+    """The example's docstring's first paragraph on one line, its ``literals`` quoted plainly
+    (a whole sentence: a first line alone stops mid-sentence)."""
+    module_doc = (_load(path).__doc__ or "").strip()
+    paragraph = " ".join(module_doc.split("\n\n", 1)[0].split())
+    return re.sub(r"``(.+?)``", r"'\1'", paragraph)
 
 
 def _backend_url(url: str | None) -> str:
