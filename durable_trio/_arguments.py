@@ -167,6 +167,7 @@ def _plain(task: Any) -> TypeGuard[RemoteTask]:
             )
         )
         and task.deadline is None
+        and (task.max_attempts is None or type(task.max_attempts) is int)
     )
 
 
@@ -191,6 +192,12 @@ def check_task(task: Any, call: str, argument: str = "task") -> RemoteTask:
     if attempt < 1:
         raise ConfigError(f"{call}: {argument}.attempt must be >= 1, got {attempt!r}")
     check_priority(task.priority, call, f"{argument}.priority")
+    max_attempts = task.max_attempts
+    if max_attempts is not None and (type(max_attempts) is not int or max_attempts < 1):
+        raise TypeError(
+            f"{call}: {argument}.max_attempts must be an int >= 1 or None, "
+            f"got {given(max_attempts)}"
+        )
     deadline = task.deadline
     if deadline is not None and (
         isinstance(deadline, bool)

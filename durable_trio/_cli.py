@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -77,8 +79,11 @@ def _load(path: Path) -> ModuleType:
 
 
 def _summary(path: Path) -> str:
-    module_doc = _load(path).__doc__ or ""
-    return module_doc.strip().splitlines()[0] if module_doc.strip() else ""
+    """The example's docstring's first paragraph on one line, its ``literals`` quoted plainly
+    (a whole sentence: a first line alone stops mid-sentence)."""
+    module_doc = (_load(path).__doc__ or "").strip()
+    paragraph = " ".join(module_doc.split("\n\n", 1)[0].split())
+    return re.sub(r"``(.+?)``", r"'\1'", paragraph)
 
 
 def _backend_url(url: str | None) -> str:
@@ -148,14 +153,28 @@ def _cmd_health(args: argparse.Namespace) -> int:
                 interval=args.interval,
                 iterations=args.iterations,
                 prometheus=args.prometheus,
+                as_json=args.json,
             )
         )
         return 0
 
+    if args.json and (args.watch or args.prometheus is not None):
+        print("error: --json prints one reading: not with --watch or --prometheus", file=sys.stderr)
+        return 2
     try:
         return run_reporting_errors(run)
-    except KeyboardInterrupt:
-        return 130
+    except BaseException as error:  # a Ctrl-C outside the signal handling (opening the backend)
+        if _only(KeyboardInterrupt, error):
+            return 130
+        raise
+
+
+def _only(kind: type[BaseException], error: BaseException) -> bool:
+    """Whether ``error`` is a ``kind``, or exception groups of nothing else (as a nursery
+    wraps what its tasks raised)."""
+    if isinstance(error, BaseExceptionGroup):
+        return all(_only(kind, inner) for inner in error.exceptions)
+    return isinstance(error, kind)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -187,6 +206,7 @@ def _parser() -> argparse.ArgumentParser:
     health.add_argument(
         "--prometheus", type=int, metavar="PORT", help="also serve /metrics on 127.0.0.1:PORT"
     )
+    health.add_argument("--json", action="store_true", help="print JSON (for scripts)")
     health.set_defaults(func=_cmd_health)
     from ._engine.cli import add_engine_commands
     from ._ops_cli import add_ops_commands
@@ -213,6 +233,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DurableTrioError as exc:  # a user error met before the command ran (MODULE:app)
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BaseException as error:
+        if not _only(BrokenPipeError, error):
+            raise
+        # The reader went away (`durable-trio runs list --json | head -1`): stop quietly, as a
+        # tool killed by SIGPIPE does; stdout goes to /dev/null so the interpreter's own last
+        # flush does not fail again on the closed pipe.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ def _cmd_console(args: argparse.Namespace) -> int:
     run = partial(
         run_console,
         backend,
-        namespace=args.namespace,
+        namespace=args.namespace or os.environ.get("DURABLE_TRIO_NAMESPACE") or None,
         host=args.host,
         port=args.port,
         allow_actions=args.allow_actions,
@@ -85,10 +85,18 @@ def _cmd_console(args: argparse.Namespace) -> int:
             status = 128 + signal.SIGINT
         except* OSError as group:
             print(
-                f"error: cannot listen on {args.host}:{args.port}: {group.exceptions[0]}",
+                f"error: cannot listen on {args.host}:{args.port}: {_first_leaf(group)}",
                 file=sys.stderr,
             )
             status = 2
         return status
 
     return run_reporting_errors(main)
+
+
+def _first_leaf(error: BaseException) -> BaseException:
+    """The first error inside nested exception groups (hypercorn's nursery wraps the bind
+    error: ``[Errno 98] Address already in use``, not ``Exceptions from Trio nursery``)."""
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error

@@ -4,15 +4,21 @@ and an optional Prometheus exporter with the same figures."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 import math
+import sys
+import threading
+from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ._codec import to_wire
 from ._errors import BrokerError
 from ._health import read_orphaned_queues, read_worker_health
 from ._naming import QueueNames
+from ._signals import close_on_signals
 from ._terminal import visible
 from .backends import open_backend
 
@@ -24,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HealthReader",
+    "health_json",
     "orphan_lines",
     "orphaned",
     "prometheus_text",
@@ -168,6 +175,33 @@ def render_text(groups: list[GroupHealth] | None, namespace: str | None) -> str:
     for line in orphan_lines(groups, namespace):
         out.write(line + "\n")
     return out.getvalue()
+
+
+def health_json(groups: list[GroupHealth] | None, namespace: str | None) -> dict[str, Any]:
+    """What ``durable-trio health --json`` prints: camelCase keys, as every ``--json`` output
+    (``groups`` is ``null`` on a backend without a worker-key store)."""
+    names = QueueNames(namespace)
+    return {
+        "namespace": names.prefix,
+        "groups": None if groups is None else [
+            {
+                "group": g.group,
+                "queue": names.tasks(g.group),
+                "depth": g.depth,
+                "headroom": g.headroom,
+                "liveWorkers": [
+                    {
+                        "instance": w.instance,
+                        "lastBeatAt": w.last_beat_at,
+                        "status": None if w.status is None else to_wire(w.status),
+                    }
+                    for w in g.live_workers
+                ],
+            }
+            for g in groups
+        ],
+        "orphanedQueues": [names.tasks(g.group) for g in orphaned(groups)],
+    }  # fmt: skip
 
 
 def orphaned(groups: list[GroupHealth] | None) -> list[GroupHealth]:
@@ -438,26 +472,56 @@ async def run_health(
     interval: float,
     iterations: int | None,
     prometheus: int | None,
+    as_json: bool = False,
 ) -> None:
     """What the command does (see :func:`durable_trio._cli.main`)."""
     async with open_backend(url, existing=True) as backend:
-        reader = HealthReader(backend, namespace)  # one for the whole command
-        if prometheus is not None:
-            from ._ops import open_operations
+        if namespace is None:
+            from ._ops import discover_namespace
 
-            async with open_operations(backend, namespace=namespace) as ops:
-                reader.ops = ops
-                await _serve_and_watch(reader, prometheus, watch_mode, interval, iterations)
+            namespace = await discover_namespace(backend)
+        reader = HealthReader(backend, namespace)  # one for the whole command
+        if prometheus is None and not watch_mode:
+            groups = await reader.read()
+            if as_json:
+                print(json.dumps(health_json(groups, namespace), indent=2))
+            else:
+                print(render_text(groups, namespace), end="")
             return
-        if watch_mode:
-            try:
-                await watch(backend, namespace, interval=interval, iterations=iterations)
-            except ImportError:
-                count = 0
-                while iterations is None or count < iterations:  # no rich: reprint the table
-                    print(render_text(await reader.read(), namespace), flush=True)
-                    count += 1
-                    if iterations is None or count < iterations:
-                        await trio.sleep(interval)
-            return
-        print(render_text(await reader.read(), namespace), end="")
+        # The long-running modes stop on SIGINT or SIGTERM without a traceback (exit 0), as a
+        # worker does; signals reach only the main thread (a test may call from another).
+        async with AsyncExitStack() as stack:
+            if threading.current_thread() is threading.main_thread():
+                signals = await stack.enter_async_context(close_on_signals(announce=_say))
+                stack.enter_context(signals.body())
+            await _serve_or_watch(reader, prometheus, watch_mode, interval, iterations)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+async def _serve_or_watch(
+    reader: HealthReader,
+    prometheus: int | None,
+    watch_mode: bool,
+    interval: float,
+    iterations: int | None,
+) -> None:
+    backend, namespace = reader.backend, reader.namespace
+    if prometheus is not None:
+        from ._ops import open_operations
+
+        async with open_operations(backend, namespace=namespace) as ops:
+            reader.ops = ops
+            await _serve_and_watch(reader, prometheus, watch_mode, interval, iterations)
+        return
+    try:
+        await watch(backend, namespace, interval=interval, iterations=iterations)
+    except ImportError:
+        count = 0
+        while iterations is None or count < iterations:  # no rich: reprint the table
+            print(render_text(await reader.read(), namespace), flush=True)
+            count += 1
+            if iterations is None or count < iterations:
+                await trio.sleep(interval)

@@ -706,9 +706,32 @@ def workers_of(groups: Any) -> list[WorkerView]:
     ]
 
 
+async def discover_namespace(backend: Backend) -> str | None:
+    """The namespace to operate when none was named: the only one ``backend`` holds runs or
+    schedules in, else ``None`` (``"durable"``: the backend holds none yet).
+
+    Raises:
+        ConfigError: it holds several; the message names them and the flags that pick one.
+        BrokerError: the backend could not be read.
+    """
+    listing = getattr(backend.run_stores, "namespaces", None)  # a hand-built backend's may lack it
+    found: list[str] = [] if listing is None else await listing()
+    if len(found) > 1:
+        shown = ", ".join(repr(name) for name in found[:10]) + (", ..." if len(found) > 10 else "")
+        raise ConfigError(
+            f"this backend holds {len(found)} namespaces ({shown}): pick one with "
+            "--namespace NAME (or --app MODULE:app, or $DURABLE_TRIO_NAMESPACE)"
+        )
+    return found[0] if found else None
+
+
 @asynccontextmanager
 async def open_operations(
-    backend: str | Backend, *, namespace: str | None = None, existing: bool = False
+    backend: str | Backend,
+    *,
+    namespace: str | None = None,
+    existing: bool = False,
+    discover: bool = False,
 ) -> AsyncIterator[Operations]:
     """Open the operator's calls on ``namespace`` of ``backend``; close what was opened on
     leaving.
@@ -722,9 +745,12 @@ async def open_operations(
             namespace: by default their app's name; ``None``: ``"durable"``).
         existing: with a URL, a SQLite file must exist already (as
             :func:`~durable_trio.open_backend`; what the ``durable-trio`` commands pass).
+        discover: with ``namespace`` ``None``, operate the only namespace the backend holds
+            (see :func:`discover_namespace`; what the ``durable-trio`` commands pass).
 
     Raises:
-        ConfigError: a bad URL (see :func:`~durable_trio.open_backend`).
+        ConfigError: a bad URL (see :func:`~durable_trio.open_backend`); with ``discover``,
+            a backend holding several namespaces.
         BrokerUnavailable: the backend cannot be reached.
     """
     async with AsyncExitStack() as stack:
@@ -734,6 +760,8 @@ async def open_operations(
             opened = backend
         else:
             raise TypeError(f"open_operations takes a URL or a Backend, not {backend!r}")
+        if namespace is None and discover:
+            namespace = await discover_namespace(opened)
         store = await stack.enter_async_context(
             open_run_store(opened, namespace or QueueNames(None).prefix)
         )

@@ -319,7 +319,9 @@ def _runner(
         async def main() -> int:
             namespace = resolve_namespace(args.namespace, args.app)
             url = args.backend or os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
-            async with open_operations(url, namespace=namespace, existing=True) as ops:
+            async with open_operations(
+                url, namespace=namespace, existing=True, discover=True
+            ) as ops:
                 return await command(ops, args)
 
         try:

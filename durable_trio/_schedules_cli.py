@@ -35,13 +35,14 @@ async def _list(schedules: Schedules, args: argparse.Namespace) -> int:
     if args.json:
         rows: list[dict[str, Any]] = []
         for info in infos:
-            entry: dict[str, Any] = {"name": info.name, "last_tick": info.last_tick,
-                                     "next_tick": info.next_tick, "error": info.error}  # fmt: skip
+            # camelCase, as every --json output (docs/operations.md, "JSON output")
+            entry: dict[str, Any] = {"name": info.name, "lastTick": info.last_tick,
+                                     "nextTick": info.next_tick, "error": info.error}  # fmt: skip
             if info.schedule is not None:
                 d = info.schedule
                 entry.update(workflow=d.workflow, cron=d.cron, every=d.every, input=d.input,
-                             timezone=d.timezone, catch_up=d.catch_up,
-                             max_catch_up=d.max_catch_up, paused=d.paused)  # fmt: skip
+                             timezone=d.timezone, catchUp=d.catch_up,
+                             maxCatchUp=d.max_catch_up, paused=d.paused)  # fmt: skip
             rows.append(entry)
         print(json.dumps(rows, indent=2))
         return 0
@@ -100,7 +101,9 @@ def _runner(
             app = load_app(args.app) if args.app else None
             namespace = resolve_namespace(args.namespace, args.app)
             url = args.backend or os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
-            async with open_operations(url, namespace=namespace, existing=existing) as ops:
+            async with open_operations(
+                url, namespace=namespace, existing=existing, discover=True
+            ) as ops:
                 return await command(Schedules(ops.store, time.time, app=app), args)
 
         try:

@@ -164,8 +164,17 @@ class StepServer:
                 output = await run_within_timeout(handler, task)
                 ok = True
             except Exception as exc:
+                retryable = getattr(exc, "retryable", True) is not False
                 if getattr(exc, "quiet", False) is True:  # stopped as asked (its run cancelled)
                     _log.info("step %r (job %s) stopped: %s", task.name, task.task_id, exc)
+                elif retryable and task.attempt < (task.max_attempts or 0):
+                    # An expected retry (a flaky call, a timeout): one line, no alarm; the
+                    # traceback at DEBUG, and at ERROR with the last attempt (docs/engine.md).
+                    _log.warning(
+                        "step %r attempt %d of %d (run %s) raised %r: the engine retries it",
+                        task.name, task.attempt, task.max_attempts, task.run_id, exc,
+                    )  # fmt: skip
+                    _log.debug("step %r attempt %d raised", task.name, task.attempt, exc_info=exc)
                 else:
                     self._report(
                         JobError(
@@ -179,7 +188,7 @@ class StepServer:
                     code=getattr(exc, "code", None)
                     if isinstance(getattr(exc, "code", None), str)
                     else None,
-                    retryable=getattr(exc, "retryable", True) is not False,
+                    retryable=retryable,
                 )
                 result = StepResult.failure(task, error, self._delivery(job))
                 attempt.end("failed", error.message)

@@ -133,6 +133,10 @@ class RemoteTask:
     on its declaration); the worker pushes beats at least three times as often."""
     last_heartbeat: JSONValue = None
     """The details of the previous attempt's last beat, if it beat."""
+    max_attempts: int | None = None
+    """Attempts the step's retry policy allows in all (the engine's, as the checkpoint stores
+    it); absent: unknown. A worker logs a retryable failure of an earlier attempt as one
+    WARNING line (the engine retries it) and keeps ERROR, with the traceback, for the last."""
 
     @property
     def idempotency_key(self) -> str:

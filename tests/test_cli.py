@@ -61,3 +61,13 @@ def test_examples_follow_the_environment_variable(
     )
     assert main(["examples", "run", "hi", "--backend", "memory://"]) == 0
     assert "✓ hi" in capsys.readouterr().out
+
+
+def test_every_example_summary_is_whole_sentences_without_markup() -> None:
+    from durable_trio._cli import _summary
+
+    for name, path in _discover().items():
+        summary = _summary(path)
+        assert summary.endswith("."), f"{name}: {summary!r} stops mid-sentence"
+        assert "`" not in summary, f"{name}: {summary!r} shows markup"
+        assert "\n" not in summary

@@ -223,6 +223,22 @@ def test_every_block_that_is_not_code_says_its_language() -> None:
     assert not unnamed, "give these blocks a language (text, sh, sql): " + ", ".join(unnamed)
 
 
+def test_every_python_block_a_reader_copies_is_a_valid_file() -> None:
+    """A reader pastes a block into a file and runs it: no top-level ``await`` or ``async
+    with`` (a ``SyntaxError`` there), ``trio.run(main)`` instead. (The evaluator above still
+    accepts top-level awaits, for the invisible blocks only the tests read.)"""
+    invalid = []
+    for page in PAGES:
+        for block_id, language, code in blocks(page):
+            if language != "python":
+                continue
+            try:
+                compile(code, block_id, "exec", dont_inherit=True)
+            except SyntaxError as error:
+                invalid.append(f"{block_id}: {error.msg}")
+    assert not invalid, "wrap these in `async def main()` + `trio.run(main)`: " + "; ".join(invalid)
+
+
 def test_every_shell_line_runs_or_is_covered_elsewhere() -> None:
     # What the shell evaluator refuses, listed up front: no page can hide a line that nothing
     # runs (it would fail only when its page's test reaches it).

@@ -37,6 +37,7 @@ from durable_trio._engine import (
     open_worker,
     step_info,
 )
+from durable_trio._engine._retry import StoredRetry
 from durable_trio._engine._stores.memory import MemoryRunStore
 from durable_trio._engine.cli import add_engine_commands, load_app
 from durable_trio.keys.memory import MemoryKeyStore
@@ -908,6 +909,18 @@ def test_retry_schedule_is_exponential_capped_and_reproducible_with_a_seed() -> 
 def test_retry_rejects_options_that_cannot_work(kwargs: dict[str, Any]) -> None:
     with pytest.raises(dt.ConfigError):
         Retry(**kwargs)
+
+
+def test_a_retry_cap_follows_initial_and_refuses_to_sit_below_it() -> None:
+    """``Retry(initial=600)`` waits 600 s (it waited the default cap's 60); a cap set below
+    ``initial`` is refused; a checkpoint stored with one keeps its delays and its attempts."""
+    assert Retry(initial=600.0, jitter=0.0).schedule() == [600.0, 600.0]
+    assert Retry(initial=5.0, jitter=0.0).max_delay == 60.0
+    with pytest.raises(dt.ConfigError, match=r"max_delay \(60.0 s\) is below initial \(600.0"):
+        Retry(initial=600.0, max_delay=60.0)
+    old = {"maxAttempts": 7, "initial": 600.0, "multiplier": 2.0, "maxDelay": 60.0, "jitter": 0}
+    stored = StoredRetry.from_json(old).policy
+    assert (stored.max_attempts, stored.schedule()) == (7, [60.0] * 6)
 
 
 def test_retry_matches_non_retryable_types_and_names() -> None:

@@ -6,6 +6,8 @@ and ``Engine.waiting``. Exact virtual times (autojump_clock, memory backend)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import typing
 from typing import TYPE_CHECKING, Any
 
@@ -471,3 +473,43 @@ async def test_a_remote_workflows_step_timeout_reaches_the_checkpoint_and_the_wo
     assert log == [("start 1", 0.0), ("cancelled 1", 2.0)]
     assert history[0].retry["timeouts"] == {"startToClose": 2.0}
     assert history[0].error["code"] == "StepTimedOut"
+
+
+async def test_an_expected_retry_is_one_warning_and_the_last_failure_an_error(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A flaky step and a timed-out one: each earlier attempt is one WARNING line (no
+    traceback at that level), the last attempt's failure is the ERROR with the traceback."""
+    app = dt.App("shop")
+
+    @app.step("flaky", retry=dt.Retry(max_attempts=3, initial=1.0, jitter=0.0))
+    async def flaky(_: int) -> int:
+        raise RuntimeError("boom")
+
+    @app.step("slow", timeout=1.0, retry=dt.Retry(max_attempts=2, initial=1.0, jitter=0.0))
+    async def slow(_: int) -> int:
+        await trio.sleep(5)
+        return 0
+
+    @app.workflow("both")
+    async def both(ctx: dt.WorkflowContext, _: int) -> str:
+        for name in ("flaky", "slow"):
+            with contextlib.suppress(dt.StepFailed):
+                await ctx.step(name, 0)
+        return "done"
+
+    caplog.set_level(logging.INFO, logger="durable_trio")
+    async with dt.open_backend("memory://") as backend:
+        async with dt.open_worker(app, backend), dt.open_engine(app, backend) as engine:
+            assert await engine.result(await engine.start("both", 0)) == "done"
+    mine = [r for r in caplog.records if r.name == "durable_trio"]
+    warnings = [r.getMessage() for r in mine if r.levelno == logging.WARNING]
+    errors = [r for r in mine if r.levelno == logging.ERROR]
+    assert [w.split(" (run ")[0] for w in warnings] == [
+        "step 'flaky' attempt 1 of 3",
+        "step 'flaky' attempt 2 of 3",
+        "step 'slow' attempt 1 of 2",
+    ]
+    assert all(r.exc_info is None for r in mine if r.levelno == logging.WARNING)
+    assert [r.getMessage().split(" raised ")[0] for r in errors] == ["step 'flaky'", "step 'slow'"]
+    assert all(r.exc_info is not None for r in errors)

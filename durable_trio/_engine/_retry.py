@@ -39,6 +39,24 @@ def _check_types(_: Any, attribute: attrs.Attribute[Any], value: tuple[Any, ...]
             raise ConfigError(f"Retry.non_retryable holds exception types, not {item!r}")
 
 
+def _check_cap(instance: Retry, attribute: attrs.Attribute[Any], value: float) -> None:
+    _check_seconds(instance, attribute, value)
+    initial = instance.initial
+    if isinstance(initial, int | float) and value < initial:
+        raise ConfigError(
+            f"Retry.max_delay ({value!r} s) is below initial ({initial!r} s): every delay would "
+            "be capped below the first; raise max_delay, or leave it out (it then follows "
+            "initial)"
+        )
+
+
+def _default_cap(instance: Retry) -> float:
+    """60 s, or ``initial`` when that is longer: ``Retry(initial=600)`` waits 600 s, as asked,
+    not the default cap's 60 (docs/decisions.md, "A retry's cap follows its initial delay")."""
+    initial = instance.initial
+    return float(initial) if isinstance(initial, int | float) and initial > 60.0 else 60.0
+
+
 def _as_tuple(value: Any) -> tuple[Any, ...]:
     if isinstance(value, type):
         return (value,)
@@ -69,8 +87,11 @@ class Retry:
     """Seconds before the first retry."""
     multiplier: float = attrs.field(default=2.0, validator=_check_multiplier)
     """Each further retry waits this many times longer (1 = a constant delay)."""
-    max_delay: float = attrs.field(default=60.0, validator=_check_seconds)
-    """The cap on any one delay (before jitter)."""
+    max_delay: float = attrs.field(
+        default=attrs.Factory(_default_cap, takes_self=True), validator=_check_cap
+    )
+    """The cap on any one delay (before jitter): 60 s, or ``initial`` when that is longer. A
+    cap below ``initial`` is a :class:`ConfigError`."""
     jitter: float = attrs.field(default=0.2, validator=_check_jitter)
     """Each delay is shortened by a random fraction in ``[0, jitter)`` of itself (0 = exact)."""
     non_retryable: tuple[type[BaseException], ...] = attrs.field(
@@ -149,11 +170,14 @@ class StoredRetry:
         if not isinstance(data, dict):
             return cls(Retry(), frozenset())
         try:
+            max_delay = float(data.get("maxDelay", 60.0))
             policy = Retry(
                 max_attempts=int(data.get("maxAttempts", 3)),
-                initial=float(data.get("initial", 1.0)),
+                # A checkpoint written before a cap below initial was refused: the same delays
+                # (every one the cap), not the default policy.
+                initial=min(float(data.get("initial", 1.0)), max_delay),
                 multiplier=float(data.get("multiplier", 2.0)),
-                max_delay=float(data.get("maxDelay", 60.0)),
+                max_delay=max_delay,
                 jitter=float(data.get("jitter", 0.2)),
             )
         except (ConfigError, TypeError, ValueError):

@@ -400,6 +400,7 @@ class EngineServices:
             timeout=timeouts.timeout,
             heartbeat_timeout=record.heartbeat_timeout,
             last_heartbeat=previous_details(record),
+            max_attempts=_max_attempts(record.retry),
         )
         with telemetry.dispatching(record.run_id):  # the job carries the run's trace context
             job_id = await self.guard(
@@ -426,3 +427,9 @@ class EngineServices:
             lambda: self.transport.remote.dispatch_workflow_task(task),
             "dispatching a workflow turn",
         )
+
+
+def _max_attempts(policy: Any) -> int | None:
+    """The attempts a stored policy (:meth:`Retry.to_json`) allows, for the task's log level."""
+    value = policy.get("maxAttempts") if isinstance(policy, dict) else None
+    return value if type(value) is int and value >= 1 else None

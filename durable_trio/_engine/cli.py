@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import traceback
 import uuid
 from contextlib import AsyncExitStack
 from functools import partial
@@ -70,8 +71,18 @@ def load_app(target: str) -> App:
             spec.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
+    except ConfigError:
+        raise
     except (ImportError, OSError) as exc:
         raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
+    except Exception as exc:  # the module's own code failed: one line, not its traceback
+        where = ""
+        frames = traceback.extract_tb(exc.__traceback__)
+        if frames:
+            where = f" (at {frames[-1].filename}:{frames[-1].lineno})"
+        raise ConfigError(
+            f"cannot import {module_name!r}: {type(exc).__name__}: {exc}{where}"
+        ) from exc
     if not hasattr(module, attribute):
         raise ConfigError(f"module {module_name!r} has no attribute {attribute!r} (say MODULE:app)")
     app = getattr(module, attribute)

@@ -36,6 +36,15 @@ class RunStores(Protocol):
         """
         ...
 
+    async def namespaces(self) -> list[str]:
+        """The namespaces that hold runs or schedules in this backend, sorted (what the
+        ``durable-trio`` commands pick from when no namespace is given).
+
+        Raises:
+            BrokerError: the backend could not be read.
+        """
+        ...
+
 
 @attrs.define(eq=False)
 class MemoryRunStores:
@@ -55,6 +64,16 @@ class MemoryRunStores:
         if store is None:
             store = self._by_namespace[namespace] = MemoryRunStore()
         yield store
+
+    async def namespaces(self) -> list[str]:
+        """The namespaces whose store holds a run or a schedule."""
+        return sorted(
+            [
+                namespace
+                for namespace, store in self._by_namespace.items()
+                if await store.count_runs() or await store.get_schedules()
+            ]
+        )
 
 
 @attrs.define(eq=False)

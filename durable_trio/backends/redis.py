@@ -59,6 +59,43 @@ class RedisRunStores:
             with trio.CancelScope(shield=True):
                 await store.aclose()
 
+    async def namespaces(self) -> list[str]:
+        """The namespaces with a run index or a schedule hash, found by ``SCAN`` on every
+        master (an operator's command, not a hot path: it reads key names only)."""
+        if isinstance(self.client, RedisClusterClient):
+            await self.client.execute("PING")  # the slot map, read on the first command
+            masters = self.client.slot_map.masters
+            clients = [await self.client.pool(node.address) for node in masters]
+        else:
+            clients = [self.client]
+        found: set[str] = set()
+        for client in clients:
+            for suffix in ("all", "schedules"):
+                cursor = b"0"
+                while True:
+                    reply = await client.execute(
+                        "SCAN", cursor, "MATCH", f"{{{_RUNS_TAG}*}}:{suffix}", "COUNT", 1000
+                    )
+                    cursor = reply[0]
+                    found.update(_namespace_of(key, self.shards) for key in reply[1])
+                    if cursor in (b"0", "0", 0):
+                        break
+        found.discard("")
+        return sorted(found)
+
+
+_RUNS_TAG = "dt-runs:"
+
+
+def _namespace_of(key: bytes | str, shards: int) -> str:
+    """``NS`` of ``{dt-runs:NS}:...`` (``{dt-runs:NS:K}:...`` with shards); ``""`` if not one."""
+    text = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+    end = text.rfind("}:")
+    if not text.startswith("{" + _RUNS_TAG) or end < 0:
+        return ""
+    inner = text[len(_RUNS_TAG) + 1 : end]
+    return inner.rsplit(":", 1)[0] if shards > 1 else inner
+
 
 @asynccontextmanager
 async def open_redis_backend(

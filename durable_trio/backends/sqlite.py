@@ -14,7 +14,7 @@ from urllib.parse import SplitResult, urlsplit
 import attrs
 import trio
 
-from .._engine._stores.sqlite import SqliteRunStore
+from .._engine._stores.sqlite import SqliteRunStore, stored_namespaces
 from .._errors import ConfigError
 from .._redact import redact_url
 from ..adapters.sqlite import SqliteBroker
@@ -92,6 +92,10 @@ class SqliteRunStores:
         finally:
             with trio.CancelScope(shield=True):
                 await store.aclose()
+
+    async def namespaces(self) -> list[str]:
+        """The namespaces with a run or a schedule in the file."""
+        return await stored_namespaces(self.broker)
 
 
 @asynccontextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 from functools import partial
 from typing import TYPE_CHECKING, cast
 
@@ -29,8 +30,23 @@ __all__ = ["GRACEFUL_TIMEOUT", "run_console", "serve_console"]
 GRACEFUL_TIMEOUT = 2.0
 
 
-def _bind(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+def _listening_socket(host: str, port: int) -> str:
+    """Bind ``host:port`` here and hand the socket to hypercorn as ``fd://N``.
+
+    hypercorn binds by itself otherwise, and leaves the socket of a failed bind (a port in use)
+    unclosed; bound here, a failed bind closes its socket and raises the plain ``OSError``
+    (``[Errno 98] Address already in use``), and hypercorn owns the socket that bound.
+    """
+    bare = host.strip("[]")
+    sock = socket.socket(socket.AF_INET6 if ":" in bare else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((bare, port))
+    except BaseException:
+        sock.close()
+        raise
+    return f"fd://{sock.detach()}"
 
 
 async def serve_console(
@@ -64,7 +80,7 @@ async def serve_console(
     if not 0 <= port <= 65535:
         raise ConfigError(f"port must be 0..65535, not {port}")
     config = Config()
-    config.bind = [_bind(host, port)]
+    config.bind = [_listening_socket(host, port)]
     config.graceful_timeout = GRACEFUL_TIMEOUT
     config.accesslog = None
     config.errorlog = logging.getLogger("durable_trio.console.server")
@@ -103,15 +119,15 @@ async def run_console(
     Args:
         url: the backend URL (``memory://``, ``sqlite:///...``, ``redis://...``); a SQLite
             file must exist already (the console makes none).
-        namespace: the namespace to show (the operations' default when ``None``).
+        namespace: the namespace to show; ``None``: the only one the backend holds (several:
+            a :class:`ConfigError` naming them), or ``"durable"`` when it holds none.
         announce: called once with the console's base URL when it listens.
 
     Raises:
         ConfigError: as :func:`serve_console`, checked before the backend is opened.
     """
     check_exposure(host, token)
-    options = {} if namespace is None else {"namespace": namespace}
-    async with open_operations(url, existing=True, **options) as ops:
+    async with open_operations(url, existing=True, namespace=namespace, discover=True) as ops:
         async with close_on_signals() as signals:
             async with trio.open_nursery() as nursery:
                 base = await nursery.start(

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     import os
     from collections.abc import Sequence
 
-__all__ = ["SqliteRunStore"]
+__all__ = ["SqliteRunStore", "stored_namespaces"]
 
 _SCHEMA: Final = (
     """
@@ -1011,3 +1011,29 @@ class SqliteRunStore:
     async def get_events(self, run_id: str) -> dict[str, str]:
         result: dict[str, str] = await self._read(partial(_op_get_events, self._ns, run_id))
         return result
+
+
+def _op_namespaces(connection: sqlite3.Connection) -> list[str]:
+    tables = {
+        row[0]
+        for row in connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN "
+            "('dt_runs', 'dt_schedules')"
+        )
+    }
+    found: set[str] = set()
+    for table in sorted(tables):  # a file a worker made alone has no run tables yet
+        rows = connection.execute(f"SELECT DISTINCT namespace FROM {table}")
+        found.update(row[0] for row in rows)
+    return sorted(found)
+
+
+async def stored_namespaces(broker: SqliteBroker) -> list[str]:
+    """The namespaces with a run or a schedule in ``broker``'s file, sorted.
+
+    Raises:
+        BrokerUnavailable: the broker is closed or the file cannot be read.
+    """
+    if broker.closed:
+        raise BrokerUnavailable(f"the SQLite broker on {broker.path!r} is closed")
+    return await broker.connection.call(_op_namespaces, write=False)
