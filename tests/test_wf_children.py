@@ -626,3 +626,48 @@ async def test_runs_retry_of_a_remote_parent_retries_its_failed_child(
         with trio.fail_after(30):
             assert await engine.result("r") == "shipped q"
         assert (await engine.get("r/1")).status is RunStatus.COMPLETED
+
+
+# --------------------------------------------------------------------------- a parent timed out
+
+
+def _child_of(steps: list[Any]) -> str:
+    [child] = [s.input["runId"] for s in steps if s.kind is StepKind.CHILD]
+    return str(child)
+
+
+async def test_a_parent_failed_by_its_run_timeout_cancels_its_child(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app, _ = shop()
+    async with running(app, "memory://") as engine:
+        await engine.start("order", {"id": "p", "seconds": 100}, run_id="t", timeout=10)
+        with pytest.raises(dt.RunFailed) as failed:
+            await engine.result("t")
+        assert failed.value.error_type == "RunTimedOut"
+        child = await engine.get(_child_of(await engine.history("t")))
+        assert trio.current_time() == 10.0
+    assert child.status is RunStatus.CANCELLED
+    assert child.error is not None
+    assert child.error["message"] == "parent run 't' timed out"
+
+
+async def test_a_parent_found_past_its_timeout_after_a_restart_cancels_its_child(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The engine driving the parent stops before the deadline; the next one, opened after
+    it, fails the parent at once and its child with it (no orphan across restarts)."""
+    app, _ = shop()
+    async with dt.open_backend("memory://") as backend:
+        async with open_worker(app, backend):
+            async with open_engine(app, backend, engine_id="first", release_on_close=False) as e1:
+                await e1.start("order", {"id": "p", "seconds": 100}, run_id="t", timeout=10)
+                await trio.sleep(2)
+            await trio.sleep(30)  # past the deadline, and past the first engine's run lease
+            async with open_engine(app, backend, engine_id="second") as e2:
+                with pytest.raises(dt.RunFailed):
+                    await e2.result("t")
+                child = _child_of(await e2.history("t"))
+                with pytest.raises(dt.RunCancelled):
+                    await e2.result(child)
+                assert (await e2.get(child)).status is RunStatus.CANCELLED

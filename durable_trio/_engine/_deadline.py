@@ -7,7 +7,8 @@ once, without being driven again.
 
 At the deadline the engine driving the run settles it failed with a ``RunTimedOut`` error (the
 first settle wins: a run that ended meanwhile is left as it ended), stops its driver where it
-waits, and asks the workers (best-effort, as a cancel does) to cancel the run's running steps.
+waits, cancels its unfinished children that were not abandoned (as any end of a parent does),
+and asks the workers (best-effort, as a cancel does) to cancel the run's running steps.
 What arrives for the run afterwards (a late step result, a turn's decision) finds it over and
 is ignored, as for any run that ended.
 """
@@ -21,6 +22,7 @@ import trio
 from .._errors import BrokerError, TransportClosed
 from .._telemetry import run_span
 from .._wire import ControlMessage
+from ._children import cancel_children
 from ._records import RunStatus, StepState
 
 if TYPE_CHECKING:
@@ -71,6 +73,14 @@ async def time_out(
     services.count("runs_timed_out")
     if driver is not None:
         driver.scope.cancel()
+    # No orphans: its unfinished children go as they would with any other end of the parent
+    # (unless started with on_parent_cancel="abandon"), here and on a takeover after a restart.
+    cancel = getattr(services, "cancel_run", None)
+    if cancel is not None:
+        await services.guard(
+            lambda: cancel_children(services.store, run.run_id, cancel, ended="timed out"),
+            "cancelling children",
+        )
     try:
         await services.transport.remote.send_control(
             ControlMessage(action="cancel", run_id=run.run_id)
