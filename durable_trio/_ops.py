@@ -20,6 +20,7 @@ import attrs
 import orjson
 import trio
 
+from ._arguments import check_seconds
 from ._codec import encode_envelope
 from ._engine._cancel import mark_in_store
 from ._engine._children import cancel_children
@@ -497,7 +498,11 @@ class Operations:
 
         Raises:
             RunNotFound: no such run.
+            ConfigError: ``grace`` is negative, NaN or infinite (``0``, not a negative
+                number, is "settle it at once, without compensation").
+            TypeError: ``grace`` is not a number.
         """
+        grace = check_seconds(grace, "cancel_run", "grace")
         run = await self.store.get_run(run_id)
         if run is None:
             raise RunNotFound(run_id)

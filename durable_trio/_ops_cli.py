@@ -216,9 +216,13 @@ async def _runs_signal(ops: Operations, args: argparse.Namespace) -> int:
 
 
 async def _runs_cancel(ops: Operations, args: argparse.Namespace) -> int:
+    from ._arguments import check_seconds
     from ._ops import CANCEL_GRACE
 
-    grace = CANCEL_GRACE if args.grace is None else args.grace
+    # -1 or nan must not pass for "0: no compensation" (issue 36): one line, exit status 2.
+    grace = CANCEL_GRACE
+    if args.grace is not None:
+        grace = check_seconds(args.grace, "runs cancel", "--grace")
     cancelled = await ops.cancel_run(
         args.run_id, reason=args.reason, grace=grace, wait=not args.no_wait
     )
