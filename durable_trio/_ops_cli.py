@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._errors import ConfigError
+from ._errors import ConfigError, PayloadError
 
 if TYPE_CHECKING:
     import argparse
@@ -202,10 +202,14 @@ async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
 
 
 async def _runs_signal(ops: Operations, args: argparse.Namespace) -> int:
+    from ._json_values import parse_json_argument
+
     try:
-        payload = json.loads(args.payload) if args.payload is not None else None
-    except ValueError as exc:
-        print(f"error: PAYLOAD-JSON is not JSON: {exc}", file=sys.stderr)
+        payload = None
+        if args.payload is not None:
+            payload = parse_json_argument(args.payload, "PAYLOAD-JSON")
+    except PayloadError as exc:  # not JSON, or nested too deep: one line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     seq = await ops.signal_run(args.run_id, args.name, payload)
     if args.json:

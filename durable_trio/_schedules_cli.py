@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._errors import ConfigError
 from ._ops_cli import DEFAULT_BACKEND, _common, _time, resolve_namespace, table
 
 if TYPE_CHECKING:
@@ -62,10 +61,9 @@ async def _list(schedules: Schedules, args: argparse.Namespace) -> int:
 
 
 async def _add(schedules: Schedules, args: argparse.Namespace) -> int:
-    try:
-        value = None if args.input is None else json.loads(args.input)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--input is not JSON: {exc}") from exc
+    from ._json_values import parse_json_argument
+
+    value = None if args.input is None else parse_json_argument(args.input, "--input")
     stored = await schedules.add(
         args.name, args.workflow, cron=args.cron, every=args.every, input=value,
         timezone=args.timezone, catch_up=args.catch_up, max_catch_up=args.max_catch_up,
