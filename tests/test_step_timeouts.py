@@ -252,6 +252,41 @@ async def test_a_misspelt_step_name_is_reported_within_the_default_bound(
     )
 
 
+async def test_unstarted_reports_are_one_per_queue_per_interval_with_a_count(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No worker serves the queue (a worker paused or down) while 10 runs a second wait on
+    it: once one report per attempt (300 lines in 30 s); now one per queue per 10 s, each
+    counting the attempts it stands for. Another queue is reported on its own."""
+    app = App("shop")
+
+    @app.workflow("order")
+    async def order(ctx: WorkflowContext, step: str) -> Any:
+        return await ctx.step(step, 1)
+
+    errors = Errors()
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(app, backend, on_error=errors) as engine:
+            for i in range(300):
+                await trio.sleep_until(i / 10)
+                await engine.start("order", "charge", run_id=f"r{i}")
+            await engine.start("order", "refund", run_id="other")  # at 29.9
+            await trio.sleep_until(60)
+            stats = engine.statistics()
+    seen = [e for e in errors.seen if isinstance(e, StepNotStarted)]
+    assert len(seen) == len(errors.seen)
+    assert [(e.name, e.run_id, e.suppressed) for e in seen] == [
+        ("charge", "r0", 0),  # due at 10.0
+        ("charge", "r100", 99),  # 20.0: the 99 due in 10.1 .. 19.9
+        ("charge", "r200", 99),  # 30.0
+        ("refund", "other", 0),  # 39.9: its own queue
+    ]
+    assert "(99 more attempt(s) on this queue found waiting since the last report" in str(
+        seen[1]
+    )
+    assert stats.steps_unstarted_reported == 301  # every attempt counted
+
+
 async def test_a_backlog_with_a_live_worker_is_not_reported(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
