@@ -262,10 +262,13 @@ async def _jobs_failed(ops: Operations, args: argparse.Namespace) -> int:
         return 0
     rows = [
         [j.queue, j.job.id, _time(j.job.failed_at), str(j.job.attempts),
-         str(j.job.stalled_count), _short(j.job.error, 60)]
+         str(j.job.stalled_count), _short(j.job.error, 60),
+         # A job of an ended run is its evidence, not a live failure: say whose it is.
+         "—" if j.run_status is None else f"{j.run_id} ({j.run_status})"]
         for j in jobs
     ]  # fmt: skip
-    print(table(["queue", "job", "failed at", "attempts", "stalls", "error"], rows), end="")
+    headers = ["queue", "job", "failed at", "attempts", "stalls", "error", "run"]
+    print(table(headers, rows), end="")
     return 0
 
 
