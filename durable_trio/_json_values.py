@@ -22,7 +22,14 @@ import orjson
 
 from ._errors import PayloadError
 
-__all__ = ["MAX_JSON_DEPTH", "check_json", "is_json", "json_error", "read_within"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "check_json",
+    "is_json",
+    "json_error",
+    "parse_json_argument",
+    "read_within",
+]
 
 #: The deepest an input, an output, a local step's result or an error's details may nest
 #: (``[]`` and ``{}`` are one level, a scalar none). Far below the 254 levels ``orjson`` writes,
@@ -222,3 +229,25 @@ def check_json(
         raise json_error(value, what, path, max_depth) or PayloadError(
             f"{what} is not JSON-serialisable", path=path
         )
+
+
+def parse_json_argument(text: str, what: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Read JSON text a user typed (a command's ``PAYLOAD-JSON`` or ``--input``) as a JSON
+    value, with one clear error whatever the text: ``json.loads`` recurses once per level, so
+    ``[[[[...`` 100,000 deep is a ``RecursionError`` there, never a traceback here.
+
+    Raises:
+        PayloadError: ``what`` is not JSON, nests deeper than ``max_depth``, or holds what
+            :func:`check_json` refuses (NaN, an integer past 64 bits).
+    """
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise PayloadError(
+            f"{what} is not JSON-serialisable: nested deeper than {max_depth} levels of "
+            "arrays and objects"
+        ) from None
+    except ValueError as exc:
+        raise PayloadError(f"{what} is not JSON: {exc}") from None
+    check_json(value, what, max_depth=max_depth)
+    return value

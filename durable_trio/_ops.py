@@ -20,6 +20,7 @@ import attrs
 import orjson
 import trio
 
+from ._arguments import check_seconds
 from ._codec import encode_envelope
 from ._engine._cancel import mark_in_store
 from ._engine._children import cancel_children
@@ -176,6 +177,22 @@ class FailedJobView:
     queue: str
     job: FailedJob
     """What the broker keeps: id, bytes, error, when, attempts, stalls."""
+    run_status: str | None = None
+    """The status of the run its step task belongs to, as the run store has it now
+    (``None``: not a step task, or no such run). A job set aside after its run ended
+    (``completed`` when another claim of it answered first: its worker stopped renewing,
+    and the broker took it back until it gave up) is the evidence of a finished run, not
+    a live failure."""
+
+    @property
+    def run_id(self) -> str | None:
+        """The run its step task belongs to, if it is one that says."""
+        envelope = self.envelope
+        if not isinstance(envelope, dict) or envelope.get("kind", "task") != "task":
+            return None
+        payload = envelope.get("payload")
+        run_id = payload.get("runId") if isinstance(payload, dict) else None
+        return run_id if isinstance(run_id, str) else None
 
     @property
     def envelope(self) -> Any:
@@ -198,6 +215,8 @@ class FailedJobView:
             "stalledCount": job.stalled_count,
             "stalls": [{"at": s.at, "worker": s.worker, "counted": s.counted} for s in job.stalls],
             "kind": envelope.get("kind") if isinstance(envelope, dict) else None,
+            "runId": self.run_id,
+            "runStatus": self.run_status,
             "data": envelope if envelope is not None else job.data.decode(errors="replace"),
         }
 
@@ -497,7 +516,11 @@ class Operations:
 
         Raises:
             RunNotFound: no such run.
+            ConfigError: ``grace`` is negative, NaN or infinite (``0``, not a negative
+                number, is "settle it at once, without compensation").
+            TypeError: ``grace`` is not a number.
         """
+        grace = check_seconds(grace, "cancel_run", "grace")
         run = await self.store.get_run(run_id)
         if run is None:
             raise RunNotFound(run_id)
@@ -596,7 +619,9 @@ class Operations:
         self, queue: str | None = None, *, limit: int = 100
     ) -> list[FailedJobView]:
         """The jobs set aside (failed for good), newest first, with their evidence: of
-        ``queue``, or of every queue of the namespace (``None``).
+        ``queue``, or of every queue of the namespace (``None``); a step task's with the
+        status of its run (:attr:`FailedJobView.run_status`: a job of a finished run is not
+        a live failure).
 
         Raises:
             ConfigError: the broker keeps no failed jobs, or ``limit`` < 1.
@@ -613,7 +638,20 @@ class Operations:
                 FailedJobView(name, job) for job in await broker.failed_jobs(name, limit=limit)
             )
         found.sort(key=lambda view: view.job.failed_at, reverse=True)
-        return found[:limit]
+        return await self._with_run_status(found[:limit])
+
+    async def _with_run_status(self, views: list[FailedJobView]) -> list[FailedJobView]:
+        """``views`` with the status of each step task's run (one read per run)."""
+        statuses: dict[str, str | None] = {}
+        labelled = []
+        for view in views:
+            run_id = view.run_id
+            if run_id is not None and run_id not in statuses:
+                run = await self.store.get_run(run_id)
+                statuses[run_id] = None if run is None else run.status.value
+            status = statuses.get(run_id) if run_id is not None else None
+            labelled.append(attrs.evolve(view, run_status=status))
+        return labelled
 
     def _repair(self) -> SupportsFailedJobRepair:
         broker = self.backend.broker

@@ -49,6 +49,35 @@ class AttemptView:
     """The attempt's last beat (``{"at", "sentAt", ...}``), if it beat."""
     worker: str | None = None
     """The worker instance that ran it, when known (from its result or its beats)."""
+    deliveries: int = 1
+    """How many claims of its task ran it, as far as the result applied says: more than 1
+    when the broker took the task back from a claim whose lease it lost (a worker blocked or
+    stopped) and handed it out again, one attempt number for all of them."""
+    stalls: JSONValue = None
+    """Those earlier claims, ``{"at", "worker"}`` each (the newest 10), when known."""
+    lease_lost_at: float | None = None
+    """When the lease of the claim whose result was applied was lost while it ran (its task
+    was, or may be, run again by another claim)."""
+
+    def redelivery_note(self) -> str | None:
+        """One line on this attempt's extra runs, or ``None`` (one claim, unbroken)."""
+        if self.deliveries <= 1 and self.lease_lost_at is None:
+            return None
+        parts = []
+        if self.deliveries > 1:
+            lost = [
+                f"{s.get('worker') or 'an unknown worker'} at {s.get('at')}"
+                for s in (self.stalls if isinstance(self.stalls, list) else [])
+                if isinstance(s, dict)
+            ]
+            taken = f" (taken back from {', '.join(lost)})" if lost else ""
+            parts.append(f"ran on {self.deliveries} claims of its task{taken}")
+        if self.lease_lost_at is not None:
+            parts.append(
+                f"the lease of the claim that answered was lost at {self.lease_lost_at} while "
+                "it ran, so its task may have run again"
+            )
+        return f"attempt {self.attempt} " + "; ".join(parts)
 
     @property
     def duration(self) -> float | None:
@@ -68,6 +97,9 @@ class AttemptView:
             "error": self.error,
             "heartbeat": self.heartbeat,
             "worker": self.worker,
+            "deliveries": self.deliveries,
+            "stalls": self.stalls,
+            "leaseLostAt": self.lease_lost_at,
         }
 
 
@@ -85,6 +117,7 @@ def _logged(entry: Any) -> AttemptView | str:
     if type(attempt) is not int or attempt < 1 or not isinstance(outcome, str):
         return f"attempt log entry damaged, skipped: {repr(entry)[:80]}"
     worker = entry.get("worker")
+    deliveries = entry.get("deliveries")
     return AttemptView(
         attempt,
         outcome,
@@ -93,6 +126,9 @@ def _logged(entry: Any) -> AttemptView | str:
         error=entry.get("error"),
         heartbeat=entry.get("heartbeat"),
         worker=worker if isinstance(worker, str) else None,
+        deliveries=deliveries if type(deliveries) is int and deliveries > 1 else 1,
+        stalls=entry.get("stalls"),
+        lease_lost_at=_number(entry.get("leaseLostAt")),
     )
 
 
@@ -147,6 +183,9 @@ def attempt_views(
             notes.append(view)
         else:
             logged[view.attempt] = view
+            redelivered = view.redelivery_note()
+            if redelivered is not None:
+                notes.append(redelivered)
     if logged:
         first = min(logged)
         if first > 1:

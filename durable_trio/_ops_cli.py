@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._errors import ConfigError
+from ._errors import ConfigError, PayloadError
 from ._terminal import visible
 
 if TYPE_CHECKING:
@@ -208,10 +208,14 @@ async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
 
 
 async def _runs_signal(ops: Operations, args: argparse.Namespace) -> int:
+    from ._json_values import parse_json_argument
+
     try:
-        payload = json.loads(args.payload) if args.payload is not None else None
-    except ValueError as exc:
-        print(f"error: PAYLOAD-JSON is not JSON: {exc}", file=sys.stderr)
+        payload = None
+        if args.payload is not None:
+            payload = parse_json_argument(args.payload, "PAYLOAD-JSON")
+    except PayloadError as exc:  # not JSON, or nested too deep: one line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     seq = await ops.signal_run(args.run_id, args.name, payload)
     if args.json:
@@ -222,9 +226,13 @@ async def _runs_signal(ops: Operations, args: argparse.Namespace) -> int:
 
 
 async def _runs_cancel(ops: Operations, args: argparse.Namespace) -> int:
+    from ._arguments import check_seconds
     from ._ops import CANCEL_GRACE
 
-    grace = CANCEL_GRACE if args.grace is None else args.grace
+    # -1 or nan must not pass for "0: no compensation" (issue 36): one line, exit status 2.
+    grace = CANCEL_GRACE
+    if args.grace is not None:
+        grace = check_seconds(args.grace, "runs cancel", "--grace")
     cancelled = await ops.cancel_run(
         args.run_id, reason=args.reason, grace=grace, wait=not args.no_wait
     )
@@ -260,10 +268,13 @@ async def _jobs_failed(ops: Operations, args: argparse.Namespace) -> int:
         return 0
     rows = [
         [j.queue, j.job.id, _time(j.job.failed_at), str(j.job.attempts),
-         str(j.job.stalled_count), _short(j.job.error, 60)]
+         str(j.job.stalled_count), _short(j.job.error, 60),
+         # A job of an ended run is its evidence, not a live failure: say whose it is.
+         "—" if j.run_status is None else f"{j.run_id} ({j.run_status})"]
         for j in jobs
     ]  # fmt: skip
-    print(table(["queue", "job", "failed at", "attempts", "stalls", "error"], rows), end="")
+    headers = ["queue", "job", "failed at", "attempts", "stalls", "error", "run"]
+    print(table(headers, rows), end="")
     return 0
 
 

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._errors import ConfigError
 from ._ops_cli import DEFAULT_BACKEND, _common, _time, resolve_namespace, table
 
 if TYPE_CHECKING:
@@ -53,7 +52,9 @@ async def _list(schedules: Schedules, args: argparse.Namespace) -> int:
             lines.append([info.name, "—", "DAMAGED", "—", "—", _time(info.last_tick)])
             continue
         when = s.cron + f" ({s.timezone})" if s.cron is not None else f"every {s.every:g} s"
-        state = "paused" if s.paused else s.catch_up
+        state: str = "paused" if s.paused else s.catch_up
+        if info.error is not None:  # listed with --app: engines of that app skip it
+            state = "unknown workflow"
         lines.append([info.name, s.workflow, when, state, _time(info.next_tick),
                       _time(info.last_tick)])  # fmt: skip
     print(table(["name", "workflow", "when", "state", "next tick", "last tick"], lines), end="")
@@ -61,10 +62,9 @@ async def _list(schedules: Schedules, args: argparse.Namespace) -> int:
 
 
 async def _add(schedules: Schedules, args: argparse.Namespace) -> int:
-    try:
-        value = None if args.input is None else json.loads(args.input)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--input is not JSON: {exc}") from exc
+    from ._json_values import parse_json_argument
+
+    value = None if args.input is None else parse_json_argument(args.input, "--input")
     stored = await schedules.add(
         args.name, args.workflow, cron=args.cron, every=args.every, input=value,
         timezone=args.timezone, catch_up=args.catch_up, max_catch_up=args.max_catch_up,
@@ -130,7 +130,7 @@ def add_schedule_commands(
     add.add_argument("workflow", metavar="WORKFLOW")
     when = add.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", help='a cron expression, e.g. "0 3 * * *"')
-    when.add_argument("--every", type=float, help="seconds between ticks")
+    when.add_argument("--every", type=float, help="seconds between ticks (1 to 31622400)")
     add.add_argument("--timezone", default="UTC", help="the cron's IANA time zone (UTC)")
     add.add_argument("--input", help="each run's JSON input")
     add.add_argument("--catch-up", default="skip", choices=("skip", "once", "all"),

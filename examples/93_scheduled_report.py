@@ -1,4 +1,4 @@
-"""A scheduled job: a report every 0.5 s, its tick fixing its run id (cron= in production).
+"""A scheduled job: a report every second, its tick fixing its run id (cron= in production).
 
 A real schedule would say ``cron="0 3 * * *", timezone="Europe/Paris"``; the demo waits for 3
 ticks, each of which started exactly one run."""
@@ -17,7 +17,7 @@ from durable_trio import App, WorkflowContext, open_engine, open_worker
 app = App("reports")
 
 #: Seconds between ticks (ticks fall on multiples of it since the Unix epoch).
-EVERY = 0.5
+EVERY = 1.0
 
 
 @app.step("build-report")
@@ -30,7 +30,7 @@ async def report(ctx: WorkflowContext, audience: str) -> dict[str, Any]:
     return {"report": await ctx.step("build-report", audience)}
 
 
-app.schedule("half-second-report", "report", every=EVERY, input="ops")
+app.schedule("per-second-report", "report", every=EVERY, input="ops")
 
 
 async def main(backend_url: str) -> None:
@@ -44,7 +44,7 @@ async def main(backend_url: str) -> None:
                         if len(runs) >= 3:
                             break
                         await trio.sleep(0.05)
-                    await engine.schedules.pause("half-second-report")
+                    await engine.schedules.pause("per-second-report")
                 ticks = [r.run_id for r in sorted(runs, key=lambda r: r.created_at)][:3]
                 for run_id in ticks:
                     outcome = await engine.result(run_id)

@@ -71,3 +71,34 @@ def test_every_example_summary_is_whole_sentences_without_markup() -> None:
         assert summary.endswith("."), f"{name}: {summary!r} stops mid-sentence"
         assert "`" not in summary, f"{name}: {summary!r} shows markup"
         assert "\n" not in summary
+
+
+def test_a_deeply_nested_json_argument_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``json.loads`` recurses once per level: 100,000 ``[`` was a ``RecursionError``
+    traceback from ``runs signal`` (and ``schedules add --input``, ``run --input``)."""
+    deep = "[" * 100_000 + "]" * 100_000
+    module = tmp_path / "deep_app.py"
+    module.write_text(
+        "import durable_trio as dt\n"
+        "app = dt.App('deep')\n"
+        "@app.workflow('wf')\n"
+        "async def wf(ctx, input):\n"
+        "    return input\n"
+    )
+    url = f"sqlite:///{tmp_path / 'deep.db'}"
+    backend = ["--backend", url, "--namespace", "deep"]
+    commands = [
+        (["schedules", "add", "s", "wf", "--every", "60", "--input", deep, *backend], "--input"),
+        (["runs", "signal", "r1", "go", deep, *backend], "PAYLOAD-JSON"),
+        (["run", f"{module}:app", "wf", "--input", deep, "--backend", url], "--input"),
+    ]
+    for argv, what in commands:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err[:300]
+        assert f"{what} is not JSON-serialisable: nested deeper than 200 levels" in err
+    # Shallower than the recursion limit, deeper than the payload limit: the same one line.
+    assert main(["runs", "signal", "r1", "go", "[" * 300 + "]" * 300, *backend]) == 2
+    assert "nested deeper than 200 levels" in capsys.readouterr().err

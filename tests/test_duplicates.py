@@ -102,6 +102,35 @@ async def test_a_lost_lease_duplicate_is_recorded_with_whose_lease_and_when(
     assert dup.to_json()["lost"] == [{"at": 11.0, "worker": "a", "counted": True}]
 
 
+async def test_the_runs_of_one_attempt_on_several_claims_are_in_its_stored_attempt_log(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The attempt ran twice (a stopped renewing, b's sweep took its task back at 11): the
+    store's attempt log says so, so ``runs show`` (another process, the store only) lists one
+    attempt that ran on 2 claims, whose they were and when, not one silent run."""
+    shared = MemoryBroker()
+    slow = PausedRenewalBroker(shared)
+    keys = MemoryKeyStore()
+    app, ran = twice_app(slow, first_takes=30.0, then_takes=1.0)
+    shared_backend = dt.Backend(url="memory://", broker=shared, keys=keys)
+    slow_backend = dt.Backend(url="memory://", broker=slow, keys=keys)
+    async with open_engine(app, shared_backend) as engine:
+        async with open_worker(app, slow_backend, instance_id="a", **WORKER):
+            run_id = await engine.start("one", 1, run_id="r")
+            await trio.sleep(1)
+            async with open_worker(app, shared_backend, instance_id="b", **WORKER):
+                assert await engine.result(run_id) == "second"
+        async with dt.open_operations(shared_backend, namespace="twice") as ops:
+            (step,) = (await ops.show_run(run_id)).steps
+    assert ran == ["0@0.0", "1@11.0"]
+    (attempt,) = step.attempts
+    assert (attempt.attempt, attempt.status, attempt.worker) == (1, "completed", "b")
+    assert attempt.deliveries == 2
+    assert attempt.stalls == [{"at": 11.0, "worker": "a"}]
+    assert step.notes == ("attempt 1 ran on 2 claims of its task (taken back from a at 11.0)",)
+    assert attempt.to_json()["deliveries"] == 2
+
+
 async def test_the_stopped_workers_result_applied_first_still_names_its_lost_lease(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

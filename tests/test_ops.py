@@ -746,3 +746,33 @@ async def test_reopen_and_count_on_every_store(
         assert (stored.status, stored.attempt) == (dt.StepState.PENDING, 2)
         assert {r.run_id for r in await store.claim_runs("e1", 30.0)} == {"a", "b"}
         assert await store.count_runs() == {dt.RunStatus.RUNNING: 2}
+
+
+def test_a_job_set_aside_after_its_run_ended_is_labelled_with_the_runs_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The broker gave up on a task whose run had completed already (another claim answered
+    while the first one's worker was blocked): ``jobs failed`` used to list it like a live
+    failure. It now names its run and the run's status, from the run store."""
+    url = f"sqlite:///{tmp_path / 'ops.db'}"
+
+    async def setup() -> None:
+        async with (
+            dt.open_backend(url) as backend,
+            dt.open_queue_transport(backend, namespace="shop") as producer,
+            dt.open_operations(backend, namespace="shop", existing=False) as ops,
+        ):
+            now = ops.store.now()
+            run = dt.RunRecord("r", "order", 1, dt.RunStatus.PENDING, now, now)
+            await ops.store.create_run(run)
+            assert await ops.store.finish_run("r", dt.RunStatus.COMPLETED, output=2)
+            await set_aside_by_stalls(backend.broker, producer, "charge", "1")
+            (view,) = await ops.failed_jobs()
+            assert (view.run_id, view.run_status) == ("r", "completed")
+            assert view.to_json()["runStatus"] == "completed"
+
+    trio.run(setup)
+    assert main(["jobs", "failed", "--backend", url, "--namespace", "shop"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[-1] == "run"
+    assert out.splitlines()[1].endswith("r (completed)")

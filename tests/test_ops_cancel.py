@@ -237,3 +237,48 @@ async def test_console_cancel_returns_at_once_and_the_engine_compensates(
         assert seen.compensated_at == [0.0]  # at once: the mark rang the store's wakes
         page = await http.get(f"/runs/{run_id}")
         assert "badge-cancelled" in page.text
+
+
+async def test_ops_cancel_run_refuses_a_negative_or_non_finite_grace(
+    autojump_clock: object,
+) -> None:
+    """``grace=-1`` or NaN once passed for ``0`` ("settle at once, without compensation", as
+    ``grace > 0`` is false for both): now a clear error, and the run goes on untouched."""
+    seen = _Seen()
+    async with _packing(seen) as (engine, ops, run_id):
+        for grace in (-1.0, float("nan"), float("-inf"), float("inf")):
+            with pytest.raises(dt.ConfigError, match="grace must be a finite number"):
+                await ops.cancel_run(run_id, grace=grace)
+        with pytest.raises(TypeError, match="grace"):
+            await ops.cancel_run(run_id, grace="5")  # type: ignore[arg-type]
+        assert (await engine.get(run_id)).status is dt.RunStatus.RUNNING
+        assert seen.compensated_at == []
+
+
+@pytest.mark.parametrize("grace", ["-1", "nan", "inf"])
+def test_cli_runs_cancel_refuses_a_negative_or_non_finite_grace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], grace: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ops.db'}"
+
+    async def create() -> None:
+        async with dt.open_backend(url) as backend:
+            async with dt.open_operations(backend, namespace="shop", existing=False) as ops:
+                now = ops.store.now()
+                run = RunRecord("r1", "order", 1, RunStatus.PENDING, now, now)
+                await ops.store.create_run(run)
+
+    async def status() -> RunStatus:
+        async with dt.open_backend(url) as backend:
+            async with dt.open_operations(backend, namespace="shop") as ops:
+                record = await ops.store.get_run("r1")
+                assert record is not None
+                return record.status
+
+    trio.run(create)
+    argv = ["runs", "cancel", "r1", "--grace", grace, "--backend", url, "--namespace", "shop"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    wanted = "runs cancel: --grace must be a finite number of seconds >= 0"
+    assert err == f"error: {wanted}, got {float(grace)!r}\n"
+    assert trio.run(status) is RunStatus.PENDING  # not settled "without compensation"

@@ -92,6 +92,49 @@ async def test_a_step_past_its_timeout_is_cancelled_and_retried_per_its_policy(
     assert (stats.retries, stats.steps_timed_out) == (2, 0)  # the worker's timer did it
 
 
+async def test_a_step_that_blocks_the_loop_past_its_timeout_is_timed_out_not_completed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Attempt 1 holds the event loop 4 s (a blocking call: the clock moves, no checkpoint)
+    with ``timeout=2``, then returns. Its cancel never landed; it was once recorded
+    ``completed`` after 4 s, silently. Now it is a timed-out attempt whose error names the
+    blocking (its value dropped), reported by the worker, and the retry completes."""
+    log: list[tuple[str, float]] = []
+    app = App("shop")
+
+    @app.step("blocking", timeout=2, retry=NO_JITTER)
+    async def blocking(_: Any) -> str:
+        attempt = dt.step_info().attempt
+        log.append((f"start {attempt}", trio.current_time()))
+        if attempt == 1:
+            autojump_clock.jump(4)  # as time.sleep(4) would: no await, the loop held
+        return f"value {attempt}"
+
+    @app.workflow("one")
+    async def one(ctx: WorkflowContext, _: Any) -> Any:
+        return await ctx.step("blocking")
+
+    worker_errors = Errors()
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            open_worker(app, backend, on_error=worker_errors),
+            open_engine(app, backend) as engine,
+        ):
+            await engine.start("one", run_id="r")
+            assert await engine.result("r") == "value 2"
+            (step,) = await engine.history("r")
+    assert log == [("start 1", 0.0), ("start 2", 5.0)]  # 4 s held, then the 1 s backoff
+    first, second = step.attempts
+    assert isinstance(first, dict)
+    assert isinstance(second, dict)
+    assert (first["outcome"], second["outcome"]) == ("timed_out", "completed")
+    message = first["error"]["message"]
+    assert "ran 4.0 s, past its timeout of 2 s, and could not be cancelled" in message
+    assert "it blocked the event loop" in message
+    assert "its result is dropped" in message
+    assert any("blocked the event loop" in str(e) for e in worker_errors.seen)
+
+
 async def test_ctx_step_timeout_overrides_the_steps_and_a_quick_step_is_unaffected(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -252,6 +295,41 @@ async def test_a_misspelt_step_name_is_reported_within_the_default_bound(
         "step 'charge-crad' (id 1, attempt 1) has waited 60.0 s on queue "
         "'shop:tasks:charge-crad'; no live worker serves it"
     )
+
+
+async def test_unstarted_reports_are_one_per_queue_per_interval_with_a_count(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No worker serves the queue (a worker paused or down) while 10 runs a second wait on
+    it: once one report per attempt (300 lines in 30 s); now one per queue per 10 s, each
+    counting the attempts it stands for. Another queue is reported on its own."""
+    app = App("shop")
+
+    @app.workflow("order")
+    async def order(ctx: WorkflowContext, step: str) -> Any:
+        return await ctx.step(step, 1)
+
+    errors = Errors()
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(app, backend, on_error=errors) as engine:
+            for i in range(300):
+                await trio.sleep_until(i / 10)
+                await engine.start("order", "charge", run_id=f"r{i}")
+            await engine.start("order", "refund", run_id="other")  # at 29.9
+            await trio.sleep_until(60)
+            stats = engine.statistics()
+    seen = [e for e in errors.seen if isinstance(e, StepNotStarted)]
+    assert len(seen) == len(errors.seen)
+    assert [(e.name, e.run_id, e.suppressed) for e in seen] == [
+        ("charge", "r0", 0),  # due at 10.0
+        ("charge", "r100", 99),  # 20.0: the 99 due in 10.1 .. 19.9
+        ("charge", "r200", 99),  # 30.0
+        ("refund", "other", 0),  # 39.9: its own queue
+    ]
+    assert "(99 more attempt(s) on this queue found waiting since the last report" in str(
+        seen[1]
+    )
+    assert stats.steps_unstarted_reported == 301  # every attempt counted
 
 
 async def test_a_backlog_with_a_live_worker_is_not_reported(

@@ -237,6 +237,10 @@ async def test_bad_input_is_a_config_error_at_once() -> None:
         {"cron": "0 3 * * *", "timezone": "Mars/Olympus"},
         {"every": 0},
         {"every": -5},
+        {"every": 1e-300},  # each tick's math overflowed and killed every engine
+        {"every": 0.001},  # 1,000 runs a second
+        {"every": 1e12},  # ticks past year 9999
+        {"every": float("nan")},
         {},
         {"cron": "0 3 * * *", "every": 5},
         {"every": 5, "catch_up": "sometimes"},
@@ -284,6 +288,79 @@ async def test_a_damaged_stored_schedule_is_reported_and_skipped(
     messages = [str(e) for e in errors]
     assert sum("not JSON" in m for m in messages) == 1  # reported once, not every pass
     assert sum("'gone'" in m for m in messages) == 1
+
+
+#: Stored rows no API accepts, as a hand edit or a damaged disk leaves them (issue 36, item 5).
+RAW_ROWS: dict[str, tuple[str, float | None]] = {
+    "tiny": ('{"workflow": "report", "every": 1e-300}', None),
+    "far": ('{"workflow": "report", "every": 1e12, "created_at": 1800000000.0}', None),
+    "born-never": ('{"workflow": "report", "every": 60, "created_at": 1e300}', None),
+    "last-never": ('{"workflow": "report", "every": 60, "created_at": 1800000000.0}', 1e300),
+    "paused-text": ('{"workflow": "report", "every": 60, "paused": "no"}', None),
+}
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
+async def test_a_bad_stored_schedule_is_reported_once_and_the_engine_lives(
+    url: str, sched_clock: trio.testing.MockClock
+) -> None:
+    """Rows written raw into the store (a real SQLite file, the memory store) that once killed
+    every engine of the namespace within a pass (``OverflowError``), and broke ``list``: each
+    is reported exactly once per engine, skipped, and the good schedule ticks on time."""
+    started: list[tuple[str, float]] = []
+    errors: list[BaseException] = []
+    app = reporting_app(started)
+    app.schedule("good", "report", every=50)
+    async with engines(
+        app, url, on_error=errors.append, schedule_recheck=7.0
+    ) as (engine,):
+        for name, (spec, last) in RAW_ROWS.items():
+            assert await engine.store.put_schedule(name, spec, replace=False)
+            if last is not None:
+                await engine.store.mark_schedule_tick(name, last)
+        await trio.sleep_until(120)  # about 17 passes of the scheduler
+        infos = {i.name: i for i in await engine.schedules.list()}
+        with pytest.raises(dt.ConfigError, match="'tiny'"):
+            await engine.schedules.pause("tiny")
+        with pytest.raises(dt.ConfigError, match="'tiny'"):
+            await engine.schedules.resume("tiny")
+        assert await engine.schedules.delete("tiny")
+    assert times(started) == [50, 100]
+    for name in RAW_ROWS:
+        assert infos[name].schedule is None, name
+        assert infos[name].next_tick is None
+        assert infos[name].last_tick is None
+        assert f"{name!r}" in str(infos[name].error)
+        assert sum(f"{name!r}" in str(e) for e in errors) == 1, name
+    assert "every" in str(infos["tiny"].error)
+    assert "last tick" in str(infos["last-never"].error)
+    assert all(isinstance(e, dt.ConfigError) for e in errors)
+
+
+async def test_a_schedule_whose_tick_run_cannot_start_is_reported_once_and_skipped(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A tick whose run cannot start (here: its id is a run of another workflow, left by a
+    schedule of that name before a redeploy) is that schedule's fault: reported once, and
+    the others tick on."""
+    started: list[tuple[str, float]] = []
+    errors: list[BaseException] = []
+    app = reporting_app(started)
+
+    @app.workflow("other")
+    async def other(ctx: WorkflowContext, _: Any) -> None:
+        return None
+
+    app.schedule("good", "report", every=50)
+    app.schedule("clash", "report", every=60)
+    async with engines(app, "memory://", on_error=errors.append, schedule_recheck=7.0) as (
+        engine,
+    ):
+        await engine.start("other", run_id=schedule_run_id("clash", EPOCH + 60), detach=True)
+        await trio.sleep_until(110)
+    assert times(started) == [50, 100]
+    assert len(errors) == 1
+    assert "exists as a run of 'other'" in str(errors[0])
 
 
 async def test_a_changed_declaration_replaces_the_stored_one_keeping_its_state(
@@ -341,6 +418,66 @@ def test_schedules_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     # (60 s: 07:59:00, 07:59:30, 08:00:00) are on time and start; then 30, 60, 90.
     assert times(started) == [0, 0, 0, 30, 60, 90]
     assert started[0][0] == "sched:often:2027-01-15T07:59:00Z"
+
+
+def test_schedules_cli_bad_every_and_bad_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--every 1e-300`` (and 0.001, 1e12) is refused (exit 2, one line); a raw bad row does
+    not break ``list``, ``pause``/``resume`` say it is damaged (exit 2), ``delete`` removes it;
+    with ``--app``, a schedule of a workflow the app no longer has is listed as an error."""
+    from durable_trio._cli import main
+
+    db = tmp_path / "cli.db"
+    backend = ["--backend", f"sqlite:///{db}", "--namespace", "reports"]
+    for every in ("1e-300", "0.001", "1e12", "nan"):
+        assert main(["schedules", "add", "x", "report", "--every", every, *backend]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert "every must be seconds from 1 to" in err
+    assert main(["schedules", "add", "ok", "report", "--every", "60", *backend]) == 0
+    assert main(["schedules", "add", "gone", "removed-wf", "--every", "60", *backend]) == 0
+
+    async def damage() -> None:
+        async with dt.open_backend(f"sqlite:///{db}") as opened:
+            async with open_run_store(opened, "reports") as store:
+                await store.put_schedule("tiny", RAW_ROWS["tiny"][0], replace=False)
+
+    trio.run(damage)
+    capsys.readouterr()
+    assert main(["schedules", "list", *backend]) == 0
+    out = capsys.readouterr().out
+    assert "tiny" in out
+    assert "DAMAGED" in out
+    assert main(["schedules", "list", "--json", *backend]) == 0
+    listed = {s["name"]: s for s in json.loads(capsys.readouterr().out)}
+    assert "every" in listed["tiny"]["error"]
+    assert listed["gone"]["error"] is None  # without --app, no app to check against
+    for verb in ("pause", "resume"):
+        assert main(["schedules", verb, "tiny", *backend]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert "stored schedule 'tiny'" in err
+    assert main(["schedules", "delete", "tiny", *backend]) == 0
+
+    module = tmp_path / "reports_app.py"
+    module.write_text(
+        "import durable_trio as dt\n"
+        "app = dt.App('reports')\n"
+        "@app.workflow('report')\n"
+        "async def report(ctx, input):\n"
+        "    return input\n"
+    )
+    capsys.readouterr()
+    app_args = ["--backend", f"sqlite:///{db}", "--app", f"{module}:app"]
+    assert main(["schedules", "list", *app_args]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "unknown workflow" in rows["gone"]
+    assert "unknown workflow" not in rows["ok"]
+    assert main(["schedules", "list", "--json", *app_args]) == 0
+    listed = {s["name"]: s for s in json.loads(capsys.readouterr().out)}
+    assert "unknown workflow" in listed["gone"]["error"]
+    assert listed["ok"]["error"] is None
 
 
 # --------------------------------------------------------------------------- simulation

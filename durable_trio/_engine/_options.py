@@ -74,7 +74,8 @@ class EngineOptions:
         default=10.0, validator=_optional_non_negative
     )
     """Seconds after which a step attempt still waiting on a queue that no live worker
-    serves is reported (``StepNotStarted`` through the error hook, once per attempt) and shown
+    serves is reported (``StepNotStarted`` through the error hook, at most once per queue per
+    ``UNSTARTED_REPORT_INTERVAL``, 10 s, with a count of the attempts held back) and shown
     by :meth:`Engine.waiting`; it keeps waiting (a worker may yet come). ``None`` or 0:
     never. Failing it takes an explicit ``schedule_to_start_timeout``."""
     audit_interval: float | None = attrs.field(default=10.0, validator=_optional_non_negative)

@@ -262,6 +262,7 @@ def ended_attempt(
     error: JSONValue = None,
     worker: str | None = None,
     outcome: str | None = None,
+    delivery: JSONValue = None,
 ) -> tuple[JSONValue, ...]:
     """``record.attempts`` with its current attempt appended as ended at ``ended_at``.
 
@@ -275,6 +276,12 @@ def ended_attempt(
             any).
         outcome: ``completed``, ``failed``, ``timed_out``, ``stalled`` or ``abandoned``
             (``None``: ``completed`` without an error, else read from the error's code).
+        delivery: the evidence of the claim whose result ended it (``StepResult.delivery``).
+            When the broker took the task back from earlier claims (their leases lost: a
+            worker blocked or stopped), the entry keeps ``"deliveries"`` (how many claims ran
+            it, this one included) and ``"stalls"`` (``{"at", "worker"}`` of the newest 10),
+            and ``"leaseLostAt"`` when this claim's own lease was lost while it ran: the
+            attempt's re-runs are in the store, not only in the workers' logs.
 
     Returns:
         The new log, its newest :data:`ATTEMPT_LOG_LIMIT` entries.
@@ -298,7 +305,33 @@ def ended_attempt(
         entry["error"] = {"message": str(error)[:_LOGGED_MESSAGE]}
     if beat is not None:
         entry["heartbeat"] = {k: beat[k] for k in ("at", "sentAt") if k in beat}
+    if isinstance(delivery, dict):
+        entry.update(_redeliveries(delivery))
     return (*record.attempts, entry)[-ATTEMPT_LOG_LIMIT:]
+
+
+#: The stalls an attempt log entry keeps (the newest).
+_LOGGED_STALLS = 10
+
+
+def _redeliveries(delivery: dict[str, Any]) -> dict[str, Any]:
+    """What an attempt log entry keeps of a result's delivery evidence (see
+    :func:`ended_attempt`); nothing for the usual single, unbroken claim."""
+    kept: dict[str, Any] = {}
+    count = delivery.get("stalledCount")
+    if type(count) is int and count > 0:
+        kept["deliveries"] = count + 1
+        stalls = delivery.get("stalls")
+        if isinstance(stalls, list):
+            kept["stalls"] = [
+                {k: stall[k] for k in ("at", "worker") if k in stall}
+                for stall in stalls[-_LOGGED_STALLS:]
+                if isinstance(stall, dict)
+            ]
+    lost = delivery.get("leaseLostAt")
+    if isinstance(lost, int | float) and not isinstance(lost, bool):
+        kept["leaseLostAt"] = lost
+    return kept
 
 
 def read_attempt_log(raw: str | bytes | None) -> tuple[JSONValue, ...]:

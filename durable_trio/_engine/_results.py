@@ -87,14 +87,20 @@ class ResultHandler:
                 status=StepState.COMPLETED,
                 output=result.output,
                 dispatched=True,
-                attempts=ended_attempt(current, ended_at=now, worker=worker),
+                attempts=ended_attempt(
+                    current, ended_at=now, worker=worker, delivery=result.delivery
+                ),
             )
             return completed, 0.0
         error = result.error or StepError(message="the step failed without an error")
         current = attrs.evolve(
             current,
             attempts=ended_attempt(
-                current, ended_at=now, error=error_to_json(error), worker=worker
+                current,
+                ended_at=now,
+                error=error_to_json(error),
+                worker=worker,
+                delivery=result.delivery,
             ),
         )
         policy = StoredRetry.from_json(current.retry)

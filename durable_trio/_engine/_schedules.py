@@ -28,8 +28,8 @@ import orjson
 import trio
 from cronsim import CronSim, CronSimError
 
-from .._errors import BrokerError, ConfigError
-from ._errors import EngineClosed
+from .._errors import BrokerError, ConfigError, PayloadError
+from ._errors import EngineClosed, EngineError
 from ._records import normalize_json
 
 if TYPE_CHECKING:
@@ -73,6 +73,8 @@ class _Engine(Protocol):
 
 __all__ = [
     "CATCH_UP_POLICIES",
+    "MAX_EVERY",
+    "MIN_EVERY",
     "Schedule",
     "ScheduleInfo",
     "Scheduler",
@@ -86,6 +88,27 @@ CatchUp = Literal["skip", "once", "all"]
 #: What a schedule does with ticks missed while no engine ran (see :class:`Schedule`).
 CATCH_UP_POLICIES: Final = ("skip", "once", "all")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+#: The shortest ``every`` (seconds): each tick is a durable run (a store write and a driver),
+#: so a sub-second period is a load generator, not a schedule.
+MIN_EVERY: Final = 1.0
+#: The longest ``every`` (seconds, 366 days): longer calendars are cron's, and ticks stay
+#: dates a ``datetime`` can name (``every=1e12`` would put the next tick past year 9999).
+MAX_EVERY: Final = 366 * 86_400.0
+#: The span of a stored time (``created_at``, a last tick): from the Unix epoch to the end of
+#: year 9999 (the last instant ``datetime`` names); outside it, the row is damaged.
+_LATEST: Final = 253_402_300_799.0
+
+
+def _check_time(name: str, what: str, value: Any) -> float:
+    """``value`` as a stored time of schedule ``name``, or ``ConfigError`` (damaged)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 <= value <= _LATEST
+    ):
+        raise ConfigError(f"stored schedule {name!r} has a bad {what} {value!r}")
+    return float(value)
 
 
 #: ``open_engine`` keywords that are the scheduler's :class:`EngineOptions`.
@@ -153,8 +176,9 @@ class Schedule:
 
         Raises:
             ConfigError: a bad name, cron expression, time zone, ``every`` (not a number of
-                seconds > 0), both or neither of ``cron``/``every``, catch-up policy or
-                ``max_catch_up``, or an input that is not JSON.
+                seconds from :data:`MIN_EVERY`, 1, to :data:`MAX_EVERY`, 366 days), both or
+                neither of ``cron``/``every``, catch-up policy or ``max_catch_up``, or an
+                input that is not JSON.
         """
         if not isinstance(name, str) or not _NAME.match(name):
             raise ConfigError(
@@ -168,9 +192,12 @@ class Schedule:
             isinstance(every, bool)
             or not isinstance(every, int | float)
             or not math.isfinite(every)
-            or every <= 0
+            or not MIN_EVERY <= every <= MAX_EVERY
         ):
-            raise ConfigError(f"schedule {name!r}: every must be seconds > 0, got {every!r}")
+            raise ConfigError(
+                f"schedule {name!r}: every must be seconds from {MIN_EVERY:g} to "
+                f"{MAX_EVERY:.0f} (366 days; cron= for longer), got {every!r}"
+            )
         if not isinstance(timezone, str) or not timezone:
             raise ConfigError(f"schedule {name!r}: timezone must be an IANA name")
         try:
@@ -235,8 +262,20 @@ class Schedule:
         if not isinstance(data, dict):
             raise ConfigError(f"stored schedule {name!r} is not an object")
         created = data.get("created_at")
-        if created is not None and not isinstance(created, int | float):
-            raise ConfigError(f"stored schedule {name!r} has a bad created_at {created!r}")
+        if created is not None:
+            created = _check_time(name, "created_at", created)
+        paused = data.get("paused", False)
+        if not isinstance(paused, bool):
+            raise ConfigError(f"stored schedule {name!r} has a bad paused {paused!r}")
+        try:
+            return cls._from_stored(name, data, created, paused)
+        except ConfigError as exc:
+            raise ConfigError(f"stored schedule {name!r} is damaged ({exc})") from exc
+
+    @classmethod
+    def _from_stored(
+        cls, name: str, data: dict[str, Any], created: float | None, paused: bool
+    ) -> Schedule:
         return cls.make(
             name,
             data.get("workflow"),
@@ -246,9 +285,22 @@ class Schedule:
             timezone=data.get("timezone", "UTC"),
             catch_up=data.get("catch_up", "skip"),
             max_catch_up=data.get("max_catch_up", 10),
-            paused=bool(data.get("paused", False)),
+            paused=paused,
             created_at=created,
         )
+
+    @classmethod
+    def load_row(cls, name: str, text: str, last: Any) -> Schedule:
+        """Read a stored schedule and check its last tick (``None``: none yet): the one way
+        the scheduler and :meth:`Schedules.list` read a row, so a row written by hand or
+        damaged on disk is a ``ConfigError`` for both, never an arithmetic error later.
+
+        Raises:
+            ConfigError: damaged (see :meth:`loads`), or a last tick that is not a time.
+        """
+        if last is not None:
+            _check_time(name, "last tick", last)
+        return cls.loads(name, text)
 
     def same_definition(self, other: Schedule) -> bool:
         """Whether ``other`` defines the same ticks and run (state aside)."""
@@ -388,20 +440,27 @@ class Schedules:
             )
 
     async def list(self) -> list[ScheduleInfo]:
-        """Every stored schedule, by name (a damaged one with its ``error``)."""
+        """Every stored schedule, by name: a damaged one with its ``error`` (and no
+        ``schedule``); with an ``app``, one whose workflow the app does not register with
+        its ``error`` too (engines of that app skip it)."""
         now = self._wall()
         infos = []
         for name, text, last in sorted(await self._store.get_schedules()):
             try:
-                schedule = Schedule.loads(name, text)
+                schedule = Schedule.load_row(name, text, last)
             except ConfigError as exc:
-                infos.append(ScheduleInfo(name=name, schedule=None, last_tick=last,
+                shown = last if last is not None and 0 <= last <= _LATEST else None
+                infos.append(ScheduleInfo(name=name, schedule=None, last_tick=shown,
                                           next_tick=None, error=str(exc)))  # fmt: skip
                 continue
             upcoming = None if schedule.paused else schedule.next_after(max(now, last or now))
-            infos.append(
-                ScheduleInfo(name=name, schedule=schedule, last_tick=last, next_tick=upcoming)
+            error = None
+            if self._app is not None and schedule.workflow not in self._app.workflows:
+                error = f"unknown workflow: no {schedule.workflow!r} in app {self._app.name!r}"
+            info = ScheduleInfo(
+                name=name, schedule=schedule, last_tick=last, next_tick=upcoming, error=error
             )
+            infos.append(info)
         return infos
 
     async def get(self, name: str) -> ScheduleInfo | None:
@@ -413,18 +472,27 @@ class Schedules:
 
     async def pause(self, name: str) -> bool:
         """Pause it: no tick starts until :meth:`resume` (ticks meanwhile are skipped).
-        Returns whether it exists."""
+        Returns whether it exists.
+
+        Raises:
+            ConfigError: the stored schedule is damaged (delete it, or add it again with
+                ``replace``)."""
         return await self._set_paused(name, True)
 
     async def resume(self, name: str) -> bool:
         """Resume it: its next tick after now starts (ticks while paused never do).
-        Returns whether it exists."""
+        Returns whether it exists.
+
+        Raises:
+            ConfigError: the stored schedule is damaged (as :meth:`pause`)."""
         return await self._set_paused(name, False)
 
     async def _set_paused(self, name: str, paused: bool) -> bool:
         info = await self.get(name)
-        if info is None or info.schedule is None:
+        if info is None:
             return False
+        if info.schedule is None:
+            raise ConfigError(f"{info.error}; delete it or add it again with replace")
         if not paused and info.schedule.paused:
             # Ticks that fell while it was paused are not "missed": mark them handled.
             newest = next(info.schedule.ticks_back(self._wall()), None)
@@ -516,6 +584,11 @@ class Scheduler:
             self._reported.add(key)
             self._engine.report(exc)
 
+    def _forget(self, name: str) -> None:
+        """Schedule ``name`` worked: should it break again, that is reported again."""
+        if self._reported:
+            self._reported = {key for key in self._reported if key[0] != name}
+
     async def tick(self) -> float | None:
         """Start every due tick once; return the soonest next tick (wall clock)."""
         engine = self._engine
@@ -529,12 +602,24 @@ class Scheduler:
         for name, text, last in rows:
             try:
                 upcoming = await self._fire(name, text, last)
-            except ConfigError as exc:  # damaged or unknown workflow: reported, skipped
-                self._report_once(name, exc)
-                continue
+            except EngineClosed:
+                raise
             except BrokerError as exc:
                 engine.report(exc)
                 upcoming = options.wall_clock() + options.schedule_recheck
+            except (ConfigError, PayloadError, EngineError) as exc:
+                # Damaged, an unknown workflow, an input or run id its workflow refuses: one
+                # schedule's fault, reported (once) and skipped; the loop serves the others.
+                self._report_once(name, exc)
+                continue
+            except (ValueError, ArithmeticError) as exc:
+                # Its calendar failed on a row that passed the checks: the same (no input
+                # may end the loop of every engine of the namespace).
+                damaged = ConfigError(f"schedule {name!r}: its calendar failed ({exc!r}); skipped")
+                self._report_once(name, damaged)
+                continue
+            else:
+                self._forget(name)
             if upcoming is not None and (soonest is None or upcoming < soonest):
                 soonest = upcoming
         return soonest
@@ -542,7 +627,7 @@ class Scheduler:
     async def _fire(self, name: str, text: str, last: float | None) -> float | None:
         engine = self._engine
         options = engine.options
-        schedule = Schedule.loads(name, text)
+        schedule = Schedule.load_row(name, text, last)
         if schedule.paused:
             return None
         if schedule.workflow not in engine.app.workflows:

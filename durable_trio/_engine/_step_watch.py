@@ -21,9 +21,12 @@ became ready: its dispatch, plus its backoff delay):
   (``ScheduleToStartTimeout``, not retryable: a retry would wait on the same queue), naming
   the queue and how long it waited.
 - ``report`` (``unstarted_report_after``): the step is still pending and no live worker serves
-  its queue → report :class:`StepNotStarted` through the error hook (once per attempt, with no
-  broker call: a queue no live worker serves had its job taken by no live worker); the attempt
-  keeps waiting.
+  its queue → report :class:`StepNotStarted` through the error hook (with no broker call: a
+  queue no live worker serves had its job taken by no live worker); the attempt keeps
+  waiting. At most one report per queue per :data:`UNSTARTED_REPORT_INTERVAL`: the attempts
+  that come due meanwhile are counted (``steps_unstarted_reported``) and the next report of
+  that queue says how many it stands for, so a paused worker under load is a few lines, not
+  one per attempt.
 
 Failing an attempt goes through the result handler as a failed :class:`StepResult` would, so
 it is the same compare-and-set: a real result that landed first wins, and a late real result
@@ -63,6 +66,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SCHEDULE_TO_START",
+    "UNSTARTED_REPORT_INTERVAL",
     "StepNotStarted",
     "StepWait",
     "StepWatch",
@@ -78,29 +82,52 @@ _GUARD, _START, _REPORT = "guard", "start", "report"
 
 #: Seconds a read of a queue's live workers is reused, and the step names it is kept for.
 _LIVE_CACHE, _LIVE_CACHE_NAMES = 1.0, 1024
+#: Seconds between two :class:`StepNotStarted` reports of one queue (the attempts due between
+#: them are folded into the next report's ``suppressed``).
+UNSTARTED_REPORT_INTERVAL = 10.0
 
 
 class StepNotStarted(EngineError):
     """Reported (not raised): a step attempt has waited on a queue that no live worker serves
     (a misspelt step name, a worker not deployed or down). The run keeps waiting.
 
+    One report per queue per :data:`UNSTARTED_REPORT_INTERVAL` (10 s): it stands for the
+    attempts of that queue that came due since the previous one, unreported (``suppressed``).
+
     Attributes:
         run_id, step_id, name: the step.
         queue: the task queue it waits on (``{prefix}:tasks:{token}``).
         waited: seconds it has waited.
+        suppressed: attempts on that queue found waiting the same way since the previous
+            report, not reported one by one.
     """
 
-    def __init__(self, run_id: str, step_id: str, name: str, queue: str, waited: float) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        step_id: str,
+        name: str,
+        queue: str,
+        waited: float,
+        suppressed: int = 0,
+    ) -> None:
+        more = ""
+        if suppressed:
+            more = (
+                f" ({suppressed} more attempt(s) on this queue found waiting since the last "
+                "report, not reported one by one)"
+            )
         super().__init__(
             f"step {name!r} (run {run_id}, step {step_id}) has waited {waited:.1f} s on "
             f"queue {queue!r}, which no live worker serves: is the step name right, and is a "
-            "worker serving it running?"
+            f"worker serving it running?{more}"
         )
         self.run_id = run_id
         self.step_id = step_id
         self.name = name
         self.queue = queue
         self.waited = waited
+        self.suppressed = suppressed
 
 
 @attrs.define
@@ -167,6 +194,8 @@ class StepWatch:
         self._seq = itertools.count()
         self._changed = RepeatedEvent()
         self._live: dict[str, tuple[float, set[str] | None]] = {}
+        self._last_report: dict[str, tuple[float, int]] = {}
+        """Per queue: when it was last reported not served, and the reports held since."""
         self.attempts: dict[tuple[str, str], _Attempt] = {}
         """The latest dispatched attempt of each step, while it has a check due."""
 
@@ -325,13 +354,22 @@ class StepWatch:
         if live is None or live:
             return  # no key store to tell, or a worker serves the queue (a backlog)
         self.services.count("steps_unstarted_reported")
+        now = trio.current_time()
+        last = self._last_report.get(attempt.queue)
+        if last is not None and now - last[0] < UNSTARTED_REPORT_INTERVAL:
+            self._last_report[attempt.queue] = (last[0], last[1] + 1)
+            return
+        if len(self._last_report) >= _LIVE_CACHE_NAMES:
+            self._last_report.clear()
+        self._last_report[attempt.queue] = (now, 0)
         self.services.report(
             StepNotStarted(
                 attempt.run_id,
                 attempt.step_id,
                 attempt.name,
                 attempt.queue,
-                trio.current_time() - attempt.ready_at,
+                now - attempt.ready_at,
+                suppressed=0 if last is None else last[1],
             )
         )
 

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .._errors import ConfigError, DurableTrioError
+from .._errors import ConfigError, DurableTrioError, PayloadError
+from .._json_values import parse_json_argument
 from .._redact import redact_url
 from .._signals import close_on_signals
 from ..backends import open_backend
@@ -256,9 +257,9 @@ async def _waiting_lines(engine: Engine, run_id: str) -> list[str]:
 def _cmd_run(args: argparse.Namespace) -> int:
     app = load_app(args.target)
     try:
-        value = json.loads(args.input)
-    except json.JSONDecodeError as exc:
-        print(f"--input is not JSON: {exc}", file=sys.stderr)
+        value = parse_json_argument(args.input, "--input")
+    except PayloadError as exc:  # not JSON, or nested too deep: one line, not a traceback
+        print(exc, file=sys.stderr)
         return 2
     # Known before the run starts, so an interrupted command can always name it.
     outcome: dict[str, Any] = {"run_id": args.run_id or uuid.uuid4().hex}
