@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from ._wire import JSONValue, RemoteTask
 
-__all__ = ["STEP_TIMED_OUT", "StepTimedOut", "run_within_timeout"]
+__all__ = ["STEP_TIMED_OUT", "StepBlockedTheLoop", "StepTimedOut", "run_within_timeout"]
 
 #: The error code of an attempt that ran past its start-to-close timeout.
 STEP_TIMED_OUT = "StepTimedOut"
@@ -40,6 +40,14 @@ class StepTimedOut(DurableTrioError):
 
     retryable = True
     code = STEP_TIMED_OUT
+
+
+class StepBlockedTheLoop(StepTimedOut):
+    """A step's handler returned past its timeout without reaching an ``await``: it blocked
+    the event loop. Retried as any timeout, but always reported (at ERROR, through the error
+    hook), even on an attempt the engine retries: it is a defect in the step's code."""
+
+    always_reported = True
 
 
 async def run_within_timeout(
@@ -63,7 +71,7 @@ async def run_within_timeout(
         # Returned past its deadline, its cancel never delivered: no checkpoint since the
         # deadline, so the handler held the event loop (every other task of this worker, its
         # lease renewals and beats included) until it returned.
-        raise StepTimedOut(
+        raise StepBlockedTheLoop(
             f"step {task.name!r} (run {task.run_id}, step {task.step_id}, attempt "
             f"{task.attempt}) ran {now - started:.1f} s, past its timeout of {timeout:g} s, "
             f"and could not be cancelled: it blocked the event loop (no await reached for "

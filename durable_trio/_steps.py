@@ -167,7 +167,11 @@ class StepServer:
                 retryable = getattr(exc, "retryable", True) is not False
                 if getattr(exc, "quiet", False) is True:  # stopped as asked (its run cancelled)
                     _log.info("step %r (job %s) stopped: %s", task.name, task.task_id, exc)
-                elif retryable and task.attempt < (task.max_attempts or 0):
+                elif (
+                    retryable
+                    and task.attempt < (task.max_attempts or 0)
+                    and not getattr(exc, "always_reported", False)  # a step that blocked the loop
+                ):
                     # An expected retry (a flaky call, a timeout): one line, no alarm; the
                     # traceback at DEBUG, and at ERROR with the last attempt (docs/engine.md).
                     _log.warning(
