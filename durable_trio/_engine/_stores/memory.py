@@ -14,6 +14,7 @@ import orjson
 import trio
 
 from .._records import (
+    CANCEL_STEP_ID,
     Applied,
     RunPage,
     RunRecord,
@@ -245,6 +246,8 @@ class MemoryRunStore:
         run = self._runs.get(run_id)
         if run is None or run.status not in (RunStatus.FAILED, RunStatus.BLOCKED):
             return False
+        if run.status is RunStatus.FAILED:
+            run.steps.pop(CANCEL_STEP_ID, None)  # a stale mark of its previous life
         now = self.now()
         run.status, run.updated_at = RunStatus.PENDING, now
         run.output = run.error = b"null"
@@ -326,6 +329,8 @@ class MemoryRunStore:
         run.output, run.error = _dumps(output), _dumps(error)
         run.status, run.updated_at = status, self.now()
         run.owner = run.lease_until = None
+        if status in (RunStatus.COMPLETED, RunStatus.FAILED):
+            run.steps.pop(CANCEL_STEP_ID, None)  # ended before the cancel reached it
         return True
 
     # -- steps ------------------------------------------------------------------------------

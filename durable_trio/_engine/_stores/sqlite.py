@@ -42,6 +42,7 @@ from ...adapters.sqlite import (
     translate_error,
 )
 from .._records import (
+    CANCEL_STEP_ID,
     Applied,
     RunPage,
     RunRecord,
@@ -165,6 +166,10 @@ _FINISH: Final = """
     UPDATE dt_runs SET status = ?3, output = ?4, error = ?5, owner = NULL, lease_until = NULL,
         updated_at = ?6
     WHERE namespace = ?1 AND run_id = ?2 AND status IN ('pending', 'running', 'blocked')
+"""
+# The cancel mark of a run that ended otherwise (docs/engine.md, "A cancel racing the run's end").
+_DROP_MARK: Final = f"""
+    DELETE FROM dt_steps WHERE namespace = ?1 AND run_id = ?2 AND step_id = '{CANCEL_STEP_ID}'
 """
 _INSERT_STEP: Final = f"""
     INSERT INTO dt_steps (namespace, position, {_STEP_COLUMNS})
@@ -450,8 +455,11 @@ def _op_reopen(
     now: float,
     db: sqlite3.Connection,
 ) -> bool:
+    failed = _run_status(ns, run_id, db) == RunStatus.FAILED.value
     if db.execute(_REOPEN_RUN, (ns, run_id, timeout, now)).rowcount != 1:
         return False
+    if failed:
+        db.execute(_DROP_MARK, (ns, run_id))  # a stale mark of its previous life
     db.executemany(
         _REOPEN_STEP,
         [
@@ -498,7 +506,11 @@ def _op_finish(
     ns: str, run_id: str, status: str, output: str, error: str, now: float, db: sqlite3.Connection
 ) -> bool:
     cursor = db.execute(_FINISH, (ns, run_id, status, output, error, now))
-    return cursor.rowcount == 1
+    if cursor.rowcount != 1:
+        return False
+    if status in (RunStatus.COMPLETED.value, RunStatus.FAILED.value):
+        db.execute(_DROP_MARK, (ns, run_id))  # ended before the cancel reached it
+    return True
 
 
 _SIGNAL_SCHEMA: Final = (
@@ -524,12 +536,18 @@ _SIGNAL_SCHEMA: Final = (
 )
 
 
-def _unknown_or_ended(ns: str, run_id: str, db: sqlite3.Connection) -> bool:
-    """Whether the run is missing or ended (read in the caller's transaction)."""
+def _run_status(ns: str, run_id: str, db: sqlite3.Connection) -> str | None:
+    """The run's status (``None``: unknown), read in the caller's transaction."""
     row = db.execute(
         "SELECT status FROM dt_runs WHERE namespace = ? AND run_id = ?", (ns, run_id)
     ).fetchone()
-    return row is None or RunStatus(row[0]).terminal
+    return None if row is None else str(row[0])
+
+
+def _unknown_or_ended(ns: str, run_id: str, db: sqlite3.Connection) -> bool:
+    """Whether the run is missing or ended (read in the caller's transaction)."""
+    status = _run_status(ns, run_id, db)
+    return status is None or RunStatus(status).terminal
 
 
 def _op_append_signal(
