@@ -129,7 +129,7 @@ def racing_cancels(rng: random.Random, workflow: str, plan: dict[str, Any]) -> f
     """Every run cancelled about when it ends (to the exact virtual instant for some); half
     through an engine, half through the operator's mark (a negative delay)."""
     del workflow
-    delay = plan["hold"] + rng.choice([0.0, 0.0, -0.5, 0.001, 0.05, 0.5, 1.0, 3.0])
+    delay = float(plan["hold"]) + rng.choice([0.0, 0.0, -0.5, 0.001, 0.05, 0.5, 1.0, 3.0])
     return delay if rng.random() < 0.5 else -delay
 
 
