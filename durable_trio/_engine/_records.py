@@ -158,6 +158,9 @@ class RunRecord:
     parent: str | None = None
     """The run that started this one as a child workflow (``ctx.child``, issue 18), or
     ``None``."""
+    depth: int = 0
+    """How many ancestors it has: 0 for a run started by ``engine.start``, its parent's plus
+    one for a child (issue 36: a child past the engine's ``max_child_depth`` is refused)."""
 
     @property
     def deadline(self) -> float | None:

@@ -55,6 +55,7 @@ class _Run:
     timeout: float | None = None
     trace: bytes = b""
     parent: str | None = None
+    depth: int = 0
     steps: dict[str, _Step] = attrs.Factory(dict)
     signals: dict[str, list[str]] = attrs.Factory(dict)
     events: dict[str, str] = attrs.Factory(dict)
@@ -74,6 +75,7 @@ class _Run:
             timeout=self.timeout,
             trace=read_trace(self.trace),
             parent=self.parent,
+            depth=self.depth,
         )
 
 
@@ -171,6 +173,7 @@ class MemoryRunStore:
             timeout=run.timeout,
             trace=b"" if run.trace is None else _dumps(run.trace),
             parent=run.parent,
+            depth=run.depth,
         )
         return stored.out(), True
 

@@ -90,7 +90,7 @@ return gone
 """
 
 # KEYS: run, seq, all. ARGV: prefix, id, workflow, status, input, output, error, owner, lease, now,
-# timeout, trace ('' = none), parent ('' = none)
+# timeout, trace ('' = none), parent ('' = none), depth
 _CREATE_RUN: Final = (
     _LUA_HELPERS
     + """
@@ -102,7 +102,7 @@ local seq = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'workflow', ARGV[3], 'status', ARGV[4], 'input', ARGV[5],
   'output', ARGV[6], 'error', ARGV[7], 'owner', ARGV[8], 'lease', ARGV[9],
   'created', ARGV[10], 'updated', ARGV[10], 'seq', seq, 'timeout', ARGV[11], 'trace', ARGV[12],
-  'parent', ARGV[13])
+  'parent', ARGV[13], 'depth', ARGV[14])
 redis.call('ZADD', KEYS[3], seq, id)
 move(prefix, id, false, ARGV[4], seq)
 if active(ARGV[4]) then
@@ -403,6 +403,7 @@ def _run(run_id: str, f: dict[bytes, bytes]) -> RunRecord:
         timeout=_opt_float(f.get(b"timeout")),  # absent: a run stored before timeouts
         trace=read_trace(f.get(b"trace")),  # absent: a run stored before traces
         parent=f.get(b"parent", b"").decode() or None,  # absent: stored before children
+        depth=int(f.get(b"depth", b"0")),  # absent: stored before the depth limit
     )
 
 
@@ -603,7 +604,8 @@ class RedisRunStore:
             (self._run_key(run.run_id), f"{prefix}:seq", f"{prefix}:all"),
             (prefix, run.run_id, run.workflow, run.status.value, _dumps(run.input),
              _dumps(run.output), _dumps(run.error), run.owner or "", _num(run.lease_until),
-             _num(now), _num(run.timeout), _optional_dumps(run.trace), run.parent or ""),
+             _num(now), _num(run.timeout), _optional_dumps(run.trace), run.parent or "",
+             run.depth),
         )  # fmt: skip
         if reply[0] == 1:  # created as given: no need to read it back
             return attrs.evolve(run, created_at=now, updated_at=now), True

@@ -80,6 +80,7 @@ _SCHEMA: Final = (
         timeout REAL,
         trace TEXT,
         parent TEXT,
+        depth INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (namespace, run_id)
     ) WITHOUT ROWID
     """,
@@ -130,7 +131,7 @@ _SCHEMA: Final = (
 
 _RUN_COLUMNS: Final = (
     "run_id, workflow, input, status, created_at, updated_at, output, error, owner, lease_until, "
-    "timeout, trace, parent"
+    "timeout, trace, parent, depth"
 )
 _STEP_COLUMNS: Final = (
     "run_id, step_id, kind, name, status, attempt, input, output, error, retry, wake_at, "
@@ -140,7 +141,7 @@ _STEP_COLUMNS: Final = (
 _INSERT_RUN: Final = f"""
     INSERT INTO dt_runs (namespace, seq, {_RUN_COLUMNS})
     VALUES (?1, (SELECT coalesce(max(seq), 0) + 1 FROM dt_runs WHERE namespace = ?1),
-            ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+            ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
     ON CONFLICT (namespace, run_id) DO NOTHING
 """
 _GET_RUN: Final = f"SELECT {_RUN_COLUMNS} FROM dt_runs WHERE namespace = ?1 AND run_id = ?2"
@@ -213,7 +214,7 @@ def _optional_dumps(value: Any) -> str | None:
 
 def _run(row: tuple[Any, ...]) -> RunRecord:
     (run_id, workflow, input_, status, created, updated, output, error, owner, lease,
-     timeout, trace, parent) = row  # fmt: skip
+     timeout, trace, parent, depth) = row  # fmt: skip
     return RunRecord(
         run_id=run_id,
         workflow=workflow,
@@ -228,6 +229,7 @@ def _run(row: tuple[Any, ...]) -> RunRecord:
         timeout=timeout,
         trace=read_trace(trace),
         parent=parent,
+        depth=depth,
     )
 
 
@@ -325,6 +327,9 @@ def _create_schema(db: sqlite3.Connection) -> None:
     # A file written before child workflows: add the column (NULL: no parent).
     if "parent" not in columns:
         db.execute("ALTER TABLE dt_runs ADD COLUMN parent TEXT")
+    # A file written before the child depth limit (issue 36): 0, as a run with no ancestor.
+    if "depth" not in columns:
+        db.execute("ALTER TABLE dt_runs ADD COLUMN depth INTEGER NOT NULL DEFAULT 0")
     # A file written before step heartbeats: add their columns (NULL: none).
     columns = {row[1] for row in db.execute("PRAGMA table_info(dt_steps)")}
     if "heartbeat_timeout" not in columns:
@@ -371,7 +376,7 @@ def _op_create_run(
         _INSERT_RUN,
         (ns, run.run_id, run.workflow, _dumps(run.input), run.status.value, now, now,
          _dumps(run.output), _dumps(run.error), run.owner, run.lease_until, run.timeout,
-         _optional_dumps(run.trace), run.parent),
+         _optional_dumps(run.trace), run.parent, run.depth),
     )  # fmt: skip
     if cursor.rowcount == 1:  # inserted as given: no need to read it back
         return attrs.evolve(run, created_at=now, updated_at=now), True
