@@ -250,28 +250,48 @@ async def start_child(
         record = found
         history.check(record, StepKind.CHILD, workflow)
     if record.status is StepState.PENDING:
-        await start_child_run(services, record)
+        record = await start_child_run(services, record)
     return record
 
 
-async def start_child_run(services: DriverServices, record: StepRecord) -> None:
+async def start_child_run(services: DriverServices, record: StepRecord) -> StepRecord:
     """Start the child of the pending CHILD checkpoint ``record`` (idempotent: again after a
     crash), and cancel it at once if its parent ended meanwhile (a cancel walking the tree
     read the parent's steps before the child existed: without this, it would run on under a
-    cancelled parent)."""
+    cancelled parent).
+
+    Returns:
+        ``record``, or the step failed with ``ChildDepthExceeded``: a step reopened by a retry
+        meets the engine's limit again (a retry under a raised limit starts the child).
+    """
     start_run = getattr(services, "start_run", None)
     if start_run is None:  # pragma: no cover - every engine sets it
         raise EngineError("this engine cannot start child workflows")
     assert isinstance(record.input, dict)
+    store = services.store
+    parent = await services.guard(lambda: store.get_run(record.run_id), "reading")
+    limit = services.options.max_child_depth
+    refused = None if parent is None else depth_refusal(parent.depth, limit, record.name)
+    if refused is not None:
+        failed = attrs.evolve(
+            record,
+            status=StepState.FAILED,
+            error=refused,
+            attempts=ended_attempt(record, ended_at=store.now(), error=refused),
+        )
+        verdict = await services.guard(
+            lambda: store.update_step(failed, expect_attempt=record.attempt), "checkpointing"
+        )
+        return failed if verdict is Applied.APPLIED else record
     child_id = str(record.input["runId"])
     await start_run(record.name, record.input.get("input"), child_id, record.run_id)
     if record.input.get("onParentCancel") == ABANDON:
-        return
-    store = services.store
+        return record
     parent = await services.guard(lambda: store.get_run(record.run_id), "reading")
     cancel = getattr(services, "cancel_run", None)
     if parent is not None and parent.status.terminal and cancel is not None:
         await cancel(child_id, f"parent run {record.run_id!r} ended ({parent.status.value})")
+    return record
 
 
 async def wait_child(

@@ -207,7 +207,7 @@ async def _apply_command(services: DriverServices, run: RunRecord, command: Any)
         if found is None or (found.kind, found.name) != (StepKind.CHILD, name):
             return False  # (ended meanwhile: the driver's next turn finds it so)
         if found.status is StepState.PENDING:
-            await start_child_run(services, found)
+            await start_child_run(services, found)  # (refused: the next turn finds it failed)
         return True
     raise _BadDecision(f"unknown decision command type {kind!r}")
 
