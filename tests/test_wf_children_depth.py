@@ -119,9 +119,39 @@ async def test_the_default_limit_is_one_hundred_levels(
             runs = await all_runs(engine.store)
     assert len(runs) == 101
     assert max(r.depth for r in runs) == 100
+    # Each parent's ChildFailed repeats a bounded part of its child's message: the root's
+    # error does not grow with the depth of the failure below it.
+    assert max(len(str(r.error)) for r in runs) < 1200
     # Ids stop growing with depth: the plain form up to 64 characters, then hashed.
     assert max(len(r.run_id) for r in runs) <= CHILD_ID_LIMIT
     assert len({r.run_id for r in runs}) == 101
+
+
+async def test_a_child_created_as_its_parent_is_cancelled_is_cancelled_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The parent's CHILD step was written, then a cancel walking the tree settled the parent
+    and read its steps before the child existed; the child is then created: it is cancelled
+    at once, not left running under a cancelled parent."""
+    from durable_trio._engine._children import start_child_run
+
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(chain_app(stop_at=1), backend) as engine:
+            store = engine.store
+            await store.create_run(
+                RunRecord("p", "loop", 0, RunStatus.RUNNING, 0.0, 0.0, owner="x", lease_until=9e9)
+            )
+            step = StepRecord(
+                "p", "1", StepKind.CHILD, "loop", StepState.PENDING,
+                input={"runId": "p/1", "input": 1, "onParentCancel": "cancel"},
+            )  # fmt: skip
+            await store.begin_step(step)
+            assert await store.finish_run("p", RunStatus.CANCELLED)
+            await start_child_run(engine._services, step)
+            child = await engine.get("p/1")
+    assert child.status is RunStatus.CANCELLED
+    assert child.parent == "p"
+    assert child.depth == 1
 
 
 def test_child_ids_are_bounded_deterministic_and_keep_their_head() -> None:
