@@ -154,6 +154,29 @@ async def test_a_child_created_as_its_parent_is_cancelled_is_cancelled_at_once(
     assert child.depth == 1
 
 
+async def test_no_child_step_lands_in_a_parent_that_ended(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A parent settled (cancelled) in the store while its driver, not yet told, goes on to
+    start a child: no CHILD step is written into its ended history, no child is created, and
+    the driver is told to stop (``None``)."""
+    from durable_trio._engine._children import start_child
+    from durable_trio._engine._replay import History
+
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(chain_app(stop_at=1), backend) as engine:
+            store = engine.store
+            parent = RunRecord("p", "loop", 0, RunStatus.RUNNING, 0.0, 0.0, owner="x")
+            await store.create_run(parent)
+            assert await store.finish_run("p", RunStatus.CANCELLED)
+            record = await start_child(
+                engine._services, History("p"), parent, "1", "loop", 1, None, "cancel"
+            )
+            assert record is None
+            assert await store.get_steps("p") == []
+            assert await store.get_run("p/1") is None
+
+
 def test_child_ids_are_bounded_deterministic_and_keep_their_head() -> None:
     assert child_run_id("order-1", "3") == "order-1/3"  # shallow: as before
     deep = "root" + "/12" * 40
@@ -207,6 +230,28 @@ async def test_engine_cancel_completes_while_the_chain_still_grows(
             await trio.sleep(100)
             later = await all_runs(engine.store)
     assert 45 <= len(after) <= 52
+    assert [r.run_id for r in later] == [r.run_id for r in after]
+    assert {r.status for r in later} == {RunStatus.CANCELLED}
+
+
+async def test_the_operators_cancel_settling_a_growing_chain_in_the_store_stops_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``runs cancel --grace 0`` settles each run in the store at once while the engine still
+    drives them (it hears of it at its next lease renewal, up to 10 s later): the deepest
+    run, waking meanwhile to start its child, writes no CHILD step into its cancelled run
+    and starts no child under it."""
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            open_engine(chain_app(pause=1.0), backend, max_child_depth=1000) as engine,
+            dt.open_operations(backend, namespace="chain") as ops,
+        ):
+            await engine.start("loop", 0, run_id="root")
+            await trio.sleep(50.5)
+            assert await ops.cancel_run("root", reason="runaway", grace=0) is True
+            after = await all_runs(engine.store)
+            await trio.sleep(100)
+            later = await all_runs(engine.store)
     assert [r.run_id for r in later] == [r.run_id for r in after]
     assert {r.status for r in later} == {RunStatus.CANCELLED}
 
