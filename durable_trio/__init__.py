@@ -11,6 +11,7 @@ from ._codec import MAX_JSON_DEPTH, json_schema
 from ._engine import (
     App,
     Applied,
+    ChildDepthExceeded,
     ChildFailed,
     DuplicateResult,
     Engine,
@@ -133,6 +134,7 @@ __all__ = [
     "Backend",
     "BrokerError",
     "BrokerUnavailable",
+    "ChildDepthExceeded",
     "ChildFailed",
     "ConfigError",
     "ControlMessage",

@@ -507,8 +507,12 @@ class Operations:
         Then, like :meth:`Engine.cancel`, the workers are asked to cancel its running steps:
         one ``cancel`` control message is pushed on the namespace's control queue (best-effort,
         point-to-point, as the engine sends it), straight through the broker (no transport,
-        no consumer is opened), bounded by :data:`CONTROL_PUSH_TIMEOUT` and shielded. Its
-        children go too, unless started with ``on_parent_cancel="abandon"``.
+        no consumer is opened), bounded by :data:`CONTROL_PUSH_TIMEOUT` and shielded.
+
+        Its descendants go too, unless started with ``on_parent_cancel="abandon"``: each one
+        as this call without ``wait``, breadth-first from the root down, iteratively (a chain
+        of any depth), once the root ended. A cancel interrupted half-way (the CLI killed) is
+        finished by cancelling the root again: the walk goes on below runs already ended.
 
         Returns:
             Whether the run ended cancelled by this call (without ``wait``: whether the cancel
@@ -521,6 +525,16 @@ class Operations:
             TypeError: ``grace`` is not a number.
         """
         grace = check_seconds(grace, "cancel_run", "grace")
+        cancelled = await self._cancel_one(run_id, reason=reason, grace=grace, wait=wait)
+        await cancel_children(
+            self.store,
+            run_id,
+            lambda child, why: self._cancel_one(child, reason=why, grace=grace, wait=False),
+        )
+        return cancelled
+
+    async def _cancel_one(self, run_id: str, *, reason: str, grace: float, wait: bool) -> bool:
+        """:meth:`cancel_run` of ``run_id`` alone."""
         run = await self.store.get_run(run_id)
         if run is None:
             raise RunNotFound(run_id)
@@ -546,7 +560,7 @@ class Operations:
             ended = await self._get(run_id)
             if ended.status.terminal:
                 if ended.status is RunStatus.CANCELLED:
-                    await self._after_cancel(run_id, grace)
+                    await self._send_cancel(run_id)
                     return True
                 return False
             error: dict[str, Any] = {"type": "RunCancelled", "message": reason, "cut": True}
@@ -554,7 +568,7 @@ class Operations:
             error = {"type": "RunCancelled", "message": reason}
         cancelled = await self.store.finish_run(run_id, RunStatus.CANCELLED, error=error)
         if cancelled:
-            await self._after_cancel(run_id, grace)
+            await self._send_cancel(run_id)
         return cancelled
 
     async def _get(self, run_id: str) -> RunRecord:
@@ -562,17 +576,6 @@ class Operations:
         if run is None:
             raise RunNotFound(run_id)
         return run
-
-    async def _after_cancel(self, run_id: str, grace: float) -> None:
-        await self._send_cancel(run_id)
-        # Its children go too, unless started with on_parent_cancel="abandon" (issue 18): one
-        # an engine drives gets the mark (its engine compensates and settles it), the others
-        # are settled at once.
-        await cancel_children(
-            self.store,
-            run_id,
-            lambda child, why: self.cancel_run(child, reason=why, grace=grace, wait=False),
-        )
 
     async def _send_cancel(self, run_id: str) -> None:
         """Push the workers' ``cancel`` control message of ``run_id`` (best-effort: a broker

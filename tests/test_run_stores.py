@@ -14,7 +14,7 @@ from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
 from durable_trio import BrokerError
 from durable_trio._engine import Applied, RunRecord, RunStatus, RunStore, StepKind, StepRecord
 from durable_trio._engine import StepState as S
-from durable_trio._engine._cancel import CANCEL_MARK, mark_in_store, mark_reason
+from durable_trio._engine._cancel import CANCEL_MARK, cancel_mark, mark_in_store, mark_reason
 from durable_trio._engine._stores.memory import MemoryRunStore
 from durable_trio._engine._stores.sqlite import SqliteRunStore
 from durable_trio._redis import open_redis, open_redis_cluster
@@ -303,6 +303,35 @@ async def test_a_cancel_mark_never_lands_on_a_run_that_ended_since_the_caller_lo
     mark = await store.get_step("live", CANCEL_MARK)
     assert mark is not None
     assert mark_reason(mark) == "operator"
+
+
+async def test_a_run_ending_before_its_cancel_reached_it_keeps_no_mark(store: RunStore) -> None:
+    """Issue 36: a mark written while the run was unfinished, then the run ends completed or
+    failed before the cancel reached the workflow (it ended first): the end drops the mark in
+    the same atomic change, so no ended history holds one and a retry re-runs the failed step.
+    A cancelled run keeps its mark, and so does a run parked blocked (still to be ended)."""
+    for status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.BLOCKED):
+        run_id = f"r-{status.value}"
+        await store.create_run(run(run_id, status=RunStatus.RUNNING, owner="A", lease_until=1e12))
+        await store.begin_step(step(run_id, "1"))
+        assert await mark_in_store(store, run_id, "operator")
+        assert await store.finish_run(run_id, status)
+        kept = await store.get_step(run_id, CANCEL_MARK)
+        assert (kept is not None) is (status in (RunStatus.CANCELLED, RunStatus.BLOCKED))
+        assert sorted(s.step_id for s in await store.get_steps(run_id)) == (
+            ["1", CANCEL_MARK] if kept else ["1"]
+        )
+    # A failed run holding a mark from its previous life (written by an older version): the
+    # reopening of its retry drops it; a blocked run's mark stays (its cancel still stands).
+    await store.create_run(run("old", status=RunStatus.RUNNING, owner="A", lease_until=1e12))
+    await store.begin_step(step("old", "1", status=S.FAILED))
+    assert await store.finish_run("old", RunStatus.FAILED)
+    await store.begin_step(cancel_mark("old", "stale"))  # as the unguarded begin once wrote it
+    assert await store.get_step("old", CANCEL_MARK) is not None
+    assert await store.reopen_run("old", [step("old", "1", attempt=2)], run_timeout=None)
+    assert await store.get_step("old", CANCEL_MARK) is None
+    assert await store.reopen_run("r-blocked", [], run_timeout=None)
+    assert await store.get_step("r-blocked", CANCEL_MARK) is not None
 
 
 async def test_step_fields_round_trip(store: RunStore) -> None:

@@ -22,6 +22,7 @@ from durable_trio._engine import (
     open_engine,
     open_worker,
 )
+from durable_trio._engine._cancel import CANCEL_MARK, mark_in_store
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -271,3 +272,64 @@ async def test_the_operators_cancel_reaches_the_owner_which_compensates(
     assert ran == Counter({"book:flight": 1, "hotel": 1, "undo:flight": 1})
     assert record.updated_at == 7.0  # as from another engine (see above)
     assert record.updated_at <= returned <= record.updated_at + 0.5  # its poll of the store
+
+
+# ---------------------------------------------------------------- issue 36: cancel vs end race
+
+
+def racing_app(attempts: Counter[str], store_of: list[Any]) -> App:
+    """A workflow whose local step writes the operator's cancel mark into its own run, then
+    fails for good in the same breath: the run ends failed before the owner can deliver it."""
+    app = App("race")
+
+    @app.workflow("flaky")
+    async def flaky(ctx: WorkflowContext, _: Any) -> str:
+        async def charge() -> str:
+            attempts["charge"] += 1
+            if attempts["charge"] == 1:
+                assert await mark_in_store(store_of[0], ctx.run_id, "operator")
+                raise ValueError("card declined")
+            return "charged"
+
+        return str(await ctx.run("charge", charge, retry=dt.Retry(max_attempts=1)))
+
+    return app
+
+
+async def test_a_cancel_landing_just_before_the_failure_leaves_no_mark_and_retry_reruns(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Issue 36, item 2: the mark landed while the run was unfinished, the run then failed
+    before the cancel reached the workflow: it ended failed (the end wins), its history holds
+    no mark, and ``retry`` re-runs the failed step to completion instead of ending cancelled."""
+    attempts: Counter[str] = Counter()
+    store_of: list[Any] = []
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(racing_app(attempts, store_of), backend) as engine:
+            store_of.append(engine.store)
+            await engine.start("flaky", run_id="r")
+            with pytest.raises(dt.RunFailed):
+                await engine.result("r")
+            assert (await engine.get("r")).status is RunStatus.FAILED  # not cancelled
+            assert await engine.store.get_step("r", CANCEL_MARK) is None
+            assert await engine.cancel("r") is False  # already ended (failed)
+            await engine.retry("r")
+            assert await engine.result("r") == "charged"
+    assert attempts["charge"] == 2
+
+
+async def test_a_cancel_of_a_run_settled_elsewhere_writes_no_mark(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Issue 36, item 2: the owner's ``engine.cancel`` of a run its driver still drives, but
+    which another engine settled meanwhile (a split brain): no mark lands in the ended run."""
+    ran: Counter[str] = Counter()
+    async with dt.open_backend("memory://") as backend:
+        app = saga_app(ran)
+        async with open_worker(app, backend), open_engine(app, backend) as engine:
+            await engine.start("trip", run_id="t")
+            await trio.sleep(5)
+            assert await engine.store.finish_run("t", RunStatus.FAILED, error={"type": "X"})
+            with trio.fail_after(60):
+                assert await engine.cancel("t") is False
+            assert await engine.store.get_step("t", CANCEL_MARK) is None

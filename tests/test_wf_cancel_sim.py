@@ -92,3 +92,73 @@ def test_cancelled_runs_end_cancelled_and_compensate_with_engines_killed(
     assert set(UNDONE) <= cancelled
     delivered = {run for run in cancelled if "cut" in outcomes[run][1]}
     assert len(set(UNDONE) & delivered) >= len(delivered) - report.faults["engine-kill"]
+
+
+# ---------------------------------------------------------------- issue 36: cancels racing ends
+
+
+async def racer(ctx: dt.WorkflowContext, plan: dict[str, Any]) -> str:
+    """Sleeps ``hold``, then fails for good (a local step, one attempt) or completes (a
+    remote step): a cancel planned at about ``hold`` races the run's end."""
+    await ctx.sleep(plan["hold"])
+    if plan["fail"]:
+
+        def declined() -> None:
+            raise ValueError("declined")
+
+        await ctx.run("charge", declined, retry=dt.Retry(max_attempts=1))
+    return str(await ctx.step("finish", plan["index"]))
+
+
+def racing_app(name: str, *, remote: bool) -> dt.App:
+    app = dt.App(name)
+
+    @app.step("finish")
+    async def finish(index: int) -> int:
+        return index
+
+    app.workflow("racer", remote=remote)(racer)
+    return app
+
+
+def racing_workload(rng: random.Random, index: int) -> tuple[str, Any]:
+    return "racer", {"index": index, "hold": rng.uniform(10, 300), "fail": rng.random() < 0.5}
+
+
+def racing_cancels(rng: random.Random, workflow: str, plan: dict[str, Any]) -> float | None:
+    """Every run cancelled about when it ends (to the exact virtual instant for some); half
+    through an engine, half through the operator's mark (a negative delay)."""
+    del workflow
+    delay = float(plan["hold"]) + rng.choice([0.0, 0.0, -0.5, 0.001, 0.05, 0.5, 1.0, 3.0])
+    return delay if rng.random() < 0.5 else -delay
+
+
+RACING_SEEDS = [(False, 11), (False, 12), (True, 13)]
+
+
+@pytest.mark.parametrize(("remote", "seed"), RACING_SEEDS)
+def test_cancels_racing_the_runs_end_leave_no_mark_in_an_ended_run(remote: bool, seed: int) -> None:
+    """Issue 36, item 2: every run cancelled about when it fails or completes, through every
+    route (the owner's engine.cancel, another engine's, the operator's mark), engines killed:
+    a run that ended completed or failed holds no mark, a cancel that said True left the run
+    cancelled (the harness's cancel invariants)."""
+    simulation = Simulation(
+        racing_app("sim-race-remote" if remote else "sim-race", remote=remote),
+        racing_workload,
+        seed=seed,
+        runs=80,
+        duration=1800,
+        engines=2,
+        faults=attrs.evolve(CHAOS, engine_kills_per_hour=4.0),
+        expected_output=None,
+        cancels=racing_cancels,
+        engine_options={"turn_timeout": 120.0} if remote else None,
+    )
+    report = simulation.run_sync()
+    assert report.violations == ()
+    outcomes = simulation._runs.outcomes
+    ends = Counter(status for status, _ in outcomes.values())
+    # The races went every way: some runs cancelled, some failed and some completed first.
+    assert ends["cancelled"] > 5
+    assert ends["failed"] > 3
+    assert ends["completed"] > 3

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from ._app import App, StepDefinition, WorkflowDefinition
 from ._audit import StepLost
-from ._children import ChildFailed
+from ._children import ChildDepthExceeded, ChildFailed
 from ._context import StepHandle, StepInfo, WorkflowContext, step_info
 from ._duplicates import DuplicateResult
 from ._engine import Engine
@@ -71,6 +71,7 @@ from ._worker import Worker, WorkerStatistics, open_worker
 __all__ = [
     "App",
     "Applied",
+    "ChildDepthExceeded",
     "ChildFailed",
     "DuplicateResult",
     "Engine",

@@ -51,8 +51,13 @@ async def cancel_inside(
         return False
     store = services.store
     mark = cancel_mark(driver.run.run_id, reason)
-    await services.guard(lambda: store.begin_step(mark), "checkpointing")
-    if driver.settling or driver.done.is_set():
+    # Guarded: a run settled since the caller looked (by this driver, or by another engine
+    # in a split brain) keeps the history it ended with, no mark its retry would deliver.
+    stored = await services.guard(lambda: store.begin_step_unless_finished(mark), "checkpointing")
+    if stored is None or driver.settling or driver.done.is_set():
+        # Ended first: the cancel did not reach the workflow. A mark written just before the
+        # end is dropped by that end's finish_run (docs/engine.md, "A cancel racing the
+        # run's end"), so it ended as it did and this call says so.
         await driver.done.wait()
         return False
     deliver_local(driver, reason, grace)

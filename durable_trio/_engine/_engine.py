@@ -99,7 +99,9 @@ class Engine:
         services.start_run = lambda workflow, input, run_id, parent: self.start(
             workflow, input, run_id=run_id, parent=parent
         )
-        services.cancel_run = lambda run_id, reason: self.cancel(run_id, reason=reason)
+        # One run: a driver ending its children, or a child met under a cancelled parent,
+        # walks the tree itself (cancel_children).
+        services.cancel_run = self._cancel_one
         self._results = results
         self._timers = timers
         self._watch: StepWatch | None = None
@@ -356,6 +358,10 @@ class Engine:
                 f"(registered: {', '.join(self.app.workflows) or 'none'})"
             )
         value = normalize_json(input, f"the input of workflow {workflow!r}")
+        depth = 0
+        if parent is not None:  # a child: one more ancestor than its parent (issue 36)
+            above = await self.store.get_run(parent)
+            depth = 1 if above is None else above.depth + 1
         now = self.store.now()
         record = RunRecord(
             run_id=run_id or uuid.uuid4().hex,
@@ -369,6 +375,7 @@ class Engine:
             timeout=seconds,
             trace=run_trace(workflow),
             parent=parent,
+            depth=depth,
         )
         stored, created = await self.store.create_run(record)
         if not created:
@@ -577,12 +584,23 @@ class Engine:
         (best-effort, point-to-point control) to cancel its running steps. Late results are
         ignored (counted as orphans).
 
+        Its descendants started with ``on_parent_cancel="cancel"`` (the default) are cancelled
+        too, each the same way, breadth-first from the root down, iteratively (any depth);
+        calling it again on a run already cancelled finishes the cancel of its descendants if
+        an earlier one was interrupted (docs/engine.md, "Child workflows").
+
         Returns:
             Whether this call cancelled it (``False``: it had already ended).
 
         Raises:
             RunNotFound: no such run.
         """
+        cancelled = await self._cancel_one(run_id, reason)
+        await cancel_children(self.store, run_id, self._cancel_one)
+        return cancelled
+
+    async def _cancel_one(self, run_id: str, reason: str = "cancelled") -> bool:
+        """:meth:`cancel` of ``run_id`` alone (a driver's end still cancels its own children)."""
         await self.get(run_id)
         driver = self._services.drivers.get(run_id)
         if isinstance(driver, RunDriver) and not driver.settling:
@@ -602,7 +620,14 @@ class Engine:
                 await self._cancel_steps(run_id)
             return cancelled
         current = await self.get(run_id)
-        elsewhere = driver is None and current.status is RunStatus.RUNNING and current.owner
+        # (Its owner's lease expired: nobody drives it, nobody would deliver a mark.)
+        elsewhere = (
+            driver is None
+            and current.status is RunStatus.RUNNING
+            and current.owner
+            and current.lease_until is not None
+            and current.lease_until > self.store.now()
+        )
         # Driven by another engine: the mark tells its owner, which delivers it (its
         # compensation bounded by its own cancel_grace); settled here if it has not ended
         # within this engine's grace plus a lease (an owner that died or ignores marks).
@@ -619,8 +644,6 @@ class Engine:
         cancelled = await self.store.finish_run(run_id, RunStatus.CANCELLED, error=error)
         if driver is not None:
             driver.scope.cancel()
-        # Its children go too, unless started with on_parent_cancel="abandon" (issue 18).
-        await cancel_children(self.store, run_id, lambda child, why: self.cancel(child, reason=why))
         if cancelled:
             self._services.count("runs_cancelled")
             record = await self.store.get_run(run_id)

@@ -50,6 +50,7 @@ async def open_engine(
     serve_tenants: bool = False,
     heartbeat_check_interval: float = 1.0,
     cancel_grace: float = 30.0,
+    max_child_depth: int = 100,
     **transport_options: Any,
 ) -> AsyncIterator[Engine]:
     """Open an engine that drives ``app``'s workflows over ``backend``.
@@ -72,7 +73,8 @@ async def open_engine(
             :class:`EngineOptions` (``docs/engine.md``, "Step timeouts").
         audit_interval: (keyword) the loss audit's period, see :class:`EngineOptions`.
             release_on_close, default_retry, seed, turn_timeout, serve_tenants,
-            heartbeat_check_interval, cancel_grace: see :class:`EngineOptions`.
+            heartbeat_check_interval, cancel_grace, max_child_depth: see
+            :class:`EngineOptions`.
         **transport_options: :func:`~durable_trio.open_queue_transport` options; ``namespace``
             defaults to the app's name, ``result_concurrency`` to 16.
 
@@ -101,6 +103,7 @@ async def open_engine(
         **schedule_options(transport_options),
         heartbeat_check_interval=heartbeat_check_interval,
         cancel_grace=cancel_grace,
+        max_child_depth=max_child_depth,
     )
     transport_options.setdefault("namespace", app.name)
     transport_options.setdefault("result_concurrency", 16)

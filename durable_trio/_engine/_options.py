@@ -28,6 +28,11 @@ def _optional_non_negative(_: Any, attribute: attrs.Attribute[Any], value: float
         raise ConfigError(f"{attribute.name} must be >= 0 seconds or None, got {value!r}")
 
 
+def _depth(_: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+    if type(value) is not int or value < 0:
+        raise ConfigError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class EngineOptions:
     """The engine's own knobs (the transport's are passed through to it)."""
@@ -98,6 +103,11 @@ class EngineOptions:
     """Schedules: the scheduler sleeps until the next tick, but re-reads the stored schedules
     at least this often (for schedules added or changed by another engine or the CLI)."""
 
+    max_child_depth: int = attrs.field(default=100, validator=_depth)
+    """The most ancestors a run may have (issue 36): ``ctx.child`` / ``ctx.start_child`` in a
+    run with this many raises :class:`~durable_trio.ChildDepthExceeded` (not retryable) and
+    starts nothing, so a workflow that starts itself as a child stops there instead of growing
+    without end (docs/engine.md, "Child workflows")."""
     cancel_grace: float = attrs.field(default=30.0, validator=_positive)
     """Seconds a cancelled run driven here may spend in its compensation (the code that
     catches :class:`RunCancelled`) before it is cut; the run ends cancelled either way

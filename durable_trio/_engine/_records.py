@@ -7,7 +7,7 @@ one engine process can be read, replayed and finished by another.
 from __future__ import annotations
 
 import enum
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import attrs
 import orjson
@@ -18,6 +18,7 @@ from .._wire import JSONValue, StepError
 
 __all__ = [
     "ATTEMPT_LOG_LIMIT",
+    "CANCEL_STEP_ID",
     "Applied",
     "RunPage",
     "RunRecord",
@@ -39,6 +40,11 @@ __all__ = [
     "step_position",
     "step_to_json",
 ]
+
+
+CANCEL_STEP_ID: Final = "cancel:run"
+"""The step id of a run's cancel mark (:mod:`._cancel`): stores drop it when the run ends
+otherwise (docs/engine.md, "A cancel racing the run's end")."""
 
 
 class RunStatus(enum.StrEnum):
@@ -152,6 +158,9 @@ class RunRecord:
     parent: str | None = None
     """The run that started this one as a child workflow (``ctx.child``, issue 18), or
     ``None``."""
+    depth: int = 0
+    """How many ancestors it has: 0 for a run started by ``engine.start``, its parent's plus
+    one for a child (issue 36: a child past the engine's ``max_child_depth`` is refused)."""
 
     @property
     def deadline(self) -> float | None:

@@ -31,7 +31,7 @@ import trio
 from .._errors import PayloadError
 from .._wire import DecisionStatus, StepEventKind, WorkflowTask
 from ._cancel import CANCEL_MARK, mark_reason
-from ._children import ChildFailed, cancel_children, wait_child
+from ._children import ChildFailed, cancel_children, child_step, start_child_run, wait_child
 from ._records import (
     Applied,
     RunRecord,
@@ -196,31 +196,20 @@ async def _apply_command(services: DriverServices, run: RunRecord, command: Any)
         if mode not in ("cancel", "abandon"):
             raise _BadDecision(f"a child command's onParentCancel is {mode!r}")
         value = normalize_json(command.get("input"), f"the input of child workflow {name!r}")
-        child = StepRecord(
-            run_id=run.run_id,
-            step_id=step_id,
-            kind=StepKind.CHILD,
-            name=name,
-            status=StepState.PENDING,
-            input={"runId": child_id, "input": value, "onParentCancel": mode},
+        # Failed at once if past max_child_depth; only while the parent is unfinished.
+        child = child_step(
+            run.run_id, run.depth, services.options.max_child_depth, step_id, name, value,
+            child_id, mode,
+        )  # fmt: skip
+        found = await services.guard(
+            lambda: store.begin_step_unless_finished(child), "checkpointing"
         )
-        stored = await services.guard(lambda: store.begin_step(child), "checkpointing")
-        if (stored.kind, stored.name) != (StepKind.CHILD, name):
-            return False
-        if stored.status is StepState.PENDING:
-            await _start_child_run(services, stored)
+        if found is None or (found.kind, found.name) != (StepKind.CHILD, name):
+            return False  # (ended meanwhile: the driver's next turn finds it so)
+        if found.status is StepState.PENDING:
+            await start_child_run(services, found)  # (refused: the next turn finds it failed)
         return True
     raise _BadDecision(f"unknown decision command type {kind!r}")
-
-
-async def _start_child_run(services: DriverServices, record: StepRecord) -> None:
-    """Start the child of CHILD checkpoint ``record`` (idempotent: again after a crash)."""
-    start_run = getattr(services, "start_run", None)
-    assert start_run is not None
-    assert isinstance(record.input, dict)
-    await start_run(
-        record.name, record.input.get("input"), str(record.input["runId"]), record.run_id
-    )
 
 
 async def apply_decision(services: DriverServices, decision: WorkflowDecision) -> None:
@@ -407,7 +396,9 @@ class RemoteRunDriver:
         if cancel is None:  # pragma: no cover - every engine sets it
             return
         await services.guard(
-            lambda: cancel_children(services.store, self.run.run_id, cancel, ended="ended"),
+            lambda: cancel_children(
+                services.store, self.run.run_id, cancel, ended="ended", descend_ended=False
+            ),
             "cancelling children",
         )
 
@@ -604,7 +595,7 @@ class RemoteRunDriver:
                     nursery.cancel_scope.cancel()
 
                 async def child(record: StepRecord) -> None:
-                    await _start_child_run(services, record)
+                    await start_child_run(services, record)
                     with contextlib.suppress(ChildFailed):  # its end is checkpointed either way
                         await wait_child(services, record, self._stop_child_wait)
                     nursery.cancel_scope.cancel()

@@ -25,9 +25,16 @@ from .._errors import PayloadError
 from .._wire import StepError
 from . import _signals
 from ._cancel import CancelState, mark_reason
-from ._children import ChildFailed, OnParentCancel, cancel_children, start_child, wait_child
+from ._children import (
+    ChildFailed,
+    OnParentCancel,
+    cancel_children,
+    child_error,
+    start_child,
+    wait_child,
+)
 from ._context import _CURRENT_STEP, StepInfo, WorkflowContext
-from ._errors import EngineError, NonDeterminismError, StepFailed
+from ._errors import NonDeterminismError, StepFailed
 from ._records import (
     Applied,
     RunRecord,
@@ -433,22 +440,18 @@ class RunDriver:
         run_id: str | None,
         on_parent_cancel: OnParentCancel,
     ) -> StepRecord:
-        services = self.services
-        start_run = getattr(services, "start_run", None)
-        if start_run is None:  # pragma: no cover - every engine sets it
-            raise EngineError("this engine cannot start child workflows")
         self.children = True
-        return await start_child(
-            services,
-            self.history,
-            self.run.run_id,
-            step_id,
-            workflow,
-            input,
-            run_id,
+        record = await start_child(
+            self.services, self.history, self.run, step_id, workflow, input, run_id,
             on_parent_cancel,
-            start_run,
-        )
+        )  # fmt: skip
+        if record is None:  # this run ended meanwhile (cancelled): no child under it
+            await self._stop()
+            raise AssertionError("unreachable")  # pragma: no cover
+        if record.status is StepState.FAILED:  # refused (its depth): raised here, at once
+            assert isinstance(record.input, dict)
+            raise child_error(str(record.input["runId"]), record)
+        return record
 
     async def _end_children(self) -> None:
         services = self.services
@@ -461,6 +464,7 @@ class RunDriver:
                 self.run.run_id,
                 cancel,
                 ended=f"ended ({self.final.status.value if self.final else 'settled'})",
+                descend_ended=False,
             ),
             "cancelling children",
         )

@@ -31,7 +31,7 @@ from .._errors import BrokerError, DurableTrioError, PayloadError
 from .._failures import report_through
 from .._wire import DecisionStatus, StepError, StepEvent, StepEventKind, WorkflowDecision
 from ._cancel import lands_on, mark_reason
-from ._children import ChildFailed, child_run_id
+from ._children import ChildDepthExceeded, child_error, child_run_id
 from ._context import _CURRENT_STEP, Quiescence, StepInfo, WorkflowContext
 from ._errors import EngineError, NonDeterminismError, RunCancelled, StepFailed
 from ._records import (
@@ -135,6 +135,9 @@ class TurnDriver:
         self.child_ids[step_id] = child_id  # the history a turn gets holds no step inputs
         known = self._take(step_id, StepKind.CHILD, workflow)
         if known is not None:
+            refused = child_error(child_id, known)
+            if isinstance(refused, ChildDepthExceeded):  # raised at the call, as in the engine
+                raise refused
             return known
         self.commands.append(
             {
@@ -154,9 +157,7 @@ class TurnDriver:
             await self.tracker.block()
         if record.status is StepState.COMPLETED:
             return record.output
-        raise ChildFailed(
-            self.child_ids[record.step_id], record.name, record.error, record.step_id
-        )
+        raise child_error(self.child_ids[record.step_id], record)
 
     async def timer(self, step_id: str, seconds: float) -> None:
         known = self._take(step_id, StepKind.TIMER, "sleep")

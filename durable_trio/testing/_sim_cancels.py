@@ -8,7 +8,14 @@ engine (again through the next one if that engine dies), and the invariants of a
 - a cancelled run's history holds the cancel mark when an engine delivered it inside the
   workflow (``"cut"`` present in the error), so a replay of it ends cancelled too;
 - no cancel mark is written into the history of a run that had already ended (a cancel racing
-  the run's end: a failed run with a mark would be cancelled by its own retry).
+  the run's end: a failed run with a mark would be cancelled by its own retry);
+- no run that ended completed or failed holds a cancel mark (issue 36: one written while it was
+  unfinished is dropped by the end that beat the cancel to the workflow).
+
+A cancel goes through a live engine (``engine.cancel``: the owner's delivery, or another
+engine's mark and wait), or, for a run the plan marks so, through the operator's route: the
+mark written straight into the store, as ``runs cancel --no-wait`` does, for the owner's watch
+(or the engine that takes the run over) to deliver.
 
 What the workflow's compensation did is the app's to check (its ``expected`` callables see
 completed runs only): ``tests/test_wf_cancel_sim.py`` checks its own saga's.
@@ -22,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._engine import RunNotFound
-from .._engine._cancel import CANCEL_MARK
+from .._engine._cancel import CANCEL_MARK, mark_in_store
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -35,7 +42,7 @@ __all__ = ["CancelPlan", "cancel_later", "check_cancels"]
 if TYPE_CHECKING:
     CancelPlan = Callable[[random.Random, str, Any], float | None]
     """``(rng, workflow, input) -> delay after the start`` of the run's cancel (``None``: the
-    run is not cancelled)."""
+    run is not cancelled); a negative delay ``-d``: the operator's cancel after ``d``."""
 
 #: The reason the simulation's cancels give.
 REASON = "cancelled by the simulation"
@@ -57,9 +64,14 @@ async def cancel_later(
     delay = plan(random.Random(f"{seed}:cancels:{run_id}"), workflow, value)
     if delay is None:
         return
-    await trio.sleep(delay)
-    ledger.event("cancel", run=run_id)
+    operator = delay < 0
+    await trio.sleep(abs(delay))
+    ledger.event("cancel", run=run_id, operator=operator)
     asked[run_id] = False
+    if operator:  # requested only: whether it cancels is the run's race to run
+        requested = await mark_in_store(engines.store, run_id, REASON)
+        ledger.event("cancel-requested", run=run_id, requested=requested)
+        return
     try:
         cancelled = await engines.call(lambda engine: engine.cancel(run_id, reason=REASON))
     except RunNotFound:  # pragma: no cover - every run is started before its cancel
@@ -79,6 +91,8 @@ async def check_cancels(
     for run_id in store.late_marks:
         ledger.violation(f"{run_id}: a cancel mark was written after the run had ended")
     for run_id, (status, error) in sorted(outcomes.items()):
+        if status in ("completed", "failed") and await store.get_step(run_id, CANCEL_MARK):
+            ledger.violation(f"{run_id}: ended {status} with a cancel mark in its history")
         if asked.get(run_id) and status != "cancelled":
             ledger.violation(f"{run_id}: its cancel returned True but it ended {status}")
         if status != "cancelled":

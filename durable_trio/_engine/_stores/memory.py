@@ -14,6 +14,7 @@ import orjson
 import trio
 
 from .._records import (
+    CANCEL_STEP_ID,
     Applied,
     RunPage,
     RunRecord,
@@ -54,6 +55,7 @@ class _Run:
     timeout: float | None = None
     trace: bytes = b""
     parent: str | None = None
+    depth: int = 0
     steps: dict[str, _Step] = attrs.Factory(dict)
     signals: dict[str, list[str]] = attrs.Factory(dict)
     events: dict[str, str] = attrs.Factory(dict)
@@ -73,6 +75,7 @@ class _Run:
             timeout=self.timeout,
             trace=read_trace(self.trace),
             parent=self.parent,
+            depth=self.depth,
         )
 
 
@@ -170,6 +173,7 @@ class MemoryRunStore:
             timeout=run.timeout,
             trace=b"" if run.trace is None else _dumps(run.trace),
             parent=run.parent,
+            depth=run.depth,
         )
         return stored.out(), True
 
@@ -245,6 +249,8 @@ class MemoryRunStore:
         run = self._runs.get(run_id)
         if run is None or run.status not in (RunStatus.FAILED, RunStatus.BLOCKED):
             return False
+        if run.status is RunStatus.FAILED:
+            run.steps.pop(CANCEL_STEP_ID, None)  # a stale mark of its previous life
         now = self.now()
         run.status, run.updated_at = RunStatus.PENDING, now
         run.output = run.error = b"null"
@@ -326,6 +332,8 @@ class MemoryRunStore:
         run.output, run.error = _dumps(output), _dumps(error)
         run.status, run.updated_at = status, self.now()
         run.owner = run.lease_until = None
+        if status in (RunStatus.COMPLETED, RunStatus.FAILED):
+            run.steps.pop(CANCEL_STEP_ID, None)  # ended before the cancel reached it
         return True
 
     # -- steps ------------------------------------------------------------------------------

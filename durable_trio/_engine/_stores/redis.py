@@ -39,6 +39,7 @@ import trio
 from ..._errors import BrokerError, ConfigError, TransportClosed
 from ..._redis import RedisClusterClient
 from .._records import (
+    CANCEL_STEP_ID,
     Applied,
     RunPage,
     RunRecord,
@@ -89,7 +90,7 @@ return gone
 """
 
 # KEYS: run, seq, all. ARGV: prefix, id, workflow, status, input, output, error, owner, lease, now,
-# timeout, trace ('' = none), parent ('' = none)
+# timeout, trace ('' = none), parent ('' = none), depth
 _CREATE_RUN: Final = (
     _LUA_HELPERS
     + """
@@ -101,7 +102,7 @@ local seq = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'workflow', ARGV[3], 'status', ARGV[4], 'input', ARGV[5],
   'output', ARGV[6], 'error', ARGV[7], 'owner', ARGV[8], 'lease', ARGV[9],
   'created', ARGV[10], 'updated', ARGV[10], 'seq', seq, 'timeout', ARGV[11], 'trace', ARGV[12],
-  'parent', ARGV[13])
+  'parent', ARGV[13], 'depth', ARGV[14])
 redis.call('ZADD', KEYS[3], seq, id)
 move(prefix, id, false, ARGV[4], seq)
 if active(ARGV[4]) then
@@ -191,7 +192,8 @@ return 1
 """
 )
 
-# ARGV: prefix, id, status, output, error, now
+# KEYS: run, cancel mark step, steps. ARGV: prefix, id, status, output, error, now, mark id.
+# A run ending completed or failed drops its cancel mark (ended before the cancel reached it).
 _FINISH: Final = (
     _LUA_HELPERS
     + """
@@ -205,6 +207,10 @@ redis.call('HSET', key, 'status', ARGV[3], 'output', ARGV[4], 'error', ARGV[5], 
   'lease', '', 'updated', ARGV[6])
 move(prefix, id, st, ARGV[3], redis.call('HGET', key, 'seq'))
 redis.call('ZREM', prefix .. ':leases', id)
+if ARGV[3] == 'completed' or ARGV[3] == 'failed' then
+  redis.call('DEL', KEYS[2])
+  redis.call('ZREM', KEYS[3], ARGV[7])
+end
 return 1
 """
 )
@@ -321,20 +327,25 @@ out[1] = string.sub(bound, 2)
 return out
 """
 
-# KEYS: run, step... ARGV: prefix, id, timeout, now, then per step: status, attempt, error,
-# retry, wake_at, dispatched, attempts
+# KEYS: run, cancel mark step, steps, step... ARGV: prefix, id, timeout, now, mark id, then per
+# step: status, attempt, error, retry, wake_at, dispatched, attempts. A failed run's cancel mark
+# (a stale one of its previous life) is dropped.
 _REOPEN: Final = (
     _LUA_HELPERS
     + """
 local prefix, id = ARGV[1], ARGV[2]
 local st = redis.call('HGET', KEYS[1], 'status')
 if st ~= 'failed' and st ~= 'blocked' then return 0 end
+if st == 'failed' then
+  redis.call('DEL', KEYS[2])
+  redis.call('ZREM', KEYS[3], ARGV[5])
+end
 redis.call('HSET', KEYS[1], 'status', 'pending', 'owner', '', 'lease', '', 'output', 'null',
   'error', 'null', 'timeout', ARGV[3], 'updated', ARGV[4])
 move(prefix, id, st, 'pending', redis.call('HGET', KEYS[1], 'seq'))
 redis.call('ZADD', prefix .. ':leases', 0, id)
-for i = 2, #KEYS do
-  local a = 5 + (i - 2) * 7
+for i = 4, #KEYS do
+  local a = 6 + (i - 4) * 7
   if redis.call('EXISTS', KEYS[i]) == 1 then
     redis.call('HSET', KEYS[i], 'status', ARGV[a], 'attempt', ARGV[a + 1], 'error', ARGV[a + 2],
       'retry', ARGV[a + 3], 'wake_at', ARGV[a + 4], 'dispatched', ARGV[a + 5],
@@ -392,6 +403,7 @@ def _run(run_id: str, f: dict[bytes, bytes]) -> RunRecord:
         timeout=_opt_float(f.get(b"timeout")),  # absent: a run stored before timeouts
         trace=read_trace(f.get(b"trace")),  # absent: a run stored before traces
         parent=f.get(b"parent", b"").decode() or None,  # absent: stored before children
+        depth=int(f.get(b"depth", b"0")),  # absent: stored before the depth limit
     )
 
 
@@ -592,7 +604,8 @@ class RedisRunStore:
             (self._run_key(run.run_id), f"{prefix}:seq", f"{prefix}:all"),
             (prefix, run.run_id, run.workflow, run.status.value, _dumps(run.input),
              _dumps(run.output), _dumps(run.error), run.owner or "", _num(run.lease_until),
-             _num(now), _num(run.timeout), _optional_dumps(run.trace), run.parent or ""),
+             _num(now), _num(run.timeout), _optional_dumps(run.trace), run.parent or "",
+             run.depth),
         )  # fmt: skip
         if reply[0] == 1:  # created as given: no need to read it back
             return attrs.evolve(run, created_at=now, updated_at=now), True
@@ -726,15 +739,18 @@ class RedisRunStore:
     async def reopen_run(
         self, run_id: str, steps: Sequence[StepRecord], *, run_timeout: float | None
     ) -> bool:
-        args: list[Any] = [self._prefix_of(run_id), run_id, _num(run_timeout), _num(self.now())]
+        args: list[Any] = [
+            self._prefix_of(run_id), run_id, _num(run_timeout), _num(self.now()), CANCEL_STEP_ID
+        ]  # fmt: skip
         for step in steps:
             args += [step.status.value, step.attempt, _dumps(step.error), _dumps(step.retry),
                      _num(step.wake_at), "1" if step.dispatched else "0",
                      _dumps(step.attempts)]  # fmt: skip
         done = await self._reopen(
-            (self._run_key(run_id), *(self._step_key(run_id, s.step_id) for s in steps)),
+            (self._run_key(run_id), self._step_key(run_id, CANCEL_STEP_ID),
+             self._steps_key(run_id), *(self._step_key(run_id, s.step_id) for s in steps)),
             tuple(args),
-        )
+        )  # fmt: skip
         return bool(done == 1)
 
     async def claim_runs(
@@ -796,9 +812,10 @@ class RedisRunStore:
         error: object = None,
     ) -> bool:
         done = await self._finish(
-            (self._run_key(run_id),),
+            (self._run_key(run_id), self._step_key(run_id, CANCEL_STEP_ID),
+             self._steps_key(run_id)),
             (self._prefix_of(run_id), run_id, status.value, _dumps(output), _dumps(error),
-             _num(self.now())),
+             _num(self.now()), CANCEL_STEP_ID),
         )  # fmt: skip
         return bool(done == 1)
 

@@ -42,6 +42,7 @@ from ...adapters.sqlite import (
     translate_error,
 )
 from .._records import (
+    CANCEL_STEP_ID,
     Applied,
     RunPage,
     RunRecord,
@@ -79,6 +80,7 @@ _SCHEMA: Final = (
         timeout REAL,
         trace TEXT,
         parent TEXT,
+        depth INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (namespace, run_id)
     ) WITHOUT ROWID
     """,
@@ -129,7 +131,7 @@ _SCHEMA: Final = (
 
 _RUN_COLUMNS: Final = (
     "run_id, workflow, input, status, created_at, updated_at, output, error, owner, lease_until, "
-    "timeout, trace, parent"
+    "timeout, trace, parent, depth"
 )
 _STEP_COLUMNS: Final = (
     "run_id, step_id, kind, name, status, attempt, input, output, error, retry, wake_at, "
@@ -139,7 +141,7 @@ _STEP_COLUMNS: Final = (
 _INSERT_RUN: Final = f"""
     INSERT INTO dt_runs (namespace, seq, {_RUN_COLUMNS})
     VALUES (?1, (SELECT coalesce(max(seq), 0) + 1 FROM dt_runs WHERE namespace = ?1),
-            ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+            ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
     ON CONFLICT (namespace, run_id) DO NOTHING
 """
 _GET_RUN: Final = f"SELECT {_RUN_COLUMNS} FROM dt_runs WHERE namespace = ?1 AND run_id = ?2"
@@ -165,6 +167,10 @@ _FINISH: Final = """
     UPDATE dt_runs SET status = ?3, output = ?4, error = ?5, owner = NULL, lease_until = NULL,
         updated_at = ?6
     WHERE namespace = ?1 AND run_id = ?2 AND status IN ('pending', 'running', 'blocked')
+"""
+# The cancel mark of a run that ended otherwise (docs/engine.md, "A cancel racing the run's end").
+_DROP_MARK: Final = f"""
+    DELETE FROM dt_steps WHERE namespace = ?1 AND run_id = ?2 AND step_id = '{CANCEL_STEP_ID}'
 """
 _INSERT_STEP: Final = f"""
     INSERT INTO dt_steps (namespace, position, {_STEP_COLUMNS})
@@ -208,7 +214,7 @@ def _optional_dumps(value: Any) -> str | None:
 
 def _run(row: tuple[Any, ...]) -> RunRecord:
     (run_id, workflow, input_, status, created, updated, output, error, owner, lease,
-     timeout, trace, parent) = row  # fmt: skip
+     timeout, trace, parent, depth) = row  # fmt: skip
     return RunRecord(
         run_id=run_id,
         workflow=workflow,
@@ -223,6 +229,7 @@ def _run(row: tuple[Any, ...]) -> RunRecord:
         timeout=timeout,
         trace=read_trace(trace),
         parent=parent,
+        depth=depth,
     )
 
 
@@ -320,6 +327,9 @@ def _create_schema(db: sqlite3.Connection) -> None:
     # A file written before child workflows: add the column (NULL: no parent).
     if "parent" not in columns:
         db.execute("ALTER TABLE dt_runs ADD COLUMN parent TEXT")
+    # A file written before the child depth limit (issue 36): 0, as a run with no ancestor.
+    if "depth" not in columns:
+        db.execute("ALTER TABLE dt_runs ADD COLUMN depth INTEGER NOT NULL DEFAULT 0")
     # A file written before step heartbeats: add their columns (NULL: none).
     columns = {row[1] for row in db.execute("PRAGMA table_info(dt_steps)")}
     if "heartbeat_timeout" not in columns:
@@ -366,7 +376,7 @@ def _op_create_run(
         _INSERT_RUN,
         (ns, run.run_id, run.workflow, _dumps(run.input), run.status.value, now, now,
          _dumps(run.output), _dumps(run.error), run.owner, run.lease_until, run.timeout,
-         _optional_dumps(run.trace), run.parent),
+         _optional_dumps(run.trace), run.parent, run.depth),
     )  # fmt: skip
     if cursor.rowcount == 1:  # inserted as given: no need to read it back
         return attrs.evolve(run, created_at=now, updated_at=now), True
@@ -450,8 +460,11 @@ def _op_reopen(
     now: float,
     db: sqlite3.Connection,
 ) -> bool:
+    failed = _run_status(ns, run_id, db) == RunStatus.FAILED.value
     if db.execute(_REOPEN_RUN, (ns, run_id, timeout, now)).rowcount != 1:
         return False
+    if failed:
+        db.execute(_DROP_MARK, (ns, run_id))  # a stale mark of its previous life
     db.executemany(
         _REOPEN_STEP,
         [
@@ -498,7 +511,11 @@ def _op_finish(
     ns: str, run_id: str, status: str, output: str, error: str, now: float, db: sqlite3.Connection
 ) -> bool:
     cursor = db.execute(_FINISH, (ns, run_id, status, output, error, now))
-    return cursor.rowcount == 1
+    if cursor.rowcount != 1:
+        return False
+    if status in (RunStatus.COMPLETED.value, RunStatus.FAILED.value):
+        db.execute(_DROP_MARK, (ns, run_id))  # ended before the cancel reached it
+    return True
 
 
 _SIGNAL_SCHEMA: Final = (
@@ -524,12 +541,18 @@ _SIGNAL_SCHEMA: Final = (
 )
 
 
-def _unknown_or_ended(ns: str, run_id: str, db: sqlite3.Connection) -> bool:
-    """Whether the run is missing or ended (read in the caller's transaction)."""
+def _run_status(ns: str, run_id: str, db: sqlite3.Connection) -> str | None:
+    """The run's status (``None``: unknown), read in the caller's transaction."""
     row = db.execute(
         "SELECT status FROM dt_runs WHERE namespace = ? AND run_id = ?", (ns, run_id)
     ).fetchone()
-    return row is None or RunStatus(row[0]).terminal
+    return None if row is None else str(row[0])
+
+
+def _unknown_or_ended(ns: str, run_id: str, db: sqlite3.Connection) -> bool:
+    """Whether the run is missing or ended (read in the caller's transaction)."""
+    status = _run_status(ns, run_id, db)
+    return status is None or RunStatus(status).terminal
 
 
 def _op_append_signal(
