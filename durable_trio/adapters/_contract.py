@@ -259,10 +259,13 @@ class SupportsBatchFinalize(Protocol):
     ) -> list[bool]:
         """Push ``jobs`` (priority 0) onto ``push_queue``, THEN complete ``leases`` on
         ``queue``, in one round trip where the broker can: a worker's results and the
-        acknowledgements of their tasks. Not atomic across the two queues (on a Cluster they
-        live on different slots): a crash between the two leaves the task claimed, so it is
-        redelivered and its result published twice — never lost. Answers per lease, as
-        ``complete_job``'s."""
+        acknowledgements of their tasks. No lease is completed unless the push landed: a push
+        that fails (a full Redis refusing writes, a full disk) leaves every lease claimed and
+        raises (memory, SQLite and single-server Redis: one atomic step, both or neither). Where
+        the two queues cannot be written together (a Redis Cluster: two slots) the push is
+        sent first and the completes only after it landed, so a failure between the two leaves
+        the task claimed with its result published: redelivered, its result published twice —
+        never lost. Answers per lease, as ``complete_job``'s."""
         ...
 
 

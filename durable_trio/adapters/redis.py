@@ -509,6 +509,52 @@ return count
 """
 
 
+# KEYS: the push's (seq ready delayed jobs meta armed) of the results queue, then the
+# complete's (active jobs meta stalls claims) of the task queue.
+# ARGV: channel, job count, (id data priority) per job, then one token per lease.
+# Returns 1 or 0 per token (as _COMPLETE's). A worker's results and the acknowledgements of
+# their tasks: both or neither. The push comes first, and a script refused at its first write
+# (Redis out of memory: -OOM) or failing in the push writes nothing after it, so a task is never
+# acknowledged without its result; the complete's keys are read first (a wrong type fails the
+# script before any write).
+_PUSH_AND_COMPLETE_MANY: Final = """
+redis.call('ZCARD', KEYS[7])
+redis.call('HEXISTS', KEYS[8], '0')
+redis.call('HEXISTS', KEYS[9], '0')
+redis.call('HEXISTS', KEYS[10], '0')
+redis.call('HEXISTS', KEYS[11], '0')
+local count = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local pushed_at = t[1] .. ' ' .. t[2]
+local seq = redis.call('INCRBY', KEYS[1], count) - count
+for i = 0, count - 1 do
+  seq = seq + 1
+  local n = string.format('%d', seq)
+  local priority = ARGV[5 + 3 * i]
+  redis.call('HSET', KEYS[4], n, ARGV[4 + 3 * i], 't' .. n, pushed_at)
+  redis.call('HSET', KEYS[5], n, priority .. ':0:0:' .. ARGV[3 + 3 * i])
+  redis.call('ZADD', KEYS[2], priority, string.format('%016d', seq) .. n)
+end
+if redis.call('DEL', KEYS[6]) == 1 then
+  redis.call('PUBLISH', ARGV[1], '')
+end
+local out = {}
+for i = 3 + 3 * count, #ARGV do
+  local token = ARGV[i]
+  local n = string.match(token, '^(%d+):')
+  if not n or redis.call('ZREM', KEYS[7], token) == 0 then
+    out[#out + 1] = 0
+  else
+    redis.call('HDEL', KEYS[8], n, 't' .. n)
+    redis.call('HDEL', KEYS[9], n)
+    redis.call('HDEL', KEYS[10], n)
+    redis.call('HDEL', KEYS[11], n)
+    out[#out + 1] = 1
+  end
+end
+return out
+"""
+
 # KEYS: active jobs meta stalls claims failed
 # ARGV: token error retention
 # A job whose meta is unreadable or gone is failed all the same, kept as found (see
@@ -1356,6 +1402,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
         self._complete: Script = self._script(_COMPLETE)
         self._complete_many: Script = self._script(_COMPLETE_MANY)
         self._push_many: Script = self._script(_PUSH_MANY)
+        self._push_and_complete: Script = self._script(_PUSH_AND_COMPLETE_MANY)
         self._fail: Script = self._script(_FAIL)
         self._fail_and_push: Script = self._script(_FAIL_AND_PUSH)
         self._retry: Script = self._script(_RETRY)
@@ -1586,34 +1633,36 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
     async def push_and_complete_many(
         self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
     ) -> list[bool]:
-        """Push, then complete, as two scripts in ONE pipeline (one round trip; two queues may
-        live on two Cluster slots, so not one script)."""
+        """Push, then complete: both or neither on one server (one script), the complete only
+        once the push landed on a Cluster (see :meth:`_finish_commands`)."""
         if not jobs and not leases:
             await trio.lowlevel.checkpoint()
             return []
-        commands = self._finish_commands(push_queue, jobs, queue, leases)
+        commands = await self._finish_commands(push_queue, jobs, queue, leases)
         replies = await self._client.pipeline(commands)
         return [bool(answer) for answer in replies[-1]] if leases else []
 
-    def _finish_commands(
+    async def _finish_commands(
         self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
     ) -> list[tuple[RedisArg, ...]]:
-        """The push script for ``jobs`` (priority 0), then the complete script for
-        ``leases``, each left out when it has nothing to do."""
-        commands = []
+        """The commands that push ``jobs`` (priority 0) and complete ``leases``, no lease
+        completed unless the push landed (a push refused, say by a Redis out of memory, must
+        not leave its task acknowledged with no result): ONE script on one server; on a
+        Cluster the two queues are two slots, so the push is run first, here, and only the
+        complete is returned (a failure after the push leaves the task claimed: its result
+        may come twice, which the engine absorbs, never not at all)."""
+        push: list[Any] = [job_field for job in jobs for job_field in (job.id, job.data, 0)]
+        pq = self._queue(push_queue)
+        tokens = [lease.token for lease in leases]
+        keys = self._queue(queue).complete_keys if leases else ()
+        if not leases:
+            return [self._push_many.command(pq.push_keys, [pq.channel, *push])] if jobs else []
+        if jobs and not isinstance(self._client, RedisClusterClient):
+            args = [pq.channel, len(jobs), *push, *tokens]
+            return [self._push_and_complete.command((*pq.push_keys, *keys), args)]
         if jobs:
-            pq = self._queue(push_queue)
-            push_args: list[Any] = [pq.channel]
-            for job in jobs:
-                push_args += (job.id, job.data, 0)
-            commands.append(self._push_many.command(pq.push_keys, push_args))
-        if leases:
-            commands.append(
-                self._complete_many.command(
-                    self._queue(queue).complete_keys, [lease.token for lease in leases]
-                )
-            )
-        return commands
+            await self._push_many(pq.push_keys, [pq.channel, *push])
+        return [self._complete_many.command(keys, tokens)]
 
     async def finish_and_claim(
         self,
@@ -1625,13 +1674,13 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
         *,
         worker: str = "",
     ) -> tuple[list[bool], list[ClaimedJob]]:
-        """:meth:`push_and_complete_many`, then the claim script for ``count`` jobs, as three
-        scripts in ONE pipeline (one round trip; see
+        """:meth:`push_and_complete_many`, then the claim script for ``count`` jobs, in ONE
+        pipeline (one round trip; a Cluster's push goes first, alone; see
         :class:`~durable_trio.adapters.SupportsFinishAndClaim`)."""
         if count < 1:
             return await self.push_and_complete_many(push_queue, jobs, queue, leases), []
         q = self._queue(queue)
-        commands = self._finish_commands(push_queue, jobs, queue, leases)
+        commands = await self._finish_commands(push_queue, jobs, queue, leases)
         commands.append(self._claim.command(q.claim_keys, self._claim_argv(count, count, worker)))
         rings, epoch = q.rings, (self._live_epoch(q) if self._covers(q) else None)
         replies = await self._client.pipeline(commands)
