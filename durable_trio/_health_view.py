@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._errors import BrokerError
-from ._health import read_orphaned_queues, read_worker_health
+from ._health import read_orphaned_queues, read_store_loss, read_worker_health
 from ._naming import QueueNames
 from .backends import open_backend
 
 if TYPE_CHECKING:
     from ._engine._records import RunStatus
+    from ._errors import StoreLost
     from ._liveness import GroupHealth
     from ._ops import Operations, QueueView
     from .backends._backend import Backend
@@ -57,16 +58,20 @@ class HealthReader:
         self._names = QueueNames(namespace)
         self.reads = 0
         self.errors = 0
+        self.store_loss: StoreLost | None = None
+        """The loss of the store's data that stands, as of the last read (shown first)."""
 
     async def read(self) -> list[GroupHealth] | None:
         """Every group with a live worker, then every orphaned queue (waiting jobs, no live
-        worker) as a group with no worker (``None``: the backend has no worker-key store).
+        worker) as a group with no worker (``None``: the backend has no worker-key store);
+        and the store's loss alarm, in :attr:`store_loss`.
 
         Raises:
             BrokerError: the key store or the broker did not answer.
         """
         self.reads += 1
         try:
+            self.store_loss = await read_store_loss(self.backend)
             groups = await read_worker_health(self.backend, self._names)
             if groups is None:
                 return None
@@ -151,13 +156,18 @@ def _plain(headers: list[str], rows: list[list[str]]) -> str:
     )
 
 
-def render_text(groups: list[GroupHealth] | None, namespace: str | None) -> str:
-    """A plain table (what ``health`` prints without ``--watch`` or without rich)."""
+def render_text(
+    groups: list[GroupHealth] | None, namespace: str | None, loss: StoreLost | None = None
+) -> str:
+    """A plain table (what ``health`` prints without ``--watch`` or without rich), after the
+    store's loss alarm if one stands."""
+    alarm = f"{loss}\n\n" if loss is not None else ""
     if groups is None:
-        return "no worker-key store on this backend: worker health is not available\n"
+        return alarm + "no worker-key store on this backend: worker health is not available\n"
     if not groups:
-        return f"no live workers in namespace {namespace or 'durable'!r}\n"
+        return alarm + f"no live workers in namespace {namespace or 'durable'!r}\n"
     out = io.StringIO()
+    out.write(alarm)
     out.write(_plain(HEADERS, _rows(groups)))
     workers = _worker_rows(groups)
     if workers:
@@ -183,9 +193,15 @@ def orphan_lines(groups: list[GroupHealth] | None, namespace: str | None) -> lis
     ]
 
 
-def _rich_table(groups: list[GroupHealth] | None, namespace: str | None) -> Any:
+def _rich_table(
+    groups: list[GroupHealth] | None, namespace: str | None, loss: StoreLost | None = None
+) -> Any:
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
+
+    if loss is not None:
+        return Group(Text(str(loss), style="bold red"), _rich_table(groups, namespace))
 
     table = Table(title=f"durable_trio — namespace {namespace or 'durable'}", expand=False)
     for header in HEADERS:
@@ -226,7 +242,8 @@ async def watch(
     count = 0
     with Live(_rich_table([], namespace), console=console, auto_refresh=False) as live:
         while iterations is None or count < iterations:
-            live.update(_rich_table(await reader.read(), namespace), refresh=True)
+            groups = await reader.read()
+            live.update(_rich_table(groups, namespace, reader.store_loss), refresh=True)
             count += 1
             if iterations is None or count < iterations:
                 await trio.sleep(interval)
@@ -244,6 +261,7 @@ def prometheus_text(
     namespace: str | None = None,
     queues: list[QueueView] | None = None,
     runs: dict[RunStatus, int] | None = None,
+    loss: StoreLost | None = None,
 ) -> str:
     """The same figures in the Prometheus text exposition format.
 
@@ -254,6 +272,7 @@ def prometheus_text(
         namespace: the namespace read (names the orphaned queues).
         queues: every queue's counts (:meth:`Operations.queues`), if read.
         runs: the runs by status (:meth:`RunStore.count_runs`), if read.
+        loss: the store's loss alarm, if one stands (``durable_trio_store_lost`` 1).
     """
     lines = [
         "# HELP durable_trio_up Whether this scrape could read the backend (1) or not (0).",
@@ -285,7 +304,12 @@ def prometheus_text(
         "# TYPE durable_trio_queue_jobs gauge",
         "# HELP durable_trio_runs Runs in the run store by status.",
         "# TYPE durable_trio_runs gauge",
+        "# HELP durable_trio_store_lost Whether the store was emptied or replaced under running "
+        "processes (1, until acknowledged) or not (0).",
+        "# TYPE durable_trio_store_lost gauge",
     ]
+    if up:
+        lines.append(f"durable_trio_store_lost {int(loss is not None)}")
     from ._engine._records import RunStatus as _Status
     from ._ops import workers_of
 
@@ -358,7 +382,12 @@ async def _scrape(reader: HealthReader) -> bytes:
         _log.error("health: a scrape got no answer from the backend in %s s", SCRAPE_TIMEOUT)
         return prometheus_text(None, up=False, errors=reader.errors).encode()
     return prometheus_text(
-        groups, errors=reader.errors, namespace=reader.namespace, queues=queues, runs=runs
+        groups,
+        errors=reader.errors,
+        namespace=reader.namespace,
+        queues=queues,
+        runs=runs,
+        loss=reader.store_loss,
     ).encode()
 
 
@@ -449,9 +478,11 @@ async def run_health(
             except ImportError:
                 count = 0
                 while iterations is None or count < iterations:  # no rich: reprint the table
-                    print(render_text(await reader.read(), namespace), flush=True)
+                    groups = await reader.read()
+                    print(render_text(groups, namespace, reader.store_loss), flush=True)
                     count += 1
                     if iterations is None or count < iterations:
                         await trio.sleep(interval)
             return
-        print(render_text(await reader.read(), namespace), end="")
+        groups = await reader.read()
+        print(render_text(groups, namespace, reader.store_loss), end="")

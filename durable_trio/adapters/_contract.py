@@ -23,6 +23,8 @@ import attrs
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from .._errors import StoreLost
+
 __all__ = [
     "ClaimedJob",
     "FailedJob",
@@ -48,6 +50,7 @@ __all__ = [
     "SupportsRecovery",
     "SupportsRenewal",
     "SupportsSize",
+    "SupportsStoreIdentity",
     "SupportsSweepHint",
     "SupportsWakeup",
 ]
@@ -473,4 +476,28 @@ class SupportsQueueStats(Protocol):
     async def known_queues(self, prefix: str) -> list[str]:
         """The queues named ``prefix...`` holding any job (ready, delayed, claimed or failed),
         sorted. A broker may scan its keys to answer."""
+        ...
+
+
+@runtime_checkable
+class SupportsStoreIdentity(Protocol):
+    """A broker that knows when its store was emptied or replaced under it (Redis: an identity
+    stamped in the store, checked on every reconnection and periodically; see
+    :mod:`~durable_trio.adapters._redis_identity`). Health and the console show the loss."""
+
+    async def read_store_loss(self) -> StoreLost | None:
+        """The loss of the store's data that stands (recorded in the store, or found by this
+        broker and not recorded yet) until an operator acknowledges it; ``None``: none.
+
+        Raises:
+            BrokerError: the store did not answer.
+        """
+        ...
+
+    async def acknowledge_store_loss(self) -> bool:
+        """Clear the alarm (an operator has seen it). ``False``: none stood.
+
+        Raises:
+            BrokerError: the store did not answer.
+        """
         ...

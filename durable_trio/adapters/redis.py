@@ -139,6 +139,7 @@ from ._contract import (
     Stall,
 )
 from ._redis_doorbell import PubSubDoorbell
+from ._redis_identity import IdentityWatch, StoreIdentity
 from ._redis_repair import MEMBER_ID as _MEMBER_ID
 from ._redis_repair import REQUEUE_FAILED, FailedJobRepair, scan_queues
 
@@ -1323,7 +1324,7 @@ class _FailAndPush:
         return bool(await self._fail_and_push((*q.fail_keys, *pq.push_keys), args))
 
 
-class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
+class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
     """A :class:`~durable_trio.adapters.QueueBroker` on Redis: what :class:`RedisBroker` (one
     server, every optional capability) and
     :class:`~durable_trio.adapters.redis_cluster.RedisClusterBroker` share.
@@ -1344,10 +1345,14 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
             lost subscription (doubled per failure, jittered down to half).
         quarantine_retention: entries kept per queue in the quarantine (stored data that names
             no readable job, see :meth:`quarantined`; oldest dropped first).
+        store_check_interval: seconds between two checks of the store's identity (one script
+            run; also after every reconnection): a store emptied or replaced under this broker
+            raises the alarm (see :mod:`~durable_trio.adapters._redis_identity`).
         on_error: called with every error the doorbell listener meets, an
-            :class:`EvictionPolicyWarning` when entered on a server that may evict keys, and a
-            :class:`~durable_trio.DamagedJob` when a retry finds a job's stored meta unreadable
-            (each is also logged to ``durable_trio.redis``); it must not raise.
+            :class:`EvictionPolicyWarning` when entered on a server that may evict keys, a
+            :class:`~durable_trio.DamagedJob` when a retry finds a job's stored meta unreadable,
+            and a :class:`~durable_trio.StoreLost` (each is also logged to
+            ``durable_trio.redis``); it must not raise.
 
     Raises:
         ConfigError: an option out of range.
@@ -1366,6 +1371,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
         ping_timeout: float = 5.0,
         resubscribe_backoff: tuple[float, float] = (0.1, 5.0),
         quarantine_retention: int = 1000,
+        store_check_interval: float = 15.0,
         on_error: Callable[[Exception], object] | None = None,
     ) -> None:
         if failed_retention < 1:
@@ -1378,8 +1384,11 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
             raise ConfigError(f"promote_batch must be at least 1, not {promote_batch}")
         if not safety_poll_interval > 0:
             raise ConfigError(f"safety_poll_interval must be > 0, not {safety_poll_interval}")
-        if not ping_timeout > 0:
-            raise ConfigError(f"ping_timeout must be > 0, not {ping_timeout}")
+        if not ping_timeout > 0 or not store_check_interval > 0:
+            raise ConfigError(
+                f"ping_timeout and store_check_interval must be > 0, not {ping_timeout}, "
+                f"{store_check_interval}"
+            )
         first, largest = resubscribe_backoff
         if not 0 < first <= largest:
             raise ConfigError("resubscribe_backoff must be (first, largest), 0 < first <= largest")
@@ -1396,6 +1405,8 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
         self._ping_timeout = ping_timeout
         self._backoff = (first, largest)
         self._on_error = on_error
+        connected = client.connected if isinstance(client, RedisClient) else None
+        self._identity = StoreIdentity(client, store_check_interval, on_error, connected)
         self._push: Script = self._script(_PUSH)
         self._requeue_failed: Script = self._script(REQUEUE_FAILED)
         self._claim: Script = self._script(_CLAIM)
@@ -1455,6 +1466,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
         self._stack = stack
         try:
             await self._nursery.start(self._doorbell_loop)
+            self._nursery.start_soon(self._identity.watch)
             await self._check_eviction_policy()
         except BaseException:  # cancelled while starting: leave the nursery before raising
             self._close_now()
@@ -1487,6 +1499,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
         self._closed = True
         # Only the listener's own scope: the nursery's would cancel the ``async with`` body.
         self._listener_scope.cancel()
+        self._identity.stop()
         self._drop_subscriptions()
         self._signal_changed()
 
