@@ -129,7 +129,7 @@ async def test_a_server_restarted_empty_under_live_transports_shows_in_health(
         engine.on_result(on_result)
         await engine.dispatch(dt.RemoteTask(run_id="r", step_id="s1", attempt=1, name="work"))
         await eventually(lambda: done)
-        await eventually(lambda: backend.broker.client.execute("GET", IDENTITY_KEY))
+        await eventually(lambda: redis_server.command("GET", IDENTITY_KEY))
         assert await engine.health.store_loss() is None
 
         await trio.to_thread.run_sync(_restart_empty, redis_server)
