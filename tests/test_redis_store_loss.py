@@ -18,9 +18,10 @@ import durable_trio as dt
 from _redis_server import *  # noqa: F403
 from durable_trio._health import read_store_loss
 from durable_trio._health_view import HealthReader, _scrape, render_text
-from durable_trio._redis import open_redis
+from durable_trio._redis import open_redis, open_redis_cluster
 from durable_trio.adapters._redis_identity import ALARM_KEY, IDENTITY_KEY
 from durable_trio.adapters.redis import RedisBroker
+from durable_trio.adapters.redis_cluster import RedisClusterBroker
 from durable_trio.backends.redis import open_redis_backend
 from helpers import Errors
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
     import pytest
 
+    from _redis_cluster import RedisCluster
     from _redis_server import RedisServer
 
 
@@ -144,3 +146,20 @@ async def test_a_server_restarted_empty_under_live_transports_shows_in_health(
         # The loops work on (the store works; only what it held is gone).
         await engine.dispatch(dt.RemoteTask(run_id="r", step_id="s2", attempt=1, name="work"))
         await eventually(lambda: "s2" in done)
+
+
+async def test_on_a_cluster_the_master_holding_the_identity_is_watched(
+    redis_cluster: RedisCluster,
+) -> None:
+    """A Cluster: the identity lives on one master; that master flushed raises the alarm."""
+    redis_cluster.reset()
+    errors = Errors()
+    async with (
+        open_redis_cluster(redis_cluster.url) as client,
+        RedisClusterBroker(client, store_check_interval=0.1, on_error=errors) as broker,
+    ):
+        await eventually(lambda: client.execute("GET", IDENTITY_KEY))
+        holder = redis_cluster.owner(redis_cluster.keyslot(IDENTITY_KEY))
+        holder.command("FLUSHALL")
+        await eventually(lambda: losses(errors))
+        assert await broker.read_store_loss() is not None

@@ -151,7 +151,7 @@ class StoreIdentity:
         on_error: the broker's hook (a :class:`~durable_trio.StoreLost` is handed to it once per
             alarm).
         connected: set by the client on every new connection (a check follows at once), or
-            ``None`` (a Cluster client: periodic checks only).
+            ``None`` (periodic checks only).
     """
 
     def __init__(

@@ -1405,8 +1405,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
         self._ping_timeout = ping_timeout
         self._backoff = (first, largest)
         self._on_error = on_error
-        connected = client.connected if isinstance(client, RedisClient) else None
-        self._identity = StoreIdentity(client, store_check_interval, on_error, connected)
+        self._identity = StoreIdentity(client, store_check_interval, on_error, client.connected)
         self._push: Script = self._script(_PUSH)
         self._requeue_failed: Script = self._script(REQUEUE_FAILED)
         self._claim: Script = self._script(_CLAIM)
