@@ -12,6 +12,7 @@ import logging
 import shutil
 from typing import TYPE_CHECKING, Any
 
+import pytest
 import trio
 
 import durable_trio as dt
@@ -27,8 +28,6 @@ from helpers import Errors
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    import pytest
 
     from _redis_cluster import RedisCluster
     from _redis_server import RedisServer
@@ -163,3 +162,27 @@ async def test_on_a_cluster_the_master_holding_the_identity_is_watched(
         holder.command("FLUSHALL")
         await eventually(lambda: losses(errors))
         assert await broker.read_store_loss() is not None
+
+
+async def test_the_console_shows_the_alarm_on_every_page(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    pytest.importorskip("starlette")
+    import httpx
+
+    from durable_trio.console import create_app
+
+    async with (
+        open_redis_backend(redis_url, store_check_interval=0.1) as backend,
+        dt.open_operations(backend, namespace="lost") as ops,
+    ):
+        await eventually(lambda: redis_server.command("GET", IDENTITY_KEY))
+        transport = httpx.ASGITransport(app=create_app(ops))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            assert "STORE LOST" not in (await http.get("/runs")).text
+            redis_server.command("FLUSHALL")
+            await eventually(lambda: redis_server.command("GET", ALARM_KEY))
+            for path in ("/runs", "/workers", "/queues"):
+                page = await http.get(path)
+                assert page.status_code == 200
+                assert "STORE LOST" in page.text, path

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from .._engine import RunNotFound
 from .._errors import ConfigError, DurableTrioError
+from .._health import read_store_loss
 from ._fleet_view import render_queues, render_workers
 from ._html import Html, esc, page
 from ._run_view import render_run
@@ -53,6 +54,13 @@ class Pages:
             live=live,
         )
 
+    async def _alarm(self, body: Html) -> Html:
+        """``body`` after the store's loss alarm, if one stands (it stays until acknowledged)."""
+        loss = await read_store_loss(self._ops.backend)
+        if loss is None:
+            return body
+        return Html(f'<p class="error-text" role="alert"><strong>{esc(loss)}</strong></p>{body}')
+
     def error_page(self, title: str, message: str) -> str:
         """A page that says what went wrong (not refreshed)."""
         body = Html(
@@ -82,7 +90,7 @@ class Pages:
         except ConfigError as exc:  # a bad cursor, most likely
             raise ValueError(str(exc)) from None
         body = render_runs(filters, listing.runs, listing.next_cursor)
-        return self._page("Runs", "runs", body)
+        return self._page("Runs", "runs", await self._alarm(body))
 
     async def run_page(self, request: Request) -> str:
         """``/runs/{run_id}``: the run and its history."""
@@ -95,7 +103,8 @@ class Pages:
         """``/workers``: the live workers of every group."""
         workers = await self._ops.workers()
         queues = await self._ops.queues()
-        return self._page("Workers", "workers", render_workers(workers, queues, time.time()))
+        body = await self._alarm(render_workers(workers, queues, time.time()))
+        return self._page("Workers", "workers", body)
 
     async def queues_page(self, request: Request) -> str:
         """``/queues``: every queue's depths and the set-aside jobs."""
@@ -106,7 +115,7 @@ class Pages:
         except ConfigError:  # the broker keeps no failed jobs
             failed = None
         body = render_queues(queues, failed, allow_actions=self._allow_actions)
-        return self._page("Queues", "queues", body)
+        return self._page("Queues", "queues", await self._alarm(body))
 
     # -- actions ----------------------------------------------------------------------------
 
