@@ -6,8 +6,9 @@ are gone, and the processes see nothing but a few connection errors. So the stor
 identity, stamped once when it is first used, and every broker checks it:
 
 =============================  ======  ==========================================================
-``{durable-trio}:identity``    string  ``"<16 hex digits> <unix time stamped>"``, set once (by
-                                       the first broker to find none) and never changed
+``{durable-trio}:identity``    string  ``"<16 hex digits> <unix time stamped>"``, set by the
+                                       first broker to find none, never changed (a new one is
+                                       stamped only with the alarm, after a loss)
 ``{durable-trio}:store-lost``  string  the alarm: a JSON record of the first detection of a loss
                                        (``lost``, ``found``, ``at``, ``by``), kept until an
                                        operator acknowledges it (deletes the key)
