@@ -42,6 +42,9 @@ Key layout:
     ``{Q}:claimed``         string  set by a claim, cleared by a sweep that leaves none
     ======================  ======  ==========================================================
 
+    Outside the queues, ``{durable-trio}:identity`` and ``{durable-trio}:store-lost``: the
+    store's identity and its loss alarm (see :mod:`~durable_trio.adapters._redis_identity`).
+
     ``n`` is the job's internal id (the ``seq`` value of its push), so two pushes never collide
     even if they reuse a job id. A lease token is ``n:<random>``, 64 random bits per claim
     (drawn with :mod:`secrets` by the client, one slice per claim), so a dead token cannot be
@@ -100,8 +103,12 @@ Damaged data:
 
 Errors:
     The client raises the project's own errors: :class:`~durable_trio.BrokerUnavailable` when
-    Redis cannot be reached or does not answer in time, :class:`~durable_trio.BrokerError` for
-    an error reply, :class:`~durable_trio.TransportClosed` once the client is closed.
+    Redis cannot be reached or does not answer in time (or is out of memory, ``-OOM``:
+    :class:`~durable_trio._redis.RedisOutOfMemory`, nothing of the refused script written),
+    :class:`~durable_trio.BrokerError` for an error reply,
+    :class:`~durable_trio.TransportClosed` once the client is closed. A worker's result push
+    and its task's acknowledgement are one script (:meth:`RedisBrokerBase.push_and_complete_many`):
+    a refused push never leaves its task acknowledged.
 
 Cancellation:
     A call cancelled after its command was sent may still have run on the server (the client
