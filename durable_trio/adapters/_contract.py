@@ -296,7 +296,8 @@ class SupportsFinishAndClaim(Protocol):
         worker: str = "",
     ) -> tuple[list[bool], list[ClaimedJob]]:
         """``push_and_complete_many(push_queue, jobs, queue, leases)``, THEN ``pop_many(queue,
-        count)``, in one round trip: (the answer per lease, the claims, started). The claims
+        count)``, in one round trip (a Redis Cluster: two, the push first, see
+        ``push_and_complete_many``): (the answer per lease, the claims, started). The claims
         are as ``pop_many``'s, fewer than ``count`` meaning the queue was drained; with
         ``count`` 0 nothing is popped. A failure raises before any claim is handed over, and
         a pop that may have landed unanswered is a claim nobody runs, which the stalled sweep
