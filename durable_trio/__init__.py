@@ -71,6 +71,7 @@ from ._errors import (
     LeaseLost,
     PayloadError,
     PayloadTooLarge,
+    StoreLost,
     TransportClosed,
 )
 from ._liveness import GroupHealth, LiveWorker, WorkerDescriptor
@@ -203,6 +204,7 @@ __all__ = [
     "StepTimeouts",
     "StepView",
     "StepWait",
+    "StoreLost",
     "TenantClient",
     "TenantEvent",
     "TimerView",

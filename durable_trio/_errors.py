@@ -17,6 +17,7 @@ __all__ = [
     "LeaseLost",
     "PayloadError",
     "PayloadTooLarge",
+    "StoreLost",
     "TransportClosed",
 ]
 
@@ -60,6 +61,42 @@ class BrokerError(DurableTrioError):
 
 class BrokerUnavailable(BrokerError):
     """The broker could not be reached (connection refused or reset, a timeout)."""
+
+
+class StoreLost(BrokerError):
+    """The store was emptied or replaced under a running process: the identity stamped in it
+    when it was first used is gone (a ``FLUSHALL``, a Redis restarted without its data, a
+    failover to an empty replica) or is another one (another server at the same address).
+    Whatever it held before (runs, queued jobs, claims, schedules) is lost.
+
+    Reported loudly (logged at ERROR, through ``on_error``, in health and the console) and
+    kept as an alarm in the store until an operator acknowledges it; the processes work on
+    (docs/decisions.md, "A store emptied under running processes").
+
+    Attributes:
+        lost: the identity that vanished (``"<id> <unix time stamped>"``).
+        found: the identity found instead, ``None`` if there was none.
+        detected_at: unix time of the detection.
+        detected_by: who detected it (``host:pid``).
+    """
+
+    def __init__(
+        self, lost: str, found: str | None, *, detected_at: float, detected_by: str
+    ) -> None:
+        self.lost = lost
+        self.found = found
+        self.detected_at = detected_at
+        self.detected_by = detected_by
+        replaced = (
+            f"found the identity {found!r} instead" if found else "found no identity at all"
+        )
+        super().__init__(
+            f"STORE LOST: the store was emptied or replaced (FLUSHALL, a restart without its "
+            f"data, a failover to an empty replica?): its identity {lost!r} is gone, "
+            f"{detected_by} {replaced} (unix time {detected_at:.0f}); the runs, queued jobs, "
+            "claims and schedules it held before are lost. Kept as an alarm until "
+            "acknowledged (docs/deployment.md)"
+        )
 
 
 class TransportClosed(DurableTrioError):

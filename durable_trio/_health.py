@@ -9,17 +9,18 @@ import orjson
 import trio
 
 from ._liveness import GroupHealth, WorkerDescriptor, read_group_health
-from .adapters import SupportsQueueListing, SupportsSize
+from .adapters import SupportsQueueListing, SupportsSize, SupportsStoreIdentity
 
 if TYPE_CHECKING:
     from ._adaptive import ConcurrencyController
+    from ._errors import StoreLost
     from ._naming import QueueNames
     from ._options import TransportOptions
     from ._wire import WorkerStatus
     from .backends._backend import Backend
     from .keys import KeyEntry
 
-__all__ = ["TransportHealth", "read_orphaned_queues", "read_worker_health"]
+__all__ = ["TransportHealth", "read_orphaned_queues", "read_store_loss", "read_worker_health"]
 
 
 class TransportHealth:
@@ -64,6 +65,11 @@ class TransportHealth:
         token = self._names.token_of(group)
         depth = await self.queue_depth(group) or 0
         return await read_group_health(keys, self._names, token, depth)
+
+    async def store_loss(self) -> StoreLost | None:
+        """The loss of the store's data that stands, until acknowledged (see
+        :func:`read_store_loss`)."""
+        return await read_store_loss(self._backend)
 
     async def worker_health(self) -> list[GroupHealth] | None:
         """Every group that has a live worker (by routing token), with its depth."""
@@ -155,3 +161,18 @@ async def read_orphaned_queues(
         if depth:
             orphans.append(GroupHealth(token, depth, ()))
     return orphans
+
+
+async def read_store_loss(backend: Backend) -> StoreLost | None:
+    """The loss of the store's data that stands: the store was emptied or replaced under a
+    running process (:class:`~durable_trio.StoreLost`), kept until an operator acknowledges it;
+    ``None`` when none stands or the broker cannot tell
+    (:class:`~durable_trio.adapters.SupportsStoreIdentity`).
+
+    Raises:
+        BrokerError: the broker did not answer.
+    """
+    broker = backend.broker
+    if not isinstance(broker, SupportsStoreIdentity):
+        return None
+    return await broker.read_store_loss()

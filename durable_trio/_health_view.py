@@ -16,7 +16,7 @@ import trio
 
 from ._codec import to_wire
 from ._errors import BrokerError
-from ._health import read_orphaned_queues, read_worker_health
+from ._health import read_orphaned_queues, read_store_loss, read_worker_health
 from ._naming import QueueNames
 from ._signals import close_on_signals
 from ._terminal import visible
@@ -24,6 +24,7 @@ from .backends import open_backend
 
 if TYPE_CHECKING:
     from ._engine._records import RunStatus
+    from ._errors import StoreLost
     from ._liveness import GroupHealth
     from ._ops import Operations, QueueView
     from .backends._backend import Backend
@@ -65,16 +66,20 @@ class HealthReader:
         self._names = QueueNames(namespace)
         self.reads = 0
         self.errors = 0
+        self.store_loss: StoreLost | None = None
+        """The loss of the store's data that stands, as of the last read (shown first)."""
 
     async def read(self) -> list[GroupHealth] | None:
         """Every group with a live worker, then every orphaned queue (waiting jobs, no live
-        worker) as a group with no worker (``None``: the backend has no worker-key store).
+        worker) as a group with no worker (``None``: the backend has no worker-key store);
+        and the store's loss alarm, in :attr:`store_loss`.
 
         Raises:
             BrokerError: the key store or the broker did not answer.
         """
         self.reads += 1
         try:
+            self.store_loss = await read_store_loss(self.backend)
             groups = await read_worker_health(self.backend, self._names)
             if groups is None:
                 return None
@@ -160,13 +165,18 @@ def _plain(headers: list[str], rows: list[list[str]]) -> str:
     )
 
 
-def render_text(groups: list[GroupHealth] | None, namespace: str | None) -> str:
-    """A plain table (what ``health`` prints without ``--watch`` or without rich)."""
+def render_text(
+    groups: list[GroupHealth] | None, namespace: str | None, loss: StoreLost | None = None
+) -> str:
+    """A plain table (what ``health`` prints without ``--watch`` or without rich), after the
+    store's loss alarm if one stands."""
+    alarm = f"{loss}\n\n" if loss is not None else ""
     if groups is None:
-        return "no worker-key store on this backend: worker health is not available\n"
+        return alarm + "no worker-key store on this backend: worker health is not available\n"
     if not groups:
-        return f"no live workers in namespace {namespace or 'durable'!r}\n"
+        return alarm + f"no live workers in namespace {namespace or 'durable'!r}\n"
     out = io.StringIO()
+    out.write(alarm)
     out.write(_plain(HEADERS, _rows(groups)))
     workers = _worker_rows(groups)
     if workers:
@@ -177,12 +187,16 @@ def render_text(groups: list[GroupHealth] | None, namespace: str | None) -> str:
     return out.getvalue()
 
 
-def health_json(groups: list[GroupHealth] | None, namespace: str | None) -> dict[str, Any]:
+def health_json(
+    groups: list[GroupHealth] | None, namespace: str | None, loss: StoreLost | None = None
+) -> dict[str, Any]:
     """What ``durable-trio health --json`` prints: camelCase keys, as every ``--json`` output
-    (``groups`` is ``null`` on a backend without a worker-key store)."""
+    (``groups`` is ``null`` on a backend without a worker-key store; ``storeLost`` the loss
+    alarm's message while one stands)."""
     names = QueueNames(namespace)
     return {
         "namespace": names.prefix,
+        "storeLost": None if loss is None else str(loss),
         "groups": None if groups is None else [
             {
                 "group": g.group,
@@ -219,10 +233,16 @@ def orphan_lines(groups: list[GroupHealth] | None, namespace: str | None) -> lis
     ]
 
 
-def _rich_table(groups: list[GroupHealth] | None, namespace: str | None) -> Any:
+def _rich_table(
+    groups: list[GroupHealth] | None, namespace: str | None, loss: StoreLost | None = None
+) -> Any:
     from rich.console import Group
     from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
+
+    if loss is not None:
+        return Group(Text(str(loss), style="bold red"), _rich_table(groups, namespace))
 
     def shown(text: str) -> str:  # a stored string: no control character, no rich markup
         return escape(visible(text))
@@ -266,7 +286,8 @@ async def watch(
     count = 0
     with Live(_rich_table([], namespace), console=console, auto_refresh=False) as live:
         while iterations is None or count < iterations:
-            live.update(_rich_table(await reader.read(), namespace), refresh=True)
+            groups = await reader.read()
+            live.update(_rich_table(groups, namespace, reader.store_loss), refresh=True)
             count += 1
             if iterations is None or count < iterations:
                 await trio.sleep(interval)
@@ -284,6 +305,7 @@ def prometheus_text(
     namespace: str | None = None,
     queues: list[QueueView] | None = None,
     runs: dict[RunStatus, int] | None = None,
+    loss: StoreLost | None = None,
 ) -> str:
     """The same figures in the Prometheus text exposition format.
 
@@ -294,6 +316,7 @@ def prometheus_text(
         namespace: the namespace read (names the orphaned queues).
         queues: every queue's counts (:meth:`Operations.queues`), if read.
         runs: the runs by status (:meth:`RunStore.count_runs`), if read.
+        loss: the store's loss alarm, if one stands (``durable_trio_store_lost`` 1).
     """
     lines = [
         "# HELP durable_trio_up Whether this scrape could read the backend (1) or not (0).",
@@ -325,7 +348,12 @@ def prometheus_text(
         "# TYPE durable_trio_queue_jobs gauge",
         "# HELP durable_trio_runs Runs in the run store by status.",
         "# TYPE durable_trio_runs gauge",
+        "# HELP durable_trio_store_lost Whether the store was emptied or replaced under running "
+        "processes (1, until acknowledged) or not (0).",
+        "# TYPE durable_trio_store_lost gauge",
     ]
+    if up:
+        lines.append(f"durable_trio_store_lost {int(loss is not None)}")
     from ._engine._records import RunStatus as _Status
     from ._ops import workers_of
 
@@ -398,7 +426,12 @@ async def _scrape(reader: HealthReader) -> bytes:
         _log.error("health: a scrape got no answer from the backend in %s s", SCRAPE_TIMEOUT)
         return prometheus_text(None, up=False, errors=reader.errors).encode()
     return prometheus_text(
-        groups, errors=reader.errors, namespace=reader.namespace, queues=queues, runs=runs
+        groups,
+        errors=reader.errors,
+        namespace=reader.namespace,
+        queues=queues,
+        runs=runs,
+        loss=reader.store_loss,
     ).encode()
 
 
@@ -484,9 +517,9 @@ async def run_health(
         if prometheus is None and not watch_mode:
             groups = await reader.read()
             if as_json:
-                print(json.dumps(health_json(groups, namespace), indent=2))
+                print(json.dumps(health_json(groups, namespace, reader.store_loss), indent=2))
             else:
-                print(render_text(groups, namespace), end="")
+                print(render_text(groups, namespace, reader.store_loss), end="")
             return
         # The long-running modes stop on SIGINT or SIGTERM without a traceback (exit 0), as a
         # worker does; signals reach only the main thread (a test may call from another).
@@ -521,7 +554,8 @@ async def _serve_or_watch(
     except ImportError:
         count = 0
         while iterations is None or count < iterations:  # no rich: reprint the table
-            print(render_text(await reader.read(), namespace), flush=True)
+            groups = await reader.read()
+            print(render_text(groups, namespace, reader.store_loss), flush=True)
             count += 1
             if iterations is None or count < iterations:
                 await trio.sleep(interval)

@@ -134,7 +134,9 @@ def test_health_json_and_one_casing(tmp_path: Path, capsys: pytest.CaptureFixtur
     status = main(["health", "--backend", url, "--json"])
     out = capsys.readouterr().out
     assert status == 0
-    assert json.loads(out) == {"namespace": "shop", "groups": [], "orphanedQueues": []}
+    assert json.loads(out) == {
+        "namespace": "shop", "storeLost": None, "groups": [], "orphanedQueues": []
+    }
     status = main(["schedules", "add", "nightly", "order", "--every", "60", "--backend", url])
     assert status == 0
     capsys.readouterr()

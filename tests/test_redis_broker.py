@@ -124,7 +124,11 @@ async def test_every_key_of_a_queue_lives_under_its_hash_tag(
             "claimed",
         }  # fmt: skip
         assert {key_slot(k) for k in mine} == {key_slot(queue.encode())}
-    assert len(keys) == 20  # nothing outside the two tags
+    # Nothing outside the two tags but the store's identity (stamped once per store).
+    assert sorted(
+        k for k in keys if not k.startswith(b"{other:queue}:") and Q not in k.decode()
+    ) == [b"{durable-trio}:identity"]
+    assert len(keys) == 21
 
 
 async def test_push_times_live_in_the_job_hash_and_leave_with_the_job(

@@ -40,6 +40,7 @@ HEALTH_SURFACE = [
     "group_health",
     "list_worker_descriptors",
     "queue_depth",
+    "store_loss",
     "worker_health",
     "worker_status",
 ]

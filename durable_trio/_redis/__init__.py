@@ -6,7 +6,8 @@ Failures are translated at this edge into the project's error tree: connection p
 timeouts are :class:`~durable_trio._errors.BrokerUnavailable`, error replies are
 :class:`RedisReplyError` (a :class:`~durable_trio._errors.BrokerError`), except the transient
 ones (``-LOADING``, ``-BUSY``, ``-TRYAGAIN``...): :class:`RedisBusyReply`, unavailable too,
-and refused credentials (``-WRONGPASS``, ``-NOAUTH``, ``-NOPERM``): :class:`RedisAuthError`, an
+an out-of-memory refusal (``-OOM``): :class:`RedisOutOfMemory`, unavailable too, and refused
+credentials (``-WRONGPASS``, ``-NOAUTH``, ``-NOPERM``): :class:`RedisAuthError`, an
 :class:`~durable_trio._errors.AuthenticationError`.
 
 :func:`open_redis_cluster` opens a Redis Cluster client with the same surface, routing each
@@ -26,6 +27,7 @@ from ._errors import (
     RedisBusyReply,
     RedisCommandTimeout,
     RedisCrossSlotError,
+    RedisOutOfMemory,
     RedisReplyError,
 )
 from ._keyslot import key_slot
@@ -49,6 +51,7 @@ __all__ = [
     "RedisClusterURL",
     "RedisCommandTimeout",
     "RedisCrossSlotError",
+    "RedisOutOfMemory",
     "RedisReplyError",
     "RedisURL",
     "Script",

@@ -26,6 +26,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import trio
+from trio_util import RepeatedEvent
 
 from .._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
 from .._redact import url_scheme
@@ -235,6 +236,9 @@ class RedisClient:
         self._lifetime = OwnedNursery("RedisClient")
         self._nursery: trio.Nursery | None = None
         self._closed = False
+        self.connected = RepeatedEvent()
+        """Set whenever a pooled connection is opened: a reconnection after a restart looks
+        like one (the broker re-checks the store's identity then)."""
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -525,6 +529,7 @@ class RedisClient:
         self._failures = 0
         self._refusal = None
         self._conns.append(conn)
+        self.connected.set()
         return conn
 
     async def _grow(self) -> None:

@@ -36,6 +36,7 @@ from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
+from trio_util import RepeatedEvent
 
 from .._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
 from ._client import OwnedNursery, pool_options
@@ -149,12 +150,15 @@ class RedisClusterClient:
         self._nursery: trio.Nursery | None = None
         self._lifetime = OwnedNursery("RedisClusterClient")
         self._closed = False
+        self.connected = RepeatedEvent()
+        """Set whenever a connection to any node is opened (as :attr:`RedisClient.connected`)."""
 
     # -- lifetime ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> RedisClusterClient:
         self._nursery = await self._lifetime.open(refuse=self._closed)
         self._nodes = ClusterNodes(self._url, self._nursery, self._scripts, self._options)
+        self._nodes.connected = self.connected
         return self
 
     async def __aexit__(

@@ -24,6 +24,8 @@ from ._topology import Node, SlotMap, parse_shards, parse_slots
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from trio_util import RepeatedEvent
+
     from ._connection import Connection, RedisArg
     from ._url import RedisClusterURL
 
@@ -88,6 +90,8 @@ class ClusterNodes:
         self._closed = False
         self.generation = 0
         self.stats = ClusterStats()
+        self.connected: RepeatedEvent | None = None
+        """Shared by every node's pool (set on each new connection), when given."""
 
     # -- the map ----------------------------------------------------------------------------
 
@@ -215,6 +219,8 @@ class ClusterNodes:
                 raise TransportClosed("the Redis Cluster client is closed")
             client = RedisClient(self._url.node(node.host, node.port), **self._options)
             client._scripts = self._scripts  # one registry: every node can answer NOSCRIPT
+            if self.connected is not None:
+                client.connected = self.connected  # (a node restarted: see RedisClient)
             entry = self._pools[node] = _Pool(client)
             try:
                 self._nursery.start_soon(self._serve, entry)

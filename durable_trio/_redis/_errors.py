@@ -9,6 +9,7 @@ __all__ = [
     "RedisBusyReply",
     "RedisCommandTimeout",
     "RedisCrossSlotError",
+    "RedisOutOfMemory",
     "RedisReplyError",
     "is_auth_refusal",
     "raisable",
@@ -58,6 +59,27 @@ class RedisCommandTimeout(BrokerUnavailable):
 class RedisBusyReply(RedisReplyError, BrokerUnavailable):
     """An error reply that means the server cannot serve now (``-LOADING``, ``-BUSY``, ...):
     transient, so callers treat it like an unreachable server."""
+
+
+class RedisOutOfMemory(RedisReplyError, BrokerUnavailable):
+    """Redis refused a write because it is out of memory (``-OOM command not allowed when used
+    memory > 'maxmemory'``): it runs at ``maxmemory`` with ``maxmemory-policy noeviction``
+    (the policy the broker asks for), so it keeps every key and refuses what would add one.
+
+    Nothing was written: a script is refused at its first write, before any other (one that
+    already wrote runs to its end). Transient, like :class:`RedisBusyReply`: a
+    :class:`~durable_trio.BrokerUnavailable`, so a worker tries its finalize again and the
+    loops back off until memory is freed (or ``maxmemory`` raised); its message says so,
+    rather than looking like a broken connection.
+    """
+
+    def __init__(self, reply: str) -> None:
+        super().__init__(reply)
+        self.args = (
+            f"Redis is out of memory and refuses writes (used memory > maxmemory, "
+            f"maxmemory-policy noeviction): free memory or raise maxmemory; nothing of the "
+            f"refused command was written, and work resumes once memory is back [{reply}]",
+        )
 
 
 class RedisClusterTLSMismatch(BrokerError, ConfigError):
@@ -124,7 +146,8 @@ def is_auth_refusal(reply: RedisReplyError) -> bool:
 
 def raisable(reply: RedisReplyError, address: str = "") -> RedisReplyError:
     """The exception to raise for ``reply``: a :class:`RedisBusyReply` for a transient one, a
-    :class:`RedisAuthError` for a refusal of the credentials (see :func:`is_auth_refusal`).
+    :class:`RedisOutOfMemory` for ``-OOM``, a :class:`RedisAuthError` for a refusal of the
+    credentials (see :func:`is_auth_refusal`).
 
     Args:
         reply: the error reply.
@@ -133,8 +156,12 @@ def raisable(reply: RedisReplyError, address: str = "") -> RedisReplyError:
     Returns:
         the exception (``reply`` itself when it needs no other type).
     """
-    if isinstance(reply, RedisBusyReply | RedisAuthError):
+    if isinstance(reply, RedisBusyReply | RedisAuthError | RedisOutOfMemory):
         return reply
+    if reply.code == "OOM":
+        full = RedisOutOfMemory(reply.reply)
+        full.index = reply.index
+        return full
     if reply.code in TRANSIENT_CODES:
         busy = RedisBusyReply(reply.reply)
         busy.index = reply.index

@@ -29,6 +29,7 @@ from ._contract import (
     SupportsRecovery,
     SupportsRenewal,
     SupportsSize,
+    SupportsStoreIdentity,
     SupportsSweepHint,
     SupportsWakeup,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "SupportsRecovery",
     "SupportsRenewal",
     "SupportsSize",
+    "SupportsStoreIdentity",
     "SupportsSweepHint",
     "SupportsWakeup",
 ]

@@ -23,6 +23,8 @@ import attrs
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from .._errors import StoreLost
+
 __all__ = [
     "ClaimedJob",
     "FailedJob",
@@ -48,6 +50,7 @@ __all__ = [
     "SupportsRecovery",
     "SupportsRenewal",
     "SupportsSize",
+    "SupportsStoreIdentity",
     "SupportsSweepHint",
     "SupportsWakeup",
 ]
@@ -259,10 +262,13 @@ class SupportsBatchFinalize(Protocol):
     ) -> list[bool]:
         """Push ``jobs`` (priority 0) onto ``push_queue``, THEN complete ``leases`` on
         ``queue``, in one round trip where the broker can: a worker's results and the
-        acknowledgements of their tasks. Not atomic across the two queues (on a Cluster they
-        live on different slots): a crash between the two leaves the task claimed, so it is
-        redelivered and its result published twice — never lost. Answers per lease, as
-        ``complete_job``'s."""
+        acknowledgements of their tasks. No lease is completed unless the push landed: a push
+        that fails (a full Redis refusing writes, a full disk) leaves every lease claimed and
+        raises (memory, SQLite and single-server Redis: one atomic step, both or neither). Where
+        the two queues cannot be written together (a Redis Cluster: two slots) the push is
+        sent first and the completes only after it landed, so a failure between the two leaves
+        the task claimed with its result published: redelivered, its result published twice —
+        never lost. Answers per lease, as ``complete_job``'s."""
         ...
 
 
@@ -290,7 +296,8 @@ class SupportsFinishAndClaim(Protocol):
         worker: str = "",
     ) -> tuple[list[bool], list[ClaimedJob]]:
         """``push_and_complete_many(push_queue, jobs, queue, leases)``, THEN ``pop_many(queue,
-        count)``, in one round trip: (the answer per lease, the claims, started). The claims
+        count)``, in one round trip (a Redis Cluster: two, the push first, see
+        ``push_and_complete_many``): (the answer per lease, the claims, started). The claims
         are as ``pop_many``'s, fewer than ``count`` meaning the queue was drained; with
         ``count`` 0 nothing is popped. A failure raises before any claim is handed over, and
         a pop that may have landed unanswered is a claim nobody runs, which the stalled sweep
@@ -470,4 +477,28 @@ class SupportsQueueStats(Protocol):
     async def known_queues(self, prefix: str) -> list[str]:
         """The queues named ``prefix...`` holding any job (ready, delayed, claimed or failed),
         sorted. A broker may scan its keys to answer."""
+        ...
+
+
+@runtime_checkable
+class SupportsStoreIdentity(Protocol):
+    """A broker that knows when its store was emptied or replaced under it (Redis: an identity
+    stamped in the store, checked on every reconnection and periodically; see
+    :mod:`~durable_trio.adapters._redis_identity`). Health and the console show the loss."""
+
+    async def read_store_loss(self) -> StoreLost | None:
+        """The loss of the store's data that stands (recorded in the store, or found by this
+        broker and not recorded yet) until an operator acknowledges it; ``None``: none.
+
+        Raises:
+            BrokerError: the store did not answer.
+        """
+        ...
+
+    async def acknowledge_store_loss(self) -> bool:
+        """Clear the alarm (an operator has seen it). ``False``: none stood.
+
+        Raises:
+            BrokerError: the store did not answer.
+        """
         ...

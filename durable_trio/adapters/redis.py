@@ -42,6 +42,9 @@ Key layout:
     ``{Q}:claimed``         string  set by a claim, cleared by a sweep that leaves none
     ======================  ======  ==========================================================
 
+    Outside the queues, ``{durable-trio}:identity`` and ``{durable-trio}:store-lost``: the
+    store's identity and its loss alarm (see :mod:`~durable_trio.adapters._redis_identity`).
+
     ``n`` is the job's internal id (the ``seq`` value of its push), so two pushes never collide
     even if they reuse a job id. A lease token is ``n:<random>``, 64 random bits per claim
     (drawn with :mod:`secrets` by the client, one slice per claim), so a dead token cannot be
@@ -100,8 +103,12 @@ Damaged data:
 
 Errors:
     The client raises the project's own errors: :class:`~durable_trio.BrokerUnavailable` when
-    Redis cannot be reached or does not answer in time, :class:`~durable_trio.BrokerError` for
-    an error reply, :class:`~durable_trio.TransportClosed` once the client is closed.
+    Redis cannot be reached or does not answer in time (or is out of memory, ``-OOM``:
+    :class:`~durable_trio._redis.RedisOutOfMemory`, nothing of the refused script written),
+    :class:`~durable_trio.BrokerError` for an error reply,
+    :class:`~durable_trio.TransportClosed` once the client is closed. A worker's result push
+    and its task's acknowledgement are one script (:meth:`RedisBrokerBase.push_and_complete_many`):
+    a refused push never leaves its task acknowledged.
 
 Cancellation:
     A call cancelled after its command was sent may still have run on the server (the client
@@ -139,6 +146,7 @@ from ._contract import (
     Stall,
 )
 from ._redis_doorbell import PubSubDoorbell
+from ._redis_identity import IdentityWatch, StoreIdentity
 from ._redis_repair import MEMBER_ID as _MEMBER_ID
 from ._redis_repair import REQUEUE_FAILED, FailedJobRepair, scan_queues
 
@@ -508,6 +516,52 @@ end
 return count
 """
 
+
+# KEYS: the push's (seq ready delayed jobs meta armed) of the results queue, then the
+# complete's (active jobs meta stalls claims) of the task queue.
+# ARGV: channel, job count, (id data priority) per job, then one token per lease.
+# Returns 1 or 0 per token (as _COMPLETE's). A worker's results and the acknowledgements of
+# their tasks: both or neither. The push comes first, and a script refused at its first write
+# (Redis out of memory: -OOM) or failing in the push writes nothing after it, so a task is never
+# acknowledged without its result; the complete's keys are read first (a wrong type fails the
+# script before any write).
+_PUSH_AND_COMPLETE_MANY: Final = """
+redis.call('ZCARD', KEYS[7])
+redis.call('HEXISTS', KEYS[8], '0')
+redis.call('HEXISTS', KEYS[9], '0')
+redis.call('HEXISTS', KEYS[10], '0')
+redis.call('HEXISTS', KEYS[11], '0')
+local count = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local pushed_at = t[1] .. ' ' .. t[2]
+local seq = redis.call('INCRBY', KEYS[1], count) - count
+for i = 0, count - 1 do
+  seq = seq + 1
+  local n = string.format('%d', seq)
+  local priority = ARGV[5 + 3 * i]
+  redis.call('HSET', KEYS[4], n, ARGV[4 + 3 * i], 't' .. n, pushed_at)
+  redis.call('HSET', KEYS[5], n, priority .. ':0:0:' .. ARGV[3 + 3 * i])
+  redis.call('ZADD', KEYS[2], priority, string.format('%016d', seq) .. n)
+end
+if redis.call('DEL', KEYS[6]) == 1 then
+  redis.call('PUBLISH', ARGV[1], '')
+end
+local out = {}
+for i = 3 + 3 * count, #ARGV do
+  local token = ARGV[i]
+  local n = string.match(token, '^(%d+):')
+  if not n or redis.call('ZREM', KEYS[7], token) == 0 then
+    out[#out + 1] = 0
+  else
+    redis.call('HDEL', KEYS[8], n, 't' .. n)
+    redis.call('HDEL', KEYS[9], n)
+    redis.call('HDEL', KEYS[10], n)
+    redis.call('HDEL', KEYS[11], n)
+    out[#out + 1] = 1
+  end
+end
+return out
+"""
 
 # KEYS: active jobs meta stalls claims failed
 # ARGV: token error retention
@@ -1277,7 +1331,7 @@ class _FailAndPush:
         return bool(await self._fail_and_push((*q.fail_keys, *pq.push_keys), args))
 
 
-class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
+class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
     """A :class:`~durable_trio.adapters.QueueBroker` on Redis: what :class:`RedisBroker` (one
     server, every optional capability) and
     :class:`~durable_trio.adapters.redis_cluster.RedisClusterBroker` share.
@@ -1298,10 +1352,14 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
             lost subscription (doubled per failure, jittered down to half).
         quarantine_retention: entries kept per queue in the quarantine (stored data that names
             no readable job, see :meth:`quarantined`; oldest dropped first).
+        store_check_interval: seconds between two checks of the store's identity (one script
+            run; also after every reconnection): a store emptied or replaced under this broker
+            raises the alarm (see :mod:`~durable_trio.adapters._redis_identity`).
         on_error: called with every error the doorbell listener meets, an
-            :class:`EvictionPolicyWarning` when entered on a server that may evict keys, and a
-            :class:`~durable_trio.DamagedJob` when a retry finds a job's stored meta unreadable
-            (each is also logged to ``durable_trio.redis``); it must not raise.
+            :class:`EvictionPolicyWarning` when entered on a server that may evict keys, a
+            :class:`~durable_trio.DamagedJob` when a retry finds a job's stored meta unreadable,
+            and a :class:`~durable_trio.StoreLost` (each is also logged to
+            ``durable_trio.redis``); it must not raise.
 
     Raises:
         ConfigError: an option out of range.
@@ -1320,6 +1378,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
         ping_timeout: float = 5.0,
         resubscribe_backoff: tuple[float, float] = (0.1, 5.0),
         quarantine_retention: int = 1000,
+        store_check_interval: float = 15.0,
         on_error: Callable[[Exception], object] | None = None,
     ) -> None:
         if failed_retention < 1:
@@ -1332,8 +1391,11 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
             raise ConfigError(f"promote_batch must be at least 1, not {promote_batch}")
         if not safety_poll_interval > 0:
             raise ConfigError(f"safety_poll_interval must be > 0, not {safety_poll_interval}")
-        if not ping_timeout > 0:
-            raise ConfigError(f"ping_timeout must be > 0, not {ping_timeout}")
+        if not ping_timeout > 0 or not store_check_interval > 0:
+            raise ConfigError(
+                f"ping_timeout and store_check_interval must be > 0, not {ping_timeout}, "
+                f"{store_check_interval}"
+            )
         first, largest = resubscribe_backoff
         if not 0 < first <= largest:
             raise ConfigError("resubscribe_backoff must be (first, largest), 0 < first <= largest")
@@ -1350,12 +1412,14 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
         self._ping_timeout = ping_timeout
         self._backoff = (first, largest)
         self._on_error = on_error
+        self._identity = StoreIdentity(client, store_check_interval, on_error, client.connected)
         self._push: Script = self._script(_PUSH)
         self._requeue_failed: Script = self._script(REQUEUE_FAILED)
         self._claim: Script = self._script(_CLAIM)
         self._complete: Script = self._script(_COMPLETE)
         self._complete_many: Script = self._script(_COMPLETE_MANY)
         self._push_many: Script = self._script(_PUSH_MANY)
+        self._push_and_complete: Script = self._script(_PUSH_AND_COMPLETE_MANY)
         self._fail: Script = self._script(_FAIL)
         self._fail_and_push: Script = self._script(_FAIL_AND_PUSH)
         self._retry: Script = self._script(_RETRY)
@@ -1408,6 +1472,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
         self._stack = stack
         try:
             await self._nursery.start(self._doorbell_loop)
+            self._nursery.start_soon(self._identity.watch)
             await self._check_eviction_policy()
         except BaseException:  # cancelled while starting: leave the nursery before raising
             self._close_now()
@@ -1440,6 +1505,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
         self._closed = True
         # Only the listener's own scope: the nursery's would cancel the ``async with`` body.
         self._listener_scope.cancel()
+        self._identity.stop()
         self._drop_subscriptions()
         self._signal_changed()
 
@@ -1586,34 +1652,36 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
     async def push_and_complete_many(
         self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
     ) -> list[bool]:
-        """Push, then complete, as two scripts in ONE pipeline (one round trip; two queues may
-        live on two Cluster slots, so not one script)."""
+        """Push, then complete: both or neither on one server (one script), the complete only
+        once the push landed on a Cluster (see :meth:`_finish_commands`)."""
         if not jobs and not leases:
             await trio.lowlevel.checkpoint()
             return []
-        commands = self._finish_commands(push_queue, jobs, queue, leases)
+        commands = await self._finish_commands(push_queue, jobs, queue, leases)
         replies = await self._client.pipeline(commands)
         return [bool(answer) for answer in replies[-1]] if leases else []
 
-    def _finish_commands(
+    async def _finish_commands(
         self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
     ) -> list[tuple[RedisArg, ...]]:
-        """The push script for ``jobs`` (priority 0), then the complete script for
-        ``leases``, each left out when it has nothing to do."""
-        commands = []
+        """The commands that push ``jobs`` (priority 0) and complete ``leases``, no lease
+        completed unless the push landed (a push refused, say by a Redis out of memory, must
+        not leave its task acknowledged with no result): ONE script on one server; on a
+        Cluster the two queues are two slots, so the push is run first, here, and only the
+        complete is returned (a failure after the push leaves the task claimed: its result
+        may come twice, which the engine absorbs, never not at all)."""
+        push: list[Any] = [job_field for job in jobs for job_field in (job.id, job.data, 0)]
+        pq = self._queue(push_queue)
+        tokens = [lease.token for lease in leases]
+        keys = self._queue(queue).complete_keys if leases else ()
+        if not leases:
+            return [self._push_many.command(pq.push_keys, [pq.channel, *push])] if jobs else []
+        if jobs and not isinstance(self._client, RedisClusterClient):
+            args = [pq.channel, len(jobs), *push, *tokens]
+            return [self._push_and_complete.command((*pq.push_keys, *keys), args)]
         if jobs:
-            pq = self._queue(push_queue)
-            push_args: list[Any] = [pq.channel]
-            for job in jobs:
-                push_args += (job.id, job.data, 0)
-            commands.append(self._push_many.command(pq.push_keys, push_args))
-        if leases:
-            commands.append(
-                self._complete_many.command(
-                    self._queue(queue).complete_keys, [lease.token for lease in leases]
-                )
-            )
-        return commands
+            await self._push_many(pq.push_keys, [pq.channel, *push])
+        return [self._complete_many.command(keys, tokens)]
 
     async def finish_and_claim(
         self,
@@ -1625,13 +1693,13 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell):
         *,
         worker: str = "",
     ) -> tuple[list[bool], list[ClaimedJob]]:
-        """:meth:`push_and_complete_many`, then the claim script for ``count`` jobs, as three
-        scripts in ONE pipeline (one round trip; see
+        """:meth:`push_and_complete_many`, then the claim script for ``count`` jobs, in ONE
+        pipeline (one round trip; a Cluster's push goes first, alone; see
         :class:`~durable_trio.adapters.SupportsFinishAndClaim`)."""
         if count < 1:
             return await self.push_and_complete_many(push_queue, jobs, queue, leases), []
         q = self._queue(queue)
-        commands = self._finish_commands(push_queue, jobs, queue, leases)
+        commands = await self._finish_commands(push_queue, jobs, queue, leases)
         commands.append(self._claim.command(q.claim_keys, self._claim_argv(count, count, worker)))
         rings, epoch = q.rings, (self._live_epoch(q) if self._covers(q) else None)
         replies = await self._client.pipeline(commands)

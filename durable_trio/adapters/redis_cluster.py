@@ -22,7 +22,14 @@ Different queues spread over the masters. What differs:
 - **No atomic fail-and-push** (:class:`~durable_trio.adapters.SupportsFailAndPush`): the two
   queues are two slots. The transport then fails the poison job first and publishes its result
   after, republishing it until it lands (see ``_leases.py``).
-- Push-and-complete was already two scripts in one pipeline (one per node here).
+- **Push-and-complete in two round trips** (a worker's results and its tasks' acknowledgements,
+  :meth:`~RedisBrokerBase.push_and_complete_many` and ``finish_and_claim``): the results
+  queue and the task queue are two slots, so the results are pushed first and the tasks
+  completed only once that push has landed. A push refused (a master out of memory,
+  unreachable) leaves the tasks claimed, with nothing lost; a failure after the push leaves
+  them claimed with their results published, so a result may arrive twice (the engine applies
+  one and counts the other as a duplicate), never not at all. The single-server broker does
+  both in one script.
 """
 
 from __future__ import annotations

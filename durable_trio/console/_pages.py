@@ -11,6 +11,7 @@ import trio
 
 from .._engine import RunNotFound
 from .._errors import ConfigError, DurableTrioError
+from .._health import read_store_loss
 from ._fleet_view import render_queues, render_workers
 from ._html import Html, esc, page
 from ._run_view import render_run
@@ -76,6 +77,13 @@ class Pages:
             live=live,
         )
 
+    async def _alarm(self, body: Html) -> Html:
+        """``body`` after the store's loss alarm, if one stands (it stays until acknowledged)."""
+        loss = await read_store_loss(self._ops.backend)
+        if loss is None:
+            return body
+        return Html(f'<p class="error-text" role="alert"><strong>{esc(loss)}</strong></p>{body}')
+
     def error_page(self, title: str, message: str) -> str:
         """A page that says what went wrong (not refreshed)."""
         body = Html(
@@ -106,9 +114,12 @@ class Pages:
             )
         except ConfigError as exc:  # a bad cursor, most likely
             raise ValueError(str(exc)) from None
+        alarm = await self._alarm(Html(""))
         return await self._off_loop(
             lambda: self._page(
-                "Runs", "runs", render_runs(filters, listing.runs, listing.next_cursor)
+                "Runs",
+                "runs",
+                Html(alarm + render_runs(filters, listing.runs, listing.next_cursor)),
             )
         )
 
@@ -132,8 +143,11 @@ class Pages:
         workers = await self._ops.workers()
         queues = await self._ops.queues()
         now = time.time()
+        alarm = await self._alarm(Html(""))
         return await self._off_loop(
-            lambda: self._page("Workers", "workers", render_workers(workers, queues, now))
+            lambda: self._page(
+                "Workers", "workers", Html(alarm + render_workers(workers, queues, now))
+            )
         )
 
     async def queues_page(self, request: Request) -> str:
@@ -144,9 +158,12 @@ class Pages:
             failed = await self._ops.failed_jobs()
         except ConfigError:  # the broker keeps no failed jobs
             failed = None
+        alarm = await self._alarm(Html(""))
         return await self._off_loop(
             lambda: self._page(
-                "Queues", "queues", render_queues(queues, failed, allow_actions=self._allow_actions)
+                "Queues",
+                "queues",
+                Html(alarm + render_queues(queues, failed, allow_actions=self._allow_actions)),
             )
         )
 
