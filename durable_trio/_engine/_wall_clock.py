@@ -12,11 +12,11 @@ trio's time) exactly when the store's timers are virtual, ``time.time`` otherwis
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import TYPE_CHECKING
 
 import trio
-import trio.testing
 
 from ._schedules import virtual_wall_clock
 
@@ -42,8 +42,13 @@ def calendar_clock(store: object) -> Callable[[], float]:
     ``MockClock``; ``time.time`` otherwise (trio's real clock moves with the wall clock, and
     a SQLite or Redis store reads the wall clock itself).
     """
-    if getattr(store, "trio_clock", False) and isinstance(
-        trio.lowlevel.current_clock(), trio.testing.MockClock
+    # A MockClock exists only once trio.testing is imported (which imports pytest, when it is
+    # installed: production code does not import it itself).
+    testing = sys.modules.get("trio.testing")
+    if (
+        getattr(store, "trio_clock", False)
+        and testing is not None
+        and isinstance(trio.lowlevel.current_clock(), testing.MockClock)
     ):
         return virtual_wall_clock()
     return time.time
