@@ -1037,6 +1037,12 @@ async def test_take_over_drives_one_orphaned_run_and_leaves_the_others(
             assert trio.current_time() == 60
             assert await engine.take_over("a") is False  # ended
             assert (await engine.get("b")).status is RunStatus.PENDING
+            assert await engine.take_over("nobody") is False
+            async with open_engine(app, backend, reconcile=False, engine_id="live") as live:
+                await live.start("nap", run_id="c")
+                assert await engine.take_over("c") is False  # a live engine drives it
+                assert (await engine.get("c")).owner == "live"
+                assert (await engine.get("b")).owner is None  # nothing claimed meanwhile
 
 
 RETRIED_FLOWS = """

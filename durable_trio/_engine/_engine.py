@@ -321,6 +321,12 @@ class Engine:
         if run_id in self._services.drivers:
             await trio.lowlevel.checkpoint()
             return True
+        run = await self.store.get_run(run_id)
+        if run is None or run.status not in (RunStatus.PENDING, RunStatus.RUNNING):
+            return False  # unknown, ended or blocked: nothing to drive
+        lease = run.lease_until
+        if run.owner is not None and lease is not None and lease >= self.store.now():
+            return False  # a live engine drives it: claim nothing (and release nothing)
         mine = {run_id}
         while not self._closing:
             claimed = await self.store.claim_runs(
