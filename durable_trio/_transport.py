@@ -510,6 +510,7 @@ async def open_queue_transport(backend: Backend, **options: Any) -> AsyncIterato
 
     Raises:
         ConfigError: an option that cannot work.
+        BrokerUnavailable: ``backend`` is closed.
 
     Error handling:
         The block ends with one exception, never an internal exception group. The body's own
@@ -523,6 +524,7 @@ async def open_queue_transport(backend: Backend, **options: Any) -> AsyncIterato
         validated = TransportOptions(**options)
     except TypeError as exc:
         raise ConfigError(f"open_queue_transport: {exc}") from None
+    backend.check_open()
     transport = QueueTransport(backend, validated)
     # What the opening or the body raises leaves bare, not wrapped in the root nursery's group;
     # a loop's failure meanwhile is attached to it, not dropped (see _failures).

@@ -1034,6 +1034,87 @@ def test_cli_run_starts_a_run_and_prints_its_result(
     assert _cli("run", target, "hello", "--backend", backend, "--input", "{oops") == 2
 
 
+async def test_take_over_drives_one_orphaned_run_and_leaves_the_others(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = napper()
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(app, backend, reconcile=False) as engine:
+            for run_id in ("a", "b"):
+                await engine.start("nap", run_id=run_id, detach=True)
+            assert await engine.take_over("a") is True
+            assert await engine.take_over("a") is True  # already driven here
+            other = await engine.get("b")
+            assert (other.status, other.owner) == (RunStatus.PENDING, None)
+            assert await engine.result("a") is None
+            assert trio.current_time() == 60
+            assert await engine.take_over("a") is False  # ended
+            assert (await engine.get("b")).status is RunStatus.PENDING
+            assert await engine.take_over("nobody") is False
+            async with open_engine(app, backend, reconcile=False, engine_id="live") as live:
+                await live.start("nap", run_id="c")
+                assert await engine.take_over("c") is False  # a live engine drives it
+                assert (await engine.get("c")).owner == "live"
+                assert (await engine.get("b")).owner is None  # nothing claimed meanwhile
+
+
+RETRIED_FLOWS = """
+from pathlib import Path
+
+from durable_trio._engine import App, Retry, WorkflowContext
+
+app = App("retried")
+
+
+@app.step("fetch", retry=Retry(max_attempts=1))
+async def fetch(flag):
+    if not Path(flag).exists():
+        raise RuntimeError("not yet")
+    return "fetched"
+
+
+@app.workflow("fetch-once")
+async def fetch_once(ctx: WorkflowContext, flag):
+    return await ctx.step("fetch", flag)
+"""
+
+
+@pytest.mark.chaos
+def test_cli_run_with_an_existing_retried_run_id_drives_it_to_its_end(tmp_path: Path) -> None:
+    """Issue 30, item 3, with real processes: a run fails, ``runs retry`` reopens it (pending,
+    no owner), and ``run --run-id R --with-worker`` (an engine that reconciles nothing) takes
+    that run over, runs its step's next attempt and prints the result, instead of waiting for
+    another engine until its ``--timeout``."""
+    import subprocess
+    import sys
+
+    (tmp_path / "retried_flows.py").write_text(RETRIED_FLOWS)
+    flag = tmp_path / "ready"
+    backend = ["--backend", f"sqlite:///{tmp_path / 'r.db'}"]
+    target = "retried_flows:app"
+
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "durable_trio", *argv],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    run = ["run", target, "fetch-once", "--run-id", "R", "--input", json.dumps(str(flag))]
+    failed = cli(*run, "--with-worker", *backend)
+    assert failed.returncode == 1, failed.stderr
+    assert json.loads(failed.stdout)["status"] == "failed"
+    flag.touch()
+    retried = cli("runs", "retry", "R", "--namespace", "retried", *backend)
+    assert retried.returncode == 0, retried.stderr
+    done = cli(*run, "--with-worker", "--timeout", "20", *backend)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"runId": "R", "status": "completed", "output": "fetched"}
+
+
 def test_cli_load_app_explains_what_is_wrong(tmp_path: Path) -> None:
     (tmp_path / "not_an_app.py").write_text("app = 42\n")
     with pytest.raises(dt.ConfigError, match="is not a durable_trio App"):

@@ -3,6 +3,8 @@ and ``test_broker_model.py``): a closed broker refuses every call."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 import trio
 import trio.testing
@@ -10,6 +12,9 @@ import trio.testing
 import durable_trio as dt
 from durable_trio.adapters import Job, Lease
 from durable_trio.adapters.memory import MemoryBroker
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 Q = "t:tasks:memory"
 
@@ -71,7 +76,44 @@ async def test_a_closed_memory_backend_refuses_dispatch(
     async with dt.open_backend("memory://") as backend:
         async with dt.open_queue_transport(backend) as transport:
             await transport.dispatch(dt.RemoteTask(run_id="r", step_id="s", attempt=1, name="job"))
-    # The backend is closed: a transport opened on it cannot dispatch into the void.
-    async with dt.open_queue_transport(backend) as late:
-        with pytest.raises(dt.TransportClosed):
-            await late.dispatch(dt.RemoteTask(run_id="r", step_id="s2", attempt=1, name="job"))
+    # The backend is closed: no transport opens on it to dispatch into the void.
+    with pytest.raises(dt.BrokerUnavailable, match="the backend memory:// is closed"):
+        async with dt.open_queue_transport(backend):
+            pass  # pragma: no cover
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def kind_clock(kind: str) -> trio.testing.MockClock:
+    """Virtual; on SQLite jumping only after real idleness (its commits run in a thread)."""
+    return trio.testing.MockClock(autojump_threshold=0 if kind == "memory" else 0.2)
+
+
+async def test_a_closed_backend_refuses_an_engine_at_once_on_every_backend(
+    kind_clock: trio.testing.MockClock, kind: str, tmp_path: Path
+) -> None:
+    """Issue 30, item 6: an engine opened on a closed ``memory://`` backend took ``start`` and
+    then ``result`` never returned (nothing served the broker); SQLite refused at once. Now
+    every backend refuses the same way: an engine, a worker or a run store on a closed backend
+    raises ``BrokerUnavailable`` when it opens, at virtual time 0."""
+    from durable_trio.testing._sample import sample_app
+
+    app = sample_app("closed")
+    url = "memory://" if kind == "memory" else f"sqlite:///{tmp_path / 'c.db'}"
+    async with dt.open_backend(url) as backend:
+        pass
+    assert backend.closed
+    with pytest.raises(dt.BrokerUnavailable, match="is closed"):
+        async with dt.open_engine(app, backend) as engine:
+            await engine.start("order", 1)  # pragma: no cover
+    with pytest.raises(dt.BrokerUnavailable, match="is closed"):
+        async with dt.open_worker(app, backend):
+            pass  # pragma: no cover
+    with pytest.raises(dt.BrokerUnavailable, match="is closed"):
+        async with dt.open_run_store(backend, "closed"):
+            pass  # pragma: no cover
+    assert trio.current_time() == 0.0

@@ -434,6 +434,30 @@ def test_a_lost_run_is_a_violation() -> None:
     assert report.virtual_seconds >= 660.0
 
 
+def test_a_run_inside_a_durable_timer_at_the_drain_s_end_is_called_unfinished_not_lost() -> None:
+    """Issue 30, item 6: a run still waiting on its durable timer when the drain ends is not
+    lost; the violation says what it is (unfinished, the timer's due time) and names
+    ``drain_timeout``."""
+    sleepy = dt.App("sim")
+
+    @sleepy.workflow("order")
+    async def nap(ctx: dt.WorkflowContext, _: Any) -> None:
+        await ctx.sleep(3600)
+
+    def one(rng: random.Random, index: int) -> tuple[str, Any]:
+        return "order", index
+
+    with pytest.raises(InvariantViolation) as caught:
+        Simulation(
+            sleepy, one, seed=3, runs=1, duration=60, faults=Faults.none(), drain_timeout=600
+        ).run_sync()
+    (message,) = caught.value.report.violations
+    assert "never ended (lost)" not in message
+    assert "unfinished at the drain's end (t=660.000)" in message
+    assert "in a durable timer due at t=" in message
+    assert "drain_timeout" in message
+
+
 # --------------------------------------------------------------------------- each fault kind
 
 THRESHOLD: dict[str, Any] = {"stalled_threshold": 30.0, "stalled_check_interval": 10.0}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -22,13 +23,20 @@ import trio.testing
 import durable_trio as dt
 from durable_trio._engine import App, RunStatus, WorkflowContext, open_engine, open_run_store
 from durable_trio._engine._schedules import Schedule, schedule_run_id
+from durable_trio._engine._stores.sqlite import SqliteRunStore
 from durable_trio.testing import virtual_wall_clock
+from durable_trio.testing.fixtures import (  # the plugin's fixtures, for this module
+    engine_for,  # noqa: F401
+    memory_backend,  # noqa: F401
+    workers_for,  # noqa: F401
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
     from pathlib import Path
 
     from durable_trio._engine import Engine
+    from durable_trio.testing.fixtures import EngineFactory, WorkersFactory
 
 EPOCH = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC; a multiple of 60, 3600 s
 #: Options that leave the scheduler's ticks as the only frequent timers.
@@ -621,3 +629,78 @@ async def test_a_tick_due_while_the_engine_closes_is_left_for_the_next_engine(
         async with open_engine(app, backend, store=store, engine_id="second", **settings):
             await trio.sleep_until(70)
     assert started == [(schedule_run_id("s", EPOCH + 60), 60)]
+
+
+# ------------------------------------------------------------ the default calendar (issue 30, 5)
+
+
+def stepping_app(started: list[tuple[str, float]]) -> App:
+    """A scheduled workflow with a remote step (workers run it) and a durable timer."""
+    app = App("stepping")
+
+    @app.step("double")
+    async def double(x: int) -> int:
+        return 2 * x
+
+    @app.workflow("report")
+    async def report(ctx: WorkflowContext, input: Any) -> Any:
+        started.append((ctx.run_id, trio.current_time()))
+        await ctx.sleep(5)
+        return await ctx.step("double", 21)
+
+    app.schedule("minutely", "report", every=60)
+    return app
+
+
+async def test_without_a_wall_clock_schedules_follow_the_memory_stores_virtual_timers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No ``wall_clock`` given: the memory store's timers are trio's virtual clock, and so is
+    the schedules' calendar (from the whole-hour default epoch): exactly 5 ticks in 330 s."""
+    started: list[tuple[str, float]] = []
+    app = reporting_app(started)
+    app.schedule("minutely", "report", every=60)
+    async with dt.open_backend("memory://") as backend, open_engine(app, backend) as engine:
+        await trio.sleep_until(330)
+        assert engine.options.wall_clock() == virtual_wall_clock()()
+    assert times(started) == [60, 120, 180, 240, 300]
+    assert started[0][0] == "sched:minutely:2027-01-15T08:01:00Z"
+
+
+async def test_schedules_fire_on_the_fixtures_virtual_clock(
+    autojump_clock: trio.testing.MockClock,
+    engine_for: EngineFactory,  # noqa: F811
+    workers_for: WorkersFactory,  # noqa: F811
+) -> None:
+    """``engine_for``/``workers_for`` (imported here; the plugin's own wiring of the clock runs
+    in ``tests/test_virtual_examples.py``): every=60 fires 5 times in 330 virtual seconds, and
+    each run's durable timer and remote step end on time."""
+    started: list[tuple[str, float]] = []
+    app = stepping_app(started)
+    async with workers_for(app), engine_for(app) as engine:
+        await trio.sleep_until(330)
+        assert times(started) == [60, 120, 180, 240, 300]
+        for run_id, _ in started:
+            assert await engine.result(run_id) == 42
+    assert trio.current_time() == 330
+
+
+@pytest.fixture
+def thread_clock() -> trio.testing.MockClock:
+    """Virtual, but jumping only after real idleness (a SQLite commit runs in a thread)."""
+    return trio.testing.MockClock(autojump_threshold=0.2)
+
+
+async def test_a_store_on_the_wall_clock_keeps_the_wall_calendar(
+    thread_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A SQLite store's timers read the wall clock, so its schedules do too (under a
+    MockClock as well); after ``follow_trio_clock()`` both are virtual."""
+    async with dt.open_backend("sqlite:///" + str(tmp_path / "c.db")) as backend:
+        async with open_run_store(backend, "c") as store:
+            assert isinstance(store, SqliteRunStore)
+            async with open_engine(App("c"), backend, store=store, **QUIET) as engine:
+                assert abs(engine.options.wall_clock() - time.time()) < 60
+            store.follow_trio_clock()
+            async with open_engine(App("c"), backend, store=store, **QUIET) as engine:
+                assert engine.options.wall_clock() == virtual_wall_clock()()

@@ -277,25 +277,84 @@ class Engine:
                 limit=_CLAIM_BATCH,
             )
             for run in claimed:
-                if run.run_id in self._services.drivers:
-                    continue
-                if run.workflow not in self.app.workflows:
-                    error = describe_error(
-                        UnknownWorkflow(f"this engine's app does not register {run.workflow!r}")
-                    )
-                    await self.store.finish_run(run.run_id, RunStatus.FAILED, error=error)
-                    self._services.count("runs_failed")
-                    continue
-                if expired(self._services, run):  # past its deadline: fails, never driven
-                    await time_out(self._services, run)
-                    continue
-                history = await self.store.get_steps(run.run_id)
-                self._services.count("runs_resumed")
-                self._spawn(run, history)
-                taken += 1
+                taken += await self._adopt(run)
             if len(claimed) < _CLAIM_BATCH:
                 break
         return taken
+
+    async def _adopt(self, run: RunRecord) -> bool:
+        """Drive ``run``, just claimed here (or fail it: unknown workflow, past its deadline).
+        Returns whether a driver started."""
+        if run.run_id in self._services.drivers:
+            return False
+        if run.workflow not in self.app.workflows:
+            error = describe_error(
+                UnknownWorkflow(f"this engine's app does not register {run.workflow!r}")
+            )
+            await self.store.finish_run(run.run_id, RunStatus.FAILED, error=error)
+            self._services.count("runs_failed")
+            return False
+        if expired(self._services, run):  # past its deadline: fails, never driven
+            await time_out(self._services, run)
+            return False
+        history = await self.store.get_steps(run.run_id)
+        self._services.count("runs_resumed")
+        self._spawn(run, history)
+        return True
+
+    async def take_over(self, run_id: str) -> bool:
+        """Drive ``run_id`` here if nobody drives it (pending with no owner, as ``retry``
+        leaves it, or its owner's lease lapsed), with its children nobody drives: what
+        :meth:`reconcile` does, for one run (an engine opened with ``reconcile=False``, as
+        ``durable-trio run --run-id`` opens, takes over nothing else).
+
+        The store claims orphaned runs a batch at a time; those that are not ``run_id`` or one
+        of its descendants are released again at once (pending, no owner), untouched.
+
+        Returns:
+            Whether this engine drives it now (``False``: it ended, or a live engine drives it).
+
+        Raises:
+            EngineClosed: the engine is closed.
+        """
+        if self._closing:
+            await trio.lowlevel.checkpoint()
+            raise EngineClosed("the engine is closed")
+        if run_id in self._services.drivers:
+            await trio.lowlevel.checkpoint()
+            return True
+        run = await self.store.get_run(run_id)
+        if run is None or run.status not in (RunStatus.PENDING, RunStatus.RUNNING):
+            return False  # unknown, ended or blocked: nothing to drive
+        lease = run.lease_until
+        if run.owner is not None and lease is not None and lease >= self.store.now():
+            return False  # a live engine drives it: claim nothing (and release nothing)
+        mine = {run_id}
+        while not self._closing:
+            claimed = await self.store.claim_runs(
+                self.engine_id, self.options.run_lease, limit=_CLAIM_BATCH
+            )
+            # A child is claimed after or before its parent: grow the family to a fixpoint.
+            family: list[RunRecord] = []
+            rest = list(claimed)
+            grew = True
+            while grew:
+                grew = False
+                for run in list(rest):
+                    if run.run_id in mine or run.parent in mine:
+                        mine.add(run.run_id)
+                        family.append(run)
+                        rest.remove(run)
+                        grew = True
+            # (A run driven here whose lease lapsed is claimed again: it stays.)
+            others = [run.run_id for run in rest if run.run_id not in self._services.drivers]
+            if others:
+                await self.store.release_runs(self.engine_id, others)
+            for run in family:
+                await self._adopt(run)
+            if len(claimed) < _CLAIM_BATCH:
+                break
+        return run_id in self._services.drivers
 
     async def start(
         self,

@@ -6,6 +6,7 @@ import uuid
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
 from .._failures import one_exception, raise_bare
@@ -20,6 +21,7 @@ from ._services import EngineServices
 from ._step_watch import step_watch_options
 from ._stores import open_run_store
 from ._timers import EngineTimers
+from ._wall_clock import calendar_clock, follow_the_timers
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -68,7 +70,9 @@ async def open_engine(
             release_on_close, default_retry, seed, turn_timeout, serve_tenants: see
             :class:`EngineOptions`.
         wall_clock, schedule_grace, schedule_recheck: (keywords) the scheduler's, see
-            :class:`EngineOptions` (``docs/engine.md``, "Schedules").
+            :class:`EngineOptions` (``docs/engine.md``, "Schedules"); without ``wall_clock``
+            the schedules follow the clock of the store's durable timers (virtual under a
+            ``MockClock`` on the memory store).
         step_timeout_grace, unstarted_report_after: (keywords) the step watch's, see
             :class:`EngineOptions` (``docs/engine.md``, "Step timeouts").
         audit_interval: (keyword) the loss audit's period, see :class:`EngineOptions`.
@@ -123,6 +127,9 @@ async def open_engine(
             )
             # The engine's pieces: the state and services they share, result application,
             # the periodic loops; the Engine composes them behind the public API.
+            if options.wall_clock is follow_the_timers:
+                # Schedules on the clock of the store's durable timers (virtual in tests).
+                options = attrs.evolve(options, wall_clock=calendar_clock(store))
             services = EngineServices(app, store, transport, options, on_error)
             engine = Engine(services, ResultHandler(services), EngineTimers(services))
             try:

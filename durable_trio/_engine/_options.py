@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +11,7 @@ import attrs
 
 from .._errors import ConfigError
 from ._retry import Retry
+from ._wall_clock import follow_the_timers
 
 __all__ = ["EngineOptions"]
 
@@ -92,9 +92,11 @@ class EngineOptions:
     ``step.lost`` warning, :class:`~durable_trio.StepLost` through the error hook) and
     dispatched again. One broker call per task queue per round. ``None`` or 0: off."""
 
-    wall_clock: Callable[[], float] = time.time
-    """Schedules: the calendar time source, in Unix seconds. Tests under trio's virtual clock
-    give ``durable_trio.testing.virtual_wall_clock()`` (a fixed epoch plus trio's time)."""
+    wall_clock: Callable[[], float] = follow_the_timers
+    """Schedules: the calendar time source, in Unix seconds. By default the clock the run
+    store's durable timers follow: virtual (``durable_trio.testing.virtual_wall_clock()``, a
+    fixed epoch plus trio's time) where they are (a memory store under a ``MockClock``),
+    ``time.time`` elsewhere; ``open_engine`` resolves it once the store is open."""
     schedule_grace: float = attrs.field(default=60.0, validator=_positive)
     """Schedules: a tick at most this many seconds old when the scheduler sees it is on time
     and starts; an older one was missed (while no engine ran) and follows the schedule's

@@ -9,8 +9,9 @@ under a run id fixed by the schedule and the tick (``sched:{name}:{tick, UTC ISO
 several engines firing the same tick, or an engine killed mid-tick and another taking over,
 make one run.
 
-Times are the engine's wall clock (``EngineOptions.wall_clock``: ``time.time`` unless a test
-maps trio's virtual clock to a fixed epoch with :func:`virtual_wall_clock`). Cron expressions
+Times are the engine's wall clock (``EngineOptions.wall_clock``: by default the clock the run
+store's durable timers follow, so :func:`virtual_wall_clock`, trio's virtual clock from a fixed
+epoch, where they are virtual, and ``time.time`` elsewhere: ``_wall_clock``). Cron expressions
 are evaluated by ``cronsim`` in the schedule's time zone (``zoneinfo``); see
 ``docs/engine.md``, "Schedules", for the DST and catch-up semantics.
 """

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .._errors import ConfigError, DurableTrioError, PayloadError
+from .._errors import BrokerError, ConfigError, DurableTrioError, PayloadError
 from .._json_values import parse_json_argument
 from .._redact import redact_url
 from .._signals import close_on_signals
@@ -254,6 +254,18 @@ async def _waiting_lines(engine: Engine, run_id: str) -> list[str]:
     return []
 
 
+async def _take_over_forever(engine: Engine, run_id: str) -> None:
+    """Take ``run_id`` over whenever nobody drives it (at once for a run ``runs retry``
+    reopened; after its lease for a run whose engine died while this waits), until cancelled.
+    A store error is reported and tried again."""
+    while True:
+        try:
+            await engine.take_over(run_id)
+        except BrokerError as exc:
+            engine.report(exc)
+        await trio.sleep(engine.options.run_lease / 3)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     app = load_app(args.target)
     try:
@@ -285,7 +297,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 if args.detach:
                     return 0
                 with trio.move_on_after(args.timeout) as bound:
-                    outcome["output"] = await engine.result(run_id)
+                    failure: DurableTrioError | None = None
+                    async with trio.open_nursery() as nursery:
+                        # An existing run (``runs retry`` reopened it, its engine died) is
+                        # driven here if nobody drives it; a live engine's keeps it.
+                        nursery.start_soon(_take_over_forever, engine, run_id)
+                        try:
+                            outcome["output"] = await engine.result(run_id)
+                        except DurableTrioError as exc:  # (RunFailed...) raised bare, below
+                            failure = exc
+                        nursery.cancel_scope.cancel()
+                    if failure is not None:
+                        raise failure
                 if bound.cancelled_caught:
                     outcome["waiting"] = await _waiting_lines(engine, run_id)
                     raise trio.TooSlowError

@@ -13,6 +13,7 @@ import attrs
 import trio
 
 from .._engine._stores.memory import MemoryRunStore
+from .._errors import BrokerUnavailable
 from ..adapters import QueueBroker
 from ..keys import KeyStore
 
@@ -99,13 +100,36 @@ class Backend:
     run_stores: RunStores = attrs.field(factory=MemoryRunStores, kw_only=True)
     _closed: bool = attrs.field(default=False, init=False)
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called (then nothing opens on it any more)."""
+        return self._closed
+
+    def check_open(self) -> None:
+        """Refuse use after close, on every backend alike (a closed ``memory://`` backend
+        would otherwise take runs and tasks that nothing ever serves).
+
+        Raises:
+            BrokerUnavailable: the backend is closed.
+        """
+        if self._closed:
+            raise BrokerUnavailable(f"the backend {self.url} is closed")
+
     def open_run_store(self, namespace: str) -> AbstractAsyncContextManager[RunStore]:
         """Open the run store of ``namespace``'s runs on this backend; close it on leaving.
 
         Raises:
+            BrokerUnavailable: the backend is closed.
             BrokerError: the store could not be opened (its tables created, ...).
         """
-        return self.run_stores.open(namespace)
+        return self._open_run_store(namespace)
+
+    @asynccontextmanager
+    async def _open_run_store(self, namespace: str) -> AsyncIterator[RunStore]:
+        await trio.lowlevel.checkpoint()
+        self.check_open()
+        async with self.run_stores.open(namespace) as store:
+            yield store
 
     async def aclose(self) -> None:
         """Close the broker and the key store (bounded, idempotent)."""

@@ -9,7 +9,8 @@
 - :mod:`durable_trio.testing.faults`: the fault injectors on their own (:func:`wrap_broker`,
   :class:`FaultyKeyStore`), for hand-written tests.
 - :mod:`durable_trio.testing.fixtures`: pytest fixtures (``pytest_plugins =
-  ["durable_trio.testing.fixtures"]``): ``memory_backend``, ``engine_for``, ``workers_for``.
+  ["durable_trio.testing.fixtures"]``): ``memory_backend``, ``engine_for``, ``workers_for``,
+  on a virtual clock (each hypothesis ``@given`` example on its own clock and backend).
 - :mod:`durable_trio.testing.strategies`: hypothesis strategies for every wire message
   (needs ``hypothesis``).
 

@@ -76,6 +76,10 @@ class Invariants:
         """(queue, job) of every job in a failed set as stalled, at the end."""
         self.children = 0
         """Child runs checked (``check_children``)."""
+        self.drained_at: float | None = None
+        """When the drain ended (ledger time), and its ``drain_timeout``: set by the
+        simulation, to tell a run still in a durable timer from a lost one."""
+        self.drain_timeout: float | None = None
 
     async def collect(self) -> None:
         """Read what the checks need of the store and the broker (once every process is
@@ -111,7 +115,7 @@ class Invariants:
         for run_id, (workflow, value) in self.runs.inputs.items():
             outcome = outcomes.get(run_id)
             if outcome is None:
-                violation(f"run {run_id} ({workflow}) never ended (lost)")
+                violation(self._unfinished(run_id, workflow))
             elif run_id in self.ledger.poisoned_runs:
                 # A crash loop fails its run once the poison step's attempts are exhausted.
                 status, output = outcome
@@ -183,6 +187,25 @@ class Invariants:
                         f"{where} settled {record.status.value} at attempt {record.attempt}, "
                         f"its attempt log ends with {last!r}"
                     )
+
+    def _unfinished(self, run_id: str, workflow: str) -> str:
+        """What a run that never ended is: still in a durable timer due after the drain's end
+        (the drain was too short for it), or lost."""
+        due = [
+            step.wake_at - self.ledger.t0  # the memory store's clock is trio's
+            for step in self.steps.get(run_id, ())
+            if step.kind is StepKind.TIMER
+            and step.status is StepState.PENDING
+            and step.wake_at is not None
+        ]
+        if due and self.drained_at is not None and min(due) > self.drained_at:
+            return (
+                f"run {run_id} ({workflow}) unfinished at the drain's end "
+                f"(t={self.drained_at:.3f}): in a durable timer due at t={min(due):.3f}, not "
+                f"lost; give the simulation a drain_timeout that reaches it (it was "
+                f"{self.drain_timeout})"
+            )
+        return f"run {run_id} ({workflow}) never ended (lost)"
 
     def _settled_once(self) -> None:
         """Every settled step settled once, with a result a worker produced."""

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._engine._records import RunStatus
-from .._engine._schedules import Schedule
+from .._engine._schedules import Schedule, virtual_wall_clock
+from .._engine._wall_clock import follow_the_timers
 from .._errors import ConfigError
 
 if TYPE_CHECKING:
@@ -58,10 +59,13 @@ async def check_schedule_ticks(
     """Add a violation to ``ledger`` for every tick started twice, invented, missed while an
     engine was up (before ``until``: the end of the faulted time, ledger time), or never
     ended.
-    Needs a ``wall_clock`` in ``engine_options`` (schedules under a virtual clock)."""
-    wall_clock = engine_options.get("wall_clock")
-    if not app.schedules or wall_clock is None:
+    The calendar is ``engine_options``'s ``wall_clock``, or the engines' default: the memory
+    store under the simulation's ``MockClock`` makes it ``virtual_wall_clock()``."""
+    if not app.schedules:
         return
+    wall_clock = engine_options.get("wall_clock", follow_the_timers)
+    if wall_clock is follow_the_timers:
+        wall_clock = virtual_wall_clock()
     offset = wall_clock() - (trio.current_time() - ledger.t0)  # wall = ledger time + offset
     intervals = _up_intervals(ledger, ledger.now())
     stored = {name: spec for name, spec, _ in await store.get_schedules()}

@@ -327,6 +327,8 @@ class Simulation:
                 self._heal()
                 started.cancel_scope.deadline = ledger.t0 + self.duration + self.drain_timeout
             ledger.event("drained", unfinished=runs.unfinished)
+            self._invariants.drained_at = ledger.now()
+            self._invariants.drain_timeout = self.drain_timeout
             workers.stop()
             await slots_done.wait()
             await engines.stop()
