@@ -98,7 +98,10 @@ class Coalescer(Generic[T, R]):
                 return await self._lead(batch, 0)
         await batch.done.wait()
         if batch.error is not None:
-            raise BrokerError(f"a coalesced broker call failed: {batch.error}") from batch.error
+            # Unreachable stays unreachable for every caller of the batch: their finalizes are
+            # tried again (``BrokerUnavailable``) instead of left to the reclaim sweep.
+            kind = BrokerUnavailable if isinstance(batch.error, BrokerUnavailable) else BrokerError
+            raise kind(f"a coalesced broker call failed: {batch.error}") from batch.error
         return batch.results[index]
 
     def _release(self) -> None:

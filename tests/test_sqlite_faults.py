@@ -1,0 +1,230 @@
+"""SQLite under faults of its file (issue 36): a write lock held past ``busy_timeout``, a full
+disk, the file deleted or replaced under live processes, many processes opening a new file at
+once, and a file that should shrink after its backlog drains.
+
+Real files, real locks (another connection), a real small file system (a 16 MiB tmpfs, mounted
+when this runs as root) and real processes; the broker's clock is the wall clock, so every wait
+is short and bounded by ``fail_after``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+import durable_trio as dt
+from durable_trio._engine import App, WorkflowContext, open_engine, open_worker
+from durable_trio._engine._records import RunRecord, RunStatus
+from durable_trio._engine._stores.sqlite import SqliteRunStore
+from durable_trio.adapters.sqlite import SqliteBroker
+from durable_trio.backends._backend import Backend
+from durable_trio.backends.sqlite import SqliteRunStores
+from durable_trio.keys.sqlite import SqliteKeyStore
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator
+    from pathlib import Path
+
+NS = "faults"
+
+app = App(NS)
+
+
+@app.step("work")
+async def work(n: int) -> str:
+    return "x" * 400 + str(n)  # a little weight: the file grows with every checkpoint
+
+
+@app.workflow("chain")
+async def chain(ctx: WorkflowContext, n: int) -> int:
+    return sum([len(await ctx.step("work", n * 10 + i)) for i in range(4)])
+
+
+@app.step("heavy")
+async def heavy(n: int) -> str:
+    return "y" * 20_000 + str(n)
+
+
+@app.workflow("heavy")
+async def heavy_chain(ctx: WorkflowContext, n: int) -> int:
+    await ctx.sleep(0.3)  # the disk is full by then: every checkpoint after needs new space
+    return sum([len(await ctx.step("heavy", n * 10 + i)) for i in range(4)])
+
+
+def expected_heavy(n: int) -> int:
+    return sum(20_000 + len(str(n * 10 + i)) for i in range(4))
+
+
+def expected(n: int) -> int:
+    return sum(400 + len(str(n * 10 + i)) for i in range(4))
+
+
+def run_record(run_id: str) -> RunRecord:
+    return RunRecord(run_id, "chain", 1, RunStatus.PENDING, 0.0, 0.0)
+
+
+@contextlib.asynccontextmanager
+async def sqlite_backend(path: Path, *, busy_timeout: float = 5.0) -> AsyncIterator[Backend]:
+    """What ``open_backend("sqlite:///...")`` builds, with a short ``busy_timeout``."""
+    broker = await SqliteBroker.open(path, busy_timeout=busy_timeout)
+    keys = await SqliteKeyStore.attach(broker)
+    backend = Backend(
+        url=f"sqlite:///{path}", broker=broker, keys=keys, run_stores=SqliteRunStores(broker)
+    )
+    try:
+        yield backend
+    finally:
+        with trio.CancelScope(shield=True):
+            await backend.aclose()
+
+
+@contextlib.contextmanager
+def write_lock(path: Path) -> Iterator[sqlite3.Connection]:
+    """Another connection holding ``path``'s write lock until the block ends."""
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        yield other
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+
+
+# ------------------------------------------------------------------------ item 4: the lock
+
+
+async def test_every_writer_of_a_failed_batch_gets_its_own_retryable_error(
+    tmp_path: Path,
+) -> None:
+    """20 writes batched into one transaction that cannot take the lock: each writer raises
+    its own BrokerUnavailable (before: the first did, the 19 others outcome.AlreadyUsedError,
+    which no loop retries), and each succeeds when retried after the lock is gone."""
+    path = tmp_path / "locked.db"
+    store = await SqliteRunStore.open(path, NS, busy_timeout=0.1)
+    try:
+        raised: dict[int, BaseException] = {}
+
+        async def write(n: int) -> None:
+            try:
+                await store.create_run(run_record(f"run-{n}"))
+            except Exception as exc:
+                raised[n] = exc
+
+        with write_lock(path):
+            async with trio.open_nursery() as nursery:
+                for n in range(20):
+                    nursery.start_soon(write, n)
+        assert sorted(raised) == list(range(20))
+        assert all(type(exc) is dt.BrokerUnavailable for exc in raised.values()), raised
+        assert len({id(exc) for exc in raised.values()}) == 20  # each its own
+        assert all("locked" in str(exc) for exc in raised.values())
+        assert store.batches < 20  # they were one batch (or a few): the case in question
+        async with trio.open_nursery() as nursery:
+            for n in range(20):
+                nursery.start_soon(store.create_run, run_record(f"run-{n}"))
+        assert len(await store.list_runs()) == 20
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("hold", [0.6])
+async def test_the_engine_carries_on_after_another_process_held_the_write_lock(
+    tmp_path: Path, hold: float
+) -> None:
+    """An engine and a worker driving runs while another connection holds the write lock
+    past their ``busy_timeout``: they report it and retry; once the lock goes, every run
+    finishes (before: the engine died of AlreadyUsedError)."""
+    path = tmp_path / "held.db"
+    reported: list[BaseException] = []
+    runs = 12
+    async with sqlite_backend(path, busy_timeout=0.05) as backend:
+        async with (
+            open_worker(app, backend, namespace=NS, on_error=reported.append),
+            open_engine(
+                app, backend, namespace=NS, on_error=reported.append, reconcile_interval=0.2
+            ) as engine,
+        ):
+            ids = [await engine.start("chain", n, run_id=f"run-{n}") for n in range(runs)]
+            for _ in range(3):  # three outages, mid-flight
+                with write_lock(path):
+                    await trio.sleep(hold)
+                await trio.sleep(0.1)
+            with trio.fail_after(30):
+                results = [await engine.result(run_id) for run_id in ids]
+    assert results == [expected(n) for n in range(runs)]
+    assert any("locked" in str(exc) for exc in reported)
+    assert not [exc for exc in reported if "AlreadyUsed" in repr(exc)]
+
+
+# -------------------------------------------------------------------- item 4: a full disk
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 16 MiB file system (room for SQLite's WAL, up to 4 MiB before its checkpoint) (tmpfs), mounted for this test (needs root)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
+        capture_output=True,
+        check=False,
+    )
+    if made.returncode != 0:
+        pytest.skip("mounting a small tmpfs is not permitted here (needs root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill_disk(mount: Path) -> Path:
+    """Write a file until the file system is full; returns it (remove it to free the space)."""
+    filler = mount / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        with contextlib.suppress(OSError):  # unbuffered: nothing left to fail at close
+            while os.write(fd, b"\0" * 4096):
+                pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+async def test_a_full_disk_is_reported_and_waited_out(small_disk: Path) -> None:
+    """The disk fills while an engine and a worker drive runs: the full disk is reported (as
+    such), nothing dies; once space returns every run finishes, nothing lost."""
+    path = small_disk / "full.db"
+    reported: list[BaseException] = []
+    runs = 30
+    async with sqlite_backend(path, busy_timeout=1.0) as backend:
+        async with (
+            open_worker(app, backend, namespace=NS, on_error=reported.append),
+            open_engine(
+                app,
+                backend,
+                namespace=NS,
+                on_error=reported.append,
+                reconcile_interval=0.2,
+                run_lease=2.0,
+            ) as engine,
+        ):
+            ids = [await engine.start("heavy", n, run_id=f"run-{n}") for n in range(runs)]
+            filler = fill_disk(small_disk)
+            with trio.fail_after(20):
+                while not any("full" in str(exc) for exc in reported):
+                    await trio.sleep(0.05)
+            await trio.sleep(1.0)  # full for a while: every loop meets it
+            filler.unlink()
+            with trio.fail_after(60):
+                results = [await engine.result(run_id) for run_id in ids]
+    assert results == [expected_heavy(n) for n in range(runs)]
+    full = [exc for exc in reported if "disk is full" in str(exc)]
+    assert full, reported
+    assert not [exc for exc in reported if "AlreadyUsed" in repr(exc)]
