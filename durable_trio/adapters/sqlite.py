@@ -161,7 +161,13 @@ def translate_error(exc: sqlite3.Error) -> BrokerError:
     if name.startswith(_UNAVAILABLE_CODES) or (
         not name and ("locked" in text or "disk I/O" in text or "unable to open" in text)
     ):
-        return BrokerUnavailable(f"SQLite database unavailable: {text} ({name or 'no code'})")
+        hint = ""
+        if name.startswith("SQLITE_FULL"):
+            # Transient like a lock: every loop reports it and tries again once space returns.
+            hint = "; free space on its disk: every write is tried again until it fits"
+        return BrokerUnavailable(
+            f"SQLite database unavailable: {text} ({name or 'no code'}){hint}"
+        )
     return BrokerError(f"SQLite error: {text} ({name or type(exc).__name__})")
 
 
