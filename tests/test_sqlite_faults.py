@@ -23,6 +23,7 @@ import durable_trio as dt
 from durable_trio._engine import App, WorkflowContext, open_engine, open_worker
 from durable_trio._engine._records import RunRecord, RunStatus
 from durable_trio._engine._stores.sqlite import SqliteRunStore
+from durable_trio.adapters import Job
 from durable_trio.adapters.sqlite import SqliteBroker
 from durable_trio.backends._backend import Backend
 from durable_trio.backends.sqlite import SqliteRunStores
@@ -228,3 +229,89 @@ async def test_a_full_disk_is_reported_and_waited_out(small_disk: Path) -> None:
     full = [exc for exc in reported if "disk is full" in str(exc)]
     assert full, reported
     assert not [exc for exc in reported if "AlreadyUsed" in repr(exc)]
+
+
+# ------------------------------------------------- item 7: concurrent openers of a new file
+
+
+async def test_opening_a_new_file_waits_for_another_opener_holding_its_lock(
+    tmp_path: Path,
+) -> None:
+    """Another connection creating its tables in a new file (rollback mode, its reserved lock
+    held) while we open it: SQLite refuses our switch to WAL at once, busy handler or not (it
+    would deadlock); the open tries again until the other is done (before: "database is
+    locked" at once, what killed a worker or an engine started together on a new file)."""
+    path = tmp_path / "new.db"
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("CREATE TABLE theirs (x)")
+
+    async def finish_later() -> None:
+        await trio.sleep(0.3)
+        other.execute("COMMIT")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(finish_later)
+        with trio.fail_after(5):
+            broker = await SqliteBroker.open(path, busy_timeout=2.0)
+    other.close()
+    async with broker:
+        await broker.push_on("q", Job("1", b"{}"))
+        assert await broker.size_of("q") == 1
+    (mode,) = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()
+    assert mode == "wal"
+
+
+def opener(url: str, kind: str, at: float) -> None:
+    """(A child process.) Open a worker or an engine on ``url`` at wall-clock ``at``."""
+    import time
+
+    async def main() -> None:
+        await trio.sleep(max(0.0, at - time.time()))
+        async with dt.open_backend(url) as backend:
+            if kind == "engine":
+                async with open_engine(app, backend, namespace=NS):
+                    pass
+            else:
+                async with open_worker(app, backend, namespace=NS):
+                    pass
+        print("up", flush=True)
+
+    trio.run(main)
+
+
+@pytest.mark.chaos
+async def test_a_worker_and_an_engine_started_together_on_a_new_file_both_come_up(
+    tmp_path: Path,
+) -> None:
+    """15 times: a worker process and an engine process open the same new file at the same
+    instant; both come up (before: one died of "database is locked" now and then)."""
+    import time
+
+    failures = []
+    for attempt in range(15):
+        url = "sqlite:///" + str(tmp_path / f"new-{attempt}.db")
+        at = time.time() + 1.2  # both imported by then: they open together
+        procs = [
+            await trio.lowlevel.open_process(
+                [sys.executable, __file__, url, kind, repr(at)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            for kind in ("worker", "engine")
+        ]
+        with trio.fail_after(30):
+            for proc in procs:
+                assert proc.stdout is not None and proc.stderr is not None
+                out = await proc.stdout.receive_some(1 << 16)
+                err = b""
+                while chunk := await proc.stderr.receive_some(1 << 16):
+                    err += chunk
+                await proc.wait()
+                if proc.returncode != 0 or b"up" not in out:
+                    failures.append((attempt, err.decode(errors="replace")[-400:]))
+    assert not failures, failures
+
+
+if __name__ == "__main__":
+    opener(sys.argv[1], sys.argv[2], float(sys.argv[3]))

@@ -720,9 +720,35 @@ _PROBE: Final = """
 """
 
 
+def _switch_to_wal(db: sqlite3.Connection, busy_timeout: float) -> object:
+    """``PRAGMA journal_mode=WAL``, tried again for up to ``busy_timeout`` seconds while the
+    file is locked.
+
+    On a new file (still in rollback mode) this connection holds a shared lock and needs an
+    exclusive one; while another opener holds its reserved lock (switching too, or creating
+    its tables) SQLite answers SQLITE_BUSY at once, without its busy handler (waiting could
+    deadlock: each would wait for the other). The statement's end releases our shared lock,
+    so the other opener goes on and a later try here succeeds: a worker and an engine started
+    together on a new file both come up (issue 36).
+    """
+    deadline = time.monotonic() + busy_timeout
+    delay = 0.001
+    while True:
+        try:
+            (mode,) = db.execute(_PRAGMAS_CHECK_WAL).fetchone()
+        except sqlite3.OperationalError as exc:
+            busy = (getattr(exc, "sqlite_errorname", "") or "").startswith("SQLITE_BUSY")
+            if not busy or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)  # (in the connection thread: the event loop goes on)
+            delay = min(delay * 2, 0.05)
+        else:
+            return mode
+
+
 def _configure(synchronous: Synchronous, busy_timeout: float, db: sqlite3.Connection) -> None:
     db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-    (mode,) = db.execute(_PRAGMAS_CHECK_WAL).fetchone()
+    mode = _switch_to_wal(db, busy_timeout)
     if str(mode).lower() not in ("wal", "memory"):
         raise BrokerError(f"could not switch the SQLite database to WAL mode (got {mode!r})")
     db.execute(f"PRAGMA synchronous = {synchronous}")
