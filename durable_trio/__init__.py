@@ -70,6 +70,7 @@ from ._errors import (
     LeaseLost,
     PayloadError,
     PayloadTooLarge,
+    StoreLost,
     TransportClosed,
 )
 from ._liveness import GroupHealth, LiveWorker, WorkerDescriptor
@@ -201,6 +202,7 @@ __all__ = [
     "StepTimeouts",
     "StepView",
     "StepWait",
+    "StoreLost",
     "TenantClient",
     "TenantEvent",
     "TimerView",

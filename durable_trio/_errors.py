@@ -17,6 +17,7 @@ __all__ = [
     "LeaseLost",
     "PayloadError",
     "PayloadTooLarge",
+    "StoreLost",
     "TransportClosed",
 ]
 
@@ -60,6 +61,14 @@ class BrokerError(DurableTrioError):
 
 class BrokerUnavailable(BrokerError):
     """The broker could not be reached (connection refused or reset, a timeout)."""
+
+
+class StoreLost(BrokerUnavailable):
+    """The store's file was deleted or replaced under this process (SQLite): its connection
+    still reaches the old file, which nobody else can, so every later call on it is refused
+    with this error, naming the file and what happened, instead of writing where no other
+    process will ever look. Loops report it and keep trying (so it stays loud); restart the
+    process to open the file now at that path (docs/deployment.md, "SQLite notes")."""
 
 
 class TransportClosed(DurableTrioError):

@@ -14,7 +14,7 @@ import os
 import sqlite3
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 import trio
@@ -23,6 +23,7 @@ import durable_trio as dt
 from durable_trio._engine import App, WorkflowContext, open_engine, open_worker
 from durable_trio._engine._records import RunRecord, RunStatus
 from durable_trio._engine._stores.sqlite import SqliteRunStore
+from durable_trio._health_view import HealthReader
 from durable_trio.adapters import Job
 from durable_trio.adapters.sqlite import SqliteBroker
 from durable_trio.backends._backend import Backend
@@ -169,7 +170,8 @@ async def test_the_engine_carries_on_after_another_process_held_the_write_lock(
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 16 MiB file system (room for SQLite's WAL, up to 4 MiB before its checkpoint) (tmpfs), mounted for this test (needs root)."""
+    """A real 16 MiB file system (tmpfs, mounted for this test; it needs root): room for
+    SQLite's WAL, which grows to 4 MiB before its checkpoint."""
     mount = tmp_path / "disk"
     mount.mkdir()
     made = subprocess.run(
@@ -219,7 +221,7 @@ async def test_a_full_disk_is_reported_and_waited_out(small_disk: Path) -> None:
             ids = [await engine.start("heavy", n, run_id=f"run-{n}") for n in range(runs)]
             filler = fill_disk(small_disk)
             with trio.fail_after(20):
-                while not any("full" in str(exc) for exc in reported):
+                while not any("full" in str(exc) for exc in reported):  # noqa: ASYNC110
                     await trio.sleep(0.05)
             await trio.sleep(1.0)  # full for a while: every loop meets it
             filler.unlink()
@@ -302,7 +304,8 @@ async def test_a_worker_and_an_engine_started_together_on_a_new_file_both_come_u
         ]
         with trio.fail_after(30):
             for proc in procs:
-                assert proc.stdout is not None and proc.stderr is not None
+                assert proc.stdout is not None
+                assert proc.stderr is not None
                 out = await proc.stdout.receive_some(1 << 16)
                 err = b""
                 while chunk := await proc.stderr.receive_some(1 << 16):
@@ -311,6 +314,91 @@ async def test_a_worker_and_an_engine_started_together_on_a_new_file_both_come_u
                 if proc.returncode != 0 or b"up" not in out:
                     failures.append((attempt, err.decode(errors="replace")[-400:]))
     assert not failures, failures
+
+
+# ------------------------------------------------- item 3: the file deleted or replaced
+
+
+def remove_database(path: Path) -> None:
+    """``rm file.db file.db-wal file.db-shm``, as an operator resetting a store would."""
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{path}{suffix}")
+
+
+async def wait_reported(reported: list[BaseException], words: str) -> BaseException:
+    with trio.fail_after(10):
+        while True:
+            for exc in reported:
+                for error in (exc, exc.__cause__):
+                    if isinstance(error, dt.StoreLost) and words in str(error):
+                        return error
+            await trio.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+async def test_a_file_deleted_or_replaced_under_a_live_engine_and_worker_is_said_loudly(
+    tmp_path: Path, how: str
+) -> None:
+    """An engine and a worker (two connections) serve runs; the file is deleted (or another
+    store is moved over it). Each says so, naming the file and what happened: the engine's
+    next write raises StoreLost, the worker's loops report it, health reads raise it; nothing
+    more is written to the file nobody else reaches (before: they went on writing there
+    silently, and runs started by a new process on the new file stayed pending)."""
+    path = tmp_path / "live.db"
+    reported: list[BaseException] = []
+    async with (
+        sqlite_backend(path) as worker_side,
+        sqlite_backend(path) as engine_side,
+        open_worker(app, worker_side, namespace=NS, on_error=reported.append),
+        open_engine(app, engine_side, namespace=NS, on_error=reported.append) as engine,
+    ):
+        assert isinstance(worker_side.broker, SqliteBroker)
+        with trio.fail_after(10):
+            assert await engine.result(await engine.start("chain", 1)) == expected(1)
+        if how == "deleted":
+            remove_database(path)
+            words = f"{str(path)!r} was deleted"
+        else:
+            other = tmp_path / "other.db"
+            async with sqlite_backend(other):  # another store, stamped
+                pass
+            os.replace(other, path)
+            words = f"{str(path)!r} was replaced by another file"
+        # The engine's next write is refused, with the reason.
+        with pytest.raises(dt.StoreLost, match=words.replace("(", r"\(")):
+            await engine.start("chain", 2, run_id="after")
+        # The worker, waiting for work, notices at its next look and reports it.
+        error = await wait_reported(reported, words)
+        assert "restart the process" in str(error)
+        assert worker_side.broker.lost is not None
+        assert words in worker_side.broker.lost
+        # Health read through either says it too.
+        reader = HealthReader(worker_side, NS)
+        with pytest.raises(dt.StoreLost, match="restart the process"):
+            await reader.read()
+        assert reader.errors == 1
+    # Nothing of the run started after reached a file: the path holds no such run.
+    if how == "replaced":
+        async with sqlite_backend(path) as fresh, fresh.open_run_store(NS) as store:
+            assert await store.get_run("after") is None
+
+
+async def test_a_file_overwritten_in_place_is_noticed_by_its_stamp(tmp_path: Path) -> None:
+    """Another store's bytes written over the file in place keep its inode; the store stamp
+    differs, and the next call after IDENTITY_CHECK_INTERVAL raises StoreLost."""
+    path = tmp_path / "inplace.db"
+    broker = await SqliteBroker.open(path)
+    async with broker:
+        await broker.push_on("q", Job("1", b"{}"))
+        db = sqlite3.connect(path, isolation_level=None)
+        db.execute("UPDATE dt_meta SET value = value + 1 WHERE name = 'store'")
+        db.close()
+        await trio.sleep(1.0)  # IDENTITY_CHECK_INTERVAL: the stamp is read again
+        with pytest.raises(dt.StoreLost, match="overwritten in place"):
+            await broker.size_of("q")
+        with pytest.raises(dt.StoreLost):  # and stays so
+            await broker.push_on("q", Job("2", b"{}"))
 
 
 if __name__ == "__main__":

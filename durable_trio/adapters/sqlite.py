@@ -80,6 +80,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+import logging
 import math
 import os
 import queue as _queue_mod
@@ -90,12 +91,13 @@ import time
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+from urllib.parse import quote
 
 import attrs
 import outcome
 import trio
 
-from .._errors import BrokerError, BrokerUnavailable, ConfigError
+from .._errors import BrokerError, BrokerUnavailable, ConfigError, StoreLost
 from ._contract import (
     ClaimedJob,
     FailedJob,
@@ -131,6 +133,12 @@ PROMOTE_BATCH: Final = 256
 #: The default safety-net tick (seconds): the doorbell wakes waiters across processes, the
 #: tick only catches what it misses.
 WAKEUP_INTERVAL: Final = 0.5
+
+#: Seconds between two reads of the file's store stamp (see ``ConnectionThread``, "The file's
+#: identity"); its path is looked at (one ``stat``) before every write besides.
+IDENTITY_CHECK_INTERVAL: Final = 1.0
+
+_log = logging.getLogger("durable_trio")
 
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
 
@@ -208,6 +216,20 @@ class ConnectionThread:
     Several users (a broker and a key store on the same file) may share one thread; it closes
     when the last of them releases it.
 
+    The file's identity:
+        A connection keeps the file it opened even when that file is deleted or replaced
+        (``rm``, a restore copied over it by ``mv``): it would go on writing to a file no other
+        process reaches, while new processes use the new file at that path. So the thread
+        notes the file's device and inode at open, and the store stamp (a random number
+        written once into ``dt_meta`` by the first opener of the file); it looks at the path
+        again before every write and every :data:`IDENTITY_CHECK_INTERVAL` seconds of reads
+        or waiting (one ``stat``), and reads the stamp again at that interval (a file copied
+        over in place keeps its inode, not its stamp). Once either differs, the connection is
+        *lost* (:attr:`lost` says what happened): every later call raises
+        :class:`~durable_trio.StoreLost` naming it and touches the file no more; the error is
+        logged once. A new connection (a restarted process) opens what is at the path now.
+        A ``file:`` URI or an in-memory database is not looked at.
+
     Args:
         path: the database file.
         busy_timeout: seconds a statement waits for another connection's lock before failing
@@ -252,6 +274,14 @@ class ConnectionThread:
         self._tick_interval = math.inf
         self._tick_soon = False
         """Set by :meth:`tick_now`: run the tick at the thread's next wake-up."""
+        self._identity: tuple[int, int] | None = None
+        """The opened file's (device, inode); ``None``: not looked at."""
+        self._stamp: int | None = None
+        """The store stamp read at open (``None``: not read yet)."""
+        self._stamp_checked = -math.inf
+        self.lost: str | None = None
+        """What happened to the file, once it was found deleted or replaced (see "The file's
+        identity"); ``None`` while it is the one opened."""
         self._thread = threading.Thread(
             target=self._serve, name=f"durable-trio-sqlite:{self.path}", daemon=True
         )
@@ -402,6 +432,8 @@ class ConnectionThread:
             )
         except sqlite3.Error as exc:
             self._open_error = exc
+        else:
+            self._identity = _file_identity(self.path)
         next_tick: float | None = None
         while True:
             timeout: float | None = None
@@ -454,6 +486,9 @@ class ConnectionThread:
             translated = translate_error(error)
             translated.__cause__ = error
             return outcome.Error(translated)
+        if not self.check_identity(db, write=request.write):
+            assert self.lost is not None
+            return outcome.Error(StoreLost(self.lost))
         try:
             try:
                 if request.write:
@@ -480,6 +515,44 @@ class ConnectionThread:
                 request.after_commit(value)
         return outcome.Value(value)
 
+    def note_stamp(self, stamp: int) -> None:
+        """(In the connection thread.) The store stamp read at open (see "The file's
+        identity")."""
+        self._stamp = stamp
+        self._stamp_checked = time.monotonic()
+
+    def check_identity(self, db: sqlite3.Connection, *, write: bool = False) -> bool:
+        """(In the connection thread.) Whether the file at the path is still the one this
+        connection opened: its path looked at if ``write`` or if :data:`IDENTITY_CHECK_INTERVAL`
+        passed since the last look, its stamp read at that interval. Once not, :attr:`lost`
+        says why (logged once) and this stays false."""
+        if self.lost is not None:
+            return False
+        if self._identity is None:
+            return True
+        now = time.monotonic()
+        due = now - self._stamp_checked >= IDENTITY_CHECK_INTERVAL
+        if not (write or due):
+            return True
+        problem = _identity_problem(self.path, self._identity, self._stamp)
+        if problem is None and due and self._stamp is not None:
+            self._stamp_checked = now
+            found = _read_stamp(db)
+            if found != self._stamp:
+                problem = (
+                    "was overwritten in place by another file (same inode; its store stamp "
+                    f"is {_say_stamp(found)}, this connection's {self._stamp})"
+                )
+        if problem is None:
+            return True
+        self.lost = (
+            f"the SQLite file {self.path!r} {problem}: this process's connection still holds "
+            "the old file, which no other process reaches, so it refuses every call rather "
+            "than write there; restart the process to use the file now at that path"
+        )
+        _log.error("%s", self.lost)
+        return False
+
     def _deliver(self, request: _Request, result: outcome.Outcome[Any]) -> None:
         with self._lock:
             detached = request.state is _State.DETACHED
@@ -495,13 +568,15 @@ class ConnectionThread:
 
 _PRAGMAS_CHECK_WAL: Final = "PRAGMA journal_mode=WAL"
 
-_SCHEMA: Final = (
-    """
+_META: Final = """
     CREATE TABLE IF NOT EXISTS dt_meta (
         name TEXT PRIMARY KEY,
         value INTEGER NOT NULL
     ) WITHOUT ROWID
-    """,
+"""
+
+_SCHEMA: Final = (
+    _META,
     "INSERT OR IGNORE INTO dt_meta (name, value) VALUES ('seq', 0)",
     """
     CREATE TABLE IF NOT EXISTS dt_jobs (
@@ -754,6 +829,70 @@ def _configure(synchronous: Synchronous, busy_timeout: float, db: sqlite3.Connec
     db.execute(f"PRAGMA synchronous = {synchronous}")
 
 
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """The (device, inode) of the file at ``path``; ``None`` for a ``file:`` URI, an in-memory
+    database or a file that cannot be looked at (then it is not checked)."""
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return None
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _identity_problem(path: str, identity: tuple[int, int], stamp: int | None) -> str | None:
+    """What happened to the file opened as ``identity`` (its store stamp ``stamp``) at
+    ``path``, or ``None``: it is still there."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return "was deleted"
+    except OSError:
+        return None  # cannot look (a permission changed): the statement will say more
+    if (found.st_dev, found.st_ino) == identity:
+        return None
+    found_stamp: int | None = None
+    with contextlib.suppress(sqlite3.Error):  # (a file SQLite cannot read has no stamp)
+        other = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=0.1)
+        try:
+            found_stamp = _read_stamp(other)
+        finally:
+            other.close()
+    if found_stamp is None:
+        what = "a file that is not a durable_trio store, or a new one not yet opened"
+    elif found_stamp == stamp:
+        what = "a copy of this store, a restored backup perhaps"
+    else:
+        what = f"another durable_trio store, stamp {found_stamp}, this one's {stamp}"
+    return (
+        f"was replaced by another file (inode {identity[1]} then, {found.st_ino} now: {what})"
+    )
+
+
+def _read_stamp(db: sqlite3.Connection) -> int | None:
+    """The store stamp in ``dt_meta`` (``None``: none, or no such table)."""
+    try:
+        row = db.execute("SELECT value FROM dt_meta WHERE name = 'store'").fetchone()
+    except sqlite3.OperationalError:
+        return None
+    return row[0] if row is not None and type(row[0]) is int else None
+
+
+def _say_stamp(stamp: int | None) -> str:
+    return "missing" if stamp is None else str(stamp)
+
+
+def _stamp_store(connection: ConnectionThread, db: sqlite3.Connection) -> int | None:
+    """Write the store stamp if the file has none yet (the first opener's wins) and note it."""
+    db.execute(_META)
+    db.execute("INSERT OR IGNORE INTO dt_meta (name, value) VALUES ('store', random())")
+    stamp = _read_stamp(db)
+    if stamp is not None:
+        connection.note_stamp(stamp)
+    return stamp
+
+
 async def open_connection(
     path: str | os.PathLike[str],
     *,
@@ -761,7 +900,8 @@ async def open_connection(
     synchronous: Synchronous = "NORMAL",
 ) -> ConnectionThread:
     """Start a :class:`ConnectionThread` on ``path`` in WAL mode with ``busy_timeout`` and
-    ``synchronous`` set (see :meth:`SqliteBroker.open` for the options).
+    ``synchronous`` set (see :meth:`SqliteBroker.open` for the options), the file's identity
+    noted (see :class:`ConnectionThread`, "The file's identity").
 
     Raises:
         ConfigError: an invalid option.
@@ -771,6 +911,7 @@ async def open_connection(
     connection = ConnectionThread(path, busy_timeout=busy_timeout, synchronous=synchronous)
     try:
         await connection.call(partial(_configure, synchronous, busy_timeout), write=False)
+        await connection.call(partial(_stamp_store, connection), write=True)
     except BaseException:
         await connection.aclose()
         raise
@@ -1524,6 +1665,13 @@ class SqliteBroker:
         return self._closed
 
     @property
+    def lost(self) -> str | None:
+        """What happened to the file, once it was found deleted or replaced under this
+        process (every call then raises :class:`~durable_trio.StoreLost` saying it); ``None``
+        while it is the file opened (see :class:`ConnectionThread`, "The file's identity")."""
+        return self._db.lost
+
+    @property
     def connection(self) -> ConnectionThread:
         """The connection thread (a key store may share it, see ``SqliteKeyStore.attach``)."""
         return self._db
@@ -1807,6 +1955,10 @@ class SqliteBroker:
     async def wait_for_work(self, queue: str) -> None:
         """Return when ``queue`` may have work (see the module docstring).
 
+        A look that fails returns after ``wakeup_interval`` (the consumer's next pop meets
+        the error and reports it); only a closed broker raises
+        (:class:`~durable_trio.BrokerUnavailable`).
+
         Returns at once if a job is ready or a delayed one is due; otherwise when this broker
         pushes or hands back a job on ``queue``, when another broker's doorbell ring names
         ``queue``, when another connection committed and the queue then has work (checked
@@ -1818,7 +1970,18 @@ class SqliteBroker:
         try:
             while True:
                 waiter.event = trio.Event()  # before the look, so no ring slips in between
-                ready, due, version = await self._call(partial(_op_probe, queue), write=False)
+                try:
+                    ready, due, version = await self._call(
+                        partial(_op_probe, queue), write=False
+                    )
+                except BrokerError:
+                    if self._closed or self._db.closed:
+                        raise  # closed: no pop will follow to say so
+                    # The consumer's next pop meets the error and reports it (with its own
+                    # backoff); a wait is no place to end the consumer's loop. One tick's
+                    # pause first, so a look that keeps failing is no busy loop.
+                    await trio.sleep(self.wakeup_interval)
+                    return
                 waiter.data_version = version
                 waiter.due = due
                 if ready:
@@ -1888,6 +2051,10 @@ class SqliteBroker:
         if self.doorbell is not None:
             self.doorbell.check()  # our socket removed by someone: bind a new one
         try:
+            if not self._db.check_identity(db):
+                # The file is gone: nobody else will commit to this one. The waiters look
+                # for themselves and their calls raise StoreLost.
+                raise StoreLost(self._db.lost or "")
             version = _data_version(db)
             stale = {w.queue for w in watched if w.data_version != version}
             if not stale:
