@@ -25,6 +25,7 @@ from durable_trio._engine._records import RunRecord, RunStatus
 from durable_trio._engine._stores.sqlite import SqliteRunStore
 from durable_trio._health_view import HealthReader
 from durable_trio.adapters import Job
+from durable_trio.adapters import sqlite as sqlite_module
 from durable_trio.adapters.sqlite import SqliteBroker
 from durable_trio.backends._backend import Backend
 from durable_trio.backends.sqlite import SqliteRunStores
@@ -399,6 +400,51 @@ async def test_a_file_overwritten_in_place_is_noticed_by_its_stamp(tmp_path: Pat
             await broker.size_of("q")
         with pytest.raises(dt.StoreLost):  # and stays so
             await broker.push_on("q", Job("2", b"{}"))
+
+
+# ------------------------------------------- item 10: space given back after a drain
+
+
+async def test_a_drained_backlog_gives_its_space_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog of ~24 MiB pushed and drained: the new file is incremental-vacuum, and the
+    idle connection gives the free pages back step by step until the file is small again
+    (before: it stayed at its largest)."""
+    monkeypatch.setattr(sqlite_module, "MAINTENANCE_INTERVAL", 0.05, raising=False)
+    path = tmp_path / "drained.db"
+    payload = b"z" * 4000
+    async with await SqliteBroker.open(path) as broker:
+        for start in range(0, 6000, 500):
+            jobs = [Job(f"j{n}", payload) for n in range(start, start + 500)]
+            await broker.push_many("q", jobs, [None] * len(jobs))
+        await trio.sleep(0.2)  # (a look now finds nothing free yet)
+        peak = path.stat().st_size
+        assert peak > 20_000_000
+        while claims := await broker.pop_many("q", 500):
+            await broker.complete_many("q", [c.lease for c in claims])
+        with trio.fail_after(20):
+            while path.stat().st_size > peak // 8:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        assert broker.connection.pages_freed > 5000
+        await broker.push_on("q", Job("after", b"{}"))  # and it works as before
+        assert (await broker.pop_from("q")) is not None
+    (mode,) = sqlite3.connect(path).execute("PRAGMA auto_vacuum").fetchone()
+    assert mode == 2  # incremental
+
+
+async def test_an_older_file_keeps_its_mode_and_works(tmp_path: Path) -> None:
+    """A file made before (auto_vacuum NONE, tables in it) is left as it is."""
+    path = tmp_path / "older.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE theirs (x)")
+    db.commit()
+    db.close()
+    async with await SqliteBroker.open(path) as broker:
+        await broker.push_on("q", Job("1", b"{}"))
+        assert await broker.size_of("q") == 1
+    (mode,) = sqlite3.connect(path).execute("PRAGMA auto_vacuum").fetchone()
+    assert mode == 0
 
 
 if __name__ == "__main__":

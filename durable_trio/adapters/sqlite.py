@@ -138,6 +138,19 @@ WAKEUP_INTERVAL: Final = 0.5
 #: identity"); its path is looked at (one ``stat``) before every write besides.
 IDENTITY_CHECK_INTERVAL: Final = 1.0
 
+#: Seconds after a write before the connection thread, once idle, looks for free pages to
+#: give back (see ``ConnectionThread``, "Giving space back").
+MAINTENANCE_INTERVAL: Final = 10.0
+
+#: Free pages a file holds before they are given back (4 MiB at SQLite's default 4 KiB page).
+VACUUM_MIN_FREE_PAGES: Final = 1024
+
+#: Pages given back per transaction at most (each a short write lock), one step at a time.
+VACUUM_STEP_PAGES: Final = 1024
+
+#: The WAL file is cut back to this size after a checkpoint (``PRAGMA journal_size_limit``).
+WAL_SIZE_LIMIT: Final = 64 * 1024 * 1024
+
 _log = logging.getLogger("durable_trio")
 
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
@@ -230,6 +243,17 @@ class ConnectionThread:
         logged once. A new connection (a restarted process) opens what is at the path now.
         A ``file:`` URI or an in-memory database is not looked at.
 
+    Giving space back:
+        SQLite keeps the pages a drained backlog freed for its next writes: the file does not
+        shrink by itself. A new file is created with ``auto_vacuum=INCREMENTAL``, and
+        :data:`MAINTENANCE_INTERVAL` seconds after a write, when no operation waits, the
+        thread gives free pages back (``PRAGMA incremental_vacuum``) once there are at least
+        :data:`VACUUM_MIN_FREE_PAGES`, at most :data:`VACUUM_STEP_PAGES` per transaction
+        (taken only if the write lock is free at once: a busy file waits for a quieter
+        moment), then lets a passive checkpoint shrink the file. A file made before (with
+        ``auto_vacuum=NONE``) is left as it is: ``VACUUM`` it once, offline, to convert it
+        (docs/deployment.md, "SQLite notes").
+
     Args:
         path: the database file.
         busy_timeout: seconds a statement waits for another connection's lock before failing
@@ -279,6 +303,13 @@ class ConnectionThread:
         self._stamp: int | None = None
         """The store stamp read at open (``None``: not read yet)."""
         self._stamp_checked = -math.inf
+        self._maintain_at: float | None = None
+        """When (``time.monotonic()``) the idle thread next looks for free pages; ``None``:
+        no write since the last look."""
+        self._vacuums = True
+        """Whether the file gives space back (``auto_vacuum=INCREMENTAL``), until seen not."""
+        self.pages_freed = 0
+        """Free pages given back to the file system (statistics)."""
         self.lost: str | None = None
         """What happened to the file, once it was found deleted or replaced (see "The file's
         identity"); ``None`` while it is the one opened."""
@@ -451,6 +482,13 @@ class ConnectionThread:
             else:
                 next_tick = None
                 self._tick_soon = False
+            if self._maintain_at is not None and self._db is not None:
+                now = time.monotonic()
+                if now >= self._maintain_at and self._requests.empty():
+                    self._maintain_at = self._maintain(self._db)
+                    continue
+                wait = max(0.0, self._maintain_at - now)  # (due, operations first)
+                timeout = wait if timeout is None else min(timeout, wait)
             try:
                 request = self._requests.get(timeout=timeout)
             except _queue_mod.Empty:
@@ -499,6 +537,8 @@ class ConnectionThread:
                     raise _RolledBack
                 if request.write:
                     db.execute("COMMIT")
+                    if self._maintain_at is None and self._vacuums:
+                        self._maintain_at = time.monotonic() + MAINTENANCE_INTERVAL
             except BaseException:
                 if db.in_transaction:
                     with contextlib.suppress(sqlite3.Error):  # the original error says more
@@ -514,6 +554,40 @@ class ConnectionThread:
             with contextlib.suppress(Exception):  # committed: the caller gets its result
                 request.after_commit(value)
         return outcome.Value(value)
+
+    def _maintain(self, db: sqlite3.Connection) -> float | None:
+        """(In the connection thread, idle.) Give back up to :data:`VACUUM_STEP_PAGES` free
+        pages if the file holds :data:`VACUUM_MIN_FREE_PAGES` or more (see "Giving space
+        back"). Never waits for a lock and never raises: a step that cannot run now is tried
+        again later. Returns when to look again (``None``: after the next write)."""
+        if self.lost is not None or self._closing:
+            return None
+        try:
+            ((mode,),) = db.execute("PRAGMA auto_vacuum").fetchall()
+            if mode != 2:  # NONE or FULL: nothing to do here, ever
+                self._vacuums = False
+                return None
+            ((free,),) = db.execute("PRAGMA freelist_count").fetchall()
+            if free < VACUUM_MIN_FREE_PAGES:
+                return None
+            db.execute("PRAGMA busy_timeout = 0")  # the lock now or a later try, never a wait
+            try:
+                # (executescript: the driver steps a lone PRAGMA incremental_vacuum only once,
+                # which frees one page.)
+                db.executescript(
+                    f"BEGIN IMMEDIATE; PRAGMA incremental_vacuum({VACUUM_STEP_PAGES}); COMMIT;"
+                )
+            finally:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                db.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            ((left,),) = db.execute("PRAGMA freelist_count").fetchall()
+            self.pages_freed += max(0, free - left)
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()  # the file shrinks now
+        except sqlite3.Error:
+            return time.monotonic() + MAINTENANCE_INTERVAL  # busy or failing: later
+        # More to give back: the next step soon (operations queued meanwhile go first).
+        return time.monotonic() + 0.05 if left >= VACUUM_MIN_FREE_PAGES else None
 
     def note_stamp(self, stamp: int) -> None:
         """(In the connection thread.) The store stamp read at open (see "The file's
@@ -823,6 +897,11 @@ def _switch_to_wal(db: sqlite3.Connection, busy_timeout: float) -> object:
 
 def _configure(synchronous: Synchronous, busy_timeout: float, db: sqlite3.Connection) -> None:
     db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+    ((pages,),) = db.execute("PRAGMA page_count").fetchall()
+    if pages == 0:
+        # A new file (it takes effect with the first table); an older one keeps its mode.
+        db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    db.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
     mode = _switch_to_wal(db, busy_timeout)
     if str(mode).lower() not in ("wal", "memory"):
         raise BrokerError(f"could not switch the SQLite database to WAL mode (got {mode!r})")
