@@ -524,7 +524,11 @@ class ConnectionThread:
             translated = translate_error(error)
             translated.__cause__ = error
             return outcome.Error(translated)
-        if not self.check_identity(db, write=request.write):
+        try:
+            found = self.check_identity(db, write=request.write)
+        except Exception:  # (never the thread's end: the operation runs as it would have)
+            found = True
+        if not found:
             assert self.lost is not None
             return outcome.Error(StoreLost(self.lost))
         try:
@@ -560,9 +564,9 @@ class ConnectionThread:
         pages if the file holds :data:`VACUUM_MIN_FREE_PAGES` or more (see "Giving space
         back"). Never waits for a lock and never raises: a step that cannot run now is tried
         again later. Returns when to look again (``None``: after the next write)."""
-        if self.lost is not None or self._closing:
-            return None
         try:
+            if self._closing or not self.check_identity(db, write=True):
+                return None  # (a lost file is written no more, not even to tidy it)
             ((mode,),) = db.execute("PRAGMA auto_vacuum").fetchall()
             if mode != 2:  # NONE or FULL: nothing to do here, ever
                 self._vacuums = False
@@ -584,8 +588,8 @@ class ConnectionThread:
             ((left,),) = db.execute("PRAGMA freelist_count").fetchall()
             self.pages_freed += max(0, free - left)
             db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()  # the file shrinks now
-        except sqlite3.Error:
-            return time.monotonic() + MAINTENANCE_INTERVAL  # busy or failing: later
+        except Exception:  # (busy or failing: later; never the thread's end)
+            return time.monotonic() + MAINTENANCE_INTERVAL
         # More to give back: the next step soon (operations queued meanwhile go first).
         return time.monotonic() + 0.05 if left >= VACUUM_MIN_FREE_PAGES else None
 
@@ -611,7 +615,13 @@ class ConnectionThread:
         problem = _identity_problem(self.path, self._identity, self._stamp)
         if problem is None and due and self._stamp is not None:
             self._stamp_checked = now
-            found = _read_stamp(db)
+            try:
+                found = _read_stamp(db)
+            except sqlite3.Error as exc:
+                name = getattr(exc, "sqlite_errorname", "") or ""
+                if not name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")):
+                    return True  # (busy, I/O: not an answer; the operation meets it itself)
+                found = None  # no longer a database at all
             if found != self._stamp:
                 problem = (
                     "was overwritten in place by another file (same inode; its store stamp "
@@ -950,11 +960,17 @@ def _identity_problem(path: str, identity: tuple[int, int], stamp: int | None) -
 
 
 def _read_stamp(db: sqlite3.Connection) -> int | None:
-    """The store stamp in ``dt_meta`` (``None``: none, or no such table)."""
+    """The store stamp in ``dt_meta`` (``None``: none, or no such table).
+
+    Raises:
+        sqlite3.Error: the file could not be read (busy, I/O, not a database).
+    """
     try:
         row = db.execute("SELECT value FROM dt_meta WHERE name = 'store'").fetchone()
-    except sqlite3.OperationalError:
-        return None
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return None
+        raise
     return row[0] if row is not None and type(row[0]) is int else None
 
 
