@@ -98,9 +98,9 @@ class Coalescer(Generic[T, R]):
                 return await self._lead(batch, 0)
         await batch.done.wait()
         if batch.error is not None:
-            # A transient failure stays one for every item of the batch (a follower's finalize
-            # is tried again like its leader's; a Redis out of memory, say), not only the
-            # leader's.
+            # A transient failure stays one for every item of the batch: a follower's finalize
+            # is tried again like its leader's (a Redis out of memory, an unreachable SQLite
+            # file), not left to the reclaim sweep.
             kind = BrokerUnavailable if isinstance(batch.error, BrokerUnavailable) else BrokerError
             raise kind(f"a coalesced broker call failed: {batch.error}") from batch.error
         return batch.results[index]

@@ -63,39 +63,62 @@ class BrokerUnavailable(BrokerError):
     """The broker could not be reached (connection refused or reset, a timeout)."""
 
 
-class StoreLost(BrokerError):
-    """The store was emptied or replaced under a running process: the identity stamped in it
-    when it was first used is gone (a ``FLUSHALL``, a Redis restarted without its data, a
-    failover to an empty replica) or is another one (another server at the same address).
-    Whatever it held before (runs, queued jobs, claims, schedules) is lost.
+class StoreLost(BrokerUnavailable):
+    """The store was emptied, deleted or replaced under a running process; whatever it held
+    before (runs, queued jobs, claims, schedules) is out of this process's reach.
 
-    Reported loudly (logged at ERROR, through ``on_error``, in health and the console) and
-    kept as an alarm in the store until an operator acknowledges it; the processes work on
-    (docs/decisions.md, "A store emptied under running processes").
+    - Redis: the identity stamped in the store when it was first used is gone (a
+      ``FLUSHALL``, a restart without its data, a failover to an empty replica) or is another
+      one (another server at the same address). Reported loudly (logged at ERROR, through
+      ``on_error``, in health and the console) and kept as an alarm in the store until an
+      operator acknowledges it; the processes work on (docs/decisions.md, "A store emptied
+      under running processes"). :attr:`lost`, :attr:`found`, :attr:`detected_at` and
+      :attr:`detected_by` say which identity and when.
+    - SQLite: the database file was deleted or replaced under this process: its connection
+      still reaches the old file, which nobody else can, so every later call on it is refused
+      with this error, naming the file and what happened, instead of writing where no other
+      process will ever look. Loops report it and keep trying (so it stays loud); restart the
+      process to open the file now at that path (docs/deployment.md, "SQLite notes"). The
+      identity attributes are ``None``.
 
     Attributes:
-        lost: the identity that vanished (``"<id> <unix time stamped>"``).
+        lost: the identity that vanished (``"<id> <unix time stamped>"``), or ``None``.
         found: the identity found instead, ``None`` if there was none.
-        detected_at: unix time of the detection.
-        detected_by: who detected it (``host:pid``).
+        detected_at: unix time of the detection, or ``None``.
+        detected_by: who detected it (``host:pid``), or ``None``.
     """
 
     def __init__(
-        self, lost: str, found: str | None, *, detected_at: float, detected_by: str
+        self,
+        message: str,
+        *,
+        lost: str | None = None,
+        found: str | None = None,
+        detected_at: float | None = None,
+        detected_by: str | None = None,
     ) -> None:
+        super().__init__(message)
         self.lost = lost
         self.found = found
         self.detected_at = detected_at
         self.detected_by = detected_by
-        replaced = (
-            f"found the identity {found!r} instead" if found else "found no identity at all"
-        )
-        super().__init__(
+
+    @classmethod
+    def identity_gone(
+        cls, lost: str, found: str | None, *, detected_at: float, detected_by: str
+    ) -> StoreLost:
+        """The loss a store identity check found (Redis): ``lost`` gone, ``found`` instead."""
+        replaced = f"found the identity {found!r} instead" if found else "found no identity at all"
+        return cls(
             f"STORE LOST: the store was emptied or replaced (FLUSHALL, a restart without its "
             f"data, a failover to an empty replica?): its identity {lost!r} is gone, "
             f"{detected_by} {replaced} (unix time {detected_at:.0f}); the runs, queued jobs, "
             "claims and schedules it held before are lost. Kept as an alarm until "
-            "acknowledged (docs/deployment.md)"
+            "acknowledged (docs/deployment.md)",
+            lost=lost,
+            found=found,
+            detected_at=detected_at,
+            detected_by=detected_by,
         )
 
 

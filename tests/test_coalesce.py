@@ -88,6 +88,9 @@ async def test_a_failed_call_fails_every_member(autojump_clock: trio.testing.Moc
         nursery.start_soon(submit, 1)
         nursery.start_soon(submit, 2)
     assert len(errors) == 2
+    # Unreachable for each of them (the broker was): their callers try again, as the leader's
+    # would (issue 36: a follower's plain BrokerError left a finished job to the sweep).
+    assert all(type(exc) is dt.BrokerUnavailable for exc in errors), errors
     assert await coalescer.submit(7) == 7  # and it recovers
 
 

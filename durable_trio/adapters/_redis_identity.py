@@ -110,7 +110,7 @@ def _loss(record: bytes | str) -> StoreLost:
     alarm, with what could be read)."""
     try:
         fields: Any = orjson.loads(record)
-        return StoreLost(
+        return StoreLost.identity_gone(
             str(fields["lost"]),
             str(fields["found"]) if fields.get("found") else None,
             detected_at=float(fields["at"]),
@@ -118,8 +118,9 @@ def _loss(record: bytes | str) -> StoreLost:
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
         text = record.decode(errors="replace") if isinstance(record, bytes) else record
-        return StoreLost(f"(unreadable alarm record: {text[:80]!r})", None, detected_at=0.0,
-                         detected_by="?")  # fmt: skip
+        return StoreLost.identity_gone(
+            f"(unreadable alarm record: {text[:80]!r})", None, detected_at=0.0, detected_by="?"
+        )
 
 
 async def read_store_loss(client: RedisClient | RedisClusterClient) -> StoreLost | None:
@@ -193,7 +194,10 @@ class StoreIdentity:
         now = now.decode()
         if lost_here:
             replaced = None if now == stamp else now  # (another one stood: another store)
-            self._raise(StoreLost(known, replaced, detected_at=at, detected_by=by), stored=False)
+            self._raise(
+                StoreLost.identity_gone(known, replaced, detected_at=at, detected_by=by),
+                stored=False,
+            )
         self.identity = now
         if stored is not None:
             self._raise(_loss(stored), stored=True)

@@ -80,6 +80,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+import logging
 import math
 import os
 import queue as _queue_mod
@@ -90,12 +91,13 @@ import time
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+from urllib.parse import quote
 
 import attrs
 import outcome
 import trio
 
-from .._errors import BrokerError, BrokerUnavailable, ConfigError
+from .._errors import BrokerError, BrokerUnavailable, ConfigError, StoreLost
 from ._contract import (
     ClaimedJob,
     FailedJob,
@@ -132,6 +134,25 @@ PROMOTE_BATCH: Final = 256
 #: tick only catches what it misses.
 WAKEUP_INTERVAL: Final = 0.5
 
+#: Seconds between two reads of the file's store stamp (see ``ConnectionThread``, "The file's
+#: identity"); its path is looked at (one ``stat``) before every write besides.
+IDENTITY_CHECK_INTERVAL: Final = 1.0
+
+#: Seconds after a write before the connection thread, once idle, looks for free pages to
+#: give back (see ``ConnectionThread``, "Giving space back").
+MAINTENANCE_INTERVAL: Final = 10.0
+
+#: Free pages a file holds before they are given back (4 MiB at SQLite's default 4 KiB page).
+VACUUM_MIN_FREE_PAGES: Final = 1024
+
+#: Pages given back per transaction at most (each a short write lock), one step at a time.
+VACUUM_STEP_PAGES: Final = 1024
+
+#: The WAL file is cut back to this size after a checkpoint (``PRAGMA journal_size_limit``).
+WAL_SIZE_LIMIT: Final = 64 * 1024 * 1024
+
+_log = logging.getLogger("durable_trio")
+
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
 
 _UNAVAILABLE_CODES: Final = (
@@ -161,7 +182,13 @@ def translate_error(exc: sqlite3.Error) -> BrokerError:
     if name.startswith(_UNAVAILABLE_CODES) or (
         not name and ("locked" in text or "disk I/O" in text or "unable to open" in text)
     ):
-        return BrokerUnavailable(f"SQLite database unavailable: {text} ({name or 'no code'})")
+        hint = ""
+        if name.startswith("SQLITE_FULL"):
+            # Transient like a lock: every loop reports it and tries again once space returns.
+            hint = "; free space on its disk: every write is tried again until it fits"
+        return BrokerUnavailable(
+            f"SQLite database unavailable: {text} ({name or 'no code'}){hint}"
+        )
     return BrokerError(f"SQLite error: {text} ({name or type(exc).__name__})")
 
 
@@ -201,6 +228,31 @@ class ConnectionThread:
     Operations are executed one at a time, in submission order, each as one transaction.
     Several users (a broker and a key store on the same file) may share one thread; it closes
     when the last of them releases it.
+
+    The file's identity:
+        A connection keeps the file it opened even when that file is deleted or replaced
+        (``rm``, a restore copied over it by ``mv``): it would go on writing to a file no other
+        process reaches, while new processes use the new file at that path. So the thread
+        notes the file's device and inode at open, and the store stamp (a random number
+        written once into ``dt_meta`` by the first opener of the file); it looks at the path
+        again before every write and every :data:`IDENTITY_CHECK_INTERVAL` seconds of reads
+        or waiting (one ``stat``), and reads the stamp again at that interval (a file copied
+        over in place keeps its inode, not its stamp). Once either differs, the connection is
+        *lost* (:attr:`lost` says what happened): every later call raises
+        :class:`~durable_trio.StoreLost` naming it and touches the file no more; the error is
+        logged once. A new connection (a restarted process) opens what is at the path now.
+        A ``file:`` URI or an in-memory database is not looked at.
+
+    Giving space back:
+        SQLite keeps the pages a drained backlog freed for its next writes: the file does not
+        shrink by itself. A new file is created with ``auto_vacuum=INCREMENTAL``, and
+        :data:`MAINTENANCE_INTERVAL` seconds after a write, when no operation waits, the
+        thread gives free pages back (``PRAGMA incremental_vacuum``) once there are at least
+        :data:`VACUUM_MIN_FREE_PAGES`, at most :data:`VACUUM_STEP_PAGES` per transaction
+        (taken only if the write lock is free at once: a busy file waits for a quieter
+        moment), then lets a passive checkpoint shrink the file. A file made before (with
+        ``auto_vacuum=NONE``) is left as it is: ``VACUUM`` it once, offline, to convert it
+        (docs/deployment.md, "SQLite notes").
 
     Args:
         path: the database file.
@@ -246,6 +298,21 @@ class ConnectionThread:
         self._tick_interval = math.inf
         self._tick_soon = False
         """Set by :meth:`tick_now`: run the tick at the thread's next wake-up."""
+        self._identity: tuple[int, int] | None = None
+        """The opened file's (device, inode); ``None``: not looked at."""
+        self._stamp: int | None = None
+        """The store stamp read at open (``None``: not read yet)."""
+        self._stamp_checked = -math.inf
+        self._maintain_at: float | None = None
+        """When (``time.monotonic()``) the idle thread next looks for free pages; ``None``:
+        no write since the last look."""
+        self._vacuums = True
+        """Whether the file gives space back (``auto_vacuum=INCREMENTAL``), until seen not."""
+        self.pages_freed = 0
+        """Free pages given back to the file system (statistics)."""
+        self.lost: str | None = None
+        """What happened to the file, once it was found deleted or replaced (see "The file's
+        identity"); ``None`` while it is the one opened."""
         self._thread = threading.Thread(
             target=self._serve, name=f"durable-trio-sqlite:{self.path}", daemon=True
         )
@@ -396,6 +463,8 @@ class ConnectionThread:
             )
         except sqlite3.Error as exc:
             self._open_error = exc
+        else:
+            self._identity = _file_identity(self.path)
         next_tick: float | None = None
         while True:
             timeout: float | None = None
@@ -413,6 +482,13 @@ class ConnectionThread:
             else:
                 next_tick = None
                 self._tick_soon = False
+            if self._maintain_at is not None and self._db is not None:
+                now = time.monotonic()
+                if now >= self._maintain_at and self._requests.empty():
+                    self._maintain_at = self._maintain(self._db)
+                    continue
+                wait = max(0.0, self._maintain_at - now)  # (due, operations first)
+                timeout = wait if timeout is None else min(timeout, wait)
             try:
                 request = self._requests.get(timeout=timeout)
             except _queue_mod.Empty:
@@ -449,6 +525,13 @@ class ConnectionThread:
             translated.__cause__ = error
             return outcome.Error(translated)
         try:
+            found = self.check_identity(db, write=request.write)
+        except Exception:  # (never the thread's end: the operation runs as it would have)
+            found = True
+        if not found:
+            assert self.lost is not None
+            return outcome.Error(StoreLost(self.lost))
+        try:
             try:
                 if request.write:
                     db.execute("BEGIN IMMEDIATE")
@@ -458,6 +541,8 @@ class ConnectionThread:
                     raise _RolledBack
                 if request.write:
                     db.execute("COMMIT")
+                    if self._maintain_at is None and self._vacuums:
+                        self._maintain_at = time.monotonic() + MAINTENANCE_INTERVAL
             except BaseException:
                 if db.in_transaction:
                     with contextlib.suppress(sqlite3.Error):  # the original error says more
@@ -474,6 +559,84 @@ class ConnectionThread:
                 request.after_commit(value)
         return outcome.Value(value)
 
+    def _maintain(self, db: sqlite3.Connection) -> float | None:
+        """(In the connection thread, idle.) Give back up to :data:`VACUUM_STEP_PAGES` free
+        pages if the file holds :data:`VACUUM_MIN_FREE_PAGES` or more (see "Giving space
+        back"). Never waits for a lock and never raises: a step that cannot run now is tried
+        again later. Returns when to look again (``None``: after the next write)."""
+        try:
+            if self._closing or not self.check_identity(db, write=True):
+                return None  # (a lost file is written no more, not even to tidy it)
+            ((mode,),) = db.execute("PRAGMA auto_vacuum").fetchall()
+            if mode != 2:  # NONE or FULL: nothing to do here, ever
+                self._vacuums = False
+                return None
+            ((free,),) = db.execute("PRAGMA freelist_count").fetchall()
+            if free < VACUUM_MIN_FREE_PAGES:
+                return None
+            db.execute("PRAGMA busy_timeout = 0")  # the lock now or a later try, never a wait
+            try:
+                # (executescript: the driver steps a lone PRAGMA incremental_vacuum only once,
+                # which frees one page.)
+                db.executescript(
+                    f"BEGIN IMMEDIATE; PRAGMA incremental_vacuum({VACUUM_STEP_PAGES}); COMMIT;"
+                )
+            finally:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                db.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            ((left,),) = db.execute("PRAGMA freelist_count").fetchall()
+            self.pages_freed += max(0, free - left)
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()  # the file shrinks now
+        except Exception:  # (busy or failing: later; never the thread's end)
+            return time.monotonic() + MAINTENANCE_INTERVAL
+        # More to give back: the next step soon (operations queued meanwhile go first).
+        return time.monotonic() + 0.05 if left >= VACUUM_MIN_FREE_PAGES else None
+
+    def note_stamp(self, stamp: int) -> None:
+        """(In the connection thread.) The store stamp read at open (see "The file's
+        identity")."""
+        self._stamp = stamp
+        self._stamp_checked = time.monotonic()
+
+    def check_identity(self, db: sqlite3.Connection, *, write: bool = False) -> bool:
+        """(In the connection thread.) Whether the file at the path is still the one this
+        connection opened: its path looked at if ``write`` or if :data:`IDENTITY_CHECK_INTERVAL`
+        passed since the last look, its stamp read at that interval. Once not, :attr:`lost`
+        says why (logged once) and this stays false."""
+        if self.lost is not None:
+            return False
+        if self._identity is None:
+            return True
+        now = time.monotonic()
+        due = now - self._stamp_checked >= IDENTITY_CHECK_INTERVAL
+        if not (write or due):
+            return True
+        problem = _identity_problem(self.path, self._identity, self._stamp)
+        if problem is None and due and self._stamp is not None:
+            self._stamp_checked = now
+            try:
+                found = _read_stamp(db)
+            except sqlite3.Error as exc:
+                name = getattr(exc, "sqlite_errorname", "") or ""
+                if not name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")):
+                    return True  # (busy, I/O: not an answer; the operation meets it itself)
+                found = None  # no longer a database at all
+            if found != self._stamp:
+                problem = (
+                    "was overwritten in place by another file (same inode; its store stamp "
+                    f"is {_say_stamp(found)}, this connection's {self._stamp})"
+                )
+        if problem is None:
+            return True
+        self.lost = (
+            f"the SQLite file {self.path!r} {problem}: this process's connection still holds "
+            "the old file, which no other process reaches, so it refuses every call rather "
+            "than write there; restart the process to use the file now at that path"
+        )
+        _log.error("%s", self.lost)
+        return False
+
     def _deliver(self, request: _Request, result: outcome.Outcome[Any]) -> None:
         with self._lock:
             detached = request.state is _State.DETACHED
@@ -489,13 +652,15 @@ class ConnectionThread:
 
 _PRAGMAS_CHECK_WAL: Final = "PRAGMA journal_mode=WAL"
 
-_SCHEMA: Final = (
-    """
+_META: Final = """
     CREATE TABLE IF NOT EXISTS dt_meta (
         name TEXT PRIMARY KEY,
         value INTEGER NOT NULL
     ) WITHOUT ROWID
-    """,
+"""
+
+_SCHEMA: Final = (
+    _META,
     "INSERT OR IGNORE INTO dt_meta (name, value) VALUES ('seq', 0)",
     """
     CREATE TABLE IF NOT EXISTS dt_jobs (
@@ -714,12 +879,113 @@ _PROBE: Final = """
 """
 
 
+def _switch_to_wal(db: sqlite3.Connection, busy_timeout: float) -> object:
+    """``PRAGMA journal_mode=WAL``, tried again for up to ``busy_timeout`` seconds while the
+    file is locked.
+
+    On a new file (still in rollback mode) this connection holds a shared lock and needs an
+    exclusive one; while another opener holds its reserved lock (switching too, or creating
+    its tables) SQLite answers SQLITE_BUSY at once, without its busy handler (waiting could
+    deadlock: each would wait for the other). The statement's end releases our shared lock,
+    so the other opener goes on and a later try here succeeds: a worker and an engine started
+    together on a new file both come up (issue 36).
+    """
+    deadline = time.monotonic() + busy_timeout
+    delay = 0.001
+    while True:
+        try:
+            (mode,) = db.execute(_PRAGMAS_CHECK_WAL).fetchone()
+        except sqlite3.OperationalError as exc:
+            busy = (getattr(exc, "sqlite_errorname", "") or "").startswith("SQLITE_BUSY")
+            if not busy or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)  # (in the connection thread: the event loop goes on)
+            delay = min(delay * 2, 0.05)
+        else:
+            return mode
+
+
 def _configure(synchronous: Synchronous, busy_timeout: float, db: sqlite3.Connection) -> None:
     db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-    (mode,) = db.execute(_PRAGMAS_CHECK_WAL).fetchone()
+    ((pages,),) = db.execute("PRAGMA page_count").fetchall()
+    if pages == 0:
+        # A new file (it takes effect with the first table); an older one keeps its mode.
+        db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    db.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
+    mode = _switch_to_wal(db, busy_timeout)
     if str(mode).lower() not in ("wal", "memory"):
         raise BrokerError(f"could not switch the SQLite database to WAL mode (got {mode!r})")
     db.execute(f"PRAGMA synchronous = {synchronous}")
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """The (device, inode) of the file at ``path``; ``None`` for a ``file:`` URI, an in-memory
+    database or a file that cannot be looked at (then it is not checked)."""
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return None
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _identity_problem(path: str, identity: tuple[int, int], stamp: int | None) -> str | None:
+    """What happened to the file opened as ``identity`` (its store stamp ``stamp``) at
+    ``path``, or ``None``: it is still there."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return "was deleted"
+    except OSError:
+        return None  # cannot look (a permission changed): the statement will say more
+    if (found.st_dev, found.st_ino) == identity:
+        return None
+    found_stamp: int | None = None
+    with contextlib.suppress(sqlite3.Error):  # (a file SQLite cannot read has no stamp)
+        other = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=0.1)
+        try:
+            found_stamp = _read_stamp(other)
+        finally:
+            other.close()
+    if found_stamp is None:
+        what = "a file that is not a durable_trio store, or a new one not yet opened"
+    elif found_stamp == stamp:
+        what = "a copy of this store, a restored backup perhaps"
+    else:
+        what = f"another durable_trio store, stamp {found_stamp}, this one's {stamp}"
+    return (
+        f"was replaced by another file (inode {identity[1]} then, {found.st_ino} now: {what})"
+    )
+
+
+def _read_stamp(db: sqlite3.Connection) -> int | None:
+    """The store stamp in ``dt_meta`` (``None``: none, or no such table).
+
+    Raises:
+        sqlite3.Error: the file could not be read (busy, I/O, not a database).
+    """
+    try:
+        row = db.execute("SELECT value FROM dt_meta WHERE name = 'store'").fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return None
+        raise
+    return row[0] if row is not None and type(row[0]) is int else None
+
+
+def _say_stamp(stamp: int | None) -> str:
+    return "missing" if stamp is None else str(stamp)
+
+
+def _stamp_store(connection: ConnectionThread, db: sqlite3.Connection) -> int | None:
+    """Write the store stamp if the file has none yet (the first opener's wins) and note it."""
+    db.execute(_META)
+    db.execute("INSERT OR IGNORE INTO dt_meta (name, value) VALUES ('store', random())")
+    stamp = _read_stamp(db)
+    if stamp is not None:
+        connection.note_stamp(stamp)
+    return stamp
 
 
 async def open_connection(
@@ -729,7 +995,8 @@ async def open_connection(
     synchronous: Synchronous = "NORMAL",
 ) -> ConnectionThread:
     """Start a :class:`ConnectionThread` on ``path`` in WAL mode with ``busy_timeout`` and
-    ``synchronous`` set (see :meth:`SqliteBroker.open` for the options).
+    ``synchronous`` set (see :meth:`SqliteBroker.open` for the options), the file's identity
+    noted (see :class:`ConnectionThread`, "The file's identity").
 
     Raises:
         ConfigError: an invalid option.
@@ -739,6 +1006,7 @@ async def open_connection(
     connection = ConnectionThread(path, busy_timeout=busy_timeout, synchronous=synchronous)
     try:
         await connection.call(partial(_configure, synchronous, busy_timeout), write=False)
+        await connection.call(partial(_stamp_store, connection), write=True)
     except BaseException:
         await connection.aclose()
         raise
@@ -1492,6 +1760,13 @@ class SqliteBroker:
         return self._closed
 
     @property
+    def lost(self) -> str | None:
+        """What happened to the file, once it was found deleted or replaced under this
+        process (every call then raises :class:`~durable_trio.StoreLost` saying it); ``None``
+        while it is the file opened (see :class:`ConnectionThread`, "The file's identity")."""
+        return self._db.lost
+
+    @property
     def connection(self) -> ConnectionThread:
         """The connection thread (a key store may share it, see ``SqliteKeyStore.attach``)."""
         return self._db
@@ -1775,6 +2050,10 @@ class SqliteBroker:
     async def wait_for_work(self, queue: str) -> None:
         """Return when ``queue`` may have work (see the module docstring).
 
+        A look that fails returns after ``wakeup_interval`` (the consumer's next pop meets
+        the error and reports it); only a closed broker raises
+        (:class:`~durable_trio.BrokerUnavailable`).
+
         Returns at once if a job is ready or a delayed one is due; otherwise when this broker
         pushes or hands back a job on ``queue``, when another broker's doorbell ring names
         ``queue``, when another connection committed and the queue then has work (checked
@@ -1786,7 +2065,18 @@ class SqliteBroker:
         try:
             while True:
                 waiter.event = trio.Event()  # before the look, so no ring slips in between
-                ready, due, version = await self._call(partial(_op_probe, queue), write=False)
+                try:
+                    ready, due, version = await self._call(
+                        partial(_op_probe, queue), write=False
+                    )
+                except BrokerError:
+                    if self._closed or self._db.closed:
+                        raise  # closed: no pop will follow to say so
+                    # The consumer's next pop meets the error and reports it (with its own
+                    # backoff); a wait is no place to end the consumer's loop. One tick's
+                    # pause first, so a look that keeps failing is no busy loop.
+                    await trio.sleep(self.wakeup_interval)
+                    return
                 waiter.data_version = version
                 waiter.due = due
                 if ready:
@@ -1856,6 +2146,10 @@ class SqliteBroker:
         if self.doorbell is not None:
             self.doorbell.check()  # our socket removed by someone: bind a new one
         try:
+            if not self._db.check_identity(db):
+                # The file is gone: nobody else will commit to this one. The waiters look
+                # for themselves and their calls raise StoreLost.
+                raise StoreLost(self._db.lost or "")
             version = _data_version(db)
             stale = {w.queue for w in watched if w.data_version != version}
             if not stale:

@@ -282,6 +282,19 @@ class _Batch:
     done: trio.Event = attrs.Factory(trio.Event)
 
 
+def _own_copy(exc: BrokerError) -> BrokerError:
+    """A fresh error of ``exc``'s type and message for one writer of a failed batch (each
+    writer raises its own, with its own traceback), caused by what caused ``exc``."""
+    try:
+        copy = type(exc)(*exc.args)
+    except Exception:  # a subclass with another signature: the plain kind, same words
+        copy = BrokerUnavailable(str(exc)) if isinstance(exc, BrokerUnavailable) else (
+            BrokerError(str(exc))
+        )
+    copy.__cause__ = exc.__cause__ if exc.__cause__ is not None else exc
+    return copy
+
+
 def _run_batch(
     ops: Sequence[Callable[[sqlite3.Connection], Any]], db: sqlite3.Connection
 ) -> list[outcome.Outcome[Any]]:
@@ -292,6 +305,12 @@ def _run_batch(
         try:
             value = op(db)
         except Exception as exc:
+            if not db.in_transaction:
+                # SQLite rolled the whole transaction back itself (it does on a full disk, an
+                # I/O error, a lost lock): every change of the batch is gone, so the batch
+                # fails, each writer with its own copy of the real error (not a confusing
+                # "no such savepoint").
+                raise
             db.execute("ROLLBACK TO dt_op")
             db.execute("RELEASE dt_op")
             if isinstance(exc, sqlite3.ProgrammingError | sqlite3.InterfaceError):
@@ -829,7 +848,10 @@ class SqliteRunStore:
                             partial(_run_batch, tuple(batch.ops)), write=True
                         )
                 except BrokerError as exc:
-                    batch.results = [outcome.Error(exc)] * len(batch.ops)
+                    # One error object per writer: an ``outcome.Error`` unwraps once, so one
+                    # shared by the batch would hand every writer but the first an
+                    # ``AlreadyUsedError`` (not a BrokerError: nothing retries it).
+                    batch.results = [outcome.Error(_own_copy(exc)) for _ in batch.ops]
                 finally:
                     if self._batch is batch:
                         self._batch = None
