@@ -274,7 +274,10 @@ def action_form(action: str, url: str, fields: str, label: str, *, allow_actions
     """A form the script posts as JSON (its fields, all strings) to ``url``, as the action
     buttons do; read-only, a line saying how to allow it instead."""
     if not allow_actions:
-        return Html(f'<p class="muted">{esc(label)}: start the console with --allow-actions</p>')
+        return Html(
+            f'<p class="muted">{esc(label)}: the console is read-only'
+            " (start it with --allow-actions)</p>"
+        )
     return Html(
         f'<form class="action-form" data-action="{attr(action)}" data-url="{attr(url)}">'
         f'{fields}<button type="submit" class="primary">{esc(label)}</button></form>'
