@@ -352,7 +352,9 @@ async def test_start_a_run_from_the_console(autojump_clock: trio.testing.MockClo
             )
             assert blank.status_code == 200
             blank_id = blank.json()["location"].removeprefix("/runs/")
-            assert (await ops.store.get_run(blank_id)).input is None
+            blank_run = await ops.store.get_run(blank_id)
+            assert blank_run is not None
+            assert blank_run.input is None
         async with dt.open_worker(app, backend), dt.open_engine(app, backend) as engine:
             assert await engine.result("mine") == {"hello": [1, 2]}
 
