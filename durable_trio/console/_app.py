@@ -137,7 +137,9 @@ def create_app(
             except (DurableTrioError, ValueError) as exc:
                 return _reply(False, str(exc), 409)
             message, location = (reply, None) if isinstance(reply, str) else reply
-            logger.info("console action %s %s: %r", name, body, message)
+            # a start's input may be megabytes: the log line keeps the first 200 of each field
+            brief = {key: value[:200] for key, value in body.items()}
+            logger.info("console action %s %s: %r", name, brief, message)
             return _reply(True, message, 200, location)
 
         return endpoint
