@@ -471,3 +471,55 @@ async def test_cli_runs_show_of_a_cancelled_run_on_sqlite(
     assert step["interrupted"] is True
     assert step["attempts"][-1]["status"] == "interrupted"
     assert data["timers"][0]["interrupted"] is True
+
+
+@pytest.mark.parametrize(
+    ("status", "interrupted"),
+    [
+        (RunStatus.CANCELLED, True),
+        (RunStatus.FAILED, True),  # e.g. timed out while the step ran
+        (RunStatus.COMPLETED, True),  # it returned without awaiting the step
+        (RunStatus.RUNNING, False),
+        (RunStatus.BLOCKED, False),  # not over: it resumes with new code
+        (RunStatus.PENDING, False),
+    ],
+)
+def test_a_pending_step_is_interrupted_only_once_its_run_has_ended(
+    status: RunStatus, interrupted: bool
+) -> None:
+    from durable_trio._ops import details_of
+
+    run = RunRecord("r", "w", None, status, 1.0, 2.0)
+    steps = [
+        StepRecord("r", "1", StepKind.REMOTE, "a", StepState.PENDING, created_at=1.0),
+        StepRecord("r", "2", StepKind.TIMER, "sleep", StepState.PENDING, wake_at=9.0),
+        StepRecord("r", "3", StepKind.LOCAL, "b", StepState.COMPLETED, output=1),
+    ]
+    details = details_of(run, steps, now=2.0)
+    pending, done = details.steps
+    assert pending.interrupted is interrupted
+    assert pending.attempts[-1].status == ("interrupted" if interrupted else "running")
+    assert details.timers[0].state == ("interrupted" if interrupted else "waiting")
+    assert not done.interrupted
+    assert done.shown_status == "completed"
+
+
+async def test_an_engine_whose_leases_expired_is_shown_so(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with (
+        dt.open_backend("memory://") as backend,
+        dt.open_operations(backend, namespace="shop") as ops,
+    ):
+        store = ops.store
+        for run_id in ("a", "b"):
+            now = store.now()
+            await store.create_run(RunRecord(run_id, "w", None, RunStatus.PENDING, now, now))
+            await store.claim_runs("gone-engine", 30.0)
+        await trio.sleep(31)  # its leases lapse: it stopped renewing them
+        async with client(create_app(ops)) as http:
+            page = (await http.get("/workers")).text
+    row = page.split('<td class="mono">gone-engine</td>', 1)[1].split("</tr>")[0]
+    assert '<td class="num">2</td>' in row
+    assert "badge-expired" in row
+    assert "badge-live" not in row
