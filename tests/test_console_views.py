@@ -150,7 +150,10 @@ async def test_the_run_page_shows_the_interrupted_step_and_the_cancel_event(
     # the event sits after the step it interrupted, before the compensation it started
     assert page.index("cancel-event") < page.index("<b>unpack</b>")
     assert page.index("<b>pack</b>") < page.index("cancel-event")
-    # why it was cancelled: not in the red of an error
+    # why it was cancelled: not in the red of an error, here nor on the runs page
+    async with client(create_app(world["ops"])) as http:
+        runs = (await http.get("/runs")).text
+    assert '<td class="cancel-text">customer changed their mind</td>' in runs
     assert "<h2>Why it was cancelled</h2>" in page
     assert '<p class="cancel-text">RunCancelled: customer changed their mind</p>' in page
 

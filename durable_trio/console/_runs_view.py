@@ -76,6 +76,7 @@ def _row(run: RunRecord) -> str:
         error = str(run.error.get("message") or run.error.get("type") or "")
     elif run.error is not None:
         error = str(run.error)
+    why = "cancel-text" if run.status is RunStatus.CANCELLED else "error-text"  # asked for
     return (
         "<tr>"
         f'<td class="mono"><a href="/runs/{attr(path_part(run.run_id))}">{esc(run.run_id)}</a></td>'
@@ -83,7 +84,7 @@ def _row(run: RunRecord) -> str:
         f"<td>{status_badge(run.status)}</td>"
         f"<td>{stamp(run.created_at)}</td>"
         f"<td>{stamp(run.updated_at)}</td>"
-        f'<td class="error-text">{esc(error[:200])}</td>'
+        f'<td class="{why}">{esc(error[:200])}</td>'
         "</tr>"
     )
 
