@@ -73,14 +73,15 @@
       const doc = new DOMParser().parseFromString(await reply.text(), "text/html");
       const fresh = doc.getElementById("main");
       const main = document.getElementById("main");
-      if (fresh && main && !editing()) {
+      const held = editing();
+      if (fresh && main && !held) {
         const keys = openKeys(main); // what the reader unfolded stays unfolded
         main.innerHTML = fresh.innerHTML;
         reopen(main, keys);
       }
       if (doc.body && doc.body.dataset.live) document.body.dataset.live = doc.body.dataset.live;
       interval = BASE_INTERVAL;
-      setState("live", true);
+      setState(held ? "held while you edit" : "live", true);
     } catch (err) {
       interval = Math.min(interval * 2, MAX_INTERVAL);
       setState("offline, retrying", false);
