@@ -30,7 +30,7 @@ MISSING_EXTRA = (
 def add_console_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``console`` to the ``durable-trio`` subcommands."""
     console = commands.add_parser(
-        "console", help="the web console: runs, one run's history, workers, queues"
+        "console", help="the web console: runs, one run's history, schedules, workers, queues"
     )
     console.add_argument(
         "--backend", help="backend URL (default: $DURABLE_TRIO_BACKEND or the embedded SQLite)"
@@ -41,7 +41,8 @@ def add_console_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     console.add_argument(
         "--allow-actions",
         action="store_true",
-        help="allow retry, cancel, requeue and delete (read-only without it)",
+        help="allow retry, cancel, start a run, send a signal, pause/resume/delete a schedule,"
+        " requeue and delete (read-only without it)",
     )
     console.add_argument(
         "--token",

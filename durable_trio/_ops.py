@@ -20,11 +20,12 @@ import attrs
 import orjson
 import trio
 
-from ._arguments import check_seconds
+from ._arguments import check_name, check_optional_name, check_seconds
 from ._codec import encode_envelope
 from ._engine._cancel import mark_in_store
 from ._engine._children import cancel_children
 from ._engine._errors import RunNotFound
+from ._engine._new_run import record_new_run
 from ._engine._records import RunPage, RunRecord, RunStatus, StepKind, StepRecord, StepState
 from ._engine._reopen import retry_run
 from ._engine._stores import open_run_store
@@ -95,6 +96,10 @@ class StepView:
     created_at: float = 0.0
     updated_at: float = 0.0
     last_heartbeat: JSONValue = None
+    interrupted: bool = False
+    """The run ended (cancelled, failed, completed) while this step was pending: it will
+    never settle (a result that still comes is dropped). Derived from the run's status; the
+    store keeps the step as it was (``status`` pending)."""
 
     @property
     def duration(self) -> float | None:
@@ -102,6 +107,18 @@ class StepView:
         if self.status is StepState.PENDING:
             return None
         return max(0.0, self.updated_at - self.created_at)
+
+    @property
+    def shown_status(self) -> str:
+        """The status to show: ``interrupted`` for a step its run's end left pending, else
+        the stored one (``pending``, ``completed``, ``failed``)."""
+        return "interrupted" if self.interrupted else self.status.value
+
+    @property
+    def cancel_mark(self) -> bool:
+        """Whether this is the mark a cancel left in the history (``cancel:run``), not a step:
+        :attr:`output` holds its ``reason`` and the steps it ``interrupted``."""
+        return self.kind is StepKind.CANCEL
 
     def to_json(self) -> dict[str, Any]:
         """As ``durable-trio runs show --json`` prints it."""
@@ -119,6 +136,7 @@ class StepView:
             "lastHeartbeat": self.last_heartbeat,
             "attempts": [a.to_json() for a in self.attempts],
             "notes": list(self.notes),
+            "interrupted": self.interrupted,
         }
 
 
@@ -131,6 +149,14 @@ class TimerView:
     """Store clock time it fires (fired: it did)."""
     fired: bool
     created_at: float = 0.0
+    interrupted: bool = False
+    """The run ended before it fired: it never will (derived, as
+    :attr:`StepView.interrupted`)."""
+
+    @property
+    def state(self) -> str:
+        """``fired``, ``waiting`` or ``interrupted``."""
+        return "fired" if self.fired else "interrupted" if self.interrupted else "waiting"
 
     def to_json(self) -> dict[str, Any]:
         """As ``durable-trio runs show --json`` prints it."""
@@ -139,6 +165,7 @@ class TimerView:
             "wakeAt": self.wake_at,
             "fired": self.fired,
             "createdAt": self.created_at,
+            "interrupted": self.interrupted,
         }
 
 
@@ -329,10 +356,16 @@ def run_to_json(run: RunRecord) -> dict[str, Any]:
 
 
 def details_of(run: RunRecord, steps: list[StepRecord], now: float | None = None) -> RunDetails:
-    """A run and its checkpoints as a :class:`RunDetails` (``now``: the store's clock)."""
+    """A run and its checkpoints as a :class:`RunDetails` (``now``: the store's clock).
+
+    A step (or timer) still pending in the store when the run has ended is shown
+    ``interrupted``, its current attempt too: nothing will settle it (the store is not
+    changed; what it holds is what the run left)."""
     views = []
     timers = []
+    ended = run.status.terminal
     for step in steps:
+        interrupted = ended and step.status is StepState.PENDING
         if step.kind is StepKind.TIMER:
             timers.append(
                 TimerView(
@@ -340,10 +373,16 @@ def details_of(run: RunRecord, steps: list[StepRecord], now: float | None = None
                     step.wake_at,
                     step.status is StepState.COMPLETED,
                     created_at=step.created_at,
+                    interrupted=interrupted,
                 )
             )
             continue
         attempts, notes = attempt_views(step, now)
+        if interrupted:
+            attempts = tuple(
+                attrs.evolve(a, status="interrupted") if a.status in _UNSETTLED else a
+                for a in attempts
+            )
         views.append(
             StepView(
                 step_id=step.step_id,
@@ -358,9 +397,15 @@ def details_of(run: RunRecord, steps: list[StepRecord], now: float | None = None
                 created_at=step.created_at,
                 updated_at=step.updated_at,
                 last_heartbeat=step.heartbeat,
+                interrupted=interrupted,
             )
         )
     return RunDetails(run, tuple(views), tuple(timers))
+
+
+#: What an attempt of a pending step shows (:class:`AttemptView`): once its run has ended,
+#: neither is true any more.
+_UNSETTLED = frozenset({"running", "waiting"})
 
 
 def _envelope_priority(data: bytes) -> int | None:
@@ -438,6 +483,43 @@ class Operations:
         if run is None:
             raise RunNotFound(run_id)
         return details_of(run, await self.store.get_steps(run_id), self.store.now())
+
+    async def start_run(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the run's, stored; not this call's)
+    ) -> str:
+        """Record a new run of ``workflow`` as :meth:`Engine.start` with ``detach=True`` does
+        (pending, no owner): an engine of the namespace whose app registers ``workflow``
+        takes it over at its next reconcile; with none running it waits, stored. An engine
+        whose app does not register it fails it (``UnknownWorkflow``): this process has no
+        app to check the name against. Idempotent by ``run_id``.
+
+        Returns:
+            The run id (an existing run's, if ``run_id`` names one: nothing is started).
+
+        Raises:
+            ConfigError: ``workflow`` or ``run_id`` is empty, ``timeout`` not a number of
+                seconds > 0.
+            TypeError: ``workflow`` or ``run_id`` is not a str.
+            PayloadError: ``input`` is not a JSON value.
+            EngineError: ``run_id`` exists as a run of another workflow.
+        """
+        check_name(workflow, "ops.start_run", "workflow")
+        check_optional_name(run_id, "ops.start_run", "run_id")
+        seconds = (
+            None
+            if timeout is None
+            else check_seconds(timeout, "ops.start_run", "timeout", positive=True)
+        )
+        stored, _ = await record_new_run(
+            self.store, workflow, input, run_id=run_id, owner=None, lease=0.0,
+            timeout=seconds, parent=None,
+        )  # fmt: skip
+        return stored.run_id
 
     async def signal_run(self, run_id: str, name: str, payload: Any = None) -> int:
         """Send signal ``name`` with JSON ``payload`` to the run, as :meth:`Engine.signal`

@@ -38,7 +38,9 @@ class AttemptView:
     retry backoff until ``started_at``), or how it ended: ``completed``, ``failed``,
     ``timed_out`` (a start-to-close, schedule-to-start or heartbeat timeout), ``stalled`` (its
     claims' leases kept being lost) or ``abandoned`` (an operator retried the run while it
-    ran)."""
+    ran); ``interrupted``: it was running or waiting when its run ended (cancelled, failed,
+    completed), so it never will end (:func:`~durable_trio._ops.details_of` derives it from
+    the run's status)."""
     started_at: float | None = None
     """Store clock: when its task was dispatched, or became due after its backoff."""
     ended_at: float | None = None

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Awaitable, Callable
 
-    from ._ops import Operations
+    from ._ops import Operations, StepView
 
 __all__ = ["add_ops_commands", "resolve_namespace", "table"]
 
@@ -65,7 +65,8 @@ def _time(value: float | None) -> str:
     if value is None:
         return "—"
     if value > 1e9:  # a Unix time (SQLite, Redis); memory:// counts trio's clock
-        return datetime.datetime.fromtimestamp(value, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        moment = datetime.datetime.fromtimestamp(value, datetime.UTC)
+        return moment.strftime("%Y-%m-%d %H:%M:%S UTC")  # the zone said: no reader guesses it
     return f"{value:.3f}"
 
 
@@ -177,7 +178,11 @@ async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
         )
     rows = []
     notes = []
+    marks = []
     for step in details.steps:
+        if step.cancel_mark:  # an event of the run, not a step that ran
+            marks.append(step)
+            continue
         for attempt in step.attempts:
             rows.append(
                 [step.step_id, step.kind.value, step.name, str(attempt.attempt), attempt.status,
@@ -194,17 +199,26 @@ async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
         print(table(headers, rows), end="")
     for note in notes:
         print(visible(note))
+    for mark in marks:
+        print(visible(_cancel_line(mark)))
     if details.timers:
         print()
-        timer_rows = [
-            [t.step_id, _time(t.wake_at), "fired" if t.fired else "waiting"] for t in details.timers
-        ]
+        timer_rows = [[t.step_id, _time(t.wake_at), t.state] for t in details.timers]
         print(table(["timer", "wakes at", "state"], timer_rows), end="")
     events = await ops.run_events(args.run_id)
     if events:
         print()
         print(table(["event", "value"], [[k, _short(v)] for k, v in events.items()]), end="")
     return 0
+
+
+def _cancel_line(mark: StepView) -> str:
+    """The cancel mark of a run's history as one line: when, why, which steps it interrupted."""
+    data = mark.output if isinstance(mark.output, dict) else {}
+    reason = data.get("reason", mark.output)
+    steps = data.get("interrupted") or []
+    cut = f", interrupting step {', '.join(str(s) for s in steps)}" if steps else ""
+    return f"cancel requested {_time(mark.created_at)}: {_short(reason, 200)}{cut}"
 
 
 async def _runs_signal(ops: Operations, args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """``python -m tools.screenshots``: the PNGs of docs/console.md (docs/images/console-*.png).
 
 Starts the console on a free port over a fresh SQLite backend holding real runs (completed,
-failed, one waiting on a durable timer) with a live worker, plus a queue nobody serves with
+failed, one waiting on a durable timer, one cancelled while its step ran) and two schedules,
+with a live worker, plus a queue nobody serves with
 jobs waiting (so the oldest-age column has a figure) and one job set aside after a worker died
 on it twice; then Debian's headless chromium (/usr/bin/chromium) takes a screenshot of each
 page (the queues page through chromedriver and selenium, with the evidence unfolded).
@@ -39,6 +40,23 @@ def _app() -> dt.App:
     async def ship(order: dict[str, Any]) -> str:
         return f"parcel-{order['id']}"
 
+    @app.step("reserve")
+    async def reserve(order: dict[str, Any]) -> dict[str, Any]:
+        await trio.sleep(3600)  # still reserving when the run is cancelled
+        return order
+
+    @app.step("release")
+    async def release(order: dict[str, Any]) -> str:
+        return f"released {order['id']}"
+
+    @app.workflow("restock")
+    async def restock(ctx: dt.WorkflowContext, order: dict[str, Any]) -> Any:
+        try:
+            return await ctx.step("reserve", order)
+        except dt.RunCancelled:
+            await ctx.step("release", order)  # compensation
+            raise
+
     @app.workflow("order")
     async def order(ctx: dt.WorkflowContext, order: dict[str, Any]) -> dict[str, Any]:
         receipt = await ctx.step("charge", order)
@@ -73,7 +91,7 @@ async def _set_aside(backend: dt.Backend, producer: dt.QueueTransport) -> None:
         await producer.dispatch(dt.RemoteTask(f"order-{i}", "1", 1, "invoice", order))
 
 
-def _shoot_unfolded(url: str, target: Path) -> None:
+def _shoot_unfolded(url: str, target: Path, height: int = 800) -> None:
     """A screenshot of ``url`` with every ``<details>`` open (in a thread: selenium blocks)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -85,7 +103,7 @@ def _shoot_unfolded(url: str, target: Path) -> None:
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     try:
         # The page itself 1280 x 800, as the other shots (a window's size includes its frame).
-        metrics = {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False}
+        metrics = {"width": 1280, "height": height, "deviceScaleFactor": 1, "mobile": False}
         driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
         driver.get(url)
         # (the page swaps its <main> every 3 s, folding them again: shot at once)
@@ -109,8 +127,9 @@ async def _shoot(base: str, pages: dict[str, str]) -> None:
             "--window-size=1280,800",
             base + path,
         ]
-        if name == "queues":
-            await trio.to_thread.run_sync(_shoot_unfolded, base + path, target)
+        if name in ("queues", "cancelled"):
+            height = 1180 if name == "cancelled" else 800  # down to the cancel event
+            await trio.to_thread.run_sync(_shoot_unfolded, base + path, target, height)
         else:
             await trio.run_process(command, capture_stdout=True, capture_stderr=True)
         print(f"wrote {target}")
@@ -136,7 +155,16 @@ async def main() -> None:
                     async with dt.open_queue_transport(backend, namespace="shop") as producer:
                         await _set_aside(backend, producer)
                     await trio.sleep(2.5)  # the invoices wait: an age to show
+                    await engine.schedules.add(
+                        "nightly-restock", "restock", cron="0 3 * * *", timezone="Europe/Paris",
+                        input={"id": 100, "amount": 0},
+                    )  # fmt: skip
+                    await engine.schedules.add("audit", "order", every=900, input={"id": 0})
+                    await engine.schedules.pause("audit")
                     async with dt.open_operations(backend, namespace="shop") as ops:
+                        await engine.start("restock", {"id": 21, "amount": 5}, run_id="restock-21")
+                        await trio.sleep(1.0)  # its step runs on the worker
+                        await ops.cancel_run("restock-21", reason="supplier out of stock")
                         async with trio.open_nursery() as nursery:
                             base = await nursery.start(partial(serve_console, ops, port=0))
                             await _shoot(
@@ -144,6 +172,8 @@ async def main() -> None:
                                 {
                                     "runs": "/runs",
                                     "run": "/runs/order-4",
+                                    "cancelled": "/runs/restock-21",
+                                    "schedules": "/schedules",
                                     "workers": "/workers",
                                     "queues": "/queues",
                                 },

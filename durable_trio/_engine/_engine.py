@@ -23,7 +23,6 @@ from __future__ import annotations
 # (and anything built on it) must resolve at run time.
 import builtins  # noqa: TC003
 import contextlib
-import uuid
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import attrs
@@ -32,7 +31,6 @@ from trio_util import RepeatedEvent
 
 from .._arguments import check_bool, check_name, check_optional_name, check_seconds
 from .._errors import BrokerError, TransportClosed
-from .._telemetry import run_trace
 from .._transport import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._app import App  # noqa: TC001
@@ -48,15 +46,15 @@ from ._deadline import drive_within_deadline, expired, time_out
 from ._duplicates import DuplicateResult  # noqa: TC001
 from ._errors import (
     EngineClosed,
-    EngineError,
     RunCancelled,
     RunNotFound,
     UnknownWorkflow,
     run_failure,
 )
 from ._heartbeats import watch_heartbeats
+from ._new_run import record_new_run
 from ._options import EngineOptions
-from ._records import RunRecord, RunState, RunStatus, StepRecord, normalize_json
+from ._records import RunRecord, RunState, RunStatus, StepRecord
 from ._remote_run import RemoteRunDriver
 from ._reopen import retry_run
 from ._retry import Retry  # noqa: TC001
@@ -416,33 +414,17 @@ class Engine:
                 f"no workflow {workflow!r} in app {self.app.name!r} "
                 f"(registered: {', '.join(self.app.workflows) or 'none'})"
             )
-        value = normalize_json(input, f"the input of workflow {workflow!r}")
-        depth = 0
-        if parent is not None:  # a child: one more ancestor than its parent (issue 36)
-            above = await self.store.get_run(parent)
-            depth = 1 if above is None else above.depth + 1
-        now = self.store.now()
-        record = RunRecord(
-            run_id=run_id or uuid.uuid4().hex,
-            workflow=workflow,
-            input=value,
-            status=RunStatus.PENDING if detach else RunStatus.RUNNING,
-            created_at=now,
-            updated_at=now,
+        stored, created = await record_new_run(
+            self.store,
+            workflow,
+            input,
+            run_id=run_id,
             owner=None if detach else self.engine_id,
-            lease_until=None if detach else now + self.options.run_lease,
+            lease=self.options.run_lease,
             timeout=seconds,
-            trace=run_trace(workflow),
             parent=parent,
-            depth=depth,
         )
-        stored, created = await self.store.create_run(record)
         if not created:
-            if stored.workflow != workflow:
-                raise EngineError(
-                    f"run {stored.run_id!r} exists as a run of {stored.workflow!r}, "
-                    f"not {workflow!r}"
-                )
             return stored.run_id
         self._services.count("runs_started")
         self._services.run_event("started", stored)

@@ -22,7 +22,7 @@ from starlette.staticfiles import StaticFiles
 from .._engine import RunNotFound
 from .._errors import DurableTrioError
 from . import _pages
-from ._pages import BadRequest
+from ._pages import BadRequest, Reply
 from ._security import ACTION_HEADER, ACTION_HEADER_VALUE, TokenGuard, same_origin
 
 if TYPE_CHECKING:
@@ -58,8 +58,9 @@ def _html(markup: str, status: int = 200) -> HTMLResponse:
     return HTMLResponse(markup, status_code=status, headers=_PAGE_HEADERS)
 
 
-def _reply(ok: bool, message: str, status: int) -> JSONResponse:
-    return JSONResponse({"ok": ok, "message": message}, status_code=status, headers=_PAGE_HEADERS)
+def _reply(ok: bool, message: str, status: int, location: str | None = None) -> JSONResponse:
+    content = {"ok": ok, "message": message, **({"location": location} if location else {})}
+    return JSONResponse(content, status_code=status, headers=_PAGE_HEADERS)
 
 
 def create_app(
@@ -70,8 +71,9 @@ def create_app(
     Args:
         ops: an open :class:`~durable_trio.Operations` (``dt.open_operations(url)``); the app
             does not close it.
-        allow_actions: whether retry, cancel, requeue and delete are allowed; without it every
-            action answers 403 (the console is read-only).
+        allow_actions: whether the actions are allowed (retry, cancel, start a run, send a
+            signal, pause, resume or delete a schedule, requeue or delete a set-aside job);
+            without it every action answers 403 (the console is read-only).
         token: when given, every request must carry it (``Authorization: Bearer``, or the cookie
             set by opening a page once as ``?token=``); see :mod:`durable_trio.console`.
 
@@ -115,7 +117,7 @@ def create_app(
         return endpoint
 
     def action(
-        name: str, run: Callable[[dict[str, str]], Awaitable[str]]
+        name: str, run: Callable[[dict[str, str]], Awaitable[Reply]]
     ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             if not allow_actions:
@@ -127,15 +129,18 @@ def create_app(
                 return _reply(False, "an action from another origin is refused", 403)
             try:
                 body = _body(await request.body())
-                message = await run(body)
+                reply = await run(body)
             except BadRequest as exc:
                 return _reply(False, str(exc), 400)
             except RunNotFound as exc:
                 return _reply(False, str(exc), 404)
             except (DurableTrioError, ValueError) as exc:
                 return _reply(False, str(exc), 409)
-            logger.info("console action %s %s: %r", name, body, message)
-            return _reply(True, message, 200)
+            message, location = (reply, None) if isinstance(reply, str) else reply
+            # a start's input may be megabytes: the log line keeps the first 200 of each field
+            brief = {key: value[:200] for key, value in body.items()}
+            logger.info("console action %s %s: %r", name, brief, message)
+            return _reply(True, message, 200, location)
 
         return endpoint
 
@@ -146,12 +151,18 @@ def create_app(
         Route("/", home),
         Route("/runs", page(view.runs_page)),
         Route("/runs/{run_id:path}", page(view.run_page)),
+        Route("/schedules", page(view.schedules_page)),
         Route("/workers", page(view.workers_page)),
         Route("/queues", page(view.queues_page)),
         Route("/raw/run", raw(view.raw_run)),
         Route("/raw/job", raw(view.raw_job)),
         Route("/api/runs/retry", action("retry", view.retry), methods=["POST"]),
         Route("/api/runs/cancel", action("cancel", view.cancel), methods=["POST"]),
+        Route("/api/runs/start", action("start", view.start), methods=["POST"]),
+        Route("/api/runs/signal", action("signal", view.signal), methods=["POST"]),
+        Route("/api/schedules/pause", action("pause", view.pause_schedule), methods=["POST"]),
+        Route("/api/schedules/resume", action("resume", view.resume_schedule), methods=["POST"]),
+        Route("/api/schedules/delete", action("delete", view.delete_schedule), methods=["POST"]),
         Route("/api/jobs/requeue", action("requeue", view.requeue), methods=["POST"]),
         Route("/api/jobs/delete", action("delete", view.delete), methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-from ._html import Html, ago, attr, duration, esc, json_block, stamp
+import attrs
+
+from ._html import Html, ago, attr, duration, esc, json_block, path_part, stamp, status_badge
 from ._run_view import action_button
 
 if TYPE_CHECKING:
     from .._ops import FailedJobView, QueueView, WorkerView
 
-__all__ = ["OTHER_GROUPS_SHOWN", "render_queues", "render_workers"]
+__all__ = [
+    "OTHER_GROUPS_SHOWN",
+    "RunOwner",
+    "render_engines",
+    "render_queues",
+    "render_workers",
+    "run_of",
+]
 
 #: How many of a worker's other groups its row in one group names (then "+N more"): each row
 #: stays the same size, so the page grows with workers x groups, not with groups squared.
@@ -141,10 +150,17 @@ def _evidence(view: FailedJobView) -> Html:
     shown = envelope if envelope is not None else job.data.decode(errors="replace")
     whole = "/raw/job?" + urlencode({"queue": view.queue, "id": job.id})
     return Html(
-        f"<details><summary>evidence</summary>"
+        f'<details data-key="ev-{attr(view.queue)}-{attr(job.id)}"><summary>evidence</summary>'
         f"<p>attempts {job.attempts} · stalls {job.stalled_count}</p>"
         f"{'<ul>' + stalls + '</ul>' if stalls else ''}{json_block(shown, whole)}</details>"
     )
+
+
+def run_of(envelope: Any) -> str | None:
+    """The run a job's envelope names (a task's or a result's ``payload.runId``), if any."""
+    payload = envelope.get("payload") if isinstance(envelope, dict) else None
+    run_id = payload.get("runId") if isinstance(payload, dict) else None
+    return run_id if isinstance(run_id, str) and run_id else None
 
 
 def _failed_table(failed: list[FailedJobView] | None, *, allow_actions: bool) -> Html:
@@ -169,16 +185,23 @@ def _failed_table(failed: list[FailedJobView] | None, *, allow_actions: bool) ->
             css="danger",
             confirm=f"Delete job {job.id} for good?",
         )
+        run_id = run_of(envelope)
+        run = (
+            f'<a class="mono" href="/runs/{attr(path_part(run_id))}">{esc(run_id)}</a>'
+            if run_id is not None
+            else "—"
+        )
         rows.append(
             f'<tr data-job="{attr(job.id)}">'
             f'<td class="mono">{esc(view.queue)}</td><td class="mono">{esc(job.id)}</td>'
-            f"<td>{esc(kind or '—')}</td><td>{stamp(job.failed_at)}</td>"
+            f"<td>{esc(kind or '—')}</td><td>{run}</td><td>{stamp(job.failed_at)}</td>"
             f'<td class="error-text">{esc(job.error)}</td>'
             f"<td>{_evidence(view)}</td>"
             f'<td><div class="actions">{buttons}</div></td></tr>'
         )
     head = "".join(
-        f"<th>{h}</th>" for h in ("queue", "job", "kind", "set aside", "error", "evidence", "")
+        f"<th>{h}</th>"
+        for h in ("queue", "job", "kind", "run", "set aside", "error", "evidence", "")
     )
     return Html(
         f'<table class="failed"><thead><tr>{head}</tr></thead>'
@@ -198,3 +221,51 @@ def render_queues(
         " evidence. Requeue puts one back as pending with its counters reset; delete drops it."
         "</p>" + _failed_table(failed, allow_actions=allow_actions)
     )
+
+
+@attrs.frozen
+class RunOwner:
+    """An engine as the run store knows it: the owner of running runs, and its leases."""
+
+    engine: str
+    runs: int
+    """Running runs it holds (among those read)."""
+    lease_until: float
+    """The latest lease it holds (store clock): an engine renews its runs' leases while it
+    lives, so a lease in the past says it stopped (or lost the store)."""
+
+
+def render_engines(owners: list[RunOwner], now: float, *, pending: int, truncated: bool) -> Html:
+    """The engines section of the workers page: the owners of running runs (engines do not
+    advertise themselves; this is what the run store knows)."""
+    note = (
+        '<p class="muted">Engines do not advertise themselves: these are the owners of the'
+        " namespace's running runs, read from the run store, with the latest lease each holds."
+        " An engine that drives no run (idle, or only reconciling) is not seen here; one whose"
+        " leases have all expired has stopped, and another engine takes its runs over at its"
+        " next reconcile.</p>"
+    )
+    waiting = (
+        f"<p>{pending:,}{'+' if truncated else ''} pending run{'s' if pending != 1 else ''}"
+        " (driven by no engine yet)</p>"
+        if pending
+        else ""
+    )
+    if not owners:
+        listing = '<p class="empty">no running run: no engine is seen driving one</p>'
+    else:
+        rows = "".join(
+            "<tr>"
+            f'<td class="mono">{esc(o.engine)}</td>'
+            f'<td class="num">{o.runs:,}{"+" if truncated else ""}</td>'
+            f"<td>{stamp(o.lease_until)}</td>"
+            f"<td>{status_badge('live' if o.lease_until > now else 'expired')}</td>"
+            "</tr>"
+            for o in owners
+        )
+        listing = (
+            '<table class="engines"><thead><tr><th>engine (run owner)</th>'
+            '<th class="num">running runs</th><th>lease until</th><th>lease</th></tr></thead>'
+            f"<tbody>{rows}</tbody></table>"
+        )
+    return Html(f"<h2>Engines</h2>{note}{waiting}{listing}")

@@ -83,13 +83,16 @@ def query(params: Mapping[str, str | None]) -> str:
 
 
 def stamp(seconds: float | None) -> Html:
-    """A wall-clock time (UTC) in a ``<time>`` element, or an em dash."""
+    """A wall-clock time in a ``<time>`` element, labelled with its zone (``2026-12-05
+    15:30:00 UTC``: a reader in another zone does not guess), or an em dash."""
     if seconds is None:
         return Html("—")
     if seconds < _UNIX_FLOOR:  # a monotonic store clock (memory://, trio's): no wall time
-        return Html(f'<time class="mono">t={seconds:.3f}</time>')
+        title = "the store's monotonic clock, in seconds"
+        return Html(f'<time class="mono" title="{title}">t={seconds:.3f}</time>')
     text = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds))
-    return Html(f'<time datetime="{attr(seconds)}">{text}</time>')
+    iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+    return Html(f'<time datetime="{iso}">{text} UTC</time>')
 
 
 def duration(seconds: float | None) -> str:
@@ -155,6 +158,7 @@ def table(
 _CURRENT = ' aria-current="page"'
 _NAV = (
     ("runs", "/runs", "Runs"),
+    ("schedules", "/schedules", "Schedules"),
     ("workers", "/workers", "Workers"),
     ("queues", "/queues", "Queues"),
 )

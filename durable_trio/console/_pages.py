@@ -10,12 +10,14 @@ import orjson
 import trio
 
 from .._engine import RunNotFound
-from .._errors import ConfigError, DurableTrioError
+from .._engine._schedules import Schedules
+from .._errors import ConfigError, DurableTrioError, PayloadError
 from .._health import read_store_loss
-from ._fleet_view import render_queues, render_workers
-from ._html import Html, esc, page
+from ._fleet_view import RunOwner, render_engines, render_queues, render_workers
+from ._html import Html, esc, page, path_part
 from ._run_view import render_run
 from ._runs_view import RunFilters, render_runs
+from ._schedules_view import render_schedules
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 
     from .._ops import FailedJobView, Operations
 
-__all__ = ["RENDER_THREADS", "BadRequest", "Pages"]
+__all__ = ["OWNERS_READ", "RENDER_THREADS", "BadRequest", "Conflict", "Pages", "Reply"]
 
 _T = TypeVar("_T")
 
@@ -33,12 +35,23 @@ _T = TypeVar("_T")
 #: and a burst of heavy pages takes at most this many threads.
 RENDER_THREADS = 2
 
+#: Running runs the workers page reads at most to list the engines that own them.
+OWNERS_READ = 2000
+
 #: The values of a run the raw endpoint serves alone (``/raw/run?id=...&value=...``).
 _RUN_VALUES = ("input", "output", "error")
 
 
 class BadRequest(DurableTrioError, ValueError):
     """A request the console cannot act on (a bad filter, a bad action body): a 400."""
+
+
+class Conflict(DurableTrioError):
+    """An action the state of things refuses (a run id taken): a 409."""
+
+
+#: What an action answers: a message, or a message and the address of what it made.
+Reply = str | tuple[str, str]
 
 
 def _field(body: dict[str, str], name: str) -> str:
@@ -103,7 +116,13 @@ class Pages:
             except RunNotFound:
                 found = []
             return await self._off_loop(
-                lambda: self._page("Runs", "runs", render_runs(filters, found, None, searched=True))
+                lambda: self._page(
+                    "Runs",
+                    "runs",
+                    render_runs(
+                        filters, found, None, searched=True, allow_actions=self._allow_actions
+                    ),
+                )
             )
         try:
             listing = await self._ops.list_runs(
@@ -119,7 +138,15 @@ class Pages:
             lambda: self._page(
                 "Runs",
                 "runs",
-                Html(alarm + render_runs(filters, listing.runs, listing.next_cursor)),
+                Html(
+                    alarm
+                    + render_runs(
+                        filters,
+                        listing.runs,
+                        listing.next_cursor,
+                        allow_actions=self._allow_actions,
+                    )
+                ),
             )
         )
 
@@ -139,16 +166,65 @@ class Pages:
         )
 
     async def workers_page(self, request: Request) -> str:
-        """``/workers``: the live workers of every group."""
+        """``/workers``: the live workers of every group, then the engines the run store knows
+        (the owners of running runs)."""
         workers = await self._ops.workers()
         queues = await self._ops.queues()
         now = time.time()
         alarm = await self._alarm(Html(""))
+        owners, pending, truncated = await self._run_owners()
+        store_now = self._ops.store.now()
         return await self._off_loop(
             lambda: self._page(
-                "Workers", "workers", Html(alarm + render_workers(workers, queues, now))
+                "Workers",
+                "workers",
+                Html(
+                    alarm
+                    + render_workers(workers, queues, now)
+                    + render_engines(owners, store_now, pending=pending, truncated=truncated)
+                ),
             )
         )
+
+    async def _run_owners(self) -> tuple[list[RunOwner], int, bool]:
+        """The owners of running runs, with the latest lease each holds; how many runs are
+        pending; and whether there were more runs than :data:`OWNERS_READ` to read."""
+        held: dict[str, tuple[int, float]] = {}
+        cursor: str | None = None
+        read = 0
+        truncated = False
+        while True:
+            page = await self._ops.list_runs(status="running", limit=500, cursor=cursor)
+            for run in page.runs:
+                if run.owner is not None:
+                    count, lease = held.get(run.owner, (0, 0.0))
+                    held[run.owner] = (count + 1, max(lease, run.lease_until or 0.0))
+            read += len(page.runs)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+            if read >= OWNERS_READ:
+                truncated = True
+                break
+        pending_page = await self._ops.list_runs(status="pending", limit=500)
+        owners = [RunOwner(engine, n, lease) for engine, (n, lease) in sorted(held.items())]
+        pending = len(pending_page.runs)
+        return owners, pending, truncated or pending_page.next_cursor is not None
+
+    async def schedules_page(self, request: Request) -> str:
+        """``/schedules``: the namespace's schedules, next and last tick."""
+        infos = await self._schedules().list()
+        return await self._off_loop(
+            lambda: self._page(
+                "Schedules",
+                "schedules",
+                render_schedules(infos, allow_actions=self._allow_actions),
+            )
+        )
+
+    def _schedules(self) -> Schedules:
+        # The wall clock, as the CLI's: schedule times are the engines' wall clock.
+        return Schedules(self._ops.store, time.time)
 
     async def queues_page(self, request: Request) -> str:
         """``/queues``: every queue's depths and the set-aside jobs."""
@@ -180,13 +256,21 @@ class Pages:
         """
         run_id = request.query_params.get("id", "")
         value = request.query_params.get("value")
+        step_id = request.query_params.get("step")
         if not run_id:
             raise BadRequest("say which run: /raw/run?id=RUN")
         if value is not None and value not in _RUN_VALUES:
             raise BadRequest(f"value is one of {', '.join(_RUN_VALUES)}, not {value!r}")
+        if step_id is not None and value is None:
+            raise BadRequest("say which value of the step: &value=input|output|error")
         details = await self._ops.show_run(run_id)
         if value is None:
             return await self._off_loop(lambda: _json(details.to_json()))
+        if step_id is not None:
+            for step in details.steps:
+                if step.step_id == step_id:
+                    return await self._off_loop(partial(_json, getattr(step, value)))
+            raise RunNotFound(f"run {run_id!r} has no step {step_id!r}")
         return await self._off_loop(partial(_json, getattr(details.run, value)))
 
     async def raw_job(self, request: Request) -> bytes:
@@ -229,6 +313,55 @@ class Pages:
             return f"run {run_id} cancelled"
         return f"run {run_id} had already ended or is being cancelled: nothing to do"
 
+    async def start(self, body: dict[str, str]) -> Reply:
+        """Start a run: stored pending (as ``durable-trio run --detach``), an engine of the
+        namespace takes it over at its next reconcile."""
+        workflow = _field(body, "workflow")
+        value = _json_field(body, "input")
+        run_id = body.get("run_id", "").strip() or None
+        if run_id is not None and await self._ops.store.get_run(run_id) is not None:
+            raise Conflict(
+                f"run {run_id} exists already: a start is idempotent by run id, nothing started"
+            )
+        try:
+            started = await self._ops.start_run(workflow, value, run_id=run_id)
+        except PayloadError as exc:
+            raise BadRequest(str(exc)) from None
+        return (
+            f"run {started} of {workflow!r} stored (pending): an engine of this namespace"
+            " whose app registers the workflow takes it over at its next reconcile"
+            " (with no engine running, it waits)",
+            f"/runs/{path_part(started)}",
+        )
+
+    async def signal(self, body: dict[str, str]) -> str:
+        """Send a signal to a run (stored at once; the engine driving the run finds it)."""
+        run_id, name = _field(body, "run_id"), _field(body, "name")
+        payload = _json_field(body, "payload")
+        try:
+            seq = await self._ops.signal_run(run_id, name, payload)
+        except PayloadError as exc:
+            raise BadRequest(str(exc)) from None
+        return f"signal {name!r} #{seq} sent to run {run_id}"
+
+    async def pause_schedule(self, body: dict[str, str]) -> str:
+        """Pause a schedule (its ticks meanwhile never start)."""
+        return await self._schedule_change(body, "pause", "paused")
+
+    async def resume_schedule(self, body: dict[str, str]) -> str:
+        """Resume a paused schedule from its next tick."""
+        return await self._schedule_change(body, "resume", "resumed")
+
+    async def delete_schedule(self, body: dict[str, str]) -> str:
+        """Delete a schedule (the runs it started stay)."""
+        return await self._schedule_change(body, "delete", "deleted")
+
+    async def _schedule_change(self, body: dict[str, str], verb: str, done: str) -> str:
+        name = _field(body, "name")
+        if not await getattr(self._schedules(), verb)(name):
+            raise RunNotFound(f"no schedule {name!r}")
+        return f"schedule {name} {done}: the engines see it within their schedule_recheck"
+
     async def requeue(self, body: dict[str, str]) -> str:
         """Put a set-aside job back on its queue."""
         queue, job_id = _field(body, "queue"), _field(body, "job_id")
@@ -242,6 +375,21 @@ class Pages:
         if await self._ops.delete_job(queue, job_id):
             return f"job {job_id} deleted from {queue}"
         raise RunNotFound(f"no set-aside job {job_id!r} on {queue!r}")
+
+
+def _json_field(body: dict[str, str], name: str) -> Any:
+    """A field holding JSON text, parsed (missing or blank: ``null``).
+
+    Raises:
+        BadRequest: it is not JSON.
+    """
+    text = body.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the {name} is not JSON: {exc}") from None
 
 
 def _json(value: Any) -> bytes:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from .._engine import RunStatus
 from ._html import Html, attr, esc, path_part, query, stamp, status_badge
+from ._run_view import action_form
 
 if TYPE_CHECKING:
     from .._engine import RunRecord
@@ -75,6 +76,7 @@ def _row(run: RunRecord) -> str:
         error = str(run.error.get("message") or run.error.get("type") or "")
     elif run.error is not None:
         error = str(run.error)
+    why = "cancel-text" if run.status is RunStatus.CANCELLED else "error-text"  # asked for
     return (
         "<tr>"
         f'<td class="mono"><a href="/runs/{attr(path_part(run.run_id))}">{esc(run.run_id)}</a></td>'
@@ -82,7 +84,7 @@ def _row(run: RunRecord) -> str:
         f"<td>{status_badge(run.status)}</td>"
         f"<td>{stamp(run.created_at)}</td>"
         f"<td>{stamp(run.updated_at)}</td>"
-        f'<td class="error-text">{esc(error[:200])}</td>'
+        f'<td class="{why}">{esc(error[:200])}</td>'
         "</tr>"
     )
 
@@ -93,6 +95,7 @@ def render_runs(
     next_cursor: str | None,
     *,
     searched: bool = False,
+    allow_actions: bool = False,
 ) -> Html:
     """The runs page's body.
 
@@ -100,6 +103,7 @@ def render_runs(
         runs: this page's runs (newest first), or the one found by id.
         next_cursor: the store's cursor of the next page (``None``: the last page).
         searched: ``runs`` is the result of a search by id (no paging).
+        allow_actions: show the form that starts a run.
     """
     heading = "Runs"
     if searched:
@@ -130,5 +134,27 @@ def render_runs(
     if next_cursor and not searched:
         pager.append(f'<a rel="next" href="{attr(filters.link(cursor=next_cursor))}">older »</a>')
     return Html(
-        f'<h1>{esc(heading)}</h1>{_form(filters)}{listing}<div class="pager">{"".join(pager)}</div>'
+        f"<h1>{esc(heading)}</h1>{_start_form(runs, allow_actions)}{_form(filters)}{listing}"
+        f'<div class="pager">{"".join(pager)}</div>'
+    )
+
+
+def _start_form(runs: list[RunRecord], allow_actions: bool) -> Html:
+    """Start a run: a workflow (the names of the runs shown are offered), its JSON input and
+    an optional run id; stored pending, as ``durable-trio run --detach`` stores it."""
+    known = sorted({run.workflow for run in runs})
+    options = "".join(f'<option value="{attr(name)}">' for name in known)
+    fields = (
+        '<label>workflow<input name="workflow" required list="workflows"'
+        ' placeholder="order" autocomplete="off"></label>'
+        f'<datalist id="workflows">{options}</datalist>'
+        '<label>run id (optional)<input name="run_id" placeholder="a random one"'
+        ' autocomplete="off"></label>'
+        '<label class="wide">input (JSON)'
+        '<textarea name="input" rows="2" spellcheck="false">null</textarea></label>'
+    )
+    form = action_form("start", "/api/runs/start", fields, "Start run", allow_actions=allow_actions)
+    return Html(
+        '<details class="card form-card" data-key="start"><summary>Start a run</summary>'
+        f"{form}</details>"
     )

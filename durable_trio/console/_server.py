@@ -65,7 +65,8 @@ async def serve_console(
         ops: an open :class:`~durable_trio.Operations` (not closed here).
         host: the address to listen on; beyond loopback a ``token`` is required.
         port: the TCP port (0: a free one, told through ``task_status``).
-        allow_actions: allow retry, cancel, requeue and delete (403 otherwise).
+        allow_actions: allow the actions (retry, cancel, start, signal, schedules, jobs;
+            403 otherwise).
         token: the token every request must carry (see :mod:`durable_trio.console`).
         shutdown_trigger: when it returns, the close starts: no new connection, requests
             still running get :data:`GRACEFUL_TIMEOUT` seconds.

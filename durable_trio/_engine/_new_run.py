@@ -1,0 +1,67 @@
+"""Recording a new run: what :meth:`Engine.start` and :meth:`Operations.start_run` share, so a
+run started from the console (pending, no owner) is stored exactly as ``engine.start(...,
+detach=True)`` stores it."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from .._telemetry import run_trace
+from ._errors import EngineError
+from ._records import RunRecord, RunStatus, normalize_json
+
+if TYPE_CHECKING:
+    from ._stores import RunStore
+
+__all__ = ["record_new_run"]
+
+
+async def record_new_run(
+    store: RunStore,
+    workflow: str,
+    input: Any,
+    *,
+    run_id: str | None,
+    owner: str | None,
+    lease: float,
+    timeout: float | None,  # noqa: ASYNC109 (the run's, stored; not this call's)
+    parent: str | None,
+) -> tuple[RunRecord, bool]:
+    """Create the run in ``store`` (idempotent by ``run_id``): running under ``owner`` for
+    ``lease`` seconds, or pending with no owner when ``owner`` is ``None``. Arguments are
+    checked by the caller, except ``input`` (normalised here).
+
+    Returns:
+        The stored run and whether this call created it.
+
+    Raises:
+        PayloadError: ``input`` is not a JSON value.
+        EngineError: ``run_id`` exists as a run of another workflow.
+    """
+    value = normalize_json(input, f"the input of workflow {workflow!r}")
+    depth = 0
+    if parent is not None:  # a child: one more ancestor than its parent (issue 36)
+        above = await store.get_run(parent)
+        depth = 1 if above is None else above.depth + 1
+    now = store.now()
+    record = RunRecord(
+        run_id=run_id or uuid.uuid4().hex,
+        workflow=workflow,
+        input=value,
+        status=RunStatus.PENDING if owner is None else RunStatus.RUNNING,
+        created_at=now,
+        updated_at=now,
+        owner=owner,
+        lease_until=None if owner is None else now + lease,
+        timeout=timeout,
+        trace=run_trace(workflow),
+        parent=parent,
+        depth=depth,
+    )
+    stored, created = await store.create_run(record)
+    if not created and stored.workflow != workflow:
+        raise EngineError(
+            f"run {stored.run_id!r} exists as a run of {stored.workflow!r}, not {workflow!r}"
+        )
+    return stored, created
