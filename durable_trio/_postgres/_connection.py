@@ -37,9 +37,9 @@ Cancellation:
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final
 
@@ -61,6 +61,8 @@ from ._errors import (
 from ._wait import drive, drive_conn, ready_now
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Sequence
+
     from psycopg.pq.abc import PGconn, PGresult
 
 __all__ = ["ConnectionStats", "PgConnection", "Result", "connect", "parse_conninfo"]
@@ -201,6 +203,7 @@ async def connect(
     connect_timeout: float = 10.0,
     command_timeout: float = 30.0,
     recover_timeout: float = 5.0,
+    stats: ConnectionStats | None = None,
 ) -> PgConnection:
     """Open a connection.
 
@@ -212,6 +215,7 @@ async def connect(
             (:class:`PostgresCommandTimeout`); ``math.inf``: no limit.
         recover_timeout: seconds allowed to make the connection safe after an interrupted
             statement before it is closed instead (see the module docs).
+        stats: counters to add to (a pool's, shared by its connections); ``None``: its own.
 
     Returns:
         the connection, idle and in autocommit mode (each statement commits on its own;
@@ -254,7 +258,11 @@ async def connect(
             ) from None
         raise unavailable(f"could not connect to PostgreSQL at {address}: {message}") from exc
     return PgConnection(
-        pgconn, address, command_timeout=command_timeout, recover_timeout=recover_timeout
+        pgconn,
+        address,
+        command_timeout=command_timeout,
+        recover_timeout=recover_timeout,
+        stats=stats,
     )
 
 
@@ -262,9 +270,7 @@ def _quote_begin(isolation: str | None, read_only: bool) -> bytes:
     parts = ["BEGIN"]
     if isolation is not None:
         if isolation.lower() not in _ISOLATION:
-            raise ConfigError(
-                f"isolation must be one of {sorted(_ISOLATION)}, not {isolation!r}"
-            )
+            raise ConfigError(f"isolation must be one of {sorted(_ISOLATION)}, not {isolation!r}")
         parts.append(f"ISOLATION LEVEL {isolation.upper()}")
     if read_only:
         parts.append("READ ONLY")
@@ -281,7 +287,13 @@ class PgConnection:
     """
 
     def __init__(
-        self, pgconn: PGconn, address: str, *, command_timeout: float, recover_timeout: float
+        self,
+        pgconn: PGconn,
+        address: str,
+        *,
+        command_timeout: float,
+        recover_timeout: float,
+        stats: ConnectionStats | None = None,
     ) -> None:
         self._pgconn = pgconn
         self._fd = pgconn.socket
@@ -294,10 +306,14 @@ class PgConnection:
         self._busy = False
         self._closed = False
         self._in_transaction = False
-        self.stats = ConnectionStats()
+        self.stats = ConnectionStats() if stats is None else stats
         # Notifications that arrive on a connection nobody listens on are dropped by psycopg
         # (no handler); the listener sets its own.
         pgconn.notify_handler = None
+        # libpq hands an error that arrives while idle (the FATAL of a terminated backend)
+        # to the notice handler: counted, so check_idle() can tell.
+        self._notices = 0
+        pgconn.notice_handler = self._on_notice
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -333,13 +349,15 @@ class PgConnection:
 
     # -- statements ---------------------------------------------------------------------------
 
-    async def execute(self, query: str | bytes, *params: Any, timeout: float | None = None) -> Result:
+    async def execute(
+        self, query: str | bytes, *params: Any, command_timeout: float | None = None
+    ) -> Result:
         """Run one statement and return its :class:`Result`.
 
         Args:
             query: one SQL statement, with ``$1``, ``$2``, ... for the parameters.
             *params: the parameters' values, in order.
-            timeout: seconds before the driver cancels the statement (``None``: the
+            command_timeout: seconds before the driver cancels the statement (``None``: the
                 connection's ``command_timeout``; ``math.inf``: no limit). The server's own
                 ``statement_timeout`` may cancel it first (:class:`PostgresQueryCanceled`).
 
@@ -349,8 +367,8 @@ class PgConnection:
         Raises:
             PostgresError: the server reported an error for the statement (of a subclass where
                 the SQLSTATE says more); the connection stays usable.
-            PostgresCommandTimeout: no answer within ``timeout`` (the statement was cancelled
-                on the server; it may have run).
+            PostgresCommandTimeout: no answer within ``command_timeout`` (the statement was
+                cancelled on the server; it may have run).
             BrokerUnavailable: the connection is (or went) down; it is closed.
             TransportClosed: the connection was closed.
             ValueError: a parameter psycopg cannot adapt, or a ``COPY`` statement (nothing
@@ -366,26 +384,32 @@ class PgConnection:
         try:
             sql = query.encode() if isinstance(query, str) else query
             send = self._prepare(sql, params)
-            results = await self._exchange(send, timeout)
+            results = await self._exchange(send, command_timeout)
             return self._result(results)
         finally:
             self._busy = False
 
-    async def fetch(self, query: str | bytes, *params: Any, timeout: float | None = None) -> list[tuple[Any, ...]]:
+    async def fetch(
+        self, query: str | bytes, *params: Any, command_timeout: float | None = None
+    ) -> list[tuple[Any, ...]]:
         """Run one statement and return its rows (see :meth:`execute`)."""
-        return (await self.execute(query, *params, timeout=timeout)).rows
+        return (await self.execute(query, *params, command_timeout=command_timeout)).rows
 
-    async def fetchrow(self, query: str | bytes, *params: Any, timeout: float | None = None) -> tuple[Any, ...] | None:
+    async def fetchrow(
+        self, query: str | bytes, *params: Any, command_timeout: float | None = None
+    ) -> tuple[Any, ...] | None:
         """Run one statement and return its first row, or ``None`` (see :meth:`execute`)."""
-        rows = (await self.execute(query, *params, timeout=timeout)).rows
+        rows = (await self.execute(query, *params, command_timeout=command_timeout)).rows
         return rows[0] if rows else None
 
-    async def fetchval(self, query: str | bytes, *params: Any, timeout: float | None = None) -> Any:
+    async def fetchval(
+        self, query: str | bytes, *params: Any, command_timeout: float | None = None
+    ) -> Any:
         """Run one statement and return the first column of its first row, or ``None``."""
-        rows = (await self.execute(query, *params, timeout=timeout)).rows
+        rows = (await self.execute(query, *params, command_timeout=command_timeout)).rows
         return rows[0][0] if rows else None
 
-    async def script(self, sql: str, *, timeout: float | None = None) -> None:
+    async def script(self, sql: str, *, command_timeout: float | None = None) -> None:
         """Run several ``;``-separated statements without parameters (schema set-up).
 
         Outside :meth:`transaction` they run as one implicit transaction: the first error
@@ -393,7 +417,7 @@ class PgConnection:
 
         Args:
             sql: the statements.
-            timeout: as for :meth:`execute`, for all of them.
+            command_timeout: as for :meth:`execute`, for all of them.
 
         Raises:
             PostgresError: a statement failed (the first error is raised).
@@ -408,7 +432,7 @@ class PgConnection:
         self._begin()
         try:
             data = sql.encode()
-            results = await self._exchange(lambda: self._pgconn.send_query(data), timeout)
+            results = await self._exchange(lambda: self._pgconn.send_query(data), command_timeout)
             for result in results:
                 self._check(result)
         finally:
@@ -504,10 +528,9 @@ class PgConnection:
             return
         self._closed = True
         if self._fd >= 0:
-            try:
+            # Outside Trio (at interpreter exit) nobody can be waiting on it.
+            with contextlib.suppress(RuntimeError):
                 trio.lowlevel.notify_closing(self._fd)
-            except RuntimeError:  # outside Trio (at interpreter exit): nobody waits on it
-                pass
         self._pgconn.finish()
 
     # -- the pool's view ----------------------------------------------------------------------
@@ -522,7 +545,13 @@ class PgConnection:
         """
         if not self.idle:
             return False
-        if ready_now(self._fd):
+        # A server that ends the connection sends a FATAL error and then closes the socket: one
+        # read takes the message, the next finds the close. A few reads at most, never a wait.
+        # A message (not a notification) while idle means the server is ending the session.
+        notices = self._notices
+        for _ in range(4):
+            if not ready_now(self._fd):
+                return True
             try:
                 self._pgconn.consume_input()
                 while self._pgconn.notifies() is not None:
@@ -530,12 +559,15 @@ class PgConnection:
             except psycopg.Error:
                 self.close()
                 return False
-            if self._pgconn.status != _OK:
+            if self._pgconn.status != _OK or self._notices != notices:
                 self.close()
                 return False
         return True
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _on_notice(self, _result: PGresult) -> None:
+        self._notices += 1
 
     def _begin(self) -> None:
         if self._closed:
@@ -568,7 +600,7 @@ class PgConnection:
             sql, values, param_types=types, param_formats=formats
         )
 
-    async def _exchange(self, send: Callable[[], None], timeout: float | None) -> list[PGresult]:
+    async def _exchange(self, send: Callable[[], None], limit: float | None) -> list[PGresult]:
         """Hand the request to libpq, then send it and read its results; the two halves of the
         module docs' cancellation rule meet here."""
         try:
@@ -576,7 +608,8 @@ class PgConnection:
         except psycopg.Error as exc:
             raise self._lost(exc) from exc
         self.stats.statements += 1
-        limit = self._command_timeout if timeout is None else timeout
+        if limit is None:
+            limit = self._command_timeout
         gen = generators.execute(self._pgconn)
         try:
             with trio.move_on_after(limit):
@@ -695,4 +728,3 @@ class PgConnection:
             tx.set_pgresult(None)
         columns = tuple((result.fname(i) or b"").decode() for i in range(result.nfields))
         return Result(rows, columns, result.ntuples, tag)
-
