@@ -173,6 +173,42 @@ async def test_transactions(postgres_url: str) -> None:
         conn.close()
 
 
+async def test_pipeline_is_one_round_trip_and_atomic(postgres_url: str) -> None:
+    conn = await connect(postgres_url)
+    try:
+        table = _table()
+        results = await conn.pipeline(
+            [
+                (f"CREATE TABLE {table} (k int PRIMARY KEY)", ()),
+                (f"INSERT INTO {table} VALUES ($1), ($2)", (1, 2)),
+                (f"SELECT k FROM {table} ORDER BY k", ()),
+            ]
+        )
+        assert [r.status for r in results] == ["CREATE TABLE", "INSERT 0 2", "SELECT 2"]
+        assert results[2].rows == [(1,), (2,)]
+        with pytest.raises(PostgresError) as failed:
+            await conn.pipeline(
+                [
+                    (f"INSERT INTO {table} VALUES ($1)", (3,)),
+                    (f"INSERT INTO {table} VALUES ($1)", (1,)),  # a duplicate
+                    (f"INSERT INTO {table} VALUES ($1)", (4,)),
+                ]
+            )
+        assert failed.value.index == 1
+        assert failed.value.sqlstate == "23505"
+        # One implicit transaction: the statement before the failure was rolled back too.
+        assert await conn.fetch(f"SELECT k FROM {table} ORDER BY k") == [(1,), (2,)]
+        assert await conn.pipeline([]) == []
+        with trio.move_on_after(0.05) as scope:
+            await conn.pipeline([("SELECT pg_sleep(0.01)", ())] * 50)
+        assert scope.cancelled_caught
+        assert conn.stats.recovered == 1
+        assert conn.idle
+        assert await conn.fetchval("SELECT $1::int", 8) == 8
+    finally:
+        conn.close()
+
+
 async def test_connect_failures(postgres_url: str, postgres_server: PostgresServer) -> None:
     with pytest.raises(BrokerUnavailable, match="could not connect"):
         await connect(f"postgresql://postgres@127.0.0.1:{_closed_port()}/postgres")
@@ -451,7 +487,8 @@ async def _settled_backends(admin: PgPool, name: str, allowed: int) -> list[tupl
 
 
 async def test_cancellation_fuzz(postgres_url: str) -> None:
-    """Hundreds of cancels at random points of every kind of operation, each followed by
+    """Hundreds of cancels at random points of every kind of operation (queries,
+    transactions, pipelines, 1 MiB parameters, scripts, LISTEN waits, connects), each followed by
     checks on the same pool: right answers, no transaction left open, nothing leaked."""
     rng = random.Random(20261205)
     name = f"fuzz_{uuid.uuid4().hex[:8]}"
@@ -492,6 +529,18 @@ async def test_cancellation_fuzz(postgres_url: str) -> None:
             conn = await connect(url)
             conn.close()
 
+        async def pipeline(key: int) -> None:
+            value = rng.randrange(1 << 30)
+            results = await pool.pipeline(
+                [
+                    (f"INSERT INTO {table} VALUES ($1)", (key,)),
+                    ("SELECT pg_sleep($1)", (rng.choice([0, 0.002]),)),
+                    ("SELECT $1::int", (value,)),
+                ]
+            )
+            assert results[2].rows == [(value,)]
+            committed.add(key)
+
         async def script(_key: int) -> None:
             await pool.script("SELECT pg_sleep(0.002); SELECT 1; SELECT pg_sleep(0.001)")
 
@@ -502,8 +551,9 @@ async def test_cancellation_fuzz(postgres_url: str) -> None:
             "listen": listen_wait,
             "connect": connecting,
             "script": script,
+            "pipeline": pipeline,
         }
-        for key in range(300):
+        for key in range(400):
             operation = operations[rng.choice(sorted(operations))]
             delay = rng.choice([0.0, rng.uniform(0, 0.001), rng.uniform(0, 0.004)])
             with trio.move_on_after(delay) as scope:

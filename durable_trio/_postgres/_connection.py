@@ -63,6 +63,7 @@ from ._wait import drive, drive_conn, ready_now
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
 
+    from psycopg.abc import PQGen
     from psycopg.pq.abc import PGconn, PGresult
 
 __all__ = ["ConnectionStats", "PgConnection", "Result", "connect", "parse_conninfo"]
@@ -76,6 +77,9 @@ _COMMAND_OK: Final = pq.ExecStatus.COMMAND_OK
 _EMPTY_QUERY: Final = pq.ExecStatus.EMPTY_QUERY
 _FATAL_ERROR: Final = pq.ExecStatus.FATAL_ERROR
 _COPY: Final = frozenset({pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH})
+_PIPELINE_SYNC: Final = pq.ExecStatus.PIPELINE_SYNC
+_PIPELINE_ABORTED: Final = pq.ExecStatus.PIPELINE_ABORTED
+_PIPELINE_OFF: Final = pq.PipelineStatus.OFF
 _POLL_OK: Final = pq.PollingStatus.OK
 _POLL_READING: Final = pq.PollingStatus.READING
 _POLL_WRITING: Final = pq.PollingStatus.WRITING
@@ -266,6 +270,22 @@ async def connect(
     )
 
 
+def _pipeline_results(pgconn: PGconn) -> PQGen[list[PGresult]]:
+    """Send a whole pipeline (already queued in libpq, ending with a sync) and read one result
+    per statement, up to the sync's. libpq ends each statement's results with ``NULL``."""
+    yield from generators.send(pgconn)
+    results: list[PGresult] = []
+    while True:
+        result = yield from generators.fetch(pgconn)
+        if result is None:
+            continue
+        if result.status == _PIPELINE_SYNC:
+            return results
+        if result.status in _COPY:
+            raise psycopg.NotSupportedError("COPY in a pipeline")
+        results.append(result)
+
+
 def _quote_begin(isolation: str | None, read_only: bool) -> bytes:
     parts = ["BEGIN"]
     if isolation is not None:
@@ -438,6 +458,74 @@ class PgConnection:
         finally:
             self._busy = False
 
+    async def pipeline(
+        self,
+        statements: Sequence[tuple[str | bytes, Sequence[Any]]],
+        *,
+        command_timeout: float | None = None,
+    ) -> list[Result]:
+        """Run several statements in one round trip (libpq's pipeline mode) and return their
+        results, in order.
+
+        The statements form one implicit transaction (or are part of the one open on the
+        connection): when one fails, the ones before it are rolled back and the ones after it
+        are skipped.
+
+        Args:
+            statements: ``(query, params)`` pairs, as for :meth:`execute`.
+            command_timeout: as for :meth:`execute`, for all of them.
+
+        Returns:
+            one :class:`Result` per statement (``[]`` for no statements).
+
+        Raises:
+            PostgresError: a statement failed (its ``index`` is set); nothing was committed.
+            PostgresCommandTimeout: as for :meth:`execute`.
+            BrokerUnavailable: the connection is (or went) down.
+            TransportClosed: the connection was closed.
+            ValueError: a parameter psycopg cannot adapt (nothing was sent).
+
+        Cancellation:
+            As :meth:`execute`, for the pipeline as a whole: the connection is made safe
+            (every result up to the sync drained, pipeline mode left) or closed.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._begin()
+        try:
+            sends = [
+                self._prepare(query.encode() if isinstance(query, str) else query, params)
+                for query, params in statements
+            ]
+            if not sends:
+                return []
+            pgconn = self._pgconn
+
+            def send_all() -> None:
+                pgconn.enter_pipeline_mode()
+                for send in sends:
+                    send()
+                pgconn.pipeline_sync()
+
+            results = await self._exchange(
+                send_all, command_timeout, lambda: _pipeline_results(pgconn)
+            )
+            try:
+                pgconn.exit_pipeline_mode()
+            except psycopg.Error as exc:
+                raise self._lost(exc) from exc
+            out: list[Result] = []
+            for index, result in enumerate(results):
+                if result.status == _PIPELINE_ABORTED:
+                    continue  # skipped after an earlier failure, raised below
+                try:
+                    out.append(self._result([result]))
+                except PostgresError as exc:
+                    exc.index = index
+                    raise
+            return out
+        finally:
+            self._busy = False
+
     @asynccontextmanager
     async def transaction(
         self, *, isolation: str | None = None, read_only: bool = False
@@ -600,7 +688,12 @@ class PgConnection:
             sql, values, param_types=types, param_formats=formats
         )
 
-    async def _exchange(self, send: Callable[[], None], limit: float | None) -> list[PGresult]:
+    async def _exchange(
+        self,
+        send: Callable[[], None],
+        limit: float | None,
+        answer: Callable[[], PQGen[list[PGresult]]] | None = None,
+    ) -> list[PGresult]:
         """Hand the request to libpq, then send it and read its results; the two halves of the
         module docs' cancellation rule meet here."""
         try:
@@ -610,7 +703,7 @@ class PgConnection:
         self.stats.statements += 1
         if limit is None:
             limit = self._command_timeout
-        gen = generators.execute(self._pgconn)
+        gen = generators.execute(self._pgconn) if answer is None else answer()
         try:
             with trio.move_on_after(limit):
                 return await drive(gen, self._fd)
@@ -659,20 +752,39 @@ class PgConnection:
         pgconn, fd = self._pgconn, self._fd
         # The rest of the request first: a message cut in half cannot be taken back.
         await drive(generators.send(pgconn), fd)
+        pipelined = pgconn.pipeline_status != _PIPELINE_OFF
         cancelled = False
+        nulls = 0
         while True:
             pgconn.consume_input()
             while not pgconn.is_busy():
                 result = pgconn.get_result()
-                if result is None:  # the end of the answer
-                    return pgconn.status == _OK and pgconn.transaction_status != _ACTIVE
+                if result is None:
+                    nulls += 1
+                    # The end of the answer; in a pipeline, NULL only ends one statement's
+                    # results, and two in a row mean nothing more is coming.
+                    if not pipelined or nulls > 1:
+                        return self._settled()
+                    continue
+                nulls = 0
                 if result.status in _COPY:
                     return False
+                if pipelined and result.status == _PIPELINE_SYNC:
+                    pgconn.exit_pipeline_mode()
+                    return self._settled()
             if not cancelled:
                 cancelled = True
                 await self._cancel_on_server()
                 continue  # the answer may be all in by now
             await trio.lowlevel.wait_readable(fd)
+
+    def _settled(self) -> bool:
+        pgconn = self._pgconn
+        return (
+            pgconn.status == _OK
+            and pgconn.pipeline_status == _PIPELINE_OFF
+            and pgconn.transaction_status != _ACTIVE
+        )
 
     async def _cancel_on_server(self) -> None:
         """Send the server a cancel request for the running statement and wait until it was

@@ -37,7 +37,11 @@ class PostgresError(BrokerError):
     Attributes:
         sqlstate: the five-character SQLSTATE code (``"23505"``), or ``""`` if none was given.
         detail: the server's ``DETAIL`` line, or ``None``.
+        index: for an error raised out of a pipeline, the position of the failing statement;
+            otherwise ``None``.
     """
+
+    index: int | None = None
 
     def __init__(self, message: str, *, sqlstate: str = "", detail: str | None = None) -> None:
         super().__init__(message)

@@ -33,7 +33,7 @@ from ._connection import ConnectionStats, PgConnection, Result, connect, parse_c
 from ._errors import PostgresAuthError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Sequence
     from types import TracebackType
 
 __all__ = ["PgPool", "PoolStats", "open_pool"]
@@ -224,6 +224,20 @@ class PgPool:
         conn = await self._acquire()
         try:
             await conn.script(sql, command_timeout=command_timeout)
+        finally:
+            await self._give_back(conn)
+
+    async def pipeline(
+        self,
+        statements: Sequence[tuple[str | bytes, Sequence[Any]]],
+        *,
+        command_timeout: float | None = None,
+    ) -> list[Result]:
+        """Run several statements in one round trip on one pooled connection, as one implicit
+        transaction (see :meth:`PgConnection.pipeline`)."""
+        conn = await self._acquire()
+        try:
+            return await conn.pipeline(statements, command_timeout=command_timeout)
         finally:
             await self._give_back(conn)
 
