@@ -219,6 +219,13 @@ async def test_connect_failures(postgres_url: str, postgres_server: PostgresServ
     assert isinstance(refused.value, AuthenticationError)
     with pytest.raises(ConfigError):
         await connect(postgres_url, command_timeout=0)
+    # A host name is looked up by Trio (not by libpq, which would block the event loop).
+    by_name = await connect(f"postgresql://postgres@localhost:{postgres_server.port}/postgres")
+    try:
+        assert await by_name.fetchval("SELECT 1") == 1
+        assert by_name.address == f"localhost:{postgres_server.port}/postgres"
+    finally:
+        by_name.close()
     with pytest.raises(ConfigError):
         open_pool(postgres_url, size=0)
 
@@ -295,6 +302,22 @@ async def test_cancel_inside_a_transaction_rolls_it_back(postgres_url: str) -> N
         assert conn.idle
         assert await conn.fetchval("SELECT txid_current_if_assigned()") is None
         assert await conn.fetchval(f"SELECT count(*) FROM {table}") == 0
+    finally:
+        conn.close()
+
+
+async def test_cancel_during_a_large_send(postgres_url: str) -> None:
+    """Cancels while a 16 MiB parameter is still being written (the socket full, psycopg
+    waiting to read or write): the rest is sent, the answer drained, the connection kept."""
+    conn = await connect(postgres_url)
+    big = b"y" * (16 << 20)
+    try:
+        for step in range(12):
+            with trio.move_on_after(0.003 * step):
+                assert await conn.fetchval("SELECT length($1::bytea)", big) == len(big)
+            assert await conn.fetchval("SELECT $1::int", step) == step
+        assert conn.stats.interrupted >= 3
+        assert conn.stats.recovered == conn.stats.interrupted
     finally:
         conn.close()
 
