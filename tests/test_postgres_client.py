@@ -7,8 +7,10 @@ channels and ``application_name``, so tests need no reset between them.
 
 from __future__ import annotations
 
+import os
 import random
 import socket
+import sys
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -320,6 +322,41 @@ async def test_cancel_during_a_large_send(postgres_url: str) -> None:
         assert conn.stats.recovered == conn.stats.interrupted
     finally:
         conn.close()
+
+
+_PURE_PROBE = """
+import sys, trio
+import psycopg
+from durable_trio._postgres import connect
+assert psycopg.pq.__impl__ == "python", psycopg.pq.__impl__
+async def main():
+    conn = await connect(sys.argv[1])
+    with trio.move_on_after(0.1):
+        await conn.execute("SELECT pg_sleep(30)")
+    value = await conn.fetchval("SELECT $1::int", 41)
+    print(value, conn.stats.cancel_requests, conn.stats.recovered, psycopg.pq.version())
+    conn.close()
+trio.run(main)
+"""
+
+
+async def test_the_pure_python_binding_cancels_through_a_thread(postgres_url: str) -> None:
+    """psycopg's pure-Python binding on the system's libpq (15 on Debian 12: only the blocking
+    PQcancel, run in a thread): the same rule holds."""
+    import ctypes.util
+
+    if ctypes.util.find_library("pq") is None:
+        pytest.skip("no system libpq for psycopg's pure-Python binding")
+    done = await trio.run_process(
+        [sys.executable, "-c", _PURE_PROBE, postgres_url],
+        capture_stdout=True,
+        capture_stderr=True,
+        env={**os.environ, "PSYCOPG_IMPL": "python"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    value, cancels, recovered, _libpq = done.stdout.decode().split()
+    assert (value, cancels, recovered) == ("41", "1", "1")
 
 
 async def test_one_task_at_a_time(postgres_url: str) -> None:
