@@ -20,10 +20,17 @@ from ._errors import (
     PostgresQueryCanceled,
     PostgresUnavailableError,
 )
+from ._listen import Notification, NotificationsMissed, PgListener, open_listener
+from ._pool import PgPool, PoolStats, open_pool
 
 __all__ = [
     "ConnectionStats",
+    "Notification",
+    "NotificationsMissed",
     "PgConnection",
+    "PgListener",
+    "PgPool",
+    "PoolStats",
     "PostgresAuthError",
     "PostgresCommandTimeout",
     "PostgresConflict",
@@ -32,5 +39,7 @@ __all__ = [
     "PostgresUnavailableError",
     "Result",
     "connect",
+    "open_listener",
+    "open_pool",
     "parse_conninfo",
 ]
