@@ -484,6 +484,26 @@ async def test_listen_notify_round_trip(postgres_url: str) -> None:
         await listener.receive()
 
 
+async def test_listen_while_the_server_is_down_is_unavailable_then_kept() -> None:
+    url = f"postgresql://postgres@127.0.0.1:{_closed_port()}/postgres"
+    async with open_listener(url, command_timeout=0.2, backoff_max=0.1) as listener:
+        with pytest.raises(BrokerUnavailable, match="once the connection is back"):
+            await listener.listen("later")
+        assert listener.channels == {"later"}  # still wanted: listened to once it is back
+        assert not listener.connected
+
+
+async def test_pool_script_and_pipeline(postgres_url: str) -> None:
+    async with open_pool(postgres_url, size=1) as pool:
+        table = _table()
+        await pool.script(f"CREATE TABLE {table} (k int); INSERT INTO {table} VALUES (1)")
+        results = await pool.pipeline(
+            [(f"INSERT INTO {table} VALUES ($1)", (2,)), (f"SELECT count(*) FROM {table}", ())]
+        )
+        assert results[1].rows == [(2,)]
+        assert pool.connection_stats.statements == 2
+
+
 async def test_listener_overflow_becomes_one_miss(postgres_url: str) -> None:
     async with open_pool(postgres_url, size=1) as pool:
         async with open_listener(postgres_url, buffer=5) as listener:
