@@ -396,6 +396,19 @@ async def test_pool_reuses_its_connections(postgres_url: str) -> None:
         await pool.execute("SELECT 1")
 
 
+async def test_waiting_for_a_slot_is_cancelled_with_nothing_taken(postgres_url: str) -> None:
+    async with open_pool(postgres_url, size=1) as pool:
+        async with pool.connection() as held:
+            with trio.move_on_after(0.05) as scope:
+                await pool.execute("SELECT 1")  # waits: the one connection is held
+            assert scope.cancelled_caught
+            assert await held.fetchval("SELECT $1::int", 1) == 1
+        # The cancelled waiter took no slot: the pool still has its one connection to give.
+        with trio.fail_after(5):
+            assert await pool.fetchval("SELECT $1::int", 2) == 2
+        assert pool.stats.connects == 1
+
+
 async def test_pool_rolls_back_what_a_block_left_open(postgres_url: str) -> None:
     async with open_pool(postgres_url, size=1) as pool:
         table = _table()
