@@ -219,6 +219,10 @@ async def test_connect_failures(postgres_url: str, postgres_server: PostgresServ
     with pytest.raises(PostgresAuthError) as refused:
         await connect(f"postgresql://nobody_here@127.0.0.1:{postgres_server.port}/postgres")
     assert isinstance(refused.value, AuthenticationError)
+    with pytest.raises(PostgresError, match="does not exist") as missing:
+        await connect(f"postgresql://postgres@127.0.0.1:{postgres_server.port}/no_such_db")
+    assert missing.value.sqlstate == "3D000"
+    assert not isinstance(missing.value, BrokerUnavailable)
     with pytest.raises(ConfigError):
         await connect(postgres_url, command_timeout=0)
     # A host name is looked up by Trio (not by libpq, which would block the event loop).

@@ -228,6 +228,7 @@ async def connect(
     Raises:
         ConfigError: an unparsable ``conninfo``, or a non-positive timeout.
         PostgresAuthError: the server refused the credentials.
+        PostgresError: the database does not exist (SQLSTATE ``3D000``).
         BrokerUnavailable: the server could not be reached in time, or refused the
             connection (not running, starting up, too many connections).
 
@@ -259,6 +260,12 @@ async def connect(
                 f"PostgreSQL at {address} refused the credentials of the URL: {message} "
                 "(check its user name and password, percent-encoded)",
                 sqlstate="28000",
+            ) from None
+        if "database" in message and "does not exist" in message:
+            # Waiting will not create it: a clear error of the URL, not "unavailable".
+            raise PostgresError(
+                f"PostgreSQL at {address}: {message} (check the database name of the URL)",
+                sqlstate="3D000",
             ) from None
         raise unavailable(f"could not connect to PostgreSQL at {address}: {message}") from exc
     return PgConnection(
