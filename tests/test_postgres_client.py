@@ -363,6 +363,20 @@ async def test_the_pure_python_binding_cancels_through_a_thread(postgres_url: st
     assert (value, cancels, recovered) == ("41", "1", "1")
 
 
+async def test_close_from_another_task_wakes_the_waiting_one(postgres_url: str) -> None:
+    conn = await connect(postgres_url)
+    async with trio.open_nursery() as nursery:
+
+        async def closer() -> None:
+            await trio.sleep(0.05)
+            conn.close()
+
+        nursery.start_soon(closer)
+        with trio.fail_after(5), pytest.raises(TransportClosed):
+            await conn.execute("SELECT pg_sleep(30)")
+    assert conn.closed
+
+
 async def test_one_task_at_a_time(postgres_url: str) -> None:
     conn = await connect(postgres_url)
     try:
