@@ -128,6 +128,7 @@ class PostgresServer:
                 "-c synchronous_commit=off",
                 "-c full_page_writes=off",
                 "-c max_connections=200",
+                "-c shared_buffers=32MB",  # several servers (xdist workers) on one machine
             ]
         )
 
