@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["PostgresServer", "find_bindir", "private_postgres"]
+__all__ = ["PostgresServer", "find_bindir", "make_folder", "private_postgres"]
 
 _SHARED_PORT = 5432  # the machine's shared server: never used here
 _TIMEOUT = 60.0
@@ -53,6 +53,13 @@ def find_bindir() -> Path | None:
         if os.access(path, os.X_OK) and os.access(Path(path).parent / "pg_ctl", os.X_OK):
             return Path(path).parent
     return None
+
+
+def make_folder() -> Path:
+    """A new temporary folder for a server. Under root it is made in ``/tmp`` (whatever
+    ``TMPDIR`` says), so the ``postgres`` user can reach it through every parent folder."""
+    where = "/tmp" if os.geteuid() == 0 and os.path.isdir("/tmp") else None
+    return Path(tempfile.mkdtemp(prefix="durable-trio-pg-", dir=where))
 
 
 def _free_port() -> int:
@@ -192,7 +199,7 @@ def private_postgres() -> Iterator[PostgresServer]:
     bindir = find_bindir()
     if bindir is None:
         raise RuntimeError("initdb / pg_ctl not found (Debian's postgresql package has them)")
-    server = PostgresServer(Path(tempfile.mkdtemp(prefix="durable-trio-pg-")), bindir)
+    server = PostgresServer(make_folder(), bindir)
     try:
         server.init()
         server.start()

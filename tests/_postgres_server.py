@@ -14,13 +14,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from benchmarks.postgres_server import PostgresServer, find_bindir
+from benchmarks.postgres_server import PostgresServer, find_bindir, make_folder
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -47,7 +45,7 @@ def postgres_server() -> Iterator[PostgresServer]:
         if bindir is None:
             _unavailable("initdb / pg_ctl not found (Debian's postgresql package has them)")
             raise AssertionError("unreachable")
-        folder = Path(tempfile.mkdtemp(prefix="durable-trio-pg-"))
+        folder = make_folder()
         server = PostgresServer(folder, bindir)
         try:
             server.init()
