@@ -4,6 +4,8 @@ Sections: ``memory`` (the transport on the memory broker), ``adaptive`` (adaptiv
 against fixed limits), ``engine`` (3-step workflows against raw round trips), ``redis`` (the race:
 ours and the peers', on one private redis-server, in the same run), ``redis-clients`` (our Redis
 client against redis-py, when redis-py is on ``PYTHONPATH``: see benchmarks/redis_clients.py),
+``postgres`` (our PostgreSQL driver against psycopg's asyncio connection, on a private server:
+benchmarks/postgres_client.py),
 ``redis-cluster`` (S1 drain and 3-step workflows on a private 3-master Redis Cluster beside one
 node, and the scaling with one worker process per master, issue 17), ``sqlite`` (the embedded
 default), ``simulation`` (a seeded day of production with faults, issue 9), ``soak`` (memory of
@@ -30,6 +32,7 @@ from . import (
     engine,
     memory,
     ops,
+    postgres_client,
     redis_clients,
     redis_cluster,
     replicas,
@@ -99,6 +102,7 @@ SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "engine": _engine,
     "redis": _redis,
     "redis-clients": redis_clients.section,
+    "postgres": postgres_client.section,
     "redis-cluster": redis_cluster.section,
     "replicas": replicas.section,
     "sqlite": _sqlite,
