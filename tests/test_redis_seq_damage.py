@@ -18,7 +18,6 @@ import trio
 import durable_trio as dt
 from _redis_cluster import *  # noqa: F403  (the fixture; harmless once conftest imports it too)
 from _redis_server import *  # noqa: F403
-from durable_trio._engine._stores.redis import RedisRunStore
 from durable_trio._redis import open_redis, open_redis_cluster
 from durable_trio.adapters import ClaimedJob, Job
 from durable_trio.adapters.redis import RedisBroker, RedisBrokerBase
@@ -70,7 +69,8 @@ async def queued_world(broker: RedisBrokerBase, queue: str) -> ClaimedJob:
     await broker.push_on(queue, Job("b1", b"b1"), priority=1)
     await broker.push_on(queue, Job("d1", b"d1"), delay=0.3)
     claimed = await broker.pop_from(queue)
-    assert claimed is not None and claimed.id == "a0"
+    assert claimed is not None
+    assert claimed.id == "a0"
     # a1 then a2 popped; a1 handed back to its place, a2 retried to the back (a new place)
     first, second = await broker.pop_many(queue, 2)
     assert (first.id, second.id) == ("a1", "a2")
@@ -106,7 +106,7 @@ async def check_one_repair(client: Any, broker: RedisBrokerBase, queue: str, rea
     assert 0 < max(ids) <= counter < 2**53
 
 
-@pytest.mark.parametrize("value, reason", DAMAGE.values(), ids=DAMAGE.keys())
+@pytest.mark.parametrize(("value", "reason"), DAMAGE.values(), ids=DAMAGE.keys())
 async def test_pushes_after_a_damaged_counter_succeed_in_order(
     redis_url: str, value: bytes | None, reason: str
 ) -> None:
@@ -224,7 +224,7 @@ PATHS = {
 }
 
 
-@pytest.mark.parametrize("path, expected, held", PATHS.values(), ids=PATHS.keys())
+@pytest.mark.parametrize(("path", "expected", "held"), PATHS.values(), ids=PATHS.keys())
 async def test_every_script_that_takes_sequence_numbers_repairs_the_counter(
     redis_url: str, path: Any, expected: list[str], held: bool
 ) -> None:

@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MEMBER_ID",
-    "TAKE_SEQ",
     "OLDEST_READY",
     "REQUEUE_FAILED",
+    "TAKE_SEQ",
     "FailedJobRepair",
     "queue_keys",
     "scan_queues",
