@@ -10,6 +10,7 @@ throughout, with short delays.
 from __future__ import annotations
 
 import itertools
+import logging
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ import trio
 import durable_trio as dt
 from _redis_cluster import *  # noqa: F403  (the fixture; harmless once conftest imports it too)
 from _redis_server import *  # noqa: F403
+from durable_trio._engine import App, RunRecord, RunStatus, WorkflowContext, open_engine
+from durable_trio._engine._stores.redis import RedisRunStore
 from durable_trio._redis import open_redis, open_redis_cluster
 from durable_trio.adapters import ClaimedJob, Job
 from durable_trio.adapters.redis import RedisBroker, RedisBrokerBase
@@ -303,3 +306,60 @@ async def test_a_damaged_counter_on_a_cluster(redis_cluster_url: str) -> None:
         await trio.sleep(0.3)
         assert await drain(broker, queue) == ["a0", "a1", "a2", "n1", "n2", "d1", "b1"]
         assert len(reports(errors)) == 1
+
+
+# ------------------------------------------------------------------ the run store's counter
+
+RUN_DAMAGE = {
+    "junk": b"junk \xff",
+    "past-int64": b"9" * 30,
+    "past-2**53": str(2**53 + 10).encode(),
+    "negative": b"-7",
+    "zero": b"0",
+    "missing": None,
+}
+
+
+@pytest.mark.parametrize("value", RUN_DAMAGE.values(), ids=RUN_DAMAGE.keys())
+async def test_a_damaged_run_counter_does_not_break_engine_start(
+    redis_url: str, value: bytes | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = App(f"seqruns{next(_names)}")
+
+    @app.workflow("echo")
+    async def echo(ctx: WorkflowContext, value: Any) -> Any:
+        return value
+
+    counter = f"{{dt-runs:{app.name}}}:seq"
+    async with (
+        dt.open_backend(redis_url) as backend,
+        open_engine(app, backend, engine_id="e") as engine,
+    ):
+        for old in ("r1", "r2", "r3"):
+            await engine.start("echo", old, run_id=old)
+        if value is None:
+            await backend.broker.client.execute("DEL", counter)  # type: ignore[attr-defined]
+        else:
+            await backend.broker.client.execute("SET", counter, value)  # type: ignore[attr-defined]
+        with caplog.at_level(logging.WARNING, logger="durable_trio.redis"):
+            await engine.start("echo", "n1", run_id="n1")
+            await engine.start("echo", "n2", run_id="n2")
+        for run_id in ("r1", "r2", "r3", "n1", "n2"):
+            assert await engine.result(run_id) == run_id
+        # newest first: the new runs after the old ones, in their order
+        runs = await engine.list(limit=10)
+        assert [r.run_id for r in runs] == ["n2", "n1", "r3", "r2", "r1"]
+    [warning] = [r for r in caplog.records if "run sequence counter" in r.getMessage()]
+    assert "rebuilt from the highest run seq: 3" in warning.getMessage()
+
+
+async def test_a_fresh_run_store_is_no_damage(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with open_redis(redis_url) as client:
+        store = RedisRunStore(client, "fresh")
+        with caplog.at_level(logging.WARNING, logger="durable_trio.redis"):
+            await store.create_run(RunRecord("a", "w", None, RunStatus.PENDING, 0, 0))
+            await store.create_run(RunRecord("b", "w", None, RunStatus.PENDING, 0, 0))
+        assert caplog.records == []
+        assert [r.run_id for r in await store.list_runs()] == ["b", "a"]
