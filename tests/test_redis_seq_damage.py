@@ -197,7 +197,11 @@ async def _retry(broker: RedisBrokerBase, queue: str, claimed: ClaimedJob) -> li
 
 async def _promote(broker: RedisBrokerBase, queue: str, claimed: ClaimedJob) -> list[ClaimedJob]:
     await trio.sleep(0.3)  # d1 due
-    return await broker.pop_many(queue, 1)
+    report, a1 = await broker.pop_many(queue, 1)
+    assert not report.lease.token
+    assert a1.id == "a1"
+    assert a1.started  # (the one claim asked for, after the report: started, as stored)
+    return [report, a1]
 
 
 async def _recover(broker: RedisBrokerBase, queue: str, claimed: ClaimedJob) -> list[ClaimedJob]:

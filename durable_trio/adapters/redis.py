@@ -1662,8 +1662,15 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
             q.note_empty(rings, epoch, _seconds(reply[0]))  # an empty pop for a waiter)
         else:
             q.empty_epoch = None
-        starts = range(1, len(reply), 4)
-        return [_claimed(reply, i, ahead=k >= count) for k, i in enumerate(starts)]
+        # (the first ``count`` CLAIMS are started, as the script stored them: a report, say of
+        # a counter repaired while promoting, may come before them and is no claim)
+        claims: list[ClaimedJob] = []
+        started = 0
+        for i in range(1, len(reply), 4):
+            claim = _claimed(reply, i, ahead=started >= count)
+            started += bool(claim.lease.token)
+            claims.append(claim)
+        return claims
 
     async def mark_started(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
         """Mark claims popped ahead started, and renew them, in one script run."""
