@@ -13,7 +13,8 @@ Key layout:
     and every script touches one slot only:
 
     ======================  ======  ==========================================================
-    ``{Q}:seq``             string  ``INCR`` counter: internal job ids and FIFO sequence numbers
+    ``{Q}:seq``             string  ``INCRBY`` counter: internal job ids and FIFO sequence
+                                    numbers (damaged: rebuilt from the queue, see ``TAKE_SEQ``)
     ``{Q}:ready``           zset    score = priority, member = ``%016d(seq) .. n``
     ``{Q}:delayed``         zset    score = due time (server seconds), member as in ``ready``
     ``{Q}:active``          zset    score = claimed (or last renewed) at, member = lease token
@@ -32,7 +33,8 @@ Key layout:
                                     (a job with damaged meta too: kept raw, see the scripts)
     ``{Q}:quarantine``      list    stored entries that name no readable job (a member of
                                     ``ready``, ``delayed`` or ``active`` without a job or
-                                    meta, a replaced stall history), each with what was found,
+                                    meta, a replaced stall history, a rebuilt sequence
+                                    counter), each with what was found,
                                     the reason and the server time; newest first, trimmed to
                                     ``quarantine_retention``
     ``{Q}:moved``           zset    score = ``n``, member as in ``ready``: the ready jobs at
@@ -96,9 +98,11 @@ Damaged data:
     Whatever is stored, no call raises for it and nothing is dropped (see the scripts'
     conventions): a claim with an unreadable field is handed over flagged
     (:attr:`~durable_trio.adapters.ClaimedJob.damage`, failed unread by the transport, kept raw
-    in ``failed``); an entry that names no readable job goes to ``quarantine``; a key of the
-    wrong type fails its script before any write (a :class:`~durable_trio.BrokerError`). Run
-    Redis with ``maxmemory-policy noeviction``: entering the broker warns otherwise
+    in ``failed``); an entry that names no readable job goes to ``quarantine``; a damaged
+    ``{Q}:seq`` is rebuilt from what the queue holds by the script that meets it, which goes on
+    (recorded in ``quarantine``, reported once); a key of the wrong type fails its script
+    before any write (a :class:`~durable_trio.BrokerError`). Run Redis with
+    ``maxmemory-policy noeviction``: entering the broker warns otherwise
     (:class:`EvictionPolicyWarning`).
 
 Errors:
@@ -1408,7 +1412,9 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
             raises the alarm (see :mod:`~durable_trio.adapters._redis_identity`).
         on_error: called with every error the doorbell listener meets, an
             :class:`EvictionPolicyWarning` when entered on a server that may evict keys, a
-            :class:`~durable_trio.DamagedJob` when a retry finds a job's stored meta unreadable,
+            :class:`~durable_trio.DamagedJob` when a retry finds a job's stored meta unreadable
+            or a push, retry or requeue rebuilt a damaged sequence counter (a pop or a sweep
+            that rebuilt it reports it among its claims instead),
             and a :class:`~durable_trio.StoreLost` (each is also logged to
             ``durable_trio.redis``); it must not raise.
 
@@ -1918,7 +1924,8 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
     async def quarantined(self, queue: str, *, limit: int = 100) -> list[QuarantinedEntry]:
         """The newest entries of ``queue`` that could not be tied to a readable job (a member
         of ``ready``, ``delayed`` or ``active`` naming no job, a job without its meta, a stall
-        history replaced), newest first, kept up to ``quarantine_retention``."""
+        history replaced, a sequence counter rebuilt), newest first, kept up to
+        ``quarantine_retention``."""
         q = self._queue(queue)
         if limit < 1:
             await trio.lowlevel.checkpoint()

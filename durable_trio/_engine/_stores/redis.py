@@ -4,7 +4,8 @@ Key layout (``T`` = ``{dt-runs:NAMESPACE}``: one hash tag, so a namespace's runs
 Redis Cluster slot and every script touches one slot only):
 
 =========================  ======  ===============================================================
-``T:seq``                  string  ``INCR`` counter: run creation order
+``T:seq``                  string  ``INCR`` counter: run creation order (damaged: rebuilt from
+                                   ``T:all``'s highest score, see ``_CREATE_RUN``)
 ``T:run:ID``               hash    workflow, status, input, output, error, owner, lease, created,
                                    updated, seq, timeout (JSON values stored as JSON text, never
                                    decoded in Lua: cjson would turn ``[]`` into ``{}``)
