@@ -283,7 +283,8 @@ async def scan_queues(
 
 
 class FailedJobRepair:
-    """Requeue and delete of failed jobs, queue counts and the queue listing."""
+    """Requeue and delete of failed jobs, queue counts and the queue listing, and the reports
+    of a repaired sequence counter (see :data:`TAKE_SEQ`)."""
 
     _client: RedisClient | RedisClusterClient
     _requeue_failed: Script
@@ -305,6 +306,16 @@ class FailedJobRepair:
     def _report(self, exc: Exception, doing: str = "doorbell") -> None:
         """Log ``exc`` and hand it to the ``on_error`` hook (the broker's)."""
         raise NotImplementedError
+
+    def _finish_answers(self, push_queue: str, leases: Sequence[Any], reply: Any) -> list[bool]:
+        """One answer per lease from the last reply of the broker's push-and-complete
+        commands, reporting a repair of ``push_queue``'s sequence counter (a reason after the
+        answers, or a push's whole reply when no lease was completed)."""
+        if not leases:
+            self._note_repair(push_queue, reply)
+            return []
+        self._note_repair(push_queue, reply[len(leases)] if len(reply) > len(leases) else None)
+        return [bool(answer) for answer in reply[: len(leases)]]
 
     def _note_repair(self, queue: str, reply: object) -> None:
         """Report, once, a repair of ``queue``'s sequence counter: a script that took sequence

@@ -1189,6 +1189,19 @@ def _quarantined(queue: str, record: bytes) -> QuarantinedEntry:
     )
 
 
+def _claims_in(reply: list[Any], count: int) -> list[ClaimedJob]:
+    """The claims (and reports) of a claim script's reply, the first ``count`` CLAIMS started
+    as the script stored them (a report, say of a counter repaired while promoting, may come
+    before them and is no claim)."""
+    claims: list[ClaimedJob] = []
+    started = 0
+    for i in range(1, len(reply), 4):
+        claim = _claimed(reply, i, ahead=started >= count)
+        started += bool(claim.lease.token)
+        claims.append(claim)
+    return claims
+
+
 def _seconds(value: bytes | None) -> float | None:
     """A duration the claim or peek script returned, ``None`` for none (or an unreadable one)."""
     if not value:
@@ -1413,9 +1426,8 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
         on_error: called with every error the doorbell listener meets, an
             :class:`EvictionPolicyWarning` when entered on a server that may evict keys, a
             :class:`~durable_trio.DamagedJob` when a retry finds a job's stored meta unreadable
-            or a push, retry or requeue rebuilt a damaged sequence counter (a pop or a sweep
-            that rebuilt it reports it among its claims instead),
-            and a :class:`~durable_trio.StoreLost` (each is also logged to
+            or a push, retry or requeue rebuilt a damaged sequence counter (a pop, a sweep: a
+            report among its claims), a :class:`~durable_trio.StoreLost` (each also logged to
             ``durable_trio.redis``); it must not raise.
 
     Raises:
@@ -1622,10 +1634,8 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
         priority = priority or 0
         if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
             raise ValueError(f"priority must be in [-2**53, 2**53], not {priority}")
-        args = (
-            job.id, job.data, priority, delay if delay > 0 else 0, q.channel,
-            self._quarantine_retention,
-        )  # fmt: skip
+        delay = delay if delay > 0 else 0
+        args = (job.id, job.data, priority, delay, q.channel, self._quarantine_retention)
         self._note_repair(queue, await self._push(q.push_keys, args))
 
     async def pop_from(self, queue: str, *, worker: str = "") -> ClaimedJob | None:
@@ -1668,15 +1678,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
             q.note_empty(rings, epoch, _seconds(reply[0]))  # an empty pop for a waiter)
         else:
             q.empty_epoch = None
-        # (the first ``count`` CLAIMS are started, as the script stored them: a report, say of
-        # a counter repaired while promoting, may come before them and is no claim)
-        claims: list[ClaimedJob] = []
-        started = 0
-        for i in range(1, len(reply), 4):
-            claim = _claimed(reply, i, ahead=started >= count)
-            started += bool(claim.lease.token)
-            claims.append(claim)
-        return claims
+        return _claims_in(reply, count)
 
     async def mark_started(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
         """Mark claims popped ahead started, and renew them, in one script run."""
@@ -1726,16 +1728,6 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
         commands = await self._finish_commands(push_queue, jobs, queue, leases)
         replies = await self._client.pipeline(commands)
         return self._finish_answers(push_queue, leases, replies[-1])
-
-    def _finish_answers(self, push_queue: str, leases: Sequence[Lease], reply: Any) -> list[bool]:
-        """One answer per lease from the last reply of :meth:`_finish_commands`' commands,
-        reporting a repair of ``push_queue``'s sequence counter (a reason after the answers, or
-        a push's whole reply when no lease was completed)."""
-        if not leases:
-            self._note_repair(push_queue, reply)
-            return []
-        self._note_repair(push_queue, reply[len(leases)] if len(reply) > len(leases) else None)
-        return [bool(answer) for answer in reply[: len(leases)]]
 
     async def _finish_commands(
         self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
