@@ -367,3 +367,44 @@ async def test_a_fresh_run_store_is_no_damage(
             await store.create_run(RunRecord("b", "w", None, RunStatus.PENDING, 0, 0))
         assert caplog.records == []
         assert [r.run_id for r in await store.list_runs()] == ["b", "a"]
+
+
+async def test_dispatch_after_a_damaged_counter_flows_through_the_transport(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The issue's symptom: every dispatch to the queue raised a raw ``RedisReplyError``."""
+    errors = Errors()
+    served: list[str] = []
+
+    async def work(t: dt.RemoteTask) -> str:
+        served.append(t.step_id)
+        return t.step_id
+
+    def task(step: str) -> dt.RemoteTask:
+        return dt.RemoteTask(run_id="r", step_id=step, attempt=1, name="work")
+
+    ns = f"seqns{next(_names)}"
+    async with (
+        dt.open_backend(redis_url) as backend,
+        dt.open_queue_transport(backend, namespace=ns, poll_interval=0.05) as producer,
+    ):
+        queue = producer.names.task_queue("work")
+        for step in ("g1", "g2", "g3"):
+            await producer.dispatch(task(step))
+        await backend.broker.client.execute("SET", key(queue, "seq"), b"junk")  # type: ignore[attr-defined]
+        with caplog.at_level(logging.WARNING, logger="durable_trio.redis"):
+            for step in ("g4", "g5"):
+                await producer.dispatch(task(step))
+        [warning] = [r for r in caplog.records if "sequence counter" in r.getMessage()]
+        assert "sequence counter unreadable, rebuilt from the queue" in warning.getMessage()
+        async with dt.open_queue_transport(
+            backend, namespace=ns, poll_interval=0.05, on_error=errors
+        ) as worker:
+            worker.handle("work", work)
+            with trio.fail_after(10):
+                while len(served) < 5:  # noqa: ASYNC110  (the state is in Redis)
+                    await trio.sleep(0.05)
+        assert served == ["g1", "g2", "g3", "g4", "g5"]
+        assert errors.seen == []
+        entries = await backend.broker.quarantined(queue)  # type: ignore[attr-defined]
+        assert len(entries) == 1
