@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 
+from .._errors import DamagedJob
 from ._contract import FailedJob, QueueStats
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ __all__ = [
     "MEMBER_ID",
     "OLDEST_READY",
     "REQUEUE_FAILED",
+    "TAKE_SEQ",
     "FailedJobRepair",
     "queue_keys",
     "scan_queues",
@@ -53,18 +55,128 @@ class _Keys:
         self.delayed_key = key("delayed")
         self.jobs_key = key("jobs")
         self.moved_key = key("moved")
-        self.push_keys = tuple(key(p) for p in ("seq", "ready", "delayed", "jobs", "meta", "armed"))
+        self.push_keys = tuple(key(p) for p in PUSH_KEYS)
 
 
-# KEYS: seq ready delayed jobs meta armed failed
-# ARGV: record id data priority channel
-# Requeue one failed record (the exact bytes read by the client): gone meanwhile -> 0.
-REQUEUE_FAILED: Final = """
-if redis.call('LREM', KEYS[7], 1, ARGV[1]) == 0 then
+#: The keys of a push script (see :data:`TAKE_SEQ`: the last four are read or written only to
+#: repair a damaged sequence counter).
+PUSH_KEYS: Final = (
+    "seq", "ready", "delayed", "jobs", "meta", "armed", "claims", "moved", "active", "quarantine"
+)  # fmt: skip
+
+#: The largest sequence number: the scripts' numbers are Lua doubles (exact to 2**53), and a
+#: place is 16 digits.
+SEQ_MAX: Final = 2**53
+
+# Lua: ``take_seq(k, count, retention)`` takes ``count`` sequence numbers from the counter
+# ``k.seq`` and returns the last one, and a damage reason (or nil): every script that numbers
+# jobs or places takes them here. ``k`` names the queue's keys (seq ready delayed jobs meta
+# claims moved active quarantine). A counter that is not a number (junk, past INCRBY's range),
+# negative, past SEQ_MAX, or missing while the queue holds jobs (evicted, deleted) would raise,
+# reuse a live job's id or order new work ahead of old: it is rebuilt from the highest number
+# the queue holds (internal ids, places), set, and recorded once in the quarantine (what was
+# found, the reason, the server time). The rebuild reads the whole queue: O(queue size), only
+# on damage (a missing counter on an empty queue, its first push, reads empty keys). Every read
+# comes before the first write; a wrong-type counter fails the script (the conventions').
+TAKE_SEQ: Final = """
+local function take_seq(k, count, retention)
+  local taken = redis.pcall('INCRBY', k.seq, count)
+  local reason, found
+  if type(taken) == 'table' then
+    if string.find(taken['err'] or '', 'WRONGTYPE', 1, true) then
+      return error(taken)
+    end
+    reason = 'sequence counter unreadable'
+    found = redis.call('GET', k.seq)  -- (INCRBY refused it: unchanged)
+  elseif taken > count and taken <= SEQ_MAX then
+    return taken  -- (the one test of the hot path)
+  elseif taken == count then
+    reason = 'sequence counter missing'  -- (or a fresh queue: damage only if it holds jobs)
+    found = false
+  else
+    reason = taken < count and 'sequence counter negative' or 'sequence counter past 2**53'
+    found = string.format('%d', taken - count)
+  end
+  local top = 0
+  local function see(value)
+    value = tonumber(value)
+    if value and value > top and value <= SEQ_MAX then
+      top = value
+    end
+  end
+  local function see_ids(hash)
+    local cursor = '0'
+    repeat
+      local page = redis.call('HSCAN', hash, cursor, 'COUNT', 1000)
+      cursor = page[1]
+      for i = 1, #page[2], 2 do
+        local id = page[2][i]
+        see(#id <= 16 and string.match(id, '^%d+$'))
+        if hash == k.claims then
+          see(string.match(page[2][i + 1], PLACE))
+        end
+      end
+    until cursor == '0'
+  end
+  see_ids(k.jobs)
+  see_ids(k.meta)
+  see_ids(k.claims)
+  for _, zset in ipairs({k.ready, k.delayed, k.moved, k.active}) do
+    local total = redis.call('ZCARD', zset)
+    for start = 0, total - 1, 1000 do
+      for _, member in ipairs(redis.call('ZRANGE', zset, start, start + 999)) do
+        if zset == k.active then
+          see(string.match(member, '^(%d+):'))  -- a lease token: n:random
+        else
+          local n = string.match(member, MEMBER_ID)
+          see(n and #n <= 16 and n)
+          see(string.match(member, PLACE))
+        end
+      end
+    end
+  end
+  if reason == 'sequence counter missing' and top == 0 then
+    return taken  -- a fresh queue
+  end
+  if top + count > SEQ_MAX then
+    return error({err = 'ERR sequence exhausted: ' .. k.seq .. ' would pass 2**53 (damaged store)'})
+  end
+  local kind = redis.call('TYPE', k.quarantine)['ok']
+  if kind ~= 'list' and kind ~= 'none' then
+    return error({err = 'WRONGTYPE ' .. k.quarantine .. ' holds a ' .. kind .. ', not a list' ..
+      ' (damaged store)'})
+  end
+  taken = top + count
+  redis.call('SET', k.seq, string.format('%d', taken))
+  local t = redis.call('TIME')
+  local raw = 'sequence counter: (none, or 0)\\n'
+  if found then
+    raw = 'sequence counter (' .. #found .. ' bytes): ' .. found .. '\\n'
+  end
+  raw = raw .. 'highest number held by the queue: ' .. string.format('%d', top) .. '\\n'
+  reason = reason .. ', rebuilt from the queue'
+  redis.call('LPUSH', k.quarantine, t[1] .. '.' .. string.format('%06d', tonumber(t[2])) .. ' ' ..
+    #reason .. '\\n' .. reason .. raw)
+  redis.call('LTRIM', k.quarantine, 0, tonumber(retention) - 1)
+  return taken, reason
+end
+""".replace("SEQ_MAX", str(SEQ_MAX)).replace("PLACE", "'^(" + "%d" * 16 + ")'").replace(
+    "MEMBER_ID", MEMBER_ID
+)
+
+
+# KEYS: PUSH_KEYS, failed
+# ARGV: record id data priority channel quarantine_retention
+# Requeue one failed record (the exact bytes read by the client): gone meanwhile -> 0; else 1,
+# or the reason the sequence counter was repaired (see TAKE_SEQ).
+REQUEUE_FAILED: Final = TAKE_SEQ + """
+if redis.call('LREM', KEYS[11], 1, ARGV[1]) == 0 then
   return 0
 end
 local t = redis.call('TIME')
-local seq = redis.call('INCR', KEYS[1])
+local seq, repaired = take_seq({seq = KEYS[1], ready = KEYS[2], delayed = KEYS[3], jobs = KEYS[4],
+  meta = KEYS[5], claims = KEYS[7], moved = KEYS[8], active = KEYS[9], quarantine = KEYS[10]},
+  1, ARGV[6])
 local n = string.format('%d', seq)
 -- (pushed now, as a fresh push: its age on the queue starts again)
 redis.call('HSET', KEYS[4], n, ARGV[3], 't' .. n, t[1] .. ' ' .. t[2])
@@ -73,7 +185,7 @@ redis.call('ZADD', KEYS[2], ARGV[4], string.format('%016d', seq) .. n)
 if redis.call('DEL', KEYS[6]) == 1 then
   redis.call('PUBLISH', ARGV[5], '')
 end
-return 1
+return repaired or 1
 """
 
 
@@ -171,10 +283,12 @@ async def scan_queues(
 
 
 class FailedJobRepair:
-    """Requeue and delete of failed jobs, queue counts and the queue listing."""
+    """Requeue and delete of failed jobs, queue counts and the queue listing, and the reports
+    of a repaired sequence counter (see :data:`TAKE_SEQ`)."""
 
     _client: RedisClient | RedisClusterClient
     _requeue_failed: Script
+    _quarantine_retention: int
 
     async def _scan_targets(self) -> list[_Scanner]:
         """What a ``SCAN`` of every key runs on: the one server (a Cluster: every master)."""
@@ -188,6 +302,31 @@ class FailedJobRepair:
     def _read_failed(self, record: bytes) -> FailedJob:
         """A failed record read (the broker's)."""
         raise NotImplementedError
+
+    def _report(self, exc: Exception, doing: str = "doorbell") -> None:
+        """Log ``exc`` and hand it to the ``on_error`` hook (the broker's)."""
+        raise NotImplementedError
+
+    def _finish_answers(self, push_queue: str, leases: Sequence[Any], reply: Any) -> list[bool]:
+        """One answer per lease from the last reply of the broker's push-and-complete
+        commands, reporting a repair of ``push_queue``'s sequence counter (a reason after the
+        answers, or a push's whole reply when no lease was completed)."""
+        if not leases:
+            self._note_repair(push_queue, reply)
+            return []
+        self._note_repair(push_queue, reply[len(leases)] if len(reply) > len(leases) else None)
+        return [bool(answer) for answer in reply[: len(leases)]]
+
+    def _note_repair(self, queue: str, reply: object) -> None:
+        """Report, once, a repair of ``queue``'s sequence counter: a script that took sequence
+        numbers replies with the reason (bytes) when :data:`TAKE_SEQ` rebuilt the counter (its
+        quarantine entry is written), else with its usual reply."""
+        if isinstance(reply, bytes):
+            reason = reply.decode(errors="replace")
+            self._report(
+                DamagedJob(f"{reason} (recorded in the quarantine)", queue=queue, job_id=""),
+                "sequence counter",
+            )
 
     async def _find_failed(self, q: _Keys, job_id: str) -> tuple[bytes, FailedJob] | None:
         for record in await self._client.execute("LRANGE", q.failed_key, 0, -1):
@@ -206,9 +345,13 @@ class FailedJobRepair:
             return False
         record, job = found
         keys = (*q.push_keys, q.failed_key)
-        args = (record, job.id, job.data, priority or 0, self._channel(queue))
+        args = (
+            record, job.id, job.data, priority or 0, self._channel(queue),
+            self._quarantine_retention,
+        )  # fmt: skip
         done = await self._requeue_failed(keys, args)
-        return bool(done == 1)
+        self._note_repair(queue, done)
+        return bool(done != 0)
 
     async def delete_failed(self, queue: str, job_id: str) -> bool:
         """Remove the newest failed job ``job_id`` of ``queue`` from its failed set."""

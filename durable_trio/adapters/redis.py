@@ -13,7 +13,8 @@ Key layout:
     and every script touches one slot only:
 
     ======================  ======  ==========================================================
-    ``{Q}:seq``             string  ``INCR`` counter: internal job ids and FIFO sequence numbers
+    ``{Q}:seq``             string  ``INCRBY`` counter: internal job ids and FIFO sequence
+                                    numbers (damaged: rebuilt from the queue, see ``TAKE_SEQ``)
     ``{Q}:ready``           zset    score = priority, member = ``%016d(seq) .. n``
     ``{Q}:delayed``         zset    score = due time (server seconds), member as in ``ready``
     ``{Q}:active``          zset    score = claimed (or last renewed) at, member = lease token
@@ -32,7 +33,8 @@ Key layout:
                                     (a job with damaged meta too: kept raw, see the scripts)
     ``{Q}:quarantine``      list    stored entries that name no readable job (a member of
                                     ``ready``, ``delayed`` or ``active`` without a job or
-                                    meta, a replaced stall history), each with what was found,
+                                    meta, a replaced stall history, a rebuilt sequence
+                                    counter), each with what was found,
                                     the reason and the server time; newest first, trimmed to
                                     ``quarantine_retention``
     ``{Q}:moved``           zset    score = ``n``, member as in ``ready``: the ready jobs at
@@ -96,9 +98,11 @@ Damaged data:
     Whatever is stored, no call raises for it and nothing is dropped (see the scripts'
     conventions): a claim with an unreadable field is handed over flagged
     (:attr:`~durable_trio.adapters.ClaimedJob.damage`, failed unread by the transport, kept raw
-    in ``failed``); an entry that names no readable job goes to ``quarantine``; a key of the
-    wrong type fails its script before any write (a :class:`~durable_trio.BrokerError`). Run
-    Redis with ``maxmemory-policy noeviction``: entering the broker warns otherwise
+    in ``failed``); an entry that names no readable job goes to ``quarantine``; a damaged
+    ``{Q}:seq`` is rebuilt from what the queue holds by the script that meets it, which goes on
+    (recorded in ``quarantine``, reported once); a key of the wrong type fails its script
+    before any write (a :class:`~durable_trio.BrokerError`). Run Redis with
+    ``maxmemory-policy noeviction``: entering the broker warns otherwise
     (:class:`EvictionPolicyWarning`).
 
 Errors:
@@ -148,7 +152,7 @@ from ._contract import (
 from ._redis_doorbell import PubSubDoorbell
 from ._redis_identity import IdentityWatch, StoreIdentity
 from ._redis_repair import MEMBER_ID as _MEMBER_ID
-from ._redis_repair import REQUEUE_FAILED, FailedJobRepair, scan_queues
+from ._redis_repair import PUSH_KEYS, REQUEUE_FAILED, TAKE_SEQ, FailedJobRepair, scan_queues
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -263,11 +267,16 @@ local function failed_record(now, meta, err, stalls, data)
 end
 """
 
-# KEYS: seq ready delayed jobs meta armed
-# ARGV: id data priority delay channel
-_PUSH: Final = """
+# The sequence counter's keys of a script that starts with PUSH_KEYS (see TAKE_SEQ).
+_PUSH_SEQ_KEYS: Final = """{seq = KEYS[1], ready = KEYS[2], delayed = KEYS[3], jobs = KEYS[4],
+  meta = KEYS[5], claims = KEYS[7], moved = KEYS[8], active = KEYS[9], quarantine = KEYS[10]}"""
+
+# KEYS: PUSH_KEYS (seq ready delayed jobs meta armed claims moved active quarantine)
+# ARGV: id data priority delay channel quarantine_retention
+# Returns 1, or the reason the sequence counter was repaired (TAKE_SEQ).
+_PUSH: Final = TAKE_SEQ + """
 local t = redis.call('TIME')
-local seq = redis.call('INCR', KEYS[1])
+local seq, repaired = take_seq(PUSH_SEQ_KEYS, 1, ARGV[6])
 local n = string.format('%d', seq)
 -- (the push time as TIME's two parts, joined: a number format would cost more than the HSET)
 redis.call('HSET', KEYS[4], n, ARGV[2], 't' .. n, t[1] .. ' ' .. t[2])
@@ -285,8 +294,8 @@ end
 if redis.call('DEL', KEYS[6]) == 1 then
   redis.call('PUBLISH', ARGV[5], '')
 end
-return 1
-"""
+return repaired or 1
+""".replace("PUSH_SEQ_KEYS", _PUSH_SEQ_KEYS)
 
 # KEYS: seq ready delayed active jobs meta stalls claims armed claimed quarantine moved
 # ARGV: count worker token_suffixes promote_batch quarantine_retention [started]
@@ -303,6 +312,7 @@ _CLAIM: Final = (
     _NOW
     + _PARSE_META
     + _SET_ASIDE
+    + TAKE_SEQ
     + """
 local out = {false}
 local set_aside = 0
@@ -349,7 +359,18 @@ if #due > 0 then
   end
   local seq = 0
   if #promote > 0 then
-    seq = redis.call('INCRBY', KEYS[1], #promote) - #promote
+    local repaired
+    seq, repaired = take_seq({seq = KEYS[1], ready = KEYS[2], delayed = KEYS[3],
+      active = KEYS[4], jobs = KEYS[5], meta = KEYS[6], claims = KEYS[8], quarantine = KEYS[11],
+      moved = KEYS[12]}, #promote, ARGV[5])
+    seq = seq - #promote
+    if repaired then
+      -- (its quarantine entry is written: a report, as for the entries below)
+      out[#out + 1] = repaired
+      out[#out + 1] = false
+      out[#out + 1] = false
+      out[#out + 1] = ''
+    end
   end
   if #lost > 0 then
     -- (and every key the pop below touches: its report must not be lost to a failure there)
@@ -495,46 +516,15 @@ end
 return out
 """
 
-# KEYS: seq ready delayed jobs meta armed (as _PUSH's)
-# ARGV: channel, then (id, data, priority) per job
-_PUSH_MANY: Final = """
+# KEYS: PUSH_KEYS (as _PUSH's)
+# ARGV: channel, quarantine_retention, then (id, data, priority) per job
+# Returns the count, or the reason the sequence counter was repaired (TAKE_SEQ).
+_PUSH_MANY: Final = TAKE_SEQ + """
 local t = redis.call('TIME')
 local pushed_at = t[1] .. ' ' .. t[2]
-local count = (#ARGV - 1) / 3
-local seq = redis.call('INCRBY', KEYS[1], count) - count
-for i = 0, count - 1 do
-  seq = seq + 1
-  local n = string.format('%d', seq)
-  local priority = ARGV[4 + 3 * i]
-  redis.call('HSET', KEYS[4], n, ARGV[3 + 3 * i], 't' .. n, pushed_at)
-  redis.call('HSET', KEYS[5], n, priority .. ':0:0:' .. ARGV[2 + 3 * i])
-  redis.call('ZADD', KEYS[2], priority, string.format('%016d', seq) .. n)
-end
-if redis.call('DEL', KEYS[6]) == 1 then
-  redis.call('PUBLISH', ARGV[1], '')
-end
-return count
-"""
-
-
-# KEYS: the push's (seq ready delayed jobs meta armed) of the results queue, then the
-# complete's (active jobs meta stalls claims) of the task queue.
-# ARGV: channel, job count, (id data priority) per job, then one token per lease.
-# Returns 1 or 0 per token (as _COMPLETE's). A worker's results and the acknowledgements of
-# their tasks: both or neither. The push comes first, and a script refused at its first write
-# (Redis out of memory: -OOM) or failing in the push writes nothing after it, so a task is never
-# acknowledged without its result; the complete's keys are read first (a wrong type fails the
-# script before any write).
-_PUSH_AND_COMPLETE_MANY: Final = """
-redis.call('ZCARD', KEYS[7])
-redis.call('HEXISTS', KEYS[8], '0')
-redis.call('HEXISTS', KEYS[9], '0')
-redis.call('HEXISTS', KEYS[10], '0')
-redis.call('HEXISTS', KEYS[11], '0')
-local count = tonumber(ARGV[2])
-local t = redis.call('TIME')
-local pushed_at = t[1] .. ' ' .. t[2]
-local seq = redis.call('INCRBY', KEYS[1], count) - count
+local count = (#ARGV - 2) / 3
+local seq, repaired = take_seq(PUSH_SEQ_KEYS, count, ARGV[2])
+seq = seq - count
 for i = 0, count - 1 do
   seq = seq + 1
   local n = string.format('%d', seq)
@@ -546,22 +536,59 @@ end
 if redis.call('DEL', KEYS[6]) == 1 then
   redis.call('PUBLISH', ARGV[1], '')
 end
+return repaired or count
+""".replace("PUSH_SEQ_KEYS", _PUSH_SEQ_KEYS)
+
+
+# KEYS: the push's (PUSH_KEYS) of the results queue, then the complete's (active jobs meta
+# stalls claims) of the task queue.
+# ARGV: channel, job count, quarantine_retention, (id data priority) per job, then one token
+# per lease.
+# Returns 1 or 0 per token (as _COMPLETE's), then the reason the results queue's sequence
+# counter was repaired, if it was (TAKE_SEQ). A worker's results and the acknowledgements of
+# their tasks: both or neither. The push comes first, and a script refused at its first write
+# (Redis out of memory: -OOM) or failing in the push writes nothing after it, so a task is never
+# acknowledged without its result; the complete's keys are read first (a wrong type fails the
+# script before any write).
+_PUSH_AND_COMPLETE_MANY: Final = TAKE_SEQ + """
+redis.call('ZCARD', KEYS[11])
+redis.call('HEXISTS', KEYS[12], '0')
+redis.call('HEXISTS', KEYS[13], '0')
+redis.call('HEXISTS', KEYS[14], '0')
+redis.call('HEXISTS', KEYS[15], '0')
+local count = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local pushed_at = t[1] .. ' ' .. t[2]
+local seq, repaired = take_seq(PUSH_SEQ_KEYS, count, ARGV[3])
+seq = seq - count
+for i = 0, count - 1 do
+  seq = seq + 1
+  local n = string.format('%d', seq)
+  local priority = ARGV[6 + 3 * i]
+  redis.call('HSET', KEYS[4], n, ARGV[5 + 3 * i], 't' .. n, pushed_at)
+  redis.call('HSET', KEYS[5], n, priority .. ':0:0:' .. ARGV[4 + 3 * i])
+  redis.call('ZADD', KEYS[2], priority, string.format('%016d', seq) .. n)
+end
+if redis.call('DEL', KEYS[6]) == 1 then
+  redis.call('PUBLISH', ARGV[1], '')
+end
 local out = {}
-for i = 3 + 3 * count, #ARGV do
+for i = 4 + 3 * count, #ARGV do
   local token = ARGV[i]
   local n = string.match(token, '^(%d+):')
-  if not n or redis.call('ZREM', KEYS[7], token) == 0 then
+  if not n or redis.call('ZREM', KEYS[11], token) == 0 then
     out[#out + 1] = 0
   else
-    redis.call('HDEL', KEYS[8], n, 't' .. n)
-    redis.call('HDEL', KEYS[9], n)
-    redis.call('HDEL', KEYS[10], n)
-    redis.call('HDEL', KEYS[11], n)
+    redis.call('HDEL', KEYS[12], n, 't' .. n)
+    redis.call('HDEL', KEYS[13], n)
+    redis.call('HDEL', KEYS[14], n)
+    redis.call('HDEL', KEYS[15], n)
     out[#out + 1] = 1
   end
 end
+out[#out + 1] = repaired
 return out
-"""
+""".replace("PUSH_SEQ_KEYS", _PUSH_SEQ_KEYS)
 
 # KEYS: active jobs meta stalls claims failed
 # ARGV: token error retention
@@ -599,10 +626,11 @@ def _shifted(script: str, keys: int, argv: int) -> str:
     return re.sub(r"ARGV\[(\d+)\]", lambda m: f"ARGV[{int(m[1]) + argv}]", script)
 
 
-# KEYS: the fail's (active jobs meta stalls claims failed), then the push's (seq ready delayed
-# jobs meta armed) of another queue. ARGV: the fail's (token error retention), then the
-# push's (id data priority delay channel). Fail, then push, in one script: both or neither
-# (the poison bridge's fail and failed result). The push's keys are read before any write.
+# KEYS: the fail's (active jobs meta stalls claims failed), then the push's (PUSH_KEYS) of
+# another queue. ARGV: the fail's (token error retention), then the push's (id data priority
+# delay channel quarantine_retention). Fail, then push, in one script: both or neither (the
+# poison bridge's fail and failed result). The push's keys are read before any write. Returns
+# as _FAIL's, or the push's reason (its queue's sequence counter repaired, see TAKE_SEQ).
 _FAIL_AND_PUSH: Final = (
     _FAIL.removesuffix("return 1\n").replace(
         "local meta = redis.call('HGET', KEYS[3], n)",
@@ -615,13 +643,15 @@ _FAIL_AND_PUSH: Final = (
     + "end\n"
 )
 
-# KEYS: seq ready delayed active jobs meta stalls claims armed failed moved
-# ARGV: token delay count_attempt("1"/"0") channel failed_retention
+# KEYS: seq ready delayed active jobs meta stalls claims armed failed moved quarantine
+# ARGV: token delay count_attempt("1"/"0") channel failed_retention quarantine_retention
 # Returns 0 (lease lost), 1 (handed back), or 2: the job's meta was unreadable, so it could not
-# be put back (no priority, no count): it was failed instead, kept as found.
+# be put back (no priority, no count): it was failed instead, kept as found; or the reason the
+# sequence counter was repaired when it was (handed back, see TAKE_SEQ).
 _RETRY: Final = (
     _PARSE_META
     + _FAILED_RECORD
+    + TAKE_SEQ
     + """
 local token = ARGV[1]
 local n = string.match(token, '^(%d+):')
@@ -647,11 +677,14 @@ if not priority then
   return 2
 end
 local delay = tonumber(ARGV[2])
-local place
+local place, repaired
 if delay <= 0 and ARGV[3] ~= '1' and claim and #claim >= 16 then
   place = string.sub(claim, 1, 16)  -- an attempt-neutral handback keeps its place
 else
-  place = string.format('%016d', redis.call('INCR', KEYS[1]))  -- a retry goes to the back
+  place, repaired = take_seq({seq = KEYS[1], ready = KEYS[2], delayed = KEYS[3],
+    active = KEYS[4], jobs = KEYS[5], meta = KEYS[6], claims = KEYS[8], moved = KEYS[11],
+    quarantine = KEYS[12]}, 1, ARGV[6])
+  place = string.format('%016d', place)  -- a retry goes to the back
 end
 -- Queued again before the claim is removed: should a write fail, the job is never in neither.
 local member = place .. n
@@ -674,7 +707,7 @@ redis.call('HDEL', KEYS[8], n)
 if redis.call('DEL', KEYS[9]) == 1 then
   redis.call('PUBLISH', ARGV[4], '')
 end
-return 1
+return repaired or 1
 """
 )
 
@@ -722,7 +755,7 @@ return {renewed, lost}
 """
 )
 
-# KEYS: seq ready active jobs meta stalls claims armed claimed quarantine moved
+# KEYS: seq ready active jobs meta stalls claims armed claimed quarantine moved delayed
 # ARGV: threshold cutoff("" = now - threshold) max_stalled token_suffixes limit channel
 #       quarantine_retention
 # Returns {recovered, cutoff, examined, meta, data, stalls, token, ...}: the exceeded jobs, and
@@ -734,6 +767,7 @@ _RECOVER: Final = (
     _NOW
     + _PARSE_META
     + _SET_ASIDE
+    + TAKE_SEQ
     + """
 local cutoff = now - tonumber(ARGV[1])
 if ARGV[2] ~= '' then
@@ -808,7 +842,17 @@ for _, token in ipairs(stale) do
     -- Everything read. The writes that may fail (a wrong-type key) come first.
     local place = string.sub(claim, 1, 16)
     if not poison and #place < 16 then
-      place = string.format('%016d', redis.call('INCR', KEYS[1]))
+      local taken, repaired = take_seq({seq = KEYS[1], ready = KEYS[2], active = KEYS[3],
+        jobs = KEYS[4], meta = KEYS[5], claims = KEYS[7], quarantine = KEYS[10],
+        moved = KEYS[11], delayed = KEYS[12]}, 1, ARGV[7])
+      place = string.format('%016d', taken)
+      if repaired then
+        -- (its quarantine entry is written: a report, as _CLAIM's)
+        out[#out + 1] = repaired
+        out[#out + 1] = false
+        out[#out + 1] = false
+        out[#out + 1] = ''
+      end
     end
     if history and not string.match(history, '^%[.*%]$') then
       writable(KEYS[2], 'zset')
@@ -1145,6 +1189,19 @@ def _quarantined(queue: str, record: bytes) -> QuarantinedEntry:
     )
 
 
+def _claims_in(reply: list[Any], count: int) -> list[ClaimedJob]:
+    """The claims (and reports) of a claim script's reply, the first ``count`` CLAIMS started
+    as the script stored them (a report, say of a counter repaired while promoting, may come
+    before them and is no claim)."""
+    claims: list[ClaimedJob] = []
+    started = 0
+    for i in range(1, len(reply), 4):
+        claim = _claimed(reply, i, ahead=started >= count)
+        started += bool(claim.lease.token)
+        claims.append(claim)
+    return claims
+
+
 def _seconds(value: bytes | None) -> float | None:
     """A duration the claim or peek script returned, ``None`` for none (or an unreadable one)."""
     if not value:
@@ -1198,7 +1255,7 @@ class _Queue:
         return cls(
             name=name,
             channel=f"{{{name}}}:doorbell@{db}".encode(),
-            push_keys=keys("seq", "ready", "delayed", "jobs", "meta", "armed"),
+            push_keys=keys(*PUSH_KEYS),
             claim_keys=keys(
                 "seq",
                 "ready",
@@ -1227,6 +1284,7 @@ class _Queue:
                 "armed",
                 "failed",
                 "moved",
+                "quarantine",
             ),
             active_key=keys("active")[0],
             recover_keys=keys(
@@ -1241,6 +1299,7 @@ class _Queue:
                 "claimed",
                 "quarantine",
                 "moved",
+                "delayed",
             ),
             claimed_key=keys("claimed")[0],
             size_keys=keys("ready", "delayed"),
@@ -1317,8 +1376,12 @@ class _FailAndPush:
 
     _fail_and_push: Script
     _failed_retention: int
+    _quarantine_retention: int
 
     def _queue(self, name: str) -> _Queue:
+        raise NotImplementedError
+
+    def _note_repair(self, queue: str, reply: object) -> None:
         raise NotImplementedError
 
     async def fail_and_push(
@@ -1327,8 +1390,13 @@ class _FailAndPush:
         """:meth:`fail_job`, then (if the lease held) push ``job`` onto ``push_queue``, in one
         script. ``False``: the lease was lost, nothing changed."""
         q, pq = self._queue(queue), self._queue(push_queue)
-        args = (lease.token, error, self._failed_retention, job.id, job.data, 0, 0, pq.channel)
-        return bool(await self._fail_and_push((*q.fail_keys, *pq.push_keys), args))
+        args = (
+            lease.token, error, self._failed_retention,
+            job.id, job.data, 0, 0, pq.channel, self._quarantine_retention,
+        )  # fmt: skip
+        done = await self._fail_and_push((*q.fail_keys, *pq.push_keys), args)
+        self._note_repair(push_queue, done)
+        return bool(done)
 
 
 class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
@@ -1357,8 +1425,9 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
             raises the alarm (see :mod:`~durable_trio.adapters._redis_identity`).
         on_error: called with every error the doorbell listener meets, an
             :class:`EvictionPolicyWarning` when entered on a server that may evict keys, a
-            :class:`~durable_trio.DamagedJob` when a retry finds a job's stored meta unreadable,
-            and a :class:`~durable_trio.StoreLost` (each is also logged to
+            :class:`~durable_trio.DamagedJob` when a retry finds a job's stored meta unreadable
+            or a push, retry or requeue rebuilt a damaged sequence counter (a pop, a sweep: a
+            report among its claims), a :class:`~durable_trio.StoreLost` (each also logged to
             ``durable_trio.redis``); it must not raise.
 
     Raises:
@@ -1565,9 +1634,9 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
         priority = priority or 0
         if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
             raise ValueError(f"priority must be in [-2**53, 2**53], not {priority}")
-        await self._push(
-            q.push_keys, (job.id, job.data, priority, delay if delay > 0 else 0, q.channel)
-        )
+        delay = delay if delay > 0 else 0
+        args = (job.id, job.data, priority, delay, q.channel, self._quarantine_retention)
+        self._note_repair(queue, await self._push(q.push_keys, args))
 
     async def pop_from(self, queue: str, *, worker: str = "") -> ClaimedJob | None:
         """Claim the next ready job (promoting due delayed jobs first), or ``None``."""
@@ -1609,8 +1678,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
             q.note_empty(rings, epoch, _seconds(reply[0]))  # an empty pop for a waiter)
         else:
             q.empty_epoch = None
-        starts = range(1, len(reply), 4)
-        return [_claimed(reply, i, ahead=k >= count) for k, i in enumerate(starts)]
+        return _claims_in(reply, count)
 
     async def mark_started(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
         """Mark claims popped ahead started, and renew them, in one script run."""
@@ -1638,7 +1706,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
     ) -> None:
         """``push_on`` (no delay) for each job, in one script run."""
         q = self._queue(queue)
-        args: list[Any] = [q.channel]
+        args: list[Any] = [q.channel, self._quarantine_retention]
         for job, priority in zip(jobs, priorities, strict=True):
             value = priority or 0
             if not MIN_PRIORITY <= value <= MAX_PRIORITY:
@@ -1647,7 +1715,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
         if not jobs:
             await trio.lowlevel.checkpoint()
             return
-        await self._push_many(q.push_keys, args)
+        self._note_repair(queue, await self._push_many(q.push_keys, args))
 
     async def push_and_complete_many(
         self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
@@ -1659,7 +1727,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
             return []
         commands = await self._finish_commands(push_queue, jobs, queue, leases)
         replies = await self._client.pipeline(commands)
-        return [bool(answer) for answer in replies[-1]] if leases else []
+        return self._finish_answers(push_queue, leases, replies[-1])
 
     async def _finish_commands(
         self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
@@ -1674,13 +1742,16 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
         pq = self._queue(push_queue)
         tokens = [lease.token for lease in leases]
         keys = self._queue(queue).complete_keys if leases else ()
+        retention = self._quarantine_retention
         if not leases:
-            return [self._push_many.command(pq.push_keys, [pq.channel, *push])] if jobs else []
+            args = [pq.channel, retention, *push]
+            return [self._push_many.command(pq.push_keys, args)] if jobs else []
         if jobs and not isinstance(self._client, RedisClusterClient):
-            args = [pq.channel, len(jobs), *push, *tokens]
+            args = [pq.channel, len(jobs), retention, *push, *tokens]
             return [self._push_and_complete.command((*pq.push_keys, *keys), args)]
         if jobs:
-            await self._push_many(pq.push_keys, [pq.channel, *push])
+            reply = await self._push_many(pq.push_keys, [pq.channel, retention, *push])
+            self._note_repair(push_queue, reply)
         return [self._complete_many.command(keys, tokens)]
 
     async def finish_and_claim(
@@ -1703,7 +1774,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
         commands.append(self._claim.command(q.claim_keys, self._claim_argv(count, count, worker)))
         rings, epoch = q.rings, (self._live_epoch(q) if self._covers(q) else None)
         replies = await self._client.pipeline(commands)
-        answers = [bool(answer) for answer in replies[-2]] if leases else []
+        answers = self._finish_answers(push_queue, leases, replies[-2]) if len(replies) > 1 else []
         return answers, self._claims_of(q, replies[-1], count, rings, epoch)
 
     async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
@@ -1726,8 +1797,10 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
             "1" if count_attempt else "0",
             q.channel,
             self._failed_retention,
+            self._quarantine_retention,
         )
         answer = await self._retry(q.retry_keys, args)
+        self._note_repair(queue, answer)
         if answer == 2:
             self._report(
                 DamagedJob(
@@ -1843,7 +1916,8 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
     async def quarantined(self, queue: str, *, limit: int = 100) -> list[QuarantinedEntry]:
         """The newest entries of ``queue`` that could not be tied to a readable job (a member
         of ``ready``, ``delayed`` or ``active`` naming no job, a job without its meta, a stall
-        history replaced), newest first, kept up to ``quarantine_retention``."""
+        history replaced, a sequence counter rebuilt), newest first, kept up to
+        ``quarantine_retention``."""
         q = self._queue(queue)
         if limit < 1:
             await trio.lowlevel.checkpoint()

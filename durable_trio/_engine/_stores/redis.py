@@ -4,7 +4,8 @@ Key layout (``T`` = ``{dt-runs:NAMESPACE}``: one hash tag, so a namespace's runs
 Redis Cluster slot and every script touches one slot only):
 
 =========================  ======  ===============================================================
-``T:seq``                  string  ``INCR`` counter: run creation order
+``T:seq``                  string  ``INCR`` counter: run creation order (damaged: rebuilt from
+                                   ``T:all``'s highest score, see ``_CREATE_RUN``)
 ``T:run:ID``               hash    workflow, status, input, output, error, owner, lease, created,
                                    updated, seq, timeout (JSON values stored as JSON text, never
                                    decoded in Lua: cjson would turn ``[]`` into ``{}``)
@@ -28,6 +29,7 @@ clocks in sync (NTP); a run lease (30 s by default) dwarfs ordinary skew.
 
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from typing import TYPE_CHECKING, Any, Final
@@ -61,6 +63,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_SHARDS", "RedisRunStore"]
 
+logger = logging.getLogger("durable_trio.redis")
+
 #: Run shards a store may have at most (a page asks each one).
 MAX_SHARDS: Final = 256
 
@@ -91,6 +95,10 @@ return gone
 
 # KEYS: run, seq, all. ARGV: prefix, id, workflow, status, input, output, error, owner, lease, now,
 # timeout, trace ('' = none), parent ('' = none), depth
+# Returns {1} (created), {1, reason} (created, the counter repaired: see below) or {0, fields}.
+# A counter that is not a number (junk, past INCR's range), not positive, past 2**53 (Lua's exact
+# integers), or missing (evicted, deleted) while runs exist would fail every start or list new
+# runs among old ones: it is rebuilt from the highest seq in T:all (O(log n), only then).
 _CREATE_RUN: Final = (
     _LUA_HELPERS
     + """
@@ -98,7 +106,24 @@ local prefix, id = ARGV[1], ARGV[2]
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, redis.call('HGETALL', KEYS[1])}
 end
-local seq = redis.call('INCR', KEYS[2])
+local seq = redis.pcall('INCR', KEYS[2])
+local repaired
+if type(seq) == 'table' and string.find(seq['err'] or '', 'WRONGTYPE', 1, true) then
+  return error(seq)
+end
+if type(seq) == 'table' or seq <= 1 or seq > 9007199254740992 then
+  local top = redis.call('ZREVRANGEBYSCORE', KEYS[3], 9007199254740991, 1, 'WITHSCORES',
+    'LIMIT', 0, 1)
+  top = math.floor(tonumber(top[2] or '0'))
+  if seq ~= 1 or top > 0 then
+    local found = type(seq) == 'table' and redis.call('GET', KEYS[2]) or
+      string.format('%d', seq - 1)
+    repaired = 'run sequence counter ' .. KEYS[2] .. ' damaged (found ' .. found ..
+      '), rebuilt from the highest run seq: ' .. string.format('%d', top)
+    seq = top + 1
+    redis.call('SET', KEYS[2], string.format('%d', seq))
+  end
+end
 redis.call('HSET', KEYS[1], 'workflow', ARGV[3], 'status', ARGV[4], 'input', ARGV[5],
   'output', ARGV[6], 'error', ARGV[7], 'owner', ARGV[8], 'lease', ARGV[9],
   'created', ARGV[10], 'updated', ARGV[10], 'seq', seq, 'timeout', ARGV[11], 'trace', ARGV[12],
@@ -109,7 +134,7 @@ if active(ARGV[4]) then
   redis.call('ZADD', prefix .. ':leases', ARGV[9] == '' and 0 or ARGV[9], id)
   if ARGV[8] ~= '' then redis.call('SADD', prefix .. ':owned:' .. ARGV[8], id) end
 end
-return {1}
+return {1, repaired}
 """
 )
 
@@ -607,6 +632,8 @@ class RedisRunStore:
              _num(now), _num(run.timeout), _optional_dumps(run.trace), run.parent or "",
              run.depth),
         )  # fmt: skip
+        if reply[0] == 1 and len(reply) > 1:  # (reported once: the counter is whole again)
+            logger.warning("Redis run store: %s", reply[1].decode(errors="replace"))
         if reply[0] == 1:  # created as given: no need to read it back
             return attrs.evolve(run, created_at=now, updated_at=now), True
         return _run(run.run_id, _fields(reply[1])), False
