@@ -31,9 +31,9 @@ from ._engine._reopen import retry_run
 from ._engine._stores import open_run_store
 from ._engine._stores._paging import check_page
 from ._errors import BrokerError, ConfigError, TransportClosed
-from ._health import read_worker_health
 from ._naming import QueueNames
 from ._ops_attempts import AttemptView, attempt_views
+from ._transport._health import read_worker_health
 from ._wire import ControlMessage, JobKind, JSONValue, WorkerStatus
 from .adapters import (
     FailedJob,

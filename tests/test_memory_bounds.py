@@ -17,7 +17,6 @@ import trio
 import trio.testing
 
 import durable_trio as dt
-from durable_trio._adaptive import ConcurrencyController
 from durable_trio._engine import (
     App,
     RunRecord,
@@ -27,6 +26,7 @@ from durable_trio._engine import (
     open_worker,
 )
 from durable_trio._engine._remote_run import RemoteRunDriver, apply_decision
+from durable_trio._transport._adaptive import ConcurrencyController
 from durable_trio.adapters import Job
 from durable_trio.adapters.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore

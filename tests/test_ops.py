@@ -14,12 +14,12 @@ import pytest
 import trio
 
 import durable_trio as dt
-from durable_trio._cli import main
 from durable_trio._engine._stores.memory import MemoryRunStore
 from durable_trio._engine._stores.sqlite import SqliteRunStore
 from durable_trio.adapters import Job
 from durable_trio.adapters.memory import MemoryBroker
 from durable_trio.adapters.sqlite import SqliteBroker
+from durable_trio.cli._main import main
 from helpers import serve_until_done, set_aside_by_stalls
 
 if TYPE_CHECKING:
@@ -651,7 +651,7 @@ def test_health_takes_the_namespace_of_the_app(
 
 
 async def test_prometheus_has_queues_set_aside_jobs_and_runs(autojump_clock: object) -> None:
-    from durable_trio._health_view import HealthReader, _scrape
+    from durable_trio.cli._health import HealthReader, _scrape
 
     counts = {"reserve": 0, "charge": 0, "note": 0}
     app = _app(counts, {"charge": True})

@@ -56,7 +56,7 @@ import trio
 from .._errors import BrokerError, TransportClosed
 from .._periodic import fixed_rate
 from .._telemetry import EVENTS_LOGGER
-from .._transport import stalled_threshold_of
+from .._transport._facade import stalled_threshold_of
 from ..adapters import SupportsJobState, SupportsJobStates
 from ._errors import EngineError
 from ._records import StepKind, StepState

@@ -31,7 +31,7 @@ from trio_util import RepeatedEvent
 
 from .._arguments import check_bool, check_name, check_optional_name, check_seconds
 from .._errors import BrokerError, TransportClosed
-from .._transport import QueueTransport  # noqa: TC001
+from .._transport._facade import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._app import App  # noqa: TC001
 from ._audit import LossAudit

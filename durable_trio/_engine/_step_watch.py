@@ -48,9 +48,9 @@ import trio
 from trio_util import RepeatedEvent
 
 from .._errors import BrokerError, DurableTrioError, TransportClosed
-from .._liveness import read_group_health
 from .._naming import sanitize_token
-from .._step_timeout import STEP_TIMED_OUT
+from .._transport._handler_timeout import STEP_TIMED_OUT
+from .._transport._liveness import read_group_health
 from .._wire import StepError, StepResult, StepStatus
 from ..adapters import SupportsJobState
 from ._errors import EngineError

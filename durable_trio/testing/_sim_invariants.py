@@ -15,7 +15,7 @@ import orjson
 
 from .._engine import StepKind, StepRecord, StepState
 from .._engine._records import ATTEMPT_LOG_LIMIT
-from .._options import DEFAULT_MAX_STALLED_COUNT
+from .._transport._options import DEFAULT_MAX_STALLED_COUNT
 from ._sim_children import check_children
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ import attrs
 import trio
 
 from .._engine import Worker, open_worker
-from .._liveness import MIN_HEARTBEAT_TTL
 from .._naming import sanitize_token
+from .._transport._liveness import MIN_HEARTBEAT_TTL
 from ..backends._backend import Backend
 from .faults import BrokerFaults, FaultyKeyStore, Injector, wrap_broker
 

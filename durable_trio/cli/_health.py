@@ -14,20 +14,20 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._codec import to_wire
-from ._errors import BrokerError
-from ._health import read_orphaned_queues, read_store_loss, read_worker_health
-from ._naming import QueueNames
-from ._signals import close_on_signals
+from .._codec import to_wire
+from .._errors import BrokerError
+from .._naming import QueueNames
+from .._os_signals import close_on_signals
+from .._transport._health import read_orphaned_queues, read_store_loss, read_worker_health
+from ..backends import open_backend
 from ._terminal import visible
-from .backends import open_backend
 
 if TYPE_CHECKING:
-    from ._engine._records import RunStatus
-    from ._errors import StoreLost
-    from ._liveness import GroupHealth
-    from ._ops import Operations, QueueView
-    from .backends._backend import Backend
+    from .._engine._records import RunStatus
+    from .._errors import StoreLost
+    from .._ops import Operations, QueueView
+    from .._transport._liveness import GroupHealth
+    from ..backends._backend import Backend
 
 __all__ = [
     "HealthReader",
@@ -117,7 +117,7 @@ def _rows(groups: list[GroupHealth]) -> list[list[str]]:
 def _worker_rows(groups: list[GroupHealth]) -> list[list[str]]:
     """One row per live worker instance (a worker beats once per group it serves, with the
     same status: shown once, not repeated under every group)."""
-    from ._ops import workers_of
+    from .._ops import workers_of
 
     rows = []
     for worker in workers_of(groups):
@@ -354,8 +354,8 @@ def prometheus_text(
     ]
     if up:
         lines.append(f"durable_trio_store_lost {int(loss is not None)}")
-    from ._engine._records import RunStatus as _Status
-    from ._ops import workers_of
+    from .._engine._records import RunStatus as _Status
+    from .._ops import workers_of
 
     for view in queues or []:
         q = _label(view.queue)
@@ -507,10 +507,10 @@ async def run_health(
     prometheus: int | None,
     as_json: bool = False,
 ) -> None:
-    """What the command does (see :func:`durable_trio._cli.main`)."""
+    """What the command does (see :func:`durable_trio.cli._main.main`)."""
     async with open_backend(url, existing=True) as backend:
         if namespace is None:
-            from ._ops import discover_namespace
+            from .._ops import discover_namespace
 
             namespace = await discover_namespace(backend)
         reader = HealthReader(backend, namespace)  # one for the whole command
@@ -543,7 +543,7 @@ async def _serve_or_watch(
 ) -> None:
     backend, namespace = reader.backend, reader.namespace
     if prometheus is not None:
-        from ._ops import open_operations
+        from .._ops import open_operations
 
         async with open_operations(backend, namespace=namespace) as ops:
             reader.ops = ops

@@ -11,6 +11,18 @@ import outcome
 import trio
 from trio_util import AsyncBool
 
+from .._coalesce import Coalescer
+from .._errors import (
+    BrokerError,
+    BrokerUnavailable,
+    DamagedJob,
+    JobError,
+    LeaseLost,
+    PayloadError,
+    TransportClosed,
+)
+from .._wire import StepError
+from ..adapters import SupportsClaimAhead, SupportsFinishAndClaim
 from ._claims import (
     _ABANDONED,
     _BUFFERED,
@@ -24,26 +36,14 @@ from ._claims import (
     _Next,
     _quarantined,
 )
-from ._coalesce import Coalescer
-from ._errors import (
-    BrokerError,
-    BrokerUnavailable,
-    DamagedJob,
-    JobError,
-    LeaseLost,
-    PayloadError,
-    TransportClosed,
-)
-from ._wire import StepError
-from .adapters import SupportsClaimAhead, SupportsFinishAndClaim
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from ..adapters import ClaimedJob, Job, Lease, QueueBroker
     from ._claims import Level, _Loop
     from ._options import TransportOptions
     from ._slots import Slots
-    from .adapters import ClaimedJob, Job, Lease, QueueBroker
 
 __all__ = ["JobRunner"]
 

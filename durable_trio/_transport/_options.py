@@ -10,9 +10,9 @@ from typing import Any
 
 import attrs
 
+from .._codec import DEFAULT_MAX_PAYLOAD_BYTES
+from .._errors import ConfigError
 from ._adaptive import Adaptive
-from ._codec import DEFAULT_MAX_PAYLOAD_BYTES
-from ._errors import ConfigError
 
 __all__ = ["ErrorHook", "TransportOptions", "log_error"]
 

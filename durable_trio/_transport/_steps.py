@@ -10,12 +10,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import trio
 
-from ._codec import decode_envelope
-from ._errors import BrokerError, JobError, PayloadError
-from ._step_beats import StepBeats, beat_interval
-from ._step_timeout import run_within_timeout
-from ._telemetry import hop, step_attempt
-from ._wire import (
+from .._codec import decode_envelope
+from .._errors import BrokerError, JobError, PayloadError
+from .._telemetry import hop, step_attempt
+from .._wire import (
     JobKind,
     JSONValue,
     RemoteTask,
@@ -24,13 +22,15 @@ from ._wire import (
     StepResult,
     StepStatus,
 )
+from ._handler_timeout import run_within_timeout
+from ._step_beats import StepBeats, beat_interval
 
 if TYPE_CHECKING:
+    from .._telemetry import StepAttempt
+    from ..adapters import ClaimedJob, Job
     from ._adaptive import ConcurrencyController
     from ._options import TransportOptions
     from ._producers import Producers
-    from ._telemetry import StepAttempt
-    from .adapters import ClaimedJob, Job
 
 _log = logging.getLogger("durable_trio")
 

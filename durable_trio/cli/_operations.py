@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._errors import ConfigError, PayloadError
+from .._errors import ConfigError, PayloadError
 from ._terminal import visible
 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Awaitable, Callable
 
-    from ._ops import Operations, StepView
+    from .._ops import Operations, StepView
 
 __all__ = ["add_ops_commands", "resolve_namespace", "table"]
 
@@ -44,14 +44,14 @@ def resolve_namespace(namespace: str | None, app: str | None = None) -> str | No
     if configured:
         return configured
     if app:
-        from ._engine.cli import load_app
+        from ._engine import load_app
 
         return load_app(app).name
     return None
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
-    """A plain left-aligned table, every cell made :func:`~durable_trio._terminal.visible`
+    """A plain left-aligned table, every cell made :func:`~durable_trio.cli._terminal.visible`
     (a cell holds stored strings: a control character in one must not reach the terminal)."""
     every = [[visible(cell) for cell in row] for row in (headers, *rows)]
     widths = [max(len(row[i]) for row in every) for i in range(len(headers))]
@@ -126,7 +126,7 @@ async def _runs_list(ops: Operations, args: argparse.Namespace) -> int:
         limit=args.limit,
         cursor=args.cursor,
     )
-    from ._ops import run_to_json
+    from .._ops import run_to_json
 
     if args.json:
         _print_json({"runs": [run_to_json(r) for r in page.runs], "nextCursor": page.next_cursor})
@@ -222,7 +222,7 @@ def _cancel_line(mark: StepView) -> str:
 
 
 async def _runs_signal(ops: Operations, args: argparse.Namespace) -> int:
-    from ._json_values import parse_json_argument
+    from .._json_values import parse_json_argument
 
     try:
         payload = None
@@ -240,8 +240,8 @@ async def _runs_signal(ops: Operations, args: argparse.Namespace) -> int:
 
 
 async def _runs_cancel(ops: Operations, args: argparse.Namespace) -> int:
-    from ._arguments import check_seconds
-    from ._ops import CANCEL_GRACE
+    from .._arguments import check_seconds
+    from .._ops import CANCEL_GRACE
 
     # -1 or nan must not pass for "0: no compensation" (issue 36): one line, exit status 2.
     grace = CANCEL_GRACE
@@ -338,8 +338,8 @@ def _runner(
     command: Callable[[Operations, argparse.Namespace], Awaitable[int]],
 ) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        from ._engine.cli import run_reporting_errors
-        from ._ops import open_operations
+        from .._ops import open_operations
+        from ._engine import run_reporting_errors
 
         async def main() -> int:
             namespace = resolve_namespace(args.namespace, args.app)

@@ -1,6 +1,7 @@
 """Remote workflow turns (T14, docs/spec.md), decisions (T15), step events (T16) and the
 store-less tenant protocol (T18–T23): start-run and run-request queues to the control plane,
-replies and tenant events through per-instance inboxes (see :mod:`durable_trio._inbox`)."""
+replies and tenant events through per-instance inboxes (see
+:mod:`durable_trio._transport._inboxes`)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 from trio_util import periodic, run_and_cancelling
 
-from ._codec import decode_envelope
-from ._errors import BrokerError, DurableTrioError, JobError, PayloadError
-from ._inbox import ForwardingKeyStore, InboxRegistry
-from ._wire import (
+from .._codec import decode_envelope
+from .._errors import BrokerError, DurableTrioError, JobError, PayloadError
+from .._wire import (
     ControlMessage,
     DecisionStatus,
     InboxRegistration,
@@ -31,17 +31,18 @@ from ._wire import (
     WorkflowDecision,
     WorkflowTask,
 )
+from ._inboxes import ForwardingKeyStore, InboxRegistry
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from .._naming import QueueNames
+    from ..adapters import ClaimedJob
+    from ..backends._backend import Backend
+    from ..keys import KeyStore
     from ._adaptive import ConcurrencyController
     from ._claims import Level
-    from ._naming import QueueNames
     from ._options import TransportOptions
-    from .adapters import ClaimedJob
-    from .backends._backend import Backend
-    from .keys import KeyStore
 
 __all__ = ["RemoteProtocols"]
 

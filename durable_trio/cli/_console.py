@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ._redact import redact_url
+from .._redact import redact_url
 
 if TYPE_CHECKING:
     import argparse
@@ -55,11 +55,11 @@ def add_console_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
 
 def _cmd_console(args: argparse.Namespace) -> int:
     try:
-        from .console import run_console
+        from ..console import run_console
     except ImportError:
         print(f"error: {MISSING_EXTRA}", file=sys.stderr)
         return 2
-    from ._engine.cli import DEFAULT_BACKEND, run_reporting_errors
+    from ._engine import DEFAULT_BACKEND, run_reporting_errors
 
     def announce(url: str) -> None:
         shown = f"{url}/?token=…" if args.token else url

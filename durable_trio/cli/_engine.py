@@ -22,21 +22,21 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .._engine._app import App
+from .._engine._errors import RunFailed
+from .._engine._open import open_engine
+from .._engine._worker import open_worker
 from .._errors import BrokerError, ConfigError, DurableTrioError, PayloadError
 from .._json_values import parse_json_argument
+from .._os_signals import close_on_signals
 from .._redact import redact_url
-from .._signals import close_on_signals
 from ..backends import open_backend
-from ._app import App
-from ._errors import RunFailed
-from ._open import open_engine
-from ._worker import open_worker
 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Awaitable, Callable
 
-    from ._engine import Engine
+    from .._engine._engine import Engine
 
 
 __all__ = ["add_engine_commands", "load_app", "run_reporting_errors"]

@@ -11,16 +11,16 @@ import orjson
 import trio
 from trio_util import AsyncBool
 
-from ._codec import from_wire, to_wire
-from ._errors import BrokerError, DurableTrioError, PayloadError
-from ._periodic import fixed_rate
-from ._wire import WorkerStatus
+from .._codec import from_wire, to_wire
+from .._errors import BrokerError, DurableTrioError, PayloadError
+from .._periodic import fixed_rate
+from .._wire import WorkerStatus
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._naming import QueueNames
-    from .keys import KeyEntry, KeyStore
+    from .._naming import QueueNames
+    from ..keys import KeyEntry, KeyStore
 
 __all__ = [
     "GroupHealth",

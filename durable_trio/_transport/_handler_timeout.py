@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ._errors import DurableTrioError
+from .._errors import DurableTrioError
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from ._wire import JSONValue, RemoteTask
+    from .._wire import JSONValue, RemoteTask
 
 __all__ = ["STEP_TIMED_OUT", "StepBlockedTheLoop", "StepTimedOut", "run_within_timeout"]
 

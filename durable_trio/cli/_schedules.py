@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._ops_cli import DEFAULT_BACKEND, _common, _time, resolve_namespace, table
+from ._operations import DEFAULT_BACKEND, _common, _time, resolve_namespace, table
 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Awaitable, Callable
 
-    from ._engine._schedules import Schedules
+    from .._engine._schedules import Schedules
 
 __all__ = ["add_schedule_commands"]
 
@@ -62,7 +62,7 @@ async def _list(schedules: Schedules, args: argparse.Namespace) -> int:
 
 
 async def _add(schedules: Schedules, args: argparse.Namespace) -> int:
-    from ._json_values import parse_json_argument
+    from .._json_values import parse_json_argument
 
     value = None if args.input is None else parse_json_argument(args.input, "--input")
     stored = await schedules.add(
@@ -93,9 +93,9 @@ def _runner(
     command: Callable[[Schedules, argparse.Namespace], Awaitable[int]], *, existing: bool = True
 ) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        from ._engine._schedules import Schedules
-        from ._engine.cli import load_app, run_reporting_errors
-        from ._ops import open_operations
+        from .._engine._schedules import Schedules
+        from .._ops import open_operations
+        from ._engine import load_app, run_reporting_errors
 
         async def main() -> int:
             app = load_app(args.app) if args.app else None

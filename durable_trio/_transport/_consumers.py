@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._codec import decode_envelope
-from ._errors import BrokerError, PayloadError
-from ._telemetry import hop
-from .adapters import (
+from .._codec import decode_envelope
+from .._errors import BrokerError, PayloadError
+from .._telemetry import hop
+from ..adapters import (
     ClaimedJob,
     QueueBroker,
     SupportsBatchPop,
@@ -21,14 +21,14 @@ from .adapters import (
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from .._wire import (
+        JobKind,
+    )
     from ._claims import Level
     from ._jobs import JobRunner
     from ._liveness import Liveness
     from ._options import TransportOptions
     from ._slots import Slots
-    from ._wire import (
-        JobKind,
-    )
 
 
 

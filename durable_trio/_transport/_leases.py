@@ -7,6 +7,24 @@ from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
+from .._codec import decode_envelope
+from .._errors import BrokerError, DamagedJob, JobError, LeaseLost, PayloadError, TransportClosed
+from .._periodic import fixed_rate
+from .._wire import (
+    JobKind,
+    RemoteTask,
+    StepError,
+    StepResult,
+    StepStatus,
+)
+from ..adapters import (
+    ClaimedJob,
+    Lease,
+    SupportsFailAndPush,
+    SupportsRecovery,
+    SupportsRenewal,
+    SupportsSweepHint,
+)
 from ._claims import (
     _BUFFERED,
     _DROPPED,
@@ -15,36 +33,18 @@ from ._claims import (
     _Claim,
     _unexpected,
 )
-from ._codec import decode_envelope
-from ._errors import BrokerError, DamagedJob, JobError, LeaseLost, PayloadError, TransportClosed
 from ._liveness import (
     read_last_status,
-)
-from ._periodic import fixed_rate
-from ._wire import (
-    JobKind,
-    RemoteTask,
-    StepError,
-    StepResult,
-    StepStatus,
-)
-from .adapters import (
-    ClaimedJob,
-    Lease,
-    SupportsFailAndPush,
-    SupportsRecovery,
-    SupportsRenewal,
-    SupportsSweepHint,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from .._naming import QueueNames
+    from ..adapters import Job
+    from ..backends._backend import Backend
     from ._adaptive import ConcurrencyController
-    from ._naming import QueueNames
     from ._options import TransportOptions
-    from .adapters import Job
-    from .backends._backend import Backend
 
 __all__ = ["LeaseKeeper", "Sweeper"]
 

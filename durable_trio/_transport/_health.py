@@ -8,17 +8,17 @@ from typing import TYPE_CHECKING
 import orjson
 import trio
 
+from ..adapters import SupportsQueueListing, SupportsSize, SupportsStoreIdentity
 from ._liveness import GroupHealth, WorkerDescriptor, read_group_health
-from .adapters import SupportsQueueListing, SupportsSize, SupportsStoreIdentity
 
 if TYPE_CHECKING:
+    from .._errors import StoreLost
+    from .._naming import QueueNames
+    from .._wire import WorkerStatus
+    from ..backends._backend import Backend
+    from ..keys import KeyEntry
     from ._adaptive import ConcurrencyController
-    from ._errors import StoreLost
-    from ._naming import QueueNames
     from ._options import TransportOptions
-    from ._wire import WorkerStatus
-    from .backends._backend import Backend
-    from .keys import KeyEntry
 
 __all__ = ["TransportHealth", "read_orphaned_queues", "read_store_loss", "read_worker_health"]
 

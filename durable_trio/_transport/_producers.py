@@ -6,19 +6,19 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
-from ._coalesce import Coalescer, results_of
-from ._codec import encode_envelope
-from ._naming import sanitize_token
-from ._telemetry import carrier
-from ._wire import JobKind
-from .adapters import Job, SupportsBatchFinalize
+from .._coalesce import Coalescer, results_of
+from .._codec import encode_envelope
+from .._naming import sanitize_token
+from .._telemetry import carrier
+from .._wire import JobKind
+from ..adapters import Job, SupportsBatchFinalize
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from ._naming import QueueNames
+    from .._naming import QueueNames
+    from ..adapters import Lease, QueueBroker
     from ._options import TransportOptions
-    from .adapters import Lease, QueueBroker
 
 __all__ = ["Producers"]
 

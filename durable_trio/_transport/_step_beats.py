@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ._errors import BrokerError, DurableTrioError
-from ._json_values import check_json
-from ._wire import JSONValue, RemoteTask, StepHeartbeat
+from .._errors import BrokerError, DurableTrioError
+from .._json_values import check_json
+from .._wire import JSONValue, RemoteTask, StepHeartbeat
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, cast
 
 import trio
 
-from . import __version__
-from ._redact import redact_url
+from .. import __version__
+from .._redact import redact_url
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -139,9 +139,9 @@ def _cmd_examples(args: argparse.Namespace) -> int:
 
 
 def _cmd_health(args: argparse.Namespace) -> int:
-    from ._engine.cli import run_reporting_errors
-    from ._health_view import run_health
-    from ._ops_cli import resolve_namespace
+    from ._engine import run_reporting_errors
+    from ._health import run_health
+    from ._operations import resolve_namespace
 
     def run() -> int:
         namespace = resolve_namespace(args.namespace, args.app)
@@ -208,15 +208,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     health.add_argument("--json", action="store_true", help="print JSON (for scripts)")
     health.set_defaults(func=_cmd_health)
-    from ._engine.cli import add_engine_commands
-    from ._ops_cli import add_ops_commands
+    from ._engine import add_engine_commands
+    from ._operations import add_ops_commands
 
     add_engine_commands(commands)
     add_ops_commands(commands)
-    from ._schedules_cli import add_schedule_commands
+    from ._schedules import add_schedule_commands
 
     add_schedule_commands(commands)
-    from ._console_command import add_console_command
+    from ._console import add_console_command
 
     add_console_command(commands)
     return parser
@@ -224,7 +224,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``durable-trio``; returns the exit status."""
-    from ._errors import DurableTrioError
+    from .._errors import DurableTrioError
 
     args = _parser().parse_args(argv)
     func = cast("Callable[[argparse.Namespace], int]", args.func)

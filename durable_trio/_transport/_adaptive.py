@@ -25,8 +25,8 @@ import attrs
 import trio
 from trio_util import periodic
 
-from ._errors import ConfigError
-from ._wire import WorkerStatus
+from .._errors import ConfigError
+from .._wire import WorkerStatus
 
 if TYPE_CHECKING:
     from collections.abc import Callable

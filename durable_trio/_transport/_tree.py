@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from .._errors import BrokerError
 from ._claims import Level
-from ._errors import BrokerError
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import trio
 
-from ._errors import BrokerError, DurableTrioError
-from ._periodic import fixed_rate
-from ._wire import InboxRegistration, JobKind, WorkerAdvertisement
+from .._errors import BrokerError, DurableTrioError
+from .._periodic import fixed_rate
+from .._wire import InboxRegistration, JobKind, WorkerAdvertisement
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    from ._naming import QueueNames
-    from .keys import KeyEntry, KeyStore
+    from .._naming import QueueNames
+    from ..keys import KeyEntry, KeyStore
 
 __all__ = ["ForwardingKeyStore", "InboxRegistry"]
 

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from ._errors import BrokerError, DamagedJob, JobError
+from .._errors import BrokerError, DamagedJob, JobError
+from ..adapters import ClaimedJob
 from ._slots import Slots
-from .adapters import ClaimedJob
 
 if TYPE_CHECKING:
-    from .adapters import Job
+    from ..adapters import Job
 
 __all__ = ["ClaimState", "Level"]
 

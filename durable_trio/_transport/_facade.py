@@ -25,17 +25,19 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 import trio
 
+from .._arguments import check_seconds, check_task, check_tasks
+from .._errors import ConfigError, TransportClosed
+from .._failures import one_exception, raise_bare, report_through
+from .._naming import QueueNames
+from .._wire import JobKind, RemoteTask, StepResult
+from ..adapters import ClaimedJob, SupportsRecovery, SupportsRenewal
 from ._adaptive import ConcurrencyController
-from ._arguments import check_seconds, check_task, check_tasks
 from ._claims import _Loop
-from ._consume import Consumers
-from ._errors import ConfigError, TransportClosed
-from ._failures import one_exception, raise_bare, report_through
+from ._consumers import Consumers
 from ._health import TransportHealth
 from ._jobs import JobRunner
 from ._leases import LeaseKeeper, Sweeper
 from ._liveness import Liveness
-from ._naming import QueueNames
 from ._options import (
     DEFAULT_RENEWING_STALLED_THRESHOLD,
     DEFAULT_STALLED_THRESHOLD,
@@ -46,14 +48,12 @@ from ._remote import RemoteProtocols
 from ._slots import Slots
 from ._steps import StepHandler, StepServer
 from ._tree import TransportTree
-from ._wire import JobKind, RemoteTask, StepResult
-from .adapters import ClaimedJob, SupportsRecovery, SupportsRenewal
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from .backends._backend import Backend
-    from .keys import KeyStore
+    from ..backends._backend import Backend
+    from ..keys import KeyStore
 
 
 __all__ = ["QueueTransport", "TransportStatistics", "open_queue_transport", "stalled_threshold_of"]
