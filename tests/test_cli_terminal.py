@@ -18,7 +18,7 @@ import trio
 import durable_trio as dt
 from durable_trio._engine._schedules import Schedule
 from durable_trio._naming import QueueNames
-from durable_trio.adapters import Job
+from durable_trio.brokers import Job
 from durable_trio.cli._main import main
 from durable_trio.cli._terminal import visible
 

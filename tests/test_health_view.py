@@ -12,7 +12,7 @@ import trio.testing
 from rich.console import Console
 
 import durable_trio as dt
-from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.cli._health import (
     SCRAPE_TIMEOUT,
     HealthReader,

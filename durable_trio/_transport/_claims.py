@@ -13,11 +13,11 @@ import attrs
 import trio
 
 from .._errors import BrokerError, DamagedJob, JobError
-from ..adapters import ClaimedJob
+from ..brokers import ClaimedJob
 from ._slots import Slots
 
 if TYPE_CHECKING:
-    from ..adapters import Job
+    from ..brokers import Job
 
 __all__ = ["ClaimState", "Level"]
 

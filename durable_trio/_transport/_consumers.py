@@ -10,7 +10,7 @@ import trio
 from .._codec import decode_envelope
 from .._errors import BrokerError, PayloadError
 from .._telemetry import hop
-from ..adapters import (
+from ..brokers import (
     ClaimedJob,
     QueueBroker,
     SupportsBatchPop,

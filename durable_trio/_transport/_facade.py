@@ -30,7 +30,7 @@ from .._errors import ConfigError, TransportClosed
 from .._failures import one_exception, raise_bare, report_through
 from .._naming import QueueNames
 from .._wire import JobKind, RemoteTask, StepResult
-from ..adapters import ClaimedJob, SupportsRecovery, SupportsRenewal
+from ..brokers import ClaimedJob, SupportsRecovery, SupportsRenewal
 from ._adaptive import ConcurrencyController
 from ._claims import _Loop
 from ._consumers import Consumers

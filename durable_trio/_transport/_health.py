@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import orjson
 import trio
 
-from ..adapters import SupportsQueueListing, SupportsSize, SupportsStoreIdentity
+from ..brokers import SupportsQueueListing, SupportsSize, SupportsStoreIdentity
 from ._liveness import GroupHealth, WorkerDescriptor, read_group_health
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ async def read_orphaned_queues(
 
     Returns:
         ``[]`` when the broker cannot list its queues
-        (:class:`~durable_trio.adapters.SupportsQueueListing`).
+        (:class:`~durable_trio.brokers.SupportsQueueListing`).
 
     Raises:
         BrokerError: the broker did not answer.
@@ -167,7 +167,7 @@ async def read_store_loss(backend: Backend) -> StoreLost | None:
     """The loss of the store's data that stands: the store was emptied or replaced under a
     running process (:class:`~durable_trio.StoreLost`), kept until an operator acknowledges it;
     ``None`` when none stands or the broker cannot tell
-    (:class:`~durable_trio.adapters.SupportsStoreIdentity`).
+    (:class:`~durable_trio.brokers.SupportsStoreIdentity`).
 
     Raises:
         BrokerError: the broker did not answer.

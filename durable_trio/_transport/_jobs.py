@@ -22,7 +22,7 @@ from .._errors import (
     TransportClosed,
 )
 from .._wire import StepError
-from ..adapters import SupportsClaimAhead, SupportsFinishAndClaim
+from ..brokers import SupportsClaimAhead, SupportsFinishAndClaim
 from ._claims import (
     _ABANDONED,
     _BUFFERED,
@@ -40,7 +40,7 @@ from ._claims import (
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from ..adapters import ClaimedJob, Job, Lease, QueueBroker
+    from ..brokers import ClaimedJob, Job, Lease, QueueBroker
     from ._claims import Level, _Loop
     from ._options import TransportOptions
     from ._slots import Slots

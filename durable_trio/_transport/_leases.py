@@ -17,7 +17,7 @@ from .._wire import (
     StepResult,
     StepStatus,
 )
-from ..adapters import (
+from ..brokers import (
     ClaimedJob,
     Lease,
     SupportsFailAndPush,
@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from .._naming import QueueNames
-    from ..adapters import Job
     from ..backends._backend import Backend
+    from ..brokers import Job
     from ._adaptive import ConcurrencyController
     from ._options import TransportOptions
 

@@ -11,13 +11,13 @@ from .._codec import encode_envelope
 from .._naming import sanitize_token
 from .._telemetry import carrier
 from .._wire import JobKind
-from ..adapters import Job, SupportsBatchFinalize
+from ..brokers import Job, SupportsBatchFinalize
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from .._naming import QueueNames
-    from ..adapters import Lease, QueueBroker
+    from ..brokers import Lease, QueueBroker
     from ._options import TransportOptions
 
 __all__ = ["Producers"]

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from .._naming import QueueNames
-    from ..adapters import ClaimedJob
     from ..backends._backend import Backend
+    from ..brokers import ClaimedJob
     from ..keys import KeyStore
     from ._adaptive import ConcurrencyController
     from ._claims import Level

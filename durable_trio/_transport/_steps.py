@@ -27,7 +27,7 @@ from ._step_beats import StepBeats, beat_interval
 
 if TYPE_CHECKING:
     from .._telemetry import StepAttempt
-    from ..adapters import ClaimedJob, Job
+    from ..brokers import ClaimedJob, Job
     from ._adaptive import ConcurrencyController
     from ._options import TransportOptions
     from ._producers import Producers

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from .._engine import App
     from .._naming import QueueNames
-    from ..adapters.memory import MemoryBroker
+    from ..brokers.memory import MemoryBroker
     from ..keys.memory import MemoryKeyStore
     from ._report import Faults
     from ._sim_ledger import Ledger

@@ -77,7 +77,7 @@ class _Queue:
 
 
 class MemoryBroker:
-    """An in-memory :class:`~durable_trio.adapters.QueueBroker` with every optional capability.
+    """An in-memory :class:`~durable_trio.brokers.QueueBroker` with every optional capability.
 
     Args:
         failed_retention: failed jobs kept per queue for inspection (oldest dropped first).
@@ -424,7 +424,7 @@ class MemoryBroker:
 
     async def requeue_failed(self, queue: str, job_id: str, *, priority: int | None = None) -> bool:
         """Put the newest failed job ``job_id`` back as ready, its counters reset (see
-        :class:`~durable_trio.adapters.SupportsFailedJobRepair`; priority 0 unless given)."""
+        :class:`~durable_trio.brokers.SupportsFailedJobRepair`; priority 0 unless given)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         q = self._queues.get(queue)
@@ -453,7 +453,7 @@ class MemoryBroker:
         return None
 
     async def queue_stats(self, queue: str) -> QueueStats:
-        """``queue``'s counts (see :class:`~durable_trio.adapters.SupportsQueueStats`)."""
+        """``queue``'s counts (see :class:`~durable_trio.brokers.SupportsQueueStats`)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         q = self._queues.get(queue)
@@ -490,7 +490,7 @@ class MemoryBroker:
 
     async def job_state(self, queue: str, job_id: str) -> JobState | None:
         """Whether job ``job_id`` waits on ``queue`` or is claimed (a scan of the queue: for a
-        rare look at one job, see :class:`~durable_trio.adapters.SupportsJobState`)."""
+        rare look at one job, see :class:`~durable_trio.brokers.SupportsJobState`)."""
         await trio.lowlevel.checkpoint()
         q = self._queues.get(queue)
         if q is None:
@@ -505,7 +505,7 @@ class MemoryBroker:
 
     async def job_states(self, queue: str, job_ids: Sequence[str]) -> list[JobState | None]:
         """:meth:`job_state` of each of ``job_ids``, in one scan of the queue (see
-        :class:`~durable_trio.adapters.SupportsJobStates`)."""
+        :class:`~durable_trio.brokers.SupportsJobStates`)."""
         await trio.lowlevel.checkpoint()
         q = self._queues.get(queue)
         found: dict[str, JobState] = {}
@@ -521,7 +521,7 @@ class MemoryBroker:
 
     async def waiting_queues(self, prefix: str) -> list[str]:
         """The queues named ``prefix...`` holding ready or delayed jobs (see
-        :class:`~durable_trio.adapters.SupportsQueueListing`)."""
+        :class:`~durable_trio.brokers.SupportsQueueListing`)."""
         await trio.lowlevel.checkpoint()
         return sorted(
             name

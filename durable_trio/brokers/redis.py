@@ -43,7 +43,7 @@ Key layout:
     ======================  ======  ==========================================================
 
     Outside the queues, ``{durable-trio}:identity`` and ``{durable-trio}:store-lost``: the
-    store's identity and its loss alarm (see :mod:`~durable_trio.adapters._redis_identity`).
+    store's identity and its loss alarm (see :mod:`~durable_trio.brokers._redis_identity`).
 
     ``n`` is the job's internal id (the ``seq`` value of its push), so two pushes never collide
     even if they reuse a job id. A lease token is ``n:<random>``, 64 random bits per claim
@@ -95,7 +95,7 @@ Wake-up (:meth:`RedisBroker.wait_for_work`):
 Damaged data:
     Whatever is stored, no call raises for it and nothing is dropped (see the scripts'
     conventions): a claim with an unreadable field is handed over flagged
-    (:attr:`~durable_trio.adapters.ClaimedJob.damage`, failed unread by the transport, kept raw
+    (:attr:`~durable_trio.brokers.ClaimedJob.damage`, failed unread by the transport, kept raw
     in ``failed``); an entry that names no readable job goes to ``quarantine``; a key of the
     wrong type fails its script before any write (a :class:`~durable_trio.BrokerError`). Run
     Redis with ``maxmemory-policy noeviction``: entering the broker warns otherwise
@@ -883,7 +883,7 @@ async def _job_state(
     client: RedisClient | RedisClusterClient, queue: str, job_id: str
 ) -> JobState | None:
     """One run of :data:`_JOB_STATE`, a scan of the queue's meta hash (for a rare look at one
-    job: see :class:`~durable_trio.adapters.SupportsJobState`)."""
+    job: see :class:`~durable_trio.brokers.SupportsJobState`)."""
     found = await client.script(_JOB_STATE)(
         keys=[f"{{{queue}}}:meta", f"{{{queue}}}:claims"], args=[job_id]
     )
@@ -1312,7 +1312,7 @@ class EvictionPolicyWarning(UserWarning):
 
 
 class _FailAndPush:
-    """:class:`~durable_trio.adapters.SupportsFailAndPush` of :class:`RedisBroker` (a base
+    """:class:`~durable_trio.brokers.SupportsFailAndPush` of :class:`RedisBroker` (a base
     class of its own, so the broker's class stays under the size limit)."""
 
     _fail_and_push: Script
@@ -1332,9 +1332,9 @@ class _FailAndPush:
 
 
 class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
-    """A :class:`~durable_trio.adapters.QueueBroker` on Redis: what :class:`RedisBroker` (one
+    """A :class:`~durable_trio.brokers.QueueBroker` on Redis: what :class:`RedisBroker` (one
     server, every optional capability) and
-    :class:`~durable_trio.adapters.redis_cluster.RedisClusterBroker` share.
+    :class:`~durable_trio.brokers.redis_cluster.RedisClusterBroker` share.
 
     Enter it (``async with``) before waiting on queues: it owns the task that listens to the
     doorbell. Every other call works on an entered or unentered broker alike.
@@ -1354,7 +1354,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
             no readable job, see :meth:`quarantined`; oldest dropped first).
         store_check_interval: seconds between two checks of the store's identity (one script
             run; also after every reconnection): a store emptied or replaced under this broker
-            raises the alarm (see :mod:`~durable_trio.adapters._redis_identity`).
+            raises the alarm (see :mod:`~durable_trio.brokers._redis_identity`).
         on_error: called with every error the doorbell listener meets, an
             :class:`EvictionPolicyWarning` when entered on a server that may evict keys, a
             :class:`~durable_trio.DamagedJob` when a retry finds a job's stored meta unreadable,
@@ -1555,7 +1555,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
     async def push_on(
         self, queue: str, job: Job, *, priority: int | None = None, delay: float = 0.0
     ) -> None:
-        """Enqueue ``job`` (see :class:`~durable_trio.adapters.QueueBroker`).
+        """Enqueue ``job`` (see :class:`~durable_trio.brokers.QueueBroker`).
 
         Raises:
             ValueError: ``priority`` outside ``[MIN_PRIORITY, MAX_PRIORITY]``, or a queue name
@@ -1582,7 +1582,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
         self, queue: str, count: int, ahead: int, *, worker: str = ""
     ) -> list[ClaimedJob]:
         """:meth:`pop_many` of ``count + ahead`` jobs in one script run, the last ``ahead``
-        stored as not started (see :class:`~durable_trio.adapters.SupportsClaimAhead`)."""
+        stored as not started (see :class:`~durable_trio.brokers.SupportsClaimAhead`)."""
         q = self._queue(queue)
         total = count + ahead
         if total < 1:
@@ -1695,7 +1695,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
     ) -> tuple[list[bool], list[ClaimedJob]]:
         """:meth:`push_and_complete_many`, then the claim script for ``count`` jobs, in ONE
         pipeline (one round trip; a Cluster's push goes first, alone; see
-        :class:`~durable_trio.adapters.SupportsFinishAndClaim`)."""
+        :class:`~durable_trio.brokers.SupportsFinishAndClaim`)."""
         if count < 1:
             return await self.push_and_complete_many(push_queue, jobs, queue, leases), []
         q = self._queue(queue)
@@ -1813,7 +1813,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
         """The queues named ``prefix...`` holding ready or delayed jobs: a ``SCAN`` for their
         ``{Q}:ready`` and ``{Q}:delayed`` keys (Redis deletes an empty sorted set, so a key
         found holds jobs), O(keys in the database), for a health read (see
-        :class:`~durable_trio.adapters.SupportsQueueListing`)."""
+        :class:`~durable_trio.brokers.SupportsQueueListing`)."""
         return await scan_queues(await self._scan_targets(), prefix, ("ready", "delayed"))
 
     async def job_state(self, queue: str, job_id: str) -> JobState | None:
@@ -1822,7 +1822,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
 
     async def job_states(self, queue: str, job_ids: Sequence[str]) -> list[JobState | None]:
         """:meth:`job_state` of each of ``job_ids``: one script call, one scan of the queue's
-        meta hash (see :class:`~durable_trio.adapters.SupportsJobStates`)."""
+        meta hash (see :class:`~durable_trio.brokers.SupportsJobStates`)."""
         return await _job_states(self._client, queue, job_ids)
 
     async def failed_jobs(self, queue: str, *, limit: int = 100) -> list[FailedJob]:
@@ -1927,7 +1927,7 @@ class RedisBrokerBase(FailedJobRepair, PubSubDoorbell, IdentityWatch):
 
 
 class RedisBroker(RedisBrokerBase, _FailAndPush):
-    """A :class:`~durable_trio.adapters.QueueBroker` on one Redis server, with every optional
+    """A :class:`~durable_trio.brokers.QueueBroker` on one Redis server, with every optional
     capability, the atomic :meth:`fail_and_push` included (a Cluster's queues live on two
-    slots: :class:`~durable_trio.adapters.redis_cluster.RedisClusterBroker` has no such call).
+    slots: :class:`~durable_trio.brokers.redis_cluster.RedisClusterBroker` has no such call).
     Options as :class:`RedisBrokerBase`'s."""

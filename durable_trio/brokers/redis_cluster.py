@@ -7,7 +7,7 @@ Open one on a :class:`~durable_trio._redis.RedisClusterClient` (or let
         await broker.push_on("q", Job("1", b"{}"))
 
 The key layout, the scripts and what they do with damaged data are the single-node broker's
-(see :mod:`durable_trio.adapters.redis`): every key of queue ``Q`` carries the hash tag ``{Q}``,
+(see :mod:`durable_trio.brokers.redis`): every key of queue ``Q`` carries the hash tag ``{Q}``,
 so each queue lives in one slot, on one master, and each script touches that slot only.
 Different queues spread over the masters. What differs:
 
@@ -19,7 +19,7 @@ Different queues spread over the masters. What differs:
   of which queues hold claims) are one pipeline of ``GET``\\ s per master, the masters
   concurrently: one round trip per master instead of one ``MGET``.
 - **Listings** (``waiting_queues``, ``known_queues``) ``SCAN`` every master.
-- **No atomic fail-and-push** (:class:`~durable_trio.adapters.SupportsFailAndPush`): the two
+- **No atomic fail-and-push** (:class:`~durable_trio.brokers.SupportsFailAndPush`): the two
   queues are two slots. The transport then fails the poison job first and publishes its result
   after, republishing it until it lands (see ``_leases.py``).
 - **Push-and-complete in two round trips** (a worker's results and its tasks' acknowledgements,
@@ -50,12 +50,12 @@ __all__ = ["RedisClusterBroker"]
 
 
 class RedisClusterBroker(ShardedDoorbell, RedisBrokerBase):
-    """A :class:`~durable_trio.adapters.QueueBroker` on a Redis Cluster (see the module docs).
+    """A :class:`~durable_trio.brokers.QueueBroker` on a Redis Cluster (see the module docs).
 
     Args:
         client: an entered :class:`~durable_trio._redis.RedisClusterClient` (not closed by the
             broker).
-        **options: as :class:`~durable_trio.adapters.redis.RedisBrokerBase`
+        **options: as :class:`~durable_trio.brokers.redis.RedisBrokerBase`
             (``safety_poll_interval``, ``failed_retention`` ...).
 
     Raises:

@@ -248,7 +248,7 @@ class StoreIdentity:
 
 class IdentityWatch:
     """The store-loss reads of a Redis broker (a base class of its own, so the broker's class
-    stays under the size limit): :class:`~durable_trio.adapters.SupportsStoreIdentity`."""
+    stays under the size limit): :class:`~durable_trio.brokers.SupportsStoreIdentity`."""
 
     _identity: StoreIdentity
     _client: RedisClient | RedisClusterClient

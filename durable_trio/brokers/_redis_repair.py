@@ -1,6 +1,6 @@
-"""The Redis broker's operator calls (:class:`~durable_trio.adapters.SupportsFailedJobRepair`,
-:class:`~durable_trio.adapters.SupportsQueueStats`), a base class of
-:class:`~durable_trio.adapters.redis.RedisBroker` kept in a module of its own (the broker's
+"""The Redis broker's operator calls (:class:`~durable_trio.brokers.SupportsFailedJobRepair`,
+:class:`~durable_trio.brokers.SupportsQueueStats`), a base class of
+:class:`~durable_trio.brokers.redis.RedisBroker` kept in a module of its own (the broker's
 class stays under the size limit). Same key layout as the broker (see its module docstring).
 """
 
@@ -198,7 +198,7 @@ class FailedJobRepair:
 
     async def requeue_failed(self, queue: str, job_id: str, *, priority: int | None = None) -> bool:
         """Put the newest failed job ``job_id`` back as ready, its counters reset (see
-        :class:`~durable_trio.adapters.SupportsFailedJobRepair`). A failed record keeps no
+        :class:`~durable_trio.brokers.SupportsFailedJobRepair`). A failed record keeps no
         priority: ``None`` requeues at priority 0."""
         q = queue_keys(queue)
         found = await self._find_failed(q, job_id)

@@ -1624,7 +1624,7 @@ class _Waiter:
 
 
 class SqliteBroker:
-    """A :class:`~durable_trio.adapters.QueueBroker` on one SQLite file, with every capability.
+    """A :class:`~durable_trio.brokers.QueueBroker` on one SQLite file, with every capability.
 
     One file may host many queues (and the key store, :class:`~durable_trio.keys.sqlite.
     SqliteKeyStore`); many brokers in many processes may share it. Create one with
@@ -1787,7 +1787,7 @@ class SqliteBroker:
     async def push_on(
         self, queue: str, job: Job, *, priority: int | None = None, delay: float = 0.0
     ) -> None:
-        """Enqueue ``job`` (see :class:`~durable_trio.adapters.QueueBroker`)."""
+        """Enqueue ``job`` (see :class:`~durable_trio.brokers.QueueBroker`)."""
         await self._call(
             partial(_op_push, queue, job, priority or 0, delay),
             write=True,
@@ -1817,7 +1817,7 @@ class SqliteBroker:
         self, queue: str, count: int, ahead: int, *, worker: str = ""
     ) -> list[ClaimedJob]:
         """:meth:`pop_many` of ``count + ahead`` jobs, the last ``ahead`` stored as not started
-        (see :class:`~durable_trio.adapters.SupportsClaimAhead`)."""
+        (see :class:`~durable_trio.brokers.SupportsClaimAhead`)."""
         if count + ahead <= 0:
             await trio.lowlevel.checkpoint()
             return []
@@ -1872,7 +1872,7 @@ class SqliteBroker:
         worker: str = "",
     ) -> tuple[list[bool], list[ClaimedJob]]:
         """Push, complete, then claim up to ``count`` jobs of ``queue``, in one transaction
-        (see :class:`~durable_trio.adapters.SupportsFinishAndClaim`)."""
+        (see :class:`~durable_trio.brokers.SupportsFinishAndClaim`)."""
         pairs: list[tuple[Job, int | None]] = [(job, None) for job in jobs]
 
         def all_three(db: sqlite3.Connection) -> tuple[list[bool], list[ClaimedJob]]:
@@ -1973,13 +1973,13 @@ class SqliteBroker:
 
     async def waiting_queues(self, prefix: str) -> list[str]:
         """The queues named ``prefix...`` holding ready or delayed jobs (see
-        :class:`~durable_trio.adapters.SupportsQueueListing`)."""
+        :class:`~durable_trio.brokers.SupportsQueueListing`)."""
         queues: list[str] = await self._call(partial(_op_waiting_queues, prefix), write=False)
         return queues
 
     async def job_state(self, queue: str, job_id: str) -> JobState | None:
         """Whether job ``job_id`` waits on ``queue`` or is claimed (see
-        :class:`~durable_trio.adapters.SupportsJobState`)."""
+        :class:`~durable_trio.brokers.SupportsJobState`)."""
         state: JobState | None = await self._call(
             partial(_op_job_state, queue, job_id), write=False
         )
@@ -1987,7 +1987,7 @@ class SqliteBroker:
 
     async def job_states(self, queue: str, job_ids: Sequence[str]) -> list[JobState | None]:
         """:meth:`job_state` of each of ``job_ids``, in one read (see
-        :class:`~durable_trio.adapters.SupportsJobStates`)."""
+        :class:`~durable_trio.brokers.SupportsJobStates`)."""
         states: list[JobState | None] = await self._call(
             partial(_op_job_states, queue, list(job_ids)), write=False
         )
@@ -2006,7 +2006,7 @@ class SqliteBroker:
 
     async def requeue_failed(self, queue: str, job_id: str, *, priority: int | None = None) -> bool:
         """Put the newest failed job ``job_id`` back as ready, its counters reset (see
-        :class:`~durable_trio.adapters.SupportsFailedJobRepair`; its stored priority unless
+        :class:`~durable_trio.brokers.SupportsFailedJobRepair`; its stored priority unless
         ``priority`` is given)."""
         done: bool = await self._call(
             partial(_op_requeue_failed, queue, job_id, priority),
@@ -2038,7 +2038,7 @@ class SqliteBroker:
 
     async def quarantined(self, queue: str, *, limit: int = 100) -> list[QuarantinedEntry]:
         """The rows of ``queue`` whose id could not be read, moved aside by a pop or a sweep,
-        newest first (see :class:`~durable_trio.adapters.SupportsQuarantine`)."""
+        newest first (see :class:`~durable_trio.brokers.SupportsQuarantine`)."""
         if limit <= 0:
             await trio.lowlevel.checkpoint()
             return []
