@@ -30,7 +30,7 @@ def _checkout_examples() -> Path | None:
     The wheel ships only the library: installed from it, the package sits in site-packages with
     no repository around it, and the examples are not on this machine.
     """
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parent.parent  # durable_trio/cli/_main.py
     root = package.parent  # <root>/durable_trio, beside the checkout's pyproject.toml
     if (root / "pyproject.toml").is_file() and (root / "examples").is_dir():
         return root / "examples"
