@@ -1,7 +1,8 @@
 """Schedules under SIGKILL, with real processes and the real clock: two engine processes fire
 one schedule (every 1 s, the shortest period a schedule takes) while they are killed and
-restarted, one at a time, around ticks; afterwards each tick from the first to the last has exactly one run, and every run completes
-(a killed engine's runs are taken over). SQLite and Redis."""
+restarted, one at a time, around ticks; afterwards each tick from the first to the last has
+exactly one run, and every run completes (a killed engine's runs are taken over). SQLite and
+Redis."""
 
 from __future__ import annotations
 
