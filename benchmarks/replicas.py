@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from durable_trio.adapters import Job
-from durable_trio.adapters.redis import RedisBroker
+from durable_trio.brokers import Job
+from durable_trio.brokers.redis import RedisBroker
 
 from .redis_server import RedisError, command, private_redis
 

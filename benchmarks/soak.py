@@ -10,8 +10,8 @@
 The first reading is taken once the process is warm (its pools, caches and allocator arenas
 grown to their working size): the target is on what comes after, the growth.
 
-RSS comes from ``/proc/PID/statm`` (as :func:`durable_trio._adaptive.read_rss_bytes` reads its
-own): resident pages x page size.
+RSS comes from ``/proc/PID/statm`` (as
+:func:`durable_trio._transport._adaptive.read_rss_bytes` reads its own): resident pages x page size.
 
     python -m benchmarks soak            # the section, in the report's format
     python -m benchmarks.soak engine URL RUNS FIRST WORKER_PID   # one engine process (internal)

@@ -6,7 +6,6 @@ transport over a pluggable broker (in-memory, SQLite, Redis).
 
 from __future__ import annotations
 
-from ._adaptive import Adaptive
 from ._codec import MAX_JSON_DEPTH, json_schema
 from ._engine import (
     App,
@@ -74,7 +73,6 @@ from ._errors import (
     StoreLost,
     TransportClosed,
 )
-from ._liveness import GroupHealth, LiveWorker, WorkerDescriptor
 from ._ops import (
     AttemptView,
     FailedJobView,
@@ -86,9 +84,7 @@ from ._ops import (
     WorkerView,
     open_operations,
 )
-from ._options import TransportOptions
-from ._signals import SignalClose, close_on_signals
-from ._step_timeout import StepTimedOut
+from ._os_signals import SignalClose, close_on_signals
 from ._supervisor import (
     RestartPolicy,
     WorkerProcess,
@@ -97,7 +93,11 @@ from ._supervisor import (
     run_worker_processes,
 )
 from ._telemetry import EVENTS_LOGGER, instrument, is_instrumented, uninstrument
-from ._transport import QueueTransport, TransportStatistics, open_queue_transport
+from ._transport._adaptive import Adaptive
+from ._transport._facade import QueueTransport, TransportStatistics, open_queue_transport
+from ._transport._handler_timeout import StepTimedOut
+from ._transport._liveness import GroupHealth, LiveWorker, WorkerDescriptor
+from ._transport._options import TransportOptions
 from ._wire import (
     ControlMessage,
     DecisionStatus,

@@ -31,11 +31,12 @@ from ._engine._reopen import retry_run
 from ._engine._stores import open_run_store
 from ._engine._stores._paging import check_page
 from ._errors import BrokerError, ConfigError, TransportClosed
-from ._health import read_worker_health
 from ._naming import QueueNames
 from ._ops_attempts import AttemptView, attempt_views
+from ._transport._health import read_worker_health
 from ._wire import ControlMessage, JobKind, JSONValue, WorkerStatus
-from .adapters import (
+from .backends import Backend, open_backend
+from .brokers import (
     FailedJob,
     Job,
     SupportsFailedJobRepair,
@@ -44,7 +45,6 @@ from .adapters import (
     SupportsQueueStats,
     SupportsSize,
 )
-from .backends import Backend, open_backend
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -266,7 +266,7 @@ class QueueView:
     """Workers with a live liveness key serving it (task queues only; 0 otherwise)."""
     oldest_ready_age: float | None = None
     """Seconds since the oldest ready job was pushed (broker clock; see
-    :attr:`~durable_trio.adapters.QueueStats.oldest_ready_age`); ``None``: none is ready, or a
+    :attr:`~durable_trio.brokers.QueueStats.oldest_ready_age`); ``None``: none is ready, or a
     ready job's push time is unknown."""
 
     @property

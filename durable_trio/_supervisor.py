@@ -35,7 +35,7 @@ import attrs
 import trio
 
 from ._errors import ConfigError
-from ._options import DEFAULT_CLEANUP_TIMEOUT, DEFAULT_CLOSE_TIMEOUT
+from ._transport._options import DEFAULT_CLEANUP_TIMEOUT, DEFAULT_CLOSE_TIMEOUT
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence

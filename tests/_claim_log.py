@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from durable_trio.adapters import ClaimedJob
+    from durable_trio.brokers import ClaimedJob
 
 
 def observe_claims(broker: Any, seen: Callable[[str, list[ClaimedJob], bool], None]) -> None:

@@ -22,7 +22,7 @@ import durable_trio as dt
 from _claim_log import observe_claims
 
 if TYPE_CHECKING:
-    from durable_trio.adapters import ClaimedJob
+    from durable_trio.brokers import ClaimedJob
 
 THRESHOLD = 2.0
 CHECK_INTERVAL = 0.5

@@ -25,7 +25,7 @@ import trio
 import durable_trio as dt
 
 if TYPE_CHECKING:
-    from durable_trio.adapters import ClaimedJob
+    from durable_trio.brokers import ClaimedJob
 
 app = dt.App("signals")
 _instance = os.environ.get("SIGNAL_TEST_INSTANCE", "cli")

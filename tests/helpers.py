@@ -8,14 +8,14 @@ import trio
 
 import durable_trio as dt
 from durable_trio._engine import RunRecord, RunStatus, StepKind, StepState
-from durable_trio.adapters import RenewOutcome
-from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.brokers import RenewOutcome
+from durable_trio.brokers.memory import MemoryBroker
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
     from durable_trio._engine import RunStore
-    from durable_trio.adapters import ClaimedJob, Job, Lease, Recovery
+    from durable_trio.brokers import ClaimedJob, Job, Lease, Recovery
 
 
 class CountingBroker:

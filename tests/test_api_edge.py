@@ -44,7 +44,7 @@ from durable_trio._engine import (
 )
 from durable_trio._engine._stores import sqlite as sqlite_store
 from durable_trio._engine._stores.sqlite import SqliteRunStore
-from durable_trio.adapters.sqlite import translate_error
+from durable_trio.brokers.sqlite import translate_error
 from helpers import Errors
 
 if TYPE_CHECKING:

@@ -15,11 +15,11 @@ import pytest
 import trio
 
 import durable_trio as dt
-from durable_trio._cli import main
 from durable_trio._engine._records import ATTEMPT_LOG_LIMIT, ended_attempt, error_to_json
 from durable_trio._engine._results import result_worker
 from durable_trio._ops_attempts import attempt_views
 from durable_trio._redis import open_redis
+from durable_trio.cli._main import main
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

@@ -1,4 +1,4 @@
-"""The broker contract (adapters/_contract.py), one suite for every broker (parametrized in
+"""The broker contract (brokers/_contract.py), one suite for every broker (parametrized in
 conftest.py); T3 and T9 name sections of docs/spec.md.
 
 Durations are short and real on brokers whose clock is a server's; on the memory broker the same
@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from durable_trio.adapters import (
+from durable_trio.brokers import (
     Job,
     Lease,
     SupportsBatchFinalize,

@@ -12,7 +12,7 @@ import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
 
-from durable_trio.adapters import Job
+from durable_trio.brokers import Job
 
 if TYPE_CHECKING:
     from conftest import BrokerFactory

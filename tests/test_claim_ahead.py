@@ -1,4 +1,4 @@
-"""Claims popped ahead of a free slot (``SupportsClaimAhead``, adapters/_contract.py) on every
+"""Claims popped ahead of a free slot (``SupportsClaimAhead``, brokers/_contract.py) on every
 broker (parametrized in conftest.py): a claim that never started is taken back by the sweep
 (T9 of docs/spec.md) at once but uncounted, and its stall history says so.
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from durable_trio.adapters import Job, SupportsClaimAhead
+from durable_trio.brokers import Job, SupportsClaimAhead
 
 Q = "t:tasks:ahead"
 
@@ -167,8 +167,8 @@ def test_stored_stall_histories_read_the_counted_flag_and_refuse_junk() -> None:
     """Damaged stored data: the stored forms of an uncounted stall read back as such, an old
     history (no flag) reads as counted, and a flag of any other shape makes the history
     unreadable (the claim is then flagged damaged and set aside, as before)."""
-    from durable_trio.adapters.redis import _stalls
-    from durable_trio.adapters.sqlite import _parse_stalls, _stalls_json
+    from durable_trio.brokers.redis import _stalls
+    from durable_trio.brokers.sqlite import _parse_stalls, _stalls_json
 
     assert [(s.worker, s.counted) for s in _stalls(b'[[1.5,"a"],[2.5,"b",0]]') or ()] == [
         ("a", True),

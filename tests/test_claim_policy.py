@@ -13,13 +13,13 @@ import trio
 import trio.testing
 
 import durable_trio as dt
-from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
 from durable_trio.testing.faults import Injector, wrap_broker
 from helpers import Errors, PausedRenewalBroker
 
 if TYPE_CHECKING:
-    from durable_trio.adapters import ClaimedJob
+    from durable_trio.brokers import ClaimedJob
 
 
 def backend_with(broker: Any, keys: MemoryKeyStore | None = None) -> dt.Backend:

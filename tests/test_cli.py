@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from durable_trio import _cli
-from durable_trio._cli import _discover, main
+from durable_trio.cli import _main as _cli
+from durable_trio.cli._main import _discover, main
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -64,7 +64,7 @@ def test_examples_follow_the_environment_variable(
 
 
 def test_every_example_summary_is_whole_sentences_without_markup() -> None:
-    from durable_trio._cli import _summary
+    from durable_trio.cli._main import _summary
 
     for name, path in _discover().items():
         summary = _summary(path)

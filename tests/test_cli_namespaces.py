@@ -9,8 +9,8 @@ import pytest
 import trio
 
 import durable_trio as dt
-from durable_trio._cli import main
 from durable_trio._ops import discover_namespace
+from durable_trio.cli._main import main
 
 if TYPE_CHECKING:
     from pathlib import Path

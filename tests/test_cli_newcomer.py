@@ -19,7 +19,7 @@ import trio
 
 import durable_trio as dt
 from _redis_server import _free_port
-from durable_trio._cli import main
+from durable_trio.cli._main import main
 
 if TYPE_CHECKING:
     from pathlib import Path

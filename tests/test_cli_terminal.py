@@ -16,11 +16,11 @@ import pytest
 import trio
 
 import durable_trio as dt
-from durable_trio._cli import main
 from durable_trio._engine._schedules import Schedule
 from durable_trio._naming import QueueNames
-from durable_trio._terminal import visible
-from durable_trio.adapters import Job
+from durable_trio.brokers import Job
+from durable_trio.cli._main import main
+from durable_trio.cli._terminal import visible
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -180,7 +180,7 @@ async def _forged_worker_key(backend: dt.Backend, group: str, instance: str) -> 
 async def test_health_prints_group_names_and_worker_ids_inert(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from durable_trio._health_view import HealthReader, render_text
+    from durable_trio.cli._health import HealthReader, render_text
 
     async with dt.open_backend("memory://") as backend:
         async with dt.open_worker(_app(), backend, instance_id="w1"):
@@ -199,7 +199,7 @@ async def test_the_live_table_prints_worker_ids_inert_and_without_markup(
     pytest.importorskip("rich")
     from rich.console import Console
 
-    from durable_trio._health_view import watch
+    from durable_trio.cli._health import watch
 
     marked = f"w[bold]{EVIL}[/bold][link=evil.example]x[/link]"
     screen = io.StringIO()

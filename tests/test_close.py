@@ -13,7 +13,7 @@ import trio.testing
 from hypothesis import given
 
 import durable_trio as dt
-from durable_trio._claims import ClaimState
+from durable_trio._transport._claims import ClaimState
 from durable_trio.keys.memory import MemoryKeyStore
 from helpers import CountingBroker, Errors, HangingBroker
 

@@ -286,7 +286,7 @@ def test_beyond_loopback_a_token_is_required() -> None:
 def test_the_cli_refuses_beyond_loopback_without_a_token(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from durable_trio._cli import main
+    from durable_trio.cli._main import main
 
     assert main(["console", "--backend", "memory://", "--host", "0.0.0.0"]) == 2
     assert "--token" in capsys.readouterr().err

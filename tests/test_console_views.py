@@ -17,11 +17,11 @@ import pytest
 import trio
 
 import durable_trio as dt
-from durable_trio._cli import main
 from durable_trio._engine._cancel import mark_in_store
 from durable_trio._engine._records import RunRecord, RunStatus, StepKind, StepRecord, StepState
 from durable_trio._engine._schedules import Schedules
-from durable_trio._ops_cli import _time
+from durable_trio.cli._main import main
+from durable_trio.cli._operations import _time
 from durable_trio.console import create_app
 from durable_trio.console._html import VALUE_LIMIT, stamp
 from helpers import set_aside_by_stalls

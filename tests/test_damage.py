@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 import durable_trio as dt
-from durable_trio.adapters import ClaimedJob, Lease, Recovery
+from durable_trio.brokers import ClaimedJob, Lease, Recovery
 from helpers import CountingBroker, Errors
 
 

@@ -15,7 +15,7 @@ import durable_trio as dt
 from durable_trio._engine import App, StepState, WorkflowContext, open_engine, open_worker
 from durable_trio._engine._duplicates import explain
 from durable_trio._engine._stores.memory import MemoryRunStore
-from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
 from durable_trio.testing import Simulation
 from durable_trio.testing._sample import CHAOS, expected, sample_app, workload

@@ -39,7 +39,7 @@ from durable_trio._engine import (
 )
 from durable_trio._engine._retry import StoredRetry
 from durable_trio._engine._stores.memory import MemoryRunStore
-from durable_trio._engine.cli import add_engine_commands, load_app
+from durable_trio.cli._engine import add_engine_commands, load_app
 from durable_trio.keys.memory import MemoryKeyStore
 from helpers import DefectiveBroker, Errors, wait_status
 

@@ -12,15 +12,15 @@ import trio.testing
 
 import durable_trio as dt
 from durable_trio import App, WorkflowContext, open_engine, open_worker
-from durable_trio.adapters.memory import MemoryBroker
 from durable_trio.backends import Backend
+from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
 from helpers import Errors
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from durable_trio.adapters import Job, Lease
+    from durable_trio.brokers import Job, Lease
 
 NO_JITTER = dt.Retry(max_attempts=3, initial=1.0, multiplier=1.0, jitter=0.0)
 

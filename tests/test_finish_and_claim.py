@@ -1,5 +1,5 @@
 """A worker's finalize that claims its next jobs in the same round trip
-(``SupportsFinishAndClaim``, adapters/_contract.py; docs/decisions.md, "A finishing worker
+(``SupportsFinishAndClaim``, brokers/_contract.py; docs/decisions.md, "A finishing worker
 claims its next job").
 
 The broker half runs on every broker (parametrized in conftest.py). The transport half runs at
@@ -18,9 +18,9 @@ import trio.testing
 
 import durable_trio as dt
 from _claim_log import observe_claims
-from durable_trio.adapters import ClaimedJob, Job, SupportsFinishAndClaim
-from durable_trio.adapters.memory import MemoryBroker
 from durable_trio.backends import Backend
+from durable_trio.brokers import ClaimedJob, Job, SupportsFinishAndClaim
+from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
 from helpers import Errors
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-    from durable_trio.adapters import Lease
+    from durable_trio.brokers import Lease
 
 Q = "t:tasks:fused"
 R = "t:results:fused"

@@ -10,8 +10,8 @@ import trio
 import trio.testing
 
 import durable_trio as dt
-from durable_trio._adaptive import ConcurrencyController
-from durable_trio.adapters.memory import MemoryBroker
+from durable_trio._transport._adaptive import ConcurrencyController
+from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
 
 if TYPE_CHECKING:

@@ -12,7 +12,8 @@ import trio.testing
 from rich.console import Console
 
 import durable_trio as dt
-from durable_trio._health_view import (
+from durable_trio.brokers.memory import MemoryBroker
+from durable_trio.cli._health import (
     SCRAPE_TIMEOUT,
     HealthReader,
     prometheus_text,
@@ -22,7 +23,6 @@ from durable_trio._health_view import (
     snapshot,
     watch,
 )
-from durable_trio.adapters.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
 
 if TYPE_CHECKING:

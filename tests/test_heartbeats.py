@@ -352,7 +352,7 @@ async def test_a_worker_whose_broker_stalls_sigstop_like_is_failed_over(
     part."""
     import random
 
-    from durable_trio.adapters.memory import MemoryBroker
+    from durable_trio.brokers.memory import MemoryBroker
     from durable_trio.testing.faults import Injector, wrap_broker
 
     app = App("shop")

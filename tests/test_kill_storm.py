@@ -40,8 +40,8 @@ import durable_trio as dt
 from _storm_worker import CHECK_INTERVAL, THRESHOLD
 from durable_trio._codec import decode_envelope
 from durable_trio._engine._duplicates import explain
-from durable_trio._options import DEFAULT_MAX_STALLED_COUNT
-from durable_trio.adapters import SupportsFailedJobs
+from durable_trio._transport._options import DEFAULT_MAX_STALLED_COUNT
+from durable_trio.brokers import SupportsFailedJobs
 
 pytestmark = pytest.mark.chaos
 

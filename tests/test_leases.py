@@ -8,12 +8,12 @@ import trio
 import trio.testing
 
 import durable_trio as dt
-from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
 from helpers import Errors, PausedRenewalBroker
 
 if TYPE_CHECKING:
-    from durable_trio.adapters import Job
+    from durable_trio.brokers import Job
 
 
 def backend_with(broker: Any) -> dt.Backend:

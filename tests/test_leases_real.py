@@ -10,7 +10,7 @@ import pytest
 import trio
 
 import durable_trio as dt
-from durable_trio.adapters import Lease, RenewOutcome
+from durable_trio.brokers import Lease, RenewOutcome
 from helpers import Errors
 
 if TYPE_CHECKING:

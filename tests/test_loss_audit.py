@@ -18,8 +18,8 @@ import trio.testing
 
 import durable_trio as dt
 from durable_trio import App, WorkflowContext, open_engine, open_worker
-from durable_trio.adapters import Job, JobState, SupportsJobStates
 from durable_trio.backends import Backend
+from durable_trio.brokers import Job, JobState, SupportsJobStates
 from durable_trio.testing import BrokerFaults, Injector, wrap_broker
 from helpers import Errors
 

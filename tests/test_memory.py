@@ -10,8 +10,8 @@ import trio
 import trio.testing
 
 import durable_trio as dt
-from durable_trio.adapters import Job, Lease
-from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.brokers import Job, Lease
+from durable_trio.brokers.memory import MemoryBroker
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -14,12 +14,12 @@ import pytest
 import trio
 
 import durable_trio as dt
-from durable_trio._cli import main
 from durable_trio._engine._stores.memory import MemoryRunStore
 from durable_trio._engine._stores.sqlite import SqliteRunStore
-from durable_trio.adapters import Job
-from durable_trio.adapters.memory import MemoryBroker
-from durable_trio.adapters.sqlite import SqliteBroker
+from durable_trio.brokers import Job
+from durable_trio.brokers.memory import MemoryBroker
+from durable_trio.brokers.sqlite import SqliteBroker
+from durable_trio.cli._main import main
 from helpers import serve_until_done, set_aside_by_stalls
 
 if TYPE_CHECKING:
@@ -277,13 +277,13 @@ async def test_failed_jobs_requeue_and_delete(
 @asynccontextmanager
 async def _broker(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
     if kind == "redis":
-        from durable_trio.adapters.redis import RedisBroker
+        from durable_trio.brokers.redis import RedisBroker
 
         async with RedisBroker.from_url(request.getfixturevalue("redis_url")) as redis:
             yield redis
         return
     if kind == "redis-cluster":
-        from durable_trio.adapters.redis_cluster import RedisClusterBroker
+        from durable_trio.brokers.redis_cluster import RedisClusterBroker
 
         url = request.getfixturevalue("redis_cluster_url")
         async with RedisClusterBroker.from_url(url) as cluster:
@@ -651,7 +651,7 @@ def test_health_takes_the_namespace_of_the_app(
 
 
 async def test_prometheus_has_queues_set_aside_jobs_and_runs(autojump_clock: object) -> None:
-    from durable_trio._health_view import HealthReader, _scrape
+    from durable_trio.cli._health import HealthReader, _scrape
 
     counts = {"reserve": 0, "charge": 0, "note": 0}
     app = _app(counts, {"charge": True})
@@ -701,7 +701,7 @@ def test_redis_without_hiredis_says_which_extra(
 
     for name in list(sys.modules):
         if name == "hiredis" or name.startswith(
-            ("durable_trio.backends.redis", "durable_trio._redis", "durable_trio.adapters.redis")
+            ("durable_trio.backends.redis", "durable_trio._redis", "durable_trio.brokers.redis")
         ):
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "hiredis", None)  # an import of it fails

@@ -15,8 +15,8 @@ import pytest
 import trio
 
 import durable_trio as dt
-from durable_trio._cli import main
 from durable_trio._engine._records import RunRecord, RunStatus
+from durable_trio.cli._main import main
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

@@ -57,9 +57,9 @@ def test_the_wheel_ships_the_library_and_nothing_else(wheel: Path) -> None:
     assert {
         "durable_trio/py.typed",
         "durable_trio/__init__.py",
-        "durable_trio/adapters/memory.py",
-        "durable_trio/adapters/sqlite.py",
-        "durable_trio/adapters/redis.py",
+        "durable_trio/brokers/memory.py",
+        "durable_trio/brokers/sqlite.py",
+        "durable_trio/brokers/redis.py",
         "durable_trio/keys/redis.py",
         "durable_trio/testing/strategies.py",
         "durable_trio/testing/fixtures.py",
@@ -94,7 +94,7 @@ def test_examples_from_the_wheel_say_where_the_examples_are(wheel: Path, tmp_pat
             check=False,
         )
 
-    where = cli("-c", "import durable_trio._cli as cli; print(cli.__file__)")
+    where = cli("-c", "import durable_trio.cli._main as cli; print(cli.__file__)")
     assert where.stdout.strip() == str(site / "durable_trio" / "_cli.py"), where.stderr
     for action in (["list"], ["run", "--all"], ["run", "hello_step"]):
         done = cli("-m", "durable_trio", "examples", *action)

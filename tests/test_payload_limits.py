@@ -32,8 +32,8 @@ from durable_trio._engine import (
 )
 from durable_trio._engine._records import normalize_json
 from durable_trio._json_values import _orjson_write_depth, read_within
-from durable_trio.adapters import Job
-from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.brokers import Job
+from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
 from helpers import Errors
 

@@ -18,9 +18,9 @@ import trio
 from durable_trio._errors import BrokerError, BrokerUnavailable
 from durable_trio._redact import redact_url
 from durable_trio._redis import open_redis
-from durable_trio.adapters import ClaimedJob, Job, SupportsBatchPop
-from durable_trio.adapters.redis import MAX_PRIORITY, MIN_PRIORITY, PROMOTE_BATCH, RedisBroker
 from durable_trio.backends.redis import open_redis_backend
+from durable_trio.brokers import ClaimedJob, Job, SupportsBatchPop
+from durable_trio.brokers.redis import MAX_PRIORITY, MIN_PRIORITY, PROMOTE_BATCH, RedisBroker
 from durable_trio.keys.redis import RedisKeyStore
 
 if TYPE_CHECKING:

@@ -18,9 +18,9 @@ import durable_trio as dt
 from _redis_cluster import *  # noqa: F403  (the fixture; harmless once conftest imports it too)
 from durable_trio._errors import BrokerError, BrokerUnavailable, ConfigError
 from durable_trio._redis import key_slot, open_redis_cluster
-from durable_trio.adapters import Job, SupportsFailAndPush
-from durable_trio.adapters.redis import RedisBroker
-from durable_trio.adapters.redis_cluster import RedisClusterBroker
+from durable_trio.brokers import Job, SupportsFailAndPush
+from durable_trio.brokers.redis import RedisBroker
+from durable_trio.brokers.redis_cluster import RedisClusterBroker
 from durable_trio.keys.redis import RedisKeyStore
 
 if TYPE_CHECKING:

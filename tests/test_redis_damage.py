@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 import durable_trio as dt
 from _redis_server import *  # noqa: F403
 from durable_trio._redis import RedisClient, open_redis
-from durable_trio.adapters import Job
-from durable_trio.adapters.redis import EvictionPolicyWarning, RedisBroker
+from durable_trio.brokers import Job
+from durable_trio.brokers.redis import EvictionPolicyWarning, RedisBroker
 from helpers import Errors
 
 if TYPE_CHECKING:
@@ -943,7 +943,7 @@ def test_the_decoders_never_raise(
     fields: list[bytes | None], token: bytes, record: bytes, head: list[int]
 ) -> None:
     """Whatever a reply or a record holds, the decoders return a value (pure, no server)."""
-    from durable_trio.adapters.redis import _claimed, _failed, _quarantined
+    from durable_trio.brokers.redis import _claimed, _failed, _quarantined
 
     fields[0] = fields[0] or b""
     job = _claimed([*fields, token], 0)

@@ -20,7 +20,7 @@ from durable_trio._redis import open_redis, open_redis_cluster
 from durable_trio._redis._replicas import replica_wait
 from durable_trio._redis._sentinel_url import parse_sentinel_url
 from durable_trio._redis._url import parse_redis_cluster_url, parse_redis_url
-from durable_trio.adapters import Job, QueueBroker
+from durable_trio.brokers import Job, QueueBroker
 
 if TYPE_CHECKING:
     from _redis_sentinel import SentinelGroup

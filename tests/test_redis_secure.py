@@ -27,8 +27,8 @@ from durable_trio._redis import open_redis, open_redis_cluster
 from durable_trio._redis._errors import RedisClusterTLSMismatch
 from durable_trio._redis._keyslot import key_slot
 from durable_trio._redis._topology import Node, parse_shards
-from durable_trio.adapters import Job
-from durable_trio.adapters.redis_cluster import RedisClusterBroker
+from durable_trio.brokers import Job
+from durable_trio.brokers.redis_cluster import RedisClusterBroker
 
 if TYPE_CHECKING:
     from _redis_cluster import ClusterNode, RedisCluster

@@ -17,13 +17,13 @@ import trio
 
 import durable_trio as dt
 from _redis_server import *  # noqa: F403
-from durable_trio._health import read_store_loss
-from durable_trio._health_view import HealthReader, _scrape, render_text
 from durable_trio._redis import open_redis, open_redis_cluster
-from durable_trio.adapters._redis_identity import ALARM_KEY, IDENTITY_KEY
-from durable_trio.adapters.redis import RedisBroker
-from durable_trio.adapters.redis_cluster import RedisClusterBroker
+from durable_trio._transport._health import read_store_loss
 from durable_trio.backends.redis import open_redis_backend
+from durable_trio.brokers._redis_identity import ALARM_KEY, IDENTITY_KEY
+from durable_trio.brokers.redis import RedisBroker
+from durable_trio.brokers.redis_cluster import RedisClusterBroker
+from durable_trio.cli._health import HealthReader, _scrape, render_text
 from helpers import Errors
 
 if TYPE_CHECKING:

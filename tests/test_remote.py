@@ -13,7 +13,7 @@ import trio.testing
 from hypothesis import given
 
 import durable_trio as dt
-from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
 from helpers import Errors
 
@@ -518,7 +518,7 @@ async def test_t24_close_drains_the_instances_own_inboxes(
         pod.remote.on_run_reply(lambda reply: None)
         await trio.lowlevel.checkpoint()
     for n in range(seed + 2):
-        await broker.push_on(pod.names.run_replies("pod"), dt.adapters.Job(f"j{n}", b"{}"))
+        await broker.push_on(pod.names.run_replies("pod"), dt.brokers.Job(f"j{n}", b"{}"))
     async with dt.open_queue_transport(shared_backend(broker, None), instance_id="pod") as pod:
         pod.remote.on_run_reply(lambda reply: None)
         await trio.lowlevel.checkpoint()

@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 
 import durable_trio as dt
 from _redis_server import _free_port
-from durable_trio._cli import main
 from durable_trio._redact import redact_url
 from durable_trio._redis import RedisAuthError, parse_redis_url
+from durable_trio.cli._main import main
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

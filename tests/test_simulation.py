@@ -17,8 +17,8 @@ from hypothesis import given
 import durable_trio as dt
 from durable_trio._coalesce import Coalescer
 from durable_trio._codec import dumps, loads
-from durable_trio.adapters import Job
-from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.brokers import Job
+from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
 from durable_trio.testing import (
     BrokerFaults,
@@ -629,7 +629,7 @@ async def test_failed_key_store_writes(autojump_clock: trio.testing.MockClock) -
 
 
 def test_the_wrapper_has_exactly_the_capabilities_of_the_broker_it_wraps() -> None:
-    from durable_trio.adapters import (
+    from durable_trio.brokers import (
         QueueBroker,
         SupportsBatchPop,
         SupportsRecovery,

@@ -22,9 +22,9 @@ import pytest
 import trio
 
 from durable_trio import BrokerError, BrokerUnavailable
-from durable_trio.adapters import Job, Lease
-from durable_trio.adapters import sqlite as sqlite_module
-from durable_trio.adapters.sqlite import PROMOTE_BATCH, SqliteBroker
+from durable_trio.brokers import Job, Lease
+from durable_trio.brokers import sqlite as sqlite_module
+from durable_trio.brokers.sqlite import PROMOTE_BATCH, SqliteBroker
 from durable_trio.keys import sqlite as keys_module
 from durable_trio.keys.sqlite import SqliteKeyStore, prefix_upper_bound
 
@@ -211,8 +211,8 @@ async def test_a_delayed_push_on_another_connection_wakes_the_waiter_when_due(
 WORKER_SCRIPT = """
 import json, sys, time
 import trio
-from durable_trio.adapters import Job
-from durable_trio.adapters.sqlite import SqliteBroker
+from durable_trio.brokers import Job
+from durable_trio.brokers.sqlite import SqliteBroker
 
 async def main(path, name, count, start_at):
     broker = await SqliteBroker.open(path, busy_timeout=10.0)

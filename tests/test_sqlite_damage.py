@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import durable_trio as dt
-from durable_trio.adapters import FailedJob, Lease, QuarantinedEntry, SupportsQuarantine
-from durable_trio.adapters.sqlite import SqliteBroker
+from durable_trio.brokers import FailedJob, Lease, QuarantinedEntry, SupportsQuarantine
+from durable_trio.brokers.sqlite import SqliteBroker
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -418,7 +418,7 @@ async def test_failed_jobs_lists_damaged_failed_rows(tmp_path: Path) -> None:
     assert by_id["b"].error.startswith("[unreadable: error: NULL, not TEXT; failed_at: TEXT")
     assert "stalls: TEXT '{junk'" in by_id["b"].error
     assert by_id["\ufffd"].data == b"text data"
-    assert by_id["\ufffd"].stalls == (dt.adapters.Stall(at=1.0, worker="w"),)
+    assert by_id["\ufffd"].stalls == (dt.brokers.Stall(at=1.0, worker="w"),)
     assert by_id["d"].error == "damaged: data: INTEGER 3, not BLOB or TEXT"  # nothing to add
 
 

@@ -1,4 +1,4 @@
-"""The SQLite broker's cross-process doorbell (``durable_trio/adapters/_doorbell.py``).
+"""The SQLite broker's cross-process doorbell (``durable_trio/brokers/_doorbell.py``).
 
 A push by one broker wakes another broker's waiter at once through a Unix datagram socket
 beside the file; the ``data_version`` tick stays as the safety net for everything the doorbell
@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 
-from durable_trio.adapters import Job
-from durable_trio.adapters import _doorbell as doorbell_module
-from durable_trio.adapters._doorbell import Doorbell, bells_folder
-from durable_trio.adapters.sqlite import SqliteBroker
+from durable_trio.brokers import Job
+from durable_trio.brokers import _doorbell as doorbell_module
+from durable_trio.brokers._doorbell import Doorbell, bells_folder
+from durable_trio.brokers.sqlite import SqliteBroker
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
@@ -410,8 +410,8 @@ async def test_a_broker_opened_without_a_doorbell_makes_no_folder_and_wakes_by_t
 
 PUSHER = """
 import sys, time, trio
-from durable_trio.adapters import Job
-from durable_trio.adapters.sqlite import SqliteBroker
+from durable_trio.brokers import Job
+from durable_trio.brokers.sqlite import SqliteBroker
 
 async def main(path):
     async with await SqliteBroker.open(path) as broker:
@@ -425,7 +425,7 @@ trio.run(main, sys.argv[1])
 
 WAITER = """
 import sys, trio
-from durable_trio.adapters.sqlite import SqliteBroker
+from durable_trio.brokers.sqlite import SqliteBroker
 
 async def main(path):
     broker = await SqliteBroker.open(path, wakeup_interval=30)

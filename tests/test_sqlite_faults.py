@@ -23,12 +23,12 @@ import durable_trio as dt
 from durable_trio._engine import App, WorkflowContext, open_engine, open_worker
 from durable_trio._engine._records import RunRecord, RunStatus
 from durable_trio._engine._stores.sqlite import SqliteRunStore
-from durable_trio._health_view import HealthReader
-from durable_trio.adapters import Job
-from durable_trio.adapters import sqlite as sqlite_module
-from durable_trio.adapters.sqlite import SqliteBroker
 from durable_trio.backends._backend import Backend
 from durable_trio.backends.sqlite import SqliteRunStores
+from durable_trio.brokers import Job
+from durable_trio.brokers import sqlite as sqlite_module
+from durable_trio.brokers.sqlite import SqliteBroker
+from durable_trio.cli._health import HealthReader
 from durable_trio.keys.sqlite import SqliteKeyStore
 
 if TYPE_CHECKING:

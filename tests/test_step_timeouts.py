@@ -20,9 +20,9 @@ from durable_trio import App, StepTimedOut, WorkflowContext, open_engine, open_w
 from durable_trio._engine import RunFailed, StepState
 from durable_trio._engine._step_timeouts import StepTimeouts, UnknownStep
 from durable_trio._engine._step_watch import StepNotStarted
-from durable_trio._engine.cli import add_engine_commands
-from durable_trio._health_view import prometheus_text, render_text, snapshot
-from durable_trio.adapters import Job, JobState, SupportsJobState, SupportsQueueListing
+from durable_trio.brokers import Job, JobState, SupportsJobState, SupportsQueueListing
+from durable_trio.cli._engine import add_engine_commands
+from durable_trio.cli._health import prometheus_text, render_text, snapshot
 from helpers import Errors
 
 if TYPE_CHECKING:

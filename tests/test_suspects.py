@@ -12,14 +12,14 @@ import trio.testing
 
 import durable_trio as dt
 from durable_trio._codec import decode_envelope
-from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
 from helpers import CountingBroker, Errors
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from durable_trio.adapters import Lease, RenewOutcome
+    from durable_trio.brokers import Lease, RenewOutcome
 
 THRESHOLD = 10.0
 

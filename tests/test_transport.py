@@ -12,8 +12,8 @@ import trio.testing
 
 import durable_trio as dt
 from durable_trio._codec import encode_envelope
-from durable_trio.adapters import Job
-from durable_trio.adapters.memory import MemoryBroker
+from durable_trio.brokers import Job
+from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
 from helpers import CountingBroker, DefectiveBroker, Errors
 

@@ -167,7 +167,7 @@ def test_runs_show_and_list_show_a_blocked_run(
 ) -> None:
     """The CLI: ``runs list --status blocked`` lists it, ``runs show`` prints the diff,
     ``runs retry`` reopens it."""
-    from durable_trio._cli import main
+    from durable_trio.cli._main import main
 
     url = "sqlite:///" + str(tmp_path / "cli.db")
 

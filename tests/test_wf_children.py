@@ -469,7 +469,7 @@ async def test_runs_show_names_parent_and_children_and_runs_cancel_cancels_the_c
 ) -> None:
     """``runs show`` prints a child's parent and a parent's children; ``runs cancel`` (the
     operator's cancel, straight on the store) cancels the children too, recursively."""
-    from durable_trio._cli import main
+    from durable_trio.cli._main import main
 
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     app, _ = shop()

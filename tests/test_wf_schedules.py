@@ -389,7 +389,7 @@ async def test_a_changed_declaration_replaces_the_stored_one_keeping_its_state(
 
 
 def test_schedules_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from durable_trio._cli import main
+    from durable_trio.cli._main import main
 
     db = tmp_path / "cli.db"
     backend = ["--backend", f"sqlite:///{db}", "--namespace", "reports"]
@@ -434,7 +434,7 @@ def test_schedules_cli_bad_every_and_bad_rows(
     """``--every 1e-300`` (and 0.001, 1e12) is refused (exit 2, one line); a raw bad row does
     not break ``list``, ``pause``/``resume`` say it is damaged (exit 2), ``delete`` removes it;
     with ``--app``, a schedule of a workflow the app no longer has is listed as an error."""
-    from durable_trio._cli import main
+    from durable_trio.cli._main import main
 
     db = tmp_path / "cli.db"
     backend = ["--backend", f"sqlite:///{db}", "--namespace", "reports"]

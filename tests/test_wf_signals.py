@@ -254,7 +254,7 @@ async def test_timeout_damaged_data_and_bad_payload_on_every_store(url: str) -> 
 
 
 async def test_the_cli_signals_and_shows_events(tmp_path: Path) -> None:
-    from durable_trio._cli import main
+    from durable_trio.cli._main import main
 
     url = f"sqlite:///{tmp_path / 'cli.db'}".replace("///", "////", 1)
     app = approvals()

@@ -17,9 +17,9 @@ import trio
 import trio.testing
 
 import durable_trio as dt
-from durable_trio._cli import main
 from durable_trio._engine import App, RunStatus, WorkflowContext, _signals, open_engine
 from durable_trio._engine._stores._wakes import CANCELS, RunWakes, SupportsRunWakes
+from durable_trio.cli._main import main
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import trio
 
 from durable_trio._redis import open_redis
-from durable_trio.adapters import ClaimedJob, Job
-from durable_trio.adapters.redis import RedisBroker
+from durable_trio.brokers import ClaimedJob, Job
+from durable_trio.brokers.redis import RedisBroker
 
 from . import measure_on_redis
 

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from durable_trio.adapters import Job
-from durable_trio.adapters.sqlite import SqliteBroker
+from durable_trio.brokers import Job
+from durable_trio.brokers.sqlite import SqliteBroker
 
 if TYPE_CHECKING:
-    from durable_trio.adapters.sqlite import Synchronous
+    from durable_trio.brokers.sqlite import Synchronous
 
 __all__ = ["measure"]
 

@@ -11,8 +11,8 @@ looks at the remote step attempts this engine dispatched and still waits on, tha
 ready (dispatch plus backoff) at least one ``audit_interval`` ago:
 
 1. it asks the broker where their jobs stand, batched: one call per task queue
-   (:class:`~durable_trio.adapters.SupportsJobStates`; a broker with only
-   :class:`~durable_trio.adapters.SupportsJobState` gets one call per job; a broker with
+   (:class:`~durable_trio.brokers.SupportsJobStates`; a broker with only
+   :class:`~durable_trio.brokers.SupportsJobState` gets one call per job; a broker with
    neither is not audited);
 2. a job the broker still knows (waiting, delayed, claimed, running) is fine, whatever its
    age: a backlog is not a loss;
@@ -56,13 +56,13 @@ import trio
 from .._errors import BrokerError, TransportClosed
 from .._periodic import fixed_rate
 from .._telemetry import EVENTS_LOGGER
-from .._transport import stalled_threshold_of
-from ..adapters import SupportsJobState, SupportsJobStates
+from .._transport._facade import stalled_threshold_of
+from ..brokers import SupportsJobState, SupportsJobStates
 from ._errors import EngineError
 from ._records import StepKind, StepState
 
 if TYPE_CHECKING:
-    from ..adapters import JobState
+    from ..brokers import JobState
     from ._records import StepRecord
     from ._services import EngineServices
     from ._step_timeouts import StepTimeouts

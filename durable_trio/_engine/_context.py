@@ -11,7 +11,7 @@ import trio
 from .._arguments import check_callable, check_name, check_priority, check_seconds, check_type
 from .._errors import ConfigError
 from .._json_values import check_json
-from .._step_beats import StepBeats, current_beats
+from .._transport._step_beats import StepBeats, current_beats
 from ._errors import EngineError, NonDeterminismError, SignalTimeout
 from ._records import StepKind, normalize_json
 from ._retry import Retry

@@ -31,7 +31,7 @@ from ._records import step_to_json
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from .._transport import QueueTransport
+    from .._transport._facade import QueueTransport
     from .._wire import RunRequest, StartRunMessage
     from ._records import RunRecord, StepRecord
     from ._services import DriverServices

@@ -31,8 +31,9 @@ from trio_util import RepeatedEvent
 
 from .._arguments import check_bool, check_name, check_optional_name, check_seconds
 from .._errors import BrokerError, TransportClosed
-from .._transport import QueueTransport  # noqa: TC001
+from .._transport._facade import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
+from ._adoption import Adoption
 from ._app import App  # noqa: TC001
 from ._audit import LossAudit
 from ._cancel_delivery import (
@@ -42,7 +43,7 @@ from ._cancel_delivery import (
     deliver_marked_forever,
 )
 from ._children import cancel_children
-from ._deadline import drive_within_deadline, expired, time_out
+from ._deadline import drive_within_deadline
 from ._duplicates import DuplicateResult  # noqa: TC001
 from ._errors import (
     EngineClosed,
@@ -58,14 +59,13 @@ from ._records import RunRecord, RunState, RunStatus, StepRecord
 from ._remote_run import RemoteRunDriver
 from ._reopen import retry_run
 from ._retry import Retry  # noqa: TC001
-from ._runtime import RunDriver, describe_error
+from ._runtime import RunDriver
 from ._schedules import Scheduler, Schedules
 from ._statistics import EngineStatistics
 from ._step_watch import StepWait, StepWatch
 from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
 from ._stores._wakes import SupportsRunWakes
-from ._versioning import resume_blocked
 
 if TYPE_CHECKING:
     from ._results import ResultHandler
@@ -73,9 +73,6 @@ if TYPE_CHECKING:
     from ._timers import EngineTimers
 
 __all__ = ["Engine", "EngineOptions", "EngineStatistics", "start_engine"]
-
-#: Runs claimed per store call by reconcile (it loops while batches come back full).
-_CLAIM_BATCH = 100
 
 
 class Engine:
@@ -109,6 +106,7 @@ class Engine:
         self._closing = False
         self._spawned = RepeatedEvent()
         """Set whenever a driver starts: wakes ``result`` pollers."""
+        self._adoption = Adoption(services, self._spawn, lambda: self._closing)
         self._schedules_changed = RepeatedEvent()
         self._schedules = Schedules(
             services.store,
@@ -263,42 +261,7 @@ class Engine:
         Returns:
             How many runs were taken over.
         """
-        taken = 0
-        if not self._closing:  # blocked runs this code may replay are reopened, then claimed
-            reopened = await resume_blocked(self.store, self.app, self.store.now())
-            self._services.count("runs_unblocked", len(reopened))
-        while not self._closing:
-            claimed = await self.store.claim_runs(
-                self.engine_id,
-                self.options.run_lease,
-                include_own=include_own,
-                limit=_CLAIM_BATCH,
-            )
-            for run in claimed:
-                taken += await self._adopt(run)
-            if len(claimed) < _CLAIM_BATCH:
-                break
-        return taken
-
-    async def _adopt(self, run: RunRecord) -> bool:
-        """Drive ``run``, just claimed here (or fail it: unknown workflow, past its deadline).
-        Returns whether a driver started."""
-        if run.run_id in self._services.drivers:
-            return False
-        if run.workflow not in self.app.workflows:
-            error = describe_error(
-                UnknownWorkflow(f"this engine's app does not register {run.workflow!r}")
-            )
-            await self.store.finish_run(run.run_id, RunStatus.FAILED, error=error)
-            self._services.count("runs_failed")
-            return False
-        if expired(self._services, run):  # past its deadline: fails, never driven
-            await time_out(self._services, run)
-            return False
-        history = await self.store.get_steps(run.run_id)
-        self._services.count("runs_resumed")
-        self._spawn(run, history)
-        return True
+        return await self._adoption.reconcile(include_own=include_own)
 
     async def take_over(self, run_id: str) -> bool:
         """Drive ``run_id`` here if nobody drives it (pending with no owner, as ``retry``
@@ -318,41 +281,7 @@ class Engine:
         if self._closing:
             await trio.lowlevel.checkpoint()
             raise EngineClosed("the engine is closed")
-        if run_id in self._services.drivers:
-            await trio.lowlevel.checkpoint()
-            return True
-        run = await self.store.get_run(run_id)
-        if run is None or run.status not in (RunStatus.PENDING, RunStatus.RUNNING):
-            return False  # unknown, ended or blocked: nothing to drive
-        lease = run.lease_until
-        if run.owner is not None and lease is not None and lease >= self.store.now():
-            return False  # a live engine drives it: claim nothing (and release nothing)
-        mine = {run_id}
-        while not self._closing:
-            claimed = await self.store.claim_runs(
-                self.engine_id, self.options.run_lease, limit=_CLAIM_BATCH
-            )
-            # A child is claimed after or before its parent: grow the family to a fixpoint.
-            family: list[RunRecord] = []
-            rest = list(claimed)
-            grew = True
-            while grew:
-                grew = False
-                for run in list(rest):
-                    if run.run_id in mine or run.parent in mine:
-                        mine.add(run.run_id)
-                        family.append(run)
-                        rest.remove(run)
-                        grew = True
-            # (A run driven here whose lease lapsed is claimed again: it stays.)
-            others = [run.run_id for run in rest if run.run_id not in self._services.drivers]
-            if others:
-                await self.store.release_runs(self.engine_id, others)
-            for run in family:
-                await self._adopt(run)
-            if len(claimed) < _CLAIM_BATCH:
-                break
-        return run_id in self._services.drivers
+        return await self._adoption.take_over(run_id)
 
     async def start(
         self,

@@ -2,9 +2,9 @@
 ``heartbeat_timeout`` failover.
 
 - A beat (``StepHeartbeat``, pushed by the worker running the step, see
-  ``durable_trio._step_beats``) is recorded on its checkpoint while the step is pending at the
-  beat's attempt: ``StepRecord.heartbeat`` = ``{"attempt", "at", "sentAt", "details"?,
-  "worker"?}``, ``at`` on the store clock when the engine received it, ``sentAt`` the
+  ``durable_trio._transport._step_beats``) is recorded on its checkpoint while the step is
+  pending at the beat's attempt: ``StepRecord.heartbeat`` = ``{"attempt", "at", "sentAt",
+  "details"?, "worker"?}``, ``at`` on the store clock when the engine received it, ``sentAt`` the
   worker's Unix time, ``worker`` the instance that sent it (when it says). A beat
   for another attempt, a settled step or an unknown one changes nothing (counted).
 - A step declared with ``heartbeat_timeout=`` whose current attempt beat is watched: every

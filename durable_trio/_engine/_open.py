@@ -10,8 +10,8 @@ import attrs
 import trio
 
 from .._failures import one_exception, raise_bare
-from .._options import log_error
-from .._transport import open_queue_transport
+from .._transport._facade import open_queue_transport
+from .._transport._options import log_error
 from ._engine import Engine, start_engine
 from ._options import EngineOptions
 from ._results import ResultHandler
@@ -26,7 +26,7 @@ from ._wall_clock import calendar_clock, follow_the_timers
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from .._options import ErrorHook
+    from .._transport._options import ErrorHook
     from ..backends._backend import Backend
     from ._app import App
     from ._stores import RunStore

@@ -82,7 +82,6 @@ __all__ = [
     "Schedules",
     "schedule_options",
     "schedule_run_id",
-    "virtual_wall_clock",
 ]
 
 CatchUp = Literal["skip", "once", "all"]
@@ -119,14 +118,6 @@ SCHEDULE_OPTIONS: Final = ("wall_clock", "schedule_grace", "schedule_recheck")
 def schedule_options(keywords: dict[str, Any]) -> dict[str, Any]:
     """Take the scheduler's options out of ``keywords`` (``open_engine``'s)."""
     return {name: keywords.pop(name) for name in SCHEDULE_OPTIONS if name in keywords}
-
-
-def virtual_wall_clock(epoch: float = 1_800_000_000.0) -> Callable[[], float]:
-    """A wall clock for tests: ``epoch + trio.current_time()``, so a scheduler under trio's
-    virtual clock (``autojump_clock``) sees calendar time move with it. The default epoch,
-    2027-01-15 08:00:00 UTC, is a whole hour, so ``every=60`` ticks fall at virtual
-    t = 60, 120, ..."""
-    return lambda: epoch + trio.current_time()
 
 
 def schedule_run_id(name: str, tick: float) -> str:

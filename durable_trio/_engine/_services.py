@@ -24,7 +24,7 @@ import trio
 
 from .. import _telemetry as telemetry
 from .._errors import BrokerError, TransportClosed
-from .._options import log_error
+from .._transport._options import log_error
 from .._wire import RemoteTask
 from ._duplicates import DuplicateLog
 from ._errors import EngineError
@@ -35,8 +35,8 @@ from ._step_timeouts import StepTimeouts
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
 
-    from .._options import ErrorHook
-    from .._transport import QueueTransport
+    from .._transport._facade import QueueTransport
+    from .._transport._options import ErrorHook
     from .._wire import WorkflowTask
     from ._app import App, StepDefinition, WorkflowDefinition
     from ._options import EngineOptions

@@ -4,7 +4,7 @@ timeout, and the report of an attempt waiting on a queue that no live worker ser
 Nothing here is on the hot path: a dispatch adds at most three entries to one heap, and one
 task sleeps until the earliest is due. Only an entry that comes due while its attempt is still
 pending costs anything: one read of the checkpoint, then at most one broker call
-(:class:`~durable_trio.adapters.SupportsJobState`: does the job still wait, or who holds it)
+(:class:`~durable_trio.brokers.SupportsJobState`: does the job still wait, or who holds it)
 and one key-store read (the queue's live workers, shared for a second by every check of
 that queue). So a step that ends before its timeouts
 costs no call at all (docs/decisions.md, "Step timeouts").
@@ -48,11 +48,11 @@ import trio
 from trio_util import RepeatedEvent
 
 from .._errors import BrokerError, DurableTrioError, TransportClosed
-from .._liveness import read_group_health
 from .._naming import sanitize_token
-from .._step_timeout import STEP_TIMED_OUT
+from .._transport._handler_timeout import STEP_TIMED_OUT
+from .._transport._liveness import read_group_health
 from .._wire import StepError, StepResult, StepStatus
-from ..adapters import SupportsJobState
+from ..brokers import SupportsJobState
 from ._errors import EngineError
 from ._records import StepKind, StepState
 from ._step_timeouts import StepTimeouts
@@ -60,7 +60,7 @@ from ._step_timeouts import StepTimeouts
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from ..adapters import JobState
+    from ..brokers import JobState
     from ._records import StepRecord
     from ._services import EngineServices
 

@@ -15,7 +15,7 @@ import attrs
 import trio
 
 from .._errors import ConfigError
-from .._transport import open_queue_transport
+from .._transport._facade import open_queue_transport
 from .._wire import RunReply, RunRequest, StartRunMessage
 from ._control import scoped_run_id
 from ._errors import EngineError, RunCancelled, RunNotFound, UnknownWorkflow, run_failure
@@ -24,7 +24,7 @@ from ._records import RunStatus
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
-    from .._transport import QueueTransport
+    from .._transport._facade import QueueTransport
     from .._wire import TenantEvent
     from ..backends._backend import Backend
 

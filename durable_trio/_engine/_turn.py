@@ -52,7 +52,7 @@ from ._versioning import code_fingerprint
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .._transport import QueueTransport
+    from .._transport._facade import QueueTransport
     from .._wire import WorkflowTask
     from ._app import WorkflowDefinition
     from ._step_timeouts import StepTimeouts

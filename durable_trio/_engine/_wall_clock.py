@@ -18,12 +18,10 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ._schedules import virtual_wall_clock
-
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["calendar_clock", "follow_the_timers"]
+__all__ = ["calendar_clock", "follow_the_timers", "virtual_wall_clock"]
 
 
 def follow_the_timers() -> float:
@@ -52,3 +50,11 @@ def calendar_clock(store: object) -> Callable[[], float]:
     ):
         return virtual_wall_clock()
     return time.time
+
+
+def virtual_wall_clock(epoch: float = 1_800_000_000.0) -> Callable[[], float]:
+    """A wall clock for tests: ``epoch + trio.current_time()``, so a scheduler under trio's
+    virtual clock (``autojump_clock``) sees calendar time move with it. The default epoch,
+    2027-01-15 08:00:00 UTC, is a whole hour, so ``every=60`` ticks fall at virtual
+    t = 60, 120, ..."""
+    return lambda: epoch + trio.current_time()

@@ -4,7 +4,7 @@ Each registered step ``async def charge(order: dict) -> dict`` becomes a transpo
 that calls it with the task's input, inside:
 
 - :func:`step_info` (a context variable): run id, step id, attempt, idempotency key, and
-  ``heartbeat()`` (the step's beats, see ``durable_trio._step_beats``);
+  ``heartbeat()`` (the step's beats, see ``durable_trio._transport._step_beats``);
 - a cancel scope a ``cancel`` control message for the step's run cancels (best-effort: control
   is point-to-point, so with several workers only the one that takes the message acts);
 - the step's :class:`Retry`: an exception of one of its ``non_retryable`` types is reported as
@@ -31,15 +31,15 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from .._step_beats import current_beats
-from .._transport import open_queue_transport
+from .._transport._facade import open_queue_transport
+from .._transport._step_beats import current_beats
 from ._context import _CURRENT_STEP, StepInfo
 from ._turn import run_turn
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
 
-    from .._transport import QueueTransport
+    from .._transport._facade import QueueTransport
     from .._wire import ControlMessage, RemoteTask
     from ..backends._backend import Backend
     from ._app import App, StepDefinition

@@ -14,7 +14,7 @@ import trio
 
 from .._engine._stores.memory import MemoryRunStore
 from .._errors import BrokerUnavailable
-from ..adapters import QueueBroker
+from ..brokers import QueueBroker
 from ..keys import KeyStore
 
 if TYPE_CHECKING:

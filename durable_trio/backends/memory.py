@@ -6,7 +6,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from .._redact import redact_url
-from ..adapters.memory import MemoryBroker
+from ..brokers.memory import MemoryBroker
 from ..keys.memory import MemoryKeyStore
 from ._backend import Backend, MemoryRunStores
 

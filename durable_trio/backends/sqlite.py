@@ -17,7 +17,7 @@ import trio
 from .._engine._stores.sqlite import SqliteRunStore, stored_namespaces
 from .._errors import ConfigError
 from .._redact import redact_url
-from ..adapters.sqlite import SqliteBroker
+from ..brokers.sqlite import SqliteBroker
 from ..keys.sqlite import SqliteKeyStore
 from ._backend import Backend
 

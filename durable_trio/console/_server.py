@@ -13,7 +13,7 @@ from hypercorn.trio import serve
 
 from .._errors import ConfigError
 from .._ops import open_operations
-from .._signals import close_on_signals
+from .._os_signals import close_on_signals
 from ._app import create_app
 from ._security import check_exposure
 

@@ -7,7 +7,7 @@ Either open it on its own connection::
 
     keys = await SqliteKeyStore.open("/var/lib/app/durable.db")
 
-or share the connection thread of a :class:`~durable_trio.adapters.sqlite.SqliteBroker` on the
+or share the connection thread of a :class:`~durable_trio.brokers.sqlite.SqliteBroker` on the
 same file (one thread and one connection for both; the connection closes when both did)::
 
     keys = await SqliteKeyStore.attach(broker)
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from .._errors import BrokerUnavailable
-from ..adapters.sqlite import ConnectionThread, SqliteBroker, Synchronous, open_connection
+from ..brokers.sqlite import ConnectionThread, SqliteBroker, Synchronous, open_connection
 from ._contract import KeyEntry
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ class SqliteKeyStore:
             path: the database file (its directory must exist).
             busy_timeout: seconds to wait for another connection's write lock.
             synchronous: ``NORMAL`` or ``FULL``, as for
-                :meth:`~durable_trio.adapters.sqlite.SqliteBroker.open`.
+                :meth:`~durable_trio.brokers.sqlite.SqliteBroker.open`.
 
         Raises:
             ConfigError: an invalid option.

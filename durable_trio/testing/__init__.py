@@ -19,7 +19,7 @@ See ``docs/testing.md``.
 
 from __future__ import annotations
 
-from .._engine._schedules import virtual_wall_clock
+from .._engine._wall_clock import virtual_wall_clock
 from ._report import Faults, InvariantViolation, SimulationReport
 from .faults import BrokerFaults, FaultyBroker, FaultyKeyStore, Injector, wrap_broker
 from .simulation import DEFAULT_TRANSPORT_OPTIONS, SEED_VARIABLE, Simulation, Workload

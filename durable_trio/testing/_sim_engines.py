@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
     from .._engine import App, DuplicateResult, RunPage, RunRecord, RunStatus
-    from ..adapters.memory import MemoryBroker
+    from ..brokers.memory import MemoryBroker
     from ..keys.memory import MemoryKeyStore
     from ._report import Faults
     from ._sim_ledger import Ledger

@@ -15,14 +15,14 @@ import orjson
 
 from .._engine import StepKind, StepRecord, StepState
 from .._engine._records import ATTEMPT_LOG_LIMIT
-from .._options import DEFAULT_MAX_STALLED_COUNT
+from .._transport._options import DEFAULT_MAX_STALLED_COUNT
 from ._sim_children import check_children
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..adapters import FailedJob
-    from ..adapters.memory import MemoryBroker
+    from ..brokers import FailedJob
+    from ..brokers.memory import MemoryBroker
     from ._sim_engines import Engines, RecordingStore
     from ._sim_ledger import Ledger
     from ._sim_runs import Runs

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._engine._records import RunStatus
-from .._engine._schedules import Schedule, virtual_wall_clock
-from .._engine._wall_clock import follow_the_timers
+from .._engine._schedules import Schedule
+from .._engine._wall_clock import follow_the_timers, virtual_wall_clock
 from .._errors import ConfigError
 
 if TYPE_CHECKING:

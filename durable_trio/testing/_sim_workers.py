@@ -12,8 +12,8 @@ import attrs
 import trio
 
 from .._engine import Worker, open_worker
-from .._liveness import MIN_HEARTBEAT_TTL
 from .._naming import sanitize_token
+from .._transport._liveness import MIN_HEARTBEAT_TTL
 from ..backends._backend import Backend
 from .faults import BrokerFaults, FaultyKeyStore, Injector, wrap_broker
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from .._engine import App
     from .._naming import QueueNames
-    from ..adapters.memory import MemoryBroker
+    from ..brokers.memory import MemoryBroker
     from ..keys.memory import MemoryKeyStore
     from ._report import Faults
     from ._sim_ledger import Ledger

@@ -26,7 +26,7 @@ What each fault models:
 - **key-store write failure**: a ``put``/``put_many``/``remove`` raises (before reaching the
   store);
 - **damaged claim**: a claim a pop hands over comes flagged as damaged
-  (:attr:`~durable_trio.adapters.ClaimedJob.damage`), as a broker hands over an entry whose
+  (:attr:`~durable_trio.brokers.ClaimedJob.damage`), as a broker hands over an entry whose
   stored fields it could not read: the transport must set it aside unread, and its run must
   still complete (the step is answered with a retryable failure and tried again).
 
@@ -46,7 +46,7 @@ import trio
 from .._codec import decode_envelope
 from .._errors import BrokerUnavailable, PayloadError
 from .._wire import JobKind, RemoteTask, StepResult
-from ..adapters import (
+from ..brokers import (
     SupportsBatchFinalize,
     SupportsBatchPop,
     SupportsClaimAhead,
@@ -65,7 +65,7 @@ from ..adapters import (
 if TYPE_CHECKING:
     import random
 
-    from ..adapters import (
+    from ..brokers import (
         ClaimedJob,
         FailedJob,
         Job,
@@ -305,7 +305,7 @@ def _lossy(jobs: Sequence[Job]) -> bool:
 
 
 class FaultyBroker:
-    """A :class:`~durable_trio.adapters.QueueBroker` that forwards every call to ``inner``
+    """A :class:`~durable_trio.brokers.QueueBroker` that forwards every call to ``inner``
     through an :class:`Injector`. Build one with :func:`wrap_broker`, which gives the wrapper
     exactly the optional capabilities (``Supports*``) of the broker it wraps — the transport
     detects them with ``isinstance``.

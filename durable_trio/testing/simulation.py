@@ -43,7 +43,7 @@ import trio
 import trio.testing
 
 from .._naming import QueueNames
-from ..adapters.memory import MemoryBroker
+from ..brokers.memory import MemoryBroker
 from ..keys.memory import MemoryKeyStore
 from ._determinism import seeded_scheduler
 from ._report import Faults, InvariantViolation, SimulationReport

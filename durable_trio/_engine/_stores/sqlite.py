@@ -1,7 +1,7 @@
 """The SQLite run store: two tables (``dt_runs``, ``dt_steps``) in the backend's database file.
 
 It shares the broker's dedicated connection thread (see
-:class:`~durable_trio.adapters.sqlite.ConnectionThread`) when given the broker, or opens its own
+:class:`~durable_trio.brokers.sqlite.ConnectionThread`) when given the broker, or opens its own
 on a path. Clock: ``time.time()``, which every process on the machine shares.
 
 Group commit:
@@ -33,8 +33,8 @@ import outcome
 import trio
 
 from ..._errors import BrokerError, BrokerUnavailable
-from ...adapters._doorbell import Doorbell
-from ...adapters.sqlite import (
+from ...brokers._doorbell import Doorbell
+from ...brokers.sqlite import (
     ConnectionThread,
     SqliteBroker,
     Synchronous,

@@ -1,0 +1,309 @@
+"""Consumers: the poll loops (T4, T5; the ids are sections of docs/spec.md) and their
+registration."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._codec import decode_envelope
+from .._errors import BrokerError, PayloadError
+from .._telemetry import hop
+from ..brokers import (
+    ClaimedJob,
+    QueueBroker,
+    SupportsBatchPop,
+    SupportsClaimAhead,
+    SupportsWakeup,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from .._wire import (
+        JobKind,
+    )
+    from ._claims import Level
+    from ._jobs import JobRunner
+    from ._liveness import Liveness
+    from ._options import TransportOptions
+    from ._slots import Slots
+
+
+
+from ._claims import (
+    _BUFFERED,
+    _Claim,
+    _Loop,
+    _OnJob,
+    _quarantined,
+    _unexpected,
+)
+
+#: A loop that polls this many jobs in a row without waiting yields once, so a loop with a large
+#: limit over a broker that answers at once never starves the handlers it starts.
+_FAIRNESS_BATCH = 64
+#: Most jobs one pop claims (a loop with more free slots than this pops again at once).
+_MAX_BATCH = 64
+#: Longest sleep after consecutive broker errors in a poll loop.
+_MAX_ERROR_BACKOFF = 10.0
+
+
+class Consumers:
+    """Every poll loop of a transport (T4, T5): the task, result, heartbeat, control and engine
+    loops in the consumers level, this instance's own inboxes in the inboxes level. Owns the
+    loops and their pop scopes; a popped job goes to the job runner."""
+
+    def __init__(
+        self,
+        broker: QueueBroker,
+        options: TransportOptions,
+        runner: JobRunner,
+        *,
+        consumers: Level,
+        inboxes: Level,
+        liveness: Callable[[], Liveness | None],
+        check_open: Callable[[], None],
+        report: Callable[[BaseException], None],
+    ) -> None:
+        self._broker = broker
+        self._options = options
+        self._runner = runner
+        self._consumers = consumers
+        self._inboxes = inboxes
+        self._liveness = liveness
+        self._check_open = check_open
+        self._report = report
+        self._wait_for_work = broker.wait_for_work if isinstance(broker, SupportsWakeup) else None
+        self.instance_id = options.instance_id
+        self.loops: list[_Loop] = []
+        self.consumed: list[str] = []
+        """Every queue consumed (not the inboxes), in start order."""
+        self.inbox_queues: list[str] = []
+        """This instance's own inboxes consumed, in start order."""
+        self._deferred: list[_Loop] | None = None
+        self._kind_handlers: dict[JobKind, Callable[[Any], Awaitable[None]]] = {}
+
+    def consume(
+        self,
+        kind: JobKind,
+        queue: str,
+        handler: Callable[[Any], Awaitable[None]],
+        slots: Slots,
+        *,
+        backoff_max: int | None = None,
+        inbox: bool = False,
+    ) -> None:
+        """Hand every ``kind`` job of ``queue`` to ``handler``: the first call starts the loop,
+        a later one swaps the handler for the next job."""
+        self._check_open()
+        first = kind not in self._kind_handlers
+        self._kind_handlers[kind] = handler
+        if first:
+            self.start_loop(
+                _Loop(
+                    queue,
+                    self.typed(kind, queue, lambda: self._kind_handlers[kind]),
+                    slots,
+                    self._options.idle_backoff_max if backoff_max is None else backoff_max,
+                    inbox=inbox,
+                )
+            )
+
+    def defer(self) -> None:
+        """Park every loop started from now on (but the inboxes) until :meth:`start_deferred`."""
+        if self._deferred is None:
+            self._deferred = []
+
+    def start_deferred(self) -> None:
+        """Start every parked loop (and stop deferring)."""
+        parked, self._deferred = self._deferred or [], None
+        for loop in parked:
+            self.start_loop(loop)
+
+    def stop_deferring(self) -> None:
+        """Close: the parked loops are never started."""
+        self._deferred = None
+
+    def start_loop(self, loop: _Loop) -> None:
+        if loop.inbox:
+            self.loops.append(loop)
+            self.inbox_queues.append(loop.queue)
+            self._inboxes.nursery.start_soon(self._poll_loop, loop, name=f"inbox {loop.queue}")
+            return
+        if self._deferred is not None:
+            self._deferred.append(loop)
+            return
+        self.consumed.append(loop.queue)
+        self.loops.append(loop)
+        liveness = self._liveness()
+        if loop.token is not None and liveness is not None:
+            # Only a loop that really consumes makes this instance a live worker of the token:
+            # a deferred (producer-only) process never looks like one.
+            liveness.serve(loop.token)
+        self._consumers.nursery.start_soon(self._poll_loop, loop, name=f"poll {loop.queue}")
+
+    def stop_intake(self, bound: float, *, inbox: bool = False) -> None:
+        """Close: the pops in flight of the task/engine loops (or, with ``inbox``, of this
+        instance's own inboxes) land by ``bound`` (absolute time); with the task/engine loops,
+        so do the finalizes in flight (the job runner's own scopes)."""
+        for loop in self.loops:
+            if loop.pop_scope is not None and loop.inbox is inbox:
+                loop.pop_scope.deadline = bound
+        if not inbox:
+            self._runner.bound_finalizes(bound)
+            self._runner.abandon_waiting()
+
+    def typed(
+        self,
+        kind: JobKind,
+        queue: str,
+        current: Callable[[], Callable[[Any], Awaitable[None]] | None],
+    ) -> _OnJob:
+        """A job callback that decodes ``kind`` jobs of ``queue`` and hands their payload to
+        the handler registered now (``current()``), so re-registering swaps it for the next
+        job."""
+        max_bytes = self._options.max_payload_bytes
+
+        async def on_job(job: ClaimedJob) -> None:
+            envelope = decode_envelope(job.data, max_bytes=max_bytes)
+            hop(envelope, queue)  # its trace span, when traced (docs/observability.md)
+            if envelope.kind is not kind:
+                raise PayloadError(f"a {envelope.kind.value!r} job does not belong on this queue")
+            handler = current()
+            assert handler is not None
+            await handler(envelope.payload)
+
+        return on_job
+
+    # ------------------------------------------------------------------ the poll loop (T4, T5)
+
+    async def _poll_loop(self, loop: _Loop) -> None:
+        broker = self._broker
+        wait_for_work = self._wait_for_work
+        queue = loop.queue
+        slots = loop.slots
+        poll_interval = self._options.poll_interval
+        worker = self.instance_id
+        empty = 0
+        errors = 0
+        streak = 0
+        # Pops are shielded (one scope per loop, its shield switched on around each pop, which
+        # costs far less than a scope per pop) so a close never cancels a claim half-made: a
+        # job the broker handed over is always tracked, then run or handed back. Close bounds a
+        # pop still in flight by setting this scope's deadline.
+        pop_many = broker.pop_many if isinstance(broker, SupportsBatchPop) else None
+        # Claims only for free slots unless prefetch is asked for, and then only on a broker
+        # that stores them as not started (so a claim that never ran is never a suspect).
+        pop_ahead = broker.pop_ahead if isinstance(broker, SupportsClaimAhead) else None
+        prefetch = self._options.prefetch  # (None: the loop's concurrency, as it moves)
+        if pop_ahead is None or pop_many is None:
+            prefetch = 0
+        buffer = loop.buffer
+        runner = self._runner
+        start_claim, begin_job = runner.start_claim, runner.begin_job
+        claims = runner.claims
+        with trio.CancelScope() as pop_scope:
+            loop.pop_scope = pop_scope
+            while True:
+                await slots.acquire()
+                # N free slots, one round trip: claim as many jobs as there are free slots
+                # (and, with prefetch, that many more, so the next freed slots need no wait).
+                extra = slots.take_free(_MAX_BATCH - 1) if pop_many is not None else 0
+                take = 1 + extra
+                while take and buffer:
+                    claim = buffer.popleft()
+                    if claim.state is _BUFFERED:  # (a lost lease took it out meanwhile)
+                        start_claim(loop, claim)
+                        take -= 1
+                if take == 0:
+                    streak += 1 + extra
+                    if streak >= _FAIRNESS_BATCH:
+                        streak = 0
+                        await trio.lowlevel.checkpoint()
+                    continue
+                ahead = 0
+                if prefetch != 0:
+                    wanted = slots.limit if prefetch is None else prefetch
+                    ahead = max(0, min(wanted, _MAX_BATCH) - len(buffer))
+                try:
+                    # No pop starts once close has begun (a loop first scheduled after the
+                    # close started would otherwise shield a pop nobody bounds).
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                except trio.Cancelled:
+                    slots.release(take)
+                    raise
+                pop_scope.shield = True
+                try:
+                    if ahead:
+                        assert pop_ahead is not None
+                        batch = await pop_ahead(queue, take, ahead, worker=worker)
+                    elif pop_many is not None:
+                        batch = await pop_many(queue, take, worker=worker)
+                    else:
+                        job = await broker.pop_from(queue, worker=worker)
+                        batch = [job] if job is not None else []
+                except BrokerError as exc:
+                    errors += 1
+                    self._report(exc)
+                    batch = []
+                except Exception as exc:
+                    # A broker's pop must turn whatever it reads into claims (damaged ones
+                    # flagged, see ClaimedJob.damage), never raise on stored data; should one
+                    # still raise, this loop must not end the whole transport (and crash again
+                    # on the same entry at every restart): reported, retried after a backoff.
+                    errors += 1
+                    self._report(_unexpected(exc, f"claiming from {queue!r}"))
+                    batch = []
+                else:
+                    # The broker answered: the outage is over, even if the queue is empty (an
+                    # empty pop must not leave the loop polling on the error backoff, up to
+                    # 10 s late for every job, instead of waiting for work).
+                    errors = 0
+                finally:
+                    pop_scope.shield = False
+                if batch and any(job.damage is not None and not job.lease.token for job in batch):
+                    batch = self._drop_quarantined(queue, batch)
+                loop.backlog = len(batch) >= take + ahead
+                if len(batch) < take:
+                    slots.release(take - len(batch))
+                if batch:
+                    errors = empty = 0
+                    for job in batch[:take]:
+                        begin_job(loop, job)
+                    for job in batch[take:]:
+                        claim = _Claim(queue, job, state=_BUFFERED, ahead=True)
+                        claims[job.lease.token] = claim
+                        buffer.append(claim)
+                    if len(batch) < take + ahead and not buffer and wait_for_work is not None:
+                        # Fewer than asked: the pop drained the queue (and, on a broker with a
+                        # wake-up signal, counts as an empty pop): wait for work instead of
+                        # spending one more round trip to learn that it is empty.
+                        streak = 0
+                        await wait_for_work(queue)
+                        continue
+                    streak += len(batch)
+                    if streak >= _FAIRNESS_BATCH:
+                        streak = 0
+                        await trio.lowlevel.checkpoint()
+                    continue
+                streak = 0
+                if errors:
+                    await trio.sleep(min(poll_interval * 2 ** min(errors, 16), _MAX_ERROR_BACKOFF))
+                elif wait_for_work is not None:
+                    await wait_for_work(queue)
+                else:
+                    empty += 1
+                    await trio.sleep(poll_interval * min(2 ** (empty - 1), loop.backoff_max))
+
+    def _drop_quarantined(self, queue: str, batch: list[ClaimedJob]) -> list[ClaimedJob]:
+        """Report the entries the broker could not tie to a job (already in its quarantine,
+        no lease to finalize) and keep the real claims."""
+        kept = []
+        for job in batch:
+            if job.damage is not None and not job.lease.token:
+                self._report(_quarantined(queue, job))
+            else:
+                kept.append(job)
+        return kept

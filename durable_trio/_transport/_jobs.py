@@ -1,0 +1,563 @@
+"""The job runner: the claims this instance holds and the job workers that run them, one
+handler per worker, each in its own cancel scope (T8, T24), with their finalize (T10; the ids
+are sections of docs/spec.md)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import outcome
+import trio
+from trio_util import AsyncBool
+
+from .._coalesce import Coalescer
+from .._errors import (
+    BrokerError,
+    BrokerUnavailable,
+    DamagedJob,
+    JobError,
+    LeaseLost,
+    PayloadError,
+    TransportClosed,
+)
+from .._wire import StepError
+from ..brokers import SupportsClaimAhead, SupportsFinishAndClaim
+from ._claims import (
+    _ABANDONED,
+    _BUFFERED,
+    _DROPPED,
+    _FINALIZING,
+    _RUNNING,
+    _WAITING,
+    _Claim,
+    _job_error,
+    _JobWorker,
+    _Next,
+    _quarantined,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from ..brokers import ClaimedJob, Job, Lease, QueueBroker
+    from ._claims import Level, _Loop
+    from ._options import TransportOptions
+    from ._slots import Slots
+
+__all__ = ["JobRunner"]
+
+#: How long a job whose handler met a broker error waits before it is delivered again.
+_INFRASTRUCTURE_RETRY_DELAY = 1.0
+
+#: First and largest pause between two tries of a finalize the broker did not answer.
+_FINALIZE_BACKOFF = (0.05, 2.0)
+
+T = TypeVar("T")
+
+
+class JobRunner:
+    """Owns the claim table (every claim from its pop to its finalize or handback), the job
+    workers of the jobs level, and what close does to them: bound the finalizes in flight,
+    abandon what still runs, hand the open claims back."""
+
+    def __init__(
+        self,
+        broker: QueueBroker,
+        options: TransportOptions,
+        level: Level,
+        *,
+        completer: Callable[[str], Coalescer[Lease, bool]],
+        finisher: Callable[[str], Coalescer[tuple[Lease, Job], bool]],
+        batched: bool,
+        closing: Callable[[], bool],
+        answer_bad_task: Callable[[ClaimedJob, StepError], Awaitable[None]],
+        report: Callable[[BaseException], None],
+        finalize_retry_for: float = 0.0,
+        results_queue: str | None = None,
+    ) -> None:
+        self._broker = broker
+        # Finishing workers claim their next jobs in their finalize's round trip (where the
+        # broker can, and finalizes are batched: a job's result travels with its complete).
+        self._finish_and_claim = (
+            broker
+            if batched and results_queue is not None and isinstance(broker, SupportsFinishAndClaim)
+            else None
+        )
+        self._in_halves = getattr(broker, "finalize_in_halves", True)
+        self._results_queue = results_queue or ""
+        self._claimers: dict[str, Coalescer[tuple[Lease, Job | None, _Next | None], bool]] = {}
+        self._finalize_retry_for = finalize_retry_for
+        self._options = options
+        self._level = level
+        self._completer = completer
+        self._finisher = finisher
+        self._batched = batched
+        self._closing = closing
+        self._answer_bad_task = answer_bad_task
+        self._report = report
+        self.claims: dict[str, _Claim] = {}
+        """Every claim this instance holds, by lease token."""
+        self._claim_ahead = broker if isinstance(broker, SupportsClaimAhead) else None
+        self._markers: dict[str, Coalescer[Lease, bool]] = {}
+        self.running = 0
+        """Handlers running now."""
+        self.idle = AsyncBool(True)
+        """True while no handler runs (close waits on it: ``wait_value(True)``)."""
+
+    # ------------------------------------------------------------------ close
+
+    def bound_finalizes(self, bound: float) -> None:
+        """Close: the finalizes in flight land by ``bound`` (absolute time)."""
+        for claim in self.claims.values():
+            if claim.state is _FINALIZING and claim.scope is not None:
+                claim.scope.deadline = bound
+
+    def abandon_waiting(self) -> None:
+        """Close: the suspects waiting to run alone never start; each keeps its claim for the
+        handback (attempt-neutral, uncounted: their handlers never ran here)."""
+        for claim in self.claims.values():
+            if claim.state is _WAITING:
+                claim.state = _ABANDONED
+                claim.cancel()
+
+    def abandon_running(self) -> None:
+        """Close: cancel every handler still running; each keeps its claim for the handback."""
+        for claim in self.claims.values():
+            if claim.state is _RUNNING or claim.state is _WAITING:
+                claim.state = _ABANDONED
+                claim.cancel()
+            elif claim.state is _BUFFERED:  # prefetched, never started
+                claim.state = _ABANDONED
+
+    async def hand_back_open_claims(self) -> None:
+        """Close: every claim still open goes back for immediate, attempt-neutral redelivery,
+        bounded by ``cleanup_timeout``."""
+        claims, self.claims = list(self.claims.values()), {}
+        with trio.move_on_after(self._options.cleanup_timeout) as bound:
+            for claim in claims:
+                try:
+                    await self._broker.retry_job(
+                        claim.job.lease, claim.queue, delay=0.0, count_attempt=False
+                    )
+                except BrokerError as exc:
+                    self._report(exc)
+        if bound.cancelled_caught:
+            self._report(
+                BrokerError("close: handing claims back timed out; the sweep recovers the rest")
+            )
+
+    # ------------------------------------------------------------------ running
+
+    def begin_job(self, loop: _Loop, job: ClaimedJob) -> None:
+        """Track a popped job and hand it to an idle worker of its loop (or a new one)."""
+        claim = _Claim(loop.queue, job, ahead=not job.started)
+        self.claims[job.lease.token] = claim
+        self.start_claim(loop, claim)
+
+    def start_claim(self, loop: _Loop, claim: _Claim) -> None:
+        claim.state = _RUNNING
+        if self.running == 0:
+            self.idle.value = False
+        self.running += 1
+        if loop.idle:
+            worker = loop.idle.pop()
+            claim.scope = worker.scope
+            trio.lowlevel.reschedule(worker.task, outcome.Value(claim))
+        else:
+            self._level.nursery.start_soon(self._job_worker, loop, claim)
+
+    async def _job_worker(self, loop: _Loop, claim: _Claim) -> None:
+        """Run ``claim``, then park until the loop hands this worker its next claim.
+
+        The hot path of every job, so written flat: one coroutine per job (the handler's), the
+        successful finalize inline.
+        """
+        on_job = loop.on_job
+        slots = loop.slots
+        claims = self.claims
+        complete_job = (
+            self._completer(loop.queue).submit
+            if self._batched
+            else lambda lease: self._broker.complete_job(lease, loop.queue)
+        )
+        with trio.CancelScope() as scope:
+            me = _JobWorker(trio.lowlevel.current_task(), scope)
+            claim.scope = scope
+
+            def abort(_: Any) -> trio.lowlevel.Abort:
+                loop.idle.remove(me)
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            while True:
+                job = claim.job
+                alone = False
+                nxt: _Claim | None = None
+                """The next claim, handed over by this job's finalize (it keeps the slot)."""
+                ended = False
+                try:
+                    error: Exception | None = None
+                    result: Job | None = None
+                    try:
+                        if job.damage is not None:
+                            error = await self._damaged(loop, job)
+                        elif job.stalled_count and slots.isolate and not (
+                            alone := await self._wait_alone(claim, slots)
+                        ):
+                            pass  # handed back (or dropped, or closing): it never ran here
+                        elif not claim.ahead or await self._mark_started(claim):
+                            result = await on_job(job)
+                        else:
+                            # Popped ahead and taken back before it started: never ran here,
+                            # nothing to finalize (no double run).
+                            claim.lost = True
+                            claim.state = _DROPPED
+                    except Exception as exc:
+                        error = exc
+                    # Abandoned by close (handed back in its step 6), or the lease went to
+                    # another worker (T8): its outcome must not finalize someone else's claim.
+                    if claim.state is _RUNNING and not claim.lost:
+                        # From here nobody cancels this scope: shielded, and bounded once a
+                        # close starts (close sets the deadline of the finalizes in flight), so a
+                        # close can never race a job's final write.
+                        claim.state = _FINALIZING
+                        scope.shield = True
+                        if self._closing():
+                            scope.deadline = trio.current_time() + self._options.cleanup_timeout
+                        try:
+                            if error is not None:
+                                await self._finalize(claim, error)
+                            else:
+                                ask = self._ask_next(loop)
+                                ok = await self._complete(claim, complete_job, result, ask)
+                                if ask is not None:
+                                    nxt = ask.claim
+                                if not ok:
+                                    self._report(
+                                        LeaseLost(
+                                            "completing the job answered 'lease lost': it was "
+                                            "re-delivered meanwhile (not retried)",
+                                            queue=claim.queue,
+                                            job_id=job.id,
+                                        )
+                                    )
+                        except BrokerError as exc:
+                            self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
+                        finally:
+                            scope.shield = False
+                    ended = True
+                finally:
+                    if alone:
+                        slots.end_alone()
+                    if claim.state is _RUNNING or claim.state is _WAITING:
+                        # Cancelled before it finished (its own scope, by close or a lost lease,
+                        # or the whole transport from outside): keep it for close's handback.
+                        claim.state = _ABANDONED
+                    if claim.state is not _ABANDONED or claim.lost:
+                        del claims[job.lease.token]
+                    if nxt is not None and (
+                        not ended or nxt.state is not _BUFFERED or self._closing()
+                    ):
+                        self._set_aside(nxt)
+                        nxt = None
+                    if nxt is None:
+                        slots.release()
+                        self.running -= 1
+                        if self.running == 0:
+                            self.idle.value = True
+                if nxt is not None:
+                    # Claimed by this job's finalize: run it at once, on the slot it holds.
+                    nxt.state = _RUNNING
+                    nxt.scope = scope
+                    claim = nxt
+                    continue
+                loop.idle.append(me)
+                claim = await trio.lowlevel.wait_task_rescheduled(abort)
+        if claim.state is _FINALIZING and scope.cancelled_caught:
+            self._report(
+                JobError(
+                    "finalizing timed out (broker not answering)",
+                    queue=claim.queue,
+                    job_id=claim.job.id,
+                )
+            )
+
+    async def _wait_alone(self, claim: _Claim, slots: Slots) -> bool:
+        """A suspect (it stalled before, while its handler ran) waits for every other handler
+        of ``slots`` to finish, taking none meanwhile, then runs alone (``True``). Waited
+        ``suspect_wait`` in vain: handed back for as long (attempt-neutral; its stall uncounted
+        had its worker died meanwhile: stored as not started), so an idle worker may take it
+        (``False``). Close abandons it for the handback; a lost lease drops it (the
+        cancellation of its scope ends the wait)."""
+        if self._closing():
+            claim.state = _ABANDONED
+            return False
+        claim.state = _WAITING
+        wait = self._options.suspect_wait
+        with trio.move_on_after(wait):
+            await slots.run_alone()
+            claim.state = _RUNNING
+            return True
+        claim.state = _FINALIZING
+        scope = claim.scope
+        assert scope is not None
+        scope.shield = True
+        try:
+            ok = await self._broker.retry_job(
+                claim.job.lease, claim.queue, delay=wait, count_attempt=False
+            )
+            if not ok:
+                self._report(
+                    LeaseLost(
+                        "handing a suspect back answered 'lease lost'",
+                        queue=claim.queue,
+                        job_id=claim.job.id,
+                    )
+                )
+        except BrokerError as exc:
+            self._report(_job_error(f"handing a suspect back failed: {exc}", claim, exc))
+        finally:
+            scope.shield = False
+        return False
+
+    async def _mark_started(self, claim: _Claim) -> bool:
+        """Tell the broker a claim popped ahead is starting (coalesced: the claims that start
+        in one scheduling round share one call). ``False``: its lease was lost meanwhile. A
+        broker error reaches the job's finalize (handed back, attempt-neutral): a handler
+        never runs on a claim the broker still holds as not started."""
+        marker = self._markers.get(claim.queue)
+        if marker is None:
+            broker, queue = self._claim_ahead, claim.queue
+            assert broker is not None
+
+            async def mark_many(leases: list[Lease]) -> list[bool]:
+                return await broker.mark_started(queue, leases)
+
+            marker = self._markers[claim.queue] = Coalescer(mark_many)
+        claim.ahead = False
+        return await marker.submit(claim.job.lease)
+
+    async def _finalize(self, claim: _Claim, error: Exception) -> None:
+        """T10 for a job whose handler raised: hand it back (fail it for good after
+        ``max_job_attempts``); fail bad input at once. (Success is completed inline by the job
+        worker.) Runs shielded and bounded: a close can never race a job's final write. Each
+        broker call is retried while the broker is unreachable (:meth:`_persist`)."""
+        broker = self._broker
+        job, queue = claim.job, claim.queue
+        try:
+            if isinstance(error, DamagedJob):
+                self._report(error)
+                ok = await self._persist(
+                    claim, lambda: broker.fail_job(job.lease, queue, f"damaged: {job.damage}")
+                )
+            elif isinstance(error, PayloadError):
+                self._report(_job_error(f"bad input, job failed: {error}", claim, error))
+                ok = await self._persist(
+                    claim, lambda: broker.fail_job(job.lease, queue, f"bad input: {error}")
+                )
+            elif isinstance(error, (BrokerError, TransportClosed)):
+                # The handler met a broker or store outage, or a transport or engine closing
+                # under it, not a bug of its own: counting it toward max_job_attempts would
+                # fail the job for good — a result, a decision — and leave its run without an
+                # answer. Back after a pause, attempt-neutral.
+                self._report(
+                    _job_error(
+                        f"handler met a broker error, job handed back for "
+                        f"{_INFRASTRUCTURE_RETRY_DELAY} s: {error!r}",
+                        claim,
+                        error,
+                    )
+                )
+                ok = await self._persist(
+                    claim,
+                    lambda: broker.retry_job(
+                        job.lease, queue, delay=_INFRASTRUCTURE_RETRY_DELAY, count_attempt=False
+                    ),
+                )
+            elif job.attempts + 1 >= self._options.max_job_attempts:
+                self._report(
+                    _job_error(
+                        f"handler failed {job.attempts + 1} times, job failed: {error!r}",
+                        claim,
+                        error,
+                    )
+                )
+                reason = f"handler failed {job.attempts + 1} times: {error!r}"
+                ok = await self._persist(claim, lambda: broker.fail_job(job.lease, queue, reason))
+            else:
+                self._report(
+                    _job_error(f"handler failed, job handed back: {error!r}", claim, error)
+                )
+                ok = await self._persist(claim, lambda: broker.retry_job(job.lease, queue))
+            if not ok:
+                self._report(
+                    LeaseLost("finalizing answered 'lease lost'", queue=queue, job_id=job.id)
+                )
+        except BrokerError as exc:
+            self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
+
+    async def _complete(
+        self,
+        claim: _Claim,
+        complete_job: Callable[[Lease], Awaitable[bool]],
+        result: Job | None,
+        ask: _Next | None = None,
+    ) -> bool:
+        """Complete ``claim``'s job (pushing ``result`` with it, if any); with ``ask``, claim
+        this worker's next job in the same round trip (in ``ask.claim``, or none). Tried again
+        while the broker is unreachable (:meth:`_persist`, entered only after a first failure;
+        without a claim)."""
+        lease = claim.job.lease
+        try:
+            if ask is not None:
+                try:
+                    return await self._claimer(ask.loop).submit((lease, result, ask))
+                finally:
+                    ask.gone = True  # a claim landing after this is handed back
+            if result is None:
+                return await complete_job(lease)
+            return await self._finisher(claim.queue).submit((lease, result))
+        except BrokerUnavailable as exc:
+            call: Callable[[], Awaitable[bool]]
+            if result is None:
+                call = partial(complete_job, lease)
+            else:
+                call = partial(self._finisher(claim.queue).submit, (lease, result))
+            return await self._persist(claim, call, exc)
+
+    # ------------------------------------------------------------------ finish and claim
+
+    def _ask_next(self, loop: _Loop) -> _Next | None:
+        """An ask for the next claim of a finishing job worker, or ``None`` when it should
+        not claim: the broker cannot, the queue showed no backlog, close has begun, prefetched
+        claims wait, or its slot is not to be kept (a suspect waits to run alone, or the
+        limit was cut below the slots in use)."""
+        if (
+            self._finish_and_claim is None
+            or not loop.backlog
+            or loop.buffer
+            or self._closing()
+            or loop.slots.gated
+            or loop.slots.in_flight > loop.slots.limit
+        ):
+            return None
+        return _Next(loop)
+
+    def _claimer(self, loop: _Loop) -> Coalescer[tuple[Lease, Job | None, _Next | None], bool]:
+        """The finisher of ``loop``'s queue that also claims: the results (of the jobs that
+        answer one) and completes of one batch, and one claim per ask in it, in one broker
+        call."""
+        queue = loop.queue
+        claimer = self._claimers.get(queue)
+        if claimer is None:
+            broker = self._finish_and_claim
+            assert broker is not None
+            results, worker = self._results_queue, self._options.instance_id
+
+            async def finish_and_claim(
+                items: list[tuple[Lease, Job | None, _Next | None]],
+            ) -> list[bool]:
+                asks = [ask for _, _, ask in items if ask is not None]
+                answers, claimed = await broker.finish_and_claim(
+                    results,
+                    [job for _, job, _ in items if job is not None],
+                    queue,
+                    [lease for lease, _, _ in items],
+                    len(asks),
+                    worker=worker,
+                )
+                self._hand_over(loop, claimed, asks)
+                return answers
+
+            # In two halves: one batch at the broker while the other's jobs run (where the
+            # broker's calls overlap: not SQLite's, one transaction after another).
+            claimer = self._claimers[queue] = Coalescer(
+                finish_and_claim,
+                most=(lambda: (loop.slots.limit + 1) // 2) if self._in_halves else None,
+            )
+        return claimer
+
+    def _hand_over(self, loop: _Loop, claimed: list[ClaimedJob], asks: list[_Next]) -> None:
+        """Track the claims a finalize made at once (before any other task runs: renewed, and
+        handed back by close, like any) and give one to each ask still waiting."""
+        loop.backlog = len(claimed) >= len(asks)
+        waiting = iter(asks)
+        for job in claimed:
+            if job.damage is not None and not job.lease.token:
+                self._report(_quarantined(loop.queue, job))
+                continue
+            claim = _Claim(loop.queue, job, state=_BUFFERED, ahead=not job.started)
+            self.claims[job.lease.token] = claim
+            ask = next(waiting, None)
+            if ask is None or ask.gone:
+                self._set_aside(claim)
+            else:
+                ask.claim = claim
+
+    def _set_aside(self, claim: _Claim) -> None:
+        """A claim its finalize made for a worker that no longer takes it (cancelled, or
+        closing): never started here, so handed back at once, attempt-neutral (or by close's
+        handback, once close has begun)."""
+        if claim.state is not _BUFFERED:
+            return  # taken back by the broker meanwhile (the lease keeper dropped it)
+        claim.state = _ABANDONED
+        if self._closing():
+            return  # close's step 6 hands it back with the rest
+
+        async def hand_back() -> None:
+            with trio.CancelScope(shield=True), trio.move_on_after(self._options.cleanup_timeout):
+                try:
+                    await self._broker.retry_job(
+                        claim.job.lease, claim.queue, delay=0.0, count_attempt=False
+                    )
+                except BrokerError as exc:
+                    self._report(exc)
+                    return  # kept: close's handback or the stalled sweep takes it back
+                self.claims.pop(claim.job.lease.token, None)
+
+        self._level.nursery.start_soon(hand_back)
+
+    async def _persist(
+        self,
+        claim: _Claim,
+        call: Callable[[], Awaitable[T]],
+        failed: BrokerUnavailable | None = None,
+    ) -> T:
+        """``await call()`` (a finalize: complete, fail, hand back), tried again with a
+        bounded backoff while the broker is unreachable (``BrokerUnavailable``: a connection
+        lost, a Redis failover under way), for as long as the claim is still ours: not lost
+        (the lease keeper saw it re-delivered) and for at most ``stalled_threshold`` after
+        the first failure (by then the broker's reclaim sweep may hand it to another worker).
+        A close bounds it too (its deadline on the finalize's scope). Without this, a job whose
+        work is done would wait for the reclaim sweep and run again."""
+        delay, largest = _FINALIZE_BACKOFF
+        give_up = trio.current_time() + self._finalize_retry_for
+        error = failed
+        while True:
+            if error is not None:
+                if claim.lost or trio.current_time() + delay > give_up or self._closing():
+                    raise error
+                self._report(
+                    _job_error(
+                        f"finalizing failed (trying again in {delay:.2f} s): {error}", claim, error
+                    )
+                )
+                await trio.sleep(delay)
+                delay = min(delay * 2, largest)
+            try:
+                return await call()
+            except BrokerUnavailable as exc:
+                error = exc
+
+    async def _damaged(self, loop: _Loop, job: ClaimedJob) -> DamagedJob:
+        """The error that sets a damaged claim aside (its finalize fails it with the reason).
+        A step task whose bytes still name its run and step first gets a RETRYABLE failed
+        result: the damage is the store's, not the step's, and a retry dispatches a fresh,
+        readable job, so the run neither waits forever nor fails for it."""
+        error = DamagedJob(
+            f"stored job unreadable, set aside: {job.damage}", queue=loop.queue, job_id=job.id
+        )
+        if loop.token is not None:  # a task loop
+            step = StepError(message=f"damaged job: {job.damage}", code="damaged", retryable=True)
+            await self._answer_bad_task(job, step)
+        return error

@@ -1,0 +1,375 @@
+"""Leases under failure: claim renewal (T7, docs/spec.md), lost leases (T8), the reclaim sweep
+and the poison bridge with its evidence (T9)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+import trio
+
+from .._codec import decode_envelope
+from .._errors import BrokerError, DamagedJob, JobError, LeaseLost, PayloadError, TransportClosed
+from .._periodic import fixed_rate
+from .._wire import (
+    JobKind,
+    RemoteTask,
+    StepError,
+    StepResult,
+    StepStatus,
+)
+from ..brokers import (
+    ClaimedJob,
+    Lease,
+    SupportsFailAndPush,
+    SupportsRecovery,
+    SupportsRenewal,
+    SupportsSweepHint,
+)
+from ._claims import (
+    _BUFFERED,
+    _DROPPED,
+    _RUNNING,
+    _WAITING,
+    _Claim,
+    _unexpected,
+)
+from ._liveness import (
+    read_last_status,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from .._naming import QueueNames
+    from ..backends._backend import Backend
+    from ..brokers import Job
+    from ._adaptive import ConcurrencyController
+    from ._options import TransportOptions
+
+__all__ = ["LeaseKeeper", "Sweeper"]
+
+#: With a sweep hint, every this-many-th sweep still looks at every queue (a lost hint then
+#: costs at most this many intervals, never a job).
+_FULL_SWEEP_EVERY = 20
+
+
+class LeaseKeeper:
+    """Renews every claim this instance holds, every ``stalled_threshold / 2`` (T7), and acts
+    on the leases the broker says were lost (T8). Owns its task and the scope of the round in
+    flight: :meth:`stop` bounds that round, so close never waits out a slow broker."""
+
+    def __init__(
+        self,
+        broker: SupportsRenewal,
+        claims: Callable[[], dict[str, _Claim]],
+        controller: ConcurrencyController,
+        *,
+        period: float,
+        cancel_on_lost_lease: bool,
+        report: Callable[[BaseException], None],
+    ) -> None:
+        self._broker = broker
+        self._claims = claims
+        self._controller = controller
+        self._period = period
+        self._cancel_on_lost_lease = cancel_on_lost_lease
+        self._report = report
+        self._round: trio.CancelScope | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Renew on ``start + k * period``; a round is shielded (a claim is never left half
+        renewed) and bounded by one period."""
+        period = self._period
+        ticks = fixed_rate(period)  # a slow round skips the ticks it overran (no stacking)
+        task_status.started()
+        async for _ in ticks:
+            with trio.move_on_after(period, shield=True) as round_scope:
+                self._round = round_scope
+                await self._renew_open_claims()
+            self._round = None
+
+    def stop(self, bound: float) -> None:
+        """Close: the round in flight lands by ``bound`` (absolute time), then the task ends."""
+        round_in_flight = self._round
+        if round_in_flight is not None:
+            round_in_flight.deadline = min(round_in_flight.deadline, bound)
+
+    async def _renew_open_claims(self) -> None:
+        claims = self._claims()
+        by_queue: dict[str, list[Lease]] = {}
+        for claim in claims.values():
+            by_queue.setdefault(claim.queue, []).append(claim.job.lease)
+        broker = self._broker
+        for queue, leases in by_queue.items():
+            try:
+                outcome = await broker.renew_jobs(queue, leases)
+            except BrokerError as exc:
+                self._report(exc)
+                continue
+            except Exception as exc:  # never let a broker defect end the keeper
+                self._report(_unexpected(exc, f"renewing the claims on {queue!r}"))
+                continue
+            claims = self._claims()
+            for lease in outcome.lost:
+                held = claims.get(lease.token)
+                if held is not None and held.state is _BUFFERED:
+                    # Prefetched and taken back before it ever started: no double run; the loop
+                    # skips it.
+                    held.state = _DROPPED
+                    del claims[lease.token]
+                    continue
+                if held is not None and held.state is _WAITING:
+                    # A suspect taken back while it waited to run alone: it never started here;
+                    # its job worker drops it (the cancellation ends the wait).
+                    held.state = _DROPPED
+                    held.lost = True
+                    held.cancel()
+                    continue
+                if held is None or held.state is not _RUNNING or held.lost:
+                    continue  # finished during the round trip: finalized, not lost
+                held.lost = True
+                held.lost_at = trio.current_time()  # what a result it still makes says
+                self._controller.duplicates += 1
+                what = "cancelled" if self._cancel_on_lost_lease else "left to finish"
+                self._report(
+                    LeaseLost(
+                        f"lost the claim before renewing it: the job was re-delivered and may "
+                        f"run twice; its handler is {what} and its outcome discarded "
+                        f"(raise stalled_threshold if this worker blocks its event loop)",
+                        queue=queue,
+                        job_id=lease.job_id,
+                    )
+                )
+                if self._cancel_on_lost_lease:
+                    held.cancel()
+
+
+class Sweeper:
+    """Recovers stalled jobs every ``stalled_check_interval`` (T9) and fails poison step tasks
+    with their evidence. Part of intake: close stops it with the consumers."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        names: QueueNames,
+        options: TransportOptions,
+        *,
+        stalled_threshold: float,
+        consumed: list[str],
+        inboxes: list[str],
+        task_queues: set[str],
+        publish_result: Callable[[StepResult], Awaitable[str]],
+        result_job: Callable[[StepResult], Job],
+        answer_bad_task: Callable[[ClaimedJob, StepError], Awaitable[None]],
+        report: Callable[[BaseException], None],
+    ) -> None:
+        self._backend = backend
+        self._broker = backend.broker
+        self._names = names
+        self._options = options
+        self.stalled_threshold = stalled_threshold
+        self._consumed = consumed
+        self._inboxes = inboxes
+        self._task_queues = task_queues
+        self.publish_result = publish_result
+        self._result_job = result_job
+        self._fail_and_push = (
+            self._broker if isinstance(self._broker, SupportsFailAndPush) else None
+        )
+        self._answer_bad_task = answer_bad_task
+        self._report = report
+        self._unanswered: list[StepResult] = []
+        """Failed results of poison tasks already failed whose publish failed: published
+        again at every later sweep until one lands."""
+
+    # ------------------------------------------------------------------ reclaim sweep (T9)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Sweep on ``start + k * stalled_check_interval``."""
+        task_status.started()
+        interval = self._options.stalled_check_interval
+        hint = self._broker if isinstance(self._broker, SupportsSweepHint) else None
+        async for tick in fixed_rate(interval):
+            # Every queue this instance consumes, its own inboxes too: a job on any of them
+            # can stall, and past the limit is set aside, never redelivered forever.
+            queues = [*self._consumed, *self._inboxes]
+            if hint is not None and tick % _FULL_SWEEP_EVERY:
+                # Skip the queues that hold no claim (one cheap call for all of them): an idle
+                # worker must cost next to nothing. Every _FULL_SWEEP_EVERY-th tick sweeps all.
+                try:
+                    queues = await hint.queues_with_claims(queues)
+                except BrokerError as exc:
+                    self._report(exc)
+                except Exception as exc:
+                    self._report(_unexpected(exc, "reading the sweep hint"))
+            if self._unanswered:
+                await self._publish_unanswered()
+            for queue in queues:
+                await self._sweep(queue)
+
+    async def _publish_unanswered(self) -> None:
+        pending, self._unanswered = self._unanswered, []
+        for result in pending:
+            if not await self._publish_failed(result):
+                self._unanswered.append(result)
+
+    async def _publish_failed(self, result: StepResult) -> bool:
+        try:
+            await self.publish_result(result)
+        except (BrokerError, TransportClosed) as exc:
+            self._report(
+                _publish_error(
+                    f"the failed result of poison step {result.step_id!r} (run "
+                    f"{result.run_id!r}) was not published, tried again at the next sweep: "
+                    f"{exc}",
+                    exc,
+                )
+            )
+            return False
+        return True
+
+    async def _sweep(self, queue: str) -> None:
+        broker = cast("SupportsRecovery", self._broker)  # (checked once: _can_recover)
+        # One limit on every queue: a job that stalled max_stalled_count times while its
+        # handler ran (a claim popped ahead and never started does not count, see
+        # SupportsClaimAhead) is set aside — failed, kept in the broker's failed set — never
+        # redelivered forever, whether a step task, a result, a decision or a control message.
+        try:
+            recovery = await broker.recover_stalled_jobs(
+                queue, self.stalled_threshold, self._options.max_stalled_count
+            )
+        except BrokerError as exc:
+            self._report(exc)
+            return
+        except Exception as exc:  # a stalled claim the broker could not read: never fatal
+            self._report(_unexpected(exc, f"sweeping {queue!r}"))
+            return
+        for job in recovery.exceeded:
+            if job.damage is not None:
+                await self._set_aside_damaged(queue, job)
+            else:
+                await self._fail_poison(queue, job)
+
+    async def _set_aside_damaged(self, queue: str, job: ClaimedJob) -> None:
+        """A stalled claim whose stored fields are damaged: failed with the reason (the raw
+        bytes stay in the failed set), never redelivered, never parsed; an entry the broker
+        already quarantined (no lease) is only reported."""
+        self._report(
+            DamagedJob(f"stalled claim unreadable, set aside: {job.damage}", queue=queue,
+                       job_id=job.id)
+        )
+        if not job.lease.token:
+            return
+        if queue in self._task_queues:
+            # Its bytes may still name its step: a retryable answer, so the run goes on (the
+            # job runner's answer to a damaged claim, the same one).
+            error = StepError(message=f"damaged job: {job.damage}", code="damaged", retryable=True)
+            try:
+                await self._answer_bad_task(job, error)
+            except (BrokerError, TransportClosed) as exc:
+                self._report(exc)
+                return  # still claimed by this sweep: the next one tries again
+        try:
+            await self._broker.fail_job(job.lease, queue, f"damaged: {job.damage}")
+        except BrokerError as exc:
+            self._report(exc)
+
+    async def _fail_poison(self, queue: str, job: ClaimedJob) -> None:
+        """Set aside a job that stalled more than ``max_stalled_count`` times while its
+        handler ran: fail it (kept in the broker's failed set with its stall history), then,
+        for a step task only, publish a RETRYABLE failed result so its run does not wait
+        forever (never for an unparseable or workflow payload).
+
+        The fail goes first and the result only if it succeeded (so a job is answered as
+        failed only once it is failed, never while another worker may still run it): if the
+        fail fails (a broker error), the job stays claimed by this sweep and the next sweep
+        (after ``stalled_threshold``) tries again; if it answers "lease lost", the job went
+        elsewhere and nothing is published. A result that cannot be published after the fail
+        is reported and published again at every later sweep of this instance until it lands
+        (should this instance die first, the step waits for the engine's own timeouts). On a
+        broker that can (``SupportsFailAndPush``: memory, SQLite, Redis) the fail and the
+        publish are one atomic call, and that window is closed: both or neither."""
+        reason = f"stalled more than {self._options.max_stalled_count} times"
+        result = await self._poison_result(queue, job, reason)
+        together = self._fail_and_push is not None and result is not None
+        try:
+            if together:
+                assert self._fail_and_push is not None
+                assert result is not None
+                failed = await self._fail_and_push.fail_and_push(
+                    job.lease, queue, reason, self._names.results, self._result_job(result)
+                )
+            else:
+                failed = await self._broker.fail_job(job.lease, queue, reason)
+        except BrokerError as exc:
+            self._report(exc)
+            return
+        if not failed:
+            return
+        kind = "poison job failed" if result is not None else "poison job set aside (failed)"
+        self._report(JobError(f"{kind}: {reason}", queue=queue, job_id=job.id))
+        if result is not None and not together and not await self._publish_failed(result):
+            self._unanswered.append(result)
+
+    async def _poison_result(self, queue: str, job: ClaimedJob, reason: str) -> StepResult | None:
+        """The failed result a poison job answers its run with: for a step task, and for a
+        step result whose handling by the engines stalled past the limit (set aside, it would
+        otherwise leave its step waiting forever: the retryable failure makes the engine try
+        the step again, or ends it as failed, inspectable, when its retries are spent).
+        ``None``: neither (or unreadable)."""
+        is_results = queue == self._names.results
+        if queue not in self._task_queues and not is_results:
+            return None
+        try:
+            envelope = decode_envelope(job.data, max_bytes=self._options.max_payload_bytes)
+        except PayloadError:
+            return None
+        if is_results:
+            if envelope.kind is not JobKind.RESULT:
+                return None
+            held: StepResult = envelope.payload
+            message = (
+                f"its result was set aside: the engines' handling of it {reason} "
+                "(the step is tried again)"
+            )
+            error = StepError(
+                message=message,
+                code="result_set_aside",
+                retryable=True,
+                details={"stalls": _stalls(job), "stalledCount": job.stalled_count},
+            )
+            return StepResult(
+                held.run_id, held.step_id, held.attempt, StepStatus.FAILED, error=error
+            )
+        if envelope.kind is not JobKind.TASK:
+            return None
+        task: RemoteTask = envelope.payload
+        evidence: dict[str, Any] = {
+            # Every stall, and whether it counted (its handler had started) or not (a claim
+            # popped ahead and never started, taken back uncounted).
+            "stalls": _stalls(job),
+            "stalledCount": job.stalled_count,
+        }
+        keys = self._backend.keys
+        if keys is not None:
+            # The last liveness snapshot of every worker that held it (RSS, CPU, in-flight):
+            # an out-of-memory loop shows as growing RSS on each of them.
+            workers: dict[str, Any] = {}
+            for worker in dict.fromkeys(s.worker for s in job.stalls if s.worker):
+                try:
+                    workers[worker] = await read_last_status(keys, self._names, worker)
+                except BrokerError as exc:
+                    self._report(exc)
+            evidence["workers"] = workers
+        error = StepError(message=reason, code="stalled", retryable=True, details=evidence)
+        return StepResult.failure(task, error)
+
+
+def _stalls(job: ClaimedJob) -> list[dict[str, Any]]:
+    return [{"at": s.at, "worker": s.worker, "counted": s.counted} for s in job.stalls]
+
+
+def _publish_error(message: str, cause: BaseException) -> BrokerError:
+    error = BrokerError(message)
+    error.__cause__ = cause
+    return error

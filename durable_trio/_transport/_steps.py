@@ -1,0 +1,274 @@
+"""Serving step tasks: the jobs of a task loop, steps and workflow turns told apart by kind
+(T14), each step's result made and pushed (the ids are sections of docs/spec.md)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import trio
+
+from .._codec import decode_envelope
+from .._errors import BrokerError, JobError, PayloadError
+from .._telemetry import hop, step_attempt
+from .._wire import (
+    JobKind,
+    JSONValue,
+    RemoteTask,
+    StepError,
+    StepHeartbeat,
+    StepResult,
+    StepStatus,
+)
+from ._handler_timeout import run_within_timeout
+from ._step_beats import StepBeats, beat_interval
+
+if TYPE_CHECKING:
+    from .._telemetry import StepAttempt
+    from ..brokers import ClaimedJob, Job
+    from ._adaptive import ConcurrencyController
+    from ._options import TransportOptions
+    from ._producers import Producers
+
+_log = logging.getLogger("durable_trio")
+
+#: First and largest delay between two attempts at pushing a step's result.
+_RESULT_PUSH_BACKOFF = (0.05, 5.0)
+
+
+StepHandler = Callable[[RemoteTask], Awaitable[JSONValue]]
+
+
+class StepServer:
+    """Runs the jobs of the task loops: a step's handler (its result made and pushed), or a
+    workflow turn (through the remote layer's ``turns``). Owns the step handlers."""
+
+    def __init__(
+        self,
+        producers: Producers,
+        controller: ConcurrencyController,
+        options: TransportOptions,
+        *,
+        results: str,
+        task_queue: Callable[[str], str],
+        publish_result: Callable[[StepResult], Awaitable[str]],
+        report: Callable[[BaseException], None],
+        instance_id: str = "",
+        lost_at: Callable[[str], float | None] = lambda token: None,
+        publish_beat: Callable[[StepHeartbeat], Awaitable[None]] | None = None,
+        spawn: Callable[[Callable[[], Awaitable[None]]], None] | None = None,
+    ) -> None:
+        self._instance_id = instance_id
+        self._lost_at = lost_at
+        self._producers = producers
+        self._controller = controller
+        self._max_payload_bytes = options.max_payload_bytes
+        self._results = results
+        self._task_queue = task_queue
+        self._publish_result = publish_result
+        self._report = report
+        self._publish_beat = publish_beat
+        self._spawn = spawn
+        self._beat_interval = options.step_heartbeat_interval
+        self.handlers: dict[str, StepHandler] = {}
+        self.turns: Callable[[Any], Awaitable[None]] | None = None
+        """Serves the workflow turns found on a task loop (set by the remote layer, T14)."""
+
+    async def on_task_job(self, job: ClaimedJob) -> Job | None:
+        try:
+            envelope = decode_envelope(job.data, max_bytes=self._max_payload_bytes)
+            if envelope.kind is JobKind.WORKFLOW:
+                # T14: a workflow turn shares its token's task loop; told apart by shape
+                pass
+            elif envelope.kind is not JobKind.TASK:
+                raise PayloadError(f"a {envelope.kind.value!r} job does not belong on a task queue")
+        except PayloadError as exc:
+            await self.answer_bad_task(
+                job, StepError(message=f"bad task: {exc}", code="bad_input", retryable=False)
+            )
+            raise
+        if envelope.kind is JobKind.WORKFLOW:
+            assert self.turns is not None  # a workflow job reaches a loop its turns started
+            hop(envelope, None)
+            await self.turns(envelope.payload)
+            return None
+        task: RemoteTask = envelope.payload
+        queue = self._task_queue(task.routing_group)
+        hop(envelope, queue)
+        with step_attempt(task, envelope.trace, queue, self._instance_id) as attempt:
+            return await self._serve_task(task, job, attempt)
+
+    async def answer_bad_task(self, job: ClaimedJob, error: StepError) -> None:
+        """A task that does not parse but names its run and step still gets a failed result, so
+        the run settles instead of waiting forever. Nothing is published when it cannot be told
+        which step it was, nor for a job of another kind found on a task queue (a result or a
+        decision sent to the wrong queue is set aside; it is not a failure of the run's step)."""
+        try:
+            raw = orjson.loads(job.data)
+            if raw.get("kind", "task") != "task":
+                return
+            payload = raw["payload"]
+            run_id, step_id, attempt = payload["runId"], payload["stepId"], payload["attempt"]
+        except Exception:
+            return
+        if type(run_id) is not str or type(step_id) is not str or type(attempt) is not int:
+            return
+        result = StepResult(run_id, step_id, attempt, StepStatus.FAILED, error=error)
+        await self._publish_result(result)
+
+    def _delivery(self, job: ClaimedJob) -> dict[str, Any]:
+        """The evidence a result carries of the claim that produced it (``StepResult.delivery``):
+        read when the result is made, so a lease lost while the handler ran shows."""
+        token = job.lease.token
+        delivery: dict[str, Any] = {
+            "worker": self._instance_id,
+            "job": job.id,
+            "lease": token,
+            "stalledCount": job.stalled_count,
+        }
+        if job.stalls:
+            delivery["stalls"] = [
+                {"at": s.at, "worker": s.worker, "counted": s.counted} for s in job.stalls
+            ]
+        lost_at = self._lost_at(token)
+        if lost_at is not None:
+            delivery["leaseLostAt"] = lost_at
+        return delivery
+
+    async def _serve_task(
+        self, task: RemoteTask, job: ClaimedJob, attempt: StepAttempt
+    ) -> Job | None:
+        """Run a step and make its result (``attempt`` told how it ended). Returns the result
+        job when the job worker pushes it together with the task's acknowledgement (one round
+        trip on Redis); else pushes it now and returns ``None``."""
+        handler = self.handlers.get(task.name)
+        result: StepResult
+        if handler is None:
+            message = f"no handler for step {task.name!r} on this worker"
+            self._report(
+                JobError(message, queue=self._task_queue(task.routing_group), job_id=task.task_id)
+            )
+            error = StepError(message=message, code="no_handler", retryable=False)
+            result = StepResult.failure(task, error, self._delivery(job))
+            attempt.end("failed", message)
+        else:
+            controller = self._controller
+            controller.on_start()
+            started = trio.current_time()
+            ok = False
+            beats = self._beats(task)
+            token = beats.enter()
+            try:
+                output = await run_within_timeout(handler, task)
+                ok = True
+            except Exception as exc:
+                retryable = getattr(exc, "retryable", True) is not False
+                if getattr(exc, "quiet", False) is True:  # stopped as asked (its run cancelled)
+                    _log.info("step %r (job %s) stopped: %s", task.name, task.task_id, exc)
+                elif (
+                    retryable
+                    and task.attempt < (task.max_attempts or 0)
+                    and not getattr(exc, "always_reported", False)  # a step that blocked the loop
+                ):
+                    # An expected retry (a flaky call, a timeout): one line, no alarm; the
+                    # traceback at DEBUG, and at ERROR with the last attempt (docs/engine.md).
+                    _log.warning(
+                        "step %r attempt %d of %d (run %s) raised %r: the engine retries it",
+                        task.name, task.attempt, task.max_attempts, task.run_id, exc,
+                    )  # fmt: skip
+                    _log.debug("step %r attempt %d raised", task.name, task.attempt, exc_info=exc)
+                else:
+                    self._report(
+                        JobError(
+                            f"step {task.name!r} raised {exc!r}",
+                            queue=self._task_queue(task.routing_group),
+                            job_id=task.task_id,
+                        ).with_traceback(exc.__traceback__)
+                    )
+                error = StepError(
+                    message=f"{type(exc).__name__}: {exc}",
+                    code=getattr(exc, "code", None)
+                    if isinstance(getattr(exc, "code", None), str)
+                    else None,
+                    retryable=retryable,
+                )
+                result = StepResult.failure(task, error, self._delivery(job))
+                attempt.end("failed", error.message)
+            else:
+                attempt.end("completed")
+                result = StepResult(
+                    task.run_id,
+                    task.step_id,
+                    task.attempt,
+                    StepStatus.COMPLETED,
+                    output=output,
+                    task_id=task.task_id,
+                    delivery=self._delivery(job),
+                )
+            finally:
+                beats.close()
+                StepBeats.leave(token)
+                # Only step durations feed the latency gradient (T6); a cancelled step too
+                # leaves the in-flight count.
+                controller.on_settle(started, trio.current_time(), step=ok)
+        try:
+            data = self._producers.new_job(JobKind.RESULT, result)
+        except PayloadError as exc:
+            self._report(
+                JobError(
+                    f"step {task.name!r} returned an output that cannot be sent: {exc}",
+                    queue=self._task_queue(task.routing_group),
+                    job_id=task.task_id,
+                )
+            )
+            error = StepError(message=str(exc), code="bad_output", retryable=False)
+            failure = StepResult.failure(task, error, self._delivery(job))
+            data = self._producers.new_job(JobKind.RESULT, failure)
+        if self._producers.batched:
+            return data  # the job worker pushes it with the task's acknowledgement
+        await self._push_result(task, data)
+        return None
+
+    def _beats(self, task: RemoteTask) -> StepBeats:
+        """The beats of a claim of ``task``: its handler's ``step_info().heartbeat()``."""
+        return StepBeats(
+            task,
+            send=self._publish_beat or _no_beats,
+            spawn=self._spawn or _no_spawn,
+            interval=beat_interval(task, self._beat_interval),
+            report=self._report,
+            worker=self._instance_id,
+        )
+
+    async def _push_result(self, task: RemoteTask, job: Job) -> None:
+        """Push a step's result, again and again with a backoff while the broker fails: the
+        step has run, and raising would hand its task back to run again — and, after
+        ``max_job_attempts`` handbacks, fail it for good with no answer for its run. The claim
+        stays renewed meanwhile; a lost lease (T8) or a close past its deadline cancels the
+        wait."""
+        delay, largest = _RESULT_PUSH_BACKOFF
+        while True:
+            try:
+                await self._producers.push_job(self._results, job)
+                return
+            except BrokerError as exc:
+                self._report(
+                    JobError(
+                        f"publishing the result of step {task.name!r} failed (retrying in "
+                        f"{delay:.2f} s): {exc}",
+                        queue=self._task_queue(task.routing_group),
+                        job_id=task.task_id,
+                    )
+                )
+            await trio.sleep(delay)
+            delay = min(delay * 2, largest)
+
+
+async def _no_beats(beat: StepHeartbeat) -> None:
+    await trio.lowlevel.checkpoint()
+
+
+def _no_spawn(sender: Callable[[], Awaitable[None]]) -> None:
+    """A step server with nowhere to run senders drops its beats."""

@@ -1,0 +1,416 @@
+"""``durable-trio worker | engine | run MODULE:app ...``: the engine's command line.
+
+Wired into ``durable-trio`` by :func:`add_engine_commands`. ``MODULE:app`` names an importable
+module (or a ``path/to/file.py``) and the :class:`App` attribute in it; the current directory is
+importable, as with ``python -m``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import sys
+import traceback
+import uuid
+from contextlib import AsyncExitStack
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._engine._app import App
+from .._engine._errors import RunFailed
+from .._engine._open import open_engine
+from .._engine._worker import open_worker
+from .._errors import BrokerError, ConfigError, DurableTrioError, PayloadError
+from .._json_values import parse_json_argument
+from .._os_signals import close_on_signals
+from .._redact import redact_url
+from ..backends import open_backend
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Awaitable, Callable
+
+    from .._engine._engine import Engine
+
+
+__all__ = ["add_engine_commands", "load_app", "run_reporting_errors"]
+
+#: The embedded default (as ``durable-trio examples``): a SQLite file under the working folder.
+DEFAULT_BACKEND = "sqlite:///.durable/demo.db"
+
+
+def _default_backend() -> str:
+    return os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
+
+
+def load_app(target: str) -> App:
+    """The :class:`App` that ``MODULE:attr`` (or ``path/file.py:attr``) names.
+
+    Raises:
+        ConfigError: it cannot be imported, or is not an App.
+    """
+    module_name, _, attribute = target.partition(":")
+    attribute = attribute or "app"
+    if not module_name:
+        raise ConfigError(f"say MODULE:app, not {target!r}")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            if spec is None or spec.loader is None:
+                raise ConfigError(f"cannot load {path}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules.setdefault(path.stem, module)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ConfigError:
+        raise
+    except (ImportError, OSError) as exc:
+        raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
+    except Exception as exc:  # the module's own code failed: one line, not its traceback
+        where = ""
+        frames = traceback.extract_tb(exc.__traceback__)
+        if frames:
+            where = f" (at {frames[-1].filename}:{frames[-1].lineno})"
+        raise ConfigError(
+            f"cannot import {module_name!r}: {type(exc).__name__}: {exc}{where}"
+        ) from exc
+    if not hasattr(module, attribute):
+        raise ConfigError(f"module {module_name!r} has no attribute {attribute!r} (say MODULE:app)")
+    app = getattr(module, attribute)
+    if not isinstance(app, App):
+        raise ConfigError(f"{target!r} is not a durable_trio App (got {type(app).__name__})")
+    return app
+
+
+def run_reporting_errors(run: Callable[[], int]) -> int:
+    """``run()`` (a command's ``trio.run``); an error of this package (a bad URL, refused
+    credentials, an unreachable backend), alone or inside exception groups, is one line on
+    stderr instead of a traceback.
+
+    Returns:
+        what ``run`` returns, or 2 after such an error (anything else propagates).
+    """
+    try:
+        return run()
+    except* DurableTrioError as group:
+        failure = _first_leaf(group)
+    print(f"error: {failure}", file=sys.stderr)
+    return 2
+
+
+def _first_leaf(group: BaseExceptionGroup[DurableTrioError]) -> DurableTrioError:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+def _announce(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _interrupted(serve: Callable[[], Awaitable[int]]) -> int:
+    """``trio.run(serve)``; a Ctrl-C outside :func:`close_on_signals` (opening or closing the
+    backend) is exit status 130 without a traceback."""
+    try:
+        return trio.run(serve)
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+
+
+def _transport_options(args: argparse.Namespace) -> dict[str, Any]:
+    namespace = args.namespace or os.environ.get("DURABLE_TRIO_NAMESPACE")
+    return {"namespace": namespace} if namespace else {}
+
+
+def _worker_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``worker`` command's transport options (``--processes`` children get the same)."""
+    options = _transport_options(args)
+    for name in ("instance_id", "close_timeout", "stalled_threshold", "stalled_check_interval"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    return options
+
+
+def _child_worker_args(args: argparse.Namespace) -> list[str]:
+    """The options a ``--processes N`` supervisor passes on to each child."""
+    forwarded = ["--concurrency", str(args.concurrency), "--threads", str(args.threads)]
+    if args.namespace:
+        forwarded += ["--namespace", args.namespace]
+    for name in ("stalled_threshold", "stalled_check_interval"):
+        if getattr(args, name) is not None:
+            forwarded += ["--" + name.replace("_", "-"), repr(getattr(args, name))]
+    return forwarded
+
+
+def _log_to_stderr() -> None:
+    """The supervisor's lines (starts, restarts, crash loops) on stderr, unless the
+    ``durable_trio`` logger already has a handler."""
+    import logging
+
+    logger = logging.getLogger("durable_trio")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("supervisor: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from .._supervisor import PARENT_ENV, resolve_processes, run_worker_processes, watch_parent
+
+    processes = resolve_processes(args.processes)
+    if processes > 1:
+        load_app(args.target)  # a bad target is one error here, not N crash loops
+        _log_to_stderr()
+        return run_worker_processes(
+            args.target,
+            args.backend,
+            processes=processes,
+            worker_args=_child_worker_args(args),
+            close_timeout=5.0 if args.close_timeout is None else args.close_timeout,
+            announce=_announce,
+        )
+    app = load_app(args.target)
+    parent = os.environ.get(PARENT_ENV)
+
+    async def serve() -> int:
+        async with (
+            open_backend(args.backend) as backend,
+            close_on_signals(announce=_announce) as stop,
+        ):
+            async with (
+                open_worker(
+                    app,
+                    backend,
+                    concurrency=args.concurrency,
+                    threads=args.threads,
+                    **_worker_options(args),
+                ) as worker,
+                trio.open_nursery() as nursery,
+            ):
+                if parent is not None and parent.isdigit():
+                    # a supervisor's child: its supervisor gone (kill -9), close as on SIGTERM
+                    nursery.start_soon(
+                        watch_parent, int(parent), partial(os.kill, os.getpid(), signal.SIGTERM)
+                    )
+                remote = [n for n, w in app.workflows.items() if w.remote and w.fn is not None]
+                print(
+                    f"worker: serving {len(app.steps)} step(s) and {len(remote)} remote "
+                    f"workflow(s) of {app.name!r} on {redact_url(backend.url)} "
+                    f"(instance {worker.transport.instance_id}, pid {os.getpid()})",
+                    flush=True,
+                )
+                await stop.wait()
+                nursery.cancel_scope.cancel()
+        return stop.exit_status
+
+    return run_reporting_errors(partial(_interrupted, serve))
+
+
+def _cmd_engine(args: argparse.Namespace) -> int:
+    app = load_app(args.target)
+
+    async def serve() -> int:
+        async with (
+            open_backend(args.backend) as backend,
+            close_on_signals(announce=_announce) as stop,
+        ):
+            async with open_engine(
+                app,
+                backend,
+                engine_id=args.engine_id,
+                serve_tenants=args.serve_tenants,
+                **_transport_options(args),
+            ) as engine:
+                stats = engine.statistics()
+                role = ", serving tenant pods" if args.serve_tenants else ""
+                print(
+                    f"engine {engine.engine_id}: driving {app.name!r} on "
+                    f"{redact_url(backend.url)}{role} ({stats.runs_resumed} run(s) resumed)"
+                )
+                await stop.wait()
+        return stop.exit_status
+
+    return run_reporting_errors(partial(_interrupted, serve))
+
+
+async def _waiting_lines(engine: Engine, run_id: str) -> list[str]:
+    """What a run that did not finish waits on, a line per step (bounded: a slow or failing
+    backend leaves the lines out, never hides the timeout)."""
+    with trio.move_on_after(5.0):
+        try:
+            return [wait.describe() for wait in await engine.waiting(run_id)]
+        except DurableTrioError as exc:
+            return [f"(what it waits on could not be read: {exc})"]
+    return []
+
+
+async def _take_over_forever(engine: Engine, run_id: str) -> None:
+    """Take ``run_id`` over whenever nobody drives it (at once for a run ``runs retry``
+    reopened; after its lease for a run whose engine died while this waits), until cancelled.
+    A store error is reported and tried again."""
+    while True:
+        try:
+            await engine.take_over(run_id)
+        except BrokerError as exc:
+            engine.report(exc)
+        await trio.sleep(engine.options.run_lease / 3)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    app = load_app(args.target)
+    try:
+        value = parse_json_argument(args.input, "--input")
+    except PayloadError as exc:  # not JSON, or nested too deep: one line, not a traceback
+        print(exc, file=sys.stderr)
+        return 2
+    # Known before the run starts, so an interrupted command can always name it.
+    outcome: dict[str, Any] = {"run_id": args.run_id or uuid.uuid4().hex}
+
+    async def drive() -> int:
+        async with (
+            open_backend(args.backend) as backend,
+            close_on_signals(announce=_announce) as stop,
+            AsyncExitStack() as stack,
+        ):
+            options = _transport_options(args)
+            if args.with_worker:
+                await stack.enter_async_context(open_worker(app, backend, **options))
+            engine = await stack.enter_async_context(
+                open_engine(app, backend, reconcile=False, **options)
+            )
+            # Only the body stops on a signal: leaving the blocks then releases the run (and
+            # hands the steps back) while the backend is still open.
+            with stop.body():
+                run_id = await engine.start(
+                    args.workflow, value, run_id=outcome["run_id"], detach=args.detach
+                )
+                if args.detach:
+                    return 0
+                with trio.move_on_after(args.timeout) as bound:
+                    failure: DurableTrioError | None = None
+                    async with trio.open_nursery() as nursery:
+                        # An existing run (``runs retry`` reopened it, its engine died) is
+                        # driven here if nobody drives it; a live engine's keeps it.
+                        nursery.start_soon(_take_over_forever, engine, run_id)
+                        try:
+                            outcome["output"] = await engine.result(run_id)
+                        except DurableTrioError as exc:  # (RunFailed...) raised bare, below
+                            failure = exc
+                        nursery.cancel_scope.cancel()
+                    if failure is not None:
+                        raise failure
+                if bound.cancelled_caught:
+                    outcome["waiting"] = await _waiting_lines(engine, run_id)
+                    raise trio.TooSlowError
+        return 0 if stop.signum is None or "output" in outcome else 128 + stop.signum
+
+    try:
+        status = _interrupted(drive)
+    except RunFailed as exc:
+        print(json.dumps({"runId": exc.run_id, "status": "failed", "error": exc.error}))
+        return 1
+    except trio.TooSlowError:
+        print(f"run {outcome.get('run_id')} did not finish in {args.timeout} s", file=sys.stderr)
+        for line in outcome.get("waiting", ()):
+            print(f"  {line}", file=sys.stderr)
+        return 3
+    except DurableTrioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if status:  # interrupted: say which run, so it can be found (an engine drives it on)
+        print(json.dumps({"runId": outcome["run_id"], "status": "interrupted"}))
+        return status
+    if args.detach:
+        print(json.dumps({"runId": outcome["run_id"], "status": "pending"}))
+    else:
+        print(
+            json.dumps(
+                {"runId": outcome["run_id"], "status": "completed", "output": outcome["output"]}
+            )
+        )
+    return 0
+
+
+def add_engine_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``worker``, ``engine`` and ``run`` to ``durable-trio``'s sub-commands (each handler
+    is stored as ``func`` and returns the exit status)."""
+
+    def common(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("target", metavar="MODULE:app", help="the App, e.g. shop.flows:app")
+        parser.add_argument(
+            "--backend",
+            default=_default_backend(),
+            help=f"backend URL (default: $DURABLE_TRIO_BACKEND or {DEFAULT_BACKEND})",
+        )
+        parser.add_argument(
+            "--namespace",
+            help="transport namespace (default: $DURABLE_TRIO_NAMESPACE, else the app's name)",
+        )
+
+    worker = subparsers.add_parser("worker", help="serve an app's steps")
+    common(worker)
+    worker.add_argument("--concurrency", type=int, default=8, help="steps at once (default 8)")
+    worker.add_argument(
+        "--processes",
+        default="1",
+        help="worker processes under a supervisor that restarts a dead one ('auto': one per "
+        "core; default 1: this process serves, no supervisor)",
+    )
+    worker.add_argument(
+        "--threads",
+        type=int,
+        default=8,
+        help="threads for sync (def) steps, per process (default 8)",
+    )
+    worker.add_argument(
+        "--close-timeout",
+        type=float,
+        help="seconds running steps get to finish on SIGTERM (default 5)",
+    )
+    worker.add_argument("--instance-id", help="this worker's instance id (default: random)")
+    worker.add_argument(
+        "--stalled-threshold", type=float, help="seconds before a silent claim is taken back"
+    )
+    worker.add_argument(
+        "--stalled-check-interval", type=float, help="seconds between stalled sweeps (30)"
+    )
+    worker.set_defaults(func=_cmd_worker)
+
+    engine = subparsers.add_parser("engine", help="drive an app's workflows")
+    common(engine)
+    engine.add_argument(
+        "--engine-id",
+        help="a stable id: a restarted engine takes its runs back at once (one process per id)",
+    )
+    engine.add_argument(
+        "--serve-tenants",
+        action="store_true",
+        help="also be the control plane of store-less tenant pods (docs/remote.md)",
+    )
+    engine.set_defaults(func=_cmd_engine)
+
+    run = subparsers.add_parser("run", help="start a workflow run and print its result as JSON")
+    common(run)
+    run.add_argument("workflow", help="the workflow name")
+    run.add_argument("--input", default="null", help="the run's input, as JSON")
+    run.add_argument("--run-id", help="the run's id (starting an existing id is a no-op)")
+    run.add_argument(
+        "--detach", action="store_true", help="only record the run; a running engine drives it"
+    )
+    run.add_argument(
+        "--with-worker", action="store_true", help="also serve the app's steps in this process"
+    )
+    run.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait for the result (300)"
+    )
+    run.set_defaults(func=_cmd_run)
