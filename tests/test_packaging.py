@@ -95,7 +95,7 @@ def test_examples_from_the_wheel_say_where_the_examples_are(wheel: Path, tmp_pat
         )
 
     where = cli("-c", "import durable_trio.cli._main as cli; print(cli.__file__)")
-    assert where.stdout.strip() == str(site / "durable_trio" / "_cli.py"), where.stderr
+    assert where.stdout.strip() == str(site / "durable_trio" / "cli" / "_main.py"), where.stderr
     for action in (["list"], ["run", "--all"], ["run", "hello_step"]):
         done = cli("-m", "durable_trio", "examples", *action)
         assert done.returncode == 2, (action, done.stdout, done.stderr)
