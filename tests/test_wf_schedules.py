@@ -233,6 +233,22 @@ async def test_catch_up_after_every_engine_was_down(
     assert count == 3 + len(expected)
 
 
+@pytest.mark.parametrize(
+    ("catch_up", "expected"),
+    [("skip", [1000.0]), ("once", [900.0, 1000.0]), ("all", [800.0, 900.0, 1000.0])],
+)
+def test_once_starts_the_latest_missed_tick_beside_an_on_time_one(
+    catch_up: str, expected: list[float]
+) -> None:
+    """Back at 1010 after the last tick handled at 300: 1000 is on time (10 s old), 400-900
+    were missed. ``once`` starts the latest missed tick (900) too, as the docs say; it used to
+    start only the on-time tick when there was one."""
+    schedule = Schedule.make(
+        "hourly", "report", every=100, catch_up=catch_up, max_catch_up=3, created_at=0.0
+    )
+    assert schedule.due(300.0, 1010.0, 60.0) == (expected, 1000.0)
+
+
 async def test_bad_input_is_a_config_error_at_once() -> None:
     app = App("bad")
 

@@ -332,24 +332,27 @@ class Schedule:
         Due ticks are those after ``last`` (the last tick handled; ``None``: after
         ``created_at``) and at or before ``now``. Those at most ``grace`` seconds old are on
         time and start (at most ``max_catch_up`` of them); older ones were missed: ``skip``
-        drops them, ``once`` starts the newest due tick, ``all`` starts the newest
-        ``max_catch_up`` due ticks.
+        drops them, ``once`` starts the newest missed tick (whether or not a tick is on time
+        beside it), ``all`` starts the newest ``max_catch_up`` due ticks.
         """
         anchor = last if last is not None else self.created_at
         if anchor is None:
             return [], None
         chosen: list[float] = []
         newest: float | None = None
+        missed_started = False
         for tick in self.ticks_back(now):
             if tick <= anchor or len(chosen) >= self.max_catch_up:
                 break
             if newest is None:
                 newest = tick
-            on_time = now - tick <= grace
-            if on_time or self.catch_up == "all" or (self.catch_up == "once" and not chosen):
-                chosen.append(tick)
+            if now - tick <= grace or self.catch_up == "all":
+                chosen.append(tick)  # on time (or every missed one, under "all")
+            elif self.catch_up == "once" and not missed_started:
+                chosen.append(tick)  # the latest missed tick, beside any on-time ones
+                missed_started = True
             else:
-                break  # (skip, once) older ticks are missed too: none of them starts
+                break  # (skip; once, after its one) older ticks are missed too: none starts
         chosen.reverse()
         return chosen, newest
 
