@@ -301,3 +301,44 @@ def test_no_class_stacks_implementation_bases_but_the_known_ones() -> None:
     found = stacked_classes()
     assert sorted(found - KNOWN_STACKED) == [], "a class stacks implementation bases"
     assert sorted(KNOWN_STACKED - found) == [], "no longer stacked: remove it"
+
+
+# ----------------------------------------------------------------------------- backoffs
+
+#: Files whose retry loops still compute their own exponential backoff (``2 ** failures``)
+#: instead of taking it from ``durable_trio._backoff.Backoff``; each is converted on the
+#: branch of its area.
+KNOWN_OWN_BACKOFF: frozenset[str] = frozenset(
+    {
+        "_engine/_stores/redis.py",
+        "_redis/_client.py",
+        "_redis/_cluster.py",
+        "_redis/_sentinel.py",
+        "_transport/_consumers.py",
+        "brokers/_redis_doorbell.py",
+    }
+)
+
+
+def own_backoffs() -> set[str]:
+    """The files (but ``_backoff.py``) holding a power of two to a computed exponent."""
+    found = set()
+    for path in ROOT.rglob("*.py"):
+        name = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.BinOp)
+                and isinstance(node.op, ast.Pow)
+                and isinstance(node.left, ast.Constant)
+                and node.left.value in (2, 2.0)
+                and not isinstance(node.right, ast.Constant)
+                and name != "_backoff.py"
+            ):
+                found.add(name)
+    return found
+
+
+def test_every_retry_loop_takes_its_delays_from_the_backoff_helper() -> None:
+    found = own_backoffs()
+    assert sorted(found - KNOWN_OWN_BACKOFF) == [], "use durable_trio._backoff.Backoff"
+    assert sorted(KNOWN_OWN_BACKOFF - found) == [], "converted now: remove it"
