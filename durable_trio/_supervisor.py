@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import signal
 import sys
@@ -99,6 +100,8 @@ class RestartPolicy:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ConfigError(f"RestartPolicy.{name} must be positive, got {value!r}")
+        if not math.isfinite(self.backoff_max):  # refused here, not by a slot's first restart
+            raise ConfigError(f"RestartPolicy.backoff_max must be finite, got {self.backoff_max!r}")
         if isinstance(self.crash_limit, bool) or not isinstance(self.crash_limit, int):
             raise ConfigError(f"RestartPolicy.crash_limit must be an int, got {self.crash_limit!r}")
         if self.crash_limit < 1:

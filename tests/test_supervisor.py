@@ -86,6 +86,8 @@ def test_processes_and_policy_are_checked() -> None:
         RestartPolicy(crash_limit=0)
     with pytest.raises(dt.ConfigError, match="backoff_initial"):
         RestartPolicy(backoff_initial=0)
+    with pytest.raises(dt.ConfigError, match="backoff_max must be finite"):
+        RestartPolicy(backoff_max=float("inf"))  # (the backoff's cap: not a slot's first restart)
 
 
 # --- real processes -------------------------------------------------------------------------
