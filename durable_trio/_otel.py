@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span
 
-    from ._engine._records import RunRecord
+    from ._facts import RunFacts
     from ._wire import Envelope, RemoteTask
 
 __all__ = ["OtelInstruments"]
@@ -137,7 +137,7 @@ class OtelInstruments:
         return _trace_headers()
 
     @contextlib.contextmanager
-    def run_span(self, run: RunRecord) -> Iterator[None]:
+    def run_span(self, run: RunFacts) -> Iterator[None]:
         stored = run.trace
         parent = None
         if isinstance(stored, dict) and isinstance(stored.get("traceparent"), str):
@@ -168,7 +168,7 @@ class OtelInstruments:
                 span.set_attribute("durable_trio.outcome", "stopped")
             span.end()
 
-    def run_settled(self, kind: str, run: RunRecord) -> None:
+    def run_settled(self, kind: str, run: RunFacts) -> None:
         if kind == "started":
             return
         labels = {"durable_trio.workflow": run.workflow, "durable_trio.outcome": kind}

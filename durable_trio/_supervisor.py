@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import signal
 import sys
@@ -33,7 +34,9 @@ from typing import TYPE_CHECKING
 
 import attrs
 import trio
+from trio_util import RepeatedEvent
 
+from ._backoff import Backoff
 from ._errors import ConfigError
 from ._transport._options import DEFAULT_CLEANUP_TIMEOUT, DEFAULT_CLOSE_TIMEOUT
 
@@ -97,6 +100,8 @@ class RestartPolicy:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ConfigError(f"RestartPolicy.{name} must be positive, got {value!r}")
+        if not math.isfinite(self.backoff_max):  # refused here, not by a slot's first restart
+            raise ConfigError(f"RestartPolicy.backoff_max must be finite, got {self.backoff_max!r}")
         if isinstance(self.crash_limit, bool) or not isinstance(self.crash_limit, int):
             raise ConfigError(f"RestartPolicy.crash_limit must be an int, got {self.crash_limit!r}")
         if self.crash_limit < 1:
@@ -109,6 +114,9 @@ class _Deaths:
     def __init__(self, policy: RestartPolicy) -> None:
         self.policy = policy
         self.times: collections.deque[float] = collections.deque()
+        # An initial above the cap waits the cap from the first death, as the policy's
+        # formula says; Backoff wants initial <= maximum, so it is clipped, not refused.
+        self.backoff = Backoff(min(policy.backoff_initial, policy.backoff_max), policy.backoff_max)
 
     def record(self, now: float) -> float | None:
         """A death at ``now``: seconds to wait before the restart (``None``: give up)."""
@@ -119,7 +127,7 @@ class _Deaths:
         recent = len(self.times)
         if recent >= policy.crash_limit:
             return None
-        return float(min(policy.backoff_initial * 2 ** (recent - 1), policy.backoff_max))
+        return self.backoff.delay(recent)
 
 
 @attrs.define
@@ -176,7 +184,7 @@ class WorkerProcesses:
         """Pids already sent a signal (the close does not send them a second one)."""
         self._stopping = False
         self._all_given_up = trio.Event()
-        self._changed = trio.Event()
+        self._changed = RepeatedEvent()
 
     @property
     def exit_status(self) -> int:
@@ -193,7 +201,6 @@ class WorkerProcesses:
 
     def _touch(self) -> None:
         self._changed.set()
-        self._changed = trio.Event()
 
     def forward(self, signum: int, *, once: bool = False) -> None:
         """Send ``signum`` to every running child (``once``: only to those not signalled

@@ -27,7 +27,7 @@ import trio
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from ._engine._records import RunRecord, StepRecord
+    from ._facts import RunFacts, StepFacts
     from ._wire import Envelope, RemoteTask, StepResult, TraceContext
 
 __all__ = [
@@ -65,11 +65,11 @@ class Instruments(Protocol):
         """The trace context a run being created is stored with: the current span's, else
         that of a ``start {workflow}`` span made (and ended) for it."""
 
-    def run_span(self, run: RunRecord) -> contextlib.AbstractContextManager[None]:
+    def run_span(self, run: RunFacts) -> contextlib.AbstractContextManager[None]:
         """A run's span while this process drives it, current inside: a child of the run's
-        stored trace context (:attr:`RunRecord.trace`), else of the current span."""
+        stored trace context (:attr:`RunFacts.trace`), else of the current span."""
 
-    def run_settled(self, kind: str, run: RunRecord) -> None:
+    def run_settled(self, kind: str, run: RunFacts) -> None:
         """A run started or settled (``kind``: started, completed, failed, cancelled)."""
 
     def dispatching(self, run_id: str) -> contextlib.AbstractContextManager[None]:
@@ -239,7 +239,7 @@ def run_trace(workflow: str) -> dict[str, str] | None:
 
 
 @contextlib.contextmanager
-def run_span(run: RunRecord) -> Iterator[None]:
+def run_span(run: RunFacts) -> Iterator[None]:
     """Around driving ``run`` in this process (its span, when instrumented)."""
     active = _active
     if active is None:
@@ -249,7 +249,7 @@ def run_span(run: RunRecord) -> Iterator[None]:
         yield
 
 
-def run_event(kind: str, run: RunRecord) -> None:
+def run_event(kind: str, run: RunFacts) -> None:
     """``run`` started or settled here (``kind``: started, completed, failed, cancelled)."""
     if _log.isEnabledFor(logging.INFO):
         fields: dict[str, Any] = {
@@ -277,7 +277,7 @@ def dispatching(run_id: str) -> Iterator[None]:
         yield
 
 
-def step_dispatched(record: StepRecord, workflow: str | None, job_id: str) -> None:
+def step_dispatched(record: StepFacts, workflow: str | None, job_id: str) -> None:
     """The engine sent ``record``'s current attempt (as job ``job_id``)."""
     if _log.isEnabledFor(logging.INFO):
         _log.info(
@@ -299,8 +299,8 @@ def step_dispatched(record: StepRecord, workflow: str | None, job_id: str) -> No
 
 
 def step_applied(
-    current: StepRecord,
-    following: StepRecord,
+    current: StepFacts,
+    following: StepFacts,
     result: StepResult,
     workflow: str | None,
     delay: float,

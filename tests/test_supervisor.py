@@ -58,6 +58,13 @@ def test_a_death_older_than_the_window_no_longer_counts() -> None:
     assert deaths.record(14.9) is None  # 5.0, 10.0, 14.9: three within 10 s
 
 
+def test_an_initial_delay_above_the_cap_waits_the_cap() -> None:
+    """The policy's formula, ``min(initial * 2 ** (n - 1), max)``, taken from the one backoff
+    helper (which refuses an initial above its cap: the policy clips it instead)."""
+    deaths = _Deaths(RestartPolicy(backoff_initial=5.0, backoff_max=1.0, crash_limit=3))
+    assert [deaths.record(t) for t in (0.0, 1.0)] == [1.0, 1.0]
+
+
 async def test_the_restart_delays_elapse_at_exact_virtual_times(autojump_clock: object) -> None:
     deaths = _Deaths(RestartPolicy(backoff_initial=0.25, backoff_max=1.0, crash_limit=4))
     start = trio.current_time()
@@ -79,6 +86,8 @@ def test_processes_and_policy_are_checked() -> None:
         RestartPolicy(crash_limit=0)
     with pytest.raises(dt.ConfigError, match="backoff_initial"):
         RestartPolicy(backoff_initial=0)
+    with pytest.raises(dt.ConfigError, match="backoff_max must be finite"):
+        RestartPolicy(backoff_max=float("inf"))  # (the backoff's cap: not a slot's first restart)
 
 
 # --- real processes -------------------------------------------------------------------------

@@ -30,7 +30,6 @@ Cancellation:
 from __future__ import annotations
 
 import logging
-import random
 from collections import deque
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Final
@@ -39,6 +38,7 @@ import attrs
 import psycopg
 import trio
 
+from .._backoff import Backoff
 from .._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
 from ._connection import PgConnection, connect, parse_conninfo
 
@@ -168,8 +168,7 @@ class PgListener:
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout
         self._ping_interval = ping_interval
-        self._backoff_initial = backoff_initial
-        self._backoff_max = backoff_max
+        self._backoff = Backoff(backoff_initial, backoff_max, jitter=0.5)
         self._buffer = buffer
         self._wanted: set[str] = set()
         self._active: set[str] = set()
@@ -343,9 +342,11 @@ class PgListener:
                 )
             except BrokerError as exc:
                 failures += 1
-                delay = min(self._backoff_max, self._backoff_initial * 2.0 ** min(failures, 32))
+                # failures + 1: the listener's waits have always run one doubling ahead of the
+                # pool's (the first is twice backoff_initial); kept, so no delay changes
+                delay = self._backoff.delay(failures + 1)
                 log.debug("PostgreSQL listener: connect failed (%s); again in %.2fs", exc, delay)
-                await trio.sleep(delay * random.uniform(0.5, 1.0))
+                await trio.sleep(delay)
                 continue
             failures = 0
             if not first:

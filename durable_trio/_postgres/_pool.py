@@ -20,7 +20,6 @@ Cancellation:
 
 from __future__ import annotations
 
-import random
 from collections import deque
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from .._backoff import Backoff
 from .._errors import BrokerUnavailable, ConfigError, TransportClosed
 from ._connection import ConnectionStats, PgConnection, Result, connect, parse_conninfo
 from ._errors import PostgresAuthError
@@ -132,8 +132,8 @@ class PgPool:
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout
         self._recover_timeout = recover_timeout
-        self._backoff_initial = backoff_initial
-        self._backoff_max = backoff_max
+        # jittered down to half, so pools that failed together do not reconnect in lockstep
+        self._backoff = Backoff(backoff_initial, backoff_max, jitter=0.5)
         self._slots = trio.Semaphore(size)
         # Most recently returned last: the warmest connection is handed out first.
         self._idle: deque[PgConnection] = deque()
@@ -326,9 +326,7 @@ class PgPool:
         except (BrokerUnavailable, PostgresAuthError) as exc:
             self.stats.failed_connects += 1
             self._failures += 1
-            growth = 2.0 ** min(self._failures - 1, 32)  # capped: no overflow in long outages
-            delay = min(self._backoff_max, self._backoff_initial * growth)
-            self._retry_at = trio.current_time() + delay * random.uniform(0.5, 1.0)
+            self._retry_at = trio.current_time() + self._backoff.delay(self._failures)
             self._last_error = exc
             raise
         self._failures = 0
