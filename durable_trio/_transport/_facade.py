@@ -52,8 +52,7 @@ from ._tree import TransportTree
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from ..backends._backend import Backend
-    from ..keys import KeyStore
+    from ._ports import KeyStore, TransportBackend
 
 
 __all__ = ["QueueTransport", "TransportStatistics", "open_queue_transport", "stalled_threshold_of"]
@@ -89,7 +88,7 @@ class QueueTransport:
     construct it directly.
     """
 
-    def __init__(self, backend: Backend, options: TransportOptions) -> None:
+    def __init__(self, backend: TransportBackend, options: TransportOptions) -> None:
         self._backend = backend
         self._broker = backend.broker
         self._options = options
@@ -224,7 +223,7 @@ class QueueTransport:
         return self._options
 
     @property
-    def backend(self) -> Backend:
+    def backend(self) -> TransportBackend:
         return self._backend
 
     def statistics(self) -> TransportStatistics:
@@ -496,11 +495,14 @@ class QueueTransport:
 
 
 @asynccontextmanager
-async def open_queue_transport(backend: Backend, **options: Any) -> AsyncIterator[QueueTransport]:
+async def open_queue_transport(
+    backend: TransportBackend, **options: Any
+) -> AsyncIterator[QueueTransport]:
     """Open a queue transport over ``backend``; leaving the block closes it (T24).
 
     Args:
-        backend: from :func:`~durable_trio.open_backend`.
+        backend: from :func:`~durable_trio.open_backend` (any ``TransportBackend``: a
+            broker, a key store or ``None``, and ``check_open``).
         **options: the fields of :class:`~durable_trio.TransportOptions`: ``namespace``,
             ``concurrency``, ``result_concurrency``, ``close_timeout``, ``cleanup_timeout``,
             ``poll_interval``, ``idle_backoff_max``, ``stalled_threshold``,

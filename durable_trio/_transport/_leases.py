@@ -41,10 +41,10 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from .._naming import QueueNames
-    from ..backends._backend import Backend
     from ..brokers import Job
     from ._adaptive import ConcurrencyController
     from ._options import TransportOptions
+    from ._ports import TransportBackend
 
 __all__ = ["LeaseKeeper", "Sweeper"]
 
@@ -150,7 +150,7 @@ class Sweeper:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: TransportBackend,
         names: QueueNames,
         options: TransportOptions,
         *,

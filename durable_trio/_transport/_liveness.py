@@ -17,10 +17,10 @@ from .._periodic import fixed_rate
 from .._wire import WorkerStatus
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from .._naming import QueueNames
-    from ..keys import KeyEntry, KeyStore
+    from ._ports import KeyEntry, KeyStore
 
 __all__ = [
     "GroupHealth",
@@ -100,7 +100,7 @@ def parse_beat(value: bytes) -> tuple[float, WorkerStatus | None]:
     return float(raw["ts"]), (from_wire(status, WorkerStatus) if type(status) is dict else None)
 
 
-def live_workers_of(entries: list[KeyEntry], marker: str) -> tuple[LiveWorker, ...]:
+def live_workers_of(entries: Sequence[KeyEntry], marker: str) -> tuple[LiveWorker, ...]:
     workers = []
     for entry in entries:
         if not entry.key.startswith(marker):
