@@ -24,22 +24,13 @@ if TYPE_CHECKING:
     from .._wire import (
         JobKind,
     )
-    from ._claims import Level
+    from ._claims import ClaimTable, Level
     from ._jobs import JobRunner
     from ._liveness import Liveness
     from ._options import TransportOptions
     from ._slots import Slots
 
-
-
-from ._claims import (
-    _BUFFERED,
-    _Claim,
-    _Loop,
-    _OnJob,
-    _quarantined,
-    _unexpected,
-)
+from ._claims import Loop, OnJob, quarantined, unexpected
 
 #: A loop that polls this many jobs in a row without waiting yields once, so a loop with a large
 #: limit over a broker that answers at once never starves the handlers it starts.
@@ -60,6 +51,7 @@ class Consumers:
         broker: QueueBroker,
         options: TransportOptions,
         runner: JobRunner,
+        table: ClaimTable,
         *,
         consumers: Level,
         inboxes: Level,
@@ -70,6 +62,7 @@ class Consumers:
         self._broker = broker
         self._options = options
         self._runner = runner
+        self._table = table
         self._consumers = consumers
         self._inboxes = inboxes
         self._liveness = liveness
@@ -77,12 +70,12 @@ class Consumers:
         self._report = report
         self._wait_for_work = broker.wait_for_work if isinstance(broker, SupportsWakeup) else None
         self.instance_id = options.instance_id
-        self.loops: list[_Loop] = []
+        self.loops: list[Loop] = []
         self.consumed: list[str] = []
         """Every queue consumed (not the inboxes), in start order."""
         self.inbox_queues: list[str] = []
         """This instance's own inboxes consumed, in start order."""
-        self._deferred: list[_Loop] | None = None
+        self._deferred: list[Loop] | None = None
         self._kind_handlers: dict[JobKind, Callable[[Any], Awaitable[None]]] = {}
 
     def consume(
@@ -102,7 +95,7 @@ class Consumers:
         self._kind_handlers[kind] = handler
         if first:
             self.start_loop(
-                _Loop(
+                Loop(
                     queue,
                     self.typed(kind, queue, lambda: self._kind_handlers[kind]),
                     slots,
@@ -126,7 +119,7 @@ class Consumers:
         """Close: the parked loops are never started."""
         self._deferred = None
 
-    def start_loop(self, loop: _Loop) -> None:
+    def start_loop(self, loop: Loop) -> None:
         if loop.inbox:
             self.loops.append(loop)
             self.inbox_queues.append(loop.queue)
@@ -160,7 +153,7 @@ class Consumers:
         kind: JobKind,
         queue: str,
         current: Callable[[], Callable[[Any], Awaitable[None]] | None],
-    ) -> _OnJob:
+    ) -> OnJob:
         """A job callback that decodes ``kind`` jobs of ``queue`` and hands their payload to
         the handler registered now (``current()``), so re-registering swaps it for the next
         job."""
@@ -179,7 +172,7 @@ class Consumers:
 
     # ------------------------------------------------------------------ the poll loop (T4, T5)
 
-    async def _poll_loop(self, loop: _Loop) -> None:
+    async def _poll_loop(self, loop: Loop) -> None:
         broker = self._broker
         wait_for_work = self._wait_for_work
         queue = loop.queue
@@ -203,7 +196,7 @@ class Consumers:
         buffer = loop.buffer
         runner = self._runner
         start_claim, begin_job = runner.start_claim, runner.begin_job
-        claims = runner.claims
+        table = self._table
         with trio.CancelScope() as pop_scope:
             loop.pop_scope = pop_scope
             while True:
@@ -214,7 +207,7 @@ class Consumers:
                 take = 1 + extra
                 while take and buffer:
                     claim = buffer.popleft()
-                    if claim.state is _BUFFERED:  # (a lost lease took it out meanwhile)
+                    if table.start_buffered(claim):  # (a lost lease took it out meanwhile)
                         start_claim(loop, claim)
                         take -= 1
                 if take == 0:
@@ -254,7 +247,7 @@ class Consumers:
                     # still raise, this loop must not end the whole transport (and crash again
                     # on the same entry at every restart): reported, retried after a backoff.
                     errors += 1
-                    self._report(_unexpected(exc, f"claiming from {queue!r}"))
+                    self._report(unexpected(exc, f"claiming from {queue!r}"))
                     batch = []
                 else:
                     # The broker answered: the outage is over, even if the queue is empty (an
@@ -273,9 +266,7 @@ class Consumers:
                     for job in batch[:take]:
                         begin_job(loop, job)
                     for job in batch[take:]:
-                        claim = _Claim(queue, job, state=_BUFFERED, ahead=True)
-                        claims[job.lease.token] = claim
-                        buffer.append(claim)
+                        buffer.append(table.buffer(queue, job, ahead=True))
                     if len(batch) < take + ahead and not buffer and wait_for_work is not None:
                         # Fewer than asked: the pop drained the queue (and, on a broker with a
                         # wake-up signal, counts as an empty pop): wait for work instead of
@@ -303,7 +294,7 @@ class Consumers:
         kept = []
         for job in batch:
             if job.damage is not None and not job.lease.token:
-                self._report(_quarantined(queue, job))
+                self._report(quarantined(queue, job))
             else:
                 kept.append(job)
         return kept

@@ -2,8 +2,9 @@
 broker, each owning its state and its tasks:
 
 - ``Producers`` (``_producers``): job ids, envelopes, pushes coalesced per queue;
-- ``Consumers`` (``_consume``): every poll loop, with its pop scope;
-- ``JobRunner`` (``_jobs``): the claim table and one job worker per running handler;
+- ``ClaimTable`` (``_claims``): every claim held, and the one owner of its state changes;
+- ``Consumers`` (``_consumers``): every poll loop, with its pop scope;
+- ``JobRunner`` (``_jobs``): one job worker per running handler, with its finalize;
 - ``StepServer`` (``_steps``): a task loop's jobs, a step's result;
 - ``LeaseKeeper`` and ``Sweeper`` (``_leases``): renewal, lost leases, the reclaim sweep;
 - ``Liveness`` and ``ConcurrencyController``: the worker's keys and its limit;
@@ -32,7 +33,7 @@ from .._naming import QueueNames
 from .._wire import JobKind, RemoteTask, StepResult
 from ..brokers import ClaimedJob, SupportsRecovery, SupportsRenewal
 from ._adaptive import ConcurrencyController
-from ._claims import _Loop
+from ._claims import ClaimTable, Loop
 from ._consumers import Consumers
 from ._health import TransportHealth
 from ._jobs import JobRunner
@@ -119,11 +120,12 @@ class QueueTransport:
         self._fully_closed = False
         self._closed = trio.Event()
         self._max_payload_bytes = options.max_payload_bytes
+        self._claims = ClaimTable()
         self._lease_keeper: LeaseKeeper | None = None
         if self._can_renew:
             self._lease_keeper = LeaseKeeper(
                 cast("SupportsRenewal", broker),
-                lambda: self._runner.claims,
+                self._claims,
                 self._controller,
                 period=self._stalled_threshold / 2,
                 cancel_on_lost_lease=options.cancel_on_lost_lease,
@@ -150,6 +152,7 @@ class QueueTransport:
             broker,
             options,
             self._tree.jobs,
+            self._claims,
             completer=self._producers.completer,
             finisher=self._producers.finisher,
             batched=self._producers.batched,
@@ -163,6 +166,7 @@ class QueueTransport:
             broker,
             options,
             self._runner,
+            self._claims,
             consumers=self._tree.consumers,
             inboxes=self._tree.inboxes,
             liveness=lambda: self._liveness,
@@ -202,8 +206,7 @@ class QueueTransport:
 
     def _lease_lost_at(self, token: str) -> float | None:
         """When this instance learnt that its claim ``token`` was lost (``None``: it did not)."""
-        claim = self._runner.claims.get(token)
-        return None if claim is None else claim.lost_at
+        return self._claims.lost_at(token)
 
     # ------------------------------------------------------------------ identity and names
 
@@ -229,7 +232,7 @@ class QueueTransport:
     def statistics(self) -> TransportStatistics:
         return TransportStatistics(
             in_flight=self._runner.running,
-            open_claims=len(self._runner.claims),
+            open_claims=len(self._claims),
             task_limit=self._task_slots.limit,
             duplicates=self._controller.duplicates,
             queues=tuple(self._consumers.consumed),
@@ -346,7 +349,7 @@ class QueueTransport:
         self._task_loops.add(queue)
         self._task_queues.add(queue)
         self._consumers.start_loop(
-            _Loop(
+            Loop(
                 queue,
                 self._steps.on_task_job,
                 self._task_slots,
@@ -403,7 +406,7 @@ class QueueTransport:
         """
         self._check_open()
         self._consumers.start_loop(
-            _Loop(queue, on_job, Slots(1), self._options.idle_backoff_max)
+            Loop(queue, on_job, Slots(1), self._options.idle_backoff_max)
         )
 
     async def publish(

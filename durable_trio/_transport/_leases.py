@@ -19,20 +19,12 @@ from .._wire import (
 )
 from ..brokers import (
     ClaimedJob,
-    Lease,
     SupportsFailAndPush,
     SupportsRecovery,
     SupportsRenewal,
     SupportsSweepHint,
 )
-from ._claims import (
-    _BUFFERED,
-    _DROPPED,
-    _RUNNING,
-    _WAITING,
-    _Claim,
-    _unexpected,
-)
+from ._claims import unexpected
 from ._liveness import (
     read_last_status,
 )
@@ -43,6 +35,7 @@ if TYPE_CHECKING:
     from .._naming import QueueNames
     from ..brokers import Job
     from ._adaptive import ConcurrencyController
+    from ._claims import ClaimTable
     from ._options import TransportOptions
     from ._ports import TransportBackend
 
@@ -61,7 +54,7 @@ class LeaseKeeper:
     def __init__(
         self,
         broker: SupportsRenewal,
-        claims: Callable[[], dict[str, _Claim]],
+        claims: ClaimTable,
         controller: ConcurrencyController,
         *,
         period: float,
@@ -95,40 +88,25 @@ class LeaseKeeper:
             round_in_flight.deadline = min(round_in_flight.deadline, bound)
 
     async def _renew_open_claims(self) -> None:
-        claims = self._claims()
-        by_queue: dict[str, list[Lease]] = {}
-        for claim in claims.values():
-            by_queue.setdefault(claim.queue, []).append(claim.job.lease)
         broker = self._broker
-        for queue, leases in by_queue.items():
+        for queue, leases in self._claims.leases_by_queue().items():
             try:
                 outcome = await broker.renew_jobs(queue, leases)
             except BrokerError as exc:
                 self._report(exc)
                 continue
             except Exception as exc:  # never let a broker defect end the keeper
-                self._report(_unexpected(exc, f"renewing the claims on {queue!r}"))
+                self._report(unexpected(exc, f"renewing the claims on {queue!r}"))
                 continue
-            claims = self._claims()
             for lease in outcome.lost:
-                held = claims.get(lease.token)
-                if held is not None and held.state is _BUFFERED:
-                    # Prefetched and taken back before it ever started: no double run; the loop
-                    # skips it.
-                    held.state = _DROPPED
-                    del claims[lease.token]
+                # A claim that never started here is dropped (no double run); one that
+                # finished during the round trip was finalized, not lost; a running one is
+                # lost (and, with cancel_on_lost_lease, its handler cancelled).
+                held = self._claims.lose(
+                    lease.token, trio.current_time(), cancel=self._cancel_on_lost_lease
+                )
+                if held is None:
                     continue
-                if held is not None and held.state is _WAITING:
-                    # A suspect taken back while it waited to run alone: it never started here;
-                    # its job worker drops it (the cancellation ends the wait).
-                    held.state = _DROPPED
-                    held.lost = True
-                    held.cancel()
-                    continue
-                if held is None or held.state is not _RUNNING or held.lost:
-                    continue  # finished during the round trip: finalized, not lost
-                held.lost = True
-                held.lost_at = trio.current_time()  # what a result it still makes says
                 self._controller.duplicates += 1
                 what = "cancelled" if self._cancel_on_lost_lease else "left to finish"
                 self._report(
@@ -140,8 +118,6 @@ class LeaseKeeper:
                         job_id=lease.job_id,
                     )
                 )
-                if self._cancel_on_lost_lease:
-                    held.cancel()
 
 
 class Sweeper:
@@ -201,7 +177,7 @@ class Sweeper:
                 except BrokerError as exc:
                     self._report(exc)
                 except Exception as exc:
-                    self._report(_unexpected(exc, "reading the sweep hint"))
+                    self._report(unexpected(exc, "reading the sweep hint"))
             if self._unanswered:
                 await self._publish_unanswered()
             for queue in queues:
@@ -242,7 +218,7 @@ class Sweeper:
             self._report(exc)
             return
         except Exception as exc:  # a stalled claim the broker could not read: never fatal
-            self._report(_unexpected(exc, f"sweeping {queue!r}"))
+            self._report(unexpected(exc, f"sweeping {queue!r}"))
             return
         for job in recovery.exceeded:
             if job.damage is not None:
