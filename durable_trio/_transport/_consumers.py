@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .._backoff import Backoff
 from .._codec import decode_envelope
 from .._errors import BrokerError, PayloadError
 from .._telemetry import hop
@@ -178,6 +179,12 @@ class Consumers:
         queue = loop.queue
         slots = loop.slots
         poll_interval = self._options.poll_interval
+        # After the n-th broker error in a row: 2 ** n poll intervals (the exponent capped at
+        # 16), at most _MAX_ERROR_BACKOFF; idle, after the n-th empty pop in a row: 2 ** (n - 1)
+        # poll intervals, at most the loop's backoff_max of them.
+        error_cap = min(_MAX_ERROR_BACKOFF, poll_interval * 2**16)
+        error_backoff = Backoff(initial=min(poll_interval * 2, error_cap), maximum=error_cap)
+        idle_backoff = Backoff(initial=min(1, loop.backoff_max), maximum=loop.backoff_max)
         worker = self.instance_id
         empty = 0
         errors = 0
@@ -281,12 +288,12 @@ class Consumers:
                     continue
                 streak = 0
                 if errors:
-                    await trio.sleep(min(poll_interval * 2 ** min(errors, 16), _MAX_ERROR_BACKOFF))
+                    await trio.sleep(error_backoff.delay(errors))
                 elif wait_for_work is not None:
                     await wait_for_work(queue)
                 else:
                     empty += 1
-                    await trio.sleep(poll_interval * min(2 ** (empty - 1), loop.backoff_max))
+                    await trio.sleep(poll_interval * idle_backoff.delay(empty))
 
     def _drop_quarantined(self, queue: str, batch: list[ClaimedJob]) -> list[ClaimedJob]:
         """Report the entries the broker could not tie to a job (already in its quarantine,

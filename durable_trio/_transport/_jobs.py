@@ -11,6 +11,7 @@ import outcome
 import trio
 from trio_util import AsyncBool
 
+from .._backoff import Backoff
 from .._coalesce import Coalescer
 from .._errors import (
     BrokerError,
@@ -39,7 +40,7 @@ __all__ = ["JobRunner"]
 _INFRASTRUCTURE_RETRY_DELAY = 1.0
 
 #: First and largest pause between two tries of a finalize the broker did not answer.
-_FINALIZE_BACKOFF = (0.05, 2.0)
+_FINALIZE_BACKOFF = Backoff(initial=0.05, maximum=2.0)
 
 T = TypeVar("T")
 
@@ -503,11 +504,13 @@ class JobRunner:
         the first failure (by then the broker's reclaim sweep may hand it to another worker).
         A close bounds it too (its deadline on the finalize's scope). Without this, a job whose
         work is done would wait for the reclaim sweep and run again."""
-        delay, largest = _FINALIZE_BACKOFF
         give_up = trio.current_time() + self._finalize_retry_for
         error = failed
+        failures = 0
         while True:
             if error is not None:
+                failures += 1
+                delay = _FINALIZE_BACKOFF.delay(failures)
                 if claim.lost or trio.current_time() + delay > give_up or self._closing():
                     raise error
                 self._report(
@@ -516,7 +519,6 @@ class JobRunner:
                     )
                 )
                 await trio.sleep(delay)
-                delay = min(delay * 2, largest)
             try:
                 return await call()
             except BrokerUnavailable as exc:
