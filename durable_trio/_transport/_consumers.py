@@ -3,13 +3,14 @@ registration."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from .._backoff import Backoff
 from .._codec import decode_envelope
-from .._errors import BrokerError, PayloadError
+from .._errors import BrokerError, PayloadError, TransportClosed
 from .._telemetry import hop
 from ..brokers import (
     ClaimedJob,
@@ -20,18 +21,19 @@ from ..brokers import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
     from .._wire import (
         JobKind,
     )
-    from ._claims import ClaimTable, Level
+    from ._claims import ClaimTable
     from ._jobs import JobRunner
-    from ._liveness import Liveness
+    from ._leases import Sweeper
+    from ._liveness import Vitals
     from ._options import TransportOptions
     from ._slots import Slots
 
-from ._claims import Loop, OnJob, quarantined, unexpected
+from ._claims import Level, Loop, OnJob, quarantined, unexpected
 
 #: A loop that polls this many jobs in a row without waiting yields once, so a loop with a large
 #: limit over a broker that answers at once never starves the handlers it starts.
@@ -44,8 +46,9 @@ _MAX_ERROR_BACKOFF = 10.0
 
 class Consumers:
     """Every poll loop of a transport (T4, T5): the task, result, heartbeat, control and engine
-    loops in the consumers level, this instance's own inboxes in the inboxes level. Owns the
-    loops and their pop scopes; a popped job goes to the job runner."""
+    loops in the consumers level (:meth:`intake`), this instance's own inboxes in the inboxes
+    level (:meth:`inbox_intake`). Owns the loops, their pop scopes and whether the transport
+    still takes work (:attr:`closing`); a popped job goes to the job runner."""
 
     def __init__(
         self,
@@ -54,21 +57,20 @@ class Consumers:
         runner: JobRunner,
         table: ClaimTable,
         *,
-        consumers: Level,
-        inboxes: Level,
-        liveness: Callable[[], Liveness | None],
-        check_open: Callable[[], None],
+        vitals: Vitals,
         report: Callable[[BaseException], None],
     ) -> None:
         self._broker = broker
         self._options = options
         self._runner = runner
         self._table = table
-        self._consumers = consumers
-        self._inboxes = inboxes
-        self._liveness = liveness
-        self._check_open = check_open
+        self.level = Level("consumers")
+        """The tree level of the poll loops and the reclaim sweep (open inside :meth:`intake`)."""
+        self.inbox_level = Level("inboxes")
+        """The tree level of this instance's own inboxes (open inside :meth:`inbox_intake`)."""
+        self._vitals = vitals
         self._report = report
+        self._closing = False
         self._wait_for_work = broker.wait_for_work if isinstance(broker, SupportsWakeup) else None
         self.instance_id = options.instance_id
         self.loops: list[Loop] = []
@@ -78,6 +80,54 @@ class Consumers:
         """This instance's own inboxes consumed, in start order."""
         self._deferred: list[Loop] | None = None
         self._kind_handlers: dict[JobKind, Callable[[Any], Awaitable[None]]] = {}
+
+    @property
+    def closing(self) -> bool:
+        """Whether the close has begun (no loop or registration starts any more)."""
+        return self._closing
+
+    def check_open(self) -> None:
+        """Raises:
+        TransportClosed: the close has begun."""
+        if self._closing:
+            raise TransportClosed("the transport is closed")
+
+    def begin_close(self) -> None:
+        """Close: take no more work (idempotent); the parked loops are never started."""
+        self._closing = True
+        self._deferred = None
+
+    @asynccontextmanager
+    async def intake(self, sweeper: Sweeper | None) -> AsyncIterator[None]:
+        """The consumers level: every poll loop and the reclaim sweep (``sweeper``). Leaving it
+        is close phase 1 (T24): stop taking work; the pops and finalizes in flight land by
+        ``cleanup_timeout``."""
+        async with trio.open_nursery() as consumers:
+            self.level.nursery = consumers
+            try:
+                if sweeper is not None:
+                    await consumers.start(sweeper.run)
+                yield
+            finally:
+                self.begin_close()
+                self.stop_intake(trio.current_time() + self._options.cleanup_timeout)
+                consumers.cancel_scope.cancel()
+
+    @asynccontextmanager
+    async def inbox_intake(self, runner: JobRunner) -> AsyncIterator[None]:
+        """The inboxes level: this instance's own inbox loops (and the tasks of its inbox
+        registry). Leaving it is close phases 3 and 4: the running handlers first drain (they
+        may wait for a reply on an inbox; ``runner.drain``), then these loops stop, their pops
+        in flight bounded by the deadline the drain set (shielded)."""
+        async with trio.open_nursery() as inboxes:
+            self.inbox_level.nursery = inboxes
+            try:
+                yield
+            finally:
+                with trio.CancelScope(shield=True):
+                    bound = await runner.drain()
+                    self.stop_intake(bound, inbox=True)
+                    inboxes.cancel_scope.cancel()
 
     def consume(
         self,
@@ -91,7 +141,7 @@ class Consumers:
     ) -> None:
         """Hand every ``kind`` job of ``queue`` to ``handler``: the first call starts the loop,
         a later one swaps the handler for the next job."""
-        self._check_open()
+        self.check_open()
         first = kind not in self._kind_handlers
         self._kind_handlers[kind] = handler
         if first:
@@ -116,27 +166,23 @@ class Consumers:
         for loop in parked:
             self.start_loop(loop)
 
-    def stop_deferring(self) -> None:
-        """Close: the parked loops are never started."""
-        self._deferred = None
-
     def start_loop(self, loop: Loop) -> None:
         if loop.inbox:
             self.loops.append(loop)
             self.inbox_queues.append(loop.queue)
-            self._inboxes.nursery.start_soon(self._poll_loop, loop, name=f"inbox {loop.queue}")
+            self.inbox_level.nursery.start_soon(self._poll_loop, loop, name=f"inbox {loop.queue}")
             return
         if self._deferred is not None:
             self._deferred.append(loop)
             return
         self.consumed.append(loop.queue)
         self.loops.append(loop)
-        liveness = self._liveness()
+        liveness = self._vitals.liveness
         if loop.token is not None and liveness is not None:
             # Only a loop that really consumes makes this instance a live worker of the token:
             # a deferred (producer-only) process never looks like one.
             liveness.serve(loop.token)
-        self._consumers.nursery.start_soon(self._poll_loop, loop, name=f"poll {loop.queue}")
+        self.level.nursery.start_soon(self._poll_loop, loop, name=f"poll {loop.queue}")
 
     def stop_intake(self, bound: float, *, inbox: bool = False) -> None:
         """Close: the pops in flight of the task/engine loops (or, with ``inbox``, of this

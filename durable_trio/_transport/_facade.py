@@ -38,7 +38,7 @@ from ._consumers import Consumers
 from ._health import TransportHealth
 from ._jobs import JobRunner
 from ._leases import LeaseKeeper, Sweeper
-from ._liveness import Liveness
+from ._liveness import Liveness, Vitals
 from ._options import (
     DEFAULT_RENEWING_STALLED_THRESHOLD,
     DEFAULT_STALLED_THRESHOLD,
@@ -112,29 +112,23 @@ class QueueTransport:
         self._result_slots = Slots(options.result_concurrency)
         self._task_loops: set[str] = set()
         self._task_queues: set[str] = set()
-        self._liveness: Liveness | None = None
-        if backend.keys is not None:
-            self._liveness = self._new_liveness(backend.keys)
         self._started_at = time.time()
-        self._closing = False
-        self._fully_closed = False
-        self._closed = trio.Event()
+        self._vitals = Vitals(
+            self._controller,
+            None if backend.keys is None else self._new_liveness(backend.keys),
+            cleanup_timeout=options.cleanup_timeout,
+        )
         self._max_payload_bytes = options.max_payload_bytes
         self._claims = ClaimTable()
-        self._lease_keeper: LeaseKeeper | None = None
-        if self._can_renew:
-            self._lease_keeper = LeaseKeeper(
-                cast("SupportsRenewal", broker),
-                self._claims,
-                self._controller,
-                period=self._stalled_threshold / 2,
-                cancel_on_lost_lease=options.cancel_on_lost_lease,
-                report=self._report,
-            )
-        # The nursery tree; its levels are where each part starts its tasks (see _tree).
-        self._tree = TransportTree(options, self._report)
-        self._inboxes = self._tree.inboxes
-        self._vitals = self._tree.vitals
+        self._lease_keeper = LeaseKeeper(
+            cast("SupportsRenewal", broker) if self._can_renew else None,
+            self._claims,
+            self._controller,
+            period=self._stalled_threshold / 2,
+            cancel_on_lost_lease=options.cancel_on_lost_lease,
+            report=self._report,
+            cleanup_timeout=options.cleanup_timeout,
+        )
         self._steps = StepServer(
             self._producers,
             self._controller,
@@ -146,17 +140,16 @@ class QueueTransport:
             instance_id=options.instance_id,
             lost_at=self._lease_lost_at,
             publish_beat=lambda beat: self.remote.heartbeat(beat),
-            spawn=lambda sender: self._tree.jobs.nursery.start_soon(sender),
+            spawn=lambda sender: self._runner.level.nursery.start_soon(sender),
         )
         self._runner = JobRunner(
             broker,
             options,
-            self._tree.jobs,
             self._claims,
             completer=self._producers.completer,
             finisher=self._producers.finisher,
             batched=self._producers.batched,
-            closing=lambda: self._closing,
+            closing=lambda: self._consumers.closing,
             answer_bad_task=self._steps.answer_bad_task,
             report=self._report,
             finalize_retry_for=self._stalled_threshold,
@@ -167,10 +160,7 @@ class QueueTransport:
             options,
             self._runner,
             self._claims,
-            consumers=self._tree.consumers,
-            inboxes=self._tree.inboxes,
-            liveness=lambda: self._liveness,
-            check_open=self._check_open,
+            vitals=self._vitals,
             report=self._report,
         )
         self._sweeper: Sweeper | None = None
@@ -192,7 +182,7 @@ class QueueTransport:
         self.remote = RemoteProtocols(
             self,
             controller=self._controller,
-            inboxes=self._inboxes,
+            inboxes=self._consumers.inbox_level,
             report=self._report,
             check_open=self._check_open,
             serve_turns=self._serve_turns,
@@ -203,6 +193,18 @@ class QueueTransport:
         decisions, step events, the tenant protocol."""
         self.health = TransportHealth(backend, self._names, options, self._controller)
         """The health reads: worker status, queue depth, group health, worker descriptors."""
+        # The nursery tree: the parts' levels nested in close order (see _tree).
+        self._tree = TransportTree(
+            options,
+            self._report,
+            keeper=self._lease_keeper,
+            runner=self._runner,
+            consumers=self._consumers,
+            vitals=self._vitals,
+            sweeper=self._sweeper,
+            remote=self.remote,
+        )
+        self._closed = self._tree.closed
 
     def _lease_lost_at(self, token: str) -> float | None:
         """When this instance learnt that its claim ``token`` was lost (``None``: it did not)."""
@@ -241,13 +243,16 @@ class QueueTransport:
 
     # ------------------------------------------------------------------ shared helpers
 
+    @property
+    def _liveness(self) -> Liveness | None:
+        return self._vitals.liveness
+
     def _adopt_liveness_store(self, keys: KeyStore) -> None:
         """A store-less tenant pod's liveness, written through ``keys`` (forwarded to the
         control plane, T22); nothing when this transport already has a liveness."""
-        if self._backend.keys is not None or self._liveness is not None:
+        if self._backend.keys is not None or self._vitals.liveness is not None:
             return
-        self._liveness = self._new_liveness(keys)
-        self._vitals.nursery.start_soon(self._liveness.run)
+        self._vitals.adopt(self._new_liveness(keys))
 
     def _new_liveness(self, keys: KeyStore) -> Liveness:
         """This instance's liveness keys, written to ``keys``."""
@@ -274,14 +279,13 @@ class QueueTransport:
         }
 
     def _check_open_for_producers(self) -> None:
-        if self._fully_closed:
+        if self._closed.is_set():
             # Producers work on through the close drain (a finishing handler publishes its
             # result); only a fully closed transport refuses.
             raise TransportClosed("the transport is closed")
 
     def _check_open(self) -> None:
-        if self._closing:
-            raise TransportClosed("the transport is closed")
+        self._consumers.check_open()
 
     def _report(self, exc: BaseException) -> None:
         report_through(self._report_hook, exc)
@@ -445,17 +449,6 @@ class QueueTransport:
     # ------------------------------------------------------------------ lifecycle
 
     async def _start(self, root: trio.Nursery) -> None:
-        self._tree.attach(
-            runner=self._runner,
-            keeper=self._lease_keeper,
-            sweeper=self._sweeper,
-            controller=self._controller,
-            liveness=lambda: self._liveness,
-            stop_intake=self._consumers.stop_intake,
-            begin_close=self._begin_close,
-            close_inboxes=self.remote.close_inboxes,
-            closed=self._mark_closed,
-        )
         await root.start(self._tree.run)
 
     # ------------------------------------------------------------------ close (T24)
@@ -477,7 +470,7 @@ class QueueTransport:
             Shielded; every phase is bounded (``close_timeout`` for phase 3,
             ``cleanup_timeout`` for each cleanup phase), so close never hangs on a dead broker.
         """
-        self._begin_close()
+        self._consumers.begin_close()
         self._tree.close()
         if self._tree.holds_current_task():
             # Called from a handler: the close waits for the handlers, so this one returns
@@ -486,15 +479,6 @@ class QueueTransport:
             return
         with trio.CancelScope(shield=True):
             await self._closed.wait()
-
-    def _begin_close(self) -> None:
-        if not self._closing:
-            self._closing = True
-            self._consumers.stop_deferring()
-
-    def _mark_closed(self) -> None:
-        self._fully_closed = True
-        self._closed.set()
 
 
 @asynccontextmanager

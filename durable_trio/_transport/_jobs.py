@@ -4,6 +4,7 @@ are sections of docs/spec.md)."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,13 +25,13 @@ from .._errors import (
 )
 from .._wire import StepError
 from ..brokers import SupportsClaimAhead, SupportsFinishAndClaim
-from ._claims import ClaimState, JobWorker, NextClaim, job_error, quarantined
+from ._claims import ClaimState, JobWorker, Level, NextClaim, job_error, quarantined
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
     from ..brokers import ClaimedJob, Job, Lease, QueueBroker
-    from ._claims import Claim, ClaimTable, Level, Loop
+    from ._claims import Claim, ClaimTable, Loop
     from ._options import TransportOptions
     from ._slots import Slots
 
@@ -54,7 +55,6 @@ class JobRunner:
         self,
         broker: QueueBroker,
         options: TransportOptions,
-        level: Level,
         table: ClaimTable,
         *,
         completer: Callable[[str], Coalescer[Lease, bool]],
@@ -79,7 +79,10 @@ class JobRunner:
         self._claimers: dict[str, Coalescer[tuple[Lease, Job | None, NextClaim | None], bool]] = {}
         self._finalize_retry_for = finalize_retry_for
         self._options = options
-        self._level = level
+        self.level = Level("jobs")
+        """The tree level of the job workers (open inside :meth:`serving`)."""
+        self._cancel_bound = 0.0
+        """When the handlers cancelled by close must have ended (set by :meth:`drain`)."""
         self._completer = completer
         self._finisher = finisher
         self._batched = batched
@@ -100,6 +103,34 @@ class JobRunner:
         return self._table.view
 
     # ------------------------------------------------------------------ close
+
+    @asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """The jobs level: one job worker per running handler. Leaving it ends close phase 4:
+        the handlers cancelled by :meth:`drain` get until its deadline to end (shielded), then
+        the level is cancelled."""
+        async with trio.open_nursery() as jobs:
+            self.level.nursery = jobs
+            self._cancel_bound = trio.current_time()
+            try:
+                yield
+            finally:
+                with trio.CancelScope(shield=True):
+                    with trio.move_on_at(self._cancel_bound):
+                        await self.idle.wait_value(True)
+                    jobs.cancel_scope.cancel()
+
+    async def drain(self) -> float:
+        """Close phases 3 and 4 (T24): running handlers finish, up to ``close_timeout`` (their
+        claims still renewed); what still runs is cancelled, each keeping its claim for the
+        handback. Returns the deadline (``cleanup_timeout`` from now) by which the cancelled
+        handlers, and the pops in flight of this instance's own inboxes, must land."""
+        options = self._options
+        with trio.move_on_after(options.close_timeout):
+            await self.idle.wait_value(True)
+        self.abandon_running()
+        self._cancel_bound = trio.current_time() + options.cleanup_timeout
+        return self._cancel_bound
 
     def bound_finalizes(self, bound: float) -> None:
         """Close: the finalizes in flight land by ``bound`` (absolute time)."""
@@ -146,7 +177,7 @@ class JobRunner:
             claim.scope = worker.scope
             trio.lowlevel.reschedule(worker.task, outcome.Value(claim))
         else:
-            self._level.nursery.start_soon(self._job_worker, loop, claim)
+            self.level.nursery.start_soon(self._job_worker, loop, claim)
 
     async def _job_worker(self, loop: Loop, claim: Claim) -> None:
         """Run ``claim``, then park until the loop hands this worker its next claim.
@@ -489,7 +520,7 @@ class JobRunner:
                     return  # kept: close's handback or the stalled sweep takes it back
                 self._table.handed_back(claim)
 
-        self._level.nursery.start_soon(hand_back)
+        self.level.nursery.start_soon(hand_back)
 
     async def _persist(
         self,

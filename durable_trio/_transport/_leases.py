@@ -3,6 +3,7 @@ and the poison bridge with its evidence (T9)."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 import trio
@@ -30,7 +31,7 @@ from ._liveness import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
     from .._naming import QueueNames
     from ..brokers import Job
@@ -48,26 +49,44 @@ _FULL_SWEEP_EVERY = 20
 
 class LeaseKeeper:
     """Renews every claim this instance holds, every ``stalled_threshold / 2`` (T7), and acts
-    on the leases the broker says were lost (T8). Owns its task and the scope of the round in
-    flight: :meth:`stop` bounds that round, so close never waits out a slow broker."""
+    on the leases the broker says were lost (T8). Owns its task (in :meth:`renewing`) and the
+    scope of the round in flight: :meth:`stop` bounds that round, so close never waits out a
+    slow broker. With no ``broker`` (one that cannot renew) it renews nothing."""
 
     def __init__(
         self,
-        broker: SupportsRenewal,
+        broker: SupportsRenewal | None,
         claims: ClaimTable,
         controller: ConcurrencyController,
         *,
         period: float,
         cancel_on_lost_lease: bool,
         report: Callable[[BaseException], None],
+        cleanup_timeout: float,
     ) -> None:
         self._broker = broker
+        self._cleanup_timeout = cleanup_timeout
         self._claims = claims
         self._controller = controller
         self._period = period
         self._cancel_on_lost_lease = cancel_on_lost_lease
         self._report = report
         self._round: trio.CancelScope | None = None
+
+    @asynccontextmanager
+    async def renewing(self) -> AsyncIterator[None]:
+        """The keeper level, the outermost of the tree: renewal runs while the levels inside
+        it close. Leaving it is close phase 5 (T24): renewal stops, the round in flight is
+        shielded and lands, bounded by ``cleanup_timeout``."""
+        async with trio.open_nursery() as keeper:
+            if self._broker is not None:
+                await keeper.start(self.run)
+            try:
+                yield
+            finally:
+                if self._broker is not None:
+                    self.stop(trio.current_time() + self._cleanup_timeout)
+                keeper.cancel_scope.cancel()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Renew on ``start + k * period``; a round is shielded (a claim is never left half
@@ -89,6 +108,7 @@ class LeaseKeeper:
 
     async def _renew_open_claims(self) -> None:
         broker = self._broker
+        assert broker is not None
         for queue, leases in self._claims.leases_by_queue().items():
             try:
                 outcome = await broker.renew_jobs(queue, leases)
