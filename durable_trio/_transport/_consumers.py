@@ -28,10 +28,10 @@ if TYPE_CHECKING:
     )
     from ._claims import ClaimTable
     from ._jobs import JobRunner
-    from ._leases import Sweeper
     from ._liveness import Vitals
     from ._options import TransportOptions
     from ._slots import Slots
+    from ._sweep import Sweeper
 
 from ._claims import Level, Loop, OnJob, quarantined, unexpected
 

@@ -6,7 +6,8 @@ broker, each owning its state and its tasks:
 - ``Consumers`` (``_consumers``): every poll loop, with its pop scope;
 - ``JobRunner`` (``_jobs``): one job worker per running handler, with its finalize;
 - ``StepServer`` (``_steps``): a task loop's jobs, a step's result;
-- ``LeaseKeeper`` and ``Sweeper`` (``_leases``): renewal, lost leases, the reclaim sweep;
+- ``LeaseKeeper`` (``_renewal``): renewal, lost leases; ``Sweeper`` (``_sweep``): the reclaim
+  sweep and the poison bridge;
 - ``Liveness`` and ``ConcurrencyController``: the worker's keys and its limit;
 - ``RemoteProtocols`` (``_remote``, as :attr:`QueueTransport.remote`): the remote protocols
   (step heartbeats and control messages among them);
@@ -37,7 +38,6 @@ from ._claims import ClaimTable, Loop
 from ._consumers import Consumers
 from ._health import TransportHealth
 from ._jobs import JobRunner
-from ._leases import LeaseKeeper, Sweeper
 from ._liveness import Liveness, Vitals
 from ._options import (
     DEFAULT_RENEWING_STALLED_THRESHOLD,
@@ -46,8 +46,10 @@ from ._options import (
 )
 from ._producers import Producers
 from ._remote import RemoteProtocols
+from ._renewal import LeaseKeeper
 from ._slots import Slots
 from ._steps import StepHandler, StepServer
+from ._sweep import Sweeper
 from ._tree import TransportTree
 
 if TYPE_CHECKING:

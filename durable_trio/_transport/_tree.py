@@ -37,10 +37,11 @@ if TYPE_CHECKING:
 
     from ._consumers import Consumers
     from ._jobs import JobRunner
-    from ._leases import LeaseKeeper, Sweeper
     from ._liveness import Vitals
     from ._options import TransportOptions
     from ._remote import RemoteProtocols
+    from ._renewal import LeaseKeeper
+    from ._sweep import Sweeper
 
 __all__ = ["TransportTree"]
 
