@@ -1,12 +1,14 @@
 """The claims a transport holds, from its pop to its finalize or handback (T8, T24 of
-docs/spec.md): their states, the loops and job workers that carry them, the levels of the
-nursery tree, and the errors the parts that act on them report."""
+docs/spec.md): their states and the one table that moves them (:class:`ClaimTable`), the loops
+and job workers that carry them, the levels of the nursery tree, and the errors the parts that
+act on them report."""
 
 from __future__ import annotations
 
 import collections
 import enum
-from collections.abc import Awaitable, Callable
+import types
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import attrs
@@ -17,11 +19,23 @@ from ..brokers import ClaimedJob
 from ._slots import Slots
 
 if TYPE_CHECKING:
-    from ..brokers import Job
+    from ..brokers import Job, Lease
 
-__all__ = ["ClaimState", "Level"]
+__all__ = [
+    "Claim",
+    "ClaimState",
+    "ClaimTable",
+    "JobWorker",
+    "Level",
+    "Loop",
+    "NextClaim",
+    "OnJob",
+    "job_error",
+    "quarantined",
+    "unexpected",
+]
 
-_OnJob = Callable[[ClaimedJob], Awaitable["Job | None"]]
+OnJob = Callable[[ClaimedJob], Awaitable["Job | None"]]
 
 
 class Level:
@@ -63,7 +77,7 @@ _DROPPED = ClaimState.DROPPED
 
 
 @attrs.define(eq=False)
-class _Claim:
+class Claim:
     queue: str
     job: ClaimedJob
     scope: trio.CancelScope | None = None
@@ -82,9 +96,9 @@ class _Claim:
 
 
 @attrs.define(eq=False)
-class _Loop:
+class Loop:
     queue: str
-    on_job: _OnJob
+    on_job: OnJob
     slots: Slots
     backoff_max: int
     token: str | None = None
@@ -93,8 +107,8 @@ class _Loop:
     """This instance's own inbox: runs in the inboxes group and is never deferred (no other
     process could take its jobs)."""
     pop_scope: trio.CancelScope | None = None
-    idle: list[_JobWorker] = attrs.Factory(list)
-    buffer: collections.deque[_Claim] = attrs.Factory(collections.deque)
+    idle: list[JobWorker] = attrs.Factory(list)
+    buffer: collections.deque[Claim] = attrs.Factory(collections.deque)
     """Claims popped ahead of a free slot (prefetch), renewed and handed back like any."""
     backlog: bool = False
     """The last claim of this loop (a pop, or a finalize that claimed) got all it asked for:
@@ -102,21 +116,21 @@ class _Loop:
     finalize's round trip (``SupportsFinishAndClaim``)."""
 
 
-class _Next:
+class NextClaim:
     """A finishing job worker's ask for its next claim, answered by the finalize that claims
     (``JobRunner._hand_over``): ``claim`` is set when the reply lands; ``gone`` once the worker
     no longer waits for it (a claim landing after that is handed back, never left unrun)."""
 
     __slots__ = ("claim", "gone", "loop")
 
-    def __init__(self, loop: _Loop) -> None:
+    def __init__(self, loop: Loop) -> None:
         self.loop = loop
-        self.claim: _Claim | None = None
+        self.claim: Claim | None = None
         self.gone = False
 
 
 @attrs.define(eq=False)
-class _JobWorker:
+class JobWorker:
     """A task that runs one loop's jobs one after another, parked while idle.
 
     One task per running handler, each in its own cancel scope (so a lost lease or close's
@@ -131,7 +145,179 @@ class _JobWorker:
 
 
 
-def _quarantined(queue: str, job: ClaimedJob) -> DamagedJob:
+class ClaimTable:
+    """Every claim this instance holds, by lease token, and the one owner of their states.
+
+    Each transition of a claim — popped ahead (buffered), begun, waiting to run alone,
+    finalizing, dropped, lost, abandoned, handed back — is a method here; the consumers (which
+    pop), the job runner (which runs and finalizes) and the lease keeper (which learns of lost
+    leases) ask this table and never set a claim's state or edit the table themselves. The
+    table is read through :attr:`view` (a read-only mapping).
+    """
+
+    __slots__ = ("_by_token", "view")
+
+    def __init__(self) -> None:
+        self._by_token: dict[str, Claim] = {}
+        self.view: Mapping[str, Claim] = types.MappingProxyType(self._by_token)
+        """The claims by lease token, read-only."""
+
+    def __len__(self) -> int:
+        return len(self._by_token)
+
+    def __iter__(self) -> Iterator[Claim]:
+        return iter(self._by_token.values())
+
+    def lost_at(self, token: str) -> float | None:
+        """When this instance learnt that its claim ``token`` was lost (``None``: it did not)."""
+        claim = self._by_token.get(token)
+        return None if claim is None else claim.lost_at
+
+    def leases_by_queue(self) -> dict[str, list[Lease]]:
+        """The lease of every claim held, by queue (what a renewal round renews)."""
+        by_queue: dict[str, list[Lease]] = {}
+        for claim in self._by_token.values():
+            by_queue.setdefault(claim.queue, []).append(claim.job.lease)
+        return by_queue
+
+    # ------------------------------------------------------------------ from a pop
+
+    def begin(self, queue: str, job: ClaimedJob) -> Claim:
+        """A popped job that starts at once (its slot is free): tracked, running."""
+        claim = Claim(queue, job, ahead=not job.started)
+        self._by_token[job.lease.token] = claim
+        return claim
+
+    def buffer(self, queue: str, job: ClaimedJob, *, ahead: bool) -> Claim:
+        """A job claimed ahead of a free slot (prefetch, or a finalize that claimed): tracked
+        (renewed, handed back by close) but not started."""
+        claim = Claim(queue, job, state=_BUFFERED, ahead=ahead)
+        self._by_token[job.lease.token] = claim
+        return claim
+
+    def start_buffered(self, claim: Claim) -> bool:
+        """A buffered claim starts (``False``: it was taken back or set aside meanwhile)."""
+        if claim.state is not _BUFFERED:
+            return False
+        claim.state = _RUNNING
+        return True
+
+    # ------------------------------------------------------------------ in a job worker
+
+    def wait_alone(self, claim: Claim) -> None:
+        """A suspect waits to run alone (not started yet)."""
+        claim.state = _WAITING
+
+    def run_alone(self, claim: Claim) -> None:
+        """A suspect's wait is over: it runs, alone."""
+        claim.state = _RUNNING
+
+    def hand_back_suspect(self, claim: Claim) -> None:
+        """A suspect waited in vain: its handback is its final write (shielded, bounded)."""
+        claim.state = _FINALIZING
+
+    def drop_unstarted(self, claim: Claim) -> None:
+        """Popped ahead and taken back before it started: never ran here, nothing to finalize."""
+        claim.lost = True
+        claim.state = _DROPPED
+
+    def finalizing(self, claim: Claim) -> bool:
+        """Its handler ended: ``True`` if its outcome is to be written (still running and
+        ours); ``False`` if it was abandoned by close or its lease went to another worker (T8),
+        so its outcome must not finalize someone else's claim."""
+        if claim.state is _RUNNING and not claim.lost:
+            claim.state = _FINALIZING
+            return True
+        return False
+
+    def abandon(self, claim: Claim) -> None:
+        """A claim that will not run here (close has begun): kept for close's handback."""
+        claim.state = _ABANDONED
+
+    def end(self, claim: Claim) -> None:
+        """Its job worker is done with it: finalized (or dropped, or lost) claims leave the
+        table; one cancelled before it finished (by close, a lost lease, or the whole transport
+        from outside) is kept, abandoned, for close's handback."""
+        if claim.state is _RUNNING or claim.state is _WAITING:
+            claim.state = _ABANDONED
+        if claim.state is not _ABANDONED or claim.lost:
+            del self._by_token[claim.job.lease.token]
+
+    def set_aside(self, claim: Claim) -> bool:
+        """A claim a finalize made for a worker that no longer takes it: abandoned (to be
+        handed back) if still buffered; ``False`` if the broker took it back meanwhile."""
+        if claim.state is not _BUFFERED:
+            return False
+        claim.state = _ABANDONED
+        return True
+
+    def handed_back(self, claim: Claim) -> None:
+        """Its handback landed: no longer held."""
+        self._by_token.pop(claim.job.lease.token, None)
+
+    # ------------------------------------------------------------------ lost leases (T8)
+
+    def lose(self, token: str, now: float, *, cancel: bool) -> Claim | None:
+        """The broker says the lease ``token`` was lost. A claim that never started here (a
+        buffered one, or a suspect waiting to run alone) is dropped: no double run. A running
+        one is marked lost at ``now`` and, with ``cancel``, its handler cancelled; it is
+        returned (the duplicate to report). ``None``: nothing ran on it here, or it finished
+        during the round trip (finalized, not lost)."""
+        held = self._by_token.get(token)
+        if held is None:
+            return None
+        if held.state is _BUFFERED:
+            # Prefetched and taken back before it ever started: the loop skips it.
+            held.state = _DROPPED
+            del self._by_token[token]
+            return None
+        if held.state is _WAITING:
+            # Its job worker drops it (the cancellation ends the wait).
+            held.state = _DROPPED
+            held.lost = True
+            held.cancel()
+            return None
+        if held.state is not _RUNNING or held.lost:
+            return None
+        held.lost = True
+        held.lost_at = now  # what a result it still makes says
+        if cancel:
+            held.cancel()
+        return held
+
+    # ------------------------------------------------------------------ close (T24)
+
+    def bound_finalizes(self, bound: float) -> None:
+        """The finalizes in flight land by ``bound`` (absolute time)."""
+        for claim in self._by_token.values():
+            if claim.state is _FINALIZING and claim.scope is not None:
+                claim.scope.deadline = bound
+
+    def abandon_waiting(self) -> None:
+        """The suspects waiting to run alone never start; each keeps its claim for the
+        handback (attempt-neutral, uncounted: their handlers never ran here)."""
+        for claim in self._by_token.values():
+            if claim.state is _WAITING:
+                claim.state = _ABANDONED
+                claim.cancel()
+
+    def abandon_running(self) -> None:
+        """Cancel every handler still running; each keeps its claim for the handback."""
+        for claim in self._by_token.values():
+            if claim.state is _RUNNING or claim.state is _WAITING:
+                claim.state = _ABANDONED
+                claim.cancel()
+            elif claim.state is _BUFFERED:  # prefetched, never started
+                claim.state = _ABANDONED
+
+    def take_open(self) -> list[Claim]:
+        """Every claim still open, leaving the table empty (close hands them back)."""
+        claims = list(self._by_token.values())
+        self._by_token.clear()
+        return claims
+
+
+def quarantined(queue: str, job: ClaimedJob) -> DamagedJob:
     """The report of an entry a pop could not tie to a job (``job.damage`` set, no lease): the
     broker already moved it to its quarantine, and there is nothing to finalize."""
     return DamagedJob(
@@ -139,13 +325,13 @@ def _quarantined(queue: str, job: ClaimedJob) -> DamagedJob:
     )
 
 
-def _job_error(message: str, claim: _Claim, cause: BaseException) -> JobError:
+def job_error(message: str, claim: Claim, cause: BaseException) -> JobError:
     error = JobError(message, queue=claim.queue, job_id=claim.job.id)
     error.__cause__ = cause
     return error
 
 
-def _unexpected(exc: Exception, doing: str) -> BrokerError:
+def unexpected(exc: Exception, doing: str) -> BrokerError:
     """A broker call that raised something other than a :class:`BrokerError` (a defect in a
     broker, or stored data it failed to validate), as the error the loops report and back off
     on: the loop goes on, the cause stays attached."""

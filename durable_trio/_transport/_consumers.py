@@ -3,12 +3,14 @@ registration."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .._backoff import Backoff
 from .._codec import decode_envelope
-from .._errors import BrokerError, PayloadError
+from .._errors import BrokerError, PayloadError, TransportClosed
 from .._telemetry import hop
 from ..brokers import (
     ClaimedJob,
@@ -19,27 +21,19 @@ from ..brokers import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
     from .._wire import (
         JobKind,
     )
-    from ._claims import Level
+    from ._claims import ClaimTable
     from ._jobs import JobRunner
-    from ._liveness import Liveness
+    from ._liveness import Vitals
     from ._options import TransportOptions
     from ._slots import Slots
+    from ._sweep import Sweeper
 
-
-
-from ._claims import (
-    _BUFFERED,
-    _Claim,
-    _Loop,
-    _OnJob,
-    _quarantined,
-    _unexpected,
-)
+from ._claims import Level, Loop, OnJob, quarantined, unexpected
 
 #: A loop that polls this many jobs in a row without waiting yields once, so a loop with a large
 #: limit over a broker that answers at once never starves the handlers it starts.
@@ -52,38 +46,88 @@ _MAX_ERROR_BACKOFF = 10.0
 
 class Consumers:
     """Every poll loop of a transport (T4, T5): the task, result, heartbeat, control and engine
-    loops in the consumers level, this instance's own inboxes in the inboxes level. Owns the
-    loops and their pop scopes; a popped job goes to the job runner."""
+    loops in the consumers level (:meth:`intake`), this instance's own inboxes in the inboxes
+    level (:meth:`inbox_intake`). Owns the loops, their pop scopes and whether the transport
+    still takes work (:attr:`closing`); a popped job goes to the job runner."""
 
     def __init__(
         self,
         broker: QueueBroker,
         options: TransportOptions,
         runner: JobRunner,
+        table: ClaimTable,
         *,
-        consumers: Level,
-        inboxes: Level,
-        liveness: Callable[[], Liveness | None],
-        check_open: Callable[[], None],
+        vitals: Vitals,
         report: Callable[[BaseException], None],
     ) -> None:
         self._broker = broker
         self._options = options
         self._runner = runner
-        self._consumers = consumers
-        self._inboxes = inboxes
-        self._liveness = liveness
-        self._check_open = check_open
+        self._table = table
+        self.level = Level("consumers")
+        """The tree level of the poll loops and the reclaim sweep (open inside :meth:`intake`)."""
+        self.inbox_level = Level("inboxes")
+        """The tree level of this instance's own inboxes (open inside :meth:`inbox_intake`)."""
+        self._vitals = vitals
         self._report = report
+        self._closing = False
         self._wait_for_work = broker.wait_for_work if isinstance(broker, SupportsWakeup) else None
         self.instance_id = options.instance_id
-        self.loops: list[_Loop] = []
+        self.loops: list[Loop] = []
         self.consumed: list[str] = []
         """Every queue consumed (not the inboxes), in start order."""
         self.inbox_queues: list[str] = []
         """This instance's own inboxes consumed, in start order."""
-        self._deferred: list[_Loop] | None = None
+        self._deferred: list[Loop] | None = None
         self._kind_handlers: dict[JobKind, Callable[[Any], Awaitable[None]]] = {}
+
+    @property
+    def closing(self) -> bool:
+        """Whether the close has begun (no loop or registration starts any more)."""
+        return self._closing
+
+    def check_open(self) -> None:
+        """Raises:
+        TransportClosed: the close has begun."""
+        if self._closing:
+            raise TransportClosed("the transport is closed")
+
+    def begin_close(self) -> None:
+        """Close: take no more work (idempotent); the parked loops are never started."""
+        self._closing = True
+        self._deferred = None
+
+    @asynccontextmanager
+    async def intake(self, sweeper: Sweeper | None) -> AsyncIterator[None]:
+        """The consumers level: every poll loop and the reclaim sweep (``sweeper``). Leaving it
+        is close phase 1 (T24): stop taking work; the pops and finalizes in flight land by
+        ``cleanup_timeout``."""
+        async with trio.open_nursery() as consumers:
+            self.level.nursery = consumers
+            try:
+                if sweeper is not None:
+                    await consumers.start(sweeper.run)
+                yield
+            finally:
+                self.begin_close()
+                self.stop_intake(trio.current_time() + self._options.cleanup_timeout)
+                consumers.cancel_scope.cancel()
+
+    @asynccontextmanager
+    async def inbox_intake(self, runner: JobRunner) -> AsyncIterator[None]:
+        """The inboxes level: this instance's own inbox loops (and the tasks of its inbox
+        registry). Leaving it is close phases 3 and 4: the running handlers first drain (they
+        may wait for a reply on an inbox; ``runner.drain``), then these loops stop, their pops
+        in flight bounded by the deadline the drain set (shielded)."""
+        async with trio.open_nursery() as inboxes:
+            self.inbox_level.nursery = inboxes
+            try:
+                yield
+            finally:
+                with trio.CancelScope(shield=True):
+                    bound = await runner.drain()
+                    self.stop_intake(bound, inbox=True)
+                    inboxes.cancel_scope.cancel()
 
     def consume(
         self,
@@ -97,12 +141,12 @@ class Consumers:
     ) -> None:
         """Hand every ``kind`` job of ``queue`` to ``handler``: the first call starts the loop,
         a later one swaps the handler for the next job."""
-        self._check_open()
+        self.check_open()
         first = kind not in self._kind_handlers
         self._kind_handlers[kind] = handler
         if first:
             self.start_loop(
-                _Loop(
+                Loop(
                     queue,
                     self.typed(kind, queue, lambda: self._kind_handlers[kind]),
                     slots,
@@ -122,27 +166,23 @@ class Consumers:
         for loop in parked:
             self.start_loop(loop)
 
-    def stop_deferring(self) -> None:
-        """Close: the parked loops are never started."""
-        self._deferred = None
-
-    def start_loop(self, loop: _Loop) -> None:
+    def start_loop(self, loop: Loop) -> None:
         if loop.inbox:
             self.loops.append(loop)
             self.inbox_queues.append(loop.queue)
-            self._inboxes.nursery.start_soon(self._poll_loop, loop, name=f"inbox {loop.queue}")
+            self.inbox_level.nursery.start_soon(self._poll_loop, loop, name=f"inbox {loop.queue}")
             return
         if self._deferred is not None:
             self._deferred.append(loop)
             return
         self.consumed.append(loop.queue)
         self.loops.append(loop)
-        liveness = self._liveness()
+        liveness = self._vitals.liveness
         if loop.token is not None and liveness is not None:
             # Only a loop that really consumes makes this instance a live worker of the token:
             # a deferred (producer-only) process never looks like one.
             liveness.serve(loop.token)
-        self._consumers.nursery.start_soon(self._poll_loop, loop, name=f"poll {loop.queue}")
+        self.level.nursery.start_soon(self._poll_loop, loop, name=f"poll {loop.queue}")
 
     def stop_intake(self, bound: float, *, inbox: bool = False) -> None:
         """Close: the pops in flight of the task/engine loops (or, with ``inbox``, of this
@@ -160,7 +200,7 @@ class Consumers:
         kind: JobKind,
         queue: str,
         current: Callable[[], Callable[[Any], Awaitable[None]] | None],
-    ) -> _OnJob:
+    ) -> OnJob:
         """A job callback that decodes ``kind`` jobs of ``queue`` and hands their payload to
         the handler registered now (``current()``), so re-registering swaps it for the next
         job."""
@@ -179,12 +219,18 @@ class Consumers:
 
     # ------------------------------------------------------------------ the poll loop (T4, T5)
 
-    async def _poll_loop(self, loop: _Loop) -> None:
+    async def _poll_loop(self, loop: Loop) -> None:
         broker = self._broker
         wait_for_work = self._wait_for_work
         queue = loop.queue
         slots = loop.slots
         poll_interval = self._options.poll_interval
+        # After the n-th broker error in a row: 2 ** n poll intervals (the exponent capped at
+        # 16), at most _MAX_ERROR_BACKOFF; idle, after the n-th empty pop in a row: 2 ** (n - 1)
+        # poll intervals, at most the loop's backoff_max of them.
+        error_cap = min(_MAX_ERROR_BACKOFF, poll_interval * 2**16)
+        error_backoff = Backoff(initial=min(poll_interval * 2, error_cap), maximum=error_cap)
+        idle_backoff = Backoff(initial=min(1, loop.backoff_max), maximum=loop.backoff_max)
         worker = self.instance_id
         empty = 0
         errors = 0
@@ -203,7 +249,7 @@ class Consumers:
         buffer = loop.buffer
         runner = self._runner
         start_claim, begin_job = runner.start_claim, runner.begin_job
-        claims = runner.claims
+        table = self._table
         with trio.CancelScope() as pop_scope:
             loop.pop_scope = pop_scope
             while True:
@@ -214,7 +260,7 @@ class Consumers:
                 take = 1 + extra
                 while take and buffer:
                     claim = buffer.popleft()
-                    if claim.state is _BUFFERED:  # (a lost lease took it out meanwhile)
+                    if table.start_buffered(claim):  # (a lost lease took it out meanwhile)
                         start_claim(loop, claim)
                         take -= 1
                 if take == 0:
@@ -254,7 +300,7 @@ class Consumers:
                     # still raise, this loop must not end the whole transport (and crash again
                     # on the same entry at every restart): reported, retried after a backoff.
                     errors += 1
-                    self._report(_unexpected(exc, f"claiming from {queue!r}"))
+                    self._report(unexpected(exc, f"claiming from {queue!r}"))
                     batch = []
                 else:
                     # The broker answered: the outage is over, even if the queue is empty (an
@@ -273,9 +319,7 @@ class Consumers:
                     for job in batch[:take]:
                         begin_job(loop, job)
                     for job in batch[take:]:
-                        claim = _Claim(queue, job, state=_BUFFERED, ahead=True)
-                        claims[job.lease.token] = claim
-                        buffer.append(claim)
+                        buffer.append(table.buffer(queue, job, ahead=True))
                     if len(batch) < take + ahead and not buffer and wait_for_work is not None:
                         # Fewer than asked: the pop drained the queue (and, on a broker with a
                         # wake-up signal, counts as an empty pop): wait for work instead of
@@ -290,12 +334,12 @@ class Consumers:
                     continue
                 streak = 0
                 if errors:
-                    await trio.sleep(min(poll_interval * 2 ** min(errors, 16), _MAX_ERROR_BACKOFF))
+                    await trio.sleep(error_backoff.delay(errors))
                 elif wait_for_work is not None:
                     await wait_for_work(queue)
                 else:
                     empty += 1
-                    await trio.sleep(poll_interval * min(2 ** (empty - 1), loop.backoff_max))
+                    await trio.sleep(poll_interval * idle_backoff.delay(empty))
 
     def _drop_quarantined(self, queue: str, batch: list[ClaimedJob]) -> list[ClaimedJob]:
         """Report the entries the broker could not tie to a job (already in its quarantine,
@@ -303,7 +347,7 @@ class Consumers:
         kept = []
         for job in batch:
             if job.damage is not None and not job.lease.token:
-                self._report(_quarantined(queue, job))
+                self._report(quarantined(queue, job))
             else:
                 kept.append(job)
         return kept

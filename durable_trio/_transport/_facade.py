@@ -2,10 +2,12 @@
 broker, each owning its state and its tasks:
 
 - ``Producers`` (``_producers``): job ids, envelopes, pushes coalesced per queue;
-- ``Consumers`` (``_consume``): every poll loop, with its pop scope;
-- ``JobRunner`` (``_jobs``): the claim table and one job worker per running handler;
+- ``ClaimTable`` (``_claims``): every claim held, and the one owner of its state changes;
+- ``Consumers`` (``_consumers``): every poll loop, with its pop scope;
+- ``JobRunner`` (``_jobs``): one job worker per running handler, with its finalize;
 - ``StepServer`` (``_steps``): a task loop's jobs, a step's result;
-- ``LeaseKeeper`` and ``Sweeper`` (``_leases``): renewal, lost leases, the reclaim sweep;
+- ``LeaseKeeper`` (``_renewal``): renewal, lost leases; ``Sweeper`` (``_sweep``): the reclaim
+  sweep and the poison bridge;
 - ``Liveness`` and ``ConcurrencyController``: the worker's keys and its limit;
 - ``RemoteProtocols`` (``_remote``, as :attr:`QueueTransport.remote`): the remote protocols
   (step heartbeats and control messages among them);
@@ -32,12 +34,11 @@ from .._naming import QueueNames
 from .._wire import JobKind, RemoteTask, StepResult
 from ..brokers import ClaimedJob, SupportsRecovery, SupportsRenewal
 from ._adaptive import ConcurrencyController
-from ._claims import _Loop
+from ._claims import ClaimTable, Loop
 from ._consumers import Consumers
 from ._health import TransportHealth
 from ._jobs import JobRunner
-from ._leases import LeaseKeeper, Sweeper
-from ._liveness import Liveness
+from ._liveness import Liveness, Vitals
 from ._options import (
     DEFAULT_RENEWING_STALLED_THRESHOLD,
     DEFAULT_STALLED_THRESHOLD,
@@ -45,15 +46,16 @@ from ._options import (
 )
 from ._producers import Producers
 from ._remote import RemoteProtocols
+from ._renewal import LeaseKeeper
 from ._slots import Slots
 from ._steps import StepHandler, StepServer
+from ._sweep import Sweeper
 from ._tree import TransportTree
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from ..backends._backend import Backend
-    from ..keys import KeyStore
+    from ._ports import KeyStore, TransportBackend
 
 
 __all__ = ["QueueTransport", "TransportStatistics", "open_queue_transport", "stalled_threshold_of"]
@@ -89,7 +91,7 @@ class QueueTransport:
     construct it directly.
     """
 
-    def __init__(self, backend: Backend, options: TransportOptions) -> None:
+    def __init__(self, backend: TransportBackend, options: TransportOptions) -> None:
         self._backend = backend
         self._broker = backend.broker
         self._options = options
@@ -112,28 +114,23 @@ class QueueTransport:
         self._result_slots = Slots(options.result_concurrency)
         self._task_loops: set[str] = set()
         self._task_queues: set[str] = set()
-        self._liveness: Liveness | None = None
-        if backend.keys is not None:
-            self._liveness = self._new_liveness(backend.keys)
         self._started_at = time.time()
-        self._closing = False
-        self._fully_closed = False
-        self._closed = trio.Event()
+        self._vitals = Vitals(
+            self._controller,
+            None if backend.keys is None else self._new_liveness(backend.keys),
+            cleanup_timeout=options.cleanup_timeout,
+        )
         self._max_payload_bytes = options.max_payload_bytes
-        self._lease_keeper: LeaseKeeper | None = None
-        if self._can_renew:
-            self._lease_keeper = LeaseKeeper(
-                cast("SupportsRenewal", broker),
-                lambda: self._runner.claims,
-                self._controller,
-                period=self._stalled_threshold / 2,
-                cancel_on_lost_lease=options.cancel_on_lost_lease,
-                report=self._report,
-            )
-        # The nursery tree; its levels are where each part starts its tasks (see _tree).
-        self._tree = TransportTree(options, self._report)
-        self._inboxes = self._tree.inboxes
-        self._vitals = self._tree.vitals
+        self._claims = ClaimTable()
+        self._lease_keeper = LeaseKeeper(
+            cast("SupportsRenewal", broker) if self._can_renew else None,
+            self._claims,
+            self._controller,
+            period=self._stalled_threshold / 2,
+            cancel_on_lost_lease=options.cancel_on_lost_lease,
+            report=self._report,
+            cleanup_timeout=options.cleanup_timeout,
+        )
         self._steps = StepServer(
             self._producers,
             self._controller,
@@ -145,16 +142,16 @@ class QueueTransport:
             instance_id=options.instance_id,
             lost_at=self._lease_lost_at,
             publish_beat=lambda beat: self.remote.heartbeat(beat),
-            spawn=lambda sender: self._tree.jobs.nursery.start_soon(sender),
+            spawn=lambda sender: self._runner.level.nursery.start_soon(sender),
         )
         self._runner = JobRunner(
             broker,
             options,
-            self._tree.jobs,
+            self._claims,
             completer=self._producers.completer,
             finisher=self._producers.finisher,
             batched=self._producers.batched,
-            closing=lambda: self._closing,
+            closing=lambda: self._consumers.closing,
             answer_bad_task=self._steps.answer_bad_task,
             report=self._report,
             finalize_retry_for=self._stalled_threshold,
@@ -164,10 +161,8 @@ class QueueTransport:
             broker,
             options,
             self._runner,
-            consumers=self._tree.consumers,
-            inboxes=self._tree.inboxes,
-            liveness=lambda: self._liveness,
-            check_open=self._check_open,
+            self._claims,
+            vitals=self._vitals,
             report=self._report,
         )
         self._sweeper: Sweeper | None = None
@@ -189,7 +184,7 @@ class QueueTransport:
         self.remote = RemoteProtocols(
             self,
             controller=self._controller,
-            inboxes=self._inboxes,
+            inboxes=self._consumers.inbox_level,
             report=self._report,
             check_open=self._check_open,
             serve_turns=self._serve_turns,
@@ -200,11 +195,22 @@ class QueueTransport:
         decisions, step events, the tenant protocol."""
         self.health = TransportHealth(backend, self._names, options, self._controller)
         """The health reads: worker status, queue depth, group health, worker descriptors."""
+        # The nursery tree: the parts' levels nested in close order (see _tree).
+        self._tree = TransportTree(
+            options,
+            self._report,
+            keeper=self._lease_keeper,
+            runner=self._runner,
+            consumers=self._consumers,
+            vitals=self._vitals,
+            sweeper=self._sweeper,
+            remote=self.remote,
+        )
+        self._closed = self._tree.closed
 
     def _lease_lost_at(self, token: str) -> float | None:
         """When this instance learnt that its claim ``token`` was lost (``None``: it did not)."""
-        claim = self._runner.claims.get(token)
-        return None if claim is None else claim.lost_at
+        return self._claims.lost_at(token)
 
     # ------------------------------------------------------------------ identity and names
 
@@ -224,13 +230,13 @@ class QueueTransport:
         return self._options
 
     @property
-    def backend(self) -> Backend:
+    def backend(self) -> TransportBackend:
         return self._backend
 
     def statistics(self) -> TransportStatistics:
         return TransportStatistics(
             in_flight=self._runner.running,
-            open_claims=len(self._runner.claims),
+            open_claims=len(self._claims),
             task_limit=self._task_slots.limit,
             duplicates=self._controller.duplicates,
             queues=tuple(self._consumers.consumed),
@@ -239,13 +245,16 @@ class QueueTransport:
 
     # ------------------------------------------------------------------ shared helpers
 
+    @property
+    def _liveness(self) -> Liveness | None:
+        return self._vitals.liveness
+
     def _adopt_liveness_store(self, keys: KeyStore) -> None:
         """A store-less tenant pod's liveness, written through ``keys`` (forwarded to the
         control plane, T22); nothing when this transport already has a liveness."""
-        if self._backend.keys is not None or self._liveness is not None:
+        if self._backend.keys is not None or self._vitals.liveness is not None:
             return
-        self._liveness = self._new_liveness(keys)
-        self._vitals.nursery.start_soon(self._liveness.run)
+        self._vitals.adopt(self._new_liveness(keys))
 
     def _new_liveness(self, keys: KeyStore) -> Liveness:
         """This instance's liveness keys, written to ``keys``."""
@@ -272,14 +281,13 @@ class QueueTransport:
         }
 
     def _check_open_for_producers(self) -> None:
-        if self._fully_closed:
+        if self._closed.is_set():
             # Producers work on through the close drain (a finishing handler publishes its
             # result); only a fully closed transport refuses.
             raise TransportClosed("the transport is closed")
 
     def _check_open(self) -> None:
-        if self._closing:
-            raise TransportClosed("the transport is closed")
+        self._consumers.check_open()
 
     def _report(self, exc: BaseException) -> None:
         report_through(self._report_hook, exc)
@@ -347,7 +355,7 @@ class QueueTransport:
         self._task_loops.add(queue)
         self._task_queues.add(queue)
         self._consumers.start_loop(
-            _Loop(
+            Loop(
                 queue,
                 self._steps.on_task_job,
                 self._task_slots,
@@ -404,7 +412,7 @@ class QueueTransport:
         """
         self._check_open()
         self._consumers.start_loop(
-            _Loop(queue, on_job, Slots(1), self._options.idle_backoff_max)
+            Loop(queue, on_job, Slots(1), self._options.idle_backoff_max)
         )
 
     async def publish(
@@ -443,17 +451,6 @@ class QueueTransport:
     # ------------------------------------------------------------------ lifecycle
 
     async def _start(self, root: trio.Nursery) -> None:
-        self._tree.attach(
-            runner=self._runner,
-            keeper=self._lease_keeper,
-            sweeper=self._sweeper,
-            controller=self._controller,
-            liveness=lambda: self._liveness,
-            stop_intake=self._consumers.stop_intake,
-            begin_close=self._begin_close,
-            close_inboxes=self.remote.close_inboxes,
-            closed=self._mark_closed,
-        )
         await root.start(self._tree.run)
 
     # ------------------------------------------------------------------ close (T24)
@@ -475,7 +472,7 @@ class QueueTransport:
             Shielded; every phase is bounded (``close_timeout`` for phase 3,
             ``cleanup_timeout`` for each cleanup phase), so close never hangs on a dead broker.
         """
-        self._begin_close()
+        self._consumers.begin_close()
         self._tree.close()
         if self._tree.holds_current_task():
             # Called from a handler: the close waits for the handlers, so this one returns
@@ -485,22 +482,16 @@ class QueueTransport:
         with trio.CancelScope(shield=True):
             await self._closed.wait()
 
-    def _begin_close(self) -> None:
-        if not self._closing:
-            self._closing = True
-            self._consumers.stop_deferring()
-
-    def _mark_closed(self) -> None:
-        self._fully_closed = True
-        self._closed.set()
-
 
 @asynccontextmanager
-async def open_queue_transport(backend: Backend, **options: Any) -> AsyncIterator[QueueTransport]:
+async def open_queue_transport(
+    backend: TransportBackend, **options: Any
+) -> AsyncIterator[QueueTransport]:
     """Open a queue transport over ``backend``; leaving the block closes it (T24).
 
     Args:
-        backend: from :func:`~durable_trio.open_backend`.
+        backend: from :func:`~durable_trio.open_backend` (any ``TransportBackend``: a
+            broker, a key store or ``None``, and ``check_open``).
         **options: the fields of :class:`~durable_trio.TransportOptions`: ``namespace``,
             ``concurrency``, ``result_concurrency``, ``close_timeout``, ``cleanup_timeout``,
             ``poll_interval``, ``idle_backoff_max``, ``stalled_threshold``,

@@ -12,13 +12,14 @@ from ..brokers import SupportsQueueListing, SupportsSize, SupportsStoreIdentity
 from ._liveness import GroupHealth, WorkerDescriptor, read_group_health
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from .._errors import StoreLost
     from .._naming import QueueNames
     from .._wire import WorkerStatus
-    from ..backends._backend import Backend
-    from ..keys import KeyEntry
     from ._adaptive import ConcurrencyController
     from ._options import TransportOptions
+    from ._ports import KeyEntry, TransportBackend
 
 __all__ = ["TransportHealth", "read_orphaned_queues", "read_store_loss", "read_worker_health"]
 
@@ -30,7 +31,7 @@ class TransportHealth:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: TransportBackend,
         names: QueueNames,
         options: TransportOptions,
         controller: ConcurrencyController,
@@ -39,7 +40,7 @@ class TransportHealth:
         self._names = names
         self._options = options
         self._controller = controller
-        self._descriptor_cache: tuple[float, list[KeyEntry]] | None = None
+        self._descriptor_cache: tuple[float, Sequence[KeyEntry]] | None = None
 
     def worker_status(self) -> WorkerStatus:
         """This instance's liveness snapshot (what its heartbeats carry)."""
@@ -107,7 +108,9 @@ class TransportHealth:
         return found
 
 
-async def read_worker_health(backend: Backend, names: QueueNames) -> list[GroupHealth] | None:
+async def read_worker_health(
+    backend: TransportBackend, names: QueueNames
+) -> list[GroupHealth] | None:
     """Every group of ``names``' namespace that has a live worker, with its depth: read from
     the backend's key store and broker alone (no transport, no writes), so a health view or an
     exporter can read it as often as it likes.
@@ -133,7 +136,7 @@ async def read_worker_health(backend: Backend, names: QueueNames) -> list[GroupH
 
 
 async def read_orphaned_queues(
-    backend: Backend, names: QueueNames, served: list[GroupHealth]
+    backend: TransportBackend, names: QueueNames, served: list[GroupHealth]
 ) -> list[GroupHealth]:
     """The task queues of ``names``' namespace that hold waiting jobs but are served by none
     of ``served`` (the groups with a live worker): a misspelt step name, a worker never
@@ -163,7 +166,7 @@ async def read_orphaned_queues(
     return orphans
 
 
-async def read_store_loss(backend: Backend) -> StoreLost | None:
+async def read_store_loss(backend: TransportBackend) -> StoreLost | None:
     """The loss of the store's data that stands: the store was emptied or replaced under a
     running process (:class:`~durable_trio.StoreLost`), kept until an operator acknowledges it;
     ``None`` when none stands or the broker cannot tell

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
     from .._naming import QueueNames
-    from ..keys import KeyEntry, KeyStore
+    from ._ports import KeyEntry, KeyStore
 
 __all__ = ["ForwardingKeyStore", "InboxRegistry"]
 
@@ -59,7 +59,7 @@ class InboxRegistry:
         self.active = False  # an inbox of this instance is consumed: announce it alive
         self._nursery: trio.Nursery | None = None
         self._announcing = False
-        self._cache: tuple[float, list[KeyEntry]] | None = None
+        self._cache: tuple[float, Sequence[KeyEntry]] | None = None
         self._pushed: dict[str, str] = {}  # inbox queue -> owner instance
         self._announcements = trio.Lock()  # announcements leave in the order they were made
 
@@ -151,7 +151,7 @@ class InboxRegistry:
             value = orjson.dumps(advertisement.value)
             await self._keys.put(advertisement.key, value, advertisement.ttl)
 
-    async def _registrations(self) -> list[KeyEntry]:
+    async def _registrations(self) -> Sequence[KeyEntry]:
         if self._keys is None:
             return []
         now = trio.current_time()

@@ -4,6 +4,7 @@ are sections of docs/spec.md)."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -11,6 +12,7 @@ import outcome
 import trio
 from trio_util import AsyncBool
 
+from .._backoff import Backoff
 from .._coalesce import Coalescer
 from .._errors import (
     BrokerError,
@@ -23,25 +25,13 @@ from .._errors import (
 )
 from .._wire import StepError
 from ..brokers import SupportsClaimAhead, SupportsFinishAndClaim
-from ._claims import (
-    _ABANDONED,
-    _BUFFERED,
-    _DROPPED,
-    _FINALIZING,
-    _RUNNING,
-    _WAITING,
-    _Claim,
-    _job_error,
-    _JobWorker,
-    _Next,
-    _quarantined,
-)
+from ._claims import ClaimState, JobWorker, Level, NextClaim, job_error, quarantined
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
     from ..brokers import ClaimedJob, Job, Lease, QueueBroker
-    from ._claims import Level, _Loop
+    from ._claims import Claim, ClaimTable, Loop
     from ._options import TransportOptions
     from ._slots import Slots
 
@@ -51,21 +41,21 @@ __all__ = ["JobRunner"]
 _INFRASTRUCTURE_RETRY_DELAY = 1.0
 
 #: First and largest pause between two tries of a finalize the broker did not answer.
-_FINALIZE_BACKOFF = (0.05, 2.0)
+_FINALIZE_BACKOFF = Backoff(initial=0.05, maximum=2.0)
 
 T = TypeVar("T")
 
 
 class JobRunner:
-    """Owns the claim table (every claim from its pop to its finalize or handback), the job
-    workers of the jobs level, and what close does to them: bound the finalizes in flight,
-    abandon what still runs, hand the open claims back."""
+    """Runs the claims of the claim table (asking the table for every change of a claim's
+    state), in the job workers of the jobs level, with their finalize; and what close does to
+    them: bound the finalizes in flight, abandon what still runs, hand the open claims back."""
 
     def __init__(
         self,
         broker: QueueBroker,
         options: TransportOptions,
-        level: Level,
+        table: ClaimTable,
         *,
         completer: Callable[[str], Coalescer[Lease, bool]],
         finisher: Callable[[str], Coalescer[tuple[Lease, Job], bool]],
@@ -86,18 +76,20 @@ class JobRunner:
         )
         self._in_halves = getattr(broker, "finalize_in_halves", True)
         self._results_queue = results_queue or ""
-        self._claimers: dict[str, Coalescer[tuple[Lease, Job | None, _Next | None], bool]] = {}
+        self._claimers: dict[str, Coalescer[tuple[Lease, Job | None, NextClaim | None], bool]] = {}
         self._finalize_retry_for = finalize_retry_for
         self._options = options
-        self._level = level
+        self.level = Level("jobs")
+        """The tree level of the job workers (open inside :meth:`serving`)."""
+        self._cancel_bound = 0.0
+        """When the handlers cancelled by close must have ended (set by :meth:`drain`)."""
         self._completer = completer
         self._finisher = finisher
         self._batched = batched
         self._closing = closing
         self._answer_bad_task = answer_bad_task
         self._report = report
-        self.claims: dict[str, _Claim] = {}
-        """Every claim this instance holds, by lease token."""
+        self._table = table
         self._claim_ahead = broker if isinstance(broker, SupportsClaimAhead) else None
         self._markers: dict[str, Coalescer[Lease, bool]] = {}
         self.running = 0
@@ -105,35 +97,57 @@ class JobRunner:
         self.idle = AsyncBool(True)
         """True while no handler runs (close waits on it: ``wait_value(True)``)."""
 
+    @property
+    def claims(self) -> Mapping[str, Claim]:
+        """Every claim this instance holds, by lease token (read-only: the table owns them)."""
+        return self._table.view
+
     # ------------------------------------------------------------------ close
+
+    @asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """The jobs level: one job worker per running handler. Leaving it ends close phase 4:
+        the handlers cancelled by :meth:`drain` get until its deadline to end (shielded), then
+        the level is cancelled."""
+        async with trio.open_nursery() as jobs:
+            self.level.nursery = jobs
+            self._cancel_bound = trio.current_time()
+            try:
+                yield
+            finally:
+                with trio.CancelScope(shield=True):
+                    with trio.move_on_at(self._cancel_bound):
+                        await self.idle.wait_value(True)
+                    jobs.cancel_scope.cancel()
+
+    async def drain(self) -> float:
+        """Close phases 3 and 4 (T24): running handlers finish, up to ``close_timeout`` (their
+        claims still renewed); what still runs is cancelled, each keeping its claim for the
+        handback. Returns the deadline (``cleanup_timeout`` from now) by which the cancelled
+        handlers, and the pops in flight of this instance's own inboxes, must land."""
+        options = self._options
+        with trio.move_on_after(options.close_timeout):
+            await self.idle.wait_value(True)
+        self.abandon_running()
+        self._cancel_bound = trio.current_time() + options.cleanup_timeout
+        return self._cancel_bound
 
     def bound_finalizes(self, bound: float) -> None:
         """Close: the finalizes in flight land by ``bound`` (absolute time)."""
-        for claim in self.claims.values():
-            if claim.state is _FINALIZING and claim.scope is not None:
-                claim.scope.deadline = bound
+        self._table.bound_finalizes(bound)
 
     def abandon_waiting(self) -> None:
-        """Close: the suspects waiting to run alone never start; each keeps its claim for the
-        handback (attempt-neutral, uncounted: their handlers never ran here)."""
-        for claim in self.claims.values():
-            if claim.state is _WAITING:
-                claim.state = _ABANDONED
-                claim.cancel()
+        """Close: the suspects waiting to run alone never start (see ``ClaimTable``)."""
+        self._table.abandon_waiting()
 
     def abandon_running(self) -> None:
         """Close: cancel every handler still running; each keeps its claim for the handback."""
-        for claim in self.claims.values():
-            if claim.state is _RUNNING or claim.state is _WAITING:
-                claim.state = _ABANDONED
-                claim.cancel()
-            elif claim.state is _BUFFERED:  # prefetched, never started
-                claim.state = _ABANDONED
+        self._table.abandon_running()
 
     async def hand_back_open_claims(self) -> None:
         """Close: every claim still open goes back for immediate, attempt-neutral redelivery,
         bounded by ``cleanup_timeout``."""
-        claims, self.claims = list(self.claims.values()), {}
+        claims = self._table.take_open()
         with trio.move_on_after(self._options.cleanup_timeout) as bound:
             for claim in claims:
                 try:
@@ -149,14 +163,12 @@ class JobRunner:
 
     # ------------------------------------------------------------------ running
 
-    def begin_job(self, loop: _Loop, job: ClaimedJob) -> None:
+    def begin_job(self, loop: Loop, job: ClaimedJob) -> None:
         """Track a popped job and hand it to an idle worker of its loop (or a new one)."""
-        claim = _Claim(loop.queue, job, ahead=not job.started)
-        self.claims[job.lease.token] = claim
-        self.start_claim(loop, claim)
+        self.start_claim(loop, self._table.begin(loop.queue, job))
 
-    def start_claim(self, loop: _Loop, claim: _Claim) -> None:
-        claim.state = _RUNNING
+    def start_claim(self, loop: Loop, claim: Claim) -> None:
+        """Run ``claim`` (begun, or a buffered one the table started) in a job worker."""
         if self.running == 0:
             self.idle.value = False
         self.running += 1
@@ -165,9 +177,9 @@ class JobRunner:
             claim.scope = worker.scope
             trio.lowlevel.reschedule(worker.task, outcome.Value(claim))
         else:
-            self._level.nursery.start_soon(self._job_worker, loop, claim)
+            self.level.nursery.start_soon(self._job_worker, loop, claim)
 
-    async def _job_worker(self, loop: _Loop, claim: _Claim) -> None:
+    async def _job_worker(self, loop: Loop, claim: Claim) -> None:
         """Run ``claim``, then park until the loop hands this worker its next claim.
 
         The hot path of every job, so written flat: one coroutine per job (the handler's), the
@@ -175,14 +187,14 @@ class JobRunner:
         """
         on_job = loop.on_job
         slots = loop.slots
-        claims = self.claims
+        table = self._table
         complete_job = (
             self._completer(loop.queue).submit
             if self._batched
             else lambda lease: self._broker.complete_job(lease, loop.queue)
         )
         with trio.CancelScope() as scope:
-            me = _JobWorker(trio.lowlevel.current_task(), scope)
+            me = JobWorker(trio.lowlevel.current_task(), scope)
             claim.scope = scope
 
             def abort(_: Any) -> trio.lowlevel.Abort:
@@ -192,7 +204,7 @@ class JobRunner:
             while True:
                 job = claim.job
                 alone = False
-                nxt: _Claim | None = None
+                nxt: Claim | None = None
                 """The next claim, handed over by this job's finalize (it keeps the slot)."""
                 ended = False
                 try:
@@ -210,17 +222,15 @@ class JobRunner:
                         else:
                             # Popped ahead and taken back before it started: never ran here,
                             # nothing to finalize (no double run).
-                            claim.lost = True
-                            claim.state = _DROPPED
+                            table.drop_unstarted(claim)
                     except Exception as exc:
                         error = exc
                     # Abandoned by close (handed back in its step 6), or the lease went to
                     # another worker (T8): its outcome must not finalize someone else's claim.
-                    if claim.state is _RUNNING and not claim.lost:
+                    if table.finalizing(claim):
                         # From here nobody cancels this scope: shielded, and bounded once a
                         # close starts (close sets the deadline of the finalizes in flight), so a
                         # close can never race a job's final write.
-                        claim.state = _FINALIZING
                         scope.shield = True
                         if self._closing():
                             scope.deadline = trio.current_time() + self._options.cleanup_timeout
@@ -242,21 +252,18 @@ class JobRunner:
                                         )
                                     )
                         except BrokerError as exc:
-                            self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
+                            self._report(job_error(f"finalizing failed: {exc}", claim, exc))
                         finally:
                             scope.shield = False
                     ended = True
                 finally:
                     if alone:
                         slots.end_alone()
-                    if claim.state is _RUNNING or claim.state is _WAITING:
-                        # Cancelled before it finished (its own scope, by close or a lost lease,
-                        # or the whole transport from outside): keep it for close's handback.
-                        claim.state = _ABANDONED
-                    if claim.state is not _ABANDONED or claim.lost:
-                        del claims[job.lease.token]
+                    # Cancelled before it finished (its own scope, by close or a lost lease, or
+                    # the whole transport from outside): kept for close's handback.
+                    table.end(claim)
                     if nxt is not None and (
-                        not ended or nxt.state is not _BUFFERED or self._closing()
+                        not ended or self._closing() or not table.start_buffered(nxt)
                     ):
                         self._set_aside(nxt)
                         nxt = None
@@ -267,13 +274,12 @@ class JobRunner:
                             self.idle.value = True
                 if nxt is not None:
                     # Claimed by this job's finalize: run it at once, on the slot it holds.
-                    nxt.state = _RUNNING
                     nxt.scope = scope
                     claim = nxt
                     continue
                 loop.idle.append(me)
                 claim = await trio.lowlevel.wait_task_rescheduled(abort)
-        if claim.state is _FINALIZING and scope.cancelled_caught:
+        if claim.state is ClaimState.FINALIZING and scope.cancelled_caught:
             self._report(
                 JobError(
                     "finalizing timed out (broker not answering)",
@@ -282,23 +288,24 @@ class JobRunner:
                 )
             )
 
-    async def _wait_alone(self, claim: _Claim, slots: Slots) -> bool:
+    async def _wait_alone(self, claim: Claim, slots: Slots) -> bool:
         """A suspect (it stalled before, while its handler ran) waits for every other handler
         of ``slots`` to finish, taking none meanwhile, then runs alone (``True``). Waited
         ``suspect_wait`` in vain: handed back for as long (attempt-neutral; its stall uncounted
         had its worker died meanwhile: stored as not started), so an idle worker may take it
         (``False``). Close abandons it for the handback; a lost lease drops it (the
         cancellation of its scope ends the wait)."""
+        table = self._table
         if self._closing():
-            claim.state = _ABANDONED
+            table.abandon(claim)
             return False
-        claim.state = _WAITING
+        table.wait_alone(claim)
         wait = self._options.suspect_wait
         with trio.move_on_after(wait):
             await slots.run_alone()
-            claim.state = _RUNNING
+            table.run_alone(claim)
             return True
-        claim.state = _FINALIZING
+        table.hand_back_suspect(claim)
         scope = claim.scope
         assert scope is not None
         scope.shield = True
@@ -315,12 +322,12 @@ class JobRunner:
                     )
                 )
         except BrokerError as exc:
-            self._report(_job_error(f"handing a suspect back failed: {exc}", claim, exc))
+            self._report(job_error(f"handing a suspect back failed: {exc}", claim, exc))
         finally:
             scope.shield = False
         return False
 
-    async def _mark_started(self, claim: _Claim) -> bool:
+    async def _mark_started(self, claim: Claim) -> bool:
         """Tell the broker a claim popped ahead is starting (coalesced: the claims that start
         in one scheduling round share one call). ``False``: its lease was lost meanwhile. A
         broker error reaches the job's finalize (handed back, attempt-neutral): a handler
@@ -337,7 +344,7 @@ class JobRunner:
         claim.ahead = False
         return await marker.submit(claim.job.lease)
 
-    async def _finalize(self, claim: _Claim, error: Exception) -> None:
+    async def _finalize(self, claim: Claim, error: Exception) -> None:
         """T10 for a job whose handler raised: hand it back (fail it for good after
         ``max_job_attempts``); fail bad input at once. (Success is completed inline by the job
         worker.) Runs shielded and bounded: a close can never race a job's final write. Each
@@ -351,7 +358,7 @@ class JobRunner:
                     claim, lambda: broker.fail_job(job.lease, queue, f"damaged: {job.damage}")
                 )
             elif isinstance(error, PayloadError):
-                self._report(_job_error(f"bad input, job failed: {error}", claim, error))
+                self._report(job_error(f"bad input, job failed: {error}", claim, error))
                 ok = await self._persist(
                     claim, lambda: broker.fail_job(job.lease, queue, f"bad input: {error}")
                 )
@@ -361,7 +368,7 @@ class JobRunner:
                 # fail the job for good — a result, a decision — and leave its run without an
                 # answer. Back after a pause, attempt-neutral.
                 self._report(
-                    _job_error(
+                    job_error(
                         f"handler met a broker error, job handed back for "
                         f"{_INFRASTRUCTURE_RETRY_DELAY} s: {error!r}",
                         claim,
@@ -376,7 +383,7 @@ class JobRunner:
                 )
             elif job.attempts + 1 >= self._options.max_job_attempts:
                 self._report(
-                    _job_error(
+                    job_error(
                         f"handler failed {job.attempts + 1} times, job failed: {error!r}",
                         claim,
                         error,
@@ -386,7 +393,7 @@ class JobRunner:
                 ok = await self._persist(claim, lambda: broker.fail_job(job.lease, queue, reason))
             else:
                 self._report(
-                    _job_error(f"handler failed, job handed back: {error!r}", claim, error)
+                    job_error(f"handler failed, job handed back: {error!r}", claim, error)
                 )
                 ok = await self._persist(claim, lambda: broker.retry_job(job.lease, queue))
             if not ok:
@@ -394,14 +401,14 @@ class JobRunner:
                     LeaseLost("finalizing answered 'lease lost'", queue=queue, job_id=job.id)
                 )
         except BrokerError as exc:
-            self._report(_job_error(f"finalizing failed: {exc}", claim, exc))
+            self._report(job_error(f"finalizing failed: {exc}", claim, exc))
 
     async def _complete(
         self,
-        claim: _Claim,
+        claim: Claim,
         complete_job: Callable[[Lease], Awaitable[bool]],
         result: Job | None,
-        ask: _Next | None = None,
+        ask: NextClaim | None = None,
     ) -> bool:
         """Complete ``claim``'s job (pushing ``result`` with it, if any); with ``ask``, claim
         this worker's next job in the same round trip (in ``ask.claim``, or none). Tried again
@@ -427,7 +434,7 @@ class JobRunner:
 
     # ------------------------------------------------------------------ finish and claim
 
-    def _ask_next(self, loop: _Loop) -> _Next | None:
+    def _ask_next(self, loop: Loop) -> NextClaim | None:
         """An ask for the next claim of a finishing job worker, or ``None`` when it should
         not claim: the broker cannot, the queue showed no backlog, close has begun, prefetched
         claims wait, or its slot is not to be kept (a suspect waits to run alone, or the
@@ -441,9 +448,9 @@ class JobRunner:
             or loop.slots.in_flight > loop.slots.limit
         ):
             return None
-        return _Next(loop)
+        return NextClaim(loop)
 
-    def _claimer(self, loop: _Loop) -> Coalescer[tuple[Lease, Job | None, _Next | None], bool]:
+    def _claimer(self, loop: Loop) -> Coalescer[tuple[Lease, Job | None, NextClaim | None], bool]:
         """The finisher of ``loop``'s queue that also claims: the results (of the jobs that
         answer one) and completes of one batch, and one claim per ask in it, in one broker
         call."""
@@ -455,7 +462,7 @@ class JobRunner:
             results, worker = self._results_queue, self._options.instance_id
 
             async def finish_and_claim(
-                items: list[tuple[Lease, Job | None, _Next | None]],
+                items: list[tuple[Lease, Job | None, NextClaim | None]],
             ) -> list[bool]:
                 asks = [ask for _, _, ask in items if ask is not None]
                 answers, claimed = await broker.finish_and_claim(
@@ -477,30 +484,28 @@ class JobRunner:
             )
         return claimer
 
-    def _hand_over(self, loop: _Loop, claimed: list[ClaimedJob], asks: list[_Next]) -> None:
+    def _hand_over(self, loop: Loop, claimed: list[ClaimedJob], asks: list[NextClaim]) -> None:
         """Track the claims a finalize made at once (before any other task runs: renewed, and
         handed back by close, like any) and give one to each ask still waiting."""
         loop.backlog = len(claimed) >= len(asks)
         waiting = iter(asks)
         for job in claimed:
             if job.damage is not None and not job.lease.token:
-                self._report(_quarantined(loop.queue, job))
+                self._report(quarantined(loop.queue, job))
                 continue
-            claim = _Claim(loop.queue, job, state=_BUFFERED, ahead=not job.started)
-            self.claims[job.lease.token] = claim
+            claim = self._table.buffer(loop.queue, job, ahead=not job.started)
             ask = next(waiting, None)
             if ask is None or ask.gone:
                 self._set_aside(claim)
             else:
                 ask.claim = claim
 
-    def _set_aside(self, claim: _Claim) -> None:
+    def _set_aside(self, claim: Claim) -> None:
         """A claim its finalize made for a worker that no longer takes it (cancelled, or
         closing): never started here, so handed back at once, attempt-neutral (or by close's
         handback, once close has begun)."""
-        if claim.state is not _BUFFERED:
+        if not self._table.set_aside(claim):
             return  # taken back by the broker meanwhile (the lease keeper dropped it)
-        claim.state = _ABANDONED
         if self._closing():
             return  # close's step 6 hands it back with the rest
 
@@ -513,13 +518,13 @@ class JobRunner:
                 except BrokerError as exc:
                     self._report(exc)
                     return  # kept: close's handback or the stalled sweep takes it back
-                self.claims.pop(claim.job.lease.token, None)
+                self._table.handed_back(claim)
 
-        self._level.nursery.start_soon(hand_back)
+        self.level.nursery.start_soon(hand_back)
 
     async def _persist(
         self,
-        claim: _Claim,
+        claim: Claim,
         call: Callable[[], Awaitable[T]],
         failed: BrokerUnavailable | None = None,
     ) -> T:
@@ -530,26 +535,27 @@ class JobRunner:
         the first failure (by then the broker's reclaim sweep may hand it to another worker).
         A close bounds it too (its deadline on the finalize's scope). Without this, a job whose
         work is done would wait for the reclaim sweep and run again."""
-        delay, largest = _FINALIZE_BACKOFF
         give_up = trio.current_time() + self._finalize_retry_for
         error = failed
+        failures = 0
         while True:
             if error is not None:
+                failures += 1
+                delay = _FINALIZE_BACKOFF.delay(failures)
                 if claim.lost or trio.current_time() + delay > give_up or self._closing():
                     raise error
                 self._report(
-                    _job_error(
+                    job_error(
                         f"finalizing failed (trying again in {delay:.2f} s): {error}", claim, error
                     )
                 )
                 await trio.sleep(delay)
-                delay = min(delay * 2, largest)
             try:
                 return await call()
             except BrokerUnavailable as exc:
                 error = exc
 
-    async def _damaged(self, loop: _Loop, job: ClaimedJob) -> DamagedJob:
+    async def _damaged(self, loop: Loop, job: ClaimedJob) -> DamagedJob:
         """The error that sets a damaged claim aside (its finalize fails it with the reason).
         A step task whose bytes still name its run and step first gets a RETRYABLE failed
         result: the damage is the store's, not the step's, and a retry dispatches a fresh,

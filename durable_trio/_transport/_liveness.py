@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -15,17 +16,20 @@ from .._codec import from_wire, to_wire
 from .._errors import BrokerError, DurableTrioError, PayloadError
 from .._periodic import fixed_rate
 from .._wire import WorkerStatus
+from ._claims import Level
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import AsyncIterator, Callable, Sequence
 
     from .._naming import QueueNames
-    from ..keys import KeyEntry, KeyStore
+    from ._adaptive import ConcurrencyController
+    from ._ports import KeyEntry, KeyStore
 
 __all__ = [
     "GroupHealth",
     "LiveWorker",
     "Liveness",
+    "Vitals",
     "WorkerDescriptor",
     "read_group_health",
     "read_last_status",
@@ -100,7 +104,7 @@ def parse_beat(value: bytes) -> tuple[float, WorkerStatus | None]:
     return float(raw["ts"]), (from_wire(status, WorkerStatus) if type(status) is dict else None)
 
 
-def live_workers_of(entries: list[KeyEntry], marker: str) -> tuple[LiveWorker, ...]:
+def live_workers_of(entries: Sequence[KeyEntry], marker: str) -> tuple[LiveWorker, ...]:
     workers = []
     for entry in entries:
         if not entry.key.startswith(marker):
@@ -242,3 +246,44 @@ class Liveness:
             self._report(BrokerError("close: withdrawing the liveness keys timed out"))
         if self._writes is not None:
             self._writes.cancel_scope.cancel()
+
+
+class Vitals:
+    """The vitals level of the tree: the concurrency controller's task and this instance's
+    liveness (its timer, its keys). ``liveness`` may come late (a store-less tenant pod adopts
+    one, :meth:`adopt`). Leaving :meth:`beating` is close phase 2 (T24): liveness withdraws
+    its keys (bounded by ``cleanup_timeout`` in its own shielded scope), then the controller
+    and the timer stop."""
+
+    def __init__(
+        self,
+        controller: ConcurrencyController,
+        liveness: Liveness | None,
+        *,
+        cleanup_timeout: float,
+    ) -> None:
+        self.level = Level("vitals")
+        self._controller = controller
+        self.liveness = liveness
+        """This instance's liveness, or ``None`` (no key store)."""
+        self._cleanup_timeout = cleanup_timeout
+
+    def adopt(self, liveness: Liveness) -> None:
+        """Start ``liveness`` in the running level (a tenant pod's, written through the
+        control plane)."""
+        self.liveness = liveness
+        self.level.nursery.start_soon(liveness.run)
+
+    @asynccontextmanager
+    async def beating(self) -> AsyncIterator[None]:
+        async with trio.open_nursery() as vitals:
+            self.level.nursery = vitals
+            await vitals.start(self._controller.run)
+            if self.liveness is not None:
+                await vitals.start(self.liveness.run)
+            try:
+                yield
+            finally:
+                if self.liveness is not None:
+                    await self.liveness.withdraw(self._cleanup_timeout)
+                vitals.cancel_scope.cancel()

@@ -37,12 +37,11 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from .._naming import QueueNames
-    from ..backends._backend import Backend
     from ..brokers import ClaimedJob
-    from ..keys import KeyStore
     from ._adaptive import ConcurrencyController
     from ._claims import Level
     from ._options import TransportOptions
+    from ._ports import KeyStore, TransportBackend
 
 __all__ = ["RemoteProtocols"]
 
@@ -57,7 +56,7 @@ class Carrier(Protocol):
     @property
     def options(self) -> TransportOptions: ...
     @property
-    def backend(self) -> Backend: ...
+    def backend(self) -> TransportBackend: ...
     def consume(
         self,
         kind: JobKind,

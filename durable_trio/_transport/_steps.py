@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import trio
 
+from .._backoff import Backoff
 from .._codec import decode_envelope
 from .._errors import BrokerError, JobError, PayloadError
 from .._telemetry import hop, step_attempt
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 _log = logging.getLogger("durable_trio")
 
 #: First and largest delay between two attempts at pushing a step's result.
-_RESULT_PUSH_BACKOFF = (0.05, 5.0)
+_RESULT_PUSH_BACKOFF = Backoff(initial=0.05, maximum=5.0)
 
 
 StepHandler = Callable[[RemoteTask], Awaitable[JSONValue]]
@@ -248,12 +249,14 @@ class StepServer:
         ``max_job_attempts`` handbacks, fail it for good with no answer for its run. The claim
         stays renewed meanwhile; a lost lease (T8) or a close past its deadline cancels the
         wait."""
-        delay, largest = _RESULT_PUSH_BACKOFF
+        failures = 0
         while True:
             try:
                 await self._producers.push_job(self._results, job)
                 return
             except BrokerError as exc:
+                failures += 1
+                delay = _RESULT_PUSH_BACKOFF.delay(failures)
                 self._report(
                     JobError(
                         f"publishing the result of step {task.name!r} failed (retrying in "
@@ -263,7 +266,6 @@ class StepServer:
                     )
                 )
             await trio.sleep(delay)
-            delay = min(delay * 2, largest)
 
 
 async def _no_beats(beat: StepHeartbeat) -> None:

@@ -1,5 +1,4 @@
-"""Leases under failure: claim renewal (T7, docs/spec.md), lost leases (T8), the reclaim sweep
-and the poison bridge with its evidence (T9)."""
+"""The reclaim sweep and the poison bridge with its evidence (T9, docs/spec.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ from typing import TYPE_CHECKING, Any, cast
 import trio
 
 from .._codec import decode_envelope
-from .._errors import BrokerError, DamagedJob, JobError, LeaseLost, PayloadError, TransportClosed
+from .._errors import BrokerError, DamagedJob, JobError, PayloadError, TransportClosed
 from .._periodic import fixed_rate
 from .._wire import (
     JobKind,
@@ -19,129 +18,26 @@ from .._wire import (
 )
 from ..brokers import (
     ClaimedJob,
-    Lease,
     SupportsFailAndPush,
     SupportsRecovery,
-    SupportsRenewal,
     SupportsSweepHint,
 )
-from ._claims import (
-    _BUFFERED,
-    _DROPPED,
-    _RUNNING,
-    _WAITING,
-    _Claim,
-    _unexpected,
-)
-from ._liveness import (
-    read_last_status,
-)
+from ._claims import unexpected
+from ._liveness import read_last_status
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from .._naming import QueueNames
-    from ..backends._backend import Backend
     from ..brokers import Job
-    from ._adaptive import ConcurrencyController
     from ._options import TransportOptions
+    from ._ports import TransportBackend
 
-__all__ = ["LeaseKeeper", "Sweeper"]
+__all__ = ["Sweeper"]
 
 #: With a sweep hint, every this-many-th sweep still looks at every queue (a lost hint then
 #: costs at most this many intervals, never a job).
 _FULL_SWEEP_EVERY = 20
-
-
-class LeaseKeeper:
-    """Renews every claim this instance holds, every ``stalled_threshold / 2`` (T7), and acts
-    on the leases the broker says were lost (T8). Owns its task and the scope of the round in
-    flight: :meth:`stop` bounds that round, so close never waits out a slow broker."""
-
-    def __init__(
-        self,
-        broker: SupportsRenewal,
-        claims: Callable[[], dict[str, _Claim]],
-        controller: ConcurrencyController,
-        *,
-        period: float,
-        cancel_on_lost_lease: bool,
-        report: Callable[[BaseException], None],
-    ) -> None:
-        self._broker = broker
-        self._claims = claims
-        self._controller = controller
-        self._period = period
-        self._cancel_on_lost_lease = cancel_on_lost_lease
-        self._report = report
-        self._round: trio.CancelScope | None = None
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Renew on ``start + k * period``; a round is shielded (a claim is never left half
-        renewed) and bounded by one period."""
-        period = self._period
-        ticks = fixed_rate(period)  # a slow round skips the ticks it overran (no stacking)
-        task_status.started()
-        async for _ in ticks:
-            with trio.move_on_after(period, shield=True) as round_scope:
-                self._round = round_scope
-                await self._renew_open_claims()
-            self._round = None
-
-    def stop(self, bound: float) -> None:
-        """Close: the round in flight lands by ``bound`` (absolute time), then the task ends."""
-        round_in_flight = self._round
-        if round_in_flight is not None:
-            round_in_flight.deadline = min(round_in_flight.deadline, bound)
-
-    async def _renew_open_claims(self) -> None:
-        claims = self._claims()
-        by_queue: dict[str, list[Lease]] = {}
-        for claim in claims.values():
-            by_queue.setdefault(claim.queue, []).append(claim.job.lease)
-        broker = self._broker
-        for queue, leases in by_queue.items():
-            try:
-                outcome = await broker.renew_jobs(queue, leases)
-            except BrokerError as exc:
-                self._report(exc)
-                continue
-            except Exception as exc:  # never let a broker defect end the keeper
-                self._report(_unexpected(exc, f"renewing the claims on {queue!r}"))
-                continue
-            claims = self._claims()
-            for lease in outcome.lost:
-                held = claims.get(lease.token)
-                if held is not None and held.state is _BUFFERED:
-                    # Prefetched and taken back before it ever started: no double run; the loop
-                    # skips it.
-                    held.state = _DROPPED
-                    del claims[lease.token]
-                    continue
-                if held is not None and held.state is _WAITING:
-                    # A suspect taken back while it waited to run alone: it never started here;
-                    # its job worker drops it (the cancellation ends the wait).
-                    held.state = _DROPPED
-                    held.lost = True
-                    held.cancel()
-                    continue
-                if held is None or held.state is not _RUNNING or held.lost:
-                    continue  # finished during the round trip: finalized, not lost
-                held.lost = True
-                held.lost_at = trio.current_time()  # what a result it still makes says
-                self._controller.duplicates += 1
-                what = "cancelled" if self._cancel_on_lost_lease else "left to finish"
-                self._report(
-                    LeaseLost(
-                        f"lost the claim before renewing it: the job was re-delivered and may "
-                        f"run twice; its handler is {what} and its outcome discarded "
-                        f"(raise stalled_threshold if this worker blocks its event loop)",
-                        queue=queue,
-                        job_id=lease.job_id,
-                    )
-                )
-                if self._cancel_on_lost_lease:
-                    held.cancel()
 
 
 class Sweeper:
@@ -150,7 +46,7 @@ class Sweeper:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: TransportBackend,
         names: QueueNames,
         options: TransportOptions,
         *,
@@ -201,7 +97,7 @@ class Sweeper:
                 except BrokerError as exc:
                     self._report(exc)
                 except Exception as exc:
-                    self._report(_unexpected(exc, "reading the sweep hint"))
+                    self._report(unexpected(exc, "reading the sweep hint"))
             if self._unanswered:
                 await self._publish_unanswered()
             for queue in queues:
@@ -242,7 +138,7 @@ class Sweeper:
             self._report(exc)
             return
         except Exception as exc:  # a stalled claim the broker could not read: never fatal
-            self._report(_unexpected(exc, f"sweeping {queue!r}"))
+            self._report(unexpected(exc, f"sweeping {queue!r}"))
             return
         for job in recovery.exceeded:
             if job.damage is not None:
