@@ -1,7 +1,7 @@
 """The SQLite run store: two tables (``dt_runs``, ``dt_steps``) in the backend's database file.
 
 It shares the broker's dedicated connection thread (see
-:class:`~durable_trio.brokers.sqlite.ConnectionThread`) when given the broker, or opens its own
+:class:`~durable_trio._sqlite.ConnectionThread`) when given the broker, or opens its own
 on a path. Clock: ``time.time()``, which every process on the machine shares.
 
 Group commit:
@@ -33,14 +33,7 @@ import outcome
 import trio
 
 from ..._errors import BrokerError, BrokerUnavailable
-from ...brokers._doorbell import Doorbell
-from ...brokers.sqlite import (
-    ConnectionThread,
-    SqliteBroker,
-    Synchronous,
-    open_connection,
-    translate_error,
-)
+from ..._sqlite import ConnectionThread, Doorbell, Synchronous, open_connection, translate_error
 from .._records import (
     CANCEL_STEP_ID,
     Applied,
@@ -59,6 +52,8 @@ from ._wakes import RunWakes
 if TYPE_CHECKING:
     import os
     from collections.abc import Sequence
+
+    from ...brokers.sqlite import SqliteBroker
 
 __all__ = ["SqliteRunStore", "stored_namespaces"]
 
