@@ -10,9 +10,10 @@ as an async context manager)::
 Parts (one concern per module):
     ``_schema.py``, the tables, their indexes and migrations; ``_rows.py``, every stored field
     checked as it is read, the damage and the quarantine; ``_operations.py``, the SQL of each
-    call as a plain function on a connection; ``_broker.py``, :class:`SqliteBroker`, which
-    composes them with the connection thread and the doorbell of :mod:`durable_trio._sqlite`
-    (shared with the key store and the run store on the same file).
+    call as a plain function on a connection; ``_wakeup.py``, the waiters and what wakes them
+    (the broker's own commits, the doorbell, the tick); ``_broker.py``, :class:`SqliteBroker`,
+    which composes them with the connection thread of :mod:`durable_trio._sqlite` (shared with
+    the key store and the run store on the same file; the doorbell lives there too).
 
 Threading model:
     The stdlib :mod:`sqlite3` module blocks, so every broker owns **one dedicated connection

@@ -1,28 +1,28 @@
 """The SQLite broker: :class:`SqliteBroker`, which composes the parts of this package.
 
-It owns a shared connection thread and a doorbell (:mod:`durable_trio._sqlite`), creates its
-tables on open (``_schema.py``), runs each call as one of ``_operations.py``'s functions in
-that thread, and wakes its waiters (:meth:`SqliteBroker.wait_for_work`): at once for its own
-pushes, by the doorbell for other processes', by the connection thread's tick for the rest.
-The package docstring (:mod:`durable_trio.brokers.sqlite`) describes the whole.
+It holds a connection thread (:mod:`durable_trio._sqlite`, shared with a key store or a run
+store on the same file), creates its tables on open (``_schema.py``), runs each call as one of
+``_operations.py``'s functions in that thread, and owns a :class:`~._wakeup.WakeUps`
+(``_wakeup.py``) that wakes its waiters: at once for its own pushes, by the doorbell for other
+processes', by the connection thread's tick for the rest. The package docstring
+(:mod:`durable_trio.brokers.sqlite`) describes the whole.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Final, TypeVar
 
-import attrs
 import trio
 
-from ..._errors import BrokerError, BrokerUnavailable, ConfigError, StoreLost
-from ..._sqlite import ConnectionThread, Doorbell, Synchronous, open_connection
+from ..._errors import BrokerError, BrokerUnavailable, ConfigError
+from ..._sqlite import ConnectionThread, Synchronous, open_connection
 from .._contract import RenewOutcome
 from . import _operations as ops
 from ._schema import create_schema
+from ._wakeup import Waiter, WakeUps
 
 if TYPE_CHECKING:
     import os
@@ -53,19 +53,6 @@ WAKEUP_INTERVAL: Final = 0.5
 def _always(result: object) -> bool:
     """Ring after every commit of the operation (any push can make work ready)."""
     return True
-
-
-@attrs.define(eq=False)
-class _Waiter:
-    queue: str
-    event: trio.Event = attrs.Factory(trio.Event)
-    data_version: int = -1
-    """``PRAGMA data_version`` read just before this waiter's last look at its queue."""
-    due: float | None = None
-    """Wall-clock due time of the queue's earliest delayed job at that look."""
-    found_ready: bool = False
-    """Set by a tick that saw work on the queue, or by a doorbell ring naming it: the waiter
-    returns without looking again (its consumer's pop looks)."""
 
 
 class SqliteBroker:
@@ -110,15 +97,9 @@ class SqliteBroker:
         self.path = connection.path
         self.wakeup_interval = wakeup_interval
         self._failed_retention = failed_retention
-        self._waiters: dict[str, set[_Waiter]] = {}
-        self._watched: tuple[_Waiter, ...] = ()
-        """Every waiter, copied on write: the connection thread's tick reads it unlocked."""
-        self._trio_token: trio.lowlevel.TrioToken | None = None
         self._closed = False
-        self.doorbell: Doorbell | None = (
-            Doorbell(self.path, self._on_doorbell) if doorbell else None
-        )
-        connection.set_tick_hook(self._tick, lambda: bool(self._watched), wakeup_interval)
+        self._wakeups = WakeUps(connection, wakeup_interval, self.path, doorbell=doorbell)
+        self.doorbell = self._wakeups.doorbell
 
     @classmethod
     async def open(
@@ -239,7 +220,7 @@ class SqliteBroker:
             ring=queue,
             ready=delay <= 0,
         )
-        self._ring(queue)
+        self._wakeups.ring(queue)
 
     async def pop_from(self, queue: str, *, worker: str = "") -> ClaimedJob | None:
         """Promote due delayed jobs (at most :data:`PROMOTE_BATCH`), then claim the next
@@ -297,7 +278,7 @@ class SqliteBroker:
         """``push_on`` (no delay) for each job, in one transaction."""
         pairs = list(zip(jobs, priorities, strict=True))
         await self._call(partial(ops.push_many, queue, pairs), write=True, ring=queue)
-        self._ring(queue)
+        self._wakeups.ring(queue)
 
     async def push_and_complete_many(
         self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
@@ -328,7 +309,7 @@ class SqliteBroker:
         answer: tuple[list[bool], list[ClaimedJob]] = await self._call(
             all_three, write=True, ring=push_queue
         )
-        self._ring(push_queue)
+        self._wakeups.ring(push_queue)
         return answer
 
     async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
@@ -351,7 +332,7 @@ class SqliteBroker:
             ring_if=bool,
         )
         if done:
-            self._ring(push_queue)
+            self._wakeups.ring(push_queue)
         return done
 
     async def retry_job(
@@ -367,7 +348,7 @@ class SqliteBroker:
             ready=delay <= 0,
         )
         if done:
-            self._ring(queue)
+            self._wakeups.ring(queue)
         return done
 
     async def aclose(self) -> None:
@@ -408,7 +389,7 @@ class SqliteBroker:
             ring_if=lambda recovery: recovery.recovered,
         )
         if result.recovered:
-            self._ring(queue)
+            self._wakeups.ring(queue)
         return result
 
     async def size_of(self, queue: str) -> int:
@@ -460,7 +441,7 @@ class SqliteBroker:
             ring_if=bool,
         )
         if done:
-            self._ring(queue)
+            self._wakeups.ring(queue)
         return done
 
     async def delete_failed(self, queue: str, job_id: str) -> bool:
@@ -505,8 +486,8 @@ class SqliteBroker:
         every ``wakeup_interval``), or when the earliest delayed job comes due. It may return
         spuriously; it never misses a push that follows this broker's last empty pop.
         """
-        waiter = _Waiter(queue)
-        self._watch(waiter)
+        waiter = Waiter(queue)
+        self._wakeups.watch(waiter, listen=not self._closed)
         try:
             while True:
                 waiter.event = trio.Event()  # before the look, so no ring slips in between
@@ -534,92 +515,4 @@ class SqliteBroker:
                 if waiter.found_ready:
                     return  # the tick just looked: spare the round trip of a second look
         finally:
-            self._unwatch(waiter)
-
-    # -- wake-up internals
-
-    def _ring(self, queue: str) -> None:
-        """After a commit that can make work ready on ``queue``: wake this broker's waiters
-        (the other brokers' doorbells were rung by the connection thread, see :meth:`_call`)."""
-        for waiter in self._waiters.get(queue, ()):
-            waiter.event.set()
-
-    def _watch(self, waiter: _Waiter) -> None:
-        self._trio_token = trio.lowlevel.current_trio_token()
-        self._waiters.setdefault(waiter.queue, set()).add(waiter)
-        was_idle = not self._watched
-        self._watched = (*self._watched, waiter)
-        if was_idle and not self._db.closed:
-            if self.doorbell is not None and not self._closed:
-                self.doorbell.listen()  # before the waiter's first look: no ring slips by
-            self._db.poke()  # the thread may sleep with nothing to do: start ticking
-
-    def _unwatch(self, waiter: _Waiter) -> None:
-        waiters = self._waiters.get(waiter.queue)
-        if waiters is not None:
-            waiters.discard(waiter)
-            if not waiters:
-                del self._waiters[waiter.queue]
-        self._watched = tuple(w for w in self._watched if w is not waiter)
-
-    def _on_doorbell(self, queues: frozenset[str] | None) -> None:
-        """In the doorbell's receiving thread: other brokers pushed onto ``queues`` (``None``:
-        onto queues they could not name). Waiters of those queues return at once, without a
-        look (their consumer's pop is the look; a spurious return is allowed); unnamed queues
-        make the connection thread tick now."""
-        trio_token = self._trio_token
-        if queues is None or trio_token is None:
-            self._db.tick_now()
-            return
-        with contextlib.suppress(trio.RunFinishedError):
-            trio_token.run_sync_soon(self._wake, queues)
-
-    def _wake(self, queues: frozenset[str]) -> None:
-        for queue in queues:
-            for waiter in self._waiters.get(queue, ()):
-                waiter.found_ready = True
-                waiter.event.set()
-
-    def _tick(self, db: sqlite3.Connection) -> None:
-        """In the connection thread, every ``wakeup_interval`` while someone waits: did another
-        connection commit since each waiter looked? Only then look again at those waiters'
-        queues, and hand the answers to :meth:`_apply_tick` in the Trio thread."""
-        watched = self._watched
-        trio_token = self._trio_token
-        if not watched or trio_token is None:
-            return
-        if self.doorbell is not None:
-            self.doorbell.check()  # our socket removed by someone: bind a new one
-        try:
-            if not self._db.check_identity(db):
-                # The file is gone: nobody else will commit to this one. The waiters look
-                # for themselves and their calls raise StoreLost.
-                raise StoreLost(self._db.lost or "")
-            version = ops.data_version(db)
-            stale = {w.queue for w in watched if w.data_version != version}
-            if not stale:
-                return
-            now = time.time()
-            found = {queue: ops.probe_one(db, queue, now) for queue in stale}
-            callback = partial(self._apply_tick, version, found)
-        except Exception:
-            # Let the waiters look for themselves: their own call raises the error.
-            callback = partial(self._apply_tick, None, None)
-        with contextlib.suppress(trio.RunFinishedError):
-            trio_token.run_sync_soon(callback)
-
-    def _apply_tick(
-        self, version: int | None, found: dict[str, tuple[bool, float | None]] | None
-    ) -> None:
-        """Wake the waiters whose queue has work or whose earliest due time moved."""
-        if version is None or found is None:
-            for waiter in self._watched:
-                waiter.event.set()
-            return
-        for queue, (ready, due) in found.items():
-            for waiter in self._waiters.get(queue, ()):
-                if ready or due != waiter.due:
-                    waiter.found_ready = ready
-                    waiter.event.set()
-                else:
-                    waiter.data_version = version
+            self._wakeups.unwatch(waiter)
