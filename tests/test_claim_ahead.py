@@ -168,7 +168,8 @@ def test_stored_stall_histories_read_the_counted_flag_and_refuse_junk() -> None:
     history (no flag) reads as counted, and a flag of any other shape makes the history
     unreadable (the claim is then flagged damaged and set aside, as before)."""
     from durable_trio.brokers.redis import _stalls
-    from durable_trio.brokers.sqlite import _parse_stalls, _stalls_json
+    from durable_trio.brokers.sqlite._rows import parse_stalls as _parse_stalls
+    from durable_trio.brokers.sqlite._rows import stalls_json as _stalls_json
 
     assert [(s.worker, s.counted) for s in _stalls(b'[[1.5,"a"],[2.5,"b",0]]') or ()] == [
         ("a", True),

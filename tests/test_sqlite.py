@@ -23,8 +23,9 @@ import trio
 
 from durable_trio import BrokerError, BrokerUnavailable
 from durable_trio.brokers import Job, Lease
-from durable_trio.brokers import sqlite as sqlite_module
 from durable_trio.brokers.sqlite import PROMOTE_BATCH, SqliteBroker
+from durable_trio.brokers.sqlite import _operations as operations_module
+from durable_trio.brokers.sqlite import _rows as rows_module
 from durable_trio.keys import sqlite as keys_module
 from durable_trio.keys.sqlite import SqliteKeyStore, prefix_upper_bound
 
@@ -555,9 +556,9 @@ async def test_every_query_is_an_index_search_never_a_table_scan(db_path: Path) 
         pass
     statements = [
         value
-        for module in (sqlite_module, keys_module)
+        for module in (operations_module, rows_module, keys_module)
         for name, value in vars(module).items()
-        if name.isupper() and name.startswith("_") and isinstance(value, str) and "?" in value
+        if name.isupper() and isinstance(value, str) and "?" in value
     ]
     assert len(statements) >= 18
     for sql in statements:

@@ -1,4 +1,4 @@
-"""The SQLite broker's cross-process doorbell (``durable_trio/brokers/_doorbell.py``).
+"""The SQLite broker's cross-process doorbell (``durable_trio/_sqlite/_doorbell.py``).
 
 A push by one broker wakes another broker's waiter at once through a Unix datagram socket
 beside the file; the ``data_version`` tick stays as the safety net for everything the doorbell
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 
+from durable_trio._sqlite import Doorbell, bells_folder
+from durable_trio._sqlite import _doorbell as doorbell_module
 from durable_trio.brokers import Job
-from durable_trio.brokers import _doorbell as doorbell_module
-from durable_trio.brokers._doorbell import Doorbell, bells_folder
 from durable_trio.brokers.sqlite import SqliteBroker
 
 if TYPE_CHECKING:

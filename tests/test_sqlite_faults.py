@@ -23,10 +23,10 @@ import durable_trio as dt
 from durable_trio._engine import App, WorkflowContext, open_engine, open_worker
 from durable_trio._engine._records import RunRecord, RunStatus
 from durable_trio._engine._stores.sqlite import SqliteRunStore
+from durable_trio._sqlite import _connection as connection_module
 from durable_trio.backends._backend import Backend
 from durable_trio.backends.sqlite import SqliteRunStores
 from durable_trio.brokers import Job
-from durable_trio.brokers import sqlite as sqlite_module
 from durable_trio.brokers.sqlite import SqliteBroker
 from durable_trio.cli._health import HealthReader
 from durable_trio.keys.sqlite import SqliteKeyStore
@@ -411,7 +411,7 @@ async def test_a_drained_backlog_gives_its_space_back(
     """A backlog of ~24 MiB pushed and drained: the new file is incremental-vacuum, and the
     idle connection gives the free pages back step by step until the file is small again
     (before: it stayed at its largest)."""
-    monkeypatch.setattr(sqlite_module, "MAINTENANCE_INTERVAL", 0.05, raising=False)
+    monkeypatch.setattr(connection_module, "MAINTENANCE_INTERVAL", 0.05)
     path = tmp_path / "drained.db"
     payload = b"z" * 4000
     async with await SqliteBroker.open(path) as broker:

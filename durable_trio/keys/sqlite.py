@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from .._errors import BrokerUnavailable
-from ..brokers.sqlite import ConnectionThread, SqliteBroker, Synchronous, open_connection
+from .._sqlite import ConnectionThread, Synchronous, open_connection
 from ._contract import KeyEntry
 
 if TYPE_CHECKING:
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     import sqlite3
     from collections.abc import Sequence
     from types import TracebackType
+
+    from ..brokers.sqlite import SqliteBroker
 
 __all__ = ["SqliteKeyStore"]
 

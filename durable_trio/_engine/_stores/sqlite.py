@@ -1,8 +1,10 @@
 """The SQLite run store: two tables (``dt_runs``, ``dt_steps``) in the backend's database file.
 
 It shares the broker's dedicated connection thread (see
-:class:`~durable_trio.brokers.sqlite.ConnectionThread`) when given the broker, or opens its own
-on a path. Clock: ``time.time()``, which every process on the machine shares.
+:class:`~durable_trio._sqlite.ConnectionThread`) when given the broker, or opens its own
+on a path. Clock: ``time.time()``, which every process on the machine shares. Its tables and
+the SQL of each change are in ``_sqlite_tables.py``; this module is the store itself: the
+group commit, the wakes, the calls.
 
 Group commit:
     Every change runs inside a transaction in that thread, each in its own ``SAVEPOINT`` (so
@@ -28,246 +30,29 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
-import orjson
 import outcome
 import trio
 
 from ..._errors import BrokerError, BrokerUnavailable
-from ...brokers._doorbell import Doorbell
-from ...brokers.sqlite import (
-    ConnectionThread,
-    SqliteBroker,
-    Synchronous,
-    open_connection,
-    translate_error,
-)
-from .._records import (
-    CANCEL_STEP_ID,
-    Applied,
-    RunPage,
-    RunRecord,
-    RunStatus,
-    StepKind,
-    StepRecord,
-    StepState,
-    read_attempt_log,
-    read_trace,
-)
-from ._paging import check_page, decode_cursor, encode_cursor
+from ..._sqlite import ConnectionThread, Doorbell, Synchronous, open_connection, translate_error
+from . import _sqlite_tables as tables
+from ._paging import check_page, decode_cursor
 from ._wakes import RunWakes
 
 if TYPE_CHECKING:
     import os
     from collections.abc import Sequence
 
+    from ...brokers.sqlite import SqliteBroker
+    from .._records import (
+        Applied,
+        RunPage,
+        RunRecord,
+        RunStatus,
+        StepRecord,
+    )
+
 __all__ = ["SqliteRunStore", "stored_namespaces"]
-
-_SCHEMA: Final = (
-    """
-    CREATE TABLE IF NOT EXISTS dt_runs (
-        namespace TEXT NOT NULL,
-        run_id TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        workflow TEXT NOT NULL,
-        status TEXT NOT NULL,
-        input TEXT NOT NULL,
-        output TEXT NOT NULL DEFAULT 'null',
-        error TEXT NOT NULL DEFAULT 'null',
-        owner TEXT,
-        lease_until REAL,
-        created_at REAL NOT NULL,
-        updated_at REAL NOT NULL,
-        timeout REAL,
-        trace TEXT,
-        parent TEXT,
-        depth INTEGER NOT NULL DEFAULT 0,
-        PRIMARY KEY (namespace, run_id)
-    ) WITHOUT ROWID
-    """,
-    "CREATE INDEX IF NOT EXISTS dt_runs_seq ON dt_runs (namespace, seq)",
-    """
-    CREATE INDEX IF NOT EXISTS dt_runs_active ON dt_runs (namespace, seq)
-        WHERE status IN ('pending', 'running')
-    """,
-    # (page_runs: a status or workflow filter walks its own index, newest first)
-    "CREATE INDEX IF NOT EXISTS dt_runs_status ON dt_runs (namespace, status, seq)",
-    "CREATE INDEX IF NOT EXISTS dt_runs_workflow ON dt_runs (namespace, workflow, seq)",
-    """
-    CREATE TABLE IF NOT EXISTS dt_steps (
-        namespace TEXT NOT NULL,
-        run_id TEXT NOT NULL,
-        step_id TEXT NOT NULL,
-        position INTEGER NOT NULL,
-        kind TEXT NOT NULL,
-        name TEXT NOT NULL,
-        status TEXT NOT NULL,
-        attempt INTEGER NOT NULL,
-        input TEXT NOT NULL,
-        output TEXT NOT NULL,
-        error TEXT NOT NULL,
-        retry TEXT NOT NULL,
-        wake_at REAL,
-        dispatched INTEGER NOT NULL,
-        priority INTEGER,
-        created_at REAL NOT NULL,
-        updated_at REAL NOT NULL,
-        heartbeat_timeout REAL,
-        heartbeat TEXT,
-        attempts TEXT,
-        PRIMARY KEY (namespace, run_id, step_id)
-    ) WITHOUT ROWID
-    """,
-    # Schedules (issue 18): created in a file written before them when it is opened.
-    """
-    CREATE TABLE IF NOT EXISTS dt_schedules (
-        namespace TEXT NOT NULL,
-        name TEXT NOT NULL,
-        spec TEXT NOT NULL,
-        last_tick REAL,
-        PRIMARY KEY (namespace, name)
-    ) WITHOUT ROWID
-    """,
-)
-
-_RUN_COLUMNS: Final = (
-    "run_id, workflow, input, status, created_at, updated_at, output, error, owner, lease_until, "
-    "timeout, trace, parent, depth"
-)
-_STEP_COLUMNS: Final = (
-    "run_id, step_id, kind, name, status, attempt, input, output, error, retry, wake_at, "
-    "dispatched, priority, created_at, updated_at, heartbeat_timeout, heartbeat, attempts"
-)
-
-_INSERT_RUN: Final = f"""
-    INSERT INTO dt_runs (namespace, seq, {_RUN_COLUMNS})
-    VALUES (?1, (SELECT coalesce(max(seq), 0) + 1 FROM dt_runs WHERE namespace = ?1),
-            ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
-    ON CONFLICT (namespace, run_id) DO NOTHING
-"""
-_GET_RUN: Final = f"SELECT {_RUN_COLUMNS} FROM dt_runs WHERE namespace = ?1 AND run_id = ?2"
-_ORPHANS: Final = """
-    SELECT run_id FROM dt_runs INDEXED BY dt_runs_active
-    WHERE namespace = ?1 AND status IN ('pending', 'running')
-      AND (owner IS NULL OR lease_until IS NULL OR lease_until < ?2 OR (?3 AND owner = ?4))
-    ORDER BY seq LIMIT ?5
-"""
-_CLAIM: Final = """
-    UPDATE dt_runs SET owner = ?3, lease_until = ?4, status = 'running', updated_at = ?5
-    WHERE namespace = ?1 AND run_id = ?2
-"""
-_RENEW: Final = """
-    UPDATE dt_runs SET lease_until = ?4
-    WHERE namespace = ?1 AND run_id = ?2 AND owner = ?3 AND status IN ('pending', 'running')
-"""
-_RELEASE: Final = """
-    UPDATE dt_runs SET owner = NULL, lease_until = NULL, status = 'pending', updated_at = ?4
-    WHERE namespace = ?1 AND run_id = ?2 AND owner = ?3 AND status IN ('pending', 'running')
-"""
-_FINISH: Final = """
-    UPDATE dt_runs SET status = ?3, output = ?4, error = ?5, owner = NULL, lease_until = NULL,
-        updated_at = ?6
-    WHERE namespace = ?1 AND run_id = ?2 AND status IN ('pending', 'running', 'blocked')
-"""
-# The cancel mark of a run that ended otherwise (docs/engine.md, "A cancel racing the run's end").
-_DROP_MARK: Final = f"""
-    DELETE FROM dt_steps WHERE namespace = ?1 AND run_id = ?2 AND step_id = '{CANCEL_STEP_ID}'
-"""
-_INSERT_STEP: Final = f"""
-    INSERT INTO dt_steps (namespace, position, {_STEP_COLUMNS})
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
-            ?19, ?20)
-    ON CONFLICT (namespace, run_id, step_id) DO NOTHING
-"""
-_GET_STEPS: Final = f"""
-    SELECT {_STEP_COLUMNS} FROM dt_steps WHERE namespace = ?1 AND run_id = ?2
-    ORDER BY position, step_id
-"""
-_GET_STEP: Final = f"""
-    SELECT {_STEP_COLUMNS} FROM dt_steps WHERE namespace = ?1 AND run_id = ?2 AND step_id = ?3
-"""
-_STEP_STATE: Final = """
-    SELECT s.status, s.attempt, r.status FROM dt_steps AS s
-    JOIN dt_runs AS r ON r.namespace = s.namespace AND r.run_id = s.run_id
-    WHERE s.namespace = ?1 AND s.run_id = ?2 AND s.step_id = ?3
-"""
-_UPDATE_STEP: Final = """
-    UPDATE dt_steps SET status = ?4, attempt = ?5, output = ?6, error = ?7, wake_at = ?8,
-        dispatched = ?9, updated_at = ?10, heartbeat = coalesce(?11, heartbeat), attempts = ?12
-    WHERE namespace = ?1 AND run_id = ?2 AND step_id = ?3
-"""
-_MARK_DISPATCHED: Final = """
-    UPDATE dt_steps SET dispatched = 1
-    WHERE namespace = ?1 AND run_id = ?2 AND step_id = ?3 AND status = 'pending' AND attempt = ?4
-"""
-
-_TERMINAL_NAMES: Final = frozenset(s.value for s in RunStatus if s.terminal)
-
-
-def _dumps(value: Any) -> str:
-    return orjson.dumps(value).decode()
-
-
-def _optional_dumps(value: Any) -> str | None:
-    """``None`` as SQL NULL (an update then keeps the column: ``coalesce``)."""
-    return None if value is None else _dumps(value)
-
-
-def _run(row: tuple[Any, ...]) -> RunRecord:
-    (run_id, workflow, input_, status, created, updated, output, error, owner, lease,
-     timeout, trace, parent, depth) = row  # fmt: skip
-    return RunRecord(
-        run_id=run_id,
-        workflow=workflow,
-        input=orjson.loads(input_),
-        status=RunStatus(status),
-        created_at=created,
-        updated_at=updated,
-        output=orjson.loads(output),
-        error=orjson.loads(error),
-        owner=owner,
-        lease_until=lease,
-        timeout=timeout,
-        trace=read_trace(trace),
-        parent=parent,
-        depth=depth,
-    )
-
-
-def _step(row: tuple[Any, ...]) -> StepRecord:
-    (run_id, step_id, kind, name, status, attempt, input_, output, error, retry, wake_at,
-     dispatched, priority, created, updated, heartbeat_timeout, heartbeat,
-     attempts) = row  # fmt: skip
-    return StepRecord(
-        run_id=run_id,
-        step_id=step_id,
-        kind=StepKind(kind),
-        name=name,
-        status=StepState(status),
-        attempt=attempt,
-        input=orjson.loads(input_),
-        output=orjson.loads(output),
-        error=orjson.loads(error),
-        retry=orjson.loads(retry),
-        wake_at=wake_at,
-        dispatched=bool(dispatched),
-        priority=priority,
-        created_at=created,
-        updated_at=updated,
-        heartbeat_timeout=heartbeat_timeout,
-        heartbeat=_beat(heartbeat),
-        attempts=read_attempt_log(attempts),
-    )
-
-
-def _beat(text: Any) -> Any:
-    """A stored last beat; advisory, so a damaged one reads as none."""
-    if text is None:
-        return None
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return None
-
 
 #: Seconds a batch may take beyond ``busy_timeout`` before its writers give up on it.
 _BATCH_MARGIN: Final = 5.0
@@ -329,363 +114,6 @@ def _run_batch(
             db.execute("RELEASE dt_op")
             results.append(outcome.Value(value))
     return results
-
-
-def _create_schema(db: sqlite3.Connection) -> None:
-    for statement in _SCHEMA:
-        db.execute(statement)
-    for statement in _SIGNAL_SCHEMA:  # issue 18: added to older files when opened
-        db.execute(statement)
-    # A file written before runs had a timeout: add the column (NULL, no timeout).
-    columns = {row[1] for row in db.execute("PRAGMA table_info(dt_runs)")}
-    if "timeout" not in columns:
-        db.execute("ALTER TABLE dt_runs ADD COLUMN timeout REAL")
-    # A file written before runs kept their trace: add the column (NULL: untraced).
-    if "trace" not in columns:
-        db.execute("ALTER TABLE dt_runs ADD COLUMN trace TEXT")
-    # A file written before child workflows: add the column (NULL: no parent).
-    if "parent" not in columns:
-        db.execute("ALTER TABLE dt_runs ADD COLUMN parent TEXT")
-    # A file written before the child depth limit (issue 36): 0, as a run with no ancestor.
-    if "depth" not in columns:
-        db.execute("ALTER TABLE dt_runs ADD COLUMN depth INTEGER NOT NULL DEFAULT 0")
-    # A file written before step heartbeats: add their columns (NULL: none).
-    columns = {row[1] for row in db.execute("PRAGMA table_info(dt_steps)")}
-    if "heartbeat_timeout" not in columns:
-        db.execute("ALTER TABLE dt_steps ADD COLUMN heartbeat_timeout REAL")
-    if "heartbeat" not in columns:
-        db.execute("ALTER TABLE dt_steps ADD COLUMN heartbeat TEXT")
-    # A file written before attempt logs: add the column (NULL: no attempt logged).
-    if "attempts" not in columns:
-        db.execute("ALTER TABLE dt_steps ADD COLUMN attempts TEXT")
-
-
-# -- operations (each runs in the connection thread, as one transaction) -----------------------
-
-
-def _op_put_schedule(
-    ns: str, name: str, spec: str, replace: bool, db: sqlite3.Connection
-) -> bool:
-    if replace:
-        db.execute(
-            "INSERT INTO dt_schedules (namespace, name, spec) VALUES (?, ?, ?) "
-            "ON CONFLICT (namespace, name) DO UPDATE SET spec = excluded.spec",
-            (ns, name, spec),
-        )
-        return True
-    cursor = db.execute(
-        "INSERT OR IGNORE INTO dt_schedules (namespace, name, spec) VALUES (?, ?, ?)",
-        (ns, name, spec),
-    )
-    return cursor.rowcount == 1
-
-
-def _op_mark_schedule_tick(ns: str, name: str, tick: float, db: sqlite3.Connection) -> None:
-    db.execute(
-        "UPDATE dt_schedules SET last_tick = ? WHERE namespace = ? AND name = ? "
-        "AND (last_tick IS NULL OR last_tick < ?)",
-        (tick, ns, name, tick),
-    )
-
-
-def _op_create_run(
-    ns: str, run: RunRecord, now: float, db: sqlite3.Connection
-) -> tuple[RunRecord, bool]:
-    cursor = db.execute(
-        _INSERT_RUN,
-        (ns, run.run_id, run.workflow, _dumps(run.input), run.status.value, now, now,
-         _dumps(run.output), _dumps(run.error), run.owner, run.lease_until, run.timeout,
-         _optional_dumps(run.trace), run.parent, run.depth),
-    )  # fmt: skip
-    if cursor.rowcount == 1:  # inserted as given: no need to read it back
-        return attrs.evolve(run, created_at=now, updated_at=now), True
-    return _run(db.execute(_GET_RUN, (ns, run.run_id)).fetchone()), False
-
-
-def _op_get_run(ns: str, run_id: str, db: sqlite3.Connection) -> RunRecord | None:
-    row = db.execute(_GET_RUN, (ns, run_id)).fetchone()
-    return None if row is None else _run(row)
-
-
-def _op_list_runs(
-    ns: str, status: str | None, workflow: str | None, limit: int, db: sqlite3.Connection
-) -> list[RunRecord]:
-    query = f"SELECT {_RUN_COLUMNS} FROM dt_runs WHERE namespace = ?"
-    params: list[Any] = [ns]
-    if status is not None:
-        query += " AND status = ?"
-        params.append(status)
-    if workflow is not None:
-        query += " AND workflow = ?"
-        params.append(workflow)
-    query += " ORDER BY seq DESC LIMIT ?"
-    params.append(limit)
-    return [_run(row) for row in db.execute(query, params)]
-
-
-def _op_page_runs(
-    ns: str,
-    filters: tuple[str | None, str | None, str | None, float | None, float | None],
-    limit: int,
-    below: int | None,
-    db: sqlite3.Connection,
-) -> RunPage:
-    status, workflow, tenant, since, until = filters
-    query = f"SELECT seq, {_RUN_COLUMNS} FROM dt_runs WHERE namespace = ?"
-    params: list[Any] = [ns]
-    for clause, value in (
-        (" AND seq < ?", below),
-        (" AND status = ?", status),
-        (" AND workflow = ?", workflow),
-        (" AND created_at >= ?", since),
-        (" AND created_at < ?", until),
-    ):
-        if value is not None:
-            query += clause
-            params.append(value)
-    if tenant is not None:  # the stored ids "{tenant}/...": a range of the key
-        query += " AND run_id >= ? AND run_id < ?"
-        params += [tenant + "/", tenant + "0"]  # ('0' follows '/')
-    query += " ORDER BY seq DESC LIMIT ?"
-    params.append(limit + 1)
-    rows = db.execute(query, params).fetchall()
-    runs = [_run(row[1:]) for row in rows[:limit]]
-    more = len(rows) > limit
-    return RunPage(runs, encode_cursor(rows[limit - 1][0]) if more else None)
-
-
-def _op_count_runs(ns: str, db: sqlite3.Connection) -> dict[RunStatus, int]:
-    query = "SELECT status, count(*) FROM dt_runs WHERE namespace = ?1 GROUP BY status"
-    return {RunStatus(status): int(n) for status, n in db.execute(query, (ns,))}
-
-
-_REOPEN_RUN: Final = """
-    UPDATE dt_runs SET status = 'pending', owner = NULL, lease_until = NULL, output = 'null',
-        error = 'null', timeout = ?3, updated_at = ?4
-    WHERE namespace = ?1 AND run_id = ?2 AND status IN ('failed', 'blocked')
-"""
-_REOPEN_STEP: Final = """
-    UPDATE dt_steps SET status = ?4, attempt = ?5, error = ?6, retry = ?7, wake_at = ?8,
-        dispatched = ?9, updated_at = ?10, attempts = ?11
-    WHERE namespace = ?1 AND run_id = ?2 AND step_id = ?3
-"""
-
-
-def _op_reopen(
-    ns: str,
-    run_id: str,
-    steps: Sequence[StepRecord],
-    timeout: float | None,
-    now: float,
-    db: sqlite3.Connection,
-) -> bool:
-    failed = _run_status(ns, run_id, db) == RunStatus.FAILED.value
-    if db.execute(_REOPEN_RUN, (ns, run_id, timeout, now)).rowcount != 1:
-        return False
-    if failed:
-        db.execute(_DROP_MARK, (ns, run_id))  # a stale mark of its previous life
-    db.executemany(
-        _REOPEN_STEP,
-        [
-            (ns, run_id, s.step_id, s.status.value, s.attempt, _dumps(s.error),
-             _dumps(s.retry), s.wake_at, int(s.dispatched), now, _dumps(s.attempts))
-            for s in steps
-        ],
-    )  # fmt: skip
-    return True
-
-
-def _op_claim(
-    ns: str,
-    owner: str,
-    lease: float,
-    include_own: bool,
-    limit: int,
-    now: float,
-    db: sqlite3.Connection,
-) -> list[RunRecord]:
-    ids = [row[0] for row in db.execute(_ORPHANS, (ns, now, include_own, owner, limit))]
-    db.executemany(_CLAIM, [(ns, run_id, owner, now + lease, now) for run_id in ids])
-    return [_run(db.execute(_GET_RUN, (ns, run_id)).fetchone()) for run_id in ids]
-
-
-def _op_renew(
-    ns: str, owner: str, run_ids: Sequence[str], lease: float, now: float, db: sqlite3.Connection
-) -> set[str]:
-    until = now + lease
-    kept: set[str] = set()
-    for run_id in run_ids:
-        if db.execute(_RENEW, (ns, run_id, owner, until)).rowcount == 1:
-            kept.add(run_id)
-    return kept
-
-
-def _op_release(
-    ns: str, owner: str, run_ids: Sequence[str], now: float, db: sqlite3.Connection
-) -> None:
-    db.executemany(_RELEASE, [(ns, run_id, owner, now) for run_id in run_ids])
-
-
-def _op_finish(
-    ns: str, run_id: str, status: str, output: str, error: str, now: float, db: sqlite3.Connection
-) -> bool:
-    cursor = db.execute(_FINISH, (ns, run_id, status, output, error, now))
-    if cursor.rowcount != 1:
-        return False
-    if status in (RunStatus.COMPLETED.value, RunStatus.FAILED.value):
-        db.execute(_DROP_MARK, (ns, run_id))  # ended before the cancel reached it
-    return True
-
-
-_SIGNAL_SCHEMA: Final = (
-    """
-    CREATE TABLE IF NOT EXISTS dt_signals (
-        namespace TEXT NOT NULL,
-        run_id TEXT NOT NULL,
-        name TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        payload TEXT NOT NULL,
-        PRIMARY KEY (namespace, run_id, name, seq)
-    )
-    """,
-    """
-    CREATE TABLE IF NOT EXISTS dt_events (
-        namespace TEXT NOT NULL,
-        run_id TEXT NOT NULL,
-        key TEXT NOT NULL,
-        value TEXT NOT NULL,
-        PRIMARY KEY (namespace, run_id, key)
-    )
-    """,
-)
-
-
-def _run_status(ns: str, run_id: str, db: sqlite3.Connection) -> str | None:
-    """The run's status (``None``: unknown), read in the caller's transaction."""
-    row = db.execute(
-        "SELECT status FROM dt_runs WHERE namespace = ? AND run_id = ?", (ns, run_id)
-    ).fetchone()
-    return None if row is None else str(row[0])
-
-
-def _unknown_or_ended(ns: str, run_id: str, db: sqlite3.Connection) -> bool:
-    """Whether the run is missing or ended (read in the caller's transaction)."""
-    status = _run_status(ns, run_id, db)
-    return status is None or RunStatus(status).terminal
-
-
-def _op_append_signal(
-    ns: str, run_id: str, name: str, payload: str, db: sqlite3.Connection
-) -> int | None:
-    if _unknown_or_ended(ns, run_id, db):
-        return None
-    (last,) = db.execute(
-        "SELECT COALESCE(MAX(seq), 0) FROM dt_signals WHERE namespace = ? AND run_id = ? "
-        "AND name = ?",
-        (ns, run_id, name),
-    ).fetchone()
-    seq = int(last) + 1
-    db.execute(
-        "INSERT INTO dt_signals (namespace, run_id, name, seq, payload) VALUES (?, ?, ?, ?, ?)",
-        (ns, run_id, name, seq, payload),
-    )
-    return seq
-
-
-def _op_read_signal(
-    ns: str, run_id: str, name: str, seq: int, db: sqlite3.Connection
-) -> str | None:
-    row = db.execute(
-        "SELECT payload FROM dt_signals WHERE namespace = ? AND run_id = ? AND name = ? "
-        "AND seq = ?",
-        (ns, run_id, name, seq),
-    ).fetchone()
-    return None if row is None else str(row[0])
-
-
-def _op_put_event(ns: str, run_id: str, key: str, value: str, db: sqlite3.Connection) -> None:
-    db.execute(
-        "INSERT INTO dt_events (namespace, run_id, key, value) VALUES (?, ?, ?, ?) "
-        "ON CONFLICT (namespace, run_id, key) DO UPDATE SET value = excluded.value",
-        (ns, run_id, key, value),
-    )
-
-
-def _op_get_events(ns: str, run_id: str, db: sqlite3.Connection) -> dict[str, str]:
-    rows = db.execute(
-        "SELECT key, value FROM dt_events WHERE namespace = ? AND run_id = ?", (ns, run_id)
-    ).fetchall()
-    return {str(k): str(v) for k, v in rows}
-
-
-def _op_get_steps(ns: str, run_id: str, db: sqlite3.Connection) -> list[StepRecord]:
-    return [_step(row) for row in db.execute(_GET_STEPS, (ns, run_id))]
-
-
-def _op_get_steps_many(
-    ns: str, keys: Sequence[tuple[str, str]], db: sqlite3.Connection
-) -> list[StepRecord | None]:
-    out: list[StepRecord | None] = []
-    for run_id, step_id in keys:
-        row = db.execute(_GET_STEP, (ns, run_id, step_id)).fetchone()
-        out.append(None if row is None else _step(row))
-    return out
-
-
-def _op_begin_step(ns: str, step: StepRecord, now: float, db: sqlite3.Connection) -> StepRecord:
-    position = int(step.step_id) if step.step_id.isdigit() else 0
-    cursor = db.execute(
-        _INSERT_STEP,
-        (ns, position, step.run_id, step.step_id, step.kind.value, step.name, step.status.value,
-         step.attempt, _dumps(step.input), _dumps(step.output), _dumps(step.error),
-         _dumps(step.retry), step.wake_at, int(step.dispatched), step.priority, now, now,
-         step.heartbeat_timeout, _optional_dumps(step.heartbeat), _dumps(step.attempts)),
-    )  # fmt: skip
-    if cursor.rowcount == 1:  # inserted as given: no need to read it back
-        return attrs.evolve(step, created_at=now, updated_at=now)
-    return _step(db.execute(_GET_STEP, (ns, step.run_id, step.step_id)).fetchone())
-
-
-def _op_begin_step_unless_finished(
-    ns: str, step: StepRecord, now: float, db: sqlite3.Connection
-) -> StepRecord | None:
-    if _unknown_or_ended(ns, step.run_id, db):
-        return None
-    return _op_begin_step(ns, step, now, db)  # in the same transaction as the check
-
-
-def _verdict(ns: str, run_id: str, step_id: str, attempt: int, db: sqlite3.Connection) -> Applied:
-    row = db.execute(_STEP_STATE, (ns, run_id, step_id)).fetchone()
-    if row is None:
-        return Applied.MISSING
-    status, stored_attempt, run_status = row
-    if run_status in _TERMINAL_NAMES:
-        return Applied.RUN_FINISHED
-    if status != StepState.PENDING.value:
-        return Applied.DUPLICATE
-    if stored_attempt != attempt:
-        return Applied.STALE
-    return Applied.APPLIED
-
-
-def _op_update_step(
-    ns: str, step: StepRecord, expect_attempt: int, now: float, db: sqlite3.Connection
-) -> Applied:
-    verdict = _verdict(ns, step.run_id, step.step_id, expect_attempt, db)
-    if verdict is Applied.APPLIED:
-        db.execute(
-            _UPDATE_STEP,
-            (ns, step.run_id, step.step_id, step.status.value, step.attempt,
-             _dumps(step.output), _dumps(step.error), step.wake_at, int(step.dispatched),
-             now, _optional_dumps(step.heartbeat), _dumps(step.attempts)),
-        )  # fmt: skip
-    return verdict
-
-
-def _op_mark_dispatched(
-    ns: str, run_id: str, step_id: str, attempt: int, db: sqlite3.Connection
-) -> bool:
-    return db.execute(_MARK_DISPATCHED, (ns, run_id, step_id, attempt)).rowcount == 1
 
 
 #: How often (seconds) a watching waiter checks that the wakes socket is still there.
@@ -799,7 +227,7 @@ class SqliteRunStore:
     async def _on(cls, connection: ConnectionThread, namespace: str) -> SqliteRunStore:
         store = cls(connection, namespace)
         try:
-            await connection.call(_create_schema, write=True)
+            await connection.call(tables.create_schema, write=True)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await store.aclose()
@@ -868,12 +296,12 @@ class SqliteRunStore:
 
     async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
         result: tuple[RunRecord, bool] = await self._write(
-            partial(_op_create_run, self._ns, run, self.now())
+            partial(tables.create_run, self._ns, run, self.now())
         )
         return result
 
     async def get_run(self, run_id: str) -> RunRecord | None:
-        result: RunRecord | None = await self._read(partial(_op_get_run, self._ns, run_id))
+        result: RunRecord | None = await self._read(partial(tables.get_run, self._ns, run_id))
         return result
 
     async def list_runs(
@@ -885,7 +313,7 @@ class SqliteRunStore:
     ) -> list[RunRecord]:
         status_name = None if status is None else status.value
         result: list[RunRecord] = await self._read(
-            partial(_op_list_runs, self._ns, status_name, workflow, limit)
+            partial(tables.list_runs, self._ns, status_name, workflow, limit)
         )
         return result
 
@@ -903,18 +331,20 @@ class SqliteRunStore:
         check_page(limit, since, until, tenant)
         below = decode_cursor(cursor)
         filters = (None if status is None else status.value, workflow, tenant, since, until)
-        result: RunPage = await self._read(partial(_op_page_runs, self._ns, filters, limit, below))
+        result: RunPage = await self._read(
+            partial(tables.page_runs, self._ns, filters, limit, below)
+        )
         return result
 
     async def count_runs(self) -> dict[RunStatus, int]:
-        result: dict[RunStatus, int] = await self._read(partial(_op_count_runs, self._ns))
+        result: dict[RunStatus, int] = await self._read(partial(tables.count_runs, self._ns))
         return result
 
     async def reopen_run(
         self, run_id: str, steps: Sequence[StepRecord], *, run_timeout: float | None
     ) -> bool:
         result: bool = await self._write(
-            partial(_op_reopen, self._ns, run_id, tuple(steps), run_timeout, self.now())
+            partial(tables.reopen, self._ns, run_id, tuple(steps), run_timeout, self.now())
         )
         return result
 
@@ -922,7 +352,7 @@ class SqliteRunStore:
         self, owner: str, lease: float, *, include_own: bool = False, limit: int = 100
     ) -> list[RunRecord]:
         result: list[RunRecord] = await self._write(
-            partial(_op_claim, self._ns, owner, lease, include_own, limit, self.now())
+            partial(tables.claim, self._ns, owner, lease, include_own, limit, self.now())
         )
         return result
 
@@ -931,7 +361,7 @@ class SqliteRunStore:
             await trio.lowlevel.checkpoint()
             return set()
         result: set[str] = await self._write(
-            partial(_op_renew, self._ns, owner, tuple(run_ids), lease, self.now())
+            partial(tables.renew, self._ns, owner, tuple(run_ids), lease, self.now())
         )
         return result
 
@@ -939,7 +369,7 @@ class SqliteRunStore:
         if not run_ids:
             await trio.lowlevel.checkpoint()
             return
-        await self._write(partial(_op_release, self._ns, owner, tuple(run_ids), self.now()))
+        await self._write(partial(tables.release, self._ns, owner, tuple(run_ids), self.now()))
 
     async def finish_run(
         self,
@@ -950,13 +380,19 @@ class SqliteRunStore:
         error: object = None,
     ) -> bool:
         op = partial(
-            _op_finish, self._ns, run_id, status.value, _dumps(output), _dumps(error), self.now()
+            tables.finish,
+            self._ns,
+            run_id,
+            status.value,
+            tables.dumps(output),
+            tables.dumps(error),
+            self.now(),
         )
         result: bool = await self._write(op)
         return result
 
     async def get_steps(self, run_id: str) -> list[StepRecord]:
-        result: list[StepRecord] = await self._read(partial(_op_get_steps, self._ns, run_id))
+        result: list[StepRecord] = await self._read(partial(tables.get_steps, self._ns, run_id))
         return result
 
     async def get_step(self, run_id: str, step_id: str) -> StepRecord | None:
@@ -965,36 +401,40 @@ class SqliteRunStore:
 
     async def get_steps_many(self, keys: Sequence[tuple[str, str]]) -> list[StepRecord | None]:
         result: list[StepRecord | None] = await self._read(
-            partial(_op_get_steps_many, self._ns, tuple(keys))
+            partial(tables.get_steps_many, self._ns, tuple(keys))
         )
         return result
 
     async def begin_step(self, step: StepRecord) -> StepRecord:
-        result: StepRecord = await self._write(partial(_op_begin_step, self._ns, step, self.now()))
+        result: StepRecord = await self._write(
+            partial(tables.begin_step, self._ns, step, self.now())
+        )
         return result
 
     async def begin_step_unless_finished(self, step: StepRecord) -> StepRecord | None:
         result: StepRecord | None = await self._write(
-            partial(_op_begin_step_unless_finished, self._ns, step, self.now())
+            partial(tables.begin_step_unless_finished, self._ns, step, self.now())
         )
         return result
 
     async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
         result: Applied = await self._write(
-            partial(_op_update_step, self._ns, step, expect_attempt, self.now())
+            partial(tables.update_step, self._ns, step, expect_attempt, self.now())
         )
         return result
 
     async def mark_dispatched(self, run_id: str, step_id: str, attempt: int) -> bool:
         result: bool = await self._write(
-            partial(_op_mark_dispatched, self._ns, run_id, step_id, attempt)
+            partial(tables.mark_dispatched, self._ns, run_id, step_id, attempt)
         )
         return result
 
     # -- schedules --------------------------------------------------------------------------
 
     async def put_schedule(self, name: str, spec: str, *, replace: bool) -> bool:
-        written: bool = await self._write(partial(_op_put_schedule, self._ns, name, spec, replace))
+        written: bool = await self._write(
+            partial(tables.put_schedule, self._ns, name, spec, replace)
+        )
         return written
 
     async def get_schedules(self) -> list[tuple[str, str, float | None]]:
@@ -1024,7 +464,7 @@ class SqliteRunStore:
         return deleted
 
     async def mark_schedule_tick(self, name: str, tick: float) -> None:
-        await self._write(partial(_op_mark_schedule_tick, self._ns, name, tick))
+        await self._write(partial(tables.mark_schedule_tick, self._ns, name, tick))
 
     async def aclose(self) -> None:
         """Release the store's use of the connection (idempotent)."""
@@ -1039,38 +479,25 @@ class SqliteRunStore:
 
     async def append_signal(self, run_id: str, name: str, payload: str) -> int | None:
         result: int | None = await self._write(
-            partial(_op_append_signal, self._ns, run_id, name, payload)
+            partial(tables.append_signal, self._ns, run_id, name, payload)
         )
         if result is not None:
             self._ring(run_id)
         return result
 
     async def read_signal(self, run_id: str, name: str, seq: int) -> str | None:
-        result: str | None = await self._read(partial(_op_read_signal, self._ns, run_id, name, seq))
+        result: str | None = await self._read(
+            partial(tables.read_signal, self._ns, run_id, name, seq)
+        )
         return result
 
     async def put_event(self, run_id: str, key: str, value: str) -> None:
-        await self._write(partial(_op_put_event, self._ns, run_id, key, value))
+        await self._write(partial(tables.put_event, self._ns, run_id, key, value))
         self._ring(run_id)
 
     async def get_events(self, run_id: str) -> dict[str, str]:
-        result: dict[str, str] = await self._read(partial(_op_get_events, self._ns, run_id))
+        result: dict[str, str] = await self._read(partial(tables.get_events, self._ns, run_id))
         return result
-
-
-def _op_namespaces(connection: sqlite3.Connection) -> list[str]:
-    tables = {
-        row[0]
-        for row in connection.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN "
-            "('dt_runs', 'dt_schedules')"
-        )
-    }
-    found: set[str] = set()
-    for table in sorted(tables):  # a file a worker made alone has no run tables yet
-        rows = connection.execute(f"SELECT DISTINCT namespace FROM {table}")
-        found.update(row[0] for row in rows)
-    return sorted(found)
 
 
 async def stored_namespaces(broker: SqliteBroker) -> list[str]:
@@ -1081,4 +508,4 @@ async def stored_namespaces(broker: SqliteBroker) -> list[str]:
     """
     if broker.closed:
         raise BrokerUnavailable(f"the SQLite broker on {broker.path!r} is closed")
-    return await broker.connection.call(_op_namespaces, write=False)
+    return await broker.connection.call(tables.namespaces, write=False)

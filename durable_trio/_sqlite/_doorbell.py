@@ -1,4 +1,7 @@
-"""The SQLite broker's cross-process doorbell: Unix datagram sockets beside the database file.
+"""The cross-process doorbell of a SQLite file: Unix datagram sockets beside the database file.
+
+The broker rings it for its queues, the run store (with a folder suffix of its own) for its
+runs' wakes; what follows says "broker" for either.
 
 A broker that waits for work binds a socket ``<db file>.bells/<pid>-<random>``, and a small
 thread blocks on it. A broker that committed something that can make work ready on a queue
