@@ -42,10 +42,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 #:   stores' own, ``open_run_store(self, namespace)``, ends it).
 KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset(
     {
-        (f"{PACKAGE}._transport._facade", f"{PACKAGE}.backends._backend"),
-        (f"{PACKAGE}._transport._health", f"{PACKAGE}.backends._backend"),
-        (f"{PACKAGE}._transport._leases", f"{PACKAGE}.backends._backend"),
-        (f"{PACKAGE}._transport._remote", f"{PACKAGE}.backends._backend"),
         (f"{PACKAGE}._engine._stores", f"{PACKAGE}.backends._backend"),
     }
 )
@@ -226,7 +222,7 @@ MAX_FILE_LINES = 1000
 
 #: Files over the limit today, each being split into a package of parts on its own branch.
 KNOWN_LONG_FILES: frozenset[str] = frozenset(
-    {"brokers/redis.py", "brokers/sqlite.py", "_engine/_stores/sqlite.py"}
+    {"brokers/redis.py"}
 )
 
 
@@ -314,7 +310,6 @@ KNOWN_OWN_BACKOFF: frozenset[str] = frozenset(
         "_redis/_client.py",
         "_redis/_cluster.py",
         "_redis/_sentinel.py",
-        "_transport/_consumers.py",
         "brokers/_redis_doorbell.py",
     }
 )
