@@ -66,7 +66,7 @@ from ._statistics import EngineStatistics
 from ._step_watch import StepWait, StepWatch
 from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
-from ._stores._wakes import SupportsRunWakes
+from ._stores._wakes import STARTS, SupportsRunWakes
 from ._versioning import resume_blocked
 
 if TYPE_CHECKING:
@@ -289,6 +289,7 @@ class Engine:
                     continue
                 history = await self.store.get_steps(run.run_id)
                 self._services.count("runs_resumed")
+                self._services.adopted.add(run.run_id)  # its caller may wait elsewhere
                 self._spawn(run, history)
                 taken += 1
             if len(claimed) < _CLAIM_BATCH:
@@ -315,7 +316,8 @@ class Engine:
             input: its JSON input.
             run_id: the run's id (default: a random one).
             detach: only record the run (status pending, no owner); an engine's reconcile
-                takes it over (this one's within ``reconcile_interval``).
+                takes it over: at once where the run store has wakes (SQLite, Redis, memory:
+                the start rings every reconciling engine), else within ``reconcile_interval``.
             timeout: seconds the run may take from now, on the run store's clock, whichever
                 engines drive it (the deadline is stored with the run: a resumed run keeps
                 it). At the deadline the run fails with ``RunTimedOut`` and its pending steps
@@ -382,6 +384,10 @@ class Engine:
         self._services.run_event("started", stored)
         if not detach:
             self._spawn(stored, [])
+        elif isinstance(self.store, SupportsRunWakes):
+            # The engines that reconcile take it over now, not at their next tick (issue 30,
+            # item 1): a web handler's or ``durable-trio run --detach``'s start.
+            await self.store.ring(STARTS)
         return stored.run_id
 
     async def result(self, run_id: str) -> Any:
@@ -399,27 +405,48 @@ class Engine:
             EngineClosed: the engine closed before the run ended.
         """
         poll = self.options.watch_interval or 1.0
+        store = self.store
+        wakes = store.wakes if isinstance(store, SupportsRunWakes) else None
         while True:
-            driver = self._services.drivers.get(run_id)
-            record: RunRecord | None = None
-            if driver is not None:
-                await driver.done.wait()
-                record = driver.final
-            if record is None:
-                record = await self.get(run_id)
-            if record.status is RunStatus.COMPLETED:
-                return record.output
-            if record.status is RunStatus.CANCELLED:
-                raise RunCancelled(run_id, record.error)
-            if record.status is RunStatus.FAILED:
-                raise run_failure(run_id, record.error)
-            if self._closing:
-                raise EngineClosed(f"the engine closed before run {run_id!r} ended")
-            if run_id not in self._services.drivers:
-                # Driven elsewhere (or by no one yet): poll, but wake at once should this
-                # engine take the run over meanwhile.
-                with trio.move_on_after(poll):
-                    await self._spawned.wait()
+            with contextlib.ExitStack() as watch:
+                # Taken before the read: the ring of an engine that settles the run elsewhere
+                # (one it took over from a detached start, issue 30, item 1).
+                rung = watch.enter_context(wakes.watching(run_id)) if wakes else None
+                driver = self._services.drivers.get(run_id)
+                record: RunRecord | None = None
+                if driver is not None:
+                    await driver.done.wait()
+                    record = driver.final
+                if record is None:
+                    record = await self.get(run_id)
+                if record.status is RunStatus.COMPLETED:
+                    return record.output
+                if record.status is RunStatus.CANCELLED:
+                    raise RunCancelled(run_id, record.error)
+                if record.status is RunStatus.FAILED:
+                    raise run_failure(run_id, record.error)
+                if self._closing:
+                    raise EngineClosed(f"the engine closed before run {run_id!r} ended")
+                if run_id not in self._services.drivers:
+                    # Driven elsewhere (or by no one yet): the ring, else the poll; at once
+                    # should this engine take the run over meanwhile.
+                    with trio.move_on_after(poll):
+                        await self._rung_or_spawned(rung)
+
+    async def _rung_or_spawned(self, rung: trio.Event | None) -> None:
+        """Return once ``rung`` is set (if any) or a driver starts here."""
+        if rung is None:
+            await self._spawned.wait()
+            return
+        async with trio.open_nursery() as nursery:
+
+            async def spawned() -> None:
+                await self._spawned.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(spawned)
+            await rung.wait()
+            nursery.cancel_scope.cancel()
 
     async def get(self, run_id: str) -> RunRecord:
         """The run as the store holds it now.
