@@ -57,6 +57,7 @@ _MAX_DATAGRAM: Final = 1024
 #: The shortest time between two wake-ups of one broker by its doorbell (seconds; see
 #: ``_receive``). 5 ms keeps S3's latency (jobs a few ms apart wake at once) and wins back a
 #: part of a dense stream's throughput (docs/benchmarks.md, the doorbell's before and after).
+#: A ring that answers one of ours (a request/reply exchange) skips it (issue 30, item 8).
 MIN_GAP: float = 0.005
 
 #: How long a close waits for the receiving thread (it is woken by ``shutdown`` at once).
@@ -118,6 +119,12 @@ class Doorbell:
         """Wake-ups the receiving thread handed to the broker (each for one ring or more)."""
         self.unlinked = 0
         """Dead processes' sockets removed."""
+        self.skipped_gaps = 0
+        """Wake-ups within :data:`MIN_GAP` of the last that skipped it (answers to our rings)."""
+        self._rang = False
+        """Whether this doorbell rang another since its last wake-up (written by the ringing
+        thread, read and cleared by the receiving one: a plain flag, a lost race costs one
+        gap or one early wake-up, never a ring)."""
 
     @property
     def bound(self) -> bool:
@@ -216,18 +223,23 @@ class Doorbell:
                 # the rings that follow: under a stream of pushes a waiter wakes once for
                 # several jobs (each wake-up costs its process a pop, a write transaction
                 # that contends with the pusher's), while a ring after a quiet spell wakes at
-                # once.
+                # once. So does the one ring that answers ours (we rang since our last
+                # wake-up, and nothing else waits): a request/reply exchange back to back
+                # (issue 30, item 8), which a gap would only slow (nothing to gather).
+                datagrams = [datagram]
+                _drain(receiver, datagrams)
                 wait = last + MIN_GAP - time.monotonic()
                 if wait > 0:
-                    time.sleep(wait)
-                datagrams = [datagram]
-                # Drain what else arrived: one wake-up answers every ring so far.
-                with contextlib.suppress(OSError):
-                    while datagram := receiver.recv(_MAX_DATAGRAM, socket.MSG_DONTWAIT):
-                        datagrams.append(datagram)
+                    if self._rang and len(datagrams) == 1:
+                        self.skipped_gaps += 1
+                    else:
+                        time.sleep(wait)
+                        # Drain what else arrived: one wake-up answers every ring so far.
+                        _drain(receiver, datagrams)
             except OSError:
                 return
             self.received += 1
+            self._rang = False
             last = time.monotonic()
             queues: set[str] | None = set()
             for datagram in datagrams:
@@ -265,6 +277,7 @@ class Doorbell:
             for name in names:
                 if name != own:
                     self._send(sender, name, payload)
+                    self._rang = True
         except OSError as exc:
             self._warn(f"cannot ring the doorbells in {self.folder!r}: {exc}")
 
@@ -331,6 +344,13 @@ class Doorbell:
             _log.warning(
                 "SQLite doorbell: %s; other processes' %s alone", message, self._purpose,
             )
+
+
+def _drain(receiver: socket.socket, datagrams: list[bytes]) -> None:
+    """Append what else already arrived on ``receiver`` (without blocking)."""
+    with contextlib.suppress(OSError):
+        while datagram := receiver.recv(_MAX_DATAGRAM, socket.MSG_DONTWAIT):
+            datagrams.append(datagram)
 
 
 def _fits(address: str) -> bool:
