@@ -13,9 +13,12 @@ import trio
 from ._errors import BrokerError
 from ._health import read_orphaned_queues, read_worker_health
 from ._naming import QueueNames
+from ._supervisor import crash_loop_lines, read_supervisors
 from .backends import open_backend
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ._engine._records import RunStatus
     from ._liveness import GroupHealth
     from ._ops import Operations, QueueView
@@ -57,6 +60,8 @@ class HealthReader:
         self._names = QueueNames(namespace)
         self.reads = 0
         self.errors = 0
+        self.crash_loops: list[str] = []
+        """The crash-looping ``--processes`` children found by the last read (issue 30)."""
 
     async def read(self) -> list[GroupHealth] | None:
         """Every group with a live worker, then every orphaned queue (waiting jobs, no live
@@ -70,6 +75,9 @@ class HealthReader:
             groups = await read_worker_health(self.backend, self._names)
             if groups is None:
                 return None
+            keys = self.backend.keys
+            if keys is not None:
+                self.crash_loops = crash_loop_lines(await read_supervisors(keys, self._names))
             return groups + await read_orphaned_queues(self.backend, self._names, groups)
         except BrokerError:
             self.errors += 1
@@ -151,12 +159,16 @@ def _plain(headers: list[str], rows: list[list[str]]) -> str:
     )
 
 
-def render_text(groups: list[GroupHealth] | None, namespace: str | None) -> str:
-    """A plain table (what ``health`` prints without ``--watch`` or without rich)."""
+def render_text(
+    groups: list[GroupHealth] | None, namespace: str | None, crash_loops: Sequence[str] = ()
+) -> str:
+    """A plain table (what ``health`` prints without ``--watch`` or without rich), then a line
+    per crash-looping ``--processes`` child (``crash_loops``: :attr:`HealthReader.crash_loops`)."""
     if groups is None:
         return "no worker-key store on this backend: worker health is not available\n"
+    looping = "".join(line + "\n" for line in crash_loops)
     if not groups:
-        return f"no live workers in namespace {namespace or 'durable'!r}\n"
+        return f"no live workers in namespace {namespace or 'durable'!r}\n" + looping
     out = io.StringIO()
     out.write(_plain(HEADERS, _rows(groups)))
     workers = _worker_rows(groups)
@@ -165,6 +177,7 @@ def render_text(groups: list[GroupHealth] | None, namespace: str | None) -> str:
         out.write(_plain(WORKER_HEADERS, workers))
     for line in orphan_lines(groups, namespace):
         out.write(line + "\n")
+    out.write(looping)
     return out.getvalue()
 
 
@@ -183,7 +196,9 @@ def orphan_lines(groups: list[GroupHealth] | None, namespace: str | None) -> lis
     ]
 
 
-def _rich_table(groups: list[GroupHealth] | None, namespace: str | None) -> Any:
+def _rich_table(
+    groups: list[GroupHealth] | None, namespace: str | None, crash_loops: Sequence[str] = ()
+) -> Any:
     from rich.console import Group
     from rich.table import Table
 
@@ -202,7 +217,7 @@ def _rich_table(groups: list[GroupHealth] | None, namespace: str | None) -> Any:
             table.add_row(*row)
         for row in _worker_rows(groups):
             workers.add_row(*row)
-        lines = orphan_lines(groups, namespace)
+        lines = orphan_lines(groups, namespace) + list(crash_loops)
         if lines:
             table.caption = "\n".join(lines)
         return Group(table, workers)
@@ -226,7 +241,8 @@ async def watch(
     count = 0
     with Live(_rich_table([], namespace), console=console, auto_refresh=False) as live:
         while iterations is None or count < iterations:
-            live.update(_rich_table(await reader.read(), namespace), refresh=True)
+            groups = await reader.read()
+            live.update(_rich_table(groups, namespace, reader.crash_loops), refresh=True)
             count += 1
             if iterations is None or count < iterations:
                 await trio.sleep(interval)
@@ -449,9 +465,11 @@ async def run_health(
             except ImportError:
                 count = 0
                 while iterations is None or count < iterations:  # no rich: reprint the table
-                    print(render_text(await reader.read(), namespace), flush=True)
+                    groups = await reader.read()
+                    print(render_text(groups, namespace, reader.crash_loops), flush=True)
                     count += 1
                     if iterations is None or count < iterations:
                         await trio.sleep(interval)
             return
-        print(render_text(await reader.read(), namespace), end="")
+        groups = await reader.read()
+        print(render_text(groups, namespace, reader.crash_loops), end="")

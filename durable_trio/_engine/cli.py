@@ -157,7 +157,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     processes = resolve_processes(args.processes)
     if processes > 1:
-        load_app(args.target)  # a bad target is one error here, not N crash loops
+        supervised = load_app(args.target)  # a bad target is one error here, not N crash loops
         _log_to_stderr()
         return run_worker_processes(
             args.target,
@@ -166,6 +166,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             worker_args=_child_worker_args(args),
             close_timeout=5.0 if args.close_timeout is None else args.close_timeout,
             announce=_announce,
+            # its slots' key (crash loops, last exits) for `health` and the console
+            namespace=_transport_options(args).get("namespace", supervised.name),
         )
     app = load_app(args.target)
     parent = os.environ.get(PARENT_ENV)

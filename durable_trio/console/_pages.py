@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from .._engine import RunNotFound
 from .._errors import ConfigError, DurableTrioError
+from .._supervisor import crash_loop_lines
 from ._fleet_view import render_queues, render_workers
 from ._html import Html, esc, page
 from ._run_view import render_run
@@ -95,7 +96,9 @@ class Pages:
         """``/workers``: the live workers of every group."""
         workers = await self._ops.workers()
         queues = await self._ops.queues()
-        return self._page("Workers", "workers", render_workers(workers, queues, time.time()))
+        looping = crash_loop_lines(await self._ops.supervisors())
+        body = render_workers(workers, queues, time.time(), looping)
+        return self._page("Workers", "workers", body)
 
     async def queues_page(self, request: Request) -> str:
         """``/queues``: every queue's depths and the set-aside jobs."""
