@@ -194,7 +194,8 @@ class Sweeper:
         async with trio.open_nursery() as nursery:
             if self._dead_workers is not None:
                 nursery.start_soon(self._sweep_dead, self._dead_workers)
-            await nursery.start(self._sweep_stalled)
+            nursery.start_soon(self._sweep_stalled)
+            task_status.started()
 
     async def _sweep_dead(self, dead: DeadWorkers) -> None:
         """Issue 30, item 9: while a worker of the namespace is known dead, take back the claims
@@ -220,10 +221,7 @@ class Sweeper:
                 if queue[len(prefix) :] in tokens:
                     await self._sweep(queue, dead.dead_threshold)
 
-    async def _sweep_stalled(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        task_status.started()
+    async def _sweep_stalled(self) -> None:
         interval = self._options.stalled_check_interval
         hint = self._broker if isinstance(self._broker, SupportsSweepHint) else None
         async for tick in fixed_rate(interval):
