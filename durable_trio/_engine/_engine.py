@@ -384,9 +384,7 @@ class Engine:
         self._services.run_event("started", stored)
         if not detach:
             self._spawn(stored, [])
-        elif isinstance(self.store, SupportsRunWakes):
-            # The engines that reconcile take it over now, not at their next tick (issue 30,
-            # item 1): a web handler's or ``durable-trio run --detach``'s start.
+        elif isinstance(self.store, SupportsRunWakes):  # reconciling engines take it now
             await self.store.ring(STARTS)
         return stored.run_id
 
@@ -405,13 +403,10 @@ class Engine:
             EngineClosed: the engine closed before the run ended.
         """
         poll = self.options.watch_interval or 1.0
-        store = self.store
-        wakes = store.wakes if isinstance(store, SupportsRunWakes) else None
+        wakes = self.store.wakes if isinstance(self.store, SupportsRunWakes) else None
         while True:
-            with contextlib.ExitStack() as watch:
-                # Taken before the read: the ring of an engine that settles the run elsewhere
-                # (one it took over from a detached start, issue 30, item 1).
-                rung = watch.enter_context(wakes.watching(run_id)) if wakes else None
+            # Taken before the read: the ring of an engine settling it elsewhere (issue 30).
+            with wakes.watching(run_id) if wakes else contextlib.nullcontext() as rung:
                 driver = self._services.drivers.get(run_id)
                 record: RunRecord | None = None
                 if driver is not None:
@@ -419,34 +414,14 @@ class Engine:
                     record = driver.final
                 if record is None:
                     record = await self.get(run_id)
-                if record.status is RunStatus.COMPLETED:
-                    return record.output
-                if record.status is RunStatus.CANCELLED:
-                    raise RunCancelled(run_id, record.error)
-                if record.status is RunStatus.FAILED:
-                    raise run_failure(run_id, record.error)
+                if record.status.terminal:
+                    return _outcome(record)
                 if self._closing:
                     raise EngineClosed(f"the engine closed before run {run_id!r} ended")
                 if run_id not in self._services.drivers:
                     # Driven elsewhere (or by no one yet): the ring, else the poll; at once
                     # should this engine take the run over meanwhile.
-                    with trio.move_on_after(poll):
-                        await self._rung_or_spawned(rung)
-
-    async def _rung_or_spawned(self, rung: trio.Event | None) -> None:
-        """Return once ``rung`` is set (if any) or a driver starts here."""
-        if rung is None:
-            await self._spawned.wait()
-            return
-        async with trio.open_nursery() as nursery:
-
-            async def spawned() -> None:
-                await self._spawned.wait()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(spawned)
-            await rung.wait()
-            nursery.cancel_scope.cancel()
+                    await _rung_or_spawned(rung, self._spawned, poll)
 
     async def get(self, run_id: str) -> RunRecord:
         """The run as the store holds it now.
@@ -705,6 +680,33 @@ class Engine:
         """Runs in the store, newest first, optionally filtered by status and/or workflow."""
         wanted = None if status is None else RunStatus(status)
         return await self.store.list_runs(status=wanted, workflow=workflow, limit=limit)
+
+
+def _outcome(record: RunRecord) -> Any:
+    """An ended run's output, or its error raised (``engine.result``)."""
+    if record.status is RunStatus.CANCELLED:
+        raise RunCancelled(record.run_id, record.error)
+    if record.status is RunStatus.FAILED:
+        raise run_failure(record.run_id, record.error)
+    return record.output
+
+
+async def _rung_or_spawned(rung: trio.Event | None, spawned: RepeatedEvent, poll: float) -> None:
+    """Return once ``rung`` is set (if any), a driver starts here, or after ``poll`` seconds
+    (``engine.result`` of a run driven elsewhere, issue 30, item 1)."""
+    with trio.move_on_after(poll):
+        if rung is None:
+            await spawned.wait()
+            return
+        async with trio.open_nursery() as nursery:
+
+            async def on_spawn() -> None:
+                await spawned.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(on_spawn)
+            await rung.wait()
+            nursery.cancel_scope.cancel()
 
 
 async def start_engine(engine: Engine, root: trio.Nursery) -> None:
