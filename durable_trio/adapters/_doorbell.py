@@ -57,8 +57,16 @@ _MAX_DATAGRAM: Final = 1024
 #: The shortest time between two wake-ups of one broker by its doorbell (seconds; see
 #: ``_receive``). 5 ms keeps S3's latency (jobs a few ms apart wake at once) and wins back a
 #: part of a dense stream's throughput (docs/benchmarks.md, the doorbell's before and after).
-#: A ring that answers one of ours (a request/reply exchange) skips it (issue 30, item 8).
+#: A ring that answers one of ours (a request/reply exchange) waits only :data:`ANSWER_GAP`.
 MIN_GAP: float = 0.005
+
+#: What a ring that answers one of ours waits instead of the rest of :data:`MIN_GAP` (issue
+#: 30, item 8). Not 0: the answering process commits its next write (completing what it
+#: answered, its next empty pop) right after its ring, and a wake-up at once meets that write
+#: lock, whose busy handler sleeps 1, then 2 ms: slower than the full gap (measured: request/
+#: reply back to back p50 6.5 ms at once, 5.2 with the 5 ms gap, 2.6-3.4 with this one, on a
+#: loaded 2-core machine; docs/benchmarks.md).
+ANSWER_GAP: float = 0.0005
 
 #: How long a close waits for the receiving thread (it is woken by ``shutdown`` at once).
 CLOSE_TIMEOUT: Final = 1.0
@@ -120,7 +128,8 @@ class Doorbell:
         self.unlinked = 0
         """Dead processes' sockets removed."""
         self.skipped_gaps = 0
-        """Wake-ups within :data:`MIN_GAP` of the last that skipped it (answers to our rings)."""
+        """Wake-ups within :data:`MIN_GAP` of the last that waited only :data:`ANSWER_GAP`
+        (answers to our rings)."""
         self._rang = False
         """Whether this doorbell rang another since its last wake-up (written by the ringing
         thread, read and cleared by the receiving one: a plain flag, a lost race costs one
@@ -223,19 +232,19 @@ class Doorbell:
                 # the rings that follow: under a stream of pushes a waiter wakes once for
                 # several jobs (each wake-up costs its process a pop, a write transaction
                 # that contends with the pusher's), while a ring after a quiet spell wakes at
-                # once. So does the one ring that answers ours (we rang since our last
-                # wake-up, and nothing else waits): a request/reply exchange back to back
-                # (issue 30, item 8), which a gap would only slow (nothing to gather).
+                # once. The one ring that answers ours (we rang since our last wake-up, and
+                # nothing else waits: a request/reply exchange back to back, issue 30, item 8)
+                # has nothing to gather: it waits only ANSWER_GAP.
                 datagrams = [datagram]
                 _drain(receiver, datagrams)
                 wait = last + MIN_GAP - time.monotonic()
                 if wait > 0:
                     if self._rang and len(datagrams) == 1:
                         self.skipped_gaps += 1
-                    else:
-                        time.sleep(wait)
-                        # Drain what else arrived: one wake-up answers every ring so far.
-                        _drain(receiver, datagrams)
+                        wait = min(wait, ANSWER_GAP)
+                    time.sleep(wait)
+                    # Drain what else arrived: one wake-up answers every ring so far.
+                    _drain(receiver, datagrams)
             except OSError:
                 return
             self.received += 1
