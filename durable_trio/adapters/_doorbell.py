@@ -284,8 +284,7 @@ class Doorbell:
                 payload = _ANY
             own = self._own
             for name in names:
-                if name != own:
-                    self._send(sender, name, payload)
+                if name != own and self._send(sender, name, payload):
                     self._rang = True
         except OSError as exc:
             self._warn(f"cannot ring the doorbells in {self.folder!r}: {exc}")
@@ -310,12 +309,14 @@ class Doorbell:
         self._listing = (mtime, listed_at, names)
         return names
 
-    def _send(self, sender: socket.socket, name: str, payload: bytes) -> None:
+    def _send(self, sender: socket.socket, name: str, payload: bytes) -> bool:
+        """Send ``payload`` to socket ``name``; whether it was sent."""
         assert self.folder is not None
         address = os.path.join(self.folder, name)
         try:
             sender.sendto(payload, self._reachable(address, name))
             self.sent += 1
+            return True
         except ConnectionRefusedError:
             # Nobody reads it: a process that died without closing (kill -9).
             with contextlib.suppress(OSError):
@@ -328,6 +329,7 @@ class Doorbell:
             pass  # its buffer is full (it will wake anyway), or it is closing
         except OSError as exc:
             self._warn(f"cannot ring {address!r}: {exc}")
+        return False
 
     def _reachable(self, address: str, name: str) -> str:
         """``address``, or the same socket reached through our descriptor of the folder."""
