@@ -9,7 +9,8 @@ benchmarks/postgres_client.py),
 ``redis-cluster`` (S1 drain and 3-step workflows on a private 3-master Redis Cluster beside one
 node, and the scaling with one worker process per master, issue 17), ``sqlite`` (the embedded
 default), ``simulation`` (a seeded day of production with faults, issue 9), ``soak`` (memory of
-one worker over a million steps and of an engine over 100,000 runs, issue 13; several minutes).
+one worker over a million steps and of an engine over 100,000 runs, issue 13; several minutes),
+``detached`` (start -> result of a run started detached by another process, issue 30).
 ``--quick`` runs smaller versions of each (a smoke test; the peers then run once each).
 """
 
@@ -29,6 +30,7 @@ import trio
 from . import (
     adaptive,
     console,
+    detached,
     engine,
     memory,
     ops,
@@ -108,6 +110,7 @@ SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "sqlite": _sqlite,
     "ops": ops.section,
     "signals": signals.section,
+    "detached": detached.section,
     "console": console.section,
     "simulation": _simulation,
     "soak": _soak,
@@ -335,6 +338,19 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
                     )
                 )
     for key, value in f.items():
+        if key.startswith("detached: ") and "start -> result across processes" in key:
+            p50 = _value(value)
+            what = key.removeprefix("detached: ").split(" start")[0]
+            checks.append(
+                (f"[30.1] {what}: start -> result across processes p50 {p50:.1f} ms"
+                 " (want <= 50)", p50 <= 50)
+            )  # fmt: skip
+        if key.startswith("sqlite S3 back-to-back round trip p50"):
+            p50 = _value(value)
+            checks.append(
+                (f"[30.8] SQLite request/reply back to back p50 {p50:.2f} ms (want <= 2)",
+                 p50 <= 2)
+            )  # fmt: skip
         if key.startswith("cluster / one node, "):
             ratio = _value(value)
             what = key.removeprefix("cluster / one node, ").removesuffix(" (x)")

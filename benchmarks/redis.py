@@ -170,10 +170,13 @@ async def enqueue(url: str, *, jobs: int) -> tuple[float, float]:
     return one_by_one, bulk
 
 
-async def latency(url: str, *, samples: int) -> tuple[float, float, float, float]:
+async def latency(
+    url: str, *, samples: int, pause: float = 0.002
+) -> tuple[float, float, float, float]:
     """S3, one job at a time, idle worker process: (p50, p99) ms of enqueue -> job done (the
     step's body reports over UDP, as the peers' do), and (p50, p99) of the full round trip
-    (the result consumed by this process)."""
+    (the result consumed by this process). ``pause``: seconds between a result and the next
+    job (0: request/reply back to back, issue 30 item 8)."""
     namespace = f"s3-{time.monotonic_ns()}"
     udp = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
     await udp.bind(("127.0.0.1", 0))
@@ -194,7 +197,7 @@ async def latency(url: str, *, samples: int) -> tuple[float, float, float, float
                 one_way, round_trip = [], []
                 for n in range(samples + 30):
                     arrived = trio.Event()
-                    await trio.sleep(0.002)  # the worker is idle when each job arrives
+                    await trio.sleep(pause)  # the worker is idle when each job arrives
                     start = time.perf_counter()
                     await engine.dispatch(_task(n))
                     with trio.fail_after(10):
@@ -291,6 +294,17 @@ async def run(url: str, quick: bool, *, redis: bool = True) -> dict[str, tuple[f
     figures["S3 latency p99 (ms)"] = (p99, "")
     figures["S3 round trip p50 (ms)"] = (rt50, "enqueue -> result consumed (ours only)")
     figures["S3 round trip p99 (ms)"] = (rt99, "")
+    if not redis:  # issue 30, item 8: one request at a time, back to back (no pause)
+
+        async def s3b() -> tuple[float, float, float, float]:
+            return await latency(url, samples=100 if quick else 300, pause=0.0)
+
+        _, _, rt50, rt99 = await _median(runs, s3b)
+        figures["S3 back-to-back round trip p50 (ms)"] = (
+            rt50,
+            "request -> reply consumed, the next at once",
+        )
+        figures["S3 back-to-back round trip p99 (ms)"] = (rt99, "")
     window = 3.0 if quick else 30.0
     for queues in (1, 10):
         clean()

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from ._engine._stores import RunStore
+    from ._supervisor import SupervisedSlot
 
 #: Seconds :meth:`Operations.cancel_run` waits for the broker to take the workers' cancel.
 CONTROL_PUSH_TIMEOUT = 5.0
@@ -810,6 +811,15 @@ class Operations:
         ``durable-trio health`` reads). Empty without a worker-key store."""
         groups = await read_worker_health(self.backend, self.names) or []
         return workers_of(groups)
+
+    async def supervisors(self) -> list[SupervisedSlot]:
+        """Every slot of the namespace's live ``worker --processes`` supervisors: its restarts,
+        whether it is crash-looping, its last exit status (issue 30). Empty without a
+        worker-key store."""
+        from ._supervisor import read_supervisors
+
+        keys = self.backend.keys
+        return [] if keys is None else await read_supervisors(keys, self.names)
 
 
 def workers_of(groups: Any) -> list[WorkerView]:

@@ -3,13 +3,17 @@
 ::
 
     async with open_worker_processes("shop.flows:app", url, processes=2) as supervisor:
-        await supervisor.wait()        # every slot gave up (crash loop), or cancel / leave
+        await trio.sleep_forever()     # until cancelled, or leave the block
 
 Each child is ``python -m durable_trio worker MODULE:app ...`` with the same options and its
 own ``--instance-id`` (so its own liveness keys). A child that exits is started again after an
-exponential backoff (:class:`RestartPolicy`); a slot whose child died ``crash_limit`` times
-within ``crash_window`` seconds is given up, logged, and makes the exit status
-:data:`CRASH_LOOP_EXIT`. Leaving the block is the close: SIGTERM to every child (each runs its
+exponential backoff (:class:`RestartPolicy`), bounded by ``backoff_max``: a slot is never given
+up (issue 30, item 10: one poison step must not halve a worker for good). A slot whose child
+died ``crash_limit`` times within ``crash_window`` seconds is *crash-looping*: logged, restarted
+every ``backoff_max``, shown by ``durable-trio health`` and the console with its last exit
+status (the supervisor's key in the key store, when given a namespace: :func:`read_supervisors`),
+and it makes the exit status :data:`CRASH_LOOP_EXIT` if it still is at the close. Leaving the
+block is the close: SIGTERM to every child (each runs its
 own bounded close: ``close_timeout`` for running steps, the rest handed back), a wait bounded by
 :attr:`WorkerProcesses.close_bound`, then SIGKILL for what remains (its claims come back through
 the stalled sweep of the others, as after a crash).
@@ -23,32 +27,41 @@ supervisor vanished (kill -9) notices within a second and closes gracefully
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import os
 import signal
+import socket
 import sys
+import time
 import uuid
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import attrs
+import orjson
 import trio
-from trio_util import RepeatedEvent
 
 from ._backoff import Backoff
-from ._errors import ConfigError
+from ._errors import BrokerError, ConfigError, DurableTrioError
+from ._naming import QueueNames
 from ._transport._options import DEFAULT_CLEANUP_TIMEOUT, DEFAULT_CLOSE_TIMEOUT
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
 
+    from .keys import KeyStore
+
 __all__ = [
     "CRASH_LOOP_EXIT",
     "RestartPolicy",
+    "SupervisedSlot",
     "WorkerProcess",
     "WorkerProcesses",
+    "crash_loop_lines",
     "open_worker_processes",
+    "read_supervisors",
     "resolve_processes",
     "run_worker_processes",
     "watch_parent",
@@ -56,8 +69,12 @@ __all__ = [
 
 _log = logging.getLogger("durable_trio")
 
-#: The supervisor's exit status when at least one slot was given up (crash loop).
+#: The supervisor's exit status when a slot was crash-looping at the close.
 CRASH_LOOP_EXIT = 3
+#: Seconds between two writes of the supervisor's key (also written at every start and death).
+STATE_INTERVAL = 10.0
+#: Its time to live: it goes with a supervisor killed with -9.
+STATE_TTL = 35.0
 #: Seconds, beyond a child's own close bound, that the supervisor waits before SIGKILL.
 CLOSE_MARGIN = 2.0
 #: The environment variable a child reads its supervisor's pid from (see :func:`watch_parent`).
@@ -82,12 +99,14 @@ def resolve_processes(value: int | str) -> int:
 
 @attrs.frozen
 class RestartPolicy:
-    """When a dead child is started again, and when its slot is given up.
+    """When a dead child is started again, and when its slot counts as crash-looping.
 
     The n-th death of a slot within ``crash_window`` seconds waits
-    ``min(backoff_initial * 2 ** (n - 1), backoff_max)`` before the restart; the
-    ``crash_limit``-th gives the slot up (reported: a log line and :data:`CRASH_LOOP_EXIT`).
-    A child that ran longer than ``crash_window`` starts the count afresh.
+    ``min(backoff_initial * 2 ** (n - 1), backoff_max)`` before the restart: never longer than
+    ``backoff_max``, and never given up. From the ``crash_limit``-th the slot is
+    *crash-looping* (a log line, a mark in ``durable-trio health`` and the console, and
+    :data:`CRASH_LOOP_EXIT` if it still is at the close) until its deaths fall out of the
+    window. A child that ran longer than ``crash_window`` starts the count afresh.
     """
 
     backoff_initial: float = 0.5
@@ -118,16 +137,23 @@ class _Deaths:
         # formula says; Backoff wants initial <= maximum, so it is clipped, not refused.
         self.backoff = Backoff(min(policy.backoff_initial, policy.backoff_max), policy.backoff_max)
 
-    def record(self, now: float) -> float | None:
-        """A death at ``now``: seconds to wait before the restart (``None``: give up)."""
+    def record(self, now: float) -> tuple[float, bool]:
+        """A death at ``now``: seconds to wait before the restart (at most ``backoff_max``),
+        and whether the slot is crash-looping (``crash_limit`` deaths within the window)."""
         policy = self.policy
         self.times.append(now)
-        while self.times and self.times[0] <= now - policy.crash_window:
+        recent = self.recent(now)
+        return self.backoff.delay(recent), recent >= policy.crash_limit
+
+    def recent(self, now: float) -> int:
+        """Deaths within the window that ends at ``now``."""
+        while self.times and self.times[0] <= now - self.policy.crash_window:
             self.times.popleft()
-        recent = len(self.times)
-        if recent >= policy.crash_limit:
-            return None
-        return self.backoff.delay(recent)
+        return len(self.times)
+
+    def looping(self, now: float) -> bool:
+        """Whether the slot is crash-looping at ``now``."""
+        return self.recent(now) >= self.policy.crash_limit
 
 
 @attrs.define
@@ -140,6 +166,31 @@ class WorkerProcess:
     generation: int
     """0 for the first child of the slot, then one more per restart."""
     returncode: int | None = None
+    last_exit: int | None = None
+    """The exit status of the slot's previous child (``None`` for its first)."""
+    last_exit_at: float | None = None
+    """When it exited (Unix time)."""
+    crash_looping: bool = False
+    """Whether the slot was crash-looping when this child started (see :class:`RestartPolicy`)."""
+
+
+@attrs.frozen
+class SupervisedSlot:
+    """One slot of a supervisor, as its key in the key store says (``durable-trio health``)."""
+
+    supervisor: str
+    """The supervisor's id (``host:pid``)."""
+    slot: int
+    pid: int | None
+    """Its child's pid (``None`` while it waits out a backoff)."""
+    instance_id: str
+    restarts: int
+    crash_looping: bool
+    last_exit: int | None
+    last_exit_at: float | None
+    deaths: int
+    """Deaths within the policy's ``crash_window``."""
+    window: float
 
 
 def _child_argv(
@@ -158,9 +209,10 @@ class WorkerProcesses:
     Attributes:
         processes: the number of slots.
         children: each slot's current child (``None`` before its first start).
-        given_up: the slots given up after a crash loop, in order.
+        crash_looping: the slots crash-looping now (restarted every ``backoff_max``).
         restarts: children started again after a death, over all slots.
         close_bound: seconds the close waits for the children before SIGKILL.
+        state_writes: the supervisor's key writes (``durable-trio health`` reads them).
     """
 
     def __init__(
@@ -173,8 +225,10 @@ class WorkerProcesses:
     ) -> None:
         self.processes = processes
         self.children: list[WorkerProcess | None] = [None] * processes
-        self.given_up: list[int] = []
         self.restarts = 0
+        self.state_writes = 0
+        self.supervisor_id = f"{socket.gethostname()}:{os.getpid()}"
+        self._deaths: dict[int, _Deaths] = {}
         self.close_bound = close_bound
         self._argv = argv
         self._policy = policy
@@ -183,17 +237,45 @@ class WorkerProcesses:
         self._signalled: set[int] = set()
         """Pids already sent a signal (the close does not send them a second one)."""
         self._stopping = False
-        self._all_given_up = trio.Event()
-        self._changed = RepeatedEvent()
+        # Swapped by hand, not a RepeatedEvent: the key writer takes the event before a write,
+        # so a start or death during that write still wakes it at once after.
+        self._changed = trio.Event()
+
+    @property
+    def crash_looping(self) -> set[int]:
+        """The slots crash-looping now (``crash_limit`` deaths within ``crash_window``)."""
+        now = trio.current_time()
+        return {slot for slot, deaths in self._deaths.items() if deaths.looping(now)}
 
     @property
     def exit_status(self) -> int:
-        """:data:`CRASH_LOOP_EXIT` if a slot was given up, else 0."""
-        return CRASH_LOOP_EXIT if self.given_up else 0
+        """:data:`CRASH_LOOP_EXIT` if a slot is crash-looping, else 0."""
+        return CRASH_LOOP_EXIT if self.crash_looping else 0
 
-    async def wait(self) -> None:
-        """Return once every slot was given up (the supervisor has nothing left to run)."""
-        await self._all_given_up.wait()
+    def slots(self) -> list[SupervisedSlot]:
+        """Every slot now (what the supervisor's key holds)."""
+        out = []
+        now = trio.current_time()
+        for slot, child in enumerate(self.children):
+            deaths = self._deaths.get(slot)
+            if child is None or deaths is None:
+                continue
+            running = child.returncode is None
+            out.append(
+                SupervisedSlot(
+                    supervisor=self.supervisor_id,
+                    slot=slot,
+                    pid=child.pid if running else None,
+                    instance_id=child.instance_id,
+                    restarts=child.generation,
+                    crash_looping=deaths.looping(now),
+                    last_exit=child.last_exit if running else child.returncode,
+                    last_exit_at=child.last_exit_at,
+                    deaths=deaths.recent(now),
+                    window=self._policy.crash_window,
+                )
+            )
+        return out
 
     async def wait_changed(self) -> None:
         """Return at the next start or death of a child (for tests and monitors)."""
@@ -201,6 +283,7 @@ class WorkerProcesses:
 
     def _touch(self) -> None:
         self._changed.set()
+        self._changed = trio.Event()
 
     def forward(self, signum: int, *, once: bool = False) -> None:
         """Send ``signum`` to every running child (``once``: only to those not signalled
@@ -213,9 +296,11 @@ class WorkerProcesses:
     async def _run_slot(
         self, slot: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        deaths = _Deaths(self._policy)
+        deaths = self._deaths[slot] = _Deaths(self._policy)
         generation = 0
         started = False
+        last_exit: int | None = None
+        last_exit_at: float | None = None
         while not self._stopping:
             instance_id = f"{uuid.uuid4().hex[:12]}-p{slot}"
             process = await trio.lowlevel.open_process(
@@ -224,7 +309,15 @@ class WorkerProcesses:
             self._live[slot] = process
             if self._stopping:  # the close began while it started
                 self.forward(signal.SIGTERM, once=True)
-            child = WorkerProcess(slot, process.pid, instance_id, generation)
+            child = WorkerProcess(
+                slot,
+                process.pid,
+                instance_id,
+                generation,
+                last_exit=last_exit,
+                last_exit_at=last_exit_at,
+                crash_looping=deaths.looping(trio.current_time()),
+            )
             self.children[slot] = child
             _log.info("worker process %d started: pid %d, instance %s", slot, process.pid,
                       instance_id)  # fmt: skip
@@ -234,6 +327,8 @@ class WorkerProcesses:
                 task_status.started()
             try:
                 child.returncode = await process.wait()
+                last_exit, last_exit_at = child.returncode, time.time()
+                child.last_exit_at = last_exit_at
             finally:
                 # cancelled (a hard stop): the child must not outlive its supervisor
                 if process.returncode is None:
@@ -244,17 +339,13 @@ class WorkerProcesses:
             self._touch()
             if self._stopping:
                 return
-            delay = deaths.record(trio.current_time())
-            if delay is None:
+            delay, looping = deaths.record(trio.current_time())
+            if looping:
                 _log.error(
                     "worker process %d: crash loop (%d deaths within %g s, the last with "
-                    "status %s): not restarted",
-                    slot, self._policy.crash_limit, self._policy.crash_window, child.returncode,
+                    "status %s): restarting every %g s",
+                    slot, len(deaths.times), self._policy.crash_window, child.returncode, delay,
                 )  # fmt: skip
-                self.given_up.append(slot)
-                if len(self.given_up) == self.processes:
-                    self._all_given_up.set()
-                return
             _log.warning(
                 "worker process %d (pid %d) exited with status %s: restarting in %g s",
                 slot, child.pid, child.returncode, delay,
@@ -262,6 +353,63 @@ class WorkerProcesses:
             await trio.sleep(delay)
             generation += 1
             self.restarts += 1
+
+    def _state(self) -> bytes:
+        return orjson.dumps(
+            {
+                "supervisor": self.supervisor_id,
+                "at": time.time(),
+                "slots": [
+                    {
+                        "slot": s.slot,
+                        "pid": s.pid,
+                        "instance": s.instance_id,
+                        "restarts": s.restarts,
+                        "crashLooping": s.crash_looping,
+                        "lastExit": s.last_exit,
+                        "lastExitAt": s.last_exit_at,
+                        "deaths": s.deaths,
+                        "window": s.window,
+                    }
+                    for s in self.slots()
+                ],
+            }
+        )
+
+    async def _publish(self, backend_url: str, namespace: str) -> None:
+        """Keep the supervisor's key (its slots: restarts, crash loops, last exits) in the
+        backend's key store, for ``durable-trio health`` and the console: at every start and
+        death of a child and every :data:`STATE_INTERVAL`; removed at the close. Best-effort:
+        a backend that cannot be opened, or a write that fails, is logged once."""
+        from .backends import open_backend
+
+        key = supervisor_key(QueueNames(namespace), self.supervisor_id)
+        warned = False
+        try:
+            async with open_backend(backend_url) as backend:
+                keys = backend.keys
+                if keys is None:
+                    return
+                try:
+                    while True:
+                        changed = self._changed
+                        try:
+                            await keys.put_many([(key, self._state(), STATE_TTL)])
+                            self.state_writes += 1
+                        except (BrokerError, DurableTrioError) as exc:
+                            if not warned:
+                                warned = True
+                                _log.warning("the supervisor's key was not written: %s", exc)
+                        with trio.move_on_after(STATE_INTERVAL):
+                            await changed.wait()
+                finally:
+                    with (
+                        trio.move_on_after(2.0, shield=True),
+                        contextlib.suppress(BrokerError, DurableTrioError),  # it expires
+                    ):
+                        await keys.remove([key])
+        except (BrokerError, DurableTrioError, OSError) as exc:
+            _log.warning("the supervisor's key store is not available: %s", exc)
 
     async def _close(self, nursery: trio.Nursery) -> None:
         """SIGTERM every child, wait ``close_bound`` (shielded), SIGKILL what remains."""
@@ -288,6 +436,7 @@ async def open_worker_processes(
     worker_args: Sequence[str] = (),
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
     restart: RestartPolicy | None = None,
+    namespace: str | None = None,
 ) -> AsyncIterator[WorkerProcesses]:
     """Run ``processes`` worker processes of ``target`` (``MODULE:app``) on ``backend_url``,
     restarting a dead one, until the block is left (then close them all, bounded).
@@ -303,6 +452,9 @@ async def open_worker_processes(
             close waits ``close_timeout + cleanup_timeout +`` :data:`CLOSE_MARGIN` seconds
             before SIGKILL.
         restart: backoff and crash-loop limit (default :class:`RestartPolicy()`).
+        namespace: the children's namespace: the supervisor then keeps its slots (restarts,
+            crash loops, last exit statuses) in the backend's key store, where
+            ``durable-trio health`` and the console show them (``None``: it does not).
 
     Raises:
         ConfigError: a bad ``processes`` or ``close_timeout``.
@@ -329,6 +481,8 @@ async def open_worker_processes(
         try:
             for slot in range(count):
                 await nursery.start(supervisor._run_slot, slot)
+            if namespace is not None:
+                nursery.start_soon(supervisor._publish, backend_url, namespace)
             yield supervisor
         finally:
             await supervisor._close(nursery)
@@ -343,17 +497,19 @@ def run_worker_processes(
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
     restart: RestartPolicy | None = None,
     announce: Callable[[str], object] | None = None,
+    namespace: str | None = None,
 ) -> int:
     """``durable-trio worker --processes N``, from Python: supervise the children until
     SIGTERM / SIGINT (forwarded to every child, which closes gracefully; a second one is
-    forwarded too: the children close now), or until every slot was given up.
+    forwarded too: the children close now). A crash-looping slot is restarted every
+    ``backoff_max``, never given up.
 
     Takes the arguments of :func:`open_worker_processes`; ``announce`` is called with a line
     per signal (default: a warning on the ``durable_trio`` logger).
 
     Returns:
-        the exit status: 0, :data:`CRASH_LOOP_EXIT` if a slot was given up, or
-        ``128 + signum`` if a second signal forced the close.
+        the exit status: 0, :data:`CRASH_LOOP_EXIT` if a slot was crash-looping at the close,
+        or ``128 + signum`` if a second signal forced the close.
     """
     say = announce or (lambda line: _log.warning("%s", line))
 
@@ -368,6 +524,7 @@ def run_worker_processes(
                 worker_args=worker_args,
                 close_timeout=close_timeout,
                 restart=restart,
+                namespace=namespace,
             ) as supervisor:
 
                 async def forward(*, task_status: trio.TaskStatus[None]) -> None:
@@ -386,12 +543,7 @@ def run_worker_processes(
                             supervisor.forward(signum)
                             first.set()
 
-                async def given_up() -> None:
-                    await supervisor.wait()
-                    first.set()
-
                 await nursery.start(forward)
-                nursery.start_soon(given_up)
                 await first.wait()
             nursery.cancel_scope.cancel()
         if len(received) >= 2:
@@ -399,6 +551,53 @@ def run_worker_processes(
         return supervisor.exit_status
 
     return trio.run(main)
+
+
+def supervisor_key(names: QueueNames, supervisor_id: str = "") -> str:
+    """``{prefix}-supervisor:{host:pid}``: a ``--processes`` supervisor's slots (``""``: the
+    prefix of every supervisor's key)."""
+    return f"{names.prefix}-supervisor:{supervisor_id}"
+
+
+async def read_supervisors(keys: KeyStore, names: QueueNames) -> list[SupervisedSlot]:
+    """Every slot of every live ``--processes`` supervisor of the namespace (from their keys;
+    a damaged key is skipped)."""
+    prefix = supervisor_key(names)
+    out: list[SupervisedSlot] = []
+    for entry in await keys.entries(prefix):
+        try:
+            state = orjson.loads(entry.value)
+            for raw in state["slots"]:
+                out.append(
+                    SupervisedSlot(
+                        supervisor=str(state["supervisor"]),
+                        slot=int(raw["slot"]),
+                        pid=None if raw.get("pid") is None else int(raw["pid"]),
+                        instance_id=str(raw["instance"]),
+                        restarts=int(raw["restarts"]),
+                        crash_looping=bool(raw["crashLooping"]),
+                        last_exit=None if raw.get("lastExit") is None else int(raw["lastExit"]),
+                        last_exit_at=(
+                            None if raw.get("lastExitAt") is None else float(raw["lastExitAt"])
+                        ),
+                        deaths=int(raw.get("deaths", 0)),
+                        window=float(raw.get("window", 0.0)),
+                    )
+                )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+    return sorted(out, key=lambda s: (s.supervisor, s.slot))
+
+
+def crash_loop_lines(slots: Sequence[SupervisedSlot]) -> list[str]:
+    """One line per crash-looping slot, with its last exit status."""
+    return [
+        f"crash-looping: worker process {s.slot} of supervisor {s.supervisor}: {s.deaths} "
+        f"deaths within {s.window:g} s, last exit status {s.last_exit}, restarted "
+        f"{s.restarts} time(s) (instance {s.instance_id})"
+        for s in slots
+        if s.crash_looping
+    ]
 
 
 async def watch_parent(parent: int, on_gone: Callable[[], object], interval: float = 1.0) -> None:

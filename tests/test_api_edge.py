@@ -760,9 +760,11 @@ async def test_a_detached_run_counts_its_timeout_from_its_start(
 ) -> None:
     app = timed_app()
     async with dt.open_backend("memory://") as backend:
+        async with engine_on(app, backend, run_store, reconcile=False) as starter:
+            await starter.start("quick", run_id="d", detach=True, timeout=8)
+        await trio.sleep(4)
         async with engine_on(app, backend, run_store, reconcile_interval=5) as engine:
-            await engine.start("quick", run_id="d", detach=True, timeout=8)
-            # Taken over by the reconcile at t=5; its 5 s timer would fire at t=10.
+            # Taken over by the reconcile at t=4; its 5 s timer would fire at t=9.
             with pytest.raises(RunTimedOut):
                 await engine.result("d")
     assert trio.current_time() == 8.0

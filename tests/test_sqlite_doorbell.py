@@ -236,6 +236,39 @@ def test_rings_within_the_minimum_gap_are_gathered_into_one_wake_up(
         ringer.close()
 
 
+def test_a_ring_that_answers_ours_waits_only_the_answer_gap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30, item 8: request/reply back to back (each side rings the other once, then
+    waits for the answer) wakes after ANSWER_GAP (half a millisecond), every time, though each
+    answer comes within the gap of the last wake-up; a ring that answers nothing of ours still
+    waits the gap out."""
+    monkeypatch.setattr(doorbell_module, "MIN_GAP", 10.0)  # longer than any bound below
+    path = str(tmp_path / "x.db")
+    woken = {"client": threading.Semaphore(0), "worker": threading.Semaphore(0)}
+    client = Doorbell(path, lambda q: woken["client"].release())
+    worker = Doorbell(path, lambda q: woken["worker"].release())
+    try:
+        client.listen()
+        worker.listen()
+        for n in range(5):
+            client.ring(f"request-{n}")
+            assert woken["worker"].acquire(timeout=5), f"request {n} waited for the gap"
+            worker.ring(f"reply-{n}")
+            assert woken["client"].acquire(timeout=5), f"reply {n} waited for the gap"
+        assert worker.skipped_gaps == 4  # its first wake-up had no gap to skip
+        assert client.skipped_gaps == 4
+        client.ring("request-5")
+        assert woken["worker"].acquire(timeout=5)
+        # The worker has not answered: another ring within the gap gathers, as a stream's.
+        client.ring("more")
+        assert not woken["worker"].acquire(timeout=0.3)
+        assert worker.received == 6
+    finally:
+        client.close()
+        worker.close()
+
+
 def test_the_doorbell_folder_sits_beside_the_file_and_memory_databases_have_none(
     tmp_path: Path,
 ) -> None:

@@ -4,7 +4,8 @@ The restart policy at exact times; then real processes on a private Redis (wall 
 bounded, marked chaos): a child killed with -9 is replaced (new pid, new instance id) and the
 jobs it held come back through the stalled sweep and complete; SIGTERM or SIGINT to the
 supervisor closes every child within its bound and loses no job; children that die at start
-hit the crash-loop limit, which is reported (log line, exit status 3).
+crash-loop: restarted with a bounded backoff, never given up, shown by ``health`` with their
+last exit status (and exit status 3 at the close).
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ import pytest
 import trio
 
 import durable_trio as dt
+from durable_trio._naming import QueueNames
 from durable_trio._supervisor import (
     CLOSE_MARGIN,
     CRASH_LOOP_EXIT,
     RestartPolicy,
     _Deaths,
+    read_supervisors,
     resolve_processes,
 )
 
@@ -44,36 +47,43 @@ BANNER = re.compile(r"\(instance (\S+), pid (\d+)\)")
 # --- the policy, at exact times -------------------------------------------------------------
 
 
-def test_backoff_doubles_up_to_its_bound_and_the_limit_gives_the_slot_up() -> None:
+def test_backoff_doubles_up_to_its_bound_and_a_crash_loop_is_never_given_up() -> None:
     deaths = _Deaths(RestartPolicy(backoff_initial=0.5, backoff_max=3.0, crash_limit=5))
-    assert [deaths.record(t) for t in (10.0, 10.5, 11.5, 13.5)] == [0.5, 1.0, 2.0, 3.0]
-    assert deaths.record(16.5) is None  # the 5th death within 60 s
+    assert [deaths.record(t) for t in (10.0, 10.5, 11.5, 13.5)] == [
+        (0.5, False), (1.0, False), (2.0, False), (3.0, False)
+    ]  # fmt: skip
+    # The 5th death within 60 s: crash-looping, restarted after the bound (issue 30, item 10).
+    assert deaths.record(16.5) == (3.0, True)
+    assert deaths.record(19.5) == (3.0, True)
+    assert deaths.looping(60.0)
+    assert not deaths.looping(80.0)  # its deaths fell out of the window
 
 
 def test_a_death_older_than_the_window_no_longer_counts() -> None:
     deaths = _Deaths(RestartPolicy(backoff_initial=1.0, crash_limit=3, crash_window=10.0))
-    assert deaths.record(0.0) == 1.0
-    assert deaths.record(5.0) == 2.0
-    assert deaths.record(10.0) == 2.0  # the death at 0.0 is exactly one window old: gone
-    assert deaths.record(14.9) is None  # 5.0, 10.0, 14.9: three within 10 s
+    assert deaths.record(0.0) == (1.0, False)
+    assert deaths.record(5.0) == (2.0, False)
+    assert deaths.record(10.0) == (2.0, False)  # the death at 0.0 is one window old: gone
+    assert deaths.record(14.9) == (4.0, True)  # 5.0, 10.0, 14.9: three within 10 s
 
 
 def test_an_initial_delay_above_the_cap_waits_the_cap() -> None:
     """The policy's formula, ``min(initial * 2 ** (n - 1), max)``, taken from the one backoff
     helper (which refuses an initial above its cap: the policy clips it instead)."""
     deaths = _Deaths(RestartPolicy(backoff_initial=5.0, backoff_max=1.0, crash_limit=3))
-    assert [deaths.record(t) for t in (0.0, 1.0)] == [1.0, 1.0]
+    assert [deaths.record(t)[0] for t in (0.0, 1.0)] == [1.0, 1.0]
 
 
 async def test_the_restart_delays_elapse_at_exact_virtual_times(autojump_clock: object) -> None:
     deaths = _Deaths(RestartPolicy(backoff_initial=0.25, backoff_max=1.0, crash_limit=4))
     start = trio.current_time()
     waits = []
-    while (delay := deaths.record(trio.current_time())) is not None:
+    for _ in range(6):
+        delay, _looping = deaths.record(trio.current_time())
         waits.append(delay)
         await trio.sleep(delay)
-    assert waits == [0.25, 0.5, 1.0]
-    assert trio.current_time() - start == 1.75
+    assert waits == [0.25, 0.5, 1.0, 1.0, 1.0, 1.0]
+    assert trio.current_time() - start == 4.75
 
 
 def test_processes_and_policy_are_checked() -> None:
@@ -270,32 +280,69 @@ async def test_a_signal_to_the_supervisor_closes_every_child_and_loses_no_job(
     assert status == 0, err
 
 
+def _popen(argv: list[str], err: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with err.open("wb") as stderr:
+        return subprocess.Popen(argv, stderr=stderr, env=env)
+
+
 @pytest.mark.chaos
-async def test_children_that_die_at_start_hit_the_crash_loop_limit(tmp_path: Path) -> None:
+async def test_children_that_die_at_start_crash_loop_and_are_never_given_up(
+    tmp_path: Path,
+) -> None:
+    """Issue 30, item 10: children that die at start (``--concurrency 0``: status 2) are
+    restarted with a bounded backoff well past the crash limit (before: given up after it);
+    ``durable-trio health`` shows each slot crash-looping with its last exit status, and the
+    supervisor exits 3 at the close."""
+    url = f"sqlite:///{tmp_path / 'sup.db'}"
     script = (
         "import logging, sys\n"
         "import durable_trio as dt\n"
         "logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
-        f"sys.exit(dt.run_worker_processes({TARGET!r}, 'nope://nowhere', processes=2,\n"
-        "    restart=dt.RestartPolicy(backoff_initial=0.1, crash_limit=3, crash_window=60)))\n"
+        f"sys.exit(dt.run_worker_processes({TARGET!r}, {url!r}, processes=2,\n"
+        "    worker_args=['--concurrency', '0'], namespace='looping',\n"
+        "    restart=dt.RestartPolicy(backoff_initial=0.05, backoff_max=0.2, crash_limit=3,\n"
+        "                             crash_window=60)))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
+    err = tmp_path / "supervisor.err"
+    supervisor = _popen([sys.executable, "-c", script], err, env)
+    try:
 
-    def run() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60
-        )
+        def health() -> str:
+            done = subprocess.run(
+                [sys.executable, "-m", "durable_trio", "health", "--backend", url,
+                 "--namespace", "looping"],
+                capture_output=True, text=True, env=env, timeout=30,
+            )  # fmt: skip
+            return done.stdout
 
-    started = time.monotonic()
-    done = await trio.to_thread.run_sync(run)
-    elapsed = time.monotonic() - started
-    assert done.returncode == CRASH_LOOP_EXIT, done.stderr
-    for slot in (0, 1):
-        assert f"worker process {slot}: crash loop (3 deaths within 60 s" in done.stderr
-        assert done.stderr.count(f"worker process {slot} started") == 3
-    assert "restarting in 0.1 s" in done.stderr
-    assert "restarting in 0.2 s" in done.stderr
-    assert elapsed < 60
+        async def looping_past_the_limit() -> bool:
+            async with dt.open_backend(url) as backend:
+                assert backend.keys is not None
+                slots = await read_supervisors(backend.keys, QueueNames("looping"))
+            return len(slots) == 2 and all(
+                s.crash_looping and s.last_exit == 2 and s.restarts >= 6 for s in slots
+            )
+
+        with trio.fail_after(90):
+            while not await looping_past_the_limit():
+                assert supervisor.poll() is None, err.read_text()  # never given up
+                await trio.sleep(0.2)
+        shown = await trio.to_thread.run_sync(health)
+        for slot in (0, 1):
+            assert f"crash-looping: worker process {slot} of supervisor" in shown, shown
+        assert "last exit status 2" in shown
+        supervisor.send_signal(signal.SIGTERM)
+        with trio.fail_after(30):
+            status = await trio.to_thread.run_sync(supervisor.wait)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+    assert status == CRASH_LOOP_EXIT, err.read_text()
+    text = err.read_text()
+    assert "worker process 0: crash loop (3 deaths within 60 s, the last with status 2)" in text
+    assert "restarting every 0.2 s" in text
 
 
 @pytest.mark.parametrize(

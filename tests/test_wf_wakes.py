@@ -239,3 +239,84 @@ async def test_remote_runs_with_two_engines_end_at_their_exact_time(
             assert trio.current_time() == 10.0  # the workflow's durable timer, and nothing else
             applied = owner.statistics().results_applied + other.statistics().results_applied
             assert applied == 24
+
+
+# -- issue 30, item 1: a detached start from another process ----------------------------------
+
+
+def one_step() -> App:
+    app = App("wakes")
+
+    @app.step("double")
+    async def double(n: int) -> int:
+        return 2 * n
+
+    @app.workflow("once")
+    async def once(ctx: WorkflowContext, n: int) -> Any:
+        return await ctx.step("double", n)
+
+    return app
+
+
+async def test_a_detached_start_through_another_engine_is_taken_over_at_once_on_memory(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The starter (reconcile=False, as a web handler's) rings; the owner reconciles now, not
+    at its tick (t=5), and the starter's ``result`` returns on the owner's ring, not at its
+    next poll."""
+    app = one_step()
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            dt.open_worker(app, backend),
+            open_engine(app, backend, engine_id="owner", reconcile_interval=5) as owner,
+            open_engine(
+                app, backend, engine_id="web", reconcile=False, watch_interval=60
+            ) as starter,
+        ):
+            await trio.sleep(1.25)
+            began = trio.current_time()
+            run_id = await starter.start("once", 21, detach=True)
+            assert await starter.result(run_id) == 42
+            assert trio.current_time() == began  # before: the reconcile at t=5
+            assert (await owner.get(run_id)).status is RunStatus.COMPLETED
+            assert owner.statistics().runs_resumed == 1
+
+
+def _start_and_wait(url: str, n: int) -> tuple[Any, float]:
+    """Another process's start (its own ``trio.run``, backend and engine): start detached, wait
+    for the result; returns it and the seconds it took."""
+
+    async def main() -> tuple[Any, float]:
+        async with (
+            dt.open_backend(url) as backend,
+            # Its poll for the result every minute: only the owner's ring returns in time.
+            open_engine(one_step(), backend, reconcile=False, watch_interval=60) as starter,
+        ):
+            began = trio.current_time()
+            run_id = await starter.start("once", n, detach=True)
+            with trio.fail_after(30):
+                output = await starter.result(run_id)
+            return output, trio.current_time() - began
+
+    return trio.run(main)
+
+
+async def test_a_detached_start_from_another_process_is_taken_over_by_its_wake(
+    shared_url: str,
+) -> None:
+    """SQLite and Redis: the owner's reconcile runs every 10 minutes here and the starter polls
+    every minute; a run that ends within the bound was taken over through the store's wake (its
+    ``STARTS`` ring) and its result returned on the owner's ring."""
+    app = one_step()
+    async with (
+        dt.open_backend(shared_url) as backend,
+        dt.open_worker(app, backend),
+        open_engine(app, backend, reconcile_interval=600, watch_interval=600) as owner,
+    ):
+        await trio.sleep(0.3)  # the owner's initial reconcile is done
+        for n in range(3):
+            with trio.fail_after(25):
+                output, took = await trio.to_thread.run_sync(_start_and_wait, shared_url, n)
+            assert output == 2 * n
+            assert took < 25
+        assert owner.statistics().runs_resumed == 3

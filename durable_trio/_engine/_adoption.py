@@ -86,6 +86,7 @@ class Adoption:
             return False
         history = await services.store.get_steps(run.run_id)
         services.count("runs_resumed")
+        services.adopted.add(run.run_id)  # its caller may wait elsewhere (rung when it ends)
         self._spawn(run, history)
         return True
 

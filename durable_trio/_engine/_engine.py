@@ -65,7 +65,7 @@ from ._statistics import EngineStatistics
 from ._step_watch import StepWait, StepWatch
 from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
-from ._stores._wakes import SupportsRunWakes
+from ._stores._wakes import STARTS, SupportsRunWakes
 
 if TYPE_CHECKING:
     from ._results import ResultHandler
@@ -303,7 +303,8 @@ class Engine:
             input: its JSON input.
             run_id: the run's id (default: a random one).
             detach: only record the run (status pending, no owner); an engine's reconcile
-                takes it over (this one's within ``reconcile_interval``).
+                takes it over: at once where the run store has wakes (SQLite, Redis, memory:
+                the start rings every reconciling engine), else within ``reconcile_interval``.
             timeout: seconds the run may take from now, on the run store's clock, whichever
                 engines drive it (the deadline is stored with the run: a resumed run keeps
                 it). At the deadline the run fails with ``RunTimedOut`` and its pending steps
@@ -359,6 +360,8 @@ class Engine:
         self._services.run_event("started", stored)
         if not detach:
             self._spawn(stored, [])
+        elif isinstance(self.store, SupportsRunWakes):  # reconciling engines take it now
+            await self.store.ring(STARTS)
         return stored.run_id
 
     async def result(self, run_id: str) -> Any:
@@ -376,27 +379,25 @@ class Engine:
             EngineClosed: the engine closed before the run ended.
         """
         poll = self.options.watch_interval or 1.0
+        wakes = self.store.wakes if isinstance(self.store, SupportsRunWakes) else None
         while True:
-            driver = self._services.drivers.get(run_id)
-            record: RunRecord | None = None
-            if driver is not None:
-                await driver.done.wait()
-                record = driver.final
-            if record is None:
-                record = await self.get(run_id)
-            if record.status is RunStatus.COMPLETED:
-                return record.output
-            if record.status is RunStatus.CANCELLED:
-                raise RunCancelled(run_id, record.error)
-            if record.status is RunStatus.FAILED:
-                raise run_failure(run_id, record.error)
-            if self._closing:
-                raise EngineClosed(f"the engine closed before run {run_id!r} ended")
-            if run_id not in self._services.drivers:
-                # Driven elsewhere (or by no one yet): poll, but wake at once should this
-                # engine take the run over meanwhile.
-                with trio.move_on_after(poll):
-                    await self._spawned.wait()
+            # Taken before the read: the ring of an engine settling it elsewhere (issue 30).
+            with wakes.watching(run_id) if wakes else contextlib.nullcontext() as rung:
+                driver = self._services.drivers.get(run_id)
+                record: RunRecord | None = None
+                if driver is not None:
+                    await driver.done.wait()
+                    record = driver.final
+                if record is None:
+                    record = await self.get(run_id)
+                if record.status.terminal:
+                    return _outcome(record)
+                if self._closing:
+                    raise EngineClosed(f"the engine closed before run {run_id!r} ended")
+                if run_id not in self._services.drivers:
+                    # Driven elsewhere (or by no one yet): the ring, else the poll; at once
+                    # should this engine take the run over meanwhile.
+                    await _rung_or_spawned(rung, self._spawned, poll)
 
     async def get(self, run_id: str) -> RunRecord:
         """The run as the store holds it now.
@@ -671,6 +672,33 @@ class Engine:
         """Runs in the store, newest first, optionally filtered by status and/or workflow."""
         wanted = None if status is None else RunStatus(status)
         return await self.store.list_runs(status=wanted, workflow=workflow, limit=limit)
+
+
+def _outcome(record: RunRecord) -> Any:
+    """An ended run's output, or its error raised (``engine.result``)."""
+    if record.status is RunStatus.CANCELLED:
+        raise RunCancelled(record.run_id, record.error)
+    if record.status is RunStatus.FAILED:
+        raise run_failure(record.run_id, record.error)
+    return record.output
+
+
+async def _rung_or_spawned(rung: trio.Event | None, spawned: RepeatedEvent, poll: float) -> None:
+    """Return once ``rung`` is set (if any), a driver starts here, or after ``poll`` seconds
+    (``engine.result`` of a run driven elsewhere, issue 30, item 1)."""
+    with trio.move_on_after(poll):
+        if rung is None:
+            await spawned.wait()
+            return
+        async with trio.open_nursery() as nursery:
+
+            async def on_spawn() -> None:
+                await spawned.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(on_spawn)
+            await rung.wait()
+            nursery.cancel_scope.cancel()
 
 
 async def start_engine(engine: Engine, root: trio.Nursery) -> None:

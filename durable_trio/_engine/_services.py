@@ -31,6 +31,7 @@ from ._errors import EngineError
 from ._records import StepState, previous_details
 from ._statistics import COUNTERS
 from ._step_timeouts import StepTimeouts
+from ._stores._wakes import SupportsRunWakes
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
@@ -245,6 +246,9 @@ class EngineServices:
         self.applying: dict[tuple[str, str], trio.Event] = {}
         self.decision_locks: dict[str, trio.Lock] = {}
         self.unreleased: set[str] = set()
+        self.adopted: set[str] = set()
+        """Runs this engine took over by reconcile (started elsewhere, detached, or left by
+        another engine): settling one rings its id, for a caller waiting in another process."""
         self.duplicates = DuplicateLog()
         self._listeners: list[Callable[[str, RunRecord], None]] = []
         self.step_watch: DispatchWatch | None = None
@@ -351,6 +355,13 @@ class EngineServices:
             lambda: self.store.finish_run(run.run_id, status, output=output, error=error),
             "settling a run",
         )
+        if run.run_id in self.adopted:
+            self.adopted.discard(run.run_id)
+            store = self.store
+            if settled and isinstance(store, SupportsRunWakes):
+                # Started elsewhere: its caller's ``engine.result`` waits on this ring, not on
+                # its poll (issue 30, item 1).
+                await store.ring(run.run_id)
         if not settled:
             return None
         now = self.store.now()
@@ -371,6 +382,7 @@ class EngineServices:
         run_id = driver.run.run_id
         if self.drivers.get(run_id) is driver:
             del self.drivers[run_id]
+            self.adopted.discard(run_id)
             # A cancel from around open_engine reaches the drivers before (or while) aclose
             # runs: what aclose must release is kept here, not lost with the driver. Not a
             # driver this engine stopped itself (a lost lease, a cancelled run, aclose: its run

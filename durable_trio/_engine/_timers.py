@@ -14,7 +14,7 @@ import trio
 
 from .._errors import BrokerError
 from .._periodic import fixed_rate
-from ._stores._wakes import STEPS, SupportsRunWakes
+from ._stores._wakes import STARTS, STEPS, SupportsRunWakes
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -36,6 +36,8 @@ class EngineTimers:
         options = self.services.options
         if options.reconcile and options.reconcile_interval:
             nursery.start_soon(self.reconcile_forever, reconcile, options.reconcile_interval)
+        if options.reconcile:
+            nursery.start_soon(self.reconcile_on_starts, reconcile)
         nursery.start_soon(self.renew_leases)
         if options.watch_interval:
             nursery.start_soon(self.watch_forever, options.watch_interval)
@@ -70,6 +72,34 @@ class EngineTimers:
                 await reconcile()
             except BrokerError as exc:
                 self.services.report(exc)
+
+    async def reconcile_on_starts(self, reconcile: Callable[[], Awaitable[object]]) -> None:
+        """``await reconcile()`` at once whenever the store rings :data:`STARTS` (a detached
+        run recorded by any process: issue 30, item 1), or may have lost rings; the rings
+        that come meanwhile make one more. A store without wakes: only the periodic
+        reconcile."""
+        store = self.services.store
+        if not isinstance(store, SupportsRunWakes):
+            await trio.lowlevel.checkpoint()
+            return
+        bell = trio.Event()
+
+        def follower(key: str | None) -> None:
+            if key is None or key == STARTS:
+                bell.set()
+
+        # Followed (not watched) for the loop's life: a ring during a reconcile is kept.
+        stop = store.wakes.follow(follower)
+        try:
+            while True:
+                await bell.wait()
+                bell = trio.Event()
+                try:
+                    await reconcile()
+                except BrokerError as exc:
+                    self.services.report(exc)
+        finally:
+            stop()
 
     async def watch_forever(self, interval: float) -> None:
         """Every ``interval``: re-read the checkpoints waited on (results applied by another

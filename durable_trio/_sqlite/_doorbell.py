@@ -60,7 +60,16 @@ _MAX_DATAGRAM: Final = 1024
 #: The shortest time between two wake-ups of one broker by its doorbell (seconds; see
 #: ``_receive``). 5 ms keeps S3's latency (jobs a few ms apart wake at once) and wins back a
 #: part of a dense stream's throughput (docs/benchmarks.md, the doorbell's before and after).
+#: A ring that answers one of ours (a request/reply exchange) waits only :data:`ANSWER_GAP`.
 MIN_GAP: float = 0.005
+
+#: What a ring that answers one of ours waits instead of the rest of :data:`MIN_GAP` (issue
+#: 30, item 8). Not 0: the answering process commits its next write (completing what it
+#: answered, its next empty pop) right after its ring, and a wake-up at once meets that write
+#: lock, whose busy handler sleeps 1, then 2 ms: slower than the full gap (measured: request/
+#: reply back to back p50 6.5 ms at once, 5.2 with the 5 ms gap, 2.6-3.4 with this one, on a
+#: loaded 2-core machine; docs/benchmarks.md).
+ANSWER_GAP: float = 0.0005
 
 #: How long a close waits for the receiving thread (it is woken by ``shutdown`` at once).
 CLOSE_TIMEOUT: Final = 1.0
@@ -121,6 +130,13 @@ class Doorbell:
         """Wake-ups the receiving thread handed to the broker (each for one ring or more)."""
         self.unlinked = 0
         """Dead processes' sockets removed."""
+        self.skipped_gaps = 0
+        """Wake-ups within :data:`MIN_GAP` of the last that waited only :data:`ANSWER_GAP`
+        (answers to our rings)."""
+        self._rang = False
+        """Whether this doorbell rang another since its last wake-up (written by the ringing
+        thread, read and cleared by the receiving one: a plain flag, a lost race costs one
+        gap or one early wake-up, never a ring)."""
 
     @property
     def bound(self) -> bool:
@@ -219,18 +235,23 @@ class Doorbell:
                 # the rings that follow: under a stream of pushes a waiter wakes once for
                 # several jobs (each wake-up costs its process a pop, a write transaction
                 # that contends with the pusher's), while a ring after a quiet spell wakes at
-                # once.
+                # once. The one ring that answers ours (we rang since our last wake-up, and
+                # nothing else waits: a request/reply exchange back to back, issue 30, item 8)
+                # has nothing to gather: it waits only ANSWER_GAP.
+                datagrams = [datagram]
+                _drain(receiver, datagrams)
                 wait = last + MIN_GAP - time.monotonic()
                 if wait > 0:
+                    if self._rang and len(datagrams) == 1:
+                        self.skipped_gaps += 1
+                        wait = min(wait, ANSWER_GAP)
                     time.sleep(wait)
-                datagrams = [datagram]
-                # Drain what else arrived: one wake-up answers every ring so far.
-                with contextlib.suppress(OSError):
-                    while datagram := receiver.recv(_MAX_DATAGRAM, socket.MSG_DONTWAIT):
-                        datagrams.append(datagram)
+                    # Drain what else arrived: one wake-up answers every ring so far.
+                    _drain(receiver, datagrams)
             except OSError:
                 return
             self.received += 1
+            self._rang = False
             last = time.monotonic()
             queues: set[str] | None = set()
             for datagram in datagrams:
@@ -266,8 +287,8 @@ class Doorbell:
                 payload = _ANY
             own = self._own
             for name in names:
-                if name != own:
-                    self._send(sender, name, payload)
+                if name != own and self._send(sender, name, payload):
+                    self._rang = True
         except OSError as exc:
             self._warn(f"cannot ring the doorbells in {self.folder!r}: {exc}")
 
@@ -291,12 +312,14 @@ class Doorbell:
         self._listing = (mtime, listed_at, names)
         return names
 
-    def _send(self, sender: socket.socket, name: str, payload: bytes) -> None:
+    def _send(self, sender: socket.socket, name: str, payload: bytes) -> bool:
+        """Send ``payload`` to socket ``name``; whether it was sent."""
         assert self.folder is not None
         address = os.path.join(self.folder, name)
         try:
             sender.sendto(payload, self._reachable(address, name))
             self.sent += 1
+            return True
         except ConnectionRefusedError:
             # Nobody reads it: a process that died without closing (kill -9).
             with contextlib.suppress(OSError):
@@ -309,6 +332,7 @@ class Doorbell:
             pass  # its buffer is full (it will wake anyway), or it is closing
         except OSError as exc:
             self._warn(f"cannot ring {address!r}: {exc}")
+        return False
 
     def _reachable(self, address: str, name: str) -> str:
         """``address``, or the same socket reached through our descriptor of the folder."""
@@ -334,6 +358,13 @@ class Doorbell:
             _log.warning(
                 "SQLite doorbell: %s; other processes' %s alone", message, self._purpose,
             )
+
+
+def _drain(receiver: socket.socket, datagrams: list[bytes]) -> None:
+    """Append what else already arrived on ``receiver`` (without blocking)."""
+    with contextlib.suppress(OSError):
+        while datagram := receiver.recv(_MAX_DATAGRAM, socket.MSG_DONTWAIT):
+            datagrams.append(datagram)
 
 
 def _fits(address: str) -> bool:

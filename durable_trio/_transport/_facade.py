@@ -36,6 +36,7 @@ from ..brokers import ClaimedJob, SupportsRecovery, SupportsRenewal
 from ._adaptive import ConcurrencyController
 from ._claims import ClaimTable, Loop
 from ._consumers import Consumers
+from ._dead_workers import DeadWorkers, descriptor_fields, renew_period
 from ._health import TransportHealth
 from ._jobs import JobRunner
 from ._liveness import Liveness, Vitals
@@ -109,6 +110,18 @@ class QueueTransport:
             self._stalled_threshold = DEFAULT_RENEWING_STALLED_THRESHOLD
         else:
             self._stalled_threshold = DEFAULT_STALLED_THRESHOLD
+        # Dead-worker reclaim (issue 30, item 9): renewals every third of its threshold, so only
+        # a silent worker's claims grow that old; it needs liveness keys to tell who is dead.
+        self._dead_threshold: float | None = None
+        dead = options.dead_worker_threshold
+        if (
+            dead is not None
+            and self._can_renew
+            and backend.keys is not None
+            and dead < self._stalled_threshold
+        ):
+            self._dead_threshold = dead
+        self._renew_every = renew_period(self._stalled_threshold, self._dead_threshold)
         self._controller = ConcurrencyController(options.concurrency, on_limit=self._move_limit)
         self._task_slots = Slots(self._controller.limit, isolate=options.isolate_suspects)
         self._result_slots = Slots(options.result_concurrency)
@@ -126,7 +139,7 @@ class QueueTransport:
             cast("SupportsRenewal", broker) if self._can_renew else None,
             self._claims,
             self._controller,
-            period=self._stalled_threshold / 2,
+            period=self._renew_every,
             cancel_on_lost_lease=options.cancel_on_lost_lease,
             report=self._report,
             cleanup_timeout=options.cleanup_timeout,
@@ -179,6 +192,17 @@ class QueueTransport:
                 result_job=lambda result: self._producers.new_job(JobKind.RESULT, result),
                 answer_bad_task=self._steps.answer_bad_task,
                 report=self._report,
+                dead_workers=(
+                    None
+                    if self._dead_threshold is None or backend.keys is None
+                    else DeadWorkers(
+                        backend.keys,
+                        self._names,
+                        options.instance_id,
+                        dead_threshold=self._dead_threshold,
+                        window=self._stalled_threshold,
+                    )
+                ),
             )
 
         self.remote = RemoteProtocols(
@@ -278,6 +302,7 @@ class QueueTransport:
             "instance": self.instance_id,
             "steps": sorted(self._steps.handlers),
             "startedAt": self._started_at,
+            **descriptor_fields(self._renew_every),
         }
 
     def _check_open_for_producers(self) -> None:

@@ -36,6 +36,9 @@ DEFAULT_RENEWING_STALLED_THRESHOLD = 120.0
 DEFAULT_STALLED_THRESHOLD = 1800.0
 #: The reclaim sweep's cadence: coarse, never per poll.
 DEFAULT_STALLED_CHECK_INTERVAL = 30.0
+#: Seconds after which the claims of a worker whose liveness is gone are taken back: its keys
+#: live 35 s after its last beat, plus a few renewals' margin (issue 30, item 9).
+DEFAULT_DEAD_WORKER_THRESHOLD = 40.0
 #: Reclaims before a job is failed as poison instead of re-delivered again.
 DEFAULT_MAX_STALLED_COUNT = 3
 #: How long close waits for running handlers before cancelling them.
@@ -108,6 +111,14 @@ class TransportOptions:
         default=DEFAULT_STALLED_CHECK_INTERVAL, validator=_non_negative
     )
     """0 turns the reclaim sweep off."""
+    dead_worker_threshold: float | None = attrs.field(
+        default=DEFAULT_DEAD_WORKER_THRESHOLD, validator=_optional_positive
+    )
+    """A worker whose liveness is gone (its keys expired, or its process on this host is dead)
+    has its claims taken back once they are this old, instead of after ``stalled_threshold``;
+    live workers renew their claims every third of it (issue 30, item 9: see
+    ``docs/concepts.md``, "Dead workers"). ``None``: only ``stalled_threshold``. Needs a
+    worker-key store and a broker that renews claims."""
     max_stalled_count: int = attrs.field(default=DEFAULT_MAX_STALLED_COUNT, validator=_at_least_one)
     prefetch: int | None = attrs.field(default=0, validator=_optional_count)
     """Jobs a loop claims ahead of its free slots, so a freed slot never waits for a round

@@ -23,6 +23,7 @@ from ..brokers import (
     SupportsSweepHint,
 )
 from ._claims import unexpected
+from ._dead_workers import dead_sweep_interval
 from ._liveness import read_last_status
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
     from .._naming import QueueNames
     from ..brokers import Job
+    from ._dead_workers import DeadWorkers
     from ._options import TransportOptions
     from ._ports import TransportBackend
 
@@ -58,8 +60,10 @@ class Sweeper:
         result_job: Callable[[StepResult], Job],
         answer_bad_task: Callable[[ClaimedJob, StepError], Awaitable[None]],
         report: Callable[[BaseException], None],
+        dead_workers: DeadWorkers | None = None,
     ) -> None:
         self._backend = backend
+        self._dead_workers = dead_workers
         self._broker = backend.broker
         self._names = names
         self._options = options
@@ -81,8 +85,39 @@ class Sweeper:
     # ------------------------------------------------------------------ reclaim sweep (T9)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Sweep on ``start + k * stalled_check_interval``."""
-        task_status.started()
+        """Sweep on ``start + k * stalled_check_interval``; with a dead-worker pass, that pass
+        on its own timer beside it (``_dead_workers``)."""
+        async with trio.open_nursery() as nursery:
+            if self._dead_workers is not None:
+                nursery.start_soon(self._sweep_dead, self._dead_workers)
+            nursery.start_soon(self._sweep_stalled)
+            task_status.started()
+
+    async def _sweep_dead(self, dead: DeadWorkers) -> None:
+        """Issue 30, item 9: while a worker of the namespace is known dead, take back the claims
+        older than the dead threshold on the task queues this instance serves (see
+        ``_dead_workers``: a live worker renews far more often than that)."""
+        hint = self._broker if isinstance(self._broker, SupportsSweepHint) else None
+        prefix = self._names.tasks("")
+        async for _ in fixed_rate(dead_sweep_interval(dead.dead_threshold)):
+            queues = [q for q in self._consumed if q in self._task_queues]
+            try:
+                if hint is not None and queues:
+                    queues = await hint.queues_with_claims(queues)
+                if not queues:
+                    continue
+                tokens = await dead.sweepable(q[len(prefix) :] for q in queues)
+            except BrokerError as exc:
+                self._report(exc)
+                continue
+            except Exception as exc:  # a key store defect: never fatal
+                self._report(unexpected(exc, "reading the dead workers"))
+                continue
+            for queue in queues:
+                if queue[len(prefix) :] in tokens:
+                    await self._sweep(queue, dead.dead_threshold)
+
+    async def _sweep_stalled(self) -> None:
         interval = self._options.stalled_check_interval
         hint = self._broker if isinstance(self._broker, SupportsSweepHint) else None
         async for tick in fixed_rate(interval):
@@ -124,7 +159,7 @@ class Sweeper:
             return False
         return True
 
-    async def _sweep(self, queue: str) -> None:
+    async def _sweep(self, queue: str, threshold: float | None = None) -> None:
         broker = cast("SupportsRecovery", self._broker)  # (checked once: _can_recover)
         # One limit on every queue: a job that stalled max_stalled_count times while its
         # handler ran (a claim popped ahead and never started does not count, see
@@ -132,7 +167,9 @@ class Sweeper:
         # redelivered forever, whether a step task, a result, a decision or a control message.
         try:
             recovery = await broker.recover_stalled_jobs(
-                queue, self.stalled_threshold, self._options.max_stalled_count
+                queue,
+                self.stalled_threshold if threshold is None else threshold,
+                self._options.max_stalled_count,
             )
         except BrokerError as exc:
             self._report(exc)

@@ -128,7 +128,14 @@ def _interrupted(serve: Callable[[], Awaitable[int]]) -> int:
 
 def _transport_options(args: argparse.Namespace) -> dict[str, Any]:
     namespace = args.namespace or os.environ.get("DURABLE_TRIO_NAMESPACE")
-    return {"namespace": namespace} if namespace else {}
+    options: dict[str, Any] = {"namespace": namespace} if namespace else {}
+    for name in _THRESHOLDS:  # worker and engine (issue 30, item 9)
+        if getattr(args, name, None) is not None:
+            options[name] = getattr(args, name)
+    return options
+
+
+_THRESHOLDS = ("stalled_threshold", "stalled_check_interval", "dead_worker_threshold")
 
 
 def _worker_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -145,7 +152,7 @@ def _child_worker_args(args: argparse.Namespace) -> list[str]:
     forwarded = ["--concurrency", str(args.concurrency), "--threads", str(args.threads)]
     if args.namespace:
         forwarded += ["--namespace", args.namespace]
-    for name in ("stalled_threshold", "stalled_check_interval"):
+    for name in _THRESHOLDS:
         if getattr(args, name) is not None:
             forwarded += ["--" + name.replace("_", "-"), repr(getattr(args, name))]
     return forwarded
@@ -169,7 +176,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     processes = resolve_processes(args.processes)
     if processes > 1:
-        load_app(args.target)  # a bad target is one error here, not N crash loops
+        supervised = load_app(args.target)  # a bad target is one error here, not N crash loops
         _log_to_stderr()
         return run_worker_processes(
             args.target,
@@ -178,6 +185,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             worker_args=_child_worker_args(args),
             close_timeout=5.0 if args.close_timeout is None else args.close_timeout,
             announce=_announce,
+            # its slots' key (crash loops, last exits) for `health` and the console
+            namespace=_transport_options(args).get("namespace", supervised.name),
         )
     app = load_app(args.target)
     parent = os.environ.get(PARENT_ENV)
@@ -357,6 +366,22 @@ def add_engine_commands(subparsers: argparse._SubParsersAction[argparse.Argument
             help="transport namespace (default: $DURABLE_TRIO_NAMESPACE, else the app's name)",
         )
 
+    def thresholds(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--stalled-threshold",
+            type=float,
+            help="seconds before a silent claim is taken back (120)",
+        )
+        parser.add_argument(
+            "--stalled-check-interval", type=float, help="seconds between stalled sweeps (30)"
+        )
+        parser.add_argument(
+            "--dead-worker-threshold",
+            type=float,
+            help="seconds before the claims of a worker whose liveness is gone are taken "
+            "back (40)",
+        )
+
     worker = subparsers.add_parser("worker", help="serve an app's steps")
     common(worker)
     worker.add_argument("--concurrency", type=int, default=8, help="steps at once (default 8)")
@@ -378,12 +403,7 @@ def add_engine_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         help="seconds running steps get to finish on SIGTERM (default 5)",
     )
     worker.add_argument("--instance-id", help="this worker's instance id (default: random)")
-    worker.add_argument(
-        "--stalled-threshold", type=float, help="seconds before a silent claim is taken back"
-    )
-    worker.add_argument(
-        "--stalled-check-interval", type=float, help="seconds between stalled sweeps (30)"
-    )
+    thresholds(worker)
     worker.set_defaults(func=_cmd_worker)
 
     engine = subparsers.add_parser("engine", help="drive an app's workflows")
@@ -397,6 +417,7 @@ def add_engine_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         action="store_true",
         help="also be the control plane of store-less tenant pods (docs/remote.md)",
     )
+    thresholds(engine)
     engine.set_defaults(func=_cmd_engine)
 
     run = subparsers.add_parser("run", help="start a workflow run and print its result as JSON")

@@ -18,11 +18,14 @@ from .._codec import to_wire
 from .._errors import BrokerError
 from .._naming import QueueNames
 from .._os_signals import close_on_signals
+from .._supervisor import crash_loop_lines, read_supervisors
 from .._transport._health import read_orphaned_queues, read_store_loss, read_worker_health
 from ..backends import open_backend
 from ._terminal import visible
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from .._engine._records import RunStatus
     from .._errors import StoreLost
     from .._ops import Operations, QueueView
@@ -68,6 +71,8 @@ class HealthReader:
         self.errors = 0
         self.store_loss: StoreLost | None = None
         """The loss of the store's data that stands, as of the last read (shown first)."""
+        self.crash_loops: list[str] = []
+        """The crash-looping ``--processes`` children found by the last read (issue 30)."""
 
     async def read(self) -> list[GroupHealth] | None:
         """Every group with a live worker, then every orphaned queue (waiting jobs, no live
@@ -83,6 +88,9 @@ class HealthReader:
             groups = await read_worker_health(self.backend, self._names)
             if groups is None:
                 return None
+            keys = self.backend.keys
+            if keys is not None:
+                self.crash_loops = crash_loop_lines(await read_supervisors(keys, self._names))
             return groups + await read_orphaned_queues(self.backend, self._names, groups)
         except BrokerError:
             self.errors += 1
@@ -166,15 +174,20 @@ def _plain(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def render_text(
-    groups: list[GroupHealth] | None, namespace: str | None, loss: StoreLost | None = None
+    groups: list[GroupHealth] | None,
+    namespace: str | None,
+    loss: StoreLost | None = None,
+    crash_loops: Sequence[str] = (),
 ) -> str:
     """A plain table (what ``health`` prints without ``--watch`` or without rich), after the
-    store's loss alarm if one stands."""
+    store's loss alarm if one stands, then a line per crash-looping ``--processes`` child
+    (``crash_loops``: :attr:`HealthReader.crash_loops`)."""
     alarm = f"{loss}\n\n" if loss is not None else ""
     if groups is None:
         return alarm + "no worker-key store on this backend: worker health is not available\n"
+    looping = "".join(visible(line) + "\n" for line in crash_loops)
     if not groups:
-        return alarm + f"no live workers in namespace {namespace or 'durable'!r}\n"
+        return alarm + f"no live workers in namespace {namespace or 'durable'!r}\n" + looping
     out = io.StringIO()
     out.write(alarm)
     out.write(_plain(HEADERS, _rows(groups)))
@@ -184,15 +197,19 @@ def render_text(
         out.write(_plain(WORKER_HEADERS, workers))
     for line in orphan_lines(groups, namespace):
         out.write(line + "\n")
+    out.write(looping)
     return out.getvalue()
 
 
 def health_json(
-    groups: list[GroupHealth] | None, namespace: str | None, loss: StoreLost | None = None
+    groups: list[GroupHealth] | None,
+    namespace: str | None,
+    loss: StoreLost | None = None,
+    crash_loops: Sequence[str] = (),
 ) -> dict[str, Any]:
     """What ``durable-trio health --json`` prints: camelCase keys, as every ``--json`` output
     (``groups`` is ``null`` on a backend without a worker-key store; ``storeLost`` the loss
-    alarm's message while one stands)."""
+    alarm's message while one stands; ``crashLoops`` a line per crash-looping child)."""
     names = QueueNames(namespace)
     return {
         "namespace": names.prefix,
@@ -215,6 +232,7 @@ def health_json(
             for g in groups
         ],
         "orphanedQueues": [names.tasks(g.group) for g in orphaned(groups)],
+        "crashLoops": list(crash_loops),
     }  # fmt: skip
 
 
@@ -234,7 +252,10 @@ def orphan_lines(groups: list[GroupHealth] | None, namespace: str | None) -> lis
 
 
 def _rich_table(
-    groups: list[GroupHealth] | None, namespace: str | None, loss: StoreLost | None = None
+    groups: list[GroupHealth] | None,
+    namespace: str | None,
+    loss: StoreLost | None = None,
+    crash_loops: Sequence[str] = (),
 ) -> Any:
     from rich.console import Group
     from rich.markup import escape
@@ -242,7 +263,10 @@ def _rich_table(
     from rich.text import Text
 
     if loss is not None:
-        return Group(Text(str(loss), style="bold red"), _rich_table(groups, namespace))
+        return Group(
+            Text(str(loss), style="bold red"),
+            _rich_table(groups, namespace, crash_loops=crash_loops),
+        )
 
     def shown(text: str) -> str:  # a stored string: no control character, no rich markup
         return escape(visible(text))
@@ -262,7 +286,7 @@ def _rich_table(
             table.add_row(*map(shown, row))
         for row in _worker_rows(groups):
             workers.add_row(*map(shown, row))
-        lines = orphan_lines(groups, namespace)
+        lines = orphan_lines(groups, namespace) + list(crash_loops)
         if lines:
             table.caption = "\n".join(map(shown, lines))
         return Group(table, workers)
@@ -287,7 +311,9 @@ async def watch(
     with Live(_rich_table([], namespace), console=console, auto_refresh=False) as live:
         while iterations is None or count < iterations:
             groups = await reader.read()
-            live.update(_rich_table(groups, namespace, reader.store_loss), refresh=True)
+            live.update(
+                _rich_table(groups, namespace, reader.store_loss, reader.crash_loops), refresh=True
+            )
             count += 1
             if iterations is None or count < iterations:
                 await trio.sleep(interval)
@@ -517,9 +543,10 @@ async def run_health(
         if prometheus is None and not watch_mode:
             groups = await reader.read()
             if as_json:
-                print(json.dumps(health_json(groups, namespace, reader.store_loss), indent=2))
+                found = health_json(groups, namespace, reader.store_loss, reader.crash_loops)
+                print(json.dumps(found, indent=2))
             else:
-                print(render_text(groups, namespace, reader.store_loss), end="")
+                print(render_text(groups, namespace, reader.store_loss, reader.crash_loops), end="")
             return
         # The long-running modes stop on SIGINT or SIGTERM without a traceback (exit 0), as a
         # worker does; signals reach only the main thread (a test may call from another).
@@ -555,7 +582,7 @@ async def _serve_or_watch(
         count = 0
         while iterations is None or count < iterations:  # no rich: reprint the table
             groups = await reader.read()
-            print(render_text(groups, namespace, reader.store_loss), flush=True)
+            print(render_text(groups, namespace, reader.store_loss, reader.crash_loops), flush=True)
             count += 1
             if iterations is None or count < iterations:
                 await trio.sleep(interval)

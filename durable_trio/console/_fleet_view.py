@@ -11,6 +11,8 @@ from ._html import Html, ago, attr, duration, esc, json_block, path_part, stamp,
 from ._run_view import action_button
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from .._ops import FailedJobView, QueueView, WorkerView
 
 __all__ = [
@@ -49,9 +51,13 @@ def _others(worker: WorkerView, group: str) -> str:
     return shown + (f" +{more:,} more" if more > 0 else "")
 
 
-def render_workers(workers: list[WorkerView], queues: list[QueueView], now: float) -> Html:
+def render_workers(
+    workers: list[WorkerView], queues: list[QueueView], now: float, crash_loops: Sequence[str] = ()
+) -> Html:
     """The workers page's body: one section per group, each live worker once in each group it
-    serves, and its figures (which are the worker's, for all its groups together)."""
+    serves, and its figures (which are the worker's, for all its groups together); first, a
+    line per crash-looping ``--processes`` child (``crash_loops``, issue 30)."""
+    looping = "".join(f'<p class="error-text">{esc(line)}</p>' for line in crash_loops)
     groups: dict[str, list[WorkerView]] = {}
     for worker in workers:
         for group in worker.groups:
@@ -59,7 +65,7 @@ def render_workers(workers: list[WorkerView], queues: list[QueueView], now: floa
     depth = {q.group: q.ready for q in queues if q.group is not None}
     if not groups:
         return Html(
-            '<h1>Workers</h1><p class="empty">no live worker in this namespace'
+            "<h1>Workers</h1>" + looping + '<p class="empty">no live worker in this namespace'
             " (a worker shows here while its liveness key is fresh)</p>"
         )
     sections = []
@@ -106,7 +112,7 @@ def render_workers(workers: list[WorkerView], queues: list[QueueView], now: floa
         '<p class="muted">A worker serving several groups has one limit for them all: its'
         " in-flight and headroom are the worker's, shown in each group it serves.</p>"
     )
-    return Html("<h1>Workers</h1>" + note + "".join(sections))
+    return Html("<h1>Workers</h1>" + looping + note + "".join(sections))
 
 
 def _queue_table(queues: list[QueueView]) -> Html:

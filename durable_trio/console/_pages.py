@@ -12,6 +12,7 @@ import trio
 from .._engine import RunNotFound
 from .._engine._schedules import Schedules
 from .._errors import ConfigError, DurableTrioError, PayloadError
+from .._supervisor import crash_loop_lines
 from .._transport._health import read_store_loss
 from ._fleet_view import RunOwner, render_engines, render_queues, render_workers
 from ._html import Html, esc, page, path_part
@@ -173,6 +174,7 @@ class Pages:
         now = time.time()
         alarm = await self._alarm(Html(""))
         owners, pending, truncated = await self._run_owners()
+        looping = crash_loop_lines(await self._ops.supervisors())
         store_now = self._ops.store.now()
         return await self._off_loop(
             lambda: self._page(
@@ -180,7 +182,7 @@ class Pages:
                 "workers",
                 Html(
                     alarm
-                    + render_workers(workers, queues, now)
+                    + render_workers(workers, queues, now, looping)
                     + render_engines(owners, store_now, pending=pending, truncated=truncated)
                 ),
             )

@@ -4,9 +4,11 @@ A workflow blocked in ``ctx.wait_signal``, a caller in ``engine.get_event`` and 
 looking for the cancels other processes marked on its runs all wait on the run store. Without
 a word from the store they poll it (every second; every ``run_lease / 3`` for cancels), which
 is what a signal sent from another process cost before. A store that supports wakes
-(:class:`SupportsRunWakes`) rings after it stored a signal or an event, or when a cancel mark
-is written (:data:`CANCELS`), and every process with a waiter on that key wakes within about a
-millisecond:
+(:class:`SupportsRunWakes`) rings after it stored a signal or an event, when a cancel mark
+is written (:data:`CANCELS`), when a detached run is recorded (:data:`STARTS`: the engines that
+reconcile take it over at once), and when an engine settles a run it took over from elsewhere
+(its id: a caller's ``engine.result`` in another process returns at once, issue 30); every
+process with a waiter on that key wakes within about a millisecond:
 
 - memory: in-process only (every engine of a ``memory://`` backend shares the store);
 - SQLite: a datagram to every process's socket in ``<file>.wakes/`` (the broker's doorbell
@@ -30,10 +32,14 @@ import trio
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
-__all__ = ["CANCELS", "STEPS", "RunWakes", "SupportsRunWakes", "first_of", "step_key"]
+__all__ = ["CANCELS", "STARTS", "STEPS", "RunWakes", "SupportsRunWakes", "first_of", "step_key"]
 
 #: The key rung when a cancel mark is written on any run of the namespace (its owner looks).
 CANCELS = "\x00cancels"
+
+#: The key rung when a run was recorded for an engine's reconcile to take over (a detached
+#: start, from any process): the engines that reconcile look at once, not at their next tick.
+STARTS = "\x00starts"
 
 #: The prefix of the key rung when an engine applied a step result of a run it does not drive
 #: (the engine that drives it re-reads that run's waited checkpoints: see :func:`step_key`).
