@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from ._engine._stores import RunStore
-    from ._supervisor import SupervisedSlot
+    from ._transport._supervised import SupervisedSlot
 
 #: Seconds :meth:`Operations.cancel_run` waits for the broker to take the workers' cancel.
 CONTROL_PUSH_TIMEOUT = 5.0
@@ -816,7 +816,7 @@ class Operations:
         """Every slot of the namespace's live ``worker --processes`` supervisors: its restarts,
         whether it is crash-looping, its last exit status (issue 30). Empty without a
         worker-key store."""
-        from ._supervisor import read_supervisors
+        from ._transport._supervised import read_supervisors
 
         keys = self.backend.keys
         return [] if keys is None else await read_supervisors(keys, self.names)

@@ -47,11 +47,16 @@ from ._backoff import Backoff
 from ._errors import BrokerError, ConfigError, DurableTrioError
 from ._naming import QueueNames
 from ._transport._options import DEFAULT_CLEANUP_TIMEOUT, DEFAULT_CLOSE_TIMEOUT
+from ._transport._supervised import (
+    SupervisedSlot,
+    crash_loop_lines,
+    read_supervisors,
+    supervisor_key,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
 
-    from .keys import KeyStore
 
 __all__ = [
     "CRASH_LOOP_EXIT",
@@ -172,25 +177,6 @@ class WorkerProcess:
     """When it exited (Unix time)."""
     crash_looping: bool = False
     """Whether the slot was crash-looping when this child started (see :class:`RestartPolicy`)."""
-
-
-@attrs.frozen
-class SupervisedSlot:
-    """One slot of a supervisor, as its key in the key store says (``durable-trio health``)."""
-
-    supervisor: str
-    """The supervisor's id (``host:pid``)."""
-    slot: int
-    pid: int | None
-    """Its child's pid (``None`` while it waits out a backoff)."""
-    instance_id: str
-    restarts: int
-    crash_looping: bool
-    last_exit: int | None
-    last_exit_at: float | None
-    deaths: int
-    """Deaths within the policy's ``crash_window``."""
-    window: float
 
 
 def _child_argv(
@@ -551,53 +537,6 @@ def run_worker_processes(
         return supervisor.exit_status
 
     return trio.run(main)
-
-
-def supervisor_key(names: QueueNames, supervisor_id: str = "") -> str:
-    """``{prefix}-supervisor:{host:pid}``: a ``--processes`` supervisor's slots (``""``: the
-    prefix of every supervisor's key)."""
-    return f"{names.prefix}-supervisor:{supervisor_id}"
-
-
-async def read_supervisors(keys: KeyStore, names: QueueNames) -> list[SupervisedSlot]:
-    """Every slot of every live ``--processes`` supervisor of the namespace (from their keys;
-    a damaged key is skipped)."""
-    prefix = supervisor_key(names)
-    out: list[SupervisedSlot] = []
-    for entry in await keys.entries(prefix):
-        try:
-            state = orjson.loads(entry.value)
-            for raw in state["slots"]:
-                out.append(
-                    SupervisedSlot(
-                        supervisor=str(state["supervisor"]),
-                        slot=int(raw["slot"]),
-                        pid=None if raw.get("pid") is None else int(raw["pid"]),
-                        instance_id=str(raw["instance"]),
-                        restarts=int(raw["restarts"]),
-                        crash_looping=bool(raw["crashLooping"]),
-                        last_exit=None if raw.get("lastExit") is None else int(raw["lastExit"]),
-                        last_exit_at=(
-                            None if raw.get("lastExitAt") is None else float(raw["lastExitAt"])
-                        ),
-                        deaths=int(raw.get("deaths", 0)),
-                        window=float(raw.get("window", 0.0)),
-                    )
-                )
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue
-    return sorted(out, key=lambda s: (s.supervisor, s.slot))
-
-
-def crash_loop_lines(slots: Sequence[SupervisedSlot]) -> list[str]:
-    """One line per crash-looping slot, with its last exit status."""
-    return [
-        f"crash-looping: worker process {s.slot} of supervisor {s.supervisor}: {s.deaths} "
-        f"deaths within {s.window:g} s, last exit status {s.last_exit}, restarted "
-        f"{s.restarts} time(s) (instance {s.instance_id})"
-        for s in slots
-        if s.crash_looping
-    ]
 
 
 async def watch_parent(parent: int, on_gone: Callable[[], object], interval: float = 1.0) -> None:

@@ -288,7 +288,11 @@ async def test_the_workers_page_shows_the_engines_the_run_store_knows(
 ) -> None:
     engine = world["engine"]
     await engine.start("approval", None, run_id="waits")
-    await engine.start("approval", None, run_id="later", detach=True)
+    # A run written straight into the store (no wake rung), as a pod or an older client
+    # leaves it: pending until an engine's next reconcile.
+    await engine.store.create_run(
+        RunRecord("later", "approval", None, RunStatus.PENDING, engine.store.now(), 0.0)
+    )
     async with client(create_app(world["ops"])) as http:
         page = (await http.get("/workers")).text
     assert "<h2>Engines</h2>" in page

@@ -65,7 +65,7 @@ from ._statistics import EngineStatistics
 from ._step_watch import StepWait, StepWatch
 from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
-from ._stores._wakes import STARTS, SupportsRunWakes
+from ._stores._wakes import SupportsRunWakes
 
 if TYPE_CHECKING:
     from ._results import ResultHandler
@@ -360,8 +360,6 @@ class Engine:
         self._services.run_event("started", stored)
         if not detach:
             self._spawn(stored, [])
-        elif isinstance(self.store, SupportsRunWakes):  # reconciling engines take it now
-            await self.store.ring(STARTS)
         return stored.run_id
 
     async def result(self, run_id: str) -> Any:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .._telemetry import run_trace
 from ._errors import EngineError
 from ._records import RunRecord, RunStatus, normalize_json
+from ._stores._wakes import STARTS, SupportsRunWakes
 
 if TYPE_CHECKING:
     from ._stores import RunStore
@@ -64,4 +65,8 @@ async def record_new_run(
         raise EngineError(
             f"run {stored.run_id!r} exists as a run of {stored.workflow!r}, not {workflow!r}"
         )
+    if created and owner is None and isinstance(store, SupportsRunWakes):
+        # Pending, nobody drives it: the reconciling engines take it now, not at their next
+        # reconcile (a detached start, the console's; issue 30, item 1).
+        await store.ring(STARTS)
     return stored, created

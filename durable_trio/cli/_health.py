@@ -18,8 +18,8 @@ from .._codec import to_wire
 from .._errors import BrokerError
 from .._naming import QueueNames
 from .._os_signals import close_on_signals
-from .._supervisor import crash_loop_lines, read_supervisors
 from .._transport._health import read_orphaned_queues, read_store_loss, read_worker_health
+from .._transport._supervised import crash_loop_lines, read_supervisors
 from ..backends import open_backend
 from ._terminal import visible
 

@@ -12,8 +12,8 @@ import trio
 from .._engine import RunNotFound
 from .._engine._schedules import Schedules
 from .._errors import ConfigError, DurableTrioError, PayloadError
-from .._supervisor import crash_loop_lines
 from .._transport._health import read_store_loss
+from .._transport._supervised import crash_loop_lines
 from ._fleet_view import RunOwner, render_engines, render_queues, render_workers
 from ._html import Html, esc, page, path_part
 from ._run_view import render_run
