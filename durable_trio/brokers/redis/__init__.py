@@ -8,6 +8,30 @@ task, the doorbell listener)::
 
 or let it open its own client: ``async with RedisBroker.from_url(url) as broker:``.
 
+Parts (one concern per module; the broker owns its parts and calls them, no part is a base
+class of another):
+
+    ================  =========================================================================
+    ``_queue``        the key layout of one queue (:class:`~._queue.Queue`: key names under
+                      its hash tag, grouped per script) and the priority range
+    ``_seq``          the sequence counter's Lua helper (``take_seq``: numbers, rebuilt on
+                      damage)
+    ``_scripts``      the Lua sources and their registration with a client
+                      (:class:`~._scripts.Scripts`)
+    ``_replies``      the reply parsers: a script's reply or a stored record made into the
+                      contract's types, never raising
+    ``_doorbell``     the doorbell listener, an object the broker owns: one ``SUBSCRIBE``
+                      (:class:`~._doorbell.PubSubDoorbell`) or one ``SSUBSCRIBE`` per queue
+                      (:class:`~._doorbell.ShardedDoorbell`), and the wait of
+                      :meth:`RedisBroker.wait_for_work`
+    ``_repair``       the operator's calls (requeue, delete, queue stats, listing), an object
+                      the broker owns
+    ``_identity``     the watch on the store's identity (a store emptied or replaced), an
+                      object the broker owns
+    ``_broker``       :class:`RedisBrokerBase` (the contract's calls) and :class:`RedisBroker`
+    ``_cluster``      :class:`RedisClusterBroker`: the same parts, the sharded doorbell
+    ================  =========================================================================
+
 Key layout:
     Every key of queue ``Q`` carries the hash tag ``{Q}``, so a queue lives in one Cluster slot
     and every script touches one slot only:
