@@ -315,7 +315,8 @@ class RedisBrokerBase:
         await trio.lowlevel.checkpoint()
 
     def _close_now(self) -> None:
-        # Only the listener's own scope: the nursery's would cancel the ``async with`` body.
+        # The listener's own scope only (the doorbell's): the nursery's would cancel the
+        # ``async with`` body.
         self._doorbell.close()
         self._identity.stop()
 
@@ -725,7 +726,7 @@ class RedisBrokerBase:
     # -- wake-up ----------------------------------------------------------------------------
 
     async def wait_for_work(self, queue: str) -> None:
-        """Return when ``queue`` may have work (see the module docs for how).
+        """Return when ``queue`` may have work (see :mod:`durable_trio.brokers.redis`, Wake-up).
 
         Returns at once if a job is ready; else on a doorbell ring after this broker's last
         empty pop, when the earliest delayed job comes due, when a safety check finds the
