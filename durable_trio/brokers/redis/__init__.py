@@ -14,6 +14,8 @@ class of another):
     ================  =========================================================================
     ``_queue``        the key layout of one queue (:class:`~._queue.Queue`: key names under
                       its hash tag, grouped per script) and the priority range
+    ``_bell``         one queue's wake-up state (:class:`~._bell.Bell`: rings counted, the last
+                      empty pop), held by its :class:`~._queue.Queue`
     ``_seq``          the sequence counter's Lua helper (``take_seq``: numbers, rebuilt on
                       damage)
     ``_scripts``      the Lua sources and their registration with a client

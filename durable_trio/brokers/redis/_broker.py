@@ -380,7 +380,7 @@ class RedisBrokerBase:
             return []
         # Snapshot the doorbell before the command is sent: a ring counted after this may be
         # for an older push (a spurious wake-up), but no push after the pop can be missed.
-        rings, epoch = q.rings, (self._doorbell.live_epoch(q) if self._doorbell.covers(q) else None)
+        rings, epoch = self._doorbell.snapshot(q)
         reply = await self._scripts.claim(q.claim_keys, self._claim_argv(total, count, worker))
         return self._claims_of(q, reply, count, rings, epoch)
 
@@ -399,10 +399,11 @@ class RedisBrokerBase:
     ) -> list[ClaimedJob]:
         """The claims of a claim script's ``reply`` (the first ``count`` started), noting a
         drained queue for the waiters (``rings``, ``epoch``: as of before it was sent)."""
-        if len(reply) == 1 or reply[0] is not None:  # (empty; or drained, armed: as good as
-            q.note_empty(rings, epoch, read_seconds(reply[0]))  # an empty pop for a waiter)
+        if len(reply) == 1 or reply[0] is not None:
+            # (empty; or drained, armed: as good as an empty pop for a waiter)
+            q.bell.note_empty(rings, epoch, read_seconds(reply[0]))
         else:
-            q.empty_epoch = None
+            q.bell.empty_epoch = None
         return read_claims(reply, count)
 
     async def mark_started(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
@@ -505,7 +506,7 @@ class RedisBrokerBase:
         commands.append(
             self._scripts.claim.command(q.claim_keys, self._claim_argv(count, count, worker))
         )
-        rings, epoch = q.rings, (self._doorbell.live_epoch(q) if self._doorbell.covers(q) else None)
+        rings, epoch = self._doorbell.snapshot(q)
         replies = await self._client.pipeline(commands)
         answers = self._finish_answers(push_queue, leases, replies[-2]) if len(replies) > 1 else []
         return answers, self._claims_of(q, replies[-1], count, rings, epoch)

@@ -105,6 +105,7 @@ class Doorbell:
         gone, or when no subscription could be made within ``safety_poll_interval``. Never
         raises :class:`~durable_trio.BrokerError`: a failed check is reported and the call
         returns (the caller's next pop meets the error itself)."""
+        bell = q.bell
         if self.closed:
             await trio.lowlevel.checkpoint()
             return
@@ -112,10 +113,10 @@ class Doorbell:
             await self.cover(q)
         if covering.cancelled_caught or self.closed:
             return  # no subscription for that long: let the caller look (and meet the error)
-        if q.empty_epoch is None or q.empty_epoch != self.live_epoch(q):
+        if bell.empty_epoch is None or bell.empty_epoch != self.live_epoch(q):
             # The last pop was not covered by this subscription: look (which arms) now that
             # the subscription is in place.
-            rings = q.rings
+            rings = bell.rings
             try:
                 reply = await peek(q.peek_keys)
             except BrokerError as exc:
@@ -124,13 +125,13 @@ class Doorbell:
             if reply[0]:
                 return
             epoch = self.live_epoch(q)
-            q.note_empty(rings, epoch, read_seconds(reply[1]) if len(reply) > 1 else None)
-        with trio.move_on_at(q.due_at):
-            while q.rings == q.empty_rings:
+            bell.note_empty(rings, epoch, read_seconds(reply[1]) if len(reply) > 1 else None)
+        with trio.move_on_at(bell.due_at):
+            while bell.rings == bell.empty_rings:
                 # Safety checks fall on a grid shared by every waiter of this broker, so the
                 # checks of all idle queues leave together, as ONE read (see _check_armed).
                 with trio.move_on_at(self._next_safety_tick()):
-                    await q.ring.wait()
+                    await bell.ring.wait()
                     return
                 # The slow safety poll: the empty pop (or peek) set the armed flag, and every
                 # push, retry or recovery since then clears it. Still set: nothing was made
@@ -153,6 +154,12 @@ class Doorbell:
         """One read of the armed flags of every queue whose safety check fell on this tick
         (the broker's ``read_flags``: one ``MGET``; a Cluster: one pipeline per master)."""
         return await self._read_flags(keys)
+
+    def snapshot(self, q: Queue) -> tuple[int, int | None]:
+        """``q``'s ring count and the epoch that covers it (``None``: none does), taken before
+        a pop is sent: a ring counted after this may be for an older push (a spurious
+        wake-up), but no push after the pop can be missed."""
+        return q.bell.rings, (self.live_epoch(q) if self.covers(q) else None)
 
     def covers(self, q: Queue) -> bool:
         """Whether ``q``'s channel is subscribed now."""
@@ -187,7 +194,7 @@ class PubSubDoorbell(Doorbell):
     """Its epoch: counted per (re)subscription."""
 
     def covers(self, q: Queue) -> bool:
-        return self._sub is not None and q.covered_epoch == self._epoch
+        return self._sub is not None and q.bell.covered_epoch == self._epoch
 
     def live_epoch(self, q: Queue) -> int:
         """The epoch of the live subscription (every queue's: there is one)."""
@@ -217,7 +224,7 @@ class PubSubDoorbell(Doorbell):
                 await changed.wait()
                 continue
             if self._sub is sub and self._epoch == epoch:
-                q.covered_epoch = epoch
+                q.bell.covered_epoch = epoch
 
     async def _listen_forever(self) -> None:
         client = self._client
@@ -234,11 +241,11 @@ class PubSubDoorbell(Doorbell):
                     self.subscriptions += 1
                     self._sub = sub
                     for channel in channels:
-                        self._wanted[channel].covered_epoch = self._epoch
+                        self._wanted[channel].bell.covered_epoch = self._epoch
                     # Messages may have been lost while we were not subscribed: a
                     # (re)subscription rings every queue (its waiters re-check).
                     for q in list(self._wanted.values()):
-                        q.ring_bell()
+                        q.bell.ring_bell()
                     self._signal_changed()
                     failures = 0
                     await self._listen(sub)
@@ -263,7 +270,7 @@ class PubSubDoorbell(Doorbell):
                 channel, _ = await sub.receive()
                 q = wanted.get(channel)
                 if q is not None:
-                    q.ring_bell()
+                    q.bell.ring_bell()
                 continue
             await sub.ping(reply_timeout=self._ping_timeout)
 
@@ -287,7 +294,7 @@ class ShardedDoorbell(Doorbell):
 
     def covers(self, q: Queue) -> bool:
         epoch = self._live.get(q.channel)
-        return epoch is not None and q.covered_epoch == epoch
+        return epoch is not None and q.bell.covered_epoch == epoch
 
     def live_epoch(self, q: Queue) -> int:
         return self._epochs.get(q.channel, 0)
@@ -315,8 +322,8 @@ class ShardedDoorbell(Doorbell):
     def _subscribed(self, q: Queue) -> None:
         """(Re)subscribed: a new epoch for ``q``, and a ring (messages may have been lost)."""
         epoch = self._epochs[q.channel] = self._epochs.get(q.channel, 0) + 1
-        self._live[q.channel] = q.covered_epoch = epoch
-        q.ring_bell()
+        self._live[q.channel] = q.bell.covered_epoch = epoch
+        q.bell.ring_bell()
         self._signal_changed()
 
     async def _listen_to(self, q: Queue) -> None:
@@ -346,6 +353,6 @@ class ShardedDoorbell(Doorbell):
     @staticmethod
     async def _ring_on_messages(q: Queue, sub: ShardedSubscription) -> None:
         async for _ in sub:
-            q.ring_bell()
+            q.bell.ring_bell()
         # The iteration ended: the subscription was closed under us (the client closing).
         raise TransportClosed("the sharded doorbell subscription was closed")

@@ -4,12 +4,11 @@ a ``ready`` score holds (see the key layout in :mod:`durable_trio.brokers.redis`
 
 from __future__ import annotations
 
-import math
 from typing import Final
 
 import attrs
-import trio
-from trio_util import RepeatedEvent
+
+from ._bell import Bell
 
 __all__ = ["MAX_PRIORITY", "MIN_PRIORITY", "PUSH_KEYS", "Queue"]
 
@@ -24,10 +23,10 @@ PUSH_KEYS: Final = (
 )  # fmt: skip
 
 
-@attrs.define(eq=False)
+@attrs.frozen(eq=False)
 class Queue:
-    """The key names of one queue (every one under its hash tag ``{name}``), and a broker's
-    wake-up state for it (rings counted, the last empty pop)."""
+    """The key names of one queue (every one under its hash tag ``{name}``), grouped as each
+    script takes them, and the broker's wake-up state for it (:attr:`bell`)."""
 
     name: str
     channel: bytes
@@ -49,19 +48,8 @@ class Queue:
     delayed_key: str
     jobs_key: str
     moved_key: str
-    rings: int = 0
-    """Doorbell rings received (plus one per resubscription)."""
-    ring: RepeatedEvent = attrs.Factory(RepeatedEvent)
-    """Set on every ring (its waiters wake on the next one; ``rings`` counts them)."""
-    covered_epoch: int = 0
-    """The subscription (epoch) in which this queue's channel was confirmed; 0: none."""
-    empty_rings: int = 0
-    """``rings`` just before this broker's last empty pop was sent."""
-    empty_epoch: int | None = None
-    """The subscription that covered that pop, ``None`` if it was not covered (or the last pop
-    was not empty): the next wait must re-check instead of trusting the ring count."""
-    due_at: float = math.inf
-    """Trio time the earliest delayed job comes due, as of that pop."""
+    bell: Bell = attrs.Factory(Bell)
+    """A broker's wake-up state for this queue (its doorbell's rings, its last empty pop)."""
 
     @classmethod
     def make(cls, name: str, db: int) -> Queue:
@@ -136,19 +124,3 @@ class Queue:
             jobs_key=keys("jobs")[0],
             moved_key=keys("moved")[0],
         )
-
-    def ring_bell(self) -> None:
-        self.rings += 1
-        self.ring.set()
-
-    def note_empty(self, rings: int, epoch: int | None, due_in: float | None) -> None:
-        """Record an empty pop or peek.
-
-        Args:
-            rings: ``rings`` just before it was sent.
-            epoch: the subscription that covered it, ``None`` if none did.
-            due_in: seconds until the earliest delayed job comes due, ``None`` if none.
-        """
-        self.empty_rings = rings
-        self.empty_epoch = epoch
-        self.due_at = math.inf if due_in is None else trio.current_time() + due_in
