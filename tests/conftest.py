@@ -16,8 +16,7 @@ from _redis_sentinel import *  # noqa: F403  (the private sentinel group)
 from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
 from durable_trio._redis import open_redis, open_redis_cluster
 from durable_trio.brokers.memory import MemoryBroker
-from durable_trio.brokers.redis import RedisBroker
-from durable_trio.brokers.redis_cluster import RedisClusterBroker
+from durable_trio.brokers.redis import RedisBroker, RedisClusterBroker
 from durable_trio.brokers.sqlite import SqliteBroker
 from durable_trio.keys.memory import MemoryKeyStore
 

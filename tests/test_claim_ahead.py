@@ -167,16 +167,16 @@ def test_stored_stall_histories_read_the_counted_flag_and_refuse_junk() -> None:
     """Damaged stored data: the stored forms of an uncounted stall read back as such, an old
     history (no flag) reads as counted, and a flag of any other shape makes the history
     unreadable (the claim is then flagged damaged and set aside, as before)."""
-    from durable_trio.brokers.redis import _stalls
+    from durable_trio.brokers.redis._replies import read_stalls
     from durable_trio.brokers.sqlite._rows import parse_stalls as _parse_stalls
     from durable_trio.brokers.sqlite._rows import stalls_json as _stalls_json
 
-    assert [(s.worker, s.counted) for s in _stalls(b'[[1.5,"a"],[2.5,"b",0]]') or ()] == [
+    assert [(s.worker, s.counted) for s in read_stalls(b'[[1.5,"a"],[2.5,"b",0]]') or ()] == [
         ("a", True),
         ("b", False),
     ]
     for junk in (b'[[1.5,"a",1]]', b'[[1.5,"a",false]]', b'[[1.5,"a",0,0]]'):
-        assert _stalls(junk) is None
+        assert read_stalls(junk) is None
     history = _parse_stalls(
         '[{"at": 1.5, "worker": "a"}, {"at": 2.5, "worker": "b", "counted": false}]'
     )

@@ -283,7 +283,7 @@ async def _broker(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> 
             yield redis
         return
     if kind == "redis-cluster":
-        from durable_trio.brokers.redis_cluster import RedisClusterBroker
+        from durable_trio.brokers.redis import RedisClusterBroker
 
         url = request.getfixturevalue("redis_cluster_url")
         async with RedisClusterBroker.from_url(url) as cluster:

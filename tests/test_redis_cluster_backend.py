@@ -19,8 +19,7 @@ from _redis_cluster import *  # noqa: F403  (the fixture; harmless once conftest
 from durable_trio._errors import BrokerError, BrokerUnavailable, ConfigError
 from durable_trio._redis import key_slot, open_redis_cluster
 from durable_trio.brokers import Job, SupportsFailAndPush
-from durable_trio.brokers.redis import RedisBroker
-from durable_trio.brokers.redis_cluster import RedisClusterBroker
+from durable_trio.brokers.redis import RedisBroker, RedisClusterBroker
 from durable_trio.keys.redis import RedisKeyStore
 
 if TYPE_CHECKING:

@@ -943,11 +943,11 @@ def test_the_decoders_never_raise(
     fields: list[bytes | None], token: bytes, record: bytes, head: list[int]
 ) -> None:
     """Whatever a reply or a record holds, the decoders return a value (pure, no server)."""
-    from durable_trio.brokers.redis import _claimed, _failed, _quarantined
+    from durable_trio.brokers.redis._replies import read_claim, read_failed, read_quarantined
 
     fields[0] = fields[0] or b""
-    job = _claimed([*fields, token], 0)
+    job = read_claim([*fields, token], 0)
     assert job.damage is not None or job.lease.token
     for raw in (record, " ".join(map(str, head)).encode() + b"\n" + record):
-        assert _failed(raw).failed_at >= 0
-        assert _quarantined("q", raw).queue == "q"
+        assert read_failed(raw).failed_at >= 0
+        assert read_quarantined("q", raw).queue == "q"

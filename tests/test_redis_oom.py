@@ -21,8 +21,7 @@ from _redis_server import *  # noqa: F403
 from durable_trio import App, WorkflowContext, open_engine, open_worker
 from durable_trio._redis import RedisOutOfMemory, key_slot, open_redis, open_redis_cluster
 from durable_trio.brokers import Job
-from durable_trio.brokers.redis import RedisBroker
-from durable_trio.brokers.redis_cluster import RedisClusterBroker
+from durable_trio.brokers.redis import RedisBroker, RedisClusterBroker
 from helpers import Errors
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from durable_trio._redis._errors import RedisClusterTLSMismatch
 from durable_trio._redis._keyslot import key_slot
 from durable_trio._redis._topology import Node, parse_shards
 from durable_trio.brokers import Job
-from durable_trio.brokers.redis_cluster import RedisClusterBroker
+from durable_trio.brokers.redis import RedisClusterBroker
 
 if TYPE_CHECKING:
     from _redis_cluster import ClusterNode, RedisCluster

@@ -23,8 +23,7 @@ from durable_trio._engine import App, RunRecord, RunStatus, WorkflowContext, ope
 from durable_trio._engine._stores.redis import RedisRunStore
 from durable_trio._redis import open_redis, open_redis_cluster
 from durable_trio.brokers import ClaimedJob, Job
-from durable_trio.brokers.redis import RedisBroker, RedisBrokerBase
-from durable_trio.brokers.redis_cluster import RedisClusterBroker
+from durable_trio.brokers.redis import RedisBroker, RedisBrokerBase, RedisClusterBroker
 from helpers import Errors
 
 pytestmark = pytest.mark.redis

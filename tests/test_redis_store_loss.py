@@ -20,9 +20,8 @@ from _redis_server import *  # noqa: F403
 from durable_trio._redis import open_redis, open_redis_cluster
 from durable_trio._transport._health import read_store_loss
 from durable_trio.backends.redis import open_redis_backend
-from durable_trio.brokers._redis_identity import ALARM_KEY, IDENTITY_KEY
-from durable_trio.brokers.redis import RedisBroker
-from durable_trio.brokers.redis_cluster import RedisClusterBroker
+from durable_trio.brokers.redis import RedisBroker, RedisClusterBroker
+from durable_trio.brokers.redis._identity import ALARM_KEY, IDENTITY_KEY
 from durable_trio.cli._health import HealthReader, _scrape, render_text
 from helpers import Errors
 

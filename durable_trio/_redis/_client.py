@@ -21,13 +21,13 @@ in the nursery the client owns for the duration of its ``async with``.
 from __future__ import annotations
 
 import contextlib
-import random
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import trio
 from trio_util import RepeatedEvent
 
+from .._backoff import Backoff
 from .._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
 from .._redact import url_scheme
 from ._connection import Connection, RedisArg, connect
@@ -223,8 +223,9 @@ class RedisClient:
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout
-        self._backoff_initial = backoff_initial
-        self._backoff_max = backoff_max
+        # (jitter 0.5: each delay between half and all of it, so clients that lost the
+        # server together do not reconnect in lockstep)
+        self._backoff = Backoff(backoff_initial, backoff_max, jitter=0.5)
         self._conns: list[Connection] = []
         self._connect_lock = trio.Lock()
         self._growing = False
@@ -520,9 +521,7 @@ class RedisClient:
             conn = await self._connect(discard_on_cancel=False)
         except BrokerError as exc:
             self._failures += 1
-            growth = 2.0 ** min(self._failures - 1, 32)  # capped: no overflow in long outages
-            delay = min(self._backoff_max, self._backoff_initial * growth)
-            self._retry_at = trio.current_time() + delay * random.uniform(0.5, 1.0)
+            self._retry_at = trio.current_time() + self._backoff.delay(self._failures)
             self._last_error = str(exc)
             self._refusal = exc if isinstance(exc, RedisAuthError) else None
             raise

@@ -31,13 +31,13 @@ in the background so the next call goes to the right node.
 
 from __future__ import annotations
 
-import random
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 from trio_util import RepeatedEvent
 
+from .._backoff import Backoff
 from .._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
 from ._client import OwnedNursery, pool_options
 from ._cluster_nodes import ClusterNodes, ClusterStats, NodeUnreachable
@@ -143,6 +143,8 @@ class RedisClusterClient:
     ) -> None:
         self._url = url
         self._options = options
+        # (jitter 0.5: each delay between half and all of it)
+        self._backoff = Backoff(options["backoff_initial"], options["backoff_max"], jitter=0.5)
         self._retries = retries
         self._max_redirects = max_redirects
         self._scripts: dict[str, bytes] = {}
@@ -483,9 +485,7 @@ class RedisClusterClient:
         return self._one_slot(command[0], keys)
 
     def _delay(self, failures: int) -> float:
-        growth = 2.0 ** min(failures - 1, 32)
-        delay = min(self._options["backoff_max"], self._options["backoff_initial"] * growth)
-        return float(delay * random.uniform(0.5, 1.0))
+        return self._backoff.delay(failures)
 
     async def _failed(self, failures: int, error: BrokerError) -> None:
         """Back off before retry number ``failures``, or give up after ``retries``."""

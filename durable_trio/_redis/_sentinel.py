@@ -31,13 +31,13 @@ master can be found calls fail fast with :class:`~durable_trio._errors.BrokerUna
 
 from __future__ import annotations
 
-import random
 import weakref
 from typing import TYPE_CHECKING, Final
 
 import attrs
 import trio
 
+from .._backoff import Backoff
 from .._errors import BrokerError, BrokerUnavailable, TransportClosed
 from ._connection import Connection, _unavailable, connect
 from ._errors import RedisAuthError, RedisBusyReply, RedisReplyError
@@ -48,6 +48,10 @@ if TYPE_CHECKING:
     from ._url import RedisURL
 
 __all__ = ["MasterLocator", "parse_failover_start", "parse_switch_master"]
+
+#: The delays between two attempts to reopen a lost sentinel watch: 0.05 s doubled per failure,
+#: capped at 2 s, each between half and all of it.
+_WATCH_BACKOFF: Final = Backoff(0.05, 2.0, jitter=0.5)
 
 #: The sentinels' channel announcing a failover: ``<name> <old-ip> <old-port> <new-ip> <new-port>``.
 SWITCH_CHANNEL: Final = b"+switch-master"
@@ -375,8 +379,8 @@ class MasterLocator:
                 failures += 1
             except TransportClosed:
                 return  # the client is closing
-            delay = min(2.0, 0.05 * 2.0 ** min(failures, 8))
-            await trio.sleep(delay * random.uniform(0.5, 1.0))
+            # (failures + 1: 0.05 s after a watch that ended without a failure)
+            await trio.sleep(_WATCH_BACKOFF.delay(failures + 1))
 
     async def _watch_one(self, index: int) -> None:
         assert self._nursery is not None

@@ -16,8 +16,7 @@ import trio
 from .._engine._stores.redis import RedisRunStore
 from .._redact import redact_url, url_scheme
 from .._redis import RedisClient, RedisClusterClient, open_redis, open_redis_cluster
-from ..brokers.redis import RedisBroker
-from ..brokers.redis_cluster import RedisClusterBroker
+from ..brokers.redis import RedisBroker, RedisClusterBroker
 from ..keys.redis import RedisKeyStore
 from ._backend import Backend
 

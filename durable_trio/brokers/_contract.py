@@ -484,7 +484,7 @@ class SupportsQueueStats(Protocol):
 class SupportsStoreIdentity(Protocol):
     """A broker that knows when its store was emptied or replaced under it (Redis: an identity
     stamped in the store, checked on every reconnection and periodically; see
-    :mod:`~durable_trio.brokers._redis_identity`). Health and the console show the loss."""
+    :mod:`~durable_trio.brokers.redis._identity`). Health and the console show the loss."""
 
     async def read_store_loss(self) -> StoreLost | None:
         """The loss of the store's data that stands (recorded in the store, or found by this

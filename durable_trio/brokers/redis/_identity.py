@@ -42,20 +42,19 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 import trio
 
-from .._errors import BrokerError, StoreLost, TransportClosed
-from .._failures import report_through
+from ..._errors import BrokerError, StoreLost, TransportClosed
+from ..._failures import report_through
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from trio_util import RepeatedEvent
 
-    from .._redis import RedisClient, RedisClusterClient
+    from ..._redis import RedisClient, RedisClusterClient
 
 __all__ = [
     "ALARM_KEY",
     "IDENTITY_KEY",
-    "IdentityWatch",
     "StoreIdentity",
     "acknowledge_store_loss",
     "read_store_loss",
@@ -163,6 +162,7 @@ class StoreIdentity:
         on_error: Callable[[Exception], object] | None,
         connected: RepeatedEvent | None,
     ) -> None:
+        self._client = client
         self._check = client.script(_CHECK)
         self._interval = interval
         self._on_error = on_error
@@ -222,6 +222,24 @@ class StoreIdentity:
             if self._on_error is not None:
                 report_through(self._on_error, loss, logger)
 
+    async def read_loss(self) -> StoreLost | None:
+        """The loss recorded in the store (or found by this watch and not recorded yet),
+        ``None`` if none stands (one ``GET``; see :func:`read_store_loss`).
+
+        Raises:
+            BrokerError: Redis did not answer.
+        """
+        stored = await read_store_loss(self._client)
+        return stored if stored is not None else self.unrecorded
+
+    async def acknowledge(self) -> bool:
+        """Delete the loss alarm (see :func:`acknowledge_store_loss`). ``False``: none stood.
+
+        Raises:
+            BrokerError: Redis did not answer.
+        """
+        return await acknowledge_store_loss(self._client)
+
     def stop(self) -> None:
         """End :meth:`watch` (from any task; it does not wait)."""
         self._scope.cancel()
@@ -244,35 +262,3 @@ class StoreIdentity:
                         await trio.sleep_forever()
                     else:
                         await self._connected.wait()
-
-
-class IdentityWatch:
-    """The store-loss reads of a Redis broker (a base class of its own, so the broker's class
-    stays under the size limit): :class:`~durable_trio.brokers.SupportsStoreIdentity`."""
-
-    _identity: StoreIdentity
-    _client: RedisClient | RedisClusterClient
-
-    @property
-    def store_loss(self) -> StoreLost | None:
-        """The loss of the store's data this broker knows of (found by it or recorded by
-        another process), until acknowledged; ``None``: none."""
-        return self._identity.alarm
-
-    async def read_store_loss(self) -> StoreLost | None:
-        """The loss recorded in the store (or found by this broker and not recorded yet),
-        ``None`` if none stands (one ``GET``; see :func:`read_store_loss`).
-
-        Raises:
-            BrokerError: Redis did not answer.
-        """
-        stored = await read_store_loss(self._client)
-        return stored if stored is not None else self._identity.unrecorded
-
-    async def acknowledge_store_loss(self) -> bool:
-        """Delete the loss alarm (see :func:`acknowledge_store_loss`). ``False``: none stood.
-
-        Raises:
-            BrokerError: Redis did not answer.
-        """
-        return await acknowledge_store_loss(self._client)

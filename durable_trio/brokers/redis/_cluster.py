@@ -6,9 +6,11 @@ Open one on a :class:`~durable_trio._redis.RedisClusterClient` (or let
     async with open_redis_cluster(url) as client, RedisClusterBroker(client) as broker:
         await broker.push_on("q", Job("1", b"{}"))
 
-The key layout, the scripts and what they do with damaged data are the single-node broker's
-(see :mod:`durable_trio.brokers.redis`): every key of queue ``Q`` carries the hash tag ``{Q}``,
-so each queue lives in one slot, on one master, and each script touches that slot only.
+The same parts as the single-node broker (see :mod:`durable_trio.brokers.redis`): its key
+layout, scripts, reply parsers, repair and identity watch, and what they do with damaged data,
+with the sharded doorbell (:class:`~durable_trio.brokers.redis._doorbell.ShardedDoorbell`)
+for the pub/sub one. Every key of queue ``Q`` carries the hash tag ``{Q}``, so each queue
+lives in one slot, on one master, and each script touches that slot only.
 Different queues spread over the masters. What differs:
 
 - **Doorbells** are sharded channels: the scripts ring with ``SPUBLISH`` on ``{Q}:doorbell@0``
@@ -23,13 +25,13 @@ Different queues spread over the masters. What differs:
   queues are two slots. The transport then fails the poison job first and publishes its result
   after, republishing it until it lands (see ``_leases.py``).
 - **Push-and-complete in two round trips** (a worker's results and its tasks' acknowledgements,
-  :meth:`~RedisBrokerBase.push_and_complete_many` and ``finish_and_claim``): the results
-  queue and the task queue are two slots, so the results are pushed first and the tasks
-  completed only once that push has landed. A push refused (a master out of memory,
-  unreachable) leaves the tasks claimed, with nothing lost; a failure after the push leaves
-  them claimed with their results published, so a result may arrive twice (the engine applies
-  one and counts the other as a duplicate), never not at all. The single-server broker does
-  both in one script.
+  :meth:`~durable_trio.brokers.redis.RedisBrokerBase.push_and_complete_many` and
+  ``finish_and_claim``): the results queue and the task queue are two slots, so the results
+  are pushed first and the tasks completed only once that push has landed. A push refused (a
+  master out of memory, unreachable) leaves the tasks claimed, with nothing lost; a failure
+  after the push leaves them claimed with their results published, so a result may arrive
+  twice (the engine applies one and counts the other as a duplicate), never not at all. The
+  single-server broker does both in one script.
 """
 
 from __future__ import annotations
@@ -37,19 +39,19 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._redis import RedisClusterClient, open_redis_cluster
-from ._redis_doorbell import ShardedDoorbell
-from .redis import RedisBrokerBase
+from ..._redis import RedisClusterClient, open_redis_cluster
+from ._broker import RedisBrokerBase
+from ._doorbell import Doorbell, ShardedDoorbell
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from ._redis_repair import _Scanner
+    from ._repair import Scanner
 
 __all__ = ["RedisClusterBroker"]
 
 
-class RedisClusterBroker(ShardedDoorbell, RedisBrokerBase):
+class RedisClusterBroker(RedisBrokerBase):
     """A :class:`~durable_trio.brokers.QueueBroker` on a Redis Cluster (see the module docs).
 
     Args:
@@ -63,12 +65,11 @@ class RedisClusterBroker(ShardedDoorbell, RedisBrokerBase):
     """
 
     _PUBLISH: ClassVar[str] = "SPUBLISH"
+    _DOORBELL: ClassVar[type[Doorbell]] = ShardedDoorbell
     _client: RedisClusterClient
 
     def __init__(self, client: RedisClusterClient, **options: Any) -> None:
         super().__init__(client, **options)
-        self._live = {}
-        self._epochs = {}
 
     @classmethod
     @asynccontextmanager
@@ -88,7 +89,7 @@ class RedisClusterBroker(ShardedDoorbell, RedisBrokerBase):
         values = await self._client.pipeline([("GET", key) for key in keys])
         return [value is not None for value in values]
 
-    async def _scan_targets(self) -> list[_Scanner]:
+    async def _scan_targets(self) -> list[Scanner]:
         """Every master's pool (the slot map read first if it has not been yet)."""
         if not self._client.slot_map.masters:
             await self._client.execute("PING")  # (any command reads the map first)

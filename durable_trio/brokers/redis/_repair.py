@@ -1,0 +1,173 @@
+"""The Redis broker's operator calls (:class:`~durable_trio.brokers.SupportsFailedJobRepair`,
+:class:`~durable_trio.brokers.SupportsQueueStats`, the queue listing): an object the broker
+owns (:class:`FailedJobRepair`). Same key layout as the broker (see
+:mod:`durable_trio.brokers.redis`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from .._contract import FailedJob, QueueStats
+from ._replies import read_failed
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
+    from ..._redis import RedisArg, RedisClient, RedisClusterClient
+    from ._queue import Queue
+    from ._scripts import Scripts
+
+__all__ = ["FailedJobRepair", "Scanner", "scan_queues"]
+
+#: Priorities whose first ready job one run of :data:`OLDEST_READY` looks at.
+OLDEST_READY_HEADS: Final = 1000
+
+
+#: A push time as the scripts store it: TIME's two parts, "<seconds> <microseconds>".
+_PUSH_TIME = re.compile(rb"([0-9]{1,15}) ([0-9]{1,6})")
+
+
+def _push_time(value: bytes | None) -> float | None:
+    """A stored push time in seconds, ``None`` when missing or not in the scripts' format."""
+    match = _PUSH_TIME.fullmatch(value) if value is not None else None
+    if match is None:
+        return None
+    return int(match[1]) + int(match[2]) / 1e6
+
+
+class Scanner(Protocol):
+    """What a ``SCAN`` runs on: a client, or one master's pool."""
+
+    async def execute(self, *args: RedisArg, reply_timeout: float | None = None) -> Any: ...
+
+
+async def scan_queues(
+    targets: Sequence[Scanner], prefix: str, suffixes: Sequence[str]
+) -> list[str]:
+    """The queues ``Q`` named ``prefix...`` with a ``{Q}:<suffix>`` key for any of ``suffixes``,
+    by a ``SCAN`` of each of ``targets`` (one server, or every master of a Cluster): O(keys in
+    the database), for an operator's view or a health read, never the hot path."""
+    pattern = "{" + re.sub(r"([\\*?\[\]])", r"\\\1", prefix) + "*}:"
+    found: set[str] = set()
+    for target in targets:
+        for suffix in suffixes:
+            cursor = b"0"
+            while True:
+                cursor, keys = await target.execute(
+                    "SCAN", cursor, "MATCH", pattern + suffix, "COUNT", 1000
+                )
+                for key in keys:
+                    text = key.decode() if isinstance(key, bytes) else str(key)
+                    found.add(text[1 : -len("}:" + suffix)])
+                if cursor in (b"0", "0", 0):
+                    break
+    return sorted(found)
+
+
+class FailedJobRepair:
+    """Requeue and delete of failed jobs, queue counts and the queue listing: an object the
+    broker owns and hands these calls to.
+
+    Args:
+        client: the broker's client.
+        scripts: the broker's scripts.
+        queue: the broker's queue of a name (validated, cached).
+        quarantine_retention: the broker's option.
+        note_repair: the broker's report of a rebuilt sequence counter (see ``TAKE_SEQ``).
+        scan_targets: what a ``SCAN`` of every key runs on: the one server (a Cluster: every
+            master).
+    """
+
+    def __init__(
+        self,
+        client: RedisClient | RedisClusterClient,
+        scripts: Scripts,
+        queue: Callable[[str], Queue],
+        *,
+        quarantine_retention: int,
+        note_repair: Callable[[str, object], None],
+        scan_targets: Callable[[], Awaitable[list[Scanner]]],
+    ) -> None:
+        self._client = client
+        self._scripts = scripts
+        self._queue = queue
+        self._quarantine_retention = quarantine_retention
+        self._note_repair = note_repair
+        self._scan_targets = scan_targets
+
+    async def _find_failed(self, q: Queue, job_id: str) -> tuple[bytes, FailedJob] | None:
+        for record in await self._client.execute("LRANGE", q.failed_key, 0, -1):
+            job = read_failed(record)
+            if job.id == job_id:
+                return record, job
+        return None
+
+    async def requeue_failed(self, queue: str, job_id: str, *, priority: int | None = None) -> bool:
+        """Put the newest failed job ``job_id`` back as ready, its counters reset (see
+        :class:`~durable_trio.brokers.SupportsFailedJobRepair`). A failed record keeps no
+        priority: ``None`` requeues at priority 0."""
+        q = self._queue(queue)
+        found = await self._find_failed(q, job_id)
+        if found is None:
+            return False
+        record, job = found
+        keys = (*q.push_keys, q.failed_key)
+        args = (
+            record, job.id, job.data, priority or 0, q.channel, self._quarantine_retention,
+        )  # fmt: skip
+        done = await self._scripts.requeue_failed(keys, args)
+        self._note_repair(queue, done)
+        return bool(done != 0)
+
+    async def delete_failed(self, queue: str, job_id: str) -> bool:
+        """Remove the newest failed job ``job_id`` of ``queue`` from its failed set."""
+        q = self._queue(queue)
+        found = await self._find_failed(q, job_id)
+        if found is None:
+            return False
+        return bool(await self._client.execute("LREM", q.failed_key, 1, found[0]) == 1)
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        """``queue``'s counts (one pipeline) and its oldest ready job's age: the push time of
+        the ready job with the lowest internal id (see the oldest-ready script), read with the
+        server's ``TIME``. ``None``: none is ready, or that job's push time cannot be read
+        (pushed by a version that kept none, or damaged). Not one snapshot: a job claimed
+        meanwhile may be left out (it no longer waits)."""
+        q = self._queue(queue)
+        replies = await self._client.pipeline(
+            [("ZCARD", q.ready_key), ("ZCARD", q.delayed_key), ("ZCARD", q.active_key),
+             ("LLEN", q.failed_key)]
+        )  # fmt: skip
+        ready, delayed, claimed, failed = (int(r) for r in replies)
+        age = await self._oldest_ready_age(q) if ready else None
+        return QueueStats(ready, delayed, claimed, failed, age)
+
+    async def _oldest_ready_age(self, q: Queue) -> float | None:
+        script = self._scripts.oldest_ready
+        cursor: bytes = b""
+        lowest: int | None = None
+        while True:
+            found, cursor, unreadable = await script(
+                (q.ready_key, q.moved_key), (cursor, OLDEST_READY_HEADS)
+            )
+            if int(unreadable):
+                return None  # (a head naming no job: the one behind it may be the oldest)
+            if found is not None:
+                lowest = int(found) if lowest is None else min(lowest, int(found))
+            if cursor is None:
+                break
+        if lowest is None:
+            return None
+        pushed, now = await self._client.pipeline([("HGET", q.jobs_key, f"t{lowest}"), ("TIME",)])
+        at = _push_time(pushed)
+        if at is None:
+            return None
+        return max(0.0, int(now[0]) + int(now[1]) / 1e6 - at)
+
+    async def known_queues(self, prefix: str) -> list[str]:
+        """The queues named ``prefix...`` holding any job (ready, delayed, claimed or failed
+        keys; see :func:`scan_queues`)."""
+        suffixes = ("ready", "delayed", "active", "failed")
+        return await scan_queues(await self._scan_targets(), prefix, suffixes)
