@@ -296,11 +296,7 @@ def test_no_class_stacks_implementation_bases_but_the_known_ones() -> None:
 #: Files whose retry loops still compute their own exponential backoff (``2 ** failures``)
 #: instead of taking it from ``durable_trio._backoff.Backoff``; each is converted on the
 #: branch of its area.
-KNOWN_OWN_BACKOFF: frozenset[str] = frozenset(
-    {
-        "_engine/_stores/redis.py",
-    }
-)
+KNOWN_OWN_BACKOFF: frozenset[str] = frozenset()
 
 
 def own_backoffs() -> set[str]:

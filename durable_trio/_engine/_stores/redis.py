@@ -38,6 +38,7 @@ import attrs
 import orjson
 import trio
 
+from ..._backoff import Backoff
 from ..._errors import BrokerError, ConfigError, TransportClosed
 from ..._redis import RedisClusterClient
 from .._records import (
@@ -62,6 +63,9 @@ if TYPE_CHECKING:
     from ..._redis import RedisClient, Script
 
 __all__ = ["MAX_SHARDS", "RedisRunStore"]
+
+#: Waits between two subscriptions to the wakes channel after a failure: 0.1 s doubling to 2 s.
+_RESUBSCRIBE_BACKOFF = Backoff(initial=0.1, maximum=2.0)
 
 logger = logging.getLogger("durable_trio.redis")
 
@@ -565,7 +569,7 @@ class RedisRunStore:
             except TransportClosed:
                 return
             failures += 1
-            await trio.sleep(min(0.05 * 2**failures, 2.0))
+            await trio.sleep(_RESUBSCRIBE_BACKOFF.delay(failures))
 
     def _subscribed(self) -> None:
         self.subscriptions += 1
