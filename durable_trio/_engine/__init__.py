@@ -37,8 +37,8 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
 7. drivers: ``_runtime`` (a run driven here), ``_remote_run`` (a remote run, driven turn by
    turn), ``_turn`` (a remote workflow's turn, on a workflow worker), ``_adoption`` (taking
    over runs nobody drives), ``_cancel_delivery``, ``_results`` (result application)
-8. facades: ``_engine`` (the public API and the engine's tree), ``_open`` (``open_engine``),
-   ``_worker`` (``open_worker``), ``_tenant`` (a pod's client)
+8. facades: ``_engine`` (the public API), ``_tree`` (the engine's nurseries and its close),
+   ``_open`` (``open_engine``), ``_worker`` (``open_worker``), ``_tenant`` (a pod's client)
 """
 
 from __future__ import annotations

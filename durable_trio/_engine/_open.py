@@ -133,6 +133,8 @@ async def open_engine(
             services = EngineServices(app, store, transport, options, on_error)
             engine = Engine(services, ResultHandler(services), EngineTimers(services))
             try:
+                # The engine's tree (._tree) runs in this nursery; leaving the block asks for
+                # its close and waits for it (Engine.aclose).
                 async with trio.open_nursery() as root:
                     try:
                         try:
@@ -146,7 +148,6 @@ async def open_engine(
                                 body_error = exc
                     finally:
                         await engine.aclose()
-                        root.cancel_scope.cancel()
             except BaseExceptionGroup as group:
                 background.append(group)
     except BaseException as exc:  # opening or closing the transport or the store
