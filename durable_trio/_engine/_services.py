@@ -23,6 +23,7 @@ import attrs
 import trio
 
 from .. import _telemetry as telemetry
+from .._backoff import Backoff
 from .._errors import BrokerError, TransportClosed
 from .._transport._options import log_error
 from .._wire import RemoteTask
@@ -49,8 +50,9 @@ __all__ = ["DispatchWatch", "Driver", "DriverServices", "EngineServices", "StepW
 
 T = TypeVar("T")
 
-#: First and largest delay between two attempts at a store / broker call that failed.
-_GUARD_BACKOFF = (0.05, 5.0)
+#: The delays between two attempts at a store / broker call that failed: 0.05 s, doubling, at
+#: most 5 s, no jitter (the engine's calls are few; determinism keeps the simulation's digests).
+_GUARD_BACKOFF = Backoff(initial=0.05, maximum=5.0)
 
 
 def _newer(candidate: StepRecord, current: StepRecord | None) -> bool:
@@ -275,16 +277,17 @@ class EngineServices:
         infrastructure hiccup): they are reported and the call retried until it succeeds or
         the run's driver is cancelled.
         """
-        delay, largest = _GUARD_BACKOFF
+        failures = 0
         while True:
             try:
                 return await call()
             except (BrokerError, TransportClosed) as exc:
+                failures += 1
+                delay = _GUARD_BACKOFF.delay(failures)
                 report = EngineError(f"{what} failed (retrying in {delay:.2f} s): {exc}")
                 report.__cause__ = exc
                 self.report(report)
             await trio.sleep(delay)
-            delay = min(delay * 2, largest)
 
     def step_definition(self, name: str) -> StepDefinition | None:
         return self.app.steps.get(name)
