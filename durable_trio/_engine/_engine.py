@@ -102,7 +102,7 @@ class Engine:
         self._timers = timers
         self._watch: StepWatch | None = None
         self._audit: LossAudit | None = None
-        self._tree = EngineTree(services)
+        self._tree = EngineTree(services.drivers, services)
         self._spawned = RepeatedEvent()
         """Set whenever a driver starts: wakes ``result`` pollers."""
         self._adoption = Adoption(services, self._spawn, lambda: self._tree.closing)
@@ -225,7 +225,7 @@ class Engine:
             driver = RemoteRunDriver(self._services, run, history)
         else:
             driver = RunDriver(self._services, run, history)
-        self._services.drivers[run.run_id] = driver
+        self._services.drivers.add(driver)
         self._spawned.set()
         assert self._tree.runs is not None
         self._tree.runs.start_soon(

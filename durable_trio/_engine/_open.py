@@ -12,6 +12,7 @@ import trio
 from .._failures import one_exception, raise_bare
 from .._transport._facade import open_queue_transport
 from .._transport._options import log_error
+from ._drivers import Drivers
 from ._engine import Engine, start_engine
 from ._options import EngineOptions
 from ._results import ResultHandler
@@ -130,7 +131,7 @@ async def open_engine(
             if options.wall_clock is follow_the_timers:
                 # Schedules on the clock of the store's durable timers (virtual in tests).
                 options = attrs.evolve(options, wall_clock=calendar_clock(store))
-            services = EngineServices(app, store, transport, options, on_error)
+            services = EngineServices(app, store, transport, options, on_error, Drivers())
             engine = Engine(services, ResultHandler(services), EngineTimers(services))
             try:
                 # The engine's tree (._tree) runs in this nursery; leaving the block asks for

@@ -27,6 +27,7 @@ import trio
 from .._errors import BrokerError
 
 if TYPE_CHECKING:
+    from ._drivers import Drivers
     from ._services import EngineServices
 
 __all__ = ["EngineTree"]
@@ -36,10 +37,13 @@ class EngineTree:
     """The runs and loops nurseries of one engine, and its close.
 
     Args:
-        services: the engine's services (its drivers, its store, its options).
+        drivers: the engine's drivers (their owner: the close cancels them, waits for them and
+            takes the runs still in flight from it).
+        services: the engine's services (its store, its options, its error hook).
     """
 
-    def __init__(self, services: EngineServices) -> None:
+    def __init__(self, drivers: Drivers, services: EngineServices) -> None:
+        self._drivers = drivers
         self._services = services
         self._close_asked = trio.Event()
         self._loops: trio.Nursery | None = None
@@ -64,14 +68,9 @@ class EngineTree:
             return  # cancelled already, or not running (run's own finally cancels then)
         # 1. stop the loops
         self._loops.cancel_scope.cancel()
-        services = self._services
-        # What is still owned here: the runs driven now, and those whose driver a cancel
-        # from outside stopped (``unreleased``, see EngineServices.forget).
-        self._in_flight = [*services.drivers, *services.unreleased]
-        services.unreleased.clear()
-        # 2. cancel every run's driver where it waits (with the loops: as the close always did)
-        for driver in list(services.drivers.values()):
-            driver.scope.cancel()
+        # 2. cancel every run's driver where it waits (with the loops: as the close always did);
+        # what is still owned here is released in 3 (Drivers.cancel_all)
+        self._in_flight = self._drivers.cancel_all()
         self.runs.cancel_scope.cancel()
 
     @property
@@ -123,8 +122,7 @@ class EngineTree:
         options = services.options
         # 2. (continued) wait for the drivers to stop, bounded
         with trio.move_on_after(options.cleanup_timeout):
-            for driver in list(services.drivers.values()):
-                await driver.done.wait()
+            await self._drivers.wait_stopped()
         # 3. release the runs still in flight: another engine takes them over at once
         if options.release_on_close and in_flight:
             with trio.move_on_after(options.cleanup_timeout):
