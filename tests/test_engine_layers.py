@@ -83,4 +83,4 @@ def test_the_parser_reads_the_layers() -> None:
     assert named["_records"] == 1
     assert named["_stores"] == 2
     assert named["_engine"] == named["_open"] == 8
-    assert imports(PACKAGE / "_open.py") >= {"_engine", "_services"}
+    assert imports(PACKAGE / "_open.py") >= {"_engine", "_options"}

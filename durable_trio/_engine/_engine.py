@@ -44,6 +44,7 @@ from ._cancel_delivery import (
 )
 from ._children import cancel_children
 from ._deadline import drive_within_deadline
+from ._drivers import Drivers
 from ._duplicates import DuplicateResult  # noqa: TC001
 from ._errors import (
     EngineClosed,
@@ -58,20 +59,22 @@ from ._options import EngineOptions
 from ._records import RunRecord, RunState, RunStatus, StepRecord
 from ._remote_run import RemoteRunDriver
 from ._reopen import retry_run
+from ._results import ResultHandler
 from ._retry import Retry  # noqa: TC001
 from ._runtime import RunDriver
 from ._schedules import Scheduler, Schedules
+from ._services import EngineServices
 from ._statistics import EngineStatistics
 from ._step_watch import StepWait, StepWatch
 from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
 from ._stores._wakes import SupportsRunWakes
+from ._timers import EngineTimers
 from ._tree import EngineTree
 
 if TYPE_CHECKING:
-    from ._results import ResultHandler
-    from ._services import Driver, EngineServices
-    from ._timers import EngineTimers
+    from .._transport._options import ErrorHook
+    from ._services import Driver
 
 __all__ = ["Engine", "EngineOptions", "EngineStatistics", "start_engine"]
 
@@ -87,19 +90,28 @@ class Engine:
     """
 
     def __init__(
-        self, services: EngineServices, results: ResultHandler, timers: EngineTimers
+        self,
+        app: App,
+        store: RunStore,
+        transport: QueueTransport,
+        options: EngineOptions,
+        on_error: ErrorHook,
     ) -> None:
-        # Built by open_engine: the pieces share ``services`` (the state and the services
-        # the drivers use); the engine composes them and adds the public API.
-        self._services = services
-        services.start_run = lambda workflow, input, run_id, parent: self.start(
-            workflow, input, run_id=run_id, parent=parent
+        # Built by open_engine. The pieces share ``services`` (what the drivers use), which
+        # gets the owners it hands out at construction: the drivers' registry, and this
+        # engine's start and cancel (a child run's start, a cancel walking a run's children).
+        services = self._services = EngineServices(
+            app,
+            store,
+            transport,
+            options,
+            on_error,
+            Drivers(),
+            start_run=self._start_child,
+            cancel_run=self._cancel_one,
         )
-        # One run: a driver ending its children, or a child met under a cancelled parent,
-        # walks the tree itself (cancel_children).
-        services.cancel_run = self._cancel_one
-        self._results = results
-        self._timers = timers
+        self._results = ResultHandler(services)
+        self._timers = EngineTimers(services)
         self._watch: StepWatch | None = None
         self._audit: LossAudit | None = None
         self._tree = EngineTree(services.drivers, services)
@@ -217,6 +229,9 @@ class Engine:
             return
         with trio.CancelScope(shield=True):
             await tree.closed.wait()
+
+    async def _start_child(self, workflow: str, input: Any, run_id: str, parent: str) -> str:
+        return await self.start(workflow, input, run_id=run_id, parent=parent)
 
     def _spawn(self, run: RunRecord, history: builtins.list[StepRecord]) -> Driver:
         definition = self.app.workflows[run.workflow]

@@ -205,6 +205,9 @@ class EngineServices:
         options: EngineOptions,
         on_error: ErrorHook,
         drivers: Drivers,
+        *,
+        start_run: Callable[[str, Any, str, str], Awaitable[str]],
+        cancel_run: Callable[[str, str], Awaitable[bool]],
     ) -> None:
         self.app = app
         self.store = store
@@ -220,11 +223,13 @@ class EngineServices:
         self.decision_locks: dict[str, trio.Lock] = {}
         self.duplicates = DuplicateLog()
         self._listeners: list[Callable[[str, RunRecord], None]] = []
+        self.start_run = start_run
+        """Starts a child workflow run: ``start_run(workflow, input, run_id, parent)``
+        (``engine.start``, issue 18)."""
+        self.cancel_run = cancel_run
+        """Cancels one run: ``cancel_run(run_id, reason)`` (a driver ending its children, or a
+        child met under a cancelled parent, walks the tree itself: ``cancel_children``)."""
         self.step_watch: DispatchWatch | None = None
-        self.start_run: Callable[[str, Any, str, str], Awaitable[str]] | None = None
-        """Starts a child workflow run (``engine.start``; set by the engine, issue 18)."""
-        self.cancel_run: Callable[[str, str], Awaitable[bool]] | None = None
-        """Cancels a run and its children (``engine.cancel``; set by the engine, issue 18)."""
         """Watches the timeouts of the attempts dispatched here (set by the engine)."""
         self.loss_audit: DispatchWatch | None = None
         """Audits the attempts dispatched here for a task or result the broker lost (set by
