@@ -18,13 +18,28 @@ deterministic replay, run stores.
         run_id = await engine.start("order", {"id": 1})
         outcome = await engine.result(run_id)
 
-Layers (imports go down): ``_app`` / ``_retry`` / ``_records`` / ``_errors`` -> ``_stores`` ->
-``_replay`` / ``_context`` -> ``_services`` (what drivers get from the engine) -> ``_runtime``
-(runs driven here), ``_turn`` (a remote workflow's turn, on a workflow worker) ->
-``_remote_run`` (remote runs, driven turn by turn) -> ``_results`` (result application),
-``_timers`` (the periodic loops), ``_control`` (the control plane of tenant pods) -> ``_engine``
-(the public facade, with ``_options``, ``_statistics``) -> ``_open`` (builds the pieces),
-``_worker``, ``_tenant`` (a pod's client) -> ``cli``.
+Layers, bottom up: a module imports only modules of its own layer or of the layers below it
+(``tests/test_engine_layers.py`` checks it, and that every module of the package is named here):
+
+1. values: ``_records`` (runs, steps), ``_errors``, ``_retry``, ``_duplicates``,
+   ``_statistics``, ``_wall_clock``, ``_step_timeouts``, ``_options``, ``_replay`` (a run's
+   history, consumed in call order)
+2. stores: ``_stores`` (the run store: ``_contract``, ``memory``, ``sqlite``, ``redis``,
+   ``_paging``, ``_shard_paging``, ``_wakes``)
+3. store operations: ``_new_run`` (recording a run), ``_reopen`` (an operator's retry),
+   ``_schedules``
+4. workflow code: ``_context`` (what a workflow sees), ``_app`` (the registry),
+   ``_versioning`` (blocked runs)
+5. services: ``_drivers`` (the registry of the engine's drivers, their one owner),
+   ``_services`` (what the drivers get from the engine)
+6. a run's pieces: ``_cancel``, ``_children``, ``_signals``, ``_heartbeats``, ``_deadline``,
+   and the engine's loops: ``_step_watch``, ``_audit`` (the loss audit), ``_timers`` (leases,
+   reconcile, the store watch), ``_control`` (the control plane of tenant pods)
+7. drivers: ``_runtime`` (a run driven here), ``_remote_run`` (a remote run, driven turn by
+   turn), ``_turn`` (a remote workflow's turn, on a workflow worker), ``_adoption`` (taking
+   over runs nobody drives), ``_cancel_delivery``, ``_results`` (result application)
+8. facades: ``_engine`` (the public API), ``_tree`` (the engine's nurseries and its close),
+   ``_open`` (``open_engine``), ``_worker`` (``open_worker``), ``_tenant`` (a pod's client)
 """
 
 from __future__ import annotations

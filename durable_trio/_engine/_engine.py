@@ -2,15 +2,15 @@
 
 ::
 
-    engine (root nursery, lives as long as the ``async with``)
-    ├── runs          one driver task per run this engine drives (._runtime, ._remote_run)
-    ├── lease keeper  renews this engine's run leases every run_lease / 3      (._timers)
-    ├── reconcile     takes over runs nobody drives (dead engine, released, detached starts)
-    └── watch         re-reads the checkpoints its runs wait on (results applied elsewhere)
+    tree (._tree: one task, from the engine's start to the end of its close)
+    └── runs          one driver task per run this engine drives (._runtime, ._remote_run)
+        └── loops     lease renewal, reconcile, the store watch (._timers), the step watch,
+                      the loss audit, schedules, cancel delivery, heartbeats, control plane
     (the transport's loops call the result handler, ._results)
 
 :class:`Engine` is the public API (start, result, status, cancel, list, history, reconcile)
-and the lifecycle (start the pieces, close them in phases). The state its pieces share and the
+and what starts its pieces; its close is the unwinding of its tree (:class:`~._tree.EngineTree`),
+which :meth:`Engine.aclose` asks for and waits for. The state its pieces share and the
 services its drivers use are :class:`~._services.EngineServices`; applying results is
 :class:`~._results.ResultHandler`; its periodic loops are :class:`~._timers.EngineTimers`.
 """
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import attrs
 import trio
-from trio_util import RepeatedEvent
+from trio_util import RepeatedEvent, wait_any
 
 from .._arguments import check_bool, check_name, check_optional_name, check_seconds
 from .._errors import BrokerError, TransportClosed
@@ -44,6 +44,7 @@ from ._cancel_delivery import (
 )
 from ._children import cancel_children
 from ._deadline import drive_within_deadline
+from ._drivers import Drivers
 from ._duplicates import DuplicateResult  # noqa: TC001
 from ._errors import (
     EngineClosed,
@@ -58,19 +59,22 @@ from ._options import EngineOptions
 from ._records import RunRecord, RunState, RunStatus, StepRecord
 from ._remote_run import RemoteRunDriver
 from ._reopen import retry_run
+from ._results import ResultHandler
 from ._retry import Retry  # noqa: TC001
 from ._runtime import RunDriver
 from ._schedules import Scheduler, Schedules
+from ._services import EngineServices
 from ._statistics import EngineStatistics
 from ._step_watch import StepWait, StepWatch
 from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
 from ._stores._wakes import SupportsRunWakes
+from ._timers import EngineTimers
+from ._tree import EngineTree
 
 if TYPE_CHECKING:
-    from ._results import ResultHandler
-    from ._services import Driver, EngineServices
-    from ._timers import EngineTimers
+    from .._transport._options import ErrorHook
+    from ._services import Driver
 
 __all__ = ["Engine", "EngineOptions", "EngineStatistics", "start_engine"]
 
@@ -86,27 +90,34 @@ class Engine:
     """
 
     def __init__(
-        self, services: EngineServices, results: ResultHandler, timers: EngineTimers
+        self,
+        app: App,
+        store: RunStore,
+        transport: QueueTransport,
+        options: EngineOptions,
+        on_error: ErrorHook,
     ) -> None:
-        # Built by open_engine: the pieces share ``services`` (the state and the services
-        # the drivers use); the engine composes them and adds the public API.
-        self._services = services
-        services.start_run = lambda workflow, input, run_id, parent: self.start(
-            workflow, input, run_id=run_id, parent=parent
+        # Built by open_engine. The pieces share ``services`` (what the drivers use), which
+        # gets the owners it hands out at construction: the drivers' registry, and this
+        # engine's start and cancel (a child run's start, a cancel walking a run's children).
+        services = self._services = EngineServices(
+            app,
+            store,
+            transport,
+            options,
+            on_error,
+            Drivers(),
+            start_run=self._start_child,
+            cancel_run=self._cancel_one,
         )
-        # One run: a driver ending its children, or a child met under a cancelled parent,
-        # walks the tree itself (cancel_children).
-        services.cancel_run = self._cancel_one
-        self._results = results
-        self._timers = timers
+        self._results = ResultHandler(services)
+        self._timers = EngineTimers(services)
         self._watch: StepWatch | None = None
         self._audit: LossAudit | None = None
-        self._runs: trio.Nursery | None = None
-        self._loops: trio.Nursery | None = None
-        self._closing = False
+        self._tree = EngineTree(services.drivers, services)
         self._spawned = RepeatedEvent()
         """Set whenever a driver starts: wakes ``result`` pollers."""
-        self._adoption = Adoption(services, self._spawn, lambda: self._closing)
+        self._adoption = Adoption(services, self._spawn, lambda: self._tree.closing)
         self._schedules_changed = RepeatedEvent()
         self._schedules = Schedules(
             services.store,
@@ -157,9 +168,8 @@ class Engine:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def _start(self, root: trio.Nursery) -> None:
-        self._runs = await root.start(_serve_nursery)
-        self._loops = await root.start(_serve_nursery)
+    async def _start(self, loops: trio.Nursery) -> None:
+        # The loops go into the tree's loops nursery, the drivers into its runs (._tree).
         results = self._results
         self.transport.on_result(results.on_result)
         if any(w.remote for w in self.app.workflows.values()):
@@ -171,31 +181,31 @@ class Engine:
         if options.serve_tenants:
             from ._control import ControlPlane
 
-            ControlPlane(self._services, self, self.transport).attach(self._loops)
+            ControlPlane(self._services, self, self.transport).attach(loops)
         watch = self._watch = StepWatch(self._services, results.on_result)
         self._services.step_watch = watch
-        self._loops.start_soon(watch.run)
+        loops.start_soon(watch.run)
         if options.audit_interval:
             audit = self._audit = LossAudit(self._services, options.audit_interval)
             self._services.loss_audit = audit
-            self._loops.start_soon(audit.run)
+            loops.start_soon(audit.run)
         if options.reconcile:
             await self.reconcile(include_own=True)
-        self._timers.start(self._loops, self.reconcile)
+        self._timers.start(loops, self.reconcile)
         if options.reconcile:  # a short-lived engine (reconcile=False) fires no schedules
             scheduler = Scheduler(self, self._schedules, self._schedules_changed)
             await scheduler.start()
-            self._loops.start_soon(scheduler.run)
-        self._loops.start_soon(
+            loops.start_soon(scheduler.run)
+        loops.start_soon(
             deliver_marked_forever,
             self._services,
             self.options.cancel_grace,
             self.options.run_lease / 3,
-            self._loops,
+            loops,
             self._cancel_steps,
         )
         if any(step.heartbeat_timeout is not None for step in self.app.steps.values()):
-            self._loops.start_soon(
+            loops.start_soon(
                 watch_heartbeats,
                 self._services,
                 results.fail_over,
@@ -203,34 +213,25 @@ class Engine:
             )
 
     async def aclose(self) -> None:
-        """Stop driving runs, in bounded phases: (1) stop the loops; (2) cancel every run's
-        driver where it waits (their checkpoints are already stored); (3) release the runs
-        still in flight so another engine takes them over at once (bounded by
-        ``cleanup_timeout``). The transport and store close after this, on leaving
-        :func:`open_engine`. Idempotent.
+        """Stop driving runs: ask the engine's tree to unwind and wait until it has, level by
+        level, each bounded: (1) stop the loops; (2) cancel every run's driver where it waits
+        (their checkpoints are already stored); (3) release the runs still in flight so another
+        engine takes them over at once (bounded by ``cleanup_timeout``). The transport and store
+        close after this, on leaving :func:`open_engine`. Idempotent; shielded.
+
+        Called from a driver or a loop of this engine (which the close waits for), it asks and
+        returns: the close goes on, and cancels the caller like any other.
         """
-        if self._closing:
+        tree = self._tree
+        tree.close()
+        if not tree.running or tree.holds_current_task():
             await trio.lowlevel.checkpoint()
             return
-        self._closing = True
         with trio.CancelScope(shield=True):
-            if self._loops is not None:
-                self._loops.cancel_scope.cancel()
-            in_flight = [*self._services.drivers, *self._services.unreleased]
-            self._services.unreleased.clear()
-            for driver in list(self._services.drivers.values()):
-                driver.scope.cancel()
-            if self._runs is not None:
-                self._runs.cancel_scope.cancel()
-            with trio.move_on_after(self.options.cleanup_timeout):
-                for driver in list(self._services.drivers.values()):
-                    await driver.done.wait()
-            if self.options.release_on_close and in_flight:
-                with trio.move_on_after(self.options.cleanup_timeout):
-                    try:
-                        await self.store.release_runs(self.engine_id, in_flight)
-                    except BrokerError as exc:
-                        self._services.report(exc)
+            await tree.closed.wait()
+
+    async def _start_child(self, workflow: str, input: Any, run_id: str, parent: str) -> str:
+        return await self.start(workflow, input, run_id=run_id, parent=parent)
 
     def _spawn(self, run: RunRecord, history: builtins.list[StepRecord]) -> Driver:
         definition = self.app.workflows[run.workflow]
@@ -239,10 +240,10 @@ class Engine:
             driver = RemoteRunDriver(self._services, run, history)
         else:
             driver = RunDriver(self._services, run, history)
-        self._services.drivers[run.run_id] = driver
+        self._services.drivers.add(driver)
         self._spawned.set()
-        assert self._runs is not None
-        self._runs.start_soon(
+        assert self._tree.runs is not None
+        self._tree.runs.start_soon(
             drive_within_deadline, self._services, driver, definition, name=f"run {run.run_id}"
         )
         return driver
@@ -278,7 +279,7 @@ class Engine:
         Raises:
             EngineClosed: the engine is closed.
         """
-        if self._closing:
+        if self._tree.closing:
             await trio.lowlevel.checkpoint()
             raise EngineClosed("the engine is closed")
         return await self._adoption.take_over(run_id)
@@ -332,7 +333,7 @@ class Engine:
             if timeout is None
             else check_seconds(timeout, "engine.start", "timeout", positive=True)
         )
-        if self._closing:
+        if self._tree.closing:
             # The engine's own tasks that call this (the scheduler, a parent starting a child,
             # a pod's start) were cancelled when closing began, but one that resumed from an
             # await whose result was already in leaves here by that cancel, not with an error
@@ -390,7 +391,7 @@ class Engine:
                     record = await self.get(run_id)
                 if record.status.terminal:
                     return _outcome(record)
-                if self._closing:
+                if self._tree.closing:
                     raise EngineClosed(f"the engine closed before run {run_id!r} ended")
                 if run_id not in self._services.drivers:
                     # Driven elsewhere (or by no one yet): the ring, else the poll; at once
@@ -645,7 +646,7 @@ class Engine:
             RunNotRetryable: the run is neither failed nor blocked.
             EngineClosed: the engine is closed.
         """
-        if self._closing:
+        if self._tree.closing:
             raise EngineClosed("the engine is closed")
         record = await retry_run(self.store, run_id)
         await self.reconcile()
@@ -687,25 +688,13 @@ async def _rung_or_spawned(rung: trio.Event | None, spawned: RepeatedEvent, poll
     with trio.move_on_after(poll):
         if rung is None:
             await spawned.wait()
-            return
-        async with trio.open_nursery() as nursery:
-
-            async def on_spawn() -> None:
-                await spawned.wait()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(on_spawn)
-            await rung.wait()
-            nursery.cancel_scope.cancel()
+        else:
+            await wait_any(rung.wait, spawned.wait)
 
 
 async def start_engine(engine: Engine, root: trio.Nursery) -> None:
-    """Start ``engine``'s pieces in ``root`` (what :func:`open_engine` does on entry): the runs
-    and loops nurseries, the transport's handlers, the initial reconcile and the timers."""
-    await engine._start(root)
-
-
-async def _serve_nursery(*, task_status: trio.TaskStatus[trio.Nursery]) -> None:
-    async with trio.open_nursery() as nursery:
-        task_status.started(nursery)
-        await trio.sleep_forever()
+    """Start ``engine`` in ``root`` (what :func:`open_engine` does on entry): its tree (the runs
+    and loops nurseries, ._tree), then its pieces in them: the transport's handlers, the
+    initial reconcile and the timers."""
+    loops = await root.start(engine._tree.run)
+    await engine._start(loops)

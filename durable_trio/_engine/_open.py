@@ -14,13 +14,10 @@ from .._transport._facade import open_queue_transport
 from .._transport._options import log_error
 from ._engine import Engine, start_engine
 from ._options import EngineOptions
-from ._results import ResultHandler
 from ._retry import Retry
 from ._schedules import schedule_options
-from ._services import EngineServices
 from ._step_watch import step_watch_options
 from ._stores import open_run_store
-from ._timers import EngineTimers
 from ._wall_clock import calendar_clock, follow_the_timers
 
 if TYPE_CHECKING:
@@ -125,14 +122,15 @@ async def open_engine(
             transport = await stack.enter_async_context(
                 open_queue_transport(backend, **transport_options)
             )
-            # The engine's pieces: the state and services they share, result application,
-            # the periodic loops; the Engine composes them behind the public API.
             if options.wall_clock is follow_the_timers:
                 # Schedules on the clock of the store's durable timers (virtual in tests).
                 options = attrs.evolve(options, wall_clock=calendar_clock(store))
-            services = EngineServices(app, store, transport, options, on_error)
-            engine = Engine(services, ResultHandler(services), EngineTimers(services))
+            # The engine builds its pieces (the services they share, result application, the
+            # periodic loops) and composes them behind the public API.
+            engine = Engine(app, store, transport, options, on_error)
             try:
+                # The engine's tree (._tree) runs in this nursery; leaving the block asks for
+                # its close and waits for it (Engine.aclose).
                 async with trio.open_nursery() as root:
                     try:
                         try:
@@ -146,7 +144,6 @@ async def open_engine(
                                 body_error = exc
                     finally:
                         await engine.aclose()
-                        root.cancel_scope.cancel()
             except BaseExceptionGroup as group:
                 background.append(group)
     except BaseException as exc:  # opening or closing the transport or the store

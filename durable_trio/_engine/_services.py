@@ -15,7 +15,6 @@ one and reports it in :meth:`~._engine.Engine.statistics`.
 
 from __future__ import annotations
 
-import math
 import random
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -23,9 +22,11 @@ import attrs
 import trio
 
 from .. import _telemetry as telemetry
+from .._backoff import Backoff
 from .._errors import BrokerError, TransportClosed
 from .._transport._options import log_error
 from .._wire import RemoteTask
+from ._drivers import Driver, Drivers
 from ._duplicates import DuplicateLog
 from ._errors import EngineError
 from ._records import StepState, previous_details
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from .._transport._facade import QueueTransport
     from .._transport._options import ErrorHook
     from .._wire import WorkflowTask
-    from ._app import App, StepDefinition, WorkflowDefinition
+    from ._app import App, StepDefinition
     from ._options import EngineOptions
     from ._records import RunRecord, RunStatus, StepRecord
     from ._retry import Retry
@@ -50,8 +51,9 @@ __all__ = ["DispatchWatch", "Driver", "DriverServices", "EngineServices", "StepW
 
 T = TypeVar("T")
 
-#: First and largest delay between two attempts at a store / broker call that failed.
-_GUARD_BACKOFF = (0.05, 5.0)
+#: The delays between two attempts at a store / broker call that failed: 0.05 s, doubling, at
+#: most 5 s, no jitter (the engine's calls are few; determinism keeps the simulation's digests).
+_GUARD_BACKOFF = Backoff(initial=0.05, maximum=5.0)
 
 
 def _newer(candidate: StepRecord, current: StepRecord | None) -> bool:
@@ -86,33 +88,6 @@ class StepWaiter:
         await self._event.wait()
         assert self.record is not None
         return self.record
-
-
-class Driver(Protocol):
-    """One run's driver as the engine sees it (a local or a remote workflow's)."""
-
-    @property
-    def run(self) -> RunRecord:
-        """The run it drives (as it was when the driver started)."""
-
-    @property
-    def scope(self) -> trio.CancelScope:
-        """Cancelled to stop it where it waits (a cancel, a lost lease, the engine closing)."""
-
-    @property
-    def done(self) -> trio.Event:
-        """Set once it stopped."""
-
-    @property
-    def final(self) -> RunRecord | None:
-        """The run as it ended (``None``: it stopped without seeing it end)."""
-
-    @property
-    def settling(self) -> bool:
-        """It is writing the run's outcome: a lease renewal must not cancel it."""
-
-    async def drive(self, definition: WorkflowDefinition) -> None:
-        """Drive the run until it ends or :attr:`scope` is cancelled."""
 
 
 class DriverServices(Protocol):
@@ -216,13 +191,11 @@ class EngineServices:
         options: the engine's options.
         default_retry: ``options.default_retry``.
         counters: the statistics counters, every one present from the start.
-        drivers: the drivers of the runs this engine drives, by run id.
+        drivers: the drivers of the runs this engine drives, by run id (their one owner).
         waiters: the remote steps waited on, by ``(run_id, step_id)``.
         applying: the steps whose result is being applied here, by ``(run_id, step_id)``.
         decision_locks: remote runs whose decisions are being applied, by run id.
         duplicates: the duplicate completed results met, with their causes.
-        unreleased: runs whose driver stopped unsettled without this engine asking it to (a
-            cancel from outside ``open_engine``): still owned here, so ``aclose`` releases them.
     """
 
     def __init__(
@@ -232,6 +205,10 @@ class EngineServices:
         transport: QueueTransport,
         options: EngineOptions,
         on_error: ErrorHook,
+        drivers: Drivers,
+        *,
+        start_run: Callable[[str, Any, str, str], Awaitable[str]],
+        cancel_run: Callable[[str, str], Awaitable[bool]],
     ) -> None:
         self.app = app
         self.store = store
@@ -241,21 +218,22 @@ class EngineServices:
         self._on_error = on_error
         # A misspelt counter name is a KeyError, not a new counter.
         self.counters = dict.fromkeys(COUNTERS, 0)
-        self.drivers: dict[str, Driver] = {}
+        self.drivers = drivers
         self.waiters: dict[tuple[str, str], StepWaiter] = {}
         self.applying: dict[tuple[str, str], trio.Event] = {}
         self.decision_locks: dict[str, trio.Lock] = {}
-        self.unreleased: set[str] = set()
         self.adopted: set[str] = set()
         """Runs this engine took over by reconcile (started elsewhere, detached, or left by
         another engine): settling one rings its id, for a caller waiting in another process."""
         self.duplicates = DuplicateLog()
         self._listeners: list[Callable[[str, RunRecord], None]] = []
+        self.start_run = start_run
+        """Starts a child workflow run: ``start_run(workflow, input, run_id, parent)``
+        (``engine.start``, issue 18)."""
+        self.cancel_run = cancel_run
+        """Cancels one run: ``cancel_run(run_id, reason)`` (a driver ending its children, or a
+        child met under a cancelled parent, walks the tree itself: ``cancel_children``)."""
         self.step_watch: DispatchWatch | None = None
-        self.start_run: Callable[[str, Any, str, str], Awaitable[str]] | None = None
-        """Starts a child workflow run (``engine.start``; set by the engine, issue 18)."""
-        self.cancel_run: Callable[[str, str], Awaitable[bool]] | None = None
-        """Cancels a run and its children (``engine.cancel``; set by the engine, issue 18)."""
         """Watches the timeouts of the attempts dispatched here (set by the engine)."""
         self.loss_audit: DispatchWatch | None = None
         """Audits the attempts dispatched here for a task or result the broker lost (set by
@@ -279,16 +257,17 @@ class EngineServices:
         infrastructure hiccup): they are reported and the call retried until it succeeds or
         the run's driver is cancelled.
         """
-        delay, largest = _GUARD_BACKOFF
+        failures = 0
         while True:
             try:
                 return await call()
             except (BrokerError, TransportClosed) as exc:
+                failures += 1
+                delay = _GUARD_BACKOFF.delay(failures)
                 report = EngineError(f"{what} failed (retrying in {delay:.2f} s): {exc}")
                 report.__cause__ = exc
                 self.report(report)
             await trio.sleep(delay)
-            delay = min(delay * 2, largest)
 
     def step_definition(self, name: str) -> StepDefinition | None:
         return self.app.steps.get(name)
@@ -379,21 +358,9 @@ class EngineServices:
         return final
 
     def forget(self, driver: Driver) -> None:
-        run_id = driver.run.run_id
-        if self.drivers.get(run_id) is driver:
-            del self.drivers[run_id]
-            self.adopted.discard(run_id)
-            # A cancel from around open_engine reaches the drivers before (or while) aclose
-            # runs: what aclose must release is kept here, not lost with the driver. Not a
-            # driver this engine stopped itself (a lost lease, a cancelled run, aclose: its run
-            # is owned elsewhere, settled, or on aclose's list), nor one that ended without a
-            # cancel (its run settled elsewhere): only those still under a cancel from outside.
-            if (
-                driver.final is None
-                and not driver.scope.cancel_called
-                and trio.current_effective_deadline() == -math.inf
-            ):
-                self.unreleased.add(run_id)
+        if self.drivers.get(driver.run.run_id) is driver:
+            self.adopted.discard(driver.run.run_id)
+        self.drivers.forget(driver)
 
     async def dispatch(self, record: StepRecord, delay: float) -> None:
         """Send ``record``'s current attempt to the workers, then record that it landed.

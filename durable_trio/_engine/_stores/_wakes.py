@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import trio
+from trio_util import wait_any
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
@@ -136,16 +137,10 @@ class SupportsRunWakes(Protocol):
 
 
 async def first_of(*events: trio.Event) -> None:
-    """Return once any of ``events`` is set (bound the wait with a cancel scope)."""
+    """Return once any of ``events`` is set (bound the wait with a cancel scope): at once,
+    after one checkpoint, if one is set already; else ``trio_util.wait_any`` of their waits."""
     for event in events:
         if event.is_set():
             await trio.lowlevel.checkpoint()
             return
-    async with trio.open_nursery() as nursery:
-
-        async def wait(event: trio.Event) -> None:
-            await event.wait()
-            nursery.cancel_scope.cancel()
-
-        for event in events:
-            nursery.start_soon(wait, event)
+    await wait_any(*(event.wait for event in events))

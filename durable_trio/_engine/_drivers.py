@@ -1,0 +1,101 @@
+"""The drivers of the runs one engine drives: :class:`Drivers`, the one owner of that registry.
+
+Every change to it is a method here: a driver added when the engine spawns it, forgotten when it
+stops (kept as *unreleased* when a cancel from outside stopped it), and, at the close, the runs
+in flight taken and every driver cancelled. The other pieces read it as a mapping (run id ->
+driver): the lease renewal, reconcile, cancel delivery, result application, ``engine.result``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Protocol
+
+import trio
+
+if TYPE_CHECKING:
+    from ._app import WorkflowDefinition
+    from ._records import RunRecord
+
+__all__ = ["Driver", "Drivers"]
+
+
+class Driver(Protocol):
+    """One run's driver as the engine sees it (a local or a remote workflow's)."""
+
+    @property
+    def run(self) -> RunRecord:
+        """The run it drives (as it was when the driver started)."""
+
+    @property
+    def scope(self) -> trio.CancelScope:
+        """Cancelled to stop it where it waits (a cancel, a lost lease, the engine closing)."""
+
+    @property
+    def done(self) -> trio.Event:
+        """Set once it stopped."""
+
+    @property
+    def final(self) -> RunRecord | None:
+        """The run as it ended (``None``: it stopped without seeing it end)."""
+
+    @property
+    def settling(self) -> bool:
+        """It is writing the run's outcome: a lease renewal must not cancel it."""
+
+    async def drive(self, definition: WorkflowDefinition) -> None:
+        """Drive the run until it ends or :attr:`scope` is cancelled."""
+
+
+class Drivers(Mapping[str, Driver]):
+    """The drivers of the runs this engine drives, by run id (a read-only mapping), and the
+    runs whose driver a cancel from outside stopped, still owned here (:meth:`in_flight`)."""
+
+    def __init__(self) -> None:
+        self._drivers: dict[str, Driver] = {}
+        self._unreleased: set[str] = set()
+
+    def __getitem__(self, run_id: str) -> Driver:
+        return self._drivers[run_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._drivers)
+
+    def __len__(self) -> int:
+        return len(self._drivers)
+
+    def add(self, driver: Driver) -> None:
+        """``driver`` drives its run here from now on."""
+        self._drivers[driver.run.run_id] = driver
+
+    def forget(self, driver: Driver) -> None:
+        """``driver`` stopped: it no longer drives its run."""
+        run_id = driver.run.run_id
+        if self._drivers.get(run_id) is driver:
+            del self._drivers[run_id]
+            # A cancel from around open_engine reaches the drivers before (or while) aclose
+            # runs: what aclose must release is kept here, not lost with the driver. Not a
+            # driver this engine stopped itself (a lost lease, a cancelled run, aclose: its run
+            # is owned elsewhere, settled, or on aclose's list), nor one that ended without a
+            # cancel (its run settled elsewhere): only those still under a cancel from outside.
+            if (
+                driver.final is None
+                and not driver.scope.cancel_called
+                and trio.current_effective_deadline() == -math.inf
+            ):
+                self._unreleased.add(run_id)
+
+    def cancel_all(self) -> list[str]:
+        """The close: cancel every driver where it waits; returns the runs still owned here
+        (those driven, then those a cancel from outside stopped), to release."""
+        in_flight = [*self._drivers, *self._unreleased]
+        self._unreleased.clear()
+        for driver in list(self._drivers.values()):
+            driver.scope.cancel()
+        return in_flight
+
+    async def wait_stopped(self) -> None:
+        """Until every driver registered now has stopped (bound it with a cancel scope)."""
+        for driver in list(self._drivers.values()):
+            await driver.done.wait()
