@@ -133,7 +133,9 @@ def racing_cancels(rng: random.Random, workflow: str, plan: dict[str, Any]) -> f
     return delay if rng.random() < 0.5 else -delay
 
 
-RACING_SEEDS = [(False, 11), (False, 12), (True, 13)]
+# Seeds whose races go every way (the remote one moved from 13 to 15 when the engine began
+# closing as a tree: 13 then ended with 3 completed runs, one short of the spread asked).
+RACING_SEEDS = [(False, 11), (False, 12), (True, 15)]
 
 
 @pytest.mark.parametrize(("remote", "seed"), RACING_SEEDS)
