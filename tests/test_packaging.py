@@ -59,7 +59,7 @@ def test_the_wheel_ships_the_library_and_nothing_else(wheel: Path) -> None:
         "durable_trio/__init__.py",
         "durable_trio/brokers/memory.py",
         "durable_trio/brokers/sqlite/__init__.py",
-        "durable_trio/brokers/redis.py",
+        "durable_trio/brokers/redis/__init__.py",
         "durable_trio/keys/redis.py",
         "durable_trio/testing/strategies.py",
         "durable_trio/testing/fixtures.py",
