@@ -64,12 +64,12 @@ _MAX_DATAGRAM: Final = 1024
 MIN_GAP: float = 0.005
 
 #: What a ring that answers one of ours waits instead of the rest of :data:`MIN_GAP` (issue
-#: 30, item 8). Not 0: the answering process commits its next write (completing what it
-#: answered, its next empty pop) right after its ring, and a wake-up at once meets that write
-#: lock, whose busy handler sleeps 1, then 2 ms: slower than the full gap (measured: request/
-#: reply back to back p50 6.5 ms at once, 5.2 with the 5 ms gap, 2.6-3.4 with this one, on a
-#: loaded 2-core machine; docs/benchmarks.md).
-ANSWER_GAP: float = 0.0005
+#: 30, item 8). Not 0, nor 0.5 ms: the answering process commits its next write right after its
+#: ring, and a wake-up that meets that write lock waits on SQLite's busy handler, which sleeps
+#: 1, then 2 ms. Measured back to back on this machine (docs/benchmarks.md, "The doorbell's
+#: answer gap"): 0.5 ms made request/reply 2.5 ms but S3 (a job 2 ms after the last result)
+#: 4.0 ms, past its 2 ms target; 3 ms gives S3 1.4 ms and request/reply 5.1 ms, as before.
+ANSWER_GAP: float = 0.003
 
 #: How long a close waits for the receiving thread (it is woken by ``shutdown`` at once).
 CLOSE_TIMEOUT: Final = 1.0
