@@ -19,10 +19,12 @@ from ._wire import RemoteTask
 __all__ = [
     "MAX_PORTABLE_PRIORITY",
     "MIN_PORTABLE_PRIORITY",
+    "check_backoff_range",
     "check_bool",
     "check_callable",
     "check_name",
     "check_optional_name",
+    "check_positive",
     "check_priority",
     "check_seconds",
     "check_task",
@@ -122,6 +124,28 @@ def check_seconds(value: Any, call: str, argument: str, *, positive: bool = Fals
             f"{call}: {argument} must be a finite number of seconds {bound}, got {_shown(value)}"
         )
     return seconds
+
+
+def check_positive(**values: float) -> None:
+    """Refuse any of ``values`` (an option's name -> its value) that is not ``> 0`` (NaN
+    included): the connection options of the Redis and PostgreSQL clients.
+
+    Raises:
+        ConfigError: naming the first such option.
+    """
+    for name, value in values.items():
+        if not value > 0:
+            raise ConfigError(f"{name} must be positive, not {value}")
+
+
+def check_backoff_range(backoff_initial: float, backoff_max: float) -> None:
+    """Refuse a reconnect backoff whose first delay is negative or past its cap.
+
+    Raises:
+        ConfigError: it is.
+    """
+    if not 0 <= backoff_initial <= backoff_max:
+        raise ConfigError("backoff_initial must be between 0 and backoff_max")
 
 
 def check_priority(value: Any, call: str, argument: str = "priority") -> int | None:

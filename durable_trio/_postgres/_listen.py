@@ -38,6 +38,7 @@ import attrs
 import psycopg
 import trio
 
+from .._arguments import check_backoff_range, check_positive
 from .._backoff import Backoff
 from .._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
 from ._connection import PgConnection, connect, parse_conninfo
@@ -122,16 +123,13 @@ def open_listener(
         ConfigError: a bad URL or option.
     """
     parse_conninfo(conninfo)
-    for name, value in (
-        ("connect_timeout", connect_timeout),
-        ("command_timeout", command_timeout),
-        ("ping_interval", ping_interval),
-        ("backoff_max", backoff_max),
-    ):
-        if not value > 0:
-            raise ConfigError(f"{name} must be positive, not {value}")
-    if not 0 <= backoff_initial <= backoff_max:
-        raise ConfigError("backoff_initial must be between 0 and backoff_max")
+    check_positive(
+        connect_timeout=connect_timeout,
+        command_timeout=command_timeout,
+        ping_interval=ping_interval,
+        backoff_max=backoff_max,
+    )
+    check_backoff_range(backoff_initial, backoff_max)
     if buffer < 1:
         raise ConfigError(f"buffer must be at least 1, not {buffer}")
     return PgListener(

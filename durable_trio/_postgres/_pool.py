@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from .._arguments import check_backoff_range, check_positive
 from .._backoff import Backoff
 from .._errors import BrokerUnavailable, ConfigError, TransportClosed
 from ._connection import ConnectionStats, PgConnection, Result, connect, parse_conninfo
@@ -87,16 +88,13 @@ def open_pool(
     parse_conninfo(conninfo)
     if size < 1:
         raise ConfigError(f"size must be at least 1, not {size}")
-    for name, value in (
-        ("connect_timeout", connect_timeout),
-        ("command_timeout", command_timeout),
-        ("recover_timeout", recover_timeout),
-        ("backoff_max", backoff_max),
-    ):
-        if not value > 0:
-            raise ConfigError(f"{name} must be positive, not {value}")
-    if not 0 <= backoff_initial <= backoff_max:
-        raise ConfigError("backoff_initial must be between 0 and backoff_max")
+    check_positive(
+        connect_timeout=connect_timeout,
+        command_timeout=command_timeout,
+        recover_timeout=recover_timeout,
+        backoff_max=backoff_max,
+    )
+    check_backoff_range(backoff_initial, backoff_max)
     return PgPool(
         conninfo,
         size=size,

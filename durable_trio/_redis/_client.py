@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 from trio_util import RepeatedEvent
 
+from .._arguments import check_backoff_range, check_positive
 from .._backoff import Backoff
 from .._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
 from .._redact import url_scheme
@@ -137,15 +138,12 @@ def pool_options(
     """
     if pool_size < 1:
         raise ConfigError(f"pool_size must be at least 1, not {pool_size}")
-    for name, value in (
-        ("connect_timeout", connect_timeout),
-        ("command_timeout", command_timeout),
-        ("backoff_max", backoff_max),
-    ):
-        if not value > 0:
-            raise ConfigError(f"{name} must be positive, not {value}")
-    if not 0 <= backoff_initial <= backoff_max:
-        raise ConfigError("backoff_initial must be between 0 and backoff_max")
+    check_positive(
+        connect_timeout=connect_timeout,
+        command_timeout=command_timeout,
+        backoff_max=backoff_max,
+    )
+    check_backoff_range(backoff_initial, backoff_max)
     return {
         "pool_size": pool_size,
         "connect_timeout": connect_timeout,
