@@ -290,4 +290,8 @@ async def test_a_failover_with_passwords_everywhere_moves_the_writes(
     print(f"\nkill -> first write on the promoted replica: {recovered:.2f}s")
     assert new.command("GET", "after") == b"1"
     await trio.to_thread.run_sync(auth_sentinel.wait_stable)  # the old one back, a replica
-    assert old.role() == "slave"
+    # On a loaded machine the sentinels may fail over a second time (1 s down-after) once the
+    # old master has rejoined: they only promote a replica that synced, so the old one being
+    # the master again also shows it rejoined with its masterauth.
+    assert old.role() == "slave" or auth_sentinel.master() is old, old.role()
+    assert {old.role(), new.role()} == {"master", "slave"}
