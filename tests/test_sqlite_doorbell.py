@@ -153,6 +153,14 @@ async def test_writes_that_make_no_work_ready_ring_no_one(
         assert claimed is not None
         assert await b.complete_job(claimed.lease, "elsewhere")
         assert await b.pop_from(Q) is None
+        # A consumer acknowledging and claiming, pushing nothing (issue 30, item 8: each of
+        # these woke every other process, which then waited out the gap for its next ring).
+        await b.push_on("elsewhere", job(2))
+        sent = b.doorbell.sent
+        claimed = await b.pop_from("elsewhere")
+        assert claimed is not None
+        done, more = await b.finish_and_claim("results", [], "elsewhere", [claimed.lease], 5)
+        assert (done, more) == ([True], [])
         assert b.doorbell.sent == sent
         nursery.cancel_scope.cancel()
 
@@ -236,13 +244,46 @@ def test_rings_within_the_minimum_gap_are_gathered_into_one_wake_up(
         ringer.close()
 
 
+def test_rings_nobody_here_waits_for_are_handed_over_at_once_and_open_no_gap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30, item 8: another process's traffic on a queue nobody here waits on (an engine's
+    results, seen by a worker) is no wake-up: the ring that follows, for a queue we wait on,
+    wakes at once instead of waiting out the gap the first would have opened."""
+    monkeypatch.setattr(doorbell_module, "MIN_GAP", 10.0)  # longer than any bound below
+    path = str(tmp_path / "x.db")
+    seen: list[frozenset[str] | None] = []
+    woken = threading.Semaphore(0)
+
+    def on_ring(queues: frozenset[str] | None) -> None:
+        seen.append(queues)
+        woken.release()
+
+    listener = Doorbell(path, on_ring, interested=lambda q: q is None or "tasks" in q)
+    ringer = Doorbell(path, lambda q: None)
+    try:
+        listener.listen()
+        ringer.ring("tasks")
+        assert woken.acquire(timeout=5)
+        for _ in range(3):
+            ringer.ring("results")
+            assert woken.acquire(timeout=5), "a ring of no interest waited for the gap"
+        assert listener.received == 1  # only the first was a wake-up
+        ringer.ring("tasks")  # within the 10 s gap of the first wake-up: gathered, as before
+        assert not woken.acquire(timeout=0.3)
+        assert frozenset({"results"}) in seen
+    finally:
+        listener.close()
+        ringer.close()
+
+
 def test_a_ring_that_answers_ours_waits_only_the_answer_gap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 30, item 8: request/reply back to back (each side rings the other once, then
-    waits for the answer) wakes after ANSWER_GAP (3 ms), not the whole gap, every time, though each
-    answer comes within the gap of the last wake-up; a ring that answers nothing of ours still
-    waits the gap out."""
+    waits for the answer) wakes after ANSWER_GAP (none), not the whole gap, every time, though
+    each answer comes within the gap of the last wake-up; a ring that answers nothing of ours
+    still waits the gap out."""
     monkeypatch.setattr(doorbell_module, "MIN_GAP", 10.0)  # longer than any bound below
     path = str(tmp_path / "x.db")
     woken = {"client": threading.Semaphore(0), "worker": threading.Semaphore(0)}

@@ -64,15 +64,29 @@ _MAX_DATAGRAM: Final = 1024
 MIN_GAP: float = 0.005
 
 #: What a ring that answers one of ours waits instead of the rest of :data:`MIN_GAP` (issue
-#: 30, item 8). Not 0, nor 0.5 ms: the answering process commits its next write right after its
-#: ring, and a wake-up that meets that write lock waits on SQLite's busy handler, which sleeps
-#: 1, then 2 ms. Measured back to back on this machine (docs/benchmarks.md, "The doorbell's
-#: answer gap"): 0.5 ms made request/reply 2.5 ms but S3 (a job 2 ms after the last result)
-#: 4.0 ms, past its 2 ms target; 3 ms gives S3 1.4 ms and request/reply 5.1 ms, as before.
-ANSWER_GAP: float = 0.003
+#: 30, item 8): nothing. An answer has nothing to gather, and rings of no interest here (see
+#: ``interested``) no longer open gaps or hide an answer among them. Measured back to back on
+#: this machine (docs/benchmarks.md, "The doorbell's answer gap"): request/reply 5.1 ms before,
+#: 1.4-1.5 ms now; S3 (a job 2 ms after the last result) 1.3 ms before, 1.0 ms now.
+ANSWER_GAP: float = 0.0
 
 #: How long a close waits for the receiving thread (it is woken by ``shutdown`` at once).
 CLOSE_TIMEOUT: Final = 1.0
+
+
+def _named(datagrams: list[bytes]) -> frozenset[str] | None:
+    """The queues ``datagrams`` name, or ``None`` if one names none (every waiting queue looks
+    again)."""
+    queues: set[str] = set()
+    for datagram in datagrams:
+        if not datagram.startswith(_QUEUE):
+            return None
+        queues.add(datagram[1:].decode(errors="replace"))
+    return frozenset(queues)
+
+
+def _always(_queues: frozenset[str] | None) -> bool:
+    return True
 
 
 def bells_folder(path: str, suffix: str = ".bells") -> str | None:
@@ -99,6 +113,10 @@ class Doorbell:
             the thread, however many arrived); it must not block or raise.
         suffix: the folder's suffix (see :func:`bells_folder`).
         purpose: what other processes' rings tell, for the one warning when it cannot work.
+        interested: called in the receiving thread with the queues arriving rings name (or
+            ``None``): whether a waiter here may care. Rings nobody cares about are handed
+            to ``on_ring`` at once and do not count as a wake-up (see ``_receive``); ``None``:
+            every ring is of interest.
     """
 
     def __init__(
@@ -108,8 +126,10 @@ class Doorbell:
         *,
         suffix: str = ".bells",
         purpose: str = "pushes are noticed by the wake-up tick",
+        interested: Callable[[frozenset[str] | None], bool] | None = None,
     ) -> None:
         self.folder = bells_folder(path, suffix)
+        self._interested: Callable[[frozenset[str] | None], bool] = interested or _always
         self._purpose = purpose
         self._on_ring = on_ring
         self._lock = threading.Lock()
@@ -240,9 +260,17 @@ class Doorbell:
                 # has nothing to gather: it waits only ANSWER_GAP.
                 datagrams = [datagram]
                 _drain(receiver, datagrams)
+                # Rings for queues nobody here waits on (another process's traffic, e.g. an
+                # engine's own results queue) are handed over at once and are not a wake-up:
+                # they neither open a gap for the next ring, which may be the answer to ours,
+                # nor count as a second ring to gather (issue 30, item 8).
+                wanted = [d for d in datagrams if self._interested(_named([d]))]
+                if not wanted:
+                    self._on_ring(_named(datagrams))
+                    continue
                 wait = last + MIN_GAP - time.monotonic()
                 if wait > 0:
-                    if self._rang and len(datagrams) == 1:
+                    if self._rang and len(wanted) == 1:
                         self.skipped_gaps += 1
                         wait = min(wait, ANSWER_GAP)
                     time.sleep(wait)
@@ -253,13 +281,7 @@ class Doorbell:
             self.received += 1
             self._rang = False
             last = time.monotonic()
-            queues: set[str] | None = set()
-            for datagram in datagrams:
-                if queues is not None and datagram.startswith(_QUEUE):
-                    queues.add(datagram[1:].decode(errors="replace"))
-                else:
-                    queues = None  # no (readable) name: every waiting queue looks again
-            self._on_ring(None if queues is None else frozenset(queues))
+            self._on_ring(_named(datagrams))
 
     # -- ringing
 

@@ -306,10 +306,14 @@ class SqliteBroker:
             done = ops.complete_many(leases, queue, db)
             return done, ops.pop_many(queue, count, worker, db) if count > 0 else []
 
+        # Nothing pushed (a consumer acknowledging and claiming only): no ring. Every other
+        # process's doorbell would wake for it, and a wake-up for nothing opens the gap the
+        # next real ring then waits out (issue 30, item 8).
         answer: tuple[list[bool], list[ClaimedJob]] = await self._call(
-            all_three, write=True, ring=push_queue
+            all_three, write=True, ring=push_queue if jobs else None
         )
-        self._wakeups.ring(push_queue)
+        if jobs:
+            self._wakeups.ring(push_queue)
         return answer
 
     async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:

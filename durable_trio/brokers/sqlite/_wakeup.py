@@ -60,7 +60,9 @@ class WakeUps:
         self._watched: tuple[Waiter, ...] = ()
         """Every waiter, copied on write: the connection thread's tick reads it unlocked."""
         self._trio_token: trio.lowlevel.TrioToken | None = None
-        self.doorbell: Doorbell | None = Doorbell(path, self._on_doorbell) if doorbell else None
+        self.doorbell: Doorbell | None = (
+            Doorbell(path, self._on_doorbell, interested=self._waits_on) if doorbell else None
+        )
         """The cross-process doorbell (``None``: opened with ``doorbell=False``)."""
         connection.set_tick_hook(self._tick, lambda: bool(self._watched), interval)
 
@@ -91,6 +93,15 @@ class WakeUps:
             if not waiters:
                 del self._waiters[waiter.queue]
         self._watched = tuple(w for w in self._watched if w is not waiter)
+
+    def _waits_on(self, queues: frozenset[str] | None) -> bool:
+        """(In the doorbell's thread.) Whether a waiter here waits on one of ``queues`` (any
+        queue, for ``None``). Reads the copied-on-write tuple: a waiter that registers just
+        after is woken by its own first look or by the next ring."""
+        watched = self._watched
+        if queues is None:
+            return bool(watched)
+        return any(waiter.queue in queues for waiter in watched)
 
     def _on_doorbell(self, queues: frozenset[str] | None) -> None:
         """In the doorbell's receiving thread: other brokers pushed onto ``queues`` (``None``:
