@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-__all__ = ["ENVS_DIR", "NODE_PEERS", "PYTHON_PEERS", "PeerEnv", "ensure_envs"]
+__all__ = ["ENVS_DIR", "NODE_PEERS", "POSTGRES_PEERS", "PYTHON_PEERS", "PeerEnv", "ensure_envs"]
 
 PEERS_DIR = Path(__file__).resolve().parent
 ENVS_DIR = Path(os.environ.get("DURABLE_TRIO_PEER_ENVS", PEERS_DIR / ".envs"))
@@ -44,6 +44,13 @@ PYTHON_PEERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "dramatiq": (("dramatiq[redis]==2.2.1", "hiredis"), ("dramatiq", "redis")),
     "celery": (("celery[redis]==5.7.0", "hiredis"), ("celery", "redis")),
     "taskiq": (("taskiq==0.13.0", "taskiq-redis==1.2.4", "hiredis"), ("taskiq", "taskiq_redis")),
+}
+# The PostgreSQL peers (issue 32), run against the private PostgreSQL server by
+# ``benchmarks/peers/postgres.py``: pgqueuer on asyncpg (its fastest driver), DBOS Transact 3.4
+# (the version the issue names) on psycopg.
+POSTGRES_PEERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "pgqueuer": (("pgqueuer==1.6.0", "asyncpg==0.32.0"), ("pgqueuer", "asyncpg")),
+    "dbos": (("dbos==3.4.0",), ("dbos", "psycopg")),
 }
 # BullMQ 6.7 made ioredis an optional peer dependency, yet it is still the driver it loads for
 # plain connection options: install both.
@@ -107,7 +114,7 @@ def _run(label: str, argv: list[str], cwd: Path | None, timeout: float) -> str |
 
 
 def _python_env(peer: str, log: Callable[[str], None]) -> PeerEnv:
-    requirements, modules = PYTHON_PEERS[peer]
+    requirements, modules = {**PYTHON_PEERS, **POSTGRES_PEERS}[peer]
     path = ENVS_DIR / peer
     python = path / "bin" / "python"
     script = str(PEERS_DIR / f"run_{peer}.py")
@@ -183,7 +190,7 @@ def ensure_envs(
 
     def one(peer: str) -> PeerEnv:
         try:
-            if peer in PYTHON_PEERS:
+            if peer in PYTHON_PEERS or peer in POSTGRES_PEERS:
                 return _python_env(peer, say)
             if peer in NODE_PEERS:
                 return _node_env(peer, say)
