@@ -11,7 +11,6 @@ import attrs
 import pytest
 import trio
 
-from _postgres_server import *  # noqa: F403  (the private PostgreSQL server fixtures)
 from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
 from durable_trio import BrokerError
 from durable_trio._engine import Applied, RunRecord, RunStatus, RunStore, StepKind, StepRecord
