@@ -26,6 +26,8 @@ from durable_trio._engine._stores.postgres import (
 from durable_trio._postgres import open_pool
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from _postgres_hub import ListenerHub
 
 pytestmark = pytest.mark.postgres
@@ -62,10 +64,11 @@ async def test_a_signal_an_event_and_a_ring_wake_the_other_processes_waiters(
     async with AsyncExitStack() as stack:
         here, there = await _processes(stack, postgres_url, 2, hubs=True)
         await here.create_run(run("r1", status=RunStatus.RUNNING, owner="A", lease_until=1e12))
-        for change in (
+        changes: list[Callable[[], Awaitable[object]]] = [
             lambda: here.append_signal("r1", "go", "1"),
             lambda: here.put_event("r1", "stage", '"one"'),
-        ):
+        ]
+        for change in changes:
             with there.wakes.watching("r1") as woken:
                 await trio.sleep(0.2)  # (the hub's LISTEN is active: a real round trip)
                 await change()
