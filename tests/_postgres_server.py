@@ -56,9 +56,12 @@ def postgres_server() -> Iterator[PostgresServer]:
             _unavailable(str(detail).strip().splitlines()[0] if detail else repr(exc))
         _server = server
     yield _server
-    _server.stop("immediate")
-    shutil.rmtree(_server.dir, ignore_errors=True)
-    _server = None
+    # A module that imports these fixtures as well as the conftest registers a second copy of
+    # this one, sharing the server: the first teardown stops it, the second finds it gone.
+    if _server is not None:
+        _server.stop("immediate")
+        shutil.rmtree(_server.dir, ignore_errors=True)
+        _server = None
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import pytest
 import trio.testing
 
 from _every_store import *  # noqa: F403  (every_store, store_clock: exact times on each store)
+from _postgres_server import *  # noqa: F403  (the private PostgreSQL server fixtures)
 from _redis_cluster import *  # noqa: F403  (the private Redis Cluster fixture)
 from _redis_sentinel import *  # noqa: F403  (the private sentinel group)
 from _redis_server import *  # noqa: F403  (the private redis-server fixtures)

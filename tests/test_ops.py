@@ -46,6 +46,15 @@ async def _store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> A
 
         async with open_redis_cluster(request.getfixturevalue("redis_cluster_url")) as cluster:
             yield RedisRunStore(cluster, "shop", shards=CLUSTER_RUN_SHARDS)
+    elif kind == "postgres":  # a fresh schema on the private server
+        import uuid
+
+        from durable_trio._engine._stores.postgres import PostgresRunStore
+        from durable_trio._postgres import open_pool
+
+        async with open_pool(request.getfixturevalue("postgres_url"), size=2) as pool:
+            schema = f"o_{uuid.uuid4().hex[:16]}"
+            yield await PostgresRunStore.open(pool, schema, "shop")
     else:
         from durable_trio._engine._stores.redis import RedisRunStore
         from durable_trio._redis import open_redis
@@ -54,11 +63,15 @@ async def _store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> A
             yield RedisRunStore(client, "shop")
 
 
+#: The run stores these operations run on (Redis Cluster's shards added where it matters).
+STORE_KINDS = ["memory", "sqlite", "redis", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
 def _record(run_id: str, workflow: str, status: dt.RunStatus = dt.RunStatus.PENDING) -> Any:
     return dt.RunRecord(run_id, workflow, None, status, 0.0, 0.0)
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis", "redis-cluster"])
+@pytest.mark.parametrize("kind", [*STORE_KINDS, "redis-cluster"])
 async def test_pages_are_stable_newest_first_and_filtered(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -91,7 +104,7 @@ async def test_pages_are_stable_newest_first_and_filtered(
             await store.page_runs(limit=0)
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "redis", "redis-cluster"])
+@pytest.mark.parametrize("kind", [*STORE_KINDS[1:], "redis-cluster"])
 async def test_a_deep_page_over_many_runs(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -721,7 +734,7 @@ def test_an_unreachable_server_is_one_line(capsys: pytest.CaptureFixture[str]) -
     assert len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+@pytest.mark.parametrize("kind", STORE_KINDS)
 async def test_reopen_and_count_on_every_store(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

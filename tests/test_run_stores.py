@@ -1,7 +1,8 @@
-"""ONE run-store contract suite, run against every store: memory, SQLite, Redis."""
+"""ONE run-store contract suite, run against every store: memory, SQLite, Redis, PostgreSQL."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -17,12 +18,19 @@ from durable_trio._engine import StepState as S
 from durable_trio._engine._cancel import CANCEL_MARK, cancel_mark, mark_in_store, mark_reason
 from durable_trio._engine._stores.memory import MemoryRunStore
 from durable_trio._engine._stores.sqlite import SqliteRunStore
+from durable_trio._postgres import open_pool
 from durable_trio._redis import open_redis, open_redis_cluster
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-STORE_KINDS = ["memory", "sqlite", "redis", "redis-cluster"]
+STORE_KINDS = [
+    "memory",
+    "sqlite",
+    "redis",
+    "redis-cluster",
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
 
 StoreFactory = Callable[[str], AbstractAsyncContextManager[RunStore]]
 
@@ -71,6 +79,18 @@ async def stores(
                 yield RedisRunStore(cluster, namespace, shards=CLUSTER_RUN_SHARDS)
 
             yield make_sharded
+    elif store_kind == "postgres":
+        from durable_trio._engine._stores.postgres import PostgresRunStores
+
+        async with open_pool(request.getfixturevalue("postgres_url"), size=4) as pool:
+            opener = PostgresRunStores(pool, schema=fresh_schema(request))
+
+            @asynccontextmanager
+            async def make_postgres(namespace: str) -> AsyncIterator[RunStore]:
+                async with opener.open(namespace) as store:
+                    yield store
+
+            yield make_postgres
     else:
         url = request.getfixturevalue("redis_url")
         from durable_trio._engine._stores.redis import RedisRunStore
@@ -82,6 +102,11 @@ async def stores(
                 yield RedisRunStore(client, namespace)
 
             yield make_redis
+
+
+def fresh_schema(request: pytest.FixtureRequest) -> str:
+    """A schema of the test's own on the session's PostgreSQL server (thrown away with it)."""
+    return f"t_{uuid.uuid4().hex[:16]}"
 
 
 @pytest.fixture
@@ -545,6 +570,10 @@ async def test_a_damaged_stored_trace_reads_as_none(
             async with open_redis_cluster(request.getfixturevalue("redis_cluster_url")) as cluster:
                 key = store._run_key("r")  # type: ignore[attr-defined]
                 await cluster.execute("HSET", key, "trace", damage)
+        elif store_kind == "postgres":
+            async with open_pool(request.getfixturevalue("postgres_url"), size=1) as pool:
+                schema = store.schema  # type: ignore[attr-defined]
+                await pool.execute(f'UPDATE "{schema}".runs SET trace = $1', damage)
         else:
             async with open_redis(request.getfixturevalue("redis_url")) as client:
                 key = store._run_key("r")  # type: ignore[attr-defined]

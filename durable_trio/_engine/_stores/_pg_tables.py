@@ -1,0 +1,300 @@
+"""The PostgreSQL run store's tables (its migrations, part ``"runs"``) and the SQL of its reads
+and changes; :class:`~.postgres.PostgresRunStore` runs them.
+
+``{schema}`` in each statement stands for the quoted schema. Columns and JSON encoding are the
+SQLite store's (``_sqlite_tables.py``): JSON values as JSON text (``text``, not ``jsonb``, which
+would reorder keys, drop duplicates and refuse ``\\u0000``), times as ``double precision`` on the
+store's clock, and rows are read back into records by the same functions. Identifiers are
+``COLLATE "C"`` (code point order, as Python sorts ``str``: a tenant's ids are an index range).
+
+How each change stays atomic under concurrent writers (``READ COMMITTED``, every statement of a
+transaction on a fresh snapshot):
+
+- A change that depends on a run's state locks the run's row first (``FOR SHARE``, or ``FOR NO
+  KEY UPDATE`` to append a signal), then writes: ending a run waits for it, and a run that ended
+  first is seen ended. Rows of a run are always locked run first, then its checkpoints, so two
+  changes never wait on each other in a circle.
+- Ending a run deletes its cancel mark in a second statement of the same transaction, on a fresh
+  snapshot: a mark written by a guarded begin that held the run's row before the end is seen and
+  deleted (one statement would look at a snapshot taken before that mark committed).
+- An insert ``ON CONFLICT DO NOTHING`` waits for a concurrent insert of the same key, then the
+  next statement reads the row that won.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from ..._postgres._migrations import Migration
+from .._records import CANCEL_STEP_ID, RunStatus
+from ._sqlite_tables import _RUN_COLUMNS, _STEP_COLUMNS
+
+__all__ = ["RUNS_MIGRATIONS"]
+
+#: The run store's steps of the schema (part ``"runs"``, see ``_postgres/_migrations.py``).
+RUNS_MIGRATIONS: Final = (
+    Migration(
+        1,
+        """
+        CREATE TABLE {schema}.runs (
+            namespace text COLLATE "C" NOT NULL,
+            run_id text COLLATE "C" NOT NULL,
+            seq bigint GENERATED ALWAYS AS IDENTITY,
+            workflow text COLLATE "C" NOT NULL,
+            status text NOT NULL,
+            input text NOT NULL,
+            output text NOT NULL DEFAULT 'null',
+            error text NOT NULL DEFAULT 'null',
+            owner text COLLATE "C",
+            lease_until double precision,
+            created_at double precision NOT NULL,
+            updated_at double precision NOT NULL,
+            timeout double precision,
+            trace text,
+            parent text COLLATE "C",
+            depth integer NOT NULL DEFAULT 0,
+            PRIMARY KEY (namespace, run_id)
+        );
+        CREATE INDEX runs_seq ON {schema}.runs (namespace, seq);
+        CREATE INDEX runs_active ON {schema}.runs (namespace, seq)
+            WHERE status IN ('pending', 'running');
+        CREATE INDEX runs_status ON {schema}.runs (namespace, status, seq);
+        CREATE INDEX runs_workflow ON {schema}.runs (namespace, workflow, seq);
+        CREATE TABLE {schema}.run_steps (
+            namespace text COLLATE "C" NOT NULL,
+            run_id text COLLATE "C" NOT NULL,
+            step_id text COLLATE "C" NOT NULL,
+            position numeric NOT NULL,
+            kind text NOT NULL,
+            name text NOT NULL,
+            status text NOT NULL,
+            attempt bigint NOT NULL,
+            input text NOT NULL,
+            output text NOT NULL,
+            error text NOT NULL,
+            retry text NOT NULL,
+            wake_at double precision,
+            dispatched boolean NOT NULL,
+            priority bigint,
+            created_at double precision NOT NULL,
+            updated_at double precision NOT NULL,
+            heartbeat_timeout double precision,
+            heartbeat text,
+            attempts text,
+            PRIMARY KEY (namespace, run_id, step_id)
+        );
+        CREATE TABLE {schema}.run_schedules (
+            namespace text COLLATE "C" NOT NULL,
+            name text COLLATE "C" NOT NULL,
+            spec text NOT NULL,
+            last_tick double precision,
+            PRIMARY KEY (namespace, name)
+        );
+        CREATE TABLE {schema}.run_signals (
+            namespace text COLLATE "C" NOT NULL,
+            run_id text COLLATE "C" NOT NULL,
+            name text COLLATE "C" NOT NULL,
+            seq bigint NOT NULL,
+            payload text NOT NULL,
+            PRIMARY KEY (namespace, run_id, name, seq)
+        );
+        CREATE TABLE {schema}.run_events (
+            namespace text COLLATE "C" NOT NULL,
+            run_id text COLLATE "C" NOT NULL,
+            key text COLLATE "C" NOT NULL,
+            value text NOT NULL,
+            PRIMARY KEY (namespace, run_id, key)
+        )
+        """,
+        "runs, checkpoints, schedules, signals, events",
+    ),
+)
+
+RUN_COLUMNS: Final = _RUN_COLUMNS
+STEP_COLUMNS: Final = _STEP_COLUMNS
+
+_TERMINAL: Final = ", ".join(f"'{s.value}'" for s in RunStatus if s.terminal)
+#: A condition on the run ($1 namespace, $2 run id): it exists and is not over.
+_RUN_UNFINISHED: Final = f"""EXISTS (
+    SELECT 1 FROM {{schema}}.runs
+    WHERE namespace = $1 AND run_id = $2 AND status NOT IN ({_TERMINAL}))"""
+
+# -- runs ------------------------------------------------------------------------------------
+
+INSERT_RUN: Final = """
+    INSERT INTO {schema}.runs (namespace, run_id, workflow, input, status, created_at,
+        updated_at, output, error, owner, lease_until, timeout, trace, parent, depth)
+    VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+    ON CONFLICT (namespace, run_id) DO NOTHING
+"""
+GET_RUN: Final = f"SELECT {RUN_COLUMNS} FROM {{schema}}.runs WHERE namespace = $1 AND run_id = $2"
+RUN_STATUS_FOR_SHARE: Final = """
+    SELECT status FROM {schema}.runs WHERE namespace = $1 AND run_id = $2 FOR SHARE
+"""
+RUN_STATUS_FOR_UPDATE: Final = """
+    SELECT status FROM {schema}.runs WHERE namespace = $1 AND run_id = $2 FOR NO KEY UPDATE
+"""
+
+# Orphans locked as they are picked (a run another claim holds is skipped, not waited for; a
+# row changed since the snapshot is checked again before it is taken), in a CTE: evaluated
+# once (a subquery under the UPDATE may run again and take more than its LIMIT).
+CLAIM: Final = f"""
+    WITH orphans AS MATERIALIZED (
+        SELECT run_id FROM {{schema}}.runs
+        WHERE namespace = $1 AND status IN ('pending', 'running')
+          AND (owner IS NULL OR lease_until IS NULL OR lease_until < $4::float8
+               OR ($5::boolean AND owner = $2::text))
+        ORDER BY seq LIMIT $6::bigint FOR NO KEY UPDATE SKIP LOCKED
+    )
+    UPDATE {{schema}}.runs AS r
+    SET owner = $2::text, lease_until = $3::float8, status = 'running', updated_at = $4::float8
+    FROM orphans AS o
+    WHERE r.namespace = $1 AND r.run_id = o.run_id
+    RETURNING r.seq, {", ".join("r." + c.strip() for c in RUN_COLUMNS.split(","))}
+"""
+RENEW: Final = """
+    UPDATE {schema}.runs SET lease_until = $4::float8
+    WHERE namespace = $1 AND run_id = ANY($2::text[]) AND owner = $3::text
+      AND status IN ('pending', 'running')
+    RETURNING run_id
+"""
+RELEASE: Final = """
+    UPDATE {schema}.runs SET owner = NULL, lease_until = NULL, status = 'pending',
+        updated_at = $4::float8
+    WHERE namespace = $1 AND run_id = ANY($2::text[]) AND owner = $3::text
+      AND status IN ('pending', 'running')
+"""
+FINISH: Final = """
+    UPDATE {schema}.runs SET status = $3, output = $4, error = $5, owner = NULL,
+        lease_until = NULL, updated_at = $6
+    WHERE namespace = $1 AND run_id = $2 AND status IN ('pending', 'running', 'blocked')
+"""
+# The cancel mark of a run that ended otherwise (docs/engine.md, "A cancel racing the run's
+# end"): the second statement of the end's transaction (see the module docs).
+DROP_MARK_IF_ENDED: Final = f"""
+    DELETE FROM {{schema}}.run_steps
+    WHERE namespace = $1 AND run_id = $2 AND step_id = '{CANCEL_STEP_ID}'
+      AND EXISTS (SELECT 1 FROM {{schema}}.runs WHERE namespace = $1 AND run_id = $2
+                  AND status IN ('{RunStatus.COMPLETED.value}', '{RunStatus.FAILED.value}'))
+"""
+DROP_MARK: Final = f"""
+    DELETE FROM {{schema}}.run_steps
+    WHERE namespace = $1 AND run_id = $2 AND step_id = '{CANCEL_STEP_ID}'
+"""
+REOPEN_RUN: Final = """
+    UPDATE {schema}.runs SET status = 'pending', owner = NULL, lease_until = NULL,
+        output = 'null', error = 'null', timeout = $3::float8, updated_at = $4::float8
+    WHERE namespace = $1 AND run_id = $2 AND status IN ('failed', 'blocked')
+"""
+REOPEN_STEP: Final = """
+    UPDATE {schema}.run_steps SET status = $4, attempt = $5, error = $6, retry = $7,
+        wake_at = $8::float8, dispatched = $9, updated_at = $10, attempts = $11
+    WHERE namespace = $1 AND run_id = $2 AND step_id = $3
+"""
+COUNT_RUNS: Final = (
+    "SELECT status, count(*) FROM {schema}.runs WHERE namespace = $1 GROUP BY status"
+)
+NAMESPACES: Final = """
+    SELECT namespace FROM {schema}.runs UNION SELECT namespace FROM {schema}.run_schedules
+    ORDER BY 1
+"""
+
+# -- checkpoints -----------------------------------------------------------------------------
+
+# Typed parameters: the values come through a SELECT (so a guard can refuse them), where the
+# target columns do not type them.
+_STEP_VALUES: Final = (
+    "$1::text, $2::numeric, $3::text, $4::text, $5::text, $6::text, $7::text, $8::bigint, "
+    "$9::text, $10::text, $11::text, $12::text, $13::float8, $14::boolean, $15::bigint, "
+    "$16::float8, $16::float8, $17::float8, $18::text, $19::text"
+)
+INSERT_STEP: Final = f"""
+    INSERT INTO {{schema}}.run_steps (namespace, position, {STEP_COLUMNS})
+    SELECT {_STEP_VALUES}
+    ON CONFLICT (namespace, run_id, step_id) DO NOTHING
+"""
+#: :data:`INSERT_STEP` only while the run exists unfinished ($1 namespace, $3 run id).
+INSERT_STEP_GUARDED: Final = f"""
+    INSERT INTO {{schema}}.run_steps (namespace, position, {STEP_COLUMNS})
+    SELECT {_STEP_VALUES}
+    WHERE EXISTS (SELECT 1 FROM {{schema}}.runs WHERE namespace = $1 AND run_id = $3
+                  AND status NOT IN ({_TERMINAL}))
+    ON CONFLICT (namespace, run_id, step_id) DO NOTHING
+"""
+GET_STEPS: Final = f"""
+    SELECT {STEP_COLUMNS} FROM {{schema}}.run_steps WHERE namespace = $1 AND run_id = $2
+    ORDER BY position, step_id
+"""
+GET_STEP: Final = f"""
+    SELECT {STEP_COLUMNS} FROM {{schema}}.run_steps
+    WHERE namespace = $1 AND run_id = $2 AND step_id = $3
+"""
+GET_STEPS_MANY: Final = f"""
+    SELECT {STEP_COLUMNS} FROM {{schema}}.run_steps
+    WHERE namespace = $1
+      AND (run_id, step_id) IN (SELECT * FROM unnest($2::text[], $3::text[]))
+"""
+# The compare-and-set, after the run's row is locked FOR SHARE (it cannot end meanwhile); two
+# writers of one checkpoint: the second waits, then finds it changed and writes nothing.
+UPDATE_STEP: Final = f"""
+    UPDATE {{schema}}.run_steps SET status = $4, attempt = $5, output = $6, error = $7,
+        wake_at = $8::float8, dispatched = $9, updated_at = $10,
+        heartbeat = coalesce($11::text, heartbeat), attempts = $12
+    WHERE namespace = $1 AND run_id = $2 AND step_id = $3 AND status = 'pending'
+      AND attempt = $13 AND {_RUN_UNFINISHED}
+"""
+STEP_STATE: Final = """
+    SELECT status, attempt FROM {schema}.run_steps
+    WHERE namespace = $1 AND run_id = $2 AND step_id = $3
+"""
+MARK_DISPATCHED: Final = """
+    UPDATE {schema}.run_steps SET dispatched = true
+    WHERE namespace = $1 AND run_id = $2 AND step_id = $3 AND status = 'pending'
+      AND attempt = $4
+"""
+
+# -- schedules -------------------------------------------------------------------------------
+
+PUT_SCHEDULE: Final = """
+    INSERT INTO {schema}.run_schedules (namespace, name, spec) VALUES ($1, $2, $3)
+    ON CONFLICT (namespace, name) DO UPDATE SET spec = excluded.spec
+"""
+ADD_SCHEDULE: Final = """
+    INSERT INTO {schema}.run_schedules (namespace, name, spec) VALUES ($1, $2, $3)
+    ON CONFLICT (namespace, name) DO NOTHING
+"""
+GET_SCHEDULES: Final = """
+    SELECT name, spec, last_tick FROM {schema}.run_schedules WHERE namespace = $1 ORDER BY name
+"""
+DELETE_SCHEDULE: Final = "DELETE FROM {schema}.run_schedules WHERE namespace = $1 AND name = $2"
+MARK_SCHEDULE_TICK: Final = """
+    UPDATE {schema}.run_schedules SET last_tick = $3::float8
+    WHERE namespace = $1 AND name = $2 AND (last_tick IS NULL OR last_tick < $3::float8)
+"""
+
+# -- signals and events ----------------------------------------------------------------------
+
+# After the run's row is locked FOR NO KEY UPDATE: appenders of one run take turns, so the
+# next number is read after the previous append committed.
+APPEND_SIGNAL: Final = f"""
+    INSERT INTO {{schema}}.run_signals (namespace, run_id, name, seq, payload)
+    SELECT $1::text, $2::text, $3::text, coalesce(max(seq), 0) + 1, $4::text
+    FROM {{schema}}.run_signals WHERE namespace = $1 AND run_id = $2 AND name = $3
+    HAVING {_RUN_UNFINISHED}
+    RETURNING seq
+"""
+READ_SIGNAL: Final = """
+    SELECT payload FROM {schema}.run_signals
+    WHERE namespace = $1 AND run_id = $2 AND name = $3 AND seq = $4
+"""
+PUT_EVENT: Final = """
+    INSERT INTO {schema}.run_events (namespace, run_id, key, value) VALUES ($1, $2, $3, $4)
+    ON CONFLICT (namespace, run_id, key) DO UPDATE SET value = excluded.value
+"""
+GET_EVENTS: Final = """
+    SELECT key, value FROM {schema}.run_events WHERE namespace = $1 AND run_id = $2
+"""
+NOTIFY: Final = "SELECT pg_notify($1, $2)"
+#: A signal's wake ($3 channel, $4 payload): sent only if the signal was stored (the run is
+#: unfinished: the append's own condition), and, as every ``NOTIFY``, only once it commits.
+NOTIFY_IF_UNFINISHED: Final = f"SELECT pg_notify($3, $4) WHERE {_RUN_UNFINISHED}"
