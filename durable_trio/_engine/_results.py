@@ -174,7 +174,7 @@ class ResultHandler:
                 await send_step(services, current, services.waiters.get(key))
             return
         following, delay = self.next_state(current, result, retry_now=retry_now)
-        done = services.applying[key] = trio.Event()  # copies arriving meanwhile wait for us
+        done = services.applying.begin(key)  # copies arriving meanwhile wait for us
         try:
             verdict = await store.update_step(following, expect_attempt=current.attempt)
             services.count(_VERDICT_COUNTER[verdict])
@@ -209,9 +209,7 @@ class ResultHandler:
                 except DurableTrioError as exc:  # the same task went out before: not expected
                     services.report(exc)
         finally:
-            if services.applying.get(key) is done:
-                del services.applying[key]
-            done.set()
+            services.applying.end(key, done)
 
     def _record_duplicate(self, result: StepResult) -> None:
         """The step completed twice for one attempt: never applied again, but recorded with
