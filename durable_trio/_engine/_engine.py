@@ -10,8 +10,10 @@
 
 :class:`Engine` is the public API (start, result, status, cancel, list, history, reconcile)
 and what starts its pieces; its close is the unwinding of its tree (:class:`~._tree.EngineTree`),
-which :meth:`Engine.aclose` asks for and waits for. The state its pieces share and the
-services its drivers use are :class:`~._services.EngineServices`; applying results is
+which :meth:`Engine.aclose` asks for and waits for. The services its drivers use are
+:class:`~._services.EngineServices`, which lends out the owners of what the pieces share
+(made here first: :class:`~._drivers.Drivers`, :mod:`._waits`, the dispatch ledgers of the
+step watch and the loss audit); applying results is
 :class:`~._results.ResultHandler`; its periodic loops are :class:`~._timers.EngineTimers`.
 """
 

@@ -67,7 +67,7 @@ class ResultHandler:
     """Applies what the transport's loops receive for one engine (see the module docstring).
 
     The engine registers its methods with the transport; they hold no state of their own (the
-    steps being applied are :attr:`EngineServices.applying`, shared with the drivers).
+    steps being applied are :class:`~._waits.Applying`'s, which the drivers read).
     """
 
     def __init__(self, services: EngineServices) -> None:

@@ -1,9 +1,10 @@
 """The engine's watch over the attempts it dispatched: start-to-close guard, schedule-to-start
 timeout, and the report of an attempt waiting on a queue that no live worker serves.
 
-Nothing here is on the hot path: a dispatch adds at most three entries to one heap, and one
-task sleeps until the earliest is due. Only an entry that comes due while its attempt is still
-pending costs anything: one read of the checkpoint, then at most one broker call
+Nothing here is on the hot path: a dispatch adds at most three entries to one heap
+(:class:`StepChecks`, which the engine's services tell of every dispatch), and one task
+(:class:`StepWatch`) sleeps until the earliest is due. Only an entry that comes due while its
+attempt is still pending costs anything: one read of the checkpoint, then at most one broker call
 (:class:`~durable_trio.brokers.SupportsJobState`: does the job still wait, or who holds it)
 and one key-store read (the queue's live workers, shared for a second by every check of
 that queue). So a step that ends before its timeouts
