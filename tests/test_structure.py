@@ -36,15 +36,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "console", "testing", "_supervisor", "__main__", "<package>"),  # entry points
 )
 
-#: Imports that go up a layer today, as (importer, imported). Being removed:
-#: - the transport takes a ``Backend`` (the s-transport branch gives it a protocol of its own);
-#: - ``_engine._stores.open_run_store`` types its argument as ``Backend`` (a protocol of the
-#:   stores' own, ``open_run_store(self, namespace)``, ends it).
-KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset(
-    {
-        (f"{PACKAGE}._engine._stores", f"{PACKAGE}.backends._backend"),
-    }
-)
+#: Imports that go up a layer today, as (importer, imported): none left (the transport sees
+#: what it is opened over through ports of its own, ``_engine._stores.open_run_store`` takes a
+#: ``RunStoreOpener`` of the stores' own).
+KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset()
 
 #: What the transport must never import (the issue's "nothing above it").
 ABOVE_THE_TRANSPORT = ("backends", "_engine", "cli", "_ops", "_ops_attempts", "console", "testing")

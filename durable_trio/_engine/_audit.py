@@ -62,12 +62,14 @@ from ._errors import EngineError
 from ._records import StepKind, StepState
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..brokers import JobState
     from ._records import StepRecord
     from ._services import EngineServices
     from ._step_timeouts import StepTimeouts
 
-__all__ = ["LossAudit", "StepLost"]
+__all__ = ["LossAudit", "SentAttempts", "StepLost"]
 
 _log = logging.getLogger(EVENTS_LOGGER)
 
@@ -125,19 +127,20 @@ class _Sent:
     """Trio time of the round that first found its job gone (``None``: not suspect)."""
 
 
-class LossAudit:
-    """The audit (see the module docstring). Made by the engine, told of every dispatch
-    (:meth:`dispatched`); :meth:`run` runs in its loops nursery."""
+class SentAttempts:
+    """The attempts dispatched here that the audit still follows, by ``(run_id, step_id)``:
+    the engine's services tell it of every dispatch (:meth:`dispatched`); the audit
+    (:class:`LossAudit`) reads it and drops what it no longer follows. Made by the engine
+    before its services.
 
-    def __init__(self, services: EngineServices, interval: float) -> None:
-        self.services = services
-        self.interval = interval
+    Args:
+        task_queue: the task queue of a step name (the transport's names).
+    """
+
+    def __init__(self, task_queue: Callable[[str], str]) -> None:
+        self._task_queue = task_queue
         self._sent: dict[tuple[str, str], _Sent] = {}
         self._queues: dict[str, str] = {}  # task queue by step name
-        self.rounds = 0
-        """Rounds run so far."""
-        self.broker_calls = 0
-        """Broker calls made by the audit so far."""
 
     def dispatched(
         self, record: StepRecord, timeouts: StepTimeouts, job_id: str, delay: float
@@ -147,12 +150,45 @@ class LossAudit:
         name = record.name
         queue = self._queues.get(name)
         if queue is None:
-            queue = self._queues[name] = self.services.transport.names.task_queue(name)
+            queue = self._queues[name] = self._task_queue(name)
             if len(self._queues) > _QUEUE_CACHE_NAMES:
                 self._queues = {name: queue}
         self._sent[(record.run_id, record.step_id)] = _Sent(
             record.attempt, name, queue, job_id, trio.current_time() + delay
         )
+
+    def get(self, key: tuple[str, str]) -> _Sent | None:
+        """The attempt of step ``key`` followed, if one is."""
+        return self._sent.get(key)
+
+    def entries(self) -> list[tuple[tuple[str, str], _Sent]]:
+        """Every attempt followed (a copy: the audit drops entries as it goes)."""
+        return list(self._sent.items())
+
+    def drop(self, key: tuple[str, str], sent: _Sent) -> None:
+        """Stop following ``sent`` (if it is still the attempt of ``key`` followed)."""
+        if self._sent.get(key) is sent:
+            del self._sent[key]
+
+    def unsuspect(self) -> None:
+        """Every suspicion starts over."""
+        for sent in self._sent.values():
+            sent.gone_since = None
+
+
+class LossAudit:
+    """The audit (see the module docstring): reads :class:`SentAttempts`, which the engine's
+    services tell of every dispatch. Made by the engine; :meth:`run` runs in its loops
+    nursery."""
+
+    def __init__(self, services: EngineServices, sent: SentAttempts, interval: float) -> None:
+        self.services = services
+        self._sent = sent
+        self.interval = interval
+        self.rounds = 0
+        """Rounds run so far."""
+        self.broker_calls = 0
+        """Broker calls made by the audit so far."""
 
     async def run(self) -> None:
         """One round every ``interval`` until cancelled (the engine closing); a broker or
@@ -163,8 +199,7 @@ class LossAudit:
             except (BrokerError, TransportClosed) as exc:
                 # A broker in trouble may hold results back (a failover under way): the
                 # suspicions start over once it answers again.
-                for sent in self._sent.values():
-                    sent.gone_since = None
+                self._sent.unsuspect()
                 self.services.report(exc)
 
     def _pending(self, key: tuple[str, str], sent: _Sent) -> bool:
@@ -182,10 +217,9 @@ class LossAudit:
         self.rounds += 1
         now = trio.current_time()
         by_queue: dict[str, list[tuple[tuple[str, str], _Sent]]] = defaultdict(list)
-        for key, sent in list(self._sent.items()):
+        for key, sent in self._sent.entries():
             if not self._pending(key, sent):
-                if self._sent.get(key) is sent:
-                    del self._sent[key]
+                self._sent.drop(key, sent)
                 continue
             if now - sent.ready_at >= self.interval:
                 by_queue[sent.queue].append((key, sent))

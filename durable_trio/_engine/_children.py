@@ -264,9 +264,6 @@ async def start_child_run(services: DriverServices, record: StepRecord) -> StepR
         ``record``, or the step failed with ``ChildDepthExceeded``: a step reopened by a retry
         meets the engine's limit again (a retry under a raised limit starts the child).
     """
-    start_run = getattr(services, "start_run", None)
-    if start_run is None:  # pragma: no cover - every engine sets it
-        raise EngineError("this engine cannot start child workflows")
     assert isinstance(record.input, dict)
     store = services.store
     parent = await services.guard(lambda: store.get_run(record.run_id), "reading")
@@ -284,13 +281,13 @@ async def start_child_run(services: DriverServices, record: StepRecord) -> StepR
         )
         return failed if verdict is Applied.APPLIED else record
     child_id = str(record.input["runId"])
-    await start_run(record.name, record.input.get("input"), child_id, record.run_id)
+    await services.start_run(record.name, record.input.get("input"), child_id, record.run_id)
     if record.input.get("onParentCancel") == ABANDON:
         return record
     parent = await services.guard(lambda: store.get_run(record.run_id), "reading")
-    cancel = getattr(services, "cancel_run", None)
-    if parent is not None and parent.status.terminal and cancel is not None:
-        await cancel(child_id, f"parent run {record.run_id!r} ended ({parent.status.value})")
+    if parent is not None and parent.status.terminal:
+        reason = f"parent run {record.run_id!r} ended ({parent.status.value})"
+        await services.cancel_run(child_id, reason)
     return record
 
 

@@ -75,12 +75,10 @@ async def time_out(
         driver.scope.cancel()
     # No orphans: its unfinished children go as they would with any other end of the parent
     # (unless started with on_parent_cancel="abandon"), here and on a takeover after a restart.
-    cancel = getattr(services, "cancel_run", None)
-    if cancel is not None:
-        await services.guard(
-            lambda: cancel_children(services.store, run.run_id, cancel, ended="timed out"),
-            "cancelling children",
-        )
+    await services.guard(
+        lambda: cancel_children(services.store, run.run_id, services.cancel_run, ended="timed out"),
+        "cancelling children",
+    )
     try:
         await services.transport.remote.send_control(
             ControlMessage(action="cancel", run_id=run.run_id)

@@ -10,8 +10,10 @@
 
 :class:`Engine` is the public API (start, result, status, cancel, list, history, reconcile)
 and what starts its pieces; its close is the unwinding of its tree (:class:`~._tree.EngineTree`),
-which :meth:`Engine.aclose` asks for and waits for. The state its pieces share and the
-services its drivers use are :class:`~._services.EngineServices`; applying results is
+which :meth:`Engine.aclose` asks for and waits for. The services its drivers use are
+:class:`~._services.EngineServices`, which lends out the owners of what the pieces share
+(made here first: :class:`~._drivers.Drivers`, :mod:`._waits`, the dispatch ledgers of the
+step watch and the loss audit); applying results is
 :class:`~._results.ResultHandler`; its periodic loops are :class:`~._timers.EngineTimers`.
 """
 
@@ -35,7 +37,7 @@ from .._transport._facade import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._adoption import Adoption
 from ._app import App  # noqa: TC001
-from ._audit import LossAudit
+from ._audit import LossAudit, SentAttempts
 from ._cancel_delivery import (
     cancel_elsewhere,
     cancel_inside,
@@ -65,12 +67,13 @@ from ._runtime import RunDriver
 from ._schedules import Scheduler, Schedules
 from ._services import EngineServices
 from ._statistics import EngineStatistics
-from ._step_watch import StepWait, StepWatch
+from ._step_watch import StepChecks, StepWait, StepWatch
 from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
 from ._stores._wakes import SupportsRunWakes
 from ._timers import EngineTimers
 from ._tree import EngineTree
+from ._waits import Applying, DecisionLocks, StepWaiters
 
 if TYPE_CHECKING:
     from .._transport._options import ErrorHook
@@ -98,22 +101,20 @@ class Engine:
         on_error: ErrorHook,
     ) -> None:
         # Built by open_engine. The pieces share ``services`` (what the drivers use), which
-        # gets the owners it hands out at construction: the drivers' registry, and this
-        # engine's start and cancel (a child run's start, a cancel walking a run's children).
+        # gets the owners it lends out at construction (the drivers' registry, the waits, what
+        # hears of dispatches) and this engine's start and cancel (a child run's start, a
+        # cancel walking a run's children).
+        self._checks = StepChecks(options, transport.names.task_queue)
+        sent = self._sent = SentAttempts(transport.names.task_queue)
         services = self._services = EngineServices(
-            app,
-            store,
-            transport,
-            options,
-            on_error,
-            Drivers(),
+            *(app, store, transport, options, on_error),
+            *(Drivers(), StepWaiters(), Applying(), DecisionLocks()),
             start_run=self._start_child,
             cancel_run=self._cancel_one,
+            dispatch_watches=(self._checks, sent) if options.audit_interval else (self._checks,),
         )
         self._results = ResultHandler(services)
         self._timers = EngineTimers(services)
-        self._watch: StepWatch | None = None
-        self._audit: LossAudit | None = None
         self._tree = EngineTree(services.drivers, services)
         self._spawned = RepeatedEvent()
         """Set whenever a driver starts: wakes ``result`` pollers."""
@@ -182,13 +183,9 @@ class Engine:
             from ._control import ControlPlane
 
             ControlPlane(self._services, self, self.transport).attach(loops)
-        watch = self._watch = StepWatch(self._services, results.on_result)
-        self._services.step_watch = watch
-        loops.start_soon(watch.run)
+        loops.start_soon(StepWatch(self._services, self._checks, results.on_result).run)
         if options.audit_interval:
-            audit = self._audit = LossAudit(self._services, options.audit_interval)
-            self._services.loss_audit = audit
-            loops.start_soon(audit.run)
+            loops.start_soon(LossAudit(self._services, self._sent, options.audit_interval).run)
         if options.reconcile:
             await self.reconcile(include_own=True)
         self._timers.start(loops, self.reconcile)
@@ -440,7 +437,7 @@ class Engine:
             RunNotFound: no such run.
         """
         await self.get(run_id)
-        return await step_waits(self._services, self._watch, run_id)
+        return await step_waits(self._services, self._checks, run_id)
 
     async def history(self, run_id: str) -> builtins.list[StepRecord]:
         """The run's checkpoints, in step id order (each remote step with the duplicate

@@ -96,10 +96,8 @@ async def record_beat(services: EngineServices, beat: StepHeartbeat) -> None:
         return
     services.count("heartbeats_recorded")
     waiter = services.waiters.get(key)
-    if waiter is not None and waiter.record is not None:
-        held = waiter.record
-        if held.attempt == beat.attempt and held.status is StepState.PENDING:
-            waiter.record = following
+    if waiter is not None:
+        waiter.beat(following)
 
 
 def _expired(record: StepRecord, now: float) -> float | None:

@@ -58,7 +58,8 @@ from ._versioning import is_blocking
 if TYPE_CHECKING:
     from .._wire import StepEvent, WorkflowDecision
     from ._app import WorkflowDefinition
-    from ._services import DriverServices, StepWaiter
+    from ._services import DriverServices
+    from ._waits import StepWaiter
 
 __all__ = ["RemoteRunDriver", "apply_decision", "apply_step_event"]
 
@@ -222,27 +223,8 @@ async def apply_decision(services: DriverServices, decision: WorkflowDecision) -
         A malformed decision fails the run (``BadDecision``, reported through the error hook).
         A store error propagates: the transport redelivers the decision.
     """
-    locks = services.decision_locks
-    lock = locks.get(decision.run_id)
-    if lock is None:
-        lock = locks[decision.run_id] = trio.Lock()
-    try:
-        async with lock:
-            await _apply_decision(services, decision)
-    finally:
-        _forget_idle_lock(services, decision.run_id, lock)
-
-
-def _forget_idle_lock(services: DriverServices, run_id: str, lock: trio.Lock) -> None:
-    """Drop a run's decision lock once nobody holds or awaits it. Whoever releases it last
-    checks: a release hands the lock to the next waiter, so the first holder finds it still
-    locked, and a lock left behind would outlive its run."""
-    if (
-        not lock.locked()
-        and not lock.statistics().tasks_waiting
-        and services.decision_locks.get(run_id) is lock
-    ):
-        del services.decision_locks[run_id]
+    async with services.decision_locks.holding(decision.run_id):
+        await _apply_decision(services, decision)
 
 
 async def _apply_decision(services: DriverServices, decision: WorkflowDecision) -> None:
@@ -392,12 +374,13 @@ class RemoteRunDriver:
 
     async def _end_children(self) -> None:
         services = self.services
-        cancel = getattr(services, "cancel_run", None)
-        if cancel is None:  # pragma: no cover - every engine sets it
-            return
         await services.guard(
             lambda: cancel_children(
-                services.store, self.run.run_id, cancel, ended="ended", descend_ended=False
+                services.store,
+                self.run.run_id,
+                services.cancel_run,
+                ended="ended",
+                descend_ended=False,
             ),
             "cancelling children",
         )
@@ -428,13 +411,7 @@ class RemoteRunDriver:
     async def _settled_decisions(self) -> None:
         """Wait out a decision of this run being applied here: a step it inserted but has not
         dispatched yet is not one to dispatch again."""
-        lock = self.services.decision_locks.get(self.run.run_id)
-        if lock is not None:
-            try:
-                async with lock:
-                    pass
-            finally:
-                _forget_idle_lock(self.services, self.run.run_id, lock)
+        await self.services.decision_locks.wait_out(self.run.run_id)
 
     async def _ended(self) -> bool:
         """Whether the run is over (or gone); an ended run's record becomes :attr:`final`."""
@@ -555,7 +532,7 @@ class RemoteRunDriver:
             for record in pending:
                 if record.kind is StepKind.REMOTE:
                     key = (run_id, record.step_id)
-                    waiters.append((key, services.watch(key)))
+                    waiters.append((key, services.waiters.watch(key)))
             async with trio.open_nursery() as nursery:
                 if self._moved_on:
                     # Its turn was never answered as far as this driver knows (lost for good,
@@ -620,4 +597,4 @@ class RemoteRunDriver:
                         nursery.cancel_scope.cancel()
         finally:
             for key, waiter in waiters:
-                services.unwatch(key, waiter)
+                services.waiters.unwatch(key, waiter)

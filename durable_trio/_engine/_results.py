@@ -67,7 +67,7 @@ class ResultHandler:
     """Applies what the transport's loops receive for one engine (see the module docstring).
 
     The engine registers its methods with the transport; they hold no state of their own (the
-    steps being applied are :attr:`EngineServices.applying`, shared with the drivers).
+    steps being applied are :class:`~._waits.Applying`'s, which the drivers read).
     """
 
     def __init__(self, services: EngineServices) -> None:
@@ -174,7 +174,7 @@ class ResultHandler:
                 await send_step(services, current, services.waiters.get(key))
             return
         following, delay = self.next_state(current, result, retry_now=retry_now)
-        done = services.applying[key] = trio.Event()  # copies arriving meanwhile wait for us
+        done = services.applying.begin(key)  # copies arriving meanwhile wait for us
         try:
             verdict = await store.update_step(following, expect_attempt=current.attempt)
             services.count(_VERDICT_COUNTER[verdict])
@@ -209,9 +209,7 @@ class ResultHandler:
                 except DurableTrioError as exc:  # the same task went out before: not expected
                     services.report(exc)
         finally:
-            if services.applying.get(key) is done:
-                del services.applying[key]
-            done.set()
+            services.applying.end(key, done)
 
     def _record_duplicate(self, result: StepResult) -> None:
         """The step completed twice for one attempt: never applied again, but recorded with

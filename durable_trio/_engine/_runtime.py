@@ -58,7 +58,8 @@ if TYPE_CHECKING:
 
     from ._app import WorkflowDefinition
     from ._retry import Retry
-    from ._services import DriverServices, StepWaiter
+    from ._services import DriverServices
+    from ._waits import StepWaiter
 
 __all__ = [
     "RunDriver",
@@ -266,7 +267,7 @@ class RunDriver:
             return settled_outcome(known)
         key = (run_id, step_id)
         # Watch BEFORE reading or writing the store: a result applied from now on reaches us.
-        waiter = services.watch(key)
+        waiter = services.waiters.watch(key)
         try:
             if known is None:
                 step = services.step_definition(name)
@@ -299,7 +300,7 @@ class RunDriver:
                 await send_step(services, record, waiter)
             return settled_outcome(await waiter.wait())
         finally:
-            services.unwatch(key, waiter)
+            services.waiters.unwatch(key, waiter)
 
     # ------------------------------------------------------------------ local steps
 
@@ -455,14 +456,11 @@ class RunDriver:
 
     async def _end_children(self) -> None:
         services = self.services
-        cancel = getattr(services, "cancel_run", None)
-        if cancel is None:  # pragma: no cover - every engine sets it
-            return
         await services.guard(
             lambda: cancel_children(
                 services.store,
                 self.run.run_id,
-                cancel,
+                services.cancel_run,
                 ended=f"ended ({self.final.status.value if self.final else 'settled'})",
                 descend_ended=False,
             ),

@@ -7,10 +7,12 @@ imports go one way (drivers -> services; the engine facade -> drivers), and the 
 between a driver and the engine is the :class:`DriverServices` Protocol below rather than the
 engine's private attributes.
 
-:class:`EngineServices` is also where the state the pieces share lives: the drivers by run id,
-the steps waited on, the results being applied, the per-run decision locks and the counters.
-Each piece reads it through the names here; the engine facade (:class:`~._engine.Engine`) owns
-one and reports it in :meth:`~._engine.Engine.statistics`.
+:class:`EngineServices` holds what the pieces share, each table with its one owner, made by
+the engine before the services and handed to them at construction: the drivers by run id
+(:class:`~._drivers.Drivers`), the steps waited on, the results being applied and the per-run
+decision locks (:mod:`._waits`), and what hears of every dispatch (the step watch's checks and
+the loss audit's ledger, :class:`DispatchWatch`). The counters are its own. The engine facade
+(:class:`~._engine.Engine`) owns one and reports it in :meth:`~._engine.Engine.statistics`.
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ from .._wire import RemoteTask
 from ._drivers import Driver, Drivers
 from ._duplicates import DuplicateLog
 from ._errors import EngineError
-from ._records import StepState, previous_details
+from ._records import previous_details
 from ._statistics import COUNTERS
 from ._step_timeouts import StepTimeouts
 from ._stores._wakes import SupportsRunWakes
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
 
     from .._transport._facade import QueueTransport
     from .._transport._options import ErrorHook
@@ -46,8 +48,9 @@ if TYPE_CHECKING:
     from ._retry import Retry
     from ._step_timeouts import StepTimeouts as _Timeouts
     from ._stores import RunStore
+    from ._waits import Applying, DecisionLocks, StepWaiters
 
-__all__ = ["DispatchWatch", "Driver", "DriverServices", "EngineServices", "StepWaiter"]
+__all__ = ["CancelRun", "DispatchWatch", "Driver", "DriverServices", "EngineServices", "StartRun"]
 
 T = TypeVar("T")
 
@@ -56,38 +59,19 @@ T = TypeVar("T")
 _GUARD_BACKOFF = Backoff(initial=0.05, maximum=5.0)
 
 
-def _newer(candidate: StepRecord, current: StepRecord | None) -> bool:
-    if current is None:
-        return True
-    if candidate.attempt != current.attempt:
-        return candidate.attempt > current.attempt
-    return current.status is StepState.PENDING and candidate.status is not StepState.PENDING
+class StartRun(Protocol):
+    """Starts a child workflow run (``engine.start``, issue 18)."""
+
+    def __call__(self, workflow: str, input: Any, run_id: str, parent: str, /) -> Awaitable[str]:
+        """Start run ``run_id`` of ``workflow`` under run ``parent``; returns its id."""
 
 
-class StepWaiter:
-    """A remote step the engine waits on: result application (or the store watch) feeds it
-    newer states of the checkpoint; it wakes its driver once the step is settled."""
+class CancelRun(Protocol):
+    """Cancels one run (``engine.cancel`` of that run alone: whoever ends a run's children walks
+    the tree itself, :func:`~._children.cancel_children`)."""
 
-    __slots__ = ("_event", "record", "since")
-
-    def __init__(self) -> None:
-        self.record: StepRecord | None = None
-        self._event = trio.Event()
-        self.since = trio.current_time()
-        """When the engine started waiting (the watch skips waiters younger than a tick)."""
-
-    def update(self, record: StepRecord) -> None:
-        """Take ``record`` if it is newer than what the waiter holds."""
-        if _newer(record, self.record):
-            self.record = record
-            if record.status is not StepState.PENDING:
-                self._event.set()
-
-    async def wait(self) -> StepRecord:
-        """Until the step is settled; returns its final checkpoint."""
-        await self._event.wait()
-        assert self.record is not None
-        return self.record
+    def __call__(self, run_id: str, reason: str, /) -> Awaitable[bool]:
+        """Cancel run ``run_id``; whether this call cancelled it."""
 
 
 class DriverServices(Protocol):
@@ -110,18 +94,28 @@ class DriverServices(Protocol):
         """The retry policy of a step that names none (nor does its definition)."""
 
     @property
-    def applying(self) -> Mapping[tuple[str, str], trio.Event]:
-        """Steps whose result the engine is applying now (checkpoint, then retry dispatch);
-        each event is set once that application ended."""
+    def waiters(self) -> StepWaiters:
+        """The remote steps this engine's drivers wait on (their one owner)."""
 
     @property
-    def decision_locks(self) -> dict[str, trio.Lock]:
-        """Remote runs whose decisions are being applied (one at a time per run); an idle
-        lock is removed by whoever releases it last."""
+    def applying(self) -> Applying:
+        """Steps whose result the engine is applying now (their one owner)."""
+
+    @property
+    def decision_locks(self) -> DecisionLocks:
+        """Remote runs whose decisions are being applied here (their one owner)."""
 
     @property
     def drivers(self) -> Mapping[str, Driver]:
         """The drivers of the runs this engine drives, by run id."""
+
+    @property
+    def start_run(self) -> StartRun:
+        """Starts a child workflow run."""
+
+    @property
+    def cancel_run(self) -> CancelRun:
+        """Cancels one run."""
 
     def count(self, name: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``name`` (one of :data:`~._statistics.COUNTERS`)."""
@@ -143,12 +137,6 @@ class DriverServices(Protocol):
 
     async def sleep_until(self, at: float) -> None:
         """Sleep until store-clock time ``at``."""
-
-    def watch(self, key: tuple[str, str]) -> StepWaiter:
-        """The waiter of step ``key`` (``(run_id, step_id)``), made if there is none."""
-
-    def unwatch(self, key: tuple[str, str], waiter: StepWaiter) -> None:
-        """Stop waiting on ``key`` (if ``waiter`` is still its waiter)."""
 
     def add_listener(self, listener: Callable[[str, RunRecord], None]) -> None:
         """Call ``listener(kind, run)`` whenever a run starts or settles."""
@@ -192,10 +180,17 @@ class EngineServices:
         default_retry: ``options.default_retry``.
         counters: the statistics counters, every one present from the start.
         drivers: the drivers of the runs this engine drives, by run id (their one owner).
-        waiters: the remote steps waited on, by ``(run_id, step_id)``.
-        applying: the steps whose result is being applied here, by ``(run_id, step_id)``.
-        decision_locks: remote runs whose decisions are being applied, by run id.
+        waiters: the remote steps waited on (their one owner).
+        applying: the steps whose result is being applied here (their one owner).
+        decision_locks: remote runs whose decisions are being applied here (their one owner).
+        start_run: starts a child workflow run.
+        cancel_run: cancels one run (a driver ending its children, or a child met under a
+            cancelled parent, walks the tree itself: ``cancel_children``).
         duplicates: the duplicate completed results met, with their causes.
+
+    Args:
+        dispatch_watches: what hears of every dispatch, in this order (the step watch's
+            checks, the loss audit's ledger).
     """
 
     def __init__(
@@ -206,9 +201,13 @@ class EngineServices:
         options: EngineOptions,
         on_error: ErrorHook,
         drivers: Drivers,
+        waiters: StepWaiters,
+        applying: Applying,
+        decision_locks: DecisionLocks,
         *,
-        start_run: Callable[[str, Any, str, str], Awaitable[str]],
-        cancel_run: Callable[[str, str], Awaitable[bool]],
+        start_run: StartRun,
+        cancel_run: CancelRun,
+        dispatch_watches: Sequence[DispatchWatch],
     ) -> None:
         self.app = app
         self.store = store
@@ -219,25 +218,17 @@ class EngineServices:
         # A misspelt counter name is a KeyError, not a new counter.
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.drivers = drivers
-        self.waiters: dict[tuple[str, str], StepWaiter] = {}
-        self.applying: dict[tuple[str, str], trio.Event] = {}
-        self.decision_locks: dict[str, trio.Lock] = {}
+        self.waiters = waiters
+        self.applying = applying
+        self.decision_locks = decision_locks
         self.adopted: set[str] = set()
         """Runs this engine took over by reconcile (started elsewhere, detached, or left by
         another engine): settling one rings its id, for a caller waiting in another process."""
         self.duplicates = DuplicateLog()
         self._listeners: list[Callable[[str, RunRecord], None]] = []
         self.start_run = start_run
-        """Starts a child workflow run: ``start_run(workflow, input, run_id, parent)``
-        (``engine.start``, issue 18)."""
         self.cancel_run = cancel_run
-        """Cancels one run: ``cancel_run(run_id, reason)`` (a driver ending its children, or a
-        child met under a cancelled parent, walks the tree itself: ``cancel_children``)."""
-        self.step_watch: DispatchWatch | None = None
-        """Watches the timeouts of the attempts dispatched here (set by the engine)."""
-        self.loss_audit: DispatchWatch | None = None
-        """Audits the attempts dispatched here for a task or result the broker lost (set by
-        the engine, :mod:`._audit`)."""
+        self._dispatch_watches = tuple(dispatch_watches)
         # A store whose clock is trio's (the memory store, or a wrapper of it that says so)
         self._trio_clock = bool(getattr(store, "trio_clock", False))
 
@@ -297,16 +288,6 @@ class EngineServices:
             await trio.sleep_until(at)
         else:
             await trio.sleep(max(0.0, at - self.store.now()))
-
-    def watch(self, key: tuple[str, str]) -> StepWaiter:
-        waiter = self.waiters.get(key)
-        if waiter is None:
-            waiter = self.waiters[key] = StepWaiter()
-        return waiter
-
-    def unwatch(self, key: tuple[str, str], waiter: StepWaiter) -> None:
-        if self.waiters.get(key) is waiter:
-            del self.waiters[key]
 
     def add_listener(self, listener: Callable[[str, RunRecord], None]) -> None:
         self._listeners.append(listener)
@@ -387,10 +368,8 @@ class EngineServices:
             )
         self.count("steps_dispatched")
         telemetry.step_dispatched(record, self.workflow_of(record.run_id), job_id)
-        if self.step_watch is not None:
-            self.step_watch.dispatched(record, timeouts, job_id, delay)
-        if self.loss_audit is not None:
-            self.loss_audit.dispatched(record, timeouts, job_id, delay)
+        for watch in self._dispatch_watches:
+            watch.dispatched(record, timeouts, job_id, delay)
         await self.guard(
             lambda: self.store.mark_dispatched(record.run_id, record.step_id, record.attempt),
             "checkpointing a dispatch",

@@ -57,6 +57,7 @@ class SignalDriver(Protocol):
     history: History
     scope: trio.CancelScope
 
+
 __all__ = [
     "SIGNAL_POLL",
     "EventTimeout",
@@ -179,7 +180,6 @@ async def settle_signal(
     return record
 
 
-
 async def _settled(services: DriverServices, record: StepRecord) -> StepRecord | None:
     """The pending signal checkpoint ``record`` settled by what the store holds now (its
     signal, or its deadline passed), or ``None`` (still waiting)."""
@@ -214,6 +214,7 @@ def _watching(wakes: RunWakes | None, key: str) -> Iterator[trio.Event]:
         return
     with wakes.watching(key) as event:
         yield event
+
 
 def outcome(record: StepRecord) -> Any:
     """A settled signal checkpoint's payload (or its error raised)."""

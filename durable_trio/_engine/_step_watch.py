@@ -1,9 +1,10 @@
 """The engine's watch over the attempts it dispatched: start-to-close guard, schedule-to-start
 timeout, and the report of an attempt waiting on a queue that no live worker serves.
 
-Nothing here is on the hot path: a dispatch adds at most three entries to one heap, and one
-task sleeps until the earliest is due. Only an entry that comes due while its attempt is still
-pending costs anything: one read of the checkpoint, then at most one broker call
+Nothing here is on the hot path: a dispatch adds at most three entries to one heap
+(:class:`StepChecks`, which the engine's services tell of every dispatch), and one task
+(:class:`StepWatch`) sleeps until the earliest is due. Only an entry that comes due while its
+attempt is still pending costs anything: one read of the checkpoint, then at most one broker call
 (:class:`~durable_trio.brokers.SupportsJobState`: does the job still wait, or who holds it)
 and one key-store read (the queue's live workers, shared for a second by every check of
 that queue). So a step that ends before its timeouts
@@ -61,12 +62,14 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ..brokers import JobState
+    from ._options import EngineOptions
     from ._records import StepRecord
     from ._services import EngineServices
 
 __all__ = [
     "SCHEDULE_TO_START",
     "UNSTARTED_REPORT_INTERVAL",
+    "StepChecks",
     "StepNotStarted",
     "StepWait",
     "StepWatch",
@@ -181,21 +184,25 @@ class StepWait:
         return text
 
 
-class StepWatch:
-    """The heap of due checks (see the module docstring). Made by the engine; :meth:`run`
-    runs in its loops nursery."""
+class StepChecks:
+    """The heap of due checks of the attempts dispatched here (see the module docstring): the
+    engine's services tell it of every dispatch (:meth:`dispatched`); the watch
+    (:class:`StepWatch`) runs the checks as they come due. Made by the engine before its
+    services.
 
-    def __init__(
-        self, services: EngineServices, apply: Callable[[StepResult], Awaitable[None]]
-    ) -> None:
-        self.services = services
-        self._apply = apply
-        self._heap: list[tuple[float, int, str, _Attempt]] = []
+    Args:
+        options: the engine's options (``unstarted_report_after``, ``step_timeout_grace``).
+        task_queue: the task queue of a step name (the transport's names).
+    """
+
+    def __init__(self, options: EngineOptions, task_queue: Callable[[str], str]) -> None:
+        self._options = options
+        self._task_queue = task_queue
+        self.heap: list[tuple[float, int, str, _Attempt]] = []
+        """The checks due, soonest first."""
         self._seq = itertools.count()
-        self._changed = RepeatedEvent()
-        self._live: dict[str, tuple[float, set[str] | None]] = {}
-        self._last_report: dict[str, tuple[float, int]] = {}
-        """Per queue: when it was last reported not served, and the reports held since."""
+        self.changed = RepeatedEvent()
+        """Set when a check due sooner than every other was pushed."""
         self.attempts: dict[tuple[str, str], _Attempt] = {}
         """The latest dispatched attempt of each step, while it has a check due."""
 
@@ -203,7 +210,7 @@ class StepWatch:
         self, record: StepRecord, timeouts: StepTimeouts, job_id: str, delay: float
     ) -> None:
         """``record``'s current attempt went out as job ``job_id``, ready after ``delay``."""
-        options = self.services.options
+        options = self._options
         report = options.unstarted_report_after or None
         start = timeouts.schedule_to_start
         if timeouts.timeout is None and start is None and report is None:
@@ -213,7 +220,7 @@ class StepWatch:
             record.step_id,
             record.attempt,
             record.name,
-            self.services.transport.names.task_queue(record.name),
+            self._task_queue(record.name),
             job_id,
             trio.current_time() + delay,
             timeouts,
@@ -221,39 +228,69 @@ class StepWatch:
         self.attempts[attempt.key] = attempt
         if timeouts.timeout is not None:
             guard = attempt.ready_at + timeouts.timeout + options.step_timeout_grace
-            self._push(guard, _GUARD, attempt)
+            self.push(guard, _GUARD, attempt)
         if start is not None:
-            self._push(attempt.ready_at + start, _START, attempt)
+            self.push(attempt.ready_at + start, _START, attempt)
         if report is not None and (start is None or report < start):
-            self._push(attempt.ready_at + report, _REPORT, attempt)
+            self.push(attempt.ready_at + report, _REPORT, attempt)
 
-    def _push(self, at: float, kind: str, attempt: _Attempt) -> None:
-        first = not self._heap or at < self._heap[0][0]
+    def push(self, at: float, kind: str, attempt: _Attempt) -> None:
+        """A check of ``kind`` for ``attempt`` comes due at ``at``."""
+        first = not self.heap or at < self.heap[0][0]
         attempt.due += 1
-        heapq.heappush(self._heap, (at, next(self._seq), kind, attempt))
+        heapq.heappush(self.heap, (at, next(self._seq), kind, attempt))
         if first:
-            self._changed.set()
+            self.changed.set()
+
+    def pop(self) -> tuple[str, _Attempt]:
+        """The check due soonest, taken off the heap."""
+        _, _, kind, attempt = heapq.heappop(self.heap)
+        attempt.due -= 1
+        return kind, attempt
+
+    def done(self, attempt: _Attempt) -> None:
+        """A check of ``attempt`` ran: forget it once it has none due."""
+        if not attempt.due and self.attempts.get(attempt.key) is attempt:
+            del self.attempts[attempt.key]
+
+
+class StepWatch:
+    """Runs the checks of :class:`StepChecks` as they come due. Made by the engine; :meth:`run`
+    runs in its loops nursery."""
+
+    def __init__(
+        self,
+        services: EngineServices,
+        checks: StepChecks,
+        apply: Callable[[StepResult], Awaitable[None]],
+    ) -> None:
+        self.services = services
+        self._checks = checks
+        self._push = checks.push
+        self._apply = apply
+        self._live: dict[str, tuple[float, set[str] | None]] = {}
+        self._last_report: dict[str, tuple[float, int]] = {}
+        """Per queue: when it was last reported not served, and the reports held since."""
 
     async def run(self) -> None:
         """Run each check when it comes due, until cancelled (the engine closing)."""
-        heap = self._heap
+        checks = self._checks
+        heap = checks.heap
         while True:
             if not heap:
-                await self._changed.wait()
+                await checks.changed.wait()
                 continue
             at = heap[0][0]
             if trio.current_time() < at:
                 with trio.move_on_at(at):
-                    await self._changed.wait()
+                    await checks.changed.wait()
                 continue
-            _, _, kind, attempt = heapq.heappop(heap)
-            attempt.due -= 1
+            kind, attempt = checks.pop()
             try:
                 await self._check(kind, attempt)
             except (BrokerError, TransportClosed) as exc:
                 self.services.report(exc)
-            if not attempt.due and self.attempts.get(attempt.key) is attempt:
-                del self.attempts[attempt.key]
+            checks.done(attempt)
 
     async def _current(self, attempt: _Attempt) -> bool:
         """Whether ``attempt`` is still its step's pending attempt, waited on here. A step no
@@ -383,9 +420,7 @@ class StepWatch:
             self.services.report(exc)
 
 
-async def waiting(
-    services: EngineServices, watch: StepWatch | None, run_id: str
-) -> list[StepWait]:
+async def waiting(services: EngineServices, checks: StepChecks, run_id: str) -> list[StepWait]:
     """The remote steps ``run_id`` waits on, each with its queue, how long its attempt has
     waited and whether a live worker serves it (see :meth:`Engine.waiting`).
 
@@ -399,7 +434,7 @@ async def waiting(
         if record.kind is not StepKind.REMOTE or record.status is not StepState.PENDING:
             continue
         queue = services.transport.names.task_queue(record.name)
-        known = watch.attempts.get((run_id, record.step_id)) if watch is not None else None
+        known = checks.attempts.get((run_id, record.step_id))
         taken: bool | None = None
         if known is not None and known.attempt == record.attempt:
             waited = max(0.0, trio.current_time() - known.ready_at)

@@ -10,7 +10,7 @@ backend's Redis client).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ._contract import RunStore
 from .memory import MemoryRunStore
@@ -18,17 +18,27 @@ from .memory import MemoryRunStore
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
-    from ...backends._backend import Backend
-
-__all__ = ["MemoryRunStore", "RunStore", "open_run_store"]
+__all__ = ["MemoryRunStore", "RunStore", "RunStoreOpener", "open_run_store"]
 
 
-def open_run_store(backend: Backend, namespace: str) -> AbstractAsyncContextManager[RunStore]:
+class RunStoreOpener(Protocol):
+    """What :func:`open_run_store` needs of a backend (:class:`~durable_trio.Backend` is one):
+    the stores name it here, so they need not import the backends that sit above them."""
+
+    def open_run_store(self, namespace: str) -> AbstractAsyncContextManager[RunStore]:
+        """Open the run store of ``namespace``'s runs; close it on leaving."""
+        ...
+
+
+def open_run_store(
+    backend: RunStoreOpener, namespace: str
+) -> AbstractAsyncContextManager[RunStore]:
     """Open the run store of ``backend`` for ``namespace``'s runs; close it on leaving.
 
     Args:
         backend: from :func:`~durable_trio.open_backend` (or built by hand: see
-            :class:`~durable_trio.Backend` for the run stores it then has).
+            :class:`~durable_trio.Backend` for the run stores it then has); any object with
+            an ``open_run_store(namespace)`` of its own (:class:`RunStoreOpener`).
         namespace: whose runs (engines use their transport namespace, by default the app name).
 
     Raises:
