@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
+import durable_trio as dt
 from _postgres_server import *  # noqa: F403  (the private server fixture)
 from durable_trio._errors import BrokerError, BrokerUnavailable
 from durable_trio._postgres import open_notify_hub, open_pool, schema_versions
 from durable_trio.brokers import Job, Lease
 from durable_trio.brokers.postgres import PostgresBroker, channel_for
+from durable_trio.keys.memory import MemoryKeyStore
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -447,3 +449,51 @@ async def test_attach_migrates_once(postgres_url: str) -> None:
         async with broker_on(postgres_url, schema):
             pass
         assert await schema_versions(broker.pool, schema) == {"broker": 1}
+
+
+# -- under the transport ----------------------------------------------------------------------
+
+
+async def test_the_transport_runs_steps_on_it_and_sets_damage_aside(postgres_url: str) -> None:
+    schema = _schema()
+    errors: list[BaseException] = []
+    results: list[dt.StepResult] = []
+    async with broker_on(postgres_url, schema, poll_interval=300) as broker:
+        backend = dt.Backend(url="test://", broker=broker, keys=MemoryKeyStore())
+        async with dt.open_queue_transport(
+            backend, namespace="pg", on_error=errors.append, concurrency=4
+        ) as transport:
+            held = trio.Event()
+
+            async def double(t: dt.RemoteTask) -> Any:
+                if t.input["n"] == 0:
+                    await held.wait()  # claimed meanwhile: its queue is known
+                return t.input["n"] * 2
+
+            async def on_result(result: dt.StepResult) -> None:
+                results.append(result)
+
+            transport.handle("double", double)
+            transport.on_result(on_result)
+            for n in range(20):
+                await transport.dispatch(
+                    dt.RemoteTask(f"run-{n}", "s", 1, "double", input={"n": n})
+                )
+            await _until(lambda: len(results) >= 19, within=30)
+            (queue,) = await broker.queues_with_claims(await broker.known_queues("pg:"))
+            held.set()
+            await _until(lambda: len(results) >= 20, within=30)
+            # A row another program damaged, on the queue the transport serves.
+            await broker.pool.execute(
+                f"INSERT INTO {schema}.broker_jobs (queue, id, data, state, stalls) "
+                "VALUES ($1, 'broken', 'x', 'ready', 'junk')",
+                queue,
+            )
+            await broker.push_on(queue, Job("poke", b"not json"))  # (its NOTIFY wakes the loop)
+            await _until(lambda: len(errors) >= 2, within=30)
+        assert sorted(r.output for r in results) == [n * 2 for n in range(20)]
+        assert any(isinstance(e, dt.DamagedJob) and "stalls" in str(e) for e in errors)
+        failed = {f.id: f for f in await broker.failed_jobs(queue)}
+        assert "broken" in failed
+        assert "stalls" in failed["broken"].error
+        assert await broker.size_of(queue) == 0
