@@ -34,6 +34,7 @@ def _unavailable(reason: str) -> None:
 
 
 _server: PostgresServer | None = None
+_users = 0
 
 
 @pytest.fixture(scope="session")
@@ -55,13 +56,18 @@ def postgres_server() -> Iterator[PostgresServer]:
             shutil.rmtree(folder, ignore_errors=True)
             _unavailable(str(detail).strip().splitlines()[0] if detail else repr(exc))
         _server = server
-    yield _server
-    # A module that imports these fixtures as well as the conftest registers a second copy of
-    # this one, sharing the server: the first teardown stops it, the second finds it gone.
-    if _server is not None:
-        _server.stop("immediate")
-        shutil.rmtree(_server.dir, ignore_errors=True)
-        _server = None
+    # conftest.py and a test module may both define this fixture (each ``import *``): two
+    # session fixtures sharing one server, which the last of them to end stops.
+    global _users
+    _users += 1
+    try:
+        yield _server
+    finally:
+        _users -= 1
+        if _users == 0:
+            _server.stop("immediate")
+            shutil.rmtree(_server.dir, ignore_errors=True)
+            _server = None
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import faulthandler
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -17,6 +18,7 @@ from _redis_sentinel import *  # noqa: F403  (the private sentinel group)
 from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
 from durable_trio._redis import open_redis, open_redis_cluster
 from durable_trio.brokers.memory import MemoryBroker
+from durable_trio.brokers.postgres import PostgresBroker
 from durable_trio.brokers.redis import RedisBroker, RedisClusterBroker
 from durable_trio.brokers.sqlite import SqliteBroker
 from durable_trio.keys.memory import MemoryKeyStore
@@ -27,7 +29,7 @@ pytest_plugins = ["pytester"]  # (test_simulation runs the fixtures plugin in an
 
 #: Every broker the contract suite runs against. Brokers that need a server or a file add
 #: themselves here with a factory below.
-BROKER_KINDS = ["memory", "sqlite", "redis", "redis-sentinel", "redis-cluster"]
+BROKER_KINDS = ["memory", "sqlite", "redis", "redis-sentinel", "redis-cluster", "postgres"]
 
 BrokerFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
@@ -56,6 +58,8 @@ def broker_factory(
     group = request.getfixturevalue("redis_sentinel") if broker_kind == "redis-sentinel" else None
     # The private 6-node cluster (3 masters), likewise.
     cluster = request.getfixturevalue("redis_cluster") if broker_kind == "redis-cluster" else None
+    # The private PostgreSQL server, likewise (each broker on a fresh schema of its own).
+    pg_server = request.getfixturevalue("postgres_server") if broker_kind == "postgres" else None
 
     @asynccontextmanager
     async def memory() -> AsyncIterator[Any]:
@@ -103,12 +107,25 @@ def broker_factory(
         ):
             yield broker
 
+    @asynccontextmanager
+    async def postgres() -> AsyncIterator[Any]:
+        assert pg_server is not None
+        pg_server.start()  # running even if a test stopped it
+        schema = f"t_{uuid.uuid4().hex[:16]}"
+        async with PostgresBroker.open(pg_server.url, schema=schema, pool_size=4) as broker:
+            try:
+                yield broker
+            finally:
+                with trio.move_on_after(10, shield=True):
+                    await broker.pool.execute(f"DROP SCHEMA {schema} CASCADE")
+
     factories = {
         "memory": memory,
         "sqlite": sqlite,
         "redis": redis,
         "redis-sentinel": redis_sentinel,
         "redis-cluster": redis_cluster,
+        "postgres": postgres,
     }
     return factories[broker_kind]
 

@@ -5,7 +5,8 @@ psycopg runs on asyncio or blocks; its protocol code is generators that yield wh
 for. :mod:`._wait` drives them with Trio's own waits; :mod:`._connection` is one connection
 (statements with ``$1`` parameters, transactions, and the cancellation rule every other module
 relies on); :mod:`._pool` a small fixed-size pool; :mod:`._listen` one dedicated ``LISTEN``
-connection that reconnects by itself. Failures are translated at this edge into the project's
+connection that reconnects by itself, and :mod:`._hub` shares it between the parts of one
+backend (callbacks by channel). Failures are translated at this edge into the project's
 error tree (:mod:`._errors`).
 """
 
@@ -20,13 +21,17 @@ from ._errors import (
     PostgresQueryCanceled,
     PostgresUnavailableError,
 )
+from ._hub import NotifyHub, open_notify_hub
 from ._listen import Notification, NotificationsMissed, PgListener, open_listener
+from ._migrations import Migration, check_schema_name, migrate, quote_ident, schema_versions
 from ._pool import PgPool, PoolStats, open_pool
 
 __all__ = [
     "ConnectionStats",
+    "Migration",
     "Notification",
     "NotificationsMissed",
+    "NotifyHub",
     "PgConnection",
     "PgListener",
     "PgPool",
@@ -38,8 +43,13 @@ __all__ = [
     "PostgresQueryCanceled",
     "PostgresUnavailableError",
     "Result",
+    "check_schema_name",
     "connect",
+    "migrate",
     "open_listener",
+    "open_notify_hub",
     "open_pool",
     "parse_conninfo",
+    "quote_ident",
+    "schema_versions",
 ]

@@ -1,0 +1,64 @@
+"""The PostgreSQL broker: the queue in SQL, for many machines on one database server.
+
+Open one with its own pool and notify hub, or attach it to a backend's::
+
+    async with PostgresBroker.open("postgresql://app@db/app") as broker:
+        await broker.push_on("q", Job("1", b"{}"))
+
+    broker = await PostgresBroker.attach(pool, "durable_trio", hub)
+
+Parts (one concern per module, as the SQLite broker's):
+    ``_schema.py``, the tables and indexes as versioned migration steps; ``_rows.py``, every
+    stored field checked as it is read, the damage and the quarantine; ``_operations.py``,
+    the SQL of each call; ``_wakeup.py``, the waiters, the queues' ``NOTIFY`` channels and
+    what wakes them; ``_broker.py``, :class:`PostgresBroker`, which composes them with a
+    :class:`~durable_trio._postgres.PgPool` and the backend's
+    :class:`~durable_trio._postgres.NotifyHub`.
+
+Tables:
+    Every job that waits or is claimed is one row of ``<schema>.broker_jobs``, its queue (the
+    namespace included) a column and its state one of ``ready``, ``delayed``, ``active``; a
+    partial index per state holds only that state's rows. A finished job's row is deleted; a
+    failed one moves to ``broker_failed`` (the newest ``failed_retention`` per queue kept); a
+    row whose id cannot be read moves to ``broker_quarantine``. Ready jobs pop in (priority,
+    ``seq``) order, ``seq`` from one sequence for the schema (FIFO within a priority across
+    processes). Times are the server's clock, epoch seconds.
+
+Claims:
+    A pop promotes due delayed jobs (at most :data:`PROMOTE_BATCH`), then claims the first
+    ready rows with ``FOR UPDATE SKIP LOCKED`` (concurrent consumers never wait for, or take,
+    each other's rows), in one pipelined round trip and one transaction. A lease token is a
+    random 64-bit prefix per call plus the claim's place in it. Completes, renewals and
+    ``mark_started`` are one set-based statement for many leases; a worker's
+    ``finish_and_claim`` (push results, complete, claim more) is one pipeline. Stall recovery
+    locks the stalled claims with ``SKIP LOCKED`` too, so sweeps in many processes share the
+    work, and counts the stall evidence as the SQLite broker does.
+
+Wake-up (:meth:`PostgresBroker.wait_for_work`):
+    A push (retry, requeue, recovery) sends ``NOTIFY`` on its queue's channel inside its own
+    transaction: delivered on commit only, folded by PostgreSQL into one per transaction and
+    channel, one for a whole batch push. The channel's name is a hash of schema and queue (a
+    safe identifier of fixed length). A waiter subscribes to it on the hub (one ``LISTEN``
+    connection per backend) before its first look, so a push after that look is never missed;
+    it also wakes when its earliest delayed job comes due, every ``poll_interval`` seconds (a
+    look), and once when the hub's connection was lost and is back.
+
+Damaged rows:
+    PostgreSQL enforces column types, but another program may still write a NULL id or data,
+    a negative count, a stall history that is not one, a non-finite time. A claim with such a
+    field is handed over with ``ClaimedJob.damage`` (the transport fails it, kept inspectable);
+    a row with a NULL id is moved to the quarantine (:meth:`PostgresBroker.quarantined`).
+
+Errors and cancellation:
+    Every call runs shielded and bounded by ``call_timeout``: cancelled before it starts it
+    does nothing; once started it runs to its end, so a call that changed something returns.
+    The driver's errors are the project's: :class:`~durable_trio.BrokerUnavailable` when the
+    server cannot be reached (or a call outlives its bound), a
+    :class:`~durable_trio.BrokerError` for a statement the server refused.
+"""
+
+from ._broker import CALL_TIMEOUT, POLL_INTERVAL, PostgresBroker
+from ._operations import PROMOTE_BATCH
+from ._wakeup import channel_for
+
+__all__ = ["CALL_TIMEOUT", "POLL_INTERVAL", "PROMOTE_BATCH", "PostgresBroker", "channel_for"]

@@ -1,0 +1,474 @@
+"""The PostgreSQL broker: :class:`PostgresBroker`, which composes the parts of this package.
+
+It holds a pool (:mod:`durable_trio._postgres`) and the backend's notify hub, applies its
+migrations when attached (``_schema.py``), runs each call as one of ``_operations.py``'s
+(shielded and bounded, errors mapped to the project's), and owns a :class:`~._wakeup.WakeUps`
+that wakes its waiters. The package docstring (:mod:`durable_trio.brokers.postgres`) describes
+the whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import trio
+
+from ..._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
+from ..._postgres import check_schema_name, migrate, open_notify_hub, open_pool, quote_ident
+from .._contract import Recovery
+from ._operations import RECOVER_BATCH, Operations
+from ._schema import MIGRATIONS, PART
+from ._wakeup import Waiter, WakeUps
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+    from types import TracebackType
+
+    from ..._postgres import NotifyHub, PgPool
+    from .._contract import (
+        ClaimedJob,
+        FailedJob,
+        Job,
+        JobState,
+        Lease,
+        QuarantinedEntry,
+        QueueStats,
+        RenewOutcome,
+    )
+
+__all__ = ["CALL_TIMEOUT", "POLL_INTERVAL", "PostgresBroker"]
+
+T = TypeVar("T")
+
+#: Default seconds between two looks of a waiter nothing woke (the safety net under NOTIFY).
+POLL_INTERVAL: Final = 5.0
+
+#: Default seconds one broker call may take, waiting for a connection included.
+CALL_TIMEOUT: Final = 30.0
+
+
+class PostgresBroker:
+    """A :class:`~durable_trio.brokers.QueueBroker` on PostgreSQL, with every capability.
+
+    Many brokers in many processes may share one schema: claims skip each other's locked
+    rows. Make one with :meth:`open` (its own pool and hub) or :meth:`attach` (a backend's);
+    both apply the broker's migrations.
+
+    Args:
+        pool: an entered pool (not closed by the broker).
+        schema: the PostgreSQL schema of the backend's tables (its migrations applied).
+        hub: the backend's entered notify hub (not closed by the broker).
+        failed_retention: failed jobs kept per queue (the newest).
+        poll_interval: seconds between two looks of a waiter that nothing woke.
+        call_timeout: seconds one call may take before it raises
+            :class:`~durable_trio.BrokerUnavailable`.
+
+    Raises:
+        ConfigError: an option out of range, or a schema name that is not a plain identifier.
+    """
+
+    def __init__(
+        self,
+        pool: PgPool,
+        schema: str,
+        hub: NotifyHub,
+        *,
+        failed_retention: int = 1000,
+        poll_interval: float = POLL_INTERVAL,
+        call_timeout: float = CALL_TIMEOUT,
+    ) -> None:
+        if failed_retention < 1:
+            raise ConfigError(f"failed_retention must be at least 1, not {failed_retention!r}")
+        if not poll_interval > 0 or not call_timeout > 0:
+            raise ConfigError(
+                f"poll_interval and call_timeout must be > 0, not {poll_interval!r}, "
+                f"{call_timeout!r}"
+            )
+        self.schema = check_schema_name(schema)
+        self.poll_interval = poll_interval
+        self.call_timeout = call_timeout
+        self._pool = pool
+        self._ops = Operations(quote_ident(schema), failed_retention)
+        self._retention = failed_retention
+        self._wakeups = WakeUps(hub, schema)
+        self._closed = False
+
+    @classmethod
+    async def attach(
+        cls, pool: PgPool, schema: str, hub: NotifyHub, **options: Any
+    ) -> PostgresBroker:
+        """Apply the broker's migrations in ``schema`` and make a broker on them.
+
+        Raises:
+            BrokerError: the schema holds a newer version of the broker's tables.
+            BrokerUnavailable: the server cannot be reached.
+        """
+        broker = cls(pool, schema, hub, **options)
+        await migrate(pool, broker.schema, PART, MIGRATIONS)
+        return broker
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        conninfo: str,
+        *,
+        schema: str = "durable_trio",
+        pool_size: int = 8,
+        **options: Any,
+    ) -> AsyncIterator[PostgresBroker]:
+        """A broker with its own pool and notify hub, for the block (``async with``).
+
+        Args:
+            conninfo: a ``postgresql://`` URL or a ``key=value`` string.
+            schema: the PostgreSQL schema of the tables (created if missing).
+            pool_size: the most connections the broker's pool opens.
+            **options: as for :class:`PostgresBroker`.
+
+        Raises:
+            ConfigError: a bad URL or option.
+            BrokerUnavailable: the server cannot be reached.
+        """
+        check_schema_name(schema)
+        async with (
+            open_pool(conninfo, size=pool_size) as pool,
+            open_notify_hub(conninfo) as hub,
+        ):
+            broker = await cls.attach(pool, schema, hub, **options)
+            async with broker:
+                yield broker
+
+    async def __aenter__(self) -> PostgresBroker:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called."""
+        return self._closed
+
+    @property
+    def pool(self) -> PgPool:
+        """The pool the broker's calls run on."""
+        return self._pool
+
+    async def aclose(self) -> None:
+        """Close the broker (not its pool or hub, which their maker closes). Idempotent.
+        Later calls raise :class:`~durable_trio.BrokerUnavailable`."""
+        self._closed = True
+        await trio.lowlevel.checkpoint()
+
+    async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run ``fn(pool, *args)`` shielded and bounded by ``call_timeout``: a call cancelled
+        before it starts does nothing; once started it runs to its end (or the bound), so a
+        call that changed something returns its result (the cancellation comes at the caller's
+        next checkpoint), as the SQLite broker's calls do.
+
+        Raises:
+            BrokerUnavailable: the broker or its pool is closed, the server cannot be reached,
+                or the call took longer than ``call_timeout`` (it may have run).
+            BrokerError: the server refused a statement.
+        """
+        if self._closed:
+            raise BrokerUnavailable(f"the PostgreSQL broker on schema {self.schema!r} is closed")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + self.call_timeout
+            try:
+                return await fn(self._pool, *args)
+            except TransportClosed as exc:
+                raise BrokerUnavailable(f"the PostgreSQL pool is closed: {exc}") from exc
+        raise BrokerUnavailable(
+            f"PostgreSQL did not answer a broker call within {self.call_timeout:g}s "
+            "(it may have run)"
+        )
+
+    # -- required
+
+    async def push_on(
+        self, queue: str, job: Job, *, priority: int | None = None, delay: float = 0.0
+    ) -> None:
+        """Enqueue ``job`` and notify the queue's channel (in the push's transaction)."""
+        statements = self._ops.push_statements(
+            queue, job, priority or 0, delay, self._wakeups.channel(queue)
+        )
+        await self._call(_pipeline, statements)
+
+    async def pop_from(self, queue: str, *, worker: str = "") -> ClaimedJob | None:
+        """Promote due delayed jobs (at most ``PROMOTE_BATCH``), then claim the next ready job
+        under a fresh random lease token, or return ``None`` (one round trip)."""
+        claimed = await self._call(self._ops.pop, queue, 1, worker)
+        return claimed[0] if claimed else None
+
+    async def pop_many(self, queue: str, count: int, *, worker: str = "") -> list[ClaimedJob]:
+        """Like :meth:`pop_from`, claiming up to ``count`` jobs in one statement."""
+        if count <= 0:
+            await trio.lowlevel.checkpoint()
+            return []
+        return await self._call(self._ops.pop, queue, count, worker)
+
+    async def pop_ahead(
+        self, queue: str, count: int, ahead: int, *, worker: str = ""
+    ) -> list[ClaimedJob]:
+        """:meth:`pop_many` of ``count + ahead`` jobs, the last ``ahead`` not started."""
+        if count + ahead <= 0:
+            await trio.lowlevel.checkpoint()
+            return []
+        return await self._call(self._ops.pop, queue, count, worker, ahead)
+
+    async def mark_started(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
+        """Mark claims popped ahead started, and renew them (one statement)."""
+        if not leases:
+            await trio.lowlevel.checkpoint()
+            return []
+        return await self._call(self._ops.mark, self._ops.mark_started, queue, list(leases))
+
+    async def complete_job(self, lease: Lease, queue: str) -> bool:
+        """Delete a finished job. ``False``: the lease was lost, nothing changed."""
+        (done,) = await self._call(self._ops.complete_many, queue, [lease])
+        return done
+
+    async def complete_many(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
+        """``complete_job`` for each lease, in one statement."""
+        if not leases:
+            await trio.lowlevel.checkpoint()
+            return []
+        return await self._call(self._ops.complete_many, queue, list(leases))
+
+    async def push_many(
+        self, queue: str, jobs: Sequence[Job], priorities: Sequence[int | None]
+    ) -> None:
+        """``push_on`` (no delay) for each job: one insert, one notification."""
+        if len(jobs) != len(priorities):
+            raise ValueError("push_many: one priority per job")
+        statements = self._ops.push_many_statements(
+            queue, jobs, priorities, self._wakeups.channel(queue)
+        )
+        if not statements:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._call(_pipeline, statements)
+
+    async def push_and_complete_many(
+        self, push_queue: str, jobs: Sequence[Job], queue: str, leases: Sequence[Lease]
+    ) -> list[bool]:
+        """Push then complete, in one transaction (:meth:`finish_and_claim` claiming none)."""
+        done, _ = await self.finish_and_claim(push_queue, jobs, queue, leases, 0)
+        return done
+
+    async def finish_and_claim(
+        self,
+        push_queue: str,
+        jobs: Sequence[Job],
+        queue: str,
+        leases: Sequence[Lease],
+        count: int,
+        *,
+        worker: str = "",
+    ) -> tuple[list[bool], list[ClaimedJob]]:
+        """Push, complete, then claim up to ``count`` jobs of ``queue``: one pipeline, one
+        transaction, one round trip (see ``SupportsFinishAndClaim``)."""
+        ops = self._ops
+        statements = ops.push_many_statements(
+            push_queue, jobs, [None] * len(jobs), self._wakeups.channel(push_queue)
+        )
+        tokens = [lease.token for lease in leases]
+        ids = [lease.job_id for lease in leases]
+        complete_at = len(statements)
+        if leases:
+            statements.append((ops.complete, (queue, tokens, ids)))
+        if count > 0:
+            statements += ops.claim_statements(queue, count, worker, count)
+        if not statements:
+            await trio.lowlevel.checkpoint()
+            return [], []
+
+        async def run(pool: PgPool) -> tuple[list[bool], list[ClaimedJob]]:
+            results = await pool.pipeline(statements)
+            done: list[bool] = []
+            if leases:
+                hit = {row[0] for row in results[complete_at].rows}
+                for lease in leases:
+                    done.append(lease.token in hit)
+                    hit.discard(lease.token)
+            claimed = await ops.read_claims(pool, results[-1]) if count > 0 else []
+            return done, claimed
+
+        return await self._call(run)
+
+    async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
+        """Fail a job for good: moved to the failed table (the newest ``failed_retention``
+        of the queue kept). ``False``: the lease was lost."""
+        return await self._call(self._ops.fail_job, queue, lease, error)
+
+    async def fail_and_push(
+        self, lease: Lease, queue: str, error: str, push_queue: str, job: Job
+    ) -> bool:
+        """:meth:`fail_job`, then (if the lease held) push ``job`` onto ``push_queue``, in one
+        statement. ``False``: the lease was lost, nothing changed."""
+        channel = self._wakeups.channel(push_queue)
+        return await self._call(
+            self._ops.fail_then_push, queue, lease, error, push_queue, job, channel
+        )
+
+    async def retry_job(
+        self, lease: Lease, queue: str, *, delay: float = 0.0, count_attempt: bool = True
+    ) -> bool:
+        """Hand a claim back for redelivery after ``delay`` seconds, at the back of its
+        priority (an immediate ``count_attempt=False`` handback keeps its place). ``False``:
+        lease lost."""
+        channel = self._wakeups.channel(queue)
+        return await self._call(self._ops.retry_job, queue, lease, delay, count_attempt, channel)
+
+    # -- capabilities
+
+    async def renew_jobs(self, queue: str, leases: Sequence[Lease]) -> RenewOutcome:
+        """Refresh ``claimed_at`` of every claim in ``leases`` still held (one statement)."""
+        return await self._call(self._ops.renew_jobs, queue, list(leases))
+
+    async def recover_stalled_jobs(
+        self, queue: str, threshold: float, max_stalled: int
+    ) -> Recovery:
+        """Take back claims older than ``threshold`` seconds (an index range on
+        (queue, claimed_at), locked with ``SKIP LOCKED``: sweeps in several processes share the
+        work). Each gets a stall appended; past ``max_stalled`` it is re-leased to the caller
+        and returned in ``exceeded``, otherwise put back to ready (and its channel notified)."""
+        ops = self._ops
+        channel = self._wakeups.channel(queue)
+
+        async def sweep(pool: PgPool) -> Recovery:
+            recovered = 0
+            exceeded: list[ClaimedJob] = []
+            while True:
+                async with pool.transaction() as conn:
+                    batch, seen = await ops.recover_batch(conn, queue, threshold, max_stalled)
+                    if batch.recovered:
+                        await conn.execute("SELECT pg_notify($1, '')", channel)
+                recovered += batch.recovered
+                exceeded += batch.exceeded
+                if seen < RECOVER_BATCH:
+                    return Recovery(recovered=recovered, exceeded=tuple(exceeded))
+
+        return await self._call(sweep)
+
+    async def queues_with_claims(self, queues: Sequence[str]) -> list[str]:
+        """Those of ``queues`` holding claims (one statement on the claims' index)."""
+        if not queues:
+            await trio.lowlevel.checkpoint()
+            return []
+        rows = await self._call(_fetch, self._ops.queues_with_claims, list(queues))
+        return sorted(str(row[0]) for row in rows)
+
+    async def size_of(self, queue: str) -> int:
+        """Jobs waiting to be claimed (ready and delayed)."""
+        return await self._call(self._ops.size_of, queue)
+
+    async def waiting_queues(self, prefix: str) -> list[str]:
+        """The queues named ``prefix...`` holding ready or delayed jobs, sorted."""
+        return await self._call(self._ops.queues, self._ops.waiting_queues, prefix)
+
+    async def known_queues(self, prefix: str) -> list[str]:
+        """The queues named ``prefix...`` holding any job (waiting, claimed or failed)."""
+        return await self._call(self._ops.queues, self._ops.known_queues, prefix)
+
+    async def job_state(self, queue: str, job_id: str) -> JobState | None:
+        """Whether job ``job_id`` waits on ``queue`` or is claimed (``None``: neither)."""
+        (state,) = await self._call(self._ops.job_states, queue, [job_id])
+        return state
+
+    async def job_states(self, queue: str, job_ids: Sequence[str]) -> list[JobState | None]:
+        """:meth:`job_state` of each of ``job_ids``, in one statement."""
+        if not job_ids:
+            await trio.lowlevel.checkpoint()
+            return []
+        return await self._call(self._ops.job_states, queue, list(job_ids))
+
+    async def failed_jobs(self, queue: str, *, limit: int = 100) -> list[FailedJob]:
+        """The most recent failed jobs of ``queue``, newest first."""
+        limit = min(limit, self._retention)
+        if limit <= 0:
+            await trio.lowlevel.checkpoint()
+            return []
+        return await self._call(self._ops.failed, queue, limit)
+
+    async def requeue_failed(self, queue: str, job_id: str, *, priority: int | None = None) -> bool:
+        """Put the newest failed job ``job_id`` back as ready, as a fresh push (its stored
+        priority unless ``priority`` is given)."""
+        channel = self._wakeups.channel(queue)
+        return await self._call(self._ops.requeue, queue, job_id, priority, channel)
+
+    async def delete_failed(self, queue: str, job_id: str) -> bool:
+        """Remove the newest failed job ``job_id`` of ``queue`` from its failed set."""
+        rows = await self._call(_fetch, self._ops.delete_failed, queue, job_id)
+        return bool(rows)
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        """``queue``'s counts and its oldest ready job's age, in one statement."""
+        return await self._call(self._ops.queue_stats, queue)
+
+    async def quarantined(self, queue: str, *, limit: int = 100) -> list[QuarantinedEntry]:
+        """The rows of ``queue`` whose id could not be read, moved aside by a pop or a sweep,
+        newest first."""
+        if limit <= 0:
+            await trio.lowlevel.checkpoint()
+            return []
+        return await self._call(self._ops.quarantine_entries, queue, limit)
+
+    async def wait_for_work(self, queue: str) -> None:
+        """Return when ``queue`` may have work (see the package docstring).
+
+        Returns at once if a job is ready or a delayed one is due; otherwise on a ``NOTIFY``
+        saying work is ready on ``queue``, when the earliest delayed job comes due, after the
+        backend's listening connection was lost and is back, or when a look every
+        ``poll_interval`` finds work. It may return spuriously; it never misses a push
+        committed after this broker's last empty pop (the channel is listened to before the
+        first look). A look that fails returns after a pause (the consumer's next pop meets
+        the error); only a closed broker raises (:class:`~durable_trio.BrokerUnavailable`).
+        """
+        if self._closed:
+            raise BrokerUnavailable(f"the PostgreSQL broker on schema {self.schema!r} is closed")
+        waiter = Waiter(queue)
+        try:
+            # On failure subscribed all the same: the look below meets the server as it is.
+            with contextlib.suppress(BrokerUnavailable):
+                await self._wakeups.watch(waiter)
+            while True:
+                waiter.event = trio.Event()  # before the look, so no ring slips in between
+                waiter.ready = False
+                try:
+                    ready, due_in = await self._call(self._ops.look, queue)
+                except BrokerError:
+                    if self._closed:
+                        raise
+                    # The consumer's next pop meets the error and reports it (with its own
+                    # backoff); a pause first, so a look that keeps failing is no busy loop.
+                    await trio.sleep(min(1.0, self.poll_interval))
+                    return
+                if ready:
+                    return
+                timeout = self.poll_interval if due_in is None else min(due_in, self.poll_interval)
+                with trio.move_on_after(timeout) as slept:
+                    await waiter.event.wait()
+                if waiter.ready:
+                    return
+                if slept.cancelled_caught and due_in is not None and due_in <= timeout:
+                    return  # the earliest delayed job is due now
+        finally:
+            self._wakeups.unwatch(waiter)
+
+
+async def _pipeline(pool: PgPool, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
+    await pool.pipeline(statements)
+
+
+async def _fetch(pool: PgPool, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    return await pool.fetch(sql, *args)

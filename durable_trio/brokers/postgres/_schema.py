@@ -1,0 +1,83 @@
+"""The PostgreSQL broker's tables, as the versioned steps of the ``broker`` part
+(:mod:`durable_trio._postgres._migrations`).
+
+All in the backend's one schema; a queue (namespace included) is a column, never a table.
+``broker_jobs`` holds the jobs that wait or are claimed (the hot table: a finished job's row is
+deleted, a failed one moved out); its partial indexes put each row only in the index of its
+state. ``broker_failed`` keeps failed jobs for inspection (bounded per queue);
+``broker_quarantine`` rows whose id could not be read. Times are seconds since the epoch on the
+server's clock (``double precision``); ``seq`` orders jobs of one priority (FIFO), one
+sequence for the whole schema.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from ..._postgres import Migration
+
+__all__ = ["MIGRATIONS", "PART"]
+
+#: The part's name in ``durable_trio_schema``.
+PART: Final = "broker"
+
+_V1: Final = """
+CREATE SEQUENCE {schema}.broker_seq;
+
+CREATE TABLE {schema}.broker_jobs (
+    pk bigserial PRIMARY KEY,
+    queue text COLLATE "C" NOT NULL,
+    id text,
+    data bytea,
+    priority bigint NOT NULL DEFAULT 0,
+    seq bigint NOT NULL DEFAULT nextval('{schema}.broker_seq'),
+    state text NOT NULL CHECK (state IN ('ready', 'delayed', 'active')),
+    due_at double precision,
+    token text,
+    claimed_at double precision,
+    worker text NOT NULL DEFAULT '',
+    started boolean NOT NULL DEFAULT true,
+    attempts bigint NOT NULL DEFAULT 0,
+    stalled_count bigint NOT NULL DEFAULT 0,
+    stalls text NOT NULL DEFAULT '[]',
+    note text,
+    pushed_at double precision,
+    CHECK ((state = 'active') = (token IS NOT NULL AND claimed_at IS NOT NULL)),
+    CHECK ((state = 'delayed') = (due_at IS NOT NULL))
+) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.05);
+
+CREATE INDEX broker_jobs_ready ON {schema}.broker_jobs (queue, priority, seq)
+    WHERE state = 'ready';
+CREATE INDEX broker_jobs_delayed ON {schema}.broker_jobs (queue, due_at)
+    WHERE state = 'delayed';
+CREATE INDEX broker_jobs_active ON {schema}.broker_jobs (queue, claimed_at)
+    WHERE state = 'active';
+CREATE INDEX broker_jobs_token ON {schema}.broker_jobs (token) WHERE state = 'active';
+
+CREATE TABLE {schema}.broker_failed (
+    pk bigserial PRIMARY KEY,
+    queue text COLLATE "C" NOT NULL,
+    id text,
+    data bytea,
+    priority bigint NOT NULL DEFAULT 0,
+    error text,
+    failed_at double precision,
+    attempts bigint NOT NULL DEFAULT 0,
+    stalled_count bigint NOT NULL DEFAULT 0,
+    stalls text NOT NULL DEFAULT '[]',
+    pushed_at double precision
+);
+CREATE INDEX broker_failed_queue ON {schema}.broker_failed (queue, pk);
+
+CREATE TABLE {schema}.broker_quarantine (
+    pk bigserial PRIMARY KEY,
+    queue text COLLATE "C" NOT NULL,
+    reason text NOT NULL,
+    raw bytea NOT NULL,
+    at double precision NOT NULL
+);
+CREATE INDEX broker_quarantine_queue ON {schema}.broker_quarantine (queue, pk);
+"""
+
+#: The broker's steps, oldest first (append only: a released step never changes).
+MIGRATIONS: Final = (Migration(1, _V1, "jobs, failed jobs, quarantine"),)
