@@ -1,7 +1,7 @@
 """The PostgreSQL run store's own particulars, on the session's private server (its contract is
 tests/test_run_stores.py): stores on separate pools stand for separate processes, so the races
 between them are real transactions, and their wakes travel by ``NOTIFY`` to a real ``LISTEN``
-connection (tests/_postgres_hub.py)."""
+connection (the backend's own notify hub)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from _postgres_hub import open_listener_hub
 from durable_trio import BrokerUnavailable
 from durable_trio._engine import RunRecord, RunStatus, StepKind, StepRecord
 from durable_trio._engine import StepState as S
@@ -23,12 +22,11 @@ from durable_trio._engine._stores.postgres import (
     PostgresRunStores,
     wakes_channel,
 )
-from durable_trio._postgres import open_pool
+from durable_trio._postgres import NotifyHub, open_notify_hub, open_pool
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from _postgres_hub import ListenerHub
 
 pytestmark = pytest.mark.postgres
 
@@ -50,9 +48,9 @@ async def _processes(
     stores = []
     for _ in range(count):
         pool = await stack.enter_async_context(open_pool(url, size=4))
-        hub: ListenerHub | None = None
+        hub: NotifyHub | None = None
         if hubs:
-            hub = await stack.enter_async_context(open_listener_hub(url))
+            hub = await stack.enter_async_context(open_notify_hub(url))
         opener = PostgresRunStores(pool, schema, hub=hub)
         stores.append(await stack.enter_async_context(opener.open("shop")))
     return stores

@@ -15,13 +15,14 @@ callback must be quick and must not raise (it sets an event, at most).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .._errors import ConfigError, TransportClosed
+from .._errors import BrokerUnavailable, ConfigError, TransportClosed
 from ._listen import NotificationsMissed, PgListener, open_listener
 
 if TYPE_CHECKING:
@@ -42,8 +43,9 @@ class NotifyHub:
         listener: the one listening connection (its ``reconnects``, ``connected``).
     """
 
-    def __init__(self, listener: PgListener) -> None:
+    def __init__(self, listener: PgListener, nursery: trio.Nursery | None = None) -> None:
         self.listener = listener
+        self._nursery = nursery
         self._callbacks: dict[str, list[Callable[[str | None], None]]] = {}
 
     @property
@@ -78,6 +80,25 @@ class NotifyHub:
         except ConfigError:
             self._forget(channel, callback)
             raise
+
+    def subscribe_soon(self, channel: str, callback: Callable[[str | None], None]) -> None:
+        """:meth:`subscribe` from synchronous code (a run store's first waiter): the callback
+        is registered now and the ``LISTEN`` sent by the hub's own task. A ``NOTIFY`` committed
+        before the channel is active is not heard; the caller's waiters look again on their
+        poll. A channel that cannot be listened to now is listened to after the reconnect
+        (whose ``callback(None)`` covers the gap).
+
+        Raises:
+            TransportClosed: the hub is closed (or was made without its task's nursery).
+        """
+        if self._nursery is None:
+            raise TransportClosed("the PostgreSQL notify hub is not running")
+        self._callbacks.setdefault(channel, []).append(callback)
+        self._nursery.start_soon(self._listen_quietly, channel)
+
+    async def _listen_quietly(self, channel: str) -> None:
+        with contextlib.suppress(BrokerUnavailable, TransportClosed, ConfigError):
+            await self.listener.listen(channel)
 
     async def unsubscribe(self, channel: str, callback: Callable[[str | None], None]) -> None:
         """Remove one subscription of ``callback`` to ``channel`` (the last one of a channel
@@ -142,7 +163,7 @@ async def open_notify_hub(conninfo: str, **listener_options: Any) -> AsyncIterat
         ConfigError: a bad URL or option.
     """
     async with open_listener(conninfo, **listener_options) as listener, trio.open_nursery() as n:
-        hub = NotifyHub(listener)
+        hub = NotifyHub(listener, n)
         await n.start(hub.run)
         try:
             yield hub

@@ -21,7 +21,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Backend", "MemoryRunStores", "RunStores", "open_backend"]
 
-_KNOWN = "memory://, sqlite:///, redis://, rediss://, redis+sentinel:// or redis+cluster://"
+_KNOWN = (
+    "memory://, sqlite:///, redis://, rediss://, redis+sentinel://, redis+cluster:// or "
+    "postgresql://"
+)
 #: Schemes served by the Redis backend (one master, found through Sentinel for the sentinel
 #: ones; a Redis Cluster for the cluster ones).
 _REDIS_SCHEMES = (
@@ -39,7 +42,10 @@ async def open_backend(url: str = "memory://", *, existing: bool = False) -> Asy
             ``redis+sentinel://s1:26379,s2:26379/MASTER/db`` (the master that Redis
             Sentinel names, followed through failovers; docs/deployment.md), or
             ``redis+cluster://host1:port1,host2:port2`` or ``rediss+cluster://...`` (a Redis
-            Cluster: see docs/deployment.md for what runs on one).
+            Cluster: see docs/deployment.md for what runs on one), or
+            ``postgresql://user:password@host:port/database[?schema=S&pool_size=N]``
+            (PostgreSQL: the tables in one schema, ``durable_trio`` by default; the
+            ``postgres`` extra).
         existing: a SQLite file must exist already: nothing is created, and a mistyped path
             is a :class:`~durable_trio.ConfigError`, not a new empty database. What the
             commands that only read or repair (``health``, ``runs``, ``jobs``, ``queues``,
@@ -72,6 +78,18 @@ async def open_backend(url: str = "memory://", *, existing: bool = False) -> Asy
             ) from exc
 
         opened = open_redis_backend(url)
+    elif scheme in ("postgresql", "postgres"):
+        # imported here: the PostgreSQL backend needs psycopg (the `postgres` extra)
+        try:
+            from .postgres import open_postgres_backend
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("psycopg"):
+                raise
+            raise ConfigError(
+                "a postgresql:// backend needs psycopg: pip install 'durable_trio[postgres]'"
+            ) from exc
+
+        opened = open_postgres_backend(url)
     elif scheme is None:
         raise ConfigError(f"a backend URL starts with {_KNOWN}")
     else:

@@ -61,9 +61,10 @@ _MAX_PAYLOAD: Final = 7000
 class NotifyHub(Protocol):
     """What the store needs of the backend's ``LISTEN`` connection (``_postgres/_hub.py``)."""
 
-    def subscribe(self, channel: str, callback: Callable[[str | None], None]) -> None:
-        """Call ``callback(payload)`` for every notification on ``channel`` from now on, and
-        ``callback(None)`` after a reconnection (notifications may have been missed)."""
+    def subscribe_soon(self, channel: str, callback: Callable[[str | None], None]) -> None:
+        """Call ``callback(payload)`` for every notification on ``channel`` from now on (once
+        the hub's task has sent the ``LISTEN``), and ``callback(None)`` after a reconnection
+        (notifications may have been missed)."""
         ...
 
 
@@ -156,7 +157,7 @@ class PostgresRunStore:
         """A waiter watches: subscribe to the namespace's channel (once)."""
         if not self._subscribed and self._hub is not None and not self._closed:
             self._subscribed = True
-            self._hub.subscribe(self._channel, self._on_notify)
+            self._hub.subscribe_soon(self._channel, self._on_notify)
 
     def _on_notify(self, payload: str | None) -> None:
         """(The hub's task.) Wake the waiters of the key ``payload`` names; all of them after a

@@ -1,0 +1,138 @@
+"""``postgresql://``: the broker, the key store and the run stores in one PostgreSQL schema.
+
+One pool of connections serves all three, and one dedicated ``LISTEN`` connection (the notify
+hub) carries every wake-up: a queue's pushes for its waiters, a run's wakes for its owner. The
+tables are versioned per part and migrated at open (docs/deployment.md, "PostgreSQL").
+
+The URL is libpq's, plus two options of ours, taken out before it reaches libpq:
+
+* ``schema`` (default ``durable_trio``): the PostgreSQL schema of the tables; several
+  deployments can share a database, each in its own schema;
+* ``pool_size`` (default 8): the most connections the pool opens.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import attrs
+import trio
+
+from .._engine._stores.postgres import PostgresRunStores
+from .._errors import ConfigError
+from .._failures import one_exception, raise_bare
+from .._postgres import open_pool
+from .._postgres._hub import open_notify_hub
+from .._postgres._migrations import check_schema_name
+from .._redact import redact_url
+from ..brokers.postgres import PostgresBroker
+from ..keys.postgres import PostgresKeyStore
+from ._backend import Backend
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+__all__ = ["PostgresOptions", "open_postgres_backend", "postgres_options"]
+
+#: The default PostgreSQL schema of the tables.
+DEFAULT_SCHEMA = "durable_trio"
+#: The default size of the backend's pool.
+DEFAULT_POOL_SIZE = 8
+
+
+@attrs.frozen
+class PostgresOptions:
+    """What a ``postgresql://`` URL names: libpq's part, and our two options.
+
+    Attributes:
+        conninfo: the URL without ``schema`` and ``pool_size`` (what libpq reads).
+        schema: the PostgreSQL schema of the tables.
+        pool_size: the most connections the pool opens.
+    """
+
+    conninfo: str
+    schema: str
+    pool_size: int
+
+
+def postgres_options(url: str) -> PostgresOptions:
+    """Split ``url`` into libpq's connection string and our options.
+
+    Raises:
+        ConfigError: a malformed URL, a schema name that is not a plain lower-case
+            identifier, or a ``pool_size`` that is not a positive integer.
+    """
+    try:
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("postgresql", "postgres"):
+        raise ConfigError(
+            f"a PostgreSQL URL is postgresql://user:password@host:port/database, not "
+            f"{redact_url(url)!r}"
+        )
+    schema, pool_size = DEFAULT_SCHEMA, DEFAULT_POOL_SIZE
+    kept: list[tuple[str, str]] = []
+    for key, value in query:
+        if key == "schema":
+            schema = check_schema_name(value)
+        elif key == "pool_size":
+            try:
+                pool_size = int(value)
+            except ValueError:
+                pool_size = 0
+            if pool_size < 1:
+                raise ConfigError(f"pool_size must be a positive integer, not {value!r}")
+        else:
+            kept.append((key, value))
+    conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(kept)))
+    return PostgresOptions(conninfo, schema, pool_size)
+
+
+@asynccontextmanager
+async def open_postgres_backend(url: str) -> AsyncIterator[Backend]:
+    """``postgresql://user:password@host:port/database[?schema=S&pool_size=N&sslmode=...]``.
+
+    Opens the pool and the notify hub, applies each part's migrations (in one transaction
+    per step, under an advisory lock: processes that open at once apply each step once), and
+    yields the backend; on leaving, closes the stores, the broker, the hub and the pool, each
+    bounded.
+
+    Raises:
+        ConfigError: a malformed URL or option.
+        AuthenticationError: the server refused the credentials.
+        BrokerUnavailable: the server cannot be reached.
+        BrokerError: the schema holds newer tables than this durable_trio knows.
+    """
+    options = postgres_options(url)
+    try:
+        async with (
+            open_pool(options.conninfo, size=options.pool_size) as pool,
+            open_notify_hub(options.conninfo) as hub,
+        ):
+            broker = await PostgresBroker.attach(pool, options.schema, hub)
+            try:
+                keys = await PostgresKeyStore.open(pool, options.schema)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await broker.aclose()
+                raise
+            backend = Backend(
+                url=redact_url(url),
+                broker=broker,
+                keys=keys,
+                run_stores=PostgresRunStores(pool, options.schema, hub=hub),
+            )
+            try:
+                yield backend
+            finally:
+                await backend.aclose()
+    except BaseExceptionGroup as group:
+        # The hub's nurseries wrap what reaches them (a failed connect at open, the caller's
+        # own exception): the caller gets the one exception, as from the other backends.
+        error = one_exception(None, [group], owner="the PostgreSQL backend")
+        assert error is not None
+        raise_bare(error)
