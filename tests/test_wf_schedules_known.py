@@ -20,7 +20,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import pytest
 import trio
 import trio.testing
 
@@ -32,6 +31,8 @@ from durable_trio.cli._main import main
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    import pytest
 
 
 def billing() -> dt.App:
@@ -78,6 +79,7 @@ async def test_an_engine_advertises_its_workflows_while_it_runs(
             assert engine.workflows == ("invoice", "remind")
             assert (engine.host, engine.pid) == (socket.gethostname(), os.getpid())
             assert abs(engine.started_at - time.time()) < 3600
+            assert engine.to_json() == raw
             await trio.sleep(200)  # ~6 time-to-lives: alive only because it is written again
             assert [e.engine_id for e in await read_engines(keys, names)] == ["e1"]
             async with dt.open_operations(backend, namespace="billing") as ops:
@@ -97,7 +99,7 @@ async def test_the_engines_of_two_apps_on_one_namespace_are_known_together(
         ):
             engines = await read_engines(backend.keys, names)
             assert [(e.engine_id, e.app) for e in engines] == [("b1", "billing"), ("l1", "ledger")]
-            assert known_workflows(engines) == {"invoice", "remind", "close-books"}
+            assert known_workflows(engines) == frozenset({"invoice", "remind", "close-books"})
             # Another namespace's engines are not these.
             assert await read_engines(backend.keys, QueueNames("ledger")) == []
         assert await read_engines(backend.keys, names) == []
@@ -143,9 +145,9 @@ async def test_an_engine_skips_a_schedule_of_an_unknown_workflow_with_one_warnin
             assert await schedules.add("books", "archive", every=10, replace=True)
             await trio.sleep(100)
     assert len(runs) >= 9  # the schedule it knows ticked on
-    warned = [r.getMessage() for r in caplog.records if "'books'" in r.getMessage()]
-    assert len(warned) == 2
-    assert "'archive'" in warned[1]
+    lines = [r.getMessage() for r in caplog.records if "'books'" in r.getMessage()]
+    assert len(lines) == 2
+    assert "'archive'" in lines[1]
     assert errors == []
 
 
@@ -265,4 +267,3 @@ def test_schedules_add_with_app_checks_the_app_not_the_engines(
     assert code == 2
     assert "no workflow 'nope' in app 'billing'" in err
     assert err.count("\n") == 1
-

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import orjson
@@ -59,6 +59,17 @@ class EngineDescriptor:
     """Unix time it started."""
     host: str
     pid: int
+
+    def to_json(self) -> dict[str, Any]:
+        """As its key holds it (camelCase, as every ``--json`` output)."""
+        return {
+            "engineId": self.engine_id,
+            "app": self.app,
+            "workflows": list(self.workflows),
+            "startedAt": self.started_at,
+            "host": self.host,
+            "pid": self.pid,
+        }
 
 
 class EngineAdvert:
