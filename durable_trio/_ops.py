@@ -49,6 +49,7 @@ from .brokers import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from ._engine._advert import EngineDescriptor
     from ._engine._stores import RunStore
     from ._transport._supervised import SupervisedSlot
 
@@ -820,6 +821,14 @@ class Operations:
 
         keys = self.backend.keys
         return [] if keys is None else await read_supervisors(keys, self.names)
+
+    async def engines(self) -> list[EngineDescriptor]:
+        """Every live engine of the namespace, by id, with the workflows it runs (from its
+        key: ``{prefix}-engine:{engine_id}``). Empty without a worker-key store."""
+        from ._engine._advert import read_engines
+
+        keys = self.backend.keys
+        return [] if keys is None else await read_engines(keys, self.names)
 
 
 def workers_of(groups: Any) -> list[WorkerView]:

@@ -277,6 +277,23 @@ async def test_the_schedules_page_and_its_actions(world: dict[str, Any]) -> None
         assert nameless.status_code == 400
 
 
+async def test_the_schedules_page_marks_a_workflow_no_live_engine_runs(
+    world: dict[str, Any],
+) -> None:
+    """As ``schedules list``: the engines' keys say which workflows they run."""
+    schedules = Schedules(world["ops"].store, time.time)
+    assert await schedules.add("known", "echo", every=90)
+    assert await schedules.add("typo", "ecko", every=90)
+    async with client(create_app(world["ops"])) as http:
+        page = (await http.get("/schedules")).text
+    typo = page.split('data-schedule="typo">', 1)[1].split("</tr>")[0]
+    assert "badge-unknownworkflow" in typo
+    assert "no live engine runs &#x27;ecko&#x27;" in typo or "no live engine runs 'ecko'" in typo
+    known = page.split('data-schedule="known">', 1)[1].split("</tr>")[0]
+    assert "badge-active" in known
+    assert "unknown" not in known
+
+
 async def test_an_empty_schedules_page_says_how_to_add_one(world: dict[str, Any]) -> None:
     async with client(create_app(world["ops"])) as http:
         page = (await http.get("/schedules")).text

@@ -32,7 +32,8 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
    ``_versioning`` (blocked runs)
 5. services: ``_drivers`` (the registry of the engine's drivers, their one owner), ``_waits``
    (the owners of the steps waited on, the results being applied, the decision locks),
-   ``_services`` (what the drivers get from the engine)
+   ``_services`` (what the drivers get from the engine), ``_advert`` (the engine's key in the
+   key store: the workflows it runs)
 6. a run's pieces: ``_cancel``, ``_children``, ``_signals``, ``_heartbeats``, ``_deadline``,
    and the engine's loops: ``_step_watch``, ``_audit`` (the loss audit), ``_timers`` (leases,
    reconcile, the store watch), ``_control`` (the control plane of tenant pods)

@@ -36,6 +36,7 @@ from .._errors import BrokerError, TransportClosed
 from .._transport._facade import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._adoption import Adoption
+from ._advert import MIN_ADVERT_TTL, EngineAdvert
 from ._app import App  # noqa: TC001
 from ._audit import LossAudit, SentAttempts
 from ._cancel_delivery import (
@@ -114,8 +115,18 @@ class Engine:
             dispatch_watches=(self._checks, sent) if options.audit_interval else (self._checks,),
         )
         self._results = ResultHandler(services)
-        self._timers = EngineTimers(services)
-        self._tree = EngineTree(services.drivers, services)
+        # Its key in the key store (the workflows it runs): written at start and at every
+        # lease renewal tick, removed at close (._advert).
+        advert = self._advert = EngineAdvert(
+            transport.backend.keys,
+            transport.names,
+            options.engine_id,
+            app,
+            ttl=max(MIN_ADVERT_TTL, options.run_lease),
+            report=services.report,
+        )
+        self._timers = EngineTimers(services, advert)
+        self._tree = EngineTree(services.drivers, services, advert)
         self._spawned = RepeatedEvent()
         """Set whenever a driver starts: wakes ``result`` pollers."""
         self._adoption = Adoption(services, self._spawn, lambda: self._tree.closing)
@@ -171,6 +182,7 @@ class Engine:
 
     async def _start(self, loops: trio.Nursery) -> None:
         # The loops go into the tree's loops nursery, the drivers into its runs (._tree).
+        await self._advert.write()
         results = self._results
         self.transport.on_result(results.on_result)
         if any(w.remote for w in self.app.workflows.values()):

@@ -19,6 +19,7 @@ are evaluated by ``cronsim`` in the schedule's time zone (``zoneinfo``); see
 from __future__ import annotations
 
 import datetime
+import logging
 import math
 import re
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
@@ -34,7 +35,7 @@ from ._errors import EngineClosed, EngineError
 from ._records import normalize_json
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Callable, Collection, Iterator, Mapping
 
     from trio_util import RepeatedEvent
 
@@ -110,6 +111,8 @@ def _check_time(name: str, what: str, value: Any) -> float:
         raise ConfigError(f"stored schedule {name!r} has a bad {what} {value!r}")
     return float(value)
 
+
+_log = logging.getLogger("durable_trio")
 
 #: ``open_engine`` keywords that are the scheduler's :class:`EngineOptions`.
 SCHEDULE_OPTIONS: Final = ("wall_clock", "schedule_grace", "schedule_recheck")
@@ -379,6 +382,9 @@ class Schedules:
         wall_clock: the calendar time source (``time.time``).
         app: when given, ``add`` refuses a workflow the app does not register.
         on_change: called after each change (wakes the local scheduler).
+        known: (without ``app``) the workflows the namespace's live engines run, from their
+            keys (``known_workflows``; ``None``: no engine is live, nothing is known):
+            ``list`` gives a schedule of another workflow an ``error``.
     """
 
     def __init__(
@@ -388,11 +394,13 @@ class Schedules:
         *,
         app: _App | None = None,
         on_change: Callable[[], None] | None = None,
+        known: Collection[str] | None = None,
     ) -> None:
         self._store = store
         self._wall = wall_clock
         self._app = app
         self._on_change = on_change or (lambda: None)
+        self._known = known
 
     async def add(
         self,
@@ -436,8 +444,8 @@ class Schedules:
 
     async def list(self) -> list[ScheduleInfo]:
         """Every stored schedule, by name: a damaged one with its ``error`` (and no
-        ``schedule``); with an ``app``, one whose workflow the app does not register with
-        its ``error`` too (engines of that app skip it)."""
+        ``schedule``); one whose workflow the ``app`` does not register (without an app:
+        that no live engine runs, per ``known``) with its ``error`` too (engines skip it)."""
         now = self._wall()
         infos = []
         for name, text, last in sorted(await self._store.get_schedules()):
@@ -449,14 +457,25 @@ class Schedules:
                                           next_tick=None, error=str(exc)))  # fmt: skip
                 continue
             upcoming = None if schedule.paused else schedule.next_after(max(now, last or now))
-            error = None
-            if self._app is not None and schedule.workflow not in self._app.workflows:
-                error = f"unknown workflow: no {schedule.workflow!r} in app {self._app.name!r}"
+            error = self._unknown(schedule.workflow)
             info = ScheduleInfo(
                 name=name, schedule=schedule, last_tick=last, next_tick=upcoming, error=error
             )
             infos.append(info)
         return infos
+
+    def _unknown(self, workflow: str) -> str | None:
+        """Why ``workflow`` is unknown (``None``: known, or nothing to tell)."""
+        if self._app is not None:
+            if workflow in self._app.workflows:
+                return None
+            return f"unknown workflow: no {workflow!r} in app {self._app.name!r}"
+        if self._known is None or workflow in self._known:
+            return None
+        return (
+            f"unknown workflow: no live engine runs {workflow!r} "
+            f"(they run: {', '.join(sorted(self._known)) or 'none'})"
+        )
 
     async def get(self, name: str) -> ScheduleInfo | None:
         """One stored schedule, or ``None``."""
@@ -513,6 +532,8 @@ class Scheduler:
         self._schedules = schedules
         self._changed = changed
         self._reported: set[tuple[str, str]] = set()
+        self._unknown: dict[str, str] = {}
+        """Schedule -> the workflow it names that the app does not register (warned of)."""
         self._registered = False
 
     async def start(self) -> None:
@@ -579,6 +600,19 @@ class Scheduler:
             self._reported.add(key)
             self._engine.report(exc)
 
+    def _warn_unknown(self, name: str, workflow: str) -> None:
+        """One WARNING line per schedule (again only if it changes workflow): the app does not
+        register its workflow, so this engine skips it (the engines of another app sharing
+        the namespace may run it; ``durable-trio schedules list`` marks it when none does)."""
+        if self._unknown.get(name) == workflow:
+            return
+        self._unknown[name] = workflow
+        engine = self._engine
+        _log.warning(
+            "schedule %r names workflow %r, which app %r does not register: engine %s skips it",
+            name, workflow, engine.app.name, engine.options.engine_id,
+        )  # fmt: skip
+
     def _forget(self, name: str) -> None:
         """Schedule ``name`` worked: should it break again, that is reported again."""
         if self._reported:
@@ -594,6 +628,9 @@ class Scheduler:
             engine.report(exc)
             return None
         soonest: float | None = None
+        if self._unknown:  # deleted schedules: warned of again should they come back
+            present = {row[0] for row in rows}
+            self._unknown = {n: w for n, w in self._unknown.items() if n in present}
         for name, text, last in rows:
             try:
                 upcoming = await self._fire(name, text, last)
@@ -603,8 +640,8 @@ class Scheduler:
                 engine.report(exc)
                 upcoming = options.wall_clock() + options.schedule_recheck
             except (ConfigError, PayloadError, EngineError) as exc:
-                # Damaged, an unknown workflow, an input or run id its workflow refuses: one
-                # schedule's fault, reported (once) and skipped; the loop serves the others.
+                # Damaged, an input or run id its workflow refuses: one schedule's fault,
+                # reported (once) and skipped; the loop serves the others.
                 self._report_once(name, exc)
                 continue
             except (ValueError, ArithmeticError) as exc:
@@ -626,10 +663,9 @@ class Scheduler:
         if schedule.paused:
             return None
         if schedule.workflow not in engine.app.workflows:
-            raise ConfigError(
-                f"schedule {name!r}: no workflow {schedule.workflow!r} in app "
-                f"{engine.app.name!r}; skipped"
-            )
+            self._warn_unknown(name, schedule.workflow)
+            return None
+        self._unknown.pop(name, None)
         now = options.wall_clock()
         ticks, newest = schedule.due(last, now, options.schedule_grace)
         for tick in ticks:

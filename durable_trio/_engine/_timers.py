@@ -1,4 +1,5 @@
-"""The engine's periodic work: lease renewal, reconcile and the store watch.
+"""The engine's periodic work: lease renewal (and the engine's key, ._advert), reconcile and
+the store watch.
 
 Each loop is a task in the engine's loops nursery, ticking at ``start + k * period`` (no
 drift: ``fixed_rate``; a tick that overran is followed at once by the ones it overran,
@@ -19,6 +20,7 @@ from ._stores._wakes import STARTS, STEPS, SupportsRunWakes
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from ._advert import EngineAdvert
     from ._services import EngineServices
 
 __all__ = ["EngineTimers"]
@@ -27,8 +29,9 @@ __all__ = ["EngineTimers"]
 class EngineTimers:
     """The loops that keep one engine's runs owned and its waiters fresh."""
 
-    def __init__(self, services: EngineServices) -> None:
+    def __init__(self, services: EngineServices, advert: EngineAdvert) -> None:
         self.services = services
+        self.advert = advert
 
     def start(self, nursery: trio.Nursery, reconcile: Callable[[], Awaitable[object]]) -> None:
         """Start the loops the options ask for in ``nursery`` (which the engine cancels to
@@ -44,24 +47,31 @@ class EngineTimers:
 
     async def renew_leases(self) -> None:
         """Every ``run_lease / 3``: renew the leases of the runs driven here; stop the driver
-        of a run whose lease was not renewed."""
+        of a run whose lease was not renewed. Then write the engine's key again (bounded by
+        half a period: a slow key store never delays the next renewal much)."""
+        interval = self.services.options.run_lease / 3
+        async for _ in fixed_rate(interval, catch_up=True):
+            await self._renew()
+            with trio.move_on_after(interval / 2):
+                await self.advert.write()
+
+    async def _renew(self) -> None:
         services = self.services
         options = services.options
-        async for _ in fixed_rate(options.run_lease / 3, catch_up=True):
-            owned = list(services.drivers)
-            if not owned:
-                continue
-            try:
-                kept = await services.store.renew_runs(options.engine_id, owned, options.run_lease)
-            except BrokerError as exc:
-                services.report(exc)
-                continue
-            for run_id in owned:
-                driver = services.drivers.get(run_id)
-                if run_id not in kept and driver is not None and not driver.settling:
-                    # Taken over (our lease lapsed), or settled elsewhere (cancelled).
-                    services.count("lost_runs")
-                    driver.scope.cancel()
+        owned = list(services.drivers)
+        if not owned:
+            return
+        try:
+            kept = await services.store.renew_runs(options.engine_id, owned, options.run_lease)
+        except BrokerError as exc:
+            services.report(exc)
+            return
+        for run_id in owned:
+            driver = services.drivers.get(run_id)
+            if run_id not in kept and driver is not None and not driver.settling:
+                # Taken over (our lease lapsed), or settled elsewhere (cancelled).
+                services.count("lost_runs")
+                driver.scope.cancel()
 
     async def reconcile_forever(
         self, reconcile: Callable[[], Awaitable[object]], interval: float

@@ -13,7 +13,8 @@ unwinding of that nesting, innermost first, each level shielded and bounded: (1)
 are cancelled and (2) every run's driver with them, where it waits (its checkpoints are already
 stored), at the same instant, as the close always did; the loops level is left, then the runs
 level waits for its drivers, up to ``cleanup_timeout``, and (3) releases the runs still in
-flight so another engine takes them over at once (bounded by ``cleanup_timeout``). The close
+flight so another engine takes them over at once (bounded by ``cleanup_timeout``), then (4)
+removes the engine's key (._advert; bounded by ``cleanup_timeout``). The close
 begins when :meth:`EngineTree.close` asks for it (``Engine.aclose``), or when a cancel or a
 failure reaches the tree from outside; :attr:`EngineTree.closed` is set once it is over.
 """
@@ -27,6 +28,7 @@ import trio
 from .._errors import BrokerError
 
 if TYPE_CHECKING:
+    from ._advert import EngineAdvert
     from ._drivers import Drivers
     from ._services import EngineServices
 
@@ -40,11 +42,13 @@ class EngineTree:
         drivers: the engine's drivers (their owner: the close cancels them, waits for them and
             takes the runs still in flight from it).
         services: the engine's services (its store, its options, its error hook).
+        advert: the engine's key (removed last).
     """
 
-    def __init__(self, drivers: Drivers, services: EngineServices) -> None:
+    def __init__(self, drivers: Drivers, services: EngineServices, advert: EngineAdvert) -> None:
         self._drivers = drivers
         self._services = services
+        self._advert = advert
         self._close_asked = trio.Event()
         self._loops: trio.Nursery | None = None
         self._in_flight: list[str] | None = None
@@ -130,3 +134,5 @@ class EngineTree:
                     await services.store.release_runs(options.engine_id, in_flight)
                 except BrokerError as exc:
                     services.report(exc)
+        # 4. the engine's key: the fleet sees it gone at once, not after its time-to-live
+        await self._advert.withdraw(options.cleanup_timeout)

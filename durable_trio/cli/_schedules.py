@@ -4,6 +4,11 @@ Each opens the backend and the namespace's run store only (as ``runs``), changes
 stored schedules and exits: 0 on success, 1 when the schedule named is not there (or ``add``
 finds the name taken), 2 on a user error (one line on stderr). The engines of the namespace see
 a change within their ``schedule_recheck`` (5 s by default).
+
+Without ``--app``, ``add`` and ``list`` check a schedule's workflow against the workflows the
+namespace's live engines advertise (their keys, ``_engine._advert``): ``add`` refuses one no
+live engine runs (``--force`` adds it anyway) and warns when no engine is live to ask;
+``list`` marks it ``unknown workflow``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .._naming import DEFAULT_NAMESPACE
 from ._operations import DEFAULT_BACKEND, _common, _time, resolve_namespace, table
 
 if TYPE_CHECKING:
@@ -23,14 +29,26 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from .._engine._schedules import Schedules
+    from .._ops import Operations
 
 __all__ = ["add_schedule_commands"]
 
 _DONE = {"pause": "paused", "resume": "resumed", "delete": "deleted"}
 
 
-async def _list(schedules: Schedules, args: argparse.Namespace) -> int:
-    infos = await schedules.list()
+class _Target:
+    """What a command works on: the schedules, the namespace, and (``list`` and ``add``
+    without ``--app``) the workflows its live engines run (``None``: none is live, or not
+    asked)."""
+
+    def __init__(self, schedules: Schedules, namespace: str, known: frozenset[str] | None) -> None:
+        self.schedules = schedules
+        self.namespace = namespace
+        self.known = known
+
+
+async def _list(target: _Target, args: argparse.Namespace) -> int:
+    infos = await target.schedules.list()
     if args.json:
         rows: list[dict[str, Any]] = []
         for info in infos:
@@ -53,7 +71,7 @@ async def _list(schedules: Schedules, args: argparse.Namespace) -> int:
             continue
         when = s.cron + f" ({s.timezone})" if s.cron is not None else f"every {s.every:g} s"
         state: str = "paused" if s.paused else s.catch_up
-        if info.error is not None:  # listed with --app: engines of that app skip it
+        if info.error is not None:  # no live engine (or --app's) runs it: engines skip it
             state = "unknown workflow"
         lines.append([info.name, s.workflow, when, state, _time(info.next_tick),
                       _time(info.last_tick)])  # fmt: skip
@@ -61,11 +79,15 @@ async def _list(schedules: Schedules, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _add(schedules: Schedules, args: argparse.Namespace) -> int:
+async def _add(target: _Target, args: argparse.Namespace) -> int:
     from .._json_values import parse_json_argument
 
     value = None if args.input is None else parse_json_argument(args.input, "--input")
-    stored = await schedules.add(
+    refusal, warning = (None, None) if args.app is not None else _check_workflow(target, args)
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
+    stored = await target.schedules.add(
         args.name, args.workflow, cron=args.cron, every=args.every, input=value,
         timezone=args.timezone, catch_up=args.catch_up, max_catch_up=args.max_catch_up,
         replace=args.replace,
@@ -73,13 +95,34 @@ async def _add(schedules: Schedules, args: argparse.Namespace) -> int:
     if not stored:
         print(f"schedule {args.name!r} exists (--replace to overwrite it)", file=sys.stderr)
         return 1
+    if warning is not None:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"added schedule {args.name!r}")
     return 0
 
 
-def _change(verb: str) -> Callable[[Schedules, argparse.Namespace], Awaitable[int]]:
-    async def change(schedules: Schedules, args: argparse.Namespace) -> int:
-        done = await getattr(schedules, verb)(args.name)
+def _check_workflow(target: _Target, args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``add``'s check of its workflow against the live engines' (without ``--app``): why it
+    is refused, or ``None``; and a warning to print once it is stored (no engine is live to
+    ask, or ``--force``), or ``None``."""
+    known, namespace = target.known, target.namespace
+    if known is None:
+        unchecked = f"no live engine of namespace {namespace!r} to check workflow {args.workflow!r}"
+        return None, f"{unchecked} against: added unchecked"
+    if args.workflow in known:
+        return None, None
+    unknown = (
+        f"no live engine of namespace {namespace!r} runs workflow {args.workflow!r} "
+        f"(they run: {', '.join(sorted(known)) or 'none'})"
+    )
+    if args.force:
+        return None, f"{unknown}: added anyway (--force)"
+    return f"{unknown}; --force adds it anyway", None
+
+
+def _change(verb: str) -> Callable[[_Target, argparse.Namespace], Awaitable[int]]:
+    async def change(target: _Target, args: argparse.Namespace) -> int:
+        done = await getattr(target.schedules, verb)(args.name)
         if not done:
             print(f"no schedule {args.name!r}", file=sys.stderr)
             return 1
@@ -89,8 +132,18 @@ def _change(verb: str) -> Callable[[Schedules, argparse.Namespace], Awaitable[in
     return change
 
 
+async def _known_workflows(ops: Operations) -> frozenset[str] | None:
+    """The workflows the namespace's live engines run (``None``: no engine is live)."""
+    from .._engine._advert import known_workflows
+
+    return known_workflows(await ops.engines())
+
+
 def _runner(
-    command: Callable[[Schedules, argparse.Namespace], Awaitable[int]], *, existing: bool = True
+    command: Callable[[_Target, argparse.Namespace], Awaitable[int]],
+    *,
+    existing: bool = True,
+    checks: bool = False,
 ) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         from .._engine._schedules import Schedules
@@ -104,7 +157,12 @@ def _runner(
             async with open_operations(
                 url, namespace=namespace, existing=existing, discover=True
             ) as ops:
-                return await command(Schedules(ops.store, time.time, app=app), args)
+                # Without --app: the workflows the live engines run (what list marks and
+                # add checks against).
+                known = await _known_workflows(ops) if checks and app is None else None
+                schedules = Schedules(ops.store, time.time, app=app, known=known)
+                target = _Target(schedules, ops.namespace or DEFAULT_NAMESPACE, known)
+                return await command(target, args)
 
         try:
             return run_reporting_errors(lambda: trio.run(main))
@@ -123,7 +181,7 @@ def add_schedule_commands(
     commands = group.add_subparsers(dest="schedules_command", required=True)
     listing = commands.add_parser("list", help="the namespace's schedules, next and last tick")
     _common(listing)
-    listing.set_defaults(func=_runner(_list))
+    listing.set_defaults(func=_runner(_list, checks=True))
     add = commands.add_parser("add", help="add a schedule (its first tick is the next after now)")
     _common(add)
     add.add_argument("name", metavar="NAME")
@@ -137,7 +195,12 @@ def add_schedule_commands(
                      help="ticks missed while no engine ran (skip)")  # fmt: skip
     add.add_argument("--max-catch-up", type=int, default=10, help="bound on ticks run at once")
     add.add_argument("--replace", action="store_true", help="overwrite a schedule of that name")
-    add.set_defaults(func=_runner(_add, existing=False))
+    add.add_argument(
+        "--force",
+        action="store_true",
+        help="add it even if no live engine of the namespace runs WORKFLOW (without --app)",
+    )
+    add.set_defaults(func=_runner(_add, existing=False, checks=True))
     for verb, helptext in (
         ("pause", "pause a schedule (its ticks meanwhile never start)"),
         ("resume", "resume a paused schedule from its next tick"),

@@ -215,7 +215,11 @@ class Pages:
 
     async def schedules_page(self, request: Request) -> str:
         """``/schedules``: the namespace's schedules, next and last tick."""
-        infos = await self._schedules().list()
+        from .._engine._advert import known_workflows
+
+        # Marked as the CLI's list marks them: a workflow no live engine runs is skipped.
+        known = known_workflows(await self._ops.engines())
+        infos = await Schedules(self._ops.store, time.time, known=known).list()
         return await self._off_loop(
             lambda: self._page(
                 "Schedules",

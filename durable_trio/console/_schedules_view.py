@@ -57,6 +57,8 @@ def _row(info: ScheduleInfo, *, allow_actions: bool) -> str:
         state = status_badge("damaged")
     elif s.paused:
         state = status_badge("paused")
+    elif info.error is not None:  # no live engine runs its workflow: every engine skips it
+        state = status_badge("unknown workflow")
     else:
         state = status_badge("active")
     catch_up = f"{s.catch_up} (at most {s.max_catch_up})" if s is not None else "—"
