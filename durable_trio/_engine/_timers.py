@@ -42,17 +42,23 @@ class EngineTimers:
         if options.reconcile:
             nursery.start_soon(self.reconcile_on_starts, reconcile)
         nursery.start_soon(self.renew_leases)
+        nursery.start_soon(self.advertise)
         if options.watch_interval:
             nursery.start_soon(self.watch_forever, options.watch_interval)
 
     async def renew_leases(self) -> None:
         """Every ``run_lease / 3``: renew the leases of the runs driven here; stop the driver
-        of a run whose lease was not renewed. Then write the engine's key again (bounded by
-        half a period: a slow key store never delays the next renewal much)."""
-        interval = self.services.options.run_lease / 3
-        async for _ in fixed_rate(interval, catch_up=True):
+        of a run whose lease was not renewed."""
+        async for _ in fixed_rate(self.services.options.run_lease / 3, catch_up=True):
             await self._renew()
-            with trio.move_on_after(interval / 2):
+
+    async def advertise(self) -> None:
+        """Every ``run_lease / 3``: write the engine's key again (._advert). Its own loop, not
+        a step of the renewal's: a slow or failing key store must never delay a lease renewal
+        (a lapsed lease hands the engine's runs to another engine)."""
+        interval = self.services.options.run_lease / 3
+        async for _ in fixed_rate(interval, catch_up=False):
+            with trio.move_on_after(interval):
                 await self.advert.write()
 
     async def _renew(self) -> None:

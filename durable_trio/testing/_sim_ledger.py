@@ -116,6 +116,10 @@ class Ledger:
                 self.damaged.append((process, now, details))
             for run_id, step_id, attempt in details.get("tasks", ()):
                 self.duplicate_pushes[(run_id, step_id, attempt)] += 1
+            for run_id, step_id, attempt in details.get("results", ()):
+                # A result claimed with its reply lost waits out the stalled threshold: its
+                # engine may declare the step lost and send the attempt once more meanwhile.
+                self.duplicate_pushes[(run_id, step_id, attempt)] += 1
             for run_id, step_id, attempt in details.get("lost_tasks", ()):
                 self.lost_writes.append(("task", (run_id, step_id, attempt), now))
             for run_id, step_id, attempt in details.get("lost_results", ()):

@@ -47,6 +47,7 @@ from .._codec import decode_envelope
 from .._errors import BrokerUnavailable, PayloadError
 from .._wire import JobKind, RemoteTask, StepResult
 from ..brokers import (
+    ClaimedJob,
     SupportsBatchFinalize,
     SupportsBatchPop,
     SupportsClaimAhead,
@@ -66,7 +67,6 @@ if TYPE_CHECKING:
     import random
 
     from ..brokers import (
-        ClaimedJob,
         FailedJob,
         Job,
         JobState,
@@ -277,7 +277,16 @@ def _task_keys(jobs: Sequence[Job | ClaimedJob]) -> list[list[Any]]:
     return keys
 
 
-def _result_keys(jobs: Sequence[Job]) -> list[list[Any]]:
+def _claimed_in(reply: object) -> list[ClaimedJob]:
+    """The claimed jobs in a broker call's reply (a pop's, a batch pop's, a
+    finish-and-claim's)."""
+    if isinstance(reply, tuple) and len(reply) == 2 and isinstance(reply[1], list):
+        reply = reply[1]
+    items = reply if isinstance(reply, list) else [reply]
+    return [c for c in items if isinstance(c, ClaimedJob)]
+
+
+def _result_keys(jobs: Sequence[Job | ClaimedJob]) -> list[list[Any]]:
     """The ``[run, step, attempt]`` of the step results among ``jobs``."""
     keys = []
     for job in jobs:
@@ -341,6 +350,11 @@ class FaultyBroker:
                 tasks = _task_keys(jobs)
                 if tasks:
                     details["tasks"] = tasks
+            results = _result_keys(_claimed_in(result))
+            if results:
+                # Claimed, never heard of: each such result waits out the stalled threshold,
+                # and its step may be declared lost and sent again meanwhile.
+                details["results"] = results
             injector.note("lost-reply", **details)
             raise BrokerUnavailable(f"injected: the reply to {op} from {injector.name} was lost")
         return result
