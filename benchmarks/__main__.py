@@ -17,6 +17,7 @@ one worker over a million steps and of an engine over 100,000 runs, issue 13; se
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import sys
@@ -35,6 +36,7 @@ from . import (
     memory,
     ops,
     postgres_client,
+    postgres_queue,
     redis_clients,
     redis_cluster,
     replicas,
@@ -105,6 +107,7 @@ SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "redis": _redis,
     "redis-clients": redis_clients.section,
     "postgres": postgres_client.section,
+    "postgres-queue": postgres_queue.section,
     "redis-cluster": redis_cluster.section,
     "replicas": replicas.section,
     "sqlite": _sqlite,
@@ -337,6 +340,7 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
                         idle <= 1,
                     )
                 )
+    checks += _postgres_targets(f)
     for key, value in f.items():
         if key.startswith("detached: ") and "start -> result across processes" in key:
             p50 = _value(value)
@@ -368,6 +372,48 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
                     growth < soak.GROWTH_TARGET_MB,
                 )
             )
+    return checks
+
+
+def _postgres_targets(f: Figures) -> list[tuple[str, bool]]:
+    """Issue 32's bars, where the postgres-queue section measured both sides."""
+    checks: list[tuple[str, bool]] = []
+
+    def value(key: str) -> float | None:
+        number = _value(f[key]) if key in f else float("nan")
+        return None if math.isnan(number) else number
+
+    ours = value("durable_trio S1 as the peers, concurrency 10 (jobs/s)")
+    pgq = value("pgqueuer S1 drain (jobs/s)")
+    if ours is not None and pgq:
+        checks.append(
+            (f"[32] PostgreSQL S1: {ours:,.0f} jobs/s = {ours / pgq:.1f}x pgqueuer's {pgq:,.0f}"
+             " (want >= 3x)", ours >= 3 * pgq)
+        )  # fmt: skip
+    p50 = value("durable_trio S3 p50 (ms)")
+    if p50 is not None:
+        theirs = value("pgqueuer S3 p50 (ms)")
+        beside = f"; pgqueuer {theirs:.2f} ms" if theirs is not None else ""
+        checks.append((f"[32] PostgreSQL S3 p50 {p50:.2f} ms (want <= 1.5{beside})", p50 <= 1.5))
+    idle = value("durable_trio idle worker (queries/s)")
+    if idle is not None:
+        checks.append((f"[32] PostgreSQL idle worker: {idle:.2f} queries/s (want <= 0.5)",
+                       idle <= 0.5))  # fmt: skip
+    wf = value("durable_trio engine: 3-step workflows at once (workflows/s)")
+    dbos = value("dbos workflows concurrent (workflows/s)")
+    if wf is not None and dbos:
+        checks.append(
+            (f"[32] PostgreSQL engine: {wf:,.0f} 3-step workflows/s = {wf / dbos:.1f}x DBOS's"
+             f" {dbos:,.0f} (want >= 10x)", wf >= 10 * dbos)
+        )  # fmt: skip
+    first = value("postgres soak: jobs table + indexes, first sample (kB)")
+    peak = value("postgres soak: jobs table + indexes, peak (kB)")
+    if first is not None and peak is not None:
+        checks.append(
+            (f"[32] PostgreSQL jobs table under a sustained stream: peak {peak:,.0f} kB, first"
+             f" {first:,.0f} kB (want flat: peak <= 4x first + 1 MB)",
+             peak <= 4 * first + 1024)
+        )  # fmt: skip
     return checks
 
 
