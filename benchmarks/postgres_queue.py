@@ -139,18 +139,21 @@ async def _soak(server: PostgresServer, seconds: float) -> dict[str, tuple[float
                     await done.wait_value(partial(operator.le, n - 500))
                     if trio.current_time() >= next_sample:
                         samples.append(await trio.to_thread.run_sync(_sizes, server, schema))
-                        next_sample += seconds / 10
+                        next_sample += seconds / 12
                 with trio.fail_after(60):
                     await done.wait_value(partial(operator.le, n))
             finally:
                 queue_bench._stop(worker)
-    first, last = samples[0], samples[-1]
-    peak = max(t + i for t, i in samples)
+    half = len(samples) // 2
+    early = max(sum(sample) for sample in samples[1:half]) / 1024
+    late = max(sum(sample) for sample in samples[half:]) / 1024
     return {
         "postgres soak: jobs through the hot table": (float(done.value), f"in {seconds:.0f} s"),
-        "postgres soak: jobs table + indexes, first sample (kB)": (sum(first) / 1024, ""),
-        "postgres soak: jobs table + indexes, last sample (kB)": (sum(last) / 1024, ""),
-        "postgres soak: jobs table + indexes, peak (kB)": (peak / 1024, "10 samples"),
+        "postgres soak: jobs table + indexes, peak of the first half (kB)": (early, ""),
+        "postgres soak: jobs table + indexes, peak of the second half (kB)": (
+            late,
+            "flat when finished jobs leave the table and autovacuum keeps up",
+        ),
     }
 
 

@@ -136,6 +136,9 @@ class PostgresServer:
                 "-c full_page_writes=off",
                 "-c max_connections=200",
                 "-c shared_buffers=32MB",  # several servers (xdist workers) on one machine
+                # A queue's hot table is vacuumed within seconds, as docs/deployment.md asks
+                # of a server holding durable_trio's tables (the default naptime is 1 min).
+                "-c autovacuum_naptime=5s",
             ]
         )
 
