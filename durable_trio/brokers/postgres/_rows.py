@@ -12,13 +12,13 @@ moved to the quarantine by the caller (:data:`QUARANTINE_REASON`).
 
 from __future__ import annotations
 
-import json
 import math
 from typing import TYPE_CHECKING, Final
 
 import attrs
 
 from .._contract import ClaimedJob, FailedJob, Lease, Stall
+from .._stalls import parse_stalls, stalls_json
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -48,48 +48,6 @@ def describe(value: object) -> str:
         return "NULL"
     shown = repr(value)
     return shown if len(shown) <= 60 else shown[:60] + "..."
-
-
-def parse_stalls(value: object) -> tuple[Stall, ...] | None:
-    """The stall history stored as JSON text, or ``None`` if it is not one."""
-    if type(value) is not str:
-        return None
-    if value == "[]":
-        return ()
-    try:
-        items = json.loads(value)
-    except (ValueError, RecursionError):
-        return None
-    if type(items) is not list:
-        return None
-    stalls = []
-    for item in items:
-        if type(item) is not dict:
-            return None
-        at, worker = item.get("at"), item.get("worker")
-        if isinstance(at, bool) or not isinstance(at, (int, float)) or type(worker) is not str:
-            return None
-        try:
-            seconds = float(at)
-        except OverflowError:
-            return None
-        counted = item.get("counted", True)
-        if not math.isfinite(seconds) or type(counted) is not bool:
-            return None
-        stalls.append(Stall(at=seconds, worker=worker, counted=counted))
-    return tuple(stalls)
-
-
-def stalls_json(stalls: Sequence[Stall]) -> str:
-    """The stall history as stored (``counted`` only when false, as the SQLite broker)."""
-    return json.dumps(
-        [
-            {"at": s.at, "worker": s.worker}
-            if s.counted
-            else {"at": s.at, "worker": s.worker, "counted": False}
-            for s in stalls
-        ]
-    )
 
 
 def _count(name: str, value: object, problems: list[str]) -> int:

@@ -12,13 +12,12 @@ be read at all is moved to the quarantine in the same transaction (:func:`readab
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
 from .._contract import ClaimedJob, FailedJob, Lease, Stall
+from .._stalls import parse_stalls, stalls_json
 
 if TYPE_CHECKING:
     import sqlite3
@@ -148,35 +147,6 @@ def _read_int(name: str, value: object, problems: list[str], *, count: bool) -> 
     return 0
 
 
-def parse_stalls(value: object) -> tuple[Stall, ...] | None:
-    if type(value) is not str:
-        return None
-    if value == "[]":
-        return ()
-    try:
-        items = json.loads(value)
-    except (ValueError, RecursionError):  # (ValueError: also an int of too many digits)
-        return None
-    if type(items) is not list:
-        return None
-    stalls = []
-    for item in items:
-        if type(item) is not dict:
-            return None
-        at, worker = item.get("at"), item.get("worker")
-        if isinstance(at, bool) or not isinstance(at, (int, float)) or type(worker) is not str:
-            return None
-        try:
-            seconds = float(at)
-        except OverflowError:  # an int past a float's range
-            return None
-        if not math.isfinite(seconds):
-            return None
-        counted = item.get("counted", True)
-        if type(counted) is not bool:
-            return None
-        stalls.append(Stall(at=seconds, worker=worker, counted=counted))
-    return tuple(stalls)
 
 
 def _read_stalls(value: object, problems: list[str]) -> tuple[Stall, ...]:
@@ -266,14 +236,4 @@ def read_failed(row: Sequence[object]) -> FailedJob:
         return read
     return attrs.evolve(read, error=f"{read.error} [unreadable: {'; '.join(unnamed)}]".lstrip())
 
-
-
-def stalls_json(stalls: Sequence[Stall]) -> str:
-    return json.dumps(
-        [
-            {"at": s.at, "worker": s.worker} if s.counted
-            else {"at": s.at, "worker": s.worker, "counted": False}
-            for s in stalls
-        ]
-    )
 
