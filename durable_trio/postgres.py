@@ -278,6 +278,7 @@ def _missing(schema: str, error: BaseException) -> ConfigError:
 
 def _run_sync(conn: psycopg.Connection[Any], plan: _Plan, schema: str) -> str | None:
     import psycopg
+    from psycopg.rows import tuple_row
 
     if not isinstance(conn, psycopg.Connection):
         raise TypeError(
@@ -285,7 +286,8 @@ def _run_sync(conn: psycopg.Connection[Any], plan: _Plan, schema: str) -> str | 
             f"to the *_async function), got {given(conn)}"
         )
     try:
-        with psycopg.RawCursor(conn) as cursor:
+        # Tuples whatever the connection's own row factory (an application's dict_row).
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cursor:
             statement = next(plan)
             while True:
                 cursor.execute(statement[0], statement[1])
@@ -303,6 +305,7 @@ async def _run_async(
     conn: psycopg.AsyncConnection[Any] | PgConnection, plan: _Plan, schema: str
 ) -> str | None:
     import psycopg
+    from psycopg.rows import tuple_row
 
     try:
         if isinstance(conn, PgConnection):
@@ -311,7 +314,7 @@ async def _run_async(
                 result = await conn.execute(statement[0], *statement[1])
                 statement = plan.send((result.rowcount, result.rows))
         elif isinstance(conn, psycopg.AsyncConnection):
-            async with psycopg.AsyncRawCursor(conn) as cursor:
+            async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cursor:
                 statement = next(plan)
                 while True:
                     await cursor.execute(statement[0], statement[1])

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 import trio
+from psycopg.rows import dict_row
 
 import durable_trio as dt
 from durable_trio import postgres as dtpg
@@ -120,7 +121,8 @@ async def test_a_start_is_stored_as_a_detached_start_and_is_idempotent(postgres_
     schema, url = await _migrated(postgres_url)
 
     def start_twice() -> tuple[str, str, str]:
-        with psycopg.connect(postgres_url) as conn:
+        # (the application's own row factory: the calls read tuples whatever it is)
+        with psycopg.connect(postgres_url, row_factory=dict_row) as conn:
             first = dtpg.start_workflow(
                 conn, "ship", {"qty": 1}, namespace="shop", timeout=60, schema=schema
             )
