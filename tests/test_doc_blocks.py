@@ -9,7 +9,8 @@ them:
   names, as a reader does), in a fresh working folder. A block with a top-level ``await`` or
   ``async with`` (a reference fragment) runs under ``trio.run``. A block runs against the
   backend its URL names: ``redis://127.0.0.1:6379/0`` is pointed at the suite's private
-  server, ``sqlite:////var/lib/...`` at a file in the working folder.
+  server, ``postgresql://app@localhost:5432/app`` at the private PostgreSQL server's
+  database, ``sqlite:////var/lib/...`` at a file in the working folder.
 - ``sh`` blocks line by line, each ``durable-trio`` command as a real process of this venv's
   script (``--watch`` given ``--iterations 1``); a line that installs or recurses (``make
   test``, ``pip install``) cannot run inside the suite and must be in ``COVERED_ELSEWHERE``,
@@ -50,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 _REDIS = re.compile(r"redis://127\.0\.0\.1:6379/0|redis://localhost:6379/0")
+_POSTGRES = re.compile(r"postgresql://app@localhost:5432/app")
 _SQLITE_ABSOLUTE = re.compile(r"sqlite:////var/lib/")
 DURABLE_TRIO = Path(sys.executable).with_name("durable-trio")
 SHELL_BOUND = 120.0
@@ -84,11 +86,12 @@ def _lines_to_run(code: str) -> list[str]:
 
 
 class _Page:
-    """What one page's blocks share: the working folder, the private Redis URL."""
+    """What one page's blocks share: the working folder, the private servers' URLs."""
 
-    def __init__(self, folder: Path, redis_url: str) -> None:
+    def __init__(self, folder: Path, redis_url: str, postgres_url: str = "") -> None:
         self.folder = folder
         self.redis_url = redis_url
+        self.postgres_url = postgres_url
         self.transcripts: list[tuple[str, str]] = []
         """``(as written, as printed now)`` of each transcript run."""
 
@@ -96,6 +99,9 @@ class _Page:
         if _REDIS.search(code):
             assert self.redis_url, "a block names Redis: the page must start the private server"
             code = _REDIS.sub(self.redis_url, code)
+        if _POSTGRES.search(code):
+            assert self.postgres_url, "a block names PostgreSQL: the page must start the server"
+            code = _POSTGRES.sub(self.postgres_url, code)
         return _SQLITE_ABSOLUTE.sub(f"sqlite:///{self.folder}/var/lib/", code)
 
     def python(self, example: Example) -> None:
@@ -194,14 +200,17 @@ def _has_code(page: Path) -> bool:
 
 @pytest.mark.chaos
 @pytest.mark.redis
+@pytest.mark.postgres
 @pytest.mark.parametrize("page", [p for p in PAGES if _has_code(p)], ids=lambda p: p.name)
 def test_the_code_blocks_of_a_page_run(
     page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     needs_redis = bool(_REDIS.search(page.read_text()))
     url = request.getfixturevalue("redis_url") if needs_redis else ""
+    needs_postgres = bool(_POSTGRES.search(page.read_text()))
+    postgres_url = request.getfixturevalue("postgres_url") if needs_postgres else ""
     monkeypatch.chdir(tmp_path)
-    shared = _Page(tmp_path, url)
+    shared = _Page(tmp_path, url, postgres_url)
     document = Document.parse(str(page), *_parsers(shared))
     document.namespace["__name__"] = "__doc__"
     examples = list(document)

@@ -33,7 +33,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("backends",),  # a broker, a key store and run stores, chosen by URL
     ("_engine",),  # the engine
     ("_ops", "_ops_attempts"),  # the operations the CLI and the console share
-    ("cli", "console", "testing", "_supervisor", "__main__", "<package>"),  # entry points
+    # entry points (``postgres``: the application's own transaction, on the stores' SQL)
+    ("cli", "console", "testing", "_supervisor", "__main__", "postgres", "<package>"),
 )
 
 #: Imports that go up a layer today, as (importer, imported): none left (the transport sees

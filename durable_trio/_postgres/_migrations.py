@@ -10,6 +10,10 @@ Every step runs in its own transaction under a transaction-scoped advisory lock 
 so processes that open at once apply each step exactly once and the others wait, then see it
 applied. A database whose part is at a newer version than this code knows is refused with a
 clear error: an older worker must not write tables it does not understand.
+
+A part already current is seen by one read, before any lock or DDL: a role with only the rights
+to use the tables (``durable-trio migrate`` run by the schema's owner beforehand) opens the
+backend without ``CREATE`` on the database or the schema.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import TYPE_CHECKING, Final
 import attrs
 
 from .._errors import BrokerError, ConfigError
+from ._errors import PostgresError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -29,6 +34,9 @@ if TYPE_CHECKING:
 __all__ = ["Migration", "check_schema_name", "migrate", "quote_ident", "schema_versions"]
 
 _NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+#: SQLSTATEs of a read of the versions table before any migration: no table, no schema.
+_NO_TABLE: Final = frozenset({"42P01", "3F000"})
 
 #: The advisory lock's first key (the second is the schema name's hash): "dt" in ASCII.
 _LOCK_CLASS: Final = 0x6474
@@ -96,6 +104,15 @@ async def migrate(pool: PgPool, schema: str, part: str, migrations: Sequence[Mig
     quoted = quote_ident(schema)
     newest = len(migrations)
     table = f"{quoted}.durable_trio_schema"
+    try:
+        stored = await pool.fetchval(f"SELECT version FROM {table} WHERE part = $1", part)
+    except PostgresError as error:
+        if error.sqlstate not in _NO_TABLE:
+            raise
+        stored = None
+    if stored is not None and int(stored) >= newest:
+        _check_not_newer(schema, part, int(stored), newest)
+        return newest
     applied = 0
     while True:
         async with pool.transaction() as conn:
@@ -110,12 +127,7 @@ async def migrate(pool: PgPool, schema: str, part: str, migrations: Sequence[Mig
             )
             stored = await conn.fetchval(f"SELECT version FROM {table} WHERE part = $1", part)
             applied = int(stored) if stored is not None else 0
-            if applied > newest:
-                raise BrokerError(
-                    f"the PostgreSQL schema {schema!r} holds version {applied} of the {part}'s "
-                    f"tables, newer than this durable_trio knows ({newest}): upgrade "
-                    "durable_trio on this machine"
-                )
+            _check_not_newer(schema, part, applied, newest)
             if applied == newest:
                 return applied
             step = migrations[applied]
@@ -127,6 +139,15 @@ async def migrate(pool: PgPool, schema: str, part: str, migrations: Sequence[Mig
                 step.version,
                 step.note,
             )
+
+
+def _check_not_newer(schema: str, part: str, applied: int, newest: int) -> None:
+    if applied > newest:
+        raise BrokerError(
+            f"the PostgreSQL schema {schema!r} holds version {applied} of the {part}'s "
+            f"tables, newer than this durable_trio knows ({newest}): upgrade "
+            "durable_trio on this machine"
+        )
 
 
 async def schema_versions(pool: PgPool, schema: str) -> dict[str, int]:

@@ -14,32 +14,49 @@ The URL is libpq's, plus two options of ours, taken out before it reaches libpq:
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import attrs
 import trio
 
+from .._engine._stores._pg_tables import RUNS_MIGRATIONS
 from .._engine._stores.postgres import PostgresRunStores
 from .._errors import ConfigError
 from .._failures import one_exception, raise_bare
 from .._postgres import open_pool
 from .._postgres._hub import open_notify_hub
-from .._postgres._migrations import check_schema_name
+from .._postgres._migrations import check_schema_name, migrate, schema_versions
 from .._redact import redact_url
 from ..brokers.postgres import PostgresBroker
-from ..keys.postgres import PostgresKeyStore
+from ..brokers.postgres._schema import MIGRATIONS as BROKER_MIGRATIONS
+from ..keys.postgres import KEYS_MIGRATIONS, PostgresKeyStore
 from ._backend import Backend
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Sequence
 
-__all__ = ["PostgresOptions", "open_postgres_backend", "postgres_options"]
+    from .._postgres import Migration
+
+__all__ = [
+    "PostgresOptions",
+    "SchemaState",
+    "open_postgres_backend",
+    "postgres_options",
+    "postgres_schema",
+]
 
 #: The default PostgreSQL schema of the tables.
 DEFAULT_SCHEMA = "durable_trio"
 #: The default size of the backend's pool.
 DEFAULT_POOL_SIZE = 8
+
+#: Every part's schema steps, by the part's name in ``<schema>.durable_trio_schema``.
+PARTS: Final[dict[str, Sequence[Migration]]] = {
+    "broker": BROKER_MIGRATIONS,
+    "keys": KEYS_MIGRATIONS,
+    "runs": RUNS_MIGRATIONS,
+}
 
 
 @attrs.frozen
@@ -136,3 +153,47 @@ async def open_postgres_backend(url: str) -> AsyncIterator[Backend]:
         error = one_exception(None, [group], owner="the PostgreSQL backend")
         assert error is not None
         raise_bare(error)
+
+
+@attrs.frozen
+class SchemaState:
+    """The versions of each part's tables in a schema (:func:`postgres_schema`).
+
+    Attributes:
+        schema: the PostgreSQL schema.
+        applied: the version applied, by part (0: none).
+        newest: the newest this durable_trio knows, by part.
+    """
+
+    schema: str
+    applied: dict[str, int]
+    newest: dict[str, int]
+
+    @property
+    def current(self) -> bool:
+        """Whether every part is at the newest version."""
+        return self.applied == self.newest
+
+
+async def postgres_schema(url: str, *, apply: bool) -> SchemaState:
+    """The versions of the tables of the backend ``url`` names; with ``apply``, after applying
+    every part's missing steps (each in its own transaction, under the migrations' advisory
+    lock, as an open does). Needs ``CREATE`` on the database for a new schema, and the
+    schema's ownership to change its tables.
+
+    Raises:
+        ConfigError: a malformed URL or option.
+        AuthenticationError: the server refused the credentials.
+        BrokerUnavailable: the server cannot be reached.
+        BrokerError: a part is newer than this durable_trio knows (with ``apply``), or a step
+            failed (it was rolled back; the steps before it stay applied).
+    """
+    options = postgres_options(url)
+    newest = {part: len(steps) for part, steps in PARTS.items()}
+    async with open_pool(options.conninfo, size=1) as pool:
+        if apply:
+            for part, steps in PARTS.items():
+                await migrate(pool, options.schema, part, steps)
+        found = await schema_versions(pool, options.schema)
+    applied = {part: found.get(part, 0) for part in PARTS}
+    return SchemaState(options.schema, applied, newest)

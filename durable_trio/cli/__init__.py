@@ -5,6 +5,7 @@
 - :mod:`._operations`: ``runs``, ``jobs`` and ``queues``;
 - :mod:`._schedules`: ``schedules``;
 - :mod:`._console`: ``console``;
+- :mod:`._migrate`: ``migrate`` (a PostgreSQL backend's schema);
 - :mod:`._health`: what ``health`` reads and prints (once, ``--watch``, Prometheus);
 - :mod:`._terminal`: stored strings made visible before they reach a terminal.
 

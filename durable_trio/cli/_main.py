@@ -219,6 +219,9 @@ def _parser() -> argparse.ArgumentParser:
     from ._console import add_console_command
 
     add_console_command(commands)
+    from ._migrate import add_migrate_command
+
+    add_migrate_command(commands)
     return parser
 
 
