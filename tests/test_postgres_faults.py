@@ -155,3 +155,123 @@ async def test_an_immediate_restart_mid_run_loses_nothing_acknowledged(
             f"\n[postgres immediate restart] runs {RUNS}, acknowledged {len(acknowledged)}, "
             f"refused during the crash {len(refused)}, lost 0"
         )
+
+
+# -- terminated connections -------------------------------------------------------------------
+
+
+def _terminate(server: PostgresServer, tag: str) -> list[str]:
+    """``pg_terminate_backend`` every connection named ``tag``; their last statements."""
+    rows = server.sql(
+        "SELECT query, pg_terminate_backend(pid) FROM pg_stat_activity "
+        f"WHERE application_name = '{tag}'"
+    )
+    return [str(query) for query, _ in rows]
+
+
+async def _start(caller: Any, n: int, errors: Errors) -> None:
+    """Start run ``run-{n}`` detached, again under its id while the server refuses."""
+    with trio.fail_after(30):
+        while True:
+            try:
+                await caller.start("chain", n, run_id=f"run-{n}", detach=True)
+                return
+            except dt.BrokerError as exc:
+                errors(exc)
+                await trio.sleep(0.2)
+
+
+async def test_every_connection_terminated_again_and_again_mid_run(
+    postgres_url: str, postgres_server: PostgresServer
+) -> None:
+    """Each second ``pg_terminate_backend`` ends every connection of two backends (the pools'
+    and the notify hubs' ``LISTEN`` connections) while an engine and a worker run; the runs are
+    started by the second backend, which waits for their results (woken by the run store's
+    ``NOTIFY``): every run completes, and a run started after the last round is woken too."""
+    tag = f"dt_{uuid.uuid4().hex[:8]}"
+    url = f"{postgres_url}?schema={_schema()}&application_name={tag}"
+    errors = Errors()
+    terminated: list[str] = []
+    runs = 40
+    async with (
+        dt.open_backend(url) as here,
+        open_worker(app, here, namespace=NAMESPACE, on_error=errors, stalled_threshold=2.0,
+                    stalled_check_interval=0.5),
+        open_engine(app, here, namespace=NAMESPACE, on_error=errors, run_lease=2.0,
+                    reconcile_interval=0.5, stalled_threshold=2.0, stalled_check_interval=0.5),
+        dt.open_backend(url) as there,
+        open_engine(app, there, namespace=NAMESPACE, reconcile=False) as caller,
+    ):  # fmt: skip
+
+        async def storm() -> None:
+            for _ in range(4):
+                await trio.sleep(1.0)
+                terminated.extend(await trio.to_thread.run_sync(_terminate, postgres_server, tag))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(storm)
+            for n in range(runs):
+                await _start(caller, n, errors)
+                await trio.sleep(4.0 / runs)
+        with trio.fail_after(45):
+            outputs = {n: await caller.result(f"run-{n}") for n in range(runs)}
+        assert outputs == {n: expected(n) for n in range(runs)}
+        # The last round's victims are replaced: a new run's result still wakes its waiter.
+        terminated.extend(await trio.to_thread.run_sync(_terminate, postgres_server, tag))
+        await _start(caller, 1000, errors)
+        with trio.fail_after(20):
+            assert await caller.result("run-1000") == expected(1000)
+    assert sum(q.startswith(("LISTEN", "SELECT 1")) for q in terminated) >= 2, terminated
+    assert len(terminated) >= 4 * 3, terminated
+    print(f"\nterminated {len(terminated)} connections; errors reported {len(errors.seen)}")
+
+
+# -- statement timeouts -----------------------------------------------------------------------
+
+
+def _hold_lock(server: PostgresServer, schema: str, seconds: float) -> None:
+    """Lock the broker's jobs and the runs tables against everyone for ``seconds``."""
+    import time
+
+    import psycopg
+
+    with psycopg.connect(server.url, connect_timeout=10) as conn:
+        conn.execute(
+            f'LOCK TABLE "{schema}".broker_jobs, "{schema}".runs IN ACCESS EXCLUSIVE MODE'.encode()
+        )
+        time.sleep(seconds)
+        conn.rollback()
+
+
+async def test_statement_timeouts_are_reported_and_retried_never_wedging_a_loop(
+    postgres_url: str, postgres_server: PostgresServer
+) -> None:
+    """With ``statement_timeout`` at 300 ms (the URL's ``options``), the jobs and runs tables
+    are locked for 3 s mid-run: the statements that wait for the lock are cancelled by the
+    server, reported, and retried; once the lock is gone every run completes."""
+    schema = _schema()
+    url = f"{postgres_url}?schema={schema}&options=-c%20statement_timeout%3D300"
+    errors = Errors()
+    runs = 30
+    async with (
+        dt.open_backend(url) as backend,
+        open_worker(app, backend, namespace=NAMESPACE, on_error=errors, stalled_threshold=2.0,
+                    stalled_check_interval=0.5),
+        open_engine(app, backend, namespace=NAMESPACE, on_error=errors, run_lease=2.0,
+                    reconcile_interval=0.5, stalled_threshold=2.0,
+                    stalled_check_interval=0.5) as engine,
+    ):  # fmt: skip
+        assert await backend.broker.pool.fetchval("SHOW statement_timeout") == "300ms"  # type: ignore[attr-defined]
+        async with trio.open_nursery() as nursery:
+            for n in range(runs):
+                if n == runs // 3:
+                    nursery.start_soon(trio.to_thread.run_sync, _hold_lock, postgres_server,
+                                       schema, 3.0)  # fmt: skip
+                await _start(engine, n, errors)
+                await trio.sleep(3.0 / runs)
+        with trio.fail_after(45):
+            outputs = {n: await engine.result(f"run-{n}") for n in range(runs)}
+    assert outputs == {n: expected(n) for n in range(runs)}
+    canceled = [e for e in errors.seen if "statement timeout" in str(e)]
+    assert canceled, errors.messages()
+    print(f"\nstatement timeouts reported {len(canceled)}; errors reported {len(errors.seen)}")
