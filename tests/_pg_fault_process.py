@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import trio
 
@@ -40,7 +41,8 @@ def expected(n: int) -> int:
     return n + STEPS
 
 
-TRANSPORT = {"stalled_threshold": 2.0, "stalled_check_interval": 0.5}
+#: The transport's sweep: a claim whose worker lost its connection mid-step comes back soon.
+TRANSPORT: dict[str, Any] = {"stalled_threshold": 2.0, "stalled_check_interval": 0.5}
 
 
 async def main(role: str, url: str) -> None:
