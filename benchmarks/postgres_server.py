@@ -3,7 +3,8 @@ on 5432).
 
 :class:`PostgresServer` makes a cluster with ``initdb`` in a folder of its own and runs it with
 ``pg_ctl`` on a free loopback port, its Unix socket in that folder, ``listen_addresses=127.0.0.1``,
-``trust`` authentication and ``fsync=off`` (test data need not survive a power cut).
+``trust`` authentication and ``fsync=off`` (test data need not survive a power cut), unless made
+with ``durable=True`` (a crash test that counts on every acknowledged commit).
 :func:`private_postgres` is the same as a context manager (the benchmarks'); the tests' fixture
 is ``tests/_postgres_server.py``.
 
@@ -88,11 +89,15 @@ class PostgresServer:
         dir: its folder (``data/``, ``server.log``, the Unix socket).
         port: its TCP port on 127.0.0.1.
         bindir: where ``initdb`` / ``pg_ctl`` were found.
+        durable: ``fsync``, ``synchronous_commit`` and ``full_page_writes`` on (PostgreSQL's
+            defaults): a commit acknowledged survives ``pg_ctl stop -m immediate``. Off by
+            default, for speed (an immediate stop may then lose the last commits).
     """
 
-    def __init__(self, directory: Path, bindir: Path) -> None:
+    def __init__(self, directory: Path, bindir: Path, *, durable: bool = False) -> None:
         self.dir = directory
         self.bindir = bindir
+        self.durable = durable
         self.port = _free_port()
         self._user = _run_as()
 
@@ -131,9 +136,11 @@ class PostgresServer:
                 f"-p {self.port}",
                 f"-k {self.dir}",
                 "-c listen_addresses=127.0.0.1",
-                "-c fsync=off",
-                "-c synchronous_commit=off",
-                "-c full_page_writes=off",
+                *(
+                    ["-c fsync=on", "-c synchronous_commit=on", "-c full_page_writes=on"]
+                    if self.durable
+                    else ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+                ),
                 "-c max_connections=200",
                 "-c shared_buffers=32MB",  # several servers (xdist workers) on one machine
                 # A queue's hot table is vacuumed within seconds, as docs/deployment.md asks
@@ -193,8 +200,9 @@ class PostgresServer:
 
 
 @contextlib.contextmanager
-def private_postgres() -> Iterator[PostgresServer]:
-    """A running private server, stopped and deleted on exit.
+def private_postgres(*, durable: bool = False) -> Iterator[PostgresServer]:
+    """A running private server (``durable``: see :class:`PostgresServer`), stopped and
+    deleted on exit.
 
     Raises:
         RuntimeError: no ``initdb`` / ``pg_ctl``, or the server did not start.
@@ -202,7 +210,7 @@ def private_postgres() -> Iterator[PostgresServer]:
     bindir = find_bindir()
     if bindir is None:
         raise RuntimeError("initdb / pg_ctl not found (Debian's postgresql package has them)")
-    server = PostgresServer(make_folder(), bindir)
+    server = PostgresServer(make_folder(), bindir, durable=durable)
     try:
         server.init()
         server.start()

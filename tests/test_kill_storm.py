@@ -1,5 +1,5 @@
-"""The kill storm of issue 15 with real processes, on Redis and on SQLite, with the default claim
-policy and with prefetch (wall clock; docs/testing.md, "The kill storm").
+"""The kill storm of issue 15 with real processes, on Redis, SQLite and PostgreSQL, with the
+default claim policy and with prefetch (wall clock; docs/testing.md, "The kill storm").
 
 Three worker processes (``concurrency=8``, ``stalled_threshold=2``, ``stalled_check_interval=
 0.5``) serve a few hundred steps of 20-150 ms, dispatched over the storm with the raw transport.
@@ -59,10 +59,14 @@ STOP_FOR = 3.0
 SETTLE = 40.0
 
 
-@pytest.fixture(params=["redis", "sqlite"])
+@pytest.fixture(params=["redis", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "redis":
         return str(request.getfixturevalue("redis_url"))
+    if request.param == "postgres":
+        # a schema of its own per run (the session's server is shared)
+        schema = f"storm{random.randrange(1 << 30)}"
+        return f"{request.getfixturevalue('postgres_url')}?schema={schema}"
     return "sqlite:///" + str(tmp_path / "storm.db")
 
 

@@ -39,6 +39,9 @@ def test_the_url_names_libpqs_part_and_our_options() -> None:
     options = postgres_options("postgres://u:pw@h:5433/db?schema=shop&pool_size=3&sslmode=disable")
     assert options.conninfo == "postgresql://u:pw@h:5433/db?sslmode=disable"
     assert (options.schema, options.pool_size) == ("shop", 3)
+    # a space stays a space for libpq (which reads "+" as a plus)
+    spaced = postgres_options("postgresql://h/db?options=-c%20statement_timeout%3D5s&schema=s")
+    assert spaced.conninfo == "postgresql://h/db?options=-c%20statement_timeout%3D5s"
     defaults = postgres_options("postgresql://h/db")
     assert (defaults.schema, defaults.pool_size) == ("durable_trio", 8)
     for bad, says in [

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._deadline import expired, time_out
-from ._errors import UnknownWorkflow
+from ._errors import RunDataError, UnknownWorkflow
 from ._records import RunStatus
 from ._runtime import describe_error
 from ._versioning import resume_blocked
@@ -84,7 +84,15 @@ class Adoption:
         if expired(services, run):  # past its deadline: fails, never driven
             await time_out(services, run)
             return False
-        history = await services.store.get_steps(run.run_id)
+        try:
+            history = await services.store.get_steps(run.run_id)
+        except RunDataError as exc:
+            # A damaged checkpoint: the run cannot be replayed. Set aside (failed with what
+            # is damaged), so the runs claimed beside it are still adopted.
+            services.report(exc)
+            await services.store.finish_run(run.run_id, RunStatus.FAILED, error=describe_error(exc))
+            services.count("runs_failed")
+            return False
         services.count("runs_resumed")
         services.adopted.add(run.run_id)  # its caller may wait elsewhere (rung when it ends)
         self._spawn(run, history)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError, DurableTrioError
+from ._records import RunDataError
 
 if TYPE_CHECKING:
     from .._wire import StepError
@@ -19,6 +20,7 @@ __all__ = [
     "EventTimeout",
     "NonDeterminismError",
     "RunCancelled",
+    "RunDataError",
     "RunFailed",
     "RunNotFound",
     "RunNotRetryable",

@@ -12,7 +12,7 @@ from typing import Any, Final, Literal
 import attrs
 import orjson
 
-from .._errors import PayloadError
+from .._errors import BrokerError, PayloadError
 from .._json_values import check_json, json_error
 from .._wire import JSONValue, StepError
 
@@ -20,6 +20,7 @@ __all__ = [
     "ATTEMPT_LOG_LIMIT",
     "CANCEL_STEP_ID",
     "Applied",
+    "RunDataError",
     "RunPage",
     "RunRecord",
     "RunState",
@@ -40,6 +41,13 @@ __all__ = [
     "step_position",
     "step_to_json",
 ]
+
+
+class RunDataError(BrokerError):
+    """A run's or a checkpoint's row in the run store cannot be read (damaged data: a column
+    that is not JSON, an unknown status). A :class:`~durable_trio.BrokerError`, so the loop
+    that met it reports it and carries on; an engine that claims such a run sets it aside:
+    fails it with this error (``runs show`` names the column), never drives it."""
 
 
 CANCEL_STEP_ID: Final = "cancel:run"

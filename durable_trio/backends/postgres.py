@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Final
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import attrs
 import trio
@@ -105,7 +105,10 @@ def postgres_options(url: str) -> PostgresOptions:
                 raise ConfigError(f"pool_size must be a positive integer, not {value!r}")
         else:
             kept.append((key, value))
-    conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(kept)))
+    # quote, not urlencode's default quote_plus: libpq reads "+" as a plus, not a space
+    # ("options=-c%20statement_timeout%3D5s" must reach it with its space)
+    query_text = urlencode(kept, quote_via=quote)
+    conninfo = urlunsplit(parts._replace(scheme="postgresql", query=query_text))
     return PostgresOptions(conninfo, schema, pool_size)
 
 

@@ -68,10 +68,11 @@ _PUT: Final = f"""
     ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at
 """
 
-# SKIP LOCKED: a row another writer is renewing is left to it.
+# SKIP LOCKED: a row another writer is renewing is left to it. A NaN expiry (damage: PostgreSQL
+# orders NaN above every number, so it would never expire) is expired, as SQLite reads it.
 _PRUNE: Final = f"""
     DELETE FROM {{schema}}.worker_keys WHERE key IN (
-        SELECT key FROM {{schema}}.worker_keys WHERE expires_at <= {_NOW}
+        SELECT key FROM {{schema}}.worker_keys WHERE expires_at <= {_NOW} OR expires_at = 'NaN'
         ORDER BY expires_at LIMIT {PRUNE_BATCH} FOR UPDATE SKIP LOCKED
     )
 """
@@ -80,12 +81,14 @@ _REMOVE: Final = "DELETE FROM {schema}.worker_keys WHERE key = ANY($1::text[])"
 
 _ENTRIES_FROM: Final = f"""
     SELECT key, value FROM {{schema}}.worker_keys
-    WHERE key >= $1::text AND expires_at > {_NOW} ORDER BY key
+    WHERE key >= $1::text AND expires_at > {_NOW}
+      AND expires_at <> 'NaN' ORDER BY key
 """
 
 _ENTRIES_RANGE: Final = f"""
     SELECT key, value FROM {{schema}}.worker_keys
-    WHERE key >= $1::text AND key < $2::text AND expires_at > {_NOW} ORDER BY key
+    WHERE key >= $1::text AND key < $2::text AND expires_at > {_NOW}
+      AND expires_at <> 'NaN' ORDER BY key
 """
 
 

@@ -9,6 +9,7 @@ schema grows by ``ALTER TABLE`` on open (:func:`create_schema`), never by a new 
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -17,6 +18,7 @@ import orjson
 from .._records import (
     CANCEL_STEP_ID,
     Applied,
+    RunDataError,
     RunPage,
     RunRecord,
     RunStatus,
@@ -27,6 +29,8 @@ from .._records import (
     read_trace,
 )
 from ._paging import encode_cursor
+
+log = logging.getLogger("durable_trio")
 
 if TYPE_CHECKING:
     import sqlite3
@@ -184,6 +188,46 @@ def _optional_dumps(value: Any) -> str | None:
 
 
 def _run(row: tuple[Any, ...]) -> RunRecord:
+    """The run of a row; :class:`RunDataError` if a column cannot be read (damaged)."""
+    try:
+        return _read_run(row)
+    except (ValueError, TypeError) as exc:  # orjson.JSONDecodeError is a ValueError
+        raise RunDataError(f"run {row[0]!r}: its stored row cannot be read ({exc})") from exc
+
+
+def _step(row: tuple[Any, ...]) -> StepRecord:
+    """The checkpoint of a row; :class:`RunDataError` if a column cannot be read."""
+    try:
+        return _read_step(row)
+    except (ValueError, TypeError) as exc:
+        raise RunDataError(
+            f"run {row[0]!r}: its stored checkpoint {row[1]!r} cannot be read ({exc})"
+        ) from exc
+
+
+def read_claims(
+    rows: Sequence[tuple[Any, ...]],
+) -> tuple[list[RunRecord], list[tuple[str, RunDataError]]]:
+    """The claimed runs of ``rows``, and (run id, error) of each row that cannot be read (the
+    store sets those aside: :func:`set_aside_error`)."""
+    runs: list[RunRecord] = []
+    damaged: list[tuple[str, RunDataError]] = []
+    for row in rows:
+        try:
+            runs.append(_run(row))
+        except RunDataError as exc:
+            damaged.append((str(row[0]), exc))
+    return runs, damaged
+
+
+def set_aside_error(exc: RunDataError) -> str:
+    """The stored error (JSON) of a claimed run set aside as damaged: failed, never driven,
+    so one damaged row cannot stop the claims of the runs beside it (a WARNING is logged)."""
+    log.warning("%s: the run is set aside (failed)", exc)
+    return dumps({"type": type(exc).__name__, "message": str(exc)})
+
+
+def _read_run(row: tuple[Any, ...]) -> RunRecord:
     (run_id, workflow, input_, status, created, updated, output, error, owner, lease,
      timeout, trace, parent, depth) = row  # fmt: skip
     return RunRecord(
@@ -204,7 +248,7 @@ def _run(row: tuple[Any, ...]) -> RunRecord:
     )
 
 
-def _step(row: tuple[Any, ...]) -> StepRecord:
+def _read_step(row: tuple[Any, ...]) -> StepRecord:
     (run_id, step_id, kind, name, status, attempt, input_, output, error, retry, wake_at,
      dispatched, priority, created, updated, heartbeat_timeout, heartbeat,
      attempts) = row  # fmt: skip
@@ -415,7 +459,10 @@ def claim(
 ) -> list[RunRecord]:
     ids = [row[0] for row in db.execute(_ORPHANS, (ns, now, include_own, owner, limit))]
     db.executemany(_CLAIM, [(ns, run_id, owner, now + lease, now) for run_id in ids])
-    return [_run(db.execute(_GET_RUN, (ns, run_id)).fetchone()) for run_id in ids]
+    runs, damaged = read_claims([db.execute(_GET_RUN, (ns, run_id)).fetchone() for run_id in ids])
+    for run_id, exc in damaged:
+        finish(ns, run_id, RunStatus.FAILED.value, "null", set_aside_error(exc), now, db)
+    return runs
 
 
 def renew(

@@ -39,7 +39,7 @@ from ..._postgres._migrations import migrate, quote_ident
 from .._records import Applied, RunPage, RunRecord, RunStatus, StepRecord, StepState
 from . import _pg_tables as sql
 from ._paging import check_page, decode_cursor, encode_cursor
-from ._sqlite_tables import _optional_dumps, _run, _step, dumps
+from ._sqlite_tables import _optional_dumps, _run, _step, dumps, read_claims, set_aside_error
 from ._wakes import RunWakes
 
 if TYPE_CHECKING:
@@ -324,7 +324,16 @@ class PostgresRunStore:
         rows = await self._write(
             lambda: self._pool.fetch(query, self._ns, owner, now + lease, now, include_own, limit)
         )
-        return [_run(row[1:]) for row in sorted(rows, key=lambda row: int(row[0]))]
+        runs, damaged = read_claims([row[1:] for row in sorted(rows, key=lambda r: int(r[0]))])
+        if damaged:  # set aside: failed, never driven (they hold no other run up)
+            ended = [
+                ((sql.FINISH, (self._ns, run_id, RunStatus.FAILED.value, "null",
+                               set_aside_error(exc), now)),
+                 (sql.DROP_MARK_IF_ENDED, (self._ns, run_id)))
+                for run_id, exc in damaged
+            ]  # fmt: skip
+            await self._pipeline(*[statement for pair in ended for statement in pair])
+        return runs
 
     async def renew_runs(self, owner: str, run_ids: Sequence[str], lease: float) -> set[str]:
         if not run_ids:

@@ -1,0 +1,139 @@
+"""Damaged rows in the SQL run stores (SQLite, PostgreSQL) and the PostgreSQL key store: set
+aside or reported, and no loop dies (issue 32, item 6 "Failure").
+
+The damage is written with raw SQL on a connection of the test's own, as an operator's mistake
+or a bad restore would leave it. A run whose row cannot be read (a column that is not JSON) is
+set aside when an engine claims it: failed with :class:`~durable_trio.RunDataError`, never
+driven, and the runs claimed beside it are driven; a run with a damaged checkpoint is failed
+the same way when it is adopted (and the error reported). The key store's values are opaque to
+it: their readers treat a value they cannot read as absent.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+import durable_trio as dt
+from _pg_fault_process import NAMESPACE, app, expected
+from durable_trio._engine import open_engine, open_worker
+from durable_trio._postgres import open_pool
+from helpers import Errors
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+GOOD = 5
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "postgres":
+        return f"{request.getfixturevalue('postgres_url')}?schema=d_{uuid.uuid4().hex[:12]}"
+    return "sqlite:///" + str(tmp_path / "runs.db")
+
+
+async def _sql(url: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+    """One statement (``$1`` parameters) on a connection of the test's own; ``{runs}`` and
+    ``{steps}`` name the run store's tables."""
+    if url.startswith("sqlite:"):
+        statement = statement.format(runs="dt_runs", steps="dt_steps").replace("$", "?")
+        db = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            return db.execute(statement, params).fetchall()
+        finally:
+            db.close()
+    base, schema = url.split("?schema=")
+    statement = statement.format(runs=f'"{schema}".runs', steps=f'"{schema}".run_steps')
+    async with open_pool(base, size=1) as pool:
+        return await pool.fetch(statement, *params)
+
+
+async def test_a_damaged_run_or_checkpoint_is_set_aside_and_the_others_run(
+    store_url: str,
+) -> None:
+    url = store_url
+    errors = Errors()
+    async with dt.open_backend(url) as backend:
+        # A run that went through its steps, whose engine then died (an orphan mid-run).
+        async with open_worker(app, backend, namespace=NAMESPACE), open_engine(
+            app, backend, namespace=NAMESPACE
+        ) as engine:  # fmt: skip
+            assert await engine.result(await engine.start("chain", 1, run_id="bad-step")) == 4
+        # Runs started and not yet taken by any engine.
+        async with open_engine(app, backend, namespace=NAMESPACE, reconcile=False) as caller:
+            for n in range(GOOD):
+                await caller.start("chain", n, run_id=f"good-{n}", detach=True)
+            await caller.start("chain", 9, run_id="bad-input", detach=True)
+    await _sql(url, "UPDATE {steps} SET output = '{{garbage' WHERE run_id = 'bad-step'")
+    await _sql(
+        url,
+        "UPDATE {runs} SET status = 'running', owner = NULL, lease_until = NULL, "
+        "output = 'null' WHERE run_id = 'bad-step'",
+    )
+    await _sql(url, "UPDATE {runs} SET input = '[1, 2' WHERE run_id = 'bad-input'")
+    async with dt.open_backend(url) as backend:
+        async with open_worker(app, backend, namespace=NAMESPACE), open_engine(
+            app, backend, namespace=NAMESPACE, on_error=errors, reconcile_interval=0.5
+        ) as engine:  # fmt: skip
+            with trio.fail_after(30):
+                outputs = {n: await engine.result(f"good-{n}") for n in range(GOOD)}
+                assert outputs == {n: expected(n) for n in range(GOOD)}
+                # The loops live on: a run started now completes.
+                assert await engine.result(await engine.start("chain", 50)) == expected(50)
+            with pytest.raises(dt.RunFailed, match=r"checkpoint .* cannot be read"):
+                await engine.result("bad-step")
+            # Its row cannot be read: a clear error, a BrokerError (loops report and go on).
+            with pytest.raises(dt.RunDataError, match="run 'bad-input'"):
+                await engine.result("bad-input")
+    ((status, error),) = await _sql(
+        url, "SELECT status, error FROM {runs} WHERE run_id = 'bad-input'"
+    )
+    assert status == "failed"
+    assert "RunDataError" in error
+    assert any(isinstance(e, dt.RunDataError) for e in errors.seen), errors.messages()
+
+
+@pytest.mark.postgres
+async def test_damaged_worker_keys_are_read_as_absent(postgres_url: str) -> None:
+    """Every live key copied under a longer name with a value that is no key's and a ``NaN``
+    expiry, every live value overwritten with garbage: the copies are expired, and the engine,
+    the worker and the operations' reads carry on."""
+    schema = f"d_{uuid.uuid4().hex[:12]}"
+    url = f"{postgres_url}?schema={schema}"
+    errors = Errors()
+    async with (
+        dt.open_backend(url) as backend,
+        open_worker(app, backend, namespace=NAMESPACE, on_error=errors),
+        open_engine(app, backend, namespace=NAMESPACE, on_error=errors) as engine,
+    ):
+        assert await engine.result(await engine.start("chain", 1)) == expected(1)
+        async with open_pool(postgres_url, size=1) as pool:
+            copied = await pool.fetch(
+                f'INSERT INTO "{schema}".worker_keys (key, value, expires_at) '
+                "SELECT key || suffix, $1, 'NaN' FROM "
+                f"\"{schema}\".worker_keys, unnest(ARRAY['', 'x', ':x']) AS suffix "
+                "WHERE suffix <> '' ON CONFLICT DO NOTHING RETURNING key",
+                b"\xff\x00{not json",
+            )
+            await pool.execute(
+                f'UPDATE "{schema}".worker_keys SET value = $1 WHERE key NOT LIKE $2',
+                b"\xfe garbage",
+                "%x",
+            )
+        assert copied
+        # a NaN expiry is expired (PostgreSQL orders NaN above every number): never listed
+        assert backend.keys is not None
+        listed = {entry.key for entry in await backend.keys.entries("")}
+        assert not listed & {key for (key,) in copied}
+        with trio.fail_after(30):
+            for n in range(5):
+                assert await engine.result(await engine.start("chain", n)) == expected(n)
+            async with dt.open_operations(backend, namespace=NAMESPACE) as ops:
+                # (the live keys read as absent until their owners write them again)
+                await ops.workers()
+                assert {e.engine_id for e in await ops.engines()} <= {engine.engine_id}
