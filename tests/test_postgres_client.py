@@ -101,6 +101,8 @@ async def test_parameters_and_results(postgres_url: str) -> None:
         assert result.rowcount == 1
         assert result.status == "SELECT 1"
         assert await conn.fetchval("SELECT 1 WHERE false") is None
+        blobs = [b'{"a": "\\"}', b"", b"\x00\xff,{}", None]  # sent in binary
+        assert await conn.fetchval("SELECT $1::bytea[]", blobs) == blobs
         assert await conn.fetchrow("SELECT 1 WHERE false") is None
         table = _table()
         await conn.script(f"CREATE TABLE {table} (k int PRIMARY KEY, v text); SELECT 1")
