@@ -51,7 +51,7 @@ async def broker_on(
     url: str, schema: str, *, fast_backoff: bool = False, **options: Any
 ) -> AsyncIterator[PostgresBroker]:
     """A broker with its own pool and hub on ``schema`` (attached: migrations applied)."""
-    backoff = {"backoff_max": 0.2} if fast_backoff else {}
+    backoff: dict[str, Any] = {"backoff_max": 0.2} if fast_backoff else {}
     async with (
         open_pool(url, size=8, **backoff) as pool,
         open_notify_hub(url, **backoff) as hub,

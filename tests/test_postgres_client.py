@@ -101,6 +101,8 @@ async def test_parameters_and_results(postgres_url: str) -> None:
         assert result.rowcount == 1
         assert result.status == "SELECT 1"
         assert await conn.fetchval("SELECT 1 WHERE false") is None
+        blobs = [b'{"a": "\\"}', b"", b"\x00\xff,{}", None]  # sent in binary
+        assert await conn.fetchval("SELECT $1::bytea[]", blobs) == blobs
         assert await conn.fetchrow("SELECT 1 WHERE false") is None
         table = _table()
         await conn.script(f"CREATE TABLE {table} (k int PRIMARY KEY, v text); SELECT 1")
@@ -209,6 +211,56 @@ async def test_pipeline_is_one_round_trip_and_atomic(postgres_url: str) -> None:
         assert await conn.fetchval("SELECT $1::int", 8) == 8
     finally:
         conn.close()
+
+
+async def test_statements_are_prepared_once_per_connection(postgres_url: str) -> None:
+    conn = await connect(postgres_url)
+    try:
+        table = _table()
+        await conn.execute(f"CREATE TABLE {table} (k int PRIMARY KEY, v text)")
+        insert = f"INSERT INTO {table} VALUES ($1, $2)"
+        for k in range(3):
+            await conn.execute(insert, k, "x")
+        assert conn.stats.prepared == 1
+        # Other parameter types (a big int, a NULL): another statement of the same text.
+        await conn.execute(insert, 10**9, None)
+        assert conn.stats.prepared == 2
+        # Prepared in a failing pipeline: kept (a rollback does not undo it), and its error
+        # is the statement's.
+        select = f"SELECT v FROM {table} WHERE k = $1"
+        with pytest.raises(PostgresError) as failed:
+            await conn.pipeline([(select, (1,)), (insert, (1, "dup")), (select, (2,))])
+        assert (failed.value.index, failed.value.sqlstate) == (1, "23505")
+        assert conn.stats.prepared == 3
+        assert await conn.fetchval(select, 1) == "x"
+        assert conn.stats.prepared == 3
+        # A statement the server refuses to prepare: its error, and nothing kept.
+        with pytest.raises(PostgresError) as refused:
+            await conn.execute("SELEC $1", 1)
+        assert refused.value.sqlstate == "42601"
+        with pytest.raises(PostgresError):
+            await conn.pipeline([(select, (1,)), ("SELEC $1", (1,))])
+        assert conn.stats.prepared == 3
+        # Interrupted before its answer: made safe, then prepared again under a new name.
+        sleep = "SELECT pg_sleep($1::float8)"
+        with trio.move_on_after(0.05):
+            await conn.execute(sleep, 5.0)
+        assert conn.idle
+        await conn.execute(sleep, 0.0)
+        await conn.execute(sleep, 0.0)
+        assert conn.stats.prepared == 4
+        assert await conn.fetch(f"SELECT k FROM {table} ORDER BY k") == [
+            (0,), (1,), (2,), (10**9,)
+        ]  # fmt: skip
+    finally:
+        conn.close()
+    plain = await connect(postgres_url, prepare_statements=False)
+    try:
+        assert await plain.fetchval("SELECT $1::int", 1) == 1
+        assert await plain.fetchval("SELECT $1::int", 1) == 1
+        assert plain.stats.prepared == 0
+    finally:
+        plain.close()
 
 
 async def test_connect_failures(postgres_url: str, postgres_server: PostgresServer) -> None:

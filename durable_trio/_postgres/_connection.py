@@ -6,6 +6,9 @@ reading its results, the cancel request's connection) and ``psycopg.adapt.Transf
 (Python values to parameters and columns to Python values). Not its connection or cursor
 classes, which wait on asyncio or by blocking. Statements use PostgreSQL's own ``$1, $2``
 placeholders, bound by the server (the extended query protocol): one statement per call.
+A statement with parameters is prepared on the server the first time a connection runs it
+(its Parse in the same round trip as its first run) and run by name after that, so the
+server parses and plans it once per connection (``prepare_statements=False`` turns it off).
 :meth:`PgConnection.script` runs several, without parameters (the simple protocol).
 
 A connection runs one operation at a time, in the calling task (no background task): a
@@ -40,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final
 
@@ -61,7 +65,7 @@ from ._errors import (
 from ._wait import drive, drive_conn, ready_now
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Sequence
+    from collections.abc import AsyncIterator, Sequence
 
     from psycopg.abc import PQGen
     from psycopg.pq.abc import PGconn, PGresult
@@ -95,6 +99,21 @@ _AUTH_REFUSALS: Final = (
 )
 _ISOLATION: Final = frozenset({"serializable", "repeatable read", "read committed"})
 
+#: Server-side prepared statements one connection makes at most (later ones run unprepared).
+MAX_PREPARED: Final = 256
+
+
+@attrs.frozen
+class _Send:
+    """One statement, ready to be handed to libpq."""
+
+    call: Callable[[], None]
+    """Hands it over (queues it, in a pipeline)."""
+    results: int = 1
+    """The results it produces: 2 when it is prepared first (the Parse's, then its own)."""
+    prepared: tuple[tuple[bytes, Any, Any], bytes] | None = None
+    """(its key, the name it is prepared under) when it is prepared first."""
+
 
 @attrs.frozen
 class Result:
@@ -123,12 +142,14 @@ class ConnectionStats:
         interrupted: requests cancelled or timed out after they were handed over.
         recovered: interrupted requests after which the connection was made safe and kept.
         cancel_requests: cancel requests sent to the server.
+        prepared: server-side prepared statements made.
     """
 
     statements: int = 0
     interrupted: int = 0
     recovered: int = 0
     cancel_requests: int = 0
+    prepared: int = 0
 
 
 def parse_conninfo(conninfo: str) -> dict[str, Any]:
@@ -208,6 +229,7 @@ async def connect(
     command_timeout: float = 30.0,
     recover_timeout: float = 5.0,
     stats: ConnectionStats | None = None,
+    prepare_statements: bool = True,
 ) -> PgConnection:
     """Open a connection.
 
@@ -220,6 +242,10 @@ async def connect(
         recover_timeout: seconds allowed to make the connection safe after an interrupted
             statement before it is closed instead (see the module docs).
         stats: counters to add to (a pool's, shared by its connections); ``None``: its own.
+        prepare_statements: run each statement with parameters as a server-side prepared
+            statement of the connection, made on its first run (in the same round trip): the
+            server parses and plans it once. ``False`` for a pooler that cannot keep them
+            (PgBouncer before 1.21 in transaction mode).
 
     Returns:
         the connection, idle and in autocommit mode (each statement commits on its own;
@@ -274,6 +300,7 @@ async def connect(
         command_timeout=command_timeout,
         recover_timeout=recover_timeout,
         stats=stats,
+        prepare_statements=prepare_statements,
     )
 
 
@@ -291,6 +318,15 @@ def _pipeline_results(pgconn: PGconn) -> PQGen[list[PGresult]]:
         if result.status in _COPY:
             raise psycopg.NotSupportedError("COPY in a pipeline")
         results.append(result)
+
+
+def _format(param: Any) -> PyFormat:
+    """How to send ``param``: a list of ``bytes`` (jobs' data) in binary, which psycopg packs
+    as it is, where its text form escapes every quote and backslash through a regular
+    expression (several times the cost); everything else as psycopg prefers."""
+    if type(param) is list and param and type(param[0]) is bytes:
+        return PyFormat.BINARY
+    return PyFormat.AUTO
 
 
 def _quote_begin(isolation: str | None, read_only: bool) -> bytes:
@@ -321,6 +357,7 @@ class PgConnection:
         command_timeout: float,
         recover_timeout: float,
         stats: ConnectionStats | None = None,
+        prepare_statements: bool = True,
     ) -> None:
         self._pgconn = pgconn
         self._fd = pgconn.socket
@@ -330,6 +367,10 @@ class PgConnection:
         # One Transformer per connection: it caches dumpers and loaders; the connection runs
         # one operation at a time, so its per-result state is never shared.
         self._tx = Transformer()
+        self._prepare_statements = prepare_statements
+        # (text, parameter types, formats) -> the name of its prepared statement
+        self._prepared: dict[tuple[bytes, Any, Any], bytes] = {}
+        self._names = 0
         self._busy = False
         self._closed = False
         self._in_transaction = False
@@ -411,8 +452,11 @@ class PgConnection:
         try:
             sql = query.encode() if isinstance(query, str) else query
             send = self._prepare(sql, params)
-            results = await self._exchange(send, command_timeout)
-            return self._result(results)
+            if send.results == 1:
+                return self._result(await self._exchange(send.call, command_timeout))
+            # Its first run: prepared and run in one pipeline, one round trip.
+            (result,) = await self._pipeline([send], command_timeout)
+            return result
         finally:
             self._busy = False
 
@@ -505,31 +549,7 @@ class PgConnection:
             ]
             if not sends:
                 return []
-            pgconn = self._pgconn
-
-            def send_all() -> None:
-                pgconn.enter_pipeline_mode()
-                for send in sends:
-                    send()
-                pgconn.pipeline_sync()
-
-            results = await self._exchange(
-                send_all, command_timeout, lambda: _pipeline_results(pgconn)
-            )
-            try:
-                pgconn.exit_pipeline_mode()
-            except psycopg.Error as exc:
-                raise self._lost(exc) from exc
-            out: list[Result] = []
-            for index, result in enumerate(results):
-                if result.status == _PIPELINE_ABORTED:
-                    continue  # skipped after an earlier failure, raised below
-                try:
-                    out.append(self._result([result]))
-                except PostgresError as exc:
-                    exc.index = index
-                    raise
-            return out
+            return await self._pipeline(sends, command_timeout)
         finally:
             self._busy = False
 
@@ -680,20 +700,82 @@ class PgConnection:
         finally:
             self._busy = False
 
-    def _prepare(self, sql: bytes, params: Sequence[Any]) -> Callable[[], None]:
-        """The call that hands the statement to libpq (nothing is sent before it is made)."""
+    def _prepare(self, sql: bytes, params: Sequence[Any]) -> _Send:
+        """How the statement is handed to libpq (nothing is sent before its call is made): as
+        the server-side prepared statement made for its text and parameter types on this
+        connection, or, the first time, prepared then run (two results, in a pipeline). One
+        without parameters, and new ones past :data:`MAX_PREPARED`, run unprepared."""
         pgconn = self._pgconn
         if not params:
-            return lambda: pgconn.send_query_params(sql, None)
+            # (LISTEN, DDL, BEGIN ...: one-offs whose text changes, never worth preparing)
+            return _Send(lambda: pgconn.send_query_params(sql, None))
         tx = self._tx
         try:
-            values = tx.dump_sequence(params, [PyFormat.AUTO] * len(params))
+            values = tx.dump_sequence(params, [_format(param) for param in params])
         except psycopg.Error as exc:
             raise ValueError(f"cannot send a parameter to PostgreSQL: {exc}") from None
-        types, formats = tx.types, tx.formats
-        return lambda: pgconn.send_query_params(
-            sql, values, param_types=types, param_formats=formats
-        )
+        types, formats = tx.types, tx.formats or []
+        key = (sql, types, tuple(formats))
+        name = self._prepared.get(key)
+        if name is not None:
+            return _Send(lambda: pgconn.send_query_prepared(name, values, param_formats=formats))
+        if not self._prepare_statements or len(self._prepared) >= MAX_PREPARED:
+            return _Send(
+                lambda: pgconn.send_query_params(
+                    sql, values, param_types=types, param_formats=formats
+                )
+            )
+        # A name never used before on this connection: a Parse whose outcome is unknown (an
+        # interrupted request) cannot collide with a later one.
+        self._names += 1
+        new = b"_dt%d" % self._names
+
+        def prepare_and_run() -> None:
+            pgconn.send_prepare(new, sql, param_types=types)
+            pgconn.send_query_prepared(new, values, param_formats=formats)
+
+        return _Send(prepare_and_run, results=2, prepared=(key, new))
+
+    async def _pipeline(
+        self, sends: Sequence[_Send], command_timeout: float | None
+    ) -> list[Result]:
+        """Run ``sends`` in one pipeline, one round trip, and return one result each (the
+        caller holds the connection)."""
+        pgconn = self._pgconn
+
+        def send_all() -> None:
+            pgconn.enter_pipeline_mode()
+            for send in sends:
+                send.call()
+            pgconn.pipeline_sync()
+
+        results = await self._exchange(send_all, command_timeout, lambda: _pipeline_results(pgconn))
+        try:
+            pgconn.exit_pipeline_mode()
+        except psycopg.Error as exc:
+            raise self._lost(exc) from exc
+        out: list[Result] = []
+        error: PostgresError | None = None
+        at = 0
+        for index, send in enumerate(sends):
+            group = results[at : at + send.results]
+            at += send.results
+            if send.prepared is not None and group and group[0].status == _COMMAND_OK:
+                # Made, whatever became of the rest: a prepared statement is not undone by a
+                # rollback.
+                self._prepared[send.prepared[0]] = send.prepared[1]
+                self.stats.prepared += 1
+            live = [result for result in group if result.status != _PIPELINE_ABORTED]
+            if error is not None or not live:
+                continue  # skipped after an earlier failure, raised below
+            try:
+                out.append(self._result(live))
+            except PostgresError as exc:
+                exc.index = index
+                error = exc
+        if error is not None:
+            raise error
+        return out
 
     async def _exchange(
         self,

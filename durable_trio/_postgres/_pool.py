@@ -64,6 +64,7 @@ def open_pool(
     recover_timeout: float = 5.0,
     backoff_initial: float = 0.05,
     backoff_max: float = 2.0,
+    prepare_statements: bool = True,
 ) -> PgPool:
     """Make a pool for ``conninfo``; use it as ``async with open_pool(url) as pool:``.
 
@@ -78,6 +79,8 @@ def open_pool(
             tried (calls fail fast with ``BrokerUnavailable``); doubled per consecutive
             failure, jittered down to half, capped at ``backoff_max``.
         backoff_max: the cap of that delay.
+        prepare_statements: each connection prepares its statements on the server (see
+            :func:`~._connection.connect`).
 
     Returns:
         the (not yet entered) pool.
@@ -103,6 +106,7 @@ def open_pool(
         recover_timeout=recover_timeout,
         backoff_initial=backoff_initial,
         backoff_max=backoff_max,
+        prepare_statements=prepare_statements,
     )
 
 
@@ -124,8 +128,10 @@ class PgPool:
         recover_timeout: float,
         backoff_initial: float,
         backoff_max: float,
+        prepare_statements: bool = True,
     ) -> None:
         self._conninfo = conninfo
+        self._prepare_statements = prepare_statements
         self._size = size
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout
@@ -320,6 +326,7 @@ class PgPool:
                 command_timeout=self._command_timeout,
                 recover_timeout=self._recover_timeout,
                 stats=self.connection_stats,
+                prepare_statements=self._prepare_statements,
             )
         except (BrokerUnavailable, PostgresAuthError) as exc:
             self.stats.failed_connects += 1

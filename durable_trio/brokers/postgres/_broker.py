@@ -42,8 +42,10 @@ __all__ = ["CALL_TIMEOUT", "POLL_INTERVAL", "PostgresBroker"]
 
 T = TypeVar("T")
 
-#: Default seconds between two looks of a waiter nothing woke (the safety net under NOTIFY).
-POLL_INTERVAL: Final = 5.0
+#: Default seconds between two looks of a waiter nothing woke (the safety net under NOTIFY,
+#: which never misses a committed push while the hub is connected and wakes every waiter after
+#: it reconnects): long, so an idle worker costs the server next to nothing.
+POLL_INTERVAL: Final = 30.0
 
 #: Default seconds one broker call may take, waiting for a connection included.
 CALL_TIMEOUT: Final = 30.0
