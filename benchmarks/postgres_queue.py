@@ -23,6 +23,7 @@ section of ``python -m benchmarks``.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import statistics
 import subprocess
@@ -30,7 +31,7 @@ import sys
 import time
 import uuid
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from trio_util import AsyncValue
@@ -42,6 +43,9 @@ from . import redis as queue_bench
 from .engine import app as engine_app
 from .peers.postgres import run_postgres_peers
 from .postgres_server import PostgresServer, private_postgres
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 Figures = dict[str, Any]
 
@@ -55,8 +59,22 @@ def _commits(server: PostgresServer) -> int:
     return int(rows[0][0])
 
 
+@contextlib.contextmanager
+def quiet_server(server: PostgresServer) -> Iterator[None]:
+    """Autovacuum off for the block (its own transactions would count as the client's), then
+    back on."""
+    server.sql("ALTER SYSTEM SET autovacuum = off")
+    server.sql("SELECT pg_reload_conf()")
+    try:
+        yield
+    finally:
+        server.sql("ALTER SYSTEM RESET autovacuum")
+        server.sql("SELECT pg_reload_conf()")
+
+
 async def _idle_rate(server: PostgresServer, window: float) -> float:
-    """Transactions/s of the whole server while one idle worker process is its only client."""
+    """Transactions/s of the whole server while one idle worker process is its only client
+    (autovacuum off meanwhile: :func:`quiet_server`)."""
     url = _url(server)
     async with dt.open_backend(url):
         pass  # the tables exist before the worker starts (its first open migrates nothing)
@@ -65,11 +83,12 @@ async def _idle_rate(server: PostgresServer, window: float) -> float:
         assert worker.stdout is not None
         while (line := await trio.to_thread.run_sync(worker.stdout.readline)).strip() != b"ready":
             assert line, "the worker died"
-        await trio.sleep(3.0)  # its first pops and LISTENs
-        await trio.to_thread.run_sync(server.sql, "SELECT pg_stat_force_next_flush()")
-        before = await trio.to_thread.run_sync(_commits, server)
-        await trio.sleep(window)
-        after = await trio.to_thread.run_sync(_commits, server)
+        with quiet_server(server):
+            await trio.sleep(5.0)  # its first pops and LISTENs, and autovacuum's last round
+            await trio.to_thread.run_sync(server.sql, "SELECT pg_stat_force_next_flush()")
+            before = await trio.to_thread.run_sync(_commits, server)
+            await trio.sleep(window)
+            after = await trio.to_thread.run_sync(_commits, server)
     finally:
         queue_bench._stop(worker)
     # (the two reads of pg_stat_database and the flush are transactions too)
@@ -198,7 +217,7 @@ async def _ours(server: PostgresServer, quick: bool) -> Figures:
 def run(server: PostgresServer, quick: bool) -> Figures:
     """Ours, then the peers, on ``server``."""
     figures: Figures = trio.run(_ours, server, quick)
-    for row in run_postgres_peers(server.url, quick=quick):
+    for row in run_postgres_peers(server.url, quick=quick, quiet=partial(quiet_server, server)):
         key = f"{row['peer']} {row['scenario']} {row['metric']} ({row['unit'] or '-'})"
         figures[key] = (float("nan") if row["value"] is None else row["value"], row["note"])
     return figures

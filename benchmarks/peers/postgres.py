@@ -15,9 +15,13 @@ import json
 import statistics
 import subprocess
 import sys
-from typing import Any
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any
 
 from .venv import ensure_envs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["run_postgres_peers"]
 
@@ -58,10 +62,16 @@ def _rows(peer: str, scenario: str, answers: list[dict[str, Any]]) -> list[dict[
     return rows
 
 
-def run_postgres_peers(admin_url: str, *, quick: bool) -> list[dict[str, Any]]:
+def run_postgres_peers(
+    admin_url: str,
+    *,
+    quick: bool,
+    quiet: Callable[[], AbstractContextManager[None]] | None = None,
+) -> list[dict[str, Any]]:
     """pgqueuer's S1 (10,000 jobs, concurrency 10, spawn -> last body), S3 (p50/p99) and S4
     (an idle worker's transactions/s), and DBOS's 3-step workflows, on ``admin_url``'s server
-    (a superuser URL: each run makes and drops its own database)."""
+    (a superuser URL: each run makes and drops its own database). ``quiet``: what to hold
+    around S4 so that only the idle worker's transactions count (autovacuum off)."""
     envs = ensure_envs(["pgqueuer", "dbos"])
     runs = 1 if quick else 3
     rows: list[dict[str, Any]] = []
@@ -76,7 +86,9 @@ def run_postgres_peers(admin_url: str, *, quick: bool) -> list[dict[str, Any]]:
             args = ["--postgres", admin_url, "--scenario", scenario, "--jobs", jobs,
                     "--samples", "100" if quick else "300", "--window", window]  # fmt: skip
             times = runs if scenario != "S4" else 1
-            answers = [_run(pgq.command, pgq.env, args) for _ in range(times)]
+            held = quiet() if scenario == "S4" and quiet is not None else nullcontext()
+            with held:
+                answers = [_run(pgq.command, pgq.env, args) for _ in range(times)]
             rows += _rows("pgqueuer", scenario, answers)
     dbos = envs["dbos"]
     if dbos.command is None:
