@@ -12,6 +12,7 @@ error tree (:mod:`._errors`).
 
 from __future__ import annotations
 
+from ._batch import WriteBatcher
 from ._connection import ConnectionStats, PgConnection, Result, connect, parse_conninfo
 from ._errors import (
     PostgresAuthError,
@@ -43,6 +44,7 @@ __all__ = [
     "PostgresQueryCanceled",
     "PostgresUnavailableError",
     "Result",
+    "WriteBatcher",
     "check_schema_name",
     "connect",
     "migrate",

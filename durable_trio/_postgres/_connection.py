@@ -304,20 +304,32 @@ async def connect(
     )
 
 
-def _pipeline_results(pgconn: PGconn) -> PQGen[list[PGresult]]:
-    """Send a whole pipeline (already queued in libpq, ending with a sync) and read one result
-    per statement, up to the sync's. libpq ends each statement's results with ``NULL``."""
+def _pipeline_results(pgconn: PGconn, syncs: list[int]) -> PQGen[list[list[PGresult]]]:
+    """Send a whole pipeline (already queued in libpq, a sync after each group of statements)
+    and read each group's results, one per statement, up to its sync. libpq ends each
+    statement's results with ``NULL``. ``syncs[0]`` counts the syncs still to come (what
+    :meth:`PgConnection._drain` reads after an interruption)."""
     yield from generators.send(pgconn)
+    groups: list[list[PGresult]] = []
     results: list[PGresult] = []
     while True:
         result = yield from generators.fetch(pgconn)
         if result is None:
             continue
         if result.status == _PIPELINE_SYNC:
-            return results
+            groups.append(results)
+            results = []
+            syncs[0] -= 1
+            if not syncs[0]:
+                return groups
+            continue
         if result.status in _COPY:
             raise psycopg.NotSupportedError("COPY in a pipeline")
         results.append(result)
+
+
+def _sql(query: str | bytes) -> bytes:
+    return query.encode() if isinstance(query, str) else query
 
 
 def _format(param: Any) -> PyFormat:
@@ -374,6 +386,8 @@ class PgConnection:
         self._busy = False
         self._closed = False
         self._in_transaction = False
+        # The syncs of the pipeline under way still to come (one cell, shared with its reader).
+        self._syncs = [0]
         self.stats = ConnectionStats() if stats is None else stats
         # Notifications that arrive on a connection nobody listens on are dropped by psycopg
         # (no handler); the listener sets its own.
@@ -543,13 +557,51 @@ class PgConnection:
         await trio.lowlevel.checkpoint_if_cancelled()
         self._begin()
         try:
-            sends = [
-                self._prepare(query.encode() if isinstance(query, str) else query, params)
-                for query, params in statements
-            ]
+            sends = [self._prepare(_sql(query), params) for query, params in statements]
             if not sends:
                 return []
             return await self._pipeline(sends, command_timeout)
+        finally:
+            self._busy = False
+
+    async def pipeline_each(
+        self,
+        writes: Sequence[Sequence[tuple[str | bytes, Sequence[Any]]]],
+        *,
+        command_timeout: float | None = None,
+    ) -> list[list[Result] | Exception]:
+        """Run several writes in one round trip, each its own implicit transaction (a sync
+        after each): one write's failure neither rolls back nor skips the others.
+
+        Args:
+            writes: each a list of ``(query, params)`` pairs, as for :meth:`pipeline`.
+            command_timeout: as for :meth:`execute`, for all of them.
+
+        Returns:
+            per write, its results (as :meth:`pipeline` returns them), or its error: a
+            :class:`PostgresError` (nothing of it committed) or ``ValueError`` (a parameter
+            psycopg cannot adapt; not sent).
+
+        Raises:
+            PostgresCommandTimeout, BrokerUnavailable, TransportClosed: as for
+                :meth:`pipeline`, for all of them (each write may have run).
+
+        Cancellation:
+            As :meth:`pipeline`.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._begin()
+        try:
+            out: list[list[Result] | Exception] = []
+            groups: list[list[_Send]] = []
+            for statements in writes:
+                try:
+                    groups.append([self._prepare(_sql(q), p) for q, p in statements])
+                    out.append([])
+                except ValueError as exc:
+                    out.append(exc)
+            answers = iter(await self._pipeline_groups(groups, command_timeout) if groups else ())
+            return [next(answers) if isinstance(one, list) else one for one in out]
         finally:
             self._busy = False
 
@@ -739,26 +791,41 @@ class PgConnection:
     async def _pipeline(
         self, sends: Sequence[_Send], command_timeout: float | None
     ) -> list[Result]:
-        """Run ``sends`` in one pipeline, one round trip, and return one result each (the
-        caller holds the connection)."""
+        """Run ``sends`` in one pipeline, one round trip, one transaction, and return one
+        result each (the caller holds the connection)."""
+        (answer,) = await self._pipeline_groups([sends], command_timeout)
+        if isinstance(answer, PostgresError):
+            raise answer
+        return answer
+
+    async def _pipeline_groups(
+        self, groups: Sequence[Sequence[_Send]], command_timeout: float | None
+    ) -> list[list[Result] | PostgresError]:
+        """Run ``groups`` in one pipeline, a sync after each: each group's results or error."""
         pgconn = self._pgconn
+        self._syncs = syncs = [len(groups)]
 
         def send_all() -> None:
             pgconn.enter_pipeline_mode()
-            for send in sends:
-                send.call()
-            pgconn.pipeline_sync()
+            for sends in groups:
+                for send in sends:
+                    send.call()
+                pgconn.pipeline_sync()
 
-        results = await self._exchange(send_all, command_timeout, lambda: _pipeline_results(pgconn))
+        answer = lambda: _pipeline_results(pgconn, syncs)  # noqa: E731
+        answers: list[list[PGresult]] = await self._exchange(send_all, command_timeout, answer)
         try:
             pgconn.exit_pipeline_mode()
         except psycopg.Error as exc:
             raise self._lost(exc) from exc
+        return [self._group(sends, results) for sends, results in zip(groups, answers, strict=True)]
+
+    def _group(self, sends: Sequence[_Send], got: list[PGresult]) -> list[Result] | PostgresError:
         out: list[Result] = []
         error: PostgresError | None = None
         at = 0
         for index, send in enumerate(sends):
-            group = results[at : at + send.results]
+            group = got[at : at + send.results]
             at += send.results
             if send.prepared is not None and group and group[0].status == _COMMAND_OK:
                 # Made, whatever became of the rest: a prepared statement is not undone by a
@@ -767,22 +834,20 @@ class PgConnection:
                 self.stats.prepared += 1
             live = [result for result in group if result.status != _PIPELINE_ABORTED]
             if error is not None or not live:
-                continue  # skipped after an earlier failure, raised below
+                continue  # skipped after an earlier failure, returned below
             try:
                 out.append(self._result(live))
             except PostgresError as exc:
                 exc.index = index
                 error = exc
-        if error is not None:
-            raise error
-        return out
+        return out if error is None else error
 
     async def _exchange(
         self,
         send: Callable[[], None],
         limit: float | None,
-        answer: Callable[[], PQGen[list[PGresult]]] | None = None,
-    ) -> list[PGresult]:
+        answer: Callable[[], PQGen[Any]] | None = None,
+    ) -> Any:  # (list[PGresult], or what `answer` returns)
         """Hand the request to libpq, then send it and read its results; the two halves of the
         module docs' cancellation rule meet here."""
         try:
@@ -859,6 +924,9 @@ class PgConnection:
                 if result.status in _COPY:
                     return False
                 if pipelined and result.status == _PIPELINE_SYNC:
+                    self._syncs[0] -= 1
+                    if self._syncs[0] > 0:
+                        continue  # the next write's results follow
                     pgconn.exit_pipeline_mode()
                     return self._settled()
             if not cancelled:

@@ -35,6 +35,7 @@ import orjson
 import trio
 
 from ..._errors import BrokerError, BrokerUnavailable
+from ..._postgres import WriteBatcher
 from ..._postgres._migrations import migrate, quote_ident
 from .._records import Applied, RunPage, RunRecord, RunStatus, StepRecord, StepState
 from . import _pg_tables as sql
@@ -105,6 +106,8 @@ class PostgresRunStore:
         hub: NotifyHub | None = None,
     ) -> None:
         self._pool = pool
+        # Changes of concurrent tasks share round trips, each its own transaction.
+        self._batcher = WriteBatcher(pool, bound=_WRITE_BOUND)
         self.schema = schema
         self._quoted = quote_ident(schema)
         self._ns = namespace
@@ -207,9 +210,10 @@ class PostgresRunStore:
         return result
 
     async def _pipeline(self, *statements: tuple[str, Sequence[Any]]) -> list[Result]:
-        """Statements in one round trip and one transaction, as one change."""
-        batch = [(self._s(query), params) for query, params in statements]
-        return await self._write(lambda: self._pool.pipeline(batch))
+        """Statements in one transaction, as one change, in one round trip (shared with the
+        changes of other tasks queued meanwhile: see :class:`WriteBatcher`)."""
+        self._check_open()
+        return await self._batcher.write([(self._s(query), params) for query, params in statements])
 
     async def _fetch(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
         self._check_open()
@@ -438,9 +442,8 @@ class PostgresRunStore:
         return Applied.STALE
 
     async def mark_dispatched(self, run_id: str, step_id: str, attempt: int) -> bool:
-        query = self._s(sql.MARK_DISPATCHED)
-        result = await self._write(
-            lambda: self._pool.execute(query, self._ns, run_id, step_id, attempt)
+        (result,) = await self._pipeline(
+            (sql.MARK_DISPATCHED, (self._ns, run_id, step_id, attempt))
         )
         return result.rowcount == 1
 
