@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
-from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final
 
@@ -51,7 +50,7 @@ import attrs
 import psycopg
 import trio
 from psycopg import generators, pq
-from psycopg.adapt import PyFormat, Transformer
+from psycopg.adapt import Transformer
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from .._errors import BrokerUnavailable, ConfigError, TransportClosed
@@ -59,13 +58,14 @@ from ._errors import (
     PostgresAuthError,
     PostgresCommandTimeout,
     PostgresError,
-    server_error,
     unavailable,
 )
+from ._statements import Result, Spoiled, Statements, check, read_result
+from ._statements import Send as _Send
 from ._wait import drive, drive_conn, ready_now
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Callable, Sequence
 
     from psycopg.abc import PQGen
     from psycopg.pq.abc import PGconn, PGresult
@@ -98,39 +98,6 @@ _AUTH_REFUSALS: Final = (
     "no password supplied",
 )
 _ISOLATION: Final = frozenset({"serializable", "repeatable read", "read committed"})
-
-#: Server-side prepared statements one connection makes at most (later ones run unprepared).
-MAX_PREPARED: Final = 256
-
-
-@attrs.frozen
-class _Send:
-    """One statement, ready to be handed to libpq."""
-
-    call: Callable[[], None]
-    """Hands it over (queues it, in a pipeline)."""
-    results: int = 1
-    """The results it produces: 2 when it is prepared first (the Parse's, then its own)."""
-    prepared: tuple[tuple[bytes, Any, Any], bytes] | None = None
-    """(its key, the name it is prepared under) when it is prepared first."""
-
-
-@attrs.frozen
-class Result:
-    """What one statement answered.
-
-    Attributes:
-        rows: the rows, each a tuple of Python values (``[]`` for a command without rows).
-        columns: the column names (``()`` for a command without rows).
-        rowcount: rows returned, or rows affected by ``INSERT`` / ``UPDATE`` / ``DELETE``
-            (``-1`` when the command does not say).
-        status: the command tag, e.g. ``"INSERT 0 1"``, ``"SELECT 3"``.
-    """
-
-    rows: list[tuple[Any, ...]]
-    columns: tuple[str, ...]
-    rowcount: int
-    status: str
 
 
 @attrs.define
@@ -332,15 +299,6 @@ def _sql(query: str | bytes) -> bytes:
     return query.encode() if isinstance(query, str) else query
 
 
-def _format(param: Any) -> PyFormat:
-    """How to send ``param``: a list of ``bytes`` (jobs' data) in binary, which psycopg packs
-    as it is, where its text form escapes every quote and backslash through a regular
-    expression (several times the cost); everything else as psycopg prefers."""
-    if type(param) is list and param and type(param[0]) is bytes:
-        return PyFormat.BINARY
-    return PyFormat.AUTO
-
-
 def _quote_begin(isolation: str | None, read_only: bool) -> bytes:
     parts = ["BEGIN"]
     if isolation is not None:
@@ -379,10 +337,7 @@ class PgConnection:
         # One Transformer per connection: it caches dumpers and loaders; the connection runs
         # one operation at a time, so its per-result state is never shared.
         self._tx = Transformer()
-        self._prepare_statements = prepare_statements
-        # (text, parameter types, formats) -> the name of its prepared statement
-        self._prepared: dict[tuple[bytes, Any, Any], bytes] = {}
-        self._names = 0
+        self._statements = Statements(pgconn, self._tx, enabled=prepare_statements)
         self._busy = False
         self._closed = False
         self._in_transaction = False
@@ -519,7 +474,12 @@ class PgConnection:
             data = sql.encode()
             results = await self._exchange(lambda: self._pgconn.send_query(data), command_timeout)
             for result in results:
-                self._check(result)
+                try:
+                    check(result, self._address)
+                except Spoiled as spoiled:
+                    if spoiled.close or self._pgconn.status != _OK:
+                        self.close()
+                    raise spoiled.error from None
         finally:
             self._busy = False
 
@@ -753,40 +713,8 @@ class PgConnection:
             self._busy = False
 
     def _prepare(self, sql: bytes, params: Sequence[Any]) -> _Send:
-        """How the statement is handed to libpq (nothing is sent before its call is made): as
-        the server-side prepared statement made for its text and parameter types on this
-        connection, or, the first time, prepared then run (two results, in a pipeline). One
-        without parameters, and new ones past :data:`MAX_PREPARED`, run unprepared."""
-        pgconn = self._pgconn
-        if not params:
-            # (LISTEN, DDL, BEGIN ...: one-offs whose text changes, never worth preparing)
-            return _Send(lambda: pgconn.send_query_params(sql, None))
-        tx = self._tx
-        try:
-            values = tx.dump_sequence(params, [_format(param) for param in params])
-        except psycopg.Error as exc:
-            raise ValueError(f"cannot send a parameter to PostgreSQL: {exc}") from None
-        types, formats = tx.types, tx.formats or []
-        key = (sql, types, tuple(formats))
-        name = self._prepared.get(key)
-        if name is not None:
-            return _Send(lambda: pgconn.send_query_prepared(name, values, param_formats=formats))
-        if not self._prepare_statements or len(self._prepared) >= MAX_PREPARED:
-            return _Send(
-                lambda: pgconn.send_query_params(
-                    sql, values, param_types=types, param_formats=formats
-                )
-            )
-        # A name never used before on this connection: a Parse whose outcome is unknown (an
-        # interrupted request) cannot collide with a later one.
-        self._names += 1
-        new = b"_dt%d" % self._names
-
-        def prepare_and_run() -> None:
-            pgconn.send_prepare(new, sql, param_types=types)
-            pgconn.send_query_prepared(new, values, param_formats=formats)
-
-        return _Send(prepare_and_run, results=2, prepared=(key, new))
+        """How the statement is handed to libpq (see :meth:`Statements.send`)."""
+        return self._statements.send(sql, params)
 
     async def _pipeline(
         self, sends: Sequence[_Send], command_timeout: float | None
@@ -827,10 +755,7 @@ class PgConnection:
         for index, send in enumerate(sends):
             group = got[at : at + send.results]
             at += send.results
-            if send.prepared is not None and group and group[0].status == _COMMAND_OK:
-                # Made, whatever became of the rest: a prepared statement is not undone by a
-                # rollback.
-                self._prepared[send.prepared[0]] = send.prepared[1]
+            if self._statements.made(send, group):
                 self.stats.prepared += 1
             live = [result for result in group if result.status != _PIPELINE_ABORTED]
             if error is not None or not live:
@@ -961,39 +886,10 @@ class PgConnection:
             handle = self._pgconn.get_cancel()
             await trio.to_thread.run_sync(handle.cancel, abandon_on_cancel=True)
 
-    def _check(self, result: PGresult) -> None:
-        status = result.status
-        if status == _FATAL_ERROR:
-            error = server_error(result, self._address)
-            if self._pgconn.status != _OK:
-                self.close()
-            raise error
-        if status in _COPY:
-            self.close()
-            raise ValueError("COPY is not supported by this driver (the connection was closed)")
-        if status not in (_TUPLES_OK, _COMMAND_OK, _EMPTY_QUERY):
-            self.close()
-            raise unavailable(
-                f"PostgreSQL at {self._address} answered with an unexpected result "
-                f"({pq.ExecStatus(status).name}); the connection was closed"
-            )
-
     def _result(self, results: list[PGresult]) -> Result:
-        if not results:
-            self.close()
-            raise unavailable(f"PostgreSQL at {self._address} gave no result")
-        for result in results:
-            self._check(result)
-        result = results[-1]
-        tag = (result.command_status or b"").decode()
-        if result.status != _TUPLES_OK:
-            count = result.command_tuples
-            return Result([], (), -1 if count is None else count, tag)
-        tx = self._tx
-        tx.set_pgresult(result)
         try:
-            rows: list[tuple[Any, ...]] = tx.load_rows(0, result.ntuples, tuple)
-        finally:
-            tx.set_pgresult(None)
-        columns = tuple((result.fname(i) or b"").decode() for i in range(result.nfields))
-        return Result(rows, columns, result.ntuples, tag)
+            return read_result(results, self._tx, self._address)
+        except Spoiled as spoiled:
+            if spoiled.close or self._pgconn.status != _OK:
+                self.close()
+            raise spoiled.error from None
