@@ -21,7 +21,7 @@ from durable_trio._engine._signals import (
 if TYPE_CHECKING:
     from pathlib import Path
 
-KINDS = ["memory", "sqlite", "redis"]
+KINDS = ["memory", "sqlite", "redis", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
 @pytest.fixture(params=KINDS)
@@ -31,6 +31,8 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return "memory://"
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'runs.db'}".replace("///", "////", 1)
+    if kind == "postgres":
+        return str(request.getfixturevalue("postgres_schema_url"))
     return str(request.getfixturevalue("redis_url"))
 
 
