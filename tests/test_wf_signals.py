@@ -255,10 +255,15 @@ async def test_timeout_damaged_data_and_bad_payload_on_every_store(url: str) -> 
         assert [(s.kind.value, s.status.value) for s in steps] == [("signal", "failed")]
 
 
-async def test_the_cli_signals_and_shows_events(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_the_cli_signals_and_shows_events(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     from durable_trio.cli._main import main
 
     url = f"sqlite:///{tmp_path / 'cli.db'}".replace("///", "////", 1)
+    if kind == "postgres":
+        url = str(request.getfixturevalue("postgres_schema_url"))
     app = approvals()
 
     def cli(*args: str) -> tuple[int, str]:
