@@ -1,5 +1,5 @@
 """``make bench`` section "detached": start -> result of a one-step run started from another
-process (issue 30, item 1), on SQLite and on a private Redis.
+process (issue 30, item 1), on SQLite, on a private Redis and on a private PostgreSQL.
 
 This process runs an engine (reconciling, its default ``reconcile_interval`` of 5 s) and a
 worker; another process (``python -m benchmarks.detached URL``: its own backend and an engine
@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from typing import Any
 
 import trio
@@ -22,6 +23,7 @@ import trio
 import durable_trio as dt
 
 from .ops import over_backends
+from .postgres_server import private_postgres
 from .signals import _Lines
 
 Figures = dict[str, Any]
@@ -100,8 +102,15 @@ async def _starter(url: str) -> None:
 
 
 def section(quick: bool) -> Figures:
-    """The section's figures."""
-    return over_backends("detached", _measure, quick)
+    """The section's figures: SQLite and Redis (:func:`over_backends`), then PostgreSQL."""
+    figures = over_backends("detached", _measure, quick)
+    try:
+        with private_postgres() as server:
+            url = f"{server.url}?schema=bench_{uuid.uuid4().hex[:12]}"
+            figures |= trio.run(_measure, url, 0, "postgres")
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        figures["detached postgres skipped"] = (float("nan"), f"no private PostgreSQL: {exc}")
+    return figures
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import uuid
 from typing import TYPE_CHECKING
 
 import pytest
@@ -23,7 +24,7 @@ from benchmarks.postgres_server import PostgresServer, find_bindir, make_folder
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["PostgresServer", "postgres_server", "postgres_url"]
+__all__ = ["PostgresServer", "postgres_schema_url", "postgres_server", "postgres_url"]
 
 
 def _unavailable(reason: str) -> None:
@@ -75,3 +76,9 @@ def postgres_url(postgres_server: PostgresServer) -> str:
     """The private server's URL, with the server running."""
     postgres_server.start()
     return postgres_server.url
+
+
+@pytest.fixture
+def postgres_schema_url(postgres_url: str) -> str:
+    """A backend URL on the private server with a fresh ``schema`` of its own (an empty store)."""
+    return f"{postgres_url}?schema=t_{uuid.uuid4().hex[:12]}"

@@ -132,6 +132,17 @@ async def test_three_attempts_on_redis(redis_url: str) -> None:
     assert_three_attempts(step, 0.05)
 
 
+@pytest.mark.postgres
+async def test_three_attempts_on_postgres(postgres_schema_url: str) -> None:
+    calls: list[int] = []
+    app = flaky_app(calls, pause=0.05, delay=0.05)
+    async with running(app, postgres_schema_url) as (engine, ops):
+        run_id = await engine.start("order", 4)
+        assert await engine.result(run_id) == 40
+        (step,) = (await ops.show_run(run_id)).steps
+    assert_three_attempts(step, 0.05)
+
+
 async def test_an_operator_retry_keeps_the_log_of_the_attempts_before_it(
     autojump_clock: object,
 ) -> None:

@@ -184,5 +184,11 @@ async def test_cancels_racing_ends_on_redis(redis_url: str) -> None:
     await race(redis_url)
 
 
+@pytest.mark.chaos
+@pytest.mark.postgres
+async def test_cancels_racing_ends_on_postgres(postgres_schema_url: str) -> None:
+    await race(postgres_schema_url)
+
+
 if __name__ == "__main__":
     trio.run(engine_process, sys.argv[1])

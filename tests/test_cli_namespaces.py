@@ -27,11 +27,18 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     return status, captured.out, captured.err
 
 
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 async def test_the_commands_read_the_only_namespace_and_name_several(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    kind: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     monkeypatch.delenv("DURABLE_TRIO_NAMESPACE", raising=False)
     url = f"sqlite:///{tmp_path / 'ns.db'}"
+    if kind == "postgres":  # a fresh schema
+        url = str(request.getfixturevalue("postgres_schema_url"))
 
     async def cli(*argv: str) -> tuple[int, str, str]:
         return await trio.to_thread.run_sync(lambda: _cli(capsys, *argv, "--backend", url))
@@ -88,6 +95,16 @@ async def test_redis_lists_its_namespaces(redis_url: str) -> None:
     await _add_run(redis_url, "a:b", "r2")  # a colon inside a namespace survives the parse
     async with dt.open_backend(redis_url) as backend:
         assert await backend.run_stores.namespaces() == ["a:b", "shop"]
+
+
+@pytest.mark.postgres
+async def test_postgres_lists_its_namespaces(postgres_schema_url: str) -> None:
+    await _add_run(postgres_schema_url, "shop", "r1")
+    await _add_run(postgres_schema_url, "a:b", "r2")
+    async with dt.open_backend(postgres_schema_url) as backend:
+        async with backend.open_run_store("reports") as store:
+            await store.put_schedule("nightly", '{"workflow": "w"}', replace=False)
+        assert await backend.run_stores.namespaces() == ["a:b", "reports", "shop"]
 
 
 @pytest.mark.redis

@@ -306,13 +306,17 @@ def test_t24_property_close_ends_at_min_of_done_and_deadline_and_loses_nothing(
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+@pytest.mark.parametrize(
+    "kind", ["sqlite", "redis", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
 async def test_a_cancel_around_the_backend_too_still_hands_back_while_it_is_open(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     # Real backends, wall clock (no sweep, so a ready job afterwards is the handback's).
     if kind == "redis":
         url = str(request.getfixturevalue("redis_url"))
+    elif kind == "postgres":
+        url = str(request.getfixturevalue("postgres_schema_url"))
     else:
         url = "sqlite:///" + str(tmp_path / "close.db")
     namespace = f"outer{random.randrange(1 << 30)}"

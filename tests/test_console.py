@@ -1,5 +1,6 @@
 """The web console through its ASGI app in-process (httpx's ASGITransport), over a memory
-backend holding real runs: completed, failed (a step out of attempts) and retried."""
+backend holding real runs: completed, failed (a step out of attempts) and retried; and its
+pages and actions once over a real PostgreSQL backend."""
 
 from __future__ import annotations
 
@@ -292,3 +293,72 @@ def test_the_cli_refuses_beyond_loopback_without_a_token(
     assert "--token" in capsys.readouterr().err
     assert main(["console", "--backend", "memory://", "--token", "short"]) == 2
     assert "at least 16" in capsys.readouterr().err
+
+
+@pytest.mark.postgres
+async def test_the_console_over_postgres(postgres_schema_url: str) -> None:
+    """The pages and actions over a real PostgreSQL backend (real time), beside an engine and a
+    worker: the runs list, its filters and pages, a failed run's page, the workers, queues and
+    schedules pages, and a retry and a cancel through the console's actions."""
+    from durable_trio._engine._schedules import Schedules
+
+    declined = {"bad"}
+    app = dt.App("shop")
+
+    @app.step("charge", retry=dt.Retry(max_attempts=2, initial=0.01, jitter=0))
+    async def charge(order: dict[str, Any]) -> dict[str, Any]:
+        if order["id"] in declined:
+            raise ValueError(f"card declined for order {order['id']}")
+        return {"charged": order["amount"]}
+
+    @app.workflow("order")
+    async def order(ctx: dt.WorkflowContext, order: dict[str, Any]) -> dict[str, Any]:
+        return {"receipt": await ctx.step("charge", order)}
+
+    @app.workflow("approval")
+    async def approval(ctx: dt.WorkflowContext, _: Any) -> Any:
+        return await ctx.wait_signal("approve")
+
+    async with (
+        dt.open_backend(postgres_schema_url) as backend,
+        dt.open_worker(app, backend, instance_id="worker-a"),
+        dt.open_engine(app, backend, reconcile_interval=0.5) as engine,
+        dt.open_operations(backend, namespace="shop") as ops,
+        client(create_app(ops, allow_actions=True)) as http,
+    ):
+        with trio.fail_after(30):
+            for i in range(2):
+                await engine.start("order", {"id": f"ok{i}", "amount": i}, run_id=f"ok{i}")
+                await engine.result(f"ok{i}")
+            await engine.start("order", {"id": "bad", "amount": 9}, run_id="bad")
+            with pytest.raises(dt.RunFailed):
+                await engine.result("bad")
+            await engine.start("approval", None, run_id="waits")
+            page = (await http.get("/runs")).text
+            assert all(f'href="/runs/{r}"' in page for r in ("ok0", "ok1", "bad", "waits"))
+            failed = (await http.get("/runs", params={"status": "failed"})).text
+            assert 'href="/runs/bad"' in failed
+            assert 'href="/runs/ok0"' not in failed
+            found = (await http.get("/runs", params={"q": "ok1"})).text
+            assert 'href="/runs/ok1"' in found
+            first = (await http.get("/runs", params={"limit": "1"})).text
+            assert 'rel="next"' in first
+            run = (await http.get("/runs/bad")).text
+            assert "card declined for order bad" in run
+            assert "attempt 2" in run
+            assert "worker-a" in (await http.get("/workers")).text
+            assert "Set-aside jobs" in (await http.get("/queues")).text
+            schedules = Schedules(ops.store, ops.store.now)
+            assert await schedules.add("often", "order", every=3600, input={"id": "s"})
+            assert 'data-schedule="often">' in (await http.get("/schedules")).text
+
+            declined.clear()
+            retry = await http.post("/api/runs/retry", json={"run_id": "bad"}, headers=ACTION)
+            assert retry.status_code == 200, retry.text
+            assert await engine.result("bad") == {"receipt": {"charged": 9}}
+            assert "badge-completed" in (await http.get("/runs/bad")).text
+            cancel = await http.post("/api/runs/cancel", json={"run_id": "waits"}, headers=ACTION)
+            assert cancel.status_code == 200, cancel.text
+            with pytest.raises(dt.RunFailed):
+                await engine.result("waits")
+            assert await engine.status("waits") is dt.RunStatus.CANCELLED

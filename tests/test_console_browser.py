@@ -42,7 +42,14 @@ def _shop(declined: set[str]) -> dt.App:
     return app
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "sqlite",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_retry_a_failed_run_in_a_real_browser(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -55,6 +62,8 @@ def test_retry_a_failed_run_in_a_real_browser(
 
     if kind == "redis":  # the suite's private server, emptied for this test
         url = str(request.getfixturevalue("redis_url"))
+    elif kind == "postgres":  # the suite's private server, a fresh schema
+        url = str(request.getfixturevalue("postgres_schema_url"))
     else:
         url = "sqlite:///" + str(tmp_path / "console.db")
     declined = {"bad"}

@@ -2,7 +2,7 @@
 runs: a cancelled run's history (its interrupted step, the cancel event, cancelled not red),
 step inputs and outputs, the schedules page and its actions, the engines the run store knows,
 starting a run and sending a signal, the run of a set-aside job, times labelled with their
-zone. And ``durable-trio runs show`` of a cancelled run on SQLite."""
+zone. And ``durable-trio runs show`` of a cancelled run on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -446,12 +446,16 @@ def test_times_are_labelled_with_their_zone() -> None:
     assert _time(12.5) == "12.500"  # memory://'s monotonic clock: no zone to tell
 
 
-async def test_cli_runs_show_of_a_cancelled_run_on_sqlite(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_cli_runs_show_of_a_cancelled_run(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
 ) -> None:
     """A run cancelled while its step was pending (the mark written, then settled): ``runs
-    show`` shows the step interrupted, the cancel as a line of its own, times in UTC."""
+    show`` shows the step interrupted, the cancel as a line of its own, times in UTC (SQLite's
+    and PostgreSQL's stores keep wall-clock times)."""
     url = f"sqlite:///{tmp_path / 'ops.db'}"
+    if kind == "postgres":
+        url = str(request.getfixturevalue("postgres_schema_url"))
     async with (
         dt.open_backend(url) as backend,
         dt.open_operations(backend, namespace="shop") as ops,

@@ -324,10 +324,12 @@ THRESHOLD = 0.3
 CHECK = 0.1
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", pytest.param("postgres", marks=pytest.mark.postgres)])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return "sqlite:///" + str(tmp_path / "dups.db")
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_schema_url"))
     return str(request.getfixturevalue("redis_url"))
 
 

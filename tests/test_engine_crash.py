@@ -134,6 +134,12 @@ async def test_crash_and_resume_on_redis(redis_url: str) -> None:
 
 
 @pytest.mark.chaos
+@pytest.mark.postgres
+async def test_crash_and_resume_on_postgres(postgres_schema_url: str) -> None:
+    await crash_twice_and_finish(postgres_schema_url)
+
+
+@pytest.mark.chaos
 @pytest.mark.redis
 async def test_crash_and_resume_on_a_redis_cluster(redis_cluster_url: str) -> None:
     """The same on the private 3-master cluster: the queues, the worker keys and the runs (in

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
+import pytest
 import trio
 import trio.testing
 from rich.console import Console
@@ -27,8 +28,6 @@ from durable_trio.keys.memory import MemoryKeyStore
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-    import pytest
 
     from durable_trio.keys import KeyEntry
 
@@ -69,8 +68,13 @@ async def test_watch_shows_a_running_workers_group_live(
             assert [w.instance for w in health.live_workers] == ["worker-7"]
 
 
-async def test_health_command_in_a_real_process_sees_a_worker_on_sqlite(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_health_command_in_a_real_process_sees_a_worker(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     url = "sqlite:///" + str(tmp_path / "ops.db")
+    if kind == "postgres":
+        url = str(request.getfixturevalue("postgres_schema_url"))
     async with dt.open_backend(url) as backend:
         async with dt.open_queue_transport(backend, namespace="ops", instance_id="w-real") as w:
             w.handle("invoices", serve_forever)

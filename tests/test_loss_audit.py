@@ -207,14 +207,19 @@ async def test_the_audit_can_be_turned_off(autojump_clock: trio.testing.MockCloc
             assert engine.statistics().lost_dispatches == 0
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+@pytest.mark.parametrize(
+    "kind", ["sqlite", "redis", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
 async def test_a_lost_task_on_a_real_broker(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """The same fault on a real SQLite file and a private redis-server (real clock: audit
-    every 0.2 s, lost once gone for 0.5 + 2 * 0.1 + 0.2 s): the run completes, counted once."""
+    """The same fault on a real SQLite file, a private redis-server and a private PostgreSQL
+    (real clock: audit every 0.2 s, lost once gone for 0.5 + 2 * 0.1 + 0.2 s): the run
+    completes, counted once."""
     if kind == "sqlite":
         url = f"sqlite:///{tmp_path / 'audit.db'}".replace("///", "////", 1)
+    elif kind == "postgres":
+        url = request.getfixturevalue("postgres_schema_url")
     else:
         url = request.getfixturevalue("redis_url")
     log: list[tuple[str, int, float]] = []

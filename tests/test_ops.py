@@ -267,6 +267,13 @@ async def test_cli_retry_on_redis(redis_url: str, capsys: pytest.CaptureFixture[
     await _failed_run_then_cli_retry(redis_url, capsys)
 
 
+@pytest.mark.postgres
+async def test_cli_retry_on_postgres(
+    postgres_schema_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await _failed_run_then_cli_retry(postgres_schema_url, capsys)
+
+
 # -- failed jobs, queues, workers ---------------------------------------------------------------
 
 
@@ -279,7 +286,7 @@ async def _set_aside(broker: Any, queue: str, job_id: str) -> None:
     assert await broker.fail_job(claimed.lease, queue, "poison")
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis", "redis-cluster"])
+@pytest.mark.parametrize("kind", [*STORE_KINDS, "redis-cluster"])
 async def test_failed_jobs_requeue_and_delete(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -301,6 +308,15 @@ async def _broker(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> 
         url = request.getfixturevalue("redis_cluster_url")
         async with RedisClusterBroker.from_url(url) as cluster:
             yield cluster
+        return
+    if kind == "postgres":  # a fresh schema on the private server
+        import uuid
+
+        from durable_trio.brokers.postgres import PostgresBroker
+
+        url, schema = request.getfixturevalue("postgres_url"), f"o_{uuid.uuid4().hex[:16]}"
+        async with PostgresBroker.open(url, schema=schema, pool_size=2) as pg:
+            yield pg
         return
     broker: Any = MemoryBroker() if kind == "memory" else await SqliteBroker.open(tmp_path / "b.db")
     try:
@@ -339,7 +355,7 @@ async def _check_repair(broker: Any) -> None:
 CHARGE = "shop:tasks:charge"
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+@pytest.mark.parametrize("kind", STORE_KINDS)
 async def test_a_set_aside_job_requeued_runs_to_completion_and_a_deleted_one_is_gone(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -441,6 +457,13 @@ async def test_every_ops_command_on_a_redis_cluster(
     """The CLI on a Cluster: runs paged across the run shards, failed jobs and queues listed
     from every master."""
     await _every_ops_command(redis_cluster_url, capsys)
+
+
+@pytest.mark.postgres
+async def test_every_ops_command_on_postgres(
+    postgres_schema_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await _every_ops_command(postgres_schema_url, capsys)
 
 
 async def _every_ops_command(url: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -180,14 +180,19 @@ async def test_ops_cancel_run_of_a_run_whose_engine_is_gone_is_cut_after_grace_a
         assert trio.current_time() == started
 
 
-async def test_cli_runs_cancel_delivers_run_cancelled_on_sqlite(tmp_path: Path) -> None:
-    """SQLite's broker runs on the wall clock (see test_sqlite.py): real, bounded time, and the
-    cancel goes through ``durable-trio runs cancel`` in a thread of its own (its own
-    ``trio.run`` and its own connection to the file), as an operator's shell would. The
-    engine's lease is 3 s, so it looks for marks every second."""
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_cli_runs_cancel_delivers_run_cancelled(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """SQLite's and PostgreSQL's brokers run on the wall clock (see test_sqlite.py): real,
+    bounded time, and the cancel goes through ``durable-trio runs cancel`` in a thread of its
+    own (its own ``trio.run`` and its own connection to the store), as an operator's shell
+    would. The engine's lease is 3 s, so it looks for marks every second."""
     seen = _Seen()
     app = _app(seen)
     url = f"sqlite:///{tmp_path / 'ops.db'}"
+    if kind == "postgres":
+        url = str(request.getfixturevalue("postgres_schema_url"))
     async with (
         dt.open_backend(url) as backend,
         dt.open_worker(app, backend, poll_interval=0.02, idle_backoff_max=1),

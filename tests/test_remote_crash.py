@@ -120,5 +120,13 @@ async def test_killed_workflow_workers_on_redis(redis_url: str, tmp_path: Path) 
     await kill_workers_twice(redis_url, tmp_path / "executions.log")
 
 
+@pytest.mark.chaos
+@pytest.mark.postgres
+async def test_killed_workflow_workers_on_postgres(
+    postgres_schema_url: str, tmp_path: Path
+) -> None:
+    await kill_workers_twice(postgres_schema_url, tmp_path / "executions.log")
+
+
 if __name__ == "__main__":
     trio.run(worker_process, sys.argv[1])

@@ -665,17 +665,20 @@ async def test_t23_bad_tenant_names_are_refused_before_anything_is_sent(
 # --------------------------------------------------------------------------- on Redis
 
 
-@pytest.fixture(params=["redis", "sqlite"])
+@pytest.fixture(params=["redis", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def shared_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
     """A backend URL several backends in this process can open and share."""
     if request.param == "redis":
         return str(request.getfixturevalue("redis_url"))
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_schema_url"))
     return f"sqlite:///{tmp_path}/shared.db"
 
 
-async def test_remote_workflow_and_tenant_pods_on_redis_and_sqlite(shared_url: str) -> None:
-    """The same round trips against a real (private) redis-server and a real SQLite file, in
-    real time; engine and worker on one connection, the pods on another (store-less)."""
+async def test_remote_workflow_and_tenant_pods_on_the_real_stores(shared_url: str) -> None:
+    """The same round trips against a real (private) redis-server, a private PostgreSQL server
+    and a real SQLite file, in real time; engine and worker on one connection, the pods on
+    another (store-less)."""
     executions: Counter[str] = Counter()
     events: list[str] = []
     async with AsyncExitStack() as stack:

@@ -36,10 +36,12 @@ TARGET = f"{SCRIPT}:app"
 SLACK = 3.0
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", pytest.param("postgres", marks=pytest.mark.postgres)])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "redis":
         return str(request.getfixturevalue("redis_url"))
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_schema_url"))
     return "sqlite:///" + str(tmp_path / "signals.db")
 
 

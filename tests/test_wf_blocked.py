@@ -149,14 +149,16 @@ async def test_blocked_remote_run_is_probed_after_blocked_probe(
     assert seen["done_at"] <= seen["blocked_at"] + BLOCKED_PROBE + reconcile
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", pytest.param("postgres", marks=pytest.mark.postgres)])
 def real_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return "sqlite:///" + str(tmp_path / "blk.db")
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_schema_url"))
     return str(request.getfixturevalue("redis_url"))
 
 
-async def test_blocked_then_fixed_code_resumes_it_on_sqlite_and_redis(real_url: str) -> None:
+async def test_blocked_then_fixed_code_resumes_it_on_the_real_stores(real_url: str) -> None:
     """Real time here (real I/O): local workflows, whose fix is seen by fingerprint."""
     with trio.fail_after(30):
         check(await scenario(real_url, pause=0.4, remote=False))

@@ -163,14 +163,16 @@ async def test_a_run_resumed_with_the_cancel_mark_settles_cancelled(
     assert ran["book:flight"] == 1
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", pytest.param("postgres", marks=pytest.mark.postgres)])
 def real_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return "sqlite:///" + str(tmp_path / "cancel.db")
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_schema_url"))
     return str(request.getfixturevalue("redis_url"))
 
 
-async def test_cancel_inside_on_sqlite_and_redis(real_url: str) -> None:
+async def test_cancel_inside_on_the_real_stores(real_url: str) -> None:
     """Real time (real I/O): the same saga, with short steps."""
     ran: Counter[str] = Counter()
     with trio.fail_after(30):

@@ -142,5 +142,13 @@ async def test_engine_killed_mid_compensation_on_redis(redis_url: str, tmp_path:
     await kill_mid_compensation(redis_url, tmp_path / "notes")
 
 
+@pytest.mark.chaos
+@pytest.mark.postgres
+async def test_engine_killed_mid_compensation_on_postgres(
+    postgres_schema_url: str, tmp_path: Path
+) -> None:
+    await kill_mid_compensation(postgres_schema_url, tmp_path / "notes")
+
+
 if __name__ == "__main__":
     trio.run(engine_process, sys.argv[1], sys.argv[2], sys.argv[3] == "1")

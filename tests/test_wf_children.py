@@ -293,6 +293,11 @@ async def test_children_on_redis(redis_url: str) -> None:
     await _scenarios(redis_url)
 
 
+@pytest.mark.postgres
+async def test_children_on_postgres(postgres_schema_url: str) -> None:
+    await _scenarios(postgres_schema_url)
+
+
 @pytest.mark.redis
 async def test_children_on_a_redis_cluster(redis_cluster_url: str) -> None:
     """Parent and children in different run shards of the private 3-master cluster."""
@@ -439,8 +444,10 @@ async def test_sqlite_adds_the_parent_column_to_a_file_written_before_it(tmp_pat
             await store.aclose()
 
 
-async def test_the_parent_link_on_redis(redis_url: str) -> None:
-    async with dt.open_backend(redis_url) as backend, dt.open_run_store(backend, "links") as store:
+@pytest.mark.parametrize("kind", ["redis", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_the_parent_link_on_a_server(kind: str, request: pytest.FixtureRequest) -> None:
+    url = str(request.getfixturevalue("redis_url" if kind == "redis" else "postgres_schema_url"))
+    async with dt.open_backend(url) as backend, dt.open_run_store(backend, "links") as store:
         from durable_trio._engine import RunRecord
 
         for run_id, parent in (("top", None), ("top/1", "top")):
@@ -464,14 +471,17 @@ async def test_the_parent_link_on_redis(redis_url: str) -> None:
 # --------------------------------------------------------------------------- the CLI
 
 
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 async def test_runs_show_names_parent_and_children_and_runs_cancel_cancels_the_children(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
 ) -> None:
     """``runs show`` prints a child's parent and a parent's children; ``runs cancel`` (the
     operator's cancel, straight on the store) cancels the children too, recursively."""
     from durable_trio.cli._main import main
 
     url = f"sqlite:///{tmp_path / 'cli.db'}"
+    if kind == "postgres":
+        url = str(request.getfixturevalue("postgres_schema_url"))
     app, _ = shop()
     async with running(app, url) as engine:  # namespace: the app's name
         with trio.fail_after(30):

@@ -129,6 +129,12 @@ async def test_engine_killed_while_the_parent_waits_on_redis(redis_url: str) -> 
     await kill_mid_wait(redis_url)
 
 
+@pytest.mark.chaos
+@pytest.mark.postgres
+async def test_engine_killed_while_the_parent_waits_on_postgres(postgres_schema_url: str) -> None:
+    await kill_mid_wait(postgres_schema_url)
+
+
 if __name__ == "__main__":
     url, engine_id, start = sys.argv[1:4]
     trio.run(engine_process, url, engine_id, start == "1")

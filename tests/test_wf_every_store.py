@@ -1,11 +1,12 @@
 """Exact virtual-time tests of the workflow primitives (issue 18) on every run store: memory,
-SQLite and Redis, each store on trio's clock (see tests/_every_store.py): signals and events,
-child workflows, cancellation inside a workflow, versioning and schedules."""
+SQLite, Redis and PostgreSQL, each store on trio's clock (see tests/_every_store.py): signals
+and events, child workflows, cancellation inside a workflow, run timeouts."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -135,3 +136,39 @@ async def test_cancellation_inside_at_exact_times(
     assert record.status is RunStatus.CANCELLED
     assert record.updated_at - start == 7
     assert record.error == {"type": "RunCancelled", "message": "plans changed", "cut": False}
+
+
+async def test_run_timeouts_at_exact_times(
+    every_store: str, store_clock: trio.testing.MockClock
+) -> None:
+    """A run's deadline is stored with it: an engine taking the run over after a restart keeps
+    it (not restart + timeout), and a detached run counts its timeout from its start."""
+    app = App("exact-timeouts")
+
+    @app.workflow("wait")
+    async def wait(ctx: WorkflowContext, _: Any) -> None:
+        await ctx.sleep(100)
+
+    async with open_store(every_store, app.name) as (backend, store):
+        async with open_engine(app, backend, store=store, reconcile=False) as first:
+            start = trio.current_time()
+            await first.start("wait", None, run_id="w", timeout=10)
+            await first.start("wait", None, run_id="d", timeout=8, detach=True)
+            await trio.sleep(4)
+        assert await first.status("w") is RunStatus.PENDING  # released on close
+        await trio.sleep(2)
+        async with open_engine(app, backend, store=store) as second:
+            with pytest.raises(dt.RunTimedOut):
+                await second.result("d")
+            assert trio.current_time() - start == 8
+            with pytest.raises(dt.RunTimedOut):
+                await second.result("w")
+            assert trio.current_time() - start == 10  # not 6 + 10
+            runs = [await second.get(run_id) for run_id in ("w", "d")]
+            stats = second.statistics()
+    assert [(r.status, r.timeout, r.deadline - start) for r in runs if r.deadline] == [
+        (RunStatus.FAILED, 10.0, 10.0),
+        (RunStatus.FAILED, 8.0, 8.0),
+    ]
+    assert [r.error["type"] for r in runs if r.error] == ["RunTimedOut"] * 2
+    assert (stats.runs_resumed, stats.runs_timed_out) == (2, 2)

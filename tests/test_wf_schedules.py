@@ -48,7 +48,9 @@ QUIET: dict[str, Any] = {
 }
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(
+    params=["memory", "sqlite", "redis", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
 def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -59,6 +61,8 @@ def url(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
         return "memory://"
     if store_kind == "sqlite":
         return "sqlite:///" + str(tmp_path / "sched.db")
+    if store_kind == "postgres":
+        return str(request.getfixturevalue("postgres_schema_url"))
     return str(request.getfixturevalue("redis_url"))
 
 
@@ -127,6 +131,7 @@ async def test_every_60_starts_runs_at_exactly_60_120_180(
         assert info.next_tick == EPOCH + 240
 
 
+@pytest.mark.parametrize("store_kind", ["memory", "sqlite", "redis"])  # calendar, not store
 async def test_cron_in_a_time_zone(url: str, sched_clock: trio.testing.MockClock) -> None:
     # Kathmandu is UTC+05:45: "15 * * * *" there fires at :30 UTC. The wall clock starts at
     # 08:29 UTC (14:14 local): the first tick is 08:30 UTC, at virtual t = 60.
@@ -199,12 +204,20 @@ async def test_two_engines_on_one_store_start_each_tick_once(
     assert sorted(r.run_id for r in runs) == sorted(run_id for run_id, _ in started)
 
 
+CATCH_UPS: list[tuple[str, list[int]]] = [
+    ("skip", [1000]),  # the 6 missed ticks (400-900) never start; the next on-time does
+    ("once", [980, 1000]),  # the latest missed tick (900) starts when an engine is back
+    ("all", [980, 980, 980, 1000]),  # the newest max_catch_up=3 missed ticks: 700-900
+]
+
+
 @pytest.mark.parametrize(
-    ("catch_up", "expected"),
+    ("store_kind", "catch_up", "expected"),
     [
-        ("skip", [1000]),  # the 6 missed ticks (400-900) never start; the next on-time does
-        ("once", [980, 1000]),  # the latest missed tick (900) starts when an engine is back
-        ("all", [980, 980, 980, 1000]),  # the newest max_catch_up=3 missed ticks: 700-900
+        *((kind, *case) for kind in ("memory", "sqlite", "redis") for case in CATCH_UPS),
+        # PostgreSQL: the store's part once, in the mode that starts the most missed ticks
+        # (each case waits out ~25 s of real idleness on the virtual clock).
+        pytest.param("postgres", *CATCH_UPS[2], marks=pytest.mark.postgres),
     ],
 )
 async def test_catch_up_after_every_engine_was_down(
@@ -339,9 +352,7 @@ async def test_a_bad_stored_schedule_is_reported_once_and_the_engine_lives(
     errors: list[BaseException] = []
     app = reporting_app(started)
     app.schedule("good", "report", every=50)
-    async with engines(
-        app, url, on_error=errors.append, schedule_recheck=7.0
-    ) as (engine,):
+    async with engines(app, url, on_error=errors.append, schedule_recheck=7.0) as (engine,):
         for name, (spec, last) in RAW_ROWS.items():
             assert await engine.store.put_schedule(name, spec, replace=False)
             if last is not None:
@@ -381,9 +392,7 @@ async def test_a_schedule_whose_tick_run_cannot_start_is_reported_once_and_skipp
 
     app.schedule("good", "report", every=50)
     app.schedule("clash", "report", every=60)
-    async with engines(app, "memory://", on_error=errors.append, schedule_recheck=7.0) as (
-        engine,
-    ):
+    async with engines(app, "memory://", on_error=errors.append, schedule_recheck=7.0) as (engine,):
         await engine.start("other", run_id=schedule_run_id("clash", EPOCH + 60), detach=True)
         await trio.sleep_until(110)
     assert times(started) == [50, 100]
@@ -408,11 +417,13 @@ async def test_a_changed_declaration_replaces_the_stored_one_keeping_its_state(
     assert (info.schedule.every, info.schedule.input, info.schedule.paused) == (20.0, "v2", True)
 
 
-def test_schedules_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "store_kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_schedules_cli(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     from durable_trio.cli._main import main
 
-    db = tmp_path / "cli.db"
-    backend = ["--backend", f"sqlite:///{db}", "--namespace", "reports"]
+    backend = ["--backend", url, "--namespace", "reports"]
     nightly = ["nightly", "report", "--cron", "0 3 * * *", "--timezone", "Europe/Paris"]
     assert main(["schedules", "add", *nightly, "--input", '{"to": "ops"}', *backend]) == 0
     assert main(["schedules", "add", "often", "report", "--every", "30", *backend]) == 0
@@ -437,7 +448,7 @@ def test_schedules_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     started: list[tuple[str, float]] = []
 
     async def serve() -> None:
-        async with engines(reporting_app(started), f"sqlite:///{db}") as (engine,):
+        async with engines(reporting_app(started), url) as (engine,):
             await trio.sleep(95)
             assert RunStatus.COMPLETED in (await engine.store.count_runs())
 

@@ -107,5 +107,11 @@ async def test_schedule_ticks_once_under_engine_kills_on_redis(redis_url: str) -
     await kill_and_restart(redis_url, rounds=8)
 
 
+@pytest.mark.chaos
+@pytest.mark.postgres
+async def test_schedule_ticks_once_under_engine_kills_on_postgres(postgres_schema_url: str) -> None:
+    await kill_and_restart(postgres_schema_url, rounds=8)
+
+
 if __name__ == "__main__":
     trio.run(engine_process, sys.argv[1], sys.argv[2])

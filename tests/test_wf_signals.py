@@ -21,7 +21,7 @@ from durable_trio._engine._signals import (
 if TYPE_CHECKING:
     from pathlib import Path
 
-KINDS = ["memory", "sqlite", "redis"]
+KINDS = ["memory", "sqlite", "redis", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
 @pytest.fixture(params=KINDS)
@@ -31,6 +31,8 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return "memory://"
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'runs.db'}".replace("///", "////", 1)
+    if kind == "postgres":
+        return str(request.getfixturevalue("postgres_schema_url"))
     return str(request.getfixturevalue("redis_url"))
 
 
@@ -253,10 +255,15 @@ async def test_timeout_damaged_data_and_bad_payload_on_every_store(url: str) -> 
         assert [(s.kind.value, s.status.value) for s in steps] == [("signal", "failed")]
 
 
-async def test_the_cli_signals_and_shows_events(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_the_cli_signals_and_shows_events(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     from durable_trio.cli._main import main
 
     url = f"sqlite:///{tmp_path / 'cli.db'}".replace("///", "////", 1)
+    if kind == "postgres":
+        url = str(request.getfixturevalue("postgres_schema_url"))
     app = approvals()
 
     def cli(*args: str) -> tuple[int, str]:

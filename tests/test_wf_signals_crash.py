@@ -109,5 +109,11 @@ async def test_engine_killed_mid_wait_on_redis(redis_url: str) -> None:
     await crash_while_waiting(redis_url)
 
 
+@pytest.mark.chaos
+@pytest.mark.postgres
+async def test_engine_killed_mid_wait_on_postgres(postgres_schema_url: str) -> None:
+    await crash_while_waiting(postgres_schema_url)
+
+
 if __name__ == "__main__":
     trio.run(engine_process, sys.argv[1], sys.argv[2], sys.argv[3] == "1")

@@ -1,7 +1,7 @@
 """Versioning (issue 18, item 5): ``ctx.patched`` / ``ctx.deprecate_patch``. An old history
 (recorded by code without the patch) replays to completion on new code with ``patched`` False,
-a new run takes the True branch, on memory (exact virtual time), a real SQLite file and a
-private Redis; the same for remote workflows."""
+a new run takes the True branch, on memory (exact virtual time), a real SQLite file, a
+private Redis and a private PostgreSQL; the same for remote workflows."""
 
 from __future__ import annotations
 
@@ -165,15 +165,17 @@ async def test_patched_on_memory_at_exact_times(
     assert found["old_at"] == PAUSE / 2
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", pytest.param("postgres", marks=pytest.mark.postgres)])
 def real_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return "sqlite:///" + str(tmp_path / "ver.db")
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_schema_url"))
     return str(request.getfixturevalue("redis_url"))
 
 
 @pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
-async def test_patched_at_exact_times_on_sqlite_and_redis(
+async def test_patched_at_exact_times_on_the_real_stores(
     real_url: str, remote: bool, store_clock: trio.testing.MockClock
 ) -> None:
     """The store on trio's clock (tests/_every_store.py): the same exact times as memory."""
@@ -183,7 +185,7 @@ async def test_patched_at_exact_times_on_sqlite_and_redis(
 
 
 @pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
-async def test_patched_on_sqlite_and_redis(real_url: str, remote: bool) -> None:
+async def test_patched_on_the_real_stores(real_url: str, remote: bool) -> None:
     """Real time here (real I/O): the pause is short."""
     with trio.fail_after(30):
         check(await scenario(real_url, remote=remote, virtual=False, pause=0.4))

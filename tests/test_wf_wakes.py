@@ -1,10 +1,12 @@
 """Run-store wakes (issue 18): a signal, an event or a cancel stored by any process wakes its
-waiter at once, on memory (exact virtual time), SQLite (datagrams in ``<file>.wakes/``) and
-Redis (``PUBLISH`` on ``{dt-runs:NS}:wakes``); with the wake lost, the poll still delivers.
+waiter at once, on memory (exact virtual time), SQLite (datagrams in ``<file>.wakes/``),
+Redis (``PUBLISH`` on ``{dt-runs:NS}:wakes``) and PostgreSQL (``pg_notify`` on the namespace's
+channel); with the wake lost, the poll still delivers.
 
-On SQLite and Redis the other process is ``durable-trio runs signal`` / ``runs cancel`` run in
-a thread (its own ``trio.run``, backend and run store, as a shell's would be), and the waiter's
-poll is set to a minute: a run that ends within the bound was woken by the ring.
+On SQLite, Redis and PostgreSQL the other process is ``durable-trio runs signal`` / ``runs
+cancel`` run in a thread (its own ``trio.run``, backend and run store, as a shell's would be),
+and the waiter's poll is set to a minute: a run that ends within the bound was woken by the
+ring.
 """
 
 from __future__ import annotations
@@ -89,10 +91,19 @@ def _sqlite(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'w.db'}".replace("///", "////", 1)
 
 
-@pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
+@pytest.fixture(
+    params=[
+        "sqlite",
+        "redis",
+        "redis-cluster",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
 def shared_url(request: pytest.FixtureRequest, short_tmp: Path) -> str:
     if request.param == "sqlite":
         return _sqlite(short_tmp)
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_schema_url"))
     if request.param == "redis":
         return str(request.getfixturevalue("redis_url"))
     return str(request.getfixturevalue("redis_cluster_url"))  # SPUBLISH / SSUBSCRIBE
@@ -304,9 +315,9 @@ def _start_and_wait(url: str, n: int) -> tuple[Any, float]:
 async def test_a_detached_start_from_another_process_is_taken_over_by_its_wake(
     shared_url: str,
 ) -> None:
-    """SQLite and Redis: the owner's reconcile runs every 10 minutes here and the starter polls
-    every minute; a run that ends within the bound was taken over through the store's wake (its
-    ``STARTS`` ring) and its result returned on the owner's ring."""
+    """SQLite, Redis and PostgreSQL: the owner's reconcile runs every 10 minutes here and the
+    starter polls every minute; a run that ends within the bound was taken over through the
+    store's wake (its ``STARTS`` ring) and its result returned on the owner's ring."""
     app = one_step()
     async with (
         dt.open_backend(shared_url) as backend,
