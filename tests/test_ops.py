@@ -6,6 +6,7 @@ from __future__ import annotations
 import builtins
 import json
 import re
+import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -816,3 +817,32 @@ def test_a_job_set_aside_after_its_run_ended_is_labelled_with_the_runs_status(
     out = capsys.readouterr().out
     assert out.splitlines()[0].split()[-1] == "run"
     assert out.splitlines()[1].endswith("r (completed)")
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "argv", [("runs", "list"), ("queues",), ("health",), ("jobs", "failed")], ids=" ".join
+)
+def test_a_command_that_reads_makes_no_tables_in_a_mistyped_postgres_schema(
+    postgres_url: str, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...]
+) -> None:
+    # As for a SQLite path: a typo in the schema is said, not answered "no runs" from a new,
+    # empty schema the read made.
+    typo = f"shpo_{uuid.uuid4().hex[:8]}"
+    status, out, err = _cli(capsys, *argv, "--backend", f"{postgres_url}?schema={typo}")
+    assert (status, out) == (2, "")
+    assert err.startswith(f"error: no durable_trio tables in the schema '{typo}' of ")
+    assert "check the URL's database and schema=" in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.postgres
+async def test_existing_opens_a_postgres_schema_that_holds_the_tables(postgres_url: str) -> None:
+    url = f"{postgres_url}?schema=e_{uuid.uuid4().hex[:10]}"
+    with pytest.raises(dt.ConfigError, match="no durable_trio tables in the schema"):
+        async with dt.open_backend(url, existing=True):
+            pass
+    async with dt.open_backend(url):  # what a worker or an engine does: makes them
+        pass
+    async with dt.open_backend(url, existing=True) as backend:
+        assert await backend.run_stores.namespaces() == []

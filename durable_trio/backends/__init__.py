@@ -46,8 +46,9 @@ async def open_backend(url: str = "memory://", *, existing: bool = False) -> Asy
             ``postgresql://user:password@host:port/database[?schema=S&pool_size=N]``
             (PostgreSQL: the tables in one schema, ``durable_trio`` by default; the
             ``postgres`` extra).
-        existing: a SQLite file must exist already: nothing is created, and a mistyped path
-            is a :class:`~durable_trio.ConfigError`, not a new empty database. What the
+        existing: a SQLite file (or a PostgreSQL schema's tables) must exist already:
+            nothing is created, and a mistyped path (or schema) is a
+            :class:`~durable_trio.ConfigError`, not a new empty database. What the
             commands that only read or repair (``health``, ``runs``, ``jobs``, ``queues``,
             ``console``) pass; no effect on the other schemes.
 
@@ -89,7 +90,7 @@ async def open_backend(url: str = "memory://", *, existing: bool = False) -> Asy
                 "a postgresql:// backend needs psycopg: pip install 'durable_trio[postgres]'"
             ) from exc
 
-        opened = open_postgres_backend(url)
+        opened = open_postgres_backend(url, existing=existing)
     elif scheme is None:
         raise ConfigError(f"a backend URL starts with {_KNOWN}")
     else:

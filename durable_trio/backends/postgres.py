@@ -113,7 +113,7 @@ def postgres_options(url: str) -> PostgresOptions:
 
 
 @asynccontextmanager
-async def open_postgres_backend(url: str) -> AsyncIterator[Backend]:
+async def open_postgres_backend(url: str, *, existing: bool = False) -> AsyncIterator[Backend]:
     """``postgresql://user:password@host:port/database[?schema=S&pool_size=N&sslmode=...]``.
 
     Opens the pool and the notify hub, applies each part's migrations (in one transaction
@@ -121,8 +121,14 @@ async def open_postgres_backend(url: str) -> AsyncIterator[Backend]:
     yields the backend; on leaving, closes the stores, the broker, the hub and the pool, each
     bounded.
 
+    Args:
+        existing: the schema must hold durable_trio's tables already: nothing is created, and
+            a mistyped schema (or database) is a :class:`~durable_trio.ConfigError`, not a new
+            empty one (what the commands that only read or repair pass, as for a SQLite file).
+
     Raises:
-        ConfigError: a malformed URL or option.
+        ConfigError: a malformed URL or option; with ``existing``, no durable_trio tables in
+            the schema.
         AuthenticationError: the server refused the credentials.
         BrokerUnavailable: the server cannot be reached.
         BrokerError: the schema holds newer tables than this durable_trio knows.
@@ -133,6 +139,12 @@ async def open_postgres_backend(url: str) -> AsyncIterator[Backend]:
             open_pool(options.conninfo, size=options.pool_size) as pool,
             open_notify_hub(options.conninfo) as hub,
         ):
+            if existing and not await schema_versions(pool, options.schema):
+                raise ConfigError(
+                    f"no durable_trio tables in the schema {options.schema!r} of "
+                    f"{redact_url(options.conninfo)}: check the URL's database and schema= (the "
+                    "workers and engines given this URL create them, or durable-trio migrate)"
+                )
             broker = await PostgresBroker.attach(pool, options.schema, hub)
             try:
                 keys = await PostgresKeyStore.open(pool, options.schema)
