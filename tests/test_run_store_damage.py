@@ -1,5 +1,5 @@
-"""Damaged rows in the SQL run stores (SQLite, PostgreSQL) and the PostgreSQL key store: set
-aside or reported, and no loop dies (issue 32, item 6 "Failure").
+"""Damaged rows in the run stores (SQLite, PostgreSQL, and a Redis run hash) and the
+PostgreSQL key store: set aside or reported, and no loop dies (issue 32, item 6 "Failure").
 
 The damage is written with raw SQL on a connection of the test's own, as an operator's mistake
 or a bad restore would leave it. A run whose row cannot be read (a column that is not JSON) is
@@ -137,3 +137,39 @@ async def test_damaged_worker_keys_are_read_as_absent(postgres_url: str) -> None
                 # (the live keys read as absent until their owners write them again)
                 await ops.workers()
                 assert {e.engine_id for e in await ops.engines()} <= {engine.engine_id}
+
+
+@pytest.mark.redis
+async def test_a_damaged_redis_run_hash_is_set_aside_and_the_others_run(redis_url: str) -> None:
+    """The Redis run store as the SQL ones: a run hash that cannot be read (its input not
+    JSON) is set aside when claimed, failed with :class:`~durable_trio.RunDataError`, and the
+    runs claimed beside it are driven; reading it raises that error."""
+    from durable_trio._engine import open_run_store
+    from durable_trio._engine._stores.redis import RedisRunStore
+    from durable_trio._redis import open_redis
+
+    errors = Errors()
+    async with dt.open_backend(redis_url) as backend:
+        async with open_engine(app, backend, namespace=NAMESPACE, reconcile=False) as caller:
+            for n in range(GOOD):
+                await caller.start("chain", n, run_id=f"good-{n}", detach=True)
+            await caller.start("chain", 9, run_id="bad-input", detach=True)
+        async with open_run_store(backend, NAMESPACE) as store:
+            assert isinstance(store, RedisRunStore)
+            key = store._run_key("bad-input")
+    async with open_redis(redis_url) as client:
+        assert await client.execute("HSET", key, "input", b"[1, 2") == 0
+    async with dt.open_backend(redis_url) as backend:
+        async with open_worker(app, backend, namespace=NAMESPACE), open_engine(
+            app, backend, namespace=NAMESPACE, on_error=errors, reconcile_interval=0.5
+        ) as engine:  # fmt: skip
+            with trio.fail_after(30):
+                outputs = {n: await engine.result(f"good-{n}") for n in range(GOOD)}
+                assert outputs == {n: expected(n) for n in range(GOOD)}
+                assert await engine.result(await engine.start("chain", 50)) == expected(50)
+            with pytest.raises(dt.RunDataError, match="run 'bad-input'"):
+                await engine.result("bad-input")
+        async with open_redis(redis_url) as client:
+            assert await client.execute("HGET", key, "status") == b"failed"
+            error = await client.execute("HGET", key, "error")
+            assert b"RunDataError" in error

@@ -44,16 +44,16 @@ from ..._redis import RedisClusterClient
 from .._records import (
     CANCEL_STEP_ID,
     Applied,
+    RunDataError,
     RunPage,
     RunRecord,
     RunStatus,
-    StepKind,
     StepRecord,
-    StepState,
-    read_attempt_log,
-    read_trace,
 )
 from ._paging import MAX_PAGE, check_page, decode_cursor, encode_cursor
+from ._redis_rows import fields as _fields
+from ._redis_rows import read_run as _run
+from ._redis_rows import read_step as _step
 from ._shard_paging import DONE, ShardPage, decode_bounds, encode_bounds, merge_shards
 from ._wakes import RunWakes
 
@@ -398,14 +398,6 @@ def _num(value: float | None) -> str:
     return "" if value is None else repr(float(value))
 
 
-def _opt_float(raw: bytes | None) -> float | None:
-    return float(raw) if raw else None
-
-
-def _fields(reply: list[Any]) -> dict[bytes, bytes]:
-    return {reply[i]: reply[i + 1] for i in range(0, len(reply), 2)}
-
-
 def _index(prefix: str, status: RunStatus | None) -> str:
     """A shard's index of every run, or of the runs of one status."""
     return f"{prefix}:all" if status is None else f"{prefix}:status:{status}"
@@ -415,60 +407,6 @@ def _following(reply: list[Any]) -> int | None:
     """Where a page script's scan stopped (``None``: at the end of its index)."""
     raw = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0] or "")
     return int(float(raw)) if raw else None
-
-
-def _run(run_id: str, f: dict[bytes, bytes]) -> RunRecord:
-    return RunRecord(
-        run_id=run_id,
-        workflow=f[b"workflow"].decode(),
-        input=orjson.loads(f[b"input"]),
-        status=RunStatus(f[b"status"].decode()),
-        created_at=float(f[b"created"]),
-        updated_at=float(f[b"updated"]),
-        output=orjson.loads(f[b"output"]),
-        error=orjson.loads(f[b"error"]),
-        owner=f[b"owner"].decode() or None,
-        lease_until=_opt_float(f[b"lease"]),
-        timeout=_opt_float(f.get(b"timeout")),  # absent: a run stored before timeouts
-        trace=read_trace(f.get(b"trace")),  # absent: a run stored before traces
-        parent=f.get(b"parent", b"").decode() or None,  # absent: stored before children
-        depth=int(f.get(b"depth", b"0")),  # absent: stored before the depth limit
-    )
-
-
-def _step(run_id: str, step_id: str, f: dict[bytes, bytes]) -> StepRecord:
-    priority = f.get(b"priority")
-    return StepRecord(
-        run_id=run_id,
-        step_id=step_id,
-        kind=StepKind(f[b"kind"].decode()),
-        name=f[b"name"].decode(),
-        status=StepState(f[b"status"].decode()),
-        attempt=int(f[b"attempt"]),
-        input=orjson.loads(f[b"input"]),
-        output=orjson.loads(f[b"output"]),
-        error=orjson.loads(f[b"error"]),
-        retry=orjson.loads(f[b"retry"]),
-        wake_at=_opt_float(f.get(b"wake_at")),
-        dispatched=f.get(b"dispatched") == b"1",
-        priority=int(priority) if priority else None,
-        created_at=float(f[b"created"]),
-        updated_at=float(f[b"updated"]),
-        # absent: a step stored before heartbeats
-        heartbeat_timeout=_opt_float(f.get(b"hb_timeout")),
-        heartbeat=_beat(f.get(b"heartbeat")),
-        attempts=read_attempt_log(f.get(b"attempts")),  # absent: a step stored before them
-    )
-
-
-def _beat(raw: bytes | None) -> Any:
-    """A stored last beat; advisory, so a damaged one reads as none."""
-    if not raw:
-        return None
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
 
 
 #: Seconds of silence on the wakes subscription before a ``PING`` checks it is alive.
@@ -802,7 +740,23 @@ class RedisRunStore:
             ids += [i.decode() for i in claimed]
             if len(ids) >= limit:
                 break
-        return await self._get_runs(ids)
+        if not ids:
+            await trio.lowlevel.checkpoint()
+            return []
+        replies = await self._client.pipeline([("HGETALL", self._run_key(i)) for i in ids])
+        runs: list[RunRecord] = []
+        for run_id, reply in zip(ids, replies, strict=True):
+            if not reply:
+                continue
+            try:
+                runs.append(_run(run_id, _fields(reply)))
+            except RunDataError as exc:
+                # Set aside, failed, never driven: one damaged hash must not stop the claims
+                # of the runs beside it (as the SQL stores do).
+                logger.warning("%s: the run is set aside (failed)", exc)
+                error = {"type": type(exc).__name__, "message": str(exc)}
+                await self.finish_run(run_id, RunStatus.FAILED, error=error)
+        return runs
 
     async def renew_runs(self, owner: str, run_ids: Sequence[str], lease: float) -> set[str]:
         if not run_ids:
