@@ -84,7 +84,7 @@ async def _idle_rate(server: PostgresServer, window: float) -> float:
         while (line := await trio.to_thread.run_sync(worker.stdout.readline)).strip() != b"ready":
             assert line, "the worker died"
         with quiet_server(server):
-            await trio.sleep(5.0)  # its first pops and LISTENs, and autovacuum's last round
+            await trio.sleep(15.0)  # settled: its first pops, LISTENs and keys, autovacuum done
             await trio.to_thread.run_sync(server.sql, "SELECT pg_stat_force_next_flush()")
             before = await trio.to_thread.run_sync(_commits, server)
             await trio.sleep(window)
