@@ -489,7 +489,10 @@ async def test_map_refreshes_are_coalesced_when_many_calls_meet_moved(
         assert results == {name: name.encode() for name in keys}
         await _until(lambda: client.stats.refreshes >= 2, within=5)
         await trio.sleep(0.2)  # room for any extra refresh to show up
-        assert client.stats.refreshes == 2  # the first read, and one for all those MOVED
+        # The first read, and one for all those 40 MOVED; at most one more: a map read from a
+        # replica the cluster bus has not yet told of the slot's new owner (SETSLOT reached the
+        # masters only) sends a command to the old one, whose MOVED asks again (seen in CI).
+        assert 2 <= client.stats.refreshes <= 3
 
 
 async def test_servers_without_cluster_shards_are_read_with_cluster_slots(
