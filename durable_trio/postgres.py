@@ -30,15 +30,12 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
-import orjson
-
 from ._arguments import check_name, check_optional_name, check_seconds, check_type, given
 from ._engine._errors import EngineError
-from ._engine._records import RunStatus, normalize_json
+from ._engine._records import RunRecord, RunStatus, normalize_json
 from ._engine._stores import _pg_tables as sql
-from ._engine._stores._sqlite_tables import dumps
 from ._engine._stores._wakes import STARTS
-from ._engine._stores.postgres import wakes_channel
+from ._engine._stores.postgres import insert_run_params, wake_payload, wakes_channel
 from ._errors import ConfigError
 from ._postgres import PgConnection, PostgresError, quote_ident
 from ._telemetry import run_trace
@@ -216,15 +213,20 @@ def _start_plan(
     seconds = None if timeout is None else check_seconds(timeout, call, "timeout", positive=True)
     quoted = quote_ident(schema)
     value = normalize_json(input, f"the input of workflow {workflow!r}")
-    run_id = run_id or uuid.uuid4().hex
-    trace = run_trace(workflow)
+    now = time.time()
+    run = RunRecord(
+        run_id=run_id or uuid.uuid4().hex,
+        workflow=workflow,
+        input=value,
+        status=RunStatus.PENDING,
+        created_at=now,
+        updated_at=now,
+        timeout=seconds,
+        trace=run_trace(workflow),
+    )
     return _start_statements(
-        quoted,
-        (namespace, run_id, workflow, dumps(value), RunStatus.PENDING.value, time.time(),
-         dumps(None), dumps(None), None, None, seconds,
-         None if trace is None else dumps(trace), None, 0),
-        wakes_channel(schema, namespace),
-    )  # fmt: skip
+        quoted, insert_run_params(namespace, run, now), wakes_channel(schema, namespace)
+    )
 
 
 def _start_statements(quoted: str, values: tuple[Any, ...], channel: str) -> _Plan:
@@ -233,7 +235,7 @@ def _start_statements(quoted: str, values: tuple[Any, ...], channel: str) -> _Pl
     if inserted == 1:
         # The wake the store's ring sends (a JSON text payload); PostgreSQL delivers it at the
         # commit, so an engine never looks before the run is there to take.
-        yield (sql.NOTIFY, (channel, orjson.dumps(STARTS).decode()))
+        yield (sql.NOTIFY, (channel, wake_payload(STARTS)))
         return str(run_id)
     _, rows = yield (sql.GET_RUN.replace("{schema}", quoted), (namespace, run_id))
     stored = rows[0][_WORKFLOW_COLUMN] if rows else workflow

@@ -18,7 +18,7 @@ import durable_trio as dt
 from durable_trio import postgres as dtpg
 from durable_trio._engine import App, WorkflowContext, open_engine, open_worker
 from durable_trio._engine._stores._wakes import STARTS
-from durable_trio._engine._stores.postgres import _payload, wakes_channel
+from durable_trio._engine._stores.postgres import wake_payload, wakes_channel
 from durable_trio._postgres import connect
 from durable_trio.brokers import Job
 from durable_trio.brokers.postgres import PostgresBroker, channel_for
@@ -92,7 +92,7 @@ async def test_a_start_in_a_committed_transaction_runs_at_once(postgres_url: str
             lambda: _place_order(postgres_url, schema, "o-1", 21, commit=True)
         )
         assert run_id == "o-1"
-        assert heard == [(wakes_channel(schema, "shop"), _payload(STARTS))]
+        assert heard == [(wakes_channel(schema, "shop"), wake_payload(STARTS))]
         with trio.fail_after(30):
             assert await engine.result(run_id) == 42
         print(f"commit -> result {1000 * (trio.current_time() - start):.1f} ms")

@@ -76,11 +76,19 @@ def wakes_channel(schema: str, namespace: str) -> str:
     return f"dt_runs_{digest}"
 
 
-def _payload(key: str) -> str:
+def wake_payload(key: str) -> str:
     """A wake key as a ``NOTIFY`` payload: JSON text (keys hold ``\\x00``, which ``text``
     cannot); ``""`` (wake every waiter) for a key too long to send."""
     text = orjson.dumps(key).decode()
     return text if len(text.encode()) <= _MAX_PAYLOAD else ""
+
+
+def insert_run_params(namespace: str, run: RunRecord, now: float) -> tuple[Any, ...]:
+    """The parameters of :data:`~._pg_tables.INSERT_RUN` for ``run`` created at ``now``
+    (the store's ``create_run``, and a start in the application's own transaction)."""
+    return (namespace, run.run_id, run.workflow, dumps(run.input), run.status.value, now,
+            dumps(run.output), dumps(run.error), run.owner, run.lease_until, run.timeout,
+            _optional_dumps(run.trace), run.parent, run.depth)  # fmt: skip
 
 
 class PostgresRunStore:
@@ -181,7 +189,8 @@ class PostgresRunStore:
             await trio.lowlevel.checkpoint()
             return
         with contextlib.suppress(BrokerError):
-            await self._write(lambda: self._pool.execute(sql.NOTIFY, self._channel, _payload(key)))
+            payload = wake_payload(key)
+            await self._write(lambda: self._pool.execute(sql.NOTIFY, self._channel, payload))
 
     # -- calls ------------------------------------------------------------------------------
 
@@ -224,12 +233,9 @@ class PostgresRunStore:
     async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
         now = self.now()
         inserted, found = await self._pipeline(
-            (sql.INSERT_RUN,
-             (self._ns, run.run_id, run.workflow, dumps(run.input), run.status.value, now,
-              dumps(run.output), dumps(run.error), run.owner, run.lease_until, run.timeout,
-              _optional_dumps(run.trace), run.parent, run.depth)),
+            (sql.INSERT_RUN, insert_run_params(self._ns, run, now)),
             (sql.GET_RUN, (self._ns, run.run_id)),
-        )  # fmt: skip
+        )
         if inserted.rowcount == 1:  # inserted as given
             return attrs.evolve(run, created_at=now, updated_at=now), True
         return _run(found.rows[0]), False
@@ -473,7 +479,7 @@ class PostgresRunStore:
         _, appended, _ = await self._pipeline(
             (sql.RUN_STATUS_FOR_UPDATE, (self._ns, run_id)),
             (sql.APPEND_SIGNAL, (self._ns, run_id, name, payload)),
-            (sql.NOTIFY_IF_UNFINISHED, (self._ns, run_id, self._channel, _payload(run_id))),
+            (sql.NOTIFY_IF_UNFINISHED, (self._ns, run_id, self._channel, wake_payload(run_id))),
         )
         if not appended.rows:
             return None
@@ -487,7 +493,7 @@ class PostgresRunStore:
     async def put_event(self, run_id: str, key: str, value: str) -> None:
         await self._pipeline(
             (sql.PUT_EVENT, (self._ns, run_id, key, value)),
-            (sql.NOTIFY, (self._channel, _payload(run_id))),
+            (sql.NOTIFY, (self._channel, wake_payload(run_id))),
         )
         self.wakes.wake((run_id,))
 
