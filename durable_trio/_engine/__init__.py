@@ -69,6 +69,7 @@ from ._open import open_engine
 from ._options import EngineOptions
 from ._records import (
     Applied,
+    DamagedRun,
     RunPage,
     RunRecord,
     RunState,
@@ -91,6 +92,7 @@ __all__ = [
     "Applied",
     "ChildDepthExceeded",
     "ChildFailed",
+    "DamagedRun",
     "DuplicateResult",
     "Engine",
     "EngineClosed",

@@ -20,6 +20,7 @@ __all__ = [
     "ATTEMPT_LOG_LIMIT",
     "CANCEL_STEP_ID",
     "Applied",
+    "DamagedRun",
     "RunDataError",
     "RunPage",
     "RunRecord",
@@ -178,6 +179,16 @@ class RunRecord:
 
 
 @attrs.frozen
+class DamagedRun:
+    """A run whose stored row cannot be read (:class:`RunDataError`), as a listing shows it:
+    one damaged row is named beside the others instead of failing the whole listing."""
+
+    run_id: str
+    reason: str
+    """The :class:`RunDataError`'s message (which column, what is wrong with it)."""
+
+
+@attrs.frozen
 class RunPage:
     """One page of runs (:meth:`RunStore.page_runs`), newest first."""
 
@@ -186,6 +197,9 @@ class RunPage:
     """Pass it as ``cursor`` for the next (older) page; ``None``: this is the last page. Opaque
     (see :mod:`durable_trio._engine._stores._paging`): a run created meanwhile never shifts
     the pages that follow."""
+    damaged: list[DamagedRun] = attrs.field(factory=list)
+    """The rows of this page's window that cannot be read (damaged data), newest first: they
+    count toward the page's ``limit`` as the runs do, so paging goes on past them."""
 
 
 @attrs.frozen

@@ -129,17 +129,27 @@ async def _runs_list(ops: Operations, args: argparse.Namespace) -> int:
     from .._ops import run_to_json
 
     if args.json:
-        _print_json({"runs": [run_to_json(r) for r in page.runs], "nextCursor": page.next_cursor})
+        damaged = [{"runId": d.run_id, "reason": d.reason} for d in page.damaged]
+        _print_json(
+            {"runs": [run_to_json(r) for r in page.runs], "nextCursor": page.next_cursor}
+            | ({"damaged": damaged} if damaged else {})
+        )
         return 0
-    if not page.runs:
+    if not page.runs and not page.damaged:
         print("no runs")
-    else:
+    elif page.runs:
         rows = [
             [r.run_id, r.workflow, r.status.value, _time(r.created_at), _time(r.updated_at),
              r.owner or "—"]
             for r in page.runs
         ]  # fmt: skip
         print(table(["run", "workflow", "status", "created", "updated", "owner"], rows), end="")
+    if page.damaged:
+        # A row that cannot be read is named, never fails the listing (runs show names it too).
+        rows = [[d.run_id, d.reason[:119] + "…" if len(d.reason) > 120 else d.reason]
+                for d in page.damaged]  # fmt: skip
+        print(f"{len(page.damaged)} damaged (unreadable) run row(s):")
+        print(table(["run", "damaged"], rows), end="")
     if page.next_cursor:
         print(f"more: --cursor {visible(page.next_cursor)}")
     return 0

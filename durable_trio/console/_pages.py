@@ -145,6 +145,7 @@ class Pages:
                         filters,
                         listing.runs,
                         listing.next_cursor,
+                        damaged=listing.damaged,
                         allow_actions=self._allow_actions,
                     )
                 ),

@@ -9,7 +9,9 @@ from ._html import Html, attr, esc, path_part, query, stamp, status_badge
 from ._run_view import action_form
 
 if TYPE_CHECKING:
-    from .._engine import RunRecord
+    from collections.abc import Sequence
+
+    from .._engine import DamagedRun, RunRecord
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "RunFilters", "render_runs"]
 
@@ -94,6 +96,7 @@ def render_runs(
     runs: list[RunRecord],
     next_cursor: str | None,
     *,
+    damaged: Sequence[DamagedRun] = (),
     searched: bool = False,
     allow_actions: bool = False,
 ) -> Html:
@@ -102,6 +105,7 @@ def render_runs(
     Args:
         runs: this page's runs (newest first), or the one found by id.
         next_cursor: the store's cursor of the next page (``None``: the last page).
+        damaged: this page's rows that cannot be read (named in a table of their own).
         searched: ``runs`` is the result of a search by id (no paging).
         allow_actions: show the form that starts a run.
     """
@@ -126,8 +130,22 @@ def render_runs(
         )
     elif searched:
         listing = f'<p class="empty">no run with id {esc(repr(filters.search))}</p>'
-    else:
+    elif not damaged:
         listing = '<p class="empty">no run matches</p>'
+    else:
+        listing = ""
+    if damaged:
+        listing += (
+            f"<h2>Damaged run rows ({len(damaged)})</h2>"
+            '<p class="empty">their stored rows cannot be read; repair or delete them in the '
+            "store</p>"
+            '<table class="runs"><thead><tr><th>run id</th><th>damaged</th></tr></thead><tbody>'
+            + "".join(
+                f'<tr><td class="mono">{esc(d.run_id)}</td><td>{esc(d.reason[:300])}</td></tr>'
+                for d in damaged
+            )
+            + "</tbody></table>"
+        )
     pager = []
     if filters.cursor and not searched:
         pager.append(f'<a href="{attr(filters.link())}">« newest</a>')

@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import math
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ..._errors import ConfigError
 
-__all__ = ["MAX_PAGE", "check_page", "decode_cursor", "encode_cursor"]
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .._records import DamagedRun, RunRecord
+
+__all__ = ["MAX_PAGE", "check_page", "decode_cursor", "encode_cursor", "skip_damaged"]
+
+log = logging.getLogger("durable_trio.engine")
 
 _PREFIX: Final = "r1."
 
@@ -71,3 +79,11 @@ def check_page(
             raise ConfigError(f"{name} is a time in seconds (store clock), got {value!r}")
     if tenant is not None and (not isinstance(tenant, str) or not tenant or "/" in tenant):
         raise ConfigError(f"a tenant is a non-empty name without '/', got {tenant!r}")
+
+
+def skip_damaged(runs: list[RunRecord], damaged: Sequence[DamagedRun]) -> list[RunRecord]:
+    """``runs``, each damaged row of the listing logged at WARNING: ``list_runs`` leaves them
+    out (``page_runs``, the operators' listing, names them in :attr:`RunPage.damaged`)."""
+    for entry in damaged:
+        log.warning("%s: left out of the listing", entry.reason)
+    return runs

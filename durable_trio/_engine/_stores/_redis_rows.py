@@ -5,11 +5,13 @@ holds one that cannot be read (a bad restore, an operator's write) is a
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from .._records import (
+    DamagedRun,
     RunDataError,
     RunRecord,
     RunStatus,
@@ -20,7 +22,10 @@ from .._records import (
     read_trace,
 )
 
-__all__ = ["fields", "opt_float", "read_run", "read_step"]
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+__all__ = ["fields", "number", "opt_float", "read_listed", "read_run", "read_step"]
 
 
 def opt_float(raw: bytes | None) -> float | None:
@@ -38,6 +43,30 @@ def read_run(run_id: str, f: dict[bytes, bytes]) -> RunRecord:
         return _run(run_id, f)
     except (KeyError, ValueError, TypeError) as exc:  # (JSON and UTF-8 errors are ValueErrors)
         raise RunDataError(f"run {run_id!r}: its stored hash cannot be read ({exc!r})") from exc
+
+
+def read_listed(
+    hashes: Iterable[tuple[str, dict[bytes, bytes]]],
+) -> tuple[list[RunRecord], list[DamagedRun]]:
+    """The runs of a listing's ``(run id, hash)`` pairs, and each hash that cannot be read as
+    a :class:`DamagedRun`: one damaged hash is named, never fails the listing."""
+    runs: list[RunRecord] = []
+    damaged: list[DamagedRun] = []
+    for run_id, f in hashes:
+        try:
+            runs.append(read_run(run_id, f))
+        except RunDataError as exc:
+            damaged.append(DamagedRun(run_id, str(exc)))
+    return runs, damaged
+
+
+def number(f: dict[bytes, bytes], field: bytes) -> float:
+    """A numeric field of a damaged hash, as far as it can be read (0 if not)."""
+    try:
+        value = float(f[field])
+    except (KeyError, ValueError):
+        return 0.0
+    return value if math.isfinite(value) else 0.0
 
 
 def read_step(run_id: str, step_id: str, f: dict[bytes, bytes]) -> StepRecord:

@@ -21,7 +21,7 @@ from typing import Final
 import attrs
 
 from ..._errors import ConfigError
-from .._records import RunRecord
+from .._records import DamagedRun, RunRecord
 
 __all__ = ["DONE", "ShardPage", "decode_bounds", "encode_bounds", "merge_shards"]
 
@@ -73,13 +73,13 @@ class ShardPage:
             it reached the end of its index.
     """
 
-    runs: list[tuple[float, int, RunRecord]]
+    runs: list[tuple[float, int, RunRecord | DamagedRun]]
     following: int | None
 
 
 def merge_shards(
     pages: dict[int, ShardPage], bounds: list[Bound], limit: int
-) -> tuple[list[RunRecord], list[Bound]]:
+) -> tuple[list[RunRecord | DamagedRun], list[Bound]]:
     """The page (up to ``limit`` items, newest created first) and the bounds that follow it.
 
     Each shard's runs are taken as a prefix of its list (a k-way merge by creation time, ties
@@ -93,7 +93,7 @@ def merge_shards(
         limit: the page size.
     """
     heads = {shard: 0 for shard in pages}
-    taken: list[RunRecord] = []
+    taken: list[RunRecord | DamagedRun] = []
     while len(taken) < limit:
         best = None
         for shard, at in heads.items():

@@ -18,6 +18,7 @@ import orjson
 from .._records import (
     CANCEL_STEP_ID,
     Applied,
+    DamagedRun,
     RunDataError,
     RunPage,
     RunRecord,
@@ -28,7 +29,7 @@ from .._records import (
     read_attempt_log,
     read_trace,
 )
-from ._paging import encode_cursor
+from ._paging import encode_cursor, skip_damaged
 
 log = logging.getLogger("durable_trio")
 
@@ -220,6 +221,13 @@ def read_claims(
     return runs, damaged
 
 
+def read_listed(rows: Sequence[tuple[Any, ...]]) -> tuple[list[RunRecord], list[DamagedRun]]:
+    """The runs of a listing's ``rows``, and each row that cannot be read as a
+    :class:`DamagedRun`: one damaged row is named, never fails the listing."""
+    runs, damaged = read_claims(rows)
+    return runs, [DamagedRun(run_id, str(exc)) for run_id, exc in damaged]
+
+
 def set_aside_error(exc: RunDataError) -> str:
     """The stored error (JSON) of a claimed run set aside as damaged: failed, never driven,
     so one damaged row cannot stop the claims of the runs beside it (a WARNING is logged)."""
@@ -373,7 +381,7 @@ def list_runs(
         params.append(workflow)
     query += " ORDER BY seq DESC LIMIT ?"
     params.append(limit)
-    return [_run(row) for row in db.execute(query, params)]
+    return skip_damaged(*read_listed(db.execute(query, params).fetchall()))
 
 
 def page_runs(
@@ -402,9 +410,9 @@ def page_runs(
     query += " ORDER BY seq DESC LIMIT ?"
     params.append(limit + 1)
     rows = db.execute(query, params).fetchall()
-    runs = [_run(row[1:]) for row in rows[:limit]]
+    runs, damaged = read_listed([row[1:] for row in rows[:limit]])
     more = len(rows) > limit
-    return RunPage(runs, encode_cursor(rows[limit - 1][0]) if more else None)
+    return RunPage(runs, encode_cursor(rows[limit - 1][0]) if more else None, damaged)
 
 
 def count_runs(ns: str, db: sqlite3.Connection) -> dict[RunStatus, int]:

@@ -39,8 +39,16 @@ from ..._postgres import WriteBatcher
 from ..._postgres._migrations import migrate, quote_ident
 from .._records import Applied, RunPage, RunRecord, RunStatus, StepRecord, StepState
 from . import _pg_tables as sql
-from ._paging import check_page, decode_cursor, encode_cursor
-from ._sqlite_tables import _optional_dumps, _run, _step, dumps, read_claims, set_aside_error
+from ._paging import check_page, decode_cursor, encode_cursor, skip_damaged
+from ._sqlite_tables import (
+    _optional_dumps,
+    _run,
+    _step,
+    dumps,
+    read_claims,
+    read_listed,
+    set_aside_error,
+)
 from ._wakes import RunWakes
 
 if TYPE_CHECKING:
@@ -259,7 +267,7 @@ class PostgresRunStore:
                 query += f" AND {clause} = ${len(params)}"
         params.append(limit)
         query += f" ORDER BY seq DESC LIMIT ${len(params)}"
-        return [_run(row) for row in await self._fetch(query, *params)]
+        return skip_damaged(*read_listed(await self._fetch(query, *params)))
 
     async def page_runs(
         self,
@@ -292,9 +300,9 @@ class PostgresRunStore:
         params.append(limit + 1)
         query += f" ORDER BY seq DESC LIMIT ${len(params)}"
         rows = await self._fetch(query, *params)
-        runs = [_run(row[1:]) for row in rows[:limit]]
+        runs, damaged = read_listed([row[1:] for row in rows[:limit]])
         more = len(rows) > limit
-        return RunPage(runs, encode_cursor(int(rows[limit - 1][0])) if more else None)
+        return RunPage(runs, encode_cursor(int(rows[limit - 1][0])) if more else None, damaged)
 
     async def count_runs(self) -> dict[RunStatus, int]:
         rows = await self._fetch(sql.COUNT_RUNS, self._ns)

@@ -44,14 +44,17 @@ from ..._redis import RedisClusterClient
 from .._records import (
     CANCEL_STEP_ID,
     Applied,
+    DamagedRun,
     RunDataError,
     RunPage,
     RunRecord,
     RunStatus,
     StepRecord,
 )
-from ._paging import MAX_PAGE, check_page, decode_cursor, encode_cursor
+from ._paging import MAX_PAGE, check_page, decode_cursor, encode_cursor, skip_damaged
 from ._redis_rows import fields as _fields
+from ._redis_rows import number as _number
+from ._redis_rows import read_listed as _read_listed
 from ._redis_rows import read_run as _run
 from ._redis_rows import read_step as _step
 from ._shard_paging import DONE, ShardPage, decode_bounds, encode_bounds, merge_shards
@@ -591,11 +594,9 @@ class RedisRunStore:
         replies = await self._client.pipeline(
             [("HGETALL", self._run_key(run_id)) for run_id in run_ids]
         )
-        return [
-            _run(run_id, _fields(reply))
-            for run_id, reply in zip(run_ids, replies, strict=True)
-            if reply
-        ]
+        pairs = zip(run_ids, replies, strict=True)
+        runs, damaged = _read_listed((run_id, _fields(reply)) for run_id, reply in pairs if reply)
+        return skip_damaged(runs, damaged)
 
     async def list_runs(
         self,
@@ -643,8 +644,10 @@ class RedisRunStore:
              *filters),
         )  # fmt: skip
         following = _following(reply)
-        runs = [_run(reply[i].decode(), _fields(reply[i + 1])) for i in range(1, len(reply), 2)]
-        return RunPage(runs, None if following is None else encode_cursor(following))
+        runs, damaged = _read_listed(
+            (reply[i].decode(), _fields(reply[i + 1])) for i in range(1, len(reply), 2)
+        )
+        return RunPage(runs, None if following is None else encode_cursor(following), damaged)
 
     async def _page_sharded(
         self, status: RunStatus | None, filters: tuple[str, ...], limit: int, cursor: str | None
@@ -670,14 +673,23 @@ class RedisRunStore:
         replies = await self._client.pipeline(commands) if commands else []
         pages = {}
         for shard, reply in zip(asked, replies, strict=True):
-            runs = []
+            runs: list[tuple[float, int, RunRecord | DamagedRun]] = []
             for i in range(1, len(reply), 2):
-                fields = _fields(reply[i + 1])
-                record = _run(reply[i].decode(), fields)
-                runs.append((record.created_at, int(fields[b"seq"]), record))
+                run_id, fields = reply[i].decode(), _fields(reply[i + 1])
+                record: RunRecord | DamagedRun
+                try:
+                    record = _run(run_id, fields)
+                    created = record.created_at
+                except RunDataError as exc:  # (named, in its place as far as it can be read)
+                    record, created = DamagedRun(run_id, str(exc)), _number(fields, b"created")
+                runs.append((created, int(_number(fields, b"seq")), record))
             pages[shard] = ShardPage(runs, _following(reply))
         taken, following = merge_shards(pages, bounds, limit)
-        return RunPage(taken, encode_bounds(following))
+        return RunPage(
+            [r for r in taken if isinstance(r, RunRecord)],
+            encode_bounds(following),
+            [r for r in taken if isinstance(r, DamagedRun)],
+        )
 
     async def _list_sharded(
         self, status: RunStatus | None, workflow: str | None, limit: int
@@ -689,7 +701,7 @@ class RedisRunStore:
                 status=status, workflow=workflow, limit=min(limit - len(found), MAX_PAGE),
                 cursor=cursor,
             )  # fmt: skip
-            found += page.runs
+            found += skip_damaged(page.runs, page.damaged)
             cursor = page.next_cursor
             if cursor is None:
                 break
