@@ -18,15 +18,17 @@ import trio
 
 from ..._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
 from ..._postgres import (
+    NO_TABLE,
     PostgresError,
     check_schema_name,
     migrate,
     open_notify_hub,
     open_pool,
     quote_ident,
+    tables_missing,
 )
 from .._contract import Recovery
-from ._identity import IDENTITY_MIGRATIONS, IDENTITY_PART, NO_TABLE, StoreIdentity, tables_missing
+from ._identity import IDENTITY_MIGRATIONS, IDENTITY_PART, StoreIdentity
 from ._operations import RECOVER_BATCH, Operations
 from ._schema import MIGRATIONS, PART
 from ._wakeup import Waiter, WakeUps

@@ -14,10 +14,11 @@ step), and every broker checks it:
                                  ``by``), kept until an operator acknowledges it (sets it NULL)
 ==============================  =============================================================
 
-A broker reads the row when it is attached (its entry), then every ``store_check_interval``
-seconds and whenever its pool opens a connection (a reconnection: what a restart looks like
-from here), in ONE short ``SELECT`` that writes nothing while all is well. Three findings are a
-loss of the store this process knew:
+A broker reads the row when it is attached (its entry), then, while entered, every
+``store_check_interval`` seconds (every second while an alarm waits to be recorded), whenever
+its pool opens a connection (a reconnection: what a restart looks like from here) and when a
+call finds its tables missing, in ONE short ``SELECT`` that writes nothing while all is well.
+Three findings are a loss of the store this process knew:
 
 * another identity: the schema was dropped and created again (or the database replaced, and
   its tables made again by a process that opened it);
@@ -32,11 +33,11 @@ is cleared. A process that starts later finds the record and reports it the same
 
 While the tables are missing, the processes do NOT create them again (that would hide the loss,
 and race an operator's restore): every broker call raises a :class:`~durable_trio.StoreLost`
-naming the schema instead of the driver's "relation does not exist", and loops report it and
-back off. Restarting the processes (their open migrates a new, empty schema) or
-``durable-trio migrate`` brings the store back; the processes that saw the old one then find the
-new identity and record the alarm in it (docs/decisions.md, "A PostgreSQL schema dropped under
-running processes").
+(so does the key store's) naming the schema instead of the driver's "relation does not
+exist", and loops report it and back off. Restarting the processes (their open migrates a
+new, empty schema) or ``durable-trio migrate`` brings the store back; the processes that saw
+the old one then find the new identity and record the alarm in it (docs/decisions.md, "A
+PostgreSQL schema dropped under running processes").
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from trio_util import wait_any
 
 from ..._errors import BrokerError, StoreLost, TransportClosed
 from ..._failures import report_through
-from ..._postgres import Migration, PostgresError, quote_ident
+from ..._postgres import NO_TABLE, Migration, PostgresError, quote_ident, tables_missing
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -64,18 +65,14 @@ if TYPE_CHECKING:
 __all__ = [
     "IDENTITY_MIGRATIONS",
     "IDENTITY_PART",
-    "NO_TABLE",
     "StoreIdentity",
-    "tables_missing",
+    "store_lost",
 ]
 
 logger = logging.getLogger("durable_trio.postgres")
 
 #: The part's name in ``durable_trio_schema``.
 IDENTITY_PART: Final = "store"
-
-#: SQLSTATEs of a statement on a table that is not there: no table, no schema.
-NO_TABLE: Final = frozenset({"42P01", "3F000"})
 
 _V1: Final = """
 CREATE TABLE {schema}.durable_trio_store (
@@ -88,6 +85,9 @@ INSERT INTO {schema}.durable_trio_store (identity) VALUES (
     || ' ' || floor(extract(epoch FROM clock_timestamp()))::bigint::text
 );
 """
+
+#: Seconds between two checks while an alarm could not be recorded (the tables gone).
+UNRECORDED_RETRY: Final = 1.0
 
 #: The identity's steps, oldest first (append only: a released step never changes).
 IDENTITY_MIGRATIONS: Final = (Migration(1, _V1, "the store's identity and loss alarm"),)
@@ -119,16 +119,6 @@ def store_lost(
         found=found,
         detected_at=detected_at,
         detected_by=detected_by,
-    )
-
-
-def tables_missing(schema: str, error: PostgresError) -> StoreLost:
-    """What a broker call raises when its tables are not there (instead of ``error``)."""
-    return StoreLost(
-        f"STORE LOST: the PostgreSQL schema {schema!r} has no durable_trio tables ({error}): "
-        "dropped under this process (or never created); they are not created again behind "
-        "the operator's back: restart the processes or run `durable-trio migrate`, then "
-        "acknowledge the alarm (docs/deployment.md, \"PostgreSQL\")"
     )
 
 
@@ -324,7 +314,10 @@ class StoreIdentity:
             first = self.identity is None  # not checked at the entry yet
             while True:
                 if not first:
-                    with trio.move_on_after(self._interval):
+                    # An alarm not recorded yet (the tables gone) is tried again sooner: a
+                    # process that opens the store made again must find it there.
+                    pause = self._interval if self.unrecorded is None else UNRECORDED_RETRY
+                    with trio.move_on_after(min(pause, self._interval)):
                         await wait_any(self._pool.connected.wait, self._poke.wait)
                     self._poke = trio.Event()
                 first = False
