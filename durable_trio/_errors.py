@@ -74,6 +74,11 @@ class StoreLost(BrokerUnavailable):
       operator acknowledges it; the processes work on (docs/decisions.md, "A store emptied
       under running processes"). :attr:`lost`, :attr:`found`, :attr:`detected_at` and
       :attr:`detected_by` say which identity and when.
+    - PostgreSQL: the schema's identity row (stamped by its ``store`` migration) is another one
+      (the schema dropped and created again, the database replaced) or gone: reported and kept
+      as on Redis, with the same attributes. While the tables are missing, every broker and
+      worker-key call raises this error naming the schema; the processes do not create the
+      tables again (docs/deployment.md, "A schema dropped or replaced").
     - SQLite: the database file was deleted or replaced under this process: its connection
       still reaches the old file, which nobody else can, so every later call on it is refused
       with this error, naming the file and what happened, instead of writing where no other

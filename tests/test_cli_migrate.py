@@ -50,6 +50,7 @@ def test_check_migrate_check(postgres_url: str, capsys: pytest.CaptureFixture[st
         "broker  0        2       not created",
         "keys    0        1       not created",
         "runs    0        1       not created",
+        "store   0        1       not created",
     ]
     assert _cli(capsys, "migrate", url, "--check")[0] == 1  # the check created nothing
 
@@ -60,6 +61,7 @@ def test_check_migrate_check(postgres_url: str, capsys: pytest.CaptureFixture[st
         "broker  2        2       current",
         "keys    1        1       current",
         "runs    1        1       current",
+        "store   1        1       current",
     ]
     assert _cli(capsys, "migrate", url, "--check")[:2] == (0, out)
     assert _cli(capsys, "migrate", url)[:2] == (0, out)  # again: nothing to do

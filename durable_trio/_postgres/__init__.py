@@ -24,10 +24,19 @@ from ._errors import (
 )
 from ._hub import NotifyHub, open_notify_hub
 from ._listen import Notification, NotificationsMissed, PgListener, open_listener
-from ._migrations import Migration, check_schema_name, migrate, quote_ident, schema_versions
+from ._migrations import (
+    NO_TABLE,
+    Migration,
+    check_schema_name,
+    migrate,
+    quote_ident,
+    schema_versions,
+    tables_missing,
+)
 from ._pool import PgPool, PoolStats, open_pool
 
 __all__ = [
+    "NO_TABLE",
     "ConnectionStats",
     "Migration",
     "Notification",
@@ -54,4 +63,5 @@ __all__ = [
     "parse_conninfo",
     "quote_ident",
     "schema_versions",
+    "tables_missing",
 ]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Final
 
 import attrs
 
-from .._errors import BrokerError, ConfigError
+from .._errors import BrokerError, ConfigError, StoreLost
 from ._errors import PostgresError
 
 if TYPE_CHECKING:
@@ -31,12 +31,21 @@ if TYPE_CHECKING:
 
     from ._pool import PgPool
 
-__all__ = ["Migration", "check_schema_name", "migrate", "quote_ident", "schema_versions"]
+__all__ = [
+    "NO_TABLE",
+    "Migration",
+    "check_schema_name",
+    "migrate",
+    "quote_ident",
+    "schema_versions",
+    "tables_missing",
+]
 
 _NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
-#: SQLSTATEs of a read of the versions table before any migration: no table, no schema.
-_NO_TABLE: Final = frozenset({"42P01", "3F000"})
+#: SQLSTATEs of a statement on a table that is not there: no table, no schema (a read of the
+#: versions table before any migration; the tables dropped under a running process).
+NO_TABLE: Final = frozenset({"42P01", "3F000"})
 
 #: The advisory lock's first key (the second is the schema name's hash): "dt" in ASCII.
 _LOCK_CLASS: Final = 0x6474
@@ -77,6 +86,19 @@ def quote_ident(name: str) -> str:
     return '"' + check_schema_name(name) + '"'
 
 
+def tables_missing(schema: str, error: PostgresError) -> StoreLost:
+    """What a call raises instead of ``error`` (SQLSTATE in :data:`NO_TABLE`) when the tables
+    of ``schema`` are not there: they were dropped under this process (the store's identity
+    watch raises the alarm: :mod:`durable_trio.brokers.postgres._identity`), and nobody makes
+    them again behind the operator's back."""
+    return StoreLost(
+        f"STORE LOST: the PostgreSQL schema {schema!r} has no durable_trio tables ({error}): "
+        "dropped under this process (or never created); they are not created again behind "
+        "the operator's back: restart the processes or run `durable-trio migrate`, then "
+        'acknowledge the alarm (docs/deployment.md, "PostgreSQL")'
+    )
+
+
 def _check_steps(part: str, migrations: Sequence[Migration]) -> None:
     versions = [m.version for m in migrations]
     if versions != list(range(1, len(versions) + 1)):
@@ -107,7 +129,7 @@ async def migrate(pool: PgPool, schema: str, part: str, migrations: Sequence[Mig
     try:
         stored = await pool.fetchval(f"SELECT version FROM {table} WHERE part = $1", part)
     except PostgresError as error:
-        if error.sqlstate not in _NO_TABLE:
+        if error.sqlstate not in NO_TABLE:
             raise
         stored = None
     if stored is not None and int(stored) >= newest:

@@ -11,6 +11,8 @@ interrupted was already made safe or closed by the connection itself (see ``_con
 one that was closed is dropped, and its slot frees. An idle connection is checked without
 waiting before it is handed out again (:meth:`PgConnection.check_idle`): one the server closed
 meanwhile (a restart, ``pg_terminate_backend``) is replaced rather than failing the caller.
+Every connection opened sets :attr:`PgPool.connected` (what a reconnection looks like from
+outside: the broker checks the store's identity then).
 
 Cancellation:
     Waiting for a slot, or for a connection being opened, is cancelled with nothing left
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
+from trio_util import RepeatedEvent
 
 from .._arguments import check_backoff_range, check_positive
 from .._backoff import Backoff
@@ -148,6 +151,9 @@ class PgPool:
         self.stats = PoolStats()
         self.connection_stats = ConnectionStats()
         """The counters of all its connections, summed (statements, interrupted, ...)."""
+        self.connected = RepeatedEvent()
+        """Set each time the pool opens a connection (the first ones, and every one replacing
+        a connection lost: after a server restart, a reconnection)."""
 
     async def __aenter__(self) -> PgPool:
         if self._closed:
@@ -337,6 +343,7 @@ class PgPool:
         self._failures = 0
         self._last_error = None
         self.stats.connects += 1
+        self.connected.set()
         return conn
 
     async def _give_back(self, conn: PgConnection) -> None:

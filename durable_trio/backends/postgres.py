@@ -13,8 +13,8 @@ The URL is libpq's, plus two options of ours, taken out before it reaches libpq:
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Final
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import attrs
@@ -29,6 +29,7 @@ from .._postgres._hub import open_notify_hub
 from .._postgres._migrations import check_schema_name, migrate, schema_versions
 from .._redact import redact_url
 from ..brokers.postgres import PostgresBroker
+from ..brokers.postgres._identity import IDENTITY_MIGRATIONS, IDENTITY_PART
 from ..brokers.postgres._schema import MIGRATIONS as BROKER_MIGRATIONS
 from ..keys.postgres import KEYS_MIGRATIONS, PostgresKeyStore
 from ._backend import Backend
@@ -56,6 +57,7 @@ PARTS: Final[dict[str, Sequence[Migration]]] = {
     "broker": BROKER_MIGRATIONS,
     "keys": KEYS_MIGRATIONS,
     "runs": RUNS_MIGRATIONS,
+    IDENTITY_PART: IDENTITY_MIGRATIONS,
 }
 
 
@@ -113,18 +115,24 @@ def postgres_options(url: str) -> PostgresOptions:
 
 
 @asynccontextmanager
-async def open_postgres_backend(url: str, *, existing: bool = False) -> AsyncIterator[Backend]:
+async def open_postgres_backend(
+    url: str, *, existing: bool = False, **broker_options: Any
+) -> AsyncIterator[Backend]:
     """``postgresql://user:password@host:port/database[?schema=S&pool_size=N&sslmode=...]``.
 
     Opens the pool and the notify hub, applies each part's migrations (in one transaction
-    per step, under an advisory lock: processes that open at once apply each step once), and
-    yields the backend; on leaving, closes the stores, the broker, the hub and the pool, each
+    per step, under an advisory lock: processes that open at once apply each step once),
+    checks the store's identity (and watches it while open: a schema dropped under the
+    processes raises the alarm, see :mod:`durable_trio.brokers.postgres`), and yields the
+    backend; on leaving, closes the stores, the broker, the hub and the pool, each
     bounded.
 
     Args:
         existing: the schema must hold durable_trio's tables already: nothing is created, and
             a mistyped schema (or database) is a :class:`~durable_trio.ConfigError`, not a new
             empty one (what the commands that only read or repair pass, as for a SQLite file).
+        **broker_options: :class:`~durable_trio.brokers.postgres.PostgresBroker` options
+            (``store_check_interval``, ``on_error`` ...).
 
     Raises:
         ConfigError: a malformed URL or option; with ``existing``, no durable_trio tables in
@@ -138,6 +146,7 @@ async def open_postgres_backend(url: str, *, existing: bool = False) -> AsyncIte
         async with (
             open_pool(options.conninfo, size=options.pool_size) as pool,
             open_notify_hub(options.conninfo) as hub,
+            AsyncExitStack() as stack,
         ):
             if existing and not await schema_versions(pool, options.schema):
                 raise ConfigError(
@@ -145,7 +154,8 @@ async def open_postgres_backend(url: str, *, existing: bool = False) -> AsyncIte
                     f"{redact_url(options.conninfo)}: check the URL's database and schema= (the "
                     "workers and engines given this URL create them, or durable-trio migrate)"
                 )
-            broker = await PostgresBroker.attach(pool, options.schema, hub)
+            broker = await PostgresBroker.attach(pool, options.schema, hub, **broker_options)
+            await stack.enter_async_context(broker)  # its watch on the store's identity
             try:
                 keys = await PostgresKeyStore.open(pool, options.schema)
             except BaseException:

@@ -482,9 +482,10 @@ class SupportsQueueStats(Protocol):
 
 @runtime_checkable
 class SupportsStoreIdentity(Protocol):
-    """A broker that knows when its store was emptied or replaced under it (Redis: an identity
-    stamped in the store, checked on every reconnection and periodically; see
-    :mod:`~durable_trio.brokers.redis._identity`). Health and the console show the loss."""
+    """A broker that knows when its store was emptied or replaced under it (Redis and
+    PostgreSQL: an identity stamped in the store, checked on every reconnection and
+    periodically; see :mod:`~durable_trio.brokers.redis._identity` and
+    :mod:`~durable_trio.brokers.postgres._identity`). Health and the console show the loss."""
 
     async def read_store_loss(self) -> StoreLost | None:
         """The loss of the store's data that stands (recorded in the store, or found by this

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from .._errors import BrokerUnavailable
-from .._postgres._migrations import Migration, migrate, quote_ident
+from .._postgres._errors import PostgresError
+from .._postgres._migrations import NO_TABLE, Migration, migrate, quote_ident, tables_missing
 from ._contract import KeyEntry
 from .sqlite import prefix_upper_bound
 
@@ -129,6 +130,11 @@ class PostgresKeyStore:
     def _sql(self, template: str) -> str:
         return template.replace("{schema}", self._quoted)
 
+    def _missing(self, error: PostgresError) -> Exception:
+        """``error``, or the :class:`~durable_trio.StoreLost` of a table dropped under this
+        process (the broker's watch on the store's identity raises the alarm)."""
+        return tables_missing(self.schema, error) if error.sqlstate in NO_TABLE else error
+
     def _check_open(self) -> None:
         if self._closed:
             raise BrokerUnavailable(f"the PostgreSQL key store in schema {self.schema!r} is closed")
@@ -139,7 +145,12 @@ class PostgresKeyStore:
         self._check_open()
         await trio.lowlevel.checkpoint_if_cancelled()
         with trio.move_on_after(_WRITE_BOUND, shield=True) as bound:
-            await self._pool.pipeline([(self._sql(statement), params), (self._sql(_PRUNE), ())])
+            try:
+                await self._pool.pipeline(
+                    [(self._sql(statement), params), (self._sql(_PRUNE), ())]
+                )
+            except PostgresError as error:
+                raise self._missing(error) from error
         if bound.cancelled_caught:
             raise BrokerUnavailable(
                 f"the PostgreSQL key store did not write within {_WRITE_BOUND:g} s"
@@ -165,10 +176,13 @@ class PostgresKeyStore:
         """Every live key starting with ``prefix``, sorted by key (an index range scan)."""
         self._check_open()
         bound = prefix_upper_bound(prefix)
-        if bound is None:
-            rows = await self._pool.fetch(self._sql(_ENTRIES_FROM), prefix)
-        else:
-            rows = await self._pool.fetch(self._sql(_ENTRIES_RANGE), prefix, bound)
+        try:
+            if bound is None:
+                rows = await self._pool.fetch(self._sql(_ENTRIES_FROM), prefix)
+            else:
+                rows = await self._pool.fetch(self._sql(_ENTRIES_RANGE), prefix, bound)
+        except PostgresError as error:
+            raise self._missing(error) from error
         return [KeyEntry(str(key), bytes(value)) for key, value in rows]
 
     async def aclose(self) -> None:

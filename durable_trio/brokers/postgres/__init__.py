@@ -11,8 +11,9 @@ Parts (one concern per module, as the SQLite broker's):
     ``_schema.py``, the tables and indexes as versioned migration steps; ``_rows.py``, every
     stored field checked as it is read, the damage and the quarantine; ``_operations.py``,
     the SQL of each call; ``_wakeup.py``, the waiters, the queues' ``NOTIFY`` channels and
-    what wakes them; ``_broker.py``, :class:`PostgresBroker`, which composes them with a
-    :class:`~durable_trio._postgres.PgPool` and the backend's
+    what wakes them; ``_identity.py``, the store's identity and its loss alarm (a schema
+    dropped or replaced under the processes); ``_broker.py``, :class:`PostgresBroker`, which
+    composes them with a :class:`~durable_trio._postgres.PgPool` and the backend's
     :class:`~durable_trio._postgres.NotifyHub`.
 
 Tables:
@@ -49,6 +50,14 @@ Damaged rows:
     field is handed over with ``ClaimedJob.damage`` (the transport fails it, kept inspectable);
     a row with a NULL id is moved to the quarantine (:meth:`PostgresBroker.quarantined`).
 
+The store's identity:
+    ``<schema>.durable_trio_store`` (the ``store`` part) holds an identity stamped when the
+    tables are created; every broker checks it at its open, every ``store_check_interval``,
+    after every connection its pool opens and when a call finds its tables missing, and raises
+    the :class:`~durable_trio.StoreLost` alarm on a loss (see :mod:`._identity`). Missing
+    tables are a ``StoreLost`` naming the schema; they are not created again by the running
+    processes.
+
 Errors and cancellation:
     Every call runs shielded and bounded by ``call_timeout``: cancelled before it starts it
     does nothing; once started it runs to its end, so a call that changed something returns.
@@ -57,8 +66,15 @@ Errors and cancellation:
     :class:`~durable_trio.BrokerError` for a statement the server refused.
 """
 
-from ._broker import CALL_TIMEOUT, POLL_INTERVAL, PostgresBroker
+from ._broker import CALL_TIMEOUT, POLL_INTERVAL, STORE_CHECK_INTERVAL, PostgresBroker
 from ._operations import PROMOTE_BATCH
 from ._wakeup import channel_for
 
-__all__ = ["CALL_TIMEOUT", "POLL_INTERVAL", "PROMOTE_BATCH", "PostgresBroker", "channel_for"]
+__all__ = [
+    "CALL_TIMEOUT",
+    "POLL_INTERVAL",
+    "PROMOTE_BATCH",
+    "STORE_CHECK_INTERVAL",
+    "PostgresBroker",
+    "channel_for",
+]

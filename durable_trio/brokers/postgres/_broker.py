@@ -3,21 +3,32 @@
 It holds a pool (:mod:`durable_trio._postgres`) and the backend's notify hub, applies its
 migrations when attached (``_schema.py``), runs each call as one of ``_operations.py``'s
 (shielded and bounded, errors mapped to the project's), and owns a :class:`~._wakeup.WakeUps`
-that wakes its waiters. The package docstring (:mod:`durable_trio.brokers.postgres`) describes
+that wakes its waiters, and a :class:`~._identity.StoreIdentity` that watches the store's identity
+while it is entered. The package docstring (:mod:`durable_trio.brokers.postgres`) describes
 the whole.
 """
 
 from __future__ import annotations
 
 import contextlib
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import trio
 
 from ..._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
-from ..._postgres import check_schema_name, migrate, open_notify_hub, open_pool, quote_ident
+from ..._postgres import (
+    NO_TABLE,
+    PostgresError,
+    check_schema_name,
+    migrate,
+    open_notify_hub,
+    open_pool,
+    quote_ident,
+    tables_missing,
+)
 from .._contract import Recovery
+from ._identity import IDENTITY_MIGRATIONS, IDENTITY_PART, StoreIdentity
 from ._operations import RECOVER_BATCH, Operations
 from ._schema import MIGRATIONS, PART
 from ._wakeup import Waiter, WakeUps
@@ -26,6 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
     from types import TracebackType
 
+    from ..._errors import StoreLost
     from ..._postgres import NotifyHub, PgPool
     from .._contract import (
         ClaimedJob,
@@ -38,7 +50,7 @@ if TYPE_CHECKING:
         RenewOutcome,
     )
 
-__all__ = ["CALL_TIMEOUT", "POLL_INTERVAL", "PostgresBroker"]
+__all__ = ["CALL_TIMEOUT", "POLL_INTERVAL", "STORE_CHECK_INTERVAL", "PostgresBroker"]
 
 T = TypeVar("T")
 
@@ -50,13 +62,19 @@ POLL_INTERVAL: Final = 30.0
 #: Default seconds one broker call may take, waiting for a connection included.
 CALL_TIMEOUT: Final = 30.0
 
+#: Default seconds between two checks of the store's identity (one short ``SELECT`` each).
+STORE_CHECK_INTERVAL: Final = 15.0
+
 
 class PostgresBroker:
     """A :class:`~durable_trio.brokers.QueueBroker` on PostgreSQL, with every capability.
 
     Many brokers in many processes may share one schema: claims skip each other's locked
     rows. Make one with :meth:`open` (its own pool and hub) or :meth:`attach` (a backend's);
-    both apply the broker's migrations.
+    both apply the broker's migrations and check the store's identity once. While entered
+    (``async with``; :meth:`open` enters it) it checks it again every ``store_check_interval``
+    seconds and after every connection its pool opens (see
+    :mod:`~durable_trio.brokers.postgres._identity`).
 
     Args:
         pool: an entered pool (not closed by the broker).
@@ -66,6 +84,12 @@ class PostgresBroker:
         poll_interval: seconds between two looks of a waiter that nothing woke.
         call_timeout: seconds one call may take before it raises
             :class:`~durable_trio.BrokerUnavailable`.
+        store_check_interval: seconds between two checks of the store's identity (one
+            ``SELECT``); a schema dropped and created again, or its tables gone, raises the
+            alarm (a :class:`~durable_trio.StoreLost`, logged at ERROR and kept in the store
+            until acknowledged).
+        on_error: called with each :class:`~durable_trio.StoreLost` the watch finds (once per
+            alarm; also logged at ERROR).
 
     Raises:
         ConfigError: an option out of range, or a schema name that is not a plain identifier.
@@ -80,13 +104,15 @@ class PostgresBroker:
         failed_retention: int = 1000,
         poll_interval: float = POLL_INTERVAL,
         call_timeout: float = CALL_TIMEOUT,
+        store_check_interval: float = STORE_CHECK_INTERVAL,
+        on_error: Callable[[Exception], object] | None = None,
     ) -> None:
         if failed_retention < 1:
             raise ConfigError(f"failed_retention must be at least 1, not {failed_retention!r}")
-        if not poll_interval > 0 or not call_timeout > 0:
+        if not poll_interval > 0 or not call_timeout > 0 or not store_check_interval > 0:
             raise ConfigError(
-                f"poll_interval and call_timeout must be > 0, not {poll_interval!r}, "
-                f"{call_timeout!r}"
+                f"poll_interval, call_timeout and store_check_interval must be > 0, not "
+                f"{poll_interval!r}, {call_timeout!r}, {store_check_interval!r}"
             )
         self.schema = check_schema_name(schema)
         self.poll_interval = poll_interval
@@ -96,12 +122,17 @@ class PostgresBroker:
         self._retention = failed_retention
         self._wakeups = WakeUps(hub, schema)
         self._closed = False
+        self._identity = StoreIdentity(pool, self.schema, store_check_interval, on_error)
+        self._stack: AsyncExitStack | None = None
+        self._entered = False
 
     @classmethod
     async def attach(
         cls, pool: PgPool, schema: str, hub: NotifyHub, **options: Any
     ) -> PostgresBroker:
-        """Apply the broker's migrations in ``schema`` and make a broker on them.
+        """Apply the broker's migrations in ``schema`` (and the store identity's: the first
+        stamps it), make a broker on them and check the store's identity (a loss recorded in
+        the store is reported at once).
 
         Raises:
             BrokerError: the schema holds a newer version of the broker's tables.
@@ -109,6 +140,8 @@ class PostgresBroker:
         """
         broker = cls(pool, schema, hub, **options)
         await migrate(pool, broker.schema, PART, MIGRATIONS)
+        await migrate(pool, broker.schema, IDENTITY_PART, IDENTITY_MIGRATIONS)
+        await broker._identity.check()
         return broker
 
     @classmethod
@@ -143,6 +176,20 @@ class PostgresBroker:
                 yield broker
 
     async def __aenter__(self) -> PostgresBroker:
+        """Start the watch on the store's identity (until :meth:`aclose` or the block's end)."""
+        if self._entered:
+            raise RuntimeError("a PostgresBroker can be entered only once")
+        self._entered = True
+        stack = AsyncExitStack()
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        self._stack = stack
+        try:
+            await nursery.start(self._identity.watch)
+        except BaseException:  # cancelled while starting: leave the nursery before raising
+            self._identity.stop()
+            self._stack = None
+            await stack.aclose()
+            raise
         return self
 
     async def __aexit__(
@@ -151,7 +198,11 @@ class PostgresBroker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.aclose()
+        self._closed = True
+        self._identity.stop()  # no checkpoint before the nursery is left, even when cancelled
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
 
     @property
     def closed(self) -> bool:
@@ -164,9 +215,11 @@ class PostgresBroker:
         return self._pool
 
     async def aclose(self) -> None:
-        """Close the broker (not its pool or hub, which their maker closes). Idempotent.
-        Later calls raise :class:`~durable_trio.BrokerUnavailable`."""
+        """Close the broker (not its pool or hub, which their maker closes) and stop its
+        watch (leaving the ``async with`` waits for it). Idempotent, from any task. Later calls
+        raise :class:`~durable_trio.BrokerUnavailable`."""
         self._closed = True
+        self._identity.stop()
         await trio.lowlevel.checkpoint()
 
     async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -178,6 +231,8 @@ class PostgresBroker:
         Raises:
             BrokerUnavailable: the broker or its pool is closed, the server cannot be reached,
                 or the call took longer than ``call_timeout`` (it may have run).
+            StoreLost: the tables are missing (the schema dropped under this process); the
+                watch on the store's identity checks at once.
             BrokerError: the server refused a statement.
         """
         if self._closed:
@@ -189,6 +244,11 @@ class PostgresBroker:
                 return await fn(self._pool, *args)
             except TransportClosed as exc:
                 raise BrokerUnavailable(f"the PostgreSQL pool is closed: {exc}") from exc
+            except PostgresError as exc:
+                if exc.sqlstate not in NO_TABLE:
+                    raise
+                self._identity.poke()
+                raise tables_missing(self.schema, exc) from exc
         raise BrokerUnavailable(
             f"PostgreSQL did not answer a broker call within {self.call_timeout:g}s "
             "(it may have run)"
@@ -466,6 +526,34 @@ class PostgresBroker:
                     return  # the earliest delayed job is due now
         finally:
             self._wakeups.unwatch(waiter)
+
+    # -- the store's identity
+
+    @property
+    def store_loss(self) -> StoreLost | None:
+        """The loss of the store this broker knows of (found or read from the store), until
+        an operator acknowledges it; ``None``: none."""
+        return self._identity.alarm
+
+    async def read_store_loss(self) -> StoreLost | None:
+        """The loss recorded in the store, or found by this broker and not recorded yet
+        (one ``SELECT``); ``None``: none stands. Its tables missing is a loss too."""
+        identity = self._identity
+
+        async def read(pool: PgPool) -> StoreLost | None:
+            return await identity.read_loss()
+
+        return await self._call(read)
+
+    async def acknowledge_store_loss(self) -> bool:
+        """Clear the loss alarm (the running brokers clear theirs at their next check).
+        ``False``: none stood."""
+        identity = self._identity
+
+        async def acknowledge(pool: PgPool) -> bool:
+            return await identity.acknowledge()
+
+        return await self._call(acknowledge)
 
 
 async def _pipeline(pool: PgPool, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
