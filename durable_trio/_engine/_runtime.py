@@ -119,7 +119,8 @@ async def send_step(
     try:
         await services.dispatch(record, delay)
     except PayloadError as exc:
-        error = StepError(message=str(exc), code="bad_input", retryable=False)
+        code = getattr(exc, "code", "bad_input")  # (a concurrency key's: its own code)
+        error = StepError(message=str(exc), code=code, retryable=False)
         stored = error_to_json(error)
         failed = attrs.evolve(
             record,
