@@ -118,7 +118,7 @@ def render_workers(
 def _queue_table(queues: list[QueueView]) -> Html:
     if not queues:
         return Html('<p class="empty">no queue holds a job or has a live worker</p>')
-    cols = (
+    cols: tuple[tuple[str, int], ...] = (
         ("queue", 0),
         ("ready", 1),
         ("delayed", 1),
