@@ -267,3 +267,38 @@ async def test_a_worker_at_the_limit_waits_for_a_freed_slot_without_polling(
     # A few pops per freed slot (each of the two workers wakes), never one per poll interval
     # over the 300 s the queue sat at its limit.
     assert broker.pops <= 20, broker.pops
+
+
+async def test_the_limits_are_visible_to_operators(
+    autojump_clock: trio.testing.MockClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``queues`` (its JSON, and a ``limit`` column once a queue has one), the console's queue
+    table and health's metrics show each step's limit; in use is ``claimed``, waiting ``ready``."""
+    import argparse
+
+    from durable_trio.cli._health import prometheus_text
+    from durable_trio.cli._operations import _queues
+    from durable_trio.console._fleet_view import render_queues
+
+    broker = MemoryBroker()
+    backend = dt.Backend(url="test://", broker=broker, keys=MemoryKeyStore())
+    await broker.set_queue_limit("limits:tasks:charge", 1, per_key=True)
+    await broker.set_queue_limit("limits:tasks:other", 2)
+    for n in range(3):
+        await broker.push_on("limits:tasks:charge", dt.brokers.Job(f"j{n}", b"{}", "k"))
+    await broker.pop_many("limits:tasks:charge", 3)
+    async with dt.open_operations(backend, namespace="limits") as ops:
+        views = await ops.queues()
+        charge = next(v for v in views if v.group == "charge")
+        assert (charge.limit, charge.per_key, charge.claimed, charge.ready) == (1, True, 1, 2)
+        assert charge.to_json()["limit"] == 1
+        assert charge.to_json()["perKey"] is True
+        await _queues(ops, argparse.Namespace(json=False))
+    printed = capsys.readouterr().out
+    assert "limit" in printed.splitlines()[0]
+    assert "1 per key" in printed
+    html = str(render_queues(views, None, allow_actions=False))
+    assert "<th class=\"num\">limit</th>" in html
+    assert "1 per key" in html
+    metrics = prometheus_text([], namespace="limits", queues=views)
+    assert 'durable_trio_queue_limit{queue="limits:tasks:charge"} 1' in metrics
