@@ -302,3 +302,37 @@ async def test_the_limits_are_visible_to_operators(
     assert "1 per key" in html
     metrics = prometheus_text([], namespace="limits", queues=views)
     assert 'durable_trio_queue_limit{queue="limits:tasks:charge"} 1' in metrics
+
+
+async def test_a_key_function_failing_at_a_retry_fails_the_step(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = dt.App("flaky-key")
+    calls: list[int] = []
+
+    def key_of(order: Any) -> str:
+        calls.append(1)
+        if len(calls) > 1:
+            raise ValueError("no key today")
+        return "k"
+
+    @app.step("charge", max_concurrency=1, concurrency_key=key_of, retry=dt.Retry(max_attempts=3))
+    async def charge(order: Any) -> str:
+        raise RuntimeError("try again")
+
+    @app.workflow("order")
+    async def order(ctx: dt.WorkflowContext, order: Any) -> Any:
+        return await ctx.step("charge", order)
+
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            open_worker(app, backend, on_error=Errors()),
+            open_engine(app, backend) as engine,
+        ):
+            run_id = await engine.start("order", {})
+            with pytest.raises(dt.RunFailed):
+                await engine.result(run_id)
+            (step,) = await engine.history(run_id)
+    assert step.error["code"] == "concurrency_key"
+    assert "no key today" in step.error["message"]
+    assert step.attempt == 2
