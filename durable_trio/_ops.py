@@ -270,6 +270,11 @@ class QueueView:
     """Seconds since the oldest ready job was pushed (broker clock; see
     :attr:`~durable_trio.brokers.QueueStats.oldest_ready_age`); ``None``: none is ready, or a
     ready job's push time is unknown."""
+    limit: int | None = None
+    """Its fleet-wide concurrency limit (``@app.step(max_concurrency=...)``), ``None``: none.
+    Then ``claimed`` is the slots in use and ``ready`` the jobs waiting for one."""
+    per_key: bool = False
+    """The limit holds per concurrency key (``concurrency_key=``)."""
 
     @property
     def group(self) -> str | None:
@@ -288,6 +293,8 @@ class QueueView:
             "failed": self.failed,
             "liveWorkers": self.live_workers,
             "oldestReadyAge": self.oldest_ready_age,
+            "limit": self.limit,
+            "perKey": self.per_key,
         }
 
 
@@ -799,6 +806,8 @@ class Operations:
                         stats.failed,
                         live.get(name, 0),
                         stats.oldest_ready_age,
+                        stats.limit,
+                        stats.per_key,
                     )
                 )
                 continue

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 
 from .._arguments import check_seconds
-from .._errors import ConfigError
+from .._errors import ConfigError, PayloadError
 from ._retry import Retry
 from ._step_timeouts import StepTimeouts
 
@@ -49,6 +49,41 @@ class StepDefinition:
     """``"trio"`` (an ``async def``), ``"thread"`` (a ``def``: ``trio.to_thread``) or
     ``"process"`` (a ``def`` registered with ``cpu=True``: a ``trio-parallel`` worker
     process); see ``docs/concurrency.md``."""
+    max_concurrency: int | None = None
+    """Attempts of this step running at once across the whole fleet, at most (per
+    concurrency key with ``concurrency_key``); ``None``: no fleet-wide limit. Enforced by the
+    broker (see ``docs/concurrency.md``, "Fleet-wide limits")."""
+    concurrency_key: Callable[[Any], str] | None = None
+    """``input -> str``: the key ``max_concurrency`` holds per (``None``: the whole step)."""
+
+    def key_for(self, input: Any) -> str | None:
+        """The concurrency key of an attempt with ``input`` (``None``: the step has no key).
+
+        Raises:
+            ConcurrencyKeyError: the key function raised or did not return a ``str``.
+        """
+        key_fn = self.concurrency_key
+        if key_fn is None:
+            return None
+        try:
+            key = key_fn(input)
+        except Exception as exc:
+            raise ConcurrencyKeyError(
+                f"step {self.name!r}: its concurrency_key raised {type(exc).__name__}: {exc}"
+            ) from exc
+        if not isinstance(key, str):
+            raise ConcurrencyKeyError(
+                f"step {self.name!r}: its concurrency_key must return a str, "
+                f"got {type(key).__name__} {key!r:.80}"
+            )
+        return key
+
+
+class ConcurrencyKeyError(PayloadError):
+    """A step's ``concurrency_key`` raised or returned something else than a ``str``: the
+    step fails, not retryable (code ``concurrency_key``)."""
+
+    code = "concurrency_key"
 
 
 @attrs.frozen
@@ -116,6 +151,8 @@ class App:
         schedule_to_start_timeout: float | None = None,
         heartbeat_timeout: float | None = None,
         cpu: bool = False,
+        max_concurrency: int | None = None,
+        concurrency_key: Callable[[Any], str] | None = None,
     ) -> Callable[[S], S]:
         """Register ``async def fn(input) -> JSON`` as step ``name`` (default: the function's
         name). The function is returned unchanged, so it stays callable directly in tests.
@@ -145,14 +182,31 @@ class App:
                 beat. Default ``None``: beats are only recorded.
             cpu: run this ``def`` step in a worker process (``trio-parallel``, the ``cpu``
                 extra); it must be a module-level function (it is pickled by name).
+            max_concurrency: at most this many attempts of the step run at once across
+                every worker of the fleet (default: no limit beyond each worker's
+                ``concurrency``). The broker enforces it at every claim, so it holds for any
+                number of workers and engines; a slot held by a worker that dies comes back
+                when its claim is reclaimed (the stalled sweep). Each worker serving the step
+                stores the limit in the broker when it opens (the last one to open wins). A
+                broker that cannot enforce it makes ``open_worker`` raise ``ConfigError``.
+                See ``docs/concurrency.md``, "Fleet-wide limits".
+            concurrency_key: ``input -> str``: ``max_concurrency`` then holds per key value
+                (``lambda order: order["account"]``: one account's attempts at most
+                ``max_concurrency`` at once), keys independent: a busy key never holds back
+                the attempts of the others. The engine calls it at each dispatch; should it
+                raise or return something else than a ``str``, the step fails, not retryable
+                (code ``concurrency_key``). Keep it a pure function of the input.
 
         Raises:
             ConfigError: not a function, ``cpu=True`` on an ``async def``, the name is taken,
-                or a timeout (``timeout``, ``schedule_to_start_timeout``,
-                ``heartbeat_timeout``) is not a positive number of seconds.
+                a timeout (``timeout``, ``schedule_to_start_timeout``,
+                ``heartbeat_timeout``) is not a positive number of seconds,
+                ``max_concurrency`` is not an int >= 1, or ``concurrency_key`` is not
+                callable or is given without ``max_concurrency``.
         """
         timeouts = StepTimeouts.given("app.step", timeout, schedule_to_start_timeout)
         check_heartbeat_timeout(heartbeat_timeout)
+        check_concurrency(max_concurrency, concurrency_key)
 
         def register(fn: S) -> S:
             step_name = name or fn.__name__
@@ -160,7 +214,15 @@ class App:
             if step_name in self._steps:
                 raise ConfigError(f"step {step_name!r} is already registered in {self.name!r}")
             self._steps[step_name] = StepDefinition(
-                step_name, fn, retry, priority, timeouts, heartbeat_timeout, runs_in
+                step_name,
+                fn,
+                retry,
+                priority,
+                timeouts,
+                heartbeat_timeout,
+                runs_in,
+                max_concurrency,
+                concurrency_key,
             )
             return fn
 
@@ -284,3 +346,24 @@ def check_heartbeat_timeout(value: Any) -> float | None:
     if value is None:
         return None
     return check_seconds(value, "app.step", "heartbeat_timeout", positive=True)
+
+
+def check_concurrency(max_concurrency: Any, concurrency_key: Any) -> None:
+    """Check ``app.step``'s ``max_concurrency`` and ``concurrency_key``.
+
+    Raises:
+        ConfigError: ``max_concurrency`` is not ``None`` or an int >= 1, or
+            ``concurrency_key`` is not callable or comes without ``max_concurrency``.
+    """
+    if max_concurrency is not None and (type(max_concurrency) is not int or max_concurrency < 1):
+        raise ConfigError(f"app.step: max_concurrency must be an int >= 1, got {max_concurrency!r}")
+    if concurrency_key is not None:
+        if not callable(concurrency_key):
+            raise ConfigError(
+                "app.step: concurrency_key must be a function of the input, "
+                f"got {concurrency_key!r}"
+            )
+        if max_concurrency is None:
+            raise ConfigError(
+                "app.step: concurrency_key needs max_concurrency (the limit it holds per key)"
+            )

@@ -17,6 +17,7 @@ import trio
 from .._errors import DurableTrioError
 from .._telemetry import step_applied
 from .._wire import StepError, StepStatus
+from ._app import ConcurrencyKeyError
 from ._heartbeats import record_beat
 from ._records import (
     Applied,
@@ -28,7 +29,7 @@ from ._records import (
 )
 from ._remote_run import RemoteRunDriver, apply_decision, apply_step_event
 from ._retry import StoredRetry
-from ._runtime import send_step
+from ._runtime import fail_unsent, send_step
 from ._stores._wakes import SupportsRunWakes, step_key
 
 if TYPE_CHECKING:
@@ -206,6 +207,8 @@ class ResultHandler:
                 services.count("retries")
                 try:
                     await services.dispatch(following, delay)
+                except ConcurrencyKeyError as exc:  # a key function that failed this time
+                    await fail_unsent(services, following, waiter, exc)
                 except DurableTrioError as exc:  # the same task went out before: not expected
                     services.report(exc)
         finally:

@@ -119,20 +119,29 @@ async def send_step(
     try:
         await services.dispatch(record, delay)
     except PayloadError as exc:
-        error = StepError(message=str(exc), code="bad_input", retryable=False)
-        stored = error_to_json(error)
-        failed = attrs.evolve(
-            record,
-            status=StepState.FAILED,
-            error=stored,
-            attempts=ended_attempt(record, ended_at=services.store.now(), error=stored),
-        )
-        verdict = await services.guard(
-            lambda: services.store.update_step(failed, expect_attempt=record.attempt),
-            "checkpointing",
-        )
-        if verdict is Applied.APPLIED and waiter is not None:
-            waiter.update(failed)
+        await fail_unsent(services, record, waiter, exc)
+
+
+async def fail_unsent(
+    services: DriverServices, record: StepRecord, waiter: StepWaiter | None, exc: PayloadError
+) -> None:
+    """Fail ``record``'s step, not retryable: its task could not be sent (too large, not
+    JSON, its concurrency key function failed)."""
+    code = getattr(exc, "code", "bad_input")  # (a concurrency key's: its own code)
+    error = StepError(message=str(exc), code=code, retryable=False)
+    stored = error_to_json(error)
+    failed = attrs.evolve(
+        record,
+        status=StepState.FAILED,
+        error=stored,
+        attempts=ended_attempt(record, ended_at=services.store.now(), error=stored),
+    )
+    verdict = await services.guard(
+        lambda: services.store.update_step(failed, expect_attempt=record.attempt),
+        "checkpointing",
+    )
+    if verdict is Applied.APPLIED and waiter is not None:
+        waiter.update(failed)
 
 
 class RunDriver:

@@ -350,6 +350,9 @@ class EngineServices:
             PayloadError: the task cannot be sent (no retry can help).
         """
         timeouts = StepTimeouts.of_record(record)
+        step = self.app.steps.get(record.name)
+        # Its concurrency key (raises ConcurrencyKeyError, a PayloadError: the step fails).
+        key = None if step is None else step.key_for(record.input)
         task = RemoteTask(
             run_id=record.run_id,
             step_id=record.step_id,
@@ -364,7 +367,8 @@ class EngineServices:
         )
         with telemetry.dispatching(record.run_id):  # the job carries the run's trace context
             job_id = await self.guard(
-                lambda: self.transport.dispatch(task, delay=delay), "dispatching"
+                lambda: self.transport.dispatch(task, delay=delay, concurrency_key=key),
+                "dispatching",
             )
         self.count("steps_dispatched")
         telemetry.step_dispatched(record, self.workflow_of(record.run_id), job_id)

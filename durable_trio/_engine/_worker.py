@@ -33,6 +33,7 @@ import trio
 
 from .._transport._facade import open_queue_transport
 from .._transport._step_beats import current_beats
+from ..brokers import SupportsQueueLimits
 from ._context import _CURRENT_STEP, StepInfo
 from ._turn import run_turn
 
@@ -274,12 +275,21 @@ async def open_worker(
                 f"app {app.name!r} has no remote workflow {name!r} with its code "
                 "(register it with @app.workflow(name, remote=True))"
             )
+    limits = _step_limits(app, names, backend.broker)
     transport_options.setdefault("namespace", app.name)
     async with open_queue_transport(
         backend, concurrency=concurrency, **transport_options
     ) as transport:
         if tenant_pod:
             transport.remote.use_tenant_role()
+        if limits is not None:
+            for name in names:  # before any claim: each served step's limit, or none
+                step = app.steps[name]
+                await limits.set_queue_limit(
+                    transport.names.task_queue(name),
+                    step.max_concurrency,
+                    per_key=step.concurrency_key is not None,
+                )
         worker = Worker(app, transport, threads)
         for name in names:
             worker._serve(app.steps[name])
@@ -290,3 +300,24 @@ async def open_worker(
             )
         transport.remote.on_control(worker._on_control)
         yield worker
+
+
+def _step_limits(app: App, names: list[str], broker: Any) -> SupportsQueueLimits | None:
+    """The broker that stores the served steps' fleet-wide limits (``None``: it keeps none,
+    and no served step has one).
+
+    Raises:
+        ConfigError: a served step has ``max_concurrency`` and the broker cannot enforce it.
+    """
+    from .._errors import ConfigError
+
+    if isinstance(broker, SupportsQueueLimits):
+        return broker
+    limited = [name for name in names if app.steps[name].max_concurrency is not None]
+    if limited:
+        raise ConfigError(
+            f"step(s) {', '.join(map(repr, limited))} of app {app.name!r} set max_concurrency, "
+            f"but the {type(broker).__name__} broker cannot enforce a fleet-wide limit "
+            "(see docs/concurrency.md, \"Fleet-wide limits\", for the brokers that can)"
+        )
+    return None

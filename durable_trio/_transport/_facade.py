@@ -317,8 +317,13 @@ class QueueTransport:
     def _report(self, exc: BaseException) -> None:
         report_through(self._report_hook, exc)
 
-    async def dispatch(self, task: RemoteTask, *, delay: float = 0.0) -> str:
+    async def dispatch(
+        self, task: RemoteTask, *, delay: float = 0.0, concurrency_key: str | None = None
+    ) -> str:
         """engine -> step worker: enqueue ``task`` on its routing token's task queue (T1, T3).
+
+        ``concurrency_key``: the job's key on a queue whose fleet-wide limit holds per key
+        (``@app.step(concurrency_key=...)``; the broker's ``Job.key``).
 
         Returns:
             The job id.
@@ -340,6 +345,7 @@ class QueueTransport:
             task,
             priority=task.priority,
             delay=delay,
+            key=concurrency_key,
         )
 
     async def dispatch_many(self, tasks: Iterable[RemoteTask]) -> list[str]:

@@ -66,24 +66,29 @@ class Producers:
         *,
         priority: int | None = None,
         delay: float = 0.0,
+        key: str | None = None,
     ) -> str:
         self._check_open()
-        job = self.new_job(kind, payload, priority)
+        job = self.new_job(kind, payload, priority, key)
         if delay > 0:
             await self._broker.push_on(queue, job, priority=priority, delay=delay)
         else:
             await self.push_job(queue, job, priority)
         return job.id
 
-    def new_job(self, kind: JobKind, payload: Any, priority: int | None = None) -> Job:
+    def new_job(
+        self, kind: JobKind, payload: Any, priority: int | None = None, key: str | None = None
+    ) -> Job:
         """A job with a fresh id and ``payload`` encoded in its envelope (with the current
-        trace context, when this process traces: docs/observability.md)."""
+        trace context, when this process traces: docs/observability.md), and its concurrency
+        ``key`` (``Job.key``)."""
         job_id = f"{self._id_prefix}{next(self._ids)}"
         return Job(
             job_id,
             encode_envelope(
                 job_id, kind, payload, priority, self._max_payload_bytes, trace=carrier()
             ),
+            key,
         )
 
     def _pusher(self, queue: str) -> Coalescer[tuple[Job, int | None], None]:

@@ -45,6 +45,7 @@ __all__ = [
     "SupportsJobState",
     "SupportsJobStates",
     "SupportsQuarantine",
+    "SupportsQueueLimits",
     "SupportsQueueListing",
     "SupportsQueueStats",
     "SupportsRecovery",
@@ -62,6 +63,10 @@ class Job:
 
     id: str
     data: bytes
+    key: str | None = None
+    """Its concurrency key (``@app.step(concurrency_key=...)``), or ``None``. Only a queue
+    whose limit is per key (:class:`SupportsQueueLimits`) reads it; there a job without a key
+    counts under the key ``""``."""
 
 
 @attrs.frozen
@@ -146,6 +151,8 @@ class FailedJob:
     attempts: int = 0
     stalled_count: int = 0
     stalls: tuple[Stall, ...] = ()
+    key: str | None = None
+    """Its concurrency key, where the broker keeps it (a requeue keeps it too)."""
 
 
 @attrs.frozen
@@ -464,6 +471,11 @@ class QueueStats:
     again when requeued. ``None``: no job is ready, the broker keeps no push times, or a ready
     job's push time is unknown (stored before the broker kept one, or damaged: a value that is
     not a number), since that job may well be the oldest."""
+    limit: int | None = None
+    """The queue's fleet-wide concurrency limit (:class:`SupportsQueueLimits`), ``None``: none.
+    Then ``claimed`` is the slots in use and ``ready`` the jobs waiting for one."""
+    per_key: bool = False
+    """``limit`` holds per concurrency key (:attr:`Job.key`), not for the whole queue."""
 
 
 @runtime_checkable
@@ -501,5 +513,39 @@ class SupportsStoreIdentity(Protocol):
 
         Raises:
             BrokerError: the store did not answer.
+        """
+        ...
+
+
+@runtime_checkable
+class SupportsQueueLimits(Protocol):
+    """A fleet-wide concurrency limit per queue, enforced by the broker at every claim
+    (``pop_from``, ``pop_many``, ``pop_ahead``, ``finish_and_claim``), so it holds for any
+    number of workers and survives their crashes.
+
+    A claim holds a slot for as long as its lease lives (started or not): a claim's slot is
+    counted from the claims themselves, never from a separate counter, so it comes back
+    however the lease ends (``complete_job``, ``fail_job``, ``retry_job``, a reclaim by
+    ``recover_stalled_jobs``). A pop hands out only the jobs that fit: fewer than asked (even
+    none while ready jobs wait) when the queue is at its limit. With ``per_key`` the limit
+    holds per concurrency key (:attr:`Job.key`; a job without one counts under ``""``), keys
+    independent: a job whose key is full is skipped, and the jobs behind it of other keys
+    are still claimed, in their order. A job re-leased to a sweep past ``max_stalled`` holds
+    its slot until it is failed.
+
+    ``wait_for_work`` (:class:`SupportsWakeup`) does not return at once for ready jobs none
+    of which fits: a lease ending on a limited queue wakes its waiters (or a bounded safety
+    poll does), so a worker at the limit waits instead of spinning.
+    """
+
+    async def set_queue_limit(
+        self, queue: str, limit: int | None, *, per_key: bool = False
+    ) -> None:
+        """Store ``queue``'s limit (``None``: remove it), for every client of the broker (the
+        last writer wins). Claims already held stay held: a lower limit only stops new claims
+        until enough leases end.
+
+        Raises:
+            ConfigError: ``limit`` is not ``None`` or an int >= 1.
         """
         ...

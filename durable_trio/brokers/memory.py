@@ -33,9 +33,10 @@ from ._contract import (
     RenewOutcome,
     Stall,
 )
+from ._limits import check_limit
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
 
 __all__ = ["MemoryBroker"]
 
@@ -60,6 +61,8 @@ class _Record:
     """False while the current claim was popped ahead and its handler has not started."""
     pushed_at: float = 0.0
     """trio time of its push (``queue_stats``: the oldest ready job's age)."""
+    key: str | None = None
+    """Its concurrency key (``Job.key``)."""
 
 
 @attrs.define(eq=False)
@@ -74,6 +77,93 @@ class _Queue:
     wakeup: RepeatedEvent = attrs.Factory(RepeatedEvent)
     armed: bool = False
     """Someone waits on ``wakeup``: only then does a push pay for ringing it."""
+    limit: int | None = None
+    """The fleet-wide concurrency limit (``SupportsQueueLimits``): at most this many claims
+    (per key with ``per_key``); the claims in ``active`` are the slots in use."""
+    per_key: bool = False
+    key_active: dict[str, int] = attrs.Factory(dict)
+    """Per key (``per_key`` only): its claims in ``active``, kept by ``enter``/``leave``,
+    the only two places a claim joins or leaves ``active``."""
+    blocked: dict[str, list[tuple[int, int, _Record]]] = attrs.Factory(dict)
+    """Per key: ready jobs a claim skipped because their key was full (``ready`` entries,
+    order kept); one goes back to ``ready`` whenever a claim of its key ends."""
+    blocked_count: int = 0
+
+    def waiting(self) -> int:
+        """Ready jobs, those set aside behind a full key included."""
+        return len(self.ready) + self.blocked_count
+
+    def waiting_records(self) -> Iterator[_Record]:
+        for _, _, rec in itertools.chain(self.ready, *self.blocked.values()):
+            yield rec
+
+    def claimable(self) -> bool:
+        """Whether a pop could claim now (ready jobs that fit; a per-key pop sets the full
+        keys' jobs aside as it meets them, so ``ready`` is that answer once it has looked)."""
+        return bool(self.ready) and (
+            self.limit is None or self.per_key or len(self.active) < self.limit
+        )
+
+    def next_ready(self) -> _Record | None:
+        """Take the next ready job a claim may have under the limit, or ``None``."""
+        ready = self.ready
+        limit = self.limit
+        if limit is None:
+            return heapq.heappop(ready)[2] if ready else None
+        if not self.per_key:
+            return heapq.heappop(ready)[2] if ready and len(self.active) < limit else None
+        key_active = self.key_active
+        while ready:
+            entry = heapq.heappop(ready)
+            key = entry[2].key or ""
+            if key_active.get(key, 0) < limit:
+                return entry[2]
+            heapq.heappush(self.blocked.setdefault(key, []), entry)
+            self.blocked_count += 1
+        return None
+
+    def enter(self, token: str, rec: _Record) -> None:
+        """``rec`` claimed under ``token``: it holds a slot until :meth:`leave`."""
+        self.active[token] = rec
+        if self.per_key:
+            key = rec.key or ""
+            self.key_active[key] = self.key_active.get(key, 0) + 1
+
+    def leave(self, token: str) -> _Record | None:
+        """End the claim ``token`` (if held): its slot is free again, and the next job set
+        aside behind its key (if any) is ready again."""
+        rec = self.active.pop(token, None)
+        if rec is None or self.limit is None:
+            return rec
+        if self.per_key:
+            key = rec.key or ""
+            left = self.key_active.get(key, 0) - 1
+            if left > 0:
+                self.key_active[key] = left
+            else:
+                self.key_active.pop(key, None)
+            blocked = self.blocked.get(key)
+            if blocked:
+                heapq.heappush(self.ready, heapq.heappop(blocked))
+                self.blocked_count -= 1
+                if not blocked:
+                    del self.blocked[key]
+        return rec
+
+    def set_limit(self, limit: int | None, per_key: bool) -> None:
+        """Change the limit: every job set aside is ready again (the next pop looks anew) and
+        the per-key counts are rebuilt from the claims held."""
+        self.limit, self.per_key = limit, per_key and limit is not None
+        for entries in self.blocked.values():
+            for entry in entries:
+                heapq.heappush(self.ready, entry)
+        self.blocked.clear()
+        self.blocked_count = 0
+        self.key_active.clear()
+        if self.per_key:
+            for rec in self.active.values():
+                key = rec.key or ""
+                self.key_active[key] = self.key_active.get(key, 0) + 1
 
 
 class MemoryBroker:
@@ -126,7 +216,7 @@ class MemoryBroker:
 
     def _push(self, queue: str, job: Job, priority: int | None, delay: float) -> None:
         q = self._queues.get(queue) or self._queue(queue)
-        rec = _Record(job.id, job.data, priority or 0, pushed_at=trio.current_time())
+        rec = _Record(job.id, job.data, priority or 0, pushed_at=trio.current_time(), key=job.key)
         if delay > 0:
             heapq.heappush(q.delayed, (trio.current_time() + delay, next(self._seq), rec))
         else:
@@ -142,9 +232,8 @@ class MemoryBroker:
         now = trio.current_time()
         if q.delayed:
             self._promote(q, now)
-        if not q.ready:
-            return None
-        return self._claim(q, now, worker)
+        rec = q.next_ready() if q.ready else None
+        return None if rec is None else self._claim(q, rec, now, worker)
 
     async def pop_many(self, queue: str, count: int, *, worker: str = "") -> list[ClaimedJob]:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -153,8 +242,7 @@ class MemoryBroker:
         now = trio.current_time()
         if q.delayed:
             self._promote(q, now)
-        claim = self._claim
-        return [claim(q, now, worker) for _ in range(min(count, len(q.ready)))]
+        return self._claim_many(q, now, worker, count, count)
 
     async def pop_ahead(
         self, queue: str, count: int, ahead: int, *, worker: str = ""
@@ -165,9 +253,7 @@ class MemoryBroker:
         now = trio.current_time()
         if q.delayed:
             self._promote(q, now)
-        claim = self._claim
-        total = min(count + ahead, len(q.ready))
-        return [claim(q, now, worker, started=i < count) for i in range(total)]
+        return self._claim_many(q, now, worker, count + ahead, count)
 
     async def mark_started(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -187,15 +273,30 @@ class MemoryBroker:
             marked.append(True)
         return marked
 
-    def _claim(self, q: _Queue, now: float, worker: str, *, started: bool = True) -> ClaimedJob:
-        _, _, rec = heapq.heappop(q.ready)
+    def _claim_many(
+        self, q: _Queue, now: float, worker: str, total: int, started: int
+    ) -> list[ClaimedJob]:
+        """Claim up to ``total`` jobs that fit the limit, the first ``started`` of them started."""
+        claims: list[ClaimedJob] = []
+        if q.limit is None:
+            total = min(total, len(q.ready))  # (the common case: no check per claim)
+        while len(claims) < total:
+            rec = q.next_ready()
+            if rec is None:
+                break
+            claims.append(self._claim(q, rec, now, worker, started=len(claims) < started))
+        return claims
+
+    def _claim(
+        self, q: _Queue, rec: _Record, now: float, worker: str, *, started: bool = True
+    ) -> ClaimedJob:
         token = f"{next(self._tokens)}"
         rec.token = token
         rec.claimed_at = now
         rec.worker = worker
         # A suspect (it stalled before) is handed over not started, like a claim popped ahead.
         rec.started = started = started and rec.stalled_count == 0
-        q.active[token] = rec
+        q.enter(token, rec)
         heapq.heappush(q.by_age, (now, token))
         return ClaimedJob(
             id=rec.id,
@@ -212,10 +313,12 @@ class MemoryBroker:
         q = self._queues.get(queue)
         if q is None:
             return None
-        rec = q.active.pop(lease.token, None)
+        rec = q.leave(lease.token)
         if rec is None:
             return None
         rec.token = None
+        if q.limit is not None:
+            self._ring(q)  # a slot is free: a worker waiting at the limit may claim
         if len(q.by_age) > 2 * len(q.active) + 64:
             self._compact(q)
         return q, rec
@@ -299,6 +402,7 @@ class MemoryBroker:
                 attempts=rec.attempts,
                 stalled_count=rec.stalled_count,
                 stalls=rec.stalls,
+                key=rec.key,
             )
         )
         return True
@@ -363,7 +467,7 @@ class MemoryBroker:
             rec = q.active.get(token)
             if rec is None or rec.claimed_at != claimed_at:
                 continue  # finalized, or renewed since (a newer entry stands for it)
-            del q.active[token]
+            q.leave(token)
             # Past the limit already: the lease of a sweep that found it exceeded and died
             # before failing it. No delivery, so no stall: exceeded again, as it was.
             again = rec.stalled_count > max_stalled
@@ -379,7 +483,7 @@ class MemoryBroker:
                 rec.token = new_token
                 rec.claimed_at = now
                 rec.started = True
-                q.active[new_token] = rec
+                q.enter(new_token, rec)
                 requeue.append(rec)  # re-indexed below, after the scan
                 exceeded.append(
                     ClaimedJob(
@@ -408,7 +512,7 @@ class MemoryBroker:
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         q = self._queues.get(queue)
-        return 0 if q is None else len(q.ready) + len(q.delayed)
+        return 0 if q is None else q.waiting() + len(q.delayed)
 
     def queue_names(self) -> list[str]:
         """Every queue this broker has seen, sorted (for inspection, e.g. a test's checks)."""
@@ -431,7 +535,9 @@ class MemoryBroker:
         found = self._take_failed(q, job_id)
         if q is None or found is None:
             return False
-        rec = _Record(found.id, found.data, priority or 0, pushed_at=trio.current_time())
+        rec = _Record(
+            found.id, found.data, priority or 0, pushed_at=trio.current_time(), key=found.key
+        )
         self._make_ready(q, rec)
         self._ring(q)
         return True
@@ -459,9 +565,22 @@ class MemoryBroker:
         q = self._queues.get(queue)
         if q is None:
             return QueueStats(0, 0, 0, 0)
-        oldest = min((rec.pushed_at for _, _, rec in q.ready), default=None)
+        oldest = min((rec.pushed_at for rec in q.waiting_records()), default=None)
         age = None if oldest is None else max(0.0, trio.current_time() - oldest)
-        return QueueStats(len(q.ready), len(q.delayed), len(q.active), len(q.failed), age)
+        return QueueStats(
+            q.waiting(), len(q.delayed), len(q.active), len(q.failed), age, q.limit, q.per_key
+        )
+
+    async def set_queue_limit(
+        self, queue: str, limit: int | None, *, per_key: bool = False
+    ) -> None:
+        """Store ``queue``'s fleet-wide limit (see
+        :class:`~durable_trio.brokers.SupportsQueueLimits`)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        q = self._queue(queue)
+        q.set_limit(check_limit(limit), per_key)
+        self._ring(q)
 
     async def known_queues(self, prefix: str) -> list[str]:
         """The queues named ``prefix...`` holding any job (ready, delayed, claimed, failed)."""
@@ -469,7 +588,7 @@ class MemoryBroker:
         return sorted(
             name
             for name, q in self._queues.items()
-            if name.startswith(prefix) and (q.ready or q.delayed or q.active or q.failed)
+            if name.startswith(prefix) and (q.waiting() or q.delayed or q.active or q.failed)
         )
 
     async def wait_for_work(self, queue: str) -> None:
@@ -478,7 +597,7 @@ class MemoryBroker:
         while True:
             self._check_open()  # (a close rings every waiter)
             now = trio.current_time()
-            if q.ready or (q.delayed and q.delayed[0][0] <= now):
+            if q.claimable() or (q.delayed and q.delayed[0][0] <= now):
                 await trio.lowlevel.checkpoint()
                 return
             q.armed = True
@@ -498,7 +617,7 @@ class MemoryBroker:
         for rec in q.active.values():
             if rec.id == job_id:
                 return JobState(claimed=True, worker=rec.worker)
-        for _, _, rec in itertools.chain(q.ready, q.delayed):
+        for rec in itertools.chain(q.waiting_records(), (r for _, _, r in q.delayed)):
             if rec.id == job_id:
                 return JobState(claimed=False)
         return None
@@ -511,7 +630,7 @@ class MemoryBroker:
         found: dict[str, JobState] = {}
         if q is not None:
             wanted = set(job_ids)
-            for _, _, rec in itertools.chain(q.ready, q.delayed):
+            for rec in itertools.chain(q.waiting_records(), (r for _, _, r in q.delayed)):
                 if rec.id in wanted:
                     found[rec.id] = JobState(claimed=False)
             for rec in q.active.values():
@@ -526,7 +645,7 @@ class MemoryBroker:
         return sorted(
             name
             for name, q in self._queues.items()
-            if name.startswith(prefix) and (q.ready or q.delayed)
+            if name.startswith(prefix) and (q.waiting() or q.delayed)
         )
 
     async def aclose(self) -> None:

@@ -394,6 +394,8 @@ def prometheus_text(
         for state, value in counts.items():
             if value is not None:
                 lines.append(f'durable_trio_queue_jobs{{queue="{q}",state="{state}"}} {value}')
+        if view.limit is not None:  # a fleet-wide limit (issue 33); in use: claimed
+            lines.append(f'durable_trio_queue_limit{{queue="{q}"}} {view.limit}')
     if runs is not None:
         for run_status in _Status:
             count = runs.get(run_status, 0)

@@ -340,8 +340,21 @@ async def _queues(ops: Operations, args: argparse.Namespace) -> int:
         for v in views
     ]  # fmt: skip
     headers = ["queue", "ready", "delayed", "claimed", "failed", "workers", "oldest ready"]
+    if any(v.limit is not None for v in views):
+        # Fleet-wide limits (issue 33): the column only where one is set. In use: "claimed";
+        # waiting: "ready".
+        headers.append("limit")
+        for row, v in zip(rows, views, strict=True):
+            row.append(limit_text(v.limit, v.per_key))
     print(table(headers, rows), end="")
     return 0
+
+
+def limit_text(limit: int | None, per_key: bool) -> str:
+    """A queue's fleet-wide limit as the tables show it (``2``, ``1 per key``, ``—``)."""
+    if limit is None:
+        return "—"
+    return f"{limit} per key" if per_key else str(limit)
 
 
 def _runner(

@@ -118,7 +118,7 @@ def render_workers(
 def _queue_table(queues: list[QueueView]) -> Html:
     if not queues:
         return Html('<p class="empty">no queue holds a job or has a live worker</p>')
-    cols = (
+    cols: tuple[tuple[str, int], ...] = (
         ("queue", 0),
         ("ready", 1),
         ("delayed", 1),
@@ -127,6 +127,9 @@ def _queue_table(queues: list[QueueView]) -> Html:
         ("live workers", 1),
         ("oldest ready", 1),
     )
+    limited = any(q.limit is not None for q in queues)
+    if limited:  # fleet-wide limits (issue 33): in use is "claimed", waiting is "ready"
+        cols = (*cols, ("limit", 1))
     head = "".join((f'<th class="num">{h}</th>' if n else f"<th>{h}</th>") for h, n in cols)
     rows = "".join(
         "<tr>"
@@ -137,7 +140,8 @@ def _queue_table(queues: list[QueueView]) -> Html:
         f'<td class="num">{_count(q.failed)}</td>'
         f'<td class="num">{q.live_workers}</td>'
         f'<td class="num">{esc(duration(q.oldest_ready_age))}</td>'
-        "</tr>"
+        + (f'<td class="num">{esc(_limit(q.limit, q.per_key))}</td>' if limited else "")
+        + "</tr>"
         for q in queues
     )
     return Html(
@@ -275,3 +279,9 @@ def render_engines(owners: list[RunOwner], now: float, *, pending: int, truncate
             f"<tbody>{rows}</tbody></table>"
         )
     return Html(f"<h2>Engines</h2>{note}{waiting}{listing}")
+
+
+def _limit(limit: int | None, per_key: bool) -> str:
+    if limit is None:
+        return "—"
+    return f"{limit} per key" if per_key else str(limit)

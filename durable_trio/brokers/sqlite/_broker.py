@@ -20,6 +20,7 @@ import trio
 from ..._errors import BrokerError, BrokerUnavailable, ConfigError
 from ..._sqlite import ConnectionThread, Synchronous, open_connection
 from .._contract import RenewOutcome
+from .._limits import check_limit
 from . import _operations as ops
 from ._schema import create_schema
 from ._wakeup import Waiter, WakeUps
@@ -265,11 +266,13 @@ class SqliteBroker:
     async def complete_job(self, lease: Lease, queue: str) -> bool:
         """Delete a finished job. ``False``: the lease was lost, nothing changed."""
         done: bool = await self._call(partial(ops.complete, lease, queue), write=True)
+        self._wakeups.ring_freed(queue)
         return done
 
     async def complete_many(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
         """``complete_job`` for each lease, in one transaction."""
         done: list[bool] = await self._call(partial(ops.complete_many, leases, queue), write=True)
+        self._wakeups.ring_freed(queue)
         return done
 
     async def push_many(
@@ -314,6 +317,7 @@ class SqliteBroker:
         )
         if jobs:
             self._wakeups.ring(push_queue)
+        self._wakeups.ring_freed(queue)
         return answer
 
     async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
@@ -321,6 +325,7 @@ class SqliteBroker:
         done: bool = await self._call(
             partial(ops.fail, lease, queue, error, self._failed_retention), write=True
         )
+        self._wakeups.ring_freed(queue)
         return done
 
     async def fail_and_push(
@@ -337,6 +342,7 @@ class SqliteBroker:
         )
         if done:
             self._wakeups.ring(push_queue)
+            self._wakeups.ring_freed(queue)
         return done
 
     async def retry_job(
@@ -395,6 +401,19 @@ class SqliteBroker:
         if result.recovered:
             self._wakeups.ring(queue)
         return result
+
+    async def set_queue_limit(
+        self, queue: str, limit: int | None, *, per_key: bool = False
+    ) -> None:
+        """Store ``queue``'s fleet-wide limit in the file, for every process (see
+        :class:`~durable_trio.brokers.SupportsQueueLimits`): each claim then counts the
+        queue's (or its key's) active rows in its own write transaction, which SQLite runs
+        one at a time, so the limit is exact however many processes claim."""
+        limit = check_limit(limit)
+        await self._call(
+            partial(ops.set_limit, queue, limit, per_key), write=True, ring=queue
+        )
+        self._wakeups.ring(queue)
 
     async def size_of(self, queue: str) -> int:
         """Jobs waiting to be claimed (ready and delayed)."""
@@ -496,7 +515,7 @@ class SqliteBroker:
             while True:
                 waiter.event = trio.Event()  # before the look, so no ring slips in between
                 try:
-                    ready, due, version = await self._call(
+                    ready, due, version, limited = await self._call(
                         partial(ops.probe, queue), write=False
                     )
                 except BrokerError:
@@ -509,6 +528,7 @@ class SqliteBroker:
                     return
                 waiter.data_version = version
                 waiter.due = due
+                waiter.limited = limited
                 if ready:
                     return
                 deadline = math.inf

@@ -50,8 +50,8 @@ PROMOTE_BATCH: Final = 256
 _NEXT_SEQ: Final = "UPDATE dt_meta SET value = value + ?1 WHERE name = 'seq' RETURNING value"
 
 _INSERT: Final = """
-    INSERT INTO dt_jobs (queue, id, data, priority, seq, state, due_at, pushed_at)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+    INSERT INTO dt_jobs (queue, id, data, priority, seq, state, due_at, pushed_at, ckey)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
 """
 
 # The second half finds delayed rows whose due_at is not a number (TEXT or BLOB, which SQLite
@@ -91,6 +91,47 @@ _CLAIM_NEXT: Final = """
     )
     RETURNING pk, id, data, priority, attempts, stalled_count, stalls, error,
         substr(worker, 1, 1) != char(1)
+"""
+
+# A fleet-wide limit (``SupportsQueueLimits``) counts the live claims, never a stored counter.
+# Every statement below runs in the claim's write transaction (SQLite has one writer at a
+# time), so the count it reads is the count it claims against: exact for any number of
+# processes. The active rows of one queue are bounded by the fleet's concurrency; they are
+# read off ``dt_jobs_active`` (queue, claimed_at).
+_LIMIT: Final = "SELECT lim, per_key FROM dt_limits WHERE queue = ?1"
+
+_ACTIVE_COUNT: Final = "SELECT count(*) FROM dt_jobs WHERE state = 'active' AND queue = ?1"
+
+# The full keys: those with a key off ``dt_jobs_active_key`` (in key order, no sort), and
+# ``""`` (the jobs without a key) off ``dt_jobs_active``.
+_FULL_KEYS: Final = """
+    SELECT ckey FROM dt_jobs INDEXED BY dt_jobs_active_key
+    WHERE state = 'active' AND queue = ?1 AND ckey != ''
+    GROUP BY ckey HAVING count(*) >= ?2
+    UNION ALL
+    SELECT '' WHERE (
+        SELECT count(*) FROM dt_jobs WHERE state = 'active' AND queue = ?1 AND ckey = ''
+    ) >= ?2
+"""
+
+# _CLAIM_NEXT on a per-key queue: the first ready job whose key has a free slot (the jobs of
+# full keys are skipped, in order, so other keys behind them are still claimed).
+_CLAIM_NEXT_KEYED: Final = _CLAIM_NEXT.replace(
+    "ORDER BY priority, seq LIMIT 1",
+    f"AND ckey NOT IN ({_FULL_KEYS.replace('?1', '?4').replace('?2', '?5')})\n"
+    "        ORDER BY priority, seq LIMIT 1",
+)
+
+_CLAIMABLE_KEYED: Final = f"""
+    SELECT EXISTS (
+        SELECT 1 FROM dt_jobs WHERE state = 'ready' AND queue = ?1
+            AND ckey NOT IN ({_FULL_KEYS})
+    )
+"""
+
+_SET_LIMIT: Final = """
+    INSERT INTO dt_limits (queue, lim, per_key) VALUES (?1, ?2, ?3)
+    ON CONFLICT (queue) DO UPDATE SET lim = excluded.lim, per_key = excluded.per_key
 """
 
 _QUARANTINED: Final = """
@@ -194,8 +235,36 @@ def _next_seq(db: sqlite3.Connection, count: int = 1) -> int:
     return int(last) - count + 1
 
 
+def limit_of(db: sqlite3.Connection, queue: str) -> tuple[int, bool] | None:
+    """``queue``'s fleet-wide limit and whether it holds per key (``None``: no limit)."""
+    rows = db.execute(_LIMIT, (queue,)).fetchall()
+    return (int(rows[0][0]), bool(rows[0][1])) if rows else None
+
+
+def set_limit(queue: str, limit: int | None, per_key: bool, db: sqlite3.Connection) -> None:
+    if limit is None:
+        db.execute("DELETE FROM dt_limits WHERE queue = ?1", (queue,))
+    else:
+        db.execute(_SET_LIMIT, (queue, limit, int(per_key)))
+
+
+def _claimable(db: sqlite3.Connection, queue: str, limit: tuple[int, bool]) -> bool:
+    """Whether a ready job of the limited ``queue`` fits (its queue's or key's limit)."""
+    lim, per_key = limit
+    if per_key:
+        ((found,),) = db.execute(_CLAIMABLE_KEYED, (queue, lim)).fetchall()
+        return bool(found)
+    ((active,),) = db.execute(_ACTIVE_COUNT, (queue,)).fetchall()
+    return int(active) < lim
+
+
 def probe_one(db: sqlite3.Connection, queue: str, now: float) -> tuple[bool, float | None]:
     ((has_ready, due, due_unreadable),) = fetch(db, _PROBE, (queue,))
+    if has_ready:
+        # Ready jobs none of which fits its limit are no work: the waiter waits for a slot.
+        limit = limit_of(db, queue)
+        if limit is not None:
+            has_ready = _claimable(db, queue, limit)
     due_at = float(due) if type(due) in (int, float) else None
     # A due_at that is not a number counts as due: the next pop promotes it (as damaged).
     ready = bool(has_ready) or bool(due_unreadable) or (due_at is not None and due_at <= now)
@@ -211,7 +280,7 @@ def push(queue: str, job: Job, priority: int, delay: float, db: sqlite3.Connecti
     seq = _next_seq(db)
     now = time.time()
     state, due_at = ("delayed", now + delay) if delay > 0 else ("ready", None)
-    db.execute(_INSERT, (queue, job.id, job.data, priority, seq, state, due_at, now))
+    db.execute(_INSERT, (queue, job.id, job.data, priority, seq, state, due_at, now, job.key or ""))
 
 
 def _promote_due(db: sqlite3.Connection, queue: str, now: float) -> None:
@@ -225,9 +294,16 @@ def _promote_due(db: sqlite3.Connection, queue: str, now: float) -> None:
             db.executemany(_PROMOTE_DAMAGED, damaged)
 
 
-def _claim_next(db: sqlite3.Connection, queue: str, worker: str, now: float) -> ClaimedJob | None:
+def _claim_next(
+    db: sqlite3.Connection, queue: str, worker: str, now: float, per_key: int = 0
+) -> ClaimedJob | None:
+    """Claim the next ready job (with ``per_key``, the limit per key: the next whose key has
+    a free slot)."""
     token = secrets.token_hex(8)
-    rows = fetch(db, _CLAIM_NEXT, (token, now, worker, queue))
+    if per_key:
+        rows = fetch(db, _CLAIM_NEXT_KEYED, (token, now, worker, queue, per_key))
+    else:
+        rows = fetch(db, _CLAIM_NEXT, (token, now, worker, queue))
     if not rows:
         return None
     ((pk, raw_id, *fields, note, started),) = rows
@@ -239,9 +315,8 @@ def _claim_next(db: sqlite3.Connection, queue: str, worker: str, now: float) -> 
 
 
 def pop(queue: str, worker: str, db: sqlite3.Connection) -> ClaimedJob | None:
-    now = time.time()
-    _promote_due(db, queue, now)
-    return _claim_next(db, queue, worker, now)
+    claimed = pop_many(queue, 1, worker, db)
+    return claimed[0] if claimed else None
 
 
 def pop_many(
@@ -250,9 +325,20 @@ def pop_many(
     now = time.time()
     _promote_due(db, queue, now)
     claimed: list[ClaimedJob] = []
-    while len(claimed) < count + ahead:
+    total = count + ahead
+    per_key = 0
+    limit = limit_of(db, queue)
+    if limit is not None:
+        lim, keyed = limit
+        if keyed:
+            per_key = lim
+        else:
+            ((active,),) = db.execute(_ACTIVE_COUNT, (queue,)).fetchall()
+            total = min(total, lim - int(active))
+    while len(claimed) < total:
         # The claims past ``count`` are popped ahead: not started (the marked worker).
-        job = _claim_next(db, queue, worker if len(claimed) < count else _AHEAD + worker, now)
+        marked = worker if len(claimed) < count else _AHEAD + worker
+        job = _claim_next(db, queue, marked, now, per_key)
         if job is None:
             break
         claimed.append(job)
@@ -499,7 +585,16 @@ def queue_stats(queue: str, db: sqlite3.Connection) -> QueueStats:
     age = None
     if ready and not unknown and isinstance(oldest, (int, float)):
         age = max(0.0, now - oldest)
-    return QueueStats(int(ready), int(delayed), int(active), int(failed), age)
+    limit = limit_of(db, queue)
+    return QueueStats(
+        int(ready),
+        int(delayed),
+        int(active),
+        int(failed),
+        age,
+        None if limit is None else limit[0],
+        limit is not None and limit[1],
+    )
 
 
 def known_queues(prefix: str, db: sqlite3.Connection) -> list[str]:
@@ -524,8 +619,9 @@ def quarantined(queue: str, limit: int, db: sqlite3.Connection) -> list[Quaranti
     ]
 
 
-def probe(queue: str, db: sqlite3.Connection) -> tuple[bool, float | None, int]:
+def probe(queue: str, db: sqlite3.Connection) -> tuple[bool, float | None, int, bool]:
+    """(work ready, earliest due time, data version, whether ``queue`` has a limit)."""
     # The version is read first: a commit the probe does not see changes it afterwards.
     version = data_version(db)
     ready, due = probe_one(db, queue, time.time())
-    return ready, due, version
+    return ready, due, version, limit_of(db, queue) is not None

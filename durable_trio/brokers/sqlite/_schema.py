@@ -1,6 +1,7 @@
 """The SQLite broker's tables: ``dt_jobs`` (every job, one row, its state a column), its partial
-indexes, ``dt_quarantine`` (rows whose id could not be read) and the columns added since the
-first release (migrated on open). The file's settings (WAL, auto-vacuum) and ``dt_meta`` belong
+indexes, ``dt_quarantine`` (rows whose id could not be read), ``dt_limits`` (the queues'
+fleet-wide concurrency limits) and the columns added since the first release (migrated on
+open). The file's settings (WAL, auto-vacuum) and ``dt_meta`` belong
 to every connection (:mod:`durable_trio._sqlite`).
 """
 
@@ -38,6 +39,7 @@ SCHEMA: Final = (
         error TEXT,
         failed_at REAL,
         pushed_at REAL,
+        ckey TEXT NOT NULL DEFAULT '',
         CHECK ((state = 'active') = (token IS NOT NULL AND claimed_at IS NOT NULL)),
         CHECK ((state = 'delayed') = (due_at IS NOT NULL))
     )
@@ -71,6 +73,16 @@ SCHEMA: Final = (
     )
     """,
     "CREATE INDEX IF NOT EXISTS dt_quarantine_queue ON dt_quarantine (queue, pk)",
+    # Fleet-wide concurrency limits (``SupportsQueueLimits``): one row per limited queue. The
+    # slots in use are never stored: a claim counts the queue's (or its key's) active rows,
+    # so a slot comes back with its lease, however that ends.
+    """
+    CREATE TABLE IF NOT EXISTS dt_limits (
+        queue TEXT PRIMARY KEY,
+        lim INTEGER NOT NULL CHECK (lim >= 1),
+        per_key INTEGER NOT NULL DEFAULT 0
+    ) WITHOUT ROWID
+    """,
 )
 
 
@@ -80,12 +92,26 @@ def create_schema(db: sqlite3.Connection) -> None:
     for statement in SCHEMA:
         db.execute(statement)
     _migrate(db)
+    for statement in _ON_ADDED_COLUMNS:
+        db.execute(statement)
 
 
 #: Columns added to ``dt_jobs`` after its first release, each with its definition: a file made
 #: before gets them on open (``ALTER TABLE ... ADD COLUMN``, in the schema's transaction, so two
 #: processes opening one old file add it once). Rows from before have NULL there.
-_ADDED_COLUMNS: Final = (("pushed_at", "REAL"),)
+_ADDED_COLUMNS: Final = (("pushed_at", "REAL"), ("ckey", "TEXT NOT NULL DEFAULT ''"))
+
+
+#: The indexes on added columns (made once they exist).
+_ON_ADDED_COLUMNS: Final = (
+    # A per-key limit's count of the claims per key. Partial on a key, so a claim of a job
+    # without one (every job but a keyed step's) writes no entry here; the key ``""`` is
+    # counted off ``dt_jobs_active``.
+    """
+    CREATE INDEX IF NOT EXISTS dt_jobs_active_key
+        ON dt_jobs (queue, ckey) WHERE state = 'active' AND ckey != ''
+    """,
+)
 
 
 def _migrate(db: sqlite3.Connection) -> None:

@@ -37,6 +37,8 @@ class Waiter:
     """``PRAGMA data_version`` read just before this waiter's last look at its queue."""
     due: float | None = None
     """Wall-clock due time of the queue's earliest delayed job at that look."""
+    limited: bool = False
+    """Its queue had a fleet-wide limit at the last look: a lease ending here wakes it."""
     found_ready: bool = False
     """Set by a tick that saw work on the queue, or by a doorbell ring naming it: the waiter
     returns without looking again (its consumer's pop looks)."""
@@ -71,6 +73,14 @@ class WakeUps:
         (the other brokers' doorbells were rung by the connection thread after the commit)."""
         for waiter in self._waiters.get(queue, ()):
             waiter.event.set()
+
+    def ring_freed(self, queue: str) -> None:
+        """After a commit that ended leases on ``queue``: wake this broker's waiters of it if
+        it is limited (a freed slot is work for them; other processes' waiters see the commit
+        at their next tick). Nothing for an unlimited queue: a finish is no work there."""
+        for waiter in self._waiters.get(queue, ()):
+            if waiter.limited:
+                waiter.event.set()
 
     def watch(self, waiter: Waiter, *, listen: bool = True) -> None:
         """Register ``waiter`` before its first look. The first waiter starts the tick and (if
