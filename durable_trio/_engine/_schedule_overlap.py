@@ -105,6 +105,15 @@ class OverlapState:
             skipped = 0
         return cls(_tick(data.get("started")), _tick(data.get("buffered")), skipped)
 
+    def merge(self, other: OverlapState) -> OverlapState:
+        """This state with what ``other`` (read again from the store) knows newer: the newest
+        tick started, a buffered tick (unless that one started since), the most skips."""
+        started = max((t for t in (self.started, other.started) if t is not None), default=None)
+        buffered = self.buffered if self.buffered is not None else other.buffered
+        if buffered is not None and started is not None and buffered <= started:
+            buffered = None
+        return OverlapState(started, buffered, max(self.skipped, other.skipped))
+
     def dumps(self) -> str:
         return orjson.dumps(
             {"started": self.started, "buffered": self.buffered, "skipped": self.skipped}
@@ -131,10 +140,11 @@ class OverlapGate:
         last: float | None,
         stored: str | None,
         run_of: Callable[[float], str],
+        latest: Callable[[], float | None],
     ) -> None:
         """Handle the due ``ticks`` (oldest first) of ``schedule`` under its overlap policy,
         marking each handled; ``last``: its last tick handled before them; ``stored``: its
-        stored state."""
+        stored state; ``latest``: the newest tick of its calendar now."""
         store = self._engine.store
         state = OverlapState.loads(stored)
         written = state
@@ -146,8 +156,16 @@ class OverlapGate:
             ticks = ticks[-1:]
         previous = last
         for tick in ticks:
-            busy = await self._unfinished(run_of, state.started, previous, state.buffered)
+            # Read again just before deciding: another engine (or this one, before a stall)
+            # may have started a newer tick meanwhile; and the newest tick of the calendar now.
+            fresh = OverlapState.loads((await store.get_schedule_states()).get(name))
+            state = state.merge(fresh)
+            busy = await self._unfinished(
+                run_of, state.started, previous, state.buffered, latest()
+            )
             policy = schedule.overlap
+            if await store.get_run(run_of(tick)) is not None:
+                busy = []  # another engine started this tick: so did this one, by its id
             if busy and policy == "cancel_other":
                 for run_id in busy:
                     await self._cancel(run_id, f"schedule {name!r}: tick {run_of(tick)} "

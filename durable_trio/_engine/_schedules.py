@@ -802,7 +802,8 @@ class Scheduler:
         ticks, newest = schedule.due(last, now, options.schedule_grace)
         if schedule.overlap != "allow":
             run_of = functools.partial(schedule_run_id, name)
-            await self._gate.fire(name, schedule, ticks, last, state, run_of)
+            latest = lambda: next(schedule.ticks_back(options.wall_clock()), None)  # noqa: E731
+            await self._gate.fire(name, schedule, ticks, last, state, run_of, latest)
         else:
             for tick in ticks:
                 run_id = schedule_run_id(name, tick)
