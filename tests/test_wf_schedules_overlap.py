@@ -20,23 +20,23 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 import trio.testing
-from test_wf_schedules import (
-    EPOCH,
-    engines,
-    sched_clock,  # noqa: F401 (fixture)
-    store_kind,  # noqa: F401 (fixture)
-    url,  # noqa: F401 (fixture)
-)
 
 import durable_trio as dt
+import test_wf_schedules as base
 from durable_trio._engine import App, RunStatus, WorkflowContext, open_run_store
 from durable_trio._engine._schedules import MAX_BACKFILL, Schedule, Schedules, schedule_run_id
 from durable_trio.testing import virtual_wall_clock
+from test_wf_schedules import EPOCH, engines
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from durable_trio._engine._stores import RunStore
+
+# The stores and clock of test_wf_schedules: memory, SQLite, Redis, PostgreSQL.
+store_kind = base.store_kind
+url = base.url
+sched_clock = base.sched_clock
 
 
 class Log:
@@ -65,7 +65,10 @@ def slow_app(log: Log, seconds: float, *, durable: bool = False) -> App:
         log.running += 1
         log.most = max(log.most, log.running)
         try:
-            await (ctx.sleep(seconds) if durable else trio.sleep(seconds))
+            if durable:
+                await ctx.sleep(seconds)
+            else:
+                await trio.sleep(seconds)
         finally:
             log.running -= 1
         return input
@@ -242,7 +245,7 @@ async def test_backfill_starts_each_tick_of_the_range_exactly_once(
         assert all(t.started for t in planned)
         assert await engine.store.list_runs() == []
         wall = virtual_wall_clock(EPOCH)
-        killed = Schedules(DiesAfter(engine.store, 3), wall)  # type: ignore[arg-type]
+        killed = Schedules(DiesAfter(engine.store, 3), wall)
         with pytest.raises(Interrupted):
             await killed.backfill("ten", first, last)
         done = await engine.schedules.backfill("ten", first, last)
@@ -411,3 +414,17 @@ def test_the_simulation_sees_two_runs_at_once() -> None:
     report = simulate(sim_app("allow"), 3)
     (ticks,) = [e for e in report.history if e["ev"] == "schedule-ticks"]
     assert ticks["started"] > ticks["due"] // 2 + 1  # allow: about every tick starts
+
+
+def test_the_console_shows_the_overlap_policy_and_its_skips() -> None:
+    from durable_trio._engine._schedules import ScheduleInfo
+    from durable_trio.console._schedules_view import render_schedules
+
+    schedule = Schedule.make("two", "slow", every=2, overlap="buffer_one", created_at=EPOCH)
+    info = ScheduleInfo(
+        name="two", schedule=schedule, last_tick=EPOCH + 8, next_tick=EPOCH + 10, skipped=3,
+        buffered=EPOCH + 8,
+    )  # fmt: skip
+    page = str(render_schedules([info], allow_actions=False))
+    assert "<th>overlap</th>" in page
+    assert '<td data-overlap="buffer_one">buffer_one (3 skipped) · one buffered</td>' in page

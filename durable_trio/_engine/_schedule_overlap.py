@@ -160,9 +160,7 @@ class OverlapGate:
             # may have started a newer tick meanwhile; and the newest tick of the calendar now.
             fresh = OverlapState.loads((await store.get_schedule_states()).get(name))
             state = state.merge(fresh)
-            busy = await self._unfinished(
-                run_of, state.started, previous, state.buffered, latest()
-            )
+            busy = await self._unfinished(run_of, state.started, previous, state.buffered, latest())
             policy = schedule.overlap
             if await store.get_run(run_of(tick)) is not None:
                 busy = []  # another engine started this tick: so did this one, by its id
@@ -210,9 +208,7 @@ class OverlapGate:
             await self._engine.start(schedule.workflow, schedule.input, run_id=buffered)
         return attrs.evolve(state, started=state.buffered, buffered=None)
 
-    async def _unfinished(
-        self, run_of: Callable[[float], str], *ticks: float | None
-    ) -> list[str]:
+    async def _unfinished(self, run_of: Callable[[float], str], *ticks: float | None) -> list[str]:
         """The run ids of ``ticks`` whose run exists, unfinished."""
         found = []
         for run_id in dict.fromkeys(run_of(t) for t in ticks if t is not None):
