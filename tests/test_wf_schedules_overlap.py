@@ -15,6 +15,7 @@ through the engine's API, ``Operations`` and the CLI.
 from __future__ import annotations
 
 import json
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -428,3 +429,70 @@ def test_the_console_shows_the_overlap_policy_and_its_skips() -> None:
     page = str(render_schedules([info], allow_actions=False))
     assert "<th>overlap</th>" in page
     assert '<td data-overlap="buffer_one">buffer_one (3 skipped) · one buffered</td>' in page
+
+
+# ------------------------------------------------------------------------- the stored state
+
+
+async def test_the_overlap_state_lives_and_dies_with_its_schedule(
+    url: str, sched_clock: trio.testing.MockClock
+) -> None:
+    spec = Schedule.make("s", "slow", every=2, created_at=EPOCH).dumps()
+    async with dt.open_backend(url) as backend, open_run_store(backend, "reports") as store:
+        await store.put_schedule_state("ghost", '{"skipped": 1}')  # no such schedule: nothing
+        assert await store.get_schedule_states() == {}
+        assert await store.put_schedule("s", spec, replace=False)
+        await store.put_schedule_state("s", '{"skipped": 2}')
+        assert await store.put_schedule("s", spec, replace=True)  # a new definition keeps it
+        await store.mark_schedule_tick("s", EPOCH + 2)
+        assert await store.get_schedule_states() == {"s": '{"skipped": 2}'}
+        assert await store.delete_schedule("s")
+        assert await store.put_schedule("s", spec, replace=False)
+        assert await store.get_schedule_states() == {}  # deleted with it
+
+
+async def test_an_older_sqlite_file_gets_the_state_column(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.execute(
+        "CREATE TABLE dt_schedules (namespace TEXT NOT NULL, name TEXT NOT NULL, "
+        "spec TEXT NOT NULL, last_tick REAL, PRIMARY KEY (namespace, name)) WITHOUT ROWID"
+    )
+    old = '{"workflow": "slow", "every": 2, "created_at": 1800000000.0}'
+    db.execute("INSERT INTO dt_schedules VALUES ('reports', 'old', ?, 1800000010.0)", (old,))
+    db.commit()
+    db.close()
+    async with dt.open_backend(f"sqlite:///{path}") as backend:
+        async with open_run_store(backend, "reports") as store:
+            (info,) = await Schedules(store, lambda: EPOCH + 20).list()
+            assert info.schedule is not None
+            assert info.schedule.overlap == "skip"  # stored before overlap policies
+            await store.put_schedule_state("old", '{"skipped": 3}')
+            assert await store.get_schedule_states() == {"old": '{"skipped": 3}'}
+
+
+@pytest.mark.postgres
+async def test_a_postgres_schema_at_runs_version_1_is_migrated(postgres_url: str) -> None:
+    from durable_trio._engine._stores._pg_tables import RUNS_MIGRATIONS
+    from durable_trio._postgres._migrations import migrate, schema_versions
+    from durable_trio._postgres._pool import open_pool
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    old = '{"workflow": "slow", "every": 2, "created_at": 1800000000.0}'
+    async with open_pool(postgres_url, size=2) as pool:
+        assert await migrate(pool, schema, "runs", RUNS_MIGRATIONS[:1]) == 1
+        await pool.execute(
+            f'INSERT INTO "{schema}".run_schedules (namespace, name, spec) VALUES ($1, $2, $3)',
+            "reports", "old", old,
+        )  # fmt: skip
+    async with dt.open_backend(f"{postgres_url}?schema={schema}") as backend:
+        async with open_run_store(backend, "reports") as store:
+            (info,) = await Schedules(store, lambda: EPOCH).list()
+            assert info.schedule is not None
+            assert info.schedule.overlap == "skip"
+            await store.put_schedule_state("old", '{"skipped": 1}')
+            assert await store.get_schedule_states() == {"old": '{"skipped": 1}'}
+    async with open_pool(postgres_url, size=2) as pool:
+        assert (await schema_versions(pool, schema))["runs"] == 2
