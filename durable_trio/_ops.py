@@ -12,6 +12,7 @@ workers then follow. See docs/operations.md.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from ._engine._advert import EngineDescriptor
+    from ._engine._schedules import BackfillTick
     from ._engine._stores import RunStore
     from ._transport._supervised import SupervisedSlot
 
@@ -697,6 +699,29 @@ class Operations:
             RunNotRetryable: it is not failed.
         """
         return await retry_run(self.store, run_id)
+
+    # -- schedules --------------------------------------------------------------------------
+
+    async def backfill_schedule(
+        self, name: str, start: float, end: float, *, dry_run: bool = False
+    ) -> tuple[BackfillTick, ...] | None:
+        """Start the runs of schedule ``name``'s ticks from ``start`` to ``end`` (Unix
+        seconds, both included, in the past), each exactly once, as
+        :meth:`Schedules.backfill` does (``durable-trio schedules backfill``): recorded
+        pending, an engine of the namespace takes each over.
+
+        Returns:
+            Each tick of the range and whether this call started its run (``None``: no such
+            schedule).
+
+        Raises:
+            ConfigError: see :meth:`Schedules.backfill` (a bad or future range, more than
+                1,000 ticks, a damaged schedule).
+        """
+        from ._engine._schedules import Schedules
+
+        schedules = Schedules(self.store, time.time)
+        return await schedules.backfill(name, start, end, dry_run=dry_run)
 
     # -- jobs -------------------------------------------------------------------------------
 

@@ -225,7 +225,10 @@ async def test_catch_up_after_every_engine_was_down(
 ) -> None:
     started: list[tuple[str, float]] = []
     app = reporting_app(started)
-    app.schedule("hourly", "report", every=100, catch_up=catch_up, max_catch_up=3)  # type: ignore[arg-type]
+    # overlap="allow": the ticks of one catch-up start at once, each beside the others.
+    app.schedule(
+        "hourly", "report", every=100, catch_up=catch_up, max_catch_up=3, overlap="allow"  # type: ignore[arg-type]
+    )
     async with dt.open_backend(url) as backend:
         async with engines(app, backend):
             await trio.sleep_until(350)
@@ -426,7 +429,8 @@ def test_schedules_cli(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     backend = ["--backend", url, "--namespace", "reports"]
     nightly = ["nightly", "report", "--cron", "0 3 * * *", "--timezone", "Europe/Paris"]
     assert main(["schedules", "add", *nightly, "--input", '{"to": "ops"}', *backend]) == 0
-    assert main(["schedules", "add", "often", "report", "--every", "30", *backend]) == 0
+    often = ["often", "report", "--every", "30", "--overlap", "allow"]
+    assert main(["schedules", "add", *often, *backend]) == 0
     assert main(["schedules", "add", "bad", "report", "--every", "0", *backend]) == 2
     assert main(["schedules", "pause", "often", *backend]) == 0
     capsys.readouterr()
@@ -435,6 +439,8 @@ def test_schedules_cli(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert listed["nightly"]["cron"] == "0 3 * * *"
     assert listed["nightly"]["input"] == {"to": "ops"}
     assert listed["often"]["paused"] is True
+    assert listed["often"]["overlap"] == "allow"
+    assert listed["nightly"]["overlap"] == "skip"
     assert main(["schedules", "resume", "often", *backend]) == 0
     assert main(["schedules", "delete", "nightly", *backend]) == 0
     assert main(["schedules", "delete", "nightly", *backend]) == 1

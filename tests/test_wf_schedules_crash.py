@@ -34,7 +34,10 @@ async def tick(ctx: WorkflowContext, _: Any) -> str:
     return ctx.run_id
 
 
-app.schedule("fast", "tick", every=EVERY)
+# "allow": a run whose engine was killed stays unfinished until its lease lapses; under the
+# default "skip" the ticks meanwhile would start nothing (by design), and this test checks that
+# every tick starts once (the overlap policies: test_wf_schedules_overlap.py).
+app.schedule("fast", "tick", every=EVERY, overlap="allow")
 
 
 async def engine_process(url: str, engine_id: str) -> None:

@@ -27,7 +27,7 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
 2. stores: ``_stores`` (the run store: ``_contract``, ``memory``, ``sqlite``, ``redis``,
    ``_paging``, ``_shard_paging``, ``_wakes``)
 3. store operations: ``_new_run`` (recording a run), ``_reopen`` (an operator's retry),
-   ``_schedules``
+   ``_schedule_overlap`` (schedules' overlap policies), ``_schedules``
 4. workflow code: ``_context`` (what a workflow sees), ``_app`` (the registry),
    ``_versioning`` (blocked runs)
 5. services: ``_drivers`` (the registry of the engine's drivers, their one owner), ``_waits``

@@ -15,7 +15,7 @@ from ._step_timeouts import StepTimeouts
 
 if TYPE_CHECKING:
     from ._context import WorkflowContext
-    from ._schedules import CatchUp, Schedule
+    from ._schedules import CatchUp, Overlap, Schedule
 
 __all__ = ["App", "StepDefinition", "StepFunction", "WorkflowDefinition", "WorkflowFunction"]
 
@@ -276,6 +276,7 @@ class App:
         timezone: str = "UTC",
         catch_up: CatchUp = "skip",
         max_catch_up: int = 10,
+        overlap: Overlap = "skip",
     ) -> None:
         """Declare schedule ``name``: each tick starts one run of ``workflow`` with ``input``,
         its id ``sched:{name}:{tick, UTC ISO 8601}`` (see ``docs/engine.md``, "Schedules").
@@ -292,6 +293,10 @@ class App:
             catch_up: ticks missed while no engine ran: ``"skip"`` (default), ``"once"``
                 (start the latest) or ``"all"`` (start the latest ``max_catch_up``).
             max_catch_up: the bound on ticks started at once.
+            overlap: a tick while the run of the previous one is unfinished: ``"skip"``
+                (default: it starts nothing, counted), ``"buffer_one"`` (it starts when that
+                run ends; at most one waits), ``"allow"`` (runs stack) or ``"cancel_other"``
+                (cancel that run, then start). See ``docs/concurrency.md``.
 
         Raises:
             ConfigError: a bad cron expression, unknown time zone, ``every`` <= 0, both or
@@ -301,7 +306,7 @@ class App:
 
         schedule = Schedule.make(
             name, workflow, cron=cron, every=every, input=input, timezone=timezone,
-            catch_up=catch_up, max_catch_up=max_catch_up,
+            catch_up=catch_up, max_catch_up=max_catch_up, overlap=overlap,
         )  # fmt: skip
         if workflow not in self._workflows:
             raise ConfigError(f"schedule {name!r}: no workflow {workflow!r} in app {self.name!r}")

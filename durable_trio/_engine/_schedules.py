@@ -19,6 +19,7 @@ are evaluated by ``cronsim`` in the schedule's time zone (``zoneinfo``); see
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import math
 import re
@@ -32,7 +33,9 @@ from cronsim import CronSim, CronSimError
 
 from .._errors import BrokerError, ConfigError, PayloadError
 from ._errors import EngineClosed, EngineError
+from ._new_run import record_new_run
 from ._records import normalize_json
+from ._schedule_overlap import OverlapGate, OverlapState
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterator, Mapping
@@ -73,10 +76,17 @@ class _Engine(Protocol):
         self, workflow: str, input: Any = None, *, run_id: str | None = None
     ) -> str: ...
 
+    async def cancel(self, run_id: str, *, reason: str = "cancelled") -> bool: ...
+
+    async def result(self, run_id: str) -> Any: ...
+
 __all__ = [
     "CATCH_UP_POLICIES",
+    "MAX_BACKFILL",
     "MAX_EVERY",
     "MIN_EVERY",
+    "OVERLAP_POLICIES",
+    "BackfillTick",
     "Schedule",
     "ScheduleInfo",
     "Scheduler",
@@ -88,6 +98,11 @@ __all__ = [
 CatchUp = Literal["skip", "once", "all"]
 #: What a schedule does with ticks missed while no engine ran (see :class:`Schedule`).
 CATCH_UP_POLICIES: Final = ("skip", "once", "all")
+Overlap = Literal["skip", "buffer_one", "allow", "cancel_other"]
+#: What a tick does while the schedule's previous run is unfinished (see :class:`Schedule`).
+OVERLAP_POLICIES: Final = ("skip", "buffer_one", "allow", "cancel_other")
+#: The most ticks one backfill starts (:meth:`Schedules.backfill`): a wider range is refused.
+MAX_BACKFILL: Final = 1000
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
 #: The shortest ``every`` (seconds): each tick is a durable run (a store write and a driver),
 #: so a sub-second period is a load generator, not a schedule.
@@ -148,6 +163,10 @@ class Schedule:
     """Ticks missed while no engine ran (older than ``schedule_grace``): ``skip`` them,
     run ``once`` (the latest), or run ``all`` (the latest ``max_catch_up`` of them)."""
     max_catch_up: int = 10
+    overlap: Overlap = "skip"
+    """A tick while the run of the schedule's previous tick is unfinished: ``skip`` it
+    (counted), ``buffer_one`` (it starts when that run ends; at most one waits, later ones
+    are dropped), ``allow`` (runs stack), ``cancel_other`` (cancel that run, then start)."""
     paused: bool = False
     created_at: float | None = None
     """Wall-clock time it was first stored: its first tick is the first after this."""
@@ -164,6 +183,7 @@ class Schedule:
         timezone: Any = "UTC",
         catch_up: Any = "skip",
         max_catch_up: Any = 10,
+        overlap: Any = "skip",
         paused: bool = False,
         created_at: float | None = None,
     ) -> Schedule:
@@ -172,8 +192,8 @@ class Schedule:
         Raises:
             ConfigError: a bad name, cron expression, time zone, ``every`` (not a number of
                 seconds from :data:`MIN_EVERY`, 1, to :data:`MAX_EVERY`, 366 days), both or
-                neither of ``cron``/``every``, catch-up policy or ``max_catch_up``, or an
-                input that is not JSON.
+                neither of ``cron``/``every``, catch-up policy, ``max_catch_up`` or overlap
+                policy, or an input that is not JSON.
         """
         if not isinstance(name, str) or not _NAME.match(name):
             raise ConfigError(
@@ -212,6 +232,10 @@ class Schedule:
             )
         if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or max_catch_up < 1:
             raise ConfigError(f"schedule {name!r}: max_catch_up must be an int >= 1")
+        if overlap not in OVERLAP_POLICIES:
+            raise ConfigError(
+                f"schedule {name!r}: overlap is one of {OVERLAP_POLICIES}, got {overlap!r}"
+            )
         return cls(
             name=name,
             workflow=workflow,
@@ -221,6 +245,7 @@ class Schedule:
             timezone=timezone,
             catch_up=catch_up,
             max_catch_up=max_catch_up,
+            overlap=overlap,
             paused=bool(paused),
             created_at=created_at,
         )
@@ -238,6 +263,7 @@ class Schedule:
                 "timezone": self.timezone,
                 "catch_up": self.catch_up,
                 "max_catch_up": self.max_catch_up,
+                "overlap": self.overlap,
                 "paused": self.paused,
                 "created_at": self.created_at,
             }
@@ -280,6 +306,8 @@ class Schedule:
             timezone=data.get("timezone", "UTC"),
             catch_up=data.get("catch_up", "skip"),
             max_catch_up=data.get("max_catch_up", 10),
+            # A row stored before overlap policies: the default (docs/decisions.md).
+            overlap=data.get("overlap", "skip"),
             paused=paused,
             created_at=created,
         )
@@ -370,6 +398,27 @@ class ScheduleInfo:
     last_tick: float | None
     next_tick: float | None
     error: str | None = None
+    skipped: int = 0
+    """Ticks that started nothing under its overlap policy (see :class:`Schedule`)."""
+    buffered: float | None = None
+    """The tick waiting for the previous run to end (``buffer_one``), or ``None``."""
+
+
+@attrs.frozen(kw_only=True)
+class BackfillTick:
+    """One tick of a backfill (:meth:`Schedules.backfill`)."""
+
+    tick: float
+    run_id: str
+    started: bool
+    """Whether the backfill started its run (``False``: the run existed: the schedule or an
+    earlier backfill started it); with ``dry_run``, whether it would."""
+
+
+def _range_time(what: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"backfill: {what} must be a time (Unix seconds), got {value!r}")
+    return float(value)
 
 
 class Schedules:
@@ -413,6 +462,7 @@ class Schedules:
         timezone: str = "UTC",
         catch_up: CatchUp = "skip",
         max_catch_up: int = 10,
+        overlap: Overlap = "skip",
         replace: bool = False,
     ) -> bool:
         """Store schedule ``name``: each tick starts a run of ``workflow`` with ``input``.
@@ -428,7 +478,8 @@ class Schedules:
         """
         schedule = Schedule.make(
             name, workflow, cron=cron, every=every, input=input, timezone=timezone,
-            catch_up=catch_up, max_catch_up=max_catch_up, created_at=self._wall(),
+            catch_up=catch_up, max_catch_up=max_catch_up, overlap=overlap,
+            created_at=self._wall(),
         )  # fmt: skip
         self._check_workflow(schedule)
         stored: bool = await self._store.put_schedule(name, schedule.dumps(), replace=replace)
@@ -448,7 +499,9 @@ class Schedules:
         that no live engine runs, per ``known``) with its ``error`` too (engines skip it)."""
         now = self._wall()
         infos = []
-        for name, text, last in sorted(await self._store.get_schedules()):
+        rows = sorted(await self._store.get_schedules())
+        states = await self._store.get_schedule_states() if rows else {}
+        for name, text, last in rows:
             try:
                 schedule = Schedule.load_row(name, text, last)
             except ConfigError as exc:
@@ -458,9 +511,11 @@ class Schedules:
                 continue
             upcoming = None if schedule.paused else schedule.next_after(max(now, last or now))
             error = self._unknown(schedule.workflow)
+            state = OverlapState.loads(states.get(name))
             info = ScheduleInfo(
-                name=name, schedule=schedule, last_tick=last, next_tick=upcoming, error=error
-            )
+                name=name, schedule=schedule, last_tick=last, next_tick=upcoming, error=error,
+                skipped=state.skipped, buffered=state.buffered,
+            )  # fmt: skip
             infos.append(info)
         return infos
 
@@ -517,6 +572,69 @@ class Schedules:
         self._on_change()
         return stored
 
+    async def backfill(
+        self, name: str, start: float, end: float, *, dry_run: bool = False
+    ) -> tuple[BackfillTick, ...] | None:
+        """Start the runs of schedule ``name``'s ticks from ``start`` to ``end`` (both
+        included; wall-clock Unix seconds, in the past), oldest first, each under its tick's
+        run id (``sched:{name}:{tick}``): a tick whose run exists (the schedule started it,
+        or an earlier backfill did) starts nothing, so backfilling a range again, or after
+        an interrupted backfill, starts each tick exactly once. The runs are recorded
+        pending (as ``engine.start(detach=True)``): an engine of the namespace takes each
+        over. The overlap policy does not apply (every tick of the range starts), nor the
+        catch-up policy, nor ``paused``; the schedule's last tick and overlap state are left
+        as they are. ``dry_run``: start nothing, tell what would start.
+
+        Returns:
+            Each tick of the range (``None``: no such schedule).
+
+        Raises:
+            ConfigError: the stored schedule is damaged, its workflow unknown (with an
+                ``app``), ``start``/``end`` not times, ``start > end``, ``end`` after now,
+                or the range holds more than :data:`MAX_BACKFILL` (1,000) ticks.
+            EngineError: a tick's run id exists as a run of another workflow.
+        """
+        start = _range_time("start", start)
+        end = _range_time("end", end)
+        if start > end:
+            raise ConfigError(f"backfill: the start {start!r} is after the end {end!r}")
+        now = self._wall()
+        if end > now:
+            raise ConfigError(
+                f"backfill: the end {end!r} is after now ({now!r}): a backfill starts past "
+                "ticks (the schedule starts the others)"
+            )
+        info = await self.get(name)
+        if info is None:
+            return None
+        schedule = info.schedule
+        if schedule is None:
+            raise ConfigError(f"{info.error}; delete it or add it again with replace")
+        self._check_workflow(schedule)
+        ticks: list[float] = []
+        for tick in schedule.ticks_back(end):
+            if tick < start:
+                break
+            if len(ticks) == MAX_BACKFILL:
+                raise ConfigError(
+                    f"backfill: the range holds more than {MAX_BACKFILL} ticks of schedule "
+                    f"{name!r}: backfill it in narrower ranges"
+                )
+            ticks.append(tick)
+        ticks.reverse()
+        done = []
+        for tick in ticks:
+            run_id = schedule_run_id(name, tick)
+            if dry_run:
+                started = await self._store.get_run(run_id) is None
+            else:
+                _, started = await record_new_run(
+                    self._store, schedule.workflow, schedule.input, run_id=run_id,
+                    owner=None, lease=0.0, timeout=None, parent=None,
+                )  # fmt: skip
+            done.append(BackfillTick(tick=tick, run_id=run_id, started=started))
+        return tuple(done)
+
     async def delete(self, name: str) -> bool:
         """Delete it (runs it started stay). Returns whether it existed."""
         deleted: bool = await self._store.delete_schedule(name)
@@ -535,6 +653,7 @@ class Scheduler:
         self._unknown: dict[str, str] = {}
         """Schedule -> the workflow it names that the app does not register (warned of)."""
         self._registered = False
+        self._gate = OverlapGate(engine, changed.set)
 
     async def start(self) -> None:
         """Store the app's declared schedules before the engine is handed out (a store
@@ -574,6 +693,12 @@ class Scheduler:
 
     async def run(self) -> None:
         """Register the app's schedules, then start due ticks until cancelled."""
+        async with trio.open_nursery() as watchers:
+            self._gate.watch_in = watchers
+            await self._run()
+            watchers.cancel_scope.cancel()
+
+    async def _run(self) -> None:
         options = self._engine.options
         while not self._registered:
             try:
@@ -627,13 +752,18 @@ class Scheduler:
         except BrokerError as exc:
             engine.report(exc)
             return None
+        try:
+            states = await engine.store.get_schedule_states() if rows else {}
+        except BrokerError as exc:
+            engine.report(exc)
+            return None
         soonest: float | None = None
         if self._unknown:  # deleted schedules: warned of again should they come back
             present = {row[0] for row in rows}
             self._unknown = {n: w for n, w in self._unknown.items() if n in present}
         for name, text, last in rows:
             try:
-                upcoming = await self._fire(name, text, last)
+                upcoming = await self._fire(name, text, last, states.get(name))
             except EngineClosed:
                 raise
             except BrokerError as exc:
@@ -656,7 +786,9 @@ class Scheduler:
                 soonest = upcoming
         return soonest
 
-    async def _fire(self, name: str, text: str, last: float | None) -> float | None:
+    async def _fire(
+        self, name: str, text: str, last: float | None, state: str | None
+    ) -> float | None:
         engine = self._engine
         options = engine.options
         schedule = Schedule.load_row(name, text, last)
@@ -668,10 +800,15 @@ class Scheduler:
         self._unknown.pop(name, None)
         now = options.wall_clock()
         ticks, newest = schedule.due(last, now, options.schedule_grace)
-        for tick in ticks:
-            run_id = schedule_run_id(name, tick)
-            await engine.start(schedule.workflow, schedule.input, run_id=run_id)
-            await engine.store.mark_schedule_tick(name, tick)
+        if schedule.overlap != "allow":
+            run_of = functools.partial(schedule_run_id, name)
+            latest = lambda: next(schedule.ticks_back(options.wall_clock()), None)  # noqa: E731
+            await self._gate.fire(name, schedule, ticks, last, state, run_of, latest)
+        else:
+            for tick in ticks:
+                run_id = schedule_run_id(name, tick)
+                await engine.start(schedule.workflow, schedule.input, run_id=run_id)
+                await engine.store.mark_schedule_tick(name, tick)
         if newest is not None and (not ticks or newest > ticks[-1]):
             await engine.store.mark_schedule_tick(name, newest)
         base = max(now, newest if newest is not None else now)

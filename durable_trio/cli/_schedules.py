@@ -1,4 +1,5 @@
-"""``durable-trio schedules list | add | pause | resume | delete``: a namespace's schedules.
+"""``durable-trio schedules list | add | pause | resume | delete | backfill``: a namespace's
+schedules.
 
 Each opens the backend and the namespace's run store only (as ``runs``), changes or prints the
 stored schedules and exits: 0 on success, 1 when the schedule named is not there (or ``add``
@@ -22,13 +23,14 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._naming import DEFAULT_NAMESPACE
-from ._operations import DEFAULT_BACKEND, _common, _time, resolve_namespace, table
+from ._operations import DEFAULT_BACKEND, _common, _time, _when, resolve_namespace, table
+from ._terminal import visible
 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Awaitable, Callable
 
-    from .._engine._schedules import Schedules
+    from .._engine._schedules import ScheduleInfo, Schedules
     from .._ops import Operations
 
 __all__ = ["add_schedule_commands"]
@@ -59,7 +61,9 @@ async def _list(target: _Target, args: argparse.Namespace) -> int:
                 d = info.schedule
                 entry.update(workflow=d.workflow, cron=d.cron, every=d.every, input=d.input,
                              timezone=d.timezone, catchUp=d.catch_up,
-                             maxCatchUp=d.max_catch_up, paused=d.paused)  # fmt: skip
+                             maxCatchUp=d.max_catch_up, overlap=d.overlap,
+                             skipped=info.skipped, buffered=info.buffered,
+                             paused=d.paused)  # fmt: skip
             rows.append(entry)
         print(json.dumps(rows, indent=2))
         return 0
@@ -67,16 +71,28 @@ async def _list(target: _Target, args: argparse.Namespace) -> int:
     for info in infos:
         s = info.schedule
         if s is None:
-            lines.append([info.name, "—", "DAMAGED", "—", "—", _time(info.last_tick)])
+            lines.append([info.name, "—", "DAMAGED", "—", "—", "—", _time(info.last_tick)])
             continue
         when = s.cron + f" ({s.timezone})" if s.cron is not None else f"every {s.every:g} s"
         state: str = "paused" if s.paused else s.catch_up
         if info.error is not None:  # no live engine (or --app's) runs it: engines skip it
             state = "unknown workflow"
-        lines.append([info.name, s.workflow, when, state, _time(info.next_tick),
-                      _time(info.last_tick)])  # fmt: skip
-    print(table(["name", "workflow", "when", "state", "next tick", "last tick"], lines), end="")
+        lines.append([info.name, s.workflow, when, state, _overlap(info),
+                      _time(info.next_tick), _time(info.last_tick)])  # fmt: skip
+    headers = ["name", "workflow", "when", "state", "overlap", "next tick", "last tick"]
+    print(table(headers, lines), end="")
     return 0
+
+
+def _overlap(info: ScheduleInfo) -> str:
+    """The overlap policy, with the ticks it skipped and the one it holds (if any)."""
+    assert info.schedule is not None
+    shown: str = info.schedule.overlap
+    if info.skipped:
+        shown += f", {info.skipped} skipped"
+    if info.buffered is not None:
+        shown += f", {_time(info.buffered)} buffered"
+    return shown
 
 
 async def _add(target: _Target, args: argparse.Namespace) -> int:
@@ -85,19 +101,45 @@ async def _add(target: _Target, args: argparse.Namespace) -> int:
     value = None if args.input is None else parse_json_argument(args.input, "--input")
     refusal, warning = (None, None) if args.app is not None else _check_workflow(target, args)
     if refusal is not None:
-        print(f"error: {refusal}", file=sys.stderr)
+        print(visible(f"error: {refusal}"), file=sys.stderr)
         return 2
     stored = await target.schedules.add(
         args.name, args.workflow, cron=args.cron, every=args.every, input=value,
         timezone=args.timezone, catch_up=args.catch_up, max_catch_up=args.max_catch_up,
-        replace=args.replace,
+        overlap=args.overlap, replace=args.replace,
     )  # fmt: skip
     if not stored:
-        print(f"schedule {args.name!r} exists (--replace to overwrite it)", file=sys.stderr)
+        print(visible(f"schedule {args.name!r} exists (--replace to overwrite it)"),
+              file=sys.stderr)  # fmt: skip
         return 1
     if warning is not None:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(f"added schedule {args.name!r}")
+        print(visible(f"warning: {warning}"), file=sys.stderr)
+    print(visible(f"added schedule {args.name!r}"))
+    return 0
+
+
+async def _backfill(target: _Target, args: argparse.Namespace) -> int:
+    start, end = _when(args.start), _when(args.end)
+    assert start is not None  # (required options)
+    assert end is not None
+    done = await target.schedules.backfill(args.name, start, end, dry_run=args.dry_run)
+    if done is None:
+        print(visible(f"no schedule {args.name!r}"), file=sys.stderr)
+        return 1
+    if args.json:
+        rows = [{"tick": t.tick, "runId": t.run_id, "started": t.started} for t in done]
+        print(json.dumps(rows, indent=2))
+        return 0
+    verb = ("would start", "exists") if args.dry_run else ("started", "existed")
+    lines = [[_time(t.tick), t.run_id, verb[0] if t.started else verb[1]] for t in done]
+    print(table(["tick", "run id", "run"], lines), end="")
+    fresh = sum(t.started for t in done)
+    summary = (
+        f"{len(done)} ticks of schedule {args.name!r}: {fresh} "
+        + ("would start (dry run)" if args.dry_run else "started")
+        + f", {len(done) - fresh} had a run"
+    )
+    print(visible(summary))
     return 0
 
 
@@ -124,9 +166,9 @@ def _change(verb: str) -> Callable[[_Target, argparse.Namespace], Awaitable[int]
     async def change(target: _Target, args: argparse.Namespace) -> int:
         done = await getattr(target.schedules, verb)(args.name)
         if not done:
-            print(f"no schedule {args.name!r}", file=sys.stderr)
+            print(visible(f"no schedule {args.name!r}"), file=sys.stderr)
             return 1
-        print(f"{_DONE[verb]} schedule {args.name!r}")
+        print(visible(f"{_DONE[verb]} schedule {args.name!r}"))
         return 0
 
     return change
@@ -177,7 +219,9 @@ def add_schedule_commands(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> None:
     """Add ``schedules`` to ``durable-trio``'s sub-commands."""
-    group = subparsers.add_parser("schedules", help="list, add, pause, resume or delete schedules")
+    group = subparsers.add_parser(
+        "schedules", help="list, add, pause, resume, delete or backfill schedules"
+    )
     commands = group.add_subparsers(dest="schedules_command", required=True)
     listing = commands.add_parser("list", help="the namespace's schedules, next and last tick")
     _common(listing)
@@ -194,6 +238,13 @@ def add_schedule_commands(
     add.add_argument("--catch-up", default="skip", choices=("skip", "once", "all"),
                      help="ticks missed while no engine ran (skip)")  # fmt: skip
     add.add_argument("--max-catch-up", type=int, default=10, help="bound on ticks run at once")
+    add.add_argument(
+        "--overlap",
+        default="skip",
+        choices=("skip", "buffer_one", "allow", "cancel_other"),
+        help="a tick while the previous run is unfinished: skip it (default), buffer_one "
+        "(start it when that run ends), allow (stack runs), cancel_other (cancel that run)",
+    )
     add.add_argument("--replace", action="store_true", help="overwrite a schedule of that name")
     add.add_argument(
         "--force",
@@ -210,3 +261,15 @@ def add_schedule_commands(
         _common(sub)
         sub.add_argument("name", metavar="NAME")
         sub.set_defaults(func=_runner(_change(verb)))
+    backfill = commands.add_parser(
+        "backfill", help="start the runs of a schedule's past ticks in a range (each once)"
+    )
+    _common(backfill)
+    backfill.add_argument("name", metavar="NAME")
+    when_help = "Unix seconds or ISO 8601 (UTC unless it names a zone); the tick at it counts"
+    backfill.add_argument("--from", dest="start", required=True, metavar="T", help=when_help)
+    backfill.add_argument("--to", dest="end", required=True, metavar="T", help=when_help)
+    backfill.add_argument(
+        "--dry-run", action="store_true", help="start nothing: print the ticks and their runs"
+    )
+    backfill.set_defaults(func=_runner(_backfill))

@@ -62,6 +62,11 @@ def _row(info: ScheduleInfo, *, allow_actions: bool) -> str:
     else:
         state = status_badge("active")
     catch_up = f"{s.catch_up} (at most {s.max_catch_up})" if s is not None else "—"
+    overlap = "—"
+    if s is not None:
+        overlap = s.overlap + (f" ({info.skipped} skipped)" if info.skipped else "")
+        if info.buffered is not None:
+            overlap += " · one buffered"
     value = (
         f'<details data-key="in-{attr(info.name)}"><summary>input</summary>'
         f"{json_block(s.input)}</details>"
@@ -77,6 +82,7 @@ def _row(info: ScheduleInfo, *, allow_actions: bool) -> str:
         f"<td>{stamp(info.next_tick)}</td>"
         f"<td>{stamp(info.last_tick)}</td>"
         f"<td>{esc(catch_up)}</td>"
+        f'<td data-overlap="{attr(s.overlap if s is not None else "")}">{esc(overlap)}</td>'
         f"<td>{value}</td>"
         f'<td class="error-text">{esc(info.error or "")}</td>'
         f"<td>{_buttons(info, allow_actions=allow_actions)}</td>"
@@ -108,6 +114,7 @@ def render_schedules(infos: list[ScheduleInfo], *, allow_actions: bool) -> Html:
             "next tick",
             "last tick",
             "catch-up",
+            "overlap",
             "input",
             "error",
             "",

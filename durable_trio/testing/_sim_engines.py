@@ -127,6 +127,12 @@ class _EngineStore:
     async def mark_schedule_tick(self, name: str, tick: float) -> None:
         await self._call(lambda: self.inner.mark_schedule_tick(name, tick))
 
+    async def get_schedule_states(self) -> dict[str, str]:
+        return await self._call(self.inner.get_schedule_states)
+
+    async def put_schedule_state(self, name: str, state: str) -> None:
+        await self._call(lambda: self.inner.put_schedule_state(name, state))
+
     async def get_run(self, run_id: str) -> RunRecord | None:
         return await self._call(lambda: self.inner.get_run(run_id))
 

@@ -7,11 +7,18 @@ that every scheduled run's tick is on the schedule's calendar (none invented or 
 time, at which some engine was up (for a second after it) has its run. A tick while no engine
 was up may be missing (the ``skip`` policy); one that started (well before the end) must have
 ended.
+
+Overlap policies (issue 33, item 5): under any but ``allow``, a tick may also be missing while a
+run of its schedule was unfinished (skipped, or dropped beside a buffered one); and under
+``skip`` no two runs of one schedule were ever unfinished at once (each run, from its creation
+to its end in the store, ends before the next one is created).
 """
 
 from __future__ import annotations
 
 import datetime
+import itertools
+import math
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -46,6 +53,16 @@ def _up_intervals(ledger: Ledger, end: float) -> list[tuple[float, float]]:
             intervals.append((opened.pop(event["engine"]), event["t"]))
     intervals.extend((start, end) for start in opened.values())
     return intervals
+
+
+def _check_one_at_once(ledger: Ledger, name: str, spans: list[tuple[float, float]]) -> None:
+    """Under ``skip``: each run ended before the next one was created."""
+    for (_, ended), (created, _) in itertools.pairwise(spans):
+        if created < ended:
+            ledger.violation(
+                f"schedule {name!r} (overlap skip) had two runs at once: one created at "
+                f"t={created:.3f} while another ran until t={ended:.3f}"
+            )
 
 
 def _tick_of(name: str, run_id: str) -> float:
@@ -83,6 +100,13 @@ async def check_schedule_ticks(
         assert schedule.created_at is not None
         mine = [r for r in runs if r.run_id.startswith(f"sched:{name}:")]
         ticks = {_tick_of(name, r.run_id) for r in mine}
+        # Each run's (created, ended) in ledger time (the memory store's clock is trio's).
+        spans = sorted(
+            (r.created_at - ledger.t0, r.updated_at - ledger.t0 if r.status.terminal else math.inf)
+            for r in mine
+        )
+        if schedule.overlap == "skip":
+            _check_one_at_once(ledger, name, spans)
         for run in mine:
             started = _tick_of(name, run.run_id) - offset
             ended = run.status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
@@ -98,6 +122,8 @@ async def check_schedule_ticks(
             ledger.violation(f"schedule {name!r} started a tick not on its calendar: {tick}")
         for tick in sorted(calendar - ticks):
             at = tick - offset
+            if schedule.overlap != "allow" and any(c <= at <= e + _SEEN_WITHIN for c, e in spans):
+                continue  # a run of the schedule was unfinished: skipped (or dropped)
             if at <= until and any(a <= at and at + _SEEN_WITHIN <= b for a, b in intervals):
                 ledger.violation(
                     f"schedule {name!r} missed its tick at t={at:.3f} while an engine was up"

@@ -219,12 +219,23 @@ class RunStore(Protocol):
         ...
 
     async def delete_schedule(self, name: str) -> bool:
-        """Delete schedule ``name`` and its last tick. Returns whether it existed."""
+        """Delete schedule ``name``, its last tick and its overlap state. Returns whether it
+        existed."""
         ...
 
     async def mark_schedule_tick(self, name: str, tick: float) -> None:
         """Record that ``tick`` of schedule ``name`` was handled: its last tick becomes
         ``max(last tick, tick)`` (atomically; nothing if the schedule does not exist)."""
+        ...
+
+    async def get_schedule_states(self) -> dict[str, str]:
+        """The overlap state of every schedule that has one (JSON text the scheduler writes
+        with :meth:`put_schedule_state`), by name."""
+        ...
+
+    async def put_schedule_state(self, name: str, state: str) -> None:
+        """Store schedule ``name``'s overlap state (JSON text; nothing if the schedule does
+        not exist). :meth:`put_schedule` keeps it; :meth:`delete_schedule` deletes it."""
         ...
 
     async def append_signal(self, run_id: str, name: str, payload: str) -> int | None:

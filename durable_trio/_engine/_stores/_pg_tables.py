@@ -108,6 +108,11 @@ RUNS_MIGRATIONS: Final = (
         """,
         "runs, checkpoints, schedules, signals, events",
     ),
+    Migration(
+        2,
+        "ALTER TABLE {schema}.run_schedules ADD COLUMN IF NOT EXISTS state text",
+        "the schedules' overlap state",
+    ),
 )
 
 RUN_COLUMNS: Final = _RUN_COLUMNS
@@ -270,6 +275,13 @@ DELETE_SCHEDULE: Final = "DELETE FROM {schema}.run_schedules WHERE namespace = $
 MARK_SCHEDULE_TICK: Final = """
     UPDATE {schema}.run_schedules SET last_tick = $3::float8
     WHERE namespace = $1 AND name = $2 AND (last_tick IS NULL OR last_tick < $3::float8)
+"""
+
+GET_SCHEDULE_STATES: Final = """
+    SELECT name, state FROM {schema}.run_schedules WHERE namespace = $1 AND state IS NOT NULL
+"""
+PUT_SCHEDULE_STATE: Final = """
+    UPDATE {schema}.run_schedules SET state = $3 WHERE namespace = $1 AND name = $2
 """
 
 # -- signals and events ----------------------------------------------------------------------

@@ -100,6 +100,7 @@ _SCHEMA: Final = (
         name TEXT NOT NULL,
         spec TEXT NOT NULL,
         last_tick REAL,
+        state TEXT,
         PRIMARY KEY (namespace, name)
     ) WITHOUT ROWID
     """,
@@ -319,6 +320,10 @@ def create_schema(db: sqlite3.Connection) -> None:
     # A file written before attempt logs: add the column (NULL: no attempt logged).
     if "attempts" not in columns:
         db.execute("ALTER TABLE dt_steps ADD COLUMN attempts TEXT")
+    # A file written before schedule overlap policies: add their state (NULL: none yet).
+    columns = {row[1] for row in db.execute("PRAGMA table_info(dt_schedules)")}
+    if "state" not in columns:
+        db.execute("ALTER TABLE dt_schedules ADD COLUMN state TEXT")
 
 
 # -- operations (each runs in the connection thread, as one transaction) -----------------------
@@ -346,6 +351,12 @@ def mark_schedule_tick(ns: str, name: str, tick: float, db: sqlite3.Connection) 
         "UPDATE dt_schedules SET last_tick = ? WHERE namespace = ? AND name = ? "
         "AND (last_tick IS NULL OR last_tick < ?)",
         (tick, ns, name, tick),
+    )
+
+
+def put_schedule_state(ns: str, name: str, state: str, db: sqlite3.Connection) -> None:
+    db.execute(
+        "UPDATE dt_schedules SET state = ? WHERE namespace = ? AND name = ?", (state, ns, name)
     )
 
 

@@ -138,6 +138,7 @@ class MemoryRunStore:
         self._seq = itertools.count(1)
         self._closed = False
         self._schedules: dict[str, tuple[str, float | None]] = {}
+        self._schedule_states: dict[str, str] = {}
         self.wakes = RunWakes()
         """Its waiters (every engine of a ``memory://`` backend shares the store)."""
 
@@ -449,6 +450,7 @@ class MemoryRunStore:
 
     async def delete_schedule(self, name: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._schedule_states.pop(name, None)
         return self._schedules.pop(name, None) is not None
 
     async def mark_schedule_tick(self, name: str, tick: float) -> None:
@@ -456,6 +458,15 @@ class MemoryRunStore:
         current = self._schedules.get(name)
         if current is not None and (current[1] is None or tick > current[1]):
             self._schedules[name] = (current[0], tick)
+
+    async def get_schedule_states(self) -> dict[str, str]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return dict(self._schedule_states)
+
+    async def put_schedule_state(self, name: str, state: str) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if name in self._schedules:
+            self._schedule_states[name] = state
 
     async def aclose(self) -> None:
         self._closed = True

@@ -481,6 +481,14 @@ class PostgresRunStore:
         query = self._s(sql.MARK_SCHEDULE_TICK)
         await self._write(lambda: self._pool.execute(query, self._ns, name, float(tick)))
 
+    async def get_schedule_states(self) -> dict[str, str]:
+        rows = await self._fetch(sql.GET_SCHEDULE_STATES, self._ns)
+        return {str(n): str(state) for n, state in rows}
+
+    async def put_schedule_state(self, name: str, state: str) -> None:
+        query = self._s(sql.PUT_SCHEDULE_STATE)
+        await self._write(lambda: self._pool.execute(query, self._ns, name, state))
+
     # -- signals and events (issue 18) ----------------------------------------------------
 
     async def append_signal(self, run_id: str, name: str, payload: str) -> int | None:

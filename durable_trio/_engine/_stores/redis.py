@@ -20,6 +20,7 @@ Redis Cluster slot and every script touches one slot only):
 ``T:step:N:ID:STEP``       hash    one checkpoint (its attempt log in field ``attempts``, JSON)
 ``T:schedules``            hash    schedule name -> its definition (JSON text); shard 0's ``T``
 ``T:schedule-ticks``       hash    schedule name -> its last tick handled (same slot)
+``T:schedule-state``       hash    schedule name -> its overlap state (JSON text; same slot)
 =========================  ======  ===============================================================
 
 Every change is one Lua script (atomic on the server). Times are the client's ``time.time()``
@@ -93,11 +94,19 @@ if last == nil or last < tonumber(ARGV[2]) then redis.call('HSET', KEYS[2], ARGV
 return 1
 """
 
-# KEYS: schedules, ticks. ARGV: name. Deletes the schedule and its last tick.
+# KEYS: schedules, ticks, states. ARGV: name. Deletes the schedule, its last tick and state.
 _DELETE_SCHEDULE: Final = """
 local gone = redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
 return gone
+"""
+
+# KEYS: schedules, states. ARGV: name, state. Stored if the schedule exists.
+_PUT_SCHEDULE_STATE: Final = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
 """
 
 # KEYS: run, seq, all. ARGV: prefix, id, workflow, status, input, output, error, owner, lease, now,
@@ -459,6 +468,7 @@ class RedisRunStore:
         self._reopen: Script = client.script(_REOPEN)
         self._mark_tick: Script = client.script(_MARK_TICK)
         self._delete_schedule: Script = client.script(_DELETE_SCHEDULE)
+        self._put_schedule_state: Script = client.script(_PUT_SCHEDULE_STATE)
         self._channel = f"{{dt-runs:{namespace}}}:wakes"
         self._nursery: trio.Nursery | None = None
         self._listening = False
@@ -913,11 +923,24 @@ class RedisRunStore:
         return found
 
     async def delete_schedule(self, name: str) -> bool:
-        reply = await self._delete_schedule(self._schedule_keys(), (name,))
+        schedules, ticks = self._schedule_keys()
+        keys = (schedules, ticks, self._schedule_state_key())
+        reply = await self._delete_schedule(keys, (name,))
         return bool(reply == 1)
 
     async def mark_schedule_tick(self, name: str, tick: float) -> None:
         await self._mark_tick(self._schedule_keys(), (name, repr(float(tick))))
+
+    def _schedule_state_key(self) -> str:
+        return f"{self._prefixes[0]}:schedule-state"
+
+    async def get_schedule_states(self) -> dict[str, str]:
+        raw = _fields(await self._client.execute("HGETALL", self._schedule_state_key()))
+        return {name.decode(): state.decode("utf-8", "replace") for name, state in raw.items()}
+
+    async def put_schedule_state(self, name: str, state: str) -> None:
+        schedules, _ = self._schedule_keys()
+        await self._put_schedule_state((schedules, self._schedule_state_key()), (name, state))
 
     # -- signals and events (issue 18) ----------------------------------------------------
 

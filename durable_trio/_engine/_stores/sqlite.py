@@ -466,6 +466,22 @@ class SqliteRunStore:
     async def mark_schedule_tick(self, name: str, tick: float) -> None:
         await self._write(partial(tables.mark_schedule_tick, self._ns, name, tick))
 
+    async def get_schedule_states(self) -> dict[str, str]:
+        ns = self._ns
+
+        def read(db: sqlite3.Connection) -> dict[str, str]:
+            rows = db.execute(
+                "SELECT name, state FROM dt_schedules WHERE namespace = ? AND state IS NOT NULL",
+                (ns,),
+            )
+            return {str(n): str(st) for n, st in rows}
+
+        states: dict[str, str] = await self._read(read)
+        return states
+
+    async def put_schedule_state(self, name: str, state: str) -> None:
+        await self._write(partial(tables.put_schedule_state, self._ns, name, state))
+
     async def aclose(self) -> None:
         """Release the store's use of the connection (idempotent)."""
         if self._closed:
