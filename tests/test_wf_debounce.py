@@ -136,8 +136,8 @@ async def test_two_engines_racing_one_key_make_one_run(
             assert folded[1] == t0 + 2 and folded[0] in range(6)
             assert len(await a.list(workflow="slow")) == 1
             assert len(await b.list(workflow="digest")) == 1
-            await b.result(deduped[0])
-            assert trio.current_time() == t0 + 10
+            assert await b.result(deduped[0]) in range(6)
+            assert (await b.get(deduped[0])).updated_at == t0 + 10  # ended, wherever driven
 
 
 async def test_a_debounced_start_outlives_its_engine(
