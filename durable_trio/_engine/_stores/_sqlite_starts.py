@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Final
 import attrs
 import orjson
 
-from .._records import RunRecord, RunStatus
+from .._records import RunRecord, RunStatus, read_trace
 from . import _sqlite_tables as tables
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def start_debounced(
             created_at=now,
             updated_at=now,
             timeout=timeout,
-            trace=None if trace is None else orjson.loads(trace),
+            trace=read_trace(trace),
         )
         stored, fresh = tables.create_run(ns, run, now, db)
         if fresh:
