@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from _every_store import store_clock  # noqa: F401  (a virtual clock that waits for real I/O)
+from _every_store import store_clock  # noqa: F401  (a virtual clock that waits for I/O)
 from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
 from durable_trio import BrokerError
 from durable_trio._engine import Applied, RunRecord, RunStatus, RunStore, StepKind, StepRecord
@@ -757,19 +757,21 @@ def fresh(**kw: Any) -> RunRecord:
     return run(uuid.uuid4().hex, **kw)
 
 
-async def test_a_dedup_key_names_one_unfinished_run(
-    store: RunStore, store_clock: trio.testing.MockClock
-) -> None:
+@pytest.mark.usefixtures("store_clock")
+async def test_a_dedup_key_names_one_unfinished_run(store: RunStore) -> None:
     first, created = await store.create_run_deduped(fresh(input=AWKWARD), "k")
-    assert created and first.input == AWKWARD
+    assert created
+    assert first.input == AWKWARD
     assert await store.get_run(first.run_id) == first
     again, created = await store.create_run_deduped(fresh(input=2), "k")
     assert (again.run_id, again.input, created) == (first.run_id, AWKWARD, False)
     other, created = await store.create_run_deduped(fresh(), "k2")
-    assert created and other.run_id != first.run_id
+    assert created
+    assert other.run_id != first.run_id
     await store.finish_run(first.run_id, RunStatus.COMPLETED)
     second, created = await store.create_run_deduped(fresh(input=3), "k")
-    assert created and second.run_id not in (first.run_id, other.run_id)
+    assert created
+    assert second.run_id not in (first.run_id, other.run_id)
     await store.finish_run(second.run_id, RunStatus.BLOCKED)  # not over: still the key's
     blocked, created = await store.create_run_deduped(fresh(), "k")
     assert (blocked.run_id, created) == (second.run_id, False)
@@ -787,9 +789,8 @@ async def test_a_dedup_key_names_one_unfinished_run(
     assert sorted(made for _, made in got) == [False] * 7 + [True]
 
 
-async def test_debounced_starts_fold_until_due(
-    store: RunStore, store_clock: trio.testing.MockClock
-) -> None:
+@pytest.mark.usefixtures("store_clock")
+async def test_debounced_starts_fold_until_due(store: RunStore) -> None:
     follow = getattr(store, "follow_trio_clock", None)
     if follow is not None:
         follow()

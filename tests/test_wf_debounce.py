@@ -133,7 +133,8 @@ async def test_two_engines_racing_one_key_make_one_run(
             assert len(set(deduped)) == 1
             assert len(set(debounced)) == 1
             folded = await a.result(debounced[0])
-            assert folded[1] == t0 + 2 and folded[0] in range(6)
+            assert folded[1] == t0 + 2
+            assert folded[0] in range(6)
             assert len(await a.list(workflow="slow")) == 1
             assert len(await b.list(workflow="digest")) == 1
             assert await b.result(deduped[0]) in range(6)
@@ -153,7 +154,8 @@ async def test_a_debounced_start_outlives_its_engine(
         async with open_engine(app, backend, store=store, engine_id="heir") as heir:
             assert await heir.result(run_id) == ["late", t0 + 30]
             run = await heir.get(run_id)
-            assert run.owner is None and run.status is RunStatus.COMPLETED
+            assert run.owner is None
+            assert run.status is RunStatus.COMPLETED
 
 
 async def test_bad_keys_and_delays_fail_the_call() -> None:
@@ -167,8 +169,8 @@ async def test_bad_keys_and_delays_fail_the_call() -> None:
         with pytest.raises(dt.ConfigError, match="delay must be a finite number"):
             dt.Debounce(key="k", delay=delay)
     with pytest.raises(TypeError, match="delay must be a number"):
-        dt.Debounce(key="k", delay="5")  # type: ignore[arg-type]
-    with pytest.raises(dt.ConfigError, match="max_wait .* must be at least delay"):
+        dt.Debounce(key="k", delay="5")
+    with pytest.raises(dt.ConfigError, match=r"max_wait \(4 s\) must be at least delay"):
         dt.Debounce(key="k", delay=5, max_wait=4)
     assert dt.Debounce(key="k", delay=5, max_wait=5).max_wait == 5.0
     app = inbox()
@@ -178,7 +180,7 @@ async def test_bad_keys_and_delays_fail_the_call() -> None:
             await engine.start("digest", dedup_key="")
         with pytest.raises(TypeError, match="dedup_key must be a str"):
             await engine.start("digest", dedup_key=3)  # type: ignore[arg-type]
-        with pytest.raises(TypeError, match="debounce must be a dt.Debounce"):
+        with pytest.raises(TypeError, match=r"debounce must be a dt\.Debounce"):
             await engine.start("digest", debounce={"key": "k"})  # type: ignore[arg-type]
         with pytest.raises(dt.ConfigError, match="together"):
             await engine.start("digest", dedup_key="k", debounce=debounce)

@@ -62,6 +62,14 @@ def _check_key(instance: Debounce, attribute: attrs.Attribute[str], value: Any) 
     check_key(value, "dt.Debounce", "key")
 
 
+def _delay(value: Any) -> float:
+    return _seconds(value, "delay")
+
+
+def _max_wait(value: Any) -> float | None:
+    return None if value is None else _seconds(value, "max_wait")
+
+
 @attrs.frozen
 class Debounce:
     """Fold the starts of one key into one run (``engine.start(..., debounce=)``).
@@ -86,10 +94,8 @@ class Debounce:
     """
 
     key: str = attrs.field(validator=_check_key)
-    delay: float = attrs.field(converter=lambda v: _seconds(v, "delay"))
-    max_wait: float | None = attrs.field(
-        default=None, converter=lambda v: None if v is None else _seconds(v, "max_wait")
-    )
+    delay: float = attrs.field(converter=_delay)
+    max_wait: float | None = attrs.field(default=None, converter=_max_wait)
 
     def __attrs_post_init__(self) -> None:
         if self.max_wait is not None and self.max_wait < self.delay:

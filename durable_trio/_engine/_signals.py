@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 
     from ._records import RunRecord
     from ._replay import History
-    from ._stores import RunStore
     from ._services import DriverServices
+    from ._stores import RunStore
 
 
 class SignalDriver(Protocol):

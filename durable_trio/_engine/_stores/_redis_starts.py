@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import orjson
 import trio
 
-from .._records import RunRecord
 from ._redis_rows import fields as _fields
 from ._redis_rows import read_run as _run
 
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from ..._redis import RedisClient, RedisClusterClient, Script
+    from .._records import RunRecord
 
 __all__ = ["RedisStarts"]
 

@@ -52,9 +52,9 @@ from .._records import (
 )
 from ._paging import MAX_PAGE, check_page, decode_cursor, encode_cursor
 from ._redis_rows import fields as _fields
-from ._redis_starts import RedisStarts
 from ._redis_rows import read_run as _run
 from ._redis_rows import read_step as _step
+from ._redis_starts import RedisStarts
 from ._shard_paging import DONE, ShardPage, decode_bounds, encode_bounds, merge_shards
 from ._wakes import RunWakes
 
