@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "STARTS_SCHEMA",
     "create_run_deduped",
+    "create_schema",
     "debounce_run",
     "debounced_due",
     "start_debounced",
@@ -50,6 +51,12 @@ STARTS_SCHEMA: Final = (
     "CREATE INDEX IF NOT EXISTS dt_debounced_due ON dt_debounced (namespace, due_at)",
     "CREATE INDEX IF NOT EXISTS dt_debounced_run ON dt_debounced (namespace, run_id)",
 )
+
+
+def create_schema(db: sqlite3.Connection) -> None:
+    """The tables (issue 33, item 4), added to a file written before them when it is opened."""
+    for statement in STARTS_SCHEMA:
+        db.execute(statement)
 
 
 def create_run_deduped(

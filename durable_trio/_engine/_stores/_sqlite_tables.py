@@ -289,10 +289,6 @@ def create_schema(db: sqlite3.Connection) -> None:
         db.execute(statement)
     for statement in _SIGNAL_SCHEMA:  # issue 18: added to older files when opened
         db.execute(statement)
-    from ._sqlite_starts import STARTS_SCHEMA  # (it imports this module)
-
-    for statement in STARTS_SCHEMA:  # issue 33, item 4: added to older files when opened
-        db.execute(statement)
     # A file written before runs had a timeout: add the column (NULL, no timeout).
     columns = {row[1] for row in db.execute("PRAGMA table_info(dt_runs)")}
     if "timeout" not in columns:

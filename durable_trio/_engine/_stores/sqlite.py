@@ -229,6 +229,7 @@ class SqliteRunStore:
         store = cls(connection, namespace)
         try:
             await connection.call(tables.create_schema, write=True)
+            await connection.call(starts.create_schema, write=True)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await store.aclose()
