@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import pytest
 import trio
+import trio.testing
 
+from _every_store import store_clock  # noqa: F401  (a virtual clock that waits for I/O)
 from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
 from durable_trio import BrokerError
 from durable_trio._engine import Applied, RunRecord, RunStatus, RunStore, StepKind, StepRecord
@@ -745,3 +747,93 @@ async def test_signals_and_events(store: RunStore) -> None:
     assert await store.finish_run("r1", RunStatus.COMPLETED)
     assert await store.append_signal("r1", "go", "1") is None
     assert await store.read_signal("r1", "go", 2) == '{"b": 2}'
+
+
+# -- dedup keys and debounced starts (issue 33, item 4) --------------------------------------
+
+
+def fresh(**kw: Any) -> RunRecord:
+    """A run under a fresh id (what the engine gives these calls; a store may draw another)."""
+    return run(uuid.uuid4().hex, **kw)
+
+
+@pytest.mark.usefixtures("store_clock")
+async def test_a_dedup_key_names_one_unfinished_run(store: RunStore) -> None:
+    first, created = await store.create_run_deduped(fresh(input=AWKWARD), "k")
+    assert created
+    assert first.input == AWKWARD
+    assert await store.get_run(first.run_id) == first
+    again, created = await store.create_run_deduped(fresh(input=2), "k")
+    assert (again.run_id, again.input, created) == (first.run_id, AWKWARD, False)
+    other, created = await store.create_run_deduped(fresh(), "k2")
+    assert created
+    assert other.run_id != first.run_id
+    await store.finish_run(first.run_id, RunStatus.COMPLETED)
+    second, created = await store.create_run_deduped(fresh(input=3), "k")
+    assert created
+    assert second.run_id not in (first.run_id, other.run_id)
+    await store.finish_run(second.run_id, RunStatus.BLOCKED)  # not over: still the key's
+    blocked, created = await store.create_run_deduped(fresh(), "k")
+    assert (blocked.run_id, created) == (second.run_id, False)
+    # Racing starts of a fresh key: one run.
+    got: list[tuple[str, bool]] = []
+
+    async def start() -> None:
+        stored, made = await store.create_run_deduped(fresh(), "race")
+        got.append((stored.run_id, made))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(8):
+            nursery.start_soon(start)
+    assert len({run_id for run_id, _ in got}) == 1
+    assert sorted(made for _, made in got) == [False] * 7 + [True]
+
+
+@pytest.mark.usefixtures("store_clock")
+async def test_debounced_starts_fold_until_due(store: RunStore) -> None:
+    follow = getattr(store, "follow_trio_clock", None)
+    if follow is not None:
+        follow()
+    t0 = trio.current_time()
+    first = await store.debounce_run("k", fresh(input=1), delay=5, max_wait=8)
+    assert await store.debounced_due(first) == t0 + 5
+    assert await store.get_run(first) is None
+    await trio.sleep(3)
+    trace = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    folded = await store.debounce_run(
+        "k", fresh(input=AWKWARD, timeout=9.5, trace=trace), delay=5, max_wait=8
+    )
+    assert folded == first
+    assert await store.debounced_due(first) == t0 + 8  # min(t0 + 3 + 5, t0 + 8)
+    quick = await store.debounce_run("j", fresh(input=3), delay=1, max_wait=None)
+    assert quick != first
+    assert await store.start_debounced() == ([], t0 + 4)
+    await trio.sleep(1)
+    runs, soonest = await store.start_debounced()
+    assert [(r.run_id, r.input, r.status, r.owner, r.created_at) for r in runs] == [
+        (quick, 3, RunStatus.PENDING, None, t0 + 4)
+    ]
+    assert soonest == t0 + 8
+    assert await store.get_run(quick) == runs[0]
+    assert await store.debounced_due(quick) is None
+    await trio.sleep(4)
+    runs, soonest = await store.start_debounced()
+    assert [(r.run_id, r.input, r.timeout, r.trace) for r in runs] == [
+        (first, AWKWARD, 9.5, trace)
+    ]
+    assert soonest is None
+    assert await store.start_debounced() == ([], None)
+    # The window closed: the key opens a new one; the runs are taken over as any orphan.
+    later = await store.debounce_run("k", fresh(), delay=5, max_wait=None)
+    assert later not in (first, quick)
+    claimed = await store.claim_runs("e", 30)
+    assert {r.run_id for r in claimed} == {first, quick}
+    # Many due at once: ``limit`` at a time.
+    await trio.sleep(10)
+    for key in "abc":
+        await store.debounce_run(key, fresh(), delay=1, max_wait=None)
+        await trio.sleep(1)
+    runs, _ = await store.start_debounced(limit=2)
+    more, soonest = await store.start_debounced(limit=2)
+    assert (len(runs), len(more), soonest) == (2, 2, None)
+    assert later in {r.run_id for r in runs + more}

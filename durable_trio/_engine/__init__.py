@@ -23,11 +23,12 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
 
 1. values: ``_records`` (runs, steps), ``_errors``, ``_retry``, ``_duplicates``,
    ``_statistics``, ``_wall_clock``, ``_step_timeouts``, ``_options``, ``_replay`` (a run's
-   history, consumed in call order)
+   history, consumed in call order), ``_debounce`` (debounce and dedup keys)
 2. stores: ``_stores`` (the run store: ``_contract``, ``memory``, ``sqlite``, ``redis``,
    ``_paging``, ``_shard_paging``, ``_wakes``)
 3. store operations: ``_new_run`` (recording a run), ``_reopen`` (an operator's retry),
-   ``_schedule_overlap`` (schedules' overlap policies), ``_schedules``
+   ``_schedule_overlap`` (schedules' overlap policies), ``_schedules``,
+   ``_debounced`` (starting the debounced runs due)
 4. workflow code: ``_context`` (what a workflow sees), ``_app`` (the registry),
    ``_versioning`` (blocked runs)
 5. services: ``_drivers`` (the registry of the engine's drivers, their one owner), ``_waits``
@@ -50,6 +51,7 @@ from ._app import App, StepDefinition, WorkflowDefinition
 from ._audit import StepLost
 from ._children import ChildDepthExceeded, ChildFailed
 from ._context import StepHandle, StepInfo, WorkflowContext, step_info
+from ._debounce import Debounce
 from ._duplicates import DuplicateResult
 from ._engine import Engine
 from ._errors import (
@@ -93,6 +95,7 @@ __all__ = [
     "ChildDepthExceeded",
     "ChildFailed",
     "DamagedRun",
+    "Debounce",
     "DuplicateResult",
     "Engine",
     "EngineClosed",

@@ -47,6 +47,8 @@ from ._cancel_delivery import (
 )
 from ._children import cancel_children
 from ._deadline import drive_within_deadline
+from ._debounce import Debounce, check_folding
+from ._debounced import DebouncedStarts
 from ._drivers import Drivers
 from ._duplicates import DuplicateResult  # noqa: TC001
 from ._errors import (
@@ -57,7 +59,7 @@ from ._errors import (
     run_failure,
 )
 from ._heartbeats import watch_heartbeats
-from ._new_run import record_new_run
+from ._new_run import record_debounced_start, record_new_run
 from ._options import EngineOptions
 from ._records import RunRecord, RunState, RunStatus, StepRecord
 from ._remote_run import RemoteRunDriver
@@ -137,6 +139,10 @@ class Engine:
             app=services.app,
             on_change=self._schedules_changed.set,
         )
+        recheck = options.reconcile_interval or options.schedule_recheck
+        self._debounced = DebouncedStarts(
+            store, recheck, started=self._started, reconcile=self.reconcile, report=self.report
+        )
 
     @property
     def app(self) -> App:
@@ -201,7 +207,8 @@ class Engine:
         if options.reconcile:
             await self.reconcile(include_own=True)
         self._timers.start(loops, self.reconcile)
-        if options.reconcile:  # a short-lived engine (reconcile=False) fires no schedules
+        if options.reconcile:  # a short-lived engine (reconcile=False) fires no schedules,
+            loops.start_soon(self._debounced.run)  # starts no debounced run
             scheduler = Scheduler(self, self._schedules, self._schedules_changed)
             await scheduler.start()
             loops.start_soon(scheduler.run)
@@ -241,6 +248,10 @@ class Engine:
 
     async def _start_child(self, workflow: str, input: Any, run_id: str, parent: str) -> str:
         return await self.start(workflow, input, run_id=run_id, parent=parent)
+
+    def _started(self, run: RunRecord) -> None:
+        self._services.count("runs_started")
+        self._services.run_event("started", run)
 
     def _spawn(self, run: RunRecord, history: builtins.list[StepRecord]) -> Driver:
         definition = self.app.workflows[run.workflow]
@@ -302,6 +313,8 @@ class Engine:
         detach: bool = False,
         timeout: float | None = None,  # noqa: ASYNC109 (the run's, stored; not this call's)
         parent: str | None = None,
+        dedup_key: str | None = None,
+        debounce: Debounce | None = None,
     ) -> str:
         """Start a run of ``workflow`` with ``input``; returns its run id at once.
 
@@ -321,6 +334,12 @@ class Engine:
                 are no longer waited on. ``None``: no timeout.
             parent: the run starting this one as a child workflow (stored as
                 :attr:`RunRecord.parent`; ``ctx.child`` sets it).
+            dedup_key: start nothing while the run last started with this key (in this
+                workflow) is unfinished: return its id (docs/concurrency.md, "Debounce and
+                dedup keys").
+            debounce: fold this start into the debounced run of ``debounce.key`` (started
+                ``delay`` after the last start with the key, with the latest input): returns
+                that run's id, a run from its start on (:class:`Debounce`).
 
         Raises:
             UnknownWorkflow: the app does not register ``workflow``.
@@ -330,13 +349,15 @@ class Engine:
             TypeError: ``workflow`` or ``run_id`` is not a str, ``detach`` not a bool,
                 ``timeout`` not a number.
             ConfigError: ``workflow`` or ``run_id`` is empty, ``timeout`` not a finite
-                number of seconds > 0.
+                number of seconds > 0, a bad ``dedup_key``, or ``dedup_key`` or ``debounce``
+                with ``run_id``, ``parent`` or each other.
             EngineClosed: the engine is closed.
         """
         check_name(workflow, "engine.start", "workflow")
         check_optional_name(run_id, "engine.start", "run_id")
         check_optional_name(parent, "engine.start", "parent")
         check_bool(detach, "engine.start", "detach")
+        check_folding(run_id, parent, dedup_key, debounce)
         seconds = (
             None
             if timeout is None
@@ -354,6 +375,12 @@ class Engine:
                 f"no workflow {workflow!r} in app {self.app.name!r} "
                 f"(registered: {', '.join(self.app.workflows) or 'none'})"
             )
+        if debounce is not None:
+            folded, due = await record_debounced_start(
+                self.store, workflow, input, debounce, timeout=seconds
+            )
+            self._debounced.due(due)
+            return folded
         stored, created = await record_new_run(
             self.store,
             workflow,
@@ -363,11 +390,11 @@ class Engine:
             lease=self.options.run_lease,
             timeout=seconds,
             parent=parent,
+            dedup_key=dedup_key,
         )
         if not created:
             return stored.run_id
-        self._services.count("runs_started")
-        self._services.run_event("started", stored)
+        self._started(stored)
         if not detach:
             self._spawn(stored, [])
         return stored.run_id
@@ -383,7 +410,8 @@ class Engine:
                 ``NonDeterminismError``, the workflow's own exception type ...).
             RunTimedOut: (a ``RunFailed``) the run did not end within its ``timeout``.
             RunCancelled: the run was cancelled.
-            RunNotFound: no such run.
+            RunNotFound: no such run (nor a debounced start to create it: the result of
+                one is waited for).
             EngineClosed: the engine closed before the run ended.
         """
         poll = self.options.watch_interval or 1.0
@@ -397,7 +425,10 @@ class Engine:
                     await driver.done.wait()
                     record = driver.final
                 if record is None:
-                    record = await self.get(run_id)
+                    record = await _run_or_pending(self.store, run_id)
+                if record is None:  # a debounced start not yet started: wait for its run
+                    await _rung_or_spawned(rung, self._spawned, poll)
+                    continue
                 if record.status.terminal:
                     return _outcome(record)
                 if self._tree.closing:
@@ -491,20 +522,10 @@ class Engine:
             RunNotSignalable: the run has finished.
             PayloadError: ``payload`` is not a JSON value.
         """
-        from ._signals import RunNotSignalable, driver_bell, encode_payload
+        from ._signals import send_signal
 
         check_name(name, "engine.signal", "name")
-        text = encode_payload(payload, f"the payload of signal {name!r}")
-        seq = await self.store.append_signal(run_id, name, text)
-        if seq is None:
-            run = await self.get(run_id)  # RunNotFound
-            raise RunNotSignalable(
-                f"run {run_id!r} is {run.status.value}: it takes no more signals"
-            )
-        driver = self._services.drivers.get(run_id)
-        if driver is not None:
-            driver_bell(driver).set()
-        return seq
+        return await send_signal(self.store, self._services.drivers.get, run_id, name, payload)
 
     async def events(self, run_id: str) -> dict[str, Any]:
         """The run's latest events (``ctx.set_event``), by key.
@@ -527,32 +548,10 @@ class Engine:
             RunNotFound: no such run.
             EventTimeout: ``key`` was not set within ``timeout`` (or at once, without one).
         """
-        from ._signals import SIGNAL_POLL, EventTimeout, decode_stored
+        from ._signals import wait_event
 
         await self.get(run_id)
-        deadline = None if timeout is None else trio.current_time() + timeout
-        store = self.store
-        wakes = store.wakes if isinstance(store, SupportsRunWakes) else None
-        while True:
-            with contextlib.ExitStack() as watch:
-                # Taken before the read: the store's ring of an event set by any process.
-                rung = watch.enter_context(wakes.watching(run_id)) if wakes else None
-                stored = await store.get_events(run_id)
-                if key in stored:
-                    return decode_stored(stored[key], f"event {key!r} of run {run_id!r}")
-                now = trio.current_time()
-                if deadline is None or now >= deadline:
-                    raise EventTimeout(
-                        f"run {run_id!r} has not set event {key!r}"
-                        + ("" if timeout is None else f" within {timeout:g} s")
-                    )
-                # The ring, else the poll (a store without wakes, or a lost ring).
-                poll = SIGNAL_POLL if rung is not None else SIGNAL_POLL / 10
-                with trio.move_on_after(min(poll, deadline - now)):
-                    if rung is not None:
-                        await rung.wait()
-                    else:
-                        await trio.sleep_forever()
+        return await wait_event(self.store, run_id, key, timeout)
 
     async def cancel(self, run_id: str, *, reason: str = "cancelled") -> bool:
         """Cancel the run. A local workflow driven by this engine gets :class:`RunCancelled`
@@ -689,6 +688,20 @@ def _outcome(record: RunRecord) -> Any:
     if record.status is RunStatus.FAILED:
         raise run_failure(record.run_id, record.error)
     return record.output
+
+
+async def _run_or_pending(store: RunStore, run_id: str) -> RunRecord | None:
+    """The run; ``None`` while a debounced start is to create it (``engine.result``).
+
+    Raises:
+        RunNotFound: neither.
+    """
+    record = await store.get_run(run_id)
+    if record is None and await store.debounced_due(run_id) is None:
+        record = await store.get_run(run_id)  # (created since the first read)
+        if record is None:
+            raise RunNotFound(run_id)
+    return record
 
 
 async def _rung_or_spawned(rung: trio.Event | None, spawned: RepeatedEvent, poll: float) -> None:

@@ -8,6 +8,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from .._telemetry import run_trace
+from ._debounce import Debounce, scoped_key
 from ._errors import EngineError
 from ._records import RunRecord, RunStatus, normalize_json
 from ._stores._wakes import STARTS, SupportsRunWakes
@@ -15,7 +16,7 @@ from ._stores._wakes import STARTS, SupportsRunWakes
 if TYPE_CHECKING:
     from ._stores import RunStore
 
-__all__ = ["record_new_run"]
+__all__ = ["record_debounced_start", "record_new_run"]
 
 
 async def record_new_run(
@@ -28,10 +29,13 @@ async def record_new_run(
     lease: float,
     timeout: float | None,  # noqa: ASYNC109 (the run's, stored; not this call's)
     parent: str | None,
+    dedup_key: str | None = None,
 ) -> tuple[RunRecord, bool]:
     """Create the run in ``store`` (idempotent by ``run_id``): running under ``owner`` for
     ``lease`` seconds, or pending with no owner when ``owner`` is ``None``. Arguments are
-    checked by the caller, except ``input`` (normalised here).
+    checked by the caller, except ``input`` (normalised here). With ``dedup_key`` (and no
+    ``run_id``): unless the run last created under that key in ``workflow`` is unfinished,
+    then that run is returned, not created (:meth:`RunStore.create_run_deduped`).
 
     Returns:
         The stored run and whether this call created it.
@@ -60,7 +64,10 @@ async def record_new_run(
         parent=parent,
         depth=depth,
     )
-    stored, created = await store.create_run(record)
+    if dedup_key is None:
+        stored, created = await store.create_run(record)
+    else:
+        stored, created = await store.create_run_deduped(record, scoped_key(workflow, dedup_key))
     if not created and stored.workflow != workflow:
         raise EngineError(
             f"run {stored.run_id!r} exists as a run of {stored.workflow!r}, not {workflow!r}"
@@ -70,3 +77,41 @@ async def record_new_run(
         # reconcile (a detached start, the console's; issue 30, item 1).
         await store.ring(STARTS)
     return stored, created
+
+
+async def record_debounced_start(
+    store: RunStore,
+    workflow: str,
+    input: Any,
+    debounce: Debounce,
+    *,
+    timeout: float | None,  # noqa: ASYNC109 (the run's, stored; not this call's)
+) -> tuple[str, float | None]:
+    """Fold a start of ``workflow`` into the debounced start of ``debounce.key`` (or record
+    one): the run is created, pending, when it is due (:func:`._debounced.start_due`).
+
+    Returns:
+        The id of the run it is folded into, and when that start is due now (store clock).
+
+    Raises:
+        PayloadError: ``input`` is not a JSON value.
+    """
+    value = normalize_json(input, f"the input of workflow {workflow!r}")
+    now = store.now()
+    record = RunRecord(
+        run_id=uuid.uuid4().hex,
+        workflow=workflow,
+        input=value,
+        status=RunStatus.PENDING,
+        created_at=now,
+        updated_at=now,
+        timeout=timeout,
+        trace=run_trace(workflow),
+    )
+    run_id = await store.debounce_run(
+        scoped_key(workflow, debounce.key),
+        record,
+        delay=debounce.delay,
+        max_wait=debounce.max_wait,
+    )
+    return run_id, await store.debounced_due(run_id)

@@ -21,7 +21,7 @@ then checkpoints an :attr:`StepKind.EVENT` step, so replay does not write again.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,6 +33,7 @@ from .._errors import PayloadError
 from .._json_values import check_json
 from ._errors import (
     EventTimeout,
+    RunNotFound,
     RunNotSignalable,
     SignalDataError,
     SignalTimeout,
@@ -41,11 +42,12 @@ from ._records import Applied, StepKind, StepRecord, StepState
 from ._stores._wakes import RunWakes, SupportsRunWakes, first_of
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from ._records import RunRecord
     from ._replay import History
     from ._services import DriverServices
+    from ._stores import RunStore
 
 
 class SignalDriver(Protocol):
@@ -303,3 +305,63 @@ async def apply_command(
     )
     stored = await services.guard(partial(store.begin_step, fresh), "checkpointing")
     return (stored.kind, stored.name) == (StepKind.SIGNAL, name)
+
+
+async def wait_event(store: RunStore, run_id: str, key: str, timeout: float | None) -> Any:  # noqa: ASYNC109 (a durable deadline, not a trio one)
+    """:meth:`Engine.get_event` of an existing run: its latest value of event ``key``; if it is
+    not set yet, wait up to ``timeout`` seconds for it (the store's ring, else its poll).
+
+    Raises:
+        EventTimeout: ``key`` was not set within ``timeout`` (or at once, without one).
+        SignalDataError: the stored event is damaged (not JSON).
+    """
+    deadline = None if timeout is None else trio.current_time() + timeout
+    wakes = store.wakes if isinstance(store, SupportsRunWakes) else None
+    while True:
+        with ExitStack() as watch:
+            # Taken before the read: the store's ring of an event set by any process.
+            rung = watch.enter_context(wakes.watching(run_id)) if wakes else None
+            stored = await store.get_events(run_id)
+            if key in stored:
+                return decode_stored(stored[key], f"event {key!r} of run {run_id!r}")
+            now = trio.current_time()
+            if deadline is None or now >= deadline:
+                raise EventTimeout(
+                    f"run {run_id!r} has not set event {key!r}"
+                    + ("" if timeout is None else f" within {timeout:g} s")
+                )
+            # The ring, else the poll (a store without wakes, or a lost ring).
+            poll = SIGNAL_POLL if rung is not None else SIGNAL_POLL / 10
+            with trio.move_on_after(min(poll, deadline - now)):
+                if rung is not None:
+                    await rung.wait()
+                else:
+                    await trio.sleep_forever()
+
+
+async def send_signal(
+    store: RunStore,
+    driver_of: Callable[[str], object | None],
+    run_id: str,
+    name: str,
+    payload: Any,
+) -> int:
+    """:meth:`Engine.signal`: store the signal, then ring the bell of the run's driver here
+    (``driver_of(run_id)``, if any).
+
+    Raises:
+        RunNotFound: no such run.
+        RunNotSignalable: the run has finished.
+        PayloadError: ``payload`` is not a JSON value.
+    """
+    text = encode_payload(payload, f"the payload of signal {name!r}")
+    seq = await store.append_signal(run_id, name, text)
+    if seq is None:
+        run = await store.get_run(run_id)
+        if run is None:
+            raise RunNotFound(run_id)
+        raise RunNotSignalable(f"run {run_id!r} is {run.status.value}: it takes no more signals")
+    driver = driver_of(run_id)
+    if driver is not None:
+        driver_bell(driver).set()
+    return seq

@@ -209,6 +209,22 @@ class _EngineStore:
     async def get_events(self, run_id: str) -> dict[str, str]:
         return await self._call(lambda: self.inner.get_events(run_id))
 
+    async def create_run_deduped(self, run: RunRecord, key: str) -> tuple[RunRecord, bool]:
+        return await self._call(lambda: self.inner.create_run_deduped(run, key))
+
+    async def debounce_run(
+        self, key: str, run: RunRecord, *, delay: float, max_wait: float | None
+    ) -> str:
+        return await self._call(
+            lambda: self.inner.debounce_run(key, run, delay=delay, max_wait=max_wait)
+        )
+
+    async def start_debounced(self, limit: int = 100) -> tuple[list[RunRecord], float | None]:
+        return await self._call(lambda: self.inner.start_debounced(limit))
+
+    async def debounced_due(self, run_id: str) -> float | None:
+        return await self._call(lambda: self.inner.debounced_due(run_id))
+
     async def aclose(self) -> None:
         await trio.lowlevel.checkpoint()  # the shared store belongs to the simulation
 

@@ -260,6 +260,55 @@ class RunStore(Protocol):
         """The run's events: key -> JSON text."""
         ...
 
+    # -- dedup and debounce keys (issue 33, item 4: docs/concurrency.md) --------------------
+
+    async def create_run_deduped(self, run: RunRecord, key: str) -> tuple[RunRecord, bool]:
+        """:meth:`create_run`, unless the run last created under dedup ``key`` is unfinished
+        (any status but completed, failed, cancelled): then that run, nothing created. One
+        atomic operation (two stores racing the same key create one run).
+
+        ``run.run_id`` is a fresh id: a store may create the run under another fresh id (a
+        sharded store places the run beside its key).
+
+        Returns:
+            ``(stored, created)``: the run created (``True``) or the unfinished run of ``key``
+            (``False``).
+        """
+        ...
+
+    async def debounce_run(
+        self, key: str, run: RunRecord, *, delay: float, max_wait: float | None
+    ) -> str:
+        """Fold a start into the debounced start of ``key`` not yet started, atomically: its
+        input, timeout and trace become ``run``'s and it becomes due at ``min(now() + delay,
+        deadline)``; with none pending, record one for ``run`` (due at ``now() + delay``, its
+        deadline ``now() + max_wait``, ``None``: none). The run is created when
+        :meth:`start_debounced` finds it due.
+
+        ``run.run_id`` is a fresh id (see :meth:`create_run_deduped`).
+
+        Returns:
+            The id of the run the start is folded into.
+        """
+        ...
+
+    async def start_debounced(self, limit: int = 100) -> tuple[list[RunRecord], float | None]:
+        """Create the run of each debounced start due (due at or before ``now()``), at most
+        ``limit``: pending, no owner, created now; the start and its run's creation one atomic
+        change each (two stores racing start it once; a start folded in meanwhile either landed
+        before it, or opens a new window).
+
+        Returns:
+            The runs created, and the store-clock time the next start still pending is due
+            (``None``: none pending).
+        """
+        ...
+
+    async def debounced_due(self, run_id: str) -> float | None:
+        """When the debounced start that will create run ``run_id`` is due, or ``None`` (no
+        such start pending: the run was created, or the id is unknown)."""
+        ...
+
     async def aclose(self) -> None:
         """Release what the store holds (idempotent)."""
         ...

@@ -113,6 +113,32 @@ RUNS_MIGRATIONS: Final = (
         "ALTER TABLE {schema}.run_schedules ADD COLUMN IF NOT EXISTS state text",
         "the schedules' overlap state",
     ),
+    Migration(
+        3,
+        """
+        CREATE TABLE {schema}.run_dedup_keys (
+            namespace text COLLATE "C" NOT NULL,
+            key text COLLATE "C" NOT NULL,
+            run_id text COLLATE "C" NOT NULL,
+            PRIMARY KEY (namespace, key)
+        );
+        CREATE TABLE {schema}.run_debounced (
+            namespace text COLLATE "C" NOT NULL,
+            key text COLLATE "C" NOT NULL,
+            run_id text COLLATE "C" NOT NULL,
+            workflow text COLLATE "C" NOT NULL,
+            input text NOT NULL,
+            timeout double precision,
+            trace text,
+            due_at double precision NOT NULL,
+            deadline double precision,
+            PRIMARY KEY (namespace, key)
+        );
+        CREATE INDEX run_debounced_due ON {schema}.run_debounced (namespace, due_at);
+        CREATE INDEX run_debounced_run ON {schema}.run_debounced (namespace, run_id)
+        """,
+        "dedup keys and debounced starts (issue 33, item 4: _pg_starts.py)",
+    ),
 )
 
 RUN_COLUMNS: Final = _RUN_COLUMNS

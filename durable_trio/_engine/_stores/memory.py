@@ -123,6 +123,15 @@ class _Step:
         )
 
 
+@attrs.define(eq=False)
+class _Pending:
+    """A debounced start not yet started (issue 33, item 4)."""
+
+    run: RunRecord
+    due_at: float
+    deadline: float | None
+
+
 class MemoryRunStore:
     """A :class:`~durable_trio.RunStore` in process memory (lost with the process).
 
@@ -139,6 +148,8 @@ class MemoryRunStore:
         self._closed = False
         self._schedules: dict[str, tuple[str, float | None]] = {}
         self._schedule_states: dict[str, str] = {}
+        self._dedup: dict[str, str] = {}  # dedup key -> the run last created under it
+        self._pending: dict[str, _Pending] = {}  # debounce key -> its start not yet started
         self.wakes = RunWakes()
         """Its waiters (every engine of a ``memory://`` backend shares the store)."""
 
@@ -155,6 +166,9 @@ class MemoryRunStore:
 
     async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
         await trio.lowlevel.checkpoint_if_cancelled()
+        return self._create(run)
+
+    def _create(self, run: RunRecord) -> tuple[RunRecord, bool]:
         existing = self._runs.get(run.run_id)
         if existing is not None:
             return existing.out(), False
@@ -501,3 +515,54 @@ class MemoryRunStore:
         await trio.lowlevel.checkpoint_if_cancelled()
         run = self._runs.get(run_id)
         return dict(run.events) if run is not None else {}
+
+    # -- dedup and debounce keys (issue 33, item 4) -----------------------------------------
+
+    async def create_run_deduped(self, run: RunRecord, key: str) -> tuple[RunRecord, bool]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        last = self._runs.get(self._dedup.get(key, ""))
+        if last is not None and not last.status.terminal:
+            return last.out(), False
+        stored, created = self._create(run)
+        if created:
+            self._dedup[key] = stored.run_id
+        return stored, created
+
+    async def debounce_run(
+        self, key: str, run: RunRecord, *, delay: float, max_wait: float | None
+    ) -> str:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = self.now()
+        pending = self._pending.get(key)
+        if pending is None:
+            deadline = None if max_wait is None else now + max_wait
+            self._pending[key] = _Pending(run, now + delay, deadline)
+            return run.run_id
+        pending.run = attrs.evolve(
+            pending.run, input=run.input, timeout=run.timeout, trace=run.trace
+        )
+        due = now + delay
+        pending.due_at = due if pending.deadline is None else min(due, pending.deadline)
+        return pending.run.run_id
+
+    async def start_debounced(self, limit: int = 100) -> tuple[list[RunRecord], float | None]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = self.now()
+        due = sorted(
+            (p for p in self._pending.items() if p[1].due_at <= now), key=lambda p: p[1].due_at
+        )[:limit]
+        created: list[RunRecord] = []
+        for key, pending in due:
+            del self._pending[key]
+            stored, fresh = self._create(pending.run)
+            if fresh:
+                created.append(stored)
+        nexts = [p.due_at for p in self._pending.values()]
+        return created, min(nexts) if nexts else None
+
+    async def debounced_due(self, run_id: str) -> float | None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        for pending in self._pending.values():
+            if pending.run.run_id == run_id:
+                return pending.due_at
+        return None

@@ -37,7 +37,8 @@ import trio
 from ..._errors import BrokerError, BrokerUnavailable
 from ..._postgres import WriteBatcher
 from ..._postgres._migrations import migrate, quote_ident
-from .._records import Applied, RunPage, RunRecord, RunStatus, StepRecord, StepState
+from .._records import Applied, RunPage, RunRecord, RunStatus, StepRecord, StepState, read_trace
+from . import _pg_starts as starts
 from . import _pg_tables as sql
 from ._paging import check_page, decode_cursor, encode_cursor, skip_damaged
 from ._sqlite_tables import (
@@ -516,6 +517,66 @@ class PostgresRunStore:
     async def get_events(self, run_id: str) -> dict[str, str]:
         rows = await self._fetch(sql.GET_EVENTS, self._ns, run_id)
         return {str(k): str(v) for k, v in rows}
+
+    # -- dedup and debounce keys (issue 33, item 4: _pg_starts.py) ---------------------------
+
+    async def create_run_deduped(self, run: RunRecord, key: str) -> tuple[RunRecord, bool]:
+        now, ns = self.now(), self._ns
+
+        async def dedup() -> tuple[RunRecord, bool]:
+            async with self._pool.transaction() as conn:
+                await conn.execute(self._s(starts.INSERT_DEDUP_KEY), ns, key, run.run_id)
+                holder = await conn.fetchval(self._s(starts.DEDUP_KEY_FOR_UPDATE), ns, key)
+                if holder != run.run_id:
+                    rows = await conn.fetch(self._s(sql.GET_RUN), ns, holder)
+                    last = _run(rows[0]) if rows else None
+                    if last is not None and not last.status.terminal:
+                        return last, False
+                    await conn.execute(self._s(starts.SET_DEDUP_KEY), ns, key, run.run_id)
+                inserted = await conn.execute(
+                    self._s(sql.INSERT_RUN), *insert_run_params(ns, run, now)
+                )
+                if inserted.rowcount == 1:
+                    return attrs.evolve(run, created_at=now, updated_at=now), True
+                rows = await conn.fetch(self._s(sql.GET_RUN), ns, run.run_id)
+                return _run(rows[0]), False
+
+        return await self._write(dedup)
+
+    async def debounce_run(
+        self, key: str, run: RunRecord, *, delay: float, max_wait: float | None
+    ) -> str:
+        now, query = self.now(), self._s(starts.DEBOUNCE)
+        params = (self._ns, key, run.run_id, run.workflow, dumps(run.input), run.timeout,
+                  _optional_dumps(run.trace), now, delay, max_wait)  # fmt: skip
+        rows = await self._write(lambda: self._pool.fetch(query, *params))
+        return str(rows[0][0])
+
+    async def start_debounced(self, limit: int = 100) -> tuple[list[RunRecord], float | None]:
+        now, ns = self.now(), self._ns
+
+        async def start() -> tuple[list[RunRecord], float | None]:
+            async with self._pool.transaction() as conn:
+                due = await conn.fetch(self._s(starts.TAKE_DUE), ns, now, limit)
+                created: list[RunRecord] = []
+                for run_id, workflow, text, timeout, trace, _ in sorted(due, key=lambda r: r[5]):
+                    inserted = await conn.execute(
+                        self._s(starts.INSERT_STARTED), ns, run_id, workflow, text, now, timeout,
+                        trace,
+                    )  # fmt: skip
+                    if inserted.rowcount == 1:
+                        created.append(RunRecord(
+                            run_id, workflow, orjson.loads(text), RunStatus.PENDING, now, now,
+                            timeout=timeout, trace=read_trace(trace),
+                        ))  # fmt: skip
+                soonest = await conn.fetchval(self._s(starts.SOONEST_DEBOUNCED), ns)
+                return created, None if soonest is None else float(soonest)
+
+        return await self._write(start)
+
+    async def debounced_due(self, run_id: str) -> float | None:
+        rows = await self._fetch(starts.DEBOUNCED_DUE, self._ns, run_id)
+        return float(rows[0][0]) if rows else None
 
 
 class PostgresRunStores:

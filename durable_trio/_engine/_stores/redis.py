@@ -58,6 +58,7 @@ from ._redis_rows import number as _number
 from ._redis_rows import read_listed as _read_listed
 from ._redis_rows import read_run as _run
 from ._redis_rows import read_step as _step
+from ._redis_starts import RedisStarts
 from ._shard_paging import DONE, ShardPage, decode_bounds, encode_bounds, merge_shards
 from ._wakes import RunWakes
 
@@ -115,9 +116,7 @@ return 1
 # A counter that is not a number (junk, past INCR's range), not positive, past 2**53 (Lua's exact
 # integers), or missing (evicted, deleted) while runs exist would fail every start or list new
 # runs among old ones: it is rebuilt from the highest seq in T:all (O(log n), only then).
-_CREATE_RUN: Final = (
-    _LUA_HELPERS
-    + """
+_CREATE_RUN_BODY: Final = """
 local prefix, id = ARGV[1], ARGV[2]
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, redis.call('HGETALL', KEYS[1])}
@@ -152,6 +151,11 @@ if active(ARGV[4]) then
 end
 return {1, repaired}
 """
+_CREATE_RUN: Final = _LUA_HELPERS + _CREATE_RUN_BODY
+#: ``create_run(KEYS, ARGV)``: ``_CREATE_RUN`` as a Lua function, for the scripts that create
+#: a run with another change (``_redis_starts.py``).
+_CREATE_RUN_FUNCTION: Final = (
+    _LUA_HELPERS + "local function create_run(KEYS, ARGV)\n" + _CREATE_RUN_BODY + "end\n"
 )
 
 # ARGV: prefix, owner, lease seconds, include_own (0/1), limit, now
@@ -469,6 +473,7 @@ class RedisRunStore:
         self._mark_tick: Script = client.script(_MARK_TICK)
         self._delete_schedule: Script = client.script(_DELETE_SCHEDULE)
         self._put_schedule_state: Script = client.script(_PUT_SCHEDULE_STATE)
+        self._starts = RedisStarts(client, self._prefixes, self._shard_of, _CREATE_RUN_FUNCTION)
         self._channel = f"{{dt-runs:{namespace}}}:wakes"
         self._nursery: trio.Nursery | None = None
         self._listening = False
@@ -976,3 +981,19 @@ class RedisRunStore:
     async def aclose(self) -> None:
         """Nothing to release (the client is the caller's). Idempotent."""
         await trio.lowlevel.checkpoint()
+
+    # -- dedup and debounce keys (issue 33, item 4: _redis_starts.py) -----------------------
+
+    async def create_run_deduped(self, run: RunRecord, key: str) -> tuple[RunRecord, bool]:
+        return await self._starts.create_run_deduped(run, key, self.now())
+
+    async def debounce_run(
+        self, key: str, run: RunRecord, *, delay: float, max_wait: float | None
+    ) -> str:
+        return await self._starts.debounce_run(key, run, self.now(), delay, max_wait)
+
+    async def start_debounced(self, limit: int = 100) -> tuple[list[RunRecord], float | None]:
+        return await self._starts.start_debounced(limit, self.now())
+
+    async def debounced_due(self, run_id: str) -> float | None:
+        return await self._starts.debounced_due(run_id)

@@ -35,6 +35,7 @@ import trio
 
 from ..._errors import BrokerError, BrokerUnavailable
 from ..._sqlite import ConnectionThread, Doorbell, Synchronous, open_connection, translate_error
+from . import _sqlite_starts as starts
 from . import _sqlite_tables as tables
 from ._paging import check_page, decode_cursor
 from ._wakes import RunWakes
@@ -228,6 +229,7 @@ class SqliteRunStore:
         store = cls(connection, namespace)
         try:
             await connection.call(tables.create_schema, write=True)
+            await connection.call(starts.create_schema, write=True)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await store.aclose()
@@ -513,6 +515,35 @@ class SqliteRunStore:
 
     async def get_events(self, run_id: str) -> dict[str, str]:
         result: dict[str, str] = await self._read(partial(tables.get_events, self._ns, run_id))
+        return result
+
+
+    # -- dedup and debounce keys (issue 33, item 4) -----------------------------------------
+
+    async def create_run_deduped(self, run: RunRecord, key: str) -> tuple[RunRecord, bool]:
+        result: tuple[RunRecord, bool] = await self._write(
+            partial(starts.create_run_deduped, self._ns, run, key, self.now())
+        )
+        return result
+
+    async def debounce_run(
+        self, key: str, run: RunRecord, *, delay: float, max_wait: float | None
+    ) -> str:
+        result: str = await self._write(
+            partial(starts.debounce_run, self._ns, key, run, delay, max_wait, self.now())
+        )
+        return result
+
+    async def start_debounced(self, limit: int = 100) -> tuple[list[RunRecord], float | None]:
+        result: tuple[list[RunRecord], float | None] = await self._write(
+            partial(starts.start_debounced, self._ns, limit, self.now())
+        )
+        return result
+
+    async def debounced_due(self, run_id: str) -> float | None:
+        result: float | None = await self._read(
+            partial(starts.debounced_due, self._ns, run_id)
+        )
         return result
 
 

@@ -1,0 +1,150 @@
+"""The SQLite run store's dedup keys and debounced starts (issue 33, item 4): two tables and
+the SQL of their changes, as plain functions on a connection (each runs in the connection
+thread, inside the savepoint :class:`~.sqlite.SqliteRunStore` opened for it: atomic, and
+serialized with every other writer of the file). ``_pg_tables.py`` holds PostgreSQL's."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+import attrs
+import orjson
+
+from .._records import RunRecord, RunStatus, read_trace
+from . import _sqlite_tables as tables
+
+if TYPE_CHECKING:
+    import sqlite3
+
+__all__ = [
+    "STARTS_SCHEMA",
+    "create_run_deduped",
+    "create_schema",
+    "debounce_run",
+    "debounced_due",
+    "start_debounced",
+]
+
+STARTS_SCHEMA: Final = (
+    """
+    CREATE TABLE IF NOT EXISTS dt_dedup_keys (
+        namespace TEXT NOT NULL,
+        key TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        PRIMARY KEY (namespace, key)
+    ) WITHOUT ROWID
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS dt_debounced (
+        namespace TEXT NOT NULL,
+        key TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        workflow TEXT NOT NULL,
+        input TEXT NOT NULL,
+        timeout REAL,
+        trace TEXT,
+        due_at REAL NOT NULL,
+        deadline REAL,
+        PRIMARY KEY (namespace, key)
+    ) WITHOUT ROWID
+    """,
+    "CREATE INDEX IF NOT EXISTS dt_debounced_due ON dt_debounced (namespace, due_at)",
+    "CREATE INDEX IF NOT EXISTS dt_debounced_run ON dt_debounced (namespace, run_id)",
+)
+
+
+def create_schema(db: sqlite3.Connection) -> None:
+    """The tables (issue 33, item 4), added to a file written before them when it is opened."""
+    for statement in STARTS_SCHEMA:
+        db.execute(statement)
+
+
+def create_run_deduped(
+    ns: str, run: RunRecord, key: str, now: float, db: sqlite3.Connection
+) -> tuple[RunRecord, bool]:
+    row = db.execute(
+        "SELECT run_id FROM dt_dedup_keys WHERE namespace = ? AND key = ?", (ns, key)
+    ).fetchone()
+    last = None if row is None else tables.get_run(ns, str(row[0]), db)
+    if last is not None and not last.status.terminal:
+        return last, False
+    stored, created = tables.create_run(ns, run, now, db)
+    if created:
+        db.execute(
+            "INSERT INTO dt_dedup_keys (namespace, key, run_id) VALUES (?, ?, ?) "
+            "ON CONFLICT (namespace, key) DO UPDATE SET run_id = excluded.run_id",
+            (ns, key, stored.run_id),
+        )
+    return stored, created
+
+
+def debounce_run(
+    ns: str,
+    key: str,
+    run: RunRecord,
+    delay: float,
+    max_wait: float | None,
+    now: float,
+    db: sqlite3.Connection,
+) -> str:
+    row = db.execute(
+        "SELECT run_id, deadline FROM dt_debounced WHERE namespace = ? AND key = ?", (ns, key)
+    ).fetchone()
+    trace = None if run.trace is None else tables.dumps(run.trace)
+    if row is None:
+        db.execute(
+            "INSERT INTO dt_debounced (namespace, key, run_id, workflow, input, timeout, trace, "
+            "due_at, deadline) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (ns, key, run.run_id, run.workflow, tables.dumps(run.input), run.timeout, trace,
+             now + delay, None if max_wait is None else now + max_wait),
+        )  # fmt: skip
+        return run.run_id
+    due = now + delay if row[1] is None else min(now + delay, float(row[1]))
+    db.execute(
+        "UPDATE dt_debounced SET input = ?, timeout = ?, trace = ?, due_at = ? "
+        "WHERE namespace = ? AND key = ?",
+        (tables.dumps(run.input), run.timeout, trace, due, ns, key),
+    )
+    return str(row[0])
+
+
+def start_debounced(
+    ns: str, limit: int, now: float, db: sqlite3.Connection
+) -> tuple[list[RunRecord], float | None]:
+    due = db.execute(
+        "SELECT key, run_id, workflow, input, timeout, trace FROM dt_debounced "
+        "WHERE namespace = ? AND due_at <= ? ORDER BY due_at LIMIT ?",
+        (ns, now, limit),
+    ).fetchall()
+    created: list[RunRecord] = []
+    for key, run_id, workflow, text, timeout, trace in due:
+        db.execute("DELETE FROM dt_debounced WHERE namespace = ? AND key = ?", (ns, key))
+        run = RunRecord(
+            run_id=run_id,
+            workflow=workflow,
+            input=None,
+            status=RunStatus.PENDING,
+            created_at=now,
+            updated_at=now,
+            timeout=timeout,
+            trace=read_trace(trace),
+        )
+        stored, fresh = tables.create_run(ns, run, now, db)
+        if fresh:
+            # (Its input as stored: JSON text, never decoded and encoded again on the way.)
+            db.execute(
+                "UPDATE dt_runs SET input = ? WHERE namespace = ? AND run_id = ?",
+                (text, ns, run_id),
+            )
+            created.append(attrs.evolve(stored, input=orjson.loads(text)))
+    (soonest,) = db.execute(
+        "SELECT min(due_at) FROM dt_debounced WHERE namespace = ?", (ns,)
+    ).fetchone()
+    return created, None if soonest is None else float(soonest)
+
+
+def debounced_due(ns: str, run_id: str, db: sqlite3.Connection) -> float | None:
+    row = db.execute(
+        "SELECT due_at FROM dt_debounced WHERE namespace = ? AND run_id = ?", (ns, run_id)
+    ).fetchone()
+    return None if row is None else float(row[0])
