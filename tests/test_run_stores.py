@@ -12,7 +12,6 @@ import pytest
 import trio
 import trio.testing
 
-from _every_store import store_clock  # noqa: F401  (a virtual clock that waits for I/O)
 from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
 from durable_trio import BrokerError
 from durable_trio._engine import Applied, RunRecord, RunStatus, RunStore, StepKind, StepRecord
@@ -757,8 +756,9 @@ def fresh(**kw: Any) -> RunRecord:
     return run(uuid.uuid4().hex, **kw)
 
 
-@pytest.mark.usefixtures("store_clock")
-async def test_a_dedup_key_names_one_unfinished_run(store: RunStore) -> None:
+async def test_a_dedup_key_names_one_unfinished_run(
+    store: RunStore, store_clock: trio.testing.MockClock
+) -> None:
     first, created = await store.create_run_deduped(fresh(input=AWKWARD), "k")
     assert created
     assert first.input == AWKWARD
@@ -789,8 +789,9 @@ async def test_a_dedup_key_names_one_unfinished_run(store: RunStore) -> None:
     assert sorted(made for _, made in got) == [False] * 7 + [True]
 
 
-@pytest.mark.usefixtures("store_clock")
-async def test_debounced_starts_fold_until_due(store: RunStore) -> None:
+async def test_debounced_starts_fold_until_due(
+    store: RunStore, store_clock: trio.testing.MockClock
+) -> None:
     follow = getattr(store, "follow_trio_clock", None)
     if follow is not None:
         follow()
