@@ -476,6 +476,19 @@ class Connection:
         self.stats.batches += 1
         return data[sent:]
 
+    async def _send_all(self, data: bytes) -> None:
+        """``send_all`` straight on the descriptor: what the socket takes now, then the rest
+        as it drains (no yield when it takes everything at once, the usual case)."""
+        fd = self._fd
+        view = memoryview(data)
+        while view:
+            try:
+                sent = os.write(fd, view)
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(fd)
+            else:
+                view = view[sent:]
+
     def _wake_writer(self) -> None:
         task, self._writer_idle = self._writer_idle, None
         if task is not None:
@@ -496,16 +509,29 @@ class Connection:
                 data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
                 outbox.clear()
                 self.stats.batches += 1
-                await self._stream.send_all(data)
+                if self._fd < 0:
+                    await self._stream.send_all(data)
+                else:
+                    await self._send_all(data)
         except Exception as exc:
             self._fail(_unavailable(f"lost connection to {self._url.address}: {exc!r}", exc))
 
     async def _read_loop(self) -> None:
         reader = hiredis.Reader(replyError=RedisReplyError, notEnoughData=_NOT_ENOUGH_DATA)
         push = self._push_send
+        fd = self._fd
         try:
             while True:
-                data = await self._stream.receive_some(_RECEIVE_SIZE)
+                if fd < 0:
+                    data = await self._stream.receive_some(_RECEIVE_SIZE)
+                else:
+                    # Straight on the descriptor: wait, then one read (the stream's
+                    # receive_some would try first, fail, and yield once more when it works).
+                    await trio.lowlevel.wait_readable(fd)
+                    try:
+                        data = os.read(fd, _RECEIVE_SIZE)
+                    except BlockingIOError:  # a spurious wake-up
+                        continue
                 if not data:
                     self._fail(_unavailable(f"{self._url.address} closed the connection"))
                     return
