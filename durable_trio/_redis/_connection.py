@@ -26,6 +26,7 @@ A cancelled caller's command may still have run on the server (it may already ha
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -144,6 +145,66 @@ class _Slot:
             trio.lowlevel.reschedule(task)
 
 
+class _Flusher(trio.abc.Instrument):
+    """Writes the commands the connections queued during a scheduler pass, when it ends.
+
+    One per ``trio.run`` (a :class:`~trio.lowlevel.RunVar`), installed as an instrument while
+    connections use it: its ``before_io_wait`` runs once per pass of Trio's scheduler, after
+    every task that was runnable has run and before the loop waits for I/O. So the commands of
+    all the callers that ran in a pass leave in one write per connection, and no task hop is
+    needed to send them (auto-pipelining).
+    """
+
+    def __init__(self) -> None:
+        self._queued: list[Connection] = []
+        self._users = 0
+
+    @classmethod
+    def get(cls) -> _Flusher:
+        """This run's flusher (installed on first use), with one more user."""
+        try:
+            flusher = _FLUSHER.get()
+        except LookupError:
+            flusher = cls()
+            _FLUSHER.set(flusher)
+        if flusher._users == 0:
+            trio.lowlevel.add_instrument(flusher)
+        flusher._users += 1
+        return flusher
+
+    def release(self) -> None:
+        """One user less (a closed connection); uninstalled when none is left."""
+        self._users -= 1
+        if self._users == 0:
+            with contextlib.suppress(KeyError):  # never installed, or disabled by an error
+                trio.lowlevel.remove_instrument(self)
+
+    def queue(self, conn: Connection) -> None:
+        """Write ``conn``'s outbox at the end of this pass."""
+        self._queued.append(conn)
+
+    def before_io_wait(self, timeout: float) -> None:
+        if not self._queued:
+            return
+        queued, self._queued = self._queued, []
+        woken = False
+        for conn in queued:
+            try:
+                woken = conn._flush() or woken
+            except Exception as exc:  # never out of an instrument (Trio would disable it)
+                conn._fail(_unavailable(f"lost connection to {conn.url.address}: {exc!r}", exc))
+        if woken and timeout > 0:
+            # A writer was made runnable after the loop chose to sleep: wake the loop up.
+            trio.lowlevel.current_trio_token().run_sync_soon(_nothing, idempotent=True)
+
+
+def _nothing() -> None:
+    pass
+
+
+_FLUSHER: Final = trio.lowlevel.RunVar[_Flusher]("durable_trio_redis_flusher")
+
+
 class Connection:
     """One connection to Redis, shared by any number of Trio tasks.
 
@@ -177,6 +238,8 @@ class Connection:
             if type(stream) is trio.SocketStream and os.name == "posix"
             else -1
         )
+        self._flusher = _Flusher.get() if self._fd >= 0 else None
+        self._flush_queued = False
         self._outbox: list[bytes] = []
         self._pending: deque[_Slot] = deque()
         self._outstanding = 0
@@ -375,23 +438,20 @@ class Connection:
         timeout = self._command_timeout if reply_timeout is None else reply_timeout
         slot = _Slot(expected, timeout, trio.lowlevel.current_task())
         # From here to the wait there is no checkpoint: outbox and pending stay in step.
-        alone = not self._pending
         self._pending.append(slot)
         self._outstanding += expected
         self.stats.commands += expected
-        if alone and self._writer_idle is not None:
-            # Nothing queued, nothing awaited, no send_all under way: write straight from here
-            # when the socket takes the bytes now (one synchronous, never cancelled,
-            # non-blocking write: a command is never cut short by a cancel), saving the
-            # writer's hop. What the socket does not take, and any error, is the writer's to
-            # send or meet. With replies awaited, callers queue for the writer and share writes.
-            data = self._write_now(data)
-            if data:
-                self._outbox.append(data)
-                self._wake_writer()
-        else:
-            self._outbox.append(data)
-            if self._writer_idle is not None:
+        self._outbox.append(data)
+        if self._writer_idle is not None:
+            # The writer is parked, so nothing is being sent: on a plain socket the flusher
+            # writes the outbox when the scheduler's pass ends (every command queued in the
+            # pass in one write, no task hop); otherwise the writer is woken for it. A busy
+            # writer sends the outbox itself when its send is done.
+            if self._flusher is not None:
+                if not self._flush_queued:
+                    self._flush_queued = True
+                    self._flusher.queue(self)
+            else:
                 self._wake_writer()
         if slot.deadline < self._watch_deadline:
             self._watch_deadline = self._watch_scope.deadline = slot.deadline
@@ -436,7 +496,13 @@ class Connection:
                     nursery.start_soon(self._watchdog)
         finally:
             self.close()
+            self._release_flusher()
             await trio.aclose_forcefully(self._stream)
+
+    def _release_flusher(self) -> None:
+        flusher, self._flusher = self._flusher, None
+        if flusher is not None:
+            flusher.release()
 
     async def _watchdog(self) -> None:
         """Discard the connection when a command waits past its deadline.
@@ -465,16 +531,32 @@ class Connection:
                 return
             self._watch_deadline = min((slot.deadline for slot in self._pending), default=math.inf)
 
-    def _write_now(self, data: bytes) -> bytes:
-        """Write what the socket takes of ``data`` without waiting; return the rest."""
-        if self._fd < 0:
-            return data
+    def _flush(self) -> bool:
+        """Write the outbox now, without waiting (the flusher, at the end of a pass).
+
+        One synchronous, non-blocking write, never cut short by a cancellation. What the
+        socket does not take, and any error, is left to the writer, which is then woken.
+
+        Returns:
+            whether the writer was woken (the scheduler must not then sleep).
+        """
+        self._flush_queued = False
+        outbox = self._outbox
+        if not outbox or self._writer_idle is None or self._error is not None:
+            return False  # nothing to send, or the writer's to send (or nothing to write to)
+        data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
+        outbox.clear()
         try:
             sent = os.write(self._fd, data)
-        except OSError:  # EAGAIN, or a broken socket the writer's send_all will report
-            return data
-        self.stats.batches += 1
-        return data[sent:]
+        except OSError:  # EAGAIN, or a broken socket the writer's send will report
+            sent = 0
+        else:
+            self.stats.batches += 1
+        if sent == len(data):
+            return False
+        outbox.append(data[sent:])
+        self._wake_writer()
+        return True
 
     async def _send_all(self, data: bytes) -> None:
         """``send_all`` straight on the descriptor: what the socket takes now, then the rest
@@ -644,6 +726,7 @@ async def connect(
     try:
         nursery.start_soon(conn._run)
     except RuntimeError as exc:  # "Nursery is closed to new arrivals"
+        conn._release_flusher()
         await trio.aclose_forcefully(stream)
         raise TransportClosed("the Redis client is closed") from exc
     handshake = url.handshake()
