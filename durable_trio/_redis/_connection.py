@@ -70,15 +70,25 @@ def _name(arg: RedisArg) -> str:
     return str(arg).upper()
 
 
+# Command names (as given: str or bytes) already found to answer once: checked in one lookup.
+_ANSWER_ONCE: set[RedisArg] = set()
+_ANSWER_ONCE_MAX: Final = 512
+
+
 def _check(command: tuple[RedisArg, ...]) -> None:
     if not command:
         raise ValueError("an empty Redis command")
-    name = _name(command[0])
+    first = command[0]
+    if first in _ANSWER_ONCE:
+        return
+    name = _name(first)
     if name in _REFUSED or (name == "CLIENT" and len(command) > 1 and _name(command[1]) == "REPLY"):
         raise ValueError(
             f"{name} does not answer one reply per command; use client.subscribe() "
             "for pub/sub and do not use CLIENT REPLY / MONITOR on this client"
         )
+    if name != "CLIENT" and len(_ANSWER_ONCE) < _ANSWER_ONCE_MAX:
+        _ANSWER_ONCE.add(first)
 
 
 def _unsolicited(reply: Any) -> bool:
@@ -126,10 +136,12 @@ class _Slot:
 
     __slots__ = ("deadline", "error", "expected", "replies", "task", "timeout")
 
-    def __init__(self, expected: int, timeout: float, task: trio.lowlevel.Task) -> None:
+    def __init__(
+        self, expected: int, timeout: float, deadline: float, task: trio.lowlevel.Task
+    ) -> None:
         self.expected = expected
         self.timeout = timeout
-        self.deadline = trio.current_time() + timeout
+        self.deadline = deadline
         self.task: trio.lowlevel.Task | None = task
         self.replies: list[Any] = []
         self.error: DurableTrioError | None = None
@@ -238,6 +250,7 @@ class Connection:
             if type(stream) is trio.SocketStream and os.name == "posix"
             else -1
         )
+        self._clock = trio.lowlevel.current_clock()
         self._flusher = _Flusher.get() if self._fd >= 0 else None
         self._flush_queued = False
         self._outbox: list[bytes] = []
@@ -436,7 +449,9 @@ class Connection:
         if self._error is not None:
             raise self._dead()
         timeout = self._command_timeout if reply_timeout is None else reply_timeout
-        slot = _Slot(expected, timeout, trio.lowlevel.current_task())
+        slot = _Slot(
+            expected, timeout, self._clock.current_time() + timeout, trio.lowlevel.current_task()
+        )
         # From here to the wait there is no checkpoint: outbox and pending stay in step.
         self._pending.append(slot)
         self._outstanding += expected
@@ -618,20 +633,18 @@ class Connection:
                     self._fail(_unavailable(f"{self._url.address} closed the connection"))
                     return
                 reader.feed(cast("bytes", data))
+                if push is None:
+                    self._deliver_all(reader)
+                    continue
                 while (reply := reader.gets()) is not _NOT_ENOUGH_DATA:
-                    if push is not None and not self._pending and _unsolicited(reply):
+                    if not self._pending and _unsolicited(reply):
                         # A Cluster node gave a sharded channel's slot away (or the channel's
                         # master became a replica): the subscriber must go where it went.
                         self._fail(
                             _unavailable(f"{self._url.address} ended a sharded subscription")
                         )
                         return
-                    if (
-                        push is not None
-                        and type(reply) is list
-                        and len(reply) > 2
-                        and reply[0] in _PUSH_KINDS
-                    ):
+                    if type(reply) is list and len(reply) > 2 and reply[0] in _PUSH_KINDS:
                         if reply[0] == b"pmessage":
                             await push.send((reply[2], reply[3]))
                         else:
@@ -640,6 +653,27 @@ class Connection:
                         self._deliver(reply)
         except Exception as exc:
             self._fail(_unavailable(f"lost connection to {self._url.address}: {exc!r}", exc))
+
+    def _deliver_all(self, reader: hiredis.Reader) -> None:
+        """Hand every complete reply in ``reader`` to its slot (:meth:`_deliver`, inlined)."""
+        pending = self._pending
+        stats = self.stats
+        while (reply := reader.gets()) is not _NOT_ENOUGH_DATA:
+            if not pending:
+                raise RuntimeError(f"unexpected reply with no command waiting: {reply!r:.80}")
+            slot = pending[0]
+            replies = slot.replies
+            replies.append(reply)
+            self._outstanding -= 1
+            stats.replies += 1
+            if len(replies) == slot.expected:
+                pending.popleft()
+                task = slot.task
+                if task is None:
+                    stats.dropped += 1
+                else:
+                    slot.task = None
+                    trio.lowlevel.reschedule(task)
 
     def _deliver(self, reply: Any) -> None:
         if not self._pending:
