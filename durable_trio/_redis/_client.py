@@ -485,17 +485,17 @@ class RedisClient:
         if self._closed or self._nursery is None:
             raise TransportClosed("the Redis client is closed (or was never entered)")
         best = self._pick()
-        if best is not None:
-            if (
-                best.load
-                and not self._growing
-                and len(self._conns) < self._pool_size
-                and not self._backing_off()
-            ):
-                # Everyone is busy and the pool may grow: connect in the background and use
-                # the least loaded connection meanwhile.
-                self._growing = True
-                self._nursery.start_soon(self._grow)
+        if (
+            best is not None
+            and best.load
+            and not self._growing
+            and len(self._conns) < self._pool_size
+            and not self._backing_off()
+        ):
+            # Everyone is busy and the pool may grow: connect in the background and use the
+            # least loaded connection meanwhile.
+            self._growing = True
+            self._nursery.start_soon(self._grow)
         return best
 
     async def _acquire(self) -> Connection:
