@@ -4,13 +4,13 @@ Callers never touch the socket. :meth:`Connection.execute` packs its command, ap
 the *outbox* and a reply slot to the *pending* queue in one synchronous step (no checkpoint in
 between, so both queues always hold the same commands in the same order), then waits on its slot.
 
-* The **writer** sends everything queued in one ``send_all`` per batch: concurrent callers that
-  enqueue while a write is under way share the next one (and a round trip). A caller that finds
-  the connection quiet (no reply awaited, so nothing queued and no ``send_all`` under way) on a
-  plain TCP or Unix socket writes its bytes itself, in one non-blocking system call with no
-  checkpoint, and leaves only what the socket did not take (or an error) to the writer: one task
-  hop less per lone request, and no command is ever cut in half by a cancellation.
-* The **reader** feeds ``hiredis.Reader`` and hands each reply to the oldest pending slot.
+* The commands queued during one pass of Trio's scheduler leave together: on a plain TCP
+  socket a Trio instrument (:class:`_Flusher`) writes each connection's outbox at the end
+  of the pass, in one non-blocking system call made from no task (so no task hop, and no
+  command is ever cut in half by a cancellation). The **writer** task sends what the socket did
+  not take (waiting until it drains), meets any error, and sends everything on a TLS stream.
+* The **reader** waits for the socket, reads what came, feeds ``hiredis.Reader`` and hands
+  each reply to the oldest pending slot.
 
 **Cancellation safety.** A caller that is cancelled (or times out) after enqueuing never removes its
 slot, so the reply stream and the pending queue can never get out of step:
@@ -115,7 +115,7 @@ class ConnectionStats:
 
     Attributes:
         commands: commands enqueued.
-        batches: ``send_all`` calls made by the writer (``commands / batches`` is the coalescing).
+        batches: writes (``commands / batches`` is the coalescing).
         replies: replies read.
         dropped: replies read for callers that had been cancelled (drained, not delivered).
     """
