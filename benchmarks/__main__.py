@@ -4,6 +4,8 @@ Sections: ``memory`` (the transport on the memory broker), ``adaptive`` (adaptiv
 against fixed limits), ``engine`` (3-step workflows against raw round trips), ``redis`` (the race:
 ours and the peers', on one private redis-server, in the same run), ``redis-clients`` (our Redis
 client against redis-py, when redis-py is on ``PYTHONPATH``: see benchmarks/redis_clients.py),
+``redis-cpu`` (our Redis client's CPU per command beside ioredis's, 1 and 10 callers on one
+connection, issue 35: benchmarks/redis_cpu.py),
 ``postgres`` (our PostgreSQL driver against psycopg's asyncio connection, on a private server:
 benchmarks/postgres_client.py),
 ``redis-cluster`` (S1 drain and 3-step workflows on a private 3-master Redis Cluster beside one
@@ -39,6 +41,7 @@ from . import (
     postgres_queue,
     redis_clients,
     redis_cluster,
+    redis_cpu,
     replicas,
     signals,
     simulation,
@@ -106,6 +109,7 @@ SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "engine": _engine,
     "redis": _redis,
     "redis-clients": redis_clients.section,
+    "redis-cpu": redis_cpu.section,
     "postgres": postgres_client.section,
     "postgres-queue": postgres_queue.section,
     "redis-cluster": redis_cluster.section,
@@ -341,6 +345,13 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
                     )
                 )
     checks += _postgres_targets(f)
+    cpu_ratio = "ours / ioredis CPU per command, 10 caller(s) (x)"
+    if have(cpu_ratio):
+        ratio = _value(f[cpu_ratio])
+        checks.append(
+            (f"[35] Redis client, 10 callers on one connection: {ratio:.2f}x ioredis's CPU per"
+             f" command (want <= {redis_cpu.TARGET:g}x)", ratio <= redis_cpu.TARGET)
+        )  # fmt: skip
     for key, value in f.items():
         if key.startswith("detached: ") and "start -> result across processes" in key:
             p50 = _value(value)

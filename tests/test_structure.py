@@ -26,7 +26,7 @@ from test_import_graph import PACKAGE, ROOT, import_graph, module_name
 #: telemetry hooks: things every layer uses).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("",),  # foundation: the root modules
-    ("_redis", "_postgres"),  # the servers' clients
+    ("_redis", "_postgres", "redis"),  # the servers' clients (``redis``: the public face)
     ("brokers", "keys"),  # the broker and key-store contracts and implementations
     ("_transport",),  # the queue transport
     ("_engine._records", "_engine._stores"),  # run records and run stores

@@ -54,7 +54,12 @@ POSTGRES_PEERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 # BullMQ 6.7 made ioredis an optional peer dependency, yet it is still the driver it loads for
 # plain connection options: install both.
-NODE_PEERS: dict[str, tuple[str, ...]] = {"bullmq": ("bullmq@6.7.0", "ioredis@6.0.0")}
+# ioredis alone is the peer of our Redis client's per-command cost (benchmarks/redis_cpu.py),
+# the version BullMQ runs on.
+NODE_PEERS: dict[str, tuple[str, ...]] = {
+    "bullmq": ("bullmq@6.7.0", "ioredis@6.0.0"),
+    "ioredis": ("ioredis@6.0.0",),
+}
 
 
 @dataclass
@@ -149,7 +154,7 @@ def _node_env(peer: str, log: Callable[[str], None]) -> PeerEnv:
         return PeerEnv(peer, reason="node/npm not found on PATH")
     path = ENVS_DIR / peer
     script = str(PEERS_DIR / f"run_{peer}.mjs")
-    env = {"BULLMQ_DIR": str(path)}
+    env = {f"{peer.upper()}_DIR": str(path)}
     wanted = {"packages": list(packages)}
     marker = _read_marker(path)
     if marker is not None and marker.get("packages") == wanted["packages"]:
@@ -162,7 +167,8 @@ def _node_env(peer: str, log: Callable[[str], None]) -> PeerEnv:
     npm_args = ["install", "--no-audit", "--no-fund", "--loglevel=error"]
     reason = _run("npm install", [npm, *npm_args, *packages], path, INSTALL_TIMEOUT)
     if reason is None:
-        check = [node, "-e", "require('bullmq'); require('ioredis')"]
+        modules = [package.rsplit("@", 1)[0] for package in packages]
+        check = [node, "-e", "; ".join(f"require('{module}')" for module in modules)]
         reason = _run("require check", check, path, 60.0)
     if reason is not None:
         shutil.rmtree(path, ignore_errors=True)

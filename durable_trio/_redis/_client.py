@@ -316,7 +316,7 @@ class RedisClient:
                 failure: calls fail fast until the backoff delay passed).
             TransportClosed: the client is closed.
         """
-        conn = await self._acquire()
+        conn = self._ready() or await self._acquire()
         try:
             return await conn.execute(*args, reply_timeout=reply_timeout)
         except RedisReplyError as exc:
@@ -348,7 +348,7 @@ class RedisClient:
             BrokerUnavailable: Redis cannot be reached.
             TransportClosed: the client is closed.
         """
-        conn = await self._acquire()
+        conn = self._ready() or await self._acquire()
         try:
             replies = await conn.pipeline(
                 commands, raise_on_error=raise_on_error, reply_timeout=reply_timeout
@@ -476,21 +476,32 @@ class RedisClient:
     def _backing_off(self) -> bool:
         return self._failures > 0 and trio.current_time() < self._retry_at
 
-    async def _acquire(self) -> Connection:
+    def _ready(self) -> Connection | None:
+        """The connection for the next command when one is open (no await), else ``None``.
+
+        Raises:
+            TransportClosed: the client is closed.
+        """
         if self._closed or self._nursery is None:
             raise TransportClosed("the Redis client is closed (or was never entered)")
         best = self._pick()
+        if (
+            best is not None
+            and best.load
+            and not self._growing
+            and len(self._conns) < self._pool_size
+            and not self._backing_off()
+        ):
+            # Everyone is busy and the pool may grow: connect in the background and use the
+            # least loaded connection meanwhile.
+            self._growing = True
+            self._nursery.start_soon(self._grow)
+        return best
+
+    async def _acquire(self) -> Connection:
+        """:meth:`_ready`'s connection, or a new one (one connect at a time)."""
+        best = self._ready()
         if best is not None:
-            if (
-                best.load
-                and not self._growing
-                and len(self._conns) < self._pool_size
-                and not self._backing_off()
-            ):
-                # Everyone is busy and the pool may grow: connect in the background and use
-                # the least loaded connection meanwhile.
-                self._growing = True
-                self._nursery.start_soon(self._grow)
             return best
         async with self._connect_lock:  # one connect at a time; the others wait for it
             best = self._pick()

@@ -4,13 +4,13 @@ Callers never touch the socket. :meth:`Connection.execute` packs its command, ap
 the *outbox* and a reply slot to the *pending* queue in one synchronous step (no checkpoint in
 between, so both queues always hold the same commands in the same order), then waits on its slot.
 
-* The **writer** sends everything queued in one ``send_all`` per batch: concurrent callers that
-  enqueue while a write is under way share the next one (and a round trip). A caller that finds
-  the connection quiet (no reply awaited, so nothing queued and no ``send_all`` under way) on a
-  plain TCP or Unix socket writes its bytes itself, in one non-blocking system call with no
-  checkpoint, and leaves only what the socket did not take (or an error) to the writer: one task
-  hop less per lone request, and no command is ever cut in half by a cancellation.
-* The **reader** feeds ``hiredis.Reader`` and hands each reply to the oldest pending slot.
+* The commands queued during one pass of Trio's scheduler leave together: on a plain TCP
+  socket a Trio instrument (:class:`_Flusher`) writes each connection's outbox at the end
+  of the pass, in one non-blocking system call made from no task (so no task hop, and no
+  command is ever cut in half by a cancellation). The **writer** task sends what the socket did
+  not take (waiting until it drains), meets any error, and sends everything on a TLS stream.
+* The **reader** waits for the socket, reads what came, feeds ``hiredis.Reader`` and hands
+  each reply to the oldest pending slot.
 
 **Cancellation safety.** A caller that is cancelled (or times out) after enqueuing never removes its
 slot, so the reply stream and the pending queue can never get out of step:
@@ -26,6 +26,7 @@ A cancelled caller's command may still have run on the server (it may already ha
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -69,15 +70,25 @@ def _name(arg: RedisArg) -> str:
     return str(arg).upper()
 
 
+# Command names (as given: str or bytes) already found to answer once: checked in one lookup.
+_ANSWER_ONCE: set[RedisArg] = set()
+_ANSWER_ONCE_MAX: Final = 512
+
+
 def _check(command: tuple[RedisArg, ...]) -> None:
     if not command:
         raise ValueError("an empty Redis command")
-    name = _name(command[0])
+    first = command[0]
+    if first in _ANSWER_ONCE:
+        return
+    name = _name(first)
     if name in _REFUSED or (name == "CLIENT" and len(command) > 1 and _name(command[1]) == "REPLY"):
         raise ValueError(
             f"{name} does not answer one reply per command; use client.subscribe() "
             "for pub/sub and do not use CLIENT REPLY / MONITOR on this client"
         )
+    if name != "CLIENT" and len(_ANSWER_ONCE) < _ANSWER_ONCE_MAX:
+        _ANSWER_ONCE.add(first)
 
 
 def _unsolicited(reply: Any) -> bool:
@@ -104,7 +115,7 @@ class ConnectionStats:
 
     Attributes:
         commands: commands enqueued.
-        batches: ``send_all`` calls made by the writer (``commands / batches`` is the coalescing).
+        batches: writes (``commands / batches`` is the coalescing).
         replies: replies read.
         dropped: replies read for callers that had been cancelled (drained, not delivered).
     """
@@ -125,10 +136,12 @@ class _Slot:
 
     __slots__ = ("deadline", "error", "expected", "replies", "task", "timeout")
 
-    def __init__(self, expected: int, timeout: float, task: trio.lowlevel.Task) -> None:
+    def __init__(
+        self, expected: int, timeout: float, deadline: float, task: trio.lowlevel.Task
+    ) -> None:
         self.expected = expected
         self.timeout = timeout
-        self.deadline = trio.current_time() + timeout
+        self.deadline = deadline
         self.task: trio.lowlevel.Task | None = task
         self.replies: list[Any] = []
         self.error: DurableTrioError | None = None
@@ -142,6 +155,66 @@ class _Slot:
         if task is not None:
             self.task = None
             trio.lowlevel.reschedule(task)
+
+
+class _Flusher(trio.abc.Instrument):
+    """Writes the commands the connections queued during a scheduler pass, when it ends.
+
+    One per ``trio.run`` (a :class:`~trio.lowlevel.RunVar`), installed as an instrument while
+    connections use it: its ``before_io_wait`` runs once per pass of Trio's scheduler, after
+    every task that was runnable has run and before the loop waits for I/O. So the commands of
+    all the callers that ran in a pass leave in one write per connection, and no task hop is
+    needed to send them (auto-pipelining).
+    """
+
+    def __init__(self) -> None:
+        self._queued: list[Connection] = []
+        self._users = 0
+
+    @classmethod
+    def get(cls) -> _Flusher:
+        """This run's flusher (installed on first use), with one more user."""
+        try:
+            flusher = _FLUSHER.get()
+        except LookupError:
+            flusher = cls()
+            _FLUSHER.set(flusher)
+        if flusher._users == 0:
+            trio.lowlevel.add_instrument(flusher)
+        flusher._users += 1
+        return flusher
+
+    def release(self) -> None:
+        """One user less (a closed connection); uninstalled when none is left."""
+        self._users -= 1
+        if self._users == 0:
+            with contextlib.suppress(KeyError):  # never installed, or disabled by an error
+                trio.lowlevel.remove_instrument(self)
+
+    def queue(self, conn: Connection) -> None:
+        """Write ``conn``'s outbox at the end of this pass."""
+        self._queued.append(conn)
+
+    def before_io_wait(self, timeout: float) -> None:
+        if not self._queued:
+            return
+        queued, self._queued = self._queued, []
+        woken = False
+        for conn in queued:
+            try:
+                woken = conn._flush() or woken
+            except Exception as exc:  # never out of an instrument (Trio would disable it)
+                conn._fail(_unavailable(f"lost connection to {conn.url.address}: {exc!r}", exc))
+        if woken and timeout > 0:
+            # A writer was made runnable after the loop chose to sleep: wake the loop up.
+            trio.lowlevel.current_trio_token().run_sync_soon(_nothing, idempotent=True)
+
+
+def _nothing() -> None:
+    pass
+
+
+_FLUSHER: Final = trio.lowlevel.RunVar[_Flusher]("durable_trio_redis_flusher")
 
 
 class Connection:
@@ -177,6 +250,9 @@ class Connection:
             if type(stream) is trio.SocketStream and os.name == "posix"
             else -1
         )
+        self._clock = trio.lowlevel.current_clock()
+        self._flusher = _Flusher.get() if self._fd >= 0 else None
+        self._flush_queued = False
         self._outbox: list[bytes] = []
         self._pending: deque[_Slot] = deque()
         self._outstanding = 0
@@ -373,25 +449,24 @@ class Connection:
         if self._error is not None:
             raise self._dead()
         timeout = self._command_timeout if reply_timeout is None else reply_timeout
-        slot = _Slot(expected, timeout, trio.lowlevel.current_task())
+        slot = _Slot(
+            expected, timeout, self._clock.current_time() + timeout, trio.lowlevel.current_task()
+        )
         # From here to the wait there is no checkpoint: outbox and pending stay in step.
-        alone = not self._pending
         self._pending.append(slot)
         self._outstanding += expected
         self.stats.commands += expected
-        if alone and self._writer_idle is not None:
-            # Nothing queued, nothing awaited, no send_all under way: write straight from here
-            # when the socket takes the bytes now (one synchronous, never cancelled,
-            # non-blocking write: a command is never cut short by a cancel), saving the
-            # writer's hop. What the socket does not take, and any error, is the writer's to
-            # send or meet. With replies awaited, callers queue for the writer and share writes.
-            data = self._write_now(data)
-            if data:
-                self._outbox.append(data)
-                self._wake_writer()
-        else:
-            self._outbox.append(data)
-            if self._writer_idle is not None:
+        self._outbox.append(data)
+        if self._writer_idle is not None:
+            # The writer is parked, so nothing is being sent: on a plain socket the flusher
+            # writes the outbox when the scheduler's pass ends (every command queued in the
+            # pass in one write, no task hop); otherwise the writer is woken for it. A busy
+            # writer sends the outbox itself when its send is done.
+            if self._flusher is not None:
+                if not self._flush_queued:
+                    self._flush_queued = True
+                    self._flusher.queue(self)
+            else:
                 self._wake_writer()
         if slot.deadline < self._watch_deadline:
             self._watch_deadline = self._watch_scope.deadline = slot.deadline
@@ -436,7 +511,13 @@ class Connection:
                     nursery.start_soon(self._watchdog)
         finally:
             self.close()
+            self._release_flusher()
             await trio.aclose_forcefully(self._stream)
+
+    def _release_flusher(self) -> None:
+        flusher, self._flusher = self._flusher, None
+        if flusher is not None:
+            flusher.release()
 
     async def _watchdog(self) -> None:
         """Discard the connection when a command waits past its deadline.
@@ -465,16 +546,45 @@ class Connection:
                 return
             self._watch_deadline = min((slot.deadline for slot in self._pending), default=math.inf)
 
-    def _write_now(self, data: bytes) -> bytes:
-        """Write what the socket takes of ``data`` without waiting; return the rest."""
-        if self._fd < 0:
-            return data
+    def _flush(self) -> bool:
+        """Write the outbox now, without waiting (the flusher, at the end of a pass).
+
+        One synchronous, non-blocking write, never cut short by a cancellation. What the
+        socket does not take, and any error, is left to the writer, which is then woken.
+
+        Returns:
+            whether the writer was woken (the scheduler must not then sleep).
+        """
+        self._flush_queued = False
+        outbox = self._outbox
+        if not outbox or self._writer_idle is None or self._error is not None:
+            return False  # nothing to send, or the writer's to send (or nothing to write to)
+        data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
+        outbox.clear()
         try:
             sent = os.write(self._fd, data)
-        except OSError:  # EAGAIN, or a broken socket the writer's send_all will report
-            return data
-        self.stats.batches += 1
-        return data[sent:]
+        except OSError:  # EAGAIN, or a broken socket the writer's send will report
+            sent = 0
+        else:
+            self.stats.batches += 1
+        if sent == len(data):
+            return False
+        outbox.append(data[sent:])
+        self._wake_writer()
+        return True
+
+    async def _send_all(self, data: bytes) -> None:
+        """``send_all`` straight on the descriptor: what the socket takes now, then the rest
+        as it drains (no yield when it takes everything at once, the usual case)."""
+        fd = self._fd
+        view = memoryview(data)
+        while view:
+            try:
+                sent = os.write(fd, view)
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(fd)
+            else:
+                view = view[sent:]
 
     def _wake_writer(self) -> None:
         task, self._writer_idle = self._writer_idle, None
@@ -496,34 +606,45 @@ class Connection:
                 data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
                 outbox.clear()
                 self.stats.batches += 1
-                await self._stream.send_all(data)
+                if self._fd < 0:
+                    await self._stream.send_all(data)
+                else:
+                    await self._send_all(data)
         except Exception as exc:
             self._fail(_unavailable(f"lost connection to {self._url.address}: {exc!r}", exc))
 
     async def _read_loop(self) -> None:
         reader = hiredis.Reader(replyError=RedisReplyError, notEnoughData=_NOT_ENOUGH_DATA)
         push = self._push_send
+        fd = self._fd
         try:
             while True:
-                data = await self._stream.receive_some(_RECEIVE_SIZE)
+                if fd < 0:
+                    data = await self._stream.receive_some(_RECEIVE_SIZE)
+                else:
+                    # Straight on the descriptor: wait, then one read (the stream's
+                    # receive_some would try first, fail, and yield once more when it works).
+                    await trio.lowlevel.wait_readable(fd)
+                    try:
+                        data = os.read(fd, _RECEIVE_SIZE)
+                    except BlockingIOError:  # a spurious wake-up
+                        continue
                 if not data:
                     self._fail(_unavailable(f"{self._url.address} closed the connection"))
                     return
                 reader.feed(cast("bytes", data))
+                if push is None:
+                    self._deliver_all(reader)
+                    continue
                 while (reply := reader.gets()) is not _NOT_ENOUGH_DATA:
-                    if push is not None and not self._pending and _unsolicited(reply):
+                    if not self._pending and _unsolicited(reply):
                         # A Cluster node gave a sharded channel's slot away (or the channel's
                         # master became a replica): the subscriber must go where it went.
                         self._fail(
                             _unavailable(f"{self._url.address} ended a sharded subscription")
                         )
                         return
-                    if (
-                        push is not None
-                        and type(reply) is list
-                        and len(reply) > 2
-                        and reply[0] in _PUSH_KINDS
-                    ):
+                    if type(reply) is list and len(reply) > 2 and reply[0] in _PUSH_KINDS:
                         if reply[0] == b"pmessage":
                             await push.send((reply[2], reply[3]))
                         else:
@@ -532,6 +653,27 @@ class Connection:
                         self._deliver(reply)
         except Exception as exc:
             self._fail(_unavailable(f"lost connection to {self._url.address}: {exc!r}", exc))
+
+    def _deliver_all(self, reader: hiredis.Reader) -> None:
+        """Hand every complete reply in ``reader`` to its slot (:meth:`_deliver`, inlined)."""
+        pending = self._pending
+        stats = self.stats
+        while (reply := reader.gets()) is not _NOT_ENOUGH_DATA:
+            if not pending:
+                raise RuntimeError(f"unexpected reply with no command waiting: {reply!r:.80}")
+            slot = pending[0]
+            replies = slot.replies
+            replies.append(reply)
+            self._outstanding -= 1
+            stats.replies += 1
+            if len(replies) == slot.expected:
+                pending.popleft()
+                task = slot.task
+                if task is None:
+                    stats.dropped += 1
+                else:
+                    slot.task = None
+                    trio.lowlevel.reschedule(task)
 
     def _deliver(self, reply: Any) -> None:
         if not self._pending:
@@ -618,6 +760,7 @@ async def connect(
     try:
         nursery.start_soon(conn._run)
     except RuntimeError as exc:  # "Nursery is closed to new arrivals"
+        conn._release_flusher()
         await trio.aclose_forcefully(stream)
         raise TransportClosed("the Redis client is closed") from exc
     handshake = url.handshake()

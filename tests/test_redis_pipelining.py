@@ -1,0 +1,122 @@
+"""The Redis client's auto-pipelining (issue 35, item 1): the commands queued during one pass of
+Trio's scheduler leave in one write per connection, written by an instrument at the end of the
+pass, and a caller cancelled in that pass still leaves the connection in step.
+
+The real clock throughout, on a private redis-server over real sockets.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from _redis_server import *  # noqa: F403  (the fixtures; harmless once conftest imports them too)
+from durable_trio._redis import open_redis
+from durable_trio.redis import open_redis as public_open_redis
+
+pytestmark = pytest.mark.redis
+
+
+def _flusher_users() -> int:
+    from durable_trio._redis._connection import _FLUSHER
+
+    return _FLUSHER.get()._users
+
+
+async def test_the_commands_of_one_pass_leave_in_one_write(redis_url: str) -> None:
+    async with open_redis(redis_url, pool_size=1) as client:
+        await client.execute("PING")
+        (conn,) = client.connections
+        before = conn.stats.batches
+        replies: dict[int, bytes] = {}
+
+        async def caller(i: int) -> None:
+            replies[i] = await client.execute("ECHO", f"one-pass:{i}")
+
+        async with trio.open_nursery() as nursery:
+            for i in range(25):
+                nursery.start_soon(caller, i)  # all 25 run in the same pass
+        assert replies == {i: f"one-pass:{i}".encode() for i in range(25)}
+        assert conn.stats.batches - before == 1  # one write for the 25 commands
+
+
+async def test_callers_in_lockstep_share_every_write(redis_url: str) -> None:
+    # Ten callers, each sending its next command as soon as its reply comes: the replies come
+    # back together, so the ten next commands go out together too.
+    async with open_redis(redis_url, pool_size=1) as client:
+        await client.execute("PING")
+        (conn,) = client.connections
+        before_commands, before_batches = conn.stats.commands, conn.stats.batches
+
+        async def caller(i: int) -> None:
+            for j in range(50):
+                assert await client.execute("ECHO", f"{i}:{j}") == f"{i}:{j}".encode()
+
+        async with trio.open_nursery() as nursery:
+            for i in range(10):
+                nursery.start_soon(caller, i)
+        commands = conn.stats.commands - before_commands
+        batches = conn.stats.batches - before_batches
+    assert commands == 500
+    assert batches <= commands / 5, (commands, batches)
+
+
+async def test_callers_cancelled_before_the_flush_leave_the_connection_in_step(
+    redis_url: str,
+) -> None:
+    # One pass runs keepers, victims, a canceller in the middle of the victims, more victims and
+    # keepers (Trio runs a pass in spawn order or its reverse): the victims that ran before the
+    # canceller queued their command and are cancelled before the pass ends, so their bytes are
+    # still written and their replies drained; those after it never queue one. The keepers, and
+    # the next caller, get their own replies.
+    async with open_redis(redis_url, pool_size=1) as client:
+        await client.execute("PING")
+        (conn,) = client.connections
+        victims = [trio.CancelScope() for _ in range(20)]
+        got: dict[str, bytes] = {}
+
+        async def caller(name: str, scope: trio.CancelScope | None = None) -> None:
+            with scope or trio.CancelScope():
+                got[name] = await client.execute("ECHO", name)
+
+        async def canceller() -> None:
+            for scope in victims:
+                scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for i in range(5):
+                nursery.start_soon(caller, f"keeper:{i}")
+            for i in range(10):
+                nursery.start_soon(caller, f"victim:{i}", victims[i])
+            nursery.start_soon(canceller)
+            for i in range(10, 20):
+                nursery.start_soon(caller, f"victim:{i}", victims[i])
+            for i in range(5, 10):
+                nursery.start_soon(caller, f"keeper:{i}")
+        assert got == {f"keeper:{i}": f"keeper:{i}".encode() for i in range(10)}
+        assert await client.execute("ECHO", "after") == b"after"
+        stats = conn.stats
+        assert stats.commands == stats.replies
+        assert stats.dropped == stats.commands - 2 - 10  # all but PING, "after", the keepers
+        assert stats.dropped >= 1  # some victims had queued their command (10 in Trio 0.35)
+
+
+async def test_the_flusher_is_uninstalled_when_the_last_connection_closes(redis_url: str) -> None:
+    async with open_redis(redis_url, pool_size=2) as client:
+        async with client.dedicated() as conn:
+            await conn.execute("PING")
+            await client.execute("PING")
+            assert _flusher_users() == 2
+        await trio.testing.wait_all_tasks_blocked()
+        assert _flusher_users() == 1
+    assert _flusher_users() == 0
+    from durable_trio._redis._connection import _FLUSHER
+
+    with pytest.raises(KeyError):  # no longer installed
+        trio.lowlevel.remove_instrument(_FLUSHER.get())
+
+
+async def test_the_public_module_is_the_same_client(redis_url: str) -> None:
+    assert public_open_redis is open_redis
+    async with public_open_redis(redis_url) as client:
+        assert await client.execute("ECHO", "public") == b"public"
