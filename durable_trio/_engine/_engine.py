@@ -72,11 +72,14 @@ from ._step_watch import StepChecks, StepWait, StepWatch
 from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
 from ._stores._wakes import SupportsRunWakes
+from ._tags import check_tags
 from ._timers import EngineTimers
 from ._tree import EngineTree
 from ._waits import Applying, DecisionLocks, StepWaiters
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from .._transport._options import ErrorHook
     from ._services import Driver
 
@@ -302,6 +305,7 @@ class Engine:
         detach: bool = False,
         timeout: float | None = None,  # noqa: ASYNC109 (the run's, stored; not this call's)
         parent: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> str:
         """Start a run of ``workflow`` with ``input``; returns its run id at once.
 
@@ -321,6 +325,11 @@ class Engine:
                 are no longer waited on. ``None``: no timeout.
             parent: the run starting this one as a child workflow (stored as
                 :attr:`RunRecord.parent`; ``ctx.child`` sets it).
+            tags: the run's tags (``{"customer": "c1"}``): at most 16, keys of ``A-Z a-z 0-9
+                _ . -`` (up to 64), printable values (up to 256); stored with the run and
+                indexed, so ``ops.list_runs(tags=...)`` and ``runs list --tag`` find it.
+                Not inherited by child workflows. A start of an existing ``run_id`` keeps
+                the existing run's tags.
 
         Raises:
             UnknownWorkflow: the app does not register ``workflow``.
@@ -330,13 +339,14 @@ class Engine:
             TypeError: ``workflow`` or ``run_id`` is not a str, ``detach`` not a bool,
                 ``timeout`` not a number.
             ConfigError: ``workflow`` or ``run_id`` is empty, ``timeout`` not a finite
-                number of seconds > 0.
+                number of seconds > 0, ``tags`` too many or a key or value it may not hold.
             EngineClosed: the engine is closed.
         """
         check_name(workflow, "engine.start", "workflow")
         check_optional_name(run_id, "engine.start", "run_id")
         check_optional_name(parent, "engine.start", "parent")
         check_bool(detach, "engine.start", "detach")
+        checked_tags = check_tags(tags, "engine.start: tags")
         seconds = (
             None
             if timeout is None
@@ -363,6 +373,7 @@ class Engine:
             lease=self.options.run_lease,
             timeout=seconds,
             parent=parent,
+            tags=checked_tags,
         )
         if not created:
             return stored.run_id

@@ -28,6 +28,7 @@ async def record_new_run(
     lease: float,
     timeout: float | None,  # noqa: ASYNC109 (the run's, stored; not this call's)
     parent: str | None,
+    tags: dict[str, str] | None = None,
 ) -> tuple[RunRecord, bool]:
     """Create the run in ``store`` (idempotent by ``run_id``): running under ``owner`` for
     ``lease`` seconds, or pending with no owner when ``owner`` is ``None``. Arguments are
@@ -59,6 +60,7 @@ async def record_new_run(
         trace=run_trace(workflow),
         parent=parent,
         depth=depth,
+        tags=dict(tags or {}),  # checked by the caller (_tags.check_tags)
     )
     stored, created = await store.create_run(record)
     if not created and stored.workflow != workflow:
