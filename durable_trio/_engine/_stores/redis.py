@@ -18,6 +18,7 @@ Redis Cluster slot and every script touches one slot only):
 ``T:steps:N:ID``           zset    the run's step ids, score = position (N = len(ID), so no run id
                                    can forge another run's keys)
 ``T:step:N:ID:STEP``       hash    one checkpoint (its attempt log in field ``attempts``, JSON)
+``T:tag:KEY:VALUE``        zset    runs tagged KEY=VALUE, score = seq (issue 34; a key has no ``:``)
 ``T:schedules``            hash    schedule name -> its definition (JSON text); shard 0's ``T``
 ``T:schedule-ticks``       hash    schedule name -> its last tick handled (same slot)
 =========================  ======  ===============================================================
@@ -51,17 +52,19 @@ from .._records import (
     RunStatus,
     StepRecord,
 )
+from .._tags import check_tags, tags_json
 from ._paging import MAX_PAGE, check_page, decode_cursor, encode_cursor, skip_damaged
 from ._redis_rows import fields as _fields
 from ._redis_rows import number as _number
 from ._redis_rows import read_listed as _read_listed
 from ._redis_rows import read_run as _run
 from ._redis_rows import read_step as _step
+from ._redis_rows import tag_index as _tag_index
 from ._shard_paging import DONE, ShardPage, decode_bounds, encode_bounds, merge_shards
 from ._wakes import RunWakes
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from ..._redis import RedisClient, Script
 
@@ -101,7 +104,8 @@ return gone
 """
 
 # KEYS: run, seq, all. ARGV: prefix, id, workflow, status, input, output, error, owner, lease, now,
-# timeout, trace ('' = none), parent ('' = none), depth
+# timeout, trace ('' = none), parent ('' = none), depth, tags ('' = none), then the run's tag
+# index keys (issue 34: each a zset of run ids scored by seq, as the status indexes)
 # Returns {1} (created), {1, reason} (created, the counter repaired: see below) or {0, fields}.
 # A counter that is not a number (junk, past INCR's range), not positive, past 2**53 (Lua's exact
 # integers), or missing (evicted, deleted) while runs exist would fail every start or list new
@@ -134,8 +138,9 @@ end
 redis.call('HSET', KEYS[1], 'workflow', ARGV[3], 'status', ARGV[4], 'input', ARGV[5],
   'output', ARGV[6], 'error', ARGV[7], 'owner', ARGV[8], 'lease', ARGV[9],
   'created', ARGV[10], 'updated', ARGV[10], 'seq', seq, 'timeout', ARGV[11], 'trace', ARGV[12],
-  'parent', ARGV[13], 'depth', ARGV[14])
+  'parent', ARGV[13], 'depth', ARGV[14], 'tags', ARGV[15] or '')
 redis.call('ZADD', KEYS[3], seq, id)
+for i = 16, #ARGV do redis.call('ZADD', ARGV[i], seq, id) end
 move(prefix, id, false, ARGV[4], seq)
 if active(ARGV[4]) then
   redis.call('ZADD', prefix .. ':leases', ARGV[9] == '' and 0 or ARGV[9], id)
@@ -314,13 +319,15 @@ return 0
 PAGE_BUDGET: Final = 2000
 
 # KEYS: index. ARGV: prefix, max (exclusive score bound, '+inf' for none), limit, budget,
-# workflow, tenant prefix, since, until ('' = no filter).
+# workflow, tenant prefix, since, until ('' = no filter); then (issue 34, the index a tag's)
+# status ('' = any) and the other tags' index keys (a run must be in each).
 # Returns {next ('' = last page), id, fields, id, fields, ...}.
 _PAGE: Final = """
 local prefix, bound = ARGV[1], ARGV[2]
 local limit, budget = tonumber(ARGV[3]), tonumber(ARGV[4])
 local wf, tp = ARGV[5], ARGV[6]
 local since, until_ = tonumber(ARGV[7]), tonumber(ARGV[8])
+local st = ARGV[9] or ''
 local out = {''}
 local found, examined, last = 0, 0, nil
 while examined < budget do
@@ -333,6 +340,10 @@ while examined < budget do
     bound = '(' .. seq
     local ok = tp == '' or string.sub(id, 1, #tp) == tp
     local key = prefix .. ':run:' .. id
+    for j = 10, #ARGV do
+      if ok and not redis.call('ZSCORE', ARGV[j], id) then ok = false end
+    end
+    if ok and st ~= '' and redis.call('HGET', key, 'status') ~= st then ok = false end
     if ok and (wf ~= '' or since or until_) then
       local f = redis.call('HMGET', key, 'workflow', 'created')
       if wf ~= '' and f[1] ~= wf then ok = false end
@@ -575,7 +586,7 @@ class RedisRunStore:
             (prefix, run.run_id, run.workflow, run.status.value, _dumps(run.input),
              _dumps(run.output), _dumps(run.error), run.owner or "", _num(run.lease_until),
              _num(now), _num(run.timeout), _optional_dumps(run.trace), run.parent or "",
-             run.depth),
+             run.depth, tags_json(run.tags) or "", *self._tag_keys(run)),
         )  # fmt: skip
         if reply[0] == 1 and len(reply) > 1:  # (reported once: the counter is whole again)
             logger.warning("Redis run store: %s", reply[1].decode(errors="replace"))
@@ -631,17 +642,20 @@ class RedisRunStore:
         until: float | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
         check_page(limit, since, until, tenant)
+        wanted = check_tags(tags, "page_runs: tags")
         filters = (workflow or "", "" if tenant is None else tenant + "/", _num(since), _num(until))
         if len(self._prefixes) > 1:
-            return await self._page_sharded(status, filters, limit, cursor)
+            return await self._page_sharded(status, filters, limit, cursor, wanted)
         below = decode_cursor(cursor)
         prefix = self._prefixes[0]
+        index, more = self._page_index(prefix, status, wanted)
         reply = await self._page(
-            (_index(prefix, status),),
+            (index,),
             (prefix, "+inf" if below is None else f"({below}", limit, max(PAGE_BUDGET, limit + 1),
-             *filters),
+             *filters, *more),
         )  # fmt: skip
         following = _following(reply)
         runs, damaged = _read_listed(
@@ -650,22 +664,29 @@ class RedisRunStore:
         return RunPage(runs, None if following is None else encode_cursor(following), damaged)
 
     async def _page_sharded(
-        self, status: RunStatus | None, filters: tuple[str, ...], limit: int, cursor: str | None
+        self,
+        status: RunStatus | None,
+        filters: tuple[str, ...],
+        limit: int,
+        cursor: str | None,
+        tags: dict[str, str] | None = None,
     ) -> RunPage:
         """One page over every shard: one page script per shard not done, in one pipeline
         (per node, the nodes concurrently), merged by creation time (see
         :func:`~._shard_paging.merge_shards`)."""
         bounds = decode_bounds(cursor, len(self._prefixes))
         asked = [shard for shard, bound in enumerate(bounds) if bound != DONE]
+        indexes = {shard: self._page_index(self._prefixes[shard], status, tags) for shard in asked}
         commands = [
             self._page.command(
-                (_index(self._prefixes[shard], status),),
+                (indexes[shard][0],),
                 (
                     self._prefixes[shard],
                     "+inf" if bounds[shard] is None else f"({bounds[shard]}",
                     limit,
                     max(PAGE_BUDGET, limit + 1),
                     *filters,
+                    *indexes[shard][1],
                 ),
             )
             for shard in asked
@@ -953,3 +974,22 @@ class RedisRunStore:
     async def aclose(self) -> None:
         """Nothing to release (the client is the caller's). Idempotent."""
         await trio.lowlevel.checkpoint()
+
+    # -- run tags (issue 34) ----------------------------------------------------------------
+
+    def _tag_keys(self, run: RunRecord) -> list[str]:
+        """The tag index keys ``run`` is in (its shard's): what removes a run must ``ZREM``
+        its id from each (as from its status index)."""
+        prefix = self._prefix_of(run.run_id)
+        return [_tag_index(prefix, key, value) for key, value in run.tags.items()]
+
+    def _page_index(
+        self, prefix: str, status: RunStatus | None, tags: dict[str, str] | None
+    ) -> tuple[str, tuple[str, ...]]:
+        """The index a page walks in shard ``prefix`` and the page script's extra arguments:
+        untagged, the status's (or every run's); tagged, the first tag's (keys in sorted order),
+        then the status to check ('' = any) and the other tags' index keys."""
+        if not tags:
+            return _index(prefix, status), ()
+        first, *others = (_tag_index(prefix, k, v) for k, v in sorted(tags.items()))
+        return first, ("" if status is None else status.value, *others)
