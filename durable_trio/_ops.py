@@ -34,6 +34,7 @@ from ._engine._tags import check_tags
 from ._errors import BrokerError, ConfigError, TransportClosed
 from ._naming import QueueNames
 from ._ops_attempts import AttemptView, attempt_views
+from ._ops_bulk import BulkOutcome, BulkResult, RunFilter, run_bulk
 from ._transport._health import read_worker_health
 from ._wire import ControlMessage, JobKind, JSONValue, WorkerStatus
 from .backends import Backend, open_backend
@@ -48,7 +49,7 @@ from .brokers import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
     from ._engine._advert import EngineDescriptor
     from ._engine._stores import RunStore
@@ -68,10 +69,13 @@ __all__ = [
     "CANCEL_GRACE",
     "CONTROL_PUSH_TIMEOUT",
     "AttemptView",
+    "BulkOutcome",
+    "BulkResult",
     "FailedJobView",
     "Operations",
     "QueueView",
     "RunDetails",
+    "RunFilter",
     "RunPage",
     "StepView",
     "TimerView",
@@ -700,6 +704,47 @@ class Operations:
             RunNotRetryable: it is not failed.
         """
         return await retry_run(self.store, run_id)
+
+    async def cancel_runs(
+        self,
+        run_filter: RunFilter,
+        *,
+        reason: str = "cancelled by an operator (bulk)",
+        dry_run: bool = False,
+        confirm: Callable[[int], bool | Awaitable[bool]] | None = None,
+        on_each: Callable[[BulkOutcome], Any] | None = None,
+    ) -> BulkResult:
+        """Cancel every run ``run_filter`` matches (issue 34): counted first (``confirm`` is
+        told the count and may stop it; ``dry_run`` only reports), then each run once, as
+        :meth:`cancel_run` without ``wait``; an ended one is skipped ("already ended"). Run
+        again after an interruption, it finishes the job (see :mod:`durable_trio._ops_bulk`).
+
+        Raises:
+            ConfigError: no filter (a bulk never acts on every run), or a bad one.
+        """
+        return await run_bulk(
+            self, "cancel", run_filter, reason=reason, dry_run=dry_run, confirm=confirm,
+            on_each=on_each,
+        )  # fmt: skip
+
+    async def retry_runs(
+        self,
+        run_filter: RunFilter,
+        *,
+        dry_run: bool = False,
+        confirm: Callable[[int], bool | Awaitable[bool]] | None = None,
+        on_each: Callable[[BulkOutcome], Any] | None = None,
+    ) -> BulkResult:
+        """Retry every failed (or blocked) run ``run_filter`` matches (issue 34), as
+        :meth:`cancel_runs` goes: counted, confirmed, then each once as :meth:`retry_run`; a
+        run not failed is skipped ("not failed (completed)").
+
+        Raises:
+            ConfigError: no filter, or a bad one.
+        """
+        return await run_bulk(
+            self, "retry", run_filter, dry_run=dry_run, confirm=confirm, on_each=on_each
+        )
 
     # -- jobs -------------------------------------------------------------------------------
 
