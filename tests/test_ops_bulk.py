@@ -44,7 +44,12 @@ async def test_bulk_cancel_counts_confirms_and_resumes(
         assert [o.run_id for o in dry.outcomes] == [f"c1-{n}" for n in (4, 3, 2, 1, 0)]
         assert {o.note for o in dry.outcomes} == {"would cancel"}
         counts: list[int] = []
-        refused = await ops.cancel_runs(c1, confirm=lambda n: counts.append(n) or False)
+
+        def say_no(count: int) -> bool:
+            counts.append(count)
+            return False
+
+        refused = await ops.cancel_runs(c1, confirm=say_no)
         assert (counts, refused.confirmed, refused.outcomes) == ([5], False, [])
         assert set((await _statuses(ops)).values()) == {"pending"}
 

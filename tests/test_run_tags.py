@@ -69,9 +69,11 @@ async def test_tags_are_stored_and_listed_by_their_index(
             assert await _ids(ops, tags={"customer": "nobody"}) == []
             # stored with the run
             run = await store.get_run("r5")
-            assert run is not None and run.tags == {"customer": "c2", "tier": "gold"}
+            assert run is not None
+            assert run.tags == {"customer": "c2", "tier": "gold"}
             plain = await store.get_run("untagged")
-            assert plain is not None and plain.tags == {}
+            assert plain is not None
+            assert plain.tags == {}
             # a start of an existing id keeps its tags (and indexes nothing new)
             await e.start("order", 0, run_id="r0", detach=True, tags={"customer": "c9"})
             assert await _ids(ops, tags={"customer": "c9"}) == []
