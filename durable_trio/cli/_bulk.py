@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["add_bulk_arguments", "add_tag_argument", "by_id_or_filter", "tags_of"]
 
 _FILTERS = ("status", "workflow", "tag", "since", "until")
+_GERUND = {"cancel": "cancelling", "retry": "retrying"}
 
 
 def add_tag_argument(parser: argparse.ArgumentParser) -> None:
@@ -131,7 +132,7 @@ async def _bulk(ops: Operations, args: argparse.Namespace, action: str) -> int:
         if not sys.stdin.isatty():
             refused = True
             print(
-                f"error: not {action}ing {count} runs without a confirmation: stdin is not a"
+                f"error: not {_GERUND[action]} {count} runs without a confirmation: stdin is not a"
                 " terminal to ask on (add --yes to do it, --dry-run to list them)",
                 file=sys.stderr,
             )
