@@ -37,7 +37,9 @@ from ._errors import ConfigError
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from ._ops import Operations
+#: The :class:`~durable_trio.Operations` a bulk runs on (named loosely: ``_ops`` imports this
+#: module, never the other way round).
+Operations = Any
 
 __all__ = ["BULK_PAGE", "BulkOutcome", "BulkResult", "RunFilter", "run_bulk"]
 

@@ -325,11 +325,7 @@ class Engine:
                 are no longer waited on. ``None``: no timeout.
             parent: the run starting this one as a child workflow (stored as
                 :attr:`RunRecord.parent`; ``ctx.child`` sets it).
-            tags: the run's tags (``{"customer": "c1"}``): at most 16, keys of ``A-Z a-z 0-9
-                _ . -`` (up to 64), printable values (up to 256); stored with the run and
-                indexed, so ``ops.list_runs(tags=...)`` and ``runs list --tag`` find it.
-                Not inherited by child workflows. A start of an existing ``run_id`` keeps
-                the existing run's tags.
+            tags: the run's tags, stored with it and indexed (docs/engine.md, "Tags").
 
         Raises:
             UnknownWorkflow: the app does not register ``workflow``.
@@ -346,7 +342,6 @@ class Engine:
         check_optional_name(run_id, "engine.start", "run_id")
         check_optional_name(parent, "engine.start", "parent")
         check_bool(detach, "engine.start", "detach")
-        checked_tags = check_tags(tags, "engine.start: tags")
         seconds = (
             None
             if timeout is None
@@ -373,7 +368,7 @@ class Engine:
             lease=self.options.run_lease,
             timeout=seconds,
             parent=parent,
-            tags=checked_tags,
+            tags=check_tags(tags, "engine.start: tags"),
         )
         if not created:
             return stored.run_id

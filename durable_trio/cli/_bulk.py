@@ -72,7 +72,9 @@ def add_bulk_arguments(parser: argparse.ArgumentParser, action: str) -> None:
 
 
 def by_id_or_filter(
-    single: Callable[[Operations, argparse.Namespace], Awaitable[int]], action: str
+    single: Callable[[Operations, argparse.Namespace], Awaitable[int]],
+    action: str,
+    when: Callable[[str | None], float | None],
 ) -> Callable[[Operations, argparse.Namespace], Coroutine[Any, Any, int]]:
     """``runs cancel|retry``: of ``RUN_ID`` (``single``), or of every run the filters match."""
 
@@ -89,21 +91,22 @@ def by_id_or_filter(
                 f"runs {action}: say which runs: a RUN_ID, or filters"
                 f" (--{', --'.join(_FILTERS)})"
             )
-        return await _bulk(ops, args, action)
+        return await _bulk(ops, args, action, when)
 
     return command
 
 
-def _filter(args: argparse.Namespace) -> RunFilter:
+def _filter(
+    args: argparse.Namespace, when: Callable[[str | None], float | None]
+) -> RunFilter:
     from .._ops_bulk import RunFilter
-    from ._operations import _when
 
     return RunFilter(
         status=args.status,
         workflow=args.workflow,
         tags=tags_of(args),
-        since=_when(args.since),
-        until=_when(args.until),
+        since=when(args.since),
+        until=when(args.until),
     )
 
 
@@ -117,8 +120,13 @@ def _describe(run_filter: RunFilter) -> str:
     return visible(", ".join(parts))
 
 
-async def _bulk(ops: Operations, args: argparse.Namespace, action: str) -> int:
-    run_filter = _filter(args)
+async def _bulk(
+    ops: Operations,
+    args: argparse.Namespace,
+    action: str,
+    when: Callable[[str | None], float | None],
+) -> int:
+    run_filter = _filter(args, when)
     # With --json, stdout is the result's JSON alone: the count and the question go to stderr.
     say = sys.stderr if args.json else sys.stdout
     refused = False

@@ -418,7 +418,7 @@ def add_ops_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         else:  # issue 34: or every run the filters match
             sub.add_argument("run_id", metavar="RUN_ID", nargs="?", default=None)
             add_bulk_arguments(sub, name)
-            handler = by_id_or_filter(handler, name)
+            handler = by_id_or_filter(handler, name, _when)
         if name == "cancel":
             sub.add_argument("--reason", default="cancelled by an operator")
             sub.add_argument(
