@@ -25,6 +25,7 @@ from __future__ import annotations
 # (and anything built on it) must resolve at run time.
 import builtins  # noqa: TC003
 import contextlib
+from collections.abc import Mapping  # noqa: TC003 (the type hints resolve at run time)
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import attrs
@@ -78,8 +79,6 @@ from ._tree import EngineTree
 from ._waits import Applying, DecisionLocks, StepWaiters
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from .._transport._options import ErrorHook
     from ._services import Driver
 
