@@ -172,3 +172,27 @@ async def test_tags_on_redis_run_shards(
         assert len(keys) == 2
         for key in keys:
             assert await client.execute("ZSCORE", key, "r7") is not None
+
+
+async def test_a_sqlite_file_written_before_tags_is_brought_up_to_date(tmp_path: Any) -> None:
+    """The column and the index table are added on open; the runs stored before have none."""
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    async with open_store(url, "shop") as (_, store):
+        await store.create_run(
+            dt.RunRecord("old", "order", 1, dt.RunStatus.PENDING, 0.0, 0.0)
+        )
+    db = sqlite3.connect(tmp_path / "old.db")
+    db.execute("ALTER TABLE dt_runs DROP COLUMN tags")
+    db.execute("DROP TABLE dt_run_tags")
+    db.commit()
+    db.close()
+    async with open_store(url, "shop") as (backend, store):
+        old = await store.get_run("old")
+        assert old is not None
+        assert old.tags == {}
+        ops = Operations(backend, store, "shop")
+        await ops.start_run("order", 2, run_id="new", tags={"customer": "c1"})
+        assert await _ids(ops, tags={"customer": "c1"}) == ["new"]
+        assert await _ids(ops) == ["new", "old"]
