@@ -196,3 +196,44 @@ async def test_a_sqlite_file_written_before_tags_is_brought_up_to_date(tmp_path:
         await ops.start_run("order", 2, run_id="new", tags={"customer": "c1"})
         assert await _ids(ops, tags={"customer": "c1"}) == ["new"]
         assert await _ids(ops) == ["new", "old"]
+
+
+async def test_a_tagged_page_walks_the_tag_index_not_every_run(tmp_path: Any) -> None:
+    """SQLite: the query plan ranges over the tag index's primary key, newest first (no sort,
+    no scan of ``dt_runs``: each run is found by its key)."""
+    import sqlite3
+
+    from durable_trio._engine._stores import _sqlite_tables as tables
+
+    db = sqlite3.connect(":memory:")
+    tables.create_schema(db)
+    where, params = tables.tagged_filters({"customer": "c1", "tier": "gold"})
+    query = (
+        "EXPLAIN QUERY PLAN SELECT t.seq FROM dt_run_tags AS t JOIN dt_runs AS r"
+        " ON r.namespace = t.namespace AND r.run_id = t.run_id WHERE t.namespace = ? AND "
+        + where.replace("{tags}", "dt_run_tags")
+        + " AND t.seq < ? AND r.status = ? ORDER BY t.seq DESC LIMIT 51"
+    )
+    plan = [row[3] for row in db.execute(query, ["ns", *params, 100, "failed"])]
+    assert plan[0].startswith("SEARCH t USING PRIMARY KEY (namespace=? AND key=? AND value=?")
+    assert any(step.startswith("SEARCH r USING PRIMARY KEY") for step in plan)
+    assert not any("SCAN" in step or "TEMP B-TREE" in step for step in plan), plan
+
+
+@pytest.mark.redis
+async def test_a_redis_tagged_page_is_not_bounded_by_the_untagged_runs(redis_url: str) -> None:
+    """More untagged runs than one page call examines (``PAGE_BUDGET``): the tagged run is
+    found in one call, with no cursor (its index holds it alone)."""
+    from durable_trio._engine._stores.redis import PAGE_BUDGET, RedisRunStore
+    from durable_trio._redis import open_redis
+
+    async with open_redis(redis_url) as client:
+        store = RedisRunStore(client, f"budget-{uuid.uuid4().hex[:6]}")
+        tagged = dt.RunRecord("t", "w", 0, dt.RunStatus.FAILED, 0.0, 0.0, tags={"k": "v"})
+        await store.create_run(tagged)
+        for n in range(PAGE_BUDGET + 10):
+            await store.create_run(dt.RunRecord(f"u{n}", "w", n, dt.RunStatus.FAILED, 0.0, 0.0))
+        page = await store.page_runs(tags={"k": "v"}, status=dt.RunStatus.FAILED)
+        assert ([r.run_id for r in page.runs], page.next_cursor) == (["t"], None)
+        plain = await store.page_runs(workflow="other")
+        assert (plain.runs, plain.next_cursor is not None) == ([], True)  # the budget, spent
