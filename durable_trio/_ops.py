@@ -31,9 +31,11 @@ from ._engine._records import RunPage, RunRecord, RunStatus, StepKind, StepRecor
 from ._engine._reopen import retry_run
 from ._engine._stores import open_run_store
 from ._engine._stores._paging import check_page
+from ._engine._tags import check_tags
 from ._errors import BrokerError, ConfigError, TransportClosed
 from ._naming import QueueNames
 from ._ops_attempts import AttemptView, attempt_views
+from ._ops_bulk import BulkOutcome, BulkResult, RunFilter, run_bulk
 from ._transport._health import read_worker_health
 from ._wire import ControlMessage, JobKind, JSONValue, WorkerStatus
 from .backends import Backend, open_backend
@@ -48,7 +50,7 @@ from .brokers import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
     from ._engine._advert import EngineDescriptor
     from ._engine._schedules import BackfillTick
@@ -69,10 +71,13 @@ __all__ = [
     "CANCEL_GRACE",
     "CONTROL_PUSH_TIMEOUT",
     "AttemptView",
+    "BulkOutcome",
+    "BulkResult",
     "FailedJobView",
     "Operations",
     "QueueView",
     "RunDetails",
+    "RunFilter",
     "RunPage",
     "StepView",
     "TimerView",
@@ -363,6 +368,8 @@ def run_to_json(run: RunRecord) -> dict[str, Any]:
         "error": run.error,
         # A child workflow's parent (issue 18): only on children, older output unchanged.
         **({"parent": run.parent} if run.parent is not None else {}),
+        # Its tags (issue 34): only on a tagged run, older output unchanged.
+        **({"tags": dict(run.tags)} if run.tags else {}),
     }
 
 
@@ -452,6 +459,7 @@ class Operations:
         until: float | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
         """One page of runs, newest first (see :meth:`RunStore.page_runs`).
 
@@ -464,9 +472,11 @@ class Operations:
             until: only runs created before this time.
             limit: at most this many (1 to 1,000).
             cursor: the ``next_cursor`` of the previous page.
+            tags: only runs carrying every one of these tags (``{"customer": "c1"}``), read
+                from the store's tag index.
 
         Raises:
-            ConfigError: an unknown status, a bad limit, time, tenant or cursor.
+            ConfigError: an unknown status, a bad limit, time, tenant, tag or cursor.
         """
         try:
             wanted = None if status is None else RunStatus(status)
@@ -474,6 +484,7 @@ class Operations:
             known = ", ".join(s.value for s in RunStatus)
             raise ConfigError(f"unknown run status {status!r} (known: {known})") from None
         check_page(limit, since, until, tenant)
+        tagged = check_tags(tags, "list_runs: tags")
         return await self.store.page_runs(
             status=wanted,
             workflow=workflow,
@@ -482,6 +493,7 @@ class Operations:
             until=until,
             limit=limit,
             cursor=cursor,
+            **({"tags": tagged} if tagged else {}),
         )
 
     async def show_run(self, run_id: str) -> RunDetails:
@@ -502,6 +514,7 @@ class Operations:
         *,
         run_id: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 (the run's, stored; not this call's)
+        tags: Mapping[str, str] | None = None,
     ) -> str:
         """Record a new run of ``workflow`` as :meth:`Engine.start` with ``detach=True`` does
         (pending, no owner): an engine of the namespace whose app registers ``workflow``
@@ -514,7 +527,7 @@ class Operations:
 
         Raises:
             ConfigError: ``workflow`` or ``run_id`` is empty, ``timeout`` not a number of
-                seconds > 0.
+                seconds > 0, ``tags`` not tags (see :meth:`Engine.start`).
             TypeError: ``workflow`` or ``run_id`` is not a str.
             PayloadError: ``input`` is not a JSON value.
             EngineError: ``run_id`` exists as a run of another workflow.
@@ -526,9 +539,10 @@ class Operations:
             if timeout is None
             else check_seconds(timeout, "ops.start_run", "timeout", positive=True)
         )
+        checked = check_tags(tags, "ops.start_run: tags")
         stored, _ = await record_new_run(
             self.store, workflow, input, run_id=run_id, owner=None, lease=0.0,
-            timeout=seconds, parent=None,
+            timeout=seconds, parent=None, tags=checked,
         )  # fmt: skip
         return stored.run_id
 
@@ -722,6 +736,46 @@ class Operations:
 
         schedules = Schedules(self.store, time.time)
         return await schedules.backfill(name, start, end, dry_run=dry_run)
+    async def cancel_runs(
+        self,
+        run_filter: RunFilter,
+        *,
+        reason: str = "cancelled by an operator (bulk)",
+        dry_run: bool = False,
+        confirm: Callable[[int], bool | Awaitable[bool]] | None = None,
+        on_each: Callable[[BulkOutcome], Any] | None = None,
+    ) -> BulkResult:
+        """Cancel every run ``run_filter`` matches (issue 34): counted first (``confirm`` is
+        told the count and may stop it; ``dry_run`` only reports), then each run once, as
+        :meth:`cancel_run` without ``wait``; an ended one is skipped ("already ended"). Run
+        again after an interruption, it finishes the job (see :mod:`durable_trio._ops_bulk`).
+
+        Raises:
+            ConfigError: no filter (a bulk never acts on every run), or a bad one.
+        """
+        return await run_bulk(
+            self, "cancel", run_filter, reason=reason, dry_run=dry_run, confirm=confirm,
+            on_each=on_each,
+        )  # fmt: skip
+
+    async def retry_runs(
+        self,
+        run_filter: RunFilter,
+        *,
+        dry_run: bool = False,
+        confirm: Callable[[int], bool | Awaitable[bool]] | None = None,
+        on_each: Callable[[BulkOutcome], Any] | None = None,
+    ) -> BulkResult:
+        """Retry every failed (or blocked) run ``run_filter`` matches (issue 34), as
+        :meth:`cancel_runs` goes: counted, confirmed, then each once as :meth:`retry_run`; a
+        run not failed is skipped ("not failed (completed)").
+
+        Raises:
+            ConfigError: no filter, or a bad one.
+        """
+        return await run_bulk(
+            self, "retry", run_filter, dry_run=dry_run, confirm=confirm, on_each=on_each
+        )
 
     # -- jobs -------------------------------------------------------------------------------
 

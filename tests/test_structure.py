@@ -29,10 +29,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_redis", "_postgres", "redis"),  # the servers' clients (``redis``: the public face)
     ("brokers", "keys"),  # the broker and key-store contracts and implementations
     ("_transport",),  # the queue transport
-    ("_engine._records", "_engine._stores"),  # run records and run stores
+    ("_engine._records", "_engine._tags", "_engine._stores"),  # run records and run stores
     ("backends",),  # a broker, a key store and run stores, chosen by URL
     ("_engine",),  # the engine
-    ("_ops", "_ops_attempts"),  # the operations the CLI and the console share
+    ("_ops", "_ops_attempts", "_ops_bulk"),  # the operations the CLI and the console share
     # entry points (``postgres``: the application's own transaction, on the stores' SQL)
     ("cli", "console", "testing", "_supervisor", "__main__", "postgres", "<package>"),
 )
@@ -43,7 +43,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset()
 
 #: What the transport must never import (the issue's "nothing above it").
-ABOVE_THE_TRANSPORT = ("backends", "_engine", "cli", "_ops", "_ops_attempts", "console", "testing")
+ABOVE_THE_TRANSPORT = (
+    "backends", "_engine", "cli", "_ops", "_ops_attempts", "_ops_bulk", "console", "testing"
+)  # fmt: skip
 
 
 def layer_of(module: str) -> int:

@@ -25,6 +25,7 @@ from __future__ import annotations
 # (and anything built on it) must resolve at run time.
 import builtins  # noqa: TC003
 import contextlib
+from collections.abc import Mapping  # noqa: TC003 (the type hints resolve at run time)
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import attrs
@@ -32,7 +33,7 @@ import trio
 from trio_util import RepeatedEvent, wait_any
 
 from .._arguments import check_bool, check_name, check_optional_name, check_seconds
-from .._errors import BrokerError, TransportClosed
+from .._errors import BrokerError, ConfigError, TransportClosed
 from .._transport._facade import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._adoption import Adoption
@@ -74,6 +75,7 @@ from ._step_watch import StepChecks, StepWait, StepWatch
 from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
 from ._stores._wakes import SupportsRunWakes
+from ._tags import check_tags
 from ._timers import EngineTimers
 from ._tree import EngineTree
 from ._waits import Applying, DecisionLocks, StepWaiters
@@ -315,6 +317,7 @@ class Engine:
         parent: str | None = None,
         dedup_key: str | None = None,
         debounce: Debounce | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> str:
         """Start a run of ``workflow`` with ``input``; returns its run id at once.
 
@@ -340,6 +343,7 @@ class Engine:
             debounce: fold this start into the debounced run of ``debounce.key`` (started
                 ``delay`` after the last start with the key, with the latest input): returns
                 that run's id, a run from its start on (:class:`Debounce`).
+            tags: the run's tags, stored with it and indexed (docs/engine.md, "Tags").
 
         Raises:
             UnknownWorkflow: the app does not register ``workflow``.
@@ -348,9 +352,9 @@ class Engine:
                 ``MAX_JSON_DEPTH``, ...); ``path`` names where.
             TypeError: ``workflow`` or ``run_id`` is not a str, ``detach`` not a bool,
                 ``timeout`` not a number.
-            ConfigError: ``workflow`` or ``run_id`` is empty, ``timeout`` not a finite
-                number of seconds > 0, a bad ``dedup_key``, or ``dedup_key`` or ``debounce``
-                with ``run_id``, ``parent`` or each other.
+            ConfigError: an empty ``workflow`` or ``run_id``, a bad ``timeout``,
+                ``dedup_key`` or ``tags``; ``dedup_key`` or ``debounce`` with ``run_id``,
+                ``parent``, ``tags`` or each other.
             EngineClosed: the engine is closed.
         """
         check_name(workflow, "engine.start", "workflow")
@@ -375,6 +379,9 @@ class Engine:
                 f"no workflow {workflow!r} in app {self.app.name!r} "
                 f"(registered: {', '.join(self.app.workflows) or 'none'})"
             )
+        checked_tags = check_tags(tags, "engine.start: tags")
+        if checked_tags and (debounce is not None or dedup_key is not None):
+            raise ConfigError("engine.start: tags cannot be given with debounce or dedup_key (yet)")
         if debounce is not None:
             folded, due = await record_debounced_start(
                 self.store, workflow, input, debounce, timeout=seconds
@@ -391,6 +398,7 @@ class Engine:
             timeout=seconds,
             parent=parent,
             dedup_key=dedup_key,
+            tags=checked_tags,
         )
         if not created:
             return stored.run_id

@@ -30,6 +30,7 @@ async def record_new_run(
     timeout: float | None,  # noqa: ASYNC109 (the run's, stored; not this call's)
     parent: str | None,
     dedup_key: str | None = None,
+    tags: dict[str, str] | None = None,
 ) -> tuple[RunRecord, bool]:
     """Create the run in ``store`` (idempotent by ``run_id``): running under ``owner`` for
     ``lease`` seconds, or pending with no owner when ``owner`` is ``None``. Arguments are
@@ -63,6 +64,7 @@ async def record_new_run(
         trace=run_trace(workflow),
         parent=parent,
         depth=depth,
+        tags=dict(tags or {}),  # checked by the caller (_tags.check_tags)
     )
     if dedup_key is None:
         stored, created = await store.create_run(record)

@@ -170,6 +170,9 @@ class RunRecord:
     depth: int = 0
     """How many ancestors it has: 0 for a run started by ``engine.start``, its parent's plus
     one for a child (issue 36: a child past the engine's ``max_child_depth`` is refused)."""
+    tags: dict[str, str] = attrs.field(factory=dict)
+    """Its tags (``engine.start(..., tags=)``, issue 34): at most 16 ``key -> value``, indexed
+    by every store (``ops.list_runs(tags=...)``); ``{}``: none. Not inherited by children."""
 
     @property
     def deadline(self) -> float | None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._errors import ConfigError, PayloadError
+from ._bulk import add_bulk_arguments, add_tag_argument, by_id_or_filter, tags_of
 from ._terminal import visible
 
 if TYPE_CHECKING:
@@ -125,6 +126,7 @@ async def _runs_list(ops: Operations, args: argparse.Namespace) -> int:
         until=_when(args.until),
         limit=args.limit,
         cursor=args.cursor,
+        tags=tags_of(args),
     )
     from .._ops import run_to_json
 
@@ -171,6 +173,8 @@ async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
     print(f"input  {_short(run.input)}")
     if run.parent is not None:
         print(f"parent {visible(run.parent)}")
+    if run.tags:  # issue 34
+        print(f"tags   {visible(' '.join(f'{k}={v}' for k, v in run.tags.items()))}")
     if details.children:
         print(f"children {visible(' '.join(details.children))}")
     if run.output is not None:
@@ -408,17 +412,26 @@ def add_ops_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     listing.add_argument("--tenant", help="only runs a tenant pod started")
     listing.add_argument("--since", help="created at or after (Unix seconds or ISO 8601)")
     listing.add_argument("--until", help="created before (Unix seconds or ISO 8601)")
+    add_tag_argument(listing)
     listing.add_argument("--limit", type=int, default=50, help="runs per page (50)")
     listing.add_argument("--cursor", help="the next page (printed after a full page)")
     listing.set_defaults(func=_runner(_runs_list))
-    for name, helptext, handler in (
+    handlers: tuple[tuple[str, str, Callable[[Operations, argparse.Namespace], Awaitable[int]]],
+                    ...] = (
         ("show", "a run and its history timeline", _runs_show),
-        ("cancel", "cancel a run", _runs_cancel),
-        ("retry", "resume a failed run from its failed step", _runs_retry),
-    ):
+        ("cancel", "cancel a run, or every run the filters match", _runs_cancel),
+        ("retry", "resume a failed run (or each the filters match) from its failed step",
+         _runs_retry),
+    )  # fmt: skip
+    for name, helptext, handler in handlers:
         sub = runs_commands.add_parser(name, help=helptext)
         _common(sub)
-        sub.add_argument("run_id", metavar="RUN_ID")
+        if name == "show":
+            sub.add_argument("run_id", metavar="RUN_ID")
+        else:  # issue 34: or every run the filters match
+            sub.add_argument("run_id", metavar="RUN_ID", nargs="?", default=None)
+            add_bulk_arguments(sub, name)
+            handler = by_id_or_filter(handler, name, _when)
         if name == "cancel":
             sub.add_argument("--reason", default="cancelled by an operator")
             sub.add_argument(

@@ -72,7 +72,8 @@ def create_app(
         ops: an open :class:`~durable_trio.Operations` (``dt.open_operations(url)``); the app
             does not close it.
         allow_actions: whether the actions are allowed (retry, cancel, start a run, send a
-            signal, pause, resume or delete a schedule, requeue or delete a set-aside job);
+            signal, cancel or retry every run the filters match, pause, resume or delete a
+            schedule, requeue or delete a set-aside job);
             without it every action answers 403 (the console is read-only).
         token: when given, every request must carry it (``Authorization: Bearer``, or the cookie
             set by opening a page once as ``?token=``); see :mod:`durable_trio.console`.
@@ -160,6 +161,7 @@ def create_app(
         Route("/api/runs/cancel", action("cancel", view.cancel), methods=["POST"]),
         Route("/api/runs/start", action("start", view.start), methods=["POST"]),
         Route("/api/runs/signal", action("signal", view.signal), methods=["POST"]),
+        Route("/api/runs/bulk", action("bulk", view.bulk), methods=["POST"]),
         Route("/api/schedules/pause", action("pause", view.pause_schedule), methods=["POST"]),
         Route("/api/schedules/resume", action("resume", view.resume_schedule), methods=["POST"]),
         Route("/api/schedules/delete", action("delete", view.delete_schedule), methods=["POST"]),

@@ -17,7 +17,7 @@ from .._transport._supervised import crash_loop_lines
 from ._fleet_view import RunOwner, render_engines, render_queues, render_workers
 from ._html import Html, esc, page, path_part
 from ._run_view import render_run
-from ._runs_view import RunFilters, render_runs
+from ._runs_view import BULK_LIMIT, RunFilters, render_runs
 from ._schedules_view import render_schedules
 
 if TYPE_CHECKING:
@@ -131,9 +131,11 @@ class Pages:
                 workflow=filters.workflow,
                 limit=filters.limit,
                 cursor=filters.cursor,
+                tags=filters.tags,
             )
         except ConfigError as exc:  # a bad cursor, most likely
             raise ValueError(str(exc)) from None
+        matching = await self._count_matching(filters)
         alarm = await self._alarm(Html(""))
         return await self._off_loop(
             lambda: self._page(
@@ -147,6 +149,7 @@ class Pages:
                         listing.next_cursor,
                         damaged=listing.damaged,
                         allow_actions=self._allow_actions,
+                        matching=matching,
                     )
                 ),
             )
@@ -368,6 +371,64 @@ class Pages:
         if not await getattr(self._schedules(), verb)(name):
             raise RunNotFound(f"no schedule {name!r}")
         return f"schedule {name} {done}: the engines see it within their schedule_recheck"
+
+    async def bulk(self, body: dict[str, str]) -> str:
+        """Cancel or retry every run the runs page's filters match (issue 34): only when
+        they still match as many runs as the page showed (``expected``), at most
+        :data:`BULK_LIMIT`; each run once (see ``durable_trio/_ops_bulk.py``)."""
+        from .._ops_bulk import RunFilter
+
+        action = _field(body, "action")
+        if action not in ("cancel", "retry"):
+            raise BadRequest(f"action is cancel or retry, not {action!r}")
+        try:
+            filters = RunFilters({k: body.get(k, "") for k in ("status", "workflow", "tag")})
+            expected = int(_field(body, "expected"))
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        run_filter = RunFilter(status=filters.status, workflow=filters.workflow, tags=filters.tags)
+        try:
+            run_filter.check()
+        except ConfigError as exc:
+            raise BadRequest(str(exc)) from None
+        counted: list[int] = []
+
+        def same_count(count: int) -> bool:
+            counted.append(count)
+            return count == expected and count <= BULK_LIMIT
+
+        if action == "cancel":
+            result = await self._ops.cancel_runs(
+                run_filter, reason="cancelled from the console (bulk)", confirm=same_count
+            )
+        else:
+            result = await self._ops.retry_runs(run_filter, confirm=same_count)
+        if not result.confirmed:
+            raise Conflict(
+                f"{counted[0]} runs match now, not the {expected} shown: nothing done"
+                " (reload the page to see them)"
+            )
+        verb = "cancelled" if action == "cancel" else "retried"
+        return (
+            f"{result.done} of {result.matched} runs {verb}"
+            f" ({result.skipped} skipped: already ended or not failed)"
+        )
+
+    async def _count_matching(self, filters: RunFilters) -> int | None:
+        """How many runs the page's filters match, for the bulk actions (``None``: no filter;
+        past :data:`BULK_LIMIT`, ``BULK_LIMIT + 1``: the count stops there)."""
+        if not (filters.status or filters.workflow or filters.tags):
+            return None
+        count, cursor = 0, None
+        while count <= BULK_LIMIT:
+            page = await self._ops.list_runs(
+                status=filters.status, workflow=filters.workflow, tags=filters.tags,
+                limit=500, cursor=cursor,
+            )  # fmt: skip
+            count += len(page.runs)
+            if (cursor := page.next_cursor) is None:
+                break
+        return min(count, BULK_LIMIT + 1)
 
     async def requeue(self, body: dict[str, str]) -> str:
         """Put a set-aside job back on its queue."""

@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 import orjson
 
 from .._engine import RunStatus, StepState
-from ._html import Html, attr, duration, esc, json_block, stamp, status_badge
+from ._html import Html, attr, duration, esc, json_block, query, stamp, status_badge
 
 if TYPE_CHECKING:
     from .._ops import AttemptView, RunDetails, StepView
@@ -339,6 +339,12 @@ def render_run(details: RunDetails, *, allow_actions: bool) -> Html:
         ("lease until", stamp(run.lease_until)),
         ("timeout", esc(duration(run.timeout) if run.timeout is not None else "none")),
     ]
+    if run.tags:  # issue 34: each a link to the runs of that tag
+        facts.append(("tags", Html(" ".join(
+            f'<a class="mono" href="{attr("/runs" + query({"tag": f"{k}={v}"}))}">'
+            f"{esc(k)}={esc(v)}</a>"
+            for k, v in run.tags.items()
+        ))))  # fmt: skip
     dl = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in facts)
     cancelled = run.status is RunStatus.CANCELLED
     error = (

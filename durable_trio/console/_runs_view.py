@@ -1,22 +1,28 @@
-"""The runs page: filters (status, workflow), search by id, paging by the store's cursor."""
+"""The runs page: filters (status, workflow, a tag), search by id, paging by the store's cursor,
+and the bulk actions on the runs the filters match (issue 34)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from .._engine import RunStatus
+from .._engine._tags import parse_tag
+from .._errors import ConfigError
 from ._html import Html, attr, esc, path_part, query, stamp, status_badge
-from ._run_view import action_form
+from ._run_view import action_button, action_form
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from .._engine import DamagedRun, RunRecord
 
-__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "RunFilters", "render_runs"]
+__all__ = ["BULK_LIMIT", "DEFAULT_LIMIT", "MAX_LIMIT", "RunFilters", "render_runs"]
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
+#: The most runs one bulk action of the console acts on (more: ``durable-trio runs cancel|retry``
+#: by filter, which reports each run as it goes).
+BULK_LIMIT = 1000
 
 
 class RunFilters:
@@ -29,6 +35,13 @@ class RunFilters:
             raise ValueError(f"unknown status {status!r}: one of {choices}")
         self.status: str | None = status or None
         self.workflow: str | None = params.get("workflow", "").strip() or None
+        self.tag: str | None = params.get("tag", "").strip() or None
+        self.tags: dict[str, str] | None = None
+        if self.tag is not None:  # issue 34: one KEY=VALUE
+            try:
+                self.tags = dict([parse_tag(self.tag, "tag")])
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
         self.search: str | None = params.get("q", "").strip() or None
         self.cursor: str | None = params.get("cursor") or None
         raw_limit = params.get("limit", "").strip()
@@ -45,6 +58,7 @@ class RunFilters:
         params: dict[str, str | None] = {
             "status": self.status,
             "workflow": self.workflow,
+            "tag": self.tag,
             "limit": str(self.limit) if self.limit != DEFAULT_LIMIT else None,
         }
         params.update(changes)
@@ -63,6 +77,8 @@ def _form(filters: RunFilters) -> Html:
         f"{options}</select></label>"
         '<label>workflow<input name="workflow" placeholder="any" '
         f'value="{attr(filters.workflow)}"></label>'
+        '<label>tag<input name="tag" placeholder="key=value" '
+        f'value="{attr(filters.tag)}"></label>'
         '<button type="submit">Filter</button>'
         "</form>"
         '<form class="filters" method="get" action="/runs">'
@@ -99,6 +115,7 @@ def render_runs(
     damaged: Sequence[DamagedRun] = (),
     searched: bool = False,
     allow_actions: bool = False,
+    matching: int | None = None,
 ) -> Html:
     """The runs page's body.
 
@@ -108,16 +125,20 @@ def render_runs(
         damaged: this page's rows that cannot be read (named in a table of their own).
         searched: ``runs`` is the result of a search by id (no paging).
         allow_actions: show the form that starts a run.
+        matching: how many runs the filters match (``None``: no filter; more than
+            :data:`BULK_LIMIT`: ``BULK_LIMIT + 1``): the bulk actions' count.
     """
     heading = "Runs"
     if searched:
         heading = f"Run id {filters.search!r}"
-    elif filters.status or filters.workflow:
+    elif filters.status or filters.workflow or filters.tag:
         shown = ", ".join(
             f"{key} {value}"
-            for key, value in (("status", filters.status), ("workflow", filters.workflow))
+            for key, value in (
+                ("status", filters.status), ("workflow", filters.workflow), ("tag", filters.tag)
+            )
             if value
-        )
+        )  # fmt: skip
         heading = f"Runs ({shown})"
     if runs:
         head = "".join(
@@ -152,7 +173,8 @@ def render_runs(
     if next_cursor and not searched:
         pager.append(f'<a rel="next" href="{attr(filters.link(cursor=next_cursor))}">older »</a>')
     return Html(
-        f"<h1>{esc(heading)}</h1>{_start_form(runs, allow_actions)}{_form(filters)}{listing}"
+        f"<h1>{esc(heading)}</h1>{_start_form(runs, allow_actions)}{_form(filters)}"
+        f"{_bulk_card(filters, matching, allow_actions)}{listing}"
         f'<div class="pager">{"".join(pager)}</div>'
     )
 
@@ -175,4 +197,47 @@ def _start_form(runs: list[RunRecord], allow_actions: bool) -> Html:
     return Html(
         '<details class="card form-card" data-key="start"><summary>Start a run</summary>'
         f"{form}</details>"
+    )
+
+
+def _bulk_card(filters: RunFilters, matching: int | None, allow_actions: bool) -> Html:
+    """Cancel or retry every run the filters match (issue 34): the count is shown first, the
+    buttons ask again, and the action carries the count it was shown (``expected``): a set
+    that changed meanwhile is refused, never acted on unseen."""
+    if matching is None:
+        return Html("")
+    if matching > BULK_LIMIT:
+        note = (
+            f"more than {BULK_LIMIT} runs match: act on them with"
+            " <code>durable-trio runs cancel|retry</code> and these filters"
+        )
+        return Html(f'<div class="card bulk"><p class="muted">{note}</p></div>')
+    shown = ", ".join(
+        f"{key} {value}"
+        for key, value in (("status", filters.status), ("workflow", filters.workflow),
+                           ("tag", filters.tag))
+        if value
+    )  # fmt: skip
+    runs = "run matches" if matching == 1 else "runs match"
+    body = {
+        "status": filters.status or "",
+        "workflow": filters.workflow or "",
+        "tag": filters.tag or "",
+        "expected": str(matching),
+    }
+    buttons = "".join(
+        action_button(
+            action,
+            "/api/runs/bulk",
+            body | {"action": action},
+            f"{label} {matching}",
+            enabled=allow_actions and matching > 0,
+            css=css,
+            confirm=f"{label} the {matching} runs matching {shown}?",
+        )
+        for action, label, css in (("cancel", "Cancel", "danger"), ("retry", "Retry", ""))
+    )
+    return Html(
+        f'<div class="card bulk"><p><strong>{matching}</strong> {runs} ({esc(shown)}):'
+        f' act on every one</p><div class="actions">{buttons}</div></div>'
     )

@@ -13,7 +13,8 @@
 - **DNS rebinding.** Without a token (loopback), a request whose ``Host`` is not a loopback
   name is refused: a page of another site that got its name pointed at 127.0.0.1 cannot read
   the console.
-- **Actions** (retry, cancel, start a run, send a signal, pause, resume or delete a schedule,
+- **Actions** (retry, cancel, start a run, send a signal, cancel or retry the runs a filter
+  matches (the count the page showed is checked again), pause, resume or delete a schedule,
   requeue or delete a set-aside job) are ``POST`` requests that must carry the
   ``X-Durable-Console: action`` header, which a page of another origin cannot send without a
   CORS preflight the console never answers; an ``Origin`` header, when sent, must name the

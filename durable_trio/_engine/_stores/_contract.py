@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from .._records import Applied, RunPage, RunRecord, RunStatus, StepRecord
 
@@ -69,6 +69,7 @@ class RunStore(Protocol):
         until: float | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
         """One page of runs, newest first (creation order), filtered.
 
@@ -81,6 +82,9 @@ class RunStore(Protocol):
             limit: at most this many runs (1 to 1,000).
             cursor: a page's ``next_cursor``: the runs older than that page's last
                 (``None``: the newest).
+            tags: only runs carrying every one of these tags (issue 34): read from the
+                store's tag index (one tag's entries, newest first, the others checked),
+                never by reading every run.
 
         Returns:
             The page. A store may return fewer than ``limit`` runs with a ``next_cursor``
@@ -88,7 +92,7 @@ class RunStore(Protocol):
             ``next_cursor`` until it is ``None``.
 
         Raises:
-            ConfigError: a bad ``limit``, time, tenant or cursor.
+            ConfigError: a bad ``limit``, time, tenant, tag or cursor.
         """
         ...
 

@@ -139,6 +139,21 @@ RUNS_MIGRATIONS: Final = (
         """,
         "dedup keys and debounced starts (issue 33, item 4: _pg_starts.py)",
     ),
+    Migration(
+        4,
+        """
+        ALTER TABLE {schema}.runs ADD COLUMN tags text;
+        CREATE TABLE {schema}.run_tags (
+            namespace text COLLATE "C" NOT NULL,
+            key text COLLATE "C" NOT NULL,
+            value text COLLATE "C" NOT NULL,
+            seq bigint NOT NULL,
+            run_id text COLLATE "C" NOT NULL,
+            PRIMARY KEY (namespace, key, value, seq)
+        )
+        """,
+        "run tags and their index (issue 34)",
+    ),
 )
 
 RUN_COLUMNS: Final = _RUN_COLUMNS
@@ -154,8 +169,8 @@ _RUN_UNFINISHED: Final = f"""EXISTS (
 
 INSERT_RUN: Final = """
     INSERT INTO {schema}.runs (namespace, run_id, workflow, input, status, created_at,
-        updated_at, output, error, owner, lease_until, timeout, trace, parent, depth)
-    VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+        updated_at, output, error, owner, lease_until, timeout, trace, parent, depth, tags)
+    VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
     ON CONFLICT (namespace, run_id) DO NOTHING
 """
 GET_RUN: Final = f"SELECT {RUN_COLUMNS} FROM {{schema}}.runs WHERE namespace = $1 AND run_id = $2"
@@ -336,3 +351,16 @@ NOTIFY: Final = "SELECT pg_notify($1, $2)"
 #: A signal's wake ($3 channel, $4 payload): sent only if the signal was stored (the run is
 #: unfinished: the append's own condition), and, as every ``NOTIFY``, only once it commits.
 NOTIFY_IF_UNFINISHED: Final = f"SELECT pg_notify($3, $4) WHERE {_RUN_UNFINISHED}"
+
+# -- run tags (issue 34) ---------------------------------------------------------------------
+
+#: The tag index rows of a run just inserted ($1 namespace, $2 run id, $3 keys, $4 values, $5
+#: its tags as stored): only while the stored run carries those very tags (a start of an
+#: existing id with other tags indexes nothing), each once (``ON CONFLICT``).
+INSERT_RUN_TAGS: Final = """
+    INSERT INTO {schema}.run_tags (namespace, key, value, seq, run_id)
+    SELECT r.namespace, t.key, t.value, r.seq, r.run_id
+    FROM {schema}.runs AS r, unnest($3::text[], $4::text[]) AS t(key, value)
+    WHERE r.namespace = $1 AND r.run_id = $2 AND r.tags = $5::text
+    ON CONFLICT DO NOTHING
+"""

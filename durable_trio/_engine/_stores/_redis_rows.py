@@ -21,11 +21,12 @@ from .._records import (
     read_attempt_log,
     read_trace,
 )
+from .._tags import read_tags
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["fields", "number", "opt_float", "read_listed", "read_run", "read_step"]
+__all__ = ["fields", "number", "opt_float", "read_listed", "read_run", "read_step", "tag_index"]
 
 
 def opt_float(raw: bytes | None) -> float | None:
@@ -95,6 +96,7 @@ def _run(run_id: str, f: dict[bytes, bytes]) -> RunRecord:
         trace=read_trace(f.get(b"trace")),  # absent: a run stored before traces
         parent=f.get(b"parent", b"").decode() or None,  # absent: stored before children
         depth=int(f.get(b"depth", b"0")),  # absent: stored before the depth limit
+        tags=read_tags(f.get(b"tags")),  # absent: stored before tags (issue 34)
     )
 
 
@@ -131,3 +133,8 @@ def _beat(raw: bytes | None) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
+
+
+def tag_index(prefix: str, key: str, value: str) -> str:
+    """A shard's index of the runs tagged ``key=value`` (a key holds no ``:``, issue 34)."""
+    return f"{prefix}:tag:{key}:{value}"

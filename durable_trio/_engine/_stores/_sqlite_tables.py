@@ -29,6 +29,7 @@ from .._records import (
     read_attempt_log,
     read_trace,
 )
+from .._tags import read_tags, tags_json
 from ._paging import encode_cursor, skip_damaged
 
 log = logging.getLogger("durable_trio")
@@ -108,7 +109,7 @@ _SCHEMA: Final = (
 
 _RUN_COLUMNS: Final = (
     "run_id, workflow, input, status, created_at, updated_at, output, error, owner, lease_until, "
-    "timeout, trace, parent, depth"
+    "timeout, trace, parent, depth, tags"
 )
 _STEP_COLUMNS: Final = (
     "run_id, step_id, kind, name, status, attempt, input, output, error, retry, wake_at, "
@@ -118,7 +119,7 @@ _STEP_COLUMNS: Final = (
 _INSERT_RUN: Final = f"""
     INSERT INTO dt_runs (namespace, seq, {_RUN_COLUMNS})
     VALUES (?1, (SELECT coalesce(max(seq), 0) + 1 FROM dt_runs WHERE namespace = ?1),
-            ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
+            ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
     ON CONFLICT (namespace, run_id) DO NOTHING
 """
 _GET_RUN: Final = f"SELECT {_RUN_COLUMNS} FROM dt_runs WHERE namespace = ?1 AND run_id = ?2"
@@ -238,7 +239,7 @@ def set_aside_error(exc: RunDataError) -> str:
 
 def _read_run(row: tuple[Any, ...]) -> RunRecord:
     (run_id, workflow, input_, status, created, updated, output, error, owner, lease,
-     timeout, trace, parent, depth) = row  # fmt: skip
+     timeout, trace, parent, depth, tags) = row  # fmt: skip
     return RunRecord(
         run_id=run_id,
         workflow=workflow,
@@ -254,6 +255,7 @@ def _read_run(row: tuple[Any, ...]) -> RunRecord:
         trace=read_trace(trace),
         parent=parent,
         depth=depth,
+        tags=read_tags(tags),
     )
 
 
@@ -311,6 +313,11 @@ def create_schema(db: sqlite3.Connection) -> None:
     # A file written before the child depth limit (issue 36): 0, as a run with no ancestor.
     if "depth" not in columns:
         db.execute("ALTER TABLE dt_runs ADD COLUMN depth INTEGER NOT NULL DEFAULT 0")
+    # A file written before run tags (issue 34): the column (NULL: none) and their index.
+    if "tags" not in columns:
+        db.execute("ALTER TABLE dt_runs ADD COLUMN tags TEXT")
+    for statement in TAG_SCHEMA:
+        db.execute(statement)
     # A file written before step heartbeats: add their columns (NULL: none).
     columns = {row[1] for row in db.execute("PRAGMA table_info(dt_steps)")}
     if "heartbeat_timeout" not in columns:
@@ -367,9 +374,10 @@ def create_run(
         _INSERT_RUN,
         (ns, run.run_id, run.workflow, dumps(run.input), run.status.value, now, now,
          dumps(run.output), dumps(run.error), run.owner, run.lease_until, run.timeout,
-         _optional_dumps(run.trace), run.parent, run.depth),
+         _optional_dumps(run.trace), run.parent, run.depth, tags_json(run.tags)),
     )  # fmt: skip
     if cursor.rowcount == 1:  # inserted as given: no need to read it back
+        index_tags(ns, run, db)
         return attrs.evolve(run, created_at=now, updated_at=now), True
     return _run(db.execute(_GET_RUN, (ns, run.run_id)).fetchone()), False
 
@@ -401,8 +409,11 @@ def page_runs(
     limit: int,
     below: int | None,
     db: sqlite3.Connection,
+    tags: dict[str, str] | None = None,
 ) -> RunPage:
     status, workflow, tenant, since, until = filters
+    if tags:  # walk the first tag's index, the others checked by their index (issue 34)
+        return page_tagged(ns, filters, limit, below, tags, db)
     query = f"SELECT seq, {_RUN_COLUMNS} FROM dt_runs WHERE namespace = ?"
     params: list[Any] = [ns]
     for clause, value in (
@@ -677,3 +688,94 @@ def namespaces(connection: sqlite3.Connection) -> list[str]:
         rows = connection.execute(f"SELECT DISTINCT namespace FROM {table}")
         found.update(row[0] for row in rows)
     return sorted(found)
+
+
+# -- run tags (issue 34) ------------------------------------------------------------------------
+
+#: The tag index: one row per tag of a run, so ``--tag k=v`` walks ``(namespace, key, value)``
+#: newest first by ``seq`` (the primary key is that index), never every run.
+TAG_SCHEMA: Final = (
+    """
+    CREATE TABLE IF NOT EXISTS dt_run_tags (
+        namespace TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        run_id TEXT NOT NULL,
+        PRIMARY KEY (namespace, key, value, seq)
+    ) WITHOUT ROWID
+    """,
+)
+
+
+def index_tags(ns: str, run: RunRecord, db: sqlite3.Connection) -> None:
+    """The tag index rows of ``run``, just inserted (in its transaction)."""
+    if not run.tags:
+        return
+    db.executemany(
+        "INSERT OR IGNORE INTO dt_run_tags (namespace, key, value, seq, run_id) "
+        "SELECT namespace, ?, ?, seq, run_id FROM dt_runs WHERE namespace = ? AND run_id = ?",
+        [(key, value, ns, run.run_id) for key, value in run.tags.items()],
+    )
+
+
+_TAGGED_COLUMNS: Final = ", ".join("r." + c.strip() for c in _RUN_COLUMNS.split(","))
+
+
+def tagged_filters(tags: dict[str, str], numbered: bool = False) -> tuple[str, list[Any]]:
+    """The tag part of a tagged page's ``WHERE`` (``t``: the first tag's index rows, keys in
+    sorted order; each other tag an index lookup at the same ``seq``; ``{tags}`` stands for
+    the index table) and its parameters: ``?`` placeholders, or with ``numbered``
+    PostgreSQL's ``$n`` from ``$2`` (``$1`` is the namespace)."""
+    params: list[Any] = []
+    where = []
+    for at, (key, value) in enumerate(sorted(tags.items())):
+        k, v = (f"${len(params) + 2}", f"${len(params) + 3}") if numbered else ("?", "?")
+        params += [key, value]
+        if at == 0:
+            where.append(f"t.key = {k} AND t.value = {v}")
+        else:
+            where.append(
+                "EXISTS (SELECT 1 FROM {tags} AS o WHERE o.namespace = t.namespace"
+                f" AND o.key = {k} AND o.value = {v} AND o.seq = t.seq)"
+            )
+    return " AND ".join(where), params
+
+
+def page_tagged(
+    ns: str,
+    filters: tuple[str | None, str | None, str | None, float | None, float | None],
+    limit: int,
+    below: int | None,
+    tags: dict[str, str],
+    db: sqlite3.Connection,
+) -> RunPage:
+    """:func:`page_runs` of the runs carrying every tag of ``tags``: the first tag's index,
+    newest first (``seq``), joined to each run, the other filters checked on the run."""
+    status, workflow, tenant, since, until = filters
+    where, tag_params = tagged_filters(tags)
+    query = (
+        f"SELECT t.seq, {_TAGGED_COLUMNS} FROM dt_run_tags AS t"
+        " JOIN dt_runs AS r ON r.namespace = t.namespace AND r.run_id = t.run_id"
+        " WHERE t.namespace = ? AND " + where.replace("{tags}", "dt_run_tags")
+    )
+    params: list[Any] = [ns, *tag_params]
+    for clause, value in (
+        (" AND t.seq < ?", below),
+        (" AND r.status = ?", status),
+        (" AND r.workflow = ?", workflow),
+        (" AND r.created_at >= ?", since),
+        (" AND r.created_at < ?", until),
+    ):
+        if value is not None:
+            query += clause
+            params.append(value)
+    if tenant is not None:
+        query += " AND r.run_id >= ? AND r.run_id < ?"
+        params += [tenant + "/", tenant + "0"]
+    query += " ORDER BY t.seq DESC LIMIT ?"
+    params.append(limit + 1)
+    rows = db.execute(query, params).fetchall()
+    runs, damaged = read_listed([row[1:] for row in rows[:limit]])
+    more = len(rows) > limit
+    return RunPage(runs, encode_cursor(rows[limit - 1][0]) if more else None, damaged)

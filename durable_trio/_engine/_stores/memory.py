@@ -25,11 +25,12 @@ from .._records import (
     read_trace,
     step_position,
 )
+from .._tags import check_tags
 from ._paging import check_page, decode_cursor, encode_cursor
 from ._wakes import RunWakes
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = ["MemoryRunStore"]
 
@@ -56,6 +57,7 @@ class _Run:
     trace: bytes = b""
     parent: str | None = None
     depth: int = 0
+    tags: dict[str, str] = attrs.Factory(dict)
     steps: dict[str, _Step] = attrs.Factory(dict)
     signals: dict[str, list[str]] = attrs.Factory(dict)
     events: dict[str, str] = attrs.Factory(dict)
@@ -76,6 +78,7 @@ class _Run:
             trace=read_trace(self.trace),
             parent=self.parent,
             depth=self.depth,
+            tags=dict(self.tags),
         )
 
 
@@ -150,6 +153,8 @@ class MemoryRunStore:
         self._schedule_states: dict[str, str] = {}
         self._dedup: dict[str, str] = {}  # dedup key -> the run last created under it
         self._pending: dict[str, _Pending] = {}  # debounce key -> its start not yet started
+        self._tagged: dict[tuple[str, str], dict[str, None]] = {}
+        """(key, value) -> the ids of the runs tagged so, in creation order (issue 34)."""
         self.wakes = RunWakes()
         """Its waiters (every engine of a ``memory://`` backend shares the store)."""
 
@@ -189,7 +194,10 @@ class MemoryRunStore:
             trace=b"" if run.trace is None else _dumps(run.trace),
             parent=run.parent,
             depth=run.depth,
+            tags=dict(run.tags),
         )
+        for tag in run.tags.items():  # the tag index (issue 34): run ids, creation order
+            self._tagged.setdefault(tag, {})[run.run_id] = None
         return stored.out(), True
 
     async def get_run(self, run_id: str) -> RunRecord | None:
@@ -226,14 +234,18 @@ class MemoryRunStore:
         until: float | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
         check_page(limit, since, until, tenant)
+        wanted = check_tags(tags, "page_runs: tags")
         below = decode_cursor(cursor)
         await trio.lowlevel.checkpoint_if_cancelled()
         prefix = None if tenant is None else tenant + "/"
         found: list[_Run] = []
-        for run in reversed(self._runs.values()):  # insertion order is creation order
+        for run in self._walk(wanted):
             if below is not None and run.seq >= below:
+                continue
+            if any(run.tags.get(k) != v for k, v in wanted.items()):
                 continue
             if status is not None and run.status is not status:
                 continue
@@ -249,6 +261,14 @@ class MemoryRunStore:
                 return RunPage([r.out() for r in found], encode_cursor(found[-1].seq))
             found.append(run)
         return RunPage([r.out() for r in found], None)
+
+    def _walk(self, tags: dict[str, str]) -> Iterable[_Run]:
+        """Runs newest first: every run, or those of the most selective tag's index (the
+        other tags are checked on each)."""
+        if not tags:
+            return reversed(self._runs.values())  # insertion order is creation order
+        ids = min((self._tagged.get(tag, {}) for tag in tags.items()), key=len)
+        return (self._runs[run_id] for run_id in reversed(ids))
 
     async def count_runs(self) -> dict[RunStatus, int]:
         await trio.lowlevel.checkpoint_if_cancelled()

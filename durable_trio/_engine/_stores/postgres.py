@@ -38,6 +38,7 @@ from ..._errors import BrokerError, BrokerUnavailable
 from ..._postgres import WriteBatcher
 from ..._postgres._migrations import migrate, quote_ident
 from .._records import Applied, RunPage, RunRecord, RunStatus, StepRecord, StepState, read_trace
+from .._tags import check_tags, tags_json
 from . import _pg_starts as starts
 from . import _pg_tables as sql
 from ._paging import check_page, decode_cursor, encode_cursor, skip_damaged
@@ -49,11 +50,12 @@ from ._sqlite_tables import (
     read_claims,
     read_listed,
     set_aside_error,
+    tagged_filters,
 )
 from ._wakes import RunWakes
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
     from ..._postgres import PgPool, Result
 
@@ -97,7 +99,7 @@ def insert_run_params(namespace: str, run: RunRecord, now: float) -> tuple[Any, 
     (the store's ``create_run``, and a start in the application's own transaction)."""
     return (namespace, run.run_id, run.workflow, dumps(run.input), run.status.value, now,
             dumps(run.output), dumps(run.error), run.owner, run.lease_until, run.timeout,
-            _optional_dumps(run.trace), run.parent, run.depth)  # fmt: skip
+            _optional_dumps(run.trace), run.parent, run.depth, tags_json(run.tags))  # fmt: skip
 
 
 class PostgresRunStore:
@@ -241,8 +243,9 @@ class PostgresRunStore:
 
     async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
         now = self.now()
-        inserted, found = await self._pipeline(
+        inserted, *_, found = await self._pipeline(
             (sql.INSERT_RUN, insert_run_params(self._ns, run, now)),
+            *self._tag_rows(run),
             (sql.GET_RUN, (self._ns, run.run_id)),
         )
         if inserted.rowcount == 1:  # inserted as given
@@ -280,26 +283,33 @@ class PostgresRunStore:
         until: float | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
         check_page(limit, since, until, tenant)
+        wanted = check_tags(tags, "page_runs: tags")
         below = decode_cursor(cursor)
         query = f"SELECT seq, {sql.RUN_COLUMNS} FROM {{schema}}.runs WHERE namespace = $1"
         params: list[Any] = [self._ns]
+        # Tagged (issue 34): the first tag's index rows newest first, joined to their runs.
+        c = "r." if wanted else ""
+        if wanted:
+            query, params = self._tagged_start(wanted)
         for clause, value in (
-            ("seq < ${}", below),
-            ("status = ${}", None if status is None else status.value),
-            ("workflow = ${}", workflow),
-            ("created_at >= ${}::float8", since),
-            ("created_at < ${}::float8", until),
+            (("t." if wanted else "") + "seq < ${}", below),
+            (c + "status = ${}", None if status is None else status.value),
+            (c + "workflow = ${}", workflow),
+            (c + "created_at >= ${}::float8", since),
+            (c + "created_at < ${}::float8", until),
             # the stored ids "{tenant}/...": a range of the key ('0' follows '/')
-            ("run_id >= ${}", None if tenant is None else tenant + "/"),
-            ("run_id < ${}", None if tenant is None else tenant + "0"),
+            (c + "run_id >= ${}", None if tenant is None else tenant + "/"),
+            (c + "run_id < ${}", None if tenant is None else tenant + "0"),
         ):
             if value is not None:
                 params.append(value)
                 query += " AND " + clause.format(len(params))
         params.append(limit + 1)
-        query += f" ORDER BY seq DESC LIMIT ${len(params)}"
+        order = "t.seq" if wanted else "seq"
+        query += f" ORDER BY {order} DESC LIMIT ${len(params)}"
         rows = await self._fetch(query, *params)
         runs, damaged = read_listed([row[1:] for row in rows[:limit]])
         more = len(rows) > limit
@@ -577,6 +587,26 @@ class PostgresRunStore:
     async def debounced_due(self, run_id: str) -> float | None:
         rows = await self._fetch(starts.DEBOUNCED_DUE, self._ns, run_id)
         return float(rows[0][0]) if rows else None
+    # -- run tags (issue 34) ----------------------------------------------------------------
+
+    def _tag_rows(self, run: RunRecord) -> list[tuple[str, Sequence[Any]]]:
+        """The statement that indexes ``run``'s tags, in its create's transaction (none for a
+        run without tags)."""
+        if not run.tags:
+            return []
+        keys, values = list(run.tags), list(run.tags.values())
+        return [(sql.INSERT_RUN_TAGS, (self._ns, run.run_id, keys, values, tags_json(run.tags)))]
+
+    def _tagged_start(self, tags: dict[str, str]) -> tuple[str, list[Any]]:
+        """The start of a tagged page's query (see ``_sqlite_tables.tagged_filters``)."""
+        where, params = tagged_filters(tags, numbered=True)
+        columns = ", ".join("r." + c.strip() for c in sql.RUN_COLUMNS.split(","))
+        query = (
+            f"SELECT t.seq, {columns} FROM {{schema}}.run_tags AS t"
+            " JOIN {schema}.runs AS r ON r.namespace = t.namespace AND r.run_id = t.run_id"
+            " WHERE t.namespace = $1 AND " + where.replace("{tags}", "{schema}.run_tags")
+        )
+        return query, [self._ns, *params]
 
 
 class PostgresRunStores:

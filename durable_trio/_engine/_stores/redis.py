@@ -18,6 +18,7 @@ Redis Cluster slot and every script touches one slot only):
 ``T:steps:N:ID``           zset    the run's step ids, score = position (N = len(ID), so no run id
                                    can forge another run's keys)
 ``T:step:N:ID:STEP``       hash    one checkpoint (its attempt log in field ``attempts``, JSON)
+``T:tag:KEY:VALUE``        zset    runs tagged KEY=VALUE, score = seq (issue 34; a key has no ``:``)
 ``T:schedules``            hash    schedule name -> its definition (JSON text); shard 0's ``T``
 ``T:schedule-ticks``       hash    schedule name -> its last tick handled (same slot)
 ``T:schedule-state``       hash    schedule name -> its overlap state (JSON text; same slot)
@@ -52,18 +53,39 @@ from .._records import (
     RunStatus,
     StepRecord,
 )
+from .._tags import check_tags, tags_json
 from ._paging import MAX_PAGE, check_page, decode_cursor, encode_cursor, skip_damaged
 from ._redis_rows import fields as _fields
 from ._redis_rows import number as _number
 from ._redis_rows import read_listed as _read_listed
 from ._redis_rows import read_run as _run
 from ._redis_rows import read_step as _step
+from ._redis_rows import tag_index as _tag_index
+from ._redis_scripts import (
+    _APPEND_SIGNAL,
+    _BEGIN_STEP,
+    _BEGIN_STEP_UNLESS_FINISHED,
+    _CLAIM,
+    _CREATE_RUN,
+    _CREATE_RUN_FUNCTION,
+    _DELETE_SCHEDULE,
+    _FINISH,
+    _MARK_DISPATCHED,
+    _MARK_TICK,
+    _PAGE,
+    _PUT_SCHEDULE_STATE,
+    _RELEASE,
+    _RENEW,
+    _REOPEN,
+    _UPDATE_STEP,
+    PAGE_BUDGET,
+)
 from ._redis_starts import RedisStarts
 from ._shard_paging import DONE, ShardPage, decode_bounds, encode_bounds, merge_shards
 from ._wakes import RunWakes
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from ..._redis import RedisClient, Script
 
@@ -76,331 +98,6 @@ logger = logging.getLogger("durable_trio.redis")
 
 #: Run shards a store may have at most (a page asks each one).
 MAX_SHARDS: Final = 256
-
-# Shared Lua helpers: move a run between status sets; is a status unfinished.
-_LUA_HELPERS: Final = """
-local function active(st) return st == 'pending' or st == 'running' end
-local function move(prefix, id, from, to, seq)
-  if from == to then return end
-  if from then redis.call('ZREM', prefix .. ':status:' .. from, id) end
-  redis.call('ZADD', prefix .. ':status:' .. to, seq, id)
-end
-"""
-
-# KEYS: schedules, ticks. ARGV: name, tick. The last tick becomes max(last, tick) if it exists.
-_MARK_TICK: Final = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
-local last = tonumber(redis.call('HGET', KEYS[2], ARGV[1]))
-if last == nil or last < tonumber(ARGV[2]) then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
-return 1
-"""
-
-# KEYS: schedules, ticks, states. ARGV: name. Deletes the schedule, its last tick and state.
-_DELETE_SCHEDULE: Final = """
-local gone = redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-return gone
-"""
-
-# KEYS: schedules, states. ARGV: name, state. Stored if the schedule exists.
-_PUT_SCHEDULE_STATE: Final = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-return 1
-"""
-
-# KEYS: run, seq, all. ARGV: prefix, id, workflow, status, input, output, error, owner, lease, now,
-# timeout, trace ('' = none), parent ('' = none), depth
-# Returns {1} (created), {1, reason} (created, the counter repaired: see below) or {0, fields}.
-# A counter that is not a number (junk, past INCR's range), not positive, past 2**53 (Lua's exact
-# integers), or missing (evicted, deleted) while runs exist would fail every start or list new
-# runs among old ones: it is rebuilt from the highest seq in T:all (O(log n), only then).
-_CREATE_RUN_BODY: Final = """
-local prefix, id = ARGV[1], ARGV[2]
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {0, redis.call('HGETALL', KEYS[1])}
-end
-local seq = redis.pcall('INCR', KEYS[2])
-local repaired
-if type(seq) == 'table' and string.find(seq['err'] or '', 'WRONGTYPE', 1, true) then
-  return error(seq)
-end
-if type(seq) == 'table' or seq <= 1 or seq > 9007199254740992 then
-  local top = redis.call('ZREVRANGEBYSCORE', KEYS[3], 9007199254740991, 1, 'WITHSCORES',
-    'LIMIT', 0, 1)
-  top = math.floor(tonumber(top[2] or '0'))
-  if seq ~= 1 or top > 0 then
-    local found = type(seq) == 'table' and redis.call('GET', KEYS[2]) or
-      string.format('%d', seq - 1)
-    repaired = 'run sequence counter ' .. KEYS[2] .. ' damaged (found ' .. found ..
-      '), rebuilt from the highest run seq: ' .. string.format('%d', top)
-    seq = top + 1
-    redis.call('SET', KEYS[2], string.format('%d', seq))
-  end
-end
-redis.call('HSET', KEYS[1], 'workflow', ARGV[3], 'status', ARGV[4], 'input', ARGV[5],
-  'output', ARGV[6], 'error', ARGV[7], 'owner', ARGV[8], 'lease', ARGV[9],
-  'created', ARGV[10], 'updated', ARGV[10], 'seq', seq, 'timeout', ARGV[11], 'trace', ARGV[12],
-  'parent', ARGV[13], 'depth', ARGV[14])
-redis.call('ZADD', KEYS[3], seq, id)
-move(prefix, id, false, ARGV[4], seq)
-if active(ARGV[4]) then
-  redis.call('ZADD', prefix .. ':leases', ARGV[9] == '' and 0 or ARGV[9], id)
-  if ARGV[8] ~= '' then redis.call('SADD', prefix .. ':owned:' .. ARGV[8], id) end
-end
-return {1, repaired}
-"""
-_CREATE_RUN: Final = _LUA_HELPERS + _CREATE_RUN_BODY
-#: ``create_run(KEYS, ARGV)``: ``_CREATE_RUN`` as a Lua function, for the scripts that create
-#: a run with another change (``_redis_starts.py``).
-_CREATE_RUN_FUNCTION: Final = (
-    _LUA_HELPERS + "local function create_run(KEYS, ARGV)\n" + _CREATE_RUN_BODY + "end\n"
-)
-
-# ARGV: prefix, owner, lease seconds, include_own (0/1), limit, now
-_CLAIM: Final = (
-    _LUA_HELPERS
-    + """
-local prefix, owner = ARGV[1], ARGV[2]
-local lease, limit, now = tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local ids = redis.call('ZRANGEBYSCORE', prefix .. ':leases', '-inf', '(' .. ARGV[6],
-  'LIMIT', 0, limit)
-if ARGV[4] == '1' and #ids < limit then
-  local seen = {}
-  for _, id in ipairs(ids) do seen[id] = true end
-  for _, id in ipairs(redis.call('SMEMBERS', prefix .. ':owned:' .. owner)) do
-    if #ids >= limit then break end
-    if not seen[id] then ids[#ids + 1] = id end
-  end
-end
-local out = {}
-local until_ = now + lease
-for _, id in ipairs(ids) do
-  local key = prefix .. ':run:' .. id
-  local st = redis.call('HGET', key, 'status')
-  if st and active(st) then
-    local old = redis.call('HGET', key, 'owner')
-    if old and old ~= '' then redis.call('SREM', prefix .. ':owned:' .. old, id) end
-    redis.call('HSET', key, 'owner', owner, 'lease', tostring(until_), 'status', 'running',
-      'updated', ARGV[6])
-    move(prefix, id, st, 'running', redis.call('HGET', key, 'seq'))
-    redis.call('ZADD', prefix .. ':leases', until_, id)
-    redis.call('SADD', prefix .. ':owned:' .. owner, id)
-    out[#out + 1] = id
-  else
-    redis.call('ZREM', prefix .. ':leases', id)
-  end
-end
-return out
-"""
-)
-
-# ARGV: prefix, owner, lease seconds, now, id...
-_RENEW: Final = (
-    _LUA_HELPERS
-    + """
-local prefix, owner = ARGV[1], ARGV[2]
-local until_ = tonumber(ARGV[4]) + tonumber(ARGV[3])
-local kept = {}
-for i = 5, #ARGV do
-  local id = ARGV[i]
-  local key = prefix .. ':run:' .. id
-  local st = redis.call('HGET', key, 'status')
-  if st and active(st) and redis.call('HGET', key, 'owner') == owner then
-    redis.call('HSET', key, 'lease', tostring(until_))
-    redis.call('ZADD', prefix .. ':leases', until_, id)
-    kept[#kept + 1] = id
-  end
-end
-return kept
-"""
-)
-
-# ARGV: prefix, owner, now, id...
-_RELEASE: Final = (
-    _LUA_HELPERS
-    + """
-local prefix, owner = ARGV[1], ARGV[2]
-for i = 4, #ARGV do
-  local id = ARGV[i]
-  local key = prefix .. ':run:' .. id
-  local st = redis.call('HGET', key, 'status')
-  if st and active(st) and redis.call('HGET', key, 'owner') == owner then
-    redis.call('HSET', key, 'owner', '', 'lease', '', 'status', 'pending', 'updated', ARGV[3])
-    move(prefix, id, st, 'pending', redis.call('HGET', key, 'seq'))
-    redis.call('ZADD', prefix .. ':leases', 0, id)
-    redis.call('SREM', prefix .. ':owned:' .. owner, id)
-  end
-end
-return 1
-"""
-)
-
-# KEYS: run, cancel mark step, steps. ARGV: prefix, id, status, output, error, now, mark id.
-# A run ending completed or failed drops its cancel mark (ended before the cancel reached it).
-_FINISH: Final = (
-    _LUA_HELPERS
-    + """
-local prefix, id = ARGV[1], ARGV[2]
-local key = prefix .. ':run:' .. id
-local st = redis.call('HGET', key, 'status')
-if not st or not (active(st) or st == 'blocked') then return 0 end
-local old = redis.call('HGET', key, 'owner')
-if old and old ~= '' then redis.call('SREM', prefix .. ':owned:' .. old, id) end
-redis.call('HSET', key, 'status', ARGV[3], 'output', ARGV[4], 'error', ARGV[5], 'owner', '',
-  'lease', '', 'updated', ARGV[6])
-move(prefix, id, st, ARGV[3], redis.call('HGET', key, 'seq'))
-redis.call('ZREM', prefix .. ':leases', id)
-if ARGV[3] == 'completed' or ARGV[3] == 'failed' then
-  redis.call('DEL', KEYS[2])
-  redis.call('ZREM', KEYS[3], ARGV[7])
-end
-return 1
-"""
-)
-
-# Issue 18. KEYS: run, signal list. ARGV: payload. The run's signals of one name are a list
-# beside the run (same hash tag, so the same slot); an unknown or finished run: 0.
-_APPEND_SIGNAL: Final = (
-    _LUA_HELPERS
-    + """
-local st = redis.call('HGET', KEYS[1], 'status')
-if not st or not active(st) then return 0 end
-return redis.call('RPUSH', KEYS[2], ARGV[1])
-"""
-)
-
-# KEYS: step, steps. ARGV: step_id, position, kind, name, status, attempt, input, output, error,
-# retry, wake_at, dispatched, priority, now, heartbeat_timeout, heartbeat ('' = none), attempts
-_BEGIN_STEP: Final = """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {0, redis.call('HGETALL', KEYS[1])}
-end
-redis.call('HSET', KEYS[1], 'kind', ARGV[3], 'name', ARGV[4], 'status', ARGV[5],
-  'attempt', ARGV[6], 'input', ARGV[7], 'output', ARGV[8], 'error', ARGV[9], 'retry', ARGV[10],
-  'wake_at', ARGV[11], 'dispatched', ARGV[12], 'priority', ARGV[13], 'created', ARGV[14],
-  'updated', ARGV[14], 'hb_timeout', ARGV[15], 'heartbeat', ARGV[16], 'attempts', ARGV[17])
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-return {1}
-"""
-
-# KEYS: step, steps, run. ARGV: as _BEGIN_STEP. Nothing written into the history of an unknown
-# or finished run: {2}.
-_BEGIN_STEP_UNLESS_FINISHED: Final = (
-    """
-local st = redis.call('HGET', KEYS[3], 'status')
-if not st or st == 'completed' or st == 'failed' or st == 'cancelled' then return {2} end
-"""
-    + _BEGIN_STEP
-)
-
-# KEYS: step, run. ARGV: expect_attempt, status, attempt, output, error, wake_at, dispatched, now,
-# heartbeat ('' = keep the stored one), attempts
-_UPDATE_STEP: Final = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
-local run_status = redis.call('HGET', KEYS[2], 'status')
-if not run_status then return 'missing' end
-if run_status ~= 'pending' and run_status ~= 'running' then return 'run_finished' end
-if redis.call('HGET', KEYS[1], 'status') ~= 'pending' then return 'duplicate' end
-if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 'stale' end
-redis.call('HSET', KEYS[1], 'status', ARGV[2], 'attempt', ARGV[3], 'output', ARGV[4],
-  'error', ARGV[5], 'wake_at', ARGV[6], 'dispatched', ARGV[7], 'updated', ARGV[8],
-  'attempts', ARGV[10])
-if ARGV[9] ~= '' then redis.call('HSET', KEYS[1], 'heartbeat', ARGV[9]) end
-return 'applied'
-"""
-
-# KEYS: step. ARGV: attempt
-_MARK_DISPATCHED: Final = """
-if redis.call('HGET', KEYS[1], 'status') == 'pending'
-   and redis.call('HGET', KEYS[1], 'attempt') == ARGV[1] then
-  redis.call('HSET', KEYS[1], 'dispatched', '1')
-  return 1
-end
-return 0
-"""
-
-
-#: Runs one page call examines at most (behind selective filters a page may come back short,
-#: with a cursor to go on from).
-PAGE_BUDGET: Final = 2000
-
-# KEYS: index. ARGV: prefix, max (exclusive score bound, '+inf' for none), limit, budget,
-# workflow, tenant prefix, since, until ('' = no filter).
-# Returns {next ('' = last page), id, fields, id, fields, ...}.
-_PAGE: Final = """
-local prefix, bound = ARGV[1], ARGV[2]
-local limit, budget = tonumber(ARGV[3]), tonumber(ARGV[4])
-local wf, tp = ARGV[5], ARGV[6]
-local since, until_ = tonumber(ARGV[7]), tonumber(ARGV[8])
-local out = {''}
-local found, examined, last = 0, 0, nil
-while examined < budget do
-  local chunk = redis.call('ZREVRANGEBYSCORE', KEYS[1], bound, '-inf', 'WITHSCORES',
-    'LIMIT', 0, math.min(200, budget - examined))
-  if #chunk == 0 then return out end
-  for i = 1, #chunk, 2 do
-    local id, seq = chunk[i], chunk[i + 1]
-    examined = examined + 1
-    bound = '(' .. seq
-    local ok = tp == '' or string.sub(id, 1, #tp) == tp
-    local key = prefix .. ':run:' .. id
-    if ok and (wf ~= '' or since or until_) then
-      local f = redis.call('HMGET', key, 'workflow', 'created')
-      if wf ~= '' and f[1] ~= wf then ok = false end
-      local created = tonumber(f[2] or '')
-      if ok and since and (not created or created < since) then ok = false end
-      if ok and until_ and (not created or created >= until_) then ok = false end
-    end
-    if ok then
-      local fields = redis.call('HGETALL', key)
-      if #fields > 0 then
-        if found == limit then
-          out[1] = last
-          return out
-        end
-        found = found + 1
-        last = seq
-        out[#out + 1] = id
-        out[#out + 1] = fields
-      end
-    end
-  end
-end
-out[1] = string.sub(bound, 2)
-return out
-"""
-
-# KEYS: run, cancel mark step, steps, step... ARGV: prefix, id, timeout, now, mark id, then per
-# step: status, attempt, error, retry, wake_at, dispatched, attempts. A failed run's cancel mark
-# (a stale one of its previous life) is dropped.
-_REOPEN: Final = (
-    _LUA_HELPERS
-    + """
-local prefix, id = ARGV[1], ARGV[2]
-local st = redis.call('HGET', KEYS[1], 'status')
-if st ~= 'failed' and st ~= 'blocked' then return 0 end
-if st == 'failed' then
-  redis.call('DEL', KEYS[2])
-  redis.call('ZREM', KEYS[3], ARGV[5])
-end
-redis.call('HSET', KEYS[1], 'status', 'pending', 'owner', '', 'lease', '', 'output', 'null',
-  'error', 'null', 'timeout', ARGV[3], 'updated', ARGV[4])
-move(prefix, id, st, 'pending', redis.call('HGET', KEYS[1], 'seq'))
-redis.call('ZADD', prefix .. ':leases', 0, id)
-for i = 4, #KEYS do
-  local a = 6 + (i - 4) * 7
-  if redis.call('EXISTS', KEYS[i]) == 1 then
-    redis.call('HSET', KEYS[i], 'status', ARGV[a], 'attempt', ARGV[a + 1], 'error', ARGV[a + 2],
-      'retry', ARGV[a + 3], 'wake_at', ARGV[a + 4], 'dispatched', ARGV[a + 5],
-      'attempts', ARGV[a + 6], 'updated', ARGV[4])
-  end
-end
-return 1
-"""
-)
-
 
 def _dumps(value: Any) -> bytes:
     return orjson.dumps(value)
@@ -590,7 +287,7 @@ class RedisRunStore:
             (prefix, run.run_id, run.workflow, run.status.value, _dumps(run.input),
              _dumps(run.output), _dumps(run.error), run.owner or "", _num(run.lease_until),
              _num(now), _num(run.timeout), _optional_dumps(run.trace), run.parent or "",
-             run.depth),
+             run.depth, tags_json(run.tags) or "", *self._tag_keys(run)),
         )  # fmt: skip
         if reply[0] == 1 and len(reply) > 1:  # (reported once: the counter is whole again)
             logger.warning("Redis run store: %s", reply[1].decode(errors="replace"))
@@ -646,17 +343,20 @@ class RedisRunStore:
         until: float | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
         check_page(limit, since, until, tenant)
+        wanted = check_tags(tags, "page_runs: tags")
         filters = (workflow or "", "" if tenant is None else tenant + "/", _num(since), _num(until))
         if len(self._prefixes) > 1:
-            return await self._page_sharded(status, filters, limit, cursor)
+            return await self._page_sharded(status, filters, limit, cursor, wanted)
         below = decode_cursor(cursor)
         prefix = self._prefixes[0]
+        index, more = self._page_index(prefix, status, wanted)
         reply = await self._page(
-            (_index(prefix, status),),
+            (index,),
             (prefix, "+inf" if below is None else f"({below}", limit, max(PAGE_BUDGET, limit + 1),
-             *filters),
+             *filters, *more),
         )  # fmt: skip
         following = _following(reply)
         runs, damaged = _read_listed(
@@ -665,22 +365,29 @@ class RedisRunStore:
         return RunPage(runs, None if following is None else encode_cursor(following), damaged)
 
     async def _page_sharded(
-        self, status: RunStatus | None, filters: tuple[str, ...], limit: int, cursor: str | None
+        self,
+        status: RunStatus | None,
+        filters: tuple[str, ...],
+        limit: int,
+        cursor: str | None,
+        tags: dict[str, str] | None = None,
     ) -> RunPage:
         """One page over every shard: one page script per shard not done, in one pipeline
         (per node, the nodes concurrently), merged by creation time (see
         :func:`~._shard_paging.merge_shards`)."""
         bounds = decode_bounds(cursor, len(self._prefixes))
         asked = [shard for shard, bound in enumerate(bounds) if bound != DONE]
+        indexes = {shard: self._page_index(self._prefixes[shard], status, tags) for shard in asked}
         commands = [
             self._page.command(
-                (_index(self._prefixes[shard], status),),
+                (indexes[shard][0],),
                 (
                     self._prefixes[shard],
                     "+inf" if bounds[shard] is None else f"({bounds[shard]}",
                     limit,
                     max(PAGE_BUDGET, limit + 1),
                     *filters,
+                    *indexes[shard][1],
                 ),
             )
             for shard in asked
@@ -997,3 +704,21 @@ class RedisRunStore:
 
     async def debounced_due(self, run_id: str) -> float | None:
         return await self._starts.debounced_due(run_id)
+    # -- run tags (issue 34) ----------------------------------------------------------------
+
+    def _tag_keys(self, run: RunRecord) -> list[str]:
+        """The tag index keys ``run`` is in (its shard's): what removes a run must ``ZREM``
+        its id from each (as from its status index)."""
+        prefix = self._prefix_of(run.run_id)
+        return [_tag_index(prefix, key, value) for key, value in run.tags.items()]
+
+    def _page_index(
+        self, prefix: str, status: RunStatus | None, tags: dict[str, str] | None
+    ) -> tuple[str, tuple[str, ...]]:
+        """The index a page walks in shard ``prefix`` and the page script's extra arguments:
+        untagged, the status's (or every run's); tagged, the first tag's (keys in sorted order),
+        then the status to check ('' = any) and the other tags' index keys."""
+        if not tags:
+            return _index(prefix, status), ()
+        first, *others = (_tag_index(prefix, k, v) for k, v in sorted(tags.items()))
+        return first, ("" if status is None else status.value, *others)

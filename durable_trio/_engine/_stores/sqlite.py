@@ -35,6 +35,7 @@ import trio
 
 from ..._errors import BrokerError, BrokerUnavailable
 from ..._sqlite import ConnectionThread, Doorbell, Synchronous, open_connection, translate_error
+from .._tags import check_tags
 from . import _sqlite_starts as starts
 from . import _sqlite_tables as tables
 from ._paging import check_page, decode_cursor
@@ -42,7 +43,7 @@ from ._wakes import RunWakes
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from ...brokers.sqlite import SqliteBroker
     from .._records import (
@@ -329,12 +330,14 @@ class SqliteRunStore:
         until: float | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
         check_page(limit, since, until, tenant)
+        wanted = check_tags(tags, "page_runs: tags")
         below = decode_cursor(cursor)
         filters = (None if status is None else status.value, workflow, tenant, since, until)
         result: RunPage = await self._read(
-            partial(tables.page_runs, self._ns, filters, limit, below)
+            partial(tables.page_runs, self._ns, filters, limit, below, tags=wanted)
         )
         return result
 
