@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
+import durable_trio as dt
+
 from _postgres_server import *  # noqa: F403  (the private server fixture)
 from durable_trio._postgres import migrate, open_notify_hub, open_pool, quote_ident
 from durable_trio.brokers import ClaimedJob, Job, SupportsQueueLimits
@@ -232,3 +234,38 @@ async def test_a_schema_from_before_limits_is_migrated(postgres_url: str) -> Non
         assert [c.id for c in claims] == ["job-old", "job-keyed"]
         assert await broker.complete_job(claims[0].lease, Q)
         assert [c.id for c in await broker.pop_many(Q, 5)] == ["job-new"]
+
+
+async def test_workers_on_a_postgres_backend_hold_a_step_limit(postgres_schema_url: str) -> None:
+    """End to end: ``open_worker`` accepts a limit on PostgreSQL and the fleet holds it (two
+    workers of 4 slots each, ``max_concurrency=2``); the waiting workers are woken by the freed
+    slots' NOTIFY (their safety poll is 30 s: the bound below would fail on it)."""
+    running = {"now": 0, "most": 0}
+    app = dt.App("pglimits")
+
+    @app.step("call", max_concurrency=2)
+    async def call(n: int) -> int:
+        running["now"] += 1
+        running["most"] = max(running["most"], running["now"])
+        await trio.sleep(0.1)
+        running["now"] -= 1
+        return n
+
+    @app.workflow("wf")
+    async def wf(ctx: dt.WorkflowContext, n: int) -> int:
+        return int(await ctx.step("call", n))
+
+    with trio.fail_after(20):
+        async with dt.open_backend(postgres_schema_url) as backend:
+            async with (
+                dt.open_worker(app, backend, concurrency=4),
+                dt.open_worker(app, backend, concurrency=4),
+                dt.open_engine(app, backend) as engine,
+            ):
+                ids = [await engine.start("wf", n) for n in range(8)]
+                results = [await engine.result(run_id) for run_id in ids]
+                async with dt.open_operations(backend, namespace="pglimits") as ops:
+                    limits = {v.group: (v.limit, v.per_key) for v in await ops.queues()}
+    assert results == list(range(8))
+    assert running["most"] == 2
+    assert limits["call"] == (2, False)
