@@ -18,7 +18,6 @@ import pytest
 import trio
 
 import durable_trio as dt
-
 from _postgres_server import *  # noqa: F403  (the private server fixture)
 from durable_trio._postgres import migrate, open_notify_hub, open_pool, quote_ident
 from durable_trio.brokers import ClaimedJob, Job, SupportsQueueLimits
