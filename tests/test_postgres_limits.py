@@ -126,6 +126,30 @@ async def test_two_brokers_claiming_at_once_never_exceed_the_limit(
     assert max(most.values()) == limit  # the claimers did contend for the slots
 
 
+async def test_a_broker_that_never_saw_the_limit_claims_under_it_at_once(
+    postgres_url: str,
+) -> None:
+    """A claim sends the plain statement first for a queue its process knows no limit of
+    (unlimited queues pay nothing); on a queue found limited it claims nothing, and the call
+    claims again under the lock: every path is exact from the first call."""
+    schema = _schema()
+    async with (
+        broker_on(postgres_url, schema) as a,
+        broker_on(postgres_url, schema) as b,
+        broker_on(postgres_url, schema) as c,
+    ):
+        await a.set_queue_limit(Q, 2)
+        for n in range(6):
+            await a.push_on(Q, job(n))
+        assert [claim.id for claim in await b.pop_many(Q, 4)] == ["job-0", "job-1"]
+        assert await c.pop_from(Q) is None
+        await a.set_queue_limit(Q, 3)
+        done, claims = await c.finish_and_claim("t:results", [], Q, [], 4)
+        assert (done, [claim.id for claim in claims]) == ([], ["job-2"])
+        await a.set_queue_limit(Q, None)  # b still thinks it limited: right all the same
+        assert [claim.id for claim in await b.pop_many(Q, 4)] == ["job-3", "job-4", "job-5"]
+
+
 async def test_a_limited_queue_claims_under_its_advisory_lock_and_an_unlimited_one_takes_none(
     postgres_url: str,
 ) -> None:

@@ -44,8 +44,10 @@ Fleet-wide limits (``SupportsQueueLimits``, :meth:`PostgresBroker.set_queue_limi
     none can be made beside it: the count is exact for any number of brokers and processes.
     It hands out no more than the free slots, or per key skips the keys at their limit
     (``ckey NOT IN`` the full keys, counted off a partial index of the keyed claims) and keeps
-    of each other key only what fits. An unlimited queue's claim reads one primary-key entry
-    of ``broker_limits`` in its statements and takes no lock. A lease that ends on a limited
+    of each other key only what fits. An unlimited queue's claim takes no lock and runs the
+    plain claim statement, guarded by the absence of a limit row: each broker keeps a hint
+    of the queues it last saw limited, and a plain claim that finds a limit claims nothing,
+    the call then claiming again with the counting statement. A lease that ends on a limited
     queue (complete, fail) notifies the queue's channel, so a waiter at the limit looks again;
     the probe of ``wait_for_work`` counts ready jobs that do not fit as no work.
 

@@ -352,8 +352,9 @@ class PostgresBroker:
         if leases:
             channel = self._wakeups.channel(queue)
             statements.append((ops.complete, (queue, tokens, ids, channel)))
+        limited = queue in ops.limited
         if count > 0:
-            statements += ops.claim_statements(queue, count, worker, count)
+            statements += ops.claim_statements(queue, count, worker, count, limited)
         if not statements:
             await trio.lowlevel.checkpoint()
             return [], []
@@ -366,8 +367,14 @@ class PostgresBroker:
                 for lease in leases:
                     done.append(lease.token in hit)
                     hit.discard(lease.token)
-            claimed = await ops.read_claims(pool, results[-1]) if count > 0 else []
-            return done, claimed
+            if count <= 0:
+                return done, []
+            if ops.learn(queue, results[-2]) and not limited:
+                # (the queue has a limit now: its claim, under the queue's lock, after the
+                # completes committed)
+                claims = ops.claim_statements(queue, count, worker, count, True)
+                results = await pool.pipeline(claims)
+            return done, await ops.read_claims(pool, results[-1])
 
         return await self._call(run)
 

@@ -131,31 +131,58 @@ _QUEUE_FREE: Final = """(
 
 
 # $2 claims; the first $5 of them started (the rest popped ahead), a suspect (stalled before)
-# never. Tokens: the call's random prefix and the claim's place in it. On a limited queue
-# (under its lock, see _PROMOTE) no more than its free slots; per key, the rows of full keys
-# are skipped (the rows behind them still claimed, in order), and of the rows picked a key
-# keeps as many as it has free slots (the others stay ready: the pop may then hand out fewer
-# than fit, and ``wait_for_work`` answers at once for the rest).
+# never. Tokens: the call's random prefix and the claim's place in it. The claim of a queue
+# without a limit: it claims nothing on a queue that has one (a one-time filter on
+# broker_limits' primary key), and its caller then claims again with _CLAIM_LIMITED (see
+# ``Operations.limited``).
 _CLAIM: Final = f"""
-    WITH {_LIMIT_CTES}, picked AS (
-        SELECT pk, priority, seq, ckey FROM {{s}}.broker_jobs
-        WHERE state = 'ready' AND queue = $1 AND {_KEY_NOT_FULL}
-        ORDER BY priority, seq LIMIT least($2::bigint, {_QUEUE_FREE})
+    WITH picked AS (
+        SELECT pk, priority, seq FROM {{s}}.broker_jobs
+        WHERE state = 'ready' AND queue = $1
+            AND NOT EXISTS (SELECT FROM {{s}}.broker_limits WHERE queue = $1)
+        ORDER BY priority, seq LIMIT $2
         FOR UPDATE SKIP LOCKED
-    ), ranked AS (
-        SELECT pk, priority, seq, ckey,
-            row_number() OVER (PARTITION BY ckey ORDER BY priority, seq) AS r
-        FROM picked
     ), numbered AS (
-        SELECT k.pk, row_number() OVER (ORDER BY k.priority, k.seq) AS n
-        FROM ranked AS k LEFT JOIN held AS h ON h.ckey = k.ckey
-        WHERE NOT coalesce((SELECT per_key FROM lim), false)
-            OR k.r <= (SELECT lim FROM lim) - coalesce(h.n, 0)
+        SELECT pk, row_number() OVER (ORDER BY priority, seq) AS n FROM picked
     )
     UPDATE {{s}}.broker_jobs AS j
     SET state = 'active', token = $3 || numbered.n::text, claimed_at = {_NOW}, worker = $4,
         started = numbered.n <= $5 AND j.stalled_count <= 0
     FROM numbered WHERE j.pk = numbered.pk
+    RETURNING numbered.n, j.pk, j.id, j.token, j.data, j.priority, j.attempts, j.stalled_count,
+        j.stalls, j.note, j.started
+"""
+
+# The claim of a limited queue (under its lock, see _PROMOTE; right for any queue): no more
+# than its free slots (none: no row is even read); per
+# key, the rows of full keys are skipped (the rows behind them still claimed, in order), and of
+# the rows picked a key keeps as many as it has free slots (the others stay ready: the pop may
+# then hand out fewer than fit, and ``wait_for_work`` answers at once for the rest). ``LIMIT
+# $2`` stays a plain parameter: the planner then expects a few rows, and joins them back to
+# the table by its primary key.
+_CLAIM_LIMITED: Final = f"""
+    WITH {_LIMIT_CTES}, picked AS (
+        SELECT pk, priority, seq, ckey FROM {{s}}.broker_jobs
+        WHERE state = 'ready' AND queue = $1 AND {_KEY_NOT_FULL}
+            AND coalesce({_QUEUE_FREE}, 1) > 0
+        ORDER BY priority, seq LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ), ranked AS (
+        SELECT pk, priority, seq, ckey,
+            row_number() OVER (PARTITION BY ckey ORDER BY priority, seq) AS r
+        FROM picked
+    ), fitting AS (
+        SELECT k.pk, k.priority, k.seq
+        FROM ranked AS k LEFT JOIN held AS h ON h.ckey = k.ckey
+        WHERE NOT coalesce((SELECT per_key FROM lim), false)
+            OR k.r <= (SELECT lim FROM lim) - coalesce(h.n, 0)
+    ), numbered AS (
+        SELECT pk, row_number() OVER (ORDER BY priority, seq) AS n FROM fitting
+    )
+    UPDATE {{s}}.broker_jobs AS j
+    SET state = 'active', token = $3 || numbered.n::text, claimed_at = {_NOW}, worker = $4,
+        started = numbered.n <= $5 AND j.stalled_count <= 0
+    FROM numbered WHERE j.pk = numbered.pk AND numbered.n <= coalesce({_QUEUE_FREE}, $2)
     RETURNING numbered.n, j.pk, j.id, j.token, j.data, j.priority, j.attempts, j.stalled_count,
         j.stalls, j.note, j.started
 """
@@ -422,6 +449,10 @@ class Operations:
         self.insert_many = sql(_INSERT_MANY)
         self.promote = sql(_PROMOTE)
         self.claim = sql(_CLAIM)
+        self.claim_limited = sql(_CLAIM_LIMITED)
+        self.limited: set[str] = set()
+        """The queues this process last saw with a fleet-wide limit (a hint, never trusted:
+        which claim statement to send first; see :meth:`learn`)."""
         self.complete = sql(_COMPLETE)
         self.fail = sql(_FAIL)
         self.fail_and_push = sql(_FAIL_AND_PUSH)
@@ -474,15 +505,31 @@ class Operations:
         ]
 
     def claim_statements(
-        self, queue: str, count: int, worker: str, started: int
+        self, queue: str, count: int, worker: str, started: int, limited: bool
     ) -> list[tuple[str, Sequence[Any]]]:
-        """Promote due delayed jobs, then claim up to ``count`` (the first ``started`` of them
-        started)."""
+        """Promote due delayed jobs (taking the queue's lock if it has a limit), then claim up
+        to ``count`` (the first ``started`` of them started); ``limited``: with the statement
+        that counts the queue's claims (else the plain one, which claims nothing on a limited
+        queue)."""
         prefix = secrets.token_hex(8) + ":"
+        claim = self.claim_limited if limited else self.claim
         return [
             (self.promote, (queue, lock_key(self._schema, queue))),
-            (self.claim, (queue, count, prefix, worker, started)),
+            (claim, (queue, count, prefix, worker, started)),
         ]
+
+    def learn(self, queue: str, promoted: Result) -> bool:
+        """Whether ``queue`` has a limit, as the promote of a claim found it (it took the
+        queue's lock), remembered for the next claim's choice of statement. A claim made with
+        the plain statement on a queue found limited claimed nothing: its caller claims again
+        with the limited one (one more round trip, once per process, after a limit appears;
+        a limit removed costs nothing, the limited statement being right for any queue)."""
+        limited = bool(promoted.rows and promoted.rows[0][0])
+        if limited:
+            self.limited.add(queue)
+        else:
+            self.limited.discard(queue)
+        return limited
 
     async def read_claims(self, pool: PgPool, result: Result) -> list[ClaimedJob]:
         """The claims of a claim statement's ``result``, in pop order; rows without an id are
@@ -507,7 +554,12 @@ class Operations:
     async def pop(
         self, pool: PgPool, queue: str, count: int, worker: str, ahead: int = 0
     ) -> list[ClaimedJob]:
-        results = await pool.pipeline(self.claim_statements(queue, count + ahead, worker, count))
+        limited = queue in self.limited
+        statements = self.claim_statements(queue, count + ahead, worker, count, limited)
+        results = await pool.pipeline(statements)
+        if self.learn(queue, results[-2]) and not limited:
+            statements = self.claim_statements(queue, count + ahead, worker, count, True)
+            results = await pool.pipeline(statements)
         return await self.read_claims(pool, results[-1])
 
     async def complete_many(
@@ -687,6 +739,10 @@ class Operations:
         else:
             change = (self.set_limit, (queue, limit, per_key))
         await pool.pipeline([change, (_NOTIFY, (channel, ""))])
+        if limit is None:
+            self.limited.discard(queue)
+        else:
+            self.limited.add(queue)
 
     async def queues(self, pool: PgPool, statement: str, prefix: str) -> list[str]:
         return sorted(str(row[0]) for row in await pool.fetch(statement, prefix))
