@@ -127,6 +127,10 @@ class SimulationReport:
     violations: tuple[str, ...]
     history: tuple[dict[str, Any], ...] = attrs.field(repr=False)
     replay_command: str
+    concurrency_peaks: dict[str, int] = attrs.field(factory=dict)
+    """Of each step with ``max_concurrency`` (per key value with ``concurrency_key``:
+    ``"step[key]"``): the most attempts seen running at once, never above the limit (an
+    invariant; executions a fault may have doubled are not counted)."""
 
     def history_bytes(self) -> bytes:
         """The history, serialized (orjson): compare these to compare two runs."""
@@ -136,6 +140,12 @@ class SimulationReport:
     def digest(self) -> str:
         """SHA-256 of :meth:`history_bytes` (hex)."""
         return hashlib.sha256(self.history_bytes()).hexdigest()
+
+    def _peaks(self) -> str:
+        if not self.concurrency_peaks:
+            return ""
+        peaks = ", ".join(f"{k} {v}" for k, v in sorted(self.concurrency_peaks.items()))
+        return f"  most at once (max_concurrency): {peaks}\n"
 
     def summary(self) -> str:
         """A few lines for humans."""
@@ -151,6 +161,7 @@ class SimulationReport:
             f"  faults: {faults}\n"
             f"  graceful closes: {self.graceful_closes} (longest {self.longest_close:.2f} s, "
             f"bound {self.close_bound:.2f} s)\n"
+            f"{self._peaks()}"
             f"  history: {len(self.history)} events, sha256 {self.digest[:16]}\n"
             f"  invariants: {'all held' if not self.violations else 'VIOLATED'}"
         )

@@ -34,6 +34,10 @@ class Execution:
     end: float | None = None
     outcome: str = "running"
     output: bytes | None = None
+    step: str = ""
+    """The step's name."""
+    key: str | None = None
+    """Its concurrency key (``@app.step(concurrency_key=...)``), ``None`` without one."""
 
 
 class Ledger:
@@ -171,8 +175,12 @@ class Ledger:
                 retry=definition.retry,
                 priority=definition.priority,
                 heartbeat_timeout=definition.heartbeat_timeout,
+                max_concurrency=definition.max_concurrency,
+                concurrency_key=definition.concurrency_key,
             )(
-                self._recorded(definition.fn, worker_id, injector, poison)
+                self._recorded(
+                    definition.fn, worker_id, injector, poison, definition.concurrency_key
+                )
             )
         for name, workflow in app.workflows.items():
             if workflow.fn is None:
@@ -187,11 +195,14 @@ class Ledger:
         worker_id: str,
         injector: Injector,
         poison: Callable[[str, str], bool] | None,
+        key_fn: Callable[[Any], str] | None = None,
     ) -> StepFunction:
         async def step(value: Any) -> Any:
             info = step_info()
             key = (info.run_id, info.step_id, info.attempt)
-            execution = Execution(worker_id, self.now())
+            execution = Execution(worker_id, self.now(), step=info.name)
+            if key_fn is not None:
+                execution.key = _concurrency_key(key_fn, value)
             self.executions.setdefault(key, []).append(execution)
             where = {"run": info.run_id, "step": info.step_id, "attempt": info.attempt}
             self.event("exec", **where, worker=worker_id)
@@ -221,6 +232,41 @@ class Ledger:
 
         return step
 
+    def limit_peaks(self, app: App) -> dict[str, int]:
+        """Invariant: no step with ``max_concurrency=N`` ran more than N attempts at once (per
+        key with ``concurrency_key``), counted over the executions a fault leaves no doubt
+        about. An execution whose worker was faulted meanwhile (killed, stalled, its renewal
+        paused, a call dropped) may have lost its claim while it ran, and its job run again
+        beside it: that one is not counted (the broker's slot was the reclaimed lease's).
+        Returns the most attempts seen at once per step (``"step"``) or key
+        (``"step[key]"``)."""
+        peaks: dict[str, int] = {}
+        for name, definition in sorted(app.steps.items()):
+            limit = definition.max_concurrency
+            if limit is None:
+                continue
+            edges: dict[str, list[tuple[float, int]]] = {}
+            for runs in self.executions.values():
+                for e in runs:
+                    end = self.end if e.end is None else e.end
+                    if e.step != name or self.faulted(e.worker, e.start, end):
+                        continue
+                    group = name if definition.concurrency_key is None else f"{name}[{e.key}]"
+                    # (an end before a start at one time: the slot is freed after the end)
+                    edges.setdefault(group, []).extend(((e.start, 1), (end, -1)))
+            for group, points in sorted(edges.items()):
+                running = peak = 0
+                for at, change in sorted(points):
+                    running += change
+                    if running > limit and running > peak:  # (reported at each new peak)
+                        self.violation(
+                            f"{running} attempts of {group} at once at {at:.3f}, more than its "
+                            f"max_concurrency {limit}"
+                        )
+                    peak = max(peak, running)
+                peaks[group] = peak
+        return peaks
+
     def _check_alone(self, key: tuple[str, str, int], execution: Execution) -> None:
         """Invariant 10: a poison step that ran before (its job stalled, counted, when it
         killed that worker) is a suspect, and runs alone: no other step runs in its worker.
@@ -240,3 +286,13 @@ class Ledger:
                 f"suspect {key} (run {len(earlier) + 1}) started at {execution.start:.3f} in "
                 f"{execution.worker} beside {len(beside)} running step(s): {beside[:5]}"
             )
+
+
+def _concurrency_key(key_fn: Callable[[Any], str], value: Any) -> str | None:
+    """The key ``key_fn`` gives ``value`` (as the engine computed it at dispatch), ``None``
+    if it fails (the engine fails such a step before any worker runs it)."""
+    try:
+        key = key_fn(value)
+    except Exception:  # (the engine fails the step: code concurrency_key)
+        return None
+    return key if isinstance(key, str) else None

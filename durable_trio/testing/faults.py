@@ -56,6 +56,7 @@ from ..brokers import (
     SupportsFinishAndClaim,
     SupportsJobState,
     SupportsJobStates,
+    SupportsQueueLimits,
     SupportsRecovery,
     SupportsRenewal,
     SupportsSize,
@@ -560,6 +561,17 @@ class _Wakeup(FaultyBroker):
         await injector.wait_out_stall()
 
 
+class _QueueLimits(FaultyBroker):
+    async def set_queue_limit(
+        self, queue: str, limit: int | None, *, per_key: bool = False
+    ) -> None:
+        # A worker stores its steps' limits as it opens: like a job-state read, it waits out a
+        # stall and fails in a dead process, but draws no per-call fault (seeds that predate
+        # fleet-wide limits replay unchanged).
+        await _read_job(self.injector, "set_queue_limit")
+        await self.inner.set_queue_limit(queue, limit, per_key=per_key)
+
+
 _CAPABILITIES: tuple[tuple[type, type[FaultyBroker]], ...] = (
     (SupportsBatchPop, _BatchPop),
     (SupportsClaimAhead, _ClaimAhead),
@@ -574,6 +586,7 @@ _CAPABILITIES: tuple[tuple[type, type[FaultyBroker]], ...] = (
     (SupportsJobStates, _JobStates),
     (SupportsFailedJobs, _FailedJobs),
     (SupportsWakeup, _Wakeup),
+    (SupportsQueueLimits, _QueueLimits),
 )
 
 

@@ -378,6 +378,7 @@ class Simulation:
     def _report(self, wall: float) -> SimulationReport:
         self._invariants.check()
         ledger, runs, workers = self._ledger, self._runs, self._workers
+        peaks = ledger.limit_peaks(self.app)  # (a violation for a limit exceeded)
         statuses = Counter(status for status, _ in runs.outcomes.values())
         executions = sum(len(e) for e in ledger.executions.values())
         assert self._engines.statistics is not None
@@ -404,4 +405,5 @@ class Simulation:
             violations=tuple(ledger.violations),
             history=tuple(ledger.history),
             replay_command=self.replay_command(),
+            concurrency_peaks=peaks,
         )

@@ -35,6 +35,22 @@ Claims:
     locks the stalled claims with ``SKIP LOCKED`` too, so sweeps in many processes share the
     work, and counts the stall evidence as the SQLite broker does.
 
+Fleet-wide limits (``SupportsQueueLimits``, :meth:`PostgresBroker.set_queue_limit`):
+    A limited queue has a row in ``broker_limits``; each job carries its concurrency key
+    (``ckey``, ``''`` for none). Every claim's first statement (the promote) takes the queue's
+    transaction-scoped advisory lock (``pg_advisory_xact_lock`` on a hash of schema and queue)
+    when, and only when, that row exists; the claim statement after it takes its READ
+    COMMITTED snapshot once the lock is held, so it counts every claim committed before it and
+    none can be made beside it: the count is exact for any number of brokers and processes.
+    It hands out no more than the free slots, or per key skips the keys at their limit
+    (``ckey NOT IN`` the full keys, counted off a partial index of the keyed claims) and keeps
+    of each other key only what fits. An unlimited queue's claim takes no lock and runs the
+    plain claim statement, guarded by the absence of a limit row: each broker keeps a hint
+    of the queues it last saw limited, and a plain claim that finds a limit claims nothing,
+    the call then claiming again with the counting statement. A lease that ends on a limited
+    queue (complete, fail) notifies the queue's channel, so a waiter at the limit looks again;
+    the probe of ``wait_for_work`` counts ready jobs that do not fit as no work.
+
 Wake-up (:meth:`PostgresBroker.wait_for_work`):
     A push (retry, requeue, recovery) sends ``NOTIFY`` on its queue's channel inside its own
     transaction: delivered on commit only, folded by PostgreSQL into one per transaction and

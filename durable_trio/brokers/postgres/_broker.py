@@ -28,6 +28,7 @@ from ..._postgres import (
     tables_missing,
 )
 from .._contract import Recovery
+from .._limits import check_limit
 from ._identity import IDENTITY_MIGRATIONS, IDENTITY_PART, StoreIdentity
 from ._operations import RECOVER_BATCH, Operations
 from ._schema import MIGRATIONS, PART
@@ -296,7 +297,8 @@ class PostgresBroker:
 
     async def complete_job(self, lease: Lease, queue: str) -> bool:
         """Delete a finished job. ``False``: the lease was lost, nothing changed."""
-        (done,) = await self._call(self._ops.complete_many, queue, [lease])
+        channel = self._wakeups.channel(queue)
+        (done,) = await self._call(self._ops.complete_many, queue, [lease], channel)
         return done
 
     async def complete_many(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
@@ -304,7 +306,8 @@ class PostgresBroker:
         if not leases:
             await trio.lowlevel.checkpoint()
             return []
-        return await self._call(self._ops.complete_many, queue, list(leases))
+        channel = self._wakeups.channel(queue)
+        return await self._call(self._ops.complete_many, queue, list(leases), channel)
 
     async def push_many(
         self, queue: str, jobs: Sequence[Job], priorities: Sequence[int | None]
@@ -347,9 +350,11 @@ class PostgresBroker:
         ids = [lease.job_id for lease in leases]
         complete_at = len(statements)
         if leases:
-            statements.append((ops.complete, (queue, tokens, ids)))
+            channel = self._wakeups.channel(queue)
+            statements.append((ops.complete, (queue, tokens, ids, channel)))
+        limited = queue in ops.limited
         if count > 0:
-            statements += ops.claim_statements(queue, count, worker, count)
+            statements += ops.claim_statements(queue, count, worker, count, limited)
         if not statements:
             await trio.lowlevel.checkpoint()
             return [], []
@@ -362,24 +367,31 @@ class PostgresBroker:
                 for lease in leases:
                     done.append(lease.token in hit)
                     hit.discard(lease.token)
-            claimed = await ops.read_claims(pool, results[-1]) if count > 0 else []
-            return done, claimed
+            if count <= 0:
+                return done, []
+            if ops.learn(queue, results[-2]) and not limited:
+                # (the queue has a limit now: its claim, under the queue's lock, after the
+                # completes committed)
+                claims = ops.claim_statements(queue, count, worker, count, True)
+                results = await pool.pipeline(claims)
+            return done, await ops.read_claims(pool, results[-1])
 
         return await self._call(run)
 
     async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
         """Fail a job for good: moved to the failed table (the newest ``failed_retention``
         of the queue kept). ``False``: the lease was lost."""
-        return await self._call(self._ops.fail_job, queue, lease, error)
+        channel = self._wakeups.channel(queue)
+        return await self._call(self._ops.fail_job, queue, lease, error, channel)
 
     async def fail_and_push(
         self, lease: Lease, queue: str, error: str, push_queue: str, job: Job
     ) -> bool:
         """:meth:`fail_job`, then (if the lease held) push ``job`` onto ``push_queue``, in one
         statement. ``False``: the lease was lost, nothing changed."""
-        channel = self._wakeups.channel(push_queue)
+        channels = (self._wakeups.channel(queue), self._wakeups.channel(push_queue))
         return await self._call(
-            self._ops.fail_then_push, queue, lease, error, push_queue, job, channel
+            self._ops.fail_then_push, queue, lease, error, push_queue, job, channels
         )
 
     async def retry_job(
@@ -421,6 +433,18 @@ class PostgresBroker:
                     return Recovery(recovered=recovered, exceeded=tuple(exceeded))
 
         return await self._call(sweep)
+
+    async def set_queue_limit(
+        self, queue: str, limit: int | None, *, per_key: bool = False
+    ) -> None:
+        """Store ``queue``'s fleet-wide limit (``None``: remove it) for every broker on the
+        schema (see :class:`~durable_trio.brokers.SupportsQueueLimits`), and wake its waiters
+        to look again. Each claim of a limited queue takes the queue's transaction-scoped
+        advisory lock before it counts the queue's (or its key's) live claims, so the limit is
+        exact however many processes claim (see the package docstring)."""
+        limit = check_limit(limit)
+        channel = self._wakeups.channel(queue)
+        await self._call(self._ops.store_limit, queue, limit, per_key, channel)
 
     async def queues_with_claims(self, queues: Sequence[str]) -> list[str]:
         """Those of ``queues`` holding claims (one statement on the claims' index)."""

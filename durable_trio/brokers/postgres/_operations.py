@@ -13,6 +13,7 @@ and a row without an id is moved to the quarantine.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from typing import TYPE_CHECKING, Any, Final
 
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
     from ..._postgres import PgConnection, PgPool, Result
 
-__all__ = ["PROMOTE_BATCH", "RECOVER_BATCH", "Operations"]
+__all__ = ["PROMOTE_BATCH", "RECOVER_BATCH", "Operations", "lock_key"]
 
 #: Due delayed jobs promoted per pop at most, so one pop never does unbounded work.
 PROMOTE_BATCH: Final = 256
@@ -56,16 +57,17 @@ RECOVER_BATCH: Final = 500
 _NOW: Final = "extract(epoch FROM now())::float8"
 
 _INSERT: Final = f"""
-    INSERT INTO {{s}}.broker_jobs (queue, id, data, priority, state, due_at, pushed_at)
+    INSERT INTO {{s}}.broker_jobs (queue, id, data, priority, state, due_at, pushed_at, ckey)
     VALUES ($1, $2, $3, $4,
         CASE WHEN $5::float8 > 0 THEN 'delayed' ELSE 'ready' END,
-        CASE WHEN $5::float8 > 0 THEN {_NOW} + $5::float8 END, {_NOW})
+        CASE WHEN $5::float8 > 0 THEN {_NOW} + $5::float8 END, {_NOW}, $6)
 """
 
 _INSERT_MANY: Final = f"""
-    INSERT INTO {{s}}.broker_jobs (queue, id, data, priority, state, pushed_at)
-    SELECT $1, u.id, u.data, u.priority, 'ready', {_NOW}
-    FROM unnest($2::text[], $3::bytea[], $4::bigint[]) WITH ORDINALITY AS u(id, data, priority, n)
+    INSERT INTO {{s}}.broker_jobs (queue, id, data, priority, state, pushed_at, ckey)
+    SELECT $1, u.id, u.data, u.priority, 'ready', {_NOW}, u.ckey
+    FROM unnest($2::text[], $3::bytea[], $4::bigint[], $5::text[])
+        WITH ORDINALITY AS u(id, data, priority, ckey, n)
     ORDER BY u.n
 """
 
@@ -73,7 +75,17 @@ _NOTIFY: Final = "SELECT pg_notify($1, $2)"
 
 # A delayed row whose due_at is not a finite time would never come due (NaN sorts after
 # Infinity): promoted at once, marked as damaged.
+#
+# On a limited queue (a row in broker_limits) the same statement first takes the queue's
+# transaction-scoped advisory lock ($2, see ``lock_key``), held until the claim's transaction
+# ends: the claim statement after it, whose READ COMMITTED snapshot is taken once the lock is
+# held, counts every claim committed before and none can be made beside it, so the count is
+# exact for any number of claimers. An unlimited queue's claim takes no lock (the lookup of
+# its limit is one primary-key probe inside this statement).
 _PROMOTE: Final = f"""
+    WITH locked AS (
+        SELECT pg_advisory_xact_lock($2::bigint) FROM {{s}}.broker_limits WHERE queue = $1
+    ), promoted AS (
     UPDATE {{s}}.broker_jobs AS j
     SET state = 'ready', due_at = NULL, seq = nextval('{{s}}.broker_seq'),
         note = CASE WHEN j.due_at >= 'Infinity'::float8 OR j.due_at = '-Infinity'::float8
@@ -86,14 +98,48 @@ _PROMOTE: Final = f"""
         FOR UPDATE SKIP LOCKED
     ) AS due
     WHERE j.pk = due.pk
+    RETURNING j.pk
+    )
+    SELECT (SELECT count(*) FROM locked), (SELECT count(*) FROM promoted)
 """
 
+# A fleet-wide limit (``SupportsQueueLimits``) counts the live claims, never a stored counter:
+# ``lim``, the queue's limit (no row: none); ``held``, on a per-key queue only, its claims per
+# key (the keyed ones off broker_jobs_active_key, ``''`` off broker_jobs_active). Both are
+# gated on the limit's row (a one-time filter), so an unlimited queue reads nothing more.
+_LIMIT_CTES: Final = """
+    lim AS (SELECT lim, per_key FROM {s}.broker_limits WHERE queue = $1),
+    held AS (
+        SELECT ckey, count(*) AS n FROM {s}.broker_jobs
+        WHERE state = 'active' AND queue = $1 AND ckey <> '' AND (SELECT per_key FROM lim)
+        GROUP BY ckey
+        UNION ALL
+        SELECT '' COLLATE "C", count(*) FROM {s}.broker_jobs
+        WHERE state = 'active' AND queue = $1 AND ckey = '' AND (SELECT per_key FROM lim)
+    )
+"""
+
+#: A ready row whose key has a free slot (every row but on a per-key queue).
+_KEY_NOT_FULL: Final = "ckey NOT IN (SELECT ckey FROM held WHERE n >= (SELECT lim FROM lim))"
+
+#: The free slots of a whole-queue limit; NULL for none (or a limit per key).
+_QUEUE_FREE: Final = """(
+    SELECT greatest(0, lim - (
+        SELECT count(*) FROM {s}.broker_jobs WHERE state = 'active' AND queue = $1
+    )) FROM lim WHERE NOT per_key
+)"""
+
+
 # $2 claims; the first $5 of them started (the rest popped ahead), a suspect (stalled before)
-# never. Tokens: the call's random prefix and the claim's place in it.
+# never. Tokens: the call's random prefix and the claim's place in it. The claim of a queue
+# without a limit: it claims nothing on a queue that has one (a one-time filter on
+# broker_limits' primary key), and its caller then claims again with _CLAIM_LIMITED (see
+# ``Operations.limited``).
 _CLAIM: Final = f"""
     WITH picked AS (
         SELECT pk, priority, seq FROM {{s}}.broker_jobs
         WHERE state = 'ready' AND queue = $1
+            AND NOT EXISTS (SELECT FROM {{s}}.broker_limits WHERE queue = $1)
         ORDER BY priority, seq LIMIT $2
         FOR UPDATE SKIP LOCKED
     ), numbered AS (
@@ -107,41 +153,92 @@ _CLAIM: Final = f"""
         j.stalls, j.note, j.started
 """
 
-_COMPLETE: Final = """
-    DELETE FROM {s}.broker_jobs AS j USING unnest($2::text[], $3::text[]) AS l(token, id)
-    WHERE j.state = 'active' AND j.token = l.token AND j.queue = $1 AND j.id = l.id
-    RETURNING j.token
+# The claim of a limited queue (under its lock, see _PROMOTE; right for any queue): no more
+# than its free slots (none: no row is even read); per
+# key, the rows of full keys are skipped (the rows behind them still claimed, in order), and of
+# the rows picked a key keeps as many as it has free slots (the others stay ready: the pop may
+# then hand out fewer than fit, and ``wait_for_work`` answers at once for the rest). ``LIMIT
+# $2`` stays a plain parameter: the planner then expects a few rows, and joins them back to
+# the table by its primary key.
+_CLAIM_LIMITED: Final = f"""
+    WITH {_LIMIT_CTES}, picked AS (
+        SELECT pk, priority, seq, ckey FROM {{s}}.broker_jobs
+        WHERE state = 'ready' AND queue = $1 AND {_KEY_NOT_FULL}
+            AND coalesce({_QUEUE_FREE}, 1) > 0
+        ORDER BY priority, seq LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ), ranked AS (
+        SELECT pk, priority, seq, ckey,
+            row_number() OVER (PARTITION BY ckey ORDER BY priority, seq) AS r
+        FROM picked
+    ), fitting AS (
+        SELECT k.pk, k.priority, k.seq
+        FROM ranked AS k LEFT JOIN held AS h ON h.ckey = k.ckey
+        WHERE NOT coalesce((SELECT per_key FROM lim), false)
+            OR k.r <= (SELECT lim FROM lim) - coalesce(h.n, 0)
+    ), numbered AS (
+        SELECT pk, row_number() OVER (ORDER BY priority, seq) AS n FROM fitting
+    )
+    UPDATE {{s}}.broker_jobs AS j
+    SET state = 'active', token = $3 || numbered.n::text, claimed_at = {_NOW}, worker = $4,
+        started = numbered.n <= $5 AND j.stalled_count <= 0
+    FROM numbered WHERE j.pk = numbered.pk AND numbered.n <= coalesce({_QUEUE_FREE}, $2)
+    RETURNING numbered.n, j.pk, j.id, j.token, j.data, j.priority, j.attempts, j.stalled_count,
+        j.stalls, j.note, j.started
+"""
+
+# A lease that ends on a limited queue frees a slot: ``NOTIFY`` its channel ($N), so a waiter
+# at the limit looks again. The notification is a scalar subquery of the answer's rows: run
+# once, only when a lease ended, and only for a queue with a limit (a primary-key probe).
+_RING_IF_LIMITED: Final = """
+    rung AS (SELECT pg_notify($N, '') FROM {s}.broker_limits WHERE queue = $1)
+"""
+
+_COMPLETE: Final = f"""
+    WITH gone AS (
+        DELETE FROM {{s}}.broker_jobs AS j USING unnest($2::text[], $3::text[]) AS l(token, id)
+        WHERE j.state = 'active' AND j.token = l.token AND j.queue = $1 AND j.id = l.id
+        RETURNING j.token
+    ), {_RING_IF_LIMITED.replace("$N", "$4")}
+    SELECT token, (SELECT count(*) FROM rung) FROM gone
 """
 
 _FAIL: Final = f"""
     WITH gone AS (
         DELETE FROM {{s}}.broker_jobs
         WHERE state = 'active' AND token = $2 AND queue = $1 AND id = $3
-        RETURNING queue, id, data, priority, attempts, stalled_count, stalls, pushed_at
-    )
-    INSERT INTO {{s}}.broker_failed (queue, id, data, priority, error, failed_at, attempts,
-        stalled_count, stalls, pushed_at)
-    SELECT queue, id, data, priority, $4, {_NOW}, attempts, stalled_count, stalls, pushed_at
-    FROM gone
-    RETURNING pk
+        RETURNING queue, id, data, priority, attempts, stalled_count, stalls, pushed_at, ckey
+    ), failed AS (
+        INSERT INTO {{s}}.broker_failed (queue, id, data, priority, error, failed_at, attempts,
+            stalled_count, stalls, pushed_at, ckey)
+        SELECT queue, id, data, priority, $4, {_NOW}, attempts, stalled_count, stalls,
+            pushed_at, ckey
+        FROM gone
+        RETURNING pk
+    ), {_RING_IF_LIMITED.replace("$N", "$5")}
+    SELECT pk, (SELECT count(*) FROM rung) FROM failed
 """
 
-# fail, then (only if the lease held) push $6/$7 onto $5: one statement, both or neither.
+# fail, then (only if the lease held) push $6/$7 (key $8) onto $5: one statement, both or
+# neither; $9 the failed queue's channel (rung if it has a limit).
 _FAIL_AND_PUSH: Final = f"""
     WITH gone AS (
         DELETE FROM {{s}}.broker_jobs
         WHERE state = 'active' AND token = $2 AND queue = $1 AND id = $3
-        RETURNING queue, id, data, priority, attempts, stalled_count, stalls, pushed_at
+        RETURNING queue, id, data, priority, attempts, stalled_count, stalls, pushed_at, ckey
     ), failed AS (
         INSERT INTO {{s}}.broker_failed (queue, id, data, priority, error, failed_at, attempts,
-            stalled_count, stalls, pushed_at)
-        SELECT queue, id, data, priority, $4, {_NOW}, attempts, stalled_count, stalls, pushed_at
+            stalled_count, stalls, pushed_at, ckey)
+        SELECT queue, id, data, priority, $4, {_NOW}, attempts, stalled_count, stalls,
+            pushed_at, ckey
         FROM gone
         RETURNING pk
-    )
-    INSERT INTO {{s}}.broker_jobs (queue, id, data, priority, state, pushed_at)
-    SELECT $5, $6, $7, 0, 'ready', {_NOW} FROM failed
-    RETURNING pk
+    ), pushed AS (
+        INSERT INTO {{s}}.broker_jobs (queue, id, data, priority, state, pushed_at, ckey)
+        SELECT $5, $6, $7, 0, 'ready', {_NOW}, $8 FROM failed
+        RETURNING pk
+    ), {_RING_IF_LIMITED.replace("$N", "$9")}
+    SELECT pk, (SELECT count(*) FROM rung) FROM pushed
 """
 
 _PRUNE_FAILED: Final = """
@@ -221,6 +318,13 @@ _QUARANTINE: Final = f"""
     FROM gone
 """
 
+_SET_LIMIT: Final = """
+    INSERT INTO {s}.broker_limits (queue, lim, per_key) VALUES ($1, $2, $3)
+    ON CONFLICT (queue) DO UPDATE SET lim = excluded.lim, per_key = excluded.per_key
+"""
+
+_DELETE_LIMIT: Final = "DELETE FROM {s}.broker_limits WHERE queue = $1"
+
 _QUARANTINED: Final = """
     SELECT reason, raw, at FROM {s}.broker_quarantine WHERE queue = $1 ORDER BY pk DESC LIMIT $2
 """
@@ -231,7 +335,7 @@ _SIZE: Final = """
 """
 
 _FAILED_JOBS: Final = """
-    SELECT id, data, error, failed_at, attempts, stalled_count, stalls
+    SELECT id, data, error, failed_at, attempts, stalled_count, stalls, ckey
     FROM {s}.broker_failed WHERE queue = $1 ORDER BY pk DESC LIMIT $2
 """
 
@@ -242,10 +346,10 @@ _NEWEST_FAILED: Final = """
 _REQUEUE_FAILED: Final = f"""
     WITH gone AS (
         DELETE FROM {{s}}.broker_failed WHERE pk = ({_NEWEST_FAILED})
-        RETURNING queue, id, data, priority
+        RETURNING queue, id, data, priority, ckey
     )
-    INSERT INTO {{s}}.broker_jobs (queue, id, data, priority, state, pushed_at)
-    SELECT queue, id, data, coalesce($3::bigint, priority), 'ready', {_NOW} FROM gone
+    INSERT INTO {{s}}.broker_jobs (queue, id, data, priority, state, pushed_at, ckey)
+    SELECT queue, id, data, coalesce($3::bigint, priority), 'ready', {_NOW}, ckey FROM gone
     RETURNING pk
 """
 
@@ -260,13 +364,13 @@ _STATS: Final = f"""
         (SELECT count(*) FROM {{s}}.broker_jobs WHERE state = 'delayed' AND queue = $1),
         (SELECT count(*) FROM {{s}}.broker_jobs WHERE state = 'active' AND queue = $1),
         (SELECT count(*) FROM {{s}}.broker_failed WHERE queue = $1),
-        {_NOW}
+        {_NOW}, l.lim, coalesce(l.per_key, false)
     FROM (
         SELECT count(*) AS n, min(pushed_at) AS oldest,
             count(*) FILTER (WHERE pushed_at IS NULL OR pushed_at IN
                 ('Infinity', '-Infinity', 'NaN')) AS unknown
         FROM {{s}}.broker_jobs WHERE state = 'ready' AND queue = $1
-    ) AS r
+    ) AS r LEFT JOIN {{s}}.broker_limits AS l ON l.queue = $1
 """
 
 _WAITING_QUEUES: Final = """
@@ -290,13 +394,26 @@ _JOB_STATES: Final = """
 """
 
 # Whether a job is ready (or a delayed one due, or one whose due_at is not a time: the next
-# pop promotes it), the earliest due time, and the server's clock.
+# pop promotes it), the earliest due time, and the server's clock. On a limited queue, ready
+# jobs none of which fits (the queue, or every ready job's key, at its limit) are no work.
 _PROBE: Final = f"""
-    SELECT EXISTS (SELECT 1 FROM {{s}}.broker_jobs WHERE state = 'ready' AND queue = $1),
+    WITH {_LIMIT_CTES}
+    SELECT EXISTS (
+            SELECT 1 FROM {{s}}.broker_jobs WHERE state = 'ready' AND queue = $1
+                AND {_KEY_NOT_FULL}
+        ) AND coalesce({_QUEUE_FREE}, 1) > 0,
         (SELECT due_at FROM {{s}}.broker_jobs WHERE state = 'delayed' AND queue = $1
             ORDER BY due_at LIMIT 1),
         {_NOW}
 """
+
+
+def lock_key(schema: str, queue: str) -> int:
+    """The key of ``queue``'s advisory lock (``pg_advisory_xact_lock(bigint)``), taken by
+    every claim of a limited queue: a hash of schema and queue, so two schemas on one server
+    never hold each other's (a collision only makes two queues' claims take turns)."""
+    digest = hashlib.blake2b(f"{schema}\x00{queue}".encode(), digest_size=8, person=b"dt-limit")
+    return int.from_bytes(digest.digest(), "big", signed=True)
 
 
 def _arrays(leases: Sequence[Lease]) -> tuple[list[str], list[str]]:
@@ -323,6 +440,7 @@ class Operations:
 
     def __init__(self, schema: str, failed_retention: int) -> None:
         self._retention = failed_retention
+        self._schema = schema
 
         def sql(template: str) -> str:
             return template.replace("{s}", schema)
@@ -331,6 +449,10 @@ class Operations:
         self.insert_many = sql(_INSERT_MANY)
         self.promote = sql(_PROMOTE)
         self.claim = sql(_CLAIM)
+        self.claim_limited = sql(_CLAIM_LIMITED)
+        self.limited: set[str] = set()
+        """The queues this process last saw with a fleet-wide limit (a hint, never trusted:
+        which claim statement to send first; see :meth:`learn`)."""
         self.complete = sql(_COMPLETE)
         self.fail = sql(_FAIL)
         self.fail_and_push = sql(_FAIL_AND_PUSH)
@@ -353,6 +475,8 @@ class Operations:
         self.queues_with_claims = sql(_QUEUES_WITH_CLAIMS)
         self.states = sql(_JOB_STATES)
         self.probe = sql(_PROBE)
+        self.set_limit = sql(_SET_LIMIT)
+        self.delete_limit = sql(_DELETE_LIMIT)
 
     # -- pieces of pipelines ------------------------------------------------------------------
 
@@ -362,7 +486,7 @@ class Operations:
         """The insert and its ``NOTIFY`` (payload ``later`` for a delayed job)."""
         payload = "later" if delay > 0 else ""
         return [
-            (self.insert, (queue, job.id, job.data, priority, float(delay))),
+            (self.insert, (queue, job.id, job.data, priority, float(delay), job.key or "")),
             (_NOTIFY, (channel, payload)),
         ]
 
@@ -374,21 +498,38 @@ class Operations:
             return []
         ids = [job.id for job in jobs]
         data = [job.data for job in jobs]
+        keys = [job.key or "" for job in jobs]
         return [
-            (self.insert_many, (queue, ids, data, [p or 0 for p in priorities])),
+            (self.insert_many, (queue, ids, data, [p or 0 for p in priorities], keys)),
             (_NOTIFY, (channel, "")),
         ]
 
     def claim_statements(
-        self, queue: str, count: int, worker: str, started: int
+        self, queue: str, count: int, worker: str, started: int, limited: bool
     ) -> list[tuple[str, Sequence[Any]]]:
-        """Promote due delayed jobs, then claim up to ``count`` (the first ``started`` of them
-        started)."""
+        """Promote due delayed jobs (taking the queue's lock if it has a limit), then claim up
+        to ``count`` (the first ``started`` of them started); ``limited``: with the statement
+        that counts the queue's claims (else the plain one, which claims nothing on a limited
+        queue)."""
         prefix = secrets.token_hex(8) + ":"
+        claim = self.claim_limited if limited else self.claim
         return [
-            (self.promote, (queue,)),
-            (self.claim, (queue, count, prefix, worker, started)),
+            (self.promote, (queue, lock_key(self._schema, queue))),
+            (claim, (queue, count, prefix, worker, started)),
         ]
+
+    def learn(self, queue: str, promoted: Result) -> bool:
+        """Whether ``queue`` has a limit, as the promote of a claim found it (it took the
+        queue's lock), remembered for the next claim's choice of statement. A claim made with
+        the plain statement on a queue found limited claimed nothing: its caller claims again
+        with the limited one (one more round trip, once per process, after a limit appears;
+        a limit removed costs nothing, the limited statement being right for any queue)."""
+        limited = bool(promoted.rows and promoted.rows[0][0])
+        if limited:
+            self.limited.add(queue)
+        else:
+            self.limited.discard(queue)
+        return limited
 
     async def read_claims(self, pool: PgPool, result: Result) -> list[ClaimedJob]:
         """The claims of a claim statement's ``result``, in pop order; rows without an id are
@@ -413,18 +554,27 @@ class Operations:
     async def pop(
         self, pool: PgPool, queue: str, count: int, worker: str, ahead: int = 0
     ) -> list[ClaimedJob]:
-        results = await pool.pipeline(self.claim_statements(queue, count + ahead, worker, count))
+        limited = queue in self.limited
+        statements = self.claim_statements(queue, count + ahead, worker, count, limited)
+        results = await pool.pipeline(statements)
+        if self.learn(queue, results[-2]) and not limited:
+            statements = self.claim_statements(queue, count + ahead, worker, count, True)
+            results = await pool.pipeline(statements)
         return await self.read_claims(pool, results[-1])
 
-    async def complete_many(self, pool: PgPool, queue: str, leases: Sequence[Lease]) -> list[bool]:
+    async def complete_many(
+        self, pool: PgPool, queue: str, leases: Sequence[Lease], channel: str
+    ) -> list[bool]:
         tokens, ids = _arrays(leases)
-        rows = await pool.fetch(self.complete, queue, tokens, ids)
+        rows = await pool.fetch(self.complete, queue, tokens, ids, channel)
         return _answers(leases, {row[0] for row in rows})
 
-    async def fail_job(self, pool: PgPool, queue: str, lease: Lease, error: str) -> bool:
+    async def fail_job(
+        self, pool: PgPool, queue: str, lease: Lease, error: str, channel: str
+    ) -> bool:
         results = await pool.pipeline(
             [
-                (self.fail, (queue, lease.token, lease.job_id, error)),
+                (self.fail, (queue, lease.token, lease.job_id, error, channel)),
                 (self.prune_failed, (queue, self._retention)),
             ]
         )
@@ -438,14 +588,16 @@ class Operations:
         error: str,
         push_queue: str,
         job: Job,
-        channel: str,
+        channels: tuple[str, str],
     ) -> bool:
+        """Fail, then push; ``channels``: the failed queue's, ``push_queue``'s."""
+        failed_channel, push_channel = channels
         args = (queue, lease.token, lease.job_id, error, push_queue, job.id, job.data)
         results = await pool.pipeline(
             [
-                (self.fail_and_push, args),
+                (self.fail_and_push, (*args, job.key or "", failed_channel)),
                 (self.prune_failed, (queue, self._retention)),
-                (_NOTIFY, (channel, "")),  # (spurious when the lease was lost: harmless)
+                (_NOTIFY, (push_channel, "")),  # (spurious when the lease was lost: harmless)
             ]
         )
         return results[0].rowcount == 1
@@ -570,11 +722,27 @@ class Operations:
     async def queue_stats(self, pool: PgPool, queue: str) -> QueueStats:
         row = await pool.fetchrow(self.stats, queue)
         assert row is not None
-        ready, oldest, unknown, delayed, active, failed, now = row
+        ready, oldest, unknown, delayed, active, failed, now, limit, per_key = row
         age = None
         if ready and not unknown and oldest is not None:
             age = max(0.0, float(now) - float(oldest))
-        return QueueStats(int(ready), int(delayed), int(active), int(failed), age)
+        limit = None if limit is None else int(limit)
+        stats = QueueStats(int(ready), int(delayed), int(active), int(failed), age)
+        return attrs.evolve(stats, limit=limit, per_key=bool(per_key))
+
+    async def store_limit(
+        self, pool: PgPool, queue: str, limit: int | None, per_key: bool, channel: str
+    ) -> None:
+        """Store (``None``: remove) ``queue``'s limit, and wake its waiters to look again."""
+        if limit is None:
+            change: tuple[str, Sequence[Any]] = (self.delete_limit, (queue,))
+        else:
+            change = (self.set_limit, (queue, limit, per_key))
+        await pool.pipeline([change, (_NOTIFY, (channel, ""))])
+        if limit is None:
+            self.limited.discard(queue)
+        else:
+            self.limited.add(queue)
 
     async def queues(self, pool: PgPool, statement: str, prefix: str) -> list[str]:
         return sorted(str(row[0]) for row in await pool.fetch(statement, prefix))

@@ -114,8 +114,9 @@ def unreadable_report(pk: int) -> ClaimedJob:
 
 def read_failed(row: Sequence[object]) -> FailedJob:
     """A failed row as stored, every field checked: what cannot be read is named at the end of
-    ``error``."""
-    raw_id, data, error, failed_at, attempts, stalled_count, stalls = row
+    ``error``. ``row``: (id, data, error, failed_at, attempts, stalled_count, stalls, ckey),
+    ckey the job's concurrency key (``''``: none; advisory, never damage)."""
+    raw_id, data, error, failed_at, attempts, stalled_count, stalls, ckey = row
     problems: list[str] = []
     if type(raw_id) is not str:
         problems.append(f"id: {describe(raw_id)}, not a job id")
@@ -134,6 +135,7 @@ def read_failed(row: Sequence[object]) -> FailedJob:
         attempts=_count("attempts", attempts, problems),
         stalled_count=_count("stalled_count", stalled_count, problems),
         stalls=_stalls(stalls, problems),
+        key=ckey if type(ckey) is str and ckey else None,
     )
     unnamed = [problem for problem in problems if problem not in read.error]
     if not unnamed:

@@ -5,7 +5,8 @@ All in the backend's one schema; a queue (namespace included) is a column, never
 ``broker_jobs`` holds the jobs that wait or are claimed (the hot table: a finished job's row is
 deleted, a failed one moved out); its partial indexes put each row only in the index of its
 state. ``broker_failed`` keeps failed jobs for inspection (bounded per queue);
-``broker_quarantine`` rows whose id could not be read. Times are seconds since the epoch on the
+``broker_quarantine`` rows whose id could not be read; ``broker_limits`` the queues' fleet-wide
+concurrency limits (``SupportsQueueLimits``, step 3). Times are seconds since the epoch on the
 server's clock (``double precision``); ``seq`` orders jobs of one priority (FIFO), one
 sequence for the whole schema.
 """
@@ -93,8 +94,28 @@ ALTER TABLE {schema}.broker_jobs SET (
 );
 """
 
+#: Fleet-wide concurrency limits (issue 33): each job's concurrency key (``Job.key``, ``''``:
+#: none; kept by a failed job, so a requeue keeps it), one row per limited queue, and the
+#: partial index a per-key limit counts its claims on. Partial on a key, so a claim of a job
+#: without one (every job but a keyed step's) writes no entry there; the key ``''`` is counted
+#: off ``broker_jobs_active``. The slots in use are never stored: a claim counts the live
+#: claims, so a slot comes back with its lease however that ends. The columns have a constant
+#: default: added without rewriting the tables.
+_V3: Final = """
+ALTER TABLE {schema}.broker_jobs ADD COLUMN ckey text COLLATE "C" NOT NULL DEFAULT '';
+ALTER TABLE {schema}.broker_failed ADD COLUMN ckey text COLLATE "C" NOT NULL DEFAULT '';
+CREATE INDEX broker_jobs_active_key ON {schema}.broker_jobs (queue, ckey)
+    WHERE state = 'active' AND ckey <> '';
+CREATE TABLE {schema}.broker_limits (
+    queue text COLLATE "C" PRIMARY KEY,
+    lim bigint NOT NULL CHECK (lim >= 1),
+    per_key boolean NOT NULL DEFAULT false
+);
+"""
+
 #: The broker's steps, oldest first (append only: a released step never changes).
 MIGRATIONS: Final = (
     Migration(1, _V1, "jobs, failed jobs, quarantine"),
     Migration(2, _V2, "the jobs table's vacuum settings"),
+    Migration(3, _V3, "fleet-wide concurrency limits: the jobs' keys, the limits table"),
 )

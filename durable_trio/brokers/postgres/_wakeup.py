@@ -1,6 +1,7 @@
 """How the PostgreSQL broker's waiters wake (``PostgresBroker.wait_for_work``).
 
-Every call that can make work ready on a queue (a push, a retry, a requeue, a recovery) sends
+Every call that can make work ready on a queue (a push, a retry, a requeue, a recovery, a
+lease ending on a queue with a fleet-wide limit: a slot freed, a limit changed) sends
 ``NOTIFY`` on the queue's channel inside its own transaction, so it is delivered on commit and
 only then; PostgreSQL folds identical notifications of one transaction into one, and a batch
 push sends one for all its jobs. The payload says what came: ``""`` work is ready (waiters
