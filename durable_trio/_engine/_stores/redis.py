@@ -20,6 +20,8 @@ Redis Cluster slot and every script touches one slot only):
 ``T:step:N:ID:STEP``       hash    one checkpoint (its attempt log in field ``attempts``, JSON)
 ``T:schedules``            hash    schedule name -> its definition (JSON text); shard 0's ``T``
 ``T:schedule-ticks``       hash    schedule name -> its last tick handled (same slot)
+``T:ended:WF`` ...         zset    retention's indexes of the finished runs (issue 34): see
+                                   ``_redis_retention.py``
 =========================  ======  ===============================================================
 
 Every change is one Lua script (atomic on the server). Times are the client's ``time.time()``
@@ -52,6 +54,7 @@ from .._records import (
     StepRecord,
 )
 from ._paging import MAX_PAGE, check_page, decode_cursor, encode_cursor, skip_damaged
+from ._redis_retention import RedisPruner
 from ._redis_rows import fields as _fields
 from ._redis_rows import number as _number
 from ._redis_rows import read_listed as _read_listed
@@ -239,6 +242,11 @@ redis.call('HSET', key, 'status', ARGV[3], 'output', ARGV[4], 'error', ARGV[5], 
   'lease', '', 'updated', ARGV[6])
 move(prefix, id, st, ARGV[3], redis.call('HGET', key, 'seq'))
 redis.call('ZREM', prefix .. ':leases', id)
+if ARGV[3] ~= 'blocked' then  -- finished: indexed by its end, per workflow (retention)
+  local wf = redis.call('HGET', key, 'workflow') or ''
+  redis.call('ZADD', prefix .. ':ended:' .. wf, ARGV[6], id)
+  redis.call('SADD', prefix .. ':ended-workflows', wf)
+end
 if ARGV[3] == 'completed' or ARGV[3] == 'failed' then
   redis.call('DEL', KEYS[2])
   redis.call('ZREM', KEYS[3], ARGV[7])
@@ -247,13 +255,15 @@ return 1
 """
 )
 
-# Issue 18. KEYS: run, signal list. ARGV: payload. The run's signals of one name are a list
-# beside the run (same hash tag, so the same slot); an unknown or finished run: 0.
+# Issue 18. KEYS: run, signal list, signal names. ARGV: payload, name. The run's signals of one
+# name are a list beside the run (same hash tag, so the same slot), its names a set (a prune
+# finds the lists there); an unknown or finished run: 0.
 _APPEND_SIGNAL: Final = (
     _LUA_HELPERS
     + """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st or not active(st) then return 0 end
+redis.call('SADD', KEYS[3], ARGV[2])
 return redis.call('RPUSH', KEYS[2], ARGV[1])
 """
 )
@@ -371,6 +381,7 @@ if st ~= 'failed' and st ~= 'blocked' then return 0 end
 if st == 'failed' then
   redis.call('DEL', KEYS[2])
   redis.call('ZREM', KEYS[3], ARGV[5])
+  redis.call('ZREM', prefix .. ':ended:' .. (redis.call('HGET', KEYS[1], 'workflow') or ''), id)
 end
 redis.call('HSET', KEYS[1], 'status', 'pending', 'owner', '', 'lease', '', 'output', 'null',
   'error', 'null', 'timeout', ARGV[3], 'updated', ARGV[4])
@@ -459,6 +470,7 @@ class RedisRunStore:
         self._reopen: Script = client.script(_REOPEN)
         self._mark_tick: Script = client.script(_MARK_TICK)
         self._delete_schedule: Script = client.script(_DELETE_SCHEDULE)
+        self._pruner = RedisPruner(client, self._prefixes, self._prefix_of)
         self._channel = f"{{dt-runs:{namespace}}}:wakes"
         self._nursery: trio.Nursery | None = None
         self._listening = False
@@ -929,8 +941,10 @@ class RedisRunStore:
 
     async def append_signal(self, run_id: str, name: str, payload: str) -> int | None:
         seq = await self._append_signal(
-            (self._run_key(run_id), self._signal_key(run_id, name)), (payload,)
-        )
+            (self._run_key(run_id), self._signal_key(run_id, name),
+             f"{self._prefix_of(run_id)}:signals:{len(run_id)}:{run_id}"),
+            (payload, name),
+        )  # fmt: skip
         if int(seq):
             await self.ring(run_id)
         return int(seq) or None
@@ -953,3 +967,16 @@ class RedisRunStore:
     async def aclose(self) -> None:
         """Nothing to release (the client is the caller's). Idempotent."""
         await trio.lowlevel.checkpoint()
+
+    # -- retention (issue 34: ``_redis_retention.py``) -----------------------------------------
+
+    async def prune_finished(
+        self, ended_before: float, *, workflow: str | None = None, limit: int = 100
+    ) -> list[str]:
+        return await self._pruner.prune_finished(ended_before, workflow, limit, self.now())
+
+    async def count_finished(self, ended_before: float, *, workflow: str | None = None) -> int:
+        return await self._pruner.count_finished(ended_before, workflow)
+
+    async def finished_workflows(self) -> list[str]:
+        return await self._pruner.finished_workflows()
