@@ -749,9 +749,6 @@ async def test_signals_and_events(store: RunStore) -> None:
 
 # --------------------------------------------------------------------------- retention (issue 34)
 
-from _every_store import store_clock  # noqa: E402, F401  (the fixture: a MockClock, 250 ms idle)
-
-
 def _on_trio_clock(store: RunStore) -> None:
     follow = getattr(store, "follow_trio_clock", None)
     if follow is not None:
@@ -781,7 +778,10 @@ async def _gone(store: RunStore, run_id: str) -> bool:
     if found[0] is None:
         assert found[1:] == ([], None, {}), f"{run_id}: half deleted"
         return True
-    assert found[1] and found[2] is not None and found[3], f"{run_id}: half deleted"
+    assert found[1:] != ([], None, {}), f"{run_id}: half deleted"
+    assert found[1], f"{run_id}: half deleted"
+    assert found[2] is not None, f"{run_id}: half deleted"
+    assert found[3], f"{run_id}: half deleted"
     return False
 
 

@@ -197,7 +197,8 @@ class RedisPruner:
             for name in names:
                 if len(pruned) >= limit:
                     return pruned
-                pruned += await self._prune_one(prefix, name, ended_before, limit - len(pruned), now)
+                left = limit - len(pruned)
+                pruned += await self._prune_one(prefix, name, ended_before, left, now)
         if not pruned:
             await trio.lowlevel.checkpoint()
         return pruned
@@ -226,7 +227,9 @@ class RedisPruner:
         same shard is checked by the prune script itself, atomically)."""
         if len(self._prefixes) == 1:
             return set()
-        parents = await self._client.pipeline([("HGET", f"{prefix}:run:{i}", "parent") for i in ids])
+        parents = await self._client.pipeline(
+            [("HGET", f"{prefix}:run:{i}", "parent") for i in ids]
+        )
         elsewhere = {
             run_id: bytes(parent).decode()
             for run_id, parent in zip(ids, parents, strict=True)
