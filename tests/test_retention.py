@@ -259,3 +259,14 @@ async def test_a_steady_flow_of_runs_under_retention_keeps_the_store_flat(
     # retention they would be 50, 100, 150 and 200 runs).
     assert max(sizes) - min(sizes) <= max(sizes) // 2, sizes
     assert sizes[-1] <= sizes[0] * 1.5, sizes
+
+
+def test_the_cli_reads_durations() -> None:
+    from durable_trio.cli._operations import duration
+
+    assert [duration(t) for t in ("90", "30s", "15m", "12h", "7d", "2w", "1.5h")] == [
+        90.0, 30.0, 900.0, 43_200.0, 604_800.0, 1_209_600.0, 5400.0
+    ]  # fmt: skip
+    for bad in ("", "0", "-1d", "7x", "d", "nan", "inf"):
+        with pytest.raises(dt.ConfigError):
+            duration(bad)
