@@ -15,15 +15,17 @@ import trio.testing
 
 import durable_trio as dt
 from _every_store import open_store
-from durable_trio._engine import App, RunStatus, WorkflowContext, open_engine, open_worker
-from durable_trio._engine._retention import RetentionPolicy, prune_once
-
+from durable_trio._engine import App, WorkflowContext, open_engine, open_worker
+from durable_trio._engine._retention import RetentionPolicy
 
 #: Loops that would wake the virtual clock often (each wake costs the clock 250 ms of real
 #: idleness on a store doing real I/O): off, or rare.
 _QUIET: dict[str, Any] = {
     "reconcile_interval": None, "watch_interval": None, "audit_interval": None,
 }  # fmt: skip
+
+
+_WORKFLOWS = ("quick", "audit", "ledger")
 
 
 def _app() -> App:
@@ -55,7 +57,7 @@ async def test_the_engine_deletes_finished_runs_past_their_retention_at_exact_ti
             **_QUIET,
         ) as engine:  # fmt: skip
             start = trio.current_time()
-            ids = {w: await engine.start(w, 1, run_id=f"{w}-1") for w in ("quick", "audit", "ledger")}
+            ids = {w: await engine.start(w, 1, run_id=f"{w}-1") for w in _WORKFLOWS}
             for run_id in ids.values():
                 assert await engine.result(run_id) == 1
             ended = {w: (await store.get_run(i)).updated_at for w, i in ids.items()}

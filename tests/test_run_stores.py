@@ -887,3 +887,24 @@ async def test_a_cancelled_or_concurrent_prune_leaves_no_run_half_deleted(
     assert len(pruned) == len(set(pruned))
     assert [await _gone(store, run_id) for run_id in ids] == [True] * len(ids)
     assert await store.count_runs() == {}
+
+
+@pytest.mark.parametrize("store_kind", ["redis", "redis-cluster"])
+async def test_redis_prune_leaves_no_key_and_indexes_runs_that_ended_before_its_index(
+    store: Any, store_clock: trio.testing.MockClock
+) -> None:
+    _on_trio_clock(store)
+    client = store._client
+    for n in range(5):
+        await _finished_run(store, f"old{n}", RunStatus.COMPLETED)
+    # As a store written before retention: no end index, no backfill progress.
+    for prefix in store._prefixes:
+        for key in ("ended:order", "ended-workflows", "ended-backfill"):
+            await client.execute("DEL", f"{prefix}:{key}")
+    store._pruner._indexed.clear()
+    assert await store.count_finished(trio.current_time() + 1) == 5
+    assert len(await store.prune_finished(trio.current_time() + 1)) == 5
+    if len(store._prefixes) == 1:  # one server: only the namespace's bookkeeping is left
+        keys = await client.execute("KEYS", "*")
+        left = {bytes(k).decode().split("}:", 1)[1] for k in keys}
+        assert left <= {"seq", "ended-backfill"}, left
