@@ -49,7 +49,7 @@ def test_check_migrate_check(postgres_url: str, capsys: pytest.CaptureFixture[st
         "part    version  newest  status",
         "broker  0        2       not created",
         "keys    0        1       not created",
-        "runs    0        1       not created",
+        "runs    0        2       not created",
     ]
     assert _cli(capsys, "migrate", url, "--check")[0] == 1  # the check created nothing
 
@@ -59,7 +59,7 @@ def test_check_migrate_check(postgres_url: str, capsys: pytest.CaptureFixture[st
     assert out.splitlines()[2:] == [
         "broker  2        2       current",
         "keys    1        1       current",
-        "runs    1        1       current",
+        "runs    2        2       current",
     ]
     assert _cli(capsys, "migrate", url, "--check")[:2] == (0, out)
     assert _cli(capsys, "migrate", url)[:2] == (0, out)  # again: nothing to do
