@@ -75,6 +75,7 @@ __all__ = [
     "BulkResult",
     "FailedJobView",
     "Operations",
+    "PruneReport",
     "QueueView",
     "RunDetails",
     "RunFilter",
@@ -917,6 +918,61 @@ class Operations:
 
         keys = self.backend.keys
         return [] if keys is None else await read_engines(keys, self.names)
+
+    # -- retention (issue 34) ---------------------------------------------------------------
+
+    async def prune_runs(
+        self,
+        older_than: float,
+        *,
+        workflow: str | None = None,
+        dry_run: bool = False,
+        batch: int = 100,
+    ) -> PruneReport:
+        """Delete the finished runs (completed, failed, cancelled) that ended more than
+        ``older_than`` seconds ago (store clock), with their history, signals and events, batch
+        after batch of ``batch`` runs (each batch one store transaction or script: each run
+        whole or gone). Never an unfinished run, nor a child whose parent is unfinished. Jobs
+        the broker set aside (failed) are left: ``jobs failed`` shows them, ``jobs delete``
+        removes one (docs/operations.md, "Retention").
+
+        Args:
+            older_than: seconds since the run's end (``> 0``).
+            workflow: only runs of this workflow.
+            dry_run: count them (at most: the Redis store may count a held child), delete none.
+            batch: runs per store call (1 to 10,000).
+
+        Raises:
+            ConfigError: a bad ``older_than`` or ``batch``.
+        """
+        older_than = check_seconds(older_than, "prune_runs", "older_than", positive=True)
+        check_optional_name(workflow, "prune_runs", "workflow")
+        if type(batch) is not int or not 1 <= batch <= 10_000:
+            raise ConfigError(f"prune_runs: batch must be an int from 1 to 10000, got {batch!r}")
+        ended_before = self.store.now() - older_than
+        if dry_run:
+            count = await self.store.count_finished(ended_before, workflow=workflow)
+            return PruneReport(ended_before, count, dry_run=True)
+        deleted = 0
+        while True:
+            ids = await self.store.prune_finished(ended_before, workflow=workflow, limit=batch)
+            deleted += len(ids)
+            if len(ids) < batch:
+                return PruneReport(ended_before, deleted, dry_run=False)
+
+
+@attrs.frozen
+class PruneReport:
+    """What :meth:`Operations.prune_runs` did (or, with ``dry_run``, would do)."""
+
+    ended_before: float
+    """The cut-off: runs that ended before it (store clock)."""
+    count: int
+    """Runs deleted (with ``dry_run``: that would be, at most)."""
+    dry_run: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"endedBefore": self.ended_before, "count": self.count, "dryRun": self.dry_run}
 
 
 def workers_of(groups: Any) -> list[WorkerView]:

@@ -166,6 +166,23 @@ async def test_every_command_prints_stored_strings_inert(
     status, out = await run("jobs", "delete", QUEUE, JOB)
     assert (status, out) == (1, f"job {visible(JOB)} is not failed on {visible(QUEUE)}\n")
 
+    # runs prune (issue 34): the run is cancelled, so finished
+    await trio.sleep(0.01)
+    status, out = await run("runs", "prune", "--older-than", "0.001", "--workflow", WORKFLOW,
+                            "--dry-run")  # fmt: skip
+    assert status == 0
+    assert out.startswith(f"would delete 1 finished runs of workflow {visible(WORKFLOW)} ")
+    status, out = await run("runs", "prune", "--older-than", "0.001", "--workflow", WORKFLOW)
+    assert status == 2  # not a terminal to ask: --yes or --dry-run
+    status, out = await run("runs", "prune", "--older-than", "0.001", "--workflow", WORKFLOW,
+                            "--yes")  # fmt: skip
+    assert status == 0
+    assert out.startswith(f"deleted 1 finished runs of workflow {visible(WORKFLOW)} ")
+    status, out = await run("runs", "prune", "--older-than", "1s", "--yes", json_out=True)
+    assert json.loads(out)["count"] == 0
+    status, out = await run("runs", "list")
+    assert out == "no runs\n"
+
 
 async def _forged_worker_key(backend: dt.Backend, group: str, instance: str) -> None:
     """A liveness key whose group and instance hold what a real worker's never do (it

@@ -838,3 +838,164 @@ async def test_debounced_starts_fold_until_due(
     more, soonest = await store.start_debounced(limit=2)
     assert (len(runs), len(more), soonest) == (2, 2, None)
     assert later in {r.run_id for r in runs + more}
+# --------------------------------------------------------------------------- retention (issue 34)
+
+def _on_trio_clock(store: RunStore) -> None:
+    follow = getattr(store, "follow_trio_clock", None)
+    if follow is not None:
+        follow()
+
+
+async def _finished_run(store: RunStore, run_id: str, status: RunStatus, **kw: Any) -> float:
+    """A run with a checkpoint, a signal and an event, ended with ``status``: its end time."""
+    await store.create_run(run(run_id, **kw))
+    await store.begin_step(step(run_id, "1", attempts=({"attempt": 1, "outcome": "failed"},)))
+    assert await store.append_signal(run_id, "go", '"x"') == 1
+    await store.put_event(run_id, "stage", '"done"')
+    assert await store.finish_run(run_id, status, output={"n": 1})
+    ended = await store.get_run(run_id)
+    assert ended is not None
+    return ended.updated_at
+
+
+async def _gone(store: RunStore, run_id: str) -> bool:
+    """Whether nothing of the run is left (and, if something is, that it is whole)."""
+    found = (
+        await store.get_run(run_id),
+        await store.get_steps(run_id),
+        await store.read_signal(run_id, "go", 1),
+        await store.get_events(run_id),
+    )
+    if found[0] is None:
+        assert found[1:] == ([], None, {}), f"{run_id}: half deleted"
+        return True
+    assert found[1:] != ([], None, {}), f"{run_id}: half deleted"
+    assert found[1], f"{run_id}: half deleted"
+    assert found[2] is not None, f"{run_id}: half deleted"
+    assert found[3], f"{run_id}: half deleted"
+    return False
+
+
+async def test_prune_deletes_finished_runs_ended_before_the_cutoff_oldest_first(
+    store: RunStore, store_clock: trio.testing.MockClock
+) -> None:
+    _on_trio_clock(store)
+    start = trio.current_time()
+    ends = {}
+    for n, status in enumerate((RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)):
+        ends[f"old{n}"] = await _finished_run(store, f"old{n}", status)
+        assert ends[f"old{n}"] == start + n  # exact: a finished run's end is its updated_at
+        await trio.sleep(1)
+    await trio.sleep(7)
+    assert trio.current_time() == start + 10
+    ends["new"] = await _finished_run(store, "new", RunStatus.COMPLETED)
+    await store.create_run(run("live"))
+    await store.create_run(run("parked"))
+    assert await store.finish_run("parked", RunStatus.BLOCKED)  # not finished: never pruned
+    assert await store.finished_workflows() == ["order"]
+    assert await store.count_finished(start + 2) == 2  # ended at start + 0 and + 1
+    assert await store.count_finished(start + 10) == 3  # the cut-off is exclusive
+    assert await store.prune_finished(start + 1, limit=10) == ["old0"]
+    assert await store.prune_finished(start + 10, limit=1) == ["old1"]  # oldest end first
+    assert await store.prune_finished(start + 10, limit=10) == ["old2"]
+    assert await store.prune_finished(start + 10, limit=10) == []  # idempotent
+    for run_id in ("old0", "old1", "old2"):
+        assert await _gone(store, run_id)
+    assert not await _gone(store, "new")
+    assert await store.count_runs() == {
+        RunStatus.COMPLETED: 1, RunStatus.PENDING: 1, RunStatus.BLOCKED: 1
+    }  # fmt: skip
+    assert sorted(r.run_id for r in await store.list_runs()) == ["live", "new", "parked"]
+    assert sorted(r.run_id for r in (await store.page_runs()).runs) == ["live", "new", "parked"]
+    assert [r.run_id for r in await store.list_runs(status=RunStatus.FAILED)] == []
+    assert await store.prune_finished(trio.current_time() + 1) == ["new"]
+    assert await store.finished_workflows() == []
+    assert trio.current_time() == start + 10  # (the store's calls take no virtual time)
+
+
+async def test_prune_by_workflow_and_a_reopened_run_is_not_finished(
+    store: RunStore, store_clock: trio.testing.MockClock
+) -> None:
+    _on_trio_clock(store)
+    start = trio.current_time()
+    await _finished_run(store, "a1", RunStatus.COMPLETED, workflow="a")
+    await _finished_run(store, "b1", RunStatus.FAILED, workflow="b")
+    await _finished_run(store, "b2", RunStatus.COMPLETED, workflow="b")
+    assert await store.finished_workflows() == ["a", "b"]
+    assert await store.reopen_run("b1", [], run_timeout=None)  # pending again
+    await trio.sleep(5)
+    assert await store.count_finished(start + 5, workflow="b") == 1
+    assert await store.prune_finished(start + 5, workflow="b") == ["b2"]
+    assert await store.finished_workflows() == ["a"]
+    assert not await _gone(store, "b1")
+    assert await store.finish_run("b1", RunStatus.FAILED)  # ends again, at start + 5
+    assert await store.prune_finished(start + 5, workflow="b") == []
+    assert await store.prune_finished(start + 6, workflow="b") == ["b1"]
+    assert await store.prune_finished(start + 6, workflow="c") == []
+    assert await store.prune_finished(start + 6) == ["a1"]
+
+
+async def test_prune_keeps_a_child_while_its_parent_is_unfinished(
+    store: RunStore, store_clock: trio.testing.MockClock
+) -> None:
+    _on_trio_clock(store)
+    start = trio.current_time()
+    await store.create_run(run("parent"))
+    await _finished_run(store, "parent/1", RunStatus.COMPLETED, parent="parent", depth=1)
+    await _finished_run(store, "orphan/1", RunStatus.COMPLETED, parent="gone", depth=1)
+    await trio.sleep(10)
+    # The parent has not recorded its child's end yet: the child stays.
+    assert await store.prune_finished(start + 10) == ["orphan/1"]
+    assert not await _gone(store, "parent/1")
+    await trio.sleep(10)
+    assert await store.finish_run("parent", RunStatus.COMPLETED)
+    assert await store.prune_finished(start + 20) == ["parent/1"]
+    assert await store.prune_finished(start + 21) == ["parent"]
+
+
+async def test_a_cancelled_or_concurrent_prune_leaves_no_run_half_deleted(
+    store: RunStore, store_clock: trio.testing.MockClock
+) -> None:
+    _on_trio_clock(store)
+    ids = [f"r{n:02}" for n in range(24)]
+    for run_id in ids:
+        await _finished_run(store, run_id, RunStatus.COMPLETED)
+    cutoff = trio.current_time() + 1
+    for delay in (0, 0.001, 0.01):  # cancelled before, while and after its change is made
+        with trio.move_on_after(delay):
+            await store.prune_finished(cutoff, limit=4)
+        assert sum([await _gone(store, run_id) for run_id in ids]) % 4 == 0
+    got: list[list[str]] = []
+
+    async def prune() -> None:
+        while batch := await store.prune_finished(cutoff, limit=3):
+            got.append(batch)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):  # engines prune the same runs concurrently: each deleted once
+            nursery.start_soon(prune)
+    pruned = [run_id for batch in got for run_id in batch]
+    assert len(pruned) == len(set(pruned))
+    assert [await _gone(store, run_id) for run_id in ids] == [True] * len(ids)
+    assert await store.count_runs() == {}
+
+
+@pytest.mark.parametrize("store_kind", ["redis", "redis-cluster"])
+async def test_redis_prune_leaves_no_key_and_indexes_runs_that_ended_before_its_index(
+    store: Any, store_clock: trio.testing.MockClock
+) -> None:
+    _on_trio_clock(store)
+    client = store._client
+    for n in range(5):
+        await _finished_run(store, f"old{n}", RunStatus.COMPLETED)
+    # As a store written before retention: no end index, no backfill progress.
+    for prefix in store._prefixes:
+        for key in ("ended:order", "ended-workflows", "ended-backfill"):
+            await client.execute("DEL", f"{prefix}:{key}")
+    store._pruner._indexed.clear()
+    assert await store.count_finished(trio.current_time() + 1) == 5
+    assert len(await store.prune_finished(trio.current_time() + 1)) == 5
+    if len(store._prefixes) == 1:  # one server: only the namespace's bookkeeping is left
+        keys = await client.execute("KEYS", "*")
+        left = {bytes(k).decode().split("}:", 1)[1] for k in keys}
+        assert left <= {"seq", "ended-backfill"}, left

@@ -38,7 +38,8 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
    key store: the workflows it runs)
 6. a run's pieces: ``_cancel``, ``_children``, ``_signals``, ``_heartbeats``, ``_deadline``,
    and the engine's loops: ``_step_watch``, ``_audit`` (the loss audit), ``_timers`` (leases,
-   reconcile, the store watch), ``_control`` (the control plane of tenant pods)
+   reconcile, the store watch), ``_control`` (the control plane of tenant pods),
+   ``_retention`` (deleting finished runs past their retention)
 7. drivers: ``_runtime`` (a run driven here), ``_remote_run`` (a remote run, driven turn by
    turn), ``_turn`` (a remote workflow's turn, on a workflow worker), ``_adoption`` (taking
    over runs nobody drives), ``_cancel_delivery``, ``_results`` (result application)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -96,6 +97,9 @@ class WorkflowDefinition:
     remote: bool = False
     """Its code runs on workflow workers, a turn at a time (see ``docs/remote.md``); the engine
     sends each turn the run's history and applies the turn's decision."""
+    retention: float | None = None
+    """Seconds its finished runs are kept (``math.inf``: for good); ``None``: the engine's
+    ``retention`` (docs/engine.md, "Retention")."""
 
 
 class App:
@@ -228,7 +232,9 @@ class App:
 
         return register
 
-    def workflow(self, name: str | None = None, *, remote: bool = False) -> Callable[[W], W]:
+    def workflow(
+        self, name: str | None = None, *, remote: bool = False, retention: float | None = None
+    ) -> Callable[[W], W]:
         """Register ``async def fn(ctx, input) -> JSON`` as workflow ``name`` (default: the
         function's name). The function is returned unchanged.
 
@@ -237,15 +243,20 @@ class App:
             remote: run its code on workflow workers (:func:`open_worker` serves its turns)
                 instead of in the engine: the engine sends each turn the run's history and
                 applies the turn's decision (see ``docs/remote.md``).
+            retention: seconds its finished runs are kept before the engine deletes them
+                (``math.inf``: for good); default: the engine's ``retention`` (docs/engine.md,
+                "Retention").
 
         Raises:
-            ConfigError: not an ``async def``, or the name is taken.
+            ConfigError: not an ``async def``, the name is taken, or ``retention`` is not a
+                positive number of seconds.
         """
+        check_retention(retention, "app.workflow")
 
         def register(fn: W) -> W:
             workflow_name = name or fn.__name__
             _check_async(fn, f"workflow {workflow_name!r}")
-            self._add_workflow(WorkflowDefinition(workflow_name, fn, remote))
+            self._add_workflow(WorkflowDefinition(workflow_name, fn, remote, retention))
             return fn
 
         return register
@@ -372,3 +383,16 @@ def check_concurrency(max_concurrency: Any, concurrency_key: Any) -> None:
             raise ConfigError(
                 "app.step: concurrency_key needs max_concurrency (the limit it holds per key)"
             )
+def check_retention(value: Any, call: str) -> float | None:
+    """``value`` (``None``, or a positive number of seconds, ``math.inf`` for good) as a
+    retention.
+
+    Raises:
+        TypeError: not a number.
+        ConfigError: not positive (or NaN).
+    """
+    if value is None:
+        return None
+    if isinstance(value, float) and value == math.inf:
+        return value
+    return check_seconds(value, call, "retention", positive=True)

@@ -66,6 +66,7 @@ from ._records import RunRecord, RunState, RunStatus, StepRecord
 from ._remote_run import RemoteRunDriver
 from ._reopen import retry_run
 from ._results import ResultHandler
+from ._retention import prune_forever
 from ._retry import Retry  # noqa: TC001
 from ._runtime import RunDriver
 from ._schedules import Scheduler, Schedules
@@ -229,6 +230,7 @@ class Engine:
                 results.fail_over,
                 options.heartbeat_check_interval,
             )
+        loops.start_soon(prune_forever, self._services)  # (returns at once: nothing to prune)
 
     async def aclose(self) -> None:
         """Stop driving runs: ask the engine's tree to unwind and wait until it has, level by

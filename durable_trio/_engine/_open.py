@@ -50,6 +50,9 @@ async def open_engine(
     heartbeat_check_interval: float = 1.0,
     cancel_grace: float = 30.0,
     max_child_depth: int = 100,
+    retention: float | None = None,
+    retention_interval: float = 60.0,
+    retention_batch: int = 100,
     **transport_options: Any,
 ) -> AsyncIterator[Engine]:
     """Open an engine that drives ``app``'s workflows over ``backend``.
@@ -76,6 +79,9 @@ async def open_engine(
             release_on_close, default_retry, seed, turn_timeout, serve_tenants,
             heartbeat_check_interval, cancel_grace, max_child_depth: see
             :class:`EngineOptions`.
+        retention, retention_interval, retention_batch: how long finished runs are kept
+            before this engine deletes them (default ``None``: for good), see
+            :class:`EngineOptions` (``docs/engine.md``, "Retention").
         **transport_options: :func:`~durable_trio.open_queue_transport` options; ``namespace``
             defaults to the app's name, ``result_concurrency`` to 16.
 
@@ -105,6 +111,9 @@ async def open_engine(
         heartbeat_check_interval=heartbeat_check_interval,
         cancel_grace=cancel_grace,
         max_child_depth=max_child_depth,
+        retention=retention,
+        retention_interval=retention_interval,
+        retention_batch=retention_batch,
     )
     transport_options.setdefault("namespace", app.name)
     transport_options.setdefault("result_concurrency", 16)

@@ -28,6 +28,21 @@ def _optional_non_negative(_: Any, attribute: attrs.Attribute[Any], value: float
         raise ConfigError(f"{attribute.name} must be >= 0 seconds or None, got {value!r}")
 
 
+def _optional_retention(_: Any, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None and not (
+        isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    ):
+        raise ConfigError(
+            f"{attribute.name} must be a positive number of seconds (math.inf: forever) or "
+            f"None, got {value!r}"
+        )
+
+
+def _batch(_: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+    if type(value) is not int or not 1 <= value <= 10_000:
+        raise ConfigError(f"{attribute.name} must be an int from 1 to 10000, got {value!r}")
+
+
 def _depth(_: Any, attribute: attrs.Attribute[Any], value: int) -> None:
     if type(value) is not int or value < 0:
         raise ConfigError(f"{attribute.name} must be an int >= 0, got {value!r}")
@@ -114,3 +129,15 @@ class EngineOptions:
     """Seconds a cancelled run driven here may spend in its compensation (the code that
     catches :class:`RunCancelled`) before it is cut; the run ends cancelled either way
     (docs/engine.md, "Cancellation inside a workflow")."""
+
+    retention: float | None = attrs.field(default=None, validator=_optional_retention)
+    """Seconds a finished run (completed, failed or cancelled) is kept after its end, with its
+    history, signals and events; then the engine deletes it (issue 34; docs/engine.md,
+    "Retention"). ``None`` (the default) or ``math.inf``: kept for good. A workflow's own
+    ``@app.workflow(retention=)`` wins over it."""
+    retention_interval: float = attrs.field(default=60.0, validator=_positive)
+    """Seconds between two prunes of the finished runs past their retention (each engine
+    sleeps a jittered 75 % to 125 % of it; any engine may prune: deletes are idempotent)."""
+    retention_batch: int = attrs.field(default=100, validator=_batch)
+    """Runs deleted per store call (one transaction or script); a prune goes on batch after
+    batch while they come back full."""

@@ -89,6 +89,8 @@ class EngineStatistics:
     ``nondeterminism_failures`` too)."""
     runs_unblocked: int = 0
     """Blocked runs this engine reopened on its own (code that may replay them)."""
+    runs_pruned: int = 0
+    """Finished runs this engine's retention deleted (issue 34; docs/engine.md, "Retention")."""
 
 
 #: The fields of :class:`EngineStatistics` that are not counters but gauges (or the id).

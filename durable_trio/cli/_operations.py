@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -286,6 +287,62 @@ async def _runs_retry(ops: Operations, args: argparse.Namespace) -> int:
     return 0
 
 
+def duration(text: str) -> float:
+    """``--older-than``: seconds, or a number with a unit (``30s``, ``15m``, ``12h``, ``7d``,
+    ``2w``).
+
+    Raises:
+        ConfigError: not a duration > 0.
+    """
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
+    number, unit = text.strip(), 1.0
+    if number[-1:].lower() in units:
+        number, unit = number[:-1], units[number[-1].lower()]
+    try:
+        seconds = float(number) * unit
+    except ValueError:
+        seconds = math.nan
+    if not (0 < seconds < math.inf):
+        raise ConfigError(
+            f"--older-than: not a duration (seconds, or 30s, 15m, 12h, 7d, 2w): {visible(text)!r}"
+        )
+    return seconds
+
+
+async def _runs_prune(ops: Operations, args: argparse.Namespace) -> int:
+    older_than = duration(args.older_than)
+    which = "" if args.workflow is None else f" of workflow {visible(args.workflow)}"
+    if not args.dry_run and not args.yes:
+        preview = await ops.prune_runs(older_than, workflow=args.workflow, dry_run=True)
+        if not sys.stdin.isatty():
+            raise ConfigError(
+                f"runs prune would delete up to {preview.count} finished runs: pass --yes "
+                "(or --dry-run)"
+            )
+        answer = await trio.to_thread.run_sync(
+            input,
+            f"delete up to {preview.count} finished runs{which} that ended before "
+            f"{_time(preview.ended_before)}, with their history? [y/N] ",
+        )
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing deleted")
+            return 1
+    report = await ops.prune_runs(older_than, workflow=args.workflow, dry_run=args.dry_run)
+    if args.json:
+        _print_json(report.to_json() | {"olderThan": older_than, "workflow": args.workflow})
+    elif args.dry_run:
+        print(
+            f"would delete {report.count} finished runs{which} that ended before "
+            f"{_time(report.ended_before)} (dry run: nothing deleted)"
+        )
+    else:
+        print(
+            f"deleted {report.count} finished runs{which} that ended before "
+            f"{_time(report.ended_before)}"
+        )
+    return 0
+
+
 async def _jobs_failed(ops: Operations, args: argparse.Namespace) -> int:
     jobs = await ops.failed_jobs(args.queue, limit=args.limit)
     if args.json:
@@ -401,7 +458,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def add_ops_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``runs``, ``jobs`` and ``queues`` to ``durable-trio``'s sub-commands."""
-    runs = subparsers.add_parser("runs", help="list, show, cancel or retry workflow runs")
+    runs = subparsers.add_parser("runs", help="list, show, cancel, retry or prune workflow runs")
     runs_commands = runs.add_subparsers(dest="runs_command", required=True)
     listing = runs_commands.add_parser("list", help="runs, newest first, a page at a time")
     _common(listing)
@@ -456,6 +513,21 @@ def add_ops_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     signal.add_argument("name", metavar="NAME")
     signal.add_argument("payload", metavar="PAYLOAD-JSON", nargs="?", default=None)
     signal.set_defaults(func=_runner(_runs_signal))
+
+    prune = runs_commands.add_parser(
+        "prune", help="delete finished runs that ended longer ago than --older-than"
+    )
+    _common(prune)
+    prune.add_argument(
+        "--older-than",
+        required=True,
+        metavar="DURATION",
+        help="since their end: seconds, or 30s, 15m, 12h, 7d, 2w",
+    )
+    prune.add_argument("--workflow", help="only runs of this workflow")
+    prune.add_argument("--dry-run", action="store_true", help="count them, delete nothing")
+    prune.add_argument("--yes", action="store_true", help="do not ask before deleting")
+    prune.set_defaults(func=_runner(_runs_prune))
 
     jobs = subparsers.add_parser("jobs", help="inspect, requeue or delete set-aside jobs")
     jobs_commands = jobs.add_subparsers(dest="jobs_command", required=True)

@@ -228,6 +228,19 @@ class _EngineStore:
     async def aclose(self) -> None:
         await trio.lowlevel.checkpoint()  # the shared store belongs to the simulation
 
+    async def prune_finished(
+        self, ended_before: float, *, workflow: str | None = None, limit: int = 100
+    ) -> list[str]:
+        return await self._call(
+            lambda: self.inner.prune_finished(ended_before, workflow=workflow, limit=limit)
+        )
+
+    async def count_finished(self, ended_before: float, *, workflow: str | None = None) -> int:
+        return await self._call(lambda: self.inner.count_finished(ended_before, workflow=workflow))
+
+    async def finished_workflows(self) -> list[str]:
+        return await self._call(self.inner.finished_workflows)
+
 
 @attrs.define(eq=False)
 class EngineGeneration:

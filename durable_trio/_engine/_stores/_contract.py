@@ -316,3 +316,33 @@ class RunStore(Protocol):
     async def aclose(self) -> None:
         """Release what the store holds (idempotent)."""
         ...
+
+    # -- retention (issue 34) ----------------------------------------------------------------
+
+    async def prune_finished(
+        self, ended_before: float, *, workflow: str | None = None, limit: int = 100
+    ) -> list[str]:
+        """Delete up to ``limit`` finished runs (completed, failed or cancelled) that ended
+        before ``ended_before`` (store clock: a finished run's ``updated_at``), oldest end first,
+        optionally only of one ``workflow``: each run with its whole history (its checkpoints
+        and their attempt logs, its signals, its events) and its place in every index, atomically
+        per run (a crash leaves a run whole or gone). Never an unfinished run (pending, running,
+        blocked), nor a child run whose parent exists unfinished (the parent may not have
+        recorded the child's end yet). Idempotent: engines may prune the same runs concurrently.
+
+        The work is bounded by ``limit``: an index on the end time is walked, never every run.
+
+        Returns:
+            The ids of the runs this call deleted.
+        """
+        ...
+
+    async def count_finished(self, ended_before: float, *, workflow: str | None = None) -> int:
+        """How many finished runs (of ``workflow``) ended before ``ended_before``: what
+        :meth:`prune_finished` would delete (a store may count a held child run too: at most)."""
+        ...
+
+    async def finished_workflows(self) -> list[str]:
+        """The workflows that have a finished run in the store, sorted (bounded by the number
+        of workflows, not of runs)."""
+        ...

@@ -154,6 +154,18 @@ RUNS_MIGRATIONS: Final = (
         """,
         "run tags and their index (issue 34)",
     ),
+    # Issue 34 (retention): the finished runs by end time, all and per workflow (partial: the
+    # unfinished runs stay out), so a prune walks from the oldest end, never every run.
+    Migration(
+        5,
+        """
+        CREATE INDEX runs_ended ON {schema}.runs (namespace, updated_at)
+            WHERE status IN ('completed', 'failed', 'cancelled');
+        CREATE INDEX runs_ended_workflow ON {schema}.runs (namespace, workflow, updated_at)
+            WHERE status IN ('completed', 'failed', 'cancelled')
+        """,
+        "the finished runs by end time (retention)",
+    ),
 )
 
 RUN_COLUMNS: Final = _RUN_COLUMNS
@@ -363,4 +375,63 @@ INSERT_RUN_TAGS: Final = """
     FROM {schema}.runs AS r, unnest($3::text[], $4::text[]) AS t(key, value)
     WHERE r.namespace = $1 AND r.run_id = $2 AND r.tags = $5::text
     ON CONFLICT DO NOTHING
+"""
+
+# -- retention (issue 34) ----------------------------------------------------------------------
+
+# $1 namespace, $2 ended before, $3 workflow (NULL: any). A child whose parent exists unfinished
+# is kept (the parent may not have recorded its end yet).
+_PRUNABLE: Final = f"""
+    FROM {{schema}}.runs AS r
+    WHERE r.namespace = $1 AND r.status IN ({_TERMINAL}) AND r.updated_at < $2::float8
+      AND ($3::text IS NULL OR r.workflow = $3::text)
+      AND NOT EXISTS (
+          SELECT 1 FROM {{schema}}.runs AS p
+          WHERE p.namespace = $1 AND p.run_id = r.parent AND p.status NOT IN ({_TERMINAL}))
+"""
+
+
+def _prune(of_workflow: bool) -> str:
+    """The prune ($4 limit): the runs picked, locked (one another prune holds is skipped, not
+    waited for), deleted with their checkpoints, signals, events and tag index rows (found by
+    their tags: the index's own key) in one statement (one
+    transaction: each run whole or gone)."""
+    workflow = " AND r.workflow = $3::text" if of_workflow else ""
+    return f"""
+    WITH doomed AS MATERIALIZED (
+        SELECT r.run_id, r.seq, r.tags {_PRUNABLE}{workflow}
+        ORDER BY r.updated_at LIMIT $4::bigint FOR UPDATE OF r SKIP LOCKED
+    ), tags AS (
+        DELETE FROM {{schema}}.run_tags AS t
+        USING doomed AS d, jsonb_each_text(d.tags::jsonb) AS j(key, value)
+        WHERE t.namespace = $1 AND t.key = j.key AND t.value = j.value AND t.seq = d.seq
+    ), steps AS (
+        DELETE FROM {{schema}}.run_steps AS s USING doomed AS d
+        WHERE s.namespace = $1 AND s.run_id = d.run_id
+    ), signals AS (
+        DELETE FROM {{schema}}.run_signals AS s USING doomed AS d
+        WHERE s.namespace = $1 AND s.run_id = d.run_id
+    ), events AS (
+        DELETE FROM {{schema}}.run_events AS e USING doomed AS d
+        WHERE e.namespace = $1 AND e.run_id = d.run_id
+    )
+    DELETE FROM {{schema}}.runs AS r USING doomed AS d
+    WHERE r.namespace = $1 AND r.run_id = d.run_id
+    RETURNING r.run_id
+    """
+
+
+PRUNE_FINISHED: Final = _prune(False)
+PRUNE_FINISHED_OF: Final = _prune(True)
+COUNT_FINISHED: Final = f"SELECT count(*) {_PRUNABLE}"
+# A loose index scan of runs_ended_workflow: one step per workflow, not per run.
+FINISHED_WORKFLOWS: Final = f"""
+    WITH RECURSIVE w(name) AS (
+        SELECT min(workflow) FROM {{schema}}.runs WHERE namespace = $1 AND status IN ({_TERMINAL})
+        UNION ALL
+        SELECT (SELECT min(workflow) FROM {{schema}}.runs
+                WHERE namespace = $1 AND status IN ({_TERMINAL}) AND workflow > w.name)
+        FROM w WHERE w.name IS NOT NULL
+    )
+    SELECT name FROM w WHERE name IS NOT NULL
 """

@@ -204,6 +204,11 @@ redis.call('HSET', key, 'status', ARGV[3], 'output', ARGV[4], 'error', ARGV[5], 
   'lease', '', 'updated', ARGV[6])
 move(prefix, id, st, ARGV[3], redis.call('HGET', key, 'seq'))
 redis.call('ZREM', prefix .. ':leases', id)
+if ARGV[3] ~= 'blocked' then  -- finished: indexed by its end, per workflow (retention)
+  local wf = redis.call('HGET', key, 'workflow') or ''
+  redis.call('ZADD', prefix .. ':ended:' .. wf, ARGV[6], id)
+  redis.call('SADD', prefix .. ':ended-workflows', wf)
+end
 if ARGV[3] == 'completed' or ARGV[3] == 'failed' then
   redis.call('DEL', KEYS[2])
   redis.call('ZREM', KEYS[3], ARGV[7])
@@ -212,13 +217,15 @@ return 1
 """
 )
 
-# Issue 18. KEYS: run, signal list. ARGV: payload. The run's signals of one name are a list
-# beside the run (same hash tag, so the same slot); an unknown or finished run: 0.
+# Issue 18. KEYS: run, signal list, signal names. ARGV: payload, name. The run's signals of one
+# name are a list beside the run (same hash tag, so the same slot), its names a set (a prune
+# finds the lists there); an unknown or finished run: 0.
 _APPEND_SIGNAL: Final = (
     _LUA_HELPERS
     + """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st or not active(st) then return 0 end
+redis.call('SADD', KEYS[3], ARGV[2])
 return redis.call('RPUSH', KEYS[2], ARGV[1])
 """
 )
@@ -342,6 +349,7 @@ if st ~= 'failed' and st ~= 'blocked' then return 0 end
 if st == 'failed' then
   redis.call('DEL', KEYS[2])
   redis.call('ZREM', KEYS[3], ARGV[5])
+  redis.call('ZREM', prefix .. ':ended:' .. (redis.call('HGET', KEYS[1], 'workflow') or ''), id)
 end
 redis.call('HSET', KEYS[1], 'status', 'pending', 'owner', '', 'lease', '', 'output', 'null',
   'error', 'null', 'timeout', ARGV[3], 'updated', ARGV[4])

@@ -331,6 +331,8 @@ def create_schema(db: sqlite3.Connection) -> None:
     columns = {row[1] for row in db.execute("PRAGMA table_info(dt_schedules)")}
     if "state" not in columns:
         db.execute("ALTER TABLE dt_schedules ADD COLUMN state TEXT")
+    for statement in RETENTION_SCHEMA:  # issue 34: added to older files when opened
+        db.execute(statement)
 
 
 # -- operations (each runs in the connection thread, as one transaction) -----------------------
@@ -779,3 +781,81 @@ def page_tagged(
     runs, damaged = read_listed([row[1:] for row in rows[:limit]])
     more = len(rows) > limit
     return RunPage(runs, encode_cursor(rows[limit - 1][0]) if more else None, damaged)
+# -- retention (issue 34) -------------------------------------------------------------------------
+
+_FINISHED: Final = "('completed', 'failed', 'cancelled')"
+
+#: The finished runs by end time (a finished run's ``updated_at``), all and per workflow: a
+#: prune walks them from the oldest end, never every run (partial: unfinished runs stay out).
+RETENTION_SCHEMA: Final = (
+    f"""
+    CREATE INDEX IF NOT EXISTS dt_runs_ended ON dt_runs (namespace, updated_at)
+        WHERE status IN {_FINISHED}
+    """,
+    f"""
+    CREATE INDEX IF NOT EXISTS dt_runs_ended_workflow ON dt_runs (namespace, workflow, updated_at)
+        WHERE status IN {_FINISHED}
+    """,
+)
+
+# ?1 namespace, ?2 ended before, ?3 workflow (NULL: any). A child whose parent exists
+# unfinished is kept (the parent may not have recorded its end yet).
+_PRUNABLE: Final = f"""
+    FROM dt_runs AS r
+    WHERE r.namespace = ?1 AND r.status IN {_FINISHED} AND r.updated_at < ?2
+      AND (?3 IS NULL OR r.workflow = ?3)
+      AND NOT EXISTS (
+          SELECT 1 FROM dt_runs AS p
+          WHERE p.namespace = r.namespace AND p.run_id = r.parent
+            AND p.status NOT IN {_FINISHED})
+"""
+_PRUNABLE_IDS: Final = f"SELECT r.run_id {_PRUNABLE} ORDER BY r.updated_at LIMIT ?4"
+_PRUNABLE_IDS_OF: Final = (
+    f"SELECT r.run_id {_PRUNABLE} AND r.workflow = ?3 ORDER BY r.updated_at LIMIT ?4"
+)
+_COUNT_PRUNABLE: Final = f"SELECT count(*) {_PRUNABLE}"
+#: The run's rows, its own last (all in the caller's transaction: a run whole or gone).
+_DELETE_RUN_ROWS: Final = (
+    # its tag index rows first, found by its tags and seq (the index's own key; issue 34)
+    """
+    DELETE FROM dt_run_tags WHERE namespace = ?1 AND (key, value, seq) IN (
+        SELECT j.key, j.value, r.seq FROM dt_runs AS r, json_each(r.tags) AS j
+        WHERE r.namespace = ?1 AND r.run_id = ?2 AND json_valid(r.tags))
+    """,
+    *(
+        f"DELETE FROM {table} WHERE namespace = ?1 AND run_id = ?2"
+        for table in ("dt_steps", "dt_signals", "dt_events", "dt_runs")
+    ),
+)
+# A loose index scan of dt_runs_ended_workflow: one step per workflow, not per run.
+_FINISHED_WORKFLOWS: Final = f"""
+    WITH RECURSIVE w(name) AS (
+        SELECT min(workflow) FROM dt_runs WHERE namespace = ?1 AND status IN {_FINISHED}
+        UNION ALL
+        SELECT (SELECT min(workflow) FROM dt_runs
+                WHERE namespace = ?1 AND status IN {_FINISHED} AND workflow > w.name)
+        FROM w WHERE w.name IS NOT NULL
+    )
+    SELECT name FROM w WHERE name IS NOT NULL
+"""
+
+
+def prune_finished(
+    ns: str, ended_before: float, workflow: str | None, limit: int, db: sqlite3.Connection
+) -> list[str]:
+    query = _PRUNABLE_IDS if workflow is None else _PRUNABLE_IDS_OF
+    ids = [str(row[0]) for row in db.execute(query, (ns, ended_before, workflow, limit))]
+    for statement in _DELETE_RUN_ROWS:
+        db.executemany(statement, [(ns, run_id) for run_id in ids])
+    return ids
+
+
+def count_finished(
+    ns: str, ended_before: float, workflow: str | None, db: sqlite3.Connection
+) -> int:
+    (count,) = db.execute(_COUNT_PRUNABLE, (ns, ended_before, workflow)).fetchone()
+    return int(count)
+
+
+def finished_workflows(ns: str, db: sqlite3.Connection) -> list[str]:
+    return sorted(str(row[0]) for row in db.execute(_FINISHED_WORKFLOWS, (ns,)))

@@ -586,3 +586,43 @@ class MemoryRunStore:
             if pending.run.run_id == run_id:
                 return pending.due_at
         return None
+    # -- retention (issue 34) ---------------------------------------------------------------
+
+    def _prunable(self, ended_before: float, workflow: str | None) -> list[_Run]:
+        """The finished runs (of ``workflow``) that ended before ``ended_before``, oldest end
+        first, but a child whose parent exists unfinished."""
+        found: list[_Run] = []
+        for run in self._runs.values():
+            if not run.status.terminal or run.updated_at >= ended_before:
+                continue
+            if workflow is not None and run.workflow != workflow:
+                continue
+            parent = None if run.parent is None else self._runs.get(run.parent)
+            if parent is not None and not parent.status.terminal:
+                continue  # the parent may not have recorded the child's end yet
+            found.append(run)
+        found.sort(key=lambda run: (run.updated_at, run.seq))
+        return found
+
+    async def prune_finished(
+        self, ended_before: float, *, workflow: str | None = None, limit: int = 100
+    ) -> list[str]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        pruned = [run.run_id for run in self._prunable(ended_before, workflow)[:limit]]
+        for run_id in pruned:  # no checkpoint in between: atomic
+            gone = self._runs.pop(run_id)
+            for tag in gone.tags.items():  # its tag index entries (issue 34)
+                ids = self._tagged.get(tag)
+                if ids is not None:
+                    ids.pop(run_id, None)
+                    if not ids:
+                        del self._tagged[tag]
+        return pruned
+
+    async def count_finished(self, ended_before: float, *, workflow: str | None = None) -> int:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return len(self._prunable(ended_before, workflow))
+
+    async def finished_workflows(self) -> list[str]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return sorted({run.workflow for run in self._runs.values() if run.status.terminal})

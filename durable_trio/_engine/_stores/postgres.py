@@ -607,6 +607,23 @@ class PostgresRunStore:
             " WHERE t.namespace = $1 AND " + where.replace("{tags}", "{schema}.run_tags")
         )
         return query, [self._ns, *params]
+    # -- retention (issue 34) ---------------------------------------------------------------
+
+    async def prune_finished(
+        self, ended_before: float, *, workflow: str | None = None, limit: int = 100
+    ) -> list[str]:
+        query = self._s(sql.PRUNE_FINISHED if workflow is None else sql.PRUNE_FINISHED_OF)
+        rows = await self._write(
+            lambda: self._pool.fetch(query, self._ns, float(ended_before), workflow, limit)
+        )
+        return [str(row[0]) for row in rows]
+
+    async def count_finished(self, ended_before: float, *, workflow: str | None = None) -> int:
+        rows = await self._fetch(sql.COUNT_FINISHED, self._ns, float(ended_before), workflow)
+        return int(rows[0][0])
+
+    async def finished_workflows(self) -> list[str]:
+        return sorted(str(row[0]) for row in await self._fetch(sql.FINISHED_WORKFLOWS, self._ns))
 
 
 class PostgresRunStores:

@@ -21,6 +21,8 @@ Redis Cluster slot and every script touches one slot only):
 ``T:tag:KEY:VALUE``        zset    runs tagged KEY=VALUE, score = seq (issue 34; a key has no ``:``)
 ``T:schedules``            hash    schedule name -> its definition (JSON text); shard 0's ``T``
 ``T:schedule-ticks``       hash    schedule name -> its last tick handled (same slot)
+``T:ended:WF`` ...         zset    retention's indexes of the finished runs (issue 34): see
+                                   ``_redis_retention.py``
 ``T:schedule-state``       hash    schedule name -> its overlap state (JSON text; same slot)
 =========================  ======  ===============================================================
 
@@ -55,6 +57,7 @@ from .._records import (
 )
 from .._tags import check_tags, tags_json
 from ._paging import MAX_PAGE, check_page, decode_cursor, encode_cursor, skip_damaged
+from ._redis_retention import RedisPruner
 from ._redis_rows import fields as _fields
 from ._redis_rows import number as _number
 from ._redis_rows import read_listed as _read_listed
@@ -169,6 +172,7 @@ class RedisRunStore:
         self._reopen: Script = client.script(_REOPEN)
         self._mark_tick: Script = client.script(_MARK_TICK)
         self._delete_schedule: Script = client.script(_DELETE_SCHEDULE)
+        self._pruner = RedisPruner(client, self._prefixes, self._prefix_of)
         self._put_schedule_state: Script = client.script(_PUT_SCHEDULE_STATE)
         self._starts = RedisStarts(client, self._prefixes, self._shard_of, _CREATE_RUN_FUNCTION)
         self._channel = f"{{dt-runs:{namespace}}}:wakes"
@@ -664,8 +668,10 @@ class RedisRunStore:
 
     async def append_signal(self, run_id: str, name: str, payload: str) -> int | None:
         seq = await self._append_signal(
-            (self._run_key(run_id), self._signal_key(run_id, name)), (payload,)
-        )
+            (self._run_key(run_id), self._signal_key(run_id, name),
+             f"{self._prefix_of(run_id)}:signals:{len(run_id)}:{run_id}"),
+            (payload, name),
+        )  # fmt: skip
         if int(seq):
             await self.ring(run_id)
         return int(seq) or None
@@ -722,3 +728,16 @@ class RedisRunStore:
             return _index(prefix, status), ()
         first, *others = (_tag_index(prefix, k, v) for k, v in sorted(tags.items()))
         return first, ("" if status is None else status.value, *others)
+
+    # -- retention (issue 34: ``_redis_retention.py``) -----------------------------------------
+
+    async def prune_finished(
+        self, ended_before: float, *, workflow: str | None = None, limit: int = 100
+    ) -> list[str]:
+        return await self._pruner.prune_finished(ended_before, workflow, limit, self.now())
+
+    async def count_finished(self, ended_before: float, *, workflow: str | None = None) -> int:
+        return await self._pruner.count_finished(ended_before, workflow)
+
+    async def finished_workflows(self) -> list[str]:
+        return await self._pruner.finished_workflows()

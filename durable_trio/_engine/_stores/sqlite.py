@@ -520,6 +520,26 @@ class SqliteRunStore:
         result: dict[str, str] = await self._read(partial(tables.get_events, self._ns, run_id))
         return result
 
+    # -- retention (issue 34) ---------------------------------------------------------------
+
+    async def prune_finished(
+        self, ended_before: float, *, workflow: str | None = None, limit: int = 100
+    ) -> list[str]:
+        result: list[str] = await self._write(
+            partial(tables.prune_finished, self._ns, ended_before, workflow, limit)
+        )
+        return result
+
+    async def count_finished(self, ended_before: float, *, workflow: str | None = None) -> int:
+        result: int = await self._read(
+            partial(tables.count_finished, self._ns, ended_before, workflow)
+        )
+        return result
+
+    async def finished_workflows(self) -> list[str]:
+        result: list[str] = await self._read(partial(tables.finished_workflows, self._ns))
+        return result
+
 
     # -- dedup and debounce keys (issue 33, item 4) -----------------------------------------
 

@@ -1,0 +1,120 @@
+"""Retention (issue 34): the engine's loop that deletes finished runs past their retention.
+
+A finished run (completed, failed or cancelled) is kept ``retention`` seconds after its end
+(its ``updated_at``), then deleted with its history, its signals and its events
+(:meth:`~._stores.RunStore.prune_finished`: per run atomic, never an unfinished run, never a
+child whose parent is unfinished). A workflow's own ``@app.workflow(retention=)`` wins over the
+engine's ``retention``; ``None`` on the engine and no workflow of its own: nothing is pruned
+(the default: docs/decisions.md, "Retention").
+
+Every ``retention_interval`` (jittered, 75 % to 125 %, so a fleet's engines do not prune in
+step) an engine prunes, batch after batch of ``retention_batch`` runs while they come back
+full. Any engine may: a run two engines both pick is deleted once (the stores' deletes are
+idempotent). A prune cancelled (the engine closing, or killed) between batches leaves the
+batches done done and the rest for the next prune; inside a batch, each run is whole or gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from typing import TYPE_CHECKING
+
+import trio
+
+from .._errors import BrokerError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ._app import App
+    from ._services import EngineServices
+    from ._stores import RunStore
+
+__all__ = ["RetentionPolicy", "prune_forever", "prune_once"]
+
+logger = logging.getLogger("durable_trio")
+
+
+class RetentionPolicy:
+    """How long the finished runs of each workflow are kept.
+
+    Args:
+        default: the engine's ``retention`` (``None`` or ``math.inf``: for good).
+        overrides: a workflow's own retention, by name (``math.inf``: for good).
+    """
+
+    def __init__(self, default: float | None, overrides: Mapping[str, float] | None = None) -> None:
+        self.default = None if default is None or default == math.inf else float(default)
+        self.overrides = dict(overrides or {})
+
+    @classmethod
+    def of(cls, app: App, default: float | None) -> RetentionPolicy:
+        """The policy of ``app``'s workflows under an engine ``retention`` of ``default``."""
+        return cls(
+            default,
+            {n: w.retention for n, w in app.workflows.items() if w.retention is not None},
+        )
+
+    @property
+    def prunes(self) -> bool:
+        """Whether any finished run is ever deleted."""
+        return self.default is not None or any(r != math.inf for r in self.overrides.values())
+
+    def of_workflow(self, workflow: str) -> float | None:
+        """Seconds ``workflow``'s finished runs are kept (``None``: for good)."""
+        kept = self.overrides.get(workflow, self.default)
+        return None if kept is None or kept == math.inf else kept
+
+
+async def _prune_all(
+    store: RunStore, ended_before: float, workflow: str | None, batch: int
+) -> list[str]:
+    """Batch after batch while they come back full."""
+    pruned: list[str] = []
+    while True:
+        ids = await store.prune_finished(ended_before, workflow=workflow, limit=batch)
+        pruned += ids
+        if len(ids) < batch:
+            return pruned
+        await trio.lowlevel.checkpoint()
+
+
+async def prune_once(store: RunStore, policy: RetentionPolicy, batch: int = 100) -> list[str]:
+    """Delete every finished run past its workflow's retention, now (store clock).
+
+    Returns:
+        The ids deleted.
+    """
+    now = store.now()
+    if not policy.overrides:  # one retention for all: one walk of the end index
+        if policy.default is None:
+            await trio.lowlevel.checkpoint()
+            return []
+        return await _prune_all(store, now - policy.default, None, batch)
+    pruned: list[str] = []
+    for workflow in await store.finished_workflows():
+        kept = policy.of_workflow(workflow)
+        if kept is not None:
+            pruned += await _prune_all(store, now - kept, workflow, batch)
+    return pruned
+
+
+async def prune_forever(services: EngineServices) -> None:
+    """The engine's retention loop (in its loops nursery; see the module docstring)."""
+    options = services.options
+    policy = RetentionPolicy.of(services.app, options.retention)
+    if not policy.prunes:
+        return
+    jitter = random.Random(options.engine_id)  # (seeded: a simulation replays the same times)
+    while True:
+        await trio.sleep(options.retention_interval * jitter.uniform(0.75, 1.25))
+        try:
+            pruned = await prune_once(services.store, policy, options.retention_batch)
+        except BrokerError as exc:
+            services.report(exc)
+            continue
+        if pruned:
+            services.count("runs_pruned", len(pruned))
+            logger.debug("retention: %d finished runs deleted", len(pruned))
