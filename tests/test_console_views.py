@@ -515,7 +515,7 @@ async def test_cli_runs_show_of_a_cancelled_run(
 def test_a_pending_step_is_interrupted_only_once_its_run_has_ended(
     status: RunStatus, interrupted: bool
 ) -> None:
-    from durable_trio._ops import details_of
+    from durable_trio._ops_views import details_of
 
     run = RunRecord("r", "w", None, status, 1.0, 2.0)
     steps = [

@@ -32,7 +32,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_engine._records", "_engine._tags", "_engine._stores"),  # run records and run stores
     ("backends",),  # a broker, a key store and run stores, chosen by URL
     ("_engine",),  # the engine
-    ("_ops", "_ops_attempts", "_ops_bulk"),  # the operations the CLI and the console share
+    # the operations the CLI and the console share
+    ("_ops", "_ops_attempts", "_ops_bulk", "_ops_views"),
     # entry points (``postgres``: the application's own transaction, on the stores' SQL)
     ("cli", "console", "testing", "_supervisor", "__main__", "postgres", "<package>"),
 )
@@ -44,7 +45,8 @@ KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset()
 
 #: What the transport must never import (the issue's "nothing above it").
 ABOVE_THE_TRANSPORT = (
-    "backends", "_engine", "cli", "_ops", "_ops_attempts", "_ops_bulk", "console", "testing"
+    "backends", "_engine", "cli", "_ops", "_ops_attempts", "_ops_bulk", "_ops_views", "console",
+    "testing",
 )  # fmt: skip
 
 

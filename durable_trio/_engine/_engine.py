@@ -216,13 +216,9 @@ class Engine:
             await scheduler.start()
             loops.start_soon(scheduler.run)
         loops.start_soon(
-            deliver_marked_forever,
-            self._services,
-            self.options.cancel_grace,
-            self.options.run_lease / 3,
-            loops,
-            self._cancel_steps,
-        )
+            deliver_marked_forever, self._services, self.options.cancel_grace,
+            self.options.run_lease / 3, loops, self._cancel_steps,
+        )  # fmt: skip
         if any(step.heartbeat_timeout is not None for step in self.app.steps.values()):
             loops.start_soon(
                 watch_heartbeats,

@@ -125,7 +125,7 @@ def _rows(groups: list[GroupHealth]) -> list[list[str]]:
 def _worker_rows(groups: list[GroupHealth]) -> list[list[str]]:
     """One row per live worker instance (a worker beats once per group it serves, with the
     same status: shown once, not repeated under every group)."""
-    from .._ops import workers_of
+    from .._ops_views import workers_of
 
     rows = []
     for worker in workers_of(groups):
@@ -381,7 +381,7 @@ def prometheus_text(
     if up:
         lines.append(f"durable_trio_store_lost {int(loss is not None)}")
     from .._engine._records import RunStatus as _Status
-    from .._ops import workers_of
+    from .._ops_views import workers_of
 
     for view in queues or []:
         q = _label(view.queue)

@@ -119,6 +119,18 @@ def _index(prefix: str, status: RunStatus | None) -> str:
     return f"{prefix}:all" if status is None else f"{prefix}:status:{status}"
 
 
+def _page_index(
+    prefix: str, status: RunStatus | None, tags: dict[str, str] | None
+) -> tuple[str, tuple[str, ...]]:
+    """The index a page walks in shard ``prefix`` and the page script's extra arguments:
+    untagged, the status's (or every run's); tagged, the first tag's (keys in sorted order),
+    then the status to check ('' = any) and the other tags' index keys."""
+    if not tags:
+        return _index(prefix, status), ()
+    first, *others = (_tag_index(prefix, k, v) for k, v in sorted(tags.items()))
+    return first, ("" if status is None else status.value, *others)
+
+
 def _following(reply: list[Any]) -> int | None:
     """Where a page script's scan stopped (``None``: at the end of its index)."""
     raw = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0] or "")
@@ -356,7 +368,7 @@ class RedisRunStore:
             return await self._page_sharded(status, filters, limit, cursor, wanted)
         below = decode_cursor(cursor)
         prefix = self._prefixes[0]
-        index, more = self._page_index(prefix, status, wanted)
+        index, more = _page_index(prefix, status, wanted)
         reply = await self._page(
             (index,),
             (prefix, "+inf" if below is None else f"({below}", limit, max(PAGE_BUDGET, limit + 1),
@@ -381,7 +393,7 @@ class RedisRunStore:
         :func:`~._shard_paging.merge_shards`)."""
         bounds = decode_bounds(cursor, len(self._prefixes))
         asked = [shard for shard, bound in enumerate(bounds) if bound != DONE]
-        indexes = {shard: self._page_index(self._prefixes[shard], status, tags) for shard in asked}
+        indexes = {shard: _page_index(self._prefixes[shard], status, tags) for shard in asked}
         commands = [
             self._page.command(
                 (indexes[shard][0],),
@@ -710,6 +722,7 @@ class RedisRunStore:
 
     async def debounced_due(self, run_id: str) -> float | None:
         return await self._starts.debounced_due(run_id)
+
     # -- run tags (issue 34) ----------------------------------------------------------------
 
     def _tag_keys(self, run: RunRecord) -> list[str]:
@@ -717,17 +730,6 @@ class RedisRunStore:
         its id from each (as from its status index)."""
         prefix = self._prefix_of(run.run_id)
         return [_tag_index(prefix, key, value) for key, value in run.tags.items()]
-
-    def _page_index(
-        self, prefix: str, status: RunStatus | None, tags: dict[str, str] | None
-    ) -> tuple[str, tuple[str, ...]]:
-        """The index a page walks in shard ``prefix`` and the page script's extra arguments:
-        untagged, the status's (or every run's); tagged, the first tag's (keys in sorted order),
-        then the status to check ('' = any) and the other tags' index keys."""
-        if not tags:
-            return _index(prefix, status), ()
-        first, *others = (_tag_index(prefix, k, v) for k, v in sorted(tags.items()))
-        return first, ("" if status is None else status.value, *others)
 
     # -- retention (issue 34: ``_redis_retention.py``) -----------------------------------------
 
