@@ -8,17 +8,7 @@ from typing import Final
 
 from ._seq import MEMBER_ID, TAKE_SEQ
 
-__all__ = ["JOB_STATE", "JOB_STATES", "LIMIT", "OLDEST_READY", "REQUEUE_FAILED", "SIZE"]
-
-# KEYS: limit
-# Returns {max, per_key} as stored (either may be nil), or nil for a key of another type.
-LIMIT: Final = """
-local got = redis.pcall('HMGET', KEYS[1], 'max', 'per_key')
-if got['err'] then
-  return false
-end
-return got
-"""
+__all__ = ["JOB_STATE", "JOB_STATES", "OLDEST_READY", "REQUEUE_FAILED", "SIZE"]
 
 # KEYS: meta claims; ARGV: job id
 # Returns {1, worker} (claimed), {0} (waiting) or nil (not on the queue). A scan of the meta

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from ..._errors import BrokerError
 from .._contract import FailedJob, QueueStats
 from .._limits import check_limit
 from ._replies import read_failed, read_failed_key
@@ -160,10 +161,14 @@ class FailedJobRepair:
         replies = await self._client.pipeline(
             [("ZCARD", q.ready_key), ("ZCARD", q.delayed_key), ("ZCARD", q.active_key),
              ("LLEN", q.failed_key), ("ZCARD", q.parked_key),
-             self._scripts.read_limit.command((q.limit_key,), ())]
+             ("HMGET", q.limit_key, "max", "per_key")],
+            raise_on_error=False,
         )  # fmt: skip
+        for reply in replies[:5]:
+            if isinstance(reply, BrokerError):
+                raise reply
         ready, delayed, claimed, failed, parked = (int(r) for r in replies[:5])
-        limit = _limit(replies[5])
+        limit = _limit(replies[5])  # (a limit key of another type: an error reply, no limit)
         age = await self._oldest_ready_age(q, parked) if ready + parked else None
         return QueueStats(
             ready + parked, delayed, claimed, failed, age,

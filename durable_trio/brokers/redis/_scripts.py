@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Final
 
-from ._lookups import JOB_STATE, JOB_STATES, LIMIT, OLDEST_READY, REQUEUE_FAILED, SIZE
+from ._lookups import JOB_STATE, JOB_STATES, OLDEST_READY, REQUEUE_FAILED, SIZE
 from ._seq import MEMBER_ID, TAKE_SEQ
 from ._slots import FREE_SLOT, PARK, PEEK, READ_LIMIT, SET_LIMIT, WALK_MAX, slot_table
 
@@ -891,7 +891,6 @@ class Scripts:
         self.size = script(SIZE)
         self.peek = script(PEEK)
         self.set_limit = script(SET_LIMIT)
-        self.read_limit = script(LIMIT)
         self.job_state = script(JOB_STATE)
         self.job_states = script(JOB_STATES)
         self.requeue_failed = script(REQUEUE_FAILED)
