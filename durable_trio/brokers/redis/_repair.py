@@ -30,8 +30,6 @@ OLDEST_READY_HEADS: Final = 1000
 #: Parked jobs whose ages ``queue_stats`` reads (more: the oldest ready age is not known).
 PARKED_LOOKED: Final = 10_000
 
-#: The internal id at the end of a parked member (its ready member: 16 digits of place, then n).
-_PARKED_ID = re.compile(rb"[0-9]{16}([0-9]{1,16})\Z")
 
 def _limit(reply: Any) -> tuple[int, bool] | None:
     """A queue's limit as stored (``max``, ``per_key``), ``None``: none, or unreadable (the
@@ -44,6 +42,16 @@ def _limit(reply: Any) -> tuple[int, bool] | None:
     if int(limit) < 1 or per_key not in (None, b"0", b"1"):
         return None
     return int(limit), per_key == b"1"
+
+
+def _parked_id(entry: bytes) -> int | None:
+    """The internal id of a parked entry (``<len>:<key>:`` then a sign byte and 16 digits of
+    priority, then its ready member: 16 digits of place and the id), ``None``: unreadable."""
+    length = re.match(rb"([0-9]{1,10}):", entry)
+    if length is None:
+        return None
+    n = entry[len(length[0]) + int(length[1]) + 1 + 17 + 16 :]
+    return int(n) if re.fullmatch(rb"[0-9]{1,16}", n) else None
 
 
 #: A push time as the scripts store it: TIME's two parts, "<seconds> <microseconds>".
@@ -200,10 +208,9 @@ class FailedJobRepair:
             if parked > PARKED_LOOKED:
                 return None
             for member in await self._client.execute("ZRANGE", q.parked_key, 0, -1):
-                found = _PARKED_ID.search(member)
-                if found is None:
+                n = _parked_id(member)
+                if n is None:
                     return None
-                n = int(found[1])
                 lowest = n if lowest is None else min(lowest, n)
         while True:
             found, cursor, unreadable = await script(
