@@ -245,3 +245,21 @@ async def test_two_workers_never_run_a_limited_step_past_its_limit(redis_url: st
                 limits = {v.group: (v.limit, v.per_key) for v in await ops.queues()}
     assert running["most"] == 2
     assert limits["partner"] == (2, False)
+
+
+async def test_a_parked_key_whose_slots_came_back_unseen_is_rescued(redis_url: str) -> None:
+    """Damage: a full key's lease vanished without its script (its token deleted by hand), so
+    no lease end will unpark its jobs. A claim that runs out of ready jobs probes the parked
+    keys, finds that one's slots free, and puts its first job back."""
+    async with open_broker(redis_url) as (client, broker):
+        await broker.set_queue_limit(Q, 1, per_key=True)
+        await broker.push_on(Q, job(1, "a"))
+        await broker.push_on(Q, job(2, "a"))
+        one = await broker.pop_from(Q)
+        assert one is not None
+        assert await broker.pop_from(Q) is None  # job-2 parked
+        assert await client.execute("ZREM", k("active"), one.lease.token) == 1
+        with trio.fail_after(5):
+            while (claim := await broker.pop_from(Q)) is None:
+                await trio.sleep(0.01)
+        assert claim.id == "job-2"

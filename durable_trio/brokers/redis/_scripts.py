@@ -196,10 +196,12 @@ local function walk(count, lim)
       end
       used[prefix] = u
       if not n or u < lim then
-        -- (a member naming no job goes to the claim below, which quarantines it)
+        -- (a member naming no job goes to the claim below, which quarantines it: no slot)
         chosen[#chosen + 1] = member
         prefixes[#chosen] = prefix
-        used[prefix] = n and u + 1 or u
+        if n and redis.call('HEXISTS', KEYS[6], n) == 1 then
+          used[prefix] = u + 1
+        end
         if #chosen == count then
           break
         end
@@ -208,7 +210,20 @@ local function walk(count, lim)
       end
     end
   end
-  return chosen, walked, prefixes, parked, stale, more
+  -- Ready ran out: one parked key drawn by the clock whose slots are free after all (a lease
+  -- that ended without unparking it: damaged data) is unparked (rescue), and more is set.
+  local rescue = false
+  if #chosen < count and not more then
+    local total = redis.call('ZCARD', KEYS[14])
+    local at = total > 0 and math.floor(now * 1000003) % total
+    local probe = at and redis.call('ZRANGE', KEYS[14], at, at)[1]
+    local len = probe and string.match(probe, '^(%d+):')
+    local prefix = len and string.sub(probe, 1, #len + tonumber(len) + 2)
+    if prefix and (used[prefix] or live_count(KEYS[13], KEYS[4], prefix, stale)) < lim then
+      rescue, more = prefix, true
+    end
+  end
+  return chosen, walked, prefixes, parked, stale, more, rescue
 end
 local out = {false}
 local set_aside = 0
@@ -297,7 +312,7 @@ if junk then
   quarantine('limit unreadable, removed (no limit until one is set again)', junk, false)
   redis.call('DEL', KEYS[18])
 end
-local members, walked, prefixes, parked, stale, more = {}, 0, {}, {}, {}, false
+local members, walked, prefixes, parked, stale, more, rescue = {}, 0, {}, {}, {}, false, false
 local stopped = false  -- ready jobs left behind by a queue-wide limit
 if not lim then
   members = redis.call('ZRANGE', KEYS[2], 0, count - 1)
@@ -312,7 +327,7 @@ elseif not per_key then
 else
   redis.call('ZCARD', KEYS[13])  -- (reads: a wrong-type key fails here, before any write)
   redis.call('ZCARD', KEYS[14])
-  members, walked, prefixes, parked, stale, more = walk(count, lim)
+  members, walked, prefixes, parked, stale, more, rescue = walk(count, lim)
 end
 -- Per key: the jobs of full keys parked, stray held entries dropped (every read is done).
 local function settle()
@@ -330,6 +345,9 @@ if #members == 0 then
   settle()
   if walked > 0 then
     redis.call('ZREMRANGEBYRANK', KEYS[2], 0, walked - 1)
+  end
+  if rescue then  -- (after the walked ranks left ready)
+    unpark({parked = KEYS[14], ready = KEYS[2]}, rescue)
   end
   redis.call('SET', KEYS[9], '1')
   local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
@@ -404,6 +422,9 @@ for i = 1, #claims, 5 do
   end
 end
 redis.call('ZREMRANGEBYRANK', KEYS[2], 0, walked - 1)
+if rescue then
+  unpark({parked = KEYS[14], ready = KEYS[2]}, rescue)
+end
 for _, member in ipairs(unmove) do
   redis.call('ZREM', KEYS[12], member)
 end
