@@ -75,7 +75,6 @@ return redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2]) + redis.call(
 """
 
 
-
 # KEYS: PUSH_KEYS, failed
 # ARGV: record id data priority channel quarantine_retention key ("": none)
 # Requeue one failed record (the exact bytes read by the client): gone meanwhile -> 0; else 1,

@@ -886,6 +886,7 @@ return out
 """.replace("SLOTS", slot_table(13, 4))
 )
 
+
 class Scripts:
     """Every script of the broker, registered with ``client``, ringing doorbells with
     ``publish`` (``PUBLISH``; a Cluster's broker: ``SPUBLISH``, sharded channels).
