@@ -422,8 +422,7 @@ class RedisBrokerBase:
     async def complete_job(self, lease: Lease, queue: str) -> bool:
         """Remove a finished job. ``False``: the lease was lost, nothing changed."""
         q = self._queue(queue)
-        # (the script of complete_many: one script, loaded by the first call of either, so a
-        # finish_and_claim's pipeline never has it retried after its claim, see NOSCRIPT)
+        # (complete_many's script, loaded by either: a finish_and_claim never runs it late)
         reply = await self._scripts.complete_many(q.complete_keys, (q.channel, lease.token))
         return bool(reply[0])
 
@@ -692,8 +691,7 @@ class RedisBrokerBase:
     async def set_queue_limit(
         self, queue: str, limit: int | None, *, per_key: bool = False
     ) -> None:
-        """Store ``queue``'s fleet-wide limit (see :mod:`._slots` and
-        :class:`~durable_trio.brokers.SupportsQueueLimits`). Raises ConfigError: a bad limit."""
+        """Store ``queue``'s fleet-wide limit (see :mod:`._slots`). Raises ConfigError."""
         await self._repair.set_queue_limit(queue, limit, per_key=per_key)
 
     async def known_queues(self, prefix: str) -> list[str]:
