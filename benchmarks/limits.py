@@ -32,9 +32,9 @@ LIMIT = 10
 
 async def compare(
     url: str, *, jobs: int, runs: int, clean: Any = None
-) -> tuple[float, float, float, float]:
-    """(plain jobs/s, limited jobs/s, plain worker CPU us/job, limited worker CPU us/job), each
-    the median of ``runs`` alternating runs; ``clean()`` before each run (a Redis flush)."""
+) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """The (jobs/s, worker CPU us/job) of ``runs`` runs without a limit and of as many with
+    one, alternating; ``clean()`` before each run (a Redis flush)."""
     plain: list[tuple[float, float]] = []
     limited: list[tuple[float, float]] = []
     for _ in range(runs):
@@ -46,24 +46,29 @@ async def compare(
                     url, jobs=jobs, concurrency=CONCURRENCY, queue_limit=queue_limit
                 )
             )
-    return (
-        statistics.median(r[0] for r in plain),
-        statistics.median(r[0] for r in limited),
-        statistics.median(r[1] for r in plain),
-        statistics.median(r[1] for r in limited),
-    )
+    return plain, limited
 
 
-def _figures(where: str, result: tuple[float, float, float, float]) -> dict[str, Any]:
-    plain, limited, plain_cpu, limited_cpu = result
+def _figures(
+    where: str, result: tuple[list[tuple[float, float]], list[tuple[float, float]]]
+) -> dict[str, Any]:
+    def median(runs: list[tuple[float, float]], i: int) -> float:
+        return statistics.median(r[i] for r in runs)
+
+    def spread(runs: list[tuple[float, float]]) -> str:
+        return f"{min(r[0] for r in runs):,.0f}-{max(r[0] for r in runs):,.0f}"
+
+    runs, limited_runs = result
+    plain, limited = median(runs, 0), median(limited_runs, 0)
     return {
         f"limits {where}: S1 without a limit (jobs/s)": (
             plain,
-            f"concurrency {CONCURRENCY}; worker CPU {plain_cpu:,.0f} us/job",
+            f"concurrency {CONCURRENCY}, runs {spread(runs)}; worker CPU"
+            f" {median(runs, 1):,.0f} us/job",
         ),
         f"limits {where}: S1 with max_concurrency={LIMIT} (jobs/s)": (
             limited,
-            f"fleet-wide limit on the step's queue; worker CPU {limited_cpu:,.0f} us/job",
+            f"runs {spread(limited_runs)}; worker CPU {median(limited_runs, 1):,.0f} us/job",
         ),
         f"limits {where}: limited / unlimited (ratio)": (
             limited / plain,
