@@ -12,7 +12,8 @@ benchmarks/postgres_client.py),
 node, and the scaling with one worker process per master, issue 17), ``sqlite`` (the embedded
 default), ``simulation`` (a seeded day of production with faults, issue 9), ``soak`` (memory of
 one worker over a million steps and of an engine over 100,000 runs, issue 13; several minutes),
-``detached`` (start -> result of a run started detached by another process, issue 30).
+``detached`` (start -> result of a run started detached by another process, issue 30),
+``limits`` (S1 with a fleet-wide step limit against without, on Redis and SQLite, issue 33).
 ``--quick`` runs smaller versions of each (a smoke test; the peers then run once each).
 """
 
@@ -35,6 +36,7 @@ from . import (
     console,
     detached,
     engine,
+    limits,
     memory,
     ops,
     postgres_client,
@@ -115,6 +117,7 @@ SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "redis-cluster": redis_cluster.section,
     "replicas": replicas.section,
     "sqlite": _sqlite,
+    "limits": limits.section,
     "ops": ops.section,
     "signals": signals.section,
     "detached": detached.section,
@@ -359,6 +362,13 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
             checks.append(
                 (f"[30.1] {what}: start -> result across processes p50 {p50:.1f} ms"
                  " (want <= 50)", p50 <= 50)
+            )  # fmt: skip
+        if key.startswith("limits ") and key.endswith(": limited / unlimited (ratio)"):
+            ratio = _value(value)
+            where = key.removeprefix("limits ").split(":")[0]
+            checks.append(
+                (f"[33] S1 on {where} with max_concurrency=10 at concurrency 10: {ratio:.0%} of"
+                 " the drain without a limit (want >= 90%)", ratio >= 0.9)
             )  # fmt: skip
         if key.startswith("sqlite S3 back-to-back round trip p50"):
             p50 = _value(value)

@@ -9,7 +9,8 @@ sending its step id to 127.0.0.1:UDP_PORT (how S3 times "enqueue -> job done", a
 With ``BENCH_DONE_FILE``, each step's body appends ``(step number, time.time())`` to that file,
 as the peers' S1 jobs do. The environment variable ``BENCH_PREFETCH`` sets the worker's
 ``prefetch`` (an integer, or ``limit`` for the loop's concurrency; default: the transport's
-default, 0).
+default, 0). ``BENCH_QUEUE_LIMIT`` (an integer) stores a fleet-wide limit on each served step's
+queue before it serves (``set_queue_limit``, as ``open_worker`` does for ``max_concurrency``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import struct
 import sys
 import time
+from typing import Any
 
 import trio
 
@@ -58,7 +60,11 @@ async def main(
             # (and the CPU seconds this process has used so far, for benchmarks that say where
             # the CPU went)
             print(f"start {time.time():.6f} {time.process_time():.6f}", flush=True)
+            limit = os.environ.get("BENCH_QUEUE_LIMIT")
             for step in queues:
+                if limit is not None:  # (what open_worker does for a step's max_concurrency)
+                    broker: Any = backend.broker
+                    await broker.set_queue_limit(transport.names.task_queue(step), int(limit))
                 transport.handle(step, noop)
             print("ready", flush=True)
             await trio.sleep_forever()

@@ -124,12 +124,15 @@ async def drain(
     )
 
 
-async def drain_as_the_peers(url: str, *, jobs: int, concurrency: int) -> tuple[float, float]:
+async def drain_as_the_peers(
+    url: str, *, jobs: int, concurrency: int, queue_limit: int | None = None
+) -> tuple[float, float]:
     """S1 timed exactly as the peers' (benchmarks/peers/_common.py): ``jobs`` tasks queued
     first, one worker process spawned, each step's body appends its done signal to a file, and
     the rate is the jobs over the time from the worker's start to the last done signal. No
     process consumes the results meanwhile (they wait in the result queue, as a peer's results
-    wait in its result store). (jobs/s, the worker's CPU microseconds per job)."""
+    wait in its result store). (jobs/s, the worker's CPU microseconds per job). With
+    ``queue_limit``, the worker stores that fleet-wide limit on its queue before serving."""
     namespace = f"s1p-{concurrency}-{time.monotonic_ns()}"
     with tempfile.TemporaryDirectory() as folder:
         done_file = Path(folder) / "done"
@@ -137,9 +140,10 @@ async def drain_as_the_peers(url: str, *, jobs: int, concurrency: int) -> tuple[
         async with dt.open_backend(url) as backend:
             async with dt.open_queue_transport(backend, namespace=namespace) as engine:
                 await _fill(engine, jobs)
-        worker = await trio.to_thread.run_sync(
-            lambda: _spawn(url, namespace, concurrency, env={"BENCH_DONE_FILE": str(done_file)})
-        )
+        env = {"BENCH_DONE_FILE": str(done_file)}
+        if queue_limit is not None:
+            env["BENCH_QUEUE_LIMIT"] = str(queue_limit)
+        worker = await trio.to_thread.run_sync(lambda: _spawn(url, namespace, concurrency, env=env))
         try:
             assert worker.stdout is not None
             line = await trio.to_thread.run_sync(worker.stdout.readline)

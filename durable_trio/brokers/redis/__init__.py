@@ -26,8 +26,12 @@ class of another):
                       (:class:`~._doorbell.PubSubDoorbell`) or one ``SSUBSCRIBE`` per queue
                       (:class:`~._doorbell.ShardedDoorbell`), and the wait of
                       :meth:`RedisBroker.wait_for_work`
-    ``_repair``       the operator's calls (requeue, delete, queue stats, listing), an object
-                      the broker owns
+    ``_slots``        the fleet-wide limits' Lua (``SupportsQueueLimits``): a lease's slot
+                      freed, a full key's jobs parked and unparked, the limit set and read
+    ``_lookups``      the scripts of the looks (a job's state, size, the oldest ready job)
+                      and of the requeue of a failed job
+    ``_repair``       the operator's calls (requeue, delete, queue stats, listing, the
+                      queue's limit), an object the broker owns
     ``_identity``     the watch on the store's identity (a store emptied or replaced), an
                       object the broker owns
     ``_broker``       :class:`RedisBrokerBase` (the contract's calls) and :class:`RedisBroker`
@@ -48,7 +52,8 @@ Key layout:
                                     ``"<seconds> <microseconds>"`` as the server's ``TIME``
                                     gives them, kept through retries, reclaims and delays
                                     (``queue_stats``' oldest ready age), written and deleted
-                                    with the bytes in the same command
+                                    with the bytes in the same command; ``k`` .. ``n`` -> its
+                                    concurrency key (``Job.key``; none: no field)
     ``{Q}:meta``            hash    ``n`` -> ``"priority:attempts:stalled_count:id"``
     ``{Q}:stalls``          hash    ``n`` -> stall history, JSON ``[[at, worker], ...]``
                                     (``[at, worker, 0]``: a stall that did not count)
@@ -66,6 +71,17 @@ Key layout:
     ``{Q}:moved``           zset    score = ``n``, member as in ``ready``: the ready jobs at
                                     another place than their push's (promoted, retried, or
                                     reclaimed after one of those), for ``queue_stats``
+    ``{Q}:limit``           hash    the fleet-wide limit: ``max`` (an int >= 1), ``per_key``
+                                    (``1``/``0``); none: no limit (see ``_slots``)
+    ``{Q}:held``            zset    per key (a ``per_key`` limit only): one member per live
+                                    lease, ``<len(key)>:<key>:<token>``, score 0 (a key's
+                                    slots in use: one ``ZLEXCOUNT``)
+    ``{Q}:parked``          zset    ready jobs of a full key, score 0, member
+                                    ``<len(key)>:<key>:`` + sign and 16 digits of priority +
+                                    its ``ready`` member; one goes back to ``ready`` when a
+                                    lease of its key ends
+    ``{Q}:full``            string  set by a claim a queue-wide limit stopped short: the next
+                                    lease to end rings the doorbell
     ``{Q}:armed``           string  set by a pop that found nothing: someone may be waiting
     ``{Q}:claimed``         string  set by a claim, cleared by a sweep that leaves none
     ======================  ======  ==========================================================
@@ -97,6 +113,16 @@ Scripts:
     script promotes at most ``promote_batch`` due delayed jobs per call. Claims are indexed by
     age in ``active``, so recovery is ``ZRANGEBYSCORE ... LIMIT``: O(log n + k), never a scan of
     every claim; renewal moves a claim's score.
+
+Fleet-wide limits (:meth:`RedisBrokerBase.set_queue_limit`, see :mod:`._slots`):
+    The claim script reads ``{Q}:limit`` and claims only what fits: queue-wide, ``max`` minus
+    the live leases (``ZCARD {Q}:active``: a slot is a lease, so it comes back however the
+    lease ends); per key, a job whose key has ``max`` live entries in ``{Q}:held`` is parked
+    and the jobs behind it are claimed. Every script that ends a lease frees its slot in the
+    same run (its held entry, one parked job of its key back to ``ready``) and rings the
+    doorbell when a waiter was stopped by the limit; a peek (a waiter's look) answers "work"
+    only for a ready job that fits. A limit key holding junk is moved to the quarantine by the
+    next claim (a report): no limit until one is stored again.
 
 Wake-up (:meth:`RedisBroker.wait_for_work`):
     A pop that finds nothing sets ``{Q}:armed`` (in the same script, atomically with finding

@@ -356,7 +356,9 @@ class RedisBrokerBase:
         if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
             raise ValueError(f"priority must be in [-2**53, 2**53], not {priority}")
         delay = delay if delay > 0 else 0
-        args = (job.id, job.data, priority, delay, q.channel, self._quarantine_retention)
+        args = (
+            job.id, job.data, priority, delay, q.channel, self._quarantine_retention, job.key or ""
+        )  # fmt: skip
         self._note_repair(queue, await self._scripts.push(q.push_keys, args))
 
     async def pop_from(self, queue: str, *, worker: str = "") -> ClaimedJob | None:
@@ -420,7 +422,9 @@ class RedisBrokerBase:
     async def complete_job(self, lease: Lease, queue: str) -> bool:
         """Remove a finished job. ``False``: the lease was lost, nothing changed."""
         q = self._queue(queue)
-        return bool(await self._scripts.complete(q.complete_keys, (lease.token,)))
+        # (complete_many's script, loaded by either: a finish_and_claim never runs it late)
+        reply = await self._scripts.complete_many(q.complete_keys, (q.channel, lease.token))
+        return bool(reply[0])
 
     async def complete_many(self, queue: str, leases: Sequence[Lease]) -> list[bool]:
         """``complete_job`` for each lease, in one script run."""
@@ -429,7 +433,7 @@ class RedisBrokerBase:
             await trio.lowlevel.checkpoint()
             return []
         reply = await self._scripts.complete_many(
-            q.complete_keys, [lease.token for lease in leases]
+            q.complete_keys, [q.channel, *(lease.token for lease in leases)]
         )
         return [bool(answer) for answer in reply]
 
@@ -443,7 +447,7 @@ class RedisBrokerBase:
             value = priority or 0
             if not MIN_PRIORITY <= value <= MAX_PRIORITY:
                 raise ValueError(f"priority must be in [-2**53, 2**53], not {value}")
-            args += (job.id, job.data, value)
+            args += (job.id, job.data, value, job.key or "")
         if not jobs:
             await trio.lowlevel.checkpoint()
             return
@@ -470,21 +474,23 @@ class RedisBrokerBase:
         Cluster the two queues are two slots, so the push is run first, here, and only the
         complete is returned (a failure after the push leaves the task claimed: its result
         may come twice, which the engine absorbs, never not at all)."""
-        push: list[Any] = [job_field for job in jobs for job_field in (job.id, job.data, 0)]
-        pq = self._queue(push_queue)
+        push: list[Any] = [
+            job_field for job in jobs for job_field in (job.id, job.data, 0, job.key or "")
+        ]
+        pq, q = self._queue(push_queue), self._queue(queue)
         tokens = [lease.token for lease in leases]
-        keys = self._queue(queue).complete_keys if leases else ()
         retention = self._quarantine_retention
         if not leases:
             args = [pq.channel, retention, *push]
             return [self._scripts.push_many.command(pq.push_keys, args)] if jobs else []
         if jobs and not isinstance(self._client, RedisClusterClient):
-            args = [pq.channel, len(jobs), retention, *push, *tokens]
-            return [self._scripts.push_and_complete.command((*pq.push_keys, *keys), args)]
+            args = [pq.channel, len(jobs), retention, q.channel, *push, *tokens]
+            keys = (*pq.push_keys, *q.complete_keys)
+            return [self._scripts.push_and_complete.command(keys, args)]
         if jobs:
             reply = await self._scripts.push_many(pq.push_keys, [pq.channel, retention, *push])
             self._note_repair(push_queue, reply)
-        return [self._scripts.complete_many.command(keys, tokens)]
+        return [self._scripts.complete_many.command(q.complete_keys, [q.channel, *tokens])]
 
     async def finish_and_claim(
         self,
@@ -514,9 +520,8 @@ class RedisBrokerBase:
     async def fail_job(self, lease: Lease, queue: str, error: str) -> bool:
         """Fail a job for good, keeping the newest ``failed_retention``. ``False``: lease lost."""
         q = self._queue(queue)
-        return bool(
-            await self._scripts.fail(q.fail_keys, (lease.token, error, self._failed_retention))
-        )
+        args = (lease.token, error, self._failed_retention, q.channel)
+        return bool(await self._scripts.fail(q.fail_keys, args))
 
     async def retry_job(
         self, lease: Lease, queue: str, *, delay: float = 0.0, count_attempt: bool = True
@@ -628,7 +633,8 @@ class RedisBrokerBase:
         ``{Q}:ready`` and ``{Q}:delayed`` keys (Redis deletes an empty sorted set, so a key
         found holds jobs), O(keys in the database), for a health read (see
         :class:`~durable_trio.brokers.SupportsQueueListing`)."""
-        return await scan_queues(await self._scan_targets(), prefix, ("ready", "delayed"))
+        suffixes = ("ready", "delayed", "parked")
+        return await scan_queues(await self._scan_targets(), prefix, suffixes)
 
     async def job_state(self, queue: str, job_id: str) -> JobState | None:
         """Whether job ``job_id`` waits on ``queue`` or is claimed: one script run, a scan of
@@ -681,6 +687,12 @@ class RedisBrokerBase:
         """``queue``'s counts and its oldest ready job's age (see
         :class:`~durable_trio.brokers.SupportsQueueStats`)."""
         return await self._repair.queue_stats(queue)
+
+    async def set_queue_limit(
+        self, queue: str, limit: int | None, *, per_key: bool = False
+    ) -> None:
+        """Store ``queue``'s fleet-wide limit (see :mod:`._slots`). Raises ConfigError."""
+        await self._repair.set_queue_limit(queue, limit, per_key=per_key)
 
     async def known_queues(self, prefix: str) -> list[str]:
         """The queues named ``prefix...`` holding any job (ready, delayed, claimed or failed
@@ -765,8 +777,8 @@ class RedisBroker(RedisBrokerBase):
         script. ``False``: the lease was lost, nothing changed."""
         q, pq = self._queue(queue), self._queue(push_queue)
         args = (
-            lease.token, error, self._failed_retention,
-            job.id, job.data, 0, 0, pq.channel, self._quarantine_retention,
+            lease.token, error, self._failed_retention, q.channel,
+            job.id, job.data, 0, 0, pq.channel, self._quarantine_retention, job.key or "",
         )  # fmt: skip
         done = await self._scripts.fail_and_push((*q.fail_keys, *pq.push_keys), args)
         self._note_repair(push_queue, done)

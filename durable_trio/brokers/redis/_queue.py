@@ -10,7 +10,7 @@ import attrs
 
 from ._bell import Bell
 
-__all__ = ["MAX_PRIORITY", "MIN_PRIORITY", "PUSH_KEYS", "Queue"]
+__all__ = ["MAX_PRIORITY", "MIN_PRIORITY", "PUSH_KEYS", "SLOT_KEYS", "Queue"]
 
 #: Priorities a job may have: a ``ready`` score is a double, exact for integers up to 2**53.
 MIN_PRIORITY: Final = -(2**53)
@@ -21,6 +21,11 @@ MAX_PRIORITY: Final = 2**53
 PUSH_KEYS: Final = (
     "seq", "ready", "delayed", "jobs", "meta", "armed", "claims", "moved", "active", "quarantine"
 )  # fmt: skip
+
+
+#: The keys a script that ends a lease (or parks a job) takes for the fleet-wide limit, in this
+#: order after its own (see :data:`~durable_trio.brokers.redis._slots.FREE_SLOT`).
+SLOT_KEYS: Final = ("held", "parked", "full", "ready", "armed")
 
 
 @attrs.frozen(eq=False)
@@ -41,6 +46,10 @@ class Queue:
     recover_keys: tuple[str, ...]
     size_keys: tuple[str, ...]
     peek_keys: tuple[str, ...]
+    limit_keys: tuple[str, ...]
+    """The keys of the script that sets the queue's limit (see ``SET_LIMIT``)."""
+    limit_key: str
+    parked_key: str
     failed_key: str
     quarantine_key: str
     armed_key: str
@@ -81,9 +90,11 @@ class Queue:
                 "claimed",
                 "quarantine",
                 "moved",
+                *SLOT_KEYS,
+                "limit",
             ),
-            complete_keys=keys("active", "jobs", "meta", "stalls", "claims"),
-            fail_keys=keys("active", "jobs", "meta", "stalls", "claims", "failed"),
+            complete_keys=keys("active", "jobs", "meta", "stalls", "claims", *SLOT_KEYS),
+            fail_keys=keys("active", "jobs", "meta", "stalls", "claims", "failed", *SLOT_KEYS),
             retry_keys=keys(
                 "seq",
                 "ready",
@@ -97,6 +108,7 @@ class Queue:
                 "failed",
                 "moved",
                 "quarantine",
+                *SLOT_KEYS,
             ),
             active_key=keys("active")[0],
             recover_keys=keys(
@@ -112,10 +124,14 @@ class Queue:
                 "quarantine",
                 "moved",
                 "delayed",
+                *SLOT_KEYS,
             ),
             claimed_key=keys("claimed")[0],
-            size_keys=keys("ready", "delayed"),
-            peek_keys=keys("ready", "delayed", "armed"),
+            size_keys=keys("ready", "delayed", "parked"),
+            peek_keys=keys("ready", "delayed", "armed", "limit", "active", "jobs", "held", "full"),
+            limit_keys=keys("limit", *SLOT_KEYS, "active", "jobs"),
+            limit_key=keys("limit")[0],
+            parked_key=keys("parked")[0],
             failed_key=keys("failed")[0],
             quarantine_key=keys("quarantine")[0],
             armed_key=keys("armed")[0],

@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from ..._errors import BrokerError
 from .._contract import FailedJob, QueueStats
-from ._replies import read_failed
+from .._limits import check_limit
+from ._replies import read_failed, read_failed_key
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -23,6 +25,33 @@ __all__ = ["FailedJobRepair", "Scanner", "scan_queues"]
 
 #: Priorities whose first ready job one run of :data:`OLDEST_READY` looks at.
 OLDEST_READY_HEADS: Final = 1000
+
+
+#: Parked jobs whose ages ``queue_stats`` reads (more: the oldest ready age is not known).
+PARKED_LOOKED: Final = 10_000
+
+
+def _limit(reply: Any) -> tuple[int, bool] | None:
+    """A queue's limit as stored (``max``, ``per_key``), ``None``: none, or unreadable (the
+    next claim moves it to the quarantine)."""
+    if not isinstance(reply, list) or len(reply) != 2:
+        return None
+    limit, per_key = reply
+    if not isinstance(limit, bytes) or not re.fullmatch(rb"[0-9]{1,15}", limit):
+        return None
+    if int(limit) < 1 or per_key not in (None, b"0", b"1"):
+        return None
+    return int(limit), per_key == b"1"
+
+
+def _parked_id(entry: bytes) -> int | None:
+    """The internal id of a parked entry (``<len>:<key>:`` then a sign byte and 16 digits of
+    priority, then its ready member: 16 digits of place and the id), ``None``: unreadable."""
+    length = re.match(rb"([0-9]{1,10}):", entry)
+    if length is None:
+        return None
+    n = entry[len(length[0]) + int(length[1]) + 1 + 17 + 16 :]
+    return int(n) if re.fullmatch(rb"[0-9]{1,16}", n) else None
 
 
 #: A push time as the scripts store it: TIME's two parts, "<seconds> <microseconds>".
@@ -116,6 +145,7 @@ class FailedJobRepair:
         keys = (*q.push_keys, q.failed_key)
         args = (
             record, job.id, job.data, priority or 0, q.channel, self._quarantine_retention,
+            read_failed_key(record) or "",
         )  # fmt: skip
         done = await self._scripts.requeue_failed(keys, args)
         self._note_repair(queue, done)
@@ -138,16 +168,50 @@ class FailedJobRepair:
         q = self._queue(queue)
         replies = await self._client.pipeline(
             [("ZCARD", q.ready_key), ("ZCARD", q.delayed_key), ("ZCARD", q.active_key),
-             ("LLEN", q.failed_key)]
+             ("LLEN", q.failed_key), ("ZCARD", q.parked_key),
+             ("HMGET", q.limit_key, "max", "per_key")],
+            raise_on_error=False,
         )  # fmt: skip
-        ready, delayed, claimed, failed = (int(r) for r in replies)
-        age = await self._oldest_ready_age(q) if ready else None
-        return QueueStats(ready, delayed, claimed, failed, age)
+        for reply in replies[:5]:
+            if isinstance(reply, BrokerError):
+                raise reply
+        ready, delayed, claimed, failed, parked = (int(r) for r in replies[:5])
+        limit = _limit(replies[5])  # (a limit key of another type: an error reply, no limit)
+        age = await self._oldest_ready_age(q, parked) if ready + parked else None
+        return QueueStats(
+            ready + parked, delayed, claimed, failed, age,
+            limit and limit[0], limit is not None and limit[1],
+        )  # fmt: skip
 
-    async def _oldest_ready_age(self, q: Queue) -> float | None:
+    async def set_queue_limit(
+        self, queue: str, limit: int | None, *, per_key: bool = False
+    ) -> None:
+        """Store ``queue``'s limit (``None``: none; one script run, see ``SET_LIMIT``): the
+        live leases' ``held`` entries rebuilt (per key), every parked job ready again, the
+        queue's waiters rung. The same limit stored again changes nothing.
+
+        Raises:
+            ConfigError: ``limit`` is not ``None`` or an int >= 1.
+        """
+        limit = check_limit(limit)
+        q = self._queue(queue)
+        args = ("" if limit is None else limit, "1" if per_key else "0", q.channel)
+        await self._scripts.set_limit(q.limit_keys, args)
+
+    async def _oldest_ready_age(self, q: Queue, parked: int) -> float | None:
         script = self._scripts.oldest_ready
         cursor: bytes = b""
         lowest: int | None = None
+        if parked:
+            # Jobs parked behind a full key (ready, waiting for a slot): looked at whole, up to
+            # PARKED_LOOKED jobs (past that their age is not known: None).
+            if parked > PARKED_LOOKED:
+                return None
+            for member in await self._client.execute("ZRANGE", q.parked_key, 0, -1):
+                n = _parked_id(member)
+                if n is None:
+                    return None
+                lowest = n if lowest is None else min(lowest, n)
         while True:
             found, cursor, unreadable = await script(
                 (q.ready_key, q.moved_key), (cursor, OLDEST_READY_HEADS)
@@ -169,5 +233,5 @@ class FailedJobRepair:
     async def known_queues(self, prefix: str) -> list[str]:
         """The queues named ``prefix...`` holding any job (ready, delayed, claimed or failed
         keys; see :func:`scan_queues`)."""
-        suffixes = ("ready", "delayed", "active", "failed")
+        suffixes = ("ready", "delayed", "active", "failed", "parked")
         return await scan_queues(await self._scan_targets(), prefix, suffixes)

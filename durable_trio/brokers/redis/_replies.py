@@ -19,6 +19,7 @@ __all__ = [
     "read_claim",
     "read_claims",
     "read_failed",
+    "read_failed_key",
     "read_job_state",
     "read_job_states",
     "read_quarantined",
@@ -31,10 +32,11 @@ __all__ = [
 _META = re.compile(rb"(-?[0-9]{1,17}):([0-9]{1,15}):([0-9]{1,15}):(.*)", re.DOTALL)
 
 #: The head of a failed record (see ``_FAILED_RECORD``): six numbers, or seven when the job's
-#: meta was unreadable and is kept raw. (Bounded: ``int`` refuses over 4,300 digits.)
+#: meta was unreadable and is kept raw; then `` k`` and the length of the job's concurrency
+#: key, if it had one. (Bounded: ``int`` refuses over 4,300 digits.)
 _FAILED_HEAD = re.compile(
     rb"([0-9]{1,15}(?:\.[0-9]{1,9})?) ([0-9]{1,15}) ([0-9]{1,15})"
-    rb" ([0-9]{1,15}) ([0-9]{1,15}) ([0-9]{1,15})(?: (-1|[0-9]{1,15}))?"
+    rb" ([0-9]{1,15}) ([0-9]{1,15}) ([0-9]{1,15})(?: (-1|[0-9]{1,15}))?(?: k([0-9]{1,15}))?"
 )
 
 #: The head of a quarantine record: "at len(reason)".
@@ -132,18 +134,38 @@ def read_claim(fields: list[Any], start: int, *, ahead: bool = False) -> Claimed
     )
 
 
-def read_failed(record: bytes) -> FailedJob:
-    """A :class:`FailedJob` from a failed record; never raises. A record that cannot be read
-    is returned whole as ``data``, with an ``error`` naming the damage."""
+def _failed_parts(record: bytes) -> tuple[re.Match[bytes] | None, bytes, tuple[int, ...]]:
+    """A failed record's head match (``None``: unreadable), its body, and where the id, the
+    error, the stall history, the raw meta and the key end in the body."""
     head, _, rest = record.partition(b"\n")
     match = _FAILED_HEAD.fullmatch(head)
-    a = b = c = d = 0
+    a = b = c = d = e = 0
     if match is not None:
         a = int(match[4])
         b = a + int(match[5])
         c = b + int(match[6])
         d = c + max(int(match[7] or 0), 0)
-    if match is None or d > len(rest):
+        e = d + int(match[8] or 0)
+    if e > len(rest):
+        match = None
+    return match, rest, (a, b, c, d, e)
+
+
+def read_failed_key(record: bytes) -> str | None:
+    """The concurrency key a failed record keeps (``None``: none, or unreadable)."""
+    match, rest, (_, _, _, d, e) = _failed_parts(record)
+    if match is None or e == d:
+        return None
+    key, readable = _text(rest[d:e])
+    return key if readable else None
+
+
+def read_failed(record: bytes) -> FailedJob:
+    """A :class:`FailedJob` from a failed record; never raises. A record that cannot be read
+    is returned whole as ``data``, with an ``error`` naming the damage."""
+    match, rest, (a, b, c, d, e) = _failed_parts(record)
+    head = record.partition(b"\n")[0]
+    if match is None:
         return FailedJob(
             id="", data=record, error=f"damaged failed record: {_show(head)}", failed_at=0.0
         )
@@ -159,7 +181,7 @@ def read_failed(record: bytes) -> FailedJob:
     error = rest[a:b].decode(errors="replace")
     return FailedJob(
         id=job_id,
-        data=rest[d:],
+        data=rest[e:],
         error=f"{error} ({'; '.join(notes)})" if notes else error,
         failed_at=float(match[1]),
         attempts=int(match[2]),

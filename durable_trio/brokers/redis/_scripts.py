@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Final
 
+from ._lookups import JOB_STATE, JOB_STATES, OLDEST_READY, REQUEUE_FAILED, SIZE
 from ._seq import MEMBER_ID, TAKE_SEQ
+from ._slots import FREE_SLOT, PARK, PEEK, READ_LIMIT, SET_LIMIT, WALK_MAX, slot_table
 
 if TYPE_CHECKING:
     from ..._redis import RedisClient, RedisClusterClient, Script
@@ -81,8 +83,9 @@ _FAILED_RECORD: Final = """
 -- A failed record: "failed_at attempts stalled len(id) len(error) len(stalls)\\n" followed by
 -- id, error, stalls and the job's bytes (last, so it needs no length). When the meta is
 -- unreadable the counts are 0, the id is empty, and a seventh length (-1: no meta at all) says
--- how many bytes of raw meta follow the stalls: a damaged job is kept as it was found.
-local function failed_record(now, meta, err, stalls, data)
+-- how many bytes of raw meta follow the stalls: a damaged job is kept as it was found. A job
+-- with a concurrency key ends the head with " k" and its length, the key after the raw meta.
+local function failed_record(now, meta, err, stalls, data, key)
   local _, attempts, stalled, id = parse_meta(meta)
   local raw, tail = '', ''
   if not attempts then
@@ -90,8 +93,12 @@ local function failed_record(now, meta, err, stalls, data)
     raw = meta or ''
     tail = ' ' .. (meta and #meta or -1)
   end
+  key = key or ''
+  if key ~= '' then
+    tail = tail .. ' k' .. #key
+  end
   return string.format('%.6f', now) .. ' ' .. attempts .. ' ' .. stalled .. ' ' .. #id ..
-    ' ' .. #err .. ' ' .. #stalls .. tail .. '\\n' .. id .. err .. stalls .. raw .. data
+    ' ' .. #err .. ' ' .. #stalls .. tail .. '\\n' .. id .. err .. stalls .. raw .. key .. data
 end
 """
 
@@ -100,7 +107,8 @@ _PUSH_SEQ_KEYS: Final = """{seq = KEYS[1], ready = KEYS[2], delayed = KEYS[3], j
   meta = KEYS[5], claims = KEYS[7], moved = KEYS[8], active = KEYS[9], quarantine = KEYS[10]}"""
 
 # KEYS: PUSH_KEYS (seq ready delayed jobs meta armed claims moved active quarantine)
-# ARGV: id data priority delay channel quarantine_retention
+# ARGV: id data priority delay channel quarantine_retention key
+# The job's concurrency key (Job.key, "" for none) is kept as ``k`` .. n in jobs.
 # Returns 1, or the reason the sequence counter was repaired (TAKE_SEQ).
 _PUSH: Final = (
     TAKE_SEQ
@@ -110,6 +118,9 @@ local seq, repaired = take_seq(PUSH_SEQ_KEYS, 1, ARGV[6])
 local n = string.format('%d', seq)
 -- (the push time as TIME's two parts, joined: a number format would cost more than the HSET)
 redis.call('HSET', KEYS[4], n, ARGV[2], 't' .. n, t[1] .. ' ' .. t[2])
+if ARGV[7] ~= '' then
+  redis.call('HSET', KEYS[4], 'k' .. n, ARGV[7])
+end
 redis.call('HSET', KEYS[5], n, ARGV[3] .. ':0:0:' .. ARGV[1])
 local member = string.format('%016d', seq) .. n
 local delay = tonumber(ARGV[4])
@@ -128,8 +139,14 @@ return repaired or 1
 """.replace("PUSH_SEQ_KEYS", _PUSH_SEQ_KEYS)
 )
 
-# KEYS: seq ready delayed active jobs meta stalls claims armed claimed quarantine moved
+# KEYS: seq ready delayed active jobs meta stalls claims armed claimed quarantine moved, the
+# slot keys (held parked full ready armed), limit
 # ARGV: count worker token_suffixes promote_batch quarantine_retention [started]
+# Under a fleet-wide limit (``{Q}:limit``, see _slots) only the jobs that fit are claimed:
+# queue-wide, ``limit - ZCARD active`` at most (stopped short: ``full`` set, so the next lease
+# to end rings); per key, the ready jobs of a full key are parked as they are met (at most
+# WALK_MAX looked at: past that, the reply says "due in 0 seconds": look again at once). An
+# unreadable limit key is moved to the quarantine (a report): no limit until one is set again.
 # The claims past the first ``started`` are popped ahead: stored not started (a byte 1 before
 # the worker in their claim entry). Without ``started`` every claim is started, but for a
 # suspect (a job whose meta counts stalls): it is always stored not started.
@@ -144,7 +161,70 @@ _CLAIM: Final = (
     + _PARSE_META
     + _SET_ASIDE
     + TAKE_SEQ
+    + PARK
+    + READ_LIMIT
     + """
+-- Per key: walk ready from its head, choosing the jobs whose key has a free slot and parking
+-- the others, until count are chosen (or WALK_MAX looked at: more is then true). A full key's
+-- held entries are checked against active once (stray ones dropped: stale). Reads only.
+local function walk(count, lim)
+  local chosen, prefixes, parked, stale = {}, {}, {}, {}
+  local used, checked = {}, {}
+  local walked, more = 0, false
+  while #chosen < count do
+    if walked >= WALK_MAX then
+      more = redis.call('ZCARD', KEYS[2]) > walked
+      break
+    end
+    local page = redis.call('ZRANGE', KEYS[2], walked, walked + 99, 'WITHSCORES')
+    if #page == 0 then
+      break
+    end
+    for i = 1, #page, 2 do
+      local member = page[i]
+      walked = walked + 1
+      local n = string.match(member, MEMBER_ID)
+      local prefix = key_prefix(n and redis.call('HGET', KEYS[5], 'k' .. n))
+      local u = used[prefix]
+      if not u then
+        u = redis.call('ZLEXCOUNT', KEYS[13], key_range(prefix))
+      end
+      if u >= lim and not checked[prefix] then
+        checked[prefix] = true
+        u = u - redis.call('ZLEXCOUNT', KEYS[13], key_range(prefix)) +
+          live_count(KEYS[13], KEYS[4], prefix, stale)
+      end
+      used[prefix] = u
+      if not n or u < lim then
+        -- (a member naming no job goes to the claim below, which quarantines it: no slot)
+        chosen[#chosen + 1] = member
+        prefixes[#chosen] = prefix
+        if n and redis.call('HEXISTS', KEYS[6], n) == 1 then
+          used[prefix] = u + 1
+        end
+        if #chosen == count then
+          break
+        end
+      else
+        parked[#parked + 1] = parked_member(prefix, page[i + 1], member)
+      end
+    end
+  end
+  -- Ready ran out: one parked key drawn by the clock whose slots are free after all (a lease
+  -- that ended without unparking it: damaged data) is unparked (rescue), and more is set.
+  local rescue = false
+  if #chosen < count and not more then
+    local total = redis.call('ZCARD', KEYS[14])
+    local at = total > 0 and math.floor(now * 1000003) % total
+    local probe = at and redis.call('ZRANGE', KEYS[14], at, at)[1]
+    local len = probe and string.match(probe, '^(%d+):')
+    local prefix = len and string.sub(probe, 1, #len + tonumber(len) + 2)
+    if prefix and (used[prefix] or live_count(KEYS[13], KEYS[4], prefix, stale)) < lim then
+      rescue, more = prefix, true
+    end
+  end
+  return chosen, walked, prefixes, parked, stale, more, rescue
+end
 local out = {false}
 local set_aside = 0
 local function quarantine(reason, raw, n)
@@ -167,7 +247,7 @@ local function remains(n)
 end
 local function forget(n)
   if n then
-    redis.call('HDEL', KEYS[5], n, 't' .. n)
+    redis.call('HDEL', KEYS[5], n, 't' .. n, 'k' .. n)
     redis.call('HDEL', KEYS[7], n)
     redis.call('HDEL', KEYS[8], n)
   end
@@ -226,11 +306,54 @@ if #due > 0 then
   redis.call('ZREMRANGEBYRANK', KEYS[3], 0, #due - 1)
 end
 local count = tonumber(ARGV[1])
-local members = redis.call('ZRANGE', KEYS[2], 0, count - 1)
+local lim, per_key, junk = read_limit(KEYS[18])
+if junk then
+  writable(KEYS[11], 'list')
+  quarantine('limit unreadable, removed (no limit until one is set again)', junk, false)
+  redis.call('DEL', KEYS[18])
+end
+local members, walked, prefixes, parked, stale, more, rescue = {}, 0, {}, {}, {}, false, false
+local stopped = false  -- ready jobs left behind by a queue-wide limit
+if not lim then
+  members = redis.call('ZRANGE', KEYS[2], 0, count - 1)
+  walked = #members
+elseif not per_key then
+  local room = lim - redis.call('ZCARD', KEYS[4])
+  if room > 0 then
+    members = redis.call('ZRANGE', KEYS[2], 0, math.min(count, room) - 1)
+  end
+  walked = #members
+  stopped = walked < count and redis.call('ZCARD', KEYS[2]) > walked
+else
+  redis.call('ZCARD', KEYS[13])  -- (reads: a wrong-type key fails here, before any write)
+  redis.call('ZCARD', KEYS[14])
+  members, walked, prefixes, parked, stale, more, rescue = walk(count, lim)
+end
+-- Per key: the jobs of full keys parked, stray held entries dropped (every read is done).
+local function settle()
+  for _, entry in ipairs(parked) do
+    redis.call('ZADD', KEYS[14], 0, entry)
+  end
+  for _, entry in ipairs(stale) do
+    redis.call('ZREM', KEYS[13], entry)
+  end
+  if stopped then
+    redis.call('SET', KEYS[15], '1')
+  end
+end
 if #members == 0 then
+  settle()
+  if walked > 0 then
+    redis.call('ZREMRANGEBYRANK', KEYS[2], 0, walked - 1)
+  end
+  if rescue then  -- (after the walked ranks left ready)
+    unpark({parked = KEYS[14], ready = KEYS[2]}, rescue)
+  end
   redis.call('SET', KEYS[9], '1')
   local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-  if #first > 0 then
+  if more then
+    out[1] = '0'
+  elseif #first > 0 then
     out[1] = string.format('%.6f', tonumber(first[2]) - now)
   end
   if set_aside > 0 then
@@ -245,14 +368,14 @@ local suffixes = ARGV[3]
 local claims = {}
 local lost = {}
 local unmove = {}  -- the claimed members of ``moved``
-for _, member in ipairs(members) do
+for i, member in ipairs(members) do
   local n = string.match(member, MEMBER_ID)
   local meta = n and redis.call('HGET', KEYS[6], n)
   if not n or tonumber(string.sub(member, 1, 16)) ~= tonumber(n) then
     unmove[#unmove + 1] = member
   end
   if meta then
-    local at = (#claims / 4 % (#suffixes / 16)) * 16
+    local at = (#claims / 5 % (#suffixes / 16)) * 16
     local token = n .. ':' .. string.sub(suffixes, at + 1, at + 16)
     local _, _, stalled = parse_meta(meta)
     claims[#claims + 1] = n
@@ -261,6 +384,7 @@ for _, member in ipairs(members) do
     -- A suspect (stalled before, while its handler ran) is stored not started, like a claim
     -- popped ahead: it may wait to run alone in its worker, and that wait is not counted.
     claims[#claims + 1] = stalled ~= nil and tonumber(stalled) > 0
+    claims[#claims + 1] = prefixes[i] or ''
     out[#out + 1] = meta
     out[#out + 1] = redis.call('HGET', KEYS[5], n)
     out[#out + 1] = redis.call('HGET', KEYS[7], n)
@@ -282,18 +406,25 @@ if #lost > 0 then
     forget(entry[2])
   end
 end
+settle()
 local started = tonumber(ARGV[6] or '')
-for i = 1, #claims, 4 do
+for i = 1, #claims, 5 do
   local n = claims[i]
   local holder = worker
-  if claims[i + 3] or (started and (i - 1) / 4 >= started) then
+  if claims[i + 3] or (started and (i - 1) / 5 >= started) then
     holder = '\\1' .. worker
   end
   -- (the claim first: should the next write fail, a claim entry alone changes nothing)
   redis.call('HSET', KEYS[8], n, string.sub(claims[i + 1], 1, 16) .. holder)
   redis.call('ZADD', KEYS[4], now, claims[i + 2])
+  if per_key then
+    redis.call('ZADD', KEYS[13], 0, claims[i + 4] .. claims[i + 2])  -- its key's slot
+  end
 end
-redis.call('ZREMRANGEBYRANK', KEYS[2], 0, #members - 1)
+redis.call('ZREMRANGEBYRANK', KEYS[2], 0, walked - 1)
+if rescue then
+  unpark({parked = KEYS[14], ready = KEYS[2]}, rescue)
+end
 for _, member in ipairs(unmove) do
   redis.call('ZREM', KEYS[12], member)
 end
@@ -303,67 +434,65 @@ end
 if set_aside > 0 then
   redis.call('LTRIM', KEYS[11], 0, tonumber(ARGV[5]) - 1)
 end
-if #members < count then
-  -- Drained: arm the doorbell like an empty pop, so the caller may wait without popping again.
+if more then
+  out[1] = '0'  -- (the walk's bound: look again at once)
+elseif #members < count then
+  -- Drained (or at the limit): arm the doorbell like an empty pop, so the caller may wait
+  -- without popping again.
   redis.call('SET', KEYS[9], '1')
   local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
   out[1] = #first > 0 and string.format('%.6f', tonumber(first[2]) - now) or ''
 end
 return out
-""".replace("MEMBER_ID", MEMBER_ID)
+""".replace("MEMBER_ID", MEMBER_ID).replace("WALK_MAX", str(WALK_MAX))
 )
 
-# KEYS: active jobs meta stalls claims
-# ARGV: token
-_COMPLETE: Final = """
-local n = string.match(ARGV[1], '^(%d+):')
-if not n or redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
-  return 0
-end
-redis.call('HDEL', KEYS[2], n, 't' .. n)
-redis.call('HDEL', KEYS[3], n)
-redis.call('HDEL', KEYS[4], n)
-redis.call('HDEL', KEYS[5], n)
-return 1
-"""
-
-# KEYS: active jobs meta stalls claims
-# ARGV: token, token, ...
-# Returns 1 or 0 per token (as _COMPLETE's).
-_COMPLETE_MANY: Final = """
+# KEYS: active jobs meta stalls claims, the slot keys (held parked full ready armed)
+# ARGV: channel, token, token, ...
+# Returns 1 (completed) or 0 (the lease was lost) per token. Each lease's slot is freed
+# (FREE_SLOT: a job parked behind its key ready again, a waiter the limit stopped rung).
+_COMPLETE_MANY: Final = (
+    FREE_SLOT
+    + """
 local out = {}
-for i, token in ipairs(ARGV) do
+for i = 2, #ARGV do
+  local token = ARGV[i]
   local n = string.match(token, '^(%d+):')
   if not n or redis.call('ZREM', KEYS[1], token) == 0 then
-    out[i] = 0
+    out[i - 1] = 0
   else
-    redis.call('HDEL', KEYS[2], n, 't' .. n)
+    free_slot(SLOTS, n, token, ARGV[1])
+    redis.call('HDEL', KEYS[2], n, 't' .. n, 'k' .. n)
     redis.call('HDEL', KEYS[3], n)
     redis.call('HDEL', KEYS[4], n)
     redis.call('HDEL', KEYS[5], n)
-    out[i] = 1
+    out[i - 1] = 1
   end
 end
 return out
-"""
+""".replace("SLOTS", slot_table(6, 2))
+)
 
 # KEYS: PUSH_KEYS (as _PUSH's)
-# ARGV: channel, quarantine_retention, then (id, data, priority) per job
+# ARGV: channel, quarantine_retention, then (id, data, priority, key) per job
 # Returns the count, or the reason the sequence counter was repaired (TAKE_SEQ).
 _PUSH_MANY: Final = (
     TAKE_SEQ
     + """
 local t = redis.call('TIME')
 local pushed_at = t[1] .. ' ' .. t[2]
-local count = (#ARGV - 2) / 3
+local count = (#ARGV - 2) / 4
 local seq, repaired = take_seq(PUSH_SEQ_KEYS, count, ARGV[2])
 seq = seq - count
 for i = 0, count - 1 do
   seq = seq + 1
   local n = string.format('%d', seq)
-  local priority = ARGV[5 + 3 * i]
-  redis.call('HSET', KEYS[4], n, ARGV[4 + 3 * i], 't' .. n, pushed_at)
-  redis.call('HSET', KEYS[5], n, priority .. ':0:0:' .. ARGV[3 + 3 * i])
+  local priority = ARGV[5 + 4 * i]
+  redis.call('HSET', KEYS[4], n, ARGV[4 + 4 * i], 't' .. n, pushed_at)
+  if ARGV[6 + 4 * i] ~= '' then
+    redis.call('HSET', KEYS[4], 'k' .. n, ARGV[6 + 4 * i])
+  end
+  redis.call('HSET', KEYS[5], n, priority .. ':0:0:' .. ARGV[3 + 4 * i])
   redis.call('ZADD', KEYS[2], priority, string.format('%016d', seq) .. n)
 end
 if redis.call('DEL', KEYS[6]) == 1 then
@@ -375,10 +504,10 @@ return repaired or count
 
 
 # KEYS: the push's (PUSH_KEYS) of the results queue, then the complete's (active jobs meta
-# stalls claims) of the task queue.
-# ARGV: channel, job count, quarantine_retention, (id data priority) per job, then one token
-# per lease.
-# Returns 1 or 0 per token (as _COMPLETE's), then the reason the results queue's sequence
+# stalls claims, the slot keys) of the task queue.
+# ARGV: channel, job count, quarantine_retention, the task queue's channel, (id data priority
+# key) per job, then one token per lease.
+# Returns 1 or 0 per token (as _COMPLETE_MANY's), then the reason the results queue's sequence
 # counter was repaired, if it was (TAKE_SEQ). A worker's results and the acknowledgements of
 # their tasks: both or neither. The push comes first, and a script refused at its first write
 # (Redis out of memory: -OOM) or failing in the push writes nothing after it, so a task is never
@@ -386,6 +515,7 @@ return repaired or count
 # script before any write).
 _PUSH_AND_COMPLETE_MANY: Final = (
     TAKE_SEQ
+    + FREE_SLOT
     + """
 redis.call('ZCARD', KEYS[11])
 redis.call('HEXISTS', KEYS[12], '0')
@@ -400,22 +530,26 @@ seq = seq - count
 for i = 0, count - 1 do
   seq = seq + 1
   local n = string.format('%d', seq)
-  local priority = ARGV[6 + 3 * i]
-  redis.call('HSET', KEYS[4], n, ARGV[5 + 3 * i], 't' .. n, pushed_at)
-  redis.call('HSET', KEYS[5], n, priority .. ':0:0:' .. ARGV[4 + 3 * i])
+  local priority = ARGV[7 + 4 * i]
+  redis.call('HSET', KEYS[4], n, ARGV[6 + 4 * i], 't' .. n, pushed_at)
+  if ARGV[8 + 4 * i] ~= '' then
+    redis.call('HSET', KEYS[4], 'k' .. n, ARGV[8 + 4 * i])
+  end
+  redis.call('HSET', KEYS[5], n, priority .. ':0:0:' .. ARGV[5 + 4 * i])
   redis.call('ZADD', KEYS[2], priority, string.format('%016d', seq) .. n)
 end
 if redis.call('DEL', KEYS[6]) == 1 then
   redis.call('PUBLISH', ARGV[1], '')
 end
 local out = {}
-for i = 4 + 3 * count, #ARGV do
+for i = 5 + 4 * count, #ARGV do
   local token = ARGV[i]
   local n = string.match(token, '^(%d+):')
   if not n or redis.call('ZREM', KEYS[11], token) == 0 then
     out[#out + 1] = 0
   else
-    redis.call('HDEL', KEYS[12], n, 't' .. n)
+    free_slot(SLOTS, n, token, ARGV[4])
+    redis.call('HDEL', KEYS[12], n, 't' .. n, 'k' .. n)
     redis.call('HDEL', KEYS[13], n)
     redis.call('HDEL', KEYS[14], n)
     redis.call('HDEL', KEYS[15], n)
@@ -424,17 +558,18 @@ for i = 4 + 3 * count, #ARGV do
 end
 out[#out + 1] = repaired
 return out
-""".replace("PUSH_SEQ_KEYS", _PUSH_SEQ_KEYS)
+""".replace("PUSH_SEQ_KEYS", _PUSH_SEQ_KEYS).replace("SLOTS", slot_table(16, 12))
 )
 
-# KEYS: active jobs meta stalls claims failed
-# ARGV: token error retention
+# KEYS: active jobs meta stalls claims failed, the slot keys (held parked full ready armed)
+# ARGV: token error retention channel
 # A job whose meta is unreadable or gone is failed all the same, kept as found (see
-# failed_record).
+# failed_record). Its slot is freed (FREE_SLOT).
 _FAIL: Final = (
     _NOW
     + _PARSE_META
     + _FAILED_RECORD
+    + FREE_SLOT
     + """
 local token = ARGV[1]
 local n = string.match(token, '^(%d+):')
@@ -444,16 +579,18 @@ end
 local meta = redis.call('HGET', KEYS[3], n)
 local data = redis.call('HGET', KEYS[2], n) or ''
 local stalls = redis.call('HGET', KEYS[4], n) or ''
+local key = redis.call('HGET', KEYS[2], 'k' .. n)
 redis.call('HEXISTS', KEYS[5], n)  -- (a read: a wrong-type key fails here, before any write)
-redis.call('LPUSH', KEYS[6], failed_record(now, meta, ARGV[2], stalls, data))
+redis.call('LPUSH', KEYS[6], failed_record(now, meta, ARGV[2], stalls, data, key))
 redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[3]) - 1)
 redis.call('ZREM', KEYS[1], token)
-redis.call('HDEL', KEYS[2], n, 't' .. n)
+free_slot(SLOTS, n, token, ARGV[4])
+redis.call('HDEL', KEYS[2], n, 't' .. n, 'k' .. n)
 redis.call('HDEL', KEYS[3], n)
 redis.call('HDEL', KEYS[4], n)
 redis.call('HDEL', KEYS[5], n)
 return 1
-"""
+""".replace("SLOTS", slot_table(7, 2))
 )
 
 
@@ -463,25 +600,28 @@ def _shifted(script: str, keys: int, argv: int) -> str:
     return re.sub(r"ARGV\[(\d+)\]", lambda m: f"ARGV[{int(m[1]) + argv}]", script)
 
 
-# KEYS: the fail's (active jobs meta stalls claims failed), then the push's (PUSH_KEYS) of
-# another queue. ARGV: the fail's (token error retention), then the push's (id data priority
-# delay channel quarantine_retention). Fail, then push, in one script: both or neither (the
-# poison bridge's fail and failed result). The push's keys are read before any write. Returns
-# as _FAIL's, or the push's reason (its queue's sequence counter repaired, see TAKE_SEQ).
+# KEYS: the fail's (active jobs meta stalls claims failed, the slot keys), then the push's
+# (PUSH_KEYS) of another queue. ARGV: the fail's (token error retention channel), then the
+# push's (id data priority delay channel quarantine_retention key). Fail, then push, in one
+# script: both or neither (the poison bridge's fail and failed result). The push's keys are
+# read before any write. Returns as _FAIL's, or the push's reason (its queue's sequence counter
+# repaired, see TAKE_SEQ).
 _FAIL_AND_PUSH: Final = (
     _FAIL.removesuffix("return 1\n").replace(
         "local meta = redis.call('HGET', KEYS[3], n)",
-        "redis.call('GET', KEYS[7])\nredis.call('ZCARD', KEYS[8])\nredis.call('ZCARD', KEYS[9])\n"
-        "redis.call('HEXISTS', KEYS[10], '0')\nredis.call('HEXISTS', KEYS[11], '0')\n"
-        "local meta = redis.call('HGET', KEYS[3], n)",
+        "redis.call('GET', KEYS[12])\nredis.call('ZCARD', KEYS[13])\n"
+        "redis.call('ZCARD', KEYS[14])\nredis.call('HEXISTS', KEYS[15], '0')\n"
+        "redis.call('HEXISTS', KEYS[16], '0')\nlocal meta = redis.call('HGET', KEYS[3], n)",
     )
     + "do\n"
-    + _shifted(_PUSH, 6, 3)
+    + _shifted(_PUSH, 11, 4)
     + "end\n"
 )
 
-# KEYS: seq ready delayed active jobs meta stalls claims armed failed moved quarantine
+# KEYS: seq ready delayed active jobs meta stalls claims armed failed moved quarantine, the slot
+# keys (held parked full ready armed)
 # ARGV: token delay count_attempt("1"/"0") channel failed_retention quarantine_retention
+# The lease's slot is freed (FREE_SLOT), the job queued again.
 # Returns 0 (lease lost), 1 (handed back), or 2: the job's meta was unreadable, so it could not
 # be put back (no priority, no count): it was failed instead, kept as found; or the reason the
 # sequence counter was repaired when it was (handed back, see TAKE_SEQ).
@@ -489,6 +629,7 @@ _RETRY: Final = (
     _PARSE_META
     + _FAILED_RECORD
     + TAKE_SEQ
+    + FREE_SLOT
     + """
 local token = ARGV[1]
 local n = string.match(token, '^(%d+):')
@@ -504,10 +645,12 @@ if not priority then
   local data = redis.call('HGET', KEYS[5], n) or ''
   local stalls = redis.call('HGET', KEYS[7], n) or ''
   local err = 'damaged: stored meta unreadable, the job could not be retried'
-  redis.call('LPUSH', KEYS[10], failed_record(now, meta, err, stalls, data))
+  local key = redis.call('HGET', KEYS[5], 'k' .. n)
+  redis.call('LPUSH', KEYS[10], failed_record(now, meta, err, stalls, data, key))
   redis.call('LTRIM', KEYS[10], 0, tonumber(ARGV[5]) - 1)
   redis.call('ZREM', KEYS[4], token)
-  redis.call('HDEL', KEYS[5], n, 't' .. n)
+  free_slot(SLOTS, n, token, ARGV[4])
+  redis.call('HDEL', KEYS[5], n, 't' .. n, 'k' .. n)
   redis.call('HDEL', KEYS[6], n)
   redis.call('HDEL', KEYS[7], n)
   redis.call('HDEL', KEYS[8], n)
@@ -540,12 +683,13 @@ if ARGV[3] == '1' then
   redis.call('HSET', KEYS[6], n, priority .. ':' .. attempts .. ':' .. stalled .. ':' .. id)
 end
 redis.call('ZREM', KEYS[4], token)
+free_slot(SLOTS, n, token, ARGV[4])
 redis.call('HDEL', KEYS[8], n)
 if redis.call('DEL', KEYS[9]) == 1 then
   redis.call('PUBLISH', ARGV[4], '')
 end
 return repaired or 1
-"""
+""".replace("SLOTS", slot_table(13, 5))
 )
 
 # KEYS: active claims
@@ -592,7 +736,8 @@ return {renewed, lost}
 """
 )
 
-# KEYS: seq ready active jobs meta stalls claims armed claimed quarantine moved delayed
+# KEYS: seq ready active jobs meta stalls claims armed claimed quarantine moved delayed, the
+# slot keys (held parked full ready armed)
 # ARGV: threshold cutoff("" = now - threshold) max_stalled token_suffixes limit channel
 #       quarantine_retention
 # Returns {recovered, cutoff, examined, meta, data, stalls, token, ...}: the exceeded jobs, and
@@ -605,6 +750,7 @@ _RECOVER: Final = (
     + _PARSE_META
     + _SET_ASIDE
     + TAKE_SEQ
+    + FREE_SLOT
     + """
 local cutoff = now - tonumber(ARGV[1])
 if ARGV[2] ~= '' then
@@ -628,11 +774,13 @@ local function quarantine(reason, raw, n)
   out[#out + 1] = false
   out[#out + 1] = ''
 end
--- Poison (or unreadable): re-leased to the caller (who fails it), still active.
-local function lease(n, meta, data, history)
+-- Poison (or unreadable): re-leased to the caller (who fails it), still active (and holding
+-- its slot: its held entry follows the new token).
+local function lease(n, meta, data, history, token)
   local at = (#out - 3) / 4 % (#ARGV[4] / 16) * 16
   local new_token = n .. ':' .. string.sub(ARGV[4], at + 1, at + 16)
   redis.call('ZADD', KEYS[3], now, new_token)
+  move_slot(SLOTS, n, token, new_token)
   out[#out + 1] = meta
   out[#out + 1] = data
   out[#out + 1] = history
@@ -652,7 +800,8 @@ for _, token in ipairs(stale) do
     quarantine(n and 'claimed job without meta' or 'active member names no claim', raw, n)
     redis.call('ZREM', KEYS[3], token)
     if n then
-      redis.call('HDEL', KEYS[4], n, 't' .. n)
+      free_slot(SLOTS, n, token, ARGV[6])
+      redis.call('HDEL', KEYS[4], n, 't' .. n, 'k' .. n)
       redis.call('HDEL', KEYS[6], n)
       redis.call('HDEL', KEYS[7], n)
     end
@@ -662,7 +811,7 @@ for _, token in ipairs(stale) do
     local data = redis.call('HGET', KEYS[4], n)
     local history = redis.call('HGET', KEYS[6], n)
     redis.call('ZREM', KEYS[3], token)
-    lease(n, meta, data, history)
+    lease(n, meta, data, history, token)
   else
     local claim = redis.call('HGET', KEYS[7], n) or ''
     -- Only a claim whose handler started counts: one popped ahead and never started comes
@@ -715,8 +864,9 @@ for _, token in ipairs(stale) do
     redis.call('HSET', KEYS[5], n, meta)
     redis.call('ZREM', KEYS[3], token)
     if poison then
-      lease(n, meta, data, history)
+      lease(n, meta, data, history, token)
     else
+      free_slot(SLOTS, n, token, ARGV[6])
       redis.call('HDEL', KEYS[7], n)
       recovered = recovered + 1
     end
@@ -733,173 +883,8 @@ if set_aside > 0 then
   redis.call('LTRIM', KEYS[10], 0, tonumber(ARGV[7]) - 1)
 end
 return out
-"""
+""".replace("SLOTS", slot_table(13, 4))
 )
-
-# KEYS: meta claims; ARGV: job id
-# Returns {1, worker} (claimed), {0} (waiting) or nil (not on the queue). A scan of the meta
-# hash: the job id is stored only there, at the end of each entry (for a rare look, see
-# SupportsJobState).
-_JOB_STATE: Final = """
-local cursor = '0'
-repeat
-  local page = redis.call('HSCAN', KEYS[1], cursor, 'COUNT', 512)
-  cursor = page[1]
-  local items = page[2]
-  for i = 1, #items, 2 do
-    if string.match(items[i + 1], '^[^:]*:[^:]*:[^:]*:(.*)$') == ARGV[1] then
-      local claim = redis.call('HGET', KEYS[2], items[i])
-      if claim then
-        return {1, string.sub(claim, 17)}
-      end
-      return {0}
-    end
-  end
-until cursor == '0'
-return nil
-"""
-
-
-# KEYS: meta claims; ARGV: job ids
-# Returns one entry per job id, in order: 1 then the worker (claimed), 0 then '' (waiting) or
-# -1 then '' (not on the queue). One scan of the meta hash for every id (the loss audit).
-_JOB_STATES: Final = """
-local wanted = {}
-for i = 1, #ARGV do
-  wanted[ARGV[i]] = i
-end
-local out = {}
-for i = 1, #ARGV do
-  out[2 * i - 1] = -1
-  out[2 * i] = ''
-end
-local cursor = '0'
-repeat
-  local page = redis.call('HSCAN', KEYS[1], cursor, 'COUNT', 512)
-  cursor = page[1]
-  local items = page[2]
-  for i = 1, #items, 2 do
-    local at = wanted[string.match(items[i + 1], '^[^:]*:[^:]*:[^:]*:(.*)$') or '']
-    if at then
-      local claim = redis.call('HGET', KEYS[2], items[i])
-      if claim then
-        out[2 * at - 1] = 1
-        out[2 * at] = string.sub(claim, 17)
-      else
-        out[2 * at - 1] = 0
-      end
-    end
-  end
-until cursor == '0'
-return out
-"""
-
-
-# KEYS: ready delayed
-_SIZE: Final = """
-return redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
-"""
-
-# KEYS: ready delayed armed
-# Returns {1} when a job is ready (or due), else {0} or {0, next_due_in_seconds} (and arms).
-_PEEK: Final = (
-    _NOW
-    + """
-if redis.call('ZCARD', KEYS[1]) > 0 then
-  return {1}
-end
-local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-if #first > 0 and tonumber(first[2]) <= now then
-  return {1}
-end
-redis.call('SET', KEYS[3], '1')
-if #first > 0 then
-  return {0, string.format('%.6f', tonumber(first[2]) - now)}
-end
-return {0}
-"""
-)
-
-
-# KEYS: PUSH_KEYS, failed
-# ARGV: record id data priority channel quarantine_retention
-# Requeue one failed record (the exact bytes read by the client): gone meanwhile -> 0; else 1,
-# or the reason the sequence counter was repaired (see TAKE_SEQ).
-_REQUEUE_FAILED: Final = (
-    TAKE_SEQ
-    + """
-if redis.call('LREM', KEYS[11], 1, ARGV[1]) == 0 then
-  return 0
-end
-local t = redis.call('TIME')
-local seq, repaired = take_seq({seq = KEYS[1], ready = KEYS[2], delayed = KEYS[3], jobs = KEYS[4],
-  meta = KEYS[5], claims = KEYS[7], moved = KEYS[8], active = KEYS[9], quarantine = KEYS[10]},
-  1, ARGV[6])
-local n = string.format('%d', seq)
--- (pushed now, as a fresh push: its age on the queue starts again)
-redis.call('HSET', KEYS[4], n, ARGV[3], 't' .. n, t[1] .. ' ' .. t[2])
-redis.call('HSET', KEYS[5], n, ARGV[4] .. ':0:0:' .. ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[4], string.format('%016d', seq) .. n)
-if redis.call('DEL', KEYS[6]) == 1 then
-  redis.call('PUBLISH', ARGV[5], '')
-end
-return repaired or 1
-"""
-)
-
-
-# KEYS: ready moved
-# ARGV: priority cursor ("": from the lowest) heads
-# The lowest internal id n among the ready jobs: {n or false, next cursor or false, unreadable}.
-# Ids are handed out in push order (INCR), and a job keeps its id and its push time through
-# delays, retries and reclaims, so the lowest id is the oldest push (on a server whose clock
-# does not step back). A job at its push's place in ``ready`` has its id as its place, so in
-# each priority it is behind any job pushed before it: only the head of each priority, and the
-# lowest of ``moved`` (the ready jobs at another place), can be the lowest. So a run costs
-# O(priorities * log n), never a walk of the queue. ``unreadable``: a head that names no id.
-_OLDEST_READY: Final = """
-local lowest = false
-local function consider(n)
-  n = tonumber(n)
-  if n and (not lowest or n < lowest) then
-    lowest = n
-  end
-end
-local first
-if ARGV[1] == '' then
-  -- (an entry whose member left ready meanwhile is stale: skipped, a bounded number of them)
-  for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, 99)) do
-    if redis.call('ZSCORE', KEYS[1], member) then
-      consider(string.match(member, MEMBER_ID))
-      break
-    end
-  end
-  first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-else
-  first = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-end
-local unreadable = 0
-local visited = 0
-local cursor = false
-while #first > 0 do
-  if visited == tonumber(ARGV[2]) then
-    break
-  end
-  local n = string.match(first[1], MEMBER_ID)
-  if n then
-    consider(n)
-  else
-    unreadable = unreadable + 1
-  end
-  visited = visited + 1
-  cursor = first[2]
-  first = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. cursor, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-end
-if #first == 0 then
-  cursor = false
-end
-return {lowest and string.format('%d', lowest) or false, cursor, unreadable}
-""".replace("MEMBER_ID", MEMBER_ID)
 
 
 class Scripts:
@@ -919,16 +904,16 @@ class Scripts:
         self.push_and_complete = script(_PUSH_AND_COMPLETE_MANY)
         self.claim = script(_CLAIM)
         self.mark_started = script(_MARK_STARTED)
-        self.complete = script(_COMPLETE)
         self.complete_many = script(_COMPLETE_MANY)
         self.fail = script(_FAIL)
         self.fail_and_push = script(_FAIL_AND_PUSH)
         self.retry = script(_RETRY)
         self.renew = script(_RENEW)
         self.recover = script(_RECOVER)
-        self.size = script(_SIZE)
-        self.peek = script(_PEEK)
-        self.job_state = script(_JOB_STATE)
-        self.job_states = script(_JOB_STATES)
-        self.requeue_failed = script(_REQUEUE_FAILED)
-        self.oldest_ready = script(_OLDEST_READY)
+        self.size = script(SIZE)
+        self.peek = script(PEEK)
+        self.set_limit = script(SET_LIMIT)
+        self.job_state = script(JOB_STATE)
+        self.job_states = script(JOB_STATES)
+        self.requeue_failed = script(REQUEUE_FAILED)
+        self.oldest_ready = script(OLDEST_READY)
