@@ -304,7 +304,8 @@ def duration(text: str) -> float:
         seconds = math.nan
     if not (0 < seconds < math.inf):
         raise ConfigError(
-            f"--older-than: not a duration (seconds, or 30s, 15m, 12h, 7d, 2w): {visible(text)!r}"
+            "--older-than: not a duration > 0 (seconds, or 30s, 15m, 12h, 7d, 2w): "
+            f"{visible(text)!r}"
         )
     return seconds
 

@@ -71,15 +71,16 @@ async def _list(target: _Target, args: argparse.Namespace) -> int:
     for info in infos:
         s = info.schedule
         if s is None:
-            lines.append([info.name, "—", "DAMAGED", "—", "—", "—", _time(info.last_tick)])
+            lines.append([info.name, "—", "DAMAGED", "—", "—", "—", "—", _time(info.last_tick)])
             continue
         when = s.cron + f" ({s.timezone})" if s.cron is not None else f"every {s.every:g} s"
-        state: str = "paused" if s.paused else s.catch_up
+        state = "paused" if s.paused else "active"
         if info.error is not None:  # no live engine (or --app's) runs it: engines skip it
             state = "unknown workflow"
-        lines.append([info.name, s.workflow, when, state, _overlap(info),
+        lines.append([info.name, s.workflow, when, state, s.catch_up, _overlap(info),
                       _time(info.next_tick), _time(info.last_tick)])  # fmt: skip
-    headers = ["name", "workflow", "when", "state", "overlap", "next tick", "last tick"]
+    headers = ["name", "workflow", "when", "state", "catch-up", "overlap", "next tick",
+               "last tick"]  # fmt: skip
     print(table(headers, lines), end="")
     return 0
 
