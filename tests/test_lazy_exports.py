@@ -46,7 +46,7 @@ def test_from_import_of_each_name_in_a_fresh_process() -> None:
 
 def test_an_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="NoSuchName"):
-        durable_trio.NoSuchName  # noqa: B018
+        durable_trio.NoSuchName  # type: ignore[attr-defined]  # noqa: B018
 
 
 def test_import_loads_no_engine_transport_or_backend() -> None:

@@ -154,13 +154,17 @@ _EXPORTS: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+# Hidden from type checkers: with a module __getattr__ in sight, mypy would accept any
+# name (a typo included) as an attribute of the package.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:

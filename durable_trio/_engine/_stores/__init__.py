@@ -48,10 +48,12 @@ def open_run_store(
     return backend.open_run_store(namespace)
 
 
-def __getattr__(name: str) -> type[MemoryRunStore]:
-    # imported on first use (PEP 562): a worker's backend needs no run store of its own
-    if name == "MemoryRunStore":
-        from .memory import MemoryRunStore
+if not TYPE_CHECKING:  # (hidden from mypy, which would accept any name past a __getattr__)
 
-        return MemoryRunStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def __getattr__(name: str) -> type[MemoryRunStore]:
+        # imported on first use (PEP 562): a worker's backend needs no run store of its own
+        if name == "MemoryRunStore":
+            from .memory import MemoryRunStore
+
+            return MemoryRunStore
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
