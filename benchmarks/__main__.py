@@ -13,7 +13,9 @@ node, and the scaling with one worker process per master, issue 17), ``sqlite`` 
 default), ``simulation`` (a seeded day of production with faults, issue 9), ``soak`` (memory of
 one worker over a million steps and of an engine over 100,000 runs, issue 13; several minutes),
 ``detached`` (start -> result of a run started detached by another process, issue 30),
-``limits`` (S1 with a fleet-wide step limit against without, on Redis and SQLite, issue 33).
+``limits`` (S1 with a fleet-wide step limit against without, on Redis and SQLite, issue 33),
+``startup`` (``import durable_trio`` beside ``import trio``, a worker's spawn -> first job done,
+issue 35).
 ``--quick`` runs smaller versions of each (a smoke test; the peers then run once each).
 """
 
@@ -48,6 +50,7 @@ from . import (
     signals,
     simulation,
     soak,
+    startup,
 )
 from . import redis as ours_on_redis
 from .redis_server import RedisError, private_redis, redis_version
@@ -122,6 +125,7 @@ SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "signals": signals.section,
     "detached": detached.section,
     "console": console.section,
+    "startup": startup.section,
     "simulation": _simulation,
     "soak": _soak,
 }
@@ -348,6 +352,13 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
                     )
                 )
     checks += _postgres_targets(f)
+    startup_ratio = "startup import durable_trio / import trio (x)"
+    if have(startup_ratio):
+        ratio = _value(f[startup_ratio])
+        checks.append(
+            (f"[35] import durable_trio: {ratio:.2f}x import trio (want <= {startup.TARGET:g}x)",
+             ratio <= startup.TARGET)
+        )  # fmt: skip
     cpu_ratio = "ours / ioredis CPU per command, 10 caller(s) (x)"
     if have(cpu_ratio):
         ratio = _value(f[cpu_ratio])

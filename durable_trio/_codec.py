@@ -267,7 +267,20 @@ def _json_fields(cls: type[Any]) -> _JsonFields:
     return tuple(out)
 
 
-_JSON_FIELDS: dict[type[Any], _JsonFields] = {cls: _json_fields(cls) for cls in MESSAGE_TYPES}
+#: The JSON fields of each message type, worked out on first use (an import builds nothing: a
+#: process pays for the types it sends and receives).
+_JSON_FIELDS: dict[type[Any], _JsonFields] = {}
+_MESSAGE_CLASSES = frozenset(MESSAGE_TYPES)
+
+
+def _message_fields(cls: type[Any]) -> _JsonFields | None:
+    """The JSON fields of a wire message type (``None`` for any other class)."""
+    fields = _JSON_FIELDS.get(cls)
+    if fields is None and cls in _MESSAGE_CLASSES:
+        fields = _JSON_FIELDS[cls] = _json_fields(cls)
+    return fields
+
+
 #: The deepest a wire message's JSON may nest below its payload: what the fields allow, plus the
 #: message objects around them (the payload, an ``error``).
 _MESSAGE_DEPTH = MAX_JSON_DEPTH + _WRAPPING_DEPTH + 2
@@ -316,9 +329,19 @@ def _explained(what: str, wire: Any, fields: _JsonFields | None) -> PayloadError
 _COUNT_BELOW = 16 * 1024
 
 _KINDS = {kind.value: kind for kind in JobKind}
-#: The hot path's structure hooks, looked up once per kind rather than once per job.
-_FAST_STRUCTURE = {kind: _fast.get_structure_hook(cls) for kind, cls in PAYLOAD_TYPES.items()}
-_UNSTRUCTURE = {cls: converter.get_unstructure_hook(cls) for cls in PAYLOAD_TYPES.values()}
+#: The hot path's structure hooks, looked up once per kind rather than once per job; each
+#: generated on first use (cattrs compiles a function per class: a worker that only takes tasks
+#: and sends results makes those two, not all thirteen, before its first job).
+_FAST_STRUCTURE: dict[JobKind, Callable[[Any, type], Any]] = {}
+_UNSTRUCTURE: dict[type[Any], Callable[[Any], Any]] = {}
+_PAYLOAD_CLASSES = frozenset(PAYLOAD_TYPES.values())
+
+
+def _fast_structure(kind: JobKind) -> Callable[[Any, type], Any]:
+    hook = _FAST_STRUCTURE[kind] = _fast.get_structure_hook(PAYLOAD_TYPES[kind])
+    return hook
+
+
 #: How an encoding error names what it refused (built once: the hot path formats no string).
 _WHAT = {kind: f"{kind.value} payload" for kind in JobKind}
 
@@ -356,7 +379,7 @@ def from_wire(data: Any, cls: type[T]) -> T:
         PayloadError: the data does not fit ``cls``, or one of its JSON fields nests too deep;
             the message names the field.
     """
-    fields = _JSON_FIELDS.get(cls)
+    fields = _message_fields(cls)
     if fields and type(data) is dict:
         offender = _offender(data, fields)
         if offender is not None:
@@ -373,7 +396,7 @@ def from_wire(data: Any, cls: type[T]) -> T:
 
 def _fields_of(cls: type[Any]) -> _JsonFields | None:
     """The JSON fields of a message class (``None``: not a message but plain data)."""
-    fields = _JSON_FIELDS.get(cls)
+    fields = _message_fields(cls)
     if fields is None and attrs.has(cls):
         fields = _json_fields(cls)
     return fields
@@ -386,7 +409,10 @@ def _wire_of(message: Any, what: str) -> Any:
         if not is_json(message, _MESSAGE_DEPTH):
             raise _refusal(what, (message, "$", _MESSAGE_DEPTH))
         return message
-    unstructure = _UNSTRUCTURE.get(type(message))
+    cls = type(message)
+    unstructure = _UNSTRUCTURE.get(cls)
+    if unstructure is None and cls in _PAYLOAD_CLASSES:
+        unstructure = _UNSTRUCTURE[cls] = converter.get_unstructure_hook(cls)
     try:
         wire = unstructure(message) if unstructure is not None else to_wire(message)
     except Exception as exc:
@@ -504,11 +530,12 @@ def decode_envelope(data: bytes, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) 
         and type(data_payload) is dict
         and (size > _COUNT_BELOW or data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH)
     ):
-        offender = _offender(data_payload, _JSON_FIELDS[PAYLOAD_TYPES[kind]], read_within)
+        offender = _offender(data_payload, _message_fields(PAYLOAD_TYPES[kind]) or (), read_within)
         if offender is not None:
             raise _refusal(f"{kind.value} job", offender)
     try:
-        payload = _FAST_STRUCTURE[kind](data_payload, PAYLOAD_TYPES[kind])
+        structure = _FAST_STRUCTURE.get(kind) or _fast_structure(kind)
+        payload = structure(data_payload, PAYLOAD_TYPES[kind])
     except Exception:
         payload = from_wire(data_payload, PAYLOAD_TYPES[kind])  # raises, naming the field
     trace = raw.get("trace")

@@ -49,47 +49,127 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
 
 from __future__ import annotations
 
-from ._app import App, StepDefinition, WorkflowDefinition
-from ._audit import StepLost
-from ._children import ChildDepthExceeded, ChildFailed
-from ._context import StepHandle, StepInfo, WorkflowContext, step_info
-from ._debounce import Debounce
-from ._duplicates import DuplicateResult
-from ._engine import Engine
-from ._errors import (
-    EngineClosed,
-    EngineError,
-    NonDeterminismError,
-    RunCancelled,
-    RunDataError,
-    RunFailed,
-    RunNotFound,
-    RunNotRetryable,
-    RunTimedOut,
-    StepFailed,
-    UnknownWorkflow,
-)
-from ._open import open_engine
-from ._options import EngineOptions
-from ._records import (
-    Applied,
-    DamagedRun,
-    RunPage,
-    RunRecord,
-    RunState,
-    RunStatus,
-    StepKind,
-    StepRecord,
-    StepState,
-)
-from ._retry import Retry
-from ._signals import EventTimeout, RunNotSignalable, SignalDataError, SignalTimeout
-from ._statistics import EngineStatistics
-from ._step_timeouts import StepTimeouts, UnknownStep
-from ._step_watch import StepNotStarted, StepWait
-from ._stores import RunStore, open_run_store
-from ._tenant import RunView, TenantClient, open_tenant_client
-from ._worker import Worker, WorkerStatistics, open_worker
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the real imports, for type checkers; at run time: _EXPORTS
+    from ._app import App, StepDefinition, WorkflowDefinition
+    from ._audit import StepLost
+    from ._children import ChildDepthExceeded, ChildFailed
+    from ._context import StepHandle, StepInfo, WorkflowContext, step_info
+    from ._debounce import Debounce
+    from ._duplicates import DuplicateResult
+    from ._engine import Engine
+    from ._errors import (
+        EngineClosed,
+        EngineError,
+        NonDeterminismError,
+        RunCancelled,
+        RunDataError,
+        RunFailed,
+        RunNotFound,
+        RunNotRetryable,
+        RunTimedOut,
+        StepFailed,
+        UnknownWorkflow,
+    )
+    from ._open import open_engine
+    from ._options import EngineOptions
+    from ._records import (
+        Applied,
+        DamagedRun,
+        RunPage,
+        RunRecord,
+        RunState,
+        RunStatus,
+        StepKind,
+        StepRecord,
+        StepState,
+    )
+    from ._retry import Retry
+    from ._signals import EventTimeout, RunNotSignalable, SignalDataError, SignalTimeout
+    from ._statistics import EngineStatistics
+    from ._step_timeouts import StepTimeouts, UnknownStep
+    from ._step_watch import StepNotStarted, StepWait
+    from ._stores import RunStore, open_run_store
+    from ._tenant import RunView, TenantClient, open_tenant_client
+    from ._worker import Worker, WorkerStatistics, open_worker
+
+#: Each public name -> its module, imported on first use (PEP 562): a process that only
+#: needs a store or the records does not load the engine's drivers and loops.
+_EXPORTS: dict[str, str] = {
+    "App": "._app",
+    "StepDefinition": "._app",
+    "WorkflowDefinition": "._app",
+    "StepLost": "._audit",
+    "ChildDepthExceeded": "._children",
+    "ChildFailed": "._children",
+    "StepHandle": "._context",
+    "StepInfo": "._context",
+    "WorkflowContext": "._context",
+    "step_info": "._context",
+    "Debounce": "._debounce",
+    "DuplicateResult": "._duplicates",
+    "Engine": "._engine",
+    "EngineClosed": "._errors",
+    "EngineError": "._errors",
+    "NonDeterminismError": "._errors",
+    "RunCancelled": "._errors",
+    "RunDataError": "._errors",
+    "RunFailed": "._errors",
+    "RunNotFound": "._errors",
+    "RunNotRetryable": "._errors",
+    "RunTimedOut": "._errors",
+    "StepFailed": "._errors",
+    "UnknownWorkflow": "._errors",
+    "open_engine": "._open",
+    "EngineOptions": "._options",
+    "Applied": "._records",
+    "DamagedRun": "._records",
+    "RunPage": "._records",
+    "RunRecord": "._records",
+    "RunState": "._records",
+    "RunStatus": "._records",
+    "StepKind": "._records",
+    "StepRecord": "._records",
+    "StepState": "._records",
+    "Retry": "._retry",
+    "EventTimeout": "._signals",
+    "RunNotSignalable": "._signals",
+    "SignalDataError": "._signals",
+    "SignalTimeout": "._signals",
+    "EngineStatistics": "._statistics",
+    "StepTimeouts": "._step_timeouts",
+    "UnknownStep": "._step_timeouts",
+    "StepNotStarted": "._step_watch",
+    "StepWait": "._step_watch",
+    "RunStore": "._stores",
+    "open_run_store": "._stores",
+    "RunView": "._tenant",
+    "TenantClient": "._tenant",
+    "open_tenant_client": "._tenant",
+    "Worker": "._worker",
+    "WorkerStatistics": "._worker",
+    "open_worker": "._worker",
+}
+
+
+# Hidden from type checkers: with a module __getattr__ in sight, mypy would accept any
+# name (a typo included) as an attribute of the package.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "App",

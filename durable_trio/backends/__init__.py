@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING
 from .._errors import ConfigError
 from .._redact import url_scheme
 from ._backend import Backend, MemoryRunStores, RunStores
-from .memory import open_memory_backend
-from .sqlite import open_sqlite_backend
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -63,9 +61,15 @@ async def open_backend(url: str = "memory://", *, existing: bool = False) -> Asy
     :func:`~durable_trio._redact.redact_url`); ``Backend.url`` is the URL with them masked.
     """
     scheme = url_scheme(url)
+    # Each backend's module imported here, when its scheme is asked for: a process loads the
+    # one backend it opens (the Redis ones need hiredis, the PostgreSQL one psycopg).
     if scheme == "memory":
+        from .memory import open_memory_backend
+
         opened = open_memory_backend(url)
     elif scheme == "sqlite":
+        from .sqlite import open_sqlite_backend
+
         opened = open_sqlite_backend(url, existing=existing)
     elif scheme in _REDIS_SCHEMES:
         # imported here: the Redis backend needs hiredis (the `redis` extra)

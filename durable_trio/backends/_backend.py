@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 import trio
 
-from .._engine._stores.memory import MemoryRunStore
 from .._errors import BrokerUnavailable
 from ..brokers import QueueBroker
 from ..keys import KeyStore
@@ -22,6 +21,9 @@ if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
     from .._engine._stores._contract import RunStore
+
+    # (attrs keeps the field's annotation a string: nothing evaluates it at run time)
+    from .._engine._stores.memory import MemoryRunStore  # noqa: TC004
 
 __all__ = ["Backend", "MemoryRunStores", "RunStores"]
 
@@ -63,6 +65,9 @@ class MemoryRunStores:
         """The namespace's memory store (made on first use)."""
         store = self._by_namespace.get(namespace)
         if store is None:
+            # imported here: a backend that only carries jobs never loads the run stores
+            from .._engine._stores.memory import MemoryRunStore
+
             store = self._by_namespace[namespace] = MemoryRunStore()
         yield store
 

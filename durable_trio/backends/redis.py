@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from .._engine._stores.redis import RedisRunStore
 from .._redact import redact_url, url_scheme
 from .._redis import RedisClient, RedisClusterClient, open_redis, open_redis_cluster
 from ..brokers.redis import RedisBroker, RedisClusterBroker
@@ -48,6 +47,9 @@ class RedisRunStores:
     @asynccontextmanager
     async def open(self, namespace: str) -> AsyncIterator[RunStore]:
         """A store for ``namespace`` on the client; closed on leaving (the client is not)."""
+        # imported here: a worker's backend opens no run store (and loads none)
+        from .._engine._stores.redis import RedisRunStore
+
         store = RedisRunStore(self.client, namespace, shards=self.shards)
         try:
             async with trio.open_nursery() as nursery:

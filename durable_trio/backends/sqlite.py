@@ -14,7 +14,6 @@ from urllib.parse import SplitResult, urlsplit
 import attrs
 import trio
 
-from .._engine._stores.sqlite import SqliteRunStore, stored_namespaces
 from .._errors import ConfigError
 from .._redact import redact_url
 from ..brokers.sqlite import SqliteBroker
@@ -86,6 +85,9 @@ class SqliteRunStores:
             BrokerUnavailable: the broker is closed.
             BrokerError: the tables could not be created.
         """
+        # imported here: a worker's backend opens no run store (and loads none)
+        from .._engine._stores.sqlite import SqliteRunStore
+
         store = await SqliteRunStore.attach(self.broker, namespace)
         try:
             yield store
@@ -95,6 +97,8 @@ class SqliteRunStores:
 
     async def namespaces(self) -> list[str]:
         """The namespaces with a run or a schedule in the file."""
+        from .._engine._stores.sqlite import stored_namespaces
+
         return await stored_namespaces(self.broker)
 
 

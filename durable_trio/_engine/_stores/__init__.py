@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from ._contract import RunStore
-from .memory import MemoryRunStore
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
+
+    from .memory import MemoryRunStore
 
 __all__ = ["MemoryRunStore", "RunStore", "RunStoreOpener", "open_run_store"]
 
@@ -45,3 +46,14 @@ def open_run_store(
         BrokerError: the store could not be opened (its tables created, ...).
     """
     return backend.open_run_store(namespace)
+
+
+if not TYPE_CHECKING:  # (hidden from mypy, which would accept any name past a __getattr__)
+
+    def __getattr__(name: str) -> type[MemoryRunStore]:
+        # imported on first use (PEP 562): a worker's backend needs no run store of its own
+        if name == "MemoryRunStore":
+            from .memory import MemoryRunStore
+
+            return MemoryRunStore
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
