@@ -6,11 +6,12 @@ Serves the step ``noop-0`` at CONCURRENCY; each step's body is BODY:
 
 * ``file``: append one byte to the file TARGET (``os.write`` on a descriptor opened once);
 * ``rpush``: one ``RPUSH TARGET x`` through ONE client of ``durable_trio.redis`` on URL (its
-  defaults), opened and connected at the worker's start.
+  defaults), opened and connected at the worker's start;
+* ``none``: nothing (the drain's own cost, for profiles).
 
-It prints ``start WALL CPU`` when it enters its run loop (imports and connecting done: as the
+It prints ``start WALL CPU USER SYSTEM`` when it enters its run loop (imports and connecting done: as the
 peers' S1 is timed), counts the distinct steps done in memory, and at the JOBS-th prints
-``done WALL CPU``; then serves until killed. With ``BENCH_PROFILE=PATH``, cProfile runs from
+``done WALL CPU USER SYSTEM``; then serves until killed. With ``BENCH_PROFILE=PATH``, cProfile runs from
 the start line to the done line and its stats are dumped to PATH.
 """
 
@@ -26,6 +27,12 @@ import trio
 
 import durable_trio as dt
 from durable_trio.redis import open_redis
+
+
+def _clocks() -> str:
+    """Wall clock, CPU seconds, and of them user and system seconds."""
+    times = os.times()
+    return f"{time.time():.6f} {time.process_time():.6f} {times.user:.2f} {times.system:.2f}"
 
 
 async def main(
@@ -46,7 +53,7 @@ async def main(
                 if profiler is not None and profile_path:
                     profiler.disable()
                     profiler.dump_stats(profile_path)
-                print(f"done {time.time():.6f} {time.process_time():.6f}", flush=True)
+                print(f"done {_clocks()}", flush=True)
 
         if body == "file":
             fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -64,9 +71,14 @@ async def main(
                 await client.execute("RPUSH", target, b"x")
                 counted(task)
 
+        elif body == "none":  # (for profiles: the drain's own cost, no body)
+
+            async def step(task: dt.RemoteTask) -> None:
+                counted(task)
+
         else:
             raise SystemExit(f"unknown body {body!r}")
-        print(f"start {time.time():.6f} {time.process_time():.6f}", flush=True)
+        print(f"start {_clocks()}", flush=True)
         if profiler is not None:
             profiler.enable()
         transport.handle("noop-0", step)

@@ -44,7 +44,7 @@ from durable_trio.redis import open_redis
 
 from .peers.venv import PEERS_DIR, ensure_envs
 from .redis import _fill
-from .redis_server import RedisError, flushall, private_redis, redis_version
+from .redis_server import RedisError, _info_fields, flushall, private_redis, redis_version
 
 __all__ = ["TARGETS", "Drain", "bullmq", "ours", "section"]
 
@@ -72,6 +72,9 @@ class Drain:
     cpu_us: float
     startup_s: float
     bodies: int
+    redis_us: float  # the redis-server's CPU per job, from the worker's spawn to its last job
+    user_us: float = float("nan")  # of cpu_us, in user mode (ours only; 10 ms ticks)
+    system_us: float = float("nan")  # of cpu_us, in the kernel (ours only)
 
 
 async def _queue(url: str, namespace: str, jobs: int) -> None:
@@ -87,6 +90,12 @@ async def _llen(url: str, key: str) -> int:
         return count
 
 
+def redis_cpu(url: str) -> float:
+    """The redis-server's CPU seconds so far (user + system, ``INFO cpu``)."""
+    fields = _info_fields(url, "cpu")
+    return float(fields["used_cpu_user"]) + float(fields["used_cpu_sys"])
+
+
 def ours(url: str, body: str, *, jobs: int, profile: Path | None = None) -> Drain:
     """One drain of ``jobs`` steps by our worker process with ``body``."""
     namespace = f"drains-{body}-{time.monotonic_ns()}"
@@ -97,7 +106,7 @@ def ours(url: str, body: str, *, jobs: int, profile: Path | None = None) -> Drai
         if profile is not None:
             env["BENCH_PROFILE"] = str(profile)
         argv = [sys.executable, str(WORKER), url, namespace, str(CONCURRENCY), str(jobs), body]
-        spawned = time.time()
+        spawned, server_cpu = time.time(), redis_cpu(url)
         worker = subprocess.Popen([*argv, target], stdout=subprocess.PIPE, env=env, text=True)
         watchdog = threading.Timer(TIMEOUT, worker.kill)
         watchdog.start()
@@ -110,6 +119,7 @@ def ours(url: str, body: str, *, jobs: int, profile: Path | None = None) -> Drai
                     raise RuntimeError(f"our worker exited {worker.wait()} before its drain ended")
                 word, *fields = line.split()
                 lines[word] = [float(f) for f in fields]
+            server_cpu = redis_cpu(url) - server_cpu
         finally:
             watchdog.cancel()
             worker.kill()
@@ -117,10 +127,18 @@ def ours(url: str, body: str, *, jobs: int, profile: Path | None = None) -> Drai
             if worker.stdout is not None:
                 worker.stdout.close()
         bodies = (
-            Path(target).stat().st_size if body == "file" else trio.run(_llen, url, target)
+            Path(target).stat().st_size
+            if body == "file"
+            else trio.run(_llen, url, target)
+            if body == "rpush"
+            else jobs
         )
-    (start, cpu0), (done, cpu1) = lines["start"], lines["done"]
-    return Drain(jobs / (done - start), (cpu1 - cpu0) / jobs * 1e6, start - spawned, bodies)
+    (start, cpu0, user0, sys0), (done, cpu1, user1, sys1) = lines["start"], lines["done"]
+    per_job = 1e6 / jobs
+    return Drain(
+        jobs / (done - start), (cpu1 - cpu0) * per_job, start - spawned, bodies,
+        server_cpu * per_job, (user1 - user0) * per_job, (sys1 - sys0) * per_job,
+    )  # fmt: skip
 
 
 def bullmq(command: list[str], env: dict[str, str], url: str, body: str, *, jobs: int) -> Drain:
@@ -145,17 +163,21 @@ def bullmq(command: list[str], env: dict[str, str], url: str, body: str, *, jobs
     note = str(results["drain"]["note"])
     startup = float(note.split("worker start-up ")[1].split(" s")[0])
     bodies = int(note.split(" jobs, ")[1].split(" bodies")[0])
-    return Drain(float(results["drain"]["value"]), float(results["cpu"]["value"]), startup, bodies)
+    return Drain(
+        float(results["drain"]["value"]), float(results["cpu"]["value"]), startup, bodies,
+        float(results["redis-cpu"]["value"]),
+    )  # fmt: skip
 
 
 def _summary(runs: list[Drain]) -> tuple[float, str]:
     rate = statistics.median(d.rate for d in runs)
     cpu = statistics.median(d.cpu_us for d in runs)
+    server = statistics.median(d.redis_us for d in runs)
     startup = statistics.median(d.startup_s for d in runs)
     spread = ", ".join(f"{d.rate:,.0f}" for d in runs)
     bodies = min(d.bodies for d in runs)
     return rate, (
-        f"runs {spread}; worker CPU {cpu:,.0f} us/job; start-up {startup:.2f} s not counted;"
+        f"runs {spread}; CPU us/job: worker {cpu:,.0f}, redis-server {server:,.0f}; start-up {startup:.2f} s not counted;"
         f" >= {bodies:,} bodies run"
     )
 
@@ -209,13 +231,41 @@ def section(quick: bool) -> Figures:
         return {"drains section skipped": (float("nan"), f"{type(exc).__name__}: {exc}")}
 
 
+def split(url: str, *, runs: int = 5, jobs: int = 10_000) -> None:
+    """Our worker's CPU per job with no body, the file body and the RPUSH body, taking turns
+    ``runs`` times; per body the run of least CPU (the least disturbed), user and system."""
+    measured: dict[str, list[Drain]] = {}
+    for _ in range(runs):
+        for body in ("none", "file", "rpush"):
+            flushall(url)
+            measured.setdefault(body, []).append(ours(url, body, jobs=jobs))
+    for body, drains in measured.items():
+        best = min(drains, key=lambda d: d.cpu_us)
+        rates = ", ".join(f"{d.rate:,.0f}" for d in drains)
+        print(
+            f"  body {body:5}  CPU {best.cpu_us:5.1f} us/job (user {best.user_us:.0f}, system"
+            f" {best.system_us:.0f}); runs' CPU {', '.join(f'{d.cpu_us:.0f}' for d in drains)};"
+            f" jobs/s {rates}"
+        )
+
+
+USAGE = """usage: python -m benchmarks.drains --profile none|file|rpush OUT.prof
+       python -m benchmarks.drains --split"""
+
+
 def main() -> int:
-    """``python -m benchmarks.drains --profile BODY OUT``: one profiled drain of our worker."""
-    if len(sys.argv) != 4 or sys.argv[1] != "--profile" or sys.argv[2] not in TARGETS:
-        print("usage: python -m benchmarks.drains --profile rpush|file OUT.prof", file=sys.stderr)
+    """``--profile BODY OUT``: one drain of our worker under cProfile (stats to OUT);
+    ``--split``: our worker's CPU per job by body (:func:`split`)."""
+    args = sys.argv[1:]
+    profiling = len(args) == 3 and args[0] == "--profile" and args[1] in ("none", *TARGETS)
+    if not profiling and args != ["--split"]:
+        print(USAGE, file=sys.stderr)
         return 2
     with private_redis() as server:
-        drain = ours(server.url, sys.argv[2], jobs=10_000, profile=Path(sys.argv[3]))
+        if not profiling:
+            split(server.url)
+            return 0
+        drain = ours(server.url, args[1], jobs=10_000, profile=Path(args[2]))
     print(f"{drain.rate:,.0f} jobs/s under cProfile; worker CPU {drain.cpu_us:,.0f} us/job")
     return 0
 

@@ -307,6 +307,12 @@ async function s1(ctx) {
   return [result("drain", count / (last - t0), "jobs/s", note)];
 }
 
+async function redisCpu(redis) {
+  const text = await redis.info("cpu");
+  const field = (name) => Number(new RegExp(`${name}:([0-9.]+)`).exec(text)[1]);
+  return field("used_cpu_user") + field("used_cpu_sys");
+}
+
 // S1 with a body (--body file|rpush): from the worker's start to its stamp of the last job done.
 async function s1Body(ctx) {
   const { args, workdir } = ctx;
@@ -315,6 +321,8 @@ async function s1Body(ctx) {
   await queue.close();
   const stampFile = path.join(workdir, "all-done");
   const target = args.body === "file" ? path.join(workdir, "body") : "bench:drains:bullmq";
+  const probe = new IORedis(connectionOptions(args.redis));
+  const serverCpu0 = await redisCpu(probe);
   const worker = new WorkerProcess(workdir, args, {
     BENCH_BODY: args.body, BENCH_BODY_TARGET: target, BENCH_JOBS: String(args.jobs),
     BENCH_DONE_STAMP: stampFile,
@@ -337,6 +345,8 @@ async function s1Body(ctx) {
   } finally {
     await worker.stop();
   }
+  const serverCpu = (await redisCpu(probe)) - serverCpu0; // includes the worker's stop: small
+  probe.disconnect();
   if (stamp === null) throw new BenchError(`the drain did not end within ${args.deadline} s: ${worker.logTail()}`);
   let bodies;
   if (args.body === "file") {
@@ -353,6 +363,7 @@ async function s1Body(ctx) {
   return [
     result("drain", args.jobs / (last - t0), "jobs/s", note),
     result("cpu", (cpu / args.jobs) * 1e6, "us/job", "worker CPU from its start stamp to the last job done"),
+    result("redis-cpu", (serverCpu / args.jobs) * 1e6, "us/job", "redis-server CPU from the worker's spawn to its stop"),
   ];
 }
 
