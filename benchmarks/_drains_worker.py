@@ -9,10 +9,10 @@ Serves the step ``noop-0`` at CONCURRENCY; each step's body is BODY:
   defaults), opened and connected at the worker's start;
 * ``none``: nothing (the drain's own cost, for profiles).
 
-It prints ``start WALL CPU USER SYSTEM`` when it enters its run loop (imports and connecting done: as the
-peers' S1 is timed), counts the distinct steps done in memory, and at the JOBS-th prints
-``done WALL CPU USER SYSTEM``; then serves until killed. With ``BENCH_PROFILE=PATH``, cProfile runs from
-the start line to the done line and its stats are dumped to PATH.
+It prints ``start WALL CPU USER SYSTEM`` when it enters its run loop (imports and connecting
+done: as the peers' S1 is timed), counts the distinct steps done in memory, and at the JOBS-th
+prints ``done WALL CPU USER SYSTEM``; then serves until killed. With ``BENCH_PROFILE=PATH``,
+cProfile runs from the start line to the done line and its stats are dumped to PATH.
 """
 
 from __future__ import annotations
