@@ -15,7 +15,9 @@ one worker over a million steps and of an engine over 100,000 runs, issue 13; se
 ``detached`` (start -> result of a run started detached by another process, issue 30),
 ``limits`` (S1 with a fleet-wide step limit against without, on Redis and SQLite, issue 33),
 ``startup`` (``import durable_trio`` beside ``import trio``, a worker's spawn -> first job done,
-issue 35).
+issue 35),
+``drains`` (S1 beside BullMQ with a body: one RPUSH, or one byte appended to a file, issue 35:
+benchmarks/drains.py).
 ``--quick`` runs smaller versions of each (a smoke test; the peers then run once each).
 """
 
@@ -37,6 +39,7 @@ from . import (
     adaptive,
     console,
     detached,
+    drains,
     engine,
     limits,
     memory,
@@ -121,6 +124,7 @@ SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "replicas": replicas.section,
     "sqlite": _sqlite,
     "limits": limits.section,
+    "drains": drains.section,
     "ops": ops.section,
     "signals": signals.section,
     "detached": detached.section,
@@ -380,6 +384,14 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
             checks.append(
                 (f"[33] S1 on {where} with max_concurrency=10 at concurrency 10: {ratio:.0%} of"
                  " the drain without a limit (want >= 90%)", ratio >= 0.9)
+            )  # fmt: skip
+        if key.startswith("drains, body ") and key.endswith(": durable_trio / bullmq (x)"):
+            ratio = _value(value)
+            body = key.removeprefix("drains, body ").split(":")[0]
+            want = drains.TARGETS["rpush" if "RPUSH" in body else "file"]
+            checks.append(
+                (f"[35] S1 at concurrency 10, body {body}: {ratio:.2f}x BullMQ (want >= {want:g}x)",
+                 ratio >= want)
             )  # fmt: skip
         if key.startswith("sqlite S3 back-to-back round trip p50"):
             p50 = _value(value)

@@ -3,6 +3,11 @@
 // Same arguments, protocol and output as the Python runners (see _common.py):
 //   node run_bullmq.mjs --redis URL --scenario S1|S2|S3|S4 --jobs N --queues K --window S ...
 // bullmq itself is loaded from the folder in $BULLMQ_DIR (default: .envs/bullmq beside this file).
+// S1 with `--body file|rpush` (the drains of issue 35, benchmarks/drains.py): each job's body
+// appends one byte to a file (fs.writeSync on a descriptor opened once) or sends one RPUSH
+// through ONE ioredis client opened at the worker's start (`await redis.rpush(key, "x")`); the
+// worker counts the distinct jobs done in memory and, at the last, stamps its time (and its
+// CPU since its start) in a file: no done-signal I/O beside the body.
 
 import { spawn } from "node:child_process";
 import dgram from "node:dgram";
@@ -24,7 +29,7 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 function parseArgs(argv) {
   const args = {
     redis: null, scenario: null, jobs: 10000, queues: 1, window: 10, samples: 300,
-    warmup: 30, deadline: 60, settle: 2, concurrency: 10, role: "producer",
+    warmup: 30, deadline: 60, settle: 2, concurrency: 10, role: "producer", body: "none",
   };
   for (let i = 0; i < argv.length; i += 2) {
     const key = argv[i].replace(/^--/, "");
@@ -35,6 +40,7 @@ function parseArgs(argv) {
   if (!args.redis || !["S1", "S2", "S3", "S4"].includes(args.scenario)) {
     throw new Error("usage: --redis URL --scenario S1|S2|S3|S4 [--jobs N --queues K --window S]");
   }
+  if (!["none", "file", "rpush"].includes(args.body)) throw new Error(`unknown --body ${args.body}`);
   args.queueNames = Array.from({ length: Math.max(1, args.queues) }, (_, i) => `bench${i}`);
   return args;
 }
@@ -49,7 +55,7 @@ function connectionOptions(url) {
 
 // ------------------------------------------------------------------------- job side
 
-const jobState = { fd: null, sock: null };
+const jobState = { fd: null, sock: null, cpuAtStart: null };
 
 function jobDone(n) {
   const now = monotonic();
@@ -69,11 +75,40 @@ function jobDone(n) {
   }
 }
 
+// The drains' bodies (--body file|rpush): the body, then the in-memory count of jobs done.
+async function drainBody(args, connection) {
+  const body = process.env.BENCH_BODY;
+  const target = process.env.BENCH_BODY_TARGET;
+  const jobs = Number(process.env.BENCH_JOBS);
+  const seen = new Set();
+  const counted = (n) => {
+    seen.add(n);
+    if (seen.size === jobs) {
+      const now = monotonic();
+      const cpu = process.cpuUsage(jobState.cpuAtStart);
+      const file = process.env.BENCH_DONE_STAMP;
+      fs.writeFileSync(`${file}.tmp`, `${now} ${(cpu.user + cpu.system) / 1e6}`);
+      fs.renameSync(`${file}.tmp`, file);
+    }
+  };
+  if (body === "file") {
+    const fd = fs.openSync(target, "a");
+    const one = Buffer.from("x");
+    return async (job) => { fs.writeSync(fd, one); counted(job.data.n); };
+  }
+  const redis = new IORedis(connection);
+  await redis.ping(); // connected before the worker's start stamp, as its broker client is
+  return async (job) => { await redis.rpush(target, "x"); counted(job.data.n); };
+}
+
 async function workerMain(args) {
   const connection = connectionOptions(args.redis);
+  const processor = process.env.BENCH_BODY
+    ? await drainBody(args, connection)
+    : async (job) => jobDone(job.data.n);
   const workers = args.queueNames.map(
     (name) =>
-      new Worker(name, async (job) => jobDone(job.data.n), {
+      new Worker(name, processor, {
         connection,
         concurrency: args.concurrency,
         autorun: false,
@@ -87,6 +122,7 @@ async function workerMain(args) {
   process.on("SIGINT", stop);
   const parent = process.ppid; // a worker whose producer died (killed on a time-out) exits
   setInterval(() => { if (process.ppid !== parent) process.exit(1); }, 500).unref();
+  jobState.cpuAtStart = process.cpuUsage();
   stamp("BENCH_STARTED_FILE");
   const running = workers.map((w) => w.run());
   await Promise.all(workers.map((w) => w.waitUntilReady()));
@@ -117,7 +153,7 @@ class WorkerProcess {
     const argv = [
       fileURLToPath(import.meta.url), "--redis", args.redis, "--scenario", args.scenario,
       "--queues", String(args.queues), "--concurrency", String(args.concurrency),
-      "--role", "worker",
+      "--role", "worker", "--body", args.body,
     ];
     this.exited = null;
     this.child = spawn(process.execPath, argv, {
@@ -271,6 +307,66 @@ async function s1(ctx) {
   return [result("drain", count / (last - t0), "jobs/s", note)];
 }
 
+async function redisCpu(redis) {
+  const text = await redis.info("cpu");
+  const field = (name) => Number(new RegExp(`${name}:([0-9.]+)`).exec(text)[1]);
+  return field("used_cpu_user") + field("used_cpu_sys");
+}
+
+// S1 with a body (--body file|rpush): from the worker's start to its stamp of the last job done.
+async function s1Body(ctx) {
+  const { args, workdir } = ctx;
+  const queue = new Queue(args.queueNames[0], { connection: connectionOptions(args.redis) });
+  const how = await prefill(queue, args.jobs);
+  await queue.close();
+  const stampFile = path.join(workdir, "all-done");
+  const target = args.body === "file" ? path.join(workdir, "body") : "bench:drains:bullmq";
+  const probe = new IORedis(connectionOptions(args.redis));
+  const serverCpu0 = await redisCpu(probe);
+  const worker = new WorkerProcess(workdir, args, {
+    BENCH_BODY: args.body, BENCH_BODY_TARGET: target, BENCH_JOBS: String(args.jobs),
+    BENCH_DONE_STAMP: stampFile,
+  });
+  let t0;
+  let spawned;
+  let stamp = null;
+  try {
+    spawned = monotonic();
+    t0 = await worker.waitStarted();
+    const stopAt = t0 + args.deadline;
+    while (stamp === null && monotonic() <= stopAt) {
+      try {
+        stamp = fs.readFileSync(stampFile, "utf8").split(" ").map(Number);
+      } catch {
+        worker.checkAlive();
+        await sleep(5);
+      }
+    }
+  } finally {
+    await worker.stop();
+  }
+  const serverCpu = (await redisCpu(probe)) - serverCpu0; // includes the worker's stop: small
+  probe.disconnect();
+  if (stamp === null) throw new BenchError(`the drain did not end within ${args.deadline} s: ${worker.logTail()}`);
+  let bodies;
+  if (args.body === "file") {
+    bodies = fs.statSync(target).size;
+  } else {
+    const redis = new IORedis(connectionOptions(args.redis));
+    bodies = await redis.llen(target);
+    await redis.del(target);
+    redis.disconnect();
+  }
+  const [last, cpu] = stamp;
+  const note = `${args.jobs} jobs, ${bodies} bodies run, in ${(last - t0).toFixed(2)} s from worker start`
+    + `; worker start-up ${(t0 - spawned).toFixed(2)} s not counted; ${how}`;
+  return [
+    result("drain", args.jobs / (last - t0), "jobs/s", note),
+    result("cpu", (cpu / args.jobs) * 1e6, "us/job", "worker CPU from its start stamp to the last job done"),
+    result("redis-cpu", (serverCpu / args.jobs) * 1e6, "us/job", "redis-server CPU from the worker's spawn to its stop"),
+  ];
+}
+
 async function s2(ctx) {
   const { args } = ctx;
   const n = args.jobs;
@@ -377,7 +473,7 @@ async function producerMain(args) {
   try {
     out.version = require("bullmq/package.json").version;
     const ctx = { args, workdir };
-    const run = { S1: s1, S2: s2, S3: s3, S4: s4 }[args.scenario];
+    const run = { S1: args.body === "none" ? s1 : s1Body, S2: s2, S3: s3, S4: s4 }[args.scenario];
     out.results = await run(ctx);
     out.notes = [];
   } catch (err) {
