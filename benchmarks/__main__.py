@@ -356,13 +356,16 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
                     )
                 )
     checks += _postgres_targets(f)
-    startup_ratio = "startup import durable_trio / import trio (x)"
-    if have(startup_ratio):
-        ratio = _value(f[startup_ratio])
-        checks.append(
-            (f"[35] import durable_trio: {ratio:.2f}x import trio (want <= {startup.TARGET:g}x)",
-             ratio <= startup.TARGET)
-        )  # fmt: skip
+    for what in ("import durable_trio", "a worker's imports", "an app's imports"):
+        # (the bare import is lazy and loads nothing: what a worker or an app touches is the
+        # figure that counts, so it is held to the same bar)
+        startup_ratio = f"startup {what} / import trio (x)"
+        if have(startup_ratio):
+            ratio = _value(f[startup_ratio])
+            checks.append(
+                (f"[35] {what}: {ratio:.2f}x import trio (want <= {startup.TARGET:g}x)",
+                 ratio <= startup.TARGET)
+            )  # fmt: skip
     cpu_ratio = "ours / ioredis CPU per command, 10 caller(s) (x)"
     if have(cpu_ratio):
         ratio = _value(f[cpu_ratio])
