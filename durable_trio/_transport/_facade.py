@@ -32,7 +32,7 @@ from .._errors import ConfigError, TransportClosed
 from .._failures import one_exception, raise_bare, report_through
 from .._naming import QueueNames
 from .._wire import JobKind, RemoteTask, StepResult
-from ..brokers import ClaimedJob, SupportsRecovery, SupportsRenewal
+from ..brokers import ClaimedJob, SupportsRateLimits, SupportsRecovery, SupportsRenewal
 from ._adaptive import ConcurrencyController
 from ._claims import ClaimTable, Loop
 from ._consumers import Consumers
@@ -367,7 +367,9 @@ class QueueTransport:
 
     # ------------------------------------------------------------------ consumers
 
-    def handle(self, name: str, handler: StepHandler) -> None:
+    def handle(
+        self, name: str, handler: StepHandler, *, rate: SupportsRateLimits | None = None
+    ) -> None:
         """Serve step ``name``: ``async def handler(task: RemoteTask) -> JSON value``.
 
         Starts (once per routing token) the task loop of ``name``'s queue. Re-registering a
@@ -376,12 +378,16 @@ class QueueTransport:
         """
         self._check_open()
         self._steps.handlers[name] = handler
-        self._ensure_task_loop(name)
+        self._ensure_task_loop(name, rate)
 
-    def _ensure_task_loop(self, name: str) -> None:
-        """Start (once per routing token) the task loop shared by steps and workflow turns."""
+    def _ensure_task_loop(self, name: str, rate: SupportsRateLimits | None = None) -> None:
+        """Start (once per routing token) the task loop shared by steps and workflow turns;
+        ``rate``: the broker keeping the queue's rate limit (the loop takes starts first)."""
         queue = self._names.task_queue(name)
         if queue in self._task_loops:
+            for loop in self._consumers.loops:
+                if loop.queue == queue and rate is not None:
+                    loop.rate = rate
             return
         self._task_loops.add(queue)
         self._task_queues.add(queue)
@@ -392,6 +398,7 @@ class QueueTransport:
                 self._task_slots,
                 self._options.idle_backoff_max,
                 token=self._names.token_of(name),
+                rate=rate,
             )
         )
 
@@ -442,9 +449,7 @@ class QueueTransport:
             TransportClosed: the transport is closing.
         """
         self._check_open()
-        self._consumers.start_loop(
-            Loop(queue, on_job, Slots(1), self._options.idle_backoff_max)
-        )
+        self._consumers.start_loop(Loop(queue, on_job, Slots(1), self._options.idle_backoff_max))
 
     async def publish(
         self, kind: JobKind, queue: str, payload: Any, *, priority: int | None = None

@@ -334,8 +334,9 @@ class SqliteBroker:
         """:meth:`fail_job`, then (if the lease held) push ``job`` onto ``push_queue``, in one
         transaction. ``False``: the lease was lost, nothing changed."""
         done: bool = await self._call(
-            partial(ops.fail_and_push, lease, queue, error, self._failed_retention, push_queue,
-                    job),
+            partial(
+                ops.fail_and_push, lease, queue, error, self._failed_retention, push_queue, job
+            ),
             write=True,
             ring=push_queue,
             ring_if=bool,
@@ -410,9 +411,7 @@ class SqliteBroker:
         queue's (or its key's) active rows in its own write transaction, which SQLite runs
         one at a time, so the limit is exact however many processes claim."""
         limit = check_limit(limit)
-        await self._call(
-            partial(ops.set_limit, queue, limit, per_key), write=True, ring=queue
-        )
+        await self._call(partial(ops.set_limit, queue, limit, per_key), write=True, ring=queue)
         self._wakeups.ring(queue)
 
     async def size_of(self, queue: str) -> int:
