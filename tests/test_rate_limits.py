@@ -1,0 +1,144 @@
+"""Rate limits (issue 33, item 3) through the engine and workers, on the memory broker under a
+virtual clock: exact start times across workers, no slot held while a step waits on its rate,
+the visibility of the current window, and the refusals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import durable_trio as dt
+from durable_trio import open_engine, open_worker
+from durable_trio.brokers.memory import MemoryBroker
+from durable_trio.keys.memory import MemoryKeyStore
+from helpers import CountingBroker, Errors
+
+
+def most_in_any_window(starts: list[float], per: float) -> int:
+    """The most starts in any window ``[s, s + per)`` (a window's worst start is one of them)."""
+    return max((sum(1 for t in starts if s <= t < s + per) for s in starts), default=0)
+
+
+def rated_app(starts: list[float], rate: dt.Rate, *, seconds: float = 0.0) -> dt.App:
+    app = dt.App("rates")
+
+    @app.step("call-api", rate_limit=rate)
+    async def call_api(n: int) -> int:
+        starts.append(trio.current_time())
+        await trio.sleep(seconds)
+        return n
+
+    @app.step("other")
+    async def other(n: int) -> int:
+        starts.append(-1000.0 - trio.current_time())  # (told apart: negative)
+        await trio.sleep(1.0)
+        return n
+
+    @app.workflow("one")
+    async def one(ctx: dt.WorkflowContext, n: int) -> int:
+        return int(await ctx.step("call-api", n))
+
+    @app.workflow("two")
+    async def two(ctx: dt.WorkflowContext, n: int) -> int:
+        return int(await ctx.step("other", n))
+
+    return app
+
+
+async def test_no_window_starts_more_than_the_rate_across_workers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    starts: list[float] = []
+    app = rated_app(starts, dt.Rate(2, per=1.0), seconds=0.25)
+    errors = Errors()
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            open_worker(app, backend, concurrency=8, on_error=errors),
+            open_worker(app, backend, concurrency=8, on_error=errors),
+            open_engine(app, backend, on_error=errors) as engine,
+        ):
+            ids = [await engine.start("one", n) for n in range(10)]
+            assert [await engine.result(run_id) for run_id in ids] == list(range(10))
+            async with dt.open_operations(backend, namespace="rates") as ops:
+                (view,) = [v for v in await ops.queues() if v.group == "call-api"]
+    assert starts == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0]
+    assert most_in_any_window(starts, 1.0) == 2
+    # Read at 4.25: the window [3.25, 4.25] holds the two starts of 4.
+    assert (view.rate, view.rate_per, view.window) == (2, 1.0, 2)
+    assert view.rate_text == "2/2 per 1s"
+    assert view.to_json()["rate"] == 2
+    assert errors.seen == []
+
+
+async def test_a_step_waiting_on_its_rate_holds_no_slot(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    starts: list[float] = []
+    app = rated_app(starts, dt.Rate(1, per=10.0))
+    errors = Errors()
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            open_worker(app, backend, concurrency=1, on_error=errors),
+            open_engine(app, backend, on_error=errors) as engine,
+        ):
+            rated = [await engine.start("one", n) for n in range(3)]
+            await trio.sleep(0.5)  # the first rated attempt ran; two wait on the rate
+            others = [await engine.start("two", n) for n in range(2)]
+            for run_id in rated + others:
+                await engine.result(run_id)
+            stats = await backend.broker.queue_stats("rates:tasks:call-api")  # type: ignore[attr-defined]
+    # The rated step starts at 0, 10 and 20; the worker's one slot is free meanwhile: the
+    # other step's attempts (1 s each) run at 0.5 and 1.5, not after 20.
+    assert sorted(t for t in starts if t >= 0) == [0.0, 10.0, 20.0]
+    assert sorted(-1000.0 - t for t in starts if t < 0) == [0.5, 1.5]
+    assert (stats.rate, stats.window, stats.ready, stats.claimed) == (1, 1, 0, 0)
+    assert errors.seen == []
+
+
+def test_app_step_checks_its_rate() -> None:
+    app = dt.App("a")
+    for bad in (0, 2.5, True, 10**9):
+        with pytest.raises(dt.ConfigError, match="count"):
+            dt.Rate(bad)  # type: ignore[arg-type]
+    for per in (0, -1, float("inf"), float("nan"), 10**9, "1"):
+        with pytest.raises(dt.ConfigError, match="per"):
+            dt.Rate(1, per=per)  # type: ignore[arg-type]
+    with pytest.raises(dt.ConfigError, match="must be a dt.Rate"):
+        app.step("x", rate_limit=(2, 1.0))  # type: ignore[arg-type]
+    with pytest.raises(dt.ConfigError, match="per-key rates .* not supported yet"):
+        app.step("x", rate_limit=dt.Rate(2, per=1.0, key=lambda v: v))
+    assert "x" not in app.steps
+    app.step("y", rate_limit=dt.Rate(100, per=1.0))(lambda n: n)
+    assert app.steps["y"].rate_limit == dt.Rate(100, per=1.0)
+
+
+async def test_a_broker_without_rates_refuses_a_rated_step(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = rated_app([], dt.Rate(2))
+    backend = dt.Backend(url="test://", broker=CountingBroker(), keys=MemoryKeyStore())
+    with pytest.raises(dt.ConfigError, match=r"'call-api'.*CountingBroker broker cannot keep"):
+        async with open_worker(app, backend):
+            pass
+
+
+async def test_a_worker_stores_its_steps_rates_and_clears_a_removed_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    broker = MemoryBroker()
+    backend = dt.Backend(url="test://", broker=broker, keys=MemoryKeyStore())
+    async with open_worker(rated_app([], dt.Rate(5, per=2.0)), backend):
+        stats = await broker.queue_stats("rates:tasks:call-api")
+        assert (stats.rate, stats.rate_per) == (5, 2.0)
+    plain = dt.App("rates")
+    plain.step("call-api")(lambda n: n)
+    async with open_worker(plain, backend):
+        stats = await broker.queue_stats("rates:tasks:call-api")
+        assert (stats.rate, stats.rate_per) == (None, None)
+
+
+def test_most_in_any_window_counts_a_window_s_starts(_: Any = None) -> None:
+    assert most_in_any_window([0.0, 0.5, 0.99, 1.0], 1.0) == 3
