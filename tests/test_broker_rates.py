@@ -87,8 +87,6 @@ async def test_changing_or_removing_the_rate(broker: Any, contract_clock: object
 @pytest.mark.parametrize(
     ("count", "per"), [(0, 1.0), (1.5, 1.0), (True, 1.0), (1, 0.0), (1, float("inf")), (1, -1)]
 )
-async def test_a_rate_is_checked(
-    broker: Any, contract_clock: object, count: Any, per: Any
-) -> None:
+async def test_a_rate_is_checked(broker: Any, contract_clock: object, count: Any, per: Any) -> None:
     with pytest.raises(ConfigError):
         await rated(broker).set_queue_rate(Q, count, per)
