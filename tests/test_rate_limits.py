@@ -142,3 +142,47 @@ async def test_a_worker_stores_its_steps_rates_and_clears_a_removed_one(
 
 def test_most_in_any_window_counts_a_window_s_starts(_: Any = None) -> None:
     assert most_in_any_window([0.0, 0.5, 0.99, 1.0], 1.0) == 3
+
+
+async def test_the_rates_are_visible_to_operators(
+    autojump_clock: trio.testing.MockClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``queues`` (its JSON, and a ``rate (window)`` column once a queue has one), the
+    console's queue table and health's metrics show each rate and its current window."""
+    import argparse
+
+    from durable_trio.cli._health import prometheus_text
+    from durable_trio.cli._operations import _queues
+    from durable_trio.console._fleet_view import render_queues
+
+    broker = MemoryBroker()
+    backend = dt.Backend(url="test://", broker=broker, keys=MemoryKeyStore())
+    await broker.set_queue_rate("rates:tasks:api", 5, 2.0)
+    await broker.push_on("rates:tasks:api", dt.brokers.Job("j", b"{}"))
+    await broker.push_on("rates:tasks:other", dt.brokers.Job("k", b"{}"))
+    assert (await broker.take_starts("rates:tasks:api", 3)).granted == 3
+    await trio.sleep(1.5)
+    assert (await broker.take_starts("rates:tasks:api", 1)).granted == 1
+    await trio.sleep(1.0)  # now 2.5: the three starts of 0 left the window
+    async with dt.open_operations(backend, namespace="rates") as ops:
+        views = await ops.queues()
+        api = next(v for v in views if v.group == "api")
+        other = next(v for v in views if v.group == "other")
+        assert (api.rate, api.rate_per, api.window) == (5, 2.0, 1)
+        assert (api.to_json()["rate"], api.to_json()["ratePer"]) == (5, 2.0)
+        assert api.to_json()["rateWindow"] == 1
+        assert (other.rate, other.rate_text) == (None, "—")
+        await _queues(ops, argparse.Namespace(json=False))
+    printed = capsys.readouterr().out
+    assert "rate (window)" in printed.splitlines()[0]
+    assert "1/5 per 2s" in printed
+    html = str(render_queues(views, None, allow_actions=False))
+    assert '<th class="num">rate (window)</th>' in html
+    assert "1/5 per 2s" in html
+    metrics = prometheus_text([], namespace="rates", queues=views)
+    assert 'durable_trio_queue_rate{queue="rates:tasks:api"} 5' in metrics
+    assert 'durable_trio_queue_rate_per_seconds{queue="rates:tasks:api"} 2' in metrics
+    assert 'durable_trio_queue_rate_window_starts{queue="rates:tasks:api"} 1' in metrics
+    assert "rates:tasks:other" not in "".join(
+        line for line in metrics.splitlines() if "queue_rate" in line
+    )
