@@ -30,7 +30,6 @@ CHECK_INTERVAL = 0.5
 
 async def main(url: str, namespace: str, instance: str, log: TextIO) -> None:
     async with dt.open_backend(url) as backend:
-
         def log_claims(queue: str, jobs: list[ClaimedJob], by_finalize: bool) -> None:
             # the claims the worker holds, prefetched ones included
             at = time.time()

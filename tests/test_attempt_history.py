@@ -178,9 +178,7 @@ async def test_an_operator_retry_keeps_the_log_of_the_attempts_before_it(
     ]
     assert step.attempts[2].started_at == retried_at
     assert step.attempts[1].error == {
-        "message": "RuntimeError: card declined",
-        "code": "RuntimeError",
-        "retryable": True,
+        "message": "RuntimeError: card declined", "code": "RuntimeError", "retryable": True
     }
 
 

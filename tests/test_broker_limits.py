@@ -27,6 +27,7 @@ def limited(broker: Any) -> SupportsQueueLimits:
     return broker
 
 
+
 async def test_a_queue_limit_bounds_every_claim_path(broker: Any, contract_clock: object) -> None:
     await limited(broker).set_queue_limit(Q, 2)
     for n in range(6):
@@ -111,7 +112,9 @@ async def test_a_per_key_limit_above_one(broker: Any, contract_clock: object) ->
     assert [c.started for c in claims] == [True, True, False, False]
 
 
-async def test_a_reclaimed_per_key_claim_frees_its_key(broker: Any, contract_clock: object) -> None:
+async def test_a_reclaimed_per_key_claim_frees_its_key(
+    broker: Any, contract_clock: object
+) -> None:
     await limited(broker).set_queue_limit(Q, 1, per_key=True)
     await broker.push_on(Q, job(1, "a"))
     await broker.push_on(Q, job(2, "a"))

@@ -181,11 +181,8 @@ async def test_with_prefetch_a_crash_loop_fails_only_the_poison_step(
         results.setdefault(r.step_id, r)
 
     async with dt.open_queue_transport(
-        backend_with(shared, keys),
-        instance_id="engine",
-        stalled_threshold=10.0,
-        stalled_check_interval=5.0,
-        on_error=errors,
+        backend_with(shared, keys), instance_id="engine", stalled_threshold=10.0,
+        stalled_check_interval=5.0, on_error=errors,
     ) as engine:
         engine.on_result(on_result)
         await engine.dispatch_many([task(1), *innocent])
@@ -230,7 +227,9 @@ async def test_with_prefetch_a_crash_loop_fails_only_the_poison_step(
     # innocents were held ahead by dying workers (stalls recorded, uncounted), never counted
     held = {step for step, stalls in shared.seen if step != "s1" and stalls}
     assert held
-    assert all(not s.counted for step, stalls in shared.seen if step != "s1" for s in stalls)
+    assert all(
+        not s.counted for step, stalls in shared.seen if step != "s1" for s in stalls
+    )
 
 
 class _StallRecorder(MemoryBroker):

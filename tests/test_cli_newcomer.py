@@ -135,10 +135,7 @@ def test_health_json_and_one_casing(tmp_path: Path, capsys: pytest.CaptureFixtur
     out = capsys.readouterr().out
     assert status == 0
     assert json.loads(out) == {
-        "namespace": "shop",
-        "storeLost": None,
-        "groups": [],
-        "orphanedQueues": [],
+        "namespace": "shop", "storeLost": None, "groups": [], "orphanedQueues": [],
         "crashLoops": [],
     }
     status = main(["schedules", "add", "nightly", "order", "--every", "60", "--backend", url])

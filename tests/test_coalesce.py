@@ -184,9 +184,8 @@ async def test_with_most_the_work_settles_into_two_alternating_halves(
     # (over 1,000 runs: 33 to 39 batches of five, the last call out at 26 to 30 s)
     assert sum(1 for _, size in halves if size == 5) >= 30, halves
     assert halves[-1][0] <= 31.0, halves
-    assert await settle(None) == [(0.3, 1), (1.3, 9)] + [
-        (n + 0.3, 1 if n % 2 == 0 else 9) for n in range(2, 40)
-    ]
+    assert await settle(None) == [(0.3, 1), (1.3, 9)] + [(n + 0.3, 1 if n % 2 == 0 else 9)
+                                                        for n in range(2, 40)]
 
 
 @pytest.mark.parametrize("seed", range(8))

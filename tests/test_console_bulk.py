@@ -62,7 +62,7 @@ async def test_the_tag_filter_and_the_count_before_a_bulk(ops: Any) -> None:
             "status": "", "workflow": "", "tag": "customer=c1", "expected": "3",
             "action": "cancel",
         }  # fmt: skip
-        assert 'data-confirm="Cancel the 3 runs matching tag customer=c1?"' in page
+        assert "data-confirm=\"Cancel the 3 runs matching tag customer=c1?\"" in page
         refused = await http.post("/api/runs/bulk", json=_bulk_bodies(page)[0], headers=ACTION)
         assert refused.status_code == 403
         # no filter: no bulk
@@ -95,7 +95,9 @@ async def test_a_bulk_cancel_and_retry_from_the_console(ops: Any) -> None:
         assert {r.status.value for r in (await ops.list_runs(tags={"customer": "c1"})).runs} == {
             "pending"
         }
-        done = await http.post("/api/runs/bulk", json=cancel | {"expected": "4"}, headers=ACTION)
+        done = await http.post(
+            "/api/runs/bulk", json=cancel | {"expected": "4"}, headers=ACTION
+        )
         assert done.status_code == 200
         assert done.json()["message"].startswith("4 of 4 runs cancelled (0 skipped")
         left = (await ops.list_runs(tags={"customer": "c1"})).runs

@@ -38,7 +38,9 @@ def task(seconds: float = 0.0) -> dt.RemoteTask:
     return dt.RemoteTask(run_id="run", step_id="s1", attempt=1, name="step", input=seconds)
 
 
-async def haunted(transport: dt.QueueTransport, broker: MemoryBroker, keys: MemoryKeyStore) -> None:
+async def haunted(
+    transport: dt.QueueTransport, broker: MemoryBroker, keys: MemoryKeyStore
+) -> None:
     """A worker "ghost" popped the task and beat once; its liveness keys have expired since
     (only its last status, kept a day, remains)."""
     ghost = await broker.pop_from(transport.names.task_queue("step"), worker="ghost")

@@ -51,9 +51,7 @@ def twice_app(pause: Any, first_takes: float, then_takes: float) -> tuple[App, l
 
 
 WORKER: dict[str, Any] = {
-    "stalled_threshold": 10.0,
-    "stalled_check_interval": 5.0,
-    "concurrency": 1,
+    "stalled_threshold": 10.0, "stalled_check_interval": 5.0, "concurrency": 1
 }
 
 
@@ -211,19 +209,15 @@ async def test_a_duplicate_is_never_applied_twice_and_one_result_delivered_twice
         async with open_engine(app, backend) as engine, open_worker(app, backend):
             run_id = await engine.start("one", 1, run_id="r")
             assert await engine.result(run_id) == 2
-            other = dt.StepResult(
-                "r",
-                "1",
-                1,
-                dt.StepStatus.COMPLETED,
-                output=99,
-                delivery={"worker": "x", "job": "J2", "lease": "L2", "stalledCount": 0},
-            )
+            other = dt.StepResult("r", "1", 1, dt.StepStatus.COMPLETED, output=99,
+                                  delivery={"worker": "x", "job": "J2", "lease": "L2",
+                                            "stalledCount": 0})
             await engine.transport.publish_result(other)
             await trio.sleep(1)
             applied = engine.duplicates(run_id)[0].applied
             # the worker's own result once more (same claim, same lease)
-            again = dt.StepResult("r", "1", 1, dt.StepStatus.COMPLETED, output=2, delivery=applied)
+            again = dt.StepResult("r", "1", 1, dt.StepStatus.COMPLETED, output=2,
+                                  delivery=applied)
             await engine.transport.publish_result(again)
             failed_late = dt.StepResult.failure(
                 dt.RemoteTask("r", "1", 1, "work"), dt.StepError("late")
@@ -269,14 +263,9 @@ async def test_a_copy_met_by_another_engine_names_what_remains_possible(
         async with open_engine(app, backend, store=store) as first, open_worker(app, backend):
             assert await first.result(await first.start("one", 1, run_id="r")) == 2
         async with open_engine(app, backend, store=store) as second:
-            copy = dt.StepResult(
-                "r",
-                "1",
-                1,
-                dt.StepStatus.COMPLETED,
-                output=2,
-                delivery={"worker": "w", "job": "J", "lease": "L", "stalledCount": 0},
-            )
+            copy = dt.StepResult("r", "1", 1, dt.StepStatus.COMPLETED, output=2,
+                                 delivery={"worker": "w", "job": "J", "lease": "L",
+                                           "stalledCount": 0})
             await second.transport.publish_result(copy)
             await trio.sleep(1)
             [dup] = second.duplicates("r")
@@ -288,13 +277,8 @@ async def test_a_copy_met_by_another_engine_names_what_remains_possible(
 
 def test_explain_names_every_window() -> None:
     one = {"worker": "a", "job": "J", "lease": "L1", "stalledCount": 0}
-    again: dict[str, Any] = {
-        "worker": "b",
-        "job": "J",
-        "lease": "L2",
-        "stalledCount": 2,
-        "stalls": [{"at": 5.0, "worker": "a"}, {"at": 9.0, "worker": "c"}],
-    }
+    again: dict[str, Any] = {"worker": "b", "job": "J", "lease": "L2", "stalledCount": 2,
+             "stalls": [{"at": 5.0, "worker": "a"}, {"at": 9.0, "worker": "c"}]}
     cause, lost = explain(one, dict(one))
     assert cause.startswith("one delivery's result arrived twice (a (delivery 1, lease L1))")
     assert lost == ()
@@ -302,31 +286,18 @@ def test_explain_names_every_window() -> None:
     assert lost == ({"at": 5.0, "worker": "a"}, {"at": 9.0, "worker": "c"})
     assert cause.startswith("the lease of a at 5.0, c at 9.0 was lost")
     middle = {
-        "worker": "c",
-        "job": "J",
-        "lease": "L3",
-        "stalledCount": 1,
+        "worker": "c", "job": "J", "lease": "L3", "stalledCount": 1,
         "stalls": [{"at": 5.0, "worker": "a"}],
     }
     assert explain(middle, again)[1] == ({"at": 9.0, "worker": "c"},)
     # A stall not counted (a claim that never started) is in the history: the place of the
     # earlier delivery is the length of its history, not its count (a kill storm's case).
-    stalls: list[Any] = [
-        {"at": 1.0, "worker": "w4", "counted": True},
-        {"at": 2.0, "worker": "w8", "counted": False},
-    ]
+    stalls: list[Any] = [{"at": 1.0, "worker": "w4", "counted": True},
+                         {"at": 2.0, "worker": "w8", "counted": False}]
     ran = {"worker": "w11", "job": "J", "lease": "L4", "stalledCount": 1, "stalls": stalls}
-    rerun = {
-        "worker": "w11",
-        "job": "J",
-        "lease": "L5",
-        "stalledCount": 2,
-        "stalls": [
-            *stalls,
-            {"at": 3.0, "worker": "w11", "counted": True},
-            {"at": 4.0, "worker": "w12", "counted": False},
-        ],
-    }
+    rerun = {"worker": "w11", "job": "J", "lease": "L5", "stalledCount": 2,
+             "stalls": [*stalls, {"at": 3.0, "worker": "w11", "counted": True},
+                        {"at": 4.0, "worker": "w12", "counted": False}]}
     for pair in ((ran, rerun), (rerun, ran)):
         cause, lost = explain(*pair)
         assert [s["worker"] for s in lost] == ["w11", "w12"]
@@ -400,13 +371,8 @@ def test_the_simulation_records_every_duplicate_completed_result_with_its_cause(
     """Under the chaos profile steps complete twice (lost leases, results published twice,
     tasks pushed twice): the invariant holds, so each one was recorded with its cause."""
     report = Simulation(
-        sample_app("dups"),
-        workload,
-        seed=3,
-        expected_output=expected,
-        runs=200,
-        duration=3 * 3600,
-        faults=CHAOS,
+        sample_app("dups"), workload, seed=3, expected_output=expected, runs=200,
+        duration=3 * 3600, faults=CHAOS,
     ).run_sync()
     assert report.violations == ()
     assert report.engine.duplicate_completions > 0

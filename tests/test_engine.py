@@ -731,9 +731,8 @@ async def test_replay_asking_for_another_step_blocks_the_run(
         "ctx.step('reserve')",
         "ctx.step('charge')",
     )
-    assert (
-        "history holds ctx.step('reserve'), the workflow now asks for ctx.step('charge')"
-        in (record.error["message"])
+    assert "history holds ctx.step('reserve'), the workflow now asks for ctx.step('charge')" in (
+        record.error["message"]
     )
     assert stats.nondeterminism_failures == stats.runs_blocked == 1
 

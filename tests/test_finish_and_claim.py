@@ -164,11 +164,8 @@ async def test_a_result_consumer_claims_its_next_result_in_each_finalize(
         for n in range(30):
             await worker_side.publish_result(
                 dt.StepResult(
-                    run_id="fused",
-                    step_id=str(n),
-                    attempt=1,
-                    status=dt.StepStatus.COMPLETED,
-                    output=n,
+                    run_id="fused", step_id=str(n), attempt=1,
+                    status=dt.StepStatus.COMPLETED, output=n,
                 )
             )
 

@@ -65,7 +65,8 @@ async def test_max_concurrency_holds_across_every_worker(
             open_engine(app, backend, on_error=errors) as engine,
         ):
             ids = [
-                await engine.start("order", {"account": f"a{n}", "seconds": 10.0}) for n in range(9)
+                await engine.start("order", {"account": f"a{n}", "seconds": 10.0})
+                for n in range(9)
             ]
             for run_id in ids:
                 await engine.result(run_id)
@@ -90,7 +91,9 @@ async def test_a_hot_key_never_holds_back_the_other_keys(
             open_engine(app, backend, on_error=errors) as engine,
         ):
             accounts = ["hot", "hot", "hot", "b", "c", "hot", "d"]
-            ids = [await engine.start("order", {"account": a, "seconds": 10.0}) for a in accounts]
+            ids = [
+                await engine.start("order", {"account": a, "seconds": 10.0}) for a in accounts
+            ]
             assert [await engine.result(run_id) for run_id in ids] == accounts
     # One "hot" at a time, while b, c and d (behind the hot key's jobs) start at once: 4
     # slots in the fleet, the 4 keys each use one.
@@ -111,7 +114,9 @@ async def test_slots_held_by_a_dead_worker_come_back_when_its_claims_are_reclaim
     backend = dt.Backend(url="test://", broker=broker, keys=MemoryKeyStore())
     queue = "limits:tasks:charge"
     async with open_engine(app, backend) as engine:
-        ids = [await engine.start("order", {"account": f"a{n}", "seconds": 1.0}) for n in range(4)]
+        ids = [
+            await engine.start("order", {"account": f"a{n}", "seconds": 1.0}) for n in range(4)
+        ]
         await trio.testing.wait_all_tasks_blocked()
         await broker.set_queue_limit(queue, 2)
         # A worker claims both slots and dies: nobody renews, nobody finishes.
@@ -293,7 +298,7 @@ async def test_the_limits_are_visible_to_operators(
     assert "limit" in printed.splitlines()[0]
     assert "1 per key" in printed
     html = str(render_queues(views, None, allow_actions=False))
-    assert '<th class="num">limit</th>' in html
+    assert "<th class=\"num\">limit</th>" in html
     assert "1 per key" in html
     metrics = prometheus_text([], namespace="limits", queues=views)
     assert 'durable_trio_queue_limit{queue="limits:tasks:charge"} 1' in metrics

@@ -142,7 +142,9 @@ async def test_a_raw_transport_handler_beats_through_step_info(
         async with dt.open_queue_transport(backend, namespace="raw") as transport:
             transport.handle("raw", handler)
             transport.remote.on_heartbeat(on_beat)
-            await transport.dispatch(dt.RemoteTask("r", "1", 2, "raw", last_heartbeat={"page": 7}))
+            await transport.dispatch(
+                dt.RemoteTask("r", "1", 2, "raw", last_heartbeat={"page": 7})
+            )
             await trio.sleep(2.0)
     assert [(b.run_id, b.step_id, b.attempt, b.details) for b in seen] == [
         ("r", "1", 2, {"page": 8})

@@ -426,10 +426,9 @@ async def _populate(url: str) -> str:
     async with dt.open_backend(url) as backend:
         # reconcile=False: the detached runs stay pending (a reconciling engine takes a
         # detached start over at once).
-        async with (
-            dt.open_worker(app, backend),
-            dt.open_engine(app, backend, reconcile=False) as engine,
-        ):
+        async with dt.open_worker(app, backend), dt.open_engine(
+            app, backend, reconcile=False
+        ) as engine:
             for n in range(3):
                 await engine.start("order", n, run_id=f"done{n}", detach=True)
             run_id = await engine.start("order", 1, run_id="bad")

@@ -228,26 +228,10 @@ async def test_a_key_of_the_wrong_type_fails_the_script_before_any_write(redis_u
 
 @pytest.mark.parametrize(
     "stored",
-    [
-        b"junk",
-        b"1764695335.5",
-        b"1e400 0",
-        b"-5 0",
-        b"1 1234567",
-        b"9" * 40 + b" 0",
-        b"\xff\x00",
-        None,
-    ],
-    ids=[
-        "text",
-        "decimal",
-        "exponent",
-        "negative",
-        "micros-too-long",
-        "too-long",
-        "binary",
-        "missing",
-    ],
+    [b"junk", b"1764695335.5", b"1e400 0", b"-5 0", b"1 1234567", b"9" * 40 + b" 0",
+     b"\xff\x00", None],
+    ids=["text", "decimal", "exponent", "negative", "micros-too-long", "too-long", "binary",
+         "missing"],
 )
 async def test_an_unreadable_push_time_makes_the_age_unknown(
     redis_url: str, ns: str, stored: bytes | None

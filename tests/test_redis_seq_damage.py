@@ -219,9 +219,7 @@ PATHS = {
     "push_on": (_push_on, ["a0", "a1", "a2", "n1", "d1", "b1"], True),
     "push_many": (_push_many, ["a0", "a1", "a2", "n1", "d1", "b1"], True),
     "push_and_complete_many": (
-        _push_and_complete,
-        ["a0", "a1", "a2", "n1", "n2", "d1", "b1"],
-        True,
+        _push_and_complete, ["a0", "a1", "a2", "n1", "n2", "d1", "b1"], True
     ),
     "finish_and_claim": (_finish_and_claim, ["a0", "a1", "a2", "n1", "d1", "b1"], True),
     "fail_and_push": (_fail_and_push, ["a0", "a1", "a2", "n1", "d1", "b1"], True),
@@ -245,8 +243,7 @@ async def test_every_script_that_takes_sequence_numbers_repairs_the_counter(
         # reported once: by the broker's hook, or (a pop, a sweep) as a report among the claims
         assert len(reports(errors)) + len(set_aside(claims)) == 1
         assert [c.damage for c in set_aside(claims)] in (
-            [],
-            ["sequence counter unreadable, rebuilt from the queue"],
+            [], ["sequence counter unreadable, rebuilt from the queue"]
         )
         await check_one_repair(client, broker, queue, "sequence counter unreadable")
         # the counter is whole: no second report

@@ -819,7 +819,9 @@ async def test_debounced_starts_fold_until_due(
     assert await store.debounced_due(quick) is None
     await trio.sleep(4)
     runs, soonest = await store.start_debounced()
-    assert [(r.run_id, r.input, r.timeout, r.trace) for r in runs] == [(first, AWKWARD, 9.5, trace)]
+    assert [(r.run_id, r.input, r.timeout, r.trace) for r in runs] == [
+        (first, AWKWARD, 9.5, trace)
+    ]
     assert soonest is None
     assert await store.start_debounced() == ([], None)
     # The window closed: the key opens a new one; the runs are taken over as any orphan.
@@ -836,10 +838,7 @@ async def test_debounced_starts_fold_until_due(
     more, soonest = await store.start_debounced(limit=2)
     assert (len(runs), len(more), soonest) == (2, 2, None)
     assert later in {r.run_id for r in runs + more}
-
-
 # --------------------------------------------------------------------------- retention (issue 34)
-
 
 def _on_trio_clock(store: RunStore) -> None:
     follow = getattr(store, "follow_trio_clock", None)

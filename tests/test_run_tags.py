@@ -180,7 +180,9 @@ async def test_a_sqlite_file_written_before_tags_is_brought_up_to_date(tmp_path:
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     async with open_store(url, "shop") as (_, store):
-        await store.create_run(dt.RunRecord("old", "order", 1, dt.RunStatus.PENDING, 0.0, 0.0))
+        await store.create_run(
+            dt.RunRecord("old", "order", 1, dt.RunStatus.PENDING, 0.0, 0.0)
+        )
     db = sqlite3.connect(tmp_path / "old.db")
     db.execute("ALTER TABLE dt_runs DROP COLUMN tags")
     db.execute("DROP TABLE dt_run_tags")

@@ -282,10 +282,10 @@ remote_app = sample_app("sim-remote", remote=True)
 )
 def test_remote_workflows_under_faults_hold_every_invariant(profile: Faults, seed: int) -> None:
     """Remote workflows through the same storms: duplicated turns and decisions, lost replies,
-        killed workers mid-turn. Found three defects of the remote driver on its first runs (a
-        duplicate decision, the driver's own poll, and an in-flight retry each dispatched a step
-        twice; an older turn's late decision failed a run as stuck), and a fourth on later seeds
-    (storm-29: an older turn's decision arriving mid-retry dispatched the retry again)."""
+    killed workers mid-turn. Found three defects of the remote driver on its first runs (a
+    duplicate decision, the driver's own poll, and an in-flight retry each dispatched a step
+    twice; an older turn's late decision failed a run as stuck), and a fourth on later seeds
+(storm-29: an older turn's decision arriving mid-retry dispatched the retry again)."""
     report = Simulation(
         remote_app,
         workload,

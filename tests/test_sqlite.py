@@ -651,7 +651,6 @@ def test_prefix_upper_bound() -> None:
 
 # ----------------------------------------------------------------------- schema migration
 
-
 async def _file_without_push_times(path: Path) -> None:
     """A file holding job ``job-old``, whose ``dt_jobs`` is back as the broker made it before
     push times were kept (no ``pushed_at`` column)."""

@@ -326,7 +326,9 @@ async def test_unstarted_reports_are_one_per_queue_per_interval_with_a_count(
         ("charge", "r200", 99),  # 30.0
         ("refund", "other", 0),  # 39.9: its own queue
     ]
-    assert "(99 more attempt(s) on this queue found waiting since the last report" in str(seen[1])
+    assert "(99 more attempt(s) on this queue found waiting since the last report" in str(
+        seen[1]
+    )
     assert stats.steps_unstarted_reported == 301  # every attempt counted
 
 

@@ -110,7 +110,9 @@ async def test_threads_bounds_the_def_steps_running_at_once(
         run_id = await engine.start("fan", 5)
         # the two threads are blocked in the gate (both inside the step: a token borrowed is
         # not yet a thread in the function): nothing for the clock to wait on but a poll
-        await until(lambda: worker.threads.statistics().tasks_waiting == 3 and seen["running"] == 2)
+        await until(
+            lambda: worker.threads.statistics().tasks_waiting == 3 and seen["running"] == 2
+        )
         assert worker.threads.borrowed_tokens == 2
         gate.set()
         assert [r["value"] for r in await engine.result(run_id)] == [0, 2, 4, 6, 8]

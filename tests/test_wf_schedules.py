@@ -227,12 +227,7 @@ async def test_catch_up_after_every_engine_was_down(
     app = reporting_app(started)
     # overlap="allow": the ticks of one catch-up start at once, each beside the others.
     app.schedule(
-        "hourly",
-        "report",
-        every=100,
-        catch_up=catch_up,
-        max_catch_up=3,
-        overlap="allow",  # type: ignore[arg-type]
+        "hourly", "report", every=100, catch_up=catch_up, max_catch_up=3, overlap="allow"  # type: ignore[arg-type]
     )
     async with dt.open_backend(url) as backend:
         async with engines(app, backend):

@@ -92,11 +92,7 @@ async def simulate(seed: int) -> list[str]:
         async def engine_slot(name: str, code: App, *, task_status: Any) -> None:
             with trio.CancelScope() as scope:
                 async with open_engine(
-                    code,
-                    backend,
-                    engine_id=name,
-                    run_lease=6.0,
-                    reconcile_interval=2.0,
+                    code, backend, engine_id=name, run_lease=6.0, reconcile_interval=2.0,
                     cancel_grace=20.0,
                 ) as engine:
                     engines[name] = (engine, scope)
