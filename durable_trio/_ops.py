@@ -99,6 +99,8 @@ __all__ = [
 ]
 
 
+
+
 def _envelope_priority(data: bytes) -> int | None:
     try:
         envelope = orjson.loads(data)
@@ -409,7 +411,6 @@ class Operations:
 
         schedules = Schedules(self.store, time.time)
         return await schedules.backfill(name, start, end, dry_run=dry_run)
-
     async def cancel_runs(
         self,
         run_filter: RunFilter,

@@ -201,7 +201,9 @@ def step_attempt(
         )
     active = _active
     scope = (
-        contextlib.nullcontext() if active is None else active.step_span(task, trace, queue, worker)
+        contextlib.nullcontext()
+        if active is None
+        else active.step_span(task, trace, queue, worker)
     )
     with scope:
         try:

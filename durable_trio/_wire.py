@@ -178,7 +178,9 @@ class StepResult:
     unknown)."""
 
     @classmethod
-    def failure(cls, task: RemoteTask, error: StepError, delivery: JSONValue = None) -> StepResult:
+    def failure(
+        cls, task: RemoteTask, error: StepError, delivery: JSONValue = None
+    ) -> StepResult:
         """The failed result of ``task`` (``delivery``: the claim that produced it)."""
         return cls(
             task.run_id,

@@ -399,8 +399,6 @@ def check_concurrency(max_concurrency: Any, concurrency_key: Any) -> None:
             raise ConfigError(
                 "app.step: concurrency_key needs max_concurrency (the limit it holds per key)"
             )
-
-
 def check_retention(value: Any, call: str) -> float | None:
     """``value`` (``None``, or a positive number of seconds, ``math.inf`` for good) as a
     retention.

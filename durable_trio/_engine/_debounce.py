@@ -110,7 +110,9 @@ def scoped_key(workflow: str, key: str) -> str:
     return orjson.dumps([workflow, key]).decode()
 
 
-def check_folding(run_id: str | None, parent: str | None, dedup_key: Any, debounce: Any) -> None:
+def check_folding(
+    run_id: str | None, parent: str | None, dedup_key: Any, debounce: Any
+) -> None:
     """Check ``engine.start``'s ``dedup_key`` and ``debounce`` (and what they exclude).
 
     Raises:

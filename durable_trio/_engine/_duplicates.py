@@ -161,7 +161,9 @@ class DuplicateLog:
     completed results it applied (the newest :data:`MAX_DELIVERIES`) to explain a later copy."""
 
     def __init__(self) -> None:
-        self.entries: collections.deque[DuplicateResult] = collections.deque(maxlen=MAX_DUPLICATES)
+        self.entries: collections.deque[DuplicateResult] = collections.deque(
+            maxlen=MAX_DUPLICATES
+        )
         self._deliveries: collections.OrderedDict[tuple[str, str, int], JSONValue] = (
             collections.OrderedDict()
         )

@@ -80,7 +80,6 @@ class _Engine(Protocol):
 
     async def result(self, run_id: str) -> Any: ...
 
-
 __all__ = [
     "CATCH_UP_POLICIES",
     "MAX_BACKFILL",

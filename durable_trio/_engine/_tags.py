@@ -60,7 +60,8 @@ def check_tags(tags: Any, where: str = "tags") -> dict[str, str]:
     for key, value in tags.items():
         if type(key) is not str or not _KEY.fullmatch(key) or len(key) > MAX_KEY:
             raise ConfigError(
-                f"{where}: a tag key is 1 to {MAX_KEY} characters of A-Z a-z 0-9 _ . -, got {key!r}"
+                f"{where}: a tag key is 1 to {MAX_KEY} characters of A-Z a-z 0-9 _ . -,"
+                f" got {key!r}"
             )
         if type(value) is not str or not value or len(value) > MAX_VALUE:
             raise ConfigError(

@@ -329,7 +329,7 @@ def _step_limits(app: App, names: list[str], broker: Any) -> SupportsQueueLimits
         raise ConfigError(
             f"step(s) {', '.join(map(repr, limited))} of app {app.name!r} set max_concurrency, "
             f"but the {type(broker).__name__} broker cannot enforce a fleet-wide limit "
-            '(see docs/concurrency.md, "Fleet-wide limits", for the brokers that can)'
+            "(see docs/concurrency.md, \"Fleet-wide limits\", for the brokers that can)"
         )
     return None
 

@@ -96,12 +96,13 @@ def translate_error(exc: sqlite3.Error) -> BrokerError:
         if name.startswith("SQLITE_FULL"):
             # Transient like a lock: every loop reports it and tries again once space returns.
             hint = "; free space on its disk: every write is tried again until it fits"
-        return BrokerUnavailable(f"SQLite database unavailable: {text} ({name or 'no code'}){hint}")
+        return BrokerUnavailable(
+            f"SQLite database unavailable: {text} ({name or 'no code'}){hint}"
+        )
     return BrokerError(f"SQLite error: {text} ({name or type(exc).__name__})")
 
 
 # ---------------------------------------------------------------------------- connection thread
-
 
 class _State(enum.Enum):
     QUEUED = enum.auto()
@@ -589,3 +590,4 @@ async def open_connection(
         await connection.aclose()
         raise
     return connection
+

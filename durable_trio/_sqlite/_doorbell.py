@@ -196,9 +196,7 @@ class Doorbell:
                     os.close(folder_fd)  # the bound socket stays in the folder without it
             self._own, self._receiver = name, receiver
             self._thread = threading.Thread(
-                target=self._receive,
-                args=(receiver,),
-                name=f"durable-trio-doorbell:{name}",
+                target=self._receive, args=(receiver,), name=f"durable-trio-doorbell:{name}",
                 daemon=True,
             )
             self._thread.start()
@@ -380,9 +378,7 @@ class Doorbell:
         if not self._warned:
             self._warned = True
             _log.warning(
-                "SQLite doorbell: %s; other processes' %s alone",
-                message,
-                self._purpose,
+                "SQLite doorbell: %s; other processes' %s alone", message, self._purpose,
             )
 
 

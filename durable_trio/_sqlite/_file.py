@@ -127,7 +127,9 @@ def identity_problem(path: str, identity: tuple[int, int], stamp: int | None) ->
         what = "a copy of this store, a restored backup perhaps"
     else:
         what = f"another durable_trio store, stamp {found_stamp}, this one's {stamp}"
-    return f"was replaced by another file (inode {identity[1]} then, {found.st_ino} now: {what})"
+    return (
+        f"was replaced by another file (inode {identity[1]} then, {found.st_ino} now: {what})"
+    )
 
 
 def read_stamp(db: sqlite3.Connection) -> int | None:
@@ -147,3 +149,5 @@ def read_stamp(db: sqlite3.Connection) -> int | None:
 
 def say_stamp(stamp: int | None) -> str:
     return "missing" if stamp is None else str(stamp)
+
+

@@ -148,6 +148,7 @@ class JobWorker:
     scope: trio.CancelScope
 
 
+
 class ClaimTable:
     """Every claim this instance holds, by lease token, and the one owner of their states.
 

@@ -449,7 +449,9 @@ class QueueTransport:
             TransportClosed: the transport is closing.
         """
         self._check_open()
-        self._consumers.start_loop(Loop(queue, on_job, Slots(1), self._options.idle_backoff_max))
+        self._consumers.start_loop(
+            Loop(queue, on_job, Slots(1), self._options.idle_backoff_max)
+        )
 
     async def publish(
         self, kind: JobKind, queue: str, payload: Any, *, priority: int | None = None

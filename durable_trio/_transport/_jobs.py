@@ -213,10 +213,8 @@ class JobRunner:
                     try:
                         if job.damage is not None:
                             error = await self._damaged(loop, job)
-                        elif (
-                            job.stalled_count
-                            and slots.isolate
-                            and not (alone := await self._wait_alone(claim, slots))
+                        elif job.stalled_count and slots.isolate and not (
+                            alone := await self._wait_alone(claim, slots)
                         ):
                             pass  # handed back (or dropped, or closing): it never ran here
                         elif not claim.ahead or await self._mark_started(claim):
@@ -394,7 +392,9 @@ class JobRunner:
                 reason = f"handler failed {job.attempts + 1} times: {error!r}"
                 ok = await self._persist(claim, lambda: broker.fail_job(job.lease, queue, reason))
             else:
-                self._report(job_error(f"handler failed, job handed back: {error!r}", claim, error))
+                self._report(
+                    job_error(f"handler failed, job handed back: {error!r}", claim, error)
+                )
                 ok = await self._persist(claim, lambda: broker.retry_job(job.lease, queue))
             if not ok:
                 self._report(

@@ -57,6 +57,7 @@ class Producers:
         self._completers: dict[str, Coalescer[Lease, bool]] = {}
         self._finishers: dict[str, Coalescer[tuple[Lease, Job], bool]] = {}
 
+
     async def push(
         self,
         queue: str,

@@ -133,11 +133,7 @@ class StepBeats:
                 self._wake = trio.Event()  # what is set from here on is a beat not sent yet
                 self._pending = False
                 beat = StepHeartbeat(
-                    task.run_id,
-                    task.step_id,
-                    task.attempt,
-                    time.time(),
-                    self._details,
+                    task.run_id, task.step_id, task.attempt, time.time(), self._details,
                     self.worker,
                 )
                 try:

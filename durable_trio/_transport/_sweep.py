@@ -188,9 +188,8 @@ class Sweeper:
         bytes stay in the failed set), never redelivered, never parsed; an entry the broker
         already quarantined (no lease) is only reported."""
         self._report(
-            DamagedJob(
-                f"stalled claim unreadable, set aside: {job.damage}", queue=queue, job_id=job.id
-            )
+            DamagedJob(f"stalled claim unreadable, set aside: {job.damage}", queue=queue,
+                       job_id=job.id)
         )
         if not job.lease.token:
             return

@@ -58,7 +58,9 @@ def tags_of(args: argparse.Namespace) -> dict[str, str] | None:
 
 def add_bulk_arguments(parser: argparse.ArgumentParser, action: str) -> None:
     """The filters of a bulk ``runs cancel|retry`` and its confirmation flags."""
-    parser.add_argument("--status", help=f"{action} every run of this status (instead of a RUN_ID)")
+    parser.add_argument(
+        "--status", help=f"{action} every run of this status (instead of a RUN_ID)"
+    )
     parser.add_argument("--workflow", help=f"{action} every run of this workflow")
     add_tag_argument(parser)
     parser.add_argument("--since", help="only runs created at or after (Unix seconds or ISO)")
@@ -86,14 +88,17 @@ def by_id_or_filter(
             return await single(ops, args)
         if not filtered:
             raise ConfigError(
-                f"runs {action}: say which runs: a RUN_ID, or filters (--{', --'.join(_FILTERS)})"
+                f"runs {action}: say which runs: a RUN_ID, or filters"
+                f" (--{', --'.join(_FILTERS)})"
             )
         return await _bulk(ops, args, action, when)
 
     return command
 
 
-def _filter(args: argparse.Namespace, when: Callable[[str | None], float | None]) -> RunFilter:
+def _filter(
+    args: argparse.Namespace, when: Callable[[str | None], float | None]
+) -> RunFilter:
     from .._ops_bulk import RunFilter
 
     return RunFilter(

@@ -378,7 +378,8 @@ def add_engine_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         parser.add_argument(
             "--dead-worker-threshold",
             type=float,
-            help="seconds before the claims of a worker whose liveness is gone are taken back (40)",
+            help="seconds before the claims of a worker whose liveness is gone are taken "
+            "back (40)",
         )
 
     worker = subparsers.add_parser("worker", help="serve an app's steps")

@@ -146,7 +146,9 @@ class PostgresKeyStore:
         await trio.lowlevel.checkpoint_if_cancelled()
         with trio.move_on_after(_WRITE_BOUND, shield=True) as bound:
             try:
-                await self._pool.pipeline([(self._sql(statement), params), (self._sql(_PRUNE), ())])
+                await self._pool.pipeline(
+                    [(self._sql(statement), params), (self._sql(_PRUNE), ())]
+                )
             except PostgresError as error:
                 raise self._missing(error) from error
         if bound.cancelled_caught:

@@ -288,7 +288,6 @@ class Invariants:
                 violation(f"duplicate completed result of {where} recorded with no cause")
             if not isinstance(entry.duplicate, dict) or not entry.duplicate.get("lease"):
                 violation(f"duplicate completed result of {where} carries no delivery evidence")
-
     def _stalled_out_counted(self) -> None:
         """No job failed as stalled without more than ``max_stalled_count`` counted stalls
         (stalls while its handler ran); a stall of a claim popped ahead and never started

@@ -153,7 +153,9 @@ class WorkerSlots:
         with trio.CancelScope() as scope:
             slot.scope = scope
             async with open_worker(
-                ledger.instrumented(self.app, worker_id, injector, poison=self._poison(slot.index)),
+                ledger.instrumented(
+                    self.app, worker_id, injector, poison=self._poison(slot.index)
+                ),
                 backend,
                 concurrency=self.concurrency,
                 **options,

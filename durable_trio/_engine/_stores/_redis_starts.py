@@ -173,7 +173,9 @@ class RedisStarts:
         )  # fmt: skip
         return bytes(reply).decode()
 
-    async def start_debounced(self, limit: int, now: float) -> tuple[list[RunRecord], float | None]:
+    async def start_debounced(
+        self, limit: int, now: float
+    ) -> tuple[list[RunRecord], float | None]:
         ids: list[str] = []
         soonest: float | None = None
         for prefix in self._prefixes:
@@ -204,3 +206,5 @@ class RedisStarts:
             return None
         due = await self._client.execute("ZSCORE", f"{prefix}:debounce-due", key)
         return None if due is None else float(due)
+
+

@@ -338,7 +338,9 @@ def create_schema(db: sqlite3.Connection) -> None:
 # -- operations (each runs in the connection thread, as one transaction) -----------------------
 
 
-def put_schedule(ns: str, name: str, spec: str, replace: bool, db: sqlite3.Connection) -> bool:
+def put_schedule(
+    ns: str, name: str, spec: str, replace: bool, db: sqlite3.Connection
+) -> bool:
     if replace:
         db.execute(
             "INSERT INTO dt_schedules (namespace, name, spec) VALUES (?, ?, ?) "
@@ -578,7 +580,9 @@ def append_signal(
     return seq
 
 
-def read_signal(ns: str, run_id: str, name: str, seq: int, db: sqlite3.Connection) -> str | None:
+def read_signal(
+    ns: str, run_id: str, name: str, seq: int, db: sqlite3.Connection
+) -> str | None:
     row = db.execute(
         "SELECT payload FROM dt_signals WHERE namespace = ? AND run_id = ? AND name = ? "
         "AND seq = ?",
@@ -777,8 +781,6 @@ def page_tagged(
     runs, damaged = read_listed([row[1:] for row in rows[:limit]])
     more = len(rows) > limit
     return RunPage(runs, encode_cursor(rows[limit - 1][0]) if more else None, damaged)
-
-
 # -- retention (issue 34) -------------------------------------------------------------------------
 
 _FINISHED: Final = "('completed', 'failed', 'cancelled')"

@@ -586,7 +586,6 @@ class MemoryRunStore:
             if pending.run.run_id == run_id:
                 return pending.due_at
         return None
-
     # -- retention (issue 34) ---------------------------------------------------------------
 
     def _prunable(self, ended_before: float, workflow: str | None) -> list[_Run]:

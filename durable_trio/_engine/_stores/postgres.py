@@ -587,7 +587,6 @@ class PostgresRunStore:
     async def debounced_due(self, run_id: str) -> float | None:
         rows = await self._fetch(starts.DEBOUNCED_DUE, self._ns, run_id)
         return float(rows[0][0]) if rows else None
-
     # -- run tags (issue 34) ----------------------------------------------------------------
 
     def _tag_rows(self, run: RunRecord) -> list[tuple[str, Sequence[Any]]]:
@@ -608,7 +607,6 @@ class PostgresRunStore:
             " WHERE t.namespace = $1 AND " + where.replace("{tags}", "{schema}.run_tags")
         )
         return query, [self._ns, *params]
-
     # -- retention (issue 34) ---------------------------------------------------------------
 
     async def prune_finished(

@@ -75,10 +75,8 @@ def _own_copy(exc: BrokerError) -> BrokerError:
     try:
         copy = type(exc)(*exc.args)
     except Exception:  # a subclass with another signature: the plain kind, same words
-        copy = (
-            BrokerUnavailable(str(exc))
-            if isinstance(exc, BrokerUnavailable)
-            else (BrokerError(str(exc)))
+        copy = BrokerUnavailable(str(exc)) if isinstance(exc, BrokerUnavailable) else (
+            BrokerError(str(exc))
         )
     copy.__cause__ = exc.__cause__ if exc.__cause__ is not None else exc
     return copy
@@ -449,7 +447,8 @@ class SqliteRunStore:
 
         def read(db: sqlite3.Connection) -> list[tuple[str, str, float | None]]:
             rows = db.execute(
-                "SELECT name, spec, last_tick FROM dt_schedules WHERE namespace = ? ORDER BY name",
+                "SELECT name, spec, last_tick FROM dt_schedules WHERE namespace = ? "
+                "ORDER BY name",
                 (ns,),
             )
             return [(str(n), str(sp), None if t is None else float(t)) for n, sp, t in rows]
@@ -541,6 +540,7 @@ class SqliteRunStore:
         result: list[str] = await self._read(partial(tables.finished_workflows, self._ns))
         return result
 
+
     # -- dedup and debounce keys (issue 33, item 4) -----------------------------------------
 
     async def create_run_deduped(self, run: RunRecord, key: str) -> tuple[RunRecord, bool]:
@@ -564,7 +564,9 @@ class SqliteRunStore:
         return result
 
     async def debounced_due(self, run_id: str) -> float | None:
-        result: float | None = await self._read(partial(starts.debounced_due, self._ns, run_id))
+        result: float | None = await self._read(
+            partial(starts.debounced_due, self._ns, run_id)
+        )
         return result
 
 

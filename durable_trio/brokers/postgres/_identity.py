@@ -167,7 +167,9 @@ class StoreIdentity:
         self._schema = schema
         table = f"{quote_ident(schema)}.durable_trio_store"
         self._read = f"SELECT identity, alarm FROM {table}"
-        self._record = f"UPDATE {table} SET alarm = coalesce(alarm, $1) RETURNING identity, alarm"
+        self._record = (
+            f"UPDATE {table} SET alarm = coalesce(alarm, $1) RETURNING identity, alarm"
+        )
         self._restamp = (
             f"INSERT INTO {table} (identity, alarm) VALUES ($1, $2) "
             "ON CONFLICT (one) DO UPDATE SET alarm = coalesce("

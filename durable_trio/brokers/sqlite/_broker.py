@@ -337,9 +337,8 @@ class SqliteBroker:
         """:meth:`fail_job`, then (if the lease held) push ``job`` onto ``push_queue``, in one
         transaction. ``False``: the lease was lost, nothing changed."""
         done: bool = await self._call(
-            partial(
-                ops.fail_and_push, lease, queue, error, self._failed_retention, push_queue, job
-            ),
+            partial(ops.fail_and_push, lease, queue, error, self._failed_retention, push_queue,
+                    job),
             write=True,
             ring=push_queue,
             ring_if=bool,
@@ -414,9 +413,10 @@ class SqliteBroker:
         queue's (or its key's) active rows in its own write transaction, which SQLite runs
         one at a time, so the limit is exact however many processes claim."""
         limit = check_limit(limit)
-        await self._call(partial(ops.set_limit, queue, limit, per_key), write=True, ring=queue)
+        await self._call(
+            partial(ops.set_limit, queue, limit, per_key), write=True, ring=queue
+        )
         self._wakeups.ring(queue)
-
     async def set_queue_rate(self, queue: str, count: int | None, per: float = 1.0) -> None:
         """Store ``queue``'s rate limit in the file, for every process (see
         :class:`~durable_trio.brokers.SupportsRateLimits`)."""
@@ -432,6 +432,7 @@ class SqliteBroker:
     async def return_starts(self, queue: str, at: float, n: int) -> None:
         """Remove ``n`` starts of ``queue`` logged at ``at``."""
         await self._call(partial(rates.give_back, queue, at, n), write=True)
+
 
     async def size_of(self, queue: str) -> int:
         """Jobs waiting to be claimed (ready and delayed)."""

@@ -481,7 +481,9 @@ def job_state(queue: str, job_id: str, db: sqlite3.Connection) -> JobState | Non
     return JobState(claimed=False)
 
 
-def job_states(queue: str, job_ids: Sequence[str], db: sqlite3.Connection) -> list[JobState | None]:
+def job_states(
+    queue: str, job_ids: Sequence[str], db: sqlite3.Connection
+) -> list[JobState | None]:
     found: dict[str, JobState] = {}
     for start in range(0, len(job_ids), 500):  # (SQLite's bound on host parameters)
         chunk = list(job_ids[start : start + 500])
@@ -559,7 +561,9 @@ _FAILED_QUEUES: Final = """
 """
 
 
-def requeue_failed(queue: str, job_id: str, priority: int | None, db: sqlite3.Connection) -> bool:
+def requeue_failed(
+    queue: str, job_id: str, priority: int | None, db: sqlite3.Connection
+) -> bool:
     row = db.execute(_NEWEST_FAILED, (queue, job_id)).fetchone()
     if row is None:
         return False

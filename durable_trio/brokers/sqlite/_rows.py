@@ -147,6 +147,8 @@ def _read_int(name: str, value: object, problems: list[str], *, count: bool) -> 
     return 0
 
 
+
+
 def _read_stalls(value: object, problems: list[str]) -> tuple[Stall, ...]:
     stalls = parse_stalls(value)
     if stalls is None:
@@ -233,3 +235,5 @@ def read_failed(row: Sequence[object]) -> FailedJob:
     if not unnamed:
         return read
     return attrs.evolve(read, error=f"{read.error} [unreadable: {'; '.join(unnamed)}]".lstrip())
+
+

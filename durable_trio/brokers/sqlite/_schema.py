@@ -121,3 +121,4 @@ def _migrate(db: sqlite3.Connection) -> None:
     for name, definition in _ADDED_COLUMNS:
         if name not in columns:
             db.execute(f"ALTER TABLE dt_jobs ADD COLUMN {name} {definition}")
+
