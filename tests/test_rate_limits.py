@@ -4,6 +4,8 @@ the visibility of the current window, and the refusals."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 import trio
 import trio.testing
@@ -13,6 +15,9 @@ from durable_trio import open_engine, open_worker
 from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
 from helpers import CountingBroker, Errors
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def most_in_any_window(starts: list[float], per: float) -> int:
@@ -184,3 +189,25 @@ async def test_the_rates_are_visible_to_operators(
     assert "rates:tasks:other" not in "".join(
         line for line in metrics.splitlines() if "queue_rate" in line
     )
+
+
+async def test_a_rate_holds_across_workers_on_sqlite(tmp_path: Path) -> None:
+    """On the real clock, through the SQLite broker (the brokers' own clocks are covered by
+    tests/test_broker_rates.py): no window of ``per`` seconds, less a margin for the time from
+    a grant to its handler's start, holds more starts than the rate."""
+    starts: list[float] = []
+    app = rated_app(starts, dt.Rate(2, per=0.4))
+    errors = Errors()
+    async with dt.open_backend(f"sqlite:///{tmp_path}/rates.db") as backend:
+        async with (
+            open_worker(app, backend, concurrency=4, on_error=errors),
+            open_worker(app, backend, concurrency=4, on_error=errors),
+            open_engine(app, backend, on_error=errors) as engine,
+        ):
+            ids = [await engine.start("one", n) for n in range(6)]
+            with trio.fail_after(10):
+                assert [await engine.result(run_id) for run_id in ids] == list(range(6))
+    assert len(starts) == 6
+    assert most_in_any_window(starts, 0.4 - 0.05) <= 2
+    assert max(starts) - min(starts) >= 2 * 0.4 - 0.05  # (three windows' worth: 2, 2, 2)
+    assert errors.seen == []
