@@ -4,7 +4,7 @@ the visibility of the current window, and the refusals."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -211,3 +211,22 @@ async def test_a_rate_holds_across_workers_on_sqlite(tmp_path: Path) -> None:
     assert most_in_any_window(starts, 0.4 - 0.05) <= 2
     assert max(starts) - min(starts) >= 2 * 0.4 - 0.05  # (three windows' worth: 2, 2, 2)
     assert errors.seen == []
+
+
+async def test_a_rate_given_after_the_queue_s_loop_started_applies_to_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A loop already consuming the queue (a handler registered before, or a workflow turn of
+    the same routing token) takes starts from its next claim on."""
+    broker = MemoryBroker()
+    backend = dt.Backend(url="test://", broker=broker, keys=MemoryKeyStore())
+
+    async def handler(task: Any) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async with dt.open_queue_transport(backend, namespace="rates") as transport:
+        transport.handle("api", handler)
+        (loop,) = transport._consumers.loops_of("rates:tasks:api")
+        assert loop.rate is None
+        transport.handle("api", handler, rate=broker)
+        assert loop.rate is broker

@@ -170,6 +170,10 @@ class Consumers:
         for loop in parked:
             self.start_loop(loop)
 
+    def loops_of(self, queue: str) -> list[Loop]:
+        """The loops of ``queue``, started or parked."""
+        return [loop for loop in [*self.loops, *(self._deferred or ())] if loop.queue == queue]
+
     def start_loop(self, loop: Loop) -> None:
         if loop.inbox:
             self.loops.append(loop)
@@ -248,8 +252,7 @@ class Consumers:
         # that stores them as not started (so a claim that never ran is never a suspect).
         pop_ahead = broker.pop_ahead if isinstance(broker, SupportsClaimAhead) else None
         prefetch = self._options.prefetch  # (None: the loop's concurrency, as it moves)
-        rate = loop.rate  # (claims only what the queue's rate grants; never ahead)
-        if pop_ahead is None or pop_many is None or rate is not None:
+        if pop_ahead is None or pop_many is None:
             prefetch = 0
         buffer = loop.buffer
         runner = self._runner
@@ -275,7 +278,8 @@ class Consumers:
                         await trio.lowlevel.checkpoint()
                     continue
                 ahead = 0
-                if prefetch != 0:
+                rate = loop.rate  # (read each time: a handler registered later may set it)
+                if prefetch != 0 and rate is None:  # (a rated loop never claims ahead)
                     wanted = slots.limit if prefetch is None else prefetch
                     ahead = max(0, min(wanted, _MAX_BATCH) - len(buffer))
                 try:

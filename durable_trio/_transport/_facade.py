@@ -385,9 +385,8 @@ class QueueTransport:
         ``rate``: the broker keeping the queue's rate limit (the loop takes starts first)."""
         queue = self._names.task_queue(name)
         if queue in self._task_loops:
-            for loop in self._consumers.loops:
-                if loop.queue == queue and rate is not None:
-                    loop.rate = rate
+            for loop in self._consumers.loops_of(queue) if rate is not None else ():
+                loop.rate = rate  # (a turn of the same token started the loop first)
             return
         self._task_loops.add(queue)
         self._task_queues.add(queue)
