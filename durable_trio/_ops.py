@@ -562,6 +562,9 @@ class Operations:
                         stats.oldest_ready_age,
                         stats.limit,
                         stats.per_key,
+                        stats.rate,
+                        stats.rate_per,
+                        stats.window,
                     )
                 )
                 continue

@@ -227,6 +227,12 @@ class QueueView:
     Then ``claimed`` is the slots in use and ``ready`` the jobs waiting for one."""
     per_key: bool = False
     """The limit holds per concurrency key (``concurrency_key=``)."""
+    rate: int | None = None
+    """Its rate limit (``@app.step(rate_limit=dt.Rate(rate, per=rate_per))``), ``None``: none."""
+    rate_per: float | None = None
+    """The rate's window, seconds."""
+    window: int = 0
+    """Starts in the rate's current window (the last ``rate_per`` seconds)."""
 
     @property
     def group(self) -> str | None:
@@ -247,7 +253,18 @@ class QueueView:
             "oldestReadyAge": self.oldest_ready_age,
             "limit": self.limit,
             "perKey": self.per_key,
+            "rate": self.rate,
+            "ratePer": self.rate_per,
+            "rateWindow": self.window,
         }
+
+    @property
+    def rate_text(self) -> str:
+        """The rate and its current window as the tables show it (``3/2 per 1s``: 3 starts in
+        the current window of a rate of 2 per second; ``—``: no rate)."""
+        if self.rate is None or self.rate_per is None:
+            return "—"
+        return f"{self.window}/{self.rate} per {self.rate_per:g}s"
 
 
 @attrs.frozen

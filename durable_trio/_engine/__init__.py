@@ -24,7 +24,7 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
 1. values: ``_records`` (runs, steps), ``_errors``, ``_retry``, ``_duplicates``,
    ``_statistics``, ``_wall_clock``, ``_step_timeouts``, ``_options``, ``_replay`` (a run's
    history, consumed in call order), ``_debounce`` (debounce and dedup keys),
-   ``_tags`` (a run's tags, checked)
+   ``_tags`` (a run's tags, checked), ``_rate`` (a step's rate limit)
 2. stores: ``_stores`` (the run store: ``_contract``, ``memory``, ``sqlite``, ``redis``,
    ``_paging``, ``_shard_paging``, ``_wakes``)
 3. store operations: ``_new_run`` (recording a run), ``_reopen`` (an operator's retry),
@@ -75,6 +75,7 @@ if TYPE_CHECKING:  # the real imports, for type checkers; at run time: _EXPORTS
     )
     from ._open import open_engine
     from ._options import EngineOptions
+    from ._rate import Rate
     from ._records import (
         Applied,
         DamagedRun,
@@ -109,6 +110,7 @@ _EXPORTS: dict[str, str] = {
     "WorkflowContext": "._context",
     "step_info": "._context",
     "Debounce": "._debounce",
+    "Rate": "._rate",
     "DuplicateResult": "._duplicates",
     "Engine": "._engine",
     "EngineClosed": "._errors",
@@ -186,6 +188,7 @@ __all__ = [
     "EngineStatistics",
     "EventTimeout",
     "NonDeterminismError",
+    "Rate",
     "Retry",
     "RunCancelled",
     "RunDataError",

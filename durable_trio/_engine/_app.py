@@ -11,6 +11,7 @@ import attrs
 
 from .._arguments import check_seconds
 from .._errors import ConfigError, PayloadError
+from ._rate import Rate, check_rate_limit
 from ._retry import Retry
 from ._step_timeouts import StepTimeouts
 
@@ -56,6 +57,9 @@ class StepDefinition:
     broker (see ``docs/concurrency.md``, "Fleet-wide limits")."""
     concurrency_key: Callable[[Any], str] | None = None
     """``input -> str``: the key ``max_concurrency`` holds per (``None``: the whole step)."""
+    rate_limit: Rate | None = None
+    """At most ``rate_limit.count`` starts per ``rate_limit.per`` seconds, fleet-wide
+    (``None``: no rate). Kept by the broker (see ``docs/concurrency.md``, "Rate limits")."""
 
     def key_for(self, input: Any) -> str | None:
         """The concurrency key of an attempt with ``input`` (``None``: the step has no key).
@@ -157,6 +161,7 @@ class App:
         cpu: bool = False,
         max_concurrency: int | None = None,
         concurrency_key: Callable[[Any], str] | None = None,
+        rate_limit: Rate | None = None,
     ) -> Callable[[S], S]:
         """Register ``async def fn(input) -> JSON`` as step ``name`` (default: the function's
         name). The function is returned unchanged, so it stays callable directly in tests.
@@ -200,14 +205,24 @@ class App:
                 the attempts of the others. The engine calls it at each dispatch; should it
                 raise or return something else than a ``str``, the step fails, not retryable
                 (code ``concurrency_key``). Keep it a pure function of the input.
+            rate_limit: ``dt.Rate(count, per=seconds)``: at most ``count`` attempts of the
+                step start in any window of ``per`` seconds, across every worker of the
+                fleet. The broker keeps a sliding-window log of starts; a worker takes starts
+                before it claims, so jobs past the rate wait in the broker, not in a
+                worker's slot. Each worker serving the step stores the rate when it opens
+                (the last one to open wins); a broker that cannot keep it makes
+                ``open_worker`` raise ``ConfigError``. Per-key rates (``key=``) are not
+                supported yet (refused). See ``docs/concurrency.md``, "Rate limits".
 
         Raises:
             ConfigError: not a function, ``cpu=True`` on an ``async def``, the name is taken,
                 a timeout (``timeout``, ``schedule_to_start_timeout``,
                 ``heartbeat_timeout``) is not a positive number of seconds,
                 ``max_concurrency`` is not an int >= 1, or ``concurrency_key`` is not
-                callable or is given without ``max_concurrency``.
+                callable or is given without ``max_concurrency``, or ``rate_limit`` is not a
+                ``dt.Rate`` or has a ``key``.
         """
+        rate = check_rate_limit(rate_limit)
         timeouts = StepTimeouts.given("app.step", timeout, schedule_to_start_timeout)
         check_heartbeat_timeout(heartbeat_timeout)
         check_concurrency(max_concurrency, concurrency_key)
@@ -227,6 +242,7 @@ class App:
                 runs_in,
                 max_concurrency,
                 concurrency_key,
+                rate,
             )
             return fn
 

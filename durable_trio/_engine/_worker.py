@@ -33,7 +33,7 @@ import trio
 
 from .._transport._facade import open_queue_transport
 from .._transport._step_beats import current_beats
-from ..brokers import SupportsQueueLimits
+from ..brokers import SupportsQueueLimits, SupportsRateLimits
 from ._context import _CURRENT_STEP, StepInfo
 from ._turn import run_turn
 
@@ -146,7 +146,7 @@ class Worker:
             return in_process
         return fn  # type: ignore[no-any-return]
 
-    def _serve(self, definition: StepDefinition) -> None:
+    def _serve(self, definition: StepDefinition, rate: SupportsRateLimits | None) -> None:
         fn = self._call(definition)
 
         async def handle(task: RemoteTask) -> Any:
@@ -193,7 +193,7 @@ class Worker:
                     self._scopes.pop(task.run_id, None)
                 _CURRENT_STEP.reset(token)
 
-        self.transport.handle(definition.name, handle)
+        self.transport.handle(definition.name, handle, rate=rate)
 
     async def _on_control(self, message: ControlMessage) -> None:
         if message.action == "cancel" and message.run_id is not None:
@@ -276,6 +276,7 @@ async def open_worker(
                 "(register it with @app.workflow(name, remote=True))"
             )
     limits = _step_limits(app, names, backend.broker)
+    rates = _step_rates(app, names, backend.broker)
     transport_options.setdefault("namespace", app.name)
     async with open_queue_transport(
         backend, concurrency=concurrency, **transport_options
@@ -290,9 +291,19 @@ async def open_worker(
                     step.max_concurrency,
                     per_key=step.concurrency_key is not None,
                 )
+        if rates is not None:
+            for name in names:  # before any claim: each served step's rate, or none
+                rate = app.steps[name].rate_limit
+                await rates.set_queue_rate(
+                    transport.names.task_queue(name),
+                    None if rate is None else rate.count,
+                    1.0 if rate is None else rate.per,
+                )
         worker = Worker(app, transport, threads)
         for name in names:
-            worker._serve(app.steps[name])
+            worker._serve(
+                app.steps[name], rates if app.steps[name].rate_limit is not None else None
+            )
         for name in served:
             transport.remote.handle_workflow(
                 name,
@@ -319,5 +330,26 @@ def _step_limits(app: App, names: list[str], broker: Any) -> SupportsQueueLimits
             f"step(s) {', '.join(map(repr, limited))} of app {app.name!r} set max_concurrency, "
             f"but the {type(broker).__name__} broker cannot enforce a fleet-wide limit "
             "(see docs/concurrency.md, \"Fleet-wide limits\", for the brokers that can)"
+        )
+    return None
+
+
+def _step_rates(app: App, names: list[str], broker: Any) -> SupportsRateLimits | None:
+    """The broker that keeps the served steps' rate limits (``None``: it keeps none, and no
+    served step has one).
+
+    Raises:
+        ConfigError: a served step has ``rate_limit`` and the broker cannot keep it.
+    """
+    from .._errors import ConfigError
+
+    if isinstance(broker, SupportsRateLimits):
+        return broker
+    limited = [name for name in names if app.steps[name].rate_limit is not None]
+    if limited:
+        raise ConfigError(
+            f"step(s) {', '.join(map(repr, limited))} of app {app.name!r} set rate_limit, "
+            f"but the {type(broker).__name__} broker cannot keep a rate limit "
+            '(see docs/concurrency.md, "Rate limits", for the brokers that can)'
         )
     return None

@@ -15,7 +15,7 @@ import attrs
 import trio
 
 from .._errors import BrokerError, DamagedJob, JobError
-from ..brokers import ClaimedJob
+from ..brokers import ClaimedJob, SupportsRateLimits
 from ._slots import Slots
 
 if TYPE_CHECKING:
@@ -114,6 +114,10 @@ class Loop:
     """The last claim of this loop (a pop, or a finalize that claimed) got all it asked for:
     the queue likely holds more, so a finishing job worker claims its next job in its
     finalize's round trip (``SupportsFinishAndClaim``)."""
+    rate: SupportsRateLimits | None = None
+    """The broker that keeps this queue's rate limit (``None``: no rate): each claim first
+    takes starts from it (``take_starts``) and claims no more than granted; such a loop never
+    claims ahead nor in a finalize (every claim goes through the rate)."""
 
 
 class NextClaim:

@@ -15,8 +15,10 @@ from .._telemetry import hop
 from ..brokers import (
     ClaimedJob,
     QueueBroker,
+    RateGrant,
     SupportsBatchPop,
     SupportsClaimAhead,
+    SupportsRateLimits,
     SupportsWakeup,
 )
 
@@ -40,6 +42,8 @@ from ._claims import Level, Loop, OnJob, quarantined, unexpected
 _FAIRNESS_BATCH = 64
 #: Most jobs one pop claims (a loop with more free slots than this pops again at once).
 _MAX_BATCH = 64
+#: Shortest wait of a loop past its queue's rate (a retry_after rounded to 0 never spins).
+_MIN_RATE_WAIT = 0.001
 #: Longest sleep after consecutive broker errors in a poll loop.
 _MAX_ERROR_BACKOFF = 10.0
 
@@ -166,6 +170,10 @@ class Consumers:
         for loop in parked:
             self.start_loop(loop)
 
+    def loops_of(self, queue: str) -> list[Loop]:
+        """The loops of ``queue``, started or parked."""
+        return [loop for loop in [*self.loops, *(self._deferred or ())] if loop.queue == queue]
+
     def start_loop(self, loop: Loop) -> None:
         if loop.inbox:
             self.loops.append(loop)
@@ -270,7 +278,8 @@ class Consumers:
                         await trio.lowlevel.checkpoint()
                     continue
                 ahead = 0
-                if prefetch != 0:
+                rate = loop.rate  # (read each time: a handler registered later may set it)
+                if prefetch != 0 and rate is None:  # (a rated loop never claims ahead)
                     wanted = slots.limit if prefetch is None else prefetch
                     ahead = max(0, min(wanted, _MAX_BATCH) - len(buffer))
                 try:
@@ -280,6 +289,22 @@ class Consumers:
                 except trio.Cancelled:
                     slots.release(take)
                     raise
+                grant = None
+                if rate is not None:
+                    grant = await self._take_starts(rate, queue, take, pop_scope)
+                    if grant is None or grant.granted < take:
+                        slots.release(take - (grant.granted if grant is not None else 0))
+                    if grant is None:
+                        errors += 1
+                        await trio.sleep(error_backoff.delay(errors))
+                        continue
+                    take = grant.granted
+                    if take == 0:
+                        # Past the rate: no slot held and no claim made; the jobs wait in the
+                        # broker until a start leaves the window.
+                        streak = 0
+                        await trio.sleep(max(grant.retry_after, _MIN_RATE_WAIT))
+                        continue
                 pop_scope.shield = True
                 try:
                     if ahead:
@@ -311,7 +336,12 @@ class Consumers:
                     pop_scope.shield = False
                 if batch and any(job.damage is not None and not job.lease.token for job in batch):
                     batch = self._drop_quarantined(queue, batch)
-                loop.backlog = len(batch) >= take + ahead
+                if grant is not None:
+                    loop.backlog = False  # (a finalize must not claim past the rate)
+                    if len(batch) < take:
+                        await self._return_starts(rate, queue, grant, take - len(batch), pop_scope)
+                else:
+                    loop.backlog = len(batch) >= take + ahead
                 if len(batch) < take:
                     slots.release(take - len(batch))
                 if batch:
@@ -340,6 +370,43 @@ class Consumers:
                 else:
                     empty += 1
                     await trio.sleep(poll_interval * idle_backoff.delay(empty))
+
+    async def _take_starts(
+        self, rate: SupportsRateLimits, queue: str, want: int, pop_scope: trio.CancelScope
+    ) -> RateGrant | None:
+        """Take up to ``want`` starts of ``queue``'s rate (shielded as a pop is); ``None``:
+        the broker failed (reported)."""
+        pop_scope.shield = True
+        try:
+            return await rate.take_starts(queue, want)
+        except BrokerError as exc:
+            self._report(exc)
+        except Exception as exc:
+            self._report(unexpected(exc, f"taking starts of {queue!r}"))
+        finally:
+            pop_scope.shield = False
+        return None
+
+    async def _return_starts(
+        self,
+        rate: SupportsRateLimits | None,
+        queue: str,
+        grant: RateGrant,
+        n: int,
+        pop_scope: trio.CancelScope,
+    ) -> None:
+        """Give back the ``n`` starts of ``grant`` the claim did not use. A failure is
+        reported only: the starts stay logged (the rate is under-used, never exceeded)."""
+        assert rate is not None
+        pop_scope.shield = True
+        try:
+            await rate.return_starts(queue, grant.at, n)
+        except BrokerError as exc:
+            self._report(exc)
+        except Exception as exc:
+            self._report(unexpected(exc, f"returning starts of {queue!r}"))
+        finally:
+            pop_scope.shield = False
 
     def _drop_quarantined(self, queue: str, batch: list[ClaimedJob]) -> list[ClaimedJob]:
         """Report the entries the broker could not tie to a job (already in its quarantine,

@@ -32,7 +32,7 @@ from .._errors import ConfigError, TransportClosed
 from .._failures import one_exception, raise_bare, report_through
 from .._naming import QueueNames
 from .._wire import JobKind, RemoteTask, StepResult
-from ..brokers import ClaimedJob, SupportsRecovery, SupportsRenewal
+from ..brokers import ClaimedJob, SupportsRateLimits, SupportsRecovery, SupportsRenewal
 from ._adaptive import ConcurrencyController
 from ._claims import ClaimTable, Loop
 from ._consumers import Consumers
@@ -367,7 +367,9 @@ class QueueTransport:
 
     # ------------------------------------------------------------------ consumers
 
-    def handle(self, name: str, handler: StepHandler) -> None:
+    def handle(
+        self, name: str, handler: StepHandler, *, rate: SupportsRateLimits | None = None
+    ) -> None:
         """Serve step ``name``: ``async def handler(task: RemoteTask) -> JSON value``.
 
         Starts (once per routing token) the task loop of ``name``'s queue. Re-registering a
@@ -376,12 +378,15 @@ class QueueTransport:
         """
         self._check_open()
         self._steps.handlers[name] = handler
-        self._ensure_task_loop(name)
+        self._ensure_task_loop(name, rate)
 
-    def _ensure_task_loop(self, name: str) -> None:
-        """Start (once per routing token) the task loop shared by steps and workflow turns."""
+    def _ensure_task_loop(self, name: str, rate: SupportsRateLimits | None = None) -> None:
+        """Start (once per routing token) the task loop shared by steps and workflow turns;
+        ``rate``: the broker keeping the queue's rate limit (the loop takes starts first)."""
         queue = self._names.task_queue(name)
         if queue in self._task_loops:
+            for loop in self._consumers.loops_of(queue) if rate is not None else ():
+                loop.rate = rate  # (a turn of the same token started the loop first)
             return
         self._task_loops.add(queue)
         self._task_queues.add(queue)
@@ -392,6 +397,7 @@ class QueueTransport:
                 self._task_slots,
                 self._options.idle_backoff_max,
                 token=self._names.token_of(name),
+                rate=rate,
             )
         )
 

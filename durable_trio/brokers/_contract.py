@@ -34,6 +34,7 @@ __all__ = [
     "QuarantinedEntry",
     "QueueBroker",
     "QueueStats",
+    "RateGrant",
     "Recovery",
     "RenewOutcome",
     "Stall",
@@ -48,6 +49,7 @@ __all__ = [
     "SupportsQueueLimits",
     "SupportsQueueListing",
     "SupportsQueueStats",
+    "SupportsRateLimits",
     "SupportsRecovery",
     "SupportsRenewal",
     "SupportsSize",
@@ -476,6 +478,13 @@ class QueueStats:
     Then ``claimed`` is the slots in use and ``ready`` the jobs waiting for one."""
     per_key: bool = False
     """``limit`` holds per concurrency key (:attr:`Job.key`), not for the whole queue."""
+    rate: int | None = None
+    """The queue's rate limit (:class:`SupportsRateLimits`): at most ``rate`` starts in any
+    ``rate_per`` seconds; ``None``: none."""
+    rate_per: float | None = None
+    """The rate's window, seconds (``None``: no rate)."""
+    window: int = 0
+    """Starts in the current window (the last ``rate_per`` seconds); 0 without a rate."""
 
 
 @runtime_checkable
@@ -548,4 +557,46 @@ class SupportsQueueLimits(Protocol):
         Raises:
             ConfigError: ``limit`` is not ``None`` or an int >= 1.
         """
+        ...
+
+
+@attrs.frozen
+class RateGrant:
+    """What one :meth:`SupportsRateLimits.take_starts` granted."""
+
+    granted: int
+    """Starts taken (at most the ``want`` asked)."""
+    retry_after: float = 0.0
+    """With none granted: seconds until one more start fits (broker clock); else 0."""
+    at: float = 0.0
+    """The broker time the starts were logged at (hand it to ``return_starts``)."""
+
+
+@runtime_checkable
+class SupportsRateLimits(Protocol):
+    """A rate limit per queue: at most ``count`` starts in any window of ``per`` seconds,
+    fleet-wide. The broker keeps a sliding-window log of each limited queue's start times
+    (exact, not a token bucket). A worker takes starts (:meth:`take_starts`) before it claims,
+    claims at most what it was granted, and gives back (:meth:`return_starts`) what the claim
+    did not use; with none granted it waits ``retry_after`` without claiming, so the jobs past
+    the rate wait in the broker, not in a worker's slot. A queue without a stored rate grants
+    whatever is asked and logs nothing.
+    """
+
+    async def set_queue_rate(self, queue: str, count: int | None, per: float = 1.0) -> None:
+        """Store ``queue``'s rate (``count=None``: remove it), for every client of the broker
+        (the last writer wins). The log of starts is kept across changes.
+
+        Raises:
+            ConfigError: ``count``/``per`` is not a rate (``brokers._rates.check_rate``).
+        """
+        ...
+
+    async def take_starts(self, queue: str, want: int) -> RateGrant:
+        """Atomically log up to ``want`` starts now, as many as fit the stored rate."""
+        ...
+
+    async def return_starts(self, queue: str, at: float, n: int) -> None:
+        """Remove ``n`` starts logged at ``at`` (a grant the claim did not use). Entries
+        already gone (out of the window) are ignored."""
         ...

@@ -29,11 +29,13 @@ from ._contract import (
     JobState,
     Lease,
     QueueStats,
+    RateGrant,
     Recovery,
     RenewOutcome,
     Stall,
 )
 from ._limits import check_limit
+from ._rates import RateLogs
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -179,6 +181,7 @@ class MemoryBroker:
         self._tokens = itertools.count(1)
         self._failed_retention = failed_retention
         self._closed = False
+        self._rates = RateLogs()
 
     def _queue(self, name: str) -> _Queue:
         q = self._queues.get(name)
@@ -563,13 +566,43 @@ class MemoryBroker:
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         q = self._queues.get(queue)
+        rate, per, window = self._rates.window(queue, trio.current_time())
         if q is None:
-            return QueueStats(0, 0, 0, 0)
+            return QueueStats(0, 0, 0, 0, rate=rate, rate_per=per, window=window)
         oldest = min((rec.pushed_at for rec in q.waiting_records()), default=None)
         age = None if oldest is None else max(0.0, trio.current_time() - oldest)
         return QueueStats(
-            q.waiting(), len(q.delayed), len(q.active), len(q.failed), age, q.limit, q.per_key
+            q.waiting(),
+            len(q.delayed),
+            len(q.active),
+            len(q.failed),
+            age,
+            q.limit,
+            q.per_key,
+            rate,
+            per,
+            window,
         )
+
+    async def set_queue_rate(self, queue: str, count: int | None, per: float = 1.0) -> None:
+        """Store ``queue``'s rate (see :class:`~durable_trio.brokers.SupportsRateLimits`)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        self._rates.set(queue, count, per)
+
+    async def take_starts(self, queue: str, want: int) -> RateGrant:
+        """Log up to ``want`` starts of ``queue`` that fit its rate."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        now = trio.current_time()
+        granted, retry_after = self._rates.take(queue, want, now)
+        return RateGrant(granted, retry_after, now)
+
+    async def return_starts(self, queue: str, at: float, n: int) -> None:
+        """Remove ``n`` starts of ``queue`` logged at ``at``."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        self._rates.give_back(queue, at, n)
 
     async def set_queue_limit(
         self, queue: str, limit: int | None, *, per_key: bool = False

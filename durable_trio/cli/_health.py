@@ -372,6 +372,9 @@ def prometheus_text(
         "# HELP durable_trio_queue_jobs Jobs of a queue by state (ready, delayed, claimed, "
         "failed: set aside).",
         "# TYPE durable_trio_queue_jobs gauge",
+        "# HELP durable_trio_queue_rate_window_starts Starts in a rate-limited queue's current "
+        "window (its rate: durable_trio_queue_rate per durable_trio_queue_rate_per_seconds).",
+        "# TYPE durable_trio_queue_rate_window_starts gauge",
         "# HELP durable_trio_runs Runs in the run store by status.",
         "# TYPE durable_trio_runs gauge",
         "# HELP durable_trio_store_lost Whether the store was emptied or replaced under running "
@@ -396,6 +399,10 @@ def prometheus_text(
                 lines.append(f'durable_trio_queue_jobs{{queue="{q}",state="{state}"}} {value}')
         if view.limit is not None:  # a fleet-wide limit (issue 33); in use: claimed
             lines.append(f'durable_trio_queue_limit{{queue="{q}"}} {view.limit}')
+        if view.rate is not None and view.rate_per is not None:  # a rate limit, its window
+            lines.append(f'durable_trio_queue_rate{{queue="{q}"}} {view.rate}')
+            lines.append(f'durable_trio_queue_rate_per_seconds{{queue="{q}"}} {view.rate_per:g}')
+            lines.append(f'durable_trio_queue_rate_window_starts{{queue="{q}"}} {view.window}')
     if runs is not None:
         for run_status in _Status:
             count = runs.get(run_status, 0)

@@ -408,6 +408,11 @@ async def _queues(ops: Operations, args: argparse.Namespace) -> int:
         headers.append("limit")
         for row, v in zip(rows, views, strict=True):
             row.append(limit_text(v.limit, v.per_key))
+    if any(v.rate is not None for v in views):
+        # Rate limits: this window's starts / the rate (issue 33).
+        headers.append("rate (window)")
+        for row, v in zip(rows, views, strict=True):
+            row.append(v.rate_text)
     print(table(headers, rows), end="")
     return 0
 

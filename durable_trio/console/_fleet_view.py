@@ -130,6 +130,9 @@ def _queue_table(queues: list[QueueView]) -> Html:
     limited = any(q.limit is not None for q in queues)
     if limited:  # fleet-wide limits (issue 33): in use is "claimed", waiting is "ready"
         cols = (*cols, ("limit", 1))
+    rated = any(q.rate is not None for q in queues)
+    if rated:  # rate limits: this window's starts / the rate
+        cols = (*cols, ("rate (window)", 1))
     head = "".join((f'<th class="num">{h}</th>' if n else f"<th>{h}</th>") for h, n in cols)
     rows = "".join(
         "<tr>"
@@ -141,6 +144,7 @@ def _queue_table(queues: list[QueueView]) -> Html:
         f'<td class="num">{q.live_workers}</td>'
         f'<td class="num">{esc(duration(q.oldest_ready_age))}</td>'
         + (f'<td class="num">{esc(_limit(q.limit, q.per_key))}</td>' if limited else "")
+        + (f'<td class="num">{esc(q.rate_text)}</td>' if rated else "")
         + "</tr>"
         for q in queues
     )

@@ -131,6 +131,10 @@ class SimulationReport:
     """Of each step with ``max_concurrency`` (per key value with ``concurrency_key``:
     ``"step[key]"``): the most attempts seen running at once, never above the limit (an
     invariant; executions a fault may have doubled are not counted)."""
+    rate_peaks: dict[str, int] = attrs.field(factory=dict)
+    """Of each step with ``rate_limit``: the most starts seen in one window of its ``per``
+    seconds, never above its count (an invariant; starts a fault may have delayed are not
+    counted)."""
 
     def history_bytes(self) -> bytes:
         """The history, serialized (orjson): compare these to compare two runs."""

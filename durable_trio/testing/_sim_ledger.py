@@ -177,6 +177,7 @@ class Ledger:
                 heartbeat_timeout=definition.heartbeat_timeout,
                 max_concurrency=definition.max_concurrency,
                 concurrency_key=definition.concurrency_key,
+                rate_limit=definition.rate_limit,
             )(
                 self._recorded(
                     definition.fn, worker_id, injector, poison, definition.concurrency_key
@@ -265,6 +266,38 @@ class Ledger:
                         )
                     peak = max(peak, running)
                 peaks[group] = peak
+        return peaks
+
+    def rate_peaks(self, app: App) -> dict[str, int]:
+        """Invariant: no window of ``per`` seconds holds more than ``count`` starts of a step
+        with ``rate_limit=Rate(count, per)``, counted over the executions a fault leaves no
+        doubt about (a worker faulted in the ``per`` seconds before a start may have started
+        it late, after the broker's grant). Returns the most starts seen in one window per
+        step."""
+        peaks: dict[str, int] = {}
+        for name, definition in sorted(app.steps.items()):
+            rate = definition.rate_limit
+            if rate is None:
+                continue
+            starts = sorted(
+                e.start
+                for runs in self.executions.values()
+                for e in runs
+                if e.step == name and not self.faulted(e.worker, e.start - rate.per, e.start)
+            )
+            peak = 0
+            first = 0
+            for last, at in enumerate(starts):  # (a window [s, s + per) from each start)
+                while starts[first] <= at - rate.per:
+                    first += 1
+                n = last - first + 1
+                if n > rate.count and n > peak:
+                    self.violation(
+                        f"{n} starts of {name} within {rate.per:g} s at {at:.3f}, more than "
+                        f"its rate_limit {rate.count}"
+                    )
+                peak = max(peak, n)
+            peaks[name] = peak
         return peaks
 
     def _check_alone(self, key: tuple[str, str, int], execution: Execution) -> None:

@@ -57,6 +57,7 @@ from ..brokers import (
     SupportsJobState,
     SupportsJobStates,
     SupportsQueueLimits,
+    SupportsRateLimits,
     SupportsRecovery,
     SupportsRenewal,
     SupportsSize,
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
         JobState,
         Lease,
         QueueBroker,
+        RateGrant,
         Recovery,
         RenewOutcome,
     )
@@ -572,6 +574,23 @@ class _QueueLimits(FaultyBroker):
         await self.inner.set_queue_limit(queue, limit, per_key=per_key)
 
 
+class _RateLimits(FaultyBroker):
+    # Like the limits: a stall is waited out and a dead process fails, but no per-call fault is
+    # drawn (seeds that predate rate limits replay unchanged).
+    async def set_queue_rate(self, queue: str, count: int | None, per: float = 1.0) -> None:
+        await _read_job(self.injector, "set_queue_rate")
+        await self.inner.set_queue_rate(queue, count, per)
+
+    async def take_starts(self, queue: str, want: int) -> RateGrant:
+        await _read_job(self.injector, "take_starts")
+        grant: RateGrant = await self.inner.take_starts(queue, want)
+        return grant
+
+    async def return_starts(self, queue: str, at: float, n: int) -> None:
+        await _read_job(self.injector, "return_starts")
+        await self.inner.return_starts(queue, at, n)
+
+
 _CAPABILITIES: tuple[tuple[type, type[FaultyBroker]], ...] = (
     (SupportsBatchPop, _BatchPop),
     (SupportsClaimAhead, _ClaimAhead),
@@ -587,6 +606,7 @@ _CAPABILITIES: tuple[tuple[type, type[FaultyBroker]], ...] = (
     (SupportsFailedJobs, _FailedJobs),
     (SupportsWakeup, _Wakeup),
     (SupportsQueueLimits, _QueueLimits),
+    (SupportsRateLimits, _RateLimits),
 )
 
 

@@ -379,6 +379,7 @@ class Simulation:
         self._invariants.check()
         ledger, runs, workers = self._ledger, self._runs, self._workers
         peaks = ledger.limit_peaks(self.app)  # (a violation for a limit exceeded)
+        rate_peaks = ledger.rate_peaks(self.app)  # (a violation for a rate exceeded)
         statuses = Counter(status for status, _ in runs.outcomes.values())
         executions = sum(len(e) for e in ledger.executions.values())
         assert self._engines.statistics is not None
@@ -406,4 +407,5 @@ class Simulation:
             history=tuple(ledger.history),
             replay_command=self.replay_command(),
             concurrency_peaks=peaks,
+            rate_peaks=rate_peaks,
         )

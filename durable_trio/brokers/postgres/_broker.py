@@ -14,6 +14,7 @@ import contextlib
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+import attrs
 import trio
 
 from ..._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
@@ -27,10 +28,12 @@ from ..._postgres import (
     quote_ident,
     tables_missing,
 )
-from .._contract import Recovery
+from .._contract import RateGrant, Recovery
 from .._limits import check_limit
+from .._rates import check_rate
 from ._identity import IDENTITY_MIGRATIONS, IDENTITY_PART, StoreIdentity
 from ._operations import RECOVER_BATCH, Operations
+from ._rates import Rates
 from ._schema import MIGRATIONS, PART
 from ._wakeup import Waiter, WakeUps
 
@@ -120,6 +123,7 @@ class PostgresBroker:
         self.call_timeout = call_timeout
         self._pool = pool
         self._ops = Operations(quote_ident(schema), failed_retention)
+        self._rates = Rates(quote_ident(schema), schema)
         self._retention = failed_retention
         self._wakeups = WakeUps(hub, schema)
         self._closed = False
@@ -446,6 +450,23 @@ class PostgresBroker:
         channel = self._wakeups.channel(queue)
         await self._call(self._ops.store_limit, queue, limit, per_key, channel)
 
+    async def set_queue_rate(self, queue: str, count: int | None, per: float = 1.0) -> None:
+        """Store ``queue``'s rate limit (``None``: remove it) for every broker on the schema
+        (see :class:`~durable_trio.brokers.SupportsRateLimits` and :mod:`._rates`)."""
+        if count is not None:
+            count, per = check_rate(count, per)
+        await self._call(self._rates.store, queue, count, per)
+
+    async def take_starts(self, queue: str, want: int) -> RateGrant:
+        """Log up to ``want`` starts of ``queue`` that fit its rate (one transaction, under
+        the queue's rate lock)."""
+        granted, retry_after, at = await self._call(self._rates.take, queue, want)
+        return RateGrant(granted, retry_after, at)
+
+    async def return_starts(self, queue: str, at: float, n: int) -> None:
+        """Remove ``n`` starts of ``queue`` logged at ``at``."""
+        await self._call(self._rates.give_back, queue, at, n)
+
     async def queues_with_claims(self, queues: Sequence[str]) -> list[str]:
         """Those of ``queues`` holding claims (one statement on the claims' index)."""
         if not queues:
@@ -499,7 +520,9 @@ class PostgresBroker:
 
     async def queue_stats(self, queue: str) -> QueueStats:
         """``queue``'s counts and its oldest ready job's age, in one statement."""
-        return await self._call(self._ops.queue_stats, queue)
+        stats = await self._call(self._ops.queue_stats, queue)
+        count, per, window = await self._call(self._rates.window, queue)
+        return attrs.evolve(stats, rate=count, rate_per=per, window=window)
 
     async def quarantined(self, queue: str, *, limit: int = 100) -> list[QuarantinedEntry]:
         """The rows of ``queue`` whose id could not be read, moved aside by a pop or a sweep,

@@ -6,9 +6,10 @@ All in the backend's one schema; a queue (namespace included) is a column, never
 deleted, a failed one moved out); its partial indexes put each row only in the index of its
 state. ``broker_failed`` keeps failed jobs for inspection (bounded per queue);
 ``broker_quarantine`` rows whose id could not be read; ``broker_limits`` the queues' fleet-wide
-concurrency limits (``SupportsQueueLimits``, step 3). Times are seconds since the epoch on the
-server's clock (``double precision``); ``seq`` orders jobs of one priority (FIFO), one
-sequence for the whole schema.
+concurrency limits (``SupportsQueueLimits``, step 3); ``broker_rates`` and
+``broker_rate_starts`` the queues' rate limits (``SupportsRateLimits``, step 4, :mod:`._rates`).
+Times are seconds since the epoch on the server's clock (``double precision``); ``seq`` orders
+jobs of one priority (FIFO), one sequence for the whole schema.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import Final
 
 from ..._postgres import Migration
+from ._rates import RATE_MIGRATION
 
 __all__ = ["MIGRATIONS", "PART"]
 
@@ -118,4 +120,5 @@ MIGRATIONS: Final = (
     Migration(1, _V1, "jobs, failed jobs, quarantine"),
     Migration(2, _V2, "the jobs table's vacuum settings"),
     Migration(3, _V3, "fleet-wide concurrency limits: the jobs' keys, the limits table"),
+    Migration(4, RATE_MIGRATION, "rate limits: the rates and their logs of starts"),
 )

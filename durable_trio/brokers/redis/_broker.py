@@ -33,14 +33,13 @@ from .._contract import (
 from ._doorbell import Doorbell, PubSubDoorbell
 from ._identity import StoreIdentity
 from ._queue import MAX_PRIORITY, MIN_PRIORITY, Queue
+from ._rates import RedisRates
 from ._repair import FailedJobRepair, Scanner, scan_queues
 from ._replies import (
     read_claim,
     read_claims,
-    read_failed,
     read_job_state,
     read_job_states,
-    read_quarantined,
     read_seconds,
 )
 from ._scripts import Scripts
@@ -51,6 +50,7 @@ if TYPE_CHECKING:
 
     from ..._errors import StoreLost
     from ..._redis import RedisArg
+    from .._contract import RateGrant
 
 __all__ = [
     "PROMOTE_BATCH",
@@ -250,6 +250,7 @@ class RedisBrokerBase:
             scan_targets=self._scan_targets,
         )
         self._queues: dict[str, Queue] = {}
+        self._rates = RedisRates(client, self._queue)
         self._claims_examined = 0
         self._stack: AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
@@ -654,24 +655,11 @@ class RedisBrokerBase:
 
     async def failed_jobs(self, queue: str, *, limit: int = 100) -> list[FailedJob]:
         """The most recent failed jobs of ``queue``, newest first."""
-        q = self._queue(queue)
-        if limit < 1:
-            await trio.lowlevel.checkpoint()
-            return []
-        records = await self._client.execute("LRANGE", q.failed_key, 0, limit - 1)
-        return [read_failed(record) for record in records]
+        return await self._repair.failed_jobs(queue, limit)
 
     async def quarantined(self, queue: str, *, limit: int = 100) -> list[QuarantinedEntry]:
-        """The newest entries of ``queue`` that could not be tied to a readable job (a member
-        of ``ready``, ``delayed`` or ``active`` naming no job, a job without its meta, a stall
-        history replaced, a sequence counter rebuilt), newest first, kept up to
-        ``quarantine_retention``."""
-        q = self._queue(queue)
-        if limit < 1:
-            await trio.lowlevel.checkpoint()
-            return []
-        records = await self._client.execute("LRANGE", q.quarantine_key, 0, limit - 1)
-        return [read_quarantined(queue, record) for record in records]
+        """The newest entries of ``queue`` that could not be tied to a job (see :mod:`._repair`)."""
+        return await self._repair.quarantined(queue, limit)
 
     # -- the operator's calls and the store's identity (the repair and identity parts) -------
 
@@ -686,13 +674,25 @@ class RedisBrokerBase:
     async def queue_stats(self, queue: str) -> QueueStats:
         """``queue``'s counts and its oldest ready job's age (see
         :class:`~durable_trio.brokers.SupportsQueueStats`)."""
-        return await self._repair.queue_stats(queue)
+        return await self._rates.with_window(queue, await self._repair.queue_stats(queue))
 
     async def set_queue_limit(
         self, queue: str, limit: int | None, *, per_key: bool = False
     ) -> None:
         """Store ``queue``'s fleet-wide limit (see :mod:`._slots`). Raises ConfigError."""
         await self._repair.set_queue_limit(queue, limit, per_key=per_key)
+
+    async def set_queue_rate(self, queue: str, count: int | None, per: float = 1.0) -> None:
+        """Store ``queue``'s rate limit (see :mod:`._rates`). Raises ConfigError."""
+        await self._rates.store(queue, count, per)
+
+    async def take_starts(self, queue: str, want: int) -> RateGrant:
+        """Log up to ``want`` starts of ``queue`` that fit its rate (one script run)."""
+        return await self._rates.take(queue, want)
+
+    async def return_starts(self, queue: str, at: float, n: int) -> None:
+        """Remove ``n`` starts of ``queue`` logged at ``at``."""
+        await self._rates.give_back(queue, at, n)
 
     async def known_queues(self, prefix: str) -> list[str]:
         """The queues named ``prefix...`` holding any job (ready, delayed, claimed or failed

@@ -9,10 +9,12 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+import trio
+
 from ..._errors import BrokerError
-from .._contract import FailedJob, QueueStats
+from .._contract import FailedJob, QuarantinedEntry, QueueStats
 from .._limits import check_limit
-from ._replies import read_failed, read_failed_key
+from ._replies import read_failed, read_failed_key, read_quarantined
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -125,6 +127,27 @@ class FailedJobRepair:
         self._quarantine_retention = quarantine_retention
         self._note_repair = note_repair
         self._scan_targets = scan_targets
+
+    async def failed_jobs(self, queue: str, limit: int) -> list[FailedJob]:
+        """The most recent failed jobs of ``queue``, newest first."""
+        q = self._queue(queue)
+        if limit < 1:
+            await trio.lowlevel.checkpoint()
+            return []
+        records = await self._client.execute("LRANGE", q.failed_key, 0, limit - 1)
+        return [read_failed(record) for record in records]
+
+    async def quarantined(self, queue: str, limit: int) -> list[QuarantinedEntry]:
+        """The newest entries of ``queue`` that could not be tied to a readable job (a member
+        of ``ready``, ``delayed`` or ``active`` naming no job, a job without its meta, a stall
+        history replaced, a sequence counter rebuilt), newest first, kept up to
+        ``quarantine_retention``."""
+        q = self._queue(queue)
+        if limit < 1:
+            await trio.lowlevel.checkpoint()
+            return []
+        records = await self._client.execute("LRANGE", q.quarantine_key, 0, limit - 1)
+        return [read_quarantined(queue, record) for record in records]
 
     async def _find_failed(self, q: Queue, job_id: str) -> tuple[bytes, FailedJob] | None:
         for record in await self._client.execute("LRANGE", q.failed_key, 0, -1):

@@ -15,13 +15,16 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Final, TypeVar
 
+import attrs
 import trio
 
 from ..._errors import BrokerError, BrokerUnavailable, ConfigError
 from ..._sqlite import ConnectionThread, Synchronous, open_connection
-from .._contract import RenewOutcome
+from .._contract import RateGrant, RenewOutcome
 from .._limits import check_limit
+from .._rates import check_rate
 from . import _operations as ops
+from . import _rates as rates
 from ._schema import create_schema
 from ._wakeup import Waiter, WakeUps
 
@@ -414,6 +417,22 @@ class SqliteBroker:
             partial(ops.set_limit, queue, limit, per_key), write=True, ring=queue
         )
         self._wakeups.ring(queue)
+    async def set_queue_rate(self, queue: str, count: int | None, per: float = 1.0) -> None:
+        """Store ``queue``'s rate limit in the file, for every process (see
+        :class:`~durable_trio.brokers.SupportsRateLimits`)."""
+        if count is not None:
+            count, per = check_rate(count, per)
+        await self._call(partial(rates.set_rate, queue, count, per), write=True)
+
+    async def take_starts(self, queue: str, want: int) -> RateGrant:
+        """Log up to ``want`` starts of ``queue`` that fit its rate (one write transaction)."""
+        granted, retry_after, at = await self._call(partial(rates.take, queue, want), write=True)
+        return RateGrant(granted, retry_after, at)
+
+    async def return_starts(self, queue: str, at: float, n: int) -> None:
+        """Remove ``n`` starts of ``queue`` logged at ``at``."""
+        await self._call(partial(rates.give_back, queue, at, n), write=True)
+
 
     async def size_of(self, queue: str) -> int:
         """Jobs waiting to be claimed (ready and delayed)."""
@@ -477,7 +496,13 @@ class SqliteBroker:
         the queue's ready rows for their ``pushed_at``). The age is ``None`` while a ready row
         has none that can be read: NULL (pushed before the column was added to an older
         file), TEXT, BLOB or infinite (damaged)."""
-        stats: QueueStats = await self._call(partial(ops.queue_stats, queue), write=False)
+
+        def read(db: sqlite3.Connection) -> QueueStats:
+            count, per, starts = rates.window(queue, db)
+            stats = ops.queue_stats(queue, db)
+            return attrs.evolve(stats, rate=count, rate_per=per, window=starts)
+
+        stats: QueueStats = await self._call(read, write=False)
         return stats
 
     async def known_queues(self, prefix: str) -> list[str]:

@@ -1,6 +1,7 @@
 """The SQLite broker's tables: ``dt_jobs`` (every job, one row, its state a column), its partial
 indexes, ``dt_quarantine`` (rows whose id could not be read), ``dt_limits`` (the queues'
-fleet-wide concurrency limits) and the columns added since the first release (migrated on
+fleet-wide concurrency limits), ``dt_rates`` and ``dt_rate_starts`` (rate limits,
+:mod:`._rates`) and the columns added since the first release (migrated on
 open). The file's settings (WAL, auto-vacuum) and ``dt_meta`` belong
 to every connection (:mod:`durable_trio._sqlite`).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from ..._sqlite import META_TABLE
+from ._rates import RATE_SCHEMA
 
 if TYPE_CHECKING:
     import sqlite3
@@ -89,7 +91,7 @@ SCHEMA: Final = (
 def create_schema(db: sqlite3.Connection) -> None:
     """Create the broker's tables and indexes if missing and add the columns an older file
     lacks (in the caller's write transaction: two processes opening one file do it once)."""
-    for statement in SCHEMA:
+    for statement in (*SCHEMA, *RATE_SCHEMA):
         db.execute(statement)
     _migrate(db)
     for statement in _ON_ADDED_COLUMNS:

@@ -1,0 +1,110 @@
+"""What every broker that keeps rate limits (``SupportsRateLimits``) shares: the check of a
+rate and the sliding-window grant computed from a queue's log of start times."""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import TYPE_CHECKING
+
+from .._errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["MAX_RATE_COUNT", "MAX_RATE_PER", "RateLogs", "check_rate", "grant"]
+
+#: The most starts a rate may allow per window (each start is one entry of the broker's log).
+MAX_RATE_COUNT = 100_000
+#: The longest window a rate may have, in seconds (one day).
+MAX_RATE_PER = 86_400.0
+
+
+def check_rate(count: object, per: object) -> tuple[int, float]:
+    """``(count, per)`` as a rate: ``count`` an int from 1 to :data:`MAX_RATE_COUNT`, ``per``
+    a finite number of seconds above 0, at most :data:`MAX_RATE_PER`.
+
+    Raises:
+        ConfigError: anything else.
+    """
+    if type(count) is not int or not 1 <= count <= MAX_RATE_COUNT:
+        raise ConfigError(f"a rate's count is an int from 1 to {MAX_RATE_COUNT}, got {count!r}")
+    if (
+        isinstance(per, bool)
+        or not isinstance(per, int | float)
+        or not math.isfinite(per)
+        or not 0 < per <= MAX_RATE_PER
+    ):
+        raise ConfigError(
+            f"a rate's per is a number of seconds above 0, at most {MAX_RATE_PER:g}, got {per!r}"
+        )
+    return count, float(per)
+
+
+def grant(
+    times: Sequence[float], now: float, want: int, count: int, per: float
+) -> tuple[int, float]:
+    """The starts a claim may take now: ``(granted, retry_after)``.
+
+    ``times`` are the queue's start times still in the window (each ``> now - per``), oldest
+    first. At most ``count - len(times)`` (and ``want``) are granted; with none granted,
+    ``retry_after`` is the seconds until enough of the oldest leave the window for one more
+    (``0.0`` otherwise). A start at ``t`` stays in the window until ``t + per`` (excluded), so
+    no span of ``per`` seconds ever holds more than ``count`` starts.
+    """
+    free = count - len(times)
+    if free > 0:
+        return min(free, max(want, 0)), 0.0
+    # The (len - count + 1)-th oldest must leave for one start to fit.
+    return 0, max(0.0, times[len(times) - count] + per - now)
+
+
+class RateLogs:
+    """The rates and start logs of one process's queues (the memory broker's store)."""
+
+    def __init__(self) -> None:
+        self.rates: dict[str, tuple[int, float]] = {}
+        self._starts: dict[str, collections.deque[float]] = {}
+
+    def set(self, queue: str, count: int | None, per: float) -> None:
+        if count is None:
+            self.rates.pop(queue, None)
+        else:
+            self.rates[queue] = check_rate(count, per)
+
+    def _live(self, queue: str, now: float, per: float) -> collections.deque[float]:
+        starts = self._starts.setdefault(queue, collections.deque())
+        while starts and starts[0] <= now - per:
+            starts.popleft()
+        return starts
+
+    def take(self, queue: str, want: int, now: float) -> tuple[int, float]:
+        rate = self.rates.get(queue)
+        if rate is None:
+            return want, 0.0
+        count, per = rate
+        starts = self._live(queue, now, per)
+        granted, retry_after = grant(starts, now, want, count, per)
+        starts.extend([now] * granted)
+        return granted, retry_after
+
+    def give_back(self, queue: str, at: float, n: int) -> None:
+        starts = self._starts.get(queue)
+        while n > 0 and starts and starts[-1] == at:  # (logged last: any later ones are >= at)
+            starts.pop()
+            n -= 1
+        if n > 0 and starts:
+            kept = list(starts)
+            for i in range(len(kept) - 1, -1, -1):
+                if n and kept[i] == at:
+                    del kept[i]
+                    n -= 1
+            starts.clear()
+            starts.extend(kept)
+
+    def window(self, queue: str, now: float) -> tuple[int | None, float | None, int]:
+        """``(count, per, starts in the current window)``; ``(None, None, 0)``: no rate."""
+        rate = self.rates.get(queue)
+        if rate is None:
+            return None, None, 0
+        return rate[0], rate[1], len(self._live(queue, now, rate[1]))

@@ -1,0 +1,124 @@
+"""The Redis broker's rate limits (``SupportsRateLimits``), each key under the queue's hash
+tag (one slot on a Cluster):
+
+- ``{Q}:rate``: a hash (``count``, ``per``), the queue's rate;
+- ``{Q}:starts``: the sliding-window log, a sorted set of one member per start scored by its
+  time on the server's clock (``TIME``). A take is one script run (it runs alone on the
+  server, so its count is exact): it drops the members out of the window, counts the rest,
+  and adds what fits, members unique per call (a random nonce and their place in it). The log
+  expires a little after its window: an idle queue leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from .._contract import QueueStats, RateGrant
+from .._rates import check_rate
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..._redis import RedisClient, RedisClusterClient
+    from ._queue import Queue
+
+__all__ = ["RedisRates"]
+
+_READ_RATE: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local r = redis.call('HMGET', KEYS[1], 'count', 'per')
+local count, per = tonumber(r[1]), tonumber(r[2])
+if count and (count < 1 or count ~= math.floor(count)) then count = nil end
+if per and not (per > 0 and per < math.huge) then per = nil end
+"""
+
+# KEYS: rate starts; ARGV: want nonce. Returns {granted, retry_after, at} (floats as %.17g).
+_TAKE: Final = (
+    _READ_RATE
+    + """
+local want = tonumber(ARGV[1])
+local at = string.format('%.17g', now)
+if not count or not per then
+  return {want, '0', at}
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', string.format('%.17g', now - per))
+local n = redis.call('ZCARD', KEYS[2])
+if n < count then
+  local granted = math.min(count - n, want)
+  for i = 1, granted do
+    redis.call('ZADD', KEYS[2], at, at .. ':' .. ARGV[2] .. ':' .. i)
+  end
+  redis.call('PEXPIRE', KEYS[2], math.ceil(per * 1000) + 1000)
+  return {granted, '0', at}
+end
+local oldest = redis.call('ZRANGE', KEYS[2], n - count, n - count, 'WITHSCORES')
+return {0, string.format('%.17g', math.max(0, tonumber(oldest[2]) + per - now)), at}
+"""
+)
+
+# KEYS: starts; ARGV: at n. Removes n members scored at.
+_GIVE_BACK: Final = """
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+if #gone > 0 then
+  redis.call('ZREM', KEYS[1], unpack(gone))
+end
+return #gone
+"""
+
+# KEYS: rate starts. Returns {} (no rate) or {count, per, starts in the window}.
+_WINDOW: Final = (
+    _READ_RATE
+    + """
+if not count or not per then
+  return {}
+end
+local starts = redis.call('ZCOUNT', KEYS[2], '(' .. string.format('%.17g', now - per), '+inf')
+return {count, string.format('%.17g', per), starts}
+"""
+)
+
+
+class RedisRates:
+    """The rate calls of one broker (``queue``: its queue of a name)."""
+
+    def __init__(
+        self, client: RedisClient | RedisClusterClient, queue: Callable[[str], Queue]
+    ) -> None:
+        self._client = client
+        self._queue = queue
+        self._take = client.script(_TAKE)
+        self._give_back = client.script(_GIVE_BACK)
+        self._window = client.script(_WINDOW)
+
+    def _keys(self, queue: str) -> tuple[str, str]:
+        tag = self._queue(queue).limit_key.removesuffix(":limit")  # ("{Q}": its hash tag)
+        return f"{tag}:rate", f"{tag}:starts"
+
+    async def store(self, queue: str, count: int | None, per: float) -> None:
+        rate_key, _ = self._keys(queue)
+        if count is None:
+            await self._client.execute("DEL", rate_key)
+            return
+        count, per = check_rate(count, per)
+        await self._client.execute("HSET", rate_key, "count", count, "per", repr(per))
+
+    async def take(self, queue: str, want: int) -> RateGrant:
+        reply: Any = await self._take(self._keys(queue), (want, secrets.token_hex(6)))
+        return RateGrant(int(reply[0]), float(reply[1]), float(reply[2]))
+
+    async def give_back(self, queue: str, at: float, n: int) -> None:
+        _, starts_key = self._keys(queue)
+        await self._give_back((starts_key,), (repr(at), n))
+
+    async def with_window(self, queue: str, stats: QueueStats) -> QueueStats:
+        """``stats`` with the queue's rate and its current window."""
+        reply: Any = await self._window(self._keys(queue))
+        if not reply:
+            return stats
+        return attrs.evolve(
+            stats, rate=int(reply[0]), rate_per=float(reply[1]), window=int(reply[2])
+        )

@@ -1,0 +1,92 @@
+"""Rate limits (issue 33, item 3): the ``SupportsRateLimits`` half of the broker contract, one
+suite for every broker (parametrized in conftest.py, as test_broker_limits.py). The memory
+broker runs on a virtual clock (exact times); the others on the real one, with short windows
+and bounds instead of exact times."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from durable_trio import ConfigError
+from durable_trio.brokers import Job, SupportsRateLimits
+
+Q = "t:tasks:rates"
+
+
+def rated(broker: Any) -> SupportsRateLimits:
+    assert isinstance(broker, SupportsRateLimits), type(broker).__name__
+    return broker
+
+
+async def test_a_queue_without_a_rate_grants_what_is_asked(
+    broker: Any, contract_clock: object
+) -> None:
+    grant = await rated(broker).take_starts(Q, 7)
+    assert (grant.granted, grant.retry_after) == (7, 0.0)
+    stats = await broker.queue_stats(Q)
+    assert (stats.rate, stats.rate_per, stats.window) == (None, None, 0)
+
+
+async def test_no_window_starts_more_than_the_rate(broker: Any, contract_clock: object) -> None:
+    b = rated(broker)
+    await b.set_queue_rate(Q, 3, 30.0)
+    assert (await b.take_starts(Q, 2)).granted == 2
+    assert (await b.take_starts(Q, 5)).granted == 1
+    full = await b.take_starts(Q, 1)
+    assert full.granted == 0
+    assert 29.0 < full.retry_after <= 30.0
+    await broker.push_on(Q, Job("j", b"{}"))
+    stats = await broker.queue_stats(Q)
+    assert (stats.rate, stats.rate_per, stats.window, stats.ready) == (3, 30.0, 3, 1)
+
+
+async def test_returned_starts_are_free_again(broker: Any, contract_clock: object) -> None:
+    b = rated(broker)
+    await b.set_queue_rate(Q, 3, 30.0)
+    grant = await b.take_starts(Q, 3)
+    assert grant.granted == 3
+    await b.return_starts(Q, grant.at, 2)
+    assert (await broker.queue_stats(Q)).window == 1
+    assert (await b.take_starts(Q, 5)).granted == 2
+    await b.return_starts(Q, grant.at - 1000.0, 1)  # nothing logged then: nothing removed
+    assert (await b.take_starts(Q, 1)).granted == 0
+
+
+async def test_the_window_slides(broker: Any, contract_clock: object) -> None:
+    b = rated(broker)
+    per = 0.5
+    await b.set_queue_rate(Q, 2, per)
+    first = await b.take_starts(Q, 1)
+    await trio.sleep(0.2)
+    assert (await b.take_starts(Q, 3)).granted == 1
+    full = await b.take_starts(Q, 1)
+    assert full.granted == 0
+    assert 0.0 < full.retry_after <= per - 0.2 + 0.05
+    await trio.sleep(full.retry_after + 0.02)
+    # The first start left the window; the second (0.2 s later) has not.
+    again = await b.take_starts(Q, 3)
+    assert again.granted == 1
+    if contract_clock is not None:  # memory: exact, on trio's clock
+        assert (first.at, full.retry_after) == (0.0, 0.3)
+
+
+async def test_changing_or_removing_the_rate(broker: Any, contract_clock: object) -> None:
+    b = rated(broker)
+    await b.set_queue_rate(Q, 1, 60.0)
+    assert (await b.take_starts(Q, 2)).granted == 1
+    await b.set_queue_rate(Q, 3, 60.0)  # the log is kept: two more fit
+    assert (await b.take_starts(Q, 5)).granted == 2
+    await b.set_queue_rate(Q, None)
+    assert (await b.take_starts(Q, 9)).granted == 9
+    assert (await broker.queue_stats(Q)).rate is None
+
+
+@pytest.mark.parametrize(
+    ("count", "per"), [(0, 1.0), (1.5, 1.0), (True, 1.0), (1, 0.0), (1, float("inf")), (1, -1)]
+)
+async def test_a_rate_is_checked(broker: Any, contract_clock: object, count: Any, per: Any) -> None:
+    with pytest.raises(ConfigError):
+        await rated(broker).set_queue_rate(Q, count, per)
