@@ -24,7 +24,7 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
 1. values: ``_records`` (runs, steps), ``_errors``, ``_retry``, ``_duplicates``,
    ``_statistics``, ``_wall_clock``, ``_step_timeouts``, ``_options``, ``_replay`` (a run's
    history, consumed in call order), ``_debounce`` (debounce and dedup keys),
-   ``_tags`` (a run's tags, checked)
+   ``_tags`` (a run's tags, checked), ``_payloads`` (typed payloads: the cattrs converter)
 2. stores: ``_stores`` (the run store: ``_contract``, ``memory``, ``sqlite``, ``redis``,
    ``_paging``, ``_shard_paging``, ``_wakes``)
 3. store operations: ``_new_run`` (recording a run), ``_reopen`` (an operator's retry),
