@@ -22,6 +22,7 @@ from ._engine import (
     EngineStatistics,
     EventTimeout,
     NonDeterminismError,
+    PayloadTypeError,
     Retry,
     RunCancelled,
     RunDataError,
@@ -60,6 +61,7 @@ from ._engine import (
     open_run_store,
     open_tenant_client,
     open_worker,
+    payload_converter,
     step_info,
 )
 from ._errors import (
@@ -172,6 +174,7 @@ __all__ = [
     "Operations",
     "PayloadError",
     "PayloadTooLarge",
+    "PayloadTypeError",
     "PruneReport",
     "QueueTransport",
     "QueueView",
@@ -251,6 +254,7 @@ __all__ = [
     "open_tenant_client",
     "open_worker",
     "open_worker_processes",
+    "payload_converter",
     "run_worker_processes",
     "step_info",
     "uninstrument",

@@ -71,6 +71,8 @@ from ._errors import (
 )
 from ._open import open_engine
 from ._options import EngineOptions
+from ._payloads import PayloadTypeError
+from ._payloads import converter as payload_converter
 from ._records import (
     Applied,
     DamagedRun,
@@ -106,6 +108,7 @@ __all__ = [
     "EngineStatistics",
     "EventTimeout",
     "NonDeterminismError",
+    "PayloadTypeError",
     "Retry",
     "RunCancelled",
     "RunDataError",
@@ -144,5 +147,6 @@ __all__ = [
     "open_run_store",
     "open_tenant_client",
     "open_worker",
+    "payload_converter",
     "step_info",
 ]
