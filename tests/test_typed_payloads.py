@@ -249,9 +249,11 @@ async def test_replay_after_a_restart_gives_the_same_typed_values(
 
 
 def test_signatures_from_annotations_and_forward_references() -> None:
-    async def step(order: Order) -> list[Quote]: ...
+    async def step(order: Order) -> list[Quote]:
+        return []
 
-    async def plain(value: dict[str, Any], other: int) -> dict[str, list[int]]: ...
+    async def plain(value: dict[str, Any], other: int) -> dict[str, list[int]]:
+        return {}
 
     async def bare(value):  # type: ignore[no-untyped-def]
         return value
