@@ -245,6 +245,36 @@ async def test_replay_after_a_restart_gives_the_same_typed_values(
     assert output["quotes"] == [QUOTE_JSON]
 
 
+async def test_a_remote_workflow_gets_the_same_typed_values_at_exact_times(
+    every_store: str, store_clock: trio.testing.MockClock
+) -> None:
+    """The workflow's turns on a workflow worker: its context types by the worker's app."""
+    seen: list[Any] = []
+    app = shop(seen)
+    remote = App(app.name)
+    for name in ("checkout", "ship"):
+        fn = app.workflows[name].fn
+        assert fn is not None
+        remote.workflow(name, remote=True)(fn)
+    for definition in app.steps.values():
+        remote.step(definition.name)(definition.fn)
+    control = App(app.name)
+    control.remote_workflow("checkout")
+    control.remote_workflow("ship")
+    async with open_store(every_store, app.name) as (backend, store):
+        async with (
+            open_worker(remote, backend),
+            open_engine(control, backend, store=store) as engine,
+        ):
+            start = trio.current_time()
+            await engine.start("checkout", ORDER, run_id="c")
+            output = await engine.result("c")
+            assert trio.current_time() - start == 5
+    assert ("got", QUOTE) in seen
+    assert ("shipped", {"at": datetime.date(2024, 2, 29)}) in seen
+    assert output["quotes"] == [QUOTE_JSON]
+
+
 # --------------------------------------------------------------------------- units
 
 
