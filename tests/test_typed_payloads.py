@@ -311,6 +311,11 @@ def test_typed_values_round_trip_and_bad_ones_name_the_field() -> None:
         structure_as({k: v for k, v in ORDER_JSON.items() if k != "placed"}, Order, "x")
     with pytest.raises(PayloadTypeError, match="Decimal as a string"):
         structure_as(1.5, decimal.Decimal, "x")
+    for value, kind in [(1.9, int), ("5", int), (True, int), (5, str), (1, bool), ("1", float)]:
+        with pytest.raises(PayloadTypeError, match=f"expected {kind.__name__}"):
+            structure_as(value, kind, "x")  # strict scalars: nothing converted silently
+    assert structure_as(2, float, "x") == 2.0
+    assert type(structure_as(2, float, "x")) is float
 
 
 def test_pydantic_models_when_installed() -> None:
@@ -326,3 +331,41 @@ def test_pydantic_models_when_installed() -> None:
     with pytest.raises(PayloadTypeError) as caught:
         structure_as({"name": "pen", "when": "never"}, Item, "x")
     assert caught.value.path == "$.when"
+
+
+async def test_pydantic_models_in_steps_and_workflows_at_exact_times(
+    every_store: str, store_clock: trio.testing.MockClock
+) -> None:
+    pydantic = pytest.importorskip("pydantic")
+
+    class Item(pydantic.BaseModel):  # type: ignore[misc,name-defined]
+        name: str
+        when: datetime.date
+
+    app = App("typed-pydantic")
+    seen: list[Any] = []
+
+    async def stamp(item: Any) -> Any:
+        seen.append(item)
+        await trio.sleep(1)
+        return Item(name=item.name.upper(), when=item.when + datetime.timedelta(days=1))
+
+    async def flow(ctx: WorkflowContext, item: Any) -> Any:
+        seen.append(item)
+        return await ctx.step("stamp", item)
+
+    # The annotations as objects (a model local to this test would not resolve as a string).
+    stamp.__annotations__ = {"item": Item, "return": Item}
+    flow.__annotations__ = {"ctx": WorkflowContext, "item": Item, "return": Item}
+    app.step("stamp")(stamp)
+    app.workflow("flow")(flow)
+    async with open_store(every_store, app.name) as (backend, store):
+        async with open_worker(app, backend), open_engine(app, backend, store=store) as engine:
+            start = trio.current_time()
+            run_id = await engine.start("flow", Item(name="pen", when=datetime.date(2026, 1, 1)))
+            output = await engine.result(run_id)
+            assert trio.current_time() - start == 1
+            with pytest.raises(dt.RunFailed, match=r"\$\.when"):
+                await engine.result(await engine.start("flow", {"name": "pen", "when": "never"}))
+    assert seen == [Item(name="pen", when=datetime.date(2026, 1, 1))] * 2
+    assert output == {"name": "PEN", "when": "2026-01-02"}

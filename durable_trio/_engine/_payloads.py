@@ -75,6 +75,12 @@ def _is_pydantic_model(tp: Any) -> bool:
 
 def _build() -> cattrs.Converter:
     conv = make_converter()
+    # Scalars are strict, as on the wire (_codec): "5" is not an int, 1.9 not an int (cattrs'
+    # default would call int() and lose the .9), true not an int, 5 not a str.
+    conv.register_structure_hook(int, _strict(int, (int,)))
+    conv.register_structure_hook(float, _strict(float, (int, float)))
+    conv.register_structure_hook(str, _strict(str, (str,)))
+    conv.register_structure_hook(bool, _strict(bool, (bool,)))
     conv.register_unstructure_hook(uuid.UUID, str)
     conv.register_structure_hook(uuid.UUID, lambda value, _: uuid.UUID(_text(value, "a UUID")))
     conv.register_unstructure_hook(decimal.Decimal, str)
@@ -86,10 +92,17 @@ def _build() -> cattrs.Converter:
     conv.register_structure_hook_func(
         _is_pydantic_model, lambda value, tp: tp.model_validate(value)
     )
-    conv.register_unstructure_hook_func(
-        _is_pydantic_model, lambda tp: lambda obj: obj.model_dump(mode="json")
-    )
+    conv.register_unstructure_hook_func(_is_pydantic_model, lambda obj: obj.model_dump(mode="json"))
     return conv
+
+
+def _strict(kind: type, accepted: tuple[type, ...]) -> Callable[[Any, Any], Any]:
+    def structure(value: Any, _: Any) -> Any:
+        if type(value) not in accepted:
+            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__} {value!r:.40}")
+        return kind(value)
+
+    return structure
 
 
 def _text(value: Any, what: str) -> str:
