@@ -27,6 +27,7 @@ from durable_trio._engine._payloads import (
     signature_of,
     structure_as,
     to_json,
+    unstructure_as,
 )
 
 
@@ -316,6 +317,19 @@ def test_typed_values_round_trip_and_bad_ones_name_the_field() -> None:
             structure_as(value, kind, "x")  # strict scalars: nothing converted silently
     assert structure_as(2, float, "x") == 2.0
     assert type(structure_as(2, float, "x")) is float
+
+
+def test_an_output_of_another_type_and_an_unknown_annotation_are_payload_type_errors() -> None:
+    with pytest.raises(PayloadTypeError, match=r"the output of step 'q' \(dict\) does not"):
+        unstructure_as({"order_total": "1"}, Quote, "the output of step 'q'")
+    assert PayloadTypeError("x").retryable is False
+    assert PayloadTypeError("x").code == "payload_type"
+
+    async def lost(value: NotDefinedAnywhere) -> None:  # type: ignore[name-defined]  # noqa: F821
+        return None
+
+    with pytest.raises(PayloadTypeError, match="NotDefinedAnywhere"):
+        signature_of(lost, 0)
 
 
 def test_pydantic_models_when_installed() -> None:
