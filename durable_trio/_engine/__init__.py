@@ -24,7 +24,8 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
 1. values: ``_records`` (runs, steps), ``_errors``, ``_retry``, ``_duplicates``,
    ``_statistics``, ``_wall_clock``, ``_step_timeouts``, ``_options``, ``_replay`` (a run's
    history, consumed in call order), ``_debounce`` (debounce and dedup keys),
-   ``_tags`` (a run's tags, checked), ``_rate`` (a step's rate limit)
+   ``_tags`` (a run's tags, checked), ``_rate`` (a step's rate limit),
+   ``_payloads`` (typed payloads: the cattrs converter)
 2. stores: ``_stores`` (the run store: ``_contract``, ``memory``, ``sqlite``, ``redis``,
    ``_paging``, ``_shard_paging``, ``_wakes``)
 3. store operations: ``_new_run`` (recording a run), ``_reopen`` (an operator's retry),
@@ -75,6 +76,7 @@ if TYPE_CHECKING:  # the real imports, for type checkers; at run time: _EXPORTS
     )
     from ._open import open_engine
     from ._options import EngineOptions
+    from ._payloads import PayloadTypeError, payload_converter
     from ._rate import Rate
     from ._records import (
         Applied,
@@ -111,6 +113,8 @@ _EXPORTS: dict[str, str] = {
     "step_info": "._context",
     "Debounce": "._debounce",
     "Rate": "._rate",
+    "PayloadTypeError": "._payloads",
+    "payload_converter": "._payloads",
     "DuplicateResult": "._duplicates",
     "Engine": "._engine",
     "EngineClosed": "._errors",
@@ -188,6 +192,7 @@ __all__ = [
     "EngineStatistics",
     "EventTimeout",
     "NonDeterminismError",
+    "PayloadTypeError",
     "Rate",
     "Retry",
     "RunCancelled",
@@ -227,5 +232,6 @@ __all__ = [
     "open_run_store",
     "open_tenant_client",
     "open_worker",
+    "payload_converter",
     "step_info",
 ]

@@ -13,6 +13,7 @@ from .._errors import ConfigError
 from .._json_values import check_json
 from .._transport._step_beats import StepBeats, current_beats
 from ._errors import EngineError, NonDeterminismError, SignalTimeout
+from ._payloads import PLAIN, signature_of, structure_as, to_json
 from ._records import StepKind, normalize_json
 from ._retry import Retry
 from ._step_timeouts import StepTimeouts
@@ -20,6 +21,7 @@ from ._step_timeouts import StepTimeouts
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine, Generator
 
+    from ._app import App
     from ._records import OnParentCancel, RunRecord, StepRecord
     from ._replay import History
 
@@ -219,8 +221,11 @@ class WorkflowContext:
         workflow: the workflow's name.
     """
 
-    def __init__(self, driver: _Driver, run: RunRecord, history: History) -> None:
+    def __init__(
+        self, driver: _Driver, run: RunRecord, history: History, *, app: App | None = None
+    ) -> None:
         self._driver = driver
+        self._app = app
         self.run_id = run.run_id
         self.workflow = run.workflow
         self._history = history
@@ -282,18 +287,19 @@ class WorkflowContext:
         """
         step_id = self._next_id()  # before the checks, as histories recorded it
         check_name(name, "ctx.step", "name")
-        value = normalize_json(input, f"the input of step {name!r}")
+        value = normalize_json(to_json(input), f"the input of step {name!r}")
         check_type(retry, Retry, "ctx.step", "retry")
         check_priority(priority, "ctx.step")
         timeouts = StepTimeouts.given("ctx.step", timeout, schedule_to_start_timeout)
         driver = self._driver
-        return StepHandle(
-            self,
-            step_id,
-            StepKind.REMOTE,
-            name,
-            lambda: driver.remote(step_id, name, value, retry, priority, timeouts),
-        )
+        step = None if self._app is None else self._app.steps.get(name)
+        output = PLAIN if step is None else signature_of(step.fn, 0).output
+
+        async def typed() -> Any:
+            result = await driver.remote(step_id, name, value, retry, priority, timeouts)
+            return structure_as(result, output, f"the output of step {name!r}")
+
+        return StepHandle(self, step_id, StepKind.REMOTE, name, typed)
 
     @overload
     def run(
@@ -551,9 +557,11 @@ class WorkflowContext:
         step_id, value = self._child_call("ctx.child", workflow, input, run_id, on_parent_cancel)
         driver = self._child_driver()
 
+        output = self._child_output(workflow)
+
         async def start_and_wait() -> Any:
             record = await driver.child_start(step_id, workflow, value, run_id, on_parent_cancel)
-            return await driver.child_wait(record)
+            return output(await driver.child_wait(record))
 
         return StepHandle(self, step_id, StepKind.CHILD, workflow, start_and_wait)
 
@@ -579,9 +587,22 @@ class WorkflowContext:
         )
         driver = self._child_driver()
         record = await driver.child_start(step_id, workflow, value, run_id, on_parent_cancel)
-        return StepHandle(
-            self, step_id, StepKind.CHILD, workflow, lambda: driver.child_wait(record)
-        )
+        output = self._child_output(workflow)
+
+        async def wait() -> Any:
+            return output(await driver.child_wait(record))
+
+        return StepHandle(self, step_id, StepKind.CHILD, workflow, wait)
+
+    def _child_output(self, workflow: str) -> Callable[[Any], Any]:
+        """The child's JSON output as the type its workflow's return annotation names (the
+        JSON itself when this app does not register it with one)."""
+        definition = None if self._app is None else self._app.workflows.get(workflow)
+        if definition is None or definition.fn is None:
+            return lambda value: value
+        output = signature_of(definition.fn, 1).output
+        what = f"the output of child workflow {workflow!r}"
+        return lambda value: structure_as(value, output, what)
 
     def _child_call(
         self, call: str, workflow: str, input: Any, run_id: str | None, on_parent_cancel: str
@@ -594,7 +615,7 @@ class WorkflowContext:
             raise ConfigError(
                 f"{call}: on_parent_cancel must be 'cancel' or 'abandon', got {on_parent_cancel!r}"
             )
-        return step_id, normalize_json(input, f"the input of child workflow {workflow!r}")
+        return step_id, normalize_json(to_json(input), f"the input of child workflow {workflow!r}")
 
     def _child_driver(self) -> _ChildDriver:
         driver = self._driver

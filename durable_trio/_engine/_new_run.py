@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .._telemetry import run_trace
 from ._debounce import Debounce, scoped_key
 from ._errors import EngineError
+from ._payloads import to_json
 from ._records import RunRecord, RunStatus, normalize_json
 from ._stores._wakes import STARTS, SupportsRunWakes
 
@@ -45,7 +46,7 @@ async def record_new_run(
         PayloadError: ``input`` is not a JSON value.
         EngineError: ``run_id`` exists as a run of another workflow.
     """
-    value = normalize_json(input, f"the input of workflow {workflow!r}")
+    value = normalize_json(to_json(input), f"the input of workflow {workflow!r}")
     depth = 0
     if parent is not None:  # a child: one more ancestor than its parent (issue 36)
         above = await store.get_run(parent)
@@ -98,7 +99,7 @@ async def record_debounced_start(
     Raises:
         PayloadError: ``input`` is not a JSON value.
     """
-    value = normalize_json(input, f"the input of workflow {workflow!r}")
+    value = normalize_json(to_json(input), f"the input of workflow {workflow!r}")
     now = store.now()
     record = RunRecord(
         run_id=uuid.uuid4().hex,

@@ -35,6 +35,7 @@ from ._children import (
 )
 from ._context import _CURRENT_STEP, StepInfo, WorkflowContext
 from ._errors import NonDeterminismError, StepFailed
+from ._payloads import call_workflow
 from ._records import (
     Applied,
     RunRecord,
@@ -188,14 +189,14 @@ class RunDriver:
                     cut = {"type": "RunCancelled", "message": mark_reason(mark), "cut": True}
                     self.final = await services.settle(run, RunStatus.CANCELLED, error=cut)
                     return
-                ctx = WorkflowContext(self, run, self.history)
+                ctx = WorkflowContext(self, run, self.history, app=services.app)
                 status = RunStatus.COMPLETED
                 output: Any = None
                 error = None
                 assert definition.fn is not None  # a remote workflow has a RemoteRunDriver
                 try:
                     with self.grace:
-                        value = await definition.fn(ctx, run.input)
+                        value = await call_workflow(definition.fn, ctx, run.input, run.workflow)
                     if self.grace.cancelled_caught:
                         raise self.cancel.error(run.run_id)
                     self.history.check_exhausted()

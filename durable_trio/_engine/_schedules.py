@@ -34,6 +34,7 @@ from cronsim import CronSim, CronSimError
 from .._errors import BrokerError, ConfigError, PayloadError
 from ._errors import EngineClosed, EngineError
 from ._new_run import record_new_run
+from ._payloads import to_json
 from ._records import normalize_json
 from ._schedule_overlap import OverlapGate, OverlapState
 
@@ -241,7 +242,7 @@ class Schedule:
             workflow=workflow,
             cron=cron,
             every=None if every is None else float(every),
-            input=normalize_json(input, f"the input of schedule {name!r}"),
+            input=normalize_json(to_json(input), f"the input of schedule {name!r}"),
             timezone=timezone,
             catch_up=catch_up,
             max_catch_up=max_catch_up,

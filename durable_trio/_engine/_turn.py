@@ -34,6 +34,7 @@ from ._cancel import lands_on, mark_reason
 from ._children import ChildDepthExceeded, child_error, child_run_id
 from ._context import _CURRENT_STEP, Quiescence, StepInfo, WorkflowContext
 from ._errors import EngineError, NonDeterminismError, RunCancelled, StepFailed
+from ._payloads import call_workflow
 from ._records import (
     RunRecord,
     RunStatus,
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 
     from .._transport._facade import QueueTransport
     from .._wire import WorkflowTask
-    from ._app import WorkflowDefinition
+    from ._app import App, WorkflowDefinition
     from ._step_timeouts import StepTimeouts
 
 __all__ = ["TurnDriver", "TurnTimeout", "run_turn"]
@@ -302,6 +303,7 @@ async def run_turn(
     task: WorkflowTask,
     *,
     limit: float = math.inf,
+    app: App | None = None,
 ) -> WorkflowDecision:
     """Replay ``definition`` over ``task.history`` until every thread waits or it ends; the
     decision says which (see the module docstring). A turn still going after ``limit``
@@ -314,13 +316,13 @@ async def run_turn(
     history = History(task.run_id, records)
     driver = TurnDriver(task, history, transport)
     run = RunRecord(task.run_id, task.workflow, task.input, RunStatus.RUNNING, 0.0, 0.0)
-    ctx = WorkflowContext(driver, run, history)
+    ctx = WorkflowContext(driver, run, history, app=app)
     ended: list[tuple[DecisionStatus, Any]] = []
 
     async def body() -> None:
         assert definition.fn is not None
         try:
-            value = await definition.fn(ctx, task.input)
+            value = await call_workflow(definition.fn, ctx, task.input, task.workflow)
             history.check_exhausted()
             output = normalize_json(value, f"the return value of workflow {task.workflow!r}")
             ended.append((DecisionStatus.COMPLETED, output))

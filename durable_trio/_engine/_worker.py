@@ -35,6 +35,7 @@ from .._transport._facade import open_queue_transport
 from .._transport._step_beats import current_beats
 from ..brokers import SupportsQueueLimits, SupportsRateLimits
 from ._context import _CURRENT_STEP, StepInfo
+from ._payloads import signature_of, structure_as, unstructure_as
 from ._turn import run_turn
 
 if TYPE_CHECKING:
@@ -146,6 +147,17 @@ class Worker:
             return in_process
         return fn  # type: ignore[no-any-return]
 
+    @staticmethod
+    async def _typed(
+        definition: StepDefinition, fn: Callable[[Any], Awaitable[Any]], value: Any
+    ) -> Any:
+        """``fn`` called with ``value`` structured into the step's input annotation; its output
+        unstructured into JSON (docs/engine.md, "Typed payloads")."""
+        signature = signature_of(definition.fn, 0)
+        what = f"step {definition.name!r}"
+        output = await fn(structure_as(value, signature.input, f"the input of {what}"))
+        return unstructure_as(output, signature.output, f"the output of {what}")
+
     def _serve(self, definition: StepDefinition, rate: SupportsRateLimits | None) -> None:
         fn = self._call(definition)
 
@@ -170,7 +182,7 @@ class Worker:
             try:
                 with scope:
                     try:
-                        output = await fn(task.input)
+                        output = await self._typed(definition, fn, task.input)
                     except Exception as exc:
                         self._failed += 1
                         _classify(exc, definition)
@@ -307,7 +319,9 @@ async def open_worker(
         for name in served:
             transport.remote.handle_workflow(
                 name,
-                functools.partial(run_turn, app.workflows[name], transport, limit=turn_limit),
+                functools.partial(
+                    run_turn, app.workflows[name], transport, limit=turn_limit, app=app
+                ),
             )
         transport.remote.on_control(worker._on_control)
         yield worker
