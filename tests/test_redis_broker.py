@@ -191,7 +191,9 @@ async def test_the_oldest_age_costs_a_few_commands_however_long_the_queue(
         assert stats.ready == 2502
         assert stats.oldest_ready_age is not None
         assert 0.3 <= stats.oldest_ready_age < 2.0
-        assert sum(used.values()) < 16, used
+        # (a constant few: the counts, the heads, and since issue 33 the rate window's one
+        # script (its TIME, HMGET and ZCOUNT), against 2,502 jobs)
+        assert sum(used.values()) < 20, used
         claimed = await broker.pop_many(Q, 3000)
         assert claimed[-1].id == "job-first"
         assert await client.execute("EXISTS", f"{{{Q}}}:moved") == 0  # claimed: not moved now

@@ -19,13 +19,23 @@ from ._retry import Retry
 from ._step_timeouts import StepTimeouts
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Coroutine, Generator
+    from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 
-    from ._app import App
     from ._records import OnParentCancel, RunRecord, StepRecord
     from ._replay import History
 
-__all__ = ["Quiescence", "StepHandle", "StepInfo", "WorkflowContext", "step_info"]
+__all__ = ["Quiescence", "Registry", "StepHandle", "StepInfo", "WorkflowContext", "step_info"]
+
+
+class Registry(Protocol):
+    """What a context reads of its app (an :class:`~._app.App`, which imports this module):
+    the registered steps and workflows, for the types of their outputs."""
+
+    @property
+    def steps(self) -> Mapping[str, Any]: ...
+
+    @property
+    def workflows(self) -> Mapping[str, Any]: ...
 
 T = TypeVar("T")
 
@@ -222,7 +232,7 @@ class WorkflowContext:
     """
 
     def __init__(
-        self, driver: _Driver, run: RunRecord, history: History, *, app: App | None = None
+        self, driver: _Driver, run: RunRecord, history: History, *, app: Registry | None = None
     ) -> None:
         self._driver = driver
         self._app = app
