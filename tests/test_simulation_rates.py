@@ -104,7 +104,7 @@ def test_a_per_key_rate_holds_per_key_through_faults() -> None:
 
 
 def test_the_harness_catches_a_per_key_rate_not_held() -> None:
-    served = rated_app("simkeyrates", rate=None)
+    served = rated_app("simkeyrates", rate=dt.Rate(1000, per=10.0, key=parity))  # (too loose)
 
     class Unenforced(Simulation):
         def _reset(self) -> None:
