@@ -141,3 +141,41 @@ def test_app_step_takes_a_keyed_rate() -> None:
     app.step("y", rate_limit=dt.Rate(3))(lambda o: o)
     assert not app.steps["y"].rate_per_key
     assert app.steps["y"].key_for({"account": "z"}) is None
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_a_per_key_rate_holds_across_workers_on_a_real_broker(
+    kind: str, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
+    """On the real clock, SQLite and Redis (a broker that claims ahead: the handback of a
+    claim marked started), two workers: no window of ``per`` (less a margin for the time from
+    a grant to its handler's start) holds more than the rate of one key; the other key starts
+    at once; no attempt is spent on a handback."""
+    url = (
+        f"sqlite:///{tmp_path}/keyrates.db"
+        if kind == "sqlite"
+        else request.getfixturevalue("redis_url")
+    )
+    starts: dict[str, list[float]] = {}
+    app = keyed_app(starts, dt.Rate(2, per=0.4, key=account))
+    errors = Errors()
+    async with dt.open_backend(url) as backend:
+        async with (
+            open_worker(app, backend, concurrency=4, on_error=errors),
+            open_worker(app, backend, concurrency=4, on_error=errors),
+            open_engine(app, backend, on_error=errors) as engine,
+        ):
+            t0 = trio.current_time()
+            a = [await engine.start("order", {"account": "a", "n": n}) for n in range(6)]
+            b = await engine.start("order", {"account": "b", "n": 9})
+            with trio.fail_after(15):
+                assert [await engine.result(run_id) for run_id in a] == list(range(6))
+                assert await engine.result(b) == 9
+            for run_id in a:
+                (step,) = await engine.history(run_id)
+                assert step.attempt == 1
+    assert len(starts["a"]) == 6
+    assert most_in_any_window(starts["a"], 0.4 - 0.05) <= 2
+    assert max(starts["a"]) - min(starts["a"]) >= 2 * 0.4 - 0.05  # (three windows: 2, 2, 2)
+    assert starts["b"][0] - t0 < 0.4
+    assert errors.seen == []
