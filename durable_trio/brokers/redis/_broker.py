@@ -687,13 +687,10 @@ class RedisBrokerBase:
         await self._rates.store(queue, count, per)
 
     async def take_starts(self, queue: str, want: int, key: str | None = None) -> RateGrant:
-        """Log up to ``want`` starts of ``queue`` (of its ``key``) that fit its rate (one
-        script run)."""
+        """Log up to ``want`` starts of ``queue`` (``key``'s) that fit its rate (one script)."""
         return await self._rates.take(queue, want, key)
 
-    async def return_starts(
-        self, queue: str, at: float, n: int, key: str | None = None
-    ) -> None:
+    async def return_starts(self, queue: str, at: float, n: int, key: str | None = None) -> None:
         """Remove ``n`` starts of ``queue`` (of its ``key``) logged at ``at``."""
         await self._rates.give_back(queue, at, n, key)
 
