@@ -90,3 +90,38 @@ async def test_changing_or_removing_the_rate(broker: Any, contract_clock: object
 async def test_a_rate_is_checked(broker: Any, contract_clock: object, count: Any, per: Any) -> None:
     with pytest.raises(ConfigError):
         await rated(broker).set_queue_rate(Q, count, per)
+
+
+async def test_each_key_has_its_own_log(broker: Any, contract_clock: object) -> None:
+    """Per-key rates: one log per (queue, key), each held to the queue's rate, independent
+    of the other keys and of the queue's keyless log; a return touches its key only."""
+    b = rated(broker)
+    await b.set_queue_rate(Q, 2, 30.0)
+    a1 = await b.take_starts(Q, 5, key="a")
+    assert a1.granted == 2
+    full = await b.take_starts(Q, 1, key="a")
+    assert full.granted == 0
+    assert 29.0 < full.retry_after <= 30.0
+    assert (await b.take_starts(Q, 1, key="b")).granted == 1  # "a" is full, "b" is not
+    assert (await b.take_starts(Q, 3, key="b")).granted == 1
+    assert (await b.take_starts(Q, 3)).granted == 2  # the keyless log: its own
+    assert (await b.take_starts(Q, 1, key="c{x}:starts")).granted == 1  # any str is a key
+    await b.return_starts(Q, a1.at, 1, key="b")  # nothing of "b" logged then
+    assert (await b.take_starts(Q, 1, key="a")).granted == 0
+    await b.return_starts(Q, a1.at, 1, key="a")
+    assert (await b.take_starts(Q, 1, key="a")).granted == 1
+    assert (await broker.queue_stats(Q)).window == 2  # (the keyless log only)
+
+
+async def test_a_key_log_slides_and_a_queue_without_a_rate_grants(
+    broker: Any, contract_clock: object
+) -> None:
+    b = rated(broker)
+    assert (await b.take_starts(Q, 4, key="a")).granted == 4  # no rate stored
+    per = 0.5
+    await b.set_queue_rate(Q, 1, per)
+    assert (await b.take_starts(Q, 1, key="a")).granted == 1
+    wait = await b.take_starts(Q, 1, key="a")
+    assert wait.granted == 0
+    await trio.sleep(wait.retry_after + 0.05)
+    assert (await b.take_starts(Q, 1, key="a")).granted == 1

@@ -111,8 +111,15 @@ def test_app_step_checks_its_rate() -> None:
             dt.Rate(1, per=per)  # type: ignore[arg-type]
     with pytest.raises(dt.ConfigError, match=r"must be a dt\.Rate"):
         app.step("x", rate_limit=(2, 1.0))  # type: ignore[arg-type]
-    with pytest.raises(dt.ConfigError, match=r"per-key rates .* not supported yet"):
-        app.step("x", rate_limit=dt.Rate(2, per=1.0, key=lambda v: v))
+    with pytest.raises(dt.ConfigError, match=r"key must be a function"):
+        app.step("x", rate_limit=dt.Rate(2, per=1.0, key="account"))  # type: ignore[arg-type]
+    with pytest.raises(dt.ConfigError, match=r"rate_limit's key and concurrency_key differ"):
+        app.step(
+            "x",
+            max_concurrency=1,
+            concurrency_key=lambda v: v,
+            rate_limit=dt.Rate(2, per=1.0, key=lambda v: v),
+        )
     assert "x" not in app.steps
     app.step("y", rate_limit=dt.Rate(100, per=1.0))(lambda n: n)
     assert app.steps["y"].rate_limit == dt.Rate(100, per=1.0)

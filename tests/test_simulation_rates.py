@@ -76,3 +76,48 @@ def test_the_harness_catches_a_rate_the_broker_does_not_hold() -> None:
     )
     with pytest.raises(InvariantViolation, match=r"starts of api within 10 s .*rate_limit 5"):
         simulation.run_sync()
+
+
+def parity(x: int) -> str:
+    return "even" if x % 2 == 0 else "odd"
+
+
+KEYED = dt.Rate(3, per=10.0, key=parity)
+
+
+def test_a_per_key_rate_holds_per_key_through_faults() -> None:
+    """Per-key rates: no window holds more than the rate's starts of one key value (the
+    ledger groups the starts per key), every run served, and both keys reach their rate."""
+    report = Simulation(
+        rated_app("simkeyrates", rate=KEYED),
+        workload,
+        seed=5,
+        runs=40,
+        duration=1800,
+        workers=3,
+        concurrency=8,
+        faults=STORM,
+        expected_output=expected,
+    ).run_sync()
+    assert report.runs_completed == report.runs_started == 40
+    assert report.rate_peaks == {"api[even]": 3, "api[odd]": 3}
+
+
+def test_the_harness_catches_a_per_key_rate_not_held() -> None:
+    served = rated_app("simkeyrates", rate=dt.Rate(1000, per=10.0, key=parity))  # (too loose)
+
+    class Unenforced(Simulation):
+        def _reset(self) -> None:
+            super()._reset()
+            self._workers.app = served
+
+    simulation = Unenforced(
+        rated_app("simkeyrates", rate=KEYED),
+        workload,
+        seed=3,
+        runs=20,
+        duration=1800,
+        expected_output=expected,
+    )
+    with pytest.raises(InvariantViolation, match=r"starts of api\[(even|odd)\] within 10 s"):
+        simulation.run_sync()

@@ -58,37 +58,48 @@ class StepDefinition:
     concurrency_key: Callable[[Any], str] | None = None
     """``input -> str``: the key ``max_concurrency`` holds per (``None``: the whole step)."""
     rate_limit: Rate | None = None
-    """At most ``rate_limit.count`` starts per ``rate_limit.per`` seconds, fleet-wide
-    (``None``: no rate). Kept by the broker (see ``docs/concurrency.md``, "Rate limits")."""
+    """At most ``rate_limit.count`` starts per ``rate_limit.per`` seconds, fleet-wide, per
+    key value with ``rate_limit.key`` (``None``: no rate). Kept by the broker (see
+    ``docs/concurrency.md``, "Rate limits")."""
+
+    @property
+    def rate_per_key(self) -> bool:
+        """Its rate holds per key (``rate_limit.key``)."""
+        return self.rate_limit is not None and self.rate_limit.key is not None
 
     def key_for(self, input: Any) -> str | None:
-        """The concurrency key of an attempt with ``input`` (``None``: the step has no key).
+        """The key of an attempt with ``input`` (``None``: the step has no key): its
+        ``concurrency_key``'s, else its rate's ``key``'s (the same function when both).
 
         Raises:
             ConcurrencyKeyError: the key function raised or did not return a ``str``.
         """
         key_fn = self.concurrency_key
+        what = "concurrency_key"
+        if key_fn is None and self.rate_limit is not None:
+            key_fn, what = self.rate_limit.key, "rate key"
         if key_fn is None:
             return None
         try:
             key = key_fn(input)
         except Exception as exc:
             raise ConcurrencyKeyError(
-                f"step {self.name!r}: its concurrency_key raised {type(exc).__name__}: {exc}"
+                f"step {self.name!r}: its {what} raised {type(exc).__name__}: {exc}"
             ) from exc
         if not isinstance(key, str):
             raise ConcurrencyKeyError(
-                f"step {self.name!r}: its concurrency_key must return a str, "
+                f"step {self.name!r}: its {what} must return a str, "
                 f"got {type(key).__name__} {key!r:.80}"
             )
         return key
 
 
 class ConcurrencyKeyError(PayloadError):
-    """A step's ``concurrency_key`` raised or returned something else than a ``str``: the
-    step fails, not retryable (code ``concurrency_key``)."""
+    """A step's ``concurrency_key`` (or its rate's ``key``) raised or returned something else
+    than a ``str``: the step fails, not retryable (code ``concurrency_key``)."""
 
     code = "concurrency_key"
+    retryable = False
 
 
 @attrs.frozen
@@ -211,8 +222,13 @@ class App:
                 before it claims, so jobs past the rate wait in the broker, not in a
                 worker's slot. Each worker serving the step stores the rate when it opens
                 (the last one to open wins); a broker that cannot keep it makes
-                ``open_worker`` raise ``ConfigError``. Per-key rates (``key=``) are not
-                supported yet (refused). See ``docs/concurrency.md``, "Rate limits".
+                ``open_worker`` raise ``ConfigError``. With ``dt.Rate(..., key=fn)`` the rate
+                holds per key value (``fn(input) -> str``, computed at dispatch like a
+                ``concurrency_key``, which fails the step the same way should it raise),
+                keys independent: a worker claims, takes one start of the job's key, and
+                hands a job whose key is past its rate straight back to the broker as a
+                delayed job (not an attempt), so a busy key never holds back the others.
+                See ``docs/concurrency.md``, "Rate limits".
 
         Raises:
             ConfigError: not a function, ``cpu=True`` on an ``async def``, the name is taken,
@@ -220,9 +236,10 @@ class App:
                 ``heartbeat_timeout``) is not a positive number of seconds,
                 ``max_concurrency`` is not an int >= 1, or ``concurrency_key`` is not
                 callable or is given without ``max_concurrency``, or ``rate_limit`` is not a
-                ``dt.Rate`` or has a ``key``.
+                ``dt.Rate``, or its ``key`` is not callable or differs from a
+                ``concurrency_key`` also given.
         """
-        rate = check_rate_limit(rate_limit)
+        rate = check_rate_limit(rate_limit, concurrency_key)
         timeouts = StepTimeouts.given("app.step", timeout, schedule_to_start_timeout)
         check_heartbeat_timeout(heartbeat_timeout)
         check_concurrency(max_concurrency, concurrency_key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -20,7 +21,10 @@ class Rate:
     Args:
         count: starts allowed per window, an int from 1 to 100,000.
         per: the window, seconds (finite, above 0, at most one day; default 1).
-        key: per-key rates are not supported yet: ``app.step`` refuses a rate with a key.
+        key: ``input -> str``: the rate then holds per key value, keys independent
+            (``lambda order: order["account"]``); ``None``: for the whole step. The engine
+            computes the key at dispatch, as a ``concurrency_key`` (a step with both gives
+            the same function to each: one key per job).
 
     Raises:
         ConfigError: ``count`` or ``per`` out of range.
@@ -28,26 +32,31 @@ class Rate:
 
     count: int
     per: float = 1.0
-    key: Any = None
+    key: Callable[[Any], str] | None = None
 
     def __attrs_post_init__(self) -> None:
         check_rate(self.count, self.per)
 
 
-def check_rate_limit(rate_limit: Any) -> Rate | None:
-    """Check ``app.step``'s ``rate_limit``.
+def check_rate_limit(rate_limit: Any, concurrency_key: Any = None) -> Rate | None:
+    """Check ``app.step``'s ``rate_limit`` (and its key against ``concurrency_key``).
 
     Raises:
-        ConfigError: not ``None`` or a :class:`Rate`, or a rate with a ``key``.
+        ConfigError: not ``None`` or a :class:`Rate`, a ``key`` that is not callable, or a
+            ``key`` and a ``concurrency_key`` that are not the same function (a job has one
+            key: give the same function to both, or key only one of them).
     """
     if rate_limit is None:
         return None
     if not isinstance(rate_limit, Rate):
         raise ConfigError(f"app.step: rate_limit must be a dt.Rate, got {rate_limit!r}")
-    if rate_limit.key is not None:
+    key = rate_limit.key
+    if key is not None and not callable(key):
+        raise ConfigError(f"app.step: a rate's key must be a function input -> str, got {key!r}")
+    if key is not None and concurrency_key is not None and key is not concurrency_key:
         raise ConfigError(
-            "app.step: per-key rates (dt.Rate(..., key=...)) are not supported yet; "
-            "give a rate for the whole step (no key), or max_concurrency with "
-            "concurrency_key for a per-key bound"
+            "app.step: rate_limit's key and concurrency_key differ; a job has one key: give "
+            "the same function to both (key = lambda input: ...; concurrency_key=key, "
+            "rate_limit=dt.Rate(..., key=key)), or key only one of them"
         )
     return rate_limit

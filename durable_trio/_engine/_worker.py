@@ -31,9 +31,11 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from .._errors import BrokerError
 from .._transport._facade import open_queue_transport
 from .._transport._step_beats import current_beats
 from ..brokers import SupportsQueueLimits, SupportsRateLimits
+from ._app import ConcurrencyKeyError
 from ._context import _CURRENT_STEP, StepInfo
 from ._payloads import signature_of, structure_as, unstructure_as
 from ._turn import run_turn
@@ -47,6 +49,12 @@ if TYPE_CHECKING:
     from ._app import App, StepDefinition
 
 __all__ = ["Worker", "WorkerStatistics", "open_worker"]
+
+#: A per-key rate's job is handed back for at least this long when its key is past the rate
+#: (the broker's answer is exact; this only bounds the round trips of a rounding to 0).
+_GATE_MIN_WAIT = 0.001
+#: ... and for this long when the broker could not be asked (no start known taken).
+_GATE_RETRY = 1.0
 
 
 class _StepCancelled(Exception):
@@ -160,8 +168,26 @@ class Worker:
 
     def _serve(self, definition: StepDefinition, rate: SupportsRateLimits | None) -> None:
         fn = self._call(definition)
+        per_key = rate is not None and definition.rate_per_key
+        queue = self.transport.names.task_queue(definition.name)
+
+        async def gate(task: RemoteTask) -> float | None:
+            """A per-key rate: one start of the job's key, or the seconds until one fits
+            (the transport hands the job back to the broker for that long)."""
+            assert rate is not None
+            try:
+                key = definition.key_for(task.input)
+            except ConcurrencyKeyError:
+                return None  # (the handler fails it, not retryable)
+            try:
+                grant = await rate.take_starts(queue, 1, key=key)
+            except BrokerError:
+                return _GATE_RETRY  # (a start not known taken: the job waits, the rate holds)
+            return None if grant.granted else max(grant.retry_after, _GATE_MIN_WAIT)
 
         async def handle(task: RemoteTask) -> Any:
+            if per_key:
+                definition.key_for(task.input)  # (raises ConcurrencyKeyError: not retryable)
             info = StepInfo(
                 task.run_id,
                 task.step_id,
@@ -205,7 +231,10 @@ class Worker:
                     self._scopes.pop(task.run_id, None)
                 _CURRENT_STEP.reset(token)
 
-        self.transport.handle(definition.name, handle, rate=rate)
+        if per_key:
+            self.transport.handle(definition.name, handle, gate=gate)
+        else:
+            self.transport.handle(definition.name, handle, rate=rate)
 
     async def _on_control(self, message: ControlMessage) -> None:
         if message.action == "cancel" and message.run_id is not None:

@@ -49,7 +49,7 @@ from ._producers import Producers
 from ._remote import RemoteProtocols
 from ._renewal import LeaseKeeper
 from ._slots import Slots
-from ._steps import StepHandler, StepServer
+from ._steps import StartGate, StepHandler, StepServer
 from ._sweep import Sweeper
 from ._tree import TransportTree
 
@@ -368,16 +368,27 @@ class QueueTransport:
     # ------------------------------------------------------------------ consumers
 
     def handle(
-        self, name: str, handler: StepHandler, *, rate: SupportsRateLimits | None = None
+        self,
+        name: str,
+        handler: StepHandler,
+        *,
+        rate: SupportsRateLimits | None = None,
+        gate: StartGate | None = None,
     ) -> None:
         """Serve step ``name``: ``async def handler(task: RemoteTask) -> JSON value``.
 
         Starts (once per routing token) the task loop of ``name``'s queue. Re-registering a
         name swaps its handler. A handler that raises yields a failed :class:`StepResult`
-        (retryable unless the exception has ``retryable = False``).
+        (retryable unless the exception has ``retryable = False``). ``rate``: the queue's
+        rate is taken before each claim. ``gate``: asked after the claim, before the handler;
+        a delay it returns hands the job back for that long, attempt-neutral (a per-key rate).
         """
         self._check_open()
         self._steps.handlers[name] = handler
+        if gate is None:
+            self._steps.gates.pop(name, None)
+        else:
+            self._steps.gates[name] = gate
         self._ensure_task_loop(name, rate)
 
     def _ensure_task_loop(self, name: str, rate: SupportsRateLimits | None = None) -> None:

@@ -26,6 +26,7 @@ from .._errors import (
 from .._wire import StepError
 from ..brokers import SupportsClaimAhead, SupportsFinishAndClaim
 from ._claims import ClaimState, JobWorker, Level, NextClaim, job_error, quarantined
+from ._steps import StartDeferred
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -352,7 +353,15 @@ class JobRunner:
         broker = self._broker
         job, queue = claim.job, claim.queue
         try:
-            if isinstance(error, DamagedJob):
+            if isinstance(error, StartDeferred):
+                # Its gate said not yet (a per-key rate): back to wait in the broker, not in
+                # this worker's slot; nothing ran, so neither an attempt nor a stall.
+                delay = error.delay
+                ok = await self._persist(
+                    claim,
+                    lambda: broker.retry_job(job.lease, queue, delay=delay, count_attempt=False),
+                )
+            elif isinstance(error, DamagedJob):
                 self._report(error)
                 ok = await self._persist(
                     claim, lambda: broker.fail_job(job.lease, queue, f"damaged: {job.damage}")

@@ -40,6 +40,18 @@ _RESULT_PUSH_BACKOFF = Backoff(initial=0.05, maximum=5.0)
 
 
 StepHandler = Callable[[RemoteTask], Awaitable[JSONValue]]
+#: ``async def gate(task) -> float | None``: ``None``, the step may start now; else the seconds
+#: after which its job is handed back (a per-key rate past its rate, see the facade's ``handle``).
+StartGate = Callable[[RemoteTask], Awaitable[float | None]]
+
+
+class StartDeferred(Exception):
+    """A task its gate did not let start: the job is handed back after ``delay`` seconds,
+    attempt-neutral (neither an attempt nor a stall); its handler never ran."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(f"start deferred {delay:.3f} s")
+        self.delay = delay
 
 
 class StepServer:
@@ -74,6 +86,9 @@ class StepServer:
         self._spawn = spawn
         self._beat_interval = options.step_heartbeat_interval
         self.handlers: dict[str, StepHandler] = {}
+        self.gates: dict[str, StartGate] = {}
+        """Per step: asked before its handler, whether it may start now (see
+        :class:`StartDeferred`)."""
         self.turns: Callable[[Any], Awaitable[None]] | None = None
         """Serves the workflow turns found on a task loop (set by the remote layer, T14)."""
 
@@ -97,6 +112,9 @@ class StepServer:
             return None
         task: RemoteTask = envelope.payload
         queue = self._task_queue(task.routing_group)
+        gate = self.gates.get(task.name)
+        if gate is not None and (delay := await gate(task)) is not None:
+            raise StartDeferred(delay)  # (before the attempt began: nothing ran, nothing told)
         hop(envelope, queue)
         with step_attempt(task, envelope.trace, queue, self._instance_id) as attempt:
             return await self._serve_task(task, job, attempt)

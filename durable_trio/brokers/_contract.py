@@ -581,6 +581,11 @@ class SupportsRateLimits(Protocol):
     did not use; with none granted it waits ``retry_after`` without claiming, so the jobs past
     the rate wait in the broker, not in a worker's slot. A queue without a stored rate grants
     whatever is asked and logs nothing.
+
+    With a ``key`` (a per-key rate, ``dt.Rate(..., key=...)``), :meth:`take_starts` and
+    :meth:`return_starts` use one log per ``(queue, key)`` held to the queue's stored rate, each
+    key independent of the others and of the queue's own (keyless) log; the caller decides
+    which it uses. ``QueueStats.window`` counts the keyless log only.
     """
 
     async def set_queue_rate(self, queue: str, count: int | None, per: float = 1.0) -> None:
@@ -592,11 +597,14 @@ class SupportsRateLimits(Protocol):
         """
         ...
 
-    async def take_starts(self, queue: str, want: int) -> RateGrant:
-        """Atomically log up to ``want`` starts now, as many as fit the stored rate."""
+    async def take_starts(self, queue: str, want: int, key: str | None = None) -> RateGrant:
+        """Atomically log up to ``want`` starts now, as many as fit the stored rate (in the
+        log of ``key`` when given)."""
         ...
 
-    async def return_starts(self, queue: str, at: float, n: int) -> None:
-        """Remove ``n`` starts logged at ``at`` (a grant the claim did not use). Entries
-        already gone (out of the window) are ignored."""
+    async def return_starts(
+        self, queue: str, at: float, n: int, key: str | None = None
+    ) -> None:
+        """Remove ``n`` starts logged at ``at`` (a grant the claim did not use; in the log of
+        ``key`` when given). Entries already gone (out of the window) are ignored."""
         ...

@@ -12,7 +12,26 @@ from .._errors import ConfigError
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["MAX_RATE_COUNT", "MAX_RATE_PER", "RateLogs", "check_rate", "grant"]
+__all__ = [
+    "KEY_SEPARATOR",
+    "MAX_RATE_COUNT",
+    "MAX_RATE_PER",
+    "RateLogs",
+    "check_rate",
+    "grant",
+    "log_name",
+]
+
+#: Between a queue and a key in the name of a per-key log (``log_name``): the ASCII unit
+#: separator, which a queue name has no reason to hold.
+KEY_SEPARATOR = "\x1f"
+
+
+def log_name(queue: str, key: str | None) -> str:
+    """The name of the start log of ``queue`` (``key=None``) or of one key of it: the brokers
+    that keep their logs in a table keep a per-key log under this name, so per-key rates need
+    no new column (and the rows of ``queue``'s keys sort together, after ``queue``)."""
+    return queue if key is None else f"{queue}{KEY_SEPARATOR}{key}"
 
 #: The most starts a rate may allow per window (each start is one entry of the broker's log).
 MAX_RATE_COUNT = 100_000
@@ -78,18 +97,26 @@ class RateLogs:
             starts.popleft()
         return starts
 
-    def take(self, queue: str, want: int, now: float) -> tuple[int, float]:
+    def take(self, queue: str, want: int, now: float, key: str | None = None) -> tuple[int, float]:
         rate = self.rates.get(queue)
         if rate is None:
             return want, 0.0
         count, per = rate
-        starts = self._live(queue, now, per)
+        if key is not None:  # (an idle key of the queue leaves nothing behind)
+            prefix = log_name(queue, "")
+            for name in [
+                n
+                for n, s in self._starts.items()
+                if n.startswith(prefix) and (not s or s[-1] <= now - per)
+            ]:
+                del self._starts[name]
+        starts = self._live(log_name(queue, key), now, per)
         granted, retry_after = grant(starts, now, want, count, per)
         starts.extend([now] * granted)
         return granted, retry_after
 
-    def give_back(self, queue: str, at: float, n: int) -> None:
-        starts = self._starts.get(queue)
+    def give_back(self, queue: str, at: float, n: int, key: str | None = None) -> None:
+        starts = self._starts.get(log_name(queue, key))
         while n > 0 and starts and starts[-1] == at:  # (logged last: any later ones are >= at)
             starts.pop()
             n -= 1

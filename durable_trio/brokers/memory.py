@@ -590,19 +590,21 @@ class MemoryBroker:
         self._check_open()
         self._rates.set(queue, count, per)
 
-    async def take_starts(self, queue: str, want: int) -> RateGrant:
+    async def take_starts(self, queue: str, want: int, key: str | None = None) -> RateGrant:
         """Log up to ``want`` starts of ``queue`` that fit its rate."""
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         now = trio.current_time()
-        granted, retry_after = self._rates.take(queue, want, now)
+        granted, retry_after = self._rates.take(queue, want, now, key)
         return RateGrant(granted, retry_after, now)
 
-    async def return_starts(self, queue: str, at: float, n: int) -> None:
-        """Remove ``n`` starts of ``queue`` logged at ``at``."""
+    async def return_starts(
+        self, queue: str, at: float, n: int, key: str | None = None
+    ) -> None:
+        """Remove ``n`` starts of ``queue`` (of its ``key``) logged at ``at``."""
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
-        self._rates.give_back(queue, at, n)
+        self._rates.give_back(queue, at, n, key)
 
     async def set_queue_limit(
         self, queue: str, limit: int | None, *, per_key: bool = False

@@ -180,7 +180,12 @@ class Ledger:
                 rate_limit=definition.rate_limit,
             )(
                 self._recorded(
-                    definition.fn, worker_id, injector, poison, definition.concurrency_key
+                    definition.fn,
+                    worker_id,
+                    injector,
+                    poison,
+                    definition.concurrency_key
+                    or (None if definition.rate_limit is None else definition.rate_limit.key),
                 )
             )
         for name, workflow in app.workflows.items():
@@ -270,35 +275,41 @@ class Ledger:
 
     def rate_peaks(self, app: App) -> dict[str, int]:
         """Invariant: no window of ``per`` seconds holds more than ``count`` starts of a step
-        with ``rate_limit=Rate(count, per)``, counted over the executions a fault leaves no
-        doubt about (a worker faulted in the ``per`` seconds before a start may have started
-        it late, after the broker's grant). Returns the most starts seen in one window per
-        step."""
+        with ``rate_limit=Rate(count, per)`` (of one key value with ``Rate(..., key=...)``),
+        counted over the executions a fault leaves no doubt about (a worker faulted in the
+        ``per`` seconds before a start may have started it late, after the broker's grant).
+        Returns the most starts seen in one window per step (``"step"``) or key
+        (``"step[key]"``)."""
         peaks: dict[str, int] = {}
         for name, definition in sorted(app.steps.items()):
             rate = definition.rate_limit
             if rate is None:
                 continue
-            starts = sorted(
-                e.start
-                for runs in self.executions.values()
-                for e in runs
-                if e.step == name and not self.faulted(e.worker, e.start - rate.per, e.start)
-            )
-            peak = 0
-            first = 0
-            for last, at in enumerate(starts):  # (a window [s, s + per) from each start)
-                while starts[first] <= at - rate.per:
-                    first += 1
-                n = last - first + 1
-                if n > rate.count and n > peak:
-                    self.violation(
-                        f"{n} starts of {name} within {rate.per:g} s at {at:.3f}, more than "
-                        f"its rate_limit {rate.count}"
-                    )
-                peak = max(peak, n)
-            peaks[name] = peak
+            groups: dict[str, list[float]] = {}
+            for runs in self.executions.values():
+                for e in runs:
+                    if e.step == name and not self.faulted(e.worker, e.start - rate.per, e.start):
+                        group = name if rate.key is None else f"{name}[{e.key}]"
+                        groups.setdefault(group, []).append(e.start)
+            for group, starts in sorted(groups.items()):
+                peaks[group] = self._rate_peak(group, sorted(starts), rate.count, rate.per)
         return peaks
+
+    def _rate_peak(self, name: str, starts: list[float], count: int, per: float) -> int:
+        """The most of ``starts`` (sorted) in one window of ``per``; a violation past ``count``."""
+        peak = 0
+        first = 0
+        for last, at in enumerate(starts):  # (a window [s, s + per) from each start)
+            while starts[first] <= at - per:
+                first += 1
+            n = last - first + 1
+            if n > count and n > peak:
+                self.violation(
+                    f"{n} starts of {name} within {per:g} s at {at:.3f}, more than "
+                    f"its rate_limit {count}"
+                )
+            peak = max(peak, n)
+        return peak
 
     def _check_alone(self, key: tuple[str, str, int], execution: Execution) -> None:
         """Invariant 10: a poison step that ran before (its job stalled, counted, when it

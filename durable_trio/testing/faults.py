@@ -581,14 +581,16 @@ class _RateLimits(FaultyBroker):
         await _read_job(self.injector, "set_queue_rate")
         await self.inner.set_queue_rate(queue, count, per)
 
-    async def take_starts(self, queue: str, want: int) -> RateGrant:
+    async def take_starts(self, queue: str, want: int, key: str | None = None) -> RateGrant:
         await _read_job(self.injector, "take_starts")
-        grant: RateGrant = await self.inner.take_starts(queue, want)
+        grant: RateGrant = await self.inner.take_starts(queue, want, key)
         return grant
 
-    async def return_starts(self, queue: str, at: float, n: int) -> None:
+    async def return_starts(
+        self, queue: str, at: float, n: int, key: str | None = None
+    ) -> None:
         await _read_job(self.injector, "return_starts")
-        await self.inner.return_starts(queue, at, n)
+        await self.inner.return_starts(queue, at, n, key)
 
 
 _CAPABILITIES: tuple[tuple[type, type[FaultyBroker]], ...] = (

@@ -30,7 +30,7 @@ from ..._postgres import (
 )
 from .._contract import RateGrant, Recovery
 from .._limits import check_limit
-from .._rates import check_rate
+from .._rates import check_rate, log_name
 from ._identity import IDENTITY_MIGRATIONS, IDENTITY_PART, StoreIdentity
 from ._operations import RECOVER_BATCH, Operations
 from ._rates import Rates
@@ -457,15 +457,17 @@ class PostgresBroker:
             count, per = check_rate(count, per)
         await self._call(self._rates.store, queue, count, per)
 
-    async def take_starts(self, queue: str, want: int) -> RateGrant:
-        """Log up to ``want`` starts of ``queue`` that fit its rate (one transaction, under
-        the queue's rate lock)."""
-        granted, retry_after, at = await self._call(self._rates.take, queue, want)
+    async def take_starts(self, queue: str, want: int, key: str | None = None) -> RateGrant:
+        """Log up to ``want`` starts of ``queue`` (of its ``key``) that fit its rate (one
+        transaction, under the queue's rate lock)."""
+        granted, retry_after, at = await self._call(self._rates.take, queue, want, key)
         return RateGrant(granted, retry_after, at)
 
-    async def return_starts(self, queue: str, at: float, n: int) -> None:
-        """Remove ``n`` starts of ``queue`` logged at ``at``."""
-        await self._call(self._rates.give_back, queue, at, n)
+    async def return_starts(
+        self, queue: str, at: float, n: int, key: str | None = None
+    ) -> None:
+        """Remove ``n`` starts of ``queue`` (of its ``key``) logged at ``at``."""
+        await self._call(self._rates.give_back, log_name(queue, key), at, n)
 
     async def queues_with_claims(self, queues: Sequence[str]) -> list[str]:
         """Those of ``queues`` holding claims (one statement on the claims' index)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
-from .._rates import grant
+from .._rates import KEY_SEPARATOR, grant, log_name
 
 if TYPE_CHECKING:
     from ..._postgres import PgPool
@@ -66,6 +66,9 @@ class Rates:
             f"WITH gone AS (DELETE FROM {s}.broker_rate_starts WHERE queue = $1 AND at <= $2) "
             f"SELECT at FROM {s}.broker_rate_starts WHERE queue = $1 AND at > $2 ORDER BY at"
         )
+        self._prune_keys = (
+            f"DELETE FROM {s}.broker_rate_starts WHERE queue > $1 AND queue < $2 AND at <= $3"
+        )
         self._log = (
             f"INSERT INTO {s}.broker_rate_starts (queue, at) "
             "SELECT $1, $2 FROM generate_series(1, $3::bigint)"
@@ -86,8 +89,12 @@ class Rates:
         else:
             await pool.execute(self._set, queue, count, per)
 
-    async def take(self, pool: PgPool, queue: str, want: int) -> tuple[int, float, float]:
-        """``(granted, retry_after, at)``; a queue without a rate: ``(want, 0, 0)``."""
+    async def take(
+        self, pool: PgPool, queue: str, want: int, key: str | None = None
+    ) -> tuple[int, float, float]:
+        """``(granted, retry_after, at)``; a queue without a rate: ``(want, 0, 0)``. With
+        ``key``: the key's log (``log_name``, under the queue's same lock), held to the
+        queue's rate; the expired starts of every key of the queue are dropped too."""
         async with pool.transaction() as conn:
             rows = (
                 await conn.execute(
@@ -97,13 +104,21 @@ class Rates:
             if not rows:
                 return want, 0.0, 0.0
             count, per, now = int(rows[0][0]), float(rows[0][1]), float(rows[0][2])
+            if key is not None:
+                await conn.execute(
+                    self._prune_keys,
+                    queue + KEY_SEPARATOR,
+                    queue + chr(ord(KEY_SEPARATOR) + 1),
+                    now - per,
+                )
+            log = log_name(queue, key)
             times = [
                 float(row[0])
-                for row in (await conn.execute(self._prune_and_list, queue, now - per)).rows
+                for row in (await conn.execute(self._prune_and_list, log, now - per)).rows
             ]
             granted, retry_after = grant(times, now, want, count, per)
             if granted:
-                await conn.execute(self._log, queue, now, granted)
+                await conn.execute(self._log, log, now, granted)
             return granted, retry_after, now
 
     async def give_back(self, pool: PgPool, queue: str, at: float, n: int) -> None:

@@ -686,13 +686,13 @@ class RedisBrokerBase:
         """Store ``queue``'s rate limit (see :mod:`._rates`). Raises ConfigError."""
         await self._rates.store(queue, count, per)
 
-    async def take_starts(self, queue: str, want: int) -> RateGrant:
-        """Log up to ``want`` starts of ``queue`` that fit its rate (one script run)."""
-        return await self._rates.take(queue, want)
+    async def take_starts(self, queue: str, want: int, key: str | None = None) -> RateGrant:
+        """Log up to ``want`` starts of ``queue`` (``key``'s) that fit its rate (one script)."""
+        return await self._rates.take(queue, want, key)
 
-    async def return_starts(self, queue: str, at: float, n: int) -> None:
-        """Remove ``n`` starts of ``queue`` logged at ``at``."""
-        await self._rates.give_back(queue, at, n)
+    async def return_starts(self, queue: str, at: float, n: int, key: str | None = None) -> None:
+        """Remove ``n`` starts of ``queue`` (of its ``key``) logged at ``at``."""
+        await self._rates.give_back(queue, at, n, key)
 
     async def known_queues(self, prefix: str) -> list[str]:
         """The queues named ``prefix...`` holding any job (ready, delayed, claimed or failed

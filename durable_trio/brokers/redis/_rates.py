@@ -94,9 +94,12 @@ class RedisRates:
         self._give_back = client.script(_GIVE_BACK)
         self._window = client.script(_WINDOW)
 
-    def _keys(self, queue: str) -> tuple[str, str]:
+    def _keys(self, queue: str, key: str | None = None) -> tuple[str, str]:
+        """The rate's key and the log's: ``{Q}:starts``, or ``{Q}:starts:<key>`` for a key
+        (under the same hash tag; each expires on its own when idle)."""
         tag = self._queue(queue).limit_key.removesuffix(":limit")  # ("{Q}": its hash tag)
-        return f"{tag}:rate", f"{tag}:starts"
+        starts = f"{tag}:starts" if key is None else f"{tag}:starts:{key}"
+        return f"{tag}:rate", starts
 
     async def store(self, queue: str, count: int | None, per: float) -> None:
         rate_key, _ = self._keys(queue)
@@ -106,12 +109,12 @@ class RedisRates:
         count, per = check_rate(count, per)
         await self._client.execute("HSET", rate_key, "count", count, "per", repr(per))
 
-    async def take(self, queue: str, want: int) -> RateGrant:
-        reply: Any = await self._take(self._keys(queue), (want, secrets.token_hex(6)))
+    async def take(self, queue: str, want: int, key: str | None = None) -> RateGrant:
+        reply: Any = await self._take(self._keys(queue, key), (want, secrets.token_hex(6)))
         return RateGrant(int(reply[0]), float(reply[1]), float(reply[2]))
 
-    async def give_back(self, queue: str, at: float, n: int) -> None:
-        _, starts_key = self._keys(queue)
+    async def give_back(self, queue: str, at: float, n: int, key: str | None = None) -> None:
+        _, starts_key = self._keys(queue, key)
         await self._give_back((starts_key,), (repr(at), n))
 
     async def with_window(self, queue: str, stats: QueueStats) -> QueueStats:

@@ -22,7 +22,7 @@ from ..._errors import BrokerError, BrokerUnavailable, ConfigError
 from ..._sqlite import ConnectionThread, Synchronous, open_connection
 from .._contract import RateGrant, RenewOutcome
 from .._limits import check_limit
-from .._rates import check_rate
+from .._rates import check_rate, log_name
 from . import _operations as ops
 from . import _rates as rates
 from ._schema import create_schema
@@ -424,14 +424,19 @@ class SqliteBroker:
             count, per = check_rate(count, per)
         await self._call(partial(rates.set_rate, queue, count, per), write=True)
 
-    async def take_starts(self, queue: str, want: int) -> RateGrant:
-        """Log up to ``want`` starts of ``queue`` that fit its rate (one write transaction)."""
-        granted, retry_after, at = await self._call(partial(rates.take, queue, want), write=True)
+    async def take_starts(self, queue: str, want: int, key: str | None = None) -> RateGrant:
+        """Log up to ``want`` starts of ``queue`` (of its ``key``) that fit its rate (one
+        write transaction)."""
+        granted, retry_after, at = await self._call(
+            partial(rates.take, queue, want, key=key), write=True
+        )
         return RateGrant(granted, retry_after, at)
 
-    async def return_starts(self, queue: str, at: float, n: int) -> None:
-        """Remove ``n`` starts of ``queue`` logged at ``at``."""
-        await self._call(partial(rates.give_back, queue, at, n), write=True)
+    async def return_starts(
+        self, queue: str, at: float, n: int, key: str | None = None
+    ) -> None:
+        """Remove ``n`` starts of ``queue`` (of its ``key``) logged at ``at``."""
+        await self._call(partial(rates.give_back, log_name(queue, key), at, n), write=True)
 
 
     async def size_of(self, queue: str) -> int:

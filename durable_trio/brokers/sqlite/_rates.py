@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Final
 
-from .._rates import grant
+from .._rates import KEY_SEPARATOR, grant, log_name
 
 if TYPE_CHECKING:
     import sqlite3
@@ -64,17 +64,27 @@ def _live(db: sqlite3.Connection, queue: str, now: float, per: float) -> list[fl
     ]
 
 
-def take(queue: str, want: int, db: sqlite3.Connection) -> tuple[int, float, float]:
-    """``(granted, retry_after, at)`` (a write transaction)."""
+def take(
+    queue: str, want: int, db: sqlite3.Connection, key: str | None = None
+) -> tuple[int, float, float]:
+    """``(granted, retry_after, at)`` (a write transaction). With ``key``: the key's log
+    (``log_name``), held to ``queue``'s rate; the expired starts of every key of ``queue`` are
+    dropped too, so an idle key leaves nothing behind."""
     now = time.time()
     rate = _rate_of(db, queue)
     if rate is None:
         return want, 0.0, now
     count, per = rate
-    granted, retry_after = grant(_live(db, queue, now, per), now, want, count, per)
+    if key is not None:
+        db.execute(
+            "DELETE FROM dt_rate_starts WHERE queue > ?1 AND queue < ?2 AND at <= ?3",
+            (queue + KEY_SEPARATOR, queue + chr(ord(KEY_SEPARATOR) + 1), now - per),
+        )
+    log = log_name(queue, key)
+    granted, retry_after = grant(_live(db, log, now, per), now, want, count, per)
     if granted:
         db.executemany(
-            "INSERT INTO dt_rate_starts (queue, at) VALUES (?1, ?2)", [(queue, now)] * granted
+            "INSERT INTO dt_rate_starts (queue, at) VALUES (?1, ?2)", [(log, now)] * granted
         )
     return granted, retry_after, now
 
