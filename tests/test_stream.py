@@ -4,6 +4,7 @@ Exact virtual-time tests on every run store (tests/_every_store.py)."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -183,3 +184,26 @@ async def test_emit_outside_a_streaming_step_and_bad_values(
         with pytest.raises(dt.RunNotFound):
             async for _ in engine.stream("nope"):
                 pass  # pragma: no cover
+
+
+@pytest.mark.redis
+async def test_streams_on_a_redis_cluster_each_beside_its_run(redis_cluster_url: str) -> None:
+    from durable_trio._engine._stores.redis import RedisRunStore
+    from durable_trio._redis import open_redis_cluster
+    from durable_trio.backends.redis import CLUSTER_RUN_SHARDS
+
+    async with open_redis_cluster(redis_cluster_url) as client:
+        namespace = f"stream-{uuid.uuid4().hex[:8]}"
+        store = RedisRunStore(client, namespace, shards=CLUSTER_RUN_SHARDS)
+        ids = [f"r{n}" for n in range(8)]  # spread over the run shards, so over the masters
+        for run_id in ids:
+            await store.create_run(dt.RunRecord(run_id, "w", None, dt.RunStatus.RUNNING, 0, 0))
+            for value in (run_id, 1, run_id):
+                await append_entry(store, run_id, f"w:{value}", value)
+            await store.finish_run(run_id, dt.RunStatus.COMPLETED)
+        for run_id in ids:
+            got = [(e.seq, e.value) async for e in _stream.read_stream(store, run_id)]
+            assert got == [(1, run_id), (2, 1)]
+        assert sorted(await store.prune_finished(store.now() + 1, limit=100)) == ids
+        for run_id in ids:
+            assert await store.read_signal(run_id, STREAM_LOG, 1) is None
