@@ -13,8 +13,7 @@ import trio.testing
 
 import durable_trio as dt
 from _every_store import open_store
-from durable_trio._engine import App, WorkflowContext, open_engine, open_worker
-from durable_trio._engine import _stream
+from durable_trio._engine import App, WorkflowContext, _stream, open_engine, open_worker
 from durable_trio._engine._stream import STREAM_LOG, append_entry, emitter_of, fixed_store
 
 
@@ -207,3 +206,32 @@ async def test_streams_on_a_redis_cluster_each_beside_its_run(redis_cluster_url:
         assert sorted(await store.prune_finished(store.now() + 1, limit=100)) == ids
         for run_id in ids:
             assert await store.read_signal(run_id, STREAM_LOG, 1) is None
+
+
+async def test_a_remote_workflow_emits_once_per_call_and_past_the_bound_drops(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_stream, "MAX_STREAM_ENTRIES", 2)
+    app = App("stream-remote")
+
+    @app.step("one")
+    async def one(_: Any) -> int:
+        return 1
+
+    @app.workflow("far", remote=True)
+    async def far(ctx: WorkflowContext, _: Any) -> int:
+        await ctx.emit("start")
+        n = await ctx.step("one", None)  # a second turn replays the first emit
+        await ctx.emit(n)
+        await ctx.emit("dropped")
+        return int(n)
+
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_worker(app, backend),
+        open_engine(app, backend) as engine,
+    ):
+        run_id = await engine.start("far", None)
+        assert await engine.result(run_id) == 1
+        assert [(e.seq, e.value) async for e in engine.stream(run_id)] == [(1, "start"), (2, 1)]
+        assert engine.statistics().stream_values_dropped == 1
