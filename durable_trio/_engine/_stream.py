@@ -187,19 +187,19 @@ async def read_stream(
 
 class LazyStore:
     """A worker's run store, opened on its first use (a step's first emit) by :meth:`serve`, a
-    task of the worker's, and kept open until the worker closes: a worker that never emits
-    never opens it."""
+    task started then in the worker's nursery (:func:`serving`), and kept open until the worker
+    closes: a worker that never emits never opens it (nor starts the task)."""
 
     def __init__(self, opener: Callable[[], Any] | None) -> None:
         self._opener = opener
-        self._needed = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._started = False
         self._ready = trio.Event()
         self._store: RunStore | None = None
         self._error: BaseException | None = None
 
     async def serve(self) -> None:
-        """Open the store once it is needed; hold it until cancelled."""
-        await self._needed.wait()
+        """Open the store; hold it until cancelled (started by the first :meth:`get`)."""
         if self._opener is None:
             self._error = StreamError("this worker has no run store (a tenant pod's): no emit")
             self._ready.set()
@@ -209,7 +209,7 @@ class LazyStore:
                 self._store = store
                 self._ready.set()
                 await trio.sleep_forever()
-        except (BrokerError, StreamError) as exc:
+        except BrokerError as exc:
             self._error = exc
             self._ready.set()
 
@@ -219,7 +219,12 @@ class LazyStore:
         Raises:
             StreamError: the worker has none, or it could not be opened.
         """
-        self._needed.set()
+        if self._nursery is not None and not self._started:
+            self._started = True
+            self._nursery.start_soon(self.serve)
+        if self._nursery is None and not self._ready.is_set():
+            self._error = StreamError("the worker is not serving")
+            self._ready.set()
         await self._ready.wait()
         if self._store is None:
             raise StreamError(f"the worker's run store could not be opened: {self._error}")
@@ -230,9 +235,12 @@ class LazyStore:
 async def serving(lazy: LazyStore) -> AsyncIterator[LazyStore]:
     """Run ``lazy``'s :meth:`LazyStore.serve` for the block (its store closed on leaving)."""
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(lazy.serve)
-        yield lazy
-        nursery.cancel_scope.cancel()
+        lazy._nursery = nursery  # its first get starts serve here
+        try:
+            yield lazy
+        finally:
+            lazy._nursery = None
+            nursery.cancel_scope.cancel()
 
 
 def store_opener(backend: RunStoreOpener, namespace: str) -> Callable[[], Any]:
