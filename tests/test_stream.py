@@ -65,9 +65,13 @@ async def test_a_step_and_a_workflow_stream_read_as_they_come_from_another_engin
             again = await read_all(reader, run_id, start)
             assert trio.current_time() - start == 7
             rest = await read_all(reader, run_id, start, after=2)
+            async with dt.open_operations(backend, namespace=app.name) as ops:  # its own store
+                by_ops = [(e.seq, e.value) async for e in ops.stream(run_id, after=3)]
+                assert trio.current_time() - start == 7
     assert got == [(1, {"part": 0}, 0), (2, {"part": 1}, 1), (3, {"part": 2}, 2), (4, "done", 2)]
     assert again == [(s, v, 7) for s, v, _ in got]
     assert rest == [(s, v, 7) for s, v, _ in got[2:]]
+    assert by_ops == [(4, "done")]
 
 
 async def test_a_replay_after_an_engine_restart_and_a_redelivery_do_not_duplicate(
@@ -183,6 +187,22 @@ async def test_emit_outside_a_streaming_step_and_bad_values(
         with pytest.raises(dt.RunNotFound):
             async for _ in engine.stream("nope"):
                 pass  # pragma: no cover
+        # The stream's log name is reserved: no signal nor event of that name.
+        with pytest.raises(dt.ConfigError, match="reserved"):
+            await engine.signal(run_id, "durable_trio.stream", 1)
+        async with dt.open_operations(backend, namespace=app.name) as ops:
+            with pytest.raises(dt.ConfigError, match="reserved"):
+                await ops.signal_run(run_id, "durable_trio.stream", 1)
+
+    @app.workflow("reserved")
+    async def reserved(ctx: WorkflowContext, _: Any) -> None:
+        with pytest.raises(dt.ConfigError, match="reserved"):
+            ctx.set_event("durable_trio.stream", 1)
+        with pytest.raises(dt.ConfigError, match="reserved"):
+            ctx.wait_signal("durable_trio.stream")
+
+    async with dt.open_backend("memory://") as backend, open_engine(app, backend) as engine:
+        await engine.result(await engine.start("reserved", None))
 
 
 @pytest.mark.redis

@@ -28,7 +28,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "STREAM_EVENT",
-    "Quiescence", "StepHandle", "StepInfo", "WorkflowContext", "step_info"]
+    "Quiescence",
+    "StepHandle",
+    "StepInfo",
+    "WorkflowContext",
+    "check_unreserved",
+    "step_info",
+]
 
 T = TypeVar("T")
 
@@ -105,6 +111,16 @@ class StepInfo:
         different for every other step. Key your side effects on it (a payment provider's
         idempotency key, a unique constraint, an upsert)."""
         return f"{self.run_id}:{self.step_id}"
+
+
+def check_unreserved(name: str, what: str) -> None:
+    """Refuse the name of a run's stream log (:data:`STREAM_EVENT`) as a signal or event name.
+
+    Raises:
+        ConfigError: ``name`` is reserved.
+    """
+    if name == STREAM_EVENT:
+        raise ConfigError(f"{name!r} is reserved (a run's stream) and cannot be {what}")
 
 
 _CURRENT_STEP: contextvars.ContextVar[StepInfo] = contextvars.ContextVar("durable_trio_step")
@@ -479,6 +495,7 @@ class WorkflowContext:
         """
         step_id = self._next_id()
         check_name(name, "ctx.wait_signal", "name")
+        check_unreserved(name, "a signal name")
         delay = None if timeout is None else check_seconds(timeout, "ctx.wait_signal", "timeout")
         counts: dict[str, int] = self.__dict__.setdefault("_signal_counts", {})
         driver = self._driver
@@ -528,6 +545,7 @@ class WorkflowContext:
         """
         step_id = self._next_id()
         check_name(key, "ctx.set_event", "key")
+        check_unreserved(key, "an event key")
         normalized = normalize_json(value, f"the value of event {key!r}")
         driver = self._driver
         return StepHandle(

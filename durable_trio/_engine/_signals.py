@@ -31,7 +31,7 @@ import trio
 
 from .._errors import PayloadError
 from .._json_values import check_json
-from ._context import STREAM_EVENT
+from ._context import STREAM_EVENT, check_unreserved
 from ._errors import (
     EventTimeout,
     RunNotFound,
@@ -370,6 +370,7 @@ async def send_signal(
         RunNotSignalable: the run has finished.
         PayloadError: ``payload`` is not a JSON value.
     """
+    check_unreserved(name, "a signal name")
     text = encode_payload(payload, f"the payload of signal {name!r}")
     seq = await store.append_signal(run_id, name, text)
     if seq is None:
