@@ -255,3 +255,39 @@ async def test_a_remote_workflow_emits_once_per_call_and_past_the_bound_drops(
         assert await engine.result(run_id) == 1
         assert [(e.seq, e.value) async for e in engine.stream(run_id)] == [(1, "start"), (2, 1)]
         assert engine.statistics().stream_values_dropped == 1
+
+
+async def test_a_plain_def_step_in_a_thread_emits_through_trio(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = App("stream-thread")
+
+    @app.step("sync")
+    def sync(n: int) -> int:
+        for i in range(n):
+            trio.from_thread.run(dt.step_info().emit, i)
+        return n
+
+    @app.workflow("w")
+    async def w(ctx: WorkflowContext, n: int) -> int:
+        return int(await ctx.step("sync", n))
+
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_worker(app, backend),
+        open_engine(app, backend) as engine,
+    ):
+        run_id = await engine.start("w", 2)
+        assert await engine.result(run_id) == 2
+        assert [e.value async for e in engine.stream(run_id)] == [0, 1]
+
+
+async def test_a_worker_without_a_run_store_refuses_emits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    lazy = _stream.LazyStore(None)  # a tenant pod's worker
+    async with _stream.serving(lazy):
+        with pytest.raises(dt.StreamError, match="no run store"):
+            await lazy.get()
+    with pytest.raises(dt.StreamError, match="not serving"):
+        await _stream.LazyStore(None).get()
