@@ -22,6 +22,7 @@ Bounds: at most :data:`MAX_STREAM_ENTRIES` entries per run (an emit past it rais
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator  # noqa: TC003 (Engine.stream's hints resolve)
 from contextlib import ExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,12 +31,13 @@ import orjson
 import trio
 
 from .._errors import BrokerError
+from .._failures import one_exception, raise_bare
 from .._json_values import check_json
 from ._errors import RunNotFound, StreamError, StreamFull, StreamValueTooLarge
 from ._stores._wakes import SupportsRunWakes
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import Awaitable, Callable
 
     from ._stores import RunStore, RunStoreOpener
 
@@ -234,13 +236,26 @@ class LazyStore:
 @asynccontextmanager
 async def serving(lazy: LazyStore) -> AsyncIterator[LazyStore]:
     """Run ``lazy``'s :meth:`LazyStore.serve` for the block (its store closed on leaving)."""
-    async with trio.open_nursery() as nursery:
-        lazy._nursery = nursery  # its first get starts serve here
-        try:
-            yield lazy
-        finally:
-            lazy._nursery = None
-            nursery.cancel_scope.cancel()
+    body_error: BaseException | None = None
+    background: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            lazy._nursery = nursery  # its first get starts serve here
+            try:
+                yield lazy
+            except BaseException as exc:
+                body_error = exc
+            finally:
+                lazy._nursery = None
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        background = group
+    # The block ends with one exception, never a group (see durable_trio._failures).
+    error = one_exception(
+        body_error, [] if background is None else [background], owner="the worker's run store"
+    )
+    if error is not None:
+        raise_bare(error)
 
 
 def store_opener(backend: RunStoreOpener, namespace: str) -> Callable[[], Any]:
