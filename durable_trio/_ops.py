@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from ._engine._advert import EngineDescriptor
     from ._engine._schedules import BackfillTick
     from ._engine._stores import RunStore
+    from ._engine._stream import StreamEntry
     from ._transport._supervised import SupervisedSlot
 
 #: Seconds :meth:`Operations.cancel_run` waits for the broker to take the workers' cancel.
@@ -221,6 +222,18 @@ class Operations:
         )  # fmt: skip
         return stored.run_id
 
+    def stream(self, run_id: str, *, after: int = 0) -> AsyncIterator[StreamEntry]:
+        """The run's stream, as :meth:`Engine.stream` reads it (docs/engine.md,
+        "Streaming"): its entries after seq ``after``, as they come, until the run has ended
+        and its stream is read.
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        from ._engine._stream import read_stream
+
+        return read_stream(self.store, run_id, after=after)
+
     async def signal_run(self, run_id: str, name: str, payload: Any = None) -> int:
         """Send signal ``name`` with JSON ``payload`` to the run, as :meth:`Engine.signal`
         does (stored at once; the engine driving the run finds it at its next store poll).
@@ -233,8 +246,10 @@ class Operations:
             RunNotSignalable: the run has finished.
             PayloadError: ``payload`` is not a JSON value.
         """
+        from ._engine._context import check_unreserved
         from ._engine._signals import RunNotSignalable, encode_payload
 
+        check_unreserved(name, "a signal name")
         text = encode_payload(payload, f"the payload of signal {name!r}")
         seq = await self.store.append_signal(run_id, name, text)
         if seq is None:

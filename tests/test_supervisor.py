@@ -115,11 +115,18 @@ class Supervisor:
         self.banners: list[tuple[str, int]] = []  # (instance id, pid), in start order
 
     async def read_banner(self, within: float) -> tuple[str, int]:
+        """The next child's banner; other lines on the children's shared stdout (a blank one
+        was seen once in CI) are passed over, kept for the error if no banner comes."""
         assert self.process.stdout is not None
+        seen: list[str] = []
         with trio.fail_after(within):
-            line = (await trio.to_thread.run_sync(self.process.stdout.readline)).decode()
-        found = BANNER.search(line)
-        assert found, (line, self.stderr.read_text())
+            while True:
+                line = (await trio.to_thread.run_sync(self.process.stdout.readline)).decode()
+                found = BANNER.search(line)
+                if found or not line:  # (a banner, or the end of the output)
+                    break
+                seen.append(line)
+        assert found, (seen, line, self.stderr.read_text())
         self.banners.append((found[1], int(found[2])))
         return self.banners[-1]
 

@@ -40,7 +40,8 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
 6. a run's pieces: ``_cancel``, ``_children``, ``_signals``, ``_heartbeats``, ``_deadline``,
    and the engine's loops: ``_step_watch``, ``_audit`` (the loss audit), ``_timers`` (leases,
    reconcile, the store watch), ``_control`` (the control plane of tenant pods),
-   ``_retention`` (deleting finished runs past their retention)
+   ``_retention`` (deleting finished runs past their retention), ``_stream`` (a run's stream:
+   emits appended, ``engine.stream`` read)
 7. drivers: ``_runtime`` (a run driven here), ``_remote_run`` (a remote run, driven turn by
    turn), ``_turn`` (a remote workflow's turn, on a workflow worker), ``_adoption`` (taking
    over runs nobody drives), ``_cancel_delivery``, ``_results`` (result application)
@@ -72,6 +73,9 @@ if TYPE_CHECKING:  # the real imports, for type checkers; at run time: _EXPORTS
         RunNotRetryable,
         RunTimedOut,
         StepFailed,
+        StreamError,
+        StreamFull,
+        StreamValueTooLarge,
         UnknownWorkflow,
     )
     from ._open import open_engine
@@ -95,6 +99,7 @@ if TYPE_CHECKING:  # the real imports, for type checkers; at run time: _EXPORTS
     from ._step_timeouts import StepTimeouts, UnknownStep
     from ._step_watch import StepNotStarted, StepWait
     from ._stores import RunStore, open_run_store
+    from ._stream import StreamEntry
     from ._tenant import RunView, TenantClient, open_tenant_client
     from ._worker import Worker, WorkerStatistics, open_worker
 
@@ -149,6 +154,10 @@ _EXPORTS: dict[str, str] = {
     "UnknownStep": "._step_timeouts",
     "StepNotStarted": "._step_watch",
     "StepWait": "._step_watch",
+    "StreamEntry": "._stream",
+    "StreamError": "._errors",
+    "StreamFull": "._errors",
+    "StreamValueTooLarge": "._errors",
     "RunStore": "._stores",
     "open_run_store": "._stores",
     "RunView": "._tenant",
@@ -221,6 +230,10 @@ __all__ = [
     "StepState",
     "StepTimeouts",
     "StepWait",
+    "StreamEntry",
+    "StreamError",
+    "StreamFull",
+    "StreamValueTooLarge",
     "TenantClient",
     "UnknownStep",
     "UnknownWorkflow",

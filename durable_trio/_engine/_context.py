@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overload
 
 import attrs
@@ -12,19 +13,28 @@ from .._arguments import check_callable, check_name, check_priority, check_secon
 from .._errors import ConfigError
 from .._json_values import check_json
 from .._transport._step_beats import StepBeats, current_beats
-from ._errors import EngineError, NonDeterminismError, SignalTimeout
+from ._errors import EngineError, NonDeterminismError, SignalTimeout, StreamError
 from ._payloads import PLAIN, signature_of, structure_as, to_json
 from ._records import StepKind, normalize_json
 from ._retry import Retry
 from ._step_timeouts import StepTimeouts
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
+    from collections.abc import Coroutine, Generator, Mapping
 
     from ._records import OnParentCancel, RunRecord, StepRecord
     from ._replay import History
 
-__all__ = ["Quiescence", "Registry", "StepHandle", "StepInfo", "WorkflowContext", "step_info"]
+__all__ = [
+    "STREAM_EVENT",
+    "Quiescence",
+    "Registry",
+    "StepHandle",
+    "StepInfo",
+    "WorkflowContext",
+    "check_unreserved",
+    "step_info",
+]
 
 
 class Registry(Protocol):
@@ -38,6 +48,10 @@ class Registry(Protocol):
     def workflows(self) -> Mapping[str, Any]: ...
 
 T = TypeVar("T")
+
+#: The event key of ``ctx.emit``'s checkpoints: the engine appends their value to the run's
+#: stream (``_stream``) instead of setting an event.
+STREAM_EVENT = "durable_trio.stream"
 
 
 @attrs.frozen
@@ -56,6 +70,35 @@ class StepInfo:
     can resume from there)."""
     beats: StepBeats | None = attrs.field(default=None, repr=False, eq=False)
     """Where :meth:`heartbeat` goes (``None``: a local step, whose beats go nowhere)."""
+    emitter: Callable[[Any], Awaitable[int]] | None = attrs.field(
+        default=None, repr=False, eq=False
+    )
+    """Where :meth:`emit` goes (``None``: this step cannot emit)."""
+
+    async def emit(self, value: Any) -> int:
+        """Publish ``value`` (JSON) on the run's stream, read by ``engine.stream(run_id)`` as
+        it comes (docs/engine.md, "Streaming"): appended to the run store, durably, before
+        this returns. An attempt delivered again emits the same entries again, which the
+        readers skip (each value is keyed by the step, the attempt and its place among the
+        attempt's emits); a retry's emits are new values.
+
+        Returns:
+            The value's place in the run's stream log.
+
+        Raises:
+            PayloadError: ``value`` is not a JSON value.
+            StreamValueTooLarge: its JSON is larger than the stream's bound.
+            StreamFull: the run's stream is full.
+            StreamError: the run has finished, or this step cannot emit (a local step of a
+                remote workflow's turn, a ``transport.handle`` handler, a tenant pod's worker).
+        """
+        if self.emitter is None:
+            check_json(value, "an emitted value")
+            raise StreamError(
+                f"step {self.name!r} cannot emit: only a step served by open_worker (outside "
+                "a tenant pod) or a local step (ctx.run) of a workflow the engine drives can"
+            )
+        return await self.emitter(value)
 
     def heartbeat(self, details: Any = None) -> None:
         """Say the step is alive, with optional JSON ``details``. Synchronous and cheap: the
@@ -79,6 +122,16 @@ class StepInfo:
         different for every other step. Key your side effects on it (a payment provider's
         idempotency key, a unique constraint, an upsert)."""
         return f"{self.run_id}:{self.step_id}"
+
+
+def check_unreserved(name: str, what: str) -> None:
+    """Refuse the name of a run's stream log (:data:`STREAM_EVENT`) as a signal or event name.
+
+    Raises:
+        ConfigError: ``name`` is reserved.
+    """
+    if name == STREAM_EVENT:
+        raise ConfigError(f"{name!r} is reserved (a run's stream) and cannot be {what}")
 
 
 _CURRENT_STEP: contextvars.ContextVar[StepInfo] = contextvars.ContextVar("durable_trio_step")
@@ -453,6 +506,7 @@ class WorkflowContext:
         """
         step_id = self._next_id()
         check_name(name, "ctx.wait_signal", "name")
+        check_unreserved(name, "a signal name")
         delay = None if timeout is None else check_seconds(timeout, "ctx.wait_signal", "timeout")
         counts: dict[str, int] = self.__dict__.setdefault("_signal_counts", {})
         driver = self._driver
@@ -469,6 +523,27 @@ class WorkflowContext:
 
         return StepHandle(self, step_id, StepKind.SIGNAL, name, start)
 
+    def emit(self, value: Any) -> StepHandle[None]:
+        """Publish ``value`` (JSON) on the run's stream, read by ``engine.stream(run_id)`` as
+        it comes (docs/engine.md, "Streaming"): ``await ctx.emit({"done": 3})``. Keyed by its
+        call position and checkpointed: a replay does not publish it again.
+
+        Raises:
+            PayloadError: ``value`` is not a JSON value (at once, in the workflow).
+            StreamValueTooLarge: its JSON is larger than the stream's bound.
+            StreamFull: the run's stream is full.
+        """
+        step_id = self._next_id()
+        normalized = normalize_json(value, "an emitted value")
+        driver = self._driver
+        return StepHandle(
+            self,
+            step_id,
+            StepKind.EVENT,
+            STREAM_EVENT,
+            lambda: driver.set_event(step_id, STREAM_EVENT, normalized),
+        )
+
     def set_event(self, key: str, value: Any) -> StepHandle[None]:
         """Publish ``key -> value`` (latest wins) for ``engine.get_event(run_id, key)`` and
         ``engine.status``: ``await ctx.set_event("progress", {"done": 3})``. Checkpointed:
@@ -481,6 +556,7 @@ class WorkflowContext:
         """
         step_id = self._next_id()
         check_name(key, "ctx.set_event", "key")
+        check_unreserved(key, "an event key")
         normalized = normalize_json(value, f"the value of event {key!r}")
         driver = self._driver
         return StepHandle(

@@ -29,6 +29,9 @@ __all__ = [
     "SignalDataError",
     "SignalTimeout",
     "StepFailed",
+    "StreamError",
+    "StreamFull",
+    "StreamValueTooLarge",
     "UnknownWorkflow",
     "run_failure",
 ]
@@ -190,3 +193,16 @@ class EventTimeout(EngineError, TimeoutError):
 class SignalDataError(EngineError):
     """A signal or event stored in the run store is not valid JSON (damaged data): the run
     waiting on it fails with this error, inspectable with ``runs show``."""
+
+
+class StreamError(EngineError):
+    """An emit could not be appended to its run's stream (docs/engine.md, "Streaming"): the
+    run is unknown or has finished, or the emitting code has no run store."""
+
+
+class StreamFull(StreamError):
+    """The run's stream already holds its maximum number of entries: nothing appended."""
+
+
+class StreamValueTooLarge(StreamError):
+    """The emitted value's JSON exceeds the stream's value size bound: nothing appended."""

@@ -51,6 +51,7 @@ from ._records import (
 )
 from ._replay import History
 from ._step_timeouts import StepTimeouts, check_step_known, with_timeouts
+from ._stream import emitter_of, fixed_store
 from ._versioning import blocked_error
 from ._versioning import code_fingerprint as fingerprint_of
 
@@ -338,7 +339,9 @@ class RunDriver:
             if record.wake_at is not None:
                 await services.sleep_until(record.wake_at)
             current = record
-            token = _CURRENT_STEP.set(StepInfo(run_id, step_id, current.attempt, name, "local"))
+            emitter = emitter_of(partial(fixed_store, store), run_id, step_id, current.attempt)
+            info = StepInfo(run_id, step_id, current.attempt, name, "local", emitter=emitter)
+            token = _CURRENT_STEP.set(info)
             try:
                 services.count("local_steps_run")
                 value = fn()

@@ -91,6 +91,9 @@ class EngineStatistics:
     """Blocked runs this engine reopened on its own (code that may replay them)."""
     runs_pruned: int = 0
     """Finished runs this engine's retention deleted (issue 34; docs/engine.md, "Retention")."""
+    stream_values_dropped: int = 0
+    """Values a remote workflow's ``ctx.emit`` published past its stream's bounds, dropped
+    (issue 34; docs/engine.md, "Streaming")."""
 
 
 #: The fields of :class:`EngineStatistics` that are not counters but gauges (or the id).

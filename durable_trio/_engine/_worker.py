@@ -38,6 +38,7 @@ from ..brokers import SupportsQueueLimits, SupportsRateLimits
 from ._app import ConcurrencyKeyError
 from ._context import _CURRENT_STEP, StepInfo
 from ._payloads import signature_of, structure_as, unstructure_as
+from ._stream import LazyStore, emitter_of, serving, store_opener
 from ._turn import run_turn
 
 if TYPE_CHECKING:
@@ -105,9 +106,17 @@ class Worker:
         transport: its queue transport.
     """
 
-    def __init__(self, app: App, transport: QueueTransport, threads: int = 8) -> None:
+    def __init__(
+        self,
+        app: App,
+        transport: QueueTransport,
+        threads: int = 8,
+        streams: LazyStore | None = None,
+    ) -> None:
         self.app = app
         self.transport = transport
+        self.streams = streams if streams is not None else LazyStore(None)
+        """The run store its steps' emits append to (opened at the first emit)."""
         self.threads = trio.CapacityLimiter(threads)
         """Bounds the ``def`` steps running in threads at once."""
         self.cpu_processes = trio.CapacityLimiter(os.cpu_count() or 1)
@@ -196,6 +205,7 @@ class Worker:
                 "remote",
                 task.last_heartbeat,
                 current_beats(),
+                emitter_of(self.streams.get, task.run_id, task.step_id, task.attempt),
             )
             token = _CURRENT_STEP.set(info)
             scopes = self._scopes.setdefault(task.run_id, set())
@@ -319,9 +329,12 @@ async def open_worker(
     limits = _step_limits(app, names, backend.broker)
     rates = _step_rates(app, names, backend.broker)
     transport_options.setdefault("namespace", app.name)
-    async with open_queue_transport(
-        backend, concurrency=concurrency, **transport_options
-    ) as transport:
+    namespace = transport_options["namespace"]
+    streams = LazyStore(None if tenant_pod else store_opener(backend, namespace))
+    async with (
+        serving(streams),  # outlives the transport: steps closing still emit
+        open_queue_transport(backend, concurrency=concurrency, **transport_options) as transport,
+    ):
         if tenant_pod:
             transport.remote.use_tenant_role()
         if limits is not None:
@@ -340,7 +353,7 @@ async def open_worker(
                     None if rate is None else rate.count,
                     1.0 if rate is None else rate.per,
                 )
-        worker = Worker(app, transport, threads)
+        worker = Worker(app, transport, threads, streams)
         for name in names:
             worker._serve(
                 app.steps[name], rates if app.steps[name].rate_limit is not None else None

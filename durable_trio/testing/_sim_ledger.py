@@ -8,7 +8,7 @@ here; the invariant checks and the report read it.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import orjson
@@ -23,6 +23,12 @@ if TYPE_CHECKING:
     from .faults import Injector
 
 __all__ = ["Execution", "Ledger"]
+
+#: The calls between a rate's grant and a step's body: one held back delays the body past the
+#: start the broker logged (rate_peaks does not count such a start).
+_STARTING_CALLS: Final = frozenset(
+    {"take_starts", "pop_from", "pop_many", "pop_ahead", "finish_and_claim", "mark_started"}
+)
 
 
 @attrs.define(eq=False)
@@ -57,6 +63,8 @@ class Ledger:
         self.errors: Counter[str] = Counter()
         self.executions: dict[tuple[str, str, int], list[Execution]] = {}
         self.fault_windows: dict[str, list[tuple[float, float]]] = {}
+        self.late_starts: dict[str, list[tuple[float, float]]] = {}
+        """Per process: when a call between a rate's grant and the body was held back."""
         """Per process: the times during which a fault could cost it its claims."""
         self.duplicate_pushes: Counter[tuple[str, str, int]] = Counter()
         """Step attempts pushed again (a lost reply, a dispatch the engine did not record)."""
@@ -99,6 +107,10 @@ class Ledger:
     def faulted(self, worker: str, start: float, end: float) -> bool:
         return any(a <= end and b >= start for a, b in self.fault_windows.get(worker, ()))
 
+    def _late(self, worker: str, start: float, end: float) -> bool:
+        """A call that grants or claims starts was answered late to ``worker`` meanwhile."""
+        return any(a <= end and b >= start for a, b in self.late_starts.get(worker, ()))
+
     # ------------------------------------------------------------------ hooks
 
     def fault_recorder(self, process: str) -> Callable[[str, dict[str, Any]], None]:
@@ -116,7 +128,11 @@ class Ledger:
                 # A late renewal (or any call late by half the stalled threshold) can cost
                 # the process its claims.
                 self.window(process, now, now + details["seconds"])
-            elif kind == "damage":
+            if kind == "delay" and details["op"] in _STARTING_CALLS:
+                # A grant (or a claim) answered late: the body starts after the broker logged
+                # its start, so starts can bunch past the rate by the delay (rate_peaks).
+                self.late_starts.setdefault(process, []).append((now, now + details["seconds"]))
+            if kind == "damage":
                 self.damaged.append((process, now, details))
             for run_id, step_id, attempt in details.get("tasks", ()):
                 self.duplicate_pushes[(run_id, step_id, attempt)] += 1
@@ -277,7 +293,9 @@ class Ledger:
         """Invariant: no window of ``per`` seconds holds more than ``count`` starts of a step
         with ``rate_limit=Rate(count, per)`` (of one key value with ``Rate(..., key=...)``),
         counted over the executions a fault leaves no doubt about (a worker faulted in the
-        ``per`` seconds before a start may have started it late, after the broker's grant).
+        ``per`` seconds before a start, or answered late by a call that grants or claims
+        starts, may have started it late, after the broker logged its start: the broker bounds
+        the starts it grants, docs/concurrency.md).
         Returns the most starts seen in one window per step (``"step"``) or key
         (``"step[key]"``)."""
         peaks: dict[str, int] = {}
@@ -288,7 +306,9 @@ class Ledger:
             groups: dict[str, list[float]] = {}
             for runs in self.executions.values():
                 for e in runs:
-                    if e.step == name and not self.faulted(e.worker, e.start - rate.per, e.start):
+                    if e.step == name and not self.faulted(
+                        e.worker, e.start - rate.per, e.start
+                    ) and not self._late(e.worker, e.start - rate.per, e.start):
                         group = name if rate.key is None else f"{name}[{e.key}]"
                         groups.setdefault(group, []).append(e.start)
             for group, starts in sorted(groups.items()):
