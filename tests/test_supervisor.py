@@ -108,27 +108,46 @@ class Supervisor:
     (stdout) are read as they come."""
 
     def __init__(self, argv: list[str], log: Path) -> None:
-        env = {**os.environ, "PYTHONPATH": str(TESTS.parent), "SUPERVISOR_TEST_LOG": str(log)}
+        # unbuffered, as in CI: print()'s text and newline were two writes, interleaved
+        env = {**os.environ, "PYTHONPATH": str(TESTS.parent), "SUPERVISOR_TEST_LOG": str(log),
+               "PYTHONUNBUFFERED": "1"}  # fmt: skip
         self.stderr = log.with_suffix(".err")
         with self.stderr.open("wb") as err:
             self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=env)
         self.banners: list[tuple[str, int]] = []  # (instance id, pid), in start order
+        assert self.process.stdout is not None
+        self._stdout = trio.lowlevel.FdStream(os.dup(self.process.stdout.fileno()))
+        self._pending = b""
 
     async def read_banner(self, within: float) -> tuple[str, int]:
-        """The next child's banner; other lines on the children's shared stdout (a blank one
-        was seen once in CI) are passed over, kept for the error if no banner comes."""
-        assert self.process.stdout is not None
+        """The next child's banner; other lines on the children's shared stdout are passed
+        over, kept for the error if no banner comes. Read without a thread, so the bound
+        holds (a ``readline`` in a thread can't be cancelled: it once hung a run 120 s)."""
         seen: list[str] = []
-        with trio.fail_after(within):
-            while True:
-                line = (await trio.to_thread.run_sync(self.process.stdout.readline)).decode()
-                found = BANNER.search(line)
-                if found or not line:  # (a banner, or the end of the output)
+        found = None
+        with trio.move_on_after(within):
+            while found is None:
+                line = await self._line()
+                if line is None:  # the end of the output: every writer has exited
                     break
-                seen.append(line)
-        assert found, (seen, line, self.stderr.read_text())
+                found = BANNER.search(line)
+                if found is None:
+                    seen.append(line)
+        assert found, (
+            f"no banner within {within} s; lines seen: {seen!r}; partial: {self._pending!r}; "
+            f"supervisor status: {self.process.poll()}; its stderr:\n{self.stderr.read_text()}"
+        )
         self.banners.append((found[1], int(found[2])))
         return self.banners[-1]
+
+    async def _line(self) -> str | None:
+        while b"\n" not in self._pending:
+            chunk = await self._stdout.receive_some(4096)
+            if not chunk:
+                return None
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line.decode(errors="replace")
 
     async def exit_status(self, within: float) -> int:
         with trio.fail_after(within):
@@ -140,6 +159,7 @@ class Supervisor:
         self.process.wait()
         if self.process.stdout is not None:
             self.process.stdout.close()
+        self._stdout.close()  # (its dup of the pipe: a sync close, safe in a finally)
         for _, pid in self.banners:  # no child outlives a test
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -212,12 +212,15 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                         watch_parent, int(parent), partial(os.kill, os.getpid(), signal.SIGTERM)
                     )
                 remote = [n for n, w in app.workflows.items() if w.remote and w.fn is not None]
-                print(
+                # One write of the whole line: a supervisor's children share its stdout, and
+                # print()'s two writes (the text, then the newline: unbuffered under
+                # PYTHONUNBUFFERED) interleave two children's banners on one line.
+                sys.stdout.write(
                     f"worker: serving {len(app.steps)} step(s) and {len(remote)} remote "
                     f"workflow(s) of {app.name!r} on {redact_url(backend.url)} "
-                    f"(instance {worker.transport.instance_id}, pid {os.getpid()})",
-                    flush=True,
+                    f"(instance {worker.transport.instance_id}, pid {os.getpid()})\n"
                 )
+                sys.stdout.flush()
                 await stop.wait()
                 nursery.cancel_scope.cancel()
         return stop.exit_status
