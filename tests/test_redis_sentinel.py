@@ -470,8 +470,13 @@ async def test_writes_resume_on_the_promoted_replica_after_the_master_is_killed(
     )
     assert new is not old
     assert client.sentinel.master == ("127.0.0.1", new.port)
-    first_after = acked[before]
-    assert acked[before:] == list(range(first_after, first_after + len(acked) - before))
+    after = acked[before:]
+    if len(after) > 1 and after[1] <= after[0]:
+        # The one INCR in flight at the kill, answered by the old master just before it died
+        # and read by the client after the kill returned (seen under load in CI): not a write
+        # of the promoted replica, which may not have received it.
+        after = after[1:]
+    assert after == list(range(after[0], after[0] + len(after)))
     assert int(new.command("GET", "counter")) == acked[-1]
 
 
