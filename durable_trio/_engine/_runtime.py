@@ -52,6 +52,7 @@ from ._records import (
 from ._replay import History
 from ._step_timeouts import StepTimeouts, check_step_known, with_timeouts
 from ._stream import emitter_of, fixed_store
+from ._updates import UpdateServant, UpdatingDriver, serving_updates
 from ._versioning import blocked_error
 from ._versioning import code_fingerprint as fingerprint_of
 
@@ -170,6 +171,8 @@ class RunDriver:
 
         self.children = False
         """The workflow started child workflows (ended with it unless abandoned)."""
+        self.updates = UpdateServant(self)
+        """The run's updates (``ctx.on_update``, ``engine.update``: :mod:`._updates`)."""
 
     # ------------------------------------------------------------------ the workflow
 
@@ -190,14 +193,18 @@ class RunDriver:
                     cut = {"type": "RunCancelled", "message": mark_reason(mark), "cut": True}
                     self.final = await services.settle(run, RunStatus.CANCELLED, error=cut)
                     return
-                ctx = WorkflowContext(self, run, self.history, app=services.app)
+                driver = UpdatingDriver(self, self.updates)  # its calls counted (updates)
+                ctx = WorkflowContext(driver, run, self.history, app=services.app)
                 status = RunStatus.COMPLETED
                 output: Any = None
                 error = None
                 assert definition.fn is not None  # a remote workflow has a RemoteRunDriver
                 try:
                     with self.grace:
-                        value = await call_workflow(definition.fn, ctx, run.input, run.workflow)
+                        async with serving_updates(self.updates):
+                            value = await call_workflow(
+                                definition.fn, ctx, run.input, run.workflow
+                            )
                     if self.grace.cancelled_caught:
                         raise self.cancel.error(run.run_id)
                     self.history.check_exhausted()
