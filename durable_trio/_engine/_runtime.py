@@ -177,6 +177,11 @@ class RunDriver:
     # ------------------------------------------------------------------ the workflow
 
     async def drive(self, definition: WorkflowDefinition) -> None:
+        """:meth:`_drive`, with the run's updates served beside it (:mod:`._updates`)."""
+        async with serving_updates(self.updates):
+            await self._drive(definition)
+
+    async def _drive(self, definition: WorkflowDefinition) -> None:
         """Run the workflow to its end and settle the run (completed or failed).
 
         Cancellation:
@@ -201,10 +206,7 @@ class RunDriver:
                 assert definition.fn is not None  # a remote workflow has a RemoteRunDriver
                 try:
                     with self.grace:
-                        async with serving_updates(self.updates):
-                            value = await call_workflow(
-                                definition.fn, ctx, run.input, run.workflow
-                            )
+                        value = await call_workflow(definition.fn, ctx, run.input, run.workflow)
                     if self.grace.cancelled_caught:
                         raise self.cancel.error(run.run_id)
                     self.history.check_exhausted()

@@ -134,6 +134,8 @@ class UpdateServant:
         self.writing = trio.Lock()
         self.flying = trio.Event()
         self.answered: set[str] = set()
+        self.loaded = trio.Event()
+        """:meth:`load` is done: the workflow's first call waits for it."""
         self.replay: dict[int, list[dict[str, Any]]] = {}
 
     # -- the workflow's side ------------------------------------------------------------
@@ -180,6 +182,8 @@ class UpdateServant:
 
     async def call(self, method: Callable[..., Any], *args: Any) -> Any:
         """One of the workflow's calls: counted, re-applying what replay holds for it."""
+        if not self.loaded.is_set():
+            await self.loaded.wait()
         self.entered += 1
         self._reapply(self.entered)
         self.in_flight += 1
@@ -225,6 +229,8 @@ class UpdateServant:
         store = services.store
         run_id = self.driver.run.run_id
         wakes = store.wakes if isinstance(store, SupportsRunWakes) else None
+        await self.load()
+        self.loaded.set()
         seq = 1
         while seq <= MAX_UPDATES:
             with ExitStack() as watch:
@@ -282,8 +288,7 @@ class UpdatingDriver:
 
 @asynccontextmanager
 async def serving_updates(servant: UpdateServant) -> AsyncIterator[None]:
-    """Load what replay re-applies, then run :meth:`UpdateServant.serve` for the block."""
-    await servant.load()
+    """Run :meth:`UpdateServant.serve` for the block (it first loads what replay re-applies)."""
     body_error: BaseException | None = None
     background: BaseException | None = None
     try:
@@ -366,8 +371,7 @@ async def send_update(
                 raise UpdateRejected(f"run {run_id!r} is {state}: update {name!r} was not handled")
             if not requested:
                 await _request(store, run_id, name, payload, update_id)
-                requested = True
-                continue
+                requested = True  # (its append rang ``rung``: the next read comes at once)
             now = trio.current_time()
             if deadline is not None and now >= deadline:
                 raise UpdateTimeout(
