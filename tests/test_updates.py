@@ -33,10 +33,11 @@ def cart_app(name: str) -> App:
 
         ctx.on_update("add", add, validate=check)
 
-        @ctx.on_update("boom")
         def boom(_: Any) -> None:
             items.append("half")
             raise RuntimeError("no")
+
+        ctx.on_update("boom", boom)
 
         await ctx.sleep(5)
         items.append("slept")

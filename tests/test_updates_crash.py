@@ -84,27 +84,35 @@ async def crash_between_halves(url: str, tmp_path: Path, *, recorded: bool) -> N
         )
         async with trio.open_nursery() as nursery:
             with trio.fail_after(30):
-                while len(await store.get_steps(RUN_ID)) < 1:  # started, waits on its signal
+                while True:  # started: it waits on its signal
+                    if len(await store.get_steps(RUN_ID)) >= 1:
+                        break
                     await trio.sleep(0.05)
+
+            answered = trio.Event()
 
             async def caller() -> None:
                 got.append(await send_update(store, RUN_ID, "add", 5, update_id="u"))
+                answered.set()
 
             nursery.start_soon(caller)
             with trio.fail_after(30):
                 if recorded:  # the outcome is in the store: kill before the run goes on
-                    while await store.read_signal(RUN_ID, UPDATE_DONE, 1) is None:
+                    while True:
+                        if await store.read_signal(RUN_ID, UPDATE_DONE, 1) is not None:
+                            break
                         await trio.sleep(0.01)
                 else:  # the handler ran; its outcome is not recorded
-                    while not marker.exists():
+                    while True:
+                        if marker.exists():
+                            break
                         await trio.sleep(0.01)
                     assert await store.read_signal(RUN_ID, UPDATE_DONE, 1) is None
             first.kill()  # SIGKILL
             await first.wait()
             second = await trio.lowlevel.open_process(command(url, "B", False))
             with trio.fail_after(60):
-                while not got:
-                    await trio.sleep(0.05)
+                await answered.wait()
                 # A retried caller (the same update id) gets the same outcome, applied once.
                 assert await send_update(store, RUN_ID, "add", 5, update_id="u") == 5
                 assert await store.append_signal(RUN_ID, "go", "true") == 1

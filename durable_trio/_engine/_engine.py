@@ -77,10 +77,10 @@ from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
 from ._stores._wakes import SupportsRunWakes
 from ._stream import engine_stream
-from ._updates import engine_update
 from ._tags import check_tags
 from ._timers import EngineTimers
 from ._tree import EngineTree
+from ._updates import engine_update
 from ._waits import Applying, DecisionLocks, StepWaiters
 
 if TYPE_CHECKING:

@@ -311,7 +311,8 @@ async def serving_updates(servant: UpdateServant) -> AsyncIterator[None]:
 
 def _outcome(entry: dict[str, Any], run_id: str, name: str) -> Any:
     status = entry.get("status")
-    error = entry.get("error") if isinstance(entry.get("error"), dict) else {}
+    found = entry.get("error")
+    error: dict[str, Any] = found if isinstance(found, dict) else {}
     message = str(error.get("message", ""))
     if status == "ok":
         return entry.get("value")
