@@ -261,6 +261,31 @@ class Operations:
             )
         return seq
 
+    async def update_run(
+        self,
+        run_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        update_id: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the caller's bound, not the run's)
+    ) -> Any:
+        """Send update ``name`` to the run and return its handler's value, as
+        :meth:`Engine.update` (docs/engine.md, "Updates"): the run's driver, in any engine of
+        the namespace, applies it.
+
+        Raises:
+            RunNotFound: no such run.
+            UpdateRejected: refused (no handler, its validator, the run finished).
+            UpdateFailed: the handler raised.
+            UpdateTimeout: no outcome within ``timeout`` seconds.
+        """
+        from ._engine._updates import send_update
+
+        return await send_update(
+            self.store, run_id, name, payload, update_id=update_id, timeout=timeout
+        )
+
     async def run_events(self, run_id: str) -> dict[str, Any]:
         """The run's latest events (``ctx.set_event``), by key (a damaged one: its raw text).
 

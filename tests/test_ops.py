@@ -716,8 +716,10 @@ async def test_prometheus_has_queues_set_aside_jobs_and_runs(autojump_clock: obj
 
 def test_the_python_block_of_docs_operations_runs() -> None:
     page = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
-    (block,) = re.findall(r"```python\n(.*?)```", page, re.DOTALL)
-    exec(compile(block, "docs/operations.md", "exec"), {"__name__": "__main__"})
+    blocks = re.findall(r"```python\n(.*?)```", page, re.DOTALL)
+    assert len(blocks) == 2  # "From Python", "Updates": each a whole program
+    for block in blocks:
+        exec(compile(block, "docs/operations.md", "exec"), {"__name__": "__main__"})
 
 
 def test_engine_commands_name_a_missing_attribute_in_one_line(

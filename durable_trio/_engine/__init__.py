@@ -41,7 +41,8 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
    and the engine's loops: ``_step_watch``, ``_audit`` (the loss audit), ``_timers`` (leases,
    reconcile, the store watch), ``_control`` (the control plane of tenant pods),
    ``_retention`` (deleting finished runs past their retention), ``_stream`` (a run's stream:
-   emits appended, ``engine.stream`` read)
+   emits appended, ``engine.stream`` read), ``_updates`` (a run's updates: ``ctx.on_update``,
+   ``engine.update``)
 7. drivers: ``_runtime`` (a run driven here), ``_remote_run`` (a remote run, driven turn by
    turn), ``_turn`` (a remote workflow's turn, on a workflow worker), ``_adoption`` (taking
    over runs nobody drives), ``_cancel_delivery``, ``_results`` (result application)
@@ -77,6 +78,10 @@ if TYPE_CHECKING:  # the real imports, for type checkers; at run time: _EXPORTS
         StreamFull,
         StreamValueTooLarge,
         UnknownWorkflow,
+        UpdateError,
+        UpdateFailed,
+        UpdateRejected,
+        UpdateTimeout,
     )
     from ._open import open_engine
     from ._options import EngineOptions
@@ -133,6 +138,10 @@ _EXPORTS: dict[str, str] = {
     "RunTimedOut": "._errors",
     "StepFailed": "._errors",
     "UnknownWorkflow": "._errors",
+    "UpdateError": "._errors",
+    "UpdateFailed": "._errors",
+    "UpdateRejected": "._errors",
+    "UpdateTimeout": "._errors",
     "open_engine": "._open",
     "EngineOptions": "._options",
     "Applied": "._records",
@@ -237,6 +246,10 @@ __all__ = [
     "TenantClient",
     "UnknownStep",
     "UnknownWorkflow",
+    "UpdateError",
+    "UpdateFailed",
+    "UpdateRejected",
+    "UpdateTimeout",
     "Worker",
     "WorkerStatistics",
     "WorkflowContext",

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "STREAM_EVENT",
+    "UPDATE_DONE",
+    "UPDATE_LOG",
     "Quiescence",
     "Registry",
     "StepHandle",
@@ -52,6 +54,10 @@ T = TypeVar("T")
 #: The event key of ``ctx.emit``'s checkpoints: the engine appends their value to the run's
 #: stream (``_stream``) instead of setting an event.
 STREAM_EVENT = "durable_trio.stream"
+
+#: The reserved signal names of a run's updates (``_updates``): the requests, their outcomes.
+UPDATE_LOG = "durable_trio.update"
+UPDATE_DONE = "durable_trio.update.done"
 
 
 @attrs.frozen
@@ -125,13 +131,14 @@ class StepInfo:
 
 
 def check_unreserved(name: str, what: str) -> None:
-    """Refuse the name of a run's stream log (:data:`STREAM_EVENT`) as a signal or event name.
+    """Refuse the name of a run's stream log (:data:`STREAM_EVENT`) or of its update logs
+    (:data:`UPDATE_LOG`, :data:`UPDATE_DONE`) as a signal or event name.
 
     Raises:
         ConfigError: ``name`` is reserved.
     """
-    if name == STREAM_EVENT:
-        raise ConfigError(f"{name!r} is reserved (a run's stream) and cannot be {what}")
+    if name in (STREAM_EVENT, UPDATE_LOG, UPDATE_DONE):
+        raise ConfigError(f"{name!r} is reserved (a run's own log) and cannot be {what}")
 
 
 _CURRENT_STEP: contextvars.ContextVar[StepInfo] = contextvars.ContextVar("durable_trio_step")
@@ -562,6 +569,34 @@ class WorkflowContext:
         return StepHandle(
             self, step_id, StepKind.EVENT, key, lambda: driver.set_event(step_id, key, normalized)
         )
+
+    # ------------------------------------------------------------------ updates (_updates)
+
+    def on_update(
+        self,
+        name: str,
+        handler: Callable[[Any], Any] | None = None,
+        *,
+        validate: Callable[[Any], object] | None = None,
+    ) -> Any:
+        """Handle update ``name`` (``engine.update(run_id, name, payload)``) with the plain
+        function ``handler(payload)``, which may change the workflow's state and returns the
+        caller's JSON value (docs/engine.md, "Updates"). ``validate(payload)``, if given, runs
+        first: raising rejects the update (``UpdateRejected`` in the caller, nothing in the
+        history). Without ``handler``: a decorator (``@ctx.on_update("add")``).
+
+        Raises:
+            TypeError: ``handler`` or ``validate`` is not a plain (non-async) callable.
+            ConfigError: ``name`` is empty; a remote workflow (no updates).
+        """
+        check_name(name, "ctx.on_update", "name")
+        register = getattr(self._driver, "on_update", None)
+        if register is None:
+            raise ConfigError("updates are not supported in remote workflows yet")
+        if handler is None:
+            return lambda fn: register(name, fn, validate) or fn
+        register(name, handler, validate)
+        return handler
 
     def patched(self, change_id: str) -> bool:
         """Whether this run takes the new branch of the code change ``change_id``::

@@ -80,6 +80,7 @@ from ._stream import engine_stream
 from ._tags import check_tags
 from ._timers import EngineTimers
 from ._tree import EngineTree
+from ._updates import engine_update
 from ._waits import Applying, DecisionLocks, StepWaiters
 
 if TYPE_CHECKING:
@@ -548,6 +549,7 @@ class Engine:
         return {k: decode_stored(v, f"event {k!r} of run {run_id!r}") for k, v in stored.items()}
 
     stream = engine_stream  # async for entry in engine.stream(run_id, after=0): _stream
+    update = engine_update  # await engine.update(run_id, name, payload): _updates
 
     async def get_event(self, run_id: str, key: str, *, timeout: float | None = None) -> Any:  # noqa: ASYNC109 (a durable deadline, not a trio one)
         """The run's latest value of event ``key`` (``ctx.set_event``); if it is not set yet,

@@ -33,6 +33,10 @@ __all__ = [
     "StreamFull",
     "StreamValueTooLarge",
     "UnknownWorkflow",
+    "UpdateError",
+    "UpdateFailed",
+    "UpdateRejected",
+    "UpdateTimeout",
     "run_failure",
 ]
 
@@ -206,3 +210,30 @@ class StreamFull(StreamError):
 
 class StreamValueTooLarge(StreamError):
     """The emitted value's JSON exceeds the stream's value size bound: nothing appended."""
+
+
+class UpdateError(EngineError):
+    """An update (``engine.update``, docs/engine.md, "Updates") did not return a value."""
+
+
+class UpdateRejected(UpdateError):
+    """The update was refused before it ran: no handler of its name, its validator raised, or
+    the run has finished (or finished before it handled it). It left no trace in the
+    workflow's history."""
+
+
+class UpdateFailed(UpdateError):
+    """The update's handler raised: the update failed, the workflow goes on.
+
+    Attributes:
+        error_type: the class name of what the handler raised.
+    """
+
+    def __init__(self, message: str, *, error_type: str = "") -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+class UpdateTimeout(UpdateError):
+    """The update was not answered within the caller's ``timeout``: it stays in the run's log
+    and may still be applied; call again with the same ``update_id`` to get its outcome."""

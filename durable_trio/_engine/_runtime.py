@@ -52,6 +52,7 @@ from ._records import (
 from ._replay import History
 from ._step_timeouts import StepTimeouts, check_step_known, with_timeouts
 from ._stream import emitter_of, fixed_store
+from ._updates import UpdateServant, UpdatingDriver, serving_updates
 from ._versioning import blocked_error
 from ._versioning import code_fingerprint as fingerprint_of
 
@@ -170,10 +171,17 @@ class RunDriver:
 
         self.children = False
         """The workflow started child workflows (ended with it unless abandoned)."""
+        self.updates = UpdateServant(self)
+        """The run's updates (``ctx.on_update``, ``engine.update``: :mod:`._updates`)."""
 
     # ------------------------------------------------------------------ the workflow
 
     async def drive(self, definition: WorkflowDefinition) -> None:
+        """:meth:`_drive`, with the run's updates served beside it (:mod:`._updates`)."""
+        async with serving_updates(self.updates):
+            await self._drive(definition)
+
+    async def _drive(self, definition: WorkflowDefinition) -> None:
         """Run the workflow to its end and settle the run (completed or failed).
 
         Cancellation:
@@ -190,7 +198,8 @@ class RunDriver:
                     cut = {"type": "RunCancelled", "message": mark_reason(mark), "cut": True}
                     self.final = await services.settle(run, RunStatus.CANCELLED, error=cut)
                     return
-                ctx = WorkflowContext(self, run, self.history, app=services.app)
+                driver = UpdatingDriver(self, self.updates)  # its calls counted (updates)
+                ctx = WorkflowContext(driver, run, self.history, app=services.app)
                 status = RunStatus.COMPLETED
                 output: Any = None
                 error = None

@@ -1,0 +1,130 @@
+"""Updates (issue 34, item 6): ``ctx.on_update`` handlers run inside the workflow and return a
+value to ``await engine.update(run_id, name, payload)``; rejections raise in the caller. Exact
+virtual-time tests on every run store (tests/_every_store.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import durable_trio as dt
+from _every_store import open_store
+from durable_trio._engine import App, WorkflowContext, open_engine
+from durable_trio._engine._context import UPDATE_DONE, UPDATE_LOG
+
+
+def cart_app(name: str) -> App:
+    app = App(name)
+
+    @app.workflow("cart")
+    async def cart(ctx: WorkflowContext, _: Any) -> list[Any]:
+        items: list[Any] = []
+
+        def check(item: Any) -> None:
+            if not isinstance(item, str):
+                raise ValueError("an item is a name")
+
+        def add(item: str) -> int:
+            items.append(item)
+            return len(items)
+
+        ctx.on_update("add", add, validate=check)
+
+        def boom(_: Any) -> None:
+            items.append("half")
+            raise RuntimeError("no")
+
+        ctx.on_update("boom", boom)
+
+        await ctx.sleep(5)
+        items.append("slept")
+        await ctx.wait_signal("checkout")
+        return items
+
+    return app
+
+
+async def test_updates_return_values_and_rejections_raise_in_the_caller(
+    every_store: str, store_clock: trio.testing.MockClock
+) -> None:
+    app = cart_app("upd-exact")
+    async with open_store(every_store, app.name) as (backend, store):
+        async with (
+            open_engine(app, backend, store=store, engine_id="a") as engine,
+            open_engine(app, backend, store=store, engine_id="b", reconcile=False) as caller,
+        ):
+            start = trio.current_time()
+            run_id = await engine.start("cart", None)
+            assert await caller.update(run_id, "add", "apple") == 1  # another engine: the ring
+            assert trio.current_time() - start == 0
+            with pytest.raises(dt.UpdateRejected, match="an item is a name"):
+                await engine.update(run_id, "add", 3)
+            with pytest.raises(dt.UpdateRejected, match="no update 'nope'"):
+                await engine.update(run_id, "nope")
+            with pytest.raises(dt.UpdateFailed, match="RuntimeError: no") as failed:
+                await engine.update(run_id, "boom")
+            assert failed.value.error_type == "RuntimeError"
+            await trio.sleep(7)
+            assert await caller.update(run_id, "add", "pear", update_id="u1") == 4
+            assert await caller.update(run_id, "add", "pear", update_id="u1") == 4  # once
+            assert trio.current_time() - start == 7
+            with pytest.raises(dt.UpdateTimeout):
+                await caller.update(run_id, "add", "late", update_id="u2", timeout=0)
+            await engine.signal(run_id, "checkout")
+            assert await engine.result(run_id) == ["apple", "half", "slept", "pear", "late"]
+            assert trio.current_time() - start == 7
+            # u2 was applied after its caller's timeout: a call again gets its outcome.
+            assert await caller.update(run_id, "add", "late", update_id="u2") == 5
+            with pytest.raises(dt.UpdateRejected, match="completed"):
+                await caller.update(run_id, "add", "after")
+            with pytest.raises(dt.RunNotFound):
+                await caller.update("no-such-run", "add", "x")
+            # Nothing in the workflow's history: its timer and its signal only.
+            kinds = [record.kind.value for record in await engine.history(run_id)]
+            assert kinds == ["timer", "signal"]
+            with pytest.raises(dt.ConfigError, match="reserved"):
+                await engine.signal(run_id, UPDATE_LOG)
+            assert await store.read_signal(run_id, UPDATE_DONE, 8) is None
+
+
+async def test_a_restarted_engine_replays_the_updates_once(
+    every_store: str, store_clock: trio.testing.MockClock
+) -> None:
+    app = cart_app("upd-replay")
+    async with open_store(every_store, app.name) as (backend, store):
+        start = trio.current_time()
+        async with open_engine(app, backend, store=store, engine_id="a") as engine:
+            run_id = await engine.start("cart", None)
+            assert await engine.update(run_id, "add", "apple") == 1
+            await trio.sleep(6)  # past the timer: waits on the signal
+            assert await engine.update(run_id, "add", "pear") == 3
+        # Engine "a" is gone; "b" takes the run over and replays both updates where they were
+        # applied (before the timer, before the signal), running the handlers once each.
+        async with open_engine(app, backend, store=store, engine_id="b") as engine:
+            await trio.sleep(1)
+            assert await engine.update(run_id, "add", "fig", update_id="f") == 4
+            await engine.signal(run_id, "checkout")
+            assert await engine.result(run_id) == ["apple", "slept", "pear", "fig"]
+            assert trio.current_time() - start == 7
+
+
+async def test_handlers_must_be_plain_functions() -> None:
+    app = App("upd-async")
+    seen: list[str] = []
+
+    @app.workflow("w")
+    async def w(ctx: WorkflowContext, _: Any) -> None:
+        async def handler(_: Any) -> None:
+            pass
+
+        try:
+            ctx.on_update("x", handler)
+        except TypeError as exc:
+            seen.append(str(exc))
+
+    async with dt.open_backend("memory://") as backend, open_engine(app, backend) as engine:
+        await engine.result(await engine.start("w", None))
+    assert seen == ["ctx.on_update: handler must be a plain (non-async) function"]
