@@ -128,3 +128,25 @@ async def test_handlers_must_be_plain_functions() -> None:
     async with dt.open_backend("memory://") as backend, open_engine(app, backend) as engine:
         await engine.result(await engine.start("w", None))
     assert seen == ["ctx.on_update: handler must be a plain (non-async) function"]
+
+
+async def test_an_update_to_a_remote_workflow_is_rejected_in_the_caller(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A remote workflow's context has no ``ctx.on_update``: the caller is refused at once
+    (it would otherwise wait for an outcome no driver records)."""
+    app = App("upd-remote")
+
+    @app.workflow("far", remote=True)
+    async def far(ctx: WorkflowContext, _: Any) -> None:
+        await ctx.sleep(5)
+
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_engine(app, backend) as engine,
+    ):
+        run_id = await engine.start("far", None)
+        start = trio.current_time()
+        with pytest.raises(dt.UpdateRejected, match="remote workflow 'far'"):
+            await engine.update(run_id, "add", "x")
+        assert trio.current_time() == start

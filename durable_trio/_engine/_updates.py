@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_UPDATES",
     "UPDATE_POLL",
+    "UPDATE_QUIET_MAX",
     "UpdateServant",
     "UpdatingDriver",
     "engine_update",
@@ -79,6 +80,10 @@ MAX_UPDATES = 10_000
 
 #: Seconds between two store reads of a driver or a caller that heard no ring (the safety net).
 UPDATE_POLL = 1.0
+
+#: The longest interval of a driven run's safety-net read of its requests, on a store whose
+#: wakes are heard (the interval starts at :data:`UPDATE_POLL`, doubles while none comes).
+UPDATE_QUIET_MAX = 30.0
 
 #: The driver calls a context makes that count as the workflow's awaits.
 _CALLS = (
@@ -232,6 +237,7 @@ class UpdateServant:
         await self.load()
         self.loaded.set()
         seq = 1
+        quiet = UPDATE_POLL  # the safety net's interval: doubles while nothing comes
         while seq <= MAX_UPDATES:
             with ExitStack() as watch:
                 rung = watch.enter_context(wakes.watching(run_id)) if wakes else trio.Event()
@@ -239,9 +245,15 @@ class UpdateServant:
                     partial(store.read_signal, run_id, UPDATE_LOG, seq), "reading"
                 )
                 if text is None:
-                    with trio.move_on_after(UPDATE_POLL):
+                    with trio.move_on_after(quiet):
                         await rung.wait()
+                    if wakes is not None and not rung.is_set():
+                        # Every running run serves its updates: with the store's wakes heard,
+                        # the poll backs off, so a fleet of long-sleeping runs costs a read
+                        # per run per UPDATE_QUIET_MAX, not per second.
+                        quiet = min(quiet * 2, UPDATE_QUIET_MAX)
                     continue
+            quiet = UPDATE_POLL
             request = _decode(text)
             if request is None or request["id"] in self.answered:
                 seq += 1
@@ -409,6 +421,12 @@ async def engine_update(
     """``engine.update(run_id, name, payload=None, *, update_id=None, timeout=None)``
     (docs/engine.md, "Updates"): run the workflow's handler of ``name`` and return its value.
     See :func:`send_update`."""
+    run = await engine.store.get_run(run_id)
+    definition = None if run is None else engine.app.workflows.get(run.workflow)
+    if definition is not None and definition.remote:
+        raise UpdateRejected(  # (a remote workflow's context has no ctx.on_update)
+            f"run {run_id!r} is of the remote workflow {run.workflow!r}: it takes no updates"
+        )
     return await send_update(
         engine.store,
         run_id,
