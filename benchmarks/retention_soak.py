@@ -212,13 +212,13 @@ def _soak(kind: str, url: Callable[[str], str], seconds: float) -> Figures:
         runs = samples[-1][3]
         print(
             f"    {kind}: retention {label}: {word} ({unit} {sizes[0]:,} -> {sizes[-1]:,},"
-            f" {ratio:.0%} of the runs done past the warm-up kept,"
+            f" net growth {ratio:.0%} of the runs done past the warm-up,"
             f" {runs:,} runs in {samples[-1][0]:.0f} s)",
             flush=True,
         )
         key = f"retention soak {kind}, retention {label}"
         figures[f"{key}: {unit} at the end"] = (sizes[-1], word)
-        figures[f"{key}: share of the runs kept"] = (ratio, f"{word}: {runs:,} runs done")
+        figures[f"{key}: net growth per run done"] = (ratio, f"{word}: {runs:,} runs done")
         used = samples[-1][2]
         if used is not None:
             figures[f"{key}: kB at the end"] = (used / 1024, "")
