@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -12,7 +13,7 @@ from durable_trio.brokers import RenewOutcome
 from durable_trio.brokers.memory import MemoryBroker
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import AsyncIterator, Iterable, Sequence
 
     from durable_trio._engine import RunStore
     from durable_trio.brokers import ClaimedJob, Job, Lease, Recovery
@@ -144,6 +145,20 @@ class Errors:
 
     def messages(self) -> list[str]:
         return [str(e) for e in self.seen]
+
+
+@asynccontextmanager
+async def two_workers_and_an_engine(
+    app: dt.App, backend: dt.Backend, *, concurrency: int, errors: Errors
+) -> AsyncIterator[dt.Engine]:
+    """Two workers of ``app`` (``concurrency`` each) and an engine on ``backend``, all
+    reporting to ``errors``: the fleet the limits' and rates' tests run against."""
+    async with (
+        dt.open_worker(app, backend, concurrency=concurrency, on_error=errors),
+        dt.open_worker(app, backend, concurrency=concurrency, on_error=errors),
+        dt.open_engine(app, backend, on_error=errors) as engine,
+    ):
+        yield engine
 
 
 class PausedRenewalBroker(CountingBroker):
