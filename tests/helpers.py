@@ -204,10 +204,14 @@ async def killable_worker(
     process = await trio.to_thread.run_sync(spawn)
     try:
         assert process.stdout is not None
+        seen: list[str] = []  # (its banner, past any other line: as the supervisor's tests)
+        found = None
         with trio.fail_after(30):
-            banner = (await trio.to_thread.run_sync(process.stdout.readline)).decode()
-        found = re.search(r"\(instance (\S+), pid (\d+)\)", banner)
-        assert found, banner
+            while found is None:
+                line = (await trio.to_thread.run_sync(process.stdout.readline)).decode()
+                assert line, f"the worker ended before its banner: {seen!r}"
+                seen.append(line)
+                found = re.search(r"\(instance (\S+), pid (\d+)\)", line)
         yield KillableWorker(process, int(found[2]))
     finally:
         if process.poll() is None:
