@@ -17,7 +17,8 @@ one worker over a million steps and of an engine over 100,000 runs, issue 13; se
 ``startup`` (``import durable_trio`` beside ``import trio``, a worker's spawn -> first job done,
 issue 35),
 ``drains`` (S1 beside BullMQ with a body: one RPUSH, or one byte appended to a file, issue 35:
-benchmarks/drains.py).
+benchmarks/drains.py), ``retention-soak`` (each run store's size while runs finish
+continuously, with retention on and off, issue 34: benchmarks/retention_soak.py).
 ``--quick`` runs smaller versions of each (a smoke test; the peers then run once each).
 """
 
@@ -50,6 +51,7 @@ from . import (
     redis_cluster,
     redis_cpu,
     replicas,
+    retention_soak,
     signals,
     simulation,
     soak,
@@ -132,6 +134,7 @@ SECTIONS: dict[str, Callable[[bool], Figures]] = {
     "startup": startup.section,
     "simulation": _simulation,
     "soak": _soak,
+    "retention-soak": retention_soak.section,
 }
 
 
@@ -356,6 +359,7 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
                     )
                 )
     checks += _postgres_targets(f)
+    checks += _retention_targets(f)
     for what in ("import durable_trio", "a worker's imports", "an app's imports"):
         # (the bare import is lazy and loads nothing: what a worker or an app touches is the
         # figure that counts, so it is held to the same bar)
@@ -419,6 +423,21 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
                     growth < soak.GROWTH_TARGET_MB,
                 )
             )
+    return checks
+
+
+def _retention_targets(f: Figures) -> list[tuple[str, bool]]:
+    """Issue 34's bar: each store's size flat under retention in a sustained run."""
+    checks: list[tuple[str, bool]] = []
+    for store in retention_soak.STORES:
+        key = f"retention soak {store}, retention on: net growth per run done"
+        if key in f:
+            kept = _value(f[key])
+            checks.append(
+                (f"[34] {store} store under retention: grows by {kept:.0%} of the runs done"
+                 f" (want flat: <= {retention_soak.FLAT:.0%}; all kept: 100%)",
+                 kept <= retention_soak.FLAT)
+            )  # fmt: skip
     return checks
 
 

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -12,7 +20,7 @@ from durable_trio.brokers import RenewOutcome
 from durable_trio.brokers.memory import MemoryBroker
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import AsyncIterator, Iterable, Sequence
 
     from durable_trio._engine import RunStore
     from durable_trio.brokers import ClaimedJob, Job, Lease, Recovery
@@ -144,6 +152,73 @@ class Errors:
 
     def messages(self) -> list[str]:
         return [str(e) for e in self.seen]
+
+
+@asynccontextmanager
+async def two_workers_and_an_engine(
+    app: dt.App, backend: dt.Backend, *, concurrency: int, errors: Errors
+) -> AsyncIterator[dt.Engine]:
+    """Two workers of ``app`` (``concurrency`` each) and an engine on ``backend``, all
+    reporting to ``errors``: the fleet the limits' and rates' tests run against."""
+    async with (
+        dt.open_worker(app, backend, concurrency=concurrency, on_error=errors),
+        dt.open_worker(app, backend, concurrency=concurrency, on_error=errors),
+        dt.open_engine(app, backend, on_error=errors) as engine,
+    ):
+        yield engine
+
+
+class KillableWorker:
+    """A real ``durable_trio worker`` process (see :func:`killable_worker`) and its pid."""
+
+    def __init__(self, process: subprocess.Popen[bytes], pid: int) -> None:
+        self.process, self.pid = process, pid
+
+    async def kill9(self) -> float:
+        """SIGKILL it and wait for its end. Returns when it was killed (``time.monotonic``)."""
+        os.kill(self.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        await trio.to_thread.run_sync(self.process.wait)
+        return killed
+
+
+@asynccontextmanager
+async def killable_worker(
+    target: str, url: str, namespace: str, env: dict[str, str], *options: str
+) -> AsyncIterator[KillableWorker]:
+    """A real worker process of ``target`` on ``url`` (instance ``victim``, ``env`` added to
+    its environment, ``options`` added to its command line) whose claims come back 2 s after
+    it is known dead (``--dead-worker-threshold 2``, sweeps every second, a stalled threshold
+    of 10 minutes), up once its banner is read; killed and reaped on exit. The victim of the
+    kill -9 tests (tests/test_dead_workers.py, tests/test_limits_chaos.py)."""
+    argv = [
+        sys.executable, "-m", "durable_trio", "worker", target, "--backend", url,
+        "--namespace", namespace, "--instance-id", "victim", *options, "--stalled-threshold",
+        "600", "--dead-worker-threshold", "2", "--stalled-check-interval", "1",
+    ]  # fmt: skip
+    full_env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), **env}
+
+    def spawn() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, env=full_env)
+
+    process = await trio.to_thread.run_sync(spawn)
+    try:
+        assert process.stdout is not None
+        seen: list[str] = []  # (its banner, past any other line: as the supervisor's tests)
+        found = None
+        with trio.fail_after(30):
+            while found is None:
+                line = (await trio.to_thread.run_sync(process.stdout.readline)).decode()
+                assert line, f"the worker ended before its banner: {seen!r}"
+                seen.append(line)
+                found = re.search(r"\(instance (\S+), pid (\d+)\)", line)
+        yield KillableWorker(process, int(found[2]))
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 class PausedRenewalBroker(CountingBroker):

@@ -10,12 +10,7 @@ threshold of 10 minutes.
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +24,7 @@ import trio.testing
 import durable_trio as dt
 from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
+from helpers import killable_worker
 
 TESTS = Path(__file__).parent
 TARGET = f"{TESTS / '_supervised_app.py'}:app"
@@ -120,23 +116,12 @@ async def test_a_live_workers_long_step_keeps_its_claim_while_another_is_dead(
 # -- a real worker process killed with -9 ------------------------------------------------------
 
 
-def _spawn_victim(url: str, namespace: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(TESTS.parent), "SUPERVISOR_TEST_LOG": str(log)}
-    argv = [
-        sys.executable, "-m", "durable_trio", "worker", TARGET, "--backend", url,
-        "--namespace", namespace, "--instance-id", "victim", "--stalled-threshold", "600",
-        "--dead-worker-threshold", "2", "--stalled-check-interval", "1",
-    ]  # fmt: skip
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
-
-
 @pytest.mark.chaos
 async def test_a_worker_killed_with_9_has_its_step_reclaimed_long_before_the_threshold() -> None:
     folder = Path(tempfile.mkdtemp(prefix="dt-dead-", dir="/tmp"))
     url = f"sqlite:///{folder / 'dead.db'}"
     namespace = "dead"
     log = folder / "steps.log"
-    victim = await trio.to_thread.run_sync(_spawn_victim, url, namespace, log)
     survivor = dt.App("supervised")
     ran: list[str] = []
 
@@ -146,13 +131,9 @@ async def test_a_worker_killed_with_9_has_its_step_reclaimed_long_before_the_thr
         return "reclaimed"
 
     try:
-        assert victim.stdout is not None
-        with trio.fail_after(30):
-            banner = (await trio.to_thread.run_sync(victim.stdout.readline)).decode()
-        found = re.search(r"\(instance (\S+), pid (\d+)\)", banner)
-        assert found, banner
         results: list[dt.StepResult] = []
         async with (
+            killable_worker(TARGET, url, namespace, {"SUPERVISOR_TEST_LOG": str(log)}) as victim,
             dt.open_backend(url) as backend,
             dt.open_queue_transport(backend, namespace=namespace) as engine,
         ):
@@ -178,9 +159,7 @@ async def test_a_worker_killed_with_9_has_its_step_reclaimed_long_before_the_thr
                 # and the step stays with it.
                 await trio.sleep(6)
                 assert ran == []
-                os.kill(int(found[2]), signal.SIGKILL)
-                killed = time.monotonic()
-                await trio.to_thread.run_sync(victim.wait)
+                killed = await victim.kill9()
                 with trio.fail_after(30):
                     while not results:  # noqa: ASYNC110
                         await trio.sleep(0.05)
@@ -191,9 +170,4 @@ async def test_a_worker_killed_with_9_has_its_step_reclaimed_long_before_the_thr
         # reclaim came from its process being known dead.
         assert took < 30
     finally:
-        if victim.poll() is None:
-            victim.kill()
-            victim.wait()
-        if victim.stdout is not None:
-            victim.stdout.close()
         shutil.rmtree(folder, ignore_errors=True)

@@ -15,7 +15,7 @@ from durable_trio import open_engine, open_worker
 from durable_trio._engine import RunStatus
 from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
-from helpers import CountingBroker, Errors
+from helpers import CountingBroker, Errors, two_workers_and_an_engine
 
 
 class Meter:
@@ -59,11 +59,7 @@ async def test_max_concurrency_holds_across_every_worker(
     app = limited_app(meter, per_key=False, limit=3)
     errors = Errors()
     async with dt.open_backend("memory://") as backend:
-        async with (
-            open_worker(app, backend, concurrency=8, on_error=errors),
-            open_worker(app, backend, concurrency=8, on_error=errors),
-            open_engine(app, backend, on_error=errors) as engine,
-        ):
+        async with two_workers_and_an_engine(app, backend, concurrency=8, errors=errors) as engine:
             ids = [
                 await engine.start("order", {"account": f"a{n}", "seconds": 10.0})
                 for n in range(9)
@@ -85,11 +81,7 @@ async def test_a_hot_key_never_holds_back_the_other_keys(
     app = limited_app(meter, per_key=True, limit=1)
     errors = Errors()
     async with dt.open_backend("memory://") as backend:
-        async with (
-            open_worker(app, backend, concurrency=2, on_error=errors),
-            open_worker(app, backend, concurrency=2, on_error=errors),
-            open_engine(app, backend, on_error=errors) as engine,
-        ):
+        async with two_workers_and_an_engine(app, backend, concurrency=2, errors=errors) as engine:
             accounts = ["hot", "hot", "hot", "b", "c", "hot", "d"]
             ids = [
                 await engine.start("order", {"account": a, "seconds": 10.0}) for a in accounts

@@ -14,7 +14,7 @@ import trio.testing
 
 import durable_trio as dt
 from durable_trio import RunStatus, open_engine, open_worker
-from helpers import Errors
+from helpers import Errors, two_workers_and_an_engine
 
 
 def most_in_any_window(starts: list[float], per: float) -> int:
@@ -51,11 +51,7 @@ async def test_each_key_starts_at_most_its_rate_and_keys_are_independent(
     app = keyed_app(starts, dt.Rate(2, per=1.0, key=account))
     errors = Errors()
     async with dt.open_backend("memory://") as backend:
-        async with (
-            open_worker(app, backend, concurrency=4, on_error=errors),
-            open_worker(app, backend, concurrency=4, on_error=errors),
-            open_engine(app, backend, on_error=errors) as engine,
-        ):
+        async with two_workers_and_an_engine(app, backend, concurrency=4, errors=errors) as engine:
             a = [await engine.start("order", {"account": "a", "n": n}) for n in range(8)]
             b = [await engine.start("order", {"account": "b", "n": n}) for n in range(2)]
             assert [await engine.result(run_id) for run_id in a] == list(range(8))
@@ -160,11 +156,7 @@ async def test_a_per_key_rate_holds_across_workers_on_a_real_broker(
     app = keyed_app(starts, dt.Rate(2, per=0.4, key=account))
     errors = Errors()
     async with dt.open_backend(url) as backend:
-        async with (
-            open_worker(app, backend, concurrency=4, on_error=errors),
-            open_worker(app, backend, concurrency=4, on_error=errors),
-            open_engine(app, backend, on_error=errors) as engine,
-        ):
+        async with two_workers_and_an_engine(app, backend, concurrency=4, errors=errors) as engine:
             t0 = trio.current_time()
             a = [await engine.start("order", {"account": "a", "n": n}) for n in range(6)]
             b = await engine.start("order", {"account": "b", "n": 9})

@@ -7,12 +7,7 @@ than the limit at once.
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +18,7 @@ import trio
 
 import durable_trio as dt
 from _limited_app import LIMIT
+from helpers import killable_worker
 
 pytestmark = pytest.mark.chaos
 
@@ -38,17 +34,6 @@ RECLAIM: dict[str, Any] = {
 }
 
 
-def _spawn_victim(url: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(TESTS.parent), "LIMITS_TEST_LOG": str(log)}
-    argv = [
-        sys.executable, "-m", "durable_trio", "worker", TARGET, "--backend", url,
-        "--namespace", NAMESPACE, "--instance-id", "victim", "--concurrency", "8",
-        "--stalled-threshold", "600", "--dead-worker-threshold", "2",
-        "--stalled-check-interval", "1",
-    ]  # fmt: skip
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
-
-
 def _starts(log: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
@@ -58,7 +43,6 @@ async def test_slots_held_by_a_killed_worker_come_back_and_the_waiting_jobs_run(
     folder = Path(tempfile.mkdtemp(prefix="dt-limits-", dir="/tmp"))
     url = f"sqlite:///{folder / 'limits.db'}"
     log = folder / "starts.log"
-    victim = await trio.to_thread.run_sync(_spawn_victim, url, log)
     survivor = dt.App("limited")
     running = {"now": 0, "most": 0}
     ran: list[str] = []
@@ -75,13 +59,11 @@ async def test_slots_held_by_a_killed_worker_come_back_and_the_waiting_jobs_run(
         return "survivor"
 
     try:
-        assert victim.stdout is not None
-        with trio.fail_after(30):
-            banner = (await trio.to_thread.run_sync(victim.stdout.readline)).decode()
-        found = re.search(r"\(instance (\S+), pid (\d+)\)", banner)
-        assert found, banner
         results: list[dt.StepResult] = []
         async with (
+            killable_worker(
+                TARGET, url, NAMESPACE, {"LIMITS_TEST_LOG": str(log)}, "--concurrency", "8"
+            ) as victim,
             dt.open_backend(url) as backend,
             dt.open_queue_transport(backend, namespace=NAMESPACE) as engine,
         ):
@@ -107,9 +89,7 @@ async def test_slots_held_by_a_killed_worker_come_back_and_the_waiting_jobs_run(
                 assert len(_starts(log)) == LIMIT
                 stats = await broker.queue_stats(queue)  # type: ignore[attr-defined]
                 assert (stats.limit, stats.claimed, stats.ready) == (LIMIT, LIMIT, JOBS - LIMIT)
-                os.kill(int(found[2]), signal.SIGKILL)
-                killed = time.monotonic()
-                await trio.to_thread.run_sync(victim.wait)
+                killed = await victim.kill9()
                 with trio.fail_after(30):
                     while len(results) < JOBS:  # noqa: ASYNC110
                         await trio.sleep(0.05)
@@ -124,9 +104,4 @@ async def test_slots_held_by_a_killed_worker_come_back_and_the_waiting_jobs_run(
         assert (stats.claimed, stats.ready) == (0, 0)
         assert took < 30
     finally:
-        if victim.poll() is None:
-            victim.kill()
-            victim.wait()
-        if victim.stdout is not None:
-            victim.stdout.close()
         shutil.rmtree(folder, ignore_errors=True)

@@ -14,7 +14,7 @@ import durable_trio as dt
 from durable_trio import open_engine, open_worker
 from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
-from helpers import CountingBroker, Errors
+from helpers import CountingBroker, Errors, two_workers_and_an_engine
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -58,11 +58,7 @@ async def test_no_window_starts_more_than_the_rate_across_workers(
     app = rated_app(starts, dt.Rate(2, per=1.0), seconds=0.25)
     errors = Errors()
     async with dt.open_backend("memory://") as backend:
-        async with (
-            open_worker(app, backend, concurrency=8, on_error=errors),
-            open_worker(app, backend, concurrency=8, on_error=errors),
-            open_engine(app, backend, on_error=errors) as engine,
-        ):
+        async with two_workers_and_an_engine(app, backend, concurrency=8, errors=errors) as engine:
             ids = [await engine.start("one", n) for n in range(10)]
             assert [await engine.result(run_id) for run_id in ids] == list(range(10))
             async with dt.open_operations(backend, namespace="rates") as ops:
@@ -206,11 +202,7 @@ async def test_a_rate_holds_across_workers_on_sqlite(tmp_path: Path) -> None:
     app = rated_app(starts, dt.Rate(2, per=0.4))
     errors = Errors()
     async with dt.open_backend(f"sqlite:///{tmp_path}/rates.db") as backend:
-        async with (
-            open_worker(app, backend, concurrency=4, on_error=errors),
-            open_worker(app, backend, concurrency=4, on_error=errors),
-            open_engine(app, backend, on_error=errors) as engine,
-        ):
+        async with two_workers_and_an_engine(app, backend, concurrency=4, errors=errors) as engine:
             ids = [await engine.start("one", n) for n in range(6)]
             with trio.fail_after(10):
                 assert [await engine.result(run_id) for run_id in ids] == list(range(6))

@@ -12,7 +12,7 @@ from ._sample import workload as order_workload
 
 if TYPE_CHECKING:
     import random
-    from collections.abc import Callable
+    from collections.abc import Callable, Container
 
     from .._engine import RunStore
 
@@ -53,10 +53,12 @@ def family_expected(workflow: str, value: Any) -> Any:
     return order_expected(workflow, value)
 
 
-async def check_children(store: RunStore, violation: Callable[[str], None]) -> int:
-    """Every CHILD checkpoint names a child run that exists, no child run is named twice or by
-    no checkpoint (started once), and a parent that ended left no child running unless it
-    chose ``abandon``. Returns how many children were checked."""
+async def check_children(
+    store: RunStore, violation: Callable[[str], None], *, gone: Container[str] = ()
+) -> int:
+    """Every CHILD checkpoint names a child run that exists (or was pruned: ``gone``), no
+    child run is named twice or by no checkpoint (started once), and a parent that ended left
+    no child running unless it chose ``abandon``. Returns how many children were checked."""
     listed = await store.list_runs(limit=10**9)
     runs = {run.run_id: run for run in sorted(listed, key=lambda run: run.run_id)}
     named: dict[str, str] = {}
@@ -69,6 +71,8 @@ async def check_children(store: RunStore, violation: Callable[[str], None]) -> i
                 violation(f"child run {child_id} started by {named[child_id]} and {parent.run_id}")
             named[child_id] = parent.run_id
             child = runs.get(child_id)
+            if child is None and child_id in gone:
+                continue  # retention deleted it (_sim_retention checks the prune)
             if child is None:
                 violation(f"child run {child_id} of {parent.run_id} was never started")
             elif (

@@ -15,6 +15,8 @@ from .._engine import (
     Engine,
     EngineClosed,
     EngineStatistics,
+    RunRecord,
+    RunStatus,
     StepKind,
     StepRecord,
     StepState,
@@ -31,15 +33,26 @@ from .faults import BrokerFaults, FaultyKeyStore, Injector, wrap_broker
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    from .._engine import App, DuplicateResult, RunPage, RunRecord, RunStatus
+    from .._engine import App, DuplicateResult, RunPage
     from ..brokers.memory import MemoryBroker
     from ..keys.memory import MemoryKeyStore
     from ._report import Faults
     from ._sim_ledger import Ledger
 
-__all__ = ["EngineGeneration", "Engines", "RecordingStore"]
+__all__ = ["EngineGeneration", "Engines", "Pruned", "RecordingStore"]
 
 T = TypeVar("T")
+
+
+@attrs.frozen
+class Pruned:
+    """A run a prune deleted: its record just before, when, the prune's cutoff, and its
+    parent's status then (``None``: no parent, or the parent gone)."""
+
+    run: RunRecord
+    at: float
+    ended_before: float
+    parent_status: RunStatus | None
 
 
 class RecordingStore(MemoryRunStore):
@@ -53,6 +66,26 @@ class RecordingStore(MemoryRunStore):
         (``when`` on the trio clock)."""
         self.late_marks: list[str] = []
         """Runs whose cancel mark was written after they had ended (an invariant's breach)."""
+        self.prunes: dict[str, Pruned] = {}
+        """Retention (issue 34): every run deleted by a prune, as it was just before."""
+        self.pruned_twice: list[str] = []
+        """Runs a prune deleted more than once (created again after a prune: a breach)."""
+
+    async def prune_finished(
+        self, ended_before: float, *, workflow: str | None = None, limit: int = 100
+    ) -> list[str]:
+        before = dict(self._runs)  # (the prune is atomic: no checkpoint until it has run)
+        pruned = await super().prune_finished(ended_before, workflow=workflow, limit=limit)
+        now = self.now()
+        for run_id in pruned:
+            run = before[run_id]
+            parent = None if run.parent is None else before.get(run.parent)
+            if run_id in self.prunes:
+                self.pruned_twice.append(run_id)
+            self.prunes[run_id] = Pruned(
+                run.out(), now, ended_before, None if parent is None else parent.status
+            )
+        return pruned
 
     async def begin_step(self, step: StepRecord) -> StepRecord:
         run = self._runs.get(step.run_id)

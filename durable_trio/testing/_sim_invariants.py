@@ -87,7 +87,9 @@ class Invariants:
         for run_id in self.runs.inputs:
             self.steps[run_id] = await self.store.get_steps(run_id)
         # Child workflows (issue 18): no child orphaned, each started once.
-        self.children = await check_children(self.store, self.ledger.violation)
+        self.children = await check_children(
+            self.store, self.ledger.violation, gone=self.store.prunes
+        )
         for queue in sorted({details["queue"] for _, _, details in self.ledger.damaged}):
             for failed in await self.broker.failed_jobs(queue, limit=1_000_000):
                 if failed.error.startswith("damaged: "):

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .._engine import RunCancelled, RunFailed
+from .._engine import RunCancelled, RunFailed, RunNotFound
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -57,6 +57,8 @@ class Runs:
         self.cancels: Any = None
         """Issue 18: ``(rng, workflow, input) -> delay or None``, each run's cancel (see
         :mod:`._sim_cancels`), or ``None``."""
+        self.tags: Any = None
+        """Issue 34: ``(workflow, input) -> tags`` of each run started, or ``None``."""
         self.asked: dict[str, bool] = {}
         """Run id: whether its cancel said it cancelled it, for every run cancelled."""
 
@@ -75,8 +77,9 @@ class Runs:
             self.inputs[run_id] = (workflow, value)
             # Idempotent by run id: started again on the next engine if need be. (Awaited here:
             # the loop's variables cannot move under the call.)
+            tags = {} if self.tags is None else {"tags": self.tags(workflow, value)}
             await self.engines.call(
-                lambda engine: engine.start(workflow, value, run_id=run_id),  # noqa: B023
+                lambda engine: engine.start(workflow, value, run_id=run_id, **tags),  # noqa: B023
                 index,
             )
             self.ledger.event("start", run=run_id, workflow=workflow)
@@ -104,6 +107,17 @@ class Runs:
             self.outcomes[run_id] = ("cancelled", exc.error)
         except RunFailed as exc:
             self.outcomes[run_id] = ("failed", exc.error)
+        except RunNotFound:
+            # Retention pruned it before it was read (its engine killed meanwhile): its end is
+            # the one the prune deleted.
+            pruned = self.engines.store.prunes.get(run_id)
+            if pruned is None:
+                raise
+            run = pruned.run
+            self.outcomes[run_id] = (
+                run.status.value,
+                run.output if run.status.value == "completed" else run.error,
+            )
         else:
             self.outcomes[run_id] = ("completed", output)
         self.ledger.event("end-run", run=run_id, status=self.outcomes[run_id][0])

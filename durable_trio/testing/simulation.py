@@ -51,6 +51,7 @@ from ._sim_engines import Engines, RecordingStore
 from ._sim_faults import FaultSchedule
 from ._sim_invariants import Invariants
 from ._sim_ledger import Ledger
+from ._sim_retention import RetentionCheck
 from ._sim_runs import Runs
 from ._sim_schedules import check_schedule_ticks
 from ._sim_workers import WorkerSlots, close_bound
@@ -133,6 +134,12 @@ class Simulation:
         batched: the shared memory broker batches its finalizes as Redis and SQLite do
             (``coalesce_finalize``), so the workers' finalizes claim their next jobs in the
             same call (``SupportsFinishAndClaim``), under the faults given.
+        tags: (issue 34) ``(workflow, input) -> tags`` each run is started with.
+
+    Retention (issue 34): with ``engine_options={"retention": ...}`` (or a workflow's own
+    ``retention=``) the engines prune finished runs as they go; the simulation then lingers
+    after its drain until every run is due and checks the invariants of ``_sim_retention``
+    (nothing unfinished pruned, a pruned run gone with all its records, every due run pruned).
     """
 
     def __init__(
@@ -156,6 +163,7 @@ class Simulation:
         cancels: Any = None,
         deploy: tuple[App, float, float] | None = None,
         batched: bool = False,
+        tags: Callable[[str, Any], dict[str, str]] | None = None,
     ) -> None:
         override = os.environ.get(SEED_VARIABLE)
         self.seed = int(override) if override else seed
@@ -178,6 +186,7 @@ class Simulation:
         self.cancels = cancels
         self.deploy = deploy
         self.batched = batched
+        self.tags = tags
         self._reset()
 
     # ------------------------------------------------------------------ public API
@@ -281,7 +290,11 @@ class Simulation:
         self._ledger, self._engines, self._workers, self._runs = ledger, engines, workers, runs
         runs.signals = getattr(self, "signals", None)
         runs.cancels = getattr(self, "cancels", None)
-        self._store = store
+        runs.tags = getattr(self, "tags", None)
+        self._store, self._broker = store, broker
+        self._retention = RetentionCheck(
+            self.app, self.engine_options, self.faults.engine_restart_delay
+        )
         self._schedule = FaultSchedule(
             seed=self.seed,
             faults=self.faults,
@@ -329,10 +342,15 @@ class Simulation:
             ledger.event("drained", unfinished=runs.unfinished)
             self._invariants.drained_at = ledger.now()
             self._invariants.drain_timeout = self.drain_timeout
+            if self._retention.prunes:  # every run then due is pruned before the end
+                ledger.event("linger", seconds=self._retention.linger)
+                await trio.sleep(self._retention.linger)
             workers.stop()
             await slots_done.wait()
             await engines.stop()
             await self._invariants.collect()
+            if self._retention.prunes:
+                self._retention.check(self._store, self._broker, sorted(runs.inputs), ledger)
             await check_schedule_ticks(
                 self.app, self._engines.store, ledger, self.engine_options, self.duration
             )
