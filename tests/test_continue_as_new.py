@@ -65,7 +65,8 @@ async def test_a_loop_continues_in_bounded_histories_that_chain_without_gap(
             assert await engine.result(run_id) == {"n": 4, "total": 20, "generation": 4}
             assert trio.current_time() == start + 50  # five generations of 10 s each
             run = await store.get_run(run_id)
-            assert run is not None and run.status is dt.RunStatus.COMPLETED
+            assert run is not None
+            assert run.status is dt.RunStatus.COMPLETED
             assert run.input == {"n": 4, "total": 12}  # the last generation's
             generations = generations_of(store)
             assert await generations.list_generations(run_id) == [0, 1, 2, 3]
@@ -133,7 +134,9 @@ async def test_retention_deletes_the_previous_generations_with_the_run(
 
 
 @pytest.mark.parametrize("bad", [float("nan"), {1, 2}])
-async def test_a_continued_input_must_be_json(autojump_clock: trio.testing.MockClock, bad: Any) -> None:
+async def test_a_continued_input_must_be_json(
+    autojump_clock: trio.testing.MockClock, bad: Any
+) -> None:
     app = App("bad")
 
     @app.workflow("w")

@@ -36,7 +36,7 @@ def _log(line: str) -> str:
 async def looper(ctx: WorkflowContext, n: int) -> list[Any]:
     pause = os.environ.get("CAN_PAUSE")
     if pause and n == 1:  # the first engine stops here: the new generation not started
-        Path(pause).write_text(str(ctx.generation))
+        await trio.Path(pause).write_text(str(ctx.generation))
         await trio.sleep_forever()
     await ctx.run("mark", lambda: _log(f"generation {n}"))
     if n < 2:

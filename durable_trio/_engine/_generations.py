@@ -30,8 +30,8 @@ from ._records import StepKind, StepRecord, StepState
 
 __all__ = [
     "CONTINUE_STEP_ID",
-    "ContinueAsNew",
     "Continuation",
+    "ContinueAsNew",
     "continuation_of",
     "current_generation",
     "expected_generation",
@@ -41,7 +41,7 @@ CONTINUE_STEP_ID: Final = "continue:run"
 """The step id of a generation's mark."""
 
 
-class ContinueAsNew(BaseException):  # noqa: N818 (a control-flow signal, not an error)
+class ContinueAsNew(BaseException):
     """Raised by ``ctx.continue_as_new(input)``: end this generation, start the next one.
 
     A ``BaseException``, as ``trio.Cancelled``: a workflow's ``except Exception`` does not

@@ -59,23 +59,23 @@ def generations_of(store: Any) -> Generations:
     own = getattr(store, "generations", None)
     if own is not None:
         return own  # type: ignore[no-any-return]
-    from .memory import MemoryRunStore  # noqa: PLC0415 (each store's on demand)
-    from .sqlite import SqliteRunStore  # noqa: PLC0415
+    from .memory import MemoryRunStore
+    from .sqlite import SqliteRunStore
 
     if isinstance(store, MemoryRunStore):
         return _MemoryGenerations(store)
     if isinstance(store, SqliteRunStore):
         return _SQLiteGenerations(store)
-    from .postgres import PostgresRunStore  # noqa: PLC0415
+    from .postgres import PostgresRunStore
 
     if isinstance(store, PostgresRunStore):
-        from ._pg_generations import PostgresGenerations  # noqa: PLC0415
+        from ._pg_generations import PostgresGenerations
 
         return PostgresGenerations(store)
-    from .redis import RedisRunStore  # noqa: PLC0415
+    from .redis import RedisRunStore
 
     if isinstance(store, RedisRunStore):
-        from ._redis_generations import RedisGenerations  # noqa: PLC0415
+        from ._redis_generations import RedisGenerations
 
         return RedisGenerations(store)
     raise TypeError(f"the run store {type(store).__name__} keeps no generations")
@@ -90,7 +90,7 @@ class _MemoryGenerations:
 
     async def continue_run(self, run_id: str, mark: StepRecord, input: Any) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        run = self._store._runs.get(run_id)  # noqa: SLF001 (see the module docstring)
+        run = self._store._runs.get(run_id)
         if run is None or run.status.terminal:
             return False
         held = run.steps.get(CONTINUE_STEP_ID)
@@ -108,7 +108,7 @@ class _MemoryGenerations:
 
     async def get_generation(self, run_id: str, generation: int) -> list[StepRecord] | None:
         await trio.lowlevel.checkpoint_if_cancelled()
-        run = self._store._runs.get(run_id)  # noqa: SLF001
+        run = self._store._runs.get(run_id)
         steps = None if run is None else run.generations.get(generation)
         if steps is None:
             return None
@@ -116,16 +116,16 @@ class _MemoryGenerations:
 
     async def list_generations(self, run_id: str) -> list[int]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        run = self._store._runs.get(run_id)  # noqa: SLF001
+        run = self._store._runs.get(run_id)
         return [] if run is None else sorted(run.generations)
 
 
 def _memory_begin(store: Any, mark: StepRecord, now: float) -> None:
     """``store.begin_step(mark)`` without its checkpoint (inside an atomic change)."""
-    from .memory import _Step  # noqa: PLC0415
+    from .memory import _Step
 
     dumps = orjson.dumps
-    store._runs[mark.run_id].steps[mark.step_id] = _Step(  # noqa: SLF001
+    store._runs[mark.run_id].steps[mark.step_id] = _Step(
         run_id=mark.run_id, step_id=mark.step_id, kind=mark.kind, name=mark.name,
         status=mark.status, attempt=mark.attempt, input=dumps(mark.input),
         output=dumps(mark.output), error=dumps(mark.error), retry=dumps(mark.retry),
@@ -145,7 +145,7 @@ _COPY_COLUMNS: Final = (
 def _sqlite_continue(
     ns: str, run_id: str, mark: StepRecord, input_: str, now: float, db: sqlite3.Connection
 ) -> bool:
-    from . import _sqlite_tables as tables  # noqa: PLC0415
+    from . import _sqlite_tables as tables
 
     row = db.execute(
         "SELECT status FROM dt_runs WHERE namespace = ?1 AND run_id = ?2", (ns, run_id)
@@ -177,14 +177,14 @@ def _sqlite_continue(
 def _sqlite_generation(
     ns: str, run_id: str, generation: int, db: sqlite3.Connection
 ) -> list[StepRecord] | None:
-    from . import _sqlite_tables as tables  # noqa: PLC0415
+    from . import _sqlite_tables as tables
 
     rows = db.execute(
-        f"SELECT {tables._STEP_COLUMNS} FROM dt_generations "  # noqa: SLF001
+        f"SELECT {tables._STEP_COLUMNS} FROM dt_generations "
         "WHERE namespace = ?1 AND run_id = ?2 AND generation = ?3 ORDER BY position, step_id",
         (ns, run_id, generation),
     ).fetchall()
-    return [tables._step(row) for row in rows] if rows else None  # noqa: SLF001
+    return [tables._step(row) for row in rows] if rows else None
 
 
 def _sqlite_list(ns: str, run_id: str, db: sqlite3.Connection) -> list[int]:
@@ -203,16 +203,16 @@ class _SQLiteGenerations:
     async def continue_run(self, run_id: str, mark: StepRecord, input: Any) -> bool:
         store = self._store
         text = orjson.dumps(input).decode()
-        call = partial(_sqlite_continue, store._ns, run_id, mark, text, store.now())  # noqa: SLF001
-        return bool(await store._write(call))  # noqa: SLF001
+        call = partial(_sqlite_continue, store._ns, run_id, mark, text, store.now())
+        return bool(await store._write(call))
 
     async def get_generation(self, run_id: str, generation: int) -> list[StepRecord] | None:
         store = self._store
-        call = partial(_sqlite_generation, store._ns, run_id, generation)  # noqa: SLF001
-        result: list[StepRecord] | None = await store._read(call)  # noqa: SLF001
+        call = partial(_sqlite_generation, store._ns, run_id, generation)
+        result: list[StepRecord] | None = await store._read(call)
         return result
 
     async def list_generations(self, run_id: str) -> list[int]:
         store = self._store
-        result: list[int] = await store._read(partial(_sqlite_list, store._ns, run_id))  # noqa: SLF001
+        result: list[int] = await store._read(partial(_sqlite_list, store._ns, run_id))
         return result

@@ -53,10 +53,10 @@ class PostgresGenerations:
 
     async def continue_run(self, run_id: str, mark: StepRecord, input: Any) -> bool:
         store = self._store
-        ns, now, s = store._ns, store.now(), store._s  # noqa: SLF001 (see _generations.py)
+        ns, now, s = store._ns, store.now(), store._s
 
         async def change() -> bool:
-            async with store._pool.transaction() as conn:  # noqa: SLF001
+            async with store._pool.transaction() as conn:
                 status = await conn.fetchval(s(sql.RUN_STATUS_FOR_UPDATE), ns, run_id)
                 if status is None or RunStatus(status).terminal:
                     return False
@@ -67,18 +67,18 @@ class PostgresGenerations:
                 statements: list[tuple[str | bytes, Sequence[Any]]] = [
                     (s(_ARCHIVE), (ns, run_id, current)),
                     (s(_CLEAR), (ns, run_id)),
-                    (s(sql.INSERT_STEP), store._step_values(mark, now)),  # noqa: SLF001
+                    (s(sql.INSERT_STEP), store._step_values(mark, now)),
                     (s(_SET_INPUT), (ns, run_id, dumps(input), now)),
                 ]
                 await conn.pipeline(statements)
                 return True
 
-        return await store._write(change)  # noqa: SLF001
+        return await store._write(change)
 
     async def get_generation(self, run_id: str, generation: int) -> list[StepRecord] | None:
-        rows = await self._store._fetch(_GET, self._store._ns, run_id, generation)  # noqa: SLF001
+        rows = await self._store._fetch(_GET, self._store._ns, run_id, generation)
         return [_step(row) for row in rows] if rows else None
 
     async def list_generations(self, run_id: str) -> list[int]:
-        rows = await self._store._fetch(_LIST, self._store._ns, run_id)  # noqa: SLF001
+        rows = await self._store._fetch(_LIST, self._store._ns, run_id)
         return [int(row[0]) for row in rows]

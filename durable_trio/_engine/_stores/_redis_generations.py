@@ -76,16 +76,16 @@ class RedisGenerations:
         self._store = store
 
     def _tail(self, run_id: str) -> tuple[str, str]:
-        return self._store._prefix_of(run_id), f"{len(run_id)}:{run_id}"  # noqa: SLF001
+        return self._store._prefix_of(run_id), f"{len(run_id)}:{run_id}"
 
     async def continue_run(self, run_id: str, mark: StepRecord, input: Any) -> bool:
         store = self._store
         prefix, tail = self._tail(run_id)
         dumps = orjson.dumps
-        script = store._client.script(_CONTINUE)  # noqa: SLF001 (see _generations.py)
+        script = store._client.script(_CONTINUE)
         reply = await script(
-            (store._run_key(run_id), store._steps_key(run_id), f"{prefix}:gens:{tail}",  # noqa: SLF001
-             store._step_key(run_id, CONTINUE_STEP_ID)),  # noqa: SLF001
+            (store._run_key(run_id), store._steps_key(run_id), f"{prefix}:gens:{tail}",
+             store._step_key(run_id, CONTINUE_STEP_ID)),
             (f"{prefix}:step:{tail}:", f"{prefix}:gstep:{tail}:", f"{prefix}:gsteps:{tail}:",
              str(expected_generation(mark)), dumps(input), _num(store.now()),
              # the mark, as _BEGIN_STEP's ARGV[3..17] (ARGV[18] unused: now is ARGV[6])
@@ -97,7 +97,7 @@ class RedisGenerations:
         return bool(reply)
 
     async def get_generation(self, run_id: str, generation: int) -> list[StepRecord] | None:
-        client = self._store._client  # noqa: SLF001
+        client = self._store._client
         prefix, tail = self._tail(run_id)
         ids = [i.decode() for i in await client.execute(
             "ZRANGE", f"{prefix}:gsteps:{tail}:{generation}", 0, -1
@@ -115,5 +115,5 @@ class RedisGenerations:
 
     async def list_generations(self, run_id: str) -> list[int]:
         prefix, tail = self._tail(run_id)
-        reply = await self._store._client.execute("ZRANGE", f"{prefix}:gens:{tail}", 0, -1)  # noqa: SLF001
+        reply = await self._store._client.execute("ZRANGE", f"{prefix}:gens:{tail}", 0, -1)
         return sorted(int(g) for g in reply)
