@@ -6,7 +6,8 @@ retention deletes the previous generations with the run."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -18,6 +19,10 @@ from durable_trio._engine import App, WorkflowContext, open_engine, open_worker
 from durable_trio._engine._generations import CONTINUE_STEP_ID, continuation_of
 from durable_trio._engine._records import Applied, StepKind, StepState
 from durable_trio._engine._stores._generations import generations_of
+from durable_trio.cli import main
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 _QUIET: dict[str, Any] = {
     "reconcile_interval": None, "watch_interval": None, "audit_interval": None,
@@ -147,3 +152,44 @@ async def test_a_continued_input_must_be_json(
         run_id = await engine.start("w", 1)
         with pytest.raises(dt.RunFailed, match="continue_as_new"):
             await engine.result(run_id)
+
+
+async def test_ops_and_the_cli_show_a_previous_generation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], store_clock: trio.testing.MockClock
+) -> None:
+    app = _app()
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    async with open_store(url, app.name) as (backend, store):
+        async with open_worker(app, backend), open_engine(
+            app, backend, store=store, **_QUIET
+        ) as engine:  # fmt: skip
+            await engine.start("counter", {"n": 2, "total": 0}, run_id="loop")
+            await engine.result("loop")
+        async with dt.open_operations(backend, namespace=app.name) as ops:
+            current = await ops.show_run("loop")
+            assert (current.generation, current.previous) == (2, (0, 1))
+            assert [s.step_id for s in current.steps] == ["5"]
+            first = await ops.show_run("loop", generation=0)
+            assert first.generation == 0
+            assert first.run.input == {"n": 2, "total": 0}
+            assert [s.step_id for s in first.steps] == ["1"]
+            assert [t.step_id for t in first.timers] == ["2"]
+            with pytest.raises(dt.ConfigError, match="no previous generation 7"):
+                await ops.show_run("loop", generation=7)
+    common = ["--backend", url, "--namespace", app.name]
+
+    def cli(*argv: str) -> tuple[int, str]:
+        status = main(list(argv))
+        return status, capsys.readouterr().out
+
+    status, out = await trio.to_thread.run_sync(lambda: cli("runs", "show", "loop", *common))
+    assert status == 0
+    assert "generation 2  previous 0 1" in out
+    status, out = await trio.to_thread.run_sync(
+        lambda: cli("runs", "show", "loop", "--generation", "1", "--json", *common)
+    )
+    assert status == 0
+    shown = json.loads(out)
+    assert (shown["generation"], shown["previousGenerations"]) == (1, [0, 1])
+    assert shown["input"] == {"n": 3, "total": 4}
+    assert [s["stepId"] for s in shown["steps"]] == ["3"]
