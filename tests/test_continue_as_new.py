@@ -193,3 +193,22 @@ async def test_ops_and_the_cli_show_a_previous_generation(
     assert (shown["generation"], shown["previousGenerations"]) == (1, [0, 1])
     assert shown["input"] == {"n": 3, "total": 4}
     assert [s["stepId"] for s in shown["steps"]] == ["3"]
+
+
+async def test_a_remote_workflow_cannot_continue_as_new_yet(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = App("far")
+
+    @app.workflow("far", remote=True)
+    async def far(ctx: WorkflowContext, n: int) -> int:
+        ctx.continue_as_new(n + 1)
+
+    async with (
+        dt.open_backend("memory://") as backend,
+        open_worker(app, backend),
+        open_engine(app, backend) as engine,
+    ):
+        run_id = await engine.start("far", 1)
+        with pytest.raises(dt.RunFailed, match="a remote workflow cannot continue as new yet"):
+            await engine.result(run_id)

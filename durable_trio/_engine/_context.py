@@ -627,7 +627,13 @@ class WorkflowContext:
 
         Raises:
             PayloadError: ``input`` is not a JSON value.
+            EngineError: a remote workflow (not supported yet): its run fails with it.
         """
+        if not getattr(self._driver, "continues_as_new", False):
+            raise EngineError(
+                "ctx.continue_as_new: a remote workflow cannot continue as new yet "
+                "(docs/engine.md, Continue-as-new)"
+            )
         raise ContinueAsNew(normalize_json(to_json(input), "the input of ctx.continue_as_new"))
 
     # ------------------------------------------------------------------ child workflows

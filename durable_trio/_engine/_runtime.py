@@ -149,6 +149,9 @@ async def fail_unsent(
 class RunDriver:
     """Drives one run (see the module docstring). Created and started by the engine."""
 
+    continues_as_new = True
+    """``ctx.continue_as_new`` works in its runs (:mod:`._continue`; a remote run's does not)."""
+
     def __init__(self, services: DriverServices, run: RunRecord, history: list[StepRecord]) -> None:
         self.services = services
         self.run = run
