@@ -212,3 +212,25 @@ async def test_a_remote_workflow_cannot_continue_as_new_yet(
         run_id = await engine.start("far", 1)
         with pytest.raises(dt.RunFailed, match="a remote workflow cannot continue as new yet"):
             await engine.result(run_id)
+
+
+async def test_a_cancelled_run_does_not_continue_as_new(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = App("stubborn")
+
+    @app.workflow("stubborn")
+    async def stubborn(ctx: WorkflowContext, n: int) -> int:
+        try:
+            await ctx.sleep(100)
+        except dt.RunCancelled:
+            ctx.continue_as_new(n + 1)  # refused: the run ends cancelled
+        return n
+
+    async with dt.open_backend("memory://") as backend, open_engine(app, backend) as engine:
+        run_id = await engine.start("stubborn", 1)
+        await trio.sleep(10)
+        await engine.cancel(run_id)
+        with pytest.raises(dt.RunCancelled):
+            await engine.result(run_id)
+        assert await generations_of(engine.store).list_generations(run_id) == []

@@ -4,7 +4,9 @@ stores' atomic change: ``_stores/_generations.py``).
 :func:`run_generations` calls the workflow; when it raises :class:`ContinueAsNew`, it
 
 1. checks the generation replayed its whole history (else :class:`NonDeterminismError`: the
-   run is blocked, as a workflow that returned early would be);
+   run is blocked, as a workflow that returned early would be), and that no cancel was
+   delivered inside it (else the run ends cancelled, its compensation's
+   ``continue_as_new`` refused with ``RunCancelled``);
 2. in the run's first generation, checkpoints a mark of generation 0 holding its input (so the
    previous generation shows it; a crash right after it changes nothing);
 3. makes the store's one atomic change: the history becomes previous generation ``g``, the mark
@@ -32,6 +34,7 @@ from ._stores._generations import generations_of
 
 if TYPE_CHECKING:
     from ._app import WorkflowDefinition
+    from ._cancel import CancelState
     from ._records import RunRecord
     from ._services import DriverServices
 
@@ -45,6 +48,7 @@ class RunDriver(Protocol):
     run: RunRecord
     history: History
     markers: list[str]
+    cancel: CancelState
 
     async def _stop(self) -> None: ...
 
@@ -66,6 +70,8 @@ async def _continue(driver: RunDriver, ctx: WorkflowContext, input: Any) -> Work
     services, run = driver.services, driver.run
     store = services.store
     driver.history.check_exhausted()
+    if driver.cancel.requested:  # a cancelled run ends cancelled: it does not go on
+        raise driver.cancel.error(run.run_id)
     now = continuation_of(driver.history.continued)
     if driver.history.continued is None:  # keep the first generation's input with it
         first = attrs.evolve(now, input=run.input).mark(run.run_id)
