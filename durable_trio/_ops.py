@@ -36,6 +36,7 @@ from ._errors import BrokerError, ConfigError, TransportClosed
 from ._naming import QueueNames
 from ._ops_attempts import AttemptView
 from ._ops_bulk import BulkOutcome, BulkResult, RunFilter, run_bulk
+from ._ops_generations import show_run_generation
 from ._ops_views import (
     FailedJobView,
     PruneReport,
@@ -44,7 +45,6 @@ from ._ops_views import (
     StepView,
     TimerView,
     WorkerView,
-    details_of,
     run_to_json,
     workers_of,
 )
@@ -172,16 +172,15 @@ class Operations:
             **({"tags": tagged} if tagged else {}),
         )
 
-    async def show_run(self, run_id: str) -> RunDetails:
-        """The run (status, input, output, error) and its history timeline.
+    async def show_run(self, run_id: str, *, generation: int | None = None) -> RunDetails:
+        """The run (status, input, output, error) and its history timeline: of its current
+        generation, or of a previous one (``generation``: continue-as-new, issue 34).
 
         Raises:
             RunNotFound: no such run.
+            ConfigError: no such previous generation.
         """
-        run = await self.store.get_run(run_id)
-        if run is None:
-            raise RunNotFound(run_id)
-        return details_of(run, await self.store.get_steps(run_id), self.store.now())
+        return await show_run_generation(self.store, run_id, generation)
 
     async def start_run(
         self,

@@ -131,6 +131,10 @@ class RunDetails:
     steps: tuple[StepView, ...]
     """Remote and local steps, in step id order."""
     timers: tuple[TimerView, ...]
+    generation: int = 0
+    """Which generation of the run these are (continue-as-new: ``_ops_generations.py``)."""
+    previous: tuple[int, ...] = ()
+    """The numbers of its previous generations (kept until retention deletes the run)."""
 
     @property
     def children(self) -> tuple[str, ...]:
@@ -145,10 +149,15 @@ class RunDetails:
         """As ``durable-trio runs show --json`` prints it (``children`` only when it started
         some)."""
         children = {"children": list(self.children)} if self.children else {}
+        continued = (
+            {"generation": self.generation, "previousGenerations": list(self.previous)}
+            if self.generation or self.previous
+            else {}
+        )
         return {**run_to_json(self.run), **{
             "steps": [s.to_json() for s in self.steps],
             "timers": [t.to_json() for t in self.timers],
-        }, **children}  # fmt: skip
+        }, **children, **continued}  # fmt: skip
 
 
 @attrs.frozen

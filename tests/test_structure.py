@@ -29,11 +29,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_redis", "_postgres", "redis"),  # the servers' clients (``redis``: the public face)
     ("brokers", "keys"),  # the broker and key-store contracts and implementations
     ("_transport",),  # the queue transport
-    ("_engine._records", "_engine._tags", "_engine._stores"),  # run records and run stores
+    # run records and run stores (``_generations``: continue-as-new's records)
+    ("_engine._records", "_engine._tags", "_engine._generations", "_engine._stores"),
     ("backends",),  # a broker, a key store and run stores, chosen by URL
     ("_engine",),  # the engine
     # the operations the CLI and the console share
-    ("_ops", "_ops_attempts", "_ops_bulk", "_ops_views"),
+    ("_ops", "_ops_attempts", "_ops_bulk", "_ops_generations", "_ops_views"),
     # entry points (``postgres``: the application's own transaction, on the stores' SQL)
     ("cli", "console", "testing", "_supervisor", "__main__", "postgres", "<package>"),
 )
@@ -45,7 +46,8 @@ KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset()
 
 #: What the transport must never import (the issue's "nothing above it").
 ABOVE_THE_TRANSPORT = (
-    "backends", "_engine", "cli", "_ops", "_ops_attempts", "_ops_bulk", "_ops_views", "console",
+    "backends", "_engine", "cli", "_ops", "_ops_attempts", "_ops_bulk", "_ops_generations",
+    "_ops_views", "console",
     "testing",
 )  # fmt: skip
 

@@ -150,3 +150,50 @@ async def test_an_update_to_a_remote_workflow_is_rejected_in_the_caller(
         with pytest.raises(dt.UpdateRejected, match="remote workflow 'far'"):
             await engine.update(run_id, "add", "x")
         assert trio.current_time() == start
+
+
+def looping_app(name: str) -> App:
+    """A loop that continues as new after each signal; its updates add to its input."""
+    app = App(name)
+
+    @app.workflow("loop")
+    async def loop(ctx: WorkflowContext, total: int) -> int:
+        state = {"total": total}
+
+        def add(n: int) -> int:
+            state["total"] += n
+            return state["total"]
+
+        ctx.on_update("add", add)
+        await ctx.wait_signal("next")
+        if ctx.generation < 2:
+            ctx.continue_as_new(state["total"])
+        return state["total"]
+
+    return app
+
+
+async def test_updates_follow_a_run_that_continues_as_new(
+    every_store: str, store_clock: trio.testing.MockClock
+) -> None:
+    """Each generation registers its own handlers and counts its calls from its own start: an
+    engine that takes the run over in a later generation replays that generation's updates
+    only (the earlier ones are in the input it continued with)."""
+    app = looping_app("upd-continue")
+    async with open_store(every_store, app.name) as (backend, store):
+        start = trio.current_time()
+        async with open_engine(app, backend, store=store, engine_id="a") as engine:
+            run_id = await engine.start("loop", 1)
+            assert await engine.update(run_id, "add", 10) == 11  # generation 0
+            await engine.signal(run_id, "next")
+            await trio.sleep(1)
+            assert await engine.update(run_id, "add", 100) == 111  # generation 1
+        async with open_engine(app, backend, store=store, engine_id="b") as engine:
+            await trio.sleep(1)
+            assert await engine.update(run_id, "add", 1000) == 1111  # still generation 1
+            await engine.signal(run_id, "next")
+            await trio.sleep(1)
+            assert await engine.update(run_id, "add", 5) == 1116  # generation 2
+            await engine.signal(run_id, "next")
+            assert await engine.result(run_id) == 1116
+            assert trio.current_time() - start == 3

@@ -25,7 +25,8 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
    ``_statistics``, ``_wall_clock``, ``_step_timeouts``, ``_options``, ``_replay`` (a run's
    history, consumed in call order), ``_debounce`` (debounce and dedup keys),
    ``_tags`` (a run's tags, checked), ``_rate`` (a step's rate limit),
-   ``_payloads`` (typed payloads: the cattrs converter)
+   ``_payloads`` (typed payloads: the cattrs converter), ``_generations`` (continue-as-new's
+   values)
 2. stores: ``_stores`` (the run store: ``_contract``, ``memory``, ``sqlite``, ``redis``,
    ``_paging``, ``_shard_paging``, ``_wakes``)
 3. store operations: ``_new_run`` (recording a run), ``_reopen`` (an operator's retry),
@@ -43,9 +44,10 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
    ``_retention`` (deleting finished runs past their retention), ``_stream`` (a run's stream:
    emits appended, ``engine.stream`` read), ``_updates`` (a run's updates: ``ctx.on_update``,
    ``engine.update``)
-7. drivers: ``_runtime`` (a run driven here), ``_remote_run`` (a remote run, driven turn by
-   turn), ``_turn`` (a remote workflow's turn, on a workflow worker), ``_adoption`` (taking
-   over runs nobody drives), ``_cancel_delivery``, ``_results`` (result application)
+7. drivers: ``_runtime`` (a run driven here), ``_continue`` (continue-as-new), ``_remote_run``
+   (a remote run, driven turn by turn), ``_turn`` (a remote workflow's turn, on a workflow
+   worker), ``_adoption`` (taking over runs nobody drives), ``_cancel_delivery``, ``_results``
+   (result application)
 8. facades: ``_engine`` (the public API), ``_tree`` (the engine's nurseries and its close),
    ``_open`` (``open_engine``), ``_worker`` (``open_worker``), ``_tenant`` (a pod's client)
 """

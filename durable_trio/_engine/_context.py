@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar, cast, overload
 
 import attrs
 import trio
@@ -14,6 +14,7 @@ from .._errors import ConfigError
 from .._json_values import check_json
 from .._transport._step_beats import StepBeats, current_beats
 from ._errors import EngineError, NonDeterminismError, SignalTimeout, StreamError
+from ._generations import ContinueAsNew, continuation_of
 from ._payloads import PLAIN, signature_of, structure_as, to_json
 from ._records import StepKind, normalize_json
 from ._retry import Retry
@@ -301,6 +302,12 @@ class WorkflowContext:
         self._history = history
         self._next = 0
         self._tracker: Quiescence | None = getattr(driver, "tracker", None)
+        # continue-as-new (issue 34, item 5): a later generation numbers its steps on from the
+        # generations before it and takes the signals they did not consume (._generations).
+        start = continuation_of(getattr(history, "continued", None))
+        self.generation = start.generation
+        self._next = start.last_step
+        self.__dict__["_signal_counts"] = dict(start.signals)
 
     def __repr__(self) -> str:
         return f"<WorkflowContext run={self.run_id!r} workflow={self.workflow!r}>"
@@ -639,6 +646,30 @@ class WorkflowContext:
             ConfigError: ``change_id`` is empty.
         """
         check_name(change_id, "ctx.deprecate_patch", "change_id")
+
+    def continue_as_new(self, input: Any = None) -> NoReturn:
+        """End this generation of the run and start the next one, under the same run id, from
+        the top of the workflow with ``input``: a workflow that loops forever keeps a bounded
+        history (issue 34, item 5; docs/engine.md, Continue-as-new)::
+
+            if len(seen) >= 1000:
+                ctx.continue_as_new({"cursor": cursor})
+
+        The history so far becomes a previous generation (kept, inspectable, removed with the
+        run by retention); signals sent and not consumed carry over. Call it from the
+        workflow's own flow (not inside ``ctx.gather``). It raises a ``BaseException`` the
+        engine catches: ``except Exception`` does not stop it.
+
+        Raises:
+            PayloadError: ``input`` is not a JSON value.
+            EngineError: a remote workflow (not supported yet): its run fails with it.
+        """
+        if not getattr(self._driver, "continues_as_new", False):
+            raise EngineError(
+                "ctx.continue_as_new: a remote workflow cannot continue as new yet "
+                "(docs/engine.md, Continue-as-new)"
+            )
+        raise ContinueAsNew(normalize_json(to_json(input), "the input of ctx.continue_as_new"))
 
     # ------------------------------------------------------------------ child workflows
 

@@ -109,6 +109,12 @@ class StepKind(enum.StrEnum):
     """``ctx.child`` / ``ctx.start_child``: a child workflow run started (input: its run id,
     its input, ``onParentCancel``), settled with the child's output or error."""
 
+    CONTINUE = "continue"
+    """The mark that opens a generation after ``ctx.continue_as_new`` (``continue:run``,
+    outside the step numbering; issue 34, item 5): its input holds the generation number, the
+    last step number of the generations before it and the signals they consumed
+    (:mod:`._continue`)."""
+
 
 class StepState(enum.StrEnum):
     """Where a checkpoint stands."""

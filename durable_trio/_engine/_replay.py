@@ -30,6 +30,7 @@ _CALLS = {
     StepKind.EVENT: "ctx.set_event",
     StepKind.PATCH: "ctx.patched",
     StepKind.CANCEL: "cancel",
+    StepKind.CONTINUE: "ctx.continue_as_new",
 }
 
 PATCH_PREFIX = "patch:"
@@ -55,8 +56,13 @@ class History:
         self._patches: set[str] = set()
         self.cancel_mark: StepRecord | None = None
         """A cancel delivered inside the workflow before (the run is to end cancelled)."""
+        self.continued: StepRecord | None = None
+        """The mark that opened this generation (``ctx.continue_as_new``), or ``None``: the
+        run's first generation (:mod:`._continue`)."""
         for record in records:
-            if record.kind is StepKind.PATCH:
+            if record.kind is StepKind.CONTINUE:
+                self.continued = record
+            elif record.kind is StepKind.PATCH:
                 self._patches.add(record.name)
             elif record.kind is StepKind.CANCEL:
                 self.cancel_mark = record

@@ -34,8 +34,8 @@ from ._children import (
     wait_child,
 )
 from ._context import _CURRENT_STEP, StepInfo, WorkflowContext
+from ._continue import run_generations
 from ._errors import NonDeterminismError, StepFailed
-from ._payloads import call_workflow
 from ._records import (
     Applied,
     RunRecord,
@@ -150,6 +150,9 @@ async def fail_unsent(
 class RunDriver:
     """Drives one run (see the module docstring). Created and started by the engine."""
 
+    continues_as_new = True
+    """``ctx.continue_as_new`` works in its runs (:mod:`._continue`; a remote run's does not)."""
+
     def __init__(self, services: DriverServices, run: RunRecord, history: list[StepRecord]) -> None:
         self.services = services
         self.run = run
@@ -203,10 +206,9 @@ class RunDriver:
                 status = RunStatus.COMPLETED
                 output: Any = None
                 error = None
-                assert definition.fn is not None  # a remote workflow has a RemoteRunDriver
                 try:
-                    with self.grace:
-                        value = await call_workflow(definition.fn, ctx, run.input, run.workflow)
+                    with self.grace:  # every generation (continue-as-new: ._continue)
+                        value = await run_generations(self, definition, ctx)
                     if self.grace.cancelled_caught:
                         raise self.cancel.error(run.run_id)
                     self.history.check_exhausted()
@@ -233,7 +235,7 @@ class RunDriver:
                 if isinstance(error, dict) and error.get("type") == "NonDeterminismError":
                     services.count("nondeterminism_failures")
                 self.settling = True  # a lease renewal must not cancel the final write
-                self.final = await services.settle(run, status, output=output, error=error)
+                self.final = await services.settle(self.run, status, output=output, error=error)
                 if self.children and self.final is not None:
                     # No orphan: children it started and never awaited end with it (issue 18).
                     await self._end_children()

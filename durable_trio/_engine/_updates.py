@@ -55,6 +55,7 @@ from ._errors import (
     UpdateRejected,
     UpdateTimeout,
 )
+from ._generations import continuation_of
 from ._records import normalize_json
 from ._stores._wakes import SupportsRunWakes
 
@@ -140,6 +141,9 @@ class UpdateServant:
         self.flying = trio.Event()
         self.answered: set[str] = set()
         self.loaded = trio.Event()
+        history = getattr(driver, "history", None)
+        self.generation = continuation_of(getattr(history, "continued", None)).generation
+        """The run's generation (continue-as-new): outcomes re-apply in their own only."""
         """:meth:`load` is done: the workflow's first call waits for it."""
         self.replay: dict[int, list[dict[str, Any]]] = {}
 
@@ -165,6 +169,8 @@ class UpdateServant:
                 continue
             self.answered.add(outcome["id"])
             at = outcome.get("at")
+            if outcome.get("gen", 0) != self.generation:
+                continue  # applied in an earlier generation: its history is not replayed
             if outcome.get("status") in ("ok", "failed") and isinstance(at, int):
                 self.replay.setdefault(at, []).append(outcome)
 
@@ -184,6 +190,14 @@ class UpdateServant:
                 )
             with suppress(Exception):  # it failed the update the first time too
                 handler.fn(outcome.get("payload"))
+
+    def next_generation(self, generation: int) -> None:
+        """The run continued as new: the new generation registers its own handlers and counts
+        its calls from the start (its replay after a crash starts from its mark)."""
+        self.generation = generation
+        self.handlers.clear()
+        self.entered = 0
+        self.replay.clear()
 
     async def call(self, method: Callable[..., Any], *args: Any) -> Any:
         """One of the workflow's calls: counted, re-applying what replay holds for it."""
@@ -221,6 +235,8 @@ class UpdateServant:
                 error = {"type": type(exc).__name__, "message": str(exc)}
                 return {**outcome, "status": "rejected", "error": error}
         outcome["at"] = self.entered
+        if self.generation:
+            outcome["gen"] = self.generation
         try:
             value = normalize_json(handler.fn(payload), f"the value of update {name!r}")
         except Exception as exc:

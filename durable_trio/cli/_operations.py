@@ -159,7 +159,7 @@ async def _runs_list(ops: Operations, args: argparse.Namespace) -> int:
 
 
 async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
-    details = await ops.show_run(args.run_id)
+    details = await ops.show_run(args.run_id, generation=args.generation)
     if args.json:
         data = details.to_json()
         events = await ops.run_events(args.run_id)
@@ -172,6 +172,9 @@ async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
     owner = visible(run.owner or "—")
     print(f"created {_time(run.created_at)}  updated {_time(run.updated_at)}  owner {owner}")
     print(f"input  {_short(run.input)}")
+    if details.generation or details.previous:  # continue-as-new (issue 34)
+        previous = " ".join(map(str, details.previous)) or "—"
+        print(f"generation {details.generation}  previous {previous}")
     if run.parent is not None:
         print(f"parent {visible(run.parent)}")
     if run.tags:  # issue 34
@@ -491,6 +494,10 @@ def add_ops_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         _common(sub)
         if name == "show":
             sub.add_argument("run_id", metavar="RUN_ID")
+            sub.add_argument(
+                "--generation", type=int, default=None, metavar="N",
+                help="a previous generation's history (continue-as-new)",
+            )  # fmt: skip
         else:  # issue 34: or every run the filters match
             sub.add_argument("run_id", metavar="RUN_ID", nargs="?", default=None)
             add_bulk_arguments(sub, name)

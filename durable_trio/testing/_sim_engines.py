@@ -28,6 +28,7 @@ from .._engine._statistics import COUNTERS
 from .._engine._stores.memory import MemoryRunStore
 from .._errors import BrokerError, BrokerUnavailable
 from ..backends._backend import Backend
+from ._sim_generations import GuardedGenerations
 from .faults import BrokerFaults, FaultyKeyStore, Injector, wrap_broker
 
 if TYPE_CHECKING:
@@ -144,6 +145,11 @@ class _EngineStore:
 
     def now(self) -> float:
         return self.inner.now()
+
+    @property
+    def generations(self) -> GuardedGenerations:
+        """Continue-as-new's store calls, through this view (``_sim_generations``)."""
+        return GuardedGenerations(self)
 
     async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
         return await self._call(lambda: self.inner.create_run(run))

@@ -17,6 +17,7 @@ from .._engine import StepKind, StepRecord, StepState
 from .._engine._records import ATTEMPT_LOG_LIMIT
 from .._transport._options import DEFAULT_MAX_STALLED_COUNT
 from ._sim_children import check_children
+from ._sim_generations import check_generations, run_history
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -76,6 +77,8 @@ class Invariants:
         """(queue, job) of every job in a failed set as stalled, at the end."""
         self.children = 0
         """Child runs checked (``check_children``)."""
+        self.continued = 0
+        """Runs that continued as new (``check_generations``)."""
         self.drained_at: float | None = None
         """When the drain ended (ledger time), and its ``drain_timeout``: set by the
         simulation, to tell a run still in a durable timer from a lost one."""
@@ -84,8 +87,12 @@ class Invariants:
     async def collect(self) -> None:
         """Read what the checks need of the store and the broker (once every process is
         closed)."""
-        for run_id in self.runs.inputs:
-            self.steps[run_id] = await self.store.get_steps(run_id)
+        for run_id in self.runs.inputs:  # every generation's (continue-as-new)
+            self.steps[run_id] = await run_history(self.store, run_id)
+        # Continue-as-new (issue 34, item 5): a continued run's histories chain without gap.
+        self.continued = await check_generations(
+            self.store, sorted(self.runs.inputs), self.ledger.violation
+        )
         # Child workflows (issue 18): no child orphaned, each started once.
         self.children = await check_children(
             self.store, self.ledger.violation, gone=self.store.prunes

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._engine import RunNotSignalable, StepKind, StepState
+from ._sim_generations import run_history
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -62,7 +63,7 @@ async def check_signals(store: RecordingStore, run_ids: list[str], ledger: Ledge
     order, each the payload stored under that seq: each signal consumed once, in order."""
     for run_id in run_ids:
         consumed: dict[str, int] = {}
-        for step in await store.get_steps(run_id):
+        for step in await run_history(store, run_id):  # every generation (continue-as-new)
             if step.kind is not StepKind.SIGNAL or step.status is not StepState.COMPLETED:
                 continue
             seq = step.input.get("seq") if isinstance(step.input, dict) else None

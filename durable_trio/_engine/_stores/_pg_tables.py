@@ -166,6 +166,38 @@ RUNS_MIGRATIONS: Final = (
         """,
         "the finished runs by end time (retention)",
     ),
+    # Issue 34, item 5 (continue-as-new): a run's previous generations, run_steps' columns
+    # and the generation (_pg_generations.py).
+    Migration(
+        6,
+        """
+        CREATE TABLE {schema}.run_generations (
+            namespace text COLLATE "C" NOT NULL,
+            run_id text COLLATE "C" NOT NULL,
+            generation bigint NOT NULL,
+            step_id text COLLATE "C" NOT NULL,
+            position numeric NOT NULL,
+            kind text NOT NULL,
+            name text NOT NULL,
+            status text NOT NULL,
+            attempt bigint NOT NULL,
+            input text NOT NULL,
+            output text NOT NULL,
+            error text NOT NULL,
+            retry text NOT NULL,
+            wake_at double precision,
+            dispatched boolean NOT NULL,
+            priority bigint,
+            created_at double precision NOT NULL,
+            updated_at double precision NOT NULL,
+            heartbeat_timeout double precision,
+            heartbeat text,
+            attempts text,
+            PRIMARY KEY (namespace, run_id, generation, step_id)
+        )
+        """,
+        "a run's previous generations (continue-as-new)",
+    ),
 )
 
 RUN_COLUMNS: Final = _RUN_COLUMNS
@@ -408,6 +440,9 @@ def _prune(of_workflow: bool) -> str:
     ), steps AS (
         DELETE FROM {{schema}}.run_steps AS s USING doomed AS d
         WHERE s.namespace = $1 AND s.run_id = d.run_id
+    ), generations AS (
+        DELETE FROM {{schema}}.run_generations AS g USING doomed AS d
+        WHERE g.namespace = $1 AND g.run_id = d.run_id
     ), signals AS (
         DELETE FROM {{schema}}.run_signals AS s USING doomed AS d
         WHERE s.namespace = $1 AND s.run_id = d.run_id

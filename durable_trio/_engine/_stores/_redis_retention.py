@@ -109,6 +109,15 @@ for i = 6 + held, #ARGV, 2 do
       for _, name in ipairs(redis.call('SMEMBERS', names)) do
         redis.call('DEL', prefix .. ':signal' .. tail .. ':' .. name)
       end
+      local gens = prefix .. ':gens' .. tail  -- (its previous generations, continue-as-new)
+      for _, g in ipairs(redis.call('ZRANGE', gens, 0, -1)) do
+        local ids = prefix .. ':gsteps' .. tail .. ':' .. g
+        for _, step in ipairs(redis.call('ZRANGE', ids, 0, -1)) do
+          redis.call('DEL', prefix .. ':gstep' .. tail .. ':' .. g .. ':' .. step)
+        end
+        redis.call('DEL', ids)
+      end
+      redis.call('DEL', gens)
       local tags = redis.call('HGET', key, 'tags')  -- (its tag index entries, issue 34)
       local ok, t = pcall(cjson.decode, tags or '')
       if ok and type(t) == 'table' then

@@ -30,6 +30,7 @@ from .._records import (
     read_trace,
 )
 from .._tags import read_tags, tags_json
+from ._generation_tables import SQLITE_GENERATIONS_SCHEMA
 from ._paging import encode_cursor, skip_damaged
 
 log = logging.getLogger("durable_trio")
@@ -332,6 +333,8 @@ def create_schema(db: sqlite3.Connection) -> None:
     if "state" not in columns:
         db.execute("ALTER TABLE dt_schedules ADD COLUMN state TEXT")
     for statement in RETENTION_SCHEMA:  # issue 34: added to older files when opened
+        db.execute(statement)
+    for statement in SQLITE_GENERATIONS_SCHEMA:  # continue-as-new: added to older files too
         db.execute(statement)
 
 
@@ -824,7 +827,7 @@ _DELETE_RUN_ROWS: Final = (
     """,
     *(
         f"DELETE FROM {table} WHERE namespace = ?1 AND run_id = ?2"
-        for table in ("dt_steps", "dt_signals", "dt_events", "dt_runs")
+        for table in ("dt_steps", "dt_generations", "dt_signals", "dt_events", "dt_runs")
     ),
 )
 # A loose index scan of dt_runs_ended_workflow: one step per workflow, not per run.

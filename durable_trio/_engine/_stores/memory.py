@@ -61,6 +61,8 @@ class _Run:
     steps: dict[str, _Step] = attrs.Factory(dict)
     signals: dict[str, list[str]] = attrs.Factory(dict)
     events: dict[str, str] = attrs.Factory(dict)
+    generations: dict[int, dict[str, _Step]] = attrs.Factory(dict)
+    """Its previous generations' histories (continue-as-new: ``_generations.py``)."""
 
     def out(self) -> RunRecord:
         return RunRecord(
