@@ -173,21 +173,53 @@ def _plain(headers: list[str], rows: list[list[str]]) -> str:
     )
 
 
+FLOW_HEADERS = ["queue", "limit", "in use", "waiting", "rate (window)"]
+
+
+def flow_rows(queues: Sequence[QueueView]) -> list[list[str]]:
+    """One row per queue with a fleet-wide limit or a rate (issue 33): its limit, the slots
+    in use (its claims), the jobs waiting (ready) and its rate's current window."""
+    from ._operations import limit_text
+
+    return [
+        [q.queue, limit_text(q.limit, q.per_key), str(q.claimed if q.claimed is not None else "—"),
+         str(q.ready), q.rate_text]
+        for q in queues
+        if q.limit is not None or q.rate is not None
+    ]  # fmt: skip
+
+
+def _flow_text(queues: Sequence[QueueView]) -> str:
+    rows = flow_rows(queues)
+    return "\nflow control\n" + _plain(FLOW_HEADERS, rows) if rows else ""
+
+
 def render_text(
     groups: list[GroupHealth] | None,
     namespace: str | None,
     loss: StoreLost | None = None,
     crash_loops: Sequence[str] = (),
+    queues: Sequence[QueueView] = (),
 ) -> str:
     """A plain table (what ``health`` prints without ``--watch`` or without rich), after the
     store's loss alarm if one stands, then a line per crash-looping ``--processes`` child
-    (``crash_loops``: :attr:`HealthReader.crash_loops`)."""
+    (``crash_loops``: :attr:`HealthReader.crash_loops`), then the flow-control table of the
+    ``queues`` with a limit or a rate (:func:`flow_rows`)."""
     alarm = f"{loss}\n\n" if loss is not None else ""
     if groups is None:
-        return alarm + "no worker-key store on this backend: worker health is not available\n"
+        return (
+            alarm
+            + "no worker-key store on this backend: worker health is not available\n"
+            + _flow_text(queues)
+        )
     looping = "".join(visible(line) + "\n" for line in crash_loops)
     if not groups:
-        return alarm + f"no live workers in namespace {namespace or 'durable'!r}\n" + looping
+        return (
+            alarm
+            + f"no live workers in namespace {namespace or 'durable'!r}\n"
+            + looping
+            + _flow_text(queues)
+        )
     out = io.StringIO()
     out.write(alarm)
     out.write(_plain(HEADERS, _rows(groups)))
@@ -198,6 +230,7 @@ def render_text(
     for line in orphan_lines(groups, namespace):
         out.write(line + "\n")
     out.write(looping)
+    out.write(_flow_text(queues))
     return out.getvalue()
 
 
@@ -206,10 +239,12 @@ def health_json(
     namespace: str | None,
     loss: StoreLost | None = None,
     crash_loops: Sequence[str] = (),
+    queues: Sequence[QueueView] = (),
 ) -> dict[str, Any]:
     """What ``durable-trio health --json`` prints: camelCase keys, as every ``--json`` output
     (``groups`` is ``null`` on a backend without a worker-key store; ``storeLost`` the loss
-    alarm's message while one stands; ``crashLoops`` a line per crash-looping child)."""
+    alarm's message while one stands; ``crashLoops`` a line per crash-looping child;
+    ``flowControl`` each queue with a limit or a rate, as ``queues --json`` shows it)."""
     names = QueueNames(namespace)
     return {
         "namespace": names.prefix,
@@ -233,6 +268,9 @@ def health_json(
         ],
         "orphanedQueues": [names.tasks(g.group) for g in orphaned(groups)],
         "crashLoops": list(crash_loops),
+        "flowControl": [
+            q.to_json() for q in queues if q.limit is not None or q.rate is not None
+        ],
     }  # fmt: skip
 
 
@@ -375,6 +413,9 @@ def prometheus_text(
         "# HELP durable_trio_queue_rate_window_starts Starts in a rate-limited queue's current "
         "window (its rate: durable_trio_queue_rate per durable_trio_queue_rate_per_seconds).",
         "# TYPE durable_trio_queue_rate_window_starts gauge",
+        "# HELP durable_trio_queue_rate_window_keys For a per-key rate: the keys with a start "
+        "in their current window (durable_trio_queue_rate_window_starts is the busiest key's).",
+        "# TYPE durable_trio_queue_rate_window_keys gauge",
         "# HELP durable_trio_runs Runs in the run store by status.",
         "# TYPE durable_trio_runs gauge",
         "# HELP durable_trio_store_lost Whether the store was emptied or replaced under running "
@@ -403,6 +444,10 @@ def prometheus_text(
             lines.append(f'durable_trio_queue_rate{{queue="{q}"}} {view.rate}')
             lines.append(f'durable_trio_queue_rate_per_seconds{{queue="{q}"}} {view.rate_per:g}')
             lines.append(f'durable_trio_queue_rate_window_starts{{queue="{q}"}} {view.window}')
+            if view.rate_per_key:
+                lines.append(
+                    f'durable_trio_queue_rate_window_keys{{queue="{q}"}} {view.window_keys}'
+                )
     if runs is not None:
         for run_status in _Status:
             count = runs.get(run_status, 0)
@@ -550,12 +595,16 @@ async def run_health(
             namespace = await discover_namespace(backend)
         reader = HealthReader(backend, namespace)  # one for the whole command
         if prometheus is None and not watch_mode:
+            from .._ops import open_operations
+
             groups = await reader.read()
+            async with open_operations(backend, namespace=namespace) as ops:
+                queues = await ops.queues()  # the flow-control table (limits, rates)
+            loss, loops = reader.store_loss, reader.crash_loops
             if as_json:
-                found = health_json(groups, namespace, reader.store_loss, reader.crash_loops)
-                print(json.dumps(found, indent=2))
+                print(json.dumps(health_json(groups, namespace, loss, loops, queues), indent=2))
             else:
-                print(render_text(groups, namespace, reader.store_loss, reader.crash_loops), end="")
+                print(render_text(groups, namespace, loss, loops, queues), end="")
             return
         # The long-running modes stop on SIGINT or SIGTERM without a traceback (exit 0), as a
         # worker does; signals reach only the main thread (a test may call from another).

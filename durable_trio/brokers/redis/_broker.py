@@ -682,9 +682,11 @@ class RedisBrokerBase:
         """Store ``queue``'s fleet-wide limit (see :mod:`._slots`). Raises ConfigError."""
         await self._repair.set_queue_limit(queue, limit, per_key=per_key)
 
-    async def set_queue_rate(self, queue: str, count: int | None, per: float = 1.0) -> None:
+    async def set_queue_rate(
+        self, queue: str, count: int | None, per: float = 1.0, *, per_key: bool = False
+    ) -> None:
         """Store ``queue``'s rate limit (see :mod:`._rates`). Raises ConfigError."""
-        await self._rates.store(queue, count, per)
+        await self._rates.store(queue, count, per, per_key)
 
     async def take_starts(self, queue: str, want: int, key: str | None = None) -> RateGrant:
         """Log up to ``want`` starts of ``queue`` (``key``'s) that fit its rate (one script)."""
