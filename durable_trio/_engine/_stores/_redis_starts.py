@@ -57,6 +57,7 @@ for i = 2, #ARGV do args[#args + 1] = ARGV[i] end
 local made = create_run({KEYS[2], KEYS[3], KEYS[4]}, args)
 if made[1] == 1 then
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+  redis.call('HSET', KEYS[2], 'dedup', ARGV[1])  -- (retention deletes the key with the run)
   return {1, ARGV[3], made[2]}
 end
 return {0, ARGV[3], made[2]}

@@ -48,6 +48,8 @@ STARTS_SCHEMA: Final = (
         PRIMARY KEY (namespace, key)
     ) WITHOUT ROWID
     """,
+    # a run's dedup key row, deleted with the run by retention
+    "CREATE INDEX IF NOT EXISTS dt_dedup_keys_run ON dt_dedup_keys (namespace, run_id)",
     "CREATE INDEX IF NOT EXISTS dt_debounced_due ON dt_debounced (namespace, due_at)",
     "CREATE INDEX IF NOT EXISTS dt_debounced_run ON dt_debounced (namespace, run_id)",
 )
