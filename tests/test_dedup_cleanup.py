@@ -104,3 +104,34 @@ async def test_an_engine_s_retention_loop_cleans_the_keys(
             again = await engine.start("slow", 9, dedup_key="k0")
             assert again not in ids
             assert await dedup_rows(store) == {again}
+
+
+async def test_a_deduped_start_carries_its_tags(
+    every_store: str, store_clock: trio.testing.MockClock
+) -> None:
+    """``tags=`` with ``dedup_key=``: the run created carries the tags and is found by them; a
+    refused start (the key's run unfinished) changes nothing, its tags dropped like its
+    input."""
+    import durable_trio as dt
+
+    app = slow_app()
+    async with open_store(every_store, app.name) as (backend, store):
+        async with open_engine(app, backend, store=store) as engine:
+            t0 = trio.current_time()
+            first = await engine.start("slow", 1, dedup_key="k", tags={"customer": "c1"})
+            again = await engine.start("slow", 2, dedup_key="k", tags={"customer": "c2"})
+            assert again == first
+            assert (await engine.get(first)).tags == {"customer": "c1"}
+            async with dt.open_operations(backend, namespace=app.name) as ops:
+                found = (await ops.list_runs(tags={"customer": "c1"})).runs
+                assert [r.run_id for r in found] == [first]
+                assert (await ops.list_runs(tags={"customer": "c2"})).runs == []
+            assert await engine.result(first) == 1
+            assert trio.current_time() == t0 + 10
+            with_debounce = dt.Debounce(key="k", delay=1)
+            try:
+                await engine.start("slow", 3, debounce=with_debounce, tags={"a": "b"})
+            except dt.ConfigError as exc:
+                assert "debounce" in str(exc)
+            else:
+                raise AssertionError("tags with debounce are refused (not yet stored)")

@@ -353,7 +353,7 @@ class Engine:
                 ``timeout`` not a number.
             ConfigError: an empty ``workflow`` or ``run_id``, a bad ``timeout``,
                 ``dedup_key`` or ``tags``; ``dedup_key`` or ``debounce`` with ``run_id``,
-                ``parent``, ``tags`` or each other.
+                ``parent`` or each other; ``debounce`` with ``tags``.
             EngineClosed: the engine is closed.
         """
         check_name(workflow, "engine.start", "workflow")
@@ -379,8 +379,8 @@ class Engine:
                 f"(registered: {', '.join(self.app.workflows) or 'none'})"
             )
         checked_tags = check_tags(tags, "engine.start: tags")
-        if checked_tags and (debounce is not None or dedup_key is not None):
-            raise ConfigError("engine.start: tags cannot be given with debounce or dedup_key (yet)")
+        if checked_tags and debounce is not None:
+            raise ConfigError("engine.start: tags cannot be given with debounce (yet)")
         if debounce is not None:
             folded, due = await record_debounced_start(
                 self.store, workflow, input, debounce, timeout=seconds

@@ -27,8 +27,10 @@ import attrs
 import orjson
 import trio
 
+from .._tags import tags_json
 from ._redis_rows import fields as _fields
 from ._redis_rows import read_run as _run
+from ._redis_rows import tag_index
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -150,7 +152,9 @@ class RedisStarts:
             (key, prefix, run.run_id, run.workflow, run.status.value, orjson.dumps(run.input),
              orjson.dumps(run.output), orjson.dumps(run.error), run.owner or "",
              _num(run.lease_until), _num(now), _num(run.timeout),
-             b"" if run.trace is None else orjson.dumps(run.trace), run.parent or "", run.depth),
+             b"" if run.trace is None else orjson.dumps(run.trace), run.parent or "", run.depth,
+             tags_json(run.tags) or "",
+             *(tag_index(prefix, k, v) for k, v in run.tags.items())),
         )  # fmt: skip
         run_id = reply[1].decode()
         if reply[0] == 1:

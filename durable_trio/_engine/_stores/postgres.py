@@ -547,6 +547,8 @@ class PostgresRunStore:
                     self._s(sql.INSERT_RUN), *insert_run_params(ns, run, now)
                 )
                 if inserted.rowcount == 1:
+                    for query, params in self._tag_rows(run):  # (its tags' index rows)
+                        await conn.execute(self._s(query), *params)
                     return attrs.evolve(run, created_at=now, updated_at=now), True
                 rows = await conn.fetch(self._s(sql.GET_RUN), ns, run.run_id)
                 return _run(rows[0]), False
