@@ -16,9 +16,9 @@ scan of every run), reads their parents (a child whose parent exists unfinished 
 entry is scored again at the prune's time, so it is looked at again a retention later, not at
 every prune), then one script per shard deletes each run that is still finished and still
 ended before the cut-off: its hash, its checkpoints, its signal lists, its events, its
-entries in ``T:all``, ``T:status:ST`` and ``T:ended:WF``, and its dedup key in ``T:dedup``
-(named by the run's ``dedup`` field) while that key still names it. A script is atomic on the server, so
-a crash (of the engine or of Redis) leaves each run whole or gone.
+entries in ``T:all``, ``T:status:ST`` and ``T:ended:WF``, and its dedup key in
+``T:dedup`` (named by the run's ``dedup`` field) while that key still names it. A script is
+atomic on the server, so a crash (of the engine or of Redis) leaves each run whole or gone.
 
 Signal lists appended before the names set existed are not found by a prune (their run's other
 keys are deleted): ``docs/operations.md`` ("Retention") says how to find them.

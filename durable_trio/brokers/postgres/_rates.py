@@ -14,9 +14,7 @@ time after the wait).
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING
-
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._rates import KEY_SEPARATOR, grant, log_name, window_fields
 

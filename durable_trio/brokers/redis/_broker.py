@@ -672,8 +672,7 @@ class RedisBrokerBase:
         return await self._repair.delete_failed(queue, job_id)
 
     async def queue_stats(self, queue: str) -> QueueStats:
-        """``queue``'s counts and its oldest ready job's age (see
-        :class:`~durable_trio.brokers.SupportsQueueStats`)."""
+        """``queue``'s counts, oldest ready job's age and rate window (``SupportsQueueStats``)."""
         return await self._rates.with_window(queue, await self._repair.queue_stats(queue))
 
     async def set_queue_limit(
@@ -697,8 +696,7 @@ class RedisBrokerBase:
         await self._rates.give_back(queue, at, n, key)
 
     async def known_queues(self, prefix: str) -> list[str]:
-        """The queues named ``prefix...`` holding any job (ready, delayed, claimed or failed
-        keys; a ``SCAN``)."""
+        """The queues named ``prefix...`` with any job (ready, delayed, claimed, failed: SCAN)."""
         return await self._repair.known_queues(prefix)
 
     @property

@@ -40,7 +40,8 @@ if count and (count < 1 or count ~= math.floor(count)) then count = nil end
 if per and not (per > 0 and per < math.huge) then per = nil end
 """
 
-# KEYS: rate starts [key-index]; ARGV: want nonce [key]. Returns {granted, retry_after, at} (floats as %.17g).
+# KEYS: rate starts [key-index]; ARGV: want nonce [key].
+# Returns {granted, retry_after, at} (floats as %.17g).
 _TAKE: Final = (
     _READ_RATE
     + """
@@ -94,7 +95,8 @@ local starts = redis.call('ZCOUNT', KEYS[2], '(' .. since, '+inf')
 local per_key = redis.call('HGET', KEYS[1], 'per_key') == '1'
 local out = {count, string.format('%.17g', per), starts, per_key and 1 or 0, since}
 if per_key then
-  local keys = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. since, '+inf', 'LIMIT', 0, tonumber(ARGV[1]))
+  local keys = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. since, '+inf',
+    'LIMIT', 0, tonumber(ARGV[1]))
   for i = 1, #keys do out[#out + 1] = keys[i] end
 end
 return out
