@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import trio
 import trio.testing
 
@@ -129,6 +128,32 @@ async def test_a_deduped_start_carries_its_tags(
                 assert (await ops.list_runs(tags={"customer": "c2"})).runs == []
             assert await engine.result(first) == 1
             assert trio.current_time() == t0 + 10
-            with_debounce = dt.Debounce(key="k", delay=1)
-            with pytest.raises(dt.ConfigError, match="with debounce"):  # (not stored yet)
-                await engine.start("slow", 3, debounce=with_debounce, tags={"a": "b"})
+
+
+async def test_a_debounced_run_carries_the_latest_start_s_tags(
+    every_store: str, store_clock: trio.testing.MockClock
+) -> None:
+    """``tags=`` with ``debounce=``: the run carries the tags of the latest start folded into
+    it (like its input), indexed: found by them, not by an earlier start's."""
+    import durable_trio as dt
+
+    app = slow_app()
+    async with open_store(every_store, app.name) as (backend, store):
+        async with open_engine(app, backend, store=store) as engine:
+            t0 = trio.current_time()
+            quiet = dt.Debounce(key="user-7", delay=5)
+            first = await engine.start("slow", 1, debounce=quiet, tags={"batch": "a"})
+            await trio.sleep(2)
+            last = await engine.start("slow", 2, debounce=quiet, tags={"batch": "b", "x": "y"})
+            assert last == first
+            assert await engine.result(first) == 2
+            assert trio.current_time() == t0 + 17  # due 5 s after the last start, then 10 s
+            assert (await engine.get(first)).tags == {"batch": "b", "x": "y"}
+            async with dt.open_operations(backend, namespace=app.name) as ops:
+                found = (await ops.list_runs(tags={"batch": "b"})).runs
+                assert [r.run_id for r in found] == [first]
+                assert (await ops.list_runs(tags={"batch": "a"})).runs == []
+            plain = await engine.start("slow", 3, debounce=quiet)  # a new window, no tags
+            assert plain != first
+            assert await engine.result(plain) == 3
+            assert (await engine.get(plain)).tags == {}

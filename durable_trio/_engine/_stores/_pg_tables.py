@@ -172,6 +172,11 @@ RUNS_MIGRATIONS: Final = (
         "CREATE INDEX run_dedup_keys_run ON {schema}.run_dedup_keys (namespace, run_id)",
         "the dedup keys by run (deleted with their run by retention)",
     ),
+    Migration(
+        7,
+        "ALTER TABLE {schema}.run_debounced ADD COLUMN tags text",
+        "the tags of a debounced start (the latest start's)",
+    ),
 )
 
 RUN_COLUMNS: Final = _RUN_COLUMNS

@@ -561,7 +561,7 @@ class MemoryRunStore:
             self._pending[key] = _Pending(run, now + delay, deadline)
             return run.run_id
         pending.run = attrs.evolve(
-            pending.run, input=run.input, timeout=run.timeout, trace=run.trace
+            pending.run, input=run.input, timeout=run.timeout, trace=run.trace, tags=run.tags
         )
         due = now + delay
         pending.due_at = due if pending.deadline is None else min(due, pending.deadline)
