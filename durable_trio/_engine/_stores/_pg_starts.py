@@ -49,11 +49,15 @@ DEBOUNCE: Final = """
         due_at = LEAST(excluded.due_at, d.deadline)
     RETURNING d.run_id
 """
+# (The due keys picked once, MATERIALIZED: a LIMIT subquery joined in place may be run again
+# by the plan, and so delete more than the limit.)
 TAKE_DUE: Final = """
-    DELETE FROM {schema}.run_debounced AS d
-    USING (SELECT key FROM {schema}.run_debounced
-           WHERE namespace = $1 AND due_at <= $2::float8
-           ORDER BY due_at LIMIT $3::bigint FOR UPDATE SKIP LOCKED) AS due
+    WITH due AS MATERIALIZED (
+        SELECT key FROM {schema}.run_debounced
+        WHERE namespace = $1 AND due_at <= $2::float8
+        ORDER BY due_at LIMIT $3::bigint FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM {schema}.run_debounced AS d USING due
     WHERE d.namespace = $1 AND d.key = due.key
     RETURNING d.run_id, d.workflow, d.input, d.timeout, d.trace, d.due_at, d.tags
 """
