@@ -294,6 +294,7 @@ def _rich_table(
     namespace: str | None,
     loss: StoreLost | None = None,
     crash_loops: Sequence[str] = (),
+    queues: Sequence[QueueView] = (),
 ) -> Any:
     from rich.console import Group
     from rich.markup import escape
@@ -303,8 +304,16 @@ def _rich_table(
     if loss is not None:
         return Group(
             Text(str(loss), style="bold red"),
-            _rich_table(groups, namespace, crash_loops=crash_loops),
+            _rich_table(groups, namespace, crash_loops=crash_loops, queues=queues),
         )
+    rows = flow_rows(queues)
+    if rows:  # the flow-control table (limits, rates) under the worker tables
+        flow = Table(title="flow control", expand=False)
+        for header in FLOW_HEADERS:
+            flow.add_column(header, justify="left" if header == "queue" else "right")
+        for row in rows:
+            flow.add_row(*(escape(visible(cell)) for cell in row))
+        return Group(_rich_table(groups, namespace, crash_loops=crash_loops), flow)
 
     def shown(text: str) -> str:  # a stored string: no control character, no rich markup
         return escape(visible(text))
@@ -343,18 +352,23 @@ async def watch(
     from rich.console import Console
     from rich.live import Live
 
+    from .._ops import open_operations
+
     console = console or Console()
     reader = HealthReader(backend, namespace)
     count = 0
-    with Live(_rich_table([], namespace), console=console, auto_refresh=False) as live:
-        while iterations is None or count < iterations:
-            groups = await reader.read()
-            live.update(
-                _rich_table(groups, namespace, reader.store_loss, reader.crash_loops), refresh=True
-            )
-            count += 1
-            if iterations is None or count < iterations:
-                await trio.sleep(interval)
+    async with open_operations(backend, namespace=namespace) as ops:
+        with Live(_rich_table([], namespace), console=console, auto_refresh=False) as live:
+            while iterations is None or count < iterations:
+                groups = await reader.read()
+                queues = await ops.queues()  # (the flow-control table)
+                table = _rich_table(
+                    groups, namespace, reader.store_loss, reader.crash_loops, queues
+                )
+                live.update(table, refresh=True)
+                count += 1
+                if iterations is None or count < iterations:
+                    await trio.sleep(interval)
 
 
 def _label(value: str) -> str:
@@ -637,10 +651,14 @@ async def _serve_or_watch(
     try:
         await watch(backend, namespace, interval=interval, iterations=iterations)
     except ImportError:
+        from .._ops import open_operations
+
         count = 0
-        while iterations is None or count < iterations:  # no rich: reprint the table
-            groups = await reader.read()
-            print(render_text(groups, namespace, reader.store_loss, reader.crash_loops), flush=True)
-            count += 1
-            if iterations is None or count < iterations:
-                await trio.sleep(interval)
+        async with open_operations(backend, namespace=namespace) as ops:
+            while iterations is None or count < iterations:  # no rich: reprint the table
+                groups = await reader.read()
+                loss, loops, queues = reader.store_loss, reader.crash_loops, await ops.queues()
+                print(render_text(groups, namespace, loss, loops, queues), flush=True)
+                count += 1
+                if iterations is None or count < iterations:
+                    await trio.sleep(interval)
