@@ -604,6 +604,8 @@ class Operations:
                         stats.rate,
                         stats.rate_per,
                         stats.window,
+                        stats.rate_per_key,
+                        stats.window_keys,
                     )
                 )
                 continue

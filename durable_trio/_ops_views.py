@@ -241,7 +241,12 @@ class QueueView:
     rate_per: float | None = None
     """The rate's window, seconds."""
     window: int = 0
-    """Starts in the rate's current window (the last ``rate_per`` seconds)."""
+    """Starts in the rate's current window (the last ``rate_per`` seconds); for a per-key rate,
+    the busiest key's starts in its window."""
+    rate_per_key: bool = False
+    """The rate holds per key (``dt.Rate(..., key=...)``)."""
+    window_keys: int = 0
+    """For a per-key rate: the keys with a start in their current window."""
 
     @property
     def group(self) -> str | None:
@@ -265,15 +270,22 @@ class QueueView:
             "rate": self.rate,
             "ratePer": self.rate_per,
             "rateWindow": self.window,
+            "ratePerKey": self.rate_per_key,
+            "rateWindowKeys": self.window_keys,
         }
 
     @property
     def rate_text(self) -> str:
         """The rate and its current window as the tables show it (``3/2 per 1s``: 3 starts in
-        the current window of a rate of 2 per second; ``—``: no rate)."""
+        the current window of a rate of 2 per second; ``—``: no rate). A per-key rate shows
+        its busiest key and how many keys have an open window: ``2/2 per 1s per key, 3 keys``
+        (the busiest key has 2 starts in its window; 3 keys have at least one)."""
         if self.rate is None or self.rate_per is None:
             return "—"
-        return f"{self.window}/{self.rate} per {self.rate_per:g}s"
+        text = f"{self.window}/{self.rate} per {self.rate_per:g}s"
+        if not self.rate_per_key:
+            return text
+        return f"{text} per key, {self.window_keys} key{'' if self.window_keys == 1 else 's'}"
 
 
 @attrs.frozen

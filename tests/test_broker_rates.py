@@ -125,3 +125,46 @@ async def test_a_key_log_slides_and_a_queue_without_a_rate_grants(
     assert wait.granted == 0
     await trio.sleep(wait.retry_after + 0.05)
     assert (await b.take_starts(Q, 1, key="a")).granted == 1
+
+
+async def test_a_per_key_rate_shows_its_keys_and_the_busiest(
+    broker: Any, contract_clock: object
+) -> None:
+    """A rate stored ``per_key``: ``window`` is the busiest key's starts in its window and
+    ``window_keys`` the keys with any (the keyless log is not counted); stored keyless again,
+    the view counts the keyless log."""
+    b = rated(broker)
+    await b.set_queue_rate(Q, 3, 30.0, per_key=True)
+    stats = await broker.queue_stats(Q)
+    assert (stats.rate, stats.rate_per_key, stats.window, stats.window_keys) == (3, True, 0, 0)
+    assert (await b.take_starts(Q, 2, key="a")).granted == 2
+    assert (await b.take_starts(Q, 1, key="b")).granted == 1
+    c = await b.take_starts(Q, 1, key="c")
+    await b.return_starts(Q, c.at, 1, key="c")  # "c" has no start left in its window
+    assert (await b.take_starts(Q, 1)).granted == 1  # (the keyless log: not a key)
+    stats = await broker.queue_stats(Q)
+    assert (stats.rate, stats.rate_per, stats.rate_per_key) == (3, 30.0, True)
+    assert (stats.window, stats.window_keys) == (2, 2)
+    await b.set_queue_rate(Q, 3, 30.0)  # keyless again: the keyless log
+    stats = await broker.queue_stats(Q)
+    assert (stats.rate_per_key, stats.window, stats.window_keys) == (False, 1, 0)
+
+
+async def test_a_per_key_window_slides(broker: Any, contract_clock: object) -> None:
+    b = rated(broker)
+    per = 0.5
+    await b.set_queue_rate(Q, 2, per, per_key=True)
+    t0 = trio.current_time()
+    assert (await b.take_starts(Q, 1, key="a")).granted == 1
+    await trio.sleep_until(t0 + 0.25)
+    assert (await b.take_starts(Q, 2, key="b")).granted == 2
+    stats = await broker.queue_stats(Q)
+    assert (stats.window, stats.window_keys) == (2, 2)
+    await trio.sleep_until(t0 + 0.625)  # "a"'s start left its window, "b"'s did not
+    stats = await broker.queue_stats(Q)
+    assert (stats.window, stats.window_keys) == (2, 1)
+    await trio.sleep_until(t0 + 1.0)
+    stats = await broker.queue_stats(Q)
+    assert (stats.window, stats.window_keys) == (0, 0)
+    if contract_clock is not None:  # memory: exact, on trio's clock
+        assert (t0, trio.current_time()) == (0.0, 1.0)

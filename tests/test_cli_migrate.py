@@ -47,9 +47,9 @@ def test_check_migrate_check(postgres_url: str, capsys: pytest.CaptureFixture[st
     assert out.splitlines() == [
         f"schema '{schema}': not current",
         "part    version  newest  status",
-        "broker  0        4       not created",
+        "broker  0        5       not created",
         "keys    0        1       not created",
-        "runs    0        6       not created",
+        "runs    0        8       not created",
         "store   0        1       not created",
     ]
     assert _cli(capsys, "migrate", url, "--check")[0] == 1  # the check created nothing
@@ -58,9 +58,9 @@ def test_check_migrate_check(postgres_url: str, capsys: pytest.CaptureFixture[st
     assert (status, err) == (0, "")
     assert out.splitlines()[0] == f"schema '{schema}': current"
     assert out.splitlines()[2:] == [
-        "broker  4        4       current",
+        "broker  5        5       current",
         "keys    1        1       current",
-        "runs    6        6       current",
+        "runs    8        8       current",
         "store   1        1       current",
     ]
     assert _cli(capsys, "migrate", url, "--check")[:2] == (0, out)

@@ -55,6 +55,18 @@ async def test_watch_shows_a_running_workers_group_live(
             assert "thumbnails" in text
             assert "worker-7" in text
             assert "1/4 fixed" in text
+            assert "flow control" not in text  # (no queue with a limit or a rate)
+            limits = backend.broker
+            assert isinstance(limits, dt.brokers.SupportsQueueLimits)
+            await limits.set_queue_limit("ops:tasks:thumbnails", 2)
+            screen = io.StringIO()
+            console = Console(file=screen, width=160, force_terminal=False)
+            await watch(backend, "ops", interval=1.0, iterations=1, console=console)
+            flow = screen.getvalue().split("flow control", 1)[1]
+            row = next(line for line in flow.splitlines() if "ops:tasks:thumbnails" in line)
+            assert [cell.strip() for cell in row.strip("│ ").split("│")] == [
+                "ops:tasks:thumbnails", "2", "1", "0", "—",
+            ]  # limit 2, 1 in use, none waiting, no rate
             groups = await snapshot(backend, "ops")
             assert groups is not None
             assert "thumbnails" in render_text(groups, "ops")

@@ -448,7 +448,7 @@ async def test_attach_migrates_once(postgres_url: str) -> None:
     async with broker_on(postgres_url, schema) as broker:
         async with broker_on(postgres_url, schema):
             pass
-        assert await schema_versions(broker.pool, schema) == {"broker": 4, "store": 1}
+        assert await schema_versions(broker.pool, schema) == {"broker": 5, "store": 1}
 
 
 # -- under the transport ----------------------------------------------------------------------

@@ -229,3 +229,66 @@ async def test_a_rate_given_after_the_queue_s_loop_started_applies_to_it(
         assert loop.rate is None
         transport.handle("api", handler, rate=broker)
         assert loop.rate is broker
+
+
+async def test_a_per_key_window_is_visible_and_health_shows_flow_control(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A worker stores a per-key rate as per key; ``queues``, the console and health (its
+    text, JSON and metrics) show the busiest key's window and the keys with an open one, and
+    health shows each limited step's limit, slots in use and jobs waiting."""
+    from durable_trio.cli._health import health_json, prometheus_text, render_text
+    from durable_trio.console._fleet_view import render_queues
+
+    broker = MemoryBroker()
+    backend = dt.Backend(url="test://", broker=broker, keys=MemoryKeyStore())
+    app = dt.App("rates")
+
+    @app.step("charge", rate_limit=dt.Rate(2, per=1.0, key=lambda order: order["account"]))
+    async def charge(order: dict[str, str]) -> str:
+        return order["account"]
+
+    @app.step("slow", max_concurrency=1)
+    async def slow(n: int) -> int:
+        await trio.sleep(10)
+        return n
+
+    @app.workflow("order")
+    async def order(ctx: dt.WorkflowContext, order: dict[str, str]) -> str:
+        return str(await ctx.step("charge", order))
+
+    @app.workflow("crawl")
+    async def crawl(ctx: dt.WorkflowContext, n: int) -> int:
+        return int(await ctx.step("slow", n))
+
+    async with open_worker(app, backend, concurrency=4), open_engine(app, backend) as engine:
+        ids = [await engine.start("order", {"account": a}) for a in ("a", "a", "a", "b")]
+        for n in range(3):
+            await engine.start("crawl", n)
+        await trio.sleep_until(0.5)  # "a": 2 starts at 0 (its third waits), "b": 1
+        assert len(ids) == 4
+        async with dt.open_operations(backend, namespace="rates") as ops:
+            views = await ops.queues()
+        health = render_text([], "rates", queues=views)
+        found = health_json([], "rates", queues=views)
+    charge_view = next(v for v in views if v.group == "charge")
+    assert (charge_view.rate_per_key, charge_view.window, charge_view.window_keys) == (
+        True, 2, 2,
+    )  # fmt: skip
+    assert charge_view.rate_text == "2/2 per 1s per key, 2 keys"
+    assert charge_view.to_json()["ratePerKey"] is True
+    assert charge_view.to_json()["rateWindowKeys"] == 2
+    assert "2/2 per 1s per key, 2 keys" in str(render_queues(views, None, allow_actions=False))
+    lines = health.splitlines()
+    assert "flow control" in lines
+    header = lines[lines.index("flow control") + 1].split()
+    assert header[:4] == ["queue", "limit", "in", "use"]
+    slow_row = next(line for line in lines if line.startswith("rates:tasks:slow"))
+    assert slow_row.split() == ["rates:tasks:slow", "1", "1", "2", "—"]  # 1 in use, 2 waiting
+    charge_row = next(line for line in lines if line.startswith("rates:tasks:charge"))
+    assert "2/2 per 1s per key, 2 keys" in charge_row
+    flow = {q["group"]: q for q in found["flowControl"]}
+    assert (flow["slow"]["limit"], flow["slow"]["claimed"], flow["slow"]["ready"]) == (1, 1, 2)
+    assert flow["charge"]["rateWindowKeys"] == 2
+    metrics = prometheus_text([], namespace="rates", queues=views)
+    assert 'durable_trio_queue_rate_window_keys{queue="rates:tasks:charge"} 2' in metrics

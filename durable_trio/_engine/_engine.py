@@ -33,7 +33,7 @@ import trio
 from trio_util import RepeatedEvent, wait_any
 
 from .._arguments import check_bool, check_name, check_optional_name, check_seconds
-from .._errors import BrokerError, ConfigError, TransportClosed
+from .._errors import BrokerError, TransportClosed
 from .._transport._facade import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
 from ._adoption import Adoption
@@ -354,7 +354,7 @@ class Engine:
                 ``timeout`` not a number.
             ConfigError: an empty ``workflow`` or ``run_id``, a bad ``timeout``,
                 ``dedup_key`` or ``tags``; ``dedup_key`` or ``debounce`` with ``run_id``,
-                ``parent``, ``tags`` or each other.
+                ``parent`` or each other.
             EngineClosed: the engine is closed.
         """
         check_name(workflow, "engine.start", "workflow")
@@ -380,11 +380,9 @@ class Engine:
                 f"(registered: {', '.join(self.app.workflows) or 'none'})"
             )
         checked_tags = check_tags(tags, "engine.start: tags")
-        if checked_tags and (debounce is not None or dedup_key is not None):
-            raise ConfigError("engine.start: tags cannot be given with debounce or dedup_key (yet)")
         if debounce is not None:
             folded, due = await record_debounced_start(
-                self.store, workflow, input, debounce, timeout=seconds
+                self.store, workflow, input, debounce, timeout=seconds, tags=checked_tags
             )
             self._debounced.due(due)
             return folded

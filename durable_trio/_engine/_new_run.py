@@ -89,6 +89,7 @@ async def record_debounced_start(
     debounce: Debounce,
     *,
     timeout: float | None,  # noqa: ASYNC109 (the run's, stored; not this call's)
+    tags: dict[str, str] | None = None,
 ) -> tuple[str, float | None]:
     """Fold a start of ``workflow`` into the debounced start of ``debounce.key`` (or record
     one): the run is created, pending, when it is due (:func:`._debounced.start_due`).
@@ -110,6 +111,7 @@ async def record_debounced_start(
         updated_at=now,
         timeout=timeout,
         trace=run_trace(workflow),
+        tags=dict(tags or {}),  # (the latest start's win, like its input)
     )
     run_id = await store.debounce_run(
         scoped_key(workflow, debounce.key),

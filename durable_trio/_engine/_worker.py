@@ -352,6 +352,7 @@ async def open_worker(
                     transport.names.task_queue(name),
                     None if rate is None else rate.count,
                     1.0 if rate is None else rate.per,
+                    per_key=rate is not None and rate.key is not None,
                 )
         worker = Worker(app, transport, threads, streams)
         for name in names:

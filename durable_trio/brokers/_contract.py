@@ -484,7 +484,12 @@ class QueueStats:
     rate_per: float | None = None
     """The rate's window, seconds (``None``: no rate)."""
     window: int = 0
-    """Starts in the current window (the last ``rate_per`` seconds); 0 without a rate."""
+    """Starts in the current window (the last ``rate_per`` seconds); 0 without a rate. For a
+    per-key rate (``rate_per_key``): the busiest key's starts in its window."""
+    rate_per_key: bool = False
+    """The rate holds per key (``dt.Rate(..., key=...)``): each key has its own window."""
+    window_keys: int = 0
+    """For a per-key rate: the keys with a start in their current window (0 otherwise)."""
 
 
 @runtime_checkable
@@ -585,12 +590,17 @@ class SupportsRateLimits(Protocol):
     With a ``key`` (a per-key rate, ``dt.Rate(..., key=...)``), :meth:`take_starts` and
     :meth:`return_starts` use one log per ``(queue, key)`` held to the queue's stored rate, each
     key independent of the others and of the queue's own (keyless) log; the caller decides
-    which it uses. ``QueueStats.window`` counts the keyless log only.
+    which it uses. The stored ``per_key`` flag only tells the operator's view
+    (``QueueStats``) which logs to count: the keyless one, or the keys' (``window_keys``, and
+    the busiest key's ``window``).
     """
 
-    async def set_queue_rate(self, queue: str, count: int | None, per: float = 1.0) -> None:
+    async def set_queue_rate(
+        self, queue: str, count: int | None, per: float = 1.0, *, per_key: bool = False
+    ) -> None:
         """Store ``queue``'s rate (``count=None``: remove it), for every client of the broker
-        (the last writer wins). The log of starts is kept across changes.
+        (the last writer wins), and whether it holds per key. The log of starts is kept across
+        changes.
 
         Raises:
             ConfigError: ``count``/``per`` is not a rate (``brokers._rates.check_rate``).

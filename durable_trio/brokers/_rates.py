@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
 
@@ -20,6 +20,7 @@ __all__ = [
     "check_rate",
     "grant",
     "log_name",
+    "window_fields",
 ]
 
 #: Between a queue and a key in the name of a per-key log (``log_name``): the ASCII unit
@@ -37,6 +38,27 @@ def log_name(queue: str, key: str | None) -> str:
 MAX_RATE_COUNT = 100_000
 #: The longest window a rate may have, in seconds (one day).
 MAX_RATE_PER = 86_400.0
+
+
+def window_fields(
+    count: int | None, per: float | None, per_key: bool, counts: Sequence[int]
+) -> dict[str, Any]:
+    """The rate fields of a ``QueueStats`` (``rate``, ``rate_per``, ``window``,
+    ``rate_per_key``, ``window_keys``). ``counts``: the starts in the window of the keyless log
+    (one number), or, for a per-key rate, of each key with any (``window`` is then the busiest
+    key's, ``window_keys`` how many keys have one)."""
+    if count is None or per is None:
+        return {}
+    if not per_key:
+        return {"rate": count, "rate_per": per, "window": sum(counts)}
+    live = [n for n in counts if n > 0]
+    return {
+        "rate": count,
+        "rate_per": per,
+        "window": max(live, default=0),
+        "rate_per_key": True,
+        "window_keys": len(live),
+    }
 
 
 def check_rate(count: object, per: object) -> tuple[int, float]:
@@ -83,13 +105,20 @@ class RateLogs:
 
     def __init__(self) -> None:
         self.rates: dict[str, tuple[int, float]] = {}
+        self.per_key: set[str] = set()
+        """The queues whose rate holds per key (what the operator's view counts)."""
         self._starts: dict[str, collections.deque[float]] = {}
 
-    def set(self, queue: str, count: int | None, per: float) -> None:
+    def set(self, queue: str, count: int | None, per: float, per_key: bool = False) -> None:
         if count is None:
             self.rates.pop(queue, None)
+            self.per_key.discard(queue)
         else:
             self.rates[queue] = check_rate(count, per)
+            if per_key:
+                self.per_key.add(queue)
+            else:
+                self.per_key.discard(queue)
 
     def _live(self, queue: str, now: float, per: float) -> collections.deque[float]:
         starts = self._starts.setdefault(queue, collections.deque())
@@ -129,9 +158,14 @@ class RateLogs:
             starts.clear()
             starts.extend(kept)
 
-    def window(self, queue: str, now: float) -> tuple[int | None, float | None, int]:
-        """``(count, per, starts in the current window)``; ``(None, None, 0)``: no rate."""
+    def window(self, queue: str, now: float) -> dict[str, Any]:
+        """The rate fields of ``queue``'s ``QueueStats`` (:func:`window_fields`)."""
         rate = self.rates.get(queue)
         if rate is None:
-            return None, None, 0
-        return rate[0], rate[1], len(self._live(queue, now, rate[1]))
+            return {}
+        count, per = rate
+        if queue not in self.per_key:
+            return window_fields(count, per, False, [len(self._live(queue, now, per))])
+        prefix = log_name(queue, "")
+        names = [n for n in self._starts if n.startswith(prefix)]
+        return window_fields(count, per, True, [len(self._live(n, now, per)) for n in names])

@@ -566,9 +566,9 @@ class MemoryBroker:
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         q = self._queues.get(queue)
-        rate, per, window = self._rates.window(queue, trio.current_time())
+        rated = self._rates.window(queue, trio.current_time())
         if q is None:
-            return QueueStats(0, 0, 0, 0, rate=rate, rate_per=per, window=window)
+            return QueueStats(0, 0, 0, 0, **rated)
         oldest = min((rec.pushed_at for rec in q.waiting_records()), default=None)
         age = None if oldest is None else max(0.0, trio.current_time() - oldest)
         return QueueStats(
@@ -579,16 +579,16 @@ class MemoryBroker:
             age,
             q.limit,
             q.per_key,
-            rate,
-            per,
-            window,
+            **rated,
         )
 
-    async def set_queue_rate(self, queue: str, count: int | None, per: float = 1.0) -> None:
+    async def set_queue_rate(
+        self, queue: str, count: int | None, per: float = 1.0, *, per_key: bool = False
+    ) -> None:
         """Store ``queue``'s rate (see :class:`~durable_trio.brokers.SupportsRateLimits`)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
-        self._rates.set(queue, count, per)
+        self._rates.set(queue, count, per, per_key)
 
     async def take_starts(self, queue: str, want: int, key: str | None = None) -> RateGrant:
         """Log up to ``want`` starts of ``queue`` that fit its rate."""

@@ -173,21 +173,53 @@ def _plain(headers: list[str], rows: list[list[str]]) -> str:
     )
 
 
+FLOW_HEADERS = ["queue", "limit", "in use", "waiting", "rate (window)"]
+
+
+def flow_rows(queues: Sequence[QueueView]) -> list[list[str]]:
+    """One row per queue with a fleet-wide limit or a rate (issue 33): its limit, the slots
+    in use (its claims), the jobs waiting (ready) and its rate's current window."""
+    from ._operations import limit_text
+
+    return [
+        [q.queue, limit_text(q.limit, q.per_key), str(q.claimed if q.claimed is not None else "—"),
+         str(q.ready), q.rate_text]
+        for q in queues
+        if q.limit is not None or q.rate is not None
+    ]  # fmt: skip
+
+
+def _flow_text(queues: Sequence[QueueView]) -> str:
+    rows = flow_rows(queues)
+    return "\nflow control\n" + _plain(FLOW_HEADERS, rows) if rows else ""
+
+
 def render_text(
     groups: list[GroupHealth] | None,
     namespace: str | None,
     loss: StoreLost | None = None,
     crash_loops: Sequence[str] = (),
+    queues: Sequence[QueueView] = (),
 ) -> str:
     """A plain table (what ``health`` prints without ``--watch`` or without rich), after the
     store's loss alarm if one stands, then a line per crash-looping ``--processes`` child
-    (``crash_loops``: :attr:`HealthReader.crash_loops`)."""
+    (``crash_loops``: :attr:`HealthReader.crash_loops`), then the flow-control table of the
+    ``queues`` with a limit or a rate (:func:`flow_rows`)."""
     alarm = f"{loss}\n\n" if loss is not None else ""
     if groups is None:
-        return alarm + "no worker-key store on this backend: worker health is not available\n"
+        return (
+            alarm
+            + "no worker-key store on this backend: worker health is not available\n"
+            + _flow_text(queues)
+        )
     looping = "".join(visible(line) + "\n" for line in crash_loops)
     if not groups:
-        return alarm + f"no live workers in namespace {namespace or 'durable'!r}\n" + looping
+        return (
+            alarm
+            + f"no live workers in namespace {namespace or 'durable'!r}\n"
+            + looping
+            + _flow_text(queues)
+        )
     out = io.StringIO()
     out.write(alarm)
     out.write(_plain(HEADERS, _rows(groups)))
@@ -198,6 +230,7 @@ def render_text(
     for line in orphan_lines(groups, namespace):
         out.write(line + "\n")
     out.write(looping)
+    out.write(_flow_text(queues))
     return out.getvalue()
 
 
@@ -206,10 +239,12 @@ def health_json(
     namespace: str | None,
     loss: StoreLost | None = None,
     crash_loops: Sequence[str] = (),
+    queues: Sequence[QueueView] = (),
 ) -> dict[str, Any]:
     """What ``durable-trio health --json`` prints: camelCase keys, as every ``--json`` output
     (``groups`` is ``null`` on a backend without a worker-key store; ``storeLost`` the loss
-    alarm's message while one stands; ``crashLoops`` a line per crash-looping child)."""
+    alarm's message while one stands; ``crashLoops`` a line per crash-looping child;
+    ``flowControl`` each queue with a limit or a rate, as ``queues --json`` shows it)."""
     names = QueueNames(namespace)
     return {
         "namespace": names.prefix,
@@ -233,6 +268,9 @@ def health_json(
         ],
         "orphanedQueues": [names.tasks(g.group) for g in orphaned(groups)],
         "crashLoops": list(crash_loops),
+        "flowControl": [
+            q.to_json() for q in queues if q.limit is not None or q.rate is not None
+        ],
     }  # fmt: skip
 
 
@@ -256,6 +294,7 @@ def _rich_table(
     namespace: str | None,
     loss: StoreLost | None = None,
     crash_loops: Sequence[str] = (),
+    queues: Sequence[QueueView] = (),
 ) -> Any:
     from rich.console import Group
     from rich.markup import escape
@@ -265,8 +304,16 @@ def _rich_table(
     if loss is not None:
         return Group(
             Text(str(loss), style="bold red"),
-            _rich_table(groups, namespace, crash_loops=crash_loops),
+            _rich_table(groups, namespace, crash_loops=crash_loops, queues=queues),
         )
+    rows = flow_rows(queues)
+    if rows:  # the flow-control table (limits, rates) under the worker tables
+        flow = Table(title="flow control", expand=False)
+        for header in FLOW_HEADERS:
+            flow.add_column(header, justify="left" if header == "queue" else "right")
+        for row in rows:
+            flow.add_row(*(escape(visible(cell)) for cell in row))
+        return Group(_rich_table(groups, namespace, crash_loops=crash_loops), flow)
 
     def shown(text: str) -> str:  # a stored string: no control character, no rich markup
         return escape(visible(text))
@@ -305,18 +352,23 @@ async def watch(
     from rich.console import Console
     from rich.live import Live
 
+    from .._ops import open_operations
+
     console = console or Console()
     reader = HealthReader(backend, namespace)
     count = 0
-    with Live(_rich_table([], namespace), console=console, auto_refresh=False) as live:
-        while iterations is None or count < iterations:
-            groups = await reader.read()
-            live.update(
-                _rich_table(groups, namespace, reader.store_loss, reader.crash_loops), refresh=True
-            )
-            count += 1
-            if iterations is None or count < iterations:
-                await trio.sleep(interval)
+    async with open_operations(backend, namespace=namespace) as ops:
+        with Live(_rich_table([], namespace), console=console, auto_refresh=False) as live:
+            while iterations is None or count < iterations:
+                groups = await reader.read()
+                queues = await ops.queues()  # (the flow-control table)
+                table = _rich_table(
+                    groups, namespace, reader.store_loss, reader.crash_loops, queues
+                )
+                live.update(table, refresh=True)
+                count += 1
+                if iterations is None or count < iterations:
+                    await trio.sleep(interval)
 
 
 def _label(value: str) -> str:
@@ -375,6 +427,9 @@ def prometheus_text(
         "# HELP durable_trio_queue_rate_window_starts Starts in a rate-limited queue's current "
         "window (its rate: durable_trio_queue_rate per durable_trio_queue_rate_per_seconds).",
         "# TYPE durable_trio_queue_rate_window_starts gauge",
+        "# HELP durable_trio_queue_rate_window_keys For a per-key rate: the keys with a start "
+        "in their current window (durable_trio_queue_rate_window_starts is the busiest key's).",
+        "# TYPE durable_trio_queue_rate_window_keys gauge",
         "# HELP durable_trio_runs Runs in the run store by status.",
         "# TYPE durable_trio_runs gauge",
         "# HELP durable_trio_store_lost Whether the store was emptied or replaced under running "
@@ -403,6 +458,10 @@ def prometheus_text(
             lines.append(f'durable_trio_queue_rate{{queue="{q}"}} {view.rate}')
             lines.append(f'durable_trio_queue_rate_per_seconds{{queue="{q}"}} {view.rate_per:g}')
             lines.append(f'durable_trio_queue_rate_window_starts{{queue="{q}"}} {view.window}')
+            if view.rate_per_key:
+                lines.append(
+                    f'durable_trio_queue_rate_window_keys{{queue="{q}"}} {view.window_keys}'
+                )
     if runs is not None:
         for run_status in _Status:
             count = runs.get(run_status, 0)
@@ -550,12 +609,16 @@ async def run_health(
             namespace = await discover_namespace(backend)
         reader = HealthReader(backend, namespace)  # one for the whole command
         if prometheus is None and not watch_mode:
+            from .._ops import open_operations
+
             groups = await reader.read()
+            async with open_operations(backend, namespace=namespace) as ops:
+                queues = await ops.queues()  # the flow-control table (limits, rates)
+            loss, loops = reader.store_loss, reader.crash_loops
             if as_json:
-                found = health_json(groups, namespace, reader.store_loss, reader.crash_loops)
-                print(json.dumps(found, indent=2))
+                print(json.dumps(health_json(groups, namespace, loss, loops, queues), indent=2))
             else:
-                print(render_text(groups, namespace, reader.store_loss, reader.crash_loops), end="")
+                print(render_text(groups, namespace, loss, loops, queues), end="")
             return
         # The long-running modes stop on SIGINT or SIGTERM without a traceback (exit 0), as a
         # worker does; signals reach only the main thread (a test may call from another).
@@ -588,10 +651,14 @@ async def _serve_or_watch(
     try:
         await watch(backend, namespace, interval=interval, iterations=iterations)
     except ImportError:
+        from .._ops import open_operations
+
         count = 0
-        while iterations is None or count < iterations:  # no rich: reprint the table
-            groups = await reader.read()
-            print(render_text(groups, namespace, reader.store_loss, reader.crash_loops), flush=True)
-            count += 1
-            if iterations is None or count < iterations:
-                await trio.sleep(interval)
+        async with open_operations(backend, namespace=namespace) as ops:
+            while iterations is None or count < iterations:  # no rich: reprint the table
+                groups = await reader.read()
+                loss, loops, queues = reader.store_loss, reader.crash_loops, await ops.queues()
+                print(render_text(groups, namespace, loss, loops, queues), flush=True)
+                count += 1
+                if iterations is None or count < iterations:
+                    await trio.sleep(interval)

@@ -577,9 +577,11 @@ class _QueueLimits(FaultyBroker):
 class _RateLimits(FaultyBroker):
     # Like the limits: a stall is waited out and a dead process fails, but no per-call fault is
     # drawn (seeds that predate rate limits replay unchanged).
-    async def set_queue_rate(self, queue: str, count: int | None, per: float = 1.0) -> None:
+    async def set_queue_rate(
+        self, queue: str, count: int | None, per: float = 1.0, *, per_key: bool = False
+    ) -> None:
         await _read_job(self.injector, "set_queue_rate")
-        await self.inner.set_queue_rate(queue, count, per)
+        await self.inner.set_queue_rate(queue, count, per, per_key=per_key)
 
     async def take_starts(self, queue: str, want: int, key: str | None = None) -> RateGrant:
         await _read_job(self.injector, "take_starts")

@@ -38,31 +38,35 @@ SET_DEDUP_KEY: Final = """
     UPDATE {schema}.run_dedup_keys SET run_id = $3 WHERE namespace = $1 AND key = $2
 """
 # $1 namespace, $2 key, $3 run id, $4 workflow, $5 input, $6 timeout, $7 trace, $8 now,
-# $9 delay, $10 max wait (NULL: no deadline).
+# $9 delay, $10 max wait (NULL: no deadline), $11 tags (NULL: none; the latest start's win).
 DEBOUNCE: Final = """
     INSERT INTO {schema}.run_debounced AS d (namespace, key, run_id, workflow, input, timeout,
-        trace, due_at, deadline)
+        trace, due_at, deadline, tags)
     VALUES ($1, $2, $3, $4, $5, $6::float8, $7, $8::float8 + $9::float8,
-        $8::float8 + $10::float8)
+        $8::float8 + $10::float8, $11::text)
     ON CONFLICT (namespace, key) DO UPDATE SET input = excluded.input,
-        timeout = excluded.timeout, trace = excluded.trace,
+        timeout = excluded.timeout, trace = excluded.trace, tags = excluded.tags,
         due_at = LEAST(excluded.due_at, d.deadline)
     RETURNING d.run_id
 """
+# (The due keys picked once, MATERIALIZED: a LIMIT subquery joined in place may be run again
+# by the plan, and so delete more than the limit.)
 TAKE_DUE: Final = """
-    DELETE FROM {schema}.run_debounced AS d
-    USING (SELECT key FROM {schema}.run_debounced
-           WHERE namespace = $1 AND due_at <= $2::float8
-           ORDER BY due_at LIMIT $3::bigint FOR UPDATE SKIP LOCKED) AS due
+    WITH due AS MATERIALIZED (
+        SELECT key FROM {schema}.run_debounced
+        WHERE namespace = $1 AND due_at <= $2::float8
+        ORDER BY due_at LIMIT $3::bigint FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM {schema}.run_debounced AS d USING due
     WHERE d.namespace = $1 AND d.key = due.key
-    RETURNING d.run_id, d.workflow, d.input, d.timeout, d.trace, d.due_at
+    RETURNING d.run_id, d.workflow, d.input, d.timeout, d.trace, d.due_at, d.tags
 """
 # The run of a debounced start: pending, no owner, its input the stored JSON text.
-# $1 namespace, $2 run id, $3 workflow, $4 input, $5 now, $6 timeout, $7 trace.
+# $1 namespace, $2 run id, $3 workflow, $4 input, $5 now, $6 timeout, $7 trace, $8 tags.
 INSERT_STARTED: Final = """
     INSERT INTO {schema}.runs (namespace, run_id, workflow, input, status, created_at,
-        updated_at, timeout, trace)
-    VALUES ($1, $2, $3, $4, 'pending', $5::float8, $5::float8, $6::float8, $7)
+        updated_at, timeout, trace, tags)
+    VALUES ($1, $2, $3, $4, 'pending', $5::float8, $5::float8, $6::float8, $7, $8::text)
     ON CONFLICT (namespace, run_id) DO NOTHING
 """
 SOONEST_DEBOUNCED: Final = """

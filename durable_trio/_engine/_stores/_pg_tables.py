@@ -198,6 +198,17 @@ RUNS_MIGRATIONS: Final = (
         """,
         "a run's previous generations (continue-as-new)",
     ),
+    # Issue 33: a run's dedup key row, found by its run, is deleted with the run (retention).
+    Migration(
+        7,
+        "CREATE INDEX run_dedup_keys_run ON {schema}.run_dedup_keys (namespace, run_id)",
+        "the dedup keys by run (deleted with their run by retention)",
+    ),
+    Migration(
+        8,
+        "ALTER TABLE {schema}.run_debounced ADD COLUMN tags text",
+        "the tags of a debounced start (the latest start's)",
+    ),
 )
 
 RUN_COLUMNS: Final = _RUN_COLUMNS
@@ -426,8 +437,9 @@ _PRUNABLE: Final = f"""
 def _prune(of_workflow: bool) -> str:
     """The prune ($4 limit): the runs picked, locked (one another prune holds is skipped, not
     waited for), deleted with their checkpoints, signals, events and tag index rows (found by
-    their tags: the index's own key) in one statement (one
-    transaction: each run whole or gone)."""
+    their tags: the index's own key) and the dedup key row still naming it (a row a newer
+    run of the key took over names that run: kept) in one statement (one transaction: each
+    run whole or gone)."""
     workflow = " AND r.workflow = $3::text" if of_workflow else ""
     return f"""
     WITH doomed AS MATERIALIZED (
@@ -449,6 +461,9 @@ def _prune(of_workflow: bool) -> str:
     ), events AS (
         DELETE FROM {{schema}}.run_events AS e USING doomed AS d
         WHERE e.namespace = $1 AND e.run_id = d.run_id
+    ), dedup AS (
+        DELETE FROM {{schema}}.run_dedup_keys AS k USING doomed AS d
+        WHERE k.namespace = $1 AND k.run_id = d.run_id
     )
     DELETE FROM {{schema}}.runs AS r USING doomed AS d
     WHERE r.namespace = $1 AND r.run_id = d.run_id

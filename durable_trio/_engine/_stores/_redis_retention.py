@@ -15,9 +15,10 @@ A prune takes, per workflow, the oldest entries of ``T:ended:WF`` below the cut-
 scan of every run), reads their parents (a child whose parent exists unfinished is held: its
 entry is scored again at the prune's time, so it is looked at again a retention later, not at
 every prune), then one script per shard deletes each run that is still finished and still
-ended before the cut-off: its hash, its checkpoints, its signal lists, its events and its
-entries in ``T:all``, ``T:status:ST`` and ``T:ended:WF``. A script is atomic on the server, so
-a crash (of the engine or of Redis) leaves each run whole or gone.
+ended before the cut-off: its hash, its checkpoints, its signal lists, its events, its
+entries in ``T:all``, ``T:status:ST`` and ``T:ended:WF``, and its dedup key in
+``T:dedup`` (named by the run's ``dedup`` field) while that key still names it. A script is
+atomic on the server, so a crash (of the engine or of Redis) leaves each run whole or gone.
 
 Signal lists appended before the names set existed are not found by a prune (their run's other
 keys are deleted): ``docs/operations.md`` ("Retention") says how to find them.
@@ -124,6 +125,10 @@ for i = 6 + held, #ARGV, 2 do
         for k, v in pairs(t) do
           redis.call('ZREM', prefix .. ':tag:' .. k .. ':' .. tostring(v), id)
         end
+      end
+      local dedup = redis.call('HGET', key, 'dedup')  -- (its dedup key, if still its own)
+      if dedup and redis.call('HGET', prefix .. ':dedup', dedup) == id then
+        redis.call('HDEL', prefix .. ':dedup', dedup)
       end
       redis.call('DEL', key, steps, names, prefix .. ':events' .. tail)
       redis.call('ZREM', prefix .. ':all', id)

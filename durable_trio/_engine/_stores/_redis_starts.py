@@ -27,8 +27,10 @@ import attrs
 import orjson
 import trio
 
+from .._tags import tags_json
 from ._redis_rows import fields as _fields
 from ._redis_rows import read_run as _run
+from ._redis_rows import tag_index
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -57,24 +59,27 @@ for i = 2, #ARGV do args[#args + 1] = ARGV[i] end
 local made = create_run({KEYS[2], KEYS[3], KEYS[4]}, args)
 if made[1] == 1 then
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+  redis.call('HSET', KEYS[2], 'dedup', ARGV[1])  -- (retention deletes the key with the run)
   return {1, ARGV[3], made[2]}
 end
 return {0, ARGV[3], made[2]}
 """
 
 # KEYS: row, due, ids. ARGV: key, run id, workflow, input, timeout, trace, now + delay,
-# now + max_wait ('' = none). Returns the run id the start is folded into.
+# now + max_wait ('' = none), tags ('' = none; the latest start's win). Returns the run id the
+# start is folded into.
 _DEBOUNCE: Final = """
 local id = redis.call('HGET', KEYS[1], 'run_id')
 local due = ARGV[7]
 if id then
   local deadline = redis.call('HGET', KEYS[1], 'deadline')
   if deadline and deadline ~= '' and tonumber(deadline) < tonumber(due) then due = deadline end
-  redis.call('HSET', KEYS[1], 'input', ARGV[4], 'timeout', ARGV[5], 'trace', ARGV[6])
+  redis.call('HSET', KEYS[1], 'input', ARGV[4], 'timeout', ARGV[5], 'trace', ARGV[6],
+    'tags', ARGV[9])
 else
   id = ARGV[2]
   redis.call('HSET', KEYS[1], 'run_id', id, 'workflow', ARGV[3], 'input', ARGV[4],
-    'timeout', ARGV[5], 'trace', ARGV[6], 'deadline', ARGV[8])
+    'timeout', ARGV[5], 'trace', ARGV[6], 'deadline', ARGV[8], 'tags', ARGV[9])
   redis.call('HSET', KEYS[3], id, ARGV[1])
 end
 redis.call('ZADD', KEYS[2], due, ARGV[1])
@@ -88,14 +93,18 @@ local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumb
 local out = {}
 for _, key in ipairs(due) do
   local row = prefix .. ':debounce:' .. string.len(key) .. ':' .. key
-  local f = redis.call('HMGET', row, 'run_id', 'workflow', 'input', 'timeout', 'trace')
+  local f = redis.call('HMGET', row, 'run_id', 'workflow', 'input', 'timeout', 'trace', 'tags')
   redis.call('DEL', row)
   redis.call('ZREM', KEYS[1], key)
   if f[1] then
     redis.call('HDEL', KEYS[2], f[1])
-    local made = create_run({prefix .. ':run:' .. f[1], KEYS[3], KEYS[4]},
-      {prefix, f[1], f[2], 'pending', f[3], 'null', 'null', '', '', now, f[4] or '',
-       f[5] or '', '', '0'})
+    local args = {prefix, f[1], f[2], 'pending', f[3], 'null', 'null', '', '', now, f[4] or '',
+      f[5] or '', '', '0', f[6] or ''}
+    local ok, t = pcall(cjson.decode, f[6] or '')  -- (its tags' index keys, issue 34)
+    if ok and type(t) == 'table' then
+      for k, v in pairs(t) do args[#args + 1] = prefix .. ':tag:' .. k .. ':' .. tostring(v) end
+    end
+    local made = create_run({prefix .. ':run:' .. f[1], KEYS[3], KEYS[4]}, args)
     if made[1] == 1 then out[#out + 1] = f[1] end
   end
 end
@@ -149,7 +158,9 @@ class RedisStarts:
             (key, prefix, run.run_id, run.workflow, run.status.value, orjson.dumps(run.input),
              orjson.dumps(run.output), orjson.dumps(run.error), run.owner or "",
              _num(run.lease_until), _num(now), _num(run.timeout),
-             b"" if run.trace is None else orjson.dumps(run.trace), run.parent or "", run.depth),
+             b"" if run.trace is None else orjson.dumps(run.trace), run.parent or "", run.depth,
+             tags_json(run.tags) or "",
+             *(tag_index(prefix, k, v) for k, v in run.tags.items())),
         )  # fmt: skip
         run_id = reply[1].decode()
         if reply[0] == 1:
@@ -169,7 +180,7 @@ class RedisStarts:
             (self._row(prefix, key), f"{prefix}:debounce-due", f"{prefix}:debounce-ids"),
             (key, run.run_id, run.workflow, orjson.dumps(run.input), _num(run.timeout),
              b"" if run.trace is None else orjson.dumps(run.trace), _num(now + delay),
-             "" if max_wait is None else _num(now + max_wait)),
+             "" if max_wait is None else _num(now + max_wait), tags_json(run.tags) or ""),
         )  # fmt: skip
         return bytes(reply).decode()
 

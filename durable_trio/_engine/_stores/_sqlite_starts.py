@@ -11,6 +11,7 @@ import attrs
 import orjson
 
 from .._records import RunRecord, RunStatus, read_trace
+from .._tags import read_tags, tags_json
 from . import _sqlite_tables as tables
 
 if TYPE_CHECKING:
@@ -48,15 +49,21 @@ STARTS_SCHEMA: Final = (
         PRIMARY KEY (namespace, key)
     ) WITHOUT ROWID
     """,
+    # a run's dedup key row, deleted with the run by retention
+    "CREATE INDEX IF NOT EXISTS dt_dedup_keys_run ON dt_dedup_keys (namespace, run_id)",
     "CREATE INDEX IF NOT EXISTS dt_debounced_due ON dt_debounced (namespace, due_at)",
     "CREATE INDEX IF NOT EXISTS dt_debounced_run ON dt_debounced (namespace, run_id)",
 )
 
 
 def create_schema(db: sqlite3.Connection) -> None:
-    """The tables (issue 33, item 4), added to a file written before them when it is opened."""
+    """The tables (issue 33, item 4), added to a file written before them when it is opened;
+    a ``dt_debounced`` made before tags gets its ``tags`` column (NULL: none)."""
     for statement in STARTS_SCHEMA:
         db.execute(statement)
+    columns = {str(row[1]) for row in db.execute("PRAGMA table_info(dt_debounced)")}
+    if "tags" not in columns:
+        db.execute("ALTER TABLE dt_debounced ADD COLUMN tags TEXT")
 
 
 def create_run_deduped(
@@ -91,19 +98,20 @@ def debounce_run(
         "SELECT run_id, deadline FROM dt_debounced WHERE namespace = ? AND key = ?", (ns, key)
     ).fetchone()
     trace = None if run.trace is None else tables.dumps(run.trace)
+    tags = tags_json(run.tags)
     if row is None:
         db.execute(
             "INSERT INTO dt_debounced (namespace, key, run_id, workflow, input, timeout, trace, "
-            "due_at, deadline) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "due_at, deadline, tags) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (ns, key, run.run_id, run.workflow, tables.dumps(run.input), run.timeout, trace,
-             now + delay, None if max_wait is None else now + max_wait),
+             now + delay, None if max_wait is None else now + max_wait, tags),
         )  # fmt: skip
         return run.run_id
     due = now + delay if row[1] is None else min(now + delay, float(row[1]))
     db.execute(
-        "UPDATE dt_debounced SET input = ?, timeout = ?, trace = ?, due_at = ? "
+        "UPDATE dt_debounced SET input = ?, timeout = ?, trace = ?, due_at = ?, tags = ? "
         "WHERE namespace = ? AND key = ?",
-        (tables.dumps(run.input), run.timeout, trace, due, ns, key),
+        (tables.dumps(run.input), run.timeout, trace, due, tags, ns, key),
     )
     return str(row[0])
 
@@ -112,12 +120,12 @@ def start_debounced(
     ns: str, limit: int, now: float, db: sqlite3.Connection
 ) -> tuple[list[RunRecord], float | None]:
     due = db.execute(
-        "SELECT key, run_id, workflow, input, timeout, trace FROM dt_debounced "
+        "SELECT key, run_id, workflow, input, timeout, trace, tags FROM dt_debounced "
         "WHERE namespace = ? AND due_at <= ? ORDER BY due_at LIMIT ?",
         (ns, now, limit),
     ).fetchall()
     created: list[RunRecord] = []
-    for key, run_id, workflow, text, timeout, trace in due:
+    for key, run_id, workflow, text, timeout, trace, tags in due:
         db.execute("DELETE FROM dt_debounced WHERE namespace = ? AND key = ?", (ns, key))
         run = RunRecord(
             run_id=run_id,
@@ -128,6 +136,7 @@ def start_debounced(
             updated_at=now,
             timeout=timeout,
             trace=read_trace(trace),
+            tags=read_tags(tags),
         )
         stored, fresh = tables.create_run(ns, run, now, db)
         if fresh:

@@ -829,6 +829,9 @@ _DELETE_RUN_ROWS: Final = (
         f"DELETE FROM {table} WHERE namespace = ?1 AND run_id = ?2"
         for table in ("dt_steps", "dt_generations", "dt_signals", "dt_events", "dt_runs")
     ),
+    # the dedup key row still naming it (issue 33; one a newer run of the key took over names
+    # that run, and stays)
+    "DELETE FROM dt_dedup_keys WHERE namespace = ?1 AND run_id = ?2",
 )
 # A loose index scan of dt_runs_ended_workflow: one step per workflow, not per run.
 _FINISHED_WORKFLOWS: Final = f"""

@@ -154,6 +154,7 @@ class MemoryRunStore:
         self._schedules: dict[str, tuple[str, float | None]] = {}
         self._schedule_states: dict[str, str] = {}
         self._dedup: dict[str, str] = {}  # dedup key -> the run last created under it
+        self._dedup_key_of: dict[str, str] = {}  # run -> its dedup key (deleted with it)
         self._pending: dict[str, _Pending] = {}  # debounce key -> its start not yet started
         self._tagged: dict[tuple[str, str], dict[str, None]] = {}
         """(key, value) -> the ids of the runs tagged so, in creation order (issue 34)."""
@@ -548,6 +549,7 @@ class MemoryRunStore:
         stored, created = self._create(run)
         if created:
             self._dedup[key] = stored.run_id
+            self._dedup_key_of[stored.run_id] = key
         return stored, created
 
     async def debounce_run(
@@ -561,7 +563,7 @@ class MemoryRunStore:
             self._pending[key] = _Pending(run, now + delay, deadline)
             return run.run_id
         pending.run = attrs.evolve(
-            pending.run, input=run.input, timeout=run.timeout, trace=run.trace
+            pending.run, input=run.input, timeout=run.timeout, trace=run.trace, tags=run.tags
         )
         due = now + delay
         pending.due_at = due if pending.deadline is None else min(due, pending.deadline)
@@ -613,6 +615,9 @@ class MemoryRunStore:
         pruned = [run.run_id for run in self._prunable(ended_before, workflow)[:limit]]
         for run_id in pruned:  # no checkpoint in between: atomic
             gone = self._runs.pop(run_id)
+            key = self._dedup_key_of.pop(run_id, None)  # its dedup key, if still its own
+            if key is not None and self._dedup.get(key) == run_id:
+                del self._dedup[key]
             for tag in gone.tags.items():  # its tag index entries (issue 34)
                 ids = self._tagged.get(tag)
                 if ids is not None:

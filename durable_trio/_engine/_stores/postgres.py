@@ -38,7 +38,7 @@ from ..._errors import BrokerError, BrokerUnavailable
 from ..._postgres import WriteBatcher
 from ..._postgres._migrations import migrate, quote_ident
 from .._records import Applied, RunPage, RunRecord, RunStatus, StepRecord, StepState, read_trace
-from .._tags import check_tags, tags_json
+from .._tags import check_tags, read_tags, tags_json
 from . import _pg_starts as starts
 from . import _pg_tables as sql
 from ._paging import check_page, decode_cursor, encode_cursor, skip_damaged
@@ -547,6 +547,8 @@ class PostgresRunStore:
                     self._s(sql.INSERT_RUN), *insert_run_params(ns, run, now)
                 )
                 if inserted.rowcount == 1:
+                    for query, params in self._tag_rows(run):  # (its tags' index rows)
+                        await conn.execute(self._s(query), *params)
                     return attrs.evolve(run, created_at=now, updated_at=now), True
                 rows = await conn.fetch(self._s(sql.GET_RUN), ns, run.run_id)
                 return _run(rows[0]), False
@@ -558,7 +560,8 @@ class PostgresRunStore:
     ) -> str:
         now, query = self.now(), self._s(starts.DEBOUNCE)
         params = (self._ns, key, run.run_id, run.workflow, dumps(run.input), run.timeout,
-                  _optional_dumps(run.trace), now, delay, max_wait)  # fmt: skip
+                  _optional_dumps(run.trace), now, delay, max_wait,
+                  tags_json(run.tags))  # fmt: skip
         rows = await self._write(lambda: self._pool.fetch(query, *params))
         return str(rows[0][0])
 
@@ -569,16 +572,21 @@ class PostgresRunStore:
             async with self._pool.transaction() as conn:
                 due = await conn.fetch(self._s(starts.TAKE_DUE), ns, now, limit)
                 created: list[RunRecord] = []
-                for run_id, workflow, text, timeout, trace, _ in sorted(due, key=lambda r: r[5]):
+                for run_id, workflow, text, timeout, trace, _, tags in sorted(
+                    due, key=lambda r: r[5]
+                ):
                     inserted = await conn.execute(
                         self._s(starts.INSERT_STARTED), ns, run_id, workflow, text, now, timeout,
-                        trace,
+                        trace, tags,
                     )  # fmt: skip
                     if inserted.rowcount == 1:
-                        created.append(RunRecord(
+                        run = RunRecord(
                             run_id, workflow, orjson.loads(text), RunStatus.PENDING, now, now,
-                            timeout=timeout, trace=read_trace(trace),
-                        ))  # fmt: skip
+                            timeout=timeout, trace=read_trace(trace), tags=read_tags(tags),
+                        )  # fmt: skip
+                        for query, params in self._tag_rows(run):  # (its tags' index rows)
+                            await conn.execute(self._s(query), *params)
+                        created.append(run)
                 soonest = await conn.fetchval(self._s(starts.SOONEST_DEBOUNCED), ns)
                 return created, None if soonest is None else float(soonest)
 

@@ -450,12 +450,14 @@ class PostgresBroker:
         channel = self._wakeups.channel(queue)
         await self._call(self._ops.store_limit, queue, limit, per_key, channel)
 
-    async def set_queue_rate(self, queue: str, count: int | None, per: float = 1.0) -> None:
+    async def set_queue_rate(
+        self, queue: str, count: int | None, per: float = 1.0, *, per_key: bool = False
+    ) -> None:
         """Store ``queue``'s rate limit (``None``: remove it) for every broker on the schema
         (see :class:`~durable_trio.brokers.SupportsRateLimits` and :mod:`._rates`)."""
         if count is not None:
             count, per = check_rate(count, per)
-        await self._call(self._rates.store, queue, count, per)
+        await self._call(self._rates.store, queue, count, per, per_key)
 
     async def take_starts(self, queue: str, want: int, key: str | None = None) -> RateGrant:
         """Log up to ``want`` starts of ``queue`` (of its ``key``) that fit its rate (one
@@ -523,8 +525,8 @@ class PostgresBroker:
     async def queue_stats(self, queue: str) -> QueueStats:
         """``queue``'s counts and its oldest ready job's age, in one statement."""
         stats = await self._call(self._ops.queue_stats, queue)
-        count, per, window = await self._call(self._rates.window, queue)
-        return attrs.evolve(stats, rate=count, rate_per=per, window=window)
+        rated = await self._call(self._rates.window, queue)
+        return attrs.evolve(stats, **rated)
 
     async def quarantined(self, queue: str, *, limit: int = 100) -> list[QuarantinedEntry]:
         """The rows of ``queue`` whose id could not be read, moved aside by a pop or a sweep,

@@ -14,14 +14,14 @@ time after the wait).
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from .._rates import KEY_SEPARATOR, grant, log_name
+from .._rates import KEY_SEPARATOR, grant, log_name, window_fields
 
 if TYPE_CHECKING:
     from ..._postgres import PgPool
 
-__all__ = ["RATE_MIGRATION", "Rates"]
+__all__ = ["RATE_MIGRATION", "RATE_PER_KEY_MIGRATION", "Rates"]
 
 #: The broker's migration step 4: the rates and their logs.
 RATE_MIGRATION = """
@@ -36,6 +36,12 @@ CREATE TABLE {schema}.broker_rate_starts (
     at double precision NOT NULL
 );
 CREATE INDEX broker_rate_starts_queue ON {schema}.broker_rate_starts (queue, at);
+"""
+
+#: The broker's migration step 5: whether a rate holds per key (what the operator's view
+#: counts: the keyless log, or each key's). A constant default: added without a rewrite.
+RATE_PER_KEY_MIGRATION = """
+ALTER TABLE {schema}.broker_rates ADD COLUMN per_key boolean NOT NULL DEFAULT false;
 """
 
 _NOW = "extract(epoch FROM clock_timestamp())::float8"
@@ -54,8 +60,9 @@ class Rates:
         s = schema
         self._raw_schema = raw_schema
         self._set = (
-            f"INSERT INTO {s}.broker_rates (queue, count, per) VALUES ($1, $2, $3) "
-            "ON CONFLICT (queue) DO UPDATE SET count = excluded.count, per = excluded.per"
+            f"INSERT INTO {s}.broker_rates (queue, count, per, per_key) VALUES ($1, $2, $3, $4) "
+            "ON CONFLICT (queue) DO UPDATE SET count = excluded.count, per = excluded.per, "
+            "per_key = excluded.per_key"
         )
         self._delete = f"DELETE FROM {s}.broker_rates WHERE queue = $1"
         self._lock_and_read = (
@@ -78,16 +85,22 @@ class Rates:
             f"{s}.broker_rate_starts WHERE queue = $1 AND at = $2 ORDER BY pk DESC LIMIT $3)"
         )
         self._window = (
-            f"SELECT r.count, r.per, (SELECT count(*) FROM {s}.broker_rate_starts AS t "
-            f"WHERE t.queue = $1 AND t.at > {_NOW} - r.per) "
+            f"SELECT r.count, r.per, r.per_key, (SELECT count(*) FROM {s}.broker_rate_starts AS t "
+            f"WHERE t.queue = $1 AND t.at > {_NOW} - r.per), {_NOW} "
             f"FROM {s}.broker_rates AS r WHERE r.queue = $1"
         )
+        self._key_windows = (
+            f"SELECT count(*) FROM {s}.broker_rate_starts "
+            "WHERE queue > $1 AND queue < $2 AND at > $3 GROUP BY queue"
+        )
 
-    async def store(self, pool: PgPool, queue: str, count: int | None, per: float) -> None:
+    async def store(
+        self, pool: PgPool, queue: str, count: int | None, per: float, per_key: bool = False
+    ) -> None:
         if count is None:
             await pool.execute(self._delete, queue)
         else:
-            await pool.execute(self._set, queue, count, per)
+            await pool.execute(self._set, queue, count, per, per_key)
 
     async def take(
         self, pool: PgPool, queue: str, want: int, key: str | None = None
@@ -124,8 +137,21 @@ class Rates:
     async def give_back(self, pool: PgPool, queue: str, at: float, n: int) -> None:
         await pool.execute(self._give_back, queue, at, n)
 
-    async def window(self, pool: PgPool, queue: str) -> tuple[int | None, float | None, int]:
+    async def window(self, pool: PgPool, queue: str) -> dict[str, Any]:
+        """The rate fields of ``queue``'s ``QueueStats`` (``window_fields``): a per-key rate
+        counts each key's log (one grouped scan of the queue's keys, on the index)."""
         row = await pool.fetchrow(self._window, queue)
         if row is None:
-            return None, None, 0
-        return int(row[0]), float(row[1]), int(row[2])
+            return {}
+        count, per = int(row[0]), float(row[1])
+        if not row[2]:
+            return window_fields(count, per, False, [int(row[3])])
+        rows = (
+            await pool.fetch(
+                self._key_windows,
+                queue + KEY_SEPARATOR,
+                queue + chr(ord(KEY_SEPARATOR) + 1),
+                float(row[4]) - per,
+            )
+        )
+        return window_fields(count, per, True, [int(r[0]) for r in rows])

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Final
 
 from ..._postgres import Migration
-from ._rates import RATE_MIGRATION
+from ._rates import RATE_MIGRATION, RATE_PER_KEY_MIGRATION
 
 __all__ = ["MIGRATIONS", "PART"]
 
@@ -121,4 +121,5 @@ MIGRATIONS: Final = (
     Migration(2, _V2, "the jobs table's vacuum settings"),
     Migration(3, _V3, "fleet-wide concurrency limits: the jobs' keys, the limits table"),
     Migration(4, RATE_MIGRATION, "rate limits: the rates and their logs of starts"),
+    Migration(5, RATE_PER_KEY_MIGRATION, "rate limits: whether a rate holds per key"),
 )

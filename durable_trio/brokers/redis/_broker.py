@@ -672,8 +672,7 @@ class RedisBrokerBase:
         return await self._repair.delete_failed(queue, job_id)
 
     async def queue_stats(self, queue: str) -> QueueStats:
-        """``queue``'s counts and its oldest ready job's age (see
-        :class:`~durable_trio.brokers.SupportsQueueStats`)."""
+        """``queue``'s counts, oldest ready job's age and rate window (``SupportsQueueStats``)."""
         return await self._rates.with_window(queue, await self._repair.queue_stats(queue))
 
     async def set_queue_limit(
@@ -682,9 +681,11 @@ class RedisBrokerBase:
         """Store ``queue``'s fleet-wide limit (see :mod:`._slots`). Raises ConfigError."""
         await self._repair.set_queue_limit(queue, limit, per_key=per_key)
 
-    async def set_queue_rate(self, queue: str, count: int | None, per: float = 1.0) -> None:
+    async def set_queue_rate(
+        self, queue: str, count: int | None, per: float = 1.0, *, per_key: bool = False
+    ) -> None:
         """Store ``queue``'s rate limit (see :mod:`._rates`). Raises ConfigError."""
-        await self._rates.store(queue, count, per)
+        await self._rates.store(queue, count, per, per_key)
 
     async def take_starts(self, queue: str, want: int, key: str | None = None) -> RateGrant:
         """Log up to ``want`` starts of ``queue`` (``key``'s) that fit its rate (one script)."""
@@ -695,8 +696,7 @@ class RedisBrokerBase:
         await self._rates.give_back(queue, at, n, key)
 
     async def known_queues(self, prefix: str) -> list[str]:
-        """The queues named ``prefix...`` holding any job (ready, delayed, claimed or failed
-        keys; a ``SCAN``)."""
+        """The queues named ``prefix...`` with any job (ready, delayed, claimed, failed: SCAN)."""
         return await self._repair.known_queues(prefix)
 
     @property

@@ -6,7 +6,11 @@ tag (one slot on a Cluster):
   time on the server's clock (``TIME``). A take is one script run (it runs alone on the
   server, so its count is exact): it drops the members out of the window, counts the rest,
   and adds what fits, members unique per call (a random nonce and their place in it). The log
-  expires a little after its window: an idle queue leaves nothing behind.
+  expires a little after its window: an idle queue leaves nothing behind;
+- ``{Q}:starts:<key>``: a key's log, for a per-key rate (``per_key`` in ``{Q}:rate``);
+- ``{Q}:rate-keys``: the keys with a start in their window (a sorted set scored by each key's
+  last start), kept by the per-key takes, so the operator's view finds the keys' logs
+  without scanning; it expires with its newest log.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from .._contract import QueueStats, RateGrant
-from .._rates import check_rate
+from .._rates import check_rate, window_fields
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -36,7 +40,8 @@ if count and (count < 1 or count ~= math.floor(count)) then count = nil end
 if per and not (per > 0 and per < math.huge) then per = nil end
 """
 
-# KEYS: rate starts; ARGV: want nonce. Returns {granted, retry_after, at} (floats as %.17g).
+# KEYS: rate starts [key-index]; ARGV: want nonce [key].
+# Returns {granted, retry_after, at} (floats as %.17g).
 _TAKE: Final = (
     _READ_RATE
     + """
@@ -53,6 +58,11 @@ if n < count then
     redis.call('ZADD', KEYS[2], at, at .. ':' .. ARGV[2] .. ':' .. i)
   end
   redis.call('PEXPIRE', KEYS[2], math.ceil(per * 1000) + 1000)
+  if KEYS[3] then
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', string.format('%.17g', now - per))
+    redis.call('ZADD', KEYS[3], at, ARGV[3])
+    redis.call('PEXPIRE', KEYS[3], math.ceil(per * 1000) + 1000)
+  end
   return {granted, '0', at}
 end
 local oldest = redis.call('ZRANGE', KEYS[2], n - count, n - count, 'WITHSCORES')
@@ -69,15 +79,27 @@ end
 return #gone
 """
 
-# KEYS: rate starts. Returns {} (no rate) or {count, per, starts in the window}.
+#: The most keys of a per-key rate the operator's view counts.
+MAX_WINDOW_KEYS: Final = 10_000
+
+# KEYS: rate starts key-index; ARGV: max keys. Returns {} (no rate) or {count, per, starts in
+# the keyless window, per_key, since, the keys with a start in their window...}.
 _WINDOW: Final = (
     _READ_RATE
     + """
 if not count or not per then
   return {}
 end
-local starts = redis.call('ZCOUNT', KEYS[2], '(' .. string.format('%.17g', now - per), '+inf')
-return {count, string.format('%.17g', per), starts}
+local since = string.format('%.17g', now - per)
+local starts = redis.call('ZCOUNT', KEYS[2], '(' .. since, '+inf')
+local per_key = redis.call('HGET', KEYS[1], 'per_key') == '1'
+local out = {count, string.format('%.17g', per), starts, per_key and 1 or 0, since}
+if per_key then
+  local keys = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. since, '+inf',
+    'LIMIT', 0, tonumber(ARGV[1]))
+  for i = 1, #keys do out[#out + 1] = keys[i] end
+end
+return out
 """
 )
 
@@ -97,20 +119,32 @@ class RedisRates:
     def _keys(self, queue: str, key: str | None = None) -> tuple[str, str]:
         """The rate's key and the log's: ``{Q}:starts``, or ``{Q}:starts:<key>`` for a key
         (under the same hash tag; each expires on its own when idle)."""
-        tag = self._queue(queue).limit_key.removesuffix(":limit")  # ("{Q}": its hash tag)
+        tag = self._tag(queue)
         starts = f"{tag}:starts" if key is None else f"{tag}:starts:{key}"
         return f"{tag}:rate", starts
 
-    async def store(self, queue: str, count: int | None, per: float) -> None:
+    def _tag(self, queue: str) -> str:
+        return self._queue(queue).limit_key.removesuffix(":limit")  # ("{Q}": its hash tag)
+
+    async def store(
+        self, queue: str, count: int | None, per: float, per_key: bool = False
+    ) -> None:
         rate_key, _ = self._keys(queue)
         if count is None:
             await self._client.execute("DEL", rate_key)
             return
         count, per = check_rate(count, per)
-        await self._client.execute("HSET", rate_key, "count", count, "per", repr(per))
+        await self._client.execute(
+            "HSET", rate_key, "count", count, "per", repr(per), "per_key", int(per_key)
+        )
 
     async def take(self, queue: str, want: int, key: str | None = None) -> RateGrant:
-        reply: Any = await self._take(self._keys(queue, key), (want, secrets.token_hex(6)))
+        nonce = secrets.token_hex(6)
+        if key is None:
+            reply: Any = await self._take(self._keys(queue), (want, nonce))
+        else:
+            keys = (*self._keys(queue, key), f"{self._tag(queue)}:rate-keys")
+            reply = await self._take(keys, (want, nonce, key))
         return RateGrant(int(reply[0]), float(reply[1]), float(reply[2]))
 
     async def give_back(self, queue: str, at: float, n: int, key: str | None = None) -> None:
@@ -118,10 +152,24 @@ class RedisRates:
         await self._give_back((starts_key,), (repr(at), n))
 
     async def with_window(self, queue: str, stats: QueueStats) -> QueueStats:
-        """``stats`` with the queue's rate and its current window."""
-        reply: Any = await self._window(self._keys(queue))
+        """``stats`` with the queue's rate and its current window (for a per-key rate: each
+        key's, at most :data:`MAX_WINDOW_KEYS` keys, counted in one pipeline on the queue's
+        slot)."""
+        reply: Any = await self._window(
+            (*self._keys(queue), f"{self._tag(queue)}:rate-keys"), (MAX_WINDOW_KEYS,)
+        )
         if not reply:
             return stats
-        return attrs.evolve(
-            stats, rate=int(reply[0]), rate_per=float(reply[1]), window=int(reply[2])
+        count, per = int(reply[0]), float(reply[1])
+        if not int(reply[3]):
+            return attrs.evolve(stats, **window_fields(count, per, False, [int(reply[2])]))
+        since = reply[4].decode() if isinstance(reply[4], bytes) else str(reply[4])
+        names = [k.decode() if isinstance(k, bytes) else str(k) for k in reply[5:]]
+        counts = (
+            await self._client.pipeline(
+                [("ZCOUNT", self._keys(queue, k)[1], f"({since}", "+inf") for k in names]
+            )
+            if names
+            else []
         )
+        return attrs.evolve(stats, **window_fields(count, per, True, [int(c) for c in counts]))

@@ -417,12 +417,14 @@ class SqliteBroker:
             partial(ops.set_limit, queue, limit, per_key), write=True, ring=queue
         )
         self._wakeups.ring(queue)
-    async def set_queue_rate(self, queue: str, count: int | None, per: float = 1.0) -> None:
+    async def set_queue_rate(
+        self, queue: str, count: int | None, per: float = 1.0, *, per_key: bool = False
+    ) -> None:
         """Store ``queue``'s rate limit in the file, for every process (see
         :class:`~durable_trio.brokers.SupportsRateLimits`)."""
         if count is not None:
             count, per = check_rate(count, per)
-        await self._call(partial(rates.set_rate, queue, count, per), write=True)
+        await self._call(partial(rates.set_rate, queue, count, per, per_key), write=True)
 
     async def take_starts(self, queue: str, want: int, key: str | None = None) -> RateGrant:
         """Log up to ``want`` starts of ``queue`` (of its ``key``) that fit its rate (one
@@ -503,9 +505,8 @@ class SqliteBroker:
         file), TEXT, BLOB or infinite (damaged)."""
 
         def read(db: sqlite3.Connection) -> QueueStats:
-            count, per, starts = rates.window(queue, db)
-            stats = ops.queue_stats(queue, db)
-            return attrs.evolve(stats, rate=count, rate_per=per, window=starts)
+            rated = rates.window(queue, db)
+            return attrs.evolve(ops.queue_stats(queue, db), **rated)
 
         stats: QueueStats = await self._call(read, write=False)
         return stats

@@ -7,14 +7,14 @@ transaction, as every other operation of the broker."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from .._rates import KEY_SEPARATOR, grant, log_name
+from .._rates import KEY_SEPARATOR, grant, log_name, window_fields
 
 if TYPE_CHECKING:
     import sqlite3
 
-__all__ = ["RATE_SCHEMA", "give_back", "set_rate", "take", "window"]
+__all__ = ["RATE_SCHEMA", "add_rate_columns", "give_back", "set_rate", "take", "window"]
 
 #: The statements that create the rate tables if missing (idempotent).
 RATE_SCHEMA: Final = (
@@ -22,7 +22,8 @@ RATE_SCHEMA: Final = (
     CREATE TABLE IF NOT EXISTS dt_rates (
         queue TEXT PRIMARY KEY,
         count INTEGER NOT NULL CHECK (count >= 1),
-        per REAL NOT NULL CHECK (per > 0)
+        per REAL NOT NULL CHECK (per > 0),
+        per_key INTEGER NOT NULL DEFAULT 0
     ) WITHOUT ROWID
     """,
     """
@@ -36,14 +37,25 @@ RATE_SCHEMA: Final = (
 )
 
 
-def set_rate(queue: str, count: int | None, per: float, db: sqlite3.Connection) -> None:
+def add_rate_columns(db: sqlite3.Connection) -> None:
+    """Add to a ``dt_rates`` made before per-key rates were shown its ``per_key`` column
+    (rows from before read as keyless: each worker stores its flag again as it opens)."""
+    columns = {str(row[1]) for row in db.execute("PRAGMA table_info(dt_rates)")}
+    if "per_key" not in columns:
+        db.execute("ALTER TABLE dt_rates ADD COLUMN per_key INTEGER NOT NULL DEFAULT 0")
+
+
+def set_rate(
+    queue: str, count: int | None, per: float, per_key: bool, db: sqlite3.Connection
+) -> None:
     if count is None:
         db.execute("DELETE FROM dt_rates WHERE queue = ?1", (queue,))
     else:
         db.execute(
-            "INSERT INTO dt_rates (queue, count, per) VALUES (?1, ?2, ?3) "
-            "ON CONFLICT (queue) DO UPDATE SET count = excluded.count, per = excluded.per",
-            (queue, count, per),
+            "INSERT INTO dt_rates (queue, count, per, per_key) VALUES (?1, ?2, ?3, ?4) "
+            "ON CONFLICT (queue) DO UPDATE SET count = excluded.count, per = excluded.per, "
+            "per_key = excluded.per_key",
+            (queue, count, per, int(per_key)),
         )
 
 
@@ -97,14 +109,23 @@ def give_back(queue: str, at: float, n: int, db: sqlite3.Connection) -> None:
     )
 
 
-def window(queue: str, db: sqlite3.Connection) -> tuple[int | None, float | None, int]:
-    """``(count, per, starts in the current window)`` (a read: nothing pruned)."""
+def window(queue: str, db: sqlite3.Connection) -> dict[str, Any]:
+    """The rate fields of ``queue``'s ``QueueStats`` (``window_fields``; a read: nothing
+    pruned). A per-key rate counts each key's log (one grouped scan of the queue's keys)."""
     rate = _rate_of(db, queue)
     if rate is None:
-        return None, None, 0
+        return {}
     count, per = rate
-    ((n,),) = db.execute(
-        "SELECT count(*) FROM dt_rate_starts WHERE queue = ?1 AND at > ?2",
-        (queue, time.time() - per),
+    since = time.time() - per
+    row = db.execute("SELECT per_key FROM dt_rates WHERE queue = ?1", (queue,)).fetchone()
+    if row is None or not row[0]:
+        ((n,),) = db.execute(
+            "SELECT count(*) FROM dt_rate_starts WHERE queue = ?1 AND at > ?2", (queue, since)
+        ).fetchall()
+        return window_fields(count, per, False, [int(n)])
+    counts = db.execute(
+        "SELECT count(*) FROM dt_rate_starts WHERE queue > ?1 AND queue < ?2 AND at > ?3 "
+        "GROUP BY queue",
+        (queue + KEY_SEPARATOR, queue + chr(ord(KEY_SEPARATOR) + 1), since),
     ).fetchall()
-    return count, per, int(n)
+    return window_fields(count, per, True, [int(c) for (c,) in counts])

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from ..._sqlite import META_TABLE
-from ._rates import RATE_SCHEMA
+from ._rates import RATE_SCHEMA, add_rate_columns
 
 if TYPE_CHECKING:
     import sqlite3
@@ -94,6 +94,7 @@ def create_schema(db: sqlite3.Connection) -> None:
     for statement in (*SCHEMA, *RATE_SCHEMA):
         db.execute(statement)
     _migrate(db)
+    add_rate_columns(db)
     for statement in _ON_ADDED_COLUMNS:
         db.execute(statement)
 
