@@ -47,22 +47,27 @@ _FUNCTIONS: Final = f"""
         run_status text;
         step_status text;
     BEGIN
+        -- The run's row locked (a locking read sees its latest version): it cannot end, nor
+        -- change at all, until this transaction ends; its status read here stays true.
         SELECT r.status INTO run_status FROM {{schema}}.runs AS r
         WHERE r.namespace = p_ns AND r.run_id = p_run FOR SHARE;
-        UPDATE {{schema}}.run_steps AS s SET status = p_status, attempt = p_attempt,
-            output = p_output, error = p_error, wake_at = p_wake_at, dispatched = p_dispatched,
-            updated_at = p_now, heartbeat = coalesce(p_heartbeat, s.heartbeat),
-            attempts = p_attempts
-        WHERE s.namespace = p_ns AND s.run_id = p_run AND s.step_id = p_step
-          AND s.status = 'pending' AND s.attempt = p_expect
-          AND EXISTS (SELECT 1 FROM {{schema}}.runs AS r WHERE r.namespace = p_ns
-                      AND r.run_id = p_run AND r.status NOT IN ({_TERMINAL}));
-        IF FOUND THEN
-            RETURN 'applied';
+        IF run_status IS NULL THEN
+            RETURN 'missing';
+        END IF;
+        IF run_status NOT IN ({_TERMINAL}) THEN
+            UPDATE {{schema}}.run_steps AS s SET status = p_status, attempt = p_attempt,
+                output = p_output, error = p_error, wake_at = p_wake_at,
+                dispatched = p_dispatched, updated_at = p_now,
+                heartbeat = coalesce(p_heartbeat, s.heartbeat), attempts = p_attempts
+            WHERE s.namespace = p_ns AND s.run_id = p_run AND s.step_id = p_step
+              AND s.status = 'pending' AND s.attempt = p_expect;
+            IF FOUND THEN
+                RETURN 'applied';
+            END IF;
         END IF;
         SELECT s.status INTO step_status FROM {{schema}}.run_steps AS s
         WHERE s.namespace = p_ns AND s.run_id = p_run AND s.step_id = p_step;
-        IF run_status IS NULL OR step_status IS NULL THEN
+        IF step_status IS NULL THEN
             RETURN 'missing';
         ELSIF run_status IN ({_TERMINAL}) THEN
             RETURN 'run_finished';
@@ -75,19 +80,24 @@ _FUNCTIONS: Final = f"""
     CREATE FUNCTION {{schema}}.dt_finish_run(
         p_ns text, p_run text, p_status text, p_output text, p_error text, p_now float8
     ) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
-    DECLARE
-        finished boolean;
     BEGIN
         UPDATE {{schema}}.runs SET status = p_status, output = p_output, error = p_error,
             owner = NULL, lease_until = NULL, updated_at = p_now
         WHERE namespace = p_ns AND run_id = p_run
           AND status IN ('pending', 'running', 'blocked');
-        finished := FOUND;
+        IF FOUND THEN  -- ended by this call: its status is the one just written
+            IF p_status IN ('{RunStatus.COMPLETED.value}', '{RunStatus.FAILED.value}') THEN
+                DELETE FROM {{schema}}.run_steps
+                WHERE namespace = p_ns AND run_id = p_run AND step_id = '{CANCEL_STEP_ID}';
+            END IF;
+            RETURN true;
+        END IF;
+        -- Ended before: its stale cancel mark, on a fresh snapshot (see the module docs).
         DELETE FROM {{schema}}.run_steps
         WHERE namespace = p_ns AND run_id = p_run AND step_id = '{CANCEL_STEP_ID}'
           AND EXISTS (SELECT 1 FROM {{schema}}.runs WHERE namespace = p_ns AND run_id = p_run
                       AND status IN ('{RunStatus.COMPLETED.value}', '{RunStatus.FAILED.value}'));
-        RETURN finished;
+        RETURN false;
     END
     $fn$
 """
