@@ -421,7 +421,6 @@ async def test_mark_dispatched_only_for_the_current_pending_attempt(store: RunSt
 
 
 async def test_concurrent_marks_each_get_their_own_answer(store: RunStore) -> None:
-    # (Concurrent marks may share one statement: PostgreSQL's coalesce them, issue 32.)
     await store.create_run(run("r"))
     for n in range(12):
         await store.begin_step(step("r", str(n), attempt=2 if n % 3 == 0 else 1))

@@ -384,18 +384,6 @@ MARK_DISPATCHED: Final = """
     WHERE namespace = $1 AND run_id = $2 AND step_id = $3 AND status = 'pending'
       AND attempt = $4
 """
-#: :data:`MARK_DISPATCHED` of many checkpoints ($2 run ids, $3 step ids, $4 attempts) in one
-#: statement: the marks of concurrent dispatches (see ``PostgresRunStore.mark_dispatched``),
-#: taken in key order (two such statements never wait on each other in a circle). Answers the
-#: keys marked.
-MARK_DISPATCHED_MANY: Final = """
-    UPDATE {schema}.run_steps AS s SET dispatched = true
-    FROM (SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[]) AS m(run_id, step_id, attempt)
-          ORDER BY 1, 2) AS m
-    WHERE s.namespace = $1 AND s.run_id = m.run_id AND s.step_id = m.step_id
-      AND s.status = 'pending' AND s.attempt = m.attempt
-    RETURNING s.run_id, s.step_id, m.attempt
-"""
 
 # -- schedules -------------------------------------------------------------------------------
 

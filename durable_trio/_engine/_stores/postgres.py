@@ -34,7 +34,6 @@ import attrs
 import orjson
 import trio
 
-from ..._coalesce import Coalescer
 from ..._errors import BrokerError, BrokerUnavailable
 from ..._postgres import WriteBatcher
 from ..._postgres._migrations import migrate, quote_ident
@@ -128,7 +127,6 @@ class PostgresRunStore:
         self._pool = pool
         # Changes of concurrent tasks share round trips, each its own transaction.
         self._batcher = WriteBatcher(pool, bound=_WRITE_BOUND)
-        self._marks: Coalescer[tuple[str, str, int], bool] = Coalescer(self._mark_many)
         self.schema = schema
         self._quoted = quote_ident(schema)
         self._ns = namespace
@@ -471,21 +469,10 @@ class PostgresRunStore:
         return Applied(result.rows[0][0])
 
     async def mark_dispatched(self, run_id: str, step_id: str, attempt: int) -> bool:
-        # Marks made while one is in flight leave together, in ONE statement (issue 32: a
-        # workflow's steps each make one; under load they were a third of its statements).
-        return await self._marks.submit((run_id, step_id, attempt))
-
-    async def _mark_many(self, keys: list[tuple[str, str, int]]) -> list[bool]:
-        """The marks of ``keys`` (run id, step id, attempt): one statement, one transaction."""
-        if len(keys) == 1:
-            (result,) = await self._pipeline((sql.MARK_DISPATCHED, (self._ns, *keys[0])))
-            return [result.rowcount == 1]
-        runs, steps, attempts = (list(column) for column in zip(*keys, strict=True))
         (result,) = await self._pipeline(
-            (sql.MARK_DISPATCHED_MANY, (self._ns, runs, steps, attempts))
+            (sql.MARK_DISPATCHED, (self._ns, run_id, step_id, attempt))
         )
-        marked = {(str(r), str(s), int(a)) for r, s, a in result.rows}
-        return [key in marked for key in keys]
+        return result.rowcount == 1
 
     # -- schedules --------------------------------------------------------------------------
 
