@@ -420,6 +420,46 @@ async def test_mark_dispatched_only_for_the_current_pending_attempt(store: RunSt
     assert not await store.mark_dispatched("r", "missing", 1)
 
 
+async def test_concurrent_marks_each_get_their_own_answer(store: RunStore) -> None:
+    await store.create_run(run("r"))
+    for n in range(12):
+        await store.begin_step(step("r", str(n), attempt=2 if n % 3 == 0 else 1))
+    answers: dict[tuple[str, int], bool] = {}
+
+    async def mark(step_id: str, attempt: int) -> None:
+        answers[step_id, attempt] = await store.mark_dispatched("r", step_id, attempt)
+
+    async with trio.open_nursery() as nursery:
+        for n in range(12):
+            nursery.start_soon(mark, str(n), 1)
+        nursery.start_soon(mark, "5", 1)  # twice at once: both answered yes
+        nursery.start_soon(mark, "missing", 1)
+    assert answers == {
+        **{(str(n), 1): n % 3 != 0 for n in range(12)},
+        ("missing", 1): False,
+    }
+    for record in await store.get_steps("r"):
+        assert record.dispatched is (int(record.step_id) % 3 != 0)
+
+
+async def test_a_begin_of_an_existing_checkpoint_returns_it_as_stored(store: RunStore) -> None:
+    await store.create_run(run("r"))
+    first = await store.begin_step(step("r", "1", input={"n": 1}))
+    results: list[StepRecord] = []
+
+    async def begin(n: int) -> None:
+        results.append(await store.begin_step(step("r", "1", input={"n": n})))
+
+    async with trio.open_nursery() as nursery:
+        for n in range(2, 6):
+            nursery.start_soon(begin, n)
+    assert [r.input for r in results] == [{"n": 1}] * 4
+    assert all(r.created_at == first.created_at for r in results)
+    again, created = await store.create_run(run("r", input="other"))
+    assert not created
+    assert again.input == run("r").input
+
+
 async def test_namespaces_are_isolated(stores: StoreFactory) -> None:
     async with stores("one") as one, stores("two") as two:
         await one.create_run(run("same", input=1))

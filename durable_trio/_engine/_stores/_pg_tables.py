@@ -31,6 +31,77 @@ from ._sqlite_tables import _RUN_COLUMNS, _STEP_COLUMNS
 
 __all__ = ["RUNS_MIGRATIONS"]
 
+_TERMINAL: Final = ", ".join(f"'{s.value}'" for s in RunStatus if s.terminal)
+
+# The functions of migration 9 (issue 32): what were two or three statements of one
+# transaction, one call. A VOLATILE function's every statement takes a fresh snapshot (READ
+# COMMITTED), as the separate statements of a transaction did: the same locks, in the same
+# order, and the same answers (see the module docs and UPDATE_STEP_CALL below).
+_FUNCTIONS: Final = f"""
+    CREATE FUNCTION {{schema}}.dt_update_step(
+        p_ns text, p_run text, p_step text, p_status text, p_attempt bigint, p_output text,
+        p_error text, p_wake_at float8, p_dispatched boolean, p_now float8, p_heartbeat text,
+        p_attempts text, p_expect bigint
+    ) RETURNS text LANGUAGE plpgsql VOLATILE AS $fn$
+    DECLARE
+        run_status text;
+        step_status text;
+    BEGIN
+        -- The run's row locked (a locking read sees its latest version): it cannot end, nor
+        -- change at all, until this transaction ends; its status read here stays true.
+        SELECT r.status INTO run_status FROM {{schema}}.runs AS r
+        WHERE r.namespace = p_ns AND r.run_id = p_run FOR SHARE;
+        IF run_status IS NULL THEN
+            RETURN 'missing';
+        END IF;
+        IF run_status NOT IN ({_TERMINAL}) THEN
+            UPDATE {{schema}}.run_steps AS s SET status = p_status, attempt = p_attempt,
+                output = p_output, error = p_error, wake_at = p_wake_at,
+                dispatched = p_dispatched, updated_at = p_now,
+                heartbeat = coalesce(p_heartbeat, s.heartbeat), attempts = p_attempts
+            WHERE s.namespace = p_ns AND s.run_id = p_run AND s.step_id = p_step
+              AND s.status = 'pending' AND s.attempt = p_expect;
+            IF FOUND THEN
+                RETURN 'applied';
+            END IF;
+        END IF;
+        SELECT s.status INTO step_status FROM {{schema}}.run_steps AS s
+        WHERE s.namespace = p_ns AND s.run_id = p_run AND s.step_id = p_step;
+        IF step_status IS NULL THEN
+            RETURN 'missing';
+        ELSIF run_status IN ({_TERMINAL}) THEN
+            RETURN 'run_finished';
+        ELSIF step_status <> 'pending' THEN
+            RETURN 'duplicate';
+        END IF;
+        RETURN 'stale';
+    END
+    $fn$;
+    CREATE FUNCTION {{schema}}.dt_finish_run(
+        p_ns text, p_run text, p_status text, p_output text, p_error text, p_now float8
+    ) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
+    BEGIN
+        UPDATE {{schema}}.runs SET status = p_status, output = p_output, error = p_error,
+            owner = NULL, lease_until = NULL, updated_at = p_now
+        WHERE namespace = p_ns AND run_id = p_run
+          AND status IN ('pending', 'running', 'blocked');
+        IF FOUND THEN  -- ended by this call: its status is the one just written
+            IF p_status IN ('{RunStatus.COMPLETED.value}', '{RunStatus.FAILED.value}') THEN
+                DELETE FROM {{schema}}.run_steps
+                WHERE namespace = p_ns AND run_id = p_run AND step_id = '{CANCEL_STEP_ID}';
+            END IF;
+            RETURN true;
+        END IF;
+        -- Ended before: its stale cancel mark, on a fresh snapshot (see the module docs).
+        DELETE FROM {{schema}}.run_steps
+        WHERE namespace = p_ns AND run_id = p_run AND step_id = '{CANCEL_STEP_ID}'
+          AND EXISTS (SELECT 1 FROM {{schema}}.runs WHERE namespace = p_ns AND run_id = p_run
+                      AND status IN ('{RunStatus.COMPLETED.value}', '{RunStatus.FAILED.value}'));
+        RETURN false;
+    END
+    $fn$
+"""
+
 #: The run store's steps of the schema (part ``"runs"``, see ``_postgres/_migrations.py``).
 RUNS_MIGRATIONS: Final = (
     Migration(
@@ -209,12 +280,14 @@ RUNS_MIGRATIONS: Final = (
         "ALTER TABLE {schema}.run_debounced ADD COLUMN tags text",
         "the tags of a debounced start (the latest start's)",
     ),
+    # Issue 32: a checkpoint's compare-and-set and a run's end, each ONE statement from the
+    # client (their statements inside a function: see _UPDATE_STEP_FUNCTION).
+    Migration(9, _FUNCTIONS, "update_step and finish_run as functions (one statement each)"),
 )
 
 RUN_COLUMNS: Final = _RUN_COLUMNS
 STEP_COLUMNS: Final = _STEP_COLUMNS
 
-_TERMINAL: Final = ", ".join(f"'{s.value}'" for s in RunStatus if s.terminal)
 #: A condition on the run ($1 namespace, $2 run id): it exists and is not over.
 _RUN_UNFINISHED: Final = f"""EXISTS (
     SELECT 1 FROM {{schema}}.runs
@@ -278,6 +351,11 @@ DROP_MARK_IF_ENDED: Final = f"""
       AND EXISTS (SELECT 1 FROM {{schema}}.runs WHERE namespace = $1 AND run_id = $2
                   AND status IN ('{RunStatus.COMPLETED.value}', '{RunStatus.FAILED.value}'))
 """
+#: :data:`FINISH` then :data:`DROP_MARK_IF_ENDED` on a fresh snapshot: one call (migration 9),
+#: answering whether the run was ended by it.
+FINISH_CALL: Final = """
+    SELECT {schema}.dt_finish_run($1::text, $2::text, $3::text, $4::text, $5::text, $6::float8)
+"""
 DROP_MARK: Final = f"""
     DELETE FROM {{schema}}.run_steps
     WHERE namespace = $1 AND run_id = $2 AND step_id = '{CANCEL_STEP_ID}'
@@ -335,18 +413,14 @@ GET_STEPS_MANY: Final = f"""
     WHERE namespace = $1
       AND (run_id, step_id) IN (SELECT * FROM unnest($2::text[], $3::text[]))
 """
-# The compare-and-set, after the run's row is locked FOR SHARE (it cannot end meanwhile); two
-# writers of one checkpoint: the second waits, then finds it changed and writes nothing.
-UPDATE_STEP: Final = f"""
-    UPDATE {{schema}}.run_steps SET status = $4, attempt = $5, output = $6, error = $7,
-        wake_at = $8::float8, dispatched = $9, updated_at = $10,
-        heartbeat = coalesce($11::text, heartbeat), attempts = $12
-    WHERE namespace = $1 AND run_id = $2 AND step_id = $3 AND status = 'pending'
-      AND attempt = $13 AND {_RUN_UNFINISHED}
-"""
-STEP_STATE: Final = """
-    SELECT status, attempt FROM {schema}.run_steps
-    WHERE namespace = $1 AND run_id = $2 AND step_id = $3
+# The compare-and-set (dt_update_step, migration 9), after the run's row is locked FOR SHARE
+# (it cannot end meanwhile); two writers of one checkpoint: the second waits, then finds it
+# changed and writes nothing; then the checkpoint's state on a fresh snapshot when nothing was
+# written. One call, answering an ``Applied`` value.
+UPDATE_STEP_CALL: Final = """
+    SELECT {schema}.dt_update_step($1::text, $2::text, $3::text, $4::text, $5::bigint,
+        $6::text, $7::text, $8::float8, $9::boolean, $10::float8, $11::text, $12::text,
+        $13::bigint)
 """
 MARK_DISPATCHED: Final = """
     UPDATE {schema}.run_steps SET dispatched = true

@@ -37,7 +37,7 @@ import trio
 from ..._errors import BrokerError, BrokerUnavailable
 from ..._postgres import WriteBatcher
 from ..._postgres._migrations import migrate, quote_ident
-from .._records import Applied, RunPage, RunRecord, RunStatus, StepRecord, StepState, read_trace
+from .._records import Applied, RunPage, RunRecord, RunStatus, StepRecord, read_trace
 from .._tags import check_tags, read_tags, tags_json
 from . import _pg_starts as starts
 from . import _pg_tables as sql
@@ -243,12 +243,16 @@ class PostgresRunStore:
 
     async def create_run(self, run: RunRecord) -> tuple[RunRecord, bool]:
         now = self.now()
+        insert = (sql.INSERT_RUN, insert_run_params(self._ns, run, now))
+        inserted, *_ = await self._pipeline(insert, *self._tag_rows(run))
+        if inserted.rowcount == 1:  # inserted as given (the common case: no read back)
+            return attrs.evolve(run, created_at=now, updated_at=now), True
+        # The id exists: the insert again (nothing, or the run if it is gone meanwhile), then
+        # the row that won, read in the insert's transaction (see _pg_tables.py).
         inserted, *_, found = await self._pipeline(
-            (sql.INSERT_RUN, insert_run_params(self._ns, run, now)),
-            *self._tag_rows(run),
-            (sql.GET_RUN, (self._ns, run.run_id)),
+            insert, *self._tag_rows(run), (sql.GET_RUN, (self._ns, run.run_id))
         )
-        if inserted.rowcount == 1:  # inserted as given
+        if inserted.rowcount == 1:
             return attrs.evolve(run, created_at=now, updated_at=now), True
         return _run(found.rows[0]), False
 
@@ -389,12 +393,11 @@ class PostgresRunStore:
         output: object = None,
         error: object = None,
     ) -> bool:
-        finished, _ = await self._pipeline(
-            (sql.FINISH,
+        (finished,) = await self._pipeline(
+            (sql.FINISH_CALL,
              (self._ns, run_id, status.value, dumps(output), dumps(error), self.now())),
-            (sql.DROP_MARK_IF_ENDED, (self._ns, run_id)),
         )  # fmt: skip
-        return finished.rowcount == 1
+        return bool(finished.rows[0][0])
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -425,46 +428,45 @@ class PostgresRunStore:
 
     async def begin_step(self, step: StepRecord) -> StepRecord:
         now = self.now()
+        insert = (sql.INSERT_STEP, self._step_values(step, now))
+        (inserted,) = await self._pipeline(insert)
+        if inserted.rowcount == 1:  # inserted as given (the common case: no read back)
+            return attrs.evolve(step, created_at=now, updated_at=now)
+        # It exists (a replay): the insert again, then the row that won, in one transaction.
         inserted, found = await self._pipeline(
-            (sql.INSERT_STEP, self._step_values(step, now)),
-            (sql.GET_STEP, (self._ns, step.run_id, step.step_id)),
+            insert, (sql.GET_STEP, (self._ns, step.run_id, step.step_id))
         )
-        if inserted.rowcount == 1:  # inserted as given
+        if inserted.rowcount == 1:
             return attrs.evolve(step, created_at=now, updated_at=now)
         return _step(found.rows[0])
 
     async def begin_step_unless_finished(self, step: StepRecord) -> StepRecord | None:
         now = self.now()
-        locked, inserted, found = await self._pipeline(
+        statements: list[tuple[str, Sequence[Any]]] = [
             (sql.RUN_STATUS_FOR_SHARE, (self._ns, step.run_id)),
             (sql.INSERT_STEP_GUARDED, self._step_values(step, now)),
-            (sql.GET_STEP, (self._ns, step.run_id, step.step_id)),
-        )
-        if not locked.rows or RunStatus(locked.rows[0][0]).terminal:
-            return None  # unknown or finished: nothing was written
-        if inserted.rowcount == 1:
-            return attrs.evolve(step, created_at=now, updated_at=now)
-        return _step(found.rows[0])
+        ]
+        found: list[Result] = []
+        for read_back in (False, True):  # the row that won read back only if it exists
+            if read_back:
+                statements.append((sql.GET_STEP, (self._ns, step.run_id, step.step_id)))
+            locked, inserted, *found = await self._pipeline(*statements)
+            if not locked.rows or RunStatus(locked.rows[0][0]).terminal:
+                return None  # unknown or finished: nothing was written
+            if inserted.rowcount == 1:
+                return attrs.evolve(step, created_at=now, updated_at=now)
+        return _step(found[0].rows[0])
 
     async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
-        ns, run_id, step_id = self._ns, step.run_id, step.step_id
-        locked, updated, state = await self._pipeline(
-            (sql.RUN_STATUS_FOR_SHARE, (ns, run_id)),
-            (sql.UPDATE_STEP,
-             (ns, run_id, step_id, step.status.value, step.attempt, dumps(step.output),
-              dumps(step.error), step.wake_at, step.dispatched, self.now(),
+        # The run locked, the compare-and-set, the state read when nothing was written: one
+        # call (migration 9's function), answering the Applied value.
+        (result,) = await self._pipeline(
+            (sql.UPDATE_STEP_CALL,
+             (self._ns, step.run_id, step.step_id, step.status.value, step.attempt,
+              dumps(step.output), dumps(step.error), step.wake_at, step.dispatched, self.now(),
               _optional_dumps(step.heartbeat), dumps(step.attempts), expect_attempt)),
-            (sql.STEP_STATE, (ns, run_id, step_id)),
         )  # fmt: skip
-        if updated.rowcount == 1:
-            return Applied.APPLIED
-        if not state.rows or not locked.rows:
-            return Applied.MISSING
-        if RunStatus(locked.rows[0][0]).terminal:
-            return Applied.RUN_FINISHED
-        if state.rows[0][0] != StepState.PENDING.value:
-            return Applied.DUPLICATE
-        return Applied.STALE
+        return Applied(result.rows[0][0])
 
     async def mark_dispatched(self, run_id: str, step_id: str, attempt: int) -> bool:
         (result,) = await self._pipeline(
