@@ -25,8 +25,9 @@ from ._arguments import check_name, check_optional_name, check_seconds
 from ._codec import encode_envelope
 from ._engine._cancel import mark_in_store
 from ._engine._children import cancel_children
+from ._engine._debounce import check_folding
 from ._engine._errors import RunNotFound
-from ._engine._new_run import record_new_run
+from ._engine._new_run import record_debounced_start, record_new_run
 from ._engine._records import RunPage, RunRecord, RunStatus
 from ._engine._reopen import retry_run
 from ._engine._stores import open_run_store
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
     from ._engine._advert import EngineDescriptor
+    from ._engine._debounce import Debounce
     from ._engine._schedules import BackfillTick
     from ._engine._stores import RunStore
     from ._engine._stream import StreamEntry
@@ -190,6 +192,8 @@ class Operations:
         run_id: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 (the run's, stored; not this call's)
         tags: Mapping[str, str] | None = None,
+        dedup_key: str | None = None,
+        debounce: Debounce | None = None,
     ) -> str:
         """Record a new run of ``workflow`` as :meth:`Engine.start` with ``detach=True`` does
         (pending, no owner): an engine of the namespace whose app registers ``workflow``
@@ -197,27 +201,42 @@ class Operations:
         whose app does not register it fails it (``UnknownWorkflow``): this process has no
         app to check the name against. Idempotent by ``run_id``.
 
+        ``dedup_key`` and ``debounce`` are :meth:`Engine.start`'s (docs/concurrency.md,
+        "Debounce and dedup keys"), in the same store operations: a deduped start returns the
+        unfinished run of its key; a debounced start is folded into its key's pending start,
+        whose run a reconciling engine creates when it is due (within its
+        ``reconcile_interval`` of that: no engine here rings it sooner).
+
         Returns:
-            The run id (an existing run's, if ``run_id`` names one: nothing is started).
+            The run id (an existing run's, if ``run_id`` names one: nothing is started; the
+            unfinished run of ``dedup_key``; the run ``debounce`` folds this start into).
 
         Raises:
             ConfigError: ``workflow`` or ``run_id`` is empty, ``timeout`` not a number of
-                seconds > 0, ``tags`` not tags (see :meth:`Engine.start`).
-            TypeError: ``workflow`` or ``run_id`` is not a str.
+                seconds > 0, ``tags`` not tags, a bad ``dedup_key``; ``dedup_key`` or
+                ``debounce`` with ``run_id`` or each other (see :meth:`Engine.start`).
+            TypeError: ``workflow``, ``run_id`` or ``dedup_key`` is not a str, ``debounce``
+                not a :class:`Debounce`.
             PayloadError: ``input`` is not a JSON value.
             EngineError: ``run_id`` exists as a run of another workflow.
         """
         check_name(workflow, "ops.start_run", "workflow")
         check_optional_name(run_id, "ops.start_run", "run_id")
+        check_folding(run_id, None, dedup_key, debounce, "ops.start_run")
         seconds = (
             None
             if timeout is None
             else check_seconds(timeout, "ops.start_run", "timeout", positive=True)
         )
         checked = check_tags(tags, "ops.start_run: tags")
+        if debounce is not None:
+            folded, _ = await record_debounced_start(
+                self.store, workflow, input, debounce, timeout=seconds, tags=checked
+            )
+            return folded
         stored, _ = await record_new_run(
             self.store, workflow, input, run_id=run_id, owner=None, lease=0.0,
-            timeout=seconds, parent=None, tags=checked,
+            timeout=seconds, parent=None, dedup_key=dedup_key, tags=checked,
         )  # fmt: skip
         return stored.run_id
 

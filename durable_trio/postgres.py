@@ -31,11 +31,20 @@ import uuid
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from ._arguments import check_name, check_optional_name, check_seconds, check_type, given
+from ._engine._debounce import check_folding, scoped_key
 from ._engine._errors import EngineError
 from ._engine._records import RunRecord, RunStatus, normalize_json
+from ._engine._stores import _pg_starts as starts
 from ._engine._stores import _pg_tables as sql
 from ._engine._stores._wakes import STARTS
-from ._engine._stores.postgres import insert_run_params, wake_payload, wakes_channel
+from ._engine._stores.postgres import (
+    debounce_params,
+    insert_run_params,
+    tag_rows_params,
+    wake_payload,
+    wakes_channel,
+)
+from ._engine._tags import check_tags
 from ._errors import ConfigError
 from ._postgres import PgConnection, PostgresError, quote_ident
 from ._telemetry import run_trace
@@ -44,9 +53,11 @@ from .brokers.postgres import channel_for
 from .brokers.postgres._operations import Operations
 
 if TYPE_CHECKING:
-    from collections.abc import Generator
+    from collections.abc import Generator, Mapping
 
     import psycopg
+
+    from ._engine._debounce import Debounce
 
 __all__ = [
     "DEFAULT_SCHEMA",
@@ -62,7 +73,9 @@ DEFAULT_SCHEMA: Final = "durable_trio"
 #: SQLSTATEs of a statement on tables that are not there: no such table, no such schema.
 _MISSING: Final = frozenset({"42P01", "3F000"})
 
-_WORKFLOW_COLUMN: Final = [c.strip() for c in sql.RUN_COLUMNS.split(",")].index("workflow")
+_COLUMNS: Final = [c.strip() for c in sql.RUN_COLUMNS.split(",")]
+_WORKFLOW_COLUMN: Final = _COLUMNS.index("workflow")
+_STATUS_COLUMN: Final = _COLUMNS.index("status")
 
 #: A statement (``$1`` parameters) and its parameters.
 _Statement: TypeAlias = tuple[str, tuple[Any, ...]]
@@ -84,6 +97,9 @@ def start_workflow(
     run_id: str | None = None,
     timeout: float | None = None,
     schema: str = DEFAULT_SCHEMA,
+    tags: Mapping[str, str] | None = None,
+    dedup_key: str | None = None,
+    debounce: Debounce | None = None,
 ) -> str:
     """Record a new run of ``workflow`` in the transaction open on ``conn``, as
     ``engine.start(..., detach=True)`` does: pending, no owner, taken over by an engine of
@@ -103,20 +119,34 @@ def start_workflow(
         run_id: the run's id (default: a random one).
         timeout: seconds the run may take from now, as for ``engine.start``.
         schema: the PostgreSQL schema of the tables (the backend URL's ``schema``).
+        tags: the run's tags, as for ``engine.start`` (stored and indexed with the run).
+        dedup_key: as for ``engine.start``: while the run last started with this key (in
+            ``workflow``) is unfinished, start nothing and return its id. The key's row is
+            written (and locked) in this transaction: a concurrent start with the key waits
+            for its commit or rollback; a rollback leaves no row.
+        debounce: as for ``engine.start``: fold this start into the pending start of
+            ``debounce.key`` (one upsert, in this transaction; a rollback undoes the fold).
+            Its run is created when due by a reconciling engine (within its
+            ``reconcile_interval``; no wake is sent for it).
 
     Returns:
-        The run id.
+        The run id (for ``dedup_key``, the unfinished run's if there is one; for
+        ``debounce``, the run it is folded into: a run from its start on).
 
     Raises:
         ConfigError: durable_trio's tables are not in ``schema`` (the transaction is then
             aborted); an empty ``workflow``, ``namespace`` or ``run_id``, a bad schema name,
-            a ``timeout`` that is not a number of seconds > 0.
+            a ``timeout`` that is not a number of seconds > 0, bad ``tags`` or
+            ``dedup_key``; ``dedup_key`` or ``debounce`` with ``run_id`` or each other.
         TypeError: an argument of the wrong type.
         PayloadError: ``input`` is not a JSON value.
         EngineError: ``run_id`` exists as a run of another workflow.
         psycopg.Error: what the connection raises otherwise (a lost connection, ...).
     """
-    plan = _start_plan(workflow, input, namespace, run_id, timeout, schema, "start_workflow")
+    plan = _start_plan(
+        workflow, input, namespace, run_id, timeout, schema, "start_workflow",
+        tags=tags, dedup_key=dedup_key, debounce=debounce,
+    )  # fmt: skip
     run = _run_sync(conn, plan, schema)
     assert run is not None
     return run
@@ -131,6 +161,9 @@ async def start_workflow_async(
     run_id: str | None = None,
     timeout: float | None = None,  # noqa: ASYNC109 (the run's, stored; not this call's)
     schema: str = DEFAULT_SCHEMA,
+    tags: Mapping[str, str] | None = None,
+    dedup_key: str | None = None,
+    debounce: Debounce | None = None,
 ) -> str:
     """:func:`start_workflow` on an asynchronous connection: psycopg's ``AsyncConnection``
     (asyncio), or a connection of durable_trio's Trio driver.
@@ -142,7 +175,10 @@ async def start_workflow_async(
         EngineError: as :func:`start_workflow`.
     """
     call = "start_workflow_async"
-    plan = _start_plan(workflow, input, namespace, run_id, timeout, schema, call)
+    plan = _start_plan(
+        workflow, input, namespace, run_id, timeout, schema, call,
+        tags=tags, dedup_key=dedup_key, debounce=debounce,
+    )  # fmt: skip
     run = await _run_async(conn, plan, schema)
     assert run is not None
     return run
@@ -203,14 +239,22 @@ def _start_plan(
     timeout: Any,
     schema: str,
     call: str,
+    *,
+    tags: Any = None,
+    dedup_key: Any = None,
+    debounce: Any = None,
 ) -> _Plan:
-    """The statements of a detached start (``_engine/_new_run.py``'s ``record_new_run`` on the
-    PostgreSQL store): the insert, then the ``STARTS`` wake if it created the run, else a look
-    at the run that has the id. Arguments are checked before the first statement."""
+    """The statements of a detached start (``_engine/_new_run.py``'s ``record_new_run`` and
+    ``record_debounced_start`` on the PostgreSQL store): the insert, then the ``STARTS`` wake
+    if it created the run, else a look at the run that has the id; with ``dedup_key``, the
+    key's row first (``create_run_deduped``); with ``debounce``, the one upsert of
+    ``debounce_run``. Arguments are checked before the first statement."""
     check_name(workflow, call, "workflow")
     check_name(namespace, call, "namespace")
     check_optional_name(run_id, call, "run_id")
+    check_folding(run_id, None, dedup_key, debounce, call)
     seconds = None if timeout is None else check_seconds(timeout, call, "timeout", positive=True)
+    checked = check_tags(tags, f"{call}: tags")
     quoted = quote_ident(schema)
     value = normalize_json(input, f"the input of workflow {workflow!r}")
     now = time.time()
@@ -223,16 +267,50 @@ def _start_plan(
         updated_at=now,
         timeout=seconds,
         trace=run_trace(workflow),
+        tags=checked,
     )
-    return _start_statements(
-        quoted, insert_run_params(namespace, run, now), wakes_channel(schema, namespace)
+    if debounce is not None:
+        return _debounce_statements(
+            quoted, debounce_params(namespace, scoped_key(workflow, debounce.key), run, now,
+                                    debounce.delay, debounce.max_wait),
+        )  # fmt: skip
+    statements = _start_statements(
+        quoted, insert_run_params(namespace, run, now), wakes_channel(schema, namespace), run
     )
+    if dedup_key is None:
+        return statements
+    return _deduped_statements(quoted, namespace, scoped_key(workflow, dedup_key), run, statements)
 
 
-def _start_statements(quoted: str, values: tuple[Any, ...], channel: str) -> _Plan:
+def _deduped_statements(
+    quoted: str, namespace: str, key: str, run: RunRecord, then: _Plan
+) -> _Plan:
+    """``create_run_deduped``'s statements: the key's row inserted (naming this run) or locked,
+    then the run it names returned while it is unfinished, else the row taken over and
+    ``then`` (the start's own statements) run."""
+    params = (namespace, key, run.run_id)
+    yield (starts.INSERT_DEDUP_KEY.replace("{schema}", quoted), params)
+    _, rows = yield (starts.DEDUP_KEY_FOR_UPDATE.replace("{schema}", quoted), params[:2])
+    holder = str(rows[0][0])
+    if holder != run.run_id:
+        _, found = yield (sql.GET_RUN.replace("{schema}", quoted), (namespace, holder))
+        if found and not RunStatus(found[0][_STATUS_COLUMN]).terminal:
+            return holder
+        yield (starts.SET_DEDUP_KEY.replace("{schema}", quoted), params)
+    return (yield from then)
+
+
+def _debounce_statements(quoted: str, params: tuple[Any, ...]) -> _Plan:
+    _, rows = yield (starts.DEBOUNCE.replace("{schema}", quoted), params)
+    return str(rows[0][0])
+
+
+def _start_statements(quoted: str, values: tuple[Any, ...], channel: str, run: RunRecord) -> _Plan:
     namespace, run_id, workflow = values[0], values[1], values[2]
     inserted, _ = yield (sql.INSERT_RUN.replace("{schema}", quoted), values)
     if inserted == 1:
+        if run.tags:  # its tags' index rows, as the store's create writes them
+            yield (sql.INSERT_RUN_TAGS.replace("{schema}", quoted), tag_rows_params(namespace, run))
         # The wake the store's ring sends (a JSON text payload); PostgreSQL delivers it at the
         # commit, so an engine never looks before the run is there to take.
         yield (sql.NOTIFY, (channel, wake_payload(STARTS)))

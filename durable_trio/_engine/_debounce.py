@@ -111,7 +111,11 @@ def scoped_key(workflow: str, key: str) -> str:
 
 
 def check_folding(
-    run_id: str | None, parent: str | None, dedup_key: Any, debounce: Any
+    run_id: str | None,
+    parent: str | None,
+    dedup_key: Any,
+    debounce: Any,
+    call: str = "engine.start",
 ) -> None:
     """Check ``engine.start``'s ``dedup_key`` and ``debounce`` (and what they exclude).
 
@@ -122,15 +126,15 @@ def check_folding(
             by its parent, once); both together.
     """
     if dedup_key is not None:
-        check_key(dedup_key, "engine.start", "dedup_key")
+        check_key(dedup_key, call, "dedup_key")
     if debounce is not None and not isinstance(debounce, Debounce):
-        raise TypeError(f"engine.start: debounce must be a dt.Debounce, got {given(debounce)}")
+        raise TypeError(f"{call}: debounce must be a dt.Debounce, got {given(debounce)}")
     if dedup_key is None and debounce is None:
         return
     what = "dedup_key" if debounce is None else "debounce"
     if dedup_key is not None and debounce is not None:
-        raise ConfigError("engine.start: dedup_key and debounce cannot be given together")
+        raise ConfigError(f"{call}: dedup_key and debounce cannot be given together")
     if run_id is not None:
-        raise ConfigError(f"engine.start: {what} picks the run id: give no run_id")
+        raise ConfigError(f"{call}: {what} picks the run id: give no run_id")
     if parent is not None:
-        raise ConfigError(f"engine.start: a child run (parent=) takes no {what}")
+        raise ConfigError(f"{call}: a child run (parent=) takes no {what}")

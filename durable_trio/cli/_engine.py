@@ -278,6 +278,30 @@ async def _take_over_forever(engine: Engine, run_id: str) -> None:
         await trio.sleep(engine.options.run_lease / 3)
 
 
+def _start_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``run``'s ``--tag``, ``--dedup-key`` and ``--debounce`` as ``engine.start``'s
+    arguments (docs/concurrency.md, "Debounce and dedup keys").
+
+    Raises:
+        ConfigError: a bad tag or delay; ``--debounce`` without ``--detach`` (its run starts
+            later, in a reconciling engine: this command's engine reconciles nothing).
+    """
+    from .._engine._debounce import Debounce
+    from .._engine._tags import parse_tag
+
+    debounce = None
+    if args.debounce is not None:
+        if not args.detach:
+            raise ConfigError(
+                "--debounce needs --detach: the run starts when due, in a reconciling engine"
+            )
+        if args.debounce_delay is None:
+            raise ConfigError("--debounce needs --debounce-delay SECONDS")
+        debounce = Debounce(args.debounce, args.debounce_delay, args.debounce_max_wait)
+    tags = dict(parse_tag(text, "--tag") for text in args.tag or ())
+    return {"dedup_key": args.dedup_key, "debounce": debounce, "tags": tags or None}
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     app = load_app(args.target)
     try:
@@ -285,8 +309,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except PayloadError as exc:  # not JSON, or nested too deep: one line, not a traceback
         print(exc, file=sys.stderr)
         return 2
-    # Known before the run starts, so an interrupted command can always name it.
+    try:
+        folding = _start_options(args)
+    except (ConfigError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    # Known before the run starts, so an interrupted command can always name it (a dedup key
+    # or a debounce picks it in the store: known once started).
     outcome: dict[str, Any] = {"run_id": args.run_id or uuid.uuid4().hex}
+    given_id = args.run_id if folding["dedup_key"] or folding["debounce"] else outcome["run_id"]
 
     async def drive() -> int:
         async with (
@@ -304,8 +335,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             # hands the steps back) while the backend is still open.
             with stop.body():
                 run_id = await engine.start(
-                    args.workflow, value, run_id=outcome["run_id"], detach=args.detach
+                    args.workflow, value, run_id=given_id, detach=args.detach, **folding
                 )
+                outcome["run_id"] = run_id
                 if args.detach:
                     return 0
                 with trio.move_on_after(args.timeout) as bound:
@@ -381,8 +413,7 @@ def add_engine_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         parser.add_argument(
             "--dead-worker-threshold",
             type=float,
-            help="seconds before the claims of a worker whose liveness is gone are taken "
-            "back (40)",
+            help="seconds before the claims of a worker whose liveness is gone are taken back (40)",
         )
 
     worker = subparsers.add_parser("worker", help="serve an app's steps")
@@ -437,4 +468,15 @@ def add_engine_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     run.add_argument(
         "--timeout", type=float, default=300.0, help="seconds to wait for the result (300)"
     )
+    run.add_argument(
+        "--tag", action="append", metavar="KEY=VALUE", help="a tag of the run (repeatable)"
+    )
+    run.add_argument(
+        "--dedup-key", help="start nothing while the run of this key is unfinished: its id"
+    )
+    run.add_argument(
+        "--debounce", metavar="KEY", help="fold into the debounced start of KEY (--detach)"
+    )
+    run.add_argument("--debounce-delay", type=float, metavar="SECONDS", help="its delay")
+    run.add_argument("--debounce-max-wait", type=float, metavar="SECONDS", help="its max wait")
     run.set_defaults(func=_cmd_run)

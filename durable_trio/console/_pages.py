@@ -10,7 +10,9 @@ import orjson
 import trio
 
 from .._engine import RunNotFound
+from .._engine._debounce import Debounce
 from .._engine._schedules import Schedules
+from .._engine._tags import parse_tag
 from .._errors import ConfigError, DurableTrioError, PayloadError
 from .._transport._health import read_store_loss
 from .._transport._supervised import crash_loop_lines
@@ -53,6 +55,29 @@ class Conflict(DurableTrioError):
 
 #: What an action answers: a message, or a message and the address of what it made.
 Reply = str | tuple[str, str]
+
+
+def start_options(body: dict[str, str]) -> tuple[str | None, Debounce | None, dict[str, str]]:
+    """The start form's ``dedup_key``, ``debounce_key`` (with ``debounce_delay`` and
+    ``debounce_max_wait``, seconds) and ``tags`` (``KEY=VALUE``, space or comma separated).
+
+    Raises:
+        BadRequest: a bad delay or tag, a debounce key without a delay.
+    """
+    dedup_key = body.get("dedup_key", "").strip() or None
+    debounce: Debounce | None = None
+    key = body.get("debounce_key", "").strip()
+    try:
+        if key:
+            delay = float(body.get("debounce_delay", "").strip() or "nan")
+            wait = body.get("debounce_max_wait", "").strip()
+            debounce = Debounce(key=key, delay=delay, max_wait=float(wait) if wait else None)
+        tags = dict(
+            parse_tag(part, "tags") for part in body.get("tags", "").replace(",", " ").split()
+        )
+    except (ConfigError, ValueError) as exc:
+        raise BadRequest(str(exc)) from None
+    return dedup_key, debounce, tags
 
 
 def _field(body: dict[str, str], name: str) -> str:
@@ -333,14 +358,22 @@ class Pages:
             raise Conflict(
                 f"run {run_id} exists already: a start is idempotent by run id, nothing started"
             )
+        dedup_key, debounce, tags = start_options(body)
         try:
-            started = await self._ops.start_run(workflow, value, run_id=run_id)
-        except PayloadError as exc:
+            started = await self._ops.start_run(
+                workflow, value, run_id=run_id, tags=tags, dedup_key=dedup_key, debounce=debounce
+            )
+        except (PayloadError, ConfigError, TypeError) as exc:
             raise BadRequest(str(exc)) from None
+        if debounce is not None:
+            return (  # (no page yet: the id names no run before it is due)
+                f"start of {workflow!r} folded into run {started} (debounce key "
+                f"{debounce.key!r}): a reconciling engine creates it when it is due"
+            )
         return (
             f"run {started} of {workflow!r} stored (pending): an engine of this namespace"
             " whose app registers the workflow takes it over at its next reconcile"
-            " (with no engine running, it waits)",
+            " (with no engine running, it waits; a dedup key's unfinished run is returned)",
             f"/runs/{path_part(started)}",
         )
 

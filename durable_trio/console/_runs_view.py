@@ -181,7 +181,8 @@ def render_runs(
 
 def _start_form(runs: list[RunRecord], allow_actions: bool) -> Html:
     """Start a run: a workflow (the names of the runs shown are offered), its JSON input and
-    an optional run id; stored pending, as ``durable-trio run --detach`` stores it."""
+    an optional run id, tags, dedup key or debounce (docs/concurrency.md, "Debounce and dedup
+    keys"); stored pending, as ``durable-trio run --detach`` stores it."""
     known = sorted({run.workflow for run in runs})
     options = "".join(f'<option value="{attr(name)}">' for name in known)
     fields = (
@@ -192,6 +193,15 @@ def _start_form(runs: list[RunRecord], allow_actions: bool) -> Html:
         ' autocomplete="off"></label>'
         '<label class="wide">input (JSON)'
         '<textarea name="input" rows="2" spellcheck="false">null</textarea></label>'
+        '<label>tags (optional)<input name="tags" placeholder="KEY=VALUE ..."'
+        ' autocomplete="off"></label>'
+        '<label>dedup key (optional)<input name="dedup_key" placeholder="one unfinished run"'
+        ' autocomplete="off"></label>'
+        '<label>debounce key (optional)<input name="debounce_key" autocomplete="off"></label>'
+        '<label>debounce delay (s)<input name="debounce_delay" inputmode="decimal"'
+        ' autocomplete="off"></label>'
+        '<label>debounce max wait (s)<input name="debounce_max_wait" inputmode="decimal"'
+        ' autocomplete="off"></label>'
     )
     form = action_form("start", "/api/runs/start", fields, "Start run", allow_actions=allow_actions)
     return Html(

@@ -102,6 +102,21 @@ def insert_run_params(namespace: str, run: RunRecord, now: float) -> tuple[Any, 
             _optional_dumps(run.trace), run.parent, run.depth, tags_json(run.tags))  # fmt: skip
 
 
+def debounce_params(
+    namespace: str, key: str, run: RunRecord, now: float, delay: float, max_wait: float | None
+) -> tuple[Any, ...]:
+    """The parameters of ``_pg_starts.DEBOUNCE`` for a start of ``run`` folded into ``key``
+    (the store's ``debounce_run``, and a start in the application's own transaction)."""
+    return (namespace, key, run.run_id, run.workflow, dumps(run.input), run.timeout,
+            _optional_dumps(run.trace), now, delay, max_wait, tags_json(run.tags))  # fmt: skip
+
+
+def tag_rows_params(namespace: str, run: RunRecord) -> tuple[Any, ...]:
+    """The parameters of :data:`~._pg_tables.INSERT_RUN_TAGS` for ``run`` (it has tags)."""
+    keys, values = list(run.tags), list(run.tags.values())
+    return (namespace, run.run_id, keys, values, tags_json(run.tags))
+
+
 class PostgresRunStore:
     """A :class:`~durable_trio.RunStore` in PostgreSQL (runs of one ``namespace``).
 
@@ -561,9 +576,7 @@ class PostgresRunStore:
         self, key: str, run: RunRecord, *, delay: float, max_wait: float | None
     ) -> str:
         now, query = self.now(), self._s(starts.DEBOUNCE)
-        params = (self._ns, key, run.run_id, run.workflow, dumps(run.input), run.timeout,
-                  _optional_dumps(run.trace), now, delay, max_wait,
-                  tags_json(run.tags))  # fmt: skip
+        params = debounce_params(self._ns, key, run, now, delay, max_wait)
         rows = await self._write(lambda: self._pool.fetch(query, *params))
         return str(rows[0][0])
 
@@ -597,6 +610,7 @@ class PostgresRunStore:
     async def debounced_due(self, run_id: str) -> float | None:
         rows = await self._fetch(starts.DEBOUNCED_DUE, self._ns, run_id)
         return float(rows[0][0]) if rows else None
+
     # -- run tags (issue 34) ----------------------------------------------------------------
 
     def _tag_rows(self, run: RunRecord) -> list[tuple[str, Sequence[Any]]]:
@@ -604,8 +618,7 @@ class PostgresRunStore:
         run without tags)."""
         if not run.tags:
             return []
-        keys, values = list(run.tags), list(run.tags.values())
-        return [(sql.INSERT_RUN_TAGS, (self._ns, run.run_id, keys, values, tags_json(run.tags)))]
+        return [(sql.INSERT_RUN_TAGS, tag_rows_params(self._ns, run))]
 
     def _tagged_start(self, tags: dict[str, str]) -> tuple[str, list[Any]]:
         """The start of a tagged page's query (see ``_sqlite_tables.tagged_filters``)."""
@@ -617,6 +630,7 @@ class PostgresRunStore:
             " WHERE t.namespace = $1 AND " + where.replace("{tags}", "{schema}.run_tags")
         )
         return query, [self._ns, *params]
+
     # -- retention (issue 34) ---------------------------------------------------------------
 
     async def prune_finished(
