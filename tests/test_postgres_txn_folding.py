@@ -77,9 +77,13 @@ async def test_a_dedup_key_is_written_in_the_callers_transaction(postgres_url: s
 
     dropped, first, again = await trio.to_thread.run_sync(scenario)
     assert again == first
-    async with dt.open_backend(url) as backend, dt.open_operations(backend, namespace="shop") as ops:
+    async with (
+        dt.open_backend(url) as backend,
+        dt.open_operations(backend, namespace="shop") as ops,
+    ):
         assert await ops.store.get_run(dropped) is None
         run = await ops.store.get_run(first)
+        assert run is not None
         assert (run.input, run.tags) == (1, {"team": "ops"})
         assert [r.run_id for r in (await ops.list_runs(tags={"team": "ops"})).runs] == [first]
         async with open_engine(app, backend) as engine:
@@ -98,7 +102,9 @@ async def test_a_dedup_key_is_written_in_the_callers_transaction(postgres_url: s
         finally:
             ours.close()
         assert fresh == again != first
-        assert (await ops.store.get_run(fresh)).input == 4
+        stored = await ops.store.get_run(fresh)
+        assert stored is not None
+        assert stored.input == 4
 
 
 async def test_a_debounced_start_folds_in_the_callers_transaction(postgres_url: str) -> None:

@@ -89,9 +89,9 @@ async def test_ops_start_run_dedups_debounces_and_tags(
 async def test_ops_start_run_checks_like_engine_start() -> None:
     async with dt.open_backend("memory://") as backend, operations(backend) as ops:
         debounce = dt.Debounce(key="k", delay=1)
-        with pytest.raises(dt.ConfigError, match="ops.start_run: dedup_key must not be empty"):
+        with pytest.raises(dt.ConfigError, match=r"ops\.start_run: dedup_key must not be empty"):
             await ops.start_run("digest", dedup_key="")
-        with pytest.raises(TypeError, match=r"ops.start_run: debounce must be a dt\.Debounce"):
+        with pytest.raises(TypeError, match=r"ops\.start_run: debounce must be a dt\.Debounce"):
             await ops.start_run("digest", debounce="k")  # type: ignore[arg-type]
         with pytest.raises(dt.ConfigError, match="together"):
             await ops.start_run("digest", dedup_key="k", debounce=debounce)
@@ -127,6 +127,7 @@ async def test_the_console_starts_with_a_dedup_key_a_debounce_and_tags(
             two = await start(input='"b"', dedup_key="nightly")
             assert two.json()["location"] == f"/runs/{first}"
             run = await ops.store.get_run(first)
+            assert run is not None
             assert run.input == "a"
             assert run.tags == {"env": "prod", "team": "ops"}
             folded = [
@@ -189,6 +190,7 @@ def test_durable_trio_run_takes_a_dedup_key_a_debounce_and_tags(
     async def check() -> None:
         async with dt.open_backend(url) as backend, operations(backend) as ops:
             run = await ops.store.get_run(first["runId"])
+            assert run is not None
             assert run.input == "a"
             assert run.tags == {"team": "ops"}
             assert len(await ops.store.list_runs()) == 1  # the debounced one is not due yet
