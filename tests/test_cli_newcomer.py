@@ -136,7 +136,7 @@ def test_health_json_and_one_casing(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert status == 0
     assert json.loads(out) == {
         "namespace": "shop", "storeLost": None, "groups": [], "orphanedQueues": [],
-        "crashLoops": [],
+        "crashLoops": [], "flowControl": [],
     }
     status = main(["schedules", "add", "nightly", "order", "--every", "60", "--backend", url])
     assert status == 0
