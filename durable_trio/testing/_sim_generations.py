@@ -117,3 +117,24 @@ class GuardedGenerations:
         keeper = generations_of(self._view.inner)
         result: list[int] = await self._view._call(lambda: keeper.list_generations(run_id))
         return result
+
+    async def prune_generations(
+        self, ended_before: float, *, workflow: str | None = None, limit: int = 100
+    ) -> int:
+        keeper = generations_of(self._view.inner)
+        result: int = await self._view._call(
+            lambda: keeper.prune_generations(ended_before, workflow=workflow, limit=limit)
+        )
+        return result
+
+    async def count_generations(self, ended_before: float, *, workflow: str | None = None) -> int:
+        keeper = generations_of(self._view.inner)
+        result: int = await self._view._call(
+            lambda: keeper.count_generations(ended_before, workflow=workflow)
+        )
+        return result
+
+    async def generation_workflows(self) -> list[str]:
+        keeper = generations_of(self._view.inner)
+        result: list[str] = await self._view._call(keeper.generation_workflows)
+        return result
