@@ -59,8 +59,10 @@ async def _rows(store: Any) -> int:
             "SELECT count(*) FROM {schema}.run_generations WHERE namespace = $1", store._ns
         )
         return int(rows[0][0])
-    keys = await store._client.execute("KEYS", f"*{store._ns}*:gstep:*")
-    return len(keys)
+    total = 0
+    for prefix in store._prefixes:
+        total += len(await store._client.execute("KEYS", f"{prefix}:gstep:*"))
+    return total
 
 
 async def test_a_loop_keeps_only_the_generations_that_ended_within_retention(
