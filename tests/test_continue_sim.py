@@ -111,7 +111,7 @@ def test_the_invariant_catches_a_generation_pruned_before_its_retention(
         return await early(self, ended_before + 45, **kwargs)
 
     monkeypatch.setattr(_MemoryGenerations, "prune_generations", hasty)
-    with pytest.raises(InvariantViolation, match="before its retention of 60.0 s"):
+    with pytest.raises(InvariantViolation, match=r"before its retention of 60\.0 s"):
         _with_retention(1).run_sync()
 
 

@@ -270,7 +270,9 @@ def _sqlite_prune(
     return len(doomed)
 
 
-def _sqlite_count(ns: str, ended_before: float, workflow: str | None, db: sqlite3.Connection) -> int:
+def _sqlite_count(
+    ns: str, ended_before: float, workflow: str | None, db: sqlite3.Connection
+) -> int:
     row = db.execute(f"SELECT count(*) {_PRUNABLE_GENERATIONS}", (ns, ended_before, workflow))
     return int(row.fetchone()[0])
 

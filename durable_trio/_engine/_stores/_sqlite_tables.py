@@ -822,6 +822,9 @@ _PRUNABLE_IDS_OF: Final = (
     f"SELECT r.run_id {_PRUNABLE} AND r.workflow = ?3 ORDER BY r.updated_at LIMIT ?4"
 )
 _COUNT_PRUNABLE: Final = f"SELECT count(*) {_PRUNABLE}"
+_RUN_TABLES: Final = (
+    "dt_steps", "dt_generations", "dt_generation_ends", "dt_signals", "dt_events", "dt_runs"
+)
 #: The run's rows, its own last (all in the caller's transaction: a run whole or gone).
 _DELETE_RUN_ROWS: Final = (
     # its tag index rows first, found by its tags and seq (the index's own key; issue 34)
@@ -832,10 +835,7 @@ _DELETE_RUN_ROWS: Final = (
     """,
     *(
         f"DELETE FROM {table} WHERE namespace = ?1 AND run_id = ?2"
-        for table in (
-            "dt_steps", "dt_generations", "dt_generation_ends", "dt_signals", "dt_events",
-            "dt_runs",
-        )  # fmt: skip
+        for table in _RUN_TABLES
     ),
     # the dedup key row still naming it (issue 33; one a newer run of the key took over names
     # that run, and stays)
