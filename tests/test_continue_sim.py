@@ -103,14 +103,14 @@ def test_retention_prunes_previous_generations_only_past_it_under_engine_kills(s
 def test_the_invariant_catches_a_generation_pruned_before_its_retention(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from durable_trio._engine._stores._generations import _MemoryGenerations
+    from durable_trio._engine._stores._generations import MemoryGenerations
 
-    early = _MemoryGenerations.prune_generations
+    early = MemoryGenerations.prune_generations
 
     async def hasty(self: Any, ended_before: float, **kwargs: Any) -> int:
         return await early(self, ended_before + 45, **kwargs)
 
-    monkeypatch.setattr(_MemoryGenerations, "prune_generations", hasty)
+    monkeypatch.setattr(MemoryGenerations, "prune_generations", hasty)
     with pytest.raises(InvariantViolation, match=r"before its retention of 60\.0 s"):
         _with_retention(1).run_sync()
 

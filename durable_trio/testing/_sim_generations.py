@@ -16,7 +16,7 @@ import attrs
 from .._engine import StepKind, StepState
 from .._engine._generations import CONTINUE_STEP_ID, continuation_of
 from .._engine._records import step_position
-from .._engine._stores._generations import _MemoryGenerations, generations_of
+from .._engine._stores._generations import MemoryGenerations, generations_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -174,7 +174,7 @@ class PrunedGeneration:
     ended_before: float
 
 
-class RecordingGenerations(_MemoryGenerations):
+class RecordingGenerations(MemoryGenerations):
     """The generations of a simulation's shared store (``RecordingStore.generations``): every
     previous generation a prune deletes is recorded (``store.generation_prunes``)."""
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from .._records import StepRecord
 
-__all__ = ["Generations", "generations_of"]
+__all__ = ["Generations", "MemoryGenerations", "generations_of"]
 
 
 class Generations(Protocol):
@@ -80,7 +80,7 @@ def generations_of(store: Any) -> Generations:
     from .sqlite import SqliteRunStore
 
     if isinstance(store, MemoryRunStore):
-        return _MemoryGenerations(store)
+        return MemoryGenerations(store)
     if isinstance(store, SqliteRunStore):
         return _SQLiteGenerations(store)
     from .postgres import PostgresRunStore
@@ -101,7 +101,9 @@ def generations_of(store: Any) -> Generations:
 # -- memory -------------------------------------------------------------------------------------
 
 
-class _MemoryGenerations:
+class MemoryGenerations:
+    """:class:`Generations` of a :class:`~.memory.MemoryRunStore` (its runs' own fields)."""
+
     def __init__(self, store: Any) -> None:
         self._store = store
 
