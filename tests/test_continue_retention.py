@@ -99,6 +99,9 @@ async def test_a_loop_keeps_only_the_generations_that_ended_within_retention(
             assert await generations.list_generations(run_id) == []
             assert await _rows(store) == 0
             assert engine.statistics().runs_pruned == 1
+            # Nothing of the run left in the index of ends either.
+            assert await generations.count_generations(float("inf")) == 0
+            assert await generations.generation_workflows() in ([], ["ticker"])  # (Redis: a name)
 
 
 async def test_prune_deletes_the_generations_that_ended_before_the_cut_off(
@@ -153,7 +156,7 @@ async def test_the_cli_prunes_and_counts_generations(
         status = main(list(argv))
         return status, capsys.readouterr().out
 
-    # Generations 8, 9 and 10 ended on the store's virtual clock, long before the wall clock's
+    # Generations 0, 1 and 2 ended on the store's virtual clock, long before the wall clock's
     # cut-off: the dry run counts them (with the run's own); the prune deletes them with it.
     status, out = await trio.to_thread.run_sync(
         lambda: cli("runs", "prune", "--older-than", "60", "--dry-run", *common)
@@ -167,3 +170,28 @@ async def test_the_cli_prunes_and_counts_generations(
     assert status == 0
     assert json.loads(out)["count"] == 1
     assert json.loads(out)["generations"] == 0  # deleted with their run
+
+
+async def test_sqlite_backfills_the_ends_of_generations_archived_before_them(
+    tmp_path: Path, store_clock: trio.testing.MockClock
+) -> None:
+    import sqlite3
+
+    app = _app()
+    path = tmp_path / "runs.db"
+    url = f"sqlite:///{path}"
+    async with open_store(url, app.name) as (backend, store):
+        async with open_engine(app, backend, store=store, engine_id="e", **_QUIET) as engine:
+            start = trio.current_time()
+            await engine.start("ticker", _LAST - 3, run_id="ticker")
+            await engine.result("ticker")
+    with sqlite3.connect(path) as db:  # a file written before the ends existed
+        db.execute("DROP TABLE dt_generation_ends")
+    async with open_store(url, app.name) as (backend, store):
+        ends = await store._read(
+            lambda db: db.execute(
+                "SELECT generation, workflow, ended_at FROM dt_generation_ends ORDER BY generation"
+            ).fetchall()
+        )
+        # Each ended when the next one's mark was made.
+        assert ends == [(g, "ticker", start + _PERIOD * (g + 1)) for g in (0, 1, 2)]
