@@ -325,13 +325,14 @@ async def _runs_prune(ops: Operations, args: argparse.Namespace) -> int:
         preview = await ops.prune_runs(older_than, workflow=args.workflow, dry_run=True)
         if not sys.stdin.isatty():
             raise ConfigError(
-                f"runs prune would delete up to {preview.count} finished runs: pass --yes "
-                "(or --dry-run)"
+                f"runs prune would delete up to {preview.count} finished runs"
+                f"{_gens(preview.generations)}: pass --yes (or --dry-run)"
             )
         answer = await trio.to_thread.run_sync(
             input,
             f"delete up to {preview.count} finished runs{which} that ended before "
-            f"{_time(preview.ended_before)}, with their history? [y/N] ",
+            f"{_time(preview.ended_before)}, with their history"
+            f"{_gens(preview.generations)}? [y/N] ",
         )
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing deleted")
