@@ -37,7 +37,7 @@ from ._errors import BrokerError, ConfigError, TransportClosed
 from ._naming import QueueNames
 from ._ops_attempts import AttemptView
 from ._ops_bulk import BulkOutcome, BulkResult, RunFilter, run_bulk
-from ._ops_generations import show_run_generation
+from ._ops_generations import count_generations, prune_generations, show_run_generation
 from ._ops_views import (
     FailedJobView,
     PruneReport,
@@ -669,7 +669,9 @@ class Operations:
         """Delete the finished runs (completed, failed, cancelled) that ended more than
         ``older_than`` seconds ago (store clock), with their history, signals and events, batch
         after batch of ``batch`` runs (each batch one store transaction or script: each run
-        whole or gone). Never an unfinished run, nor a child whose parent is unfinished. Jobs
+        whole or gone). Never an unfinished run, nor a child whose parent is unfinished. Then
+        the previous generations (continue-as-new) of any run, finished or not, that ended
+        before the same cut-off (never a run's current generation). Jobs
         the broker set aside (failed) are left: ``jobs failed`` shows them, ``jobs delete``
         removes one (docs/operations.md, "Retention").
 
@@ -689,13 +691,16 @@ class Operations:
         ended_before = self.store.now() - older_than
         if dry_run:
             count = await self.store.count_finished(ended_before, workflow=workflow)
-            return PruneReport(ended_before, count, dry_run=True)
+            gens = await count_generations(self.store, ended_before, workflow)
+            return PruneReport(ended_before, count, dry_run=True, generations=gens)
         deleted = 0
         while True:
             ids = await self.store.prune_finished(ended_before, workflow=workflow, limit=batch)
             deleted += len(ids)
             if len(ids) < batch:
-                return PruneReport(ended_before, deleted, dry_run=False)
+                break
+        gens = await prune_generations(self.store, ended_before, workflow, batch)
+        return PruneReport(ended_before, deleted, dry_run=False, generations=gens)
 
 
 async def discover_namespace(backend: Backend) -> str | None:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ._engine._records import RunRecord, StepRecord
     from ._engine._stores import RunStore
 
-__all__ = ["generation_details"]
+__all__ = ["count_generations", "generation_details", "prune_generations"]
 
 
 async def generation_details(store: RunStore, run: RunRecord, generation: int | None) -> RunDetails:
@@ -28,8 +28,12 @@ async def generation_details(store: RunStore, run: RunRecord, generation: int | 
     A previous generation is shown with the input it started with and as ``continued``: its
     steps as they ended (a step still pending in it is ``interrupted``).
 
+    Retention deletes the oldest previous generations first (``previous`` lists those kept):
+    one older than the oldest kept (or, none kept, than the current one) was removed by it.
+
     Raises:
-        ConfigError: the run has no previous generation ``generation``.
+        ConfigError: the run has no previous generation ``generation`` (the message says when
+            retention removed it).
     """
     current = await store.get_steps(run.run_id)
     try:
@@ -46,6 +50,11 @@ async def generation_details(store: RunStore, run: RunRecord, generation: int | 
     steps = await keeper.get_generation(run.run_id, generation)
     if steps is None:
         shown = ", ".join(map(str, previous)) or "none"
+        if 0 <= generation < (previous[0] if previous else number):
+            raise ConfigError(
+                f"generation {generation} of run {run.run_id!r} was removed by retention "
+                f"(kept: {shown}; current: {number})"
+            )
         raise ConfigError(
             f"run {run.run_id!r} has no previous generation {generation} (previous: {shown}; "
             f"current: {number})"
@@ -72,3 +81,30 @@ async def show_run_generation(store: RunStore, run_id: str, generation: int | No
     if run is None:
         raise RunNotFound(run_id)
     return await generation_details(store, run, generation)
+
+
+async def count_generations(store: RunStore, ended_before: float, workflow: str | None) -> int:
+    """How many previous generations ended before ``ended_before`` (0: a store that keeps
+    none)."""
+    try:
+        keeper = generations_of(store)
+    except TypeError:
+        return 0
+    return await keeper.count_generations(ended_before, workflow=workflow)
+
+
+async def prune_generations(
+    store: RunStore, ended_before: float, workflow: str | None, batch: int
+) -> int:
+    """Delete the previous generations that ended before ``ended_before``, batch after batch;
+    how many."""
+    try:
+        keeper = generations_of(store)
+    except TypeError:
+        return 0
+    deleted = 0
+    while True:
+        n = await keeper.prune_generations(ended_before, workflow=workflow, limit=batch)
+        deleted += n
+        if n < batch:
+            return deleted

@@ -134,7 +134,8 @@ class RunDetails:
     generation: int = 0
     """Which generation of the run these are (continue-as-new: ``_ops_generations.py``)."""
     previous: tuple[int, ...] = ()
-    """The numbers of its previous generations (kept until retention deletes the run)."""
+    """The numbers of its previous generations still kept (retention deletes those that ended
+    longer than its retention ago, and all of them with the run)."""
 
     @property
     def children(self) -> tuple[str, ...]:
@@ -417,9 +418,18 @@ class PruneReport:
     count: int
     """Runs deleted (with ``dry_run``: that would be, at most)."""
     dry_run: bool = False
+    generations: int = 0
+    """Previous generations (continue-as-new) deleted, of runs finished or not, that ended
+    before the cut-off, not counting those deleted with their run (with ``dry_run``: that
+    would be, at most: the runs' own counted too)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"endedBefore": self.ended_before, "count": self.count, "dryRun": self.dry_run}
+        return {
+            "endedBefore": self.ended_before,
+            "count": self.count,
+            "generations": self.generations,
+            "dryRun": self.dry_run,
+        }
 
 
 def workers_of(groups: Any) -> list[WorkerView]:

@@ -1,7 +1,9 @@
 """Continue-as-new in the simulation harness (issue 34, item 5): runs that continue as new a
 random number of times, consuming signals sent at random times across generations, under
 faults with engines killed and replaced: every run ends with every signal consumed once, in
-order, and each continued run's histories chain without gap. Kept seeds."""
+order, and each continued run's histories chain without gap. With retention, previous
+generations are pruned while their runs go on: none before its retention, every one due by the
+end, those kept chained without gap (durable_trio/testing/_sim_retention.py). Kept seeds."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import attrs
 import pytest
 
 import durable_trio as dt
-from durable_trio.testing import Simulation
+from durable_trio.testing import InvariantViolation, Simulation
 from durable_trio.testing._sample import CHAOS
 
 if TYPE_CHECKING:
@@ -70,6 +72,47 @@ def test_continued_runs_chain_their_histories_without_gap_under_engine_kills(see
     assert report.runs_completed == 40
     assert report.faults["engine-kill"] >= 2
     assert simulation._invariants.continued >= 20
+
+
+def _with_retention(seed: int) -> Simulation:
+    return Simulation(
+        app,
+        workload,
+        seed=seed,
+        runs=40,
+        duration=3600,
+        engines=2,
+        faults=attrs.evolve(CHAOS, engine_kills_per_hour=6.0),
+        expected_output=expected,
+        signals=signals,
+        engine_options={"retention": 60.0, "retention_interval": 10.0},
+    )
+
+
+@pytest.mark.parametrize("seed", [1, 7])
+def test_retention_prunes_previous_generations_only_past_it_under_engine_kills(seed: int) -> None:
+    # Generations are pruned while their runs go on (then the runs, finished): none before
+    # its retention, every one due by the end, those kept chained without gap.
+    report = _with_retention(seed).run_sync()
+    assert report.violations == ()
+    assert report.runs_completed == 40
+    assert report.engine.generations_pruned > 20
+    assert report.engine.runs_pruned == 40
+
+
+def test_the_invariant_catches_a_generation_pruned_before_its_retention(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from durable_trio._engine._stores._generations import MemoryGenerations
+
+    early = MemoryGenerations.prune_generations
+
+    async def hasty(self: Any, ended_before: float, **kwargs: Any) -> int:
+        return await early(self, ended_before + 45, **kwargs)
+
+    monkeypatch.setattr(MemoryGenerations, "prune_generations", hasty)
+    with pytest.raises(InvariantViolation, match=r"before its retention of 60\.0 s"):
+        _with_retention(1).run_sync()
 
 
 async def test_the_invariant_catches_a_gap_between_generations() -> None:

@@ -717,7 +717,7 @@ async def test_prometheus_has_queues_set_aside_jobs_and_runs(autojump_clock: obj
 def test_the_python_block_of_docs_operations_runs() -> None:
     page = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", page, re.DOTALL)
-    assert len(blocks) == 2  # "From Python", "Updates": each a whole program
+    assert len(blocks) == 3  # "From Python", "Generations", "Updates": each a whole program
     for block in blocks:
         exec(compile(block, "docs/operations.md", "exec"), {"__name__": "__main__"})
 

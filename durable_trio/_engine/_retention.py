@@ -12,6 +12,13 @@ step) an engine prunes, batch after batch of ``retention_batch`` runs while they
 full. Any engine may: a run two engines both pick is deleted once (the stores' deletes are
 idempotent). A prune cancelled (the engine closing, or killed) between batches leaves the
 batches done done and the rest for the next prune; inside a batch, each run is whole or gone.
+
+The same retention applies to a run's previous generations (continue-as-new), finished or not:
+a previous generation ended when the next one's mark was made (``continue_run``'s time); it is
+kept ``retention`` seconds after that, then deleted on its own (:func:`prune_generations_once`,
+batch after batch; each generation whole or gone). The run's current generation and the run
+itself are never touched by it, and the generations kept are always the newest ones: ends are
+in generation order, so what is left chains without gap to the current generation.
 """
 
 from __future__ import annotations
@@ -31,8 +38,9 @@ if TYPE_CHECKING:
     from ._app import App
     from ._services import EngineServices
     from ._stores import RunStore
+    from ._stores._generations import Generations
 
-__all__ = ["RetentionPolicy", "prune_forever", "prune_once"]
+__all__ = ["RetentionPolicy", "prune_forever", "prune_generations_once", "prune_once"]
 
 logger = logging.getLogger("durable_trio")
 
@@ -101,6 +109,49 @@ async def prune_once(store: RunStore, policy: RetentionPolicy, batch: int = 100)
     return pruned
 
 
+async def prune_generations_once(
+    store: RunStore, policy: RetentionPolicy, batch: int = 100
+) -> int:
+    """Delete every previous generation past its run's workflow's retention, now (store clock;
+    a store that keeps no generations: none).
+
+    Returns:
+        How many were deleted.
+    """
+    from ._stores._generations import generations_of
+
+    try:
+        keeper = generations_of(store)
+    except TypeError:
+        await trio.lowlevel.checkpoint()
+        return 0
+    now = store.now()
+    if not policy.overrides:
+        if policy.default is None:
+            await trio.lowlevel.checkpoint()
+            return 0
+        return await _prune_generations(keeper, now - policy.default, None, batch)
+    pruned = 0
+    for workflow in await keeper.generation_workflows():
+        kept = policy.of_workflow(workflow)
+        if kept is not None:
+            pruned += await _prune_generations(keeper, now - kept, workflow, batch)
+    return pruned
+
+
+async def _prune_generations(
+    keeper: Generations, ended_before: float, workflow: str | None, batch: int
+) -> int:
+    """Batch after batch while they come back full."""
+    pruned = 0
+    while True:
+        n = await keeper.prune_generations(ended_before, workflow=workflow, limit=batch)
+        pruned += n
+        if n < batch:
+            return pruned
+        await trio.lowlevel.checkpoint()
+
+
 async def prune_forever(services: EngineServices) -> None:
     """The engine's retention loop (in its loops nursery; see the module docstring)."""
     options = services.options
@@ -118,3 +169,11 @@ async def prune_forever(services: EngineServices) -> None:
         if pruned:
             services.count("runs_pruned", len(pruned))
             logger.debug("retention: %d finished runs deleted", len(pruned))
+        try:
+            gone = await prune_generations_once(services.store, policy, options.retention_batch)
+        except BrokerError as exc:
+            services.report(exc)
+            continue
+        if gone:
+            services.count("generations_pruned", gone)
+            logger.debug("retention: %d previous generations deleted", gone)

@@ -91,6 +91,9 @@ class EngineStatistics:
     """Blocked runs this engine reopened on its own (code that may replay them)."""
     runs_pruned: int = 0
     """Finished runs this engine's retention deleted (issue 34; docs/engine.md, "Retention")."""
+    generations_pruned: int = 0
+    """Previous generations (continue-as-new) this engine's retention deleted, of runs finished
+    or not (docs/engine.md, "Continue-as-new")."""
     stream_values_dropped: int = 0
     """Values a remote workflow's ``ctx.emit`` published past its stream's bounds, dropped
     (issue 34; docs/engine.md, "Streaming")."""

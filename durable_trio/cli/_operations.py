@@ -313,6 +313,11 @@ def duration(text: str) -> float:
     return seconds
 
 
+def _gens(count: int) -> str:
+    """The previous generations a prune deleted (continue-as-new), if any."""
+    return f", and {count} previous generations (continue-as-new)" if count else ""
+
+
 async def _runs_prune(ops: Operations, args: argparse.Namespace) -> int:
     older_than = duration(args.older_than)
     which = "" if args.workflow is None else f" of workflow {visible(args.workflow)}"
@@ -320,13 +325,14 @@ async def _runs_prune(ops: Operations, args: argparse.Namespace) -> int:
         preview = await ops.prune_runs(older_than, workflow=args.workflow, dry_run=True)
         if not sys.stdin.isatty():
             raise ConfigError(
-                f"runs prune would delete up to {preview.count} finished runs: pass --yes "
-                "(or --dry-run)"
+                f"runs prune would delete up to {preview.count} finished runs"
+                f"{_gens(preview.generations)}: pass --yes (or --dry-run)"
             )
         answer = await trio.to_thread.run_sync(
             input,
             f"delete up to {preview.count} finished runs{which} that ended before "
-            f"{_time(preview.ended_before)}, with their history? [y/N] ",
+            f"{_time(preview.ended_before)}, with their history"
+            f"{_gens(preview.generations)}? [y/N] ",
         )
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing deleted")
@@ -337,12 +343,12 @@ async def _runs_prune(ops: Operations, args: argparse.Namespace) -> int:
     elif args.dry_run:
         print(
             f"would delete {report.count} finished runs{which} that ended before "
-            f"{_time(report.ended_before)} (dry run: nothing deleted)"
+            f"{_time(report.ended_before)}{_gens(report.generations)} (dry run: nothing deleted)"
         )
     else:
         print(
             f"deleted {report.count} finished runs{which} that ended before "
-            f"{_time(report.ended_before)}"
+            f"{_time(report.ended_before)}{_gens(report.generations)}"
         )
     return 0
 
@@ -528,7 +534,9 @@ def add_ops_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     signal.set_defaults(func=_runner(_runs_signal))
 
     prune = runs_commands.add_parser(
-        "prune", help="delete finished runs that ended longer ago than --older-than"
+        "prune",
+        help="delete finished runs that ended longer ago than --older-than, and the previous "
+        "generations (continue-as-new) of any run that did",
     )
     _common(prune)
     prune.add_argument(

@@ -28,7 +28,7 @@ from .._engine._statistics import COUNTERS
 from .._engine._stores.memory import MemoryRunStore
 from .._errors import BrokerError, BrokerUnavailable
 from ..backends._backend import Backend
-from ._sim_generations import GuardedGenerations
+from ._sim_generations import GuardedGenerations, PrunedGeneration, RecordingGenerations
 from .faults import BrokerFaults, FaultyKeyStore, Injector, wrap_broker
 
 if TYPE_CHECKING:
@@ -71,6 +71,10 @@ class RecordingStore(MemoryRunStore):
         """Retention (issue 34): every run deleted by a prune, as it was just before."""
         self.pruned_twice: list[str] = []
         """Runs a prune deleted more than once (created again after a prune: a breach)."""
+        self.generation_prunes: list[PrunedGeneration] = []
+        """Retention of previous generations (continue-as-new): every one a prune deleted."""
+        self.generations = RecordingGenerations(self)
+        """Continue-as-new's calls on this store (``generations_of``), prunes recorded."""
 
     async def prune_finished(
         self, ended_before: float, *, workflow: str | None = None, limit: int = 100

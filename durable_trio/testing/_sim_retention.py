@@ -13,7 +13,11 @@ recorded (``RecordingStore.prunes``) and what is left at the end:
   (never created again);
 - every run that finished longer than its retention before the end (plus a prune interval) has
   been pruned (the simulation lingers after its drain for that long, faults healed);
-- every run the workload started and that is gone from the store was pruned (none vanished).
+- every run the workload started and that is gone from the store was pruned (none vanished);
+- previous generations (continue-as-new): none pruned before its run's workflow's retention
+  after its end (the next generation's mark), every one that ended longer than that (plus a
+  prune interval) before the end is gone, and those kept chain without gap up to the current
+  generation (``check_generations``).
 """
 
 from __future__ import annotations
@@ -109,6 +113,32 @@ class RetentionCheck:
         for run_id in started:
             if run_id not in store._runs and run_id not in store.prunes:
                 violation(f"run {run_id} is gone from the store but was never pruned")
+        self._generations(store, ledger)
+
+    def _generations(self, store: RecordingStore, ledger: Ledger) -> None:
+        """The invariants of previous generations (continue-as-new) in the module docstring."""
+        for gone in store.generation_prunes:
+            kept = self.policy.of_workflow(gone.workflow)
+            if kept is None:
+                ledger.violation(
+                    f"generation {gone.generation} of run {gone.run_id} ({gone.workflow}, "
+                    "kept for good) was pruned"
+                )
+            elif gone.ended_at + kept > gone.at + 1e-9:
+                ledger.violation(
+                    f"generation {gone.generation} of run {gone.run_id} was pruned "
+                    f"{gone.at - gone.ended_at:.3f} s after its end, before its retention of "
+                    f"{kept} s"
+                )
+        now = store.now()
+        for run_id, record in sorted(store._runs.items()):
+            kept = self.policy.of_workflow(record.workflow)
+            for g, ended in sorted(record.generation_ends.items()):
+                if kept is not None and ended + kept + self.slack <= now:
+                    ledger.violation(
+                        f"generation {g} of run {run_id} ended {now - ended:.3f} s before the "
+                        f"end and was never pruned (retention {kept} s)"
+                    )
 
     @staticmethod
     def _gone(store: RecordingStore, broker: MemoryBroker, run_id: str, ledger: Ledger) -> None:

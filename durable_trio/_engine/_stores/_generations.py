@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from .._records import StepRecord
 
-__all__ = ["Generations", "generations_of"]
+__all__ = ["Generations", "MemoryGenerations", "generations_of"]
 
 
 class Generations(Protocol):
@@ -48,6 +48,23 @@ class Generations(Protocol):
         """The numbers of the run's previous generations, ascending."""
         ...
 
+    async def prune_generations(
+        self, ended_before: float, *, workflow: str | None = None, limit: int = 100
+    ) -> int:
+        """Delete up to ``limit`` previous generations (of any run, finished or not) that ended
+        before ``ended_before`` (store clock), oldest end first, each whole or gone; of runs of
+        ``workflow`` only if given. Returns how many were deleted. A generation's end is the
+        time the next generation's mark was made (``continue_run``'s ``now``)."""
+        ...
+
+    async def count_generations(self, ended_before: float, *, workflow: str | None = None) -> int:
+        """How many previous generations :meth:`prune_generations` would delete (no limit)."""
+        ...
+
+    async def generation_workflows(self) -> list[str]:
+        """The workflows of the runs that have a previous generation, sorted."""
+        ...
+
 
 def generations_of(store: Any) -> Generations:
     """The :class:`Generations` of run store ``store``.
@@ -63,7 +80,7 @@ def generations_of(store: Any) -> Generations:
     from .sqlite import SqliteRunStore
 
     if isinstance(store, MemoryRunStore):
-        return _MemoryGenerations(store)
+        return MemoryGenerations(store)
     if isinstance(store, SqliteRunStore):
         return _SQLiteGenerations(store)
     from .postgres import PostgresRunStore
@@ -84,7 +101,9 @@ def generations_of(store: Any) -> Generations:
 # -- memory -------------------------------------------------------------------------------------
 
 
-class _MemoryGenerations:
+class MemoryGenerations:
+    """:class:`Generations` of a :class:`~.memory.MemoryRunStore` (its runs' own fields)."""
+
     def __init__(self, store: Any) -> None:
         self._store = store
 
@@ -100,6 +119,7 @@ class _MemoryGenerations:
             return False
         # No checkpoint from here on: atomic.
         run.generations[current] = run.steps
+        run.generation_ends[current] = now
         run.steps = {}
         run.input = orjson.dumps(input)
         run.updated_at = now
@@ -118,6 +138,34 @@ class _MemoryGenerations:
         await trio.lowlevel.checkpoint_if_cancelled()
         run = self._store._runs.get(run_id)
         return [] if run is None else sorted(run.generations)
+
+    def _prunable(self, ended_before: float, workflow: str | None) -> list[tuple[float, str, int]]:
+        return sorted(
+            (ended, run.run_id, g)
+            for run in self._store._runs.values()
+            if workflow is None or run.workflow == workflow
+            for g, ended in run.generation_ends.items()
+            if ended < ended_before
+        )
+
+    async def prune_generations(
+        self, ended_before: float, *, workflow: str | None = None, limit: int = 100
+    ) -> int:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        doomed = self._prunable(ended_before, workflow)[:limit]
+        for _, run_id, g in doomed:  # no checkpoint in between: atomic
+            run = self._store._runs[run_id]
+            run.generations.pop(g, None)
+            del run.generation_ends[g]
+        return len(doomed)
+
+    async def count_generations(self, ended_before: float, *, workflow: str | None = None) -> int:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return len(self._prunable(ended_before, workflow))
+
+    async def generation_workflows(self) -> list[str]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return sorted({r.workflow for r in self._store._runs.values() if r.generation_ends})
 
 
 def _memory_begin(store: Any, mark: StepRecord, now: float) -> None:
@@ -165,6 +213,12 @@ def _sqlite_continue(
         "WHERE namespace = ?1 AND run_id = ?2",
         (ns, run_id, current),
     )
+    db.execute(
+        "INSERT OR REPLACE INTO dt_generation_ends (namespace, run_id, generation, workflow, "
+        "ended_at) SELECT namespace, run_id, ?3, workflow, ?4 FROM dt_runs "
+        "WHERE namespace = ?1 AND run_id = ?2",
+        (ns, run_id, current, now),
+    )
     db.execute("DELETE FROM dt_steps WHERE namespace = ?1 AND run_id = ?2", (ns, run_id))
     tables.begin_step(ns, mark, now, db)
     db.execute(
@@ -196,6 +250,43 @@ def _sqlite_list(ns: str, run_id: str, db: sqlite3.Connection) -> list[int]:
     return [int(row[0]) for row in rows]
 
 
+_PRUNABLE_GENERATIONS: Final = (
+    "FROM dt_generation_ends WHERE namespace = ?1 AND ended_at < ?2 "
+    "AND (?3 IS NULL OR workflow = ?3)"
+)
+
+
+def _sqlite_prune(
+    ns: str, ended_before: float, workflow: str | None, limit: int, db: sqlite3.Connection
+) -> int:
+    doomed = db.execute(
+        f"SELECT run_id, generation {_PRUNABLE_GENERATIONS} ORDER BY ended_at LIMIT ?4",
+        (ns, ended_before, workflow, limit),
+    ).fetchall()
+    for run_id, generation in doomed:  # (one transaction: each whole or gone)
+        for table in ("dt_generations", "dt_generation_ends"):
+            db.execute(
+                f"DELETE FROM {table} WHERE namespace = ?1 AND run_id = ?2 AND generation = ?3",
+                (ns, run_id, generation),
+            )
+    return len(doomed)
+
+
+def _sqlite_count(
+    ns: str, ended_before: float, workflow: str | None, db: sqlite3.Connection
+) -> int:
+    row = db.execute(f"SELECT count(*) {_PRUNABLE_GENERATIONS}", (ns, ended_before, workflow))
+    return int(row.fetchone()[0])
+
+
+def _sqlite_workflows(ns: str, db: sqlite3.Connection) -> list[str]:
+    rows = db.execute(
+        "SELECT DISTINCT workflow FROM dt_generation_ends WHERE namespace = ?1 ORDER BY workflow",
+        (ns,),
+    )
+    return [str(row[0]) for row in rows]
+
+
 class _SQLiteGenerations:
     def __init__(self, store: Any) -> None:
         self._store = store
@@ -215,4 +306,20 @@ class _SQLiteGenerations:
     async def list_generations(self, run_id: str) -> list[int]:
         store = self._store
         result: list[int] = await store._read(partial(_sqlite_list, store._ns, run_id))
+        return result
+
+    async def prune_generations(
+        self, ended_before: float, *, workflow: str | None = None, limit: int = 100
+    ) -> int:
+        store = self._store
+        call = partial(_sqlite_prune, store._ns, ended_before, workflow, limit)
+        return int(await store._write(call))
+
+    async def count_generations(self, ended_before: float, *, workflow: str | None = None) -> int:
+        store = self._store
+        return int(await store._read(partial(_sqlite_count, store._ns, ended_before, workflow)))
+
+    async def generation_workflows(self) -> list[str]:
+        store = self._store
+        result: list[str] = await store._read(partial(_sqlite_workflows, store._ns))
         return result

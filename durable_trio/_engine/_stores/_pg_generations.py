@@ -1,5 +1,5 @@
 """The PostgreSQL run store's previous generations (continue-as-new: see ``_generations.py``;
-the table: migration 6 of part ``"runs"``, ``_pg_tables.py``)."""
+the tables: migrations 6 and 10 of part ``"runs"``, ``_pg_tables.py``)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,35 @@ _ARCHIVE: Final = f"""
     SELECT namespace, run_id, $3::bigint, {_COLUMNS} FROM {{schema}}.run_steps
     WHERE namespace = $1 AND run_id = $2
     ON CONFLICT DO NOTHING
+"""
+_END: Final = """
+    INSERT INTO {schema}.run_generation_ends (namespace, run_id, generation, workflow, ended_at)
+    SELECT namespace, run_id, $3::bigint, workflow, $4::float8 FROM {schema}.runs
+    WHERE namespace = $1 AND run_id = $2
+    ON CONFLICT DO NOTHING
+"""
+_PRUNABLE: Final = """
+    FROM {schema}.run_generation_ends
+    WHERE namespace = $1 AND ended_at < $2::float8 AND ($3::text IS NULL OR workflow = $3::text)
+"""
+# The generations picked, locked (one another prune holds is skipped), deleted with their
+# ends in one statement (each whole or gone).
+_PRUNE: Final = f"""
+    WITH doomed AS MATERIALIZED (
+        SELECT run_id, generation {_PRUNABLE}
+        ORDER BY ended_at LIMIT $4::bigint FOR UPDATE SKIP LOCKED
+    ), steps AS (
+        DELETE FROM {{schema}}.run_generations AS g USING doomed AS d
+        WHERE g.namespace = $1 AND g.run_id = d.run_id AND g.generation = d.generation
+    )
+    DELETE FROM {{schema}}.run_generation_ends AS e USING doomed AS d
+    WHERE e.namespace = $1 AND e.run_id = d.run_id AND e.generation = d.generation
+    RETURNING e.run_id
+"""
+_COUNT: Final = f"SELECT count(*) {_PRUNABLE}"
+_WORKFLOWS: Final = """
+    SELECT DISTINCT workflow FROM {schema}.run_generation_ends WHERE namespace = $1
+    ORDER BY workflow
 """
 _CLEAR: Final = "DELETE FROM {schema}.run_steps WHERE namespace = $1 AND run_id = $2"
 _SET_INPUT: Final = """
@@ -66,6 +95,7 @@ class PostgresGenerations:
                     return False
                 statements: list[tuple[str | bytes, Sequence[Any]]] = [
                     (s(_ARCHIVE), (ns, run_id, current)),
+                    (s(_END), (ns, run_id, current, now)),
                     (s(_CLEAR), (ns, run_id)),
                     (s(sql.INSERT_STEP), store._step_values(mark, now)),
                     (s(_SET_INPUT), (ns, run_id, dumps(input), now)),
@@ -82,3 +112,21 @@ class PostgresGenerations:
     async def list_generations(self, run_id: str) -> list[int]:
         rows = await self._store._fetch(_LIST, self._store._ns, run_id)
         return [int(row[0]) for row in rows]
+
+    async def prune_generations(
+        self, ended_before: float, *, workflow: str | None = None, limit: int = 100
+    ) -> int:
+        store = self._store
+        rows = await store._write(
+            lambda: store._fetch(_PRUNE, store._ns, float(ended_before), workflow, limit)
+        )
+        return len(rows)
+
+    async def count_generations(self, ended_before: float, *, workflow: str | None = None) -> int:
+        store = self._store
+        rows = await store._fetch(_COUNT, store._ns, float(ended_before), workflow)
+        return int(rows[0][0])
+
+    async def generation_workflows(self) -> list[str]:
+        rows = await self._store._fetch(_WORKFLOWS, self._store._ns)
+        return [str(row[0]) for row in rows]

@@ -27,6 +27,7 @@ from typing import Final
 
 from ..._postgres._migrations import Migration
 from .._records import CANCEL_STEP_ID, RunStatus
+from ._generation_tables import backfill_ends
 from ._sqlite_tables import _RUN_COLUMNS, _STEP_COLUMNS
 
 __all__ = ["RUNS_MIGRATIONS"]
@@ -283,6 +284,29 @@ RUNS_MIGRATIONS: Final = (
     # Issue 32: a checkpoint's compare-and-set and a run's end, each ONE statement from the
     # client (their statements inside a function: see _UPDATE_STEP_FUNCTION).
     Migration(9, _FUNCTIONS, "update_step and finish_run as functions (one statement each)"),
+    # Issue 34, item 5: when each previous generation ended (retention of generations,
+    # _pg_generations.py), the generations archived before it backfilled.
+    Migration(
+        10,
+        """
+        CREATE TABLE {schema}.run_generation_ends (
+            namespace text COLLATE "C" NOT NULL,
+            run_id text COLLATE "C" NOT NULL,
+            generation bigint NOT NULL,
+            workflow text COLLATE "C" NOT NULL,
+            ended_at double precision NOT NULL,
+            PRIMARY KEY (namespace, run_id, generation)
+        );
+        CREATE INDEX run_generation_ends_at ON {schema}.run_generation_ends (namespace, ended_at);
+        CREATE INDEX run_generation_ends_workflow
+            ON {schema}.run_generation_ends (namespace, workflow, ended_at);
+        """
+        + backfill_ends(
+            "{schema}.run_generation_ends", "{schema}.run_generations", "{schema}.run_steps",
+            "{schema}.runs",
+        ),
+        "when each previous generation ended (retention of generations)",
+    ),
 )
 
 RUN_COLUMNS: Final = _RUN_COLUMNS
@@ -528,6 +552,9 @@ def _prune(of_workflow: bool) -> str:
         WHERE s.namespace = $1 AND s.run_id = d.run_id
     ), generations AS (
         DELETE FROM {{schema}}.run_generations AS g USING doomed AS d
+        WHERE g.namespace = $1 AND g.run_id = d.run_id
+    ), generation_ends AS (
+        DELETE FROM {{schema}}.run_generation_ends AS g USING doomed AS d
         WHERE g.namespace = $1 AND g.run_id = d.run_id
     ), signals AS (
         DELETE FROM {{schema}}.run_signals AS s USING doomed AS d

@@ -117,6 +117,7 @@ for i = 6 + held, #ARGV, 2 do
           redis.call('DEL', prefix .. ':gstep' .. tail .. ':' .. g .. ':' .. step)
         end
         redis.call('DEL', ids)
+        redis.call('ZREM', prefix .. ':gended:' .. wf, g .. ':' .. id)
       end
       redis.call('DEL', gens)
       local tags = redis.call('HGET', key, 'tags')  -- (its tag index entries, issue 34)

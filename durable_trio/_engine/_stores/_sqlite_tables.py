@@ -30,7 +30,7 @@ from .._records import (
     read_trace,
 )
 from .._tags import read_tags, tags_json
-from ._generation_tables import SQLITE_GENERATIONS_SCHEMA
+from ._generation_tables import SQLITE_GENERATIONS_SCHEMA, backfill_ends
 from ._paging import encode_cursor, skip_damaged
 
 log = logging.getLogger("durable_trio")
@@ -334,8 +334,13 @@ def create_schema(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE dt_schedules ADD COLUMN state TEXT")
     for statement in RETENTION_SCHEMA:  # issue 34: added to older files when opened
         db.execute(statement)
+    had_ends = db.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'dt_generation_ends'"
+    ).fetchone()
     for statement in SQLITE_GENERATIONS_SCHEMA:  # continue-as-new: added to older files too
         db.execute(statement)
+    if had_ends is None:  # the ends of generations archived before the table existed
+        db.execute(backfill_ends("dt_generation_ends", "dt_generations", "dt_steps", "dt_runs"))
 
 
 # -- operations (each runs in the connection thread, as one transaction) -----------------------
@@ -817,6 +822,9 @@ _PRUNABLE_IDS_OF: Final = (
     f"SELECT r.run_id {_PRUNABLE} AND r.workflow = ?3 ORDER BY r.updated_at LIMIT ?4"
 )
 _COUNT_PRUNABLE: Final = f"SELECT count(*) {_PRUNABLE}"
+_RUN_TABLES: Final = (
+    "dt_steps", "dt_generations", "dt_generation_ends", "dt_signals", "dt_events", "dt_runs"
+)
 #: The run's rows, its own last (all in the caller's transaction: a run whole or gone).
 _DELETE_RUN_ROWS: Final = (
     # its tag index rows first, found by its tags and seq (the index's own key; issue 34)
@@ -827,7 +835,7 @@ _DELETE_RUN_ROWS: Final = (
     """,
     *(
         f"DELETE FROM {table} WHERE namespace = ?1 AND run_id = ?2"
-        for table in ("dt_steps", "dt_generations", "dt_signals", "dt_events", "dt_runs")
+        for table in _RUN_TABLES
     ),
     # the dedup key row still naming it (issue 33; one a newer run of the key took over names
     # that run, and stays)

@@ -63,6 +63,8 @@ class _Run:
     events: dict[str, str] = attrs.Factory(dict)
     generations: dict[int, dict[str, _Step]] = attrs.Factory(dict)
     """Its previous generations' histories (continue-as-new: ``_generations.py``)."""
+    generation_ends: dict[int, float] = attrs.Factory(dict)
+    """When each previous generation ended (retention of generations)."""
 
     def out(self) -> RunRecord:
         return RunRecord(
