@@ -192,6 +192,10 @@ async def test_ops_and_the_cli_show_a_previous_generation(
     shown = json.loads(out)
     assert (shown["generation"], shown["previousGenerations"]) == (1, [0, 1])
     assert shown["input"] == {"n": 3, "total": 4}
+    status, out = await trio.to_thread.run_sync(
+        lambda: cli("runs", "show", "loop", "--generation", "1", *common)
+    )
+    assert "generation 1 (an earlier one; the run's current is 2)  previous kept 0 1" in out
     assert [s["stepId"] for s in shown["steps"]] == ["3"]
 
 

@@ -174,7 +174,12 @@ async def _runs_show(ops: Operations, args: argparse.Namespace) -> int:
     print(f"input  {_short(run.input)}")
     if details.generation or details.previous:  # continue-as-new (issue 34)
         previous = " ".join(map(str, details.previous)) or "—"
-        print(f"generation {details.generation}  previous {previous}")
+        if details.previous and details.generation <= max(details.previous):
+            current = max(details.previous) + 1  # (showing an earlier one: --generation)
+            print(f"generation {details.generation} (an earlier one; the run's current is "
+                  f"{current})  previous kept {previous}")  # fmt: skip
+        else:
+            print(f"generation {details.generation}  previous {previous}")
     if run.parent is not None:
         print(f"parent {visible(run.parent)}")
     if run.tags:  # issue 34
