@@ -21,6 +21,7 @@ import dataclasses
 import datetime
 import decimal
 import enum
+import functools
 import inspect
 import sys
 import types
@@ -30,11 +31,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
-import cattrs
-from cattrs.preconf.json import make_converter
 
 from .._errors import PayloadError
 from .._json_values import MAX_JSON_DEPTH
+
+if typing.TYPE_CHECKING:
+    import cattrs
 
 __all__ = [
     "PLAIN",
@@ -74,7 +76,12 @@ def _is_pydantic_model(tp: Any) -> bool:
     return pydantic is not None and isinstance(tp, type) and issubclass(tp, pydantic.BaseModel)
 
 
-def _build() -> cattrs.Converter:
+@functools.cache
+def _converter() -> cattrs.Converter:
+    """The project-wide converter of typed payloads, built on first use (cattrs is imported
+    only when a typed payload is structured, or when ``payload_converter`` is first named)."""
+    from cattrs.preconf.json import make_converter
+
     conv = make_converter()
     # Scalars are strict, as on the wire (_codec): "5" is not an int, 1.9 not an int (cattrs'
     # default would call int() and lose the .9), true not an int, 5 not a str.
@@ -123,10 +130,18 @@ def _structure_decimal(value: Any, _: Any) -> decimal.Decimal:
         raise ValueError(f"{value!r:.40} is not a decimal number") from None
 
 
-#: The project-wide converter of typed payloads (register hooks for your own types on it).
-converter: cattrs.Converter = _build()
-payload_converter = converter
-"""The converter as the package exports it (``dt.payload_converter``): register hooks on it."""
+if typing.TYPE_CHECKING:
+    #: The project-wide converter of typed payloads (register hooks for your own types on it).
+    converter: cattrs.Converter
+    #: The converter as the package exports it (``dt.payload_converter``): register hooks on it.
+    payload_converter: cattrs.Converter
+else:
+
+    def __getattr__(name: str) -> Any:
+        # Both names are the one converter, built on first use (PEP 562).
+        if name in ("converter", "payload_converter"):
+            return _converter()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------------ which annotations are typed
@@ -206,6 +221,9 @@ def structure_as(value: Any, tp: Any, what: str) -> Any:
     """
     if tp is PLAIN:
         return value
+    converter = _converter()
+    import cattrs  # (loaded: the converter imported it)
+
     try:
         return converter.structure(value, tp)
     except cattrs.BaseValidationError as exc:
@@ -240,7 +258,7 @@ def unstructure_as(value: Any, tp: Any, what: str) -> Any:
     if tp is PLAIN:
         return to_json(value)
     try:
-        return converter.unstructure(value, unstructure_as=tp)
+        return _converter().unstructure(value, unstructure_as=tp)
     except Exception as exc:
         raise PayloadTypeError(
             f"{what} ({type(value).__name__}) does not unstructure as {_name(tp)}: "
@@ -275,7 +293,7 @@ def to_json(value: Any, depth: int = 0) -> Any:
     if kind is list or kind is tuple:
         return [to_json(item, depth + 1) for item in value]
     if _rich(value):
-        return converter.unstructure(value)
+        return _converter().unstructure(value)
     return value
 
 
