@@ -29,7 +29,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import attrs
 import orjson
 import trio
-from cronsim import CronSim, CronSimError
 
 from .._errors import BrokerError, ConfigError, PayloadError
 from ._errors import EngineClosed, EngineError
@@ -223,6 +222,8 @@ class Schedule:
         if cron is not None:
             if not isinstance(cron, str):
                 raise ConfigError(f"schedule {name!r}: cron must be a str, got {cron!r}")
+            from cronsim import CronSim, CronSimError  # (a cron schedule only)
+
             try:
                 CronSim(cron, datetime.datetime.now(zone))
             except CronSimError as exc:
@@ -344,6 +345,8 @@ class Schedule:
         zone = ZoneInfo(self.timezone)
         # cronsim gives the ticks strictly before a time; ticks are whole seconds.
         start = datetime.datetime.fromtimestamp(math.floor(at) + 1, zone)
+        from cronsim import CronSim
+
         for moment in CronSim(self.cron, start, reverse=True):
             yield moment.timestamp()
 
@@ -354,6 +357,8 @@ class Schedule:
         assert self.cron is not None
         zone = ZoneInfo(self.timezone)
         start = datetime.datetime.fromtimestamp(math.floor(at), zone)
+        from cronsim import CronSim
+
         for moment in CronSim(self.cron, start):
             return moment.timestamp()
         return None  # pragma: no cover (cronsim raises StopIteration only past year 2099)

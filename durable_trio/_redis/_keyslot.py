@@ -173,7 +173,9 @@ def command_keys(command: Sequence[RedisArg]) -> list[RedisArg] | None:
         in the tables (ask the server) or its arguments are too short to say.
     """
     name = _upper(command[0])
-    if name in _KEYLESS or (name in ("XINFO", "XGROUP", "OBJECT", "MEMORY") and len(command) < 3):
+    if name in _KEYLESS or (
+        name in ("XINFO", "XGROUP", "OBJECT", "MEMORY") and len(command) < 3
+    ):
         return []
     position = _POSITIONS.get(name)
     if position is not None:

@@ -102,7 +102,6 @@ logger = logging.getLogger("durable_trio.redis")
 #: Run shards a store may have at most (a page asks each one).
 MAX_SHARDS: Final = 256
 
-
 def _dumps(value: Any) -> bytes:
     return orjson.dumps(value)
 

@@ -126,7 +126,9 @@ class RedisRates:
     def _tag(self, queue: str) -> str:
         return self._queue(queue).limit_key.removesuffix(":limit")  # ("{Q}": its hash tag)
 
-    async def store(self, queue: str, count: int | None, per: float, per_key: bool = False) -> None:
+    async def store(
+        self, queue: str, count: int | None, per: float, per_key: bool = False
+    ) -> None:
         rate_key, _ = self._keys(queue)
         if count is None:
             await self._client.execute("DEL", rate_key)
