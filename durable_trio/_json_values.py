@@ -15,6 +15,7 @@ passed it.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -137,8 +138,6 @@ def read_within(value: Any, max_depth: int) -> bool:
 def _step(path: str, key: str) -> str:
     if key.isidentifier():
         return f"{path}.{key}"
-    import json  # (a path's odd key only, and the parse below: not at import)
-
     return f"{path}[{json.dumps(key)}]"
 
 
@@ -241,8 +240,6 @@ def parse_json_argument(text: str, what: str, max_depth: int = MAX_JSON_DEPTH) -
         PayloadError: ``what`` is not JSON, nests deeper than ``max_depth``, or holds what
             :func:`check_json` refuses (NaN, an integer past 64 bits).
     """
-    import json
-
     try:
         value = json.loads(text)
     except RecursionError:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import decimal
 import enum
 import functools
 import inspect
@@ -36,6 +35,8 @@ from .._errors import PayloadError
 from .._json_values import MAX_JSON_DEPTH
 
 if typing.TYPE_CHECKING:
+    import decimal
+
     import cattrs
 
 __all__ = [
@@ -91,6 +92,8 @@ def _converter() -> cattrs.Converter:
     conv.register_structure_hook(bool, _strict(bool, (bool,)))
     conv.register_unstructure_hook(uuid.UUID, str)
     conv.register_structure_hook(uuid.UUID, lambda value, _: uuid.UUID(_text(value, "a UUID")))
+    import decimal  # (with the converter: an engine's import does not load it)
+
     conv.register_unstructure_hook(decimal.Decimal, str)
     conv.register_structure_hook(decimal.Decimal, _structure_decimal)
     conv.register_unstructure_hook(datetime.time, datetime.time.isoformat)
@@ -120,6 +123,8 @@ def _text(value: Any, what: str) -> str:
 
 
 def _structure_decimal(value: Any, _: Any) -> decimal.Decimal:
+    import decimal
+
     if type(value) is bool or not isinstance(value, (str, int)):
         raise TypeError(
             f"expected a Decimal as a string (or an int), got {type(value).__name__} {value!r:.40}"
@@ -266,12 +271,19 @@ def unstructure_as(value: Any, tp: Any, what: str) -> Any:
         ) from None
 
 
-_RICH = (datetime.date, datetime.time, uuid.UUID, decimal.Decimal, enum.Enum)
+_RICH = (datetime.date, datetime.time, uuid.UUID, enum.Enum)
+
+
+def _is_decimal(value: Any) -> bool:
+    # While the decimal module is not loaded, no Decimal exists: the check does not import it.
+    decimal = sys.modules.get("decimal")
+    return decimal is not None and isinstance(value, decimal.Decimal)
 
 
 def _rich(value: Any) -> bool:
     return (
         isinstance(value, _RICH)
+        or _is_decimal(value)
         or attrs.has(type(value))
         or (dataclasses.is_dataclass(value) and not isinstance(value, type))
         or _is_pydantic_model(type(value))

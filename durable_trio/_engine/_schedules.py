@@ -24,7 +24,6 @@ import logging
 import math
 import re
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import attrs
 import orjson
@@ -215,6 +214,9 @@ class Schedule:
             )
         if not isinstance(timezone, str) or not timezone:
             raise ConfigError(f"schedule {name!r}: timezone must be an IANA name")
+        # zoneinfo (and its tzpath's sysconfig) when a schedule is made, not at import.
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
         try:
             zone = ZoneInfo(timezone)
         except (ZoneInfoNotFoundError, ValueError) as exc:
@@ -342,6 +344,8 @@ class Schedule:
                 yield k * self.every
                 k -= 1
         assert self.cron is not None
+        from zoneinfo import ZoneInfo
+
         zone = ZoneInfo(self.timezone)
         # cronsim gives the ticks strictly before a time; ticks are whole seconds.
         start = datetime.datetime.fromtimestamp(math.floor(at) + 1, zone)
@@ -355,6 +359,8 @@ class Schedule:
         if self.every is not None:
             return (math.floor(at / self.every) + 1) * self.every
         assert self.cron is not None
+        from zoneinfo import ZoneInfo
+
         zone = ZoneInfo(self.timezone)
         start = datetime.datetime.fromtimestamp(math.floor(at), zone)
         from cronsim import CronSim
