@@ -15,15 +15,14 @@
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import types
 import typing
 from typing import Any, TypeVar
 
 import attrs
-import cattrs
 import orjson
-from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from ._errors import PayloadError, PayloadTooLarge
 from ._json_values import MAX_JSON_DEPTH, is_json, json_error, read_within
@@ -53,6 +52,8 @@ from ._wire import (
 
 if typing.TYPE_CHECKING:
     from collections.abc import Callable
+
+    import cattrs
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
@@ -184,6 +185,9 @@ def _enum_hook(value: Any, cls: type[enum.Enum]) -> enum.Enum:
 
 
 def _build_converter(*, detailed: bool = True) -> cattrs.Converter:
+    import cattrs
+    from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+
     conv = cattrs.Converter(detailed_validation=detailed)
     conv.register_structure_hook(int, _strict_int)
     conv.register_structure_hook(float, _strict_float)
@@ -227,12 +231,33 @@ def _build_converter(*, detailed: bool = True) -> cattrs.Converter:
     return conv
 
 
-#: The converter that owns the mapping; its errors name the field that was wrong.
-converter = _build_converter()
-#: The same mapping without detailed validation, for the hot path: it skips the bookkeeping
-#: that names a failing field, so it is only ever used to accept good data — a failure is re-run
-#: through ``converter`` for its message.
-_fast = _build_converter(detailed=False)
+@functools.cache
+def _converter() -> cattrs.Converter:
+    """The converter that owns the mapping; its errors name the field that was wrong.
+
+    Built on first use, as is :func:`_fast` (cattrs, and the converters' set-up, are about a
+    tenth of a worker's imports: a process pays them with its first message, not at ``import``).
+    """
+    return _build_converter()
+
+
+@functools.cache
+def _fast() -> cattrs.Converter:
+    """The same mapping without detailed validation, for the hot path: it skips the bookkeeping
+    that names a failing field, so it is only ever used to accept good data — a failure is re-run
+    through :func:`_converter` for its message."""
+    return _build_converter(detailed=False)
+
+
+if typing.TYPE_CHECKING:
+    #: The converter that owns the mapping (built on first use, see :func:`_converter`).
+    converter: cattrs.Converter
+else:
+
+    def __getattr__(name: str) -> Any:
+        if name == "converter":
+            return _converter()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 #: The fields that carry a value of a user's own (an input, an output, an error's details): they
@@ -338,7 +363,7 @@ _PAYLOAD_CLASSES = frozenset(PAYLOAD_TYPES.values())
 
 
 def _fast_structure(kind: JobKind) -> Callable[[Any, type], Any]:
-    hook = _FAST_STRUCTURE[kind] = _fast.get_structure_hook(PAYLOAD_TYPES[kind])
+    hook = _FAST_STRUCTURE[kind] = _fast().get_structure_hook(PAYLOAD_TYPES[kind])
     return hook
 
 
@@ -353,6 +378,8 @@ def _format_exception(exc: BaseException, _type: Any) -> str:
 
 
 def _payload_error(exc: Exception, what: str) -> PayloadError:
+    import cattrs  # (loaded by then: the converter that raised imported it)
+
     if isinstance(exc, cattrs.BaseValidationError):
         messages = cattrs.transform_error(exc, path="$", format_exception=_format_exception)
         first = messages[0] if messages else str(exc)
@@ -369,7 +396,7 @@ def _payload_error(exc: Exception, what: str) -> PayloadError:
 
 def to_wire(message: Any) -> Any:
     """A message as plain JSON-ready data (camelCase keys)."""
-    return converter.unstructure(message)
+    return _converter().unstructure(message)
 
 
 def from_wire(data: Any, cls: type[T]) -> T:
@@ -385,11 +412,11 @@ def from_wire(data: Any, cls: type[T]) -> T:
         if offender is not None:
             raise _refusal(f"bad {cls.__name__}", offender)
     try:
-        return _fast.structure(data, cls)
+        return _fast().structure(data, cls)
     except Exception:
         pass
     try:
-        return converter.structure(data, cls)
+        return _converter().structure(data, cls)
     except Exception as exc:
         raise _payload_error(exc, cls.__name__) from exc
 
@@ -412,7 +439,7 @@ def _wire_of(message: Any, what: str) -> Any:
     cls = type(message)
     unstructure = _UNSTRUCTURE.get(cls)
     if unstructure is None and cls in _PAYLOAD_CLASSES:
-        unstructure = _UNSTRUCTURE[cls] = converter.get_unstructure_hook(cls)
+        unstructure = _UNSTRUCTURE[cls] = _converter().get_unstructure_hook(cls)
     try:
         wire = unstructure(message) if unstructure is not None else to_wire(message)
     except Exception as exc:

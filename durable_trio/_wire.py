@@ -15,6 +15,8 @@ from typing import Any, TypeAlias
 
 import attrs
 
+from ._attrs_shared import shared_eq, shared_hash, shared_repr
+
 __all__ = [
     "ControlMessage",
     "DecisionStatus",
@@ -89,9 +91,13 @@ class StepEventKind(enum.StrEnum):
     FAILED = "failed"
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class StepError:
     """Why a step failed."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     message: str
     """Human-readable reason."""
@@ -103,9 +109,13 @@ class StepError:
     """Evidence (a poison job's stall history and its workers' last liveness snapshots, ...)."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class RemoteTask:
     """engine -> step worker: run one attempt of one step."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     run_id: str
     """The workflow run this step belongs to."""
@@ -149,9 +159,13 @@ class RemoteTask:
         return self.group if self.group is not None else self.name
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class StepResult:
     """step worker -> engine: how one attempt of one step ended."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     run_id: str
     step_id: str
@@ -193,9 +207,13 @@ class StepResult:
         )
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class StepHeartbeat:
     """step worker -> engine: a long step is still alive."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     run_id: str
     step_id: str
@@ -208,9 +226,13 @@ class StepHeartbeat:
     ``runs show`` names the worker of a running attempt). Absent: unknown (an older worker)."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class ControlMessage:
     """Best-effort, point-to-point control (NOT a broadcast): one consumer takes each message."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     action: str
     """What to do, e.g. ``cancel``."""
@@ -219,9 +241,13 @@ class ControlMessage:
     data: JSONValue = None
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class WorkflowTask:
     """engine -> workflow worker: run one turn of a remote workflow over its history."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     task_id: str
     run_id: str
@@ -232,9 +258,13 @@ class WorkflowTask:
     priority: int | None = None
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class WorkflowDecision:
     """workflow worker -> engine: what a turn decided."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     task_id: str
     run_id: str
@@ -244,9 +274,13 @@ class WorkflowDecision:
     error: StepError | None = None
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class StepEvent:
     """workflow worker -> engine: a local step's lifecycle."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     run_id: str
     step_id: str
@@ -259,9 +293,13 @@ class StepEvent:
     """The local step's label (``ctx.run(name, ...)``), checked on replay."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class StartRunMessage:
     """tenant pod -> control plane: start a run."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     run_id: str
     workflow: str
@@ -271,9 +309,13 @@ class StartRunMessage:
     """The sender's instance id, stamped by the transport."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class RunRequest:
     """tenant pod -> control plane: ask about a run (status, result, cancel, ...)."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     request_id: str
     action: str
@@ -283,9 +325,13 @@ class RunRequest:
     reply_to: str | None = None
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class RunReply:
     """control plane -> tenant pod: the answer to one :class:`RunRequest`."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     request_id: str
     ok: bool
@@ -293,9 +339,13 @@ class RunReply:
     error: StepError | None = None
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class TenantEvent:
     """control plane -> every live subscriber of ``tenant``."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     tenant: str
     kind: str
@@ -304,9 +354,13 @@ class TenantEvent:
     data: JSONValue = None
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class InboxRegistration:
     """instance -> control plane: "my inbox is alive and I subscribe to these tenants"."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     instance: str
     tenants: tuple[str, ...] = ()
@@ -315,11 +369,15 @@ class InboxRegistration:
     withdrawn: bool = False
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class WorkerAdvertisement:
     """store-less pod -> control plane: a key the pod would have written to its own key store
     (liveness, descriptor), recorded by the control plane in its store instead (T22,
     docs/spec.md)."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     key: str
     value: JSONValue = None
@@ -329,9 +387,13 @@ class WorkerAdvertisement:
     """True: remove the key now."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class WorkerStatus:
     """The liveness snapshot a worker publishes with every heartbeat."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     mode: str
     """``fixed`` or ``adaptive``."""
@@ -349,13 +411,17 @@ class WorkerStatus:
     """Times a job's lease was lost while its handler ran (at-least-once, made measurable)."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class TraceContext:
     """The sender's trace context (W3C Trace Context) an envelope carries.
 
     The span of whoever takes the job is a child of the sender's (docs/observability.md).
     Optional and ignored by a worker that does not trace; one not of this shape is dropped,
     never a reason to refuse the job."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     traceparent: str
     """The W3C ``traceparent`` (``00-{trace id}-{parent span id}-{flags}``)."""
@@ -365,9 +431,13 @@ class TraceContext:
     """Unix time (seconds) the job was made: the start of its hop's span."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class Envelope:
     """What a broker job holds: ``{id, kind, payload, priority?, trace?}``."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     id: str
     kind: JobKind

@@ -76,3 +76,94 @@ def test_a_redis_worker_loads_no_engine_console_cli_operations_or_postgres() -> 
         "durable_trio._postgres",
     ):
         assert heavy not in loaded, heavy
+
+
+def test_a_one_node_redis_worker_loads_no_cluster_sentinel_or_cattrs() -> None:
+    # What benchmarks/_redis_worker.py touches (python -m benchmarks startup, "a worker's
+    # imports"): the Cluster and Sentinel code comes with such a URL, cattrs with the first
+    # message (the codec's converters) or typed payload.
+    out = _run(
+        "import sys, durable_trio as dt\n"
+        "dt.open_backend, dt.open_queue_transport, dt.RemoteTask\n"
+        "import durable_trio.backends.redis\n"
+        "print('\\n'.join(sorted(sys.modules)))"
+    )
+    loaded = set(out.split())
+    assert "durable_trio._redis._client" in loaded
+    for lazy in (
+        "durable_trio._redis._cluster",
+        "durable_trio._redis._cluster_nodes",
+        "durable_trio._redis._topology",
+        "durable_trio._redis._sentinel",
+        "durable_trio._redis._sentinel_url",
+        "durable_trio._redis._sharded",
+        "durable_trio.brokers.redis._cluster",
+        "cattrs",
+    ):
+        assert lazy not in loaded, lazy
+
+
+def test_an_apps_imports_load_no_cattrs_cronsim_or_difflib() -> None:
+    out = _run(
+        "import sys\n"
+        "from durable_trio import App, Retry, WorkflowContext, open_backend, open_engine,"
+        " open_worker\n"
+        "print('\\n'.join(sorted(sys.modules)))"
+    )
+    loaded = set(out.split())
+    assert "durable_trio._engine._engine" in loaded
+    for lazy in ("cattrs", "cronsim", "difflib"):
+        assert lazy not in loaded, lazy
+
+
+def test_the_lazy_redis_names_resolve_to_their_modules() -> None:
+    out = _run(
+        "import importlib, durable_trio._redis as r, durable_trio.brokers.redis as b\n"
+        "for name, module in r._LAZY.items():\n"
+        "    assert getattr(r, name) is getattr("
+        "importlib.import_module('durable_trio._redis.' + module), name), name\n"
+        "    assert name in dir(r) and name in r.__all__, name\n"
+        "from durable_trio.brokers.redis import RedisClusterBroker\n"
+        "from durable_trio.brokers.redis._cluster import RedisClusterBroker as C\n"
+        "assert RedisClusterBroker is C and 'RedisClusterBroker' in dir(b)\n"
+        "from durable_trio._redis import RedisClusterClient, is_cluster_client\n"
+        "assert not is_cluster_client(object())\n"
+        "import durable_trio as dt\n"
+        "from durable_trio._engine._payloads import converter\n"
+        "assert dt.payload_converter is converter\n"
+        "from durable_trio._codec import converter as wire\n"
+        "assert wire is not converter\n"
+        "print('ok')"
+    )
+    assert out.strip() == "ok"
+    with pytest.raises(subprocess.CalledProcessError):
+        _run("import durable_trio._redis as r\nr.NoSuchName")
+
+
+def test_the_wire_messages_shared_methods_behave_as_attrs_own() -> None:
+    import attrs
+
+    from durable_trio._wire import RemoteTask, StepError, StepResult
+
+    task = RemoteTask(run_id="r", step_id="s", attempt=1, name="n", task_id="t")
+    same = RemoteTask(run_id="r", step_id="s", attempt=1, name="n", task_id="t")
+    assert task == same
+    assert (task != same) is False
+    assert hash(task) == hash(same)
+    assert task != attrs.evolve(task, attempt=2)
+    assert task != StepError("m")
+    assert (task == "r") is False
+    assert len({task, same}) == 1
+
+    @attrs.frozen
+    class Plain:  # attrs' own methods, for the repr's format
+        message: str
+        code: str | None = None
+        retryable: bool = True
+        details: object = None
+
+    error = StepError("m", details={"a": [1]})
+    assert repr(error) == repr(Plain("m", details={"a": [1]})).replace("Plain", "StepError")
+    with pytest.raises(TypeError):  # a dict field is not hashable, as with attrs
+        hash(error)
+    assert StepResult.failure(task, StepError("x")) == StepResult.failure(same, StepError("x"))

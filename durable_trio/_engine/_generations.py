@@ -25,6 +25,7 @@ from typing import Any, Final
 import attrs
 import orjson
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._wire import JSONValue
 from ._records import StepKind, StepRecord, StepState
 
@@ -54,9 +55,13 @@ class ContinueAsNew(BaseException):
         self.input = input
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class Continuation:
     """Where a generation starts (the input of its mark, see the module docstring)."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     generation: int = 0
     last_step: int = 0

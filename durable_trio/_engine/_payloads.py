@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import decimal
 import enum
+import functools
 import inspect
 import sys
 import types
@@ -30,11 +30,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
-import cattrs
-from cattrs.preconf.json import make_converter
 
 from .._errors import PayloadError
 from .._json_values import MAX_JSON_DEPTH
+
+if typing.TYPE_CHECKING:
+    import decimal
+
+    import cattrs
 
 __all__ = [
     "PLAIN",
@@ -74,7 +77,12 @@ def _is_pydantic_model(tp: Any) -> bool:
     return pydantic is not None and isinstance(tp, type) and issubclass(tp, pydantic.BaseModel)
 
 
-def _build() -> cattrs.Converter:
+@functools.cache
+def _converter() -> cattrs.Converter:
+    """The project-wide converter of typed payloads, built on first use (cattrs is imported
+    only when a typed payload is structured, or when ``payload_converter`` is first named)."""
+    from cattrs.preconf.json import make_converter
+
     conv = make_converter()
     # Scalars are strict, as on the wire (_codec): "5" is not an int, 1.9 not an int (cattrs'
     # default would call int() and lose the .9), true not an int, 5 not a str.
@@ -84,6 +92,8 @@ def _build() -> cattrs.Converter:
     conv.register_structure_hook(bool, _strict(bool, (bool,)))
     conv.register_unstructure_hook(uuid.UUID, str)
     conv.register_structure_hook(uuid.UUID, lambda value, _: uuid.UUID(_text(value, "a UUID")))
+    import decimal  # (with the converter: an engine's import does not load it)
+
     conv.register_unstructure_hook(decimal.Decimal, str)
     conv.register_structure_hook(decimal.Decimal, _structure_decimal)
     conv.register_unstructure_hook(datetime.time, datetime.time.isoformat)
@@ -113,6 +123,8 @@ def _text(value: Any, what: str) -> str:
 
 
 def _structure_decimal(value: Any, _: Any) -> decimal.Decimal:
+    import decimal
+
     if type(value) is bool or not isinstance(value, (str, int)):
         raise TypeError(
             f"expected a Decimal as a string (or an int), got {type(value).__name__} {value!r:.40}"
@@ -123,10 +135,18 @@ def _structure_decimal(value: Any, _: Any) -> decimal.Decimal:
         raise ValueError(f"{value!r:.40} is not a decimal number") from None
 
 
-#: The project-wide converter of typed payloads (register hooks for your own types on it).
-converter: cattrs.Converter = _build()
-payload_converter = converter
-"""The converter as the package exports it (``dt.payload_converter``): register hooks on it."""
+if typing.TYPE_CHECKING:
+    #: The project-wide converter of typed payloads (register hooks for your own types on it).
+    converter: cattrs.Converter
+    #: The converter as the package exports it (``dt.payload_converter``): register hooks on it.
+    payload_converter: cattrs.Converter
+else:
+
+    def __getattr__(name: str) -> Any:
+        # Both names are the one converter, built on first use (PEP 562).
+        if name in ("converter", "payload_converter"):
+            return _converter()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------------ which annotations are typed
@@ -206,6 +226,9 @@ def structure_as(value: Any, tp: Any, what: str) -> Any:
     """
     if tp is PLAIN:
         return value
+    converter = _converter()
+    import cattrs  # (loaded: the converter imported it)
+
     try:
         return converter.structure(value, tp)
     except cattrs.BaseValidationError as exc:
@@ -240,7 +263,7 @@ def unstructure_as(value: Any, tp: Any, what: str) -> Any:
     if tp is PLAIN:
         return to_json(value)
     try:
-        return converter.unstructure(value, unstructure_as=tp)
+        return _converter().unstructure(value, unstructure_as=tp)
     except Exception as exc:
         raise PayloadTypeError(
             f"{what} ({type(value).__name__}) does not unstructure as {_name(tp)}: "
@@ -248,12 +271,19 @@ def unstructure_as(value: Any, tp: Any, what: str) -> Any:
         ) from None
 
 
-_RICH = (datetime.date, datetime.time, uuid.UUID, decimal.Decimal, enum.Enum)
+_RICH = (datetime.date, datetime.time, uuid.UUID, enum.Enum)
+
+
+def _is_decimal(value: Any) -> bool:
+    # While the decimal module is not loaded, no Decimal exists: the check does not import it.
+    decimal = sys.modules.get("decimal")
+    return decimal is not None and isinstance(value, decimal.Decimal)
 
 
 def _rich(value: Any) -> bool:
     return (
         isinstance(value, _RICH)
+        or _is_decimal(value)
         or attrs.has(type(value))
         or (dataclasses.is_dataclass(value) and not isinstance(value, type))
         or _is_pydantic_model(type(value))
@@ -275,7 +305,7 @@ def to_json(value: Any, depth: int = 0) -> Any:
     if kind is list or kind is tuple:
         return [to_json(item, depth + 1) for item in value]
     if _rich(value):
-        return converter.unstructure(value)
+        return _converter().unstructure(value)
     return value
 
 

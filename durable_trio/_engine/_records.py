@@ -12,6 +12,7 @@ from typing import Any, Final, Literal
 import attrs
 import orjson
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import BrokerError, PayloadError
 from .._json_values import check_json, json_error
 from .._wire import JSONValue, StepError
@@ -139,9 +140,13 @@ class Applied(enum.StrEnum):
     """The run is over (completed, failed, cancelled): nothing written."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class RunRecord:
     """One workflow run, as the run store holds it."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     run_id: str
     """Unique within the store's namespace; ``engine.start(..., run_id=...)`` is idempotent."""
@@ -187,19 +192,27 @@ class RunRecord:
         return None if self.timeout is None else self.created_at + self.timeout
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class DamagedRun:
     """A run whose stored row cannot be read (:class:`RunDataError`), as a listing shows it:
     one damaged row is named beside the others instead of failing the whole listing."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     run_id: str
     reason: str
     """The :class:`RunDataError`'s message (which column, what is wrong with it)."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class RunPage:
     """One page of runs (:meth:`RunStore.page_runs`), newest first."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     runs: list[RunRecord]
     next_cursor: str | None = None
@@ -211,9 +224,13 @@ class RunPage:
     count toward the page's ``limit`` as the runs do, so paging goes on past them."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class StepRecord:
     """One checkpoint of a run's history: a remote step, a local step or a durable timer."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     run_id: str
     step_id: str
@@ -518,9 +535,13 @@ def step_from_json(run_id: str, data: Any) -> StepRecord:
         raise PayloadError(f"a history entry is not a checkpoint ({exc!r}): {data!r}") from None
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class RunState:
     """A run's status with its latest events: ``engine.status(run_id, events=True)``."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     run_id: str
     status: RunStatus

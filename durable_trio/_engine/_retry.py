@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import ConfigError
 
 __all__ = ["Retry"]
@@ -63,7 +64,7 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value)
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class Retry:
     """A step's retry policy: exponential backoff with jitter and a cap.
 
@@ -80,6 +81,10 @@ class Retry:
                                                 non_retryable=(CardDeclined,)))
         async def charge(order: dict) -> dict: ...
     """
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     max_attempts: int = attrs.field(default=3, validator=_check_attempts)
     """Attempts in all (1 = never retry)."""
@@ -157,9 +162,13 @@ class Retry:
         }
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class StoredRetry:
     """A :class:`Retry` read back from a checkpoint: the same numbers, the types by name only."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     policy: Retry
     names: frozenset[str]

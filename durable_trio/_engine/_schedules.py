@@ -24,12 +24,10 @@ import logging
 import math
 import re
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import attrs
 import orjson
 import trio
-from cronsim import CronSim, CronSimError
 
 from .._errors import BrokerError, ConfigError, PayloadError
 from ._errors import EngineClosed, EngineError
@@ -216,6 +214,9 @@ class Schedule:
             )
         if not isinstance(timezone, str) or not timezone:
             raise ConfigError(f"schedule {name!r}: timezone must be an IANA name")
+        # zoneinfo (and its tzpath's sysconfig) when a schedule is made, not at import.
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
         try:
             zone = ZoneInfo(timezone)
         except (ZoneInfoNotFoundError, ValueError) as exc:
@@ -223,6 +224,8 @@ class Schedule:
         if cron is not None:
             if not isinstance(cron, str):
                 raise ConfigError(f"schedule {name!r}: cron must be a str, got {cron!r}")
+            from cronsim import CronSim, CronSimError  # (a cron schedule only)
+
             try:
                 CronSim(cron, datetime.datetime.now(zone))
             except CronSimError as exc:
@@ -341,9 +344,13 @@ class Schedule:
                 yield k * self.every
                 k -= 1
         assert self.cron is not None
+        from zoneinfo import ZoneInfo
+
         zone = ZoneInfo(self.timezone)
         # cronsim gives the ticks strictly before a time; ticks are whole seconds.
         start = datetime.datetime.fromtimestamp(math.floor(at) + 1, zone)
+        from cronsim import CronSim
+
         for moment in CronSim(self.cron, start, reverse=True):
             yield moment.timestamp()
 
@@ -352,8 +359,12 @@ class Schedule:
         if self.every is not None:
             return (math.floor(at / self.every) + 1) * self.every
         assert self.cron is not None
+        from zoneinfo import ZoneInfo
+
         zone = ZoneInfo(self.timezone)
         start = datetime.datetime.fromtimestamp(math.floor(at), zone)
+        from cronsim import CronSim
+
         for moment in CronSim(self.cron, start):
             return moment.timestamp()
         return None  # pragma: no cover (cronsim raises StopIteration only past year 2099)

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import attrs
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
+
 __all__ = ["COUNTERS", "GAUGES", "EngineStatistics"]
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class EngineStatistics:
     """A snapshot of one engine's counters."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     engine_id: str
     active_runs: int

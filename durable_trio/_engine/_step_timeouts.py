@@ -10,7 +10,6 @@ and every run store knows the timeouts of an attempt it takes over, with no new 
 
 from __future__ import annotations
 
-import difflib
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -139,6 +138,8 @@ def check_step_known(name: str, app_name: str, steps: Iterable[str]) -> None:
     known = sorted(steps)
     if not known or name in known:
         return
+    import difflib  # (only for the error: an engine's import does not pay for it)
+
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise UnknownStep(

@@ -18,9 +18,10 @@ names (:class:`MasterLocator`).
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._client import RedisClient, open_redis
-from ._cluster import RedisClusterClient, open_redis_cluster
-from ._cluster_nodes import ClusterStats
 from ._connection import Connection, ConnectionStats, RedisArg
 from ._errors import (
     RedisAuthError,
@@ -30,13 +31,49 @@ from ._errors import (
     RedisOutOfMemory,
     RedisReplyError,
 )
-from ._keyslot import key_slot
+from ._kinds import is_cluster_client
 from ._pubsub import Subscription
 from ._script import Script
-from ._sentinel import MasterLocator
-from ._sentinel_url import SentinelURL, parse_sentinel_url
-from ._sharded import ShardedSubscription
 from ._url import RedisClusterURL, RedisURL, parse_redis_cluster_url, parse_redis_url
+
+if TYPE_CHECKING:
+    from ._cluster import RedisClusterClient, open_redis_cluster
+    from ._cluster_nodes import ClusterStats
+    from ._keyslot import key_slot
+    from ._sentinel import MasterLocator
+    from ._sentinel_url import SentinelURL, parse_sentinel_url
+    from ._sharded import ShardedSubscription
+
+#: The names of the Cluster and Sentinel code, imported on first use (PEP 562): a client of one
+#: ``redis://`` node never loads them. Name -> its module.
+_LAZY = {
+    "RedisClusterClient": "_cluster",
+    "open_redis_cluster": "_cluster",
+    "ClusterStats": "_cluster_nodes",
+    "key_slot": "_keyslot",
+    "MasterLocator": "_sentinel",
+    "SentinelURL": "_sentinel_url",
+    "parse_sentinel_url": "_sentinel_url",
+    "ShardedSubscription": "_sharded",
+}
+
+
+# Hidden from type checkers (as in the package's ``__init__``): with a module __getattr__ in
+# sight, mypy would accept any name as an attribute of this package.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value  # cached: the next look-up is a plain global
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "ClusterStats",
@@ -58,6 +95,7 @@ __all__ = [
     "SentinelURL",
     "ShardedSubscription",
     "Subscription",
+    "is_cluster_client",
     "key_slot",
     "open_redis",
     "open_redis_cluster",

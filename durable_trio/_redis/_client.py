@@ -35,13 +35,13 @@ from ._connection import Connection, RedisArg, connect
 from ._errors import RedisAuthError, RedisReplyError
 from ._pubsub import Subscription
 from ._script import Script
-from ._sentinel import MasterLocator
-from ._sentinel_url import SENTINEL_SCHEMES, parse_sentinel_url
-from ._url import RedisURL, parse_redis_url
+from ._url import SENTINEL_SCHEMES, RedisURL, parse_redis_url
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Sequence
     from types import TracebackType
+
+    from ._sentinel import MasterLocator
 
 __all__ = ["OwnedNursery", "RedisClient", "open_redis", "pool_options"]
 
@@ -95,6 +95,9 @@ def open_redis(
         raise ConfigError("a redis+cluster:// URL is opened with open_redis_cluster()")
     locator: MasterLocator | None = None
     if url_scheme(url) in SENTINEL_SCHEMES:
+        from ._sentinel import MasterLocator  # only for a Sentinel URL
+        from ._sentinel_url import parse_sentinel_url
+
         located = parse_sentinel_url(url)
         if not sentinel_timeout > 0:
             raise ConfigError(f"sentinel_timeout must be positive, not {sentinel_timeout}")

@@ -17,6 +17,7 @@ import attrs
 
 from ._url import (
     _QUERY_KEYS,
+    SENTINEL_SCHEMES,
     RedisURL,
     _credentials,
     _fault,
@@ -28,8 +29,6 @@ from ._url import (
 
 __all__ = ["SENTINEL_SCHEMES", "SentinelURL", "parse_sentinel_url"]
 
-#: The schemes of a Sentinel URL: plain, or TLS to the data nodes.
-SENTINEL_SCHEMES: Final = frozenset({"redis+sentinel", "rediss+sentinel"})
 #: The port of a sentinel named without one (Redis Sentinel's own default).
 DEFAULT_SENTINEL_PORT: Final = 26379
 _SENTINEL_KEYS: Final = _QUERY_KEYS | {"sentinel_password"}

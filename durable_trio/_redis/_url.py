@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import ssl
-from typing import Any, Literal
+from typing import Any, Final, Literal
 from urllib.parse import unquote, unquote_plus, urlsplit
 
 import attrs
@@ -12,7 +12,17 @@ import attrs
 from .._errors import ConfigError
 from .._redact import url_scheme
 
-__all__ = ["RedisClusterURL", "RedisURL", "parse_redis_cluster_url", "parse_redis_url"]
+__all__ = [
+    "SENTINEL_SCHEMES",
+    "RedisClusterURL",
+    "RedisURL",
+    "parse_redis_cluster_url",
+    "parse_redis_url",
+]
+
+#: The schemes of a Sentinel URL: plain, or TLS to the data nodes (here, not in
+#: ``_sentinel_url``, so that telling a Sentinel URL apart loads none of the Sentinel code).
+SENTINEL_SCHEMES: Final = frozenset({"redis+sentinel", "rediss+sentinel"})
 
 CertReqs = Literal["none", "optional", "required"]
 

@@ -12,6 +12,7 @@ import orjson
 import trio
 from trio_util import AsyncBool
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._codec import from_wire, to_wire
 from .._errors import BrokerError, DurableTrioError, PayloadError
 from .._periodic import fixed_rate
@@ -42,9 +43,13 @@ LAST_STATUS_TTL = 24 * 3600.0
 MIN_HEARTBEAT_TTL = 35.0
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class LiveWorker:
     """One live worker of a group, from its liveness key."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     instance: str
     last_beat_at: float
@@ -59,9 +64,13 @@ class LiveWorker:
         return max(0, self.status.limit - self.status.in_flight)
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class GroupHealth:
     """T12: how one routing group is doing."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     group: str
     depth: int
@@ -74,9 +83,13 @@ class GroupHealth:
         return sum(w.headroom or 0 for w in self.live_workers)
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class WorkerDescriptor:
     """T13: what one worker instance serves."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     instance: str
     tokens: tuple[str, ...]

@@ -14,8 +14,8 @@ import attrs
 import trio
 
 from .._redact import redact_url, url_scheme
-from .._redis import RedisClient, RedisClusterClient, open_redis, open_redis_cluster
-from ..brokers.redis import RedisBroker, RedisClusterBroker
+from .._redis import RedisClient, is_cluster_client, open_redis
+from ..brokers.redis import RedisBroker
 from ..keys.redis import RedisKeyStore
 from ._backend import Backend
 
@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from .._engine._stores._contract import RunStore
+
+    # (RedisRunStores is never structured by cattrs: its annotations are never resolved)
+    from .._redis import RedisClusterClient  # noqa: TC004
+    from ..brokers.redis import RedisClusterBroker
 
 __all__ = ["CLUSTER_RUN_SHARDS", "CLUSTER_SCHEMES", "RedisRunStores", "open_redis_backend"]
 
@@ -63,7 +67,7 @@ class RedisRunStores:
     async def namespaces(self) -> list[str]:
         """The namespaces with a run index or a schedule hash, found by ``SCAN`` on every
         master (an operator's command, not a hot path: it reads key names only)."""
-        if isinstance(self.client, RedisClusterClient):
+        if is_cluster_client(self.client):
             await self.client.execute("PING")  # the slot map, read on the first command
             masters = self.client.slot_map.masters
             clients = [await self.client.pool(node.address) for node in masters]
@@ -179,6 +183,10 @@ async def _serve(
         async with AsyncExitStack() as stack:
             cluster = url_scheme(url) in CLUSTER_SCHEMES
             if cluster:
+                # The Cluster code only for a Cluster URL: a one-node worker never loads it.
+                from .._redis import open_redis_cluster
+                from ..brokers.redis import RedisClusterBroker
+
                 client = await stack.enter_async_context(
                     open_redis_cluster(url, pool_size=pool_size)
                 )

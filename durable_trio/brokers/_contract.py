@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -59,9 +61,13 @@ __all__ = [
 ]
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class Job:
     """A job to push: its id (unique per push) and its bytes."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     id: str
     data: bytes
@@ -71,17 +77,25 @@ class Job:
     counts under the key ``""``."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class Lease:
     """Proof of one claim on one job. Re-delivery issues a new token; the old one is dead."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     job_id: str
     token: str
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class Stall:
     """One time a claim went silent past the threshold and the job was taken back."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     at: float
     """Broker clock, seconds."""
@@ -93,9 +107,13 @@ class Stall:
     :class:`SupportsClaimAhead`)."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class ClaimedJob:
     """A job popped under a lease."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     id: str
     data: bytes
@@ -126,13 +144,17 @@ class ClaimedJob:
     :class:`SupportsQuarantine`)."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class QuarantinedEntry:
     """Stored data a broker found on a queue and could not tie to a readable job.
 
     Kept, never dropped: what the broker found (``raw``, the stored fields as they were) and
     why it was moved aside.
     """
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     queue: str
     reason: str
@@ -142,9 +164,13 @@ class QuarantinedEntry:
     """Broker clock, seconds."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class FailedJob:
     """A job failed for good, kept for inspection (bounded retention)."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     id: str
     data: bytes
@@ -157,9 +183,13 @@ class FailedJob:
     """Its concurrency key, where the broker keeps it (a requeue keeps it too)."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class Recovery:
     """What one stalled sweep did on one queue."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     recovered: int
     """Claims older than the threshold put back to pending."""
@@ -167,9 +197,13 @@ class Recovery:
     """Jobs past ``max_stalled``: re-leased to the caller, who fails them (poison)."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class RenewOutcome:
     """What one renewal round did on one queue."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     renewed: int
     lost: tuple[Lease, ...] = ()
@@ -391,9 +425,13 @@ class SupportsWakeup(Protocol):
         ...
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class JobState:
     """Where one job stands on its queue (:class:`SupportsJobState`)."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     claimed: bool
     """``True``: a worker holds it under a lease; ``False``: it waits (ready or delayed)."""
@@ -453,9 +491,13 @@ class SupportsFailedJobRepair(Protocol):
         ...
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class QueueStats:
     """Where one queue's jobs stand (:class:`SupportsQueueStats`)."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     ready: int
     delayed: int
@@ -565,9 +607,13 @@ class SupportsQueueLimits(Protocol):
         ...
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class RateGrant:
     """What one :meth:`SupportsRateLimits.take_starts` granted."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     granted: int
     """Starts taken (at most the ``want`` asked)."""

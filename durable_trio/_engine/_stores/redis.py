@@ -44,7 +44,7 @@ import trio
 
 from ..._backoff import Backoff
 from ..._errors import BrokerError, ConfigError, TransportClosed
-from ..._redis import RedisClusterClient
+from ..._redis import is_cluster_client
 from .._records import (
     CANCEL_STEP_ID,
     Applied,
@@ -90,7 +90,7 @@ from ._wakes import RunWakes
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-    from ..._redis import RedisClient, Script
+    from ..._redis import RedisClient, RedisClusterClient, Script
 
 __all__ = ["MAX_SHARDS", "RedisRunStore"]
 
@@ -216,7 +216,7 @@ class RedisRunStore:
         failures = 0
         while True:
             try:
-                if isinstance(client, RedisClusterClient):
+                if is_cluster_client(client):
                     async with client.ssubscribe(self._channel) as sharded:
                         sharded.on_resubscribed = self._subscribed
                         self._subscribed()
@@ -250,7 +250,7 @@ class RedisRunStore:
         self.wakes.wake((key,))
         client = self._client
         try:
-            if isinstance(client, RedisClusterClient):
+            if is_cluster_client(client):
                 await client.spublish(self._channel, key)
             else:
                 await client.execute("PUBLISH", self._channel, key)

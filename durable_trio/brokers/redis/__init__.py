@@ -172,6 +172,8 @@ Cancellation:
     sweep takes it back. The transport shields its pops for this reason.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._broker import (
     PROMOTE_BATCH,
     EvictionPolicyWarning,
@@ -179,8 +181,28 @@ from ._broker import (
     RedisBrokerBase,
     RedisBrokerStatistics,
 )
-from ._cluster import RedisClusterBroker
 from ._queue import MAX_PRIORITY, MIN_PRIORITY
+
+if TYPE_CHECKING:
+    from ._cluster import RedisClusterBroker
+
+# RedisClusterBroker is imported on first use (PEP 562), with the Cluster client under it: a
+# broker on one ``redis://`` node never loads them. Hidden from type checkers, as in the
+# package's ``__init__``.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        if name != "RedisClusterBroker":
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from ._cluster import RedisClusterBroker
+
+        globals()[name] = RedisClusterBroker
+        return RedisClusterBroker
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), "RedisClusterBroker"})
+
 
 __all__ = [
     "MAX_PRIORITY",

@@ -18,7 +18,7 @@ import trio
 from ..._backoff import Backoff
 from ..._errors import BrokerError, ConfigError, DamagedJob, TransportClosed
 from ..._failures import report_through
-from ..._redis import RedisClient, RedisClusterClient, open_redis
+from ..._redis import RedisClient, is_cluster_client, open_redis
 from .._contract import (
     ClaimedJob,
     FailedJob,
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from ..._errors import StoreLost
-    from ..._redis import RedisArg
+    from ..._redis import RedisArg, RedisClusterClient
     from .._contract import RateGrant
 
 __all__ = [
@@ -220,7 +220,7 @@ class RedisBrokerBase:
             ping_timeout, store_check_interval, resubscribe_backoff,
         )  # fmt: skip
         first, largest = resubscribe_backoff
-        if isinstance(client, RedisClusterClient) and self._PUBLISH == "PUBLISH":
+        if is_cluster_client(client) and self._PUBLISH == "PUBLISH":
             raise ConfigError("a Redis Cluster client needs a RedisClusterBroker")
         self._client = client
         self._db = client.url.db if isinstance(client, RedisClient) else 0
@@ -484,7 +484,7 @@ class RedisBrokerBase:
         if not leases:
             args = [pq.channel, retention, *push]
             return [self._scripts.push_many.command(pq.push_keys, args)] if jobs else []
-        if jobs and not isinstance(self._client, RedisClusterClient):
+        if jobs and not is_cluster_client(self._client):
             args = [pq.channel, len(jobs), retention, q.channel, *push, *tokens]
             keys = (*pq.push_keys, *q.complete_keys)
             return [self._scripts.push_and_complete.command(keys, args)]

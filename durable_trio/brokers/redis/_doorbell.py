@@ -25,14 +25,14 @@ from trio_util import RepeatedEvent
 
 from ..._coalesce import Coalescer
 from ..._errors import BrokerError, TransportClosed
-from ..._redis import RedisClient, RedisClusterClient
+from ..._redis import RedisClient, is_cluster_client
 from ._replies import read_seconds
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ..._backoff import Backoff
-    from ..._redis import Script, ShardedSubscription, Subscription
+    from ..._redis import RedisClusterClient, Script, ShardedSubscription, Subscription
     from ._queue import Queue
 
 __all__ = ["Doorbell", "PubSubDoorbell", "ShardedDoorbell"]
@@ -328,7 +328,7 @@ class ShardedDoorbell(Doorbell):
 
     async def _listen_to(self, q: Queue) -> None:
         client = self._client
-        assert isinstance(client, RedisClusterClient)
+        assert is_cluster_client(client)
         failures = 0
         while True:
             try:
