@@ -23,6 +23,7 @@ BELOW = {
     "durable_trio.brokers",
     "durable_trio.brokers._contract",
     "durable_trio._arguments",
+    "durable_trio._attrs_shared",
     "durable_trio._backoff",
     "durable_trio._coalesce",
     "durable_trio._codec",
