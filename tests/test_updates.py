@@ -73,11 +73,14 @@ async def test_updates_return_values_and_rejections_raise_in_the_caller(
             assert trio.current_time() - start == 7
             with pytest.raises(dt.UpdateTimeout):
                 await caller.update(run_id, "add", "late", update_id="u2", timeout=0)
+            # u2 stays in the run's log past its caller's timeout: a call again gets its
+            # outcome. (Awaited before the signal: an update and a signal sent one after the
+            # other are not ordered, the workflow may see the signal first; docs/engine.md.)
+            assert await caller.update(run_id, "add", "late", update_id="u2") == 5
             await engine.signal(run_id, "checkout")
             assert await engine.result(run_id) == ["apple", "half", "slept", "pear", "late"]
             assert trio.current_time() - start == 7
-            # u2 was applied after its caller's timeout: a call again gets its outcome.
-            assert await caller.update(run_id, "add", "late", update_id="u2") == 5
+            assert await caller.update(run_id, "add", "late", update_id="u2") == 5  # recorded
             with pytest.raises(dt.UpdateRejected, match="completed"):
                 await caller.update(run_id, "add", "after")
             with pytest.raises(dt.RunNotFound):
