@@ -380,8 +380,6 @@ async def send_update(
         raise ConfigError(f"engine.update: timeout must be seconds >= 0, got {timeout!r}")
     check_json(payload, f"the payload of update {name!r}")
     update_id = update_id or uuid.uuid4().hex
-    if await store.get_run(run_id) is None:
-        raise RunNotFound(run_id)
     deadline = None if timeout is None else trio.current_time() + timeout
     wakes = store.wakes if isinstance(store, SupportsRunWakes) else None
     requested = False
@@ -390,6 +388,8 @@ async def send_update(
         with ExitStack() as watch:
             rung = watch.enter_context(wakes.watching(run_id)) if wakes else trio.Event()
             run = await store.get_run(run_id)  # read BEFORE the log: an end seen here is final
+            if run is None and not requested:
+                raise RunNotFound(run_id)
             outcomes = await read_outcomes(store, run_id, start)
             start += len(outcomes)
             for entry in outcomes:
