@@ -20,9 +20,9 @@ from durable_trio.brokers import RenewOutcome
 from durable_trio.brokers.memory import MemoryBroker
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterable, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 
-    from durable_trio._engine import RunStore
+    from durable_trio._engine import App, Engine, RunStore
     from durable_trio.brokers import ClaimedJob, Job, Lease, Recovery
 
 
@@ -322,3 +322,45 @@ async def wait_status(
     while (record := await engine.get(run_id)).status is not status:  # noqa: ASYNC110
         await trio.sleep(poll)
     return record
+
+
+def sqlite_url(path: Path) -> str:
+    """The ``sqlite:`` URL of a real file at the absolute ``path``."""
+    return f"sqlite:///{path}".replace("///", "////", 1)
+
+
+@asynccontextmanager
+async def short_lease_engine(
+    app: App, url: str, *, namespace: str, engine_id: str, **options: Any
+) -> AsyncIterator[Engine]:
+    """The engine of a crash test's child process: its own backend, a 1 s run lease and
+    0.2 s reconcile and watch intervals, so a SIGKILLed engine's runs lapse, and another
+    engine takes them over, within a second or two. ``options`` go to ``open_engine``."""
+    from durable_trio._engine import open_engine
+
+    async with (
+        dt.open_backend(url) as backend,
+        open_engine(
+            app,
+            backend,
+            namespace=namespace,
+            engine_id=engine_id,
+            run_lease=1.0,
+            reconcile_interval=0.2,
+            watch_interval=0.2,
+            **options,
+        ) as engine,
+    ):
+        yield engine
+
+
+async def poll_until(check: Callable[[], Awaitable[bool]], *, interval: float = 0.05) -> None:
+    """Await ``check()`` every ``interval`` seconds until it is true: for state another
+    process writes (a store gives no wake-up for it). Bound it with ``trio.fail_after``."""
+    while not await check():  # noqa: ASYNC110 (another process writes the state)
+        await trio.sleep(interval)
+
+
+async def has_steps(store: RunStore, run_id: str, count: int) -> bool:
+    """Whether the run ``run_id`` has ``count`` checkpoints or more."""
+    return len(await store.get_steps(run_id)) >= count

@@ -18,12 +18,11 @@ import durable_trio as dt
 from durable_trio._engine import (
     App,
     WorkflowContext,
-    open_engine,
     open_run_store,
     open_worker,
     step_info,
 )
-from helpers import completed_steps, kill_after
+from helpers import completed_steps, kill_after, short_lease_engine, sqlite_url
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -63,23 +62,19 @@ def expected(size: int) -> dict[str, Any]:
 
 async def engine_process(url: str, engine_id: str, start: bool) -> None:
     """The child: an engine with a short run lease, so a killed one's runs lapse quickly."""
-    async with dt.open_backend(url) as backend:
-        async with open_engine(
-            app,
-            backend,
-            namespace=NAMESPACE,
-            engine_id=engine_id,
-            run_lease=1.0,
-            reconcile_interval=0.2,
-            watch_interval=0.2,
-            stalled_threshold=1.0,
-            stalled_check_interval=0.25,
-        ) as engine:
-            if start:
-                for n in range(RUNS):
-                    await engine.start("pipeline", 4 + n, run_id=f"run-{n}")
-            outputs = {f"run-{n}": await engine.result(f"run-{n}") for n in range(RUNS)}
-            stats = engine.statistics()
+    async with short_lease_engine(
+        app,
+        url,
+        namespace=NAMESPACE,
+        engine_id=engine_id,
+        stalled_threshold=1.0,
+        stalled_check_interval=0.25,
+    ) as engine:
+        if start:
+            for n in range(RUNS):
+                await engine.start("pipeline", 4 + n, run_id=f"run-{n}")
+        outputs = {f"run-{n}": await engine.result(f"run-{n}") for n in range(RUNS)}
+        stats = engine.statistics()
     print(json.dumps({"outputs": outputs, "redispatched": stats.redispatched}))
 
 
@@ -124,7 +119,7 @@ async def crash_twice_and_finish(url: str) -> None:
 
 @pytest.mark.chaos
 async def test_crash_and_resume_on_sqlite(tmp_path: Path) -> None:
-    await crash_twice_and_finish(f"sqlite:///{tmp_path / 'chaos.db'}".replace("///", "////", 1))
+    await crash_twice_and_finish(sqlite_url(tmp_path / "chaos.db"))
 
 
 @pytest.mark.chaos

@@ -12,8 +12,9 @@ import pytest
 import trio
 
 import durable_trio as dt
-from durable_trio._engine import App, WorkflowContext, open_engine, open_run_store
+from durable_trio._engine import App, WorkflowContext, open_run_store
 from durable_trio._engine._stream import STREAM_LOG, read_stream
+from helpers import has_steps, poll_until, short_lease_engine, sqlite_url
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,19 +34,10 @@ async def report(ctx: WorkflowContext, _: Any) -> str:
 
 
 async def engine_process(url: str, engine_id: str, start: bool) -> None:
-    async with dt.open_backend(url) as backend:
-        async with open_engine(
-            app,
-            backend,
-            namespace=NAMESPACE,
-            engine_id=engine_id,
-            run_lease=1.0,
-            reconcile_interval=0.2,
-            watch_interval=0.2,
-        ) as engine:
-            if start:
-                await engine.start("report", None, run_id=RUN_ID)
-            await engine.result(RUN_ID)
+    async with short_lease_engine(app, url, namespace=NAMESPACE, engine_id=engine_id) as engine:
+        if start:
+            await engine.start("report", None, run_id=RUN_ID)
+        await engine.result(RUN_ID)
 
 
 def command(url: str, engine_id: str, start: bool) -> list[str]:
@@ -55,11 +47,8 @@ def command(url: str, engine_id: str, start: bool) -> list[str]:
 async def crash_after_emitting(url: str) -> None:
     async with dt.open_backend(url) as backend, open_run_store(backend, NAMESPACE) as store:
         first = await trio.lowlevel.open_process(command(url, "A", True), stdout=subprocess.DEVNULL)
-        with trio.fail_after(30):
-            while True:  # poll the other process's checkpoints: emitted, waits on a signal
-                if len(await store.get_steps(RUN_ID)) >= 2:
-                    break
-                await trio.sleep(0.05)
+        with trio.fail_after(30):  # the other process's checkpoints: emitted, waits on a signal
+            await poll_until(lambda: has_steps(store, RUN_ID, 2))
         first.kill()  # SIGKILL
         await first.wait()
         assert await store.read_signal(RUN_ID, STREAM_LOG, 1) is not None  # kept
@@ -75,7 +64,7 @@ async def crash_after_emitting(url: str) -> None:
 
 @pytest.mark.chaos
 async def test_engine_killed_after_an_emit_on_sqlite(tmp_path: Path) -> None:
-    await crash_after_emitting(f"sqlite:///{tmp_path / 'runs.db'}".replace("///", "////", 1))
+    await crash_after_emitting(sqlite_url(tmp_path / "runs.db"))
 
 
 @pytest.mark.chaos

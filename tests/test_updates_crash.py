@@ -17,9 +17,10 @@ import pytest
 import trio
 
 import durable_trio as dt
-from durable_trio._engine import App, WorkflowContext, open_engine, open_run_store
+from durable_trio._engine import App, RunStore, WorkflowContext, open_run_store
 from durable_trio._engine._context import UPDATE_DONE, UPDATE_LOG
 from durable_trio._engine._updates import UpdateServant, send_update
+from helpers import has_steps, poll_until, short_lease_engine, sqlite_url
 
 NAMESPACE = "update-crash"
 RUN_ID = "tally-1"
@@ -56,23 +57,18 @@ def hang_before_recording(marker: str) -> None:
 async def engine_process(url: str, engine_id: str, start: bool, marker: str) -> None:
     if marker:
         hang_before_recording(marker)
-    async with dt.open_backend(url) as backend:
-        async with open_engine(
-            app,
-            backend,
-            namespace=NAMESPACE,
-            engine_id=engine_id,
-            run_lease=1.0,
-            reconcile_interval=0.2,
-            watch_interval=0.2,
-        ) as engine:
-            if start:
-                await engine.start("tally", None, run_id=RUN_ID)
-            await engine.result(RUN_ID)
+    async with short_lease_engine(app, url, namespace=NAMESPACE, engine_id=engine_id) as engine:
+        if start:
+            await engine.start("tally", None, run_id=RUN_ID)
+        await engine.result(RUN_ID)
 
 
 def command(url: str, engine_id: str, start: bool, marker: str = "") -> list[str]:
     return [sys.executable, __file__, url, engine_id, "1" if start else "0", marker]
+
+
+async def outcome_recorded(store: RunStore) -> bool:
+    return await store.read_signal(RUN_ID, UPDATE_DONE, 1) is not None
 
 
 async def crash_between_halves(url: str, tmp_path: Path, *, recorded: bool) -> None:
@@ -83,11 +79,8 @@ async def crash_between_halves(url: str, tmp_path: Path, *, recorded: bool) -> N
             command(url, "A", True, "" if recorded else str(marker)), stdout=subprocess.DEVNULL
         )
         async with trio.open_nursery() as nursery:
-            with trio.fail_after(30):
-                while True:  # started: it waits on its signal
-                    if len(await store.get_steps(RUN_ID)) >= 1:
-                        break
-                    await trio.sleep(0.05)
+            with trio.fail_after(30):  # started: it waits on its signal
+                await poll_until(lambda: has_steps(store, RUN_ID, 1))
 
             answered = trio.Event()
 
@@ -98,14 +91,9 @@ async def crash_between_halves(url: str, tmp_path: Path, *, recorded: bool) -> N
             nursery.start_soon(caller)
             with trio.fail_after(30):
                 if recorded:  # the outcome is in the store: kill before the run goes on
-                    while True:
-                        if await store.read_signal(RUN_ID, UPDATE_DONE, 1) is not None:
-                            break
-                        await trio.sleep(0.01)
+                    await poll_until(lambda: outcome_recorded(store), interval=0.01)
                 else:  # the handler ran; its outcome is not recorded
-                    while True:
-                        if marker.exists():
-                            break
+                    while not marker.exists():  # noqa: ASYNC110 (another process writes it)
                         await trio.sleep(0.01)
                     assert await store.read_signal(RUN_ID, UPDATE_DONE, 1) is None
             first.kill()  # SIGKILL
@@ -130,8 +118,7 @@ async def crash_between_halves(url: str, tmp_path: Path, *, recorded: bool) -> N
 @pytest.mark.chaos
 @pytest.mark.parametrize("recorded", [False, True], ids=["before-recording", "after-recording"])
 async def test_engine_killed_mid_update_on_sqlite(tmp_path: Path, recorded: bool) -> None:
-    url = f"sqlite:///{tmp_path / 'runs.db'}".replace("///", "////", 1)
-    await crash_between_halves(url, tmp_path, recorded=recorded)
+    await crash_between_halves(sqlite_url(tmp_path / "runs.db"), tmp_path, recorded=recorded)
 
 
 @pytest.mark.chaos

@@ -19,11 +19,11 @@ from durable_trio._engine import (
     RunStatus,
     StepKind,
     WorkflowContext,
-    open_engine,
     open_run_store,
     open_worker,
     step_info,
 )
+from helpers import short_lease_engine, sqlite_url
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -57,19 +57,10 @@ async def order(ctx: WorkflowContext, parcels: int) -> list[str]:
 
 async def engine_process(url: str, engine_id: str, start: bool) -> None:
     """An engine with a short run lease, so a killed one's runs lapse quickly."""
-    async with dt.open_backend(url) as backend:
-        async with open_engine(
-            app,
-            backend,
-            namespace=NAMESPACE,
-            engine_id=engine_id,
-            run_lease=1.0,
-            reconcile_interval=0.2,
-            watch_interval=0.2,
-        ) as engine:
-            if start:
-                await engine.start("order", PARCELS, run_id="order-1")
-            output = await engine.result("order-1")
+    async with short_lease_engine(app, url, namespace=NAMESPACE, engine_id=engine_id) as engine:
+        if start:
+            await engine.start("order", PARCELS, run_id="order-1")
+        output = await engine.result("order-1")
     print(json.dumps({"output": output}))
 
 
@@ -120,7 +111,7 @@ async def kill_mid_wait(url: str) -> None:
 
 @pytest.mark.chaos
 async def test_engine_killed_while_the_parent_waits_on_sqlite(tmp_path: Path) -> None:
-    await kill_mid_wait(f"sqlite:///{tmp_path / 'chaos.db'}".replace("///", "////", 1))
+    await kill_mid_wait(sqlite_url(tmp_path / "chaos.db"))
 
 
 @pytest.mark.chaos

@@ -13,13 +13,12 @@ import pytest
 import trio
 
 import durable_trio as dt
-from durable_trio._engine import App, StepKind, WorkflowContext, open_engine, open_run_store
+from durable_trio._engine import App, StepKind, WorkflowContext, open_run_store
+from helpers import has_steps, poll_until, short_lease_engine, sqlite_url
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from pathlib import Path
 
-    from durable_trio._engine import RunStore
 
 NAMESPACE = "signals-crash"
 RUN_ID = "approval-1"
@@ -36,19 +35,10 @@ async def approval(ctx: WorkflowContext, _: Any) -> list[Any]:
 
 
 async def engine_process(url: str, engine_id: str, start: bool) -> None:
-    async with dt.open_backend(url) as backend:
-        async with open_engine(
-            app,
-            backend,
-            namespace=NAMESPACE,
-            engine_id=engine_id,
-            run_lease=1.0,
-            reconcile_interval=0.2,
-            watch_interval=0.2,
-        ) as engine:
-            if start:
-                await engine.start("approval", None, run_id=RUN_ID)
-            print(json.dumps({"output": await engine.result(RUN_ID)}), flush=True)
+    async with short_lease_engine(app, url, namespace=NAMESPACE, engine_id=engine_id) as engine:
+        if start:
+            await engine.start("approval", None, run_id=RUN_ID)
+        print(json.dumps({"output": await engine.result(RUN_ID)}), flush=True)
 
 
 def command(url: str, engine_id: str, start: bool) -> list[str]:
@@ -65,21 +55,15 @@ async def cli_signal(url: str, payload: Any) -> str:
     return done.stdout.decode()
 
 
-async def until(enough: Callable[[int], bool], store: RunStore) -> None:
-    """Poll the other process's checkpoints until their count is ``enough``."""
-    while True:
-        if enough(len(await store.get_steps(RUN_ID))):
-            return
-        await trio.sleep(0.05)
-
-
 async def crash_while_waiting(url: str) -> None:
     async with dt.open_backend(url) as backend, open_run_store(backend, NAMESPACE) as store:
         first = await trio.lowlevel.open_process(command(url, "A", True), stdout=subprocess.DEVNULL)
         with trio.fail_after(30):
-            await until(lambda n: n >= 1, store)  # the run waits on its first signal
+            # The run waits on its first signal.
+            await poll_until(lambda: has_steps(store, RUN_ID, 1))
             assert "#1" in await cli_signal(url, "yes")
-            await until(lambda n: n >= 3, store)  # consumed, event set, waits again
+            # Consumed, event set, waits again.
+            await poll_until(lambda: has_steps(store, RUN_ID, 3))
         first.kill()  # SIGKILL while the run waits on its second signal
         await first.wait()
         second = await trio.lowlevel.open_process(command(url, "B", False), stdout=subprocess.PIPE)
@@ -100,7 +84,7 @@ async def crash_while_waiting(url: str) -> None:
 
 @pytest.mark.chaos
 async def test_engine_killed_mid_wait_on_sqlite(tmp_path: Path) -> None:
-    await crash_while_waiting(f"sqlite:///{tmp_path / 'runs.db'}".replace("///", "////", 1))
+    await crash_while_waiting(sqlite_url(tmp_path / "runs.db"))
 
 
 @pytest.mark.chaos
