@@ -33,7 +33,16 @@ from trio_util import wait_any
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
-__all__ = ["CANCELS", "STARTS", "STEPS", "RunWakes", "SupportsRunWakes", "first_of", "step_key"]
+__all__ = [
+    "CANCELS",
+    "STARTS",
+    "STEPS",
+    "RunWakes",
+    "SupportsRunWakes",
+    "first_of",
+    "step_key",
+    "wakes_of",
+]
 
 #: The key rung when a cancel mark is written on any run of the namespace (its owner looks).
 CANCELS = "\x00cancels"
@@ -134,6 +143,17 @@ class SupportsRunWakes(Protocol):
         """Wake the waiters of ``key`` here and in every other process (best-effort: never
         raises for a ring that could not be carried)."""
         ...
+
+
+def wakes_of(store: object) -> RunWakes | None:
+    """``store.wakes`` if ``store`` is a :class:`SupportsRunWakes`, else ``None``: the same test
+    as ``isinstance(store, SupportsRunWakes)`` (its members present), without the cost of an
+    ``isinstance`` of a runtime-checkable protocol (tens of microseconds: it walks the
+    protocol's members), paid on every run and every ``engine.result`` (issue 32)."""
+    if hasattr(store, "ring") and hasattr(store, "wakes"):
+        wakes: RunWakes = store.wakes
+        return wakes
+    return None
 
 
 async def first_of(*events: trio.Event) -> None:
