@@ -302,9 +302,7 @@ RUNS_MIGRATIONS: Final = (
             ON {schema}.run_generation_ends (namespace, workflow, ended_at);
         """
         + backfill_ends(
-            "{schema}.run_generation_ends",
-            "{schema}.run_generations",
-            "{schema}.run_steps",
+            "{schema}.run_generation_ends", "{schema}.run_generations", "{schema}.run_steps",
             "{schema}.runs",
         ),
         "when each previous generation ended (retention of generations)",
@@ -452,34 +450,6 @@ MARK_DISPATCHED: Final = """
     UPDATE {schema}.run_steps SET dispatched = true
     WHERE namespace = $1 AND run_id = $2 AND step_id = $3 AND status = 'pending'
       AND attempt = $4
-"""
-
-# Group commit (issue 32, ``_pg_merge.py``): the changes of many runs as one statement over
-# arrays, row by row what the single statement does, in the order given (sorted by run id:
-# the runs' rows locked in ascending order). The calls of a function answer with ``u.n``, the
-# change's place in the arrays.
-UPDATE_STEPS_CALL: Final = """
-    SELECT u.n, {schema}.dt_update_step($1::text, u.run_id, u.step_id, u.status, u.attempt,
-        u.output, u.error, u.wake_at, u.dispatched, u.now, u.heartbeat, u.attempts, u.expect)
-    FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[],
-        $8::float8[], $9::boolean[], $10::float8[], $11::text[], $12::text[], $13::bigint[])
-        WITH ORDINALITY AS u(run_id, step_id, status, attempt, output, error, wake_at,
-            dispatched, now, heartbeat, attempts, expect, n)
-"""
-# (``s.run_id = ANY($2)``: an index condition, so the join reads these runs' checkpoints, not
-# the table.)
-MARK_DISPATCHED_MANY: Final = """
-    UPDATE {schema}.run_steps AS s SET dispatched = true
-    FROM unnest($2::text[], $3::text[], $4::bigint[]) AS u(run_id, step_id, attempt)
-    WHERE s.namespace = $1 AND s.run_id = ANY($2::text[])
-      AND s.run_id = u.run_id AND s.step_id = u.step_id
-      AND s.status = 'pending' AND s.attempt = u.attempt
-    RETURNING s.run_id, s.step_id, s.attempt
-"""
-FINISH_MANY_CALL: Final = """
-    SELECT u.n, {schema}.dt_finish_run($1::text, u.run_id, u.status, u.output, u.error, u.now)
-    FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::float8[])
-        WITH ORDINALITY AS u(run_id, status, output, error, now, n)
 """
 
 # -- schedules -------------------------------------------------------------------------------

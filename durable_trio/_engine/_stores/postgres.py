@@ -28,7 +28,7 @@ import contextlib
 import hashlib
 import time
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import attrs
 import orjson
@@ -42,7 +42,6 @@ from .._tags import check_tags, read_tags, tags_json
 from . import _pg_starts as starts
 from . import _pg_tables as sql
 from ._paging import check_page, decode_cursor, encode_cursor, skip_damaged
-from ._pg_merge import MergedWrites
 from ._sqlite_tables import (
     _optional_dumps,
     _run,
@@ -118,20 +117,6 @@ def tag_rows_params(namespace: str, run: RunRecord) -> tuple[Any, ...]:
     return (namespace, run.run_id, keys, values, tags_json(run.tags))
 
 
-def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
-    """``rows`` (each ``width`` values) as ``width`` arrays, one per column (``unnest``'s)."""
-    return [[row[i] for row in rows] for i in range(width)]
-
-
-def _by_place(order: Sequence[int], answers: dict[int, _T]) -> list[_T]:
-    """The answers of a merged statement (by the 1-based place of each change in its arrays,
-    the changes sent in ``order``), in the order the changes were given."""
-    out: list[_T | None] = [None] * len(order)
-    for place, index in enumerate(order, 1):
-        out[index] = answers[place]
-    return cast("list[_T]", out)
-
-
 class PostgresRunStore:
     """A :class:`~durable_trio.RunStore` in PostgreSQL (runs of one ``namespace``).
 
@@ -157,11 +142,6 @@ class PostgresRunStore:
         self._pool = pool
         # Changes of concurrent tasks share round trips, each its own transaction.
         self._batcher = WriteBatcher(pool, bound=_WRITE_BOUND)
-        # The hottest changes of concurrent runs, merged into one statement each (group
-        # commit: see _pg_merge.py).
-        self._updates = MergedWrites(self._update_one, self._update_many, bound=_WRITE_BOUND)
-        self._marks = MergedWrites(self._mark_one, self._mark_many, bound=_WRITE_BOUND)
-        self._finishes = MergedWrites(self._finish_one, self._finish_many, bound=_WRITE_BOUND)
         self.schema = schema
         self._quoted = quote_ident(schema)
         self._ns = namespace
@@ -428,21 +408,11 @@ class PostgresRunStore:
         output: object = None,
         error: object = None,
     ) -> bool:
-        self._check_open()
-        return await self._finishes.write(
-            (run_id, status.value, dumps(output), dumps(error), self.now())
-        )
-
-    async def _finish_one(self, change: tuple[Any, ...]) -> bool:
-        (finished,) = await self._pipeline((sql.FINISH_CALL, (self._ns, *change)))
+        (finished,) = await self._pipeline(
+            (sql.FINISH_CALL,
+             (self._ns, run_id, status.value, dumps(output), dumps(error), self.now())),
+        )  # fmt: skip
         return bool(finished.rows[0][0])
-
-    async def _finish_many(self, changes: list[tuple[Any, ...]]) -> list[bool]:
-        order = sorted(range(len(changes)), key=lambda i: changes[i][0])
-        (result,) = await self._pipeline(
-            (sql.FINISH_MANY_CALL, (self._ns, *_columns([changes[i] for i in order], 5)))
-        )
-        return _by_place(order, {int(n): bool(v) for n, v in result.rows})
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -505,40 +475,19 @@ class PostgresRunStore:
     async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Applied:
         # The run locked, the compare-and-set, the state read when nothing was written: one
         # call (migration 9's function), answering the Applied value.
-        # Merged with the updates of other runs waiting meanwhile (group commit).
-        self._check_open()
-        return await self._updates.write(
-            (step.run_id, step.step_id, step.status.value, step.attempt, dumps(step.output),
-             dumps(step.error), step.wake_at, step.dispatched, self.now(),
-             _optional_dumps(step.heartbeat), dumps(step.attempts), expect_attempt)
+        (result,) = await self._pipeline(
+            (sql.UPDATE_STEP_CALL,
+             (self._ns, step.run_id, step.step_id, step.status.value, step.attempt,
+              dumps(step.output), dumps(step.error), step.wake_at, step.dispatched, self.now(),
+              _optional_dumps(step.heartbeat), dumps(step.attempts), expect_attempt)),
         )  # fmt: skip
-
-    async def _update_one(self, change: tuple[Any, ...]) -> Applied:
-        (result,) = await self._pipeline((sql.UPDATE_STEP_CALL, (self._ns, *change)))
         return Applied(result.rows[0][0])
 
-    async def _update_many(self, changes: list[tuple[Any, ...]]) -> list[Applied]:
-        order = sorted(range(len(changes)), key=lambda i: (changes[i][0], changes[i][1]))
-        (result,) = await self._pipeline(
-            (sql.UPDATE_STEPS_CALL, (self._ns, *_columns([changes[i] for i in order], 12)))
-        )
-        return _by_place(order, {int(n): Applied(v) for n, v in result.rows})
-
     async def mark_dispatched(self, run_id: str, step_id: str, attempt: int) -> bool:
-        self._check_open()
-        return await self._marks.write((run_id, step_id, attempt))
-
-    async def _mark_one(self, change: tuple[str, str, int]) -> bool:
-        (result,) = await self._pipeline((sql.MARK_DISPATCHED, (self._ns, *change)))
-        return result.rowcount == 1
-
-    async def _mark_many(self, changes: list[tuple[str, str, int]]) -> list[bool]:
-        ordered = sorted(changes)
         (result,) = await self._pipeline(
-            (sql.MARK_DISPATCHED_MANY, (self._ns, *_columns(ordered, 3)))
+            (sql.MARK_DISPATCHED, (self._ns, run_id, step_id, attempt))
         )
-        marked = {(str(r), str(s), int(a)) for r, s, a in result.rows}
-        return [change in marked for change in changes]
+        return result.rowcount == 1
 
     # -- schedules --------------------------------------------------------------------------
 
