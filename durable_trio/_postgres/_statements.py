@@ -78,6 +78,10 @@ def _format(param: Any) -> PyFormat:
     return PyFormat.AUTO
 
 
+#: The formats of a statement without a list parameter (sliced to its length).
+_AUTO: Final = [PyFormat.AUTO] * 64
+
+
 class Statements:
     """One connection's prepared statements (see the module docstring).
 
@@ -109,8 +113,13 @@ class Statements:
             # (LISTEN, DDL, BEGIN ...: one-offs whose text changes, never worth preparing)
             return Send(lambda: pgconn.send_query_params(sql, None))
         tx = self._tx
+        # (Most statements have no list: one check in C, not a call per parameter.)
+        if list in map(type, params):
+            wanted = [_format(param) for param in params]
+        else:
+            wanted = _AUTO[: len(params)] if len(params) <= len(_AUTO) else [_AUTO[0]] * len(params)
         try:
-            values = tx.dump_sequence(params, [_format(param) for param in params])
+            values = tx.dump_sequence(params, wanted)
         except psycopg.Error as exc:
             raise ValueError(f"cannot send a parameter to PostgreSQL: {exc}") from None
         types, formats = tx.types, tx.formats or []
