@@ -24,6 +24,7 @@ so a ring between its read and its wait is not lost.
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -146,11 +147,13 @@ class SupportsRunWakes(Protocol):
 
 
 def wakes_of(store: object) -> RunWakes | None:
-    """``store.wakes`` if ``store`` is a :class:`SupportsRunWakes`, else ``None``: the same test
-    as ``isinstance(store, SupportsRunWakes)`` (its members present), without the cost of an
-    ``isinstance`` of a runtime-checkable protocol (tens of microseconds: it walks the
-    protocol's members), paid on every run and every ``engine.result`` (issue 32)."""
-    if hasattr(store, "ring") and hasattr(store, "wakes"):
+    """``store.wakes`` if ``isinstance(store, SupportsRunWakes)``, else ``None`` (on every run
+    and every ``engine.result``, issue 32). On Python 3.11 that ``isinstance`` walks the
+    protocol's members on every call (tens of microseconds): its same test is made here
+    directly (each member present, ``ring`` not ``None``); later versions cache it."""
+    if sys.version_info >= (3, 12):
+        return store.wakes if isinstance(store, SupportsRunWakes) else None
+    if hasattr(store, "wakes") and getattr(store, "ring", None) is not None:
         wakes: RunWakes = store.wakes
         return wakes
     return None
