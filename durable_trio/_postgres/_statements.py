@@ -78,10 +78,6 @@ def _format(param: Any) -> PyFormat:
     return PyFormat.AUTO
 
 
-#: The formats of a statement without a list parameter (sliced to its length).
-_AUTO: Final = [PyFormat.AUTO] * 64
-
-
 class Statements:
     """One connection's prepared statements (see the module docstring).
 
@@ -117,7 +113,7 @@ class Statements:
         if list in map(type, params):
             wanted = [_format(param) for param in params]
         else:
-            wanted = _AUTO[: len(params)] if len(params) <= len(_AUTO) else [_AUTO[0]] * len(params)
+            wanted = [PyFormat.AUTO] * len(params)
         try:
             values = tx.dump_sequence(params, wanted)
         except psycopg.Error as exc:
