@@ -75,7 +75,7 @@ from ._statistics import EngineStatistics
 from ._step_watch import StepChecks, StepWait, StepWatch
 from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
-from ._stores._wakes import SupportsRunWakes
+from ._stores._wakes import wakes_of
 from ._stream import engine_stream
 from ._tags import check_tags
 from ._timers import EngineTimers
@@ -421,7 +421,7 @@ class Engine:
             EngineClosed: the engine closed before the run ended.
         """
         poll = self.options.watch_interval or 1.0
-        wakes = self.store.wakes if isinstance(self.store, SupportsRunWakes) else None
+        wakes = wakes_of(self.store)
         while True:
             # Taken before the read: the ring of an engine settling it elsewhere (issue 30).
             with wakes.watching(run_id) if wakes else contextlib.nullcontext() as rung:

@@ -109,8 +109,13 @@ class Statements:
             # (LISTEN, DDL, BEGIN ...: one-offs whose text changes, never worth preparing)
             return Send(lambda: pgconn.send_query_params(sql, None))
         tx = self._tx
+        # (Most statements have no list: one check in C, not a call per parameter.)
+        if list in map(type, params):
+            wanted = [_format(param) for param in params]
+        else:
+            wanted = [PyFormat.AUTO] * len(params)
         try:
-            values = tx.dump_sequence(params, [_format(param) for param in params])
+            values = tx.dump_sequence(params, wanted)
         except psycopg.Error as exc:
             raise ValueError(f"cannot send a parameter to PostgreSQL: {exc}") from None
         types, formats = tx.types, tx.formats or []

@@ -24,6 +24,7 @@ so a ring between its read and its wait is not lost.
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -33,7 +34,16 @@ from trio_util import wait_any
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
-__all__ = ["CANCELS", "STARTS", "STEPS", "RunWakes", "SupportsRunWakes", "first_of", "step_key"]
+__all__ = [
+    "CANCELS",
+    "STARTS",
+    "STEPS",
+    "RunWakes",
+    "SupportsRunWakes",
+    "first_of",
+    "step_key",
+    "wakes_of",
+]
 
 #: The key rung when a cancel mark is written on any run of the namespace (its owner looks).
 CANCELS = "\x00cancels"
@@ -134,6 +144,19 @@ class SupportsRunWakes(Protocol):
         """Wake the waiters of ``key`` here and in every other process (best-effort: never
         raises for a ring that could not be carried)."""
         ...
+
+
+def wakes_of(store: object) -> RunWakes | None:
+    """``store.wakes`` if ``isinstance(store, SupportsRunWakes)``, else ``None`` (on every run
+    and every ``engine.result``, issue 32). On Python 3.11 that ``isinstance`` walks the
+    protocol's members on every call (tens of microseconds): its same test is made here
+    directly (each member present, ``ring`` not ``None``); later versions cache it."""
+    if sys.version_info >= (3, 12):
+        return store.wakes if isinstance(store, SupportsRunWakes) else None
+    if hasattr(store, "wakes") and getattr(store, "ring", None) is not None:
+        wakes: RunWakes = store.wakes
+        return wakes
+    return None
 
 
 async def first_of(*events: trio.Event) -> None:
