@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 from typing import TYPE_CHECKING, Any
 
 import hiredis
@@ -360,3 +361,54 @@ async def test_a_leaders_command_timeout(autojump_clock: trio.testing.MockClock)
         assert trio.current_time() == start + 3
         assert not conn.healthy
         assert len(await server.commands(1)) == 1
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_cancellation_fuzz_with_leaders(
+    autojump_clock: trio.testing.MockClock, seed: int
+) -> None:
+    # Callers come and go, some cancelled at random moments (while leading, following, or
+    # before their command is sent); the server answers in random pieces after random delays.
+    # Every caller that completes gets its own replies, and the connection stays in step.
+    rng = random.Random(seed)
+    async with _connection() as (conn, server, _):
+
+        async def serve() -> None:
+            while True:
+                commands = await server.commands(1)
+                data = b"".join(b"$%d\r\n%s\r\n" % (len(c[-1]), c[-1]) for c in commands)
+                while data:
+                    cut = rng.randint(1, len(data))
+                    await trio.sleep(rng.choice([0, 0, 0.001, 0.01]))
+                    await server.send(data[:cut])
+                    data = data[cut:]
+
+        outcomes = {"completed": 0, "cancelled": 0}
+
+        async def caller(i: int) -> None:
+            for j in range(30):
+                tag = f"{i}-{j}"
+                with trio.move_on_after(rng.choice([0, 0.0005, 0.002, 0.01, 1.0])):
+                    if rng.random() < 0.3:
+                        replies = await conn.pipeline([("ECHO", tag), ("ECHO", tag + "b")])
+                        assert replies == [tag.encode(), (tag + "b").encode()]
+                    else:
+                        assert await conn.execute("ECHO", tag) == tag.encode()
+                    outcomes["completed"] += 1
+                    continue
+                outcomes["cancelled"] += 1
+                await trio.sleep(rng.choice([0, 0.001]))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve)
+            async with trio.open_nursery() as callers:
+                for i in range(rng.randint(1, 6)):
+                    callers.start_soon(caller, i)
+            assert conn.healthy
+            assert await conn.execute("ECHO", "after") == b"after"
+            nursery.cancel_scope.cancel()
+        assert outcomes["completed"] > 0
+        assert outcomes["cancelled"] > 0
+        assert conn.stats.replies == conn.stats.commands
+        assert conn._lead is None
+        assert conn._watching == _HANGUP

@@ -217,7 +217,7 @@ class _Flusher(trio.abc.Instrument):
         woken = False
         for conn in queued:
             try:
-                woken = conn._flush() or woken
+                woken = conn._flush(timeout) or woken
             except Exception as exc:  # never out of an instrument (Trio would disable it)
                 conn._fail(_unavailable(f"lost connection to {conn.url.address}: {exc!r}", exc))
         if woken and timeout > 0:
@@ -268,6 +268,7 @@ class Connection:
         self._clock = trio.lowlevel.current_clock()
         self._flusher = _Flusher.get() if self._fd >= 0 else None
         self._flush_queued = False
+        self._flush_held = False  # a leader woke callers: their commands and its own leave together
         self._outbox: list[bytes] = []
         self._pending: deque[_Slot] = deque()
         self._outstanding = 0
@@ -554,9 +555,9 @@ class Connection:
         if slot.error is not None:
             raise _fresh(slot.error)
         if others:
-            # Run after the callers this read woke, not before them: their next commands
-            # and this one's then leave in the same write.
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            # The callers this read woke run in the next pass: a command this one sends now
+            # waits for theirs, to leave in the same write (``_flush``).
+            self._flush_held = True
         return slot.replies
 
     def _arm(self, mask: int) -> None:
@@ -564,12 +565,16 @@ class Connection:
         watch = self._watch
         if mask == self._watching or watch is None or self._error is not None:
             return
-        if not mask:
-            watch.unregister(self._fd)
-        elif not self._watching:
-            watch.register(self._fd, mask)
-        else:
-            watch.modify(self._fd, mask)
+        try:
+            if not mask:
+                watch.unregister(self._fd)
+            elif not self._watching:
+                watch.register(self._fd, mask)
+            else:
+                watch.modify(self._fd, mask)
+        except OSError as exc:  # nobody would read the replies due: fail them now
+            self._fail(_unavailable(f"lost connection to {self._url.address}: {exc!r}", exc))
+            return
         self._watching = mask
 
     def _receive(self) -> None:
@@ -664,15 +669,23 @@ class Connection:
                 return
             self._watch_deadline = min((slot.deadline for slot in self._pending), default=math.inf)
 
-    def _flush(self) -> bool:
+    def _flush(self, timeout: float) -> bool:
         """Write the outbox now, without waiting (the flusher, at the end of a pass).
 
         One synchronous, non-blocking write, never cut short by a cancellation. What the
         socket does not take, and any error, is left to the writer, which is then woken.
+        Held for one pass when a leading caller woke other callers in this one and they have
+        yet to run (``timeout == 0``: the loop will not sleep), so that their next commands
+        leave in the same write as the leader's.
 
         Returns:
             whether the writer was woken (the scheduler must not then sleep).
         """
+        if self._flush_held:
+            self._flush_held = False
+            if timeout == 0 and self._flusher is not None:
+                self._flusher.queue(self)  # written at the end of the next pass
+                return False
         self._flush_queued = False
         outbox = self._outbox
         if not outbox or self._writer_idle is None or self._error is not None:
