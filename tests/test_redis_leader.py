@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 from typing import TYPE_CHECKING, Any
 
@@ -412,3 +413,31 @@ async def test_cancellation_fuzz_with_leaders(
         assert conn.stats.replies == conn.stats.commands
         assert conn._lead is None
         assert conn._watching == _HANGUP
+
+
+async def test_a_leader_cancelled_with_its_reply_already_in_the_socket(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The reply is in the socket (not yet seen by Trio's epoll) when the leader is cancelled:
+    # the reader, handed the role, finds it there at once and drains it.
+    async with _connection() as (conn, server, steps):
+        scope = trio.CancelScope()
+
+        async def leader() -> None:
+            with scope:
+                await conn.execute("ECHO", "gone")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(leader)
+            await server.commands(1)
+            await trio.testing.wait_all_tasks_blocked()
+            os.write(server.stream.socket.fileno(), b"$4\r\ngone\r\n")  # no checkpoint till the cancel
+            scope.cancel()
+        assert scope.cancelled_caught
+        await trio.testing.wait_all_tasks_blocked()
+        assert conn.stats.dropped == 1
+        assert conn._watching == _HANGUP
+        assert steps.steps > 0
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_answer_later, server, 1)
+            assert await conn.execute("ECHO", "after") == b"after"
