@@ -232,6 +232,22 @@ def _nothing() -> None:
 _FLUSHER: Final = trio.lowlevel.RunVar[_Flusher]("durable_trio_redis_flusher")
 
 
+def _hangup_watch(fd: int) -> select.epoll | None:
+    """An epoll set watching ``fd`` for a hang-up, if this system has one (and a descriptor)."""
+    if fd < 0 or not _HANGUP or not hasattr(select, "epoll"):
+        return None
+    try:
+        watch = select.epoll()
+    except OSError:  # no descriptor left: the reader reads every reply, as before
+        return None
+    try:
+        watch.register(fd, _HANGUP)
+    except OSError:
+        watch.close()
+        return None
+    return watch
+
+
 class Connection:
     """One connection to Redis, shared by any number of Trio tasks.
 
@@ -281,13 +297,8 @@ class Connection:
         # reader's own epoll set over the socket (None: the reader reads every reply), with
         # what it watches for (_HANGUP, _REPLIES, or 0 while a caller leads after a hang-up).
         self._lead: _Slot | None = None
-        self._watch: select.epoll | None = None
-        self._watching = 0
-        if self._fd >= 0 and push_buffer is None and _HANGUP and hasattr(select, "epoll"):
-            with contextlib.suppress(OSError):  # no descriptor left: the reader reads, as before
-                self._watch = select.epoll()
-                self._watch.register(self._fd, _HANGUP)
-                self._watching = _HANGUP
+        self._watch = _hangup_watch(self._fd) if push_buffer is None else None
+        self._watching = 0 if self._watch is None else _HANGUP
         self.stats = ConnectionStats()
         self._push_send: trio.MemorySendChannel[tuple[bytes, bytes]] | None = None
         self._push_receive: trio.MemoryReceiveChannel[tuple[bytes, bytes]] | None = None
@@ -517,14 +528,11 @@ class Connection:
         return slot.replies
 
     async def _lead_replies(self, slot: _Slot) -> list[Any]:
-        """Wait for ``slot``'s replies by reading the socket in this task (the caller leads).
+        """Wait for ``slot``'s replies (alone pending) by reading the socket in this task.
 
-        Entered with ``slot`` alone pending (nobody else reading). Every read is one
-        synchronous step (read, feed, deliver), so a cancellation (only ever at the wait)
-        never finds bytes read and not yet delivered. On leaving, the reader takes over if
-        replies are still due (other callers', or this one's once cancelled: drained, or the
-        connection discarded, as for any caller).
-        """
+        A read is one synchronous step, so a cancellation (at the wait) never finds bytes read
+        and not delivered. The reader takes over any replies still due (a cancelled leader's
+        own: drained, or the connection discarded, as for any caller)."""
         self._lead = slot
         slot.task = None  # nobody reschedules this task: it reads
         pending = self._pending
@@ -745,12 +753,10 @@ class Connection:
             self._fail(_unavailable(f"lost connection to {self._url.address}: {exc!r}", exc))
 
     async def _watch_loop(self, watch: select.epoll) -> None:
-        """The reader where callers lead: reads the replies nobody leads for, notices hang-ups.
+        """The reader where callers lead: reads the replies no caller leads for, sees hang-ups.
 
-        It waits on its own epoll set over the socket, never on the socket itself (a caller
-        may be waiting there): for a hang-up only while the connection is idle or a caller
-        leads, for the replies too while some are due and no caller leads (``_arm``).
-        """
+        It waits on its own epoll set over the socket (a caller may wait on the socket), which
+        watches for the replies too only while some are due and no caller leads (``_arm``)."""
         wait_fd = watch.fileno()
         try:
             while True:
