@@ -431,7 +431,8 @@ async def test_a_leader_cancelled_with_its_reply_already_in_the_socket(
             nursery.start_soon(leader)
             await server.commands(1)
             await trio.testing.wait_all_tasks_blocked()
-            os.write(server.stream.socket.fileno(), b"$4\r\ngone\r\n")  # no checkpoint till the cancel
+            # In the socket, and no checkpoint till the cancel:
+            os.write(server.stream.socket.fileno(), b"$4\r\ngone\r\n")
             scope.cancel()
         assert scope.cancelled_caught
         await trio.testing.wait_all_tasks_blocked()
@@ -441,3 +442,26 @@ async def test_a_leader_cancelled_with_its_reply_already_in_the_socket(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_answer_later, server, 1)
             assert await conn.execute("ECHO", "after") == b"after"
+
+
+async def test_a_leaders_next_command_leaves_with_those_of_the_callers_it_woke(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Five callers in lockstep: one read by the leader wakes the four others; the leader's next
+    # command, sent before they run, is held one pass and leaves in the same write as theirs.
+    async with _connection() as (conn, server, _):
+
+        async def serve() -> None:
+            for _ in range(4):
+                await server.echo(await server.commands(5))
+
+        async def caller(i: int) -> None:
+            for j in range(4):
+                assert await conn.execute("ECHO", f"{i}:{j}") == f"{i}:{j}".encode()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve)
+            for i in range(5):
+                nursery.start_soon(caller, i)
+        assert conn.stats.commands == 20
+        assert conn.stats.batches == 4
