@@ -9,8 +9,17 @@ between, so both queues always hold the same commands in the same order), then w
   of the pass, in one non-blocking system call made from no task (so no task hop, and no
   command is ever cut in half by a cancellation). The **writer** task sends what the socket did
   not take (waiting until it drains), meets any error, and sends everything on a TLS stream.
-* The **reader** waits for the socket, reads what came, feeds ``hiredis.Reader`` and hands
-  each reply to the oldest pending slot.
+* Replies are read by whoever waits on the socket: a reply is fed to ``hiredis.Reader`` and
+  handed to the oldest pending slot. On a plain socket on Linux (not pub/sub), a caller that
+  finds the connection with nothing pending *leads*: it waits on the socket itself, reads,
+  and hands every complete reply to its slot (rescheduling the other callers), so a lone
+  caller's round trip is one task step, not two (reader woken, then caller). When its own
+  reply is complete with other replies still due, or when it is cancelled, the role passes
+  to the **reader** task, which reads until nothing is pending. Otherwise (an idle
+  connection, or a caller leading) the reader waits on an epoll set of its own that watches
+  the socket for a hang-up only (``EPOLLRDHUP``), so a connection the server closes is
+  still seen while idle. Elsewhere (TLS, pub/sub, no ``select.epoll``) the reader reads
+  every reply, as before.
 
 **Cancellation safety.** A caller that is cancelled (or times out) after enqueuing never removes its
 slot, so the reply stream and the pending queue can never get out of step:
@@ -29,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import select
 import socket
 import ssl
 from collections import deque
@@ -62,6 +72,10 @@ _REFUSED: Final = frozenset(
     | {"MONITOR", "SYNC", "PSYNC"}
 )
 _EVAL_FOR: Final = {"EVALSHA": "EVAL", "EVALSHA_RO": "EVAL_RO"}
+# What the reader's own epoll set watches the socket for (``Connection._arm``): a hang-up only
+# (the connection is idle, or a caller leads), or the replies too (the reader reads them).
+_HANGUP: Final = getattr(select, "EPOLLRDHUP", 0)
+_REPLIES: Final = _HANGUP | getattr(select, "EPOLLIN", 0)
 
 
 def _name(arg: RedisArg) -> str:
@@ -130,7 +144,8 @@ class _Slot:
     """Where the reader puts the reply (or replies, for a pipeline) of one request.
 
     ``task`` is the waiting caller, rescheduled directly by whoever completes the slot (the
-    reader, or ``_fail``); it is ``None`` once rescheduled, or once the caller was cancelled
+    reader, a leading caller, or ``_fail``); it is ``None`` once rescheduled, while its caller
+    leads (reads the socket itself: ``Connection._lead``), or once the caller was cancelled
     (the slot is then *abandoned*: it stays queued and its reply is dropped on arrival).
     """
 
@@ -202,7 +217,7 @@ class _Flusher(trio.abc.Instrument):
         woken = False
         for conn in queued:
             try:
-                woken = conn._flush() or woken
+                woken = conn._flush(timeout) or woken
             except Exception as exc:  # never out of an instrument (Trio would disable it)
                 conn._fail(_unavailable(f"lost connection to {conn.url.address}: {exc!r}", exc))
         if woken and timeout > 0:
@@ -215,6 +230,22 @@ def _nothing() -> None:
 
 
 _FLUSHER: Final = trio.lowlevel.RunVar[_Flusher]("durable_trio_redis_flusher")
+
+
+def _hangup_watch(fd: int) -> select.epoll | None:
+    """An epoll set watching ``fd`` for a hang-up, if this system has one (and a descriptor)."""
+    if fd < 0 or not _HANGUP or not hasattr(select, "epoll"):
+        return None
+    try:
+        watch = select.epoll()
+    except OSError:  # no descriptor left: the reader reads every reply, as before
+        return None
+    try:
+        watch.register(fd, _HANGUP)
+    except OSError:
+        watch.close()
+        return None
+    return watch
 
 
 class Connection:
@@ -253,6 +284,7 @@ class Connection:
         self._clock = trio.lowlevel.current_clock()
         self._flusher = _Flusher.get() if self._fd >= 0 else None
         self._flush_queued = False
+        self._flush_held = False  # a leader woke callers: their commands and its own leave together
         self._outbox: list[bytes] = []
         self._pending: deque[_Slot] = deque()
         self._outstanding = 0
@@ -260,6 +292,13 @@ class Connection:
         self._watch_deadline = math.inf
         self._watch_scope = trio.CancelScope()
         self._error: DurableTrioError | None = None
+        self._parser = hiredis.Reader(replyError=RedisReplyError, notEnoughData=_NOT_ENOUGH_DATA)
+        # Leading callers (module docs): the slot of the caller reading the socket, and the
+        # reader's own epoll set over the socket (None: the reader reads every reply), with
+        # what it watches for (_HANGUP, _REPLIES, or 0 while a caller leads after a hang-up).
+        self._lead: _Slot | None = None
+        self._watch = _hangup_watch(self._fd) if push_buffer is None else None
+        self._watching = 0 if self._watch is None else _HANGUP
         self.stats = ConnectionStats()
         self._push_send: trio.MemorySendChannel[tuple[bytes, bytes]] | None = None
         self._push_receive: trio.MemoryReceiveChannel[tuple[bytes, bytes]] | None = None
@@ -470,6 +509,9 @@ class Connection:
                 self._wake_writer()
         if slot.deadline < self._watch_deadline:
             self._watch_deadline = self._watch_scope.deadline = slot.deadline
+        if self._lead is None and self._watching == _HANGUP:
+            # Nothing else pending and nobody reading: this caller reads its reply itself.
+            return await self._lead_replies(slot)
         try:
             await trio.lowlevel.wait_task_rescheduled(slot.abort)
         except BaseException:
@@ -485,6 +527,84 @@ class Connection:
             raise _fresh(slot.error)
         return slot.replies
 
+    async def _lead_replies(self, slot: _Slot) -> list[Any]:
+        """Wait for ``slot``'s replies (alone pending) by reading the socket in this task.
+
+        A read is one synchronous step, so a cancellation (at the wait) never finds bytes read
+        and not delivered. The reader takes over any replies still due (a cancelled leader's
+        own: drained, or the connection discarded, as for any caller)."""
+        self._lead = slot
+        slot.task = None  # nobody reschedules this task: it reads
+        pending = self._pending
+        fd = self._fd
+        others = False
+        try:
+            while len(slot.replies) < slot.expected and slot.error is None:
+                await trio.lowlevel.wait_readable(fd)
+                before = len(pending)
+                self._receive()
+                others = others or before - len(pending) > 1
+        except trio.ClosedResourceError as exc:  # _fail woke this task (notify_closing)
+            self._fail(_unavailable(f"lost connection to {self._url.address}: {exc!r}", exc))
+            assert slot.error is not None
+            raise _fresh(slot.error) from None
+        except BaseException:
+            if slot.error is None and self._discard_on_cancel:
+                self._fail(
+                    _unavailable(
+                        f"connection to {self._url.address} discarded: "
+                        "a command was cancelled before its reply"
+                    )
+                )
+            raise
+        finally:
+            self._lead = None
+            self._arm(_REPLIES if pending else _HANGUP)
+        if slot.error is not None:
+            raise _fresh(slot.error)
+        if others:
+            # The callers this read woke run in the next pass: a command this one sends now
+            # waits for theirs, to leave in the same write (``_flush``).
+            self._flush_held = True
+        return slot.replies
+
+    def _arm(self, mask: int) -> None:
+        """Make the reader's epoll set watch the socket for ``mask`` (0: for nothing)."""
+        watch = self._watch
+        if mask == self._watching or watch is None or self._error is not None:
+            return
+        try:
+            if not mask:
+                watch.unregister(self._fd)
+            elif not self._watching:
+                watch.register(self._fd, mask)
+            else:
+                watch.modify(self._fd, mask)
+        except OSError as exc:  # nobody would read the replies due: fail them now
+            self._fail(_unavailable(f"lost connection to {self._url.address}: {exc!r}", exc))
+            return
+        self._watching = mask
+
+    def _receive(self) -> None:
+        """One non-blocking read of the socket: each complete reply to its slot, or ``_fail``."""
+        if self._error is not None:
+            return  # the descriptor may be closed already
+        try:
+            data = os.read(self._fd, _RECEIVE_SIZE)
+        except BlockingIOError:  # a spurious wake-up
+            return
+        except OSError as exc:
+            self._fail(_unavailable(f"lost connection to {self._url.address}: {exc!r}", exc))
+            return
+        if not data:
+            self._fail(_unavailable(f"{self._url.address} closed the connection"))
+            return
+        self._parser.feed(data)
+        try:
+            self._deliver_all(self._parser)
+        except Exception as exc:  # a reply nobody asked for, a protocol error
+            self._fail(_unavailable(f"lost connection to {self._url.address}: {exc!r}", exc))
+
     def _fail(self, error: DurableTrioError) -> None:
         """Mark the connection dead (first error wins), fail every waiter, stop its tasks."""
         if self._error is not None:
@@ -497,6 +617,9 @@ class Connection:
             if slot.error is None:
                 slot.error = error
             slot.wake()
+        if self._lead is not None:
+            # The leading caller waits on the socket, not on its slot: wake it up there.
+            trio.lowlevel.notify_closing(self._fd)
         if self._push_send is not None:
             self._push_send.close()
         self._scope.cancel()
@@ -506,18 +629,26 @@ class Connection:
         try:
             with self._scope:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._read_loop)
+                    if self._watch is None:
+                        nursery.start_soon(self._read_loop)
+                    else:
+                        nursery.start_soon(self._watch_loop, self._watch)
                     nursery.start_soon(self._write_loop)
                     nursery.start_soon(self._watchdog)
         finally:
             self.close()
-            self._release_flusher()
+            self._release()
             await trio.aclose_forcefully(self._stream)
 
-    def _release_flusher(self) -> None:
+    def _release(self) -> None:
+        """Let go of the flusher and close the reader's epoll set (the connection is closed)."""
         flusher, self._flusher = self._flusher, None
         if flusher is not None:
             flusher.release()
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            trio.lowlevel.notify_closing(watch.fileno())
+            watch.close()
 
     async def _watchdog(self) -> None:
         """Discard the connection when a command waits past its deadline.
@@ -546,15 +677,23 @@ class Connection:
                 return
             self._watch_deadline = min((slot.deadline for slot in self._pending), default=math.inf)
 
-    def _flush(self) -> bool:
+    def _flush(self, timeout: float) -> bool:
         """Write the outbox now, without waiting (the flusher, at the end of a pass).
 
         One synchronous, non-blocking write, never cut short by a cancellation. What the
         socket does not take, and any error, is left to the writer, which is then woken.
+        Held for one pass when a leading caller woke other callers in this one and they have
+        yet to run (``timeout == 0``: the loop will not sleep), so that their next commands
+        leave in the same write as the leader's.
 
         Returns:
             whether the writer was woken (the scheduler must not then sleep).
         """
+        if self._flush_held:
+            self._flush_held = False
+            if timeout == 0 and self._flusher is not None:
+                self._flusher.queue(self)  # written at the end of the next pass
+                return False
         self._flush_queued = False
         outbox = self._outbox
         if not outbox or self._writer_idle is None or self._error is not None:
@@ -613,8 +752,28 @@ class Connection:
         except Exception as exc:
             self._fail(_unavailable(f"lost connection to {self._url.address}: {exc!r}", exc))
 
+    async def _watch_loop(self, watch: select.epoll) -> None:
+        """The reader where callers lead: reads the replies no caller leads for, sees hang-ups.
+
+        It waits on its own epoll set over the socket (a caller may wait on the socket), which
+        watches for the replies too only while some are due and no caller leads (``_arm``)."""
+        wait_fd = watch.fileno()
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(wait_fd)
+                if self._lead is not None:
+                    # A hang-up while a caller reads: the caller meets it when it reads (the
+                    # end of the stream, or the error). Stop watching till the caller leaves.
+                    self._arm(0)
+                    continue
+                self._receive()
+                if not self._pending:
+                    self._arm(_HANGUP)
+        except Exception as exc:
+            self._fail(_unavailable(f"lost connection to {self._url.address}: {exc!r}", exc))
+
     async def _read_loop(self) -> None:
-        reader = hiredis.Reader(replyError=RedisReplyError, notEnoughData=_NOT_ENOUGH_DATA)
+        reader = self._parser
         push = self._push_send
         fd = self._fd
         try:
@@ -670,7 +829,8 @@ class Connection:
                 pending.popleft()
                 task = slot.task
                 if task is None:
-                    stats.dropped += 1
+                    if slot is not self._lead:
+                        stats.dropped += 1
                 else:
                     slot.task = None
                     trio.lowlevel.reschedule(task)
@@ -760,7 +920,7 @@ async def connect(
     try:
         nursery.start_soon(conn._run)
     except RuntimeError as exc:  # "Nursery is closed to new arrivals"
-        conn._release_flusher()
+        conn._release()
         await trio.aclose_forcefully(stream)
         raise TransportClosed("the Redis client is closed") from exc
     handshake = url.handshake()
