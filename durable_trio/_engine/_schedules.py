@@ -103,7 +103,7 @@ Overlap = Literal["skip", "buffer_one", "allow", "cancel_other"]
 OVERLAP_POLICIES: Final = ("skip", "buffer_one", "allow", "cancel_other")
 #: The most ticks one backfill starts (:meth:`Schedules.backfill`): a wider range is refused.
 MAX_BACKFILL: Final = 1000
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+_NAME = r"^[A-Za-z0-9_.\-]{1,200}$"  # (re caches it compiled, on first use)
 #: The shortest ``every`` (seconds): each tick is a durable run (a store write and a driver),
 #: so a sub-second period is a load generator, not a schedule.
 MIN_EVERY: Final = 1.0
@@ -199,7 +199,7 @@ class Schedule:
                 neither of ``cron``/``every``, catch-up policy, ``max_catch_up`` or overlap
                 policy, or an input that is not JSON.
         """
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not re.match(_NAME, name):
             raise ConfigError(
                 f"a schedule name is 1-200 letters, digits, '_', '.', '-', got {name!r}"
             )
