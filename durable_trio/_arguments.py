@@ -9,7 +9,6 @@ in a loop that would retry it (docs/engine.md, "Bad input at the API edge").
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeGuard
 
@@ -102,6 +101,16 @@ def check_bool(value: Any, call: str, argument: str) -> bool:
     return value
 
 
+def _is_real(value: object) -> bool:
+    """An int or a float, else any :class:`numbers.Real` (``numbers`` imported only then: its
+    ABCs cost an import every process would pay for the rare other number types)."""
+    if type(value) is float or type(value) is int:
+        return True
+    import numbers
+
+    return isinstance(value, numbers.Real)
+
+
 def check_seconds(value: Any, call: str, argument: str, *, positive: bool = False) -> float:
     """``value`` as a float, if it is a real, finite number of seconds ``>= 0`` (``> 0`` when
     ``positive``).
@@ -112,7 +121,7 @@ def check_seconds(value: Any, call: str, argument: str, *, positive: bool = Fals
     """
     if type(value) is float and 0.0 <= value < math.inf and (value or not positive):
         return value  # the common case, without the ABC check below
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if isinstance(value, bool) or not _is_real(value):
         raise TypeError(f"{call}: {argument} must be a number of seconds, got {given(value)}")
     try:
         seconds = float(value)
@@ -225,7 +234,7 @@ def check_task(task: Any, call: str, argument: str = "task") -> RemoteTask:
     deadline = task.deadline
     if deadline is not None and (
         isinstance(deadline, bool)
-        or not isinstance(deadline, numbers.Real)
+        or not _is_real(deadline)
         or not math.isfinite(deadline)
     ):
         raise TypeError(

@@ -26,6 +26,7 @@ import random
 
 import attrs
 
+from ._attrs_shared import shared_eq, shared_hash, shared_repr
 from ._errors import ConfigError
 
 __all__ = ["Backoff"]
@@ -39,7 +40,7 @@ def _check(instance: Backoff, attribute: attrs.Attribute[float], value: float) -
         raise ConfigError(f"Backoff.{attribute.name} must be a finite number >= 0, got {value!r}")
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class Backoff:
     """Exponential backoff with a cap and jitter (see the module docstring).
 
@@ -50,6 +51,10 @@ class Backoff:
         jitter: each delay is shortened by a random fraction in ``[0, jitter)`` of itself
             (0: exact; 0.5: between half and all of it).
     """
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     initial: float = attrs.field(validator=_check)
     maximum: float = attrs.field(validator=_check)

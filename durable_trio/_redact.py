@@ -15,10 +15,10 @@ __all__ = ["MASK", "redact_url", "url_scheme"]
 #: What stands in for the ``user:password`` part of a shown URL.
 MASK: Final = "***"
 
-_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_SCHEME: Final = r"[A-Za-z][A-Za-z0-9+.-]*"  # (re caches it compiled, on first use)
 #: A password given as a query option (``?sentinel_password=...``): its value, up to the next
 #: ``&`` (not ``#``: an unencoded ``#`` in it must not end the mask early).
-_QUERY_PASSWORD: Final = re.compile(r"([?&][^=&?]*password=)[^&]*", re.IGNORECASE)
+_QUERY_PASSWORD: Final = r"([?&][^=&?]*password=)[^&]*"
 
 
 def url_scheme(url: str) -> str | None:
@@ -34,7 +34,7 @@ def url_scheme(url: str) -> str | None:
         the scheme, lower case, or ``None``.
     """
     scheme, separator, _ = url.partition("://")
-    if not separator or _SCHEME.fullmatch(scheme) is None:
+    if not separator or re.fullmatch(_SCHEME, scheme) is None:
         return None
     return scheme.lower()
 
@@ -64,7 +64,7 @@ def redact_url(url: str) -> str:
     shown, _, rest = url.partition("://")
     if rest.startswith("/"):
         return url
-    rest = _QUERY_PASSWORD.sub(lambda found: found.group(1) + MASK, rest)
+    rest = re.sub(_QUERY_PASSWORD, lambda found: found.group(1) + MASK, rest, flags=re.IGNORECASE)
     if "@" not in rest:
         return f"{shown}://{rest}"
     return f"{shown}://{MASK}@{rest.rpartition('@')[2]}"

@@ -167,3 +167,43 @@ def test_the_wire_messages_shared_methods_behave_as_attrs_own() -> None:
     with pytest.raises(TypeError):  # a dict field is not hashable, as with attrs
         hash(error)
     assert StepResult.failure(task, StepError("x")) == StepResult.failure(same, StepError("x"))
+
+
+def test_the_shared_methods_go_only_where_they_match_attrs_own() -> None:
+    # shared_repr/shared_eq/shared_hash read every field: a class using them must have no
+    # field that attrs would leave out of (or transform in) its repr, eq or hash.
+    import importlib
+    import pkgutil
+
+    import attrs
+
+    from durable_trio import _attrs_shared as shared
+
+    for info in pkgutil.walk_packages(durable_trio.__path__, "durable_trio."):
+        if info.name.endswith("__main__"):
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional extra (opentelemetry, ...) not installed
+            continue
+        for cls in vars(module).values():
+            if not (isinstance(cls, type) and attrs.has(cls) and cls.__module__ == info.name):
+                continue
+            uses = {
+                kind
+                for kind in ("repr", "eq", "hash")
+                if getattr(cls, f"__{kind}__") is getattr(shared, f"shared_{kind}")
+            }
+            if not uses:
+                continue
+            for field in attrs.fields(cls):
+                if "repr" in uses:
+                    assert field.repr is True, (cls, field.name)
+                if uses & {"eq", "hash"}:
+                    assert field.eq is True, (cls, field.name)
+                    assert field.eq_key is None, (cls, field.name)
+                    assert field.hash is None, (cls, field.name)
+            if "hash" in uses:  # hashable by value: frozen
+                assert "eq" in uses, cls
+                with pytest.raises(attrs.exceptions.FrozenInstanceError):
+                    object.__new__(cls).__setattr__(attrs.fields(cls)[0].name, None)

@@ -20,6 +20,7 @@ import attrs
 import orjson
 import trio
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import BrokerError, DurableTrioError
 from .._naming import QueueNames, sanitize_token
 
@@ -47,9 +48,13 @@ def engine_key(names: QueueNames, engine_id: str = "") -> str:
     return f"{names.prefix}-engine:{sanitize_token(engine_id) if engine_id else ''}"
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class EngineDescriptor:
     """One live engine of a namespace, as its key says."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     engine_id: str
     app: str

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 
 from .._arguments import check_seconds
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import ConfigError, PayloadError
 from ._rate import Rate, check_rate_limit
 from ._retry import Retry
@@ -31,9 +32,13 @@ S = TypeVar("S", bound=StepFunction)
 W = TypeVar("W", bound=WorkflowFunction)
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class StepDefinition:
     """A registered step."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     name: str
     fn: StepFunction
@@ -102,9 +107,13 @@ class ConcurrencyKeyError(PayloadError):
     retryable = False
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class WorkflowDefinition:
     """A registered workflow."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     name: str
     fn: WorkflowFunction | None

@@ -13,6 +13,7 @@ import attrs
 import orjson
 
 from .._arguments import check_name, given
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import ConfigError
 
 __all__ = [
@@ -70,7 +71,7 @@ def _max_wait(value: Any) -> float | None:
     return None if value is None else _seconds(value, "max_wait")
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class Debounce:
     """Fold the starts of one key into one run (``engine.start(..., debounce=)``).
 
@@ -92,6 +93,10 @@ class Debounce:
         TypeError: ``key`` is not a str, ``delay`` or ``max_wait`` not a number.
         ConfigError: a value out of those bounds.
     """
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     key: str = attrs.field(validator=_check_key)
     delay: float = attrs.field(converter=_delay)

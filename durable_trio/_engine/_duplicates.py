@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._wire import JSONValue
 
 __all__ = ["DuplicateLog", "DuplicateResult", "explain"]
@@ -19,11 +20,15 @@ MAX_DUPLICATES = 1_000
 MAX_DELIVERIES = 10_000
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class DuplicateResult:
     """A completed result that arrived for an attempt already completed, and why.
 
     The first result applied stays (application is idempotent); this one changed nothing."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     run_id: str
     step_id: str

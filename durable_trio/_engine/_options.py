@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import ConfigError
 from ._retry import Retry
 from ._wall_clock import follow_the_timers
@@ -48,9 +49,13 @@ def _depth(_: Any, attribute: attrs.Attribute[Any], value: int) -> None:
         raise ConfigError(f"{attribute.name} must be an int >= 0, got {value!r}")
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False, eq=False)
 class EngineOptions:
     """The engine's own knobs (the transport's are passed through to it)."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     engine_id: str = attrs.field(factory=lambda: uuid.uuid4().hex)
     """Owner id on the runs this engine drives. Give a restarted engine the SAME id (one live

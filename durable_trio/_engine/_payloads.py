@@ -31,6 +31,7 @@ from typing import Any
 
 import attrs
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import PayloadError
 from .._json_values import MAX_JSON_DEPTH
 
@@ -174,9 +175,13 @@ def _plain(tp: Any) -> bool:
     return type(tp).__name__ == "TypeAliasType"  # a `type` alias (JSONValue): plain
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class Signature:
     """The payload types of a step (``skip=0``) or workflow (``skip=1``, after ``ctx``)."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     input: Any = PLAIN
     output: Any = PLAIN

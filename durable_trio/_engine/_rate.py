@@ -7,13 +7,14 @@ from typing import Any
 
 import attrs
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import ConfigError
 from ..brokers._rates import check_rate
 
 __all__ = ["Rate", "check_rate_limit"]
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class Rate:
     """At most ``count`` attempts of a step start in any window of ``per`` seconds, across
     the whole fleet (a sliding window kept by the broker: exact, not a token bucket).
@@ -29,6 +30,10 @@ class Rate:
     Raises:
         ConfigError: ``count`` or ``per`` out of range.
     """
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     count: int
     per: float = 1.0

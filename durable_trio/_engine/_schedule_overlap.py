@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import orjson
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import BrokerError
 from ._errors import EngineClosed, EngineError
 
@@ -76,9 +77,13 @@ def _tick(value: Any) -> float | None:
     return float(value)
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class OverlapState:
     """A schedule's overlap state, as stored (JSON text)."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     started: float | None = None
     """The tick of the newest run the scheduler started (``None``: none yet)."""

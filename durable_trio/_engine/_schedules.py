@@ -29,6 +29,7 @@ import attrs
 import orjson
 import trio
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import BrokerError, ConfigError, PayloadError
 from ._errors import EngineClosed, EngineError
 from ._new_run import record_new_run
@@ -102,7 +103,7 @@ Overlap = Literal["skip", "buffer_one", "allow", "cancel_other"]
 OVERLAP_POLICIES: Final = ("skip", "buffer_one", "allow", "cancel_other")
 #: The most ticks one backfill starts (:meth:`Schedules.backfill`): a wider range is refused.
 MAX_BACKFILL: Final = 1000
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+_NAME = r"^[A-Za-z0-9_.\-]{1,200}$"  # (re caches it compiled, on first use)
 #: The shortest ``every`` (seconds): each tick is a durable run (a store write and a driver),
 #: so a sub-second period is a load generator, not a schedule.
 MIN_EVERY: Final = 1.0
@@ -145,9 +146,13 @@ def schedule_run_id(name: str, tick: float) -> str:
     return f"sched:{name}:{moment.isoformat(timespec=spec).replace('+00:00', 'Z')}"
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False, eq=False)
 class Schedule:
     """A schedule's definition (validated: build one with :meth:`make`)."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     name: str
     workflow: str
@@ -194,7 +199,7 @@ class Schedule:
                 neither of ``cron``/``every``, catch-up policy, ``max_catch_up`` or overlap
                 policy, or an input that is not JSON.
         """
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not re.match(_NAME, name):
             raise ConfigError(
                 f"a schedule name is 1-200 letters, digits, '_', '.', '-', got {name!r}"
             )
@@ -332,7 +337,7 @@ class Schedule:
     def same_definition(self, other: Schedule) -> bool:
         """Whether ``other`` defines the same ticks and run (state aside)."""
         mine = attrs.evolve(self, paused=False, created_at=None)
-        return mine == attrs.evolve(other, paused=False, created_at=None)
+        return bool(mine == attrs.evolve(other, paused=False, created_at=None))
 
     # -- the calendar -----------------------------------------------------------------------
 
@@ -400,9 +405,13 @@ class Schedule:
         return chosen, newest
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False, eq=False)
 class ScheduleInfo:
     """A stored schedule as :meth:`Schedules.list` shows it."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     name: str
     schedule: Schedule | None
@@ -416,9 +425,13 @@ class ScheduleInfo:
     """The tick waiting for the previous run to end (``buffer_one``), or ``None``."""
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False, eq=False)
 class BackfillTick:
     """One tick of a backfill (:meth:`Schedules.backfill`)."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     tick: float
     run_id: str

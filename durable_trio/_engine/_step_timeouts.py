@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .._arguments import check_seconds
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import ConfigError
 
 if TYPE_CHECKING:
@@ -44,9 +45,13 @@ def _seconds(value: Any, call: str, argument: str) -> float | None:
     return check_seconds(value, call, argument, positive=True)
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class StepTimeouts:
     """A step's timeouts (``None``: not set)."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     timeout: float | None = None
     """Start-to-close: seconds one attempt's handler may run (the worker cancels it then)."""

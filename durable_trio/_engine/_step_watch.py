@@ -48,6 +48,7 @@ import attrs
 import trio
 from trio_util import RepeatedEvent
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import BrokerError, DurableTrioError, TransportClosed
 from .._naming import sanitize_token
 from .._transport._handler_timeout import STEP_TIMED_OUT
@@ -154,9 +155,13 @@ class _Attempt:
         return (self.run_id, self.step_id)
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class StepWait:
     """A remote step a run waits on (:meth:`Engine.waiting`)."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     step_id: str
     name: str

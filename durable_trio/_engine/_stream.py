@@ -30,6 +30,7 @@ import attrs
 import orjson
 import trio
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import BrokerError
 from .._failures import one_exception, raise_bare
 from .._json_values import check_json
@@ -78,9 +79,13 @@ class HasStore(Protocol):
     def store(self) -> RunStore: ...
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class StreamEntry:
     """One value of a run's stream, as :meth:`Engine.stream` yields it."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     seq: int
     """Its place in the run's log (1, 2, ...; increasing, possibly with gaps where a repeated

@@ -40,7 +40,7 @@ MAX_KEY: Final = 64
 #: The longest tag value.
 MAX_VALUE: Final = 256
 
-_KEY: Final = re.compile(r"[A-Za-z0-9_.\-]+")
+_KEY: Final = r"[A-Za-z0-9_.\-]+"  # (re caches it compiled, on first use)
 
 
 def check_tags(tags: Any, where: str = "tags") -> dict[str, str]:
@@ -58,7 +58,7 @@ def check_tags(tags: Any, where: str = "tags") -> dict[str, str]:
         raise ConfigError(f"{where}: at most {MAX_TAGS} tags, got {len(tags)}")
     checked: dict[str, str] = {}
     for key, value in tags.items():
-        if type(key) is not str or not _KEY.fullmatch(key) or len(key) > MAX_KEY:
+        if type(key) is not str or not re.fullmatch(_KEY, key) or len(key) > MAX_KEY:
             raise ConfigError(
                 f"{where}: a tag key is 1 to {MAX_KEY} characters of A-Z a-z 0-9 _ . -,"
                 f" got {key!r}"

@@ -44,6 +44,7 @@ import orjson
 import trio
 
 from .._arguments import check_name
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import ConfigError
 from .._failures import one_exception, raise_bare
 from .._json_values import check_json
@@ -98,8 +99,12 @@ _CALLS = (
 )
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class _Handler:
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
+
     fn: Callable[[Any], Any]
     validate: Callable[[Any], object] | None
 

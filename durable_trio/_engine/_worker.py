@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import BrokerError
 from .._transport._facade import open_queue_transport
 from .._transport._step_beats import current_beats
@@ -72,9 +73,13 @@ class _RunCancelledStep(_StepCancelled):
     quiet = True
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class WorkerStatistics:
     """A snapshot of a worker's counters."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     running: int
     """Steps running now."""

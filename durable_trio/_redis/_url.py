@@ -9,6 +9,7 @@ from urllib.parse import unquote, unquote_plus, urlsplit
 
 import attrs
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import ConfigError
 from .._redact import url_scheme
 
@@ -310,7 +311,7 @@ def _replica_settings(query: dict[str, str]) -> dict[str, Any]:
     return {"min_replicas": int(replicas), "replica_timeout": timeout}
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class RedisClusterURL:
     """A Redis Cluster's seed nodes and the settings of every node, from
     :func:`parse_redis_cluster_url`.
@@ -319,6 +320,10 @@ class RedisClusterURL:
         seeds: one :class:`RedisURL` per seed node, in the URL's order, each with the shared
             settings (credentials, TLS, client name; database 0: a Cluster has no other).
     """
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     seeds: tuple[RedisURL, ...]
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 import trio
 
+from .._attrs_shared import shared_repr
 from .._errors import BrokerUnavailable
 from ..brokers import QueueBroker
 from ..keys import KeyStore
@@ -49,7 +50,7 @@ class RunStores(Protocol):
         ...
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class MemoryRunStores:
     """In-process run stores, one per namespace, held for as long as this object lives.
 
@@ -57,6 +58,8 @@ class MemoryRunStores:
     so two engines on one ``memory://`` backend see the same runs, as two engines on one
     SQLite file do; leaving the block does not close it (the next engine still needs it).
     """
+
+    __repr__ = shared_repr
 
     _by_namespace: dict[str, MemoryRunStore] = attrs.field(factory=dict, init=False)
 
@@ -82,7 +85,7 @@ class MemoryRunStores:
         )
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Backend:
     """A queue broker, (optionally) a worker-key store and the run stores, opened together.
 
@@ -98,6 +101,8 @@ class Backend:
         keys: the worker-key store, or ``None`` (then there is no liveness and no group health).
         run_stores: opens the engine's run stores (see :meth:`open_run_store`).
     """
+
+    __repr__ = shared_repr
 
     url: str
     broker: QueueBroker

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._redact import redact_url, url_scheme
 from .._redis import RedisClient, is_cluster_client, open_redis
 from ..brokers.redis import RedisBroker
@@ -39,9 +40,13 @@ CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 CLUSTER_RUN_SHARDS = 16
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class RedisRunStores:
     """Run stores on the backend's own client (the one its broker and key store use)."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     client: RedisClient | RedisClusterClient
     shards: int = 1

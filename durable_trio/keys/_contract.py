@@ -11,14 +11,20 @@ from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
 __all__ = ["KeyEntry", "KeyStore"]
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class KeyEntry:
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
+
     key: str
     value: bytes
 

@@ -11,12 +11,16 @@ import attrs
 import trio
 from trio_util import RepeatedEvent
 
+from ..._attrs_shared import shared_repr
+
 __all__ = ["Bell"]
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Bell:
     """The rings of one queue's doorbell channel and the broker's last empty pop of it."""
+
+    __repr__ = shared_repr
 
     rings: int = 0
     """Doorbell rings received (plus one per resubscription)."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Self
 import attrs
 import trio
 
+from ..._attrs_shared import shared_eq, shared_hash, shared_repr
 from ..._backoff import Backoff
 from ..._errors import BrokerError, ConfigError, DamagedJob, TransportClosed
 from ..._failures import report_through
@@ -141,9 +142,13 @@ def _eviction_warning(policy: str) -> EvictionPolicyWarning:
     )
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class RedisBrokerStatistics:
     """Counters of one :class:`RedisBroker` (a snapshot)."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     claims_examined: int
     """Claims the recovery scripts looked at: the stalled ones only (never a scan)."""

@@ -8,6 +8,7 @@ from typing import Final
 
 import attrs
 
+from ..._attrs_shared import shared_repr
 from ._bell import Bell
 
 __all__ = ["MAX_PRIORITY", "MIN_PRIORITY", "PUSH_KEYS", "SLOT_KEYS", "Queue"]
@@ -28,10 +29,12 @@ PUSH_KEYS: Final = (
 SLOT_KEYS: Final = ("held", "parked", "full", "ready", "armed")
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, repr=False)
 class Queue:
     """The key names of one queue (every one under its hash tag ``{name}``), grouped as each
     script takes them, and the broker's wake-up state for it (:attr:`bell`)."""
+
+    __repr__ = shared_repr
 
     name: str
     channel: bytes
