@@ -24,7 +24,7 @@ from .._wire import (
     StepStatus,
 )
 from ._handler_timeout import run_within_timeout
-from ._step_beats import StepBeats, beat_interval
+from ._step_beats import _CURRENT_BEATS, StepBeats, beat_interval
 
 if TYPE_CHECKING:
     from .._telemetry import StepAttempt
@@ -34,6 +34,11 @@ if TYPE_CHECKING:
     from ._producers import Producers
 
 _log = logging.getLogger("durable_trio")
+
+_TASK = JobKind.TASK
+_WORKFLOW = JobKind.WORKFLOW
+#: Routing groups whose task queue a step server remembers (see ``StepServer._queue_of``).
+_QUEUES_KEPT = 1024
 
 #: First and largest delay between two attempts at pushing a step's result.
 _RESULT_PUSH_BACKOFF = Backoff(initial=0.05, maximum=5.0)
@@ -85,6 +90,8 @@ class StepServer:
         self._publish_beat = publish_beat
         self._spawn = spawn
         self._beat_interval = options.step_heartbeat_interval
+        self._queues: dict[str, str] = {}
+        """The task queue of each routing group met (``_queue_of``)."""
         self.handlers: dict[str, StepHandler] = {}
         self.gates: dict[str, StartGate] = {}
         """Per step: asked before its handler, whether it may start now (see
@@ -95,29 +102,41 @@ class StepServer:
     async def on_task_job(self, job: ClaimedJob) -> Job | None:
         try:
             envelope = decode_envelope(job.data, max_bytes=self._max_payload_bytes)
-            if envelope.kind is JobKind.WORKFLOW:
-                # T14: a workflow turn shares its token's task loop; told apart by shape
-                pass
-            elif envelope.kind is not JobKind.TASK:
-                raise PayloadError(f"a {envelope.kind.value!r} job does not belong on a task queue")
+            kind = envelope.kind
+            if kind is not _TASK and kind is not _WORKFLOW:
+                # (T14: a workflow turn shares its token's task loop; told apart by shape)
+                raise PayloadError(f"a {kind.value!r} job does not belong on a task queue")
         except PayloadError as exc:
             await self.answer_bad_task(
                 job, StepError(message=f"bad task: {exc}", code="bad_input", retryable=False)
             )
             raise
-        if envelope.kind is JobKind.WORKFLOW:
+        if kind is _WORKFLOW:
             assert self.turns is not None  # a workflow job reaches a loop its turns started
             hop(envelope, None)
             await self.turns(envelope.payload)
             return None
         task: RemoteTask = envelope.payload
-        queue = self._task_queue(task.routing_group)
+        group = task.routing_group
+        queue = self._queues.get(group)
+        if queue is None:
+            queue = self._queue_of(group)
         gate = self.gates.get(task.name)
         if gate is not None and (delay := await gate(task)) is not None:
             raise StartDeferred(delay)  # (before the attempt began: nothing ran, nothing told)
         hop(envelope, queue)
-        with step_attempt(task, envelope.trace, queue, self._instance_id) as attempt:
-            return await self._serve_task(task, job, attempt)
+        started = trio.current_time()
+        with step_attempt(task, envelope.trace, queue, self._instance_id, started) as attempt:
+            return await self._serve_task(task, job, attempt, started)
+
+    def _queue_of(self, group: str) -> str:
+        """The task queue of a routing group (remembered: named once per group, not per job;
+        forgotten all at once past a bound, so odd groups cannot make it grow for ever)."""
+        queues = self._queues
+        if len(queues) >= _QUEUES_KEPT:
+            queues.clear()
+        queue = queues[group] = self._task_queue(group)
+        return queue
 
     async def answer_bad_task(self, job: ClaimedJob, error: StepError) -> None:
         """A task that does not parse but names its run and step still gets a failed result, so
@@ -157,13 +176,16 @@ class StepServer:
         return delivery
 
     async def _serve_task(
-        self, task: RemoteTask, job: ClaimedJob, attempt: StepAttempt
+        self, task: RemoteTask, job: ClaimedJob, attempt: StepAttempt, started: float
     ) -> Job | None:
-        """Run a step and make its result (``attempt`` told how it ended). Returns the result
-        job when the job worker pushes it together with the task's acknowledgement (one round
-        trip on Redis); else pushes it now and returns ``None``."""
+        """Run a step and make its result (``attempt`` told how it ended; ``started``: the
+        trio clock as it began). Returns the result job when the job worker pushes it together
+        with the task's acknowledgement (one round trip on Redis); else pushes it now and
+        returns ``None``."""
         handler = self.handlers.get(task.name)
-        result: StepResult
+        result: StepResult | None = None
+        output: JSONValue = None
+        delivery: dict[str, Any] | None = None
         if handler is None:
             message = f"no handler for step {task.name!r} on this worker"
             self._report(
@@ -175,12 +197,14 @@ class StepServer:
         else:
             controller = self._controller
             controller.on_start()
-            started = trio.current_time()
             ok = False
+            now: float | None = None
             beats = self._beats(task)
-            token = beats.enter()
+            token = _CURRENT_BEATS.set(beats)
             try:
-                output = await run_within_timeout(handler, task)
+                output = await (
+                    handler(task) if task.timeout is None else run_within_timeout(handler, task)
+                )
                 ok = True
             except Exception as exc:
                 retryable = getattr(exc, "retryable", True) is not False
@@ -216,24 +240,21 @@ class StepServer:
                 result = StepResult.failure(task, error, self._delivery(job))
                 attempt.end("failed", error.message)
             else:
-                attempt.end("completed")
-                result = StepResult(
-                    task.run_id,
-                    task.step_id,
-                    task.attempt,
-                    StepStatus.COMPLETED,
-                    output=output,
-                    task_id=task.task_id,
-                    delivery=self._delivery(job),
-                )
+                now = trio.current_time()
+                attempt.end("completed", now=now)
+                delivery = self._delivery(job)  # (the result is made here, its job below)
             finally:
                 beats.close()
-                StepBeats.leave(token)
+                _CURRENT_BEATS.reset(token)
                 # Only step durations feed the latency gradient (T6); a cancelled step too
                 # leaves the in-flight count.
-                controller.on_settle(started, trio.current_time(), step=ok)
+                controller.on_settle(started, trio.current_time() if now is None else now, step=ok)
         try:
-            data = self._producers.new_job(JobKind.RESULT, result)
+            if delivery is not None:
+                data = self._producers.result_job(task, output, delivery)
+            else:
+                assert result is not None
+                data = self._producers.new_job(JobKind.RESULT, result)
         except PayloadError as exc:
             self._report(
                 JobError(
