@@ -233,13 +233,14 @@ class JobRunner:
                         # close starts (close sets the deadline of the finalizes in flight), so a
                         # close can never race a job's final write.
                         scope.shield = True
-                        if self._closing():
+                        closing = self._closing()
+                        if closing:
                             scope.deadline = trio.current_time() + self._options.cleanup_timeout
                         try:
                             if error is not None:
                                 await self._finalize(claim, error)
                             else:
-                                ask = self._ask_next(loop)
+                                ask = None if closing else self._ask_next(loop)
                                 ok = await self._complete(claim, complete_job, result, ask)
                                 if ask is not None:
                                     nxt = ask.claim
@@ -444,15 +445,14 @@ class JobRunner:
     # ------------------------------------------------------------------ finish and claim
 
     def _ask_next(self, loop: Loop) -> NextClaim | None:
-        """An ask for the next claim of a finishing job worker, or ``None`` when it should
-        not claim: the broker cannot, the queue showed no backlog, close has begun, prefetched
-        claims wait, or its slot is not to be kept (a suspect waits to run alone, or the
-        limit was cut below the slots in use)."""
+        """An ask for the next claim of a finishing job worker (close not begun: its caller
+        looked), or ``None`` when it should not claim: the broker cannot, the queue showed no
+        backlog, prefetched claims wait, or its slot is not to be kept (a suspect waits to run
+        alone, or the limit was cut below the slots in use)."""
         if (
             self._finish_and_claim is None
             or not loop.backlog
             or loop.buffer
-            or self._closing()
             or loop.slots.gated
             or loop.slots.in_flight > loop.slots.limit
         ):

@@ -63,7 +63,6 @@ class StepBeats:
     def __init__(
         self,
         task: RemoteTask,
-        *,
         send: Callable[[StepHeartbeat], Awaitable[None]],
         spawn: Callable[[Callable[[], Awaitable[None]]], None],
         interval: float,

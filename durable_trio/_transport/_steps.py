@@ -87,9 +87,9 @@ class StepServer:
         self._task_queue = task_queue
         self._publish_result = publish_result
         self._report = report
-        self._publish_beat = publish_beat
-        self._spawn = spawn
         self._beat_interval = options.step_heartbeat_interval
+        self._send_beat = publish_beat or _no_beats
+        self._spawn_sender = spawn or _no_spawn
         self._queues: dict[str, str] = {}
         """The task queue of each routing group met (``_queue_of``)."""
         self.handlers: dict[str, StepHandler] = {}
@@ -273,14 +273,11 @@ class StepServer:
 
     def _beats(self, task: RemoteTask) -> StepBeats:
         """The beats of a claim of ``task``: its handler's ``step_info().heartbeat()``."""
-        return StepBeats(
-            task,
-            send=self._publish_beat or _no_beats,
-            spawn=self._spawn or _no_spawn,
-            interval=beat_interval(task, self._beat_interval),
-            report=self._report,
-            worker=self._instance_id,
-        )
+        interval = self._beat_interval
+        if task.heartbeat_timeout is not None:
+            interval = beat_interval(task, interval)
+        return StepBeats(task, self._send_beat, self._spawn_sender, interval, self._report,
+                         self._instance_id)  # fmt: skip
 
     async def _push_result(self, task: RemoteTask, job: Job) -> None:
         """Push a step's result, again and again with a backoff while the broker fails: the
