@@ -127,7 +127,45 @@ class StepServer:
         hop(envelope, queue)
         started = trio.current_time()
         with step_attempt(task, envelope.trace, queue, self._instance_id, started) as attempt:
-            return await self._serve_task(task, job, attempt, started)
+            # Run the step and make its result (``attempt`` told how it ended): inline, not a
+            # coroutine of its own, on the path of every step.
+            handler = self.handlers.get(task.name)
+            result: StepResult | None = None
+            output: JSONValue = None
+            delivery: dict[str, Any] | None = None
+            if handler is None:
+                result = self._no_handler(task, job, attempt)
+            else:
+                controller = self._controller
+                controller.on_start()
+                ok = False
+                now: float | None = None
+                beats = self._beats(task)
+                token = _CURRENT_BEATS.set(beats)
+                try:
+                    output = await (
+                        handler(task) if task.timeout is None else run_within_timeout(handler, task)
+                    )
+                    ok = True
+                except Exception as exc:
+                    result = self._failed(task, job, attempt, exc)
+                else:
+                    now = trio.current_time()
+                    attempt.end("completed", now=now)
+                    delivery = self._delivery(job)  # (the result is made here, its job below)
+                finally:
+                    beats.close()
+                    _CURRENT_BEATS.reset(token)
+                    # Only step durations feed the latency gradient (T6); a cancelled step too
+                    # leaves the in-flight count.
+                    controller.on_settle(
+                        started, trio.current_time() if now is None else now, step=ok
+                    )
+            data = self._result_job(task, job, result, output, delivery)
+            if self._producers.batched:
+                return data  # the job worker pushes it with the task's acknowledgement
+            await self._push_result(task, data)
+            return None
 
     def _queue_of(self, group: str) -> str:
         """The task queue of a routing group (remembered: named once per group, not per job;
@@ -175,80 +213,65 @@ class StepServer:
             delivery["leaseLostAt"] = lost_at
         return delivery
 
-    async def _serve_task(
-        self, task: RemoteTask, job: ClaimedJob, attempt: StepAttempt, started: float
-    ) -> Job | None:
-        """Run a step and make its result (``attempt`` told how it ended; ``started``: the
-        trio clock as it began). Returns the result job when the job worker pushes it together
-        with the task's acknowledgement (one round trip on Redis); else pushes it now and
-        returns ``None``."""
-        handler = self.handlers.get(task.name)
-        result: StepResult | None = None
-        output: JSONValue = None
-        delivery: dict[str, Any] | None = None
-        if handler is None:
-            message = f"no handler for step {task.name!r} on this worker"
-            self._report(
-                JobError(message, queue=self._task_queue(task.routing_group), job_id=task.task_id)
-            )
-            error = StepError(message=message, code="no_handler", retryable=False)
-            result = StepResult.failure(task, error, self._delivery(job))
-            attempt.end("failed", message)
+    def _no_handler(self, task: RemoteTask, job: ClaimedJob, attempt: StepAttempt) -> StepResult:
+        """The failed result of a task this worker has no handler for (reported)."""
+        message = f"no handler for step {task.name!r} on this worker"
+        self._report(
+            JobError(message, queue=self._task_queue(task.routing_group), job_id=task.task_id)
+        )
+        error = StepError(message=message, code="no_handler", retryable=False)
+        result = StepResult.failure(task, error, self._delivery(job))
+        attempt.end("failed", message)
+        return result
+
+    def _failed(
+        self, task: RemoteTask, job: ClaimedJob, attempt: StepAttempt, exc: Exception
+    ) -> StepResult:
+        """The failed result of a step whose handler raised ``exc`` (logged or reported)."""
+        retryable = getattr(exc, "retryable", True) is not False
+        if getattr(exc, "quiet", False) is True:  # stopped as asked (its run cancelled)
+            _log.info("step %r (job %s) stopped: %s", task.name, task.task_id, exc)
+        elif (
+            retryable
+            and task.attempt < (task.max_attempts or 0)
+            and not getattr(exc, "always_reported", False)  # a step that blocked the loop
+        ):
+            # An expected retry (a flaky call, a timeout): one line, no alarm; the
+            # traceback at DEBUG, and at ERROR with the last attempt (docs/engine.md).
+            _log.warning(
+                "step %r attempt %d of %d (run %s) raised %r: the engine retries it",
+                task.name, task.attempt, task.max_attempts, task.run_id, exc,
+            )  # fmt: skip
+            _log.debug("step %r attempt %d raised", task.name, task.attempt, exc_info=exc)
         else:
-            controller = self._controller
-            controller.on_start()
-            ok = False
-            now: float | None = None
-            beats = self._beats(task)
-            token = _CURRENT_BEATS.set(beats)
-            try:
-                output = await (
-                    handler(task) if task.timeout is None else run_within_timeout(handler, task)
-                )
-                ok = True
-            except Exception as exc:
-                retryable = getattr(exc, "retryable", True) is not False
-                if getattr(exc, "quiet", False) is True:  # stopped as asked (its run cancelled)
-                    _log.info("step %r (job %s) stopped: %s", task.name, task.task_id, exc)
-                elif (
-                    retryable
-                    and task.attempt < (task.max_attempts or 0)
-                    and not getattr(exc, "always_reported", False)  # a step that blocked the loop
-                ):
-                    # An expected retry (a flaky call, a timeout): one line, no alarm; the
-                    # traceback at DEBUG, and at ERROR with the last attempt (docs/engine.md).
-                    _log.warning(
-                        "step %r attempt %d of %d (run %s) raised %r: the engine retries it",
-                        task.name, task.attempt, task.max_attempts, task.run_id, exc,
-                    )  # fmt: skip
-                    _log.debug("step %r attempt %d raised", task.name, task.attempt, exc_info=exc)
-                else:
-                    self._report(
-                        JobError(
-                            f"step {task.name!r} raised {exc!r}",
-                            queue=self._task_queue(task.routing_group),
-                            job_id=task.task_id,
-                        ).with_traceback(exc.__traceback__)
-                    )
-                error = StepError(
-                    message=f"{type(exc).__name__}: {exc}",
-                    code=getattr(exc, "code", None)
-                    if isinstance(getattr(exc, "code", None), str)
-                    else None,
-                    retryable=retryable,
-                )
-                result = StepResult.failure(task, error, self._delivery(job))
-                attempt.end("failed", error.message)
-            else:
-                now = trio.current_time()
-                attempt.end("completed", now=now)
-                delivery = self._delivery(job)  # (the result is made here, its job below)
-            finally:
-                beats.close()
-                _CURRENT_BEATS.reset(token)
-                # Only step durations feed the latency gradient (T6); a cancelled step too
-                # leaves the in-flight count.
-                controller.on_settle(started, trio.current_time() if now is None else now, step=ok)
+            self._report(
+                JobError(
+                    f"step {task.name!r} raised {exc!r}",
+                    queue=self._task_queue(task.routing_group),
+                    job_id=task.task_id,
+                ).with_traceback(exc.__traceback__)
+            )
+        error = StepError(
+            message=f"{type(exc).__name__}: {exc}",
+            code=getattr(exc, "code", None)
+            if isinstance(getattr(exc, "code", None), str)
+            else None,
+            retryable=retryable,
+        )
+        result = StepResult.failure(task, error, self._delivery(job))
+        attempt.end("failed", error.message)
+        return result
+
+    def _result_job(
+        self,
+        task: RemoteTask,
+        job: ClaimedJob,
+        result: StepResult | None,
+        output: JSONValue,
+        delivery: dict[str, Any] | None,
+    ) -> Job:
+        """The job of a step's result: ``result``, or the completed one of ``output`` and
+        ``delivery``; a failed one (reported) if the output cannot be sent."""
         try:
             if delivery is not None:
                 data = self._producers.result_job(task, output, delivery)
@@ -266,10 +289,7 @@ class StepServer:
             error = StepError(message=str(exc), code="bad_output", retryable=False)
             failure = StepResult.failure(task, error, self._delivery(job))
             data = self._producers.new_job(JobKind.RESULT, failure)
-        if self._producers.batched:
-            return data  # the job worker pushes it with the task's acknowledgement
-        await self._push_result(task, data)
-        return None
+        return data
 
     def _beats(self, task: RemoteTask) -> StepBeats:
         """The beats of a claim of ``task``: its handler's ``step_info().heartbeat()``."""
