@@ -197,7 +197,8 @@ class StepAttempt:
     ) -> bool | None:
         span = self._span
         if span is None:
-            self.end("cancelled")
+            if not self.ended:
+                self.end("cancelled")
             return None
         self._span = None
         try:
