@@ -24,7 +24,7 @@ from .._wire import (
     StepStatus,
 )
 from ._handler_timeout import run_within_timeout
-from ._step_beats import _CURRENT_BEATS, StepBeats, beat_interval
+from ._step_beats import CURRENT_BEATS, StepBeats, beat_interval
 
 if TYPE_CHECKING:
     from .._telemetry import StepAttempt
@@ -141,7 +141,7 @@ class StepServer:
                 ok = False
                 now: float | None = None
                 beats = self._beats(task)
-                token = _CURRENT_BEATS.set(beats)
+                token = CURRENT_BEATS.set(beats)
                 try:
                     output = await (
                         handler(task) if task.timeout is None else run_within_timeout(handler, task)
@@ -155,7 +155,7 @@ class StepServer:
                     delivery = self._delivery(job)  # (the result is made here, its job below)
                 finally:
                     beats.close()
-                    _CURRENT_BEATS.reset(token)
+                    CURRENT_BEATS.reset(token)
                     # Only step durations feed the latency gradient (T6); a cancelled step too
                     # leaves the in-flight count.
                     controller.on_settle(
