@@ -12,7 +12,9 @@ Serves the step ``noop-0`` at CONCURRENCY; each step's body is BODY:
 It prints ``start WALL CPU USER SYSTEM`` when it enters its run loop (imports and connecting
 done: as the peers' S1 is timed), counts the distinct steps done in memory, and at the JOBS-th
 prints ``done WALL CPU USER SYSTEM``; then serves until killed. With ``BENCH_PROFILE=PATH``,
-cProfile runs from the start line to the done line and its stats are dumped to PATH.
+cProfile runs from the start line to the done line and its stats are dumped to PATH (timed by
+the process's CPU clock with ``BENCH_PROFILE_CLOCK=cpu``, else the wall clock). With
+``BENCH_EXIT=1`` it exits at the done line (for ``valgrind``, which reports at the exit).
 """
 
 from __future__ import annotations
@@ -45,7 +47,13 @@ async def main(
         )
         seen: set[str] = set()
         profile_path = os.environ.get("BENCH_PROFILE")
-        profiler = cProfile.Profile() if profile_path else None
+        profiler = (
+            None
+            if not profile_path
+            else cProfile.Profile(time.process_time)
+            if os.environ.get("BENCH_PROFILE_CLOCK") == "cpu"
+            else cProfile.Profile()
+        )
 
         def counted(task: dt.RemoteTask) -> None:
             seen.add(task.step_id)
@@ -54,6 +62,8 @@ async def main(
                     profiler.disable()
                     profiler.dump_stats(profile_path)
                 print(f"done {_clocks()}", flush=True)
+                if os.environ.get("BENCH_EXIT") == "1":
+                    os._exit(0)
 
         if body == "file":
             fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -21,6 +21,8 @@ and each figure is the median.
 
     python -m benchmarks drains [--quick]
     python -m benchmarks.drains --profile rpush OUT.prof   # cProfile of our worker, one drain
+    python -m benchmarks.drains --profile-cpu rpush OUT.prof   # the same, by the CPU clock
+    python -m benchmarks.drains --instructions             # our worker's instructions per job
 """
 
 from __future__ import annotations
@@ -96,8 +98,11 @@ def redis_cpu(url: str) -> float:
     return float(fields["used_cpu_user"]) + float(fields["used_cpu_sys"])
 
 
-def ours(url: str, body: str, *, jobs: int, profile: Path | None = None) -> Drain:
-    """One drain of ``jobs`` steps by our worker process with ``body``."""
+def ours(
+    url: str, body: str, *, jobs: int, profile: Path | None = None, cpu_clock: bool = False
+) -> Drain:
+    """One drain of ``jobs`` steps by our worker process with ``body`` (``profile``: under
+    cProfile, its stats to that file, timed by the CPU clock with ``cpu_clock``)."""
     namespace = f"drains-{body}-{time.monotonic_ns()}"
     trio.run(_queue, url, namespace, jobs)
     with tempfile.TemporaryDirectory() as folder:
@@ -105,6 +110,8 @@ def ours(url: str, body: str, *, jobs: int, profile: Path | None = None) -> Drai
         env = {**os.environ, "PYTHONPATH": str(SRC)}
         if profile is not None:
             env["BENCH_PROFILE"] = str(profile)
+            if cpu_clock:
+                env["BENCH_PROFILE_CLOCK"] = "cpu"
         argv = [sys.executable, str(WORKER), url, namespace, str(CONCURRENCY), str(jobs), body]
         spawned, server_cpu = time.time(), redis_cpu(url)
         worker = subprocess.Popen([*argv, target], stdout=subprocess.PIPE, env=env, text=True)
@@ -255,23 +262,70 @@ def split(url: str, *, runs: int = 5, jobs: int = 10_000) -> None:
         )
 
 
-USAGE = """usage: python -m benchmarks.drains --profile none|file|rpush OUT.prof
-       python -m benchmarks.drains --split"""
+def instructions(url: str, body: str, jobs: int) -> int:
+    """The instructions our worker process runs, from its spawn to its ``jobs``-th job done
+    (valgrind's cachegrind, no cache simulation: about 50 times slower, but steady on a
+    loaded machine where the CPU time swings)."""
+    namespace = f"drains-{body}-{time.monotonic_ns()}"
+    trio.run(_queue, url, namespace, jobs)
+    with tempfile.TemporaryDirectory() as folder:
+        target = str(Path(folder) / "body") if body == "file" else "bench:drains:ours"
+        out = Path(folder) / "cachegrind.out"
+        argv = [
+            "valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
+            sys.executable, str(WORKER), url, namespace, str(CONCURRENCY), str(jobs), body, target,
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(SRC), "BENCH_EXIT": "1"}
+        subprocess.run(argv, env=env, capture_output=True, timeout=TIMEOUT * 5, check=True)
+        for line in out.read_text().splitlines():
+            if line.startswith("summary:"):
+                return int(line.split()[1])
+    raise RuntimeError("cachegrind wrote no summary")
+
+
+def instructions_per_job(url: str, *, small: int = 1_000, large: int = 3_000) -> None:
+    """Our worker's instructions per job by body: drains of ``small`` and ``large`` jobs, the
+    difference over ``large - small`` (the start-up, imports and connecting, cancels out)."""
+    for body in ("none", "file", "rpush"):
+        counts = []
+        for jobs in (small, large):
+            flushall(url)
+            counts.append(instructions(url, body, jobs))
+        per_job = (counts[1] - counts[0]) / (large - small)
+        print(
+            f"  body {body:5}  {per_job:,.0f} instructions per job ({counts[0]:,}, {counts[1]:,})"
+        )
+
+
+USAGE = """usage: python -m benchmarks.drains --profile|--profile-cpu none|file|rpush OUT.prof
+       python -m benchmarks.drains --split
+       python -m benchmarks.drains --instructions"""
 
 
 def main() -> int:
-    """``--profile BODY OUT``: one drain of our worker under cProfile (stats to OUT);
-    ``--split``: our worker's CPU per job by body (:func:`split`)."""
+    """``--profile BODY OUT``: one drain of our worker under cProfile (stats to OUT; by the
+    CPU clock with ``--profile-cpu``); ``--split``: our worker's CPU per job by body
+    (:func:`split`); ``--instructions``: its instructions per job by body (needs valgrind)."""
     args = sys.argv[1:]
-    profiling = len(args) == 3 and args[0] == "--profile" and args[1] in ("none", *TARGETS)
-    if not profiling and args != ["--split"]:
+    profiling = (
+        len(args) == 3
+        and args[0] in ("--profile", "--profile-cpu")
+        and args[1] in ("none", *TARGETS)
+    )
+    if not profiling and args not in (["--split"], ["--instructions"]):
         print(USAGE, file=sys.stderr)
         return 2
     with private_redis() as server:
-        if not profiling:
+        if args == ["--split"]:
             split(server.url)
             return 0
-        drain = ours(server.url, args[1], jobs=10_000, profile=Path(args[2]))
+        if args == ["--instructions"]:
+            instructions_per_job(server.url)
+            return 0
+        drain = ours(
+            server.url, args[1], jobs=10_000, profile=Path(args[2]),
+            cpu_clock=args[0] == "--profile-cpu",
+        )  # fmt: skip
     print(f"{drain.rate:,.0f} jobs/s under cProfile; worker CPU {drain.cpu_us:,.0f} us/job")
     return 0
 

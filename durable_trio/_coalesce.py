@@ -18,13 +18,46 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+class _Flag:
+    """A one-shot event (``trio.Event``'s ``wait`` and ``set``, for the tasks of one batch):
+    two per batch, on the path of every finalize, so kept to a list of the tasks waiting."""
+
+    __slots__ = ("_tasks", "is_set")
+
+    def __init__(self) -> None:
+        self.is_set = False
+        self._tasks: list[trio.lowlevel.Task] = []
+
+    async def wait(self) -> None:
+        if self.is_set:
+            await trio.lowlevel.checkpoint()
+            return
+        task = trio.lowlevel.current_task()
+        tasks = self._tasks
+        tasks.append(task)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            tasks.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def set(self) -> None:
+        if self.is_set:
+            return
+        self.is_set = True
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            trio.lowlevel.reschedule(task)
+
+
 class _Batch(Generic[T, R]):
     __slots__ = ("done", "error", "go", "items", "results")
 
     def __init__(self) -> None:
         self.items: list[T] = []
-        self.go = trio.Event()  # the call before it landed: its first member calls now
-        self.done = trio.Event()
+        self.go = _Flag()  # the call before it landed: its first member calls now
+        self.done = _Flag()
         self.results: list[R] = []
         self.error: BaseException | None = None
 

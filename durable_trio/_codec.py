@@ -49,6 +49,7 @@ from ._wire import (
     WorkflowDecision,
     WorkflowTask,
 )
+from ._wire import _new_id as _new_task_id
 
 if typing.TYPE_CHECKING:
     from collections.abc import Callable
@@ -64,6 +65,7 @@ __all__ = [
     "decode_envelope",
     "dumps",
     "encode_envelope",
+    "encode_result",
     "from_wire",
     "json_schema",
     "loads",
@@ -560,19 +562,130 @@ def decode_envelope(data: bytes, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) 
         offender = _offender(data_payload, _message_fields(PAYLOAD_TYPES[kind]) or (), read_within)
         if offender is not None:
             raise _refusal(f"{kind.value} job", offender)
-    try:
-        structure = _FAST_STRUCTURE.get(kind) or _fast_structure(kind)
-        payload = structure(data_payload, PAYLOAD_TYPES[kind])
-    except Exception:
-        payload = from_wire(data_payload, PAYLOAD_TYPES[kind])  # raises, naming the field
+    payload = _task_of(data_payload) if kind is _TASK and type(data_payload) is dict else None
+    if payload is None:
+        try:
+            structure = _FAST_STRUCTURE.get(kind) or _fast_structure(kind)
+            payload = structure(data_payload, PAYLOAD_TYPES[kind])
+        except Exception:
+            payload = from_wire(data_payload, PAYLOAD_TYPES[kind])  # raises, naming the field
     trace = raw.get("trace")
     return Envelope(
-        id=job_id,
-        kind=kind,
-        payload=payload,
-        priority=priority,
-        trace=None if trace is None else _trace_from_wire(trace),
+        job_id, kind, payload, priority, None if trace is None else _trace_from_wire(trace)
     )
+
+
+_TASK = JobKind.TASK
+_NONE = type(None)
+#: The types each optional field of a task takes as it is (or ``None``): what the converter
+#: accepts without converting it.
+_OPTIONAL_INT = (int, _NONE)
+_OPTIONAL_STR = (str, _NONE)
+
+
+def _seconds(value: Any) -> Any:
+    """A ``float | None`` field as the converter makes it (an int becomes a float); ``...``
+    when the converter would refuse it."""
+    kind = type(value)
+    if kind is float or value is None:
+        return value
+    if kind is int:
+        return float(value)
+    return ...
+
+
+def _task_of(wire: dict[str, Any]) -> RemoteTask | None:
+    """A task's payload as :class:`RemoteTask`, read by hand: the hot path of every step a
+    worker takes, and exactly what the converter makes of it (a test holds them equal).
+    ``None``: a field of a type the converter would convert or refuse; it decides then."""
+    run_id = wire.get("runId")
+    step_id = wire.get("stepId")
+    attempt = wire.get("attempt")
+    name = wire.get("name")
+    task_id = wire.get("taskId")
+    if (
+        type(run_id) is not str
+        or type(step_id) is not str
+        or type(attempt) is not int
+        or type(name) is not str
+    ):
+        return None
+    if type(task_id) is str:
+        if len(wire) == 5:  # those five fields and no other: every optional one at its default
+            return RemoteTask(
+                run_id, step_id, attempt, name, None, None, None, None, task_id, None, None,
+                None, None,
+            )  # fmt: skip
+    elif "taskId" in wire:
+        return None
+    group = wire.get("group")
+    priority = wire.get("priority")
+    max_attempts = wire.get("maxAttempts")
+    if (
+        type(group) not in _OPTIONAL_STR
+        or type(priority) not in _OPTIONAL_INT
+        or type(max_attempts) not in _OPTIONAL_INT
+    ):
+        return None
+    deadline = _seconds(wire.get("deadline"))
+    timeout = _seconds(wire.get("timeout"))
+    heartbeat_timeout = _seconds(wire.get("heartbeatTimeout"))
+    if deadline is ... or timeout is ... or heartbeat_timeout is ...:
+        return None
+    if task_id is None:
+        task_id = _new_task_id()  # the field's own default
+    return RemoteTask(
+        run_id, step_id, attempt, name, wire.get("input"), group, priority, deadline, task_id,
+        timeout, heartbeat_timeout, wire.get("lastHeartbeat"), max_attempts,
+    )  # fmt: skip
+
+
+def encode_result(
+    job_id: str,
+    task: RemoteTask,
+    output: Any,
+    delivery: dict[str, Any],
+    max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    trace: TraceContext | None = None,
+) -> bytes | None:
+    """The envelope of a completed step's result, written without building the
+    :class:`StepResult`: the same bytes as :func:`encode_envelope` writes for
+    ``StepResult(task.run_id, task.step_id, task.attempt, COMPLETED, output=output,
+    task_id=task.task_id, delivery=delivery)`` (a test holds them equal). ``None`` when that
+    call would refuse it, or might: the caller makes it then, for its error."""
+    if not is_json(output, MAX_JSON_DEPTH):
+        return None
+    # The evidence the job runner writes: four plain fields (checked in full when there are
+    # more, a stall history or a lost lease's time).
+    stalled = delivery.get("stalledCount")
+    if (
+        len(delivery) != 4
+        or type(delivery.get("worker")) is not str
+        or type(delivery.get("job")) is not str
+        or type(delivery.get("lease")) is not str
+        or type(stalled) is not int
+        or not 0 <= stalled < 2**63
+    ) and not is_json(delivery, MAX_JSON_DEPTH + _WRAPPING_DEPTH):
+        return None
+    wire: dict[str, Any] = {
+        "runId": task.run_id,
+        "stepId": task.step_id,
+        "attempt": task.attempt,
+        "status": "completed",
+    }
+    if output is not None:
+        wire["output"] = output
+    if task.task_id is not None:
+        wire["taskId"] = task.task_id
+    wire["delivery"] = delivery
+    body: dict[str, Any] = {"id": job_id, "kind": "result", "payload": wire}
+    if trace is not None:
+        body["trace"] = _trace_to_wire(trace)
+    try:
+        data = orjson.dumps(body)
+    except TypeError:
+        return None
+    return data if len(data) <= max_bytes else None
 
 
 def _trace_to_wire(trace: TraceContext) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import trio
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from types import TracebackType
 
     from ._facts import RunFacts, StepFacts
     from ._wire import Envelope, RemoteTask, StepResult, TraceContext
@@ -150,21 +151,70 @@ def hop(envelope: Envelope, queue: str | None) -> None:
 class StepAttempt:
     """One attempt of a step on a worker, from its handler's start to its end: the log
     records ``step started`` and ``step completed``/``step failed``, and, when instrumented,
-    its span and duration. Made by :func:`step_attempt`."""
+    its span and duration. Made by :func:`step_attempt`, and its own context manager (a class,
+    not a generator: it is entered once per job)."""
 
-    def __init__(self, task: RemoteTask, queue: str, worker: str) -> None:
+    __slots__ = ("_span", "ended", "queue", "started", "task", "trace", "worker")
+
+    def __init__(
+        self,
+        task: RemoteTask,
+        queue: str,
+        worker: str,
+        trace: TraceContext | None = None,
+        started: float | None = None,
+    ) -> None:
         self.task = task
         self.queue = queue
         self.worker = worker
-        self.started = trio.current_time()
+        self.trace = trace
+        self.started = trio.current_time() if started is None else started
         self.ended = False
+        self._span: contextlib.AbstractContextManager[None] | None = None
 
-    def end(self, outcome: str, error: str | None = None) -> None:
-        """The attempt ended (``completed`` or ``failed``); only the first call counts."""
+    def __enter__(self) -> StepAttempt:
+        task, queue, worker = self.task, self.queue, self.worker
+        if _log.isEnabledFor(logging.INFO):
+            _log.info(
+                "step %s started attempt %d of run %s",
+                task.name,
+                task.attempt,
+                task.run_id,
+                extra={"event": "step.started", **_step_fields(task, queue, worker, None)},
+            )
+        active = _active
+        if active is not None:
+            span = active.step_span(task, self.trace, queue, worker)
+            span.__enter__()
+            self._span = span
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        span = self._span
+        if span is None:
+            if not self.ended:
+                self.end("cancelled")
+            return None
+        self._span = None
+        try:
+            self.end("cancelled")
+        except BaseException as error:
+            span.__exit__(type(error), error, error.__traceback__)
+            raise
+        return span.__exit__(exc_type, exc, tb)
+
+    def end(self, outcome: str, error: str | None = None, now: float | None = None) -> None:
+        """The attempt ended (``completed`` or ``failed``; ``now``: the trio clock, when the
+        caller has just read it); only the first call counts."""
         if self.ended:
             return
         self.ended = True
-        seconds = trio.current_time() - self.started
+        seconds = (trio.current_time() if now is None else now) - self.started
         task = self.task
         if _log.isEnabledFor(logging.INFO):
             fields = _step_fields(task, self.queue, self.worker, outcome)
@@ -184,32 +234,17 @@ class StepAttempt:
             active.step_ended(outcome, seconds, error)
 
 
-@contextlib.contextmanager
 def step_attempt(
-    task: RemoteTask, trace: TraceContext | None, queue: str, worker: str
-) -> Iterator[StepAttempt]:
-    """Around a step's handler on a worker (see :class:`StepAttempt`). An attempt left without
-    :meth:`StepAttempt.end` (cancelled: a lost lease, a close) ends as ``cancelled``."""
-    attempt = StepAttempt(task, queue, worker)
-    if _log.isEnabledFor(logging.INFO):
-        _log.info(
-            "step %s started attempt %d of run %s",
-            task.name,
-            task.attempt,
-            task.run_id,
-            extra={"event": "step.started", **_step_fields(task, queue, worker, None)},
-        )
-    active = _active
-    scope = (
-        contextlib.nullcontext()
-        if active is None
-        else active.step_span(task, trace, queue, worker)
-    )
-    with scope:
-        try:
-            yield attempt
-        finally:
-            attempt.end("cancelled")
+    task: RemoteTask,
+    trace: TraceContext | None,
+    queue: str,
+    worker: str,
+    started: float | None = None,
+) -> StepAttempt:
+    """Around a step's handler on a worker (see :class:`StepAttempt`; ``started``: the trio
+    clock, when the caller has just read it). An attempt left without :meth:`StepAttempt.end`
+    (cancelled: a lost lease, a close) ends as ``cancelled``."""
+    return StepAttempt(task, queue, worker, trace, started)
 
 
 def _step_fields(

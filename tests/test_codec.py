@@ -25,7 +25,7 @@ from durable_trio._codec import (
     loads,
     to_wire,
 )
-from durable_trio.testing.strategies import message_of
+from durable_trio.testing.strategies import json_values, message_of
 
 SCHEMAS = Path(__file__).parent.parent / "docs" / "schemas"
 
@@ -153,3 +153,143 @@ def test_schemas_name_every_key_a_message_writes(cls: type[Any], data: st.DataOb
     wire = orjson.loads(dumps(data.draw(message_of(cls))))
     assert set(wire) <= set(schema["properties"])
     assert set(schema.get("required", [])) <= set(wire)
+
+
+# --- the hand-written hot paths: a task read, a completed result written --------------------
+
+
+def _task_fields(task: dt.RemoteTask) -> dict[str, Any]:
+    return {f.name: getattr(task, f.name) for f in attrs.fields(dt.RemoteTask)}
+
+
+@given(
+    task=message_of(dt.RemoteTask),
+    extra=st.dictionaries(st.sampled_from(["x", "new"]), st.integers()),
+)
+def test_a_task_read_by_hand_is_what_the_converter_makes(
+    task: dt.RemoteTask, extra: dict[str, Any]
+) -> None:
+    from durable_trio._codec import _task_of
+
+    wire = {**to_wire(task), **extra}
+    by_hand = _task_of(wire)
+    assert by_hand is not None
+    converted = from_wire(wire, dt.RemoteTask)
+    assert _task_fields(by_hand) == _task_fields(converted)
+    assert {k: type(v) for k, v in _task_fields(by_hand).items()} == {
+        k: type(v) for k, v in _task_fields(converted).items()
+    }
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"deadline": 5, "timeout": 2, "heartbeatTimeout": 1},  # ints made floats
+        {"deadline": 5.5, "timeout": None, "group": None, "priority": None, "input": None},
+        {"input": {"a": [1, 2.5, None]}, "lastHeartbeat": "x", "maxAttempts": 3, "group": "g"},
+        {"priority": 2, "x-newer-field": [1]},
+    ],
+)
+def test_odd_but_valid_tasks_read_by_hand_as_converted(changes: dict[str, Any]) -> None:
+    from durable_trio._codec import _task_of
+
+    wire = {"runId": "r", "stepId": "s", "attempt": 2, "name": "n", "taskId": "t", **changes}
+    by_hand = _task_of(wire)
+    assert by_hand is not None
+    converted = from_wire(wire, dt.RemoteTask)
+    assert _task_fields(by_hand) == _task_fields(converted)
+    assert type(by_hand.deadline) is type(converted.deadline)
+    assert type(by_hand.timeout) is type(converted.timeout)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"attempt": True},
+        {"attempt": 1.0},
+        {"runId": 5},
+        {"name": None},
+        {"taskId": None},
+        {"taskId": 7},
+        {"deadline": "5"},
+        {"timeout": True},
+        {"priority": 1.5},
+        {"group": 3},
+        {"maxAttempts": "3"},
+    ],
+)
+def test_tasks_the_converter_refuses_are_left_to_it(changes: dict[str, Any]) -> None:
+    from durable_trio._codec import _task_of
+
+    wire = {"runId": "r", "stepId": "s", "attempt": 2, "name": "n", "taskId": "t", **changes}
+    assert _task_of(wire) is None
+    data = orjson.dumps({"id": "j", "kind": "task", "payload": wire})
+    with pytest.raises(dt.PayloadError):
+        decode_envelope(data)
+
+
+def test_a_task_without_an_id_gets_a_fresh_one_read_by_hand() -> None:
+    from durable_trio._codec import _task_of
+
+    wire = {"runId": "r", "stepId": "s", "attempt": 1, "name": "n", "group": "g"}
+    first, second = _task_of(wire), _task_of(wire)
+    assert first is not None
+    assert second is not None
+    assert first.task_id
+    assert first.task_id != second.task_id
+    assert decode_envelope(
+        orjson.dumps({"id": "j", "kind": "task", "payload": wire})
+    ).payload.task_id not in (first.task_id, second.task_id)
+
+
+def _completed(task: dt.RemoteTask, output: Any, delivery: Any) -> dt.StepResult:
+    return dt.StepResult(
+        task.run_id, task.step_id, task.attempt, dt.StepStatus.COMPLETED, output=output,
+        task_id=task.task_id, delivery=delivery,
+    )  # fmt: skip
+
+
+@given(
+    task=message_of(dt.RemoteTask),
+    output=json_values,
+    stalled=st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    more=st.dictionaries(st.sampled_from(["stalls", "leaseLostAt"]), json_values),
+    traced=st.booleans(),
+)
+def test_a_completed_result_written_by_hand_is_what_the_encoder_writes(
+    task: dt.RemoteTask, output: Any, stalled: int, more: dict[str, Any], traced: bool
+) -> None:
+    from durable_trio._codec import encode_result
+
+    delivery = {"worker": "w", "job": "j", "lease": "l", "stalledCount": stalled, **more}
+    trace = dt.TraceContext("00-ab-cd-01", "k=v", 5.0) if traced else None
+    by_hand = encode_result("id-1", task, output, delivery, trace=trace)
+    expected = encode_envelope(
+        "id-1", dt.JobKind.RESULT, _completed(task, output, delivery), trace=trace
+    )
+    assert by_hand == expected
+
+
+@pytest.mark.parametrize(
+    ("output", "delivery"),
+    [
+        (float("nan"), None),
+        ({1: "non-string key"}, None),
+        ({"a": {1, 2}}, None),
+        ("\ud800", None),  # a lone surrogate: orjson refuses it
+        ("x" * 2048, None),  # over max_bytes
+        (None, {"worker": "w", "job": "j", "lease": "l", "stalledCount": 0, "at": float("inf")}),
+        (None, {"worker": "w", "job": "j", "lease": "l", "stalledCount": 2**64}),
+        (None, {"worker": b"w", "job": "j", "lease": "l", "stalledCount": 0}),
+    ],
+)
+def test_a_result_the_encoder_refuses_is_left_to_it(output: Any, delivery: Any) -> None:
+    from durable_trio._codec import encode_result
+
+    task = dt.RemoteTask("r", "s", 1, "n")
+    delivery = delivery or {"worker": "w", "job": "j", "lease": "l", "stalledCount": 0}
+    assert encode_result("id-1", task, output, delivery, max_bytes=1024) is None
+    with pytest.raises(dt.PayloadError):
+        encode_envelope(
+            "id-1", dt.JobKind.RESULT, _completed(task, output, delivery), max_bytes=1024
+        )

@@ -195,7 +195,7 @@ class ClaimTable:
     def buffer(self, queue: str, job: ClaimedJob, *, ahead: bool) -> Claim:
         """A job claimed ahead of a free slot (prefetch, or a finalize that claimed): tracked
         (renewed, handed back by close) but not started."""
-        claim = Claim(queue, job, state=_BUFFERED, ahead=ahead)
+        claim = Claim(queue, job, None, _BUFFERED, False, None, ahead)  # (every claim ahead)
         self._by_token[job.lease.token] = claim
         return claim
 

@@ -233,15 +233,32 @@ class JobRunner:
                         # close starts (close sets the deadline of the finalizes in flight), so a
                         # close can never race a job's final write.
                         scope.shield = True
-                        if self._closing():
+                        closing = self._closing()
+                        if closing:
                             scope.deadline = trio.current_time() + self._options.cleanup_timeout
                         try:
                             if error is not None:
                                 await self._finalize(claim, error)
                             else:
-                                ask = self._ask_next(loop)
-                                ok = await self._complete(claim, complete_job, result, ask)
-                                if ask is not None:
+                                ask = None if closing else self._ask_next(loop)
+                                if ask is None:
+                                    ok = await self._complete(claim, complete_job, result)
+                                else:
+                                    # Complete and claim the next in one round trip
+                                    # (inline: every job's path on Redis). A claim landing
+                                    # after the wait is handed back (``gone``).
+                                    lease = job.lease
+                                    try:
+                                        try:
+                                            ok = await self._claimer(loop).submit(
+                                                (lease, result, ask)
+                                            )
+                                        finally:
+                                            ask.gone = True
+                                    except BrokerUnavailable as exc:
+                                        ok = await self._complete(
+                                            claim, complete_job, result, failed=exc
+                                        )
                                     nxt = ask.claim
                                 if not ok:
                                     self._report(
@@ -417,42 +434,37 @@ class JobRunner:
         claim: Claim,
         complete_job: Callable[[Lease], Awaitable[bool]],
         result: Job | None,
-        ask: NextClaim | None = None,
+        *,
+        failed: BrokerUnavailable | None = None,
     ) -> bool:
-        """Complete ``claim``'s job (pushing ``result`` with it, if any); with ``ask``, claim
-        this worker's next job in the same round trip (in ``ask.claim``, or none). Tried again
-        while the broker is unreachable (:meth:`_persist`, entered only after a first failure;
-        without a claim)."""
+        """Complete ``claim``'s job (pushing ``result`` with it, if any). Tried again while the
+        broker is unreachable (:meth:`_persist`, entered only after a first failure; without a
+        claim). ``failed``: the first try failed so already (a finish that also claimed, made
+        inline by the job worker: its ask answered ``ask.claim``, or none)."""
         lease = claim.job.lease
+        call: Callable[[], Awaitable[bool]]
+        if result is None:
+            call = partial(complete_job, lease)
+        else:
+            call = partial(self._finisher(claim.queue).submit, (lease, result))
+        if failed is not None:
+            return await self._persist(claim, call, failed)
         try:
-            if ask is not None:
-                try:
-                    return await self._claimer(ask.loop).submit((lease, result, ask))
-                finally:
-                    ask.gone = True  # a claim landing after this is handed back
-            if result is None:
-                return await complete_job(lease)
-            return await self._finisher(claim.queue).submit((lease, result))
+            return await call()
         except BrokerUnavailable as exc:
-            call: Callable[[], Awaitable[bool]]
-            if result is None:
-                call = partial(complete_job, lease)
-            else:
-                call = partial(self._finisher(claim.queue).submit, (lease, result))
             return await self._persist(claim, call, exc)
 
     # ------------------------------------------------------------------ finish and claim
 
     def _ask_next(self, loop: Loop) -> NextClaim | None:
-        """An ask for the next claim of a finishing job worker, or ``None`` when it should
-        not claim: the broker cannot, the queue showed no backlog, close has begun, prefetched
-        claims wait, or its slot is not to be kept (a suspect waits to run alone, or the
-        limit was cut below the slots in use)."""
+        """An ask for the next claim of a finishing job worker (close not begun: its caller
+        looked), or ``None`` when it should not claim: the broker cannot, the queue showed no
+        backlog, prefetched claims wait, or its slot is not to be kept (a suspect waits to run
+        alone, or the limit was cut below the slots in use)."""
         if (
             self._finish_and_claim is None
             or not loop.backlog
             or loop.buffer
-            or self._closing()
             or loop.slots.gated
             or loop.slots.in_flight > loop.slots.limit
         ):

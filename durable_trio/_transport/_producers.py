@@ -7,16 +7,17 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 from .._coalesce import Coalescer, results_of
-from .._codec import encode_envelope
+from .._codec import encode_envelope, encode_result
 from .._naming import sanitize_token
 from .._telemetry import carrier
-from .._wire import JobKind
+from .._wire import JobKind, StepResult, StepStatus
 from ..brokers import Job, SupportsBatchFinalize
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from .._naming import QueueNames
+    from .._wire import RemoteTask
     from ..brokers import Lease, QueueBroker
     from ._options import TransportOptions
 
@@ -57,7 +58,6 @@ class Producers:
         self._completers: dict[str, Coalescer[Lease, bool]] = {}
         self._finishers: dict[str, Coalescer[tuple[Lease, Job], bool]] = {}
 
-
     async def push(
         self,
         queue: str,
@@ -90,6 +90,28 @@ class Producers:
             ),
             key,
         )
+
+    def result_job(self, task: RemoteTask, output: Any, delivery: dict[str, Any]) -> Job:
+        """The job of ``task``'s completed result, as :meth:`new_job` makes it of
+        ``StepResult(..., COMPLETED, output=output, task_id=task.task_id, delivery=delivery)``
+        — the hot path of every step that completes, so without building that ``StepResult``
+        unless the result is refused (:func:`~durable_trio._codec.encode_result`).
+
+        Raises:
+            PayloadError: as :meth:`new_job` (the output cannot be sent).
+        """
+        job_id = f"{self._id_prefix}{next(self._ids)}"
+        trace = carrier()
+        data = encode_result(job_id, task, output, delivery, self._max_payload_bytes, trace)
+        if data is None:  # refused, or maybe: the general path, for its error
+            result = StepResult(
+                task.run_id, task.step_id, task.attempt, StepStatus.COMPLETED, output=output,
+                task_id=task.task_id, delivery=delivery,
+            )  # fmt: skip
+            data = encode_envelope(
+                job_id, JobKind.RESULT, result, None, self._max_payload_bytes, trace=trace
+            )
+        return Job(job_id, data)
 
     def _pusher(self, queue: str) -> Coalescer[tuple[Job, int | None], None]:
         pusher = self._pushers.get(queue)

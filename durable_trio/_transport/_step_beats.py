@@ -23,14 +23,15 @@ from .._wire import JSONValue, RemoteTask, StepHeartbeat
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-__all__ = ["StepBeats", "beat_interval", "current_beats"]
+__all__ = ["CURRENT_BEATS", "StepBeats", "beat_interval", "current_beats"]
 
-_CURRENT_BEATS: contextvars.ContextVar[StepBeats] = contextvars.ContextVar("durable_trio_beats")
+#: The beats of the step handler running in the current task (set by the step server).
+CURRENT_BEATS: contextvars.ContextVar[StepBeats] = contextvars.ContextVar("durable_trio_beats")
 
 
 def current_beats() -> StepBeats | None:
     """The beats of the step handler running in this task (``None``: not in a step handler)."""
-    return _CURRENT_BEATS.get(None)
+    return CURRENT_BEATS.get(None)
 
 
 def beat_interval(task: RemoteTask, interval: float) -> float:
@@ -63,7 +64,6 @@ class StepBeats:
     def __init__(
         self,
         task: RemoteTask,
-        *,
         send: Callable[[StepHeartbeat], Awaitable[None]],
         spawn: Callable[[Callable[[], Awaitable[None]]], None],
         interval: float,
@@ -116,11 +116,11 @@ class StepBeats:
 
     def enter(self) -> contextvars.Token[StepBeats]:
         """Make these the beats of the running task (undo with :meth:`leave`)."""
-        return _CURRENT_BEATS.set(self)
+        return CURRENT_BEATS.set(self)
 
     @staticmethod
     def leave(token: contextvars.Token[StepBeats]) -> None:
-        _CURRENT_BEATS.reset(token)
+        CURRENT_BEATS.reset(token)
 
     async def _send_forever(self) -> None:
         task = self.task

@@ -24,7 +24,7 @@ from .._wire import (
     StepStatus,
 )
 from ._handler_timeout import run_within_timeout
-from ._step_beats import StepBeats, beat_interval
+from ._step_beats import CURRENT_BEATS, StepBeats, beat_interval
 
 if TYPE_CHECKING:
     from .._telemetry import StepAttempt
@@ -34,6 +34,11 @@ if TYPE_CHECKING:
     from ._producers import Producers
 
 _log = logging.getLogger("durable_trio")
+
+_TASK = JobKind.TASK
+_WORKFLOW = JobKind.WORKFLOW
+#: Routing groups whose task queue a step server remembers (see ``StepServer._queue_of``).
+_QUEUES_KEPT = 1024
 
 #: First and largest delay between two attempts at pushing a step's result.
 _RESULT_PUSH_BACKOFF = Backoff(initial=0.05, maximum=5.0)
@@ -82,9 +87,11 @@ class StepServer:
         self._task_queue = task_queue
         self._publish_result = publish_result
         self._report = report
-        self._publish_beat = publish_beat
-        self._spawn = spawn
         self._beat_interval = options.step_heartbeat_interval
+        self._send_beat = publish_beat or _no_beats
+        self._spawn_sender = spawn or _no_spawn
+        self._queues: dict[str, str] = {}
+        """The task queue of each routing group met (``_queue_of``)."""
         self.handlers: dict[str, StepHandler] = {}
         self.gates: dict[str, StartGate] = {}
         """Per step: asked before its handler, whether it may start now (see
@@ -95,29 +102,79 @@ class StepServer:
     async def on_task_job(self, job: ClaimedJob) -> Job | None:
         try:
             envelope = decode_envelope(job.data, max_bytes=self._max_payload_bytes)
-            if envelope.kind is JobKind.WORKFLOW:
-                # T14: a workflow turn shares its token's task loop; told apart by shape
-                pass
-            elif envelope.kind is not JobKind.TASK:
-                raise PayloadError(f"a {envelope.kind.value!r} job does not belong on a task queue")
+            kind = envelope.kind
+            if kind is not _TASK and kind is not _WORKFLOW:
+                # (T14: a workflow turn shares its token's task loop; told apart by shape)
+                raise PayloadError(f"a {kind.value!r} job does not belong on a task queue")
         except PayloadError as exc:
             await self.answer_bad_task(
                 job, StepError(message=f"bad task: {exc}", code="bad_input", retryable=False)
             )
             raise
-        if envelope.kind is JobKind.WORKFLOW:
+        if kind is _WORKFLOW:
             assert self.turns is not None  # a workflow job reaches a loop its turns started
             hop(envelope, None)
             await self.turns(envelope.payload)
             return None
         task: RemoteTask = envelope.payload
-        queue = self._task_queue(task.routing_group)
+        group = task.routing_group
+        queue = self._queues.get(group)
+        if queue is None:
+            queue = self._queue_of(group)
         gate = self.gates.get(task.name)
         if gate is not None and (delay := await gate(task)) is not None:
             raise StartDeferred(delay)  # (before the attempt began: nothing ran, nothing told)
         hop(envelope, queue)
-        with step_attempt(task, envelope.trace, queue, self._instance_id) as attempt:
-            return await self._serve_task(task, job, attempt)
+        started = trio.current_time()
+        with step_attempt(task, envelope.trace, queue, self._instance_id, started) as attempt:
+            # Run the step and make its result (``attempt`` told how it ended): inline, not a
+            # coroutine of its own, on the path of every step.
+            handler = self.handlers.get(task.name)
+            result: StepResult | None = None
+            output: JSONValue = None
+            delivery: dict[str, Any] | None = None
+            if handler is None:
+                result = self._no_handler(task, job, attempt)
+            else:
+                controller = self._controller
+                controller.on_start()
+                ok = False
+                now: float | None = None
+                beats = self._beats(task)
+                token = CURRENT_BEATS.set(beats)
+                try:
+                    output = await (
+                        handler(task) if task.timeout is None else run_within_timeout(handler, task)
+                    )
+                    ok = True
+                except Exception as exc:
+                    result = self._failed(task, job, attempt, exc)
+                else:
+                    now = trio.current_time()
+                    attempt.end("completed", now=now)
+                    delivery = self._delivery(job)  # (the result is made here, its job below)
+                finally:
+                    beats.close()
+                    CURRENT_BEATS.reset(token)
+                    # Only step durations feed the latency gradient (T6); a cancelled step too
+                    # leaves the in-flight count.
+                    controller.on_settle(
+                        started, trio.current_time() if now is None else now, step=ok
+                    )
+            data = self._result_job(task, job, result, output, delivery)
+            if self._producers.batched:
+                return data  # the job worker pushes it with the task's acknowledgement
+            await self._push_result(task, data)
+            return None
+
+    def _queue_of(self, group: str) -> str:
+        """The task queue of a routing group (remembered: named once per group, not per job;
+        forgotten all at once past a bound, so odd groups cannot make it grow for ever)."""
+        queues = self._queues
+        if len(queues) >= _QUEUES_KEPT:
+            queues.clear()
+        queue = queues[group] = self._task_queue(group)
+        return queue
 
     async def answer_bad_task(self, job: ClaimedJob, error: StepError) -> None:
         """A task that does not parse but names its run and step still gets a failed result, so
@@ -156,84 +213,71 @@ class StepServer:
             delivery["leaseLostAt"] = lost_at
         return delivery
 
-    async def _serve_task(
-        self, task: RemoteTask, job: ClaimedJob, attempt: StepAttempt
-    ) -> Job | None:
-        """Run a step and make its result (``attempt`` told how it ended). Returns the result
-        job when the job worker pushes it together with the task's acknowledgement (one round
-        trip on Redis); else pushes it now and returns ``None``."""
-        handler = self.handlers.get(task.name)
-        result: StepResult
-        if handler is None:
-            message = f"no handler for step {task.name!r} on this worker"
-            self._report(
-                JobError(message, queue=self._task_queue(task.routing_group), job_id=task.task_id)
-            )
-            error = StepError(message=message, code="no_handler", retryable=False)
-            result = StepResult.failure(task, error, self._delivery(job))
-            attempt.end("failed", message)
+    def _no_handler(self, task: RemoteTask, job: ClaimedJob, attempt: StepAttempt) -> StepResult:
+        """The failed result of a task this worker has no handler for (reported)."""
+        message = f"no handler for step {task.name!r} on this worker"
+        self._report(
+            JobError(message, queue=self._task_queue(task.routing_group), job_id=task.task_id)
+        )
+        error = StepError(message=message, code="no_handler", retryable=False)
+        result = StepResult.failure(task, error, self._delivery(job))
+        attempt.end("failed", message)
+        return result
+
+    def _failed(
+        self, task: RemoteTask, job: ClaimedJob, attempt: StepAttempt, exc: Exception
+    ) -> StepResult:
+        """The failed result of a step whose handler raised ``exc`` (logged or reported)."""
+        retryable = getattr(exc, "retryable", True) is not False
+        if getattr(exc, "quiet", False) is True:  # stopped as asked (its run cancelled)
+            _log.info("step %r (job %s) stopped: %s", task.name, task.task_id, exc)
+        elif (
+            retryable
+            and task.attempt < (task.max_attempts or 0)
+            and not getattr(exc, "always_reported", False)  # a step that blocked the loop
+        ):
+            # An expected retry (a flaky call, a timeout): one line, no alarm; the
+            # traceback at DEBUG, and at ERROR with the last attempt (docs/engine.md).
+            _log.warning(
+                "step %r attempt %d of %d (run %s) raised %r: the engine retries it",
+                task.name, task.attempt, task.max_attempts, task.run_id, exc,
+            )  # fmt: skip
+            _log.debug("step %r attempt %d raised", task.name, task.attempt, exc_info=exc)
         else:
-            controller = self._controller
-            controller.on_start()
-            started = trio.current_time()
-            ok = False
-            beats = self._beats(task)
-            token = beats.enter()
-            try:
-                output = await run_within_timeout(handler, task)
-                ok = True
-            except Exception as exc:
-                retryable = getattr(exc, "retryable", True) is not False
-                if getattr(exc, "quiet", False) is True:  # stopped as asked (its run cancelled)
-                    _log.info("step %r (job %s) stopped: %s", task.name, task.task_id, exc)
-                elif (
-                    retryable
-                    and task.attempt < (task.max_attempts or 0)
-                    and not getattr(exc, "always_reported", False)  # a step that blocked the loop
-                ):
-                    # An expected retry (a flaky call, a timeout): one line, no alarm; the
-                    # traceback at DEBUG, and at ERROR with the last attempt (docs/engine.md).
-                    _log.warning(
-                        "step %r attempt %d of %d (run %s) raised %r: the engine retries it",
-                        task.name, task.attempt, task.max_attempts, task.run_id, exc,
-                    )  # fmt: skip
-                    _log.debug("step %r attempt %d raised", task.name, task.attempt, exc_info=exc)
-                else:
-                    self._report(
-                        JobError(
-                            f"step {task.name!r} raised {exc!r}",
-                            queue=self._task_queue(task.routing_group),
-                            job_id=task.task_id,
-                        ).with_traceback(exc.__traceback__)
-                    )
-                error = StepError(
-                    message=f"{type(exc).__name__}: {exc}",
-                    code=getattr(exc, "code", None)
-                    if isinstance(getattr(exc, "code", None), str)
-                    else None,
-                    retryable=retryable,
-                )
-                result = StepResult.failure(task, error, self._delivery(job))
-                attempt.end("failed", error.message)
-            else:
-                attempt.end("completed")
-                result = StepResult(
-                    task.run_id,
-                    task.step_id,
-                    task.attempt,
-                    StepStatus.COMPLETED,
-                    output=output,
-                    task_id=task.task_id,
-                    delivery=self._delivery(job),
-                )
-            finally:
-                beats.close()
-                StepBeats.leave(token)
-                # Only step durations feed the latency gradient (T6); a cancelled step too
-                # leaves the in-flight count.
-                controller.on_settle(started, trio.current_time(), step=ok)
+            self._report(
+                JobError(
+                    f"step {task.name!r} raised {exc!r}",
+                    queue=self._task_queue(task.routing_group),
+                    job_id=task.task_id,
+                ).with_traceback(exc.__traceback__)
+            )
+        error = StepError(
+            message=f"{type(exc).__name__}: {exc}",
+            code=getattr(exc, "code", None)
+            if isinstance(getattr(exc, "code", None), str)
+            else None,
+            retryable=retryable,
+        )
+        result = StepResult.failure(task, error, self._delivery(job))
+        attempt.end("failed", error.message)
+        return result
+
+    def _result_job(
+        self,
+        task: RemoteTask,
+        job: ClaimedJob,
+        result: StepResult | None,
+        output: JSONValue,
+        delivery: dict[str, Any] | None,
+    ) -> Job:
+        """The job of a step's result: ``result``, or the completed one of ``output`` and
+        ``delivery``; a failed one (reported) if the output cannot be sent."""
         try:
-            data = self._producers.new_job(JobKind.RESULT, result)
+            if delivery is not None:
+                data = self._producers.result_job(task, output, delivery)
+            else:
+                assert result is not None
+                data = self._producers.new_job(JobKind.RESULT, result)
         except PayloadError as exc:
             self._report(
                 JobError(
@@ -245,21 +289,15 @@ class StepServer:
             error = StepError(message=str(exc), code="bad_output", retryable=False)
             failure = StepResult.failure(task, error, self._delivery(job))
             data = self._producers.new_job(JobKind.RESULT, failure)
-        if self._producers.batched:
-            return data  # the job worker pushes it with the task's acknowledgement
-        await self._push_result(task, data)
-        return None
+        return data
 
     def _beats(self, task: RemoteTask) -> StepBeats:
         """The beats of a claim of ``task``: its handler's ``step_info().heartbeat()``."""
-        return StepBeats(
-            task,
-            send=self._publish_beat or _no_beats,
-            spawn=self._spawn or _no_spawn,
-            interval=beat_interval(task, self._beat_interval),
-            report=self._report,
-            worker=self._instance_id,
-        )
+        interval = self._beat_interval
+        if task.heartbeat_timeout is not None:
+            interval = beat_interval(task, interval)
+        return StepBeats(task, self._send_beat, self._spawn_sender, interval, self._report,
+                         self._instance_id)  # fmt: skip
 
     async def _push_result(self, task: RemoteTask, job: Job) -> None:
         """Push a step's result, again and again with a backoff while the broker fails: the

@@ -117,21 +117,15 @@ def read_claim(fields: list[Any], start: int, *, ahead: bool = False) -> Claimed
     if data is None:
         damage.append("job body missing (deleted or evicted)")
         data = b""
-    stalls = read_stalls(history)
+    stalls = read_stalls(history) if history else ()
     if stalls is None:
         damage.append(f"stall history unreadable: {_show(history)}")
         stalls = ()
+    # (positional, in the field order: a claim of every job a worker takes)
     return ClaimedJob(
-        id=job_id,
-        data=data,
-        lease=Lease(job_id, token.decode()),
-        attempts=attempts,
-        stalled_count=stalled,
-        stalls=stalls,
-        priority=priority,
-        started=not ahead and stalled == 0,
-        damage="; ".join(damage) if damage else None,
-    )
+        job_id, data, Lease(job_id, token.decode()), attempts, stalled, stalls, priority,
+        not ahead and stalled == 0, "; ".join(damage) if damage else None,
+    )  # fmt: skip
 
 
 def _failed_parts(record: bytes) -> tuple[re.Match[bytes] | None, bytes, tuple[int, ...]]:
