@@ -25,6 +25,7 @@ import attrs
 import trio
 from trio_util import periodic
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import ConfigError
 from .._wire import WorkerStatus
 
@@ -42,7 +43,7 @@ _MIN_CPU_WINDOW = 1.0
 _THROUGHPUT_BUCKETS = 64
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False, eq=False)
 class Adaptive:
     """Adaptive concurrency: the limit moves between ``min`` and ``max``.
 
@@ -59,6 +60,10 @@ class Adaptive:
         max_rss_bytes: stop growing past this resident memory (``None``: no bound).
         max_cpu: stop growing when the process uses this fraction of one core or more.
     """
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     min: int = 1
     max: int = 64

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
+from .._attrs_shared import shared_repr
 from .._errors import BrokerError, DamagedJob, JobError
 from ..brokers import ClaimedJob, SupportsRateLimits
 from ._slots import Slots
@@ -76,8 +77,10 @@ _ABANDONED = ClaimState.ABANDONED
 _DROPPED = ClaimState.DROPPED
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Claim:
+    __repr__ = shared_repr
+
     queue: str
     job: ClaimedJob
     scope: trio.CancelScope | None = None
@@ -95,8 +98,10 @@ class Claim:
             self.scope.cancel()
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Loop:
+    __repr__ = shared_repr
+
     queue: str
     on_job: OnJob
     slots: Slots
@@ -133,7 +138,7 @@ class NextClaim:
         self.gone = False
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class JobWorker:
     """A task that runs one loop's jobs one after another, parked while idle.
 
@@ -144,9 +149,10 @@ class JobWorker:
     with its job; the loop starts a fresh one when next needed.
     """
 
+    __repr__ = shared_repr
+
     task: trio.lowlevel.Task
     scope: trio.CancelScope
-
 
 
 class ClaimTable:

@@ -28,6 +28,7 @@ import attrs
 import trio
 
 from .._arguments import check_seconds, check_task, check_tasks
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import ConfigError, TransportClosed
 from .._failures import one_exception, raise_bare, report_through
 from .._naming import QueueNames
@@ -65,9 +66,13 @@ __all__ = ["QueueTransport", "TransportStatistics", "open_queue_transport", "sta
 ResultHandler = Callable[[StepResult], Awaitable[None]]
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class TransportStatistics:
     """A snapshot of one transport's state."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     in_flight: int
     """Job handlers running now (every queue)."""
@@ -459,9 +464,7 @@ class QueueTransport:
             TransportClosed: the transport is closing.
         """
         self._check_open()
-        self._consumers.start_loop(
-            Loop(queue, on_job, Slots(1), self._options.idle_backoff_max)
-        )
+        self._consumers.start_loop(Loop(queue, on_job, Slots(1), self._options.idle_backoff_max))
 
     async def publish(
         self, kind: JobKind, queue: str, payload: Any, *, priority: int | None = None

@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._codec import DEFAULT_MAX_PAYLOAD_BYTES
 from .._errors import ConfigError
 from ._adaptive import Adaptive
@@ -88,9 +89,13 @@ def _optional_positive(_: Any, attribute: attrs.Attribute[Any], value: float | N
         _positive(_, attribute, value)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False, eq=False)
 class TransportOptions:
     """Every knob of :func:`~durable_trio.open_queue_transport`, validated (seconds as floats)."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     namespace: str | None = None
     """Key prefix of every queue (T2); ``durable`` when absent."""
