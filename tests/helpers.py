@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -331,26 +332,36 @@ def sqlite_url(path: Path) -> str:
 
 @asynccontextmanager
 async def short_lease_engine(
-    app: App, url: str, *, namespace: str, engine_id: str, **options: Any
+    app: App,
+    url: str,
+    *,
+    engine_id: str,
+    namespace: str | None = None,
+    worker: bool = False,
+    **options: Any,
 ) -> AsyncIterator[Engine]:
     """The engine of a crash test's child process: its own backend, a 1 s run lease and
     0.2 s reconcile and watch intervals, so a SIGKILLed engine's runs lapse, and another
-    engine takes them over, within a second or two. ``options`` go to ``open_engine``."""
+    engine takes them over, within a second or two; with ``worker``, a worker of the app
+    beside it. ``options`` go to ``open_engine``."""
     from durable_trio._engine import open_engine
 
-    async with (
-        dt.open_backend(url) as backend,
-        open_engine(
-            app,
-            backend,
-            namespace=namespace,
-            engine_id=engine_id,
-            run_lease=1.0,
-            reconcile_interval=0.2,
-            watch_interval=0.2,
-            **options,
-        ) as engine,
-    ):
+    namespace = app.name if namespace is None else namespace  # open_engine's default
+    async with dt.open_backend(url) as backend, contextlib.AsyncExitStack() as stack:
+        if worker:
+            await stack.enter_async_context(dt.open_worker(app, backend, namespace=namespace))
+        engine = await stack.enter_async_context(
+            open_engine(
+                app,
+                backend,
+                namespace=namespace,
+                engine_id=engine_id,
+                run_lease=1.0,
+                reconcile_interval=0.2,
+                watch_interval=0.2,
+                **options,
+            )
+        )
         yield engine
 
 

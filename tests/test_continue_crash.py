@@ -17,9 +17,10 @@ import pytest
 import trio
 
 import durable_trio as dt
-from durable_trio._engine import App, WorkflowContext, open_engine, open_run_store
+from durable_trio._engine import App, WorkflowContext, open_run_store
 from durable_trio._engine._generations import CONTINUE_STEP_ID, continuation_of
 from durable_trio._engine._stores._generations import generations_of
+from helpers import short_lease_engine, sqlite_url
 
 NAMESPACE = "can-chaos"
 RUN_ID = "looper-1"
@@ -46,14 +47,10 @@ async def looper(ctx: WorkflowContext, n: int) -> list[Any]:
 
 async def engine_process(url: str, engine_id: str, start: bool) -> None:
     """The child: an engine with a short run lease, so a killed one's run lapses quickly."""
-    async with dt.open_backend(url) as backend:
-        async with open_engine(
-            app, backend, namespace=NAMESPACE, engine_id=engine_id, run_lease=1.0,
-            reconcile_interval=0.2, watch_interval=0.2,
-        ) as engine:  # fmt: skip
-            if start:
-                await engine.start("looper", 0, run_id=RUN_ID)
-            output = await engine.result(RUN_ID)
+    async with short_lease_engine(app, url, namespace=NAMESPACE, engine_id=engine_id) as engine:
+        if start:
+            await engine.start("looper", 0, run_id=RUN_ID)
+        output = await engine.result(RUN_ID)
     print(json.dumps({"output": output}))
 
 
@@ -100,7 +97,7 @@ async def kill_between_the_halves_and_resume(url: str, tmp_path: Path) -> None:
 async def test_an_engine_killed_between_the_halves_continues_the_run_once_on_sqlite(
     tmp_path: Path,
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'chaos.db'}".replace("///", "////", 1)
+    url = sqlite_url(tmp_path / "chaos.db")
     await kill_between_the_halves_and_resume(url, tmp_path)
 
 

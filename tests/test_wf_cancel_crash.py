@@ -16,7 +16,8 @@ import pytest
 import trio
 
 import durable_trio as dt
-from durable_trio._engine import App, RunStatus, WorkflowContext, open_engine, open_run_store
+from durable_trio._engine import App, RunStatus, WorkflowContext, open_run_store
+from helpers import short_lease_engine, sqlite_url
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -56,25 +57,15 @@ async def saga(ctx: WorkflowContext, _: Any) -> str:
 
 
 async def engine_process(url: str, engine_id: str, start: bool) -> None:
-    async with dt.open_backend(url) as backend:
-        async with (
-            dt.open_worker(app, backend, namespace=NAMESPACE),
-            open_engine(
-                app,
-                backend,
-                namespace=NAMESPACE,
-                engine_id=engine_id,
-                run_lease=1.0,
-                reconcile_interval=0.2,
-                watch_interval=0.2,
-            ) as engine,
-        ):
-            if start:
-                await engine.start("saga", None, run_id=RUN_ID)
-            try:
-                await engine.result(RUN_ID)
-            except dt.RunCancelled as exc:
-                print(json.dumps({"cancelled": str(exc)}), flush=True)
+    async with short_lease_engine(
+        app, url, namespace=NAMESPACE, engine_id=engine_id, worker=True
+    ) as engine:
+        if start:
+            await engine.start("saga", None, run_id=RUN_ID)
+        try:
+            await engine.result(RUN_ID)
+        except dt.RunCancelled as exc:
+            print(json.dumps({"cancelled": str(exc)}), flush=True)
 
 
 def command(url: str, engine_id: str, start: bool, notes: Path) -> tuple[list[str], dict[str, str]]:
@@ -132,7 +123,7 @@ async def kill_mid_compensation(url: str, notes: Path) -> None:
 
 @pytest.mark.chaos
 async def test_engine_killed_mid_compensation_on_sqlite(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'runs.db'}".replace("///", "////", 1)
+    url = sqlite_url(tmp_path / "runs.db")
     await kill_mid_compensation(url, tmp_path / "notes")
 
 

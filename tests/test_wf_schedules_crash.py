@@ -18,6 +18,7 @@ import trio
 
 import durable_trio as dt
 from durable_trio._engine import App, WorkflowContext, open_engine, open_run_store
+from helpers import short_lease_engine
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -42,18 +43,14 @@ app.schedule("fast", "tick", every=EVERY, overlap="allow")
 
 async def engine_process(url: str, engine_id: str) -> None:
     """The child: an engine that fires the schedule until it is killed."""
-    async with dt.open_backend(url) as backend:
-        async with open_engine(
-            app,
-            backend,
-            engine_id=engine_id,
-            run_lease=1.0,
-            reconcile_interval=0.2,
-            watch_interval=0.2,
-            schedule_grace=30.0,  # ticks passed while a process restarts are still on time
-            schedule_recheck=0.5,
-        ):
-            await trio.sleep_forever()
+    async with short_lease_engine(
+        app,
+        url,
+        engine_id=engine_id,
+        schedule_grace=30.0,  # ticks passed while a process restarts are still on time
+        schedule_recheck=0.5,
+    ):
+        await trio.sleep_forever()
 
 
 def tick_of(run_id: str) -> float:
