@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from _postgres_server import *  # noqa: F403  (the private server fixture)
+from durable_trio._errors import BrokerUnavailable
 from durable_trio._postgres import (
     PostgresCommandTimeout,
     PostgresError,
@@ -148,3 +149,29 @@ async def test_batcher_cancelled_after_sending_runs_to_its_end(postgres_url: str
             )
         assert scope.cancelled_caught
     assert await _ids(postgres_url, table) == [1]
+
+
+async def test_batcher_without_a_connection_within_its_bound(postgres_url: str) -> None:
+    """Writes that get no connection within the bound fail and send nothing; with an idle
+    connection again (taken without waiting), the next write goes through."""
+    table = _table()
+    await _make(postgres_url, table)
+    insert = f"INSERT INTO {table} VALUES ($1)"
+    async with open_pool(postgres_url, size=1) as pool:
+        batcher = WriteBatcher(pool, bound=0.2)
+        failed: list[int] = []
+
+        async def one(n: int) -> None:
+            with pytest.raises(BrokerUnavailable, match="no PostgreSQL connection"):
+                await batcher.write([(insert, (n,))])
+            failed.append(n)
+
+        async with trio.open_nursery() as nursery:
+            async with pool.connection():  # 0 waits for it as the sender, 1 queued
+                nursery.start_soon(one, 0)
+                nursery.start_soon(one, 1)
+                await trio.sleep(0.4)
+        assert sorted(failed) == [0, 1]
+        assert len(pool.idle_connections) == 1
+        assert [r.rowcount for r in await batcher.write([(insert, (2,))])] == [1]
+    assert await _ids(postgres_url, table) == [2]

@@ -7,6 +7,7 @@ channels and ``application_name``, so tests need no reset between them.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import socket
@@ -747,3 +748,19 @@ async def test_cancellation_fuzz(postgres_url: str) -> None:
     assert outcomes["completed"] > 50, outcomes
     # Both halves of the rule were hit: cancels after sending, made safe and kept.
     assert pool.connection_stats.recovered > 10, pool.connection_stats
+
+
+async def test_no_command_timeout_cancelled_mid_statement_stays_usable(postgres_url: str) -> None:
+    """``command_timeout=math.inf`` (no timeout scope of the driver's own): an answer as usual,
+    and a cancellation after sending still leaves the connection made safe."""
+    conn = await connect(postgres_url)
+    try:
+        assert await conn.fetchval("SELECT $1::int", 7, command_timeout=math.inf) == 7
+        with trio.move_on_after(0.1) as scope:
+            await conn.execute("SELECT pg_sleep(5)", command_timeout=math.inf)
+        assert scope.cancelled_caught
+        assert (conn.stats.interrupted, conn.stats.recovered) == (1, 1)
+        assert conn.idle
+        assert await conn.fetchval("SELECT $1::int", 8, command_timeout=math.inf) == 8
+    finally:
+        conn.close()

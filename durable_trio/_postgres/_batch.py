@@ -32,7 +32,7 @@ from .._errors import BrokerUnavailable
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ._connection import Result
+    from ._connection import PgConnection, Result
     from ._pool import PgPool
 
 __all__ = ["WriteBatcher"]
@@ -166,32 +166,24 @@ class WriteBatcher:
     async def _send(self, own: _Write, deadline: float) -> None:
         """(Holding a sender slot, ``own`` queued.) Take a connection, then the queue, and
         send it; a failure before anything was taken drops ``own`` and is raised."""
+        pool = self._pool
         taken = False
         try:
-            with trio.move_on_at(deadline):
-                async with self._pool.connection() as conn:
-                    batch = self._take()
+            conn: PgConnection | None = None
+            if trio.current_time() < deadline:
+                # An idle connection is taken without a cancel scope for the bound (only a
+                # wait for one needs it): one scope less per pipeline.
+                await trio.lowlevel.checkpoint_if_cancelled()
+                conn = pool._take_idle()
+            if conn is None:
+                with trio.move_on_at(deadline):
+                    conn = await pool._acquire()
+            if conn is not None:
+                try:
                     taken = True
-                    done = False
-                    try:
-                        with trio.move_on_after(self._bound, shield=True):
-                            answers = await conn.pipeline_each([w.statements for w in batch])
-                            done = True
-                    except Exception as exc:
-                        for write in batch:
-                            write.answer = copy.copy(exc)
-                    else:
-                        if done:
-                            for write, answer in zip(batch, answers, strict=True):
-                                write.answer = answer
-                    finally:
-                        for write in batch:
-                            if write.answer is None:
-                                write.answer = BrokerUnavailable(
-                                    f"PostgreSQL did not finish a write within {self._bound:g} s"
-                                )
-                            write.state = _DONE
-                            self._wake(write)
+                    await self._run(conn)
+                finally:
+                    await pool._give_back(conn)
             if not taken and own.state == _QUEUED:
                 raise BrokerUnavailable(
                     f"no PostgreSQL connection for a write within {self._bound:g} s"
@@ -206,3 +198,28 @@ class WriteBatcher:
             # cancellation is delivered again after it.
         finally:
             self._release()
+
+    async def _run(self, conn: PgConnection) -> None:
+        """Take the queue and send it on ``conn``, shielded and bounded; every write taken gets
+        its answer and is woken."""
+        batch = self._take()
+        done = False
+        try:
+            with trio.move_on_after(self._bound, shield=True):
+                answers = await conn.pipeline_each([w.statements for w in batch])
+                done = True
+        except Exception as exc:
+            for write in batch:
+                write.answer = copy.copy(exc)
+        else:
+            if done:
+                for write, answer in zip(batch, answers, strict=True):
+                    write.answer = answer
+        finally:
+            for write in batch:
+                if write.answer is None:
+                    write.answer = BrokerUnavailable(
+                        f"PostgreSQL did not finish a write within {self._bound:g} s"
+                    )
+                write.state = _DONE
+                self._wake(write)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import math
 import socket
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final
@@ -784,6 +785,10 @@ class PgConnection:
             limit = self._command_timeout
         gen = generators.execute(self._pgconn) if answer is None else answer()
         try:
+            if limit == math.inf:
+                # No timeout: no cancel scope (its entry and exit cost more than a statement's
+                # own Python code); a cancellation of the caller's scopes is handled below.
+                return await drive(gen, self._fd)
             with trio.move_on_after(limit):
                 return await drive(gen, self._fd)
         except psycopg.Error as exc:

@@ -291,6 +291,24 @@ class PgPool:
 
     # -- slots and connections ----------------------------------------------------------------
 
+    def _take_idle(self) -> PgConnection | None:
+        """An idle connection (checked) and its slot, taken without waiting or a checkpoint;
+        ``None``, with nothing taken, if no slot is free or no idle connection is good."""
+        if self._closed or not self._idle:
+            return None
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            return None
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.check_idle():
+                return conn
+            conn.close()
+            self.stats.discarded += 1
+        self._slots.release()
+        return None
+
     async def _acquire(self) -> PgConnection:
         if self._closed:
             raise TransportClosed("the PostgreSQL pool is closed")
