@@ -451,6 +451,58 @@ async def test_attach_migrates_once(postgres_url: str) -> None:
         assert await schema_versions(broker.pool, schema) == {"broker": 5, "store": 1}
 
 
+# -- the call's bound -------------------------------------------------------------------------
+
+
+async def test_a_call_past_its_bound_is_unavailable_and_its_connection_made_safe(
+    postgres_url: str,
+) -> None:
+    """A call's statements have no timeout of their own: the call's one shielded scope bounds
+    them; past it the statement is cancelled on the server, the connection drained and reused."""
+    schema = _schema()
+    async with broker_on(postgres_url, schema, call_timeout=0.5) as broker:
+        await broker.push_on(Q, job(1))
+        stats = broker.pool.connection_stats
+        before = (stats.interrupted, stats.recovered)
+        async with broker.pool.transaction() as locker:
+            await locker.execute(f"LOCK TABLE {schema}.broker_jobs IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(BrokerUnavailable, match=r"within 0.5s \(it may have run\)"):
+                await broker.pop_from(Q)
+        assert (stats.interrupted, stats.recovered) == (before[0] + 1, before[1] + 1)
+        claimed = await broker.pop_from(Q)
+        assert claimed is not None
+        assert claimed.id == "job-1"
+
+
+async def test_a_call_cancelled_after_it_started_runs_to_its_end(postgres_url: str) -> None:
+    schema = _schema()
+    async with broker_on(postgres_url, schema) as broker:
+        await broker.push_on(Q, job(1))
+        got: list[object] = []
+        scope = trio.CancelScope()
+
+        async def claim() -> None:
+            with scope:
+                got.append(await broker.pop_from(Q))
+                await trio.lowlevel.checkpoint()  # (the cancellation comes here)
+
+        async with trio.open_nursery() as nursery:
+            async with broker.pool.transaction() as locker:
+                await locker.execute(f"LOCK TABLE {schema}.broker_jobs IN ACCESS EXCLUSIVE MODE")
+                nursery.start_soon(claim)
+                await trio.sleep(0.2)  # (the claim waits for the lock on the server)
+                scope.cancel()
+                await trio.sleep(0.2)  # (still waiting: the call is shielded)
+                assert got == []
+            # the lock released (the block rolled back): the claim goes on
+        assert scope.cancelled_caught
+        # The claim ran to its end (shielded) and returned; the cancellation came after it.
+        assert len(got) == 1
+        state = await broker.job_state(Q, "job-1")
+        assert state is not None
+        assert state.claimed
+
+
 # -- under the transport ----------------------------------------------------------------------
 
 

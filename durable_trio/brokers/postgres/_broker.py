@@ -32,7 +32,7 @@ from .._contract import RateGrant, Recovery
 from .._limits import check_limit
 from .._rates import check_rate, log_name
 from ._identity import IDENTITY_MIGRATIONS, IDENTITY_PART, StoreIdentity
-from ._operations import RECOVER_BATCH, Operations
+from ._operations import RECOVER_BATCH, UNBOUNDED, Operations
 from ._rates import Rates
 from ._schema import MIGRATIONS, PART
 from ._wakeup import Waiter, WakeUps
@@ -243,8 +243,9 @@ class PostgresBroker:
         if self._closed:
             raise BrokerUnavailable(f"the PostgreSQL broker on schema {self.schema!r} is closed")
         await trio.lowlevel.checkpoint_if_cancelled()
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + self.call_timeout
+        # The call's one scope: its statements open none of their own (UNBOUNDED).
+        deadline = trio.current_time() + self.call_timeout
+        with trio.CancelScope(deadline=deadline, shield=True):
             try:
                 return await fn(self._pool, *args)
             except TransportClosed as exc:
@@ -364,7 +365,7 @@ class PostgresBroker:
             return [], []
 
         async def run(pool: PgPool) -> tuple[list[bool], list[ClaimedJob]]:
-            results = await pool.pipeline(statements)
+            results = await pool.pipeline(statements, command_timeout=UNBOUNDED)
             done: list[bool] = []
             if leases:
                 hit = {row[0] for row in results[complete_at].rows}
@@ -377,7 +378,7 @@ class PostgresBroker:
                 # (the queue has a limit now: its claim, under the queue's lock, after the
                 # completes committed)
                 claims = ops.claim_statements(queue, count, worker, count, True)
-                results = await pool.pipeline(claims)
+                results = await pool.pipeline(claims, command_timeout=UNBOUNDED)
             return done, await ops.read_claims(pool, results[-1])
 
         return await self._call(run)
@@ -430,7 +431,9 @@ class PostgresBroker:
                 async with pool.transaction() as conn:
                     batch, seen = await ops.recover_batch(conn, queue, threshold, max_stalled)
                     if batch.recovered:
-                        await conn.execute("SELECT pg_notify($1, '')", channel)
+                        await conn.execute(
+                            "SELECT pg_notify($1, '')", channel, command_timeout=UNBOUNDED
+                        )
                 recovered += batch.recovered
                 exceeded += batch.exceeded
                 if seen < RECOVER_BATCH:
@@ -608,8 +611,8 @@ class PostgresBroker:
 
 
 async def _pipeline(pool: PgPool, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
-    await pool.pipeline(statements)
+    await pool.pipeline(statements, command_timeout=UNBOUNDED)
 
 
 async def _fetch(pool: PgPool, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    return await pool.fetch(sql, *args)
+    return await pool.fetch(sql, *args, command_timeout=UNBOUNDED)

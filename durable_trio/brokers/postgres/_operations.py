@@ -14,6 +14,7 @@ and a row without an id is moved to the quarantine.
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 from typing import TYPE_CHECKING, Any, Final
 
@@ -45,13 +46,22 @@ if TYPE_CHECKING:
 
     from ..._postgres import PgConnection, PgPool, Result
 
-__all__ = ["PROMOTE_BATCH", "RECOVER_BATCH", "Operations", "lock_key"]
+__all__ = ["PROMOTE_BATCH", "RECOVER_BATCH", "UNBOUNDED", "Operations", "lock_key"]
 
 #: Due delayed jobs promoted per pop at most, so one pop never does unbounded work.
 PROMOTE_BATCH: Final = 256
 
 #: Stalled claims handled per transaction of a sweep (a sweep runs as many as it needs).
 RECOVER_BATCH: Final = 500
+
+#: The ``command_timeout`` of every statement a broker call sends: no timeout scope of the
+#: statement's own. Each call runs them in one shielded scope bounded by its ``call_timeout``
+#: (``PostgresBroker._call``), which bounds every statement too (one scope per call, not one
+#: more per statement: entering and leaving one is ~10 us of CPU, a fifth of a round trip's).
+#: A call past its bound is cancelled like a timed-out statement: the connection is made safe
+#: or closed, and the call raises ``BrokerUnavailable`` (it may have run). Only for
+#: statements run inside ``_call``.
+UNBOUNDED: Final = math.inf
 
 #: The server's clock, epoch seconds (the transaction's start: one time per call).
 _NOW: Final = "extract(epoch FROM now())::float8"
@@ -546,7 +556,9 @@ class Operations:
         if unreadable:
             # Not atomic with the claim: should this fail, the rows stay claimed under a
             # token nobody holds, and the stalled sweep meets them again.
-            await pool.execute(self.quarantine, unreadable, QUARANTINE_REASON)
+            await pool.execute(
+                self.quarantine, unreadable, QUARANTINE_REASON, command_timeout=UNBOUNDED
+            )
         return claimed
 
     # -- calls --------------------------------------------------------------------------------
@@ -556,17 +568,19 @@ class Operations:
     ) -> list[ClaimedJob]:
         limited = queue in self.limited
         statements = self.claim_statements(queue, count + ahead, worker, count, limited)
-        results = await pool.pipeline(statements)
+        results = await pool.pipeline(statements, command_timeout=UNBOUNDED)
         if self.learn(queue, results[-2]) and not limited:
             statements = self.claim_statements(queue, count + ahead, worker, count, True)
-            results = await pool.pipeline(statements)
+            results = await pool.pipeline(statements, command_timeout=UNBOUNDED)
         return await self.read_claims(pool, results[-1])
 
     async def complete_many(
         self, pool: PgPool, queue: str, leases: Sequence[Lease], channel: str
     ) -> list[bool]:
         tokens, ids = _arrays(leases)
-        rows = await pool.fetch(self.complete, queue, tokens, ids, channel)
+        rows = await pool.fetch(
+            self.complete, queue, tokens, ids, channel, command_timeout=UNBOUNDED
+        )
         return _answers(leases, {row[0] for row in rows})
 
     async def fail_job(
@@ -576,7 +590,8 @@ class Operations:
             [
                 (self.fail, (queue, lease.token, lease.job_id, error, channel)),
                 (self.prune_failed, (queue, self._retention)),
-            ]
+            ],
+            command_timeout=UNBOUNDED,
         )
         return results[0].rowcount == 1
 
@@ -598,7 +613,8 @@ class Operations:
                 (self.fail_and_push, (*args, job.key or "", failed_channel)),
                 (self.prune_failed, (queue, self._retention)),
                 (_NOTIFY, (push_channel, "")),  # (spurious when the lease was lost: harmless)
-            ]
+            ],
+            command_timeout=UNBOUNDED,
         )
         return results[0].rowcount == 1
 
@@ -626,7 +642,8 @@ class Operations:
                     ),
                 ),
                 (_NOTIFY, (channel, "later" if delay > 0 else "")),
-            ]
+            ],
+            command_timeout=UNBOUNDED,
         )
         return results[0].rowcount == 1
 
@@ -634,7 +651,7 @@ class Operations:
         self, pool: PgPool, statement: str, queue: str, leases: Sequence[Lease]
     ) -> list[bool]:
         tokens, ids = _arrays(leases)
-        rows = await pool.fetch(statement, queue, tokens, ids)
+        rows = await pool.fetch(statement, queue, tokens, ids, command_timeout=UNBOUNDED)
         return _answers(leases, {row[0] for row in rows})
 
     async def renew_jobs(self, pool: PgPool, queue: str, leases: Sequence[Lease]) -> RenewOutcome:
@@ -647,8 +664,10 @@ class Operations:
     ) -> tuple[Recovery, int]:
         """One batch of a stalled sweep, in the caller's transaction: (what it did, the rows
         it looked at; :data:`RECOVER_BATCH` of them: there may be more)."""
-        rows = await conn.fetch(self.stalled, queue, float(threshold))
-        now = await conn.fetchval("SELECT extract(epoch FROM now())::float8")
+        rows = await conn.fetch(self.stalled, queue, float(threshold), command_timeout=UNBOUNDED)
+        now = await conn.fetchval(
+            "SELECT extract(epoch FROM now())::float8", command_timeout=UNBOUNDED
+        )
         prefix = secrets.token_hex(8) + ":"
         requeue: list[tuple[int, int, str]] = []
         release: list[tuple[int, str, int | None, str | None]] = []
@@ -686,22 +705,39 @@ class Operations:
                 requeue.append((pk, stalled_count, stalls_json(stalls)))
         if requeue:
             pks, counts, histories = zip(*requeue, strict=True)
-            await conn.execute(self.requeue_stalled, list(pks), list(counts), list(histories))
+            await conn.execute(
+                self.requeue_stalled,
+                list(pks),
+                list(counts),
+                list(histories),
+                command_timeout=UNBOUNDED,
+            )
         if release:
             pks, tokens, counts, histories = zip(*release, strict=True)
-            await conn.execute(self.release, list(pks), list(tokens), list(counts), list(histories))
+            await conn.execute(
+                self.release,
+                list(pks),
+                list(tokens),
+                list(counts),
+                list(histories),
+                command_timeout=UNBOUNDED,
+            )
         if unreadable:
-            await conn.execute(self.quarantine, unreadable, QUARANTINE_REASON)
+            await conn.execute(
+                self.quarantine, unreadable, QUARANTINE_REASON, command_timeout=UNBOUNDED
+            )
         return Recovery(recovered=len(requeue), exceeded=tuple(exceeded)), len(rows)
 
     async def size_of(self, pool: PgPool, queue: str) -> int:
-        return int(await pool.fetchval(self.size, queue))
+        return int(await pool.fetchval(self.size, queue, command_timeout=UNBOUNDED))
 
     async def job_states(
         self, pool: PgPool, queue: str, job_ids: Sequence[str]
     ) -> list[JobState | None]:
         found: dict[str, JobState] = {}
-        for job_id, claimed, worker in await pool.fetch(self.states, queue, list(job_ids)):
+        for job_id, claimed, worker in await pool.fetch(
+            self.states, queue, list(job_ids), command_timeout=UNBOUNDED
+        ):
             if claimed:
                 found[job_id] = JobState(claimed=True, worker=worker)
             else:
@@ -709,18 +745,22 @@ class Operations:
         return [found.get(job_id) for job_id in job_ids]
 
     async def failed(self, pool: PgPool, queue: str, limit: int) -> list[FailedJob]:
-        return [read_failed(row) for row in await pool.fetch(self.failed_jobs, queue, limit)]
+        return [
+            read_failed(row)
+            for row in await pool.fetch(self.failed_jobs, queue, limit, command_timeout=UNBOUNDED)
+        ]
 
     async def requeue(
         self, pool: PgPool, queue: str, job_id: str, priority: int | None, channel: str
     ) -> bool:
         results = await pool.pipeline(
-            [(self.requeue_failed, (queue, job_id, priority)), (_NOTIFY, (channel, ""))]
+            [(self.requeue_failed, (queue, job_id, priority)), (_NOTIFY, (channel, ""))],
+            command_timeout=UNBOUNDED,
         )
         return results[0].rowcount == 1
 
     async def queue_stats(self, pool: PgPool, queue: str) -> QueueStats:
-        row = await pool.fetchrow(self.stats, queue)
+        row = await pool.fetchrow(self.stats, queue, command_timeout=UNBOUNDED)
         assert row is not None
         ready, oldest, unknown, delayed, active, failed, now, limit, per_key = row
         age = None
@@ -738,26 +778,30 @@ class Operations:
             change: tuple[str, Sequence[Any]] = (self.delete_limit, (queue,))
         else:
             change = (self.set_limit, (queue, limit, per_key))
-        await pool.pipeline([change, (_NOTIFY, (channel, ""))])
+        await pool.pipeline([change, (_NOTIFY, (channel, ""))], command_timeout=UNBOUNDED)
         if limit is None:
             self.limited.discard(queue)
         else:
             self.limited.add(queue)
 
     async def queues(self, pool: PgPool, statement: str, prefix: str) -> list[str]:
-        return sorted(str(row[0]) for row in await pool.fetch(statement, prefix))
+        return sorted(
+            str(row[0]) for row in await pool.fetch(statement, prefix, command_timeout=UNBOUNDED)
+        )
 
     async def quarantine_entries(
         self, pool: PgPool, queue: str, limit: int
     ) -> list[QuarantinedEntry]:
         return [
             QuarantinedEntry(queue=queue, reason=reason, raw=bytes(raw), at=float(at))
-            for reason, raw, at in await pool.fetch(self.quarantined, queue, limit)
+            for reason, raw, at in await pool.fetch(
+                self.quarantined, queue, limit, command_timeout=UNBOUNDED
+            )
         ]
 
     async def look(self, pool: PgPool, queue: str) -> tuple[bool, float | None]:
         """(whether ``queue`` has work now, seconds until its earliest delayed job is due)."""
-        row = await pool.fetchrow(self.probe, queue)
+        row = await pool.fetchrow(self.probe, queue, command_timeout=UNBOUNDED)
         assert row is not None
         ready, due, now = row
         if ready:

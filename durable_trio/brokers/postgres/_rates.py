@@ -17,6 +17,7 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 
 from .._rates import KEY_SEPARATOR, grant, log_name, window_fields
+from ._operations import UNBOUNDED
 
 if TYPE_CHECKING:
     from ..._postgres import PgPool
@@ -98,9 +99,9 @@ class Rates:
         self, pool: PgPool, queue: str, count: int | None, per: float, per_key: bool = False
     ) -> None:
         if count is None:
-            await pool.execute(self._delete, queue)
+            await pool.execute(self._delete, queue, command_timeout=UNBOUNDED)
         else:
-            await pool.execute(self._set, queue, count, per, per_key)
+            await pool.execute(self._set, queue, count, per, per_key, command_timeout=UNBOUNDED)
 
     async def take(
         self, pool: PgPool, queue: str, want: int, key: str | None = None
@@ -111,7 +112,10 @@ class Rates:
         async with pool.transaction() as conn:
             rows = (
                 await conn.execute(
-                    self._lock_and_read, queue, rate_lock_key(self._raw_schema, queue)
+                    self._lock_and_read,
+                    queue,
+                    rate_lock_key(self._raw_schema, queue),
+                    command_timeout=UNBOUNDED,
                 )
             ).rows
             if not rows:
@@ -123,35 +127,39 @@ class Rates:
                     queue + KEY_SEPARATOR,
                     queue + chr(ord(KEY_SEPARATOR) + 1),
                     now - per,
+                    command_timeout=UNBOUNDED,
                 )
             log = log_name(queue, key)
             times = [
                 float(row[0])
-                for row in (await conn.execute(self._prune_and_list, log, now - per)).rows
+                for row in (
+                    await conn.execute(
+                        self._prune_and_list, log, now - per, command_timeout=UNBOUNDED
+                    )
+                ).rows
             ]
             granted, retry_after = grant(times, now, want, count, per)
             if granted:
-                await conn.execute(self._log, log, now, granted)
+                await conn.execute(self._log, log, now, granted, command_timeout=UNBOUNDED)
             return granted, retry_after, now
 
     async def give_back(self, pool: PgPool, queue: str, at: float, n: int) -> None:
-        await pool.execute(self._give_back, queue, at, n)
+        await pool.execute(self._give_back, queue, at, n, command_timeout=UNBOUNDED)
 
     async def window(self, pool: PgPool, queue: str) -> dict[str, Any]:
         """The rate fields of ``queue``'s ``QueueStats`` (``window_fields``): a per-key rate
         counts each key's log (one grouped scan of the queue's keys, on the index)."""
-        row = await pool.fetchrow(self._window, queue)
+        row = await pool.fetchrow(self._window, queue, command_timeout=UNBOUNDED)
         if row is None:
             return {}
         count, per = int(row[0]), float(row[1])
         if not row[2]:
             return window_fields(count, per, False, [int(row[3])])
-        rows = (
-            await pool.fetch(
-                self._key_windows,
-                queue + KEY_SEPARATOR,
-                queue + chr(ord(KEY_SEPARATOR) + 1),
-                float(row[4]) - per,
-            )
+        rows = await pool.fetch(
+            self._key_windows,
+            queue + KEY_SEPARATOR,
+            queue + chr(ord(KEY_SEPARATOR) + 1),
+            float(row[4]) - per,
+            command_timeout=UNBOUNDED,
         )
         return window_fields(count, per, True, [int(r[0]) for r in rows])
