@@ -13,6 +13,7 @@ and a row without an id is moved to the quarantine.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import secrets
@@ -418,6 +419,7 @@ _PROBE: Final = f"""
 """
 
 
+@functools.lru_cache(maxsize=1024)  # (a hash per call otherwise: claims, pushes)
 def lock_key(schema: str, queue: str) -> int:
     """The key of ``queue``'s advisory lock (``pg_advisory_xact_lock(bigint)``), taken by
     every claim of a limited queue: a hash of schema and queue, so two schemas on one server

@@ -16,6 +16,7 @@ of the broker then returns once (what was notified meanwhile is lost).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import TYPE_CHECKING, Final
 
@@ -31,6 +32,7 @@ __all__ = ["LATER", "Waiter", "WakeUps", "channel_for"]
 LATER: Final = "later"
 
 
+@functools.lru_cache(maxsize=1024)  # (a hash per call otherwise: claims, pushes)
 def channel_for(schema: str, queue: str) -> str:
     """The ``NOTIFY`` channel of ``queue`` in ``schema``: a hash, so any queue name (any
     length, any character) makes a short, safe identifier, and two schemas on one server never
