@@ -164,6 +164,18 @@ _CLAIM: Final = f"""
         j.stalls, j.note, j.started
 """
 
+# _CLAIM of one job, ``LIMIT 1`` written out ($2 gone, the others one lower): its generic plan
+# is as cheap as a custom one, so the server plans it once per connection. With ``LIMIT $2`` the
+# generic plan expects a tenth of the table and joins it back by a hash join over the whole
+# table, so PostgreSQL plans _CLAIM at every execution (~0.2 ms of the server's CPU, more than
+# the claim's own execution: docs/decisions.md, issue 32).
+_CLAIM_ONE: Final = (
+    _CLAIM.replace("LIMIT $2", "LIMIT 1")
+    .replace("$3", "$2")
+    .replace("$4", "$3")
+    .replace("$5", "$4")
+)
+
 # The claim of a limited queue (under its lock, see _PROMOTE; right for any queue): no more
 # than its free slots (none: no row is even read); per
 # key, the rows of full keys are skipped (the rows behind them still claimed, in order), and of
@@ -461,6 +473,7 @@ class Operations:
         self.insert_many = sql(_INSERT_MANY)
         self.promote = sql(_PROMOTE)
         self.claim = sql(_CLAIM)
+        self.claim_one = sql(_CLAIM_ONE)
         self.claim_limited = sql(_CLAIM_LIMITED)
         self.limited: set[str] = set()
         """The queues this process last saw with a fleet-wide limit (a hint, never trusted:
@@ -524,11 +537,11 @@ class Operations:
         that counts the queue's claims (else the plain one, which claims nothing on a limited
         queue)."""
         prefix = secrets.token_hex(8) + ":"
+        promote = (self.promote, (queue, lock_key(self._schema, queue)))
+        if count == 1 and not limited:
+            return [promote, (self.claim_one, (queue, prefix, worker, started))]
         claim = self.claim_limited if limited else self.claim
-        return [
-            (self.promote, (queue, lock_key(self._schema, queue))),
-            (claim, (queue, count, prefix, worker, started)),
-        ]
+        return [promote, (claim, (queue, count, prefix, worker, started))]
 
     def learn(self, queue: str, promoted: Result) -> bool:
         """Whether ``queue`` has a limit, as the promote of a claim found it (it took the
