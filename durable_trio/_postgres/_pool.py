@@ -300,13 +300,20 @@ class PgPool:
             self._slots.acquire_nowait()
         except trio.WouldBlock:
             return None
+        conn = self._pop_idle()
+        if conn is None:
+            self._slots.release()
+        return conn
+
+    def _pop_idle(self) -> PgConnection | None:
+        """The most recently idle connection that is still good (the bad ones before it
+        closed and counted as discarded); ``None`` when none is."""
         while self._idle:
             conn = self._idle.pop()
             if conn.check_idle():
                 return conn
             conn.close()
             self.stats.discarded += 1
-        self._slots.release()
         return None
 
     async def _acquire(self) -> PgConnection:
@@ -323,13 +330,8 @@ class PgPool:
         try:
             if self._closed:
                 raise TransportClosed("the PostgreSQL pool is closed")
-            while self._idle:
-                conn = self._idle.pop()
-                if conn.check_idle():
-                    return conn
-                conn.close()
-                self.stats.discarded += 1
-            return await self._connect()
+            conn = self._pop_idle()
+            return conn if conn is not None else await self._connect()
         except BaseException:
             self._slots.release()
             raise
