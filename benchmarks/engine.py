@@ -11,6 +11,7 @@ transport (the engine's own, or a bare one for the baseline) dispatching and con
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import time
 import uuid
@@ -37,6 +38,19 @@ async def noop(value: Any) -> Any:
 async def three(ctx: WorkflowContext, value: int) -> int:
     for _ in range(STEPS):
         value = await ctx.step("noop", value)
+    return value
+
+
+def _same(value: int) -> int:
+    return value
+
+
+@app.workflow("three_local")
+async def three_local(ctx: WorkflowContext, value: int) -> int:
+    """The same three no-op steps as local steps (``ctx.run``): checkpointed, run in the
+    workflow's own process, as a DBOS ``@DBOS.step`` is (``postgres_queue``'s DBOS line)."""
+    for _ in range(STEPS):
+        value = await ctx.run("noop", functools.partial(_same, value))
     return value
 
 

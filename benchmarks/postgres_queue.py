@@ -11,7 +11,10 @@ database of its own:
 * an idle worker: the server's committed transactions per second (``pg_stat_database``) while
   only one idle worker process is connected, over ``window`` seconds;
 * the engine: 3-step workflows, one at a time (ms each) and 300 at once (workflows/s), with
-  ``benchmarks/engine.py``'s app and topology; DBOS 3.4 the same workflow
+  ``benchmarks/engine.py``'s app and topology, twice: three local steps (``ctx.run``, run and
+  checkpointed in the workflow's own process, as DBOS runs its ``@DBOS.step``: the like-for-like
+  line) and three remote steps (``ctx.step``: each through the queue to a worker, with a lease,
+  which DBOS's steps never leave the process for); DBOS 3.4 the same workflow
   (``peers/run_dbos.py``);
 * table health: a sustained stream (push, work, delete) for ``soak`` seconds; the jobs table's
   and its indexes' sizes sampled: flat when finished jobs leave the hot table and autovacuum
@@ -95,22 +98,25 @@ async def _idle_rate(server: PostgresServer, window: float) -> float:
     return max(0, after - before - 2) / window
 
 
-async def _engine(url: str, *, sequential: int, concurrent: int) -> tuple[float, float]:
-    """(ms per 3-step workflow one at a time, workflows/s with ``concurrent`` at once)."""
+async def _engine(
+    url: str, *, sequential: int, concurrent: int, workflow: str = "three"
+) -> tuple[float, float]:
+    """(ms per 3-step workflow one at a time, workflows/s with ``concurrent`` at once);
+    ``workflow``: ``"three"`` (remote steps) or ``"three_local"`` (``ctx.run``)."""
     namespace = f"bench-engine-{uuid.uuid4().hex[:6]}"
     async with (
         dt.open_backend(url) as backend,
         open_worker(engine_app, backend, namespace=namespace, concurrency=32),
         open_engine(engine_app, backend, namespace=namespace) as engine,
     ):
-        await engine.result(await engine.start("three", 0))
+        await engine.result(await engine.start(workflow, 0))
         start = time.perf_counter()
         for n in range(sequential):
-            assert await engine.result(await engine.start("three", n)) == n
+            assert await engine.result(await engine.start(workflow, n)) == n
         one = (time.perf_counter() - start) / sequential * 1000
 
         async def run_one(n: int) -> None:
-            assert await engine.result(await engine.start("three", n)) == n
+            assert await engine.result(await engine.start(workflow, n)) == n
 
         start = time.perf_counter()
         async with trio.open_nursery() as nursery:
@@ -196,20 +202,30 @@ async def _ours(server: PostgresServer, quick: bool) -> Figures:
         await _idle_rate(server, 5.0 if quick else 30.0),
         "the server's committed transactions/s, one idle worker its only client",
     )
-    engine = [
-        await _engine(
-            _url(server), sequential=20 if quick else 100, concurrent=100 if quick else 300
+    at_once = 100 if quick else 300
+    for workflow, label in (("three_local", "3 local steps"), ("three", "3-step")):
+        engine = [
+            await _engine(
+                _url(server),
+                sequential=20 if quick else 100,
+                concurrent=at_once,
+                workflow=workflow,
+            )
+            for _ in range(runs)
+        ]
+        what = (
+            "ctx.run, in the workflow's process as DBOS's steps"
+            if workflow == "three_local"
+            else "ctx.step, each through the queue to a worker"
         )
-        for _ in range(runs)
-    ]
-    figures["durable_trio engine: 3-step workflow one at a time (ms)"] = (
-        statistics.median(e[0] for e in engine),
-        "",
-    )
-    figures["durable_trio engine: 3-step workflows at once (workflows/s)"] = (
-        statistics.median(e[1] for e in engine),
-        f"{100 if quick else 300} at once; runs " + " / ".join(f"{e[1]:,.0f}" for e in engine),
-    )
+        figures[f"durable_trio engine: {label} workflow one at a time (ms)"] = (
+            statistics.median(e[0] for e in engine),
+            what,
+        )
+        figures[f"durable_trio engine: {label} workflows at once (workflows/s)"] = (
+            statistics.median(e[1] for e in engine),
+            f"{at_once} at once; runs " + " / ".join(f"{e[1]:,.0f}" for e in engine),
+        )
     figures.update(await _soak(server, 10.0 if quick else 60.0))
     return figures
 
