@@ -479,7 +479,8 @@ async def test_transport_dispatch_many_takes_any_iterable_of_tasks(
 
 
 class FaultyStore:
-    """Wraps a run store: ``begin_step`` of a step named ``name`` first raises what ``faults``
+    """Wraps a run store: a step's first write (``begin_step``, or ``begin_step_unless_finished``
+    for a local step's outcome written as its first checkpoint) first raises what ``faults``
     holds, one per call, then goes through (``bad_name``: writes it with a name no store can
     encode, a function)."""
 
@@ -501,6 +502,15 @@ class FaultyStore:
         if self.bad_name:
             step = attrs.evolve(step, name=fn)  # type: ignore[arg-type]
         return await self.inner.begin_step(step)
+
+    async def begin_step_unless_finished(self, step: StepRecord) -> StepRecord | None:
+        self.calls.append(trio.current_time())
+        if self.faults:
+            await trio.lowlevel.checkpoint()
+            raise self.faults.pop(0)
+        if self.bad_name:
+            step = attrs.evolve(step, name=fn)  # type: ignore[arg-type]
+        return await self.inner.begin_step_unless_finished(step)
 
 
 @asynccontextmanager
@@ -561,6 +571,138 @@ async def test_a_transient_store_error_while_checkpointing_is_retried(
         "checkpointing failed (retrying in 0.05 s): down",
         "checkpointing failed (retrying in 0.10 s): still down",
     ]
+
+
+class WritesOf:
+    """Wraps a run store: records each step write as ``(method, step id, status written)``;
+    ``finish_first``: the run is cancelled (as by another engine) just before the first
+    ``begin_step_unless_finished``."""
+
+    def __init__(self, inner: RunStore, *, finish_first: bool = False) -> None:
+        self.inner = inner
+        self.writes: list[tuple[str, str, StepState]] = []
+        self.finish_first = finish_first
+        self.trio_clock = getattr(inner, "trio_clock", False)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def begin_step(self, step: StepRecord) -> StepRecord:
+        self.writes.append(("begin_step", step.step_id, step.status))
+        return await self.inner.begin_step(step)
+
+    async def begin_step_unless_finished(self, step: StepRecord) -> StepRecord | None:
+        self.writes.append(("begin_step_unless_finished", step.step_id, step.status))
+        if self.finish_first:
+            self.finish_first = False
+            assert await self.inner.finish_run(step.run_id, RunStatus.CANCELLED)
+        return await self.inner.begin_step_unless_finished(step)
+
+    async def update_step(self, step: StepRecord, *, expect_attempt: int) -> Any:
+        self.writes.append(("update_step", step.step_id, step.status))
+        return await self.inner.update_step(step, expect_attempt=expect_attempt)
+
+
+async def test_a_sync_local_step_is_one_write_and_an_async_one_shows_pending_while_it_runs(
+    autojump_clock: trio.testing.MockClock, run_store: RunStore | None
+) -> None:
+    """A fresh local step whose function returns without awaiting has its outcome written as
+    its first checkpoint (one write, not a pending one then the outcome); one that awaits is
+    checkpointed pending first, so the run's history shows it while it waits. Each function
+    is called once."""
+    app = App("shop")
+    calls: list[str] = []
+
+    def now() -> int:
+        calls.append("now")
+        return 5
+
+    async def wait() -> int:
+        calls.append("wait")
+        await trio.sleep(10)
+        return 7
+
+    @app.workflow("w")
+    async def w(ctx: WorkflowContext, _: Any) -> int:
+        return await ctx.run("now", now) + await ctx.run("wait", wait)
+
+    async with dt.open_backend("memory://") as backend, inner_store(run_store, backend) as inner:
+        store = WritesOf(inner)
+        async with engine_on(app, backend, store) as engine:  # type: ignore[arg-type]
+            await engine.start("w", run_id="r")
+            await trio.sleep(5)
+            during = [(s.step_id, s.status) for s in await engine.history("r")]
+            outcome = await engine.result("r")
+            history = await engine.history("r")
+    assert outcome == 12
+    assert calls == ["now", "wait"]
+    assert during == [("1", StepState.COMPLETED), ("2", StepState.PENDING)]
+    assert store.writes == [
+        ("begin_step_unless_finished", "1", StepState.COMPLETED),
+        ("begin_step", "2", StepState.PENDING),
+        ("update_step", "2", StepState.COMPLETED),
+    ]
+    assert [[a["outcome"] for a in s.attempts] for s in history] == [["completed"], ["completed"]]
+
+
+async def test_a_sync_local_step_that_fails_first_writes_its_retry_as_its_first_checkpoint(
+    autojump_clock: trio.testing.MockClock, run_store: RunStore | None
+) -> None:
+    app = App("shop")
+    calls: list[tuple[int, float]] = []
+
+    def flaky() -> str:
+        attempt = dt.step_info().attempt
+        calls.append((attempt, trio.current_time()))
+        if attempt == 1:
+            raise RuntimeError("not yet")
+        return "ok"
+
+    @app.workflow("w")
+    async def w(ctx: WorkflowContext, _: Any) -> str:
+        return await ctx.run("flaky", flaky, retry=dt.Retry(initial=2.0, jitter=0.0))
+
+    async with dt.open_backend("memory://") as backend, inner_store(run_store, backend) as inner:
+        store = WritesOf(inner)
+        async with engine_on(app, backend, store) as engine:  # type: ignore[arg-type]
+            await engine.start("w", run_id="r")
+            outcome = await engine.result("r")
+            [step] = await engine.history("r")
+    assert outcome == "ok"
+    assert calls == [(1, 0.0), (2, 2.0)]
+    assert store.writes == [
+        ("begin_step_unless_finished", "1", StepState.PENDING),
+        ("update_step", "1", StepState.COMPLETED),
+    ]
+    assert [a["outcome"] for a in step.attempts] == ["failed", "completed"]
+    assert step.attempts[0]["error"]["message"] == "RuntimeError: not yet"
+
+
+async def test_a_sync_local_step_of_a_run_settled_meanwhile_is_not_written(
+    autojump_clock: trio.testing.MockClock, run_store: RunStore | None
+) -> None:
+    """Cancelled by another engine while the step ran: its outcome is not written and this
+    engine stops driving the run."""
+    app = App("shop")
+    after: list[str] = []
+
+    @app.workflow("w")
+    async def w(ctx: WorkflowContext, _: Any) -> int:
+        value = await ctx.run("now", lambda: 5)
+        after.append("went on")
+        return value
+
+    async with dt.open_backend("memory://") as backend, inner_store(run_store, backend) as inner:
+        store = WritesOf(inner, finish_first=True)
+        async with engine_on(app, backend, store) as engine:  # type: ignore[arg-type]
+            await engine.start("w", run_id="r")
+            with pytest.raises(dt.RunCancelled):
+                await engine.result("r")
+            history = await engine.history("r")
+            assert engine.statistics().active_runs == 0
+    assert after == []
+    assert history == []
+    assert store.writes == [("begin_step_unless_finished", "1", StepState.COMPLETED)]
 
 
 @pytest.mark.parametrize("store_kind", ["sqlite"])

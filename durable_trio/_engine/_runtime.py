@@ -343,63 +343,136 @@ class RunDriver:
                 name=name,
                 status=StepState.PENDING,
                 retry=policy.to_json(),
+                created_at=store.now(),
             )
-            record = await services.guard(lambda: store.begin_step(fresh), "checkpointing")
-            self.history.check(record, StepKind.LOCAL, name)
+            record = await self._first_local(fresh, fn, policy)
         while record.status is StepState.PENDING:
             if record.wake_at is not None:
                 await services.sleep_until(record.wake_at)
-            current = record
-            emitter = emitter_of(partial(fixed_store, store), run_id, step_id, current.attempt)
-            info = StepInfo(run_id, step_id, current.attempt, name, "local", emitter=emitter)
-            token = _CURRENT_STEP.set(info)
+            ok, value = self._call_local(record, fn)
+            record = await self._checkpoint_local(
+                record, await self._end_local(record, ok, value, policy)
+            )
+        return settled_outcome(record)
+
+    async def _first_local(
+        self, fresh: StepRecord, fn: Callable[[], Any], policy: Retry
+    ) -> StepRecord:
+        """A fresh local step's first attempt and its checkpoints: the step's record after
+        them (pending again: a retry is due).
+
+        ``fn`` is called before anything is written. When it returns (or raises) without
+        awaiting, nothing of the run can have been seen between the call and the checkpoint
+        of its outcome, so that outcome is the step's first write, where a pending checkpoint
+        and then its outcome would be two (a sync ``fn``, as most local steps are: the time,
+        an id). When it returns an awaitable, the pending checkpoint is written first and the
+        awaitable awaited after it, so a long wait shows in the run's history as it runs. A
+        crash before the outcome's checkpoint re-runs it on resume either way."""
+        services = self.services
+        store = services.store
+        ok, value = self._call_local(fresh, fn)
+        if not (ok and inspect.isawaitable(value)):
+            following = await self._end_local(fresh, ok, value, policy)
+            stored = await services.guard(
+                lambda: store.begin_step_unless_finished(following), "checkpointing"
+            )
+            if stored is None:  # the run was settled meanwhile (cancelled by another engine)
+                await self._stop()
+                raise AssertionError("unreachable")  # pragma: no cover
+            self.history.check(stored, StepKind.LOCAL, fresh.name)
+            return stored  # (another engine's record when one was there: followed)
+        try:
+            record = await services.guard(lambda: store.begin_step(fresh), "checkpointing")
+            self.history.check(record, StepKind.LOCAL, fresh.name)
+        except BaseException:
+            _close_unstarted(value)
+            raise
+        if record.status is not StepState.PENDING or record.attempt != fresh.attempt:
+            _close_unstarted(value)  # a record was there already: it decides
+            return record
+        return await self._checkpoint_local(
+            record, await self._end_local(record, ok, value, policy)
+        )
+
+    def _call_local(self, current: StepRecord, fn: Callable[[], Any]) -> tuple[bool, Any]:
+        """``fn()`` as ``current``'s attempt: ``(True, its value or awaitable)`` or ``(False,
+        the exception it raised)``."""
+        self.services.count("local_steps_run")
+        token = _CURRENT_STEP.set(self._local_info(current))
+        try:
+            return True, fn()
+        except Exception as exc:
+            return False, exc
+        finally:
+            _CURRENT_STEP.reset(token)
+
+    def _local_info(self, current: StepRecord) -> StepInfo:
+        store = self.services.store
+        emitter = emitter_of(
+            partial(fixed_store, store), current.run_id, current.step_id, current.attempt
+        )
+        return StepInfo(
+            current.run_id, current.step_id, current.attempt, current.name, "local",
+            emitter=emitter,
+        )  # fmt: skip
+
+    async def _end_local(
+        self, current: StepRecord, ok: bool, value: Any, policy: Retry
+    ) -> StepRecord:
+        """The record ``current``'s attempt ends in: ``value`` (awaited first if it is an
+        awaitable) or the exception ``fn`` raised."""
+        services = self.services
+        store = services.store
+        if ok:
+            token = _CURRENT_STEP.set(self._local_info(current))
             try:
-                services.count("local_steps_run")
-                value = fn()
                 if inspect.isawaitable(value):
                     value = await value
-                output = normalize_json(value, f"the result of local step {name!r}")
+                output = normalize_json(value, f"the result of local step {current.name!r}")
             except Exception as exc:
-                failure = local_failure(exc, policy)
-                error = error_to_json(failure)
-                # The engine runs a local step: no worker to name in its log.
-                current = attrs.evolve(
-                    current, attempts=ended_attempt(current, ended_at=store.now(), error=error)
-                )
-                if failure.retryable and current.attempt < policy.max_attempts:
-                    delay = policy.delay(current.attempt, rng=services.rng_for(current))
-                    following = attrs.evolve(
-                        current,
-                        attempt=current.attempt + 1,
-                        wake_at=store.now() + delay,
-                        error=error,
-                    )
-                else:
-                    following = attrs.evolve(current, status=StepState.FAILED, error=error)
-            else:
-                following = attrs.evolve(
-                    current,
-                    status=StepState.COMPLETED,
-                    output=output,
-                    attempts=ended_attempt(current, ended_at=store.now()),
-                )
+                ok, value = False, exc
             finally:
                 _CURRENT_STEP.reset(token)
-            verdict = await services.guard(
-                partial(store.update_step, following, expect_attempt=current.attempt),
-                "checkpointing",
+        if ok:
+            return attrs.evolve(
+                current,
+                status=StepState.COMPLETED,
+                output=output,
+                attempts=ended_attempt(current, ended_at=store.now()),
             )
-            if verdict is Applied.APPLIED:
-                record = following
-            elif verdict is Applied.RUN_FINISHED:
-                await self._stop()
-            else:  # someone else (another engine, split brain) moved it on: follow the store
-                found = await services.guard(lambda: store.get_step(run_id, step_id), "reading")
-                if found is None:
-                    await self._stop()
-                    raise AssertionError("unreachable")  # pragma: no cover
-                record = found
-        return settled_outcome(record)
+        failure = local_failure(value, policy)
+        error = error_to_json(failure)
+        # The engine runs a local step: no worker to name in its log.
+        current = attrs.evolve(
+            current, attempts=ended_attempt(current, ended_at=store.now(), error=error)
+        )
+        if failure.retryable and current.attempt < policy.max_attempts:
+            delay = policy.delay(current.attempt, rng=services.rng_for(current))
+            return attrs.evolve(
+                current, attempt=current.attempt + 1, wake_at=store.now() + delay, error=error
+            )
+        return attrs.evolve(current, status=StepState.FAILED, error=error)
+
+    async def _checkpoint_local(self, current: StepRecord, following: StepRecord) -> StepRecord:
+        """Write ``following`` over ``current`` (compare-and-set on the attempt): the step's
+        record after it (the store's, when someone else moved it on)."""
+        services = self.services
+        store = services.store
+        verdict = await services.guard(
+            partial(store.update_step, following, expect_attempt=current.attempt),
+            "checkpointing",
+        )
+        if verdict is Applied.APPLIED:
+            return following
+        if verdict is Applied.RUN_FINISHED:
+            await self._stop()
+        # someone else (another engine, split brain) moved it on: follow the store
+        run_id, step_id = current.run_id, current.step_id
+        found = await services.guard(lambda: store.get_step(run_id, step_id), "reading")
+        if found is None:
+            await self._stop()
+            raise AssertionError("unreachable")  # pragma: no cover
+        return found
 
     # ------------------------------------------------------------------ timers
 
@@ -501,3 +574,10 @@ class RunDriver:
         """The run was settled elsewhere (cancelled by another engine): stop driving it."""
         self.scope.cancel()
         await trio.lowlevel.checkpoint()
+
+
+def _close_unstarted(value: Any) -> None:
+    """Close a local step's coroutine that will not be awaited (nothing of it ran)."""
+    close = getattr(value, "close", None)
+    if inspect.iscoroutine(value) and close is not None:
+        close()
