@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
@@ -22,9 +22,15 @@ import trio
 import trio.testing
 
 import durable_trio as dt
+from durable_trio._codec import encode_envelope
+from durable_trio._wire import JobKind
+from durable_trio.brokers import Job
 from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.keys.memory import MemoryKeyStore
 from helpers import killable_worker
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 TESTS = Path(__file__).parent
 TARGET = f"{TESTS / '_supervised_app.py'}:app"
@@ -111,6 +117,74 @@ async def test_a_live_workers_long_step_keeps_its_claim_while_another_is_dead(
         await trio.sleep(200)
     assert runs == [45.0]
     assert results == ["done"]
+
+
+class HintedBroker(MemoryBroker):
+    """The memory broker with the sweep hint the SQL and Redis brokers have
+    (``SupportsSweepHint``), answered from its own claims; the times it was asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[float] = []
+
+    async def queues_with_claims(self, queues: Sequence[str]) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        self.asked.append(trio.current_time())
+        return [q for q in queues if (state := self._queues.get(q)) is not None and state.active]
+
+
+async def test_an_idle_worker_asks_the_hint_once_per_dead_threshold(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """With no claim on its queues, no claim can be older than the dead threshold before a
+    threshold has passed: the dead pass asks again then (5, 40, 75 ...), not at every tick
+    (5 s). The stalled sweep asks on its own, every 30 s."""
+    broker, keys = HintedBroker(), MemoryKeyStore()
+    backend = dt.Backend(url="test://", broker=broker, keys=keys)
+    async with dt.open_queue_transport(backend) as transport:
+
+        async def step(t: dt.RemoteTask) -> None:
+            pass
+
+        transport.handle("step", step)
+        await trio.sleep(200)
+    dead_pass = [5.0, 40.0, 75.0, 110.0, 145.0, 180.0]
+    stalled_sweep = [30.0, 60.0, 90.0, 120.0, 150.0, 180.0]
+    assert broker.asked == sorted(dead_pass + stalled_sweep)
+
+
+@pytest.mark.parametrize("hinted", [False, True], ids=["no-hint", "hint"])
+async def test_a_claim_taken_after_a_quiet_answer_comes_back_at_the_same_tick(
+    autojump_clock: trio.testing.MockClock, hinted: bool
+) -> None:
+    """A ghost takes a job at 12 s, after the hint said the queue had no claim (at 5 s) and
+    before the dead pass asks again (40 s): its claim is older than 40 s at 52, and it comes
+    back at the tick after (55), as without the hint."""
+    broker = HintedBroker() if hinted else MemoryBroker()
+    keys = MemoryKeyStore()
+    backend = dt.Backend(url="test://", broker=broker, keys=keys)
+    ran_at: list[float] = []
+    async with dt.open_queue_transport(backend) as transport:
+
+        async def step(t: dt.RemoteTask) -> None:
+            ran_at.append(trio.current_time())
+
+        transport.handle("step", step)
+        await trio.sleep(12)
+        queue = transport.names.task_queue("step")
+        data = encode_envelope("ghostly", JobKind.TASK, task(), None, 1 << 20)
+        await broker.push_on(queue, Job("ghostly", data))
+        ghost = await broker.pop_from(queue, worker="ghost")  # before this worker's loop runs
+        assert ghost is not None
+        assert ghost.id == "ghostly"
+        last = orjson.dumps({"ts": time.time()})
+        await keys.put_many([(transport.names.worker_last_status("ghost"), last, 86_400.0)])
+        await trio.sleep(100)
+    assert ran_at == [55.0]
+    if hinted:
+        assert isinstance(broker, HintedBroker)
+        # (30: the stalled sweep's own question)
+        assert [t for t in broker.asked if t <= 55] == [5.0, 30.0, 40.0, 45.0, 50.0, 55.0]
 
 
 # -- a real worker process killed with -9 ------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, cast
 
 import trio
@@ -99,11 +100,23 @@ class Sweeper:
         ``_dead_workers``: a live worker renews far more often than that)."""
         hint = self._broker if isinstance(self._broker, SupportsSweepHint) else None
         prefix = self._names.tasks("")
-        async for _ in fixed_rate(dead_sweep_interval(dead.dead_threshold)):
+        interval = dead_sweep_interval(dead.dead_threshold)
+        quiet_until = -math.inf
+        async for _ in fixed_rate(interval):
             queues = [q for q in self._consumed if q in self._task_queues]
             try:
                 if hint is not None and queues:
+                    if trio.current_time() < quiet_until:
+                        continue
+                    asked = trio.current_time()
                     queues = await hint.queues_with_claims(queues)
+                    if not queues:
+                        # No claim on them now: none can be older than the dead threshold
+                        # before `asked + dead_threshold` (a claim's age is since its worker
+                        # took or last renewed it), so the ticks before then have nothing to
+                        # take back. An idle worker asks once per threshold, not per tick; a
+                        # claim taken meanwhile is still taken back at the same tick as before.
+                        quiet_until = asked + dead.dead_threshold - interval
                 if not queues:
                     continue
                 tokens = await dead.sweepable(q[len(prefix) :] for q in queues)
