@@ -21,6 +21,7 @@ from durable_trio._redis import open_redis
 from durable_trio.backends.redis import open_redis_backend
 from durable_trio.brokers import ClaimedJob, Job, SupportsBatchPop
 from durable_trio.brokers.redis import MAX_PRIORITY, MIN_PRIORITY, PROMOTE_BATCH, RedisBroker
+from durable_trio.keys import redis as redis_keys
 from durable_trio.keys.redis import RedisKeyStore
 
 if TYPE_CHECKING:
@@ -602,18 +603,56 @@ async def test_key_store_expires_and_lists_by_prefix_without_scanning(
     assert not {"scan", "keys"} & set(used), used
 
 
-async def test_key_store_writes_a_whole_beat_in_three_commands(
+async def test_key_store_writes_a_whole_beat_in_one_command(
     redis_url: str, redis_server: RedisServer
 ) -> None:
-    """An idle worker's liveness (a key per token, a descriptor, its last status) is one
-    script call: EVALSHA, TIME, HSET — whatever the number of keys."""
+    """An idle worker's liveness (a key per token, a descriptor, its last status) is one HSET,
+    whatever the number of keys (its expiries from the server's clock, read at the first
+    write)."""
     async with open_redis(redis_url) as client:
         keys = RedisKeyStore(client, tag="beat-keys")
-        await keys.put("warm", b"x", 60)  # the script is loaded
+        await keys.put("warm", b"x", 60)  # the server's clock read
         before = command_calls(redis_server)
         await keys.put_many([(f"durable-worker-heartbeat:t{n}:w", b"{}", 35) for n in range(12)])
         used = commands_since(redis_server, before)
-    assert sum(used.values()) == 3, used
+    assert used == {"hset": 1}, used
+
+
+async def test_key_store_reads_the_server_clock_again_every_two_minutes_and_after_a_failure(
+    redis_url: str, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(redis_keys, "_monotonic", lambda: now[0])
+    async with open_redis(redis_url) as client:
+        keys = RedisKeyStore(client, tag="clock-keys")
+
+        async def reads_of_the_clock(ttl: float = 60) -> int:
+            before = command_calls(redis_server)
+            await keys.put("k", b"v", ttl)
+            return commands_since(redis_server, before).get("time", 0)
+
+        assert await reads_of_the_clock() == 1  # the first write
+        now[0] += redis_keys.CLOCK_EVERY - 1
+        assert await reads_of_the_clock() == 0
+        now[0] += 1
+        assert await reads_of_the_clock() == 1
+        # A write 59 s (monotonic) after the reading: its expiry is the reading + 59 s + ttl.
+        now[0] += 59
+        await keys.put("later", b"v", 1)
+        stored = redis_server.command("HGET", "{clock-keys}:entries", "later")
+        seconds, micros = redis_server.command("TIME")
+        server_now_ms = int(seconds) * 1000 + int(micros) // 1000
+        assert 59_000 < int(stored.split(b":", 1)[0]) - server_now_ms <= 60_000
+        # A failed write: the next one reads the clock again (a failover may have moved it).
+        with monkeypatch.context() as failing:
+
+            async def broken(*args: Any, **kwargs: Any) -> Any:
+                raise BrokerUnavailable("down")
+
+            failing.setattr(client, "execute", broken)
+            with pytest.raises(BrokerUnavailable):
+                await keys.put("k", b"v", 60)
+        assert await reads_of_the_clock() == 1
 
 
 async def test_key_store_values_carry_a_server_side_ttl(

@@ -44,6 +44,16 @@ async def eventually(condition: Callable[[], Any], within: float = 10.0) -> None
             await trio.sleep(0.05)
 
 
+def calls(server: RedisServer) -> dict[str, int]:
+    """``INFO commandstats`` as ``{command: calls}``."""
+    out: dict[str, int] = {}
+    for line in server.command("INFO", "commandstats").decode().splitlines():
+        if line.startswith("cmdstat_"):
+            name, _, fields = line[len("cmdstat_") :].partition(":")
+            out[name] = int(fields.split(",")[0].split("=")[1])
+    return out
+
+
 def losses(errors: Errors) -> list[dt.StoreLost]:
     return [e for e in errors.seen if isinstance(e, dt.StoreLost)]
 
@@ -59,7 +69,12 @@ async def test_a_flushed_store_raises_the_alarm_once_until_acknowledged(
     ):
         await eventually(lambda: client.execute("GET", IDENTITY_KEY))
         stamped = (await client.execute("GET", IDENTITY_KEY)).decode()
+        before = calls(redis_server)
         await trio.sleep(0.3)  # a few checks: all is well, nothing reported
+        after = calls(redis_server)
+        # While all is well a check is one MGET, never the script (three commands).
+        assert after.get("mget", 0) - before.get("mget", 0) >= 2
+        assert after.get("evalsha", 0) == before.get("evalsha", 0)
         assert broker.store_loss is None
         assert await broker.read_store_loss() is None
 

@@ -7,8 +7,8 @@ field = the key, value = ``<expiry in server milliseconds>:<the value>``.
 Why this shape: a worker beats its liveness keys (one per served token, a descriptor, its last
 status) every 10 s, and an idle worker must cost next to nothing (issue 3, S4: at most half a
 command a second — and Redis counts the commands a script runs). :meth:`RedisKeyStore.put_many`
-writes any number of keys with three commands — the script call, ``TIME``, one ``HSET`` — so a
-worker serving ten queues costs 0.3 commands a second for its liveness.
+writes any number of keys with ONE ``HSET``, so a worker serving ten queues costs 0.1 command a
+second for its liveness.
 
 :meth:`RedisKeyStore.entries` is one script: ``TIME``, ``HGETALL``, then the live fields that
 start with ``prefix``, sorted by key; expired fields are deleted on the way (a bounded batch).
@@ -16,18 +16,25 @@ Its cost grows with the store's keys (workers x tokens: hundreds, not millions),
 keyspace: no ``SCAN``, no ``KEYS``. Readers prune; writers never do, so an idle worker pays
 nothing for it.
 
-Expiry is on the server's clock (``TIME`` in the scripts); a ``ttl`` is relative seconds, rounded
-up to whole milliseconds.
+Expiry is on the server's clock; a ``ttl`` is relative seconds, rounded up to whole
+milliseconds. A reader compares with ``TIME`` in its script. A writer reads the server's clock
+(``TIME``, in a script on the entries' node) when it first writes, then every
+:data:`CLOCK_EVERY` seconds and after a failed write (a failover may have brought another
+machine's clock), and in between adds its own monotonic clock's progress to that reading: one
+command per write instead of three, the expiries still in the server's time (off by the
+monotonic clock's drift over two minutes and half a round trip: microseconds to milliseconds,
+against lifetimes of seconds).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, Final
 
 import trio
 
-from .._errors import ConfigError
+from .._errors import BrokerError, ConfigError
 from ._contract import KeyEntry
 
 if TYPE_CHECKING:
@@ -35,34 +42,21 @@ if TYPE_CHECKING:
 
     from .._redis import RedisArg, RedisClient, RedisClusterClient, Script
 
-__all__ = ["PRUNE_BATCH", "RedisKeyStore"]
+__all__ = ["CLOCK_EVERY", "PRUNE_BATCH", "RedisKeyStore"]
 
 #: Expired keys removed per listing at most.
 PRUNE_BATCH: Final = 256
 #: Keys per script call at most (Lua's unpack() has limits).
 _CHUNK: Final = 1000
 
-# KEYS: entries   ARGV: (key, value, ttl_ms)...
-_PUT_MANY: Final = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local fields, gone = {}, {}
-for i = 1, #ARGV, 3 do
-  local ttl = tonumber(ARGV[i + 2])
-  if ttl > 0 then
-    fields[#fields + 1] = ARGV[i]
-    fields[#fields + 1] = string.format('%d', now + ttl) .. ':' .. ARGV[i + 1]
-  else
-    gone[#gone + 1] = ARGV[i]
-  end
-end
-if #fields > 0 then
-  redis.call('HSET', KEYS[1], unpack(fields))
-end
-if #gone > 0 then
-  redis.call('HDEL', KEYS[1], unpack(gone))
-end
-return #fields / 2
+#: Seconds between two readings of the server's clock by a writer (see the module docs).
+CLOCK_EVERY: Final = 120.0
+
+_monotonic = time.monotonic  # (a test moves it)
+
+# KEYS: entries (so the call goes to its node)   Returns the server's TIME.
+_TIME: Final = """
+return redis.call('TIME')
 """
 
 # KEYS: entries   ARGV: key...
@@ -121,24 +115,58 @@ class RedisKeyStore:
         if not tag or "{" in tag or "}" in tag:
             raise ConfigError(f"a key store tag is not empty and has no braces: {tag!r}")
         self._keys = (f"{{{tag}}}:entries",)
-        self._put_many: Script = client.script(_PUT_MANY)
+        self._client = client
+        self._time: Script = client.script(_TIME)
         self._remove: Script = client.script(_REMOVE)
         self._entries: Script = client.script(_ENTRIES)
+        self._clock: tuple[int, float] | None = None
+        """(the server's clock in ms, this process's monotonic clock then), or ``None``."""
+
+    async def _server_ms(self) -> int:
+        """The server's clock now, in whole milliseconds (see the module docs)."""
+        now = _monotonic()
+        if self._clock is None or now - self._clock[1] >= CLOCK_EVERY:
+            seconds, micros = await self._time(self._keys, ())
+            after = _monotonic()
+            # (the reading is taken somewhere in the round trip: its middle, at most half of
+            # it off)
+            self._clock = (int(seconds) * 1000 + int(micros) // 1000, (now + after) / 2)
+            now = after
+        server, at = self._clock
+        return server + math.floor((now - at) * 1000)
 
     async def put(self, key: str, value: bytes, ttl: float) -> None:
         """Write ``key`` so that it lives ``ttl`` seconds (server clock) unless written again."""
         await self.put_many([(key, value, ttl)])
 
     async def put_many(self, items: Sequence[tuple[str, bytes, float]]) -> None:
-        """Write every ``(key, value, ttl)`` in one script call (three Redis commands)."""
+        """Write every ``(key, value, ttl)`` in one ``HSET`` (a ``ttl`` <= 0: deleted, one
+        ``HDEL``); a key given twice: the last."""
         if not items:
             await trio.lowlevel.checkpoint()
             return
-        for start in range(0, len(items), _CHUNK):
-            args: list[RedisArg] = []
-            for key, value, ttl in items[start : start + _CHUNK]:
-                args += (key, value, math.ceil(ttl * 1000) if ttl > 0 else 0)
-            await self._put_many(self._keys, args)
+        try:
+            for start in range(0, len(items), _CHUNK):
+                now = await self._server_ms()
+                fields: dict[str, bytes] = {}
+                gone: dict[str, None] = {}
+                for key, value, ttl in items[start : start + _CHUNK]:
+                    if ttl > 0:
+                        gone.pop(key, None)
+                        fields[key] = b"%d:%b" % (now + math.ceil(ttl * 1000), bytes(value))
+                    else:
+                        fields.pop(key, None)
+                        gone[key] = None
+                if fields:
+                    args: list[RedisArg] = ["HSET", self._keys[0]]
+                    for key, stored in fields.items():
+                        args += (key, stored)
+                    await self._client.execute(*args)
+                if gone:
+                    await self._client.execute("HDEL", self._keys[0], *gone)
+        except BrokerError:
+            self._clock = None  # (a failover may have brought another clock: read it again)
+            raise
 
     async def remove(self, keys: Sequence[str]) -> None:
         """Delete ``keys`` now (missing keys are fine)."""

@@ -15,10 +15,11 @@ identity, stamped once when it is first used, and every broker checks it:
 =============================  ======  ==========================================================
 
 A broker reads the identity when it is entered, then every ``store_check_interval`` seconds and
-whenever its client opens a connection (a reconnection: what a restart looks like from here),
-in ONE script run that writes nothing while all is well. If the identity it knows is gone or
-another one, the store was emptied or replaced: the script records the alarm (the first
-detector's record stays) and stamps a new identity if there is none, in the same step; the
+whenever its client opens a connection (a reconnection: what a restart looks like from here):
+one ``MGET`` of both keys while all is well (the identity it knows is there), else ONE script
+run. If the identity it knows is gone or another one, the store was emptied or replaced: the
+script records the alarm (the first detector's record stays) and stamps a new identity if there
+is none, in the same step (it reads both keys again, so a change between the two is seen); the
 broker logs a :class:`~durable_trio.StoreLost` at ERROR once, hands it to ``on_error``, and keeps
 it (:meth:`StoreIdentity.read_loss`: health, the console) until the record is deleted. A process
 that starts later finds the record and reports it the same way. The processes work on: the
@@ -184,6 +185,13 @@ class StoreIdentity:
         Raises:
             BrokerError: Redis did not answer (the next check tries again).
         """
+        if self.identity is not None:
+            # All is well nearly always: one plain read (one command where the script is three,
+            # and no write for a ``min_replicas`` WAIT); the script only when something changed.
+            found, stored = await self._client.execute("MGET", IDENTITY_KEY, ALARM_KEY)
+            if found is not None and found.decode(errors="replace") == self.identity:
+                self._settle(stored)
+                return
         known = self.identity or ""
         stamp = f"{secrets.token_hex(8)} {time.time():.0f}"
         at, by = round(time.time(), 3), _who()
@@ -199,6 +207,10 @@ class StoreIdentity:
                 stored=False,
             )
         self.identity = now
+        self._settle(stored)
+
+    def _settle(self, stored: bytes | None) -> None:
+        """The alarm as the store's record says (``stored``: the record, ``None``: none)."""
         if stored is not None:
             self._raise(_loss(stored), stored=True)
         elif self._stored:
