@@ -7,6 +7,9 @@ The real clock throughout, on a private redis-server over real sockets.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import pytest
 import trio
 
@@ -66,8 +69,9 @@ async def test_callers_cancelled_before_the_flush_leave_the_connection_in_step(
 ) -> None:
     # One pass runs keepers, victims, a canceller in the middle of the victims, more victims and
     # keepers: the victims that ran before the canceller queued their command and are cancelled
-    # before the pass ends, so their bytes are still written and their replies drained; those
-    # after it never queue one. The keepers, and the next caller, get their own replies. Trio
+    # before the pass ends, so their bytes are still written and their replies drained (but for
+    # one whose command was the last queued: it takes it back, unsent); those after it never
+    # queue one. The keepers, and the next caller, get their own replies. Trio
     # may run a pass's tasks in any order (it shuffles them under hypothesis), so the canceller
     # can run before every victim: the pass is tried again until some victim had queued.
     async with open_redis(redis_url, pool_size=1) as client:
@@ -106,6 +110,40 @@ async def test_callers_cancelled_before_the_flush_leave_the_connection_in_step(
                 break
         else:
             raise AssertionError("no victim ever queued its command before the canceller ran")
+
+
+@pytest.mark.parametrize("dedicated", [False, True])
+async def test_a_caller_cancelled_behind_a_leader_takes_its_unsent_command_back(
+    redis_url: str, dedicated: bool
+) -> None:
+    # A leader waits on the socket for its BLPOP's reply, so the next caller does not lead: it
+    # queues its command with no cancellation check first, is cancelled at its wait (its scope
+    # was cancelled already) and takes the command back before the pass's write. Nothing was
+    # sent: nothing to drain, and a dedicated connection is kept.
+    async with open_redis(redis_url, pool_size=1) as client:
+        async with contextlib.AsyncExitStack() as stack:
+            if dedicated:
+                conn = await stack.enter_async_context(client.dedicated())
+                execute = conn.execute
+            else:
+                execute = client.execute
+            await execute("DEL", "pipelining:ghost")
+            if not dedicated:
+                (conn,) = client.connections
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(execute, "BLPOP", "pipelining:none", 0.3))
+                await trio.testing.wait_all_tasks_blocked()
+                assert conn.load == 1  # the BLPOP, its caller reading the socket
+                commands, dropped = conn.stats.commands, conn.stats.dropped
+                with trio.CancelScope() as scope:
+                    scope.cancel()
+                    await execute("SET", "pipelining:ghost", "1")
+                assert scope.cancelled_caught
+                assert (conn.stats.commands, conn.load) == (commands, 1)  # taken back
+            assert conn.healthy
+            assert await execute("GET", "pipelining:ghost") is None
+            assert conn.stats.dropped == dropped
+            assert conn.stats.commands == conn.stats.replies
 
 
 async def test_the_flusher_is_uninstalled_when_the_last_connection_closes(redis_url: str) -> None:

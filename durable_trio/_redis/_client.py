@@ -321,7 +321,7 @@ class RedisClient:
         """
         conn = self._ready() or await self._acquire()
         try:
-            return await conn.execute(*args, reply_timeout=reply_timeout)
+            return await conn._command(args, reply_timeout)
         except RedisReplyError as exc:
             if self._locator is not None and exc.code == "READONLY":
                 raise self._locator.demoted(conn, exc) from exc
@@ -467,10 +467,10 @@ class RedisClient:
         """The least loaded healthy pooled connection (dropping dead ones from the list)."""
         best: Connection | None = None
         dead = False
-        for conn in self._conns:
-            if not conn.healthy:
+        for conn in self._conns:  # (``healthy`` and ``load``, read directly)
+            if conn._error is not None:
                 dead = True
-            elif best is None or conn.load < best.load:
+            elif best is None or conn._outstanding < best._outstanding:
                 best = conn
         if dead:
             self._conns = [c for c in self._conns if c.healthy]
@@ -487,10 +487,16 @@ class RedisClient:
         """
         if self._closed or self._nursery is None:
             raise TransportClosed("the Redis client is closed (or was never entered)")
-        best = self._pick()
+        best: Connection | None = None
+        for conn in self._conns:  # _pick, inlined (once a command) while none is dead
+            if conn._error is not None:
+                best = self._pick()
+                break
+            if best is None or conn._outstanding < best._outstanding:
+                best = conn
         if (
             best is not None
-            and best.load
+            and best._outstanding
             and not self._growing
             and len(self._conns) < self._pool_size
             and not self._backing_off()

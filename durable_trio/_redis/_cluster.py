@@ -262,7 +262,7 @@ class RedisClusterClient:
             return _SLOW  # nothing was sent: the general path retries it or reports it
         seen = nodes.generation
         try:
-            return await conn.execute(*args, reply_timeout=reply_timeout)
+            return await conn._command(args, reply_timeout)
         except RedisReplyError as reply:
             if reply.code in ("MOVED", "ASK") or reply.code in TRANSIENT_CODES:
                 return _SLOW

@@ -22,8 +22,12 @@ between, so both queues always hold the same commands in the same order), then w
   every reply, as before.
 
 **Cancellation safety.** A caller that is cancelled (or times out) after enqueuing never removes its
-slot, so the reply stream and the pending queue can never get out of step:
+slot once its command may have left, so the reply stream and the pending queue can never get out
+of step:
 
+* a caller cancelled at its slot's wait while its command has not left and is the last queued
+  takes it back (``_Slot.abort``), so one that will wait on its slot is not checked for
+  cancellation before it queues; one that will lead (wait on the socket) is;
 * on a shared (pooled) connection the slot stays and its reply is read and dropped (*drain*);
 * on a dedicated connection (``discard_on_cancel=True``) the connection is discarded instead, so a
   cancelled blocking command (``BLPOP``) cannot pop an item that nobody will ever read;
@@ -63,6 +67,13 @@ RedisArg: TypeAlias = str | bytes | int | float
 """One argument of a command; ``str`` is sent UTF-8 encoded, numbers as their decimal text."""
 
 _pack = cast("Callable[[tuple[RedisArg, ...]], bytes]", hiredis.pack_command)
+# Trio's primitives of every command, looked up once (not as module attributes per call).
+_current_task = trio.lowlevel.current_task
+_reschedule = trio.lowlevel.reschedule
+_wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
+_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
+_wait_readable = trio.lowlevel.wait_readable
+_read, _write = os.read, os.write
 _NOT_ENOUGH_DATA: Final = object()
 _RECEIVE_SIZE: Final = 65536
 _PUSH_KINDS: Final = frozenset({b"message", b"pmessage", b"smessage"})
@@ -141,35 +152,86 @@ class ConnectionStats:
 
 
 class _Slot:
-    """Where the reader puts the reply (or replies, for a pipeline) of one request.
+    """One request, queued by its caller when made (its bytes to the outbox, the slot to the
+    pending queue, in one synchronous step), then where the reader puts its reply (or replies).
 
     ``task`` is the waiting caller, rescheduled directly by whoever completes the slot (the
     reader, a leading caller, or ``_fail``); it is ``None`` once rescheduled, while its caller
-    leads (reads the socket itself: ``Connection._lead``), or once the caller was cancelled
-    (the slot is then *abandoned*: it stays queued and its reply is dropped on arrival).
+    leads (reads the socket itself: ``Connection._lead``), or once the caller was cancelled (the
+    slot is then *abandoned*: it stays queued and its reply is dropped on arrival, unless its
+    command had not left and was the last queued: then it is taken back, ``data`` ``None``).
     """
 
-    __slots__ = ("deadline", "error", "expected", "replies", "task", "timeout")
+    __slots__ = ("conn", "data", "deadline", "error", "expected", "replies", "task", "timeout")
 
     def __init__(
-        self, expected: int, timeout: float, deadline: float, task: trio.lowlevel.Task
+        self, conn: Connection, data: bytes, expected: int, reply_timeout: float | None
     ) -> None:
+        if conn._error is not None:
+            raise conn._dead()
+        self.conn = conn
+        self.data: bytes | None = data
         self.expected = expected
-        self.timeout = timeout
-        self.deadline = deadline
-        self.task: trio.lowlevel.Task | None = task
+        self.timeout = timeout = conn._command_timeout if reply_timeout is None else reply_timeout
+        self.deadline = deadline = conn._now() + timeout
+        self.task: trio.lowlevel.Task | None = _current_task()
         self.replies: list[Any] = []
         self.error: DurableTrioError | None = None
+        # From here to the caller's wait there is no checkpoint: outbox and pending in step.
+        conn._pending.append(self)
+        conn._outstanding += expected
+        conn.stats.commands += expected
+        conn._outbox.append(data)
+        if not conn._flush_queued and conn._writer_idle is not None:
+            # The writer is parked, so nothing is being sent: on a plain socket the flusher
+            # writes the outbox when the scheduler's pass ends (every command queued in the
+            # pass in one write, no task hop); otherwise the writer is woken for it. A busy
+            # writer sends the outbox itself when its send is done.
+            if conn._flusher is not None:
+                conn._flush_queued = True
+                conn._flusher.queue(conn)
+            else:
+                conn._wake_writer()
+        if deadline < conn._watch_deadline:
+            conn._watch_deadline = conn._watch_scope.deadline = deadline
 
     def abort(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
+        """The caller's wait was cancelled: abandon the slot, or take the command back if it
+        has not left and is the last queued (its bytes are then the outbox's last item, the
+        very object queued: a write cut short puts back a copy of what it did not send)."""
         self.task = None
+        conn = self.conn
+        pending, outbox = conn._pending, conn._outbox
+        if pending and pending[-1] is self and outbox and outbox[-1] is self.data:
+            pending.pop()
+            outbox.pop()
+            conn._outstanding -= self.expected
+            conn.stats.commands -= self.expected
+            self.data = None
         return trio.lowlevel.Abort.SUCCEEDED
+
+    def cancelled(self) -> None:
+        """The caller's wait ended in a cancellation: on a dedicated connection, discard it
+        (unless the command was taken back), so a cancelled ``BLPOP`` pops nothing unread."""
+        conn = self.conn
+        if (
+            self.task is None
+            and self.error is None
+            and self.data is not None
+            and conn._discard_on_cancel
+        ):
+            conn._fail(
+                _unavailable(
+                    f"connection to {conn._url.address} discarded: "
+                    "a command was cancelled before its reply"
+                )
+            )
 
     def wake(self) -> None:
         task = self.task
         if task is not None:
             self.task = None
-            trio.lowlevel.reschedule(task)
+            _reschedule(task)
 
 
 class _Flusher(trio.abc.Instrument):
@@ -281,7 +343,7 @@ class Connection:
             if type(stream) is trio.SocketStream and os.name == "posix"
             else -1
         )
-        self._clock = trio.lowlevel.current_clock()
+        self._now = trio.lowlevel.current_clock().current_time
         self._flusher = _Flusher.get() if self._fd >= 0 else None
         self._flush_queued = False
         self._flush_held = False  # a leader woke callers: their commands and its own leave together
@@ -348,7 +410,13 @@ class Connection:
             TransportClosed: the connection or its client was closed.
             ValueError: an empty command, or one that does not answer once (``SUBSCRIBE``).
         """
-        _check(args)
+        return await self._command(args, reply_timeout)
+
+    async def _command(self, args: tuple[RedisArg, ...], reply_timeout: float | None) -> Any:
+        """:meth:`execute`'s body, awaited directly by the client's ``execute``, with
+        :meth:`_request` written out in it (one coroutine frame less a command)."""
+        if not args or args[0] not in _ANSWER_ONCE:
+            _check(args)
         if self._url.min_replicas and replica_wait(self._url, [args]) is not None:
             # A write of a min_replicas connection: the pipeline appends (and checks) its WAIT.
             try:
@@ -357,12 +425,25 @@ class Connection:
                 exc.index = None  # one command, as the unwaited path raises it
                 raise
             return reply
-        (reply,) = await self._request(_pack(args), 1, reply_timeout)
+        data = _pack(args)
+        if (self._lead is None and self._watching == _HANGUP) or self._error is not None:
+            await _checkpoint_if_cancelled()  # (see _request)
+            (reply,) = await self._lead_replies(_Slot(self, data, 1, reply_timeout))
+        else:
+            slot = _Slot(self, data, 1, reply_timeout)
+            try:
+                await _wait_task_rescheduled(slot.abort)
+            except BaseException:
+                slot.cancelled()
+                raise
+            if slot.error is not None:
+                raise _fresh(slot.error)
+            (reply,) = slot.replies
         if isinstance(reply, RedisReplyError):
             if reply.code == "NOSCRIPT":
                 retry = self._eval_instead(args)
                 if retry is not None:
-                    return await self.execute(*retry, reply_timeout=reply_timeout)
+                    return await self._command(retry, reply_timeout)
             raise raisable(reply, self._url.address)
         return reply
 
@@ -484,44 +565,18 @@ class Connection:
 
     async def _request(self, data: bytes, expected: int, reply_timeout: float | None) -> list[Any]:
         """Enqueue ``data`` (``expected`` commands) and wait for all their replies."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        if self._error is not None:
-            raise self._dead()
-        timeout = self._command_timeout if reply_timeout is None else reply_timeout
-        slot = _Slot(
-            expected, timeout, self._clock.current_time() + timeout, trio.lowlevel.current_task()
-        )
-        # From here to the wait there is no checkpoint: outbox and pending stay in step.
-        self._pending.append(slot)
-        self._outstanding += expected
-        self.stats.commands += expected
-        self._outbox.append(data)
-        if self._writer_idle is not None:
-            # The writer is parked, so nothing is being sent: on a plain socket the flusher
-            # writes the outbox when the scheduler's pass ends (every command queued in the
-            # pass in one write, no task hop); otherwise the writer is woken for it. A busy
-            # writer sends the outbox itself when its send is done.
-            if self._flusher is not None:
-                if not self._flush_queued:
-                    self._flush_queued = True
-                    self._flusher.queue(self)
-            else:
-                self._wake_writer()
-        if slot.deadline < self._watch_deadline:
-            self._watch_deadline = self._watch_scope.deadline = slot.deadline
-        if self._lead is None and self._watching == _HANGUP:
-            # Nothing else pending and nobody reading: this caller reads its reply itself.
-            return await self._lead_replies(slot)
+        if (self._lead is None and self._watching == _HANGUP) or self._error is not None:
+            # Nothing else pending and nobody reading: this caller reads its reply itself. Its
+            # command may leave before its first wait: a cancelled caller must send none.
+            await _checkpoint_if_cancelled()
+            return await self._lead_replies(_Slot(self, data, expected, reply_timeout))
+        # No check first: a caller cancelled already is cancelled at its wait, before its
+        # command can leave (at the end of the pass), and takes it back (``_Slot.abort``).
+        slot = _Slot(self, data, expected, reply_timeout)
         try:
-            await trio.lowlevel.wait_task_rescheduled(slot.abort)
+            await _wait_task_rescheduled(slot.abort)
         except BaseException:
-            if slot.task is None and slot.error is None and self._discard_on_cancel:
-                self._fail(
-                    _unavailable(
-                        f"connection to {self._url.address} discarded: "
-                        "a command was cancelled before its reply"
-                    )
-                )
+            slot.cancelled()
             raise
         if slot.error is not None:
             raise _fresh(slot.error)
@@ -540,7 +595,7 @@ class Connection:
         others = False
         try:
             while len(slot.replies) < slot.expected and slot.error is None:
-                await trio.lowlevel.wait_readable(fd)
+                await _wait_readable(fd)
                 before = len(pending)
                 self._receive()
                 others = others or before - len(pending) > 1
@@ -549,13 +604,7 @@ class Connection:
             assert slot.error is not None
             raise _fresh(slot.error) from None
         except BaseException:
-            if slot.error is None and self._discard_on_cancel:
-                self._fail(
-                    _unavailable(
-                        f"connection to {self._url.address} discarded: "
-                        "a command was cancelled before its reply"
-                    )
-                )
+            slot.cancelled()
             raise
         finally:
             self._lead = None
@@ -590,7 +639,7 @@ class Connection:
         if self._error is not None:
             return  # the descriptor may be closed already
         try:
-            data = os.read(self._fd, _RECEIVE_SIZE)
+            data = _read(self._fd, _RECEIVE_SIZE)
         except BlockingIOError:  # a spurious wake-up
             return
         except OSError as exc:
@@ -701,7 +750,7 @@ class Connection:
         data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
         outbox.clear()
         try:
-            sent = os.write(self._fd, data)
+            sent = _write(self._fd, data)
         except OSError:  # EAGAIN, or a broken socket the writer's send will report
             sent = 0
         else:
@@ -817,23 +866,27 @@ class Connection:
         """Hand every complete reply in ``reader`` to its slot (:meth:`_deliver`, inlined)."""
         pending = self._pending
         stats = self.stats
-        while (reply := reader.gets()) is not _NOT_ENOUGH_DATA:
-            if not pending:
-                raise RuntimeError(f"unexpected reply with no command waiting: {reply!r:.80}")
-            slot = pending[0]
-            replies = slot.replies
-            replies.append(reply)
-            self._outstanding -= 1
-            stats.replies += 1
-            if len(replies) == slot.expected:
-                pending.popleft()
-                task = slot.task
-                if task is None:
-                    if slot is not self._lead:
-                        stats.dropped += 1
-                else:
-                    slot.task = None
-                    trio.lowlevel.reschedule(task)
+        read = 0
+        try:
+            while (reply := reader.gets()) is not _NOT_ENOUGH_DATA:
+                if not pending:
+                    raise RuntimeError(f"unexpected reply with no command waiting: {reply!r:.80}")
+                read += 1
+                slot = pending[0]
+                replies = slot.replies
+                replies.append(reply)
+                if len(replies) == slot.expected:
+                    pending.popleft()
+                    task = slot.task
+                    if task is None:
+                        if slot is not self._lead:
+                            stats.dropped += 1
+                    else:
+                        slot.task = None
+                        _reschedule(task)
+        finally:
+            self._outstanding -= read
+            stats.replies += read
 
     def _deliver(self, reply: Any) -> None:
         if not self._pending:
