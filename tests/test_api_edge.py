@@ -628,7 +628,7 @@ async def test_a_sync_local_step_is_one_write_and_an_async_one_shows_pending_whi
 
     async with dt.open_backend("memory://") as backend, inner_store(run_store, backend) as inner:
         store = WritesOf(inner)
-        async with engine_on(app, backend, store) as engine:  # type: ignore[arg-type]
+        async with engine_on(app, backend, store) as engine:
             await engine.start("w", run_id="r")
             await trio.sleep(5)
             during = [(s.step_id, s.status) for s in await engine.history("r")]
@@ -664,7 +664,7 @@ async def test_a_sync_local_step_that_fails_first_writes_its_retry_as_its_first_
 
     async with dt.open_backend("memory://") as backend, inner_store(run_store, backend) as inner:
         store = WritesOf(inner)
-        async with engine_on(app, backend, store) as engine:  # type: ignore[arg-type]
+        async with engine_on(app, backend, store) as engine:
             await engine.start("w", run_id="r")
             outcome = await engine.result("r")
             [step] = await engine.history("r")
@@ -694,7 +694,7 @@ async def test_a_sync_local_step_of_a_run_settled_meanwhile_is_not_written(
 
     async with dt.open_backend("memory://") as backend, inner_store(run_store, backend) as inner:
         store = WritesOf(inner, finish_first=True)
-        async with engine_on(app, backend, store) as engine:  # type: ignore[arg-type]
+        async with engine_on(app, backend, store) as engine:
             await engine.start("w", run_id="r")
             with pytest.raises(dt.RunCancelled):
                 await engine.result("r")
