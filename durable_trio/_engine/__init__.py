@@ -22,8 +22,9 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
 (``tests/test_engine_layers.py`` checks it, and that every module of the package is named here):
 
 1. values: ``_records`` (runs, steps), ``_errors``, ``_retry``, ``_duplicates``,
-   ``_statistics``, ``_wall_clock``, ``_step_timeouts``, ``_options``, ``_replay`` (a run's
-   history, consumed in call order), ``_debounce`` (debounce and dedup keys),
+   ``_statistics``, ``_counters`` (the names of its counters), ``_wall_clock``,
+   ``_step_timeouts``, ``_options``, ``_replay`` (a run's history, consumed in call order),
+   ``_debounce`` (debounce and dedup keys),
    ``_tags`` (a run's tags, checked), ``_rate`` (a step's rate limit),
    ``_payloads`` (typed payloads: the cattrs converter), ``_generations`` (continue-as-new's
    values)

@@ -1,10 +1,13 @@
-"""The frozen snapshot :meth:`Engine.statistics` returns, and the names of its counters."""
+"""The frozen snapshot :meth:`Engine.statistics` returns (the names of its counters and gauges
+live in :mod:`._counters`, which the engine imports: this module is imported by the first
+:meth:`Engine.statistics`)."""
 
 from __future__ import annotations
 
 import attrs
 
 from .._attrs_shared import shared_eq, shared_hash, shared_repr
+from ._counters import COUNTERS, GAUGES
 
 __all__ = ["COUNTERS", "GAUGES", "EngineStatistics"]
 
@@ -103,10 +106,3 @@ class EngineStatistics:
     stream_values_dropped: int = 0
     """Values a remote workflow's ``ctx.emit`` published past its stream's bounds, dropped
     (issue 34; docs/engine.md, "Streaming")."""
-
-
-#: The fields of :class:`EngineStatistics` that are not counters but gauges (or the id).
-GAUGES = frozenset({"engine_id", "active_runs", "waiting_steps"})
-
-#: Every counter of :class:`EngineStatistics`: what ``Engine._count`` may count.
-COUNTERS = tuple(f.name for f in attrs.fields(EngineStatistics) if f.name not in GAUGES)
