@@ -67,7 +67,6 @@ from ._new_run import record_debounced_start, record_new_run
 from ._options import EngineOptions
 from ._records import RunRecord, RunState, RunStatus, StepRecord
 from ._remote_run import RemoteRunDriver
-from ._reopen import retry_run
 from ._results import ResultHandler
 from ._retention import prune_forever
 from ._retry import Retry  # noqa: TC001
@@ -667,6 +666,8 @@ class Engine:
         """
         if self._tree.closing:
             raise EngineClosed("the engine is closed")
+        from ._reopen import retry_run  # (an operator's call: imported with its first use)
+
         record = await retry_run(self.store, run_id)
         await self.reconcile()
         return record

@@ -40,7 +40,6 @@ from ._app import ConcurrencyKeyError
 from ._context import _CURRENT_STEP, StepInfo
 from ._payloads import signature_of, structure_as, unstructure_as
 from ._stream import LazyStore, emitter_of, serving, store_opener
-from ._turn import run_turn
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -364,6 +363,8 @@ async def open_worker(
             worker._serve(
                 app.steps[name], rates if app.steps[name].rate_limit is not None else None
             )
+        if served:  # remote workflows (docs/engine.md): their turns' code imported for them only
+            from ._turn import run_turn
         for name in served:
             transport.remote.handle_workflow(
                 name,
