@@ -54,7 +54,6 @@ from ._deadline import drive_within_deadline
 from ._debounce import Debounce, check_folding
 from ._debounced import DebouncedStarts
 from ._drivers import Drivers
-from ._duplicates import DuplicateResult  # noqa: TC001
 from ._errors import (
     EngineClosed,
     RunCancelled,
@@ -509,7 +508,9 @@ class Engine:
             for step in steps
         ]
 
-    def duplicates(self, run_id: str | None = None) -> builtins.list[DuplicateResult]:
+    def duplicates(
+        self, run_id: str | None = None
+    ) -> builtins.list[engine_package.DuplicateResult]:
         """The completed results this engine met for an attempt that had already completed,
         each with its cause (which lease was lost, whose, when: see docs/concepts.md,
         "At-least-once windows"), oldest first: of ``run_id``, or of every run. None was

@@ -1,6 +1,6 @@
-"""The frozen snapshot :meth:`Engine.statistics` returns (the names of its counters and gauges
-live in :mod:`._counters`, which the engine imports: this module is imported by the first
-:meth:`Engine.statistics`)."""
+"""The frozen snapshots :meth:`Engine.statistics` and :meth:`Worker.statistics` return (the
+names of the engine's counters and gauges live in :mod:`._counters`, which the engine imports:
+this module is imported by the first ``statistics()``, through the package's lazy exports)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import attrs
 from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from ._counters import COUNTERS, GAUGES
 
-__all__ = ["COUNTERS", "GAUGES", "EngineStatistics"]
+__all__ = ["COUNTERS", "GAUGES", "EngineStatistics", "WorkerStatistics"]
 
 
 @attrs.frozen(repr=False, eq=False)
@@ -106,3 +106,21 @@ class EngineStatistics:
     stream_values_dropped: int = 0
     """Values a remote workflow's ``ctx.emit`` published past its stream's bounds, dropped
     (issue 34; docs/engine.md, "Streaming")."""
+
+
+@attrs.frozen(repr=False, eq=False)
+class WorkerStatistics:
+    """A snapshot of a worker's counters."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
+
+    running: int
+    """Steps running now."""
+    executed: int
+    """Step executions started (every attempt and redelivery counts)."""
+    succeeded: int
+    failed: int
+    cancelled: int
+    """Executions stopped by a ``cancel`` control message."""

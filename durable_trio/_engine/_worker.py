@@ -28,10 +28,9 @@ import os
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import trio
 
-from .._attrs_shared import shared_eq, shared_hash, shared_repr
+from .. import _engine as engine_package  # the snapshot class: its lazy export (statistics())
 from .._errors import BrokerError
 from .._transport._facade import open_queue_transport
 from .._transport._step_beats import current_beats
@@ -49,7 +48,7 @@ if TYPE_CHECKING:
     from ..backends._backend import Backend
     from ._app import App, StepDefinition
 
-__all__ = ["Worker", "WorkerStatistics", "open_worker"]
+__all__ = ["Worker", "open_worker"]
 
 #: A per-key rate's job is handed back for at least this long when its key is past the rate
 #: (the broker's answer is exact; this only bounds the round trips of a rounding to 0).
@@ -70,24 +69,6 @@ class _RunCancelledStep(_StepCancelled):
     transport logs it at INFO instead of reporting it through the error hook)."""
 
     quiet = True
-
-
-@attrs.frozen(repr=False, eq=False)
-class WorkerStatistics:
-    """A snapshot of a worker's counters."""
-
-    __repr__ = shared_repr
-    __eq__ = shared_eq
-    __hash__ = shared_hash
-
-    running: int
-    """Steps running now."""
-    executed: int
-    """Step executions started (every attempt and redelivery counts)."""
-    succeeded: int
-    failed: int
-    cancelled: int
-    """Executions stopped by a ``cancel`` control message."""
 
 
 def _classify(exc: Exception, definition: StepDefinition) -> None:
@@ -134,9 +115,9 @@ class Worker:
         self._failed = 0
         self._cancelled = 0
 
-    def statistics(self) -> WorkerStatistics:
+    def statistics(self) -> engine_package.WorkerStatistics:
         """A snapshot of the worker's counters."""
-        return WorkerStatistics(
+        return engine_package.WorkerStatistics(
             running=self._running,
             executed=self._executed,
             succeeded=self._succeeded,
