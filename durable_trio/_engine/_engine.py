@@ -22,9 +22,9 @@ from __future__ import annotations
 # Real imports, not TYPE_CHECKING ones (the ``noqa: TC00x``): ``Engine.list`` shadows the builtin
 # inside the class body, so its annotations spell the type ``builtins.list``; that, and the
 # return types of the public properties (``App``, ``RunStore``, ...), ``typing.get_type_hints``
-# (and anything built on it) must resolve at run time. ``Engine.statistics`` names its snapshot
-# class through the package (``durable_trio._engine``), whose lazy export imports it on first
-# use: an operator's call, not every engine's start (a class of 43 fields, ~8 M instructions).
+# (and anything built on it) must resolve at run time. ``Engine.statistics`` and
+# ``Engine.duplicates`` name their classes through ``_snapshots``, which imports each on its
+# first use: an operator's call, not every engine's start.
 import builtins  # noqa: TC003
 import contextlib
 from collections.abc import Mapping  # noqa: TC003 (the type hints resolve at run time)
@@ -34,11 +34,11 @@ import attrs
 import trio
 from trio_util import RepeatedEvent, wait_any
 
-from .. import _engine as engine_package
 from .._arguments import check_bool, check_name, check_optional_name, check_seconds
 from .._errors import BrokerError, TransportClosed
 from .._transport._facade import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
+from . import _snapshots as snapshots
 from ._adoption import Adoption
 from ._advert import MIN_ADVERT_TTL, EngineAdvert
 from ._app import App  # noqa: TC001
@@ -508,9 +508,7 @@ class Engine:
             for step in steps
         ]
 
-    def duplicates(
-        self, run_id: str | None = None
-    ) -> builtins.list[engine_package.DuplicateResult]:
+    def duplicates(self, run_id: str | None = None) -> builtins.list[snapshots.DuplicateResult]:
         """The completed results this engine met for an attempt that had already completed,
         each with its cause (which lease was lost, whose, when: see docs/concepts.md,
         "At-least-once windows"), oldest first: of ``run_id``, or of every run. None was
@@ -673,9 +671,9 @@ class Engine:
         await self.reconcile()
         return record
 
-    def statistics(self) -> engine_package.EngineStatistics:
+    def statistics(self) -> snapshots.EngineStatistics:
         """A snapshot of the engine's counters (idempotent application made measurable)."""
-        return engine_package.EngineStatistics(
+        return snapshots.EngineStatistics(
             engine_id=self.engine_id,
             active_runs=len(self._services.drivers),
             waiting_steps=len(self._services.waiters),

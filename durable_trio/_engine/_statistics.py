@@ -1,6 +1,6 @@
 """The frozen snapshots :meth:`Engine.statistics` and :meth:`Worker.statistics` return (the
 names of the engine's counters and gauges live in :mod:`._counters`, which the engine imports:
-this module is imported by the first ``statistics()``, through the package's lazy exports)."""
+this module is imported by the first ``statistics()``, through ``_snapshots``)."""
 
 from __future__ import annotations
 

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .. import _engine as engine_package  # the snapshot class: its lazy export (statistics())
 from .._errors import BrokerError
 from .._transport._facade import open_queue_transport
 from .._transport._step_beats import current_beats
 from ..brokers import SupportsQueueLimits, SupportsRateLimits
+from . import _snapshots as snapshots  # (statistics(): its class on first use)
 from ._app import ConcurrencyKeyError
 from ._context import _CURRENT_STEP, StepInfo
 from ._payloads import signature_of, structure_as, unstructure_as
@@ -115,9 +115,9 @@ class Worker:
         self._failed = 0
         self._cancelled = 0
 
-    def statistics(self) -> engine_package.WorkerStatistics:
+    def statistics(self) -> snapshots.WorkerStatistics:
         """A snapshot of the worker's counters."""
-        return engine_package.WorkerStatistics(
+        return snapshots.WorkerStatistics(
             running=self._running,
             executed=self._executed,
             succeeded=self._succeeded,
