@@ -116,10 +116,11 @@ if TYPE_CHECKING:  # the real imports, for type checkers and IDEs; at run time: 
     )
     from ._telemetry import EVENTS_LOGGER, instrument, is_instrumented, uninstrument
     from ._transport._adaptive import Adaptive
-    from ._transport._facade import QueueTransport, TransportStatistics, open_queue_transport
+    from ._transport._facade import QueueTransport, open_queue_transport
     from ._transport._handler_timeout import StepTimedOut
     from ._transport._liveness import GroupHealth, LiveWorker, WorkerDescriptor
     from ._transport._options import TransportOptions
+    from ._transport._statistics import TransportStatistics
     from ._wire import (
         ControlMessage,
         DecisionStatus,
@@ -254,7 +255,7 @@ _EXPORTS: dict[str, str] = {
     "uninstrument": "._telemetry",
     "Adaptive": "._transport._adaptive",
     "QueueTransport": "._transport._facade",
-    "TransportStatistics": "._transport._facade",
+    "TransportStatistics": "._transport._statistics",
     "open_queue_transport": "._transport._facade",
     "StepTimedOut": "._transport._handler_timeout",
     "GroupHealth": "._transport._liveness",

@@ -15,6 +15,7 @@ passed it.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -118,7 +119,12 @@ def _orjson_write_depth(most: int = 1024) -> int | None:
     return low
 
 
-_ORJSON_DEPTH = _orjson_write_depth()
+@functools.cache
+def _orjson_depth() -> int | None:
+    """:func:`_orjson_write_depth`, measured on the first :func:`read_within` (a long job's
+    payload) rather than at import: the bisection costs ~2 M instructions, paid by every process
+    that imports the codec, and most never read a payload long enough to need it."""
+    return _orjson_write_depth()
 
 
 def read_within(value: Any, max_depth: int) -> bool:
@@ -129,7 +135,8 @@ def read_within(value: Any, max_depth: int) -> bool:
     difference, ``value`` is written by orjson exactly when it is shallow enough — the depth
     measured in C, several times faster than :func:`is_json` on a long history.
     """
-    spare = _ORJSON_DEPTH - max_depth if _ORJSON_DEPTH is not None else -1
+    depth = _orjson_depth()
+    spare = depth - max_depth if depth is not None else -1
     if spare < 0:
         return is_json(value, max_depth)
     return _writes_wrapped(value, spare)

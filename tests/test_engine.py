@@ -37,7 +37,7 @@ from durable_trio._engine import (
     open_worker,
     step_info,
 )
-from durable_trio._engine._retry import StoredRetry
+from durable_trio._engine._stored_retry import StoredRetry
 from durable_trio._engine._stores.memory import MemoryRunStore
 from durable_trio.cli._engine import add_engine_commands, load_app
 from durable_trio.keys.memory import MemoryKeyStore
@@ -1234,3 +1234,16 @@ def test_every_public_engine_method_has_resolvable_type_hints() -> None:
     assert hints["list"]["return"] == builtins.list[RunRecord]
     assert hints["history"]["return"] == builtins.list[StepRecord]
     assert hints["list"]["status"] == RunStatus | str | None
+    assert hints["statistics"]["return"] is dt.EngineStatistics
+
+
+def test_the_counters_are_the_statistics_fields() -> None:
+    """``_counters`` spells out the snapshot's field names so the engine counts without
+    importing its class (built on the first ``Engine.statistics``)."""
+    import attrs
+
+    from durable_trio._engine._counters import COUNTERS, GAUGES
+
+    names = [field.name for field in attrs.fields(dt.EngineStatistics)]
+    assert set(names) >= GAUGES
+    assert tuple(name for name in names if name not in GAUGES) == COUNTERS

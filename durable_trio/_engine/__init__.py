@@ -21,16 +21,21 @@ deterministic replay, run stores.
 Layers, bottom up: a module imports only modules of its own layer or of the layers below it
 (``tests/test_engine_layers.py`` checks it, and that every module of the package is named here):
 
-1. values: ``_records`` (runs, steps), ``_errors``, ``_retry``, ``_duplicates``,
-   ``_statistics``, ``_wall_clock``, ``_step_timeouts``, ``_options``, ``_replay`` (a run's
-   history, consumed in call order), ``_debounce`` (debounce and dedup keys),
+1. values: ``_records`` (runs, steps), ``_errors``, ``_retry``, ``_stored_retry`` (a
+   checkpoint's retry policy), ``_duplicates``,
+   ``_duplicate_result`` (one duplicate explained),
+   ``_statistics``, ``_counters`` (the names of its counters), ``_snapshots`` (those
+   values and a duplicate's, by name, on first use), ``_wall_clock``,
+   ``_step_timeouts``, ``_options``, ``_replay`` (a run's history, consumed in call order),
+   ``_debounce`` (debounce and dedup keys),
    ``_tags`` (a run's tags, checked), ``_rate`` (a step's rate limit),
    ``_payloads`` (typed payloads: the cattrs converter), ``_generations`` (continue-as-new's
    values)
 2. stores: ``_stores`` (the run store: ``_contract``, ``memory``, ``sqlite``, ``redis``,
    ``_paging``, ``_shard_paging``, ``_wakes``)
 3. store operations: ``_new_run`` (recording a run), ``_reopen`` (an operator's retry),
-   ``_schedule_overlap`` (schedules' overlap policies), ``_schedules``,
+   ``_schedule_overlap`` (schedules' overlap policies), ``_schedule_defs`` (a schedule's
+   definition), ``_schedules``,
    ``_debounced`` (starting the debounced runs due)
 4. workflow code: ``_context`` (what a workflow sees), ``_app`` (the registry),
    ``_versioning`` (blocked runs)
@@ -63,7 +68,7 @@ if TYPE_CHECKING:  # the real imports, for type checkers; at run time: _EXPORTS
     from ._children import ChildDepthExceeded, ChildFailed
     from ._context import StepHandle, StepInfo, WorkflowContext, step_info
     from ._debounce import Debounce
-    from ._duplicates import DuplicateResult
+    from ._duplicate_result import DuplicateResult
     from ._engine import Engine
     from ._errors import (
         EngineClosed,
@@ -102,13 +107,13 @@ if TYPE_CHECKING:  # the real imports, for type checkers; at run time: _EXPORTS
     )
     from ._retry import Retry
     from ._signals import EventTimeout, RunNotSignalable, SignalDataError, SignalTimeout
-    from ._statistics import EngineStatistics
+    from ._statistics import EngineStatistics, WorkerStatistics
     from ._step_timeouts import StepTimeouts, UnknownStep
     from ._step_watch import StepNotStarted, StepWait
     from ._stores import RunStore, open_run_store
     from ._stream import StreamEntry
     from ._tenant import RunView, TenantClient, open_tenant_client
-    from ._worker import Worker, WorkerStatistics, open_worker
+    from ._worker import Worker, open_worker
 
 #: Each public name -> its module, imported on first use (PEP 562): a process that only
 #: needs a store or the records does not load the engine's drivers and loops.
@@ -127,7 +132,7 @@ _EXPORTS: dict[str, str] = {
     "Rate": "._rate",
     "PayloadTypeError": "._payloads",
     "payload_converter": "._payloads",
-    "DuplicateResult": "._duplicates",
+    "DuplicateResult": "._duplicate_result",
     "Engine": "._engine",
     "EngineClosed": "._errors",
     "EngineError": "._errors",
@@ -175,7 +180,7 @@ _EXPORTS: dict[str, str] = {
     "TenantClient": "._tenant",
     "open_tenant_client": "._tenant",
     "Worker": "._worker",
-    "WorkerStatistics": "._worker",
+    "WorkerStatistics": "._statistics",
     "open_worker": "._worker",
 }
 

@@ -18,7 +18,7 @@ from ._step_timeouts import StepTimeouts
 
 if TYPE_CHECKING:
     from ._context import WorkflowContext
-    from ._schedules import CatchUp, Overlap, Schedule
+    from ._schedule_defs import CatchUp, Overlap, Schedule
 
 __all__ = ["App", "StepDefinition", "StepFunction", "WorkflowDefinition", "WorkflowFunction"]
 
@@ -355,7 +355,7 @@ class App:
             ConfigError: a bad cron expression, unknown time zone, ``every`` <= 0, both or
                 neither of ``cron`` and ``every``, an unknown workflow, or a taken name.
         """
-        from ._schedules import Schedule
+        from ._schedule_defs import Schedule
 
         schedule = Schedule.make(
             name, workflow, cron=cron, every=every, input=input, timezone=timezone,

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
+from .._attrs_shared import shared_eq, shared_repr
 from .._errors import BrokerError, TransportClosed
 from .._periodic import fixed_rate
 from .._telemetry import EVENTS_LOGGER
@@ -114,9 +115,12 @@ class StepLost(EngineError):
         self.waited = waited
 
 
-@attrs.define
+@attrs.define(repr=False, eq=False)
 class _Sent:
     """One attempt this engine dispatched and still audits."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq  # (and so unhashable, as attrs leaves a mutable class)
 
     attempt: int
     name: str

@@ -10,6 +10,7 @@ import attrs
 import trio
 
 from .._arguments import check_callable, check_name, check_priority, check_seconds, check_type
+from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import ConfigError
 from .._json_values import check_json
 from .._transport._step_beats import StepBeats, current_beats
@@ -61,9 +62,13 @@ UPDATE_LOG = "durable_trio.update"
 UPDATE_DONE = "durable_trio.update.done"
 
 
-@attrs.frozen
+@attrs.frozen(repr=False, eq=False)
 class StepInfo:
     """Where the running step code is: see :func:`step_info`."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
 
     run_id: str
     step_id: str

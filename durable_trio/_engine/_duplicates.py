@@ -5,59 +5,18 @@ with its cause (which lease was lost, whose, when), from the delivery evidence t
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import TYPE_CHECKING
 
-import attrs
+if TYPE_CHECKING:
+    from .._wire import JSONValue
+    from ._duplicate_result import DuplicateResult
 
-from .._attrs_shared import shared_eq, shared_hash, shared_repr
-from .._wire import JSONValue
-
-__all__ = ["DuplicateLog", "DuplicateResult", "explain"]
+__all__ = ["DuplicateLog", "explain"]
 
 #: Duplicates kept per engine (the newest; ``duplicate_completions`` counts them all).
 MAX_DUPLICATES = 1_000
 #: Deliveries of applied completed results kept to compare a later copy against (the newest).
 MAX_DELIVERIES = 10_000
-
-
-@attrs.frozen(repr=False, eq=False)
-class DuplicateResult:
-    """A completed result that arrived for an attempt already completed, and why.
-
-    The first result applied stays (application is idempotent); this one changed nothing."""
-
-    __repr__ = shared_repr
-    __eq__ = shared_eq
-    __hash__ = shared_hash
-
-    run_id: str
-    step_id: str
-    attempt: int
-    at: float
-    """Store clock, when this engine met the copy."""
-    cause: str
-    """Why the step completed twice, in words (see :func:`explain`)."""
-    lost: tuple[JSONValue, ...] = ()
-    """The leases lost between the two deliveries: ``{"worker", "at"}`` each, oldest first
-    (``at``: broker clock, when the sweep reclaimed the job from ``worker``)."""
-    applied: JSONValue = None
-    """The delivery evidence of the result that was applied (``None``: not known here, e.g.
-    another engine applied it, or a worker that sends no evidence)."""
-    duplicate: JSONValue = None
-    """The delivery evidence of this copy."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The entry as JSON (status pages, logs)."""
-        return {
-            "runId": self.run_id,
-            "stepId": self.step_id,
-            "attempt": self.attempt,
-            "at": self.at,
-            "cause": self.cause,
-            "lost": list(self.lost),
-            "applied": self.applied,
-            "duplicate": self.duplicate,
-        }
 
 
 def _stalls(delivery: JSONValue) -> list[JSONValue]:
@@ -186,6 +145,8 @@ class DuplicateLog:
         self, run_id: str, step_id: str, attempt: int, delivery: JSONValue, at: float
     ) -> DuplicateResult:
         """A completed copy with evidence ``delivery`` came for a completed attempt."""
+        from ._duplicate_result import DuplicateResult  # (imported with the first duplicate)
+
         applied = self._deliveries.get((run_id, step_id, attempt))
         cause, lost = explain(applied, delivery)
         entry = DuplicateResult(

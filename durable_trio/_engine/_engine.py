@@ -22,7 +22,9 @@ from __future__ import annotations
 # Real imports, not TYPE_CHECKING ones (the ``noqa: TC00x``): ``Engine.list`` shadows the builtin
 # inside the class body, so its annotations spell the type ``builtins.list``; that, and the
 # return types of the public properties (``App``, ``RunStore``, ...), ``typing.get_type_hints``
-# (and anything built on it) must resolve at run time.
+# (and anything built on it) must resolve at run time. ``Engine.statistics`` and
+# ``Engine.duplicates`` name their classes through ``_snapshots``, which imports each on its
+# first use: an operator's call, not every engine's start.
 import builtins  # noqa: TC003
 import contextlib
 from collections.abc import Mapping  # noqa: TC003 (the type hints resolve at run time)
@@ -36,6 +38,7 @@ from .._arguments import check_bool, check_name, check_optional_name, check_seco
 from .._errors import BrokerError, TransportClosed
 from .._transport._facade import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
+from . import _snapshots as snapshots
 from ._adoption import Adoption
 from ._advert import MIN_ADVERT_TTL, EngineAdvert
 from ._app import App  # noqa: TC001
@@ -51,7 +54,6 @@ from ._deadline import drive_within_deadline
 from ._debounce import Debounce, check_folding
 from ._debounced import DebouncedStarts
 from ._drivers import Drivers
-from ._duplicates import DuplicateResult  # noqa: TC001
 from ._errors import (
     EngineClosed,
     RunCancelled,
@@ -64,14 +66,12 @@ from ._new_run import record_debounced_start, record_new_run
 from ._options import EngineOptions
 from ._records import RunRecord, RunState, RunStatus, StepRecord
 from ._remote_run import RemoteRunDriver
-from ._reopen import retry_run
 from ._results import ResultHandler
 from ._retention import prune_forever
 from ._retry import Retry  # noqa: TC001
 from ._runtime import RunDriver
 from ._schedules import Scheduler, Schedules
 from ._services import EngineServices
-from ._statistics import EngineStatistics
 from ._step_watch import StepChecks, StepWait, StepWatch
 from ._step_watch import waiting as step_waits
 from ._stores import RunStore  # noqa: TC001
@@ -87,7 +87,7 @@ if TYPE_CHECKING:
     from .._transport._options import ErrorHook
     from ._services import Driver
 
-__all__ = ["Engine", "EngineOptions", "EngineStatistics", "start_engine"]
+__all__ = ["Engine", "EngineOptions", "start_engine"]
 
 
 class Engine:
@@ -508,7 +508,7 @@ class Engine:
             for step in steps
         ]
 
-    def duplicates(self, run_id: str | None = None) -> builtins.list[DuplicateResult]:
+    def duplicates(self, run_id: str | None = None) -> builtins.list[snapshots.DuplicateResult]:
         """The completed results this engine met for an attempt that had already completed,
         each with its cause (which lease was lost, whose, when: see docs/concepts.md,
         "At-least-once windows"), oldest first: of ``run_id``, or of every run. None was
@@ -665,13 +665,15 @@ class Engine:
         """
         if self._tree.closing:
             raise EngineClosed("the engine is closed")
+        from ._reopen import retry_run  # (an operator's call: imported with its first use)
+
         record = await retry_run(self.store, run_id)
         await self.reconcile()
         return record
 
-    def statistics(self) -> EngineStatistics:
+    def statistics(self) -> snapshots.EngineStatistics:
         """A snapshot of the engine's counters (idempotent application made measurable)."""
-        return EngineStatistics(
+        return snapshots.EngineStatistics(
             engine_id=self.engine_id,
             active_runs=len(self._services.drivers),
             waiting_steps=len(self._services.waiters),

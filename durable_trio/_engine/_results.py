@@ -28,7 +28,6 @@ from ._records import (
     error_to_json,
 )
 from ._remote_run import RemoteRunDriver, apply_decision, apply_step_event
-from ._retry import StoredRetry
 from ._runtime import fail_unsent, send_step
 from ._stores._wakes import SupportsRunWakes, step_key
 
@@ -104,6 +103,8 @@ class ResultHandler:
                 delivery=result.delivery,
             ),
         )
+        from ._stored_retry import StoredRetry  # (imported with the first failed attempt)
+
         policy = StoredRetry.from_json(current.retry)
         if error.retryable and policy.retries_after(current.attempt, error.code):
             delay = (

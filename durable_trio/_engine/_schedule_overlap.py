@@ -8,26 +8,22 @@ schedule's previous tick is unfinished, as Temporal's ``ScheduleOverlapPolicy``.
 - ``cancel_other``: the unfinished run is cancelled (``engine.cancel``: a run driven here
   compensates, bounded by ``cancel_grace``), then the tick starts.
 
-The scheduler keeps, per schedule, an :class:`OverlapState` in the run store
-(:meth:`RunStore.put_schedule_state`): the tick of the newest run it started, the tick
-buffered, the count of ticks skipped. "The previous run" is the run of any of: that newest
-started tick, the last tick handled, the buffered tick: so a state written late by a second
-engine firing the same tick (its writes are last-writer-wins) still sees the run the first one
-started. Every decision starts runs through ``engine.start`` under the tick's run id, so two
-engines that agree start one run; they may disagree only when the previous run ends between
-their two reads.
+The scheduler keeps, per schedule, an :class:`OverlapState` (``_schedule_defs``) in the run store
+(:meth:`RunStore.put_schedule_state`): the tick of the newest run it started, the tick buffered,
+the count of ticks skipped. "The previous run" is the run of any of: that newest started tick, the
+last tick handled, the buffered tick: so a state written late by a second engine firing the same
+tick (its writes are last-writer-wins) still sees the run the first one started. Every decision
+starts runs through ``engine.start`` under the tick's run id, so two engines that agree start one
+run; they may disagree only when the previous run ends between their two reads.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
-import orjson
 
-from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import BrokerError
 from ._errors import EngineClosed, EngineError
 
@@ -36,9 +32,10 @@ if TYPE_CHECKING:
 
     import trio
 
+    from ._schedule_defs import OverlapState
     from ._stores import RunStore
 
-__all__ = ["OverlapGate", "OverlapState"]
+__all__ = ["OverlapGate"]
 
 _log = logging.getLogger("durable_trio")
 
@@ -71,60 +68,6 @@ class _Engine(Protocol):
     async def result(self, run_id: str) -> Any: ...
 
 
-def _tick(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-@attrs.frozen(repr=False, eq=False)
-class OverlapState:
-    """A schedule's overlap state, as stored (JSON text)."""
-
-    __repr__ = shared_repr
-    __eq__ = shared_eq
-    __hash__ = shared_hash
-
-    started: float | None = None
-    """The tick of the newest run the scheduler started (``None``: none yet)."""
-    buffered: float | None = None
-    """The tick waiting for the unfinished run to end (``buffer_one``)."""
-    skipped: int = 0
-    """Ticks that started nothing (``skip``; dropped by ``buffer_one``; superseded by
-    ``cancel_other`` within one catch-up)."""
-
-    @classmethod
-    def loads(cls, text: str | None) -> OverlapState:
-        """Read a stored state; a missing or damaged one reads as a fresh state (the runs,
-        checked by id, are the truth: a lost state can at worst let one tick overlap)."""
-        if text is None:
-            return cls()
-        try:
-            data = orjson.loads(text)
-        except orjson.JSONDecodeError:
-            return cls()
-        if not isinstance(data, dict):
-            return cls()
-        skipped = data.get("skipped", 0)
-        if isinstance(skipped, bool) or not isinstance(skipped, int) or skipped < 0:
-            skipped = 0
-        return cls(_tick(data.get("started")), _tick(data.get("buffered")), skipped)
-
-    def merge(self, other: OverlapState) -> OverlapState:
-        """This state with what ``other`` (read again from the store) knows newer: the newest
-        tick started, a buffered tick (unless that one started since), the most skips."""
-        started = max((t for t in (self.started, other.started) if t is not None), default=None)
-        buffered = self.buffered if self.buffered is not None else other.buffered
-        if buffered is not None and started is not None and buffered <= started:
-            buffered = None
-        return OverlapState(started, buffered, max(self.skipped, other.skipped))
-
-    def dumps(self) -> str:
-        return orjson.dumps(
-            {"started": self.started, "buffered": self.buffered, "skipped": self.skipped}
-        ).decode()
-
-
 class OverlapGate:
     """One engine's scheduler's application of the overlap policies (see the module
     docstring). ``watch_in``: the nursery where it waits for the run a buffered tick waits
@@ -150,6 +93,8 @@ class OverlapGate:
         """Handle the due ``ticks`` (oldest first) of ``schedule`` under its overlap policy,
         marking each handled; ``last``: its last tick handled before them; ``stored``: its
         stored state; ``latest``: the newest tick of its calendar now."""
+        from ._schedule_defs import OverlapState  # (imported with the first schedule's tick)
+
         store = self._engine.store
         state = OverlapState.loads(stored)
         written = state

@@ -28,11 +28,11 @@ from .._backoff import Backoff
 from .._errors import BrokerError, TransportClosed
 from .._transport._options import log_error
 from .._wire import RemoteTask
+from ._counters import COUNTERS
 from ._drivers import Driver, Drivers
 from ._duplicates import DuplicateLog
 from ._errors import EngineError
 from ._records import previous_details
-from ._statistics import COUNTERS
 from ._step_timeouts import StepTimeouts
 from ._stores._wakes import SupportsRunWakes
 
@@ -118,7 +118,7 @@ class DriverServices(Protocol):
         """Cancels one run."""
 
     def count(self, name: str, n: int = 1) -> None:
-        """Add ``n`` to the counter ``name`` (one of :data:`~._statistics.COUNTERS`)."""
+        """Add ``n`` to the counter ``name`` (one of :data:`~._counters.COUNTERS`)."""
 
     def report(self, exc: BaseException) -> None:
         """Hand ``exc`` to the error hook (a broken hook is logged, never raised)."""

@@ -1,12 +1,15 @@
-"""The frozen snapshot :meth:`Engine.statistics` returns, and the names of its counters."""
+"""The frozen snapshots :meth:`Engine.statistics` and :meth:`Worker.statistics` return (the
+names of the engine's counters and gauges live in :mod:`._counters`, which the engine imports:
+this module is imported by the first ``statistics()``, through ``_snapshots``)."""
 
 from __future__ import annotations
 
 import attrs
 
 from .._attrs_shared import shared_eq, shared_hash, shared_repr
+from ._counters import COUNTERS, GAUGES
 
-__all__ = ["COUNTERS", "GAUGES", "EngineStatistics"]
+__all__ = ["COUNTERS", "GAUGES", "EngineStatistics", "WorkerStatistics"]
 
 
 @attrs.frozen(repr=False, eq=False)
@@ -105,8 +108,19 @@ class EngineStatistics:
     (issue 34; docs/engine.md, "Streaming")."""
 
 
-#: The fields of :class:`EngineStatistics` that are not counters but gauges (or the id).
-GAUGES = frozenset({"engine_id", "active_runs", "waiting_steps"})
+@attrs.frozen(repr=False, eq=False)
+class WorkerStatistics:
+    """A snapshot of a worker's counters."""
 
-#: Every counter of :class:`EngineStatistics`: what ``Engine._count`` may count.
-COUNTERS = tuple(f.name for f in attrs.fields(EngineStatistics) if f.name not in GAUGES)
+    __repr__ = shared_repr
+    __eq__ = shared_eq
+    __hash__ = shared_hash
+
+    running: int
+    """Steps running now."""
+    executed: int
+    """Step executions started (every attempt and redelivery counts)."""
+    succeeded: int
+    failed: int
+    cancelled: int
+    """Executions stopped by a ``cancel`` control message."""

@@ -134,9 +134,12 @@ class StepNotStarted(EngineError):
         self.suppressed = suppressed
 
 
-@attrs.define
+@attrs.define(repr=False, eq=False)
 class _Attempt:
     """One dispatched attempt the watch knows."""
+
+    __repr__ = shared_repr
+    __eq__ = shared_eq  # (and so unhashable, as attrs leaves a mutable class)
 
     run_id: str
     step_id: str

@@ -28,19 +28,17 @@ import os
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import trio
 
-from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import BrokerError
 from .._transport._facade import open_queue_transport
 from .._transport._step_beats import current_beats
 from ..brokers import SupportsQueueLimits, SupportsRateLimits
+from . import _snapshots as snapshots  # (statistics(): its class on first use)
 from ._app import ConcurrencyKeyError
 from ._context import _CURRENT_STEP, StepInfo
 from ._payloads import signature_of, structure_as, unstructure_as
 from ._stream import LazyStore, emitter_of, serving, store_opener
-from ._turn import run_turn
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -50,7 +48,7 @@ if TYPE_CHECKING:
     from ..backends._backend import Backend
     from ._app import App, StepDefinition
 
-__all__ = ["Worker", "WorkerStatistics", "open_worker"]
+__all__ = ["Worker", "open_worker"]
 
 #: A per-key rate's job is handed back for at least this long when its key is past the rate
 #: (the broker's answer is exact; this only bounds the round trips of a rounding to 0).
@@ -71,24 +69,6 @@ class _RunCancelledStep(_StepCancelled):
     transport logs it at INFO instead of reporting it through the error hook)."""
 
     quiet = True
-
-
-@attrs.frozen(repr=False, eq=False)
-class WorkerStatistics:
-    """A snapshot of a worker's counters."""
-
-    __repr__ = shared_repr
-    __eq__ = shared_eq
-    __hash__ = shared_hash
-
-    running: int
-    """Steps running now."""
-    executed: int
-    """Step executions started (every attempt and redelivery counts)."""
-    succeeded: int
-    failed: int
-    cancelled: int
-    """Executions stopped by a ``cancel`` control message."""
 
 
 def _classify(exc: Exception, definition: StepDefinition) -> None:
@@ -135,9 +115,9 @@ class Worker:
         self._failed = 0
         self._cancelled = 0
 
-    def statistics(self) -> WorkerStatistics:
+    def statistics(self) -> snapshots.WorkerStatistics:
         """A snapshot of the worker's counters."""
-        return WorkerStatistics(
+        return snapshots.WorkerStatistics(
             running=self._running,
             executed=self._executed,
             succeeded=self._succeeded,
@@ -364,6 +344,8 @@ async def open_worker(
             worker._serve(
                 app.steps[name], rates if app.steps[name].rate_limit is not None else None
             )
+        if served:  # remote workflows (docs/engine.md): their turns' code imported for them only
+            from ._turn import run_turn
         for name in served:
             transport.remote.handle_workflow(
                 name,

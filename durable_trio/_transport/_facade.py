@@ -24,11 +24,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
-import attrs
 import trio
 
 from .._arguments import check_seconds, check_task, check_tasks
-from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import ConfigError, TransportClosed
 from .._failures import one_exception, raise_bare, report_through
 from .._naming import QueueNames
@@ -58,33 +56,13 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from ._ports import KeyStore, TransportBackend
+    from ._statistics import TransportStatistics
 
 
-__all__ = ["QueueTransport", "TransportStatistics", "open_queue_transport", "stalled_threshold_of"]
+__all__ = ["QueueTransport", "open_queue_transport", "stalled_threshold_of"]
 
 
 ResultHandler = Callable[[StepResult], Awaitable[None]]
-
-
-@attrs.frozen(repr=False, eq=False)
-class TransportStatistics:
-    """A snapshot of one transport's state."""
-
-    __repr__ = shared_repr
-    __eq__ = shared_eq
-    __hash__ = shared_hash
-
-    in_flight: int
-    """Job handlers running now (every queue)."""
-    open_claims: int
-    """Claims this instance holds (running, finalizing or awaiting handback)."""
-    task_limit: int
-    """The step concurrency limit."""
-    duplicates: int
-    """Times a job's lease was lost while its handler ran."""
-    queues: tuple[str, ...]
-    """Every queue this instance consumes."""
-    closed: bool
 
 
 class QueueTransport:
@@ -263,6 +241,8 @@ class QueueTransport:
         return self._backend
 
     def statistics(self) -> TransportStatistics:
+        from ._statistics import TransportStatistics  # (imported with its first use)
+
         return TransportStatistics(
             in_flight=self._runner.running,
             open_claims=len(self._claims),

@@ -23,8 +23,8 @@ from .._engine import (
     open_engine,
 )
 from .._engine._cancel import CANCEL_MARK
+from .._engine._counters import COUNTERS
 from .._engine._heartbeats import HEARTBEAT_TIMEOUT
-from .._engine._statistics import COUNTERS
 from .._engine._stores.memory import MemoryRunStore
 from .._errors import BrokerError, BrokerUnavailable
 from ..backends._backend import Backend
