@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import sys
+import time
 from typing import Any, cast
 
 import attrs
@@ -47,6 +48,11 @@ from durable_trio.testing.fixtures import (  # the plugin's fixtures, for this m
 )
 from durable_trio.testing.strategies import MESSAGE_TYPES, wire_messages
 
+#: The simulations are CPU-bound, seconds to a minute and a half each on a quiet 2-core machine
+#: (storm-8's finalize variant 85 s with the suite's 4 workers, 2026-12-06) and up to twice that
+#: on a slow one: the timeout that catches a hang is longer here than the suite's 120 s.
+pytestmark = pytest.mark.timeout(300)
+
 # --------------------------------------------------------------------------- the workload
 
 app = sample_app("sim")
@@ -82,16 +88,45 @@ def test_the_same_seed_twice_gives_the_same_history_byte_for_byte() -> None:
 
 #: A day of production: 2,000 runs (some 11,000 step executions) on 4 workers, with every
 #: fault kind several times an hour. Measured at 15-38 s wall on our machines (they differ by
-#: 2.5x); CI must stay under 60 s.
+#: 2.5x, and one machine's speed moves as much over a day: 74.5 s on 2026-12-06 at 08:00 UTC,
+#: the same on the tree CI had passed at 06:00). So the limit is the machine's, not a number of
+#: seconds: 60 s where a fixed pure-Python workload (:func:`machine_seconds`) takes
+#: ``REFERENCE_SECONDS``, that many times more where it takes longer (0.11 s that morning: a
+#: limit of 120 s against the 74.5 s), never less.
 DAY_SEED = 20261
 DAY_WALL_LIMIT = 60.0
+REFERENCE_SECONDS = 0.055
+
+
+def machine_seconds() -> float:
+    """Seconds this machine takes now for a fixed pure-Python workload (dict stores, tuples,
+    ``str`` of ints: the interpreter's own speed, as the simulation's), the best of five."""
+
+    def work() -> int:
+        table: dict[int, tuple[int, str]] = {}
+        for i in range(300_000):
+            table[i % 1000] = (i, str(i))
+        return len(table)
+
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        work()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def day_wall_limit() -> float:
+    """The simulated day's wall-clock limit on this machine (see :data:`DAY_WALL_LIMIT`)."""
+    return DAY_WALL_LIMIT * max(1.0, machine_seconds() / REFERENCE_SECONDS)
 
 
 @pytest.mark.chaos  # bounded by the wall clock: run alone, in the suite's second half
 def test_a_simulated_day_with_faults_runs_in_under_a_minute_and_every_invariant_holds() -> None:
+    limit = day_wall_limit()
     report = simulation(DAY_SEED, runs=2000, duration=24 * 3600, faults=CHAOS).run_sync()
-    print(report.summary())
-    assert report.wall_seconds < DAY_WALL_LIMIT, report.summary()
+    print(report.summary(), f"(limit on this machine: {limit:.0f} s)")
+    assert report.wall_seconds < limit, f"{report.summary()} (limit {limit:.0f} s)"
     assert report.violations == ()
     assert report.runs_completed == report.runs_started == 2000
     assert report.duration == 24 * 3600.0
