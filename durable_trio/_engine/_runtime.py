@@ -424,15 +424,16 @@ class RunDriver:
         services = self.services
         store = services.store
         if ok:
-            token = _CURRENT_STEP.set(self._local_info(current))
             try:
-                if inspect.isawaitable(value):
-                    value = await value
+                if inspect.isawaitable(value):  # (a value returned: its step's context is over)
+                    token = _CURRENT_STEP.set(self._local_info(current))
+                    try:
+                        value = await value
+                    finally:
+                        _CURRENT_STEP.reset(token)
                 output = normalize_json(value, f"the result of local step {current.name!r}")
             except Exception as exc:
                 ok, value = False, exc
-            finally:
-                _CURRENT_STEP.reset(token)
         if ok:
             return attrs.evolve(
                 current,
