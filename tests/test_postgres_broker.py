@@ -245,6 +245,26 @@ async def test_hub_fans_out_and_says_none_after_a_reconnect(postgres_url: str) -
         assert hub.channels == {"chan", "other"}
 
 
+async def test_hub_subscribe_soon_says_none_once_the_channel_is_listened_to(
+    postgres_url: str,
+) -> None:
+    """A run store's first waiter subscribes from synchronous code: a NOTIFY committed before the
+    ``LISTEN`` is not heard, so the callback is called with ``None`` once it is active (its
+    waiters look again then, not at their poll); later notifications arrive as they are."""
+    async with (
+        open_pool(postgres_url, size=2) as pool,
+        open_notify_hub(postgres_url) as hub,
+    ):
+        heard: list[str | None] = []
+        hub.subscribe_soon("soon", heard.append)
+        await _until(lambda: heard, within=10)
+        assert heard == [None]
+        assert "soon" in hub.channels
+        await pool.execute("SELECT pg_notify('soon', 'later')")
+        await _until(lambda: len(heard) >= 2, within=10)
+        assert heard == [None, "later"]
+
+
 # -- damaged rows -----------------------------------------------------------------------------
 
 

@@ -93,6 +93,54 @@ async def test_updates_return_values_and_rejections_raise_in_the_caller(
             assert await store.read_signal(run_id, UPDATE_DONE, 8) is None
 
 
+async def test_a_run_started_here_reads_its_requests_only_when_rung(
+    every_store: str, store_clock: trio.testing.MockClock
+) -> None:
+    """Issue 32: a run started by this engine has its wakes watched since before its create (a
+    request is appended only to a run that exists, and its append rings), so its request log
+    is not read at its start; an update still lands at once, from here or from another
+    engine. A run taken over (its history replayed) still reads its log first."""
+    app = cart_app("upd-fresh")
+    async with open_store(every_store, app.name) as (backend, store):
+        reads: list[tuple[str, int]] = []
+        read = store.read_signal
+
+        async def counted(run_id: str, name: str, seq: int) -> str | None:
+            if name == UPDATE_LOG:
+                reads.append((run_id, seq))
+            text: str | None = await read(run_id, name, seq)
+            return text
+
+        store.read_signal = counted
+        everyone = 0  # a (re)subscription to the store's wakes wakes every waiter: they read
+        wake = store.wakes.wake
+
+        def counted_wake(keys: Any) -> None:
+            nonlocal everyone
+            everyone += keys is None
+            wake(keys)
+
+        store.wakes.wake = counted_wake
+        start = trio.current_time()
+        async with (
+            open_engine(app, backend, store=store, engine_id="a") as engine,
+            open_engine(app, backend, store=store, engine_id="b", reconcile=False) as caller,
+        ):
+            first = await engine.start("cart", None)
+            second = await engine.start("cart", None, run_id="chosen")
+            assert await engine.start("cart", None, run_id="chosen") == "chosen"  # no 2nd watch
+            await trio.sleep(0.5)
+            assert everyone or [r for r in reads if r[1] == 1] == []
+            assert await caller.update(second, "add", "apple") == 1
+            assert await engine.update(first, "add", "pear") == 1
+            assert trio.current_time() - start == 0.5
+        reads.clear()
+        async with open_engine(app, backend, store=store, engine_id="c") as engine:
+            await trio.sleep(0.5)
+            assert {run for run, seq in reads if seq == 1} >= {first, second}
+            assert await engine.update(first, "add", "fig") == 2
+
+
 async def test_a_restarted_engine_replays_the_updates_once(
     every_store: str, store_clock: trio.testing.MockClock
 ) -> None:

@@ -62,7 +62,7 @@ from ._errors import (
     run_failure,
 )
 from ._heartbeats import watch_heartbeats
-from ._new_run import record_debounced_start, record_new_run
+from ._new_run import NewRunWatch, record_debounced_start, record_new_run
 from ._options import EngineOptions
 from ._records import RunRecord, RunState, RunStatus, StepRecord
 from ._remote_run import RemoteRunDriver
@@ -368,10 +368,9 @@ class Engine:
             else check_seconds(timeout, "engine.start", "timeout", positive=True)
         )
         if self._tree.closing:
-            # The engine's own tasks that call this (the scheduler, a parent starting a child,
-            # a pod's start) were cancelled when closing began, but one that resumed from an
-            # await whose result was already in leaves here by that cancel, not with an error
-            # it would have to tell from a real one (seen in CI: a schedule's tick).
+            # The engine's own callers (scheduler, parent, pod) were cancelled when closing
+            # began; one resumed with its result already in leaves here by that cancel, not
+            # with an error to tell from a real one (seen in CI: a schedule's tick).
             await trio.lowlevel.checkpoint()
             raise EngineClosed("the engine is closed")
         if workflow not in self.app.workflows:
@@ -386,23 +385,24 @@ class Engine:
             )
             self._debounced.due(due)
             return folded
-        stored, created = await record_new_run(
-            self.store,
-            workflow,
-            input,
-            run_id=run_id,
-            owner=None if detach else self.engine_id,
-            lease=self.options.run_lease,
-            timeout=seconds,
-            parent=parent,
-            dedup_key=dedup_key,
-            tags=checked_tags,
-        )
-        if not created:
-            return stored.run_id
-        self._started(stored)
-        if not detach:
-            self._spawn(stored, [])
+        with NewRunWatch(self.store, run_id, wanted=not detach and dedup_key is None) as watch:
+            stored, created = await record_new_run(
+                self.store,
+                workflow,
+                input,
+                run_id=watch.run_id,
+                owner=None if detach else self.engine_id,
+                lease=self.options.run_lease,
+                timeout=seconds,
+                parent=parent,
+                dedup_key=dedup_key,
+                tags=checked_tags,
+            )
+            if not created:
+                return stored.run_id
+            self._started(stored)
+            if not detach:
+                watch.hand_over(self._spawn(stored, []))
         return stored.run_id
 
     async def result(self, run_id: str) -> Any:

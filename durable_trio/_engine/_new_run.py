@@ -5,6 +5,7 @@ detach=True)`` stores it."""
 from __future__ import annotations
 
 import uuid
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from .._telemetry import run_trace
@@ -12,12 +13,16 @@ from ._debounce import Debounce, scoped_key
 from ._errors import EngineError
 from ._payloads import to_json
 from ._records import RunRecord, RunStatus, normalize_json
-from ._stores._wakes import STARTS, SupportsRunWakes
+from ._stores._wakes import STARTS, SupportsRunWakes, wakes_of
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
+    import trio
+
     from ._stores import RunStore
 
-__all__ = ["record_debounced_start", "record_new_run"]
+__all__ = ["NewRunWatch", "record_debounced_start", "record_new_run"]
 
 
 async def record_new_run(
@@ -120,3 +125,44 @@ async def record_debounced_start(
         max_wait=debounce.max_wait,
     )
     return run_id, await store.debounced_due(run_id)
+
+
+class NewRunWatch:
+    """The wakes of a run about to be created, watched from BEFORE its create (``with``: the
+    watch ends with the block unless :meth:`hand_over` gave it to the run's driver).
+
+    A request (``engine.update``) is stored only for a run that exists, and its append rings
+    the run's key: a driver handed this watch does not read the run's requests at its start
+    (docs/decisions.md, "A run started here does not read its update requests at its start").
+
+    Args:
+        run_id: the id asked for; :attr:`run_id` is it, or one drawn now when watching.
+        wanted: watch at all (not for a detached start, nor a dedup start, whose id is the
+            store's to choose).
+    """
+
+    def __init__(self, store: RunStore, run_id: str | None, *, wanted: bool) -> None:
+        self.run_id = run_id
+        self._watch = ExitStack()
+        self._rung: trio.Event | None = None
+        wakes = wakes_of(store) if wanted else None
+        if wakes is not None:
+            self.run_id = run_id or uuid.uuid4().hex
+            self._rung = self._watch.enter_context(wakes.watching(self.run_id))
+
+    def __enter__(self) -> NewRunWatch:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._watch.close()
+
+    def hand_over(self, driver: object) -> None:
+        """Give the watch to ``driver``'s update servant (a driver without one: it ends)."""
+        updates = getattr(driver, "updates", None)
+        if self._rung is not None and updates is not None:
+            updates.watch_new(self._watch.pop_all(), self._rung)

@@ -151,6 +151,22 @@ class UpdateServant:
         """The run's generation (continue-as-new): outcomes re-apply in their own only."""
         """:meth:`load` is done: the workflow's first call waits for it."""
         self.replay: dict[int, list[dict[str, Any]]] = {}
+        self.fresh: tuple[ExitStack, trio.Event] | None = None
+        """A new run's watch of its wakes, taken before the run was created (:meth:`watch_new`)."""
+
+    def watch_new(self, watch: ExitStack, rung: trio.Event) -> None:
+        """The run was created here with ``watch`` (of its wakes' ``rung``) taken BEFORE its
+        create: a request, appended only to a run that exists, rings it; so the request log is
+        not read at the start (issue 32: one statement fewer per run, and the workflow's first
+        call does not wait for it). :meth:`serve` takes the watch over."""
+        self.fresh = (watch, rung)
+        self.loaded.set()
+
+    def drop_watch(self) -> None:
+        """Close a :meth:`watch_new` watch :meth:`serve` never took over (idempotent)."""
+        fresh, self.fresh = self.fresh, None
+        if fresh is not None:
+            fresh[0].close()
 
     # -- the workflow's side ------------------------------------------------------------
 
@@ -259,10 +275,15 @@ class UpdateServant:
         quiet = UPDATE_POLL  # the safety net's interval: doubles while nothing comes
         while seq <= MAX_UPDATES:
             with ExitStack() as watch:
-                rung = watch.enter_context(wakes.watching(run_id)) if wakes else trio.Event()
-                text = await services.guard(
-                    partial(store.read_signal, run_id, UPDATE_LOG, seq), "reading"
-                )
+                fresh, self.fresh = self.fresh, None
+                if fresh is not None:  # a new run, watched since before its create: no read
+                    watch.enter_context(fresh[0])
+                    rung, text = fresh[1], None
+                else:
+                    rung = watch.enter_context(wakes.watching(run_id)) if wakes else trio.Event()
+                    text = await services.guard(
+                        partial(store.read_signal, run_id, UPDATE_LOG, seq), "reading"
+                    )
                 if not self.loaded.is_set():
                     # No request yet means no outcome yet either (only a driver appends one,
                     # for a request it read): the outcomes are read only behind a request
@@ -341,6 +362,8 @@ async def serving_updates(servant: UpdateServant) -> AsyncIterator[None]:
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         background = group
+    finally:
+        servant.drop_watch()  # (a serve cancelled before it took the new run's watch over)
     error = one_exception(
         body_error, [] if background is None else [background], owner="the run's updates"
     )

@@ -83,10 +83,10 @@ class NotifyHub:
 
     def subscribe_soon(self, channel: str, callback: Callable[[str | None], None]) -> None:
         """:meth:`subscribe` from synchronous code (a run store's first waiter): the callback
-        is registered now and the ``LISTEN`` sent by the hub's own task. A ``NOTIFY`` committed
-        before the channel is active is not heard; the caller's waiters look again on their
-        poll. A channel that cannot be listened to now is listened to after the reconnect
-        (whose ``callback(None)`` covers the gap).
+        is registered now and the ``LISTEN`` sent by the hub's own task, after which the
+        callback is called with ``None`` (a ``NOTIFY`` committed before the channel was active
+        was not heard: the caller's waiters look again). A channel that cannot be listened
+        to now is listened to after the reconnect (whose ``callback(None)`` covers the gap).
 
         Raises:
             TransportClosed: the hub is closed (or was made without its task's nursery).
@@ -94,11 +94,15 @@ class NotifyHub:
         if self._nursery is None:
             raise TransportClosed("the PostgreSQL notify hub is not running")
         self._callbacks.setdefault(channel, []).append(callback)
-        self._nursery.start_soon(self._listen_quietly, channel)
+        self._nursery.start_soon(self._listen_quietly, channel, callback)
 
-    async def _listen_quietly(self, channel: str) -> None:
+    async def _listen_quietly(self, channel: str, callback: Callable[[str | None], None]) -> None:
+        """``LISTEN``, then ``callback(None)``: what was notified before the channel was
+        active is looked at again now, not at the waiters' next poll (as a reconnect does)."""
         with contextlib.suppress(BrokerUnavailable, TransportClosed, ConfigError):
             await self.listener.listen(channel)
+            if callback in self._callbacks.get(channel, ()):
+                callback(None)
 
     async def unsubscribe(self, channel: str, callback: Callable[[str | None], None]) -> None:
         """Remove one subscription of ``callback`` to ``channel`` (the last one of a channel
