@@ -211,6 +211,51 @@ def test_channel_names_are_short_safe_and_distinct() -> None:
     assert channel_for("a", "q") != channel_for("b", "q")
 
 
+# -- finalizes -------------------------------------------------------------------------------
+
+
+async def test_finalizes_go_one_call_at_a_time_in_batches(postgres_url: str) -> None:
+    """docs/decisions.md, "PostgreSQL finalizes one call at a time": a worker at concurrency 10
+    never has two finish-and-claim transactions that claim in flight on PostgreSQL (no halves,
+    as on SQLite), and its finishes share calls."""
+    async with broker_on(postgres_url, _schema()) as broker:
+        assert broker.finalize_in_halves is False
+        flying = most = calls = 0
+        inner = broker.finish_and_claim
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal flying, most, calls
+            claims = args[4] > 0  # (a finish that claims nothing is the other coalescer's)
+            flying += claims
+            calls += claims
+            most = max(most, flying)
+            try:
+                return await inner(*args, **kwargs)
+            finally:
+                flying -= claims
+
+        broker.finish_and_claim = counted  # type: ignore[method-assign]
+        backend = dt.Backend(url="test://", broker=broker, keys=MemoryKeyStore())
+        done: set[str] = set()
+        all_done = trio.Event()
+        async with dt.open_queue_transport(backend, concurrency=10) as transport:
+
+            async def step(task: dt.RemoteTask) -> None:
+                await trio.sleep(0)
+                done.add(task.step_id)
+                if len(done) == 200:
+                    all_done.set()
+
+            transport.handle("step", step)
+            await transport.dispatch_many(
+                [dt.RemoteTask(run_id="r", step_id=str(n), attempt=1, name="step") for n in range(200)]
+            )
+            with trio.fail_after(60):
+                await all_done.wait()
+        assert most == 1
+        assert 0 < calls < 200
+
+
 # -- the notify hub ---------------------------------------------------------------------------
 
 

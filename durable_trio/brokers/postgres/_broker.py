@@ -99,6 +99,11 @@ class PostgresBroker:
         ConfigError: an option out of range, or a schema name that is not a plain identifier.
     """
 
+    #: Its finalizes go one call at a time (``SupportsFinishAndClaim``): the server's commit of
+    #: one finish-and-claim transaction and the next overlap little, and halves only paid a
+    #: transaction's fixed cost (and a round trip's wake-ups) twice as often (docs/decisions.md).
+    finalize_in_halves = False
+
     def __init__(
         self,
         pool: PgPool,
