@@ -241,14 +241,17 @@ async def test_finalizes_go_one_call_at_a_time_in_batches(postgres_url: str) -> 
         async with dt.open_queue_transport(backend, concurrency=10) as transport:
 
             async def step(task: dt.RemoteTask) -> None:
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
                 done.add(task.step_id)
                 if len(done) == 200:
                     all_done.set()
 
             transport.handle("step", step)
             await transport.dispatch_many(
-                [dt.RemoteTask(run_id="r", step_id=str(n), attempt=1, name="step") for n in range(200)]
+                [
+                    dt.RemoteTask(run_id="r", step_id=str(n), attempt=1, name="step")
+                    for n in range(200)
+                ]
             )
             with trio.fail_after(60):
                 await all_done.wait()
