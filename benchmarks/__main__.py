@@ -28,6 +28,7 @@ import argparse
 import math
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -164,6 +165,25 @@ def _best_peer(
     return (min if lowest else max)(found, key=lambda pair: pair[1])
 
 
+def _first_job_check(f: Figures, rows: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+    """Issue 35, item 2: our worker's spawn -> first job done against BullMQ's, both from the
+    redis section's S1 of this run (BullMQ's in its S1 drain's note)."""
+    key = "durable_trio S1 as the peers, concurrency 10: spawn -> first job done (ms)"
+    theirs = [
+        float(found.group(1)) * 1000
+        for r in rows
+        if r["peer"] == "bullmq" and r["scenario"] == "S1"
+        and (found := re.search(r"spawn -> 1st job done ([0-9.]+) s", str(r.get("note"))))
+    ]  # fmt: skip
+    if key not in f or not theirs:
+        return []
+    ours, bull = _value(f[key]), theirs[0]
+    return [
+        (f"[35] a worker's spawn -> first job done: ours {ours:,.0f} ms vs BullMQ's {bull:,.0f} ms"
+         " (want <= BullMQ's)", ours <= bull)
+    ]  # fmt: skip
+
+
 def _targets(f: Figures) -> list[tuple[str, bool]]:
     """The must-show figures of the issues, checked against this run."""
     checks: list[tuple[str, bool]] = []
@@ -251,6 +271,7 @@ def _targets(f: Figures) -> list[tuple[str, bool]]:
                     mine >= 1.3 * bull[0],
                 )
             )
+        checks += _first_job_check(f, rows)
     pairs = (("S1 drain", "no-op steps"), ("S1 drain of 1 ms CPU steps", "1 ms CPU steps"))
     for label, what in pairs:
         ratio_key = f"durable_trio {label}, --processes 2 / 1 (ratio)"

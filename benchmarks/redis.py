@@ -127,12 +127,24 @@ async def drain(
 async def drain_as_the_peers(
     url: str, *, jobs: int, concurrency: int, queue_limit: int | None = None
 ) -> tuple[float, float]:
+    """(jobs/s, the worker's CPU microseconds per job) of :func:`drain_timed`."""
+    rate, cpu, _ = await drain_timed(
+        url, jobs=jobs, concurrency=concurrency, queue_limit=queue_limit
+    )
+    return rate, cpu
+
+
+async def drain_timed(
+    url: str, *, jobs: int, concurrency: int, queue_limit: int | None = None
+) -> tuple[float, float, float]:
     """S1 timed exactly as the peers' (benchmarks/peers/_common.py): ``jobs`` tasks queued
     first, one worker process spawned, each step's body appends its done signal to a file, and
     the rate is the jobs over the time from the worker's start to the last done signal. No
     process consumes the results meanwhile (they wait in the result queue, as a peer's results
-    wait in its result store). (jobs/s, the worker's CPU microseconds per job). With
-    ``queue_limit``, the worker stores that fleet-wide limit on its queue before serving."""
+    wait in its result store). (jobs/s, the worker's CPU microseconds per job, seconds from
+    the worker's spawn to its first job done, as BullMQ's note gives it: issue 35, item 2).
+    With ``queue_limit``, the worker stores that fleet-wide limit on its queue before
+    serving."""
     namespace = f"s1p-{concurrency}-{time.monotonic_ns()}"
     with tempfile.TemporaryDirectory() as folder:
         done_file = Path(folder) / "done"
@@ -143,6 +155,7 @@ async def drain_as_the_peers(
         env = {"BENCH_DONE_FILE": str(done_file)}
         if queue_limit is not None:
             env["BENCH_QUEUE_LIMIT"] = str(queue_limit)
+        spawned = time.time()
         worker = await trio.to_thread.run_sync(lambda: _spawn(url, namespace, concurrency, env=env))
         try:
             assert worker.stdout is not None
@@ -156,8 +169,8 @@ async def drain_as_the_peers(
             data = done_file.read_bytes()
         finally:
             _stop(worker)
-    last = max(when for _, when in DONE.iter_unpack(data))
-    return jobs / (last - started), cpu / jobs * 1e6
+    times = [when for _, when in DONE.iter_unpack(data)]
+    return jobs / (max(times) - started), cpu / jobs * 1e6, min(times) - spawned
 
 
 async def enqueue(url: str, *, jobs: int) -> tuple[float, float]:
@@ -273,14 +286,18 @@ async def run(url: str, quick: bool, *, redis: bool = True) -> dict[str, tuple[f
         )
     for concurrency in (10, 32):
 
-        async def s1p(concurrency: int = concurrency) -> tuple[float, float]:
+        async def s1p(concurrency: int = concurrency) -> tuple[float, float, float]:
             clean()
-            return await drain_as_the_peers(url, jobs=jobs, concurrency=concurrency)
+            return await drain_timed(url, jobs=jobs, concurrency=concurrency)
 
-        rate, worker_us = await _median(runs, s1p)
+        rate, worker_us, first = await _median(runs, s1p)
         figures[f"S1 as the peers, concurrency {concurrency} (jobs/s)"] = (
             rate,
             f"worker start -> last done signal; worker CPU {worker_us:,.0f} us/job",
+        )
+        figures[f"S1 as the peers, concurrency {concurrency}: spawn -> first job done (ms)"] = (
+            first * 1000,
+            "the worker's spawn (its interpreter, imports, connecting) to its first done signal",
         )
     if redis:  # issue 19: the same drain by `durable-trio worker --processes 2` against 1
         figures.update(await processes.run(url, quick))

@@ -302,7 +302,7 @@ async function s1(ctx) {
   if (count > 1 && last > first) note += ` (${((count - 1) / (last - first)).toFixed(0)} jobs/s from the 1st job done)`;
   const runs = Math.floor(data.length / 16);
   if (runs > count) note += `; ${runs - count} job(s) ran twice`;
-  note += `; worker start-up ${(t0 - spawned).toFixed(2)} s not counted; prefilled in ${prefillS.toFixed(1)} s (${how})`;
+  note += `; worker start-up ${(t0 - spawned).toFixed(2)} s not counted; spawn -> 1st job done ${(first - spawned).toFixed(3)} s; prefilled in ${prefillS.toFixed(1)} s (${how})`;
   if (count < args.jobs) note += `; stopped after ${args.deadline} s with ${count}/${args.jobs} jobs done`;
   return [result("drain", count / (last - t0), "jobs/s", note)];
 }
