@@ -54,6 +54,9 @@ class Runs:
         self.signals: Any = None
         """Issue 18: ``(rng, workflow, input) -> [(delay, name, payload)]``, each run's
         signals (see :mod:`._sim_signals`), or ``None``."""
+        self.updates: Any = None
+        """Issue 34: ``(rng, workflow, input) -> [(delay, name, payload, value)]``, each
+        run's updates (see :mod:`._sim_updates`), or ``None``."""
         self.cancels: Any = None
         """Issue 18: ``(rng, workflow, input) -> delay or None``, each run's cancel (see
         :mod:`._sim_cancels`), or ``None``."""
@@ -90,6 +93,13 @@ class Runs:
                 runs.start_soon(
                     send_signals,
                     self.signals, self.seed, run_id, workflow, value, self.engines, self.ledger,
+                )  # fmt: skip
+            if self.updates is not None:
+                from ._sim_updates import send_updates
+
+                runs.start_soon(
+                    send_updates,
+                    self.updates, self.seed, run_id, workflow, value, self.engines, self.ledger,
                 )  # fmt: skip
             if self.cancels is not None:
                 from ._sim_cancels import cancel_later

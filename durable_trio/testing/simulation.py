@@ -122,6 +122,11 @@ class Simulation:
         signals: (issue 18) ``(rng, workflow, input) -> [(delay, name, payload), ...]``: the
             signals sent to each run, ``delay`` virtual seconds after its start; the invariant
             "each signal consumed once, in order per name" is then checked.
+        updates: (issue 34) ``(rng, workflow, input) -> [(delay, name, payload, value),
+            ...]``: the updates sent to each run (``engine.update`` with an id of their own,
+            again through the next engine if one dies), each once the one before returned and
+            no sooner than ``delay`` virtual seconds after its start; each must return
+            ``value``, and the invariant "each update applied once, in order" is checked.
         cancels: (issue 18) ``(rng, workflow, input) -> delay or None``: each run cancelled
             (``engine.cancel``) ``delay`` virtual seconds after its start, or not; the
             invariants of a cancel (``_sim_cancels.py``) are then checked.
@@ -160,6 +165,7 @@ class Simulation:
         transport_options: dict[str, Any] | None = None,
         replay: str | None = None,
         signals: Any = None,
+        updates: Any = None,
         cancels: Any = None,
         deploy: tuple[App, float, float] | None = None,
         batched: bool = False,
@@ -183,6 +189,7 @@ class Simulation:
         self.transport_options = {**DEFAULT_TRANSPORT_OPTIONS, **(transport_options or {})}
         self._replay = replay
         self.signals = signals
+        self.updates = updates
         self.cancels = cancels
         self.deploy = deploy
         self.batched = batched
@@ -289,6 +296,7 @@ class Simulation:
         )
         self._ledger, self._engines, self._workers, self._runs = ledger, engines, workers, runs
         runs.signals = getattr(self, "signals", None)
+        runs.updates = getattr(self, "updates", None)
         runs.cancels = getattr(self, "cancels", None)
         runs.tags = getattr(self, "tags", None)
         self._store, self._broker = store, broker
@@ -358,6 +366,10 @@ class Simulation:
                 from ._sim_signals import check_signals
 
                 await check_signals(self._store, sorted(runs.inputs), ledger)
+            if self.updates is not None:
+                from ._sim_updates import check_updates
+
+                await check_updates(self._store, sorted(runs.inputs), ledger)
             if self.deploy is not None:
                 for run_id, (status, error) in sorted(runs.outcomes.items()):
                     if isinstance(error, dict) and error.get("type") == "NonDeterminismError":
