@@ -59,8 +59,9 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_getattr
 
 if TYPE_CHECKING:  # the real imports, for type checkers; at run time: _EXPORTS
     from ._app import App, StepDefinition, WorkflowDefinition
@@ -188,14 +189,7 @@ _EXPORTS: dict[str, str] = {
 # Hidden from type checkers: with a module __getattr__ in sight, mypy would accept any
 # name (a typo included) as an attribute of the package.
 if not TYPE_CHECKING:
-
-    def __getattr__(name: str) -> Any:
-        module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module, __name__), name)
-        globals()[name] = value
-        return value
+    __getattr__ = lazy_getattr(globals(), _EXPORTS)
 
 
 def __dir__() -> list[str]:

@@ -28,6 +28,7 @@ import attrs
 import trio
 
 from .._errors import BrokerError, ConfigError, PayloadError
+from .._lazy import lazy_getattr
 from ._errors import EngineClosed, EngineError
 from ._new_run import record_new_run
 from ._schedule_overlap import OverlapGate
@@ -58,14 +59,7 @@ else:
         "CatchUp", "Overlap", "Schedule", "ScheduleInfo",
     })  # fmt: skip
 
-    def __getattr__(name: str) -> Any:
-        if name not in _DEFINITIONS:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        from . import _schedule_defs
-
-        value = getattr(_schedule_defs, name)
-        globals()[name] = value
-        return value
+    __getattr__ = lazy_getattr(globals(), dict.fromkeys(_DEFINITIONS, "._schedule_defs"))
 
 
 class _App(Protocol):

@@ -10,8 +10,9 @@ never builds their classes (attrs building them was ~10 M instructions of an app
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from ._duplicate_result import DuplicateResult
@@ -29,11 +30,4 @@ _MODULES: dict[str, str] = {
 
 # Hidden from type checkers, as the package's own lazy exports.
 if not TYPE_CHECKING:
-
-    def __getattr__(name: str) -> Any:
-        module = _MODULES.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module, __package__), name)
-        globals()[name] = value
-        return value
+    __getattr__ = lazy_getattr(globals(), _MODULES)

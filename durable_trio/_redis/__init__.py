@@ -18,9 +18,9 @@ names (:class:`MasterLocator`).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy_getattr
 from ._client import RedisClient, open_redis
 from ._connection import Connection, ConnectionStats, RedisArg
 from ._errors import (
@@ -61,14 +61,7 @@ _LAZY = {
 # Hidden from type checkers (as in the package's ``__init__``): with a module __getattr__ in
 # sight, mypy would accept any name as an attribute of this package.
 if not TYPE_CHECKING:
-
-    def __getattr__(name: str) -> Any:
-        module = _LAZY.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-        globals()[name] = value  # cached: the next look-up is a plain global
-        return value
+    __getattr__ = lazy_getattr(globals(), {name: f".{module}" for name, module in _LAZY.items()})
 
 
 def __dir__() -> list[str]:

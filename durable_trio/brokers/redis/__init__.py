@@ -172,8 +172,9 @@ Cancellation:
     sweep takes it back. The transport shields its pops for this reason.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ..._lazy import lazy_getattr
 from ._broker import (
     PROMOTE_BATCH,
     EvictionPolicyWarning,
@@ -190,14 +191,7 @@ if TYPE_CHECKING:
 # broker on one ``redis://`` node never loads them. Hidden from type checkers, as in the
 # package's ``__init__``.
 if not TYPE_CHECKING:
-
-    def __getattr__(name: str) -> Any:
-        if name != "RedisClusterBroker":
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        from ._cluster import RedisClusterBroker
-
-        globals()[name] = RedisClusterBroker
-        return RedisClusterBroker
+    __getattr__ = lazy_getattr(globals(), {"RedisClusterBroker": "._cluster"})
 
 
 def __dir__() -> list[str]:
