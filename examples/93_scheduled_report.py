@@ -22,7 +22,10 @@ EVERY = 1.0
 
 @app.step("build-report")
 async def build_report(audience: str) -> str:
-    return f"report for {audience} at {time.strftime('%H:%M:%S')}"
+    # (time.time(), not strftime's own clock: that one is the kernel's coarse clock, which may
+    # still read the second before a tick that fired a few milliseconds after it began)
+    now = time.time()
+    return f"report for {audience} at {time.strftime('%H:%M:%S', time.gmtime(now))} UTC"
 
 
 @app.workflow("report")

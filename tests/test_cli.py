@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from durable_trio.cli import _main as _cli
@@ -25,6 +26,19 @@ def test_every_example_runs_on_memory(capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["examples", "run", "--all", "--backend", "memory://"]) == 0
     out = capsys.readouterr().out
     assert f"All {len(_discover())} example(s) passed" in out
+
+
+def test_the_scheduled_report_never_reads_a_time_before_its_tick(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Each tick's report says when its step ran: never in the second before its tick (as a
+    # clock read through strftime alone, the kernel's coarse one, could say).
+    assert main(["examples", "run", "scheduled_report", "--backend", "memory://"]) == 0
+    found = re.findall(r"T(\d\d:\d\d:\d\d)Z: report for ops at (\d\d:\d\d:\d\d) UTC",
+                       capsys.readouterr().out)  # fmt: skip
+    assert len(found) == 3
+    for tick, ran in found:
+        assert ran >= tick or tick == "00:00:00", (tick, ran)  # (bar a tick at midnight)
 
 
 def test_an_unknown_example_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
