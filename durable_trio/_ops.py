@@ -27,7 +27,7 @@ from ._engine._cancel import mark_in_store
 from ._engine._children import cancel_children
 from ._engine._debounce import check_folding
 from ._engine._errors import RunNotFound
-from ._engine._new_run import record_debounced_start, record_new_run
+from ._engine._new_run import record_debounced_start, record_new_run, ring_starts
 from ._engine._records import RunPage, RunRecord, RunStatus
 from ._engine._reopen import retry_run
 from ._engine._stores import open_run_store
@@ -197,7 +197,8 @@ class Operations:
     ) -> str:
         """Record a new run of ``workflow`` as :meth:`Engine.start` with ``detach=True`` does
         (pending, no owner): an engine of the namespace whose app registers ``workflow``
-        takes it over at its next reconcile; with none running it waits, stored. An engine
+        takes it over at once (the store rings the engines that reconcile; at their next
+        reconcile if the ring is lost); with none running it waits, stored. An engine
         whose app does not register it fails it (``UnknownWorkflow``): this process has no
         app to check the name against. Idempotent by ``run_id``.
 
@@ -434,9 +435,10 @@ class Operations:
             _log.warning("cancel of run %r not sent to the workers: broker timed out", run_id)
 
     async def retry_run(self, run_id: str) -> RunRecord:
-        """Retry a failed run: reopened in the store, a live engine takes it over at its next
-        reconcile and resumes it from the step that failed it, its completed steps replayed,
-        never re-run (see :meth:`Engine.retry` and docs/operations.md).
+        """Retry a failed run: reopened in the store, a live engine takes it over at once (the
+        store rings the reconciling engines, as for a detached start; at their next reconcile
+        if the ring is lost) and resumes it from the step that failed it, its completed steps
+        replayed, never re-run (see :meth:`Engine.retry` and docs/operations.md).
 
         Returns:
             The run as reopened (pending, no owner).
@@ -445,7 +447,9 @@ class Operations:
             RunNotFound: no such run.
             RunNotRetryable: it is not failed.
         """
-        return await retry_run(self.store, run_id)
+        reopened = await retry_run(self.store, run_id)
+        await ring_starts(self.store)
+        return reopened
 
     # -- schedules --------------------------------------------------------------------------
 

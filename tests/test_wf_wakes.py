@@ -331,3 +331,104 @@ async def test_a_detached_start_from_another_process_is_taken_over_by_its_wake(
             assert output == 2 * n
             assert took < 25
         assert owner.statistics().runs_resumed == 3
+
+
+# -- a run an operator retried, or an engine released: taken over at once ----------------------
+
+
+def flaky_once() -> tuple[App, dict[str, bool]]:
+    """A step that fails while ``declined["card"]`` (one attempt, so the run fails)."""
+    app = App("wakes-retry")
+    declined = {"card": True}
+
+    @app.step("charge", retry=dt.Retry(max_attempts=1))
+    async def charge(n: int) -> int:
+        if declined["card"]:
+            raise RuntimeError("card declined")
+        return n
+
+    @app.workflow("order")
+    async def order(ctx: WorkflowContext, n: int) -> Any:
+        return await ctx.step("charge", n)
+
+    return app, declined
+
+
+async def test_a_run_an_operator_retried_is_taken_over_at_once_on_memory(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``ops.retry_run`` (the CLI's, the console's) rings ``STARTS``: the owner resumes the run
+    now, not at its next reconcile (t=5 after its start here)."""
+    app, declined = flaky_once()
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            dt.open_worker(app, backend),
+            open_engine(app, backend, reconcile_interval=5) as owner,
+            dt.open_operations(backend, namespace=app.name) as ops,
+        ):
+            run_id = await owner.start("order", 7)
+            with pytest.raises(dt.RunFailed):
+                await owner.result(run_id)
+            await trio.sleep(0.5)
+            declined["card"] = False
+            began = trio.current_time()
+            await ops.retry_run(run_id)
+            assert await owner.result(run_id) == 7
+            assert trio.current_time() == began  # not at the owner's next reconcile
+
+
+def _retry_elsewhere(url: str, run_id: str) -> None:
+    """Another process's ``durable-trio runs retry RUN_ID``."""
+
+    async def main() -> None:
+        async with dt.open_operations(url, namespace="wakes-retry") as ops:
+            await ops.retry_run(run_id)
+
+    trio.run(main)
+
+
+async def test_a_run_retried_from_another_process_is_taken_over_by_its_wake(
+    shared_url: str,
+) -> None:
+    """SQLite, Redis and PostgreSQL: the owner reconciles every 10 minutes; the run retried
+    from another process ends within the bound, so the owner took it through the ring."""
+    app, declined = flaky_once()
+    async with (
+        dt.open_backend(shared_url) as backend,
+        dt.open_worker(app, backend),
+        open_engine(app, backend, reconcile_interval=600, watch_interval=0.2) as owner,
+    ):
+        run_id = await owner.start("order", 7)
+        with pytest.raises(dt.RunFailed):
+            await owner.result(run_id)
+        declined["card"] = False
+        await trio.to_thread.run_sync(_retry_elsewhere, shared_url, run_id)
+        with trio.fail_after(25):
+            assert await owner.result(run_id) == 7
+
+
+async def test_the_runs_a_closing_engine_releases_are_taken_over_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A closing engine releases its runs and rings ``STARTS``: the other engine takes them now,
+    not at its next reconcile (t=600)."""
+    app = App("wakes-release")
+
+    @app.workflow("nap")
+    async def nap(ctx: WorkflowContext, _: Any) -> str:
+        await ctx.sleep(10)
+        return "rested"
+
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(app, backend, engine_id="heir", reconcile_interval=600) as heir:
+            await trio.sleep(0.5)  # its first reconcile is done
+            async with open_engine(app, backend, engine_id="leaver", reconcile_interval=600) as a:
+                run_id = await a.start("nap")
+                await trio.sleep(1)
+            released = trio.current_time()
+            await trio.testing.wait_all_tasks_blocked()
+            record = await heir.get(run_id)
+            assert record.owner == "heir", record
+            assert trio.current_time() == released
+            assert await heir.result(run_id) == "rested"
+            assert trio.current_time() == released - 1 + 10  # its timer as it was set

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from ._stores import RunStore
 
-__all__ = ["NewRunWatch", "record_debounced_start", "record_new_run"]
+__all__ = ["NewRunWatch", "record_debounced_start", "record_new_run", "ring_starts"]
 
 
 async def record_new_run(
@@ -80,11 +80,19 @@ async def record_new_run(
         raise EngineError(
             f"run {stored.run_id!r} exists as a run of {stored.workflow!r}, not {workflow!r}"
         )
-    if created and owner is None and isinstance(store, SupportsRunWakes):
+    if created and owner is None:
         # Pending, nobody drives it: the reconciling engines take it now, not at their next
         # reconcile (a detached start, the console's; issue 30, item 1).
-        await store.ring(STARTS)
+        await ring_starts(store)
     return stored, created
+
+
+async def ring_starts(store: RunStore) -> None:
+    """Ring :data:`STARTS` on a store that rings (best-effort, as every ring): a run was left
+    pending with no owner (recorded detached, reopened by an operator, released), so the
+    engines that reconcile look now, not at their next reconcile."""
+    if isinstance(store, SupportsRunWakes):
+        await store.ring(STARTS)
 
 
 async def record_debounced_start(

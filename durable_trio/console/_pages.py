@@ -350,7 +350,7 @@ class Pages:
 
     async def start(self, body: dict[str, str]) -> Reply:
         """Start a run: stored pending (as ``durable-trio run --detach``), an engine of the
-        namespace takes it over at its next reconcile."""
+        namespace takes it over at once (the store rings the engines that reconcile)."""
         workflow = _field(body, "workflow")
         value = _json_field(body, "input")
         run_id = body.get("run_id", "").strip() or None
@@ -372,7 +372,7 @@ class Pages:
             )
         return (
             f"run {started} of {workflow!r} stored (pending): an engine of this namespace"
-            " whose app registers the workflow takes it over at its next reconcile"
+            " whose app registers the workflow takes it over at once"
             " (with no engine running, it waits; a dedup key's unfinished run is returned)",
             f"/runs/{path_part(started)}",
         )

@@ -5,7 +5,8 @@ looking for the cancels other processes marked on its runs all wait on the run s
 a word from the store they poll it (every second; every ``run_lease / 3`` for cancels), which
 is what a signal sent from another process cost before. A store that supports wakes
 (:class:`SupportsRunWakes`) rings after it stored a signal or an event, when a cancel mark
-is written (:data:`CANCELS`), when a detached run is recorded (:data:`STARTS`: the engines that
+is written (:data:`CANCELS`), when a run is left pending with no owner (:data:`STARTS`: recorded
+detached, reopened by an operator's retry, released by a closing engine; the engines that
 reconcile take it over at once), and when an engine settles a run it took over from elsewhere
 (its id: a caller's ``engine.result`` in another process returns at once, issue 30); every
 process with a waiter on that key wakes within about a millisecond:
@@ -48,8 +49,9 @@ __all__ = [
 #: The key rung when a cancel mark is written on any run of the namespace (its owner looks).
 CANCELS = "\x00cancels"
 
-#: The key rung when a run was recorded for an engine's reconcile to take over (a detached
-#: start, from any process): the engines that reconcile look at once, not at their next tick.
+#: The key rung when a run was left for an engine's reconcile to take over (a detached start,
+#: an operator's retry, a closing engine's release; from any process): the engines that
+#: reconcile look at once, not at their next tick.
 STARTS = "\x00starts"
 
 #: The prefix of the key rung when an engine applied a step result of a run it does not drive
