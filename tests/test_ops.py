@@ -207,6 +207,40 @@ async def test_a_retried_step_gets_a_fresh_budget_of_attempts(autojump_clock: ob
         assert counts["charge"] == 4  # 2, then 2 more
 
 
+async def test_a_retried_step_starts_its_backoff_over(autojump_clock: object) -> None:
+    """After an operator's retry the new attempts wait as the first ones did (initial, then
+    initial * multiplier, ...), not as attempts 4, 5, ... of one long backoff would."""
+    app = dt.App("shop")
+    ran: list[float] = []
+
+    @app.step("charge", retry=dt.Retry(max_attempts=3, initial=1, multiplier=10, jitter=0))
+    async def charge(x: int) -> int:
+        ran.append(trio.current_time())
+        raise RuntimeError("card declined")
+
+    @app.workflow("order")
+    async def order(ctx: dt.WorkflowContext, x: int) -> int:
+        return int(await ctx.step("charge", x))
+
+    async with (
+        dt.open_backend("memory://") as backend,
+        dt.open_worker(app, backend),
+        dt.open_engine(app, backend) as engine,
+        dt.open_operations(backend, namespace="shop") as ops,
+    ):
+        start = trio.current_time()
+        run_id = await engine.start("order", 1)
+        with pytest.raises(dt.RunFailed, match="after 3 attempts"):
+            await engine.result(run_id)
+        assert [t - start for t in ran] == [0, 1, 11]
+        await trio.sleep(100)
+        retried = trio.current_time()
+        await ops.retry_run(run_id)
+        with pytest.raises(dt.RunFailed, match="after 6 attempts"):
+            await engine.result(run_id)
+        assert [t - retried for t in ran[3:]] == [0, 1, 11]  # (not 100 and 1,000 s later)
+
+
 async def test_a_timed_out_run_is_retried_with_its_timeout_afresh(autojump_clock: object) -> None:
     app = dt.App("shop")
     gate = trio.Event()

@@ -8,7 +8,8 @@ re-run. What it resumes from:
 - the step its failure names (``error.stepId``: the step that failed for good) is set pending
   at its next attempt. A remote step gets a fresh budget of attempts (its stored policy's
   ``maxAttempts`` is raised by the attempts already made; attempt numbers keep growing, so a
-  late result of an old attempt stays stale); a local step (``ctx.run``, its policy in the
+  late result of an old attempt stays stale; its backoff starts over with the new budget:
+  ``StoredRetry.earlier``); a local step (``ctx.run``, its policy in the
   code) gets one more attempt.
 - every step still pending (a run that timed out, or steps running beside the failed one) is
   moved to its next attempt and re-dispatched (its old task's result, if any still comes, is

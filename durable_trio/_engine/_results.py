@@ -110,7 +110,7 @@ class ResultHandler:
             delay = (
                 0.0
                 if retry_now
-                else policy.policy.delay(current.attempt, rng=self.services.rng_for(current))
+                else policy.delay(current.attempt, rng=self.services.rng_for(current))
             )
             retry = attrs.evolve(
                 current,

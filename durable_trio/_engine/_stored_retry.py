@@ -6,13 +6,16 @@ imported by the first failed attempt whose retry is decided, not by every engine
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import ConfigError
 from ._retry import Retry
+
+if TYPE_CHECKING:
+    import random
 
 __all__ = ["StoredRetry"]
 
@@ -27,6 +30,10 @@ class StoredRetry:
 
     policy: Retry
     names: frozenset[str]
+    earlier: int = 0
+    """Attempts made before an operator's last retry gave the step a fresh budget (its
+    ``maxAttempts`` raised by them, the original kept as ``operatorBase``): the backoff
+    starts over after them, as the budget does."""
 
     @classmethod
     def from_json(cls, data: Any) -> StoredRetry:
@@ -49,7 +56,14 @@ class StoredRetry:
         names = data.get("nonRetryable", [])
         if not isinstance(names, list):
             names = []
-        return cls(policy, frozenset(str(n) for n in names))
+        base = data.get("operatorBase")
+        earlier = policy.max_attempts - base if type(base) is int and base >= 1 else 0
+        return cls(policy, frozenset(str(n) for n in names), max(0, earlier))
+
+    def delay(self, failed_attempt: int, *, rng: random.Random | None = None) -> float:
+        """The backoff after ``failed_attempt`` failed, counted within the step's current
+        budget of attempts (after an operator's retry: from its first new attempt)."""
+        return self.policy.delay(max(1, failed_attempt - self.earlier), rng=rng)
 
     def retries_after(self, failed_attempt: int, error_code: str | None) -> bool:
         """As :meth:`Retry.retries_after`, matching codes against the stored names."""
