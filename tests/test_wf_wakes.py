@@ -12,6 +12,7 @@ ring.
 from __future__ import annotations
 
 import shutil
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -432,3 +433,67 @@ async def test_the_runs_a_closing_engine_releases_are_taken_over_at_once(
             assert trio.current_time() == released
             assert await heir.result(run_id) == "rested"
             assert trio.current_time() == released - 1 + 10  # its timer as it was set
+
+
+# -- a schedule added from another process: read at once -----------------------------------
+
+
+def ticking() -> App:
+    app = App("wakes-sched")
+
+    @app.workflow("tick")
+    async def tick(ctx: WorkflowContext, _: Any) -> str:
+        return "ticked"
+
+    return app
+
+
+async def test_a_schedule_added_through_the_store_is_read_at_once_on_memory(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The engine re-reads its schedules every 600 s here; one added by an operator's call (not
+    through this engine) at t=0.5 starts its first tick's run at exactly t=60."""
+    from durable_trio._engine._schedules import Schedules, schedule_run_id
+    from durable_trio.testing import virtual_wall_clock
+
+    app = ticking()
+    wall = virtual_wall_clock()
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            open_engine(app, backend, schedule_recheck=600) as engine,
+            dt.open_operations(backend, namespace=app.name) as ops,
+        ):
+            await trio.sleep(0.5)
+            await Schedules(ops.store, wall).add("minutely", "tick", every=60)
+            await trio.sleep(60 - trio.current_time())
+            await trio.testing.wait_all_tasks_blocked()
+            run = await engine.get(schedule_run_id("minutely", wall()))
+            assert run.created_at == trio.current_time() == 60  # (not at a re-read, t=600)
+
+
+def _add_schedule_elsewhere(url: str) -> None:
+    """Another process's ``durable-trio schedules add``."""
+    from durable_trio._engine._schedules import Schedules
+
+    async def main() -> None:
+        async with dt.open_operations(url, namespace="wakes-sched") as ops:
+            await Schedules(ops.store, time.time).add("each-second", "tick", every=1)
+
+    trio.run(main)
+
+
+async def test_a_schedule_added_from_another_process_is_read_at_once(shared_url: str) -> None:
+    """SQLite, Redis and PostgreSQL: the engine re-reads its schedules every 600 s; a schedule
+    added by another process ticks within seconds (the store's SCHEDULES ring)."""
+    app = ticking()
+    async with (
+        dt.open_backend(shared_url) as backend,
+        open_engine(app, backend, schedule_recheck=600) as engine,
+    ):
+        await trio.sleep(0.3)
+        await trio.to_thread.run_sync(_add_schedule_elsewhere, shared_url)
+        for _ in range(100):  # 10 s
+            if await engine.list(workflow="tick"):
+                break
+            await trio.sleep(0.1)
+        assert await engine.list(workflow="tick")

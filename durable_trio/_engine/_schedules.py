@@ -32,6 +32,7 @@ from .._lazy import lazy_getattr
 from ._errors import EngineClosed, EngineError
 from ._new_run import record_new_run
 from ._schedule_overlap import OverlapGate
+from ._stores._wakes import SCHEDULES, SupportsRunWakes
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Mapping
@@ -143,8 +144,9 @@ def _range_time(what: str, value: Any) -> float:
 
 class Schedules:
     """The schedules of a namespace, in its run store: ``engine.schedules`` (and the
-    ``durable-trio schedules`` command). Changes are seen by every engine of the namespace
-    (within ``schedule_recheck`` seconds; at once by the engine whose API made them).
+    ``durable-trio schedules`` command). Changes are seen by every engine of the namespace at
+    once (the run store rings :data:`SCHEDULES`; a lost ring: within ``schedule_recheck``
+    seconds).
 
     Args:
         store: the namespace's run store.
@@ -205,8 +207,15 @@ class Schedules:
         )  # fmt: skip
         self._check_workflow(schedule)
         stored: bool = await self._store.put_schedule(name, schedule.dumps(), replace=replace)
-        self._on_change()
+        await self._changed()
         return stored
+
+    async def _changed(self) -> None:
+        """Wake this process's scheduler, and ring every engine's (best-effort: a lost ring
+        waits for their ``schedule_recheck``)."""
+        self._on_change()
+        if isinstance(self._store, SupportsRunWakes):
+            await self._store.ring(SCHEDULES)
 
     def _check_workflow(self, schedule: Schedule) -> None:
         if self._app is not None and schedule.workflow not in self._app.workflows:
@@ -293,7 +302,7 @@ class Schedules:
                 await self._store.mark_schedule_tick(name, newest)
         changed = attrs.evolve(info.schedule, paused=paused)
         stored: bool = await self._store.put_schedule(name, changed.dumps(), replace=True)
-        self._on_change()
+        await self._changed()
         return stored
 
     async def backfill(
@@ -364,7 +373,7 @@ class Schedules:
     async def delete(self, name: str) -> bool:
         """Delete it (runs it started stay). Returns whether it existed."""
         deleted: bool = await self._store.delete_schedule(name)
-        self._on_change()
+        await self._changed()
         return deleted
 
 
@@ -421,10 +430,26 @@ class Scheduler:
 
     async def run(self) -> None:
         """Register the app's schedules, then start due ticks until cancelled."""
-        async with trio.open_nursery() as watchers:
-            self._gate.watch_in = watchers
-            await self._run()
-            watchers.cancel_scope.cancel()
+        store = self._engine.store
+        stop = None
+        if isinstance(store, SupportsRunWakes):
+            # A schedule changed elsewhere (the CLI, the console, another engine): read the
+            # schedules now, not at the next ``schedule_recheck`` (``None``: rings lost).
+            changed = self._changed
+
+            def follower(key: str | None) -> None:
+                if key is None or key == SCHEDULES:
+                    changed.set()
+
+            stop = store.wakes.follow(follower)
+        try:
+            async with trio.open_nursery() as watchers:
+                self._gate.watch_in = watchers
+                await self._run()
+                watchers.cancel_scope.cancel()
+        finally:
+            if stop is not None:
+                stop()
 
     async def _run(self) -> None:
         options = self._engine.options

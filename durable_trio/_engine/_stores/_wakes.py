@@ -5,11 +5,12 @@ looking for the cancels other processes marked on its runs all wait on the run s
 a word from the store they poll it (every second; every ``run_lease / 3`` for cancels), which
 is what a signal sent from another process cost before. A store that supports wakes
 (:class:`SupportsRunWakes`) rings after it stored a signal or an event, when a cancel mark
-is written (:data:`CANCELS`), when a run is left pending with no owner (:data:`STARTS`: recorded
-detached, reopened by an operator's retry, released by a closing engine; the engines that
-reconcile take it over at once), and when an engine settles a run it took over from elsewhere
-(its id: a caller's ``engine.result`` in another process returns at once, issue 30); every
-process with a waiter on that key wakes within about a millisecond:
+is written (:data:`CANCELS`), when a run is left pending with no owner (:data:`STARTS`:
+recorded detached, reopened by an operator's retry, released by a closing engine; the engines
+that reconcile take it over at once), when a schedule changes (:data:`SCHEDULES`), and when an
+engine settles a run it took over from elsewhere (its id: a caller's ``engine.result`` in
+another process returns at once, issue 30); every process with a waiter on that key wakes
+within about a millisecond:
 
 - memory: in-process only (every engine of a ``memory://`` backend shares the store);
 - SQLite: a datagram to every process's socket in ``<file>.wakes/`` (the broker's doorbell
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CANCELS",
+    "SCHEDULES",
     "STARTS",
     "STEPS",
     "RunWakes",
@@ -53,6 +55,10 @@ CANCELS = "\x00cancels"
 #: an operator's retry, a closing engine's release; from any process): the engines that
 #: reconcile look at once, not at their next tick.
 STARTS = "\x00starts"
+
+#: The key rung when a schedule was added, changed, paused, resumed or deleted (from any
+#: process: the CLI, the console): every engine's scheduler reads the schedules again now.
+SCHEDULES = "\x00schedules"
 
 #: The prefix of the key rung when an engine applied a step result of a run it does not drive
 #: (the engine that drives it re-reads that run's waited checkpoints: see :func:`step_key`).
