@@ -205,8 +205,8 @@ class Operations:
         ``dedup_key`` and ``debounce`` are :meth:`Engine.start`'s (docs/concurrency.md,
         "Debounce and dedup keys"), in the same store operations: a deduped start returns the
         unfinished run of its key; a debounced start is folded into its key's pending start,
-        whose run a reconciling engine creates when it is due (within its
-        ``reconcile_interval`` of that: no engine here rings it sooner).
+        whose run a reconciling engine creates when it is due (a new pending start rings the
+        engines, which then wait for its due time).
 
         Returns:
             The run id (an existing run's, if ``run_id`` names one: nothing is started; the

@@ -36,7 +36,7 @@ from ._engine._errors import EngineError
 from ._engine._records import RunRecord, RunStatus, normalize_json
 from ._engine._stores import _pg_starts as starts
 from ._engine._stores import _pg_tables as sql
-from ._engine._stores._wakes import STARTS
+from ._engine._stores._wakes import DEBOUNCED, STARTS
 from ._engine._stores.postgres import (
     debounce_params,
     insert_run_params,
@@ -248,7 +248,8 @@ def _start_plan(
     ``record_debounced_start`` on the PostgreSQL store): the insert, then the ``STARTS`` wake
     if it created the run, else a look at the run that has the id; with ``dedup_key``, the
     key's row first (``create_run_deduped``); with ``debounce``, the one upsert of
-    ``debounce_run``. Arguments are checked before the first statement."""
+    ``debounce_run`` (and the ``DEBOUNCED`` wake when it recorded a new start). Arguments are
+    checked before the first statement."""
     check_name(workflow, call, "workflow")
     check_name(namespace, call, "namespace")
     check_optional_name(run_id, call, "run_id")
@@ -273,6 +274,7 @@ def _start_plan(
         return _debounce_statements(
             quoted, debounce_params(namespace, scoped_key(workflow, debounce.key), run, now,
                                     debounce.delay, debounce.max_wait),
+            wakes_channel(schema, namespace), run.run_id,
         )  # fmt: skip
     statements = _start_statements(
         quoted, insert_run_params(namespace, run, now), wakes_channel(schema, namespace), run
@@ -300,9 +302,14 @@ def _deduped_statements(
     return (yield from then)
 
 
-def _debounce_statements(quoted: str, params: tuple[Any, ...]) -> _Plan:
+def _debounce_statements(
+    quoted: str, params: tuple[Any, ...], channel: str, new_id: str
+) -> _Plan:
     _, rows = yield (starts.DEBOUNCE.replace("{schema}", quoted), params)
-    return str(rows[0][0])
+    folded = str(rows[0][0])
+    if folded == new_id:  # a new start: the store's DEBOUNCED wake, delivered at the commit
+        yield (sql.NOTIFY, (channel, wake_payload(DEBOUNCED)))
+    return folded
 
 
 def _start_statements(quoted: str, values: tuple[Any, ...], channel: str, run: RunRecord) -> _Plan:

@@ -160,3 +160,25 @@ async def test_folding_arguments_are_checked_before_any_statement(postgres_url: 
             assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
     await trio.to_thread.run_sync(scenario)
+
+
+async def test_a_debounced_start_in_the_callers_transaction_rings_at_its_commit(
+    postgres_url: str,
+) -> None:
+    """The engine re-reads pending starts every 10 minutes; a start debounced 1 s in the
+    application's transaction is started at its due time (the DEBOUNCED wake, at the commit)."""
+    schema, url = await _migrated(postgres_url)
+
+    def commit() -> str:
+        with psycopg.connect(postgres_url) as conn, conn.transaction():
+            return dtpg.start_workflow(
+                conn, "ship", 7, namespace="shop", schema=schema,
+                debounce=dt.Debounce(key="rung", delay=1),
+            )  # fmt: skip
+
+    async with dt.open_backend(url) as backend:
+        async with open_engine(app, backend, reconcile_interval=600) as engine:
+            await trio.sleep(0.3)  # its first reads are done
+            run_id = await trio.to_thread.run_sync(commit)
+            with trio.fail_after(15):
+                assert await engine.result(run_id) == 7

@@ -497,3 +497,34 @@ async def test_a_schedule_added_from_another_process_is_read_at_once(shared_url:
                 break
             await trio.sleep(0.1)
         assert await engine.list(workflow="tick")
+
+
+# -- a debounced start recorded elsewhere: started at its due time ---------------------------
+
+
+def _debounce_elsewhere(url: str) -> str:
+    """Another process's ``durable-trio run --detach --debounce KEY --debounce-delay 1``."""
+
+    async def main() -> str:
+        async with dt.open_operations(url, namespace="wakes") as ops:
+            return await ops.start_run("once", 4, debounce=dt.Debounce(key="k", delay=1))
+
+    return trio.run(main)
+
+
+async def test_a_debounced_start_from_another_process_starts_at_its_due_time(
+    shared_url: str,
+) -> None:
+    """SQLite, Redis and PostgreSQL: the owner's reconcile (and its re-read of pending starts)
+    runs every 10 minutes; a start debounced 1 s by another process runs within seconds (the
+    store's DEBOUNCED ring told the owner when it is due)."""
+    app = one_step()
+    async with (
+        dt.open_backend(shared_url) as backend,
+        dt.open_worker(app, backend),
+        open_engine(app, backend, reconcile_interval=600, watch_interval=0.2) as owner,
+    ):
+        await trio.sleep(0.3)  # the owner's first reads are done
+        run_id = await trio.to_thread.run_sync(_debounce_elsewhere, shared_url)
+        with trio.fail_after(15):
+            assert await owner.result(run_id) == 8

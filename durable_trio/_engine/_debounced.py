@@ -5,8 +5,10 @@ A debounced start (``engine.start(..., debounce=)``) is a row of the run store u
 (:meth:`RunStore.debounce_run`); every engine that reconciles runs :class:`DebouncedStarts`'s
 loop, which sleeps until the soonest start due and creates its run (pending, no owner; the
 store's :meth:`~RunStore.start_debounced`, atomic per start), then takes it over (reconcile).
-A start recorded by an engine that died is started by any other, as an orphaned run is
-taken over: the loop re-reads the store at least every ``recheck`` seconds.
+A new start recorded by any process rings the run store (:data:`DEBOUNCED`), and every loop
+reads when it is due at once; a start recorded by an engine that died (or whose ring was lost)
+is started by any other, as an orphaned run is taken over: the loop re-reads the store at least
+every ``recheck`` seconds.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .._errors import BrokerError
+from ._stores._wakes import DEBOUNCED, SupportsRunWakes
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -24,10 +27,14 @@ if TYPE_CHECKING:
     from ._records import RunRecord
     from ._stores import RunStore
 
-__all__ = ["START_BATCH", "DebouncedStarts"]
+__all__ = ["RUNG_GAP", "START_BATCH", "DebouncedStarts"]
 
 #: Debounced starts created per store call.
 START_BATCH = 100
+
+#: Seconds between two reads of the pending starts that rings ask for, at least: a burst of
+#: debounced starts elsewhere (one ring each) costs each engine a read per gap, not per start.
+RUNG_GAP = 0.05
 
 
 class DebouncedStarts:
@@ -58,6 +65,7 @@ class DebouncedStarts:
         self._report = report
         self._next = math.inf  # when the soonest start this loop knows of is due (store clock)
         self._bell = trio.Event()
+        self._rung = False  # the bell was rung by the store (a start recorded elsewhere)
 
     def due(self, at: float | None) -> None:
         """A start of this engine is due at ``at``: wake the loop if that is sooner than it
@@ -69,8 +77,30 @@ class DebouncedStarts:
     async def run(self) -> None:
         """Start the due debounced runs, until cancelled."""
         store = self._store
+        if not isinstance(store, SupportsRunWakes):
+            await self._run()
+            return
+
+        def follower(key: str | None) -> None:
+            if key is None or key == DEBOUNCED:  # a start recorded elsewhere: read it now
+                self._rung = True
+                self._bell.set()
+
+        stop = store.wakes.follow(follower)
+        try:
+            await self._run()
+        finally:
+            stop()
+
+    async def _run(self) -> None:
+        store = self._store
         trio_clock = getattr(store, "trio_clock", False)
+        read_at = -math.inf
         while True:
+            if self._rung:
+                self._rung = False
+                await trio.sleep_until(read_at + RUNG_GAP)
+            read_at = trio.current_time()
             self._bell = trio.Event()
             try:
                 runs, soonest = await store.start_debounced(START_BATCH)

@@ -13,7 +13,7 @@ from ._debounce import Debounce, scoped_key
 from ._errors import EngineError
 from ._payloads import to_json
 from ._records import RunRecord, RunStatus, normalize_json
-from ._stores._wakes import STARTS, SupportsRunWakes, wakes_of
+from ._stores._wakes import DEBOUNCED, STARTS, SupportsRunWakes, wakes_of
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -132,6 +132,10 @@ async def record_debounced_start(
         delay=debounce.delay,
         max_wait=debounce.max_wait,
     )
+    if isinstance(store, SupportsRunWakes):
+        # The engines' debounced-starts loops learn when it is due now, not at their next
+        # re-read (a burst of starts: each loop reads at most once per ``RUNG_GAP``).
+        await store.ring(DEBOUNCED)
     return run_id, await store.debounced_due(run_id)
 
 

@@ -7,7 +7,8 @@ is what a signal sent from another process cost before. A store that supports wa
 (:class:`SupportsRunWakes`) rings after it stored a signal or an event, when a cancel mark
 is written (:data:`CANCELS`), when a run is left pending with no owner (:data:`STARTS`:
 recorded detached, reopened by an operator's retry, released by a closing engine; the engines
-that reconcile take it over at once), when a schedule changes (:data:`SCHEDULES`), and when an
+that reconcile take it over at once), when a debounced start is recorded (:data:`DEBOUNCED`),
+when a schedule changes (:data:`SCHEDULES`), and when an
 engine settles a run it took over from elsewhere (its id: a caller's ``engine.result`` in
 another process returns at once, issue 30); every process with a waiter on that key wakes
 within about a millisecond:
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CANCELS",
+    "DEBOUNCED",
     "SCHEDULES",
     "STARTS",
     "STEPS",
@@ -55,6 +57,10 @@ CANCELS = "\x00cancels"
 #: an operator's retry, a closing engine's release; from any process): the engines that
 #: reconcile look at once, not at their next tick.
 STARTS = "\x00starts"
+
+#: The key rung when a debounced start was recorded (a new one, not one folded into a pending
+#: start): every engine's debounced-starts loop reads when it is due, and sleeps until then.
+DEBOUNCED = "\x00debounced"
 
 #: The key rung when a schedule was added, changed, paused, resumed or deleted (from any
 #: process: the CLI, the console): every engine's scheduler reads the schedules again now.
