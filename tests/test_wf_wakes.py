@@ -11,6 +11,7 @@ ring.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import time
 from typing import TYPE_CHECKING, Any
@@ -528,3 +529,42 @@ async def test_a_debounced_start_from_another_process_starts_at_its_due_time(
         run_id = await trio.to_thread.run_sync(_debounce_elsewhere, shared_url)
         with trio.fail_after(15):
             assert await owner.result(run_id) == 8
+
+
+async def test_a_burst_of_debounced_starts_costs_an_engine_a_read_per_gap(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """100 debounced starts recorded by an operator's calls over 0.1 s ring 100 times; the
+    engine's loop reads the pending starts once per ``RUNG_GAP`` at most, not once per ring."""
+    from durable_trio._engine._debounced import RUNG_GAP
+
+    app = one_step()
+    async with dt.open_backend("memory://") as backend:
+        async with (
+            dt.open_worker(app, backend),
+            open_engine(app, backend, reconcile_interval=600) as engine,
+            dt.open_operations(backend, namespace=app.name) as ops,
+        ):
+            await trio.sleep(1)
+            store = engine.store
+            reads: list[float] = []
+            inner = store.start_debounced
+
+            async def counted(limit: int = 100) -> Any:
+                reads.append(trio.current_time())
+                return await inner(limit)
+
+            store.start_debounced = counted  # type: ignore[method-assign]
+            began = trio.current_time()
+            ids = set()
+            for n in range(100):
+                debounce = dt.Debounce(key=f"k{n}", delay=5)
+                ids.add(await ops.start_run("once", n, debounce=debounce))
+                await trio.sleep(0.001)
+            await trio.sleep(5)
+            await trio.testing.wait_all_tasks_blocked()
+            for run_id in ids:
+                assert (await engine.get(run_id)).status is RunStatus.COMPLETED
+            rung = [t for t in reads if t < began + 5]
+            assert 1 <= len(rung) <= 4, rung  # (one per 0.05 s over 0.1 s; not 100)
+            assert all(b - a >= RUNG_GAP - 1e-9 for a, b in itertools.pairwise(rung))
