@@ -470,7 +470,7 @@ def _postgres_targets(f: Figures) -> list[tuple[str, bool]]:
         number = _value(f[key]) if key in f else float("nan")
         return None if math.isnan(number) else number
 
-    ours = value("durable_trio S1 as the peers, concurrency 10 (jobs/s)")
+    ours = value(postgres_queue.S1_KEY)
     pgq = value("pgqueuer S1 drain (jobs/s)")
     if ours is not None and pgq:
         checks.append(
@@ -529,6 +529,9 @@ def main() -> int:
         print(f"\n[{name}]", flush=True)
         start = time.perf_counter()
         section = SECTIONS[name](args.quick)
+        clash = sorted(set(section) & set(figures))
+        if clash:  # one figure's name in two sections: the targets would read the later one
+            raise SystemExit(f"section {name!r} names figures another section named: {clash}")
         figures.update(section)
         shown = {k: v for k, v in section.items() if not k.startswith("_")}
         width = max(map(len, shown), default=10)

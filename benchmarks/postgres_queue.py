@@ -182,6 +182,10 @@ async def _soak(server: PostgresServer, seconds: float) -> dict[str, tuple[float
     }
 
 
+#: Its S1 line's name: its own (the redis section's S1 "as the peers" is another figure).
+S1_KEY = "durable_trio on PostgreSQL: S1 as the peers, concurrency 10 (jobs/s)"
+
+
 async def _ours(server: PostgresServer, quick: bool) -> Figures:
     runs = 1 if quick else 3
     jobs = 2_000 if quick else 10_000
@@ -190,7 +194,7 @@ async def _ours(server: PostgresServer, quick: bool) -> Figures:
         (await queue_bench.drain_as_the_peers(_url(server), jobs=jobs, concurrency=10))[0]
         for _ in range(runs)
     ]
-    figures["durable_trio S1 as the peers, concurrency 10 (jobs/s)"] = (
+    figures[S1_KEY] = (
         statistics.median(s1),
         "spawn -> last body; runs " + " / ".join(f"{v:,.0f}" for v in s1),
     )
