@@ -648,12 +648,11 @@ class Engine:
 
     async def retry(self, run_id: str) -> RunRecord:
         """Retry a failed run, or a blocked one (docs/engine.md, Versioning): it resumes from
-        the step that failed it, its completed steps
-        replayed from the store (never re-run). The run is reopened in the store (pending, no
-        owner) and this engine's reconcile takes it over at once (``ops.retry_run``, the CLI's
-        and the console's retry, rings every reconciling engine instead). What changes (a
-        fresh budget of attempts for a remote step, one more for a local one, a run timeout
-        started afresh): see
+        the step that failed it, its completed steps replayed from the store (never re-run).
+        The run is reopened in the store (pending, no owner) and this engine's reconcile takes
+        it over at once (``ops.retry_run``, the CLI's and the console's retry, rings every
+        reconciling engine instead). What changes (a fresh budget of attempts and backoff for
+        a remote step, one more attempt for a local one, a run timeout started afresh): see
         :mod:`durable_trio._engine._reopen` and docs/operations.md.
 
         Returns:
