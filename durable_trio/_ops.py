@@ -27,11 +27,12 @@ from ._engine._cancel import mark_in_store
 from ._engine._children import cancel_children
 from ._engine._debounce import check_folding
 from ._engine._errors import RunNotFound
-from ._engine._new_run import record_debounced_start, record_new_run, ring_starts
+from ._engine._new_run import record_debounced_start, record_new_run
 from ._engine._records import RunPage, RunRecord, RunStatus
 from ._engine._reopen import retry_run
 from ._engine._stores import open_run_store
 from ._engine._stores._paging import check_page
+from ._engine._stores._wakes import STARTS, ring
 from ._engine._tags import check_tags
 from ._errors import BrokerError, ConfigError, TransportClosed
 from ._naming import QueueNames
@@ -448,7 +449,7 @@ class Operations:
             RunNotRetryable: it is not failed.
         """
         reopened = await retry_run(self.store, run_id)
-        await ring_starts(self.store)
+        await ring(self.store, STARTS)
         return reopened
 
     # -- schedules --------------------------------------------------------------------------

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from ._deadline import expired, time_out
 from ._errors import RunDataError, UnknownWorkflow
-from ._new_run import ring_starts
 from ._records import RunStatus
 from ._runtime import describe_error
+from ._stores._wakes import STARTS, ring
 from ._versioning import resume_blocked
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ class Adoption:
             others = [run.run_id for run in rest if run.run_id not in services.drivers]
             if others:
                 await store.release_runs(engine_id, others)
-                await ring_starts(store)  # (the reconciling engines take them now)
+                await ring(store, STARTS)  # (the reconciling engines take them now)
             for run in family:
                 await self.adopt(run)
             if len(claimed) < CLAIM_BATCH:

@@ -23,7 +23,7 @@ import trio
 
 from ._errors import RunCancelled
 from ._records import StepKind, StepRecord, StepState
-from ._stores._wakes import CANCELS, SupportsRunWakes
+from ._stores._wakes import CANCELS, ring
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -148,6 +148,6 @@ async def mark_in_store(
     # retry would deliver.
     stored = await call(lambda: store.begin_step_unless_finished(mark), "checkpointing")
     written = stored is not None and stored.output == mark.output
-    if written and isinstance(store, SupportsRunWakes):
-        await store.ring(CANCELS)  # the owner delivers it now, not at its next look
+    if written:
+        await ring(store, CANCELS)  # the owner delivers it now, not at its next look
     return written

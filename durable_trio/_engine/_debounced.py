@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .._errors import BrokerError
-from ._stores._wakes import DEBOUNCED, SupportsRunWakes
+from ._stores._wakes import DEBOUNCED, following
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -76,21 +76,13 @@ class DebouncedStarts:
 
     async def run(self) -> None:
         """Start the due debounced runs, until cancelled."""
-        store = self._store
-        if not isinstance(store, SupportsRunWakes):
+        with following(self._store, DEBOUNCED, self._rang):  # (a start recorded elsewhere)
             await self._run()
-            return
 
-        def follower(key: str | None) -> None:
-            if key is None or key == DEBOUNCED:  # a start recorded elsewhere: read it now
-                self._rung = True
-                self._bell.set()
-
-        stop = store.wakes.follow(follower)
-        try:
-            await self._run()
-        finally:
-            stop()
+    def _rang(self) -> None:
+        """The store rang: read the pending starts now (within ``RUNG_GAP`` of the last read)."""
+        self._rung = True
+        self._bell.set()
 
     async def _run(self) -> None:
         store = self._store

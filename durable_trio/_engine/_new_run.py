@@ -13,7 +13,7 @@ from ._debounce import Debounce, scoped_key
 from ._errors import EngineError
 from ._payloads import to_json
 from ._records import RunRecord, RunStatus, normalize_json
-from ._stores._wakes import DEBOUNCED, STARTS, SupportsRunWakes, wakes_of
+from ._stores._wakes import DEBOUNCED, STARTS, ring, wakes_of
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from ._stores import RunStore
 
-__all__ = ["NewRunWatch", "record_debounced_start", "record_new_run", "ring_starts"]
+__all__ = ["NewRunWatch", "record_debounced_start", "record_new_run"]
 
 
 async def record_new_run(
@@ -83,16 +83,8 @@ async def record_new_run(
     if created and owner is None:
         # Pending, nobody drives it: the reconciling engines take it now, not at their next
         # reconcile (a detached start, the console's; issue 30, item 1).
-        await ring_starts(store)
+        await ring(store, STARTS)
     return stored, created
-
-
-async def ring_starts(store: RunStore) -> None:
-    """Ring :data:`STARTS` on a store that rings (best-effort, as every ring): a run was left
-    pending with no owner (recorded detached, reopened by an operator, released), so the
-    engines that reconcile look now, not at their next reconcile."""
-    if isinstance(store, SupportsRunWakes):
-        await store.ring(STARTS)
 
 
 async def record_debounced_start(
@@ -132,10 +124,9 @@ async def record_debounced_start(
         delay=debounce.delay,
         max_wait=debounce.max_wait,
     )
-    if isinstance(store, SupportsRunWakes):
-        # The engines' debounced-starts loops learn when it is due now, not at their next
-        # re-read (a burst of starts: each loop reads at most once per ``RUNG_GAP``).
-        await store.ring(DEBOUNCED)
+    # The engines' debounced-starts loops learn when it is due now, not at their next re-read
+    # (a burst of starts: each loop reads at most once per ``RUNG_GAP``).
+    await ring(store, DEBOUNCED)
     return run_id, await store.debounced_due(run_id)
 
 

@@ -29,7 +29,7 @@ from ._records import (
 )
 from ._remote_run import RemoteRunDriver, apply_decision, apply_step_event
 from ._runtime import fail_unsent, send_step
-from ._stores._wakes import SupportsRunWakes, step_key
+from ._stores._wakes import ring, step_key
 
 if TYPE_CHECKING:
     from .._wire import StepEvent, StepHeartbeat, StepResult, WorkflowDecision
@@ -200,10 +200,10 @@ class ResultHandler:
             waiter = services.waiters.get(key)
             if waiter is not None:
                 waiter.update(following)
-            elif isinstance(store, SupportsRunWakes):
+            else:
                 # Applied for a run driven elsewhere (several engines): its engine re-reads
                 # the run's waited checkpoints at once, not at its next watch tick.
-                await store.ring(step_key(result.run_id))
+                await ring(store, step_key(result.run_id))
             if following.status is StepState.PENDING:
                 services.count("retries")
                 try:
@@ -230,8 +230,8 @@ class ResultHandler:
         driving engine sends the next turn at once, not at its next look."""
         await apply_decision(self.services, decision)
         store = self.services.store
-        if decision.run_id not in self.services.drivers and isinstance(store, SupportsRunWakes):
-            await store.ring(step_key(decision.run_id))
+        if decision.run_id not in self.services.drivers:
+            await ring(store, step_key(decision.run_id))
 
     async def on_step_event(self, event: StepEvent) -> None:
         """Checkpoint a workflow worker's local step (see

@@ -32,7 +32,7 @@ from .._lazy import lazy_getattr
 from ._errors import EngineClosed, EngineError
 from ._new_run import record_new_run
 from ._schedule_overlap import OverlapGate
-from ._stores._wakes import SCHEDULES, SupportsRunWakes
+from ._stores._wakes import SCHEDULES, following, ring
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Mapping
@@ -214,8 +214,7 @@ class Schedules:
         """Wake this process's scheduler, and ring every engine's (best-effort: a lost ring
         waits for their ``schedule_recheck``)."""
         self._on_change()
-        if isinstance(self._store, SupportsRunWakes):
-            await self._store.ring(SCHEDULES)
+        await ring(self._store, SCHEDULES)
 
     def _check_workflow(self, schedule: Schedule) -> None:
         if self._app is not None and schedule.workflow not in self._app.workflows:
@@ -430,26 +429,13 @@ class Scheduler:
 
     async def run(self) -> None:
         """Register the app's schedules, then start due ticks until cancelled."""
-        store = self._engine.store
-        stop = None
-        if isinstance(store, SupportsRunWakes):
-            # A schedule changed elsewhere (the CLI, the console, another engine): read the
-            # schedules now, not at the next ``schedule_recheck`` (``None``: rings lost).
-            changed = self._changed
-
-            def follower(key: str | None) -> None:
-                if key is None or key == SCHEDULES:
-                    changed.set()
-
-            stop = store.wakes.follow(follower)
-        try:
+        # A schedule changed elsewhere (the CLI, the console, another engine): read the
+        # schedules now, not at the next ``schedule_recheck``.
+        with following(self._engine.store, SCHEDULES, self._changed.set):
             async with trio.open_nursery() as watchers:
                 self._gate.watch_in = watchers
                 await self._run()
                 watchers.cancel_scope.cancel()
-        finally:
-            if stop is not None:
-                stop()
 
     async def _run(self) -> None:
         options = self._engine.options

@@ -34,7 +34,7 @@ from ._duplicates import DuplicateLog
 from ._errors import EngineError
 from ._records import previous_details
 from ._step_timeouts import StepTimeouts
-from ._stores._wakes import SupportsRunWakes
+from ._stores._wakes import ring
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -318,10 +318,10 @@ class EngineServices:
         if run.run_id in self.adopted:
             self.adopted.discard(run.run_id)
             store = self.store
-            if settled and isinstance(store, SupportsRunWakes):
+            if settled:
                 # Started elsewhere: its caller's ``engine.result`` waits on this ring, not on
                 # its poll (issue 30, item 1).
-                await store.ring(run.run_id)
+                await ring(store, run.run_id)
         if not settled:
             return None
         now = self.store.now()

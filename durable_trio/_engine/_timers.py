@@ -15,7 +15,7 @@ import trio
 
 from .._errors import BrokerError
 from .._periodic import fixed_rate
-from ._stores._wakes import STARTS, STEPS, SupportsRunWakes
+from ._stores._wakes import STARTS, STEPS, SupportsRunWakes, following
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -94,19 +94,12 @@ class EngineTimers:
         run recorded by any process: issue 30, item 1), or may have lost rings; the rings
         that come meanwhile make one more. A store without wakes: only the periodic
         reconcile."""
-        store = self.services.store
-        if not isinstance(store, SupportsRunWakes):
-            await trio.lowlevel.checkpoint()
-            return
         bell = trio.Event()
-
-        def follower(key: str | None) -> None:
-            if key is None or key == STARTS:
-                bell.set()
-
         # Followed (not watched) for the loop's life: a ring during a reconcile is kept.
-        stop = store.wakes.follow(follower)
-        try:
+        with following(self.services.store, STARTS, lambda: bell.set()) as rings:
+            if not rings:
+                await trio.lowlevel.checkpoint()
+                return
             while True:
                 await bell.wait()
                 bell = trio.Event()
@@ -114,8 +107,6 @@ class EngineTimers:
                     await reconcile()
                 except BrokerError as exc:
                     self.services.report(exc)
-        finally:
-            stop()
 
     async def watch_forever(self, interval: float) -> None:
         """Every ``interval``: re-read the checkpoints waited on (results applied by another

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .._errors import BrokerError
-from ._new_run import ring_starts
+from ._stores._wakes import STARTS, ring
 
 if TYPE_CHECKING:
     from ._advert import EngineAdvert
@@ -133,7 +133,7 @@ class EngineTree:
             with trio.move_on_after(options.cleanup_timeout):
                 try:
                     await services.store.release_runs(options.engine_id, in_flight)
-                    await ring_starts(services.store)  # (the others look now)
+                    await ring(services.store, STARTS)  # (the others look now)
                 except BrokerError as exc:
                     services.report(exc)
         # 4. the engine's key: the fleet sees it gone at once, not after its time-to-live

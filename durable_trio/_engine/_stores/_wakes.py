@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 import trio
 from trio_util import wait_any
@@ -46,6 +46,8 @@ __all__ = [
     "RunWakes",
     "SupportsRunWakes",
     "first_of",
+    "following",
+    "ring",
     "step_key",
     "wakes_of",
 ]
@@ -171,6 +173,33 @@ def wakes_of(store: object) -> RunWakes | None:
         wakes: RunWakes = store.wakes
         return wakes
     return None
+
+
+async def ring(store: object, key: str) -> None:
+    """Ring ``key`` on ``store`` if it is a store that rings (:class:`SupportsRunWakes`); on
+    one that does not, nothing (its waiters poll)."""
+    if wakes_of(store) is not None:
+        await cast("SupportsRunWakes", store).ring(key)
+
+
+@contextmanager
+def following(store: object, key: str, callback: Callable[[], None]) -> Iterator[bool]:
+    """While the block runs, ``callback()`` at every ring of ``key``, and whenever rings may
+    have been lost; yields whether ``store`` rings at all (``False``: no call ever comes)."""
+    wakes = wakes_of(store)
+    if wakes is None:
+        yield False
+        return
+
+    def follower(rung: str | None) -> None:
+        if rung is None or rung == key:
+            callback()
+
+    stop = wakes.follow(follower)
+    try:
+        yield True
+    finally:
+        stop()
 
 
 async def first_of(*events: trio.Event) -> None:
