@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar, cast, overload
 
 import attrs
@@ -50,6 +51,7 @@ class Registry(Protocol):
 
     @property
     def workflows(self) -> Mapping[str, Any]: ...
+
 
 T = TypeVar("T")
 
@@ -376,6 +378,14 @@ class WorkflowContext:
         driver = self._driver
         step = None if self._app is None else self._app.steps.get(name)
         output = PLAIN if step is None else signature_of(step.fn, 0).output
+        if output is PLAIN:  # (no frame of its own: a burst of runs holds one per step)
+            return StepHandle(
+                self,
+                step_id,
+                StepKind.REMOTE,
+                name,
+                partial(driver.remote, step_id, name, value, retry, priority, timeouts),
+            )
 
         async def typed() -> Any:
             result = await driver.remote(step_id, name, value, retry, priority, timeouts)

@@ -189,6 +189,9 @@ class Signature:
 
 _signatures: dict[tuple[Any, int], Signature] = {}
 
+#: The signature of a function whose payloads are plain JSON (one object: tested by identity).
+_PLAIN_SIGNATURE: Signature = Signature()
+
 
 def signature_of(fn: Any, skip: int) -> Signature:
     """The payload types of ``fn``: its input parameter (``skip`` positional parameters in)
@@ -216,6 +219,8 @@ def signature_of(fn: Any, skip: int) -> Signature:
         PLAIN if _plain(input_type) else input_type,
         PLAIN if _plain(output_type) else output_type,
     )
+    if signature.input is PLAIN and signature.output is PLAIN:
+        signature = _PLAIN_SIGNATURE
     _signatures[key] = signature
     return signature
 
@@ -341,6 +346,8 @@ async def call_workflow(fn: Callable[..., Any], ctx: Any, value: Any, workflow: 
         PayloadTypeError: the input does not structure (the run fails with it).
     """
     signature = signature_of(fn, 1)
+    if signature is _PLAIN_SIGNATURE:
+        return to_json(await fn(ctx, value))
     typed = structure_as(value, signature.input, f"the input of workflow {workflow!r}")
     output = await fn(ctx, typed)
     return unstructure_as(output, signature.output, f"the return value of workflow {workflow!r}")

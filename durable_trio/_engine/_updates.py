@@ -138,12 +138,19 @@ class UpdateServant:
     task (:meth:`serve`) that applies the requests (see the module docstring)."""
 
     def __init__(self, driver: Any) -> None:
-        self.driver = driver
+        # What it reads of its driver, not the driver: a driver holds its servant, and a
+        # cycle between them would outlive the run until a full collection (issue 6's
+        # figures: the garbage collector took a third of a burst of runs).
+        self.services = driver.services
+        self.run_id: str = driver.run.run_id
+        self.workflow: str = driver.run.workflow
         self.handlers: dict[str, _Handler] = {}
         self.entered = 0
         self.in_flight = 0
-        self.writing = trio.Lock()
-        self.flying = trio.Event()
+        self.writing: trio.Lock | None = None
+        """Held while an outcome is written (made by the first request :meth:`serve` applies)."""
+        self.flying: trio.Event | None = None
+        """Set when the workflow enters a call (made by :meth:`serve` while it waits for one)."""
         self.answered: set[str] = set()
         self.loaded = trio.Event()
         history = getattr(driver, "history", None)
@@ -182,8 +189,8 @@ class UpdateServant:
 
     async def load(self) -> None:
         """Read the outcomes recorded: what a replay re-applies, and where."""
-        services = self.driver.services
-        run_id = self.driver.run.run_id
+        services = self.services
+        run_id = self.run_id
         outcomes = await services.guard(lambda: read_outcomes(services.store, run_id), "reading")
         for outcome in outcomes:
             if outcome["id"] in self.answered:
@@ -201,10 +208,10 @@ class UpdateServant:
             handler = self.handlers.get(name)
             if handler is None:
                 raise NonDeterminismError(
-                    f"non-determinism in run {self.driver.run.run_id!r}: its history applied "
+                    f"non-determinism in run {self.run_id!r}: its history applied "
                     f"update {name!r} before call {count}, and the workflow has no handler of "
                     "it there now",
-                    run_id=self.driver.run.run_id,
+                    run_id=self.run_id,
                     step_id=str(count),
                     expected=f"ctx.on_update({name!r})",
                     found=None,
@@ -227,18 +234,20 @@ class UpdateServant:
         self.entered += 1
         self._reapply(self.entered)
         self.in_flight += 1
-        if self.in_flight == 1:
-            self.flying.set()
+        flying = self.flying
+        if flying is not None:
+            self.flying = None
+            flying.set()
         try:
             return await method(*args)
         finally:
-            if self.writing.locked():  # an outcome being written: the workflow waits for it
+            writing = self.writing
+            if writing is not None and writing.locked():
+                # An outcome being written: the workflow waits for it.
                 with trio.CancelScope(shield=True):
-                    async with self.writing:
+                    async with writing:
                         pass
             self.in_flight -= 1
-            if self.in_flight == 0:
-                self.flying = trio.Event()
 
     def _apply(self, request: dict[str, Any]) -> dict[str, Any]:
         """Run ``request`` now (synchronously: the workflow does not move meanwhile)."""
@@ -247,7 +256,7 @@ class UpdateServant:
         handler = self.handlers.get(name) if isinstance(name, str) else None
         if handler is None:
             known = ", ".join(sorted(self.handlers)) or "none"
-            message = f"workflow {self.driver.run.workflow!r} has no update {name!r} ({known})"
+            message = f"workflow {self.workflow!r} has no update {name!r} ({known})"
             return {**outcome, "status": "rejected", "error": {"message": message}}
         if handler.validate is not None:
             try:
@@ -267,9 +276,9 @@ class UpdateServant:
 
     async def serve(self) -> None:
         """Apply the run's requests in log order, each once, while the workflow is in a call."""
-        services = self.driver.services
+        services = self.services
         store = services.store
-        run_id = self.driver.run.run_id
+        run_id = self.run_id
         wakes = wakes_of(store)
         seq = 1
         quiet = UPDATE_POLL  # the safety net's interval: doubles while nothing comes
@@ -305,9 +314,14 @@ class UpdateServant:
             if request is None or request["id"] in self.answered:
                 seq += 1
                 continue
+            if self.writing is None:
+                self.writing = trio.Lock()
+            writing = self.writing
             while True:
-                await self.flying.wait()
-                async with self.writing:
+                while self.in_flight == 0:
+                    self.flying = flying = trio.Event()
+                    await flying.wait()
+                async with writing:
                     if self.in_flight == 0:
                         continue
                     outcome = {**self._apply(request), "seq": seq}
