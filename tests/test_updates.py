@@ -287,3 +287,62 @@ async def test_a_finished_run_leaves_no_cycle_for_the_garbage_collector(
                 gc.set_debug(0)
                 gc.garbage.clear()
     assert not kinds & {"RunDriver", "UpdateServant", "History", "RunRecord"}, kinds
+
+
+async def test_a_run_started_here_serves_its_updates_only_once_a_request_may_have_come(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The engine's update desk (``_update_desk``): a run started here gets no serving task and
+    reads no request log until a ring of its key, or its first safety-net read
+    (``UPDATE_POLL`` seconds in), when a ring was lost: a burst of short runs costs nothing for
+    updates, and a request whose ring was lost is still answered, at that read."""
+    from durable_trio._engine._updates import UPDATE_POLL
+
+    app = cart_app("upd-desk")
+
+    @app.workflow("quick")
+    async def quick(ctx: WorkflowContext, _: Any) -> str:
+        await ctx.sleep(UPDATE_POLL / 2)
+        return "done"
+
+    async with open_store("memory://", app.name) as (backend, store):
+        reads: list[str] = []
+        read = store.read_signal
+
+        async def counted(run_id: str, name: str, seq: int) -> str | None:
+            if name == UPDATE_LOG:
+                reads.append(run_id)
+            text: str | None = await read(run_id, name, seq)
+            return text
+
+        store.read_signal = counted
+        async with open_engine(app, backend, store=store, engine_id="a") as engine:
+            desk = engine._update_desk
+            ids = [await engine.start("quick", None) for _ in range(20)]
+            await trio.sleep(0.01)
+            assert desk.dormant == 20
+            for run_id in ids:
+                assert await engine.result(run_id) == "done"
+            assert reads == []
+            assert desk.dormant == 0
+
+            # A request whose ring is lost: answered at the run's first safety-net read.
+            wake = store.wakes.wake
+            lost: list[Any] = []
+
+            def losing(keys: Any) -> None:
+                if keys is not None and run_id in keys and not lost:
+                    lost.append(keys)  # (the request's ring: the first of the run's key)
+                    return
+                wake(keys)
+
+            start = trio.current_time()
+            run_id = await engine.start("cart", None)
+            store.wakes.wake = losing
+            await trio.sleep(0.25)
+            assert await engine.update(run_id, "add", "kiwi") == 1
+            assert trio.current_time() - start == UPDATE_POLL
+            assert lost
+            assert set(reads) == {run_id}  # (none before: its first read answered it)
+            store.wakes.wake = wake
+            await engine.cancel(run_id)

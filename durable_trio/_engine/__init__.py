@@ -48,7 +48,7 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
    reconcile, the store watch), ``_control`` (the control plane of tenant pods),
    ``_retention`` (deleting finished runs past their retention), ``_stream`` (a run's stream:
    emits appended, ``engine.stream`` read), ``_updates`` (a run's updates: ``ctx.on_update``,
-   ``engine.update``)
+   ``engine.update``), ``_update_desk`` (when a run's updates begin to be served)
 7. drivers: ``_runtime`` (a run driven here), ``_continue`` (continue-as-new), ``_remote_run``
    (a remote run, driven turn by turn), ``_turn`` (a remote workflow's turn, on a workflow
    worker), ``_adoption`` (taking over runs nobody drives), ``_cancel_delivery``, ``_results``

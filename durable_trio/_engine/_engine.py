@@ -80,6 +80,7 @@ from ._stream import engine_stream
 from ._tags import check_tags
 from ._timers import EngineTimers
 from ._tree import EngineTree
+from ._update_desk import UpdateDesk
 from ._updates import engine_update
 from ._waits import Applying, DecisionLocks, StepWaiters
 
@@ -108,11 +109,11 @@ class Engine:
         options: EngineOptions,
         on_error: ErrorHook,
     ) -> None:
-        # Built by open_engine. The pieces share ``services`` (what the drivers use), which
-        # gets the owners it lends out at construction (the drivers' registry, the waits, what
-        # hears of dispatches) and this engine's start and cancel (a child run's start, a
-        # cancel walking a run's children).
+        # Built by open_engine. The pieces share ``services`` (what the drivers use): the owners
+        # it lends out (drivers, waits, what hears of dispatches, the update desk) and this
+        # engine's start and cancel (a child run's start, a cancel walking a run's children).
         self._checks = StepChecks(options, transport.names.task_queue)
+        self._update_desk = UpdateDesk(store)
         sent = self._sent = SentAttempts(transport.names.task_queue)
         services = self._services = EngineServices(
             *(app, store, transport, options, on_error),
@@ -120,6 +121,7 @@ class Engine:
             start_run=self._start_child,
             cancel_run=self._cancel_one,
             dispatch_watches=(self._checks, sent) if options.audit_interval else (self._checks,),
+            update_desk=self._update_desk,
         )
         self._results = ResultHandler(services)
         # Its key in the key store (the workflows it runs): written at start and at every
@@ -180,8 +182,7 @@ class Engine:
 
     @property
     def schedules(self) -> Schedules:
-        """The namespace's schedules: add, list, pause, resume, delete (see
-        ``docs/engine.md``, "Schedules")."""
+        """The namespace's schedules: add, list, pause, resume, delete (docs/engine.md)."""
         return self._schedules
 
     @property
@@ -206,6 +207,7 @@ class Engine:
             from ._control import ControlPlane
 
             ControlPlane(self._services, self, self.transport).attach(loops)
+        loops.start_soon(self._update_desk.run, self._tree.runs)
         loops.start_soon(StepWatch(self._services, self._checks, results.on_result).run)
         if options.audit_interval:
             loops.start_soon(LossAudit(self._services, self._sent, options.audit_interval).run)
@@ -412,8 +414,7 @@ class Engine:
         ``watch_interval`` (1 s when that is off). Bound the wait with ``trio.fail_after``.
 
         Raises:
-            RunFailed: the run failed (``error_type`` says why: ``StepFailed``,
-                ``NonDeterminismError``, the workflow's own exception type ...).
+            RunFailed: the run failed (``error_type`` says why: ``StepFailed``, ...).
             RunTimedOut: (a ``RunFailed``) the run did not end within its ``timeout``.
             RunCancelled: the run was cancelled.
             RunNotFound: no such run (nor a debounced start to create it: the result of

@@ -52,7 +52,7 @@ from ._records import (
 from ._replay import History
 from ._step_timeouts import StepTimeouts, check_step_known, with_timeouts
 from ._stream import emitter_of, fixed_store
-from ._updates import UpdateServant, UpdatingDriver, serving_updates
+from ._updates import UpdateServant, UpdatingDriver
 from ._versioning import blocked_error
 from ._versioning import code_fingerprint as fingerprint_of
 
@@ -181,8 +181,14 @@ class RunDriver:
 
     async def drive(self, definition: WorkflowDefinition) -> None:
         """:meth:`_drive`, with the run's updates served beside it (:mod:`._updates`)."""
-        async with serving_updates(self.updates):
+        updates, desk = self.updates, self.services.update_desk
+        desk.begin(updates)  # served now, or once a request may have come (._update_desk)
+        try:
             await self._drive(definition)
+        finally:
+            desk.end(updates)
+        if updates.failed is not None:
+            raise updates.failed
 
     async def _drive(self, definition: WorkflowDefinition) -> None:
         """Run the workflow to its end and settle the run (completed or failed).

@@ -50,7 +50,15 @@ if TYPE_CHECKING:
     from ._stores import RunStore
     from ._waits import Applying, DecisionLocks, StepWaiters
 
-__all__ = ["CancelRun", "DispatchWatch", "Driver", "DriverServices", "EngineServices", "StartRun"]
+__all__ = [
+    "CancelRun",
+    "DispatchWatch",
+    "Driver",
+    "DriverServices",
+    "EngineServices",
+    "StartRun",
+    "UpdateServing",
+]
 
 T = TypeVar("T")
 
@@ -114,6 +122,10 @@ class DriverServices(Protocol):
         """Starts a child workflow run."""
 
     @property
+    def update_desk(self) -> UpdateServing:
+        """Starts the runs' update serving when needed (._update_desk)."""
+
+    @property
     def cancel_run(self) -> CancelRun:
         """Cancels one run."""
 
@@ -168,6 +180,17 @@ class DispatchWatch(Protocol):
         """``record``'s current attempt went out as job ``job_id``, ready after ``delay``."""
 
 
+class UpdateServing(Protocol):
+    """When a run's updates begin to be served (the engine's :mod:`._update_desk`)."""
+
+    def begin(self, servant: Any) -> None:
+        """``servant``'s driver begins (its updates served now, or once a request may have
+        come)."""
+
+    def end(self, servant: Any) -> None:
+        """``servant``'s driver ended: its serving stops."""
+
+
 class EngineServices:
     """The engine's shared state and the services its pieces use (satisfies
     :class:`DriverServices`). Made by the engine, one per engine.
@@ -186,6 +209,7 @@ class EngineServices:
         start_run: starts a child workflow run.
         cancel_run: cancels one run (a driver ending its children, or a child met under a
             cancelled parent, walks the tree itself: ``cancel_children``).
+        update_desk: starts the runs' update serving when needed (._update_desk).
         duplicates: the duplicate completed results met, with their causes.
 
     Args:
@@ -208,6 +232,7 @@ class EngineServices:
         start_run: StartRun,
         cancel_run: CancelRun,
         dispatch_watches: Sequence[DispatchWatch],
+        update_desk: UpdateServing,
     ) -> None:
         self.app = app
         self.store = store
@@ -228,6 +253,7 @@ class EngineServices:
         self._listeners: list[Callable[[str, RunRecord], None]] = []
         self.start_run = start_run
         self.cancel_run = cancel_run
+        self.update_desk = update_desk
         self._dispatch_watches = tuple(dispatch_watches)
         # A store whose clock is trio's (the memory store, or a wrapper of it that says so)
         self._trio_clock = bool(getattr(store, "trio_clock", False))

@@ -35,7 +35,7 @@ from __future__ import annotations
 import inspect
 import uuid
 from collections.abc import Callable
-from contextlib import ExitStack, asynccontextmanager, suppress
+from contextlib import ExitStack, suppress
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +46,6 @@ import trio
 from .._arguments import check_name
 from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import ConfigError
-from .._failures import one_exception, raise_bare
 from .._json_values import check_json
 from ._context import UPDATE_DONE, UPDATE_LOG
 from ._errors import (
@@ -61,8 +60,6 @@ from ._records import normalize_json
 from ._stores._wakes import wakes_of
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-
     from ._stores import RunStore
 
 __all__ = [
@@ -74,7 +71,6 @@ __all__ = [
     "engine_update",
     "read_outcomes",
     "send_update",
-    "serving_updates",
 ]
 
 #: Requests a run takes at most (a request past it is rejected by the caller, nothing stored).
@@ -160,6 +156,11 @@ class UpdateServant:
         self.replay: dict[int, list[dict[str, Any]]] = {}
         self.fresh: tuple[ExitStack, trio.Event] | None = None
         """A new run's watch of its wakes, taken before the run was created (:meth:`watch_new`)."""
+        self._driver_scope: trio.CancelScope = driver.scope
+        self._serving: trio.CancelScope | None = None
+        self._stopped = False
+        self.failed: Exception | None = None
+        """What :meth:`serve` raised (its driver was cancelled for it, and raises it)."""
 
     def watch_new(self, watch: ExitStack, rung: trio.Event) -> None:
         """The run was created here with ``watch`` (of its wakes' ``rung``) taken BEFORE its
@@ -174,6 +175,34 @@ class UpdateServant:
         fresh, self.fresh = self.fresh, None
         if fresh is not None:
             fresh[0].close()
+
+    # -- the serving's life (started by the engine's UpdateDesk, ._update_desk) ----------------
+
+    def serving_scope(self) -> trio.CancelScope | None:
+        """The scope of the serving about to start (``None``: it runs, or the driver ended).
+        A new run's watch is let go first: the serving watches anew and reads at once."""
+        if self._serving is not None or self._stopped:
+            return None
+        self.drop_watch()
+        self._serving = trio.CancelScope()
+        return self._serving
+
+    async def serve_within(self, scope: trio.CancelScope) -> None:
+        """:meth:`serve` in ``scope`` (cancelled when the driver ends); what it raises cancels
+        the driver, which raises it (:attr:`failed`)."""
+        with scope:
+            try:
+                await self.serve()
+            except Exception as exc:
+                self.failed = exc
+                self._driver_scope.cancel()
+
+    def stop_serving(self) -> None:
+        """The driver ended: the serving stops where it waits, and none starts (idempotent)."""
+        self._stopped = True
+        if self._serving is not None:
+            self._serving.cancel()
+        self.drop_watch()
 
     # -- the workflow's side ------------------------------------------------------------
 
@@ -357,32 +386,6 @@ class UpdatingDriver:
         self, name: str, fn: Callable[[Any], Any], validate: Callable[[Any], object] | None
     ) -> None:
         self._servant.on_update(name, fn, validate)
-
-
-@asynccontextmanager
-async def serving_updates(servant: UpdateServant) -> AsyncIterator[None]:
-    """Run :meth:`UpdateServant.serve` for the block (it first loads what replay re-applies,
-    if the run has a request)."""
-    body_error: BaseException | None = None
-    background: BaseException | None = None
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(servant.serve)
-            try:
-                yield
-            except BaseException as exc:
-                body_error = exc
-            finally:
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        background = group
-    finally:
-        servant.drop_watch()  # (a serve cancelled before it took the new run's watch over)
-    error = one_exception(
-        body_error, [] if background is None else [background], owner="the run's updates"
-    )
-    if error is not None:
-        raise_bare(error)
 
 
 def _outcome(entry: dict[str, Any], run_id: str, name: str) -> Any:

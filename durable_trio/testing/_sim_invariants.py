@@ -148,7 +148,8 @@ class Invariants:
         """Every step task or result the broker acknowledged and lost was found by an
         engine's loss audit (reported as ``StepLost`` and dispatched again), unless the attempt
         was answered anyway: another execution of it finished with its result delivered (a
-        redelivery the loss did not touch). (That its run completed is ``_no_run_lost``.)"""
+        redelivery the loss did not touch), or the lost write was the retry of a push that
+        landed (its reply lost). (That its run completed is ``_no_run_lost``.)"""
         ledger = self.ledger
         lost_results: dict[tuple[str, str, int], int] = {}
         for kind, key, _ in ledger.lost_writes:
@@ -157,6 +158,8 @@ class Invariants:
         for kind, key, at in ledger.lost_writes:
             if key in ledger.detected_losses or key[0] in ledger.poisoned_runs:
                 continue
+            if kind == "result" and key in ledger.landed_results:
+                continue  # an earlier push of it landed (its reply lost, then retried)
             finished = [
                 e
                 for e in ledger.executions.get(key, ())

@@ -74,6 +74,9 @@ class Ledger:
         self.poisoned_runs: set[str] = set()
         """Runs one of whose steps is poison (``Faults.poison_probability``): failed, rightly."""
         self.lost_writes: list[tuple[str, tuple[str, str, int], float]] = []
+        self.landed_results: set[tuple[str, str, int]] = set()
+        """Step results a push put in the broker whose reply was lost (its retry may then be
+        lost: the result got through all the same)."""
         """Step tasks and results a broker acknowledged and lost: (``"task"`` or
         ``"result"``, the step attempt, when)."""
         self.detected_losses: set[tuple[str, str, int]] = set()
@@ -140,6 +143,8 @@ class Ledger:
                 # A result claimed with its reply lost waits out the stalled threshold: its
                 # engine may declare the step lost and send the attempt once more meanwhile.
                 self.duplicate_pushes[(run_id, step_id, attempt)] += 1
+            for run_id, step_id, attempt in details.get("landed_results", ()):
+                self.landed_results.add((run_id, step_id, attempt))
             for run_id, step_id, attempt in details.get("lost_tasks", ()):
                 self.lost_writes.append(("task", (run_id, step_id, attempt), now))
             for run_id, step_id, attempt in details.get("lost_results", ()):

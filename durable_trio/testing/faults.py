@@ -353,6 +353,11 @@ class FaultyBroker:
                 tasks = _task_keys(jobs)
                 if tasks:
                     details["tasks"] = tasks
+                landed = _result_keys(jobs)
+                if landed:
+                    # Pushed, never heard of: the retry that follows may be lost, the results
+                    # are in the broker already (the engine gets them: no loss to find).
+                    details["landed_results"] = landed
             results = _result_keys(_claimed_in(result))
             if results:
                 # Claimed, never heard of: each such result waits out the stalled threshold,
