@@ -305,19 +305,35 @@ async def test_a_run_started_here_serves_its_updates_only_once_a_request_may_hav
         await ctx.sleep(UPDATE_POLL / 2)
         return "done"
 
+    @app.workflow("long")
+    async def long(ctx: WorkflowContext, _: Any) -> str:
+        await ctx.sleep(8 * UPDATE_POLL)
+        return "done"
+
     async with open_store("memory://", app.name) as (backend, store):
         reads: list[str] = []
+        read_at: list[float] = []
         read = store.read_signal
 
         async def counted(run_id: str, name: str, seq: int) -> str | None:
             if name == UPDATE_LOG:
                 reads.append(run_id)
+                read_at.append(trio.current_time())
             text: str | None = await read(run_id, name, seq)
             return text
 
         store.read_signal = counted
         async with open_engine(app, backend, store=store, engine_id="a") as engine:
             desk = engine._update_desk
+            # A run that takes none: the desk's safety-net reads, on the serving's schedule
+            # (1 s in, then twice as long each time), and no serving.
+            start = trio.current_time()
+            long_run = await engine.start("long", None)
+            await trio.sleep(5 * UPDATE_POLL)
+            assert desk.dormant == 1  # (read twice, served never)
+            assert await engine.result(long_run) == "done"
+            assert [t - start for t in read_at] == [1.0, 3.0, 7.0]
+            reads.clear()
             ids = [await engine.start("quick", None) for _ in range(20)]
             await trio.sleep(0.01)
             assert desk.dormant == 20

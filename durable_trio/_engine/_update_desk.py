@@ -9,24 +9,30 @@ engine's runs nursery, cancelled when the run's driver ends) at the first of:
 
 * a ring of the run's key (the desk follows every ring of the store), or a ring that may have
   been lost (every dormant run then);
-* the safety net's first read, :data:`~._updates.UPDATE_POLL` seconds after the run began (a
-  ring lost on the way: the serving then polls as before, backing off while nothing comes);
+* a request found by the safety net's reads, which the desk makes for it (a ring lost on the
+  way): :data:`~._updates.UPDATE_POLL` seconds after the run began, then after twice as long
+  each time none is found, up to :data:`~._updates.UPDATE_QUIET_MAX` (the serving's own
+  schedule); each read a short task of its own;
 * the run's new watch found rung already when its driver began.
 
 A run not created here (taken over, resumed, a store that does not ring) is served from its
 start, as before. A burst of runs that end within a second costs no task and no read for
-their updates (docs/benchmarks.md, "The engine's burst of runs and the garbage collector").
+their updates, and a burst of longer ones holds no task for them between their reads
+(docs/benchmarks.md, "The engine's burst of runs and the garbage collector").
 """
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
+import itertools
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
 
+from ._context import UPDATE_LOG
 from ._stores._wakes import wakes_of
-from ._updates import UPDATE_POLL
+from ._updates import UPDATE_POLL, UPDATE_QUIET_MAX
 
 if TYPE_CHECKING:
     from ._stores import RunStore
@@ -45,9 +51,10 @@ class UpdateDesk:
     def __init__(self, store: RunStore) -> None:
         self._store = store
         self._dormant: dict[str, UpdateServant] = {}
-        self._due: deque[tuple[float, str]] = deque()
-        """(when its first safety-net read is due, run id), in that order (one interval for
-        every run: appended in time order)."""
+        self._due: list[tuple[float, int, str, float]] = []
+        """The dormant runs' safety-net reads: (when due, order, run id, the interval that led
+        to it), a heap."""
+        self._order = itertools.count()
         self._added = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._waiting: list[UpdateServant] = []
@@ -66,9 +73,14 @@ class UpdateDesk:
             self._serve(servant)
             return
         self._dormant[servant.run_id] = servant
-        if not self._due:
+        self._read_after(servant.run_id, UPDATE_POLL)
+
+    def _read_after(self, run_id: str, interval: float) -> None:
+        """A safety-net read of dormant ``run_id``'s requests in ``interval`` seconds."""
+        entry = (trio.current_time() + interval, next(self._order), run_id, interval)
+        if not self._due or entry < self._due[0]:
             self._added.set()
-        self._due.append((trio.current_time() + UPDATE_POLL, servant.run_id))
+        heapq.heappush(self._due, entry)
 
     def end(self, servant: UpdateServant) -> None:
         """``servant``'s driver ended: its serving stops (idempotent)."""
@@ -114,18 +126,30 @@ class UpdateDesk:
                     self._wake(servant.run_id)
             due = self._due
             while True:
-                if not due:
+                if not due or trio.current_time() < due[0][0]:
                     self._added = trio.Event()
-                    await self._added.wait()
+                    with trio.move_on_at(due[0][0] if due else float("inf")):
+                        await self._added.wait()
                     continue
-                at, run_id = due[0]
-                if trio.current_time() < at:
-                    await trio.sleep_until(at)
-                    continue
-                due.popleft()
-                if run_id in self._dormant:
-                    self._wake(run_id)
+                _, _, run_id, interval = heapq.heappop(due)
+                sleeping = self._dormant.get(run_id)
+                if sleeping is not None:
+                    runs.start_soon(self._read, sleeping, interval)
         finally:
             if stop is not None:
                 stop()
             self._nursery = None
+
+    async def _read(self, servant: UpdateServant, interval: float) -> None:
+        """One safety-net read of dormant ``servant``'s requests: served if one is there, else
+        read again after twice ``interval`` (a ring meanwhile serves it: the desk follows)."""
+        services = servant.services
+        text = await services.guard(
+            partial(services.store.read_signal, servant.run_id, UPDATE_LOG, 1), "reading"
+        )
+        if self._dormant.get(servant.run_id) is not servant:
+            return  # served meanwhile, or ended
+        if text is not None:
+            self._wake(servant.run_id)
+        else:
+            self._read_after(servant.run_id, min(interval * 2, UPDATE_QUIET_MAX))
