@@ -84,6 +84,14 @@ _INSERT_MANY: Final = f"""
 
 _NOTIFY: Final = "SELECT pg_notify($1, $2)"
 
+# _INSERT_MANY and its NOTIFY ($6) in one statement: one statement fewer in a finish-and-claim
+# (its data-modifying CTE runs to its end whatever the outer query reads).
+_INSERT_MANY_RING: Final = f"""
+    WITH pushed AS ({_INSERT_MANY.rstrip()}
+        RETURNING 1)
+    SELECT pg_notify($6, '')
+"""
+
 # A delayed row whose due_at is not a finite time would never come due (NaN sorts after
 # Infinity): promoted at once, marked as damaged.
 #
@@ -470,7 +478,7 @@ class Operations:
             return template.replace("{s}", schema)
 
         self.insert = sql(_INSERT)
-        self.insert_many = sql(_INSERT_MANY)
+        self.insert_many_ring = sql(_INSERT_MANY_RING)
         self.promote = sql(_PROMOTE)
         self.claim = sql(_CLAIM)
         self.claim_one = sql(_CLAIM_ONE)
@@ -518,16 +526,15 @@ class Operations:
     def push_many_statements(
         self, queue: str, jobs: Sequence[Job], priorities: Sequence[int | None], channel: str
     ) -> list[tuple[str, Sequence[Any]]]:
-        """One insert for every job, one ``NOTIFY`` for all of them (none for no jobs)."""
+        """One statement: an insert for every job and one ``NOTIFY`` for all of them (none for
+        no jobs)."""
         if not jobs:
             return []
         ids = [job.id for job in jobs]
         data = [job.data for job in jobs]
         keys = [job.key or "" for job in jobs]
-        return [
-            (self.insert_many, (queue, ids, data, [p or 0 for p in priorities], keys)),
-            (_NOTIFY, (channel, "")),
-        ]
+        priority = [p or 0 for p in priorities]
+        return [(self.insert_many_ring, (queue, ids, data, priority, keys, channel))]
 
     def claim_statements(
         self, queue: str, count: int, worker: str, started: int, limited: bool
