@@ -362,3 +362,37 @@ async def test_a_run_started_here_serves_its_updates_only_once_a_request_may_hav
             assert set(reads) == {run_id}  # (none before: its first read answered it)
             store.wakes.wake = wake
             await engine.cancel(run_id)
+
+
+async def test_what_the_serving_raises_ends_its_run_s_driver_with_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The serving runs in the engine's runs nursery (``_update_desk``), not beside its driver:
+    a failure of its own (not the store's transient errors, which it retries) still stops the
+    run's driver where it waits and comes out of it, as it did from a nursery beside it."""
+    app = cart_app("upd-fails")
+    async with open_store("memory://", app.name) as (backend, store):
+        read = store.read_signal
+
+        async def broken(run_id: str, name: str, seq: int) -> str | None:
+            if name == UPDATE_LOG:
+                raise RuntimeError("the request log cannot be read")
+            text: str | None = await read(run_id, name, seq)
+            return text
+
+        store.read_signal = broken
+        caught: list[BaseException] = []
+        try:
+            async with open_engine(app, backend, store=store, engine_id="a") as engine:
+                run_id = await engine.start("cart", None)
+                request = '{"id": "u1", "name": "add", "payload": "fig"}'
+                assert await store.append_signal(run_id, UPDATE_LOG, request) == 1  # (rings)
+                await trio.sleep_forever()  # (the engine's failure ends the block)
+        except BaseException as exc:  # (what the block ended with, looked at below)
+            caught.append(exc)
+        assert caught
+        found = caught[0]
+        while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
+            found = found.exceptions[0]
+        assert isinstance(found, RuntimeError)
+        assert "cannot be read" in str(found)
