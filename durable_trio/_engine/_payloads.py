@@ -186,11 +186,13 @@ class Signature:
     input: Any = PLAIN
     output: Any = PLAIN
 
+    @property
+    def plain(self) -> bool:
+        """Both payloads plain JSON: the function is called as it is, nothing converted."""
+        return self.input is PLAIN and self.output is PLAIN
+
 
 _signatures: dict[tuple[Any, int], Signature] = {}
-
-#: The signature of a function whose payloads are plain JSON (one object: tested by identity).
-_PLAIN_SIGNATURE: Signature = Signature()
 
 
 def signature_of(fn: Any, skip: int) -> Signature:
@@ -219,8 +221,6 @@ def signature_of(fn: Any, skip: int) -> Signature:
         PLAIN if _plain(input_type) else input_type,
         PLAIN if _plain(output_type) else output_type,
     )
-    if signature.input is PLAIN and signature.output is PLAIN:
-        signature = _PLAIN_SIGNATURE
     _signatures[key] = signature
     return signature
 
@@ -346,7 +346,7 @@ async def call_workflow(fn: Callable[..., Any], ctx: Any, value: Any, workflow: 
         PayloadTypeError: the input does not structure (the run fails with it).
     """
     signature = signature_of(fn, 1)
-    if signature is _PLAIN_SIGNATURE:
+    if signature.plain:
         return to_json(await fn(ctx, value))
     typed = structure_as(value, signature.input, f"the input of workflow {workflow!r}")
     output = await fn(ctx, typed)

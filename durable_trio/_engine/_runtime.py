@@ -180,7 +180,8 @@ class RunDriver:
     # ------------------------------------------------------------------ the workflow
 
     async def drive(self, definition: WorkflowDefinition) -> None:
-        """:meth:`_drive`, with the run's updates served beside it (:mod:`._updates`)."""
+        """:meth:`_drive`, its updates served by the engine's update desk once a request may
+        have come (:mod:`._update_desk`); what their serving raised, raised here."""
         updates, desk = self.updates, self.services.update_desk
         desk.begin(updates)  # served now, or once a request may have come (._update_desk)
         try:

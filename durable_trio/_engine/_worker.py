@@ -37,7 +37,7 @@ from ..brokers import SupportsQueueLimits, SupportsRateLimits
 from . import _snapshots as snapshots  # (statistics(): its class on first use)
 from ._app import ConcurrencyKeyError
 from ._context import _CURRENT_STEP, StepInfo
-from ._payloads import PLAIN, signature_of, structure_as, to_json, unstructure_as
+from ._payloads import signature_of, structure_as, to_json, unstructure_as
 from ._stream import LazyStore, emitter_of, serving, store_opener
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ class Worker:
         """``fn`` called with ``value`` structured into the step's input annotation; its output
         unstructured into JSON (docs/engine.md, "Typed payloads")."""
         signature = signature_of(definition.fn, 0)
-        if signature.input is PLAIN and signature.output is PLAIN:
+        if signature.plain:
             return to_json(await fn(value))  # (no messages formatted for every step)
         what = f"step {definition.name!r}"
         output = await fn(structure_as(value, signature.input, f"the input of {what}"))

@@ -74,11 +74,11 @@ class Ledger:
         self.poisoned_runs: set[str] = set()
         """Runs one of whose steps is poison (``Faults.poison_probability``): failed, rightly."""
         self.lost_writes: list[tuple[str, tuple[str, str, int], float]] = []
+        """Step tasks and results a broker acknowledged and lost: (``"task"`` or
+        ``"result"``, the step attempt, when)."""
         self.landed_results: set[tuple[str, str, int]] = set()
         """Step results a push put in the broker whose reply was lost (its retry may then be
         lost: the result got through all the same)."""
-        """Step tasks and results a broker acknowledged and lost: (``"task"`` or
-        ``"result"``, the step attempt, when)."""
         self.detected_losses: set[tuple[str, str, int]] = set()
         """The step attempts an engine reported lost (``StepLost``) and dispatched again."""
         self.engine_kills: list[float] = []
