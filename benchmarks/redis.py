@@ -128,7 +128,7 @@ async def drain_as_the_peers(
     url: str, *, jobs: int, concurrency: int, queue_limit: int | None = None
 ) -> tuple[float, float]:
     """(jobs/s, the worker's CPU microseconds per job) of :func:`drain_timed`."""
-    rate, cpu, _ = await drain_timed(
+    rate, cpu, *_ = await drain_timed(
         url, jobs=jobs, concurrency=concurrency, queue_limit=queue_limit
     )
     return rate, cpu
@@ -136,13 +136,14 @@ async def drain_as_the_peers(
 
 async def drain_timed(
     url: str, *, jobs: int, concurrency: int, queue_limit: int | None = None
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
     """S1 timed exactly as the peers' (benchmarks/peers/_common.py): ``jobs`` tasks queued
     first, one worker process spawned, each step's body appends its done signal to a file, and
     the rate is the jobs over the time from the worker's start to the last done signal. No
     process consumes the results meanwhile (they wait in the result queue, as a peer's results
     wait in its result store). (jobs/s, the worker's CPU microseconds per job, seconds from
-    the worker's spawn to its first job done, as BullMQ's note gives it: issue 35, item 2).
+    the worker's spawn to its first job done, as BullMQ's note gives it: issue 35, item 2; and
+    jobs/s from the worker's spawn, its start-up counted, as pgqueuer's runner times its S1).
     With ``queue_limit``, the worker stores that fleet-wide limit on its queue before
     serving."""
     namespace = f"s1p-{concurrency}-{time.monotonic_ns()}"
@@ -170,7 +171,8 @@ async def drain_timed(
         finally:
             _stop(worker)
     times = [when for _, when in DONE.iter_unpack(data)]
-    return jobs / (max(times) - started), cpu / jobs * 1e6, min(times) - spawned
+    last = max(times)
+    return jobs / (last - started), cpu / jobs * 1e6, min(times) - spawned, jobs / (last - spawned)
 
 
 async def enqueue(url: str, *, jobs: int) -> tuple[float, float]:
@@ -286,11 +288,11 @@ async def run(url: str, quick: bool, *, redis: bool = True) -> dict[str, tuple[f
         )
     for concurrency in (10, 32):
 
-        async def s1p(concurrency: int = concurrency) -> tuple[float, float, float]:
+        async def s1p(concurrency: int = concurrency) -> tuple[float, float, float, float]:
             clean()
             return await drain_timed(url, jobs=jobs, concurrency=concurrency)
 
-        rate, worker_us, first = await _median(runs, s1p)
+        rate, worker_us, first, _ = await _median(runs, s1p)
         figures[f"S1 as the peers, concurrency {concurrency} (jobs/s)"] = (
             rate,
             f"worker start -> last done signal; worker CPU {worker_us:,.0f} us/job",
