@@ -113,6 +113,26 @@ def test_an_app_module_that_fails_to_import_is_one_line(
     assert "broken_app_mod.py:3)" in err
 
 
+def test_an_app_module_that_calls_trio_run_at_its_top_level_is_told_how_to_guard_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """README's first example saved as shop.py runs ``trio.run(main)`` at its top level: the
+    CLI imports it from inside its own ``trio.run``, and says what to change."""
+    (tmp_path / "script_app_mod.py").write_text(
+        "import trio\nimport durable_trio as dt\napp = dt.App('shop')\n"
+        "async def main() -> None:\n    pass\n\ntrio.run(main)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    status = main(["runs", "list", "--backend", "memory://", "--app", "script_app_mod:app"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.count("\n") == 1
+    assert err.startswith("error: cannot import 'script_app_mod': its top level calls trio.run()")
+    assert "script_app_mod.py:7)" in err
+    assert 'if __name__ == "__main__":' in err
+
+
 def test_the_console_on_a_busy_port_says_address_in_use(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -81,6 +81,15 @@ def load_app(target: str) -> App:
         frames = traceback.extract_tb(exc.__traceback__)
         if frames:
             where = f" (at {frames[-1].filename}:{frames[-1].lineno})"
+        mine = [frame for frame in frames if "/trio/" not in frame.filename.replace("\\", "/")]
+        if isinstance(exc, RuntimeError) and "from inside a run()" in str(exc) and mine:
+            # A script's ``trio.run(main)`` at its top level (as README's first example has
+            # it), run again by the import: say how to make the module importable.
+            raise ConfigError(
+                f"cannot import {module_name!r}: its top level calls trio.run() (at "
+                f"{mine[-1].filename}:{mine[-1].lineno}); put that call under "
+                '`if __name__ == "__main__":` so that durable-trio can import its App'
+            ) from exc
         raise ConfigError(
             f"cannot import {module_name!r}: {type(exc).__name__}: {exc}{where}"
         ) from exc
