@@ -17,6 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
+from psycopg.adapt import PyFormat, Transformer
+from psycopg.types.numeric import Int8
 
 from _postgres_server import *  # noqa: F403  (the private server fixture)
 from durable_trio._errors import (
@@ -115,6 +119,30 @@ async def test_parameters_and_results(postgres_url: str) -> None:
         assert await conn.fetch(f"SELECT k, v FROM {table} ORDER BY k") == [(1, "a"), (2, "b")]
     finally:
         conn.close()
+
+
+_PACKABLE = st.one_of(
+    st.lists(st.one_of(st.none(), st.text().filter(lambda t: "\x00" not in t)), min_size=1),
+    st.lists(st.one_of(st.none(), st.binary()), min_size=1),
+    st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), min_size=1),
+    st.lists(st.one_of(st.none(), st.floats()), min_size=1),
+)
+
+
+@given(_PACKABLE)
+def test_pack_array_writes_the_bytes_psycopg_s_binary_dumper_writes(items: list[Any]) -> None:
+    """Byte for byte, for any list of one element type with NULLs among it (ints as bigint:
+    psycopg's own dumper picks the narrowest type, so it is handed them as ``Int8``)."""
+    packed = pack_array(items)
+    if all(item is None for item in items):
+        assert packed is None
+        return
+    assert packed is not None
+    as_psycopg = [Int8(item) if type(item) is int else item for item in items]
+    tx = Transformer()
+    (expected,) = tx.dump_sequence([as_psycopg], [PyFormat.BINARY])
+    assert tx.types is not None
+    assert (packed[0], packed[1]) == (bytes(expected or b""), tx.types[0])
 
 
 async def test_lists_packed_by_hand_reach_the_server_as_psycopg_would_send_them(
