@@ -39,6 +39,7 @@ from durable_trio._postgres import (
     connect,
 )
 from durable_trio._postgres._listen import Notification, NotificationsMissed, open_listener
+from durable_trio._postgres._mux import PgMux
 from durable_trio._postgres._pool import PgPool, open_pool
 from durable_trio._postgres._statements import pack_array
 
@@ -830,3 +831,98 @@ async def test_no_command_timeout_cancelled_mid_statement_stays_usable(postgres_
         assert await conn.fetchval("SELECT $1::int", 8, command_timeout=math.inf) == 8
     finally:
         conn.close()
+
+
+# -- pipelined calls on one connection (PgMux) -------------------------------------------------
+
+
+async def test_pipelined_calls_share_one_connection_and_are_answered_in_order(
+    postgres_url: str,
+) -> None:
+    """A call sent while another waits goes out at once on the same connection (one backend),
+    the server runs them in the order sent and each gets its own answer; a failing statement
+    fails its call alone."""
+    table = _table()
+    async with open_pool(postgres_url, size=4) as pool, trio.open_nursery() as nursery:
+        await pool.execute(f"CREATE TABLE {table} (k int PRIMARY KEY)")
+        await pool.execute(f"CREATE SEQUENCE {table}_seq")
+        mux = PgMux(pool, nursery)
+        await mux.pipeline([("SELECT 1", ())])  # (the connection open: the calls below queue)
+        turn = f"nextval('{table}_seq')"
+        out: dict[str, Any] = {}
+
+        async def run(name: str, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+            try:
+                out[name] = await mux.pipeline(statements)
+            except PostgresError as exc:
+                out[name] = exc
+
+        async with trio.open_nursery() as calls:
+            calls.start_soon(run, "slow", [(f"SELECT pg_sleep(0.3), pg_backend_pid(), {turn}", ())])
+            await trio.sleep(0.05)
+            calls.start_soon(
+                run, "fails", [(f"INSERT INTO {table} VALUES ($1)", (1,)), ("SELECT 1/0", ())]
+            )
+            await trio.sleep(0.01)
+            calls.start_soon(
+                run,
+                "after",
+                [
+                    (f"INSERT INTO {table} VALUES ($1)", (2,)),
+                    (f"SELECT pg_backend_pid(), {turn}", ()),
+                ],
+            )
+        assert isinstance(out["fails"], PostgresError)
+        assert out["fails"].sqlstate == "22012"
+        _, pid, first = out["slow"][0].rows[0]
+        assert out["after"][1].rows == [(pid, first + 1)]  # the same backend, right after
+        # The failing call's insert rolled back with it; the next call's committed.
+        assert await pool.fetch(f"SELECT k FROM {table}") == [(2,)]
+        mux.close()
+        with pytest.raises(TransportClosed):
+            await mux.pipeline([("SELECT 1", ())])
+
+
+async def test_a_pipelined_connection_lost_fails_its_calls_and_the_next_opens_another(
+    postgres_url: str,
+) -> None:
+    """Its backend terminated while calls wait: each gets BrokerUnavailable (it may have run);
+    the next call runs on a new connection. A call cancelled before its answer (its deadline)
+    gives the connection up the same way: the calls behind it fail, the next one runs."""
+    async with (
+        open_pool(postgres_url, size=4) as pool,
+        open_pool(postgres_url, size=1) as admin,
+        trio.open_nursery() as nursery,
+    ):
+        mux = PgMux(pool, nursery)
+        (first,) = await mux.pipeline([("SELECT pg_backend_pid()", ())])
+        pid = first.rows[0][0]
+        failed: list[BaseException] = []
+
+        async def waits() -> None:
+            try:
+                await mux.pipeline([("SELECT pg_sleep(5)", ())])
+            except BrokerUnavailable as exc:
+                failed.append(exc)
+
+        async with trio.open_nursery() as calls:
+            calls.start_soon(waits)
+            calls.start_soon(waits)
+            await trio.sleep(0.2)
+            await _terminate(admin, pid)
+        assert len(failed) == 2
+        (again,) = await _eventually(lambda: mux.pipeline([("SELECT pg_backend_pid()", ())]))
+        other = again.rows[0][0]
+        assert other != pid
+
+        failed.clear()
+        async with trio.open_nursery() as calls:
+            calls.start_soon(waits)  # behind the cancelled one
+            with trio.move_on_after(0.2) as cancelled:
+                await mux.pipeline([("SELECT pg_sleep(5)", ())])
+        assert cancelled.cancelled_caught
+        assert len(failed) == 1
+        (third,) = await mux.pipeline([("SELECT pg_backend_pid(), 7", ())])
+        assert third.rows[0][0] not in (pid, other)
+        assert third.rows[0][1] == 7
+        mux.close()

@@ -28,6 +28,7 @@ from ..._postgres import (
     quote_ident,
     tables_missing,
 )
+from ..._postgres._mux import PgMux
 from .._contract import RateGrant, Recovery
 from .._limits import check_limit
 from .._rates import check_rate, log_name
@@ -99,10 +100,10 @@ class PostgresBroker:
         ConfigError: an option out of range, or a schema name that is not a plain identifier.
     """
 
-    #: Its finalizes go one call at a time (``SupportsFinishAndClaim``): the server's commit of
-    #: one finish-and-claim transaction and the next overlap little, and halves only paid a
-    #: transaction's fixed cost (and a round trip's wake-ups) twice as often (docs/decisions.md).
-    finalize_in_halves = False
+    #: Its finalizes go in two halves (``SupportsFinishAndClaim``), pipelined on one connection
+    #: (``PgMux``): the server runs one half's transaction while this process works on the
+    #: other's jobs (docs/decisions.md).
+    finalize_in_halves = True
 
     def __init__(
         self,
@@ -135,6 +136,8 @@ class PostgresBroker:
         self._identity = StoreIdentity(pool, self.schema, store_check_interval, on_error)
         self._stack: AsyncExitStack | None = None
         self._entered = False
+        #: The finish-and-claim calls' pipelined connection, while the broker is entered.
+        self._mux: PgMux | None = None
 
     @classmethod
     async def attach(
@@ -193,10 +196,12 @@ class PostgresBroker:
         stack = AsyncExitStack()
         nursery = await stack.enter_async_context(trio.open_nursery())
         self._stack = stack
+        self._mux = PgMux(self._pool, nursery)
         try:
             await nursery.start(self._identity.watch)
         except BaseException:  # cancelled while starting: leave the nursery before raising
             self._identity.stop()
+            self._mux.close()
             self._stack = None
             await stack.aclose()
             raise
@@ -210,6 +215,8 @@ class PostgresBroker:
     ) -> None:
         self._closed = True
         self._identity.stop()  # no checkpoint before the nursery is left, even when cancelled
+        if self._mux is not None:
+            self._mux.close()
         stack, self._stack = self._stack, None
         if stack is not None:
             await stack.aclose()
@@ -230,6 +237,8 @@ class PostgresBroker:
         raise :class:`~durable_trio.BrokerUnavailable`."""
         self._closed = True
         self._identity.stop()
+        if self._mux is not None:
+            self._mux.close()
         await trio.lowlevel.checkpoint()
 
     async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -370,7 +379,11 @@ class PostgresBroker:
             return [], []
 
         async def run(pool: PgPool) -> tuple[list[bool], list[ClaimedJob]]:
-            results = await pool.pipeline(statements, command_timeout=UNBOUNDED)
+            mux = self._mux
+            if mux is not None:  # (pipelined behind the other half's, see PgMux)
+                results = await mux.pipeline(statements)
+            else:
+                results = await pool.pipeline(statements, command_timeout=UNBOUNDED)
             done: list[bool] = []
             if leases:
                 hit = {row[0] for row in results[complete_at].rows}
