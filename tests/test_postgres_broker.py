@@ -21,6 +21,7 @@ from durable_trio._errors import BrokerError, BrokerUnavailable
 from durable_trio._postgres import open_notify_hub, open_pool, schema_versions
 from durable_trio.brokers import Job, Lease
 from durable_trio.brokers.postgres import PostgresBroker, channel_for
+from durable_trio.brokers.postgres._broker import MUX_MIN_POOL
 from durable_trio.keys.memory import MemoryKeyStore
 
 if TYPE_CHECKING:
@@ -212,6 +213,41 @@ def test_channel_names_are_short_safe_and_distinct() -> None:
 
 
 # -- finalizes -------------------------------------------------------------------------------
+
+
+async def test_a_small_pool_keeps_its_connections_shared_and_finalizes_one_call_at_a_time(
+    postgres_url: str,
+) -> None:
+    """On a pool smaller than MUX_MIN_POOL no connection is set aside for the finish-and-claim
+    calls (a pool of one would have none left for the rest): they share the pool, one at a
+    time, and a worker drains its queue as on any pool."""
+    async with (
+        open_pool(postgres_url, size=MUX_MIN_POOL - 1) as pool,
+        open_notify_hub(postgres_url) as hub,
+    ):
+        broker = await PostgresBroker.attach(pool, _schema(), hub)
+        async with broker:
+            assert broker.finalize_in_halves is False
+            backend = dt.Backend(url="test://", broker=broker, keys=MemoryKeyStore())
+            done: set[str] = set()
+            all_done = trio.Event()
+            async with dt.open_queue_transport(backend, concurrency=10) as transport:
+
+                async def step(task: dt.RemoteTask) -> None:
+                    done.add(task.step_id)
+                    if len(done) == 100:
+                        all_done.set()
+
+                transport.handle("step", step)
+                await transport.dispatch_many(
+                    [
+                        dt.RemoteTask(run_id="r", step_id=str(n), attempt=1, name="step")
+                        for n in range(100)
+                    ]
+                )
+                with trio.fail_after(60):
+                    await all_done.wait()
+            assert broker._mux is None
 
 
 async def test_finalizes_go_in_two_halves_pipelined_on_one_connection(postgres_url: str) -> None:

@@ -71,6 +71,11 @@ CALL_TIMEOUT: Final = 30.0
 STORE_CHECK_INTERVAL: Final = 15.0
 
 
+#: The smallest pool the finish-and-claim calls take a connection of for themselves (``PgMux``):
+#: on a smaller one they share the pool, one call at a time, as every other call does.
+MUX_MIN_POOL: Final = 3
+
+
 class PostgresBroker:
     """A :class:`~durable_trio.brokers.QueueBroker` on PostgreSQL, with every capability.
 
@@ -100,10 +105,13 @@ class PostgresBroker:
         ConfigError: an option out of range, or a schema name that is not a plain identifier.
     """
 
-    #: Its finalizes go in two halves (``SupportsFinishAndClaim``), pipelined on one connection
-    #: (``PgMux``): the server runs one half's transaction while this process works on the
-    #: other's jobs (docs/decisions.md).
-    finalize_in_halves = True
+    @property
+    def finalize_in_halves(self) -> bool:
+        """Its finalizes go in two halves (``SupportsFinishAndClaim``) when they are pipelined
+        on one connection (``PgMux``, while the broker is entered, on a pool of at least
+        :data:`MUX_MIN_POOL`): the server runs one half's transaction while this process works
+        on the other's jobs. Otherwise one call at a time (docs/decisions.md)."""
+        return self._mux is not None
 
     def __init__(
         self,
@@ -196,12 +204,14 @@ class PostgresBroker:
         stack = AsyncExitStack()
         nursery = await stack.enter_async_context(trio.open_nursery())
         self._stack = stack
-        self._mux = PgMux(self._pool, nursery)
+        if self._pool.size >= MUX_MIN_POOL:
+            self._mux = PgMux(self._pool, nursery)
         try:
             await nursery.start(self._identity.watch)
         except BaseException:  # cancelled while starting: leave the nursery before raising
             self._identity.stop()
-            self._mux.close()
+            if self._mux is not None:
+                self._mux.close()
             self._stack = None
             await stack.aclose()
             raise
