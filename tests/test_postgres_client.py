@@ -926,3 +926,57 @@ async def test_a_pipelined_connection_lost_fails_its_calls_and_the_next_opens_an
         assert third.rows[0][0] not in (pid, other)
         assert third.rows[0][1] == 7
         mux.close()
+
+
+async def test_pipelined_calls_cancellation_fuzz(postgres_url: str) -> None:
+    """Rounds of three concurrent pipelined calls on one PgMux, some cancelled at random
+    points: every call that returned got its own right answer, every one that committed is
+    stored, the mux answers right after each round, and no backend is left in a transaction
+    or past the pool's size."""
+    rng = random.Random(20261206)
+    name = f"muxfuzz_{uuid.uuid4().hex[:8]}"
+    table = _table()
+    committed: set[int] = set()
+    outcomes = {"completed": 0, "cancelled": 0, "unavailable": 0}
+    async with (
+        open_pool(postgres_url, size=1) as admin,
+        open_pool(_named(postgres_url, name), size=3) as pool,
+        trio.open_nursery() as nursery,
+    ):
+        await pool.execute(f"CREATE TABLE {table} (k int PRIMARY KEY)")
+        mux = PgMux(pool, nursery)
+
+        async def call(key: int) -> None:
+            value = rng.randrange(1 << 30)
+            delay = rng.choice([None, None, 0.0, rng.uniform(0, 0.002), rng.uniform(0, 0.006)])
+            with trio.move_on_after(math.inf if delay is None else delay) as scope:
+                try:
+                    results = await mux.pipeline(
+                        [
+                            (f"INSERT INTO {table} VALUES ($1)", (key,)),
+                            ("SELECT pg_sleep($1)", (rng.choice([0, 0.001, 0.003]),)),
+                            ("SELECT $1::int", (value,)),
+                        ]
+                    )
+                except BrokerUnavailable:
+                    outcomes["unavailable"] += 1  # behind a cancelled call: may have run
+                    return
+                assert results[2].rows == [(value,)]
+                committed.add(key)
+            outcomes["cancelled" if scope.cancelled_caught else "completed"] += 1
+
+        for round_ in range(120):
+            async with trio.open_nursery() as calls:
+                for n in range(3):
+                    calls.start_soon(call, round_ * 3 + n)
+            value = rng.randrange(1 << 30)
+            (answer,) = await _eventually(lambda v=value: mux.pipeline([("SELECT $1::int", (v,))]))
+            assert answer.rows == [(value,)]
+        stored = {row[0] for row in await pool.fetch(f"SELECT k FROM {table}")}
+        assert committed <= stored
+        mux.close()
+        rows = await _settled_backends(admin, name, allowed=3)
+        assert all(xid is None for _pid, _state, xid in rows), rows
+    # (A cancelled call gives the connection up: the calls behind it are "unavailable".)
+    assert outcomes["cancelled"] > 20, outcomes
+    assert outcomes["completed"] > 20, outcomes

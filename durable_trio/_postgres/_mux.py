@@ -153,8 +153,11 @@ class _Live:
                 call.results = results
                 call.answered.set()
         except BaseException as exc:
+            # Whatever ended the reading (a lost connection, or a defect here), the calls
+            # waiting fail and the next call opens another connection: only a cancellation
+            # (the broker closing) goes on up, never an error that would end the broker.
             self.give_up(exc)
-            if not isinstance(exc, (psycopg.Error, OSError, trio.ClosedResourceError)):
+            if not isinstance(exc, Exception):
                 raise
 
 
