@@ -215,6 +215,27 @@ def test_channel_names_are_short_safe_and_distinct() -> None:
 # -- finalizes -------------------------------------------------------------------------------
 
 
+async def _drain_through(broker: PostgresBroker, jobs: int) -> None:
+    """``jobs`` steps dispatched and run by a transport at concurrency 10 on ``broker``."""
+    backend = dt.Backend(url="test://", broker=broker, keys=MemoryKeyStore())
+    done: set[str] = set()
+    all_done = trio.Event()
+    async with dt.open_queue_transport(backend, concurrency=10) as transport:
+
+        async def step(task: dt.RemoteTask) -> None:
+            await trio.lowlevel.checkpoint()
+            done.add(task.step_id)
+            if len(done) == jobs:
+                all_done.set()
+
+        transport.handle("step", step)
+        await transport.dispatch_many(
+            [dt.RemoteTask(run_id="r", step_id=str(n), attempt=1, name="step") for n in range(jobs)]
+        )
+        with trio.fail_after(60):
+            await all_done.wait()
+
+
 async def test_a_small_pool_keeps_its_connections_shared_and_finalizes_one_call_at_a_time(
     postgres_url: str,
 ) -> None:
@@ -228,25 +249,7 @@ async def test_a_small_pool_keeps_its_connections_shared_and_finalizes_one_call_
         broker = await PostgresBroker.attach(pool, _schema(), hub)
         async with broker:
             assert broker.finalize_in_halves is False
-            backend = dt.Backend(url="test://", broker=broker, keys=MemoryKeyStore())
-            done: set[str] = set()
-            all_done = trio.Event()
-            async with dt.open_queue_transport(backend, concurrency=10) as transport:
-
-                async def step(task: dt.RemoteTask) -> None:
-                    done.add(task.step_id)
-                    if len(done) == 100:
-                        all_done.set()
-
-                transport.handle("step", step)
-                await transport.dispatch_many(
-                    [
-                        dt.RemoteTask(run_id="r", step_id=str(n), attempt=1, name="step")
-                        for n in range(100)
-                    ]
-                )
-                with trio.fail_after(60):
-                    await all_done.wait()
+            await _drain_through(broker, 100)
             assert broker._mux is None
 
 
@@ -271,26 +274,7 @@ async def test_finalizes_go_in_two_halves_pipelined_on_one_connection(postgres_u
                 flying -= claims
 
         broker.finish_and_claim = counted  # type: ignore[method-assign]
-        backend = dt.Backend(url="test://", broker=broker, keys=MemoryKeyStore())
-        done: set[str] = set()
-        all_done = trio.Event()
-        async with dt.open_queue_transport(backend, concurrency=10) as transport:
-
-            async def step(task: dt.RemoteTask) -> None:
-                await trio.lowlevel.checkpoint()
-                done.add(task.step_id)
-                if len(done) == 200:
-                    all_done.set()
-
-            transport.handle("step", step)
-            await transport.dispatch_many(
-                [
-                    dt.RemoteTask(run_id="r", step_id=str(n), attempt=1, name="step")
-                    for n in range(200)
-                ]
-            )
-            with trio.fail_after(60):
-                await all_done.wait()
+        await _drain_through(broker, 200)
         assert 1 <= most <= 2
         assert 0 < calls < 200
         live = broker._mux._live if broker._mux is not None else None

@@ -71,7 +71,7 @@ if TYPE_CHECKING:
     from psycopg.abc import PQGen
     from psycopg.pq.abc import PGconn, PGresult
 
-__all__ = ["ConnectionStats", "PgConnection", "Result", "connect", "parse_conninfo"]
+__all__ = ["ConnectionStats", "PgConnection", "Result", "connect", "one_sync", "parse_conninfo"]
 
 _OK: Final = pq.ConnStatus.OK
 _IDLE: Final = pq.TransactionStatus.IDLE
@@ -272,28 +272,31 @@ async def connect(
     )
 
 
-def _pipeline_results(pgconn: PGconn, syncs: list[int]) -> PQGen[list[list[PGresult]]]:
-    """Send a whole pipeline (already queued in libpq, a sync after each group of statements)
-    and read each group's results, one per statement, up to its sync. libpq ends each
-    statement's results with ``NULL``. ``syncs[0]`` counts the syncs still to come (what
-    :meth:`PgConnection._drain` reads after an interruption)."""
-    yield from generators.send(pgconn)
-    groups: list[list[PGresult]] = []
+def one_sync(pgconn: PGconn) -> PQGen[list[PGresult]]:
+    """Read one group of a pipeline's results, one per statement, up to its sync (libpq ends
+    each statement's results with ``NULL``)."""
     results: list[PGresult] = []
     while True:
         result = yield from generators.fetch(pgconn)
         if result is None:
             continue
         if result.status == _PIPELINE_SYNC:
-            groups.append(results)
-            results = []
-            syncs[0] -= 1
-            if not syncs[0]:
-                return groups
-            continue
+            return results
         if result.status in _COPY:
             raise psycopg.NotSupportedError("COPY in a pipeline")
         results.append(result)
+
+
+def _pipeline_results(pgconn: PGconn, syncs: list[int]) -> PQGen[list[list[PGresult]]]:
+    """Send a whole pipeline (already queued in libpq, a sync after each group of statements)
+    and read each group's results (:func:`one_sync`). ``syncs[0]`` counts the syncs still to
+    come (what :meth:`PgConnection._drain` reads after an interruption)."""
+    yield from generators.send(pgconn)
+    groups: list[list[PGresult]] = []
+    while syncs[0]:
+        groups.append((yield from one_sync(pgconn)))
+        syncs[0] -= 1
+    return groups
 
 
 def _sql(query: str | bytes) -> bytes:

@@ -25,21 +25,20 @@ Failure:
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import trio
-from psycopg import generators, pq
+from psycopg import generators
 
 from .._errors import TransportClosed
-from ._connection import _COPY, _sql
+from ._connection import _sql, one_sync
 from ._errors import PostgresError, unavailable
 from ._wait import drive
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from psycopg.abc import PQGen
     from psycopg.pq.abc import PGresult
 
     from ._connection import PgConnection, Result
@@ -47,22 +46,6 @@ if TYPE_CHECKING:
     from ._statements import Send
 
 __all__ = ["PgMux"]
-
-_PIPELINE_SYNC: Final = pq.ExecStatus.PIPELINE_SYNC
-
-
-def _one_sync(pgconn: Any) -> PQGen[list[PGresult]]:
-    """Read one call's results, up to its sync (libpq ends each statement's with ``NULL``)."""
-    results: list[PGresult] = []
-    while True:
-        result = yield from generators.fetch(pgconn)
-        if result is None:
-            continue
-        if result.status == _PIPELINE_SYNC:
-            return results
-        if result.status in _COPY:
-            raise psycopg.NotSupportedError("COPY in a pipeline")
-        results.append(result)
 
 
 class _Call:
@@ -146,7 +129,7 @@ class _Live:
                     self.wake = trio.Event()
                     await self.wake.wait()
                     continue
-                results = await drive(_one_sync(conn._pgconn), conn._fd)
+                results = await drive(one_sync(conn._pgconn), conn._fd)
                 if self.error is not None:
                     return
                 call = self.waiting.popleft()
