@@ -4,7 +4,8 @@ foundation; issue 32).
 psycopg runs on asyncio or blocks; its protocol code is generators that yield what they wait
 for. :mod:`._wait` drives them with Trio's own waits; :mod:`._connection` is one connection
 (statements with ``$1`` parameters, transactions, and the cancellation rule every other module
-relies on); :mod:`._pool` a small fixed-size pool; :mod:`._listen` one dedicated ``LISTEN``
+relies on); :mod:`._pool` a small fixed-size pool; :mod:`._mux` several pipelined calls in
+flight on one of its connections, answered in order; :mod:`._listen` one dedicated ``LISTEN``
 connection that reconnects by itself, and :mod:`._hub` shares it between the parts of one
 backend (callbacks by channel). Failures are translated at this edge into the project's
 error tree (:mod:`._errors`).
@@ -33,6 +34,7 @@ from ._migrations import (
     schema_versions,
     tables_missing,
 )
+from ._mux import PgMux
 from ._pool import PgPool, PoolStats, open_pool
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "NotifyHub",
     "PgConnection",
     "PgListener",
+    "PgMux",
     "PgPool",
     "PoolStats",
     "PostgresAuthError",

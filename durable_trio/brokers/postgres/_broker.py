@@ -20,6 +20,7 @@ import trio
 from ..._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
 from ..._postgres import (
     NO_TABLE,
+    PgMux,
     PostgresError,
     check_schema_name,
     migrate,
@@ -28,7 +29,6 @@ from ..._postgres import (
     quote_ident,
     tables_missing,
 )
-from ..._postgres._mux import PgMux
 from .._contract import RateGrant, Recovery
 from .._limits import check_limit
 from .._rates import check_rate, log_name
