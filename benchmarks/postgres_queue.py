@@ -196,12 +196,12 @@ async def _ours(server: PostgresServer, quick: bool) -> Figures:
         await queue_bench.drain_timed(_url(server), jobs=jobs, concurrency=10) for _ in range(runs)
     ]
     figures[S1_KEY] = (
-        statistics.median(r[3] for r in s1),
+        statistics.median(r.from_spawn for r in s1),
         "runs "
-        + " / ".join(f"{r[3]:,.0f}" for r in s1)
-        + f"; from the worker's start {statistics.median(r[0] for r in s1):,.0f} jobs/s"
-        + f"; spawn -> first body {statistics.median(r[2] for r in s1) * 1000:,.0f} ms"
-        + f"; worker CPU {statistics.median(r[1] for r in s1):,.0f} us/job",
+        + " / ".join(f"{r.from_spawn:,.0f}" for r in s1)
+        + f"; from the worker's start {statistics.median(r.rate for r in s1):,.0f} jobs/s"
+        + f"; spawn -> first body {statistics.median(r.first for r in s1) * 1000:,.0f} ms"
+        + f"; worker CPU {statistics.median(r.cpu_us for r in s1):,.0f} us/job",
     )
     samples = 100 if quick else 300
     s3 = [await queue_bench.latency(_url(server), samples=samples) for _ in range(runs)]

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -134,9 +134,22 @@ async def drain_as_the_peers(
     return rate, cpu
 
 
+class Timed(NamedTuple):
+    """One S1 drain of :func:`drain_timed`."""
+
+    rate: float
+    """jobs/s from the worker's start (imports and connecting done) to its last done signal"""
+    cpu_us: float
+    """the worker's CPU microseconds per job"""
+    first: float
+    """seconds from the worker's spawn to its first job done"""
+    from_spawn: float
+    """jobs/s from the worker's spawn, its start-up counted"""
+
+
 async def drain_timed(
     url: str, *, jobs: int, concurrency: int, queue_limit: int | None = None
-) -> tuple[float, float, float, float]:
+) -> Timed:
     """S1 timed exactly as the peers' (benchmarks/peers/_common.py): ``jobs`` tasks queued
     first, one worker process spawned, each step's body appends its done signal to a file, and
     the rate is the jobs over the time from the worker's start to the last done signal. No
@@ -172,7 +185,9 @@ async def drain_timed(
             _stop(worker)
     times = [when for _, when in DONE.iter_unpack(data)]
     last = max(times)
-    return jobs / (last - started), cpu / jobs * 1e6, min(times) - spawned, jobs / (last - spawned)
+    return Timed(
+        jobs / (last - started), cpu / jobs * 1e6, min(times) - spawned, jobs / (last - spawned)
+    )
 
 
 async def enqueue(url: str, *, jobs: int) -> tuple[float, float]:
@@ -288,7 +303,7 @@ async def run(url: str, quick: bool, *, redis: bool = True) -> dict[str, tuple[f
         )
     for concurrency in (10, 32):
 
-        async def s1p(concurrency: int = concurrency) -> tuple[float, float, float, float]:
+        async def s1p(concurrency: int = concurrency) -> Timed:
             clean()
             return await drain_timed(url, jobs=jobs, concurrency=concurrency)
 

@@ -31,7 +31,7 @@ import psycopg
 import trio
 from psycopg import generators
 
-from .._errors import TransportClosed
+from .._errors import BrokerUnavailable, TransportClosed
 from ._connection import _sql, one_sync
 from ._errors import PostgresError, unavailable
 from ._wait import drive
@@ -43,16 +43,14 @@ if TYPE_CHECKING:
 
     from ._connection import PgConnection, Result
     from ._pool import PgPool
-    from ._statements import Send
 
 __all__ = ["PgMux"]
 
 
 class _Call:
-    __slots__ = ("answered", "error", "results", "sends")
+    __slots__ = ("answered", "error", "results")
 
-    def __init__(self, sends: list[Send]) -> None:
-        self.sends = sends
+    def __init__(self) -> None:
         self.answered = trio.Event()
         self.results: list[PGresult] = []
         self.error: BaseException | None = None
@@ -69,15 +67,21 @@ class _Live:
         self.wake = trio.Event()
         self.writing = trio.Lock()
 
+    def lost(self, exc: BaseException) -> BrokerUnavailable:
+        """What a call on this connection raises once ``exc`` ended it."""
+        return unavailable(
+            f"lost the connection to PostgreSQL at {self.conn.address}: {exc!r} "
+            "(the call may have run)"
+        )
+
     def give_up(self, exc: BaseException) -> None:
         """Close the connection (a task waiting on it wakes) and fail every call waiting."""
         if self.error is not None:
             return
         self.error = exc
         self.conn.close()
-        reason = f"lost the connection to PostgreSQL at {self.conn.address}: {exc!r}"
         for call in self.waiting:
-            call.error = unavailable(reason + " (the call may have run)")
+            call.error = self.lost(exc)
             call.answered.set()
         self.waiting.clear()
         self.wake.set()
@@ -89,16 +93,14 @@ class _Live:
         # ValueError (a parameter psycopg cannot adapt) before anything is queued: nothing sent.
         sends = [conn._prepare(_sql(query), params) for query, params in statements]
         pgconn = conn._pgconn
-        call = _Call(sends)
+        call = _Call()
         try:
             for send in sends:
                 send.call()
             pgconn.pipeline_sync()
         except psycopg.Error as exc:
             self.give_up(exc)
-            raise unavailable(
-                f"lost the connection to PostgreSQL at {conn.address}: {exc}"
-            ) from exc
+            raise self.lost(exc) from exc
         self.waiting.append(call)
         self.wake.set()
         try:
@@ -109,9 +111,7 @@ class _Live:
             if not call.answered.is_set():
                 self.give_up(exc)  # sent in part, or its answer never read: nobody can tell
             if isinstance(exc, (psycopg.Error, OSError, trio.ClosedResourceError)):
-                raise unavailable(
-                    f"lost the connection to PostgreSQL at {conn.address}: {exc!r}"
-                ) from exc
+                raise self.lost(exc) from exc
             raise
         if call.error is not None:
             raise call.error
@@ -190,9 +190,8 @@ class PgMux:
             try:
                 await live.read()
             finally:
-                live.give_up(
-                    TransportClosed("the pipelined connection was closed")
-                )  # (closed: the pool drops it)
+                # Closed whatever ended the reading: the pool drops it when it comes back.
+                live.give_up(TransportClosed("the pipelined connection was closed"))
 
     def close(self) -> None:
         """Give the connection up (calls waiting get ``BrokerUnavailable``); later calls raise

@@ -89,6 +89,7 @@ _ARRAY_HEAD: Final = struct.Struct("!iiIii")  # dimensions, has nulls, element o
 _LENGTH: Final = struct.Struct("!i")
 _INT8: Final = struct.Struct("!iq")  # (its length, 8, then the value)
 _FLOAT8: Final = struct.Struct("!id")
+_NULL: Final = _LENGTH.pack(-1)  # an element's length -1: NULL, no bytes follow
 _INT8_RANGE: Final = range(-(2**63), 2**63)
 #: element type -> (element oid, array oid): bytea, text, int8, float8.
 _ARRAY_OIDS: Final = {bytes: (17, 1001), str: (25, 1009), int: (20, 1016), float: (701, 1022)}
@@ -121,24 +122,16 @@ def pack_array(items: list[Any]) -> tuple[bytes, int] | None:
             elements = [None if item is None else item.encode() for item in items]
         except UnicodeEncodeError as exc:
             raise ValueError(f"cannot send a parameter to PostgreSQL: {exc}") from None
-    nulls = len(present) != len(items)
-    head = _ARRAY_HEAD.pack(1, nulls, oids[0], len(items), 1)
+    if kind is int and any(item not in _INT8_RANGE for item in present):
+        return None  # (psycopg sends it as numeric[], or says why not)
     if kind is bytes or kind is str:
         length = _LENGTH.pack
-        return head + b"".join(
-            [b"\xff\xff\xff\xff" if e is None else length(len(e)) + e for e in elements]
-        ), oids[1]
-    if kind is int:
-        if any(item not in _INT8_RANGE for item in present):
-            return None  # (psycopg sends it as numeric[], or says why not)
-        pack = _INT8.pack
-        return head + b"".join(
-            [b"\xff\xff\xff\xff" if e is None else pack(8, e) for e in elements]
-        ), oids[1]
-    pack = _FLOAT8.pack
-    return head + b"".join(
-        [b"\xff\xff\xff\xff" if e is None else pack(8, e) for e in elements]
-    ), oids[1]
+        body = [_NULL if e is None else length(len(e)) + e for e in elements]
+    else:
+        pack = (_INT8 if kind is int else _FLOAT8).pack
+        body = [_NULL if e is None else pack(8, e) for e in elements]
+    head = _ARRAY_HEAD.pack(1, len(present) != len(items), oids[0], len(items), 1)
+    return head + b"".join(body), oids[1]
 
 
 class Statements:

@@ -209,9 +209,7 @@ class PostgresBroker:
         try:
             await nursery.start(self._identity.watch)
         except BaseException:  # cancelled while starting: leave the nursery before raising
-            self._identity.stop()
-            if self._mux is not None:
-                self._mux.close()
+            self._stop_background()
             self._stack = None
             await stack.aclose()
             raise
@@ -224,9 +222,7 @@ class PostgresBroker:
         tb: TracebackType | None,
     ) -> None:
         self._closed = True
-        self._identity.stop()  # no checkpoint before the nursery is left, even when cancelled
-        if self._mux is not None:
-            self._mux.close()
+        self._stop_background()  # no checkpoint before the nursery is left, even when cancelled
         stack, self._stack = self._stack, None
         if stack is not None:
             await stack.aclose()
@@ -246,10 +242,15 @@ class PostgresBroker:
         watch (leaving the ``async with`` waits for it). Idempotent, from any task. Later calls
         raise :class:`~durable_trio.BrokerUnavailable`."""
         self._closed = True
+        self._stop_background()
+        await trio.lowlevel.checkpoint()
+
+    def _stop_background(self) -> None:
+        """End what runs in the broker's nursery: the identity watch and the pipelined
+        connection's reader (no checkpoint)."""
         self._identity.stop()
         if self._mux is not None:
             self._mux.close()
-        await trio.lowlevel.checkpoint()
 
     async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run ``fn(pool, *args)`` shielded and bounded by ``call_timeout``: a call cancelled
