@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -147,6 +147,32 @@ def test_the_console_on_a_busy_port_says_address_in_use(
     assert err.startswith(f"error: cannot listen on 127.0.0.1:{port}: [Errno 98]")
     assert "in use" in err
     assert "nursery" not in err
+
+
+def test_the_console_takes_its_namespace_from_app_as_runs_list_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``durable-trio console --app shop:app``, as a newcomer types it after ``runs list --app
+    shop:app``: the console opens on the App's namespace; an App that cannot be imported is
+    one line."""
+    (tmp_path / "console_app_mod.py").write_text(
+        "import durable_trio as dt\napp = dt.App('shop-console')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("DURABLE_TRIO_NAMESPACE", raising=False)
+    seen: dict[str, Any] = {}
+
+    async def fake_console(backend: str, **options: Any) -> None:
+        seen.update(options, backend=backend)
+        await trio.lowlevel.checkpoint()
+
+    monkeypatch.setattr("durable_trio.console.run_console", fake_console)
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    assert main(["console", "--backend", url, "--app", "console_app_mod:app"]) == 0
+    assert (seen["backend"], seen["namespace"]) == (url, "shop-console")
+    assert main(["console", "--backend", url, "--app", "no_such_console_mod:app"]) == 2
+    assert capsys.readouterr().err.startswith("error: cannot import 'no_such_console_mod'")
 
 
 def test_health_json_and_one_casing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

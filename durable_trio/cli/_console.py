@@ -36,6 +36,9 @@ def add_console_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "--backend", help="backend URL (default: $DURABLE_TRIO_BACKEND or the embedded SQLite)"
     )
     console.add_argument("--namespace", help="the namespace (default as for `health`)")
+    console.add_argument(
+        "--app", metavar="MODULE:app", help="take the namespace from this App (as worker/engine)"
+    )
     console.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     console.add_argument("--port", type=int, default=8080, help="TCP port (8080; 0: a free one)")
     console.add_argument(
@@ -60,6 +63,7 @@ def _cmd_console(args: argparse.Namespace) -> int:
         print(f"error: {MISSING_EXTRA}", file=sys.stderr)
         return 2
     from ._engine import DEFAULT_BACKEND, run_reporting_errors
+    from ._operations import resolve_namespace
 
     def announce(url: str) -> None:
         shown = f"{url}/?token=…" if args.token else url
@@ -67,18 +71,18 @@ def _cmd_console(args: argparse.Namespace) -> int:
         print(f"console: {shown} ({mode}) over {redact_url(backend)}", flush=True)
 
     backend = args.backend or os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
-    run = partial(
-        run_console,
-        backend,
-        namespace=args.namespace or os.environ.get("DURABLE_TRIO_NAMESPACE") or None,
-        host=args.host,
-        port=args.port,
-        allow_actions=args.allow_actions,
-        token=args.token,
-        announce=announce,
-    )
 
     def main() -> int:
+        run = partial(
+            run_console,
+            backend,
+            namespace=resolve_namespace(args.namespace, args.app),
+            host=args.host,
+            port=args.port,
+            allow_actions=args.allow_actions,
+            token=args.token,
+            announce=announce,
+        )
         status = 0
         try:
             trio.run(run)
