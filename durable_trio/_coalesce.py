@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 import trio
 
@@ -16,6 +16,9 @@ __all__ = ["Coalescer"]
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+#: Calls in flight at most with ``most`` (two halves: see ``Coalescer``).
+_MOST_IN_FLIGHT: Final = 2
 
 
 class _Flag:
@@ -79,6 +82,14 @@ class Coalescer(Generic[T, R]):
     whole broker call and the broker idle while the jobs run; and the batches settle unequal
     (one job, then all the others), so neither side's wait shrinks.
 
+    A batch not full waits for the broker to be idle, or for the process to be: batching pays
+    only while the process has other work to do, so when Trio's scheduler runs out of runnable
+    tasks (it is about to wait for I/O or, under a virtual clock, to jump it) with one call in
+    flight, the oldest batch waiting goes as the second. Where the jobs themselves wait on I/O
+    (a step's body sending a command), the process otherwise sleeps while the batch of the
+    jobs already done waits for the call in flight (docs/decisions.md, "A batch not full goes
+    when the process runs out of work").
+
     Cancellation:
         A member cancelled while it waits leaves its item in its batch (it is sent anyway, like
         a write already handed to a socket). The leader of a queued batch leads it to the end,
@@ -98,6 +109,7 @@ class Coalescer(Generic[T, R]):
         #: Batches waiting, oldest first (more than one only with ``most``); a batch leaves
         #: this queue when it is released, so no item joins a batch already on its way.
         self._queued: collections.deque[_Batch[T, R]] = collections.deque()
+        self._held = False  # listed with this run's _IdleRelease
 
     @property
     def idle(self) -> bool:
@@ -121,8 +133,10 @@ class Coalescer(Generic[T, R]):
             queued.append(batch)
         index = len(batch.items)
         batch.items.append(item)
-        if self._in_flight < 2 and queued[0] is batch and self._full(batch):
+        if self._in_flight < _MOST_IN_FLIGHT and queued[0] is batch and self._full(batch):
             self._release()  # full: it need not wait for the call in flight
+        else:
+            self._hold()
         if index == 0:
             # Others depend on this leader: it leads to the end even if cancelled meanwhile
             # (the call is bounded by the broker's own timeouts).
@@ -137,6 +151,24 @@ class Coalescer(Generic[T, R]):
             kind = BrokerUnavailable if isinstance(batch.error, BrokerUnavailable) else BrokerError
             raise kind(f"a coalesced broker call failed: {batch.error}") from batch.error
         return batch.results[index]
+
+    def _hold(self) -> None:
+        """A batch waits: with ``most``, let it go if the process runs out of work first."""
+        if self._most is not None and not self._held:
+            self._held = True
+            _IdleRelease.get().hold(self)
+
+    def _release_idle(self) -> bool:
+        """The process ran out of work: the oldest batch waiting goes now, full or not, unless
+        two calls fly already. Returns whether one went."""
+        self._held = False
+        released = False
+        if self._queued and self._in_flight < _MOST_IN_FLIGHT:
+            self._release()
+            released = True
+        if self._queued:
+            self._hold()  # the next one, at the next pass that finds no work
+        return released
 
     def _release(self) -> None:
         """The oldest waiting batch goes: closed (later items form the batches after it) and
@@ -159,7 +191,62 @@ class Coalescer(Generic[T, R]):
             batch.done.set()
             if self._queued and (not self._in_flight or self._full(self._queued[0])):
                 self._release()
+            if self._queued:
+                self._hold()
         return batch.results[index]
+
+
+class _IdleRelease(trio.abc.Instrument):
+    """Releases the batches coalescers hold back when Trio's scheduler runs out of work.
+
+    One per ``trio.run`` (a :class:`~trio.lowlevel.RunVar`), installed as an instrument on
+    first use: its ``before_io_wait`` runs once per pass of the scheduler, after every task
+    that was runnable has run. When no task is runnable then (the loop is about to sleep, or
+    a virtual clock to jump), each coalescer listed releases its oldest waiting batch.
+    """
+
+    def __init__(self) -> None:
+        self._held: list[Coalescer[Any, Any]] = []
+        # With Trio's own clock a pass that will not sleep has tasks to run; another clock (a
+        # MockClock autojumping) sleeps 0 s when idle, so there the scheduler is asked (the
+        # count costs a few microseconds: not on every pass of a real run).
+        self._ask = type(trio.lowlevel.current_clock()).__name__ != "SystemClock"
+
+    @classmethod
+    def get(cls) -> _IdleRelease:
+        try:
+            return _IDLE_RELEASE.get()
+        except LookupError:
+            release = cls()
+            _IDLE_RELEASE.set(release)
+            trio.lowlevel.add_instrument(release)
+            return release
+
+    def hold(self, coalescer: Coalescer[Any, Any]) -> None:
+        """``coalescer`` holds a batch back: release it if the process runs out of work."""
+        self._held.append(coalescer)
+
+    def before_io_wait(self, timeout: float) -> None:
+        held = self._held
+        if not held or (
+            timeout <= 0
+            and (not self._ask or trio.lowlevel.current_statistics().tasks_runnable)
+        ):
+            return
+        self._held = []
+        released = False
+        for coalescer in held:
+            released = coalescer._release_idle() or released
+        if released and timeout > 0:
+            # A leader was made runnable after the loop chose to sleep: wake the loop up.
+            trio.lowlevel.current_trio_token().run_sync_soon(_nothing, idempotent=True)
+
+
+def _nothing() -> None:
+    pass
+
+
+_IDLE_RELEASE: Final = trio.lowlevel.RunVar[_IdleRelease]("durable_trio_idle_release")
 
 
 def results_of(count: int, value: Any = None) -> list[Any]:

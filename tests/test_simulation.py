@@ -260,16 +260,24 @@ def test_finalizes_in_two_halves_hold_every_invariant(
     """The same, with six slots per worker: the claiming finalizes go in two halves of three
     (a full half sent beside the call in flight, two calls at most), and the engines' result
     consumers claim in their finalizes too. The delays make finalizes pile up behind a slow
-    call, so two calls fly at once, and the faults strike both."""
-    beside = 0
-    release = Coalescer._release
+    call, so two calls fly at once, and the faults strike both; a batch not full goes beside
+    the call in flight when the simulation has nothing else to run."""
+    beside = idle = 0
+    release, release_idle = Coalescer._release, Coalescer._release_idle
 
     def counted(self: Coalescer[Any, Any]) -> None:
         nonlocal beside
         release(self)
         beside += self._in_flight == 2
 
+    def counted_idle(self: Coalescer[Any, Any]) -> bool:
+        nonlocal idle
+        released = release_idle(self)
+        idle += released
+        return released
+
     monkeypatch.setattr(Coalescer, "_release", counted)  # (observed, not changed)
+    monkeypatch.setattr(Coalescer, "_release_idle", counted_idle)
     report = simulation(
         seed, runs=300, duration=3600, faults=profile, batched=True, workers=2, concurrency=6
     ).run_sync()
@@ -277,6 +285,7 @@ def test_finalizes_in_two_halves_hold_every_invariant(
     assert report.runs_completed == 300
     assert b"finish_and_claim" in report.history_bytes()
     assert beside > 0  # two calls were in flight at once
+    assert idle > 0  # a batch not full went when every simulated process was idle
 
 
 #: Damaged claims on top of the chaos: one pop in twenty hands over a claim its broker could not
