@@ -207,6 +207,24 @@ async def test_concurrent_callers_share_one_connection(redis_url: str) -> None:
     assert stats.batches <= stats.commands / 10, stats  # writes are coalesced
 
 
+async def test_by_default_concurrent_callers_share_one_connection(redis_url: str) -> None:
+    """``open_redis``'s default pool is one connection (as ioredis's): 50 concurrent callers
+    never open a second, and their commands share writes."""
+    async with open_redis(redis_url) as client:
+
+        async def caller(i: int) -> None:
+            for j in range(10):
+                assert await client.execute("ECHO", f"{i}:{j}") == f"{i}:{j}".encode()
+
+        async with trio.open_nursery() as nursery:
+            for i in range(50):
+                nursery.start_soon(caller, i)
+        assert len(client.connections) == 1
+        stats = _only_connection(client).stats
+    assert stats.commands == stats.replies == 500
+    assert stats.batches <= stats.commands / 5, stats  # (about one write per round of 50)
+
+
 async def test_pool_spreads_concurrent_callers(redis_url: str) -> None:
     async with open_redis(redis_url, pool_size=3) as client:
         await client.execute("PING")

@@ -49,7 +49,7 @@ __all__ = ["OwnedNursery", "RedisClient", "open_redis", "pool_options"]
 def open_redis(
     url: str,
     *,
-    pool_size: int = 2,
+    pool_size: int = 1,
     connect_timeout: float = 5.0,
     command_timeout: float = 10.0,
     backoff_initial: float = 0.05,
@@ -71,6 +71,10 @@ def open_redis(
             :func:`~durable_trio._redis._sentinel_url.parse_sentinel_url` and
             :class:`~durable_trio._redis._sentinel.MasterLocator`.
         pool_size: how many shared connections at most (commands go to the least loaded one).
+            One by default, as ioredis and node-redis: the commands of concurrent callers
+            share its writes and reads (auto-pipelining), which costs less per command than
+            spreading them; more helps where one connection's big replies would hold up the
+            others' (the Redis backend's broker uses two: docs/decisions.md).
         connect_timeout: seconds for connect + TLS + ``AUTH``/``SELECT``/``CLIENT SETNAME``.
         command_timeout: default seconds a command waits for its reply before its connection is
             discarded (override per call with ``reply_timeout=``).

@@ -275,7 +275,8 @@ class RedisBrokerBase:
         Yields:
             the entered broker.
         """
-        async with open_redis(url) as client, cls(client, **options) as broker:
+        # Two connections, as the Redis backend's: each half of the finalizes on its own.
+        async with open_redis(url, pool_size=2) as client, cls(client, **options) as broker:
             yield broker
 
     async def __aenter__(self) -> Self:
