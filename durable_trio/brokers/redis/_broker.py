@@ -266,7 +266,7 @@ class RedisBrokerBase:
     @classmethod
     @asynccontextmanager
     async def from_url(cls, url: str, **options: Any) -> AsyncIterator[Self]:
-        """Open a client on ``url`` and a broker on it; close both on leaving the block.
+        """Open a client on ``url`` (two connections) and a broker on it; close both on leaving.
 
         Args:
             url: a ``redis://`` or ``rediss://`` URL (see :func:`~durable_trio._redis.open_redis`).
@@ -275,7 +275,6 @@ class RedisBrokerBase:
         Yields:
             the entered broker.
         """
-        # Two connections, as the Redis backend's: each half of the finalizes on its own.
         async with open_redis(url, pool_size=2) as client, cls(client, **options) as broker:
             yield broker
 
