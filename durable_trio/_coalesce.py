@@ -162,13 +162,12 @@ class Coalescer(Generic[T, R]):
         """The process ran out of work: the oldest batch waiting goes now, full or not, unless
         two calls fly already. Returns whether one went."""
         self._held = False
-        released = False
-        if self._queued and self._in_flight < _MOST_IN_FLIGHT:
-            self._release()
-            released = True
+        if not self._queued or self._in_flight >= _MOST_IN_FLIGHT:
+            return False  # (listed again by ``_lead`` when a call lands)
+        self._release()
         if self._queued:
             self._hold()  # the next one, at the next pass that finds no work
-        return released
+        return True
 
     def _release(self) -> None:
         """The oldest waiting batch goes: closed (later items form the batches after it) and
