@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 import pytest
 import trio
@@ -10,6 +11,9 @@ import trio.testing
 
 import durable_trio as dt
 from durable_trio._coalesce import Coalescer
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 
 async def test_an_idle_item_goes_out_at_once_and_alone(
@@ -111,6 +115,19 @@ async def test_a_cancelled_leader_fails_its_batch_but_not_the_next(
     assert await coalescer.submit(4) == 4
 
 
+def _recorded(
+    calls: list[tuple[float, list[int]]],
+) -> Callable[[list[int]], Awaitable[list[int]]]:
+    """A broker call of 1 s that records when it began and its items (sorted)."""
+
+    async def call(items: list[int]) -> list[int]:
+        calls.append((trio.current_time(), sorted(items)))
+        await trio.sleep(1)
+        return items
+
+    return call
+
+
 async def test_with_most_a_full_batch_goes_while_a_call_is_in_flight(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -118,13 +135,7 @@ async def test_with_most_a_full_batch_goes_while_a_call_is_in_flight(
     one call is in flight (two at most); one not full waits until the broker is idle, or the
     process: here at 1.25, when the call of 1-3 landed and nothing else was left to run."""
     calls: list[tuple[float, list[int]]] = []
-
-    async def call(items: list[int]) -> list[int]:
-        calls.append((trio.current_time(), sorted(items)))
-        await trio.sleep(1)
-        return items
-
-    coalescer: Coalescer[int, int] = Coalescer(call, most=lambda: 3)
+    coalescer: Coalescer[int, int] = Coalescer(_recorded(calls), most=lambda: 3)
     done: dict[int, float] = {}
 
     async def submit(n: int) -> None:
@@ -157,13 +168,7 @@ async def test_with_most_a_batch_not_full_waits_while_the_process_has_work(
     for 100 scheduler passes at 0.25), and it leaves when they are done, at the same instant
     (without the idle release it would wait for the broker, until 1.0)."""
     calls: list[tuple[float, list[int]]] = []
-
-    async def call(items: list[int]) -> list[int]:
-        calls.append((trio.current_time(), sorted(items)))
-        await trio.sleep(1)
-        return items
-
-    coalescer: Coalescer[int, int] = Coalescer(call, most=lambda: 3)
+    coalescer: Coalescer[int, int] = Coalescer(_recorded(calls), most=lambda: 3)
 
     async def busy(nursery: trio.Nursery) -> None:
         for n in range(100):

@@ -187,10 +187,18 @@ async def test_commands_that_would_break_reply_order_are_refused(redis_url: str)
         assert await client.execute("PING") == b"PONG"
 
 
-async def test_concurrent_callers_share_one_connection(redis_url: str) -> None:
+@pytest.mark.parametrize("pool_size", [1, None], ids=["one", "default"])
+async def test_concurrent_callers_share_one_connection(
+    redis_url: str, pool_size: int | None
+) -> None:
+    """200 concurrent callers on a pool of one connection (``open_redis``'s default, as
+    ioredis's): a second is never opened, and their commands share writes."""
     results: dict[int, list[bytes]] = {}
+    client = (
+        open_redis(redis_url) if pool_size is None else open_redis(redis_url, pool_size=pool_size)
+    )
 
-    async with open_redis(redis_url, pool_size=1) as client:
+    async with client:
 
         async def caller(i: int) -> None:
             got = results.setdefault(i, [])
@@ -200,29 +208,12 @@ async def test_concurrent_callers_share_one_connection(redis_url: str) -> None:
         async with trio.open_nursery() as nursery:
             for i in range(200):
                 nursery.start_soon(caller, i)
+        assert len(client.connections) == 1
         stats = _only_connection(client).stats
     for i in range(200):
         assert results[i] == [f"{i}:{j}".encode() for j in range(20)]
     assert stats.commands == stats.replies == 4000
     assert stats.batches <= stats.commands / 10, stats  # writes are coalesced
-
-
-async def test_by_default_concurrent_callers_share_one_connection(redis_url: str) -> None:
-    """``open_redis``'s default pool is one connection (as ioredis's): 50 concurrent callers
-    never open a second, and their commands share writes."""
-    async with open_redis(redis_url) as client:
-
-        async def caller(i: int) -> None:
-            for j in range(10):
-                assert await client.execute("ECHO", f"{i}:{j}") == f"{i}:{j}".encode()
-
-        async with trio.open_nursery() as nursery:
-            for i in range(50):
-                nursery.start_soon(caller, i)
-        assert len(client.connections) == 1
-        stats = _only_connection(client).stats
-    assert stats.commands == stats.replies == 500
-    assert stats.batches <= stats.commands / 5, stats  # (about one write per round of 50)
 
 
 async def test_pool_spreads_concurrent_callers(redis_url: str) -> None:
