@@ -20,6 +20,7 @@ from durable_trio import App, StepTimedOut, WorkflowContext, open_engine, open_w
 from durable_trio._engine import RunFailed, StepState
 from durable_trio._engine._step_timeouts import StepTimeouts, UnknownStep
 from durable_trio._engine._step_watch import StepNotStarted
+from durable_trio._transport._options import log_error
 from durable_trio.brokers import Job, JobState, SupportsJobState, SupportsQueueListing
 from durable_trio.cli._engine import add_engine_commands
 from durable_trio.cli._health import prometheus_text, render_text, snapshot
@@ -248,6 +249,41 @@ async def test_a_step_taken_in_time_is_not_failed_by_schedule_to_start(
 
 
 # --------------------------------------------------------------------------- defaults
+
+
+async def test_the_default_hook_logs_a_report_in_one_line(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A finding reported without being raised (here ``StepNotStarted``, with no error hook
+    given) is one ERROR line, its class's name and its message: no traceback of nothing, no
+    module path (what ``durable-trio run`` printed twice on stderr). An error that was raised
+    keeps its traceback."""
+    app = App("shop")
+
+    @app.workflow("order")
+    async def order(ctx: WorkflowContext, _: Any) -> Any:
+        return await ctx.step("charge-crad", 1)
+
+    caplog.set_level(logging.ERROR, logger="durable_trio")
+    async with dt.open_backend("memory://") as backend:
+        async with open_engine(app, backend) as engine:
+            await engine.start("order", run_id="r")
+            await trio.sleep(10)
+            await trio.testing.wait_all_tasks_blocked()
+    [record] = [r for r in caplog.records if r.name == "durable_trio"]
+    assert record.exc_info is None
+    assert record.getMessage().startswith("StepNotStarted: step 'charge-crad' (run r, step 1)")
+    assert "\n" not in logging.Formatter().format(record)
+
+    caplog.clear()
+    try:
+        raise dt.BrokerError("raised")
+    except dt.BrokerError as exc:
+        log_error(exc)
+    [record] = caplog.records
+    assert record.getMessage() == "raised"
+    assert record.exc_info is not None
+    assert record.exc_info[1] is not None
 
 
 async def test_a_misspelt_step_name_is_reported_within_the_default_bound(

@@ -55,8 +55,16 @@ DEFAULT_WORKER_HEARTBEAT_INTERVAL = 10.0
 
 
 def log_error(exc: BaseException) -> None:
-    """The default error hook: log at ERROR with the traceback."""
-    _log.error("%s", exc, exc_info=exc)
+    """The default error hook: log at ERROR, with the traceback where the error was raised.
+
+    A finding reported without being raised (``StepNotStarted``, ``LeaseLost``, ...) has no
+    traceback: it is logged as its class's name and its message, one line (logging would
+    otherwise print the message, then again its module's path, class and message).
+    """
+    if exc.__traceback__ is None:
+        _log.error("%s: %s", type(exc).__name__, exc)
+    else:
+        _log.error("%s", exc, exc_info=exc)
 
 
 def _positive(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:
