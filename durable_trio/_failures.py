@@ -8,12 +8,14 @@ with an ``ExceptionGroup`` holding both (or, caught naively, with only one of th
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import trio
 
+from ._logs import get_logger
+
 if TYPE_CHECKING:
+    import logging
     from collections.abc import Callable, Iterable, Iterator
 
 __all__ = ["one_exception", "raise_bare", "report_through"]
@@ -33,7 +35,7 @@ def report_through(
     try:
         hook(exc)
     except Exception:
-        (log or logging.getLogger("durable_trio")).exception("the on_error hook raised")
+        (log or get_logger("durable_trio")).exception("the on_error hook raised")
 
 
 def _leaves(error: BaseException) -> Iterator[BaseException]:

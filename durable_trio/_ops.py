@@ -11,7 +11,6 @@ workers then follow. See docs/operations.md.
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -35,6 +34,7 @@ from ._engine._stores._paging import check_page
 from ._engine._stores._wakes import STARTS, ring
 from ._engine._tags import check_tags
 from ._errors import BrokerError, ConfigError, TransportClosed
+from ._logs import get_logger
 from ._naming import QueueNames
 from ._ops_attempts import AttemptView
 from ._ops_bulk import BulkOutcome, BulkResult, RunFilter, run_bulk
@@ -80,7 +80,7 @@ CANCEL_GRACE = 30.0
 #: Seconds between the store reads of :meth:`Operations.cancel_run` waiting for the run's end.
 CANCEL_POLL = 0.5
 
-_log = logging.getLogger("durable_trio")
+_log = get_logger("durable_trio")
 
 __all__ = [
     "CANCEL_GRACE",

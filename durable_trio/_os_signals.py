@@ -15,19 +15,20 @@ cleanup still shielded and bounded), and the backend, opened outside, closes las
 
 from __future__ import annotations
 
-import logging
 import signal
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import trio
 
+from ._logs import get_logger
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable
 
 __all__ = ["SignalClose", "close_on_signals"]
 
-_log = logging.getLogger("durable_trio")
+_log = get_logger("durable_trio")
 
 #: What a service manager or a terminal sends to ask a process to stop.
 DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 import math
 import os
 import signal
@@ -45,6 +44,7 @@ import trio
 
 from ._backoff import Backoff
 from ._errors import BrokerError, ConfigError, DurableTrioError
+from ._logs import get_logger
 from ._naming import QueueNames
 from ._transport._options import DEFAULT_CLEANUP_TIMEOUT, DEFAULT_CLOSE_TIMEOUT
 from ._transport._supervised import (
@@ -72,7 +72,7 @@ __all__ = [
     "watch_parent",
 ]
 
-_log = logging.getLogger("durable_trio")
+_log = get_logger("durable_trio")
 
 #: The supervisor's exit status when a slot was crash-looping at the close.
 CRASH_LOOP_EXIT = 3

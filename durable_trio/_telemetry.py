@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from ._logs import get_logger
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from types import TracebackType
@@ -52,7 +54,7 @@ __all__ = [
 #: The logger of the run and step lifecycle records (docs/observability.md, "Logs").
 EVENTS_LOGGER = "durable_trio.events"
 
-_log = logging.getLogger(EVENTS_LOGGER)
+_log = get_logger(EVENTS_LOGGER)
 
 
 class Instruments(Protocol):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import unicodedata
 from typing import TYPE_CHECKING, Any
 
@@ -17,10 +18,11 @@ import trio
 
 import durable_trio as dt
 from durable_trio._engine._schedules import Schedule
+from durable_trio._logs import get_logger
 from durable_trio._naming import QueueNames
+from durable_trio._terminal import visible
 from durable_trio.brokers import Job
 from durable_trio.cli._main import main
-from durable_trio.cli._terminal import visible
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -88,6 +90,57 @@ async def _populate(url: str) -> None:
             assert await ops.store.put_schedule("ok", fine.dumps(), replace=False)
             # a name the CLI would refuse, as an older or foreign writer could have stored it
             assert await ops.store.put_schedule(SCHEDULE, "{damaged", replace=False)
+
+
+async def test_the_logs_print_stored_strings_inert(tmp_path: Path) -> None:
+    """What the package logs while the run above fails (its step's attempt raising an error
+    whose message holds the sequences, for a run, a step and a worker named with them) reaches
+    a plain handler inert: ``durable-trio worker`` writes these lines to its terminal."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    package = logging.getLogger("durable_trio")
+    level = package.level
+    root.addHandler(handler)
+    package.setLevel(logging.DEBUG)
+    try:
+        await _populate(f"sqlite:///{tmp_path / 'evil.db'}")
+    finally:
+        root.removeHandler(handler)
+        package.setLevel(level)
+    text = out.getvalue()
+    assert "declined" in text  # the step's failure was logged, with its traceback
+    assert "Traceback" in text
+    assert visible(RUN) in text
+    assert _inert(text), text
+
+
+def test_a_child_logger_and_an_exception_text_are_made_visible() -> None:
+    """Any logger of the package (a child too): the message and the exception's text spelled
+    out, the line breaks of the exception's text kept; an ordinary record left as it was."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    logger = get_logger("durable_trio.redis")
+    logger.addHandler(handler)
+    try:
+        try:
+            raise ValueError(f"bad {EVIL}")
+        except ValueError:
+            logger.exception("job %s failed", JOB)
+        logger.warning("plain %s", "words")
+    finally:
+        logger.removeHandler(handler)
+    lines = out.getvalue().split("\n")
+    assert lines[0] == f"job {visible(JOB)} failed"
+    assert lines[1] == "Traceback (most recent call last):"
+    # (an error's message keeps its line breaks, as a multi-line message from PostgreSQL does;
+    # every other control character in it is spelled out)
+    evil_lines = [visible(line) for line in f"ValueError: bad {EVIL}".split("\n")]
+    at = lines.index(evil_lines[0])
+    assert lines[at : at + len(evil_lines)] == evil_lines
+    assert lines[-2:] == ["plain words", ""]
+    assert _inert(out.getvalue())
 
 
 async def test_every_command_prints_stored_strings_inert(

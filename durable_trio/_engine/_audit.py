@@ -46,7 +46,6 @@ itself (a retry, or a dispatch that was never confirmed).
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -55,6 +54,7 @@ import trio
 
 from .._attrs_shared import shared_eq, shared_repr
 from .._errors import BrokerError, TransportClosed
+from .._logs import get_logger
 from .._periodic import fixed_rate
 from .._telemetry import EVENTS_LOGGER
 from .._transport._facade import stalled_threshold_of
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LossAudit", "SentAttempts", "StepLost"]
 
-_log = logging.getLogger(EVENTS_LOGGER)
+_log = get_logger(EVENTS_LOGGER)
 
 #: Step names whose task queue the audit keeps (past that it starts over).
 _QUEUE_CACHE_NAMES = 1024

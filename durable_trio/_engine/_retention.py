@@ -23,7 +23,6 @@ in generation order, so what is left chains without gap to the current generatio
 
 from __future__ import annotations
 
-import logging
 import math
 import random
 from typing import TYPE_CHECKING
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .._errors import BrokerError
+from .._logs import get_logger
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RetentionPolicy", "prune_forever", "prune_generations_once", "prune_once"]
 
-logger = logging.getLogger("durable_trio")
+logger = get_logger("durable_trio")
 
 
 class RetentionPolicy:

@@ -19,12 +19,12 @@ run; they may disagree only when the previous run ends between their two reads.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from .._errors import BrokerError
+from .._logs import get_logger
 from ._errors import EngineClosed, EngineError
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OverlapGate"]
 
-_log = logging.getLogger("durable_trio")
+_log = get_logger("durable_trio")
 
 
 class _Schedule(Protocol):

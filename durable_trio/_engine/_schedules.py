@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import logging
 import math
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -29,6 +28,7 @@ import trio
 
 from .._errors import BrokerError, ConfigError, PayloadError
 from .._lazy import lazy_getattr
+from .._logs import get_logger
 from ._errors import EngineClosed, EngineError
 from ._new_run import record_new_run
 from ._schedule_overlap import OverlapGate
@@ -117,7 +117,7 @@ __all__ = [
 MAX_BACKFILL: Final = 1000
 
 
-_log = logging.getLogger("durable_trio")
+_log = get_logger("durable_trio")
 
 #: ``open_engine`` keywords that are the scheduler's :class:`EngineOptions`.
 SCHEDULE_OPTIONS: Final = ("wall_clock", "schedule_grace", "schedule_recheck")

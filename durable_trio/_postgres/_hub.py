@@ -16,13 +16,13 @@ callback must be quick and must not raise (it sets an event, at most).
 from __future__ import annotations
 
 import contextlib
-import logging
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from .._errors import BrokerUnavailable, ConfigError, TransportClosed
+from .._logs import get_logger
 from ._listen import NotificationsMissed, PgListener, open_listener
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["NotifyHub", "open_notify_hub"]
 
-log = logging.getLogger("durable_trio.postgres")
+log = get_logger("durable_trio.postgres")
 
 
 class NotifyHub:

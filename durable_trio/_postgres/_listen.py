@@ -29,7 +29,6 @@ Cancellation:
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Final
@@ -41,6 +40,7 @@ import trio
 from .._arguments import check_backoff_range, check_positive
 from .._backoff import Backoff
 from .._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
+from .._logs import get_logger
 from ._connection import PgConnection, connect, parse_conninfo
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Notification", "NotificationsMissed", "PgListener", "open_listener"]
 
-log = logging.getLogger("durable_trio.postgres")
+log = get_logger("durable_trio.postgres")
 
 _MAX_CHANNEL: Final = 63  # PostgreSQL's identifier limit (NAMEDATALEN - 1), in bytes
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import logging
 import math
 import os
 import queue as _queue_mod
@@ -27,6 +26,7 @@ import outcome
 import trio
 
 from .._errors import BrokerError, BrokerUnavailable, ConfigError, StoreLost
+from .._logs import get_logger
 from ._file import (
     META_TABLE,
     Synchronous,
@@ -63,7 +63,7 @@ VACUUM_MIN_FREE_PAGES: Final = 1024
 #: Pages given back per transaction at most (each a short write lock), one step at a time.
 VACUUM_STEP_PAGES: Final = 1024
 
-_log = logging.getLogger("durable_trio")
+_log = get_logger("durable_trio")
 
 _UNAVAILABLE_CODES: Final = (
     "SQLITE_BUSY",

@@ -22,7 +22,6 @@ unlinked by the sender that found it).
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
 import secrets
@@ -32,12 +31,14 @@ import time
 from typing import TYPE_CHECKING, Final
 from urllib.parse import unquote, urlsplit
 
+from .._logs import get_logger
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 __all__ = ["Doorbell", "bells_folder"]
 
-_log = logging.getLogger("durable_trio")
+_log = get_logger("durable_trio")
 
 #: ``sun_path`` holds 108 bytes, the terminating NUL included. A longer path is reached
 #: through a descriptor of its folder, ``/proc/self/fd/<fd>/<name>`` (Linux): the kernel

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import uuid
 from collections.abc import Callable
@@ -13,6 +12,7 @@ import attrs
 from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._codec import DEFAULT_MAX_PAYLOAD_BYTES
 from .._errors import ConfigError
+from .._logs import get_logger
 from ._adaptive import Adaptive
 
 __all__ = ["ErrorHook", "TransportOptions", "log_error"]
@@ -20,7 +20,7 @@ __all__ = ["ErrorHook", "TransportOptions", "log_error"]
 #: Called with every error a loop survives (sync; keep it quick; it must not raise).
 ErrorHook = Callable[[BaseException], None]
 
-_log = logging.getLogger("durable_trio")
+_log = get_logger("durable_trio")
 
 #: Empty polls sleep this long (200 ms).
 DEFAULT_POLL_INTERVAL = 0.2

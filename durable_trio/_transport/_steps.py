@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +12,7 @@ import trio
 from .._backoff import Backoff
 from .._codec import decode_envelope
 from .._errors import BrokerError, JobError, PayloadError
+from .._logs import get_logger
 from .._telemetry import hop, step_attempt
 from .._wire import (
     JobKind,
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ._options import TransportOptions
     from ._producers import Producers
 
-_log = logging.getLogger("durable_trio")
+_log = get_logger("durable_trio")
 
 _TASK = JobKind.TASK
 _WORKFLOW = JobKind.WORKFLOW

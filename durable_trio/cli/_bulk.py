@@ -13,7 +13,7 @@ import trio
 
 from .._engine._tags import parse_tag
 from .._errors import ConfigError
-from ._terminal import visible
+from .._terminal import visible
 
 if TYPE_CHECKING:
     import argparse

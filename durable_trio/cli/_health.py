@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import math
 import sys
 import threading
@@ -16,12 +15,13 @@ import trio
 
 from .._codec import to_wire
 from .._errors import BrokerError
+from .._logs import get_logger
 from .._naming import QueueNames
 from .._os_signals import close_on_signals
+from .._terminal import visible
 from .._transport._health import read_orphaned_queues, read_store_loss, read_worker_health
 from .._transport._supervised import crash_loop_lines, read_supervisors
 from ..backends import open_backend
-from ._terminal import visible
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -43,7 +43,7 @@ __all__ = [
     "watch",
 ]
 
-_log = logging.getLogger("durable_trio")
+_log = get_logger("durable_trio")
 
 #: Longest a scrape may take, reading its request and the backend: within Prometheus's
 #: default 10 s scrape timeout, so a slow backend yields an answer (``up 0``), not a timeout.

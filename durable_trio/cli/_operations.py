@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._errors import ConfigError, PayloadError
+from .._terminal import visible
 from ._bulk import add_bulk_arguments, add_tag_argument, by_id_or_filter, tags_of
-from ._terminal import visible
 
 if TYPE_CHECKING:
     import argparse
@@ -53,7 +53,7 @@ def resolve_namespace(namespace: str | None, app: str | None = None) -> str | No
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
-    """A plain left-aligned table, every cell made :func:`~durable_trio.cli._terminal.visible`
+    """A plain left-aligned table, every cell made :func:`~durable_trio._terminal.visible`
     (a cell holds stored strings: a control character in one must not reach the terminal)."""
     every = [[visible(cell) for cell in row] for row in (headers, *rows)]
     widths = [max(len(row[i]) for row in every) for i in range(len(headers))]

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._naming import DEFAULT_NAMESPACE
+from .._terminal import visible
 from ._operations import DEFAULT_BACKEND, _common, _time, _when, resolve_namespace, table
-from ._terminal import visible
 
 if TYPE_CHECKING:
     import argparse

@@ -9,7 +9,6 @@ value a page cuts, as JSON.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +20,7 @@ from starlette.staticfiles import StaticFiles
 
 from .._engine import RunNotFound
 from .._errors import DurableTrioError
+from .._logs import get_logger
 from . import _pages
 from ._pages import BadRequest, Reply
 from ._security import ACTION_HEADER, ACTION_HEADER_VALUE, TokenGuard, same_origin
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["STATIC", "create_app"]
 
-logger = logging.getLogger("durable_trio.console")
+logger = get_logger("durable_trio.console")
 
 #: The console's static files, shipped in the package.
 STATIC = Path(__file__).resolve().parent / "static"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import socket
 from functools import partial
 from typing import TYPE_CHECKING, cast
@@ -12,6 +11,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from .._errors import ConfigError
+from .._logs import get_logger
 from .._ops import open_operations
 from .._os_signals import close_on_signals
 from ._app import create_app
@@ -84,7 +84,7 @@ async def serve_console(
     config.bind = [_listening_socket(host, port)]
     config.graceful_timeout = GRACEFUL_TIMEOUT
     config.accesslog = None
-    config.errorlog = logging.getLogger("durable_trio.console.server")
+    config.errorlog = get_logger("durable_trio.console.server")
     app = create_app(ops, allow_actions=allow_actions, token=token)
 
     async def started_with(*, task_status: trio.TaskStatus[list[str]]) -> None:

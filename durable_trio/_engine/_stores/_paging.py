@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import logging
 import math
 from typing import TYPE_CHECKING, Final
 
 from ..._errors import ConfigError
+from ..._logs import get_logger
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_PAGE", "check_page", "decode_cursor", "encode_cursor", "skip_damaged"]
 
-log = logging.getLogger("durable_trio.engine")
+log = get_logger("durable_trio.engine")
 
 _PREFIX: Final = "r1."
 

@@ -19,7 +19,6 @@ slot, as every change of the store is. Times are computed here and stored as the
 
 from __future__ import annotations
 
-import logging
 import uuid
 from typing import TYPE_CHECKING, Final
 
@@ -27,6 +26,7 @@ import attrs
 import orjson
 import trio
 
+from ..._logs import get_logger
 from .._tags import tags_json
 from ._redis_rows import fields as _fields
 from ._redis_rows import read_run as _run
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisStarts"]
 
-logger = logging.getLogger("durable_trio.redis")
+logger = get_logger("durable_trio.redis")
 
 # KEYS: dedup, run, seq, all. ARGV: dedup key, then _CREATE_RUN's ARGV (prefix, id, ...).
 # Returns {1, id, repaired?} (created) or {0, id, fields} (the key's unfinished run, or the id's).

@@ -9,12 +9,12 @@ schema grows by ``ALTER TABLE`` on open (:func:`create_schema`), never by a new 
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import orjson
 
+from ..._logs import get_logger
 from .._records import (
     CANCEL_STEP_ID,
     Applied,
@@ -33,7 +33,7 @@ from .._tags import read_tags, tags_json
 from ._generation_tables import SQLITE_GENERATIONS_SCHEMA, backfill_ends
 from ._paging import encode_cursor, skip_damaged
 
-log = logging.getLogger("durable_trio")
+log = get_logger("durable_trio")
 
 if TYPE_CHECKING:
     import sqlite3

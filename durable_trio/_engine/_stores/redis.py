@@ -33,7 +33,6 @@ clocks in sync (NTP); a run lease (30 s by default) dwarfs ordinary skew.
 
 from __future__ import annotations
 
-import logging
 import time
 import zlib
 from typing import TYPE_CHECKING, Any, Final
@@ -44,6 +43,7 @@ import trio
 
 from ..._backoff import Backoff
 from ..._errors import BrokerError, ConfigError, TransportClosed
+from ..._logs import get_logger
 from ..._redis import is_cluster_client
 from .._records import (
     CANCEL_STEP_ID,
@@ -97,7 +97,7 @@ __all__ = ["MAX_SHARDS", "RedisRunStore"]
 #: Waits between two subscriptions to the wakes channel after a failure: 0.1 s doubling to 2 s.
 _RESUBSCRIBE_BACKOFF = Backoff(initial=0.1, maximum=2.0)
 
-logger = logging.getLogger("durable_trio.redis")
+logger = get_logger("durable_trio.redis")
 
 #: Run shards a store may have at most (a page asks each one).
 MAX_SHARDS: Final = 256

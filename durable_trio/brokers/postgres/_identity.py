@@ -42,7 +42,6 @@ PostgreSQL schema dropped under running processes").
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import socket
@@ -55,6 +54,7 @@ from trio_util import wait_any
 
 from ..._errors import BrokerError, StoreLost, TransportClosed
 from ..._failures import report_through
+from ..._logs import get_logger
 from ..._postgres import NO_TABLE, Migration, PostgresError, quote_ident, tables_missing
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ __all__ = [
     "store_lost",
 ]
 
-logger = logging.getLogger("durable_trio.postgres")
+logger = get_logger("durable_trio.postgres")
 
 #: The part's name in ``durable_trio_schema``.
 IDENTITY_PART: Final = "store"

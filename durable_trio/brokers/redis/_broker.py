@@ -7,7 +7,6 @@ watch on the store's identity (:mod:`._identity`). See :mod:`durable_trio.broker
 
 from __future__ import annotations
 
-import logging
 import secrets
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Self
@@ -19,6 +18,7 @@ from ..._attrs_shared import shared_eq, shared_hash, shared_repr
 from ..._backoff import Backoff
 from ..._errors import BrokerError, ConfigError, DamagedJob, TransportClosed
 from ..._failures import report_through
+from ..._logs import get_logger
 from ..._redis import RedisClient, is_cluster_client, open_redis
 from .._contract import (
     ClaimedJob,
@@ -61,7 +61,7 @@ __all__ = [
     "RedisBrokerStatistics",
 ]
 
-logger = logging.getLogger("durable_trio.redis")
+logger = get_logger("durable_trio.redis")
 
 #: Due delayed jobs promoted per claim at most, so one pop never does unbounded work.
 PROMOTE_BATCH: Final = 100

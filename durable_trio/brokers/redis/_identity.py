@@ -33,7 +33,6 @@ over).
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import socket
@@ -45,6 +44,7 @@ import trio
 
 from ..._errors import BrokerError, StoreLost, TransportClosed
 from ..._failures import report_through
+from ..._logs import get_logger
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -61,7 +61,7 @@ __all__ = [
     "read_store_loss",
 ]
 
-logger = logging.getLogger("durable_trio.redis")
+logger = get_logger("durable_trio.redis")
 
 #: The store's identity (one hash tag with the alarm: the script touches one Cluster slot).
 IDENTITY_KEY: Final = "{durable-trio}:identity"

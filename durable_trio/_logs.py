@@ -1,0 +1,59 @@
+"""The package's loggers: a line they log never carries a terminal escape from stored data.
+
+A log line names run ids, queue names, worker ids and error messages, written by whoever started
+the run or ran the worker. Logged raw, an ``ESC`` sequence in one of them reaches the
+operator's terminal through any handler that writes to it (``durable-trio worker``'s stderr,
+``docker logs -f``, ``tail -f``). Every logger of this package is made by :func:`get_logger`,
+with a filter that spells such characters out (:func:`~durable_trio._terminal.visible`) in the
+message (a line break too: one record, one line) and in the exception's text (its line breaks
+kept), for any handler the application configures. A structured ``extra`` field keeps its
+value as it is (a JSON formatter escapes it).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+from ._terminal import visible
+
+__all__ = ["get_logger"]
+
+
+class _Visible(logging.Filter):
+    """Makes a record's message and exception text visible (never drops a record)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format: logging reports it when a handler formats it
+            return True
+        if not message.isprintable():
+            record.msg, record.args = visible(message), None
+        exc_info = record.exc_info
+        if exc_info and exc_info[1] is not None and not record.exc_text:
+            text = _FORMATTER.formatException(exc_info)
+            if not text.isprintable():
+                # (line by line: the traceback's line breaks kept, and an error message's own
+                # too, as PostgreSQL's multi-line ones; any other control character spelled out)
+                record.exc_text = "\n".join(visible(line) for line in text.split("\n"))
+        return True
+
+
+_FORMATTER: Final = logging.Formatter()
+_FILTER: Final = _Visible()
+
+
+def get_logger(name: str) -> logging.Logger:
+    """``logging.getLogger(name)`` with the package's filter (added once per logger).
+
+    Args:
+        name: ``durable_trio`` or a name under it.
+
+    Returns:
+        the logger.
+    """
+    logger = logging.getLogger(name)
+    if _FILTER not in logger.filters:
+        logger.addFilter(_FILTER)
+    return logger
