@@ -544,6 +544,26 @@ def test_cli_run_that_does_not_finish_names_the_queue_it_waits_on(
     assert err[1].endswith(" on queue 'cli_orphan:tasks:charge-crad'; no live worker serves it")
 
 
+def test_cli_run_that_does_not_finish_names_an_odd_run_inert(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run id holding an ESC sequence and a line break (``--run-id``, or one the store
+    picked for a dedup key) is spelled out in those lines: nothing a terminal acts on."""
+    (tmp_path / "orphan_flows.py").write_text(FLOWS)
+    target = f"{tmp_path / 'orphan_flows.py'}:app"
+    backend = f"sqlite:///{tmp_path / 'cli.db'}".replace("///", "////", 1)
+    parser = argparse.ArgumentParser()
+    add_engine_commands(parser.add_subparsers(dest="command", required=True))
+    odd = "o\x1b]0;title\x07\n"
+    args = parser.parse_args(
+        ["run", target, "order", "--backend", backend, "--run-id", odd, "--timeout", "0.5"]
+    )
+    assert args.func(args) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "run o\\x1b]0;title\\x07\\n did not finish in 0.5 s"
+    assert err[1].startswith("  step 'charge-crad' (id 1, attempt 1) has waited ")
+
+
 async def test_waiting_queues(broker: Any) -> None:
     """Every broker answers SupportsQueueListing: the queues of a prefix with waiting jobs."""
     assert isinstance(broker, SupportsQueueListing)

@@ -30,6 +30,7 @@ from .._errors import BrokerError, ConfigError, DurableTrioError, PayloadError
 from .._json_values import parse_json_argument
 from .._os_signals import close_on_signals
 from .._redact import redact_url
+from .._terminal import visible
 from ..backends import open_backend
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def run_reporting_errors(run: Callable[[], int]) -> int:
         return run()
     except* DurableTrioError as group:
         failure = _first_leaf(group)
-    print(f"error: {failure}", file=sys.stderr)
+    print(visible(f"error: {failure}"), file=sys.stderr)
     return 2
 
 
@@ -123,7 +124,8 @@ def _first_leaf(group: BaseExceptionGroup[DurableTrioError]) -> DurableTrioError
 
 
 def _announce(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    # (an instance id, an app's name: given by whoever runs the process, shown inert)
+    print(visible(message), file=sys.stderr, flush=True)
 
 
 def _interrupted(serve: Callable[[], Awaitable[int]]) -> int:
@@ -316,12 +318,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         value = parse_json_argument(args.input, "--input")
     except PayloadError as exc:  # not JSON, or nested too deep: one line, not a traceback
-        print(exc, file=sys.stderr)
+        print(visible(str(exc)), file=sys.stderr)
         return 2
     try:
         folding = _start_options(args)
     except (ConfigError, TypeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(visible(f"error: {exc}"), file=sys.stderr)
         return 2
     # Known before the run starts, so an interrupted command can always name it (a dedup key
     # or a debounce picks it in the store: known once started).
@@ -373,12 +375,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps({"runId": exc.run_id, "status": "failed", "error": exc.error}))
         return 1
     except trio.TooSlowError:
-        print(f"run {outcome.get('run_id')} did not finish in {args.timeout} s", file=sys.stderr)
+        print(
+            visible(f"run {outcome.get('run_id')} did not finish in {args.timeout} s"),
+            file=sys.stderr,
+        )
         for line in outcome.get("waiting", ()):
-            print(f"  {line}", file=sys.stderr)
+            print(f"  {visible(line)}", file=sys.stderr)
         return 3
     except DurableTrioError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(visible(f"error: {exc}"), file=sys.stderr)
         return 2
     if status:  # interrupted: say which run, so it can be found (an engine drives it on)
         print(json.dumps({"runId": outcome["run_id"], "status": "interrupted"}))

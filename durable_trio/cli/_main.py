@@ -234,7 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except DurableTrioError as exc:  # a user error met before the command ran (MODULE:app)
-        print(f"error: {exc}", file=sys.stderr)
+        from .._terminal import visible
+
+        print(visible(f"error: {exc}"), file=sys.stderr)
         return 2
     except BaseException as error:
         if not _only(BrokenPipeError, error):

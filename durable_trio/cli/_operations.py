@@ -252,7 +252,7 @@ async def _runs_signal(ops: Operations, args: argparse.Namespace) -> int:
         if args.payload is not None:
             payload = parse_json_argument(args.payload, "PAYLOAD-JSON")
     except PayloadError as exc:  # not JSON, or nested too deep: one line, not a traceback
-        print(f"error: {exc}", file=sys.stderr)
+        print(visible(f"error: {exc}"), file=sys.stderr)
         return 2
     seq = await ops.signal_run(args.run_id, args.name, payload)
     if args.json:
