@@ -10,8 +10,6 @@ unicode included, as it is; every command that prints a stored string routes it 
 
 from __future__ import annotations
 
-import unicodedata
-
 __all__ = ["visible"]
 
 #: Unicode categories spelled out: controls (C0, DEL, C1), format characters (bidi overrides
@@ -53,6 +51,8 @@ def visible(text: str) -> str:
     """
     if text.isprintable():  # no control, format or separator character but the space: as it is
         return text
+    import unicodedata  # (only for what holds something to spell out: not at every import)
+
     return "".join(
         _spelled(char) if unicodedata.category(char) in _HIDDEN else char for char in text
     )

@@ -30,6 +30,7 @@ BELOW = {
     "durable_trio._errors",
     "durable_trio._failures",
     "durable_trio._json_values",
+    "durable_trio._logs",
     "durable_trio._naming",
     "durable_trio._periodic",
     "durable_trio._telemetry",
