@@ -33,9 +33,10 @@ class _Visible(logging.Filter):
         exc_info = record.exc_info
         if exc_info and exc_info[1] is not None and not record.exc_text:
             text = _FORMATTER.formatException(exc_info)
-            if not text.isprintable():
+            if not text.replace("\n", "").isprintable():
                 # (line by line: the traceback's line breaks kept, and an error message's own
-                # too, as PostgreSQL's multi-line ones; any other control character spelled out)
+                # too, as PostgreSQL's multi-line ones; any other control character spelled
+                # out). Only then: an ordinary traceback is left to the handler's formatter.
                 record.exc_text = "\n".join(visible(line) for line in text.split("\n"))
         return True
 

@@ -143,6 +143,30 @@ def test_a_child_logger_and_an_exception_text_are_made_visible() -> None:
     assert _inert(out.getvalue())
 
 
+def test_an_ordinary_record_is_left_to_the_formatter() -> None:
+    """A record with nothing to spell out is not touched: its message and arguments stay, and
+    its traceback is left for the handler's own formatter to write (none written ahead)."""
+    records: list[tuple[logging.LogRecord, str | None]] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append((record, record.exc_text))  # (before any other handler formats it)
+
+    handler = Keep()
+    logger = get_logger("durable_trio")
+    logger.addHandler(handler)
+    try:
+        try:
+            raise ValueError("plain\nand multi-line")
+        except ValueError:
+            logger.exception("job %s failed", "j1")
+    finally:
+        logger.removeHandler(handler)
+    [(record, exc_text)] = records
+    assert (record.msg, record.args) == ("job %s failed", ("j1",))
+    assert exc_text is None
+
+
 async def test_every_command_prints_stored_strings_inert(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
