@@ -92,7 +92,8 @@ def test_the_same_seed_twice_gives_the_same_history_byte_for_byte() -> None:
 #: the same on the tree CI had passed at 06:00). So the limit is the machine's, not a number of
 #: seconds: 60 s where a fixed pure-Python workload (:func:`machine_seconds`) takes
 #: ``REFERENCE_SECONDS``, that many times more where it takes longer (0.11 s that morning: a
-#: limit of 120 s against the 74.5 s), never less.
+#: limit of 120 s against the 74.5 s), never less; measured before the run and after it, the
+#: larger limit kept.
 DAY_SEED = 20261
 DAY_WALL_LIMIT = 60.0
 REFERENCE_SECONDS = 0.055
@@ -123,8 +124,12 @@ def day_wall_limit() -> float:
 
 @pytest.mark.chaos  # bounded by the wall clock: run alone, in the suite's second half
 def test_a_simulated_day_with_faults_runs_in_under_a_minute_and_every_invariant_holds() -> None:
-    limit = day_wall_limit()
+    before = day_wall_limit()
     report = simulation(DAY_SEED, runs=2000, duration=24 * 3600, faults=CHAOS).run_sync()
+    # (measured again after: a machine that slowed during the run is judged at its slower
+    # speed; one run here took 62.3 s against a limit of 60.7 s measured before it, when the
+    # same machine's limit minutes later measured 102 s)
+    limit = max(before, day_wall_limit())
     print(report.summary(), f"(limit on this machine: {limit:.0f} s)")
     assert report.wall_seconds < limit, f"{report.summary()} (limit {limit:.0f} s)"
     assert report.violations == ()
