@@ -37,7 +37,7 @@ from . import redis as queue_bench
 from ._redis_worker import DONE
 from .redis_server import RedisError, private_redis
 
-__all__ = ["import_seconds", "imports_best", "section", "spawn_to_first_job"]
+__all__ = ["imports_best", "section", "spawn_to_first_job"]
 
 #: The bar of issue 35: ``import durable_trio`` at most this many times ``import trio``.
 TARGET = 1.6
@@ -55,11 +55,6 @@ IMPORTS = {
         " open_worker"
     ),
 }
-
-
-def import_seconds(code: str, *, runs: int) -> float:
-    """The best of ``runs`` fresh interpreters' time for ``code`` (this tree on the path)."""
-    return imports_best({"code": code}, runs=runs)["code"]
 
 
 def imports_best(codes: dict[str, str], *, runs: int) -> dict[str, float]:

@@ -17,7 +17,7 @@ from typing import Final
 
 from ._terminal import visible
 
-__all__ = ["get_logger"]
+__all__ = ["get_logger", "log_exception"]
 
 
 class _Visible(logging.Filter):
@@ -58,3 +58,24 @@ def get_logger(name: str) -> logging.Logger:
     if _FILTER not in logger.filters:
         logger.addFilter(_FILTER)
     return logger
+
+
+def log_exception(
+    logger: logging.Logger, level: int, exc: BaseException, context: str = ""
+) -> None:
+    """Log ``exc`` at ``level``: with its traceback where it was raised; as one line, its
+    class's name and its message, where it was not (a finding reported, ``StepNotStarted``,
+    ``DamagedJob``, ...: logging would otherwise print the message, then again its module's
+    path, class and message, for a traceback of nothing).
+
+    Args:
+        logger: one of the package's loggers.
+        level: ``logging.ERROR``, ``logging.WARNING``, ...
+        exc: the error.
+        context: what was being done, written before the error (``"Redis doorbell"``).
+    """
+    prefix = f"{context}: " if context else ""
+    if exc.__traceback__ is None:
+        logger.log(level, "%s%s: %s", prefix, type(exc).__name__, exc)
+    else:
+        logger.log(level, "%s%s", prefix, exc, exc_info=exc)

@@ -529,6 +529,12 @@ async def test_the_broker_warns_when_redis_may_evict(
     assert not isinstance(warning, dt.BrokerError)
     assert "allkeys-lru" in str(warning)
     assert "noeviction" in caplog.text
+    # reported, never raised: one line with its class's name, no traceback of nothing
+    [record] = [r for r in caplog.records if r.name == "durable_trio.redis"]
+    assert record.getMessage().startswith(
+        "Redis eviction policy: EvictionPolicyWarning: Redis runs with maxmemory-policy"
+    )
+    assert record.exc_info is None
     errors = Errors()
     async with open_redis(redis_url) as client, RedisBroker(client, on_error=errors) as broker:
         assert broker.statistics().maxmemory_policy == "noeviction"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import uuid
 from collections.abc import Callable
@@ -12,7 +13,7 @@ import attrs
 from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._codec import DEFAULT_MAX_PAYLOAD_BYTES
 from .._errors import ConfigError
-from .._logs import get_logger
+from .._logs import get_logger, log_exception
 from ._adaptive import Adaptive
 
 __all__ = ["ErrorHook", "TransportOptions", "log_error"]
@@ -55,16 +56,10 @@ DEFAULT_WORKER_HEARTBEAT_INTERVAL = 10.0
 
 
 def log_error(exc: BaseException) -> None:
-    """The default error hook: log at ERROR, with the traceback where the error was raised.
-
-    A finding reported without being raised (``StepNotStarted``, ``LeaseLost``, ...) has no
-    traceback: it is logged as its class's name and its message, one line (logging would
-    otherwise print the message, then again its module's path, class and message).
-    """
-    if exc.__traceback__ is None:
-        _log.error("%s: %s", type(exc).__name__, exc)
-    else:
-        _log.error("%s", exc, exc_info=exc)
+    """The default error hook: log at ERROR, with the traceback where the error was raised (a
+    finding reported without being raised, ``StepNotStarted``, ``LeaseLost``, ..., in one
+    line: :func:`~durable_trio._logs.log_exception`)."""
+    log_exception(_log, logging.ERROR, exc)
 
 
 def _positive(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:

@@ -7,6 +7,7 @@ watch on the store's identity (:mod:`._identity`). See :mod:`durable_trio.broker
 
 from __future__ import annotations
 
+import logging
 import secrets
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Self
@@ -18,7 +19,7 @@ from ..._attrs_shared import shared_eq, shared_hash, shared_repr
 from ..._backoff import Backoff
 from ..._errors import BrokerError, ConfigError, DamagedJob, TransportClosed
 from ..._failures import report_through
-from ..._logs import get_logger
+from ..._logs import get_logger, log_exception
 from ..._redis import RedisClient, is_cluster_client, open_redis
 from .._contract import (
     ClaimedJob,
@@ -764,7 +765,7 @@ class RedisBrokerBase:
         await self._doorbell.wait(q, self._scripts.peek)
 
     def _report(self, exc: Exception, doing: str = "doorbell") -> None:
-        logger.warning("Redis %s: %s", doing, exc, exc_info=exc)
+        log_exception(logger, logging.WARNING, exc, f"Redis {doing}")
         if self._on_error is not None:
             report_through(self._on_error, exc, logger)
 
