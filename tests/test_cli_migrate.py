@@ -49,7 +49,7 @@ def test_check_migrate_check(postgres_url: str, capsys: pytest.CaptureFixture[st
         "part    version  newest  status",
         "broker  0        5       not created",
         "keys    0        1       not created",
-        "runs    0        10      not created",
+        "runs    0        11      not created",
         "store   0        1       not created",
     ]
     assert _cli(capsys, "migrate", url, "--check")[0] == 1  # the check created nothing
@@ -60,7 +60,7 @@ def test_check_migrate_check(postgres_url: str, capsys: pytest.CaptureFixture[st
     assert out.splitlines()[2:] == [
         "broker  5        5       current",
         "keys    1        1       current",
-        "runs    10       10      current",
+        "runs    11       11      current",
         "store   1        1       current",
     ]
     assert _cli(capsys, "migrate", url, "--check")[:2] == (0, out)

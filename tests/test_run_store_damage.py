@@ -98,6 +98,37 @@ async def test_a_damaged_run_or_checkpoint_is_set_aside_and_the_others_run(
     assert any(isinstance(e, dt.RunDataError) for e in errors.seen), errors.messages()
 
 
+async def test_damaged_tags_stop_no_prune_and_leave_no_tag_behind(store_url: str) -> None:
+    """A finished run whose stored tags are damaged (not JSON, not an object, a ``\\u0000``
+    PostgreSQL's jsonb refuses) is pruned with the others: one such row once failed every
+    prune on PostgreSQL. A tag index row it leaves names its old incarnation only: the id
+    started again without tags is not listed under the old tag."""
+    damage = ["not json", "[1, 2]", '{"k": "a\\u0000b"}', '"text"']
+    async with dt.open_backend(url := store_url) as backend:
+        async with open_worker(app, backend, namespace=NAMESPACE), open_engine(
+            app, backend, namespace=NAMESPACE
+        ) as engine:  # fmt: skip
+            for n in range(GOOD + len(damage)):
+                run_id = await engine.start("chain", n, run_id=f"t{n}", tags={"k": f"v{n}"})
+                await engine.result(run_id)
+    for n, stored in enumerate(damage, start=GOOD):
+        await _sql(url, f"UPDATE {{runs}} SET tags = $1 WHERE run_id = 't{n}'", stored)
+    await trio.sleep(0.05)
+    async with dt.open_backend(url) as backend:
+        async with dt.open_operations(backend, namespace=NAMESPACE) as ops:
+            report = await ops.prune_runs(0.01)
+            assert report.count == GOOD + len(damage)
+            assert (await ops.list_runs()).runs == []
+            async with open_worker(app, backend, namespace=NAMESPACE), open_engine(
+                app, backend, namespace=NAMESPACE
+            ) as engine:  # fmt: skip
+                again = f"t{GOOD}"
+                assert await engine.result(await engine.start("chain", 1, run_id=again)) == 4
+            for n in range(GOOD + len(damage)):
+                assert (await ops.list_runs(tags={"k": f"v{n}"})).runs == [], n
+            assert [r.run_id for r in (await ops.list_runs()).runs] == [again]
+
+
 @pytest.mark.postgres
 async def test_damaged_worker_keys_are_read_as_absent(postgres_url: str) -> None:
     """Every live key copied under a longer name with a value that is no key's and a ``NaN``
@@ -173,3 +204,33 @@ async def test_a_damaged_redis_run_hash_is_set_aside_and_the_others_run(redis_ur
             assert await client.execute("HGET", key, "status") == b"failed"
             error = await client.execute("HGET", key, "error")
             assert b"RunDataError" in error
+
+
+async def test_a_redis_run_with_damaged_tags_is_pruned_and_not_listed_under_them(
+    redis_url: str,
+) -> None:
+    """The Redis run store as the SQL ones: a finished run whose tags field is damaged is
+    pruned, and the id started again without tags is not listed under its old tag (the tag
+    index entry the prune could not find names the earlier run's seq)."""
+    from durable_trio._engine import open_run_store
+    from durable_trio._redis import open_redis
+
+    async with dt.open_backend(redis_url) as backend:
+        async with open_worker(app, backend, namespace=NAMESPACE), open_engine(
+            app, backend, namespace=NAMESPACE
+        ) as engine:  # fmt: skip
+            await engine.result(await engine.start("chain", 1, run_id="t", tags={"k": "v"}))
+        async with open_run_store(backend, NAMESPACE) as store:
+            key = store._run_key("t")  # type: ignore[attr-defined]
+    async with open_redis(redis_url) as client:
+        assert await client.execute("HSET", key, "tags", b"not json") == 0
+    await trio.sleep(0.05)
+    async with dt.open_backend(redis_url) as backend:
+        async with dt.open_operations(backend, namespace=NAMESPACE) as ops:
+            assert (await ops.prune_runs(0.01)).count == 1
+            async with open_worker(app, backend, namespace=NAMESPACE), open_engine(
+                app, backend, namespace=NAMESPACE
+            ) as engine:  # fmt: skip
+                assert await engine.result(await engine.start("chain", 1, run_id="t")) == 4
+            assert (await ops.list_runs(tags={"k": "v"})).runs == []
+            assert [r.run_id for r in (await ops.list_runs()).runs] == ["t"]

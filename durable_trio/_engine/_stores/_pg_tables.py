@@ -307,6 +307,30 @@ RUNS_MIGRATIONS: Final = (
         ),
         "when each previous generation ended (retention of generations)",
     ),
+    # A run's stored tags as an object for the prune, NULL when they are damaged (not JSON, not
+    # an object, a \u0000 jsonb refuses): a cast in the prune itself would fail the whole
+    # statement, and every prune after it, on one damaged row. PostgreSQL 15 has no
+    # pg_input_is_valid, so the cast's error is caught (a subtransaction, for tagged runs only).
+    Migration(
+        11,
+        """
+        CREATE FUNCTION {schema}.dt_tags_object(p_tags text) RETURNS jsonb
+        LANGUAGE plpgsql IMMUTABLE STRICT AS $f$
+        DECLARE
+            parsed jsonb;
+        BEGIN
+            parsed := p_tags::jsonb;
+            IF jsonb_typeof(parsed) = 'object' THEN
+                RETURN parsed;
+            END IF;
+            RETURN NULL;
+        EXCEPTION WHEN data_exception THEN
+            RETURN NULL;
+        END
+        $f$
+        """,
+        "a run's tags for the prune, NULL when damaged",
+    ),
 )
 
 RUN_COLUMNS: Final = _RUN_COLUMNS
@@ -545,7 +569,7 @@ def _prune(of_workflow: bool) -> str:
         ORDER BY r.updated_at LIMIT $4::bigint FOR UPDATE OF r SKIP LOCKED
     ), tags AS (
         DELETE FROM {{schema}}.run_tags AS t
-        USING doomed AS d, jsonb_each_text(d.tags::jsonb) AS j(key, value)
+        USING doomed AS d, jsonb_each_text({{schema}}.dt_tags_object(d.tags)) AS j(key, value)
         WHERE t.namespace = $1 AND t.key = j.key AND t.value = j.value AND t.seq = d.seq
     ), steps AS (
         DELETE FROM {{schema}}.run_steps AS s USING doomed AS d

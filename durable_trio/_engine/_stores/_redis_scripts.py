@@ -310,6 +310,9 @@ while examined < budget do
     for j = 10, #ARGV do
       if ok and not redis.call('ZSCORE', ARGV[j], id) then ok = false end
     end
+    -- A tagged page lists the id only while the entry is its current run's (same seq): one of
+    -- an earlier run of the id (whose tags were damaged, so the prune left it) is not.
+    if ok and #ARGV >= 9 and redis.call('HGET', key, 'seq') ~= seq then ok = false end
     if ok and st ~= '' and redis.call('HGET', key, 'status') ~= st then ok = false end
     if ok and (wf ~= '' or since or until_) then
       local f = redis.call('HMGET', key, 'workflow', 'created')

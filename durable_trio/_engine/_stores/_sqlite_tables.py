@@ -766,7 +766,8 @@ def page_tagged(
     where, tag_params = tagged_filters(tags)
     query = (
         f"SELECT t.seq, {_TAGGED_COLUMNS} FROM dt_run_tags AS t"
-        " JOIN dt_runs AS r ON r.namespace = t.namespace AND r.run_id = t.run_id"
+        " JOIN dt_runs AS r"
+        " ON r.namespace = t.namespace AND r.run_id = t.run_id AND r.seq = t.seq"
         " WHERE t.namespace = ? AND " + where.replace("{tags}", "dt_run_tags")
     )
     params: list[Any] = [ns, *tag_params]

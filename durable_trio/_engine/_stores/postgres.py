@@ -626,7 +626,8 @@ class PostgresRunStore:
         columns = ", ".join("r." + c.strip() for c in sql.RUN_COLUMNS.split(","))
         query = (
             f"SELECT t.seq, {columns} FROM {{schema}}.run_tags AS t"
-            " JOIN {schema}.runs AS r ON r.namespace = t.namespace AND r.run_id = t.run_id"
+            " JOIN {schema}.runs AS r"
+            " ON r.namespace = t.namespace AND r.run_id = t.run_id AND r.seq = t.seq"
             " WHERE t.namespace = $1 AND " + where.replace("{tags}", "{schema}.run_tags")
         )
         return query, [self._ns, *params]
