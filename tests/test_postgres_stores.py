@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
+import durable_trio as dt
 from durable_trio import BrokerUnavailable
 from durable_trio._engine import RunRecord, RunStatus, StepKind, StepRecord
 from durable_trio._engine import StepState as S
@@ -181,3 +182,32 @@ async def test_namespaces_lists_those_with_runs_or_schedules(postgres_url: str) 
             await b.create_run(run("r"))
             await a.put_schedule("daily", "{}", replace=False)
         assert await opener.namespaces() == ["a", "b"]
+
+
+async def test_a_text_postgresql_cannot_hold_is_a_clear_error_and_the_engine_goes_on(
+    postgres_url: str,
+) -> None:
+    """A run id, a signal name or a local step's label with a NUL (0x00), which a PostgreSQL
+    text cannot hold, is refused at the call with a :class:`~durable_trio.ConfigError` (still a
+    ``ValueError``) naming the value; nothing is written and the engine serves the next call."""
+    app = dt.App("nul")
+
+    @app.workflow("w")
+    async def w(ctx: dt.WorkflowContext, label: str) -> str:
+        return str(await ctx.run(label, lambda: 1)) + await ctx.wait_signal("go", timeout=60)
+
+    url = f"{postgres_url}?schema=nul_{uuid.uuid4().hex[:12]}"
+    async with dt.open_backend(url) as backend, dt.open_engine(app, backend) as engine:
+        with pytest.raises(dt.ConfigError, match=r"cannot store the text 'r\\x00x'"):
+            await engine.start("w", "ok", run_id="r\x00x")
+        run_id = await engine.start("w", "ok", run_id="r")
+        with pytest.raises(dt.ConfigError, match=r"'g\\x00o'"):
+            await engine.signal(run_id, "g\x00o", 1)
+        await engine.signal(run_id, "go", "!")
+        assert await engine.result(run_id) == "1!"
+        bad = await engine.start("w", "l\x00abel")
+        with pytest.raises(dt.RunFailed, match=r"'l\\x00abel'"):
+            await engine.result(bad)
+        again = await engine.start("w", "fine")  # and the engine goes on
+        await engine.signal(again, "go", "?")
+        assert await engine.result(again) == "1?"

@@ -19,6 +19,7 @@ import psycopg
 from psycopg import pq
 from psycopg.adapt import PyFormat
 
+from .._errors import ConfigError
 from ._errors import server_error, unavailable
 
 if TYPE_CHECKING:
@@ -95,6 +96,30 @@ _INT8_RANGE: Final = range(-(2**63), 2**63)
 _ARRAY_OIDS: Final = {bytes: (17, 1001), str: (25, 1009), int: (20, 1016), float: (701, 1022)}
 
 
+def refused(params: Sequence[Any], exc: Exception) -> ConfigError:
+    """The error for a parameter PostgreSQL cannot hold (nothing was sent), naming the value
+    when it is a text with a NUL or a lone surrogate (a run id, a signal name, a label ...),
+    so a caller sees what to change. A :class:`ConfigError`, so a ``ValueError`` still."""
+    odd = next((p for p in params if isinstance(p, str) and _unstorable(p)), None)
+    if odd is None:
+        return ConfigError(f"cannot send a parameter to PostgreSQL: {exc}")
+    shown = repr(odd[:60]) + ("..." if len(odd) > 60 else "")
+    return ConfigError(
+        f"PostgreSQL cannot store the text {shown}: a text holds no NUL (0x00) and no lone "
+        f"surrogate ({exc})"
+    )
+
+
+def _unstorable(text: str) -> bool:
+    if "\x00" in text:
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def pack_array(items: list[Any]) -> tuple[bytes, int] | None:
     """A non-empty list of ``bytes``, ``str``, ``int`` or ``float`` (``None`` among them for
     NULLs) in PostgreSQL's binary array format, and the array's type oid (``bytea[]``,
@@ -104,8 +129,8 @@ def pack_array(items: list[Any]) -> tuple[bytes, int] | None:
     sends six such lists: ~3x this cost, the worker's largest single item on PostgreSQL).
 
     Raises:
-        ValueError: a ``str`` PostgreSQL cannot hold (a NUL; a lone surrogate), or an ``int``
-            outside ``bigint`` (as psycopg refuses them: nothing is sent).
+        ConfigError: a ``str`` PostgreSQL cannot hold (a NUL; a lone surrogate): nothing is
+            sent (an ``int`` outside ``bigint`` is left to psycopg).
     """
     present = [item for item in items if item is not None]
     if not present:
@@ -116,12 +141,12 @@ def pack_array(items: list[Any]) -> tuple[bytes, int] | None:
         return None
     elements: list[Any] = items
     if kind is str:
-        if any("\x00" in item for item in present):
-            raise ValueError("cannot send a parameter to PostgreSQL: a str with a NUL (0x00)")
         try:
+            if any("\x00" in item for item in present):
+                raise ValueError("a NUL (0x00)")
             elements = [None if item is None else item.encode() for item in items]
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"cannot send a parameter to PostgreSQL: {exc}") from None
+        except ValueError as exc:  # (UnicodeEncodeError is one)
+            raise refused(present, exc) from None
     if kind is int and any(item not in _INT8_RANGE for item in present):
         return None  # (psycopg sends it as numeric[], or says why not)
     if kind is bytes or kind is str:
@@ -158,7 +183,7 @@ class Statements:
         without parameters, and new ones past :data:`MAX_PREPARED`, run unprepared.
 
         Raises:
-            ValueError: a parameter psycopg cannot adapt (nothing is sent).
+            ConfigError: a parameter psycopg cannot adapt (nothing is sent; a ValueError).
         """
         pgconn = self._pgconn
         if not params:
@@ -183,7 +208,7 @@ class Statements:
         try:
             values = tx.dump_sequence(params, wanted)
         except psycopg.Error as exc:
-            raise ValueError(f"cannot send a parameter to PostgreSQL: {exc}") from None
+            raise refused(params, exc) from None
         types, formats = tx.types, tx.formats or []
         if packed:
             values, type_list, formats = list(values), list(types or ()), list(formats)
