@@ -20,6 +20,8 @@ def test_examples_list_names_every_example(capsys: pytest.CaptureFixture[str]) -
     for name in _discover():
         assert name in out
     assert {"hello_step", "fan_out", "graceful_close"} <= set(_discover())
+    assert main(["examples"]) == 0  # (a newcomer's first try: the list, not a usage error)
+    assert capsys.readouterr().out == out
 
 
 def test_every_example_runs_on_memory(capsys: pytest.CaptureFixture[str]) -> None:

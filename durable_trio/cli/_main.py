@@ -184,7 +184,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"durable-trio {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     examples = commands.add_parser("examples", help="list or run the examples")
-    examples.add_argument("action", choices=["list", "run"])
+    examples.add_argument(
+        "action", nargs="?", default="list", choices=["list", "run"], help="(default: list)"
+    )
     examples.add_argument("name", nargs="*", help="example name(s) to run")
     examples.add_argument("--all", action="store_true", help="run every example")
     examples.add_argument(
