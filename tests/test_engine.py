@@ -1032,6 +1032,13 @@ def test_cli_run_starts_a_run_and_prints_its_result(
     assert _cli("run", target, "hello", "--backend", backend, "--detach", "--run-id", "d") == 0
     assert json.loads(capsys.readouterr().out) == {"runId": "d", "status": "pending"}
     assert _cli("run", target, "hello", "--backend", backend, "--input", "{oops") == 2
+    # The input as the positional a newcomer types first, given once
+    assert _cli("run", target, "hello", '"you"', "--backend", backend, "--with-worker") == 0
+    assert json.loads(capsys.readouterr().out)["output"] == "hello, you"
+    assert _cli("run", target, "hello", '"a"', "--input", '"b"', "--backend", backend) == 2
+    assert "give the run's input once" in capsys.readouterr().err
+    assert _cli("run", target, "hello", "{oops", "--backend", backend) == 2
+    assert capsys.readouterr().err.startswith("INPUT is not JSON")
 
 
 async def test_take_over_drives_one_orphaned_run_and_leaves_the_others(

@@ -315,8 +315,14 @@ def _start_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     app = load_app(args.target)
+    if args.input is not None and args.input_json is not None:
+        print("error: give the run's input once: as INPUT or as --input", file=sys.stderr)
+        return 2
     try:
-        value = parse_json_argument(args.input, "--input")
+        if args.input_json is not None:
+            value = parse_json_argument(args.input_json, "INPUT")
+        else:
+            value = parse_json_argument("null" if args.input is None else args.input, "--input")
     except PayloadError as exc:  # not JSON, or nested too deep: one line, not a traceback
         print(visible(str(exc)), file=sys.stderr)
         return 2
@@ -471,7 +477,10 @@ def add_engine_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     run = subparsers.add_parser("run", help="start a workflow run and print its result as JSON")
     common(run)
     run.add_argument("workflow", help="the workflow name")
-    run.add_argument("--input", default="null", help="the run's input, as JSON")
+    run.add_argument(
+        "input_json", nargs="?", metavar="INPUT", help="the run's input, as JSON (or --input)"
+    )
+    run.add_argument("--input", help="the run's input, as JSON (null when neither is given)")
     run.add_argument("--run-id", help="the run's id (starting an existing id is a no-op)")
     run.add_argument(
         "--detach", action="store_true", help="only record the run; a running engine drives it"
