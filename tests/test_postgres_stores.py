@@ -194,7 +194,8 @@ async def test_a_text_postgresql_cannot_hold_is_a_clear_error_and_the_engine_goe
 
     @app.workflow("w")
     async def w(ctx: dt.WorkflowContext, label: str) -> str:
-        return str(await ctx.run(label, lambda: 1)) + await ctx.wait_signal("go", timeout=60)
+        got = await ctx.run(label, lambda: 1)
+        return f"{got}{await ctx.wait_signal('go', timeout=60)}"
 
     url = f"{postgres_url}?schema=nul_{uuid.uuid4().hex[:12]}"
     async with dt.open_backend(url) as backend, dt.open_engine(app, backend) as engine:
