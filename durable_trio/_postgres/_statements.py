@@ -96,17 +96,19 @@ _INT8_RANGE: Final = range(-(2**63), 2**63)
 _ARRAY_OIDS: Final = {bytes: (17, 1001), str: (25, 1009), int: (20, 1016), float: (701, 1022)}
 
 
-def refused(params: Sequence[Any], exc: Exception) -> ConfigError:
+def refused(params: Sequence[Any], exc: Exception | None = None) -> ConfigError:
     """The error for a parameter PostgreSQL cannot hold (nothing was sent), naming the value
     when it is a text with a NUL or a lone surrogate (a run id, a signal name, a label ...),
-    so a caller sees what to change. A :class:`ConfigError`, so a ``ValueError`` still."""
+    so a caller sees what to change; ``exc``, the adapter's own error, if there was one. A
+    :class:`ConfigError`, so a ``ValueError`` still."""
+    detail = "" if exc is None else f" ({exc})"
     odd = next((p for p in params if isinstance(p, str) and _unstorable(p)), None)
     if odd is None:
-        return ConfigError(f"cannot send a parameter to PostgreSQL: {exc}")
+        return ConfigError(f"cannot send a parameter to PostgreSQL{detail}")
     shown = repr(odd[:60]) + ("..." if len(odd) > 60 else "")
     return ConfigError(
         f"PostgreSQL cannot store the text {shown}: a text holds no NUL (0x00) and no lone "
-        f"surrogate ({exc})"
+        f"surrogate{detail}"
     )
 
 
@@ -141,11 +143,11 @@ def pack_array(items: list[Any]) -> tuple[bytes, int] | None:
         return None
     elements: list[Any] = items
     if kind is str:
+        if any("\x00" in item for item in present):
+            raise refused(present)
         try:
-            if any("\x00" in item for item in present):
-                raise ValueError("a NUL (0x00)")
             elements = [None if item is None else item.encode() for item in items]
-        except ValueError as exc:  # (UnicodeEncodeError is one)
+        except UnicodeEncodeError as exc:
             raise refused(present, exc) from None
     if kind is int and any(item not in _INT8_RANGE for item in present):
         return None  # (psycopg sends it as numeric[], or says why not)
