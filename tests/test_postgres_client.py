@@ -334,8 +334,11 @@ async def test_statements_are_prepared_once_per_connection(postgres_url: str) ->
 
 
 async def test_connect_failures(postgres_url: str, postgres_server: PostgresServer) -> None:
-    with pytest.raises(BrokerUnavailable, match="could not connect"):
+    with pytest.raises(BrokerUnavailable, match="could not connect") as down:
         await connect(f"postgresql://postgres@127.0.0.1:{_closed_port()}/postgres")
+    # libpq's lines folded into one: the CLI prints it as one line, nothing escaped
+    assert "Is the server running" in str(down.value)
+    assert "\n" not in str(down.value) and "\t" not in str(down.value)
     with pytest.raises(ConfigError):
         await connect("postgresql://[bad")
     with pytest.raises(PostgresAuthError) as refused:

@@ -248,7 +248,9 @@ async def connect(
             f"could not connect to PostgreSQL at {address} within {connect_timeout:g}s", exc
         ) from exc
     except psycopg.Error as exc:
-        message = str(exc).strip()
+        # libpq's message is lines ("...failed: Connection refused\n\tIs the server running
+        # ..."): one line, since the CLI shows control characters escaped.
+        message = " ".join(str(exc).split())
         if any(refusal in message for refusal in _AUTH_REFUSALS):
             raise PostgresAuthError(
                 f"PostgreSQL at {address} refused the credentials of the URL: {message} "
