@@ -56,4 +56,5 @@ COUNTERS = (
     "runs_pruned",
     "generations_pruned",
     "stream_values_dropped",
+    "reports_folded",
 )

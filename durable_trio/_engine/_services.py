@@ -32,6 +32,7 @@ from ._counters import COUNTERS
 from ._drivers import Driver, Drivers
 from ._duplicates import DuplicateLog
 from ._errors import EngineError
+from ._outage_reports import OutageReports
 from ._records import previous_details
 from ._step_timeouts import StepTimeouts
 from ._stores._wakes import ring
@@ -250,6 +251,8 @@ class EngineServices:
         """Runs this engine took over by reconcile (started elsewhere, detached, or left by
         another engine): settling one rings its id, for a caller waiting in another process."""
         self.duplicates = DuplicateLog()
+        self.outages = OutageReports()
+        """The guard's reports of a failing store or broker, folded while it stays down."""
         self._listeners: list[Callable[[str, RunRecord], None]] = []
         self.start_run = start_run
         self.cancel_run = cancel_run
@@ -272,18 +275,29 @@ class EngineServices:
 
         Transient backend errors never reach workflow code (which would fail the run for an
         infrastructure hiccup): they are reported and the call retried until it succeeds or
-        the run's driver is cancelled.
+        the run's driver is cancelled. While many runs' calls fail alike (an outage), the
+        reports are folded (:class:`~._outage_reports.OutageReports`).
         """
         failures = 0
         while True:
             try:
-                return await call()
+                value = await call()
             except (BrokerError, TransportClosed) as exc:
                 failures += 1
                 delay = _GUARD_BACKOFF.delay(failures)
-                report = EngineError(f"{what} failed (retrying in {delay:.2f} s): {exc}")
-                report.__cause__ = exc
-                self.report(report)
+                folded = self.outages.failed(what)
+                if folded is None:
+                    self.count("reports_folded")
+                else:
+                    report = EngineError(
+                        f"{what} failed (retrying in {delay:.2f} s): {exc}{folded}"
+                    )
+                    report.__cause__ = exc
+                    self.report(report)
+            else:
+                if failures:
+                    self.outages.succeeded(what)
+                return value
             await trio.sleep(delay)
 
     def step_definition(self, name: str) -> StepDefinition | None:

@@ -106,6 +106,10 @@ class EngineStatistics:
     stream_values_dropped: int = 0
     """Values a remote workflow's ``ctx.emit`` published past its stream's bounds, dropped
     (issue 34; docs/engine.md, "Streaming")."""
+    reports_folded: int = 0
+    """Failed store or broker calls of the engine's runs (retried) that were not reported one
+    by one through ``on_error`` during an outage, but counted into a later report
+    (docs/engine.md, "When the store or broker is down")."""
 
 
 @attrs.frozen(repr=False, eq=False)
