@@ -12,6 +12,7 @@ import trio.testing
 import durable_trio as dt
 from durable_trio import App, WorkflowContext, open_engine
 from durable_trio._engine._outage_reports import PER_WINDOW, WINDOW, OutageReports
+from durable_trio._transport._options import log_error
 from helpers import Errors
 
 if TYPE_CHECKING:
@@ -102,3 +103,32 @@ async def test_reports_fold_by_kind_and_window(autojump_clock: trio.testing.Mock
     assert text == " (and 1 more failure(s) of it in the 10 s before, not reported one by one)"
     reports.succeeded("reading")
     assert reports.failed("reading") == ""  # after a success, a fresh outage
+
+
+def _a_connect() -> None:
+    raise dt.BrokerUnavailable("could not connect to PostgreSQL at 127.0.0.1:1/postgres")
+
+
+def _a_loop() -> None:
+    """As a loop of the engine or the worker: meets the error and reports it."""
+    try:
+        _a_connect()
+    except dt.BrokerUnavailable as exc:
+        log_error(exc)
+
+
+def test_the_default_hook_logs_an_unavailable_store_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="durable_trio")
+    _a_loop()
+    [record] = caplog.records
+    assert record.exc_info is None  # no traceback: every loop meets it through an outage
+    assert record.getMessage() == (
+        "BrokerUnavailable: could not connect to PostgreSQL at 127.0.0.1:1/postgres (in _a_loop)"
+    )
+    caplog.clear()
+    caplog.set_level(logging.DEBUG, logger="durable_trio")  # ... unless asked for
+    _a_loop()
+    [record] = caplog.records
+    assert record.exc_info is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import traceback
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +13,7 @@ import attrs
 
 from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._codec import DEFAULT_MAX_PAYLOAD_BYTES
-from .._errors import ConfigError
+from .._errors import BrokerUnavailable, ConfigError
 from .._logs import get_logger, log_exception
 from ._adaptive import Adaptive
 
@@ -58,7 +59,21 @@ DEFAULT_WORKER_HEARTBEAT_INTERVAL = 10.0
 def log_error(exc: BaseException) -> None:
     """The default error hook: log at ERROR, with the traceback where the error was raised (a
     finding reported without being raised, ``StepNotStarted``, ``LeaseLost``, ..., in one
-    line: :func:`~durable_trio._logs.log_exception`)."""
+    line: :func:`~durable_trio._logs.log_exception`).
+
+    A ``BrokerUnavailable`` (a store or broker down: refused, lost, timed out) is one line,
+    naming the loop it stopped (``... (in reconcile_forever)``): every loop meets it again and
+    again through an outage, and its traceback says nothing its message does not. With the
+    ``durable_trio`` logger at DEBUG it has its traceback too."""
+    if (
+        isinstance(exc, BrokerUnavailable)
+        and exc.__traceback__ is not None
+        and not _log.isEnabledFor(logging.DEBUG)
+    ):
+        where = traceback.extract_tb(exc.__traceback__, limit=1)
+        within = f" (in {where[0].name})" if where else ""
+        _log.error("%s: %s%s", type(exc).__name__, exc, within)
+        return
     log_exception(_log, logging.ERROR, exc)
 
 
