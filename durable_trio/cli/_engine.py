@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .._arguments import check_seconds
 from .._engine._app import App
 from .._engine._errors import RunFailed
 from .._engine._open import open_engine
@@ -328,6 +329,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     try:
         folding = _start_options(args)
+        # Refused before anything starts (a bad bound once the run was started was a traceback)
+        check_seconds(args.timeout, "run", "--timeout")
     except (ConfigError, TypeError) as exc:
         print(visible(f"error: {exc}"), file=sys.stderr)
         return 2
