@@ -58,3 +58,13 @@ def test_run_refuses_a_bad_timeout_before_it_starts_the_run(
     assert main(["run", target, "greet", '"you"', "--with-worker", "--backend", url]) == 0
     assert len(trio.run(_run_ids, url)) == 1
 
+
+def test_run_says_error_before_an_input_that_is_not_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "door_flows2.py").write_text(FLOWS)
+    target = f"{tmp_path / 'door_flows2.py'}:app"
+    assert main(["run", target, "greet", "{oops", "--backend", "memory://"]) == 2
+    assert _one_error_line(capsys.readouterr().err).startswith("error: INPUT is not JSON")
+    assert main(["run", target, "greet", "--input", "{oops", "--backend", "memory://"]) == 2
+    assert _one_error_line(capsys.readouterr().err).startswith("error: --input is not JSON")

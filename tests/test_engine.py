@@ -1038,7 +1038,7 @@ def test_cli_run_starts_a_run_and_prints_its_result(
     assert _cli("run", target, "hello", '"a"', "--input", '"b"', "--backend", backend) == 2
     assert "give the run's input once" in capsys.readouterr().err
     assert _cli("run", target, "hello", "{oops", "--backend", backend) == 2
-    assert capsys.readouterr().err.startswith("INPUT is not JSON")
+    assert capsys.readouterr().err.startswith("error: INPUT is not JSON")
 
 
 async def test_take_over_drives_one_orphaned_run_and_leaves_the_others(

@@ -325,7 +325,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         else:
             value = parse_json_argument("null" if args.input is None else args.input, "--input")
     except PayloadError as exc:  # not JSON, or nested too deep: one line, not a traceback
-        print(visible(str(exc)), file=sys.stderr)
+        print(visible(f"error: {exc}"), file=sys.stderr)
         return 2
     try:
         folding = _start_options(args)
