@@ -3,6 +3,9 @@ starting `error: `, exit status 2, no traceback, and nothing started or served."
 
 from __future__ import annotations
 
+import errno
+import os
+import socket
 from typing import TYPE_CHECKING
 
 import pytest
@@ -68,3 +71,74 @@ def test_run_says_error_before_an_input_that_is_not_json(
     assert _one_error_line(capsys.readouterr().err).startswith("error: INPUT is not JSON")
     assert main(["run", target, "greet", "--input", "{oops", "--backend", "memory://"]) == 2
     assert _one_error_line(capsys.readouterr().err).startswith("error: --input is not JSON")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--watch", "--interval", "-1"], "--interval must be a finite number of seconds > 0"),
+        (["--watch", "--interval", "nan"], "--interval must be a finite number of seconds > 0"),
+        (["--watch", "--interval", "0"], "--interval must be a finite number of seconds > 0"),
+        (["--watch", "--iterations", "0"], "--iterations must be an integer >= 1"),
+        (["--prometheus", "99999"], "--prometheus: a port is 0..65535"),
+        (["--prometheus", "-1"], "--prometheus: a port is 0..65535"),
+    ],
+)
+def test_health_refuses_a_bad_interval_iterations_or_port(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    """Each was a traceback, or (99999) a port the kernel wrapped to another one while the
+    line printed the one given."""
+    url = f"sqlite:///{tmp_path / 'x.db'}".replace("///", "////", 1)
+    assert main(["schedules", "add", "s", "wf", "--every", "60", "--force", "--backend", url]) == 0
+    capsys.readouterr()
+    assert main(["health", "--backend", url, *argv]) == 2
+    out, err = capsys.readouterr()
+    assert said in _one_error_line(err)
+    assert out == ""
+
+
+def test_health_prometheus_on_a_busy_port_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It printed `serving ...` before it listened, then a traceback of the bind."""
+    url = f"sqlite:///{tmp_path / 'x.db'}".replace("///", "////", 1)
+    assert main(["schedules", "add", "s", "wf", "--every", "60", "--force", "--backend", url]) == 0
+    capsys.readouterr()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["health", "--backend", url, "--prometheus", str(port)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert _one_error_line(err) == (
+        f"error: cannot listen on 127.0.0.1:{port}: [Errno {errno.EADDRINUSE}] "
+        f"{os.strerror(errno.EADDRINUSE)}\n"
+    )
+
+
+async def test_health_prometheus_says_the_port_it_listens_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Port 0 picks a free one: the line names that one, once it listens."""
+    from durable_trio.cli._health import HealthReader, _serve_and_watch
+
+    async with dt.open_backend("memory://") as backend:
+        reader = HealthReader(backend, "shop")
+        with trio.move_on_after(5) as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_serve_and_watch, reader, 0, False, 1.0, None)
+                await trio.sleep(0.5)
+                [line] = capsys.readouterr().out.splitlines()
+                port = int(line.removeprefix("serving Prometheus metrics on http://127.0.0.1:")
+                           .removesuffix("/metrics"))  # fmt: skip
+                assert port > 0
+                reply = b""
+                async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+                    await stream.send_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+                    while chunk := await stream.receive_some():
+                        reply += chunk
+                assert b"durable_trio_up" in reply
+                nursery.cancel_scope.cancel()
+        assert not scope.cancelled_caught

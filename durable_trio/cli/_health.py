@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._codec import to_wire
-from .._errors import BrokerError
+from .._errors import BrokerError, ConfigError
 from .._logs import get_logger
 from .._naming import QueueNames
 from .._os_signals import close_on_signals
@@ -584,8 +584,13 @@ async def _serve_and_watch(
     reader: HealthReader, port: int, watch_mode: bool, interval: float, iterations: int | None
 ) -> None:
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(serve_prometheus, reader, port)
-        print(f"serving Prometheus metrics on http://127.0.0.1:{port}/metrics")
+        try:
+            listeners = await nursery.start(serve_prometheus, reader, port)
+        except OSError as exc:  # the port is taken, or not ours to listen on
+            raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc}") from exc
+        # Said once it listens, with the port it got (0: any free one)
+        bound = listeners[0].socket.getsockname()[1]
+        print(f"serving Prometheus metrics on http://127.0.0.1:{bound}/metrics", flush=True)
         if watch_mode:
             await watch(reader.backend, reader.namespace, interval=interval, iterations=iterations)
             nursery.cancel_scope.cancel()

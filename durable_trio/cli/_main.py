@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import re
 import signal
@@ -161,12 +162,28 @@ def _cmd_health(args: argparse.Namespace) -> int:
     if args.json and (args.watch or args.prometheus is not None):
         print("error: --json prints one reading: not with --watch or --prometheus", file=sys.stderr)
         return 2
+    problem = _health_argument_problem(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         return run_reporting_errors(run)
     except BaseException as error:  # a Ctrl-C outside the signal handling (opening the backend)
         if _only(KeyboardInterrupt, error):
             return 130
         raise
+
+
+def _health_argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``health``'s ``--interval``, ``--iterations`` or ``--prometheus``
+    (a traceback, or a port the kernel wrapped, before), or ``None``."""
+    if not (math.isfinite(args.interval) and args.interval > 0):
+        return f"--interval must be a finite number of seconds > 0, got {args.interval}"
+    if args.iterations is not None and args.iterations < 1:
+        return f"--iterations must be an integer >= 1, got {args.iterations}"
+    if args.prometheus is not None and not 0 <= args.prometheus <= 65535:
+        return f"--prometheus: a port is 0..65535 (0: a free one), got {args.prometheus}"
+    return None
 
 
 def _only(kind: type[BaseException], error: BaseException) -> bool:
