@@ -142,3 +142,15 @@ async def test_health_prometheus_says_the_port_it_listens_on(
                 assert b"durable_trio_up" in reply
                 nursery.cancel_scope.cancel()
         assert not scope.cancelled_caught
+
+
+@pytest.mark.parametrize("url", ["foo://x", "sqlite://rel.db", "redis://127.0.0.1:notaport"])
+def test_examples_on_a_bad_backend_url_say_so_once(
+    capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    """`examples run --all` on a mistyped URL ran every example, each failing with the same
+    error (13 of 14 'failed', exit 1): the URL is one line now, before any example runs."""
+    assert main(["examples", "run", "--all", "--backend", url]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    _one_error_line(err)

@@ -109,6 +109,19 @@ def _run_example(name: str, path: Path, backend: str) -> bool:
     return True
 
 
+def _backend_problem(url: str) -> bool:
+    """Whether ``url`` cannot be opened (a bad scheme or URL, refused credentials, a server not
+    there): then it is said in one line on stderr, once."""
+    from ..backends import open_backend
+    from ._engine import run_reporting_errors
+
+    async def probe() -> int:
+        async with open_backend(url):
+            return 0
+
+    return run_reporting_errors(lambda: trio.run(probe)) != 0
+
+
 def _cmd_examples(args: argparse.Namespace) -> int:
     examples = _discover()
     if not examples:
@@ -129,6 +142,8 @@ def _cmd_examples(args: argparse.Namespace) -> int:
     unknown = [n for n in (args.name or []) if n not in examples]
     if unknown:
         print(f"unknown example(s): {', '.join(unknown)}; see `durable-trio examples list`")
+        return 2
+    if _backend_problem(backend):  # said once, not once per example
         return 2
     print(f"Running {len(chosen)} example(s) on {redact_url(backend)}\n")
     failed = [name for name, path in chosen.items() if not _run_example(name, path, backend)]
