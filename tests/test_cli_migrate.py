@@ -67,6 +67,24 @@ def test_check_migrate_check(postgres_url: str, capsys: pytest.CaptureFixture[st
     assert _cli(capsys, "migrate", url)[:2] == (0, out)  # again: nothing to do
 
 
+def test_migrate_takes_backend_as_every_other_command_does(
+    postgres_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`migrate --backend URL` was `unrecognized arguments: --backend`: every other command
+    takes the URL so, and a newcomer types it so."""
+    url = f"{postgres_url}?schema=m_{uuid.uuid4().hex[:12]}"
+    status, out, err = _cli(capsys, "migrate", "--backend", url, "--check")
+    assert (status, err) == (1, "")
+    assert "not current" in out.splitlines()[0]
+    status, out, err = _cli(capsys, "migrate", "--backend", url)
+    assert (status, err) == (0, "")
+    assert _cli(capsys, "migrate", url, "--backend", url, "--check")[:2] == (0, out)
+    status, out, err = _cli(capsys, "migrate", url, "--backend", "sqlite:///x.db")
+    assert (status, out, err) == (
+        2, "", "error: give the backend URL once: as URL or as --backend\n"
+    )
+
+
 def test_migrate_refuses_other_backends_and_reports_errors_without_a_traceback(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

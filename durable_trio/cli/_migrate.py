@@ -40,6 +40,12 @@ def add_migrate_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         help="the backend URL, postgresql://... (default: $DURABLE_TRIO_BACKEND)",
     )
     migrate.add_argument(
+        "--backend",
+        dest="backend",
+        metavar="URL",
+        help="the backend URL, as the other commands take it (or give it as URL)",
+    )
+    migrate.add_argument(
         "--check",
         action="store_true",
         help="change nothing: exit 1 if a part is behind this durable_trio's version",
@@ -50,7 +56,10 @@ def add_migrate_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
 def _cmd_migrate(args: argparse.Namespace) -> int:
     from ._engine import run_reporting_errors
 
-    url = args.url or os.environ.get("DURABLE_TRIO_BACKEND")
+    if args.url and args.backend and args.url != args.backend:
+        print("error: give the backend URL once: as URL or as --backend", file=sys.stderr)
+        return 2
+    url = args.url or args.backend or os.environ.get("DURABLE_TRIO_BACKEND")
     if not url:
         print("error: say which backend: durable-trio migrate postgresql://...", file=sys.stderr)
         return 2
