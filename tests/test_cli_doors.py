@@ -154,3 +154,17 @@ def test_examples_on_a_bad_backend_url_say_so_once(
     out, err = capsys.readouterr()
     assert out == ""
     _one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    "command", [["runs", "list"], ["queues"], ["schedules", "list"], ["health"]]
+)
+def test_namespace_help_says_the_backend_only_namespace_is_found(
+    capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """The help said `else durable`, while the command finds the backend's only namespace
+    (docs/operations.md, "The namespace")."""
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "else --app's name, else the backend's only one; none yet: durable" in text

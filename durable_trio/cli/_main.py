@@ -229,7 +229,8 @@ def _parser() -> argparse.ArgumentParser:
     health.add_argument("--backend", help="backend URL (default as for examples)")
     health.add_argument(
         "--namespace",
-        help="the namespace (default: $DURABLE_TRIO_NAMESPACE, else --app's name, else durable)",
+        help="the namespace (default: $DURABLE_TRIO_NAMESPACE, else --app's name, else the "
+        "backend's only one; none yet: durable)",
     )
     health.add_argument(
         "--app", metavar="MODULE:app", help="take the namespace from this App (as worker/engine)"

@@ -468,7 +468,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--namespace",
-        help="the namespace (default: $DURABLE_TRIO_NAMESPACE, else --app's name, else durable)",
+        help="the namespace (default: $DURABLE_TRIO_NAMESPACE, else --app's name, else the "
+        "backend's only one; none yet: durable)",
     )
     parser.add_argument(
         "--app", metavar="MODULE:app", help="take the namespace from this App (as worker/engine)"
