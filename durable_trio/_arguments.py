@@ -17,6 +17,7 @@ from ._wire import RemoteTask
 
 __all__ = [
     "MAX_PORTABLE_PRIORITY",
+    "MAX_RUN_ID",
     "MIN_PORTABLE_PRIORITY",
     "check_backoff_range",
     "check_bool",
@@ -25,12 +26,17 @@ __all__ = [
     "check_optional_name",
     "check_positive",
     "check_priority",
+    "check_run_id",
     "check_seconds",
     "check_task",
     "check_tasks",
     "check_type",
     "given",
 ]
+
+#: The longest run id a caller may choose, in characters, on every backend (PostgreSQL's index
+#: of a run's key holds at most 2,704 bytes: 512 characters are at most 2,048 in UTF-8).
+MAX_RUN_ID = 512
 
 #: The priorities every broker keeps exactly (Redis scores are doubles: integers up to 2**53).
 MIN_PORTABLE_PRIORITY = -(2**53)
@@ -66,6 +72,24 @@ def check_optional_name(value: Any, call: str, argument: str) -> str | None:
     if value is None:
         return None
     return check_name(value, call, argument)
+
+
+def check_run_id(value: Any, call: str, argument: str = "run_id") -> str | None:
+    """``value`` if it is ``None`` or a run id a caller may choose: a non-empty ``str`` of at
+    most :data:`MAX_RUN_ID` characters (see :func:`check_name`).
+
+    Raises:
+        TypeError: it is not a ``str``.
+        ConfigError: it is empty, or longer.
+    """
+    if value is None:
+        return None
+    check_name(value, call, argument)
+    if len(value) > MAX_RUN_ID:
+        raise ConfigError(
+            f"{call}: {argument} is at most {MAX_RUN_ID} characters, not {len(value)}"
+        )
+    return value
 
 
 def check_callable(value: Any, call: str, argument: str, hint: str = "") -> None:
@@ -233,9 +257,7 @@ def check_task(task: Any, call: str, argument: str = "task") -> RemoteTask:
         )
     deadline = task.deadline
     if deadline is not None and (
-        isinstance(deadline, bool)
-        or not _is_real(deadline)
-        or not math.isfinite(deadline)
+        isinstance(deadline, bool) or not _is_real(deadline) or not math.isfinite(deadline)
     ):
         raise TypeError(
             f"{call}: {argument}.deadline must be a finite number or None, got {given(deadline)}"

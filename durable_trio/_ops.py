@@ -20,7 +20,7 @@ import attrs
 import orjson
 import trio
 
-from ._arguments import check_name, check_optional_name, check_seconds
+from ._arguments import check_name, check_optional_name, check_run_id, check_seconds
 from ._codec import encode_envelope
 from ._engine._cancel import mark_in_store
 from ._engine._children import cancel_children
@@ -101,8 +101,6 @@ __all__ = [
     "open_operations",
     "run_to_json",
 ]
-
-
 
 
 def _envelope_priority(data: bytes) -> int | None:
@@ -223,7 +221,7 @@ class Operations:
             EngineError: ``run_id`` exists as a run of another workflow.
         """
         check_name(workflow, "ops.start_run", "workflow")
-        check_optional_name(run_id, "ops.start_run", "run_id")
+        check_run_id(run_id, "ops.start_run")
         check_folding(run_id, None, dedup_key, debounce, "ops.start_run")
         seconds = (
             None
@@ -474,6 +472,7 @@ class Operations:
 
         schedules = Schedules(self.store, time.time)
         return await schedules.backfill(name, start, end, dry_run=dry_run)
+
     async def cancel_runs(
         self,
         run_filter: RunFilter,

@@ -30,7 +30,13 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
-from ._arguments import check_name, check_optional_name, check_seconds, check_type, given
+from ._arguments import (
+    check_name,
+    check_run_id,
+    check_seconds,
+    check_type,
+    given,
+)
 from ._engine._debounce import check_folding, scoped_key
 from ._engine._errors import EngineError
 from ._engine._records import RunRecord, RunStatus, normalize_json
@@ -252,7 +258,7 @@ def _start_plan(
     checked before the first statement."""
     check_name(workflow, call, "workflow")
     check_name(namespace, call, "namespace")
-    check_optional_name(run_id, call, "run_id")
+    check_run_id(run_id, call)
     check_folding(run_id, None, dedup_key, debounce, call)
     seconds = None if timeout is None else check_seconds(timeout, call, "timeout", positive=True)
     checked = check_tags(tags, f"{call}: tags")
@@ -302,9 +308,7 @@ def _deduped_statements(
     return (yield from then)
 
 
-def _debounce_statements(
-    quoted: str, params: tuple[Any, ...], channel: str, new_id: str
-) -> _Plan:
+def _debounce_statements(quoted: str, params: tuple[Any, ...], channel: str, new_id: str) -> _Plan:
     _, rows = yield (starts.DEBOUNCE.replace("{schema}", quoted), params)
     folded = str(rows[0][0])
     if folded == new_id:  # a new start: the store's DEBOUNCED wake, delivered at the commit

@@ -336,6 +336,7 @@ async def test_good_arguments_still_work(
         (("nap", [1, math.inf]), {}, dt.PayloadError, "at $[1]"),
         (("nap",), {"run_id": 5}, TypeError, "engine.start: run_id must be a str, got a int"),
         (("nap",), {"run_id": ""}, dt.ConfigError, "engine.start: run_id must not be empty"),
+        (("nap",), {"run_id": "r" * 513}, dt.ConfigError, "run_id is at most 512 characters"),
         (("nap",), {"detach": "yes"}, TypeError, "engine.start: detach must be True or False"),
         (("nap",), {"detach": 1}, TypeError, "engine.start: detach must be True or False"),
         (("nap",), {"timeout": "10"}, TypeError, "engine.start: timeout must be a number"),

@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar, cas
 import attrs
 import trio
 
-from .._arguments import check_callable, check_name, check_priority, check_seconds, check_type
+from .._arguments import (
+    check_callable,
+    check_name,
+    check_priority,
+    check_run_id,
+    check_seconds,
+    check_type,
+)
 from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._errors import ConfigError
 from .._json_values import check_json
@@ -776,8 +783,7 @@ class WorkflowContext:
     ) -> tuple[str, Any]:
         step_id = self._next_id()  # before the checks, as ctx.step
         check_name(workflow, call, "workflow")
-        if run_id is not None:
-            check_name(run_id, call, "run_id")
+        check_run_id(run_id, call)
         if on_parent_cancel not in ("cancel", "abandon"):
             raise ConfigError(
                 f"{call}: on_parent_cancel must be 'cancel' or 'abandon', got {on_parent_cancel!r}"

@@ -34,7 +34,7 @@ import attrs
 import trio
 from trio_util import RepeatedEvent, wait_any
 
-from .._arguments import check_bool, check_name, check_optional_name, check_seconds
+from .._arguments import check_bool, check_name, check_optional_name, check_run_id, check_seconds
 from .._errors import BrokerError, TransportClosed
 from .._transport._facade import QueueTransport  # noqa: TC001
 from .._wire import ControlMessage
@@ -360,8 +360,11 @@ class Engine:
             EngineClosed: the engine is closed.
         """
         check_name(workflow, "engine.start", "workflow")
-        check_optional_name(run_id, "engine.start", "run_id")
         check_optional_name(parent, "engine.start", "parent")
+        if parent is None:
+            check_run_id(run_id, "engine.start")
+        else:  # a child's: checked by ctx.child, or derived (at most MAX_RUN_ID + 34)
+            check_optional_name(run_id, "engine.start", "run_id")
         check_bool(detach, "engine.start", "detach")
         check_folding(run_id, parent, dedup_key, debounce)
         seconds = (
