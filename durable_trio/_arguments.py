@@ -84,7 +84,7 @@ def check_run_id(value: Any, call: str, argument: str = "run_id") -> str | None:
     """
     if value is None:
         return None
-    check_name(value, call, argument)
+    value = check_name(value, call, argument)
     if len(value) > MAX_RUN_ID:
         raise ConfigError(
             f"{call}: {argument} is at most {MAX_RUN_ID} characters, not {len(value)}"

@@ -230,7 +230,8 @@ async def test_the_longest_run_id_is_kept_and_a_longer_one_refused_as_elsewhere(
     @app.workflow("w")
     async def w(ctx: dt.WorkflowContext, _: Any) -> int:
         got: int = await ctx.child("child", 1)
-        return got + await ctx.wait_signal("go", timeout=60)
+        signalled: int = await ctx.wait_signal("go", timeout=60)
+        return got + signalled
 
     longest = "".join(chr(0x1F600 + (i % 80)) + chr(0x10000 + i) for i in range(256))
     assert len(longest) == 512
