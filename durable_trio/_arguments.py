@@ -84,12 +84,12 @@ def check_run_id(value: Any, call: str, argument: str = "run_id") -> str | None:
     """
     if value is None:
         return None
-    value = check_name(value, call, argument)
-    if len(value) > MAX_RUN_ID:
+    run_id = check_name(value, call, argument)
+    if len(run_id) > MAX_RUN_ID:
         raise ConfigError(
-            f"{call}: {argument} is at most {MAX_RUN_ID} characters, not {len(value)}"
+            f"{call}: {argument} is at most {MAX_RUN_ID} characters, not {len(run_id)}"
         )
-    return value
+    return run_id
 
 
 def check_callable(value: Any, call: str, argument: str, hint: str = "") -> None:
