@@ -6,6 +6,7 @@ and ``Engine.waiting``. Exact virtual times (autojump_clock, memory backend)."""
 from __future__ import annotations
 
 import argparse
+import re
 import contextlib
 import logging
 import typing
@@ -542,6 +543,59 @@ def test_cli_run_that_does_not_finish_names_the_queue_it_waits_on(
     assert err[0] == "run o did not finish in 0.5 s"
     assert err[1].startswith("  step 'charge-crad' (id 1, attempt 1) has waited ")
     assert err[1].endswith(" on queue 'cli_orphan:tasks:charge-crad'; no live worker serves it")
+
+
+WAITING_FLOWS = """
+from durable_trio import App, WorkflowContext
+
+app = App("cli_waits")
+
+
+@app.workflow("approve")
+async def approve(ctx: WorkflowContext, _):
+    return await ctx.wait_signal("ok", timeout=3600)
+
+
+@app.workflow("nap")
+async def nap(ctx: WorkflowContext, _):
+    await ctx.sleep(100)
+
+
+@app.workflow("parent")
+async def parent(ctx: WorkflowContext, _):
+    return await ctx.child("approve", 1)
+"""
+
+
+@pytest.mark.parametrize(
+    ("workflow", "line"),
+    [
+        (
+            "approve",
+            "  step 1 waits on signal 'ok' (it gives up in 3600 s); send it: durable-trio runs"
+            " signal 'w 1' ok [PAYLOAD-JSON]",
+        ),
+        ("nap", "  step 1 sleeps (ctx.sleep) for 100 s more"),
+        ("parent", "  step 1 waits on child run 'w 1/1' (approve)"),
+    ],
+)
+def test_cli_run_that_does_not_finish_names_the_signal_timer_or_child_it_waits_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], workflow: str, line: str
+) -> None:
+    (tmp_path / "waiting_flows.py").write_text(WAITING_FLOWS)
+    target = f"{tmp_path / 'waiting_flows.py'}:app"
+    backend = f"sqlite:///{tmp_path / 'cli.db'}".replace("///", "////", 1)
+    parser = argparse.ArgumentParser()
+    add_engine_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(
+        ["run", target, workflow, "--backend", backend, "--run-id", "w 1", "--timeout", "0.5"]
+    )
+    assert args.func(args) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "run w 1 did not finish in 0.5 s"
+    # (a real SQLite file, so the wall clock: the seconds left are those of the moment read)
+    [shown] = err[1:]
+    assert re.sub(r"\d+ s\b", "N s", shown) == re.sub(r"\d+ s\b", "N s", line)
 
 
 def test_cli_run_that_does_not_finish_names_an_odd_run_inert(

@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shlex
 import signal
 import sys
 import traceback
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from .._engine._engine import Engine
+    from .._engine._records import StepRecord
 
 
 __all__ = ["add_engine_commands", "load_app", "run_reporting_errors"]
@@ -268,14 +270,39 @@ def _cmd_engine(args: argparse.Namespace) -> int:
 
 
 async def _waiting_lines(engine: Engine, run_id: str) -> list[str]:
-    """What a run that did not finish waits on, a line per step (bounded: a slow or failing
-    backend leaves the lines out, never hides the timeout)."""
+    """What a run that did not finish waits on, a line per step: its remote steps
+    (``engine.waiting``), then its pending signals, timers and children, from its history
+    (bounded: a slow or failing backend leaves the lines out, never hides the timeout)."""
     with trio.move_on_after(5.0):
         try:
-            return [wait.describe() for wait in await engine.waiting(run_id)]
+            lines = [wait.describe() for wait in await engine.waiting(run_id)]
+            history = await engine.history(run_id)
+            now = engine.store.now()
         except DurableTrioError as exc:
             return [f"(what it waits on could not be read: {exc})"]
+        return lines + [line for step in history if (line := _pending_line(step, now, run_id))]
     return []
+
+
+def _pending_line(step: StepRecord, now: float, run_id: str) -> str | None:
+    """One line for a pending signal wait, durable timer or child of the run (else ``None``)."""
+    from .._engine._records import StepKind, StepState
+
+    if step.status is not StepState.PENDING:
+        return None
+    facts = step.input if isinstance(step.input, dict) else {}
+    if step.kind is StepKind.SIGNAL:
+        text = f"step {step.step_id} waits on signal {step.name!r}"
+        if step.wake_at is not None:
+            text += f" (it gives up in {max(0.0, step.wake_at - now):.0f} s)"
+        command = f"durable-trio runs signal {shlex.quote(run_id)} {shlex.quote(step.name)}"
+        return f"{text}; send it: {command} [PAYLOAD-JSON]"
+    if step.kind is StepKind.TIMER and step.wake_at is not None:
+        left = max(0.0, step.wake_at - now)
+        return f"step {step.step_id} sleeps (ctx.sleep) for {left:.0f} s more"
+    if step.kind is StepKind.CHILD:
+        return f"step {step.step_id} waits on child run {facts.get('runId')!r} ({step.name})"
+    return None
 
 
 async def _take_over_forever(engine: Engine, run_id: str) -> None:
