@@ -6,9 +6,9 @@ and ``Engine.waiting``. Exact virtual times (autojump_clock, memory backend)."""
 from __future__ import annotations
 
 import argparse
-import re
 import contextlib
 import logging
+import re
 import typing
 from typing import TYPE_CHECKING, Any
 
