@@ -37,6 +37,7 @@ from durable_trio._engine import (
     open_worker,
     step_info,
 )
+from durable_trio._engine._runtime import UNCONFIRMED_GRACE
 from durable_trio._engine._stored_retry import StoredRetry
 from durable_trio._engine._stores.memory import MemoryRunStore
 from durable_trio.cli._engine import add_engine_commands, load_app
@@ -601,6 +602,90 @@ async def test_reconcile_redispatches_an_attempt_whose_dispatch_was_never_confir
             stats = engine.statistics()
     assert (stats.runs_resumed, stats.redispatched, stats.steps_dispatched) == (1, 1, 2)
     assert runs == {"orphan:2": 1, "orphan:3": 1}
+
+
+async def test_reconcile_applies_a_result_already_in_before_sending_an_unconfirmed_attempt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An engine that died between sending a step's task and checkpointing that it did: the
+    worker ran the step and its result waits on the results queue. The next engine applies
+    that result (within its grace) instead of sending the task again: the step ran once (it
+    ran twice in a chaos run, the second time before its checkpoint)."""
+    app, runs = shop()
+    async with dt.open_backend("memory://") as backend:
+        async with open_run_store(backend, "shop") as store:
+            now = store.now()
+            await store.create_run(
+                RunRecord("orphan", "three", 5, RunStatus.RUNNING, now, now, owner="dead")
+            )
+            for step_id, value in (("1", 10), ("2", None)):
+                done = value is not None
+                await store.begin_step(
+                    StepRecord(
+                        "orphan",
+                        step_id,
+                        StepKind.REMOTE,
+                        "double",
+                        StepState.COMPLETED if done else StepState.PENDING,
+                        input=5 if done else 10,
+                        output=value,
+                        dispatched=done,
+                        retry=Retry().to_json(),
+                    )
+                )
+        # What the dead engine sent before it died: run by a worker, its result left queued.
+        async with dt.open_queue_transport(backend, namespace="shop") as sender:
+            await sender.dispatch(
+                dt.RemoteTask(run_id="orphan", step_id="2", attempt=1, name="double", input=10)
+            )
+        async with open_worker(app, backend):
+            await trio.testing.wait_all_tasks_blocked()  # the step ran, its result is queued
+        assert runs == {"orphan:2": 1}
+        async with open_worker(app, backend), open_engine(app, backend) as engine:
+            assert await engine.result("orphan") == [10, 20, 40]
+            stats = engine.statistics()
+    assert (stats.runs_resumed, stats.redispatched, stats.results_applied) == (1, 0, 2)
+    assert runs == {"orphan:2": 1, "orphan:3": 1}
+
+
+async def test_reconcile_waits_out_a_grace_for_an_unconfirmed_attempt_still_running(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The same, with the step still running on a worker when the next engine replays the run:
+    the engine waits ``UNCONFIRMED_GRACE`` for its result before sending the task again (a
+    second job, which a second worker would run at once), so the step runs once."""
+    app, runs = shop()
+
+    @app.workflow("nap")
+    async def nap(ctx: WorkflowContext, seconds: float) -> float:
+        return typing.cast("float", await ctx.step("slow", seconds))
+
+    async with dt.open_backend("memory://") as backend:
+        async with open_run_store(backend, "shop") as store:
+            now = store.now()
+            await store.create_run(
+                RunRecord("orphan", "nap", 0.5, RunStatus.RUNNING, now, now, owner="dead")
+            )
+            await store.begin_step(
+                StepRecord(
+                    "orphan", "1", StepKind.REMOTE, "slow", StepState.PENDING, input=0.5,
+                    retry=Retry().to_json(),
+                )
+            )  # fmt: skip
+        async with open_worker(app, backend, concurrency=4):
+            async with dt.open_queue_transport(backend, namespace="shop") as sender:
+                await sender.dispatch(
+                    dt.RemoteTask(run_id="orphan", step_id="1", attempt=1, name="slow", input=0.5)
+                )  # what the dead engine sent before it died
+            await trio.testing.wait_all_tasks_blocked()  # the worker runs it: it sleeps 0.5 s
+            assert runs == {"orphan:1": 1}
+            started = trio.current_time()
+            async with open_engine(app, backend) as engine:
+                assert await engine.result("orphan") == started + 0.5
+                stats = engine.statistics()
+    assert (stats.runs_resumed, stats.redispatched, stats.steps_dispatched) == (1, 0, 0)
+    assert runs == {"orphan:1": 1}
+    assert UNCONFIRMED_GRACE > 0.5
 
 
 async def test_a_claimed_run_of_a_workflow_the_app_lacks_is_failed(

@@ -44,7 +44,7 @@ from ._records import (
     patch_marker,
     step_to_json,
 )
-from ._runtime import describe_error, send_step
+from ._runtime import describe_error, send_step, send_unconfirmed
 from ._step_timeouts import (
     StepTimeouts,
     UnknownStep,
@@ -554,8 +554,7 @@ class RemoteRunDriver:
                     if found is not None:
                         waiter.update(found)
                         if found.status is StepState.PENDING and not found.dispatched:
-                            services.count("redispatched")
-                            await send_step(services, found, waiter)
+                            await send_unconfirmed(services, found, waiter)
                     await waiter.wait()
                     nursery.cancel_scope.cancel()
 

@@ -65,12 +65,18 @@ if TYPE_CHECKING:
     from ._waits import StepWaiter
 
 __all__ = [
+    "UNCONFIRMED_GRACE",
     "RunDriver",
     "describe_error",
     "local_failure",
     "send_step",
+    "send_unconfirmed",
     "settled_outcome",
 ]
+
+#: Seconds a replayed attempt whose dispatch was never recorded waits for a result already
+#: queued (its task may have gone out before its engine died) before it is sent again.
+UNCONFIRMED_GRACE = 1.0
 
 
 def fingerprint(definition: WorkflowDefinition) -> str | None:
@@ -123,6 +129,21 @@ async def send_step(
         await services.dispatch(record, delay)
     except PayloadError as exc:
         await fail_unsent(services, record, waiter, exc)
+
+
+async def send_unconfirmed(
+    services: DriverServices, record: StepRecord, waiter: StepWaiter
+) -> None:
+    """Send again, replayed, an attempt whose dispatch was never recorded: its engine died
+    between checkpointing it and recording its dispatch. If the task had gone out, its result
+    may be queued for this engine's results loop (started with the engine), or come soon from
+    a worker still running it: one applied within :data:`UNCONFIRMED_GRACE` settles the step
+    (``waiter``) and nothing is sent twice. Else it is sent (counted ``redispatched``)."""
+    with trio.move_on_after(UNCONFIRMED_GRACE):
+        await waiter.wait()
+        return
+    services.count("redispatched")
+    await send_step(services, record, waiter)
 
 
 async def fail_unsent(
@@ -324,9 +345,10 @@ class RunDriver:
                 record = found if found is not None else known
             waiter.update(record)
             if record.status is StepState.PENDING and not record.dispatched:
-                if known is not None:
-                    services.count("redispatched")
-                await send_step(services, record, waiter)
+                if known is None:
+                    await send_step(services, record, waiter)
+                else:
+                    await send_unconfirmed(services, record, waiter)
             return settled_outcome(await waiter.wait())
         finally:
             services.waiters.unwatch(key, waiter)
