@@ -5,9 +5,9 @@ failed try was reported through ``on_error``: with 500 runs in flight, an outage
 logged thousands of lines saying the same thing. :class:`OutageReports` lets the first
 ``PER_WINDOW`` failures of one kind of call (``"checkpointing"``, ``"reading"``, ...) through
 in each window of ``WINDOW`` seconds and counts the rest; the next report of that kind says how
-many were not reported. When the calls succeed again, one
-line says so at WARNING, with the count. Nothing is dropped silently: ``reported`` and
-``folded`` count every failure (the engine's ``reports_folded`` counter).
+many were not reported. When the calls succeed again, one line says so at WARNING, with the
+count. Nothing is dropped silently: every failure not reported is counted (the engine's
+``reports_folded`` counter).
 """
 
 from __future__ import annotations
