@@ -13,11 +13,13 @@ value as it is (a JSON formatter escapes it).
 from __future__ import annotations
 
 import logging
+import traceback
 from typing import Final
 
+from ._errors import BrokerUnavailable
 from ._terminal import visible
 
-__all__ = ["get_logger", "log_exception"]
+__all__ = ["get_logger", "log_exception", "log_failure"]
 
 
 class _Visible(logging.Filter):
@@ -79,3 +81,31 @@ def log_exception(
         logger.log(level, "%s%s: %s", prefix, type(exc).__name__, exc)
     else:
         logger.log(level, "%s%s", prefix, exc, exc_info=exc)
+
+
+def log_failure(
+    logger: logging.Logger, level: int, exc: BaseException, context: str = ""
+) -> None:
+    """:func:`log_exception`, but a raised ``BrokerUnavailable`` (a store or broker down:
+    refused, lost, timed out) in one line, naming the function that raised it
+    (``... (in _listen_forever)``): whatever meets it meets it again and again through an
+    outage, and its traceback (a chain of connect errors, tens of lines) says nothing its
+    message does not. With ``logger`` at DEBUG it has its traceback too.
+
+    Args:
+        logger: one of the package's loggers.
+        level: ``logging.ERROR``, ``logging.WARNING``, ...
+        exc: the error.
+        context: what was being done, written before the error (``"Redis doorbell"``).
+    """
+    if (
+        isinstance(exc, BrokerUnavailable)
+        and exc.__traceback__ is not None
+        and not logger.isEnabledFor(logging.DEBUG)
+    ):
+        where = traceback.extract_tb(exc.__traceback__, limit=1)
+        within = f" (in {where[0].name})" if where else ""
+        prefix = f"{context}: " if context else ""
+        logger.log(level, "%s%s: %s%s", prefix, type(exc).__name__, exc, within)
+        return
+    log_exception(logger, level, exc, context)

@@ -7,6 +7,7 @@ idle time).
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from contextlib import asynccontextmanager
@@ -549,6 +550,40 @@ async def test_the_doorbell_resubscribes_after_a_server_restart(
     assert errors
     assert isinstance(errors[0], BrokerUnavailable)
     assert all(isinstance(e, BrokerError) for e in errors)
+
+
+async def test_the_doorbell_reports_a_server_down_in_one_line_per_attempt(
+    redis_url: str, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each failed resubscription was logged with its traceback, the chain of connect errors
+    (an ExceptionGroup, an OSError, the BrokerUnavailable: ~45 lines every few seconds, in
+    every worker and engine, for as long as the server stays down). One line each, naming
+    where it was raised; at DEBUG the traceback is back."""
+    caplog.set_level(logging.WARNING, logger="durable_trio")
+    options: dict[str, Any] = {"resubscribe_backoff": (0.05, 0.1)}
+    async with open_broker(redis_url, **options) as (_, broker):
+        with trio.fail_after(8):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(broker.wait_for_work, Q)
+                await until(lambda: broker.statistics().subscriptions == 1)
+                await trio.to_thread.run_sync(redis_server.stop)
+                try:
+                    await until(lambda: broker.statistics().subscription_failures >= 3)
+                    caplog.set_level(logging.DEBUG, logger="durable_trio")
+                    failures = broker.statistics().subscription_failures
+                    await until(lambda: broker.statistics().subscription_failures > failures)
+                finally:
+                    await trio.to_thread.run_sync(redis_server.start)
+                nursery.cancel_scope.cancel()
+    doorbell = [r for r in caplog.records if r.getMessage().startswith("Redis doorbell: ")]
+    brief = [r for r in doorbell if r.levelno == logging.WARNING and r.exc_info is None]
+    assert len(brief) >= 3
+    for record in brief:
+        text = record.getMessage()
+        assert "\n" not in text
+        assert text.startswith("Redis doorbell: BrokerUnavailable: ")
+        assert text.endswith(")")  # ... (in _listen_forever) / (in receive)
+    assert any(r.exc_info is not None for r in doorbell)  # at DEBUG: with its traceback
 
 
 async def test_wait_for_work_needs_an_entered_broker(redis_url: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import traceback
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -13,8 +12,8 @@ import attrs
 
 from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._codec import DEFAULT_MAX_PAYLOAD_BYTES
-from .._errors import BrokerUnavailable, ConfigError
-from .._logs import get_logger, log_exception
+from .._errors import ConfigError
+from .._logs import get_logger, log_failure
 from ._adaptive import Adaptive
 
 __all__ = ["ErrorHook", "TransportOptions", "log_error"]
@@ -65,16 +64,7 @@ def log_error(exc: BaseException) -> None:
     naming the loop it stopped (``... (in reconcile_forever)``): every loop meets it again and
     again through an outage, and its traceback says nothing its message does not. With the
     ``durable_trio`` logger at DEBUG it has its traceback too."""
-    if (
-        isinstance(exc, BrokerUnavailable)
-        and exc.__traceback__ is not None
-        and not _log.isEnabledFor(logging.DEBUG)
-    ):
-        where = traceback.extract_tb(exc.__traceback__, limit=1)
-        within = f" (in {where[0].name})" if where else ""
-        _log.error("%s: %s%s", type(exc).__name__, exc, within)
-        return
-    log_exception(_log, logging.ERROR, exc)
+    log_failure(_log, logging.ERROR, exc)
 
 
 def _positive(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:

@@ -19,7 +19,7 @@ from ..._attrs_shared import shared_eq, shared_hash, shared_repr
 from ..._backoff import Backoff
 from ..._errors import BrokerError, ConfigError, DamagedJob, TransportClosed
 from ..._failures import report_through
-from ..._logs import get_logger, log_exception
+from ..._logs import get_logger, log_failure
 from ..._redis import RedisClient, is_cluster_client, open_redis
 from .._contract import (
     ClaimedJob,
@@ -765,7 +765,7 @@ class RedisBrokerBase:
         await self._doorbell.wait(q, self._scripts.peek)
 
     def _report(self, exc: Exception, doing: str = "doorbell") -> None:
-        log_exception(logger, logging.WARNING, exc, f"Redis {doing}")
+        log_failure(logger, logging.WARNING, exc, f"Redis {doing}")
         if self._on_error is not None:
             report_through(self._on_error, exc, logger)
 
