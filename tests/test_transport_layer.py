@@ -32,6 +32,7 @@ BELOW = {
     "durable_trio._json_values",
     "durable_trio._logs",
     "durable_trio._naming",
+    "durable_trio._outages",
     "durable_trio._periodic",
     "durable_trio._telemetry",
     "durable_trio._wire",

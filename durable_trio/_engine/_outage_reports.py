@@ -1,80 +1,9 @@
-"""The engine's reports of a store or broker that fails, folded while it stays down.
-
-Every run the engine drives retries its own call (:meth:`EngineServices.guard`), and each
-failed try was reported through ``on_error``: with 500 runs in flight, an outage of a minute
-logged thousands of lines saying the same thing. :class:`OutageReports` lets the first
-``PER_WINDOW`` failures of one kind of call (``"checkpointing"``, ``"reading"``, ...) through
-in each window of ``WINDOW`` seconds and counts the rest; the next report of that kind says how
-many were not reported. When the calls succeed again, one line says so at WARNING, with the
-count. Nothing is dropped silently: every failure not reported is counted (the engine's
-``reports_folded`` counter).
-"""
+"""The engine's reports of a store or broker that fails, folded while it stays down: the
+foundation's :class:`~durable_trio._outages.OutageReports` (the workers' finalizes fold theirs
+with it too)."""
 
 from __future__ import annotations
 
-from typing import Final
-
-import attrs
-import trio
-
-from .._logs import get_logger
+from .._outages import PER_WINDOW, WINDOW, OutageReports
 
 __all__ = ["PER_WINDOW", "WINDOW", "OutageReports"]
-
-#: seconds of one window
-WINDOW: Final = 10.0
-#: failures of one kind reported in full per window (the rest are counted)
-PER_WINDOW: Final = 3
-
-_log = get_logger("durable_trio.engine")
-
-
-@attrs.define
-class _Kind:
-    since: float
-    reported: int = 0
-    folded: int = 0
-
-
-class OutageReports:
-    """Which failed calls to report, by kind; see the module's docs."""
-
-    def __init__(self) -> None:
-        self._kinds: dict[str, _Kind] = {}
-        self.folded = 0
-        """Failures not reported one by one since the engine opened (counted into a later
-        report instead)."""
-
-    def failed(self, what: str) -> str | None:
-        """A call of kind ``what`` failed: the text to add to its report (``""``: report it as
-        it is), or ``None`` not to report it."""
-        now = trio.current_time()
-        kind = self._kinds.get(what)
-        if kind is None or now - kind.since >= WINDOW:
-            fresh = _Kind(since=now, reported=1)
-            self._kinds[what] = fresh
-            return "" if kind is None or not kind.folded else _summary(kind, now)
-        if kind.reported < PER_WINDOW:
-            kind.reported += 1
-            return ""
-        kind.folded += 1
-        self.folded += 1
-        return None
-
-    def succeeded(self, what: str) -> None:
-        """A call of kind ``what`` that had failed went through: the kind's outage is over
-        (said once, at WARNING, when some of its failures were not reported)."""
-        kind = self._kinds.pop(what, None)
-        if kind is not None and kind.folded:
-            now = trio.current_time()
-            _log.warning(
-                "%s works again (%d failure(s) of it in the last %.0f s not reported one by one)",
-                what, kind.folded, now - kind.since,
-            )  # fmt: skip
-
-
-def _summary(kind: _Kind, now: float) -> str:
-    return (
-        f" (and {kind.folded} more failure(s) of it in the {now - kind.since:.0f} s before,"
-        " not reported one by one)"
-    )

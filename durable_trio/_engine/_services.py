@@ -26,6 +26,7 @@ import trio
 from .. import _telemetry as telemetry
 from .._backoff import Backoff
 from .._errors import BrokerError, TransportClosed
+from .._logs import get_logger
 from .._transport._options import log_error
 from .._wire import RemoteTask
 from ._counters import COUNTERS
@@ -251,7 +252,7 @@ class EngineServices:
         """Runs this engine took over by reconcile (started elsewhere, detached, or left by
         another engine): settling one rings its id, for a caller waiting in another process."""
         self.duplicates = DuplicateLog()
-        self.outages = OutageReports()
+        self.outages = OutageReports(get_logger("durable_trio.engine"))
         """The guard's reports of a failing store or broker, folded while it stays down."""
         self._listeners: list[Callable[[str, RunRecord], None]] = []
         self.start_run = start_run

@@ -23,6 +23,8 @@ from .._errors import (
     PayloadError,
     TransportClosed,
 )
+from .._logs import get_logger
+from .._outages import OutageReports
 from .._wire import StepError
 from ..brokers import SupportsClaimAhead, SupportsFinishAndClaim
 from ._claims import ClaimState, JobWorker, Level, NextClaim, job_error, quarantined
@@ -40,6 +42,10 @@ __all__ = ["JobRunner"]
 
 #: How long a job whose handler met a broker error waits before it is delivered again.
 _INFRASTRUCTURE_RETRY_DELAY = 1.0
+
+#: The kinds of failure folded while the broker stays down (``JobRunner.outages``).
+FINALIZING = "finalizing"
+HANDLING = "handling jobs"
 
 #: First and largest pause between two tries of a finalize the broker did not answer.
 _FINALIZE_BACKOFF = Backoff(initial=0.05, maximum=2.0)
@@ -97,6 +103,10 @@ class JobRunner:
         """Handlers running now."""
         self.idle = AsyncBool(True)
         """True while no handler runs (close waits on it: ``wait_value(True)``)."""
+        self.outages = OutageReports(get_logger("durable_trio"))
+        """The reports of finalizes retried, and of handlers meeting a broker error, while the
+        broker is down: folded, by kind, as the engine's (every job in flight met the outage,
+        each reported at every try: thousands of lines a minute)."""
 
     @property
     def claims(self) -> Mapping[str, Claim]:
@@ -220,6 +230,7 @@ class JobRunner:
                             pass  # handed back (or dropped, or closing): it never ran here
                         elif not claim.ahead or await self._mark_started(claim):
                             result = await on_job(job)
+                            self.outages.succeeded(HANDLING)  # (said if some were folded)
                         else:
                             # Popped ahead and taken back before it started: never ran here,
                             # nothing to finalize (no double run).
@@ -393,14 +404,16 @@ class JobRunner:
                 # under it, not a bug of its own: counting it toward max_job_attempts would
                 # fail the job for good — a result, a decision — and leave its run without an
                 # answer. Back after a pause, attempt-neutral.
-                self._report(
-                    job_error(
-                        f"handler met a broker error, job handed back for "
-                        f"{_INFRASTRUCTURE_RETRY_DELAY} s: {error!r}",
-                        claim,
-                        error,
+                folded = self.outages.failed(HANDLING)
+                if folded is not None:
+                    self._report(
+                        job_error(
+                            f"handler met a broker error, job handed back for "
+                            f"{_INFRASTRUCTURE_RETRY_DELAY} s: {error!r}{folded}",
+                            claim,
+                            error,
+                        )
                     )
-                )
                 ok = await self._persist(
                     claim,
                     lambda: broker.retry_job(
@@ -565,16 +578,24 @@ class JobRunner:
                 delay = _FINALIZE_BACKOFF.delay(failures)
                 if claim.lost or trio.current_time() + delay > give_up or self._closing():
                     raise error
-                self._report(
-                    job_error(
-                        f"finalizing failed (trying again in {delay:.2f} s): {error}", claim, error
+                folded = self.outages.failed(FINALIZING)
+                if folded is not None:
+                    self._report(
+                        job_error(
+                            f"finalizing failed (trying again in {delay:.2f} s): {error}{folded}",
+                            claim,
+                            error,
+                        )
                     )
-                )
                 await trio.sleep(delay)
             try:
-                return await call()
+                value = await call()
             except BrokerUnavailable as exc:
                 error = exc
+            else:
+                if error is not None:
+                    self.outages.succeeded(FINALIZING)
+                return value
 
     async def _damaged(self, loop: Loop, job: ClaimedJob) -> DamagedJob:
         """The error that sets a damaged claim aside (its finalize fails it with the reason).
