@@ -194,6 +194,51 @@ async def test_prometheus_scrapes_survive_a_broker_error_a_hang_and_a_defect(
         assert (reader.reads, reader.errors) == (6, 2)
 
 
+async def test_watch_outlives_a_failed_refresh(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refresh the backend fails (Redis down, for one) showed nothing and ended the command
+    (exit 2): the live view died with the first blip. It shows the error in one line above the
+    last table and tries again at the next refresh."""
+    keys = FlakyKeys()
+    backend = dt.Backend(url="memory://", broker=MemoryBroker(), keys=keys)
+    async with dt.open_queue_transport(backend, namespace="ops", instance_id="w1") as worker:
+        worker.handle("mail", serve_forever)
+        await trio.testing.wait_all_tasks_blocked()
+        screen = io.StringIO()
+        console = Console(file=screen, width=160, force_terminal=False)
+        async with trio.open_nursery() as nursery:
+
+            async def blip() -> None:
+                await trio.sleep(1.5)  # after the first refresh, before the second
+                keys.fail = dt.BrokerUnavailable("could not connect to the key store")
+
+            nursery.start_soon(blip)
+            await watch(backend, "ops", interval=1.0, iterations=3, console=console)
+        text = screen.getvalue()
+    assert "refresh failed: could not connect to the key store (trying again every 1 s)" in text
+    after = text.split("refresh failed", 1)[1]
+    assert "mail" in after  # the table is still shown, and the next refresh read it again
+
+
+async def test_a_scrape_of_an_unavailable_backend_logs_one_line(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every scrape of a backend that is down logged the error's traceback (a refused Redis:
+    ~45 lines, every 15 s of Prometheus' scrapes); one line now."""
+    keys = FlakyKeys()
+    backend = dt.Backend(url="memory://", broker=MemoryBroker(), keys=keys)
+    reader = HealthReader(backend, "ops")
+    keys.fail = dt.BrokerUnavailable("could not connect to the key store")
+    assert b"\ndurable_trio_up 0\n" in await get(reader)
+    [record] = [r for r in caplog.records if "a scrape could not read" in r.getMessage()]
+    assert record.exc_info is None
+    assert record.getMessage() == (
+        "health: a scrape could not read the backend: BrokerUnavailable: could not connect to"
+        " the key store (in _scrape)"
+    )
+
+
 async def test_prometheus_exporter_serves_metrics_and_keeps_serving_after_an_error() -> None:
     """The real endpoint, on a free port, opened once: a scrape that meets a broker error is
     answered with ``up 0`` and the same server answers the next one."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import sys
 import threading
+import time
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +17,7 @@ import trio
 
 from .._codec import to_wire
 from .._errors import BrokerError, ConfigError
-from .._logs import get_logger
+from .._logs import get_logger, log_failure
 from .._naming import QueueNames
 from .._os_signals import close_on_signals
 from .._terminal import visible
@@ -348,9 +350,14 @@ async def watch(
     iterations: int | None = None,
     console: Any = None,
 ) -> None:
-    """Refresh the table every ``interval`` seconds (``iterations`` times, or until cancelled)."""
-    from rich.console import Console
+    """Refresh the table every ``interval`` seconds (``iterations`` times, or until cancelled).
+
+    A refresh the backend fails (down, not answering) shows its error in one line above the
+    last table read, and the next refresh tries again: the view outlives an outage (it exited
+    with the first failed refresh, when it was most needed)."""
+    from rich.console import Console, Group
     from rich.live import Live
+    from rich.text import Text
 
     from .._ops import open_operations
 
@@ -358,14 +365,20 @@ async def watch(
     reader = HealthReader(backend, namespace)
     count = 0
     async with open_operations(backend, namespace=namespace) as ops:
-        with Live(_rich_table([], namespace), console=console, auto_refresh=False) as live:
+        table: Any = _rich_table([], namespace)
+        with Live(table, console=console, auto_refresh=False) as live:
             while iterations is None or count < iterations:
-                groups = await reader.read()
-                queues = await ops.queues()  # (the flow-control table)
-                table = _rich_table(
-                    groups, namespace, reader.store_loss, reader.crash_loops, queues
-                )
-                live.update(table, refresh=True)
+                try:
+                    groups = await reader.read()
+                    queues = await ops.queues()  # (the flow-control table)
+                except BrokerError as exc:
+                    line = Text(_refresh_failed(exc, interval), style="bold red")
+                    live.update(Group(line, table), refresh=True)
+                else:
+                    table = _rich_table(
+                        groups, namespace, reader.store_loss, reader.crash_loops, queues
+                    )
+                    live.update(table, refresh=True)
                 count += 1
                 if iterations is None or count < iterations:
                     await trio.sleep(interval)
@@ -511,7 +524,8 @@ async def _scrape(reader: HealthReader) -> bytes:
                 queues = await reader.ops.queues()
                 runs = await reader.ops.store.count_runs()
         except BrokerError as exc:
-            _log.error("health: a scrape could not read the backend: %s", exc, exc_info=exc)
+            # (a BrokerUnavailable in one line: every scrape meets it while the backend is down)
+            log_failure(_log, logging.ERROR, exc, "health: a scrape could not read the backend")
             return prometheus_text(
                 None, up=False, errors=reader.errors, namespace=reader.namespace
             ).encode()
@@ -634,6 +648,12 @@ async def run_health(
             await _serve_or_watch(reader, prometheus, watch_mode, interval, iterations)
 
 
+def _refresh_failed(exc: BrokerError, interval: float) -> str:
+    """The line a watch shows for a refresh the backend failed."""
+    at = time.strftime("%H:%M:%S")
+    return visible(f"{at} refresh failed: {exc} (trying again every {interval:g} s)")
+
+
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -661,9 +681,14 @@ async def _serve_or_watch(
         count = 0
         async with open_operations(backend, namespace=namespace) as ops:
             while iterations is None or count < iterations:  # no rich: reprint the table
-                groups = await reader.read()
-                loss, loops, queues = reader.store_loss, reader.crash_loops, await ops.queues()
-                print(render_text(groups, namespace, loss, loops, queues), flush=True)
+                try:
+                    groups = await reader.read()
+                    queues = await ops.queues()
+                except BrokerError as exc:  # (as the rich view: said, and tried again)
+                    print(_refresh_failed(exc, interval), file=sys.stderr, flush=True)
+                else:
+                    loss, loops = reader.store_loss, reader.crash_loops
+                    print(render_text(groups, namespace, loss, loops, queues), flush=True)
                 count += 1
                 if iterations is None or count < iterations:
                     await trio.sleep(interval)
