@@ -13,10 +13,11 @@ value as it is (a JSON formatter escapes it).
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from typing import Final
 
-from ._errors import BrokerUnavailable
+from ._errors import BrokerError, BrokerUnavailable
 from ._terminal import visible
 
 __all__ = ["get_logger", "log_exception", "log_failure"]
@@ -83,6 +84,17 @@ def log_exception(
         logger.log(level, "%s%s", prefix, exc, exc_info=exc)
 
 
+#: How long a broker error logged with its traceback is then logged in one line when the same
+#: place meets it again (a damaged database, a refused script: every loop, every interval).
+TRACEBACK_AGAIN_AFTER: Final = 600.0
+
+#: How many such errors are remembered (all forgotten when it is reached: a traceback again).
+_REMEMBERED: Final = 256
+
+_shown: dict[tuple[str, str, str, str], float] = {}
+"""(logger, class, where raised, message) -> when it was last logged with its traceback."""
+
+
 def log_failure(
     logger: logging.Logger, level: int, exc: BaseException, context: str = ""
 ) -> None:
@@ -90,7 +102,11 @@ def log_failure(
     refused, lost, timed out) in one line, naming the function that raised it
     (``... (in _listen_forever)``): whatever meets it meets it again and again through an
     outage, and its traceback (a chain of connect errors, tens of lines) says nothing its
-    message does not. With ``logger`` at DEBUG it has its traceback too.
+    message does not. Any other raised ``BrokerError`` has its traceback the first time a
+    place meets it, then, while the same place meets the same error again within
+    :data:`TRACEBACK_AGAIN_AFTER` seconds, one line (a damaged SQLite file met by a loop every
+    few seconds was a 20-line traceback each time, for as long as nobody repaired it). With
+    ``logger`` at DEBUG every one has its traceback.
 
     Args:
         logger: one of the package's loggers.
@@ -99,13 +115,31 @@ def log_failure(
         context: what was being done, written before the error (``"Redis doorbell"``).
     """
     if (
-        isinstance(exc, BrokerUnavailable)
+        isinstance(exc, BrokerError)
         and exc.__traceback__ is not None
         and not logger.isEnabledFor(logging.DEBUG)
     ):
         where = traceback.extract_tb(exc.__traceback__, limit=1)
-        within = f" (in {where[0].name})" if where else ""
+        name = where[0].name if where else ""
+        if not isinstance(exc, BrokerUnavailable) and not _shown_lately(logger, exc, name):
+            log_exception(logger, level, exc, context)
+            return
+        within = f" (in {name})" if name else ""
         prefix = f"{context}: " if context else ""
         logger.log(level, "%s%s: %s%s", prefix, type(exc).__name__, exc, within)
         return
     log_exception(logger, level, exc, context)
+
+
+def _shown_lately(logger: logging.Logger, exc: BaseException, where: str) -> bool:
+    """Whether this error, raised there, was logged with its traceback lately (and note that
+    it is now, when not)."""
+    key = (logger.name, type(exc).__name__, where, str(exc))
+    now = time.monotonic()
+    shown = _shown.get(key)
+    if shown is not None and now - shown < TRACEBACK_AGAIN_AFTER:
+        return True
+    if len(_shown) >= _REMEMBERED:
+        _shown.clear()
+    _shown[key] = now
+    return False

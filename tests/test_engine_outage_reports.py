@@ -4,6 +4,7 @@ engine's reports of it are folded (docs/engine.md, "When the store or broker is 
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -132,3 +133,34 @@ def test_the_default_hook_logs_an_unavailable_store_in_one_line(
     _a_loop()
     [record] = caplog.records
     assert record.exc_info is not None
+
+
+def _a_damaged_read(message: str) -> None:
+    """As a loop meeting a store that answers with an error every time (a damaged file)."""
+    try:
+        raise dt.BrokerError(message)
+    except dt.BrokerError as exc:
+        log_error(exc)
+
+
+def test_a_broker_error_met_again_and_again_has_its_traceback_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A damaged SQLite file: the engine's debounced-start loop logged the same 20-line
+    traceback every few seconds, for as long as nobody repaired it. The first time with its
+    traceback, the same error from the same place within TRACEBACK_AGAIN_AFTER in one line."""
+    from durable_trio import _logs
+
+    now = [1000.0]
+    monkeypatch.setattr(_logs, "_shown", {})
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    caplog.set_level(logging.ERROR, logger="durable_trio")
+    damaged = "SQLite error: database disk image is malformed (SQLITE_CORRUPT)"
+    for _ in range(3):
+        _a_damaged_read(damaged)
+    _a_damaged_read("another error")
+    now[0] += _logs.TRACEBACK_AGAIN_AFTER
+    _a_damaged_read(damaged)
+    shown = [r.exc_info is not None for r in caplog.records]
+    assert shown == [True, False, False, True, True]
+    assert caplog.records[1].getMessage() == f"BrokerError: {damaged} (in _a_damaged_read)"

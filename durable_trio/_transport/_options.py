@@ -62,8 +62,10 @@ def log_error(exc: BaseException) -> None:
 
     A ``BrokerUnavailable`` (a store or broker down: refused, lost, timed out) is one line,
     naming the loop it stopped (``... (in reconcile_forever)``): every loop meets it again and
-    again through an outage, and its traceback says nothing its message does not. With the
-    ``durable_trio`` logger at DEBUG it has its traceback too."""
+    again through an outage, and its traceback says nothing its message does not. Another
+    ``BrokerError`` the same loop meets again soon after is one line too
+    (:func:`~durable_trio._logs.log_failure`). With the ``durable_trio`` logger at DEBUG each
+    has its traceback."""
     log_failure(_log, logging.ERROR, exc)
 
 
