@@ -157,6 +157,22 @@ async def test_actions_are_refused_unless_allowed(world: dict[str, Any]) -> None
         assert (await http.get("/api/runs/retry")).status_code == 405
 
 
+async def test_an_action_the_backend_cannot_answer_is_a_503(
+    world: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis down: a cancel from the console answered 409 (a conflict: not worth retrying)
+    where the pages answer 503. Unavailable is 503, with the backend's message."""
+
+    async def down(*args: Any, **kwargs: Any) -> bool:
+        raise dt.BrokerUnavailable("could not connect to 127.0.0.1:6390")
+
+    monkeypatch.setattr(world["ops"], "cancel_run", down)
+    async with client(create_app(world["ops"], allow_actions=True)) as http:
+        reply = await http.post("/api/runs/cancel", json={"run_id": "bad"}, headers=ACTION)
+    assert reply.status_code == 503
+    assert reply.json() == {"ok": False, "message": "could not connect to 127.0.0.1:6390"}
+
+
 async def test_retry_from_the_console_completes_the_failed_run(world: dict[str, Any]) -> None:
     world["declined"].clear()
     async with client(create_app(world["ops"], allow_actions=True)) as http:

@@ -19,7 +19,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .._engine import RunNotFound
-from .._errors import DurableTrioError
+from .._errors import BrokerUnavailable, DurableTrioError
 from .._logs import get_logger
 from . import _pages
 from ._pages import BadRequest, Reply
@@ -135,6 +135,11 @@ def create_app(
                 return _reply(False, str(exc), 400)
             except RunNotFound as exc:
                 return _reply(False, str(exc), 404)
+            except BrokerUnavailable as exc:
+                # The backend down or not answering: nothing was refused, try again later (as
+                # the pages' 503; a 409 said "conflict", which a script does not retry).
+                logger.warning("console action %s failed: %r", name, exc)
+                return _reply(False, str(exc), 503)
             except (DurableTrioError, ValueError) as exc:
                 return _reply(False, str(exc), 409)
             message, location = (reply, None) if isinstance(reply, str) else reply
