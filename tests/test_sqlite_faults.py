@@ -402,6 +402,38 @@ async def test_a_file_overwritten_in_place_is_noticed_by_its_stamp(tmp_path: Pat
             await broker.push_on("q", Job("2", b"{}"))
 
 
+async def test_a_write_ahead_log_deleted_under_a_live_connection_is_said_and_written_back(
+    tmp_path: Path,
+) -> None:
+    """``rm file.db-wal`` under live processes: they went on committing into the unlinked log,
+    which nobody else reads and a killed process loses, without a word, while every process
+    started since failed with ``disk I/O error (SQLITE_IOERR_SHORT_READ)``. The next write
+    says so (StoreLost) after writing the log back into the file, and stays refused."""
+    path = tmp_path / "wal.db"
+
+    def in_the_file() -> int:
+        """Jobs in the file itself, as after a crash (its -wal and -shm ignored)."""
+        db = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+        try:
+            ((count,),) = db.execute("SELECT count(*) FROM dt_jobs").fetchall()
+        except sqlite3.OperationalError:  # no such table: even the schema is in the log
+            return 0
+        finally:
+            db.close()
+        return int(count)
+
+    async with await SqliteBroker.open(path) as broker:
+        await broker.push_on("q", Job("1", b"{}"))
+        assert in_the_file() == 0  # (committed into the log only)
+        os.unlink(f"{path}-wal")
+        with pytest.raises(dt.StoreLost, match=r"write-ahead log .* was deleted") as lost:
+            await broker.push_on("q", Job("2", b"{}"))
+        assert "what it held was written back into the file" in str(lost.value)
+        assert in_the_file() == 1  # job 1 is safe in the file, whatever happens next
+        with pytest.raises(dt.StoreLost):  # and stays refused
+            await broker.size_of("q")
+
+
 # ------------------------------------------- item 10: space given back after a drain
 
 

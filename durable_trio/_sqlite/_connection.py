@@ -209,6 +209,9 @@ class ConnectionThread:
         """Set by :meth:`tick_now`: run the tick at the thread's next wake-up."""
         self._identity: tuple[int, int] | None = None
         """The opened file's (device, inode); ``None``: not looked at."""
+        self._wal_identity: tuple[int, int] | None = None
+        """Its write-ahead log's (``<file>-wal``), once seen: SQLite removes it only when the
+        last connection closes, so while this one is open it is the same file."""
         self._stamp: int | None = None
         """The store stamp read at open (``None``: not read yet)."""
         self._stamp_checked = -math.inf
@@ -522,6 +525,10 @@ class ConnectionThread:
         if not (write or due):
             return True
         problem = identity_problem(self.path, self._identity, self._stamp)
+        if problem is None and (lost_log := self._wal_problem(db)) is not None:
+            self.lost = lost_log
+            _log.error("%s", self.lost)
+            return False
         if problem is None and due and self._stamp is not None:
             self._stamp_checked = now
             try:
@@ -545,6 +552,42 @@ class ConnectionThread:
         )
         _log.error("%s", self.lost)
         return False
+
+    def _wal_problem(self, db: sqlite3.Connection) -> str | None:
+        """(In the connection thread.) What happened to the write-ahead log this connection
+        writes, or ``None``: it is still the one at ``<file>-wal``.
+
+        Removed (or replaced) under live processes, the connections that had it open go on
+        committing into a file nobody else reaches (gone for good if the process is killed),
+        while a process started since fails at once (``disk I/O error``, a short read). Found
+        so, what this connection's log holds is written back into the file first (a
+        checkpoint reads it through the connection's own descriptor), then the connection
+        refuses every call as for a deleted file."""
+        wal = f"{self.path}-wal"
+        found = file_identity(wal)
+        if self._wal_identity is None:
+            self._wal_identity = found  # (none yet: SQLite makes it at the first write)
+            return None
+        if found == self._wal_identity:
+            return None
+        what = "was deleted" if found is None else "was replaced by another file"
+        try:
+            ((busy, frames, copied),) = db.execute("PRAGMA wal_checkpoint(FULL)").fetchall()
+        except sqlite3.Error as exc:
+            saved = f"what it held could not be written back into the file: {exc}"
+        else:
+            saved = (
+                "what it held was written back into the file"
+                if not busy and copied >= frames
+                else f"only {copied} of its {frames} pages could be written back into the file"
+            )
+        return (
+            f"the write-ahead log {wal!r} of the SQLite file {self.path!r} {what} while this "
+            f"process had it open ({saved}); this connection refuses every call rather than "
+            "write where no other process reads, and processes started since fail to read the "
+            "file: stop every process on it (SIGTERM: a clean close writes back what its log "
+            "holds), then start them again"
+        )
 
     def _deliver(self, request: _Request, result: outcome.Outcome[Any]) -> None:
         with self._lock:
