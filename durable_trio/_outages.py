@@ -6,9 +6,9 @@ worker finishes retries its finalize (``JobRunner``); each failed try was report
 lines saying the same thing. :class:`OutageReports` lets the first
 ``PER_WINDOW`` failures of one kind of call (``"checkpointing"``, ``"reading"``, ...) through
 in each window of ``WINDOW`` seconds and counts the rest; the next report of that kind says how
-many were not reported. When the calls succeed again, one
-line says so at WARNING, with the count. Nothing is dropped silently: ``reported`` and
-``folded`` count every failure (the engine's ``reports_folded`` counter).
+many were not reported. When the calls succeed again, one line says so at WARNING, with the
+count. Nothing is dropped silently: every failure not reported is counted (:attr:`folded`;
+the engine's ``reports_folded`` counter).
 """
 
 from __future__ import annotations
@@ -44,7 +44,9 @@ class OutageReports:
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self._log = logger if logger is not None else get_logger("durable_trio")
         """Where the end of an outage is said (the engine's: ``durable_trio.engine``)."""
-        self._kinds: dict[str, _Kind] = {}
+        self.down: dict[str, _Kind] = {}
+        """The kinds failing now (empty, so false, while none is: a cheap test for the hot
+        path before :meth:`succeeded`)."""
         self.folded = 0
         """Failures not reported one by one since it was made (counted into a later
         report instead)."""
@@ -53,10 +55,10 @@ class OutageReports:
         """A call of kind ``what`` failed: the text to add to its report (``""``: report it as
         it is), or ``None`` not to report it."""
         now = trio.current_time()
-        kind = self._kinds.get(what)
+        kind = self.down.get(what)
         if kind is None or now - kind.since >= WINDOW:
             fresh = _Kind(since=now, reported=1)
-            self._kinds[what] = fresh
+            self.down[what] = fresh
             return "" if kind is None or not kind.folded else _summary(kind, now)
         if kind.reported < PER_WINDOW:
             kind.reported += 1
@@ -68,7 +70,7 @@ class OutageReports:
     def succeeded(self, what: str) -> None:
         """A call of kind ``what`` that had failed went through: the kind's outage is over
         (said once, at WARNING, when some of its failures were not reported)."""
-        kind = self._kinds.pop(what, None)
+        kind = self.down.pop(what, None)
         if kind is not None and kind.folded:
             now = trio.current_time()
             self._log.warning(

@@ -230,7 +230,8 @@ class JobRunner:
                             pass  # handed back (or dropped, or closing): it never ran here
                         elif not claim.ahead or await self._mark_started(claim):
                             result = await on_job(job)
-                            self.outages.succeeded(HANDLING)  # (said if some were folded)
+                            if self.outages.down:  # (said if some were folded)
+                                self.outages.succeeded(HANDLING)
                         else:
                             # Popped ahead and taken back before it started: never ran here,
                             # nothing to finalize (no double run).
