@@ -360,11 +360,8 @@ class Engine:
             EngineClosed: the engine is closed.
         """
         check_name(workflow, "engine.start", "workflow")
-        check_optional_name(parent, "engine.start", "parent")
-        if parent is None:
-            check_run_id(run_id, "engine.start")
-        else:  # a child's: checked by ctx.child, or derived (at most MAX_RUN_ID + 34)
-            check_optional_name(run_id, "engine.start", "run_id")
+        check_optional_name(parent, "engine.start", "parent")  # a child's id: ctx.child's
+        (check_run_id if parent is None else check_optional_name)(run_id, "engine.start", "run_id")
         check_bool(detach, "engine.start", "detach")
         check_folding(run_id, parent, dedup_key, debounce)
         seconds = (

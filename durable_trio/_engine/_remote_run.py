@@ -554,7 +554,11 @@ class RemoteRunDriver:
                     if found is not None:
                         waiter.update(found)
                         if found.status is StepState.PENDING and not found.dispatched:
-                            await send_unconfirmed(services, found, waiter)
+                            if found.wake_at is None:
+                                await send_unconfirmed(services, found, waiter)
+                            else:  # (a retry or an operator's reopening)
+                                services.count("redispatched")
+                                await send_step(services, found, waiter)
                     await waiter.wait()
                     nursery.cancel_scope.cancel()
 

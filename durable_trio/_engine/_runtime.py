@@ -134,11 +134,14 @@ async def send_step(
 async def send_unconfirmed(
     services: DriverServices, record: StepRecord, waiter: StepWaiter
 ) -> None:
-    """Send again, replayed, an attempt whose dispatch was never recorded: its engine died
-    between checkpointing it and recording its dispatch. If the task had gone out, its result
-    may be queued for this engine's results loop (started with the engine), or come soon from
-    a worker still running it: one applied within :data:`UNCONFIRMED_GRACE` settles the step
-    (``waiter``) and nothing is sent twice. Else it is sent (counted ``redispatched``)."""
+    """Send again, replayed, a first attempt (no ``wake_at``) whose dispatch was never
+    recorded: its engine died between checkpointing it and recording its dispatch. If the
+    task had gone out, its result may be queued for this engine's results loop (started with
+    the engine), or come soon from a worker still running it: one applied within
+    :data:`UNCONFIRMED_GRACE` settles the step (``waiter``) and nothing is sent twice. Else it
+    is sent (counted ``redispatched``). A retry or an operator's reopening (a ``wake_at``) is
+    sent at once, as before: an operator's retry must not wait, and the window is a first
+    attempt's in the common case."""
     with trio.move_on_after(UNCONFIRMED_GRACE):
         await waiter.wait()
         return
@@ -347,8 +350,11 @@ class RunDriver:
             if record.status is StepState.PENDING and not record.dispatched:
                 if known is None:
                     await send_step(services, record, waiter)
-                else:
+                elif record.wake_at is None:
                     await send_unconfirmed(services, record, waiter)
+                else:  # a retry or an operator's reopening: at once (send_unconfirmed)
+                    services.count("redispatched")
+                    await send_step(services, record, waiter)
             return settled_outcome(await waiter.wait())
         finally:
             services.waiters.unwatch(key, waiter)
