@@ -168,3 +168,19 @@ def test_namespace_help_says_the_backend_only_namespace_is_found(
         main([*command, "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "else --app's name, else the backend's only one; none yet: durable" in text
+
+
+@pytest.mark.parametrize("scheme", ["redis", "postgresql"])
+def test_a_server_not_there_is_one_line_without_a_retry_it_will_not_make(
+    capsys: pytest.CaptureFixture[str], scheme: str
+) -> None:
+    """A one-shot command exits at the first refusal: the pool's "next connect attempt in ..."
+    (for a process that goes on) is left out of its line."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"{scheme}://127.0.0.1:{port}/" + ("0" if scheme == "redis" else "postgres")
+    assert main(["runs", "list", "--backend", url]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"127.0.0.1:{port}" in line
+    assert "next connect attempt" not in line

@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import shlex
 import signal
 import sys
@@ -19,7 +20,7 @@ import uuid
 from contextlib import AsyncExitStack
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
@@ -117,8 +118,13 @@ def run_reporting_errors(run: Callable[[], int]) -> int:
         return run()
     except* DurableTrioError as group:
         failure = _first_leaf(group)
-    print(visible(f"error: {failure}"), file=sys.stderr)
+    # (a pool's "; next connect attempt in 0.03s" is for a process that goes on: this exits)
+    text = _NEXT_ATTEMPT.sub("", str(failure))
+    print(visible(f"error: {text}"), file=sys.stderr)
     return 2
+
+
+_NEXT_ATTEMPT: Final = re.compile(r"; next connect attempt in [0-9.]+s$")
 
 
 def _first_leaf(group: BaseExceptionGroup[DurableTrioError]) -> DurableTrioError:
