@@ -16,6 +16,7 @@ from _postgres_server import *  # noqa: F403  (the private PostgreSQL server fix
 from _redis_cluster import *  # noqa: F403  (the private Redis Cluster fixture)
 from _redis_sentinel import *  # noqa: F403  (the private sentinel group)
 from _redis_server import *  # noqa: F403  (the private redis-server fixtures)
+from durable_trio import _logs
 from durable_trio._redis import open_redis, open_redis_cluster
 from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.brokers.postgres import PostgresBroker
@@ -32,6 +33,13 @@ pytest_plugins = ["pytester"]  # (test_simulation runs the fixtures plugin in an
 BROKER_KINDS = ["memory", "sqlite", "redis", "redis-sentinel", "redis-cluster", "postgres"]
 
 BrokerFactory = Callable[[], AbstractAsyncContextManager[Any]]
+
+
+@pytest.fixture(autouse=True)
+def _tracebacks_shown_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no broker error remembered as logged with its traceback
+    (``_logs.log_failure`` logs one a place met lately in one line: not across tests)."""
+    monkeypatch.setattr(_logs, "_shown", {})
 
 
 @pytest.fixture(params=BROKER_KINDS)
