@@ -12,7 +12,7 @@ import trio.testing
 
 import durable_trio as dt
 from durable_trio import App, WorkflowContext, open_engine
-from durable_trio._engine._outage_reports import PER_WINDOW, WINDOW, OutageReports
+from durable_trio._outages import PER_WINDOW, WINDOW, OutageReports
 from durable_trio._transport._options import log_error
 from helpers import Errors
 

@@ -23,8 +23,7 @@ Layers, bottom up: a module imports only modules of its own layer or of the laye
 
 1. values: ``_records`` (runs, steps), ``_errors``, ``_retry``, ``_stored_retry`` (a
    checkpoint's retry policy), ``_duplicates``,
-   ``_duplicate_result`` (one duplicate explained), ``_outage_reports`` (the guard's
-   reports of a failing store, folded),
+   ``_duplicate_result`` (one duplicate explained),
    ``_statistics``, ``_counters`` (the names of its counters), ``_snapshots`` (those
    values and a duplicate's, by name, on first use), ``_wall_clock``,
    ``_step_timeouts``, ``_options``, ``_replay`` (a run's history, consumed in call order),

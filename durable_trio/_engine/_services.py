@@ -27,13 +27,13 @@ from .. import _telemetry as telemetry
 from .._backoff import Backoff
 from .._errors import BrokerError, TransportClosed
 from .._logs import get_logger
+from .._outages import OutageReports
 from .._transport._options import log_error
 from .._wire import RemoteTask
 from ._counters import COUNTERS
 from ._drivers import Driver, Drivers
 from ._duplicates import DuplicateLog
 from ._errors import EngineError
-from ._outage_reports import OutageReports
 from ._records import previous_details
 from ._step_timeouts import StepTimeouts
 from ._stores._wakes import ring
@@ -277,7 +277,7 @@ class EngineServices:
         Transient backend errors never reach workflow code (which would fail the run for an
         infrastructure hiccup): they are reported and the call retried until it succeeds or
         the run's driver is cancelled. While many runs' calls fail alike (an outage), the
-        reports are folded (:class:`~._outage_reports.OutageReports`).
+        reports are folded (:class:`~durable_trio._outages.OutageReports`).
         """
         failures = 0
         while True:

@@ -23,7 +23,6 @@ from .._errors import (
     PayloadError,
     TransportClosed,
 )
-from .._logs import get_logger
 from .._outages import OutageReports
 from .._wire import StepError
 from ..brokers import SupportsClaimAhead, SupportsFinishAndClaim
@@ -103,7 +102,7 @@ class JobRunner:
         """Handlers running now."""
         self.idle = AsyncBool(True)
         """True while no handler runs (close waits on it: ``wait_value(True)``)."""
-        self.outages = OutageReports(get_logger("durable_trio"))
+        self.outages = OutageReports()
         """The reports of finalizes retried, and of handlers meeting a broker error, while the
         broker is down: folded, by kind, as the engine's (every job in flight met the outage,
         each reported at every try: thousands of lines a minute)."""

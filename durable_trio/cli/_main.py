@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
 import os
 import re
 import signal
@@ -192,8 +191,13 @@ def _cmd_health(args: argparse.Namespace) -> int:
 def _health_argument_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with ``health``'s ``--interval``, ``--iterations`` or ``--prometheus``
     (a traceback, or a port the kernel wrapped, before), or ``None``."""
-    if not (math.isfinite(args.interval) and args.interval > 0):
-        return f"--interval must be a finite number of seconds > 0, got {args.interval}"
+    from .._arguments import check_seconds
+    from .._errors import ConfigError
+
+    try:
+        check_seconds(args.interval, "health", "--interval", positive=True)
+    except ConfigError as exc:
+        return str(exc)
     if args.iterations is not None and args.iterations < 1:
         return f"--iterations must be an integer >= 1, got {args.iterations}"
     if args.prometheus is not None and not 0 <= args.prometheus <= 65535:
