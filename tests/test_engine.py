@@ -570,6 +570,31 @@ async def test_a_cancel_around_open_engine_still_releases_its_runs(
     assert runs == {"l:2": 1}
 
 
+async def _orphan_unconfirmed_at_step_2(backend: dt.Backend) -> None:
+    """Run ``orphan`` of ``three`` as a dead engine left it: step 1 completed, step 2's attempt
+    checkpointed with no dispatch recorded."""
+    async with open_run_store(backend, "shop") as store:
+        now = store.now()
+        await store.create_run(
+            RunRecord("orphan", "three", 5, RunStatus.RUNNING, now, now, owner="dead")
+        )
+        for step_id, value in (("1", 10), ("2", None)):
+            done = value is not None
+            await store.begin_step(
+                StepRecord(
+                    "orphan",
+                    step_id,
+                    StepKind.REMOTE,
+                    "double",
+                    StepState.COMPLETED if done else StepState.PENDING,
+                    input=5 if done else 10,
+                    output=value,
+                    dispatched=done,
+                    retry=Retry().to_json(),
+                )
+            )
+
+
 async def test_reconcile_redispatches_an_attempt_whose_dispatch_was_never_confirmed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -577,26 +602,7 @@ async def test_reconcile_redispatches_an_attempt_whose_dispatch_was_never_confir
     the broker: the next engine must send it."""
     app, runs = shop()
     async with dt.open_backend("memory://") as backend:
-        async with open_run_store(backend, "shop") as store:
-            now = store.now()
-            await store.create_run(
-                RunRecord("orphan", "three", 5, RunStatus.RUNNING, now, now, owner="dead")
-            )
-            for step_id, value in (("1", 10), ("2", None)):
-                done = value is not None
-                await store.begin_step(
-                    StepRecord(
-                        "orphan",
-                        step_id,
-                        StepKind.REMOTE,
-                        "double",
-                        StepState.COMPLETED if done else StepState.PENDING,
-                        input=5 if done else 10,
-                        output=value,
-                        dispatched=done,
-                        retry=Retry().to_json(),
-                    )
-                )
+        await _orphan_unconfirmed_at_step_2(backend)
         async with open_worker(app, backend), open_engine(app, backend) as engine:
             assert await engine.result("orphan") == [10, 20, 40]
             stats = engine.statistics()
@@ -613,26 +619,7 @@ async def test_reconcile_applies_a_result_already_in_before_sending_an_unconfirm
     ran twice in a chaos run, the second time before its checkpoint)."""
     app, runs = shop()
     async with dt.open_backend("memory://") as backend:
-        async with open_run_store(backend, "shop") as store:
-            now = store.now()
-            await store.create_run(
-                RunRecord("orphan", "three", 5, RunStatus.RUNNING, now, now, owner="dead")
-            )
-            for step_id, value in (("1", 10), ("2", None)):
-                done = value is not None
-                await store.begin_step(
-                    StepRecord(
-                        "orphan",
-                        step_id,
-                        StepKind.REMOTE,
-                        "double",
-                        StepState.COMPLETED if done else StepState.PENDING,
-                        input=5 if done else 10,
-                        output=value,
-                        dispatched=done,
-                        retry=Retry().to_json(),
-                    )
-                )
+        await _orphan_unconfirmed_at_step_2(backend)
         # What the dead engine sent before it died: run by a worker, its result left queued.
         async with dt.open_queue_transport(backend, namespace="shop") as sender:
             await sender.dispatch(

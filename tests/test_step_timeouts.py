@@ -527,19 +527,27 @@ async def order(ctx: WorkflowContext, _):
 """
 
 
-def test_cli_run_that_does_not_finish_names_the_queue_it_waits_on(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    (tmp_path / "orphan_flows.py").write_text(FLOWS)
-    target = f"{tmp_path / 'orphan_flows.py'}:app"
+def _cli_run_timing_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flows: str, workflow: str, run_id: str
+) -> list[str]:
+    """``durable-trio run`` of ``workflow`` (in a module of ``flows``) on a SQLite file, with
+    ``run_id`` and a 0.5 s timeout it exceeds (exit 3): the lines it wrote on stderr."""
+    (tmp_path / "cli_flows.py").write_text(flows)
+    target = f"{tmp_path / 'cli_flows.py'}:app"
     backend = f"sqlite:///{tmp_path / 'cli.db'}".replace("///", "////", 1)
     parser = argparse.ArgumentParser()
     add_engine_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(
-        ["run", target, "order", "--backend", backend, "--run-id", "o", "--timeout", "0.5"]
+        ["run", target, workflow, "--backend", backend, "--run-id", run_id, "--timeout", "0.5"]
     )
     assert args.func(args) == 3
-    err = capsys.readouterr().err.splitlines()
+    return capsys.readouterr().err.splitlines()
+
+
+def test_cli_run_that_does_not_finish_names_the_queue_it_waits_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = _cli_run_timing_out(tmp_path, capsys, FLOWS, "order", "o")
     assert err[0] == "run o did not finish in 0.5 s"
     assert err[1].startswith("  step 'charge-crad' (id 1, attempt 1) has waited ")
     assert err[1].endswith(" on queue 'cli_orphan:tasks:charge-crad'; no live worker serves it")
@@ -582,16 +590,7 @@ async def parent(ctx: WorkflowContext, _):
 def test_cli_run_that_does_not_finish_names_the_signal_timer_or_child_it_waits_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], workflow: str, line: str
 ) -> None:
-    (tmp_path / "waiting_flows.py").write_text(WAITING_FLOWS)
-    target = f"{tmp_path / 'waiting_flows.py'}:app"
-    backend = f"sqlite:///{tmp_path / 'cli.db'}".replace("///", "////", 1)
-    parser = argparse.ArgumentParser()
-    add_engine_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(
-        ["run", target, workflow, "--backend", backend, "--run-id", "w 1", "--timeout", "0.5"]
-    )
-    assert args.func(args) == 3
-    err = capsys.readouterr().err.splitlines()
+    err = _cli_run_timing_out(tmp_path, capsys, WAITING_FLOWS, workflow, "w 1")
     assert err[0] == "run w 1 did not finish in 0.5 s"
     # (a real SQLite file, so the wall clock: the seconds left are those of the moment read)
     [shown] = err[1:]
@@ -603,17 +602,8 @@ def test_cli_run_that_does_not_finish_names_an_odd_run_inert(
 ) -> None:
     """A run id holding an ESC sequence and a line break (``--run-id``, or one the store
     picked for a dedup key) is spelled out in those lines: nothing a terminal acts on."""
-    (tmp_path / "orphan_flows.py").write_text(FLOWS)
-    target = f"{tmp_path / 'orphan_flows.py'}:app"
-    backend = f"sqlite:///{tmp_path / 'cli.db'}".replace("///", "////", 1)
-    parser = argparse.ArgumentParser()
-    add_engine_commands(parser.add_subparsers(dest="command", required=True))
     odd = "o\x1b]0;title\x07\n"
-    args = parser.parse_args(
-        ["run", target, "order", "--backend", backend, "--run-id", odd, "--timeout", "0.5"]
-    )
-    assert args.func(args) == 3
-    err = capsys.readouterr().err.splitlines()
+    err = _cli_run_timing_out(tmp_path, capsys, FLOWS, "order", odd)
     assert err[0] == "run o\\x1b]0;title\\x07\\n did not finish in 0.5 s"
     assert err[1].startswith("  step 'charge-crad' (id 1, attempt 1) has waited ")
 
