@@ -45,6 +45,14 @@ class _Flag:
 
         await trio.lowlevel.wait_task_rescheduled(abort)
 
+    def hand_to(self, other: _Flag) -> None:
+        """The tasks waiting here wait for ``other`` instead (each then returns from its
+        ``wait`` here when ``other`` is set). Only for waits that cannot be cancelled (a
+        shielded leader's): a cancelled wait's abort would look for its task here."""
+        other._tasks.extend(self._tasks)
+        self._tasks = []
+        self.is_set = True
+
     def set(self) -> None:
         if self.is_set:
             return
@@ -76,8 +84,12 @@ class Coalescer(Generic[T, R]):
 
     Two halves (``most``, a callable read at each submit): a batch holds at most ``most()``
     items, and a full one goes out at once even while a call is in flight (two in flight at
-    most; a batch not full still waits for the broker to be idle). Under load the work then
-    splits into two batches that alternate: one at the broker while the other's jobs run.
+    most; a batch not full still waits for the broker to be idle), led by the member that
+    filled it, in its own turn: waking the first member to lead it would send it one pass of
+    the scheduler later, by when the other half's jobs have run too and both halves leave
+    together, then wait together (docs/decisions.md, "The member that fills a batch leads
+    it"). Under load the work then splits into two batches that alternate: one at the broker
+    while the other's jobs run.
     Without it, one batch at the broker while the next fills leaves the process idle for the
     whole broker call and the broker idle while the jobs run; and the batches settle unequal
     (one job, then all the others), so neither side's wait shrinks.
@@ -92,9 +104,11 @@ class Coalescer(Generic[T, R]):
 
     Cancellation:
         A member cancelled while it waits leaves its item in its batch (it is sent anyway, like
-        a write already handed to a socket). The leader of a queued batch leads it to the end,
-        shielded: the others depend on it. A call that fails makes every member of its batch
-        fail; an idle leader cancelled during its own call fails only itself.
+        a write already handed to a socket). The leader of a queued batch (its first member,
+        or the one that filled it) leads it to the end, shielded: the others depend on it; a
+        first member that did not lead waits for the answer shielded too. A call that fails
+        makes every member of its batch fail; an idle leader cancelled during its own call
+        fails only itself.
     """
 
     def __init__(
@@ -134,7 +148,16 @@ class Coalescer(Generic[T, R]):
         index = len(batch.items)
         batch.items.append(item)
         if self._in_flight < _MOST_IN_FLIGHT and queued[0] is batch and self._full(batch):
-            self._release()  # full: it need not wait for the call in flight
+            if index:
+                # Full: it need not wait for the call in flight, nor for its first member to
+                # be scheduled: the member that filled it leads it now (a pass sooner), and
+                # the first member waits for its result as any other.
+                self._in_flight += 1
+                queued.popleft()
+                batch.go.hand_to(batch.done)
+                with trio.CancelScope(shield=True):
+                    return await self._lead(batch, index)
+            self._release()
         else:
             self._hold()
         if index == 0:
@@ -142,8 +165,10 @@ class Coalescer(Generic[T, R]):
             # (the call is bounded by the broker's own timeouts).
             with trio.CancelScope(shield=True):
                 await batch.go.wait()
-                return await self._lead(batch, 0)
-        await batch.done.wait()
+                if not batch.done.is_set:
+                    return await self._lead(batch, 0)
+        else:
+            await batch.done.wait()
         if batch.error is not None:
             # A transient failure stays one for every item of the batch: a follower's finalize
             # is tried again like its leader's (a Redis out of memory, an unreachable SQLite

@@ -160,6 +160,61 @@ async def test_with_most_a_full_batch_goes_while_a_call_is_in_flight(
     assert coalescer.idle
 
 
+async def test_with_most_the_member_that_fills_a_batch_leads_it_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A batch filled beside the call in flight goes in the filling member's own turn, led by
+    it (the first member is not scheduled first: one pass sooner, which is what keeps the two
+    halves apart under load); the first member waits for its answer as any other, shielded as
+    it was to lead, so a cancel meanwhile does not take its answer away (nor the filler's, which
+    leads shielded). A failed call: the filler gets the error itself, the first member one of
+    its kind naming it."""
+    leaders: list[tuple[str, list[int]]] = []
+    fail = False
+
+    async def call(items: list[int]) -> list[int]:
+        leaders.append((trio.lowlevel.current_task().name, list(items)))
+        await trio.sleep(1)
+        if fail and len(items) == 2:
+            raise dt.BrokerUnavailable("down")
+        return [i * 10 for i in items]
+
+    coalescer: Coalescer[int, int] = Coalescer(call, most=lambda: 2)
+    got: dict[int, object] = {}
+
+    async def submit(n: int, cancel_at: float | None = None) -> None:
+        with trio.CancelScope() as scope:
+            if cancel_at is not None:
+                scope.deadline = cancel_at
+            try:
+                got[n] = await coalescer.submit(n)
+            except dt.BrokerUnavailable as exc:
+                got[n] = str(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(submit, 0, name="0")
+        await trio.sleep(0.25)
+        for n in (1, 2):  # (Trio runs the two in either order)
+            nursery.start_soon(submit, n, 0.5, name=str(n))  # cancelled while their call flies
+    (alone, (leader, items)) = leaders
+    assert alone == ("0", [0])
+    assert sorted(items) == [1, 2]
+    assert leader == str(items[-1])  # the one that filled it
+    assert got == {0: 0, 1: 10, 2: 20}
+    assert trio.current_time() == 1.25
+    assert coalescer.idle
+
+    fail, got, leaders = True, {}, []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(submit, 3, name="3")
+        await trio.sleep(0.25)
+        for n in (4, 5):
+            nursery.start_soon(submit, n, name=str(n))
+    first, filler = leaders[1][1]
+    assert got == {3: 30, first: "a coalesced broker call failed: down", filler: "down"}
+    assert coalescer.idle
+
+
 async def test_with_most_a_batch_not_full_waits_while_the_process_has_work(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
