@@ -31,6 +31,7 @@ __all__ = [
     "check_task",
     "check_tasks",
     "check_type",
+    "check_utf8",
     "given",
 ]
 
@@ -64,6 +65,25 @@ def check_name(value: Any, call: str, argument: str, hint: str = "") -> str:
         raise TypeError(f"{call}: {argument} must be a str, got {given(value)}{hint}")
     if not value:
         raise ConfigError(f"{call}: {argument} must not be empty")
+    if not value.isascii():
+        check_utf8(value, call, argument)
+    return value
+
+
+def check_utf8(value: str, call: str, argument: str) -> str:
+    """``value`` if it encodes as UTF-8: no store (nor a queue's JSON) can hold a lone
+    surrogate, as a command line's non-UTF-8 bytes decode to (``surrogateescape``).
+
+    Raises:
+        ConfigError: it holds a lone surrogate.
+    """
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise ConfigError(
+            f"{call}: {argument} is not valid UTF-8 (a lone surrogate at index {exc.start}),"
+            f" got {_shown(value)}"
+        ) from None
     return value
 
 

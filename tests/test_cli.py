@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from typing import TYPE_CHECKING
+
+import pytest
 
 from durable_trio.cli import _main as _cli
 from durable_trio.cli._main import _discover, main
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-    import pytest
 
 
 def test_examples_list_names_every_example(capsys: pytest.CaptureFixture[str]) -> None:
@@ -118,3 +120,41 @@ def test_a_deeply_nested_json_argument_is_one_line_and_exit_2(
     # Shallower than the recursion limit, deeper than the payload limit: the same one line.
     assert main(["runs", "signal", "r1", "go", "[" * 300 + "]" * 300, *backend]) == 2
     assert "nested deeper than 200 levels" in capsys.readouterr().err
+
+
+@pytest.mark.postgres
+def test_an_argument_that_is_not_utf8_is_one_line_and_exit_2(
+    tmp_path: Path, postgres_url: str, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A command line's bytes that are not UTF-8 decode to lone surrogates, which no store can
+    hold: ``runs show``, ``cancel``, ``retry``, ``signal`` and ``list --workflow`` were a
+    ``UnicodeEncodeError`` traceback from the SQLite binding, psycopg or the Redis client.
+    Each is now one line naming the argument, exit 2, before anything is opened."""
+    odd = "a\udcffb"  # the bytes b"a\xffb", as Python decodes argv
+    for url in (f"sqlite:///{tmp_path / 'odd.db'}", f"{postgres_url}?schema=odd", redis_url):
+        backend = ["--backend", url, "--namespace", "odd"]
+        for argv in (
+            ["runs", "show", odd],
+            ["runs", "cancel", odd],
+            ["runs", "retry", odd],
+            ["runs", "signal", odd, "go"],
+            ["runs", "signal", "r1", odd],
+            ["runs", "list", "--workflow", odd],
+        ):
+            assert main([*argv, *backend]) == 2
+            err = capsys.readouterr().err
+            assert (
+                err == f"error: argument {argv.index(odd) + 1} ('a\\udcffb') is not valid UTF-8\n"
+            )
+    # The real decode, in a process of its own: the bytes as a shell passes them.
+    url = f"sqlite:///{tmp_path / 'odd.db'}"
+    done = subprocess.run(
+        [sys.executable, "-m", "durable_trio", "runs", "show", b"a\xffb", "--backend", url],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (
+        2,
+        b"error: argument 3 ('a\\udcffb') is not valid UTF-8\n",
+    )

@@ -172,3 +172,45 @@ async def test_run_timeouts_at_exact_times(
     ]
     assert [r.error["type"] for r in runs if r.error] == ["RunTimedOut"] * 2
     assert (stats.runs_resumed, stats.runs_timed_out) == (2, 2)
+
+
+async def test_a_name_that_is_not_utf8_is_a_config_error_at_the_call(
+    every_store: str, store_clock: trio.testing.MockClock
+) -> None:
+    """A run id, a signal name, a dedup key or a step name holding a lone surrogate (what a
+    command line's non-UTF-8 bytes decode to) is refused at the call with a ConfigError naming
+    it, on every store: no store (nor a queue's JSON) can hold it. Before, PostgreSQL and Redis
+    raised a bare UnicodeEncodeError from their drivers, SQLite from its binding, and the
+    memory store started the run and failed it at its first step's dispatch."""
+    app = App("not-utf8")
+
+    @app.workflow("w")
+    async def w(ctx: WorkflowContext, step: str) -> Any:
+        await ctx.run(step.replace("?", "\ud800"), lambda: 1)  # (no input holds one)
+        return await ctx.wait_signal("go")
+
+    odd = "r\ud800x"
+    async with open_store(every_store, app.name) as (backend, store):
+        async with open_engine(app, backend, store=store) as engine:
+            refused = r"is not valid UTF-8 \(a lone surrogate at index 1\), got 'r\\ud800x'"
+            with pytest.raises(dt.ConfigError, match=f"engine.start: run_id {refused}"):
+                await engine.start("w", "a", run_id=odd)
+            with pytest.raises(dt.ConfigError, match=f"engine.start: dedup_key {refused}"):
+                await engine.start("w", "a", dedup_key=odd)
+            for call in (engine.get, engine.status, engine.cancel, engine.history):
+                with pytest.raises(dt.ConfigError, match=f"engine: run_id {refused}"):
+                    await call(odd)
+            with pytest.raises(dt.ConfigError, match=f"engine.result: run_id {refused}"):
+                await engine.result(odd)
+            with pytest.raises(dt.ConfigError, match=f"engine.signal: run_id {refused}"):
+                await engine.signal(odd, "go", 1)
+            run_id = await engine.start("w", "fine")
+            with pytest.raises(dt.ConfigError, match=f"engine.signal: name {refused}"):
+                await engine.signal(run_id, odd, 1)
+            await engine.signal(run_id, "go", 1)
+            assert await engine.result(run_id) == 1
+            bad = await engine.start("w", "r?x")  # a local step's name: fails its run at once
+            with pytest.raises(dt.RunFailed, match=f"ctx.run: name {refused}"):
+                await engine.result(bad)
+            assert (await engine.get(bad)).status is RunStatus.FAILED
+            assert await engine.list() is not None  # and the engine goes on

@@ -451,7 +451,7 @@ class Engine:
         Raises:
             RunNotFound: no such run.
         """
-        record = await self.store.get_run(run_id)
+        record = await self.store.get_run(check_name(run_id, "engine", "run_id"))
         if record is None:
             raise RunNotFound(run_id)
         return record
@@ -708,7 +708,7 @@ async def _run_or_pending(store: RunStore, run_id: str) -> RunRecord | None:
     Raises:
         RunNotFound: neither.
     """
-    record = await store.get_run(run_id)
+    record = await store.get_run(check_name(run_id, "engine.result", "run_id"))
     if record is None and await store.debounced_due(run_id) is None:
         record = await store.get_run(run_id)  # (created since the first read)
         if record is None:

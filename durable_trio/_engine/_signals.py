@@ -29,6 +29,7 @@ import attrs
 import orjson
 import trio
 
+from .._arguments import check_name
 from .._errors import PayloadError
 from .._json_values import check_json
 from ._context import STREAM_EVENT, check_unreserved
@@ -370,6 +371,7 @@ async def send_signal(
         RunNotSignalable: the run has finished.
         PayloadError: ``payload`` is not a JSON value.
     """
+    check_name(run_id, "engine.signal", "run_id")
     check_unreserved(name, "a signal name")
     text = encode_payload(payload, f"the payload of signal {name!r}")
     seq = await store.append_signal(run_id, name, text)

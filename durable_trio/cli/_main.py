@@ -264,17 +264,32 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _not_utf8(argv: Sequence[str]) -> str | None:
+    """What is wrong with the first argument that is not UTF-8 (its bytes decoded to lone
+    surrogates, ``surrogateescape``): no store, queue or JSON can hold it, so every command
+    refuses it in one line before it starts rather than failing in a driver with a traceback."""
+    for index, arg in enumerate(argv, 1):
+        try:
+            arg.encode()
+        except UnicodeEncodeError:
+            return f"argument {index} ({arg!r}) is not valid UTF-8"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``durable-trio``; returns the exit status."""
     from .._errors import DurableTrioError
+    from .._terminal import visible
 
+    problem = _not_utf8(sys.argv[1:] if argv is None else argv)
+    if problem is not None:
+        print(visible(f"error: {problem}"), file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
     func = cast("Callable[[argparse.Namespace], int]", args.func)
     try:
         return func(args)
     except DurableTrioError as exc:  # a user error met before the command ran (MODULE:app)
-        from .._terminal import visible
-
         print(visible(f"error: {exc}"), file=sys.stderr)
         return 2
     except BaseException as error:
