@@ -41,14 +41,20 @@ async def _sql(url: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:
     """One statement (``$1`` parameters) on a connection of the test's own; ``{runs}`` and
     ``{steps}`` name the run store's tables."""
     if url.startswith("sqlite:"):
-        statement = statement.format(runs="dt_runs", steps="dt_steps").replace("$", "?")
+        statement = statement.format(
+            runs="dt_runs", steps="dt_steps", debounced="dt_debounced"
+        ).replace("$", "?")
         db = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
         try:
             return db.execute(statement, params).fetchall()
         finally:
             db.close()
     base, schema = url.split("?schema=")
-    statement = statement.format(runs=f'"{schema}".runs', steps=f'"{schema}".run_steps')
+    statement = statement.format(
+        runs=f'"{schema}".runs',
+        steps=f'"{schema}".run_steps',
+        debounced=f'"{schema}".run_debounced',
+    )
     async with open_pool(base, size=1) as pool:
         return await pool.fetch(statement, *params)
 
@@ -96,6 +102,66 @@ async def test_a_damaged_run_or_checkpoint_is_set_aside_and_the_others_run(
     assert status == "failed"
     assert "RunDataError" in error
     assert any(isinstance(e, dt.RunDataError) for e in errors.seen), errors.messages()
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("redis", marks=pytest.mark.redis),
+    ]
+)
+def debounce_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "redis":
+        return str(request.getfixturevalue("redis_url"))
+    if request.param == "postgres":
+        return f"{request.getfixturevalue('postgres_url')}?schema=d_{uuid.uuid4().hex[:12]}"
+    return "sqlite:///" + str(tmp_path / "runs.db")
+
+
+async def _damage_debounced(url: str, run_id: str) -> None:
+    """The stored input of the debounced start that is to create ``run_id``: not JSON."""
+    if not url.startswith("redis"):
+        await _sql(url, "UPDATE {debounced} SET input = '{{garbage' WHERE run_id = $1", run_id)
+        return
+    from durable_trio._redis import open_redis
+
+    async with open_redis(url) as client:
+        keys = [k for k in await client.execute("KEYS", "*:debounce:*") if b"-" not in k[-4:]]
+        rows = [k for k in keys if await client.execute("HGET", k, "run_id") == run_id.encode()]
+        assert len(rows) == 1, keys
+        assert await client.execute("HSET", rows[0], "input", b"{garbage") == 0
+
+
+async def test_a_damaged_debounced_start_is_set_aside_and_the_engine_goes_on(
+    debounce_url: str,
+) -> None:
+    """A debounced start whose stored input is not JSON, when it falls due: its run is made
+    and set aside (failed with :class:`~durable_trio.RunDataError`) when claimed, as any
+    damaged row; the starts due beside it run. On SQLite and PostgreSQL the engine's start
+    loop read the input with a bare ``orjson.loads``: the JSONDecodeError ended the engine."""
+    url, errors = debounce_url, Errors()
+    async with dt.open_backend(url) as backend:
+        async with open_engine(app, backend, namespace=NAMESPACE, reconcile=False) as caller:
+            ids = {
+                n: await caller.start("chain", n, debounce=dt.Debounce(key=f"k{n}", delay=2))
+                for n in range(GOOD + 1)
+            }
+    bad = ids.pop(GOOD)
+    await _damage_debounced(url, bad)
+    async with dt.open_backend(url) as backend:
+        async with open_worker(app, backend, namespace=NAMESPACE), open_engine(
+            app, backend, namespace=NAMESPACE, on_error=errors, reconcile_interval=0.5
+        ) as engine:  # fmt: skip
+            with trio.fail_after(30):
+                outputs = {n: await engine.result(run_id) for n, run_id in ids.items()}
+                assert outputs == {n: expected(n) for n in range(GOOD)}
+                with pytest.raises(dt.RunDataError, match=f"run '{bad}'"):
+                    await engine.result(bad)
+                # The loops live on: a debounced start made now runs.
+                later = await engine.start("chain", 50, debounce=dt.Debounce(key="x", delay=0.1))
+                assert await engine.result(later) == expected(50)
+            assert (await engine.get(later)).status is dt.RunStatus.COMPLETED
 
 
 async def test_damaged_tags_stop_no_prune_and_leave_no_tag_behind(store_url: str) -> None:

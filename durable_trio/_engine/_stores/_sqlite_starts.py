@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 import attrs
-import orjson
 
 from .._records import RunRecord, RunStatus, read_trace
 from .._tags import read_tags, tags_json
@@ -145,7 +144,9 @@ def start_debounced(
                 "UPDATE dt_runs SET input = ? WHERE namespace = ? AND run_id = ?",
                 (text, ns, run_id),
             )
-            created.append(attrs.evolve(stored, input=orjson.loads(text)))
+            value, readable = tables.started_input(run_id, text)
+            if readable:  # (else its claim sets it aside)
+                created.append(attrs.evolve(stored, input=value))
     (soonest,) = db.execute(
         "SELECT min(due_at) FROM dt_debounced WHERE namespace = ?", (ns,)
     ).fetchone()

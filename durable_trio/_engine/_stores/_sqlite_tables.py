@@ -231,6 +231,17 @@ def read_listed(rows: Sequence[tuple[Any, ...]]) -> tuple[list[RunRecord], list[
     return runs, [DamagedRun(run_id, str(exc)) for run_id, exc in damaged]
 
 
+def started_input(run_id: str, text: str | bytes) -> tuple[Any, bool]:
+    """The input of a debounced start just made a run, and whether it could be read: a
+    damaged one (not JSON) leaves the run to its claim, which sets it aside (failed with
+    :class:`RunDataError`) as any damaged row, instead of failing the engine's start loop."""
+    try:
+        return orjson.loads(text), True
+    except orjson.JSONDecodeError as exc:
+        log.warning("run %r: its debounced start's input cannot be read (%s)", run_id, exc)
+        return None, False
+
+
 def set_aside_error(exc: RunDataError) -> str:
     """The stored error (JSON) of a claimed run set aside as damaged: failed, never driven,
     so one damaged row cannot stop the claims of the runs beside it (a WARNING is logged)."""

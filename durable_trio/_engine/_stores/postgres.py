@@ -50,6 +50,7 @@ from ._sqlite_tables import (
     read_claims,
     read_listed,
     set_aside_error,
+    started_input,
     tagged_filters,
 )
 from ._wakes import RunWakes
@@ -595,13 +596,15 @@ class PostgresRunStore:
                         trace, tags,
                     )  # fmt: skip
                     if inserted.rowcount == 1:
+                        value, readable = started_input(run_id, text)
                         run = RunRecord(
-                            run_id, workflow, orjson.loads(text), RunStatus.PENDING, now, now,
+                            run_id, workflow, value, RunStatus.PENDING, now, now,
                             timeout=timeout, trace=read_trace(trace), tags=read_tags(tags),
                         )  # fmt: skip
                         for query, params in self._tag_rows(run):  # (its tags' index rows)
                             await conn.execute(self._s(query), *params)
-                        created.append(run)
+                        if readable:  # (else its claim sets it aside)
+                            created.append(run)
                 soonest = await conn.fetchval(self._s(starts.SOONEST_DEBOUNCED), ns)
                 return created, None if soonest is None else float(soonest)
 
