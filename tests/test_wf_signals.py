@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -135,6 +137,29 @@ async def test_bad_payload_and_damaged_signal(autojump_clock: trio.testing.MockC
         assert run.error["type"] == SignalDataError.__name__
         with pytest.raises(EventTimeout):
             await engine.get_event(run_id, "missing", timeout=2)
+
+
+async def test_a_get_event_timeout_that_is_no_duration_is_refused_not_waited(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``engine.get_event(..., timeout=nan)`` waited forever (every comparison with NaN is
+    false, so the deadline never came) and a negative one was an ``EventTimeout`` "within
+    -5 s": both are a ConfigError at once, as ``engine.update``'s timeout is; ``inf`` still
+    waits (until the event is set)."""
+    app = approvals()
+    async with dt.open_backend("memory://") as backend, open_engine(app, backend) as engine:
+        run_id = await engine.start("approve", None)
+        start = trio.current_time()
+        for bad in (math.nan, -5, "10"):
+            with pytest.raises(dt.ConfigError, match=r"engine\.get_event: timeout must be"):
+                await engine.get_event(run_id, "progress", timeout=bad)  # type: ignore[arg-type]
+        assert trio.current_time() == start
+        async with trio.open_nursery() as nursery:
+            waited = partial(engine.get_event, run_id, "progress", timeout=math.inf)
+            nursery.start_soon(waited)
+            await trio.sleep(100)
+            await engine.signal(run_id, "ok", 1)  # (it sets the event "progress")
+        assert await engine.get_event(run_id, "progress", timeout=math.inf) == 1
 
 
 async def test_a_tenant_pod_signals_its_runs(autojump_clock: trio.testing.MockClock) -> None:

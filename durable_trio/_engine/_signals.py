@@ -30,7 +30,7 @@ import orjson
 import trio
 
 from .._arguments import check_name
-from .._errors import PayloadError
+from .._errors import ConfigError, PayloadError
 from .._json_values import check_json
 from ._context import STREAM_EVENT, check_unreserved
 from ._errors import (
@@ -331,7 +331,10 @@ async def wait_event(store: RunStore, run_id: str, key: str, timeout: float | No
     Raises:
         EventTimeout: ``key`` was not set within ``timeout`` (or at once, without one).
         SignalDataError: the stored event is damaged (not JSON).
+        ConfigError: ``timeout`` is not a number of seconds >= 0 (NaN waited forever).
     """
+    if timeout is not None and not (isinstance(timeout, int | float) and timeout >= 0):
+        raise ConfigError(f"engine.get_event: timeout must be seconds >= 0, got {timeout!r}")
     deadline = None if timeout is None else trio.current_time() + timeout
     wakes = store.wakes if isinstance(store, SupportsRunWakes) else None
     while True:
