@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import orjson
@@ -733,6 +733,7 @@ async def open_operations(
     namespace: str | None = None,
     existing: bool = False,
     discover: bool = False,
+    read_only: bool | Literal["if_needed"] = False,
 ) -> AsyncIterator[Operations]:
     """Open the operator's calls on ``namespace`` of ``backend``; close what was opened on
     leaving.
@@ -748,6 +749,10 @@ async def open_operations(
             :func:`~durable_trio.open_backend`; what the ``durable-trio`` commands pass).
         discover: with ``namespace`` ``None``, operate the only namespace the backend holds
             (see :func:`discover_namespace`; what the ``durable-trio`` commands pass).
+        read_only: with a URL, open a SQLite file read-only (``True``), or only when this
+            process cannot write it (``"if_needed"``: what the commands that only read pass),
+            as :func:`~durable_trio.open_backend`; every change then raises
+            :class:`~durable_trio.BrokerError`.
 
     Raises:
         ConfigError: a bad URL (see :func:`~durable_trio.open_backend`); with ``discover``,
@@ -756,7 +761,9 @@ async def open_operations(
     """
     async with AsyncExitStack() as stack:
         if isinstance(backend, str):
-            opened = await stack.enter_async_context(open_backend(backend, existing=existing))
+            opened = await stack.enter_async_context(
+                open_backend(backend, existing=existing, read_only=read_only)
+            )
         elif isinstance(backend, Backend):
             opened = backend
         else:

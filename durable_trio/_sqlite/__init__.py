@@ -15,12 +15,13 @@ the server through :mod:`durable_trio._redis`):
 
 from ._connection import ConnectionThread, open_connection, translate_error
 from ._doorbell import Doorbell, bells_folder
-from ._file import META_TABLE, Synchronous
+from ._file import META_TABLE, ReadOnly, Synchronous
 
 __all__ = [
     "META_TABLE",
     "ConnectionThread",
     "Doorbell",
+    "ReadOnly",
     "Synchronous",
     "bells_folder",
     "open_connection",

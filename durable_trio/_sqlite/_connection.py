@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Final, TypeVar
+from urllib.parse import quote
 
 import attrs
 import outcome
@@ -29,8 +30,10 @@ from .._errors import BrokerError, BrokerUnavailable, ConfigError, StoreLost
 from .._logs import get_logger
 from ._file import (
     META_TABLE,
+    ReadOnly,
     Synchronous,
     configure,
+    configure_read_only,
     file_identity,
     identity_problem,
     read_stamp,
@@ -171,6 +174,11 @@ class ConnectionThread:
             survives any process crash; an OS crash or power loss may lose the last
             transactions (never corrupts the file). ``FULL`` also survives power loss, at one
             ``fsync`` per commit.
+        read_only: ``None`` (read and write), ``"ro"`` (SQLite's ``mode=ro``: reads only, a
+            live file's changes seen as they commit) or ``"immutable"`` (``mode=ro`` and
+            ``immutable=1``: no lock taken, no ``-shm`` needed, for a file nobody writes). A
+            read-only connection refuses every ``write=True`` call with
+            :class:`~durable_trio.BrokerError` (docs/decisions.md, "Read-only SQLite files").
     """
 
     def __init__(
@@ -179,12 +187,14 @@ class ConnectionThread:
         *,
         busy_timeout: float = 5.0,
         synchronous: Synchronous = "NORMAL",
+        read_only: ReadOnly = None,
     ) -> None:
         if busy_timeout < 0:
             raise ConfigError(f"busy_timeout must be >= 0, not {busy_timeout!r}")
         if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ConfigError(f"unknown synchronous setting {synchronous!r}")
         self.path = os.fspath(path)
+        self.read_only: ReadOnly = read_only
         self._busy_timeout = busy_timeout
         self._synchronous: Synchronous = synchronous
         self._requests: _queue_mod.SimpleQueue[_Request | None] = _queue_mod.SimpleQueue()
@@ -314,6 +324,11 @@ class ConnectionThread:
             BrokerError: any other SQLite error (the transaction was rolled back).
         """
         await trio.lowlevel.checkpoint_if_cancelled()
+        if write and self.read_only is not None:
+            raise BrokerError(
+                f"the SQLite file {self.path!r} is open read-only (this process cannot write "
+                "it): nothing can be changed in it"
+            )
         while True:
             if self._closing:
                 raise BrokerUnavailable(f"the SQLite connection to {self.path!r} is closed")
@@ -365,13 +380,17 @@ class ConnectionThread:
     # -- in the connection thread
 
     def _serve(self) -> None:
+        target, uri = self.path, self.path.startswith("file:")
+        if self.read_only is not None and not uri:
+            flags = "mode=ro&immutable=1" if self.read_only == "immutable" else "mode=ro"
+            target, uri = f"file:{quote(os.path.abspath(self.path))}?{flags}", True
         try:
             self._db = sqlite3.connect(
-                self.path,
+                target,
                 timeout=self._busy_timeout,
                 isolation_level=None,
                 cached_statements=256,
-                uri=self.path.startswith("file:"),
+                uri=uri,
             )
         except sqlite3.Error as exc:
             self._open_error = exc
@@ -601,9 +620,11 @@ class ConnectionThread:
 
 
 def _stamp_store(connection: ConnectionThread, db: sqlite3.Connection) -> int | None:
-    """Write the store stamp if the file has none yet (the first opener's wins) and note it."""
-    db.execute(META_TABLE)
-    db.execute("INSERT OR IGNORE INTO dt_meta (name, value) VALUES ('store', random())")
+    """Write the store stamp if the file has none yet (the first opener's wins) and note it
+    (a read-only connection only reads it)."""
+    if connection.read_only is None:
+        db.execute(META_TABLE)
+        db.execute("INSERT OR IGNORE INTO dt_meta (name, value) VALUES ('store', random())")
     stamp = read_stamp(db)
     if stamp is not None:
         connection.note_stamp(stamp)
@@ -615,20 +636,28 @@ async def open_connection(
     *,
     busy_timeout: float = 5.0,
     synchronous: Synchronous = "NORMAL",
+    read_only: ReadOnly = None,
 ) -> ConnectionThread:
     """Start a :class:`ConnectionThread` on ``path`` in WAL mode with ``busy_timeout`` and
     ``synchronous`` set (see :meth:`~durable_trio.brokers.sqlite.SqliteBroker.open` for the
     options), the file's identity noted (see :class:`ConnectionThread`, "The file's identity").
+    ``read_only`` (see :class:`ConnectionThread`): the file is read as it is, nothing set or
+    written.
 
     Raises:
         ConfigError: an invalid option.
         BrokerUnavailable: the file cannot be opened or stays locked.
         BrokerError: any other SQLite error, or WAL mode refused.
     """
-    connection = ConnectionThread(path, busy_timeout=busy_timeout, synchronous=synchronous)
+    connection = ConnectionThread(
+        path, busy_timeout=busy_timeout, synchronous=synchronous, read_only=read_only
+    )
     try:
-        await connection.call(partial(configure, synchronous, busy_timeout), write=False)
-        await connection.call(partial(_stamp_store, connection), write=True)
+        if read_only is None:
+            await connection.call(partial(configure, synchronous, busy_timeout), write=False)
+        else:
+            await connection.call(partial(configure_read_only, busy_timeout), write=False)
+        await connection.call(partial(_stamp_store, connection), write=read_only is None)
     except BaseException:
         await connection.aclose()
         raise

@@ -22,13 +22,19 @@ from .._errors import BrokerError
 __all__ = [
     "META_TABLE",
     "WAL_SIZE_LIMIT",
+    "ReadOnly",
     "Synchronous",
     "configure",
+    "configure_read_only",
     "file_identity",
     "identity_problem",
     "read_stamp",
     "say_stamp",
 ]
+
+#: How a connection opens its file read-only (``None``: read and write): ``"ro"`` is SQLite's
+#: ``mode=ro``, ``"immutable"`` adds ``immutable=1`` (see ``ConnectionThread``).
+ReadOnly = Literal["ro", "immutable"] | None
 
 #: SQLite's ``synchronous`` settings.
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
@@ -89,6 +95,14 @@ def configure(synchronous: Synchronous, busy_timeout: float, db: sqlite3.Connect
     if str(mode).lower() not in ("wal", "memory"):
         raise BrokerError(f"could not switch the SQLite database to WAL mode (got {mode!r})")
     db.execute(f"PRAGMA synchronous = {synchronous}")
+
+
+def configure_read_only(busy_timeout: float, db: sqlite3.Connection) -> None:
+    """A read-only connection's settings: ``busy_timeout`` only (the file's journal mode and
+    settings are read as they are), and a first read, so that a file that cannot be read
+    fails here (not a database, a write-ahead log it cannot reach)."""
+    db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+    db.execute("SELECT count(*) FROM sqlite_master").fetchall()
 
 
 def file_identity(path: str) -> tuple[int, int] | None:

@@ -8,7 +8,7 @@ included, so nothing re-parses the URL later to find the run store).
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from .._errors import ConfigError
 from .._redact import url_scheme
@@ -31,7 +31,12 @@ _REDIS_SCHEMES = (
 
 
 @asynccontextmanager
-async def open_backend(url: str = "memory://", *, existing: bool = False) -> AsyncIterator[Backend]:
+async def open_backend(
+    url: str = "memory://",
+    *,
+    existing: bool = False,
+    read_only: bool | Literal["if_needed"] = False,
+) -> AsyncIterator[Backend]:
     """Open the backend ``url`` names, and close it on leaving the block.
 
     Args:
@@ -49,6 +54,13 @@ async def open_backend(url: str = "memory://", *, existing: bool = False) -> Asy
             :class:`~durable_trio.ConfigError`, not a new empty database. What the
             commands that only read or repair (``health``, ``runs``, ``jobs``, ``queues``,
             ``console``) pass; no effect on the other schemes.
+        read_only: ``True``: open a SQLite file read-only, creating and changing nothing
+            (its tables read as they are; every change raises
+            :class:`~durable_trio.BrokerError`); ``"if_needed"``: so only when this process
+            cannot write the file or the folder SQLite needs beside it (what the commands
+            that only read pass: ``runs list``, ``runs show``, ``jobs failed``, ``queues``,
+            ``schedules list``, ``health``, a console without ``--allow-actions``); no
+            effect on the other schemes (docs/decisions.md, "Read-only SQLite files").
 
     Raises:
         ConfigError: an unknown scheme, a malformed URL, a SQLite file that cannot be made
@@ -70,7 +82,7 @@ async def open_backend(url: str = "memory://", *, existing: bool = False) -> Asy
     elif scheme == "sqlite":
         from .sqlite import open_sqlite_backend
 
-        opened = open_sqlite_backend(url, existing=existing)
+        opened = open_sqlite_backend(url, existing=existing, read_only=read_only)
     elif scheme in _REDIS_SCHEMES:
         # imported here: the Redis backend needs hiredis (the `redis` extra)
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import SplitResult, urlsplit
 
 import attrs
@@ -24,17 +24,25 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from .._engine._stores._contract import RunStore
+    from .._sqlite import ReadOnly
+
+#: ``open_backend``'s ``read_only``: never, always, or when this process cannot write the file.
+ReadOnlyOption = bool | Literal["if_needed"]
 
 __all__ = ["SqliteRunStores", "open_sqlite_backend"]
 
 
-def _sqlite_file(url: str, *, existing: bool = False) -> Path:
+def _sqlite_file(
+    url: str, *, existing: bool = False, read_only: ReadOnlyOption = False
+) -> tuple[Path, ReadOnly]:
     """The database file a ``sqlite:///`` URL names, its folder created if missing (with
-    ``existing``: the file must already exist, and nothing is created).
+    ``existing``: the file must already exist, and nothing is created), and how to open it
+    (see :func:`_read_only_mode`).
 
     Raises:
         ConfigError: the URL is not of that form, or the file cannot be made there (a parent
-            is a file, the folder is not writable, the path is a folder).
+            is a file, the folder is not writable, the path is a folder), or cannot be read
+            read-only.
     """
     parts: SplitResult | None
     try:
@@ -52,6 +60,8 @@ def _sqlite_file(url: str, *, existing: bool = False) -> Path:
             + (" (a folder is there)" if file.is_dir() else "")
             + ": check the path (the workers and engines given this URL make the file)"
         )
+    if read_only is True or (read_only == "if_needed" and file.is_file() and _unwritable(file)):
+        return file, _read_only_mode(file)
     problem: str | None
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
@@ -65,10 +75,48 @@ def _sqlite_file(url: str, *, existing: bool = False) -> Path:
         problem = "it is a folder"
     if problem is None and not os.access(file if file.exists() else file.parent, os.W_OK):
         problem = "it is not writable" if file.exists() else "its folder is not writable"
+    if problem is None and file.exists() and _unwritable(file):
+        problem = "its folder is not writable (SQLite makes its -wal and -shm files there)"
     if problem is not None:
+        if existing and file.is_file():
+            problem += " (the commands that only read, such as runs list, open it read-only)"
         # Raised outside the except blocks: the OS error is said in words, not chained.
         raise ConfigError(f"cannot use {str(file)!r} as the SQLite database file: {problem}")
-    return file
+    return file, None
+
+
+def _unwritable(file: Path) -> bool:
+    """Whether this process cannot open ``file`` to write: the file is not writable, or its
+    folder is not and a ``-wal`` or ``-shm`` file SQLite would make there is missing."""
+    if not os.access(file, os.W_OK):
+        return True
+    sidecars = (Path(f"{file}-wal"), Path(f"{file}-shm"))
+    return not os.access(file.parent, os.W_OK) and not all(p.exists() for p in sidecars)
+
+
+def _read_only_mode(file: Path) -> ReadOnly:
+    """How to read ``file`` without writing it (docs/decisions.md, "Read-only SQLite files").
+
+    SQLite's ``mode=ro`` reads a live file (it sees each commit) but, in WAL mode, needs the
+    ``-shm`` file, which it makes if the folder lets it. In a folder it cannot write, a file
+    with neither ``-wal`` nor ``-shm`` beside it is open in no process (SQLite removes both when
+    the last connection closes) and all its data is in the file: it is read ``immutable``
+    (no lock, no ``-shm``). A ``-wal`` left without its ``-shm`` holds commits not yet in the
+    file, which neither mode can read from there: refused in words.
+
+    Raises:
+        ConfigError: the file cannot be read read-only from where it is.
+    """
+    wal, shm = Path(f"{file}-wal"), Path(f"{file}-shm")
+    if os.access(file.parent, os.W_OK) or shm.exists():
+        return "ro"
+    if not wal.exists():
+        return "immutable"
+    raise ConfigError(
+        f"cannot read {str(file)!r} read-only: its write-ahead log {str(wal)!r} holds commits "
+        "not yet in the file, and SQLite cannot make the -shm file it needs to read them in a "
+        "folder this process cannot write; copy the file with its -wal to a writable folder"
+    )
 
 
 @attrs.frozen
@@ -103,19 +151,25 @@ class SqliteRunStores:
 
 
 @asynccontextmanager
-async def open_sqlite_backend(url: str, *, existing: bool = False) -> AsyncIterator[Backend]:
+async def open_sqlite_backend(
+    url: str, *, existing: bool = False, read_only: ReadOnlyOption = False
+) -> AsyncIterator[Backend]:
     """``sqlite:///relative/file.db`` or ``sqlite:////absolute/file.db`` (SQLAlchemy's form).
 
     Args:
         existing: open only a database file that exists (see
             :func:`~durable_trio.open_backend`).
+        read_only: ``True``: read the file as it is, creating and changing nothing (every
+            change raises :class:`~durable_trio.BrokerError`); ``"if_needed"``: so only when
+            this process cannot write the file (see :func:`~durable_trio.open_backend`).
 
     Raises:
         ConfigError: a malformed URL, a file that cannot be made there (or, with
             ``existing``, a file that does not exist).
         BrokerUnavailable: the file cannot be opened or stays locked.
     """
-    broker = await SqliteBroker.open(_sqlite_file(url, existing=existing))
+    file, mode = _sqlite_file(url, existing=existing, read_only=read_only)
+    broker = await SqliteBroker.open(file, read_only=mode)
     try:
         keys = await SqliteKeyStore.attach(broker)
     except BaseException:

@@ -621,7 +621,7 @@ async def run_health(
     as_json: bool = False,
 ) -> None:
     """What the command does (see :func:`durable_trio.cli._main.main`)."""
-    async with open_backend(url, existing=True) as backend:
+    async with open_backend(url, existing=True, read_only="if_needed") as backend:
         if namespace is None:
             from .._ops import discover_namespace
 

@@ -440,7 +440,12 @@ def limit_text(limit: int | None, per_key: bool) -> str:
 
 def _runner(
     command: Callable[[Operations, argparse.Namespace], Awaitable[int]],
+    *,
+    reads_only: bool = False,
 ) -> Callable[[argparse.Namespace], int]:
+    """The command's ``func``; ``reads_only``: it changes nothing, so a SQLite file this
+    process cannot write is opened read-only instead of refused."""
+
     def run(args: argparse.Namespace) -> int:
         from .._ops import open_operations
         from ._engine import run_reporting_errors
@@ -449,7 +454,11 @@ def _runner(
             namespace = resolve_namespace(args.namespace, args.app)
             url = args.backend or os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
             async with open_operations(
-                url, namespace=namespace, existing=True, discover=True
+                url,
+                namespace=namespace,
+                existing=True,
+                discover=True,
+                read_only="if_needed" if reads_only else False,
             ) as ops:
                 return await command(ops, args)
 
@@ -493,7 +502,7 @@ def add_ops_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     add_tag_argument(listing)
     listing.add_argument("--limit", type=int, default=50, help="runs per page (50)")
     listing.add_argument("--cursor", help="the next page (printed after a full page)")
-    listing.set_defaults(func=_runner(_runs_list))
+    listing.set_defaults(func=_runner(_runs_list, reads_only=True))
     handlers: tuple[tuple[str, str, Callable[[Operations, argparse.Namespace], Awaitable[int]]],
                     ...] = (
         ("show", "a run and its history timeline", _runs_show),
@@ -530,7 +539,7 @@ def add_ops_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
                 action="store_true",
                 help="return once the cancel is sent to the engine driving the run",
             )
-        sub.set_defaults(func=_runner(handler))
+        sub.set_defaults(func=_runner(handler, reads_only=name == "show"))
 
     signal = runs_commands.add_parser("signal", help="send a signal to a run (ctx.wait_signal)")
     _common(signal)
@@ -562,7 +571,7 @@ def add_ops_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     _common(failed)
     failed.add_argument("--queue", help="one queue (default: every queue of the namespace)")
     failed.add_argument("--limit", type=int, default=100, help="at most this many (100)")
-    failed.set_defaults(func=_runner(_jobs_failed))
+    failed.set_defaults(func=_runner(_jobs_failed, reads_only=True))
     for name, helptext, handler in (
         ("requeue", "put a failed job back as pending, its counters reset", _jobs_requeue),
         ("delete", "remove a failed job for good", _jobs_delete),
@@ -575,4 +584,4 @@ def add_ops_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
     queues = subparsers.add_parser("queues", help="every queue's depth, claims and failures")
     _common(queues)
-    queues.set_defaults(func=_runner(_queues))
+    queues.set_defaults(func=_runner(_queues, reads_only=True))

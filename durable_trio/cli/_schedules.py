@@ -187,6 +187,7 @@ def _runner(
     *,
     existing: bool = True,
     checks: bool = False,
+    reads_only: bool = False,
 ) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         from .._engine._schedules import Schedules
@@ -198,7 +199,11 @@ def _runner(
             namespace = resolve_namespace(args.namespace, args.app)
             url = args.backend or os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
             async with open_operations(
-                url, namespace=namespace, existing=existing, discover=True
+                url,
+                namespace=namespace,
+                existing=existing,
+                discover=True,
+                read_only="if_needed" if reads_only else False,
             ) as ops:
                 # Without --app: the workflows the live engines run (what list marks and
                 # add checks against).
@@ -226,7 +231,7 @@ def add_schedule_commands(
     commands = group.add_subparsers(dest="schedules_command", required=True)
     listing = commands.add_parser("list", help="the namespace's schedules, next and last tick")
     _common(listing)
-    listing.set_defaults(func=_runner(_list, checks=True))
+    listing.set_defaults(func=_runner(_list, checks=True, reads_only=True))
     add = commands.add_parser("add", help="add a schedule (its first tick is the next after now)")
     _common(add)
     add.add_argument("name", metavar="NAME")

@@ -119,7 +119,8 @@ async def run_console(
 
     Args:
         url: the backend URL (``memory://``, ``sqlite:///...``, ``redis://...``); a SQLite
-            file must exist already (the console makes none).
+            file must exist already (the console makes none); without ``allow_actions``, one
+            this process cannot write is opened read-only.
         namespace: the namespace to show; ``None``: the only one the backend holds (several:
             a :class:`ConfigError` naming them), or ``"durable"`` when it holds none.
         announce: called once with the console's base URL when it listens.
@@ -128,7 +129,13 @@ async def run_console(
         ConfigError: as :func:`serve_console`, checked before the backend is opened.
     """
     check_exposure(host, token)
-    async with open_operations(url, existing=True, namespace=namespace, discover=True) as ops:
+    async with open_operations(
+        url,
+        existing=True,
+        namespace=namespace,
+        discover=True,
+        read_only=False if allow_actions else "if_needed",
+    ) as ops:
         async with close_on_signals() as signals:
             async with trio.open_nursery() as nursery:
                 base = await nursery.start(

@@ -193,7 +193,8 @@ class SqliteKeyStore:
     async def _on(cls, connection: ConnectionThread) -> SqliteKeyStore:
         store = cls(connection)
         try:
-            await connection.call(_create_schema, write=True)
+            if connection.read_only is None:  # (read-only: the file is read as it is)
+                await connection.call(_create_schema, write=True)
         except BaseException:
             await store.aclose()
             raise

@@ -229,8 +229,9 @@ class SqliteRunStore:
     async def _on(cls, connection: ConnectionThread, namespace: str) -> SqliteRunStore:
         store = cls(connection, namespace)
         try:
-            await connection.call(tables.create_schema, write=True)
-            await connection.call(starts.create_schema, write=True)
+            if connection.read_only is None:  # (read-only: the file is read as it is)
+                await connection.call(tables.create_schema, write=True)
+                await connection.call(starts.create_schema, write=True)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await store.aclose()

@@ -19,7 +19,7 @@ import attrs
 import trio
 
 from ..._errors import BrokerError, BrokerUnavailable, ConfigError
-from ..._sqlite import ConnectionThread, Synchronous, open_connection
+from ..._sqlite import ConnectionThread, ReadOnly, Synchronous, open_connection
 from .._contract import RateGrant, RenewOutcome
 from .._limits import check_limit
 from .._rates import check_rate, log_name
@@ -115,6 +115,7 @@ class SqliteBroker:
         wakeup_interval: float = WAKEUP_INTERVAL,
         failed_retention: int = 1000,
         doorbell: bool = True,
+        read_only: ReadOnly = None,
     ) -> SqliteBroker:
         """Open (creating if missing) the database file and its schema.
 
@@ -135,6 +136,10 @@ class SqliteBroker:
             failed_retention: failed jobs kept per queue (the newest).
             doorbell: ring and listen to the cross-process doorbell (``<file>.bells/``, see
                 the module docstring); ``False``: the tick alone notices other processes.
+            read_only: ``"ro"`` or ``"immutable"``: read the file as it is (see
+                :class:`~durable_trio._sqlite.ConnectionThread`): no schema is created, no
+                doorbell opened, and every call that changes something raises
+                :class:`~durable_trio.BrokerError`.
 
         Returns:
             The open broker; close it with :meth:`aclose` (or ``async with``).
@@ -144,15 +149,18 @@ class SqliteBroker:
             BrokerUnavailable: the file cannot be opened or stays locked.
             BrokerError: any other SQLite error (say, not a database).
         """
-        connection = await open_connection(path, busy_timeout=busy_timeout, synchronous=synchronous)
+        connection = await open_connection(
+            path, busy_timeout=busy_timeout, synchronous=synchronous, read_only=read_only
+        )
         try:
             broker = cls(
                 connection,
                 wakeup_interval=wakeup_interval,
                 failed_retention=failed_retention,
-                doorbell=doorbell,
+                doorbell=doorbell and read_only is None,
             )
-            await connection.call(create_schema, write=True)
+            if read_only is None:
+                await connection.call(create_schema, write=True)
         except BaseException:
             await connection.aclose()
             raise
