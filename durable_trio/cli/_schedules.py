@@ -67,6 +67,9 @@ async def _list(target: _Target, args: argparse.Namespace) -> int:
             rows.append(entry)
         print(json.dumps(rows, indent=2))
         return 0
+    if not infos:  # (as runs list, queues, jobs failed: a sentence, not a bare header)
+        print(f"no schedules in namespace {target.namespace!r}")
+        return 0
     lines = []
     for info in infos:
         s = info.schedule
