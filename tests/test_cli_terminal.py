@@ -248,13 +248,13 @@ async def test_every_command_prints_stored_strings_inert(
     status, out = await run("runs", "prune", "--older-than", "0.001", "--workflow", WORKFLOW,
                             "--dry-run")  # fmt: skip
     assert status == 0
-    assert out.startswith(f"would delete 1 finished runs of workflow {visible(WORKFLOW)} ")
+    assert out.startswith(f"would delete 1 finished run of workflow {visible(WORKFLOW)} ")
     status, out = await run("runs", "prune", "--older-than", "0.001", "--workflow", WORKFLOW)
     assert status == 2  # not a terminal to ask: --yes or --dry-run
     status, out = await run("runs", "prune", "--older-than", "0.001", "--workflow", WORKFLOW,
                             "--yes")  # fmt: skip
     assert status == 0
-    assert out.startswith(f"deleted 1 finished runs of workflow {visible(WORKFLOW)} ")
+    assert out.startswith(f"deleted 1 finished run of workflow {visible(WORKFLOW)} ")
     status, out = await run("runs", "prune", "--older-than", "1s", "--yes", json_out=True)
     assert json.loads(out)["count"] == 0
     status, out = await run("runs", "list")

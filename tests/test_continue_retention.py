@@ -162,7 +162,7 @@ async def test_the_cli_prunes_and_counts_generations(
         lambda: cli("runs", "prune", "--older-than", "60", "--dry-run", *common)
     )
     assert status == 0
-    assert "would delete 1 finished runs" in out
+    assert "would delete 1 finished run that ended before " in out
     assert ", and 3 previous generations (continue-as-new) (dry run" in out
     status, out = await trio.to_thread.run_sync(
         lambda: cli("runs", "prune", "--older-than", "60", "--yes", "--json", *common)

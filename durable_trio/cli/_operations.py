@@ -320,7 +320,14 @@ def duration(text: str) -> float:
 
 def _gens(count: int) -> str:
     """The previous generations a prune deleted (continue-as-new), if any."""
-    return f", and {count} previous generations (continue-as-new)" if count else ""
+    if not count:
+        return ""
+    return f", and {count} previous generation{'' if count == 1 else 's'} (continue-as-new)"
+
+
+def _finished(count: int) -> str:
+    """``1 finished run``, ``2 finished runs``."""
+    return f"{count} finished run{'' if count == 1 else 's'}"
 
 
 async def _runs_prune(ops: Operations, args: argparse.Namespace) -> int:
@@ -330,12 +337,12 @@ async def _runs_prune(ops: Operations, args: argparse.Namespace) -> int:
         preview = await ops.prune_runs(older_than, workflow=args.workflow, dry_run=True)
         if not sys.stdin.isatty():
             raise ConfigError(
-                f"runs prune would delete up to {preview.count} finished runs"
+                f"runs prune would delete up to {_finished(preview.count)}"
                 f"{_gens(preview.generations)}: pass --yes (or --dry-run)"
             )
         answer = await trio.to_thread.run_sync(
             input,
-            f"delete up to {preview.count} finished runs{which} that ended before "
+            f"delete up to {_finished(preview.count)}{which} that ended before "
             f"{_time(preview.ended_before)}, with their history"
             f"{_gens(preview.generations)}? [y/N] ",
         )
@@ -347,12 +354,12 @@ async def _runs_prune(ops: Operations, args: argparse.Namespace) -> int:
         _print_json(report.to_json() | {"olderThan": older_than, "workflow": args.workflow})
     elif args.dry_run:
         print(
-            f"would delete {report.count} finished runs{which} that ended before "
+            f"would delete {_finished(report.count)}{which} that ended before "
             f"{_time(report.ended_before)}{_gens(report.generations)} (dry run: nothing deleted)"
         )
     else:
         print(
-            f"deleted {report.count} finished runs{which} that ended before "
+            f"deleted {_finished(report.count)}{which} that ended before "
             f"{_time(report.ended_before)}{_gens(report.generations)}"
         )
     return 0

@@ -1,0 +1,62 @@
+"""What a newcomer met on first contact with the command line (this session's walk through
+README.md, docs/getting-started.md and docs/operations.md in an empty folder): each test is one
+defect found there, on real files."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import trio
+
+import durable_trio as dt
+from durable_trio.cli._main import main
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import pytest
+
+
+def _store_with_a_run(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+
+    async def make() -> None:
+        async with dt.open_backend(url) as backend, backend.open_run_store("shop") as store:
+            await store.create_run(dt.RunRecord("r-1", "order", 1, dt.RunStatus.PENDING, 0, 0))
+
+    trio.run(make)
+    return url
+
+
+def test_no_schedules_is_a_sentence_not_a_bare_header(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`schedules list` of a namespace without schedules printed the table's header alone,
+    where `runs list`, `queues` and `jobs failed` say so in words."""
+    url = _store_with_a_run(tmp_path)
+    assert main(["schedules", "list", "--backend", url]) == 0
+    assert capsys.readouterr().out == "no schedules in namespace 'shop'\n"
+    assert main(["schedules", "list", "--json", "--backend", url]) == 0
+    assert capsys.readouterr().out == "[]\n"
+
+
+def test_prune_counts_one_run_in_the_singular(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`runs prune --dry-run` said `would delete 1 finished runs`."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+
+    async def make() -> None:
+        async with dt.open_backend(url) as backend, backend.open_run_store("shop") as store:
+            await store.create_run(dt.RunRecord("r-1", "order", 1, dt.RunStatus.PENDING, 0, 0))
+            assert await store.finish_run("r-1", dt.RunStatus.COMPLETED, output=2)
+
+    trio.run(make)
+    later = time.time() + 3600  # (the SQLite store's clock is the wall clock: an hour on)
+    monkeypatch.setattr(time, "time", lambda: later)
+    assert main(["runs", "prune", "--older-than", "1m", "--dry-run", "--backend", url]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("would delete 1 finished run that ended before "), out
+    assert main(["runs", "prune", "--older-than", "1m", "--yes", "--backend", url]) == 0
+    assert capsys.readouterr().out.startswith("deleted 1 finished run that ended before ")
