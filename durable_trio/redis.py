@@ -46,7 +46,9 @@ least on one connection), and replaces dead ones (with a backoff).
 timeouts are :class:`~durable_trio.BrokerUnavailable`; error replies :class:`RedisReplyError`,
 except the transient ones (``-LOADING``, ``-BUSY``, ``-TRYAGAIN``...), :class:`RedisBusyReply`,
 out of memory (``-OOM``), :class:`RedisOutOfMemory` (both unavailable too), and refused
-credentials (``-WRONGPASS``, ``-NOAUTH``, ``-NOPERM``), :class:`RedisAuthError`; a closed
+credentials (``-WRONGPASS``, ``-NOAUTH``, ``-NOPERM``), :class:`RedisAuthError`, and a refused
+database number (``SELECT``), :class:`RedisDatabaseRefused` (both also a
+:class:`~durable_trio.ConfigError`); a closed
 client raises :class:`~durable_trio.TransportClosed`.
 
 This module is the client's public face: the names below are the API durable_trio keeps
@@ -69,6 +71,7 @@ from ._redis import (
     RedisClusterURL,
     RedisCommandTimeout,
     RedisCrossSlotError,
+    RedisDatabaseRefused,
     RedisOutOfMemory,
     RedisReplyError,
     RedisURL,
@@ -97,6 +100,7 @@ __all__ = [
     "RedisClusterURL",
     "RedisCommandTimeout",
     "RedisCrossSlotError",
+    "RedisDatabaseRefused",
     "RedisOutOfMemory",
     "RedisReplyError",
     "RedisURL",

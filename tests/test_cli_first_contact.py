@@ -4,18 +4,22 @@ defect found there, on real files."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from typing import TYPE_CHECKING
 
+import pytest
 import trio
 
 import durable_trio as dt
 from durable_trio.cli._main import main
+from durable_trio.redis import RedisDatabaseRefused, open_redis
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    import pytest
+    from _redis_server import RedisServer
 
 
 def _store_with_a_run(tmp_path: Path) -> str:
@@ -60,3 +64,38 @@ def test_prune_counts_one_run_in_the_singular(
     assert out.startswith("would delete 1 finished run that ended before "), out
     assert main(["runs", "prune", "--older-than", "1m", "--yes", "--backend", url]) == 0
     assert capsys.readouterr().out.startswith("deleted 1 finished run that ended before ")
+
+
+async def test_a_database_number_the_server_refuses_is_said_as_such(
+    redis_server: RedisServer,
+) -> None:
+    """`redis://host:port/99` on a server of 16 databases said "Redis at ... is unavailable
+    (ERR DB index is out of range)": an outage, for a wrong URL. It is a ConfigError naming the
+    database now, at every try (the client's backoff after the first refusal included)."""
+    url = f"redis://127.0.0.1:{redis_server.port}/99"
+    async with open_redis(url) as client:
+        for _ in range(2):  # the second while the client backs off
+            with pytest.raises(RedisDatabaseRefused) as refused:
+                await client.execute("PING")
+            assert isinstance(refused.value, dt.ConfigError)
+            assert str(refused.value) == (
+                f"Redis at 127.0.0.1:{redis_server.port} refused database 99 of the backend "
+                "URL: ERR DB index is out of range (the /DB after the host must be below the "
+                "server's `databases` setting, 16 by default)"
+            )
+    status, err = await trio.to_thread.run_sync(
+        lambda: _cli_status_and_err("runs", "list", "--backend", url)
+    )
+    assert status == 2
+    assert err.splitlines() == [f"error: {refused.value}"]
+
+
+def _cli_status_and_err(*argv: str) -> tuple[int, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "durable_trio", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return done.returncode, done.stderr

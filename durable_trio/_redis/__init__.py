@@ -28,6 +28,7 @@ from ._errors import (
     RedisBusyReply,
     RedisCommandTimeout,
     RedisCrossSlotError,
+    RedisDatabaseRefused,
     RedisOutOfMemory,
     RedisReplyError,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "RedisClusterURL",
     "RedisCommandTimeout",
     "RedisCrossSlotError",
+    "RedisDatabaseRefused",
     "RedisOutOfMemory",
     "RedisReplyError",
     "RedisURL",

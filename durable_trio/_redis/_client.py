@@ -32,7 +32,7 @@ from .._backoff import Backoff
 from .._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
 from .._redact import url_scheme
 from ._connection import Connection, RedisArg, connect
-from ._errors import RedisAuthError, RedisReplyError
+from ._errors import RedisAuthError, RedisDatabaseRefused, RedisReplyError, refused_again
 from ._pubsub import Subscription
 from ._script import Script
 from ._url import SENTINEL_SCHEMES, RedisURL, parse_redis_url
@@ -237,7 +237,8 @@ class RedisClient:
         self._failures = 0
         self._retry_at = 0.0
         self._last_error = ""
-        self._refusal: RedisAuthError | None = None  # the last connect failed on credentials
+        # The last connect failed on the credentials or the database number.
+        self._refusal: RedisAuthError | RedisDatabaseRefused | None = None
         self._scripts: dict[str, bytes] = {}
         self._lifetime = OwnedNursery("RedisClient")
         self._nursery: trio.Nursery | None = None
@@ -522,15 +523,9 @@ class RedisClient:
                 return best
             if self._backing_off():
                 if self._refusal is not None:
-                    # Refused credentials stay an authentication error while backing off,
-                    # never "unavailable" (waiting alone would not fix them).
-                    refused = RedisAuthError(
-                        self._refusal.reply,
-                        address=self._url.address,
-                        sentinel=self._refusal.sentinel,
-                    )
-                    refused.index = self._refusal.index
-                    raise refused
+                    # Refused credentials (or database number) stay that error while backing
+                    # off, never "unavailable" (waiting alone would not fix them).
+                    raise refused_again(self._refusal)
                 wait = self._retry_at - trio.current_time()
                 raise BrokerUnavailable(
                     f"Redis at {self._url.address} is unavailable ({self._last_error}); "
@@ -545,7 +540,9 @@ class RedisClient:
             self._failures += 1
             self._retry_at = trio.current_time() + self._backoff.delay(self._failures)
             self._last_error = str(exc)
-            self._refusal = exc if isinstance(exc, RedisAuthError) else None
+            self._refusal = (
+                exc if isinstance(exc, RedisAuthError | RedisDatabaseRefused) else None
+            )
             raise
         self._failures = 0
         self._refusal = None

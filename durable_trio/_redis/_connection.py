@@ -53,7 +53,7 @@ import hiredis
 import trio
 
 from .._errors import BrokerUnavailable, DurableTrioError, TransportClosed
-from ._errors import RedisAuthError, RedisCommandTimeout, RedisReplyError, raisable
+from ._errors import RedisCommandTimeout, RedisReplyError, handshake_error, raisable
 from ._replicas import check_acknowledged, replica_wait, waited_timeout
 
 if TYPE_CHECKING:
@@ -957,7 +957,8 @@ async def connect(
         BrokerUnavailable: could not connect (refused, unreachable, timed out, TLS failure).
         RedisAuthError: the credentials were refused (``WRONGPASS``, any error reply to
             ``AUTH``) or the user may not run the handshake (``NOPERM``).
-        RedisReplyError: another refusal of the handshake (a bad database number).
+        RedisDatabaseRefused: the database number was refused (``SELECT``).
+        RedisReplyError: another refusal of the handshake.
         TransportClosed: the nursery no longer takes new tasks (the client is closing).
         ConfigError: the TLS settings cannot work (an unreadable CA file).
     """
@@ -988,13 +989,7 @@ async def connect(
         for index, reply in enumerate(replies):
             if isinstance(reply, RedisReplyError):
                 conn.close()
-                # Whatever the server says to AUTH, the credentials will not do (servers
-                # before 6.0 answer a wrong password with a plain -ERR).
-                error = (
-                    RedisAuthError(reply.reply, address=url.address)
-                    if handshake[index][0] == "AUTH"
-                    else raisable(reply, url.address)
-                )
+                error = handshake_error(handshake[index], reply, url.address)
                 error.index = index
                 raise error
     return conn

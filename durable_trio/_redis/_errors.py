@@ -9,10 +9,13 @@ __all__ = [
     "RedisBusyReply",
     "RedisCommandTimeout",
     "RedisCrossSlotError",
+    "RedisDatabaseRefused",
     "RedisOutOfMemory",
     "RedisReplyError",
+    "handshake_error",
     "is_auth_refusal",
     "raisable",
+    "refused_again",
 ]
 
 #: Replies that mean "not now" rather than "wrong": the server is loading its data, running a
@@ -127,6 +130,60 @@ class RedisAuthError(RedisReplyError, AuthenticationError):
                 "(check its user name and password, percent-encoded, and the user's ACL)"
             )
         self.args = (text,)
+
+
+class RedisDatabaseRefused(RedisReplyError, ConfigError):
+    """Redis refused the backend URL's database number (``SELECT``: ``-ERR DB index is out of
+    range``): the URL is wrong, the server is up. A :class:`~durable_trio.ConfigError`, so
+    opening a backend fails with it once, in words, as for refused credentials (not as an
+    outage, "unavailable").
+
+    Attributes:
+        address: ``host:port`` of the server that refused.
+        database: the database number the URL asked for.
+    """
+
+    def __init__(self, reply: str, *, address: str = "", database: str = "") -> None:
+        super().__init__(reply)
+        self.address = address
+        self.database = database
+        where = f"Redis at {address}" if address else "Redis"
+        self.args = (
+            f"{where} refused database {database} of the backend URL: {reply} (the /DB after "
+            "the host must be below the server's `databases` setting, 16 by default)",
+        )
+
+
+def handshake_error(
+    command: tuple[str, ...], reply: RedisReplyError, address: str
+) -> RedisReplyError:
+    """The exception to raise for ``reply`` to a connection's handshake ``command``.
+
+    Whatever the server says to ``AUTH``, the credentials will not do (servers before 6.0
+    answer a wrong password with a plain ``-ERR``): a :class:`RedisAuthError`. An ``-ERR``
+    to ``SELECT``: a :class:`RedisDatabaseRefused`. Else as :func:`raisable`.
+    """
+    if command[0] == "AUTH":
+        return RedisAuthError(reply.reply, address=address)
+    if command[0] == "SELECT" and reply.code == "ERR":
+        return RedisDatabaseRefused(reply.reply, address=address, database=command[1])
+    return raisable(reply, address)
+
+
+def refused_again(
+    refusal: RedisAuthError | RedisDatabaseRefused,
+) -> RedisAuthError | RedisDatabaseRefused:
+    """A new exception saying ``refusal`` again (a client backing off after it raises this,
+    never "unavailable": waiting alone would not fix the URL)."""
+    again: RedisAuthError | RedisDatabaseRefused
+    if isinstance(refusal, RedisAuthError):
+        again = RedisAuthError(refusal.reply, address=refusal.address, sentinel=refusal.sentinel)
+    else:
+        again = RedisDatabaseRefused(
+            refusal.reply, address=refusal.address, database=refusal.database
+        )
+    again.index = refusal.index
+    return again
 
 
 def is_auth_refusal(reply: RedisReplyError) -> bool:
