@@ -99,3 +99,55 @@ def _cli_status_and_err(*argv: str) -> tuple[int, str]:
         check=False,
     )
     return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "name"),
+    [
+        (["runs", "list"], "runs list"),
+        (["runs", "show", "r-1"], "runs show"),
+        (["runs", "cancel", "r-1"], "runs cancel"),
+        (["jobs", "failed"], "jobs failed"),
+        (["queues"], "queues"),
+        (["schedules", "list"], "schedules list"),
+        (["health"], "health"),
+        (["console", "--port", "0"], "console"),
+    ],
+)
+def test_an_operator_command_on_memory_is_refused_not_an_empty_store(
+    capsys: pytest.CaptureFixture[str], command: list[str], name: str
+) -> None:
+    """`runs list --backend memory://` said "no runs" (and `health` "no live workers") whatever
+    the workers and engines held: the command opened an empty store of its own process."""
+    assert main([*command, "--backend", "memory://"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        f"error: {name}: memory:// is a store of one process, empty in this one: it holds no "
+        "other process's runs, jobs or workers; give the URL the workers and engines use "
+        "(--backend sqlite:///... or redis://..., or $DURABLE_TRIO_BACKEND)"
+    ]
+
+
+def test_a_detached_run_on_memory_is_refused_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`run app:app wf --detach --backend memory://` printed `"status": "pending"` and exit 0
+    for a run gone with the process."""
+    (tmp_path / "memory_app_mod.py").write_text(
+        "import durable_trio as dt\napp = dt.App('shop')\n\n"
+        "@app.workflow('wf')\nasync def wf(ctx: dt.WorkflowContext, x: int) -> int:\n"
+        "    return x\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    target = "memory_app_mod:app"
+    assert main(["run", target, "wf", "1", "--detach", "--backend", "memory://"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        "error: run --detach on memory:// records the run in this process's memory, gone when "
+        "it exits, before any engine could drive it: give the URL the engines use "
+        "(sqlite:///..., redis://...), or leave out --detach"
+    ]
+    assert main(["run", target, "wf", "1", "--backend", "memory://"]) == 0  # (driven here)
+    assert '"output": 1' in capsys.readouterr().out

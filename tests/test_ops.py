@@ -606,11 +606,25 @@ async def test_cli_requeue_and_delete_of_real_set_aside_jobs_on_sqlite(
         assert json.loads(out) == []
 
 
-def test_ops_commands_on_memory(capsys: pytest.CaptureFixture[str]) -> None:
+def test_ops_commands_refuse_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    """A memory:// store in the command's own process is empty: refused, not "no runs"
+    (docs/decisions.md, "The operator's commands refuse memory://")."""
     for argv in (["runs", "list"], ["jobs", "failed"], ["queues"]):
-        status, out, _ = _cli(capsys, *argv, "--backend", "memory://")
-        assert status == 0
-        assert out.startswith("no ")
+        status, out, err = _cli(capsys, *argv, "--backend", "memory://")
+        assert (status, out) == (2, "")
+        assert err.startswith(f"error: {' '.join(argv)}: memory:// is a store of one process")
+
+
+def _empty_store(tmp_path: Path) -> str:
+    """The URL of an existing SQLite store holding nothing (what memory:// read as before)."""
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+
+    async def make() -> None:
+        async with dt.open_backend(url):
+            pass
+
+    trio.run(make)
+    return url
 
 
 # -- errors a person can act on -------------------------------------------------------------------
@@ -628,9 +642,10 @@ def test_ops_commands_on_memory(capsys: pytest.CaptureFixture[str]) -> None:
     ],
 )
 def test_user_errors_are_one_line(
-    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    status, _, err = _cli(capsys, *argv)
+    url = _empty_store(tmp_path)
+    status, _, err = _cli(capsys, *[url if arg == "memory://" else arg for arg in argv])
     assert status == 2
     assert expected in err
     assert len(err.strip().splitlines()) == 1
@@ -694,8 +709,9 @@ async def test_existing_opens_a_database_that_is_there_and_refuses_a_folder(
 
 
 def test_health_watch_without_rich_honours_iterations(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    url = _empty_store(tmp_path)
     real_import = builtins.__import__
 
     def no_rich(name: str, *args: Any, **kwargs: Any) -> Any:
@@ -704,7 +720,7 @@ def test_health_watch_without_rich_honours_iterations(
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_rich)
-    argv = ["health", "--backend", "memory://", "--watch", "--interval", "0.01"]
+    argv = ["health", "--backend", url, "--watch", "--interval", "0.01"]
     status, out, _ = _cli(capsys, *argv, "--iterations", "2")
     assert status == 0
     assert out.count("no live workers") == 2
@@ -716,11 +732,12 @@ def test_health_takes_the_namespace_of_the_app(
     (tmp_path / "ops_app_mod.py").write_text("import durable_trio as dt\napp = dt.App('shop')\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    status, out, _ = _cli(capsys, "health", "--backend", "memory://", "--app", "ops_app_mod:app")
+    url = _empty_store(tmp_path)
+    status, out, _ = _cli(capsys, "health", "--backend", url, "--app", "ops_app_mod:app")
     assert status == 0
     assert "'shop'" in out
     monkeypatch.setenv("DURABLE_TRIO_NAMESPACE", "billing")
-    status, out, _ = _cli(capsys, "health", "--backend", "memory://")
+    status, out, _ = _cli(capsys, "health", "--backend", url)
     assert status == 0
     assert "'billing'" in out
 

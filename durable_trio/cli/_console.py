@@ -58,12 +58,12 @@ def add_console_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
 
 def _cmd_console(args: argparse.Namespace) -> int:
     try:
-        from ..console import run_console
+        from ..console import check_exposure, run_console
     except ImportError:
         print(f"error: {MISSING_EXTRA}", file=sys.stderr)
         return 2
     from ._engine import DEFAULT_BACKEND, run_reporting_errors
-    from ._operations import resolve_namespace
+    from ._operations import operator_backend, resolve_namespace
 
     def announce(url: str) -> None:
         shown = f"{url}/?token=…" if args.token else url
@@ -73,6 +73,8 @@ def _cmd_console(args: argparse.Namespace) -> int:
     backend = args.backend or os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
 
     def main() -> int:
+        check_exposure(args.host, args.token)  # (the flags first, as before the backend)
+        operator_backend(backend, "console")  # (memory://: refused, in one line)
         run = partial(
             run_console,
             backend,

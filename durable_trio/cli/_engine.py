@@ -364,6 +364,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         folding = _start_options(args)
         # Refused before anything starts (a bad bound once the run was started was a traceback)
         check_seconds(args.timeout, "run", "--timeout")
+        if args.detach and (args.backend or "").partition(":")[0].lower() == "memory":
+            raise ConfigError(
+                "run --detach on memory:// records the run in this process's memory, gone "
+                "when it exits, before any engine could drive it: give the URL the engines "
+                "use (sqlite:///..., redis://...), or leave out --detach"
+            )
     except (ConfigError, TypeError) as exc:
         print(visible(f"error: {exc}"), file=sys.stderr)
         return 2

@@ -156,13 +156,14 @@ def _cmd_examples(args: argparse.Namespace) -> int:
 def _cmd_health(args: argparse.Namespace) -> int:
     from ._engine import run_reporting_errors
     from ._health import run_health
-    from ._operations import resolve_namespace
+    from ._operations import operator_backend, resolve_namespace
 
     def run() -> int:
         namespace = resolve_namespace(args.namespace, args.app)
+        url = operator_backend(args.backend, "health")
         trio.run(
             lambda: run_health(
-                _backend_url(args.backend),
+                url,
                 namespace,
                 watch_mode=args.watch,
                 interval=args.interval,

@@ -52,6 +52,25 @@ def resolve_namespace(namespace: str | None, app: str | None = None) -> str | No
     return None
 
 
+def operator_backend(url: str | None, command: str) -> str:
+    """The backend URL an operator's command reads (``--backend``, else
+    ``$DURABLE_TRIO_BACKEND``, else the embedded SQLite file).
+
+    Raises:
+        ConfigError: a ``memory://`` URL: the command would open a store of its own process,
+            empty, and print "no runs" (or "no live workers") whatever the workers and engines
+            hold.
+    """
+    chosen = url or os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
+    if chosen.partition(":")[0].lower() == "memory":
+        raise ConfigError(
+            f"{command}: memory:// is a store of one process, empty in this one: it holds no "
+            "other process's runs, jobs or workers; give the URL the workers and engines use "
+            "(--backend sqlite:///... or redis://..., or $DURABLE_TRIO_BACKEND)"
+        )
+    return chosen
+
+
 def table(headers: list[str], rows: list[list[str]]) -> str:
     """A plain left-aligned table, every cell made :func:`~durable_trio._terminal.visible`
     (a cell holds stored strings: a control character in one must not reach the terminal)."""
@@ -459,7 +478,7 @@ def _runner(
 
         async def main() -> int:
             namespace = resolve_namespace(args.namespace, args.app)
-            url = args.backend or os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
+            url = operator_backend(args.backend, _command_name(args))
             async with open_operations(
                 url,
                 namespace=namespace,
@@ -476,6 +495,15 @@ def _runner(
             return 130
 
     return run
+
+
+def _command_name(args: argparse.Namespace) -> str:
+    """``runs list``, ``jobs failed``, ``queues``, ``schedules add``: the command given."""
+    for group in ("runs", "jobs", "schedules"):
+        sub = getattr(args, f"{group}_command", None)
+        if sub is not None:
+            return f"{group} {sub}"
+    return getattr(args, "command", None) or "queues"
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,6 @@ live engine runs (``--force`` adds it anyway) and warns when no engine is live t
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -24,7 +23,14 @@ import trio
 
 from .._naming import DEFAULT_NAMESPACE
 from .._terminal import visible
-from ._operations import DEFAULT_BACKEND, _common, _time, _when, resolve_namespace, table
+from ._operations import (
+    _common,
+    _time,
+    _when,
+    operator_backend,
+    resolve_namespace,
+    table,
+)
 
 if TYPE_CHECKING:
     import argparse
@@ -200,7 +206,7 @@ def _runner(
         async def main() -> int:
             app = load_app(args.app) if args.app else None
             namespace = resolve_namespace(args.namespace, args.app)
-            url = args.backend or os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
+            url = operator_backend(args.backend, f"schedules {args.schedules_command}")
             async with open_operations(
                 url,
                 namespace=namespace,
