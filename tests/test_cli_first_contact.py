@@ -151,3 +151,21 @@ def test_a_detached_run_on_memory_is_refused_not_lost(
     ]
     assert main(["run", target, "wf", "1", "--backend", "memory://"]) == 0  # (driven here)
     assert '"output": 1' in capsys.readouterr().out
+
+
+def test_an_empty_run_id_is_refused_not_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`run app:app wf --run-id ''` (an unset shell variable) started a run under a new random
+    id, which the script that chose the id could then not find."""
+    (tmp_path / "empty_id_app_mod.py").write_text(
+        "import durable_trio as dt\napp = dt.App('shop')\n\n"
+        "@app.workflow('wf')\nasync def wf(ctx: dt.WorkflowContext, x: int) -> int:\n"
+        "    return x\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    assert main(["run", "empty_id_app_mod:app", "wf", "1", "--run-id", "", "--backend", url]) == 2
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", "error: run: --run-id must not be empty\n")
+    assert not (tmp_path / "x.db").exists()  # refused before anything opened

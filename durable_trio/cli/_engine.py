@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from .._arguments import check_seconds
+from .._arguments import check_run_id, check_seconds
 from .._engine._app import App
 from .._engine._errors import RunFailed
 from .._engine._open import open_engine
@@ -364,6 +364,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         folding = _start_options(args)
         # Refused before anything starts (a bad bound once the run was started was a traceback)
         check_seconds(args.timeout, "run", "--timeout")
+        check_run_id(args.run_id, "run", "--run-id")  # ('': refused, not a new id picked)
         if args.detach and (args.backend or "").partition(":")[0].lower() == "memory":
             raise ConfigError(
                 "run --detach on memory:// records the run in this process's memory, gone "
