@@ -169,3 +169,13 @@ def test_an_empty_run_id_is_refused_not_replaced(
     captured = capsys.readouterr()
     assert (captured.out, captured.err) == ("", "error: run: --run-id must not be empty\n")
     assert not (tmp_path / "x.db").exists()  # refused before anything opened
+
+
+def test_health_help_names_its_default_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    """`health --help` said `backend URL (default as for examples)`, and nothing of
+    `--interval`'s default; every other command names its default backend."""
+    with pytest.raises(SystemExit):
+        main(["health", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "backend URL (default: $DURABLE_TRIO_BACKEND or sqlite:///.durable/demo.db)" in text
+    assert "seconds between refreshes (2)" in text

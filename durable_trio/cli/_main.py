@@ -231,7 +231,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     examples.set_defaults(func=_cmd_examples)
     health = commands.add_parser("health", help="every group's depth and live workers")
-    health.add_argument("--backend", help="backend URL (default as for examples)")
+    health.add_argument(
+        "--backend", help=f"backend URL (default: $DURABLE_TRIO_BACKEND or {DEFAULT_BACKEND})"
+    )
     health.add_argument(
         "--namespace",
         help="the namespace (default: $DURABLE_TRIO_NAMESPACE, else --app's name, else the "
@@ -241,7 +243,7 @@ def _parser() -> argparse.ArgumentParser:
         "--app", metavar="MODULE:app", help="take the namespace from this App (as worker/engine)"
     )
     health.add_argument("--watch", action="store_true", help="refresh live (rich)")
-    health.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    health.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (2)")
     health.add_argument("--iterations", type=int, help="stop after this many refreshes")
     health.add_argument(
         "--prometheus", type=int, metavar="PORT", help="also serve /metrics on 127.0.0.1:PORT"
