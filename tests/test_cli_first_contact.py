@@ -179,3 +179,24 @@ def test_health_help_names_its_default_backend(capsys: pytest.CaptureFixture[str
     text = " ".join(capsys.readouterr().out.split())
     assert "backend URL (default: $DURABLE_TRIO_BACKEND or sqlite:///.durable/demo.db)" in text
     assert "seconds between refreshes (2)" in text
+
+
+def test_a_backfill_range_refused_is_said_in_utc_times(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`schedules backfill --from 2026-12-08 --to 2026-12-07` said `the start 1796688000.0 is
+    after the end 1796601600.0`: Unix floats for times the operator typed as dates."""
+    url = _store_with_a_run(tmp_path)
+    common = ["--backend", url]
+    assert main(["schedules", "add", "nightly", "order", "--every", "60", "--force", *common]) == 0
+    capsys.readouterr()
+    backfill = ["schedules", "backfill", "nightly", *common]
+    assert main([*backfill, "--from", "2026-12-08", "--to", "2026-12-07"]) == 2
+    assert capsys.readouterr().err == (
+        "error: backfill: the start 2026-12-08 00:00:00 UTC is after the end "
+        "2026-12-07 00:00:00 UTC\n"
+    )
+    assert main([*backfill, "--from", "2026-12-08", "--to", "2999-01-01T00:00:00Z"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: backfill: the end 2999-01-01 00:00:00 UTC is after now (")
+    assert err.endswith(" UTC): a backfill starts past ticks (the schedule starts the others)\n")

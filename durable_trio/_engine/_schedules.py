@@ -136,6 +136,12 @@ def schedule_run_id(name: str, tick: float) -> str:
     return f"sched:{name}:{moment.isoformat(timespec=spec).replace('+00:00', 'Z')}"
 
 
+def _utc(moment: float) -> str:
+    """A wall-clock time in an error message, as the commands print times (UTC, said)."""
+    shown = datetime.datetime.fromtimestamp(moment, datetime.UTC)
+    return shown.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def _range_time(what: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ConfigError(f"backfill: {what} must be a time (Unix seconds), got {value!r}")
@@ -329,12 +335,12 @@ class Schedules:
         start = _range_time("start", start)
         end = _range_time("end", end)
         if start > end:
-            raise ConfigError(f"backfill: the start {start!r} is after the end {end!r}")
+            raise ConfigError(f"backfill: the start {_utc(start)} is after the end {_utc(end)}")
         now = self._wall()
         if end > now:
             raise ConfigError(
-                f"backfill: the end {end!r} is after now ({now!r}): a backfill starts past "
-                "ticks (the schedule starts the others)"
+                f"backfill: the end {_utc(end)} is after now ({_utc(now)}): a backfill starts "
+                "past ticks (the schedule starts the others)"
             )
         info = await self.get(name)
         if info is None:
