@@ -383,6 +383,33 @@ async def test_start_a_run_from_the_console(autojump_clock: trio.testing.MockClo
             assert await engine.result("mine") == {"hello": [1, 2]}
 
 
+async def test_a_start_of_a_workflow_no_live_engine_runs_is_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The console's start stored a mistyped workflow (`ordr`) pending, for an engine to fail:
+    while engines are live it is checked against their workflows, as `schedules add` is."""
+    app = _app({"packing": trio.Event()})
+    async with (
+        dt.open_backend("memory://") as backend,
+        dt.open_operations(backend, namespace="shop") as ops,
+        dt.open_engine(app, backend),
+        client(create_app(ops, allow_actions=True)) as http,
+    ):
+        typo = await http.post(
+            "/api/runs/start", json={"workflow": "ordr", "input": "1"}, headers=ACTION
+        )
+        assert typo.status_code == 400
+        assert typo.json()["message"] == (
+            "no live engine of namespace 'shop' runs workflow 'ordr' (they run: approval, echo, "
+            "order): nothing started"
+        )
+        assert (await ops.list_runs()).runs == []
+        known = await http.post(
+            "/api/runs/start", json={"workflow": "echo", "input": "1"}, headers=ACTION
+        )
+        assert known.status_code == 200, known.text
+
+
 async def test_send_a_signal_from_the_console(world: dict[str, Any]) -> None:
     engine = world["engine"]
     await engine.start("approval", None, run_id="waits")

@@ -10,6 +10,7 @@ import orjson
 import trio
 
 from .._engine import RunNotFound
+from .._engine._advert import known_workflows
 from .._engine._debounce import Debounce
 from .._engine._schedules import Schedules
 from .._engine._tags import parse_tag
@@ -353,6 +354,14 @@ class Pages:
         namespace takes it over at once (the store rings the engines that reconcile)."""
         workflow = _field(body, "workflow")
         value = _json_field(body, "input")
+        # As `schedules add`: a workflow no live engine runs (a typo) is refused while some
+        # engine is live to ask; with none live it is stored, for the engine to come.
+        known = known_workflows(await self._ops.engines())
+        if known is not None and workflow not in known:
+            raise BadRequest(
+                f"no live engine of namespace {self._ops.names.prefix!r} runs workflow "
+                f"{workflow!r} (they run: {', '.join(sorted(known)) or 'none'}): nothing started"
+            )
         run_id = body.get("run_id", "").strip() or None
         if run_id is not None and await self._ops.store.get_run(run_id) is not None:
             raise Conflict(
