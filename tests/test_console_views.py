@@ -410,6 +410,37 @@ async def test_a_start_of_a_workflow_no_live_engine_runs_is_refused(
         assert known.status_code == 200, known.text
 
 
+async def test_a_start_with_a_field_it_does_not_take_is_refused_not_dropped(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """`runId` for `run_id` (and a field no start has) was dropped without a word: the run
+    started under a random id. Now a 400 naming the fields, and nothing started."""
+    async with (
+        dt.open_backend("memory://") as backend,
+        dt.open_operations(backend, namespace="shop") as ops,
+        client(create_app(ops, allow_actions=True)) as http,
+    ):
+        typo = await http.post(
+            "/api/runs/start",
+            json={"workflow": "echo", "input": "1", "runId": "x", "timeout": "abc"},
+            headers=ACTION,
+        )
+        assert typo.status_code == 400
+        assert typo.json()["message"] == (
+            "unknown fields 'runId', 'timeout': a start takes debounce_delay, "
+            "debounce_key, debounce_max_wait, dedup_key, input, run_id, tags, workflow; "
+            "nothing started"
+        )
+        assert (await ops.list_runs()).runs == []
+        started = await http.post(
+            "/api/runs/start",
+            json={"workflow": "echo", "input": "1", "run_id": "x", "tags": ""},
+            headers=ACTION,
+        )
+        assert started.status_code == 200, started.text
+        assert [run.run_id for run in (await ops.list_runs()).runs] == ["x"]
+
+
 async def test_send_a_signal_from_the_console(world: dict[str, Any]) -> None:
     engine = world["engine"]
     await engine.start("approval", None, run_id="waits")

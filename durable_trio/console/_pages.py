@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import orjson
 import trio
@@ -79,6 +79,15 @@ def start_options(body: dict[str, str]) -> tuple[str | None, Debounce | None, di
     except (ConfigError, ValueError) as exc:
         raise BadRequest(str(exc)) from None
     return dedup_key, debounce, tags
+
+
+#: The fields of a start (its form's, and the API's).
+_START_FIELDS: Final = frozenset(
+    (
+        "workflow", "input", "run_id", "dedup_key", "debounce_key", "debounce_delay",
+        "debounce_max_wait", "tags",
+    )
+)  # fmt: skip
 
 
 def _field(body: dict[str, str], name: str) -> str:
@@ -351,7 +360,16 @@ class Pages:
 
     async def start(self, body: dict[str, str]) -> Reply:
         """Start a run: stored pending (as ``durable-trio run --detach``), an engine of the
-        namespace takes it over at once (the store rings the engines that reconcile)."""
+        namespace takes it over at once (the store rings the engines that reconcile). A field
+        it does not take is refused, not dropped: its optional fields are where a mistyped
+        name (``runId`` for ``run_id``) would otherwise start a run other than the one meant."""
+        unknown = sorted(set(body) - _START_FIELDS)
+        if unknown:
+            raise BadRequest(
+                f"unknown field{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(repr(name) for name in unknown)}: a start takes "
+                f"{', '.join(sorted(_START_FIELDS))}; nothing started"
+            )
         workflow = _field(body, "workflow")
         value = _json_field(body, "input")
         # As `schedules add`: a workflow no live engine runs (a typo) is refused while some
