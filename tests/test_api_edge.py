@@ -65,6 +65,7 @@ class InlineConnection:
 
     def __init__(self, path: Path) -> None:
         self.path = str(path)
+        self.read_only = None  # (read and write, as ConnectionThread by default)
         self._db = sqlite3.connect(self.path, isolation_level=None)
         self._users = 1
 
