@@ -200,3 +200,32 @@ def test_a_backfill_range_refused_is_said_in_utc_times(
     err = capsys.readouterr().err
     assert err.startswith("error: backfill: the end 2999-01-01 00:00:00 UTC is after now (")
     assert err.endswith(" UTC): a backfill starts past ticks (the schedule starts the others)\n")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["runs", "list"],
+        ["health"],
+        ["schedules", "list"],
+        ["queues"],
+        ["worker", "nsapp:app"],
+        ["engine", "nsapp:app"],
+    ],
+)
+def test_an_empty_namespace_is_refused_not_read_as_the_default(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: list[str],
+) -> None:
+    """`--namespace ''` read as no namespace: `runs list` listed the default namespace's runs
+    (and a worker served it) where the user had asked for another, if by mistake (an unset
+    shell variable, `--namespace "$NS"`)."""
+    (tmp_path / "nsapp.py").write_text('import durable_trio as dt\napp = dt.App("shop")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    url = _store_with_a_run(tmp_path)
+    assert main([*command, "--namespace", "", "--backend", url]) == 2
+    assert capsys.readouterr().err == (
+        "error: --namespace must not be empty (leave it out for the default)\n"
+    )

@@ -147,6 +147,8 @@ def _interrupted(serve: Callable[[], Awaitable[int]]) -> int:
 
 
 def _transport_options(args: argparse.Namespace) -> dict[str, Any]:
+    if args.namespace == "":
+        raise ConfigError("--namespace must not be empty (leave it out for the default)")
     namespace = args.namespace or os.environ.get("DURABLE_TRIO_NAMESPACE")
     options: dict[str, Any] = {"namespace": namespace} if namespace else {}
     for name in _THRESHOLDS:  # worker and engine (issue 30, item 9)

@@ -38,9 +38,12 @@ def resolve_namespace(namespace: str | None, app: str | None = None) -> str | No
     default), else ``None`` (``"durable"``).
 
     Raises:
-        ConfigError: ``--app`` names no App.
+        ConfigError: ``--app`` names no App, or ``--namespace ''`` (it read as no namespace:
+            the default's runs, not an error).
     """
-    if namespace:
+    if namespace is not None:
+        if not namespace:
+            raise ConfigError("--namespace must not be empty (leave it out for the default)")
         return namespace
     configured = os.environ.get("DURABLE_TRIO_NAMESPACE")
     if configured:
