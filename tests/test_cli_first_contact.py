@@ -229,3 +229,21 @@ def test_an_empty_namespace_is_refused_not_read_as_the_default(
     assert capsys.readouterr().err == (
         "error: --namespace must not be empty (leave it out for the default)\n"
     )
+
+
+def test_an_option_a_command_does_not_take_is_said_with_that_command_s_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`queues --limit 3` printed the top-level usage (`durable-trio [-h] [--version]
+    {examples,health,...}`), which does not say what `queues` takes."""
+    with pytest.raises(SystemExit) as exited:
+        main(["queues", "--limit", "3"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: durable-trio queues ")
+    assert err.endswith("durable-trio queues: error: unrecognized arguments: --limit 3\n")
+    with pytest.raises(SystemExit):
+        main(["runs", "list", "--bogus"])
+    assert capsys.readouterr().err.endswith(
+        "durable-trio runs list: error: unrecognized arguments: --bogus\n"
+    )

@@ -279,6 +279,25 @@ def _not_utf8(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _innermost(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser of the innermost (sub)command ``argv`` names (``runs list``: ``list``'s)."""
+    for word in argv:
+        choices = next(
+            (
+                action.choices
+                for action in parser._actions
+                if isinstance(action, argparse._SubParsersAction)
+            ),
+            None,
+        )
+        if choices is None:
+            break
+        sub = choices.get(word)
+        if isinstance(sub, argparse.ArgumentParser):
+            parser = sub
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``durable-trio``; returns the exit status."""
     from .._errors import DurableTrioError
@@ -288,7 +307,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         print(visible(f"error: {problem}"), file=sys.stderr)
         return 2
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # Said by the (sub)command's own parser, with its usage: the top-level usage does not
+        # say what `queues` takes.
+        _innermost(parser, sys.argv[1:] if argv is None else argv).error(
+            f"unrecognized arguments: {' '.join(unknown)}"
+        )
     func = cast("Callable[[argparse.Namespace], int]", args.func)
     try:
         return func(args)
