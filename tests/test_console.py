@@ -114,6 +114,22 @@ async def test_the_run_page_shows_the_history_and_the_error(world: dict[str, Any
         assert (await http.get("/runs/nope")).status_code == 404
 
 
+async def test_an_address_the_console_does_not_have_is_its_own_not_found_page(
+    world: dict[str, Any],
+) -> None:
+    """`/nosuchpage` answered Starlette's bare text "Not Found": now the console's page, with
+    its links (and under /api, its JSON reply)."""
+    async with client(create_app(world["ops"])) as http:
+        page = await http.get("/nosuchpage")
+        assert page.status_code == 404
+        assert page.headers["content-type"].startswith("text/html")
+        assert "the console has no page at /nosuchpage" in page.text
+        assert 'href="/runs"' in page.text
+        api = await http.post("/api/runs/nope", json={})
+        assert api.status_code == 404
+        assert api.json() == {"ok": False, "message": "no such action: /api/runs/nope"}
+
+
 async def test_the_run_page_shows_each_attempts_worker_error_and_duration(
     world: dict[str, Any],
 ) -> None:

@@ -174,7 +174,16 @@ def create_app(
         Route("/api/jobs/delete", action("delete", view.delete), methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]
-    app = Starlette(routes=routes)
+    async def not_found(request: Request, exc: Exception) -> Response:
+        # A mistyped address gets the console's own page (or, under /api, its JSON reply),
+        # not Starlette's bare "Not Found".
+        path = request.url.path
+        if path.startswith("/api/"):
+            return _reply(False, f"no such action: {path}", 404)
+        message = f"the console has no page at {path} (its pages: runs, schedules, workers, queues)"
+        return _html(view.error_page("Not found", message), 404)
+
+    app = Starlette(routes=routes, exception_handlers={404: not_found})
     return TokenGuard(app, token=token)
 
 
