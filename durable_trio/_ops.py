@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from ._engine._stores import RunStore
     from ._engine._stream import StreamEntry
     from ._transport._supervised import SupervisedSlot
+    from .backends.sqlite import ReadOnlyOption
 
 #: Seconds :meth:`Operations.cancel_run` waits for the broker to take the workers' cancel.
 CONTROL_PUSH_TIMEOUT = 5.0
@@ -733,7 +734,7 @@ async def open_operations(
     namespace: str | None = None,
     existing: bool = False,
     discover: bool = False,
-    read_only: bool | Literal["if_needed"] = False,
+    read_only: ReadOnlyOption = False,
 ) -> AsyncIterator[Operations]:
     """Open the operator's calls on ``namespace`` of ``backend``; close what was opened on
     leaving.

@@ -8,7 +8,7 @@ included, so nothing re-parses the URL later to find the run store).
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from .._errors import ConfigError
 from .._redact import url_scheme
@@ -16,6 +16,8 @@ from ._backend import Backend, MemoryRunStores, RunStores
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+
+    from .sqlite import ReadOnlyOption
 
 __all__ = ["Backend", "MemoryRunStores", "RunStores", "open_backend"]
 
@@ -35,7 +37,7 @@ async def open_backend(
     url: str = "memory://",
     *,
     existing: bool = False,
-    read_only: bool | Literal["if_needed"] = False,
+    read_only: ReadOnlyOption = False,
 ) -> AsyncIterator[Backend]:
     """Open the backend ``url`` names, and close it on leaving the block.
 

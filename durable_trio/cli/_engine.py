@@ -32,7 +32,7 @@ from .._engine._worker import open_worker
 from .._errors import BrokerError, ConfigError, DurableTrioError, PayloadError
 from .._json_values import parse_json_argument
 from .._os_signals import close_on_signals
-from .._redact import redact_url
+from .._redact import redact_url, url_scheme
 from .._terminal import visible
 from ..backends import open_backend
 
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from .._engine._records import StepRecord
 
 
-__all__ = ["add_engine_commands", "load_app", "run_reporting_errors"]
+__all__ = ["add_engine_commands", "check_namespace_option", "load_app", "run_reporting_errors"]
 
 #: The embedded default (as ``durable-trio examples``): a SQLite file under the working folder.
 DEFAULT_BACKEND = "sqlite:///.durable/demo.db"
@@ -146,10 +146,20 @@ def _interrupted(serve: Callable[[], Awaitable[int]]) -> int:
         return 128 + signal.SIGINT
 
 
-def _transport_options(args: argparse.Namespace) -> dict[str, Any]:
-    if args.namespace == "":
+def check_namespace_option(namespace: str | None) -> str | None:
+    """``--namespace`` as given (``None``: left out).
+
+    Raises:
+        ConfigError: ``--namespace ''`` (an unset shell variable): read as left out, it
+            operated the default namespace, not the one meant.
+    """
+    if namespace == "":
         raise ConfigError("--namespace must not be empty (leave it out for the default)")
-    namespace = args.namespace or os.environ.get("DURABLE_TRIO_NAMESPACE")
+    return namespace
+
+
+def _transport_options(args: argparse.Namespace) -> dict[str, Any]:
+    namespace = check_namespace_option(args.namespace) or os.environ.get("DURABLE_TRIO_NAMESPACE")
     options: dict[str, Any] = {"namespace": namespace} if namespace else {}
     for name in _THRESHOLDS:  # worker and engine (issue 30, item 9)
         if getattr(args, name, None) is not None:
@@ -367,7 +377,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         # Refused before anything starts (a bad bound once the run was started was a traceback)
         check_seconds(args.timeout, "run", "--timeout")
         check_run_id(args.run_id, "run", "--run-id")  # ('': refused, not a new id picked)
-        if args.detach and (args.backend or "").partition(":")[0].lower() == "memory":
+        if args.detach and url_scheme(args.backend or "") == "memory":
             raise ConfigError(
                 "run --detach on memory:// records the run in this process's memory, gone "
                 "when it exits, before any engine could drive it: give the URL the engines "

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._errors import ConfigError, PayloadError
+from .._redact import url_scheme
 from .._terminal import visible
 from ._bulk import add_bulk_arguments, add_tag_argument, by_id_or_filter, tags_of
 
@@ -41,9 +42,9 @@ def resolve_namespace(namespace: str | None, app: str | None = None) -> str | No
         ConfigError: ``--app`` names no App, or ``--namespace ''`` (it read as no namespace:
             the default's runs, not an error).
     """
-    if namespace is not None:
-        if not namespace:
-            raise ConfigError("--namespace must not be empty (leave it out for the default)")
+    from ._engine import check_namespace_option
+
+    if check_namespace_option(namespace) is not None:
         return namespace
     configured = os.environ.get("DURABLE_TRIO_NAMESPACE")
     if configured:
@@ -65,7 +66,7 @@ def operator_backend(url: str | None, command: str) -> str:
             hold.
     """
     chosen = url or os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
-    if chosen.partition(":")[0].lower() == "memory":
+    if url_scheme(chosen) == "memory":  # (as open_backend reads the scheme)
         raise ConfigError(
             f"{command}: memory:// is a store of one process, empty in this one: it holds no "
             "other process's runs, jobs or workers; give the URL the workers and engines use "

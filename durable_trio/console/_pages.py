@@ -254,8 +254,6 @@ class Pages:
 
     async def schedules_page(self, request: Request) -> str:
         """``/schedules``: the namespace's schedules, next and last tick."""
-        from .._engine._advert import known_workflows
-
         # Marked as the CLI's list marks them: a workflow no live engine runs is skipped.
         known = known_workflows(await self._ops.engines())
         infos = await Schedules(self._ops.store, time.time, known=known).list()
