@@ -51,6 +51,27 @@ def every_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("redis_url"))
 
 
+#: The kinds of run store whose stored data a test can reach and damage by hand (a real SQLite
+#: file, the private PostgreSQL and Redis servers): the params of a fixture that returns
+#: :func:`stored_url`.
+STORED_KINDS = [
+    "sqlite",
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("redis", marks=pytest.mark.redis),
+]
+
+
+def stored_url(request: pytest.FixtureRequest, tmp_path: Path, schema_prefix: str) -> str:
+    """The backend URL of ``request.param`` (one of :data:`STORED_KINDS`): PostgreSQL's in a
+    fresh schema named ``schema_prefix`` and a random suffix, SQLite's a file in ``tmp_path``."""
+    if request.param == "postgres":
+        suffix = uuid.uuid4().hex[:12]
+        return f"{request.getfixturevalue('postgres_url')}?schema={schema_prefix}{suffix}"
+    if request.param == "redis":
+        return str(request.getfixturevalue("redis_url"))
+    return "sqlite:///" + str(tmp_path / "runs.db")
+
+
 async def _migrated(url: str) -> None:
     async with dt.open_backend(url):
         pass

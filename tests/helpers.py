@@ -330,6 +330,19 @@ def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path}".replace("///", "////", 1)
 
 
+def made_sqlite_url(path: Path) -> str:
+    """:func:`sqlite_url`, its store made there and holding nothing (the commands that open
+    only an existing database accept it)."""
+    url = sqlite_url(path)
+
+    async def make() -> None:
+        async with dt.open_backend(url):
+            pass
+
+    trio.run(make)
+    return url
+
+
 @asynccontextmanager
 async def short_lease_engine(
     app: App,

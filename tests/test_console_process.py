@@ -12,10 +12,9 @@ import urllib.request
 from typing import TYPE_CHECKING
 
 import pytest
-import trio
 
-import durable_trio as dt
 from _redis_server import _free_port
+from helpers import made_sqlite_url
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -58,14 +57,7 @@ def _wait_until_it_answers(process: subprocess.Popen[bytes], base: str) -> str:
 
 def _made_database(tmp_path: Path) -> str:
     """A SQLite URL whose file exists (the console opens only a database that is there)."""
-    url = f"sqlite:///{tmp_path / 'x.db'}"
-
-    async def make() -> None:
-        async with dt.open_backend(url):
-            pass
-
-    trio.run(make)
-    return url
+    return made_sqlite_url(tmp_path / "x.db")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

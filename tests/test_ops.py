@@ -21,7 +21,7 @@ from durable_trio.brokers import Job
 from durable_trio.brokers.memory import MemoryBroker
 from durable_trio.brokers.sqlite import SqliteBroker
 from durable_trio.cli._main import main
-from helpers import serve_until_done, set_aside_by_stalls
+from helpers import made_sqlite_url, serve_until_done, set_aside_by_stalls
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -617,14 +617,7 @@ def test_ops_commands_refuse_memory(capsys: pytest.CaptureFixture[str]) -> None:
 
 def _empty_store(tmp_path: Path) -> str:
     """The URL of an existing SQLite store holding nothing (what memory:// read as before)."""
-    url = f"sqlite:///{tmp_path / 'empty.db'}"
-
-    async def make() -> None:
-        async with dt.open_backend(url):
-            pass
-
-    trio.run(make)
-    return url
+    return made_sqlite_url(tmp_path / "empty.db")
 
 
 # -- errors a person can act on -------------------------------------------------------------------

@@ -17,6 +17,7 @@ import pytest
 import trio
 
 import durable_trio as dt
+from _every_store import STORED_KINDS, stored_url
 from _pg_fault_process import NAMESPACE, app
 from durable_trio._engine import open_engine, open_run_store
 from durable_trio._postgres import open_pool
@@ -29,20 +30,9 @@ if TYPE_CHECKING:
 GOOD = 4
 
 
-@pytest.fixture(
-    params=[
-        "sqlite",
-        pytest.param("postgres", marks=pytest.mark.postgres),
-        pytest.param("redis", marks=pytest.mark.redis),
-    ]
-)
+@pytest.fixture(params=STORED_KINDS)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgres":
-        return f"{request.getfixturevalue('postgres_url')}?schema=l_{uuid.uuid4().hex[:12]}"
-    if request.param == "redis":
-        url: str = request.getfixturevalue("redis_url")
-        return url
-    return "sqlite:///" + str(tmp_path / "runs.db")
+    return stored_url(request, tmp_path, "l_")
 
 
 async def _damage(url: str, run_id: str) -> None:

@@ -19,6 +19,7 @@ import pytest
 import trio
 
 import durable_trio as dt
+from _every_store import STORED_KINDS, stored_url
 from _pg_fault_process import NAMESPACE, app, expected
 from durable_trio._engine import open_engine, open_worker
 from durable_trio._postgres import open_pool
@@ -104,19 +105,9 @@ async def test_a_damaged_run_or_checkpoint_is_set_aside_and_the_others_run(
     assert any(isinstance(e, dt.RunDataError) for e in errors.seen), errors.messages()
 
 
-@pytest.fixture(
-    params=[
-        "sqlite",
-        pytest.param("postgres", marks=pytest.mark.postgres),
-        pytest.param("redis", marks=pytest.mark.redis),
-    ]
-)
+@pytest.fixture(params=STORED_KINDS)
 def debounce_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "redis":
-        return str(request.getfixturevalue("redis_url"))
-    if request.param == "postgres":
-        return f"{request.getfixturevalue('postgres_url')}?schema=d_{uuid.uuid4().hex[:12]}"
-    return "sqlite:///" + str(tmp_path / "runs.db")
+    return stored_url(request, tmp_path, "d_")
 
 
 async def _damage_debounced(url: str, run_id: str) -> None:
