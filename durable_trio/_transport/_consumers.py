@@ -74,7 +74,9 @@ class Consumers:
         """The tree level of this instance's own inboxes (open inside :meth:`inbox_intake`)."""
         self._vitals = vitals
         self._report = report
-        self._closing = False
+        self.closing = False
+        """Whether the close has begun (no loop or registration starts any more): a field, read
+        by every job's finalize."""
         self._wait_for_work = broker.wait_for_work if isinstance(broker, SupportsWakeup) else None
         self.instance_id = options.instance_id
         self.loops: list[Loop] = []
@@ -85,20 +87,15 @@ class Consumers:
         self._deferred: list[Loop] | None = None
         self._kind_handlers: dict[JobKind, Callable[[Any], Awaitable[None]]] = {}
 
-    @property
-    def closing(self) -> bool:
-        """Whether the close has begun (no loop or registration starts any more)."""
-        return self._closing
-
     def check_open(self) -> None:
         """Raises:
         TransportClosed: the close has begun."""
-        if self._closing:
+        if self.closing:
             raise TransportClosed("the transport is closed")
 
     def begin_close(self) -> None:
         """Close: take no more work (idempotent); the parked loops are never started."""
-        self._closing = True
+        self.closing = True
         self._deferred = None
 
     @asynccontextmanager

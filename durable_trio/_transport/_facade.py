@@ -136,7 +136,7 @@ class QueueTransport:
             publish_result=self.publish_result,
             report=self._report,
             instance_id=options.instance_id,
-            lost_at=self._lease_lost_at,
+            lost_at=self._claims.lost_at,
             publish_beat=lambda beat: self.remote.heartbeat(beat),
             spawn=lambda sender: self._runner.level.nursery.start_soon(sender),
         )
@@ -214,10 +214,6 @@ class QueueTransport:
             remote=self.remote,
         )
         self._closed = self._tree.closed
-
-    def _lease_lost_at(self, token: str) -> float | None:
-        """When this instance learnt that its claim ``token`` was lost (``None``: it did not)."""
-        return self._claims.lost_at(token)
 
     # ------------------------------------------------------------------ identity and names
 

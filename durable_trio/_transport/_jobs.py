@@ -49,6 +49,31 @@ HANDLING = "handling jobs"
 #: First and largest pause between two tries of a finalize the broker did not answer.
 _FINALIZE_BACKOFF = Backoff(initial=0.05, maximum=2.0)
 
+
+def _set_shield(scope: trio.CancelScope, shield: bool) -> None:
+    """``scope.shield = shield``, on the path of every job (twice: on for its finalize, off
+    after), without Trio's recalculation where it cannot change a thing: the scope entered,
+    neither it nor its parent cancelled, and no deadline (then the scope stays uncancelled
+    either way, and Trio's setter would walk its status to find so: eight Python calls). Any
+    other case, or a Trio whose scopes lack these fields, takes the public setter."""
+    try:
+        status = scope._cancel_status
+        if (
+            status is not None
+            and not status.effectively_cancelled
+            and not scope._cancel_called
+            and scope._deadline == _INF
+            and (status._parent is None or not status._parent.effectively_cancelled)
+        ):
+            scope._shield = shield
+            return
+    except AttributeError:  # pragma: no cover - another Trio's insides
+        pass
+    scope.shield = shield
+
+
+_INF = float("inf")
+
 T = TypeVar("T")
 
 
@@ -243,7 +268,7 @@ class JobRunner:
                         # From here nobody cancels this scope: shielded, and bounded once a
                         # close starts (close sets the deadline of the finalizes in flight), so a
                         # close can never race a job's final write.
-                        scope.shield = True
+                        _set_shield(scope, True)
                         closing = self._closing()
                         if closing:
                             scope.deadline = trio.current_time() + self._options.cleanup_timeout
@@ -283,7 +308,7 @@ class JobRunner:
                         except BrokerError as exc:
                             self._report(job_error(f"finalizing failed: {exc}", claim, exc))
                         finally:
-                            scope.shield = False
+                            _set_shield(scope, False)
                     ended = True
                 finally:
                     if alone:

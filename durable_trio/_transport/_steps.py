@@ -96,6 +96,7 @@ class StepServer:
         self.gates: dict[str, StartGate] = {}
         """Per step: asked before its handler, whether it may start now (see
         :class:`StartDeferred`)."""
+        self._now: Callable[[], float] | None = None
         self.turns: Callable[[Any], Awaitable[None]] | None = None
         """Serves the workflow turns found on a task loop (set by the remote layer, T14)."""
 
@@ -125,7 +126,10 @@ class StepServer:
         if gate is not None and (delay := await gate(task)) is not None:
             raise StartDeferred(delay)  # (before the attempt began: nothing ran, nothing told)
         hop(envelope, queue)
-        started = trio.current_time()
+        now_of = self._now
+        if now_of is None:  # (the run's clock, bound at the first step: one call a read)
+            now_of = self._now = trio.lowlevel.current_clock().current_time
+        started = now_of()
         with step_attempt(task, envelope.trace, queue, self._instance_id, started) as attempt:
             # Run the step and make its result (``attempt`` told how it ended): inline, not a
             # coroutine of its own, on the path of every step.
@@ -150,7 +154,7 @@ class StepServer:
                 except Exception as exc:
                     result = self._failed(task, job, attempt, exc)
                 else:
-                    now = trio.current_time()
+                    now = now_of()
                     attempt.end("completed", now=now)
                     delivery = self._delivery(job)  # (the result is made here, its job below)
                 finally:
@@ -159,7 +163,7 @@ class StepServer:
                     # Only step durations feed the latency gradient (T6); a cancelled step too
                     # leaves the in-flight count.
                     controller.on_settle(
-                        started, trio.current_time() if now is None else now, step=ok
+                        started, now_of() if now is None else now, step=ok
                     )
             data = self._result_job(task, job, result, output, delivery)
             if self._producers.batched:
