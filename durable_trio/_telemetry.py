@@ -13,7 +13,8 @@ The hooks, where the package calls them:
   settles, :func:`dispatching` around a step's dispatch (its retries included, which are sent
   from result application, outside the run's task), :func:`step_applied` for each result applied;
 - the transport: :func:`carrier` in every job it makes (the envelope's ``trace``),
-  :func:`hop` for each job taken off a queue, :func:`step_attempt` around each step handler.
+  :func:`hop` for each traced job taken off a queue, a :class:`StepAttempt` around each step
+  handler.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ __all__ = [
     "run_span",
     "run_trace",
     "step_applied",
-    "step_attempt",
     "step_dispatched",
     "uninstrument",
 ]
@@ -153,8 +153,8 @@ def hop(envelope: Envelope, queue: str | None) -> None:
 class StepAttempt:
     """One attempt of a step on a worker, from its handler's start to its end: the log
     records ``step started`` and ``step completed``/``step failed``, and, when instrumented,
-    its span and duration. Made by :func:`step_attempt`, and its own context manager (a class,
-    not a generator: it is entered once per job)."""
+    its span and duration. Its own context manager (a class, not a generator: it is entered
+    once per job)."""
 
     __slots__ = ("_span", "ended", "queue", "started", "task", "trace", "worker")
 
@@ -234,19 +234,6 @@ class StepAttempt:
         active = _active
         if active is not None:
             active.step_ended(outcome, seconds, error)
-
-
-def step_attempt(
-    task: RemoteTask,
-    trace: TraceContext | None,
-    queue: str,
-    worker: str,
-    started: float | None = None,
-) -> StepAttempt:
-    """Around a step's handler on a worker (see :class:`StepAttempt`; ``started``: the trio
-    clock, when the caller has just read it). An attempt left without :meth:`StepAttempt.end`
-    (cancelled: a lost lease, a close) ends as ``cancelled``."""
-    return StepAttempt(task, queue, worker, trace, started)
 
 
 def _step_fields(

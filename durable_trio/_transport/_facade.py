@@ -276,7 +276,7 @@ class QueueTransport:
 
     def _move_limit(self, limit: int) -> None:
         # A move of the limit wakes the loops waiting for a slot at once.
-        self._task_slots.limit = limit
+        self._task_slots.set_limit(limit)
 
     def _descriptor(self) -> dict[str, Any]:
         return {

@@ -23,7 +23,9 @@ class Slots:
     def __init__(self, limit: int, *, isolate: bool = False) -> None:
         if limit < 1:
             raise ValueError(f"a concurrency limit must be at least 1, got {limit}")
-        self._limit = limit
+        self.limit = limit
+        """The slots at most (a field: read on every job's finalize; moved by
+        :meth:`set_limit`)."""
         self.isolate = isolate
         self.in_flight = 0
         self._waiting = 0
@@ -32,15 +34,11 @@ class Slots:
         """A suspect runs."""
         self._lot = trio.lowlevel.ParkingLot()
 
-    @property
-    def limit(self) -> int:
-        return self._limit
-
-    @limit.setter
-    def limit(self, value: int) -> None:
+    def set_limit(self, value: int) -> None:
+        """Move the limit: a raise wakes every waiter at once."""
         if value < 1:
             raise ValueError(f"a concurrency limit must be at least 1, got {value}")
-        self._limit = value
+        self.limit = value
         self._lot.unpark_all()
 
     @property
@@ -53,7 +51,7 @@ class Slots:
 
         Cancellation: a cancelled wait takes no slot.
         """
-        while self.in_flight >= self._limit or self._alone or self._waiting:
+        while self.in_flight >= self.limit or self._alone or self._waiting:
             await self._lot.park()
         self.in_flight += 1
 
@@ -61,7 +59,7 @@ class Slots:
         """Take up to ``most`` more slots at once, without waiting; returns how many."""
         if self._alone or self._waiting:
             return 0
-        taken = max(0, min(most, self._limit - self.in_flight))
+        taken = max(0, min(most, self.limit - self.in_flight))
         self.in_flight += taken
         return taken
 

@@ -13,7 +13,7 @@ from .._backoff import Backoff
 from .._codec import decode_envelope
 from .._errors import BrokerError, JobError, PayloadError
 from .._logs import get_logger
-from .._telemetry import hop, step_attempt
+from .._telemetry import StepAttempt, hop
 from .._wire import (
     JobKind,
     JSONValue,
@@ -27,7 +27,6 @@ from ._handler_timeout import run_within_timeout
 from ._step_beats import CURRENT_BEATS, StepBeats, beat_interval
 
 if TYPE_CHECKING:
-    from .._telemetry import StepAttempt
     from ..brokers import ClaimedJob, Job
     from ._adaptive import ConcurrencyController
     from ._options import TransportOptions
@@ -125,12 +124,13 @@ class StepServer:
         gate = self.gates.get(task.name)
         if gate is not None and (delay := await gate(task)) is not None:
             raise StartDeferred(delay)  # (before the attempt began: nothing ran, nothing told)
-        hop(envelope, queue)
+        if envelope.trace is not None:  # (a hop's span is only ever a traced job's)
+            hop(envelope, queue)
         now_of = self._now
         if now_of is None:  # (the run's clock, bound at the first step: one call a read)
             now_of = self._now = trio.lowlevel.current_clock().current_time
         started = now_of()
-        with step_attempt(task, envelope.trace, queue, self._instance_id, started) as attempt:
+        with StepAttempt(task, queue, self._instance_id, envelope.trace, started) as attempt:
             # Run the step and make its result (``attempt`` told how it ended): inline, not a
             # coroutine of its own, on the path of every step.
             handler = self.handlers.get(task.name)
