@@ -173,7 +173,10 @@ class _Slot:
         self.data: bytes | None = data
         self.expected = expected
         self.timeout = timeout = conn._command_timeout if reply_timeout is None else reply_timeout
-        self.deadline = deadline = conn._now() + timeout
+        # The clock is read once a write: a command queued behind this pass's first (whose
+        # write is queued) shares its reading, at most a pass or two old.
+        now = conn._stamp if conn._flush_queued else conn._now()
+        self.deadline = deadline = now + timeout
         self.task: trio.lowlevel.Task | None = _current_task()
         self.replies: list[Any] = []
         self.error: DurableTrioError | None = None
@@ -189,6 +192,7 @@ class _Slot:
             # writer sends the outbox itself when its send is done.
             if conn._flusher is not None:
                 conn._flush_queued = True
+                conn._stamp = now
                 conn._flusher.queue(conn)
             else:
                 conn._wake_writer()
@@ -346,6 +350,7 @@ class Connection:
         self._now = trio.lowlevel.current_clock().current_time
         self._flusher = _Flusher.get() if self._fd >= 0 else None
         self._flush_queued = False
+        self._stamp = 0.0  # the clock's reading for the commands of the write queued
         self._flush_held = False  # a leader woke callers: their commands and its own leave together
         self._outbox: list[bytes] = []
         self._pending: deque[_Slot] = deque()
