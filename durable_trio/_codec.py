@@ -653,7 +653,7 @@ def encode_result(
     ``StepResult(task.run_id, task.step_id, task.attempt, COMPLETED, output=output,
     task_id=task.task_id, delivery=delivery)`` (a test holds them equal). ``None`` when that
     call would refuse it, or might: the caller makes it then, for its error."""
-    if not is_json(output, MAX_JSON_DEPTH):
+    if output is not None and not is_json(output, MAX_JSON_DEPTH):
         return None
     # The evidence the job runner writes: four plain fields (checked in full when there are
     # more, a stall history or a lost lease's time).

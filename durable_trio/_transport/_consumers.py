@@ -95,7 +95,7 @@ class Consumers:
 
     def begin_close(self) -> None:
         """Close: take no more work (idempotent); the parked loops are never started."""
-        self.closing = True
+        self.closing = self._runner.closing = True
         self._deferred = None
 
     @asynccontextmanager

@@ -147,7 +147,6 @@ class QueueTransport:
             completer=self._producers.completer,
             finisher=self._producers.finisher,
             batched=self._producers.batched,
-            closing=lambda: self._consumers.closing,
             answer_bad_task=self._steps.answer_bad_task,
             report=self._report,
             finalize_retry_for=self._stalled_threshold,

@@ -91,7 +91,6 @@ class JobRunner:
         completer: Callable[[str], Coalescer[Lease, bool]],
         finisher: Callable[[str], Coalescer[tuple[Lease, Job], bool]],
         batched: bool,
-        closing: Callable[[], bool],
         answer_bad_task: Callable[[ClaimedJob, StepError], Awaitable[None]],
         report: Callable[[BaseException], None],
         finalize_retry_for: float = 0.0,
@@ -117,7 +116,9 @@ class JobRunner:
         self._completer = completer
         self._finisher = finisher
         self._batched = batched
-        self._closing = closing
+        self.closing = False
+        """Whether the close has begun (set with the consumers' by ``Consumers.begin_close``: a
+        field, read by every job's finalize)."""
         self._answer_bad_task = answer_bad_task
         self._report = report
         self._table = table
@@ -269,7 +270,7 @@ class JobRunner:
                         # close starts (close sets the deadline of the finalizes in flight), so a
                         # close can never race a job's final write.
                         _set_shield(scope, True)
-                        closing = self._closing()
+                        closing = self.closing
                         if closing:
                             scope.deadline = trio.current_time() + self._options.cleanup_timeout
                         try:
@@ -317,7 +318,7 @@ class JobRunner:
                     # the whole transport from outside): kept for close's handback.
                     table.end(claim)
                     if nxt is not None and (
-                        not ended or self._closing() or not table.start_buffered(nxt)
+                        not ended or self.closing or not table.start_buffered(nxt)
                     ):
                         self._set_aside(nxt)
                         nxt = None
@@ -350,7 +351,7 @@ class JobRunner:
         (``False``). Close abandons it for the handback; a lost lease drops it (the
         cancellation of its scope ends the wait)."""
         table = self._table
-        if self._closing():
+        if self.closing:
             table.abandon(claim)
             return False
         table.wait_alone(claim)
@@ -565,7 +566,7 @@ class JobRunner:
         handback, once close has begun)."""
         if not self._table.set_aside(claim):
             return  # taken back by the broker meanwhile (the lease keeper dropped it)
-        if self._closing():
+        if self.closing:
             return  # close's step 6 hands it back with the rest
 
         async def hand_back() -> None:
@@ -601,7 +602,7 @@ class JobRunner:
             if error is not None:
                 failures += 1
                 delay = _FINALIZE_BACKOFF.delay(failures)
-                if claim.lost or trio.current_time() + delay > give_up or self._closing():
+                if claim.lost or trio.current_time() + delay > give_up or self.closing:
                     raise error
                 folded = self.outages.failed(FINALIZING)
                 if folded is not None:
