@@ -287,9 +287,10 @@ class JobRunner:
                                     lease = job.lease
                                     try:
                                         try:
-                                            ok = await self._claimer(loop).submit(
-                                                (lease, result, ask)
-                                            )
+                                            claimer = self._claimers.get(
+                                                loop.queue
+                                            ) or self._claimer(loop)
+                                            ok = await claimer.submit((lease, result, ask))
                                         finally:
                                             ask.gone = True
                                     except BrokerUnavailable as exc:

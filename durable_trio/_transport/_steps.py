@@ -117,7 +117,7 @@ class StepServer:
             await self.turns(envelope.payload)
             return None
         task: RemoteTask = envelope.payload
-        group = task.routing_group
+        group = task.group if task.group is not None else task.name  # (routing_group, inline)
         queue = self._queues.get(group)
         if queue is None:
             queue = self._queue_of(group)
@@ -144,7 +144,11 @@ class StepServer:
                 controller.on_start()
                 ok = False
                 now: float | None = None
-                beats = self._beats(task)
+                interval = self._beat_interval  # (the beats of this claim, made inline)
+                if task.heartbeat_timeout is not None:
+                    interval = beat_interval(task, interval)
+                beats = StepBeats(task, self._send_beat, self._spawn_sender, interval,
+                                  self._report, self._instance_id)  # fmt: skip
                 token = CURRENT_BEATS.set(beats)
                 try:
                     output = await (
@@ -294,14 +298,6 @@ class StepServer:
             failure = StepResult.failure(task, error, self._delivery(job))
             data = self._producers.new_job(JobKind.RESULT, failure)
         return data
-
-    def _beats(self, task: RemoteTask) -> StepBeats:
-        """The beats of a claim of ``task``: its handler's ``step_info().heartbeat()``."""
-        interval = self._beat_interval
-        if task.heartbeat_timeout is not None:
-            interval = beat_interval(task, interval)
-        return StepBeats(task, self._send_beat, self._spawn_sender, interval, self._report,
-                         self._instance_id)  # fmt: skip
 
     async def _push_result(self, task: RemoteTask, job: Job) -> None:
         """Push a step's result, again and again with a backoff while the broker fails: the
