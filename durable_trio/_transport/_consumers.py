@@ -51,8 +51,9 @@ _MAX_ERROR_BACKOFF = 10.0
 class Consumers:
     """Every poll loop of a transport (T4, T5): the task, result, heartbeat, control and engine
     loops in the consumers level (:meth:`intake`), this instance's own inboxes in the inboxes
-    level (:meth:`inbox_intake`). Owns the loops, their pop scopes and whether the transport
-    still takes work (:attr:`closing`); a popped job goes to the job runner."""
+    level (:meth:`inbox_intake`). Owns the loops and their pop scopes, and starts the close
+    (:meth:`begin_close`: the job runner's ``closing``, which every job's finalize reads); a
+    popped job goes to the job runner."""
 
     def __init__(
         self,
@@ -74,9 +75,6 @@ class Consumers:
         """The tree level of this instance's own inboxes (open inside :meth:`inbox_intake`)."""
         self._vitals = vitals
         self._report = report
-        self.closing = False
-        """Whether the close has begun (no loop or registration starts any more): a field, read
-        by every job's finalize."""
         self._wait_for_work = broker.wait_for_work if isinstance(broker, SupportsWakeup) else None
         self.instance_id = options.instance_id
         self.loops: list[Loop] = []
@@ -90,12 +88,12 @@ class Consumers:
     def check_open(self) -> None:
         """Raises:
         TransportClosed: the close has begun."""
-        if self.closing:
+        if self._runner.closing:
             raise TransportClosed("the transport is closed")
 
     def begin_close(self) -> None:
         """Close: take no more work (idempotent); the parked loops are never started."""
-        self.closing = self._runner.closing = True
+        self._runner.closing = True
         self._deferred = None
 
     @asynccontextmanager

@@ -117,8 +117,8 @@ class JobRunner:
         self._finisher = finisher
         self._batched = batched
         self.closing = False
-        """Whether the close has begun (set with the consumers' by ``Consumers.begin_close``: a
-        field, read by every job's finalize)."""
+        """Whether the close has begun: no loop or registration starts any more (set by
+        ``Consumers.begin_close``; a field, read by every job's finalize)."""
         self._answer_bad_task = answer_bad_task
         self._report = report
         self._table = table
@@ -287,10 +287,9 @@ class JobRunner:
                                     lease = job.lease
                                     try:
                                         try:
-                                            claimer = self._claimers.get(
-                                                loop.queue
-                                            ) or self._claimer(loop)
-                                            ok = await claimer.submit((lease, result, ask))
+                                            ok = await self._claimer(loop).submit(
+                                                (lease, result, ask)
+                                            )
                                         finally:
                                             ask.gone = True
                                     except BrokerUnavailable as exc:

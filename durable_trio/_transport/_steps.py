@@ -117,7 +117,7 @@ class StepServer:
             await self.turns(envelope.payload)
             return None
         task: RemoteTask = envelope.payload
-        group = task.group if task.group is not None else task.name  # (routing_group, inline)
+        group = task.routing_group
         queue = self._queues.get(group)
         if queue is None:
             queue = self._queue_of(group)

@@ -62,19 +62,18 @@ def _cmd_console(args: argparse.Namespace) -> int:
     except ImportError:
         print(f"error: {MISSING_EXTRA}", file=sys.stderr)
         return 2
-    from ._engine import DEFAULT_BACKEND, run_reporting_errors
+    from ._engine import run_reporting_errors
     from ._operations import operator_backend, resolve_namespace
-
-    def announce(url: str) -> None:
-        shown = f"{url}/?token=…" if args.token else url
-        mode = "actions allowed" if args.allow_actions else "read-only"
-        print(f"console: {shown} ({mode}) over {redact_url(backend)}", flush=True)
-
-    backend = args.backend or os.environ.get("DURABLE_TRIO_BACKEND") or DEFAULT_BACKEND
 
     def main() -> int:
         check_exposure(args.host, args.token)  # (the flags first, as before the backend)
-        operator_backend(backend, "console")  # (memory://: refused, in one line)
+        backend = operator_backend(args.backend, "console")  # (memory://: refused, in one line)
+
+        def announce(url: str) -> None:
+            shown = f"{url}/?token=…" if args.token else url
+            mode = "actions allowed" if args.allow_actions else "read-only"
+            print(f"console: {shown} ({mode}) over {redact_url(backend)}", flush=True)
+
         run = partial(
             run_console,
             backend,
