@@ -229,6 +229,10 @@ class JobRunner:
             if self._batched
             else lambda lease: self._broker.complete_job(lease, loop.queue)
         )
+        # (asked for only where the broker finishes and claims: see ``_ask_next``)
+        finish_and_claim = (
+            None if self._finish_and_claim is None else self._claimer(loop).submit
+        )
         with trio.CancelScope() as scope:
             me = JobWorker(trio.lowlevel.current_task(), scope)
             claim.scope = scope
@@ -287,9 +291,8 @@ class JobRunner:
                                     lease = job.lease
                                     try:
                                         try:
-                                            ok = await self._claimer(loop).submit(
-                                                (lease, result, ask)
-                                            )
+                                            assert finish_and_claim is not None
+                                            ok = await finish_and_claim((lease, result, ask))
                                         finally:
                                             ask.gone = True
                                     except BrokerUnavailable as exc:
