@@ -23,7 +23,8 @@ with ``pipeline(..., raise_on_error=False)`` it is returned as that value instea
 
 **Concurrency.** One client is shared by any number of tasks. Each connection has one writer
 and one reader; the commands that the tasks send during one pass of Trio's scheduler leave in
-one write per connection (auto-pipelining), and replies come back in order. The pool opens
+one write per connection (auto-pipelining; the first on an idle connection leaves at once, so
+the server works on it while the pass runs on), and replies come back in order. The pool opens
 connections lazily, up to ``pool_size`` (one by default, as ioredis's: concurrent callers cost
 least on one connection), and replaces dead ones (with a backoff).
 

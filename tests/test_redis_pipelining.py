@@ -1,6 +1,7 @@
 """The Redis client's auto-pipelining (issue 35, item 1): the commands queued during one pass of
 Trio's scheduler leave in one write per connection, written by an instrument at the end of the
-pass, and a caller cancelled in that pass still leaves the connection in step.
+pass (but for a leading caller's, which found the connection idle: it leaves at once), and a
+caller cancelled in that pass still leaves the connection in step.
 
 The real clock throughout, on a private redis-server over real sockets.
 """
@@ -40,7 +41,9 @@ async def test_the_commands_of_one_pass_leave_in_one_write(redis_url: str) -> No
             for i in range(25):
                 nursery.start_soon(caller, i)  # all 25 run in the same pass
         assert replies == {i: f"one-pass:{i}".encode() for i in range(25)}
-        assert conn.stats.batches - before == 1  # one write for the 25 commands
+        # The first found the connection idle: it leads, and its command left at once; the
+        # 24 queued behind it in the pass left together in one write at the pass's end.
+        assert conn.stats.batches - before == 2
 
 
 async def test_callers_in_lockstep_share_every_write(redis_url: str) -> None:
@@ -165,3 +168,34 @@ async def test_the_public_module_is_the_same_client(redis_url: str) -> None:
     assert public_open_redis is open_redis
     async with public_open_redis(redis_url) as client:
         assert await client.execute("ECHO", "public") == b"public"
+
+
+async def test_a_leading_callers_command_leaves_in_its_own_task_step(redis_url: str) -> None:
+    # A caller that finds the connection idle leads (reads its reply itself). Nothing is queued
+    # before its command to share a write with, so it is written in the caller's own task step
+    # (the server works on it while the pass runs on), not by the flusher at the pass's end.
+    async with open_redis(redis_url, pool_size=1) as client:
+        await client.execute("PING")
+        (conn,) = client.connections
+        before = conn.stats.batches
+        caller_task: list[trio.lowlevel.Task] = []
+        after_first_step: list[int] = []
+
+        class AfterStep(trio.abc.Instrument):
+            def after_task_step(self, task: trio.lowlevel.Task) -> None:
+                if caller_task and task is caller_task[0] and not after_first_step:
+                    after_first_step.append(conn.stats.batches)
+
+        async def caller() -> None:
+            caller_task.append(trio.lowlevel.current_task())
+            assert await client.execute("ECHO", "lead") == b"lead"
+
+        instrument = AfterStep()
+        trio.lowlevel.add_instrument(instrument)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(caller)
+        finally:
+            trio.lowlevel.remove_instrument(instrument)
+        assert after_first_step == [before + 1]  # written before the step ended
+        assert conn.stats.batches == before + 1

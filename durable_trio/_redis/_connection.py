@@ -7,8 +7,12 @@ between, so both queues always hold the same commands in the same order), then w
 * The commands queued during one pass of Trio's scheduler leave together: on a plain TCP
   socket a Trio instrument (:class:`_Flusher`) writes each connection's outbox at the end
   of the pass, in one non-blocking system call made from no task (so no task hop, and no
-  command is ever cut in half by a cancellation). The **writer** task sends what the socket did
-  not take (waiting until it drains), meets any error, and sends everything on a TLS stream.
+  command is ever cut in half by a cancellation). A caller that finds the connection idle and
+  *leads* (below) writes its own command at once instead, in the same kind of call: there is
+  nothing queued yet to share a write with, and the server works on it while the pass runs
+  on; the commands queued behind it in the pass leave together at the pass's end. The
+  **writer** task sends what the socket did not take (waiting until it drains), meets any
+  error, and sends everything on a TLS stream.
 * Replies are read by whoever waits on the socket: a reply is fed to ``hiredis.Reader`` and
   handed to the oldest pending slot. On a plain socket on Linux (not pub/sub), a caller that
   finds the connection with nothing pending *leads*: it waits on the socket itself, reads,
@@ -595,6 +599,11 @@ class Connection:
         own: drained, or the connection discarded, as for any caller)."""
         self._lead = slot
         slot.task = None  # nobody reschedules this task: it reads
+        if self._flush_queued and not self._flush_held:
+            # The connection was idle, so there is nothing yet to batch this command with:
+            # it leaves now, and the server works on it while this pass runs on (the
+            # commands queued behind it in the pass leave together at the pass's end).
+            self._send_outbox()
         pending = self._pending
         fd = self._fd
         others = False
@@ -748,6 +757,12 @@ class Connection:
             if timeout == 0 and self._flusher is not None:
                 self._flusher.queue(self)  # written at the end of the next pass
                 return False
+        return self._send_outbox()
+
+    def _send_outbox(self) -> bool:
+        """One synchronous, non-blocking write of the outbox (``_flush``'s, or a leading
+        caller's); what the socket does not take, and any error, is left to the writer, then
+        woken. Returns whether it was."""
         self._flush_queued = False
         outbox = self._outbox
         if not outbox or self._writer_idle is None or self._error is not None:
