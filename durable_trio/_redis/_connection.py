@@ -757,13 +757,14 @@ class Connection:
             if timeout == 0 and self._flusher is not None:
                 self._flusher.queue(self)  # written at the end of the next pass
                 return False
+        self._flush_queued = False
         return self._send_outbox()
 
     def _send_outbox(self) -> bool:
         """One synchronous, non-blocking write of the outbox (``_flush``'s, or a leading
         caller's); what the socket does not take, and any error, is left to the writer, then
-        woken. Returns whether it was."""
-        self._flush_queued = False
+        woken. Returns whether it was. A leading caller's leaves the connection listed with
+        the flusher, which sends what is queued behind it in the pass."""
         outbox = self._outbox
         if not outbox or self._writer_idle is None or self._error is not None:
             return False  # nothing to send, or the writer's to send (or nothing to write to)
