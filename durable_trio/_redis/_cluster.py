@@ -41,7 +41,7 @@ from .._backoff import Backoff
 from .._errors import BrokerError, BrokerUnavailable, ConfigError, TransportClosed
 from ._client import OwnedNursery, pool_options
 from ._cluster_nodes import ClusterNodes, ClusterStats, NodeUnreachable
-from ._connection import _check
+from ._commands import check as _check
 from ._errors import TRANSIENT_CODES, RedisCrossSlotError, RedisReplyError, raisable
 from ._keyslot import SLOTS, command_keys, key_slot, to_bytes
 from ._pubsub import Subscription

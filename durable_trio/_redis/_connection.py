@@ -6,13 +6,12 @@ between, so both queues always hold the same commands in the same order), then w
 
 * The commands queued during one pass of Trio's scheduler leave together: on a plain TCP
   socket a Trio instrument (:class:`_Flusher`) writes each connection's outbox at the end
-  of the pass, in one non-blocking system call made from no task (so no task hop, and no
-  command is ever cut in half by a cancellation). A caller that finds the connection idle and
-  *leads* (below) writes its own command at once instead, in the same kind of call: there is
-  nothing queued yet to share a write with, and the server works on it while the pass runs
-  on; the commands queued behind it in the pass leave together at the pass's end. The
-  **writer** task sends what the socket did not take (waiting until it drains), meets any
-  error, and sends everything on a TLS stream.
+  of the pass, in one non-blocking system call made from no task (no task hop; no command
+  cut in half by a cancellation). A caller that finds the connection idle and *leads*
+  (below) makes that call for its own command at once: nothing is queued yet to share a
+  write with, and the server works on it while the pass runs on. The **writer** task sends
+  what the socket did not take (waiting until it drains), meets any error, and sends
+  everything on a TLS stream.
 * Replies are read by whoever waits on the socket: a reply is fed to ``hiredis.Reader`` and
   handed to the oldest pending slot. On a plain socket on Linux (not pub/sub), a caller that
   finds the connection with nothing pending *leads*: it waits on the socket itself, reads,
@@ -50,27 +49,28 @@ import select
 import socket
 import ssl
 from collections import deque
-from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import attrs
 import hiredis
 import trio
 
 from .._errors import BrokerUnavailable, DurableTrioError, TransportClosed
+from ._commands import ANSWER_ONCE as _ANSWER_ONCE
+from ._commands import RedisArg
+from ._commands import check as _check
+from ._commands import command_name as _name
+from ._commands import pack as _pack
 from ._errors import RedisCommandTimeout, RedisReplyError, handshake_error, raisable
 from ._replicas import check_acknowledged, replica_wait, waited_timeout
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
 
     from ._url import RedisURL
 
 __all__ = ["Connection", "ConnectionStats", "RedisArg", "connect"]
 
-RedisArg: TypeAlias = str | bytes | int | float
-"""One argument of a command; ``str`` is sent UTF-8 encoded, numbers as their decimal text."""
-
-_pack = cast("Callable[[tuple[RedisArg, ...]], bytes]", hiredis.pack_command)
 # Trio's primitives of every command, looked up once (not as module attributes per call).
 _current_task = trio.lowlevel.current_task
 _reschedule = trio.lowlevel.reschedule
@@ -81,43 +81,11 @@ _read, _write = os.read, os.write
 _NOT_ENOUGH_DATA: Final = object()
 _RECEIVE_SIZE: Final = 65536
 _PUSH_KINDS: Final = frozenset({b"message", b"pmessage", b"smessage"})
-# Commands whose replies are not one-per-command: they would desynchronise the FIFO.
-_REFUSED: Final = frozenset(
-    {"SUBSCRIBE", "PSUBSCRIBE", "SSUBSCRIBE", "UNSUBSCRIBE", "PUNSUBSCRIBE", "SUNSUBSCRIBE"}
-    | {"MONITOR", "SYNC", "PSYNC"}
-)
 _EVAL_FOR: Final = {"EVALSHA": "EVAL", "EVALSHA_RO": "EVAL_RO"}
 # What the reader's own epoll set watches the socket for (``Connection._arm``): a hang-up only
 # (the connection is idle, or a caller leads), or the replies too (the reader reads them).
 _HANGUP: Final = getattr(select, "EPOLLRDHUP", 0)
 _REPLIES: Final = _HANGUP | getattr(select, "EPOLLIN", 0)
-
-
-def _name(arg: RedisArg) -> str:
-    if isinstance(arg, bytes):
-        return arg.decode("ascii", "replace").upper()
-    return str(arg).upper()
-
-
-# Command names (as given: str or bytes) already found to answer once: checked in one lookup.
-_ANSWER_ONCE: set[RedisArg] = set()
-_ANSWER_ONCE_MAX: Final = 512
-
-
-def _check(command: tuple[RedisArg, ...]) -> None:
-    if not command:
-        raise ValueError("an empty Redis command")
-    first = command[0]
-    if first in _ANSWER_ONCE:
-        return
-    name = _name(first)
-    if name in _REFUSED or (name == "CLIENT" and len(command) > 1 and _name(command[1]) == "REPLY"):
-        raise ValueError(
-            f"{name} does not answer one reply per command; use client.subscribe() "
-            "for pub/sub and do not use CLIENT REPLY / MONITOR on this client"
-        )
-    if name != "CLIENT" and len(_ANSWER_ONCE) < _ANSWER_ONCE_MAX:
-        _ANSWER_ONCE.add(first)
 
 
 def _unsolicited(reply: Any) -> bool:
@@ -600,9 +568,7 @@ class Connection:
         self._lead = slot
         slot.task = None  # nobody reschedules this task: it reads
         if self._flush_queued and not self._flush_held:
-            # The connection was idle, so there is nothing yet to batch this command with:
-            # it leaves now, and the server works on it while this pass runs on (the
-            # commands queued behind it in the pass leave together at the pass's end).
+            # Nothing queued yet to share a write with: it leaves now (module docs).
             self._send_outbox()
         pending = self._pending
         fd = self._fd
@@ -741,17 +707,10 @@ class Connection:
             self._watch_deadline = min((slot.deadline for slot in self._pending), default=math.inf)
 
     def _flush(self, timeout: float) -> bool:
-        """Write the outbox now, without waiting (the flusher, at the end of a pass).
-
-        One synchronous, non-blocking write, never cut short by a cancellation. What the
-        socket does not take, and any error, is left to the writer, which is then woken.
-        Held for one pass when a leading caller woke other callers in this one and they have
-        yet to run (``timeout == 0``: the loop will not sleep), so that their next commands
-        leave in the same write as the leader's.
-
-        Returns:
-            whether the writer was woken (the scheduler must not then sleep).
-        """
+        """The flusher's write of the outbox at the end of a pass (:meth:`_send_outbox`), held
+        for one pass when a leading caller woke other callers in this one and they have yet to
+        run (``timeout == 0``: the loop will not sleep), so that their next commands leave in
+        the same write as the leader's. Returns whether the writer was woken."""
         if self._flush_held:
             self._flush_held = False
             if timeout == 0 and self._flusher is not None:
@@ -761,10 +720,9 @@ class Connection:
         return self._send_outbox()
 
     def _send_outbox(self) -> bool:
-        """One synchronous, non-blocking write of the outbox (``_flush``'s, or a leading
-        caller's); what the socket does not take, and any error, is left to the writer, then
-        woken. Returns whether it was. A leading caller's leaves the connection listed with
-        the flusher, which sends what is queued behind it in the pass."""
+        """One non-blocking write of the outbox, never cut short by a cancellation (the
+        flusher's, or a leading caller's: its connection stays listed for the pass). What the
+        socket does not take, and any error, go to the writer, then woken (returns whether)."""
         outbox = self._outbox
         if not outbox or self._writer_idle is None or self._error is not None:
             return False  # nothing to send, or the writer's to send (or nothing to write to)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._errors import TransportClosed
-from ._connection import _pack
+from ._commands import pack as _pack
 from ._errors import RedisReplyError, raisable
 
 if TYPE_CHECKING:
