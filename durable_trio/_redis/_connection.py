@@ -722,7 +722,7 @@ class Connection:
     def _send_outbox(self) -> bool:
         """One non-blocking write of the outbox, never cut short by a cancellation (the
         flusher's, or a leading caller's: its connection stays listed for the pass). What the
-        socket does not take, and any error, go to the writer, then woken (returns whether)."""
+        socket does not take, and any error, go to the writer; returns whether it was woken."""
         outbox = self._outbox
         if not outbox or self._writer_idle is None or self._error is not None:
             return False  # nothing to send, or the writer's to send (or nothing to write to)
