@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import attrs
 import hiredis
+import outcome
 import trio
 
 from .._errors import BrokerUnavailable, DurableTrioError, TransportClosed
@@ -123,7 +124,7 @@ class ConnectionStats:
     dropped: int = 0
 
 
-class _Slot:
+class _Slot(outcome.Outcome[list[Any]]):
     """One request, queued by its caller when made (its bytes to the outbox, the slot to the
     pending queue, in one synchronous step), then where the reader puts its reply (or replies).
 
@@ -207,7 +208,31 @@ class _Slot:
         task = self.task
         if task is not None:
             self.task = None
-            _reschedule(task)
+            _reschedule(task, self)
+
+    # The slot is the outcome its caller is rescheduled with (``trio.lowlevel.reschedule``'s
+    # ``next_send``), so no ``outcome.Value`` is made and unwrapped a reply. A slot is itself
+    # alone (``Outcome``'s attrs equality would make every slot equal to every other).
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    __hash__ = None  # (as Outcome's: never a key)
+
+    def unwrap(self) -> list[Any]:
+        """The replies, or the connection's error (a fresh copy) raised."""
+        if self.error is not None:
+            raise _fresh(self.error)
+        return self.replies
+
+    def send(self, gen: Any) -> Any:  # (outcome.Outcome's; unused here)
+        if self.error is not None:
+            return gen.throw(_fresh(self.error))
+        return gen.send(self.replies)
+
+    async def asend(self, agen: Any) -> Any:  # (outcome.Outcome's; unused here)
+        if self.error is not None:
+            return await agen.athrow(_fresh(self.error))
+        return await agen.asend(self.replies)
 
 
 class _Flusher(trio.abc.Instrument):
@@ -409,13 +434,10 @@ class Connection:
         else:
             slot = _Slot(self, data, 1, reply_timeout)
             try:
-                await _wait_task_rescheduled(slot.abort)
+                (reply,) = await _wait_task_rescheduled(slot.abort)
             except BaseException:
                 slot.cancelled()
                 raise
-            if slot.error is not None:
-                raise _fresh(slot.error)
-            (reply,) = slot.replies
         if isinstance(reply, RedisReplyError):
             if reply.code == "NOSCRIPT":
                 retry = self._eval_instead(args)
@@ -551,13 +573,10 @@ class Connection:
         # command can leave (at the end of the pass), and takes it back (``_Slot.abort``).
         slot = _Slot(self, data, expected, reply_timeout)
         try:
-            await _wait_task_rescheduled(slot.abort)
+            return await _wait_task_rescheduled(slot.abort)  # type: ignore[no-any-return]
         except BaseException:
             slot.cancelled()
             raise
-        if slot.error is not None:
-            raise _fresh(slot.error)
-        return slot.replies
 
     async def _lead_replies(self, slot: _Slot) -> list[Any]:
         """Wait for ``slot``'s replies (alone pending) by reading the socket in this task.
@@ -862,7 +881,7 @@ class Connection:
                             stats.dropped += 1
                     else:
                         slot.task = None
-                        _reschedule(task)
+                        _reschedule(task, slot)
         finally:
             self._outstanding -= read
             stats.replies += read
