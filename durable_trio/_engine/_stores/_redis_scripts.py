@@ -27,9 +27,18 @@ __all__ = [
     "_UPDATE_STEP",
 ]
 
-# Shared Lua helpers: move a run between status sets; is a status unfinished.
+# Shared Lua helpers: move a run between status sets; is a status unfinished; fail the script
+# before its first write when a key it will write holds another type (damaged data: a script
+# that failed half-way would leave a run's hash and its indexes apart, docs/deployment.md).
 _LUA_HELPERS: Final = """
 local function active(st) return st == 'pending' or st == 'running' end
+local function writable(key, kind)
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= kind and found ~= 'none' then
+    error({err = 'WRONGTYPE ' .. key .. ' holds a ' .. found .. ', not a ' .. kind ..
+      ' (damaged run store: nothing was written)'})
+  end
+end
 local function move(prefix, id, from, to, seq)
   if from == to then return end
   if from then redis.call('ZREM', prefix .. ':status:' .. from, id) end
@@ -71,6 +80,13 @@ _CREATE_RUN_BODY: Final = """
 local prefix, id = ARGV[1], ARGV[2]
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, redis.call('HGETALL', KEYS[1])}
+end
+writable(KEYS[3], 'zset')
+writable(prefix .. ':status:' .. ARGV[4], 'zset')
+for i = 16, #ARGV do writable(ARGV[i], 'zset') end
+if active(ARGV[4]) then
+  writable(prefix .. ':leases', 'zset')
+  if ARGV[8] ~= '' then writable(prefix .. ':owned:' .. ARGV[8], 'set') end
 end
 local seq = redis.pcall('INCR', KEYS[2])
 local repaired
@@ -349,6 +365,13 @@ _REOPEN: Final = (
 local prefix, id = ARGV[1], ARGV[2]
 local st = redis.call('HGET', KEYS[1], 'status')
 if st ~= 'failed' and st ~= 'blocked' then return 0 end
+writable(prefix .. ':status:' .. st, 'zset')
+writable(prefix .. ':status:pending', 'zset')
+writable(prefix .. ':leases', 'zset')
+if st == 'failed' then
+  writable(KEYS[3], 'zset')
+  writable(prefix .. ':ended:' .. (redis.call('HGET', KEYS[1], 'workflow') or ''), 'zset')
+end
 if st == 'failed' then
   redis.call('DEL', KEYS[2])
   redis.call('ZREM', KEYS[3], ARGV[5])

@@ -1,0 +1,89 @@
+"""A Redis run store's index key of the wrong type (damaged data): the scripts that make a run
+pending (its start, its reopening) check the keys they will write before their first write, so
+a failure names the key and leaves the store as it was. Once the key is deleted, the same call
+succeeds (before this, a start wrote the run's hash and then failed, leaving a run pending with
+no lease entry: never claimed, and its retry answered "exists").
+
+The real clock throughout, on a private redis-server.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from _redis_server import *  # noqa: F403  (the fixtures; harmless once conftest imports them too)
+from durable_trio._engine import RunRecord, RunStatus
+from durable_trio._engine._stores.redis import RedisRunStore
+from durable_trio._redis import RedisReplyError, open_redis
+
+pytestmark = pytest.mark.redis
+
+_names = itertools.count(1)
+
+
+async def _snapshot(client: Any, prefix: str) -> dict[bytes, bytes]:
+    """Every key of the store's shard and its dump (what a script that failed must not move)."""
+    keys = await client.execute("KEYS", f"{prefix}*")
+    return {key: await client.execute("DUMP", key) for key in sorted(keys)}
+
+
+#: The index keys a start writes, by the part after the shard's prefix.
+START_KEYS = [":all", ":status:pending", ":leases"]
+
+
+@pytest.mark.parametrize("part", START_KEYS)
+async def test_a_start_over_a_damaged_index_writes_nothing_and_works_once_it_is_gone(
+    redis_url: str, part: str
+) -> None:
+    ns = f"idx{next(_names)}"
+    prefix = f"{{dt-runs:{ns}}}"
+    async with open_redis(redis_url) as client:
+        store = RedisRunStore(client, ns)
+        await store.create_run(RunRecord("old", "w", None, RunStatus.PENDING, 0, 0))
+        await client.execute("DEL", prefix + part)
+        await client.execute("SET", prefix + part, "junk")
+        before = await _snapshot(client, prefix)
+        with pytest.raises(RedisReplyError) as caught:
+            await store.create_run(RunRecord("new", "w", None, RunStatus.PENDING, 0, 0))
+        assert caught.value.code == "WRONGTYPE"
+        assert f"{prefix}{part} holds a string, not a zset" in str(caught.value)
+        assert "nothing was written" in str(caught.value)
+        assert await _snapshot(client, prefix) == before
+        assert await store.get_run("new") is None  # no hash: a retry creates it afresh
+
+        await client.execute("DEL", prefix + part)
+        created, fresh = await store.create_run(
+            RunRecord("new", "w", None, RunStatus.PENDING, 0, 0)
+        )
+        assert fresh
+        assert created.status is RunStatus.PENDING
+        claimed = await store.claim_runs("owner", lease=10.0, limit=10)
+        assert "new" in {run.run_id for run in claimed}
+
+
+async def test_a_reopening_over_a_damaged_index_writes_nothing_and_works_once_it_is_gone(
+    redis_url: str,
+) -> None:
+    # A failed run reopened (``runs retry``) over a ``:leases`` of the wrong type: before,
+    # its hash said pending with no lease entry left for an engine to claim it by.
+    ns = f"idx{next(_names)}"
+    prefix = f"{{dt-runs:{ns}}}"
+    async with open_redis(redis_url) as client:
+        store = RedisRunStore(client, ns)
+        await store.create_run(RunRecord("r", "w", None, RunStatus.PENDING, 0, 0))
+        [claimed] = await store.claim_runs("owner", lease=10.0, limit=10)
+        assert await store.finish_run("r", RunStatus.FAILED, error={"message": "boom"})
+        await client.execute("DEL", prefix + ":leases")
+        await client.execute("SET", prefix + ":leases", "junk")
+        before = await _snapshot(client, prefix)
+        with pytest.raises(RedisReplyError, match="holds a string, not a zset"):
+            await store.reopen_run("r", [], run_timeout=None)
+        assert await _snapshot(client, prefix) == before
+
+        await client.execute("DEL", prefix + ":leases")
+        assert await store.reopen_run("r", [], run_timeout=None)
+        [again] = await store.claim_runs("owner", lease=10.0, limit=10)
+        assert again.run_id == claimed.run_id == "r"
