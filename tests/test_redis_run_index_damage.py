@@ -30,6 +30,12 @@ async def _snapshot(client: Any, prefix: str) -> dict[bytes, bytes]:
     return {key: await client.execute("DUMP", key) for key in sorted(keys)}
 
 
+async def _damage(client: Any, key: str) -> None:
+    """``key`` made a string (no index is one)."""
+    await client.execute("DEL", key)
+    await client.execute("SET", key, "junk")
+
+
 #: The index keys a start writes, by the part after the shard's prefix.
 START_KEYS = [":all", ":status:pending", ":leases"]
 
@@ -43,8 +49,7 @@ async def test_a_start_over_a_damaged_index_writes_nothing_and_works_once_it_is_
     async with open_redis(redis_url) as client:
         store = RedisRunStore(client, ns)
         await store.create_run(RunRecord("old", "w", None, RunStatus.PENDING, 0, 0))
-        await client.execute("DEL", prefix + part)
-        await client.execute("SET", prefix + part, "junk")
+        await _damage(client, prefix + part)
         before = await _snapshot(client, prefix)
         with pytest.raises(RedisReplyError) as caught:
             await store.create_run(RunRecord("new", "w", None, RunStatus.PENDING, 0, 0))
@@ -76,8 +81,7 @@ async def test_a_reopening_over_a_damaged_index_writes_nothing_and_works_once_it
         await store.create_run(RunRecord("r", "w", None, RunStatus.PENDING, 0, 0))
         [claimed] = await store.claim_runs("owner", lease=10.0, limit=10)
         assert await store.finish_run("r", RunStatus.FAILED, error={"message": "boom"})
-        await client.execute("DEL", prefix + ":leases")
-        await client.execute("SET", prefix + ":leases", "junk")
+        await _damage(client, prefix + ":leases")
         before = await _snapshot(client, prefix)
         with pytest.raises(RedisReplyError, match="holds a string, not a zset"):
             await store.reopen_run("r", [], run_timeout=None)

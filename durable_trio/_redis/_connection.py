@@ -573,10 +573,11 @@ class Connection:
         # command can leave (at the end of the pass), and takes it back (``_Slot.abort``).
         slot = _Slot(self, data, expected, reply_timeout)
         try:
-            return await _wait_task_rescheduled(slot.abort)  # type: ignore[no-any-return]
+            replies: list[Any] = await _wait_task_rescheduled(slot.abort)
         except BaseException:
             slot.cancelled()
             raise
+        return replies
 
     async def _lead_replies(self, slot: _Slot) -> list[Any]:
         """Wait for ``slot``'s replies (alone pending) by reading the socket in this task.

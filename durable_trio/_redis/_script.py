@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
     from ._connection import RedisArg
 
-__all__ = ["Script"]
+__all__ = ["Script", "writable_lua"]
 
 
 class _Executor(Protocol):
@@ -77,3 +77,19 @@ class Script:
 
     def __repr__(self) -> str:
         return f"Script(sha={self.sha!r})"
+
+
+def writable_lua(damaged: str) -> str:
+    """The Lua function ``writable(key, kind)``: it fails the script (an error reply, ``WRONGTYPE
+    <key> holds a <type>, not a <kind> (<damaged>)``) when ``key`` holds another type than
+    ``kind``. Called before a script's first write: Redis keeps a script's writes when it fails
+    halfway, so a key of the wrong type met later would leave the script's change half made."""
+    return f"""
+local function writable(key, kind)
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= kind and found ~= 'none' then
+    error({{err = 'WRONGTYPE ' .. key .. ' holds a ' .. found .. ', not a ' .. kind ..
+      ' ({damaged})'}})
+  end
+end
+"""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from ..._redis._script import writable_lua
+
 __all__ = [
     "PAGE_BUDGET",
     "_APPEND_SIGNAL",
@@ -30,21 +32,17 @@ __all__ = [
 # Shared Lua helpers: move a run between status sets; is a status unfinished; fail the script
 # before its first write when a key it will write holds another type (damaged data: a script
 # that failed half-way would leave a run's hash and its indexes apart, docs/deployment.md).
-_LUA_HELPERS: Final = """
+_LUA_HELPERS: Final = (
+    writable_lua("damaged run store: nothing was written")
+    + """
 local function active(st) return st == 'pending' or st == 'running' end
-local function writable(key, kind)
-  local found = redis.call('TYPE', key)['ok']
-  if found ~= kind and found ~= 'none' then
-    error({err = 'WRONGTYPE ' .. key .. ' holds a ' .. found .. ', not a ' .. kind ..
-      ' (damaged run store: nothing was written)'})
-  end
-end
 local function move(prefix, id, from, to, seq)
   if from == to then return end
   if from then redis.call('ZREM', prefix .. ':status:' .. from, id) end
   redis.call('ZADD', prefix .. ':status:' .. to, seq, id)
 end
 """
+)
 
 # KEYS: schedules, ticks. ARGV: name, tick. The last tick becomes max(last, tick) if it exists.
 _MARK_TICK: Final = """
@@ -369,13 +367,12 @@ writable(prefix .. ':status:' .. st, 'zset')
 writable(prefix .. ':status:pending', 'zset')
 writable(prefix .. ':leases', 'zset')
 if st == 'failed' then
+  local ended = prefix .. ':ended:' .. (redis.call('HGET', KEYS[1], 'workflow') or '')
   writable(KEYS[3], 'zset')
-  writable(prefix .. ':ended:' .. (redis.call('HGET', KEYS[1], 'workflow') or ''), 'zset')
-end
-if st == 'failed' then
+  writable(ended, 'zset')
   redis.call('DEL', KEYS[2])
   redis.call('ZREM', KEYS[3], ARGV[5])
-  redis.call('ZREM', prefix .. ':ended:' .. (redis.call('HGET', KEYS[1], 'workflow') or ''), id)
+  redis.call('ZREM', ended, id)
 end
 redis.call('HSET', KEYS[1], 'status', 'pending', 'owner', '', 'lease', '', 'output', 'null',
   'error', 'null', 'timeout', ARGV[3], 'updated', ARGV[4])

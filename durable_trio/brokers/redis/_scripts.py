@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Final
 
+from ..._redis._script import writable_lua
 from ._lookups import JOB_STATE, JOB_STATES, OLDEST_READY, REQUEUE_FAILED, SIZE
 from ._seq import MEMBER_ID, TAKE_SEQ
 from ._slots import FREE_SLOT, PARK, PEEK, READ_LIMIT, SET_LIMIT, WALK_MAX, slot_table
@@ -56,7 +57,8 @@ local function parse_meta(meta)
 end
 """
 
-_SET_ASIDE: Final = """
+_SET_ASIDE: Final = (
+    """
 -- One stored field of a quarantine record, labelled (for a person to read; the length shows
 -- where binary bytes end).
 local function field(label, value)
@@ -65,19 +67,15 @@ local function field(label, value)
   end
   return label .. ': (none)\\n'
 end
--- Fail the script (before a damage path's first write) if key holds another type than kind.
-local function writable(key, kind)
-  local found = redis.call('TYPE', key)['ok']
-  if found ~= kind and found ~= 'none' then
-    error({err = 'WRONGTYPE ' .. key .. ' holds a ' .. found .. ', not a ' .. kind ..
-      ' (damaged store)'})
-  end
-end
--- A quarantine record: "at len(reason)\\n" followed by the reason and the raw fields.
+"""
+    # Fail the script (before a damage path's first write) if key holds another type than kind.
+    + writable_lua("damaged store")
+    + """-- A quarantine record: "at len(reason)\\n" followed by the reason and the raw fields.
 local function quarantine_record(reason, raw)
   return string.format('%.6f', now) .. ' ' .. #reason .. '\\n' .. reason .. raw
 end
 """
+)
 
 _FAILED_RECORD: Final = """
 -- A failed record: "failed_at attempts stalled len(id) len(error) len(stalls)\\n" followed by
