@@ -1,8 +1,9 @@
-"""A Redis run store's index key of the wrong type (damaged data): the scripts that make a run
-pending (its start, its reopening) check the keys they will write before their first write, so
-a failure names the key and leaves the store as it was. Once the key is deleted, the same call
-succeeds (before this, a start wrote the run's hash and then failed, leaving a run pending with
-no lease entry: never claimed, and its retry answered "exists").
+"""A Redis run store's index key of the wrong type (damaged data): every script that changes a
+run (its start, its reopening, a claim, a renewal, a release, a settle) checks the keys it will
+write before its first write, so a failure names the key and leaves the store as it was. Once
+the key is deleted, the same call succeeds (before this, a start wrote the run's hash and then
+failed, leaving a run pending with no lease entry: never claimed, and its retry answered
+"exists"; a settle moved the run's hash on and left it in its old status index, or in none).
 
 The real clock throughout, on a private redis-server.
 """
@@ -91,3 +92,120 @@ async def test_a_reopening_over_a_damaged_index_writes_nothing_and_works_once_it
         assert await store.reopen_run("r", [], run_timeout=None)
         [again] = await store.claim_runs("owner", lease=10.0, limit=10)
         assert again.run_id == claimed.run_id == "r"
+
+
+async def _store_with_claimed_run(client: Any, ns: str) -> RedisRunStore:
+    """A store of ``ns`` whose run "r" (workflow "w") an engine "owner" holds."""
+    store = RedisRunStore(client, ns)
+    await store.create_run(RunRecord("r", "w", None, RunStatus.PENDING, 0, 0))
+    [claimed] = await store.claim_runs("owner", lease=10.0, limit=10)
+    assert claimed.run_id == "r"
+    return store
+
+
+#: The keys a settle of a running run writes (completed: its end indexed for retention, its
+#: cancel mark dropped from its steps), by the part after the shard's prefix, and their kind.
+SETTLE_KEYS = [
+    (":status:running", "zset"),
+    (":status:completed", "zset"),
+    (":leases", "zset"),
+    (":owned:owner", "set"),
+    (":ended:w", "zset"),
+    (":ended-workflows", "set"),
+    (":steps:r", "zset"),
+]
+
+
+@pytest.mark.parametrize(("part", "kind"), SETTLE_KEYS)
+async def test_a_settle_over_a_damaged_index_writes_nothing_and_works_once_it_is_gone(
+    redis_url: str, part: str, kind: str
+) -> None:
+    # Before, the run's hash said completed while a key after it failed: the run stayed in
+    # the running index (listed as running for ever), or left out of its end's index (never
+    # pruned), as far as the script had come.
+    ns = f"idx{next(_names)}"
+    prefix = f"{{dt-runs:{ns}}}"
+    async with open_redis(redis_url) as client:
+        store = await _store_with_claimed_run(client, ns)
+        key = prefix + part
+        if part == ":steps:r":
+            key = store._steps_key("r")
+        await _damage(client, key)
+        before = await _snapshot(client, prefix)
+        with pytest.raises(RedisReplyError) as caught:
+            await store.finish_run("r", RunStatus.COMPLETED, output=1)
+        assert caught.value.code == "WRONGTYPE"
+        assert f"{key} holds a string, not a {kind}" in str(caught.value)
+        assert await _snapshot(client, prefix) == before
+        run = await store.get_run("r")
+        assert run is not None
+        assert run.status is RunStatus.RUNNING
+
+        await client.execute("DEL", key)
+        assert await store.finish_run("r", RunStatus.COMPLETED, output=1)
+        run = await store.get_run("r")
+        assert run is not None
+        assert run.status is RunStatus.COMPLETED
+        assert [r.run_id for r in await store.list_runs(status=RunStatus.COMPLETED)] == ["r"]
+        assert await store.list_runs(status=RunStatus.RUNNING) == []
+
+
+@pytest.mark.parametrize("part", [":status:pending", ":status:running", ":owned:owner"])
+async def test_a_claim_over_a_damaged_index_writes_nothing_and_works_once_it_is_gone(
+    redis_url: str, part: str
+) -> None:
+    ns = f"idx{next(_names)}"
+    prefix = f"{{dt-runs:{ns}}}"
+    async with open_redis(redis_url) as client:
+        store = RedisRunStore(client, ns)
+        for run_id in ("a", "b"):
+            await store.create_run(RunRecord(run_id, "w", None, RunStatus.PENDING, 0, 0))
+        await _damage(client, prefix + part)
+        before = await _snapshot(client, prefix)
+        with pytest.raises(RedisReplyError, match="holds a string, not a"):
+            await store.claim_runs("owner", lease=10.0, limit=10)
+        assert await _snapshot(client, prefix) == before
+
+        await client.execute("DEL", prefix + part)
+        claimed = await store.claim_runs("owner", lease=10.0, limit=10)
+        assert sorted(run.run_id for run in claimed) == ["a", "b"]
+        running = await store.list_runs(status=RunStatus.RUNNING)
+        assert sorted(run.run_id for run in running) == ["a", "b"]
+
+
+@pytest.mark.parametrize("part", [":status:pending", ":leases", ":owned:owner"])
+async def test_a_release_over_a_damaged_index_writes_nothing_and_works_once_it_is_gone(
+    redis_url: str, part: str
+) -> None:
+    ns = f"idx{next(_names)}"
+    prefix = f"{{dt-runs:{ns}}}"
+    async with open_redis(redis_url) as client:
+        store = await _store_with_claimed_run(client, ns)
+        await _damage(client, prefix + part)
+        before = await _snapshot(client, prefix)
+        with pytest.raises(RedisReplyError, match="holds a string, not a"):
+            await store.release_runs("owner", ["r"])
+        assert await _snapshot(client, prefix) == before
+
+        await client.execute("DEL", prefix + part)
+        await store.release_runs("owner", ["r"])
+        run = await store.get_run("r")
+        assert run is not None
+        assert run.status is RunStatus.PENDING
+        [again] = await store.claim_runs("other", lease=10.0, limit=10)
+        assert again.run_id == "r"
+
+
+async def test_a_renewal_over_a_damaged_lease_index_writes_nothing(redis_url: str) -> None:
+    ns = f"idx{next(_names)}"
+    prefix = f"{{dt-runs:{ns}}}"
+    async with open_redis(redis_url) as client:
+        store = await _store_with_claimed_run(client, ns)
+        await _damage(client, prefix + ":leases")
+        before = await _snapshot(client, prefix)
+        with pytest.raises(RedisReplyError, match="leases holds a string, not a zset"):
+            await store.renew_runs("owner", ["r"], lease=30.0)
+        assert await _snapshot(client, prefix) == before
+
+        await client.execute("DEL", prefix + ":leases")
+        assert await store.renew_runs("owner", ["r"], lease=30.0) == {"r"}

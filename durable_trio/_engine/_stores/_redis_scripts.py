@@ -32,10 +32,20 @@ __all__ = [
 # Shared Lua helpers: move a run between status sets; is a status unfinished; fail the script
 # before its first write when a key it will write holds another type (damaged data: a script
 # that failed half-way would leave a run's hash and its indexes apart, docs/deployment.md).
+# Every script that changes a run reads first, then checks the keys it will write, then writes.
 _LUA_HELPERS: Final = (
     writable_lua("damaged run store: nothing was written")
     + """
 local function active(st) return st == 'pending' or st == 'running' end
+-- writable(), once per key in a script's run (a claim or a release of many runs meets the
+-- same few status and owner keys again and again).
+local checked_keys = {}
+local function checked(key, kind)
+  if not checked_keys[key] then
+    checked_keys[key] = true
+    writable(key, kind)
+  end
+end
 local function move(prefix, id, from, to, seq)
   if from == to then return end
   if from then redis.call('ZREM', prefix .. ':status:' .. from, id) end
@@ -140,17 +150,32 @@ if ARGV[4] == '1' and #ids < limit then
     if not seen[id] then ids[#ids + 1] = id end
   end
 end
-local out = {}
-local until_ = now + lease
+-- Every read first, then the keys the claims write checked, then the writes: a key of the
+-- wrong type fails the claim with nothing written (docs/deployment.md, damaged data).
+local runs = {}
 for _, id in ipairs(ids) do
   local key = prefix .. ':run:' .. id
-  local st = redis.call('HGET', key, 'status')
+  local f = redis.call('HMGET', key, 'status', 'owner', 'seq')
+  local st = f[1]
   if st and active(st) then
-    local old = redis.call('HGET', key, 'owner')
+    checked(prefix .. ':status:' .. st, 'zset')
+    if f[2] and f[2] ~= '' then checked(prefix .. ':owned:' .. f[2], 'set') end
+  end
+  runs[#runs + 1] = {id, key, f}
+end
+if #runs > 0 then
+  checked(prefix .. ':status:running', 'zset')
+  checked(prefix .. ':owned:' .. owner, 'set')
+end
+local out = {}
+local until_ = now + lease
+for _, run in ipairs(runs) do
+  local id, key, st, old = run[1], run[2], run[3][1], run[3][2]
+  if st and active(st) then
     if old and old ~= '' then redis.call('SREM', prefix .. ':owned:' .. old, id) end
     redis.call('HSET', key, 'owner', owner, 'lease', tostring(until_), 'status', 'running',
       'updated', ARGV[6])
-    move(prefix, id, st, 'running', redis.call('HGET', key, 'seq'))
+    move(prefix, id, st, 'running', run[3][3])
     redis.call('ZADD', prefix .. ':leases', until_, id)
     redis.call('SADD', prefix .. ':owned:' .. owner, id)
     out[#out + 1] = id
@@ -168,6 +193,7 @@ _RENEW: Final = (
     + """
 local prefix, owner = ARGV[1], ARGV[2]
 local until_ = tonumber(ARGV[4]) + tonumber(ARGV[3])
+writable(prefix .. ':leases', 'zset')  -- (the hashes are read before they are written)
 local kept = {}
 for i = 5, #ARGV do
   local id = ARGV[i]
@@ -188,16 +214,28 @@ _RELEASE: Final = (
     _LUA_HELPERS
     + """
 local prefix, owner = ARGV[1], ARGV[2]
+-- Every read first, then the keys written checked, then the writes (as a claim).
+local runs = {}
 for i = 4, #ARGV do
   local id = ARGV[i]
   local key = prefix .. ':run:' .. id
-  local st = redis.call('HGET', key, 'status')
-  if st and active(st) and redis.call('HGET', key, 'owner') == owner then
-    redis.call('HSET', key, 'owner', '', 'lease', '', 'status', 'pending', 'updated', ARGV[3])
-    move(prefix, id, st, 'pending', redis.call('HGET', key, 'seq'))
-    redis.call('ZADD', prefix .. ':leases', 0, id)
-    redis.call('SREM', prefix .. ':owned:' .. owner, id)
+  local f = redis.call('HMGET', key, 'status', 'owner', 'seq')
+  if f[1] and active(f[1]) and f[2] == owner then
+    checked(prefix .. ':status:' .. f[1], 'zset')
+    runs[#runs + 1] = {id, key, f}
   end
+end
+if #runs > 0 then
+  checked(prefix .. ':status:pending', 'zset')
+  checked(prefix .. ':leases', 'zset')
+  checked(prefix .. ':owned:' .. owner, 'set')
+end
+for _, run in ipairs(runs) do
+  local id, key = run[1], run[2]
+  redis.call('HSET', key, 'owner', '', 'lease', '', 'status', 'pending', 'updated', ARGV[3])
+  move(prefix, id, run[3][1], 'pending', run[3][3])
+  redis.call('ZADD', prefix .. ':leases', 0, id)
+  redis.call('SREM', prefix .. ':owned:' .. owner, id)
 end
 return 1
 """
@@ -210,20 +248,33 @@ _FINISH: Final = (
     + """
 local prefix, id = ARGV[1], ARGV[2]
 local key = prefix .. ':run:' .. id
-local st = redis.call('HGET', key, 'status')
+local f = redis.call('HMGET', key, 'status', 'owner', 'seq', 'workflow')
+local st, old = f[1], f[2]
 if not st or not (active(st) or st == 'blocked') then return 0 end
-local old = redis.call('HGET', key, 'owner')
+local ended = ARGV[3] ~= 'blocked'  -- finished: indexed by its end, per workflow (retention)
+local wf = f[4] or ''
+local dropped = ARGV[3] == 'completed' or ARGV[3] == 'failed'  -- its cancel mark dropped
+-- The keys written checked first: a key of the wrong type fails the settle with nothing
+-- written (docs/deployment.md, damaged data).
+if old and old ~= '' then checked(prefix .. ':owned:' .. old, 'set') end
+checked(prefix .. ':status:' .. st, 'zset')
+checked(prefix .. ':status:' .. ARGV[3], 'zset')
+checked(prefix .. ':leases', 'zset')
+if ended then
+  checked(prefix .. ':ended:' .. wf, 'zset')
+  checked(prefix .. ':ended-workflows', 'set')
+end
+if dropped then checked(KEYS[3], 'zset') end
 if old and old ~= '' then redis.call('SREM', prefix .. ':owned:' .. old, id) end
 redis.call('HSET', key, 'status', ARGV[3], 'output', ARGV[4], 'error', ARGV[5], 'owner', '',
   'lease', '', 'updated', ARGV[6])
-move(prefix, id, st, ARGV[3], redis.call('HGET', key, 'seq'))
+move(prefix, id, st, ARGV[3], f[3])
 redis.call('ZREM', prefix .. ':leases', id)
-if ARGV[3] ~= 'blocked' then  -- finished: indexed by its end, per workflow (retention)
-  local wf = redis.call('HGET', key, 'workflow') or ''
+if ended then
   redis.call('ZADD', prefix .. ':ended:' .. wf, ARGV[6], id)
   redis.call('SADD', prefix .. ':ended-workflows', wf)
 end
-if ARGV[3] == 'completed' or ARGV[3] == 'failed' then
+if dropped then
   redis.call('DEL', KEYS[2])
   redis.call('ZREM', KEYS[3], ARGV[7])
 end
