@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ._deadline import expired, time_out
 from ._errors import RunDataError, UnknownWorkflow
+from ._generations import CONTINUE_STEP_ID, continuation_of
 from ._records import RunStatus
 from ._runtime import describe_error
 from ._stores._wakes import STARTS, ring
@@ -87,6 +88,9 @@ class Adoption:
             return False
         try:
             history = await services.store.get_steps(run.run_id)
+            # Its generation's mark (continue-as-new) read now: one of the wrong shape is
+            # damaged as a checkpoint is (a driver built over it would fail the engine).
+            continuation_of(next((s for s in history if s.step_id == CONTINUE_STEP_ID), None))
         except RunDataError as exc:
             # A damaged checkpoint: the run cannot be replayed. Set aside (failed with what
             # is damaged), so the runs claimed beside it are still adopted.

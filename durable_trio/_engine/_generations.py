@@ -27,7 +27,7 @@ import orjson
 
 from .._attrs_shared import shared_eq, shared_hash, shared_repr
 from .._wire import JSONValue
-from ._records import StepKind, StepRecord, StepState
+from ._records import RunDataError, StepKind, StepRecord, StepState
 
 __all__ = [
     "CONTINUE_STEP_ID",
@@ -95,12 +95,19 @@ def continuation_of(mark: StepRecord | None) -> Continuation:
         return Continuation()
     data = mark.input
     signals = data.get("signals")
-    return Continuation(
-        generation=int(data.get("generation") or 0),
-        last_step=int(data.get("lastStep") or 0),
-        signals={str(k): int(v) for k, v in signals.items()} if isinstance(signals, dict) else {},
-        input=data.get("input"),
-    )
+    try:
+        return Continuation(
+            generation=int(data.get("generation") or 0),
+            last_step=int(data.get("lastStep") or 0),
+            signals=(
+                {str(k): int(v) for k, v in signals.items()} if isinstance(signals, dict) else {}
+            ),
+            input=data.get("input"),
+        )
+    except (ValueError, TypeError, OverflowError) as exc:  # JSON, of the wrong shape (damaged)
+        raise RunDataError(
+            f"run {mark.run_id!r}: its continue-as-new mark cannot be read ({exc})"
+        ) from exc
 
 
 def expected_generation(mark: StepRecord) -> int:
@@ -117,4 +124,9 @@ def current_generation(mark_input: Any) -> int:
         data = orjson.loads(mark_input) if isinstance(mark_input, (str, bytes)) else mark_input
     except orjson.JSONDecodeError:
         return -1  # damaged: never continued
-    return int(data.get("generation") or 0) if isinstance(data, dict) else -1
+    if not isinstance(data, dict):
+        return -1
+    try:
+        return int(data.get("generation") or 0)
+    except (ValueError, TypeError, OverflowError):
+        return -1  # damaged as well: a number that is none

@@ -90,7 +90,10 @@ def _time(value: float | None) -> str:
     if value is None:
         return "—"
     if value > 1e9:  # a Unix time (SQLite, Redis); memory:// counts trio's clock
-        moment = datetime.datetime.fromtimestamp(value, datetime.UTC)
+        try:
+            moment = datetime.datetime.fromtimestamp(value, datetime.UTC)
+        except (OverflowError, ValueError, OSError):  # no time a calendar has (damaged)
+            return f"{value} (not a time)"
         return moment.strftime("%Y-%m-%d %H:%M:%S UTC")  # the zone said: no reader guesses it
     return f"{value:.3f}"
 
