@@ -143,7 +143,10 @@ class RunDetails:
         return tuple(
             str(step.input["runId"])
             for step in self.steps
-            if step.kind is StepKind.CHILD and isinstance(step.input, dict)
+            # (a CHILD step's input names its child: one that does not is damaged, unlisted)
+            if step.kind is StepKind.CHILD
+            and isinstance(step.input, dict)
+            and "runId" in step.input
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ page stays small whatever the size of a run's input, output or error.
 from __future__ import annotations
 
 import html
+import math
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
@@ -90,8 +91,12 @@ def stamp(seconds: float | None) -> Html:
     if seconds < _UNIX_FLOOR:  # a monotonic store clock (memory://, trio's): no wall time
         title = "the store's monotonic clock, in seconds"
         return Html(f'<time class="mono" title="{title}">t={seconds:.3f}</time>')
-    text = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds))
-    iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+    try:
+        moment = time.gmtime(seconds)
+    except (OverflowError, ValueError, OSError):  # no time a calendar has (damaged): as stored
+        return Html(f'<time class="mono" title="not a time">{seconds!r}</time>')
+    text = time.strftime("%Y-%m-%d %H:%M:%S", moment)
+    iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", moment)
     return Html(f'<time datetime="{iso}">{text} UTC</time>')
 
 
@@ -99,6 +104,8 @@ def duration(seconds: float | None) -> str:
     """``0.42 s``, ``3.1 s``, ``4 min 05 s``, ``2 h 03 min`` (or an em dash)."""
     if seconds is None:
         return "—"
+    if not math.isfinite(seconds):  # from a time no calendar has (damaged): as computed
+        return f"{seconds} s"
     if seconds < 0:
         seconds = 0.0
     if seconds < 10:

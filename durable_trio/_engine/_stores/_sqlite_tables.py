@@ -257,16 +257,16 @@ def _read_run(row: tuple[Any, ...]) -> RunRecord:
         workflow=workflow,
         input=orjson.loads(input_),
         status=RunStatus(status),
-        created_at=created,
-        updated_at=updated,
+        created_at=_number(created, "created_at"),
+        updated_at=_number(updated, "updated_at"),
         output=orjson.loads(output),
         error=orjson.loads(error),
         owner=owner,
-        lease_until=lease,
-        timeout=timeout,
+        lease_until=_optional_number(lease, "lease_until"),
+        timeout=_optional_number(timeout, "timeout"),
         trace=read_trace(trace),
         parent=parent,
-        depth=depth,
+        depth=_integer(depth, "depth"),
         tags=read_tags(tags),
     )
 
@@ -281,20 +281,41 @@ def _read_step(row: tuple[Any, ...]) -> StepRecord:
         kind=StepKind(kind),
         name=name,
         status=StepState(status),
-        attempt=attempt,
+        attempt=_integer(attempt, "attempt"),
         input=orjson.loads(input_),
         output=orjson.loads(output),
         error=orjson.loads(error),
         retry=orjson.loads(retry),
-        wake_at=wake_at,
+        wake_at=_optional_number(wake_at, "wake_at"),
         dispatched=bool(dispatched),
-        priority=priority,
-        created_at=created,
-        updated_at=updated,
-        heartbeat_timeout=heartbeat_timeout,
+        priority=None if priority is None else _integer(priority, "priority"),
+        created_at=_number(created, "created_at"),
+        updated_at=_number(updated, "updated_at"),
+        heartbeat_timeout=_optional_number(heartbeat_timeout, "heartbeat_timeout"),
         heartbeat=_beat(heartbeat),
         attempts=read_attempt_log(attempts),
     )
+
+
+def _number(value: Any, column: str) -> float:
+    """A stored time or number of seconds. SQLite keeps any value in any column (a REAL
+    column may hold text): one that is no number is damaged (``TypeError``: the row mappers
+    make it a :class:`RunDataError`), caught here rather than where arithmetic meets it."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"its {column} {value!r} is not a number")
+    return value
+
+
+def _optional_number(value: Any, column: str) -> float | None:
+    return None if value is None else _number(value, column)
+
+
+def _integer(value: Any, column: str) -> int:
+    """A stored count (an INTEGER column may hold text or a REAL, ``9e999`` too): one that is
+    no integer is damaged, as :func:`_number`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"its {column} {value!r} is not an integer")
+    return value
 
 
 def _beat(text: Any) -> Any:
