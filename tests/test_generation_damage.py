@@ -1,5 +1,6 @@
-"""A damaged checkpoint of a run's previous generation (continue-as-new, issue 34, item 5) on
-PostgreSQL, with SQLite beside it as the reference: ``ops.show_run(run, generation=N)`` and
+"""Damaged generations (continue-as-new, issue 34, item 5), on PostgreSQL and SQLite.
+
+A damaged checkpoint of a run's previous generation: ``ops.show_run(run, generation=N)`` and
 ``durable-trio runs show RUN --generation N`` report it as they report the same damage in the
 run's current generation.
 
@@ -11,6 +12,15 @@ A damaged attempt log is advisory: the step is shown with a note, exit status 0.
 The damage is written with raw SQL on a connection of the test's own, as an operator's mistake
 or a bad restore would leave it; the run itself is driven by an engine at exact virtual times
 (``store_clock``, tests/_every_store.py).
+
+A continue-as-new mark of the wrong shape, and a timer's wake-up time that is no time. A mark
+is JSON naming where its generation starts (``{"generation": 2, "lastStep": 4, ...}``).
+Text that is not JSON was already reported; JSON whose numbers are not numbers (``"x"``, a
+list) reached ``int()``: ``runs show`` ended in a traceback, and an engine adopting the run
+crashed building its context. Now the mark is a :class:`~durable_trio.RunDataError` naming the
+run: ``runs show`` says so in one line (exit status 2), and an engine sets the run aside
+(failed with that error) and drives the runs beside it. A timer's ``wake_at`` of infinity
+showed a traceback in ``runs show`` (``datetime`` refuses it): it is printed as stored.
 """
 
 from __future__ import annotations
@@ -62,6 +72,11 @@ def _app() -> App:
         if state["n"] < 4:
             ctx.continue_as_new({"n": state["n"] + 1, "total": state["total"] + doubled})
         return {"n": state["n"], "total": state["total"] + doubled}
+
+    @app.workflow("plain")
+    async def plain(ctx: WorkflowContext, n: int) -> int:
+        doubled: int = await ctx.step("double", n)
+        return doubled
 
     return app
 
@@ -196,3 +211,76 @@ async def test_a_damaged_attempt_log_of_a_previous_generation_is_a_note_as_in_a_
         status, out, err = await trio.to_thread.run_sync(partial(_cli, capsys, url, *argv))
         assert (status, err) == (0, "")
         assert f"note: step {step_id} (double): {note}" in out
+
+
+def _command(capsys: pytest.CaptureFixture[str], url: str, *argv: str) -> tuple[int, str, str]:
+    status = main([*argv, "--backend", url, "--namespace", "loops"])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+#: Marks of the right JSON and the wrong shape.
+WRONG_MARKS = [
+    pytest.param('{"generation": "x", "lastStep": 2}', id="generation-not-a-number"),
+    pytest.param('{"generation": 1, "lastStep": [2]}', id="last-step-a-list"),
+    pytest.param('{"generation": 1, "lastStep": 2, "signals": {"s": [1]}}', id="signal-count"),
+]
+
+
+@pytest.mark.parametrize("mark", WRONG_MARKS)
+async def test_a_mark_of_the_wrong_shape_sets_its_run_aside_and_shows_as_damaged(
+    store_url: str,
+    store_clock: trio.testing.MockClock,
+    capsys: pytest.CaptureFixture[str],
+    mark: str,
+) -> None:
+    url = store_url
+    app = _app()
+    async with open_store(url, app.name) as (backend, store):
+        async with open_worker(app, backend), open_engine(
+            app, backend, store=store, **_QUIET
+        ) as engine:  # fmt: skip
+            await engine.start("counter", {"n": 2, "total": 0}, run_id="loop", detach=True)
+            await trio.sleep(15)  # generation 1 sleeps (its mark written at 10 s)
+        await _sql(
+            url, "UPDATE {steps} SET input = $2 WHERE run_id = $1 AND step_id = 'continue:run'",
+            "loop", mark,
+        )  # fmt: skip
+        # Shown: one error line naming the run and its mark, no traceback.
+        status, out, err = await trio.to_thread.run_sync(
+            partial(_command, capsys, url, "runs", "show", "loop")
+        )
+        assert (status, out) == (2, "")
+        assert err.startswith("error: run 'loop': its continue-as-new mark cannot be read (")
+        # Adopted by the next engine: set aside, failed with that error; the engine lives on
+        # and drives a run beside it.
+        async with open_worker(app, backend), open_engine(
+            app, backend, store=store, **_QUIET
+        ) as engine:  # fmt: skip
+            with pytest.raises(dt.RunFailed) as failed:
+                await engine.result("loop")
+            assert "its continue-as-new mark cannot be read" in str(failed.value)
+            assert await engine.result(await engine.start("plain", 21)) == 42
+
+
+async def test_a_timer_waking_at_infinity_is_shown_as_stored(
+    store_url: str,
+    store_clock: trio.testing.MockClock,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = store_url
+    app = _app()
+    async with open_store(url, app.name) as (backend, store):
+        async with open_worker(app, backend), open_engine(
+            app, backend, store=store, **_QUIET
+        ) as engine:  # fmt: skip
+            await engine.start("counter", {"n": 4, "total": 0}, run_id="one", detach=True)
+            await trio.sleep(5)  # its timer is set
+        await _sql(
+            url, "UPDATE {steps} SET wake_at = $2 WHERE run_id = $1 AND wake_at IS NOT NULL",
+            "one", float("inf"),
+        )  # fmt: skip
+        for argv in (["runs", "show", "one"], ["runs", "show", "one", "--json"]):
+            status, out, err = await trio.to_thread.run_sync(partial(_command, capsys, url, *argv))
+            assert (status, err) == (0, ""), err
+            assert "inf" in out.lower()
