@@ -213,10 +213,16 @@ async def test_a_damaged_attempt_log_of_a_previous_generation_is_a_note_as_in_a_
         assert f"note: step {step_id} (double): {note}" in out
 
 
-def _command(capsys: pytest.CaptureFixture[str], url: str, *argv: str) -> tuple[int, str, str]:
-    status = main([*argv, "--backend", url, "--namespace", "loops"])
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
+async def _left_mid_flight(
+    app: App, backend: dt.Backend, store: Any, state: dict[str, int], seconds: float
+) -> None:
+    """``RUN`` started from ``state`` and driven ``seconds``, then its engine closed (the run
+    left pending in the store, mid-flight)."""
+    async with open_worker(app, backend), open_engine(
+        app, backend, store=store, **_QUIET
+    ) as engine:  # fmt: skip
+        await engine.start("counter", state, run_id=RUN, detach=True)
+        await trio.sleep(seconds)
 
 
 #: Marks of the right JSON and the wrong shape.
@@ -237,19 +243,14 @@ async def test_a_mark_of_the_wrong_shape_sets_its_run_aside_and_shows_as_damaged
     url = store_url
     app = _app()
     async with open_store(url, app.name) as (backend, store):
-        async with open_worker(app, backend), open_engine(
-            app, backend, store=store, **_QUIET
-        ) as engine:  # fmt: skip
-            await engine.start("counter", {"n": 2, "total": 0}, run_id="loop", detach=True)
-            await trio.sleep(15)  # generation 1 sleeps (its mark written at 10 s)
+        # Generation 1 sleeps (its mark written at 10 s).
+        await _left_mid_flight(app, backend, store, {"n": 2, "total": 0}, 15)
         await _sql(
             url, "UPDATE {steps} SET input = $2 WHERE run_id = $1 AND step_id = 'continue:run'",
-            "loop", mark,
+            RUN, mark,
         )  # fmt: skip
         # Shown: one error line naming the run and its mark, no traceback.
-        status, out, err = await trio.to_thread.run_sync(
-            partial(_command, capsys, url, "runs", "show", "loop")
-        )
+        status, out, err = await trio.to_thread.run_sync(partial(_cli, capsys, url))
         assert (status, out) == (2, "")
         assert err.startswith("error: run 'loop': its continue-as-new mark cannot be read (")
         # Adopted by the next engine: set aside, failed with that error; the engine lives on
@@ -258,7 +259,7 @@ async def test_a_mark_of_the_wrong_shape_sets_its_run_aside_and_shows_as_damaged
             app, backend, store=store, **_QUIET
         ) as engine:  # fmt: skip
             with pytest.raises(dt.RunFailed) as failed:
-                await engine.result("loop")
+                await engine.result(RUN)
             assert "its continue-as-new mark cannot be read" in str(failed.value)
             assert await engine.result(await engine.start("plain", 21)) == 42
 
@@ -271,16 +272,12 @@ async def test_a_timer_waking_at_infinity_is_shown_as_stored(
     url = store_url
     app = _app()
     async with open_store(url, app.name) as (backend, store):
-        async with open_worker(app, backend), open_engine(
-            app, backend, store=store, **_QUIET
-        ) as engine:  # fmt: skip
-            await engine.start("counter", {"n": 4, "total": 0}, run_id="one", detach=True)
-            await trio.sleep(5)  # its timer is set
+        await _left_mid_flight(app, backend, store, {"n": 4, "total": 0}, 5)  # its timer set
         await _sql(
             url, "UPDATE {steps} SET wake_at = $2 WHERE run_id = $1 AND wake_at IS NOT NULL",
-            "one", float("inf"),
+            RUN, float("inf"),
         )  # fmt: skip
-        for argv in (["runs", "show", "one"], ["runs", "show", "one", "--json"]):
-            status, out, err = await trio.to_thread.run_sync(partial(_command, capsys, url, *argv))
+        for argv in ([], ["--json"]):
+            status, out, err = await trio.to_thread.run_sync(partial(_cli, capsys, url, *argv))
             assert (status, err) == (0, ""), err
             assert "inf" in out.lower()

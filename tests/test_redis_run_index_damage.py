@@ -11,7 +11,7 @@ The real clock throughout, on a private redis-server.
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -19,6 +19,9 @@ from _redis_server import *  # noqa: F403  (the fixtures; harmless once conftest
 from durable_trio._engine import RunRecord, RunStatus
 from durable_trio._engine._stores.redis import RedisRunStore
 from durable_trio._redis import RedisReplyError, open_redis
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 pytestmark = pytest.mark.redis
 
@@ -37,6 +40,20 @@ async def _damage(client: Any, key: str) -> None:
     await client.execute("SET", key, "junk")
 
 
+async def _refused_as_found(
+    client: Any, prefix: str, key: str, change: Callable[[], Awaitable[object]]
+) -> RedisReplyError:
+    """``key`` damaged (:func:`_damage`), then ``change()``: it fails with ``WRONGTYPE`` and
+    every key of the shard ``prefix`` is as it was before it. Returns the error."""
+    await _damage(client, key)
+    before = await _snapshot(client, prefix)
+    with pytest.raises(RedisReplyError) as caught:
+        await change()
+    assert caught.value.code == "WRONGTYPE"
+    assert await _snapshot(client, prefix) == before
+    return caught.value
+
+
 #: The index keys a start writes, by the part after the shard's prefix.
 START_KEYS = [":all", ":status:pending", ":leases"]
 
@@ -50,14 +67,12 @@ async def test_a_start_over_a_damaged_index_writes_nothing_and_works_once_it_is_
     async with open_redis(redis_url) as client:
         store = RedisRunStore(client, ns)
         await store.create_run(RunRecord("old", "w", None, RunStatus.PENDING, 0, 0))
-        await _damage(client, prefix + part)
-        before = await _snapshot(client, prefix)
-        with pytest.raises(RedisReplyError) as caught:
-            await store.create_run(RunRecord("new", "w", None, RunStatus.PENDING, 0, 0))
-        assert caught.value.code == "WRONGTYPE"
-        assert f"{prefix}{part} holds a string, not a zset" in str(caught.value)
-        assert "nothing was written" in str(caught.value)
-        assert await _snapshot(client, prefix) == before
+        error = await _refused_as_found(
+            client, prefix, prefix + part,
+            lambda: store.create_run(RunRecord("new", "w", None, RunStatus.PENDING, 0, 0)),
+        )  # fmt: skip
+        assert f"{prefix}{part} holds a string, not a zset" in str(error)
+        assert "nothing was written" in str(error)
         assert await store.get_run("new") is None  # no hash: a retry creates it afresh
 
         await client.execute("DEL", prefix + part)
@@ -82,11 +97,10 @@ async def test_a_reopening_over_a_damaged_index_writes_nothing_and_works_once_it
         await store.create_run(RunRecord("r", "w", None, RunStatus.PENDING, 0, 0))
         [claimed] = await store.claim_runs("owner", lease=10.0, limit=10)
         assert await store.finish_run("r", RunStatus.FAILED, error={"message": "boom"})
-        await _damage(client, prefix + ":leases")
-        before = await _snapshot(client, prefix)
-        with pytest.raises(RedisReplyError, match="holds a string, not a zset"):
-            await store.reopen_run("r", [], run_timeout=None)
-        assert await _snapshot(client, prefix) == before
+        error = await _refused_as_found(
+            client, prefix, prefix + ":leases", lambda: store.reopen_run("r", [], run_timeout=None)
+        )
+        assert "holds a string, not a zset" in str(error)
 
         await client.execute("DEL", prefix + ":leases")
         assert await store.reopen_run("r", [], run_timeout=None)
@@ -130,13 +144,10 @@ async def test_a_settle_over_a_damaged_index_writes_nothing_and_works_once_it_is
         key = prefix + part
         if part == ":steps:r":
             key = store._steps_key("r")
-        await _damage(client, key)
-        before = await _snapshot(client, prefix)
-        with pytest.raises(RedisReplyError) as caught:
-            await store.finish_run("r", RunStatus.COMPLETED, output=1)
-        assert caught.value.code == "WRONGTYPE"
-        assert f"{key} holds a string, not a {kind}" in str(caught.value)
-        assert await _snapshot(client, prefix) == before
+        error = await _refused_as_found(
+            client, prefix, key, lambda: store.finish_run("r", RunStatus.COMPLETED, output=1)
+        )
+        assert f"{key} holds a string, not a {kind}" in str(error)
         run = await store.get_run("r")
         assert run is not None
         assert run.status is RunStatus.RUNNING
@@ -160,11 +171,11 @@ async def test_a_claim_over_a_damaged_index_writes_nothing_and_works_once_it_is_
         store = RedisRunStore(client, ns)
         for run_id in ("a", "b"):
             await store.create_run(RunRecord(run_id, "w", None, RunStatus.PENDING, 0, 0))
-        await _damage(client, prefix + part)
-        before = await _snapshot(client, prefix)
-        with pytest.raises(RedisReplyError, match="holds a string, not a"):
-            await store.claim_runs("owner", lease=10.0, limit=10)
-        assert await _snapshot(client, prefix) == before
+        error = await _refused_as_found(
+            client, prefix, prefix + part,
+            lambda: store.claim_runs("owner", lease=10.0, limit=10),
+        )  # fmt: skip
+        assert "holds a string, not a" in str(error)
 
         await client.execute("DEL", prefix + part)
         claimed = await store.claim_runs("owner", lease=10.0, limit=10)
@@ -181,11 +192,10 @@ async def test_a_release_over_a_damaged_index_writes_nothing_and_works_once_it_i
     prefix = f"{{dt-runs:{ns}}}"
     async with open_redis(redis_url) as client:
         store = await _store_with_claimed_run(client, ns)
-        await _damage(client, prefix + part)
-        before = await _snapshot(client, prefix)
-        with pytest.raises(RedisReplyError, match="holds a string, not a"):
-            await store.release_runs("owner", ["r"])
-        assert await _snapshot(client, prefix) == before
+        error = await _refused_as_found(
+            client, prefix, prefix + part, lambda: store.release_runs("owner", ["r"])
+        )
+        assert "holds a string, not a" in str(error)
 
         await client.execute("DEL", prefix + part)
         await store.release_runs("owner", ["r"])
@@ -201,11 +211,11 @@ async def test_a_renewal_over_a_damaged_lease_index_writes_nothing(redis_url: st
     prefix = f"{{dt-runs:{ns}}}"
     async with open_redis(redis_url) as client:
         store = await _store_with_claimed_run(client, ns)
-        await _damage(client, prefix + ":leases")
-        before = await _snapshot(client, prefix)
-        with pytest.raises(RedisReplyError, match="leases holds a string, not a zset"):
-            await store.renew_runs("owner", ["r"], lease=30.0)
-        assert await _snapshot(client, prefix) == before
+        error = await _refused_as_found(
+            client, prefix, prefix + ":leases",
+            lambda: store.renew_runs("owner", ["r"], lease=30.0),
+        )  # fmt: skip
+        assert "leases holds a string, not a zset" in str(error)
 
         await client.execute("DEL", prefix + ":leases")
         assert await store.renew_runs("owner", ["r"], lease=30.0) == {"r"}
