@@ -11,6 +11,7 @@ workers then follow. See docs/operations.md.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -385,7 +386,7 @@ class Operations:
             run.status is RunStatus.RUNNING
             and run.owner is not None
             and run.lease_until is not None
-            and run.lease_until > self.store.now()
+            and self.store.now() < run.lease_until < math.inf  # (infinity: no time, damaged)
         )
         if driven and grace > 0:
             if not await mark_in_store(self.store, run_id, reason):

@@ -359,13 +359,15 @@ RUN_STATUS_FOR_UPDATE: Final = """
 
 # Orphans locked as they are picked (a run another claim holds is skipped, not waited for; a
 # row changed since the snapshot is checked again before it is taken), in a CTE: evaluated
-# once (a subquery under the UPDATE may run again and take more than its LIMIT).
+# once (a subquery under the UPDATE may run again and take more than its LIMIT). A lease that
+# is no time (infinity, NaN: damaged data; both sort above every number) has expired.
 CLAIM: Final = f"""
     WITH orphans AS MATERIALIZED (
         SELECT run_id FROM {{schema}}.runs
         WHERE namespace = $1 AND status IN ('pending', 'running')
           AND (owner IS NULL OR lease_until IS NULL OR lease_until < $4::float8
-               OR ($5::boolean AND owner = $2::text))
+               OR ($5::boolean AND owner = $2::text)
+               OR lease_until IN ('Infinity'::float8, 'NaN'::float8))
         ORDER BY seq LIMIT $6::bigint FOR NO KEY UPDATE SKIP LOCKED
     )
     UPDATE {{schema}}.runs AS r

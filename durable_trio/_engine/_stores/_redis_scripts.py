@@ -142,6 +142,12 @@ local prefix, owner = ARGV[1], ARGV[2]
 local lease, limit, now = tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local ids = redis.call('ZRANGEBYSCORE', prefix .. ':leases', '-inf', '(' .. ARGV[6],
   'LIMIT', 0, limit)
+if #ids < limit then  -- a lease of +inf is no time (damaged data): it has expired
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', prefix .. ':leases', '+inf', '+inf',
+      'LIMIT', 0, limit - #ids)) do
+    ids[#ids + 1] = id
+  end
+end
 if ARGV[4] == '1' and #ids < limit then
   local seen = {}
   for _, id in ipairs(ids) do seen[id] = true end

@@ -124,10 +124,13 @@ _INSERT_RUN: Final = f"""
     ON CONFLICT (namespace, run_id) DO NOTHING
 """
 _GET_RUN: Final = f"SELECT {_RUN_COLUMNS} FROM dt_runs WHERE namespace = ?1 AND run_id = ?2"
+# A lease that is no time (text, infinity: damaged data; numbers sort below text in SQLite)
+# has expired: the claim writes a time over it (docs/concepts.md, "Damaged run rows").
 _ORPHANS: Final = """
     SELECT run_id FROM dt_runs INDEXED BY dt_runs_active
     WHERE namespace = ?1 AND status IN ('pending', 'running')
-      AND (owner IS NULL OR lease_until IS NULL OR lease_until < ?2 OR (?3 AND owner = ?4))
+      AND (owner IS NULL OR lease_until IS NULL OR lease_until < ?2 OR (?3 AND owner = ?4)
+           OR NOT lease_until BETWEEN -1e308 AND 1e308)
     ORDER BY seq LIMIT ?5
 """
 _CLAIM: Final = """
