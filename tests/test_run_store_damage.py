@@ -60,8 +60,18 @@ async def _sql(url: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:
         return await pool.fetch(statement, *params)
 
 
+@pytest.mark.parametrize(
+    "checkpoint_damage",
+    [
+        pytest.param("output = '{{garbage'", id="output-not-json"),
+        # (attempts count from 1: below, every result was stale and the run waited for ever)
+        pytest.param("attempt = 0", id="attempt-zero"),
+        # (SQLite keeps the text; PostgreSQL's double precision reads it as NaN: no number)
+        pytest.param("created_at = 'NaN'", id="created-nan"),
+    ],
+)
 async def test_a_damaged_run_or_checkpoint_is_set_aside_and_the_others_run(
-    store_url: str,
+    store_url: str, checkpoint_damage: str
 ) -> None:
     url = store_url
     errors = Errors()
@@ -76,7 +86,7 @@ async def test_a_damaged_run_or_checkpoint_is_set_aside_and_the_others_run(
             for n in range(GOOD):
                 await caller.start("chain", n, run_id=f"good-{n}", detach=True)
             await caller.start("chain", 9, run_id="bad-input", detach=True)
-    await _sql(url, "UPDATE {steps} SET output = '{{garbage' WHERE run_id = 'bad-step'")
+    await _sql(url, f"UPDATE {{steps}} SET {checkpoint_damage} WHERE run_id = 'bad-step'")
     await _sql(
         url,
         "UPDATE {runs} SET status = 'running', owner = NULL, lease_until = NULL, "
@@ -291,3 +301,35 @@ async def test_a_redis_run_with_damaged_tags_is_pruned_and_not_listed_under_them
                 assert await engine.result(await engine.start("chain", 1, run_id="t")) == 4
             assert (await ops.list_runs(tags={"k": "v"})).runs == []
             assert [r.run_id for r in (await ops.list_runs()).runs] == ["t"]
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        pytest.param("attempt", "0", "attempt 0 is below 1", id="attempt-zero"),
+        pytest.param("created", "nan", "'nan' is not a number", id="created-nan"),
+        pytest.param("wake_at", "nan", "'nan' is not a number", id="wake-at-nan"),
+    ],
+)
+async def test_a_redis_checkpoint_whose_attempt_or_time_is_no_such_thing_cannot_be_read(
+    redis_url: str, field: str, value: str, said: str
+) -> None:
+    """A step hash whose ``attempt`` is below 1 (attempts count from 1), or whose time is
+    ``nan`` (which ``float`` reads), is a :class:`~durable_trio.RunDataError` naming it, as on
+    the SQL stores (whose engine test is above), so an engine adopting its run sets the run
+    aside: before, it took every result for the attempt as stale (the run waited for ever),
+    or its timer failed the run with Trio's "deadline must not be NaN"."""
+    from durable_trio._engine import RunRecord, RunStatus, StepKind, StepRecord, StepState
+    from durable_trio._engine._stores.redis import RedisRunStore
+    from durable_trio._redis import open_redis
+
+    async with open_redis(redis_url) as client:
+        store = RedisRunStore(client, f"att{uuid.uuid4().hex[:8]}")
+        await store.create_run(RunRecord("r", "w", None, RunStatus.PENDING, 0, 0))
+        step = StepRecord("r", "1", StepKind.REMOTE, "double", StepState.PENDING, input=2)
+        await store.begin_step(step)
+        assert [step.attempt for step in await store.get_steps("r")] == [1]
+        await client.execute("HSET", store._step_key("r", "1"), field, value)
+        with pytest.raises(dt.RunDataError, match=rf"checkpoint '1' .*{said}"):
+            await store.get_steps("r")

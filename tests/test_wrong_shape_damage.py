@@ -159,6 +159,9 @@ NO_NUMBER = [
     pytest.param("sleeper", "UPDATE dt_runs SET depth = 'x'", True, id="run-depth"),
     pytest.param("sleeper", "UPDATE dt_steps SET attempt = 'x'", True, id="step-attempt-text"),
     pytest.param("waiter", "UPDATE dt_steps SET attempt = 9e999", True, id="step-attempt-inf"),
+    # (an attempt below 1, attempts counting from 1: every result was stale, the run waited)
+    pytest.param("waiter", "UPDATE dt_steps SET attempt = 0", True, id="step-attempt-zero"),
+    pytest.param("sleeper", "UPDATE dt_steps SET attempt = -3", True, id="step-attempt-below"),
     pytest.param("sleeper", "UPDATE dt_steps SET created_at = 'x'", True, id="step-created"),
     pytest.param("waiter", "UPDATE dt_steps SET priority = 'x'", True, id="step-priority"),
     pytest.param(

@@ -34,6 +34,7 @@ __all__ = [
     "ended_attempt",
     "error_from_json",
     "error_to_json",
+    "first_or_later",
     "normalize_json",
     "patch_marker",
     "previous_details",
@@ -389,6 +390,15 @@ def _redeliveries(delivery: dict[str, Any]) -> dict[str, Any]:
     if isinstance(lost, int | float) and not isinstance(lost, bool):
         kept["leaseLostAt"] = lost
     return kept
+
+
+def first_or_later(attempt: int) -> int:
+    """A stored checkpoint's attempt, which counts from 1; one below 1 is damaged
+    (``ValueError``: the row mappers make it a :class:`RunDataError`). Read as it was, every
+    result came back for another attempt, stale, and the run waited for ever."""
+    if attempt < 1:
+        raise ValueError(f"its attempt {attempt} is below 1 (attempts count from 1)")
+    return attempt
 
 
 def read_attempt_log(raw: str | bytes | None) -> tuple[JSONValue, ...]:

@@ -18,6 +18,7 @@ from .._records import (
     StepKind,
     StepRecord,
     StepState,
+    first_or_later,
     read_attempt_log,
     read_trace,
 )
@@ -29,8 +30,17 @@ if TYPE_CHECKING:
 __all__ = ["fields", "number", "opt_float", "read_listed", "read_run", "read_step", "tag_index"]
 
 
+def a_float(raw: bytes) -> float:
+    """A stored time or number of seconds; ``nan`` (which ``float`` reads) is no number: a
+    ``ValueError``, which the row mappers make a :class:`RunDataError`."""
+    value = float(raw)
+    if value != value:
+        raise ValueError(f"{raw!r} is not a number")
+    return value
+
+
 def opt_float(raw: bytes | None) -> float | None:
-    return float(raw) if raw else None
+    return a_float(raw) if raw else None
 
 
 def fields(reply: list[Any]) -> dict[bytes, bytes]:
@@ -86,8 +96,8 @@ def _run(run_id: str, f: dict[bytes, bytes]) -> RunRecord:
         workflow=f[b"workflow"].decode(),
         input=orjson.loads(f[b"input"]),
         status=RunStatus(f[b"status"].decode()),
-        created_at=float(f[b"created"]),
-        updated_at=float(f[b"updated"]),
+        created_at=a_float(f[b"created"]),
+        updated_at=a_float(f[b"updated"]),
         output=orjson.loads(f[b"output"]),
         error=orjson.loads(f[b"error"]),
         owner=f[b"owner"].decode() or None,
@@ -108,7 +118,7 @@ def _step(run_id: str, step_id: str, f: dict[bytes, bytes]) -> StepRecord:
         kind=StepKind(f[b"kind"].decode()),
         name=f[b"name"].decode(),
         status=StepState(f[b"status"].decode()),
-        attempt=int(f[b"attempt"]),
+        attempt=first_or_later(int(f[b"attempt"])),
         input=orjson.loads(f[b"input"]),
         output=orjson.loads(f[b"output"]),
         error=orjson.loads(f[b"error"]),
@@ -116,8 +126,8 @@ def _step(run_id: str, step_id: str, f: dict[bytes, bytes]) -> StepRecord:
         wake_at=opt_float(f.get(b"wake_at")),
         dispatched=f.get(b"dispatched") == b"1",
         priority=int(priority) if priority else None,
-        created_at=float(f[b"created"]),
-        updated_at=float(f[b"updated"]),
+        created_at=a_float(f[b"created"]),
+        updated_at=a_float(f[b"updated"]),
         # absent: a step stored before heartbeats
         heartbeat_timeout=opt_float(f.get(b"hb_timeout")),
         heartbeat=_beat(f.get(b"heartbeat")),

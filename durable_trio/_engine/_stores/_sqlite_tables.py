@@ -26,6 +26,7 @@ from .._records import (
     StepKind,
     StepRecord,
     StepState,
+    first_or_later,
     read_attempt_log,
     read_trace,
 )
@@ -284,7 +285,7 @@ def _read_step(row: tuple[Any, ...]) -> StepRecord:
         kind=StepKind(kind),
         name=name,
         status=StepState(status),
-        attempt=_integer(attempt, "attempt"),
+        attempt=first_or_later(_integer(attempt, "attempt")),
         input=orjson.loads(input_),
         output=orjson.loads(output),
         error=orjson.loads(error),
@@ -302,10 +303,11 @@ def _read_step(row: tuple[Any, ...]) -> StepRecord:
 
 def _number(value: Any, column: str) -> float:
     """A stored time or number of seconds. SQLite keeps any value in any column (a REAL
-    column may hold text): one that is no number is damaged (``TypeError``: the row mappers
-    make it a :class:`RunDataError`), caught here rather than where arithmetic meets it."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"its {column} {value!r} is not a number")
+    column may hold text), PostgreSQL's double precision a NaN: one that is no number is
+    damaged (``TypeError``: the row mappers make it a :class:`RunDataError`), caught here
+    rather than where arithmetic meets it."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise TypeError(f"its {column} {value!r} is not a number")  # (NaN: PostgreSQL's)
     return value
 
 
