@@ -17,6 +17,7 @@ import pytest
 
 from _redis_server import *  # noqa: F403  (the fixtures; harmless once conftest imports them too)
 from durable_trio._engine import RunRecord, RunStatus
+from durable_trio._engine._stores._redis_scripts import REBUILD_BATCH
 from durable_trio._engine._stores.redis import RedisRunStore
 from durable_trio._redis import RedisReplyError, open_redis
 
@@ -219,3 +220,90 @@ async def test_a_renewal_over_a_damaged_lease_index_writes_nothing(redis_url: st
 
         await client.execute("DEL", prefix + ":leases")
         assert await store.renew_runs("owner", ["r"], lease=30.0) == {"r"}
+
+
+async def test_a_lost_lease_index_is_rebuilt_by_the_next_claim(redis_url: str) -> None:
+    # Every unfinished run has an entry in ``:leases``, which is all an orphan claim reads:
+    # with the key deleted (an operator's mistake, a bad restore), a run whose engine died was
+    # never claimed again and waited for ever. The next claim sees fewer entries than
+    # unfinished runs and puts each missing one back, with its stored lease.
+    ns = f"idx{next(_names)}"
+    prefix = f"{{dt-runs:{ns}}}"
+    async with open_redis(redis_url) as client:
+        store = RedisRunStore(client, ns)
+        for run_id in ("dead", "live", "waiting"):
+            await store.create_run(RunRecord(run_id, "w", None, RunStatus.PENDING, 0, 0))
+        claimed = await store.claim_runs("gone", lease=10.0, limit=2)  # (oldest first)
+        assert sorted(run.run_id for run in claimed) == ["dead", "live"]
+        assert await store.renew_runs("gone", ["live"], lease=3600.0) == {"live"}
+        live_until = float(await client.execute("ZSCORE", f"{prefix}:leases", "live"))
+        # "dead"'s lease ends in 10 s and is never renewed; "waiting" is unowned.
+        await client.execute("ZADD", f"{prefix}:leases", 0, "dead")  # (its lease has passed)
+        await client.execute("HSET", f"{prefix}:run:dead", "lease", "1")
+
+        await client.execute("DEL", f"{prefix}:leases")
+        claimed = await store.claim_runs("next", lease=10.0, limit=10)
+        assert sorted(run.run_id for run in claimed) == ["dead", "waiting"]
+        # The live engine's run is indexed again under its own lease (as its hash keeps it:
+        # 14 digits, Lua's), and still its.
+        stored = float(await client.execute("HGET", f"{prefix}:run:live", "lease"))
+        rebuilt = float(await client.execute("ZSCORE", f"{prefix}:leases", "live"))
+        assert rebuilt == stored == pytest.approx(live_until, abs=1e-3)
+        live = await store.get_run("live")
+        assert live is not None
+        assert live.owner == "gone"
+        assert await client.execute("ZCARD", f"{prefix}:leases") == 3
+
+
+async def test_a_stale_status_entry_is_dropped_when_the_lease_index_is_rebuilt(
+    redis_url: str,
+) -> None:
+    # The rebuild makes the counts agree, so the next claims do not scan again: an entry of
+    # an unfinished status index whose run is gone, or finished, is dropped; one whose run is
+    # unfinished under the other status is moved there.
+    ns = f"idx{next(_names)}"
+    prefix = f"{{dt-runs:{ns}}}"
+    async with open_redis(redis_url) as client:
+        store = RedisRunStore(client, ns)
+        for run_id in ("ended", "moved", "kept"):
+            await store.create_run(RunRecord(run_id, "w", None, RunStatus.PENDING, 0, 0))
+        [ended] = await store.claim_runs("gone", lease=10.0, limit=1)
+        assert await store.finish_run(ended.run_id, RunStatus.COMPLETED, output=1)
+        await client.execute("ZADD", f"{prefix}:status:pending", 1, "ended")  # stale
+        await client.execute("ZADD", f"{prefix}:status:pending", 9, "ghost")  # no run at all
+        await client.execute("HSET", f"{prefix}:run:moved", "status", "running")
+        await client.execute("DEL", f"{prefix}:leases")
+
+        claimed = await store.claim_runs("next", lease=10.0, limit=10)
+        assert sorted(run.run_id for run in claimed) == ["kept", "moved"]
+        assert await client.execute("ZRANGE", f"{prefix}:status:pending", 0, -1) == []
+        assert sorted(await client.execute("ZRANGE", f"{prefix}:status:running", 0, -1)) == [
+            b"kept",
+            b"moved",
+        ]
+        assert await client.execute("ZCARD", f"{prefix}:leases") == 2
+
+
+async def test_a_lost_lease_index_is_rebuilt_a_batch_a_call(redis_url: str) -> None:
+    # The walk is bounded (REBUILD_BATCH entries a script call, so the server is never held
+    # long), keeps its place in ``:leases-rebuild``, and goes on at the next call: within the
+    # same claim while it claimed fewer runs than asked, else at the next claim.
+    ns = f"idx{next(_names)}"
+    prefix = f"{{dt-runs:{ns}}}"
+    total = REBUILD_BATCH + 500
+    async with open_redis(redis_url) as client:
+        store = RedisRunStore(client, ns)
+        for n in range(total):
+            await store.create_run(RunRecord(f"r{n}", "w", None, RunStatus.PENDING, 0, 0))
+        await client.execute("DEL", f"{prefix}:leases")
+
+        first = await store.claim_runs("next", lease=10.0, limit=10)
+        assert len(first) == 10  # claimed from the first batch put back: the walk waits
+        assert await client.execute("ZCARD", f"{prefix}:leases") == REBUILD_BATCH
+        place = await client.execute("GET", f"{prefix}:leases-rebuild")
+        assert place == f"pending {REBUILD_BATCH}".encode()  # (the last seq walked)
+
+        second = await store.claim_runs("next", lease=10.0, limit=total)
+        assert len(second) == total - 10
+        assert await client.execute("EXISTS", f"{prefix}:leases-rebuild") == 0
+        assert await client.execute("ZCARD", f"{prefix}:leases") == total

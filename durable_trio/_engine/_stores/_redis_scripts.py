@@ -9,6 +9,7 @@ from ..._redis._script import writable_lua
 
 __all__ = [
     "PAGE_BUDGET",
+    "REBUILD_BATCH",
     "_APPEND_SIGNAL",
     "_BEGIN_STEP",
     "_BEGIN_STEP_UNLESS_FINISHED",
@@ -134,12 +135,72 @@ _CREATE_RUN_FUNCTION: Final = (
     _LUA_HELPERS + "local function create_run(KEYS, ARGV)\n" + _CREATE_RUN_BODY + "end\n"
 )
 
-# ARGV: prefix, owner, lease seconds, include_own (0/1), limit, now
+#: Status index entries a claim walks at most while it rebuilds a lost ``:leases`` (about 10 ms
+#: of the server's time; the caller calls again while the walk goes on).
+REBUILD_BATCH: Final = 2000
+
+# ARGV: prefix, owner, lease seconds, include_own (0/1), limit, now. Returns the ids claimed,
+# and 1 if a rebuild of :leases is under way (call again), else 0.
 _CLAIM: Final = (
     _LUA_HELPERS
     + """
 local prefix, owner = ARGV[1], ARGV[2]
 local lease, limit, now = tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6])
+-- Every unfinished run has an entry in :leases. Fewer entries than unfinished runs (damaged
+-- data: the key deleted, a bad restore) would leave the runs missing never claimed: the status
+-- indexes are walked, REBUILD_BATCH entries a call (its place kept in :leases-rebuild, "STATUS
+-- SEQ", until the walk ends: ``more`` asks the caller to call again), and each unfinished run
+-- missing is put back with its stored lease (0 if none), an entry whose run is gone or finished
+-- dropped, one under the other unfinished status moved there (docs/deployment.md).
+local function zcard(key)
+  if redis.call('TYPE', key)['ok'] ~= 'zset' then return 0 end
+  return redis.call('ZCARD', key)
+end
+local leases, walk = prefix .. ':leases', prefix .. ':leases-rebuild'
+local more = 0
+local ltype = redis.call('TYPE', leases)['ok']
+if ltype == 'zset' or ltype == 'none' then
+  local at = redis.call('TYPE', walk)['ok'] == 'string' and redis.call('GET', walk) or nil
+  if at or zcard(prefix .. ':status:pending') + zcard(prefix .. ':status:running')
+      > zcard(leases) then
+    local st, from = 'pending', '-inf'
+    local s1, s2 = string.match(at or '', '^(%a+) (%S+)$')
+    if active(s1) then st, from = s1, '(' .. s2 end
+    local budget = REBUILD_BATCH
+    while st and budget > 0 do
+      local index = prefix .. ':status:' .. st
+      local batch = {}
+      if redis.call('TYPE', index)['ok'] == 'zset' then
+        batch = redis.call('ZRANGEBYSCORE', index, from, '+inf', 'WITHSCORES', 'LIMIT', 0, budget)
+      end
+      for i = 1, #batch, 2 do
+        local id = batch[i]
+        local f = redis.call('HMGET', prefix .. ':run:' .. id, 'status', 'owner', 'lease', 'seq')
+        if f[1] ~= st then  -- (indexed under its own status if unfinished, if it can be)
+          redis.call('ZREM', index, id)
+          if active(f[1]) then redis.pcall('ZADD', prefix .. ':status:' .. f[1], f[4] or 0, id) end
+        elseif not redis.call('ZSCORE', leases, id) then
+          local held = f[2] and f[2] ~= '' and tonumber(f[3])
+          if held ~= held then held = nil end  -- (nan)
+          redis.call('ZADD', leases, held or 0, id)
+        end
+        from = batch[i + 1]
+      end
+      budget = budget - #batch / 2
+      if budget > 0 then  -- this index walked to its end
+        st, from = st == 'pending' and 'running' or nil, '-inf'
+      else
+        from = '(' .. from
+      end
+    end
+    if st then
+      redis.call('SET', walk, st .. ' ' .. string.sub(from, 2))
+      more = 1
+    else
+      redis.call('DEL', walk)
+    end
+  end
+end
 local ids = redis.call('ZRANGEBYSCORE', prefix .. ':leases', '-inf', '(' .. ARGV[6],
   'LIMIT', 0, limit)
 if #ids < limit then  -- a lease of +inf is no time (damaged data): it has expired
@@ -189,9 +250,9 @@ for _, run in ipairs(runs) do
     redis.call('ZREM', prefix .. ':leases', id)
   end
 end
-return out
+return {out, more}
 """
-)
+).replace("REBUILD_BATCH", str(REBUILD_BATCH))
 
 # ARGV: prefix, owner, lease seconds, now, id...
 _RENEW: Final = (

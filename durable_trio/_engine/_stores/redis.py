@@ -13,6 +13,8 @@ Redis Cluster slot and every script touches one slot only):
 ``T:status:STATUS``        zset    runs of one status, score = seq
 ``T:leases``               zset    unfinished runs, score = lease expiry (0 = unowned): an
                                    orphan claim is ``ZRANGEBYSCORE -inf (now``, never a scan
+``T:leases-rebuild``       string  while a lost ``T:leases`` is rebuilt by the claims: where the
+                                   walk of the status indexes stands (``STATUS SEQ``)
 ``T:owned:OWNER``          set     unfinished runs an engine owns (an engine restarted under the
                                    same id takes its runs back at once)
 ``T:steps:N:ID``           zset    the run's step ids, score = position (N = len(ID), so no run id
@@ -482,12 +484,14 @@ class RedisRunStore:
         ids: list[str] = []
         for k in range(count):
             prefix = self._prefixes[(start + k) % count]
-            claimed = await self._claim(
-                (f"{prefix}:leases",),
-                (prefix, owner, repr(float(lease)), int(include_own), limit - len(ids),
-                 _num(self.now())),
-            )  # fmt: skip
-            ids += [i.decode() for i in claimed]
+            more = 1
+            while more and len(ids) < limit:  # (more: a lost :leases is being rebuilt)
+                claimed, more = await self._claim(
+                    (f"{prefix}:leases",),
+                    (prefix, owner, repr(float(lease)), int(include_own), limit - len(ids),
+                     _num(self.now())),
+                )  # fmt: skip
+                ids += [i.decode() for i in claimed]
             if len(ids) >= limit:
                 break
         if not ids:
