@@ -106,19 +106,24 @@ _QUIET: dict[str, Any] = {
 }  # fmt: skip
 
 
+async def _left_to_a_ghost(app: App, backend: dt.Backend, store: Any, url: str, value: str) -> None:
+    """Run ``hurt`` of ``sleeper`` driven to its timer (15 s) by an engine that then closed,
+    and left to a dead engine ``ghost`` whose lease is ``value`` (:func:`_damage_lease`)."""
+    async with open_worker(app, backend, namespace=NAMESPACE), open_engine(
+        app, backend, store=store, namespace=NAMESPACE, **_QUIET
+    ) as engine:  # fmt: skip
+        await engine.start("sleeper", 2, run_id="hurt", detach=True)
+        await trio.sleep(15)
+    await _damage_lease(url, "hurt", value)
+
+
 @pytest.mark.parametrize(("kind", "value"), DAMAGED)
 async def test_a_lease_that_is_no_time_has_expired_and_its_run_is_driven_again(
     url: str, value: str, store_clock: trio.testing.MockClock
 ) -> None:
     app = _app()
     async with open_store(url, NAMESPACE) as (backend, store):
-        async with open_worker(app, backend, namespace=NAMESPACE), open_engine(
-            app, backend, store=store, namespace=NAMESPACE, **_QUIET
-        ) as engine:  # fmt: skip
-            await engine.start("sleeper", 2, run_id="hurt", detach=True)
-            await trio.sleep(15)  # at its timer
-        # Its engine gone, the run is left to a ghost whose lease is no time.
-        await _damage_lease(url, "hurt", value)
+        await _left_to_a_ghost(app, backend, store, url, value)
         # A claim takes it now and writes a time over the lease.
         [claimed] = [run for run in await store.claim_runs("next", 30.0) if run.run_id == "hurt"]
         assert claimed.owner == "next"
@@ -145,12 +150,7 @@ async def test_a_cancel_of_a_run_whose_lease_is_infinite_does_not_wait_for_it(
     # store at once, as one nobody drives.
     app = _app()
     async with open_store(url, NAMESPACE) as (backend, store):
-        async with open_worker(app, backend, namespace=NAMESPACE), open_engine(
-            app, backend, store=store, namespace=NAMESPACE, **_QUIET
-        ) as engine:  # fmt: skip
-            await engine.start("sleeper", 2, run_id="hurt", detach=True)
-            await trio.sleep(15)
-        await _damage_lease(url, "hurt", value)
+        await _left_to_a_ghost(app, backend, store, url, value)
         async with dt.open_operations(backend, namespace=NAMESPACE) as ops:
             start = trio.current_time()
             with trio.fail_after(300):
