@@ -10,7 +10,8 @@ so the row is a :class:`~durable_trio.RunDataError` naming the column: an engine
 aside (failed with that error) and drives the runs beside it, ``runs show`` says so in one
 line, a listing names it beside the others. A time no calendar has (infinity, which is a REAL
 like any other) is shown by the console as stored, as ``runs show`` already did; a CHILD step
-whose input names no child is left out of ``runs show``'s children.
+whose input names no child is left out of ``runs show``'s children, and its run is set aside
+by the engine adopting it.
 
 Engines run at exact virtual times (``store_clock``, tests/_every_store.py).
 """
@@ -284,4 +285,11 @@ async def test_a_child_step_naming_no_child_is_shown_without_it(
     async with open_store(url, app.name) as (backend, store):
         pages = await _console(backend)
         assert [reply.status_code for reply in pages.values()] == [200, 200, 200]
-        await _plain_beside(app, backend, store)  # the engine lives on
+        # The engine lives on and sets the run aside, saying what is damaged (replayed, the
+        # child step met a KeyError or an assertion).
+        failed = await _plain_beside(app, backend, store)
+        assert isinstance(failed, dt.RunFailed | dt.RunDataError), failed
+        assert "a child step whose input names no child run" in str(failed)
+    stored, error = _stored(url)
+    assert stored == "failed"
+    assert "RunDataError" in error

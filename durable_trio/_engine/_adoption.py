@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._children import check_child_steps
 from ._deadline import expired, time_out
 from ._errors import RunDataError, UnknownWorkflow
 from ._generations import CONTINUE_STEP_ID, continuation_of
@@ -91,6 +92,7 @@ class Adoption:
             # Its generation's mark (continue-as-new) read now: one of the wrong shape is
             # damaged as a checkpoint is (a driver built over it would fail the engine).
             continuation_of(next((s for s in history if s.step_id == CONTINUE_STEP_ID), None))
+            check_child_steps(run.run_id, history)  # (a child step naming no child, the same)
         except RunDataError as exc:
             # A damaged checkpoint: the run cannot be replayed. Set aside (failed with what
             # is damaged), so the runs claimed beside it are still adopted.

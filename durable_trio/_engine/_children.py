@@ -31,6 +31,7 @@ from ._errors import EngineError
 from ._records import (
     Applied,
     OnParentCancel,
+    RunDataError,
     RunRecord,
     RunStatus,
     StepKind,
@@ -56,6 +57,7 @@ __all__ = [
     "OnParentCancel",
     "cancel_children",
     "cancel_tree",
+    "check_child_steps",
     "child_error",
     "child_ids",
     "child_run_id",
@@ -171,6 +173,19 @@ def child_run_id(parent_run_id: str, step_id: str) -> str:
         return plain
     head = parent_run_id.partition("/")[0]
     return f"{head}/~{hashlib.sha256(plain.encode()).hexdigest()[:32]}"
+
+
+def check_child_steps(run_id: str, steps: list[StepRecord]) -> None:
+    """Raise :class:`RunDataError` if a CHILD step of ``steps`` (run ``run_id``'s history) does
+    not name its child run (damaged data: replayed, it met a ``KeyError`` or an assertion)."""
+    for step in steps:
+        if step.kind is StepKind.CHILD and not (
+            isinstance(step.input, dict) and isinstance(step.input.get("runId"), str)
+        ):
+            raise RunDataError(
+                f"run {run_id!r}: its stored checkpoint {step.step_id!r} cannot be read "
+                f"(a child step whose input names no child run: {step.input!r:.80})"
+            )
 
 
 def child_ids(steps: list[StepRecord], *, abandoned: bool = True) -> list[str]:
