@@ -96,9 +96,13 @@ class DebouncedStarts:
             self._bell = trio.Event()
             try:
                 runs, soonest = await store.start_debounced(START_BATCH)
-            except BrokerError as exc:
+            except (BrokerError, ValueError, TypeError, ArithmeticError) as exc:
+                # (a store's error, or a stored value no store check foresaw: reported, and
+                # the loop reads again at its next recheck; it never dies of bad data)
                 self._report(exc)
                 runs, soonest = [], None
+            if soonest is not None and soonest != soonest:  # (NaN: no time, never a wake-up)
+                soonest = None
             for run in runs:
                 self._started(run)
             if runs:

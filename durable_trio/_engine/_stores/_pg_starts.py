@@ -51,10 +51,12 @@ DEBOUNCE: Final = """
 """
 # (The due keys picked once, MATERIALIZED: a LIMIT subquery joined in place may be run again
 # by the plan, and so delete more than the limit.)
+# A due time of NaN (damaged data; it sorts above every number, so it was never due, and the
+# soonest of them all was NaN: the loop read again at once, for ever) is due now.
 TAKE_DUE: Final = """
     WITH due AS MATERIALIZED (
         SELECT key FROM {schema}.run_debounced
-        WHERE namespace = $1 AND due_at <= $2::float8
+        WHERE namespace = $1 AND (due_at <= $2::float8 OR due_at = 'NaN'::float8)
         ORDER BY due_at LIMIT $3::bigint FOR UPDATE SKIP LOCKED
     )
     DELETE FROM {schema}.run_debounced AS d USING due
@@ -70,7 +72,7 @@ INSERT_STARTED: Final = """
     ON CONFLICT (namespace, run_id) DO NOTHING
 """
 SOONEST_DEBOUNCED: Final = """
-    SELECT min(due_at) FROM {schema}.run_debounced WHERE namespace = $1
+    SELECT min(due_at) FROM {schema}.run_debounced WHERE namespace = $1 AND due_at <> 'NaN'
 """
 DEBOUNCED_DUE: Final = """
     SELECT due_at FROM {schema}.run_debounced WHERE namespace = $1 AND run_id = $2

@@ -106,7 +106,8 @@ def debounce_run(
              now + delay, None if max_wait is None else now + max_wait, tags),
         )  # fmt: skip
         return run.run_id
-    due = now + delay if row[1] is None else min(now + delay, float(row[1]))
+    deadline = row[1] if isinstance(row[1], int | float) else None  # (damaged: no deadline)
+    due = now + delay if deadline is None else min(now + delay, float(deadline))
     db.execute(
         "UPDATE dt_debounced SET input = ?, timeout = ?, trace = ?, due_at = ?, tags = ? "
         "WHERE namespace = ? AND key = ?",
@@ -119,8 +120,12 @@ def start_debounced(
     ns: str, limit: int, now: float, db: sqlite3.Connection
 ) -> tuple[list[RunRecord], float | None]:
     due = db.execute(
+        # (A due time that is no number, text or a blob: damaged data, and sorted above every
+        # number, it was never due: due now. Its run is made, and set aside by its claim if
+        # the rest of the row is damaged too.)
         "SELECT key, run_id, workflow, input, timeout, trace, tags FROM dt_debounced "
-        "WHERE namespace = ? AND due_at <= ? ORDER BY due_at LIMIT ?",
+        "WHERE namespace = ? AND (due_at <= ? OR typeof(due_at) NOT IN ('integer', 'real')) "
+        "ORDER BY due_at LIMIT ?",
         (ns, now, limit),
     ).fetchall()
     created: list[RunRecord] = []
@@ -148,7 +153,9 @@ def start_debounced(
             if readable:  # (else its claim sets it aside)
                 created.append(attrs.evolve(stored, input=value))
     (soonest,) = db.execute(
-        "SELECT min(due_at) FROM dt_debounced WHERE namespace = ?", (ns,)
+        "SELECT min(due_at) FROM dt_debounced "
+        "WHERE namespace = ? AND typeof(due_at) IN ('integer', 'real')",
+        (ns,),
     ).fetchone()
     return created, None if soonest is None else float(soonest)
 
@@ -157,4 +164,6 @@ def debounced_due(ns: str, run_id: str, db: sqlite3.Connection) -> float | None:
     row = db.execute(
         "SELECT due_at FROM dt_debounced WHERE namespace = ? AND run_id = ?", (ns, run_id)
     ).fetchone()
-    return None if row is None else float(row[0])
+    if row is None:
+        return None
+    return float(row[0]) if isinstance(row[0], int | float) else 0.0  # (damaged: due now)

@@ -612,7 +612,10 @@ class PostgresRunStore:
 
     async def debounced_due(self, run_id: str) -> float | None:
         rows = await self._fetch(starts.DEBOUNCED_DUE, self._ns, run_id)
-        return float(rows[0][0]) if rows else None
+        if not rows:
+            return None
+        due = float(rows[0][0])
+        return due if due == due else 0.0  # (NaN: damaged, due now, as ``TAKE_DUE`` takes it)
 
     # -- run tags (issue 34) ----------------------------------------------------------------
 
