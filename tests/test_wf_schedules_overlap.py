@@ -25,6 +25,7 @@ import trio.testing
 import durable_trio as dt
 import test_wf_schedules as base
 from durable_trio._engine import App, RunStatus, WorkflowContext, open_run_store
+from durable_trio._engine._schedule_defs import MAX_CATCH_UP
 from durable_trio._engine._schedules import MAX_BACKFILL, Schedule, Schedules, schedule_run_id
 from durable_trio.testing import virtual_wall_clock
 from test_wf_schedules import EPOCH, engines
@@ -176,6 +177,53 @@ async def test_an_unknown_overlap_in_a_stored_row_is_a_damaged_row(
     assert infos["odd"].schedule is None
     assert "overlap" in str(infos["odd"].error)
     assert sum("sometimes" in str(e) for e in errors) == 1
+
+
+#: Overlap states whose numbers no state holds (damaged data): a skip count one more skip
+#: would overflow the JSON encoder's 64-bit integers with (the engine died at the next skipped
+#: tick, and every engine after it), ticks past year 9999 (the schedule never fired again, its
+#: run id's date out of range). Each reads as a fresh state.
+DAMAGED_STATES = [
+    pytest.param("{}", id="fresh"),  # (what each damaged one reads as)
+    pytest.param('{"skipped": 18446744073709551615}', id="skipped-u64-max"),
+    pytest.param('{"started": 1e20}', id="started-past-9999"),
+    pytest.param('{"buffered": 1e20}', id="buffered-past-9999"),
+    pytest.param('{"started": -5, "skipped": -1}', id="negative"),
+]
+
+
+@pytest.mark.parametrize("state", DAMAGED_STATES)
+async def test_a_damaged_overlap_state_reads_as_fresh(
+    url: str, sched_clock: trio.testing.MockClock, state: str
+) -> None:
+    """The 5 s runs of the 2 s schedule of ``test_skip_is_the_default_and_never_stacks``,
+    its state damaged at 3 s (while the run of 2 runs): the ticks go on as after a fresh
+    state, which lets one tick overlap at worst (the run of 6 starts before the run of 2
+    ends: ``OverlapState.loads``), and nothing is reported."""
+    log = Log()
+    errors: list[BaseException] = []
+    app = slow_app(log, 5)
+    app.schedule("two", "slow", every=2)
+    async with engines(app, url, on_error=errors.append) as (engine,):
+        await trio.sleep_until(3)
+        await engine.store.put_schedule_state("two", state)
+        await trio.sleep_until(15)
+        (info,) = await engine.schedules.list()
+    assert log.times() == [2, 6, 12]
+    assert (log.most, info.skipped) == (2, 4)
+    assert errors == []
+
+
+def test_max_catch_up_is_bounded() -> None:
+    """``catch_up="all"`` starts its ticks in one pass of the scheduler, the other schedules
+    waiting: at most :data:`MAX_CATCH_UP` (1,000). A stored row asking more (stored before
+    the bound, or damaged: 300,000 starved every schedule beside it) reads as the bound."""
+    with pytest.raises(dt.ConfigError, match="max_catch_up must be an int from 1 to 1000"):
+        Schedule.make("big", "slow", every=1, catch_up="all", max_catch_up=MAX_CATCH_UP + 1)
+    spec = Schedule.make("big", "slow", every=1, catch_up="all", max_catch_up=5, created_at=EPOCH)
+    stored = spec.dumps().replace('"max_catch_up":5', '"max_catch_up":300000')
+    assert stored != spec.dumps()
+    assert Schedule.loads("big", stored).max_catch_up == MAX_CATCH_UP
 
 
 def test_a_row_stored_before_overlap_policies_reads_as_skip() -> None:

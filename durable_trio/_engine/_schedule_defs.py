@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CATCH_UP_POLICIES",
     "LATEST_TIME",
+    "MAX_CATCH_UP",
     "MAX_EVERY",
     "MIN_EVERY",
     "OVERLAP_POLICIES",
@@ -58,6 +59,13 @@ MAX_EVERY: Final = 366 * 86_400.0
 #: The span of a stored time (``created_at``, a last tick): from the Unix epoch to the end of
 #: year 9999 (the last instant ``datetime`` names); outside it, the row is damaged.
 LATEST_TIME: Final = 253_402_300_799.0
+#: The most ticks ``catch_up="all"`` starts at once (``max_catch_up``): one pass of the
+#: scheduler starts them one after another, the other schedules waiting (a stored row asking
+#: more is read as this many: docs/decisions.md).
+MAX_CATCH_UP: Final = 1000
+#: The most skipped ticks an overlap state counts (a stored count past it is damaged: read as
+#: none, where one more would overflow the JSON encoder's 64-bit integers).
+_MOST_SKIPPED: Final = 2**53
 
 
 def _check_time(name: str, what: str, value: Any) -> float:
@@ -165,8 +173,15 @@ class Schedule:
             raise ConfigError(
                 f"schedule {name!r}: catch_up is one of {CATCH_UP_POLICIES}, got {catch_up!r}"
             )
-        if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or max_catch_up < 1:
-            raise ConfigError(f"schedule {name!r}: max_catch_up must be an int >= 1")
+        if (
+            isinstance(max_catch_up, bool)
+            or not isinstance(max_catch_up, int)
+            or not 1 <= max_catch_up <= MAX_CATCH_UP
+        ):
+            raise ConfigError(
+                f"schedule {name!r}: max_catch_up must be an int from 1 to {MAX_CATCH_UP}, "
+                f"got {max_catch_up!r}"
+            )
         if overlap not in OVERLAP_POLICIES:
             raise ConfigError(
                 f"schedule {name!r}: overlap is one of {OVERLAP_POLICIES}, got {overlap!r}"
@@ -240,7 +255,7 @@ class Schedule:
             input=data.get("input"),
             timezone=data.get("timezone", "UTC"),
             catch_up=data.get("catch_up", "skip"),
-            max_catch_up=data.get("max_catch_up", 10),
+            max_catch_up=_at_most_catch_up(data.get("max_catch_up", 10)),
             # A row stored before overlap policies: the default (docs/decisions.md).
             overlap=data.get("overlap", "skip"),
             paused=paused,
@@ -366,8 +381,22 @@ class BackfillTick:
     earlier backfill started it); with ``dry_run``, whether it would."""
 
 
+def _at_most_catch_up(value: Any) -> Any:
+    """A stored ``max_catch_up`` past :data:`MAX_CATCH_UP` (a row stored before the bound, or
+    damaged) read as the bound; anything else as stored (``Schedule.make`` checks it)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_CATCH_UP:
+        return MAX_CATCH_UP
+    return value
+
+
 def _tick(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    """A stored tick of an overlap state; one that is no time a calendar has (past year 9999,
+    before 1970, not finite: damaged) reads as none."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value <= LATEST_TIME  # (NaN fails it too)
+    ):
         return None
     return float(value)
 
@@ -401,7 +430,9 @@ class OverlapState:
         if not isinstance(data, dict):
             return cls()
         skipped = data.get("skipped", 0)
-        if isinstance(skipped, bool) or not isinstance(skipped, int) or skipped < 0:
+        if isinstance(skipped, bool) or not isinstance(skipped, int):
+            skipped = 0
+        if not 0 <= skipped <= _MOST_SKIPPED:
             skipped = 0
         return cls(_tick(data.get("started")), _tick(data.get("buffered")), skipped)
 

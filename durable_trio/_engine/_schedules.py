@@ -519,9 +519,9 @@ class Scheduler:
                 # reported (once) and skipped; the loop serves the others.
                 self._report_once(name, exc)
                 continue
-            except (ValueError, ArithmeticError) as exc:
-                # Its calendar failed on a row that passed the checks: the same (no input
-                # may end the loop of every engine of the namespace).
+            except (ValueError, ArithmeticError, TypeError) as exc:
+                # Its calendar (or its state's encoding) failed on a row that passed the
+                # checks: the same (no input may end the loop of every engine of the namespace).
                 damaged = ConfigError(f"schedule {name!r}: its calendar failed ({exc!r}); skipped")
                 self._report_once(name, damaged)
                 continue

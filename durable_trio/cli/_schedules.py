@@ -252,7 +252,8 @@ def add_schedule_commands(
     add.add_argument("--input", help="each run's JSON input")
     add.add_argument("--catch-up", default="skip", choices=("skip", "once", "all"),
                      help="ticks missed while no engine ran (skip)")  # fmt: skip
-    add.add_argument("--max-catch-up", type=int, default=10, help="bound on ticks run at once")
+    add.add_argument("--max-catch-up", type=int, default=10,
+                     help="bound on ticks run at once (1 to 1000)")  # fmt: skip
     add.add_argument(
         "--overlap",
         default="skip",
