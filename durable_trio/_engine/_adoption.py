@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import trio
+
 from ._children import check_child_steps
 from ._deadline import expired, time_out
 from ._errors import RunDataError, UnknownWorkflow
@@ -62,9 +64,14 @@ class Adoption:
             reopened = await resume_blocked(store, services.app, store.now())
             services.count("runs_unblocked", len(reopened))
         while not self._closing():
-            claimed = await store.claim_runs(
-                engine_id, services.options.run_lease, include_own=include_own, limit=CLAIM_BATCH
-            )
+            # (A claim the store made is never lost to a close: shielded, bounded by the store's
+            # own timeouts, and its runs listed until driven, for the close to release.)
+            with trio.CancelScope(shield=True):
+                claimed = await store.claim_runs(
+                    engine_id, services.options.run_lease, include_own=include_own,
+                    limit=CLAIM_BATCH,
+                )  # fmt: skip
+                services.drivers.claimed([run.run_id for run in claimed])
             for run in claimed:
                 taken += await self.adopt(run)
             if len(claimed) < CLAIM_BATCH:
@@ -82,10 +89,12 @@ class Adoption:
                 UnknownWorkflow(f"this engine's app does not register {run.workflow!r}")
             )
             await services.store.finish_run(run.run_id, RunStatus.FAILED, error=error)
+            services.drivers.settled(run.run_id)
             services.count("runs_failed")
             return False
         if expired(services, run):  # past its deadline: fails, never driven
             await time_out(services, run)
+            services.drivers.settled(run.run_id)
             return False
         try:
             history = await services.store.get_steps(run.run_id)
@@ -98,6 +107,7 @@ class Adoption:
             # is damaged), so the runs claimed beside it are still adopted.
             services.report(exc)
             await services.store.finish_run(run.run_id, RunStatus.FAILED, error=describe_error(exc))
+            services.drivers.settled(run.run_id)
             services.count("runs_failed")
             return False
         services.count("runs_resumed")
@@ -120,14 +130,18 @@ class Adoption:
             return False  # a live engine drives it: claim nothing (and release nothing)
         mine = {run_id}
         while not self._closing():
-            claimed = await store.claim_runs(
-                engine_id, services.options.run_lease, limit=CLAIM_BATCH
-            )
+            with trio.CancelScope(shield=True):  # (as reconcile's: never lost to a close)
+                claimed = await store.claim_runs(
+                    engine_id, services.options.run_lease, limit=CLAIM_BATCH
+                )
+                services.drivers.claimed([run.run_id for run in claimed])
             family, rest = _family(claimed, mine)
             # (A run driven here whose lease lapsed is claimed again: it stays.)
             others = [run.run_id for run in rest if run.run_id not in services.drivers]
             if others:
                 await store.release_runs(engine_id, others)
+                for other in others:
+                    services.drivers.settled(other)
                 await ring(store, STARTS)  # (the reconciling engines take them now)
             for run in family:
                 await self.adopt(run)

@@ -55,6 +55,9 @@ class Drivers(Mapping[str, Driver]):
     def __init__(self) -> None:
         self._drivers: dict[str, Driver] = {}
         self._unreleased: set[str] = set()
+        self._claimed: set[str] = set()
+        """Runs claimed here whose driver is not started yet (nor the run settled): released
+        by the close if it comes between (a claim is a write the store has made)."""
 
     def __getitem__(self, run_id: str) -> Driver:
         return self._drivers[run_id]
@@ -68,6 +71,16 @@ class Drivers(Mapping[str, Driver]):
     def add(self, driver: Driver) -> None:
         """``driver`` drives its run here from now on."""
         self._drivers[driver.run.run_id] = driver
+        self._claimed.discard(driver.run.run_id)
+
+    def claimed(self, run_ids: list[str]) -> None:
+        """``run_ids`` were just claimed here: owned, not driven yet (one driven here already,
+        its lease lapsed and claimed again, is its driver's)."""
+        self._claimed.update(run_id for run_id in run_ids if run_id not in self._drivers)
+
+    def settled(self, run_id: str) -> None:
+        """A run claimed here was not driven after all (failed, set aside, timed out)."""
+        self._claimed.discard(run_id)
 
     def forget(self, driver: Driver) -> None:
         """``driver`` stopped: it no longer drives its run."""
@@ -89,11 +102,21 @@ class Drivers(Mapping[str, Driver]):
     def cancel_all(self) -> list[str]:
         """The close: cancel every driver where it waits; returns the runs still owned here
         (those driven, then those a cancel from outside stopped), to release."""
-        in_flight = [*self._drivers, *self._unreleased]
+        in_flight = [*self._drivers, *self._unreleased, *self._claimed]
         self._unreleased.clear()
+        self._claimed.clear()
         for driver in list(self._drivers.values()):
             driver.scope.cancel()
         return in_flight
+
+    def left_over(self) -> list[str]:
+        """Once the loops and drivers stopped: the runs owned here that :meth:`cancel_all`
+        could not list (a claim that landed after it, a driver stopped by its cancel before
+        it ran), to release too."""
+        left = [*self._unreleased, *self._claimed]
+        self._unreleased.clear()
+        self._claimed.clear()
+        return left
 
     async def wait_stopped(self) -> None:
         """Until every driver registered now has stopped (bound it with a cancel scope)."""

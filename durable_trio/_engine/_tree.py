@@ -129,6 +129,7 @@ class EngineTree:
         with trio.move_on_after(options.cleanup_timeout):
             await self._drivers.wait_stopped()
         # 3. release the runs still in flight: another engine takes them over at once
+        in_flight = list(dict.fromkeys([*in_flight, *self._drivers.left_over()]))
         if options.release_on_close and in_flight:
             with trio.move_on_after(options.cleanup_timeout):
                 try:
