@@ -78,6 +78,10 @@ def _app(beating: list[bool]) -> App:
         doubled: int = await ctx.step("double", n)
         return doubled
 
+    @app.workflow("listener")
+    async def listener(ctx: WorkflowContext, n: int) -> Any:
+        return await ctx.wait_signal("go")
+
     return app
 
 
@@ -293,3 +297,54 @@ async def test_a_child_step_naming_no_child_is_shown_without_it(
     stored, error = _stored(url)
     assert stored == "failed"
     assert "RunDataError" in error
+
+
+@pytest.mark.parametrize(
+    "seq",
+    [
+        pytest.param("'x'", id="text"),
+        pytest.param("9e999", id="real"),
+        pytest.param("9223372036854775807", id="the-last-integer"),
+    ],
+)
+async def test_a_signal_whose_stored_seq_is_damaged_is_passed_over_or_said(
+    tmp_path: Path,
+    store_clock: trio.testing.MockClock,
+    capsys: pytest.CaptureFixture[str],
+    seq: str,
+) -> None:
+    # A signal's next seq was ``int(MAX(seq)) + 1``: over a seq of text or a REAL a bare
+    # ValueError or OverflowError (``runs signal`` a traceback); over the last integer an
+    # overflow. Now a seq that is no integer is passed over (its row is never read), and one
+    # that leaves no next is a RunDataError naming the signal. The other names go on.
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    app = _app([False])
+    async with open_store(url, app.name) as (backend, store):
+        async with open_worker(app, backend), open_engine(
+            app, backend, store=store, **_QUIET
+        ) as engine:  # fmt: skip
+            await engine.start("listener", 1, run_id="hurt", detach=True)
+            await engine.signal("hurt", "pre", 0)
+    db = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        assert db.execute(f"UPDATE dt_signals SET seq = {seq} WHERE name = 'pre'").rowcount == 1
+    finally:
+        db.close()
+    last = seq == "9223372036854775807"
+    status, _, err = await trio.to_thread.run_sync(
+        partial(_cli, capsys, url, "runs", "signal", "hurt", "pre", "1")
+    )
+    assert "Traceback" not in err
+    assert (status, "cannot take another" in err) == ((2, True) if last else (0, False)), err
+    async with open_store(url, app.name) as (backend, store):
+        async with open_worker(app, backend), open_engine(
+            app, backend, store=store, **_QUIET
+        ) as engine:  # fmt: skip
+            if last:
+                with pytest.raises(dt.RunDataError, match="signals 'pre' cannot take another"):
+                    await engine.signal("hurt", "pre", 2)
+            else:
+                await engine.signal("hurt", "pre", 2)
+            await engine.signal("hurt", "go", 7)
+            with trio.fail_after(60):
+                assert await engine.result("hurt") == 7

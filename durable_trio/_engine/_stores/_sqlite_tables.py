@@ -612,17 +612,27 @@ def append_signal(
 ) -> int | None:
     if _unknown_or_ended(ns, run_id, db):
         return None
+    # (A seq that is no integer, text or a REAL: damaged, left out; its row is never read.)
     (last,) = db.execute(
         "SELECT COALESCE(MAX(seq), 0) FROM dt_signals WHERE namespace = ? AND run_id = ? "
-        "AND name = ?",
+        "AND name = ? AND typeof(seq) = 'integer'",
         (ns, run_id, name),
     ).fetchone()
+    if last >= _LAST_SEQ:
+        raise RunDataError(
+            f"run {run_id!r}: its signals {name!r} cannot take another: a stored seq is "
+            f"{last} (damaged)"
+        )
     seq = int(last) + 1
     db.execute(
         "INSERT INTO dt_signals (namespace, run_id, name, seq, payload) VALUES (?, ?, ?, ?, ?)",
         (ns, run_id, name, seq, payload),
     )
     return seq
+
+
+#: The largest seq SQLite's INTEGER holds (one more does not fit).
+_LAST_SEQ: Final = 2**63 - 1
 
 
 def read_signal(
