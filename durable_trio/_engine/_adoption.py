@@ -64,14 +64,16 @@ class Adoption:
             reopened = await resume_blocked(store, services.app, store.now())
             services.count("runs_unblocked", len(reopened))
         while not self._closing():
-            # (A claim the store made is never lost to a close: shielded, bounded by the store's
-            # own timeouts, and its runs listed until driven, for the close to release.)
-            with trio.CancelScope(shield=True):
+            # (A claim the store made is not lost to a close: shielded, bounded by the close,
+            # and its runs listed until driven, for the close to release.)
+            claimed: list[RunRecord] = []
+            with services.drivers.claiming():
                 claimed = await store.claim_runs(
                     engine_id, services.options.run_lease, include_own=include_own,
                     limit=CLAIM_BATCH,
                 )  # fmt: skip
                 services.drivers.claimed([run.run_id for run in claimed])
+            await trio.lowlevel.checkpoint_if_cancelled()  # (cut at the close's bound)
             for run in claimed:
                 taken += await self.adopt(run)
             if len(claimed) < CLAIM_BATCH:
@@ -130,11 +132,13 @@ class Adoption:
             return False  # a live engine drives it: claim nothing (and release nothing)
         mine = {run_id}
         while not self._closing():
-            with trio.CancelScope(shield=True):  # (as reconcile's: never lost to a close)
+            claimed: list[RunRecord] = []
+            with services.drivers.claiming():  # (as reconcile's)
                 claimed = await store.claim_runs(
                     engine_id, services.options.run_lease, limit=CLAIM_BATCH
                 )
                 services.drivers.claimed([run.run_id for run in claimed])
+            await trio.lowlevel.checkpoint_if_cancelled()
             family, rest = _family(claimed, mine)
             # (A run driven here whose lease lapsed is claimed again: it stays.)
             others = [run.run_id for run in rest if run.run_id not in services.drivers]

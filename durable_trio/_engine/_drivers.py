@@ -8,6 +8,7 @@ driver): the lease renewal, reconcile, cancel delivery, result application, ``en
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol
@@ -58,6 +59,8 @@ class Drivers(Mapping[str, Driver]):
         self._claimed: set[str] = set()
         """Runs claimed here whose driver is not started yet (nor the run settled): released
         by the close if it comes between (a claim is a write the store has made)."""
+        self._claims: set[trio.CancelScope] = set()
+        self._claims_end = math.inf  # the close's bound on the claims still in flight
 
     def __getitem__(self, run_id: str) -> Driver:
         return self._drivers[run_id]
@@ -72,6 +75,19 @@ class Drivers(Mapping[str, Driver]):
         """``driver`` drives its run here from now on."""
         self._drivers[driver.run.run_id] = driver
         self._claimed.discard(driver.run.run_id)
+
+    @contextlib.contextmanager
+    def claiming(self) -> Iterator[trio.CancelScope]:
+        """The shield of one claim call: a close does not cut it (the store may have made the
+        claim), but bounds it (:meth:`cancel_all`'s ``bound``). Its runs go to :meth:`claimed`
+        inside it; a claim cut at that bound (``cancelled_caught``) claimed nothing known."""
+        scope = trio.CancelScope(shield=True, deadline=self._claims_end)
+        self._claims.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._claims.discard(scope)
 
     def claimed(self, run_ids: list[str]) -> None:
         """``run_ids`` were just claimed here: owned, not driven yet (one driven here already,
@@ -99,9 +115,13 @@ class Drivers(Mapping[str, Driver]):
             ):
                 self._unreleased.add(run_id)
 
-    def cancel_all(self) -> list[str]:
-        """The close: cancel every driver where it waits; returns the runs still owned here
-        (those driven, then those a cancel from outside stopped), to release."""
+    def cancel_all(self, bound: float = math.inf) -> list[str]:
+        """The close: cancel every driver where it waits, and let the claims in flight run to
+        the Trio time ``bound`` at most; returns the runs still owned here (those driven, those
+        a cancel from outside stopped, those claimed and not yet driven), to release."""
+        self._claims_end = bound
+        for scope in self._claims:
+            scope.deadline = min(scope.deadline, bound)
         in_flight = [*self._drivers, *self._unreleased, *self._claimed]
         self._unreleased.clear()
         self._claimed.clear()

@@ -75,7 +75,9 @@ class EngineTree:
         self._loops.cancel_scope.cancel()
         # 2. cancel every run's driver where it waits (with the loops: as the close always did);
         # what is still owned here is released in 3 (Drivers.cancel_all)
-        self._in_flight = self._drivers.cancel_all()
+        self._in_flight = self._drivers.cancel_all(
+            trio.current_time() + self._services.options.cleanup_timeout
+        )
         self.runs.cancel_scope.cancel()
 
     @property
