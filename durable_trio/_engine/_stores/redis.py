@@ -104,6 +104,22 @@ logger = get_logger("durable_trio.redis")
 #: Run shards a store may have at most (a page asks each one).
 MAX_SHARDS: Final = 256
 
+async def _claim_in(
+    claim: Script, args: tuple[str, str, str, int], wanted: int, now: Callable[[], float]
+) -> list[str]:
+    """One shard's claim (``args``: its prefix, the owner, the lease, include-own) of at most
+    ``wanted`` runs: the script called again while it rebuilds a lost ``:leases`` (it answers
+    ``more``) and claimed fewer than ``wanted`` (docs/deployment.md)."""
+    ids: list[str] = []
+    more = 1
+    while more and len(ids) < wanted:
+        claimed, more = await claim(
+            (f"{args[0]}:leases",), (*args, wanted - len(ids), _num(now()))
+        )
+        ids += [i.decode() for i in claimed]
+    return ids
+
+
 def _dumps(value: Any) -> bytes:
     return orjson.dumps(value)
 
@@ -484,14 +500,8 @@ class RedisRunStore:
         ids: list[str] = []
         for k in range(count):
             prefix = self._prefixes[(start + k) % count]
-            more = 1
-            while more and len(ids) < limit:  # (more: a lost :leases is being rebuilt)
-                claimed, more = await self._claim(
-                    (f"{prefix}:leases",),
-                    (prefix, owner, repr(float(lease)), int(include_own), limit - len(ids),
-                     _num(self.now())),
-                )  # fmt: skip
-                ids += [i.decode() for i in claimed]
+            args = (prefix, owner, repr(float(lease)), int(include_own))
+            ids += await _claim_in(self._claim, args, limit - len(ids), self.now)
             if len(ids) >= limit:
                 break
         if not ids:
