@@ -144,6 +144,17 @@ async def _plain_beside(app: App, backend: dt.Backend, store: Any) -> Exception 
     return None
 
 
+async def _set_aside_beside(app: App, backend: dt.Backend, store: Any, url: str, said: str) -> None:
+    """:func:`_plain_beside`, and run ``hurt`` was set aside: it failed saying ``said``, and is
+    stored failed with a RunDataError."""
+    failed = await _plain_beside(app, backend, store)
+    assert isinstance(failed, dt.RunFailed | dt.RunDataError), failed
+    assert said in str(failed)
+    stored, error = _stored(url)
+    assert stored == "failed"
+    assert "RunDataError" in error
+
+
 def _stored(url: str) -> tuple[str, str]:
     """Run ``hurt``'s stored status and error."""
     db = sqlite3.connect(url.removeprefix("sqlite:///"))
@@ -221,12 +232,7 @@ async def test_a_number_column_holding_no_number_sets_its_run_aside(
             assert await _plain_beside(app, backend, store) is None
             assert _stored(url)[0] == "completed"
             return
-        failed = await _plain_beside(app, backend, store)
-        assert isinstance(failed, dt.RunFailed | dt.RunDataError), failed
-        assert "cannot be read" in str(failed)
-    stored, error = _stored(url)
-    assert stored == "failed"
-    assert "RunDataError" in error
+        await _set_aside_beside(app, backend, store, url, "cannot be read")
 
 
 #: Times no calendar has (infinity is a REAL like any other): the console shows them as stored.
@@ -291,12 +297,9 @@ async def test_a_child_step_naming_no_child_is_shown_without_it(
         assert [reply.status_code for reply in pages.values()] == [200, 200, 200]
         # The engine lives on and sets the run aside, saying what is damaged (replayed, the
         # child step met a KeyError or an assertion).
-        failed = await _plain_beside(app, backend, store)
-        assert isinstance(failed, dt.RunFailed | dt.RunDataError), failed
-        assert "a child step whose input names no child run" in str(failed)
-    stored, error = _stored(url)
-    assert stored == "failed"
-    assert "RunDataError" in error
+        await _set_aside_beside(
+            app, backend, store, url, "a child step whose input names no child run"
+        )
 
 
 @pytest.mark.parametrize(

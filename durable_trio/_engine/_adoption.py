@@ -58,27 +58,33 @@ class Adoption:
         """:meth:`Engine.reconcile`: blocked runs this code may replay are reopened, then
         every orphan is claimed and adopted. Returns how many were taken over."""
         services = self._services
-        store, engine_id = services.store, services.options.engine_id
+        store = services.store
         taken = 0
         if not self._closing():
             reopened = await resume_blocked(store, services.app, store.now())
             services.count("runs_unblocked", len(reopened))
         while not self._closing():
-            # (A claim the store made is not lost to a close: shielded, bounded by the close,
-            # and its runs listed until driven, for the close to release.)
-            claimed: list[RunRecord] = []
-            with services.drivers.claiming():
-                claimed = await store.claim_runs(
-                    engine_id, services.options.run_lease, include_own=include_own,
-                    limit=CLAIM_BATCH,
-                )  # fmt: skip
-                services.drivers.claimed([run.run_id for run in claimed])
-            await trio.lowlevel.checkpoint_if_cancelled()  # (cut at the close's bound)
+            claimed = await self._claim(include_own=include_own)
             for run in claimed:
                 taken += await self.adopt(run)
             if len(claimed) < CLAIM_BATCH:
                 break
         return taken
+
+    async def _claim(self, *, include_own: bool = False) -> list[RunRecord]:
+        """One claim of up to :data:`CLAIM_BATCH` orphans. A claim the store made is not lost
+        to a close: shielded, bounded by the close, and its runs listed until driven, for the
+        close to release (:meth:`Drivers.claiming`)."""
+        services = self._services
+        claimed: list[RunRecord] = []
+        with services.drivers.claiming():
+            claimed = await services.store.claim_runs(
+                services.options.engine_id, services.options.run_lease,
+                include_own=include_own, limit=CLAIM_BATCH,
+            )  # fmt: skip
+            services.drivers.claimed([run.run_id for run in claimed])
+        await trio.lowlevel.checkpoint_if_cancelled()  # (cut at the close's bound)
+        return claimed
 
     async def adopt(self, run: RunRecord) -> bool:
         """Drive ``run``, just claimed here (or fail it: unknown workflow, past its deadline).
@@ -132,13 +138,7 @@ class Adoption:
             return False  # a live engine drives it: claim nothing (and release nothing)
         mine = {run_id}
         while not self._closing():
-            claimed: list[RunRecord] = []
-            with services.drivers.claiming():  # (as reconcile's)
-                claimed = await store.claim_runs(
-                    engine_id, services.options.run_lease, limit=CLAIM_BATCH
-                )
-                services.drivers.claimed([run.run_id for run in claimed])
-            await trio.lowlevel.checkpoint_if_cancelled()
+            claimed = await self._claim()
             family, rest = _family(claimed, mine)
             # (A run driven here whose lease lapsed is claimed again: it stays.)
             others = [run.run_id for run in rest if run.run_id not in services.drivers]

@@ -122,17 +122,16 @@ class Drivers(Mapping[str, Driver]):
         self._claims_end = bound
         for scope in self._claims:
             scope.deadline = min(scope.deadline, bound)
-        in_flight = [*self._drivers, *self._unreleased, *self._claimed]
-        self._unreleased.clear()
-        self._claimed.clear()
+        in_flight = [*self._drivers, *self.left_over()]
         for driver in list(self._drivers.values()):
             driver.scope.cancel()
         return in_flight
 
     def left_over(self) -> list[str]:
-        """Once the loops and drivers stopped: the runs owned here that :meth:`cancel_all`
-        could not list (a claim that landed after it, a driver stopped by its cancel before
-        it ran), to release too."""
+        """The runs owned here and driven by none (stopped by a cancel from outside, claimed
+        and not yet driven), taken off these lists to be released. Once the loops and drivers
+        stopped, what :meth:`cancel_all` could not list yet (a claim that landed after it, a
+        driver stopped by its cancel before it ran)."""
         left = [*self._unreleased, *self._claimed]
         self._unreleased.clear()
         self._claimed.clear()

@@ -68,14 +68,17 @@ MAX_CATCH_UP: Final = 1000
 _MOST_SKIPPED: Final = 2**53
 
 
+def _is_stored_time(value: Any) -> bool:
+    """Whether ``value`` is a time a stored schedule may hold: a number from the Unix epoch to
+    :data:`LATEST_TIME` (NaN and the infinities are outside)."""
+    return (
+        not isinstance(value, bool) and isinstance(value, int | float) and 0 <= value <= LATEST_TIME
+    )
+
+
 def _check_time(name: str, what: str, value: Any) -> float:
     """``value`` as a stored time of schedule ``name``, or ``ConfigError`` (damaged)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not 0 <= value <= LATEST_TIME
-    ):
+    if not _is_stored_time(value):
         raise ConfigError(f"stored schedule {name!r} has a bad {what} {value!r}")
     return float(value)
 
@@ -392,13 +395,7 @@ def _at_most_catch_up(value: Any) -> Any:
 def _tick(value: Any) -> float | None:
     """A stored tick of an overlap state; one that is no time a calendar has (past year 9999,
     before 1970, not finite: damaged) reads as none."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 <= value <= LATEST_TIME  # (NaN fails it too)
-    ):
-        return None
-    return float(value)
+    return float(value) if _is_stored_time(value) else None
 
 
 @attrs.frozen(repr=False, eq=False)
