@@ -159,3 +159,20 @@ async def test_a_cancel_of_a_run_whose_lease_is_infinite_does_not_wait_for_it(
         run = await store.get_run("hurt")
         assert run is not None
         assert run.status is RunStatus.CANCELLED
+
+
+async def test_take_over_of_a_run_whose_lease_is_infinite_takes_it(
+    tmp_path: Path, store_clock: trio.testing.MockClock
+) -> None:
+    # ``engine.take_over`` claims nothing while a live engine's lease holds; a lease of
+    # infinity is no time (it refused for ever): the run is taken over and driven here.
+    url = "sqlite:///" + str(tmp_path / "runs.db")
+    app = _app()
+    async with open_store(url, NAMESPACE) as (backend, store):
+        await _left_to_a_ghost(app, backend, store, url, "9e999")
+        async with open_worker(app, backend, namespace=NAMESPACE), open_engine(
+            app, backend, store=store, namespace=NAMESPACE, reconcile=False, **_QUIET
+        ) as engine:  # fmt: skip
+            assert await engine.take_over("hurt")
+            with trio.fail_after(300):
+                assert await engine.result("hurt") == 4

@@ -10,6 +10,7 @@ driven again.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import trio
@@ -134,8 +135,10 @@ class Adoption:
         if run is None or run.status not in (RunStatus.PENDING, RunStatus.RUNNING):
             return False  # unknown, ended or blocked: nothing to drive
         lease = run.lease_until
-        if run.owner is not None and lease is not None and lease >= store.now():
-            return False  # a live engine drives it: claim nothing (and release nothing)
+        if run.owner is not None and lease is not None and store.now() <= lease < math.inf:
+            # A live engine drives it: claim nothing (and release nothing). (An infinite lease
+            # is no time, damaged: expired, as the claim takes it.)
+            return False
         mine = {run_id}
         while not self._closing():
             claimed = await self._claim()
